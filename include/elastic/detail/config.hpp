@@ -1,0 +1,41 @@
+// Library version, feature macros and the configuration every elastic header starts from.
+#pragma once
+
+#define ELASTIC_VERSION_MAJOR 0
+#define ELASTIC_VERSION_MINOR 1
+#define ELASTIC_VERSION_PATCH 0
+#define ELASTIC_VERSION_STRING "0.1.0"
+
+// Standalone Asio, not Boost.Asio. clang 14 does not announce coroutine support to Asio 1.22, so
+// asio::awaitable would be missing; the CMake target sets both too, this covers users who vendor
+// single_include/elastic.hpp without our CMake. It must come before the first Asio include.
+#ifndef ASIO_STANDALONE
+#define ASIO_STANDALONE 1
+#endif
+#if defined(__clang__) && !defined(ASIO_HAS_CO_AWAIT)
+#define ASIO_HAS_CO_AWAIT 1
+#endif
+
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "elastic needs C++20 (-std=c++20)"
+#endif
+
+#if !defined(__linux__)
+#error "elastic supports Linux only (it relies on pidfd, prctl and /proc)"
+#endif
+
+namespace elastic::inline v0 {
+
+/// The library's version, as "major.minor.patch".
+inline constexpr const char* version_string = ELASTIC_VERSION_STRING;
+
+/// The library's version as numbers.
+struct version_info {
+    int major;
+    int minor;
+    int patch;
+};
+inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR,
+                                      ELASTIC_VERSION_PATCH};
+
+}  // namespace elastic::inline v0

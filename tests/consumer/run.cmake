@@ -1,0 +1,47 @@
+# cmake -DMODE=find_package|add_subdirectory|single_header -DSOURCE_DIR=... -DWORK_DIR=...
+#       -DCXX=... -DGENERATOR=... -P run.cmake
+# Builds tests/consumer the way a user would and runs the program it made.
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGV}\n${out}\n${err}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(consumer "${SOURCE_DIR}/tests/consumer")
+set(common -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release)
+
+if(MODE STREQUAL "find_package" OR MODE STREQUAL "single_header")
+  # Install the library as a package would, tests and examples off.
+  run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/lib" ${common}
+      -DELASTIC_BUILD_TESTS=OFF -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_HEADER_CHECKS=OFF
+      -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
+  run(${CMAKE_COMMAND} --install "${WORK_DIR}/lib")
+  if(MODE STREQUAL "find_package")
+    set(consumer_mode find_package)
+  else()
+    set(consumer_mode find_package_single)
+  endif()
+  run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common}
+      -DELASTIC_CONSUMER_MODE=${consumer_mode} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+elseif(MODE STREQUAL "add_subdirectory")
+  run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common}
+      -DELASTIC_CONSUMER_MODE=add_subdirectory -DELASTIC_SOURCE_DIR=${SOURCE_DIR})
+else()
+  message(FATAL_ERROR "unknown MODE '${MODE}'")
+endif()
+
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/consumer")
+run("${WORK_DIR}/consumer/consumer")
+if(NOT last_output MATCHES "^elastic [0-9]+\\.[0-9]+\\.[0-9]+")
+  message(FATAL_ERROR "the consumer printed '${last_output}', not its version")
+endif()
+if(MODE STREQUAL "single_header")
+  # The installed single header must be alone on the path: no elastic/ tree beside it.
+  if(EXISTS "${WORK_DIR}/prefix/include/elastic-single/elastic")
+    message(FATAL_ERROR "the single-header install has an elastic/ tree beside it")
+  endif()
+endif()
+message(STATUS "consumer (${MODE}): ${last_output}")

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Inline include/elastic.hpp and every project header it reaches into one file.
+
+Deterministic: the output depends only on the headers' bytes. Project headers (those under
+include/, named as "elastic/..." or <elastic/...>) are inlined once, at their first inclusion;
+`#pragma once` is dropped; system and third-party includes are kept where they stand.
+
+    tools/amalgamate.py                     # writes single_include/elastic.hpp
+    tools/amalgamate.py --output FILE       # writes FILE instead
+    tools/amalgamate.py --check             # exit 1 if the committed file is stale
+"""
+import argparse
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INCLUDE = os.path.join(ROOT, "include")
+DEFAULT_OUT = os.path.join(ROOT, "single_include", "elastic.hpp")
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
+VERSION_RE = re.compile(r'^#define ELASTIC_VERSION_STRING "([^"]+)"', re.M)
+
+
+def project_path(name):
+    """The header's path under include/ if `name` is one of ours, else None."""
+    if name != "elastic.hpp" and not name.startswith("elastic/"):
+        return None
+    path = os.path.join(INCLUDE, name)
+    return path if os.path.isfile(path) else None
+
+
+def inline(name, seen, out):
+    path = project_path(name)
+    if path is None:
+        sys.exit(f"amalgamate: {name} is not a header under include/")
+    if name in seen:
+        return
+    seen.add(name)
+    out.append(f"// ---- begin {name} ----\n")
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if PRAGMA_ONCE_RE.match(line):
+                continue
+            m = INCLUDE_RE.match(line)
+            if m and project_path(m.group(1)) is not None:
+                inline(m.group(1), seen, out)
+                continue
+            if m and (m.group(1) == "elastic.hpp" or m.group(1).startswith("elastic/")):
+                sys.exit(f"amalgamate: {path} includes {m.group(1)}, which does not exist")
+            out.append(line if line.endswith("\n") else line + "\n")
+    out.append(f"// ---- end {name} ----\n")
+
+
+def generate():
+    with open(os.path.join(INCLUDE, "elastic", "detail", "config.hpp"), encoding="utf-8") as f:
+        version = VERSION_RE.search(f.read()).group(1)
+    body = []
+    inline("elastic.hpp", set(), body)
+    banner = (
+        "// elastic " + version + " — single-header distribution.\n"
+        "// GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;\n"
+        "// edit the headers under include/ and run the tool again.\n"
+        "// Needs C++20, standalone Asio, fmt and nlohmann/json on the include path.\n"
+        "#pragma once\n"
+        "#define ELASTIC_AMALGAMATED 1\n"
+    )
+    return banner + "".join(body)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("output", nargs="?", help="file to write (default single_include/elastic.hpp)")
+    ap.add_argument("--output", dest="output_opt", help="file to write")
+    ap.add_argument("--check", action="store_true", help="compare with the committed file")
+    args = ap.parse_args()
+    text = generate()
+    if args.check:
+        try:
+            with open(DEFAULT_OUT, encoding="utf-8") as f:
+                current = f.read()
+        except FileNotFoundError:
+            current = None
+        if current != text:
+            print("single_include/elastic.hpp is stale: run tools/amalgamate.py and commit it",
+                  file=sys.stderr)
+            return 1
+        print("single_include/elastic.hpp is up to date")
+        return 0
+    out = args.output_opt or args.output or DEFAULT_OUT
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The whole test suite, every stage CI runs (README's second command; .ci/run calls it).
+#   1. single_include/elastic.hpp matches what tools/amalgamate.py makes now
+#   2. g++, -Werror with every warning, the multi-header tree: header checks, tests, examples,
+#      find_package / add_subdirectory / single-header consumers
+#   3. clang++, ASan+UBSan, the suite built against single_include/ with include/ off the path
+#   4. clang++, ThreadSanitizer, the test files tagged "concurrent"
+#   5. clang++ libFuzzer targets, each run for ELASTIC_FUZZ_SECONDS (default 30)
+# ELASTIC_STAGES="gcc asan" runs a subset; build trees live under build/ci-*.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+stages=${ELASTIC_STAGES:-"header gcc asan tsan fuzz"}
+jobs=${ELASTIC_JOBS:-$(nproc)}
+fuzz_seconds=${ELASTIC_FUZZ_SECONDS:-30}
+
+t_all=$(date +%s)
+declare -a report=()
+stage() {  # stage NAME COMMAND...: run, time and record one stage
+  local name=$1; shift
+  echo "==== stage $name"
+  local t0=$(date +%s)
+  "$@"
+  local dt=$(( $(date +%s) - t0 ))
+  report+=("$(printf '%-8s %5ds' "$name" "$dt")")
+  echo "==== stage $name: passed in ${dt}s"
+}
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+configure() {  # configure DIR ARGS...
+  local dir=$1; shift
+  cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "$@" >"$dir.configure.log" 2>&1 \
+    || { cat "$dir.configure.log"; return 1; }
+}
+run_ctest() {  # run_ctest DIR [ARGS...]
+  local dir=$1; shift
+  (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600 "$@")
+}
+
+stage_deps() { tools/install-deps.sh test; }
+
+stage_header() { python3 tools/amalgamate.py --check; }
+
+stage_gcc() {
+  local dir=build/ci-gcc
+  mkdir -p build
+  configure $dir -DCMAKE_CXX_COMPILER=g++ -DELASTIC_CONSUMER_TESTS=ON
+  cmake --build $dir -j "$jobs"
+  run_ctest $dir
+}
+
+stage_asan() {
+  local dir=build/ci-asan
+  mkdir -p build
+  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_SINGLE_HEADER=ON \
+    -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_SANITIZE=address,undefined
+  cmake --build $dir -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_ctest $dir
+}
+
+stage_tsan() {
+  local dir=build/ci-tsan
+  mkdir -p build
+  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_HEADER_CHECKS=OFF \
+    -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_SANITIZE=thread -DELASTIC_TEST_TAG=concurrent
+  if [[ ! -f $dir/build.ninja ]] || ! grep -q elastic_tests $dir/build.ninja; then
+    echo "no test file is tagged concurrent"; return 0
+  fi
+  cmake --build $dir -j "$jobs"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest $dir
+}
+
+stage_fuzz() {
+  local dir=build/ci-fuzz
+  if ! compgen -G "fuzz/fuzz_*.cpp" >/dev/null; then echo "no fuzz targets"; return 0; fi
+  mkdir -p build
+  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_BUILD_TESTS=OFF \
+    -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_FUZZ=ON \
+    -DELASTIC_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  cmake --build $dir -j "$jobs"
+  for bin in $dir/fuzz/fuzz_*; do
+    local name=${bin##*/fuzz_}
+    local corpus=$dir/corpus/$name
+    mkdir -p "$corpus"
+    local seeds=()
+    [[ -d fuzz/corpus/$name ]] && seeds=(fuzz/corpus/$name)
+    echo "fuzzing $name for ${fuzz_seconds}s"
+    "$bin" -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus" "${seeds[@]}" \
+      2>"$dir/$name.log" || { tail -60 "$dir/$name.log"; return 1; }
+    grep -E "stat::number_of_executed_units" "$dir/$name.log" || true
+  done
+}
+
+stage deps stage_deps
+for s in header gcc asan tsan fuzz; do
+  if has $s; then stage $s stage_$s; fi
+done
+
+echo
+echo "stage times:"
+printf '  %s\n' "${report[@]}"
+echo "all stages passed in $(( $(date +%s) - t_all ))s"
