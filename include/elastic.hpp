@@ -4,4 +4,14 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/error.hpp"
 #include "elastic/version.hpp"
+
+// Worker side.
+#include "elastic/env.hpp"
+#include "elastic/record.hpp"
+
+// Layers (each of these includes the public headers of its folder).
+#include "elastic/store.hpp"
+#include "elastic/process.hpp"
+#include "elastic/launch.hpp"

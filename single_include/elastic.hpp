@@ -51,8 +51,50 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/config.hpp ----
+// ---- begin elastic/error.hpp ----
+// elastic::error, the base of every exception the library throws.
+
+
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Base of every exception elastic throws. Each layer derives its own (env_error, store_error,
+/// process_error, ...); the message always names the thing, the value and the rule or remedy.
+class error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/error.hpp ----
 // ---- begin elastic/version.hpp ----
 // The library's version: elastic::version and elastic::version_string.
 
 // ---- end elastic/version.hpp ----
+
+// Worker side.
+// ---- begin elastic/env.hpp ----
+// elastic::env(): the worker's typed, validated view of the environment contract.
+
+// ---- end elastic/env.hpp ----
+// ---- begin elastic/record.hpp ----
+// elastic::record(main): torchelastic error files for uncaught exceptions and fatal signals.
+
+// ---- end elastic/record.hpp ----
+
+// Layers (each of these includes the public headers of its folder).
+// ---- begin elastic/store.hpp ----
+// The store layer — the store: the store concept, the in-memory and prefix models, the TCP server (PyTorch's TCPStore protocol).
+
+// ---- end elastic/store.hpp ----
+// ---- begin elastic/process.hpp ----
+// The process layer — worker processes: spawn, await exits through pidfds, signal and stop groups.
+
+// ---- end elastic/process.hpp ----
+// ---- begin elastic/launch.hpp ----
+// The launch layer — launch configuration: torchrun's command line and PET_* variables.
+
+// ---- end elastic/launch.hpp ----
 // ---- end elastic.hpp ----

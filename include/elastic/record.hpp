@@ -1,0 +1,4 @@
+// elastic::record(main): torchelastic error files for uncaught exceptions and fatal signals.
+#pragma once
+
+#include "elastic/detail/config.hpp"
