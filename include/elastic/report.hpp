@@ -1,0 +1,12 @@
+// The report layer: worker failures, error files, the root cause, the failure summary in
+// torchrun's layout, the agent's own error file and elasticrun's exit code.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/report/agent_error_file.hpp"
+#include "elastic/report/error_file.hpp"
+#include "elastic/report/failure.hpp"
+#include "elastic/report/signal_name.hpp"
+#include "elastic/report/stderr_tail.hpp"
+#include "elastic/report/summary.hpp"
+#include "elastic/report/text.hpp"

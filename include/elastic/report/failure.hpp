@@ -1,0 +1,267 @@
+// worker_failure: one worker's end as the agent saw it, what a report says about it, the root
+// cause of a group's failure (the earliest), and elasticrun's exit code.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/report/error_file.hpp"
+#include "elastic/report/signal_name.hpp"
+#include "elastic/report/stderr_tail.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include <netdb.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace elastic::inline v0 {
+
+/// How a process ended: exited with a code, or killed by a signal.
+struct exit_status {
+    enum class kind { exited, signaled };
+
+    kind how = kind::exited;
+    /// The exit code (0..255) or the signal number.
+    int value = 0;
+
+    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code}; }
+    static constexpr exit_status from_signal(int signal_number) noexcept {
+        return {kind::signaled, signal_number};
+    }
+    /// From a waitpid() status word.
+    static exit_status from_wait_status(int status) noexcept {
+        if (WIFSIGNALED(status)) {
+            return from_signal(WTERMSIG(status));
+        }
+        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
+    }
+    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED or CLD_KILLED /
+    /// CLD_DUMPED, and si_status.
+    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
+        return code == CLD_EXITED ? from_exit_code(status_or_signal)
+                                  : from_signal(status_or_signal);
+    }
+
+    bool signaled() const noexcept { return how == kind::signaled; }
+    bool success() const noexcept { return how == kind::exited && value == 0; }
+
+    /// torchrun's number for it (Popen.returncode): the code, or -N for signal N. This is what
+    /// the summary's "exitcode" line and an error file's errorCode show.
+    constexpr int torch_exitcode() const noexcept { return how == kind::signaled ? -value : value; }
+
+    /// The shell's number for it: the code, or 128+N for signal N (capped at 255).
+    constexpr int shell_exit_code() const noexcept {
+        return how == kind::signaled ? std::min(128 + value, 255) : value;
+    }
+
+    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
+};
+
+/// Why a worker is in a failure report.
+enum class failure_state {
+    /// It ended unsuccessfully on its own: a candidate for root cause.
+    failed,
+    /// The agent ended it while stopping the group after another worker failed (or on a signal
+    /// to the agent): listed, never a root cause.
+    stopped_by_agent,
+};
+
+/// One worker's end, as the agent observed it: everything a failure report says about it.
+struct worker_failure {
+    int local_rank = 0;
+    int global_rank = 0;
+    std::string role = "default";
+    long pid = 0;
+    /// The agent's host name, fully qualified (torchrun prints socket.getfqdn()); see host_fqdn().
+    std::string host;
+    exit_status status;
+    /// When the agent saw the exit: steady for ordering, system for display (taken together).
+    std::chrono::steady_clock::time_point observed_steady{};
+    std::chrono::system_clock::time_point observed_system{};
+    /// The worker's error file as read after its exit (its path is error_file.path).
+    error_file_read error_file;
+    /// The last lines of the worker's stderr (empty when it was not captured).
+    stderr_tail_snapshot stderr_tail;
+    failure_state state = failure_state::failed;
+
+    /// Stamp both observation clocks with "now"; the agent calls it when the exit arrives.
+    void observe_now() noexcept {
+        observed_steady = std::chrono::steady_clock::now();
+        observed_system = std::chrono::system_clock::now();
+    }
+};
+
+/// torchrun's message for a failure without an error file and without a signal.
+inline constexpr const char* no_traceback_hint =
+    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
+
+/// The one-line description of a failure: the error file's message when it has one, else
+/// "Signal 9 (SIGKILL) received by PID 1234", else "exited with code 3 (pid: 1234)".
+inline std::string failure_headline(const worker_failure& f) {
+    if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
+        return f.error_file.content.message;
+    }
+    if (f.status.signaled()) {
+        return signal_message(f.status.value, f.pid);
+    }
+    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
+                       f.global_rank, f.local_rank, f.status.value);
+}
+
+/// The stderr tail as a report shows it: a heading line, then the lines indented by two.
+inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
+    std::string out;
+    if (tail.total_lines == tail.lines.size()) {
+        out = fmt::format("stderr ({} line{}):", tail.lines.size(),
+                          tail.lines.size() == 1 ? "" : "s");
+    } else {
+        out = fmt::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
+    }
+    for (const auto& line : tail.lines) {
+        out += "\n  ";
+        out += line;
+    }
+    return out;
+}
+
+/// What the summary prints after "traceback :" (multi-line; the summary indents continuation
+/// lines). With a well-formed error file: exactly torchrun's choice (py_callstack, else the
+/// message, else "<N/A>"). Without one, what torchrun would print (the signal message, or its
+/// hint) improved by the tail of the worker's stderr when there is one. A malformed file is
+/// named as such first.
+inline std::string failure_traceback(const worker_failure& f) {
+    const auto& ef = f.error_file;
+    if (ef.parsed()) {
+        const auto& c = ef.content;
+        if (c.format == error_file_format::flat) {
+            return c.message;
+        }
+        if (c.traceback) {
+            return *c.traceback;
+        }
+        return c.message.empty() ? std::string("<N/A>") : c.message;
+    }
+    std::string out;
+    if (ef.status == error_file_status::malformed) {
+        out = fmt::format("Malformed error file: {}", ef.problem);
+    }
+    if (f.status.signaled()) {
+        if (!out.empty()) {
+            out += '\n';
+        }
+        out += signal_message(f.status.value, f.pid);
+    }
+    if (!f.stderr_tail.empty()) {
+        if (!out.empty()) {
+            out += '\n';
+        }
+        out += stderr_tail_text(f.stderr_tail);
+    }
+    if (out.empty()) {
+        out = no_traceback_hint;
+    }
+    return out;
+}
+
+/// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
+/// the agent's observation of the exit, unless the worker's error file proves the error happened
+/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as t+1 s: it moves
+/// a failure earlier only when that whole second ended before the agent saw the exit. The file's
+/// wall-clock time is related to the steady clock through the same failure's pair of
+/// observation stamps (the worker runs on the agent's host, so both read the same clock).
+inline std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
+    if (f.error_file.parsed() && f.error_file.content.timestamp) {
+        auto latest = *f.error_file.content.timestamp;
+        if (f.error_file.content.timestamp_whole_seconds) {
+            latest += std::chrono::seconds(1);
+        }
+        if (latest < f.observed_system) {
+            const auto earlier_by = f.observed_system - latest;
+            return f.observed_steady -
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(earlier_by);
+        }
+    }
+    return f.observed_steady;
+}
+
+/// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
+/// (as torchrun shows), else when the agent observed the exit.
+inline std::chrono::system_clock::time_point failure_display_time(
+    const worker_failure& f) noexcept {
+    if (f.error_file.parsed() && f.error_file.content.timestamp) {
+        return *f.error_file.content.timestamp;
+    }
+    return f.observed_system;
+}
+
+/// The index of the root cause among `failures`: the earliest failure_time() among those in
+/// state failed, the lowest global rank on a tie. Workers stopped by the agent are never chosen;
+/// nullopt when there is no failed worker.
+inline std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept {
+    std::optional<std::size_t> best;
+    for (std::size_t i = 0; i < failures.size(); ++i) {
+        const auto& f = failures[i];
+        if (f.state != failure_state::failed) {
+            continue;
+        }
+        if (!best) {
+            best = i;
+            continue;
+        }
+        const auto& b = failures[*best];
+        const auto ft = failure_time(f);
+        const auto bt = failure_time(b);
+        if (ft < bt || (ft == bt && f.global_rank < b.global_rank)) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+/// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
+/// killed it (the shell's convention), and at least 1 (a failure never reads as success).
+constexpr int launcher_exit_code(const worker_failure& f) noexcept {
+    const int code = f.status.shell_exit_code();
+    return code == 0 ? 1 : code;
+}
+
+/// The exit code for a group's failures: the root cause's (see the overload); nullopt when no
+/// worker failed (the caller decides, e.g. 0, or 128+N for a signal the agent itself received).
+inline std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept {
+    if (const auto root = root_cause(failures)) {
+        return launcher_exit_code(failures[*root]);
+    }
+    return std::nullopt;
+}
+
+/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
+/// from the resolver when it has a dot, else the plain host name). It may ask DNS: call it once,
+/// at agent start, not when a failure arrives.
+inline std::string host_fqdn() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) {
+        return "localhost";
+    }
+    std::string host = name;
+    addrinfo hints{};
+    hints.ai_flags = AI_CANONNAME;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* result = nullptr;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
+        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
+        ::freeaddrinfo(result);
+        if (canonical.find('.') != std::string::npos) {
+            return canonical;
+        }
+    }
+    return host;
+}
+
+}  // namespace elastic::inline v0
