@@ -1,4 +1,20 @@
-// The store layer — the store: the store concept, the in-memory and prefix models, the TCP server (PyTorch's TCPStore protocol).
+// The store layer: the store concepts, the in-memory and prefix models, the wire codec and the
+// TCP server (PyTorch's TCPStore protocol, both dialects).
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/store/concepts.hpp"
+#include "elastic/store/engine.hpp"
+#include "elastic/store/errors.hpp"
+#include "elastic/store/memory_store.hpp"
+#include "elastic/store/prefix_store.hpp"
+#include "elastic/store/server.hpp"
+#include "elastic/store/wire.hpp"
+
+namespace elastic::inline v0 {
+
+static_assert(store<prefix_store<memory_store>>);
+static_assert(multi_key_store<prefix_store<memory_store>>);
+static_assert(store<prefix_store<prefix_store<memory_store>>>);
+
+}  // namespace elastic::inline v0

@@ -1,0 +1,22 @@
+// The store layer's exceptions: store_error and store_timeout.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/error.hpp"
+
+namespace elastic::inline v0 {
+
+/// A store operation failed: bad input (ADD on a non-numeric value, mismatched sizes), a broken
+/// connection, a server that cannot bind. The message names the key or address and the rule.
+class store_error : public error {
+public:
+    using error::error;
+};
+
+/// A `wait` (or a `get`, which waits for its key) did not see its keys before the deadline.
+class store_timeout : public store_error {
+public:
+    using store_error::store_error;
+};
+
+}  // namespace elastic::inline v0
