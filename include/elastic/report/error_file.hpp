@@ -247,8 +247,9 @@ parse_epoch_seconds(const nlohmann::ordered_json& v) {
     if (!std::isfinite(seconds) || seconds < 0 || seconds > 253402300799.0) {
         return std::nullopt;
     }
+    // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
     const auto since_epoch = std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::duration<double>(seconds));
+        std::chrono::round<std::chrono::microseconds>(std::chrono::duration<double>(seconds)));
     return std::pair{std::chrono::system_clock::time_point(since_epoch), whole};
 }
 
