@@ -417,12 +417,18 @@ TEST_CASE("report: an error file's time counts only when it proves an earlier fa
     // Rank 0's file says T-1: the error happened before T, earlier than rank 1's exit at T+1.
     with_file_time(fs[0], T - 1s);
     CHECK(elastic::root_cause(fs) == 0u);
-    CHECK(elastic::failure_time(fs[0]) == fs[0].observed_steady - 2500ms);
+    CHECK(elastic::failure_time(fs[0]) == fs[0].observed_steady - 2500ms - 1ns);
+    // The second is half-open: a file saying T (the error happened in [T, T+1)) is earlier than
+    // an exit observed at exactly T+1.0, and wins even against a lower rank.
+    with_file_time(fs[0], T);
+    CHECK(elastic::root_cause(fs) == 0u);
+    with_file_time(fs[0], T + 1s);
+    CHECK(elastic::root_cause(fs) == 1u);
     // A file time after the observation (a skewed or bogus stamp) never moves a failure later.
     with_file_time(fs[1], T + 100s);
     CHECK(elastic::failure_time(fs[1]) == fs[1].observed_steady);
     // Display: the file's time when it has one, as torchrun shows.
-    CHECK(elastic::failure_display_time(fs[0]).time_since_epoch() == T - 1s);
+    CHECK(elastic::failure_display_time(fs[0]).time_since_epoch() == T + 1s);
     // A malformed file's time is not used.
     fs[0].error_file = elastic::parse_error_file("{", "/e.json");
     CHECK(elastic::failure_time(fs[0]) == fs[0].observed_steady);

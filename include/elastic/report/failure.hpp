@@ -172,15 +172,16 @@ inline std::string failure_traceback(const worker_failure& f) {
 
 /// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
 /// the agent's observation of the exit, unless the worker's error file proves the error happened
-/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as t+1 s: it moves
-/// a failure earlier only when that whole second ended before the agent saw the exit. The file's
-/// wall-clock time is related to the steady clock through the same failure's pair of
-/// observation stamps (the worker runs on the agent's host, so both read the same clock).
+/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as the last instant
+/// of that second (t+1 s minus one clock tick): it moves a failure earlier only when that second
+/// ended before the agent saw the exit. The file's wall-clock time is related to the steady
+/// clock through the same failure's pair of observation stamps (the worker runs on the agent's
+/// host, so both read the same wall clock).
 inline std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         auto latest = *f.error_file.content.timestamp;
         if (f.error_file.content.timestamp_whole_seconds) {
-            latest += std::chrono::seconds(1);
+            latest += std::chrono::seconds(1) - std::chrono::system_clock::duration(1);
         }
         if (latest < f.observed_system) {
             const auto earlier_by = f.observed_system - latest;
