@@ -2,3 +2,9 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/process/child.hpp"
+#include "elastic/process/error.hpp"
+#include "elastic/process/exit_status.hpp"
+#include "elastic/process/group.hpp"
+#include "elastic/process/signals.hpp"
+#include "elastic/process/spawn.hpp"

@@ -1,0 +1,261 @@
+// child_process: one spawned worker — its pidfd, its exit as an awaitable event, its pipes.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/process/error.hpp"
+#include "elastic/process/exit_status.hpp"
+#include "elastic/process/sys.hpp"
+#include "elastic/process/watcher.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <csignal>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <signal.h>
+#include <sys/types.h>
+
+namespace elastic::inline v0 {
+
+namespace detail {
+
+/// Children whose child_process was destroyed while they still ran: they were sent SIGKILL and
+/// are reaped here, without blocking anyone, at the next spawn or destruction.
+class graveyard {
+public:
+    static graveyard& instance() {
+        static graveyard* const self = new graveyard();  // leaked: see spawner
+        return *self;
+    }
+
+    void bury(pid_t pid, unique_fd pidfd) {
+        std::lock_guard lock(mutex_);
+        graves_.push_back({pid, std::move(pidfd)});
+        sweep_locked();
+    }
+
+    void sweep() {
+        std::lock_guard lock(mutex_);
+        sweep_locked();
+    }
+
+private:
+    struct grave {
+        pid_t pid;
+        unique_fd pidfd;
+    };
+
+    void sweep_locked() noexcept {
+        for (auto it = graves_.begin(); it != graves_.end();) {
+            siginfo_t info;
+            if (peek_exit(it->pidfd.get(), info)) {
+                watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
+                reap_now(it->pidfd.get());
+                it = graves_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+
+    std::mutex mutex_;
+    std::list<grave> graves_;
+};
+
+class child_process_factory;
+
+}  // namespace detail
+
+/// One worker process started by `spawn` (spawn.hpp): the leader of its own process group (and by
+/// default its own session), whose exit is an awaitable event on its pidfd.
+///
+/// Lifetime of the pid: the exit is observed without reaping (`waitid(WNOWAIT)`): the leader
+/// stays a zombie, which keeps its pid — the group's id — from being reused, so signalling the
+/// group stays safe until `reap()` (or `stop()`, group.hpp, or the destructor) releases it.
+///
+/// Destroying a child_process that has not been reaped sends SIGKILL to its group: nothing is
+/// orphaned by forgetting a worker. A still-running one is then reaped later, without blocking.
+///
+/// Not thread-safe: use one child_process from one strand. Move-only.
+class child_process {
+public:
+    child_process(child_process&& other) noexcept
+        : pid_(std::exchange(other.pid_, -1)),
+          reaped_(std::exchange(other.reaped_, true)),
+          pidfd_(std::move(other.pidfd_)),
+          status_(std::move(other.status_)),
+          stdin_(std::move(other.stdin_)),
+          stdout_(std::move(other.stdout_)),
+          stderr_(std::move(other.stderr_)) {}
+
+    child_process& operator=(child_process&& other) noexcept {
+        if (this != &other) {
+            abandon();
+            pid_ = std::exchange(other.pid_, -1);
+            reaped_ = std::exchange(other.reaped_, true);
+            pidfd_ = std::move(other.pidfd_);
+            status_ = std::move(other.status_);
+            stdin_ = std::move(other.stdin_);
+            stdout_ = std::move(other.stdout_);
+            stderr_ = std::move(other.stderr_);
+        }
+        return *this;
+    }
+
+    child_process(const child_process&) = delete;
+    child_process& operator=(const child_process&) = delete;
+
+    ~child_process() { abandon(); }
+
+    /// The process id.
+    [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+    /// Its process-group id: the worker leads its own group, so this is its pid.
+    [[nodiscard]] pid_t pgid() const noexcept { return pid_; }
+
+    /// The exit, once observed (by `wait`, `check_exit`, `wait_any` or `stop`).
+    [[nodiscard]] const std::optional<exit_status>& status() const noexcept { return status_; }
+    /// Whether the leader has been reaped: its pid is free, the group can no longer be signalled.
+    [[nodiscard]] bool reaped() const noexcept { return reaped_; }
+
+    /// Without waiting: records the exit if it has happened. Returns whether it has.
+    bool check_exit() {
+        if (status_) return true;
+        if (pid_ <= 0 || reaped_) return false;
+        siginfo_t info;
+        if (!detail::peek_exit(pidfd_.native_handle(), info)) return false;
+        status_ = exit_status::from_siginfo(info);
+        return true;
+    }
+
+    /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
+    /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
+    asio::awaitable<exit_status> wait() {
+        if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
+        while (!check_exit()) {
+            if (reaped_) throw process_error("cannot wait for pid " + std::to_string(pid_) +
+                                             ": it was reaped before its exit was observed");
+            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read,
+                                       asio::use_awaitable);
+        }
+        co_return *status_;
+    }
+
+    /// Sends `sig` to the leader only, through its pidfd (never a recycled pid). Returns false if
+    /// it has already exited (a zombie would accept the signal and ignore it).
+    bool signal(int sig) {
+        if (pid_ <= 0 || reaped_ || check_exit()) return false;
+        if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
+        if (errno == ESRCH) return false;
+        throw process_error("cannot send " + signal_name(sig) + " to pid " +
+                            std::to_string(pid_) + ": " + detail::errno_text(errno));
+    }
+
+    /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
+    /// it). Safe against pid reuse because the leader is not reaped yet. Returns false if no
+    /// process is left in the group, or the leader was already reaped.
+    bool signal_group(int sig) {
+        if (pid_ <= 0 || reaped_) return false;
+        if (::kill(-pid_, sig) == 0) return true;
+        if (errno == ESRCH) return false;
+        throw process_error("cannot send " + signal_name(sig) + " to process group " +
+                            std::to_string(pid_) + ": " + detail::errno_text(errno));
+    }
+
+    /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
+    /// retires the group from the watcher, and reaps the leader. Throws if it is still running.
+    void reap() {
+        if (pid_ <= 0 || reaped_) return;
+        if (!check_exit()) {
+            throw process_error("cannot reap pid " + std::to_string(pid_) +
+                                ": it is still running (await wait() or stop() it first)");
+        }
+        ::kill(-pid_, SIGKILL);
+        detail::watcher::instance().remove(pid_);  // before the reap frees the group id
+        detail::reap_now(pidfd_.native_handle());
+        reaped_ = true;
+        asio::error_code ignored;
+        pidfd_.close(ignored);
+    }
+
+    /// The write end of the worker's stdin pipe, when spawned with `stdio::pipe()` for stdin.
+    std::optional<asio::posix::stream_descriptor> take_stdin() { return take(stdin_); }
+    /// The read end of the worker's stdout pipe, when spawned with `stdio::pipe()` for stdout.
+    std::optional<asio::posix::stream_descriptor> take_stdout() { return take(stdout_); }
+    /// The read end of the worker's stderr pipe, when spawned with `stdio::pipe()` for stderr.
+    std::optional<asio::posix::stream_descriptor> take_stderr() { return take(stderr_); }
+
+    /// The pidfd, for composing waits (it becomes readable when the process exits).
+    [[nodiscard]] int native_pidfd() noexcept { return pidfd_.native_handle(); }
+
+    /// The executor the child's descriptors are bound to.
+    [[nodiscard]] asio::any_io_executor get_executor() noexcept { return pidfd_.get_executor(); }
+
+private:
+    friend class detail::child_process_factory;
+
+    child_process(asio::posix::stream_descriptor pidfd, pid_t pid,
+                  std::optional<asio::posix::stream_descriptor> in,
+                  std::optional<asio::posix::stream_descriptor> out,
+                  std::optional<asio::posix::stream_descriptor> err) noexcept
+        : pid_(pid),
+          reaped_(false),
+          pidfd_(std::move(pidfd)),
+          stdin_(std::move(in)),
+          stdout_(std::move(out)),
+          stderr_(std::move(err)) {}
+
+    static std::optional<asio::posix::stream_descriptor> take(
+        std::optional<asio::posix::stream_descriptor>& slot) {
+        std::optional<asio::posix::stream_descriptor> out;
+        out.swap(slot);
+        return out;
+    }
+
+    void abandon() noexcept {
+        if (pid_ <= 0 || reaped_) return;
+        try {
+            if (check_exit()) {
+                reap();
+            } else {
+                ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
+                detail::graveyard::instance().bury(pid_, detail::unique_fd(pidfd_.release()));
+            }
+        } catch (...) {
+            // Out of memory in the graveyard: the zombie stays, the group is already killed.
+        }
+        reaped_ = true;
+    }
+
+    pid_t pid_ = -1;
+    bool reaped_ = true;
+    asio::posix::stream_descriptor pidfd_;
+    std::optional<exit_status> status_;
+    std::optional<asio::posix::stream_descriptor> stdin_;
+    std::optional<asio::posix::stream_descriptor> stdout_;
+    std::optional<asio::posix::stream_descriptor> stderr_;
+};
+
+namespace detail {
+
+/// The one place that builds child_process objects (spawn.hpp).
+class child_process_factory {
+public:
+    static child_process make(asio::posix::stream_descriptor pidfd, pid_t pid,
+                              std::optional<asio::posix::stream_descriptor> in,
+                              std::optional<asio::posix::stream_descriptor> out,
+                              std::optional<asio::posix::stream_descriptor> err) {
+        return child_process(std::move(pidfd), pid, std::move(in), std::move(out),
+                             std::move(err));
+    }
+};
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0

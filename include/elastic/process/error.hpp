@@ -1,0 +1,31 @@
+// The process layer's exceptions: process_error, and spawn_error with the errno of a failed spawn.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/error.hpp"
+
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// A failure of the process layer (a system call the agent needed failed, a misuse of a child).
+class process_error : public error {
+public:
+    using error::error;
+};
+
+/// A program could not be started. `code()` is the errno of the step that failed (for example
+/// ENOENT or EACCES from execve, reported by the child through a close-on-exec pipe), so the
+/// caller sees why, not a child that exits 127.
+class spawn_error : public process_error {
+public:
+    spawn_error(const std::string& message, int code) : process_error(message), code_(code) {}
+
+    /// The errno value of the failed step.
+    [[nodiscard]] int code() const noexcept { return code_; }
+
+private:
+    int code_;
+};
+
+}  // namespace elastic::inline v0

@@ -1,0 +1,359 @@
+// Groups of workers: await the first exit among many, and stop them all (signal, grace, SIGKILL).
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/process/child.hpp"
+#include "elastic/process/error.hpp"
+#include "elastic/process/exit_status.hpp"
+#include "elastic/process/sys.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail {
+
+/// Many pidfds awaited as one event source: a private epoll instance (level-triggered) holding
+/// them, itself awaited as one descriptor by Asio. Each exit is seen when it happens, not when
+/// a sequential wait reaches it, so exit times stay exact.
+class exit_set {
+public:
+    explicit exit_set(const asio::any_io_executor& executor) : epoll_(executor) {
+        const int fd = ::epoll_create1(EPOLL_CLOEXEC);
+        if (fd < 0) throw process_error("cannot create an epoll instance: " + errno_text(errno));
+        epoll_.assign(fd);
+    }
+
+    /// Watches `pidfd` (borrowed: it must outlive the watch); `token` names it in `next`.
+    void add(int pidfd, std::size_t token) {
+        epoll_event event{};
+        event.events = EPOLLIN;
+        event.data.u64 = token;
+        if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
+            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " +
+                                errno_text(errno));
+        }
+        tokens_.push_back({token, pidfd});
+    }
+
+    /// How many watched processes have not been reported by `next` yet.
+    [[nodiscard]] std::size_t size() const noexcept { return tokens_.size(); }
+
+    /// The token of one process that exited (removed from the set). Cancellable.
+    asio::awaitable<std::size_t> next() {
+        for (;;) {
+            epoll_event event{};
+            const int n = ::epoll_wait(epoll_.native_handle(), &event, 1, 0);
+            if (n == 1) {
+                const std::size_t token = event.data.u64;
+                const auto it = std::find_if(tokens_.begin(), tokens_.end(),
+                                             [token](const entry& e) { return e.token == token; });
+                if (it != tokens_.end()) {
+                    ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, it->fd, nullptr);
+                    tokens_.erase(it);
+                }
+                co_return token;
+            }
+            if (n < 0 && errno != EINTR) {
+                throw process_error("cannot wait on an epoll instance: " + errno_text(errno));
+            }
+            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read,
+                                       asio::use_awaitable);
+        }
+    }
+
+    /// The tokens not reported yet.
+    [[nodiscard]] std::vector<std::size_t> pending() const {
+        std::vector<std::size_t> out;
+        for (const auto& e : tokens_) out.push_back(e.token);
+        return out;
+    }
+
+private:
+    struct entry {
+        std::size_t token;
+        int fd;
+    };
+    asio::posix::stream_descriptor epoll_;
+    std::vector<entry> tokens_;
+};
+
+/// The process-group id in /proc/<pid>/stat; -1 if the process is gone or already dead (a zombie
+/// whose reaper has not come by yet: dead is what stop waits for).
+inline pid_t read_pgid(pid_t pid) {
+    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+    unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return -1;
+    char buffer[1024];
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
+    if (n <= 0) return -1;
+    buffer[n] = '\0';
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, skip to the last ')'.
+    const char* p = std::strrchr(buffer, ')');
+    if (p == nullptr) return -1;
+    char state = 0;
+    long ppid = 0;
+    long pgrp = 0;
+    if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
+    if (state == 'Z' || state == 'X') return -1;
+    return static_cast<pid_t>(pgrp);
+}
+
+/// A process found in a group, held by a pidfd so its number cannot be recycled under us.
+struct group_member {
+    pid_t pid;
+    unique_fd pidfd;
+};
+
+/// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
+/// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
+/// recycled between the scan and pidfd_open is not mistaken for a member.
+inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
+                                               const std::vector<pid_t>& skip) {
+    std::vector<group_member> out;
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return out;
+    while (const dirent* entry = ::readdir(proc)) {
+        char* end = nullptr;
+        const long value = std::strtol(entry->d_name, &end, 10);
+        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
+        const auto pid = static_cast<pid_t>(value);
+        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
+        const pid_t pgid = read_pgid(pid);
+        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
+        unique_fd pidfd(pidfd_open(pid));
+        if (!pidfd || read_pgid(pid) != pgid) continue;
+        out.push_back({pid, std::move(pidfd)});
+    }
+    ::closedir(proc);
+    return out;
+}
+
+}  // namespace detail
+
+/// Waits until one of `children` that has not exited yet exits, and returns its index (its
+/// status() is then set). Returns `children.size()` at once if none is left running. Exit
+/// times are exact for all of them: the waits run side by side. Cancellable.
+inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
+    detail::exit_set set(co_await asio::this_coro::executor);
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        if (children[i].reaped() || children[i].status()) continue;
+        if (children[i].check_exit()) co_return i;
+        set.add(children[i].native_pidfd(), i);
+    }
+    if (set.size() == 0) co_return children.size();
+    for (;;) {
+        const std::size_t i = co_await set.next();
+        if (children[i].check_exit()) co_return i;
+    }
+}
+
+/// How one worker ended during `stop`.
+enum class stop_outcome {
+    already_exited,  ///< it had exited before the stop signal was sent
+    exited,          ///< it exited during the grace period, not by the stop signal (it handled it)
+    signaled,        ///< the stop signal ended it during the grace period
+    killed,          ///< it was still running after the grace period and SIGKILL ended it
+    unkillable,      ///< still not gone after SIGKILL and the kill timeout (uninterruptible sleep)
+};
+
+/// "exited", "killed", ... for logs.
+inline const char* to_string(stop_outcome outcome) noexcept {
+    switch (outcome) {
+    case stop_outcome::already_exited: return "already exited";
+    case stop_outcome::exited: return "exited";
+    case stop_outcome::signaled: return "ended by the stop signal";
+    case stop_outcome::killed: return "killed after the grace period";
+    case stop_outcome::unkillable: return "not reaped after SIGKILL";
+    }
+    return "unknown";
+}
+
+/// One worker in a stop_result.
+struct stopped_worker {
+    pid_t pid = 0;
+    stop_outcome outcome = stop_outcome::already_exited;
+    std::optional<exit_status> status;  ///< absent only when unkillable
+};
+
+/// What `stop` did.
+struct stop_result {
+    std::vector<stopped_worker> workers;  ///< one per child, in the order given
+    /// Other members of the groups (a worker's children) still running after the grace period,
+    /// which got SIGKILL with the group.
+    std::vector<pid_t> killed_descendants;
+    /// Processes (workers or descendants) still not gone when the kill timeout expired: in
+    /// uninterruptible sleep, typically. A worker among them is left unreaped and registered
+    /// with the watcher; calling `stop` again retries.
+    std::vector<pid_t> unkillable;
+
+    /// Nothing was left behind.
+    [[nodiscard]] bool clean() const noexcept { return unkillable.empty(); }
+};
+
+/// The time limits of `stop`.
+struct stop_options {
+    int signal = SIGTERM;  ///< sent first to each group (torchrun: SIGTERM, or the signal it got)
+    std::chrono::milliseconds grace{30'000};  ///< --shutdown-timeout: one deadline for all groups
+    std::chrono::milliseconds kill_timeout{10'000};  ///< how long to await deaths after SIGKILL
+};
+
+namespace detail {
+
+// Awaits every process in `set`; each child's exit is recorded the moment it is seen.
+inline asio::awaitable<void> await_all(exit_set& set, std::span<child_process> children) {
+    while (set.size() > 0) {
+        const std::size_t token = co_await set.next();
+        if (token < children.size()) children[token].check_exit();
+    }
+}
+
+inline asio::awaitable<void> await_all_or_timeout(exit_set& set,
+                                                  std::span<child_process> children,
+                                                  std::chrono::milliseconds timeout) {
+    using namespace asio::experimental::awaitable_operators;
+    if (set.size() == 0) co_return;
+    asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
+    co_await (await_all(set, children) || timer.async_wait(asio::use_awaitable));
+}
+
+}  // namespace detail
+
+/// Stops a group of workers as torchrun's `PContext.close` does, without its faults:
+///   1. sends `options.signal` to every worker's process group (its descendants included);
+///   2. awaits, against one shared deadline `options.grace`, every worker and every other process
+///      that was in their groups then;
+///   3. sends SIGKILL to every group (what is left: a worker that ignored the signal, a child
+///      that outlived its worker), awaits those deaths for at most `options.kill_timeout`, and
+///      reaps the workers. A process still there is reported in `unkillable`, not waited on
+///      forever.
+/// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
+/// Workers already reaped are reported `already_exited` and not signalled (their group id is
+/// no longer reserved).
+inline asio::awaitable<stop_result> stop(std::span<child_process> children,
+                                         stop_options options = {}) {
+    auto executor = co_await asio::this_coro::executor;
+    stop_result result;
+    result.workers.resize(children.size());
+    std::vector<bool> exited_before(children.size(), false);
+    std::vector<bool> outlived_grace(children.size(), false);
+    std::vector<pid_t> pgids;
+    std::vector<pid_t> leaders;
+
+    // 1. The stop signal, to every group whose leader is still unreaped (so its id is ours).
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        auto& child = children[i];
+        result.workers[i].pid = child.pid();
+        if (child.pid() <= 0) continue;
+        leaders.push_back(child.pid());
+        if (child.reaped()) {
+            exited_before[i] = true;
+            continue;
+        }
+        exited_before[i] = child.check_exit();
+        child.signal_group(options.signal);
+        pgids.push_back(child.pgid());
+    }
+
+    // 2. The grace period: workers and the other members of their groups, one deadline.
+    {
+        detail::exit_set set(executor);
+        for (std::size_t i = 0; i < children.size(); ++i) {
+            if (!children[i].reaped() && !children[i].check_exit()) {
+                set.add(children[i].native_pidfd(), i);
+            }
+        }
+        auto members = detail::group_members(pgids, leaders);
+        for (std::size_t m = 0; m < members.size(); ++m) {
+            set.add(members[m].pidfd.get(), children.size() + m);
+        }
+        co_await detail::await_all_or_timeout(set, children, options.grace);
+        for (std::size_t token : set.pending()) {
+            if (token < children.size()) {
+                outlived_grace[token] = true;
+            } else {
+                result.killed_descendants.push_back(members[token - children.size()].pid);
+            }
+        }
+    }
+
+    // 3. SIGKILL to every group; await the deaths, bounded; reap.
+    for (auto& child : children) {
+        if (!child.reaped()) child.signal_group(SIGKILL);
+    }
+    {
+        detail::exit_set set(executor);
+        for (std::size_t i = 0; i < children.size(); ++i) {
+            if (!children[i].reaped() && !children[i].check_exit()) {
+                set.add(children[i].native_pidfd(), i);
+            }
+        }
+        // Members again: a process forked during the grace period is found here.
+        auto members = detail::group_members(pgids, leaders);
+        for (std::size_t m = 0; m < members.size(); ++m) {
+            set.add(members[m].pidfd.get(), children.size() + m);
+            auto& killed = result.killed_descendants;
+            if (std::find(killed.begin(), killed.end(), members[m].pid) == killed.end()) {
+                killed.push_back(members[m].pid);
+            }
+        }
+        co_await detail::await_all_or_timeout(set, children, options.kill_timeout);
+        for (std::size_t token : set.pending()) {
+            result.unkillable.push_back(token < children.size()
+                                            ? children[token].pid()
+                                            : members[token - children.size()].pid);
+        }
+    }
+
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        auto& child = children[i];
+        auto& worker = result.workers[i];
+        if (child.pid() <= 0) continue;
+        worker.status = child.status();
+        if (!child.status()) {
+            worker.outcome = stop_outcome::unkillable;
+            continue;
+        }
+        if (exited_before[i]) {
+            worker.outcome = stop_outcome::already_exited;
+        } else if (outlived_grace[i] && child.status()->signal == SIGKILL) {
+            worker.outcome = stop_outcome::killed;
+        } else if (child.status()->signal == options.signal) {
+            worker.outcome = stop_outcome::signaled;
+        } else {
+            worker.outcome = stop_outcome::exited;
+        }
+        child.reap();
+    }
+    co_return result;
+}
+
+/// `stop` for one worker.
+inline asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
+    co_return co_await stop(std::span<child_process>(&child, 1), options);
+}
+
+}  // namespace elastic::inline v0

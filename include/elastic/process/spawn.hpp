@@ -1,0 +1,397 @@
+// spawn: start a worker program in its own process group, tied to the agent's life.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/process/child.hpp"
+#include "elastic/process/error.hpp"
+#include "elastic/process/spawner.hpp"
+#include "elastic/process/sys.hpp"
+#include "elastic/process/watcher.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// Where one of a child's standard streams goes.
+class stdio {
+public:
+    /// What the stream is connected to.
+    enum class kind { inherit, pipe, null, descriptor };
+
+    /// The agent's own stream (the default).
+    static stdio inherit() noexcept { return stdio(kind::inherit, -1); }
+    /// A pipe whose other end the caller takes from the child_process (take_stdout, ...).
+    static stdio pipe() noexcept { return stdio(kind::pipe, -1); }
+    /// /dev/null.
+    static stdio null() noexcept { return stdio(kind::null, -1); }
+    /// A descriptor of the caller's (a log file, say); the child gets a copy, the caller keeps
+    /// its own.
+    static stdio descriptor(int fd) noexcept { return stdio(kind::descriptor, fd); }
+
+    [[nodiscard]] kind which() const noexcept { return kind_; }
+    [[nodiscard]] int fd() const noexcept { return fd_; }
+
+private:
+    stdio(kind k, int fd) noexcept : kind_(k), fd_(fd) {}
+    kind kind_;
+    int fd_;
+};
+
+/// How a worker is separated from the agent's terminal job control.
+enum class process_isolation {
+    session,        ///< setsid: own session and group, no controlling terminal (torchrun's choice)
+    process_group,  ///< setpgid: own group, same session and terminal
+};
+
+/// What to start and how.
+struct spawn_options {
+    /// A path, or a name searched in the child's PATH (as execvp and Python's subprocess do).
+    std::string program;
+    /// The arguments after argv[0]; argv[0] is `program` as given.
+    std::vector<std::string> args;
+    /// "NAME=value" entries; when empty (nullopt), a copy of the agent's environment.
+    std::optional<std::vector<std::string>> env;
+    /// The working directory; empty means the agent's.
+    std::string cwd;
+    stdio in = stdio::inherit();   ///< stdin
+    stdio out = stdio::inherit();  ///< stdout
+    stdio err = stdio::inherit();  ///< stderr
+    process_isolation isolation = process_isolation::session;
+};
+
+/// The agent's environment, as "NAME=value" entries (read `environ` from one thread at a time).
+inline std::vector<std::string> current_environment() {
+    std::vector<std::string> out;
+    for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
+        out.emplace_back(*entry);
+    }
+    return out;
+}
+
+namespace detail {
+
+/// The steps of the child's set-up, reported back with errno when one fails.
+enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
+
+/// What the child writes to the close-on-exec error pipe before _exit(127).
+struct child_failure {
+    child_step step;
+    std::int32_t error;
+};
+
+/// Everything the child needs, prepared before the fork so the child allocates nothing.
+struct child_plan {
+    const char* path;
+    char* const* argv;
+    char* const* envp;
+    const char* cwd;     // nullptr: keep the agent's
+    int stdio_fds[3];    // -1: inherit; else a descriptor above 2 to dup onto 0, 1, 2
+    bool new_session;
+    pid_t parent;
+    int error_fd;        // above 2, close-on-exec
+    int max_fd;          // for the close loop if close_range is missing
+};
+
+/// The child between fork and exec. Only async-signal-safe calls: the agent is multithreaded,
+/// so any lock (malloc's, stdio's) may be held by a thread that does not exist in the child.
+[[noreturn]] inline void child_main(const child_plan& plan) noexcept {
+    const auto fail = [&plan](child_step step) {
+        const child_failure failure{step, errno};
+        [[maybe_unused]] const ssize_t n = ::write(plan.error_fd, &failure, sizeof failure);
+        ::_exit(127);
+    };
+    // Every signal is blocked here (inherited from the spawner thread). Reset every disposition:
+    // handled ones would reset at exec anyway, but ignored ones (the agent ignores SIGPIPE)
+    // would be inherited by the worker.
+    struct sigaction deflt {};
+    deflt.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &deflt, nullptr);  // EINVAL ok
+    }
+    if (plan.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(child_step::group);
+    // Forked by the spawner thread, which lives as long as the agent: this fires when the
+    // agent dies. If it died before the prctl, we were reparented already: give up now.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(child_step::pdeathsig);
+    if (::getppid() != plan.parent) ::_exit(127);
+    for (int target = 0; target < 3; ++target) {
+        // Sources are above 2 (see raise_above_stdio), so no dup2 clobbers a later source.
+        if (plan.stdio_fds[target] >= 0 && ::dup2(plan.stdio_fds[target], target) < 0) {
+            fail(child_step::stdio);
+        }
+    }
+    if (plan.cwd != nullptr && ::chdir(plan.cwd) != 0) fail(child_step::chdir);
+    // Asio opens sockets without SOCK_CLOEXEC: close everything above 2 but the error pipe
+    // (close-on-exec, so execve closes it and the agent reads EOF: success).
+    const auto e = static_cast<unsigned>(plan.error_fd);
+    if ((e > 3 && ::close_range(3, e - 1, 0) != 0) || ::close_range(e + 1, ~0U, 0) != 0) {
+        if (errno != ENOSYS && errno != EINVAL) fail(child_step::close_fds);
+        for (int fd = 3; fd < plan.max_fd; ++fd) {  // kernels before 5.9
+            if (fd != plan.error_fd) ::close(fd);
+        }
+    }
+    sigset_t none;
+    ::sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(plan.path, plan.argv, plan.envp);
+    fail(child_step::exec);
+    ::_exit(127);  // not reached
+}
+
+/// The path execve will get: `program` itself if it has a slash, else the first executable
+/// regular file named `program` in the PATH of the child's environment.
+inline std::string resolve_program(const std::string& program,
+                                   const std::vector<std::string>& env) {
+    if (program.find('/') != std::string::npos) return program;
+    std::string path_var = "/usr/local/bin:/usr/bin:/bin";  // glibc's default, as execvp
+    for (const auto& entry : env) {
+        if (entry.rfind("PATH=", 0) == 0) path_var = entry.substr(5);
+    }
+    std::string_view rest = path_var;
+    for (;;) {
+        const auto colon = rest.find(':');
+        std::string dir(rest.substr(0, colon));
+        if (dir.empty()) dir = ".";
+        const std::string candidate = dir + "/" + program;
+        struct stat st {};
+        if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+            ::access(candidate.c_str(), X_OK) == 0) {
+            return candidate;
+        }
+        if (colon == std::string_view::npos) break;
+        rest.remove_prefix(colon + 1);
+    }
+    throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" +
+                          path_var + " (give a path, or set PATH in the worker's environment)",
+                      ENOENT);
+}
+
+inline std::string describe_failure(const child_failure& failure, const spawn_options& options,
+                                    const std::string& path) {
+    const char* name = ::strerrorname_np(failure.error);
+    const std::string why =
+        errno_text(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
+    switch (failure.step) {
+    case child_step::exec: {
+        std::string text = "cannot execute '" + path + "'";
+        if (path != options.program) text += " (found for '" + options.program + "')";
+        text += ": " + why;
+        if (failure.error == EACCES) text += "; it must be an executable file (chmod +x)";
+        if (failure.error == ENOENT) text += "; check the path (or the #! interpreter)";
+        if (failure.error == ENOEXEC) text += "; it is neither a binary nor a #! script";
+        return text;
+    }
+    case child_step::chdir:
+        return "cannot start '" + options.program + "' in working directory '" + options.cwd +
+               "': " + why;
+    case child_step::stdio:
+        return "cannot connect the standard streams of '" + options.program + "': " + why;
+    case child_step::group:
+        return "cannot give '" + options.program + "' its own process group: " + why;
+    case child_step::pdeathsig:
+        return "cannot set the parent-death signal for '" + options.program + "': " + why;
+    case child_step::close_fds:
+        return "cannot close the agent's descriptors in '" + options.program + "': " + why;
+    }
+    return "cannot start '" + options.program + "': " + why;
+}
+
+// One standard stream: the descriptor the child gets, and the caller's end of a pipe.
+struct stdio_ends {
+    unique_fd child;
+    unique_fd parent;
+};
+
+inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
+    stdio_ends ends;
+    switch (target.which()) {
+    case stdio::kind::inherit:
+        break;
+    case stdio::kind::pipe: {
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) {
+            throw process_error("cannot create a pipe for a worker's standard stream: " +
+                                errno_text(errno) + " (raise the open-files limit)");
+        }
+        ends.child = unique_fd(child_reads ? fds[0] : fds[1]);
+        ends.parent = unique_fd(child_reads ? fds[1] : fds[0]);
+        break;
+    }
+    case stdio::kind::null:
+        ends.child = unique_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+        if (!ends.child) throw process_error("cannot open /dev/null: " + errno_text(errno));
+        break;
+    case stdio::kind::descriptor:
+        ends.child = unique_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
+        if (!ends.child) {
+            throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
+                                " for a worker's standard stream: " + errno_text(errno));
+        }
+        break;
+    }
+    ends.child = raise_above_stdio(std::move(ends.child));
+    return ends;
+}
+
+// Kills and reaps a child that exists but will not be handed to the caller.
+inline void discard_child(pid_t pid, int pidfd) noexcept {
+    ::kill(pid, SIGKILL);
+    watcher::instance().remove(pid);
+    if (pidfd >= 0) {
+        siginfo_t info{};
+        while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+               errno == EINTR) {
+        }
+    } else {
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+    }
+}
+
+}  // namespace detail
+
+/// Starts `options.program` and returns the running child, bound to `executor`.
+///
+/// The child leads its own session (or process group); its signal dispositions are reset to the
+/// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
+/// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
+/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
+///
+/// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
+/// when it cannot be: a missing program, a file without execute permission, a bad working
+/// directory — the caller never sees a child that silently exits 127.
+///
+/// Blocks the calling thread for the fork and the exec handshake (well under a millisecond for
+/// a small agent), so it is a plain function, not a coroutine.
+inline child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
+    if (options.program.empty()) {
+        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)",
+                          EINVAL);
+    }
+    detail::prepare_agent_signals();
+    const std::vector<std::string> env = options.env ? *options.env : current_environment();
+    const std::string path = detail::resolve_program(options.program, env);
+
+    std::vector<std::string> arg_strings;
+    arg_strings.reserve(options.args.size() + 1);
+    arg_strings.push_back(options.program);
+    arg_strings.insert(arg_strings.end(), options.args.begin(), options.args.end());
+    std::vector<char*> argv;
+    for (auto& arg : arg_strings) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_strings = env;
+    std::vector<char*> envp;
+    for (auto& entry : env_strings) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+
+    detail::stdio_ends in = detail::open_stdio(options.in, true);
+    detail::stdio_ends out = detail::open_stdio(options.out, false);
+    detail::stdio_ends err = detail::open_stdio(options.err, false);
+
+    int error_pipe[2];
+    if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
+        throw process_error("cannot create the exec-status pipe for '" + options.program +
+                            "': " + detail::errno_text(errno) + " (raise the open-files limit)");
+    }
+    detail::unique_fd error_read(error_pipe[0]);
+    detail::unique_fd error_write = detail::raise_above_stdio(detail::unique_fd(error_pipe[1]));
+
+    detail::watcher::instance().ensure_started();  // before any worker can be orphaned
+    detail::graveyard::instance().sweep();
+
+    rlimit limit{};
+    int max_fd = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+        max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+    }
+    const detail::child_plan plan{
+        path.c_str(),
+        argv.data(),
+        envp.data(),
+        options.cwd.empty() ? nullptr : options.cwd.c_str(),
+        {in.child.get(), out.child.get(), err.child.get()},
+        options.isolation == process_isolation::session,
+        ::getpid(),
+        error_write.get(),
+        max_fd,
+    };
+    pid_t pid = -1;
+    int fork_errno = 0;
+    auto job = [&] {
+        pid = ::fork();
+        if (pid == 0) detail::child_main(plan);
+        if (pid < 0) fork_errno = errno;
+    };
+    detail::spawner::instance().run(job);
+    if (pid < 0) {
+        throw spawn_error("cannot fork to start '" + options.program +
+                              "': " + detail::errno_text(fork_errno) +
+                              " (check the process limit, ulimit -u, and free memory)",
+                          fork_errno);
+    }
+    in.child.reset();
+    out.child.reset();
+    err.child.reset();
+    error_write.reset();
+
+    // The child exists: from here on, any failure kills and reaps it.
+    try {
+        detail::watcher::instance().add(pid);
+    } catch (...) {
+        ::kill(pid, SIGKILL);
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        throw;
+    }
+    // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
+    // prepare_agent_signals), so it cannot have been recycled.
+    detail::unique_fd pidfd(detail::pidfd_open(pid));
+    if (!pidfd) {
+        const int e = errno;
+        detail::discard_child(pid, -1);
+        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
+                              detail::errno_text(e) + " (needs Linux 5.3 or later)",
+                          e);
+    }
+
+    detail::child_failure failure{};
+    ssize_t n = 0;
+    do {
+        n = ::read(error_read.get(), &failure, sizeof failure);
+    } while (n < 0 && errno == EINTR);
+    if (n != 0) {
+        if (n != static_cast<ssize_t>(sizeof failure)) {
+            failure = {detail::child_step::exec, n < 0 ? errno : EIO};
+        }
+        detail::discard_child(pid, pidfd.get());
+        throw spawn_error(detail::describe_failure(failure, options, path), failure.error);
+    }
+
+    const auto wrap = [&](detail::unique_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
+        if (!fd) return std::nullopt;
+        return asio::posix::stream_descriptor(executor, fd.release());
+    };
+    asio::posix::stream_descriptor pid_stream(executor, pidfd.release());
+    return detail::child_process_factory::make(std::move(pid_stream), pid, wrap(in.parent),
+                                               wrap(out.parent), wrap(err.parent));
+}
+
+}  // namespace elastic::inline v0

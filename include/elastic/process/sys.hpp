@@ -1,0 +1,125 @@
+// Internals of the process layer: an owning descriptor and the Linux calls glibc 2.36 lacks.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/process/error.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+/// Owns one file descriptor; closes it on destruction. Move-only.
+class unique_fd {
+public:
+    unique_fd() noexcept = default;
+    explicit unique_fd(int fd) noexcept : fd_(fd) {}
+    unique_fd(unique_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+    unique_fd& operator=(unique_fd&& other) noexcept {
+        if (this != &other) reset(std::exchange(other.fd_, -1));
+        return *this;
+    }
+    unique_fd(const unique_fd&) = delete;
+    unique_fd& operator=(const unique_fd&) = delete;
+    ~unique_fd() { reset(); }
+
+    [[nodiscard]] int get() const noexcept { return fd_; }
+    [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+    int release() noexcept { return std::exchange(fd_, -1); }
+    void reset(int fd = -1) noexcept {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = fd;
+    }
+
+private:
+    int fd_ = -1;
+};
+
+/// `strerror` text for an errno value, thread-safe.
+inline std::string errno_text(int err) { return std::system_category().message(err); }
+
+/// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
+/// for C++, hence the raw system call.
+inline int pidfd_open(pid_t pid) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U));
+}
+
+/// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
+inline int pidfd_send_signal(int pidfd, int sig) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
+}
+
+/// waitid's P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
+inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
+
+/// Whether the process behind `pidfd` (our child) has exited, leaving it a zombie (WNOWAIT) so its
+/// pid, and so its process-group id, cannot be reused while we may still signal the group.
+/// Returns true and fills `info` when it has.
+inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
+    info = siginfo_t{};
+    for (;;) {
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info,
+                                WEXITED | WNOHANG | WNOWAIT);
+        if (rc == 0) return info.si_pid != 0;
+        if (errno != EINTR) return false;
+    }
+}
+
+/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
+inline bool reap_now(int pidfd) noexcept {
+    siginfo_t info{};
+    for (;;) {
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
+        if (rc == 0) return info.si_pid != 0;
+        if (errno != EINTR) return errno == ECHILD;  // already reaped: nothing left to do
+    }
+}
+
+/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
+/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
+/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
+/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
+inline void prepare_agent_signals() noexcept {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+        struct sigaction ignore {};
+        ignore.sa_handler = SIG_IGN;
+        ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 &&
+        ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN)) {
+        struct sigaction deflt {};
+        deflt.sa_handler = SIG_DFL;
+        ::sigaction(SIGCHLD, &deflt, nullptr);
+    }
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && (current.sa_flags & SA_NOCLDWAIT) != 0) {
+        current.sa_flags &= ~SA_NOCLDWAIT;  // same effect as SIG_IGN on our children's status
+        ::sigaction(SIGCHLD, &current, nullptr);
+    }
+}
+
+/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
+/// a descriptor it still needs when the agent runs with one of its standard streams closed.
+inline unique_fd raise_above_stdio(unique_fd fd) {
+    if (!fd || fd.get() > 2) return fd;
+    const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
+    if (moved < 0) {
+        throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
+                            " above 2 for a child: " + errno_text(errno) +
+                            " (raise the open-files limit)");
+    }
+    return unique_fd(moved);
+}
+
+}  // namespace elastic::inline v0::detail

@@ -1,0 +1,232 @@
+// Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/process/error.hpp"
+#include "elastic/process/spawner.hpp"
+#include "elastic/process/sys.hpp"
+
+#include <algorithm>
+#include <array>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+// Why a watcher process: PR_SET_PDEATHSIG kills the worker when the agent dies, but it is not
+// inherited, so a worker's own children (wrapper scripts, data-loader processes) would survive an
+// agent killed with SIGKILL; cgroup.kill is not available here, and a subreaper dies with the
+// agent. So the first spawn forks a tiny process that holds the read end of a pipe whose only
+// write end is the agent's (close-on-exec, and every child closes descriptors above 2). The
+// agent writes "add pgid" / "remove pgid" records to it; when the agent dies — however — the kernel
+// closes the write end, the watcher reads EOF, sends SIGKILL to every process group still
+// registered and exits. It then dies with the agent by construction.
+//
+// Limits, on purpose: a descendant that leaves its worker's process group (setsid, setpgid) is out
+// of reach; and a group id is removed before the agent reaps the group's leader (whose zombie
+// keeps the id reserved until then), so the watcher never holds an id that the kernel may hand
+// to an unrelated process — except in the instant between the agent's death and the watcher's
+// kill, when init may reap a leader whose number then has to be reused at once, a full wrap of
+// pid_max (4 Mi on 64-bit) within microseconds.
+
+/// One record on the watcher pipe: 8 bytes, far below PIPE_BUF, so each write is atomic.
+struct watcher_record {
+    std::int32_t op;    ///< watcher_add or watcher_remove
+    std::int32_t pgid;  ///< the process group
+};
+inline constexpr std::int32_t watcher_add = 1;
+inline constexpr std::int32_t watcher_remove = 2;
+
+/// How many worker process groups may be registered at once.
+inline constexpr std::size_t watcher_capacity = 8192;
+
+/// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
+/// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
+/// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
+[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity,
+                                      unsigned char* buffer, std::size_t buffer_size,
+                                      int max_fd) noexcept {
+    // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
+    // watcher before it has done its job, and no terminal hangup reaches it.
+    ::setsid();
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM,
+                    SIGTSTP, SIGTTIN, SIGTTOU}) {
+        ::sigaction(sig, &ignore, nullptr);
+    }
+    ::prctl(PR_SET_NAME, "elastic-watch", 0, 0, 0);
+    if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */ }
+    // Keep nothing but the pipe: not the agent's sockets (a port would stay bound), not its
+    // stdout (a reader of the agent's output would never see EOF).
+    if (::close_range(0, static_cast<unsigned>(read_end - 1), 0) != 0 ||
+        ::close_range(static_cast<unsigned>(read_end + 1), ~0U, 0) != 0) {
+        for (int fd = 0; fd < max_fd; ++fd) {
+            if (fd != read_end) ::close(fd);
+        }
+    }
+    std::size_t have = 0;
+    for (;;) {
+        const ssize_t n = ::read(read_end, buffer + have, buffer_size - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // EOF: the agent is gone (or the pipe broke, same verdict)
+        have += static_cast<std::size_t>(n);
+        std::size_t used = 0;
+        for (; have - used >= sizeof(watcher_record); used += sizeof(watcher_record)) {
+            watcher_record record;
+            std::memcpy(&record, buffer + used, sizeof record);
+            if (record.op == watcher_add) {
+                for (std::size_t i = 0; i < capacity; ++i) {
+                    if (table[i] == 0) {
+                        table[i] = record.pgid;
+                        break;
+                    }
+                }
+            } else if (record.op == watcher_remove) {
+                for (std::size_t i = 0; i < capacity; ++i) {
+                    if (table[i] == record.pgid) {
+                        table[i] = 0;
+                        break;
+                    }
+                }
+            }
+        }
+        std::memmove(buffer, buffer + used, have - used);
+        have -= used;
+    }
+    for (std::size_t i = 0; i < capacity; ++i) {
+        if (table[i] > 0) ::kill(-table[i], SIGKILL);
+    }
+    ::_exit(0);
+}
+
+/// The agent's side of the watcher: starts it on first use, registers and retires groups,
+/// restarts it (re-registering every live group) if someone killed it.
+class watcher {
+public:
+    static watcher& instance() {
+        static watcher* const self = new watcher();  // leaked: used until the very end
+        return *self;
+    }
+
+    /// Starts the watcher if it is not running; returns its pid.
+    pid_t ensure_started() {
+        std::lock_guard lock(mutex_);
+        if (pid_ <= 0) start_locked();
+        return pid_;
+    }
+
+    /// Registers a worker's process group: it is SIGKILLed if the agent dies.
+    void add(pid_t pgid) {
+        std::lock_guard lock(mutex_);
+        if (groups_.size() >= watcher_capacity) {
+            throw process_error("cannot watch process group " + std::to_string(pgid) + ": " +
+                                std::to_string(watcher_capacity) +
+                                " worker process groups are already registered (stop some first)");
+        }
+        groups_.push_back(pgid);
+        send_locked(watcher_add, pgid);
+    }
+
+    /// Retires a group. Call it before reaping the group's leader, whose zombie keeps the id
+    /// reserved until then.
+    void remove(pid_t pgid) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto it = std::find(groups_.begin(), groups_.end(), pgid);
+        if (it == groups_.end()) return;
+        groups_.erase(it);
+        try {
+            send_locked(watcher_remove, pgid);
+        } catch (...) {
+            // The watcher cannot be told; keeping a stale id is the lesser harm, because the
+            // group's leader is still unreaped when this is called.
+        }
+    }
+
+    watcher(const watcher&) = delete;
+    watcher& operator=(const watcher&) = delete;
+
+private:
+    watcher() = default;
+
+    void start_locked() {
+        prepare_agent_signals();  // a dead watcher must be an EPIPE, not the agent's SIGPIPE
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) {
+            throw process_error("cannot create the watcher pipe: " + errno_text(errno) +
+                                " (raise the open-files limit)");
+        }
+        unique_fd read_end = raise_above_stdio(unique_fd(fds[0]));
+        unique_fd write_end(fds[1]);
+        // Everything the child touches is allocated here, before the fork.
+        std::vector<pid_t> table(watcher_capacity, 0);
+        std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
+        rlimit limit{};
+        int max_fd = 1024;
+        if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+            max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+        }
+        pid_t pid = -1;
+        int fork_errno = 0;
+        const int rfd = read_end.get();
+        auto job = [&] {
+            pid = ::fork();
+            if (pid == 0) {
+                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(),
+                             max_fd);
+            }
+            if (pid < 0) fork_errno = errno;
+        };
+        spawner::instance().run(job);
+        if (pid < 0) {
+            throw process_error("cannot fork the watcher process: " + errno_text(fork_errno) +
+                                " (check the process limit, ulimit -u)");
+        }
+        pid_ = pid;
+        write_end_ = std::move(write_end);
+        for (pid_t group : groups_) write_locked(watcher_add, group);
+    }
+
+    // Returns false if the watcher is gone (EPIPE).
+    bool write_locked(std::int32_t op, pid_t pgid) {
+        const watcher_record record{op, static_cast<std::int32_t>(pgid)};
+        for (;;) {
+            const ssize_t n = ::write(write_end_.get(), &record, sizeof record);
+            if (n == static_cast<ssize_t>(sizeof record)) return true;
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && errno == EPIPE) return false;
+            throw process_error("cannot write to the watcher pipe: " +
+                                errno_text(n < 0 ? errno : EIO));
+        }
+    }
+
+    void send_locked(std::int32_t op, pid_t pgid) {
+        if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
+        else if (!write_locked(op, pgid)) {
+            // Someone killed the watcher: reap it and start another, which learns every live
+            // group. (SIGPIPE is ignored in the agent, see signals.hpp, so this is an EPIPE.)
+            write_end_.reset();
+            ::waitpid(pid_, nullptr, 0);
+            pid_ = -1;
+            start_locked();
+        }
+    }
+
+    std::mutex mutex_;
+    unique_fd write_end_;
+    pid_t pid_ = -1;
+    std::vector<pid_t> groups_;
+};
+
+}  // namespace elastic::inline v0::detail

@@ -1,0 +1,219 @@
+// Stopping groups of real workers (grandchildren included), the first exit among many, an agent
+// SIGKILLed with workers running, and the CPU cost of waiting.
+// test-tags: concurrent
+#include "elastic/process/group.hpp"
+#include "elastic/process/spawn.hpp"
+
+#include "process_support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace test_stop {
+
+using process_support::read_line;
+using process_support::run;
+using process_support::spawn_worker;
+
+/// A worker started with `args` that has said "ready" (and, for fork-grandchild, its
+/// grandchild's pid, returned in `grandchild`).
+elastic::child_process ready_worker(asio::io_context& io, std::vector<std::string> args,
+                                    pid_t* grandchild = nullptr) {
+    auto child = spawn_worker(io, std::move(args));
+    auto out = child.take_stdout();
+    std::string buffer;
+    std::string line = run(io, read_line(*out, buffer));
+    if (line.rfind("grandchild ", 0) == 0) {
+        if (grandchild != nullptr) *grandchild = static_cast<pid_t>(std::stoi(line.substr(11)));
+        line = run(io, read_line(*out, buffer));
+    }
+    REQUIRE(line == "ready");
+    return child;
+}
+
+bool exited_now(pid_t pid) {
+    // Held by a pidfd, a dead process reads as readable at once; ESRCH means reaped already.
+    return process_support::await_deaths({pid}, std::chrono::milliseconds(0)).empty();
+}
+
+elastic::stop_options quick(std::chrono::milliseconds grace) {
+    elastic::stop_options options;
+    options.grace = grace;
+    options.kill_timeout = std::chrono::seconds(60);  // only catches a hang
+    return options;
+}
+
+}  // namespace test_stop
+
+TEST_CASE("process: stopping a worker's group ends the grandchild it forked") {
+    using namespace test_stop;
+    asio::io_context io;
+    pid_t grandchild = 0;
+    std::vector<elastic::child_process> workers;
+    workers.push_back(ready_worker(io, {"fork-grandchild"}, &grandchild));
+    REQUIRE(grandchild > 0);
+    CHECK(process_support::alive(grandchild));
+    const auto result = run(io, elastic::stop(workers, quick(std::chrono::seconds(60))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
+    REQUIRE(result.workers[0].status);
+    CHECK(result.workers[0].status->signal == SIGTERM);
+    CHECK(result.killed_descendants.empty());  // the grandchild ended on SIGTERM in the grace
+    CHECK(result.clean());
+    CHECK(workers[0].reaped());
+    // stop awaited the grandchild's death too: it is gone when stop returns.
+    CHECK(exited_now(grandchild));
+}
+
+TEST_CASE("process: a worker that ignores SIGTERM is killed after the grace period") {
+    using namespace test_stop;
+    asio::io_context io;
+    auto worker = ready_worker(io, {"ignore-term"});
+    const auto result = run(io, elastic::stop(worker, quick(std::chrono::milliseconds(200))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].pid == worker.pid());
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::killed);
+    REQUIRE(result.workers[0].status);
+    CHECK(result.workers[0].status->signal == SIGKILL);
+    CHECK(result.clean());
+    CHECK(worker.reaped());
+}
+
+TEST_CASE("process: stop reports how each worker ended") {
+    using namespace test_stop;
+    asio::io_context io;
+    pid_t stubborn_grandchild = 0;
+    std::vector<elastic::child_process> workers;
+    workers.push_back(spawn_worker(io, {"exit", "7"}));
+    workers.push_back(ready_worker(io, {"term-exit", "0"}));
+    workers.push_back(ready_worker(io, {"sleep"}));
+    workers.push_back(ready_worker(io, {"ignore-term"}));
+    workers.push_back(ready_worker(io, {"fork-grandchild", "ignore-term"}, &stubborn_grandchild));
+    CHECK(run(io, workers[0].wait()).code == 7);  // exits before the stop
+
+    elastic::stop_options options = quick(std::chrono::milliseconds(300));
+    options.signal = SIGTERM;
+    const auto result = run(io, elastic::stop(workers, options));
+    REQUIRE(result.workers.size() == workers.size());
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::already_exited);
+    CHECK(result.workers[0].status->code == 7);
+    CHECK(result.workers[1].outcome == elastic::stop_outcome::exited);
+    CHECK(result.workers[1].status->code == 0);
+    CHECK(result.workers[2].outcome == elastic::stop_outcome::signaled);
+    CHECK(result.workers[2].status->signal == SIGTERM);
+    CHECK(result.workers[3].outcome == elastic::stop_outcome::killed);
+    CHECK(result.workers[3].status->signal == SIGKILL);
+    CHECK(result.workers[4].outcome == elastic::stop_outcome::signaled);
+    // The grandchild ignored SIGTERM and outlived the grace period: it needed SIGKILL.
+    CHECK(result.killed_descendants == std::vector<pid_t>{stubborn_grandchild});
+    CHECK(result.clean());
+    CHECK(exited_now(stubborn_grandchild));
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+        CHECK(result.workers[i].pid == workers[i].pid());
+        CHECK(workers[i].reaped());
+    }
+    CHECK(std::string(elastic::to_string(elastic::stop_outcome::killed)) ==
+          "killed after the grace period");
+    // Stopping again is harmless: everything is reaped already.
+    const auto again = run(io, elastic::stop(workers, options));
+    CHECK(again.workers[3].outcome == elastic::stop_outcome::already_exited);
+    CHECK(again.clean());
+}
+
+TEST_CASE("process: wait_any reports exits as they happen") {
+    using namespace test_stop;
+    asio::io_context io;
+    std::vector<elastic::child_process> workers;
+    for (int i = 0; i < 3; ++i) workers.push_back(ready_worker(io, {"sleep"}));
+    CHECK(workers[1].signal(SIGUSR1));
+    CHECK(run(io, elastic::wait_any(workers)) == 1);
+    CHECK(workers[1].status()->signal == SIGUSR1);
+    CHECK(workers[2].signal(SIGUSR2));
+    CHECK(run(io, elastic::wait_any(workers)) == 2);  // exited ones are not reported again
+    CHECK(workers[0].signal(SIGTERM));
+    CHECK(run(io, elastic::wait_any(workers)) == 0);
+    CHECK(run(io, elastic::wait_any(workers)) == workers.size());  // none left running
+    CHECK(workers[1].status()->steady_time < workers[2].status()->steady_time);
+    CHECK(workers[2].status()->steady_time < workers[0].status()->steady_time);
+    for (auto& w : workers) w.reap();
+}
+
+TEST_CASE("process: nothing survives an agent killed with SIGKILL") {
+    using namespace test_stop;
+    asio::io_context io;
+    elastic::spawn_options options;
+    options.program = process_support::agent_program();
+    options.args = {process_support::worker_program(), "3"};
+    options.out = elastic::stdio::pipe();
+    auto agent = elastic::spawn(io.get_executor(), options);
+    auto out = agent.take_stdout();
+    std::string buffer;
+    std::vector<pid_t> descendants;
+    pid_t watcher = 0;
+    for (;;) {
+        const std::string line = run(io, process_support::read_line(*out, buffer));
+        REQUIRE_FALSE(line.empty());
+        if (line == "ready") break;
+        std::istringstream words(line);
+        std::string what;
+        long pid = 0;
+        words >> what >> pid;
+        if (what == "worker") {
+            descendants.push_back(static_cast<pid_t>(pid));
+            std::string label;
+            long grandchild = 0;
+            words >> label >> grandchild;
+            REQUIRE(label == "grandchild");
+            descendants.push_back(static_cast<pid_t>(grandchild));
+        } else if (what == "watcher") {
+            watcher = static_cast<pid_t>(pid);
+        }
+    }
+    REQUIRE(descendants.size() == 6);
+    REQUIRE(watcher > 0);
+    for (pid_t pid : descendants) CHECK(process_support::alive(pid));
+    CHECK(process_support::alive(watcher));
+
+    CHECK(agent.signal(SIGKILL));
+    CHECK(run(io, agent.wait()).signal == SIGKILL);
+    agent.reap();
+    // Workers die by their parent-death signal, grandchildren by the watcher, which then exits.
+    std::vector<pid_t> all = descendants;
+    all.push_back(watcher);
+    const auto survivors = process_support::await_deaths(all, std::chrono::seconds(60));
+    CHECK(survivors.empty());
+    for (pid_t pid : all) CHECK_FALSE(process_support::alive(pid));
+}
+
+TEST_CASE("process: awaiting 16 sleeping children costs the agent no CPU") {
+    using namespace test_stop;
+    using namespace asio::experimental::awaitable_operators;
+    asio::io_context io;
+    std::vector<elastic::child_process> workers;
+    for (int i = 0; i < 16; ++i) workers.push_back(ready_worker(io, {"sleep"}));
+    const long before = process_support::cpu_ticks();
+    const auto outcome = run(io, [&]() -> asio::awaitable<std::size_t> {
+        asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::seconds(2));
+        const auto first = co_await (elastic::wait_any(workers) ||
+                                     timer.async_wait(asio::use_awaitable));
+        co_return first.index();
+    }());
+    const long after = process_support::cpu_ticks();
+    CHECK(outcome == 1);  // the timer: no worker exited
+    CHECK(after - before == 0);
+    const auto result = run(io, elastic::stop(workers, quick(std::chrono::seconds(60))));
+    CHECK(result.clean());
+    for (const auto& w : result.workers) CHECK(w.outcome == elastic::stop_outcome::signaled);
+}

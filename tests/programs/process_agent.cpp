@@ -1,0 +1,74 @@
+// An agent for the process-layer tests: spawns workers that fork grandchildren, reports every pid,
+// then waits for the test to SIGKILL it.
+//   process-agent WORKER_PROGRAM COUNT
+// prints "worker <pid> grandchild <pid>" per worker, "watcher <pid>", then "ready".
+#include "elastic/process.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/read_until.hpp>
+#include <asio/use_future.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+asio::awaitable<std::string> read_line(asio::posix::stream_descriptor& pipe, std::string& buffer) {
+    const std::size_t n =
+        co_await asio::async_read_until(pipe, asio::dynamic_buffer(buffer), '\n',
+                                        asio::use_awaitable);
+    std::string line = buffer.substr(0, n - 1);
+    buffer.erase(0, n);
+    co_return line;
+}
+
+asio::awaitable<void> run(std::string worker, int count, std::vector<elastic::child_process>& out) {
+    auto executor = co_await asio::this_coro::executor;
+    for (int i = 0; i < count; ++i) {
+        elastic::spawn_options options;
+        options.program = worker;
+        options.args = {"fork-grandchild"};
+        options.out = elastic::stdio::pipe();
+        out.push_back(elastic::spawn(executor, options));
+        auto pipe = out.back().take_stdout();
+        std::string buffer;
+        const std::string grandchild = co_await read_line(*pipe, buffer);  // "grandchild <pid>"
+        const std::string ready = co_await read_line(*pipe, buffer);
+        if (ready != "ready") throw std::runtime_error("worker said '" + ready + "'");
+        std::printf("worker %d %s\n", static_cast<int>(out.back().pid()), grandchild.c_str());
+    }
+    std::printf("watcher %d\n", static_cast<int>(elastic::detail::watcher::instance().ensure_started()));
+    std::printf("ready\n");
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 3) {
+        std::fprintf(stderr, "usage: process-agent WORKER_PROGRAM COUNT\n");
+        return 2;
+    }
+    try {
+        asio::io_context io;
+        std::vector<elastic::child_process> workers;
+        auto done = asio::co_spawn(io, run(argv[1], std::atoi(argv[2]), workers), asio::use_future);
+        io.run();
+        done.get();
+        // Wait to be killed; a signal that does not kill us ends the wait with an error.
+        elastic::signal_events signals(io.get_executor(), {SIGUSR1});
+        auto got = asio::co_spawn(io, signals.next(), asio::use_future);
+        io.restart();
+        io.run();
+        std::fprintf(stderr, "process-agent: got signal %d\n", got.get());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "process-agent: %s\n", e.what());
+        return 1;
+    }
+}

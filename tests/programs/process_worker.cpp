@@ -1,0 +1,147 @@
+// A worker for the process-layer tests: exits, dies by signals, ignores SIGTERM, forks
+// grandchildren, reports its descriptors, signal state, environment and directory.
+//   process-worker exit N            exit with code N
+//   process-worker raise SIG         die by signal SIG (default disposition)
+//   process-worker sleep             print "ready", wait for signals forever
+//   process-worker ignore-term       ignore SIGTERM, print "ready", wait forever
+//   process-worker term-exit N       exit N on SIGTERM, print "ready", wait forever
+//   process-worker fork-grandchild [ignore-term]
+//                                    fork a grandchild that waits forever (ignoring SIGTERM if
+//                                    asked), print "grandchild <pid>" and "ready", wait forever
+//   process-worker fds               print the open descriptors, e.g. "0 1 2"
+//   process-worker sigstate          print "blocked <hex> ignored <hex>" from /proc/self/status
+//   process-worker env NAME          print $NAME or "(unset)"
+//   process-worker cwd               print the working directory
+//   process-worker stderr TEXT       print TEXT on stderr and "out" on stdout
+//   process-worker cat               copy stdin to stdout until EOF
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void wait_forever() {
+    for (;;) ::pause();
+}
+
+void say(const std::string& line) {
+    std::fputs((line + "\n").c_str(), stdout);
+    std::fflush(stdout);
+}
+
+void set_disposition(int sig, void (*handler)(int)) {
+    struct sigaction action {};
+    action.sa_handler = handler;
+    ::sigaction(sig, &action, nullptr);
+}
+
+int term_exit_code = 0;
+extern "C" void on_term(int) { ::_exit(term_exit_code); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: process-worker MODE [ARG]\n");
+        return 2;
+    }
+    const std::string mode = argv[1];
+    const std::string arg = argc > 2 ? argv[2] : "";
+    if (mode == "exit") return std::atoi(arg.c_str());
+    if (mode == "raise") {
+        const int sig = std::atoi(arg.c_str());
+        set_disposition(sig, SIG_DFL);
+        ::kill(::getpid(), sig);
+        wait_forever();
+    }
+    if (mode == "sleep") {
+        say("ready");
+        wait_forever();
+    }
+    if (mode == "ignore-term") {
+        set_disposition(SIGTERM, SIG_IGN);
+        say("ready");
+        wait_forever();
+    }
+    if (mode == "term-exit") {
+        term_exit_code = std::atoi(arg.c_str());
+        set_disposition(SIGTERM, on_term);
+        say("ready");
+        wait_forever();
+    }
+    if (mode == "fork-grandchild") {
+        // The grandchild is born with its disposition: no window in which SIGTERM kills it.
+        if (arg == "ignore-term") set_disposition(SIGTERM, SIG_IGN);
+        const pid_t pid = ::fork();
+        if (pid < 0) {
+            std::perror("fork");
+            return 3;
+        }
+        if (pid == 0) wait_forever();
+        set_disposition(SIGTERM, SIG_DFL);
+        say("grandchild " + std::to_string(pid));
+        say("ready");
+        wait_forever();
+    }
+    if (mode == "fds") {
+        DIR* dir = ::opendir("/proc/self/fd");
+        if (dir == nullptr) return 4;
+        std::vector<int> fds;
+        while (const dirent* entry = ::readdir(dir)) {
+            if (entry->d_name[0] == '.') continue;
+            const int fd = std::atoi(entry->d_name);
+            if (fd != ::dirfd(dir)) fds.push_back(fd);
+        }
+        ::closedir(dir);
+        std::string line;
+        for (int fd : fds) line += (line.empty() ? "" : " ") + std::to_string(fd);
+        say(line);
+        return 0;
+    }
+    if (mode == "sigstate") {
+        std::ifstream status("/proc/self/status");
+        std::string line;
+        std::string blocked;
+        std::string ignored;
+        while (std::getline(status, line)) {
+            if (line.rfind("SigBlk:", 0) == 0) blocked = line.substr(line.find_last_of(" \t") + 1);
+            if (line.rfind("SigIgn:", 0) == 0) ignored = line.substr(line.find_last_of(" \t") + 1);
+        }
+        say("blocked " + blocked + " ignored " + ignored);
+        return 0;
+    }
+    if (mode == "env") {
+        const char* value = std::getenv(arg.c_str());
+        say(value != nullptr ? value : "(unset)");
+        return 0;
+    }
+    if (mode == "cwd") {
+        char buffer[PATH_MAX];
+        say(::getcwd(buffer, sizeof buffer) != nullptr ? buffer : "(error)");
+        return 0;
+    }
+    if (mode == "stderr") {
+        std::fputs((arg + "\n").c_str(), stderr);
+        say("out");
+        return 0;
+    }
+    if (mode == "cat") {
+        char buffer[4096];
+        for (;;) {
+            const ssize_t n = ::read(0, buffer, sizeof buffer);
+            if (n <= 0) return n == 0 ? 0 : 5;
+            if (::write(1, buffer, static_cast<size_t>(n)) != n) return 6;
+        }
+    }
+    std::fprintf(stderr, "process-worker: unknown mode '%s'\n", mode.c_str());
+    return 2;
+}
