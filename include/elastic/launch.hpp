@@ -2,3 +2,9 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/launch/cli.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/launch/nproc.hpp"
+#include "elastic/launch/program.hpp"
+#include "elastic/launch/usage_error.hpp"
+#include "elastic/launch/values.hpp"

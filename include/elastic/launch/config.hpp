@@ -1,0 +1,279 @@
+// elastic::launch_config: everything an agent needs to launch and supervise one node's workers,
+// as a plain struct (filled by the command line or by a custom launcher) with validate().
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/launch/program.hpp"
+#include "elastic/launch/usage_error.hpp"
+#include "elastic/launch/values.hpp"
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The launch configuration of one node: torchrun's options (one field per option, named as the
+/// option with `_`; docs/cli.md maps each to the component that consumes it) plus the variables
+/// torchrun's agent reads. Defaults are torchrun's (newest). Fields are public and plain so a
+/// custom launcher fills them in C++; validate() then applies the command line's rules.
+struct launch_config {
+    // ---- the workers on this node ----
+    int nproc_per_node = 1;          ///< --nproc-per-node, resolved (see resolve_nproc_per_node)
+    worker_program program;          ///< the program, its arguments and kind (-m, --no-python, PYTHON_EXEC)
+    std::string role = "default";    ///< --role: ROLE_NAME and the log prefix
+    bool virtual_local_rank = false; ///< --virtual-local-rank: LOCAL_RANK=0, one GPU per worker
+
+    // ---- nodes and rendezvous ----
+    node_range nnodes;                                    ///< --nnodes
+    rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
+    std::optional<host_port> rdzv_endpoint;               ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::string rdzv_id = "none";                         ///< --rdzv-id: the job id, namespaces store keys
+    rendezvous_settings rdzv_conf;                        ///< --rdzv-conf
+    std::optional<int> node_rank;                         ///< --node-rank; honoured by every backend when set
+    std::optional<std::string> master_addr;               ///< --master-addr (static only); unset: 127.0.0.1
+    std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
+    std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
+
+    // ---- failures, restarts, shutdown ----
+    int max_restarts = 0;                                 ///< --max-restarts
+    std::chrono::milliseconds shutdown_timeout = 30s;     ///< --shutdown-timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
+    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  ///< --signals-to-handle
+    std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
+    std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
+
+    // ---- output and logs ----
+    std::optional<std::filesystem::path> log_dir;         ///< --log-dir; /dev/null: no log files at all
+    stream_selection redirects;                           ///< -r / --redirects
+    stream_selection tee;                                 ///< -t / --tee
+    std::set<int> local_ranks_filter;                     ///< --local-ranks-filter; empty: every rank
+    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
+    log_level agent_log_level = log_level::warning;       ///< LOGLEVEL
+
+    /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
+    /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
+    /// host `localhost` and port 29400 / 2379 when absent.
+    [[nodiscard]] host_port rendezvous_endpoint() const {
+        if (rdzv_backend == rendezvous_backend::static_ && !rdzv_endpoint) {
+            return host_port{master_addr.value_or("127.0.0.1"), master_port.value_or(std::uint16_t{29500})};
+        }
+        host_port endpoint = rdzv_endpoint.value_or(host_port{});
+        if (endpoint.host.empty()) {
+            endpoint.host = "localhost";
+        }
+        if (!endpoint.port) {
+            endpoint.port = default_rendezvous_port(rdzv_backend);
+        }
+        return endpoint;
+    }
+
+    /// True when --log-dir is /dev/null: no stdout/stderr/error files are written (torchrun's
+    /// os.devnull rule).
+    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
+
+    /// The global world size when `nodes` nodes take part.
+    [[nodiscard]] long long world_size(int nodes) const { return static_cast<long long>(nodes) * nproc_per_node; }
+
+    /// Checks every rule the command line applies (ranges, combinations, the program can run,
+    /// reading PATH from `env`); throws usage_error naming the option and the value.
+    void validate(const environment& env) const;
+
+    /// validate() against the process environment.
+    void validate() const { validate(current_environment()); }
+};
+
+/// A random run id in UUID version 4 form (`--standalone` uses one, as torchrun does).
+[[nodiscard]] inline std::string random_run_id() {
+    std::random_device device;
+    std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
+    std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
+    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                        // version 4
+    low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
+    return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
+                       low >> 48, low & 0xFFFFFFFFFFFFULL);
+}
+
+/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
+/// free local port (localhost:0), under a fresh random run id.
+inline void use_standalone(launch_config& config) {
+    config.rdzv_backend = rendezvous_backend::c10d;
+    config.rdzv_endpoint = host_port{"localhost", std::uint16_t{0}};
+    config.rdzv_id = random_run_id();
+    config.nnodes = node_range{1, 1};
+    config.master_addr.reset();
+    config.master_port.reset();
+}
+
+namespace detail {
+
+/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
+inline void check_prefix_template(std::string_view text) {
+    static constexpr std::string_view known[] = {"role_name", "local_rank", "rank"};
+    for (std::size_t i = 0; i + 1 < text.size(); ++i) {
+        if (text[i] != '$') {
+            continue;
+        }
+        if (text[i + 1] == '$') {
+            ++i;
+            continue;
+        }
+        const bool braced = text[i + 1] == '{';
+        auto start = i + (braced ? 2 : 1);
+        auto end = start;
+        while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) != 0 || text[end] == '_')) {
+            ++end;
+        }
+        if (end == start) {
+            continue;
+        }
+        const auto name = text.substr(start, end - start);
+        if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
+            throw usage_error{fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                                          show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+        }
+        i = end - 1;
+    }
+}
+
+inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option) {
+    for (const int rank : ranks) {
+        if (rank < 0 || rank >= nproc) {
+            throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
+                                          "(--nproc-per-node={})",
+                                          option, rank, nproc - 1, nproc)};
+        }
+    }
+}
+
+inline void check_streams(const stream_selection& selection, int nproc, std::string_view option) {
+    std::set<int> ranks;
+    for (const auto& [rank, streams] : selection.per_rank) {
+        ranks.insert(rank);
+        if (static_cast<int>(streams) > 3) {
+            throw usage_error{fmt::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
+                                          static_cast<int>(streams))};
+        }
+    }
+    if (static_cast<int>(selection.every_rank) > 3) {
+        throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
+                                      static_cast<int>(selection.every_rank))};
+    }
+    check_ranks_exist(ranks, nproc, option);
+}
+
+}  // namespace detail
+
+inline void launch_config::validate(const environment& env) const {
+    using detail::show;
+    if (nproc_per_node < 1 || nproc_per_node > 1'000'000) {
+        throw usage_error{fmt::format("--nproc-per-node={}: must be a positive integer", nproc_per_node)};
+    }
+    if (nnodes.min < 1 || nnodes.min > nnodes.max) {
+        throw usage_error{fmt::format("--nnodes={}:{}: want 0 < MIN <= MAX", nnodes.min, nnodes.max)};
+    }
+    if (world_size(nnodes.max) > INT_MAX) {
+        throw usage_error{fmt::format("--nnodes={}:{} with --nproc-per-node={}: the world size exceeds {}", nnodes.min,
+                                      nnodes.max, nproc_per_node, INT_MAX)};
+    }
+    if (role.empty()) {
+        throw usage_error{"--role: must not be empty"};
+    }
+    if (rdzv_id.empty()) {
+        throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
+    }
+    const bool is_static = rdzv_backend == rendezvous_backend::static_;
+    if (is_static && nnodes.min != nnodes.max) {
+        throw usage_error{fmt::format("--nnodes={}:{}: the static rendezvous has a fixed membership; an elastic range "
+                                      "needs --rdzv-backend=c10d or etcd-v3",
+                                      nnodes.min, nnodes.max)};
+    }
+    if (node_rank && (*node_rank < 0 || *node_rank >= nnodes.max)) {
+        throw usage_error{fmt::format("--node-rank={}: must be from 0 to {} (below the --nnodes maximum {})", *node_rank,
+                                      nnodes.max - 1, nnodes.max)};
+    }
+    if (!is_static && (master_addr || master_port)) {
+        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
+                                      "backend rendezvouses at --rdzv-endpoint",
+                                      to_string(rdzv_backend))};
+    }
+    if (is_static && rdzv_endpoint && (master_addr || master_port)) {
+        throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
+                          "give one of them"};
+    }
+    if (master_addr && !detail::valid_host(*master_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", show("--master-addr", *master_addr))};
+    }
+    if (local_addr && !detail::valid_host(*local_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", show("--local-addr", *local_addr))};
+    }
+    if (rdzv_endpoint) {
+        const auto text = to_string(*rdzv_endpoint);
+        if (!detail::valid_host(rdzv_endpoint->host)) {
+            throw usage_error{fmt::format("{}: bad host name", show("--rdzv-endpoint", text))};
+        }
+        if (is_static && !rdzv_endpoint->port) {
+            throw usage_error{fmt::format("{}: the static rendezvous needs a port (host:port)", show("--rdzv-endpoint", text))};
+        }
+    }
+    const auto endpoint = rendezvous_endpoint();
+    if (endpoint.port == 0 && nnodes.max > 1) {
+        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
+                                      "it needs --nnodes=1",
+                                      to_string(endpoint))};
+    }
+    const auto positive = [](std::chrono::milliseconds d, std::string_view what, bool allow_zero) {
+        if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
+            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
+        }
+    };
+    positive(rdzv_conf.join_timeout, "--rdzv-conf join_timeout", false);
+    positive(rdzv_conf.last_call_timeout, "--rdzv-conf last_call_timeout", false);
+    positive(rdzv_conf.close_timeout, "--rdzv-conf close_timeout", false);
+    positive(rdzv_conf.read_timeout, "--rdzv-conf read_timeout", false);
+    positive(rdzv_conf.timeout, "--rdzv-conf timeout", false);
+    if (max_restarts < 0) {
+        throw usage_error{fmt::format("--max-restarts={}: must be an integer >= 0", max_restarts)};
+    }
+    positive(shutdown_timeout, "--shutdown-timeout", true);
+    positive(monitor_interval, "--monitor-interval", true);
+    positive(exit_barrier_timeout, "exit_barrier_timeout", true);
+    if (signals_to_handle.empty()) {
+        throw usage_error{"--signals-to-handle: must name at least one signal"};
+    }
+    for (const int number : signals_to_handle) {
+        if (std::none_of(detail::forwardable_signals.begin(), detail::forwardable_signals.end(),
+                         [&](const detail::signal_name& s) { return s.number == number; })) {
+            throw usage_error{fmt::format("--signals-to-handle: signal {} cannot be trapped and forwarded", number)};
+        }
+    }
+    if (log_dir) {
+        if (log_dir->empty()) {
+            throw usage_error{"--log-dir: must not be empty"};
+        }
+        struct stat st {};
+        if (!logs_disabled() && ::stat(log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+            throw usage_error{fmt::format("{}: exists and is not a directory", show("--log-dir", log_dir->string()))};
+        }
+    }
+    detail::check_streams(redirects, nproc_per_node, "--redirects");
+    detail::check_streams(tee, nproc_per_node, "--tee");
+    detail::check_ranks_exist(local_ranks_filter, nproc_per_node, "--local-ranks-filter");
+    detail::check_prefix_template(log_line_prefix_template);
+    (void)resolve_program(program, env);
+}
+
+}  // namespace elastic::inline v0

@@ -1,0 +1,592 @@
+// The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
+// settings, signal lists, durations) and the parsers of their text forms.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/launch/usage_error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+using namespace std::chrono_literals;
+
+/// `--nnodes`: how many nodes (agents) the job has, fixed (`N`, min == max) or elastic (`MIN:MAX`).
+struct node_range {
+    int min = 1;  ///< the job starts once this many nodes have joined
+    int max = 1;  ///< nodes beyond this wait as standbys
+    friend bool operator==(const node_range&, const node_range&) = default;
+};
+
+/// A `host[:port]` endpoint; an IPv6 host is written in brackets (`[::1]:29400`) and held without.
+struct host_port {
+    std::string host;
+    std::optional<std::uint16_t> port;  ///< absent: the backend's default port
+    friend bool operator==(const host_port&, const host_port&) = default;
+};
+
+/// The rendezvous implementation (`--rdzv-backend`).
+enum class rendezvous_backend {
+    static_,  ///< "static": fixed membership; node 0 hosts a store at --master-addr:--master-port
+    c10d,     ///< "c10d": dynamic membership over a TCP store hosted by one agent
+    etcd_v3,  ///< "etcd-v3": dynamic membership over an etcd server's v3 API
+};
+
+/// The name of a backend as written on the command line.
+[[nodiscard]] constexpr std::string_view to_string(rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return "static";
+    case rendezvous_backend::c10d: return "c10d";
+    case rendezvous_backend::etcd_v3: return "etcd-v3";
+    }
+    return "?";
+}
+
+/// The default port of a backend's endpoint (torchrun's: 29400 for c10d, 2379 for etcd; the
+/// static backend's endpoint is --master-addr:--master-port).
+[[nodiscard]] constexpr std::uint16_t default_rendezvous_port(rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return 29500;
+    case rendezvous_backend::c10d: return 29400;
+    case rendezvous_backend::etcd_v3: return 2379;
+    }
+    return 0;
+}
+
+/// Settings of the rendezvous from `--rdzv-conf key=value,...`, with torchrun's defaults. Which
+/// keys a backend reads is in docs/cli.md; a key the chosen backend does not read is an error.
+struct rendezvous_settings {
+    std::chrono::milliseconds join_timeout = 600s;       ///< c10d, etcd-v3: a round must form within
+    std::chrono::milliseconds last_call_timeout = 30s;   ///< c10d, etcd-v3: wait for more after min
+    std::chrono::milliseconds close_timeout = 30s;       ///< c10d, etcd-v3: closing the rendezvous
+    std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
+    std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
+    std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
+    friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
+};
+
+/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
+enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
+
+/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
+/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
+struct stream_selection {
+    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
+    std::map<int, std_streams> per_rank;         ///< local rank -> streams
+    friend bool operator==(const stream_selection&, const stream_selection&) = default;
+
+    /// The streams chosen for one local rank.
+    [[nodiscard]] std_streams for_rank(int local_rank) const {
+        if (per_rank.empty()) {
+            return every_rank;
+        }
+        const auto it = per_rank.find(local_rank);
+        return it == per_rank.end() ? std_streams::none : it->second;
+    }
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
+    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!text.empty() && is_space(text.front())) {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && is_space(text.back())) {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+[[nodiscard]] inline std::string lower(std::string_view text) {
+    std::string out{text};
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    return out;
+}
+
+/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
+[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
+    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
+    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+}
+
+/// Splits on `sep`; "" gives one empty piece.
+[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
+    std::vector<std::string_view> pieces;
+    for (;;) {
+        const auto at = text.find(sep);
+        pieces.push_back(text.substr(0, at));
+        if (at == std::string_view::npos) {
+            return pieces;
+        }
+        text.remove_prefix(at + 1);
+    }
+}
+
+/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
+[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
+    text = trim(text);
+    if (!text.empty() && text.front() == '+') {
+        text.remove_prefix(1);
+    }
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+}  // namespace detail
+
+/// An integer in [min, max]; `name` and `text` appear in the error.
+[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
+                                       int max = INT_MAX) {
+    const auto value = detail::to_integer(text);
+    if (!value || *value < min || *value > max) {
+        const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
+                                         : fmt::format("an integer from {} to {}", min, max);
+        throw usage_error{fmt::format("{}: must be {}", detail::show(name, text), rule)};
+    }
+    return static_cast<int>(*value);
+}
+
+/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
+/// held to the millisecond.
+[[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                             bool allow_zero) {
+    const auto trimmed = detail::trim(text);
+    double seconds = -1;
+    const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
+                                           std::chars_format::fixed);
+    const bool ok = !trimmed.empty() && ec == std::errc{} && end == trimmed.data() + trimmed.size() &&
+                    std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
+                                      detail::show(name, text), allow_zero ? ">= 0" : "> 0")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
+/// in any case.
+[[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
+    const auto word = detail::lower(detail::trim(text));
+    if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
+        return true;
+    }
+    if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
+        return false;
+    }
+    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::show(name, text))};
+}
+
+/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
+[[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
+    const auto value = detail::to_integer(text);
+    if (!value) {
+        throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
+                                      detail::show(name, text))};
+    }
+    return *value != 0;
+}
+
+/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
+[[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
+    const auto fail = [&](std::string_view why) {
+        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::show(name, text), why)};
+    };
+    const auto pieces = detail::split(text, ':');
+    if (pieces.size() > 2) {
+        throw fail("too many ':'");
+    }
+    const auto min = detail::to_integer(pieces.front());
+    const auto max = pieces.size() == 2 ? detail::to_integer(pieces.back()) : min;
+    if (!min || !max) {
+        throw fail("not an integer");
+    }
+    if (*min <= 0 || *max <= 0) {
+        throw fail("node counts must be positive");
+    }
+    if (*min > *max) {
+        throw fail(fmt::format("the minimum {} exceeds the maximum {}", *min, *max));
+    }
+    if (*max > INT_MAX) {
+        throw fail("too large");
+    }
+    return node_range{static_cast<int>(*min), static_cast<int>(*max)};
+}
+
+namespace detail {
+
+/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
+/// an IPv6 zone.
+[[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
+    return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' ||
+               c == '-' || c == '%';
+    });
+}
+
+}  // namespace detail
+
+/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
+[[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
+    const auto host = detail::trim(text);
+    if (!detail::valid_host(host)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::show(name, text))};
+    }
+    return std::string{host};
+}
+
+/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
+/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
+[[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
+    const auto fail = [&](std::string_view why) {
+        return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
+                                       detail::show(name, text), why)};
+    };
+    const auto endpoint = detail::trim(text);
+    if (endpoint.empty()) {
+        throw fail("empty");
+    }
+    host_port result;
+    std::string_view port_text;
+    bool has_port = false;
+    if (endpoint.front() == '[') {
+        const auto close = endpoint.find(']');
+        if (close == std::string_view::npos) {
+            throw fail("no ']' after the IPv6 address");
+        }
+        result.host = std::string{endpoint.substr(1, close - 1)};
+        const auto rest = endpoint.substr(close + 1);
+        if (!rest.empty()) {
+            if (rest.front() != ':') {
+                throw fail("unexpected text after ']'");
+            }
+            port_text = rest.substr(1);
+            has_port = true;
+        }
+        if (result.host.find(':') == std::string::npos || !detail::valid_host(result.host)) {
+            throw fail("the bracketed part is not an IPv6 address");
+        }
+    } else {
+        const auto colon = endpoint.find(':');
+        if (colon != std::string_view::npos && endpoint.find(':', colon + 1) != std::string_view::npos) {
+            throw fail("an IPv6 address must be written in brackets");
+        }
+        result.host = std::string{endpoint.substr(0, colon)};
+        if (colon != std::string_view::npos) {
+            port_text = endpoint.substr(colon + 1);
+            has_port = true;
+        }
+        if (!detail::valid_host(result.host)) {
+            throw fail("bad host name");
+        }
+    }
+    if (has_port) {
+        const auto port = detail::to_integer(port_text);
+        if (!port || *port < 0 || *port > 65535 || detail::trim(port_text) != port_text) {
+            throw fail("the port must be an integer from 0 to 65535");
+        }
+        result.port = static_cast<std::uint16_t>(*port);
+    }
+    return result;
+}
+
+/// `host:port` as it would be written again (IPv6 in brackets).
+[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
+    const bool v6 = endpoint.host.find(':') != std::string::npos;
+    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    if (endpoint.port) {
+        out += fmt::format(":{}", *endpoint.port);
+    }
+    return out;
+}
+
+/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
+/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
+[[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
+    const auto word = detail::trim(text);
+    if (word == "static") {
+        return rendezvous_backend::static_;
+    }
+    if (word == "c10d") {
+        return rendezvous_backend::c10d;
+    }
+    if (word == "etcd-v3") {
+        return rendezvous_backend::etcd_v3;
+    }
+    if (word == "etcd" || word == "etcd-v2") {
+        throw usage_error{fmt::format(
+            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+            detail::show(name, text))};
+    }
+    throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
+                                  detail::show(name, text))};
+}
+
+namespace detail {
+
+/// What one `--rdzv-conf` key is, and which backends read it.
+struct rdzv_key {
+    std::string_view key;
+    bool static_;
+    bool c10d;
+    bool etcd_v3;
+};
+inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
+    {"join_timeout", false, true, true},
+    {"last_call_timeout", false, true, true},
+    {"close_timeout", false, true, true},
+    {"read_timeout", false, true, true},
+    {"timeout", true, false, false},
+    {"is_host", false, true, false},
+    {"store_type", false, true, false},
+    {"use_libuv", false, true, false},
+    {"protocol", false, false, true},
+}};
+
+[[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return k.static_;
+    case rendezvous_backend::c10d: return k.c10d;
+    case rendezvous_backend::etcd_v3: return k.etcd_v3;
+    }
+    return false;
+}
+
+[[nodiscard]] inline std::string keys_of(rendezvous_backend backend) {
+    std::string out;
+    for (const auto& k : rdzv_keys) {
+        if (reads_key(k, backend)) {
+            out += out.empty() ? "" : ", ";
+            out += k.key;
+        }
+    }
+    return out;
+}
+
+}  // namespace detail
+
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
+/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
+/// and a key given twice are errors; the value is everything after the first `=`.
+[[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                   rendezvous_backend backend) {
+    rendezvous_settings settings;
+    if (detail::trim(text).empty()) {
+        return settings;
+    }
+    const auto whole = detail::show(name, text);
+    std::set<std::string, std::less<>> seen;
+    for (const auto item : detail::split(text, ',')) {
+        const auto equals = item.find('=');
+        const auto key = detail::trim(item.substr(0, equals));
+        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::trim(item.substr(equals + 1));
+        if (key.empty() || equals == std::string_view::npos || value.empty()) {
+            throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
+                                          whole, item)};
+        }
+        if (!seen.emplace(key).second) {
+            throw usage_error{fmt::format("{}: key '{}' given twice", whole, key)};
+        }
+        const auto what = fmt::format("{} key {}", name, key);
+        if (key == "rank") {
+            throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
+        }
+        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
+            key == "key") {
+            throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+        }
+        const auto known = std::find_if(detail::rdzv_keys.begin(), detail::rdzv_keys.end(),
+                                        [&](const detail::rdzv_key& k) { return k.key == key; });
+        if (known == detail::rdzv_keys.end()) {
+            throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
+                                          to_string(backend), detail::keys_of(backend))};
+        }
+        if (!detail::reads_key(*known, backend)) {
+            throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                          to_string(backend), key, detail::keys_of(backend))};
+        }
+        if (key == "join_timeout") {
+            settings.join_timeout = parse_seconds(value, what, false);
+        } else if (key == "last_call_timeout") {
+            settings.last_call_timeout = parse_seconds(value, what, false);
+        } else if (key == "close_timeout") {
+            settings.close_timeout = parse_seconds(value, what, false);
+        } else if (key == "read_timeout") {
+            settings.read_timeout = parse_seconds(value, what, false);
+        } else if (key == "timeout") {
+            settings.timeout = parse_seconds(value, what, false);
+        } else if (key == "is_host") {
+            settings.is_host = parse_boolean(value, what);
+        } else if (key == "store_type") {
+            const auto type = detail::lower(value);
+            if (type == "file") {
+                throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
+                                              "backend uses a TCP store (store_type=tcp)", whole)};
+            }
+            if (type != "tcp") {
+                throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
+            }
+        } else if (key == "use_libuv") {
+            // Accepted for compatibility: it picks the Python TCPStore server's event loop; elastic's
+            // store server is its own, so the value is checked and has nothing to change.
+            (void)parse_boolean(value, what);
+        } else if (key == "protocol") {
+            const auto protocol = detail::lower(value);
+            if (protocol == "https") {
+                throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
+            }
+            if (protocol != "http") {
+                throw usage_error{fmt::format("{}: protocol must be http", whole)};
+            }
+        }
+    }
+    return settings;
+}
+
+/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
+/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
+[[nodiscard]] inline stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
+    const auto fail = [&]() {
+        return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
+                                       "LOCAL_RANK:N,... such as 0:3,1:2",
+                                       detail::show(name, text))};
+    };
+    const auto streams_of = [&](std::string_view digit) {
+        const auto value = detail::to_integer(digit);
+        if (!value || *value < 0 || *value > 3 || detail::trim(digit) != digit) {
+            throw fail();
+        }
+        return static_cast<std_streams>(*value);
+    };
+    stream_selection selection;
+    const auto trimmed = detail::trim(text);
+    if (trimmed.find(':') == std::string_view::npos) {
+        selection.every_rank = streams_of(trimmed);
+        return selection;
+    }
+    for (const auto item : detail::split(trimmed, ',')) {
+        const auto colon = item.find(':');
+        if (colon == std::string_view::npos) {
+            throw fail();
+        }
+        const auto rank = detail::to_integer(item.substr(0, colon));
+        if (!rank || *rank < 0 || *rank > INT_MAX || detail::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+            throw fail();
+        }
+        if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
+            throw usage_error{fmt::format("{}: local rank {} given twice", detail::show(name, text), *rank)};
+        }
+    }
+    return selection;
+}
+
+/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
+[[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
+    std::set<int> ranks;
+    if (detail::trim(text).empty()) {
+        return ranks;
+    }
+    for (const auto item : detail::split(text, ',')) {
+        const auto rank = detail::to_integer(item);
+        if (!rank || *rank < 0 || *rank > INT_MAX) {
+            throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
+                                          detail::show(name, text), item)};
+        }
+        ranks.insert(static_cast<int>(*rank));
+    }
+    return ranks;
+}
+
+namespace detail {
+
+struct signal_name {
+    std::string_view name;
+    int number;
+};
+/// Signals an agent can trap and forward to its workers. SIGKILL and SIGSTOP cannot be trapped,
+/// SIGCHLD is how the agent learns of exits, and fault signals (SEGV, BUS, ...) are the agent's own.
+inline const std::array<signal_name, 16> forwardable_signals{{
+    {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
+    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
+    {"SIGXFSZ", SIGXFSZ}, {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH},
+    {"SIGURG", SIGURG}, {"SIGCONT", SIGCONT}, {"SIGTSTP", SIGTSTP}, {"SIGPWR", SIGPWR},
+}};
+
+}  // namespace detail
+
+/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
+[[nodiscard]] inline std::string signal_to_string(int number) {
+    for (const auto& s : detail::forwardable_signals) {
+        if (s.number == number) {
+            return std::string{s.name};
+        }
+    }
+    return fmt::format("{}", number);
+}
+
+/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
+/// case are optional). Duplicates are dropped; order is kept.
+[[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
+    std::vector<int> numbers;
+    for (const auto item : detail::split(text, ',')) {
+        auto word = detail::lower(detail::trim(item));
+        if (word.rfind("sig", 0) != 0) {
+            word = "sig" + word;
+        }
+        const auto known = std::find_if(detail::forwardable_signals.begin(), detail::forwardable_signals.end(),
+                                        [&](const detail::signal_name& s) { return detail::lower(s.name) == word; });
+        if (known == detail::forwardable_signals.end()) {
+            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
+                                     word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
+                                     word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
+                                     word == "sigpipe";
+            throw usage_error{fmt::format(
+                "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                detail::show(name, text), detail::trim(item),
+                untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+        }
+        if (std::find(numbers.begin(), numbers.end(), known->number) == numbers.end()) {
+            numbers.push_back(known->number);
+        }
+    }
+    return numbers;
+}
+
+/// The agent's log level, from `LOGLEVEL` (Python's level names).
+enum class log_level { debug, info, warning, error, critical };
+
+/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
+[[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
+    const auto word = detail::lower(detail::trim(text));
+    if (word == "debug") return log_level::debug;
+    if (word == "info") return log_level::info;
+    if (word == "warning" || word == "warn") return log_level::warning;
+    if (word == "error") return log_level::error;
+    if (word == "critical" || word == "fatal") return log_level::critical;
+    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::show(name, text))};
+}
+
+}  // namespace elastic::inline v0

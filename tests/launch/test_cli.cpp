@@ -1,0 +1,588 @@
+// Tests of torchrun's command line for elastic: every option in every spelling and through its
+// PET_ variable, precedence, the program and its pass-through arguments, bad input, --help.
+#include "elastic/launch/cli.hpp"
+
+#include "launch_support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace test_cli {
+
+using namespace std::chrono_literals;
+using elastic::environment;
+using elastic::launch_config;
+using launch_support::parse;
+using launch_support::temp_dir;
+using launch_support::usage_error_of;
+
+/// A temporary directory holding an executable program, a script and a fake interpreter, and an
+/// environment whose PATH and PYTHON_EXEC point at them.
+struct fixture {
+    temp_dir dir;
+    std::string program = launch_support::write_program(dir, "worker");
+    std::string script = dir.write("train.py", "print('hello')\n", 0644);
+    std::string python = launch_support::write_program(dir, "python");
+    environment env{{"PATH", dir.path() + ":/usr/bin:/bin"}, {"PYTHON_EXEC", python}};
+};
+
+/// One row: an option's spellings, a good value, and what it must do to the configuration.
+struct option_case {
+    std::vector<std::string> spellings;
+    std::string env;      ///< its PET_ variable
+    std::string value;    ///< empty: a flag
+    std::string program;  ///< "" = fixture's executable; "script", or a module name for -m
+    std::function<void(const launch_config&, const fixture&)> check;
+};
+
+std::vector<option_case> option_cases() {
+    return {
+        {{"--nproc-per-node", "--nproc_per_node"}, "PET_NPROC_PER_NODE", "4", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.nproc_per_node == 4); }},
+        {{"--nnodes"}, "PET_NNODES", "3", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.nnodes == elastic::node_range{3, 3}); }},
+        {{"--rdzv-backend", "--rdzv_backend"}, "PET_RDZV_BACKEND", "c10d", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.rdzv_backend == elastic::rendezvous_backend::c10d); }},
+        {{"--rdzv-endpoint", "--rdzv_endpoint"}, "PET_RDZV_ENDPOINT", "node0:1234", "",
+         [](const launch_config& c, const fixture&) {
+             REQUIRE(c.rdzv_endpoint.has_value());
+             CHECK(*c.rdzv_endpoint == elastic::host_port{"node0", 1234});
+             CHECK(c.rendezvous_endpoint() == elastic::host_port{"node0", 1234});
+         }},
+        {{"--rdzv-id", "--rdzv_id"}, "PET_RDZV_ID", "job-7", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.rdzv_id == "job-7"); }},
+        {{"--rdzv-conf", "--rdzv_conf"}, "PET_RDZV_CONF", "timeout=5", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.rdzv_conf.timeout == 5s); }},
+        {{"--standalone"}, "PET_STANDALONE", "", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.rdzv_backend == elastic::rendezvous_backend::c10d);
+             CHECK(c.rendezvous_endpoint() == elastic::host_port{"localhost", 0});
+             CHECK(c.rdzv_id.size() == 36);
+             CHECK(c.nnodes == elastic::node_range{1, 1});
+         }},
+        {{"--max-restarts", "--max_restarts"}, "PET_MAX_RESTARTS", "3", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.max_restarts == 3); }},
+        {{"--monitor-interval", "--monitor_interval"}, "PET_MONITOR_INTERVAL", "0.5", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.monitor_interval == 500ms); }},
+        {{"--start-method", "--start_method"}, "PET_START_METHOD", "fork", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.program.kind == elastic::program_kind::automatic); }},
+        {{"--role"}, "PET_ROLE", "trainer", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.role == "trainer"); }},
+        {{"-m", "--module"}, "PET_MODULE", "", "pkg.train",
+         [](const launch_config& c, const fixture& f) {
+             CHECK(c.program.kind == elastic::program_kind::python_module);
+             const auto command = elastic::resolve_program(c.program, f.env);
+             CHECK(command.path == f.python);
+             CHECK(command.argv == std::vector<std::string>{f.python, "-u", "-m", "pkg.train", "--lr=1"});
+         }},
+        {{"--no-python", "--no_python"}, "PET_NO_PYTHON", "", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.program.kind == elastic::program_kind::executable); }},
+        {{"--run-path", "--run_path"}, "PET_RUN_PATH", "", "script",
+         [](const launch_config& c, const fixture& f) {
+             CHECK(c.program.kind == elastic::program_kind::python_script);
+             CHECK(elastic::resolve_program(c.program, f.env).argv ==
+                   std::vector<std::string>{f.python, "-u", f.script, "--lr=1"});
+         }},
+        {{"--log-dir", "--log_dir"}, "PET_LOG_DIR", "/dev/null", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.logs_disabled()); }},
+        {{"-r", "--redirects"}, "PET_REDIRECTS", "3", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.redirects.for_rank(0) == elastic::std_streams::all); }},
+        {{"-t", "--tee"}, "PET_TEE", "0:2", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.tee.for_rank(0) == elastic::std_streams::err); }},
+        {{"--local-ranks-filter", "--local_ranks_filter"}, "PET_LOCAL_RANKS_FILTER", "0", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.local_ranks_filter == std::set<int>{0}); }},
+        {{"--node-rank", "--node_rank"}, "PET_NODE_RANK", "0", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.node_rank == 0); }},
+        {{"--master-addr", "--master_addr"}, "PET_MASTER_ADDR", "10.1.2.3", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.rendezvous_endpoint() == elastic::host_port{"10.1.2.3", 29500});
+         }},
+        {{"--master-port", "--master_port"}, "PET_MASTER_PORT", "1234", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.rendezvous_endpoint() == elastic::host_port{"127.0.0.1", 1234});
+         }},
+        {{"--local-addr", "--local_addr"}, "PET_LOCAL_ADDR", "node7.example", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.local_addr == "node7.example"); }},
+        {{"--signals-to-handle", "--signals_to_handle"}, "PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGUSR1});
+         }},
+        {{"--shutdown-timeout", "--shutdown_timeout"}, "PET_SHUTDOWN_TIMEOUT", "90", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.shutdown_timeout == 90s); }},
+        {{"--virtual-local-rank", "--virtual_local_rank"}, "PET_VIRTUAL_LOCAL_RANK", "", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.virtual_local_rank); }},
+        {{"--event-log-handler", "--event_log_handler"}, "PET_EVENT_LOG_HANDLER", "null", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.role == "default"); }},
+    };
+}
+
+/// Options refused with a message; each with a value it is refused for.
+struct refused_case {
+    std::vector<std::string> spellings;
+    std::string env;  ///< "" when torchrun has no PET_ form
+    std::string value;
+};
+
+std::vector<refused_case> refused_cases() {
+    return {
+        {{"--event-log-handler", "--event_log_handler"}, "PET_EVENT_LOG_HANDLER", "console"},
+        {{"--logs-specs", "--logs_specs"}, "", "my_specs"},
+        {{"--numa-binding", "--numa_binding"}, "", "node"},
+        {{"--duplicate-stdout-filters", "--duplicate_stdout_filters"}, "PET_DUPLICATE_STDOUT_FILTERS", "loss"},
+        {{"--duplicate-stderr-filters", "--duplicate_stderr_filters"}, "PET_DUPLICATE_STDERR_FILTERS", "NCCL"},
+    };
+}
+
+std::string target_of(const option_case& row, const fixture& f) {
+    return row.program.empty() ? f.program : row.program == "script" ? f.script : row.program;
+}
+
+TEST_CASE("launch: every option of torchrun's table is registered, in every spelling") {
+    // torchrun-inventory.md section 1, newest main: the first spelling of each, then its aliases.
+    const std::vector<std::string> torchrun = {
+        "--nnodes", "--nproc-per-node", "--nproc_per_node", "--rdzv-backend", "--rdzv_backend",
+        "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--rdzv-conf", "--rdzv_conf",
+        "--standalone", "--max-restarts", "--max_restarts", "--monitor-interval", "--monitor_interval",
+        "--start-method", "--start_method", "--event-log-handler", "--event_log_handler", "--role", "-m",
+        "--module", "--no-python", "--no_python", "--run-path", "--run_path", "--log-dir", "--log_dir", "-r",
+        "--redirects", "-t", "--tee", "--local-ranks-filter", "--local_ranks_filter", "--duplicate-stdout-filters",
+        "--duplicate_stdout_filters", "--duplicate-stderr-filters", "--duplicate_stderr_filters", "--node-rank",
+        "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port", "--local-addr",
+        "--local_addr", "--logs-specs", "--logs_specs", "--numa-binding", "--numa_binding", "--signals-to-handle",
+        "--signals_to_handle", "--shutdown-timeout", "--shutdown_timeout", "--virtual-local-rank",
+        "--virtual_local_rank"};
+    std::set<std::string> registered;
+    for (const auto& spec : elastic::detail::option_specs) {
+        for (const auto name : elastic::detail::split(spec.names, ',')) {
+            registered.emplace(name);
+        }
+    }
+    for (const auto& name : torchrun) {
+        CHECK_MESSAGE(registered.count(name) == 1, name << " is not registered");
+    }
+    // ... and each one is exercised below, as accepted or as refused.
+    std::set<std::string> tested;
+    for (const auto& row : option_cases()) {
+        tested.insert(row.spellings.begin(), row.spellings.end());
+    }
+    for (const auto& row : refused_cases()) {
+        tested.insert(row.spellings.begin(), row.spellings.end());
+    }
+    for (const auto& name : torchrun) {
+        CHECK_MESSAGE(tested.count(name) == 1, name << " has no test row");
+    }
+}
+
+TEST_CASE("launch: every option in every spelling, as --opt=value, --opt value, and PET_*") {
+    for (const auto& row : option_cases()) {
+        fixture f;
+        const auto target = target_of(row, f);
+        for (const auto& spelling : row.spellings) {
+            CAPTURE(spelling);
+            if (row.value.empty()) {
+                row.check(parse({spelling, target, "--lr=1"}, f.env), f);
+                continue;
+            }
+            if (spelling.size() == 2) {  // -r3: a short option's value may be glued on
+                row.check(parse({spelling + row.value, target, "--lr=1"}, f.env), f);
+            } else {
+                row.check(parse({spelling + "=" + row.value, target, "--lr=1"}, f.env), f);
+            }
+            row.check(parse({spelling, row.value, target, "--lr=1"}, f.env), f);
+        }
+        CAPTURE(row.env);
+        auto env = f.env;
+        env[row.env] = row.value.empty() ? "1" : row.value;
+        row.check(parse({target, "--lr=1"}, env), f);
+    }
+}
+
+TEST_CASE("launch: the command line wins over PET_* (a bad PET_ value is never read when the option is given)") {
+    for (const auto& row : option_cases()) {
+        fixture f;
+        CAPTURE(row.env);
+        auto env = f.env;
+        env[row.env] = row.value.empty() ? "not-an-integer" : "@bad@";
+        const auto target = target_of(row, f);
+        if (row.value.empty()) {
+            row.check(parse({row.spellings.back(), target, "--lr=1"}, env), f);
+        } else {
+            row.check(parse({row.spellings.back() + "=" + row.value, target, "--lr=1"}, env), f);
+        }
+    }
+    fixture f;
+    auto env = f.env;
+    env["PET_NPROC_PER_NODE"] = "2";
+    env["PET_MAX_RESTARTS"] = "5";
+    const auto config = parse({"--nproc_per_node=3", f.program}, env);
+    CHECK(config.nproc_per_node == 3);
+    CHECK(config.max_restarts == 5);
+}
+
+TEST_CASE("launch: PET_ flags read as torchrun reads them: an integer, 0 is off") {
+    fixture f;
+    auto env = f.env;
+    env["PET_STANDALONE"] = "0";
+    CHECK(parse({f.program}, env).rdzv_backend == elastic::rendezvous_backend::static_);
+    env["PET_STANDALONE"] = "2";
+    CHECK(parse({f.program}, env).rdzv_backend == elastic::rendezvous_backend::c10d);
+    env["PET_STANDALONE"] = "yes";
+    CHECK(usage_error_of({f.program}, env).find("PET_STANDALONE=yes") != std::string::npos);
+    env.erase("PET_STANDALONE");
+    env["PET_NNODES"] = "";  // an empty variable counts as unset
+    CHECK(parse({f.program}, env).nnodes == elastic::node_range{1, 1});
+}
+
+TEST_CASE("launch: defaults are torchrun's") {
+    fixture f;
+    const auto c = parse({f.program}, f.env);
+    CHECK(c.nproc_per_node == 1);
+    CHECK(c.nnodes == elastic::node_range{1, 1});
+    CHECK(c.rdzv_backend == elastic::rendezvous_backend::static_);
+    CHECK(c.rendezvous_endpoint() == elastic::host_port{"127.0.0.1", 29500});
+    CHECK(c.rdzv_id == "none");
+    CHECK(c.rdzv_conf == elastic::rendezvous_settings{});
+    CHECK(c.rdzv_conf.join_timeout == 600s);
+    CHECK(c.rdzv_conf.timeout == 900s);
+    CHECK(!c.node_rank);
+    CHECK(c.max_restarts == 0);
+    CHECK(c.monitor_interval == 100ms);
+    CHECK(c.shutdown_timeout == 30s);
+    CHECK(c.exit_barrier_timeout == 300s);
+    CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+    CHECK(c.role == "default");
+    CHECK(!c.log_dir);
+    CHECK(c.redirects == elastic::stream_selection{});
+    CHECK(c.tee == elastic::stream_selection{});
+    CHECK(c.local_ranks_filter.empty());
+    CHECK(c.log_line_prefix_template == "[${role_name}${local_rank}]:");
+    CHECK(c.agent_log_level == elastic::log_level::warning);
+    CHECK(!c.virtual_local_rank);
+    CHECK(c.program.python == f.python);
+}
+
+TEST_CASE("launch: the program's arguments pass through untouched, even ones that look like options") {
+    fixture f;
+    const std::vector<std::string> args = {"--help", "-m", "--nproc-per-node=8", "--", "x${local_rank}", "", "--lr="};
+    std::vector<std::string> argv = {"--nproc-per-node=2", f.program};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto c = parse(argv, f.env);
+    CHECK(c.nproc_per_node == 2);
+    CHECK(c.program.kind == elastic::program_kind::automatic);
+    CHECK(c.program.target == f.program);
+    CHECK(c.program.args == args);
+    const auto command = elastic::resolve_program(c.program, f.env);
+    CHECK(command.argv_for(1) ==
+          std::vector<std::string>{f.program, "--help", "-m", "--nproc-per-node=8", "--", "x1", "", "--lr="});
+
+    // `--` ends the options: a program may then start with '-' (found on PATH here).
+    const auto dashed = f.dir.write("-weird", "#!/bin/sh\n", 0755);
+    const auto c2 = parse({"--max-restarts=1", "--", "-weird", "-x"}, f.env);
+    CHECK(c2.max_restarts == 1);
+    CHECK(c2.program.target == "-weird");
+    CHECK(c2.program.args == std::vector<std::string>{"-x"});
+    CHECK(elastic::resolve_program(c2.program, f.env).path == dashed);
+}
+
+TEST_CASE("launch: program kinds: an executable, a .py script, -m, --no-python, PATH lookup") {
+    fixture f;
+    {
+        const auto c = parse({f.program, "a"}, f.env);
+        const auto command = elastic::resolve_program(c.program, f.env);
+        CHECK(command.kind == elastic::program_kind::executable);
+        CHECK(command.path == f.program);
+        CHECK(command.argv == std::vector<std::string>{f.program, "a"});
+    }
+    {
+        const auto c = parse({f.script, "a"}, f.env);
+        const auto command = elastic::resolve_program(c.program, f.env);
+        CHECK(command.kind == elastic::program_kind::python_script);
+        CHECK(command.path == f.python);
+        CHECK(command.argv == std::vector<std::string>{f.python, "-u", f.script, "a"});
+    }
+    {
+        // PYTHON_EXEC by name, found on PATH; default python3 when unset.
+        auto env = f.env;
+        env["PYTHON_EXEC"] = "python";
+        const auto command = elastic::resolve_program(parse({f.script}, env).program, env);
+        CHECK(command.path == f.python);
+        CHECK(command.argv.front() == "python");
+        env.erase("PYTHON_EXEC");
+        CHECK(parse({"worker"}, env).program.python == "python3");
+    }
+    {
+        // --no-python runs even a .py file directly: it must then be executable.
+        const auto message = usage_error_of({"--no-python", f.script}, f.env);
+        CHECK(message.find(f.script) != std::string::npos);
+        CHECK(message.find("not executable") != std::string::npos);
+        const auto exec_script = f.dir.write("run.py", "#!/bin/sh\n", 0755);
+        const auto command = elastic::resolve_program(parse({"--no-python", exec_script}, f.env).program, f.env);
+        CHECK(command.argv == std::vector<std::string>{exec_script});
+    }
+    {
+        // A bare name is looked up on PATH like execvp.
+        const auto command = elastic::resolve_program(parse({"worker"}, f.env).program, f.env);
+        CHECK(command.path == f.program);
+        CHECK(command.argv == std::vector<std::string>{"worker"});
+    }
+}
+
+TEST_CASE("launch: --standalone as torchrun, and conflicting explicit options are errors") {
+    fixture f;
+    const auto a = parse({"--standalone", "--nproc-per-node=2", f.program}, f.env);
+    const auto b = parse({"--standalone", f.program}, f.env);
+    CHECK(a.rdzv_id != b.rdzv_id);
+    CHECK(a.rdzv_id[14] == '4');  // UUID version 4
+    CHECK(parse({"--standalone", "--nnodes=1", "--rdzv-backend=c10d", f.program}, f.env).nnodes ==
+          elastic::node_range{1, 1});
+    CHECK(parse({"--standalone", "--rdzv-conf=join_timeout=5", f.program}, f.env).rdzv_conf.join_timeout == 5s);
+    CHECK(usage_error_of({"--standalone", "--nnodes=2", f.program}, f.env).find("--nnodes=2") != std::string::npos);
+    CHECK(usage_error_of({"--standalone", "--rdzv-backend=static", f.program}, f.env).find("--rdzv-backend=static") !=
+          std::string::npos);
+    CHECK(usage_error_of({"--standalone", "--rdzv-endpoint=h:1", f.program}, f.env).find("--rdzv-endpoint") !=
+          std::string::npos);
+    CHECK(usage_error_of({"--standalone", "--rdzv-id=x", f.program}, f.env).find("--rdzv-id") != std::string::npos);
+    CHECK(usage_error_of({"--standalone", "--master-port=5", f.program}, f.env).find("--master-port") !=
+          std::string::npos);
+    // From the environment, --standalone overrides them (a scheduler's blanket PET_ variables).
+    auto env = f.env;
+    env["PET_RDZV_ID"] = "from-env";
+    env["PET_NNODES"] = "4";
+    env["PET_RDZV_BACKEND"] = "static";
+    const auto c = parse({"--standalone", f.program}, env);
+    CHECK(c.rdzv_id != "from-env");
+    CHECK(c.nnodes == elastic::node_range{1, 1});
+    CHECK(c.rdzv_backend == elastic::rendezvous_backend::c10d);
+}
+
+TEST_CASE("launch: rendezvous options: elastic ranges, endpoints, IPv6, backends, master address rules") {
+    fixture f;
+    const auto c = parse({"--nnodes=1:4", "--rdzv-backend=c10d", "--rdzv-endpoint=[fe80::1]", "--rdzv-id=j",
+                          "--rdzv-conf=join_timeout=10,last_call_timeout=2.5,is_host=false,store_type=tcp,use_libuv=1",
+                          "--node-rank=3", f.program},
+                         f.env);
+    CHECK(c.nnodes == elastic::node_range{1, 4});
+    CHECK(c.rendezvous_endpoint() == elastic::host_port{"fe80::1", 29400});
+    CHECK(c.rdzv_conf.join_timeout == 10s);
+    CHECK(c.rdzv_conf.last_call_timeout == 2500ms);
+    CHECK(c.rdzv_conf.is_host == false);
+    CHECK(c.node_rank == 3);
+    CHECK(parse({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=[::1]:2380", "--rdzv-conf=protocol=http", f.program},
+                f.env)
+              .rendezvous_endpoint() == elastic::host_port{"::1", 2380});
+    CHECK(parse({"--rdzv-backend=etcd-v3", f.program}, f.env).rendezvous_endpoint() ==
+          elastic::host_port{"localhost", 2379});
+    // PET_MASTER_ADDR/PORT from a scheduler are not errors with a dynamic backend; on the command line they are.
+    auto env = f.env;
+    env["PET_MASTER_ADDR"] = "10.0.0.1";
+    env["PET_MASTER_PORT"] = "23456";
+    const auto dynamic = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", f.program}, env);
+    CHECK(!dynamic.master_addr);
+    CHECK(!dynamic.master_port);
+    CHECK(parse({f.program}, env).rendezvous_endpoint() == elastic::host_port{"10.0.0.1", 23456});
+    CHECK(usage_error_of({"--rdzv-backend=c10d", "--master-addr=h", f.program}, f.env).find("static") !=
+          std::string::npos);
+    CHECK(usage_error_of({"--rdzv-endpoint=h:1", "--master-port=2", f.program}, f.env).find("give one") !=
+          std::string::npos);
+}
+
+TEST_CASE("launch: shutdown timeout falls back on TORCH_ELASTIC_SHUTDOWN_TIMEOUT; LOGLEVEL and the prefix template") {
+    fixture f;
+    auto env = f.env;
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "120";
+    env["LOGLEVEL"] = "info";
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${role_name}:${rank}|";
+    auto c = parse({f.program}, env);
+    CHECK(c.shutdown_timeout == 120s);
+    CHECK(c.agent_log_level == elastic::log_level::info);
+    CHECK(c.log_line_prefix_template == "${role_name}:${rank}|");
+    CHECK(parse({"--shutdown-timeout=0", f.program}, env).shutdown_timeout == 0s);
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "-1";
+    CHECK(usage_error_of({f.program}, env).find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=-1") != std::string::npos);
+    env.erase("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    env["LOGLEVEL"] = "LOUD";
+    CHECK(usage_error_of({f.program}, env).find("LOGLEVEL=LOUD") != std::string::npos);
+    env["LOGLEVEL"] = "DEBUG";
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${host}";
+    CHECK(usage_error_of({f.program}, env).find("'host'") != std::string::npos);
+}
+
+TEST_CASE("launch: refused options say so, on the command line and from PET_*") {
+    for (const auto& row : refused_cases()) {
+        fixture f;
+        for (const auto& spelling : row.spellings) {
+            CAPTURE(spelling);
+            const auto message = usage_error_of({spelling + "=" + row.value, f.program}, f.env);
+            CHECK(message.find("not implemented") != std::string::npos);
+            CHECK(message.find(row.value) != std::string::npos);
+        }
+        if (!row.env.empty()) {
+            CAPTURE(row.env);
+            auto env = f.env;
+            env[row.env] = row.value;
+            CHECK(usage_error_of({f.program}, env).find(row.env) != std::string::npos);
+        }
+    }
+    fixture f;
+    // torchrun has no PET_ form for these two: the variables are not read.
+    auto env = f.env;
+    env["PET_LOGS_SPECS"] = "x";
+    env["PET_NUMA_BINDING"] = "node";
+    CHECK(parse({f.program}, env).role == "default");
+}
+
+TEST_CASE("launch: bad input is one line naming the option and value, exit status 2") {
+    fixture f;
+    const auto p = f.program;
+    struct bad {
+        std::vector<std::string> args;
+        std::string names;  ///< the message must contain this
+    };
+    const std::vector<bad> cases = {
+        {{"--bogus", p}, "--bogus"},
+        {{"--bogus=1", p}, "--bogus=1"},
+        {{"-x", p}, "-x"},
+        {{"--nproc-per-node", "4"}, "no program"},
+        {{}, "no program"},
+        {{"--nnodes=3:2", p}, "--nnodes=3:2"},
+        {{"--nnodes=0", p}, "--nnodes=0"},
+        {{"--nnodes=1:2:3", p}, "--nnodes=1:2:3"},
+        {{"--nnodes=two", p}, "--nnodes=two"},
+        {{"--nnodes=1:4", p}, "static"},  // an elastic range needs a dynamic backend
+        {{"--nproc-per-node=0", p}, "--nproc-per-node=0"},
+        {{"--nproc-per-node=-2", p}, "--nproc-per-node=-2"},
+        {{"--nproc-per-node=many", p}, "--nproc-per-node=many"},
+        {{"--nproc-per-node=", p}, "--nproc-per-node=''"},
+        {{"--nnodes", }, "--nnodes needs a value"},
+        {{"--standalone=1", p}, "--standalone is a flag"},
+        {{"-m=1", p}, "unrecognized option -=1"},
+        {{"--rdzv-backend=etcd", p}, "etcd-v3"},
+        {{"--rdzv-backend=etcd-v2", p}, "etcd-v2"},
+        {{"--rdzv-backend=zookeeper", p}, "--rdzv-backend=zookeeper"},
+        {{"--rdzv-endpoint=::1", p}, "brackets"},
+        {{"--rdzv-endpoint=h:70000", p}, "--rdzv-endpoint=h:70000"},
+        {{"--rdzv-endpoint=[::1", p}, "]"},
+        {{"--rdzv-endpoint=h:x", p}, "--rdzv-endpoint=h:x"},
+        {{"--rdzv-endpoint=h", p}, "needs a port"},  // static
+        {{"--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=h:0", p}, "port 0"},
+        {{"--rdzv-conf=timeout", p}, "--rdzv-conf=timeout"},
+        {{"--rdzv-conf=timeout=", p}, "key=value"},
+        {{"--rdzv-conf==5", p}, "key=value"},
+        {{"--rdzv-conf=timeout=5,timeout=6", p}, "twice"},
+        {{"--rdzv-conf=bogus=1", p}, "bogus"},
+        {{"--rdzv-conf=timeout=abc", p}, "timeout=abc"},
+        {{"--rdzv-conf=timeout=0", p}, "> 0"},
+        {{"--rdzv-conf=rank=1", p}, "--node-rank"},
+        {{"--rdzv-backend=c10d", "--rdzv-conf=is_host=maybe", p}, "is_host"},
+        {{"--rdzv-backend=c10d", "--rdzv-conf=store_type=file", p}, "store_type=file"},
+        {{"--rdzv-backend=etcd-v3", "--rdzv-conf=protocol=https", p}, "https"},
+        {{"--rdzv-backend=etcd-v3", "--rdzv-conf=ssl_cert=/c", p}, "TLS"},
+        {{"--rdzv-backend=c10d", "--rdzv-conf=timeout=5", p}, "does not read 'timeout'"},
+        {{"--rdzv-id=", p}, "--rdzv-id"},
+        {{"--max-restarts=-1", p}, "--max-restarts=-1"},
+        {{"--max-restarts=1.5", p}, "--max-restarts=1.5"},
+        {{"--monitor-interval=-1", p}, "--monitor-interval=-1"},
+        {{"--monitor-interval=fast", p}, "--monitor-interval=fast"},
+        {{"--shutdown-timeout=-5", p}, "--shutdown-timeout=-5"},
+        {{"--shutdown-timeout=inf", p}, "--shutdown-timeout=inf"},
+        {{"--start-method=thread", p}, "--start-method=thread"},
+        {{"--role=", p}, "--role"},
+        {{"-r", "4", p}, "--redirects=4"},
+        {{"--redirects=0:1,x", p}, "--redirects=0:1,x"},
+        {{"--tee=0:5", p}, "--tee=0:5"},
+        {{"--tee=0:1,0:2", p}, "twice"},
+        {{"--nproc-per-node=2", "--tee=2:1", p}, "local rank 2"},
+        {{"--local-ranks-filter=0,a", p}, "--local-ranks-filter=0,a"},
+        {{"--local-ranks-filter=3", p}, "local rank 3"},
+        {{"--node-rank=-1", p}, "--node-rank=-1"},
+        {{"--node-rank=1", p}, "--node-rank=1"},  // nnodes 1: only rank 0
+        {{"--master-port=65536", p}, "--master-port=65536"},
+        {{"--master-addr=a b", p}, "--master-addr='a b'"},
+        {{"--local-addr=x/y", p}, "--local-addr=x/y"},
+        {{"--signals-to-handle=SIGKILL", p}, "SIGKILL"},
+        {{"--signals-to-handle=SIGNOPE", p}, "SIGNOPE"},
+        {{"--signals-to-handle=", p}, "--signals-to-handle"},
+        {{"--log-dir", p, p}, "not a directory"},
+        {{"-m", "--no-python", p}, "only one"},
+        {{"--run-path", "-m", p}, "only one"},
+        {{"-m", "not a module"}, "not a Python module name"},
+        {{"-m", "1pkg"}, "not a Python module name"},
+        {{f.dir / "missing"}, "does not exist"},
+        {{f.dir / "missing.py"}, "does not exist"},
+        {{f.dir.path()}, "is a directory"},
+        {{f.dir.write("data.bin", "x", 0644)}, "not executable"},
+        {{"no-such-program-anywhere"}, "not found on PATH"},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.names);
+        const auto message = usage_error_of(c.args, f.env);
+        CHECK_MESSAGE(message.find(c.names) != std::string::npos, message);
+    }
+    // A Python program whose interpreter is missing.
+    auto env = f.env;
+    env["PYTHON_EXEC"] = f.dir / "no-python";
+    CHECK(usage_error_of({f.script}, env).find("PYTHON_EXEC") != std::string::npos);
+    CHECK(usage_error_of({"-m", "pkg"}, env).find("PYTHON_EXEC") != std::string::npos);
+    // From the environment the message names the variable.
+    env = f.env;
+    env["PET_NNODES"] = "3:2";
+    CHECK(usage_error_of({f.program}, env).find("PET_NNODES=3:2") != std::string::npos);
+    env["PET_NNODES"] = "1";
+    env["PET_NPROC_PER_NODE"] = "0";
+    CHECK(usage_error_of({f.program}, env).find("PET_NPROC_PER_NODE=0") != std::string::npos);
+}
+
+TEST_CASE("launch: an option given twice keeps the last value, as argparse does") {
+    fixture f;
+    CHECK(parse({"--nproc-per-node=2", "--nproc_per_node=5", f.program}, f.env).nproc_per_node == 5);
+    CHECK(parse({"-r", "1", "--redirects=2", f.program}, f.env).redirects.every_rank == elastic::std_streams::err);
+}
+
+TEST_CASE("launch: --help is the golden text, and -h/--version return text instead of a configuration") {
+    const std::string golden_path = ELASTIC_TEST_SOURCE_DIR "/tests/launch/golden/help.txt";
+    const auto text = elastic::help_text();
+    if (const char* update = std::getenv("ELASTIC_UPDATE_GOLDEN"); update != nullptr && std::string{update} == "1") {
+        std::ofstream(golden_path, std::ios::binary | std::ios::trunc) << text;
+    }
+    CHECK(text == launch_support::read_file(golden_path));
+    fixture f;
+    for (const auto& args : std::vector<std::vector<std::string>>{{"--help"}, {"-h"}, {"--nnodes=2", "--help"}}) {
+        const auto result = elastic::parse_launch_config(args, f.env);
+        REQUIRE(std::holds_alternative<elastic::help_request>(result));
+        CHECK(std::get<elastic::help_request>(result).text == text);
+    }
+    const auto version = elastic::parse_launch_config(std::vector<std::string>{"--version"}, f.env);
+    REQUIRE(std::holds_alternative<elastic::help_request>(version));
+    CHECK(std::get<elastic::help_request>(version).text.find(elastic::version_string) != std::string::npos);
+    // Every line fits in 100 columns, and every option and PET_ variable is in it.
+    for (const auto line : elastic::detail::split(text, '\n')) {
+        CHECK_MESSAGE(line.size() <= 100, line);
+    }
+    for (const auto& spec : elastic::detail::option_specs) {
+        for (const auto name : elastic::detail::split(spec.names, ',')) {
+            CHECK_MESSAGE(text.find(name) != std::string::npos, name);
+        }
+        if (spec.has_env) {
+            CHECK(text.find(elastic::detail::env_name(spec)) != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("launch: parse_launch_config(argc, argv) skips argv[0]") {
+    fixture f;
+    const char* argv[] = {"elasticrun", "--nproc-per-node=3", f.program.c_str(), "x", nullptr};
+    const auto result = elastic::parse_launch_config(4, argv, f.env);
+    REQUIRE(std::holds_alternative<launch_config>(result));
+    const auto& c = std::get<launch_config>(result);
+    CHECK(c.nproc_per_node == 3);
+    CHECK(c.program.args == std::vector<std::string>{"x"});
+}
+
+}  // namespace test_cli
