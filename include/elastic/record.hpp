@@ -381,15 +381,16 @@ inline std::string demangled(const char* name) {
 }
 
 // Where the failure happened in a stack taken inside the terminate handler: just below the last
-// frame of __cxa_throw, __cxa_rethrow, std::rethrow_exception or std::terminate (ASan's
-// interceptor of __cxa_throw shows up as one more such frame).
+// frame of __cxa_throw, __cxa_rethrow, std::rethrow_exception, std::terminate or clang's
+// __clang_call_terminate (ASan's interceptor of __cxa_throw shows up as one more such frame).
 inline int first_frame_after_throw(void* const* frames, int count) noexcept {
     int first = 1;  // at least drop the handler itself
     for (int i = 0; i < count && i < 24; ++i) {
         const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
         const frame_symbol symbol = symbolize(pc, pc - 1);
         if (symbol.function == nullptr) continue;
-        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception", "_ZSt9terminatev"}) {
+        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception", "_ZSt9terminatev",
+                                   "__clang_call_terminate"}) {
             if (std::strstr(symbol.function, marker) != nullptr) first = i + 1;
         }
     }
@@ -446,9 +447,9 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
 
 }  // namespace detail
 
-/// Installs what `record` relies on, once per process: the terminate handler, the fatal-signal
-/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack, and the executable's
-/// symbol table for backtraces. Reads TORCHELASTIC_ERROR_FILE now. Call it yourself when you cannot
+/// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
+/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
+/// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it yourself when you cannot
 /// wrap main (e.g. in a library's init); calling it again does nothing.
 inline void install_error_handlers() {
     auto& state = detail::record_storage;
@@ -458,8 +459,6 @@ inline void install_error_handlers() {
         std::strcpy(state.error_file, path);
         state.has_error_file = true;
     }
-    detail::load_executable_symbols();
-    detail::warm_up_backtrace();
     std::set_terminate(detail::on_terminate);
 
     // A stack overflow leaves no stack to run a handler on: give this thread an alternate one,

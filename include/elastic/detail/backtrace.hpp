@@ -1,4 +1,4 @@
-// Backtraces for elastic::record: capture with backtrace(3), name frames from the executable's own
+// Backtraces for elastic::record: capture with the unwinder, name frames from the executable's own
 // ELF symbol table (so no -rdynamic is needed) or dladdr(3), with async-signal-safe code paths.
 #pragma once
 
@@ -7,15 +7,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <dlfcn.h>
-#include <execinfo.h>
 #include <fcntl.h>
 #include <link.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <unwind.h>
 
 namespace elastic::inline v0::detail {
 
@@ -173,7 +174,9 @@ struct executable_symbols {
 inline executable_symbols exe_symbols_storage{};
 
 // Maps /proc/self/exe and finds .symtab. Best effort and idempotent: on any failure frames fall
-// back to dladdr. Not async-signal-safe (call it before a crash: record installs it).
+// back to dladdr. Done lazily, at the first symbolization (i.e. at the crash, by the one thread
+// that reports), so that a healthy worker pays nothing: it only makes system calls (readlink,
+// open, fstat, mmap, close), reads memory and getauxval, all usable in a signal handler.
 inline void load_executable_symbols() noexcept {
     auto& exe = exe_symbols_storage;
     if (exe.loaded) return;
@@ -249,8 +252,9 @@ inline void load_executable_symbols() noexcept {
 
 // Names the function holding `lookup` (a pc, or a return address minus one); offsets are reported
 // against `pc`. Async-signal-safe as far as dladdr is (glibc's backtrace_symbols_fd relies on it
-// the same way): the executable's table is read from memory mapped before the crash.
+// the same way); the executable's table is mapped on first use (load_executable_symbols).
 inline frame_symbol symbolize(std::uintptr_t pc, std::uintptr_t lookup) noexcept {
+    load_executable_symbols();
     frame_symbol out;
     const auto& exe = exe_symbols_storage;
     if (exe.symbols != nullptr) {
@@ -287,16 +291,24 @@ inline frame_symbol symbolize(std::uintptr_t pc, std::uintptr_t lookup) noexcept
     return out;
 }
 
-/// Captures the calling thread's stack (return addresses, innermost first).
-inline int capture_backtrace(void** frames, int capacity) noexcept {
-    return ::backtrace(frames, capacity);
+inline _Unwind_Reason_Code backtrace_step(_Unwind_Context* context, void* argument) noexcept {
+    auto& state = *static_cast<std::pair<void**, int>*>(argument);
+    auto& [frames, remaining] = state;
+    if (remaining == 0) return _URC_END_OF_STACK;
+    *frames++ = reinterpret_cast<void*>(_Unwind_GetIP(context));
+    --remaining;
+    return _URC_NO_REASON;
 }
 
-/// backtrace(3) loads libgcc_s (and so allocates) on its first call; a signal handler must never
-/// be that first call.
-inline void warm_up_backtrace() noexcept {
-    void* frames[4];
-    (void)::backtrace(frames, 4);
+/// Captures the calling thread's stack (innermost first; frame 0 is this function). It calls the
+/// unwinder every C++ program already links (libgcc_s) directly: glibc's backtrace(3) would
+/// dlopen it on first use, which costs ~0.2 ms at start-up (to warm it) or is unsafe in a signal
+/// handler (if not warmed). Walks through signal frames (the unwinder knows the kernel's
+/// trampoline).
+inline int capture_backtrace(void** frames, int capacity) noexcept {
+    std::pair<void**, int> state{frames, capacity};
+    _Unwind_Backtrace(backtrace_step, &state);
+    return capacity - state.second;
 }
 
 }  // namespace elastic::inline v0::detail
