@@ -11,7 +11,7 @@ namespace {
 int worker_main() {
     // Throws elastic::env_error naming the variables when the launcher's values break a rule;
     // record() turns that into the error file, a message on stderr and exit status 1.
-    const elastic::environment& env = elastic::env();
+    const elastic::worker_env& env = elastic::env();
     const std::string master = env.master_addr.value_or("<unset>") + ":" +
                                (env.master_port ? std::to_string(*env.master_port) : "<unset>");
     const std::string launcher = env.launched()

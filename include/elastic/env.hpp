@@ -20,7 +20,7 @@
 
 namespace elastic::inline v0 {
 
-/// Where an `environment` came from, in the order `environment::from` tries them
+/// Where a `worker_env` came from, in the order `worker_env::from` tries them
 /// (docs/environment.md, "Precedence").
 enum class env_source {
     defaults,  ///< no launcher variable at all: a single-rank run (rank 0 of 1)
@@ -56,7 +56,7 @@ private:
 
 /// What the launcher told this worker: every variable torchrun sets, typed and checked.
 /// Defaults (docs/environment.md) make a program started by hand a single-rank run.
-struct environment {
+struct worker_env {
     int rank = 0;                ///< RANK: global rank, 0 <= rank < world_size
     int local_rank = 0;          ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
     int world_size = 1;          ///< WORLD_SIZE: workers in the job
@@ -79,16 +79,18 @@ struct environment {
     /// false for the single-rank default of a program started by hand.
     [[nodiscard]] bool launched() const noexcept { return source != env_source::defaults; }
 
-    /// Builds and validates an environment from `variables` (name -> value), exactly as `env()`
+    /// Builds and validates a worker_env from `variables` (name -> value: a std::map of strings,
+    /// with any comparator, such as the launch layer's `elastic::environment`), exactly as `env()`
     /// does from the process environment. Throws `env_error`.
-    [[nodiscard]] static environment from(const std::map<std::string, std::string>& variables);
+    template <class Map = std::map<std::string, std::string>>
+    [[nodiscard]] static worker_env from(const Map& variables);
 
     /// Reads and validates the process environment now (`env()` does this once and keeps it).
     /// Throws `env_error`.
-    [[nodiscard]] static environment from_process();
+    [[nodiscard]] static worker_env from_process();
 };
 
-namespace detail {
+namespace detail::env_impl {
 
 // Reads variables through a lookup and knows how to complain about them. Every message names
 // the variable, its value and the rule, because the person reading it usually did not write the
@@ -323,7 +325,7 @@ inline const char* first_of(const env_reader& reader, const auto& names) {
     return nullptr;
 }
 
-inline void read_torchrun(const env_reader& reader, const char* trigger, environment& out) {
+inline void read_torchrun(const env_reader& reader, const char* trigger, worker_env& out) {
     const env_value world = required(reader, "WORLD_SIZE", true, "a launcher", trigger);
     const env_value rank = required(reader, "RANK", false, "a launcher", trigger);
     check_less(rank, world, "ranks run from 0 to WORLD_SIZE-1");
@@ -378,7 +380,7 @@ inline void read_torchrun(const env_reader& reader, const char* trigger, environ
     out.source = env_source::torchrun;
 }
 
-inline void read_open_mpi(const env_reader& reader, const char* trigger, environment& out) {
+inline void read_open_mpi(const env_reader& reader, const char* trigger, worker_env& out) {
     const env_value world = required(reader, "OMPI_COMM_WORLD_SIZE", true, "mpirun", trigger);
     const env_value rank = required(reader, "OMPI_COMM_WORLD_RANK", false, "mpirun", trigger);
     check_less(rank, world, "ranks run from 0 to OMPI_COMM_WORLD_SIZE-1");
@@ -401,7 +403,7 @@ inline void read_open_mpi(const env_reader& reader, const char* trigger, environ
     out.source = env_source::open_mpi;
 }
 
-inline void read_slurm(const env_reader& reader, environment& out) {
+inline void read_slurm(const env_reader& reader, worker_env& out) {
     const char* const trigger = "SLURM_PROCID";
     // A step may run fewer tasks than the allocation: prefer the step's count.
     const char* const world_name =
@@ -466,7 +468,7 @@ inline void read_slurm(const env_reader& reader, environment& out) {
 }
 
 // Variables read whatever the source: the rendezvous endpoint and the error file.
-inline void read_common(const env_reader& reader, environment& out) {
+inline void read_common(const env_reader& reader, worker_env& out) {
     if (auto addr = reader.get("MASTER_ADDR")) {
         if (addr->empty()) {
             env_reader::fail("MASTER_ADDR is set but empty (give the rank-0 host's name or "
@@ -489,8 +491,8 @@ inline void read_common(const env_reader& reader, environment& out) {
     }
 }
 
-inline environment read_environment(const env_reader& reader) {
-    environment out;
+inline worker_env read_environment(const env_reader& reader) {
+    worker_env out;
     // The innermost launcher wins: torchrun under srun or mpirun sees the outer launcher's
     // variables too (SLURM_PROCID is then the agent's task id), and mpirun inside an sbatch
     // script inherits the batch step's SLURM_PROCID=0.
@@ -505,36 +507,37 @@ inline environment read_environment(const env_reader& reader) {
     return out;
 }
 
-}  // namespace detail
+}  // namespace detail::env_impl
 
-inline environment environment::from(const std::map<std::string, std::string>& variables) {
-    const detail::env_reader reader(
+template <class Map>
+worker_env worker_env::from(const Map& variables) {
+    const detail::env_impl::env_reader reader(
         [](const void* context, const char* name) -> std::optional<std::string> {
-            const auto& map = *static_cast<const std::map<std::string, std::string>*>(context);
-            const auto it = map.find(name);
+            const auto& map = *static_cast<const Map*>(context);
+            const auto it = map.find(std::string(name));
             if (it == map.end()) return std::nullopt;
             return it->second;
         },
         &variables);
-    return detail::read_environment(reader);
+    return detail::env_impl::read_environment(reader);
 }
 
-inline environment environment::from_process() {
-    const detail::env_reader reader(
+inline worker_env worker_env::from_process() {
+    const detail::env_impl::env_reader reader(
         [](const void*, const char* name) -> std::optional<std::string> {
             const char* value = std::getenv(name);
             if (value == nullptr) return std::nullopt;
             return std::string(value);
         },
         nullptr);
-    return detail::read_environment(reader);
+    return detail::env_impl::read_environment(reader);
 }
 
 /// The worker's environment, read from the process environment at the first call and kept.
 /// Thread-safe. Throws `env_error` (at each call, until the environment is valid) when a
 /// variable breaks a rule of docs/environment.md.
-[[nodiscard]] inline const environment& env() {
-    static const environment cached = environment::from_process();
+[[nodiscard]] inline const worker_env& env() {
+    static const worker_env cached = worker_env::from_process();
     return cached;
 }
 

@@ -1,4 +1,4 @@
-// elastic::env(): every rule of docs/environment.md, table-driven over environment::from, and the
+// elastic::env(): every rule of docs/environment.md, table-driven over worker_env::from, and the
 // same contract read by real child processes (tests/programs/env_print.cpp, examples/worker.cpp).
 #include <elastic/env.hpp>
 
@@ -20,12 +20,12 @@ using vars = std::map<std::string, std::string>;
 struct good_row {
     const char* name;
     vars variables;
-    elastic::environment expected;
+    elastic::worker_env expected;
 };
 
-elastic::environment make(elastic::env_source source, int rank, int local_rank, int world,
+elastic::worker_env make(elastic::env_source source, int rank, int local_rank, int world,
                           int local_world, int node, int nodes) {
-    elastic::environment e;
+    elastic::worker_env e;
     e.source = source;
     e.rank = rank;
     e.local_rank = local_rank;
@@ -38,7 +38,7 @@ elastic::environment make(elastic::env_source source, int rank, int local_rank, 
     return e;
 }
 
-void check_equal(const elastic::environment& got, const elastic::environment& want) {
+void check_equal(const elastic::worker_env& got, const elastic::worker_env& want) {
     CHECK(elastic::to_string(got.source) == std::string(elastic::to_string(want.source)));
     CHECK(got.launched() == want.launched());
     CHECK(got.rank == want.rank);
@@ -111,7 +111,7 @@ std::vector<good_row> good_rows() {
                     {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RESTART_COUNT", "1"}},
                     restart_only});
 
-    elastic::environment endpoint_only;
+    elastic::worker_env endpoint_only;
     endpoint_only.master_addr = "10.0.0.1";
     endpoint_only.master_port = 1;
     endpoint_only.error_file = "/tmp/e.json";
@@ -262,7 +262,7 @@ std::map<std::string, std::string> parse_lines(const std::string& text) {
 TEST_CASE("env: valid environments give every field its documented value") {
     for (const auto& row : test_env::good_rows()) {
         CAPTURE(row.name);
-        test_env::check_equal(elastic::environment::from(row.variables), row.expected);
+        test_env::check_equal(elastic::worker_env::from(row.variables), row.expected);
     }
 }
 
@@ -272,7 +272,7 @@ TEST_CASE("env: invalid environments throw env_error naming the variables, value
         CAPTURE(input);
         bool threw = false;
         try {
-            (void)elastic::environment::from(row.variables);
+            (void)elastic::worker_env::from(row.variables);
         } catch (const elastic::env_error& error) {
             threw = true;
             const std::string message = error.what();
@@ -288,14 +288,22 @@ TEST_CASE("env: invalid environments throw env_error naming the variables, value
     }
 }
 
+TEST_CASE("env: worker_env::from takes any string map, e.g. one with a transparent comparator") {
+    const std::map<std::string, std::string, std::less<>> variables{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
+    const auto e = elastic::worker_env::from(variables);
+    CHECK(e.rank == 1);
+    CHECK(e.world_size == 2);
+    CHECK(e.launched());
+}
+
 TEST_CASE("env: env_error is an elastic::error") {
-    CHECK_THROWS_AS((void)elastic::environment::from({{"RANK", "3"}, {"WORLD_SIZE", "2"}}),
+    CHECK_THROWS_AS((void)elastic::worker_env::from({{"RANK", "3"}, {"WORLD_SIZE", "2"}}),
                     elastic::error);
 }
 
 TEST_CASE("env: Slurm hostlists and tasks-per-node lists") {
-    using elastic::detail::slurm_first_host;
-    using elastic::detail::slurm_tasks_on_node;
+    using elastic::detail::env_impl::slurm_first_host;
+    using elastic::detail::env_impl::slurm_tasks_on_node;
     CHECK(slurm_first_host("node1") == "node1");
     CHECK(slurm_first_host("node1,node2") == "node1");
     CHECK(slurm_first_host("gpu[07-09,12],cpu1") == "gpu07");
@@ -314,7 +322,7 @@ TEST_CASE("env: Slurm hostlists and tasks-per-node lists") {
     CHECK(slurm_tasks_on_node("x", 0) == std::nullopt);
 }
 
-TEST_CASE("env: a real child reads its real environment, once, as environment::from does") {
+TEST_CASE("env: a real child reads its real environment, once, as worker_env::from does") {
     env_support::temp_dir dir;
     const std::string program = ELASTIC_TEST_PROGRAM_DIR "/env-print";
     const test_env::vars launched{{"RANK", "5"},

@@ -6,7 +6,7 @@
 
 int main() {
     try {
-        const elastic::environment& e = elastic::env();
+        const elastic::worker_env& e = elastic::env();
         // A second call must hand back the same object: the environment is read once.
         if (&elastic::env() != &e) return 3;
         std::printf("source=%s\nlaunched=%d\nrank=%d\nlocal_rank=%d\nworld_size=%d\n"

@@ -1,6 +1,6 @@
 // A worker under elastic::record that fails the way argv[1] says, from functions with known names,
 // so tests can check the error file and the backtrace: throw, throw-int, thread-throw, segv,
-// terminate, abort, return (exits 3 without failing).
+// overflow (the stack), terminate, abort, return (exits 3 without failing).
 #include <elastic/record.hpp>
 
 #include <csignal>
@@ -38,6 +38,15 @@
     std::printf("unreachable\n");
 }
 
+// Recursion without end (the limit is never set): the handler must run on the alternate stack.
+volatile int record_child_depth_limit = 0;
+[[gnu::noinline]] int record_child_overflowing_function(int depth) {
+    volatile char frame[512];
+    frame[0] = static_cast<char>(depth);
+    if (record_child_depth_limit != 0 && depth >= record_child_depth_limit) return 0;
+    return record_child_overflowing_function(depth + 1) + frame[0];
+}
+
 [[gnu::noinline]] void record_child_terminating_function() {
     std::terminate();
 }
@@ -56,6 +65,7 @@ int worker_main(int argc, char** argv) {
         thread.join();
     }
     if (mode == "segv") record_child_segfaulting_function();
+    if (mode == "overflow") std::printf("%d\n", record_child_overflowing_function(0));
     if (mode == "terminate") record_child_terminating_function();
     if (mode == "abort") record_child_aborting_function();
     if (mode == "return") return 3;

@@ -1,6 +1,6 @@
-// elastic::record: real children (tests/programs/record_child.cpp) that throw, segfault, abort and
-// call std::terminate leave torchelastic's error file with a throw-site backtrace; Debian's
-// PyTorch reads the file; the JSON string escaping matches Python's json.dump.
+// elastic::record: real children (tests/programs/record_child.cpp) that throw, segfault, overflow
+// the stack, abort and call std::terminate leave torchelastic's error file with a backtrace from
+// the failing function; Debian's PyTorch reads the file; JSON escaping matches Python's json.dump.
 #include <elastic/record.hpp>
 
 #include <doctest/doctest.h>
@@ -88,7 +88,7 @@ std::string escape(const std::string& text) {
         std::string* s;
         void put(char c) { s->push_back(c); }
     } to{&out};
-    elastic::detail::json_escape(to, text.data(), text.size());
+    elastic::detail::crash::json_escape(to, text.data(), text.size());
     return out;
 }
 
@@ -150,6 +150,16 @@ TEST_CASE("record: a segfault leaves an error file and the process dies of SIGSE
     CHECK(test_record::first_frame(test_record::callstack_of(f))
               .find("record_child_segfaulting_function") != std::string::npos);
     CHECK(f.child.err.find("elastic::record: SIGSEGV") != std::string::npos);
+}
+
+TEST_CASE("record: a stack overflow is reported from the alternate signal stack") {
+    env_support::temp_dir dir;
+    const auto f = test_record::run(dir, "overflow");
+    CHECK_FALSE(f.child.exited);
+    CHECK(f.child.signal == SIGSEGV);
+    CHECK(test_record::check_layout(f).rfind("SIGSEGV: segmentation fault (signal 11)", 0) == 0);
+    CHECK(test_record::first_frame(test_record::callstack_of(f))
+              .find("record_child_overflowing_function") != std::string::npos);
 }
 
 TEST_CASE("record: std::terminate leaves an error file and ends in SIGABRT") {
