@@ -4,7 +4,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
-#include "elastic/process/exit_status.hpp"
+#include "elastic/process/exit.hpp"
 #include "elastic/process/group.hpp"
 #include "elastic/process/signals.hpp"
 #include "elastic/process/spawn.hpp"

@@ -2,7 +2,7 @@
 // environment, directory, pipes, sessions, and the agent's own signals.
 // test-tags: concurrent
 #include "elastic/process/child.hpp"
-#include "elastic/process/exit_status.hpp"
+#include "elastic/process/exit.hpp"
 #include "elastic/process/signals.hpp"
 #include "elastic/process/spawn.hpp"
 
@@ -35,7 +35,7 @@ using process_support::read_line;
 using process_support::run;
 using process_support::spawn_worker;
 
-elastic::exit_status run_to_exit(asio::io_context& io, std::vector<std::string> args) {
+elastic::process_exit run_to_exit(asio::io_context& io, std::vector<std::string> args) {
     auto child = spawn_worker(io, std::move(args));
     const auto status = run(io, child.wait());
     CHECK(status.pid == child.pid());
@@ -213,6 +213,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         auto child = spawn_worker(io, {"env", "ELASTIC_TEST_INHERITED"});
         auto out = child.take_stdout();
         CHECK(run(io, read_all(*out)) == "yes\n");
+        CHECK(run(io, child.wait()).success());
         child.reap();
     }
     {

@@ -11,13 +11,16 @@
 #include <asio/read_until.hpp>
 #include <asio/use_future.hpp>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -139,17 +142,22 @@ inline long cpu_ticks() {
 #else
     constexpr bool per_thread = false;
 #endif
-    std::ifstream stat(per_thread ? "/proc/thread-self/stat" : "/proc/self/stat");
-    std::string text;
-    std::getline(stat, text);
-    std::istringstream fields(text.substr(text.rfind(')') + 2));
-    std::string field;
+    // Raw open/read: the measurement itself should cost as little as it can.
+    char text[1024];
+    const int fd = ::open(per_thread ? "/proc/thread-self/stat" : "/proc/self/stat", O_RDONLY);
+    if (fd < 0) return -1;
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (n <= 0) return -1;
+    text[n] = '\0';
+    const char* p = std::strrchr(text, ')');
+    if (p == nullptr) return -1;
     long utime = 0;
     long stime = 0;
     // After "(comm) ": state is field 3; utime and stime are fields 14 and 15.
-    for (int i = 3; i <= 15 && fields >> field; ++i) {
-        if (i == 14) utime = std::atol(field.c_str());
-        if (i == 15) stime = std::atol(field.c_str());
+    if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime,
+                    &stime) != 2) {
+        return -1;
     }
     return utime + stime;
 }

@@ -3,7 +3,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/process/error.hpp"
-#include "elastic/process/exit_status.hpp"
+#include "elastic/process/exit.hpp"
 #include "elastic/process/sys.hpp"
 #include "elastic/process/watcher.hpp"
 
@@ -35,7 +35,7 @@ public:
         return *self;
     }
 
-    void bury(pid_t pid, unique_fd pidfd) {
+    void bury(pid_t pid, owned_fd pidfd) {
         std::lock_guard lock(mutex_);
         graves_.push_back({pid, std::move(pidfd)});
         sweep_locked();
@@ -49,7 +49,7 @@ public:
 private:
     struct grave {
         pid_t pid;
-        unique_fd pidfd;
+        owned_fd pidfd;
     };
 
     void sweep_locked() noexcept {
@@ -120,7 +120,7 @@ public:
     [[nodiscard]] pid_t pgid() const noexcept { return pid_; }
 
     /// The exit, once observed (by `wait`, `check_exit`, `wait_any` or `stop`).
-    [[nodiscard]] const std::optional<exit_status>& status() const noexcept { return status_; }
+    [[nodiscard]] const std::optional<process_exit>& status() const noexcept { return status_; }
     /// Whether the leader has been reaped: its pid is free, the group can no longer be signalled.
     [[nodiscard]] bool reaped() const noexcept { return reaped_; }
 
@@ -130,13 +130,13 @@ public:
         if (pid_ <= 0 || reaped_) return false;
         siginfo_t info;
         if (!detail::peek_exit(pidfd_.native_handle(), info)) return false;
-        status_ = exit_status::from_siginfo(info);
+        status_ = process_exit::from_siginfo(info);
         return true;
     }
 
     /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
     /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
-    asio::awaitable<exit_status> wait() {
+    asio::awaitable<process_exit> wait() {
         if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
         while (!check_exit()) {
             if (reaped_) throw process_error("cannot wait for pid " + std::to_string(pid_) +
@@ -154,7 +154,7 @@ public:
         if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
         if (errno == ESRCH) return false;
         throw process_error("cannot send " + signal_name(sig) + " to pid " +
-                            std::to_string(pid_) + ": " + detail::errno_text(errno));
+                            std::to_string(pid_) + ": " + detail::errno_string(errno));
     }
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
@@ -165,7 +165,7 @@ public:
         if (::kill(-pid_, sig) == 0) return true;
         if (errno == ESRCH) return false;
         throw process_error("cannot send " + signal_name(sig) + " to process group " +
-                            std::to_string(pid_) + ": " + detail::errno_text(errno));
+                            std::to_string(pid_) + ": " + detail::errno_string(errno));
     }
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
@@ -225,7 +225,7 @@ private:
                 reap();
             } else {
                 ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
-                detail::graveyard::instance().bury(pid_, detail::unique_fd(pidfd_.release()));
+                detail::graveyard::instance().bury(pid_, detail::owned_fd(pidfd_.release()));
             }
         } catch (...) {
             // Out of memory in the graveyard: the zombie stays, the group is already killed.
@@ -236,7 +236,7 @@ private:
     pid_t pid_ = -1;
     bool reaped_ = true;
     asio::posix::stream_descriptor pidfd_;
-    std::optional<exit_status> status_;
+    std::optional<process_exit> status_;
     std::optional<asio::posix::stream_descriptor> stdin_;
     std::optional<asio::posix::stream_descriptor> stdout_;
     std::optional<asio::posix::stream_descriptor> stderr_;

@@ -4,7 +4,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
-#include "elastic/process/exit_status.hpp"
+#include "elastic/process/exit.hpp"
 #include "elastic/process/sys.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -43,7 +43,7 @@ class exit_set {
 public:
     explicit exit_set(const asio::any_io_executor& executor) : epoll_(executor) {
         const int fd = ::epoll_create1(EPOLL_CLOEXEC);
-        if (fd < 0) throw process_error("cannot create an epoll instance: " + errno_text(errno));
+        if (fd < 0) throw process_error("cannot create an epoll instance: " + errno_string(errno));
         epoll_.assign(fd);
     }
 
@@ -54,7 +54,7 @@ public:
         event.data.u64 = token;
         if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
             throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " +
-                                errno_text(errno));
+                                errno_string(errno));
         }
         tokens_.push_back({token, pidfd});
     }
@@ -78,7 +78,7 @@ public:
                 co_return token;
             }
             if (n < 0 && errno != EINTR) {
-                throw process_error("cannot wait on an epoll instance: " + errno_text(errno));
+                throw process_error("cannot wait on an epoll instance: " + errno_string(errno));
             }
             co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read,
                                        asio::use_awaitable);
@@ -105,7 +105,7 @@ private:
 /// whose reaper has not come by yet: dead is what stop waits for).
 inline pid_t read_pgid(pid_t pid) {
     const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-    unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    owned_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return -1;
     char buffer[1024];
     const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
@@ -125,7 +125,7 @@ inline pid_t read_pgid(pid_t pid) {
 /// A process found in a group, held by a pidfd so its number cannot be recycled under us.
 struct group_member {
     pid_t pid;
-    unique_fd pidfd;
+    owned_fd pidfd;
 };
 
 /// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
@@ -144,7 +144,7 @@ inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
         if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
         const pid_t pgid = read_pgid(pid);
         if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
-        unique_fd pidfd(pidfd_open(pid));
+        owned_fd pidfd(pidfd_open(pid));
         if (!pidfd || read_pgid(pid) != pgid) continue;
         out.push_back({pid, std::move(pidfd)});
     }
@@ -196,7 +196,7 @@ inline const char* to_string(stop_outcome outcome) noexcept {
 struct stopped_worker {
     pid_t pid = 0;
     stop_outcome outcome = stop_outcome::already_exited;
-    std::optional<exit_status> status;  ///< absent only when unkillable
+    std::optional<process_exit> status;  ///< absent only when unkillable
 };
 
 /// What `stop` did.
@@ -224,20 +224,20 @@ struct stop_options {
 namespace detail {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
-inline asio::awaitable<void> await_all(exit_set& set, std::span<child_process> children) {
+inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process> children) {
     while (set.size() > 0) {
         const std::size_t token = co_await set.next();
         if (token < children.size()) children[token].check_exit();
     }
 }
 
-inline asio::awaitable<void> await_all_or_timeout(exit_set& set,
+inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
                                                   std::span<child_process> children,
                                                   std::chrono::milliseconds timeout) {
     using namespace asio::experimental::awaitable_operators;
     if (set.size() == 0) co_return;
     asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
-    co_await (await_all(set, children) || timer.async_wait(asio::use_awaitable));
+    co_await (await_exits(set, children) || timer.async_wait(asio::use_awaitable));
 }
 
 }  // namespace detail
@@ -290,7 +290,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), children.size() + m);
         }
-        co_await detail::await_all_or_timeout(set, children, options.grace);
+        co_await detail::await_exits_or_timeout(set, children, options.grace);
         for (std::size_t token : set.pending()) {
             if (token < children.size()) {
                 outlived_grace[token] = true;
@@ -320,7 +320,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
                 killed.push_back(members[m].pid);
             }
         }
-        co_await detail::await_all_or_timeout(set, children, options.kill_timeout);
+        co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
         for (std::size_t token : set.pending()) {
             result.unkillable.push_back(token < children.size()
                                             ? children[token].pid()

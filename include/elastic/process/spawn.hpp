@@ -78,16 +78,16 @@ struct spawn_options {
     process_isolation isolation = process_isolation::session;
 };
 
-/// The agent's environment, as "NAME=value" entries (read `environ` from one thread at a time).
-inline std::vector<std::string> current_environment() {
+namespace detail {
+
+/// The agent's environment as "NAME=value" entries (the caller must not race setenv).
+inline std::vector<std::string> environ_entries() {
     std::vector<std::string> out;
     for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
         out.emplace_back(*entry);
     }
     return out;
 }
-
-namespace detail {
 
 /// The steps of the child's set-up, reported back with errno when one fails.
 enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
@@ -158,7 +158,7 @@ struct child_plan {
 
 /// The path execve will get: `program` itself if it has a slash, else the first executable
 /// regular file named `program` in the PATH of the child's environment.
-inline std::string resolve_program(const std::string& program,
+inline std::string find_executable(const std::string& program,
                                    const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
     std::string path_var = "/usr/local/bin:/usr/bin:/bin";  // glibc's default, as execvp
@@ -188,7 +188,7 @@ inline std::string describe_failure(const child_failure& failure, const spawn_op
                                     const std::string& path) {
     const char* name = ::strerrorname_np(failure.error);
     const std::string why =
-        errno_text(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
+        errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
     switch (failure.step) {
     case child_step::exec: {
         std::string text = "cannot execute '" + path + "'";
@@ -216,8 +216,8 @@ inline std::string describe_failure(const child_failure& failure, const spawn_op
 
 // One standard stream: the descriptor the child gets, and the caller's end of a pipe.
 struct stdio_ends {
-    unique_fd child;
-    unique_fd parent;
+    owned_fd child;
+    owned_fd parent;
 };
 
 inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
@@ -229,21 +229,21 @@ inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
         int fds[2];
         if (::pipe2(fds, O_CLOEXEC) != 0) {
             throw process_error("cannot create a pipe for a worker's standard stream: " +
-                                errno_text(errno) + " (raise the open-files limit)");
+                                errno_string(errno) + " (raise the open-files limit)");
         }
-        ends.child = unique_fd(child_reads ? fds[0] : fds[1]);
-        ends.parent = unique_fd(child_reads ? fds[1] : fds[0]);
+        ends.child = owned_fd(child_reads ? fds[0] : fds[1]);
+        ends.parent = owned_fd(child_reads ? fds[1] : fds[0]);
         break;
     }
     case stdio::kind::null:
-        ends.child = unique_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
-        if (!ends.child) throw process_error("cannot open /dev/null: " + errno_text(errno));
+        ends.child = owned_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+        if (!ends.child) throw process_error("cannot open /dev/null: " + errno_string(errno));
         break;
     case stdio::kind::descriptor:
-        ends.child = unique_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
+        ends.child = owned_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
         if (!ends.child) {
             throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
-                                " for a worker's standard stream: " + errno_text(errno));
+                                " for a worker's standard stream: " + errno_string(errno));
         }
         break;
     }
@@ -287,8 +287,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
                           EINVAL);
     }
     detail::prepare_agent_signals();
-    const std::vector<std::string> env = options.env ? *options.env : current_environment();
-    const std::string path = detail::resolve_program(options.program, env);
+    const std::vector<std::string> env = options.env ? *options.env : detail::environ_entries();
+    const std::string path = detail::find_executable(options.program, env);
 
     std::vector<std::string> arg_strings;
     arg_strings.reserve(options.args.size() + 1);
@@ -309,10 +309,10 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     int error_pipe[2];
     if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
         throw process_error("cannot create the exec-status pipe for '" + options.program +
-                            "': " + detail::errno_text(errno) + " (raise the open-files limit)");
+                            "': " + detail::errno_string(errno) + " (raise the open-files limit)");
     }
-    detail::unique_fd error_read(error_pipe[0]);
-    detail::unique_fd error_write = detail::raise_above_stdio(detail::unique_fd(error_pipe[1]));
+    detail::owned_fd error_read(error_pipe[0]);
+    detail::owned_fd error_write = detail::raise_above_stdio(detail::owned_fd(error_pipe[1]));
 
     detail::watcher::instance().ensure_started();  // before any worker can be orphaned
     detail::graveyard::instance().sweep();
@@ -343,7 +343,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     detail::spawner::instance().run(job);
     if (pid < 0) {
         throw spawn_error("cannot fork to start '" + options.program +
-                              "': " + detail::errno_text(fork_errno) +
+                              "': " + detail::errno_string(fork_errno) +
                               " (check the process limit, ulimit -u, and free memory)",
                           fork_errno);
     }
@@ -363,12 +363,12 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     }
     // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
     // prepare_agent_signals), so it cannot have been recycled.
-    detail::unique_fd pidfd(detail::pidfd_open(pid));
+    detail::owned_fd pidfd(detail::pidfd_open(pid));
     if (!pidfd) {
         const int e = errno;
         detail::discard_child(pid, -1);
         throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
-                              detail::errno_text(e) + " (needs Linux 5.3 or later)",
+                              detail::errno_string(e) + " (needs Linux 5.3 or later)",
                           e);
     }
 
@@ -385,7 +385,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         throw spawn_error(detail::describe_failure(failure, options, path), failure.error);
     }
 
-    const auto wrap = [&](detail::unique_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
+    const auto wrap = [&](detail::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
         if (!fd) return std::nullopt;
         return asio::posix::stream_descriptor(executor, fd.release());
     };

@@ -20,18 +20,18 @@
 namespace elastic::inline v0::detail {
 
 /// Owns one file descriptor; closes it on destruction. Move-only.
-class unique_fd {
+class owned_fd {
 public:
-    unique_fd() noexcept = default;
-    explicit unique_fd(int fd) noexcept : fd_(fd) {}
-    unique_fd(unique_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-    unique_fd& operator=(unique_fd&& other) noexcept {
+    owned_fd() noexcept = default;
+    explicit owned_fd(int fd) noexcept : fd_(fd) {}
+    owned_fd(owned_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+    owned_fd& operator=(owned_fd&& other) noexcept {
         if (this != &other) reset(std::exchange(other.fd_, -1));
         return *this;
     }
-    unique_fd(const unique_fd&) = delete;
-    unique_fd& operator=(const unique_fd&) = delete;
-    ~unique_fd() { reset(); }
+    owned_fd(const owned_fd&) = delete;
+    owned_fd& operator=(const owned_fd&) = delete;
+    ~owned_fd() { reset(); }
 
     [[nodiscard]] int get() const noexcept { return fd_; }
     [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
@@ -46,7 +46,7 @@ private:
 };
 
 /// `strerror` text for an errno value, thread-safe.
-inline std::string errno_text(int err) { return std::system_category().message(err); }
+inline std::string errno_string(int err) { return std::system_category().message(err); }
 
 /// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
 /// for C++, hence the raw system call.
@@ -111,15 +111,15 @@ inline void prepare_agent_signals() noexcept {
 
 /// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
 /// a descriptor it still needs when the agent runs with one of its standard streams closed.
-inline unique_fd raise_above_stdio(unique_fd fd) {
+inline owned_fd raise_above_stdio(owned_fd fd) {
     if (!fd || fd.get() > 2) return fd;
     const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
     if (moved < 0) {
         throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
-                            " above 2 for a child: " + errno_text(errno) +
+                            " above 2 for a child: " + errno_string(errno) +
                             " (raise the open-files limit)");
     }
-    return unique_fd(moved);
+    return owned_fd(moved);
 }
 
 }  // namespace elastic::inline v0::detail

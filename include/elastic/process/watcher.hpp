@@ -164,11 +164,11 @@ private:
         prepare_agent_signals();  // a dead watcher must be an EPIPE, not the agent's SIGPIPE
         int fds[2];
         if (::pipe2(fds, O_CLOEXEC) != 0) {
-            throw process_error("cannot create the watcher pipe: " + errno_text(errno) +
+            throw process_error("cannot create the watcher pipe: " + errno_string(errno) +
                                 " (raise the open-files limit)");
         }
-        unique_fd read_end = raise_above_stdio(unique_fd(fds[0]));
-        unique_fd write_end(fds[1]);
+        owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
+        owned_fd write_end(fds[1]);
         // Everything the child touches is allocated here, before the fork.
         std::vector<pid_t> table(watcher_capacity, 0);
         std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
@@ -190,7 +190,7 @@ private:
         };
         spawner::instance().run(job);
         if (pid < 0) {
-            throw process_error("cannot fork the watcher process: " + errno_text(fork_errno) +
+            throw process_error("cannot fork the watcher process: " + errno_string(fork_errno) +
                                 " (check the process limit, ulimit -u)");
         }
         pid_ = pid;
@@ -207,7 +207,7 @@ private:
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && errno == EPIPE) return false;
             throw process_error("cannot write to the watcher pipe: " +
-                                errno_text(n < 0 ? errno : EIO));
+                                errno_string(n < 0 ? errno : EIO));
         }
     }
 
@@ -224,7 +224,7 @@ private:
     }
 
     std::mutex mutex_;
-    unique_fd write_end_;
+    owned_fd write_end_;
     pid_t pid_ = -1;
     std::vector<pid_t> groups_;
 };

@@ -1,7 +1,8 @@
-// exit_status: how and when a worker process ended; signal_name for reports.
+// process_exit: how and when a worker process ended, as the agent saw it.
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/report/signal_name.hpp"
 
 #include <chrono>
 #include <csignal>
@@ -13,24 +14,17 @@
 
 namespace elastic::inline v0 {
 
-/// "SIGTERM" for 15, "SIGRTMIN+2" for a real-time signal, "signal 99" for what has no name.
-inline std::string signal_name(int sig) {
-    if (sig >= SIGRTMIN && sig <= SIGRTMAX) {
-        return sig == SIGRTMIN ? std::string("SIGRTMIN")
-                               : "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);
-    }
-    if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
-    return "signal " + std::to_string(sig);
-}
-
 /// How a process ended and when the agent saw it end.
+///
+/// (report/failure.hpp's `exit_status` is the report's view of the same fact, without pid or
+/// times: `signaled() ? exit_status::from_signal(signal) : exit_status::from_exit_code(code)`.)
 ///
 /// Exactly one of `code` (normal exit) and `signal` (killed by a signal) is meaningful:
 /// `signal == 0` means the process called exit, and then `code` is its 0..255 exit code; otherwise
 /// `code` is -1. The times are taken when the agent observed the exit (its pidfd became readable),
 /// on both clocks: `steady_time` orders failures within one agent, `system_time` is what a failure
 /// report prints and compares across hosts.
-struct exit_status {
+struct process_exit {
     pid_t pid = 0;            ///< the process id
     int code = -1;            ///< exit code when `signal == 0`, else -1
     int signal = 0;           ///< terminating signal number, 0 when the process exited
@@ -60,8 +54,8 @@ struct exit_status {
     }
 
     /// Builds the status from what waitid reported, stamped now.
-    static exit_status from_siginfo(const siginfo_t& info) {
-        exit_status status;
+    static process_exit from_siginfo(const siginfo_t& info) {
+        process_exit status;
         status.pid = info.si_pid;
         if (info.si_code == CLD_EXITED) {
             status.code = info.si_status;
