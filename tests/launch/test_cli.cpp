@@ -537,6 +537,11 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
     env["PET_NNODES"] = "1";
     env["PET_NPROC_PER_NODE"] = "0";
     CHECK(usage_error_of({f.program}, env).find("PET_NPROC_PER_NODE=0") != std::string::npos);
+    // A value with a newline or an escape sequence still makes a one-line message.
+    env.erase("PET_NPROC_PER_NODE");
+    env["PET_NNODES"] = "1\n2\x1b[31m";
+    CHECK(usage_error_of({f.program}, env).find("PET_NNODES='1\\n2\\x1b[31m'") != std::string::npos);
+    CHECK(usage_error_of({"-r"}, f.env).find("--redirects needs a value") != std::string::npos);
 }
 
 TEST_CASE("launch: an option given twice keeps the last value, as argparse does") {

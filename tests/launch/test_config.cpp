@@ -65,7 +65,9 @@ TEST_CASE("launch: host[:port] endpoints, IPv6 in brackets") {
         {"[fe80::1%eth0]:65535", {"fe80::1%eth0", 65535}},
         {" host.example.com:1 ", {"host.example.com", 1}},
     };
-    for (const auto& [text, expected] : good) {
+    for (const auto& row : good) {
+        const auto& text = row.first;
+        const auto& expected = row.second;
         CAPTURE(text);
         const auto parsed = elastic::parse_host_port(text, "--rdzv-endpoint");
         CHECK(parsed == expected);
@@ -119,10 +121,12 @@ TEST_CASE("launch: --rdzv-conf errors name the key") {
         {"rank=0", rendezvous_backend::static_, "--node-rank"},
         {"mystery=1", rendezvous_backend::c10d, "unknown key 'mystery'"},
     };
-    for (const auto& [text, backend, expected] : bad) {
+    for (const auto& row : bad) {
+        const auto& text = std::get<0>(row);
+        const auto backend = std::get<1>(row);
+        const auto& expected = std::get<2>(row);
         CAPTURE(text);
-        const auto message =
-            error_of([&, &t = text, b = backend] { (void)elastic::parse_rendezvous_settings(t, "--rdzv-conf", b); });
+        const auto message = error_of([&] { (void)elastic::parse_rendezvous_settings(text, "--rdzv-conf", backend); });
         CHECK_MESSAGE(message.find(expected) != std::string::npos, message);
         CHECK(message.find("--rdzv-conf") == 0);
     }
@@ -207,7 +211,9 @@ TEST_CASE("launch: ${local_rank} substitution matches Python's Template.safe_sub
         {"${_x}", "${_x}"},
         {"$-", "$-"},
     };
-    for (const auto& [arg, expected] : table) {
+    for (const auto& row : table) {
+        const auto& arg = row.first;
+        const auto& expected = row.second;
         CAPTURE(arg);
         CHECK(elastic::substitute_local_rank(arg, 3) == expected);
     }
@@ -291,7 +297,9 @@ TEST_CASE("launch: --nproc-per-node=cpu|gpu|auto, from CUDA_VISIBLE_DEVICES or a
 
     const std::vector<std::pair<std::string, int>> visible = {
         {"0,1", 2}, {"", 0}, {"-1", 0}, {"0,-1,2", 1}, {"GPU-8f2e,MIG-1a", 2}, {" 3 , 1 ", 2}, {"x,0", 0}};
-    for (const auto& [value, count] : visible) {
+    for (const auto& row : visible) {
+        const auto& value = row.first;
+        const int count = row.second;
         CAPTURE(value);
         const environment env{{"PATH", dir.path()}, {"CUDA_VISIBLE_DEVICES", value}};
         CHECK(elastic::count_gpus(env).count == count);
@@ -299,7 +307,7 @@ TEST_CASE("launch: --nproc-per-node=cpu|gpu|auto, from CUDA_VISIBLE_DEVICES or a
             CHECK(elastic::resolve_nproc_per_node("gpu", "n", env) == count);
             CHECK(elastic::resolve_nproc_per_node("auto", "n", env) == count);
         } else {
-            CHECK(error_of([&, e = env] { (void)elastic::resolve_nproc_per_node("gpu", "n", e); })
+            CHECK(error_of([&] { (void)elastic::resolve_nproc_per_node("gpu", "n", env); })
                       .find("CUDA_VISIBLE_DEVICES") != std::string::npos);
         }
     }
@@ -384,7 +392,9 @@ TEST_CASE("launch: a launch_config filled in C++ passes validate() under the com
         {[](launch_config& c) { c.program.target.clear(); }, "no program"},
         {[](launch_config& c) { c.program.target += "-missing"; }, "does not exist"},
     };
-    for (const auto& [mutate, expected] : bad) {
+    for (const auto& row : bad) {
+        const auto& mutate = row.first;
+        const auto& expected = row.second;
         CAPTURE(expected);
         launch_config broken = config;
         mutate(broken);

@@ -18,10 +18,36 @@ namespace elastic::inline v0 {
 /// a launcher prints it and exits with exit_code() without starting any worker.
 class usage_error : public error {
 public:
-    using error::error;
+    /// `message` is kept on one line: control characters (a newline in a value read from the
+    /// environment, say) are written as escapes such as `\n` and `\x1b`.
+    explicit usage_error(std::string_view message) : error(one_line(message)) {}
 
     /// The exit status for this error: 2, as argparse (and so torchrun) uses for usage errors.
     [[nodiscard]] static constexpr int exit_code() noexcept { return 2; }
+
+private:
+    static std::string one_line(std::string_view message) {
+        static constexpr char hex[] = "0123456789abcdef";
+        std::string out;
+        out.reserve(message.size());
+        for (const char c : message) {
+            const auto byte = static_cast<unsigned char>(c);
+            if (c == '\n') {
+                out += "\\n";
+            } else if (c == '\t') {
+                out += "\\t";
+            } else if (c == '\r') {
+                out += "\\r";
+            } else if (byte < 0x20 || byte == 0x7f) {
+                out += "\\x";
+                out += hex[byte >> 4];
+                out += hex[byte & 0xf];
+            } else {
+                out += c;
+            }
+        }
+        return out;
+    }
 };
 
 /// A set of environment variables, name to value. The launch layer reads its variables (PET_*,
