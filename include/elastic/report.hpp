@@ -1,10 +1,11 @@
 // The report layer: worker failures, error files, the root cause, the failure summary in
-// torchrun's layout, the agent's own error file and elasticrun's exit code.
+// torchrun's layout, the agent's own error file, elasticrun's exit code and the event log.
 #pragma once
 
 #include "elastic/detail/config.hpp"
 #include "elastic/report/agent_error_file.hpp"
 #include "elastic/report/error_file.hpp"
+#include "elastic/report/event.hpp"
 #include "elastic/report/failure.hpp"
 #include "elastic/report/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"

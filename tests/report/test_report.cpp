@@ -614,3 +614,107 @@ TEST_CASE("report: agent error file is replaced atomically and bad paths throw r
     ::unsetenv("TORCHELASTIC_ERROR_FILE");
     CHECK(elastic::read_error_file(env_path).parsed());
 }
+
+// ---- events -------------------------------------------------------------------------------------
+
+TEST_CASE("report: worker status events carry torch's metadata") {
+    elastic::worker_event_context ctx;
+    ctx.run_id = "job-17";
+    ctx.group_rank = 2;
+    ctx.group_world_size = 4;
+    ctx.role_world_size = 32;
+    ctx.entry_point = "trainer";
+    ctx.rdzv_backend = "c10d";
+    ctx.total_run_time = 3600;
+    ctx.agent_restarts = 1;
+    ctx.hostname = "node2.example.com";
+
+    auto f = failure(17, exit_status::from_signal(9), 250ms, 4242, 1);
+    const auto e = elastic::worker_status_event(f, ctx);
+    CHECK(e.name == "torchelastic.worker.status.FAILED");
+    CHECK(e.source == elastic::event_source::worker);
+    CHECK(e.timestamp == 1795316400250);
+    const auto& m = e.metadata;
+    CHECK(m["run_id"] == "job-17");
+    CHECK(m["global_rank"] == 17);
+    CHECK(m["group_rank"] == 2);
+    CHECK(m["worker_id"] == "4242");
+    CHECK(m["role"] == "default");
+    CHECK(m["hostname"] == "node2.example.com");
+    CHECK(m["state"] == "FAILED");
+    CHECK(m["total_run_time"] == 3600);
+    CHECK(m["rdzv_backend"] == "c10d");
+    CHECK(m["raw_error"] == R"({"message": "<NONE>"})");
+    CHECK(m["agent_restarts"] == 1);
+    CHECK(m["exitcode"] == -9);
+    const auto md = nlohmann::json::parse(m["metadata"].get<std::string>());
+    CHECK(md["group_world_size"] == 4);
+    CHECK(md["entry_point"] == "trainer");
+    CHECK(md["local_rank"] == nlohmann::json::array({1}));
+    CHECK(md["role_rank"] == nlohmann::json::array({17}));
+    CHECK(md["role_world_size"] == nlohmann::json::array({32}));
+
+    // A stopped worker is TERMINATED with no raw error, as torch records it.
+    f.state = failure_state::stopped_by_agent;
+    const auto t = elastic::worker_status_event(f, ctx);
+    CHECK(t.name == "torchelastic.worker.status.TERMINATED");
+    CHECK(t.metadata["raw_error"].is_null());
+
+    // An error file's content is the raw error; a malformed one says so.
+    f.state = failure_state::failed;
+    f.error_file = elastic::parse_error_file(R"({"message": "flat"})", "/e");
+    CHECK(nlohmann::json::parse(elastic::worker_status_event(f, ctx)
+                                    .metadata["raw_error"]
+                                    .get<std::string>())["message"] == "flat");
+    f.error_file = elastic::parse_error_file("{", "/e");
+    CHECK(elastic::worker_status_event(f, ctx).metadata["raw_error"].get<std::string>().find(
+              "Malformed error file") != std::string::npos);
+
+    // Serialised: one line of JSON in torch's shape, even with invalid bytes in a field.
+    elastic::event odd;
+    odd.name = "bad \xFF name";
+    const auto line = odd.serialize();
+    CHECK(line.find('\n') == std::string::npos);
+    const auto parsed = nlohmann::json::parse(line);
+    CHECK(parsed["source"] == "AGENT");
+    CHECK(parsed["timestamp"] == 0);
+    CHECK(parsed["metadata"].is_object());
+}
+
+TEST_CASE("report: the event log appends one line per event") {
+    report_support::temp_dir dir;
+    const std::string path = dir / "events.jsonl";
+    report_support::write_file(path, "{\"name\": \"earlier\", \"source\": \"AGENT\"}\n");
+    {
+        elastic::event_log log(path);
+        elastic::worker_event_context ctx;
+        ctx.run_id = "r";
+        for (int rank = 0; rank < 3; ++rank) {
+            CHECK(log.record(elastic::worker_status_event(
+                failure(rank, exit_status::from_exit_code(1), 0ms), ctx)));
+        }
+        elastic::event_log moved = std::move(log);
+        elastic::event agent_event;
+        agent_event.name = "torchelastic.agent.status.FAILED";
+        CHECK(moved.record(agent_event));
+    }
+    const std::string text = report_support::read_file(path);
+    std::vector<nlohmann::json> lines;
+    std::size_t start = 0;
+    while (start < text.size()) {
+        const auto end = text.find('\n', start);
+        REQUIRE(end != std::string::npos);
+        lines.push_back(nlohmann::json::parse(text.substr(start, end - start)));
+        start = end + 1;
+    }
+    REQUIRE(lines.size() == 5);
+    CHECK(lines[0]["name"] == "earlier");  // appended, not truncated
+    CHECK(lines[1]["metadata"]["global_rank"] == 0);
+    CHECK(lines[3]["metadata"]["global_rank"] == 2);
+    CHECK(lines[4]["name"] == "torchelastic.agent.status.FAILED");
+
+    CHECK_THROWS_AS(elastic::event_log(dir / "no/such/dir/events.jsonl"), elastic::report_error);
+    // A descriptor that cannot be written loses the event, quietly.
+    auto closed = elastic::event_log::to_descriptor(-1);
+    CHECK_FALSE(closed.record(elastic::event{}));
+}

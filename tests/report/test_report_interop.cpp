@@ -265,6 +265,46 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
     }
 }
 
+TEST_CASE("report: torch's Event.deserialize reads our events") {
+    report_support::temp_dir dir;
+    elastic::worker_event_context ctx;
+    ctx.run_id = "job";
+    ctx.entry_point = "trainer";
+    ctx.hostname = "node0.example.com";
+    auto f = observed(3, exit_status::from_signal(6), 1795316400, 77);
+    {
+        elastic::event_log log(dir / "events.jsonl");
+        REQUIRE(log.record(elastic::worker_status_event(f, ctx)));
+        f.state = elastic::failure_state::stopped_by_agent;
+        REQUIRE(log.record(elastic::worker_status_event(f, ctx)));
+    }
+    const auto r = run_python(dir, R"PY(
+import json, sys
+from torch.distributed.elastic.events import Event, EventSource
+out = []
+with open(sys.argv[1]) as fp:
+    for line in fp:
+        e = Event.deserialize(line)
+        assert e.source in (EventSource.AGENT, EventSource.WORKER)
+        out.append({"name": e.name, "source": e.source.value, "timestamp": e.timestamp,
+                    "state": e.metadata["state"], "raw_error": e.metadata["raw_error"],
+                    "reserialized": json.loads(e.serialize()) == json.loads(line)})
+print(json.dumps(out))
+)PY",
+                              {dir / "events.jsonl"});
+    CAPTURE(r.err);
+    REQUIRE(exit_status::from_wait_status(r.wait_status).success());
+    const auto out = nlohmann::json::parse(r.out);
+    REQUIRE(out.size() == 2);
+    CHECK(out[0]["name"] == "torchelastic.worker.status.FAILED");
+    CHECK(out[0]["source"] == "WORKER");
+    CHECK(out[0]["timestamp"] == 1795316400000);
+    CHECK(out[0]["raw_error"] == R"({"message": "<NONE>"})");
+    CHECK(out[0]["reserialized"] == true);
+    CHECK(out[1]["state"] == "TERMINATED");
+    CHECK(out[1]["raw_error"].is_null());
+}
+
 TEST_CASE("report: signal names agree with Python's") {
     report_support::temp_dir dir;
     const auto r = run_python(dir, R"PY(

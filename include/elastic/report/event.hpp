@@ -1,0 +1,199 @@
+// Events in torchelastic's shape (torch.distributed.elastic.events.Event), the per-worker status
+// event the agent records when a group ends, and an append-only JSON-lines event log.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/report/agent_error_file.hpp"
+#include "elastic/report/failure.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace elastic::inline v0 {
+
+/// Who produced an event (torch's EventSource).
+enum class event_source { agent, worker };
+
+/// One event, serialised as torch's Event.serialize() does:
+/// `{"name": ..., "source": "AGENT"|"WORKER", "timestamp": <ms>, "metadata": {...}}`, so torch's
+/// Event.deserialize() reads ours. Metadata values are strings, numbers, booleans or null.
+struct event {
+    std::string name;
+    event_source source = event_source::agent;
+    /// Milliseconds since the epoch (torch documents this and leaves it 0; we set it).
+    std::int64_t timestamp = 0;
+    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+
+    /// One line of JSON (no newline). Text is made valid UTF-8 first, so this never throws on
+    /// what a worker wrote.
+    std::string serialize() const {
+        nlohmann::ordered_json j;
+        j["name"] = name;
+        j["source"] = source == event_source::agent ? "AGENT" : "WORKER";
+        j["timestamp"] = timestamp;
+        j["metadata"] = metadata;
+        return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    }
+};
+
+/// What a worker status event says beyond the failure itself: the agent's view of the run.
+struct worker_event_context {
+    std::string run_id;
+    int group_rank = 0;
+    int group_world_size = 1;
+    /// The world size of the worker's role; torchrun's command line has one role, so this is the
+    /// world size and a worker's role rank is its global rank.
+    int role_world_size = 1;
+    std::string entry_point;
+    std::string rdzv_backend;
+    /// Whole seconds since the agent started running workers (torch's total_run_time).
+    std::int64_t total_run_time = 0;
+    /// Restarts so far (torch: max_restarts - remaining_restarts).
+    int agent_restarts = 0;
+    std::string hostname;
+};
+
+/// torch's state string for a worker in a failure report: "FAILED", or "TERMINATED" for a worker
+/// the agent stopped (torch's _get_worker_state uses the same word for them).
+inline std::string_view worker_event_state(const worker_failure& f) noexcept {
+    return f.state == failure_state::failed ? "FAILED" : "TERMINATED";
+}
+
+/// The `torchelastic.worker.status.<STATE>` event for one worker of a failed group, with torch
+/// 1.13's metadata keys (agent/server/api.py, _construct_event): run_id, global_rank, group_rank,
+/// worker_id (the pid, as a string), role, hostname, state, total_run_time, rdzv_backend,
+/// raw_error (the error file as JSON text; `{"message": "<NONE>"}` without one and null for a
+/// worker the agent stopped, as torch), a
+/// JSON-text "metadata" (group_world_size, entry_point, and local_rank / role_rank /
+/// role_world_size as one-element lists, which is what torch's trailing commas produce), and
+/// agent_restarts. Additions: "exitcode" (torch's numbering) and the event's timestamp, the
+/// failure's time in milliseconds.
+inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    const std::string state(worker_event_state(f));
+    json md = json::object();
+    md["group_world_size"] = ctx.group_world_size;
+    md["entry_point"] = ctx.entry_point;
+    md["local_rank"] = json::array({f.local_rank});
+    md["role_rank"] = json::array({f.global_rank});
+    md["role_world_size"] = json::array({ctx.role_world_size});
+
+    // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
+    json raw_error = nullptr;
+    if (f.state == failure_state::stopped_by_agent) {
+        raw_error = nullptr;
+    } else if (f.error_file.parsed()) {
+        raw_error = f.error_file.content.document.dump(-1, ' ', false,
+                                                       json::error_handler_t::replace);
+    } else if (f.error_file.status == error_file_status::malformed) {
+        raw_error = json{{"message", "Malformed error file: " + f.error_file.problem}}.dump(
+            -1, ' ', false, json::error_handler_t::replace);
+    } else {
+        raw_error = R"({"message": "<NONE>"})";
+    }
+
+    event e;
+    e.name = "torchelastic.worker.status." + state;
+    e.source = event_source::worker;
+    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      failure_display_time(f).time_since_epoch())
+                      .count();
+    auto& m = e.metadata;
+    m["run_id"] = ctx.run_id;
+    m["global_rank"] = f.global_rank;
+    m["group_rank"] = ctx.group_rank;
+    m["worker_id"] = std::to_string(f.pid);
+    m["role"] = f.role;
+    m["hostname"] = ctx.hostname;
+    m["state"] = state;
+    m["total_run_time"] = ctx.total_run_time;
+    m["rdzv_backend"] = ctx.rdzv_backend;
+    m["raw_error"] = raw_error;
+    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
+    m["agent_restarts"] = ctx.agent_restarts;
+    m["exitcode"] = f.status.torch_exitcode();
+    return e;
+}
+
+/// An append-only log of events, one JSON line each. Each line goes out in one write(2) on a file
+/// opened with O_APPEND, so several agents sharing the file (one per node on a shared file
+/// system that honours O_APPEND, or several on one host) never interleave inside a line.
+/// Recording never throws: an event log must not take the agent down.
+class event_log {
+public:
+    /// Append to the file at `path`, creating it (0644). Throws report_error when it cannot be
+    /// opened.
+    explicit event_log(const std::string& path)
+        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
+        if (fd_ < 0) {
+            throw report_error(fmt::format("cannot open the event log \"{}\": {}", path,
+                                           std::strerror(errno)));
+        }
+    }
+
+    /// Write to a descriptor the caller keeps open (e.g. 2 for a "console" log).
+    static event_log to_descriptor(int fd) noexcept { return event_log(fd); }
+
+    event_log(event_log&& other) noexcept
+        : fd_(std::exchange(other.fd_, -1)), owned_(std::exchange(other.owned_, false)) {}
+    event_log& operator=(event_log&& other) noexcept {
+        if (this != &other) {
+            close();
+            fd_ = std::exchange(other.fd_, -1);
+            owned_ = std::exchange(other.owned_, false);
+        }
+        return *this;
+    }
+    event_log(const event_log&) = delete;
+    event_log& operator=(const event_log&) = delete;
+    ~event_log() { close(); }
+
+    /// Append one event. Returns false (and loses only this event) when it cannot be written
+    /// whole.
+    bool record(const event& e) noexcept {
+        try {
+            std::string line = e.serialize();
+            line += '\n';
+            std::string_view rest = line;
+            while (!rest.empty()) {
+                const ssize_t n = ::write(fd_, rest.data(), rest.size());
+                if (n < 0) {
+                    if (errno == EINTR) {
+                        continue;
+                    }
+                    return false;
+                }
+                rest.remove_prefix(static_cast<std::size_t>(n));
+            }
+            return true;
+        } catch (...) {
+            return false;
+        }
+    }
+
+private:
+    explicit event_log(int fd) noexcept : fd_(fd), owned_(false) {}
+
+    void close() noexcept {
+        if (owned_ && fd_ >= 0) {
+            ::close(fd_);
+        }
+        fd_ = -1;
+    }
+
+    int fd_ = -1;
+    bool owned_ = false;
+};
+
+}  // namespace elastic::inline v0
