@@ -57,22 +57,22 @@ private:
 /// What the launcher told this worker: every variable torchrun sets, typed and checked.
 /// Defaults (docs/environment.md) make a program started by hand a single-rank run.
 struct worker_env {
-    int rank = 0;                ///< RANK: global rank, 0 <= rank < world_size
-    int local_rank = 0;          ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
-    int world_size = 1;          ///< WORLD_SIZE: workers in the job
-    int local_world_size = 1;    ///< LOCAL_WORLD_SIZE: workers on this node
-    int node_rank = 0;           ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
-    int node_count = 1;          ///< GROUP_WORLD_SIZE: nodes (agents) in the job
-    int role_rank = 0;           ///< ROLE_RANK: rank among workers of the same role
-    int role_world_size = 1;     ///< ROLE_WORLD_SIZE: workers of the same role
-    std::string role_name = "default";           ///< ROLE_NAME (torchrun's --role)
-    std::optional<std::string> master_addr;      ///< MASTER_ADDR: host of the rank-0 store
-    std::optional<std::uint16_t> master_port;    ///< MASTER_PORT: its port, 1..65535
-    int restart_count = 0;       ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
-    int max_restarts = 0;        ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
-    std::string run_id;          ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
-    bool use_agent_store = false;            ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
-    std::optional<std::string> error_file;   ///< TORCHELASTIC_ERROR_FILE (empty means none)
+    int rank = 0;        ///< RANK: global rank, 0 <= rank < world_size
+    int local_rank = 0;  ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
+    int world_size = 1;  ///< WORLD_SIZE: workers in the job
+    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: workers on this node
+    int node_rank = 0;         ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
+    int node_count = 1;        ///< GROUP_WORLD_SIZE: nodes (agents) in the job
+    int role_rank = 0;         ///< ROLE_RANK: rank among workers of the same role
+    int role_world_size = 1;   ///< ROLE_WORLD_SIZE: workers of the same role
+    std::string role_name = "default";         ///< ROLE_NAME (torchrun's --role)
+    std::optional<std::string> master_addr;    ///< MASTER_ADDR: host of the rank-0 store
+    std::optional<std::uint16_t> master_port;  ///< MASTER_PORT: its port, 1..65535
+    int restart_count = 0;         ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
+    int max_restarts = 0;          ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
+    std::string run_id;            ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
+    bool use_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
+    std::optional<std::string> error_file;     ///< TORCHELASTIC_ERROR_FILE (empty means none)
     env_source source = env_source::defaults;  ///< which launcher's variables these came from
 
     /// True when a launcher (torchrun, elasticrun, composer, srun, mpirun) started this worker;
@@ -127,13 +127,15 @@ public:
         const char* const last = first + text->size();
         const auto [end, ec] = std::from_chars(first, last, value);
         if (text->empty() || ec == std::errc::invalid_argument || end != last) {
-            fail(std::string(name) + "='" + *text +
-                     "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
-                 {name});
+            fail(
+                std::string(name) + "='" + *text +
+                    "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
+                {name});
         }
         if (ec == std::errc::result_out_of_range || value > INT_MAX || value < INT_MIN) {
-            fail(std::string(name) + "=" + *text + " is out of range (the largest accepted value is " +
-                     std::to_string(INT_MAX) + ")",
+            fail(std::string(name) + "=" + *text +
+                     " is out of range (the largest accepted value is " + std::to_string(INT_MAX) +
+                     ")",
                  {name});
         }
         if (value < 0) {
@@ -224,7 +226,9 @@ inline void check_not_more(const env_value& low, const env_value& high, const ch
                      std::move(names));
 }
 
-inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline int ceil_div(int a, int b) {
+    return (a + b - 1) / b;
+}
 
 // The local pair: both set, or neither (then the single-node values: the whole job is local).
 inline void local_pair(const env_reader& reader, const char* rank_name, const char* size_name,
@@ -242,9 +246,10 @@ inline void local_pair(const env_reader& reader, const char* rank_name, const ch
                          {unset, set});
     }
     if (!has_rank) {
-        local_rank = from_default(rank.value, "the local rank", std::string(rank_name) + " is unset: the global rank");
-        local_size =
-            from_default(world.value, "the local world size", std::string(size_name) + " is unset: the world size");
+        local_rank = from_default(rank.value, "the local rank",
+                                  std::string(rank_name) + " is unset: the global rank");
+        local_size = from_default(world.value, "the local world size",
+                                  std::string(size_name) + " is unset: the world size");
         return;
     }
     local_rank = from_variable(rank_name, *reader.integer(rank_name));
@@ -294,7 +299,8 @@ inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
         if (ec != std::errc()) return std::nullopt;
         const std::string_view rest(end, static_cast<std::size_t>(item.data() + item.size() - end));
         if (!rest.empty()) {
-            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')') return std::nullopt;
+            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')')
+                return std::nullopt;
             const auto digits = rest.substr(2, rest.size() - 3);
             auto [e2, ec2] = std::from_chars(digits.data(), digits.data() + digits.size(), repeat);
             if (ec2 != std::errc() || e2 != digits.data() + digits.size()) return std::nullopt;
@@ -308,15 +314,16 @@ inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
 // The variables whose presence means "torchrun (or elasticrun, or composer) started me". The
 // rendezvous endpoint (MASTER_ADDR/MASTER_PORT) and TORCHELASTIC_ERROR_FILE are read in every mode
 // but do not count: people export them by hand around srun and mpirun.
+// clang-format off
 inline constexpr const char* torchrun_triggers[] = {
-    "RANK",           "WORLD_SIZE",       "LOCAL_RANK",           "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",     "GROUP_WORLD_SIZE", "ROLE_RANK",            "ROLE_WORLD_SIZE",
-    "ROLE_NAME",      "NODE_RANK",        "TORCHELASTIC_RESTART_COUNT",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"};
 
 inline constexpr const char* open_mpi_triggers[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE"};
+// clang-format on
 
 inline const char* first_of(const env_reader& reader, const auto& names) {
     for (const char* name : names) {
@@ -353,15 +360,16 @@ inline void read_torchrun(const env_reader& reader, const char* trigger, worker_
         node = from_default(rank.value / local_size.value, "the node rank",
                             "GROUP_RANK is unset: global rank / local world size");
     }
-    const env_value nodes =
-        integer_or(reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value),
-                   "the node count", "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
+    const env_value nodes = integer_or(
+        reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value), "the node count",
+        "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
     check_less(node, nodes, "node ranks run from 0 to GROUP_WORLD_SIZE-1");
 
     const env_value role_size =
-        integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size", "ROLE_WORLD_SIZE is unset: the world size");
-    const env_value role_rank =
-        integer_or(reader, "ROLE_RANK", false, rank.value, "the role rank", "ROLE_RANK is unset: the global rank");
+        integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size",
+                   "ROLE_WORLD_SIZE is unset: the world size");
+    const env_value role_rank = integer_or(reader, "ROLE_RANK", false, rank.value, "the role rank",
+                                           "ROLE_RANK is unset: the global rank");
     check_less(role_rank, role_size, "role ranks run from 0 to ROLE_WORLD_SIZE-1");
 
     out.world_size = world.value;
@@ -413,8 +421,8 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
     const env_value rank = required(reader, "SLURM_PROCID", false, "srun", trigger);
     check_less(rank, world, "Slurm task ids run from 0 to the task count - 1");
     const env_value local_rank = required(reader, "SLURM_LOCALID", false, "srun", trigger);
-    const env_value node =
-        integer_or(reader, "SLURM_NODEID", false, 0, "the node id", "SLURM_NODEID is unset: node 0");
+    const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id",
+                                      "SLURM_NODEID is unset: node 0");
     env_value local_size;
     if (const auto per_node = reader.size("SLURM_NTASKS_PER_NODE")) {
         local_size = from_variable("SLURM_NTASKS_PER_NODE", *per_node);
@@ -433,12 +441,13 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
                           " on node " + std::to_string(node.value) + ")",
                       {list_name}};
     } else {
-        env_reader::fail("SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
-                         " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
-                             reader.get(trigger).value_or("") +
-                             " is: the local world size is unknown (run under srun, or set "
-                             "LOCAL_WORLD_SIZE with the torchrun variables)",
-                         {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
+        env_reader::fail(
+            "SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
+            " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
+                reader.get(trigger).value_or("") +
+                " is: the local world size is unknown (run under srun, or set "
+                "LOCAL_WORLD_SIZE with the torchrun variables)",
+            {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
     }
     check_less(local_rank, local_size, "local task ids run below the tasks on this node");
     check_not_more(local_size, world, "a node cannot run more tasks than the whole step");
@@ -471,9 +480,10 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
 inline void read_common(const env_reader& reader, worker_env& out) {
     if (auto addr = reader.get("MASTER_ADDR")) {
         if (addr->empty()) {
-            env_reader::fail("MASTER_ADDR is set but empty (give the rank-0 host's name or "
-                             "address, or unset it)",
-                             {"MASTER_ADDR"});
+            env_reader::fail(
+                "MASTER_ADDR is set but empty (give the rank-0 host's name or "
+                "address, or unset it)",
+                {"MASTER_ADDR"});
         }
         out.master_addr = std::move(*addr);
     }

@@ -43,7 +43,7 @@ inline constexpr int record_max_frames = 128;
 // Everything the crash paths touch is allocated before the crash: the paths, the buffers, the
 // alternate signal stack. The buffers live in .bss and cost no memory until a crash writes them.
 struct record_state {
-    std::atomic<int> phase{0};         // 0: nothing reported, 1: reporting, 2: reported
+    std::atomic<int> phase{0};          // 0: nothing reported, 1: reporting, 2: reported
     std::atomic<long> reporter_tid{0};  // the thread writing the report
     std::atomic<bool> installed{false};
     bool has_error_file = false;
@@ -56,7 +56,9 @@ struct record_state {
 
 inline record_state record_storage{};
 
-inline long current_tid() noexcept { return ::syscall(SYS_gettid); }
+inline long current_tid() noexcept {
+    return ::syscall(SYS_gettid);
+}
 
 // Buffered output to a file descriptor with write(2): unbounded, allocation-free, signal-safe.
 class fd_writer {
@@ -167,7 +169,8 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
         const char* from;
         const char* to;
     };
-    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"}, {"std::__cxx11::", "std::"}};
+    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"},
+                                         {"std::__cxx11::", "std::"}};
     while (*name != '\0') {
         bool renamed = false;
         for (const auto& r : renames) {
@@ -215,13 +218,13 @@ inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const fra
 }
 
 struct crash_report {
-    const char* type = nullptr;           // "std::runtime_error", "SIGSEGV", ...
-    const char* what = nullptr;           // what(), or the signal's description
+    const char* type = nullptr;  // "std::runtime_error", "SIGSEGV", ...
+    const char* what = nullptr;  // what(), or the signal's description
     void* const* frames = nullptr;
     int frame_count = 0;
-    int first_frame = 0;                  // frames before it are the reporting machinery
-    int exact_frame = -1;                 // a frame whose pc is not a return address (signals)
-    bool demangle = false;                // only outside signal handlers: it allocates
+    int first_frame = 0;    // frames before it are the reporting machinery
+    int exact_frame = -1;   // a frame whose pc is not a return address (signals)
+    bool demangle = false;  // only outside signal handlers: it allocates
 };
 
 // Writes the report: the error file when TORCHELASTIC_ERROR_FILE was set, and a readable copy on
@@ -249,8 +252,9 @@ inline void write_report(const crash_report& report) noexcept {
 
     int file_error = 0;
     if (state.has_error_file) {
-        file_error = write_error_file_atomically(message.data(), message.size(), stack.data(),
-                                                 stack.size(), static_cast<std::int64_t>(now.tv_sec));
+        file_error =
+            write_error_file_atomically(message.data(), message.size(), stack.data(), stack.size(),
+                                        static_cast<std::int64_t>(now.tv_sec));
     }
     fd_writer err(STDERR_FILENO);
     err.put("elastic::record: ");
@@ -334,7 +338,8 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         interrupted = static_cast<std::uintptr_t>(
             static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
 #elif defined(__aarch64__)
-        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
+        interrupted =
+            static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
 #else
         (void)context;
 #endif
@@ -389,8 +394,8 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
         const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
         const frame_symbol symbol = symbolize(pc, pc - 1);
         if (symbol.function == nullptr) continue;
-        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception", "_ZSt9terminatev",
-                                   "__clang_call_terminate"}) {
+        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception",
+                                   "_ZSt9terminatev", "__clang_call_terminate"}) {
             if (std::strstr(symbol.function, marker) != nullptr) first = i + 1;
         }
     }
@@ -449,8 +454,8 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
 
 /// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
 /// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
-/// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it yourself when you cannot
-/// wrap main (e.g. in a library's init); calling it again does nothing.
+/// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it
+/// yourself when you cannot wrap main (e.g. in a library's init); calling it again does nothing.
 inline void install_error_handlers() {
     auto& state = detail::crash::record_storage;
     if (state.installed.exchange(true)) return;

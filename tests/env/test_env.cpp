@@ -101,7 +101,7 @@ std::vector<good_row> good_rows() {
                      {"LOCAL_WORLD_SIZE", "2"}},
                     make(env_source::torchrun, 5, 1, 7, 2, 2, 4)});
     auto agent_store_false = make(env_source::torchrun, 0, 0, 1, 1, 0, 1);
-    rows.push_back({"USE_AGENT_STORE=False and an empty TORCHELASTIC_ERROR_FILE (logs to /dev/null)",
+    rows.push_back({"USE_AGENT_STORE=False; an empty TORCHELASTIC_ERROR_FILE (logs to /dev/null)",
                     {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
                      {"TORCHELASTIC_ERROR_FILE", ""}},
                     agent_store_false});
@@ -131,7 +131,7 @@ std::vector<good_row> good_rows() {
     auto slurm_list = make(env_source::slurm, 6, 0, 8, 2, 3, 4);
     slurm_list.master_addr = "explicit";
     slurm_list.master_port = 12345;
-    rows.push_back({"Slurm: tasks per node from the compressed list; MASTER_ADDR overrides the list",
+    rows.push_back({"Slurm: tasks per node from the compressed list; MASTER_ADDR wins over the list",
                     {{"SLURM_PROCID", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
                      {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_NTASKS", "16"},
                      {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"},
@@ -174,14 +174,18 @@ std::vector<bad_row> bad_rows() {
         {{{"RANK", "1.5"}, {"WORLD_SIZE", "2"}}, {"RANK='1.5'", "not an integer"}, {"RANK"}},
         {{{"RANK", " 1"}, {"WORLD_SIZE", "2"}}, {"RANK=' 1'", "not an integer"}, {"RANK"}},
         {{{"RANK", "+1"}, {"WORLD_SIZE", "2"}}, {"RANK='+1'", "not an integer"}, {"RANK"}},
-        {{{"RANK", "0"}, {"WORLD_SIZE", "two"}}, {"WORLD_SIZE='two'", "not an integer"}, {"WORLD_SIZE"}},
+        {{{"RANK", "0"}, {"WORLD_SIZE", "two"}},
+         {"WORLD_SIZE='two'", "not an integer"},
+         {"WORLD_SIZE"}},
         {{{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, {"RANK=-1", "negative"}, {"RANK"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}, {"WORLD_SIZE=99999999999", "out of range"},
          {"WORLD_SIZE"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "0"}}, {"WORLD_SIZE=0", "1 or more"}, {"WORLD_SIZE"}},
         {{{"WORLD_SIZE", "2"}}, {"RANK is not set", "WORLD_SIZE=2"}, {"RANK", "WORLD_SIZE"}},
         {{{"RANK", "0"}}, {"WORLD_SIZE is not set", "RANK=0"}, {"WORLD_SIZE", "RANK"}},
-        {{{"LOCAL_RANK", "0"}}, {"WORLD_SIZE is not set", "LOCAL_RANK=0"}, {"WORLD_SIZE", "LOCAL_RANK"}},
+        {{{"LOCAL_RANK", "0"}},
+         {"WORLD_SIZE is not set", "LOCAL_RANK=0"},
+         {"WORLD_SIZE", "LOCAL_RANK"}},
         {{{"TORCHELASTIC_RUN_ID", "x"}}, {"WORLD_SIZE is not set", "TORCHELASTIC_RUN_ID=x"},
          {"WORLD_SIZE", "TORCHELASTIC_RUN_ID"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},
@@ -228,7 +232,8 @@ std::vector<bad_row> bad_rows() {
          {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"}},
         {{{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS", "4"},
           {"SLURM_NTASKS_PER_NODE", "2"}},
-         {"SLURM_LOCALID=2", "SLURM_NTASKS_PER_NODE=2"}, {"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}},
+         {"SLURM_LOCALID=2", "SLURM_NTASKS_PER_NODE=2"},
+         {"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}},
         {{{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "5"},
           {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}},
          {"SLURM_TASKS_PER_NODE='2(x2)'", "node 5"}, {"SLURM_TASKS_PER_NODE", "SLURM_NODEID"}},
@@ -289,7 +294,8 @@ TEST_CASE("env: invalid environments throw env_error naming the variables, value
 }
 
 TEST_CASE("env: worker_env::from takes any string map, e.g. one with a transparent comparator") {
-    const std::map<std::string, std::string, std::less<>> variables{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
+    const std::map<std::string, std::string, std::less<>> variables{{"RANK", "1"},
+                                                                    {"WORLD_SIZE", "2"}};
     const auto e = elastic::worker_env::from(variables);
     CHECK(e.rank == 1);
     CHECK(e.world_size == 2);

@@ -21,10 +21,13 @@
         std::printf("unreachable\n");
         return;
     }
-    throw std::runtime_error("disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, \xf0\x9f\x94\xa5");
+    throw std::runtime_error(
+        "disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, \xf0\x9f\x94\xa5");
 }
 
-[[gnu::noinline]] void record_child_int_throwing_function() { throw 42; }
+[[gnu::noinline]] void record_child_int_throwing_function() {
+    throw 42;
+}
 
 [[gnu::noinline]] void record_child_thread_throwing_function() {
     throw std::logic_error("thread failed");

@@ -101,8 +101,9 @@ TEST_CASE("record: an uncaught exception writes the error file with the throwing
     CHECK(f.child.exit_code == elastic::uncaught_exception_exit_code);
     CHECK(f.child.exit_code == 1);
     const std::string message = test_record::check_layout(f);
-    CHECK(message == "std::runtime_error: disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, "
-                     "\xf0\x9f\x94\xa5");
+    CHECK(message ==
+          "std::runtime_error: disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, "
+          "\xf0\x9f\x94\xa5");
     const std::string stack = test_record::callstack_of(f);
     CAPTURE(stack);
     // Captured where the exception was thrown, not where anything caught it.
@@ -112,7 +113,8 @@ TEST_CASE("record: an uncaught exception writes the error file with the throwing
     CHECK(stack.find("main") != std::string::npos);
     CHECK(stack.find("on_terminate") == std::string::npos);
     // The report also goes to stderr, and stdio buffers are flushed before the exit.
-    CHECK(f.child.err.find("elastic::record: std::runtime_error: disk on fire") != std::string::npos);
+    CHECK(f.child.err.find("elastic::record: std::runtime_error: disk on fire") !=
+          std::string::npos);
     CHECK(f.child.err.find("error file written to") != std::string::npos);
     CHECK(f.child.out.find("working in mode throw") != std::string::npos);
 }
@@ -193,7 +195,8 @@ TEST_CASE("record: a normal return passes the exit code through and writes nothi
 
 TEST_CASE("record: without TORCHELASTIC_ERROR_FILE the report goes to stderr only") {
     env_support::temp_dir dir;
-    const auto child = env_support::run_child(test_record::child_program, {"throw"}, {}, dir.path());
+    const auto child =
+        env_support::run_child(test_record::child_program, {"throw"}, {}, dir.path());
     REQUIRE(child.exited);
     CHECK(child.exit_code == 1);
     CHECK(child.err.find("elastic::record: std::runtime_error: disk on fire") != std::string::npos);
@@ -207,9 +210,9 @@ TEST_CASE("record: an unwritable error file is reported on stderr and the exit c
     env_support::temp_dir dir;
     const std::string blocker = dir / "not-a-directory";
     { std::ofstream(blocker) << "x"; }
-    const auto child = env_support::run_child(test_record::child_program, {"throw"},
-                                              {{"TORCHELASTIC_ERROR_FILE", blocker + "/error.json"}},
-                                              dir.path());
+    const auto child =
+        env_support::run_child(test_record::child_program, {"throw"},
+                               {{"TORCHELASTIC_ERROR_FILE", blocker + "/error.json"}}, dir.path());
     REQUIRE(child.exited);
     CHECK(child.exit_code == 1);
     CHECK(child.err.find("could not write the error file " + blocker + "/error.json (errno ") !=
@@ -228,8 +231,8 @@ TEST_CASE("record: JSON strings are escaped as Python's json.dump escapes them")
     CHECK(escape("\xe2\x82\xac") == "\\u20ac");
     CHECK(escape("\xf0\x9f\x94\xa5") == "\\ud83d\\udd25");
     CHECK(escape("\xff") == "\\ufffd");
-    CHECK(escape("\xc3") == "\\ufffd");               // truncated sequence
-    CHECK(escape("\xc0\xaf") == "\\ufffd\\ufffd");    // overlong
+    CHECK(escape("\xc3") == "\\ufffd");                        // truncated sequence
+    CHECK(escape("\xc0\xaf") == "\\ufffd\\ufffd");             // overlong
     CHECK(escape("\xed\xa0\x80") == "\\ufffd\\ufffd\\ufffd");  // a surrogate
 }
 
@@ -255,8 +258,8 @@ for path in sys.argv[1:]:
                       "timestamp_is_int": type(failure.timestamp) is int,
                       "same_bytes_as_json_dump": json.dumps(json.loads(raw)) == raw}))
 )";
-    const auto python = env_support::run_child(ELASTIC_TORCH_PYTHON, {"-c", script, thrown_file, segv_file},
-                                               {}, dir.path());
+    const auto python = env_support::run_child(
+        ELASTIC_TORCH_PYTHON, {"-c", script, thrown_file, segv_file}, {}, dir.path());
     CAPTURE(python.err);
     REQUIRE(python.exited);
     REQUIRE(python.exit_code == 0);

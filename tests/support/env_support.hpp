@@ -40,7 +40,9 @@ public:
     temp_dir& operator=(const temp_dir&) = delete;
 
     [[nodiscard]] const std::string& path() const { return path_; }
-    [[nodiscard]] std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+    [[nodiscard]] std::string operator/(const std::string& name) const {
+        return path_ + "/" + name;
+    }
 
 private:
     std::string path_;
@@ -56,20 +58,22 @@ inline std::string read_file(const std::string& path) {
 /// How a child ended and what it printed.
 struct child_result {
     bool exited = false;
-    int exit_code = -1;   // when exited
-    int signal = 0;       // when killed by a signal
+    int exit_code = -1;  // when exited
+    int signal = 0;      // when killed by a signal
     std::string out;
     std::string err;
 };
 
 /// Variables a child keeps from the test's own environment: the sanitizers' options and what
 /// the dynamic loader and Python need. Everything else is exactly `variables`.
-inline std::vector<std::string> child_environment(const std::map<std::string, std::string>& variables) {
+inline std::vector<std::string> child_environment(
+    const std::map<std::string, std::string>& variables) {
     std::vector<std::string> entries;
     for (const char* keep : {"PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "ASAN_OPTIONS",
                              "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS", "TMPDIR"}) {
         if (variables.count(keep) != 0) continue;
-        if (const char* value = std::getenv(keep)) entries.push_back(std::string(keep) + "=" + value);
+        if (const char* value = std::getenv(keep))
+            entries.push_back(std::string(keep) + "=" + value);
     }
     for (const auto& [name, value] : variables) entries.push_back(name + "=" + value);
     return entries;
@@ -98,16 +102,20 @@ inline child_result run_child(const std::string& program, const std::vector<std:
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     pid_t pid = 0;
-    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+    const int rc =
+        ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) throw std::runtime_error("posix_spawn " + program + ": " + std::strerror(rc));
 
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+        if (errno != EINTR)
+            throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
     }
     child_result result;
     if (WIFEXITED(status)) {

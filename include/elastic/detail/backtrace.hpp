@@ -24,7 +24,8 @@ namespace elastic::inline v0::detail::crash {
 // it. Output past the end is dropped and remembered (`truncated`).
 class fixed_writer {
 public:
-    fixed_writer(char* buffer, std::size_t capacity) noexcept : buffer_(buffer), capacity_(capacity) {}
+    fixed_writer(char* buffer, std::size_t capacity) noexcept
+        : buffer_(buffer), capacity_(capacity) {}
 
     void put(char c) noexcept {
         if (length_ + 1 < capacity_) {
@@ -88,7 +89,8 @@ void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
     const auto hex4 = [&out](unsigned code) noexcept {
         out.put('\\');
         out.put('u');
-        for (int shift = 12; shift >= 0; shift -= 4) out.put("0123456789abcdef"[(code >> shift) & 0xf]);
+        for (int shift = 12; shift >= 0; shift -= 4)
+            out.put("0123456789abcdef"[(code >> shift) & 0xf]);
     };
     std::size_t i = 0;
     while (i < size) {
@@ -96,13 +98,34 @@ void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
         if (byte < 0x80) {
             ++i;
             switch (byte) {
-                case '"': out.put('\\'); out.put('"'); break;
-                case '\\': out.put('\\'); out.put('\\'); break;
-                case '\n': out.put('\\'); out.put('n'); break;
-                case '\r': out.put('\\'); out.put('r'); break;
-                case '\t': out.put('\\'); out.put('t'); break;
-                case '\b': out.put('\\'); out.put('b'); break;
-                case '\f': out.put('\\'); out.put('f'); break;
+                case '"':
+                    out.put('\\');
+                    out.put('"');
+                    break;
+                case '\\':
+                    out.put('\\');
+                    out.put('\\');
+                    break;
+                case '\n':
+                    out.put('\\');
+                    out.put('n');
+                    break;
+                case '\r':
+                    out.put('\\');
+                    out.put('r');
+                    break;
+                case '\t':
+                    out.put('\\');
+                    out.put('t');
+                    break;
+                case '\b':
+                    out.put('\\');
+                    out.put('b');
+                    break;
+                case '\f':
+                    out.put('\\');
+                    out.put('f');
+                    break;
                 default:
                     if (byte < 0x20 || byte == 0x7f) {  // Python escapes all but ' '..'~'
                         hex4(byte);
@@ -116,9 +139,19 @@ void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
         std::size_t length = 0;
         unsigned code = 0;
         unsigned minimum = 0;
-        if ((byte & 0xe0) == 0xc0) { length = 2; code = byte & 0x1fu; minimum = 0x80; }
-        else if ((byte & 0xf0) == 0xe0) { length = 3; code = byte & 0x0fu; minimum = 0x800; }
-        else if ((byte & 0xf8) == 0xf0) { length = 4; code = byte & 0x07u; minimum = 0x10000; }
+        if ((byte & 0xe0) == 0xc0) {
+            length = 2;
+            code = byte & 0x1fu;
+            minimum = 0x80;
+        } else if ((byte & 0xf0) == 0xe0) {
+            length = 3;
+            code = byte & 0x0fu;
+            minimum = 0x800;
+        } else if ((byte & 0xf8) == 0xf0) {
+            length = 4;
+            code = byte & 0x07u;
+            minimum = 0x10000;
+        }
         bool valid = length != 0 && i + length <= size;
         for (std::size_t k = 1; valid && k < length; ++k) {
             const auto next = static_cast<unsigned char>(text[i + k]);
@@ -150,7 +183,7 @@ void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
 /// One symbolized frame. Pointers refer to the mapped executable, the dynamic loader's tables or
 /// static storage: nothing here is allocated.
 struct frame_symbol {
-    const char* function = nullptr;     // mangled name, or nullptr when unknown
+    const char* function = nullptr;      // mangled name, or nullptr when unknown
     std::uintptr_t function_offset = 0;  // pc - start of the function
     const char* object = nullptr;        // the executable or shared object holding pc
     std::uintptr_t object_offset = 0;    // pc - load base of that object (what addr2line takes)
@@ -162,7 +195,7 @@ struct frame_symbol {
 struct executable_symbols {
     const unsigned char* image = nullptr;
     std::size_t image_size = 0;
-    const ElfW(Sym)* symbols = nullptr;
+    const ElfW(Sym) * symbols = nullptr;
     std::size_t symbol_count = 0;
     const char* strings = nullptr;
     std::size_t strings_size = 0;
