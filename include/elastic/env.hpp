@@ -296,14 +296,16 @@ inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
         int count = 0;
         int repeat = 1;
         auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), count);
-        if (ec != std::errc()) return std::nullopt;
+        if (ec != std::errc() || count < 0) return std::nullopt;
         const std::string_view rest(end, static_cast<std::size_t>(item.data() + item.size() - end));
         if (!rest.empty()) {
             if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')')
                 return std::nullopt;
             const auto digits = rest.substr(2, rest.size() - 3);
             auto [e2, ec2] = std::from_chars(digits.data(), digits.data() + digits.size(), repeat);
-            if (ec2 != std::errc() || e2 != digits.data() + digits.size()) return std::nullopt;
+            if (ec2 != std::errc() || e2 != digits.data() + digits.size() || repeat < 1) {
+                return std::nullopt;
+            }
         }
         if (node < index + repeat) return count;
         index += repeat;

@@ -326,6 +326,9 @@ TEST_CASE("env: Slurm hostlists and tasks-per-node lists") {
     CHECK(slurm_tasks_on_node("2(x3),1", 4) == std::nullopt);
     CHECK(slurm_tasks_on_node("2(y3)", 0) == std::nullopt);
     CHECK(slurm_tasks_on_node("x", 0) == std::nullopt);
+    CHECK(slurm_tasks_on_node("-2", 0) == std::nullopt);  // found by fuzz_env
+    CHECK(slurm_tasks_on_node("2(x0),1", 0) == std::nullopt);
+    CHECK(slurm_tasks_on_node("2(x-1),1", 0) == std::nullopt);
 }
 
 TEST_CASE("env: a real child reads its real environment, once, as worker_env::from does") {
