@@ -425,11 +425,9 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
     const env_value local_rank = required(reader, "SLURM_LOCALID", false, "srun", trigger);
     const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id",
                                       "SLURM_NODEID is unset: node 0");
-    env_value local_size;
-    if (const auto per_node = reader.size("SLURM_NTASKS_PER_NODE")) {
-        local_size = from_variable("SLURM_NTASKS_PER_NODE", *per_node);
-    } else if (const char* list_name =
-                   reader.first_set({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
+    // This node's entry of the step's list is exact (nodes may differ, a step may differ from
+    // the allocation); SLURM_NTASKS_PER_NODE is the allocation's uniform request.
+    const auto from_list = [&](const char* list_name) {
         const auto list = reader.get(list_name).value_or("");
         const auto count = slurm_tasks_on_node(list, node.value);
         if (!count || *count == 0) {
@@ -438,10 +436,18 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
                                  " (expected a list such as 2(x3),1 indexed by SLURM_NODEID)",
                              {list_name, "SLURM_NODEID"});
         }
-        local_size = {*count,
-                      std::string(list_name) + "='" + list + "' (" + std::to_string(*count) +
-                          " on node " + std::to_string(node.value) + ")",
-                      {list_name}};
+        return env_value{*count,
+                         std::string(list_name) + "='" + list + "' (" + std::to_string(*count) +
+                             " on node " + std::to_string(node.value) + ")",
+                         {list_name}};
+    };
+    env_value local_size;
+    if (reader.has("SLURM_STEP_TASKS_PER_NODE")) {
+        local_size = from_list("SLURM_STEP_TASKS_PER_NODE");
+    } else if (const auto per_node = reader.size("SLURM_NTASKS_PER_NODE")) {
+        local_size = from_variable("SLURM_NTASKS_PER_NODE", *per_node);
+    } else if (reader.has("SLURM_TASKS_PER_NODE")) {
+        local_size = from_list("SLURM_TASKS_PER_NODE");
     } else {
         env_reader::fail(
             "SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"

@@ -131,7 +131,7 @@ std::vector<good_row> good_rows() {
     auto slurm_list = make(env_source::slurm, 6, 0, 8, 2, 3, 4);
     slurm_list.master_addr = "explicit";
     slurm_list.master_port = 12345;
-    rows.push_back({"Slurm: tasks per node from the compressed list; MASTER_ADDR wins over the list",
+    rows.push_back({"Slurm: tasks per node from the step list; MASTER_ADDR wins over the nodelist",
                     {{"SLURM_PROCID", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
                      {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_NTASKS", "16"},
                      {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"},
@@ -144,6 +144,12 @@ std::vector<good_row> good_rows() {
                      {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "1"},
                      {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
                     srun_elasticrun});
+    auto step_list = make(env_source::slurm, 2, 0, 5, 2, 1, 3);
+    rows.push_back({"Slurm: the step's per-node list wins over SLURM_NTASKS_PER_NODE",
+                    {{"SLURM_PROCID", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
+                     {"SLURM_STEP_NUM_TASKS", "5"}, {"SLURM_NTASKS_PER_NODE", "4"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_STEP_NUM_NODES", "3"}},
+                    step_list});
     rows.push_back({"Open MPI: mpirun's variables, node = rank / local size",
                     {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
