@@ -497,6 +497,20 @@ TEST_CASE("report: summary with error files from @record") {
     check_golden("error_file", elastic::format_summary("train.py", fs, utc));
 }
 
+TEST_CASE("report: summary with elastic::record's error file puts the message first") {
+    std::vector<worker_failure> fs = {failure(0, exit_status::from_signal(11), 0ms)};
+    nlohmann::json j;
+    j["message"]["message"] = "SIGSEGV: segmentation fault (signal 11) in PID 4200";
+    j["message"]["extraInfo"]["py_callstack"] =
+        "C++ backtrace (most recent call first):\n"
+        "  #0 0x55d0c0de1234 in trainer::step(int)+0x42 (/opt/job/trainer+0x1234)\n"
+        "  #1 0x55d0c0de5678 in main+0x29 (/opt/job/trainer+0x5678)\n";
+    j["message"]["extraInfo"]["timestamp"] = "1795316400";
+    fs[0].error_file = elastic::parse_error_file(j.dump(), "/tmp/torchelastic_x/0/error.json");
+    REQUIRE(fs[0].error_file.parsed());
+    check_golden("record_error_file", elastic::format_summary("trainer", fs, utc));
+}
+
 TEST_CASE("report: summary with a malformed error file") {
     std::vector<worker_failure> fs = {failure(0, exit_status::from_signal(11), 0ms)};
     fs[0].error_file = elastic::parse_error_file("{\"message\": {\"mess",

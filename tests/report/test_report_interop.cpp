@@ -191,7 +191,7 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
     no_stack["message"]["errorCode"] = 1;
     write("r5.json", no_stack);
     nlohmann::json wide;
-    wide["message"]["message"] = "E";
+    wide["message"]["message"] = "xxxxxxxxxx";
     wide["message"]["extraInfo"]["py_callstack"] =
         "Traceback:\n" + std::string(30, 'x') + " \xE2\x9C\x93\xE2\x9C\x93 " +
         std::string(60, 'y') + "\n";
@@ -392,4 +392,60 @@ TEST_CASE("report: a worker flooding stderr keeps only the bounded tail") {
     worker_failure f;
     f.stderr_tail = s;
     CHECK(elastic::failure_traceback(f).find("stderr (last 20 of 100003 lines):\n") == 0);
+}
+
+TEST_CASE("report: reads the error file elastic::record writes") {
+    report_support::temp_dir dir;
+    const std::string program = ELASTIC_TEST_PROGRAM_DIR "/report-recorded-crash";
+    {
+        const std::string error_file = dir / "throw.json";
+        const auto r = report_support::run({program, "throw"},
+                                           {{"TORCHELASTIC_ERROR_FILE", error_file}});
+        CAPTURE(r.err);
+        const auto status = exit_status::from_wait_status(r.wait_status);
+        CHECK(status == exit_status::from_exit_code(1));
+        const auto read = elastic::read_error_file(error_file);
+        CAPTURE(read.problem);
+        REQUIRE(read.parsed());
+        CHECK(read.content.format == elastic::error_file_format::nested);
+        CHECK(read.content.message == "std::runtime_error: checkpoint step_1200.pt is truncated");
+        REQUIRE(read.content.traceback);
+        CHECK(read.content.traceback->find("report_recorded_crash_load_checkpoint") !=
+              std::string::npos);
+        CHECK(read.content.timestamp);
+
+        auto f = observed(0, status, 1795316400, r.pid);
+        f.observe_now();
+        f.error_file = read;
+        const auto text = elastic::format_summary("report-recorded-crash", std::vector{f});
+        CHECK(text.find("  error_file: " + error_file + "\n") != std::string::npos);
+        // The C++ backtrace does not contain the message, so it comes first.
+        CHECK(text.find("  traceback : std::runtime_error: checkpoint step_1200.pt is truncated\n"
+                        "  C++ backtrace") != std::string::npos);
+        CHECK(text.find("report_recorded_crash_load_checkpoint") != std::string::npos);
+        // The agent's copy keeps the worker's message and adds the exit code.
+        const auto doc = elastic::agent_error_document(f);
+        CHECK(doc["message"]["message"] == read.content.message);
+        CHECK(doc["message"]["errorCode"] == 1);
+    }
+    {
+        const std::string error_file = dir / "segv.json";
+        const auto r = report_support::run({program, "segv"},
+                                           {{"TORCHELASTIC_ERROR_FILE", error_file}});
+        CAPTURE(r.err);
+        const auto status = exit_status::from_wait_status(r.wait_status);
+        CHECK(status == exit_status::from_signal(SIGSEGV));
+        const auto read = elastic::read_error_file(error_file);
+        CAPTURE(read.problem);
+        REQUIRE(read.parsed());
+        CHECK(read.content.message.find("SIGSEGV") != std::string::npos);
+        auto f = observed(0, status, 1795316400, r.pid);
+        f.error_file = read;
+        CHECK(elastic::launcher_exit_code(f) == 139);
+        CHECK(elastic::agent_error_document(f)["message"]["errorCode"] == -11);
+        // No stray temporary file from the worker's atomic write.
+        for (const auto& name : report_support::list_dir(dir.path())) {
+            CHECK(name.find(".tmp.") == std::string::npos);
+        }
+    }
 }

@@ -132,8 +132,9 @@ inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
 }
 
 /// What the summary prints after "traceback :" (multi-line; the summary indents continuation
-/// lines). With a well-formed error file: exactly torchrun's choice (py_callstack, else the
-/// message, else "<N/A>"). Without one, what torchrun would print (the signal message, or its
+/// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
+/// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
+/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would print (the signal message, or its
 /// hint) improved by the tail of the worker's stderr when there is one. A malformed file is
 /// named as such first.
 inline std::string failure_traceback(const worker_failure& f) {
@@ -144,6 +145,11 @@ inline std::string failure_traceback(const worker_failure& f) {
             return c.message;
         }
         if (c.traceback) {
+            // A Python traceback ends with the message; elastic::record's C++ backtrace does not,
+            // and torchrun's rule would then never show what the exception said.
+            if (!c.message.empty() && c.traceback->find(c.message) == std::string::npos) {
+                return c.message + "\n" + *c.traceback;
+            }
             return *c.traceback;
         }
         return c.message.empty() ? std::string("<N/A>") : c.message;
