@@ -159,8 +159,8 @@ TEST_CASE("launch: every option of torchrun's table is registered, in every spel
         "--signals_to_handle", "--shutdown-timeout", "--shutdown_timeout", "--virtual-local-rank",
         "--virtual_local_rank"};
     std::set<std::string> registered;
-    for (const auto& spec : elastic::detail::option_specs) {
-        for (const auto name : elastic::detail::split(spec.names, ',')) {
+    for (const auto& spec : elastic::detail::launch_impl::option_specs) {
+        for (const auto name : elastic::detail::launch_impl::split(spec.names, ',')) {
             registered.emplace(name);
         }
     }
@@ -567,20 +567,20 @@ TEST_CASE("launch: --help is the golden text, and -h/--version return text inste
     REQUIRE(std::holds_alternative<elastic::help_request>(version));
     CHECK(std::get<elastic::help_request>(version).text.find(elastic::version_string) != std::string::npos);
     // Every line fits in 100 columns, and every option and PET_ variable is in it.
-    for (const auto line : elastic::detail::split(text, '\n')) {
+    for (const auto line : elastic::detail::launch_impl::split(text, '\n')) {
         CHECK_MESSAGE(line.size() <= 100, line);
     }
-    for (const auto& spec : elastic::detail::option_specs) {
-        for (const auto name : elastic::detail::split(spec.names, ',')) {
+    for (const auto& spec : elastic::detail::launch_impl::option_specs) {
+        for (const auto name : elastic::detail::launch_impl::split(spec.names, ',')) {
             CHECK_MESSAGE(text.find(name) != std::string::npos, name);
         }
         if (spec.has_env) {
-            CHECK(text.find(elastic::detail::env_name(spec)) != std::string::npos);
+            CHECK(text.find(elastic::detail::launch_impl::env_name(spec)) != std::string::npos);
         }
     }
 }
 
-TEST_CASE("launch: parse_launch_config(argc, argv) skips argv[0]") {
+TEST_CASE("launch: parse_launch_config(argc, argv) skips argv[0] and names the launcher after it") {
     fixture f;
     const char* argv[] = {"elasticrun", "--nproc-per-node=3", f.program.c_str(), "x", nullptr};
     const auto result = elastic::parse_launch_config(4, argv, f.env);
@@ -588,6 +588,17 @@ TEST_CASE("launch: parse_launch_config(argc, argv) skips argv[0]") {
     const auto& c = std::get<launch_config>(result);
     CHECK(c.nproc_per_node == 3);
     CHECK(c.program.args == std::vector<std::string>{"x"});
+
+    const char* help[] = {"/opt/bin/mylauncher", "--help", nullptr};
+    const auto text = std::get<elastic::help_request>(elastic::parse_launch_config(2, help, f.env)).text;
+    CHECK(text.rfind("usage: mylauncher [options] program [args...]\n", 0) == 0);
+    const char* none[] = {"/opt/bin/mylauncher", nullptr};
+    try {
+        (void)elastic::parse_launch_config(1, none, f.env);
+        FAIL("expected a usage error");
+    } catch (const elastic::usage_error& e) {
+        CHECK(std::string{e.what()}.find("usage: mylauncher") != std::string::npos);
+    }
 }
 
 }  // namespace test_cli

@@ -51,7 +51,7 @@ TEST_CASE("launch: --nnodes N and MIN:MAX") {
     for (const char* bad : {"3:2", "0", "0:1", "-1:2", "1:", ":2", "", "a", "1:2:3", "1.5", "99999999999"}) {
         CAPTURE(bad);
         const auto message = error_of([&] { (void)elastic::parse_node_range(bad, "--nnodes"); });
-        CHECK(message.find(elastic::detail::show("--nnodes", bad)) == 0);
+        CHECK(message.find(elastic::detail::launch_impl::show("--nnodes", bad)) == 0);
         CHECK(message.find("MIN:MAX") != std::string::npos);
     }
 }
@@ -409,6 +409,31 @@ TEST_CASE("launch: a launch_config filled in C++ passes validate() under the com
     config.log_line_prefix_template = "$$[${rank}:$local_rank ${role_name}]";
     CHECK_NOTHROW(config.validate(env));
     CHECK_FALSE(config.logs_disabled());
+}
+
+TEST_CASE("launch: describe() gives torchrun's startup banner layout") {
+    launch_config config;
+    config.program.target = "./train";
+    config.program.args = {"--lr=1"};
+    config.rdzv_backend = elastic::rendezvous_backend::c10d;
+    config.nnodes = {2, 4};
+    config.nproc_per_node = 8;
+    config.rdzv_id = "job";
+    config.rdzv_conf.last_call_timeout = 2500ms;
+    config.redirects = elastic::parse_stream_selection("0:3,1:1", "-r");
+    config.signals_to_handle = {SIGTERM, SIGUSR1};
+    const auto text = elastic::describe(config);
+    CHECK(text.rfind("Starting elastic agent with launch configs:\n", 0) == 0);
+    for (const char* line : {"  entrypoint           : ./train --lr=1\n", "  min_nodes            : 2\n",
+                             "  max_nodes            : 4\n", "  nproc_per_node       : 8\n",
+                             "  run_id               : job\n", "  rdzv_backend         : c10d\n",
+                             "  rdzv_endpoint        : localhost:29400\n",
+                             "  rdzv_configs         : join_timeout=600, last_call_timeout=2.5, close_timeout=30, "
+                             "read_timeout=60\n",
+                             "  redirects            : 0:3,1:1\n", "  signals_to_handle    : SIGTERM,SIGUSR1\n",
+                             "  monitor_interval     : 0.1 (unused: exits are events)\n"}) {
+        CHECK_MESSAGE(text.find(line) != std::string::npos, line);
+    }
 }
 
 TEST_CASE("launch: current_environment() reads the process environment") {

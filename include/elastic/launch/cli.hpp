@@ -16,6 +16,7 @@
 #include <array>
 #include <cctype>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -29,9 +30,9 @@ struct help_request {
 };
 
 /// What parse_launch_config() gives: a validated configuration, or text to print and exit 0.
-using parse_result = std::variant<launch_config, help_request>;
+using launch_parse_result = std::variant<launch_config, help_request>;
 
-namespace detail {
+namespace detail::launch_impl {
 
 /// How far elastic goes with an option (docs/cli.md has the same three states per option).
 enum class option_state {
@@ -208,32 +209,32 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     out += '\n';
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// The --help text: usage, the program, every option by group with its spellings, default and
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
     std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
-    detail::wrap(out,
+    detail::launch_impl::wrap(out,
                  "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
                  "underscored spellings), the same PET_* variables (the command line wins), the same worker "
                  "environment.",
                  0, width);
     out += "\nThe program and its arguments (after all options):\n";
-    detail::wrap(out,
+    detail::launch_impl::wrap(out,
                  "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
                  "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
                  "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
                  "before a program whose name starts with '-'.",
                  2, width);
-    for (int group = 0; group < static_cast<int>(detail::option_groups.size()); ++group) {
-        out += fmt::format("\n{}:\n", detail::option_groups[static_cast<std::size_t>(group)]);
-        for (const auto& spec : detail::option_specs) {
+    for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
+        out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
+        for (const auto& spec : detail::launch_impl::option_specs) {
             if (spec.group != group) {
                 continue;
             }
-            out += "  " + detail::spellings(spec);
+            out += "  " + detail::launch_impl::spellings(spec);
             if (!spec.flag) {
                 out += fmt::format(" {}", spec.metavar);
             }
@@ -244,18 +245,18 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
                 facts = fmt::format("default: {}", spec.fallback);
             }
             if (spec.has_env) {
-                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::env_name(spec));
+                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch_impl::env_name(spec));
             }
             if (!facts.empty()) {
                 help += fmt::format(" [{}]", facts);
             }
-            detail::wrap(out, help, 6, width);
+            detail::launch_impl::wrap(out, help, 6, width);
         }
     }
     out += "\nOther:\n  -h, --help\n";
-    detail::wrap(out, "Show this help and exit.", 6, width);
+    detail::launch_impl::wrap(out, "Show this help and exit.", 6, width);
     out += "  --version\n";
-    detail::wrap(out, "Show elastic's version and exit.", 6, width);
+    detail::launch_impl::wrap(out, "Show elastic's version and exit.", 6, width);
     out += "\nEnvironment variables also read:\n";
     constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
         {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
@@ -268,17 +269,17 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     }};
     for (const auto& [name, text] : variables) {
         out += fmt::format("  {}\n", name);
-        detail::wrap(out, text, 6, width);
+        detail::launch_impl::wrap(out, text, 6, width);
     }
     out += "\n";
-    detail::wrap(out,
+    detail::launch_impl::wrap(out,
                  "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
                  "line and exits with status 2 before any worker starts.",
                  0, width);
     return out;
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
 /// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
 struct raw_option {
@@ -299,7 +300,7 @@ inline void unmark(std::string& text) {
 }
 
 /// The torchrun-style message for a CLI11 parse error, on one line.
-[[nodiscard]] inline std::string describe(const CLI::ParseError& e) {
+[[nodiscard]] inline std::string describe_parse_error(const CLI::ParseError& e) {
     std::string message = e.what();
     std::replace(message.begin(), message.end(), '\n', ' ');
     if (e.get_name() == "ArgumentMismatch" && message.find("flag override") != std::string::npos) {
@@ -312,19 +313,20 @@ inline void unmark(std::string& text) {
     return message;
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
 /// program and its arguments, which pass through untouched. Every option falls back on its
 /// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
 /// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
-/// status 2) for bad input.
-[[nodiscard]] inline parse_result parse_launch_config(std::vector<std::string> args, const environment& env) {
-    using detail::option_specs;
-    CLI::App app{"", "elasticrun"};
+/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
+[[nodiscard]] inline launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
+                                                             std::string_view program_name = "elasticrun") {
+    using detail::launch_impl::option_specs;
+    CLI::App app{"", std::string{program_name}};
     app.prefix_command();
     app.set_help_flag();
-    app.set_version_flag("--version", fmt::format("elasticrun (elastic) {}", version_string));
+    app.set_version_flag("--version", fmt::format("{} (elastic) {}", program_name, version_string));
     std::array<CLI::Option*, option_specs.size()> options{};
     for (std::size_t i = 0; i < option_specs.size(); ++i) {
         const auto& spec = option_specs[i];
@@ -337,7 +339,7 @@ inline void unmark(std::string& text) {
     }
     for (auto& arg : args) {
         if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
-            arg += detail::empty_mark;
+            arg += detail::launch_impl::empty_mark;
         }
     }
     std::reverse(args.begin(), args.end());
@@ -346,7 +348,7 @@ inline void unmark(std::string& text) {
     } catch (const CLI::CallForVersion& e) {
         return help_request{std::string{e.what()} + "\n"};
     } catch (const CLI::ParseError& e) {
-        throw usage_error{detail::describe(e)};
+        throw usage_error{detail::launch_impl::describe_parse_error(e)};
     }
     const auto index_of = [&](std::string_view dest) {
         for (std::size_t i = 0; i < option_specs.size(); ++i) {
@@ -357,13 +359,13 @@ inline void unmark(std::string& text) {
         throw std::logic_error("elastic: unknown option dest");
     };
     if (options[index_of("help")]->count() > 0) {
-        return help_request{help_text()};
+        return help_request{help_text(program_name)};
     }
 
     // ---- the program and its arguments: everything from the first positional on ----
     auto rest = app.remaining();
     for (auto& arg : rest) {
-        detail::unmark(arg);
+        detail::launch_impl::unmark(arg);
     }
     bool after_marker = false;
     if (!rest.empty() && rest.front() == "--") {
@@ -376,22 +378,22 @@ inline void unmark(std::string& text) {
                                       rest.front())};
     }
     if (rest.empty()) {
-        throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
+        throw usage_error{fmt::format("no program to run (usage: {} [options] program [args...])", program_name)};
     }
 
     // ---- each option's text: the command line, else PET_<DEST> ----
-    const auto raw = [&](std::string_view dest) -> std::optional<detail::raw_option> {
+    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
         const auto i = index_of(dest);
         const auto& spec = option_specs[i];
         if (options[i]->count() > 0 && !options[i]->results().empty()) {
             auto text = options[i]->results().back();
-            detail::unmark(text);
-            return detail::raw_option{text, std::string{detail::long_name(spec)}, false};
+            detail::launch_impl::unmark(text);
+            return detail::launch_impl::raw_option{text, std::string{detail::launch_impl::long_name(spec)}, false};
         }
         if (spec.has_env) {
-            const auto name = detail::env_name(spec);
-            if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
-                return detail::raw_option{*value, name, true};
+            const auto name = detail::launch_impl::env_name(spec);
+            if (const auto* value = detail::launch_impl::find_variable(env, name); value != nullptr && !value->empty()) {
+                return detail::launch_impl::raw_option{*value, name, true};
             }
         }
         return std::nullopt;
@@ -410,21 +412,21 @@ inline void unmark(std::string& text) {
 
     // ---- refused and compatibility-only options first: they change how the rest reads ----
     for (const auto& spec : option_specs) {
-        if (spec.state != detail::option_state::refused) {
+        if (spec.state != detail::launch_impl::option_state::refused) {
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest == "event_log_handler" && detail::trim(value->text) == "null") ||
-            (spec.dest.rfind("duplicate_", 0) == 0 && detail::trim(value->text).empty())) {
+        if (!value || (spec.dest == "event_log_handler" && detail::launch_impl::trim(value->text) == "null") ||
+            (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
             continue;
         }
-        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::show(value->name, value->text),
+        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
                                       spec.dest == "event_log_handler" ? "only null is available" : spec.help)};
     }
     if (const auto method = raw("start_method")) {
-        const auto word = detail::trim(method->text);
+        const auto word = detail::launch_impl::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::show(method->name, method->text))};
+            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::launch_impl::show(method->name, method->text))};
         }
     }
 
@@ -442,7 +444,7 @@ inline void unmark(std::string& text) {
                                       : program_kind::automatic;
     config.program.target = rest.front();
     config.program.args.assign(rest.begin() + 1, rest.end());
-    if (const auto* python = detail::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
+    if (const auto* python = detail::launch_impl::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
         config.program.python = *python;
     }
 
@@ -452,8 +454,8 @@ inline void unmark(std::string& text) {
     }
     if (const auto v = raw("role")) {
         config.role = v->text;
-        if (detail::trim(config.role).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::show(v->name, v->text))};
+        if (detail::launch_impl::trim(config.role).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
         }
     }
     config.virtual_local_rank = flag("virtual_local_rank");
@@ -465,16 +467,16 @@ inline void unmark(std::string& text) {
             if (on_command_line(dest)) {
                 throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
                                               "localhost:0 under a random id",
-                                              detail::long_name(option_specs[index_of(dest)]))};
+                                              detail::launch_impl::long_name(option_specs[index_of(dest)]))};
             }
         }
-        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::trim(v->text) != "c10d") {
+        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch_impl::trim(v->text) != "c10d") {
             throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
-                                          detail::show(v->name, v->text))};
+                                          detail::launch_impl::show(v->name, v->text))};
         }
         if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
             throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
-                                          detail::show(v->name, v->text))};
+                                          detail::launch_impl::show(v->name, v->text))};
         }
         use_standalone(config);
     } else {
@@ -484,13 +486,13 @@ inline void unmark(std::string& text) {
         if (const auto v = raw("rdzv_backend")) {
             config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
         }
-        if (const auto v = raw("rdzv_endpoint"); v && !detail::trim(v->text).empty()) {
+        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch_impl::trim(v->text).empty()) {
             config.rdzv_endpoint = parse_host_port(v->text, v->name);
         }
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;
-            if (detail::trim(config.rdzv_id).empty()) {
-                throw usage_error{fmt::format("{}: must not be empty", detail::show(v->name, v->text))};
+            if (detail::launch_impl::trim(config.rdzv_id).empty()) {
+                throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
             }
         }
     }
@@ -520,7 +522,7 @@ inline void unmark(std::string& text) {
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);
-    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+    } else if (const auto* t = detail::launch_impl::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
     }
     if (const auto v = raw("signals_to_handle")) {
@@ -532,8 +534,8 @@ inline void unmark(std::string& text) {
 
     // ---- output and logs ----
     if (const auto v = raw("log_dir")) {
-        if (detail::trim(v->text).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::show(v->name, v->text))};
+        if (detail::launch_impl::trim(v->text).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
         }
         config.log_dir = std::filesystem::path{v->text};
     }
@@ -546,10 +548,10 @@ inline void unmark(std::string& text) {
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
-    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+    if (const auto* t = detail::launch_impl::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
     }
-    if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
+    if (const auto* level = detail::launch_impl::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
         config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
     }
 
@@ -557,13 +559,18 @@ inline void unmark(std::string& text) {
     return config;
 }
 
-/// parse_launch_config() over main()'s arguments (argv[0] is skipped).
-[[nodiscard]] inline parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
+/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
+/// component ("elasticrun" when argv[0] is missing).
+[[nodiscard]] inline launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
     std::vector<std::string> args;
     for (int i = 1; i < argc; ++i) {
         args.emplace_back(argv[i]);
     }
-    return parse_launch_config(std::move(args), env);
+    std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
+    if (const auto slash = name.rfind('/'); slash != std::string_view::npos && slash + 1 < name.size()) {
+        name.remove_prefix(slash + 1);
+    }
+    return parse_launch_config(std::move(args), env, name);
 }
 
 }  // namespace elastic::inline v0

@@ -118,7 +118,86 @@ inline void use_standalone(launch_config& config) {
     config.master_port.reset();
 }
 
-namespace detail {
+namespace detail::launch_impl {
+
+[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
+    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000) : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+}
+
+[[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
+    if (selection.per_rank.empty()) {
+        return fmt::format("{}", static_cast<int>(selection.every_rank));
+    }
+    std::string out;
+    for (const auto& [rank, streams] : selection.per_rank) {
+        out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
+    }
+    return out;
+}
+
+}  // namespace detail::launch_impl
+
+/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
+/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
+[[nodiscard]] inline std::string describe(const launch_config& config) {
+    using detail::launch_impl::seconds_text;
+    using detail::launch_impl::streams_text;
+    std::string command = config.program.target;
+    for (const auto& arg : config.program.args) {
+        command += " " + arg;
+    }
+    const auto& conf = config.rdzv_conf;
+    std::string rdzv_conf;
+    switch (config.rdzv_backend) {
+    case rendezvous_backend::static_:
+        rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout));
+        break;
+    case rendezvous_backend::c10d:
+    case rendezvous_backend::etcd_v3:
+        rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+        if (conf.is_host) {
+            rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+        }
+        break;
+    }
+    std::string signals;
+    for (const int number : config.signals_to_handle) {
+        signals += (signals.empty() ? "" : ",") + signal_to_string(number);
+    }
+    std::string filter;
+    for (const int rank : config.local_ranks_filter) {
+        filter += fmt::format("{}{}", filter.empty() ? "" : ",", rank);
+    }
+    std::string out = "Starting elastic agent with launch configs:\n";
+    const auto line = [&](std::string_view name, std::string_view value) {
+        out += fmt::format("  {:<20} : {}\n", name, value);
+    };
+    line("entrypoint", command);
+    line("min_nodes", fmt::format("{}", config.nnodes.min));
+    line("max_nodes", fmt::format("{}", config.nnodes.max));
+    line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
+    line("run_id", config.rdzv_id);
+    line("rdzv_backend", to_string(config.rdzv_backend));
+    line("rdzv_endpoint", to_string(config.rendezvous_endpoint()));
+    line("rdzv_configs", rdzv_conf);
+    line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
+    line("local_addr", config.local_addr.value_or("(this host's name)"));
+    line("role", config.role);
+    line("max_restarts", fmt::format("{}", config.max_restarts));
+    line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
+    line("shutdown_timeout", seconds_text(config.shutdown_timeout));
+    line("signals_to_handle", signals);
+    line("log_dir", config.log_dir ? config.log_dir->string() : "(a new temporary directory)");
+    line("redirects", streams_text(config.redirects));
+    line("tee", streams_text(config.tee));
+    line("local_ranks_filter", filter.empty() ? "(every rank)" : filter);
+    line("virtual_local_rank", config.virtual_local_rank ? "true" : "false");
+    return out;
+}
+
+namespace detail::launch_impl {
 
 /// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
 inline void check_prefix_template(std::string_view text) {
@@ -175,10 +254,10 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
     check_ranks_exist(ranks, nproc, option);
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 inline void launch_config::validate(const environment& env) const {
-    using detail::show;
+    using detail::launch_impl::show;
     if (nproc_per_node < 1 || nproc_per_node > 1'000'000) {
         throw usage_error{fmt::format("--nproc-per-node={}: must be a positive integer", nproc_per_node)};
     }
@@ -214,15 +293,15 @@ inline void launch_config::validate(const environment& env) const {
         throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
                           "give one of them"};
     }
-    if (master_addr && !detail::valid_host(*master_addr)) {
+    if (master_addr && !detail::launch_impl::valid_host(*master_addr)) {
         throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", show("--master-addr", *master_addr))};
     }
-    if (local_addr && !detail::valid_host(*local_addr)) {
+    if (local_addr && !detail::launch_impl::valid_host(*local_addr)) {
         throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", show("--local-addr", *local_addr))};
     }
     if (rdzv_endpoint) {
         const auto text = to_string(*rdzv_endpoint);
-        if (!detail::valid_host(rdzv_endpoint->host)) {
+        if (!detail::launch_impl::valid_host(rdzv_endpoint->host)) {
             throw usage_error{fmt::format("{}: bad host name", show("--rdzv-endpoint", text))};
         }
         if (is_static && !rdzv_endpoint->port) {
@@ -255,8 +334,8 @@ inline void launch_config::validate(const environment& env) const {
         throw usage_error{"--signals-to-handle: must name at least one signal"};
     }
     for (const int number : signals_to_handle) {
-        if (std::none_of(detail::forwardable_signals.begin(), detail::forwardable_signals.end(),
-                         [&](const detail::signal_name& s) { return s.number == number; })) {
+        if (std::none_of(detail::launch_impl::forwardable_signals.begin(), detail::launch_impl::forwardable_signals.end(),
+                         [&](const detail::launch_impl::forwardable_signal& s) { return s.number == number; })) {
             throw usage_error{fmt::format("--signals-to-handle: signal {} cannot be trapped and forwarded", number)};
         }
     }
@@ -269,10 +348,10 @@ inline void launch_config::validate(const environment& env) const {
             throw usage_error{fmt::format("{}: exists and is not a directory", show("--log-dir", log_dir->string()))};
         }
     }
-    detail::check_streams(redirects, nproc_per_node, "--redirects");
-    detail::check_streams(tee, nproc_per_node, "--tee");
-    detail::check_ranks_exist(local_ranks_filter, nproc_per_node, "--local-ranks-filter");
-    detail::check_prefix_template(log_line_prefix_template);
+    detail::launch_impl::check_streams(redirects, nproc_per_node, "--redirects");
+    detail::launch_impl::check_streams(tee, nproc_per_node, "--tee");
+    detail::launch_impl::check_ranks_exist(local_ranks_filter, nproc_per_node, "--local-ranks-filter");
+    detail::launch_impl::check_prefix_template(log_line_prefix_template);
     (void)resolve_program(program, env);
 }
 

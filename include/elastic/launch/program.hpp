@@ -103,7 +103,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     return out;
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
 enum class file_check { ok, missing, directory, not_executable, not_readable };
 
@@ -121,7 +121,7 @@ enum class file_check { ok, missing, directory, not_executable, not_readable };
     return file_check::ok;
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
 /// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
@@ -131,10 +131,10 @@ enum class file_check { ok, missing, directory, not_executable, not_readable };
     if (name.empty()) {
         throw usage_error{fmt::format("{}: the name is empty", role)};
     }
-    const auto describe = [&](detail::file_check check, std::string_view path) {
+    const auto describe = [&](detail::launch_impl::file_check check, std::string_view path) {
         switch (check) {
-        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+        case detail::launch_impl::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+        case detail::launch_impl::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
         default:
             return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
                                role, path);
@@ -142,27 +142,27 @@ enum class file_check { ok, missing, directory, not_executable, not_readable };
     };
     if (name.find('/') != std::string_view::npos) {
         const std::string path{name};
-        const auto check = detail::check_file(path, X_OK);
-        if (check != detail::file_check::ok) {
+        const auto check = detail::launch_impl::check_file(path, X_OK);
+        if (check != detail::launch_impl::file_check::ok) {
             throw usage_error{describe(check, path)};
         }
         return path;
     }
-    const auto* path_variable = detail::find_variable(env, "PATH");
+    const auto* path_variable = detail::launch_impl::find_variable(env, "PATH");
     const std::string search = path_variable != nullptr ? *path_variable : "/bin:/usr/bin";
     std::string first_not_executable;
-    for (const auto dir : detail::split(search, ':')) {
+    for (const auto dir : detail::launch_impl::split(search, ':')) {
         const auto candidate = dir.empty() ? std::string{name} : fmt::format("{}/{}", dir, name);
-        const auto check = detail::check_file(dir.empty() ? "./" + candidate : candidate, X_OK);
-        if (check == detail::file_check::ok) {
+        const auto check = detail::launch_impl::check_file(dir.empty() ? "./" + candidate : candidate, X_OK);
+        if (check == detail::launch_impl::file_check::ok) {
             return dir.empty() ? "./" + candidate : candidate;
         }
-        if (check == detail::file_check::not_executable && first_not_executable.empty()) {
+        if (check == detail::launch_impl::file_check::not_executable && first_not_executable.empty()) {
             first_not_executable = candidate;
         }
     }
     if (!first_not_executable.empty()) {
-        throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
+        throw usage_error{describe(detail::launch_impl::file_check::not_executable, first_not_executable)};
     }
     throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
 }
@@ -177,7 +177,7 @@ enum class file_check { ok, missing, directory, not_executable, not_readable };
                                                                          : program_kind::executable;
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
 [[nodiscard]] inline bool valid_module_name(std::string_view name) {
     for (const auto part : split(name, '.')) {
@@ -190,7 +190,7 @@ namespace detail {
     return true;
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// Resolves a program to the command the workers run, checking on the way that it can run: the
 /// executable (or the interpreter) exists and is executable, a script exists and is readable, a
@@ -209,14 +209,14 @@ namespace detail {
         command.argv.push_back(program.target);
         break;
     case program_kind::python_script: {
-        const auto check = detail::check_file(program.target, R_OK);
-        if (check == detail::file_check::missing) {
+        const auto check = detail::launch_impl::check_file(program.target, R_OK);
+        if (check == detail::launch_impl::file_check::missing) {
             throw usage_error{fmt::format("script {} does not exist", program.target)};
         }
-        if (check == detail::file_check::directory) {
+        if (check == detail::launch_impl::file_check::directory) {
             throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
         }
-        if (check != detail::file_check::ok) {
+        if (check != detail::launch_impl::file_check::ok) {
             throw usage_error{fmt::format("script {} is not readable", program.target)};
         }
         command.path = find_executable(program.python, env, "PYTHON_EXEC");
@@ -224,7 +224,7 @@ namespace detail {
         break;
     }
     case program_kind::python_module:
-        if (!detail::valid_module_name(program.target)) {
+        if (!detail::launch_impl::valid_module_name(program.target)) {
             throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
                                           program.target)};
         }

@@ -70,7 +70,7 @@ using environment = std::map<std::string, std::string, std::less<>>;
     return env;
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
 /// The value of `name` in `env`, or nullptr.
 [[nodiscard]] inline const std::string* find_variable(const environment& env, std::string_view name) {
@@ -78,5 +78,5 @@ namespace detail {
     return it == env.end() ? nullptr : &it->second;
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 }  // namespace elastic::inline v0

@@ -102,7 +102,7 @@ struct stream_selection {
     }
 };
 
-namespace detail {
+namespace detail::launch_impl {
 
 [[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
     const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -155,16 +155,16 @@ namespace detail {
     return value;
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
 [[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
                                        int max = INT_MAX) {
-    const auto value = detail::to_integer(text);
+    const auto value = detail::launch_impl::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
                                          : fmt::format("an integer from {} to {}", min, max);
-        throw usage_error{fmt::format("{}: must be {}", detail::show(name, text), rule)};
+        throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(name, text), rule)};
     }
     return static_cast<int>(*value);
 }
@@ -173,7 +173,7 @@ namespace detail {
 /// held to the millisecond.
 [[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
                                                              bool allow_zero) {
-    const auto trimmed = detail::trim(text);
+    const auto trimmed = detail::launch_impl::trim(text);
     double seconds = -1;
     const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
                                            std::chars_format::fixed);
@@ -181,7 +181,7 @@ namespace detail {
                     std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
     if (!ok) {
         throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
-                                      detail::show(name, text), allow_zero ? ">= 0" : "> 0")};
+                                      detail::launch_impl::show(name, text), allow_zero ? ">= 0" : "> 0")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -189,22 +189,22 @@ namespace detail {
 /// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
 /// in any case.
 [[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
-    const auto word = detail::lower(detail::trim(text));
+    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
     if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
         return true;
     }
     if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
         return false;
     }
-    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::show(name, text))};
+    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
 }
 
 /// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
 [[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
-    const auto value = detail::to_integer(text);
+    const auto value = detail::launch_impl::to_integer(text);
     if (!value) {
         throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
-                                      detail::show(name, text))};
+                                      detail::launch_impl::show(name, text))};
     }
     return *value != 0;
 }
@@ -212,14 +212,14 @@ namespace detail {
 /// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
 [[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::show(name, text), why)};
+        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
     };
-    const auto pieces = detail::split(text, ':');
+    const auto pieces = detail::launch_impl::split(text, ':');
     if (pieces.size() > 2) {
         throw fail("too many ':'");
     }
-    const auto min = detail::to_integer(pieces.front());
-    const auto max = pieces.size() == 2 ? detail::to_integer(pieces.back()) : min;
+    const auto min = detail::launch_impl::to_integer(pieces.front());
+    const auto max = pieces.size() == 2 ? detail::launch_impl::to_integer(pieces.back()) : min;
     if (!min || !max) {
         throw fail("not an integer");
     }
@@ -235,7 +235,7 @@ namespace detail {
     return node_range{static_cast<int>(*min), static_cast<int>(*max)};
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
 /// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
 /// an IPv6 zone.
@@ -246,13 +246,13 @@ namespace detail {
     });
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
 [[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
-    const auto host = detail::trim(text);
-    if (!detail::valid_host(host)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::show(name, text))};
+    const auto host = detail::launch_impl::trim(text);
+    if (!detail::launch_impl::valid_host(host)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
     }
     return std::string{host};
 }
@@ -262,9 +262,9 @@ namespace detail {
 [[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
-                                       detail::show(name, text), why)};
+                                       detail::launch_impl::show(name, text), why)};
     };
-    const auto endpoint = detail::trim(text);
+    const auto endpoint = detail::launch_impl::trim(text);
     if (endpoint.empty()) {
         throw fail("empty");
     }
@@ -285,7 +285,7 @@ namespace detail {
             port_text = rest.substr(1);
             has_port = true;
         }
-        if (result.host.find(':') == std::string::npos || !detail::valid_host(result.host)) {
+        if (result.host.find(':') == std::string::npos || !detail::launch_impl::valid_host(result.host)) {
             throw fail("the bracketed part is not an IPv6 address");
         }
     } else {
@@ -298,13 +298,13 @@ namespace detail {
             port_text = endpoint.substr(colon + 1);
             has_port = true;
         }
-        if (!detail::valid_host(result.host)) {
+        if (!detail::launch_impl::valid_host(result.host)) {
             throw fail("bad host name");
         }
     }
     if (has_port) {
-        const auto port = detail::to_integer(port_text);
-        if (!port || *port < 0 || *port > 65535 || detail::trim(port_text) != port_text) {
+        const auto port = detail::launch_impl::to_integer(port_text);
+        if (!port || *port < 0 || *port > 65535 || detail::launch_impl::trim(port_text) != port_text) {
             throw fail("the port must be an integer from 0 to 65535");
         }
         result.port = static_cast<std::uint16_t>(*port);
@@ -325,7 +325,7 @@ namespace detail {
 /// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
 /// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
 [[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
-    const auto word = detail::trim(text);
+    const auto word = detail::launch_impl::trim(text);
     if (word == "static") {
         return rendezvous_backend::static_;
     }
@@ -339,13 +339,13 @@ namespace detail {
         throw usage_error{fmt::format(
             "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
             "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-            detail::show(name, text))};
+            detail::launch_impl::show(name, text))};
     }
     throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
-                                  detail::show(name, text))};
+                                  detail::launch_impl::show(name, text))};
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
 /// What one `--rdzv-conf` key is, and which backends read it.
 struct rdzv_key {
@@ -386,7 +386,7 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
     return out;
 }
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
 /// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
@@ -394,15 +394,15 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
 [[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
                                                                    rendezvous_backend backend) {
     rendezvous_settings settings;
-    if (detail::trim(text).empty()) {
+    if (detail::launch_impl::trim(text).empty()) {
         return settings;
     }
-    const auto whole = detail::show(name, text);
+    const auto whole = detail::launch_impl::show(name, text);
     std::set<std::string, std::less<>> seen;
-    for (const auto item : detail::split(text, ',')) {
+    for (const auto item : detail::launch_impl::split(text, ',')) {
         const auto equals = item.find('=');
-        const auto key = detail::trim(item.substr(0, equals));
-        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::trim(item.substr(equals + 1));
+        const auto key = detail::launch_impl::trim(item.substr(0, equals));
+        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::launch_impl::trim(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -418,15 +418,15 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
             key == "key") {
             throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
         }
-        const auto known = std::find_if(detail::rdzv_keys.begin(), detail::rdzv_keys.end(),
-                                        [&](const detail::rdzv_key& k) { return k.key == key; });
-        if (known == detail::rdzv_keys.end()) {
+        const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
+                                        [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
+        if (known == detail::launch_impl::rdzv_keys.end()) {
             throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
-                                          to_string(backend), detail::keys_of(backend))};
+                                          to_string(backend), detail::launch_impl::keys_of(backend))};
         }
-        if (!detail::reads_key(*known, backend)) {
+        if (!detail::launch_impl::reads_key(*known, backend)) {
             throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                          to_string(backend), key, detail::keys_of(backend))};
+                                          to_string(backend), key, detail::launch_impl::keys_of(backend))};
         }
         if (key == "join_timeout") {
             settings.join_timeout = parse_seconds(value, what, false);
@@ -441,7 +441,7 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "store_type") {
-            const auto type = detail::lower(value);
+            const auto type = detail::launch_impl::lower(value);
             if (type == "file") {
                 throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
                                               "backend uses a TCP store (store_type=tcp)", whole)};
@@ -454,7 +454,7 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
             // store server is its own, so the value is checked and has nothing to change.
             (void)parse_boolean(value, what);
         } else if (key == "protocol") {
-            const auto protocol = detail::lower(value);
+            const auto protocol = detail::launch_impl::lower(value);
             if (protocol == "https") {
                 throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
             }
@@ -472,32 +472,32 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
     const auto fail = [&]() {
         return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
                                        "LOCAL_RANK:N,... such as 0:3,1:2",
-                                       detail::show(name, text))};
+                                       detail::launch_impl::show(name, text))};
     };
     const auto streams_of = [&](std::string_view digit) {
-        const auto value = detail::to_integer(digit);
-        if (!value || *value < 0 || *value > 3 || detail::trim(digit) != digit) {
+        const auto value = detail::launch_impl::to_integer(digit);
+        if (!value || *value < 0 || *value > 3 || detail::launch_impl::trim(digit) != digit) {
             throw fail();
         }
         return static_cast<std_streams>(*value);
     };
     stream_selection selection;
-    const auto trimmed = detail::trim(text);
+    const auto trimmed = detail::launch_impl::trim(text);
     if (trimmed.find(':') == std::string_view::npos) {
         selection.every_rank = streams_of(trimmed);
         return selection;
     }
-    for (const auto item : detail::split(trimmed, ',')) {
+    for (const auto item : detail::launch_impl::split(trimmed, ',')) {
         const auto colon = item.find(':');
         if (colon == std::string_view::npos) {
             throw fail();
         }
-        const auto rank = detail::to_integer(item.substr(0, colon));
-        if (!rank || *rank < 0 || *rank > INT_MAX || detail::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+        const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
+        if (!rank || *rank < 0 || *rank > INT_MAX || detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{fmt::format("{}: local rank {} given twice", detail::show(name, text), *rank)};
+            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
         }
     }
     return selection;
@@ -506,40 +506,40 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
 /// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
 [[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
     std::set<int> ranks;
-    if (detail::trim(text).empty()) {
+    if (detail::launch_impl::trim(text).empty()) {
         return ranks;
     }
-    for (const auto item : detail::split(text, ',')) {
-        const auto rank = detail::to_integer(item);
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        const auto rank = detail::launch_impl::to_integer(item);
         if (!rank || *rank < 0 || *rank > INT_MAX) {
             throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
-                                          detail::show(name, text), item)};
+                                          detail::launch_impl::show(name, text), item)};
         }
         ranks.insert(static_cast<int>(*rank));
     }
     return ranks;
 }
 
-namespace detail {
+namespace detail::launch_impl {
 
-struct signal_name {
+struct forwardable_signal {
     std::string_view name;
     int number;
 };
 /// Signals an agent can trap and forward to its workers. SIGKILL and SIGSTOP cannot be trapped,
 /// SIGCHLD is how the agent learns of exits, and fault signals (SEGV, BUS, ...) are the agent's own.
-inline const std::array<signal_name, 16> forwardable_signals{{
+inline const std::array<forwardable_signal, 16> forwardable_signals{{
     {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
     {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
     {"SIGXFSZ", SIGXFSZ}, {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH},
     {"SIGURG", SIGURG}, {"SIGCONT", SIGCONT}, {"SIGTSTP", SIGTSTP}, {"SIGPWR", SIGPWR},
 }};
 
-}  // namespace detail
+}  // namespace detail::launch_impl
 
 /// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
 [[nodiscard]] inline std::string signal_to_string(int number) {
-    for (const auto& s : detail::forwardable_signals) {
+    for (const auto& s : detail::launch_impl::forwardable_signals) {
         if (s.number == number) {
             return std::string{s.name};
         }
@@ -551,21 +551,21 @@ inline const std::array<signal_name, 16> forwardable_signals{{
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
     std::vector<int> numbers;
-    for (const auto item : detail::split(text, ',')) {
-        auto word = detail::lower(detail::trim(item));
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        auto word = detail::launch_impl::lower(detail::launch_impl::trim(item));
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
-        const auto known = std::find_if(detail::forwardable_signals.begin(), detail::forwardable_signals.end(),
-                                        [&](const detail::signal_name& s) { return detail::lower(s.name) == word; });
-        if (known == detail::forwardable_signals.end()) {
+        const auto known = std::find_if(detail::launch_impl::forwardable_signals.begin(), detail::launch_impl::forwardable_signals.end(),
+                                        [&](const detail::launch_impl::forwardable_signal& s) { return detail::launch_impl::lower(s.name) == word; });
+        if (known == detail::launch_impl::forwardable_signals.end()) {
             const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
                                      word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
                                      word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
                                      word == "sigpipe";
             throw usage_error{fmt::format(
                 "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                detail::show(name, text), detail::trim(item),
+                detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
                 untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), known->number) == numbers.end()) {
@@ -580,13 +580,13 @@ enum class log_level { debug, info, warning, error, critical };
 
 /// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
-    const auto word = detail::lower(detail::trim(text));
+    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
     if (word == "debug") return log_level::debug;
     if (word == "info") return log_level::info;
     if (word == "warning" || word == "warn") return log_level::warning;
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
-    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::show(name, text))};
+    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
 }
 
 }  // namespace elastic::inline v0
