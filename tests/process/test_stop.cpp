@@ -150,18 +150,23 @@ TEST_CASE("process: wait_any reports exits as they happen") {
     for (auto& w : workers) w.reap();
 }
 
-TEST_CASE("process: nothing survives an agent killed with SIGKILL") {
-    using namespace test_stop;
+namespace test_stop {
+
+/// Starts the agent program with 3 workers, SIGKILLs it once all are running, and checks that
+/// every worker, every grandchild and the watcher are gone.
+void agent_killed_leaves_nothing(bool restart_watcher) {
     asio::io_context io;
     elastic::spawn_options options;
     options.program = process_support::agent_program();
     options.args = {process_support::worker_program(), "3"};
+    if (restart_watcher) options.args.push_back("restart-watcher");
     options.out = elastic::stdio::pipe();
     auto agent = elastic::spawn(io.get_executor(), options);
     auto out = agent.take_stdout();
     std::string buffer;
     std::vector<pid_t> descendants;
     pid_t watcher = 0;
+    pid_t old_watcher = 0;
     for (;;) {
         const std::string line = run(io, process_support::read_line(*out, buffer));
         REQUIRE_FALSE(line.empty());
@@ -179,10 +184,14 @@ TEST_CASE("process: nothing survives an agent killed with SIGKILL") {
             descendants.push_back(static_cast<pid_t>(grandchild));
         } else if (what == "watcher") {
             watcher = static_cast<pid_t>(pid);
+        } else if (what == "old-watcher") {
+            old_watcher = static_cast<pid_t>(pid);
         }
     }
     REQUIRE(descendants.size() == 6);
     REQUIRE(watcher > 0);
+    CHECK((old_watcher > 0) == restart_watcher);
+    CHECK(old_watcher != watcher);
     for (pid_t pid : descendants) CHECK(process_support::alive(pid));
     CHECK(process_support::alive(watcher));
 
@@ -195,6 +204,43 @@ TEST_CASE("process: nothing survives an agent killed with SIGKILL") {
     const auto survivors = process_support::await_deaths(all, std::chrono::seconds(60));
     CHECK(survivors.empty());
     for (pid_t pid : all) CHECK_FALSE(process_support::alive(pid));
+}
+
+}  // namespace test_stop
+
+TEST_CASE("process: nothing survives an agent killed with SIGKILL") {
+    test_stop::agent_killed_leaves_nothing(false);
+}
+
+TEST_CASE("process: a killed watcher is replaced and learns every group") {
+    // The first worker was registered with a watcher that then died: its grandchild must still
+    // be killed, so the replacement must have been told about it.
+    test_stop::agent_killed_leaves_nothing(true);
+}
+
+TEST_CASE("process: the wait after SIGKILL is bounded and reports what is left") {
+    using namespace test_stop;
+    using elastic::detail::exit_set;
+    asio::io_context io;
+    std::vector<elastic::child_process> workers;
+    workers.push_back(ready_worker(io, {"sleep"}));
+    workers.push_back(ready_worker(io, {"sleep"}));
+    CHECK(workers[0].signal(SIGKILL));
+    // Stands in for a process in uninterruptible sleep: one that does not die within the bound.
+    const auto pending = run(io, [&]() -> asio::awaitable<std::vector<std::size_t>> {
+        exit_set set(co_await asio::this_coro::executor);
+        set.add(workers[0].native_pidfd(), 0);
+        set.add(workers[1].native_pidfd(), 1);
+        co_await elastic::detail::await_exits_or_timeout(set, workers,
+                                                         std::chrono::milliseconds(100));
+        co_return set.pending();
+    }());
+    CHECK(pending == std::vector<std::size_t>{1});
+    CHECK(workers[0].status());  // recorded as it was seen
+    CHECK_FALSE(workers[1].status());
+    const auto result = run(io, elastic::stop(workers, quick(std::chrono::seconds(60))));
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::already_exited);
+    CHECK(result.workers[1].outcome == elastic::stop_outcome::signaled);
 }
 
 TEST_CASE("process: awaiting 16 sleeping children costs the agent no CPU") {

@@ -1,7 +1,9 @@
 // An agent for the process-layer tests: spawns workers that fork grandchildren, reports every pid,
 // then waits for the test to SIGKILL it.
-//   process-agent WORKER_PROGRAM COUNT
+//   process-agent WORKER_PROGRAM COUNT [restart-watcher]
 // prints "worker <pid> grandchild <pid>" per worker, "watcher <pid>", then "ready".
+// With restart-watcher, the watcher is SIGKILLed after the first worker (its death awaited, and
+// reported as "old-watcher <pid>"), so the next spawn must start another that learns every group.
 #include "elastic/process.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -9,6 +11,11 @@
 #include <asio/read_until.hpp>
 #include <asio/use_future.hpp>
 
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -27,7 +34,19 @@ asio::awaitable<std::string> read_line(asio::posix::stream_descriptor& pipe, std
     co_return line;
 }
 
-asio::awaitable<void> run(std::string worker, int count, std::vector<elastic::child_process>& out) {
+void kill_watcher() {
+    const pid_t watcher = elastic::detail::watcher::instance().ensure_started();
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, watcher, 0U));
+    if (pidfd < 0 || ::kill(watcher, SIGKILL) != 0) throw std::runtime_error("cannot kill the watcher");
+    pollfd p{pidfd, POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0) {
+    }
+    ::close(pidfd);
+    std::printf("old-watcher %d\n", static_cast<int>(watcher));
+}
+
+asio::awaitable<void> run(std::string worker, int count, bool restart_watcher,
+                          std::vector<elastic::child_process>& out) {
     auto executor = co_await asio::this_coro::executor;
     for (int i = 0; i < count; ++i) {
         elastic::spawn_options options;
@@ -41,6 +60,7 @@ asio::awaitable<void> run(std::string worker, int count, std::vector<elastic::ch
         const std::string ready = co_await read_line(*pipe, buffer);
         if (ready != "ready") throw std::runtime_error("worker said '" + ready + "'");
         std::printf("worker %d %s\n", static_cast<int>(out.back().pid()), grandchild.c_str());
+        if (i == 0 && restart_watcher) kill_watcher();
     }
     std::printf("watcher %d\n", static_cast<int>(elastic::detail::watcher::instance().ensure_started()));
     std::printf("ready\n");
@@ -50,14 +70,16 @@ asio::awaitable<void> run(std::string worker, int count, std::vector<elastic::ch
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 3) {
-        std::fprintf(stderr, "usage: process-agent WORKER_PROGRAM COUNT\n");
+    if (argc != 3 && argc != 4) {
+        std::fprintf(stderr, "usage: process-agent WORKER_PROGRAM COUNT [restart-watcher]\n");
         return 2;
     }
     try {
         asio::io_context io;
         std::vector<elastic::child_process> workers;
-        auto done = asio::co_spawn(io, run(argv[1], std::atoi(argv[2]), workers), asio::use_future);
+        auto done = asio::co_spawn(io, run(argv[1], std::atoi(argv[2]),
+                                       argc == 4 && std::string(argv[3]) == "restart-watcher",
+                                       workers), asio::use_future);
         io.run();
         done.get();
         // Wait to be killed; a signal that does not kill us ends the wait with an error.

@@ -134,6 +134,7 @@ struct group_member {
 inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
                                                const std::vector<pid_t>& skip) {
     std::vector<group_member> out;
+    if (pgids.empty()) return out;
     DIR* proc = ::opendir("/proc");
     if (proc == nullptr) return out;
     while (const dirent* entry = ::readdir(proc)) {

@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,11 +28,13 @@ namespace elastic::inline v0::detail {
 // Why a watcher process: PR_SET_PDEATHSIG kills the worker when the agent dies, but it is not
 // inherited, so a worker's own children (wrapper scripts, data-loader processes) would survive an
 // agent killed with SIGKILL; cgroup.kill is not available here, and a subreaper dies with the
-// agent. So the first spawn forks a tiny process that holds the read end of a pipe whose only
-// write end is the agent's (close-on-exec, and every child closes descriptors above 2). The
-// agent writes "add pgid" / "remove pgid" records to it; when the agent dies — however — the kernel
-// closes the write end, the watcher reads EOF, sends SIGKILL to every process group still
-// registered and exits. It then dies with the agent by construction.
+// agent. So the first spawn forks a tiny process that holds one end of a Unix socket pair whose
+// other end only the agent holds (close-on-exec, and every child closes descriptors above 2).
+// The agent sends "add pgid" / "remove pgid" records on it; when the agent dies — however — the
+// kernel closes its end, the watcher reads EOF, sends SIGKILL to every process group still
+// registered and exits. It then dies with the agent by construction. (A socket rather than a
+// pipe: send(MSG_NOSIGNAL) reports a dead watcher as EPIPE whatever the agent's SIGPIPE
+// disposition is.)
 //
 // Limits, on purpose: a descendant that leaves its worker's process group (setsid, setpgid) is out
 // of reach; and a group id is removed before the agent reaps the group's leader (whose zombie
@@ -40,7 +43,7 @@ namespace elastic::inline v0::detail {
 // kill, when init may reap a leader whose number then has to be reused at once, a full wrap of
 // pid_max (4 Mi on 64-bit) within microseconds.
 
-/// One record on the watcher pipe: 8 bytes, far below PIPE_BUF, so each write is atomic.
+/// One record on the watcher socket: 8 bytes, each sent whole by one send.
 struct watcher_record {
     std::int32_t op;    ///< watcher_add or watcher_remove
     std::int32_t pgid;  ///< the process group
@@ -68,7 +71,7 @@ inline constexpr std::size_t watcher_capacity = 8192;
     }
     ::prctl(PR_SET_NAME, "elastic-watch", 0, 0, 0);
     if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */ }
-    // Keep nothing but the pipe: not the agent's sockets (a port would stay bound), not its
+    // Keep nothing but the socket: not the agent's sockets (a port would stay bound), not its
     // stdout (a reader of the agent's output would never see EOF).
     if (::close_range(0, static_cast<unsigned>(read_end - 1), 0) != 0 ||
         ::close_range(static_cast<unsigned>(read_end + 1), ~0U, 0) != 0) {
@@ -80,7 +83,7 @@ inline constexpr std::size_t watcher_capacity = 8192;
     for (;;) {
         const ssize_t n = ::read(read_end, buffer + have, buffer_size - have);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // EOF: the agent is gone (or the pipe broke, same verdict)
+        if (n <= 0) break;  // EOF: the agent is gone (or the socket broke, same verdict)
         have += static_cast<std::size_t>(n);
         std::size_t used = 0;
         for (; have - used >= sizeof(watcher_record); used += sizeof(watcher_record)) {
@@ -161,10 +164,9 @@ private:
     watcher() = default;
 
     void start_locked() {
-        prepare_agent_signals();  // a dead watcher must be an EPIPE, not the agent's SIGPIPE
         int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) {
-            throw process_error("cannot create the watcher pipe: " + errno_string(errno) +
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+            throw process_error("cannot create the watcher socket: " + errno_string(errno) +
                                 " (raise the open-files limit)");
         }
         owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
@@ -198,15 +200,16 @@ private:
         for (pid_t group : groups_) write_locked(watcher_add, group);
     }
 
-    // Returns false if the watcher is gone (EPIPE).
+    // Returns false if the watcher is gone (EPIPE). MSG_NOSIGNAL: no SIGPIPE, whatever the
+    // agent's disposition.
     bool write_locked(std::int32_t op, pid_t pgid) {
         const watcher_record record{op, static_cast<std::int32_t>(pgid)};
         for (;;) {
-            const ssize_t n = ::write(write_end_.get(), &record, sizeof record);
+            const ssize_t n = ::send(write_end_.get(), &record, sizeof record, MSG_NOSIGNAL);
             if (n == static_cast<ssize_t>(sizeof record)) return true;
             if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && errno == EPIPE) return false;
-            throw process_error("cannot write to the watcher pipe: " +
+            if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
+            throw process_error("cannot write to the watcher socket: " +
                                 errno_string(n < 0 ? errno : EIO));
         }
     }
@@ -215,7 +218,7 @@ private:
         if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
         else if (!write_locked(op, pgid)) {
             // Someone killed the watcher: reap it and start another, which learns every live
-            // group. (SIGPIPE is ignored in the agent, see signals.hpp, so this is an EPIPE.)
+            // group. (Only the next record notices; the restart re-sends every group.)
             write_end_.reset();
             ::waitpid(pid_, nullptr, 0);
             pid_ = -1;
