@@ -5,8 +5,11 @@
 #include "launch_support.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <optional>
 #include <chrono>
 #include <csignal>
 #include <functional>
@@ -598,6 +601,164 @@ TEST_CASE("launch: parse_launch_config(argc, argv) skips argv[0] and names the l
         FAIL("expected a usage error");
     } catch (const elastic::usage_error& e) {
         CHECK(std::string{e.what()}.find("usage: mylauncher") != std::string::npos);
+    }
+}
+
+}  // namespace test_cli
+
+namespace test_cli {
+
+/// torchrun 1.13's own parser (Debian's python3-torch), run on the same command lines: it prints,
+/// per case, what it made of them as one JSON array.
+constexpr const char* torchrun_parser_script = R"PY(
+import contextlib, io, json, os, sys
+from torch.distributed.run import parse_args, parse_min_max_nnodes
+from torch.distributed.elastic.utils import macros
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+for name in [n for n in os.environ if n.startswith("PET_")]:
+    del os.environ[name]
+out = []
+for case in json.load(open(sys.argv[1])):
+    os.environ.update(case["env"])
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            a = parse_args(case["args"])
+        lo, hi = parse_min_max_nnodes(a.nnodes)
+        out.append({"ok": True, "script": a.training_script, "args": a.training_script_args,
+                    "min": lo, "max": hi, "nproc": int(a.nproc_per_node), "rdzv_backend": a.rdzv_backend,
+                    "rdzv_id": a.rdzv_id, "max_restarts": a.max_restarts, "role": a.role,
+                    "node_rank": a.node_rank, "master_addr": a.master_addr, "master_port": a.master_port,
+                    "module": a.module, "no_python": a.no_python, "standalone": a.standalone,
+                    "monitor_ms": round(float(a.monitor_interval) * 1000), "log_dir": a.log_dir,
+                    "substituted": macros.substitute(list(a.training_script_args), "3"),
+                    "endpoint": list(parse_rendezvous_endpoint(a.rdzv_endpoint, 29400)) if a.rdzv_endpoint else None})
+    except SystemExit as e:
+        out.append({"ok": False, "code": e.code})
+    for name in case["env"]:
+        del os.environ[name]
+print(json.dumps(out))
+)PY";
+
+TEST_CASE("launch: torchrun 1.13's own parser reads the same command lines the same way") {
+    const std::string python = ELASTIC_TORCH_PYTHON;
+    REQUIRE_MESSAGE(!python.empty(), "no Debian python3 with torch was found at configure time");
+    fixture f;
+    const auto p = f.program;
+    const auto logs = f.dir / "logs";
+    struct parity_case {
+        std::vector<std::string> args;
+        environment env;
+    };
+    // torchrun 1.13 knows only the underscored spellings.
+    const std::vector<parity_case> cases = {
+        {{"--nproc_per_node=2", p, "--help", "x${local_rank}", "-m", "--nnodes=5", "$$", "$local_rank.txt"}, {}},
+        {{"--nnodes=2", "--nproc_per_node", "3", "--max_restarts=4", "--role=trainer", p}, {}},
+        {{"--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:1234", "--rdzv_id=j", p, "a"}, {}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=node0", p}, {}},
+        {{"-m", "--nproc_per_node=1", "pkg.mod", "--x=${local_rank}"}, {}},
+        {{"--no_python", p}, {}},
+        {{"--standalone", p}, {}},
+        {{"--node_rank=1", "--nnodes=2", "--master_addr=10.0.0.1", "--master_port=1234", p}, {}},
+        {{"--monitor_interval=0.5", "--log_dir=" + logs, p}, {}},
+        {{"--max_restarts=2", "--max_restarts=3", p}, {}},
+        {{"-r3", "-t", "0:1", p}, {}},
+        {{"--", p, "a"}, {}},
+        {{"--nproc_per_node=2", p}, {{"PET_NPROC_PER_NODE", "3"}, {"PET_NNODES", "2"}, {"PET_MAX_RESTARTS", "7"}}},
+        {{"pkg.mod"}, {{"PET_MODULE", "1"}}},
+        {{p}, {{"PET_NO_PYTHON", "1"}, {"PET_STANDALONE", "0"}}},
+        {{"--bogus", p}, {}},
+        {{"--max_restarts=x", p}, {}},
+        {{"--nnodes"}, {}},
+        {{}, {}},
+        {{"--standalone=1", p}, {}},
+        // The two deliberate differences (docs/cli.md): no abbreviated options, and a "--" right
+        // after the program reaches it (argparse drops it from the REMAINDER).
+        {{"--nproc=2", p}, {}},
+        {{p, "--", "x"}, {}},
+    };
+    const std::size_t differences = 2;  // the last ones
+    nlohmann::json input = nlohmann::json::array();
+    for (const auto& c : cases) {
+        input.push_back({{"args", c.args}, {"env", c.env}});
+    }
+    f.dir.write("cases.json", input.dump(), 0644);
+    f.dir.write("parse.py", torchrun_parser_script, 0644);
+    const auto command = "'" + python + "' '" + (f.dir / "parse.py") + "' '" + (f.dir / "cases.json") + "' 2>/dev/null";
+    std::string output;
+    {
+        FILE* pipe = ::popen(command.c_str(), "r");
+        REQUIRE(pipe != nullptr);
+        char buffer[4096];
+        for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
+            output.append(buffer, n);
+        }
+        REQUIRE(::pclose(pipe) == 0);
+    }
+    const auto theirs = nlohmann::json::parse(output);
+    REQUIRE(theirs.size() == cases.size());
+    {
+        const auto& abbreviated = theirs[cases.size() - 2];
+        CHECK(abbreviated["ok"].get<bool>());
+        CHECK(abbreviated["nproc"] == 2);
+        CHECK(usage_error_of(cases[cases.size() - 2].args, f.env).find("unrecognized option --nproc=2") !=
+              std::string::npos);
+        const auto& dashes = theirs[cases.size() - 1];
+        CHECK(dashes["args"] == nlohmann::json{"x"});
+        CHECK(parse(cases[cases.size() - 1].args, f.env).program.args == std::vector<std::string>{"--", "x"});
+    }
+    for (std::size_t i = 0; i + differences < cases.size(); ++i) {
+        const auto& c = cases[i];
+        const auto& t = theirs[i];
+        CAPTURE(i);
+        auto env = f.env;
+        env.insert(c.env.begin(), c.env.end());
+        std::optional<launch_config> ours;
+        try {
+            ours = std::get<launch_config>(elastic::parse_launch_config(c.args, env));
+        } catch (const elastic::usage_error& e) {
+            MESSAGE("ours: " << std::string{e.what()});
+        }
+        REQUIRE(ours.has_value() == t["ok"].get<bool>());
+        if (!ours) {
+            CHECK(t["code"] == 2);  // both: exit status 2
+            continue;
+        }
+        const auto& o = *ours;
+        CHECK(o.program.target == t["script"].get<std::string>());
+        CHECK(o.program.args == t["args"].get<std::vector<std::string>>());
+        CHECK(o.nnodes == elastic::node_range{t["min"].get<int>(), t["max"].get<int>()});
+        CHECK(o.nproc_per_node == t["nproc"].get<int>());
+        CHECK(o.max_restarts == t["max_restarts"].get<int>());
+        CHECK(o.role == t["role"].get<std::string>());
+        CHECK((o.program.kind == elastic::program_kind::python_module) == t["module"].get<bool>());
+        CHECK((o.program.kind == elastic::program_kind::executable) == t["no_python"].get<bool>());
+        if (t["standalone"].get<bool>()) {
+            CHECK(o.rdzv_backend == elastic::rendezvous_backend::c10d);
+            continue;  // torchrun 1.13 applies --standalone later, in config_from_args
+        }
+        CHECK(elastic::to_string(o.rdzv_backend) == t["rdzv_backend"].get<std::string>());
+        CHECK(o.rdzv_id == t["rdzv_id"].get<std::string>());
+        if (o.rdzv_backend == elastic::rendezvous_backend::static_) {
+            CHECK(o.node_rank.value_or(0) == t["node_rank"].get<int>());
+            CHECK(o.rendezvous_endpoint() ==
+                  elastic::host_port{t["master_addr"].get<std::string>(),
+                                     static_cast<std::uint16_t>(t["master_port"].get<int>())});
+        }
+        if (!t["endpoint"].is_null()) {
+            CHECK(o.rendezvous_endpoint() ==
+                  elastic::host_port{t["endpoint"][0].get<std::string>(),
+                                     static_cast<std::uint16_t>(t["endpoint"][1].get<int>())});
+        }
+        if (std::find(c.args.begin(), c.args.end(), "--monitor_interval=0.5") != c.args.end()) {
+            CHECK(o.monitor_interval.count() == t["monitor_ms"].get<long long>());
+            CHECK(o.log_dir->string() == t["log_dir"].get<std::string>());
+        }
+        // ${local_rank}: the same substitution as torchrun's macros.substitute.
+        const auto command_line = elastic::resolve_program(o.program, f.env);
+        auto substituted = command_line.argv_for(3);
+        const auto skip = command_line.argv.size() - o.program.args.size();
+        substituted.erase(substituted.begin(), substituted.begin() + static_cast<std::ptrdiff_t>(skip));
+        CHECK(substituted == t["substituted"].get<std::vector<std::string>>());
     }
 }
 
