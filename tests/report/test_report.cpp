@@ -48,7 +48,7 @@ inline void check_malformed(std::string_view text, std::string_view expected_pro
     CHECK(r.problem.find(expected_problem_part) != std::string::npos);
     CAPTURE(r.problem);
     // The reason must itself be safe to print and to put into JSON.
-    CHECK(elastic::detail::valid_utf8(r.problem) == r.problem);
+    CHECK(elastic::detail::report::valid_utf8(r.problem) == r.problem);
 }
 
 /// Compare `text` with tests/report/golden/<name>.txt (the file holds the text plus a final
@@ -195,7 +195,7 @@ TEST_CASE("report: stderr tail truncates long lines on a UTF-8 boundary and repa
     CHECK(s.lines[2] == "bad \xEF\xBF\xBD\xEF\xBF\xBD byte \xEF\xBF\xBD ok \xE2\x9C\x93");
     CHECK(s.lines[3] == "end \xEF\xBF\xBD\xEF\xBF\xBD");
     for (const auto& line : s.lines) {
-        CHECK(elastic::detail::valid_utf8(line) == line);
+        CHECK(elastic::detail::report::valid_utf8(line) == line);
         // Every line can be serialised as JSON without an exception.
         CHECK_NOTHROW((void)nlohmann::json(line).dump());
     }

@@ -55,10 +55,10 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
                              failure_display_time(root).time_since_epoch())
                              .count();
     json extra = json::object();
-    extra["py_callstack"] = detail::valid_utf8(failure_traceback(root));
+    extra["py_callstack"] = detail::report::valid_utf8(failure_traceback(root));
     extra["timestamp"] = std::to_string(seconds);
     json message = json::object();
-    message["message"] = detail::valid_utf8(failure_headline(root));
+    message["message"] = detail::report::valid_utf8(failure_headline(root));
     message["extraInfo"] = std::move(extra);
     message["errorCode"] = error_code;
     json doc = json::object();

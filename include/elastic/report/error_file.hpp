@@ -89,7 +89,7 @@ inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
 /// parsing so hostile input cannot make the parser or the copy recurse deeply.
 inline constexpr int max_error_file_depth = 32;
 
-namespace detail {
+namespace detail::report {
 
 /// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
 inline int json_depth(std::string_view text, int limit) noexcept {
@@ -401,16 +401,16 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
     return parse_error_document(std::move(doc), std::move(path));
 }
 
-}  // namespace detail
+}  // namespace detail::report
 
 /// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
 /// defect, including running out of memory, comes back as status malformed with the reason.
 inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
     try {
-        return detail::parse_error_text(bytes, std::move(path));
+        return detail::report::parse_error_text(bytes, std::move(path));
     } catch (const std::exception& e) {
         try {
-            return detail::malformed({}, fmt::format("could not be read: {}", e.what()));
+            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
         } catch (...) {
         }
     } catch (...) {
@@ -437,7 +437,7 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
             if (err == ENOENT || err == ENOTDIR) {
                 return r;
             }
-            return detail::malformed(path, fmt::format("cannot be opened: {}", std::strerror(err)));
+            return detail::report::malformed(path, fmt::format("cannot be opened: {}", std::strerror(err)));
         }
         struct closer {
             int fd;
@@ -445,14 +445,14 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
         } close_on_exit{fd};
         struct stat st {};
         if (::fstat(fd, &st) != 0) {
-            return detail::malformed(path, fmt::format("cannot be examined: {}",
+            return detail::report::malformed(path, fmt::format("cannot be examined: {}",
                                                        std::strerror(errno)));
         }
         if (!S_ISREG(st.st_mode)) {
-            return detail::malformed(path, "not a regular file");
+            return detail::report::malformed(path, "not a regular file");
         }
         if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::malformed(path, fmt::format("{} bytes, more than the {} bytes an "
+            return detail::report::malformed(path, fmt::format("{} bytes, more than the {} bytes an "
                                                        "error file may have",
                                                        st.st_size, max_error_file_bytes));
         }
@@ -465,7 +465,7 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
                 if (errno == EINTR) {
                     continue;
                 }
-                return detail::malformed(path, fmt::format("cannot be read: {}",
+                return detail::report::malformed(path, fmt::format("cannot be read: {}",
                                                            std::strerror(errno)));
             }
             if (n == 0) {
@@ -473,7 +473,7 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
             }
             bytes.append(buffer, static_cast<std::size_t>(n));
             if (bytes.size() > max_error_file_bytes) {
-                return detail::malformed(path, fmt::format("more than the {} bytes an error "
+                return detail::report::malformed(path, fmt::format("more than the {} bytes an error "
                                                            "file may have",
                                                            max_error_file_bytes));
             }

@@ -108,11 +108,11 @@ private:
         // rather than show them as U+FFFD.
         std::string_view kept = line;
         if (cut > 0) {
-            const std::string_view whole = detail::utf8_incomplete_tail_trimmed(line);
+            const std::string_view whole = detail::report::utf8_incomplete_tail_trimmed(line);
             cut += kept.size() - whole.size();
             kept = whole;
         }
-        std::string out = detail::valid_utf8(kept);
+        std::string out = detail::report::valid_utf8(kept);
         if (cut > 0) {
             out += " [... ";
             out += std::to_string(cut);

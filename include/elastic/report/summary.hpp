@@ -28,7 +28,7 @@ struct summary_options {
     std::size_t max_width = 60;
 };
 
-namespace detail {
+namespace detail::report {
 
 /// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
 inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
@@ -90,7 +90,7 @@ inline std::size_t widest_line(std::string_view text) {
     return widest;
 }
 
-}  // namespace detail
+}  // namespace detail::report
 
 /// The summary of a group's failure in torchrun's layout (inventory §6.4), byte for byte what
 /// torchrun's ChildFailedError message would be for the same failures: it starts with a newline
@@ -103,7 +103,7 @@ inline std::size_t widest_line(std::string_view text) {
 /// such worker (torchrun lists them nowhere, or, newest, as failures).
 inline std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
                                   const summary_options& options = {}) {
-    const std::string title = fmt::format("{} FAILED", detail::valid_utf8(name));
+    const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -111,7 +111,7 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
     });
     const auto root = root_cause(failures);
 
-    std::size_t width = detail::code_points(title);
+    std::size_t width = detail::report::code_points(title);
     std::string root_block;
     std::vector<std::string> other_blocks;
     std::vector<std::string> stopped_lines;
@@ -122,12 +122,12 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
             std::string line = fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})",
                                            f.global_rank, f.local_rank,
                                            f.status.torch_exitcode(), f.pid);
-            width = std::max(width, detail::code_points(line));
+            width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
         }
-        std::string block = detail::failure_block(idx++, f, options.utc);
-        width = std::max(width, detail::widest_line(block));
+        std::string block = detail::report::failure_block(idx++, f, options.utc);
+        width = std::max(width, detail::report::widest_line(block));
         if (root && i == *root) {
             root_block = std::move(block);
         } else {

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::report {
 
 /// Length of the well-formed UTF-8 sequence at the start of `s` (1..4), or 0 when the first byte
 /// does not begin one (stray continuation, overlong form, surrogate, past U+10FFFF, cut short).
@@ -130,4 +130,4 @@ inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcep
     return s;
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::report

@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::abort();  // bytes were given: they parse or they are malformed
     }
     if (read.status == elastic::error_file_status::malformed &&
-        elastic::detail::valid_utf8(read.problem) != read.problem) {
+        elastic::detail::report::valid_utf8(read.problem) != read.problem) {
         std::abort();  // the reason must be printable and JSON-safe
     }
     elastic::worker_failure f;
