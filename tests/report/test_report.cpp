@@ -54,8 +54,8 @@ inline void check_malformed(std::string_view text, std::string_view expected_pro
 /// Compare `text` with tests/report/golden/<name>.txt (the file holds the text plus a final
 /// newline). ELASTIC_UPDATE_GOLDEN=1 rewrites the file instead.
 inline void check_golden(const std::string& name, const std::string& text) {
-    const std::string path = std::string(ELASTIC_TEST_SOURCE_DIR) + "/tests/report/golden/" +
-                             name + ".txt";
+    const std::string path =
+        std::string(ELASTIC_TEST_SOURCE_DIR) + "/tests/report/golden/" + name + ".txt";
     if (const char* update = std::getenv("ELASTIC_UPDATE_GOLDEN"); update && *update == '1') {
         report_support::write_file(path, text + "\n");
     }
@@ -406,8 +406,8 @@ TEST_CASE("report: an error file's time counts only when it proves an earlier fa
                                       failure(1, exit_status::from_exit_code(1), 1000ms)};
     const auto T = duration_cast<seconds>(fs[0].observed_system.time_since_epoch()) - 2s;
     const auto with_file_time = [](worker_failure& f, seconds ts) {
-        f.error_file = elastic::parse_error_file(torch_error_json("E: e", "tb", ts.count()),
-                                                 "/e.json");
+        f.error_file =
+            elastic::parse_error_file(torch_error_json("E: e", "tb", ts.count()), "/e.json");
         REQUIRE(f.error_file.parsed());
     };
     // Rank 0's file says T+1: the second [T+1, T+2) may have ended after rank 1's exit at T+1.0,
@@ -469,8 +469,9 @@ TEST_CASE("report: summary of several failures with a signal root cause") {
 TEST_CASE("report: summary of a signal with stderr tail") {
     std::vector<worker_failure> fs = {failure(5, exit_status::from_signal(6), 0ms, 31337, 1)};
     elastic::stderr_tail tail(2);
-    tail.feed("loading shard 7\nterminate called after throwing an instance of "
-              "'std::runtime_error'\n  what():  NCCL error: unhandled system error\n");
+    tail.feed(
+        "loading shard 7\nterminate called after throwing an instance of "
+        "'std::runtime_error'\n  what():  NCCL error: unhandled system error\n");
     fs[0].stderr_tail = tail.snapshot();
     check_golden("signal_stderr_tail", elastic::format_summary("native_trainer", fs, utc));
 }

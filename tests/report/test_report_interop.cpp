@@ -99,8 +99,7 @@ main()
     const auto& c = read.content;
     CHECK(c.format == elastic::error_file_format::nested);
     // torch writes "\udcff" (a lone surrogate escape) for the undecodable byte; we show U+FFFD.
-    CHECK(c.message ==
-          "ValueError: loss is nan at step 1200 \xC3\xA9 \xE2\x9C\x93 \xEF\xBF\xBD");
+    CHECK(c.message == "ValueError: loss is nan at step 1200 \xC3\xA9 \xE2\x9C\x93 \xEF\xBF\xBD");
     REQUIRE(c.traceback);
     CHECK(c.traceback->find("Traceback (most recent call last):") == 0);
     CHECK(c.traceback->find("raise ValueError(") != std::string::npos);
@@ -128,8 +127,8 @@ TEST_CASE("report: torch reads the agent's error file") {
     elastic::write_agent_error_file(dir / "native.json", seg);
     // A worker whose flat-format file is copied up (errorCode at the top level).
     auto flat = observed(1, exit_status::from_exit_code(2), 1795316400, 99);
-    flat.error_file = elastic::parse_error_file(R"({"message": "flat", "timestamp": 1795316399})",
-                                                "/w.json");
+    flat.error_file =
+        elastic::parse_error_file(R"({"message": "flat", "timestamp": 1795316399})", "/w.json");
     REQUIRE(flat.error_file.parsed());
     elastic::write_agent_error_file(dir / "flat.json", flat);
 
@@ -139,7 +138,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure, Err
 d = sys.argv[1]
 out = {}
 for name in ["native", "flat"]:
-    pf = ProcessFailure(local_rank=0, pid=1, exitcode=-11, error_file=os.path.join(d, name + ".json"))
+    path = os.path.join(d, name + ".json")
+    pf = ProcessFailure(local_rank=0, pid=1, exitcode=-11, error_file=path)
     out[name] = {"message": pf.message, "timestamp": pf.timestamp, "error_file": pf.error_file}
 # An outer torchrun's @record copies our file into its own, overriding errorCode.
 os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(d, "outer.json")
@@ -182,8 +182,9 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
         "    main()\nValueError: loss is nan\n";
     nested["message"]["extraInfo"]["timestamp"] = std::to_string(T + 5);
     write("r0.json", nested);
-    write("r3.json", {{"message", "RuntimeError: \xD0\xBE\xD1\x88\xD0\xB8\xD0\xB1\xD0\xBA\xD0\xB0 "
-                                  "\xC3\xA9"},
+    write("r3.json", {{"message",
+                       "RuntimeError: \xD0\xBE\xD1\x88\xD0\xB8\xD0\xB1\xD0\xBA\xD0\xB0 "
+                       "\xC3\xA9"},
                       {"timestamp", T + 7}});
     nlohmann::json no_stack;
     no_stack["message"]["message"] = "KeyError: 'lr'";
@@ -192,9 +193,9 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
     write("r5.json", no_stack);
     nlohmann::json wide;
     wide["message"]["message"] = "xxxxxxxxxx";
-    wide["message"]["extraInfo"]["py_callstack"] =
-        "Traceback:\n" + std::string(30, 'x') + " \xE2\x9C\x93\xE2\x9C\x93 " +
-        std::string(60, 'y') + "\n";
+    wide["message"]["extraInfo"]["py_callstack"] = "Traceback:\n" + std::string(30, 'x') +
+                                                   " \xE2\x9C\x93\xE2\x9C\x93 " +
+                                                   std::string(60, 'y') + "\n";
     wide["message"]["extraInfo"]["timestamp"] = std::to_string(T);
     write("r6.json", wide);
 
@@ -217,8 +218,9 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
           {2, exit_status::from_signal(9), T + 4, 102, "missing.json"},
           {3, exit_status::from_exit_code(1), T + 8, 103, "r3.json"}}},
         {"native_trainer", {{0, exit_status::from_signal(11), T, 7, "missing.json"}}},
-        {"x", {{4, exit_status::from_signal(6), T + 3, 8, "missing.json"},
-               {5, exit_status::from_exit_code(1), T + 3, 9, "r5.json"}}},
+        {"x",
+         {{4, exit_status::from_signal(6), T + 3, 8, "missing.json"},
+          {5, exit_status::from_exit_code(1), T + 3, 9, "r5.json"}}},
         {"wide", {{6, exit_status::from_exit_code(1), T + 1, 10, "r6.json"}}},
     };
 
@@ -399,8 +401,8 @@ TEST_CASE("report: reads the error file elastic::record writes") {
     const std::string program = ELASTIC_TEST_PROGRAM_DIR "/report-recorded-crash";
     {
         const std::string error_file = dir / "throw.json";
-        const auto r = report_support::run({program, "throw"},
-                                           {{"TORCHELASTIC_ERROR_FILE", error_file}});
+        const auto r =
+            report_support::run({program, "throw"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
         CAPTURE(r.err);
         const auto status = exit_status::from_wait_status(r.wait_status);
         CHECK(status == exit_status::from_exit_code(1));
@@ -430,8 +432,8 @@ TEST_CASE("report: reads the error file elastic::record writes") {
     }
     {
         const std::string error_file = dir / "segv.json";
-        const auto r = report_support::run({program, "segv"},
-                                           {{"TORCHELASTIC_ERROR_FILE", error_file}});
+        const auto r =
+            report_support::run({program, "segv"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
         CAPTURE(r.err);
         const auto status = exit_status::from_wait_status(r.wait_status);
         CHECK(status == exit_status::from_signal(SIGSEGV));

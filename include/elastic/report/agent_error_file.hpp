@@ -74,16 +74,18 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
     const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
     if (base.empty()) {
-        throw report_error(fmt::format("cannot write the error file \"{}\": the path names a "
-                                       "directory, not a file",
-                                       path));
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": the path names a "
+                        "directory, not a file",
+                        path));
     }
     std::string temp = fmt::format("{}/.{}.XXXXXX", dir, base);
     const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
     if (fd < 0) {
-        throw report_error(fmt::format("cannot write the error file \"{}\": creating a temporary "
-                                       "file in \"{}\" failed: {}",
-                                       path, dir, std::strerror(errno)));
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": creating a temporary "
+                        "file in \"{}\" failed: {}",
+                        path, dir, std::strerror(errno)));
     }
     const auto fail = [&](const char* step) {
         const int err = errno;
@@ -113,16 +115,18 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
     if (::close(fd) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": closing \"{}\" "
-                                       "failed: {}",
-                                       path, temp, std::strerror(err)));
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": closing \"{}\" "
+                        "failed: {}",
+                        path, temp, std::strerror(err)));
     }
     if (::rename(temp.c_str(), path.c_str()) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
-                                       "failed: {}",
-                                       path, temp, std::strerror(err)));
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
+                        "failed: {}",
+                        path, temp, std::strerror(err)));
     }
 }
 

@@ -213,8 +213,8 @@ inline std::string json_error_text(const char* what) {
 
 /// A seconds-since-epoch value as JSON holds it: a number or a string of one (PyTorch writes
 /// str(int(time.time()))). Returns nullopt when it is neither or out of any sane range.
-inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>>
-parse_epoch_seconds(const nlohmann::ordered_json& v) {
+inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> parse_epoch_seconds(
+    const nlohmann::ordered_json& v) {
     double seconds = 0;
     bool whole = true;
     if (v.is_number_integer()) {
@@ -305,9 +305,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         c.format = error_file_format::nested;
         if (const auto m = message.find("message"); m != message.end()) {
             if (!m->is_string()) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.message\" is a JSON {}, not a string",
-                                             m->type_name()));
+                return malformed(
+                    std::move(path),
+                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
             }
             c.message = m->get<std::string>();
         }
@@ -379,12 +379,12 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
         ++first;
     }
     if (first == bytes.size()) {
-        return malformed(std::move(path), bytes.empty() ? "the file is empty"
-                                                        : "the file holds only white space");
+        return malformed(std::move(path),
+                         bytes.empty() ? "the file is empty" : "the file holds only white space");
     }
     if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
-        return malformed(std::move(path), fmt::format("JSON nested deeper than {} levels",
-                                                      max_error_file_depth));
+        return malformed(std::move(path),
+                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
     }
     json doc;
     try {
@@ -437,7 +437,8 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
             if (err == ENOENT || err == ENOTDIR) {
                 return r;
             }
-            return detail::report::malformed(path, fmt::format("cannot be opened: {}", std::strerror(err)));
+            return detail::report::malformed(
+                path, fmt::format("cannot be opened: {}", std::strerror(err)));
         }
         struct closer {
             int fd;
@@ -445,16 +446,17 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
         } close_on_exit{fd};
         struct stat st {};
         if (::fstat(fd, &st) != 0) {
-            return detail::report::malformed(path, fmt::format("cannot be examined: {}",
-                                                       std::strerror(errno)));
+            return detail::report::malformed(
+                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
         }
         if (!S_ISREG(st.st_mode)) {
             return detail::report::malformed(path, "not a regular file");
         }
         if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::report::malformed(path, fmt::format("{} bytes, more than the {} bytes an "
-                                                       "error file may have",
-                                                       st.st_size, max_error_file_bytes));
+            return detail::report::malformed(path,
+                                             fmt::format("{} bytes, more than the {} bytes an "
+                                                         "error file may have",
+                                                         st.st_size, max_error_file_bytes));
         }
         // Read to EOF rather than trust st_size: the file may still be growing.
         std::string bytes;
@@ -465,17 +467,18 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
                 if (errno == EINTR) {
                     continue;
                 }
-                return detail::report::malformed(path, fmt::format("cannot be read: {}",
-                                                           std::strerror(errno)));
+                return detail::report::malformed(
+                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
             }
             if (n == 0) {
                 break;
             }
             bytes.append(buffer, static_cast<std::size_t>(n));
             if (bytes.size() > max_error_file_bytes) {
-                return detail::report::malformed(path, fmt::format("more than the {} bytes an error "
-                                                           "file may have",
-                                                           max_error_file_bytes));
+                return detail::report::malformed(path,
+                                                 fmt::format("more than the {} bytes an error "
+                                                             "file may have",
+                                                             max_error_file_bytes));
             }
         }
         return parse_error_file(bytes, path);

@@ -94,8 +94,8 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     if (f.state == failure_state::stopped_by_agent) {
         raw_error = nullptr;
     } else if (f.error_file.parsed()) {
-        raw_error = f.error_file.content.document.dump(-1, ' ', false,
-                                                       json::error_handler_t::replace);
+        raw_error =
+            f.error_file.content.document.dump(-1, ' ', false, json::error_handler_t::replace);
     } else if (f.error_file.status == error_file_status::malformed) {
         raw_error = json{{"message", "Malformed error file: " + f.error_file.problem}}.dump(
             -1, ' ', false, json::error_handler_t::replace);
@@ -137,8 +137,8 @@ public:
     explicit event_log(const std::string& path)
         : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
         if (fd_ < 0) {
-            throw report_error(fmt::format("cannot open the event log \"{}\": {}", path,
-                                           std::strerror(errno)));
+            throw report_error(
+                fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
         }
     }
 

@@ -134,9 +134,9 @@ inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
 /// What the summary prints after "traceback :" (multi-line; the summary indents continuation
 /// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
 /// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
-/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would print (the signal message, or its
-/// hint) improved by the tail of the worker's stderr when there is one. A malformed file is
-/// named as such first.
+/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would
+/// print (the signal message, or its hint) improved by the tail of the worker's stderr when there
+/// is one. A malformed file is named as such first.
 inline std::string failure_traceback(const worker_failure& f) {
     const auto& ef = f.error_file;
     if (ef.parsed()) {

@@ -20,11 +20,10 @@ namespace elastic::inline v0 {
 inline std::string signal_name(int signal_number) {
     // Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
     static constexpr std::string_view standard[] = {
-        "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",    "SIGTRAP",   "SIGABRT",
-        "SIGBUS",    "SIGFPE",  "SIGKILL",   "SIGUSR1", "SIGSEGV",   "SIGUSR2",   "SIGPIPE",
-        "SIGALRM",   "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP",   "SIGTSTP",
-        "SIGTTIN",   "SIGTTOU", "SIGURG",    "SIGXCPU", "SIGXFSZ",   "SIGVTALRM", "SIGPROF",
-        "SIGWINCH",  "SIGIO",   "SIGPWR",    "SIGSYS"};
+        "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+        "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+        "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
+        "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
     constexpr int standard_count = static_cast<int>(std::size(standard));
     if (signal_number >= 1 && signal_number < standard_count) {
         return std::string(standard[signal_number]);

@@ -32,8 +32,8 @@ namespace detail::report {
 
 /// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
 inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
-    const std::time_t secs = std::chrono::system_clock::to_time_t(
-        std::chrono::floor<std::chrono::seconds>(t));
+    const std::time_t secs =
+        std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
     std::tm tm{};
     if (utc) {
         ::gmtime_r(&secs, &tm);
@@ -119,9 +119,9 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
     for (const std::size_t i : order) {
         const auto& f = failures[i];
         if (f.state == failure_state::stopped_by_agent) {
-            std::string line = fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})",
-                                           f.global_rank, f.local_rank,
-                                           f.status.torch_exitcode(), f.pid);
+            std::string line =
+                fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
+                            f.local_rank, f.status.torch_exitcode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
