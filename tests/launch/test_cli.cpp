@@ -540,6 +540,21 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
     env["PET_NNODES"] = "1";
     env["PET_NPROC_PER_NODE"] = "0";
     CHECK(usage_error_of({f.program}, env).find("PET_NPROC_PER_NODE=0") != std::string::npos);
+    // Rules between options name the variable too.
+    env.erase("PET_NPROC_PER_NODE");
+    env["PET_NNODES"] = "1:4";
+    CHECK(usage_error_of({f.program}, env).find("PET_NNODES=1:4: the static rendezvous") == 0);
+    env["PET_NNODES"] = "2";
+    env["PET_NODE_RANK"] = "5";
+    CHECK(usage_error_of({f.program}, env).find("PET_NODE_RANK=5: must be from 0 to 1 (below the PET_NNODES maximum 2)") ==
+          0);
+    env.erase("PET_NODE_RANK");
+    env["PET_TEE"] = "0:3,4:3";
+    env["PET_NPROC_PER_NODE"] = "2";
+    CHECK(usage_error_of({f.program}, env)
+              .find("PET_TEE names local rank 4, but this node runs local ranks 0 to 1 (PET_NPROC_PER_NODE=2)") == 0);
+    CHECK(usage_error_of({"--tee=5:1", f.program}, env).find("--tee names local rank 5") == 0);
+    env.erase("PET_TEE");
     // A value with a newline or an escape sequence still makes a one-line message.
     env.erase("PET_NPROC_PER_NODE");
     env["PET_NNODES"] = "1\n2\x1b[31m";

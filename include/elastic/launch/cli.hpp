@@ -382,6 +382,7 @@ inline void unmark(std::string& text) {
     }
 
     // ---- each option's text: the command line, else PET_<DEST> ----
+    detail::launch_impl::option_labels labels;  // messages name the PET_ variable a value came from
     const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
         const auto i = index_of(dest);
         const auto& spec = option_specs[i];
@@ -393,6 +394,7 @@ inline void unmark(std::string& text) {
         if (spec.has_env) {
             const auto name = detail::launch_impl::env_name(spec);
             if (const auto* value = detail::launch_impl::find_variable(env, name); value != nullptr && !value->empty()) {
+                labels.from_env.insert_or_assign(std::string{dest}, name);
                 return detail::launch_impl::raw_option{*value, name, true};
             }
         }
@@ -555,7 +557,7 @@ inline void unmark(std::string& text) {
         config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
     }
 
-    config.validate(env);
+    detail::launch_impl::validate(config, env, labels);
     return config;
 }
 

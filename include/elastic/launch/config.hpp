@@ -18,6 +18,8 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -228,17 +230,19 @@ inline void check_prefix_template(std::string_view text) {
     }
 }
 
-inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option) {
+inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                              std::string_view nproc_option) {
     for (const int rank : ranks) {
         if (rank < 0 || rank >= nproc) {
             throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
-                                          "(--nproc-per-node={})",
-                                          option, rank, nproc - 1, nproc)};
+                                          "({}={})",
+                                          option, rank, nproc - 1, nproc_option, nproc)};
         }
     }
 }
 
-inline void check_streams(const stream_selection& selection, int nproc, std::string_view option) {
+inline void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                          std::string_view nproc_option) {
     std::set<int> ranks;
     for (const auto& [rank, streams] : selection.per_rank) {
         ranks.insert(rank);
@@ -251,108 +255,143 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
         throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
                                       static_cast<int>(selection.every_rank))};
     }
-    check_ranks_exist(ranks, nproc, option);
+    check_ranks_exist(ranks, nproc, option, nproc_option);
+}
+
+}  // namespace detail::launch_impl
+
+namespace detail::launch_impl {
+
+/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
+/// names the PET_ variable instead when that is where the value came from.
+struct option_labels {
+    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
+
+    [[nodiscard]] std::string operator()(std::string_view dest) const {
+        if (const auto it = from_env.find(dest); it != from_env.end()) {
+            return it->second;
+        }
+        std::string out = "--";
+        for (const char c : dest) {
+            out += c == '_' ? '-' : c;
+        }
+        return out;
+    }
+};
+
+inline void validate(const launch_config& c, const environment& env, const option_labels& label) {
+    const auto nnodes_text = [&] {
+        return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
+                                            : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
+    };
+    if (c.nproc_per_node < 1 || c.nproc_per_node > 1'000'000) {
+        throw usage_error{fmt::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
+    }
+    if (c.nnodes.min < 1 || c.nnodes.min > c.nnodes.max) {
+        throw usage_error{fmt::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
+    }
+    if (c.world_size(c.nnodes.max) > INT_MAX) {
+        throw usage_error{fmt::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
+                                      label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
+    }
+    if (c.role.empty()) {
+        throw usage_error{fmt::format("{}: must not be empty", label("role"))};
+    }
+    if (c.rdzv_id.empty()) {
+        throw usage_error{
+            fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
+    }
+    const bool is_static = c.rdzv_backend == rendezvous_backend::static_;
+    if (is_static && c.nnodes.min != c.nnodes.max) {
+        throw usage_error{fmt::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
+                                      "--rdzv-backend=c10d or etcd-v3",
+                                      label("nnodes"), nnodes_text())};
+    }
+    if (c.node_rank && (*c.node_rank < 0 || *c.node_rank >= c.nnodes.max)) {
+        throw usage_error{fmt::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
+                                      *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
+    }
+    if (!is_static && (c.master_addr || c.master_port)) {
+        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
+                                      "backend rendezvouses at --rdzv-endpoint",
+                                      to_string(c.rdzv_backend))};
+    }
+    if (is_static && c.rdzv_endpoint && (c.master_addr || c.master_port)) {
+        throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
+                          "give one of them"};
+    }
+    if (c.master_addr && !valid_host(*c.master_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                      show(label("master_addr"), *c.master_addr))};
+    }
+    if (c.local_addr && !valid_host(*c.local_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                      show(label("local_addr"), *c.local_addr))};
+    }
+    if (c.rdzv_endpoint) {
+        const auto text = to_string(*c.rdzv_endpoint);
+        if (!valid_host(c.rdzv_endpoint->host)) {
+            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
+        }
+        if (is_static && !c.rdzv_endpoint->port) {
+            throw usage_error{
+                fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+        }
+    }
+    const auto endpoint = c.rendezvous_endpoint();
+    if (endpoint.port == 0 && c.nnodes.max > 1) {
+        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
+                                      "it needs {}=1",
+                                      to_string(endpoint), label("nnodes"))};
+    }
+    const auto non_negative = [](std::chrono::milliseconds d, const std::string& what, bool allow_zero) {
+        if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
+            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
+        }
+    };
+    const auto conf = label("rdzv_conf");
+    non_negative(c.rdzv_conf.join_timeout, conf + " join_timeout", false);
+    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", false);
+    non_negative(c.rdzv_conf.close_timeout, conf + " close_timeout", false);
+    non_negative(c.rdzv_conf.read_timeout, conf + " read_timeout", false);
+    non_negative(c.rdzv_conf.timeout, conf + " timeout", false);
+    if (c.max_restarts < 0) {
+        throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
+    }
+    non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
+    non_negative(c.monitor_interval, label("monitor_interval"), true);
+    non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
+    if (c.signals_to_handle.empty()) {
+        throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
+    }
+    for (const int number : c.signals_to_handle) {
+        if (std::none_of(forwardable_signals.begin(), forwardable_signals.end(),
+                         [&](const forwardable_signal& s) { return s.number == number; })) {
+            throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
+                                          number)};
+        }
+    }
+    if (c.log_dir) {
+        if (c.log_dir->empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", label("log_dir"))};
+        }
+        struct stat st {};
+        if (!c.logs_disabled() && ::stat(c.log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+            throw usage_error{
+                fmt::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
+        }
+    }
+    check_streams(c.redirects, c.nproc_per_node, label("redirects"), label("nproc_per_node"));
+    check_streams(c.tee, c.nproc_per_node, label("tee"), label("nproc_per_node"));
+    check_ranks_exist(c.local_ranks_filter, c.nproc_per_node, label("local_ranks_filter"), label("nproc_per_node"));
+    check_prefix_template(c.log_line_prefix_template);
+    (void)resolve_program(c.program, env);
 }
 
 }  // namespace detail::launch_impl
 
 inline void launch_config::validate(const environment& env) const {
-    using detail::launch_impl::show;
-    if (nproc_per_node < 1 || nproc_per_node > 1'000'000) {
-        throw usage_error{fmt::format("--nproc-per-node={}: must be a positive integer", nproc_per_node)};
-    }
-    if (nnodes.min < 1 || nnodes.min > nnodes.max) {
-        throw usage_error{fmt::format("--nnodes={}:{}: want 0 < MIN <= MAX", nnodes.min, nnodes.max)};
-    }
-    if (world_size(nnodes.max) > INT_MAX) {
-        throw usage_error{fmt::format("--nnodes={}:{} with --nproc-per-node={}: the world size exceeds {}", nnodes.min,
-                                      nnodes.max, nproc_per_node, INT_MAX)};
-    }
-    if (role.empty()) {
-        throw usage_error{"--role: must not be empty"};
-    }
-    if (rdzv_id.empty()) {
-        throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
-    }
-    const bool is_static = rdzv_backend == rendezvous_backend::static_;
-    if (is_static && nnodes.min != nnodes.max) {
-        throw usage_error{fmt::format("--nnodes={}:{}: the static rendezvous has a fixed membership; an elastic range "
-                                      "needs --rdzv-backend=c10d or etcd-v3",
-                                      nnodes.min, nnodes.max)};
-    }
-    if (node_rank && (*node_rank < 0 || *node_rank >= nnodes.max)) {
-        throw usage_error{fmt::format("--node-rank={}: must be from 0 to {} (below the --nnodes maximum {})", *node_rank,
-                                      nnodes.max - 1, nnodes.max)};
-    }
-    if (!is_static && (master_addr || master_port)) {
-        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
-                                      "backend rendezvouses at --rdzv-endpoint",
-                                      to_string(rdzv_backend))};
-    }
-    if (is_static && rdzv_endpoint && (master_addr || master_port)) {
-        throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
-                          "give one of them"};
-    }
-    if (master_addr && !detail::launch_impl::valid_host(*master_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", show("--master-addr", *master_addr))};
-    }
-    if (local_addr && !detail::launch_impl::valid_host(*local_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", show("--local-addr", *local_addr))};
-    }
-    if (rdzv_endpoint) {
-        const auto text = to_string(*rdzv_endpoint);
-        if (!detail::launch_impl::valid_host(rdzv_endpoint->host)) {
-            throw usage_error{fmt::format("{}: bad host name", show("--rdzv-endpoint", text))};
-        }
-        if (is_static && !rdzv_endpoint->port) {
-            throw usage_error{fmt::format("{}: the static rendezvous needs a port (host:port)", show("--rdzv-endpoint", text))};
-        }
-    }
-    const auto endpoint = rendezvous_endpoint();
-    if (endpoint.port == 0 && nnodes.max > 1) {
-        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
-                                      "it needs --nnodes=1",
-                                      to_string(endpoint))};
-    }
-    const auto positive = [](std::chrono::milliseconds d, std::string_view what, bool allow_zero) {
-        if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
-            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
-        }
-    };
-    positive(rdzv_conf.join_timeout, "--rdzv-conf join_timeout", false);
-    positive(rdzv_conf.last_call_timeout, "--rdzv-conf last_call_timeout", false);
-    positive(rdzv_conf.close_timeout, "--rdzv-conf close_timeout", false);
-    positive(rdzv_conf.read_timeout, "--rdzv-conf read_timeout", false);
-    positive(rdzv_conf.timeout, "--rdzv-conf timeout", false);
-    if (max_restarts < 0) {
-        throw usage_error{fmt::format("--max-restarts={}: must be an integer >= 0", max_restarts)};
-    }
-    positive(shutdown_timeout, "--shutdown-timeout", true);
-    positive(monitor_interval, "--monitor-interval", true);
-    positive(exit_barrier_timeout, "exit_barrier_timeout", true);
-    if (signals_to_handle.empty()) {
-        throw usage_error{"--signals-to-handle: must name at least one signal"};
-    }
-    for (const int number : signals_to_handle) {
-        if (std::none_of(detail::launch_impl::forwardable_signals.begin(), detail::launch_impl::forwardable_signals.end(),
-                         [&](const detail::launch_impl::forwardable_signal& s) { return s.number == number; })) {
-            throw usage_error{fmt::format("--signals-to-handle: signal {} cannot be trapped and forwarded", number)};
-        }
-    }
-    if (log_dir) {
-        if (log_dir->empty()) {
-            throw usage_error{"--log-dir: must not be empty"};
-        }
-        struct stat st {};
-        if (!logs_disabled() && ::stat(log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-            throw usage_error{fmt::format("{}: exists and is not a directory", show("--log-dir", log_dir->string()))};
-        }
-    }
-    detail::launch_impl::check_streams(redirects, nproc_per_node, "--redirects");
-    detail::launch_impl::check_streams(tee, nproc_per_node, "--tee");
-    detail::launch_impl::check_ranks_exist(local_ranks_filter, nproc_per_node, "--local-ranks-filter");
-    detail::launch_impl::check_prefix_template(log_line_prefix_template);
-    (void)resolve_program(program, env);
+    detail::launch_impl::validate(*this, env, {});
 }
 
 }  // namespace elastic::inline v0
