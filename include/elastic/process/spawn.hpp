@@ -385,13 +385,26 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         throw spawn_error(detail::describe_failure(failure, options, path), failure.error);
     }
 
-    const auto wrap = [&](detail::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
+    // Hand the descriptors to Asio; assign() takes ownership only once it succeeds, so on
+    // failure each one is still closed by its owned_fd, and the child is not left behind.
+    const auto adopt = [&](detail::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
         if (!fd) return std::nullopt;
-        return asio::posix::stream_descriptor(executor, fd.release());
+        asio::posix::stream_descriptor stream(executor);
+        stream.assign(fd.get());
+        fd.release();
+        return stream;
     };
-    asio::posix::stream_descriptor pid_stream(executor, pidfd.release());
-    return detail::child_process_factory::make(std::move(pid_stream), pid, wrap(in.parent),
-                                               wrap(out.parent), wrap(err.parent));
+    try {
+        auto in_pipe = adopt(in.parent);
+        auto out_pipe = adopt(out.parent);
+        auto err_pipe = adopt(err.parent);
+        auto pid_stream = adopt(pidfd);
+        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
+                                                   std::move(out_pipe), std::move(err_pipe));
+    } catch (...) {
+        detail::discard_child(pid, pidfd ? pidfd.get() : -1);
+        throw;
+    }
 }
 
 }  // namespace elastic::inline v0

@@ -139,7 +139,12 @@ public:
                                 " worker process groups are already registered (stop some first)");
         }
         groups_.push_back(pgid);
-        send_locked(watcher_add, pgid);
+        try {
+            send_locked(watcher_add, pgid);
+        } catch (...) {
+            groups_.pop_back();  // the caller kills and reaps the child: forget its id now
+            throw;
+        }
     }
 
     /// Retires a group. Call it before reaping the group's leader, whose zombie keeps the id
