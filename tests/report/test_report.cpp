@@ -435,6 +435,13 @@ TEST_CASE("report: an error file's time counts only when it proves an earlier fa
     CHECK(elastic::root_cause(fs) == 1u);
 }
 
+TEST_CASE("report: torchrun's log line for a detected failure") {
+    CHECK(elastic::failure_log_line(failure(1, exit_status::from_signal(9), 0ms), "train.py") ==
+          "failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py");
+    CHECK(elastic::failure_log_line(failure(0, exit_status::from_exit_code(3), 0ms, 7), "a\xFF") ==
+          "failed (exitcode: 3) local_rank: 0 (pid: 7) of binary: a\xEF\xBF\xBD");
+}
+
 TEST_CASE("report: elasticrun's exit code is the root cause's, 128+N for signal N") {
     CHECK(elastic::launcher_exit_code(failure(0, exit_status::from_exit_code(3), 0ms)) == 3);
     CHECK(elastic::launcher_exit_code(failure(0, exit_status::from_exit_code(255), 0ms)) == 255);

@@ -6,6 +6,7 @@
 #include "elastic/report/error_file.hpp"
 #include "elastic/report/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"
+#include "elastic/report/text.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <netdb.h>
@@ -246,6 +248,14 @@ inline std::optional<int> launcher_exit_code(std::span<const worker_failure> fai
         return launcher_exit_code(failures[*root]);
     }
     return std::nullopt;
+}
+
+/// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
+/// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
+inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
+    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                       f.status.torch_exitcode(), f.local_rank, f.pid,
+                       detail::report::valid_utf8(entrypoint));
 }
 
 /// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
