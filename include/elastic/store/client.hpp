@@ -1,0 +1,723 @@
+// tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
+// `store` concept as coroutines; connect with backoff, a deadline on every operation.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/store/concepts.hpp"
+#include "elastic/store/errors.hpp"
+#include "elastic/store/wire.hpp"
+
+#include <asio/awaitable.hpp>
+#include <asio/connect.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// Which wire dialect a client speaks (wire-protocols.md §1.5, §1.8).
+enum class client_dialect : std::uint8_t {
+    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
+    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
+    /// The answer is kept for reconnections.
+    detect,
+    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
+    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
+};
+
+/// One failed connection attempt, reported to `store_client_options::on_retry` before the
+/// client sleeps `delay` and tries again.
+struct store_connect_attempt {
+    int attempt = 0;                  ///< 1 for the first attempt
+    std::error_code error;            ///< why it failed (refused, reset, timed out, ...)
+    std::chrono::milliseconds delay;  ///< the backoff before the next attempt
+};
+
+/// How a tcp_store_client reaches its server and how long it waits.
+struct store_client_options {
+    std::string host = "127.0.0.1";  ///< IPv4/IPv6 literal or a host name
+    std::uint16_t port = 29500;      ///< PyTorch's default MASTER_PORT
+    client_dialect dialect = client_dialect::detect;
+    /// Prepended to every key, as PyTorch's TCPStore client does ("/"): a key "k" set by a
+    /// Python or libtorch TCPStore is the key "k" here too. Empty gives raw wire keys.
+    std::string key_prefix = "/";
+    /// Default for `get` and `wait`, and the deadline of every other operation's reply
+    /// (PyTorch's default store timeout, 300 s).
+    std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+    /// How long connection attempts go on (refused, reset, unreachable) before store_error.
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+    /// `detect`: how long to wait for the PING echo before calling the server legacy.
+    std::chrono::milliseconds detect_timeout{std::chrono::seconds(1)};
+    /// Exponential backoff between connection attempts: initial, doubled up to max, each
+    /// multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
+    std::chrono::milliseconds initial_backoff{10};
+    std::chrono::milliseconds max_backoff{std::chrono::seconds(1)};
+    /// Called after each failed connection attempt that will be retried (logging, tests).
+    std::function<void(const store_connect_attempt&)> on_retry;
+};
+
+namespace detail {
+
+// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
+// may run after the client or the connection is gone.
+struct store_client_connection {
+    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
+    asio::ip::tcp::socket socket;
+    asio::steady_timer timer;
+    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
+    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
+};
+
+}  // namespace detail
+
+/// A client of a c10d TCPStore server: ours, PyTorch 1.13's, or a current PyTorch's. One TCP
+/// connection, one request at a time (concurrent calls on one client queue up in order; a long
+/// `wait` holds the connection, so give concurrent waiters their own clients). Connects on
+/// first use and again after a failure. Use it on one thread (the executor's).
+///
+/// Errors: store_error naming host:port for a vanished, refusing or misbehaving server;
+/// store_timeout when a wait (or the wait inside get) or a reply misses its deadline.
+class tcp_store_client {
+public:
+    tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
+        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()) {
+        if (options_.dialect != client_dialect::detect)
+            dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
+                                                                   : wire::dialect::legacy;
+    }
+
+    tcp_store_client(const tcp_store_client&) = delete;
+    tcp_store_client& operator=(const tcp_store_client&) = delete;
+
+    ~tcp_store_client() { drop(); }
+
+    /// Connects now (otherwise the first operation does). Throws store_error naming the address
+    /// when no attempt succeeds within `connect_timeout`.
+    asio::awaitable<void> connect() {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+    }
+
+    /// Closes the connection; the next operation reconnects.
+    void close() noexcept { drop(); }
+
+    /// The dialect in use: chosen by options, or known after `detect` has connected.
+    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return dialect_; }
+
+    /// "host:port" of the server, as error messages name it.
+    [[nodiscard]] std::string address() const {
+        if (options_.host.find(':') != std::string::npos)
+            return fmt::format("[{}]:{}", options_.host, options_.port);
+        return fmt::format("{}:{}", options_.host, options_.port);
+    }
+
+    [[nodiscard]] const store_client_options& options() const noexcept { return options_; }
+
+    /// The default timeout of get and wait.
+    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
+    void set_timeout(std::chrono::milliseconds t) noexcept { options_.timeout = t; }
+
+    /// Writes `value` at `key` (no reply in the protocol: an error shows on a later operation).
+    asio::awaitable<void> set(std::string key, std::string value) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::set);
+        req_.key = k;
+        req_.value = value;
+        co_await send(std::string_view("SET"), k);
+    }
+
+    /// Waits for `key` (as PyTorch's clients do: a 1.13 server drops a connection that GETs a
+    /// missing key), then reads it. store_timeout after `timeout()`.
+    asio::awaitable<std::string> get(std::string key) {
+        auto lock = co_await acquire();
+        const auto k = wire_key(key);
+        std::vector<std::string> keys(1, k);  // not `{k}`: g++ 12 rejects it in co_await
+        co_await wait_locked(std::move(keys), options_.timeout, std::string_view("get"));
+        begin(wire::op::get);
+        req_.key = k;
+        co_await send(std::string_view("GET"), k);
+        co_return co_await read_bytes(std::string_view("GET"), k);
+    }
+
+    /// Adds `delta` to the decimal counter at `key` (created at 0) and returns the new value.
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::add);
+        req_.key = k;
+        req_.number = delta;
+        co_await send(std::string_view("ADD"), k);
+        co_return co_await read_i64(std::string_view("ADD"), k);
+    }
+
+    /// PyTorch's compare_set: returns `desired` on success, otherwise the current value (or
+    /// `expected` when the key is absent and `expected` is not empty).
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
+                                             std::string desired) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::compare_set);
+        req_.key = k;
+        req_.expected = expected;
+        req_.value = desired;
+        co_await send(std::string_view("COMPARE_SET"), k);
+        co_return co_await read_bytes(std::string_view("COMPARE_SET"), k);
+    }
+
+    /// Waits until every key exists; store_timeout after `timeout()`.
+    asio::awaitable<void> wait(std::vector<std::string> keys) {
+        co_await wait(std::move(keys), options_.timeout);
+    }
+
+    /// Waits until every key exists; store_timeout after `timeout`. The connection stays
+    /// usable: the current dialect cancels the wait (CANCEL_WAIT), the legacy one reconnects
+    /// (PyTorch 1.13 has no CANCEL_WAIT and would answer the stale wait later).
+    asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+        auto lock = co_await acquire();
+        for (auto& k : keys) k = wire_key(k);
+        co_await wait_locked(std::move(keys), timeout, std::string_view("wait"));
+    }
+
+    /// Whether every key exists now.
+    asio::awaitable<bool> check(std::vector<std::string> keys) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        for (auto& k : keys) k = wire_key(k);
+        begin(wire::op::check);
+        for (const auto& k : keys) req_.keys.emplace_back(k);
+        co_await send(std::string_view("CHECK"), first_of(keys));
+        const auto byte = co_await read_u8(std::string_view("CHECK"), first_of(keys));
+        co_return byte == static_cast<std::uint8_t>(wire::check_response::ready);
+    }
+
+    /// Deletes `key`; whether it existed.
+    asio::awaitable<bool> delete_key(std::string key) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::delete_key);
+        req_.key = k;
+        co_await send(std::string_view("DELETE_KEY"), k);
+        co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
+    }
+
+    /// The number of keys on the server (all of them, whatever their prefix).
+    asio::awaitable<std::int64_t> num_keys() {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        begin(wire::op::num_keys);
+        co_await send(std::string_view("GETNUMKEYS"), {});
+        co_return co_await read_i64(std::string_view("GETNUMKEYS"), {});
+    }
+
+    /// Waits for every key, then reads them in order. The legacy dialect pipelines one GET per
+    /// key (PyTorch 1.13 has no MULTI_GET).
+    asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys) {
+        auto lock = co_await acquire();
+        for (auto& k : keys) k = wire_key(k);
+        co_await wait_locked(keys, options_.timeout, std::string_view("multi_get"));
+        std::vector<std::string> out;
+        if (keys.empty()) co_return out;
+        if (*dialect_ == wire::dialect::current) {
+            begin(wire::op::multi_get);
+            for (const auto& k : keys) req_.keys.emplace_back(k);
+            co_await send(std::string_view("MULTI_GET"), keys.front());
+        } else {
+            arm();
+            wbuf_.clear();
+            for (const auto& k : keys) {
+                req_.operation = wire::op::get;
+                req_.key = k;
+                wire::encode_request(*dialect_, req_, wbuf_);
+            }
+            co_await flush(std::string_view("GET"), keys.front());
+        }
+        out.reserve(keys.size());
+        for (const auto& k : keys) out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
+        co_return out;
+    }
+
+    /// Writes every pair (store_error when the sizes differ). The legacy dialect pipelines one
+    /// SET per pair.
+    asio::awaitable<void> multi_set(std::vector<std::string> keys,
+                                    std::vector<std::string> values) {
+        if (keys.size() != values.size())
+            throw store_error(fmt::format("multi_set needs as many values as keys, got {} keys "
+                                          "and {} values",
+                                          keys.size(), values.size()));
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        if (keys.empty()) co_return;
+        for (auto& k : keys) k = wire_key(k);
+        if (*dialect_ == wire::dialect::current) {
+            begin(wire::op::multi_set);
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                req_.keys.emplace_back(keys[i]);
+                req_.values.emplace_back(values[i]);
+            }
+            co_await send(std::string_view("MULTI_SET"), keys.front());
+        } else {
+            arm();
+            wbuf_.clear();
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                req_.operation = wire::op::set;
+                req_.key = keys[i];
+                req_.value = values[i];
+                wire::encode_request(*dialect_, req_, wbuf_);
+            }
+            co_await flush(std::string_view("SET"), keys.front());
+        }
+    }
+
+    /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
+    /// connection: that is a store_error.
+    asio::awaitable<void> append(std::string key, std::string value) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::append);
+        req_.key = k;
+        req_.value = value;
+        co_await send(std::string_view("APPEND"), k);
+    }
+
+private:
+    using clock = std::chrono::steady_clock;
+    static constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+    // ---- one request at a time ---------------------------------------------------------------
+    // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
+    // releasing owner hands the lock over by marking it granted and cancelling that timer.
+    struct lock_waiter {
+        explicit lock_waiter(const asio::any_io_executor& ex) : timer(ex) {}
+        asio::steady_timer timer;
+        bool granted = false;
+    };
+
+    class lock_guard {
+    public:
+        explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
+        lock_guard(lock_guard&& o) noexcept : client_(std::exchange(o.client_, nullptr)) {}
+        lock_guard& operator=(lock_guard&&) = delete;
+        ~lock_guard() {
+            if (client_) client_->release();
+        }
+
+    private:
+        tcp_store_client* client_;
+    };
+
+    asio::awaitable<lock_guard> acquire() {
+        if (!busy_) {
+            busy_ = true;
+            co_return lock_guard(this);
+        }
+        lock_waiter w(executor_);
+        w.timer.expires_at(asio::steady_timer::time_point::max());
+        queue_.push_back(&w);
+        const auto it = std::prev(queue_.end());
+        co_await w.timer.async_wait(tuple_awaitable);
+        if (!w.granted) {  // cancelled by our caller while queued
+            queue_.erase(it);
+            throw std::system_error(asio::error::operation_aborted,
+                                    "store operation cancelled while queued");
+        }
+        co_return lock_guard(this);
+    }
+
+    // Also ends the operation's deadline: every operation holds the lock for its whole length.
+    void release() noexcept {
+        disarm();
+        if (queue_.empty()) {
+            busy_ = false;
+            return;
+        }
+        auto* next = queue_.front();
+        queue_.pop_front();
+        next->granted = true;
+        next->timer.cancel();
+    }
+
+    // ---- connection --------------------------------------------------------------------------
+    std::string wire_key(std::string_view key) const {
+        std::string k;
+        k.reserve(options_.key_prefix.size() + key.size());
+        k.append(options_.key_prefix).append(key);
+        return k;
+    }
+
+    static std::string_view first_of(const std::vector<std::string>& keys) {
+        return keys.empty() ? std::string_view{} : std::string_view(keys.front());
+    }
+
+    void drop() noexcept {
+        if (!conn_) return;
+        std::error_code ignored;
+        conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        conn_->socket.close(ignored);
+        ++conn_->generation;
+        conn_->timer.cancel();
+        conn_.reset();
+        rbeg_ = rend_ = 0;
+    }
+
+    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
+    // `expired` set, so the operation reports a timeout instead of hanging.
+    void arm_deadline(clock::time_point deadline) {
+        auto& c = *conn_;
+        c.expired = false;
+        const auto generation = ++c.generation;
+        c.timer.expires_at(deadline);
+        c.timer.async_wait([weak = std::weak_ptr<detail::store_client_connection>(conn_),
+                            generation](const std::error_code& ec) {
+            if (ec) return;
+            const auto conn = weak.lock();
+            if (!conn || conn->generation != generation) return;
+            conn->expired = true;
+            std::error_code ignored;
+            conn->socket.cancel(ignored);
+        });
+    }
+
+    // Every request, even one without a reply, is bounded by `timeout` (its write too).
+    void arm() { arm_deadline(clock::now() + options_.timeout); }
+
+    void disarm() noexcept {
+        if (!conn_) return;
+        ++conn_->generation;
+        conn_->timer.cancel();
+    }
+
+    void begin(wire::op o) {
+        req_.operation = o;
+        req_.keys.clear();
+        req_.values.clear();
+        req_.key = {};
+        req_.value = {};
+        req_.expected = {};
+        req_.number = 0;
+        arm();
+    }
+
+    asio::awaitable<void> ensure_connected() {
+        if (conn_ && conn_->socket.is_open()) co_return;
+        co_await open();
+    }
+
+    // Resolves (once per open) and connects, retrying with backoff until connect_timeout; then
+    // the handshake of the dialect, detecting it if asked.
+    asio::awaitable<void> open() {
+        drop();
+        const auto deadline = clock::now() + options_.connect_timeout;
+        std::error_code last;
+        std::vector<asio::ip::tcp::endpoint> endpoints;
+        for (int attempt = 1;; ++attempt) {
+            last = co_await connect_once(endpoints, deadline);
+            if (!last) {
+                if (dialect_ == wire::dialect::legacy) co_return;
+                last = co_await handshake(deadline);
+                if (!last) {
+                    dialect_ = wire::dialect::current;
+                    co_return;
+                }
+                drop();
+                if (!dialect_) {
+                    // detect: a 1.13 server resets on VALIDATE (read as a SET with a huge
+                    // key) or waits for more bytes; either way it is legacy.
+                    dialect_ = wire::dialect::legacy;
+                    last = co_await connect_once(endpoints, deadline);
+                    if (!last) co_return;
+                    drop();
+                }
+            }
+            const auto delay = backoff(attempt);
+            if (clock::now() + delay >= deadline) {
+                throw store_error(fmt::format(
+                    "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
+                    "server (the agent, or rank 0) running and is MASTER_ADDR/MASTER_PORT right? "
+                    "(store_client_options::connect_timeout)",
+                    address(), attempt, attempt == 1 ? "" : "s", options_.connect_timeout.count(),
+                    last.message(),
+                    options_.dialect == client_dialect::current
+                        ? " (current dialect forced: a PyTorch <= 2.1 server resets the "
+                          "VALIDATE handshake; use client_dialect::detect or legacy)"
+                        : ""));
+            }
+            if (options_.on_retry) options_.on_retry({attempt, last, delay});
+            asio::steady_timer t(executor_);
+            t.expires_after(delay);
+            co_await t.async_wait(tuple_awaitable);
+        }
+    }
+
+    std::chrono::milliseconds backoff(int attempt) {
+        auto d = options_.initial_backoff;
+        for (int i = 1; i < attempt && d < options_.max_backoff; ++i) d *= 2;
+        d = std::min(d, options_.max_backoff);
+        std::uniform_real_distribution<double> jitter(0.5, 1.0);
+        return std::chrono::milliseconds(
+            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng_)));
+    }
+
+    asio::awaitable<std::error_code> connect_once(std::vector<asio::ip::tcp::endpoint>& endpoints,
+                                                  clock::time_point deadline) {
+        if (endpoints.empty()) {
+            std::error_code ec;
+            const auto address = asio::ip::make_address(options_.host, ec);
+            if (!ec) {
+                endpoints.emplace_back(address, options_.port);
+            } else {
+                asio::ip::tcp::resolver resolver(executor_);
+                const auto [rec, results] = co_await resolver.async_resolve(
+                    options_.host, std::to_string(options_.port), tuple_awaitable);
+                if (rec) co_return rec;
+                for (const auto& r : results) endpoints.push_back(r.endpoint());
+            }
+        }
+        conn_ = std::make_shared<detail::store_client_connection>(executor_);
+        rbeg_ = rend_ = 0;
+        arm_deadline(deadline);
+        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        (void)ep;
+        const bool expired = conn_->expired;
+        disarm();
+        if (ec) {
+            drop();
+            co_return expired ? make_error_code(asio::error::timed_out) : ec;
+        }
+        std::error_code ignored;
+        conn_->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        co_return std::error_code{};
+    }
+
+    // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
+    // dialect. A reset, an EOF or no echo within the limit is returned as an error.
+    asio::awaitable<std::error_code> handshake(clock::time_point deadline) {
+        const auto limit =
+            dialect_ ? deadline : std::min(deadline, clock::now() + options_.detect_timeout);
+        const auto nonce = static_cast<std::uint32_t>(::getpid());
+        wbuf_.clear();
+        wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::validate));
+        wire::put_u32(wbuf_, wire::validate_magic);
+        wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
+        wire::put_u32(wbuf_, nonce);
+        arm_deadline(limit);
+        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                         tuple_awaitable);
+        (void)n;
+        std::error_code ec = wec;
+        if (!ec) ec = co_await fill(4);
+        if (ec) {
+            const bool expired = conn_->expired;
+            disarm();
+            co_return expired ? make_error_code(asio::error::timed_out) : ec;
+        }
+        disarm();
+        const auto echo = wire::get_le<std::uint32_t>(rbuf_.data() + rbeg_);
+        rbeg_ += 4;
+        if (echo != nonce)
+            throw store_error(fmt::format("the store at {} answered PING {} with {}: not a "
+                                          "TCPStore server, or a desynchronised stream",
+                                          address(), nonce, echo));
+        co_return std::error_code{};
+    }
+
+    // ---- I/O ---------------------------------------------------------------------------------
+    [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
+        const bool timed_out = conn_ && conn_->expired;
+        drop();
+        const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+        if (timed_out)
+            throw store_timeout(fmt::format(
+                "the store at {} did not answer {} within {} ms; the server is stuck or "
+                "overloaded (store_client_options::timeout)",
+                address(), about, options_.timeout.count()));
+        if (ec == asio::error::eof || ec == asio::error::connection_reset ||
+            ec == asio::error::broken_pipe)
+            throw store_error(fmt::format(
+                "the store at {} closed the connection during {} ({}): the server stopped, or "
+                "rejected the request (ADD on a non-numeric value, or an operation a PyTorch "
+                "1.13 server lacks: APPEND, MULTI_*)",
+                address(), about, ec.message()));
+        throw store_error(fmt::format("the store at {}: {} failed: {}", address(), about,
+                                      ec.message()));
+    }
+
+    asio::awaitable<void> send(std::string_view what, std::string_view key) {
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        co_await flush(what, key);
+    }
+
+    asio::awaitable<void> flush(std::string_view what, std::string_view key) {
+        if (conn_->expired) fail(what, key, asio::error::timed_out);
+        const auto [ec, n] =
+            co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        (void)n;
+        if (ec) fail(what, key, ec);
+    }
+
+    // Makes n bytes available at rbuf_[rbeg_, ...). An error code, not an exception, so WAIT
+    // can tell its timeout from a failure.
+    asio::awaitable<std::error_code> fill(std::size_t n) {
+        while (rend_ - rbeg_ < n) {
+            if (rbeg_ > 0 && rbeg_ == rend_) rbeg_ = rend_ = 0;
+            if (rbuf_.size() - rbeg_ < n) {
+                if (rbeg_ > 0) {
+                    std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, rend_ - rbeg_);
+                    rend_ -= rbeg_;
+                    rbeg_ = 0;
+                }
+                if (rbuf_.size() < n) rbuf_.resize(std::max(n, rbuf_.size() * 2));
+            }
+            if (rbuf_.size() - rend_ < 4096 && rbuf_.size() < 64 * 1024) rbuf_.resize(64 * 1024);
+            if (conn_->expired) co_return make_error_code(asio::error::timed_out);
+            const auto [ec, got] = co_await conn_->socket.async_read_some(
+                asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_), tuple_awaitable);
+            rend_ += got;
+            if (ec && rend_ - rbeg_ < n) co_return ec;
+        }
+        co_return std::error_code{};
+    }
+
+    asio::awaitable<std::uint64_t> read_u64(std::string_view what, std::string_view key) {
+        if (const auto ec = co_await fill(8)) fail(what, key, ec);
+        const auto v = wire::get_le<std::uint64_t>(rbuf_.data() + rbeg_);
+        rbeg_ += 8;
+        co_return v;
+    }
+
+    asio::awaitable<std::int64_t> read_i64(std::string_view what, std::string_view key) {
+        co_return static_cast<std::int64_t>(co_await read_u64(what, key));
+    }
+
+    asio::awaitable<std::uint8_t> read_u8(std::string_view what, std::string_view key) {
+        if (const auto ec = co_await fill(1)) fail(what, key, ec);
+        const auto v = static_cast<std::uint8_t>(rbuf_[rbeg_]);
+        ++rbeg_;
+        co_return v;
+    }
+
+    asio::awaitable<std::string> read_bytes(std::string_view what, std::string_view key) {
+        const auto len = co_await read_u64(what, key);
+        if (len > max_reply_value)
+            throw_protocol(what, key, fmt::format("a value of {} bytes", len));
+        const auto n = static_cast<std::size_t>(len);
+        if (const auto ec = co_await fill(n)) fail(what, key, ec);
+        std::string v(rbuf_.data() + rbeg_, n);
+        rbeg_ += n;
+        co_return v;
+    }
+
+    [[noreturn]] void throw_protocol(std::string_view what, std::string_view key,
+                                     std::string_view got) {
+        drop();
+        throw store_error(fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
+                                      "server of the expected dialect, or a desynchronised stream",
+                                      address(), what, key, got));
+    }
+
+    // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
+    // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: wire §1.4); the legacy dialect
+    // drops the connection, which is the only way to clear a wait on a 1.13 server.
+    asio::awaitable<void> wait_locked(std::vector<std::string> keys,
+                                      std::chrono::milliseconds timeout, std::string_view what) {
+        co_await ensure_connected();
+        req_.operation = wire::op::wait;
+        req_.keys.clear();
+        for (const auto& k : keys) req_.keys.emplace_back(k);
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        arm_deadline(clock::now() + timeout);
+        co_await flush(std::string_view("WAIT"), first_of(keys));
+        const auto ec = co_await fill(1);
+        const auto stop = static_cast<std::uint8_t>(wire::wait_response::stop_waiting);
+        if (!ec) {
+            disarm();
+            const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
+            if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+            co_return;
+        }
+        if (!conn_->expired) fail("WAIT", first_of(keys), ec);
+        const auto message = fmt::format(
+            "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
+            "{} has not; store_client_options::timeout or the wait's timeout)",
+            what, address(), describe_keys(keys), timeout.count(),
+            keys.size() == 1 ? "it" : "them");
+        if (*dialect_ == wire::dialect::legacy) {
+            drop();
+            throw store_timeout(message);
+        }
+        // The deadline cancelled only our read: the WAIT is still registered on the server.
+        req_.operation = wire::op::cancel_wait;
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        arm();
+        co_await flush(std::string_view("CANCEL_WAIT"), first_of(keys));
+        auto byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
+        if (byte == stop) {
+            arm();
+            byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
+        }
+        if (byte != static_cast<std::uint8_t>(wire::wait_response::wait_canceled))
+            throw_protocol("CANCEL_WAIT", first_of(keys), fmt::format("byte {}", byte));
+        throw store_timeout(message);
+    }
+
+    static std::string describe_keys(const std::vector<std::string>& keys) {
+        std::string out = keys.size() == 1 ? "key " : "keys ";
+        for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
+            if (i) out += ", ";
+            out += fmt::format("'{}'", keys[i]);
+        }
+        if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
+        return out;
+    }
+
+    static constexpr std::uint64_t max_reply_value = std::uint64_t{1} << 34;  // 16 GiB: sanity
+
+    asio::any_io_executor executor_;
+    store_client_options options_;
+    std::optional<wire::dialect> dialect_;
+    std::shared_ptr<detail::store_client_connection> conn_;
+    std::minstd_rand rng_;
+    wire::request req_;
+    std::string wbuf_;
+    std::vector<char> rbuf_;
+    std::size_t rbeg_ = 0;
+    std::size_t rend_ = 0;
+    bool busy_ = false;
+    std::list<lock_waiter*> queue_;
+};
+
+static_assert(store<tcp_store_client>);
+static_assert(multi_key_store<tcp_store_client>);
+
+}  // namespace elastic::inline v0
