@@ -542,6 +542,11 @@ TEST_CASE("report: summary lists workers stopped by the agent apart from failure
     const auto text = elastic::format_summary("trainer", fs, utc);
     check_golden("stopped_by_agent", text);
     CHECK(text.find("<NO_OTHER_FAILURES>") != std::string::npos);
+    // Only stopped workers (the agent itself was told to stop): no root cause to show.
+    fs.erase(fs.begin() + 2);
+    const auto none = elastic::format_summary("trainer", fs, utc);
+    CHECK(none.find("Root Cause (first observed failure):\n  <NO_ROOT_CAUSE>\n") !=
+          std::string::npos);
 }
 
 TEST_CASE("report: summary width follows the longest line up to 60 columns") {
