@@ -58,6 +58,8 @@ struct store_server_options {
     std::size_t max_pending_output = 4 * 1024 * 1024;
     /// Log sink; empty means stderr.
     store_log log;
+    /// Called after each request has run (tracing, metrics, tests); may be empty.
+    std::function<void(wire::op)> on_request;
 };
 
 namespace detail {
@@ -229,6 +231,7 @@ private:
             needed_ = 0;
             if (!execute()) return false;
             begin_ += r.size;
+            if (core_->options.on_request) core_->options.on_request(req_.operation);
         }
         if (begin_ == end_) {
             begin_ = end_ = 0;
