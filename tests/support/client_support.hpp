@@ -42,7 +42,8 @@ struct child {
     }
 };
 
-/// Starts args[0] with the parent's environment plus `env` (which wins), stdout and stderr on
+/// Starts args[0] with the parent's environment plus `env` (which wins; an empty value unsets
+/// the variable), stdout and stderr on
 /// one pipe, and with `stdin_pipe` its stdin on a pipe.
 inline child spawn(const std::vector<std::string>& args,
                    const std::map<std::string, std::string>& env = {}, bool stdin_pipe = false) {
@@ -63,7 +64,12 @@ inline child spawn(const std::vector<std::string>& args,
         const auto eq = kv.find('=');
         if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
-    for (const auto& [k, v] : env) merged[k] = v;
+    for (const auto& [k, v] : env) {
+        if (v.empty())
+            merged.erase(k);
+        else
+            merged[k] = v;
+    }
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
     std::vector<char*> envp;

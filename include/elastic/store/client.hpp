@@ -297,7 +297,8 @@ public:
     }
 
     /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
-    /// connection: that is a store_error.
+    /// connection: a store_error here (the legacy dialect follows APPEND with an empty CHECK,
+    /// whose reply proves the server took it, since APPEND itself has no reply).
     asio::awaitable<void> append(std::string key, std::string value) {
         auto lock = co_await acquire();
         co_await ensure_connected();
@@ -305,7 +306,16 @@ public:
         begin(wire::op::append);
         req_.key = k;
         req_.value = value;
-        co_await send(std::string_view("APPEND"), k);
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        if (*dialect_ == wire::dialect::current) {
+            co_await flush(std::string_view("APPEND"), k);
+            co_return;
+        }
+        req_.operation = wire::op::check;
+        wire::encode_request(*dialect_, req_, wbuf_);
+        co_await flush(std::string_view("APPEND"), k);
+        (void)co_await read_u8(std::string_view("APPEND"), k);
     }
 
 private:
