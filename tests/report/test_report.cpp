@@ -295,6 +295,10 @@ TEST_CASE("report: malformed error files are reported with the reason, never thr
     check_malformed(R"({"message": {"message": "m", "extraInfo": {"timestamp": 1e300}}})",
                     "is not a number of seconds");
     check_malformed(R"({"message": "m", "timestamp": {}})", "is not a number of seconds");
+    // Past 2200: found by the fuzzer, it overflowed system_clock's nanoseconds.
+    check_malformed(R"({"message": "flat", "timestamp": 9795316400})",
+                    "is not a number of seconds");
+    CHECK(parse(R"({"message": "m", "timestamp": 7258118400})").parsed());
     check_malformed(R"({"message": {"message": "m", "errorCode": "137"}})",
                     "errorCode\" \"137\" is not an integer");
     // Raw bytes that are not UTF-8 inside a string: invalid JSON, and the reason is printable.

@@ -89,6 +89,9 @@ inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
 /// parsing so hostile input cannot make the parser or the copy recurse deeply.
 inline constexpr int max_error_file_depth = 32;
 
+/// The latest timestamp an error file may carry (2200-01-01 UTC, in seconds since the epoch).
+inline constexpr double max_error_file_timestamp = 7258118400.0;
+
 namespace detail::report {
 
 /// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
@@ -243,8 +246,9 @@ inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> par
     } else {
         return std::nullopt;
     }
-    // 0 .. year 9999: anything else is garbage, and would overflow the clock's duration.
-    if (!std::isfinite(seconds) || seconds < 0 || seconds > 253402300799.0) {
+    // 1970 .. 2200: anything else is garbage. The bound matters: system_clock counts int64
+    // nanoseconds, which end in 2262 (found by the fuzzer: a stamp in 2280 overflowed).
+    if (!std::isfinite(seconds) || seconds < 0 || seconds > max_error_file_timestamp) {
         return std::nullopt;
     }
     // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
