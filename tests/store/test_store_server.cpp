@@ -496,3 +496,20 @@ TEST_CASE("store: server binding errors name the address and the remedy") {
         CHECK(what.find("0 picks a free one") != std::string::npos);
     }
 }
+
+TEST_CASE("store: a server destroyed with a client blocked in WAIT closes it and leaks nothing") {
+    asio::io_context ctx;
+    std::optional<elastic::tcp_store_server> server;
+    elastic::store_server_options o;
+    o.host = "127.0.0.1";
+    server.emplace(ctx.get_executor(), o);
+    server->start();
+    const auto port = server->port();
+    store_support::run(ctx, [&]() -> asio::awaitable<void> {
+        auto w = co_await blocked_waiter(port);
+        CHECK(server->connections() == 1);
+        server.reset();  // the connection coroutines outlive the object, not its state
+        CHECK(co_await w.closed_by_peer());
+    }());
+    CHECK_FALSE(server.has_value());
+}

@@ -427,19 +427,40 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, run(), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, serve(core_), asio::detached); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
-    /// stops the server).
-    asio::awaitable<void> run() {
-        auto core = core_;
+    /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
+    /// outlive the server object.
+    asio::awaitable<void> run() { return serve(core_); }
+
+    /// Stops accepting and closes every connection (their waits are dropped).
+    void stop() noexcept { stop(*core_); }
+
+    /// The key table the connections share (for an embedding agent and for tests).
+    detail::store_engine& engine() noexcept { return core_->engine; }
+
+    /// The number of open connections.
+    std::size_t connections() const noexcept { return core_->connections.size(); }
+
+private:
+    static void stop(detail::store_server_core& core) noexcept {
+        if (core.stopped) return;
+        core.stopped = true;
+        std::error_code ignored;
+        core.acceptor.close(ignored);
+        core.resume_accept.cancel();
+        for (auto* c : core.connections) c->close();
+    }
+
+    static asio::awaitable<void> serve(std::shared_ptr<detail::store_server_core> core) {
         constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
         while (!core->stopped) {
             auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
             if (ec == asio::error::operation_aborted || core->stopped) break;
             if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
                 // Out of descriptors: accept again once a connection closes (it cancels the
-                // timer), not in a loop.
+                // timer), not in a retry loop.
                 core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
                                       ec.message()));
                 core->resume_accept.expires_at(asio::steady_timer::time_point::max());
@@ -464,26 +485,9 @@ public:
             asio::co_spawn(core->executor, detail::store_connection::serve(std::move(conn)),
                            asio::detached);
         }
-        stop();
+        stop(*core);
     }
 
-    /// Stops accepting and closes every connection (their waits are dropped).
-    void stop() noexcept {
-        if (core_->stopped) return;
-        core_->stopped = true;
-        std::error_code ignored;
-        core_->acceptor.close(ignored);
-        core_->resume_accept.cancel();
-        for (auto* c : core_->connections) c->close();
-    }
-
-    /// The key table the connections share (for an embedding agent and for tests).
-    detail::store_engine& engine() noexcept { return core_->engine; }
-
-    /// The number of open connections.
-    std::size_t connections() const noexcept { return core_->connections.size(); }
-
-private:
     std::shared_ptr<detail::store_server_core> core_;
 };
 
