@@ -143,7 +143,9 @@ TEST_CASE("process: wait_any reports exits as they happen") {
     CHECK(workers[2].signal(SIGUSR2));
     CHECK(run(io, elastic::wait_any(workers)) == 2);  // exited ones are not reported again
     CHECK(workers[0].signal(SIGTERM));
-    CHECK(run(io, elastic::wait_any(workers)) == 0);
+    // Workers held elsewhere (in a struct, say) are passed by pointer.
+    const std::vector<elastic::child_process*> pointers{&workers[0], &workers[1], &workers[2]};
+    CHECK(run(io, elastic::wait_any(pointers)) == 0);
     CHECK(run(io, elastic::wait_any(workers)) == workers.size());  // none left running
     CHECK(workers[1].status()->steady_time < workers[2].status()->steady_time);
     CHECK(workers[2].status()->steady_time < workers[0].status()->steady_time);
@@ -231,7 +233,8 @@ TEST_CASE("process: the wait after SIGKILL is bounded and reports what is left")
         exit_set set(co_await asio::this_coro::executor);
         set.add(workers[0].native_pidfd(), 0);
         set.add(workers[1].native_pidfd(), 1);
-        co_await elastic::detail::await_exits_or_timeout(set, workers,
+        const auto pointers = elastic::detail::addresses(workers);
+        co_await elastic::detail::await_exits_or_timeout(set, pointers,
                                                          std::chrono::milliseconds(100));
         co_return set.pending();
     }());

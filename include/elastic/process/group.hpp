@@ -153,23 +153,37 @@ inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
     return out;
 }
 
+/// Pointers to each of `children`, for the overloads that take workers by value.
+inline std::vector<child_process*> addresses(std::span<child_process> children) {
+    std::vector<child_process*> out;
+    out.reserve(children.size());
+    for (auto& child : children) out.push_back(&child);
+    return out;
+}
+
 }  // namespace detail
 
 /// Waits until one of `children` that has not exited yet exits, and returns its index (its
 /// status() is then set). Returns `children.size()` at once if none is left running. Exit
 /// times are exact for all of them: the waits run side by side. Cancellable.
-inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
+inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
     detail::exit_set set(co_await asio::this_coro::executor);
     for (std::size_t i = 0; i < children.size(); ++i) {
-        if (children[i].reaped() || children[i].status()) continue;
-        if (children[i].check_exit()) co_return i;
-        set.add(children[i].native_pidfd(), i);
+        if (children[i]->reaped() || children[i]->status()) continue;
+        if (children[i]->check_exit()) co_return i;
+        set.add(children[i]->native_pidfd(), i);
     }
     if (set.size() == 0) co_return children.size();
     for (;;) {
         const std::size_t i = co_await set.next();
-        if (children[i].check_exit()) co_return i;
+        if (children[i]->check_exit()) co_return i;
     }
+}
+
+/// `wait_any` for workers held by value (a std::vector<child_process>, say).
+inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
+    const auto pointers = detail::addresses(children);
+    co_return co_await wait_any(std::span<child_process* const>(pointers));
 }
 
 /// How one worker ended during `stop`.
@@ -225,15 +239,16 @@ struct stop_options {
 namespace detail {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
-inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process> children) {
+inline asio::awaitable<void> await_exits(exit_set& set,
+                                         std::span<child_process* const> children) {
     while (set.size() > 0) {
         const std::size_t token = co_await set.next();
-        if (token < children.size()) children[token].check_exit();
+        if (token < children.size()) children[token]->check_exit();
     }
 }
 
 inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
-                                                  std::span<child_process> children,
+                                                  std::span<child_process* const> children,
                                                   std::chrono::milliseconds timeout) {
     using namespace asio::experimental::awaitable_operators;
     if (set.size() == 0) co_return;
@@ -254,7 +269,7 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
 /// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
 /// Workers already reaped are reported `already_exited` and not signalled (their group id is
 /// no longer reserved).
-inline asio::awaitable<stop_result> stop(std::span<child_process> children,
+inline asio::awaitable<stop_result> stop(std::span<child_process* const> children,
                                          stop_options options = {}) {
     auto executor = co_await asio::this_coro::executor;
     stop_result result;
@@ -266,7 +281,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
 
     // 1. The stop signal, to every group whose leader is still unreaped (so its id is ours).
     for (std::size_t i = 0; i < children.size(); ++i) {
-        auto& child = children[i];
+        auto& child = *children[i];
         result.workers[i].pid = child.pid();
         if (child.pid() <= 0) continue;
         leaders.push_back(child.pid());
@@ -283,8 +298,8 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
     {
         detail::exit_set set(executor);
         for (std::size_t i = 0; i < children.size(); ++i) {
-            if (!children[i].reaped() && !children[i].check_exit()) {
-                set.add(children[i].native_pidfd(), i);
+            if (!children[i]->reaped() && !children[i]->check_exit()) {
+                set.add(children[i]->native_pidfd(), i);
             }
         }
         auto members = detail::group_members(pgids, leaders);
@@ -302,14 +317,14 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
     }
 
     // 3. SIGKILL to every group; await the deaths, bounded; reap.
-    for (auto& child : children) {
-        if (!child.reaped()) child.signal_group(SIGKILL);
+    for (child_process* child : children) {
+        if (!child->reaped()) child->signal_group(SIGKILL);
     }
     {
         detail::exit_set set(executor);
         for (std::size_t i = 0; i < children.size(); ++i) {
-            if (!children[i].reaped() && !children[i].check_exit()) {
-                set.add(children[i].native_pidfd(), i);
+            if (!children[i]->reaped() && !children[i]->check_exit()) {
+                set.add(children[i]->native_pidfd(), i);
             }
         }
         // Members again: a process forked during the grace period is found here.
@@ -324,13 +339,13 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
         co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
         for (std::size_t token : set.pending()) {
             result.unkillable.push_back(token < children.size()
-                                            ? children[token].pid()
+                                            ? children[token]->pid()
                                             : members[token - children.size()].pid);
         }
     }
 
     for (std::size_t i = 0; i < children.size(); ++i) {
-        auto& child = children[i];
+        auto& child = *children[i];
         auto& worker = result.workers[i];
         if (child.pid() <= 0) continue;
         worker.status = child.status();
@@ -352,9 +367,17 @@ inline asio::awaitable<stop_result> stop(std::span<child_process> children,
     co_return result;
 }
 
+/// `stop` for workers held by value (a std::vector<child_process>, say).
+inline asio::awaitable<stop_result> stop(std::span<child_process> children,
+                                         stop_options options = {}) {
+    const auto pointers = detail::addresses(children);
+    co_return co_await stop(std::span<child_process* const>(pointers), options);
+}
+
 /// `stop` for one worker.
 inline asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
-    co_return co_await stop(std::span<child_process>(&child, 1), options);
+    child_process* const one[] = {&child};
+    co_return co_await stop(std::span<child_process* const>(one), options);
 }
 
 }  // namespace elastic::inline v0
