@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <string>
@@ -125,6 +126,10 @@ TEST_CASE("report: exit statuses of real children, in torchrun's and the shell's
     CHECK(exit_status::from_siginfo(CLD_KILLED, 15) == exit_status::from_signal(15));
     CHECK(exit_status::from_siginfo(CLD_DUMPED, 11) == exit_status::from_signal(11));
     CHECK(exit_status::from_signal(SIGRTMAX).shell_exit_code() == 128 + SIGRTMAX);
+    // Nonsense numbers neither overflow nor pass for an exit code.
+    CHECK(exit_status::from_signal(INT_MAX).shell_exit_code() == 255);
+    CHECK(exit_status::from_signal(0).shell_exit_code() == 255);
+    CHECK(exit_status::from_signal(INT_MIN).torch_exitcode() == INT_MAX);
 }
 
 // ---- stderr tail --------------------------------------------------------------------------------

@@ -8,8 +8,8 @@
 #include "elastic/report/stderr_tail.hpp"
 #include "elastic/report/text.hpp"
 
-#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -56,11 +56,18 @@ struct exit_status {
 
     /// torchrun's number for it (Popen.returncode): the code, or -N for signal N. This is what
     /// the summary's "exitcode" line and an error file's errorCode show.
-    constexpr int torch_exitcode() const noexcept { return how == kind::signaled ? -value : value; }
+    constexpr int torch_exitcode() const noexcept {
+        // Negating INT_MIN would overflow; no real signal is near it.
+        return how != kind::signaled ? value : (value == INT_MIN ? INT_MAX : -value);
+    }
 
-    /// The shell's number for it: the code, or 128+N for signal N (capped at 255).
+    /// The shell's number for it: the code, or 128+N for signal N (255 for numbers that are no
+    /// signal, so the sum can neither overflow nor look like an exit code).
     constexpr int shell_exit_code() const noexcept {
-        return how == kind::signaled ? std::min(128 + value, 255) : value;
+        if (how != kind::signaled) {
+            return value;
+        }
+        return value <= 0 || value >= 127 ? 255 : 128 + value;
     }
 
     friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
