@@ -112,7 +112,8 @@ inline constexpr const char* no_traceback_hint =
     "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
 
 /// The one-line description of a failure: the error file's message when it has one, else
-/// "Signal 9 (SIGKILL) received by PID 1234", else "exited with code 3 (pid: 1234)".
+/// "Signal 9 (SIGKILL) received by PID 1234", else
+/// "Process 1234 (rank: 3, local_rank: 1) exited with code 3".
 inline std::string failure_headline(const worker_failure& f) {
     if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
         return f.error_file.content.message;
