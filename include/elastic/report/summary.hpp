@@ -92,9 +92,9 @@ inline std::size_t widest_line(std::string_view text) {
 
 }  // namespace detail::report
 
-/// The summary of a group's failure in torchrun's layout (inventory §6.4), byte for byte what
-/// torchrun's ChildFailedError message would be for the same failures: it starts with a newline
-/// and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
+/// The summary of a group's failure in torchrun's layout (inventory §6.4): for failures torchrun
+/// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
+/// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
 ///
 /// Failed workers are listed in global-rank order, numbered by that order; the root cause
 /// (root_cause()) is shown under "Root Cause (first observed failure):", the others under
