@@ -306,6 +306,9 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
         return std::move(r).result(false);
     }
     out.operation = *o;
+    out.key = out.value = out.expected = {};  // no view may survive from an earlier request
+    out.number = 0;
+    out.nonce = 0;
     out.keys.clear();
     out.values.clear();
     bool ok = true;
