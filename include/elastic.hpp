@@ -14,4 +14,5 @@
 // Layers (each of these includes the public headers of its folder).
 #include "elastic/store.hpp"
 #include "elastic/process.hpp"
+#include "elastic/report.hpp"
 #include "elastic/launch.hpp"
