@@ -76,25 +76,8328 @@ public:
 
 // Worker side.
 // ---- begin elastic/env.hpp ----
-// elastic::env(): the worker's typed, validated view of the environment contract.
+// elastic::env(): the worker's typed, validated view of the environment contract (torchrun's
+// variables, composer's NODE_RANK, Slurm and Open MPI fallbacks), read once.
 
+
+#include <charconv>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// Where a `worker_env` came from, in the order `worker_env::from` tries them
+/// (docs/environment.md, "Precedence").
+enum class env_source {
+    defaults,  ///< no launcher variable at all: a single-rank run (rank 0 of 1)
+    torchrun,  ///< torchrun / elasticrun / composer variables (RANK, WORLD_SIZE, ...)
+    open_mpi,  ///< mpirun's OMPI_COMM_WORLD_* variables
+    slurm,     ///< srun's SLURM_* variables
+};
+
+/// The name of a source, as docs/environment.md spells it ("defaults", "torchrun", ...).
+[[nodiscard]] constexpr const char* to_string(env_source source) noexcept {
+    switch (source) {
+        case env_source::defaults: return "defaults";
+        case env_source::torchrun: return "torchrun";
+        case env_source::open_mpi: return "open_mpi";
+        case env_source::slurm: return "slurm";
+    }
+    return "unknown";
+}
+
+/// A worker environment that breaks a rule: the message names the variable(s), their value(s)
+/// and the rule; `variables()` lists the names involved, for programs that want to point at them.
+class env_error : public error {
+public:
+    env_error(const std::string& message, std::vector<std::string> variables)
+        : error(message), variables_(std::move(variables)) {}
+
+    /// The environment variables the message is about, in the order it names them.
+    [[nodiscard]] const std::vector<std::string>& variables() const noexcept { return variables_; }
+
+private:
+    std::vector<std::string> variables_;
+};
+
+/// What the launcher told this worker: every variable torchrun sets, typed and checked.
+/// Defaults (docs/environment.md) make a program started by hand a single-rank run.
+struct worker_env {
+    int rank = 0;        ///< RANK: global rank, 0 <= rank < world_size
+    int local_rank = 0;  ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
+    int world_size = 1;  ///< WORLD_SIZE: workers in the job
+    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: workers on this node
+    int node_rank = 0;         ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
+    int node_count = 1;        ///< GROUP_WORLD_SIZE: nodes (agents) in the job
+    int role_rank = 0;         ///< ROLE_RANK: rank among workers of the same role
+    int role_world_size = 1;   ///< ROLE_WORLD_SIZE: workers of the same role
+    std::string role_name = "default";         ///< ROLE_NAME (torchrun's --role)
+    std::optional<std::string> master_addr;    ///< MASTER_ADDR: host of the rank-0 store
+    std::optional<std::uint16_t> master_port;  ///< MASTER_PORT: its port, 1..65535
+    int restart_count = 0;         ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
+    int max_restarts = 0;          ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
+    std::string run_id;            ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
+    bool use_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
+    std::optional<std::string> error_file;     ///< TORCHELASTIC_ERROR_FILE (empty means none)
+    env_source source = env_source::defaults;  ///< which launcher's variables these came from
+
+    /// True when a launcher (torchrun, elasticrun, composer, srun, mpirun) started this worker;
+    /// false for the single-rank default of a program started by hand.
+    [[nodiscard]] bool launched() const noexcept { return source != env_source::defaults; }
+
+    /// Builds and validates a worker_env from `variables` (name -> value: a std::map of strings,
+    /// with any comparator, such as the launch layer's `elastic::environment`), exactly as `env()`
+    /// does from the process environment. Throws `env_error`.
+    template <class Map = std::map<std::string, std::string>>
+    [[nodiscard]] static worker_env from(const Map& variables);
+
+    /// Reads and validates the process environment now (`env()` does this once and keeps it).
+    /// Throws `env_error`.
+    [[nodiscard]] static worker_env from_process();
+};
+
+namespace detail::env_impl {
+
+// Reads variables through a lookup and knows how to complain about them. Every message names
+// the variable, its value and the rule, because the person reading it usually did not write the
+// launcher's command line that produced the value.
+class env_reader {
+public:
+    using lookup_fn = std::optional<std::string> (*)(const void* context, const char* name);
+
+    env_reader(lookup_fn lookup, const void* context) : lookup_(lookup), context_(context) {}
+
+    [[nodiscard]] std::optional<std::string> get(const char* name) const {
+        return lookup_(context_, name);
+    }
+    [[nodiscard]] bool has(const char* name) const { return get(name).has_value(); }
+
+    // The first of `names` that is set, or nullptr.
+    [[nodiscard]] const char* first_set(std::initializer_list<const char*> names) const {
+        for (const char* name : names) {
+            if (has(name)) return name;
+        }
+        return nullptr;
+    }
+
+    [[noreturn]] static void fail(const std::string& what, std::vector<std::string> names) {
+        throw env_error("invalid worker environment: " + what, std::move(names));
+    }
+
+    // A non-negative decimal integer that fits an int.
+    [[nodiscard]] std::optional<int> integer(const char* name) const {
+        const auto text = get(name);
+        if (!text) return std::nullopt;
+        long long value = 0;
+        const char* const first = text->data();
+        const char* const last = first + text->size();
+        const auto [end, ec] = std::from_chars(first, last, value);
+        if (text->empty() || ec == std::errc::invalid_argument || end != last) {
+            fail(
+                std::string(name) + "='" + *text +
+                    "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
+                {name});
+        }
+        if (ec == std::errc::result_out_of_range || value > INT_MAX || value < INT_MIN) {
+            fail(std::string(name) + "=" + *text +
+                     " is out of range (the largest accepted value is " + std::to_string(INT_MAX) +
+                     ")",
+                 {name});
+        }
+        if (value < 0) {
+            fail(std::string(name) + "=" + *text +
+                     " is negative (ranks, sizes and counts are 0 or more)",
+                 {name});
+        }
+        return static_cast<int>(value);
+    }
+
+    [[nodiscard]] std::optional<int> size(const char* name) const {
+        const auto value = integer(name);
+        if (value && *value == 0) {
+            fail(std::string(name) + "=0 is not a valid size (sizes are 1 or more)", {name});
+        }
+        return value;
+    }
+
+    [[nodiscard]] std::optional<bool> boolean(const char* name) const {
+        const auto text = get(name);
+        if (!text) return std::nullopt;
+        // torchrun writes str(bool): "True"/"False". Accept the usual shell spellings too.
+        for (const char* yes : {"True", "true", "TRUE", "1", "yes"}) {
+            if (*text == yes) return true;
+        }
+        for (const char* no : {"False", "false", "FALSE", "0", "no"}) {
+            if (*text == no) return false;
+        }
+        fail(std::string(name) + "='" + *text +
+                 "' is not a boolean (use True or False; true/false/1/0 are accepted too)",
+             {name});
+    }
+
+private:
+    lookup_fn lookup_;
+    const void* context_;
+};
+
+// An integer with the words that describe where it came from, for messages: "RANK=3", or "the
+// node count 2 (GROUP_WORLD_SIZE is unset: WORLD_SIZE / LOCAL_WORLD_SIZE, rounded up)".
+struct env_value {
+    int value = 0;
+    std::string describe;
+    std::vector<std::string> names;  // variables behind the value (empty for a pure default)
+};
+
+inline env_value from_variable(const char* name, int value) {
+    return {value, std::string(name) + "=" + std::to_string(value), {name}};
+}
+
+inline env_value from_default(int value, const char* quantity, const std::string& why) {
+    return {value, std::string(quantity) + " " + std::to_string(value) + " (" + why + ")", {}};
+}
+
+// An optional integer variable as an env_value, or the default.
+inline env_value integer_or(const env_reader& reader, const char* name, bool is_size, int fallback,
+                            const char* quantity, const std::string& why) {
+    const auto value = is_size ? reader.size(name) : reader.integer(name);
+    return value ? from_variable(name, *value) : from_default(fallback, quantity, why);
+}
+
+inline env_value required(const env_reader& reader, const char* name, bool is_size,
+                          const char* launcher, const char* trigger) {
+    const auto value = is_size ? reader.size(name) : reader.integer(name);
+    if (!value) {
+        const auto trigger_value = reader.get(trigger).value_or("");
+        env_reader::fail(std::string(name) + " is not set, but " + trigger + "=" + trigger_value +
+                             " is: a worker started by " + launcher +
+                             " needs it (unset every launcher variable for a single-rank run)",
+                         {name, trigger});
+    }
+    return from_variable(name, *value);
+}
+
+inline void check_less(const env_value& low, const env_value& high, const char* rule) {
+    if (low.value < high.value) return;
+    std::vector<std::string> names = low.names;
+    names.insert(names.end(), high.names.begin(), high.names.end());
+    env_reader::fail(low.describe + " is not less than " + high.describe + " (" + rule + ")",
+                     std::move(names));
+}
+
+inline void check_not_more(const env_value& low, const env_value& high, const char* rule) {
+    if (low.value <= high.value) return;
+    std::vector<std::string> names = low.names;
+    names.insert(names.end(), high.names.begin(), high.names.end());
+    env_reader::fail(low.describe + " exceeds " + high.describe + " (" + rule + ")",
+                     std::move(names));
+}
+
+inline int ceil_div(int a, int b) {
+    return (a + b - 1) / b;
+}
+
+// The local pair: both set, or neither (then the single-node values: the whole job is local).
+inline void local_pair(const env_reader& reader, const char* rank_name, const char* size_name,
+                       const env_value& rank, const env_value& world, env_value& local_rank,
+                       env_value& local_size) {
+    const bool has_rank = reader.has(rank_name);
+    const bool has_size = reader.has(size_name);
+    if (has_rank != has_size) {
+        const char* set = has_rank ? rank_name : size_name;
+        const char* unset = has_rank ? size_name : rank_name;
+        env_reader::fail(std::string(unset) + " is not set, but " + set + "=" +
+                             reader.get(set).value_or("") +
+                             " is: set both or neither (neither means one node: " + rank_name +
+                             " = the global rank, " + size_name + " = the world size)",
+                         {unset, set});
+    }
+    if (!has_rank) {
+        local_rank = from_default(rank.value, "the local rank",
+                                  std::string(rank_name) + " is unset: the global rank");
+        local_size = from_default(world.value, "the local world size",
+                                  std::string(size_name) + " is unset: the world size");
+        return;
+    }
+    local_rank = from_variable(rank_name, *reader.integer(rank_name));
+    local_size = from_variable(size_name, *reader.size(size_name));
+}
+
+// The first host of a Slurm hostlist expression: "gpu[07-09,12],cpu1" -> "gpu07";
+// "rack[1-2]-n[01-04]" -> "rack1-n01". Returns "" for an empty or malformed list.
+inline std::string slurm_first_host(std::string_view list) {
+    std::string host;
+    int depth = 0;
+    bool in_range_tail = false;  // inside [...] after the first number of the first range
+    for (const char c : list) {
+        if (depth == 0 && c == ',') break;
+        if (c == '[') {
+            ++depth;
+            in_range_tail = false;
+            continue;
+        }
+        if (c == ']') {
+            if (depth == 0) return "";
+            --depth;
+            continue;
+        }
+        if (depth > 0) {
+            if (in_range_tail) continue;
+            if (c == '-' || c == ',') {
+                in_range_tail = true;
+                continue;
+            }
+        }
+        host += c;
+    }
+    return depth == 0 ? host : std::string();
+}
+
+// Slurm's compressed tasks-per-node list: "2(x3),1" is 2,2,2,1. The count of node `node`.
+inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
+    int index = 0;
+    while (!list.empty()) {
+        const auto comma = list.find(',');
+        const std::string_view item = list.substr(0, comma);
+        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+        int count = 0;
+        int repeat = 1;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), count);
+        if (ec != std::errc() || count < 0) return std::nullopt;
+        const std::string_view rest(end, static_cast<std::size_t>(item.data() + item.size() - end));
+        if (!rest.empty()) {
+            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')')
+                return std::nullopt;
+            const auto digits = rest.substr(2, rest.size() - 3);
+            auto [e2, ec2] = std::from_chars(digits.data(), digits.data() + digits.size(), repeat);
+            if (ec2 != std::errc() || e2 != digits.data() + digits.size() || repeat < 1) {
+                return std::nullopt;
+            }
+        }
+        if (node < index + repeat) return count;
+        index += repeat;
+    }
+    return std::nullopt;
+}
+
+// The variables whose presence means "torchrun (or elasticrun, or composer) started me". The
+// rendezvous endpoint (MASTER_ADDR/MASTER_PORT) and TORCHELASTIC_ERROR_FILE are read in every mode
+// but do not count: people export them by hand around srun and mpirun.
+// clang-format off
+inline constexpr const char* torchrun_triggers[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"};
+
+inline constexpr const char* open_mpi_triggers[] = {
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE"};
+// clang-format on
+
+inline const char* first_of(const env_reader& reader, const auto& names) {
+    for (const char* name : names) {
+        if (reader.has(name)) return name;
+    }
+    return nullptr;
+}
+
+inline void read_torchrun(const env_reader& reader, const char* trigger, worker_env& out) {
+    const env_value world = required(reader, "WORLD_SIZE", true, "a launcher", trigger);
+    const env_value rank = required(reader, "RANK", false, "a launcher", trigger);
+    check_less(rank, world, "ranks run from 0 to WORLD_SIZE-1");
+    env_value local_rank;
+    env_value local_size;
+    local_pair(reader, "LOCAL_RANK", "LOCAL_WORLD_SIZE", rank, world, local_rank, local_size);
+    check_less(local_rank, local_size, "local ranks run from 0 to LOCAL_WORLD_SIZE-1");
+    check_not_more(local_size, world, "a node cannot run more workers than the whole job");
+
+    // GROUP_RANK is torchrun's name for the node rank, NODE_RANK composer's; both may be set.
+    env_value node;
+    const auto group_rank = reader.integer("GROUP_RANK");
+    const auto node_rank = reader.integer("NODE_RANK");
+    if (group_rank && node_rank && *group_rank != *node_rank) {
+        env_reader::fail("GROUP_RANK=" + std::to_string(*group_rank) +
+                             " and NODE_RANK=" + std::to_string(*node_rank) +
+                             " disagree (both name this node's rank: set one, or both alike)",
+                         {"GROUP_RANK", "NODE_RANK"});
+    }
+    if (group_rank) {
+        node = from_variable("GROUP_RANK", *group_rank);
+    } else if (node_rank) {
+        node = from_variable("NODE_RANK", *node_rank);
+    } else {
+        node = from_default(rank.value / local_size.value, "the node rank",
+                            "GROUP_RANK is unset: global rank / local world size");
+    }
+    const env_value nodes = integer_or(
+        reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value), "the node count",
+        "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
+    check_less(node, nodes, "node ranks run from 0 to GROUP_WORLD_SIZE-1");
+
+    const env_value role_size =
+        integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size",
+                   "ROLE_WORLD_SIZE is unset: the world size");
+    const env_value role_rank = integer_or(reader, "ROLE_RANK", false, rank.value, "the role rank",
+                                           "ROLE_RANK is unset: the global rank");
+    check_less(role_rank, role_size, "role ranks run from 0 to ROLE_WORLD_SIZE-1");
+
+    out.world_size = world.value;
+    out.rank = rank.value;
+    out.local_rank = local_rank.value;
+    out.local_world_size = local_size.value;
+    out.node_rank = node.value;
+    out.node_count = nodes.value;
+    out.role_rank = role_rank.value;
+    out.role_world_size = role_size.value;
+    if (auto name = reader.get("ROLE_NAME")) out.role_name = std::move(*name);
+    out.restart_count = reader.integer("TORCHELASTIC_RESTART_COUNT").value_or(0);
+    out.max_restarts = reader.integer("TORCHELASTIC_MAX_RESTARTS").value_or(0);
+    out.run_id = reader.get("TORCHELASTIC_RUN_ID").value_or("");
+    out.use_agent_store = reader.boolean("TORCHELASTIC_USE_AGENT_STORE").value_or(false);
+    out.source = env_source::torchrun;
+}
+
+inline void read_open_mpi(const env_reader& reader, const char* trigger, worker_env& out) {
+    const env_value world = required(reader, "OMPI_COMM_WORLD_SIZE", true, "mpirun", trigger);
+    const env_value rank = required(reader, "OMPI_COMM_WORLD_RANK", false, "mpirun", trigger);
+    check_less(rank, world, "ranks run from 0 to OMPI_COMM_WORLD_SIZE-1");
+    env_value local_rank;
+    env_value local_size;
+    local_pair(reader, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", rank, world,
+               local_rank, local_size);
+    check_less(local_rank, local_size, "local ranks run from 0 to OMPI_COMM_WORLD_LOCAL_SIZE-1");
+    check_not_more(local_size, world, "a node cannot run more workers than the whole job");
+    out.world_size = world.value;
+    out.rank = rank.value;
+    out.local_rank = local_rank.value;
+    out.local_world_size = local_size.value;
+    // Open MPI exports no node index (OMPI_COMM_WORLD_NODE_RANK is a rank *on* the node). With
+    // mpirun's default by-slot mapping, node = rank / ranks per node.
+    out.node_rank = rank.value / local_size.value;
+    out.node_count = ceil_div(world.value, local_size.value);
+    out.role_rank = out.rank;
+    out.role_world_size = out.world_size;
+    out.source = env_source::open_mpi;
+}
+
+inline void read_slurm(const env_reader& reader, worker_env& out) {
+    const char* const trigger = "SLURM_PROCID";
+    // A step may run fewer tasks than the allocation: prefer the step's count.
+    const char* const world_name =
+        reader.first_set({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+    const env_value world =
+        required(reader, world_name ? world_name : "SLURM_NTASKS", true, "srun", trigger);
+    const env_value rank = required(reader, "SLURM_PROCID", false, "srun", trigger);
+    check_less(rank, world, "Slurm task ids run from 0 to the task count - 1");
+    const env_value local_rank = required(reader, "SLURM_LOCALID", false, "srun", trigger);
+    const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id",
+                                      "SLURM_NODEID is unset: node 0");
+    // This node's entry of the step's list is exact (nodes may differ, a step may differ from
+    // the allocation); SLURM_NTASKS_PER_NODE is the allocation's uniform request.
+    const auto from_list = [&](const char* list_name) {
+        const auto list = reader.get(list_name).value_or("");
+        const auto count = slurm_tasks_on_node(list, node.value);
+        if (!count || *count == 0) {
+            env_reader::fail(std::string(list_name) + "='" + list +
+                                 "' gives no task count for node " + std::to_string(node.value) +
+                                 " (expected a list such as 2(x3),1 indexed by SLURM_NODEID)",
+                             {list_name, "SLURM_NODEID"});
+        }
+        return env_value{*count,
+                         std::string(list_name) + "='" + list + "' (" + std::to_string(*count) +
+                             " on node " + std::to_string(node.value) + ")",
+                         {list_name}};
+    };
+    env_value local_size;
+    if (reader.has("SLURM_STEP_TASKS_PER_NODE")) {
+        local_size = from_list("SLURM_STEP_TASKS_PER_NODE");
+    } else if (const auto per_node = reader.size("SLURM_NTASKS_PER_NODE")) {
+        local_size = from_variable("SLURM_NTASKS_PER_NODE", *per_node);
+    } else if (reader.has("SLURM_TASKS_PER_NODE")) {
+        local_size = from_list("SLURM_TASKS_PER_NODE");
+    } else {
+        env_reader::fail(
+            "SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
+            " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
+                reader.get(trigger).value_or("") +
+                " is: the local world size is unknown (run under srun, or set "
+                "LOCAL_WORLD_SIZE with the torchrun variables)",
+            {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
+    }
+    check_less(local_rank, local_size, "local task ids run below the tasks on this node");
+    check_not_more(local_size, world, "a node cannot run more tasks than the whole step");
+    const char* const nodes_name =
+        reader.first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+    const env_value nodes =
+        nodes_name ? from_variable(nodes_name, *reader.size(nodes_name))
+                   : from_default(ceil_div(world.value, local_size.value), "the node count",
+                                  "no SLURM_*NUM_NODES: tasks / tasks per node, rounded up");
+    check_less(node, nodes, "node ids run below the node count");
+
+    out.world_size = world.value;
+    out.rank = rank.value;
+    out.local_rank = local_rank.value;
+    out.local_world_size = local_size.value;
+    out.node_rank = node.value;
+    out.node_count = nodes.value;
+    out.role_rank = out.rank;
+    out.role_world_size = out.world_size;
+    out.run_id = reader.get("SLURM_JOB_ID").value_or("");
+    if (const char* list_name =
+            reader.first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+        const auto host = slurm_first_host(reader.get(list_name).value_or(""));
+        if (!host.empty()) out.master_addr = host;
+    }
+    out.source = env_source::slurm;
+}
+
+// Variables read whatever the source: the rendezvous endpoint and the error file.
+inline void read_common(const env_reader& reader, worker_env& out) {
+    if (auto addr = reader.get("MASTER_ADDR")) {
+        if (addr->empty()) {
+            env_reader::fail(
+                "MASTER_ADDR is set but empty (give the rank-0 host's name or "
+                "address, or unset it)",
+                {"MASTER_ADDR"});
+        }
+        out.master_addr = std::move(*addr);
+    }
+    if (const auto text = reader.get("MASTER_PORT")) {
+        const auto port = reader.integer("MASTER_PORT");
+        if (*port < 1 || *port > 65535) {
+            env_reader::fail("MASTER_PORT=" + *text + " is outside 1-65535 (a TCP port number)",
+                             {"MASTER_PORT"});
+        }
+        out.master_port = static_cast<std::uint16_t>(*port);
+    }
+    // torchrun sets it to "" when logs go to /dev/null: no file then.
+    if (auto file = reader.get("TORCHELASTIC_ERROR_FILE"); file && !file->empty()) {
+        out.error_file = std::move(*file);
+    }
+}
+
+inline worker_env read_environment(const env_reader& reader) {
+    worker_env out;
+    // The innermost launcher wins: torchrun under srun or mpirun sees the outer launcher's
+    // variables too (SLURM_PROCID is then the agent's task id), and mpirun inside an sbatch
+    // script inherits the batch step's SLURM_PROCID=0.
+    if (const char* trigger = first_of(reader, torchrun_triggers)) {
+        read_torchrun(reader, trigger, out);
+    } else if (const char* mpi = first_of(reader, open_mpi_triggers)) {
+        read_open_mpi(reader, mpi, out);
+    } else if (reader.has("SLURM_PROCID")) {
+        read_slurm(reader, out);
+    }
+    read_common(reader, out);
+    return out;
+}
+
+}  // namespace detail::env_impl
+
+template <class Map>
+worker_env worker_env::from(const Map& variables) {
+    const detail::env_impl::env_reader reader(
+        [](const void* context, const char* name) -> std::optional<std::string> {
+            const auto& map = *static_cast<const Map*>(context);
+            const auto it = map.find(std::string(name));
+            if (it == map.end()) return std::nullopt;
+            return it->second;
+        },
+        &variables);
+    return detail::env_impl::read_environment(reader);
+}
+
+inline worker_env worker_env::from_process() {
+    const detail::env_impl::env_reader reader(
+        [](const void*, const char* name) -> std::optional<std::string> {
+            const char* value = std::getenv(name);
+            if (value == nullptr) return std::nullopt;
+            return std::string(value);
+        },
+        nullptr);
+    return detail::env_impl::read_environment(reader);
+}
+
+/// The worker's environment, read from the process environment at the first call and kept.
+/// Thread-safe. Throws `env_error` (at each call, until the environment is valid) when a
+/// variable breaks a rule of docs/environment.md.
+[[nodiscard]] inline const worker_env& env() {
+    static const worker_env cached = worker_env::from_process();
+    return cached;
+}
+
+}  // namespace elastic::inline v0
 // ---- end elastic/env.hpp ----
 // ---- begin elastic/record.hpp ----
-// elastic::record(main): torchelastic error files for uncaught exceptions and fatal signals.
+// elastic::record(main): torchelastic error files for uncaught exceptions, std::terminate and
+// fatal signals, with a C++ backtrace taken where the exception was thrown.
 
+// ---- begin elastic/detail/backtrace.hpp ----
+// Backtraces for elastic::record: capture with the unwinder, name frames from the executable's own
+// ELF symbol table (so no -rdynamic is needed) or dladdr(3), with async-signal-safe code paths.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <unwind.h>
+
+namespace elastic::inline v0::detail::crash {
+
+// A bounded character sink over a caller's buffer: no allocation, so the signal handler can use
+// it. Output past the end is dropped and remembered (`truncated`).
+class fixed_writer {
+public:
+    fixed_writer(char* buffer, std::size_t capacity) noexcept
+        : buffer_(buffer), capacity_(capacity) {}
+
+    void put(char c) noexcept {
+        if (length_ + 1 < capacity_) {
+            buffer_[length_++] = c;
+            buffer_[length_] = '\0';
+        } else {
+            truncated_ = true;
+        }
+    }
+    void put(const char* text, std::size_t size) noexcept {
+        for (std::size_t i = 0; i < size; ++i) put(text[i]);
+    }
+    void put(const char* text) noexcept {
+        if (text != nullptr) put(text, std::strlen(text));
+    }
+    void put_unsigned(std::uintmax_t value) noexcept {
+        char digits[24];
+        std::size_t n = 0;
+        do {
+            digits[n++] = static_cast<char>('0' + value % 10);
+            value /= 10;
+        } while (value != 0);
+        while (n > 0) put(digits[--n]);
+    }
+    void put_signed(std::intmax_t value) noexcept {
+        if (value < 0) {
+            put('-');
+            put_unsigned(static_cast<std::uintmax_t>(-(value + 1)) + 1);
+        } else {
+            put_unsigned(static_cast<std::uintmax_t>(value));
+        }
+    }
+    void put_hex(std::uintptr_t value, int min_digits = 1) noexcept {
+        char digits[2 * sizeof(value)];
+        int n = 0;
+        do {
+            digits[n++] = "0123456789abcdef"[value & 0xf];
+            value >>= 4;
+        } while (value != 0);
+        while (n < min_digits && n < static_cast<int>(sizeof(digits))) digits[n++] = '0';
+        put("0x", 2);
+        while (n > 0) put(digits[--n]);
+    }
+
+    [[nodiscard]] const char* data() const noexcept { return buffer_; }
+    [[nodiscard]] std::size_t size() const noexcept { return length_; }
+    [[nodiscard]] bool truncated() const noexcept { return truncated_; }
+
+private:
+    char* buffer_;
+    std::size_t capacity_;
+    std::size_t length_ = 0;
+    bool truncated_ = false;
+};
+
+// JSON string content the way Python's json.dump writes it (ensure_ascii): ASCII as is except
+// quote, backslash and controls; everything else as \uXXXX (UTF-16, surrogate pairs above the BMP);
+// bytes that are not UTF-8 become U+FFFD. Works on any sink with put(char).
+template <class Sink>
+void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
+    const auto hex4 = [&out](unsigned code) noexcept {
+        out.put('\\');
+        out.put('u');
+        for (int shift = 12; shift >= 0; shift -= 4)
+            out.put("0123456789abcdef"[(code >> shift) & 0xf]);
+    };
+    std::size_t i = 0;
+    while (i < size) {
+        const auto byte = static_cast<unsigned char>(text[i]);
+        if (byte < 0x80) {
+            ++i;
+            switch (byte) {
+                case '"':
+                    out.put('\\');
+                    out.put('"');
+                    break;
+                case '\\':
+                    out.put('\\');
+                    out.put('\\');
+                    break;
+                case '\n':
+                    out.put('\\');
+                    out.put('n');
+                    break;
+                case '\r':
+                    out.put('\\');
+                    out.put('r');
+                    break;
+                case '\t':
+                    out.put('\\');
+                    out.put('t');
+                    break;
+                case '\b':
+                    out.put('\\');
+                    out.put('b');
+                    break;
+                case '\f':
+                    out.put('\\');
+                    out.put('f');
+                    break;
+                default:
+                    if (byte < 0x20 || byte == 0x7f) {  // Python escapes all but ' '..'~'
+                        hex4(byte);
+                    } else {
+                        out.put(static_cast<char>(byte));
+                    }
+            }
+            continue;
+        }
+        // Decode one UTF-8 sequence, strictly (no overlongs, no surrogates, at most U+10FFFF).
+        std::size_t length = 0;
+        unsigned code = 0;
+        unsigned minimum = 0;
+        if ((byte & 0xe0) == 0xc0) {
+            length = 2;
+            code = byte & 0x1fu;
+            minimum = 0x80;
+        } else if ((byte & 0xf0) == 0xe0) {
+            length = 3;
+            code = byte & 0x0fu;
+            minimum = 0x800;
+        } else if ((byte & 0xf8) == 0xf0) {
+            length = 4;
+            code = byte & 0x07u;
+            minimum = 0x10000;
+        }
+        bool valid = length != 0 && i + length <= size;
+        for (std::size_t k = 1; valid && k < length; ++k) {
+            const auto next = static_cast<unsigned char>(text[i + k]);
+            if ((next & 0xc0) != 0x80) {
+                valid = false;
+            } else {
+                code = (code << 6) | (next & 0x3fu);
+            }
+        }
+        if (valid && (code < minimum || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff))) {
+            valid = false;
+        }
+        if (!valid) {
+            hex4(0xfffd);
+            ++i;
+            continue;
+        }
+        i += length;
+        if (code >= 0x10000) {
+            code -= 0x10000;
+            hex4(0xd800 + (code >> 10));
+            hex4(0xdc00 + (code & 0x3ff));
+        } else {
+            hex4(code);
+        }
+    }
+}
+
+/// One symbolized frame. Pointers refer to the mapped executable, the dynamic loader's tables or
+/// static storage: nothing here is allocated.
+struct frame_symbol {
+    const char* function = nullptr;      // mangled name, or nullptr when unknown
+    std::uintptr_t function_offset = 0;  // pc - start of the function
+    const char* object = nullptr;        // the executable or shared object holding pc
+    std::uintptr_t object_offset = 0;    // pc - load base of that object (what addr2line takes)
+};
+
+// The executable's static symbol table (.symtab), mapped read-only at install time. dladdr only
+// sees the dynamic symbol table, which in an executable linked without -rdynamic holds almost
+// nothing: the functions a user wants to see (the thrower, main) are only in .symtab.
+struct executable_symbols {
+    const unsigned char* image = nullptr;
+    std::size_t image_size = 0;
+    const ElfW(Sym) * symbols = nullptr;
+    std::size_t symbol_count = 0;
+    const char* strings = nullptr;
+    std::size_t strings_size = 0;
+    std::uintptr_t bias = 0;  // runtime address = st_value + bias
+    bool loaded = false;
+    char path[4096] = {};
+};
+
+inline executable_symbols exe_symbols_storage{};
+
+// Maps /proc/self/exe and finds .symtab. Best effort and idempotent: on any failure frames fall
+// back to dladdr. Done lazily, at the first symbolization (i.e. at the crash, by the one thread
+// that reports), so that a healthy worker pays nothing: it only makes system calls (readlink,
+// open, fstat, mmap, close), reads memory and getauxval, all usable in a signal handler.
+inline void load_executable_symbols() noexcept {
+    auto& exe = exe_symbols_storage;
+    if (exe.loaded) return;
+    exe.loaded = true;
+    const ssize_t length = ::readlink("/proc/self/exe", exe.path, sizeof(exe.path) - 1);
+    exe.path[length > 0 ? length : 0] = '\0';
+    const int fd = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || info.st_size < static_cast<off_t>(sizeof(ElfW(Ehdr)))) {
+        ::close(fd);
+        return;
+    }
+    const auto size = static_cast<std::size_t>(info.st_size);
+    void* const map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) return;
+    const auto* image = static_cast<const unsigned char*>(map);
+    ElfW(Ehdr) header;
+    std::memcpy(&header, image, sizeof(header));
+    const bool usable = std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0 &&
+                        header.e_shentsize == sizeof(ElfW(Shdr)) && header.e_shoff != 0 &&
+                        header.e_shoff + std::size_t{header.e_shnum} * sizeof(ElfW(Shdr)) <= size;
+    if (!usable) {
+        ::munmap(map, size);
+        return;
+    }
+    const auto* sections = reinterpret_cast<const ElfW(Shdr)*>(image + header.e_shoff);
+    for (std::size_t i = 0; i < header.e_shnum; ++i) {
+        if (sections[i].sh_type != SHT_SYMTAB || sections[i].sh_link >= header.e_shnum) continue;
+        const auto& strings = sections[sections[i].sh_link];
+        if (sections[i].sh_offset + sections[i].sh_size > size ||
+            strings.sh_offset + strings.sh_size > size) {
+            continue;
+        }
+        exe.symbols = reinterpret_cast<const ElfW(Sym)*>(image + sections[i].sh_offset);
+        exe.symbol_count = sections[i].sh_size / sizeof(ElfW(Sym));
+        exe.strings = reinterpret_cast<const char*>(image + strings.sh_offset);
+        exe.strings_size = strings.sh_size;
+        break;
+    }
+    if (exe.symbols == nullptr) {  // stripped: dladdr will do what it can
+        ::munmap(map, size);
+        return;
+    }
+    // The load bias of a PIE: where the kernel put the program headers minus where the file says
+    // they are (PT_PHDR, or the PT_LOAD segment that holds e_phoff).
+    const auto at_phdr = static_cast<std::uintptr_t>(::getauxval(AT_PHDR));
+    const auto phnum = static_cast<std::size_t>(::getauxval(AT_PHNUM));
+    const auto* phdrs = reinterpret_cast<const ElfW(Phdr)*>(at_phdr);
+    bool found = false;
+    for (std::size_t i = 0; phdrs != nullptr && i < phnum && !found; ++i) {
+        if (phdrs[i].p_type == PT_PHDR) {
+            exe.bias = at_phdr - phdrs[i].p_vaddr;
+            found = true;
+        }
+    }
+    for (std::size_t i = 0; phdrs != nullptr && i < phnum && !found; ++i) {
+        if (phdrs[i].p_type == PT_LOAD && phdrs[i].p_offset <= header.e_phoff &&
+            header.e_phoff < phdrs[i].p_offset + phdrs[i].p_filesz) {
+            exe.bias = at_phdr - (phdrs[i].p_vaddr + header.e_phoff - phdrs[i].p_offset);
+            found = true;
+        }
+    }
+    if (!found) {
+        exe.symbols = nullptr;
+        ::munmap(map, size);
+        return;
+    }
+    exe.image = image;
+    exe.image_size = size;
+}
+
+// Names the function holding `lookup` (a pc, or a return address minus one); offsets are reported
+// against `pc`. Async-signal-safe as far as dladdr is (glibc's backtrace_symbols_fd relies on it
+// the same way); the executable's table is mapped on first use (load_executable_symbols).
+inline frame_symbol symbolize(std::uintptr_t pc, std::uintptr_t lookup) noexcept {
+    load_executable_symbols();
+    frame_symbol out;
+    const auto& exe = exe_symbols_storage;
+    if (exe.symbols != nullptr) {
+        for (std::size_t i = 0; i < exe.symbol_count; ++i) {
+            const auto& symbol = exe.symbols[i];
+            if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || symbol.st_size == 0 ||
+                symbol.st_value == 0 || symbol.st_name >= exe.strings_size) {
+                continue;
+            }
+            const std::uintptr_t start = symbol.st_value + exe.bias;
+            if (lookup >= start && lookup < start + symbol.st_size) {
+                out.function = exe.strings + symbol.st_name;
+                out.function_offset = pc - start;
+                out.object = exe.path;
+                out.object_offset = pc - exe.bias;
+                return out;
+            }
+        }
+    }
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(lookup), &info) != 0) {
+        out.object = info.dli_fname;
+        out.object_offset = pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+        if (info.dli_sname != nullptr && info.dli_saddr != nullptr) {
+            out.function = info.dli_sname;
+            out.function_offset = pc - reinterpret_cast<std::uintptr_t>(info.dli_saddr);
+        }
+        // dladdr names the executable by argv[0] or ""; the real path is more use to addr2line.
+        if (exe.path[0] != '\0' && exe.symbols != nullptr &&
+            reinterpret_cast<std::uintptr_t>(info.dli_fbase) == exe.bias) {
+            out.object = exe.path;
+        }
+    }
+    return out;
+}
+
+inline _Unwind_Reason_Code backtrace_step(_Unwind_Context* context, void* argument) noexcept {
+    auto& state = *static_cast<std::pair<void**, int>*>(argument);
+    auto& [frames, remaining] = state;
+    if (remaining == 0) return _URC_END_OF_STACK;
+    *frames++ = reinterpret_cast<void*>(_Unwind_GetIP(context));
+    --remaining;
+    return _URC_NO_REASON;
+}
+
+/// Captures the calling thread's stack (innermost first; frame 0 is this function). It calls the
+/// unwinder every C++ program already links (libgcc_s) directly: glibc's backtrace(3) would
+/// dlopen it on first use, which costs ~0.2 ms at start-up (to warm it) or is unsafe in a signal
+/// handler (if not warmed). Walks through signal frames (the unwinder knows the kernel's
+/// trampoline).
+inline int capture_backtrace(void** frames, int capacity) noexcept {
+    std::pair<void**, int> state{frames, capacity};
+    _Unwind_Backtrace(backtrace_step, &state);
+    return capacity - state.second;
+}
+
+}  // namespace elastic::inline v0::detail::crash
+// ---- end elastic/detail/backtrace.hpp ----
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// The exit status of a process that `record` saw end with an uncaught exception: 1, as Python's.
+/// A fatal signal is re-raised instead (the parent sees the signal itself), and `std::terminate`
+/// without an exception ends in SIGABRT, as it would without `record`.
+inline constexpr int uncaught_exception_exit_code = 1;
+
+namespace detail::crash {
+
+inline constexpr int record_max_frames = 128;
+
+// Everything the crash paths touch is allocated before the crash: the paths, the buffers, the
+// alternate signal stack. The buffers live in .bss and cost no memory until a crash writes them.
+struct record_state {
+    std::atomic<int> phase{0};          // 0: nothing reported, 1: reporting, 2: reported
+    std::atomic<long> reporter_tid{0};  // the thread writing the report
+    std::atomic<bool> installed{false};
+    bool has_error_file = false;
+    char error_file[4096] = {};
+    char scratch_path[4096 + 32] = {};
+    char message[16 * 1024] = {};
+    char callstack[64 * 1024] = {};
+    alignas(16) char signal_stack[64 * 1024] = {};
+};
+
+inline record_state record_storage{};
+
+inline long current_tid() noexcept {
+    return ::syscall(SYS_gettid);
+}
+
+// Buffered output to a file descriptor with write(2): unbounded, allocation-free, signal-safe.
+class fd_writer {
+public:
+    explicit fd_writer(int fd) noexcept : fd_(fd) {}
+    fd_writer(const fd_writer&) = delete;
+    fd_writer& operator=(const fd_writer&) = delete;
+    ~fd_writer() { flush(); }
+
+    void put(char c) noexcept {
+        if (size_ == sizeof(buffer_)) flush();
+        buffer_[size_++] = c;
+    }
+    void put(const char* text, std::size_t size) noexcept {
+        for (std::size_t i = 0; i < size; ++i) put(text[i]);
+    }
+    void put(const char* text) noexcept {
+        if (text != nullptr) put(text, std::strlen(text));
+    }
+    void flush() noexcept {
+        std::size_t done = 0;
+        while (done < size_ && !failed_) {
+            const ssize_t n = ::write(fd_, buffer_ + done, size_ - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                failed_ = true;
+            } else {
+                done += static_cast<std::size_t>(n);
+            }
+        }
+        size_ = 0;
+    }
+    [[nodiscard]] bool failed() const noexcept { return failed_; }
+
+private:
+    int fd_;
+    char buffer_[4096];
+    std::size_t size_ = 0;
+    bool failed_ = false;
+};
+
+// torchelastic's error-file JSON, byte for byte as Python's json.dump writes it (§6.2):
+// {"message": {"message": "<T>: <what>", "extraInfo": {"py_callstack": "...", "timestamp": "<s>"}}}
+template <class Sink>
+void write_error_json(Sink& out, const char* message, std::size_t message_size,
+                      const char* callstack, std::size_t callstack_size, std::int64_t timestamp) {
+    out.put("{\"message\": {\"message\": \"");
+    json_escape(out, message, message_size);
+    out.put("\", \"extraInfo\": {\"py_callstack\": \"");
+    json_escape(out, callstack, callstack_size);
+    out.put("\", \"timestamp\": \"");
+    char digits[24];
+    fixed_writer number(digits, sizeof(digits));
+    number.put_signed(timestamp);
+    out.put(number.data(), number.size());
+    out.put("\"}}}");
+}
+
+// Creates the missing parents of `path` (mkdir(2) only: signal-safe). The agent normally made
+// them; a hand-set TORCHELASTIC_ERROR_FILE may point anywhere.
+inline void make_parent_directories(char* path) noexcept {
+    for (char* p = path + 1; *p != '\0'; ++p) {
+        if (*p != '/') continue;
+        *p = '\0';
+        (void)::mkdir(path, 0755);
+        *p = '/';
+    }
+}
+
+// Writes the error file as "<path>.tmp.<pid>" and renames it over <path>, so a reader (the agent)
+// sees the whole file or none. Returns 0 or the errno of the step that failed.
+inline int write_error_file_atomically(const char* message, std::size_t message_size,
+                                       const char* callstack, std::size_t callstack_size,
+                                       std::int64_t timestamp) noexcept {
+    auto& state = record_storage;
+    fixed_writer temporary(state.scratch_path, sizeof(state.scratch_path));
+    temporary.put(state.error_file);
+    temporary.put(".tmp.");
+    temporary.put_unsigned(static_cast<std::uintmax_t>(::getpid()));
+    if (temporary.truncated()) return ENAMETOOLONG;
+    make_parent_directories(state.scratch_path);
+    const int fd = ::open(state.scratch_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return errno;
+    bool failed = false;
+    {
+        fd_writer out(fd);
+        write_error_json(out, message, message_size, callstack, callstack_size, timestamp);
+        out.flush();
+        failed = out.failed();
+    }
+    const int saved = errno;
+    ::close(fd);
+    if (failed) {
+        ::unlink(state.scratch_path);
+        return saved != 0 ? saved : EIO;
+    }
+    if (::rename(state.scratch_path, state.error_file) != 0) {
+        const int error = errno;
+        ::unlink(state.scratch_path);
+        return error;
+    }
+    return 0;
+}
+
+// "elastic::v0::env_error" reads better as "elastic::env_error"; likewise std::__cxx11::.
+inline void put_type_name(fixed_writer& out, const char* name) noexcept {
+    struct rename {
+        const char* from;
+        const char* to;
+    };
+    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"},
+                                         {"std::__cxx11::", "std::"}};
+    while (*name != '\0') {
+        bool renamed = false;
+        for (const auto& r : renames) {
+            const std::size_t length = std::strlen(r.from);
+            if (std::strncmp(name, r.from, length) == 0) {
+                out.put(r.to);
+                name += length;
+                renamed = true;
+                break;
+            }
+        }
+        if (!renamed) out.put(*name++);
+    }
+}
+
+// The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
+inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol,
+                      bool demangle) {
+    out.put("  #");
+    out.put_unsigned(static_cast<std::uintmax_t>(index));
+    out.put(' ');
+    out.put_hex(pc);
+    out.put(" in ");
+    if (symbol.function == nullptr) {
+        out.put("??");
+    } else {
+        char* readable = nullptr;
+        if (demangle) {
+            int status = 0;
+            readable = abi::__cxa_demangle(symbol.function, nullptr, nullptr, &status);
+        }
+        out.put(readable != nullptr ? readable : symbol.function);
+        std::free(readable);
+        out.put('+');
+        out.put_hex(symbol.function_offset);
+    }
+    if (symbol.object != nullptr && symbol.object[0] != '\0') {
+        out.put(" (");
+        out.put(symbol.object);
+        out.put('+');
+        out.put_hex(symbol.object_offset);
+        out.put(')');
+    }
+    out.put('\n');
+}
+
+struct crash_report {
+    const char* type = nullptr;  // "std::runtime_error", "SIGSEGV", ...
+    const char* what = nullptr;  // what(), or the signal's description
+    void* const* frames = nullptr;
+    int frame_count = 0;
+    int first_frame = 0;    // frames before it are the reporting machinery
+    int exact_frame = -1;   // a frame whose pc is not a return address (signals)
+    bool demangle = false;  // only outside signal handlers: it allocates
+};
+
+// Writes the report: the error file when TORCHELASTIC_ERROR_FILE was set, and a readable copy on
+// stderr in every case. Signal-safe when `demangle` is false.
+inline void write_report(const crash_report& report) noexcept {
+    auto& state = record_storage;
+    fixed_writer message(state.message, sizeof(state.message));
+    put_type_name(message, report.type);
+    message.put(": ");
+    message.put(report.what);
+
+    fixed_writer stack(state.callstack, sizeof(state.callstack));
+    stack.put("C++ backtrace (most recent call first):\n");
+    for (int i = report.first_frame; i < report.frame_count; ++i) {
+        const auto pc = reinterpret_cast<std::uintptr_t>(report.frames[i]);
+        // A return address points after the call: look up pc - 1 so a call that ends a function
+        // is not attributed to the next one.
+        const auto lookup = i == report.exact_frame || pc == 0 ? pc : pc - 1;
+        put_frame(stack, i - report.first_frame, pc, symbolize(pc, lookup), report.demangle);
+    }
+    if (stack.truncated()) stack.put("  ... (truncated)\n");
+
+    struct timespec now {};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+
+    int file_error = 0;
+    if (state.has_error_file) {
+        file_error =
+            write_error_file_atomically(message.data(), message.size(), stack.data(), stack.size(),
+                                        static_cast<std::int64_t>(now.tv_sec));
+    }
+    fd_writer err(STDERR_FILENO);
+    err.put("elastic::record: ");
+    err.put(message.data(), message.size());
+    err.put('\n');
+    err.put(stack.data(), stack.size());
+    if (state.has_error_file) {
+        if (file_error == 0) {
+            err.put("elastic::record: error file written to ");
+            err.put(state.error_file);
+        } else {
+            fixed_writer code(state.scratch_path, sizeof(state.scratch_path));
+            code.put_unsigned(static_cast<std::uintmax_t>(file_error));
+            err.put("elastic::record: could not write the error file ");
+            err.put(state.error_file);
+            err.put(" (errno ");
+            err.put(code.data(), code.size());
+            err.put(")");
+        }
+        err.put('\n');
+    }
+    err.flush();
+}
+
+// Claims the right to report. False when another report is under way or done; a second thread
+// that crashes while the first reports then waits for the first to end the process.
+inline bool begin_report() noexcept {
+    auto& state = record_storage;
+    int expected = 0;
+    if (state.phase.compare_exchange_strong(expected, 1)) {
+        state.reporter_tid.store(current_tid());
+        return true;
+    }
+    if (expected == 1 && state.reporter_tid.load() != current_tid()) {
+        for (;;) ::pause();
+    }
+    return false;
+}
+
+inline void restore_default_action(int signal_number) noexcept {
+    struct sigaction action {};
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(signal_number, &action, nullptr);
+}
+
+inline const char* signal_name(int signal_number) noexcept {
+    switch (signal_number) {
+        case SIGSEGV: return "SIGSEGV";
+        case SIGBUS: return "SIGBUS";
+        case SIGFPE: return "SIGFPE";
+        case SIGILL: return "SIGILL";
+        case SIGABRT: return "SIGABRT";
+        default: return "SIG?";
+    }
+}
+
+inline const char* signal_description(int signal_number) noexcept {
+    switch (signal_number) {
+        case SIGSEGV: return "segmentation fault";
+        case SIGBUS: return "bus error";
+        case SIGFPE: return "arithmetic exception";
+        case SIGILL: return "illegal instruction";
+        case SIGABRT: return "aborted";
+        default: return "fatal signal";
+    }
+}
+
+inline constexpr int record_fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+// The handler of the fatal signals: report once, then re-raise with the default action so the
+// parent sees the true signal (and a core is dumped where enabled). Signal-safe throughout.
+inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) noexcept {
+    const int saved_errno = errno;
+    if (begin_report()) {
+        void* frames[record_max_frames];
+        const int count = capture_backtrace(frames, record_max_frames);
+        // Frames above the interrupted instruction are this handler and the kernel's trampoline.
+        std::uintptr_t interrupted = 0;
+#if defined(__x86_64__)
+        interrupted = static_cast<std::uintptr_t>(
+            static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+        interrupted =
+            static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
+#else
+        (void)context;
+#endif
+        int first = 0;
+        for (int i = 0; i < count && interrupted != 0; ++i) {
+            if (reinterpret_cast<std::uintptr_t>(frames[i]) == interrupted) {
+                first = i;
+                break;
+            }
+        }
+        char what[160];
+        fixed_writer text(what, sizeof(what));
+        text.put(signal_description(signal_number));
+        text.put(" (signal ");
+        text.put_unsigned(static_cast<std::uintmax_t>(signal_number));
+        text.put(") in PID ");
+        text.put_unsigned(static_cast<std::uintmax_t>(::getpid()));
+        if (signal_number != SIGABRT && info != nullptr && info->si_code > 0) {
+            text.put(", fault address ");
+            text.put_hex(reinterpret_cast<std::uintptr_t>(info->si_addr));
+        }
+        crash_report report;
+        report.type = signal_name(signal_number);
+        report.what = text.data();
+        report.frames = frames;
+        report.frame_count = count;
+        report.first_frame = first;
+        report.exact_frame = interrupted != 0 ? first : -1;
+        write_report(report);
+        record_storage.phase.store(2);
+    }
+    restore_default_action(signal_number);
+    // Blocked until the handler returns; a fault then re-faults under the default action.
+    ::raise(signal_number);
+    errno = saved_errno;
+}
+
+inline std::string demangled(const char* name) {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+    std::string out = readable != nullptr ? readable : name;
+    std::free(readable);
+    return out;
+}
+
+// Where the failure happened in a stack taken inside the terminate handler: just below the last
+// frame of __cxa_throw, __cxa_rethrow, std::rethrow_exception, std::terminate or clang's
+// __clang_call_terminate (ASan's interceptor of __cxa_throw shows up as one more such frame).
+inline int first_frame_after_throw(void* const* frames, int count) noexcept {
+    int first = 1;  // at least drop the handler itself
+    for (int i = 0; i < count && i < 24; ++i) {
+        const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
+        const frame_symbol symbol = symbolize(pc, pc - 1);
+        if (symbol.function == nullptr) continue;
+        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception",
+                                   "_ZSt9terminatev", "__clang_call_terminate"}) {
+            if (std::strstr(symbol.function, marker) != nullptr) first = i + 1;
+        }
+    }
+    return first < count ? first : 0;
+}
+
+// The terminate handler. An exception nobody catches makes the C++ runtime call terminate from
+// inside __cxa_throw, *before* any unwinding (the search phase found no handler): the stack here
+// still holds the throwing function. That is why record() never catches.
+[[noreturn]] inline void on_terminate() noexcept {
+    void* frames[record_max_frames];
+    const int count = capture_backtrace(frames, record_max_frames);
+    if (!begin_report()) {  // this thread failed while reporting: give up the standard way
+        restore_default_action(SIGABRT);
+        std::abort();
+    }
+    crash_report report;
+    report.frames = frames;
+    report.frame_count = count;
+    report.demangle = true;
+    const std::exception_ptr current = std::current_exception();
+    if (current == nullptr) {
+        report.type = "std::terminate";
+        report.what = "called without an active exception";
+        report.first_frame = first_frame_after_throw(frames, count);
+        write_report(report);
+        record_storage.phase.store(2);
+        std::fflush(nullptr);
+        restore_default_action(SIGABRT);
+        std::abort();
+    }
+    const std::type_info* const type = abi::__cxa_current_exception_type();
+    std::string type_name;
+    std::string what;
+    try {
+        std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+        type_name = demangled(typeid(e).name());
+        what = e.what();
+    } catch (...) {
+        type_name = type != nullptr ? demangled(type->name()) : "<unknown type>";
+        what = "(an exception that is not a std::exception carries no message)";
+    }
+    report.type = type_name.c_str();
+    report.what = what.c_str();
+    report.first_frame = first_frame_after_throw(frames, count);
+    write_report(report);
+    record_storage.phase.store(2);
+    // No unwinding happened and other threads may still run: flush stdio and leave without
+    // running static destructors under their feet.
+    std::fflush(nullptr);
+    std::_Exit(uncaught_exception_exit_code);
+}
+
+}  // namespace detail::crash
+
+/// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
+/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
+/// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it
+/// yourself when you cannot wrap main (e.g. in a library's init); calling it again does nothing.
+inline void install_error_handlers() {
+    auto& state = detail::crash::record_storage;
+    if (state.installed.exchange(true)) return;
+    if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+        path != nullptr && path[0] != '\0' && std::strlen(path) < sizeof(state.error_file)) {
+        std::strcpy(state.error_file, path);
+        state.has_error_file = true;
+    }
+    std::set_terminate(detail::crash::on_terminate);
+
+    // A stack overflow leaves no stack to run a handler on: give this thread an alternate one,
+    // unless someone (ASan does) already did.
+    stack_t current{};
+    if (::sigaltstack(nullptr, &current) == 0 && (current.ss_flags & SS_DISABLE) != 0) {
+        stack_t alternate{};
+        alternate.ss_sp = state.signal_stack;
+        alternate.ss_size = sizeof(state.signal_stack);
+        alternate.ss_flags = 0;
+        (void)::sigaltstack(&alternate, nullptr);
+    }
+    for (const int signal_number : detail::crash::record_fatal_signals) {
+        struct sigaction action {};
+        action.sa_sigaction = detail::crash::on_fatal_signal;
+        action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&action.sa_mask);
+        ::sigaction(signal_number, &action, nullptr);
+    }
+}
+
+/// Runs a worker's main under torchelastic's error reporting and returns what it returns (0 for a
+/// void entry). An uncaught exception — here or in any thread — writes TORCHELASTIC_ERROR_FILE
+/// (or, without it, stderr only) with "<type>: <what()>" and a backtrace from the throw site, then
+/// exits with `uncaught_exception_exit_code`; std::terminate and fatal signals are reported too.
+///
+///     int main(int argc, char** argv) { return elastic::record(real_main, argc, argv); }
+///
+/// It deliberately has no try block: catching would unwind the stack before we could see it.
+template <class Entry, class... Args>
+int record(Entry&& entry, Args&&... args) {
+    install_error_handlers();
+    if constexpr (std::is_void_v<std::invoke_result_t<Entry, Args...>>) {
+        std::forward<Entry>(entry)(std::forward<Args>(args)...);
+        return 0;
+    } else {
+        return static_cast<int>(std::forward<Entry>(entry)(std::forward<Args>(args)...));
+    }
+}
+
+}  // namespace elastic::inline v0
 // ---- end elastic/record.hpp ----
 
 // Layers (each of these includes the public headers of its folder).
 // ---- begin elastic/store.hpp ----
-// The store layer — the store: the store concept, the in-memory and prefix models, the TCP server (PyTorch's TCPStore protocol).
+// The store layer: the store concepts, the in-memory and prefix models, the wire codec and the
+// TCP server (PyTorch's TCPStore protocol, both dialects).
 
+// ---- begin elastic/store/concepts.hpp ----
+// The store concepts: what every store model provides (store) and the batch operations some add
+// (multi_key_store).
+
+// ---- begin elastic/store/errors.hpp ----
+// The store layer's exceptions: store_error and store_timeout.
+
+
+namespace elastic::inline v0 {
+
+/// A store operation failed: bad input (ADD on a non-numeric value, mismatched sizes), a broken
+/// connection, a server that cannot bind. The message names the key or address and the rule.
+class store_error : public error {
+public:
+    using error::error;
+};
+
+/// A `wait` (or a `get`, which waits for its key) did not see its keys before the deadline.
+class store_timeout : public store_error {
+public:
+    using store_error::store_error;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/errors.hpp ----
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/*
+ * store: a key-value store shared by the agents and workers of a job, with PyTorch's
+ * c10d::Store semantics. Keys and values are bytes held in std::string (any byte, NUL included).
+ * Every operation is a coroutine on Asio, awaited as a plain verb (`co_await s.get(key)`).
+ * Arguments are taken by value, so the coroutine frame owns them.
+ *
+ * A model provides:
+ *   set(key, value)                 -> awaitable<void>         overwrite, wake waiters of key
+ *   get(key)                        -> awaitable<std::string>  wait for key (default timeout), read
+ *   add(key, delta)                 -> awaitable<int64_t>      decimal counter, returns new value
+ *   compare_set(key, expected, desired) -> awaitable<std::string>
+ *        absent & expected empty: create; absent & expected non-empty: return expected;
+ *        equal: replace; different: return current. Success <=> result == desired.
+ *   wait(keys)  / wait(keys, timeout) -> awaitable<void>       until all exist; store_timeout
+ *   check(keys)                     -> awaitable<bool>         all exist now
+ *   delete_key(key)                 -> awaitable<bool>         whether it existed
+ *   num_keys()                      -> awaitable<int64_t>
+ *   timeout() / set_timeout(ms)                                the default for get and wait
+ * It promises: a wait is answered the moment its keys exist (push, never polling); a timeout
+ * leaves no registration behind; ADD stores decimal ASCII and rejects a non-numeric value with
+ * store_error.
+ */
+template <class S>
+concept store = requires(S& s, const S& cs, std::string key, std::string value,
+                         std::vector<std::string> keys, std::int64_t delta,
+                         std::chrono::milliseconds timeout) {
+    { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
+    { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
+    { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
+    { s.compare_set(key, value, value) } -> std::same_as<asio::awaitable<std::string>>;
+    { s.wait(keys) } -> std::same_as<asio::awaitable<void>>;
+    { s.wait(keys, timeout) } -> std::same_as<asio::awaitable<void>>;
+    { s.check(keys) } -> std::same_as<asio::awaitable<bool>>;
+    { s.delete_key(key) } -> std::same_as<asio::awaitable<bool>>;
+    { s.num_keys() } -> std::same_as<asio::awaitable<std::int64_t>>;
+    { cs.timeout() } -> std::convertible_to<std::chrono::milliseconds>;
+    s.set_timeout(timeout);
+};
+
+/*
+ * multi_key_store: a store with PyTorch >= 2.0's batch operations.
+ *   multi_get(keys)           -> awaitable<std::vector<std::string>>  waits for all, then reads
+ *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
+ *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
+ */
+template <class S>
+concept multi_key_store =
+    store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
+                         std::vector<std::string> values) {
+        { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
+        { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
+        { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
+    };
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/concepts.hpp ----
+// ---- begin elastic/store/engine.hpp ----
+// The store's semantics in one place: the key table, waiters woken by push, and watchers. The
+// in-memory store and the TCP server are both front-ends to this engine.
+
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <ranges>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0::detail {
+
+// Heterogeneous lookup: find a std::string key with a std::string_view, no temporary string.
+struct store_string_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+        return std::hash<std::string_view>{}(s);
+    }
+};
+
+/// Someone waiting for keys to exist. The engine calls `on_ready` exactly once, when the last
+/// awaited key has been written, after it has forgotten the waiter; `on_ready` may destroy the
+/// waiter but must not call back into the engine or destroy other waiters: it only schedules
+/// (posts a wake-up, queues a reply). A waiter that is destroyed while registered must first be
+/// `cancel`ed.
+class store_waiter {
+public:
+    store_waiter() = default;
+    store_waiter(const store_waiter&) = delete;
+    store_waiter& operator=(const store_waiter&) = delete;
+
+    /// Whether the waiter is registered (some awaited key is still missing).
+    bool registered() const noexcept { return pending_ != 0; }
+
+protected:
+    ~store_waiter() = default;
+
+private:
+    friend class store_engine;
+    virtual void on_ready() = 0;
+
+    std::size_t pending_ = 0;        // registrations not yet consumed by a write
+    std::vector<std::string> keys_;  // where it is registered, for cancel
+};
+
+/// What happened to a watched key (PyTorch 1.13's WATCH_KEY notifications).
+enum class store_change : std::uint8_t { updated = 0, created = 1, deleted = 2, appended = 4 };
+
+/// Someone told of every change to a key (legacy WATCH_KEY). Same rules as `store_waiter`:
+/// `on_change` only schedules; a watcher is `unwatch`ed before it is destroyed.
+class store_watcher {
+public:
+    store_watcher() = default;
+    store_watcher(const store_watcher&) = delete;
+    store_watcher& operator=(const store_watcher&) = delete;
+
+protected:
+    ~store_watcher() = default;
+
+private:
+    friend class store_engine;
+    virtual void on_change(store_change change, std::string_view key, std::string_view old_value,
+                           std::string_view new_value) = 0;
+};
+
+/// The key table with PyTorch's semantics (the libuv server's, where it improved on the legacy
+/// one). Keys and values are bytes held in std::string. Not thread-safe: use it from one thread
+/// (the io_context's). Every write that creates a key wakes the waiters of that key by a direct
+/// call: no timer, no polling.
+class store_engine {
+public:
+    store_engine() = default;
+    store_engine(const store_engine&) = delete;
+    store_engine& operator=(const store_engine&) = delete;
+
+    /// The value of `key`, or null when absent. Valid until the next write.
+    const std::string* find(std::string_view key) const {
+        const auto it = table_.find(key);
+        return it == table_.end() ? nullptr : &it->second;
+    }
+
+    /// Sets `key` to `value` (overwrites) and wakes its waiters.
+    void set(std::string_view key, std::string_view value) {
+        write(key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
+    }
+    /// Sets `key`, taking the value's storage.
+    void set(std::string_view key, std::string&& value) {
+        write(key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
+    }
+
+    /// Appends to `key`'s value, creating it when absent; wakes its waiters.
+    void append(std::string_view key, std::string_view value) {
+        write(key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
+    }
+
+    /// Adds `delta` to the decimal integer at `key` (absent counts as 0), stores the result as
+    /// decimal ASCII like PyTorch (`std::to_string`), wakes waiters and returns it. Throws
+    /// store_error, leaving the value as it was, when the value is not a decimal int64 or the sum
+    /// overflows.
+    std::int64_t add(std::string_view key, std::int64_t delta) {
+        std::int64_t current = 0;
+        if (const auto* v = find(key)) current = parse_int(key, *v);
+        std::int64_t sum = 0;
+        if (__builtin_add_overflow(current, delta, &sum))
+            throw store_error(fmt::format("ADD {} to key '{}' holding {} overflows a 64-bit "
+                                          "integer",
+                                          delta, printable(key), current));
+        char digits[24];
+        const auto res = std::to_chars(digits, digits + sizeof digits, sum);
+        const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
+        write(key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
+        return sum;
+    }
+
+    /// PyTorch's compare-and-set: absent and `expected` empty -> create with `desired`; absent
+    /// and `expected` non-empty -> write nothing, return `expected`; present and equal to
+    /// `expected` -> replace with `desired`; present and different -> return the current value.
+    /// Returns the value now stored (or `expected` in the second case); the view is valid until
+    /// the next write or as long as the arguments. Creating a key wakes its waiters (the libuv
+    /// server does; 1.13 did not).
+    std::string_view compare_set(std::string_view key, std::string_view expected,
+                                 std::string_view desired) {
+        const auto it = table_.find(key);
+        if (it == table_.end()) {
+            if (!expected.empty()) return expected;
+        } else if (it->second != expected) {
+            return it->second;
+        }
+        write(key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
+        return *find(key);
+    }
+
+    /// Removes `key`; true when it existed. Waiters are untouched (they wait for missing keys).
+    bool erase(std::string_view key) {
+        const auto it = table_.find(key);
+        if (it == table_.end()) return false;
+        if (const auto w = watchers_.find(key); w != watchers_.end()) {
+            const std::string old = std::move(it->second);
+            table_.erase(it);
+            for (auto* watcher : w->second) watcher->on_change(store_change::deleted, key, old, {});
+            return true;
+        }
+        table_.erase(it);
+        return true;
+    }
+
+    /// Whether every key exists.
+    template <std::ranges::input_range R>
+    bool check(const R& keys) const {
+        for (const auto& k : keys)
+            if (!table_.contains(std::string_view(k))) return false;
+        return true;
+    }
+
+    /// The number of keys.
+    std::size_t size() const noexcept { return table_.size(); }
+
+    /// Calls `f(key, value)` for every entry.
+    template <class F>
+    void for_each(F&& f) const {
+        for (const auto& [k, v] : table_) f(std::string_view(k), std::string_view(v));
+    }
+
+    /// Registers `w` for the missing ones among `keys`. Returns true (registering nothing) when
+    /// all exist already; otherwise `w.on_ready()` runs when the last one is written. `w` must
+    /// not be registered already.
+    template <std::ranges::input_range R>
+    bool wait(store_waiter& w, const R& keys) {
+        for (const auto& k : keys) {
+            const std::string_view key(k);
+            if (table_.contains(key)) continue;
+            auto it = waiters_.find(key);
+            if (it == waiters_.end()) it = waiters_.emplace(std::string(key), waiter_list{}).first;
+            it->second.push_back(&w);
+            w.keys_.emplace_back(key);
+            ++w.pending_;
+        }
+        return w.pending_ == 0;
+    }
+
+    /// Forgets `w` wherever it is registered (a timeout, CANCEL_WAIT, a closed connection).
+    /// Harmless when it is not registered.
+    void cancel(store_waiter& w) noexcept {
+        for (const auto& k : w.keys_) {
+            const auto it = waiters_.find(std::string_view(k));
+            if (it == waiters_.end()) continue;
+            auto& list = it->second;
+            std::erase(list, &w);
+            if (list.empty()) waiters_.erase(it);
+        }
+        w.keys_.clear();
+        w.pending_ = 0;
+    }
+
+    /// The number of keys someone waits for (for tests and metrics).
+    std::size_t awaited_keys() const noexcept { return waiters_.size(); }
+
+    /// Tells `w` of every later change of `key` until `unwatch`.
+    void watch(store_watcher& w, std::string_view key) {
+        auto it = watchers_.find(key);
+        if (it == watchers_.end()) it = watchers_.emplace(std::string(key), watcher_list{}).first;
+        it->second.push_back(&w);
+    }
+
+    /// Stops every watch of `w`.
+    void unwatch(store_watcher& w) noexcept {
+        for (auto it = watchers_.begin(); it != watchers_.end();) {
+            std::erase(it->second, &w);
+            it = it->second.empty() ? watchers_.erase(it) : std::next(it);
+        }
+    }
+
+    /// A key shown in a message: printable ASCII as is, other bytes as \xNN, long keys cut.
+    static std::string printable(std::string_view key) {
+        std::string out;
+        for (const char c : key.substr(0, 200)) {
+            const auto u = static_cast<unsigned char>(c);
+            if (u >= 0x20 && u < 0x7f && u != '\\')
+                out.push_back(c);
+            else
+                out += fmt::format("\\x{:02x}", u);
+        }
+        if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
+        return out;
+    }
+
+private:
+    using waiter_list = std::vector<store_waiter*>;
+    using watcher_list = std::vector<store_watcher*>;
+
+    static std::int64_t parse_int(std::string_view key, const std::string& v) {
+        std::int64_t n = 0;
+        const auto* first = v.data();
+        const auto* last = v.data() + v.size();
+        const auto res = std::from_chars(first, last, n);
+        if (v.empty() || res.ec != std::errc{} || res.ptr != last)
+            throw store_error(fmt::format("ADD on key '{}' whose value '{}' is not a decimal "
+                                          "64-bit integer; ADD needs a counter written by ADD",
+                                          printable(key), printable(v)));
+        return n;
+    }
+
+    // Applies `mutate(value, created)` to the entry of `key` (creating it), then tells watchers
+    // and wakes waiters. Waiters only exist for keys that were absent, so only a creation can
+    // wake anyone; the list is moved out before the calls, so on_ready may free its waiter.
+    template <class Mutate>
+    void write(std::string_view key, Mutate&& mutate, store_change change) {
+        auto it = table_.find(key);
+        const bool created = it == table_.end();
+        const auto watched = watchers_.find(key);
+        std::string old;
+        if (watched != watchers_.end() && !created) old = it->second;
+        if (created) it = table_.emplace(std::string(key), std::string{}).first;
+        mutate(it->second, created);
+        if (watched != watchers_.end()) {
+            const auto kind = created ? store_change::created : change;
+            for (auto* w : watched->second) w->on_change(kind, key, old, it->second);
+        }
+        if (created) wake(key);
+    }
+
+    void wake(std::string_view key) {
+        const auto it = waiters_.find(key);
+        if (it == waiters_.end()) return;
+        waiter_list list = std::move(it->second);
+        waiters_.erase(it);
+        for (auto* w : list) {
+            // A waiter listed twice under this key (WAIT [k, k]) counts twice; it is ready at
+            // its last registration, after which no list holds it any more.
+            if (--w->pending_ == 0) {
+                w->keys_.clear();
+                w->on_ready();
+            }
+        }
+    }
+
+    std::unordered_map<std::string, std::string, store_string_hash, std::equal_to<>> table_;
+    std::unordered_map<std::string, waiter_list, store_string_hash, std::equal_to<>> waiters_;
+    std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/engine.hpp ----
+// ---- begin elastic/store/memory_store.hpp ----
+// memory_store: the store concept over the shared engine, in process (unit tests, one-node jobs).
+
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// An in-memory store with exactly the TCP server's semantics (both front the same engine).
+/// Use it from coroutines on one thread; it must outlive every operation awaited on it.
+class memory_store {
+public:
+    /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
+    explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
+        : timeout_(timeout) {}
+
+    /// The default timeout of get, multi_get and wait(keys).
+    std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+    /// Changes the default timeout.
+    void set_timeout(std::chrono::milliseconds timeout) noexcept { timeout_ = timeout; }
+
+    /// Overwrites `key` and wakes its waiters.
+    asio::awaitable<void> set(std::string key, std::string value) {
+        engine_.set(key, std::move(value));
+        co_return;
+    }
+
+    /// Waits (up to timeout()) for `key`, then returns its value.
+    asio::awaitable<std::string> get(std::string key) {
+        // (g++ 12 miscompiles a braced temporary inside co_await: "array used as initializer")
+        std::vector<std::string> keys;
+        keys.push_back(key);
+        co_await wait_for(std::move(keys), timeout_);
+        const auto* v = engine_.find(key);
+        // Deleted between the wake-up and now: PyTorch's libuv server answers empty.
+        co_return v ? *v : std::string{};
+    }
+
+    /// Adds `delta` to the decimal counter at `key`; store_error when it holds something else.
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
+        co_return engine_.add(key, delta);
+    }
+
+    /// PyTorch's compare_set (see the `store` concept); creating a key wakes its waiters.
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
+                                             std::string desired) {
+        co_return std::string(engine_.compare_set(key, expected, desired));
+    }
+
+    /// Waits up to timeout() until every key exists.
+    asio::awaitable<void> wait(std::vector<std::string> keys) {
+        co_await wait_for(std::move(keys), timeout_);
+    }
+
+    /// Waits up to `timeout` until every key exists; store_timeout after that.
+    asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+        co_await wait_for(std::move(keys), timeout);
+    }
+
+    /// Whether every key exists now.
+    asio::awaitable<bool> check(std::vector<std::string> keys) { co_return engine_.check(keys); }
+
+    /// Removes `key`; true when it existed.
+    asio::awaitable<bool> delete_key(std::string key) { co_return engine_.erase(key); }
+
+    /// The number of keys.
+    asio::awaitable<std::int64_t> num_keys() {
+        co_return static_cast<std::int64_t>(engine_.size());
+    }
+
+    /// Waits (up to timeout()) for every key, then returns their values in order.
+    asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys) {
+        co_await wait_for(keys, timeout_);
+        std::vector<std::string> values;
+        values.reserve(keys.size());
+        for (const auto& k : keys) {
+            const auto* v = engine_.find(k);
+            values.push_back(v ? *v : std::string{});
+        }
+        co_return values;
+    }
+
+    /// Sets each key to the value at the same position.
+    asio::awaitable<void> multi_set(std::vector<std::string> keys,
+                                    std::vector<std::string> values) {
+        if (keys.size() != values.size())
+            throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
+                                          "and {} values",
+                                          keys.size(), values.size()));
+        for (std::size_t i = 0; i < keys.size(); ++i) engine_.set(keys[i], std::move(values[i]));
+        co_return;
+    }
+
+    /// Appends to `key`'s value (creates it) and wakes its waiters.
+    asio::awaitable<void> append(std::string key, std::string value) {
+        engine_.append(key, value);
+        co_return;
+    }
+
+    /// The engine (shared semantics; the server exposes the same).
+    detail::store_engine& engine() noexcept { return engine_; }
+
+private:
+    // One timer is both the deadline and the wake-up: on_ready cancels it. `done` is the truth,
+    // so a deadline that expires in the same turn as the write still counts as success.
+    struct timed_waiter final : detail::store_waiter {
+        explicit timed_waiter(const asio::any_io_executor& ex) : timer(ex) {}
+        void on_ready() override {
+            done = true;
+            timer.cancel();
+        }
+        asio::steady_timer timer;
+        bool done = false;
+    };
+
+    asio::awaitable<void> wait_for(std::vector<std::string> keys,
+                                   std::chrono::milliseconds timeout) {
+        timed_waiter w(co_await asio::this_coro::executor);
+        if (engine_.wait(w, keys)) co_return;
+        w.timer.expires_after(timeout);
+        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (w.done) co_return;
+        engine_.cancel(w);
+        if (ec == asio::error::operation_aborted)  // our own caller cancelled us
+            throw std::system_error(ec, "store wait cancelled");
+        std::string names;
+        for (const auto& k : keys)
+            if (!engine_.find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}",
+                                        timeout.count(), names));
+    }
+
+    detail::store_engine engine_;
+    std::chrono::milliseconds timeout_;
+};
+
+static_assert(store<memory_store>);
+static_assert(multi_key_store<memory_store>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/memory_store.hpp ----
+// ---- begin elastic/store/prefix_store.hpp ----
+// prefix_store: a view of another store whose keys all start with "<prefix>/" (PyTorch's
+// PrefixStore).
+
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// Every key goes to the inner store as `prefix + "/" + key`, as PyTorch's PrefixStore joins
+/// them, so Python and native workers sharing a prefix see the same keys. Nested prefixes nest
+/// ("b" over "a" gives "a/b/key"). `num_keys` counts the inner store's keys, as PyTorch does.
+/// The inner store must outlive the prefix store.
+template <store Inner>
+class prefix_store {
+public:
+    /// A view of `inner` under `prefix`.
+    prefix_store(std::string prefix, Inner& inner) : prefix_(std::move(prefix)), inner_(&inner) {}
+
+    /// The prefix (without the joining '/').
+    const std::string& prefix() const noexcept { return prefix_; }
+    /// The store underneath.
+    Inner& inner() const noexcept { return *inner_; }
+
+    /// The inner store's key for `key`.
+    std::string join(std::string_view key) const {
+        std::string out;
+        out.reserve(prefix_.size() + 1 + key.size());
+        out.append(prefix_).push_back('/');
+        out.append(key);
+        return out;
+    }
+
+    std::chrono::milliseconds timeout() const { return inner_->timeout(); }
+    void set_timeout(std::chrono::milliseconds t) { inner_->set_timeout(t); }
+
+    asio::awaitable<void> set(std::string key, std::string value) {
+        return inner_->set(join(key), std::move(value));
+    }
+    asio::awaitable<std::string> get(std::string key) { return inner_->get(join(key)); }
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
+        return inner_->add(join(key), delta);
+    }
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
+                                             std::string desired) {
+        return inner_->compare_set(join(key), std::move(expected), std::move(desired));
+    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) {
+        return inner_->wait(join_all(std::move(keys)));
+    }
+    asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+        return inner_->wait(join_all(std::move(keys)), timeout);
+    }
+    asio::awaitable<bool> check(std::vector<std::string> keys) {
+        return inner_->check(join_all(std::move(keys)));
+    }
+    asio::awaitable<bool> delete_key(std::string key) { return inner_->delete_key(join(key)); }
+    asio::awaitable<std::int64_t> num_keys() { return inner_->num_keys(); }
+
+    asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys)
+        requires multi_key_store<Inner>
+    {
+        return inner_->multi_get(join_all(std::move(keys)));
+    }
+    asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values)
+        requires multi_key_store<Inner>
+    {
+        return inner_->multi_set(join_all(std::move(keys)), std::move(values));
+    }
+    asio::awaitable<void> append(std::string key, std::string value)
+        requires multi_key_store<Inner>
+    {
+        return inner_->append(join(key), std::move(value));
+    }
+
+private:
+    std::vector<std::string> join_all(std::vector<std::string> keys) const {
+        for (auto& k : keys) k = join(k);
+        return keys;
+    }
+
+    std::string prefix_;
+    Inner* inner_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/prefix_store.hpp ----
+// ---- begin elastic/store/server.hpp ----
+// tcp_store_server: PyTorch's TCPStore server protocol, both dialects per connection, one
+// coroutine per connection on one io_context, waits answered by push.
+
+// ---- begin elastic/store/wire.hpp ----
+// The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
+// detection and an incremental request parser shared by the server and the client.
+
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp; the reference is
+// /work/shared/reference/wire-protocols.md Part 1 (and docs/store.md). Integers are host-order
+// memcpy copies in PyTorch, i.e. little-endian on every platform it runs on; we encode
+// little-endian explicitly so the bytes are the same on any host.
+namespace elastic::inline v0::wire {
+
+/// The opcode numbering a connection speaks, chosen from its first bytes (`detect_dialect`).
+enum class dialect : std::uint8_t {
+    legacy,   ///< PyTorch 1.13 (SET=0 ... WATCH_KEY=7, DELETE_KEY=8) plus ~2.0's 9..12; no handshake
+    current,  ///< PyTorch >= ~2.2: VALIDATE=0, SET=1, ..., PING=13, QUEUE_*, LIST_KEYS, BARRIER
+};
+
+/// A request's operation, independent of the numbering.
+enum class op : std::uint8_t {
+    validate,
+    set,
+    compare_set,
+    get,
+    add,
+    check,
+    wait,
+    num_keys,
+    watch_key,
+    delete_key,
+    append,
+    multi_get,
+    multi_set,
+    cancel_wait,
+    ping,
+    queue_push,
+    queue_pop,
+    queue_len,
+    list_keys,
+    barrier,
+};
+
+/// VALIDATE's magic (u32 0x3C85F7CE, on the wire `CE F7 85 3C`).
+inline constexpr std::uint32_t validate_magic = 0x3C85F7CEu;
+
+/// `CheckResponseType`: the reply to CHECK.
+enum class check_response : std::uint8_t { ready = 0, not_ready = 1 };
+/// `WaitResponseType`: STOP_WAITING answers WAIT (maybe later); WAIT_CANCELED answers CANCEL_WAIT.
+enum class wait_response : std::uint8_t { stop_waiting = 0, wait_canceled = 1 };
+/// `WatchResponseType` (legacy dialect only): the first byte of a WATCH_KEY notification.
+enum class watch_response : std::uint8_t {
+    key_updated = 0,
+    key_created = 1,
+    key_deleted = 2,
+    key_callback_registered = 3,
+    key_appended = 4,
+};
+
+namespace detail {
+inline constexpr std::array<op, 13> legacy_ops{
+    op::set,      op::compare_set, op::get,       op::add,       op::check,
+    op::wait,     op::num_keys,    op::watch_key, op::delete_key, op::append,
+    op::multi_get, op::multi_set,  op::cancel_wait};
+inline constexpr std::array<op, 19> current_ops{
+    op::validate,   op::set,        op::compare_set, op::get,       op::add,
+    op::check,      op::wait,       op::num_keys,    op::delete_key, op::append,
+    op::multi_get,  op::multi_set,  op::cancel_wait, op::ping,      op::queue_push,
+    op::queue_pop,  op::queue_len,  op::list_keys,   op::barrier};
+}  // namespace detail
+
+/// The operation a byte means in `d`, or nothing for a byte the dialect does not define.
+constexpr std::optional<op> to_op(dialect d, std::uint8_t byte) noexcept {
+    if (d == dialect::legacy) {
+        if (byte < detail::legacy_ops.size()) return detail::legacy_ops[byte];
+    } else if (byte < detail::current_ops.size()) {
+        return detail::current_ops[byte];
+    }
+    return std::nullopt;
+}
+
+/// The byte of `o` in `d`, or nothing when the dialect has no such operation (VALIDATE, PING,
+/// queues, LIST_KEYS and BARRIER are current-only; WATCH_KEY is legacy-only).
+constexpr std::optional<std::uint8_t> to_byte(dialect d, op o) noexcept {
+    const auto find = [o](const auto& table) -> std::optional<std::uint8_t> {
+        for (std::size_t i = 0; i < table.size(); ++i)
+            if (table[i] == o) return static_cast<std::uint8_t>(i);
+        return std::nullopt;
+    };
+    return d == dialect::legacy ? find(detail::legacy_ops) : find(detail::current_ops);
+}
+
+/// PyTorch's upper-case name of an operation (for logs).
+constexpr std::string_view name(op o) noexcept {
+    constexpr std::array<std::string_view, 20> names{
+        "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",        "CHECK",
+        "WAIT",       "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY", "APPEND",    "MULTI_GET",
+        "MULTI_SET",  "CANCEL_WAIT", "PING",       "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
+        "LIST_KEYS",  "BARRIER"};
+    return names[static_cast<std::size_t>(o)];
+}
+
+/// Size limits a parser enforces (documented in docs/store.md). A request beyond one is
+/// malformed: the server closes that connection and logs why.
+struct limits {
+    std::size_t max_key_size = 64 * 1024;                ///< bytes in one key
+    std::size_t max_value_size = 16 * 1024 * 1024;      ///< bytes in one value
+    std::size_t max_keys_per_request = 128 * 1024;      ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
+    std::size_t max_request_size = 64 * 1024 * 1024;    ///< bytes of one whole request
+};
+
+// ---- primitive encodings -------------------------------------------------------------------
+
+/// Appends one byte.
+inline void put_u8(std::string& out, std::uint8_t v) { out.push_back(static_cast<char>(v)); }
+
+/// Appends a little-endian unsigned integer of N bytes.
+template <class T>
+inline void put_le(std::string& out, T v) {
+    char bytes[sizeof(T)];
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+        bytes[i] = static_cast<char>(static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
+    out.append(bytes, sizeof(T));
+}
+
+/// Appends a u32 (VALIDATE magic, PING nonce).
+inline void put_u32(std::string& out, std::uint32_t v) { put_le(out, v); }
+/// Appends a u64 (lengths, counts).
+inline void put_u64(std::string& out, std::uint64_t v) { put_le(out, v); }
+/// Appends an i64 (ADD delta and result, GETNUMKEYS, DELETE_KEY's count): two's complement LE.
+inline void put_i64(std::string& out, std::int64_t v) { put_le(out, static_cast<std::uint64_t>(v)); }
+/// Appends a key or value: u64 length, then the raw bytes.
+inline void put_bytes(std::string& out, std::string_view s) {
+    put_u64(out, s.size());
+    out.append(s);
+}
+
+/// Reads a little-endian integer from exactly sizeof(T) bytes at `p`.
+template <class T>
+inline T get_le(const char* p) noexcept {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+        v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+    return static_cast<T>(v);
+}
+
+// ---- dialect detection ---------------------------------------------------------------------
+
+/// What the first bytes of a connection say: not enough yet, or which dialect.
+enum class detection : std::uint8_t { need_more, legacy, current };
+
+/// Chooses a connection's dialect from its first bytes: `00 CE F7 85 3C` (VALIDATE with its
+/// magic) is the current dialect, anything else legacy. A first byte other than 0x00 decides at
+/// once; after 0x00 five bytes are needed. A legacy SET would only match with a key length whose
+/// low 32 bits are 0x3C85F7CE (about 1 GB), which is beyond any limit.
+constexpr detection detect_dialect(std::string_view first) noexcept {
+    if (first.empty()) return detection::need_more;
+    if (first[0] != '\0') return detection::legacy;
+    constexpr char magic[] = {'\0', '\xCE', '\xF7', '\x85', '\x3C'};
+    for (std::size_t i = 1; i < 5; ++i) {
+        if (i >= first.size()) return detection::need_more;
+        if (first[i] != magic[i]) return detection::legacy;
+    }
+    return detection::current;
+}
+
+// ---- requests ------------------------------------------------------------------------------
+
+/// One decoded request. Views point into the parsed buffer: valid until it changes. The parser
+/// reuses the vectors' capacity, so keep one `request` per connection.
+struct request {
+    op operation = op::num_keys;
+    std::string_view key;           ///< SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
+    std::string_view value;         ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
+    std::string_view expected;      ///< COMPARE_SET's expected value
+    std::int64_t number = 0;        ///< ADD's delta, BARRIER's world size
+    std::uint32_t nonce = 0;        ///< VALIDATE's magic, PING's nonce
+    std::vector<std::string_view> keys;    ///< CHECK, WAIT, MULTI_GET, MULTI_SET
+    std::vector<std::string_view> values;  ///< MULTI_SET (same length as keys)
+};
+
+/// The state of a parse.
+enum class parse_status : std::uint8_t {
+    need_more,  ///< incomplete: read at least up to `size` bytes in total, then parse again
+    complete,   ///< a whole request of `size` bytes is at the front of the buffer
+    malformed,  ///< unknown opcode or a limit exceeded: `reason` says which; close the peer
+};
+
+/// The result of `parse_request`.
+struct parse_result {
+    parse_status status = parse_status::need_more;
+    std::size_t size = 0;  ///< complete: bytes consumed; need_more: lower bound of the total
+    std::string reason;    ///< malformed: what and why, for the log
+};
+
+namespace detail {
+
+// A cursor over the input that records how far it got and why it stopped.
+class request_reader {
+public:
+    request_reader(std::string_view in, const limits& lim) noexcept : in_(in), lim_(lim) {}
+
+    // Each returns false when it cannot complete; status() then says need_more or malformed.
+    bool fixed(std::size_t n, const char*& at) noexcept {
+        if (in_.size() - pos_ < n) return need(pos_ + n);
+        at = in_.data() + pos_;
+        pos_ += n;
+        return true;
+    }
+    bool u32(std::uint32_t& v) noexcept {
+        const char* p = nullptr;
+        if (!fixed(4, p)) return false;
+        v = get_le<std::uint32_t>(p);
+        return true;
+    }
+    bool i64(std::int64_t& v) noexcept {
+        const char* p = nullptr;
+        if (!fixed(8, p)) return false;
+        v = static_cast<std::int64_t>(get_le<std::uint64_t>(p));
+        return true;
+    }
+    bool count(std::size_t& n) {
+        const char* p = nullptr;
+        if (!fixed(8, p)) return false;
+        const auto v = get_le<std::uint64_t>(p);
+        if (v > lim_.max_keys_per_request)
+            return fail(fmt::format("{} keys in one request exceed the limit of {} "
+                                    "(wire::limits::max_keys_per_request)",
+                                    v, lim_.max_keys_per_request));
+        n = static_cast<std::size_t>(v);
+        return true;
+    }
+    bool str(std::string_view& s, bool is_key) {
+        const char* p = nullptr;
+        if (!fixed(8, p)) return false;
+        const auto len = get_le<std::uint64_t>(p);
+        const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
+        if (len > max)
+            return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
+                                    is_key ? "key" : "value", len, max,
+                                    is_key ? "max_key_size" : "max_value_size"));
+        const auto n = static_cast<std::size_t>(len);
+        if (pos_ + n > lim_.max_request_size)
+            return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
+                                    "(wire::limits::max_request_size)",
+                                    pos_ + n, lim_.max_request_size));
+        if (in_.size() - pos_ < n) return need(pos_ + n);
+        s = in_.substr(pos_, n);
+        pos_ += n;
+        return true;
+    }
+    bool fail(std::string reason) {
+        status_ = parse_status::malformed;
+        reason_ = std::move(reason);
+        return false;
+    }
+
+    parse_result result(bool ok) && {
+        if (ok) return {parse_status::complete, pos_, {}};
+        return {status_, status_ == parse_status::need_more ? needed_ : 0, std::move(reason_)};
+    }
+
+private:
+    bool need(std::size_t total) noexcept {
+        status_ = parse_status::need_more;
+        needed_ = total;
+        return false;
+    }
+
+    std::string_view in_;
+    const limits& lim_;
+    std::size_t pos_ = 0;
+    std::size_t needed_ = 0;
+    parse_status status_ = parse_status::need_more;
+    std::string reason_;
+};
+
+}  // namespace detail
+
+/// Parses the request at the front of `in` (the connection's unconsumed bytes) in dialect `d`.
+/// Incremental: call again with more bytes after `need_more`; nothing is consumed until
+/// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
+/// the reason string when malformed), whatever the input.
+inline parse_result parse_request(dialect d, std::string_view in, request& out,
+                                  const limits& lim = {}) {
+    detail::request_reader r{in, lim};
+    const char* p = nullptr;
+    if (!r.fixed(1, p)) return std::move(r).result(false);
+    const auto byte = static_cast<std::uint8_t>(*p);
+    const auto o = to_op(d, byte);
+    if (!o) {
+        r.fail(fmt::format("unknown opcode 0x{:02x} in the {} dialect", byte,
+                           d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
+        return std::move(r).result(false);
+    }
+    out.operation = *o;
+    out.key = out.value = out.expected = {};  // no view may survive from an earlier request
+    out.number = 0;
+    out.nonce = 0;
+    out.keys.clear();
+    out.values.clear();
+    bool ok = true;
+    switch (*o) {
+        case op::validate:
+        case op::ping:
+            ok = r.u32(out.nonce);
+            break;
+        case op::set:
+        case op::append:
+        case op::queue_push:
+            ok = r.str(out.key, true) && r.str(out.value, false);
+            break;
+        case op::compare_set:
+            ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false);
+            break;
+        case op::get:
+        case op::watch_key:
+        case op::delete_key:
+        case op::queue_pop:
+        case op::queue_len:
+            ok = r.str(out.key, true);
+            break;
+        case op::add:
+        case op::barrier:
+            ok = r.str(out.key, true) && r.i64(out.number);
+            break;
+        case op::check:
+        case op::wait:
+        case op::multi_get:
+        case op::multi_set: {
+            std::size_t n = 0;
+            ok = r.count(n);
+            const bool pairs = *o == op::multi_set;
+            for (std::size_t i = 0; ok && i < n; ++i) {
+                std::string_view k;
+                ok = r.str(k, true);
+                if (ok) out.keys.push_back(k);
+                if (ok && pairs) {
+                    std::string_view v;
+                    ok = r.str(v, false);
+                    if (ok) out.values.push_back(v);
+                }
+            }
+            break;
+        }
+        case op::num_keys:
+        case op::cancel_wait:
+        case op::list_keys:
+            break;
+    }
+    return std::move(r).result(ok);
+}
+
+/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
+/// when `d` has no opcode for the operation.
+inline void encode_request(dialect d, const request& req, std::string& out) {
+    const auto byte = to_byte(d, req.operation);
+    if (!byte)
+        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect",
+                                                name(req.operation),
+                                                d == dialect::legacy ? "legacy" : "current"));
+    put_u8(out, *byte);
+    switch (req.operation) {
+        case op::validate:
+        case op::ping:
+            put_u32(out, req.nonce);
+            break;
+        case op::set:
+        case op::append:
+        case op::queue_push:
+            put_bytes(out, req.key);
+            put_bytes(out, req.value);
+            break;
+        case op::compare_set:
+            put_bytes(out, req.key);
+            put_bytes(out, req.expected);
+            put_bytes(out, req.value);
+            break;
+        case op::get:
+        case op::watch_key:
+        case op::delete_key:
+        case op::queue_pop:
+        case op::queue_len:
+            put_bytes(out, req.key);
+            break;
+        case op::add:
+        case op::barrier:
+            put_bytes(out, req.key);
+            put_i64(out, req.number);
+            break;
+        case op::check:
+        case op::wait:
+        case op::multi_get:
+            put_u64(out, req.keys.size());
+            for (auto k : req.keys) put_bytes(out, k);
+            break;
+        case op::multi_set:
+            if (req.keys.size() != req.values.size())
+                throw std::invalid_argument(fmt::format(
+                    "MULTI_SET needs as many values as keys, got {} keys and {} values",
+                    req.keys.size(), req.values.size()));
+            put_u64(out, req.keys.size());
+            for (std::size_t i = 0; i < req.keys.size(); ++i) {
+                put_bytes(out, req.keys[i]);
+                put_bytes(out, req.values[i]);
+            }
+            break;
+        case op::num_keys:
+        case op::cancel_wait:
+        case op::list_keys:
+            break;
+    }
+}
+
+}  // namespace elastic::inline v0::wire
+// ---- end elastic/store/wire.hpp ----
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/ip/v6_only.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+#include <variant>
+
+namespace elastic::inline v0 {
+
+/// Where the server's log lines go (one line per call, no trailing newline). The agent may
+/// replace it; the default prints "elastic-store: <line>" to stderr.
+using store_log = std::function<void(std::string_view line)>;
+
+/// How a tcp_store_server listens and what it accepts (limits are documented in docs/store.md).
+struct store_server_options {
+    /// Address to bind: an IPv4/IPv6 literal or a host name; "::" listens dual-stack.
+    std::string host = "0.0.0.0";
+    /// Port to bind; 0 picks a free one (read it back with port()).
+    std::uint16_t port = 0;
+    /// Per-request limits; a request beyond one closes only its connection.
+    wire::limits limits{};
+    /// Connections served at once; one more is accepted, logged and closed at once.
+    std::size_t max_connections = 16384;
+    /// WAITs pending on one connection (a 1.13 client that times out leaves one behind each time).
+    std::size_t max_waits_per_connection = 4096;
+    /// Replies buffered before the server stops reading that connection's requests and writes.
+    std::size_t max_pending_output = 4 * 1024 * 1024;
+    /// Log sink; empty means stderr.
+    store_log log;
+    /// Called after each request has run (tracing, metrics, tests); may be empty.
+    std::function<void(wire::op)> on_request;
+};
+
+namespace detail {
+
+class store_connection;
+
+// State shared by the server object and its connections, so a connection that finishes after
+// the server object is gone still finds its engine.
+struct store_server_core {
+    store_server_core(const asio::any_io_executor& ex, store_server_options opts)
+        : executor(ex), acceptor(ex), resume_accept(ex), options(std::move(opts)) {}
+
+    void log(std::string_view line) const {
+        if (options.log)
+            options.log(line);
+        else
+            fmt::print(stderr, "elastic-store: {}\n", line);
+    }
+
+    asio::any_io_executor executor;
+    asio::ip::tcp::acceptor acceptor;
+    asio::steady_timer resume_accept;  // cancelled when a connection closes (after EMFILE)
+    store_server_options options;
+    store_engine engine;
+    std::unordered_set<store_connection*> connections;
+    bool stopped = false;
+};
+
+inline std::string format_peer(const asio::ip::tcp::socket& s) {
+    std::error_code ec;
+    const auto ep = s.remote_endpoint(ec);
+    if (ec) return "unknown peer";
+    if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
+    return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+}
+
+// One client connection: reads requests, runs them on the engine, writes replies in order. A
+// WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
+// same output stream and cancels `wake_` so the coroutine flushes it.
+class store_connection : public std::enable_shared_from_this<store_connection> {
+public:
+    store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
+        : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
+          peer_(format_peer(socket_)), watcher_(*this) {
+        wake_.expires_at(asio::steady_timer::time_point::max());
+    }
+
+    store_connection(const store_connection&) = delete;
+    store_connection& operator=(const store_connection&) = delete;
+
+    ~store_connection() { delete[] buf_; }
+
+    static asio::awaitable<void> serve(std::shared_ptr<store_connection> self) {
+        co_await self->loop();
+        self->finish();
+    }
+
+    void close() noexcept {
+        std::error_code ignored;
+        socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        socket_.close(ignored);
+        wake_.cancel();
+    }
+
+private:
+    // A pending WAIT of this connection.
+    struct pending_wait final : store_waiter {
+        explicit pending_wait(store_connection& c) : conn(c) {}
+        void on_ready() override { conn.wait_ready(self); }
+        store_connection& conn;
+        std::list<pending_wait>::iterator self;
+    };
+
+    // WATCH_KEY registrations (legacy dialect): every change is pushed as a notification.
+    struct key_watcher final : store_watcher {
+        explicit key_watcher(store_connection& c) : conn(c) {}
+        void on_change(store_change change, std::string_view key, std::string_view old_value,
+                       std::string_view new_value) override {
+            wire::put_u8(conn.out_, static_cast<std::uint8_t>(change));
+            wire::put_bytes(conn.out_, key);
+            wire::put_bytes(conn.out_, old_value);
+            wire::put_bytes(conn.out_, new_value);
+            conn.wake_.cancel();
+        }
+        store_connection& conn;
+    };
+
+    void wait_ready(std::list<pending_wait>::iterator it) {
+        wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+        waits_.erase(it);
+        wake_.cancel();
+    }
+
+    asio::awaitable<void> loop() {
+        using namespace asio::experimental::awaitable_operators;
+        constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+        for (;;) {
+            // After a malformed request the replies to the requests before it still go out.
+            const bool ok = process();
+            if (!out_.empty()) {
+                wbuf_.swap(out_);
+                const auto [ec, n] =
+                    co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
+                (void)n;
+                wbuf_.clear();
+                if (ec) co_return;
+                if (ok) continue;
+            }
+            if (!ok) co_return;
+            if (!waits_.empty() || watching_) {
+                // A reply may be pushed while we wait for input: wait for readiness (cancelling
+                // a readiness wait loses no bytes) or for wake_, whichever comes first.
+                const auto which = co_await (
+                    socket_.async_wait(asio::ip::tcp::socket::wait_read, tuple_awaitable) ||
+                    wake_.async_wait(tuple_awaitable));
+                if (which.index() == 1) {
+                    if (!socket_.is_open()) co_return;
+                    continue;
+                }
+                if (std::get<0>(std::get<0>(which))) co_return;
+            }
+            reserve();
+            const auto [ec, n] = co_await socket_.async_read_some(
+                asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
+            if (ec) co_return;  // EOF, reset or stop(): the client is gone
+            end_ += n;
+        }
+    }
+
+    // Makes room for the next read: at least what the pending request needs, at least 4 KiB.
+    void reserve() {
+        const std::size_t have = end_ - begin_;
+        const std::size_t want = std::max<std::size_t>(needed_ > have ? needed_ - have : 0, 4096);
+        if (cap_ - end_ >= want) return;
+        if (begin_ > 0) {
+            std::memmove(buf_, buf_ + begin_, have);
+            begin_ = 0;
+            end_ = have;
+            if (cap_ - end_ >= want) return;
+        }
+        const std::size_t cap = std::max(cap_ * 2, have + want);
+        char* bigger = new char[cap];
+        if (have) std::memcpy(bigger, buf_, have);
+        delete[] buf_;
+        buf_ = bigger;
+        cap_ = cap;
+    }
+
+    // Runs every complete request in the buffer; false closes the connection.
+    bool process() {
+        while (out_.size() < core_->options.max_pending_output) {
+            const std::string_view data(buf_ + begin_, end_ - begin_);
+            if (data.empty() || data.size() < needed_) break;
+            if (!dialect_) {
+                const auto d = wire::detect_dialect(data);
+                if (d == wire::detection::need_more) {
+                    needed_ = data.size() + 1;
+                    break;
+                }
+                dialect_ = d == wire::detection::current ? wire::dialect::current
+                                                         : wire::dialect::legacy;
+            }
+            auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
+            if (r.status == wire::parse_status::need_more) {
+                needed_ = r.size;
+                break;
+            }
+            if (r.status == wire::parse_status::malformed) return fail(r.reason);
+            needed_ = 0;
+            if (!execute()) return false;
+            begin_ += r.size;
+            if (core_->options.on_request) core_->options.on_request(req_.operation);
+        }
+        if (begin_ == end_) {
+            begin_ = end_ = 0;
+            // A huge request grew the buffer: give the memory back once it is consumed.
+            if (cap_ > 1024 * 1024) {
+                delete[] buf_;
+                buf_ = nullptr;
+                cap_ = 0;
+            }
+        }
+        return true;
+    }
+
+    bool fail(std::string_view reason) {
+        core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
+                               dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+        return false;
+    }
+
+    bool execute() {
+        using wire::op;
+        auto& engine = core_->engine;
+        auto& r = req_;
+        switch (r.operation) {
+            case op::validate:
+                if (r.nonce != wire::validate_magic)
+                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}",
+                                            r.nonce, wire::validate_magic));
+                return true;
+            case op::ping:
+                wire::put_u32(out_, r.nonce);
+                return true;
+            case op::set:
+                engine.set(r.key, r.value);
+                return true;
+            case op::compare_set:
+                wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
+                return true;
+            case op::get: {
+                // Missing: an empty value, like the libuv server (clients WAIT first anyway).
+                const auto* v = engine.find(r.key);
+                wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
+                return true;
+            }
+            case op::add:
+                try {
+                    wire::put_i64(out_, engine.add(r.key, r.number));
+                } catch (const store_error& e) {
+                    return fail(e.what());
+                }
+                return true;
+            case op::check:
+                wire::put_u8(out_, static_cast<std::uint8_t>(
+                                       engine.check(r.keys) ? wire::check_response::ready
+                                                            : wire::check_response::not_ready));
+                return true;
+            case op::wait: {
+                if (waits_.size() >= core_->options.max_waits_per_connection)
+                    return fail(fmt::format("{} WAITs pending on one connection reach the limit "
+                                            "(store_server_options::max_waits_per_connection)",
+                                            waits_.size()));
+                auto& w = waits_.emplace_back(*this);
+                w.self = std::prev(waits_.end());
+                if (engine.wait(w, r.keys)) {
+                    waits_.pop_back();
+                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+                }
+                return true;
+            }
+            case op::num_keys:
+                wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
+                return true;
+            case op::watch_key:
+                engine.watch(watcher_, r.key);
+                watching_ = true;
+                wire::put_u8(out_, static_cast<std::uint8_t>(
+                                       wire::watch_response::key_callback_registered));
+                return true;
+            case op::delete_key:
+                wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
+                return true;
+            case op::append:
+                engine.append(r.key, r.value);
+                return true;
+            case op::multi_get:
+                for (const auto k : r.keys) {
+                    const auto* v = engine.find(k);
+                    wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
+                }
+                return true;
+            case op::multi_set:
+                for (std::size_t i = 0; i < r.keys.size(); ++i) engine.set(r.keys[i], r.values[i]);
+                return true;
+            case op::cancel_wait:
+                // Any STOP_WAITING already queued stays in front of this reply: a client that
+                // raced reads 0x00 then 0x01, as PyTorch's client expects (wire §1.4).
+                cancel_waits();
+                wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
+                return true;
+            case op::list_keys:
+                wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
+                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+                return true;
+            case op::queue_push:
+            case op::queue_pop:
+            case op::queue_len:
+            case op::barrier:
+                return fail(fmt::format("{} is not supported by this server (docs/store.md)",
+                                        wire::name(r.operation)));
+        }
+        return fail("unreachable opcode");
+    }
+
+    void cancel_waits() noexcept {
+        for (auto& w : waits_) core_->engine.cancel(w);
+        waits_.clear();
+    }
+
+    // The coroutine has ended: forget every registration and leave the server's set.
+    void finish() noexcept {
+        cancel_waits();
+        if (watching_) core_->engine.unwatch(watcher_);
+        watching_ = false;
+        close();
+        core_->connections.erase(this);
+        core_->resume_accept.cancel();
+    }
+
+    std::shared_ptr<store_server_core> core_;
+    asio::ip::tcp::socket socket_;
+    asio::steady_timer wake_;
+    std::string peer_;
+    std::optional<wire::dialect> dialect_;
+    wire::request req_;
+    char* buf_ = nullptr;  // [begin_, end_) unconsumed input; no zero-fill on growth
+    std::size_t cap_ = 0;
+    std::size_t begin_ = 0;
+    std::size_t end_ = 0;
+    std::size_t needed_ = 0;  // bytes of input the pending request needs at least
+    std::string out_;         // replies not yet written, in order
+    std::string wbuf_;        // the bytes of the write in flight
+    std::list<pending_wait> waits_;
+    key_watcher watcher_;
+    bool watching_ = false;
+};
+
+}  // namespace detail
+
+/// PyTorch's TCPStore server. Both wire dialects are served side by side, chosen per connection
+/// from its first bytes, over one key table. Bind in the constructor; serve with `start()` (or
+/// `co_await run()`); stop with `stop()`, the destructor, or by cancelling `run()`. Use it on one
+/// thread (run the io_context on one thread).
+class tcp_store_server {
+public:
+    /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
+    explicit tcp_store_server(const asio::any_io_executor& executor,
+                              store_server_options options = {})
+        : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
+        auto& o = core_->options;
+        auto& acc = core_->acceptor;
+        try {
+            asio::ip::tcp::endpoint ep;
+            std::error_code ec;
+            const auto address = asio::ip::make_address(o.host, ec);
+            if (!ec) {
+                ep = {address, o.port};
+            } else {
+                asio::ip::tcp::resolver resolver(executor);
+                const auto results = resolver.resolve(o.host, std::to_string(o.port),
+                                                      asio::ip::resolver_base::passive);
+                ep = results.begin()->endpoint();
+            }
+            acc.open(ep.protocol());
+            acc.set_option(asio::socket_base::reuse_address(true));
+            if (ep.address().is_v6()) acc.set_option(asio::ip::v6_only(false));
+            acc.bind(ep);
+            acc.listen(asio::socket_base::max_listen_connections);
+        } catch (const std::system_error& e) {
+            throw store_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
+                                          "picks a free one) or address",
+                                          o.host, o.port, e.code().message()));
+        }
+    }
+
+    tcp_store_server(const tcp_store_server&) = delete;
+    tcp_store_server& operator=(const tcp_store_server&) = delete;
+
+    ~tcp_store_server() { stop(); }
+
+    /// The bound address and port.
+    asio::ip::tcp::endpoint local_endpoint() const { return core_->acceptor.local_endpoint(); }
+    /// The bound port (the chosen one when options.port was 0).
+    std::uint16_t port() const { return local_endpoint().port(); }
+
+    /// Serves in the background on the executor (the agent's usual way).
+    void start() { asio::co_spawn(core_->executor, serve(core_), asio::detached); }
+
+    /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
+    /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
+    /// outlive the server object.
+    asio::awaitable<void> run() { return serve(core_); }
+
+    /// Stops accepting and closes every connection (their waits are dropped).
+    void stop() noexcept { stop(*core_); }
+
+    /// The key table the connections share (for an embedding agent and for tests).
+    detail::store_engine& engine() noexcept { return core_->engine; }
+
+    /// The number of open connections.
+    std::size_t connections() const noexcept { return core_->connections.size(); }
+
+private:
+    static void stop(detail::store_server_core& core) noexcept {
+        if (core.stopped) return;
+        core.stopped = true;
+        std::error_code ignored;
+        core.acceptor.close(ignored);
+        core.resume_accept.cancel();
+        for (auto* c : core.connections) c->close();
+    }
+
+    static asio::awaitable<void> serve(std::shared_ptr<detail::store_server_core> core) {
+        constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+        while (!core->stopped) {
+            auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
+            if (ec == asio::error::operation_aborted || core->stopped) break;
+            if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
+                // Out of descriptors: accept again once a connection closes (it cancels the
+                // timer), not in a retry loop.
+                core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
+                                      ec.message()));
+                core->resume_accept.expires_at(asio::steady_timer::time_point::max());
+                co_await core->resume_accept.async_wait(tuple_awaitable);
+                continue;
+            }
+            if (ec) {
+                core->log(fmt::format("accept failed: {}", ec.message()));
+                continue;
+            }
+            std::error_code ignored;
+            socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+            if (core->connections.size() >= core->options.max_connections) {
+                core->log(fmt::format("refusing connection from {}: {} connections reach the "
+                                      "limit (store_server_options::max_connections)",
+                                      detail::format_peer(socket), core->connections.size()));
+                socket.close(ignored);
+                continue;
+            }
+            auto conn = std::make_shared<detail::store_connection>(core, std::move(socket));
+            core->connections.insert(conn.get());
+            asio::co_spawn(core->executor, detail::store_connection::serve(std::move(conn)),
+                           asio::detached);
+        }
+        stop(*core);
+    }
+
+    std::shared_ptr<detail::store_server_core> core_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/server.hpp ----
+
+namespace elastic::inline v0 {
+
+static_assert(store<prefix_store<memory_store>>);
+static_assert(multi_key_store<prefix_store<memory_store>>);
+static_assert(store<prefix_store<prefix_store<memory_store>>>);
+
+}  // namespace elastic::inline v0
 // ---- end elastic/store.hpp ----
 // ---- begin elastic/process.hpp ----
 // The process layer — worker processes: spawn, await exits through pidfds, signal and stop groups.
 
+// ---- begin elastic/process/child.hpp ----
+// child_process: one spawned worker — its pidfd, its exit as an awaitable event, its pipes.
+
+// ---- begin elastic/process/error.hpp ----
+// The process layer's exceptions: process_error, and spawn_error with the errno of a failed spawn.
+
+
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// A failure of the process layer (a system call the agent needed failed, a misuse of a child).
+class process_error : public error {
+public:
+    using error::error;
+};
+
+/// A program could not be started. `code()` is the errno of the step that failed (for example
+/// ENOENT or EACCES from execve, reported by the child through a close-on-exec pipe), so the
+/// caller sees why, not a child that exits 127.
+class spawn_error : public process_error {
+public:
+    spawn_error(const std::string& message, int code) : process_error(message), code_(code) {}
+
+    /// The errno value of the failed step.
+    [[nodiscard]] int code() const noexcept { return code_; }
+
+private:
+    int code_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/process/error.hpp ----
+// ---- begin elastic/process/exit.hpp ----
+// process_exit: how and when a worker process ended, as the agent saw it.
+
+// ---- begin elastic/report/signal_name.hpp ----
+// Names of Linux signals, and torchrun's "Signal N (SIGNAME) received by PID p" message.
+
+
+#include <csignal>
+#include <iterator>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace elastic::inline v0 {
+
+/// The name Python's `signal.Signals(n).name` gives signal `n` on Linux ("SIGKILL" for 9), so a
+/// summary reads like torchrun's. Real-time signals Python does not name are spelled the way
+/// glibc's `kill -l` does ("SIGRTMIN+3", "SIGRTMAX-2"). Numbers that are no signal (0, 32 and 33,
+/// which glibc keeps for itself, negatives, anything past SIGRTMAX) give "<N/A>", torchrun's
+/// placeholder, instead of failing.
+inline std::string signal_name(int signal_number) {
+    // Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
+    static constexpr std::string_view standard[] = {
+        "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+        "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+        "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
+        "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
+    constexpr int standard_count = static_cast<int>(std::size(standard));
+    if (signal_number >= 1 && signal_number < standard_count) {
+        return std::string(standard[signal_number]);
+    }
+    // SIGRTMIN/SIGRTMAX are glibc function calls (34 and 64 here: NPTL keeps 32 and 33).
+    const int rt_min = SIGRTMIN;
+    const int rt_max = SIGRTMAX;
+    if (signal_number < rt_min || signal_number > rt_max) {
+        return "<N/A>";
+    }
+    if (signal_number == rt_min) {
+        return "SIGRTMIN";
+    }
+    if (signal_number == rt_max) {
+        return "SIGRTMAX";
+    }
+    // kill -l's split: the lower half counts up from SIGRTMIN, the upper half down from SIGRTMAX.
+    if (signal_number - rt_min <= (rt_max - rt_min) / 2) {
+        return fmt::format("SIGRTMIN+{}", signal_number - rt_min);
+    }
+    return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
+}
+
+/// torchrun's message for a worker killed by a signal (ProcessFailure, §6.3 of the inventory):
+/// `Signal 9 (SIGKILL) received by PID 1234`.
+inline std::string signal_message(int signal_number, long pid) {
+    return fmt::format("Signal {} ({}) received by PID {}", signal_number,
+                       signal_name(signal_number), pid);
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/signal_name.hpp ----
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <string>
+
+#include <sys/types.h>
+#include <sys/wait.h>
+
+namespace elastic::inline v0 {
+
+/// How a process ended and when the agent saw it end.
+///
+/// (report/failure.hpp's `exit_status` is the report's view of the same fact, without pid or
+/// times: `signaled() ? exit_status::from_signal(signal) : exit_status::from_exit_code(code)`.)
+///
+/// Exactly one of `code` (normal exit) and `signal` (killed by a signal) is meaningful:
+/// `signal == 0` means the process called exit, and then `code` is its 0..255 exit code; otherwise
+/// `code` is -1. The times are taken when the agent observed the exit (its pidfd became readable),
+/// on both clocks: `steady_time` orders failures within one agent, `system_time` is what a failure
+/// report prints and compares across hosts.
+struct process_exit {
+    pid_t pid = 0;            ///< the process id
+    int code = -1;            ///< exit code when `signal == 0`, else -1
+    int signal = 0;           ///< terminating signal number, 0 when the process exited
+    bool core_dumped = false; ///< the signal produced a core dump
+    std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
+    std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
+
+    /// The process called exit (or returned from main).
+    [[nodiscard]] bool exited() const noexcept { return signal == 0; }
+    /// The process was ended by a signal.
+    [[nodiscard]] bool signaled() const noexcept { return signal != 0; }
+    /// Exited with code 0.
+    [[nodiscard]] bool success() const noexcept { return signal == 0 && code == 0; }
+    /// Python's `Popen.returncode` (what torchrun's summary prints as "exitcode"): the exit code,
+    /// or minus the signal number.
+    [[nodiscard]] int returncode() const noexcept { return signal != 0 ? -signal : code; }
+    /// The shell's convention, which elasticrun exits with: the exit code, or 128 + signal.
+    [[nodiscard]] int shell_code() const noexcept { return signal != 0 ? 128 + signal : code; }
+
+    /// "exited with code 3" or "killed by signal 9 (SIGKILL)".
+    [[nodiscard]] std::string describe() const {
+        if (signal == 0) return "exited with code " + std::to_string(code);
+        std::string text = "killed by signal " + std::to_string(signal) + " (" +
+                           signal_name(signal) + ")";
+        if (core_dumped) text += ", core dumped";
+        return text;
+    }
+
+    /// Builds the status from what waitid reported, stamped now.
+    static process_exit from_siginfo(const siginfo_t& info) {
+        process_exit status;
+        status.pid = info.si_pid;
+        if (info.si_code == CLD_EXITED) {
+            status.code = info.si_status;
+        } else {
+            status.signal = info.si_status;
+            status.core_dumped = info.si_code == CLD_DUMPED;
+        }
+        status.steady_time = std::chrono::steady_clock::now();
+        status.system_time = std::chrono::system_clock::now();
+        return status;
+    }
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/process/exit.hpp ----
+// ---- begin elastic/process/sys.hpp ----
+// Internals of the process layer: an owning descriptor and the Linux calls glibc 2.36 lacks.
+
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+/// Owns one file descriptor; closes it on destruction. Move-only.
+class owned_fd {
+public:
+    owned_fd() noexcept = default;
+    explicit owned_fd(int fd) noexcept : fd_(fd) {}
+    owned_fd(owned_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+    owned_fd& operator=(owned_fd&& other) noexcept {
+        if (this != &other) reset(std::exchange(other.fd_, -1));
+        return *this;
+    }
+    owned_fd(const owned_fd&) = delete;
+    owned_fd& operator=(const owned_fd&) = delete;
+    ~owned_fd() { reset(); }
+
+    [[nodiscard]] int get() const noexcept { return fd_; }
+    [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+    int release() noexcept { return std::exchange(fd_, -1); }
+    void reset(int fd = -1) noexcept {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = fd;
+    }
+
+private:
+    int fd_ = -1;
+};
+
+/// `strerror` text for an errno value, thread-safe.
+inline std::string errno_string(int err) { return std::system_category().message(err); }
+
+/// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
+/// for C++, hence the raw system call.
+inline int pidfd_open(pid_t pid) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U));
+}
+
+/// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
+inline int pidfd_send_signal(int pidfd, int sig) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
+}
+
+/// waitid's P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
+inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
+
+/// Whether the process behind `pidfd` (our child) has exited, leaving it a zombie (WNOWAIT) so its
+/// pid, and so its process-group id, cannot be reused while we may still signal the group.
+/// Returns true and fills `info` when it has.
+inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
+    info = siginfo_t{};
+    for (;;) {
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info,
+                                WEXITED | WNOHANG | WNOWAIT);
+        if (rc == 0) return info.si_pid != 0;
+        if (errno != EINTR) return false;
+    }
+}
+
+/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
+inline bool reap_now(int pidfd) noexcept {
+    siginfo_t info{};
+    for (;;) {
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
+        if (rc == 0) return info.si_pid != 0;
+        if (errno != EINTR) return errno == ECHILD;  // already reaped: nothing left to do
+    }
+}
+
+/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
+/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
+/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
+/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
+inline void prepare_agent_signals() noexcept {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+        struct sigaction ignore {};
+        ignore.sa_handler = SIG_IGN;
+        ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 &&
+        ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN)) {
+        struct sigaction deflt {};
+        deflt.sa_handler = SIG_DFL;
+        ::sigaction(SIGCHLD, &deflt, nullptr);
+    }
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && (current.sa_flags & SA_NOCLDWAIT) != 0) {
+        current.sa_flags &= ~SA_NOCLDWAIT;  // same effect as SIG_IGN on our children's status
+        ::sigaction(SIGCHLD, &current, nullptr);
+    }
+}
+
+/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
+/// a descriptor it still needs when the agent runs with one of its standard streams closed.
+inline owned_fd raise_above_stdio(owned_fd fd) {
+    if (!fd || fd.get() > 2) return fd;
+    const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
+    if (moved < 0) {
+        throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
+                            " above 2 for a child: " + errno_string(errno) +
+                            " (raise the open-files limit)");
+    }
+    return owned_fd(moved);
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/process/sys.hpp ----
+// ---- begin elastic/process/watcher.hpp ----
+// Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
+
+// ---- begin elastic/process/spawner.hpp ----
+// Internals: the one thread that forks every child, so PR_SET_PDEATHSIG means "the agent died".
+
+
+#include <condition_variable>
+#include <csignal>
+#include <mutex>
+#include <thread>
+
+#include <pthread.h>
+
+namespace elastic::inline v0::detail {
+
+/// Runs callables on a dedicated thread that lives as long as the process.
+///
+/// Why a thread of our own: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits,
+/// not the process (PLATFORM.md). Forking on the caller's thread would tie every worker's life to
+/// whichever thread happened to call spawn — an io_context thread of a pool that shrinks, a
+/// std::thread the user joins — and the workers would be SIGKILLed when it ends. This thread is
+/// started on first use, detached and never stopped, so it ends only with the process: the parent
+/// death signal then means exactly "the agent died".
+///
+/// The thread blocks every signal, so it never runs a signal handler (Asio's included), and the
+/// children it forks start with every signal blocked: a signal that arrives between fork and exec
+/// stays pending until the child has reset the dispositions, and then acts by default instead of
+/// running the agent's handler in the child.
+///
+/// The object is deliberately leaked: a detached thread must never touch a destroyed mutex during
+/// static destruction at exit.
+class spawner {
+public:
+    static spawner& instance() {
+        static spawner* const self = new spawner();  // leaked on purpose, see above
+        return *self;
+    }
+
+    /// Runs `f()` on the spawner thread and returns when it has returned. Callers are serialized.
+    template <class F>
+    void run(F& f) {
+        std::lock_guard serial(callers_);
+        std::unique_lock lock(mutex_);
+        job_ = [](void* arg) { (*static_cast<F*>(arg))(); };
+        arg_ = &f;
+        done_ = false;
+        cv_.notify_all();
+        cv_.wait(lock, [this] { return done_; });
+    }
+
+    spawner(const spawner&) = delete;
+    spawner& operator=(const spawner&) = delete;
+
+private:
+    spawner() {
+        // Start the thread with every signal blocked (it inherits the creator's mask), then give
+        // the creating thread its own mask back.
+        sigset_t all;
+        sigset_t old;
+        ::sigfillset(&all);
+        ::pthread_sigmask(SIG_SETMASK, &all, &old);
+        try {
+            std::thread(&spawner::loop, this).detach();
+        } catch (...) {
+            ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+            throw;
+        }
+        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+
+    void loop() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            cv_.wait(lock, [this] { return job_ != nullptr; });
+            job_(arg_);
+            job_ = nullptr;
+            done_ = true;
+            cv_.notify_all();
+        }
+    }
+
+    std::mutex callers_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    void (*job_)(void*) = nullptr;
+    void* arg_ = nullptr;
+    bool done_ = false;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/process/spawner.hpp ----
+
+#include <algorithm>
+#include <array>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+// Why a watcher process: PR_SET_PDEATHSIG kills the worker when the agent dies, but it is not
+// inherited, so a worker's own children (wrapper scripts, data-loader processes) would survive an
+// agent killed with SIGKILL; cgroup.kill is not available here, and a subreaper dies with the
+// agent. So the first spawn forks a tiny process that holds one end of a Unix socket pair whose
+// other end only the agent holds (close-on-exec, and every child closes descriptors above 2).
+// The agent sends "add pgid" / "remove pgid" records on it; when the agent dies — however — the
+// kernel closes its end, the watcher reads EOF, sends SIGKILL to every process group still
+// registered and exits. It then dies with the agent by construction. (A socket rather than a
+// pipe: send(MSG_NOSIGNAL) reports a dead watcher as EPIPE whatever the agent's SIGPIPE
+// disposition is.)
+//
+// Limits, on purpose: a descendant that leaves its worker's process group (setsid, setpgid) is out
+// of reach; and a group id is removed before the agent reaps the group's leader (whose zombie
+// keeps the id reserved until then), so the watcher never holds an id that the kernel may hand
+// to an unrelated process — except in the instant between the agent's death and the watcher's
+// kill, when init may reap a leader whose number then has to be reused at once, a full wrap of
+// pid_max (4 Mi on 64-bit) within microseconds.
+
+/// One record on the watcher socket: 8 bytes, each sent whole by one send.
+struct watcher_record {
+    std::int32_t op;    ///< watcher_add or watcher_remove
+    std::int32_t pgid;  ///< the process group
+};
+inline constexpr std::int32_t watcher_add = 1;
+inline constexpr std::int32_t watcher_remove = 2;
+
+/// How many worker process groups may be registered at once.
+inline constexpr std::size_t watcher_capacity = 8192;
+
+/// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
+/// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
+/// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
+[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity,
+                                      unsigned char* buffer, std::size_t buffer_size,
+                                      int max_fd) noexcept {
+    // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
+    // watcher before it has done its job, and no terminal hangup reaches it.
+    ::setsid();
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM,
+                    SIGTSTP, SIGTTIN, SIGTTOU}) {
+        ::sigaction(sig, &ignore, nullptr);
+    }
+    ::prctl(PR_SET_NAME, "elastic-watch", 0, 0, 0);
+    if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */ }
+    // Keep nothing but the socket: not the agent's sockets (a port would stay bound), not its
+    // stdout (a reader of the agent's output would never see EOF).
+    if (::close_range(0, static_cast<unsigned>(read_end - 1), 0) != 0 ||
+        ::close_range(static_cast<unsigned>(read_end + 1), ~0U, 0) != 0) {
+        for (int fd = 0; fd < max_fd; ++fd) {
+            if (fd != read_end) ::close(fd);
+        }
+    }
+    std::size_t have = 0;
+    for (;;) {
+        const ssize_t n = ::read(read_end, buffer + have, buffer_size - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // EOF: the agent is gone (or the socket broke, same verdict)
+        have += static_cast<std::size_t>(n);
+        std::size_t used = 0;
+        for (; have - used >= sizeof(watcher_record); used += sizeof(watcher_record)) {
+            watcher_record record;
+            std::memcpy(&record, buffer + used, sizeof record);
+            if (record.op == watcher_add) {
+                for (std::size_t i = 0; i < capacity; ++i) {
+                    if (table[i] == 0) {
+                        table[i] = record.pgid;
+                        break;
+                    }
+                }
+            } else if (record.op == watcher_remove) {
+                for (std::size_t i = 0; i < capacity; ++i) {
+                    if (table[i] == record.pgid) {
+                        table[i] = 0;
+                        break;
+                    }
+                }
+            }
+        }
+        std::memmove(buffer, buffer + used, have - used);
+        have -= used;
+    }
+    for (std::size_t i = 0; i < capacity; ++i) {
+        if (table[i] > 0) ::kill(-table[i], SIGKILL);
+    }
+    ::_exit(0);
+}
+
+/// The agent's side of the watcher: starts it on first use, registers and retires groups,
+/// restarts it (re-registering every live group) if someone killed it.
+class watcher {
+public:
+    static watcher& instance() {
+        static watcher* const self = new watcher();  // leaked: used until the very end
+        return *self;
+    }
+
+    /// Starts the watcher if it is not running; returns its pid.
+    pid_t ensure_started() {
+        std::lock_guard lock(mutex_);
+        if (pid_ <= 0) start_locked();
+        return pid_;
+    }
+
+    /// Registers a worker's process group: it is SIGKILLed if the agent dies.
+    void add(pid_t pgid) {
+        std::lock_guard lock(mutex_);
+        if (groups_.size() >= watcher_capacity) {
+            throw process_error("cannot watch process group " + std::to_string(pgid) + ": " +
+                                std::to_string(watcher_capacity) +
+                                " worker process groups are already registered (stop some first)");
+        }
+        groups_.push_back(pgid);
+        try {
+            send_locked(watcher_add, pgid);
+        } catch (...) {
+            groups_.pop_back();  // the caller kills and reaps the child: forget its id now
+            throw;
+        }
+    }
+
+    /// Retires a group. Call it before reaping the group's leader, whose zombie keeps the id
+    /// reserved until then.
+    void remove(pid_t pgid) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto it = std::find(groups_.begin(), groups_.end(), pgid);
+        if (it == groups_.end()) return;
+        groups_.erase(it);
+        try {
+            send_locked(watcher_remove, pgid);
+        } catch (...) {
+            // The watcher cannot be told; keeping a stale id is the lesser harm, because the
+            // group's leader is still unreaped when this is called.
+        }
+    }
+
+    watcher(const watcher&) = delete;
+    watcher& operator=(const watcher&) = delete;
+
+private:
+    watcher() = default;
+
+    void start_locked() {
+        int fds[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+            throw process_error("cannot create the watcher socket: " + errno_string(errno) +
+                                " (raise the open-files limit)");
+        }
+        owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
+        owned_fd write_end(fds[1]);
+        // Everything the child touches is allocated here, before the fork.
+        std::vector<pid_t> table(watcher_capacity, 0);
+        std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
+        rlimit limit{};
+        int max_fd = 1024;
+        if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+            max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+        }
+        pid_t pid = -1;
+        int fork_errno = 0;
+        const int rfd = read_end.get();
+        auto job = [&] {
+            pid = ::fork();
+            if (pid == 0) {
+                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(),
+                             max_fd);
+            }
+            if (pid < 0) fork_errno = errno;
+        };
+        spawner::instance().run(job);
+        if (pid < 0) {
+            throw process_error("cannot fork the watcher process: " + errno_string(fork_errno) +
+                                " (check the process limit, ulimit -u)");
+        }
+        pid_ = pid;
+        write_end_ = std::move(write_end);
+        for (pid_t group : groups_) write_locked(watcher_add, group);
+    }
+
+    // Returns false if the watcher is gone (EPIPE). MSG_NOSIGNAL: no SIGPIPE, whatever the
+    // agent's disposition.
+    bool write_locked(std::int32_t op, pid_t pgid) {
+        const watcher_record record{op, static_cast<std::int32_t>(pgid)};
+        for (;;) {
+            const ssize_t n = ::send(write_end_.get(), &record, sizeof record, MSG_NOSIGNAL);
+            if (n == static_cast<ssize_t>(sizeof record)) return true;
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
+            throw process_error("cannot write to the watcher socket: " +
+                                errno_string(n < 0 ? errno : EIO));
+        }
+    }
+
+    void send_locked(std::int32_t op, pid_t pgid) {
+        if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
+        else if (!write_locked(op, pgid)) {
+            // Someone killed the watcher: reap it and start another, which learns every live
+            // group. (Only the next record notices; the restart re-sends every group.)
+            write_end_.reset();
+            ::waitpid(pid_, nullptr, 0);
+            pid_ = -1;
+            start_locked();
+        }
+    }
+
+    std::mutex mutex_;
+    owned_fd write_end_;
+    pid_t pid_ = -1;
+    std::vector<pid_t> groups_;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/process/watcher.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <csignal>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <signal.h>
+#include <sys/types.h>
+
+namespace elastic::inline v0 {
+
+namespace detail {
+
+/// Children whose child_process was destroyed while they still ran: they were sent SIGKILL and
+/// are reaped here, without blocking anyone, at the next spawn or destruction.
+class graveyard {
+public:
+    static graveyard& instance() {
+        static graveyard* const self = new graveyard();  // leaked: see spawner
+        return *self;
+    }
+
+    void bury(pid_t pid, owned_fd pidfd) {
+        std::lock_guard lock(mutex_);
+        graves_.push_back({pid, std::move(pidfd)});
+        sweep_locked();
+    }
+
+    void sweep() {
+        std::lock_guard lock(mutex_);
+        sweep_locked();
+    }
+
+private:
+    struct grave {
+        pid_t pid;
+        owned_fd pidfd;
+    };
+
+    void sweep_locked() noexcept {
+        for (auto it = graves_.begin(); it != graves_.end();) {
+            siginfo_t info;
+            if (peek_exit(it->pidfd.get(), info)) {
+                watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
+                reap_now(it->pidfd.get());
+                it = graves_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+
+    std::mutex mutex_;
+    std::list<grave> graves_;
+};
+
+class child_process_factory;
+
+}  // namespace detail
+
+/// One worker process started by `spawn` (spawn.hpp): the leader of its own process group (and by
+/// default its own session), whose exit is an awaitable event on its pidfd.
+///
+/// Lifetime of the pid: the exit is observed without reaping (`waitid(WNOWAIT)`): the leader
+/// stays a zombie, which keeps its pid — the group's id — from being reused, so signalling the
+/// group stays safe until `reap()` (or `stop()`, group.hpp, or the destructor) releases it.
+///
+/// Destroying a child_process that has not been reaped sends SIGKILL to its group: nothing is
+/// orphaned by forgetting a worker. A still-running one is then reaped later, without blocking.
+///
+/// Not thread-safe: use one child_process from one strand. Move-only.
+class child_process {
+public:
+    child_process(child_process&& other) noexcept
+        : pid_(std::exchange(other.pid_, -1)),
+          reaped_(std::exchange(other.reaped_, true)),
+          pidfd_(std::move(other.pidfd_)),
+          status_(std::move(other.status_)),
+          stdin_(std::move(other.stdin_)),
+          stdout_(std::move(other.stdout_)),
+          stderr_(std::move(other.stderr_)) {}
+
+    child_process& operator=(child_process&& other) noexcept {
+        if (this != &other) {
+            abandon();
+            pid_ = std::exchange(other.pid_, -1);
+            reaped_ = std::exchange(other.reaped_, true);
+            pidfd_ = std::move(other.pidfd_);
+            status_ = std::move(other.status_);
+            stdin_ = std::move(other.stdin_);
+            stdout_ = std::move(other.stdout_);
+            stderr_ = std::move(other.stderr_);
+        }
+        return *this;
+    }
+
+    child_process(const child_process&) = delete;
+    child_process& operator=(const child_process&) = delete;
+
+    ~child_process() { abandon(); }
+
+    /// The process id.
+    [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+    /// Its process-group id: the worker leads its own group, so this is its pid.
+    [[nodiscard]] pid_t pgid() const noexcept { return pid_; }
+
+    /// The exit, once observed (by `wait`, `check_exit`, `wait_any` or `stop`).
+    [[nodiscard]] const std::optional<process_exit>& status() const noexcept { return status_; }
+    /// Whether the leader has been reaped: its pid is free, the group can no longer be signalled.
+    [[nodiscard]] bool reaped() const noexcept { return reaped_; }
+
+    /// Without waiting: records the exit if it has happened. Returns whether it has.
+    bool check_exit() {
+        if (status_) return true;
+        if (pid_ <= 0 || reaped_) return false;
+        siginfo_t info;
+        if (!detail::peek_exit(pidfd_.native_handle(), info)) return false;
+        status_ = process_exit::from_siginfo(info);
+        return true;
+    }
+
+    /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
+    /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
+    asio::awaitable<process_exit> wait() {
+        if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
+        while (!check_exit()) {
+            if (reaped_) throw process_error("cannot wait for pid " + std::to_string(pid_) +
+                                             ": it was reaped before its exit was observed");
+            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read,
+                                       asio::use_awaitable);
+        }
+        co_return *status_;
+    }
+
+    /// Sends `sig` to the leader only, through its pidfd (never a recycled pid). Returns false if
+    /// it has already exited (a zombie would accept the signal and ignore it).
+    bool signal(int sig) {
+        if (pid_ <= 0 || reaped_ || check_exit()) return false;
+        if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
+        if (errno == ESRCH) return false;
+        throw process_error("cannot send " + signal_name(sig) + " to pid " +
+                            std::to_string(pid_) + ": " + detail::errno_string(errno));
+    }
+
+    /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
+    /// it). Safe against pid reuse because the leader is not reaped yet. Returns false if no
+    /// process is left in the group, or the leader was already reaped.
+    bool signal_group(int sig) {
+        if (pid_ <= 0 || reaped_) return false;
+        if (::kill(-pid_, sig) == 0) return true;
+        if (errno == ESRCH) return false;
+        throw process_error("cannot send " + signal_name(sig) + " to process group " +
+                            std::to_string(pid_) + ": " + detail::errno_string(errno));
+    }
+
+    /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
+    /// retires the group from the watcher, and reaps the leader. Throws if it is still running.
+    void reap() {
+        if (pid_ <= 0 || reaped_) return;
+        if (!check_exit()) {
+            throw process_error("cannot reap pid " + std::to_string(pid_) +
+                                ": it is still running (await wait() or stop() it first)");
+        }
+        ::kill(-pid_, SIGKILL);
+        detail::watcher::instance().remove(pid_);  // before the reap frees the group id
+        detail::reap_now(pidfd_.native_handle());
+        reaped_ = true;
+        asio::error_code ignored;
+        pidfd_.close(ignored);
+    }
+
+    /// The write end of the worker's stdin pipe, when spawned with `stdio::pipe()` for stdin.
+    std::optional<asio::posix::stream_descriptor> take_stdin() { return take(stdin_); }
+    /// The read end of the worker's stdout pipe, when spawned with `stdio::pipe()` for stdout.
+    std::optional<asio::posix::stream_descriptor> take_stdout() { return take(stdout_); }
+    /// The read end of the worker's stderr pipe, when spawned with `stdio::pipe()` for stderr.
+    std::optional<asio::posix::stream_descriptor> take_stderr() { return take(stderr_); }
+
+    /// The pidfd, for composing waits (it becomes readable when the process exits).
+    [[nodiscard]] int native_pidfd() noexcept { return pidfd_.native_handle(); }
+
+    /// The executor the child's descriptors are bound to.
+    [[nodiscard]] asio::any_io_executor get_executor() noexcept { return pidfd_.get_executor(); }
+
+private:
+    friend class detail::child_process_factory;
+
+    child_process(asio::posix::stream_descriptor pidfd, pid_t pid,
+                  std::optional<asio::posix::stream_descriptor> in,
+                  std::optional<asio::posix::stream_descriptor> out,
+                  std::optional<asio::posix::stream_descriptor> err) noexcept
+        : pid_(pid),
+          reaped_(false),
+          pidfd_(std::move(pidfd)),
+          stdin_(std::move(in)),
+          stdout_(std::move(out)),
+          stderr_(std::move(err)) {}
+
+    static std::optional<asio::posix::stream_descriptor> take(
+        std::optional<asio::posix::stream_descriptor>& slot) {
+        std::optional<asio::posix::stream_descriptor> out;
+        out.swap(slot);
+        return out;
+    }
+
+    void abandon() noexcept {
+        if (pid_ <= 0 || reaped_) return;
+        try {
+            if (check_exit()) {
+                reap();
+            } else {
+                ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
+                detail::graveyard::instance().bury(pid_, detail::owned_fd(pidfd_.release()));
+            }
+        } catch (...) {
+            // Out of memory in the graveyard: the zombie stays, the group is already killed.
+        }
+        reaped_ = true;
+    }
+
+    pid_t pid_ = -1;
+    bool reaped_ = true;
+    asio::posix::stream_descriptor pidfd_;
+    std::optional<process_exit> status_;
+    std::optional<asio::posix::stream_descriptor> stdin_;
+    std::optional<asio::posix::stream_descriptor> stdout_;
+    std::optional<asio::posix::stream_descriptor> stderr_;
+};
+
+namespace detail {
+
+/// The one place that builds child_process objects (spawn.hpp).
+class child_process_factory {
+public:
+    static child_process make(asio::posix::stream_descriptor pidfd, pid_t pid,
+                              std::optional<asio::posix::stream_descriptor> in,
+                              std::optional<asio::posix::stream_descriptor> out,
+                              std::optional<asio::posix::stream_descriptor> err) {
+        return child_process(std::move(pidfd), pid, std::move(in), std::move(out),
+                             std::move(err));
+    }
+};
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0
+// ---- end elastic/process/child.hpp ----
+// ---- begin elastic/process/group.hpp ----
+// Groups of workers: await the first exit among many, and stop them all (signal, grace, SIGKILL).
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail {
+
+/// Many pidfds awaited as one event source: a private epoll instance (level-triggered) holding
+/// them, itself awaited as one descriptor by Asio. Each exit is seen when it happens, not when
+/// a sequential wait reaches it, so exit times stay exact.
+class exit_set {
+public:
+    explicit exit_set(const asio::any_io_executor& executor) : epoll_(executor) {
+        const int fd = ::epoll_create1(EPOLL_CLOEXEC);
+        if (fd < 0) throw process_error("cannot create an epoll instance: " + errno_string(errno));
+        epoll_.assign(fd);
+    }
+
+    /// Watches `pidfd` (borrowed: it must outlive the watch); `token` names it in `next`.
+    void add(int pidfd, std::size_t token) {
+        epoll_event event{};
+        event.events = EPOLLIN;
+        event.data.u64 = token;
+        if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
+            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " +
+                                errno_string(errno));
+        }
+        tokens_.push_back({token, pidfd});
+    }
+
+    /// How many watched processes have not been reported by `next` yet.
+    [[nodiscard]] std::size_t size() const noexcept { return tokens_.size(); }
+
+    /// The token of one process that exited (removed from the set). Cancellable.
+    asio::awaitable<std::size_t> next() {
+        for (;;) {
+            epoll_event event{};
+            const int n = ::epoll_wait(epoll_.native_handle(), &event, 1, 0);
+            if (n == 1) {
+                const std::size_t token = event.data.u64;
+                const auto it = std::find_if(tokens_.begin(), tokens_.end(),
+                                             [token](const entry& e) { return e.token == token; });
+                if (it != tokens_.end()) {
+                    ::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_DEL, it->fd, nullptr);
+                    tokens_.erase(it);
+                }
+                co_return token;
+            }
+            if (n < 0 && errno != EINTR) {
+                throw process_error("cannot wait on an epoll instance: " + errno_string(errno));
+            }
+            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read,
+                                       asio::use_awaitable);
+        }
+    }
+
+    /// The tokens not reported yet.
+    [[nodiscard]] std::vector<std::size_t> pending() const {
+        std::vector<std::size_t> out;
+        for (const auto& e : tokens_) out.push_back(e.token);
+        return out;
+    }
+
+private:
+    struct entry {
+        std::size_t token;
+        int fd;
+    };
+    asio::posix::stream_descriptor epoll_;
+    std::vector<entry> tokens_;
+};
+
+/// The process-group id in /proc/<pid>/stat; -1 if the process is gone or already dead (a zombie
+/// whose reaper has not come by yet: dead is what stop waits for).
+inline pid_t read_pgid(pid_t pid) {
+    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+    owned_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return -1;
+    char buffer[1024];
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
+    if (n <= 0) return -1;
+    buffer[n] = '\0';
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, skip to the last ')'.
+    const char* p = std::strrchr(buffer, ')');
+    if (p == nullptr) return -1;
+    char state = 0;
+    long ppid = 0;
+    long pgrp = 0;
+    if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
+    if (state == 'Z' || state == 'X') return -1;
+    return static_cast<pid_t>(pgrp);
+}
+
+/// A process found in a group, held by a pidfd so its number cannot be recycled under us.
+struct group_member {
+    pid_t pid;
+    owned_fd pidfd;
+};
+
+/// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
+/// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
+/// recycled between the scan and pidfd_open is not mistaken for a member.
+inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
+                                               const std::vector<pid_t>& skip) {
+    std::vector<group_member> out;
+    if (pgids.empty()) return out;
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return out;
+    while (const dirent* entry = ::readdir(proc)) {
+        char* end = nullptr;
+        const long value = std::strtol(entry->d_name, &end, 10);
+        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
+        const auto pid = static_cast<pid_t>(value);
+        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
+        const pid_t pgid = read_pgid(pid);
+        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
+        owned_fd pidfd(pidfd_open(pid));
+        if (!pidfd || read_pgid(pid) != pgid) continue;
+        out.push_back({pid, std::move(pidfd)});
+    }
+    ::closedir(proc);
+    return out;
+}
+
+/// Pointers to each of `children`, for the overloads that take workers by value.
+inline std::vector<child_process*> addresses(std::span<child_process> children) {
+    std::vector<child_process*> out;
+    out.reserve(children.size());
+    for (auto& child : children) out.push_back(&child);
+    return out;
+}
+
+}  // namespace detail
+
+/// Waits until one of `children` that has not exited yet exits, and returns its index (its
+/// status() is then set). Returns `children.size()` at once if none is left running. Exit
+/// times are exact for all of them: the waits run side by side. Cancellable.
+inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
+    detail::exit_set set(co_await asio::this_coro::executor);
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        if (children[i]->reaped() || children[i]->status()) continue;
+        if (children[i]->check_exit()) co_return i;
+        set.add(children[i]->native_pidfd(), i);
+    }
+    if (set.size() == 0) co_return children.size();
+    for (;;) {
+        const std::size_t i = co_await set.next();
+        if (children[i]->check_exit()) co_return i;
+    }
+}
+
+/// `wait_any` for workers held by value (a std::vector<child_process>, say).
+inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
+    const auto pointers = detail::addresses(children);
+    co_return co_await wait_any(std::span<child_process* const>(pointers));
+}
+
+/// How one worker ended during `stop`.
+enum class stop_outcome {
+    already_exited,  ///< it had exited before the stop signal was sent
+    exited,          ///< it exited during the grace period, not by the stop signal (it handled it)
+    signaled,        ///< the stop signal ended it during the grace period
+    killed,          ///< it was still running after the grace period and SIGKILL ended it
+    unkillable,      ///< still not gone after SIGKILL and the kill timeout (uninterruptible sleep)
+};
+
+/// "exited", "killed", ... for logs.
+inline const char* to_string(stop_outcome outcome) noexcept {
+    switch (outcome) {
+    case stop_outcome::already_exited: return "already exited";
+    case stop_outcome::exited: return "exited";
+    case stop_outcome::signaled: return "ended by the stop signal";
+    case stop_outcome::killed: return "killed after the grace period";
+    case stop_outcome::unkillable: return "not reaped after SIGKILL";
+    }
+    return "unknown";
+}
+
+/// One worker in a stop_result.
+struct stopped_worker {
+    pid_t pid = 0;
+    stop_outcome outcome = stop_outcome::already_exited;
+    std::optional<process_exit> status;  ///< absent only when unkillable
+};
+
+/// What `stop` did.
+struct stop_result {
+    std::vector<stopped_worker> workers;  ///< one per child, in the order given
+    /// Other members of the groups (a worker's children) still running after the grace period,
+    /// which got SIGKILL with the group.
+    std::vector<pid_t> killed_descendants;
+    /// Processes (workers or descendants) still not gone when the kill timeout expired: in
+    /// uninterruptible sleep, typically. A worker among them is left unreaped and registered
+    /// with the watcher; calling `stop` again retries.
+    std::vector<pid_t> unkillable;
+
+    /// Nothing was left behind.
+    [[nodiscard]] bool clean() const noexcept { return unkillable.empty(); }
+};
+
+/// The time limits of `stop`.
+struct stop_options {
+    int signal = SIGTERM;  ///< sent first to each group (torchrun: SIGTERM, or the signal it got)
+    std::chrono::milliseconds grace{30'000};  ///< --shutdown-timeout: one deadline for all groups
+    std::chrono::milliseconds kill_timeout{10'000};  ///< how long to await deaths after SIGKILL
+};
+
+namespace detail {
+
+// Awaits every process in `set`; each child's exit is recorded the moment it is seen.
+inline asio::awaitable<void> await_exits(exit_set& set,
+                                         std::span<child_process* const> children) {
+    while (set.size() > 0) {
+        const std::size_t token = co_await set.next();
+        if (token < children.size()) children[token]->check_exit();
+    }
+}
+
+inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
+                                                  std::span<child_process* const> children,
+                                                  std::chrono::milliseconds timeout) {
+    using namespace asio::experimental::awaitable_operators;
+    if (set.size() == 0) co_return;
+    asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
+    co_await (await_exits(set, children) || timer.async_wait(asio::use_awaitable));
+}
+
+}  // namespace detail
+
+/// Stops a group of workers as torchrun's `PContext.close` does, without its faults:
+///   1. sends `options.signal` to every worker's process group (its descendants included);
+///   2. awaits, against one shared deadline `options.grace`, every worker and every other process
+///      that was in their groups then;
+///   3. sends SIGKILL to every group (what is left: a worker that ignored the signal, a child
+///      that outlived its worker), awaits those deaths for at most `options.kill_timeout`, and
+///      reaps the workers. A process still there is reported in `unkillable`, not waited on
+///      forever.
+/// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
+/// Workers already reaped are reported `already_exited` and not signalled (their group id is
+/// no longer reserved).
+inline asio::awaitable<stop_result> stop(std::span<child_process* const> children,
+                                         stop_options options = {}) {
+    auto executor = co_await asio::this_coro::executor;
+    stop_result result;
+    result.workers.resize(children.size());
+    std::vector<bool> exited_before(children.size(), false);
+    std::vector<bool> outlived_grace(children.size(), false);
+    std::vector<pid_t> pgids;
+    std::vector<pid_t> leaders;
+
+    // 1. The stop signal, to every group whose leader is still unreaped (so its id is ours).
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        auto& child = *children[i];
+        result.workers[i].pid = child.pid();
+        if (child.pid() <= 0) continue;
+        leaders.push_back(child.pid());
+        if (child.reaped()) {
+            exited_before[i] = true;
+            continue;
+        }
+        exited_before[i] = child.check_exit();
+        child.signal_group(options.signal);
+        pgids.push_back(child.pgid());
+    }
+
+    // 2. The grace period: workers and the other members of their groups, one deadline.
+    {
+        detail::exit_set set(executor);
+        for (std::size_t i = 0; i < children.size(); ++i) {
+            if (!children[i]->reaped() && !children[i]->check_exit()) {
+                set.add(children[i]->native_pidfd(), i);
+            }
+        }
+        auto members = detail::group_members(pgids, leaders);
+        for (std::size_t m = 0; m < members.size(); ++m) {
+            set.add(members[m].pidfd.get(), children.size() + m);
+        }
+        co_await detail::await_exits_or_timeout(set, children, options.grace);
+        for (std::size_t token : set.pending()) {
+            if (token < children.size()) {
+                outlived_grace[token] = true;
+            } else {
+                result.killed_descendants.push_back(members[token - children.size()].pid);
+            }
+        }
+    }
+
+    // 3. SIGKILL to every group; await the deaths, bounded; reap.
+    for (child_process* child : children) {
+        if (!child->reaped()) child->signal_group(SIGKILL);
+    }
+    {
+        detail::exit_set set(executor);
+        for (std::size_t i = 0; i < children.size(); ++i) {
+            if (!children[i]->reaped() && !children[i]->check_exit()) {
+                set.add(children[i]->native_pidfd(), i);
+            }
+        }
+        // Members again: a process forked during the grace period is found here.
+        auto members = detail::group_members(pgids, leaders);
+        for (std::size_t m = 0; m < members.size(); ++m) {
+            set.add(members[m].pidfd.get(), children.size() + m);
+            auto& killed = result.killed_descendants;
+            if (std::find(killed.begin(), killed.end(), members[m].pid) == killed.end()) {
+                killed.push_back(members[m].pid);
+            }
+        }
+        co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
+        for (std::size_t token : set.pending()) {
+            result.unkillable.push_back(token < children.size()
+                                            ? children[token]->pid()
+                                            : members[token - children.size()].pid);
+        }
+    }
+
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        auto& child = *children[i];
+        auto& worker = result.workers[i];
+        if (child.pid() <= 0) continue;
+        worker.status = child.status();
+        if (!child.status()) {
+            worker.outcome = stop_outcome::unkillable;
+            continue;
+        }
+        if (exited_before[i]) {
+            worker.outcome = stop_outcome::already_exited;
+        } else if (outlived_grace[i] && child.status()->signal == SIGKILL) {
+            worker.outcome = stop_outcome::killed;
+        } else if (child.status()->signal == options.signal) {
+            worker.outcome = stop_outcome::signaled;
+        } else {
+            worker.outcome = stop_outcome::exited;
+        }
+        child.reap();
+    }
+    co_return result;
+}
+
+/// `stop` for workers held by value (a std::vector<child_process>, say).
+inline asio::awaitable<stop_result> stop(std::span<child_process> children,
+                                         stop_options options = {}) {
+    const auto pointers = detail::addresses(children);
+    co_return co_await stop(std::span<child_process* const>(pointers), options);
+}
+
+/// `stop` for one worker.
+inline asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
+    child_process* const one[] = {&child};
+    co_return co_await stop(std::span<child_process* const>(one), options);
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/process/group.hpp ----
+// ---- begin elastic/process/signals.hpp ----
+// The signals the agent receives, as awaitable events; the agent's process-wide dispositions.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <array>
+#include <csignal>
+#include <initializer_list>
+
+namespace elastic::inline v0 {
+
+/// The signals torchrun turns into a stop of its workers (and forwards to them): SIGINT,
+/// SIGTERM, SIGHUP, SIGQUIT.
+inline constexpr std::array<int, 4> forwarded_signals{SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+/// Makes the agent's process-wide signal dispositions fit for supervising children (idempotent;
+/// `spawn` calls it too): SIGPIPE ignored, so writing to a dead worker's pipe is an EPIPE error
+/// rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
+/// reap the workers itself and their exit status would be lost.
+inline void prepare_agent_signals() noexcept { detail::prepare_agent_signals(); }
+
+/// Signals delivered to the agent, one `co_await next()` at a time (Asio's signal_set: a
+/// handler that writes to a self-pipe, so the wait is an ordinary event).
+///
+/// While one exists, the signals it holds no longer have their default action (SIGINT no longer
+/// kills the agent): the agent decides, typically by stopping its workers with the same signal.
+/// Children never inherit the handler: `spawn` resets every disposition in the child.
+class signal_events {
+public:
+    /// Catches `signals` (by default the forwarded ones).
+    explicit signal_events(const asio::any_io_executor& executor,
+                           std::initializer_list<int> signals = {SIGINT, SIGTERM, SIGHUP,
+                                                                  SIGQUIT})
+        : set_(executor) {
+        prepare_agent_signals();
+        for (int sig : signals) set_.add(sig);
+    }
+
+    /// The next signal received (signals that arrive while nobody waits are queued by Asio).
+    /// Cancellable; throws asio::system_error(operation_aborted) when cancelled.
+    asio::awaitable<int> next() { co_return co_await set_.async_wait(asio::use_awaitable); }
+
+    /// Cancels a pending `next`.
+    void cancel() {
+        asio::error_code ignored;
+        set_.cancel(ignored);
+    }
+
+private:
+    asio::signal_set set_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/process/signals.hpp ----
+// ---- begin elastic/process/spawn.hpp ----
+// spawn: start a worker program in its own process group, tied to the agent's life.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// Where one of a child's standard streams goes.
+class stdio {
+public:
+    /// What the stream is connected to.
+    enum class kind { inherit, pipe, null, descriptor };
+
+    /// The agent's own stream (the default).
+    static stdio inherit() noexcept { return stdio(kind::inherit, -1); }
+    /// A pipe whose other end the caller takes from the child_process (take_stdout, ...).
+    static stdio pipe() noexcept { return stdio(kind::pipe, -1); }
+    /// /dev/null.
+    static stdio null() noexcept { return stdio(kind::null, -1); }
+    /// A descriptor of the caller's (a log file, say); the child gets a copy, the caller keeps
+    /// its own.
+    static stdio descriptor(int fd) noexcept { return stdio(kind::descriptor, fd); }
+
+    [[nodiscard]] kind which() const noexcept { return kind_; }
+    [[nodiscard]] int fd() const noexcept { return fd_; }
+
+private:
+    stdio(kind k, int fd) noexcept : kind_(k), fd_(fd) {}
+    kind kind_;
+    int fd_;
+};
+
+/// How a worker is separated from the agent's terminal job control.
+enum class process_isolation {
+    session,        ///< setsid: own session and group, no controlling terminal (torchrun's choice)
+    process_group,  ///< setpgid: own group, same session and terminal
+};
+
+/// What to start and how.
+struct spawn_options {
+    /// A path, or a name searched in the child's PATH (as execvp and Python's subprocess do).
+    std::string program;
+    /// The arguments after argv[0]; argv[0] is `program` as given.
+    std::vector<std::string> args;
+    /// "NAME=value" entries; when empty (nullopt), a copy of the agent's environment.
+    std::optional<std::vector<std::string>> env;
+    /// The working directory; empty means the agent's.
+    std::string cwd;
+    stdio in = stdio::inherit();   ///< stdin
+    stdio out = stdio::inherit();  ///< stdout
+    stdio err = stdio::inherit();  ///< stderr
+    process_isolation isolation = process_isolation::session;
+};
+
+namespace detail {
+
+/// The agent's environment as "NAME=value" entries (the caller must not race setenv).
+inline std::vector<std::string> environ_entries() {
+    std::vector<std::string> out;
+    for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
+        out.emplace_back(*entry);
+    }
+    return out;
+}
+
+/// The steps of the child's set-up, reported back with errno when one fails.
+enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
+
+/// What the child writes to the close-on-exec error pipe before _exit(127).
+struct child_failure {
+    child_step step;
+    std::int32_t error;
+};
+
+/// Everything the child needs, prepared before the fork so the child allocates nothing.
+struct child_plan {
+    const char* path;
+    char* const* argv;
+    char* const* envp;
+    const char* cwd;     // nullptr: keep the agent's
+    int stdio_fds[3];    // -1: inherit; else a descriptor above 2 to dup onto 0, 1, 2
+    bool new_session;
+    pid_t parent;
+    int error_fd;        // above 2, close-on-exec
+    int max_fd;          // for the close loop if close_range is missing
+};
+
+/// The child between vfork and exec. Only async-signal-safe calls: the agent is multithreaded,
+/// so any lock (malloc's, stdio's) may be held by a thread that does not exist in the child.
+[[noreturn]] inline void child_main(const child_plan& plan) noexcept {
+    const auto fail = [&plan](child_step step) {
+        const child_failure failure{step, errno};
+        [[maybe_unused]] const ssize_t n = ::write(plan.error_fd, &failure, sizeof failure);
+        ::_exit(127);
+    };
+    // Every signal is blocked here (inherited from the spawner thread). Reset every disposition:
+    // handled ones would reset at exec anyway, but ignored ones (the agent ignores SIGPIPE)
+    // would be inherited by the worker.
+    struct sigaction deflt {};
+    deflt.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &deflt, nullptr);  // EINVAL ok
+    }
+    if (plan.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(child_step::group);
+    // Forked by the spawner thread, which lives as long as the agent: this fires when the
+    // agent dies. If it died before the prctl, we were reparented already: give up now.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(child_step::pdeathsig);
+    if (::getppid() != plan.parent) ::_exit(127);
+    for (int target = 0; target < 3; ++target) {
+        // Sources are above 2 (see raise_above_stdio), so no dup2 clobbers a later source.
+        if (plan.stdio_fds[target] >= 0 && ::dup2(plan.stdio_fds[target], target) < 0) {
+            fail(child_step::stdio);
+        }
+    }
+    if (plan.cwd != nullptr && ::chdir(plan.cwd) != 0) fail(child_step::chdir);
+    // Asio opens sockets without SOCK_CLOEXEC: close everything above 2 but the error pipe
+    // (close-on-exec, so execve closes it and the agent reads EOF: success).
+    const auto e = static_cast<unsigned>(plan.error_fd);
+    if ((e > 3 && ::close_range(3, e - 1, 0) != 0) || ::close_range(e + 1, ~0U, 0) != 0) {
+        if (errno != ENOSYS && errno != EINVAL) fail(child_step::close_fds);
+        for (int fd = 3; fd < plan.max_fd; ++fd) {  // kernels before 5.9
+            if (fd != plan.error_fd) ::close(fd);
+        }
+    }
+    sigset_t none;
+    ::sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(plan.path, plan.argv, plan.envp);
+    fail(child_step::exec);
+    ::_exit(127);  // not reached
+}
+
+/// Starts the child with vfork: it borrows the agent's memory until execve, so nothing is
+/// copied — on this machine fork costs 3 to 5 ms (copying the page tables), vfork 0.1 ms — and
+/// the spawner thread is suspended until the exec, which `spawn` waits for anyway. What makes
+/// that safe is what glibc's posix_spawn relies on: every signal is blocked (the spawner thread
+/// blocks them all) until the dispositions are back to SIG_DFL, so no handler of the agent ever
+/// runs on the borrowed stack; the child writes no memory but its own frames below this one and
+/// never returns into them; its descriptor table and signal dispositions are its own (no
+/// CLONE_FILES, no CLONE_SIGHAND). (ThreadSanitizer turns vfork into fork; ASan supports it.)
+/// noinline: the child's frames must lie below a frame that is not the caller's.
+[[gnu::noinline]] inline pid_t vfork_child(const child_plan& plan) noexcept {
+    const pid_t pid = ::vfork();
+    if (pid == 0) child_main(plan);
+    return pid;
+}
+
+/// The path execve will get: `program` itself if it has a slash, else the first executable
+/// regular file named `program` in the PATH of the child's environment.
+inline std::string find_executable(const std::string& program,
+                                   const std::vector<std::string>& env) {
+    if (program.find('/') != std::string::npos) return program;
+    std::string path_var = "/usr/local/bin:/usr/bin:/bin";  // glibc's default, as execvp
+    for (const auto& entry : env) {
+        if (entry.rfind("PATH=", 0) == 0) path_var = entry.substr(5);
+    }
+    std::string_view rest = path_var;
+    for (;;) {
+        const auto colon = rest.find(':');
+        std::string dir(rest.substr(0, colon));
+        if (dir.empty()) dir = ".";
+        const std::string candidate = dir + "/" + program;
+        struct stat st {};
+        if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+            ::access(candidate.c_str(), X_OK) == 0) {
+            return candidate;
+        }
+        if (colon == std::string_view::npos) break;
+        rest.remove_prefix(colon + 1);
+    }
+    throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" +
+                          path_var + " (give a path, or set PATH in the worker's environment)",
+                      ENOENT);
+}
+
+inline std::string describe_failure(const child_failure& failure, const spawn_options& options,
+                                    const std::string& path) {
+    const char* name = ::strerrorname_np(failure.error);
+    const std::string why =
+        errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
+    switch (failure.step) {
+    case child_step::exec: {
+        std::string text = "cannot execute '" + path + "'";
+        if (path != options.program) text += " (found for '" + options.program + "')";
+        text += ": " + why;
+        if (failure.error == EACCES) text += "; it must be an executable file (chmod +x)";
+        if (failure.error == ENOENT) text += "; check the path (or the #! interpreter)";
+        if (failure.error == ENOEXEC) text += "; it is neither a binary nor a #! script";
+        return text;
+    }
+    case child_step::chdir:
+        return "cannot start '" + options.program + "' in working directory '" + options.cwd +
+               "': " + why;
+    case child_step::stdio:
+        return "cannot connect the standard streams of '" + options.program + "': " + why;
+    case child_step::group:
+        return "cannot give '" + options.program + "' its own process group: " + why;
+    case child_step::pdeathsig:
+        return "cannot set the parent-death signal for '" + options.program + "': " + why;
+    case child_step::close_fds:
+        return "cannot close the agent's descriptors in '" + options.program + "': " + why;
+    }
+    return "cannot start '" + options.program + "': " + why;
+}
+
+// One standard stream: the descriptor the child gets, and the caller's end of a pipe.
+struct stdio_ends {
+    owned_fd child;
+    owned_fd parent;
+};
+
+inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
+    stdio_ends ends;
+    switch (target.which()) {
+    case stdio::kind::inherit:
+        break;
+    case stdio::kind::pipe: {
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) {
+            throw process_error("cannot create a pipe for a worker's standard stream: " +
+                                errno_string(errno) + " (raise the open-files limit)");
+        }
+        ends.child = owned_fd(child_reads ? fds[0] : fds[1]);
+        ends.parent = owned_fd(child_reads ? fds[1] : fds[0]);
+        break;
+    }
+    case stdio::kind::null:
+        ends.child = owned_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+        if (!ends.child) throw process_error("cannot open /dev/null: " + errno_string(errno));
+        break;
+    case stdio::kind::descriptor:
+        ends.child = owned_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
+        if (!ends.child) {
+            throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
+                                " for a worker's standard stream: " + errno_string(errno));
+        }
+        break;
+    }
+    ends.child = raise_above_stdio(std::move(ends.child));
+    return ends;
+}
+
+// Kills and reaps a child that exists but will not be handed to the caller.
+inline void discard_child(pid_t pid, int pidfd) noexcept {
+    ::kill(pid, SIGKILL);
+    watcher::instance().remove(pid);
+    if (pidfd >= 0) {
+        siginfo_t info{};
+        while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+               errno == EINTR) {
+        }
+    } else {
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+    }
+}
+
+}  // namespace detail
+
+/// Starts `options.program` and returns the running child, bound to `executor`.
+///
+/// The child leads its own session (or process group); its signal dispositions are reset to the
+/// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
+/// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
+/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
+///
+/// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
+/// when it cannot be: a missing program, a file without execute permission, a bad working
+/// directory — the caller never sees a child that silently exits 127.
+///
+/// Blocks the calling thread for the fork and the exec handshake (well under a millisecond for
+/// a small agent), so it is a plain function, not a coroutine.
+inline child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
+    if (options.program.empty()) {
+        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)",
+                          EINVAL);
+    }
+    detail::prepare_agent_signals();
+    const std::vector<std::string> env = options.env ? *options.env : detail::environ_entries();
+    const std::string path = detail::find_executable(options.program, env);
+
+    std::vector<std::string> arg_strings;
+    arg_strings.reserve(options.args.size() + 1);
+    arg_strings.push_back(options.program);
+    arg_strings.insert(arg_strings.end(), options.args.begin(), options.args.end());
+    std::vector<char*> argv;
+    for (auto& arg : arg_strings) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_strings = env;
+    std::vector<char*> envp;
+    for (auto& entry : env_strings) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+
+    detail::stdio_ends in = detail::open_stdio(options.in, true);
+    detail::stdio_ends out = detail::open_stdio(options.out, false);
+    detail::stdio_ends err = detail::open_stdio(options.err, false);
+
+    int error_pipe[2];
+    if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
+        throw process_error("cannot create the exec-status pipe for '" + options.program +
+                            "': " + detail::errno_string(errno) + " (raise the open-files limit)");
+    }
+    detail::owned_fd error_read(error_pipe[0]);
+    detail::owned_fd error_write = detail::raise_above_stdio(detail::owned_fd(error_pipe[1]));
+
+    detail::watcher::instance().ensure_started();  // before any worker can be orphaned
+    detail::graveyard::instance().sweep();
+
+    rlimit limit{};
+    int max_fd = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+        max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+    }
+    const detail::child_plan plan{
+        path.c_str(),
+        argv.data(),
+        envp.data(),
+        options.cwd.empty() ? nullptr : options.cwd.c_str(),
+        {in.child.get(), out.child.get(), err.child.get()},
+        options.isolation == process_isolation::session,
+        ::getpid(),
+        error_write.get(),
+        max_fd,
+    };
+    pid_t pid = -1;
+    int fork_errno = 0;
+    auto job = [&] {
+        const pid_t forked = detail::vfork_child(plan);
+        if (forked < 0) fork_errno = errno;
+        pid = forked;
+    };
+    detail::spawner::instance().run(job);
+    if (pid < 0) {
+        throw spawn_error("cannot fork to start '" + options.program +
+                              "': " + detail::errno_string(fork_errno) +
+                              " (check the process limit, ulimit -u, and free memory)",
+                          fork_errno);
+    }
+    in.child.reset();
+    out.child.reset();
+    err.child.reset();
+    error_write.reset();
+
+    // The child exists: from here on, any failure kills and reaps it.
+    try {
+        detail::watcher::instance().add(pid);
+    } catch (...) {
+        ::kill(pid, SIGKILL);
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        throw;
+    }
+    // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
+    // prepare_agent_signals), so it cannot have been recycled.
+    detail::owned_fd pidfd(detail::pidfd_open(pid));
+    if (!pidfd) {
+        const int e = errno;
+        detail::discard_child(pid, -1);
+        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
+                              detail::errno_string(e) + " (needs Linux 5.3 or later)",
+                          e);
+    }
+
+    detail::child_failure failure{};
+    ssize_t n = 0;
+    do {
+        n = ::read(error_read.get(), &failure, sizeof failure);
+    } while (n < 0 && errno == EINTR);
+    if (n != 0) {
+        if (n != static_cast<ssize_t>(sizeof failure)) {
+            failure = {detail::child_step::exec, n < 0 ? errno : EIO};
+        }
+        detail::discard_child(pid, pidfd.get());
+        throw spawn_error(detail::describe_failure(failure, options, path), failure.error);
+    }
+
+    // Hand the descriptors to Asio; assign() takes ownership only once it succeeds, so on
+    // failure each one is still closed by its owned_fd, and the child is not left behind.
+    const auto adopt = [&](detail::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
+        if (!fd) return std::nullopt;
+        asio::posix::stream_descriptor stream(executor);
+        stream.assign(fd.get());
+        fd.release();
+        return stream;
+    };
+    try {
+        auto in_pipe = adopt(in.parent);
+        auto out_pipe = adopt(out.parent);
+        auto err_pipe = adopt(err.parent);
+        auto pid_stream = adopt(pidfd);
+        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
+                                                   std::move(out_pipe), std::move(err_pipe));
+    } catch (...) {
+        detail::discard_child(pid, pidfd ? pidfd.get() : -1);
+        throw;
+    }
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/process/spawn.hpp ----
 // ---- end elastic/process.hpp ----
+// ---- begin elastic/report.hpp ----
+// The report layer: worker failures, error files, the root cause, the failure summary in
+// torchrun's layout, the agent's own error file, elasticrun's exit code and the event log.
+
+// ---- begin elastic/report/agent_error_file.hpp ----
+// The agent's own error file: the root cause written into $TORCHELASTIC_ERROR_FILE with errorCode,
+// as torchrun's @record-decorated main does, so an outer launcher or scheduler sees it.
+
+// ---- begin elastic/report/failure.hpp ----
+// worker_failure: one worker's end as the agent saw it, what a report says about it, the root
+// cause of a group's failure (the earliest), and elasticrun's exit code.
+
+// ---- begin elastic/report/error_file.hpp ----
+// Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
+// with every way a file can be broken reported as "malformed", never thrown.
+
+// ---- begin elastic/report/text.hpp ----
+// Text hygiene for what workers write: UTF-8 repair and display width, so reports and JSON never
+// carry invalid bytes.
+
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0::detail::report {
+
+/// Length of the well-formed UTF-8 sequence at the start of `s` (1..4), or 0 when the first byte
+/// does not begin one (stray continuation, overlong form, surrogate, past U+10FFFF, cut short).
+inline std::size_t utf8_sequence_length(std::string_view s) noexcept {
+    if (s.empty()) {
+        return 0;
+    }
+    const auto b0 = static_cast<unsigned char>(s[0]);
+    if (b0 < 0x80) {
+        return 1;
+    }
+    std::size_t n = 0;
+    unsigned char lo = 0x80;
+    unsigned char hi = 0xBF;
+    // Ranges of the second byte from the Unicode standard, table 3-7.
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+        n = 2;
+    } else if (b0 == 0xE0) {
+        n = 3;
+        lo = 0xA0;
+    } else if (b0 >= 0xE1 && b0 <= 0xEC) {
+        n = 3;
+    } else if (b0 == 0xED) {
+        n = 3;
+        hi = 0x9F;
+    } else if (b0 >= 0xEE && b0 <= 0xEF) {
+        n = 3;
+    } else if (b0 == 0xF0) {
+        n = 4;
+        lo = 0x90;
+    } else if (b0 >= 0xF1 && b0 <= 0xF3) {
+        n = 4;
+    } else if (b0 == 0xF4) {
+        n = 4;
+        hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (s.size() < n) {
+        return 0;
+    }
+    const auto b1 = static_cast<unsigned char>(s[1]);
+    if (b1 < lo || b1 > hi) {
+        return 0;
+    }
+    for (std::size_t i = 2; i < n; ++i) {
+        const auto b = static_cast<unsigned char>(s[i]);
+        if (b < 0x80 || b > 0xBF) {
+            return 0;
+        }
+    }
+    return n;
+}
+
+/// `s` with every byte that is not part of well-formed UTF-8 replaced by U+FFFD (what Python's
+/// errors="replace" does), so the text can go into JSON and onto a terminal unchanged otherwise.
+inline std::string valid_utf8(std::string_view s) {
+    std::string out;
+    out.reserve(s.size());
+    while (!s.empty()) {
+        const std::size_t n = utf8_sequence_length(s);
+        if (n == 0) {
+            out += "\xEF\xBF\xBD";
+            s.remove_prefix(1);
+        } else {
+            out.append(s.data(), n);
+            s.remove_prefix(n);
+        }
+    }
+    return out;
+}
+
+/// The length of `s` in code points (Python's len() of the decoded text, which is how torchrun
+/// measures the summary's width). Bytes outside well-formed UTF-8 count one each.
+inline std::size_t code_points(std::string_view s) noexcept {
+    std::size_t count = 0;
+    while (!s.empty()) {
+        const std::size_t n = utf8_sequence_length(s);
+        s.remove_prefix(n == 0 ? 1 : n);
+        ++count;
+    }
+    return count;
+}
+
+/// The longest prefix of `s` of at most `max_bytes` bytes that does not end inside a UTF-8
+/// sequence (so truncating never manufactures an invalid byte).
+inline std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
+    if (s.size() <= max_bytes) {
+        return s;
+    }
+    std::size_t end = max_bytes;
+    // Step back over continuation bytes to the start of the sequence that straddles the cut.
+    std::size_t back = 0;
+    while (end > 0 && back < 3 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) {
+        --end;
+        ++back;
+    }
+    return s.substr(0, end);
+}
+
+/// `s` without a UTF-8 sequence cut short at its end (what remains when a byte stream is cut at
+/// an arbitrary byte); anything else, valid or not, is left alone.
+inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept {
+    for (std::size_t i = 1; i <= 3 && i <= s.size(); ++i) {
+        const auto b = static_cast<unsigned char>(s[s.size() - i]);
+        if ((b & 0xC0) == 0x80) {
+            continue;  // a continuation byte: keep looking for the lead byte
+        }
+        std::size_t expected = 1;
+        if ((b & 0xE0) == 0xC0) {
+            expected = 2;
+        } else if ((b & 0xF0) == 0xE0) {
+            expected = 3;
+        } else if ((b & 0xF8) == 0xF0) {
+            expected = 4;
+        }
+        return expected > i ? s.substr(0, s.size() - i) : s;
+    }
+    return s;
+}
+
+}  // namespace elastic::inline v0::detail::report
+// ---- end elastic/report/text.hpp ----
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace elastic::inline v0 {
+
+/// Which of the two shapes PyTorch's ProcessFailure accepts a file has.
+enum class error_file_format {
+    /// What `@record` (ErrorHandler.record_exception) and elastic::record write:
+    /// `{"message": {"message": "<Type>: <what>", "extraInfo": {"py_callstack": "...",
+    /// "timestamp": "<unix seconds>"}}}`, and, after a parent copied it up, `"errorCode": <int>`
+    /// inside the outer "message" object.
+    nested,
+    /// The "new format" the reader also accepts: `{"message": "<text>", "timestamp": <seconds>}`.
+    flat,
+};
+
+/// What reading a worker's error file found.
+enum class error_file_status {
+    /// No path was given, or no file exists there: the worker wrote nothing (a signal, a native
+    /// binary without elastic::record, a Python script without @record). torchrun shows "<N/A>".
+    absent,
+    /// A well-formed file in one of the two formats.
+    parsed,
+    /// Something is there but cannot be used; `problem` says why.
+    malformed,
+};
+
+/// The content of a well-formed error file.
+struct error_file_content {
+    error_file_format format = error_file_format::nested;
+    /// "ValueError: boom" (nested) or the flat message. Empty when a nested file has none.
+    std::string message;
+    /// extraInfo.py_callstack of a nested file (a Python traceback, or elastic::record's C++
+    /// backtrace), when present.
+    std::optional<std::string> traceback;
+    /// When the worker recorded the error, when the file says so.
+    std::optional<std::chrono::system_clock::time_point> timestamp;
+    /// True when the timestamp was a whole number of seconds (what PyTorch writes): the error
+    /// then happened somewhere in [timestamp, timestamp + 1 s).
+    bool timestamp_whole_seconds = true;
+    /// message.errorCode (nested) or a top-level errorCode, set by a launcher that copied a
+    /// child's file up.
+    std::optional<long long> error_code;
+    /// The file as parsed, key order kept, for copying into a parent's error file.
+    nlohmann::ordered_json document;
+};
+
+/// The outcome of reading one error file; never an exception.
+struct error_file_read {
+    error_file_status status = error_file_status::absent;
+    /// The path that was read (empty when the worker had none).
+    std::string path;
+    /// Meaningful when status == parsed.
+    error_file_content content;
+    /// When status == malformed: what is wrong, as one line of valid UTF-8.
+    std::string problem;
+
+    bool parsed() const noexcept { return status == error_file_status::parsed; }
+};
+
+/// Files larger than this are reported as malformed instead of read: a Python traceback is a
+/// few kilobytes (RecursionError's is folded by Python), so megabytes mean garbage.
+inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
+
+/// Nesting deeper than this is malformed (the formats need three levels); checked before
+/// parsing so hostile input cannot make the parser or the copy recurse deeply.
+inline constexpr int max_error_file_depth = 32;
+
+/// The latest timestamp an error file may carry (2200-01-01 UTC, in seconds since the epoch).
+inline constexpr double max_error_file_timestamp = 7258118400.0;
+
+namespace detail::report {
+
+/// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
+inline int json_depth(std::string_view text, int limit) noexcept {
+    int depth = 0;
+    int deepest = 0;
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') {
+                ++i;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > deepest) {
+                deepest = depth;
+                if (deepest > limit) {
+                    return deepest;
+                }
+            }
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+inline int hex_digit(char c) noexcept {
+    if (c >= '0' && c <= '9') {
+        return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+        return c - 'a' + 10;
+    }
+    if (c >= 'A' && c <= 'F') {
+        return c - 'A' + 10;
+    }
+    return -1;
+}
+
+/// The code unit of a "\uXXXX" escape starting at text[i] (the backslash), or -1.
+inline long json_u_escape(std::string_view text, std::size_t i) noexcept {
+    if (i + 6 > text.size() || text[i] != '\\' || text[i + 1] != 'u') {
+        return -1;
+    }
+    long v = 0;
+    for (std::size_t k = 2; k < 6; ++k) {
+        const int d = hex_digit(text[i + k]);
+        if (d < 0) {
+            return -1;
+        }
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/// `text` with every unpaired UTF-16 surrogate escape ("\udc80") replaced by "\ufffd". Python's
+/// json.dump writes those for undecodable bytes in a traceback (surrogateescape) and json.load
+/// accepts them; nlohmann rejects them, so a reader that wants to agree with PyTorch repairs them.
+inline std::string repair_lone_surrogates(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (!in_string) {
+            in_string = c == '"';
+            out += c;
+            continue;
+        }
+        if (c == '"') {
+            in_string = false;
+            out += c;
+            continue;
+        }
+        if (c != '\\' || i + 1 >= text.size()) {
+            out += c;
+            continue;
+        }
+        const long unit = json_u_escape(text, i);
+        if (unit < 0) {
+            out += c;
+            out += text[++i];  // any other escape, copied whole so "\\u" is not misread
+            continue;
+        }
+        if (unit >= 0xD800 && unit <= 0xDBFF) {
+            const long next = json_u_escape(text, i + 6);
+            if (next >= 0xDC00 && next <= 0xDFFF) {
+                out.append(text.substr(i, 12));
+                i += 11;
+                continue;
+            }
+            out += "\\ufffd";
+            i += 5;
+            continue;
+        }
+        if (unit >= 0xDC00 && unit <= 0xDFFF) {
+            out += "\\ufffd";
+        } else {
+            out.append(text.substr(i, 6));
+        }
+        i += 5;
+    }
+    return out;
+}
+
+/// nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
+inline std::string json_error_text(const char* what) {
+    std::string_view s = what;
+    if (!s.empty() && s.front() == '[') {
+        const auto close = s.find("] ");
+        if (close != std::string_view::npos) {
+            s.remove_prefix(close + 2);
+        }
+    }
+    return valid_utf8(s);
+}
+
+/// A seconds-since-epoch value as JSON holds it: a number or a string of one (PyTorch writes
+/// str(int(time.time()))). Returns nullopt when it is neither or out of any sane range.
+inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> parse_epoch_seconds(
+    const nlohmann::ordered_json& v) {
+    double seconds = 0;
+    bool whole = true;
+    if (v.is_number_integer()) {
+        seconds = v.is_number_unsigned() ? static_cast<double>(v.get<std::uint64_t>())
+                                         : static_cast<double>(v.get<std::int64_t>());
+    } else if (v.is_number_float()) {
+        seconds = v.get<double>();
+        whole = std::floor(seconds) == seconds;
+    } else if (v.is_string()) {
+        const auto& s = v.get_ref<const std::string&>();
+        if (s.empty() || s.size() > 32) {
+            return std::nullopt;
+        }
+        // from_chars, not stod: independent of the C locale's decimal point. Only plain
+        // decimal numbers: "1700000000" or "1700000000.25", no "inf", "0x10", "1e9".
+        for (const char c : s) {
+            if (!((c >= '0' && c <= '9') || c == '.' || c == '-')) {
+                return std::nullopt;
+            }
+        }
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
+        if (ec != std::errc{} || end != s.data() + s.size()) {
+            return std::nullopt;
+        }
+        whole = s.find('.') == std::string::npos || std::floor(seconds) == seconds;
+    } else {
+        return std::nullopt;
+    }
+    // 1970 .. 2200: anything else is garbage. The bound matters: system_clock counts int64
+    // nanoseconds, which end in 2262 (found by the fuzzer: a stamp in 2280 overflowed).
+    if (!std::isfinite(seconds) || seconds < 0 || seconds > max_error_file_timestamp) {
+        return std::nullopt;
+    }
+    // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
+    const auto since_epoch = std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::round<std::chrono::microseconds>(std::chrono::duration<double>(seconds)));
+    return std::pair{std::chrono::system_clock::time_point(since_epoch), whole};
+}
+
+inline std::optional<long long> parse_error_code(const nlohmann::ordered_json& v) {
+    if (v.is_number_integer()) {
+        if (v.is_number_unsigned()) {
+            const auto u = v.get<std::uint64_t>();
+            if (u > static_cast<std::uint64_t>(INT64_MAX)) {
+                return std::nullopt;
+            }
+            return static_cast<long long>(u);
+        }
+        return static_cast<long long>(v.get<std::int64_t>());
+    }
+    return std::nullopt;
+}
+
+inline error_file_read malformed(std::string path, std::string problem) {
+    error_file_read r;
+    r.status = error_file_status::malformed;
+    r.path = std::move(path);
+    r.problem = valid_utf8(problem);
+    return r;
+}
+
+inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
+    using json = nlohmann::ordered_json;
+    if (!doc.is_object()) {
+        return malformed(std::move(path),
+                         fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
+    }
+    const auto message_it = doc.find("message");
+    if (message_it == doc.end()) {
+        return malformed(std::move(path), "no \"message\" key at the top level");
+    }
+    error_file_content c;
+    const json& message = *message_it;
+    if (message.is_string()) {
+        c.format = error_file_format::flat;
+        c.message = message.get<std::string>();
+        if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
+            const auto parsed = parse_epoch_seconds(*ts);
+            if (!parsed) {
+                return malformed(std::move(path),
+                                 fmt::format("\"timestamp\" {} is not a number of seconds since "
+                                             "the epoch",
+                                             valid_utf8(ts->dump().substr(0, 64))));
+            }
+            c.timestamp = parsed->first;
+            c.timestamp_whole_seconds = parsed->second;
+        }
+    } else if (message.is_object()) {
+        c.format = error_file_format::nested;
+        if (const auto m = message.find("message"); m != message.end()) {
+            if (!m->is_string()) {
+                return malformed(
+                    std::move(path),
+                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
+            }
+            c.message = m->get<std::string>();
+        }
+        if (const auto extra = message.find("extraInfo"); extra != message.end()) {
+            if (!extra->is_object()) {
+                return malformed(std::move(path),
+                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object",
+                                             extra->type_name()));
+            }
+            if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
+                if (!cs->is_string()) {
+                    return malformed(
+                        std::move(path),
+                        fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
+                                    "string",
+                                    cs->type_name()));
+                }
+                c.traceback = cs->get<std::string>();
+            }
+            if (const auto ts = extra->find("timestamp"); ts != extra->end() && !ts->is_null()) {
+                const auto parsed = parse_epoch_seconds(*ts);
+                if (!parsed) {
+                    return malformed(
+                        std::move(path),
+                        fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
+                                    "seconds since the epoch",
+                                    valid_utf8(ts->dump().substr(0, 64))));
+                }
+                c.timestamp = parsed->first;
+                c.timestamp_whole_seconds = parsed->second;
+            }
+        }
+        if (const auto code = message.find("errorCode"); code != message.end()) {
+            c.error_code = parse_error_code(*code);
+            if (!c.error_code) {
+                return malformed(std::move(path),
+                                 fmt::format("\"message.errorCode\" {} is not an integer",
+                                             valid_utf8(code->dump().substr(0, 64))));
+            }
+        }
+    } else {
+        return malformed(std::move(path),
+                         fmt::format("\"message\" is a JSON {}, neither a string nor an object",
+                                     message.type_name()));
+    }
+    if (!c.error_code) {
+        if (const auto code = doc.find("errorCode"); code != doc.end()) {
+            c.error_code = parse_error_code(*code);
+        }
+    }
+    c.document = std::move(doc);
+    error_file_read r;
+    r.status = error_file_status::parsed;
+    r.path = std::move(path);
+    r.content = std::move(c);
+    return r;
+}
+
+inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
+    using json = nlohmann::ordered_json;
+    if (bytes.size() > max_error_file_bytes) {
+        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
+                                                      "file may have",
+                                                      bytes.size(), max_error_file_bytes));
+    }
+    std::size_t first = 0;
+    while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' ||
+                                    bytes[first] == '\r' || bytes[first] == '\t')) {
+        ++first;
+    }
+    if (first == bytes.size()) {
+        return malformed(std::move(path),
+                         bytes.empty() ? "the file is empty" : "the file holds only white space");
+    }
+    if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
+        return malformed(std::move(path),
+                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
+    }
+    json doc;
+    try {
+        doc = json::parse(bytes);
+    } catch (const json::exception& first_error) {
+        // Retry once with Python's lone-surrogate escapes repaired (see repair_lone_surrogates).
+        try {
+            doc = json::parse(repair_lone_surrogates(bytes));
+        } catch (const json::exception&) {
+            return malformed(std::move(path), fmt::format("not valid JSON: {}",
+                                                          json_error_text(first_error.what())));
+        }
+    }
+    return parse_error_document(std::move(doc), std::move(path));
+}
+
+}  // namespace detail::report
+
+/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
+/// defect, including running out of memory, comes back as status malformed with the reason.
+inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
+    try {
+        return detail::report::parse_error_text(bytes, std::move(path));
+    } catch (const std::exception& e) {
+        try {
+            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
+        } catch (...) {
+        }
+    } catch (...) {
+    }
+    error_file_read r;
+    r.status = error_file_status::malformed;
+    return r;
+}
+
+/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
+/// An empty path or no file there gives status absent. Anything that is not a readable regular
+/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
+/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
+inline error_file_read read_error_file(const std::string& path) noexcept {
+    try {
+        error_file_read r;
+        r.path = path;
+        if (path.empty()) {
+            return r;
+        }
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        if (fd < 0) {
+            const int err = errno;
+            if (err == ENOENT || err == ENOTDIR) {
+                return r;
+            }
+            return detail::report::malformed(
+                path, fmt::format("cannot be opened: {}", std::strerror(err)));
+        }
+        struct closer {
+            int fd;
+            ~closer() { ::close(fd); }
+        } close_on_exit{fd};
+        struct stat st {};
+        if (::fstat(fd, &st) != 0) {
+            return detail::report::malformed(
+                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
+        }
+        if (!S_ISREG(st.st_mode)) {
+            return detail::report::malformed(path, "not a regular file");
+        }
+        if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
+            return detail::report::malformed(path,
+                                             fmt::format("{} bytes, more than the {} bytes an "
+                                                         "error file may have",
+                                                         st.st_size, max_error_file_bytes));
+        }
+        // Read to EOF rather than trust st_size: the file may still be growing.
+        std::string bytes;
+        char buffer[16384];
+        for (;;) {
+            const ssize_t n = ::read(fd, buffer, sizeof buffer);
+            if (n < 0) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                return detail::report::malformed(
+                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
+            }
+            if (n == 0) {
+                break;
+            }
+            bytes.append(buffer, static_cast<std::size_t>(n));
+            if (bytes.size() > max_error_file_bytes) {
+                return detail::report::malformed(path,
+                                                 fmt::format("more than the {} bytes an error "
+                                                             "file may have",
+                                                             max_error_file_bytes));
+            }
+        }
+        return parse_error_file(bytes, path);
+    } catch (...) {
+        // Out of memory (the only thing left that throws). A short literal stays in the
+        // string's own buffer, so building this result allocates nothing.
+        error_file_read r;
+        r.status = error_file_status::malformed;
+        r.problem = "out of memory";
+        return r;
+    }
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/error_file.hpp ----
+// ---- begin elastic/report/stderr_tail.hpp ----
+// stderr_tail: the last lines a worker wrote to stderr, kept in a bounded ring for its failure
+// report.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// What a stderr_tail holds at one moment: the last lines, already valid UTF-8.
+struct stderr_tail_snapshot {
+    /// The last lines, oldest first, without their line terminators. A final unterminated line
+    /// (the worker died mid-line) is included.
+    std::vector<std::string> lines;
+    /// Every line seen, including those the ring dropped (so a report can say "last 20 of 5000").
+    std::uint64_t total_lines = 0;
+    /// Every byte fed.
+    std::uint64_t total_bytes = 0;
+
+    bool empty() const noexcept { return lines.empty(); }
+};
+
+/// The last `max_lines` lines of a byte stream fed in arbitrary chunks (as they come off the
+/// worker's stderr pipe: partial lines, several lines, any bytes).
+///
+/// Bounded memory whatever the worker writes: at most `max_lines` lines of at most
+/// `max_line_bytes` bytes each are kept. A longer line keeps its beginning (where messages put
+/// what matters) and ends in a marker saying how many bytes were cut. Lines end at "\n" or
+/// "\r\n"; a lone "\r" (a progress bar redrawing itself) starts the line over, as a terminal
+/// would show it. Bytes that are not well-formed UTF-8 become U+FFFD when a line is completed, so
+/// every line can go into JSON. Not thread-safe: one reader (the agent's pipe coroutine) feeds it.
+class stderr_tail {
+public:
+    /// 20 lines: enough for a C++ "terminate called ... what():" pair, a glog FATAL block or a
+    /// short Python traceback, small enough that 64 failed workers stay readable.
+    static constexpr std::size_t default_max_lines = 20;
+    /// 2 KiB per line: any human-written message fits; a megabyte of base64 does not.
+    static constexpr std::size_t default_max_line_bytes = 2048;
+
+    explicit stderr_tail(std::size_t max_lines = default_max_lines,
+                         std::size_t max_line_bytes = default_max_line_bytes)
+        : max_lines_(max_lines == 0 ? 1 : max_lines),
+          max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
+
+    /// Feed the next chunk of the stream.
+    void feed(std::string_view chunk) {
+        total_bytes_ += chunk.size();
+        for (const char c : chunk) {
+            if (pending_cr_) {
+                pending_cr_ = false;
+                if (c == '\n') {
+                    end_line();
+                    continue;
+                }
+                restart_line();
+            }
+            if (c == '\n') {
+                end_line();
+            } else if (c == '\r') {
+                pending_cr_ = true;
+            } else if (current_.size() < max_line_bytes_) {
+                current_ += c;
+            } else {
+                ++cut_bytes_;
+            }
+        }
+    }
+
+    /// The tail as it stands, including the line still being written.
+    stderr_tail_snapshot snapshot() const {
+        stderr_tail_snapshot s;
+        s.lines.assign(lines_.begin(), lines_.end());
+        s.total_lines = total_lines_;
+        s.total_bytes = total_bytes_;
+        if (!current_.empty() || cut_bytes_ > 0) {
+            s.lines.push_back(finish(current_, cut_bytes_));
+            ++s.total_lines;
+            if (s.lines.size() > max_lines_) {
+                s.lines.erase(s.lines.begin());
+            }
+        }
+        return s;
+    }
+
+    /// Forget everything (a new attempt of the same worker).
+    void clear() {
+        lines_.clear();
+        current_.clear();
+        cut_bytes_ = 0;
+        pending_cr_ = false;
+        total_lines_ = 0;
+        total_bytes_ = 0;
+    }
+
+    std::size_t max_lines() const noexcept { return max_lines_; }
+    std::size_t max_line_bytes() const noexcept { return max_line_bytes_; }
+
+private:
+    std::string finish(std::string_view line, std::uint64_t cut) const {
+        // Cutting at max_line_bytes_ may have split a UTF-8 sequence: drop its first bytes too
+        // rather than show them as U+FFFD.
+        std::string_view kept = line;
+        if (cut > 0) {
+            const std::string_view whole = detail::report::utf8_incomplete_tail_trimmed(line);
+            cut += kept.size() - whole.size();
+            kept = whole;
+        }
+        std::string out = detail::report::valid_utf8(kept);
+        if (cut > 0) {
+            out += " [... ";
+            out += std::to_string(cut);
+            out += " more bytes]";
+        }
+        return out;
+    }
+
+    void end_line() {
+        std::string line = finish(current_, cut_bytes_);
+        current_.clear();
+        cut_bytes_ = 0;
+        ++total_lines_;
+        lines_.push_back(std::move(line));
+        if (lines_.size() > max_lines_) {
+            lines_.pop_front();
+        }
+    }
+
+    void restart_line() {
+        current_.clear();
+        cut_bytes_ = 0;
+    }
+
+    std::size_t max_lines_;
+    std::size_t max_line_bytes_;
+    std::deque<std::string> lines_;
+    std::string current_;
+    std::uint64_t cut_bytes_ = 0;
+    bool pending_cr_ = false;
+    std::uint64_t total_lines_ = 0;
+    std::uint64_t total_bytes_ = 0;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/stderr_tail.hpp ----
+
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <netdb.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace elastic::inline v0 {
+
+/// How a process ended: exited with a code, or killed by a signal.
+struct exit_status {
+    enum class kind { exited, signaled };
+
+    kind how = kind::exited;
+    /// The exit code (0..255) or the signal number.
+    int value = 0;
+
+    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code}; }
+    static constexpr exit_status from_signal(int signal_number) noexcept {
+        return {kind::signaled, signal_number};
+    }
+    /// From a waitpid() status word.
+    static exit_status from_wait_status(int status) noexcept {
+        if (WIFSIGNALED(status)) {
+            return from_signal(WTERMSIG(status));
+        }
+        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
+    }
+    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED or CLD_KILLED /
+    /// CLD_DUMPED, and si_status.
+    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
+        return code == CLD_EXITED ? from_exit_code(status_or_signal)
+                                  : from_signal(status_or_signal);
+    }
+
+    bool signaled() const noexcept { return how == kind::signaled; }
+    bool success() const noexcept { return how == kind::exited && value == 0; }
+
+    /// torchrun's number for it (Popen.returncode): the code, or -N for signal N. This is what
+    /// the summary's "exitcode" line and an error file's errorCode show.
+    constexpr int torch_exitcode() const noexcept {
+        // Negating INT_MIN would overflow; no real signal is near it.
+        return how != kind::signaled ? value : (value == INT_MIN ? INT_MAX : -value);
+    }
+
+    /// The shell's number for it: the code, or 128+N for signal N (255 for numbers that are no
+    /// signal, so the sum can neither overflow nor look like an exit code).
+    constexpr int shell_exit_code() const noexcept {
+        if (how != kind::signaled) {
+            return value;
+        }
+        return value <= 0 || value >= 127 ? 255 : 128 + value;
+    }
+
+    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
+};
+
+/// Why a worker is in a failure report.
+enum class failure_state {
+    /// It ended unsuccessfully on its own: a candidate for root cause.
+    failed,
+    /// The agent ended it while stopping the group after another worker failed (or on a signal
+    /// to the agent): listed, never a root cause.
+    stopped_by_agent,
+};
+
+/// One worker's end, as the agent observed it: everything a failure report says about it.
+struct worker_failure {
+    int local_rank = 0;
+    int global_rank = 0;
+    std::string role = "default";
+    long pid = 0;
+    /// The agent's host name, fully qualified (torchrun prints socket.getfqdn()); see host_fqdn().
+    std::string host;
+    exit_status status;
+    /// When the agent saw the exit: steady for ordering, system for display (taken together).
+    std::chrono::steady_clock::time_point observed_steady{};
+    std::chrono::system_clock::time_point observed_system{};
+    /// The worker's error file as read after its exit (its path is error_file.path).
+    error_file_read error_file;
+    /// The last lines of the worker's stderr (empty when it was not captured).
+    stderr_tail_snapshot stderr_tail;
+    failure_state state = failure_state::failed;
+
+    /// Stamp both observation clocks with "now"; the agent calls it when the exit arrives.
+    void observe_now() noexcept {
+        observed_steady = std::chrono::steady_clock::now();
+        observed_system = std::chrono::system_clock::now();
+    }
+};
+
+/// torchrun's message for a failure without an error file and without a signal.
+inline constexpr const char* no_traceback_hint =
+    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
+
+/// The one-line description of a failure: the error file's message when it has one, else
+/// "Signal 9 (SIGKILL) received by PID 1234", else
+/// "Process 1234 (rank: 3, local_rank: 1) exited with code 3".
+inline std::string failure_headline(const worker_failure& f) {
+    if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
+        return f.error_file.content.message;
+    }
+    if (f.status.signaled()) {
+        return signal_message(f.status.value, f.pid);
+    }
+    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
+                       f.global_rank, f.local_rank, f.status.value);
+}
+
+/// The stderr tail as a report shows it: a heading line, then the lines indented by two.
+inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
+    std::string out;
+    if (tail.total_lines == tail.lines.size()) {
+        out = fmt::format("stderr ({} line{}):", tail.lines.size(),
+                          tail.lines.size() == 1 ? "" : "s");
+    } else {
+        out = fmt::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
+    }
+    for (const auto& line : tail.lines) {
+        out += "\n  ";
+        out += line;
+    }
+    return out;
+}
+
+/// What the summary prints after "traceback :" (multi-line; the summary indents continuation
+/// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
+/// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
+/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would
+/// print (the signal message, or its hint) improved by the tail of the worker's stderr when there
+/// is one. A malformed file is named as such first.
+inline std::string failure_traceback(const worker_failure& f) {
+    const auto& ef = f.error_file;
+    if (ef.parsed()) {
+        const auto& c = ef.content;
+        if (c.format == error_file_format::flat) {
+            return c.message;
+        }
+        if (c.traceback) {
+            // A Python traceback ends with the message; elastic::record's C++ backtrace does not,
+            // and torchrun's rule would then never show what the exception said.
+            if (!c.message.empty() && c.traceback->find(c.message) == std::string::npos) {
+                return c.message + "\n" + *c.traceback;
+            }
+            return *c.traceback;
+        }
+        return c.message.empty() ? std::string("<N/A>") : c.message;
+    }
+    std::string out;
+    if (ef.status == error_file_status::malformed) {
+        out = fmt::format("Malformed error file: {}", ef.problem);
+    }
+    if (f.status.signaled()) {
+        if (!out.empty()) {
+            out += '\n';
+        }
+        out += signal_message(f.status.value, f.pid);
+    }
+    if (!f.stderr_tail.empty()) {
+        if (!out.empty()) {
+            out += '\n';
+        }
+        out += stderr_tail_text(f.stderr_tail);
+    }
+    if (out.empty()) {
+        out = no_traceback_hint;
+    }
+    return out;
+}
+
+/// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
+/// the agent's observation of the exit, unless the worker's error file proves the error happened
+/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as the last instant
+/// of that second (t+1 s minus one clock tick): it moves a failure earlier only when that second
+/// ended before the agent saw the exit. The file's wall-clock time is related to the steady
+/// clock through the same failure's pair of observation stamps (the worker runs on the agent's
+/// host, so both read the same wall clock).
+inline std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
+    if (f.error_file.parsed() && f.error_file.content.timestamp) {
+        auto latest = *f.error_file.content.timestamp;
+        if (f.error_file.content.timestamp_whole_seconds) {
+            latest += std::chrono::seconds(1) - std::chrono::system_clock::duration(1);
+        }
+        if (latest < f.observed_system) {
+            const auto earlier_by = f.observed_system - latest;
+            return f.observed_steady -
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(earlier_by);
+        }
+    }
+    return f.observed_steady;
+}
+
+/// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
+/// (as torchrun shows), else when the agent observed the exit.
+inline std::chrono::system_clock::time_point failure_display_time(
+    const worker_failure& f) noexcept {
+    if (f.error_file.parsed() && f.error_file.content.timestamp) {
+        return *f.error_file.content.timestamp;
+    }
+    return f.observed_system;
+}
+
+/// The index of the root cause among `failures`: the earliest failure_time() among those in
+/// state failed, the lowest global rank on a tie. Workers stopped by the agent are never chosen;
+/// nullopt when there is no failed worker.
+inline std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept {
+    std::optional<std::size_t> best;
+    for (std::size_t i = 0; i < failures.size(); ++i) {
+        const auto& f = failures[i];
+        if (f.state != failure_state::failed) {
+            continue;
+        }
+        if (!best) {
+            best = i;
+            continue;
+        }
+        const auto& b = failures[*best];
+        const auto ft = failure_time(f);
+        const auto bt = failure_time(b);
+        if (ft < bt || (ft == bt && f.global_rank < b.global_rank)) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+/// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
+/// killed it (the shell's convention), and at least 1 (a failure never reads as success).
+constexpr int launcher_exit_code(const worker_failure& f) noexcept {
+    const int code = f.status.shell_exit_code();
+    return code == 0 ? 1 : code;
+}
+
+/// The exit code for a group's failures: the root cause's (see the overload); nullopt when no
+/// worker failed (the caller decides, e.g. 0, or 128+N for a signal the agent itself received).
+inline std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept {
+    if (const auto root = root_cause(failures)) {
+        return launcher_exit_code(failures[*root]);
+    }
+    return std::nullopt;
+}
+
+/// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
+/// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
+inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
+    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                       f.status.torch_exitcode(), f.local_rank, f.pid,
+                       detail::report::valid_utf8(entrypoint));
+}
+
+/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
+/// from the resolver when it has a dot, else the plain host name). It may ask DNS: call it once,
+/// at agent start, not when a failure arrives.
+inline std::string host_fqdn() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) {
+        return "localhost";
+    }
+    std::string host = name;
+    addrinfo hints{};
+    hints.ai_flags = AI_CANONNAME;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* result = nullptr;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
+        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
+        ::freeaddrinfo(result);
+        if (canonical.find('.') != std::string::npos) {
+            return canonical;
+        }
+    }
+    return host;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/failure.hpp ----
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace elastic::inline v0 {
+
+/// Writing a report file failed (the message names the path and the system's reason).
+class report_error : public error {
+public:
+    using error::error;
+};
+
+/// The JSON the agent writes for its root cause. As torchrun's @record on main
+/// (ErrorHandler.dump_error_file): the worker's own error file, copied, with
+/// `message.errorCode` set to the worker's exit code in torchrun's numbering (-N for signal N).
+/// Two additions where torchrun writes nothing useful:
+/// - a flat-format file ("message" is a string), where torchrun skips the errorCode, gets it as
+///   a top-level "errorCode";
+/// - a worker without a well-formed file (a signal, a native binary, a malformed file), where
+///   torchrun writes no file at all, gets one in @record's nested format: message = the
+///   failure's headline ("Signal 9 (SIGKILL) received by PID 1234"), py_callstack = what the
+///   summary shows as its traceback (the stderr tail), timestamp = the failure's time.
+inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
+    using json = nlohmann::ordered_json;
+    const int error_code = root.status.torch_exitcode();
+    if (root.error_file.parsed()) {
+        json doc = root.error_file.content.document;
+        if (root.error_file.content.format == error_file_format::nested) {
+            doc["message"]["errorCode"] = error_code;
+        } else {
+            doc["errorCode"] = error_code;
+        }
+        return doc;
+    }
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                             failure_display_time(root).time_since_epoch())
+                             .count();
+    json extra = json::object();
+    extra["py_callstack"] = detail::report::valid_utf8(failure_traceback(root));
+    extra["timestamp"] = std::to_string(seconds);
+    json message = json::object();
+    message["message"] = detail::report::valid_utf8(failure_headline(root));
+    message["extraInfo"] = std::move(extra);
+    message["errorCode"] = error_code;
+    json doc = json::object();
+    doc["message"] = std::move(message);
+    return doc;
+}
+
+/// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
+/// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
+/// new one, never a part. Throws report_error naming the path and the reason.
+inline void write_file_atomically(const std::string& path, std::string_view contents) {
+    const auto slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+    const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+    if (base.empty()) {
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": the path names a "
+                        "directory, not a file",
+                        path));
+    }
+    std::string temp = fmt::format("{}/.{}.XXXXXX", dir, base);
+    const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
+    if (fd < 0) {
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": creating a temporary "
+                        "file in \"{}\" failed: {}",
+                        path, dir, std::strerror(errno)));
+    }
+    const auto fail = [&](const char* step) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(temp.c_str());
+        throw report_error(fmt::format("cannot write the error file \"{}\": {} \"{}\" failed: {}",
+                                       path, step, temp, std::strerror(err)));
+    };
+    // mkstemp makes it 0600; an error file is read by whoever launched us, as torchrun's is.
+    if (::fchmod(fd, 0644) != 0) {
+        fail("setting the mode of");
+    }
+    std::string_view rest = contents;
+    while (!rest.empty()) {
+        const ssize_t n = ::write(fd, rest.data(), rest.size());
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            fail("writing");
+        }
+        rest.remove_prefix(static_cast<std::size_t>(n));
+    }
+    if (::fsync(fd) != 0) {
+        fail("flushing");
+    }
+    if (::close(fd) != 0) {
+        const int err = errno;
+        ::unlink(temp.c_str());
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": closing \"{}\" "
+                        "failed: {}",
+                        path, temp, std::strerror(err)));
+    }
+    if (::rename(temp.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(temp.c_str());
+        throw report_error(
+            fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
+                        "failed: {}",
+                        path, temp, std::strerror(err)));
+    }
+}
+
+/// Write the root cause into the error file at `path` (agent_error_document, replacing any file
+/// there atomically). Throws report_error when the file cannot be written.
+inline void write_agent_error_file(const std::string& path, const worker_failure& root) {
+    write_file_atomically(path, agent_error_document(root).dump());
+}
+
+/// Write the root cause into $TORCHELASTIC_ERROR_FILE, as torchrun's own main does. Returns
+/// false, writing nothing, when the variable is unset or empty (no outer launcher asked).
+inline bool write_agent_error_file(const worker_failure& root) {
+    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (path == nullptr || *path == '\0') {
+        return false;
+    }
+    write_agent_error_file(std::string(path), root);
+    return true;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/agent_error_file.hpp ----
+// ---- begin elastic/report/event.hpp ----
+// Events in torchelastic's shape (torch.distributed.elastic.events.Event), the per-worker status
+// event the agent records when a group ends, and an append-only JSON-lines event log.
+
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace elastic::inline v0 {
+
+/// Who produced an event (torch's EventSource).
+enum class event_source { agent, worker };
+
+/// One event, serialised as torch's Event.serialize() does:
+/// `{"name": ..., "source": "AGENT"|"WORKER", "timestamp": <ms>, "metadata": {...}}`, so torch's
+/// Event.deserialize() reads ours. Metadata values are strings, numbers, booleans or null.
+struct event {
+    std::string name;
+    event_source source = event_source::agent;
+    /// Milliseconds since the epoch (torch documents this and leaves it 0; we set it).
+    std::int64_t timestamp = 0;
+    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+
+    /// One line of JSON (no newline). Text is made valid UTF-8 first, so this never throws on
+    /// what a worker wrote.
+    std::string serialize() const {
+        nlohmann::ordered_json j;
+        j["name"] = name;
+        j["source"] = source == event_source::agent ? "AGENT" : "WORKER";
+        j["timestamp"] = timestamp;
+        j["metadata"] = metadata;
+        return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    }
+};
+
+/// What a worker status event says beyond the failure itself: the agent's view of the run.
+struct worker_event_context {
+    std::string run_id;
+    int group_rank = 0;
+    int group_world_size = 1;
+    /// The world size of the worker's role; torchrun's command line has one role, so this is the
+    /// world size and a worker's role rank is its global rank.
+    int role_world_size = 1;
+    std::string entry_point;
+    std::string rdzv_backend;
+    /// Whole seconds since the agent started running workers (torch's total_run_time).
+    std::int64_t total_run_time = 0;
+    /// Restarts so far (torch: max_restarts - remaining_restarts).
+    int agent_restarts = 0;
+    std::string hostname;
+};
+
+/// torch's state string for a worker in a failure report: "FAILED", or "TERMINATED" for a worker
+/// the agent stopped (torch's _get_worker_state uses the same word for them).
+inline std::string_view worker_event_state(const worker_failure& f) noexcept {
+    return f.state == failure_state::failed ? "FAILED" : "TERMINATED";
+}
+
+/// The `torchelastic.worker.status.<STATE>` event for one worker of a failed group, with torch
+/// 1.13's metadata keys (agent/server/api.py, _construct_event): run_id, global_rank, group_rank,
+/// worker_id (the pid, as a string), role, hostname, state, total_run_time, rdzv_backend,
+/// raw_error (the error file as JSON text; `{"message": "<NONE>"}` without one and null for a
+/// worker the agent stopped, as torch), a
+/// JSON-text "metadata" (group_world_size, entry_point, and local_rank / role_rank /
+/// role_world_size as one-element lists, which is what torch's trailing commas produce), and
+/// agent_restarts. Additions: "exitcode" (torch's numbering) and the event's timestamp, the
+/// failure's time in milliseconds.
+inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    const std::string state(worker_event_state(f));
+    json md = json::object();
+    md["group_world_size"] = ctx.group_world_size;
+    md["entry_point"] = ctx.entry_point;
+    md["local_rank"] = json::array({f.local_rank});
+    md["role_rank"] = json::array({f.global_rank});
+    md["role_world_size"] = json::array({ctx.role_world_size});
+
+    // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
+    json raw_error = nullptr;
+    if (f.state == failure_state::stopped_by_agent) {
+        raw_error = nullptr;
+    } else if (f.error_file.parsed()) {
+        raw_error =
+            f.error_file.content.document.dump(-1, ' ', false, json::error_handler_t::replace);
+    } else if (f.error_file.status == error_file_status::malformed) {
+        raw_error = json{{"message", "Malformed error file: " + f.error_file.problem}}.dump(
+            -1, ' ', false, json::error_handler_t::replace);
+    } else {
+        raw_error = R"({"message": "<NONE>"})";
+    }
+
+    event e;
+    e.name = "torchelastic.worker.status." + state;
+    e.source = event_source::worker;
+    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      failure_display_time(f).time_since_epoch())
+                      .count();
+    auto& m = e.metadata;
+    m["run_id"] = ctx.run_id;
+    m["global_rank"] = f.global_rank;
+    m["group_rank"] = ctx.group_rank;
+    m["worker_id"] = std::to_string(f.pid);
+    m["role"] = f.role;
+    m["hostname"] = ctx.hostname;
+    m["state"] = state;
+    m["total_run_time"] = ctx.total_run_time;
+    m["rdzv_backend"] = ctx.rdzv_backend;
+    m["raw_error"] = raw_error;
+    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
+    m["agent_restarts"] = ctx.agent_restarts;
+    m["exitcode"] = f.status.torch_exitcode();
+    return e;
+}
+
+/// An append-only log of events, one JSON line each. Each line goes out in one write(2) on a file
+/// opened with O_APPEND, so several agents sharing the file (one per node on a shared file
+/// system that honours O_APPEND, or several on one host) never interleave inside a line.
+/// Recording never throws: an event log must not take the agent down.
+class event_log {
+public:
+    /// Append to the file at `path`, creating it (0644). Throws report_error when it cannot be
+    /// opened.
+    explicit event_log(const std::string& path)
+        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
+        if (fd_ < 0) {
+            throw report_error(
+                fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
+        }
+    }
+
+    /// Write to a descriptor the caller keeps open (e.g. 2 for a "console" log).
+    static event_log to_descriptor(int fd) noexcept { return event_log(fd); }
+
+    event_log(event_log&& other) noexcept
+        : fd_(std::exchange(other.fd_, -1)), owned_(std::exchange(other.owned_, false)) {}
+    event_log& operator=(event_log&& other) noexcept {
+        if (this != &other) {
+            close();
+            fd_ = std::exchange(other.fd_, -1);
+            owned_ = std::exchange(other.owned_, false);
+        }
+        return *this;
+    }
+    event_log(const event_log&) = delete;
+    event_log& operator=(const event_log&) = delete;
+    ~event_log() { close(); }
+
+    /// Append one event. Returns false (and loses only this event) when it cannot be written
+    /// whole.
+    bool record(const event& e) noexcept {
+        try {
+            std::string line = e.serialize();
+            line += '\n';
+            std::string_view rest = line;
+            while (!rest.empty()) {
+                const ssize_t n = ::write(fd_, rest.data(), rest.size());
+                if (n < 0) {
+                    if (errno == EINTR) {
+                        continue;
+                    }
+                    return false;
+                }
+                rest.remove_prefix(static_cast<std::size_t>(n));
+            }
+            return true;
+        } catch (...) {
+            return false;
+        }
+    }
+
+private:
+    explicit event_log(int fd) noexcept : fd_(fd), owned_(false) {}
+
+    void close() noexcept {
+        if (owned_ && fd_ >= 0) {
+            ::close(fd_);
+        }
+        fd_ = -1;
+    }
+
+    int fd_ = -1;
+    bool owned_ = false;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/event.hpp ----
+// ---- begin elastic/report/summary.hpp ----
+// The failure summary elasticrun prints when a group fails, in torchrun's layout
+// (ChildFailedError's message).
+
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <ctime>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace elastic::inline v0 {
+
+/// How a summary is rendered.
+struct summary_options {
+    /// Show times in UTC instead of local time (torchrun uses local time; tests use UTC).
+    bool utc = false;
+    /// torchrun caps the borders at 60 columns.
+    std::size_t max_width = 60;
+};
+
+namespace detail::report {
+
+/// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
+inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
+    const std::time_t secs =
+        std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
+    std::tm tm{};
+    if (utc) {
+        ::gmtime_r(&secs, &tm);
+    } else {
+        ::localtime_r(&secs, &tm);
+    }
+    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1,
+                       tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+/// `text` with every line after the first indented by two spaces, as torchrun indents a
+/// traceback (a trailing newline therefore leaves a line of two spaces, as in torchrun).
+inline std::string indent_continuation(std::string_view text) {
+    std::string out;
+    out.reserve(text.size() + 16);
+    for (const char c : text) {
+        out += c;
+        if (c == '\n') {
+            out += "  ";
+        }
+    }
+    return out;
+}
+
+inline std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
+    const std::string error_file =
+        f.error_file.status == error_file_status::absent || f.error_file.path.empty()
+            ? std::string("<N/A>")
+            : valid_utf8(f.error_file.path);
+    return fmt::format(
+        "[{}]:\n"
+        "  time      : {}\n"
+        "  host      : {}\n"
+        "  rank      : {} (local_rank: {})\n"
+        "  exitcode  : {} (pid: {})\n"
+        "  error_file: {}\n"
+        "  traceback : {}",
+        idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
+        f.local_rank, f.status.torch_exitcode(), f.pid, error_file,
+        indent_continuation(valid_utf8(failure_traceback(f))));
+}
+
+inline std::size_t widest_line(std::string_view text) {
+    std::size_t widest = 0;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        auto end = text.find('\n', start);
+        if (end == std::string_view::npos) {
+            end = text.size();
+        }
+        widest = std::max(widest, code_points(text.substr(start, end - start)));
+        start = end + 1;
+    }
+    return widest;
+}
+
+}  // namespace detail::report
+
+/// The summary of a group's failure in torchrun's layout (inventory §6.4): for failures torchrun
+/// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
+/// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
+///
+/// Failed workers are listed in global-rank order, numbered by that order; the root cause
+/// (root_cause()) is shown under "Root Cause (first observed failure):", the others under
+/// "Failures:". One addition to torchrun's layout, present only when some worker was stopped by
+/// the agent: a section "Stopped by the agent (not failures):" between those two, one line per
+/// such worker (torchrun lists them nowhere, or, newest, as failures).
+inline std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
+                                  const summary_options& options = {}) {
+    const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
+    std::vector<std::size_t> order(failures.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return failures[a].global_rank < failures[b].global_rank;
+    });
+    const auto root = root_cause(failures);
+
+    std::size_t width = detail::report::code_points(title);
+    std::string root_block;
+    std::vector<std::string> other_blocks;
+    std::vector<std::string> stopped_lines;
+    std::size_t idx = 0;
+    for (const std::size_t i : order) {
+        const auto& f = failures[i];
+        if (f.state == failure_state::stopped_by_agent) {
+            std::string line =
+                fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
+                            f.local_rank, f.status.torch_exitcode(), f.pid);
+            width = std::max(width, detail::report::code_points(line));
+            stopped_lines.push_back(std::move(line));
+            continue;
+        }
+        std::string block = detail::report::failure_block(idx++, f, options.utc);
+        width = std::max(width, detail::report::widest_line(block));
+        if (root && i == *root) {
+            root_block = std::move(block);
+        } else {
+            other_blocks.push_back(std::move(block));
+        }
+    }
+    width = std::min(width, options.max_width);
+    const std::string border(width, '=');
+    const std::string section(width, '-');
+
+    std::string out = fmt::format("\n{}\n{}\n{}\nFailures:\n", border, title, section);
+    if (other_blocks.empty()) {
+        out += "  <NO_OTHER_FAILURES>";
+    }
+    for (std::size_t k = 0; k < other_blocks.size(); ++k) {
+        if (k > 0) {
+            out += '\n';
+        }
+        out += other_blocks[k];
+    }
+    out += '\n';
+    out += section;
+    if (!stopped_lines.empty()) {
+        out += "\nStopped by the agent (not failures):";
+        for (const auto& line : stopped_lines) {
+            out += '\n';
+            out += line;
+        }
+        out += '\n';
+        out += section;
+    }
+    out += "\nRoot Cause (first observed failure):\n";
+    out += root ? root_block : std::string("  <NO_ROOT_CAUSE>");
+    out += '\n';
+    out += border;
+    return out;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/summary.hpp ----
+// ---- end elastic/report.hpp ----
 // ---- begin elastic/launch.hpp ----
 // The launch layer — launch configuration: torchrun's command line and PET_* variables.
 
+// ---- begin elastic/launch/cli.hpp ----
+// torchrun's command line for elastic: every option in dashed and underscored spelling, PET_*
+// variables as defaults, --help, and parse_launch_config() that turns them into a launch_config.
+
+// ---- begin elastic/launch/config.hpp ----
+// elastic::launch_config: everything an agent needs to launch and supervise one node's workers,
+// as a plain struct (filled by the command line or by a custom launcher) with validate().
+
+// ---- begin elastic/launch/program.hpp ----
+// What each worker runs: the program (executable, Python script or module), its resolution on
+// PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
+
+// ---- begin elastic/launch/usage_error.hpp ----
+// elastic::usage_error (bad launcher input, exit status 2) and the environment map the launch layer reads.
+
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+extern "C" char** environ;  // POSIX: declared by <unistd.h> only with _GNU_SOURCE; declare it ourselves.
+
+namespace elastic::inline v0 {
+
+/// Bad input to a launcher: an unknown option, a malformed or out-of-range value, a program that
+/// cannot run. The message is one line naming the option (or variable), the value and the rule;
+/// a launcher prints it and exits with exit_code() without starting any worker.
+class usage_error : public error {
+public:
+    /// `message` is kept on one line: control characters (a newline in a value read from the
+    /// environment, say) are written as escapes such as `\n` and `\x1b`.
+    explicit usage_error(std::string_view message) : error(one_line(message)) {}
+
+    /// The exit status for this error: 2, as argparse (and so torchrun) uses for usage errors.
+    [[nodiscard]] static constexpr int exit_code() noexcept { return 2; }
+
+private:
+    static std::string one_line(std::string_view message) {
+        static constexpr char hex[] = "0123456789abcdef";
+        std::string out;
+        out.reserve(message.size());
+        for (const char c : message) {
+            const auto byte = static_cast<unsigned char>(c);
+            if (c == '\n') {
+                out += "\\n";
+            } else if (c == '\t') {
+                out += "\\t";
+            } else if (c == '\r') {
+                out += "\\r";
+            } else if (byte < 0x20 || byte == 0x7f) {
+                out += "\\x";
+                out += hex[byte >> 4];
+                out += hex[byte & 0xf];
+            } else {
+                out += c;
+            }
+        }
+        return out;
+    }
+};
+
+/// A set of environment variables, name to value. The launch layer reads its variables (PET_*,
+/// PYTHON_EXEC, PATH, CUDA_VISIBLE_DEVICES, ...) from one of these rather than from the process
+/// environment, so a custom launcher or a test controls exactly what is seen.
+using environment = std::map<std::string, std::string, std::less<>>;
+
+/// The process environment (`environ`) as an environment map. The first definition of a name
+/// wins, as getenv(3) does.
+[[nodiscard]] inline environment current_environment() {
+    environment env;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+        const std::string_view text{*entry};
+        const auto equals = text.find('=');
+        if (equals == std::string_view::npos || equals == 0) {
+            continue;
+        }
+        env.emplace(std::string{text.substr(0, equals)}, std::string{text.substr(equals + 1)});
+    }
+    return env;
+}
+
+namespace detail::launch_impl {
+
+/// The value of `name` in `env`, or nullptr.
+[[nodiscard]] inline const std::string* find_variable(const environment& env, std::string_view name) {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : &it->second;
+}
+
+}  // namespace detail::launch_impl
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/usage_error.hpp ----
+// ---- begin elastic/launch/values.hpp ----
+// The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
+// settings, signal lists, durations) and the parsers of their text forms.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+using namespace std::chrono_literals;
+
+/// `--nnodes`: how many nodes (agents) the job has, fixed (`N`, min == max) or elastic (`MIN:MAX`).
+struct node_range {
+    int min = 1;  ///< the job starts once this many nodes have joined
+    int max = 1;  ///< nodes beyond this wait as standbys
+    friend bool operator==(const node_range&, const node_range&) = default;
+};
+
+/// A `host[:port]` endpoint; an IPv6 host is written in brackets (`[::1]:29400`) and held without.
+struct host_port {
+    std::string host;
+    std::optional<std::uint16_t> port;  ///< absent: the backend's default port
+    friend bool operator==(const host_port&, const host_port&) = default;
+};
+
+/// The rendezvous implementation (`--rdzv-backend`).
+enum class rendezvous_backend {
+    static_,  ///< "static": fixed membership; node 0 hosts a store at --master-addr:--master-port
+    c10d,     ///< "c10d": dynamic membership over a TCP store hosted by one agent
+    etcd_v3,  ///< "etcd-v3": dynamic membership over an etcd server's v3 API
+};
+
+/// The name of a backend as written on the command line.
+[[nodiscard]] constexpr std::string_view to_string(rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return "static";
+    case rendezvous_backend::c10d: return "c10d";
+    case rendezvous_backend::etcd_v3: return "etcd-v3";
+    }
+    return "?";
+}
+
+/// The default port of a backend's endpoint (torchrun's: 29400 for c10d, 2379 for etcd; the
+/// static backend's endpoint is --master-addr:--master-port).
+[[nodiscard]] constexpr std::uint16_t default_rendezvous_port(rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return 29500;
+    case rendezvous_backend::c10d: return 29400;
+    case rendezvous_backend::etcd_v3: return 2379;
+    }
+    return 0;
+}
+
+/// Settings of the rendezvous from `--rdzv-conf key=value,...`, with torchrun's defaults. Which
+/// keys a backend reads is in docs/cli.md; a key the chosen backend does not read is an error.
+struct rendezvous_settings {
+    std::chrono::milliseconds join_timeout = 600s;       ///< c10d, etcd-v3: a round must form within
+    std::chrono::milliseconds last_call_timeout = 30s;   ///< c10d, etcd-v3: wait for more after min
+    std::chrono::milliseconds close_timeout = 30s;       ///< c10d, etcd-v3: closing the rendezvous
+    std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
+    std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
+    std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
+    friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
+};
+
+/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
+enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
+
+/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
+/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
+struct stream_selection {
+    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
+    std::map<int, std_streams> per_rank;         ///< local rank -> streams
+    friend bool operator==(const stream_selection&, const stream_selection&) = default;
+
+    /// The streams chosen for one local rank.
+    [[nodiscard]] std_streams for_rank(int local_rank) const {
+        if (per_rank.empty()) {
+            return every_rank;
+        }
+        const auto it = per_rank.find(local_rank);
+        return it == per_rank.end() ? std_streams::none : it->second;
+    }
+};
+
+namespace detail::launch_impl {
+
+[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
+    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!text.empty() && is_space(text.front())) {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && is_space(text.back())) {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+[[nodiscard]] inline std::string lower(std::string_view text) {
+    std::string out{text};
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    return out;
+}
+
+/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
+[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
+    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
+    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+}
+
+/// Splits on `sep`; "" gives one empty piece.
+[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
+    std::vector<std::string_view> pieces;
+    for (;;) {
+        const auto at = text.find(sep);
+        pieces.push_back(text.substr(0, at));
+        if (at == std::string_view::npos) {
+            return pieces;
+        }
+        text.remove_prefix(at + 1);
+    }
+}
+
+/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
+[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
+    text = trim(text);
+    if (!text.empty() && text.front() == '+') {
+        text.remove_prefix(1);
+    }
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+}  // namespace detail::launch_impl
+
+/// An integer in [min, max]; `name` and `text` appear in the error.
+[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
+                                       int max = INT_MAX) {
+    const auto value = detail::launch_impl::to_integer(text);
+    if (!value || *value < min || *value > max) {
+        const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
+                                         : fmt::format("an integer from {} to {}", min, max);
+        throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(name, text), rule)};
+    }
+    return static_cast<int>(*value);
+}
+
+/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
+/// held to the millisecond.
+[[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                             bool allow_zero) {
+    const auto trimmed = detail::launch_impl::trim(text);
+    double seconds = -1;
+    const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
+                                           std::chars_format::fixed);
+    const bool ok = !trimmed.empty() && ec == std::errc{} && end == trimmed.data() + trimmed.size() &&
+                    std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
+                                      detail::launch_impl::show(name, text), allow_zero ? ">= 0" : "> 0")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
+/// in any case.
+[[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
+    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
+        return true;
+    }
+    if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
+        return false;
+    }
+    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
+}
+
+/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
+[[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
+    const auto value = detail::launch_impl::to_integer(text);
+    if (!value) {
+        throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
+                                      detail::launch_impl::show(name, text))};
+    }
+    return *value != 0;
+}
+
+/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
+[[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
+    const auto fail = [&](std::string_view why) {
+        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
+    };
+    const auto pieces = detail::launch_impl::split(text, ':');
+    if (pieces.size() > 2) {
+        throw fail("too many ':'");
+    }
+    const auto min = detail::launch_impl::to_integer(pieces.front());
+    const auto max = pieces.size() == 2 ? detail::launch_impl::to_integer(pieces.back()) : min;
+    if (!min || !max) {
+        throw fail("not an integer");
+    }
+    if (*min <= 0 || *max <= 0) {
+        throw fail("node counts must be positive");
+    }
+    if (*min > *max) {
+        throw fail(fmt::format("the minimum {} exceeds the maximum {}", *min, *max));
+    }
+    if (*max > INT_MAX) {
+        throw fail("too large");
+    }
+    return node_range{static_cast<int>(*min), static_cast<int>(*max)};
+}
+
+namespace detail::launch_impl {
+
+/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
+/// an IPv6 zone.
+[[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
+    return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' ||
+               c == '-' || c == '%';
+    });
+}
+
+}  // namespace detail::launch_impl
+
+/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
+[[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
+    const auto host = detail::launch_impl::trim(text);
+    if (!detail::launch_impl::valid_host(host)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
+    }
+    return std::string{host};
+}
+
+/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
+/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
+[[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
+    const auto fail = [&](std::string_view why) {
+        return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
+                                       detail::launch_impl::show(name, text), why)};
+    };
+    const auto endpoint = detail::launch_impl::trim(text);
+    if (endpoint.empty()) {
+        throw fail("empty");
+    }
+    host_port result;
+    std::string_view port_text;
+    bool has_port = false;
+    if (endpoint.front() == '[') {
+        const auto close = endpoint.find(']');
+        if (close == std::string_view::npos) {
+            throw fail("no ']' after the IPv6 address");
+        }
+        result.host = std::string{endpoint.substr(1, close - 1)};
+        const auto rest = endpoint.substr(close + 1);
+        if (!rest.empty()) {
+            if (rest.front() != ':') {
+                throw fail("unexpected text after ']'");
+            }
+            port_text = rest.substr(1);
+            has_port = true;
+        }
+        if (result.host.find(':') == std::string::npos || !detail::launch_impl::valid_host(result.host)) {
+            throw fail("the bracketed part is not an IPv6 address");
+        }
+    } else {
+        const auto colon = endpoint.find(':');
+        if (colon != std::string_view::npos && endpoint.find(':', colon + 1) != std::string_view::npos) {
+            throw fail("an IPv6 address must be written in brackets");
+        }
+        result.host = std::string{endpoint.substr(0, colon)};
+        if (colon != std::string_view::npos) {
+            port_text = endpoint.substr(colon + 1);
+            has_port = true;
+        }
+        if (!detail::launch_impl::valid_host(result.host)) {
+            throw fail("bad host name");
+        }
+    }
+    if (has_port) {
+        const auto port = detail::launch_impl::to_integer(port_text);
+        if (!port || *port < 0 || *port > 65535 || detail::launch_impl::trim(port_text) != port_text) {
+            throw fail("the port must be an integer from 0 to 65535");
+        }
+        result.port = static_cast<std::uint16_t>(*port);
+    }
+    return result;
+}
+
+/// `host:port` as it would be written again (IPv6 in brackets).
+[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
+    const bool v6 = endpoint.host.find(':') != std::string::npos;
+    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    if (endpoint.port) {
+        out += fmt::format(":{}", *endpoint.port);
+    }
+    return out;
+}
+
+/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
+/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
+[[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
+    const auto word = detail::launch_impl::trim(text);
+    if (word == "static") {
+        return rendezvous_backend::static_;
+    }
+    if (word == "c10d") {
+        return rendezvous_backend::c10d;
+    }
+    if (word == "etcd-v3") {
+        return rendezvous_backend::etcd_v3;
+    }
+    if (word == "etcd" || word == "etcd-v2") {
+        throw usage_error{fmt::format(
+            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+            detail::launch_impl::show(name, text))};
+    }
+    throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
+                                  detail::launch_impl::show(name, text))};
+}
+
+namespace detail::launch_impl {
+
+/// What one `--rdzv-conf` key is, and which backends read it.
+struct rdzv_key {
+    std::string_view key;
+    bool static_;
+    bool c10d;
+    bool etcd_v3;
+};
+inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
+    {"join_timeout", false, true, true},
+    {"last_call_timeout", false, true, true},
+    {"close_timeout", false, true, true},
+    {"read_timeout", false, true, true},
+    {"timeout", true, false, false},
+    {"is_host", false, true, false},
+    {"store_type", false, true, false},
+    {"use_libuv", false, true, false},
+    {"protocol", false, false, true},
+}};
+
+[[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return k.static_;
+    case rendezvous_backend::c10d: return k.c10d;
+    case rendezvous_backend::etcd_v3: return k.etcd_v3;
+    }
+    return false;
+}
+
+[[nodiscard]] inline std::string keys_of(rendezvous_backend backend) {
+    std::string out;
+    for (const auto& k : rdzv_keys) {
+        if (reads_key(k, backend)) {
+            out += out.empty() ? "" : ", ";
+            out += k.key;
+        }
+    }
+    return out;
+}
+
+}  // namespace detail::launch_impl
+
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
+/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
+/// and a key given twice are errors; the value is everything after the first `=`.
+[[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                   rendezvous_backend backend) {
+    rendezvous_settings settings;
+    if (detail::launch_impl::trim(text).empty()) {
+        return settings;
+    }
+    const auto whole = detail::launch_impl::show(name, text);
+    std::set<std::string, std::less<>> seen;
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        const auto equals = item.find('=');
+        const auto key = detail::launch_impl::trim(item.substr(0, equals));
+        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::launch_impl::trim(item.substr(equals + 1));
+        if (key.empty() || equals == std::string_view::npos || value.empty()) {
+            throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
+                                          whole, item)};
+        }
+        if (!seen.emplace(key).second) {
+            throw usage_error{fmt::format("{}: key '{}' given twice", whole, key)};
+        }
+        const auto what = fmt::format("{} key {}", name, key);
+        if (key == "rank") {
+            throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
+        }
+        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
+            key == "key") {
+            throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+        }
+        const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
+                                        [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
+        if (known == detail::launch_impl::rdzv_keys.end()) {
+            throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
+                                          to_string(backend), detail::launch_impl::keys_of(backend))};
+        }
+        if (!detail::launch_impl::reads_key(*known, backend)) {
+            throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                          to_string(backend), key, detail::launch_impl::keys_of(backend))};
+        }
+        if (key == "join_timeout") {
+            settings.join_timeout = parse_seconds(value, what, false);
+        } else if (key == "last_call_timeout") {
+            settings.last_call_timeout = parse_seconds(value, what, false);
+        } else if (key == "close_timeout") {
+            settings.close_timeout = parse_seconds(value, what, false);
+        } else if (key == "read_timeout") {
+            settings.read_timeout = parse_seconds(value, what, false);
+        } else if (key == "timeout") {
+            settings.timeout = parse_seconds(value, what, false);
+        } else if (key == "is_host") {
+            settings.is_host = parse_boolean(value, what);
+        } else if (key == "store_type") {
+            const auto type = detail::launch_impl::lower(value);
+            if (type == "file") {
+                throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
+                                              "backend uses a TCP store (store_type=tcp)", whole)};
+            }
+            if (type != "tcp") {
+                throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
+            }
+        } else if (key == "use_libuv") {
+            // Accepted for compatibility: it picks the Python TCPStore server's event loop; elastic's
+            // store server is its own, so the value is checked and has nothing to change.
+            (void)parse_boolean(value, what);
+        } else if (key == "protocol") {
+            const auto protocol = detail::launch_impl::lower(value);
+            if (protocol == "https") {
+                throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
+            }
+            if (protocol != "http") {
+                throw usage_error{fmt::format("{}: protocol must be http", whole)};
+            }
+        }
+    }
+    return settings;
+}
+
+/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
+/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
+[[nodiscard]] inline stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
+    const auto fail = [&]() {
+        return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
+                                       "LOCAL_RANK:N,... such as 0:3,1:2",
+                                       detail::launch_impl::show(name, text))};
+    };
+    const auto streams_of = [&](std::string_view digit) {
+        const auto value = detail::launch_impl::to_integer(digit);
+        if (!value || *value < 0 || *value > 3 || detail::launch_impl::trim(digit) != digit) {
+            throw fail();
+        }
+        return static_cast<std_streams>(*value);
+    };
+    stream_selection selection;
+    const auto trimmed = detail::launch_impl::trim(text);
+    if (trimmed.find(':') == std::string_view::npos) {
+        selection.every_rank = streams_of(trimmed);
+        return selection;
+    }
+    for (const auto item : detail::launch_impl::split(trimmed, ',')) {
+        const auto colon = item.find(':');
+        if (colon == std::string_view::npos) {
+            throw fail();
+        }
+        const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
+        if (!rank || *rank < 0 || *rank > INT_MAX || detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+            throw fail();
+        }
+        if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
+            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
+        }
+    }
+    return selection;
+}
+
+/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
+[[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
+    std::set<int> ranks;
+    if (detail::launch_impl::trim(text).empty()) {
+        return ranks;
+    }
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        const auto rank = detail::launch_impl::to_integer(item);
+        if (!rank || *rank < 0 || *rank > INT_MAX) {
+            throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
+                                          detail::launch_impl::show(name, text), item)};
+        }
+        ranks.insert(static_cast<int>(*rank));
+    }
+    return ranks;
+}
+
+namespace detail::launch_impl {
+
+struct forwardable_signal {
+    std::string_view name;
+    int number;
+};
+/// Signals an agent can trap and forward to its workers. SIGKILL and SIGSTOP cannot be trapped,
+/// SIGCHLD is how the agent learns of exits, and fault signals (SEGV, BUS, ...) are the agent's own.
+inline const std::array<forwardable_signal, 16> forwardable_signals{{
+    {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
+    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
+    {"SIGXFSZ", SIGXFSZ}, {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH},
+    {"SIGURG", SIGURG}, {"SIGCONT", SIGCONT}, {"SIGTSTP", SIGTSTP}, {"SIGPWR", SIGPWR},
+}};
+
+}  // namespace detail::launch_impl
+
+/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
+[[nodiscard]] inline std::string signal_to_string(int number) {
+    for (const auto& s : detail::launch_impl::forwardable_signals) {
+        if (s.number == number) {
+            return std::string{s.name};
+        }
+    }
+    return fmt::format("{}", number);
+}
+
+/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
+/// case are optional). Duplicates are dropped; order is kept.
+[[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
+    std::vector<int> numbers;
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        auto word = detail::launch_impl::lower(detail::launch_impl::trim(item));
+        if (word.rfind("sig", 0) != 0) {
+            word = "sig" + word;
+        }
+        const auto known = std::find_if(detail::launch_impl::forwardable_signals.begin(), detail::launch_impl::forwardable_signals.end(),
+                                        [&](const detail::launch_impl::forwardable_signal& s) { return detail::launch_impl::lower(s.name) == word; });
+        if (known == detail::launch_impl::forwardable_signals.end()) {
+            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
+                                     word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
+                                     word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
+                                     word == "sigpipe";
+            throw usage_error{fmt::format(
+                "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
+                untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+        }
+        if (std::find(numbers.begin(), numbers.end(), known->number) == numbers.end()) {
+            numbers.push_back(known->number);
+        }
+    }
+    return numbers;
+}
+
+/// The agent's log level, from `LOGLEVEL` (Python's level names).
+enum class log_level { debug, info, warning, error, critical };
+
+/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
+[[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
+    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    if (word == "debug") return log_level::debug;
+    if (word == "info") return log_level::info;
+    if (word == "warning" || word == "warn") return log_level::warning;
+    if (word == "error") return log_level::error;
+    if (word == "critical" || word == "fatal") return log_level::critical;
+    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/values.hpp ----
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// How the program is run.
+enum class program_kind {
+    automatic,      ///< a `.py` file runs as a Python script, anything else as an executable
+    executable,     ///< run directly (`--no-python`): `program args...`
+    python_script,  ///< `$PYTHON_EXEC -u script args...` (also `--run-path`)
+    python_module,  ///< `$PYTHON_EXEC -u -m module args...` (`-m` / `--module`)
+};
+
+/// The program each worker runs, as a custom launcher fills it in.
+struct worker_program {
+    program_kind kind = program_kind::automatic;
+    std::string target;             ///< executable (path or name on PATH), script path, or module name
+    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
+    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
+};
+
+/// A program resolved to something execv can run.
+struct worker_command {
+    program_kind kind = program_kind::executable;  ///< never automatic
+    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
+    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
+
+    /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
+    [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
+};
+
+/// torchrun's `${local_rank}` macro in one argument, with the semantics of Python's
+/// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
+/// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
+/// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
+[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
+    const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+    const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+    const auto value = fmt::format("{}", local_rank);
+    std::string out;
+    out.reserve(arg.size());
+    std::size_t i = 0;
+    while (i < arg.size()) {
+        if (arg[i] != '$' || i + 1 == arg.size()) {
+            out += arg[i++];
+            continue;
+        }
+        const char next = arg[i + 1];
+        if (next == '$') {
+            out += '$';
+            i += 2;
+        } else if (id_start(next)) {
+            auto end = i + 1;
+            while (end < arg.size() && id_char(arg[end])) {
+                ++end;
+            }
+            const auto name = arg.substr(i + 1, end - i - 1);
+            out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end - i);
+            i = end;
+        } else if (next == '{' && i + 2 < arg.size() && id_start(arg[i + 2])) {
+            auto end = i + 2;
+            while (end < arg.size() && id_char(arg[end])) {
+                ++end;
+            }
+            if (end < arg.size() && arg[end] == '}') {
+                const auto name = arg.substr(i + 2, end - i - 2);
+                out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end + 1 - i);
+                i = end + 1;
+            } else {
+                out += '$';
+                ++i;
+            }
+        } else {
+            out += '$';
+            ++i;
+        }
+    }
+    return out;
+}
+
+inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
+    std::vector<std::string> out;
+    out.reserve(argv.size());
+    for (std::size_t i = 0; i < argv.size(); ++i) {
+        out.push_back(i == 0 ? argv[i] : substitute_local_rank(argv[i], local_rank));
+    }
+    return out;
+}
+
+namespace detail::launch_impl {
+
+enum class file_check { ok, missing, directory, not_executable, not_readable };
+
+[[nodiscard]] inline file_check check_file(const std::string& path, int access_mode) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        return file_check::missing;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        return file_check::directory;
+    }
+    if (::access(path.c_str(), access_mode) != 0) {
+        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
+    }
+    return file_check::ok;
+}
+
+}  // namespace detail::launch_impl
+
+/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
+/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
+/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
+/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
+[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
+    if (name.empty()) {
+        throw usage_error{fmt::format("{}: the name is empty", role)};
+    }
+    const auto describe = [&](detail::launch_impl::file_check check, std::string_view path) {
+        switch (check) {
+        case detail::launch_impl::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+        case detail::launch_impl::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+        default:
+            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                               role, path);
+        }
+    };
+    if (name.find('/') != std::string_view::npos) {
+        const std::string path{name};
+        const auto check = detail::launch_impl::check_file(path, X_OK);
+        if (check != detail::launch_impl::file_check::ok) {
+            throw usage_error{describe(check, path)};
+        }
+        return path;
+    }
+    const auto* path_variable = detail::launch_impl::find_variable(env, "PATH");
+    const std::string search = path_variable != nullptr ? *path_variable : "/bin:/usr/bin";
+    std::string first_not_executable;
+    for (const auto dir : detail::launch_impl::split(search, ':')) {
+        const auto candidate = dir.empty() ? std::string{name} : fmt::format("{}/{}", dir, name);
+        const auto check = detail::launch_impl::check_file(dir.empty() ? "./" + candidate : candidate, X_OK);
+        if (check == detail::launch_impl::file_check::ok) {
+            return dir.empty() ? "./" + candidate : candidate;
+        }
+        if (check == detail::launch_impl::file_check::not_executable && first_not_executable.empty()) {
+            first_not_executable = candidate;
+        }
+    }
+    if (!first_not_executable.empty()) {
+        throw usage_error{describe(detail::launch_impl::file_check::not_executable, first_not_executable)};
+    }
+    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
+}
+
+/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
+[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
+    if (program.kind != program_kind::automatic) {
+        return program.kind;
+    }
+    const std::string_view target = program.target;
+    return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
+                                                                         : program_kind::executable;
+}
+
+namespace detail::launch_impl {
+
+[[nodiscard]] inline bool valid_module_name(std::string_view name) {
+    for (const auto part : split(name, '.')) {
+        if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
+            !std::all_of(part.begin(), part.end(),
+                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace detail::launch_impl
+
+/// Resolves a program to the command the workers run, checking on the way that it can run: the
+/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
+/// module name is a dotted Python name. Throws usage_error naming what is wrong.
+[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
+    worker_command command;
+    command.kind = effective_kind(program);
+    if (program.target.empty()) {
+        throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
+    }
+    switch (command.kind) {
+    case program_kind::automatic:
+    case program_kind::executable:
+        command.kind = program_kind::executable;
+        command.path = find_executable(program.target, env, "program");
+        command.argv.push_back(program.target);
+        break;
+    case program_kind::python_script: {
+        const auto check = detail::launch_impl::check_file(program.target, R_OK);
+        if (check == detail::launch_impl::file_check::missing) {
+            throw usage_error{fmt::format("script {} does not exist", program.target)};
+        }
+        if (check == detail::launch_impl::file_check::directory) {
+            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+        }
+        if (check != detail::launch_impl::file_check::ok) {
+            throw usage_error{fmt::format("script {} is not readable", program.target)};
+        }
+        command.path = find_executable(program.python, env, "PYTHON_EXEC");
+        command.argv = {program.python, "-u", program.target};
+        break;
+    }
+    case program_kind::python_module:
+        if (!detail::launch_impl::valid_module_name(program.target)) {
+            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                          program.target)};
+        }
+        command.path = find_executable(program.python, env, "PYTHON_EXEC");
+        command.argv = {program.python, "-u", "-m", program.target};
+        break;
+    }
+    command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
+    return command;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/program.hpp ----
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The launch configuration of one node: torchrun's options (one field per option, named as the
+/// option with `_`; docs/cli.md maps each to the component that consumes it) plus the variables
+/// torchrun's agent reads. Defaults are torchrun's (newest). Fields are public and plain so a
+/// custom launcher fills them in C++; validate() then applies the command line's rules.
+struct launch_config {
+    // ---- the workers on this node ----
+    int nproc_per_node = 1;          ///< --nproc-per-node, resolved (see resolve_nproc_per_node)
+    worker_program program;          ///< the program, its arguments and kind (-m, --no-python, PYTHON_EXEC)
+    std::string role = "default";    ///< --role: ROLE_NAME and the log prefix
+    bool virtual_local_rank = false; ///< --virtual-local-rank: LOCAL_RANK=0, one GPU per worker
+
+    // ---- nodes and rendezvous ----
+    node_range nnodes;                                    ///< --nnodes
+    rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
+    std::optional<host_port> rdzv_endpoint;               ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::string rdzv_id = "none";                         ///< --rdzv-id: the job id, namespaces store keys
+    rendezvous_settings rdzv_conf;                        ///< --rdzv-conf
+    std::optional<int> node_rank;                         ///< --node-rank; honoured by every backend when set
+    std::optional<std::string> master_addr;               ///< --master-addr (static only); unset: 127.0.0.1
+    std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
+    std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
+
+    // ---- failures, restarts, shutdown ----
+    int max_restarts = 0;                                 ///< --max-restarts
+    std::chrono::milliseconds shutdown_timeout = 30s;     ///< --shutdown-timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
+    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  ///< --signals-to-handle
+    std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
+    std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
+
+    // ---- output and logs ----
+    std::optional<std::filesystem::path> log_dir;         ///< --log-dir; /dev/null: no log files at all
+    stream_selection redirects;                           ///< -r / --redirects
+    stream_selection tee;                                 ///< -t / --tee
+    std::set<int> local_ranks_filter;                     ///< --local-ranks-filter; empty: every rank
+    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
+    log_level agent_log_level = log_level::warning;       ///< LOGLEVEL
+
+    /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
+    /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
+    /// host `localhost` and port 29400 / 2379 when absent.
+    [[nodiscard]] host_port rendezvous_endpoint() const {
+        if (rdzv_backend == rendezvous_backend::static_ && !rdzv_endpoint) {
+            return host_port{master_addr.value_or("127.0.0.1"), master_port.value_or(std::uint16_t{29500})};
+        }
+        host_port endpoint = rdzv_endpoint.value_or(host_port{});
+        if (endpoint.host.empty()) {
+            endpoint.host = "localhost";
+        }
+        if (!endpoint.port) {
+            endpoint.port = default_rendezvous_port(rdzv_backend);
+        }
+        return endpoint;
+    }
+
+    /// True when --log-dir is /dev/null: no stdout/stderr/error files are written (torchrun's
+    /// os.devnull rule).
+    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
+
+    /// The global world size when `nodes` nodes take part.
+    [[nodiscard]] long long world_size(int nodes) const { return static_cast<long long>(nodes) * nproc_per_node; }
+
+    /// Checks every rule the command line applies (ranges, combinations, the program can run,
+    /// reading PATH from `env`); throws usage_error naming the option and the value.
+    void validate(const environment& env) const;
+
+    /// validate() against the process environment.
+    void validate() const { validate(current_environment()); }
+};
+
+/// A random run id in UUID version 4 form (`--standalone` uses one, as torchrun does).
+[[nodiscard]] inline std::string random_run_id() {
+    std::random_device device;
+    std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
+    std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
+    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                        // version 4
+    low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
+    return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
+                       low >> 48, low & 0xFFFFFFFFFFFFULL);
+}
+
+/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
+/// free local port (localhost:0), under a fresh random run id.
+inline void use_standalone(launch_config& config) {
+    config.rdzv_backend = rendezvous_backend::c10d;
+    config.rdzv_endpoint = host_port{"localhost", std::uint16_t{0}};
+    config.rdzv_id = random_run_id();
+    config.nnodes = node_range{1, 1};
+    config.master_addr.reset();
+    config.master_port.reset();
+}
+
+namespace detail::launch_impl {
+
+[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
+    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000) : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+}
+
+[[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
+    if (selection.per_rank.empty()) {
+        return fmt::format("{}", static_cast<int>(selection.every_rank));
+    }
+    std::string out;
+    for (const auto& [rank, streams] : selection.per_rank) {
+        out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
+    }
+    return out;
+}
+
+}  // namespace detail::launch_impl
+
+/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
+/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
+[[nodiscard]] inline std::string describe(const launch_config& config) {
+    using detail::launch_impl::seconds_text;
+    using detail::launch_impl::streams_text;
+    std::string command = config.program.target;
+    for (const auto& arg : config.program.args) {
+        command += " " + arg;
+    }
+    const auto& conf = config.rdzv_conf;
+    std::string rdzv_conf;
+    switch (config.rdzv_backend) {
+    case rendezvous_backend::static_:
+        rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout));
+        break;
+    case rendezvous_backend::c10d:
+    case rendezvous_backend::etcd_v3:
+        rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+        if (conf.is_host) {
+            rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+        }
+        break;
+    }
+    std::string signals;
+    for (const int number : config.signals_to_handle) {
+        signals += (signals.empty() ? "" : ",") + signal_to_string(number);
+    }
+    std::string filter;
+    for (const int rank : config.local_ranks_filter) {
+        filter += fmt::format("{}{}", filter.empty() ? "" : ",", rank);
+    }
+    std::string out = "Starting elastic agent with launch configs:\n";
+    const auto line = [&](std::string_view name, std::string_view value) {
+        out += fmt::format("  {:<20} : {}\n", name, value);
+    };
+    line("entrypoint", command);
+    line("min_nodes", fmt::format("{}", config.nnodes.min));
+    line("max_nodes", fmt::format("{}", config.nnodes.max));
+    line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
+    line("run_id", config.rdzv_id);
+    line("rdzv_backend", to_string(config.rdzv_backend));
+    line("rdzv_endpoint", to_string(config.rendezvous_endpoint()));
+    line("rdzv_configs", rdzv_conf);
+    line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
+    line("local_addr", config.local_addr.value_or("(this host's name)"));
+    line("role", config.role);
+    line("max_restarts", fmt::format("{}", config.max_restarts));
+    line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
+    line("shutdown_timeout", seconds_text(config.shutdown_timeout));
+    line("signals_to_handle", signals);
+    line("log_dir", config.log_dir ? config.log_dir->string() : "(a new temporary directory)");
+    line("redirects", streams_text(config.redirects));
+    line("tee", streams_text(config.tee));
+    line("local_ranks_filter", filter.empty() ? "(every rank)" : filter);
+    line("virtual_local_rank", config.virtual_local_rank ? "true" : "false");
+    return out;
+}
+
+namespace detail::launch_impl {
+
+/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
+inline void check_prefix_template(std::string_view text) {
+    static constexpr std::string_view known[] = {"role_name", "local_rank", "rank"};
+    for (std::size_t i = 0; i + 1 < text.size(); ++i) {
+        if (text[i] != '$') {
+            continue;
+        }
+        if (text[i + 1] == '$') {
+            ++i;
+            continue;
+        }
+        const bool braced = text[i + 1] == '{';
+        auto start = i + (braced ? 2 : 1);
+        auto end = start;
+        while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) != 0 || text[end] == '_')) {
+            ++end;
+        }
+        if (end == start) {
+            continue;
+        }
+        const auto name = text.substr(start, end - start);
+        if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
+            throw usage_error{fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                                          show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+        }
+        i = end - 1;
+    }
+}
+
+inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                              std::string_view nproc_option) {
+    for (const int rank : ranks) {
+        if (rank < 0 || rank >= nproc) {
+            throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
+                                          "({}={})",
+                                          option, rank, nproc - 1, nproc_option, nproc)};
+        }
+    }
+}
+
+inline void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                          std::string_view nproc_option) {
+    std::set<int> ranks;
+    for (const auto& [rank, streams] : selection.per_rank) {
+        ranks.insert(rank);
+        if (static_cast<int>(streams) > 3) {
+            throw usage_error{fmt::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
+                                          static_cast<int>(streams))};
+        }
+    }
+    if (static_cast<int>(selection.every_rank) > 3) {
+        throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
+                                      static_cast<int>(selection.every_rank))};
+    }
+    check_ranks_exist(ranks, nproc, option, nproc_option);
+}
+
+}  // namespace detail::launch_impl
+
+namespace detail::launch_impl {
+
+/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
+/// names the PET_ variable instead when that is where the value came from.
+struct option_labels {
+    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
+
+    [[nodiscard]] std::string operator()(std::string_view dest) const {
+        if (const auto it = from_env.find(dest); it != from_env.end()) {
+            return it->second;
+        }
+        std::string out = "--";
+        for (const char c : dest) {
+            out += c == '_' ? '-' : c;
+        }
+        return out;
+    }
+};
+
+inline void validate(const launch_config& c, const environment& env, const option_labels& label) {
+    const auto nnodes_text = [&] {
+        return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
+                                            : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
+    };
+    if (c.nproc_per_node < 1 || c.nproc_per_node > 1'000'000) {
+        throw usage_error{fmt::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
+    }
+    if (c.nnodes.min < 1 || c.nnodes.min > c.nnodes.max) {
+        throw usage_error{fmt::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
+    }
+    if (c.world_size(c.nnodes.max) > INT_MAX) {
+        throw usage_error{fmt::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
+                                      label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
+    }
+    if (c.role.empty()) {
+        throw usage_error{fmt::format("{}: must not be empty", label("role"))};
+    }
+    if (c.rdzv_id.empty()) {
+        throw usage_error{
+            fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
+    }
+    const bool is_static = c.rdzv_backend == rendezvous_backend::static_;
+    if (is_static && c.nnodes.min != c.nnodes.max) {
+        throw usage_error{fmt::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
+                                      "--rdzv-backend=c10d or etcd-v3",
+                                      label("nnodes"), nnodes_text())};
+    }
+    if (c.node_rank && (*c.node_rank < 0 || *c.node_rank >= c.nnodes.max)) {
+        throw usage_error{fmt::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
+                                      *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
+    }
+    if (!is_static && (c.master_addr || c.master_port)) {
+        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
+                                      "backend rendezvouses at --rdzv-endpoint",
+                                      to_string(c.rdzv_backend))};
+    }
+    if (is_static && c.rdzv_endpoint && (c.master_addr || c.master_port)) {
+        throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
+                          "give one of them"};
+    }
+    if (c.master_addr && !valid_host(*c.master_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                      show(label("master_addr"), *c.master_addr))};
+    }
+    if (c.local_addr && !valid_host(*c.local_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                      show(label("local_addr"), *c.local_addr))};
+    }
+    if (c.rdzv_endpoint) {
+        const auto text = to_string(*c.rdzv_endpoint);
+        if (!valid_host(c.rdzv_endpoint->host)) {
+            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
+        }
+        if (is_static && !c.rdzv_endpoint->port) {
+            throw usage_error{
+                fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+        }
+    }
+    const auto endpoint = c.rendezvous_endpoint();
+    if (endpoint.port == 0 && c.nnodes.max > 1) {
+        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
+                                      "it needs {}=1",
+                                      to_string(endpoint), label("nnodes"))};
+    }
+    const auto non_negative = [](std::chrono::milliseconds d, const std::string& what, bool allow_zero) {
+        if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
+            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
+        }
+    };
+    const auto conf = label("rdzv_conf");
+    non_negative(c.rdzv_conf.join_timeout, conf + " join_timeout", false);
+    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", false);
+    non_negative(c.rdzv_conf.close_timeout, conf + " close_timeout", false);
+    non_negative(c.rdzv_conf.read_timeout, conf + " read_timeout", false);
+    non_negative(c.rdzv_conf.timeout, conf + " timeout", false);
+    if (c.max_restarts < 0) {
+        throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
+    }
+    non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
+    non_negative(c.monitor_interval, label("monitor_interval"), true);
+    non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
+    if (c.signals_to_handle.empty()) {
+        throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
+    }
+    for (const int number : c.signals_to_handle) {
+        if (std::none_of(forwardable_signals.begin(), forwardable_signals.end(),
+                         [&](const forwardable_signal& s) { return s.number == number; })) {
+            throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
+                                          number)};
+        }
+    }
+    if (c.log_dir) {
+        if (c.log_dir->empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", label("log_dir"))};
+        }
+        struct stat st {};
+        if (!c.logs_disabled() && ::stat(c.log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+            throw usage_error{
+                fmt::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
+        }
+    }
+    check_streams(c.redirects, c.nproc_per_node, label("redirects"), label("nproc_per_node"));
+    check_streams(c.tee, c.nproc_per_node, label("tee"), label("nproc_per_node"));
+    check_ranks_exist(c.local_ranks_filter, c.nproc_per_node, label("local_ranks_filter"), label("nproc_per_node"));
+    check_prefix_template(c.log_line_prefix_template);
+    (void)resolve_program(c.program, env);
+}
+
+}  // namespace detail::launch_impl
+
+inline void launch_config::validate(const environment& env) const {
+    detail::launch_impl::validate(*this, env, {});
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/config.hpp ----
+// ---- begin elastic/launch/nproc.hpp ----
+// `--nproc-per-node`: a count, or `cpu` / `gpu` / `auto` resolved from this machine.
+
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace elastic::inline v0 {
+
+/// The CPUs this process may run on (its affinity mask, so `taskset` and cgroup cpusets count;
+/// torchrun's os.cpu_count() counts the whole machine), at least 1.
+[[nodiscard]] inline int count_cpus() noexcept {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+        const int count = CPU_COUNT(&set);
+        if (count > 0) {
+            return count;
+        }
+    }
+    const auto hardware = std::thread::hardware_concurrency();
+    return hardware > 0 ? static_cast<int>(hardware) : 1;
+}
+
+/// How the GPUs were counted, for messages.
+struct gpu_count {
+    int count = 0;
+    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
+};
+
+namespace detail::launch_impl {
+
+/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
+/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
+[[nodiscard]] inline int count_visible_devices(std::string_view value) {
+    int count = 0;
+    if (trim(value).empty()) {
+        return 0;
+    }
+    for (const auto item : split(value, ',')) {
+        const auto entry = trim(item);
+        const auto index = to_integer(entry);
+        const bool uuid = entry.rfind("GPU-", 0) == 0 || entry.rfind("MIG-", 0) == 0;
+        if (!uuid && (!index || *index < 0)) {
+            break;
+        }
+        ++count;
+    }
+    return count;
+}
+
+/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
+/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
+[[nodiscard]] inline std::optional<int> run_nvidia_smi(const environment& env) {
+    std::string path;
+    try {
+        path = elastic::find_executable("nvidia-smi", env, "nvidia-smi");
+    } catch (const usage_error&) {
+        return std::nullopt;
+    }
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+        return std::nullopt;
+    }
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    ::posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    std::string arg0 = "nvidia-smi";
+    std::string arg1 = "-L";
+    char* argv[] = {arg0.data(), arg1.data(), nullptr};
+    pid_t pid = -1;
+    const int spawned = ::posix_spawn(&pid, path.c_str(), &actions, nullptr, argv, environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+    std::string output;
+    if (spawned == 0) {
+        char buffer[4096];
+        for (;;) {
+            const auto n = ::read(fds[0], buffer, sizeof buffer);
+            if (n > 0) {
+                output.append(buffer, static_cast<std::size_t>(n));
+            } else if (n == 0 || errno != EINTR) {
+                break;
+            }
+        }
+    }
+    ::close(fds[0]);
+    if (spawned != 0) {
+        return std::nullopt;
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        return std::nullopt;
+    }
+    int count = 0;
+    for (const auto line : split(output, '\n')) {
+        if (line.rfind("GPU ", 0) == 0) {
+            ++count;
+        }
+    }
+    return count;
+}
+
+}  // namespace detail::launch_impl
+
+/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
+/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
+[[nodiscard]] inline gpu_count count_gpus(const environment& env) {
+    if (const auto* visible = detail::launch_impl::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
+        return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
+    }
+    const auto listed = detail::launch_impl::run_nvidia_smi(env);
+    return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
+}
+
+/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
+/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
+[[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
+    const auto word = detail::launch_impl::trim(text);
+    if (word == "cpu") {
+        return count_cpus();
+    }
+    if (word == "gpu" || word == "auto") {
+        const auto gpus = count_gpus(env);
+        if (gpus.count > 0) {
+            return gpus.count;
+        }
+        if (word == "auto") {
+            return count_cpus();
+        }
+        throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
+                                      detail::launch_impl::show(name, text), gpus.source)};
+    }
+    const auto count = detail::launch_impl::to_integer(word);
+    if (!count || *count < 1 || *count > 1'000'000) {
+        throw usage_error{fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
+    }
+    return static_cast<int>(*count);
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/nproc.hpp ----
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The outcome of --help or --version: text for standard output, and exit status 0.
+struct help_request {
+    std::string text;
+};
+
+/// What parse_launch_config() gives: a validated configuration, or text to print and exit 0.
+using launch_parse_result = std::variant<launch_config, help_request>;
+
+namespace detail::launch_impl {
+
+/// How far elastic goes with an option (docs/cli.md has the same three states per option).
+enum class option_state {
+    implemented,    ///< parsed, validated, typed into launch_config, consumed by a later component
+    compatibility,  ///< accepted and checked; explained in --help: nothing to do for native workers
+    refused,        ///< not implemented yet: refused with a message when given a non-default value
+};
+
+/// One torchrun option. `dest` is argparse's dest; its PET_ variable is PET_<DEST upper-cased>.
+struct option_spec {
+    std::string_view names;    ///< CLI11 names: every spelling
+    std::string_view dest;     ///< nproc_per_node
+    bool flag;                 ///< a flag (no value)
+    bool has_env;              ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
+    std::string_view metavar;  ///< value placeholder in --help
+    std::string_view fallback; ///< default as --help shows it
+    option_state state;
+    int group;
+    std::string_view help;
+};
+
+inline constexpr std::array<std::string_view, 8> option_groups{{
+    "How the program runs",
+    "Workers on this node",
+    "Nodes and rendezvous",
+    "Static rendezvous (--rdzv-backend=static, the default)",
+    "Failures, restarts and shutdown",
+    "Output and logs",
+    "Accepted for torchrun compatibility (they matter only to Python function workers)",
+    "Not implemented yet (refused when given)",
+}};
+
+// clang-format off
+inline constexpr std::array<option_spec, 31> option_specs{{
+    {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
+     "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
+    {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
+     "Run the program directly, even a .py file. An executable (anything but a .py file) already runs "
+     "directly without it."},
+    {"--run-path,--run_path", "run_path", true, true, "", "off", option_state::compatibility, 6,
+     "torchrun runs the script inside its own Python process (runpy); elastic has no Python inside, so the "
+     "script runs as $PYTHON_EXEC -u script, as without the flag."},
+    {"--nproc-per-node,--nproc_per_node", "nproc_per_node", false, true, "N|cpu|gpu|auto", "1",
+     option_state::implemented, 1,
+     "Workers on this node: a number; cpu, one per CPU this process may run on; gpu, one per GPU "
+     "(CUDA_VISIBLE_DEVICES if set, else nvidia-smi -L; an error if there is none); auto, one per GPU if "
+     "there are any, else one per CPU."},
+    {"--role", "role", false, true, "NAME", "default", option_state::implemented, 1,
+     "Role of the workers: their ROLE_NAME and the prefix of their output lines."},
+    {"--virtual-local-rank,--virtual_local_rank", "virtual_local_rank", true, true, "", "off",
+     option_state::implemented, 1,
+     "Give every worker LOCAL_RANK=0 and a CUDA_VISIBLE_DEVICES narrowed to its one GPU."},
+    {"--nnodes", "nnodes", false, true, "N|MIN:MAX", "1:1", option_state::implemented, 2,
+     "Number of nodes, or the elastic range MIN:MAX (0 < MIN <= MAX); a range needs a dynamic backend."},
+    {"--rdzv-backend,--rdzv_backend", "rdzv_backend", false, true, "static|c10d|etcd-v3", "static",
+     option_state::implemented, 2,
+     "Rendezvous implementation: static (fixed membership, node 0 hosts the store at --master-addr), c10d "
+     "(elastic, a TCP store hosted by one agent at --rdzv-endpoint) or etcd-v3 (elastic, an etcd server's "
+     "v3 API). torchrun's etcd and etcd-v2 use etcd's removed v2 API and are refused."},
+    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT]", "", option_state::implemented,
+     2,
+     "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
+     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port."},
+    {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
+     "Job id shared by every node of the job; it namespaces the rendezvous."},
+    {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
+     "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
+     "(60) in seconds, is_host (true/false), store_type (tcp), use_libuv (accepted, no effect). etcd-v3: the "
+     "four timeouts and protocol (http). static: timeout (900). A key the backend does not read is an error."},
+    {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
+     "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
+     "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
+    {"--node-rank,--node_rank", "node_rank", false, true, "RANK", "0", option_state::implemented, 2,
+     "This node's rank: required by the static rendezvous (0 to N-1) and honoured by c10d and etcd-v3 when "
+     "given (torchrun's c10d ignores it)."},
+    {"--local-addr,--local_addr", "local_addr", false, true, "ADDR", "this host's name", option_state::implemented,
+     2,
+     "Address this node advertises to the others (and as MASTER_ADDR when it hosts the workers' store)."},
+    {"--master-addr,--master_addr", "master_addr", false, true, "ADDR", "127.0.0.1", option_state::implemented, 3,
+     "Address of node 0, which hosts the store."},
+    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500", option_state::implemented, 3,
+     "Port of that store; 0 picks a free one (single node only)."},
+    {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
+     "Restarts of the worker group allowed after failures before the job fails."},
+    {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
+     "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
+     "Grace period between the stop signal sent to the workers and SIGKILL."},
+    {"--signals-to-handle,--signals_to_handle", "signals_to_handle", false, true, "SIG,...",
+     "SIGTERM,SIGINT,SIGHUP,SIGQUIT", option_state::implemented, 4,
+     "Signals the agent traps and forwards to every worker's process group (add SIGUSR1,SIGUSR2 for Slurm)."},
+    {"--monitor-interval,--monitor_interval", "monitor_interval", false, true, "SECONDS", "0.1",
+     option_state::compatibility, 4,
+     "Accepted and checked (>= 0) for compatibility: torchrun polls its workers at this interval; elastic "
+     "learns of every exit the moment it happens, so it has nothing to poll."},
+    {"--log-dir,--log_dir", "log_dir", false, true, "DIR", "a new temporary directory", option_state::implemented,
+     5,
+     "Base directory of the log tree <run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
+     "error.json; /dev/null writes no files."},
+    {"-r,--redirects", "redirects", false, true, "0-3|LR:N,...", "0", option_state::implemented, 5,
+     "Send worker streams to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, "
+     "such as 0:3,1:2."},
+    {"-t,--tee", "tee", false, true, "0-3|LR:N,...", "0", option_state::implemented, 5,
+     "Like --redirects, but also copy the lines to the console with a prefix such as [default0]:."},
+    {"--local-ranks-filter,--local_ranks_filter", "local_ranks_filter", false, true, "LR,...", "every rank",
+     option_state::implemented, 5,
+     "Only these local ranks' output reaches the console (files keep everything)."},
+    {"--start-method,--start_method", "start_method", false, true, "spawn|fork|forkserver", "spawn",
+     option_state::compatibility, 6,
+     "Python's multiprocessing start method for function workers; a program always starts as a new process "
+     "(fork and exec), so the value is checked and changes nothing."},
+    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "NAME", "null",
+     option_state::refused, 7,
+     "Where agent events go. Only null (no events) is available."},
+    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
+     "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
+    {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
+     option_state::refused, 7,
+     "NUMA binding of each worker."},
+    {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
+     "", option_state::refused, 7,
+     "Copy matching tee'd stdout lines to filtered_stdout.log."},
+    {"--duplicate-stderr-filters,--duplicate_stderr_filters", "duplicate_stderr_filters", false, true, "TEXT,...",
+     "", option_state::refused, 7,
+     "Copy matching tee'd stderr lines to filtered_stderr.log."},
+    {"-h,--help", "help", true, false, "", "", option_state::implemented, -1, "Show this help and exit."},
+}};
+// clang-format on
+
+[[nodiscard]] inline std::string env_name(const option_spec& spec) {
+    std::string name = "PET_";
+    for (const char c : spec.dest) {
+        name += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+    return name;
+}
+
+/// "--nproc-per-node, --nproc_per_node" from "--nproc-per-node,--nproc_per_node".
+[[nodiscard]] inline std::string spellings(const option_spec& spec) {
+    std::string out{spec.names};
+    for (std::size_t at = out.find(','); at != std::string::npos; at = out.find(',', at + 2)) {
+        out.insert(at + 1, " ");
+    }
+    return out;
+}
+
+/// The canonical (first long) name, as messages use it.
+[[nodiscard]] inline std::string_view long_name(const option_spec& spec) {
+    const auto at = spec.names.find("--");
+    const auto end = spec.names.find(',', at);
+    return spec.names.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
+}
+
+/// Appends `text` wrapped at `width` columns, every line indented by `indent`.
+inline void wrap(std::string& out, std::string_view text, std::size_t indent, std::size_t width) {
+    std::size_t column = 0;
+    for (const auto word : split(text, ' ')) {
+        if (word.empty()) {
+            continue;
+        }
+        if (column > 0 && column + 1 + word.size() > width) {
+            out += '\n';
+            column = 0;
+        }
+        if (column == 0) {
+            out.append(indent, ' ');
+            column = indent;
+        } else {
+            out += ' ';
+            ++column;
+        }
+        out += word;
+        column += word.size();
+    }
+    out += '\n';
+}
+
+}  // namespace detail::launch_impl
+
+/// The --help text: usage, the program, every option by group with its spellings, default and
+/// PET_ variable, the other variables read, and the exit status of a usage error.
+[[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
+    constexpr std::size_t width = 100;
+    std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
+    detail::launch_impl::wrap(out,
+                 "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
+                 "underscored spellings), the same PET_* variables (the command line wins), the same worker "
+                 "environment.",
+                 0, width);
+    out += "\nThe program and its arguments (after all options):\n";
+    detail::launch_impl::wrap(out,
+                 "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
+                 "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
+                 "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
+                 "before a program whose name starts with '-'.",
+                 2, width);
+    for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
+        out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
+        for (const auto& spec : detail::launch_impl::option_specs) {
+            if (spec.group != group) {
+                continue;
+            }
+            out += "  " + detail::launch_impl::spellings(spec);
+            if (!spec.flag) {
+                out += fmt::format(" {}", spec.metavar);
+            }
+            out += '\n';
+            std::string help{spec.help};
+            std::string facts;
+            if (!spec.fallback.empty()) {
+                facts = fmt::format("default: {}", spec.fallback);
+            }
+            if (spec.has_env) {
+                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch_impl::env_name(spec));
+            }
+            if (!facts.empty()) {
+                help += fmt::format(" [{}]", facts);
+            }
+            detail::launch_impl::wrap(out, help, 6, width);
+        }
+    }
+    out += "\nOther:\n  -h, --help\n";
+    detail::launch_impl::wrap(out, "Show this help and exit.", 6, width);
+    out += "  --version\n";
+    detail::launch_impl::wrap(out, "Show elastic's version and exit.", 6, width);
+    out += "\nEnvironment variables also read:\n";
+    constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
+        {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
+        {"PATH", "Where a program named without a '/' is found, as execvp does."},
+        {"CUDA_VISIBLE_DEVICES", "The GPUs --nproc-per-node=gpu|auto counts (else nvidia-smi -L)."},
+        {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "Default of --shutdown-timeout."},
+        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+         "Prefix of tee'd lines, with ${role_name}, ${local_rank}, ${rank} (default [${role_name}${local_rank}]:)."},
+        {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
+    }};
+    for (const auto& [name, text] : variables) {
+        out += fmt::format("  {}\n", name);
+        detail::launch_impl::wrap(out, text, 6, width);
+    }
+    out += "\n";
+    detail::launch_impl::wrap(out,
+                 "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
+                 "line and exits with status 2 before any worker starts.",
+                 0, width);
+    return out;
+}
+
+namespace detail::launch_impl {
+
+/// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
+struct raw_option {
+    std::string text;
+    std::string name;
+    bool from_env = false;
+};
+
+/// An argument "--opt=" with an empty value would make CLI11 take the next argument as the value
+/// (argparse takes the empty string). argv can hold no NUL, so a trailing NUL marks it; it is
+/// removed again from values and from the program's arguments.
+inline constexpr char empty_mark = '\0';
+
+inline void unmark(std::string& text) {
+    if (!text.empty() && text.back() == empty_mark) {
+        text.pop_back();
+    }
+}
+
+/// The torchrun-style message for a CLI11 parse error, on one line.
+[[nodiscard]] inline std::string describe_parse_error(const CLI::ParseError& e) {
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    if (e.get_name() == "ArgumentMismatch" && message.find("flag override") != std::string::npos) {
+        const auto name = message.substr(0, message.find(' '));
+        return fmt::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
+    }
+    if (e.get_name() == "ArgumentMismatch" && message.find("required") != std::string::npos) {
+        return fmt::format("{} needs a value", message.substr(0, message.find(':')));
+    }
+    return message;
+}
+
+}  // namespace detail::launch_impl
+
+/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
+/// program and its arguments, which pass through untouched. Every option falls back on its
+/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
+/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
+/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
+[[nodiscard]] inline launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
+                                                             std::string_view program_name = "elasticrun") {
+    using detail::launch_impl::option_specs;
+    CLI::App app{"", std::string{program_name}};
+    app.prefix_command();
+    app.set_help_flag();
+    app.set_version_flag("--version", fmt::format("{} (elastic) {}", program_name, version_string));
+    std::array<CLI::Option*, option_specs.size()> options{};
+    for (std::size_t i = 0; i < option_specs.size(); ++i) {
+        const auto& spec = option_specs[i];
+        const std::string names{spec.names};
+        if (spec.flag) {
+            options[i] = app.add_flag(names)->disable_flag_override();
+        } else {
+            options[i] = app.add_option(names)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+        }
+    }
+    for (auto& arg : args) {
+        if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
+            arg += detail::launch_impl::empty_mark;
+        }
+    }
+    std::reverse(args.begin(), args.end());
+    try {
+        app.parse(args);
+    } catch (const CLI::CallForVersion& e) {
+        return help_request{std::string{e.what()} + "\n"};
+    } catch (const CLI::ParseError& e) {
+        throw usage_error{detail::launch_impl::describe_parse_error(e)};
+    }
+    const auto index_of = [&](std::string_view dest) {
+        for (std::size_t i = 0; i < option_specs.size(); ++i) {
+            if (option_specs[i].dest == dest) {
+                return i;
+            }
+        }
+        throw std::logic_error("elastic: unknown option dest");
+    };
+    if (options[index_of("help")]->count() > 0) {
+        return help_request{help_text(program_name)};
+    }
+
+    // ---- the program and its arguments: everything from the first positional on ----
+    auto rest = app.remaining();
+    for (auto& arg : rest) {
+        detail::launch_impl::unmark(arg);
+    }
+    bool after_marker = false;
+    if (!rest.empty() && rest.front() == "--") {
+        rest.erase(rest.begin());
+        after_marker = true;
+    }
+    if (!rest.empty() && !after_marker && rest.front().size() > 1 && rest.front().front() == '-') {
+        throw usage_error{fmt::format("unrecognized option {} (see --help; the program and its arguments come after "
+                                      "the options)",
+                                      rest.front())};
+    }
+    if (rest.empty()) {
+        throw usage_error{fmt::format("no program to run (usage: {} [options] program [args...])", program_name)};
+    }
+
+    // ---- each option's text: the command line, else PET_<DEST> ----
+    detail::launch_impl::option_labels labels;  // messages name the PET_ variable a value came from
+    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
+        const auto i = index_of(dest);
+        const auto& spec = option_specs[i];
+        if (options[i]->count() > 0 && !options[i]->results().empty()) {
+            auto text = options[i]->results().back();
+            detail::launch_impl::unmark(text);
+            return detail::launch_impl::raw_option{text, std::string{detail::launch_impl::long_name(spec)}, false};
+        }
+        if (spec.has_env) {
+            const auto name = detail::launch_impl::env_name(spec);
+            if (const auto* value = detail::launch_impl::find_variable(env, name); value != nullptr && !value->empty()) {
+                labels.from_env.insert_or_assign(std::string{dest}, name);
+                return detail::launch_impl::raw_option{*value, name, true};
+            }
+        }
+        return std::nullopt;
+    };
+    const auto flag = [&](std::string_view dest) {
+        const auto i = index_of(dest);
+        if (options[i]->count() > 0) {
+            return true;
+        }
+        const auto value = raw(dest);
+        return value && parse_flag_variable(value->text, value->name);
+    };
+    const auto on_command_line = [&](std::string_view dest) { return options[index_of(dest)]->count() > 0; };
+
+    launch_config config;
+
+    // ---- refused and compatibility-only options first: they change how the rest reads ----
+    for (const auto& spec : option_specs) {
+        if (spec.state != detail::launch_impl::option_state::refused) {
+            continue;
+        }
+        const auto value = raw(spec.dest);
+        if (!value || (spec.dest == "event_log_handler" && detail::launch_impl::trim(value->text) == "null") ||
+            (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
+            continue;
+        }
+        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
+                                      spec.dest == "event_log_handler" ? "only null is available" : spec.help)};
+    }
+    if (const auto method = raw("start_method")) {
+        const auto word = detail::launch_impl::trim(method->text);
+        if (word != "spawn" && word != "fork" && word != "forkserver") {
+            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::launch_impl::show(method->name, method->text))};
+        }
+    }
+
+    // ---- the program ----
+    const bool module = flag("module");
+    const bool no_python = flag("no_python");
+    const bool run_path = flag("run_path");
+    if (static_cast<int>(module) + static_cast<int>(no_python) + static_cast<int>(run_path) > 1) {
+        throw usage_error{"-m/--module, --no-python and --run-path each choose how the program runs; give only one "
+                          "(torchrun: don't use both --no-python and --module)"};
+    }
+    config.program.kind = module      ? program_kind::python_module
+                          : no_python ? program_kind::executable
+                          : run_path  ? program_kind::python_script
+                                      : program_kind::automatic;
+    config.program.target = rest.front();
+    config.program.args.assign(rest.begin() + 1, rest.end());
+    if (const auto* python = detail::launch_impl::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
+        config.program.python = *python;
+    }
+
+    // ---- workers on this node ----
+    if (const auto v = raw("nproc_per_node")) {
+        config.nproc_per_node = resolve_nproc_per_node(v->text, v->name, env);
+    }
+    if (const auto v = raw("role")) {
+        config.role = v->text;
+        if (detail::launch_impl::trim(config.role).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        }
+    }
+    config.virtual_local_rank = flag("virtual_local_rank");
+
+    // ---- nodes and rendezvous ----
+    const bool standalone = flag("standalone");
+    if (standalone) {
+        for (const auto dest : {"rdzv_endpoint", "rdzv_id", "master_addr", "master_port"}) {
+            if (on_command_line(dest)) {
+                throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
+                                              "localhost:0 under a random id",
+                                              detail::launch_impl::long_name(option_specs[index_of(dest)]))};
+            }
+        }
+        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch_impl::trim(v->text) != "c10d") {
+            throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
+                                          detail::launch_impl::show(v->name, v->text))};
+        }
+        if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
+            throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
+                                          detail::launch_impl::show(v->name, v->text))};
+        }
+        use_standalone(config);
+    } else {
+        if (const auto v = raw("nnodes")) {
+            config.nnodes = parse_node_range(v->text, v->name);
+        }
+        if (const auto v = raw("rdzv_backend")) {
+            config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
+        }
+        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch_impl::trim(v->text).empty()) {
+            config.rdzv_endpoint = parse_host_port(v->text, v->name);
+        }
+        if (const auto v = raw("rdzv_id")) {
+            config.rdzv_id = v->text;
+            if (detail::launch_impl::trim(config.rdzv_id).empty()) {
+                throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+            }
+        }
+    }
+    if (const auto v = raw("rdzv_conf")) {
+        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend);
+    }
+    if (const auto v = raw("node_rank")) {
+        config.node_rank = parse_integer(v->text, v->name, 0);
+    }
+    if (const auto v = raw("local_addr")) {
+        config.local_addr = parse_host(v->text, v->name);
+    }
+    // Schedulers (Kubeflow's training operator among them) export PET_MASTER_ADDR/PORT for every
+    // job; they only mean something to a static rendezvous without --rdzv-endpoint, so from the
+    // environment they are dropped elsewhere, while on the command line they are errors there.
+    const bool static_store = config.rdzv_backend == rendezvous_backend::static_ && !config.rdzv_endpoint;
+    if (const auto v = raw("master_addr"); v && (static_store || !v->from_env)) {
+        config.master_addr = parse_host(v->text, v->name);
+    }
+    if (const auto v = raw("master_port"); v && (static_store || !v->from_env)) {
+        config.master_port = static_cast<std::uint16_t>(parse_integer(v->text, v->name, 0, 65535));
+    }
+
+    // ---- failures, restarts and shutdown ----
+    if (const auto v = raw("max_restarts")) {
+        config.max_restarts = parse_integer(v->text, v->name, 0);
+    }
+    if (const auto v = raw("shutdown_timeout")) {
+        config.shutdown_timeout = parse_seconds(v->text, v->name, true);
+    } else if (const auto* t = detail::launch_impl::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+        config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
+    }
+    if (const auto v = raw("signals_to_handle")) {
+        config.signals_to_handle = parse_signals(v->text, v->name);
+    }
+    if (const auto v = raw("monitor_interval")) {
+        config.monitor_interval = parse_seconds(v->text, v->name, true);
+    }
+
+    // ---- output and logs ----
+    if (const auto v = raw("log_dir")) {
+        if (detail::launch_impl::trim(v->text).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        }
+        config.log_dir = std::filesystem::path{v->text};
+    }
+    if (const auto v = raw("redirects")) {
+        config.redirects = parse_stream_selection(v->text, v->name);
+    }
+    if (const auto v = raw("tee")) {
+        config.tee = parse_stream_selection(v->text, v->name);
+    }
+    if (const auto v = raw("local_ranks_filter")) {
+        config.local_ranks_filter = parse_local_ranks(v->text, v->name);
+    }
+    if (const auto* t = detail::launch_impl::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+        config.log_line_prefix_template = *t;
+    }
+    if (const auto* level = detail::launch_impl::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
+        config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
+    }
+
+    detail::launch_impl::validate(config, env, labels);
+    return config;
+}
+
+/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
+/// component ("elasticrun" when argv[0] is missing).
+[[nodiscard]] inline launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
+    std::vector<std::string> args;
+    for (int i = 1; i < argc; ++i) {
+        args.emplace_back(argv[i]);
+    }
+    std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
+    if (const auto slash = name.rfind('/'); slash != std::string_view::npos && slash + 1 < name.size()) {
+        name.remove_prefix(slash + 1);
+    }
+    return parse_launch_config(std::move(args), env, name);
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/cli.hpp ----
 // ---- end elastic/launch.hpp ----
 // ---- end elastic.hpp ----
