@@ -1,0 +1,570 @@
+// local_agent: one node's agent — hosts the workers' store, runs the worker group with
+// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
+// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/agent/output.hpp"
+#include "elastic/agent/worker_environment.hpp"
+#include "elastic/error.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/launch/program.hpp"
+#include "elastic/launch/usage_error.hpp"
+#include "elastic/launch/values.hpp"
+#include "elastic/policy/concepts.hpp"
+#include "elastic/process/child.hpp"
+#include "elastic/process/error.hpp"
+#include "elastic/process/group.hpp"
+#include "elastic/process/signals.hpp"
+#include "elastic/process/spawn.hpp"
+#include "elastic/report/agent_error_file.hpp"
+#include "elastic/report/error_file.hpp"
+#include "elastic/report/failure.hpp"
+#include "elastic/report/stderr_tail.hpp"
+#include "elastic/report/summary.hpp"
+#include "elastic/store/errors.hpp"
+#include "elastic/store/server.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// The agent could not do its own work (a directory, a port, a worker that cannot be started
+/// after validation). elasticrun exits 1 with the message.
+class agent_error : public error {
+public:
+    using error::error;
+};
+
+namespace detail::agent {
+
+inline bool is_loopback_host(std::string_view host) {
+    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+    std::error_code ec;
+    const auto address = asio::ip::make_address(std::string(host), ec);
+    return !ec && address.is_loopback();
+}
+
+inline bool is_ip_literal(std::string_view host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(std::string(host), ec);
+    return !ec;
+}
+
+inline std::string this_host_name() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return {};
+    return name;
+}
+
+/// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
+struct store_plan {
+    std::string bind_host;
+    std::uint16_t port = 0;  ///< 0: a port the kernel chooses, anew for each attempt
+    std::string master_addr;
+};
+
+inline store_plan plan_store(const launch_config& c) {
+    const auto endpoint = c.rendezvous_endpoint();
+    store_plan plan;
+    // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
+    // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
+    // c10d: the endpoint's port (0 under --standalone).
+    if (c.rdzv_backend == rendezvous_backend::static_) {
+        plan.port = (c.master_port || c.rdzv_endpoint) ? endpoint.port.value_or(0) : 0;
+    } else {
+        plan.port = endpoint.port.value_or(0);
+    }
+    if (is_loopback_host(endpoint.host)) {
+        // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
+        // advertise the literal.
+        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.master_addr = plan.bind_host;
+    } else {
+        // A name or address of this host: listen on every interface, as TCPStore does.
+        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
+        plan.master_addr = endpoint.host;
+    }
+    if (c.local_addr) plan.master_addr = *c.local_addr;
+    return plan;
+}
+
+inline std::string nnodes_text(const node_range& n) {
+    return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
+}
+
+/// Refuses, before anything starts, what this agent does not implement yet (a later issue
+/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
+inline void check_supported(const launch_config& c) {
+    const auto refuse = [](std::string_view what, std::string_view why) {
+        throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
+    };
+    if (c.nnodes.max > 1) {
+        refuse(fmt::format("--nnodes={}", nnodes_text(c.nnodes)),
+               "this agent runs one node; the multi-node rendezvous comes later — use --nnodes=1");
+    }
+    if (c.rdzv_backend == rendezvous_backend::etcd_v3) {
+        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static with --nnodes=1");
+    }
+    if (c.rdzv_backend == rendezvous_backend::c10d) {
+        const auto endpoint = c.rendezvous_endpoint();
+        if (c.rdzv_conf.is_host && !*c.rdzv_conf.is_host) {
+            refuse("--rdzv-conf is_host=false", "joining a store hosted by another agent comes with the multi-node rendezvous");
+        }
+        const bool local = is_loopback_host(endpoint.host) || (c.rdzv_conf.is_host && *c.rdzv_conf.is_host) ||
+                           endpoint.host == this_host_name() || endpoint.host == host_fqdn();
+        if (!local) {
+            refuse(fmt::format("--rdzv-endpoint={}", to_string(endpoint)),
+                   "a rendezvous hosted on another machine comes with the multi-node rendezvous; a single node "
+                   "hosts its own: --standalone or --rdzv-endpoint=localhost:0");
+        }
+    }
+    if (c.log_dir) {
+        refuse(fmt::format("--log-dir={}", c.log_dir->string()),
+               "the log tree comes later; worker output goes to the console and error files to a temporary directory");
+    }
+    const auto streams_set = [](const stream_selection& s) {
+        return !s.per_rank.empty() || s.every_rank != std_streams::none;
+    };
+    if (streams_set(c.redirects)) {
+        refuse("-r/--redirects", "redirecting worker output to files comes with the log tree");
+    }
+    if (streams_set(c.tee)) {
+        refuse("-t/--tee", "teeing worker output to files comes with the log tree");
+    }
+    if (!c.local_ranks_filter.empty()) {
+        refuse("--local-ranks-filter", "filtering the console output comes with the log tree");
+    }
+}
+
+inline std::string temp_base(const environment& env) {
+    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
+    }
+    return "/tmp";
+}
+
+/// mkdtemp(3) under `parent` with `prefix`; throws agent_error.
+inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw agent_error(fmt::format("cannot create a directory like {}: {} (set TMPDIR to a writable directory)",
+                                      pattern, std::generic_category().message(errno)));
+    }
+    return pattern;
+}
+
+/// One worker of the current attempt.
+struct worker_slot {
+    worker_assignment assignment;
+    std::string error_file;
+    stderr_tail tail;
+    std::optional<asio::posix::stream_descriptor> err_pipe;
+};
+
+/// What an attempt's stream relays share with it.
+struct attempt_state {
+    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
+    std::vector<worker_slot> slots;
+    task_latch relays;
+};
+
+/// How an attempt ended.
+struct attempt_outcome {
+    enum class kind { succeeded, failed, signaled };
+    kind how = kind::succeeded;
+    int signal = 0;                 ///< for signaled
+    group_failure failure;          ///< for failed
+};
+
+}  // namespace detail::agent
+
+/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels): lines to a
+/// descriptor (stderr), prefixed with the launcher's name.
+class agent_log {
+public:
+    agent_log(std::string name, log_level level, int fd = 2) : name_(std::move(name)), level_(level), fd_(fd) {}
+
+    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
+
+    void operator()(log_level level, std::string_view text) const {
+        if (!enabled(level)) return;
+        detail::agent::write_all(fd_, fmt::format("{}: {}\n", name_, text));
+    }
+    void info(std::string_view text) const { (*this)(log_level::info, text); }
+    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
+    void error(std::string_view text) const { (*this)(log_level::error, text); }
+    /// Text shown whatever the level (the failure summary, as torchrun's exception is).
+    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+private:
+    std::string name_;
+    log_level level_;
+    int fd_;
+};
+
+/// One node's agent (DESIGN.md's picture, single node): for each attempt it hosts a fresh store
+/// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
+/// starts `--nproc-per-node` workers with torchrun's environment, and awaits — as events, with
+/// no polling — the first failure, the end of all workers, or a signal. A failure stops the
+/// group (its signal, then SIGKILL after `--shutdown-timeout`) and the restart policy decides.
+/// A signal is forwarded to the group, the grace is awaited, and run() returns 128 + N.
+///
+/// Use it from one thread (the io_context's); run() once.
+class local_agent {
+public:
+    /// `config` as parsed (or filled by a custom launcher); `env` is the agent's environment,
+    /// which every worker inherits. Throws usage_error for what is not implemented yet and for
+    /// a program that cannot run.
+    local_agent(asio::any_io_executor executor, launch_config config, environment env,
+                std::string name = "elasticrun")
+        : executor_(std::move(executor)),
+          config_(std::move(config)),
+          env_(std::move(env)),
+          log_(std::move(name), config_.agent_log_level) {
+        detail::agent::check_supported(config_);
+        command_ = resolve_program(config_.program, env_);
+        store_ = detail::agent::plan_store(config_);
+    }
+
+    /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
+    /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
+    /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
+    /// itself cannot go on (workers are stopped first).
+    template <restart_policy Policy>
+    asio::awaitable<int> run(Policy& policy) {
+        using namespace asio::experimental::awaitable_operators;
+        // Installed first: a signal during start-up or a restart is handled like any other.
+        asio::signal_set signals(executor_);
+        prepare_agent_signals();
+        for (const int s : config_.signals_to_handle) signals.add(s);
+
+        if (log_.enabled(log_level::info)) {
+            auto banner = describe(config_);
+            while (!banner.empty() && banner.back() == '\n') banner.pop_back();
+            log_.info(banner);
+        }
+        if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
+
+        int restarts = 0;
+        for (;;) {
+            auto outcome = co_await run_attempt(restarts, signals);
+            if (outcome.how == detail::agent::attempt_outcome::kind::succeeded) {
+                remove_run_dir();
+                co_return 0;
+            }
+            if (outcome.how == detail::agent::attempt_outcome::kind::signaled) {
+                co_return 128 + outcome.signal;
+            }
+            auto& failure = outcome.failure;
+            for (const auto* f : failure.failures()) {
+                log_.error(failure_log_line(*f, config_.program.target));
+            }
+            auto decided = co_await (policy(failure) || signals.async_wait(asio::use_awaitable));
+            if (decided.index() == 1) {
+                const int sig = std::get<1>(decided);
+                log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
+                                         "exiting with {}",
+                                         signal_to_string(sig), 128 + sig));
+                co_return 128 + sig;
+            }
+            auto& decision = std::get<0>(decided);
+            if (decision.restart()) {
+                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
+                                         headline(failure), decision.reason));
+                ++restarts;
+                continue;
+            }
+            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", config_.role, headline(failure),
+                                     decision.reason));
+            co_return finish_failed(failure);
+        }
+    }
+
+    /// Where the workers' store of the current (or last) attempt listens: MASTER_ADDR, MASTER_PORT.
+    [[nodiscard]] const std::string& master_addr() const noexcept { return store_.master_addr; }
+    [[nodiscard]] std::uint16_t master_port() const noexcept { return master_port_; }
+
+private:
+    std::string headline(const group_failure& failure) const {
+        const auto* root = failure.root_cause();
+        if (root == nullptr) return "no worker failed on its own";
+        return fmt::format("local_rank {} {}", root->local_rank,
+                           root->status.signaled() ? fmt::format("killed by {}", signal_name(root->status.value))
+                                                   : fmt::format("exited with code {}", root->status.value));
+    }
+
+    int finish_failed(const group_failure& failure) {
+        log_.always(format_summary(config_.program.target, failure.workers));
+        if (const auto* root = failure.root_cause()) {
+            if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
+                try {
+                    write_agent_error_file(it->second, *root);
+                } catch (const std::exception& e) {
+                    log_.error(e.what());
+                }
+            }
+            return launcher_exit_code(*root);
+        }
+        return 1;
+    }
+
+    void remove_run_dir() noexcept {
+        if (temp_root_.empty()) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(temp_root_, ignored);
+    }
+
+    /// The attempt's directory for error files: <tmp>/torchelastic_XXXXXX/<run_id>_XXXXXX/attempt_<k>/,
+    /// torchrun's layout; removed and made anew at each attempt (as torchrun does).
+    std::filesystem::path attempt_dir(int restarts) {
+        if (run_dir_.empty()) {
+            temp_root_ = detail::agent::make_temp_dir(detail::agent::temp_base(env_), "torchelastic_");
+            run_dir_ = detail::agent::make_temp_dir(temp_root_, config_.rdzv_id + "_");
+        }
+        const auto dir = run_dir_ / fmt::format("attempt_{}", restarts);
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        for (int i = 0; i < config_.nproc_per_node; ++i) {
+            std::filesystem::create_directories(dir / fmt::format("{}", i), ec);
+            if (ec) {
+                throw agent_error(fmt::format("cannot create {}: {}", (dir / fmt::format("{}", i)).string(), ec.message()));
+            }
+        }
+        return dir;
+    }
+
+    asio::awaitable<detail::agent::attempt_outcome> run_attempt(int restarts, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        using detail::agent::attempt_outcome;
+        const int n = config_.nproc_per_node;
+
+        // A fresh store for this attempt: a dead worker's last requests, still in flight on its
+        // old connection, can never land in the new attempt's key space (PyTorch 1.13 keys by
+        // restart count, newer PyTorch and native workers do not key by attempt at all).
+        store_server_options options;
+        options.host = store_.bind_host;
+        options.port = store_.port;
+        options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        std::unique_ptr<tcp_store_server> server;
+        try {
+            server = std::make_unique<tcp_store_server>(executor_, std::move(options));
+        } catch (const store_error& e) {
+            throw agent_error(fmt::format("cannot host the workers' store: {}", e.what()));
+        }
+        server->start();
+        master_port_ = server->port();
+        auto& server_ref = *server;
+
+        const auto dir = attempt_dir(restarts);
+        // Shared with the stream relays, which may outlive this frame if it unwinds.
+        auto state = std::make_shared<detail::agent::attempt_state>(executor_, static_cast<std::size_t>(n));
+        auto& slots = state->slots;
+        auto& relays = state->relays;
+        std::vector<child_process> workers;
+        workers.reserve(slots.size());
+        const auto close_all = [&slots] {
+            for (auto& slot : slots) {
+                if (slot.err_pipe) {
+                    std::error_code ignored;
+                    slot.err_pipe->close(ignored);
+                }
+            }
+        };
+
+        // Start every worker. spawn() returns once the program runs (or throws, e.g. when the
+        // program vanished since validation); signals arriving meanwhile wait in the signal_set.
+        std::optional<std::string> spawn_failure;
+        for (int i = 0; i < n; ++i) {
+            auto& slot = slots[static_cast<std::size_t>(i)];
+            slot.assignment = assign_worker(i, n);
+            slot.error_file = (dir / fmt::format("{}", i) / "error.json").string();
+            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
+            spawn_options how;
+            how.program = command_.path;
+            auto argv = command_.argv_for(i);
+            how.args.assign(argv.begin() + 1, argv.end());
+            how.env = environment_entries(worker_environment(config_, env_, slot.assignment, attempt));
+            how.err = stdio::pipe();
+            try {
+                workers.push_back(elastic::spawn(executor_, how));
+            } catch (const std::exception& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                break;
+            }
+            slot.err_pipe = workers.back().take_stderr();
+            if (slot.err_pipe) {
+                relays.add();
+                asio::co_spawn(
+                    executor_,
+                    [state, &slot]() -> asio::awaitable<void> { co_await relay_stream(*slot.err_pipe, slot.tail, 2); },
+                    [state](std::exception_ptr) { state->relays.done(); });
+            }
+        }
+        const auto started = std::chrono::steady_clock::now();
+
+        attempt_outcome outcome;
+        std::optional<std::size_t> first_failure;
+        if (spawn_failure) {
+            co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)});
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            throw agent_error(*spawn_failure);
+        }
+        {
+            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", config_.role, n, restarts,
+                                  store_.master_addr, master_port_));
+            if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
+            auto first = co_await (watch(workers) || signals.async_wait(asio::use_awaitable));
+            if (first.index() == 1) {
+                outcome.how = attempt_outcome::kind::signaled;
+                outcome.signal = std::get<1>(first);
+            } else if (const auto i = std::get<0>(first); i < workers.size()) {
+                outcome.how = attempt_outcome::kind::failed;
+                first_failure = i;
+            }
+        }
+
+        if (outcome.how == attempt_outcome::kind::signaled) {
+            co_await stop_on_signal(workers, outcome.signal);
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            co_return outcome;
+        }
+        if (outcome.how == attempt_outcome::kind::succeeded) {
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            co_return outcome;
+        }
+
+        // A failure: stop the others (the signal the agent would send, SIGTERM), racing the
+        // signals the agent handles — one arriving now is forwarded and wins.
+        const auto failed_at = workers[*first_failure].status()->steady_time;
+        std::vector<bool> exited_before(workers.size());
+        for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
+        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
+                                 signals.async_wait(asio::use_awaitable));
+        if (stopped.index() == 1) {
+            outcome.how = attempt_outcome::kind::signaled;
+            outcome.signal = std::get<1>(stopped);
+            co_await stop_on_signal(workers, outcome.signal);
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            co_return outcome;
+        }
+        report_unkillable(std::get<0>(stopped));
+        co_await drain(relays, close_all);
+        server_ref.stop();
+
+        auto& failure = outcome.failure;
+        failure.restarts = restarts;
+        failure.started = started;
+        failure.failed = failed_at;
+        for (std::size_t i = 0; i < workers.size(); ++i) {
+            const auto& status = workers[i].status();
+            if (!status || (exited_before[i] && status->success())) continue;
+            auto& slot = slots[i];
+            worker_failure f;
+            f.local_rank = slot.assignment.local_rank;
+            f.global_rank = slot.assignment.global_rank;
+            f.role = config_.role;
+            f.pid = static_cast<long>(workers[i].pid());
+            f.host = host_;
+            f.status = status->signaled() ? exit_status::from_signal(status->signal)
+                                          : exit_status::from_exit_code(status->code);
+            f.observed_steady = status->steady_time;
+            f.observed_system = status->system_time;
+            f.error_file = read_error_file(slot.error_file);
+            f.stderr_tail = slot.tail.snapshot();
+            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
+            // that ended after it was ended by the agent, whatever its exit code.
+            f.state = (exited_before[i] && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            failure.workers.push_back(std::move(f));
+        }
+        co_return outcome;
+    }
+
+    /// The index of the first worker that fails, or workers.size() when all exited 0.
+    static asio::awaitable<std::size_t> watch(std::vector<child_process>& workers) {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers));
+            if (i >= workers.size()) co_return workers.size();
+            if (!workers[i].status()->success()) co_return i;
+        }
+    }
+
+    asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
+        log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
+                                 signal_to_string(sig), detail::launch_impl::seconds_text(config_.shutdown_timeout)));
+        auto result = co_await stop(std::span<child_process>(workers), {sig, config_.shutdown_timeout, std::chrono::seconds(10)});
+        report_unkillable(result);
+        log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
+    }
+
+    void report_unkillable(const stop_result& result) const {
+        if (result.unkillable.empty()) return;
+        std::string pids;
+        for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
+        log_.error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+    }
+
+    /// Awaits the end of every relayed stream. A descendant that left its worker's process
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get a bounded
+    /// while to reach end of file, then they are closed.
+    template <class Close>
+    asio::awaitable<void> drain(task_latch& relays, Close close_all) {
+        using namespace asio::experimental::awaitable_operators;
+        if (relays.count() == 0) co_return;
+        asio::steady_timer bound(executor_, std::chrono::seconds(2));
+        auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (which.index() == 1) {
+            log_.warning("a worker's stderr stayed open after its process group ended (a descendant that left the "
+                         "group?); closing it");
+            close_all();
+            co_await relays.wait();
+        }
+    }
+
+    asio::any_io_executor executor_;
+    launch_config config_;
+    environment env_;
+    agent_log log_;
+    worker_command command_;
+    detail::agent::store_plan store_;
+    std::uint16_t master_port_ = 0;
+    std::string host_;
+    std::filesystem::path temp_root_;
+    std::filesystem::path run_dir_;
+};
+
+}  // namespace elastic::inline v0

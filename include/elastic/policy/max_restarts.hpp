@@ -1,0 +1,53 @@
+// max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/policy/concepts.hpp"
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
+/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
+///
+/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
+/// than a counter of its own, so a copy of the policy, or one built again after a membership
+/// change, answers the same.
+class max_restarts {
+public:
+    /// `n` >= 0 restarts allowed in the job.
+    explicit max_restarts(int n) : budget_(n) {
+        if (n < 0) {
+            throw std::invalid_argument(
+                fmt::format("max_restarts({}): the budget must be 0 or more", n));
+        }
+    }
+
+    /// The budget.
+    [[nodiscard]] int budget() const noexcept { return budget_; }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
+        if (failure.restarts < budget_) {
+            co_return restart_decision::restart_because(
+                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
+                            budget_));
+        }
+        co_return restart_decision::stop_because(
+            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
+                         : fmt::format("the restart budget is spent: {} of {} restarts made "
+                                       "(--max-restarts={})",
+                                       failure.restarts, budget_, budget_));
+    }
+
+private:
+    int budget_;
+};
+
+static_assert(restart_policy<max_restarts>);
+
+}  // namespace elastic::inline v0

@@ -1,0 +1,540 @@
+// test-tags: concurrent
+// The agent end to end: the real elasticrun (agent-elasticrun) starting agent-worker processes
+// whose behaviour AGENT_WORKER_DO chooses; and the agent in-process under a custom policy.
+#include "agent_support.hpp"
+
+#include "elastic/agent.hpp"
+#include "elastic/env.hpp"
+#include "elastic/launch/cli.hpp"
+#include "elastic/policy.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+namespace test_agent {
+
+using agent_support::launched;
+using agent_support::temp_dir;
+namespace fs = std::filesystem;
+
+std::map<std::string, std::string> worker_env(const temp_dir& dir, const std::string& rules) {
+    auto env = agent_support::clean_environment();
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = rules;
+    return env;
+}
+
+std::vector<std::string> with_worker(std::vector<std::string> args, std::vector<std::string> worker_args = {}) {
+    args.push_back(agent_support::worker());
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
+    return args;
+}
+
+int count_files(const fs::path& dir, const std::string& prefix) {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+    }
+    return n;
+}
+
+// A port that was free a moment ago (for the tests of an explicit --master-port).
+std::uint16_t free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+TEST_CASE("agent: every worker gets torchrun's contract, key by key (inventory 2.1)") {
+    temp_dir dir;
+    auto env = worker_env(dir, "*:env");
+    env["SOME_USER_VARIABLE"] = "kept";
+    env["NCCL_ASYNC_ERROR_HANDLING"] = "0";  // an inherited value wins over the default 1
+    const int n = 3;
+    auto r = agent_support::run(with_worker({"--standalone", "--nproc-per-node=3", "--max-restarts=2", "--role=trainer"}),
+                                env);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    std::set<std::string> ports;
+    std::set<std::string> run_ids;
+    for (int rank = 0; rank < n; ++rank) {
+        const auto e = agent_support::read_env_file(dir.path() / fmt::format("env.0.{}", rank));
+        REQUIRE(!e.empty());
+        const std::map<std::string, std::string> expected{
+            {"LOCAL_RANK", std::to_string(rank)},
+            {"RANK", std::to_string(rank)},
+            {"GROUP_RANK", "0"},
+            {"ROLE_RANK", std::to_string(rank)},
+            {"ROLE_NAME", "trainer"},
+            {"LOCAL_WORLD_SIZE", "3"},
+            {"WORLD_SIZE", "3"},
+            {"GROUP_WORLD_SIZE", "1"},
+            {"ROLE_WORLD_SIZE", "3"},
+            {"MASTER_ADDR", "127.0.0.1"},
+            {"TORCHELASTIC_RESTART_COUNT", "0"},
+            {"TORCHELASTIC_MAX_RESTARTS", "2"},
+            {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+            {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+            {"NCCL_ASYNC_ERROR_HANDLING", "0"},
+            {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+            {"OMP_NUM_THREADS", "1"},
+            {"SOME_USER_VARIABLE", "kept"},
+        };
+        for (const auto& [name, value] : expected) {
+            INFO("rank " << rank << ": " << name);
+            REQUIRE(e.count(name) == 1);
+            CHECK(e.at(name) == value);
+        }
+        // MASTER_PORT: the store the agent hosts, on a kernel-chosen port.
+        REQUIRE(e.count("MASTER_PORT") == 1);
+        CHECK(std::stoi(e.at("MASTER_PORT")) > 0);
+        ports.insert(e.at("MASTER_PORT"));
+        // --standalone: a random UUID4 run id.
+        run_ids.insert(e.at("TORCHELASTIC_RUN_ID"));
+        CHECK(std::regex_match(e.at("TORCHELASTIC_RUN_ID"),
+                               std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+        // The error file: torchrun's layout, <tmp>/torchelastic_*/<run_id>_*/attempt_0/<local_rank>/error.json.
+        const auto& error_file = e.at("TORCHELASTIC_ERROR_FILE");
+        CHECK(std::regex_match(error_file, std::regex(".*/torchelastic_[^/]+/" + e.at("TORCHELASTIC_RUN_ID") +
+                                                      "_[^/]+/attempt_0/" + std::to_string(rank) + "/error\\.json")));
+        // What elastic::env() makes of it.
+        const auto parsed = elastic::worker_env::from(e);
+        CHECK(parsed.rank == rank);
+        CHECK(parsed.world_size == 3);
+        CHECK(parsed.local_rank == rank);
+        CHECK(parsed.local_world_size == 3);
+        CHECK(parsed.node_rank == 0);
+        CHECK(parsed.node_count == 1);
+        CHECK(parsed.role_name == "trainer");
+        CHECK(parsed.use_agent_store);
+        CHECK(parsed.max_restarts == 2);
+        CHECK(parsed.restart_count == 0);
+        CHECK(parsed.master_addr == "127.0.0.1");
+    }
+    CHECK(ports.size() == 1);
+    CHECK(run_ids.size() == 1);
+    // torchrun's OMP_NUM_THREADS warning, once.
+    CHECK(r.err.find("Setting OMP_NUM_THREADS environment variable for each process to be 1") != std::string::npos);
+}
+
+TEST_CASE("agent: OMP_NUM_THREADS is kept when set, and not set for a single worker") {
+    temp_dir dir;
+    auto env = worker_env(dir, "*:env");
+    env["OMP_NUM_THREADS"] = "7";
+    auto r = agent_support::run(with_worker({"--nproc-per-node=2"}), env);
+    REQUIRE(r.code == 0);
+    CHECK(agent_support::read_env_file(dir.path() / "env.0.1").at("OMP_NUM_THREADS") == "7");
+    CHECK(r.err.find("OMP_NUM_THREADS") == std::string::npos);
+    env.erase("OMP_NUM_THREADS");
+    r = agent_support::run(with_worker({"--nproc-per-node=1"}), env);
+    REQUIRE(r.code == 0);
+    CHECK(agent_support::read_env_file(dir.path() / "env.0.0").count("OMP_NUM_THREADS") == 0);
+}
+
+TEST_CASE("agent: arguments pass through untouched, ${local_rank} replaced per worker") {
+    temp_dir dir;
+    auto r = agent_support::run(
+        with_worker({"--nproc-per-node=2"}, {"--lr=${local_rank}", "$local_rank", "--help", "--", "$$x", "${LOCAL_RANK}"}),
+        worker_env(dir, "*:argv"));
+    REQUIRE(r.code == 0);
+    for (int rank = 0; rank < 2; ++rank) {
+        const auto argv = agent_support::read_lines_of(dir.path() / fmt::format("argv.0.{}", rank));
+        const std::vector<std::string> expected{agent_support::worker(), fmt::format("--lr={}", rank), std::to_string(rank),
+                                                "--help", "--", "$x", "${LOCAL_RANK}"};
+        CHECK(argv == expected);
+    }
+}
+
+TEST_CASE("agent: a failure stops the group and restarts it, workers see the count and a clean store") {
+    temp_dir dir;
+    // Attempt 0: rank 1 fails; attempt 1: rank 0 is killed by a signal; attempt 2: all succeed.
+    // Every worker of every attempt first checks that no key of an earlier attempt is visible
+    // in the hosted store, then writes one; the failing worker waits for the others' keys.
+    auto r = agent_support::run(with_worker({"--nproc-per-node=3", "--max-restarts=2"}),
+                                worker_env(dir, "a0r1:env+store+waitfor0+waitfor2+exit3;a1r0:env+store+waitfor1+waitfor2+sig9;"
+                                                "a0:env+store+hang;"
+                                                "a1:env+store+hang;*:env+store"));
+    INFO(r.err);
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("STALE") == std::string::npos);
+    for (int attempt = 0; attempt < 3; ++attempt) {
+        std::set<std::string> ports;
+        for (int rank = 0; rank < 3; ++rank) {
+            const auto e = agent_support::read_env_file(dir.path() / fmt::format("env.{}.{}", attempt, rank));
+            REQUIRE(e.count("TORCHELASTIC_RESTART_COUNT") == 1);
+            CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == std::to_string(attempt));
+            CHECK(e.at("TORCHELASTIC_ERROR_FILE").find(fmt::format("/attempt_{}/{}/", attempt, rank)) != std::string::npos);
+            ports.insert(e.at("MASTER_PORT"));
+        }
+        CHECK(ports.size() == 1);
+    }
+    CHECK(count_files(dir.path(), "env.3.") == 0);
+    CHECK(launched::count_lines(r.out, "store ok") == 9);
+    CHECK(r.err.find("failed (exitcode: 3) local_rank: 1") != std::string::npos);
+    CHECK(r.err.find("failed (exitcode: -9) local_rank: 0") != std::string::npos);
+    CHECK(r.err.find("restart 1 of 2 (--max-restarts=2)") != std::string::npos);
+    CHECK(r.err.find("restart 2 of 2 (--max-restarts=2)") != std::string::npos);
+}
+
+TEST_CASE("agent: the budget spent, elasticrun ends with the root cause's code and torchrun's summary") {
+    temp_dir dir;
+    SUBCASE("an exit code") {
+        auto r = agent_support::run(with_worker({"--nproc-per-node=2", "--max-restarts=1"}),
+                                    worker_env(dir, "r1:env+stderr+exit7;*:env+hang"));
+        CHECK(r.code == 7);
+        CHECK(count_files(dir.path(), "env.0.") == 2);
+        CHECK(count_files(dir.path(), "env.1.") == 2);
+        CHECK(count_files(dir.path(), "env.2.") == 0);
+        CHECK(r.err.find("the restart budget is spent: 1 of 1 restarts made (--max-restarts=1)") != std::string::npos);
+        const auto summary = r.err.substr(r.err.find("\n=====") + 1);
+        CHECK(summary.find(agent_support::worker() + " FAILED") != std::string::npos);
+        CHECK(summary.find("Root Cause (first observed failure):") != std::string::npos);
+        CHECK(summary.find("  rank      : 1 (local_rank: 1)") != std::string::npos);
+        CHECK(summary.find("  exitcode  : 7 (pid: ") != std::string::npos);
+        // The stderr tail of the native worker, including its unterminated last line.
+        CHECK(summary.find("stderr (3 lines):") != std::string::npos);
+        CHECK(summary.find("    last words of rank 1") != std::string::npos);
+        CHECK(summary.find("Stopped by the agent (not failures):") != std::string::npos);
+        CHECK(summary.find("  rank 0 (local_rank: 0): exitcode -15") != std::string::npos);
+        // The worker's stderr was relayed whole lines at a time.
+        CHECK(r.err.find("line 1 from rank 1\nline 2 from rank 1\n") != std::string::npos);
+    }
+    SUBCASE("a signal: 128 + N") {
+        auto r = agent_support::run(with_worker({"--nproc-per-node=2"}), worker_env(dir, "r0:sig6;*:hang"));
+        CHECK(r.code == 128 + SIGABRT);
+        CHECK(r.err.find("Signal 6 (SIGABRT) received by PID") != std::string::npos);
+    }
+    SUBCASE("the agent's own error file gets the root cause") {
+        auto env = worker_env(dir, "*:exit4");
+        env["TORCHELASTIC_ERROR_FILE"] = (dir.path() / "agent-error.json").string();
+        auto r = agent_support::run(with_worker({"--nproc-per-node=1"}), env);
+        CHECK(r.code == 4);
+        const auto text = agent_support::read_lines_of(dir.path() / "agent-error.json");
+        REQUIRE(!text.empty());
+        const auto json = nlohmann::json::parse(fmt::format("{}", fmt::join(text, "\n")));
+        CHECK(json["message"]["errorCode"] == 4);
+    }
+}
+
+TEST_CASE("agent: a signal to the agent is forwarded to every worker and elasticrun exits 128+N") {
+    struct signal_case {
+        int sig;
+        std::vector<std::string> options;
+    };
+    const std::vector<signal_case> cases{
+        {SIGTERM, {}},
+        {SIGINT, {}},
+        {SIGHUP, {}},
+        {SIGQUIT, {}},
+        {SIGUSR1, {"--signals-to-handle=SIGTERM,SIGUSR1"}},
+        {SIGUSR2, {"--signals_to_handle=USR2"}},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.sig);
+        temp_dir dir;
+        auto options = c.options;
+        options.push_back("--nproc-per-node=3");
+        launched agent(with_worker(options), worker_env(dir, "*:trap"));
+        REQUIRE(agent.read_lines("ready ", 3));
+        agent.signal(c.sig);
+        const int code = agent.wait();
+        CHECK(code == 128 + c.sig);
+        for (int rank = 0; rank < 3; ++rank) {
+            CHECK(agent.out().find(fmt::format("got {} {}\n", rank, c.sig)) != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("agent: a worker that ignores the signal is killed after --shutdown-timeout") {
+    temp_dir dir;
+    auto env = worker_env(dir, "r0:ignore;*:hang");
+    SUBCASE("from the option") {
+        launched agent(with_worker({"--nproc-per-node=2", "--shutdown-timeout=0.2"}), env);
+        REQUIRE(agent.read_lines("ready ", 2));
+        agent.signal(SIGTERM);
+        CHECK(agent.wait() == 128 + SIGTERM);
+    }
+    SUBCASE("from TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "0.2";
+        launched agent(with_worker({"--nproc-per-node=2"}), env);
+        REQUIRE(agent.read_lines("ready ", 2));
+        agent.signal(SIGINT);
+        CHECK(agent.wait() == 128 + SIGINT);
+    }
+}
+
+TEST_CASE("agent: with healthy workers running, the agent uses no CPU, and two jobs on one host never collide") {
+    temp_dir dir;
+    auto env = worker_env(dir, "*:env+hang");
+    launched first(with_worker({"--standalone", "--nproc-per-node=4"}), env);
+    REQUIRE(first.read_lines("ready ", 4));
+    const auto first_port = agent_support::read_env_file(dir.path() / "env.0.0").at("MASTER_PORT");
+    const auto before = agent_support::cpu_ticks(first.pid());
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // the measurement window itself
+    const auto after = agent_support::cpu_ticks(first.pid());
+    CHECK(after == before);
+
+    temp_dir dir2;
+    auto env2 = worker_env(dir2, "*:env+hang");
+    launched second(with_worker({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=1", "--nproc-per-node=2"}),
+                    env2);
+    REQUIRE(second.read_lines("ready ", 2));
+    const auto second_port = agent_support::read_env_file(dir2.path() / "env.0.0").at("MASTER_PORT");
+    CHECK(first_port != second_port);
+    first.signal(SIGTERM);
+    second.signal(SIGTERM);
+    CHECK(first.wait() == 128 + SIGTERM);
+    CHECK(second.wait() == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker started") {
+    struct bad_case {
+        std::vector<std::string> args;
+        std::string names;
+    };
+    const std::vector<bad_case> cases{
+        {{"--bogus"}, "--bogus"},
+        {{"--nnodes=3:2"}, "--nnodes"},
+        {{"--nproc-per-node=0"}, "--nproc-per-node"},
+        {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout"}, "--rdzv-conf"},
+        {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout=5,,x=1"}, "--rdzv-conf"},
+        {{"--nnodes=2"}, "not implemented yet"},
+        {{"--nnodes=1:2", "--rdzv-backend=c10d"}, "not implemented yet"},
+        {{"--rdzv-backend=etcd-v3", "--rdzv-endpoint=localhost:2379"}, "not implemented yet"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=example.invalid:29400"}, "not implemented yet"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=is_host=false"}, "not implemented yet"},
+        {{"--log-dir=/nonexistent-dir-for-elastic"}, "--log-dir"},
+        {{"-r", "3"}, "--redirects"},
+        {{"--tee=1"}, "--tee"},
+        {{"--local-ranks-filter=0"}, "--local-ranks-filter"},
+        {{"--event-log-handler=console"}, "--event-log-handler"},
+        {{"--start-method=thread"}, "--start-method"},
+    };
+    temp_dir dir;
+    for (const auto& c : cases) {
+        CAPTURE(fmt::format("{}", fmt::join(c.args, " ")));
+        auto r = agent_support::run(with_worker(c.args), worker_env(dir, "*:env"));
+        CHECK(r.code == 2);
+        CHECK(r.err.find(c.names) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+        CHECK(r.out.empty());
+    }
+    {
+        auto r = agent_support::run({"--nproc-per-node=2", (dir.path() / "no-such-program").string()},
+                                    worker_env(dir, "*:env"));
+        CHECK(r.code == 2);
+        CHECK(r.err.find("no-such-program does not exist") != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    }
+    CHECK(count_files(dir.path(), "env.") == 0);
+}
+
+// One option's observable effect on the workers, checked in its three spellings: dashed,
+// underscored, and from its PET_ variable.
+struct option_case {
+    std::string dashed;       // "--nproc-per-node"
+    std::string value;        // "2"; empty for a flag
+    std::vector<std::string> extra;  // options the case needs besides
+    std::function<void(const temp_dir&, const agent_support::result&)> check;
+};
+
+TEST_CASE("agent: every option of torchrun's table in its three spellings") {
+    const auto env_of = [](const temp_dir& dir, int rank = 0) {
+        return agent_support::read_env_file(dir.path() / fmt::format("env.0.{}", rank));
+    };
+    const auto port = std::to_string(free_port());
+    const std::vector<option_case> cases{
+        {"--nproc-per-node", "2", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 2); }},
+        {"--nnodes", "1", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("GROUP_WORLD_SIZE") == "1"); }},
+        {"--max-restarts", "3", {}, [&](const temp_dir& d, const auto&) {
+             CHECK(env_of(d).at("TORCHELASTIC_MAX_RESTARTS") == "3");
+         }},
+        {"--rdzv-id", "job-17", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("TORCHELASTIC_RUN_ID") == "job-17"); }},
+        {"--rdzv-backend", "c10d", {"--rdzv-endpoint=localhost:0"}, [&](const temp_dir& d, const auto&) {
+             CHECK(env_of(d).at("MASTER_ADDR") == "127.0.0.1");
+         }},
+        {"--rdzv-endpoint", "127.0.0.1:0", {"--rdzv-backend=c10d"}, [&](const temp_dir& d, const auto&) {
+             CHECK(env_of(d).at("MASTER_ADDR") == "127.0.0.1");
+             CHECK(env_of(d).at("MASTER_PORT") != "0");
+         }},
+        {"--rdzv-conf", "join_timeout=5,last_call_timeout=1", {"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"},
+         [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 1); }},
+        {"--standalone", "", {}, [&](const temp_dir& d, const auto&) {
+             CHECK(env_of(d).at("TORCHELASTIC_RUN_ID").size() == 36);
+         }},
+        {"--monitor-interval", "0.5", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 1); }},
+        {"--start-method", "fork", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 1); }},
+        {"--event-log-handler", "null", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 1); }},
+        {"--role", "trainer", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("ROLE_NAME") == "trainer"); }},
+        {"--no-python", "", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 1); }},
+        {"--node-rank", "0", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("GROUP_RANK") == "0"); }},
+        {"--master-addr", "127.0.0.1", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("MASTER_ADDR") == "127.0.0.1"); }},
+        {"--master-port", port, {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("MASTER_PORT") == port); }},
+        {"--local-addr", "127.0.0.1", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("MASTER_ADDR") == "127.0.0.1"); }},
+        {"--signals-to-handle", "SIGTERM,SIGUSR1", {}, [&](const temp_dir& d, const auto&) {
+             CHECK(env_of(d).at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGTERM,SIGUSR1");
+         }},
+        {"--shutdown-timeout", "5", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 1); }},
+        {"--virtual-local-rank", "", {"--nproc-per-node=2"}, [&](const temp_dir& d, const auto&) {
+             CHECK(env_of(d, 1).at("LOCAL_RANK") == "0");
+             CHECK(env_of(d, 1).at("RANK") == "1");
+             CHECK(env_of(d, 1).at("CUDA_VISIBLE_DEVICES") == "1");
+         }},
+    };
+    for (const auto& c : cases) {
+        for (int spelling = 0; spelling < 3; ++spelling) {
+            std::string underscored = c.dashed;
+            std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+            CAPTURE(c.dashed);
+            CAPTURE(spelling);
+            temp_dir dir;
+            auto env = worker_env(dir, "*:env");
+            std::vector<std::string> args = c.extra;
+            if (spelling < 2) {
+                const auto& name = spelling == 0 ? c.dashed : underscored;
+                args.push_back(c.value.empty() ? name : name + "=" + c.value);
+            } else {
+                std::string pet = "PET_" + underscored.substr(2);
+                std::transform(pet.begin(), pet.end(), pet.begin(), [](char ch) { return static_cast<char>(std::toupper(ch)); });
+                env[pet] = c.value.empty() ? "1" : c.value;
+            }
+            auto r = agent_support::run(with_worker(args), env);
+            INFO(r.err);
+            REQUIRE(r.code == 0);
+            c.check(dir, r);
+        }
+    }
+    // -m and --run-path need Python; a module that prints the environment's RANK.
+    {
+        temp_dir dir;
+        auto env = worker_env(dir, "");
+        env["PYTHON_EXEC"] = ELASTIC_TORCH_PYTHON;
+        for (const auto& args : std::vector<std::vector<std::string>>{
+                 {"-m", "platform"}, {"--module", "platform"}}) {
+            auto r = agent_support::run(args, env);
+            CHECK(r.code == 0);
+            CHECK(!r.out.empty());
+        }
+        env["PET_MODULE"] = "1";
+        auto r = agent_support::run({"platform"}, env);
+        CHECK(r.code == 0);
+        env.erase("PET_MODULE");
+        const auto script = dir.path() / "print_rank.py";
+        // One write(2) per line: print() under -u writes "rank", " " and "1" separately, and the
+        // workers share the console.
+        std::ofstream(script) << "import os\nos.write(1, ('rank %s\\n' % os.environ['RANK']).encode())\n";
+        for (const auto& flag : {"--run-path", "--run_path"}) {
+            r = agent_support::run({flag, "--nproc-per-node=2", script.string()}, env);
+            INFO(r.out);
+            INFO(r.err);
+            CHECK(r.code == 0);
+            CHECK(r.out.find("rank 1") != std::string::npos);
+        }
+        r = agent_support::run({"--nproc-per-node=2", script.string()}, env);
+        INFO(r.out);
+        INFO(r.err);
+        CHECK(r.code == 0);
+        CHECK(r.out.find("rank 0") != std::string::npos);
+    }
+}
+
+TEST_CASE("agent: options not implemented yet are refused in every spelling, never ignored") {
+    const std::vector<std::pair<std::string, std::string>> refused{
+        {"--log-dir", "/tmp"}, {"--redirects", "3"}, {"--tee", "3"}, {"--local-ranks-filter", "0"}, {"--nnodes", "2"}};
+    for (const auto& [dashed, value] : refused) {
+        for (int spelling = 0; spelling < 3; ++spelling) {
+            CAPTURE(dashed);
+            CAPTURE(spelling);
+            temp_dir dir;
+            auto env = worker_env(dir, "*:env");
+            std::string underscored = dashed;
+            std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+            std::vector<std::string> args;
+            if (spelling < 2) {
+                args.push_back((spelling == 0 ? dashed : underscored) + "=" + value);
+            } else {
+                std::string pet = "PET_" + underscored.substr(2);
+                std::transform(pet.begin(), pet.end(), pet.begin(), [](char ch) { return static_cast<char>(std::toupper(ch)); });
+                env[pet] = value;
+            }
+            auto r = agent_support::run(with_worker(args), env);
+            CHECK(r.code == 2);
+            CHECK(r.err.find("not implemented yet") != std::string::npos);
+            CHECK(count_files(dir.path(), "env.") == 0);
+        }
+    }
+}
+
+// A policy that is itself a coroutine awaiting something (here a timer that never fires): the
+// agent must still handle a signal that arrives while it is awaited.
+struct waiting_policy {
+    int* calls;
+    asio::awaitable<elastic::restart_decision> operator()(const elastic::group_failure& failure) {
+        ++*calls;
+        CHECK(failure.failed_local_ranks() == std::vector<int>{1});
+        CHECK(failure.restarts == 0);
+        ::kill(::getpid(), SIGTERM);  // the signal arrives while the policy waits
+        asio::steady_timer forever(co_await asio::this_coro::executor, std::chrono::hours(24));
+        co_await forever.async_wait(asio::use_awaitable);
+        co_return elastic::restart_decision::restart_because("never reached");
+    }
+};
+static_assert(elastic::restart_policy<waiting_policy>);
+
+TEST_CASE("agent: a signal while the policy decides ends the agent with 128+N (in-process, custom policy)") {
+    temp_dir dir;
+    const auto env_map = worker_env(dir, "r1:exit5;*:hang");
+    elastic::environment env(env_map.begin(), env_map.end());
+    elastic::launch_config config;
+    config.nproc_per_node = 2;
+    config.program.target = agent_support::worker();
+    config.signals_to_handle = {SIGTERM};
+    int calls = 0;
+    const int code = elastic::run(config, waiting_policy{&calls}, env, "agent-test");
+    CHECK(calls == 1);
+    CHECK(code == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: elastic::run takes any restart_policy (in-process): a policy that stops at once") {
+    struct stop_now {
+        asio::awaitable<elastic::restart_decision> operator()(const elastic::group_failure& f) const {
+            co_return elastic::restart_decision::stop_because(fmt::format("{} failed", f.failures().size()));
+        }
+    };
+    temp_dir dir;
+    // Rank 0 fails once rank 1 has written its environment and its store key.
+    const auto env_map = worker_env(dir, "r0:waitfor1+exit9;*:env+store+hang");
+    elastic::environment env(env_map.begin(), env_map.end());
+    elastic::launch_config config;
+    config.nproc_per_node = 2;
+    config.max_restarts = 5;  // the policy given wins; the workers still see the option
+    config.program.target = agent_support::worker();
+    CHECK(elastic::run(config, stop_now{}, env, "agent-test") == 9);
+    CHECK(count_files(dir.path(), "env.0.1") == 1);
+    CHECK(count_files(dir.path(), "env.1.") == 0);  // no restart
+    CHECK(agent_support::read_env_file(dir.path() / "env.0.1").at("TORCHELASTIC_MAX_RESTARTS") == "5");
+}
+
+}  // namespace test_agent

@@ -1,0 +1,175 @@
+// agent-worker: a worker for the agent's tests and benchmark whose behaviour its environment
+// chooses, per rank and per attempt.
+//
+// AGENT_WORKER_DO = rule;rule;...   rule = selector:step+step+...   (first matching rule wins)
+//   selector: *  |  r<rank>  |  a<attempt>  |  a<attempt>r<rank>      (rank = RANK, attempt =
+//             TORCHELASTIC_RESTART_COUNT)
+//   steps, in order:
+//     env      write every variable to $AGENT_WORKER_DIR/env.<attempt>.<rank> (NAME=value lines)
+//     argv     write the arguments to $AGENT_WORKER_DIR/argv.<attempt>.<rank> (one per line)
+//     store    connect to MASTER_ADDR:MASTER_PORT; fail (exit 99) if a key "stale/<r>" written
+//              by an earlier attempt (its value: that attempt) is visible; then set "stale/<rank>"
+//     waitfor<r> wait until rank r has done its "store" step (its key exists)
+//     stderr   write three lines to stderr, the last without its newline
+//     running  print "running <attempt> <rank> <CLOCK_MONOTONIC ns>"
+//     exit<N>  exit with code N                 sig<N>  raise signal N (default action)
+//     hang     print "ready <rank> <attempt> <pid>", then wait forever (signals act by default)
+//     trap     handle HUP INT QUIT TERM USR1 USR2; print "ready ..."; on a signal print
+//              "got <rank> <signal number>" and exit 0
+//     ignore   ignore SIGTERM; print "ready ..."; wait forever (only SIGKILL ends it)
+//   Without a matching rule, or after the last step: exit 0.
+// Every line goes out in one write(2), so lines of different workers never mix.
+#include "elastic/store/blocking_client.hpp"
+
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>
+
+extern "C" char** environ;
+
+namespace {
+
+std::string var(const char* name, const char* fallback = "") {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::string(v) : std::string(fallback);
+}
+
+void say(int fd, const std::string& line) {
+    std::string_view rest = line;
+    while (!rest.empty()) {
+        const ssize_t n = ::write(fd, rest.data(), rest.size());
+        if (n <= 0) return;
+        rest.remove_prefix(static_cast<std::size_t>(n));
+    }
+}
+
+std::vector<std::string> split(std::string_view text, char sep) {
+    std::vector<std::string> out;
+    for (;;) {
+        const auto at = text.find(sep);
+        out.emplace_back(text.substr(0, at));
+        if (at == std::string_view::npos) return out;
+        text.remove_prefix(at + 1);
+    }
+}
+
+bool matches(const std::string& selector, const std::string& rank, const std::string& attempt) {
+    if (selector == "*") return true;
+    std::string want_rank;
+    std::string want_attempt;
+    std::string_view s = selector;
+    if (!s.empty() && s.front() == 'a') {
+        s.remove_prefix(1);
+        const auto r = s.find('r');
+        want_attempt = std::string(s.substr(0, r));
+        s = r == std::string_view::npos ? std::string_view{} : s.substr(r);
+    }
+    if (!s.empty() && s.front() == 'r') want_rank = std::string(s.substr(1));
+    return (want_rank.empty() || want_rank == rank) && (want_attempt.empty() || want_attempt == attempt);
+}
+
+volatile std::sig_atomic_t received = 0;
+extern "C" void on_signal(int sig) { received = sig; }
+
+void write_file(const std::string& name, const std::string& text) {
+    const auto path = var("AGENT_WORKER_DIR", ".") + "/" + name;
+    std::ofstream out(path + ".tmp");
+    out << text;
+    out.close();
+    std::rename((path + ".tmp").c_str(), path.c_str());  // whole or absent for the reader
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const auto rank = var("RANK", "0");
+    const auto attempt = var("TORCHELASTIC_RESTART_COUNT", "0");
+    const auto ready = [&] { say(1, fmt::format("ready {} {} {}\n", rank, attempt, ::getpid())); };
+
+    std::vector<std::string> steps;
+    for (const auto& rule : split(var("AGENT_WORKER_DO"), ';')) {
+        const auto colon = rule.find(':');
+        if (colon == std::string::npos) continue;
+        if (matches(rule.substr(0, colon), rank, attempt)) {
+            steps = split(std::string_view(rule).substr(colon + 1), '+');
+            break;
+        }
+    }
+    for (const auto& step : steps) {
+        if (step == "env") {
+            std::string text;
+            for (char** e = environ; e != nullptr && *e != nullptr; ++e) text += std::string(*e) + "\n";
+            write_file(fmt::format("env.{}.{}", attempt, rank), text);
+        } else if (step == "argv") {
+            std::string text;
+            for (int i = 0; i < argc; ++i) text += std::string(argv[i]) + "\n";
+            write_file(fmt::format("argv.{}.{}", attempt, rank), text);
+        } else if (step == "store") {
+            elastic::store_client_options options;
+            options.host = var("MASTER_ADDR");
+            options.port = static_cast<std::uint16_t>(std::stoi(var("MASTER_PORT", "0")));
+            elastic::blocking_store_client client(options);
+            const int world = std::stoi(var("WORLD_SIZE", "1"));
+            for (int r = 0; r < world; ++r) {
+                const auto key = fmt::format("stale/{}", r);
+                if (client.check({key}) && client.get(key) != attempt) {
+                    say(1, fmt::format("STALE key stale/{} seen by rank {} in attempt {}\n", r, rank, attempt));
+                    return 99;
+                }
+            }
+            client.set(fmt::format("stale/{}", rank), attempt);
+            say(1, fmt::format("store ok {} {}\n", rank, attempt));
+        } else if (step.rfind("waitfor", 0) == 0) {
+            elastic::store_client_options options;
+            options.host = var("MASTER_ADDR");
+            options.port = static_cast<std::uint16_t>(std::stoi(var("MASTER_PORT", "0")));
+            elastic::blocking_store_client client(options);
+            client.wait({fmt::format("stale/{}", step.substr(7))});
+        } else if (step == "stderr") {
+            say(2, fmt::format("line 1 from rank {}\nline 2 from rank {}\n", rank, rank));
+            say(2, fmt::format("last words of rank {}", rank));
+        } else if (step == "running") {
+            timespec now{};
+            ::clock_gettime(CLOCK_MONOTONIC, &now);
+            say(1, fmt::format("running {} {} {}\n", attempt, rank,
+                               static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec));
+        } else if (step.rfind("exit", 0) == 0) {
+            return std::atoi(step.c_str() + 4);
+        } else if (step.rfind("sig", 0) == 0) {
+            const int sig = std::atoi(step.c_str() + 3);
+            std::signal(sig, SIG_DFL);
+            std::raise(sig);
+            return 120;  // not reached for a deadly signal
+        } else if (step == "hang") {
+            ready();
+            for (;;) ::pause();
+        } else if (step == "trap") {
+            sigset_t block;
+            sigset_t old;
+            sigemptyset(&block);
+            for (const int s : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2}) {
+                std::signal(s, on_signal);
+                sigaddset(&block, s);
+            }
+            ::sigprocmask(SIG_BLOCK, &block, &old);
+            ready();
+            while (received == 0) ::sigsuspend(&old);
+            say(1, fmt::format("got {} {}\n", rank, static_cast<int>(received)));
+            return 0;
+        } else if (step == "ignore") {
+            std::signal(SIGTERM, SIG_IGN);
+            ready();
+            for (;;) ::pause();
+        }
+    }
+    return 0;
+}

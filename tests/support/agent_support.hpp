@@ -1,0 +1,241 @@
+// Helpers for the agent's tests: a private temporary directory, and elasticrun run as a real
+// child process with its stdout and stderr captured (read as events with poll, never timed).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern "C" char** environ;
+
+namespace agent_support {
+
+/// The launcher under test: examples/elasticrun.cpp built with the tests (agent-elasticrun).
+inline std::string elasticrun() { return ELASTIC_TEST_PROGRAM_DIR "/agent-elasticrun"; }
+/// The worker whose behaviour AGENT_WORKER_DO chooses (tests/programs/agent_worker.cpp).
+inline std::string worker() { return ELASTIC_TEST_PROGRAM_DIR "/agent-worker"; }
+
+/// A fresh directory (mkdtemp), removed with its contents at the end of the scope.
+class temp_dir {
+public:
+    temp_dir() {
+        std::string pattern = (std::filesystem::temp_directory_path() / "elastic-agent-test-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+        path_ = pattern;
+    }
+    ~temp_dir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path_, ignored);
+    }
+    temp_dir(const temp_dir&) = delete;
+    temp_dir& operator=(const temp_dir&) = delete;
+    [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+    [[nodiscard]] std::string str() const { return path_.string(); }
+
+private:
+    std::filesystem::path path_;
+};
+
+/// The test's environment without anything a launcher reads or sets (PET_*, TORCHELASTIC_*,
+/// the contract's names), so the case controls exactly what elasticrun sees.
+inline std::map<std::string, std::string> clean_environment() {
+    static const std::vector<std::string> contract{
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "NODE_RANK",
+        "CUDA_VISIBLE_DEVICES", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHON_EXEC",
+        "LOGLEVEL"};
+    std::map<std::string, std::string> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+        const std::string entry(*e);
+        const auto eq = entry.find('=');
+        if (eq == std::string::npos) continue;
+        const auto name = entry.substr(0, eq);
+        if (name.rfind("PET_", 0) == 0 || name.rfind("TORCHELASTIC_", 0) == 0 ||
+            name.rfind("TORCH_ELASTIC_", 0) == 0 || name.rfind("AGENT_WORKER", 0) == 0 ||
+            std::find(contract.begin(), contract.end(), name) != contract.end()) {
+            continue;
+        }
+        env.emplace(name, entry.substr(eq + 1));
+    }
+    return env;
+}
+
+/// elasticrun (or another program) running as a child with stdout and stderr on pipes.
+class launched {
+public:
+    launched(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+             const std::string& program = elasticrun()) {
+        int out[2];
+        int err[2];
+        REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+        REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+        posix_spawn_file_actions_t actions;
+        posix_spawn_file_actions_init(&actions);
+        posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+        posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+        std::vector<std::string> argv_strings{program};
+        argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+        std::vector<char*> argv;
+        for (auto& a : argv_strings) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        std::vector<std::string> env_strings;
+        for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+        std::vector<char*> envp;
+        for (auto& e : env_strings) envp.push_back(e.data());
+        envp.push_back(nullptr);
+        const int rc = ::posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+        posix_spawn_file_actions_destroy(&actions);
+        ::close(out[1]);
+        ::close(err[1]);
+        out_fd_ = out[0];
+        err_fd_ = err[0];
+        REQUIRE_MESSAGE(rc == 0, "posix_spawn " << program << ": " << std::strerror(rc));
+    }
+    launched(const launched&) = delete;
+    launched& operator=(const launched&) = delete;
+    ~launched() {
+        if (pid_ > 0 && !reaped_) {
+            ::kill(pid_, SIGKILL);
+            int status = 0;
+            ::waitpid(pid_, &status, 0);
+        }
+        if (out_fd_ >= 0) ::close(out_fd_);
+        if (err_fd_ >= 0) ::close(err_fd_);
+    }
+
+    [[nodiscard]] pid_t pid() const { return pid_; }
+
+    /// Reads both pipes (blocking on poll: an event, not a timer) until `done(stdout so far)`
+    /// holds or both pipes end. Returns whether `done` held.
+    bool read_until(const std::function<bool(const std::string&)>& done) {
+        while (!done(out_)) {
+            if (!pump()) return done(out_);
+        }
+        return true;
+    }
+
+    /// Reads until stdout has `count` lines starting with `prefix`.
+    bool read_lines(const std::string& prefix, int count) {
+        return read_until([&](const std::string& text) { return count_lines(text, prefix) >= count; });
+    }
+
+    /// Reads everything, reaps, and returns the shell's exit code (128+N for signal N).
+    int wait() {
+        while (pump()) {
+        }
+        int status = 0;
+        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+        }
+        reaped_ = true;
+        return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    }
+
+    void signal(int sig) const { ::kill(pid_, sig); }
+
+    [[nodiscard]] const std::string& out() const { return out_; }
+    [[nodiscard]] const std::string& err() const { return err_; }
+
+    static int count_lines(const std::string& text, const std::string& prefix) {
+        int n = 0;
+        std::istringstream in(text);
+        for (std::string line; std::getline(in, line);) {
+            if (line.rfind(prefix, 0) == 0) ++n;
+        }
+        return n;
+    }
+
+private:
+    // One poll round; false when both pipes have ended.
+    bool pump() {
+        pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+        if (out_fd_ < 0 && err_fd_ < 0) return false;
+        if (::poll(fds, 2, -1) < 0) return errno == EINTR;
+        char buffer[8192];
+        for (int i = 0; i < 2; ++i) {
+            int& fd = i == 0 ? out_fd_ : err_fd_;
+            if (fd < 0 || fds[i].revents == 0) continue;
+            const ssize_t n = ::read(fd, buffer, sizeof buffer);
+            if (n > 0) {
+                (i == 0 ? out_ : err_).append(buffer, static_cast<std::size_t>(n));
+            } else if (n == 0 || errno != EINTR) {
+                ::close(fd);
+                fd = -1;
+            }
+        }
+        return true;
+    }
+
+    pid_t pid_ = -1;
+    bool reaped_ = false;
+    int out_fd_ = -1;
+    int err_fd_ = -1;
+    std::string out_;
+    std::string err_;
+};
+
+/// Runs to the end: {exit code, stdout, stderr}.
+struct result {
+    int code = -1;
+    std::string out;
+    std::string err;
+};
+
+inline result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
+    launched l(args, env);
+    result r;
+    r.code = l.wait();
+    r.out = l.out();
+    r.err = l.err();
+    return r;
+}
+
+/// NAME=value lines of a file the worker wrote, as a map; empty when the file is absent.
+inline std::map<std::string, std::string> read_env_file(const std::filesystem::path& path) {
+    std::map<std::string, std::string> env;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+        const auto eq = line.find('=');
+        if (eq != std::string::npos) env.emplace(line.substr(0, eq), line.substr(eq + 1));
+    }
+    return env;
+}
+
+inline std::vector<std::string> read_lines_of(const std::filesystem::path& path) {
+    std::vector<std::string> lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+}
+
+/// user + system CPU ticks of a process (/proc/<pid>/stat fields 14 and 15).
+inline long long cpu_ticks(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    std::istringstream fields(text.substr(close + 2));
+    std::vector<std::string> f;
+    for (std::string s; fields >> s;) f.push_back(s);
+    // After "pid (comm) ", field 3 (state) is f[0]; utime is field 14 -> f[11], stime f[12].
+    return std::stoll(f.at(11)) + std::stoll(f.at(12));
+}
+
+}  // namespace agent_support
