@@ -1,0 +1,85 @@
+// Exit-code classes: restart only when the root cause ended in a retryable way (a named set of
+// exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/policy/combinators.hpp"
+#include "elastic/policy/concepts.hpp"
+#include "elastic/policy/spec.hpp"
+#include "elastic/report/signal_name.hpp"
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Judges the root cause (the first worker to fail, by time: the others usually fail because of
+/// it) against a set of endings. `restart_on_exit(set)`: restart only when it is in the set;
+/// `stop_on_exit(set)`: stop when it is. With no worker failed on its own, it restarts.
+class exit_code_policy {
+public:
+    enum class mode { restart_listed, stop_listed };
+
+    exit_code_policy(exit_code_set set, mode m) : set_(std::move(set)), mode_(m) {}
+
+    [[nodiscard]] const exit_code_set& set() const noexcept { return set_; }
+    [[nodiscard]] mode which() const noexcept { return mode_; }
+    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no flag and
+    /// shows its C++ form.
+    [[nodiscard]] std::string flag() const {
+        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string())
+                                             : fmt::format("stop_on_exit({})", set_.to_string());
+    }
+
+    restart_plan plan(const group_failure& failure) {
+        const auto* root = failure.root_cause();
+        if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
+        const auto& status = root->status;
+        const std::string ending = status.signaled()
+                                       ? fmt::format("local_rank {} was killed by {}", root->local_rank,
+                                                     signal_name(status.value))
+                                       : fmt::format("local_rank {} exited with code {}", root->local_rank, status.value);
+        const bool listed = set_.contains(status);
+        if (mode_ == mode::restart_listed) {
+            if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
+            return {restart_decision::stop_because(
+                        fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
+                    {}};
+        }
+        if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
+        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    void commit(const group_failure&) {}
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    exit_code_set set_;
+    mode mode_;
+};
+
+static_assert(planned_restart_policy<exit_code_policy>);
+
+/// Restart only when the root cause's ending is in `set`; stop at once otherwise.
+[[nodiscard]] inline exit_code_policy restart_on_exit(exit_code_set set) {
+    return {std::move(set), exit_code_policy::mode::restart_listed};
+}
+/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
+[[nodiscard]] inline exit_code_policy restart_on_exit(std::string_view text) {
+    return restart_on_exit(parse_exit_code_set(text, "restart_on_exit"));
+}
+/// Stop at once when the root cause's ending is in `set`; otherwise restart.
+[[nodiscard]] inline exit_code_policy stop_on_exit(exit_code_set set) {
+    return {std::move(set), exit_code_policy::mode::stop_listed};
+}
+[[nodiscard]] inline exit_code_policy stop_on_exit(std::string_view text) {
+    return stop_on_exit(parse_exit_code_set(text, "stop_on_exit"));
+}
+
+}  // namespace elastic::inline v0

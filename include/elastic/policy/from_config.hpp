@@ -1,0 +1,52 @@
+// make_default_policy(config): the restart policy elasticrun runs under, built from
+// --max-restarts and the --restart-* options.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/policy/backoff.hpp"
+#include "elastic/policy/clock.hpp"
+#include "elastic/policy/combinators.hpp"
+#include "elastic/policy/crash_loop.hpp"
+#include "elastic/policy/exit_codes.hpp"
+#include "elastic/policy/max_restarts.hpp"
+#include "elastic/policy/window.hpp"
+
+#include <optional>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// The default policy, in this order (the first to say stop wins; docs/policies.md):
+///
+///     restart_on_exit(--restart-on-exit) | crash_loop_guard(--restart-crash-guard)
+///       | max_restarts(--max-restarts) | restart_window(--restart-window) | backoff(--restart-backoff)
+///
+/// each part present only when its option is given, except max_restarts: always there, unless
+/// --restart-window is given with --max-restarts left at 0, where the window is the budget (a
+/// window with no restart allowed at all would mean nothing). With none of the --restart-*
+/// options it answers exactly as max_restarts(--max-restarts). `clock` and `uniform` are for
+/// tests (the window's and the backoff's time, the jitter).
+template <policy_clock Clock = steady_policy_clock>
+[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+                                                     uniform_source uniform = random_uniform_source()) {
+    optional_policy<exit_code_policy> exits;
+    if (config.restart_on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*config.restart_on_exit));
+    optional_policy<crash_loop_guard> guard;
+    if (config.restart_crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*config.restart_crash_guard));
+    optional_policy<basic_backoff<Clock>> delay;
+    if (config.restart_backoff) {
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*config.restart_backoff, clock, std::move(uniform)));
+    }
+    if (config.restart_window) {
+        basic_restart_window<Clock> window(*config.restart_window, clock);
+        if (config.max_restarts == 0) {
+            return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
+        }
+        return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(window),
+                     std::move(delay));
+    }
+    return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(delay));
+}
+
+}  // namespace elastic::inline v0
