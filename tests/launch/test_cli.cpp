@@ -72,6 +72,21 @@ std::vector<option_case> option_cases() {
          }},
         {{"--max-restarts", "--max_restarts"}, "PET_MAX_RESTARTS", "3", "",
          [](const launch_config& c, const fixture&) { CHECK(c.max_restarts == 3); }},
+        {{"--restart-backoff", "--restart_backoff"}, "PET_RESTART_BACKOFF", "1s:1min", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.restart_backoff == elastic::backoff_spec{1s, 1min});
+         }},
+        {{"--restart-window", "--restart_window"}, "PET_RESTART_WINDOW", "5/1h", "",
+         [](const launch_config& c, const fixture&) { CHECK(c.restart_window == elastic::window_spec{5, 1h}); }},
+        {{"--restart-on-exit", "--restart_on_exit"}, "PET_RESTART_ON_EXIT", "1,75-78,signals", "",
+         [](const launch_config& c, const fixture&) {
+             REQUIRE(c.restart_on_exit.has_value());
+             CHECK(c.restart_on_exit->to_string() == "1,75-78,signals");
+         }},
+        {{"--restart-crash-guard", "--restart_crash_guard"}, "PET_RESTART_CRASH_GUARD", "30s:2", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.restart_crash_guard == elastic::crash_guard_spec{30s, 2});
+         }},
         {{"--monitor-interval", "--monitor_interval"}, "PET_MONITOR_INTERVAL", "0.5", "",
          [](const launch_config& c, const fixture&) { CHECK(c.monitor_interval == 500ms); }},
         {{"--start-method", "--start_method"}, "PET_START_METHOD", "fork", "",
@@ -560,6 +575,44 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
     env["PET_NNODES"] = "1\n2\x1b[31m";
     CHECK(usage_error_of({f.program}, env).find("PET_NNODES='1\\n2\\x1b[31m'") != std::string::npos);
     CHECK(usage_error_of({"-r"}, f.env).find("--redirects needs a value") != std::string::npos);
+}
+
+TEST_CASE("launch: the --restart-* options are off by default, refuse bad values by name, and show in the banner") {
+    fixture f;
+    const auto plain = parse({f.program}, f.env);
+    CHECK(!plain.restart_backoff);
+    CHECK(!plain.restart_window);
+    CHECK(!plain.restart_on_exit);
+    CHECK(!plain.restart_crash_guard);
+    CHECK(elastic::describe(plain).find("restart_") == std::string::npos);
+    CHECK(usage_error_of({"--restart-backoff=2s:1s", f.program}, f.env) ==
+          "--restart-backoff=2s:1s: the cap (1s) is below the initial delay (2s)");
+    CHECK(usage_error_of({"--restart-window=0/1h", f.program}, f.env).find("--restart-window=0/1h: ") == 0);
+    CHECK(usage_error_of({"--restart-on-exit=1,x", f.program}, f.env).find("'x' is not an exit code") !=
+          std::string::npos);
+    CHECK(usage_error_of({"--restart-crash-guard=soon", f.program}, f.env).find("--restart-crash-guard=soon") == 0);
+    auto env = f.env;
+    env["PET_RESTART_WINDOW"] = "5 per hour";
+    CHECK(usage_error_of({f.program}, env).find("PET_RESTART_WINDOW='5 per hour'") == 0);
+    const auto all = parse({"--restart-backoff=0.5:30:1h", "--restart-window=3/10min", "--restart-on-exit=SIGKILL,1",
+                            "--restart-crash-guard=1min", f.program},
+                           f.env);
+    const auto banner = elastic::describe(all);
+    for (const char* line : {"  restart_backoff      : 500ms:30s:1h\n", "  restart_window       : 3/10min\n",
+                             "  restart_on_exit      : 1,SIGKILL\n", "  restart_crash_guard  : 1min\n"}) {
+        CHECK_MESSAGE(banner.find(line) != std::string::npos, line);
+    }
+    // Set in C++ and checked by validate(), as the command line would.
+    auto config = all;
+    config.restart_backoff->jitter = 1.5;
+    CHECK_THROWS_AS(config.validate(f.env), elastic::usage_error);
+    config = all;
+    config.restart_window->period = 0ms;
+    CHECK_THROWS_AS(config.validate(f.env), elastic::usage_error);
+    config = all;
+    config.restart_crash_guard->in_a_row = 0;
+    CHECK_THROWS_AS(config.validate(f.env), elastic::usage_error);
+    CHECK_NOTHROW(all.validate(f.env));
 }
 
 TEST_CASE("launch: an option given twice keeps the last value, as argparse does") {

@@ -66,7 +66,7 @@ inline constexpr std::array<std::string_view, 8> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 31> option_specs{{
+inline constexpr std::array<option_spec, 35> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -117,6 +117,23 @@ inline constexpr std::array<option_spec, 31> option_specs{{
      "Port of that store; 0 picks a free one (single node only)."},
     {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
      "Restarts of the worker group allowed after failures before the job fails."},
+    {"--restart-backoff,--restart_backoff", "restart_backoff", false, true, "INITIAL:CAP[:RESET]", "none",
+     option_state::implemented, 4,
+     "Wait before each restart: INITIAL, doubled for each failure in a row up to CAP, shortened by up to 10% "
+     "at random; a group that ran RESET (default 10min) starts over at INITIAL. Durations such as 500ms, 2s, "
+     "1min, 1h (a bare number counts seconds). Example: 1s:1min."},
+    {"--restart-window,--restart_window", "restart_window", false, true, "N/PERIOD", "none",
+     option_state::implemented, 4,
+     "At most N restarts within any PERIOD, such as 5/1h; the next failure stops the job. A budget that "
+     "renews, where --max-restarts counts for the whole job."},
+    {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
+     option_state::implemented, 4,
+     "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N) and signal names (SIGKILL)."},
+    {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
+     option_state::implemented, 4,
+     "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
+     "N-th such start in a row stops the job. Example: 30s."},
     {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
      "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
      "Grace period between the stop signal sent to the workers and SIGKILL."},
@@ -521,6 +538,18 @@ inline void unmark(std::string& text) {
     // ---- failures, restarts and shutdown ----
     if (const auto v = raw("max_restarts")) {
         config.max_restarts = parse_integer(v->text, v->name, 0);
+    }
+    if (const auto v = raw("restart_backoff")) {
+        config.restart_backoff = parse_backoff_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_window")) {
+        config.restart_window = parse_window_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_on_exit")) {
+        config.restart_on_exit = parse_exit_code_set(v->text, v->name);
+    }
+    if (const auto v = raw("restart_crash_guard")) {
+        config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);

@@ -6,6 +6,7 @@
 #include "elastic/launch/program.hpp"
 #include "elastic/launch/usage_error.hpp"
 #include "elastic/launch/values.hpp"
+#include "elastic/policy/spec.hpp"
 
 #include <fmt/format.h>
 
@@ -15,6 +16,7 @@
 #include <cctype>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
@@ -53,6 +55,10 @@ struct launch_config {
 
     // ---- failures, restarts, shutdown ----
     int max_restarts = 0;                                 ///< --max-restarts
+    std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
+    std::optional<window_spec> restart_window;            ///< --restart-window
+    std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
     std::chrono::milliseconds shutdown_timeout = 30s;     ///< --shutdown-timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
     std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  ///< --signals-to-handle
     std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
@@ -188,6 +194,11 @@ namespace detail::launch_impl {
     line("local_addr", config.local_addr.value_or("(this host's name)"));
     line("role", config.role);
     line("max_restarts", fmt::format("{}", config.max_restarts));
+    // The restart policy's other settings appear only when given (docs/policies.md).
+    if (config.restart_backoff) line("restart_backoff", config.restart_backoff->flag().substr(18));
+    if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
+    if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
+    if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
     line("signals_to_handle", signals);
@@ -359,6 +370,18 @@ inline void validate(const launch_config& c, const environment& env, const optio
         throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
     }
     non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
+    if (const auto& b = c.restart_backoff;
+        b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
+              !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
+        throw usage_error{fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1",
+                                      b->flag())};
+    }
+    if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
+        throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
+    }
+    if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
+        throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+    }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
     if (c.signals_to_handle.empty()) {
