@@ -538,3 +538,34 @@ TEST_CASE("agent: elastic::run takes any restart_policy (in-process): a policy t
 }
 
 }  // namespace test_agent
+
+namespace test_agent {
+
+// PyTorch 1.13 (Debian's /usr/bin/python3) workers: init_process_group("gloo") from elasticrun's
+// environment, as clients of the store the agent hosts (legacy dialect), keyed under
+// /worker/attempt_<TORCHELASTIC_RESTART_COUNT>/.
+TEST_CASE("agent: a PyTorch DDP job (gloo, CPU) under elasticrun, correct after one restart") {
+    for (const auto& [n, fail_rank] : std::vector<std::pair<int, int>>{{2, 0}, {4, 3}}) {
+        CAPTURE(n);
+        temp_dir dir;
+        auto env = worker_env(dir, "");
+        env["PYTHON_EXEC"] = ELASTIC_TORCH_PYTHON;
+        env["DDP_FAIL_RANK"] = std::to_string(fail_rank);
+        auto r = agent_support::run({"--standalone", fmt::format("--nproc-per-node={}", n), "--max-restarts=1",
+                                     ELASTIC_TEST_SOURCE_DIR "/tests/agent/ddp_worker.py"},
+                                    env);
+        INFO(r.out);
+        INFO(r.err);
+        CHECK(r.code == 0);
+        CHECK(r.err.find(fmt::format("rank {} fails on purpose in attempt 0", fail_rank)) != std::string::npos);
+        CHECK(r.err.find("restart 1 of 1 (--max-restarts=1)") != std::string::npos);
+        const auto sum = n * (n + 1) / 2;
+        for (int rank = 0; rank < n; ++rank) {
+            CHECK(r.out.find(fmt::format("ddp rank={} world={} attempt=1 sum={} expected={} same=True\n", rank, n, sum, sum)) !=
+                  std::string::npos);
+        }
+        CHECK(launched::count_lines(r.out, "ddp ") == n);
+    }
+}
+
+}  // namespace test_agent
