@@ -1,8 +1,10 @@
-// The store layer: the store concepts, the in-memory and prefix models, the wire codec and the
-// TCP server (PyTorch's TCPStore protocol, both dialects).
+// The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
+// server and the TCP client (PyTorch's TCPStore protocol, both dialects).
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/store/blocking_client.hpp"
+#include "elastic/store/client.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
