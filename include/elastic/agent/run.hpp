@@ -8,7 +8,7 @@
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/usage_error.hpp"
 #include "elastic/policy/concepts.hpp"
-#include "elastic/policy/max_restarts.hpp"
+#include "elastic/policy/from_config.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -90,7 +90,8 @@ int run(int argc, const char* const* argv, Policy policy) {
     });
 }
 
-/// torchrun's command line with the default policy, built from --max-restarts.
+/// torchrun's command line with the default policy, make_default_policy(config): built from
+/// --max-restarts and the --restart-* options (docs/policies.md).
 inline int run(int argc, const char* const* argv) {
     const auto name = detail::agent::launcher_name(argc, argv);
     return detail::agent::guarded(name, [&] {
@@ -101,7 +102,7 @@ inline int run(int argc, const char* const* argv) {
             return 0;
         }
         const auto& config = std::get<launch_config>(parsed);
-        return run(config, max_restarts(config.max_restarts), env, name);
+        return run(config, make_default_policy(config), env, name);
     });
 }
 
