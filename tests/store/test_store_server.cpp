@@ -2,12 +2,16 @@
 // malformed input that closes only its own connection, thousands of connections, and an idle
 // server that uses no CPU.
 // test-tags: concurrent
+#include <elastic/store/memory_store.hpp>
 #include <elastic/store/server.hpp>
 
 #include <doctest/doctest.h>
 
 #include "store_support.hpp"
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/post.hpp>
@@ -512,4 +516,46 @@ TEST_CASE("store: a server destroyed with a client blocked in WAIT closes it and
         CHECK(co_await w.closed_by_peer());
     }());
     CHECK_FALSE(server.has_value());
+}
+
+TEST_CASE("store: cancelling run() stops the server and closes its connections") {
+    asio::io_context ctx;
+    elastic::store_server_options o;
+    o.host = "127.0.0.1";
+    elastic::tcp_store_server server(ctx.get_executor(), o);
+    asio::cancellation_signal cancel;
+    bool run_returned = false;
+    asio::co_spawn(ctx, server.run(),
+                   asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) {
+                       run_returned = true;
+                       CHECK_FALSE(e);
+                   }));
+    store_support::run(ctx, [&]() -> asio::awaitable<void> {
+        auto w = co_await blocked_waiter(server.port());
+        cancel.emit(asio::cancellation_type::terminal);
+        CHECK(co_await w.closed_by_peer());
+    }());
+    CHECK(run_returned);
+    CHECK(server.connections() == 0);
+}
+
+TEST_CASE("store: the hosting agent shares the server's keys and waiters in process") {
+    fixture f;
+    elastic::memory_store local(f.server->engine());
+    f.run([&]() -> asio::awaitable<void> {
+        co_await local.set("/from_agent", "A");
+        auto c = co_await raw_client::connect(f.port());
+        co_await exchange(c, "02 0b 00x7 2f 66 72 6f 6d 5f 61 67 65 6e 74", "01 00x7 41");
+        // The in-process wait is woken by a TCP client's SET; the SET's GETNUMKEYS reply comes
+        // after it ran.
+        auto writer = [&]() -> asio::awaitable<void> {
+            co_await exchange(c, "00 05 00x7 2f 6c 61 74 65 02 00x7 6f 6b   06", "02 00x7");
+        };
+        auto reader = [&]() -> asio::awaitable<std::string> {
+            co_return co_await local.get("/late");
+        };
+        using namespace asio::experimental::awaitable_operators;
+        const std::string got = co_await (reader() && writer());
+        CHECK(got == "ok");
+    }());
 }

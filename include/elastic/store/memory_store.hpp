@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -29,7 +30,15 @@ class memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
     explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
-        : timeout_(timeout) {}
+        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()),
+          timeout_(timeout) {}
+
+    /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
+    /// server uses the same keys and waiters in process, without a loopback connection. The
+    /// engine must outlive the store; use both on the engine's thread.
+    explicit memory_store(detail::store_engine& engine,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
+        : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
     std::chrono::milliseconds timeout() const noexcept { return timeout_; }
@@ -38,7 +47,7 @@ public:
 
     /// Overwrites `key` and wakes its waiters.
     asio::awaitable<void> set(std::string key, std::string value) {
-        engine_.set(key, std::move(value));
+        engine_->set(key, std::move(value));
         co_return;
     }
 
@@ -48,20 +57,20 @@ public:
         std::vector<std::string> keys;
         keys.push_back(key);
         co_await wait_for(std::move(keys), timeout_);
-        const auto* v = engine_.find(key);
+        const auto* v = engine_->find(key);
         // Deleted between the wake-up and now: PyTorch's libuv server answers empty.
         co_return v ? *v : std::string{};
     }
 
     /// Adds `delta` to the decimal counter at `key`; store_error when it holds something else.
     asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
-        co_return engine_.add(key, delta);
+        co_return engine_->add(key, delta);
     }
 
     /// PyTorch's compare_set (see the `store` concept); creating a key wakes its waiters.
     asio::awaitable<std::string> compare_set(std::string key, std::string expected,
                                              std::string desired) {
-        co_return std::string(engine_.compare_set(key, expected, desired));
+        co_return std::string(engine_->compare_set(key, expected, desired));
     }
 
     /// Waits up to timeout() until every key exists.
@@ -75,14 +84,14 @@ public:
     }
 
     /// Whether every key exists now.
-    asio::awaitable<bool> check(std::vector<std::string> keys) { co_return engine_.check(keys); }
+    asio::awaitable<bool> check(std::vector<std::string> keys) { co_return engine_->check(keys); }
 
     /// Removes `key`; true when it existed.
-    asio::awaitable<bool> delete_key(std::string key) { co_return engine_.erase(key); }
+    asio::awaitable<bool> delete_key(std::string key) { co_return engine_->erase(key); }
 
     /// The number of keys.
     asio::awaitable<std::int64_t> num_keys() {
-        co_return static_cast<std::int64_t>(engine_.size());
+        co_return static_cast<std::int64_t>(engine_->size());
     }
 
     /// Waits (up to timeout()) for every key, then returns their values in order.
@@ -91,7 +100,7 @@ public:
         std::vector<std::string> values;
         values.reserve(keys.size());
         for (const auto& k : keys) {
-            const auto* v = engine_.find(k);
+            const auto* v = engine_->find(k);
             values.push_back(v ? *v : std::string{});
         }
         co_return values;
@@ -104,18 +113,18 @@ public:
             throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
                                           "and {} values",
                                           keys.size(), values.size()));
-        for (std::size_t i = 0; i < keys.size(); ++i) engine_.set(keys[i], std::move(values[i]));
+        for (std::size_t i = 0; i < keys.size(); ++i) engine_->set(keys[i], std::move(values[i]));
         co_return;
     }
 
     /// Appends to `key`'s value (creates it) and wakes its waiters.
     asio::awaitable<void> append(std::string key, std::string value) {
-        engine_.append(key, value);
+        engine_->append(key, value);
         co_return;
     }
 
     /// The engine (shared semantics; the server exposes the same).
-    detail::store_engine& engine() noexcept { return engine_; }
+    detail::store_engine& engine() noexcept { return *engine_; }
 
 private:
     // One timer is both the deadline and the wake-up: on_ready cancels it. `done` is the truth,
@@ -133,21 +142,22 @@ private:
     asio::awaitable<void> wait_for(std::vector<std::string> keys,
                                    std::chrono::milliseconds timeout) {
         timed_waiter w(co_await asio::this_coro::executor);
-        if (engine_.wait(w, keys)) co_return;
+        if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
         const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         if (w.done) co_return;
-        engine_.cancel(w);
+        engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_.find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
         throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}",
                                         timeout.count(), names));
     }
 
-    detail::store_engine engine_;
+    std::unique_ptr<detail::store_engine> owned_;  // null when viewing another's engine
+    detail::store_engine* engine_;
     std::chrono::milliseconds timeout_;
 };
 
