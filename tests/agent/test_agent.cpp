@@ -569,3 +569,38 @@ TEST_CASE("agent: a PyTorch DDP job (gloo, CPU) under elasticrun, correct after 
 }
 
 }  // namespace test_agent
+
+namespace test_agent {
+
+// examples/trainer.cpp: elastic::env() and elastic::dist (broadcast, all_reduce, all_gather,
+// barrier) over the store the agent hosts; a failure in attempt 0 leaves elastic::record's
+// error file, and the restarted group agrees again.
+TEST_CASE("agent: a native trainer using elastic::env() and elastic::dist, before and after a restart") {
+    temp_dir dir;
+    auto env = worker_env(dir, "");
+    const std::string trainer = ELASTIC_TEST_PROGRAM_DIR "/agent-trainer";
+    SUBCASE("four ranks agree") {
+        auto r = agent_support::run({"--standalone", "--nproc-per-node=4", trainer, "--steps=3"}, env);
+        INFO(r.err);
+        CHECK(r.code == 0);
+        CHECK(launched::count_lines(r.out, "trainer rank ") == 8);  // a start and a done line each
+        CHECK(launched::count_lines(r.out, "step ") == 3);
+        CHECK(r.out.find("agreed by 4 ranks") != std::string::npos);
+    }
+    SUBCASE("rank 2 throws at step 2 of attempt 0; the summary shows its error file; attempt 1 succeeds") {
+        env["TRAINER_FAIL"] = "2:2";
+        auto r = agent_support::run({"--nproc-per-node=3", "--max-restarts=1", trainer, "--steps=3"}, env);
+        INFO(r.err);
+        CHECK(r.code == 0);
+        CHECK(r.err.find("failed (exitcode: ") != std::string::npos);
+        CHECK(r.out.find("attempt 1") != std::string::npos);
+        CHECK(launched::count_lines(r.out, "trainer rank ") == 3 + 3 + 3);  // 3 starts, 3 starts, 3 done
+        env["TRAINER_FAIL"] = "2:2";
+        r = agent_support::run({"--nproc-per-node=3", trainer, "--steps=3"}, env);
+        CHECK(r.code == 1);
+        CHECK(r.err.find("rank 2 fails at step 2 (TRAINER_FAIL)") != std::string::npos);
+        CHECK(r.err.find("error_file: /") != std::string::npos);  // elastic::record's file, read by the agent
+    }
+}
+
+}  // namespace test_agent
