@@ -1,6 +1,7 @@
-// The restart policies through the real agent: a launcher process (policy-elasticrun, the
-// default policy from --max-restarts and the --restart-* options; policy-custom-launcher,
-// examples/custom_policy.cpp) supervising agent-worker processes that fail on purpose.
+// The restart policies through the real agent: the real elasticrun (agent-elasticrun, whose
+// default policy make_default_policy builds from --max-restarts and the --restart-* options) and
+// examples/custom_policy.cpp (policy-custom-launcher) supervising agent-worker processes that
+// fail on purpose.
 #include "agent_support.hpp"
 
 #include <doctest/doctest.h>
@@ -20,7 +21,7 @@ namespace test_launch_policies {
 using agent_support::launched;
 using agent_support::temp_dir;
 
-std::string policy_elasticrun() { return ELASTIC_TEST_PROGRAM_DIR "/policy-elasticrun"; }
+std::string policy_elasticrun() { return agent_support::elasticrun(); }
 std::string custom_launcher() { return ELASTIC_TEST_PROGRAM_DIR "/policy-custom-launcher"; }
 
 std::map<std::string, std::string> worker_env(const temp_dir& dir, const std::string& rules) {

@@ -227,8 +227,9 @@ private:
 class any_restart_policy {
 public:
     template <class P>
-        requires restart_policy<std::remove_cvref_t<P>> &&
-                 (!std::same_as<std::remove_cvref_t<P>, any_restart_policy>)
+        // The same_as test first: it short-cuts the check of restart_policy<any_restart_policy>,
+        // which would ask for this very constructor again (clang recurses).
+        requires(!std::same_as<std::remove_cvref_t<P>, any_restart_policy>) && restart_policy<std::remove_cvref_t<P>>
     any_restart_policy(P&& policy)  // NOLINT(google-explicit-constructor): a policy is one
         : impl_(std::make_unique<model<std::remove_cvref_t<P>>>(std::forward<P>(policy))) {}
 
