@@ -88,7 +88,9 @@ private:
 TEST_CASE("dist: 100 barriers in a row across 4 processes") {
     job j;
     const auto results = j.run("barriers", 4);
-    for (const auto& [rank, r] : results) {
+    for (const auto& entry : results) {
+        const int rank = entry.first;  // not a structured binding: clang 14 cannot capture one
+        const auto& r = entry.second;
         CAPTURE(r.output);
         CHECK(r.code == 0);
         CHECK(r.output == fmt::format("rank {} passed 100 barriers\n", rank));
@@ -106,7 +108,9 @@ TEST_CASE("dist: a 1 MiB broadcast and a broadcast from the last rank") {
     job j;
     const auto results = j.run("broadcast", 3);
     REQUIRE(results.size() == 3);
-    for (const auto& [rank, r] : results) {
+    for (const auto& entry : results) {
+        const int rank = entry.first;  // not a structured binding: clang 14 cannot capture one
+        const auto& r = entry.second;
         CAPTURE(r.output);
         CHECK(r.code == 0);
         CHECK(r.output == fmt::format("rank {} got 1048576 bytes and 'from rank 2'\n", rank));
@@ -117,7 +121,9 @@ TEST_CASE("dist: all_gather is ordered by rank, all_reduce sums, mins and maxes"
     job j;
     const auto results = j.run("gather", 4);
     REQUIRE(results.size() == 4);
-    for (const auto& [rank, r] : results) {
+    for (const auto& entry : results) {
+        const int rank = entry.first;  // not a structured binding: clang 14 cannot capture one
+        const auto& r = entry.second;
         CAPTURE(r.output);
         CHECK(r.code == 0);
         // sum of rank+1 = 10; min of 10-rank = 7; max of rank*1000 = 3000; sum of rank/2 = 3
@@ -130,7 +136,9 @@ TEST_CASE("dist: a rank that never arrives fails the others with its rank named"
     job j;
     const auto results = j.run("barrier-once", 3, {0, 1}, 0, "300");
     REQUIRE(results.size() == 2);
-    for (const auto& [rank, r] : results) {
+    for (const auto& entry : results) {
+        const int rank = entry.first;  // not a structured binding: clang 14 cannot capture one
+        const auto& r = entry.second;
         CAPTURE(r.output);
         CHECK(r.code == 3);
         CHECK(r.output.starts_with(fmt::format("rank {} missing: 2\n", rank)));
@@ -152,7 +160,9 @@ TEST_CASE("dist: a new attempt never sees the keys an earlier attempt left") {
     CHECK(second[0].output.starts_with("rank 0 missing: 1\n"));
     // Attempt 2 with both ranks passes.
     const auto third = j.run("barrier-once", 2, {}, 2);
-    for (const auto& [rank, r] : third) {
+    for (const auto& entry : third) {
+        const int rank = entry.first;  // not a structured binding: clang 14 cannot capture one
+        const auto& r = entry.second;
         CAPTURE(r.output);
         CHECK(r.code == 0);
         CHECK(r.output == fmt::format("rank {} passed\n", rank));
@@ -164,7 +174,9 @@ TEST_CASE("dist: a single-rank run needs no store and every collective is local"
     // No launcher variables at all: the single-rank default.
     auto c = client_support::spawn({ELASTIC_TEST_PROGRAM_DIR "/dist-worker", "single"},
                                    {{"RANK", ""}, {"WORLD_SIZE", ""}});
-    const auto [out, status] = store_support::run(ctx, store_support::collect(c.output()));
+    const auto result = store_support::run(ctx, store_support::collect(c.output()));
+    const auto& out = result.first;
+    const int status = result.second;
     CAPTURE(out);
     CHECK(client_support::exit_code(status) == 0);
     CHECK(out == "alone me 42 0 of 1\n");

@@ -233,7 +233,8 @@ TEST_CASE("store_client: two PyTorch gloo workers init_process_group on our serv
     }());
     REQUIRE(results.size() == 2);
     for (int rank = 0; rank < 2; ++rank) {
-        const auto& [out, status] = results[static_cast<std::size_t>(rank)];
+        const auto& out = results[static_cast<std::size_t>(rank)].first;
+        const int status = results[static_cast<std::size_t>(rank)].second;
         CAPTURE(out);
         CHECK(client_support::exit_code(status) == 0);
         CHECK(out.find(fmt::format("rank {} of 2 sum 3.0\n", rank)) != std::string::npos);
