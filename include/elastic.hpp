@@ -10,9 +10,13 @@
 // Worker side.
 #include "elastic/env.hpp"
 #include "elastic/record.hpp"
+#include "elastic/dist.hpp"
 
 // Layers (each of these includes the public headers of its folder).
 #include "elastic/store.hpp"
 #include "elastic/process.hpp"
 #include "elastic/report.hpp"
 #include "elastic/launch.hpp"
+#include "elastic/policy.hpp"
+#include "elastic/agent.hpp"
+#include "elastic/run.hpp"

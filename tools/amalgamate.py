@@ -53,11 +53,29 @@ def inline(name, seen, out):
     out.append(f"// ---- end {name} ----\n")
 
 
+def unreachable(seen):
+    """Headers under include/elastic/ that the umbrella never reaches: the single header would
+    silently lack them, so a program that builds against include/ fails against it."""
+    missing = []
+    for dirpath, _, files in os.walk(os.path.join(INCLUDE, "elastic")):
+        for f in files:
+            if f.endswith(".hpp"):
+                name = os.path.relpath(os.path.join(dirpath, f), INCLUDE).replace(os.sep, "/")
+                if name not in seen:
+                    missing.append(name)
+    return sorted(missing)
+
+
 def generate():
     with open(os.path.join(INCLUDE, "elastic", "detail", "config.hpp"), encoding="utf-8") as f:
         version = VERSION_RE.search(f.read()).group(1)
     body = []
-    inline("elastic.hpp", set(), body)
+    seen = set()
+    inline("elastic.hpp", seen, body)
+    missing = unreachable(seen)
+    if missing:
+        sys.exit("amalgamate: include/elastic.hpp does not reach " + ", ".join(missing) +
+                 " (include it from its layer's umbrella header)")
     banner = (
         "// elastic " + version + " — single-header distribution.\n"
         "// GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;\n"
