@@ -228,7 +228,8 @@ int main(int argc, char** argv) {
 
     fmt::print("| operation | clients | server | ops/s | p50 µs | p99 µs |\n");
     fmt::print("|---|---:|---|---:|---:|---:|\n");
-    for (const auto op : {operation::set, operation::get, operation::add, operation::wait_then_set}) {
+    for (const auto op :
+         {operation::set, operation::get, operation::add, operation::wait_then_set}) {
         for (const int n : clients) {
             for (const bool torch : {false, true}) {
                 if (torch && which == "ours") continue;

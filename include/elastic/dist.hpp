@@ -291,11 +291,13 @@ inline void barrier() {
 }
 /// `root`'s bytes on every rank (see group::broadcast).
 inline std::string broadcast(std::string bytes, int root = 0) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
+    return elastic::detail::with_dist_world(
+        [&](group& g) { return g.broadcast(std::move(bytes), root); });
 }
 /// Every rank's bytes, by rank (see group::all_gather).
 inline std::vector<std::string> all_gather(std::string bytes) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
+    return elastic::detail::with_dist_world(
+        [&](group& g) { return g.all_gather(std::move(bytes)); });
 }
 /// A scalar combined over every rank (see group::all_reduce).
 template <class T>

@@ -338,7 +338,7 @@ TEST_CASE("store_client: a server that stops during a wait is a store_error, not
     }());
 }
 
-TEST_CASE("store_client: ADD on a non-numeric value is a store_error and the next call reconnects") {
+TEST_CASE("store_client: ADD on a non-numeric value fails and the next call reconnects") {
     fixture f;
     tcp_store_client c(f.ctx.get_executor(), f.client_options());
     f.run([&]() -> asio::awaitable<void> {

@@ -48,7 +48,8 @@ struct child {
 inline child spawn(const std::vector<std::string>& args,
                    const std::map<std::string, std::string>& env = {}, bool stdin_pipe = false) {
     int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+    if (pipe2(out, O_CLOEXEC) != 0)
+        throw std::system_error(errno, std::generic_category(), "pipe2");
     int in[2] = {-1, -1};
     if (stdin_pipe && pipe2(in, O_CLOEXEC) != 0)
         throw std::system_error(errno, std::generic_category(), "pipe2");

@@ -64,7 +64,9 @@ public:
 
     [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return client_.timeout(); }
     void set_timeout(std::chrono::milliseconds t) noexcept { client_.set_timeout(t); }
-    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return client_.dialect(); }
+    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept {
+        return client_.dialect();
+    }
     [[nodiscard]] std::string address() const { return client_.address(); }
 
     /// The asynchronous client underneath (to co_spawn on `context()` yourself).

@@ -260,7 +260,8 @@ public:
             co_await flush(std::string_view("GET"), keys.front());
         }
         out.reserve(keys.size());
-        for (const auto& k : keys) out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
+        for (const auto& k : keys)
+            out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
         co_return out;
     }
 
@@ -493,7 +494,8 @@ private:
         d = std::min(d, options_.max_backoff);
         std::uniform_real_distribution<double> jitter(0.5, 1.0);
         return std::chrono::milliseconds(
-            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng_)));
+            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
+                                                        jitter(rng_)));
     }
 
     asio::awaitable<std::error_code> connect_once(std::vector<asio::ip::tcp::endpoint>& endpoints,
@@ -514,7 +516,8 @@ private:
         conn_ = std::make_shared<detail::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
-        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        const auto [ec, ep] =
+            co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
         (void)ep;
         const bool expired = conn_->expired;
         disarm();
