@@ -492,7 +492,7 @@ TEST_CASE("policy: durations and the --restart-* values parse, print back, and r
     CHECK(parse_duration(" 2 min ", "x") == 2min);
     CHECK(parse_duration("1h", "x") == 1h);
     CHECK(parse_duration("0", "x", true) == 0ms);
-    for (const char* bad : {"", "0", "-1s", "1d", "s", "1e3", "1..2s", "nan"}) {
+    for (const char* bad : {"", "0", "-1s", "1d", "s", "1e3", "1..2s", "nan", "0.1ms", "0.0001"}) {
         CHECK_THROWS_AS((void)parse_duration(bad, "--restart-backoff"), elastic::usage_error);
     }
     try {

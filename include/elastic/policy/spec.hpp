@@ -80,8 +80,10 @@ namespace detail::policy_impl {
     else if (unit == "m" || unit == "min") scale = 60;
     else if (unit == "h") scale = 3600;
     const double seconds = value * scale;
+    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
     const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
-                    std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
+                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
+                    (allow_zero || std::llround(seconds * 1000.0) > 0);
     if (!ok) {
         throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
                                       "counts seconds)",
