@@ -101,10 +101,10 @@ TEST_CASE("agent: every worker gets torchrun's contract, key by key (inventory 2
             {"OMP_NUM_THREADS", "1"},
             {"SOME_USER_VARIABLE", "kept"},
         };
-        for (const auto& [name, value] : expected) {
-            INFO("rank " << rank << ": " << name);
-            REQUIRE(e.count(name) == 1);
-            CHECK(e.at(name) == value);
+        for (const auto& entry : expected) {  // no structured binding: clang 14 cannot capture one
+            INFO("rank " << rank << ": " << entry.first);
+            REQUIRE(e.count(entry.first) == 1);
+            CHECK(e.at(entry.first) == entry.second);
         }
         // MASTER_PORT: the store the agent hosts, on a kernel-chosen port.
         REQUIRE(e.count("MASTER_PORT") == 1);
@@ -463,7 +463,9 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
 TEST_CASE("agent: options not implemented yet are refused in every spelling, never ignored") {
     const std::vector<std::pair<std::string, std::string>> refused{
         {"--log-dir", "/tmp"}, {"--redirects", "3"}, {"--tee", "3"}, {"--local-ranks-filter", "0"}, {"--nnodes", "2"}};
-    for (const auto& [dashed, value] : refused) {
+    for (const auto& option : refused) {
+        const std::string dashed = option.first;
+        const std::string value = option.second;
         for (int spelling = 0; spelling < 3; ++spelling) {
             CAPTURE(dashed);
             CAPTURE(spelling);
@@ -545,7 +547,9 @@ namespace test_agent {
 // environment, as clients of the store the agent hosts (legacy dialect), keyed under
 // /worker/attempt_<TORCHELASTIC_RESTART_COUNT>/.
 TEST_CASE("agent: a PyTorch DDP job (gloo, CPU) under elasticrun, correct after one restart") {
-    for (const auto& [n, fail_rank] : std::vector<std::pair<int, int>>{{2, 0}, {4, 3}}) {
+    for (const auto& job : std::vector<std::pair<int, int>>{{2, 0}, {4, 3}}) {
+        const int n = job.first;
+        const int fail_rank = job.second;
         CAPTURE(n);
         temp_dir dir;
         auto env = worker_env(dir, "");
