@@ -38,7 +38,8 @@ void check_stream(elastic::wire::dialect d, std::string_view in, std::size_t spl
         if (r.size == 0 || r.size > in.size()) fail();
         const auto whole = in.substr(0, r.size);
         const auto inside = [&](std::string_view v) {
-            return v.empty() || (v.data() >= whole.data() && v.data() + v.size() <= whole.data() + whole.size());
+            return v.empty() || (v.data() >= whole.data() &&
+                                 v.data() + v.size() <= whole.data() + whole.size());
         };
         if (!inside(req.key) || !inside(req.value) || !inside(req.expected)) fail();
         for (const auto k : req.keys)

@@ -211,7 +211,8 @@ TEST_CASE("store: encode_request writes what parse_request reads") {
     elastic::wire::encode_request(dialect::current, req, out);
     CHECK(out == unhex("02 03 00x7 2f 6b 31 02 00x7 76 31 02 00x7 76 32"));
     req.operation = op::ping;
-    CHECK_THROWS_AS(elastic::wire::encode_request(dialect::legacy, req, out), std::invalid_argument);
+    CHECK_THROWS_AS(elastic::wire::encode_request(dialect::legacy, req, out),
+                    std::invalid_argument);
 }
 
 TEST_CASE("store: engine semantics follow PyTorch's libuv server") {

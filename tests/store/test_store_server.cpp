@@ -186,7 +186,8 @@ TEST_CASE("store: server answers the observed 1.13 bytes (legacy dialect)") {
         // GET of a missing key: an empty value (1.13 closed the connection; libuv answers).
         co_await exchange(c, "02 08 00x7 2f 6d 69 73 73 69 6e 67", "00x8");
         // A request that arrives one byte per segment, as 1.13 sends opcodes.
-        for (const char b : unhex("03 04 00x7 2f 63 6e 74 0a 00x7")) co_await c.send(std::string(1, b));
+        for (const char b : unhex("03 04 00x7 2f 63 6e 74 0a 00x7"))
+            co_await c.send(std::string(1, b));
         CHECK(co_await c.read_hex(8) == hex(unhex("0d 00x7")));
         // Two requests in one segment.
         co_await exchange(c, "06 08 04 00x7 2f 62 69 6e", "05 00x7 01 00x7");
@@ -294,7 +295,8 @@ TEST_CASE("store: server current dialect: VALIDATE, PING, WAIT, CANCEL_WAIT and 
         // APPEND=9, MULTI_SET=11, MULTI_GET=10, DELETE_KEY=8, LIST_KEYS=17.
         co_await exchange(b, "09 03 00x7 2f 6b 31 01 00x7 21", "");
         co_await exchange(b, "0b 01 00x7 02 00x7 2f 6d 01 00x7 6d", "");
-        co_await exchange(b, "0a 02 00x7 03 00x7 2f 6b 31 02 00x7 2f 6d", "03 00x7 76 32 21 01 00x7 6d");
+        co_await exchange(b, "0a 02 00x7 03 00x7 2f 6b 31 02 00x7 2f 6d",
+                          "03 00x7 76 32 21 01 00x7 6d");
         co_await exchange(b, "08 02 00x7 2f 6d", "01 00x7");
         auto lister = co_await raw_client::connect(f.port());
         co_await exchange(lister, "00 ce f7 85 3c  01 02 00x7 2f 71 00x8  08 03 00x7 2f 6b 31  "
@@ -343,7 +345,8 @@ TEST_CASE("store: a 2.x handshake read as legacy SET closes only its connection"
 }
 
 TEST_CASE("store: an unsupported operation closes only its connection") {
-    check_rejected(unhex("00 ce f7 85 3c  0e 01 00x7 71 01 00x7 76"), "QUEUE_PUSH is not supported");
+    check_rejected(unhex("00 ce f7 85 3c  0e 01 00x7 71 01 00x7 76"),
+                   "QUEUE_PUSH is not supported");
 }
 
 TEST_CASE("store: a connection beyond max_connections is closed, the others carry on") {

@@ -144,14 +144,16 @@ private:
         timed_waiter w(co_await asio::this_coro::executor);
         if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
-        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec] =
+            co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         if (w.done) co_return;
         engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+            if (!engine_->find(k))
+                names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
         throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}",
                                         timeout.count(), names));
     }

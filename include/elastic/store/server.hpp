@@ -297,7 +297,8 @@ private:
                 w.self = std::prev(waits_.end());
                 if (engine.wait(w, r.keys)) {
                     waits_.pop_back();
-                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+                    wire::put_u8(out_,
+                                 static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
                 }
                 return true;
             }
@@ -333,7 +334,8 @@ private:
                 return true;
             case op::list_keys:
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+                engine.for_each(
+                    [&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
                 return true;
             case op::queue_push:
             case op::queue_pop:
@@ -458,7 +460,8 @@ private:
         while (!core->stopped) {
             auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
             if (ec == asio::error::operation_aborted || core->stopped) break;
-            if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
+            if (ec == asio::error::no_descriptors ||
+                ec == std::errc::too_many_files_open_in_system) {
                 // Out of descriptors: accept again once a connection closes (it cancels the
                 // timer), not in a retry loop.
                 core->log(fmt::format("cannot accept: {}; waiting until a connection closes",

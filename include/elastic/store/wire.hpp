@@ -25,7 +25,7 @@ namespace elastic::inline v0::wire {
 
 /// The opcode numbering a connection speaks, chosen from its first bytes (`detect_dialect`).
 enum class dialect : std::uint8_t {
-    legacy,   ///< PyTorch 1.13 (SET=0 ... WATCH_KEY=7, DELETE_KEY=8) plus ~2.0's 9..12; no handshake
+    legacy,   ///< PyTorch 1.13 (SET=0 ... WATCH_KEY=7, DELETE_KEY=8), ~2.0's 9..12; no handshake
     current,  ///< PyTorch >= ~2.2: VALIDATE=0, SET=1, ..., PING=13, QUEUE_*, LIST_KEYS, BARRIER
 };
 
@@ -131,7 +131,8 @@ template <class T>
 inline void put_le(std::string& out, T v) {
     char bytes[sizeof(T)];
     for (std::size_t i = 0; i < sizeof(T); ++i)
-        bytes[i] = static_cast<char>(static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
+        bytes[i] = static_cast<char>(
+            static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
     out.append(bytes, sizeof(T));
 }
 
@@ -140,7 +141,9 @@ inline void put_u32(std::string& out, std::uint32_t v) { put_le(out, v); }
 /// Appends a u64 (lengths, counts).
 inline void put_u64(std::string& out, std::uint64_t v) { put_le(out, v); }
 /// Appends an i64 (ADD delta and result, GETNUMKEYS, DELETE_KEY's count): two's complement LE.
-inline void put_i64(std::string& out, std::int64_t v) { put_le(out, static_cast<std::uint64_t>(v)); }
+inline void put_i64(std::string& out, std::int64_t v) {
+    put_le(out, static_cast<std::uint64_t>(v));
+}
 /// Appends a key or value: u64 length, then the raw bytes.
 inline void put_bytes(std::string& out, std::string_view s) {
     put_u64(out, s.size());
@@ -182,7 +185,8 @@ constexpr detection detect_dialect(std::string_view first) noexcept {
 /// reuses the vectors' capacity, so keep one `request` per connection.
 struct request {
     op operation = op::num_keys;
-    std::string_view key;           ///< SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
+    /// SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
+    std::string_view key;
     std::string_view value;         ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
     std::string_view expected;      ///< COMPARE_SET's expected value
     std::int64_t number = 0;        ///< ADD's delta, BARRIER's world size
