@@ -1,5 +1,5 @@
-// The restart-policy layer: the restart_policy concept, group_failure / restart_decision, and
-// the default policy max_restarts(n).
+// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
+// max_restarts(n), the built-in policies and combinators, and make_default_policy(config).
 #pragma once
 
 #include "elastic/detail/config.hpp"
