@@ -202,7 +202,7 @@ TEST_CASE("agent: the budget spent, elasticrun ends with the root cause's code a
     temp_dir dir;
     SUBCASE("an exit code") {
         auto r = agent_support::run(with_worker({"--nproc-per-node=2", "--max-restarts=1"}),
-                                    worker_env(dir, "r1:env+stderr+exit7;*:env+hang"));
+                                    worker_env(dir, "r1:env+stderr+waitfor0+exit7;*:env+store+hang"));
         CHECK(r.code == 7);
         CHECK(count_files(dir.path(), "env.0.") == 2);
         CHECK(count_files(dir.path(), "env.1.") == 2);

@@ -126,8 +126,10 @@ int main(int argc, char** argv) {
                     return 99;
                 }
             }
-            client.set(fmt::format("stale/{}", rank), attempt);
+            // The line first: a rank waiting for this key (waitfor) may end the group as soon
+            // as it exists.
             say(1, fmt::format("store ok {} {}\n", rank, attempt));
+            client.set(fmt::format("stale/{}", rank), attempt);
         } else if (step.rfind("waitfor", 0) == 0) {
             elastic::store_client_options options;
             options.host = var("MASTER_ADDR");
