@@ -1489,11 +1489,17 @@ int record(Entry&& entry, Args&&... args) {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/record.hpp ----
+// ---- begin elastic/dist.hpp ----
+// elastic::dist: composer-style collectives for native C++ workers (barrier, broadcast,
+// all_gather, all_reduce of scalars, rank and size helpers) over the job's TCP store.
 
-// Layers (each of these includes the public headers of its folder).
-// ---- begin elastic/store.hpp ----
-// The store layer: the store concepts, the in-memory and prefix models, the wire codec and the
-// TCP server (PyTorch's TCPStore protocol, both dialects).
+// ---- begin elastic/store/blocking_client.hpp ----
+// blocking_store_client: tcp_store_client behind plain blocking calls, for worker code that is
+// not asynchronous (each call runs a private io_context until the operation is done).
+
+// ---- begin elastic/store/client.hpp ----
+// tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
+// `store` concept as coroutines; connect with backoff, a deadline on every operation.
 
 // ---- begin elastic/store/concepts.hpp ----
 // The store concepts: what every store model provides (store) and the batch operations some add
@@ -1587,6 +1593,1579 @@ concept multi_key_store =
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/concepts.hpp ----
+// ---- begin elastic/store/wire.hpp ----
+// The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
+// detection and an incremental request parser shared by the server and the client.
+
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp; the reference is
+// /work/shared/reference/wire-protocols.md Part 1 (and docs/store.md). Integers are host-order
+// memcpy copies in PyTorch, i.e. little-endian on every platform it runs on; we encode
+// little-endian explicitly so the bytes are the same on any host.
+namespace elastic::inline v0::wire {
+
+/// The opcode numbering a connection speaks, chosen from its first bytes (`detect_dialect`).
+enum class dialect : std::uint8_t {
+    legacy,   ///< PyTorch 1.13 (SET=0 ... WATCH_KEY=7, DELETE_KEY=8), ~2.0's 9..12; no handshake
+    current,  ///< PyTorch >= ~2.2: VALIDATE=0, SET=1, ..., PING=13, QUEUE_*, LIST_KEYS, BARRIER
+};
+
+/// A request's operation, independent of the numbering.
+enum class op : std::uint8_t {
+    validate,
+    set,
+    compare_set,
+    get,
+    add,
+    check,
+    wait,
+    num_keys,
+    watch_key,
+    delete_key,
+    append,
+    multi_get,
+    multi_set,
+    cancel_wait,
+    ping,
+    queue_push,
+    queue_pop,
+    queue_len,
+    list_keys,
+    barrier,
+};
+
+/// VALIDATE's magic (u32 0x3C85F7CE, on the wire `CE F7 85 3C`).
+inline constexpr std::uint32_t validate_magic = 0x3C85F7CEu;
+
+/// `CheckResponseType`: the reply to CHECK.
+enum class check_response : std::uint8_t { ready = 0, not_ready = 1 };
+/// `WaitResponseType`: STOP_WAITING answers WAIT (maybe later); WAIT_CANCELED answers CANCEL_WAIT.
+enum class wait_response : std::uint8_t { stop_waiting = 0, wait_canceled = 1 };
+/// `WatchResponseType` (legacy dialect only): the first byte of a WATCH_KEY notification.
+enum class watch_response : std::uint8_t {
+    key_updated = 0,
+    key_created = 1,
+    key_deleted = 2,
+    key_callback_registered = 3,
+    key_appended = 4,
+};
+
+namespace detail {
+inline constexpr std::array<op, 13> legacy_ops{
+    op::set,      op::compare_set, op::get,       op::add,       op::check,
+    op::wait,     op::num_keys,    op::watch_key, op::delete_key, op::append,
+    op::multi_get, op::multi_set,  op::cancel_wait};
+inline constexpr std::array<op, 19> current_ops{
+    op::validate,   op::set,        op::compare_set, op::get,       op::add,
+    op::check,      op::wait,       op::num_keys,    op::delete_key, op::append,
+    op::multi_get,  op::multi_set,  op::cancel_wait, op::ping,      op::queue_push,
+    op::queue_pop,  op::queue_len,  op::list_keys,   op::barrier};
+}  // namespace detail
+
+/// The operation a byte means in `d`, or nothing for a byte the dialect does not define.
+constexpr std::optional<op> to_op(dialect d, std::uint8_t byte) noexcept {
+    if (d == dialect::legacy) {
+        if (byte < detail::legacy_ops.size()) return detail::legacy_ops[byte];
+    } else if (byte < detail::current_ops.size()) {
+        return detail::current_ops[byte];
+    }
+    return std::nullopt;
+}
+
+/// The byte of `o` in `d`, or nothing when the dialect has no such operation (VALIDATE, PING,
+/// queues, LIST_KEYS and BARRIER are current-only; WATCH_KEY is legacy-only).
+constexpr std::optional<std::uint8_t> to_byte(dialect d, op o) noexcept {
+    const auto find = [o](const auto& table) -> std::optional<std::uint8_t> {
+        for (std::size_t i = 0; i < table.size(); ++i)
+            if (table[i] == o) return static_cast<std::uint8_t>(i);
+        return std::nullopt;
+    };
+    return d == dialect::legacy ? find(detail::legacy_ops) : find(detail::current_ops);
+}
+
+/// PyTorch's upper-case name of an operation (for logs).
+constexpr std::string_view name(op o) noexcept {
+    constexpr std::array<std::string_view, 20> names{
+        "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",        "CHECK",
+        "WAIT",       "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY", "APPEND",    "MULTI_GET",
+        "MULTI_SET",  "CANCEL_WAIT", "PING",       "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
+        "LIST_KEYS",  "BARRIER"};
+    return names[static_cast<std::size_t>(o)];
+}
+
+/// Size limits a parser enforces (documented in docs/store.md). A request beyond one is
+/// malformed: the server closes that connection and logs why.
+struct limits {
+    std::size_t max_key_size = 64 * 1024;                ///< bytes in one key
+    std::size_t max_value_size = 16 * 1024 * 1024;      ///< bytes in one value
+    std::size_t max_keys_per_request = 128 * 1024;      ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
+    std::size_t max_request_size = 64 * 1024 * 1024;    ///< bytes of one whole request
+};
+
+// ---- primitive encodings -------------------------------------------------------------------
+
+/// Appends one byte.
+inline void put_u8(std::string& out, std::uint8_t v) { out.push_back(static_cast<char>(v)); }
+
+/// Appends a little-endian unsigned integer of N bytes.
+template <class T>
+inline void put_le(std::string& out, T v) {
+    char bytes[sizeof(T)];
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+        bytes[i] = static_cast<char>(
+            static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
+    out.append(bytes, sizeof(T));
+}
+
+/// Appends a u32 (VALIDATE magic, PING nonce).
+inline void put_u32(std::string& out, std::uint32_t v) { put_le(out, v); }
+/// Appends a u64 (lengths, counts).
+inline void put_u64(std::string& out, std::uint64_t v) { put_le(out, v); }
+/// Appends an i64 (ADD delta and result, GETNUMKEYS, DELETE_KEY's count): two's complement LE.
+inline void put_i64(std::string& out, std::int64_t v) {
+    put_le(out, static_cast<std::uint64_t>(v));
+}
+/// Appends a key or value: u64 length, then the raw bytes.
+inline void put_bytes(std::string& out, std::string_view s) {
+    put_u64(out, s.size());
+    out.append(s);
+}
+
+/// Reads a little-endian integer from exactly sizeof(T) bytes at `p`.
+template <class T>
+inline T get_le(const char* p) noexcept {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+        v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+    return static_cast<T>(v);
+}
+
+// ---- dialect detection ---------------------------------------------------------------------
+
+/// What the first bytes of a connection say: not enough yet, or which dialect.
+enum class detection : std::uint8_t { need_more, legacy, current };
+
+/// Chooses a connection's dialect from its first bytes: `00 CE F7 85 3C` (VALIDATE with its
+/// magic) is the current dialect, anything else legacy. A first byte other than 0x00 decides at
+/// once; after 0x00 five bytes are needed. A legacy SET would only match with a key length whose
+/// low 32 bits are 0x3C85F7CE (about 1 GB), which is beyond any limit.
+constexpr detection detect_dialect(std::string_view first) noexcept {
+    if (first.empty()) return detection::need_more;
+    if (first[0] != '\0') return detection::legacy;
+    constexpr char magic[] = {'\0', '\xCE', '\xF7', '\x85', '\x3C'};
+    for (std::size_t i = 1; i < 5; ++i) {
+        if (i >= first.size()) return detection::need_more;
+        if (first[i] != magic[i]) return detection::legacy;
+    }
+    return detection::current;
+}
+
+// ---- requests ------------------------------------------------------------------------------
+
+/// One decoded request. Views point into the parsed buffer: valid until it changes. The parser
+/// reuses the vectors' capacity, so keep one `request` per connection.
+struct request {
+    op operation = op::num_keys;
+    /// SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
+    std::string_view key;
+    std::string_view value;         ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
+    std::string_view expected;      ///< COMPARE_SET's expected value
+    std::int64_t number = 0;        ///< ADD's delta, BARRIER's world size
+    std::uint32_t nonce = 0;        ///< VALIDATE's magic, PING's nonce
+    std::vector<std::string_view> keys;    ///< CHECK, WAIT, MULTI_GET, MULTI_SET
+    std::vector<std::string_view> values;  ///< MULTI_SET (same length as keys)
+};
+
+/// The state of a parse.
+enum class parse_status : std::uint8_t {
+    need_more,  ///< incomplete: read at least up to `size` bytes in total, then parse again
+    complete,   ///< a whole request of `size` bytes is at the front of the buffer
+    malformed,  ///< unknown opcode or a limit exceeded: `reason` says which; close the peer
+};
+
+/// The result of `parse_request`.
+struct parse_result {
+    parse_status status = parse_status::need_more;
+    std::size_t size = 0;  ///< complete: bytes consumed; need_more: lower bound of the total
+    std::string reason;    ///< malformed: what and why, for the log
+};
+
+namespace detail {
+
+// A cursor over the input that records how far it got and why it stopped.
+class request_reader {
+public:
+    request_reader(std::string_view in, const limits& lim) noexcept : in_(in), lim_(lim) {}
+
+    // Each returns false when it cannot complete; status() then says need_more or malformed.
+    bool fixed(std::size_t n, const char*& at) noexcept {
+        if (in_.size() - pos_ < n) return need(pos_ + n);
+        at = in_.data() + pos_;
+        pos_ += n;
+        return true;
+    }
+    bool u32(std::uint32_t& v) noexcept {
+        const char* p = nullptr;
+        if (!fixed(4, p)) return false;
+        v = get_le<std::uint32_t>(p);
+        return true;
+    }
+    bool i64(std::int64_t& v) noexcept {
+        const char* p = nullptr;
+        if (!fixed(8, p)) return false;
+        v = static_cast<std::int64_t>(get_le<std::uint64_t>(p));
+        return true;
+    }
+    bool count(std::size_t& n) {
+        const char* p = nullptr;
+        if (!fixed(8, p)) return false;
+        const auto v = get_le<std::uint64_t>(p);
+        if (v > lim_.max_keys_per_request)
+            return fail(fmt::format("{} keys in one request exceed the limit of {} "
+                                    "(wire::limits::max_keys_per_request)",
+                                    v, lim_.max_keys_per_request));
+        n = static_cast<std::size_t>(v);
+        return true;
+    }
+    bool str(std::string_view& s, bool is_key) {
+        const char* p = nullptr;
+        if (!fixed(8, p)) return false;
+        const auto len = get_le<std::uint64_t>(p);
+        const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
+        if (len > max)
+            return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
+                                    is_key ? "key" : "value", len, max,
+                                    is_key ? "max_key_size" : "max_value_size"));
+        const auto n = static_cast<std::size_t>(len);
+        if (pos_ + n > lim_.max_request_size)
+            return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
+                                    "(wire::limits::max_request_size)",
+                                    pos_ + n, lim_.max_request_size));
+        if (in_.size() - pos_ < n) return need(pos_ + n);
+        s = in_.substr(pos_, n);
+        pos_ += n;
+        return true;
+    }
+    bool fail(std::string reason) {
+        status_ = parse_status::malformed;
+        reason_ = std::move(reason);
+        return false;
+    }
+
+    parse_result result(bool ok) && {
+        if (ok) return {parse_status::complete, pos_, {}};
+        return {status_, status_ == parse_status::need_more ? needed_ : 0, std::move(reason_)};
+    }
+
+private:
+    bool need(std::size_t total) noexcept {
+        status_ = parse_status::need_more;
+        needed_ = total;
+        return false;
+    }
+
+    std::string_view in_;
+    const limits& lim_;
+    std::size_t pos_ = 0;
+    std::size_t needed_ = 0;
+    parse_status status_ = parse_status::need_more;
+    std::string reason_;
+};
+
+}  // namespace detail
+
+/// Parses the request at the front of `in` (the connection's unconsumed bytes) in dialect `d`.
+/// Incremental: call again with more bytes after `need_more`; nothing is consumed until
+/// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
+/// the reason string when malformed), whatever the input.
+inline parse_result parse_request(dialect d, std::string_view in, request& out,
+                                  const limits& lim = {}) {
+    detail::request_reader r{in, lim};
+    const char* p = nullptr;
+    if (!r.fixed(1, p)) return std::move(r).result(false);
+    const auto byte = static_cast<std::uint8_t>(*p);
+    const auto o = to_op(d, byte);
+    if (!o) {
+        r.fail(fmt::format("unknown opcode 0x{:02x} in the {} dialect", byte,
+                           d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
+        return std::move(r).result(false);
+    }
+    out.operation = *o;
+    out.key = out.value = out.expected = {};  // no view may survive from an earlier request
+    out.number = 0;
+    out.nonce = 0;
+    out.keys.clear();
+    out.values.clear();
+    bool ok = true;
+    switch (*o) {
+        case op::validate:
+        case op::ping:
+            ok = r.u32(out.nonce);
+            break;
+        case op::set:
+        case op::append:
+        case op::queue_push:
+            ok = r.str(out.key, true) && r.str(out.value, false);
+            break;
+        case op::compare_set:
+            ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false);
+            break;
+        case op::get:
+        case op::watch_key:
+        case op::delete_key:
+        case op::queue_pop:
+        case op::queue_len:
+            ok = r.str(out.key, true);
+            break;
+        case op::add:
+        case op::barrier:
+            ok = r.str(out.key, true) && r.i64(out.number);
+            break;
+        case op::check:
+        case op::wait:
+        case op::multi_get:
+        case op::multi_set: {
+            std::size_t n = 0;
+            ok = r.count(n);
+            const bool pairs = *o == op::multi_set;
+            for (std::size_t i = 0; ok && i < n; ++i) {
+                std::string_view k;
+                ok = r.str(k, true);
+                if (ok) out.keys.push_back(k);
+                if (ok && pairs) {
+                    std::string_view v;
+                    ok = r.str(v, false);
+                    if (ok) out.values.push_back(v);
+                }
+            }
+            break;
+        }
+        case op::num_keys:
+        case op::cancel_wait:
+        case op::list_keys:
+            break;
+    }
+    return std::move(r).result(ok);
+}
+
+/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
+/// when `d` has no opcode for the operation.
+inline void encode_request(dialect d, const request& req, std::string& out) {
+    const auto byte = to_byte(d, req.operation);
+    if (!byte)
+        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect",
+                                                name(req.operation),
+                                                d == dialect::legacy ? "legacy" : "current"));
+    put_u8(out, *byte);
+    switch (req.operation) {
+        case op::validate:
+        case op::ping:
+            put_u32(out, req.nonce);
+            break;
+        case op::set:
+        case op::append:
+        case op::queue_push:
+            put_bytes(out, req.key);
+            put_bytes(out, req.value);
+            break;
+        case op::compare_set:
+            put_bytes(out, req.key);
+            put_bytes(out, req.expected);
+            put_bytes(out, req.value);
+            break;
+        case op::get:
+        case op::watch_key:
+        case op::delete_key:
+        case op::queue_pop:
+        case op::queue_len:
+            put_bytes(out, req.key);
+            break;
+        case op::add:
+        case op::barrier:
+            put_bytes(out, req.key);
+            put_i64(out, req.number);
+            break;
+        case op::check:
+        case op::wait:
+        case op::multi_get:
+            put_u64(out, req.keys.size());
+            for (auto k : req.keys) put_bytes(out, k);
+            break;
+        case op::multi_set:
+            if (req.keys.size() != req.values.size())
+                throw std::invalid_argument(fmt::format(
+                    "MULTI_SET needs as many values as keys, got {} keys and {} values",
+                    req.keys.size(), req.values.size()));
+            put_u64(out, req.keys.size());
+            for (std::size_t i = 0; i < req.keys.size(); ++i) {
+                put_bytes(out, req.keys[i]);
+                put_bytes(out, req.values[i]);
+            }
+            break;
+        case op::num_keys:
+        case op::cancel_wait:
+        case op::list_keys:
+            break;
+    }
+}
+
+}  // namespace elastic::inline v0::wire
+// ---- end elastic/store/wire.hpp ----
+
+#include <asio/awaitable.hpp>
+#include <asio/connect.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// Which wire dialect a client speaks (wire-protocols.md §1.5, §1.8).
+enum class client_dialect : std::uint8_t {
+    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
+    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
+    /// The answer is kept for reconnections.
+    detect,
+    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
+    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
+};
+
+/// One failed connection attempt, reported to `store_client_options::on_retry` before the
+/// client sleeps `delay` and tries again.
+struct store_connect_attempt {
+    int attempt = 0;                  ///< 1 for the first attempt
+    std::error_code error;            ///< why it failed (refused, reset, timed out, ...)
+    std::chrono::milliseconds delay;  ///< the backoff before the next attempt
+};
+
+/// How a tcp_store_client reaches its server and how long it waits.
+struct store_client_options {
+    std::string host = "127.0.0.1";  ///< IPv4/IPv6 literal or a host name
+    std::uint16_t port = 29500;      ///< PyTorch's default MASTER_PORT
+    client_dialect dialect = client_dialect::detect;
+    /// Prepended to every key, as PyTorch's TCPStore client does ("/"): a key "k" set by a
+    /// Python or libtorch TCPStore is the key "k" here too. Empty gives raw wire keys.
+    std::string key_prefix = "/";
+    /// Default for `get` and `wait`, and the deadline of every other operation's reply
+    /// (PyTorch's default store timeout, 300 s).
+    std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+    /// How long connection attempts go on (refused, reset, unreachable) before store_error.
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+    /// `detect`: how long to wait for the PING echo before calling the server legacy.
+    std::chrono::milliseconds detect_timeout{std::chrono::seconds(1)};
+    /// Exponential backoff between connection attempts: initial, doubled up to max, each
+    /// multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
+    std::chrono::milliseconds initial_backoff{10};
+    std::chrono::milliseconds max_backoff{std::chrono::seconds(1)};
+    /// Called after each failed connection attempt that will be retried (logging, tests).
+    std::function<void(const store_connect_attempt&)> on_retry;
+};
+
+namespace detail {
+
+// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
+// may run after the client or the connection is gone.
+struct store_client_connection {
+    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
+    asio::ip::tcp::socket socket;
+    asio::steady_timer timer;
+    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
+    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
+};
+
+}  // namespace detail
+
+/// A client of a c10d TCPStore server: ours, PyTorch 1.13's, or a current PyTorch's. One TCP
+/// connection, one request at a time (concurrent calls on one client queue up in order; a long
+/// `wait` holds the connection, so give concurrent waiters their own clients). Connects on
+/// first use and again after a failure. Use it on one thread (the executor's).
+///
+/// Errors: store_error naming host:port for a vanished, refusing or misbehaving server;
+/// store_timeout when a wait (or the wait inside get) or a reply misses its deadline.
+class tcp_store_client {
+public:
+    tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
+        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()) {
+        if (options_.dialect != client_dialect::detect)
+            dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
+                                                                   : wire::dialect::legacy;
+    }
+
+    tcp_store_client(const tcp_store_client&) = delete;
+    tcp_store_client& operator=(const tcp_store_client&) = delete;
+
+    ~tcp_store_client() { drop(); }
+
+    /// Connects now (otherwise the first operation does). Throws store_error naming the address
+    /// when no attempt succeeds within `connect_timeout`.
+    asio::awaitable<void> connect() {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+    }
+
+    /// Closes the connection; the next operation reconnects.
+    void close() noexcept { drop(); }
+
+    /// The dialect in use: chosen by options, or known after `detect` has connected.
+    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return dialect_; }
+
+    /// "host:port" of the server, as error messages name it.
+    [[nodiscard]] std::string address() const {
+        if (options_.host.find(':') != std::string::npos)
+            return fmt::format("[{}]:{}", options_.host, options_.port);
+        return fmt::format("{}:{}", options_.host, options_.port);
+    }
+
+    [[nodiscard]] const store_client_options& options() const noexcept { return options_; }
+
+    /// The default timeout of get and wait.
+    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
+    void set_timeout(std::chrono::milliseconds t) noexcept { options_.timeout = t; }
+
+    /// Writes `value` at `key` (no reply in the protocol: an error shows on a later operation).
+    asio::awaitable<void> set(std::string key, std::string value) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::set);
+        req_.key = k;
+        req_.value = value;
+        co_await send(std::string_view("SET"), k);
+    }
+
+    /// Waits for `key` (as PyTorch's clients do: a 1.13 server drops a connection that GETs a
+    /// missing key), then reads it. store_timeout after `timeout()`.
+    asio::awaitable<std::string> get(std::string key) {
+        auto lock = co_await acquire();
+        const auto k = wire_key(key);
+        std::vector<std::string> keys(1, k);  // not `{k}`: g++ 12 rejects it in co_await
+        co_await wait_locked(std::move(keys), options_.timeout, std::string_view("get"));
+        begin(wire::op::get);
+        req_.key = k;
+        co_await send(std::string_view("GET"), k);
+        co_return co_await read_bytes(std::string_view("GET"), k);
+    }
+
+    /// Adds `delta` to the decimal counter at `key` (created at 0) and returns the new value.
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::add);
+        req_.key = k;
+        req_.number = delta;
+        co_await send(std::string_view("ADD"), k);
+        co_return co_await read_i64(std::string_view("ADD"), k);
+    }
+
+    /// PyTorch's compare_set: returns `desired` on success, otherwise the current value (or
+    /// `expected` when the key is absent and `expected` is not empty).
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
+                                             std::string desired) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::compare_set);
+        req_.key = k;
+        req_.expected = expected;
+        req_.value = desired;
+        co_await send(std::string_view("COMPARE_SET"), k);
+        co_return co_await read_bytes(std::string_view("COMPARE_SET"), k);
+    }
+
+    /// Waits until every key exists; store_timeout after `timeout()`.
+    asio::awaitable<void> wait(std::vector<std::string> keys) {
+        co_await wait(std::move(keys), options_.timeout);
+    }
+
+    /// Waits until every key exists; store_timeout after `timeout`. The connection stays
+    /// usable: the current dialect cancels the wait (CANCEL_WAIT), the legacy one reconnects
+    /// (PyTorch 1.13 has no CANCEL_WAIT and would answer the stale wait later).
+    asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+        auto lock = co_await acquire();
+        for (auto& k : keys) k = wire_key(k);
+        co_await wait_locked(std::move(keys), timeout, std::string_view("wait"));
+    }
+
+    /// Whether every key exists now.
+    asio::awaitable<bool> check(std::vector<std::string> keys) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        for (auto& k : keys) k = wire_key(k);
+        begin(wire::op::check);
+        for (const auto& k : keys) req_.keys.emplace_back(k);
+        co_await send(std::string_view("CHECK"), first_of(keys));
+        const auto byte = co_await read_u8(std::string_view("CHECK"), first_of(keys));
+        co_return byte == static_cast<std::uint8_t>(wire::check_response::ready);
+    }
+
+    /// Deletes `key`; whether it existed.
+    asio::awaitable<bool> delete_key(std::string key) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::delete_key);
+        req_.key = k;
+        co_await send(std::string_view("DELETE_KEY"), k);
+        co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
+    }
+
+    /// The number of keys on the server (all of them, whatever their prefix).
+    asio::awaitable<std::int64_t> num_keys() {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        begin(wire::op::num_keys);
+        co_await send(std::string_view("GETNUMKEYS"), {});
+        co_return co_await read_i64(std::string_view("GETNUMKEYS"), {});
+    }
+
+    /// Waits for every key, then reads them in order. The legacy dialect pipelines one GET per
+    /// key (PyTorch 1.13 has no MULTI_GET).
+    asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys) {
+        auto lock = co_await acquire();
+        for (auto& k : keys) k = wire_key(k);
+        co_await wait_locked(keys, options_.timeout, std::string_view("multi_get"));
+        std::vector<std::string> out;
+        if (keys.empty()) co_return out;
+        if (*dialect_ == wire::dialect::current) {
+            begin(wire::op::multi_get);
+            for (const auto& k : keys) req_.keys.emplace_back(k);
+            co_await send(std::string_view("MULTI_GET"), keys.front());
+        } else {
+            arm();
+            wbuf_.clear();
+            for (const auto& k : keys) {
+                req_.operation = wire::op::get;
+                req_.key = k;
+                wire::encode_request(*dialect_, req_, wbuf_);
+            }
+            co_await flush(std::string_view("GET"), keys.front());
+        }
+        out.reserve(keys.size());
+        for (const auto& k : keys)
+            out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
+        co_return out;
+    }
+
+    /// Writes every pair (store_error when the sizes differ). The legacy dialect pipelines one
+    /// SET per pair.
+    asio::awaitable<void> multi_set(std::vector<std::string> keys,
+                                    std::vector<std::string> values) {
+        if (keys.size() != values.size())
+            throw store_error(fmt::format("multi_set needs as many values as keys, got {} keys "
+                                          "and {} values",
+                                          keys.size(), values.size()));
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        if (keys.empty()) co_return;
+        for (auto& k : keys) k = wire_key(k);
+        if (*dialect_ == wire::dialect::current) {
+            begin(wire::op::multi_set);
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                req_.keys.emplace_back(keys[i]);
+                req_.values.emplace_back(values[i]);
+            }
+            co_await send(std::string_view("MULTI_SET"), keys.front());
+        } else {
+            arm();
+            wbuf_.clear();
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                req_.operation = wire::op::set;
+                req_.key = keys[i];
+                req_.value = values[i];
+                wire::encode_request(*dialect_, req_, wbuf_);
+            }
+            co_await flush(std::string_view("SET"), keys.front());
+        }
+    }
+
+    /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
+    /// connection: a store_error here (the legacy dialect follows APPEND with an empty CHECK,
+    /// whose reply proves the server took it, since APPEND itself has no reply).
+    asio::awaitable<void> append(std::string key, std::string value) {
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        const auto k = wire_key(key);
+        begin(wire::op::append);
+        req_.key = k;
+        req_.value = value;
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        if (*dialect_ == wire::dialect::current) {
+            co_await flush(std::string_view("APPEND"), k);
+            co_return;
+        }
+        req_.operation = wire::op::check;
+        wire::encode_request(*dialect_, req_, wbuf_);
+        co_await flush(std::string_view("APPEND"), k);
+        (void)co_await read_u8(std::string_view("APPEND"), k);
+    }
+
+private:
+    using clock = std::chrono::steady_clock;
+    static constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+    // ---- one request at a time ---------------------------------------------------------------
+    // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
+    // releasing owner hands the lock over by marking it granted and cancelling that timer.
+    struct lock_waiter {
+        explicit lock_waiter(const asio::any_io_executor& ex) : timer(ex) {}
+        asio::steady_timer timer;
+        bool granted = false;
+    };
+
+    class lock_guard {
+    public:
+        explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
+        lock_guard(lock_guard&& o) noexcept : client_(std::exchange(o.client_, nullptr)) {}
+        lock_guard& operator=(lock_guard&&) = delete;
+        ~lock_guard() {
+            if (client_) client_->release();
+        }
+
+    private:
+        tcp_store_client* client_;
+    };
+
+    asio::awaitable<lock_guard> acquire() {
+        if (!busy_) {
+            busy_ = true;
+            co_return lock_guard(this);
+        }
+        lock_waiter w(executor_);
+        w.timer.expires_at(asio::steady_timer::time_point::max());
+        queue_.push_back(&w);
+        const auto it = std::prev(queue_.end());
+        co_await w.timer.async_wait(tuple_awaitable);
+        if (!w.granted) {  // cancelled by our caller while queued
+            queue_.erase(it);
+            throw std::system_error(asio::error::operation_aborted,
+                                    "store operation cancelled while queued");
+        }
+        co_return lock_guard(this);
+    }
+
+    // Also ends the operation's deadline: every operation holds the lock for its whole length.
+    void release() noexcept {
+        disarm();
+        if (queue_.empty()) {
+            busy_ = false;
+            return;
+        }
+        auto* next = queue_.front();
+        queue_.pop_front();
+        next->granted = true;
+        next->timer.cancel();
+    }
+
+    // ---- connection --------------------------------------------------------------------------
+    std::string wire_key(std::string_view key) const {
+        std::string k;
+        k.reserve(options_.key_prefix.size() + key.size());
+        k.append(options_.key_prefix).append(key);
+        return k;
+    }
+
+    static std::string_view first_of(const std::vector<std::string>& keys) {
+        return keys.empty() ? std::string_view{} : std::string_view(keys.front());
+    }
+
+    void drop() noexcept {
+        if (!conn_) return;
+        std::error_code ignored;
+        conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        conn_->socket.close(ignored);
+        ++conn_->generation;
+        conn_->timer.cancel();
+        conn_.reset();
+        rbeg_ = rend_ = 0;
+    }
+
+    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
+    // `expired` set, so the operation reports a timeout instead of hanging.
+    void arm_deadline(clock::time_point deadline) {
+        auto& c = *conn_;
+        c.expired = false;
+        const auto generation = ++c.generation;
+        c.timer.expires_at(deadline);
+        c.timer.async_wait([weak = std::weak_ptr<detail::store_client_connection>(conn_),
+                            generation](const std::error_code& ec) {
+            if (ec) return;
+            const auto conn = weak.lock();
+            if (!conn || conn->generation != generation) return;
+            conn->expired = true;
+            std::error_code ignored;
+            conn->socket.cancel(ignored);
+        });
+    }
+
+    // Every request, even one without a reply, is bounded by `timeout` (its write too).
+    void arm() { arm_deadline(clock::now() + options_.timeout); }
+
+    void disarm() noexcept {
+        if (!conn_) return;
+        ++conn_->generation;
+        conn_->timer.cancel();
+    }
+
+    void begin(wire::op o) {
+        req_.operation = o;
+        req_.keys.clear();
+        req_.values.clear();
+        req_.key = {};
+        req_.value = {};
+        req_.expected = {};
+        req_.number = 0;
+        arm();
+    }
+
+    asio::awaitable<void> ensure_connected() {
+        if (conn_ && conn_->socket.is_open()) co_return;
+        co_await open();
+    }
+
+    // Resolves (once per open) and connects, retrying with backoff until connect_timeout; then
+    // the handshake of the dialect, detecting it if asked.
+    asio::awaitable<void> open() {
+        drop();
+        const auto deadline = clock::now() + options_.connect_timeout;
+        std::error_code last;
+        std::vector<asio::ip::tcp::endpoint> endpoints;
+        for (int attempt = 1;; ++attempt) {
+            last = co_await connect_once(endpoints, deadline);
+            if (!last) {
+                if (dialect_ == wire::dialect::legacy) co_return;
+                last = co_await handshake(deadline);
+                if (!last) {
+                    dialect_ = wire::dialect::current;
+                    co_return;
+                }
+                drop();
+                if (!dialect_) {
+                    // detect: a 1.13 server resets on VALIDATE (read as a SET with a huge
+                    // key) or waits for more bytes; either way it is legacy.
+                    dialect_ = wire::dialect::legacy;
+                    last = co_await connect_once(endpoints, deadline);
+                    if (!last) co_return;
+                    drop();
+                }
+            }
+            const auto delay = backoff(attempt);
+            if (clock::now() + delay >= deadline) {
+                throw store_error(fmt::format(
+                    "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
+                    "server (the agent, or rank 0) running and is MASTER_ADDR/MASTER_PORT right? "
+                    "(store_client_options::connect_timeout)",
+                    address(), attempt, attempt == 1 ? "" : "s", options_.connect_timeout.count(),
+                    last.message(),
+                    options_.dialect == client_dialect::current
+                        ? " (current dialect forced: a PyTorch <= 2.1 server resets the "
+                          "VALIDATE handshake; use client_dialect::detect or legacy)"
+                        : ""));
+            }
+            if (options_.on_retry) options_.on_retry({attempt, last, delay});
+            asio::steady_timer t(executor_);
+            t.expires_after(delay);
+            co_await t.async_wait(tuple_awaitable);
+        }
+    }
+
+    std::chrono::milliseconds backoff(int attempt) {
+        auto d = options_.initial_backoff;
+        for (int i = 1; i < attempt && d < options_.max_backoff; ++i) d *= 2;
+        d = std::min(d, options_.max_backoff);
+        std::uniform_real_distribution<double> jitter(0.5, 1.0);
+        return std::chrono::milliseconds(
+            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
+                                                        jitter(rng_)));
+    }
+
+    asio::awaitable<std::error_code> connect_once(std::vector<asio::ip::tcp::endpoint>& endpoints,
+                                                  clock::time_point deadline) {
+        if (endpoints.empty()) {
+            std::error_code ec;
+            const auto address = asio::ip::make_address(options_.host, ec);
+            if (!ec) {
+                endpoints.emplace_back(address, options_.port);
+            } else {
+                asio::ip::tcp::resolver resolver(executor_);
+                const auto [rec, results] = co_await resolver.async_resolve(
+                    options_.host, std::to_string(options_.port), tuple_awaitable);
+                if (rec) co_return rec;
+                for (const auto& r : results) endpoints.push_back(r.endpoint());
+            }
+        }
+        conn_ = std::make_shared<detail::store_client_connection>(executor_);
+        rbeg_ = rend_ = 0;
+        arm_deadline(deadline);
+        const auto [ec, ep] =
+            co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        (void)ep;
+        const bool expired = conn_->expired;
+        disarm();
+        if (ec) {
+            drop();
+            co_return expired ? make_error_code(asio::error::timed_out) : ec;
+        }
+        std::error_code ignored;
+        conn_->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        co_return std::error_code{};
+    }
+
+    // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
+    // dialect. A reset, an EOF or no echo within the limit is returned as an error.
+    asio::awaitable<std::error_code> handshake(clock::time_point deadline) {
+        const auto limit =
+            dialect_ ? deadline : std::min(deadline, clock::now() + options_.detect_timeout);
+        const auto nonce = static_cast<std::uint32_t>(::getpid());
+        wbuf_.clear();
+        wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::validate));
+        wire::put_u32(wbuf_, wire::validate_magic);
+        wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
+        wire::put_u32(wbuf_, nonce);
+        arm_deadline(limit);
+        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                         tuple_awaitable);
+        (void)n;
+        std::error_code ec = wec;
+        if (!ec) ec = co_await fill(4);
+        if (ec) {
+            const bool expired = conn_->expired;
+            disarm();
+            co_return expired ? make_error_code(asio::error::timed_out) : ec;
+        }
+        disarm();
+        const auto echo = wire::get_le<std::uint32_t>(rbuf_.data() + rbeg_);
+        rbeg_ += 4;
+        if (echo != nonce)
+            throw store_error(fmt::format("the store at {} answered PING {} with {}: not a "
+                                          "TCPStore server, or a desynchronised stream",
+                                          address(), nonce, echo));
+        co_return std::error_code{};
+    }
+
+    // ---- I/O ---------------------------------------------------------------------------------
+    [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
+        const bool timed_out = conn_ && conn_->expired;
+        drop();
+        const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+        if (timed_out)
+            throw store_timeout(fmt::format(
+                "the store at {} did not answer {} within {} ms; the server is stuck or "
+                "overloaded (store_client_options::timeout)",
+                address(), about, options_.timeout.count()));
+        if (ec == asio::error::eof || ec == asio::error::connection_reset ||
+            ec == asio::error::broken_pipe)
+            throw store_error(fmt::format(
+                "the store at {} closed the connection during {} ({}): the server stopped, or "
+                "rejected the request (ADD on a non-numeric value, or an operation a PyTorch "
+                "1.13 server lacks: APPEND, MULTI_*)",
+                address(), about, ec.message()));
+        throw store_error(fmt::format("the store at {}: {} failed: {}", address(), about,
+                                      ec.message()));
+    }
+
+    asio::awaitable<void> send(std::string_view what, std::string_view key) {
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        co_await flush(what, key);
+    }
+
+    asio::awaitable<void> flush(std::string_view what, std::string_view key) {
+        if (conn_->expired) fail(what, key, asio::error::timed_out);
+        const auto [ec, n] =
+            co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        (void)n;
+        if (ec) fail(what, key, ec);
+    }
+
+    // Makes n bytes available at rbuf_[rbeg_, ...). An error code, not an exception, so WAIT
+    // can tell its timeout from a failure.
+    asio::awaitable<std::error_code> fill(std::size_t n) {
+        while (rend_ - rbeg_ < n) {
+            if (rbeg_ > 0 && rbeg_ == rend_) rbeg_ = rend_ = 0;
+            if (rbuf_.size() - rbeg_ < n) {
+                if (rbeg_ > 0) {
+                    std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, rend_ - rbeg_);
+                    rend_ -= rbeg_;
+                    rbeg_ = 0;
+                }
+                if (rbuf_.size() < n) rbuf_.resize(std::max(n, rbuf_.size() * 2));
+            }
+            if (rbuf_.size() - rend_ < 4096 && rbuf_.size() < 64 * 1024) rbuf_.resize(64 * 1024);
+            if (conn_->expired) co_return make_error_code(asio::error::timed_out);
+            const auto [ec, got] = co_await conn_->socket.async_read_some(
+                asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_), tuple_awaitable);
+            rend_ += got;
+            if (ec && rend_ - rbeg_ < n) co_return ec;
+        }
+        co_return std::error_code{};
+    }
+
+    asio::awaitable<std::uint64_t> read_u64(std::string_view what, std::string_view key) {
+        if (const auto ec = co_await fill(8)) fail(what, key, ec);
+        const auto v = wire::get_le<std::uint64_t>(rbuf_.data() + rbeg_);
+        rbeg_ += 8;
+        co_return v;
+    }
+
+    asio::awaitable<std::int64_t> read_i64(std::string_view what, std::string_view key) {
+        co_return static_cast<std::int64_t>(co_await read_u64(what, key));
+    }
+
+    asio::awaitable<std::uint8_t> read_u8(std::string_view what, std::string_view key) {
+        if (const auto ec = co_await fill(1)) fail(what, key, ec);
+        const auto v = static_cast<std::uint8_t>(rbuf_[rbeg_]);
+        ++rbeg_;
+        co_return v;
+    }
+
+    asio::awaitable<std::string> read_bytes(std::string_view what, std::string_view key) {
+        const auto len = co_await read_u64(what, key);
+        if (len > max_reply_value)
+            throw_protocol(what, key, fmt::format("a value of {} bytes", len));
+        const auto n = static_cast<std::size_t>(len);
+        if (const auto ec = co_await fill(n)) fail(what, key, ec);
+        std::string v(rbuf_.data() + rbeg_, n);
+        rbeg_ += n;
+        co_return v;
+    }
+
+    [[noreturn]] void throw_protocol(std::string_view what, std::string_view key,
+                                     std::string_view got) {
+        drop();
+        throw store_error(fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
+                                      "server of the expected dialect, or a desynchronised stream",
+                                      address(), what, key, got));
+    }
+
+    // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
+    // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: wire §1.4); the legacy dialect
+    // drops the connection, which is the only way to clear a wait on a 1.13 server.
+    asio::awaitable<void> wait_locked(std::vector<std::string> keys,
+                                      std::chrono::milliseconds timeout, std::string_view what) {
+        co_await ensure_connected();
+        req_.operation = wire::op::wait;
+        req_.keys.clear();
+        for (const auto& k : keys) req_.keys.emplace_back(k);
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        arm_deadline(clock::now() + timeout);
+        co_await flush(std::string_view("WAIT"), first_of(keys));
+        const auto ec = co_await fill(1);
+        const auto stop = static_cast<std::uint8_t>(wire::wait_response::stop_waiting);
+        if (!ec) {
+            disarm();
+            const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
+            if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+            co_return;
+        }
+        if (!conn_->expired) fail("WAIT", first_of(keys), ec);
+        const auto message = fmt::format(
+            "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
+            "{} has not; store_client_options::timeout or the wait's timeout)",
+            what, address(), describe_keys(keys), timeout.count(),
+            keys.size() == 1 ? "it" : "them");
+        if (*dialect_ == wire::dialect::legacy) {
+            drop();
+            throw store_timeout(message);
+        }
+        // The deadline cancelled only our read: the WAIT is still registered on the server.
+        req_.operation = wire::op::cancel_wait;
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        arm();
+        co_await flush(std::string_view("CANCEL_WAIT"), first_of(keys));
+        auto byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
+        if (byte == stop) {
+            arm();
+            byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
+        }
+        if (byte != static_cast<std::uint8_t>(wire::wait_response::wait_canceled))
+            throw_protocol("CANCEL_WAIT", first_of(keys), fmt::format("byte {}", byte));
+        throw store_timeout(message);
+    }
+
+    static std::string describe_keys(const std::vector<std::string>& keys) {
+        std::string out = keys.size() == 1 ? "key " : "keys ";
+        for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
+            if (i) out += ", ";
+            out += fmt::format("'{}'", keys[i]);
+        }
+        if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
+        return out;
+    }
+
+    static constexpr std::uint64_t max_reply_value = std::uint64_t{1} << 34;  // 16 GiB: sanity
+
+    asio::any_io_executor executor_;
+    store_client_options options_;
+    std::optional<wire::dialect> dialect_;
+    std::shared_ptr<detail::store_client_connection> conn_;
+    std::minstd_rand rng_;
+    wire::request req_;
+    std::string wbuf_;
+    std::vector<char> rbuf_;
+    std::size_t rbeg_ = 0;
+    std::size_t rend_ = 0;
+    bool busy_ = false;
+    std::list<lock_waiter*> queue_;
+};
+
+static_assert(store<tcp_store_client>);
+static_assert(multi_key_store<tcp_store_client>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/client.hpp ----
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The TCP store client for synchronous code: the same operations, options, errors and
+/// timeouts as tcp_store_client, each call returning when its operation is done. It owns its
+/// io_context, so nothing runs between calls (no thread, no CPU). Not thread-safe: one
+/// object per thread, or a mutex around it.
+class blocking_store_client {
+public:
+    explicit blocking_store_client(store_client_options options)
+        : client_(ctx_.get_executor(), std::move(options)) {}
+
+    blocking_store_client(const blocking_store_client&) = delete;
+    blocking_store_client& operator=(const blocking_store_client&) = delete;
+
+    /// Connects now (otherwise the first operation does).
+    void connect() { run(client_.connect()); }
+    void close() noexcept { client_.close(); }
+
+    void set(std::string key, std::string value) {
+        run(client_.set(std::move(key), std::move(value)));
+    }
+    std::string get(std::string key) { return run(client_.get(std::move(key))); }
+    std::int64_t add(std::string key, std::int64_t delta) {
+        return run(client_.add(std::move(key), delta));
+    }
+    std::string compare_set(std::string key, std::string expected, std::string desired) {
+        return run(client_.compare_set(std::move(key), std::move(expected), std::move(desired)));
+    }
+    void wait(std::vector<std::string> keys) { run(client_.wait(std::move(keys))); }
+    void wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+        run(client_.wait(std::move(keys), timeout));
+    }
+    bool check(std::vector<std::string> keys) { return run(client_.check(std::move(keys))); }
+    bool delete_key(std::string key) { return run(client_.delete_key(std::move(key))); }
+    std::int64_t num_keys() { return run(client_.num_keys()); }
+    std::vector<std::string> multi_get(std::vector<std::string> keys) {
+        return run(client_.multi_get(std::move(keys)));
+    }
+    void multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
+        run(client_.multi_set(std::move(keys), std::move(values)));
+    }
+    void append(std::string key, std::string value) {
+        run(client_.append(std::move(key), std::move(value)));
+    }
+
+    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return client_.timeout(); }
+    void set_timeout(std::chrono::milliseconds t) noexcept { client_.set_timeout(t); }
+    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept {
+        return client_.dialect();
+    }
+    [[nodiscard]] std::string address() const { return client_.address(); }
+
+    /// The asynchronous client underneath (to co_spawn on `context()` yourself).
+    tcp_store_client& async_client() noexcept { return client_; }
+    asio::io_context& context() noexcept { return ctx_; }
+
+private:
+    template <class T>
+    T run(asio::awaitable<T> op) {
+        std::exception_ptr error;
+        std::optional<T> result;
+        asio::co_spawn(ctx_, std::move(op), [&](std::exception_ptr e, T v) {
+            error = e;
+            if (!e) result.emplace(std::move(v));
+        });
+        drive();
+        if (error) std::rethrow_exception(error);
+        return std::move(*result);
+    }
+
+    void run(asio::awaitable<void> op) {
+        std::exception_ptr error;
+        asio::co_spawn(ctx_, std::move(op), [&](std::exception_ptr e) { error = e; });
+        drive();
+        if (error) std::rethrow_exception(error);
+    }
+
+    void drive() {
+        ctx_.restart();
+        ctx_.run();
+    }
+
+    // Declared first: destroyed last, after the client that uses its executor.
+    asio::io_context ctx_{1};
+    tcp_store_client client_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/blocking_client.hpp ----
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// A collective did not complete in time because some ranks never arrived. The message names
+/// them, the collective and the store; `missing_ranks()` lists them in order.
+class dist_timeout : public store_timeout {
+public:
+    dist_timeout(const std::string& message, std::vector<int> missing)
+        : store_timeout(message), missing_(std::move(missing)) {}
+
+    /// The ranks that had not arrived when the timeout expired.
+    [[nodiscard]] const std::vector<int>& missing_ranks() const noexcept { return missing_; }
+
+private:
+    std::vector<int> missing_;
+};
+
+namespace dist {
+
+/// How `all_reduce` combines the ranks' values.
+enum class reduce_op : std::uint8_t { sum, min, max };
+
+/// What a `group` needs: who we are, where the store is, and the key namespace.
+struct group_options {
+    int rank = 0;        ///< this process's rank, 0 <= rank < world_size
+    int world_size = 1;  ///< processes in the group; 1 needs no store
+    std::string host = "127.0.0.1";  ///< the store (MASTER_ADDR)
+    std::uint16_t port = 29500;      ///< the store's port (MASTER_PORT)
+    /// Prefix of every key the group writes. `from_env` makes it "elastic.dist/attempt_<N>"
+    /// with N = TORCHELASTIC_RESTART_COUNT, so a restarted group never sees the keys a previous
+    /// attempt left behind (a rank that died mid-barrier, for instance).
+    std::string key_namespace = "elastic.dist/attempt_0";
+    /// How long a collective waits for the other ranks (PyTorch's process group default).
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+    /// How long connecting to the store may take (attempts back off exponentially).
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+    client_dialect dialect = client_dialect::detect;
+};
+
+/// The options for this worker, from what the launcher set (`elastic::env()` or a test's
+/// `worker_env::from(map)`). A multi-rank environment without MASTER_ADDR/MASTER_PORT is an
+/// env_error naming them.
+inline group_options options_from(const worker_env& e) {
+    group_options o;
+    o.rank = e.rank;
+    o.world_size = e.world_size;
+    o.key_namespace = fmt::format("elastic.dist/attempt_{}", e.restart_count);
+    if (e.world_size > 1) {
+        if (!e.master_addr || !e.master_port)
+            throw env_error(fmt::format("invalid worker environment: elastic::dist needs the "
+                                        "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
+                                        "but {} is not set; start the workers with elasticrun "
+                                        "or torchrun, or set both",
+                                        e.world_size,
+                                        !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
+                            {"MASTER_ADDR", "MASTER_PORT"});
+        o.host = *e.master_addr;
+        o.port = *e.master_port;
+    }
+    return o;
+}
+
+/// A group of ranks synchronising through a TCP store. Every rank must call the same
+/// collectives in the same order (as with torch.distributed). Each collective uses fresh keys
+/// `<namespace>/<n>/...` (n counts collectives); once all ranks have passed collective n, the
+/// keys this rank wrote before n are deleted, so the store does not grow with the run. With
+/// world_size 1 every collective is a local no-op and no store is needed. Not thread-safe; the
+/// free functions below lock around the process-wide group.
+class group {
+public:
+    explicit group(group_options options) : options_(std::move(options)) {
+        if (options_.world_size < 1)
+            throw std::invalid_argument(fmt::format(
+                "elastic::dist::group: world_size {} is not a size (1 or more)",
+                options_.world_size));
+        if (options_.rank < 0 || options_.rank >= options_.world_size)
+            throw std::invalid_argument(fmt::format(
+                "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
+                options_.world_size - 1, options_.world_size));
+        if (options_.world_size > 1) {
+            store_client_options c;
+            c.host = options_.host;
+            c.port = options_.port;
+            c.dialect = options_.dialect;
+            c.timeout = options_.timeout;
+            c.connect_timeout = options_.connect_timeout;
+            client_.emplace(std::move(c));
+        }
+    }
+
+    [[nodiscard]] int rank() const noexcept { return options_.rank; }
+    [[nodiscard]] int world_size() const noexcept { return options_.world_size; }
+    [[nodiscard]] const group_options& options() const noexcept { return options_; }
+
+    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
+    /// Changes how long later collectives wait for the other ranks.
+    void set_timeout(std::chrono::milliseconds t) {
+        options_.timeout = t;
+        if (client_) client_->set_timeout(t);
+    }
+
+    /// Returns when every rank has called barrier(). dist_timeout names the ranks missing.
+    void barrier() {
+        if (options_.world_size == 1) return;
+        (void)exchange("barrier", {}, false);
+    }
+
+    /// Returns `root`'s bytes on every rank (the others' `bytes` are ignored). Only the root's
+    /// arrival is awaited; dist_timeout names it when it does not come.
+    std::string broadcast(std::string bytes, int root = 0) {
+        check_rank(root, "broadcast root");
+        if (options_.world_size == 1) return bytes;
+        const auto n = next_++;
+        const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
+        if (options_.rank == root) {
+            client_->set(key, bytes);
+            written_.push_back(key);
+            return bytes;
+        }
+        try {
+            std::vector<std::string> keys(1, key);
+            client_->wait(std::move(keys), options_.timeout);
+        } catch (const store_timeout&) {
+            throw timeout_error("broadcast", n, {root});
+        }
+        return client_->get(key);
+    }
+
+    /// Every rank's bytes, indexed by rank.
+    std::vector<std::string> all_gather(std::string bytes) {
+        if (options_.world_size == 1) return {std::move(bytes)};
+        return exchange("all_gather", std::move(bytes), true);
+    }
+
+    /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
+    /// in rank order, so floating-point results agree bit for bit).
+    template <class T>
+        requires std::is_arithmetic_v<T>
+    T all_reduce(T value, reduce_op op = reduce_op::sum) {
+        if (options_.world_size == 1) return value;
+        std::string bytes(sizeof(T), '\0');
+        std::memcpy(bytes.data(), &value, sizeof(T));
+        const auto all = exchange("all_reduce", std::move(bytes), true);
+        T result{};
+        for (std::size_t r = 0; r < all.size(); ++r) {
+            if (all[r].size() != sizeof(T))
+                throw store_error(fmt::format(
+                    "elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
+                    "another type: every rank must reduce the same type)",
+                    r, all[r].size(), sizeof(T)));
+            T v;
+            std::memcpy(&v, all[r].data(), sizeof(T));
+            if (r == 0)
+                result = v;
+            else if (op == reduce_op::sum)
+                result = static_cast<T>(result + v);
+            else if (op == reduce_op::min)
+                result = std::min(result, v);
+            else
+                result = std::max(result, v);
+        }
+        return result;
+    }
+
+private:
+    void check_rank(int r, std::string_view what) const {
+        if (r < 0 || r >= options_.world_size)
+            throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
+                                                    r, options_.world_size - 1));
+    }
+
+    // Each rank writes `<ns>/<n>/<rank>` and waits for all of them: every rank has arrived.
+    std::vector<std::string> exchange(std::string_view what, std::string payload, bool read) {
+        const auto n = next_++;
+        std::vector<std::string> keys;
+        keys.reserve(static_cast<std::size_t>(options_.world_size));
+        for (int r = 0; r < options_.world_size; ++r)
+            keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+        const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
+        client_->set(mine, std::move(payload));
+        try {
+            client_->wait(keys, options_.timeout);
+        } catch (const store_timeout&) {
+            std::vector<int> missing;
+            for (int r = 0; r < options_.world_size; ++r) {
+                std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
+                if (!client_->check(std::move(one))) missing.push_back(r);
+            }
+            throw timeout_error(what, n, std::move(missing));
+        }
+        std::vector<std::string> out;
+        if (read) out = client_->multi_get(keys);
+        // Every rank has written its key of collective n, so each has finished everything
+        // before n: nobody reads the keys this rank wrote earlier any more.
+        for (const auto& k : written_) (void)client_->delete_key(k);
+        written_.clear();
+        written_.push_back(mine);
+        return out;
+    }
+
+    dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
+        std::string list;
+        for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
+            list += fmt::format("{}{}", i ? ", " : "", missing[i]);
+        if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
+        // The message first: the vector is moved into the exception after it.
+        auto message =
+            fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                        "{} ms (exited, hung, or called the collectives in another order); "
+                        "store {}:{}, keys '{}/{}/'",
+                        what, n, options_.rank, options_.world_size,
+                        missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
+                        options_.timeout.count(), options_.host, options_.port,
+                        options_.key_namespace, n);
+        return dist_timeout(message, std::move(missing));
+    }
+
+    group_options options_;
+    std::optional<blocking_store_client> client_;
+    std::uint64_t next_ = 0;            // collectives started by this rank
+    std::vector<std::string> written_;  // keys written since the last full synchronisation
+};
+
+}  // namespace dist
+
+namespace detail {
+
+// The process-wide group of elastic::dist's free functions, built on first use.
+struct dist_world {
+    std::mutex mutex;
+    std::optional<dist::group> world;
+};
+
+inline dist_world& dist_world_instance() {
+    static dist_world s;
+    return s;
+}
+
+// Runs f on the process-wide group (built from elastic::env() on first use) under its lock.
+template <class F>
+decltype(auto) with_dist_world(F&& f) {
+    auto& s = dist_world_instance();
+    const std::lock_guard lock(s.mutex);
+    if (!s.world) s.world.emplace(dist::options_from(env()));
+    return std::forward<F>(f)(*s.world);
+}
+
+}  // namespace detail
+
+namespace dist {
+
+/// RANK: this worker's global rank, 0 <= rank < WORLD_SIZE (0 when started by hand).
+inline int get_global_rank() { return env().rank; }
+/// LOCAL_RANK: the rank on this node.
+inline int get_local_rank() { return env().local_rank; }
+/// WORLD_SIZE: the number of workers in the job.
+inline int get_world_size() { return env().world_size; }
+/// LOCAL_WORLD_SIZE: the number of workers on this node.
+inline int get_local_world_size() { return env().local_world_size; }
+/// GROUP_RANK (NODE_RANK): this node's rank.
+inline int get_node_rank() { return env().node_rank; }
+
+/// Waits for every rank (see group::barrier).
+inline void barrier() {
+    elastic::detail::with_dist_world([](group& g) { g.barrier(); });
+}
+/// `root`'s bytes on every rank (see group::broadcast).
+inline std::string broadcast(std::string bytes, int root = 0) {
+    return elastic::detail::with_dist_world(
+        [&](group& g) { return g.broadcast(std::move(bytes), root); });
+}
+/// Every rank's bytes, by rank (see group::all_gather).
+inline std::vector<std::string> all_gather(std::string bytes) {
+    return elastic::detail::with_dist_world(
+        [&](group& g) { return g.all_gather(std::move(bytes)); });
+}
+/// A scalar combined over every rank (see group::all_reduce).
+template <class T>
+    requires std::is_arithmetic_v<T>
+T all_reduce(T value, reduce_op op = reduce_op::sum) {
+    return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
+}
+/// How long the process-wide group's collectives wait for the other ranks (default 30 min).
+inline void set_timeout(std::chrono::milliseconds t) {
+    elastic::detail::with_dist_world([&](group& g) { g.set_timeout(t); });
+}
+
+}  // namespace dist
+}  // namespace elastic::inline v0
+// ---- end elastic/dist.hpp ----
+
+// Layers (each of these includes the public headers of its folder).
+// ---- begin elastic/store.hpp ----
+// The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
+// server and the TCP client (PyTorch's TCPStore protocol, both dialects).
+
 // ---- begin elastic/store/engine.hpp ----
 // The store's semantics in one place: the key table, waiters woken by push, and watchers. The
 // in-memory store and the TCP server are both front-ends to this engine.
@@ -1893,6 +3472,7 @@ private:
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -1906,7 +3486,15 @@ class memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
     explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
-        : timeout_(timeout) {}
+        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()),
+          timeout_(timeout) {}
+
+    /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
+    /// server uses the same keys and waiters in process, without a loopback connection. The
+    /// engine must outlive the store; use both on the engine's thread.
+    explicit memory_store(detail::store_engine& engine,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
+        : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
     std::chrono::milliseconds timeout() const noexcept { return timeout_; }
@@ -1915,7 +3503,7 @@ public:
 
     /// Overwrites `key` and wakes its waiters.
     asio::awaitable<void> set(std::string key, std::string value) {
-        engine_.set(key, std::move(value));
+        engine_->set(key, std::move(value));
         co_return;
     }
 
@@ -1925,20 +3513,20 @@ public:
         std::vector<std::string> keys;
         keys.push_back(key);
         co_await wait_for(std::move(keys), timeout_);
-        const auto* v = engine_.find(key);
+        const auto* v = engine_->find(key);
         // Deleted between the wake-up and now: PyTorch's libuv server answers empty.
         co_return v ? *v : std::string{};
     }
 
     /// Adds `delta` to the decimal counter at `key`; store_error when it holds something else.
     asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
-        co_return engine_.add(key, delta);
+        co_return engine_->add(key, delta);
     }
 
     /// PyTorch's compare_set (see the `store` concept); creating a key wakes its waiters.
     asio::awaitable<std::string> compare_set(std::string key, std::string expected,
                                              std::string desired) {
-        co_return std::string(engine_.compare_set(key, expected, desired));
+        co_return std::string(engine_->compare_set(key, expected, desired));
     }
 
     /// Waits up to timeout() until every key exists.
@@ -1952,14 +3540,14 @@ public:
     }
 
     /// Whether every key exists now.
-    asio::awaitable<bool> check(std::vector<std::string> keys) { co_return engine_.check(keys); }
+    asio::awaitable<bool> check(std::vector<std::string> keys) { co_return engine_->check(keys); }
 
     /// Removes `key`; true when it existed.
-    asio::awaitable<bool> delete_key(std::string key) { co_return engine_.erase(key); }
+    asio::awaitable<bool> delete_key(std::string key) { co_return engine_->erase(key); }
 
     /// The number of keys.
     asio::awaitable<std::int64_t> num_keys() {
-        co_return static_cast<std::int64_t>(engine_.size());
+        co_return static_cast<std::int64_t>(engine_->size());
     }
 
     /// Waits (up to timeout()) for every key, then returns their values in order.
@@ -1968,7 +3556,7 @@ public:
         std::vector<std::string> values;
         values.reserve(keys.size());
         for (const auto& k : keys) {
-            const auto* v = engine_.find(k);
+            const auto* v = engine_->find(k);
             values.push_back(v ? *v : std::string{});
         }
         co_return values;
@@ -1981,18 +3569,18 @@ public:
             throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
                                           "and {} values",
                                           keys.size(), values.size()));
-        for (std::size_t i = 0; i < keys.size(); ++i) engine_.set(keys[i], std::move(values[i]));
+        for (std::size_t i = 0; i < keys.size(); ++i) engine_->set(keys[i], std::move(values[i]));
         co_return;
     }
 
     /// Appends to `key`'s value (creates it) and wakes its waiters.
     asio::awaitable<void> append(std::string key, std::string value) {
-        engine_.append(key, value);
+        engine_->append(key, value);
         co_return;
     }
 
     /// The engine (shared semantics; the server exposes the same).
-    detail::store_engine& engine() noexcept { return engine_; }
+    detail::store_engine& engine() noexcept { return *engine_; }
 
 private:
     // One timer is both the deadline and the wake-up: on_ready cancels it. `done` is the truth,
@@ -2010,21 +3598,24 @@ private:
     asio::awaitable<void> wait_for(std::vector<std::string> keys,
                                    std::chrono::milliseconds timeout) {
         timed_waiter w(co_await asio::this_coro::executor);
-        if (engine_.wait(w, keys)) co_return;
+        if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
-        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec] =
+            co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         if (w.done) co_return;
-        engine_.cancel(w);
+        engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_.find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+            if (!engine_->find(k))
+                names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
         throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}",
                                         timeout.count(), names));
     }
 
-    detail::store_engine engine_;
+    std::unique_ptr<detail::store_engine> owned_;  // null when viewing another's engine
+    detail::store_engine* engine_;
     std::chrono::milliseconds timeout_;
 };
 
@@ -2130,433 +3721,6 @@ private:
 // tcp_store_server: PyTorch's TCPStore server protocol, both dialects per connection, one
 // coroutine per connection on one io_context, waits answered by push.
 
-// ---- begin elastic/store/wire.hpp ----
-// The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
-// detection and an incremental request parser shared by the server and the client.
-
-
-#include <fmt/format.h>
-
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp; the reference is
-// /work/shared/reference/wire-protocols.md Part 1 (and docs/store.md). Integers are host-order
-// memcpy copies in PyTorch, i.e. little-endian on every platform it runs on; we encode
-// little-endian explicitly so the bytes are the same on any host.
-namespace elastic::inline v0::wire {
-
-/// The opcode numbering a connection speaks, chosen from its first bytes (`detect_dialect`).
-enum class dialect : std::uint8_t {
-    legacy,   ///< PyTorch 1.13 (SET=0 ... WATCH_KEY=7, DELETE_KEY=8) plus ~2.0's 9..12; no handshake
-    current,  ///< PyTorch >= ~2.2: VALIDATE=0, SET=1, ..., PING=13, QUEUE_*, LIST_KEYS, BARRIER
-};
-
-/// A request's operation, independent of the numbering.
-enum class op : std::uint8_t {
-    validate,
-    set,
-    compare_set,
-    get,
-    add,
-    check,
-    wait,
-    num_keys,
-    watch_key,
-    delete_key,
-    append,
-    multi_get,
-    multi_set,
-    cancel_wait,
-    ping,
-    queue_push,
-    queue_pop,
-    queue_len,
-    list_keys,
-    barrier,
-};
-
-/// VALIDATE's magic (u32 0x3C85F7CE, on the wire `CE F7 85 3C`).
-inline constexpr std::uint32_t validate_magic = 0x3C85F7CEu;
-
-/// `CheckResponseType`: the reply to CHECK.
-enum class check_response : std::uint8_t { ready = 0, not_ready = 1 };
-/// `WaitResponseType`: STOP_WAITING answers WAIT (maybe later); WAIT_CANCELED answers CANCEL_WAIT.
-enum class wait_response : std::uint8_t { stop_waiting = 0, wait_canceled = 1 };
-/// `WatchResponseType` (legacy dialect only): the first byte of a WATCH_KEY notification.
-enum class watch_response : std::uint8_t {
-    key_updated = 0,
-    key_created = 1,
-    key_deleted = 2,
-    key_callback_registered = 3,
-    key_appended = 4,
-};
-
-namespace detail {
-inline constexpr std::array<op, 13> legacy_ops{
-    op::set,      op::compare_set, op::get,       op::add,       op::check,
-    op::wait,     op::num_keys,    op::watch_key, op::delete_key, op::append,
-    op::multi_get, op::multi_set,  op::cancel_wait};
-inline constexpr std::array<op, 19> current_ops{
-    op::validate,   op::set,        op::compare_set, op::get,       op::add,
-    op::check,      op::wait,       op::num_keys,    op::delete_key, op::append,
-    op::multi_get,  op::multi_set,  op::cancel_wait, op::ping,      op::queue_push,
-    op::queue_pop,  op::queue_len,  op::list_keys,   op::barrier};
-}  // namespace detail
-
-/// The operation a byte means in `d`, or nothing for a byte the dialect does not define.
-constexpr std::optional<op> to_op(dialect d, std::uint8_t byte) noexcept {
-    if (d == dialect::legacy) {
-        if (byte < detail::legacy_ops.size()) return detail::legacy_ops[byte];
-    } else if (byte < detail::current_ops.size()) {
-        return detail::current_ops[byte];
-    }
-    return std::nullopt;
-}
-
-/// The byte of `o` in `d`, or nothing when the dialect has no such operation (VALIDATE, PING,
-/// queues, LIST_KEYS and BARRIER are current-only; WATCH_KEY is legacy-only).
-constexpr std::optional<std::uint8_t> to_byte(dialect d, op o) noexcept {
-    const auto find = [o](const auto& table) -> std::optional<std::uint8_t> {
-        for (std::size_t i = 0; i < table.size(); ++i)
-            if (table[i] == o) return static_cast<std::uint8_t>(i);
-        return std::nullopt;
-    };
-    return d == dialect::legacy ? find(detail::legacy_ops) : find(detail::current_ops);
-}
-
-/// PyTorch's upper-case name of an operation (for logs).
-constexpr std::string_view name(op o) noexcept {
-    constexpr std::array<std::string_view, 20> names{
-        "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",        "CHECK",
-        "WAIT",       "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY", "APPEND",    "MULTI_GET",
-        "MULTI_SET",  "CANCEL_WAIT", "PING",       "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-        "LIST_KEYS",  "BARRIER"};
-    return names[static_cast<std::size_t>(o)];
-}
-
-/// Size limits a parser enforces (documented in docs/store.md). A request beyond one is
-/// malformed: the server closes that connection and logs why.
-struct limits {
-    std::size_t max_key_size = 64 * 1024;                ///< bytes in one key
-    std::size_t max_value_size = 16 * 1024 * 1024;      ///< bytes in one value
-    std::size_t max_keys_per_request = 128 * 1024;      ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
-    std::size_t max_request_size = 64 * 1024 * 1024;    ///< bytes of one whole request
-};
-
-// ---- primitive encodings -------------------------------------------------------------------
-
-/// Appends one byte.
-inline void put_u8(std::string& out, std::uint8_t v) { out.push_back(static_cast<char>(v)); }
-
-/// Appends a little-endian unsigned integer of N bytes.
-template <class T>
-inline void put_le(std::string& out, T v) {
-    char bytes[sizeof(T)];
-    for (std::size_t i = 0; i < sizeof(T); ++i)
-        bytes[i] = static_cast<char>(static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
-    out.append(bytes, sizeof(T));
-}
-
-/// Appends a u32 (VALIDATE magic, PING nonce).
-inline void put_u32(std::string& out, std::uint32_t v) { put_le(out, v); }
-/// Appends a u64 (lengths, counts).
-inline void put_u64(std::string& out, std::uint64_t v) { put_le(out, v); }
-/// Appends an i64 (ADD delta and result, GETNUMKEYS, DELETE_KEY's count): two's complement LE.
-inline void put_i64(std::string& out, std::int64_t v) { put_le(out, static_cast<std::uint64_t>(v)); }
-/// Appends a key or value: u64 length, then the raw bytes.
-inline void put_bytes(std::string& out, std::string_view s) {
-    put_u64(out, s.size());
-    out.append(s);
-}
-
-/// Reads a little-endian integer from exactly sizeof(T) bytes at `p`.
-template <class T>
-inline T get_le(const char* p) noexcept {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i)
-        v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-    return static_cast<T>(v);
-}
-
-// ---- dialect detection ---------------------------------------------------------------------
-
-/// What the first bytes of a connection say: not enough yet, or which dialect.
-enum class detection : std::uint8_t { need_more, legacy, current };
-
-/// Chooses a connection's dialect from its first bytes: `00 CE F7 85 3C` (VALIDATE with its
-/// magic) is the current dialect, anything else legacy. A first byte other than 0x00 decides at
-/// once; after 0x00 five bytes are needed. A legacy SET would only match with a key length whose
-/// low 32 bits are 0x3C85F7CE (about 1 GB), which is beyond any limit.
-constexpr detection detect_dialect(std::string_view first) noexcept {
-    if (first.empty()) return detection::need_more;
-    if (first[0] != '\0') return detection::legacy;
-    constexpr char magic[] = {'\0', '\xCE', '\xF7', '\x85', '\x3C'};
-    for (std::size_t i = 1; i < 5; ++i) {
-        if (i >= first.size()) return detection::need_more;
-        if (first[i] != magic[i]) return detection::legacy;
-    }
-    return detection::current;
-}
-
-// ---- requests ------------------------------------------------------------------------------
-
-/// One decoded request. Views point into the parsed buffer: valid until it changes. The parser
-/// reuses the vectors' capacity, so keep one `request` per connection.
-struct request {
-    op operation = op::num_keys;
-    std::string_view key;           ///< SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
-    std::string_view value;         ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
-    std::string_view expected;      ///< COMPARE_SET's expected value
-    std::int64_t number = 0;        ///< ADD's delta, BARRIER's world size
-    std::uint32_t nonce = 0;        ///< VALIDATE's magic, PING's nonce
-    std::vector<std::string_view> keys;    ///< CHECK, WAIT, MULTI_GET, MULTI_SET
-    std::vector<std::string_view> values;  ///< MULTI_SET (same length as keys)
-};
-
-/// The state of a parse.
-enum class parse_status : std::uint8_t {
-    need_more,  ///< incomplete: read at least up to `size` bytes in total, then parse again
-    complete,   ///< a whole request of `size` bytes is at the front of the buffer
-    malformed,  ///< unknown opcode or a limit exceeded: `reason` says which; close the peer
-};
-
-/// The result of `parse_request`.
-struct parse_result {
-    parse_status status = parse_status::need_more;
-    std::size_t size = 0;  ///< complete: bytes consumed; need_more: lower bound of the total
-    std::string reason;    ///< malformed: what and why, for the log
-};
-
-namespace detail {
-
-// A cursor over the input that records how far it got and why it stopped.
-class request_reader {
-public:
-    request_reader(std::string_view in, const limits& lim) noexcept : in_(in), lim_(lim) {}
-
-    // Each returns false when it cannot complete; status() then says need_more or malformed.
-    bool fixed(std::size_t n, const char*& at) noexcept {
-        if (in_.size() - pos_ < n) return need(pos_ + n);
-        at = in_.data() + pos_;
-        pos_ += n;
-        return true;
-    }
-    bool u32(std::uint32_t& v) noexcept {
-        const char* p = nullptr;
-        if (!fixed(4, p)) return false;
-        v = get_le<std::uint32_t>(p);
-        return true;
-    }
-    bool i64(std::int64_t& v) noexcept {
-        const char* p = nullptr;
-        if (!fixed(8, p)) return false;
-        v = static_cast<std::int64_t>(get_le<std::uint64_t>(p));
-        return true;
-    }
-    bool count(std::size_t& n) {
-        const char* p = nullptr;
-        if (!fixed(8, p)) return false;
-        const auto v = get_le<std::uint64_t>(p);
-        if (v > lim_.max_keys_per_request)
-            return fail(fmt::format("{} keys in one request exceed the limit of {} "
-                                    "(wire::limits::max_keys_per_request)",
-                                    v, lim_.max_keys_per_request));
-        n = static_cast<std::size_t>(v);
-        return true;
-    }
-    bool str(std::string_view& s, bool is_key) {
-        const char* p = nullptr;
-        if (!fixed(8, p)) return false;
-        const auto len = get_le<std::uint64_t>(p);
-        const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
-        if (len > max)
-            return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
-                                    is_key ? "key" : "value", len, max,
-                                    is_key ? "max_key_size" : "max_value_size"));
-        const auto n = static_cast<std::size_t>(len);
-        if (pos_ + n > lim_.max_request_size)
-            return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
-                                    "(wire::limits::max_request_size)",
-                                    pos_ + n, lim_.max_request_size));
-        if (in_.size() - pos_ < n) return need(pos_ + n);
-        s = in_.substr(pos_, n);
-        pos_ += n;
-        return true;
-    }
-    bool fail(std::string reason) {
-        status_ = parse_status::malformed;
-        reason_ = std::move(reason);
-        return false;
-    }
-
-    parse_result result(bool ok) && {
-        if (ok) return {parse_status::complete, pos_, {}};
-        return {status_, status_ == parse_status::need_more ? needed_ : 0, std::move(reason_)};
-    }
-
-private:
-    bool need(std::size_t total) noexcept {
-        status_ = parse_status::need_more;
-        needed_ = total;
-        return false;
-    }
-
-    std::string_view in_;
-    const limits& lim_;
-    std::size_t pos_ = 0;
-    std::size_t needed_ = 0;
-    parse_status status_ = parse_status::need_more;
-    std::string reason_;
-};
-
-}  // namespace detail
-
-/// Parses the request at the front of `in` (the connection's unconsumed bytes) in dialect `d`.
-/// Incremental: call again with more bytes after `need_more`; nothing is consumed until
-/// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
-/// the reason string when malformed), whatever the input.
-inline parse_result parse_request(dialect d, std::string_view in, request& out,
-                                  const limits& lim = {}) {
-    detail::request_reader r{in, lim};
-    const char* p = nullptr;
-    if (!r.fixed(1, p)) return std::move(r).result(false);
-    const auto byte = static_cast<std::uint8_t>(*p);
-    const auto o = to_op(d, byte);
-    if (!o) {
-        r.fail(fmt::format("unknown opcode 0x{:02x} in the {} dialect", byte,
-                           d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
-        return std::move(r).result(false);
-    }
-    out.operation = *o;
-    out.key = out.value = out.expected = {};  // no view may survive from an earlier request
-    out.number = 0;
-    out.nonce = 0;
-    out.keys.clear();
-    out.values.clear();
-    bool ok = true;
-    switch (*o) {
-        case op::validate:
-        case op::ping:
-            ok = r.u32(out.nonce);
-            break;
-        case op::set:
-        case op::append:
-        case op::queue_push:
-            ok = r.str(out.key, true) && r.str(out.value, false);
-            break;
-        case op::compare_set:
-            ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false);
-            break;
-        case op::get:
-        case op::watch_key:
-        case op::delete_key:
-        case op::queue_pop:
-        case op::queue_len:
-            ok = r.str(out.key, true);
-            break;
-        case op::add:
-        case op::barrier:
-            ok = r.str(out.key, true) && r.i64(out.number);
-            break;
-        case op::check:
-        case op::wait:
-        case op::multi_get:
-        case op::multi_set: {
-            std::size_t n = 0;
-            ok = r.count(n);
-            const bool pairs = *o == op::multi_set;
-            for (std::size_t i = 0; ok && i < n; ++i) {
-                std::string_view k;
-                ok = r.str(k, true);
-                if (ok) out.keys.push_back(k);
-                if (ok && pairs) {
-                    std::string_view v;
-                    ok = r.str(v, false);
-                    if (ok) out.values.push_back(v);
-                }
-            }
-            break;
-        }
-        case op::num_keys:
-        case op::cancel_wait:
-        case op::list_keys:
-            break;
-    }
-    return std::move(r).result(ok);
-}
-
-/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
-/// when `d` has no opcode for the operation.
-inline void encode_request(dialect d, const request& req, std::string& out) {
-    const auto byte = to_byte(d, req.operation);
-    if (!byte)
-        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect",
-                                                name(req.operation),
-                                                d == dialect::legacy ? "legacy" : "current"));
-    put_u8(out, *byte);
-    switch (req.operation) {
-        case op::validate:
-        case op::ping:
-            put_u32(out, req.nonce);
-            break;
-        case op::set:
-        case op::append:
-        case op::queue_push:
-            put_bytes(out, req.key);
-            put_bytes(out, req.value);
-            break;
-        case op::compare_set:
-            put_bytes(out, req.key);
-            put_bytes(out, req.expected);
-            put_bytes(out, req.value);
-            break;
-        case op::get:
-        case op::watch_key:
-        case op::delete_key:
-        case op::queue_pop:
-        case op::queue_len:
-            put_bytes(out, req.key);
-            break;
-        case op::add:
-        case op::barrier:
-            put_bytes(out, req.key);
-            put_i64(out, req.number);
-            break;
-        case op::check:
-        case op::wait:
-        case op::multi_get:
-            put_u64(out, req.keys.size());
-            for (auto k : req.keys) put_bytes(out, k);
-            break;
-        case op::multi_set:
-            if (req.keys.size() != req.values.size())
-                throw std::invalid_argument(fmt::format(
-                    "MULTI_SET needs as many values as keys, got {} keys and {} values",
-                    req.keys.size(), req.values.size()));
-            put_u64(out, req.keys.size());
-            for (std::size_t i = 0; i < req.keys.size(); ++i) {
-                put_bytes(out, req.keys[i]);
-                put_bytes(out, req.values[i]);
-            }
-            break;
-        case op::num_keys:
-        case op::cancel_wait:
-        case op::list_keys:
-            break;
-    }
-}
-
-}  // namespace elastic::inline v0::wire
-// ---- end elastic/store/wire.hpp ----
 
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/awaitable.hpp>
@@ -2848,7 +4012,8 @@ private:
                 w.self = std::prev(waits_.end());
                 if (engine.wait(w, r.keys)) {
                     waits_.pop_back();
-                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+                    wire::put_u8(out_,
+                                 static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
                 }
                 return true;
             }
@@ -2884,7 +4049,8 @@ private:
                 return true;
             case op::list_keys:
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+                engine.for_each(
+                    [&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
                 return true;
             case op::queue_push:
             case op::queue_pop:
@@ -3009,7 +4175,8 @@ private:
         while (!core->stopped) {
             auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
             if (ec == asio::error::operation_aborted || core->stopped) break;
-            if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
+            if (ec == asio::error::no_descriptors ||
+                ec == std::errc::too_many_files_open_in_system) {
                 // Out of descriptors: accept again once a connection closes (it cancels the
                 // timer), not in a retry loop.
                 core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
@@ -7283,6 +8450,275 @@ namespace detail::launch_impl {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/program.hpp ----
+// ---- begin elastic/policy/spec.hpp ----
+// The settings of the built-in restart policies as values: durations in words, backoff_spec,
+// window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
+// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard).
+
+
+#include <fmt/format.h>
+
+#include <bitset>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0 {
+
+namespace detail::policy_impl {
+
+/// "1.5" from 1500 (thousandths), trailing zeros dropped.
+[[nodiscard]] inline std::string thousandths(long long value) {
+    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
+    while (out.back() == '0') out.pop_back();
+    if (out.back() == '.') out.pop_back();
+    return out;
+}
+
+[[nodiscard]] inline std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
+    using namespace std::chrono;
+    const char* space = spaced ? " " : "";
+    const auto ms = duration_cast<milliseconds>(d).count();
+    if (ms < 0) return "-" + duration_text(-d, spaced);
+    if (ms == 0 && d.count() != 0) return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
+    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
+    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
+    return fmt::format("{}{}s", thousandths(ms), space);
+}
+
+}  // namespace detail::policy_impl
+
+/// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
+/// parse_duration() reads it back exactly (to the millisecond).
+[[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
+    return detail::policy_impl::duration_text(d, false);
+}
+
+/// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
+[[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
+    return detail::policy_impl::duration_text(d, true);
+}
+
+/// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
+/// seconds, as torchrun's options count. At most 1e9 seconds; held to the millisecond. `name`
+/// names the option or variable in the usage_error.
+[[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
+                                                              bool allow_zero = false) {
+    const auto word = detail::launch_impl::trim(text);
+    std::size_t unit_at = 0;
+    while (unit_at < word.size() &&
+           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
+        ++unit_at;
+    }
+    const auto number = word.substr(0, unit_at);
+    const auto unit = detail::launch_impl::lower(detail::launch_impl::trim(word.substr(unit_at)));
+    double value = -1;
+    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
+                                           std::chars_format::fixed);
+    double scale = 0;
+    if (unit.empty() || unit == "s") scale = 1;
+    else if (unit == "ms") scale = 0.001;
+    else if (unit == "m" || unit == "min") scale = 60;
+    else if (unit == "h") scale = 3600;
+    const double seconds = value * scale;
+    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
+    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
+                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
+                    (allow_zero || std::llround(seconds * 1000.0) > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
+                                      "counts seconds)",
+                                      detail::launch_impl::show(name, text), allow_zero ? "" : "above 0 ")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+/// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
+/// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
+struct backoff_spec {
+    std::chrono::milliseconds initial{1000};
+    std::chrono::milliseconds cap{60000};
+    /// Kubernetes' CrashLoopBackOff forgets its backoff after 10 minutes of healthy running.
+    std::chrono::milliseconds reset_after{std::chrono::minutes(10)};
+    /// Each delay grows by this factor (> 1 ... or exactly 1 for a constant delay).
+    double factor = 2.0;
+    /// Each delay is shortened by up to this fraction, at random (0 <= jitter < 1), so that the
+    /// nodes of a job do not all come back at the same instant.
+    double jitter = 0.1;
+
+    /// The command-line form, as reasons cite it: "--restart-backoff=1s:1min" (":RESET" when
+    /// not the default).
+    [[nodiscard]] std::string flag() const {
+        std::string out = fmt::format("--restart-backoff={}:{}", duration_flag_text(initial), duration_flag_text(cap));
+        if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
+        return out;
+    }
+    friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
+};
+
+/// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
+[[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::launch_impl::split(text, ':');
+    if (parts.size() < 2 || parts.size() > 3) {
+        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
+                                      detail::launch_impl::show(name, text))};
+    }
+    backoff_spec spec;
+    spec.initial = parse_duration(parts[0], name);
+    spec.cap = parse_duration(parts[1], name);
+    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
+    if (spec.cap < spec.initial) {
+        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
+                                      detail::launch_impl::show(name, text), duration_flag_text(spec.cap),
+                                      duration_flag_text(spec.initial))};
+    }
+    return spec;
+}
+
+/// --restart-window=N/PERIOD: at most N restarts within any PERIOD (a sliding window).
+struct window_spec {
+    int restarts = 1;
+    std::chrono::milliseconds period{std::chrono::hours(1)};
+
+    [[nodiscard]] std::string flag() const {
+        return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
+    }
+    friend bool operator==(const window_spec&, const window_spec&) = default;
+};
+
+/// Parses N/PERIOD (N >= 1).
+[[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::launch_impl::split(text, '/');
+    if (parts.size() != 2) {
+        throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
+                                      detail::launch_impl::show(name, text))};
+    }
+    const auto n = detail::launch_impl::to_integer(detail::launch_impl::trim(parts[0]));
+    if (!n || *n < 1 || *n > 1'000'000) {
+        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
+                                      detail::launch_impl::show(name, text))};
+    }
+    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
+}
+
+/// A class of worker endings: exit codes, and deaths by signal. `signals` (any signal) and a
+/// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
+/// since workers are often started by a wrapper script.
+struct exit_code_set {
+    std::bitset<256> codes;    ///< exit codes 0..255
+    bool any_signal = false;   ///< every death by signal
+    std::bitset<65> signals;   ///< signals 1..64 by number
+
+    [[nodiscard]] bool contains(const exit_status& status) const noexcept {
+        if (status.signaled()) return any_signal || (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
+        if (status.value < 0 || status.value > 255) return false;
+        if (codes.test(static_cast<std::size_t>(status.value))) return true;
+        const int n = status.value - 128;
+        return n >= 1 && n <= 64 && (any_signal || signals.test(static_cast<std::size_t>(n)));
+    }
+
+    /// The canonical text: codes and ranges ascending, then "signals" or the signal names
+    /// ("1,3-5,signals"); parse_exit_code_set() reads it back.
+    [[nodiscard]] std::string to_string() const {
+        std::string out;
+        const auto add = [&](const std::string& item) { out += (out.empty() ? "" : ",") + item; };
+        for (std::size_t c = 0; c < 256; ++c) {
+            if (!codes.test(c)) continue;
+            std::size_t last = c;
+            while (last + 1 < 256 && codes.test(last + 1)) ++last;
+            add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
+            c = last;
+        }
+        if (any_signal) {
+            add("signals");
+        } else {
+            for (int s = 1; s <= 64; ++s) {
+                if (signals.test(static_cast<std::size_t>(s))) add(signal_name(s));
+            }
+        }
+        return out;
+    }
+    friend bool operator==(const exit_code_set&, const exit_code_set&) = default;
+};
+
+/// Parses a comma-separated set: exit codes (`3`), ranges (`3-5`), `signals` (any death by a
+/// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
+[[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
+    exit_code_set set;
+    for (const auto raw : detail::launch_impl::split(text, ',')) {
+        const auto item = detail::launch_impl::trim(raw);
+        const auto word = detail::launch_impl::lower(item);
+        if (word == "signals" || word == "signal") {
+            set.any_signal = true;
+            continue;
+        }
+        if (word.rfind("sig", 0) == 0) {
+            int found = 0;
+            for (int s = 1; s <= 64 && found == 0; ++s) {
+                if (detail::launch_impl::lower(signal_name(s)) == word) found = s;
+            }
+            if (found == 0) {
+                throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
+                                              detail::launch_impl::show(name, text), item)};
+            }
+            set.signals.set(static_cast<std::size_t>(found));
+            continue;
+        }
+        const auto dash = item.find('-', 1);
+        const auto first = detail::launch_impl::to_integer(detail::launch_impl::trim(item.substr(0, dash)));
+        const auto last = dash == std::string_view::npos
+                              ? first
+                              : detail::launch_impl::to_integer(detail::launch_impl::trim(item.substr(dash + 1)));
+        if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
+            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
+                                          "a signal name",
+                                          detail::launch_impl::show(name, text), item)};
+        }
+        for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
+    }
+    return set;
+}
+
+/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
+/// N, only the N-th such start in a row stops the job).
+struct crash_guard_spec {
+    std::chrono::milliseconds within{10000};
+    int in_a_row = 1;
+
+    [[nodiscard]] std::string flag() const {
+        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
+                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+    }
+    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
+};
+
+/// Parses T or T:N (N >= 1).
+[[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::launch_impl::split(text, ':');
+    if (parts.size() > 2) {
+        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::launch_impl::show(name, text))};
+    }
+    crash_guard_spec spec;
+    spec.within = parse_duration(parts[0], name);
+    if (parts.size() == 2) {
+        const auto n = detail::launch_impl::to_integer(detail::launch_impl::trim(parts[1]));
+        if (!n || *n < 1 || *n > 1'000'000) {
+            throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
+                                          detail::launch_impl::show(name, text))};
+        }
+        spec.in_a_row = static_cast<int>(*n);
+    }
+    return spec;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/spec.hpp ----
 
 #include <fmt/format.h>
 
@@ -7292,6 +8728,7 @@ namespace detail::launch_impl {
 #include <cctype>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
@@ -7330,6 +8767,10 @@ struct launch_config {
 
     // ---- failures, restarts, shutdown ----
     int max_restarts = 0;                                 ///< --max-restarts
+    std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
+    std::optional<window_spec> restart_window;            ///< --restart-window
+    std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
     std::chrono::milliseconds shutdown_timeout = 30s;     ///< --shutdown-timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
     std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  ///< --signals-to-handle
     std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
@@ -7465,6 +8906,11 @@ namespace detail::launch_impl {
     line("local_addr", config.local_addr.value_or("(this host's name)"));
     line("role", config.role);
     line("max_restarts", fmt::format("{}", config.max_restarts));
+    // The restart policy's other settings appear only when given (docs/policies.md).
+    if (config.restart_backoff) line("restart_backoff", config.restart_backoff->flag().substr(18));
+    if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
+    if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
+    if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
     line("signals_to_handle", signals);
@@ -7636,6 +9082,18 @@ inline void validate(const launch_config& c, const environment& env, const optio
         throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
     }
     non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
+    if (const auto& b = c.restart_backoff;
+        b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
+              !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
+        throw usage_error{fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1",
+                                      b->flag())};
+    }
+    if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
+        throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
+    }
+    if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
+        throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+    }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
     if (c.signals_to_handle.empty()) {
@@ -7888,7 +9346,7 @@ inline constexpr std::array<std::string_view, 8> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 31> option_specs{{
+inline constexpr std::array<option_spec, 35> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -7939,6 +9397,23 @@ inline constexpr std::array<option_spec, 31> option_specs{{
      "Port of that store; 0 picks a free one (single node only)."},
     {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
      "Restarts of the worker group allowed after failures before the job fails."},
+    {"--restart-backoff,--restart_backoff", "restart_backoff", false, true, "INITIAL:CAP[:RESET]", "none",
+     option_state::implemented, 4,
+     "Wait before each restart: INITIAL, doubled for each failure in a row up to CAP, shortened by up to 10% "
+     "at random; a group that ran RESET (default 10min) starts over at INITIAL. Durations such as 500ms, 2s, "
+     "1min, 1h (a bare number counts seconds). Example: 1s:1min."},
+    {"--restart-window,--restart_window", "restart_window", false, true, "N/PERIOD", "none",
+     option_state::implemented, 4,
+     "At most N restarts within any PERIOD, such as 5/1h; the next failure stops the job. A budget that "
+     "renews, where --max-restarts counts for the whole job."},
+    {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
+     option_state::implemented, 4,
+     "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N) and signal names (SIGKILL)."},
+    {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
+     option_state::implemented, 4,
+     "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
+     "N-th such start in a row stops the job. Example: 30s."},
     {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
      "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
      "Grace period between the stop signal sent to the workers and SIGKILL."},
@@ -8344,6 +9819,18 @@ inline void unmark(std::string& text) {
     if (const auto v = raw("max_restarts")) {
         config.max_restarts = parse_integer(v->text, v->name, 0);
     }
+    if (const auto v = raw("restart_backoff")) {
+        config.restart_backoff = parse_backoff_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_window")) {
+        config.restart_window = parse_window_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_on_exit")) {
+        config.restart_on_exit = parse_exit_code_set(v->text, v->name);
+    }
+    if (const auto v = raw("restart_crash_guard")) {
+        config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
+    }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);
     } else if (const auto* t = detail::launch_impl::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
@@ -8400,4 +9887,1868 @@ inline void unmark(std::string& text) {
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/cli.hpp ----
 // ---- end elastic/launch.hpp ----
+// ---- begin elastic/policy.hpp ----
+// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
+// max_restarts(n), the built-in policies and combinators, and make_default_policy(config).
+
+// ---- begin elastic/policy/concepts.hpp ----
+// The restart_policy concept: a coroutine awaited with a worker group's failure that answers
+// restart (after whatever delay it awaits itself) or stop, with a reason in words.
+
+
+#include <asio/awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// A worker group's failure, as a restart policy sees it.
+///
+/// `workers` holds every worker that did not succeed, in report form (report/failure.hpp):
+/// those that failed on their own (`failure_state::failed`: exit code or signal, error file,
+/// stderr tail, when the agent saw the exit) and those the agent then stopped
+/// (`failure_state::stopped_by_agent`). The helpers below answer the usual questions.
+struct group_failure {
+    /// The failed and the stopped workers of the group (not those that had exited 0).
+    std::vector<worker_failure> workers;
+    /// Restarts of the group so far in this job (0 at the first failure). The count workers see
+    /// as TORCHELASTIC_RESTART_COUNT during the attempt that failed.
+    int restarts = 0;
+    /// When the failed attempt's workers had all been started.
+    std::chrono::steady_clock::time_point started{};
+    /// When the agent saw the first failure (the end of the healthy period).
+    std::chrono::steady_clock::time_point failed{};
+
+    /// How long the group ran healthy before the first failure.
+    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
+        return failed - started;
+    }
+
+    /// The workers that failed on their own (never those the agent stopped).
+    [[nodiscard]] std::vector<const worker_failure*> failures() const {
+        std::vector<const worker_failure*> out;
+        for (const auto& w : workers) {
+            if (w.state == failure_state::failed) out.push_back(&w);
+        }
+        return out;
+    }
+
+    /// The root cause: the first failure by time (report's root_cause rule); null when no
+    /// worker failed on its own.
+    [[nodiscard]] const worker_failure* root_cause() const noexcept {
+        const auto i = elastic::root_cause(std::span<const worker_failure>(workers));
+        return i ? &workers[*i] : nullptr;
+    }
+
+    /// The local ranks and global ranks that failed on their own, in rank order.
+    [[nodiscard]] std::vector<int> failed_local_ranks() const {
+        std::vector<int> out;
+        for (const auto* w : failures()) out.push_back(w->local_rank);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+    [[nodiscard]] std::vector<int> failed_global_ranks() const {
+        std::vector<int> out;
+        for (const auto* w : failures()) out.push_back(w->global_rank);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+};
+
+/// What a policy answers.
+struct restart_decision {
+    enum class action { restart, stop };
+
+    action what = action::stop;
+    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
+    std::string reason;
+
+    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
+
+    static restart_decision restart_because(std::string why) {
+        return {action::restart, std::move(why)};
+    }
+    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
+};
+
+/*
+ * restart_policy: what a model must provide and what it promises.
+ *
+ *   asio::awaitable<restart_decision> operator()(const group_failure& failure);
+ *
+ * - The agent awaits it once per failed attempt, after the group has been stopped, on the
+ *   agent's io_context (one thread: a policy needs no locks). The failure lives until the
+ *   awaitable completes.
+ * - A policy may await anything before answering (a backoff timer, a store, an operator): the
+ *   agent races the await against the signals it handles, so a policy must be cancellable at
+ *   its suspension points (Asio's timers and sockets are).
+ * - It may keep state across calls (a budget spent, a window of failures); the agent holds
+ *   one object for the whole job and calls it through a non-const reference.
+ * - Combinators (`a | b`: the first to say stop wins, delays add up) take models by value and
+ *   are models themselves; that is why the call is the only requirement.
+ */
+template <class P>
+concept restart_policy = std::move_constructible<P> && requires(P& p, const group_failure& f) {
+    { p(f) } -> std::same_as<asio::awaitable<restart_decision>>;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/concepts.hpp ----
+// ---- begin elastic/policy/max_restarts.hpp ----
+// max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
+/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
+///
+/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
+/// than a counter of its own, so a copy of the policy, or one built again after a membership
+/// change, answers the same.
+class max_restarts {
+public:
+    /// `n` >= 0 restarts allowed in the job.
+    explicit max_restarts(int n) : budget_(n) {
+        if (n < 0) {
+            throw std::invalid_argument(
+                fmt::format("max_restarts({}): the budget must be 0 or more", n));
+        }
+    }
+
+    /// The budget.
+    [[nodiscard]] int budget() const noexcept { return budget_; }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
+        if (failure.restarts < budget_) {
+            co_return restart_decision::restart_because(
+                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
+                            budget_));
+        }
+        co_return restart_decision::stop_because(
+            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
+                         : fmt::format("the restart budget is spent: {} of {} restarts made "
+                                       "(--max-restarts={})",
+                                       failure.restarts, budget_, budget_));
+    }
+
+private:
+    int budget_;
+};
+
+static_assert(restart_policy<max_restarts>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/max_restarts.hpp ----
+// ---- begin elastic/policy/clock.hpp ----
+// Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
+// asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
+
+
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/system_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/*
+ * policy_clock: where a restart policy reads the time and how it waits.
+ *
+ *   std::chrono::steady_clock::time_point now() const;
+ *   asio::awaitable<void> sleep(std::chrono::steady_clock::duration) const;
+ *
+ * - now() is on the steady clock's scale, the scale of group_failure::started / failed.
+ * - sleep() completes after the duration (at once for zero or less) on the awaiting coroutine's
+ *   executor, and is cancellable like an Asio timer: a cancelled sleep throws
+ *   asio::system_error(operation_aborted), so an agent racing the policy against a signal is
+ *   never held up by a backoff.
+ * - Copies share one time: a policy holds its clock by value.
+ */
+template <class C>
+concept policy_clock = std::copy_constructible<C> &&
+                       requires(const C& c, std::chrono::steady_clock::duration d) {
+                           { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
+                           { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
+                       };
+
+/// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
+struct steady_policy_clock {
+    [[nodiscard]] std::chrono::steady_clock::time_point now() const noexcept {
+        return std::chrono::steady_clock::now();
+    }
+
+    /// Static in substance: the timer lives in the coroutine frame, not in the clock.
+    asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
+        if (d <= std::chrono::steady_clock::duration::zero()) co_return;
+        asio::steady_timer timer(co_await asio::this_coro::executor, d);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+};
+
+static_assert(policy_clock<steady_policy_clock>);
+
+/// A clock for tests: now() stands still until advance(); a sleep completes when advance() has
+/// moved the time to or past its deadline. Nothing sleeps for real. Copies share the time.
+///
+/// A pending sleep is an asio::steady_timer set to expire never; advance() cancels the timers
+/// whose deadline has come, marking them woken, so the coroutine resumes on its own executor
+/// through the ordinary completion path (and a real cancellation, unmarked, still throws).
+class manual_policy_clock {
+public:
+    using time_point = std::chrono::steady_clock::time_point;
+    using duration = std::chrono::steady_clock::duration;
+
+    /// Time starts at `start`: by default one day past the steady clock's epoch, so that
+    /// `now() - window` never goes below the epoch.
+    explicit manual_policy_clock(time_point start = time_point{} + std::chrono::hours(24))
+        : state_(std::make_shared<state>()) {
+        state_->now = start;
+    }
+
+    [[nodiscard]] time_point now() const noexcept { return state_->now; }
+
+    asio::awaitable<void> sleep(duration d) const {
+        const auto shared = state_;  // the clock object may go before the sleep ends
+        shared->requested.push_back(d);
+        if (d <= duration::zero()) co_return;
+        asio::steady_timer timer(co_await asio::this_coro::executor, time_point::max());
+        sleeper me{shared->now + d, &timer, false};
+        shared->sleepers.push_back(&me);
+        struct unlist {
+            state* s;
+            sleeper* me;
+            ~unlist() { std::erase(s->sleepers, me); }
+        } guard{shared.get(), &me};
+        asio::error_code ignored;  // woken or cancelled: `woken` tells which
+        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
+    }
+
+    /// Moves the time forward by `d` and wakes every sleep whose deadline has come (they resume
+    /// when their io_context next runs handlers).
+    void advance(duration d) {
+        state_->now += d;
+        for (auto* s : state_->sleepers) {
+            if (!s->woken && s->deadline <= state_->now) {
+                s->woken = true;
+                s->timer->cancel();
+            }
+        }
+    }
+
+    /// Sleeps begun and not finished.
+    [[nodiscard]] std::size_t sleeping() const noexcept { return state_->sleepers.size(); }
+
+    /// The deadline of the earliest pending sleep, or time_point::max() when none.
+    [[nodiscard]] time_point next_deadline() const noexcept {
+        time_point next = time_point::max();
+        for (const auto* s : state_->sleepers) next = std::min(next, s->deadline);
+        return next;
+    }
+
+    /// Every duration sleep() was called with, in order (zero ones included).
+    [[nodiscard]] const std::vector<duration>& sleeps() const noexcept { return state_->requested; }
+
+private:
+    struct sleeper {
+        time_point deadline;
+        asio::steady_timer* timer;
+        bool woken;
+    };
+    struct state {
+        time_point now{};
+        std::vector<sleeper*> sleepers;
+        std::vector<duration> requested;
+    };
+    std::shared_ptr<state> state_;
+};
+
+static_assert(policy_clock<manual_policy_clock>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/clock.hpp ----
+// ---- begin elastic/policy/combinators.hpp ----
+// Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
+// built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
+
+
+#include <asio/awaitable.hpp>
+
+#include <array>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// What a planned policy would answer, before anything is awaited or counted.
+struct restart_plan {
+    restart_decision decision;
+    /// Awaited (through the policy's wait()) before the restart; zero for none.
+    std::chrono::steady_clock::duration delay{};
+};
+
+/*
+ * planned_restart_policy: a restart_policy split in three steps, so that a chain can ask every
+ * part before any of them waits or counts.
+ *
+ *   restart_plan plan(const group_failure&);          // decide; no waiting, no state change
+ *   asio::awaitable<void> wait(steady_clock::duration);  // the delay, on the policy's clock
+ *   void commit(const group_failure&);                 // the restart is happening: count it
+ *
+ * Calling the policy alone is plan(), then on restart wait(delay) and commit(): every built-in
+ * model (backoff, restart_window, exit_code_policy, crash_loop_guard) is one.
+ */
+template <class P>
+concept planned_restart_policy =
+    restart_policy<P> && requires(P& p, const group_failure& f, std::chrono::steady_clock::duration d) {
+        { p.plan(f) } -> std::same_as<restart_plan>;
+        { p.wait(d) } -> std::same_as<asio::awaitable<void>>;
+        p.commit(f);
+    };
+
+namespace detail::policy_impl {
+
+/// A planned policy called alone: plan, wait, count. A cancelled wait counts nothing.
+template <class P>
+asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& failure) {
+    auto plan = policy.plan(failure);
+    if (plan.decision.restart()) {
+        if (plan.delay > std::chrono::steady_clock::duration::zero()) co_await policy.wait(plan.delay);
+        policy.commit(failure);
+    }
+    co_return std::move(plan.decision);
+}
+
+}  // namespace detail::policy_impl
+
+/// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
+/// and nothing after it is asked); when all answer restart the delays add up and the reasons are
+/// joined with "; ". Planned parts (the built-in models) only plan while the chain asks: their
+/// delays are awaited after the last part has said restart, then every planned part counts the
+/// restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
+/// that happen. Any other part is awaited in its turn (it may wait for whatever it likes).
+template <class... Parts>
+class policy_chain {
+    static_assert(sizeof...(Parts) > 0, "a policy_chain needs a part");
+
+public:
+    explicit policy_chain(Parts... parts) : parts_(std::move(parts)...) {}
+    explicit policy_chain(std::tuple<Parts...> parts) : parts_(std::move(parts)) {}
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        progress p;
+        auto stop = co_await consult<0>(failure, p);
+        if (stop) co_return std::move(*stop);
+        co_await wait_all<0>(p);
+        commit_all<0>(failure);
+        co_return restart_decision::restart_because(std::move(p.reason));
+    }
+
+    /// The parts, for inspection (a test's, or a launcher's log).
+    [[nodiscard]] std::tuple<Parts...>& parts() noexcept { return parts_; }
+    [[nodiscard]] const std::tuple<Parts...>& parts() const noexcept { return parts_; }
+    [[nodiscard]] std::tuple<Parts...> release() && { return std::move(parts_); }
+
+private:
+    struct progress {
+        std::array<std::chrono::steady_clock::duration, sizeof...(Parts)> delays{};
+        std::string reason;
+
+        void add(const std::string& why) {
+            if (why.empty()) return;
+            if (!reason.empty()) reason += "; ";
+            reason += why;
+        }
+    };
+
+    template <std::size_t I>
+    asio::awaitable<std::optional<restart_decision>> consult(const group_failure& failure, progress& p) {
+        if constexpr (I == sizeof...(Parts)) {
+            co_return std::nullopt;
+        } else {
+            auto& part = std::get<I>(parts_);
+            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
+                auto plan = part.plan(failure);
+                if (!plan.decision.restart()) co_return std::move(plan.decision);
+                p.delays[I] = plan.delay;
+                p.add(plan.decision.reason);
+            } else {
+                auto decision = co_await part(failure);
+                if (!decision.restart()) co_return std::move(decision);
+                p.add(decision.reason);
+            }
+            co_return co_await consult<I + 1>(failure, p);
+        }
+    }
+
+    template <std::size_t I>
+    asio::awaitable<void> wait_all(const progress& p) {
+        if constexpr (I < sizeof...(Parts)) {
+            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
+                if (p.delays[I] > std::chrono::steady_clock::duration::zero()) {
+                    co_await std::get<I>(parts_).wait(p.delays[I]);
+                }
+            }
+            co_await wait_all<I + 1>(p);
+        }
+        co_return;
+    }
+
+    template <std::size_t I>
+    void commit_all(const group_failure& failure) {
+        if constexpr (I < sizeof...(Parts)) {
+            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
+                std::get<I>(parts_).commit(failure);
+            }
+            commit_all<I + 1>(failure);
+        }
+    }
+
+    std::tuple<Parts...> parts_;
+};
+
+namespace detail::policy_impl {
+
+template <class T>
+struct is_chain : std::false_type {};
+template <class... Ps>
+struct is_chain<policy_chain<Ps...>> : std::true_type {};
+
+template <class P>
+auto parts_of(P&& p) {
+    using D = std::remove_cvref_t<P>;
+    if constexpr (is_chain<D>::value) {
+        if constexpr (std::is_lvalue_reference_v<P>) {
+            return p.parts();
+        } else {
+            return std::move(p).release();
+        }
+    } else {
+        return std::tuple<D>(std::forward<P>(p));
+    }
+}
+
+template <class... Ps>
+policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
+    return policy_chain<Ps...>(std::move(parts));
+}
+
+}  // namespace detail::policy_impl
+
+/// A chain of the given policies, flattened (a chain given as a part contributes its parts).
+template <class... Ps>
+    requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
+auto chain(Ps&&... policies) {
+    return detail::policy_impl::chain_of_tuple(
+        std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
+}
+
+/// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
+/// is an elastic type; for two policies of your own write `elastic::chain(a, b)` or
+/// `using elastic::operator|;`.
+template <class A, class B>
+    requires restart_policy<std::remove_cvref_t<A>> && restart_policy<std::remove_cvref_t<B>>
+auto operator|(A&& a, B&& b) {
+    return chain(std::forward<A>(a), std::forward<B>(b));
+}
+
+/// A planned policy that may be absent (a flag not given): absent, it answers restart with no
+/// reason, no delay and nothing to count.
+template <class P>
+    requires planned_restart_policy<P>
+class optional_policy {
+public:
+    optional_policy() = default;
+    explicit optional_policy(std::optional<P> policy) : policy_(std::move(policy)) {}
+
+    [[nodiscard]] bool has_value() const noexcept { return policy_.has_value(); }
+    [[nodiscard]] P* get() noexcept { return policy_ ? &*policy_ : nullptr; }
+
+    restart_plan plan(const group_failure& failure) {
+        if (!policy_) return {restart_decision::restart_because({}), {}};
+        return policy_->plan(failure);
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) {
+        if (policy_) co_await policy_->wait(d);
+    }
+    void commit(const group_failure& failure) {
+        if (policy_) policy_->commit(failure);
+    }
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    std::optional<P> policy_;
+};
+
+/// Any restart policy behind one type (one allocation), for a policy chosen at run time.
+/// Calls forward to the held policy, whose awaitable it returns as is.
+class any_restart_policy {
+public:
+    template <class P>
+        // The same_as test first: it short-cuts the check of restart_policy<any_restart_policy>,
+        // which would ask for this very constructor again (clang recurses).
+        requires(!std::same_as<std::remove_cvref_t<P>, any_restart_policy>) && restart_policy<std::remove_cvref_t<P>>
+    any_restart_policy(P&& policy)  // NOLINT(google-explicit-constructor): a policy is one
+        : impl_(std::make_unique<model<std::remove_cvref_t<P>>>(std::forward<P>(policy))) {}
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) { return impl_->call(failure); }
+
+private:
+    struct base {
+        virtual ~base() = default;
+        virtual asio::awaitable<restart_decision> call(const group_failure& failure) = 0;
+    };
+    template <class P>
+    struct model final : base {
+        explicit model(P p) : policy(std::move(p)) {}
+        asio::awaitable<restart_decision> call(const group_failure& failure) override { return policy(failure); }
+        P policy;
+    };
+    std::unique_ptr<base> impl_;
+};
+
+static_assert(restart_policy<any_restart_policy>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/combinators.hpp ----
+// ---- begin elastic/policy/backoff.hpp ----
+// backoff: wait before each restart, exponentially longer for failures in a row, capped, with
+// jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// A source of numbers uniform in [0, 1) for jitter; tests pass a fixed one.
+using uniform_source = std::function<double()>;
+
+/// A uniform_source over std::mt19937_64 seeded from std::random_device.
+[[nodiscard]] inline uniform_source random_uniform_source() {
+    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
+        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+    };
+}
+
+/// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
+///     min(cap, initial * factor^k) * (1 - jitter * u),   u uniform in [0, 1),
+/// so jitter only shortens a delay and the cap holds. A failure after the group ran healthy for
+/// `reset_after` or longer starts over at k = 0. It always answers restart: pair it with a
+/// budget (`max_restarts(5) | backoff(1s, 1min)`).
+template <policy_clock Clock = steady_policy_clock>
+class basic_backoff {
+public:
+    explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
+        : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
+        if (spec_.initial <= spec_.initial.zero() || spec_.cap < spec_.initial) {
+            throw std::invalid_argument(fmt::format("backoff({}, {}): want 0 < initial <= cap",
+                                                    duration_flag_text(spec_.initial), duration_flag_text(spec_.cap)));
+        }
+        if (!(spec_.factor >= 1.0) || !std::isfinite(spec_.factor) || !(spec_.jitter >= 0.0 && spec_.jitter < 1.0) ||
+            spec_.reset_after < spec_.reset_after.zero()) {
+            throw std::invalid_argument(
+                fmt::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
+                            spec_.factor, spec_.jitter));
+        }
+        if (!uniform_) uniform_ = random_uniform_source();
+    }
+    /// backoff(1s, 1min): the default factor 2, jitter 10 % and reset after 10 min.
+    basic_backoff(std::chrono::milliseconds initial, std::chrono::milliseconds cap, Clock clock = Clock{})
+        : basic_backoff(backoff_spec{initial, cap}, std::move(clock)) {}
+
+    [[nodiscard]] const backoff_spec& spec() const noexcept { return spec_; }
+    /// Restarts counted in the current run of failures (0 after a reset).
+    [[nodiscard]] int in_a_row() const noexcept { return in_a_row_; }
+
+    restart_plan plan(const group_failure& failure) {
+        const bool reset = failure.healthy_for() >= spec_.reset_after;
+        const int k = reset ? 0 : in_a_row_;
+        const double initial_s = std::chrono::duration<double>(spec_.initial).count();
+        const double cap_s = std::chrono::duration<double>(spec_.cap).count();
+        // pow can overflow to inf for large k: min() with the cap handles it.
+        const double base = std::min(cap_s, initial_s * std::pow(spec_.factor, k));
+        const double u = std::clamp(uniform_(), 0.0, 1.0);
+        const double seconds = base * (1.0 - spec_.jitter * u);
+        const auto delay = std::chrono::round<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
+        pending_ = k + 1;
+        std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
+        if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
+        why += fmt::format("; {})", spec_.flag());
+        return {restart_decision::restart_because(std::move(why)), delay};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
+    void commit(const group_failure&) { in_a_row_ = pending_; }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    backoff_spec spec_;
+    Clock clock_;
+    uniform_source uniform_;
+    int in_a_row_ = 0;
+    int pending_ = 0;
+};
+
+/// The production backoff (steady clock, random jitter).
+using backoff = basic_backoff<>;
+
+static_assert(planned_restart_policy<backoff>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/backoff.hpp ----
+// ---- begin elastic/policy/window.hpp ----
+// restart_window: at most N restarts within any period, a sliding window
+// (--restart-window=N/PERIOD).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <deque>
+#include <stdexcept>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// A budget per time window: restart while fewer than N restarts were made in the last PERIOD
+/// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
+/// were. Unlike max_restarts, a job that fails rarely runs for ever.
+template <policy_clock Clock = steady_policy_clock>
+class basic_restart_window {
+public:
+    explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
+        if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
+            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
+                                                    spec_.restarts, duration_flag_text(spec_.period)));
+        }
+    }
+    /// restart_window(5, 1h).
+    basic_restart_window(int restarts, std::chrono::milliseconds period, Clock clock = Clock{})
+        : basic_restart_window(window_spec{restarts, period}, std::move(clock)) {}
+
+    [[nodiscard]] const window_spec& spec() const noexcept { return spec_; }
+    /// Restarts made within the last period, as of now.
+    [[nodiscard]] int recent() {
+        forget_old();
+        return static_cast<int>(times_.size());
+    }
+
+    restart_plan plan(const group_failure&) {
+        const int made = recent();
+        if (made >= spec_.restarts) {
+            const auto since = clock_.now() - times_.front();
+            return {restart_decision::stop_because(fmt::format(
+                        "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
+                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
+                    {}};
+        }
+        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
+                                                              spec_.restarts, duration_words(spec_.period),
+                                                              spec_.flag())),
+                {}};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
+    void commit(const group_failure&) { times_.push_back(clock_.now()); }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    void forget_old() {
+        const auto now = clock_.now();
+        while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
+    }
+
+    window_spec spec_;
+    Clock clock_;
+    std::deque<std::chrono::steady_clock::time_point> times_;
+};
+
+/// The production window (steady clock).
+using restart_window = basic_restart_window<>;
+
+static_assert(planned_restart_policy<restart_window>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/window.hpp ----
+// ---- begin elastic/policy/exit_codes.hpp ----
+// Exit-code classes: restart only when the root cause ended in a retryable way (a named set of
+// exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Judges the root cause (the first worker to fail, by time: the others usually fail because of
+/// it) against a set of endings. `restart_on_exit(set)`: restart only when it is in the set;
+/// `stop_on_exit(set)`: stop when it is. With no worker failed on its own, it restarts.
+class exit_code_policy {
+public:
+    enum class mode { restart_listed, stop_listed };
+
+    exit_code_policy(exit_code_set set, mode m) : set_(std::move(set)), mode_(m) {}
+
+    [[nodiscard]] const exit_code_set& set() const noexcept { return set_; }
+    [[nodiscard]] mode which() const noexcept { return mode_; }
+    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no flag and
+    /// shows its C++ form.
+    [[nodiscard]] std::string flag() const {
+        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string())
+                                             : fmt::format("stop_on_exit({})", set_.to_string());
+    }
+
+    restart_plan plan(const group_failure& failure) {
+        const auto* root = failure.root_cause();
+        if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
+        const auto& status = root->status;
+        const std::string ending = status.signaled()
+                                       ? fmt::format("local_rank {} was killed by {}", root->local_rank,
+                                                     signal_name(status.value))
+                                       : fmt::format("local_rank {} exited with code {}", root->local_rank, status.value);
+        const bool listed = set_.contains(status);
+        if (mode_ == mode::restart_listed) {
+            if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
+            return {restart_decision::stop_because(
+                        fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
+                    {}};
+        }
+        if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
+        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    void commit(const group_failure&) {}
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    exit_code_set set_;
+    mode mode_;
+};
+
+static_assert(planned_restart_policy<exit_code_policy>);
+
+/// Restart only when the root cause's ending is in `set`; stop at once otherwise.
+[[nodiscard]] inline exit_code_policy restart_on_exit(exit_code_set set) {
+    return {std::move(set), exit_code_policy::mode::restart_listed};
+}
+/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
+[[nodiscard]] inline exit_code_policy restart_on_exit(std::string_view text) {
+    return restart_on_exit(parse_exit_code_set(text, "restart_on_exit"));
+}
+/// Stop at once when the root cause's ending is in `set`; otherwise restart.
+[[nodiscard]] inline exit_code_policy stop_on_exit(exit_code_set set) {
+    return {std::move(set), exit_code_policy::mode::stop_listed};
+}
+[[nodiscard]] inline exit_code_policy stop_on_exit(std::string_view text) {
+    return stop_on_exit(parse_exit_code_set(text, "stop_on_exit"));
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/exit_codes.hpp ----
+// ---- begin elastic/policy/crash_loop.hpp ----
+// crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
+// loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
+/// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
+/// A group that ran longer restarts and clears the count.
+class crash_loop_guard {
+public:
+    explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
+        if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
+            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
+                                                    duration_flag_text(spec_.within), spec_.in_a_row));
+        }
+    }
+    /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
+    explicit crash_loop_guard(std::chrono::milliseconds within, int in_a_row = 1)
+        : crash_loop_guard(crash_guard_spec{within, in_a_row}) {}
+
+    [[nodiscard]] const crash_guard_spec& spec() const noexcept { return spec_; }
+
+    restart_plan plan(const group_failure& failure) {
+        const auto ran = failure.healthy_for();
+        const bool early = ran < spec_.within;
+        pending_ = early ? early_ + 1 : 0;
+        if (!early) {
+            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
+                                                                  duration_words(ran), duration_words(spec_.within))),
+                    {}};
+        }
+        if (pending_ >= spec_.in_a_row) {
+            return {restart_decision::stop_because(
+                        spec_.in_a_row == 1
+                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
+                                          "not retried ({})",
+                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
+                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
+                                          "the crash-loop guard of {}: not retried ({})",
+                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
+                    {}};
+        }
+        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
+                                                              "within {} ({})",
+                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
+                                                              duration_words(spec_.within), spec_.flag())),
+                {}};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    void commit(const group_failure&) { early_ = pending_; }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    crash_guard_spec spec_;
+    int early_ = 0;
+    int pending_ = 0;
+};
+
+static_assert(planned_restart_policy<crash_loop_guard>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/crash_loop.hpp ----
+// ---- begin elastic/policy/from_config.hpp ----
+// make_default_policy(config): the restart policy elasticrun runs under, built from
+// --max-restarts and the --restart-* options.
+
+
+#include <optional>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// The default policy, in this order (the first to say stop wins; docs/policies.md):
+///
+///     restart_on_exit(--restart-on-exit) | crash_loop_guard(--restart-crash-guard)
+///       | max_restarts(--max-restarts) | restart_window(--restart-window) | backoff(--restart-backoff)
+///
+/// each part present only when its option is given, except max_restarts: always there, unless
+/// --restart-window is given with --max-restarts left at 0, where the window is the budget (a
+/// window with no restart allowed at all would mean nothing). With none of the --restart-*
+/// options it answers exactly as max_restarts(--max-restarts). `clock` and `uniform` are for
+/// tests (the window's and the backoff's time, the jitter).
+template <policy_clock Clock = steady_policy_clock>
+[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+                                                     uniform_source uniform = random_uniform_source()) {
+    optional_policy<exit_code_policy> exits;
+    if (config.restart_on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*config.restart_on_exit));
+    optional_policy<crash_loop_guard> guard;
+    if (config.restart_crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*config.restart_crash_guard));
+    optional_policy<basic_backoff<Clock>> delay;
+    if (config.restart_backoff) {
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*config.restart_backoff, clock, std::move(uniform)));
+    }
+    if (config.restart_window) {
+        basic_restart_window<Clock> window(*config.restart_window, clock);
+        if (config.max_restarts == 0) {
+            return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
+        }
+        return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(window),
+                     std::move(delay));
+    }
+    return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(delay));
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/from_config.hpp ----
+// ---- end elastic/policy.hpp ----
+// ---- begin elastic/agent.hpp ----
+// The agent layer: one node's agent (local_agent), the worker environment contract, the
+// stderr relay, and elastic::run — a launcher in one call.
+
+// ---- begin elastic/agent/local_agent.hpp ----
+// local_agent: one node's agent — hosts the workers' store, runs the worker group with
+// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
+// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
+
+// ---- begin elastic/agent/output.hpp ----
+// The agent's copy of a worker's stderr: read from a pipe as chunks arrive, fed to the report's
+// stderr_tail, and written through to the agent's stderr one whole line at a time.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/buffer.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+/// Writes all of `text` to `fd`, retrying short writes and EINTR; gives up silently on other
+/// errors (a closed terminal must not stop the supervision of the workers).
+inline void write_all(int fd, std::string_view text) noexcept {
+    while (!text.empty()) {
+        const ssize_t n = ::write(fd, text.data(), text.size());
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return;
+        }
+        text.remove_prefix(static_cast<std::size_t>(n));
+    }
+}
+
+}  // namespace detail::agent
+
+/// Line-buffered pass-through of one stream (docs/failure-report.md, "The worker's stderr"):
+/// each complete line (ended by `\n`, or `\r` for progress bars) is written in the same write(2)
+/// as the other complete lines of its chunk; a partial line waits for its end, for
+/// `max_line_bytes`, or for end of file. The agent is the only writer of every worker's copied
+/// stream, so lines of different workers never interleave inside a line.
+class line_relay {
+public:
+    explicit line_relay(int out_fd, std::size_t max_line_bytes = stderr_tail::default_max_line_bytes)
+        : out_fd_(out_fd), max_line_bytes_(max_line_bytes) {}
+
+    /// The next chunk of the stream.
+    void feed(std::string_view chunk) {
+        pending_.append(chunk);
+        const auto end = pending_.find_last_of("\n\r");
+        if (end != std::string::npos) {
+            detail::agent::write_all(out_fd_, std::string_view(pending_).substr(0, end + 1));
+            pending_.erase(0, end + 1);
+        }
+        if (pending_.size() >= max_line_bytes_) {
+            flush();
+        }
+    }
+
+    /// Writes what is left (the stream ended mid-line).
+    void flush() {
+        if (!pending_.empty()) {
+            detail::agent::write_all(out_fd_, pending_);
+            pending_.clear();
+        }
+    }
+
+private:
+    int out_fd_;
+    std::size_t max_line_bytes_;
+    std::string pending_;
+};
+
+/// Reads `pipe` until end of file (or until it is closed or the read is cancelled), feeding
+/// every chunk to `tail` and to a line_relay on `out_fd` (-1: no copy). Always has a read pending,
+/// so a worker never blocks on a full pipe while the agent is idle.
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+    line_relay relay(out_fd < 0 ? 2 : out_fd);
+    std::array<char, 16384> buffer{};
+    for (;;) {
+        const auto [ec, n] =
+            co_await pipe.async_read_some(asio::buffer(buffer), asio::experimental::as_tuple(asio::use_awaitable));
+        if (n > 0) {
+            const std::string_view chunk(buffer.data(), n);
+            tail.feed(chunk);
+            if (out_fd >= 0) relay.feed(chunk);
+        }
+        if (ec) break;
+    }
+    if (out_fd >= 0) relay.flush();
+}
+
+/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls). Used once.
+class task_latch {
+public:
+    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+        timer_.expires_at(asio::steady_timer::time_point::max());
+    }
+    void add() noexcept { ++count_; }
+    void done() noexcept {
+        if (--count_ == 0) timer_.cancel();
+    }
+    [[nodiscard]] std::size_t count() const noexcept { return count_; }
+
+    /// Returns once count() is 0, or when the await is cancelled. One use: the latch of one
+    /// attempt's streams.
+    asio::awaitable<void> wait() {
+        if (count_ == 0) co_return;
+        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+    std::size_t count_ = 0;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/output.hpp ----
+// ---- begin elastic/agent/worker_environment.hpp ----
+// The environment the agent gives each worker: torchrun's contract (inventory §2.1), name for
+// name and meaning for meaning, on top of the agent's own environment.
+
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// Where one worker stands in the job: its ranks and the sizes around it.
+struct worker_assignment {
+    int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
+    int global_rank = 0;       ///< RANK
+    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
+    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
+    int world_size = 1;        ///< WORLD_SIZE
+    int role_world_size = 1;   ///< ROLE_WORLD_SIZE
+    int group_rank = 0;        ///< GROUP_RANK: this agent's rank in the rendezvous round
+    int group_world_size = 1;  ///< GROUP_WORLD_SIZE: agents in the round
+};
+
+/// What changes from one attempt of the group to the next.
+struct attempt_settings {
+    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
+    std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
+    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
+};
+
+/// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
+/// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
+[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
+                                                     int group_rank = 0, int group_world_size = 1) {
+    worker_assignment a;
+    a.local_rank = local_rank;
+    a.local_world_size = nproc_per_node;
+    a.group_rank = group_rank;
+    a.group_world_size = group_world_size;
+    a.global_rank = group_rank * nproc_per_node + local_rank;
+    a.role_rank = a.global_rank;
+    a.world_size = group_world_size * nproc_per_node;
+    a.role_world_size = a.world_size;
+    return a;
+}
+
+/// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
+[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
+    std::string out;
+    for (const int s : signals) {
+        out += (out.empty() ? "" : ",") + signal_to_string(s);
+    }
+    return out;
+}
+
+/// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
+/// not set and more than one worker runs on the node (each would otherwise start one OpenMP
+/// thread per core), and says so with omp_warning().
+[[nodiscard]] inline bool sets_omp_num_threads(const launch_config& config, const environment& agent_env) {
+    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
+}
+
+/// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
+[[nodiscard]] inline std::string omp_warning() {
+    return "\n*****************************************\n"
+           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+           "avoid your system being overloaded, please further tune the variable for optimal "
+           "performance in your application as needed. \n"
+           "*****************************************";
+}
+
+/// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
+/// torchrun's `os.environ.copy()`), then the contract:
+///
+/// LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE,
+/// GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+/// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True (the
+/// workers' store is the one the agent hosts: clients only), TORCHELASTIC_ERROR_FILE,
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING (the inherited value, else 1;
+/// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
+/// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
+/// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
+[[nodiscard]] inline environment worker_environment(const launch_config& config, const environment& agent_env,
+                                                    const worker_assignment& a, const attempt_settings& attempt) {
+    environment env = agent_env;
+    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
+    const auto number = [](long long v) { return fmt::format("{}", v); };
+    set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
+    set("RANK", number(a.global_rank));
+    set("GROUP_RANK", number(a.group_rank));
+    set("ROLE_RANK", number(a.role_rank));
+    set("ROLE_NAME", config.role);
+    set("LOCAL_WORLD_SIZE", number(a.local_world_size));
+    set("WORLD_SIZE", number(a.world_size));
+    set("GROUP_WORLD_SIZE", number(a.group_world_size));
+    set("ROLE_WORLD_SIZE", number(a.role_world_size));
+    set("MASTER_ADDR", attempt.master_addr);
+    set("MASTER_PORT", number(attempt.master_port));
+    set("TORCHELASTIC_RESTART_COUNT", number(attempt.restart_count));
+    set("TORCHELASTIC_MAX_RESTARTS", number(config.max_restarts));
+    set("TORCHELASTIC_RUN_ID", config.rdzv_id);
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set("TORCHELASTIC_ERROR_FILE", attempt.error_file);
+    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
+        if (const auto it = agent_env.find(name); it == agent_env.end()) {
+            set(name, "1");
+        }
+    }
+    set("TORCHELASTIC_SIGNALS_TO_HANDLE", signals_text(config.signals_to_handle));
+    if (sets_omp_num_threads(config, agent_env)) {
+        set("OMP_NUM_THREADS", "1");
+    }
+    if (config.virtual_local_rank) {
+        // torchrun (PR #166680): the worker sees one device, its own; an inherited list is
+        // indexed by the local rank.
+        std::string device = number(a.local_rank);
+        if (const auto it = agent_env.find("CUDA_VISIBLE_DEVICES"); it != agent_env.end() && !it->second.empty()) {
+            std::vector<std::string> ids;
+            std::string_view rest = it->second;
+            for (;;) {
+                const auto comma = rest.find(',');
+                ids.emplace_back(rest.substr(0, comma));
+                if (comma == std::string_view::npos) break;
+                rest.remove_prefix(comma + 1);
+            }
+            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
+        }
+        set("CUDA_VISIBLE_DEVICES", device);
+    }
+    return env;
+}
+
+/// An environment as execve's "NAME=value" entries.
+[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
+    std::vector<std::string> out;
+    out.reserve(env.size());
+    for (const auto& [name, value] : env) {
+        out.push_back(name + "=" + value);
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_environment.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/signal_set.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// The agent could not do its own work (a directory, a port, a worker that cannot be started
+/// after validation). elasticrun exits 1 with the message.
+class agent_error : public error {
+public:
+    using error::error;
+};
+
+namespace detail::agent {
+
+inline bool is_loopback_host(std::string_view host) {
+    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+    std::error_code ec;
+    const auto address = asio::ip::make_address(std::string(host), ec);
+    return !ec && address.is_loopback();
+}
+
+inline bool is_ip_literal(std::string_view host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(std::string(host), ec);
+    return !ec;
+}
+
+inline std::string this_host_name() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return {};
+    return name;
+}
+
+/// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
+struct store_plan {
+    std::string bind_host;
+    std::uint16_t port = 0;  ///< 0: a port the kernel chooses, anew for each attempt
+    std::string master_addr;
+};
+
+inline store_plan plan_store(const launch_config& c) {
+    const auto endpoint = c.rendezvous_endpoint();
+    store_plan plan;
+    // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
+    // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
+    // c10d: the endpoint's port (0 under --standalone).
+    if (c.rdzv_backend == rendezvous_backend::static_) {
+        plan.port = (c.master_port || c.rdzv_endpoint) ? endpoint.port.value_or(0) : 0;
+    } else {
+        plan.port = endpoint.port.value_or(0);
+    }
+    if (is_loopback_host(endpoint.host)) {
+        // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
+        // advertise the literal.
+        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.master_addr = plan.bind_host;
+    } else {
+        // A name or address of this host: listen on every interface, as TCPStore does.
+        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
+        plan.master_addr = endpoint.host;
+    }
+    if (c.local_addr) plan.master_addr = *c.local_addr;
+    return plan;
+}
+
+inline std::string nnodes_text(const node_range& n) {
+    return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
+}
+
+/// Refuses, before anything starts, what this agent does not implement yet (a later issue
+/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
+inline void check_supported(const launch_config& c) {
+    const auto refuse = [](std::string_view what, std::string_view why) {
+        throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
+    };
+    if (c.nnodes.max > 1) {
+        refuse(fmt::format("--nnodes={}", nnodes_text(c.nnodes)),
+               "this agent runs one node; the multi-node rendezvous comes later — use --nnodes=1");
+    }
+    if (c.rdzv_backend == rendezvous_backend::etcd_v3) {
+        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static with --nnodes=1");
+    }
+    if (c.rdzv_backend == rendezvous_backend::c10d) {
+        const auto endpoint = c.rendezvous_endpoint();
+        if (c.rdzv_conf.is_host && !*c.rdzv_conf.is_host) {
+            refuse("--rdzv-conf is_host=false", "joining a store hosted by another agent comes with the multi-node rendezvous");
+        }
+        const bool local = is_loopback_host(endpoint.host) || (c.rdzv_conf.is_host && *c.rdzv_conf.is_host) ||
+                           endpoint.host == this_host_name() || endpoint.host == host_fqdn();
+        if (!local) {
+            refuse(fmt::format("--rdzv-endpoint={}", to_string(endpoint)),
+                   "a rendezvous hosted on another machine comes with the multi-node rendezvous; a single node "
+                   "hosts its own: --standalone or --rdzv-endpoint=localhost:0");
+        }
+    }
+    if (c.log_dir) {
+        refuse(fmt::format("--log-dir={}", c.log_dir->string()),
+               "the log tree comes later; worker output goes to the console and error files to a temporary directory");
+    }
+    const auto streams_set = [](const stream_selection& s) {
+        return !s.per_rank.empty() || s.every_rank != std_streams::none;
+    };
+    if (streams_set(c.redirects)) {
+        refuse("-r/--redirects", "redirecting worker output to files comes with the log tree");
+    }
+    if (streams_set(c.tee)) {
+        refuse("-t/--tee", "teeing worker output to files comes with the log tree");
+    }
+    if (!c.local_ranks_filter.empty()) {
+        refuse("--local-ranks-filter", "filtering the console output comes with the log tree");
+    }
+}
+
+inline std::string temp_base(const environment& env) {
+    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
+    }
+    return "/tmp";
+}
+
+/// mkdtemp(3) under `parent` with `prefix`; throws agent_error.
+inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw agent_error(fmt::format("cannot create a directory like {}: {} (set TMPDIR to a writable directory)",
+                                      pattern, std::generic_category().message(errno)));
+    }
+    return pattern;
+}
+
+/// One worker of the current attempt.
+struct worker_slot {
+    worker_assignment assignment;
+    std::string error_file;
+    stderr_tail tail;
+    std::optional<asio::posix::stream_descriptor> err_pipe;
+};
+
+/// What an attempt's stream relays share with it.
+struct attempt_state {
+    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
+    std::vector<worker_slot> slots;
+    task_latch relays;
+};
+
+/// How an attempt ended.
+struct attempt_outcome {
+    enum class kind { succeeded, failed, signaled };
+    kind how = kind::succeeded;
+    int signal = 0;                 ///< for signaled
+    group_failure failure;          ///< for failed
+};
+
+}  // namespace detail::agent
+
+/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels): lines to a
+/// descriptor (stderr), prefixed with the launcher's name.
+class agent_log {
+public:
+    agent_log(std::string name, log_level level, int fd = 2) : name_(std::move(name)), level_(level), fd_(fd) {}
+
+    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
+
+    void operator()(log_level level, std::string_view text) const {
+        if (!enabled(level)) return;
+        detail::agent::write_all(fd_, fmt::format("{}: {}\n", name_, text));
+    }
+    void info(std::string_view text) const { (*this)(log_level::info, text); }
+    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
+    void error(std::string_view text) const { (*this)(log_level::error, text); }
+    /// Text shown whatever the level (the failure summary, as torchrun's exception is).
+    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+private:
+    std::string name_;
+    log_level level_;
+    int fd_;
+};
+
+/// One node's agent (DESIGN.md's picture, single node): for each attempt it hosts a fresh store
+/// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
+/// starts `--nproc-per-node` workers with torchrun's environment, and awaits — as events, with
+/// no polling — the first failure, the end of all workers, or a signal. A failure stops the
+/// group (its signal, then SIGKILL after `--shutdown-timeout`) and the restart policy decides.
+/// A signal is forwarded to the group, the grace is awaited, and run() returns 128 + N.
+///
+/// Use it from one thread (the io_context's); run() once.
+class local_agent {
+public:
+    /// `config` as parsed (or filled by a custom launcher); `env` is the agent's environment,
+    /// which every worker inherits. Throws usage_error for what is not implemented yet and for
+    /// a program that cannot run.
+    local_agent(asio::any_io_executor executor, launch_config config, environment env,
+                std::string name = "elasticrun")
+        : executor_(std::move(executor)),
+          config_(std::move(config)),
+          env_(std::move(env)),
+          log_(std::move(name), config_.agent_log_level) {
+        detail::agent::check_supported(config_);
+        command_ = resolve_program(config_.program, env_);
+        store_ = detail::agent::plan_store(config_);
+    }
+
+    /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
+    /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
+    /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
+    /// itself cannot go on (workers are stopped first).
+    template <restart_policy Policy>
+    asio::awaitable<int> run(Policy& policy) {
+        using namespace asio::experimental::awaitable_operators;
+        // Installed first: a signal during start-up or a restart is handled like any other.
+        asio::signal_set signals(executor_);
+        prepare_agent_signals();
+        for (const int s : config_.signals_to_handle) signals.add(s);
+
+        if (log_.enabled(log_level::info)) {
+            auto banner = describe(config_);
+            while (!banner.empty() && banner.back() == '\n') banner.pop_back();
+            log_.info(banner);
+        }
+        if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
+
+        int restarts = 0;
+        for (;;) {
+            auto outcome = co_await run_attempt(restarts, signals);
+            if (outcome.how == detail::agent::attempt_outcome::kind::succeeded) {
+                remove_run_dir();
+                co_return 0;
+            }
+            if (outcome.how == detail::agent::attempt_outcome::kind::signaled) {
+                co_return 128 + outcome.signal;
+            }
+            auto& failure = outcome.failure;
+            for (const auto* f : failure.failures()) {
+                log_.error(failure_log_line(*f, config_.program.target));
+            }
+            auto decided = co_await (policy(failure) || signals.async_wait(asio::use_awaitable));
+            if (decided.index() == 1) {
+                const int sig = std::get<1>(decided);
+                log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
+                                         "exiting with {}",
+                                         signal_to_string(sig), 128 + sig));
+                co_return 128 + sig;
+            }
+            auto& decision = std::get<0>(decided);
+            if (decision.restart()) {
+                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
+                                         headline(failure), decision.reason));
+                ++restarts;
+                continue;
+            }
+            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", config_.role, headline(failure),
+                                     decision.reason));
+            co_return finish_failed(failure);
+        }
+    }
+
+    /// Where the workers' store of the current (or last) attempt listens: MASTER_ADDR, MASTER_PORT.
+    [[nodiscard]] const std::string& master_addr() const noexcept { return store_.master_addr; }
+    [[nodiscard]] std::uint16_t master_port() const noexcept { return master_port_; }
+
+private:
+    std::string headline(const group_failure& failure) const {
+        const auto* root = failure.root_cause();
+        if (root == nullptr) return "no worker failed on its own";
+        return fmt::format("local_rank {} {}", root->local_rank,
+                           root->status.signaled() ? fmt::format("killed by {}", signal_name(root->status.value))
+                                                   : fmt::format("exited with code {}", root->status.value));
+    }
+
+    int finish_failed(const group_failure& failure) {
+        log_.always(format_summary(config_.program.target, failure.workers));
+        if (const auto* root = failure.root_cause()) {
+            if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
+                try {
+                    write_agent_error_file(it->second, *root);
+                } catch (const std::exception& e) {
+                    log_.error(e.what());
+                }
+            }
+            return launcher_exit_code(*root);
+        }
+        return 1;
+    }
+
+    void remove_run_dir() noexcept {
+        if (temp_root_.empty()) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(temp_root_, ignored);
+    }
+
+    /// The attempt's directory for error files: <tmp>/torchelastic_XXXXXX/<run_id>_XXXXXX/attempt_<k>/,
+    /// torchrun's layout; removed and made anew at each attempt (as torchrun does).
+    std::filesystem::path attempt_dir(int restarts) {
+        if (run_dir_.empty()) {
+            temp_root_ = detail::agent::make_temp_dir(detail::agent::temp_base(env_), "torchelastic_");
+            run_dir_ = detail::agent::make_temp_dir(temp_root_, config_.rdzv_id + "_");
+        }
+        const auto dir = run_dir_ / fmt::format("attempt_{}", restarts);
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        for (int i = 0; i < config_.nproc_per_node; ++i) {
+            std::filesystem::create_directories(dir / fmt::format("{}", i), ec);
+            if (ec) {
+                throw agent_error(fmt::format("cannot create {}: {}", (dir / fmt::format("{}", i)).string(), ec.message()));
+            }
+        }
+        return dir;
+    }
+
+    asio::awaitable<detail::agent::attempt_outcome> run_attempt(int restarts, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        using detail::agent::attempt_outcome;
+        const int n = config_.nproc_per_node;
+
+        // A fresh store for this attempt: a dead worker's last requests, still in flight on its
+        // old connection, can never land in the new attempt's key space (PyTorch 1.13 keys by
+        // restart count, newer PyTorch and native workers do not key by attempt at all).
+        store_server_options options;
+        options.host = store_.bind_host;
+        options.port = store_.port;
+        options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        std::unique_ptr<tcp_store_server> server;
+        try {
+            server = std::make_unique<tcp_store_server>(executor_, std::move(options));
+        } catch (const store_error& e) {
+            throw agent_error(fmt::format("cannot host the workers' store: {}", e.what()));
+        }
+        server->start();
+        master_port_ = server->port();
+        auto& server_ref = *server;
+
+        const auto dir = attempt_dir(restarts);
+        // Shared with the stream relays, which may outlive this frame if it unwinds.
+        auto state = std::make_shared<detail::agent::attempt_state>(executor_, static_cast<std::size_t>(n));
+        auto& slots = state->slots;
+        auto& relays = state->relays;
+        std::vector<child_process> workers;
+        workers.reserve(slots.size());
+        const auto close_all = [&slots] {
+            for (auto& slot : slots) {
+                if (slot.err_pipe) {
+                    std::error_code ignored;
+                    slot.err_pipe->close(ignored);
+                }
+            }
+        };
+
+        // Start every worker. spawn() returns once the program runs (or throws, e.g. when the
+        // program vanished since validation); signals arriving meanwhile wait in the signal_set.
+        std::optional<std::string> spawn_failure;
+        for (int i = 0; i < n; ++i) {
+            auto& slot = slots[static_cast<std::size_t>(i)];
+            slot.assignment = assign_worker(i, n);
+            slot.error_file = (dir / fmt::format("{}", i) / "error.json").string();
+            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
+            spawn_options how;
+            how.program = command_.path;
+            auto argv = command_.argv_for(i);
+            how.args.assign(argv.begin() + 1, argv.end());
+            how.env = environment_entries(worker_environment(config_, env_, slot.assignment, attempt));
+            how.err = stdio::pipe();
+            try {
+                workers.push_back(elastic::spawn(executor_, how));
+            } catch (const std::exception& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                break;
+            }
+            slot.err_pipe = workers.back().take_stderr();
+            if (slot.err_pipe) {
+                relays.add();
+                asio::co_spawn(
+                    executor_,
+                    [state, &slot]() -> asio::awaitable<void> { co_await relay_stream(*slot.err_pipe, slot.tail, 2); },
+                    [state](std::exception_ptr) { state->relays.done(); });
+            }
+        }
+        const auto started = std::chrono::steady_clock::now();
+
+        attempt_outcome outcome;
+        std::optional<std::size_t> first_failure;
+        if (spawn_failure) {
+            co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)});
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            throw agent_error(*spawn_failure);
+        }
+        {
+            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", config_.role, n, restarts,
+                                  store_.master_addr, master_port_));
+            if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
+            auto first = co_await (watch(workers) || signals.async_wait(asio::use_awaitable));
+            if (first.index() == 1) {
+                outcome.how = attempt_outcome::kind::signaled;
+                outcome.signal = std::get<1>(first);
+            } else if (const auto i = std::get<0>(first); i < workers.size()) {
+                outcome.how = attempt_outcome::kind::failed;
+                first_failure = i;
+            }
+        }
+
+        if (outcome.how == attempt_outcome::kind::signaled) {
+            co_await stop_on_signal(workers, outcome.signal);
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            co_return outcome;
+        }
+        if (outcome.how == attempt_outcome::kind::succeeded) {
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            co_return outcome;
+        }
+
+        // A failure: stop the others (the signal the agent would send, SIGTERM), racing the
+        // signals the agent handles — one arriving now is forwarded and wins.
+        const auto failed_at = workers[*first_failure].status()->steady_time;
+        std::vector<bool> exited_before(workers.size());
+        for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
+        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
+                                 signals.async_wait(asio::use_awaitable));
+        if (stopped.index() == 1) {
+            outcome.how = attempt_outcome::kind::signaled;
+            outcome.signal = std::get<1>(stopped);
+            co_await stop_on_signal(workers, outcome.signal);
+            co_await drain(relays, close_all);
+            server_ref.stop();
+            co_return outcome;
+        }
+        report_unkillable(std::get<0>(stopped));
+        co_await drain(relays, close_all);
+        server_ref.stop();
+
+        auto& failure = outcome.failure;
+        failure.restarts = restarts;
+        failure.started = started;
+        failure.failed = failed_at;
+        for (std::size_t i = 0; i < workers.size(); ++i) {
+            const auto& status = workers[i].status();
+            if (!status || (exited_before[i] && status->success())) continue;
+            auto& slot = slots[i];
+            worker_failure f;
+            f.local_rank = slot.assignment.local_rank;
+            f.global_rank = slot.assignment.global_rank;
+            f.role = config_.role;
+            f.pid = static_cast<long>(workers[i].pid());
+            f.host = host_;
+            f.status = status->signaled() ? exit_status::from_signal(status->signal)
+                                          : exit_status::from_exit_code(status->code);
+            f.observed_steady = status->steady_time;
+            f.observed_system = status->system_time;
+            f.error_file = read_error_file(slot.error_file);
+            f.stderr_tail = slot.tail.snapshot();
+            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
+            // that ended after it was ended by the agent, whatever its exit code.
+            f.state = (exited_before[i] && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            failure.workers.push_back(std::move(f));
+        }
+        co_return outcome;
+    }
+
+    /// The index of the first worker that fails, or workers.size() when all exited 0.
+    static asio::awaitable<std::size_t> watch(std::vector<child_process>& workers) {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers));
+            if (i >= workers.size()) co_return workers.size();
+            if (!workers[i].status()->success()) co_return i;
+        }
+    }
+
+    asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
+        log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
+                                 signal_to_string(sig), detail::launch_impl::seconds_text(config_.shutdown_timeout)));
+        auto result = co_await stop(std::span<child_process>(workers), {sig, config_.shutdown_timeout, std::chrono::seconds(10)});
+        report_unkillable(result);
+        log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
+    }
+
+    void report_unkillable(const stop_result& result) const {
+        if (result.unkillable.empty()) return;
+        std::string pids;
+        for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
+        log_.error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+    }
+
+    /// Awaits the end of every relayed stream. A descendant that left its worker's process
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get a bounded
+    /// while to reach end of file, then they are closed.
+    template <class Close>
+    asio::awaitable<void> drain(task_latch& relays, Close close_all) {
+        using namespace asio::experimental::awaitable_operators;
+        if (relays.count() == 0) co_return;
+        asio::steady_timer bound(executor_, std::chrono::seconds(2));
+        auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        if (which.index() == 1) {
+            log_.warning("a worker's stderr stayed open after its process group ended (a descendant that left the "
+                         "group?); closing it");
+            close_all();
+            co_await relays.wait();
+        }
+    }
+
+    asio::any_io_executor executor_;
+    launch_config config_;
+    environment env_;
+    agent_log log_;
+    worker_command command_;
+    detail::agent::store_plan store_;
+    std::uint16_t master_port_ = 0;
+    std::string host_;
+    std::filesystem::path temp_root_;
+    std::filesystem::path run_dir_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/local_agent.hpp ----
+// ---- begin elastic/agent/run.hpp ----
+// elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
+// on an io_context, a restart policy of the caller's choosing, and the exit code.
+
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <fmt/format.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+inline std::string launcher_name(int argc, const char* const* argv) {
+    std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
+    if (const auto slash = name.rfind('/'); slash != std::string_view::npos && slash + 1 < name.size()) {
+        name.remove_prefix(slash + 1);
+    }
+    return std::string(name);
+}
+
+/// Runs `body` and turns the launcher's errors into a message on stderr and an exit code:
+/// usage_error 2 (nothing was started), anything else 1.
+template <class Body>
+int guarded(std::string_view name, Body&& body) {
+    try {
+        return body();
+    } catch (const usage_error& e) {
+        std::fputs(fmt::format("{}: error: {}\n", name, e.what()).c_str(), stderr);
+        return usage_error::exit_code();
+    } catch (const std::exception& e) {
+        std::fputs(fmt::format("{}: error: {}\n", name, e.what()).c_str(), stderr);
+        return 1;
+    }
+}
+
+}  // namespace detail::agent
+
+/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
+/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
+/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
+/// Throws usage_error when the configuration asks for something not implemented yet.
+template <restart_policy Policy>
+int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
+        std::string name = "elasticrun") {
+    asio::io_context context(1);
+    local_agent agent(context.get_executor(), config, env, std::move(name));
+    std::optional<int> code;
+    std::exception_ptr failure;
+    asio::co_spawn(context, agent.run(policy), [&](std::exception_ptr e, int c) {
+        failure = e;
+        code = c;
+        context.stop();
+    });
+    context.run();
+    if (failure) std::rethrow_exception(failure);
+    return code.value_or(1);
+}
+
+/// torchrun's command line (docs/cli.md) under the caller's restart policy: parses, prints
+/// --help / --version, runs the agent, and returns the exit code — 2 with a one-line message
+/// for bad input (nothing started), 1 when the agent itself fails. A custom launcher is:
+///
+///     int main(int argc, char** argv) { return elastic::run(argc, argv, my_policy{}); }
+template <restart_policy Policy>
+int run(int argc, const char* const* argv, Policy policy) {
+    const auto name = detail::agent::launcher_name(argc, argv);
+    return detail::agent::guarded(name, [&] {
+        const auto env = current_environment();
+        auto parsed = parse_launch_config(argc, argv, env);
+        if (const auto* help = std::get_if<help_request>(&parsed)) {
+            std::fputs(help->text.c_str(), stdout);
+            return 0;
+        }
+        return run(std::get<launch_config>(parsed), std::move(policy), env, name);
+    });
+}
+
+/// torchrun's command line with the default policy, make_default_policy(config): built from
+/// --max-restarts and the --restart-* options (docs/policies.md).
+inline int run(int argc, const char* const* argv) {
+    const auto name = detail::agent::launcher_name(argc, argv);
+    return detail::agent::guarded(name, [&] {
+        const auto env = current_environment();
+        auto parsed = parse_launch_config(argc, argv, env);
+        if (const auto* help = std::get_if<help_request>(&parsed)) {
+            std::fputs(help->text.c_str(), stdout);
+            return 0;
+        }
+        const auto& config = std::get<launch_config>(parsed);
+        return run(config, make_default_policy(config), env, name);
+    });
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/run.hpp ----
+// ---- end elastic/agent.hpp ----
+// ---- begin elastic/run.hpp ----
+// elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/agent/run.hpp).
+
+// ---- end elastic/run.hpp ----
 // ---- end elastic.hpp ----
