@@ -2,6 +2,8 @@
 // environment and its output in files, and private temporary directories.
 #pragma once
 
+#include "test_files.hpp"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -20,40 +22,9 @@
 
 namespace env_support {
 
-/// A directory of its own under $TMPDIR (or /tmp), removed with everything in it at scope exit.
-class temp_dir {
-public:
-    temp_dir() {
-        const char* base = std::getenv("TMPDIR");
-        std::string pattern = std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") +
-                              "/elastic-worker-test-XXXXXX";
-        if (::mkdtemp(pattern.data()) == nullptr) {
-            throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
-        }
-        path_ = pattern;
-    }
-    ~temp_dir() {
-        std::error_code ignored;
-        std::filesystem::remove_all(path_, ignored);
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
+using test_files::temp_dir;
 
-    [[nodiscard]] const std::string& path() const { return path_; }
-    [[nodiscard]] std::string operator/(const std::string& name) const {
-        return path_ + "/" + name;
-    }
-
-private:
-    std::string path_;
-};
-
-inline std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
+using test_files::read_file;
 
 /// How a child ended and what it printed.
 struct child_result {

@@ -2,6 +2,8 @@
 // scripts, fake nvidia-smi), and one-call wrappers around parse_launch_config.
 #pragma once
 
+#include "test_files.hpp"
+
 #include "elastic/launch.hpp"
 
 #include <doctest/doctest.h>
@@ -22,51 +24,9 @@
 
 namespace launch_support {
 
-/// A directory of its own under $TMPDIR (or /tmp), removed with everything in it at scope exit.
-class temp_dir {
-public:
-    temp_dir() {
-        const char* base = std::getenv("TMPDIR");
-        std::string pattern = std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") +
-                              "/elastic-launch-test-XXXXXX";
-        if (::mkdtemp(pattern.data()) == nullptr) {
-            throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
-        }
-        path_ = pattern;
-    }
-    ~temp_dir() {
-        std::error_code ignored;
-        std::filesystem::remove_all(path_, ignored);
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
+using test_files::temp_dir;
 
-    [[nodiscard]] const std::string& path() const { return path_; }
-    [[nodiscard]] std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
-    /// Writes `name` with `content` and permission bits `mode`; returns its path.
-    std::string write(const std::string& name, const std::string& content, ::mode_t mode) const {
-        const auto path = *this / name;
-        {
-            std::ofstream out(path, std::ios::binary | std::ios::trunc);
-            out << content;
-        }
-        if (::chmod(path.c_str(), mode) != 0) {
-            throw std::runtime_error("chmod " + path + ": " + std::strerror(errno));
-        }
-        return path;
-    }
-
-private:
-    std::string path_;
-};
-
-inline std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
+using test_files::read_file;
 
 /// A shell script that does nothing, executable.
 inline std::string write_program(const temp_dir& dir, const std::string& name) {

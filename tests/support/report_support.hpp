@@ -2,6 +2,8 @@
 // process with its output captured, and building worker_failure records tersely.
 #pragma once
 
+#include "test_files.hpp"
+
 #include "elastic/report/failure.hpp"
 
 #include <cerrno>
@@ -29,30 +31,7 @@ extern char** environ;
 
 namespace report_support {
 
-/// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class temp_dir {
-public:
-    temp_dir() {
-        const char* base = std::getenv("TMPDIR");
-        std::string pattern = std::string(base && *base ? base : "/tmp") + "/elastic-report-XXXXXX";
-        if (::mkdtemp(pattern.data()) == nullptr) {
-            throw std::runtime_error("mkdtemp failed: " + std::string(std::strerror(errno)));
-        }
-        path_ = pattern;
-    }
-    ~temp_dir() {
-        const std::string cmd = "rm -rf '" + path_ + "'";
-        [[maybe_unused]] const int rc = std::system(cmd.c_str());
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
-
-    const std::string& path() const { return path_; }
-    std::string operator/(std::string_view name) const { return path_ + "/" + std::string(name); }
-
-private:
-    std::string path_;
-};
+using test_files::temp_dir;
 
 inline void write_file(const std::string& path, std::string_view contents) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -62,13 +41,7 @@ inline void write_file(const std::string& path, std::string_view contents) {
     }
 }
 
-inline std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        throw std::runtime_error("cannot read " + path);
-    }
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using test_files::read_file;
 
 inline bool file_exists(const std::string& path) {
     struct stat st {};
