@@ -32,9 +32,20 @@ configure() {  # configure DIR ARGS...
   cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "$@" >"$dir.configure.log" 2>&1 \
     || { cat "$dir.configure.log"; return 1; }
 }
-run_ctest() {  # run_ctest DIR [ARGS...]
+passed_total=0
+failed_total=0
+run_ctest() {  # run_ctest DIR [ARGS...]: run, and add its counts to the run's totals
   local dir=$1; shift
-  (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600 "$@")
+  local rc=0
+  (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600 "$@") 2>&1 \
+    | tee "$dir/ctest.log" || rc=$?
+  local line
+  line=$(grep -E "tests passed, [0-9]+ tests? failed out of [0-9]+" "$dir/ctest.log" | tail -n 1)
+  if [[ $line =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
+    failed_total=$((failed_total + BASH_REMATCH[1]))
+    passed_total=$((passed_total + BASH_REMATCH[2] - BASH_REMATCH[1]))
+  fi
+  return $rc
 }
 
 stage_deps() { tools/install-deps.sh test; }
@@ -101,3 +112,4 @@ echo
 echo "stage times:"
 printf '  %s\n' "${report[@]}"
 echo "all stages passed in $(( $(date +%s) - t_all ))s"
+echo "tests: ${passed_total} passed, ${failed_total} failed"
