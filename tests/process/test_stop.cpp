@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include "sanitizer.hpp"
+
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 
@@ -269,7 +271,7 @@ TEST_CASE("process: awaiting 16 sleeping children costs the agent no CPU") {
     }());
     CHECK(outcome == 1);  // the idle window ended first: no worker exited
     REQUIRE(before >= 0);
-    CHECK(after - before == 0);
+    CHECK(after - before <= test_sanitizer::idle_tick_tolerance);
     const auto result = run(io, elastic::stop(workers, quick(std::chrono::seconds(60))));
     CHECK(result.clean());
     for (const auto& w : result.workers) CHECK(w.outcome == elastic::stop_outcome::signaled);
