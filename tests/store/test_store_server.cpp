@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include "sanitizer.hpp"
+
 #include "store_support.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -122,17 +124,6 @@ void check_rejected(const std::string& bad_bytes, std::string_view reason,
     CHECK(f.logged(reason));
 }
 
-#if defined(__SANITIZE_THREAD__)
-inline constexpr long sanitizer_tick_tolerance = 1;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr long sanitizer_tick_tolerance = 1;
-#else
-inline constexpr long sanitizer_tick_tolerance = 0;
-#endif
-#else
-inline constexpr long sanitizer_tick_tolerance = 0;
-#endif
 
 // utime + stime of a process, in clock ticks (/proc/<pid>/stat fields 14 and 15).
 long cpu_ticks(pid_t pid) {
@@ -492,7 +483,7 @@ TEST_CASE("store: a server with 100 idle connections uses no CPU") {
     const long after = cpu_ticks(child.pid);
     // The server itself does nothing; only ThreadSanitizer's runtime wakes a background thread
     // every 100 ms in the child, which may be charged one tick in a TSan build.
-    CHECK(after - before <= test_store_server::sanitizer_tick_tolerance);
+    CHECK(after - before <= test_sanitizer::idle_tick_tolerance);
     ::kill(child.pid, SIGTERM);
     int status = 0;
     ::waitpid(child.pid, &status, 0);
