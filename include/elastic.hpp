@@ -18,5 +18,6 @@
 #include "elastic/report.hpp"
 #include "elastic/launch.hpp"
 #include "elastic/policy.hpp"
+#include "elastic/rendezvous.hpp"
 #include "elastic/agent.hpp"
 #include "elastic/run.hpp"

@@ -10818,6 +10818,26 @@ template <policy_clock Clock = steady_policy_clock>
 }  // namespace elastic::inline v0
 // ---- end elastic/policy/from_config.hpp ----
 // ---- end elastic/policy.hpp ----
+// ---- begin elastic/rendezvous.hpp ----
+// The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
+
+// ---- begin elastic/rendezvous/error.hpp ----
+// elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
+// that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
+
+
+namespace elastic::inline v0 {
+
+/// The rendezvous failed: the message names what was awaited (which nodes, which key, for how
+/// long) and the remedy. No worker of the failed round was started.
+class rendezvous_error : public error {
+public:
+    using error::error;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/error.hpp ----
+// ---- end elastic/rendezvous.hpp ----
 // ---- begin elastic/agent.hpp ----
 // The agent layer: one node's agent (local_agent), the worker environment contract, the
 // stderr relay, and elastic::run — a launcher in one call.

@@ -1,0 +1,5 @@
+// The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/rendezvous/error.hpp"
