@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/path_search.hpp"
 #include "elastic/launch/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
@@ -105,21 +106,8 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
 
 namespace detail::launch_impl {
 
-enum class file_check { ok, missing, directory, not_executable, not_readable };
-
-[[nodiscard]] inline file_check check_file(const std::string& path, int access_mode) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        return file_check::missing;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        return file_check::directory;
-    }
-    if (::access(path.c_str(), access_mode) != 0) {
-        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
-    }
-    return file_check::ok;
-}
+using detail::check_file;
+using detail::file_check;
 
 }  // namespace detail::launch_impl
 
@@ -149,18 +137,9 @@ enum class file_check { ok, missing, directory, not_executable, not_readable };
         return path;
     }
     const auto* path_variable = detail::launch_impl::find_variable(env, "PATH");
-    const std::string search = path_variable != nullptr ? *path_variable : "/bin:/usr/bin";
-    std::string first_not_executable;
-    for (const auto dir : detail::launch_impl::split(search, ':')) {
-        const auto candidate = dir.empty() ? std::string{name} : fmt::format("{}/{}", dir, name);
-        const auto check = detail::launch_impl::check_file(dir.empty() ? "./" + candidate : candidate, X_OK);
-        if (check == detail::launch_impl::file_check::ok) {
-            return dir.empty() ? "./" + candidate : candidate;
-        }
-        if (check == detail::launch_impl::file_check::not_executable && first_not_executable.empty()) {
-            first_not_executable = candidate;
-        }
-    }
+    const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
+    auto [found, first_not_executable] = detail::search_path(name, search);
+    if (!found.empty()) return found;
     if (!first_not_executable.empty()) {
         throw usage_error{describe(detail::launch_impl::file_check::not_executable, first_not_executable)};
     }

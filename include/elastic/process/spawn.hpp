@@ -2,6 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/path_search.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/spawner.hpp"
@@ -176,24 +177,11 @@ struct child_plan {
 inline std::string find_executable(const std::string& program,
                                    const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
-    std::string path_var = "/usr/local/bin:/usr/bin:/bin";  // glibc's default, as execvp
+    std::string path_var(default_search_path);  // execvp's, when the environment has no PATH
     for (const auto& entry : env) {
         if (entry.rfind("PATH=", 0) == 0) path_var = entry.substr(5);
     }
-    std::string_view rest = path_var;
-    for (;;) {
-        const auto colon = rest.find(':');
-        std::string dir(rest.substr(0, colon));
-        if (dir.empty()) dir = ".";
-        const std::string candidate = dir + "/" + program;
-        struct stat st {};
-        if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-            ::access(candidate.c_str(), X_OK) == 0) {
-            return candidate;
-        }
-        if (colon == std::string_view::npos) break;
-        rest.remove_prefix(colon + 1);
-    }
+    if (auto result = search_path(program, path_var); !result.found.empty()) return std::move(result.found);
     throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" +
                           path_var + " (give a path, or set PATH in the worker's environment)",
                       ENOENT);
