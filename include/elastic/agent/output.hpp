@@ -1,5 +1,6 @@
-// The agent's copy of a worker's stderr: read from a pipe as chunks arrive, fed to the report's
-// stderr_tail, and written through to the agent's stderr one whole line at a time.
+// The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
+// stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
+// each line after the rank's prefix when asked.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -13,25 +14,34 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
-#include <array>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include <poll.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
 
 namespace detail::agent {
 
-/// Writes all of `text` to `fd`, retrying short writes and EINTR; gives up silently on other
-/// errors (a closed terminal must not stop the supervision of the workers).
+/// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
+/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
+/// closed terminal must not stop the supervision of the workers).
 inline void write_all(int fd, std::string_view text) noexcept {
     while (!text.empty()) {
         const ssize_t n = ::write(fd, text.data(), text.size());
         if (n < 0) {
             if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                pollfd p{fd, POLLOUT, 0};
+                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
+                continue;
+            }
             return;
         }
         text.remove_prefix(static_cast<std::size_t>(n));
@@ -40,64 +50,8 @@ inline void write_all(int fd, std::string_view text) noexcept {
 
 }  // namespace detail::agent
 
-/// Line-buffered pass-through of one stream (docs/failure-report.md, "The worker's stderr"):
-/// each complete line (ended by `\n`, or `\r` for progress bars) is written in the same write(2)
-/// as the other complete lines of its chunk; a partial line waits for its end, for
-/// `max_line_bytes`, or for end of file. The agent is the only writer of every worker's copied
-/// stream, so lines of different workers never interleave inside a line.
-class line_relay {
-public:
-    explicit line_relay(int out_fd, std::size_t max_line_bytes = stderr_tail::default_max_line_bytes)
-        : out_fd_(out_fd), max_line_bytes_(max_line_bytes) {}
-
-    /// The next chunk of the stream.
-    void feed(std::string_view chunk) {
-        pending_.append(chunk);
-        const auto end = pending_.find_last_of("\n\r");
-        if (end != std::string::npos) {
-            detail::agent::write_all(out_fd_, std::string_view(pending_).substr(0, end + 1));
-            pending_.erase(0, end + 1);
-        }
-        if (pending_.size() >= max_line_bytes_) {
-            flush();
-        }
-    }
-
-    /// Writes what is left (the stream ended mid-line).
-    void flush() {
-        if (!pending_.empty()) {
-            detail::agent::write_all(out_fd_, pending_);
-            pending_.clear();
-        }
-    }
-
-private:
-    int out_fd_;
-    std::size_t max_line_bytes_;
-    std::string pending_;
-};
-
-/// Reads `pipe` until end of file (or until it is closed or the read is cancelled), feeding
-/// every chunk to `tail` and to a line_relay on `out_fd` (-1: no copy). Always has a read pending,
-/// so a worker never blocks on a full pipe while the agent is idle.
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    line_relay relay(out_fd < 0 ? 2 : out_fd);
-    std::array<char, 16384> buffer{};
-    for (;;) {
-        const auto [ec, n] =
-            co_await pipe.async_read_some(asio::buffer(buffer), asio::experimental::as_tuple(asio::use_awaitable));
-        if (n > 0) {
-            const std::string_view chunk(buffer.data(), n);
-            tail.feed(chunk);
-            if (out_fd >= 0) relay.feed(chunk);
-        }
-        if (ec) break;
-    }
-    if (out_fd >= 0) relay.flush();
-}
-
 /// Counts running tasks and lets one coroutine await the moment none is left (an event: the
-/// last `done()` cancels the timer the waiter sleeps on; nothing polls). Used once.
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
 class task_latch {
 public:
     explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
@@ -108,9 +62,13 @@ public:
         if (--count_ == 0) timer_.cancel();
     }
     [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
+    /// held open by a process that writes nothing.
+    void progressed() noexcept { ++progress_; }
+    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
 
-    /// Returns once count() is 0, or when the await is cancelled. One use: the latch of one
-    /// attempt's streams.
+    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
+    /// One latch per attempt's streams.
     asio::awaitable<void> wait() {
         if (count_ == 0) co_return;
         co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
@@ -119,6 +77,113 @@ public:
 private:
     asio::steady_timer timer_;
     std::size_t count_ = 0;
+    std::uint64_t progress_ = 0;
 };
+
+/// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
+/// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
+/// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
+/// complete lines of a chunk go out in one write(2). A partial line waits for its end; a line
+/// longer than `max_line_bytes` is cut into pieces of that size, each ended with `\n`; at the
+/// end of the stream a partial last line is written, ended with `\n`. The agent is the only writer
+/// of every copied stream, so lines of different workers never interleave inside a line.
+class line_relay {
+public:
+    /// 64 KiB: any line a person reads fits whole; a megabyte without a newline is cut.
+    static constexpr std::size_t default_max_line_bytes = 64 * 1024;
+
+    explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
+        : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
+
+    /// The next chunk of the stream.
+    void feed(std::string_view chunk) {
+        pending_.append(chunk);
+        std::size_t start = 0;
+        for (;;) {
+            const auto at = pending_.find_first_of("\n\r", start);
+            if (at == std::string::npos) break;
+            std::size_t end = at + 1;
+            if (pending_[at] == '\r') {
+                if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
+                if (pending_[end] == '\n') ++end;
+            }
+            out_ += prefix_;
+            out_.append(pending_, start, end - start);
+            start = end;
+        }
+        while (pending_.size() - start >= max_line_bytes_) {
+            out_ += prefix_;
+            out_.append(pending_, start, max_line_bytes_);
+            out_ += '\n';
+            start += max_line_bytes_;
+        }
+        pending_.erase(0, start);
+        write_out();
+    }
+
+    /// Writes what is left (the stream ended mid-line), ended with `\n`.
+    void flush() {
+        if (pending_.empty()) return;
+        out_ += prefix_;
+        out_ += pending_;
+        out_ += '\n';
+        pending_.clear();
+        write_out();
+    }
+
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    void write_out() {
+        if (out_.empty()) return;
+        detail::agent::write_all(out_fd_, out_);
+        out_.clear();
+    }
+
+    int out_fd_;
+    std::string prefix_;
+    std::size_t max_line_bytes_;
+    std::string pending_;
+    std::string out_;
+};
+
+/// Where the bytes of one worker stream are copied (any subset).
+struct stream_copies {
+    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
+    int file_fd = -1;             ///< every byte as written: the stream's log file
+    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
+    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
+    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
+};
+
+/// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
+/// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
+/// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
+/// so a slow console slows the worker (its pipe fills) and nothing is dropped.
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
+    std::unique_ptr<line_relay> console;
+    if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
+    // 64 KiB: a full pipe's worth in one read.
+    auto buffer = std::make_unique<char[]>(65536);
+    for (;;) {
+        const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
+                                                           asio::experimental::as_tuple(asio::use_awaitable));
+        if (n > 0) {
+            const std::string_view chunk(buffer.get(), n);
+            if (copies.tail != nullptr) copies.tail->feed(chunk);
+            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
+            if (console) console->feed(chunk);
+            if (copies.progress != nullptr) copies.progress->progressed();
+        }
+        if (ec) break;
+    }
+    if (console) console->flush();
+}
+
+/// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
+/// no copy).
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
+}
 
 }  // namespace elastic::inline v0

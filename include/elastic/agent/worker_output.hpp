@@ -1,0 +1,109 @@
+// worker_output: one worker's standard output and error for one attempt — its routes, its log
+// files, its pipes, and the relays that copy them to the tail, the files and the console.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/agent/log_tree.hpp"
+#include "elastic/agent/output.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/process/child.hpp"
+#include "elastic/process/spawn.hpp"
+#include "elastic/process/sys.hpp"
+#include "elastic/report/stderr_tail.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
+/// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
+/// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
+/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
+/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
+/// start() after the spawn runs one relay per pipe.
+class worker_output {
+public:
+    /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
+    /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
+    /// and `how.err`. Throws log_error.
+    void prepare(const launch_config& config, int index, int global_rank, const std::filesystem::path& rank_dir,
+                 spawn_options& how) {
+        routes_ = route_streams(config, index);
+        prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
+        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
+        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
+        if (routes_.out.console == console_copy::raw && !out_file_) {
+            how.out = stdio::inherit();
+        } else if (routes_.out.console == console_copy::none && out_file_) {
+            how.out = stdio::descriptor(out_file_.get());
+        } else if (routes_.out.console == console_copy::none) {
+            how.out = stdio::null();
+        } else {
+            how.out = stdio::pipe();
+        }
+        how.err = stdio::pipe();
+    }
+
+    /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
+    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
+    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
+               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
+        out_pipe_ = child.take_stdout();
+        err_pipe_ = child.take_stderr();
+        const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
+        const auto prefix = [this](const stream_route& r) {
+            return r.console == console_copy::prefixed ? prefix_ : std::string();
+        };
+        if (out_pipe_) {
+            run(executor, relays, keep_alive, *out_pipe_,
+                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
+        }
+        if (err_pipe_) {
+            run(executor, relays, keep_alive, *err_pipe_,
+                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
+        }
+    }
+
+    /// Closes the pipes (a relay pending on one ends): for pipes a descendant of the worker holds
+    /// open after the worker's group ended.
+    void close() noexcept {
+        std::error_code ignored;
+        if (out_pipe_) out_pipe_->close(ignored);
+        if (err_pipe_) err_pipe_->close(ignored);
+    }
+
+    [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
+                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
+        relays.add();
+        asio::co_spawn(
+            executor,
+            [keep_alive, &pipe, copies = std::move(copies)]() mutable -> asio::awaitable<void> {
+                co_await relay_stream(pipe, std::move(copies));
+            },
+            [keep_alive, &relays](std::exception_ptr) { relays.done(); });
+    }
+
+    worker_routes routes_;
+    std::string prefix_;
+    detail::owned_fd out_file_;
+    detail::owned_fd err_file_;
+    std::optional<asio::posix::stream_descriptor> out_pipe_;
+    std::optional<asio::posix::stream_descriptor> err_pipe_;
+};
+
+}  // namespace elastic::inline v0
