@@ -1,17 +1,22 @@
 // tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
-// `store` concept as coroutines; connect with backoff, a deadline on every operation.
+// `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
+// kept alive by heartbeats, and a lost connection reported as an event.
 #pragma once
 
 #include "elastic/detail/config.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/errors.hpp"
+#include "elastic/store/lease.hpp"
 #include "elastic/store/wire.hpp"
 
 #include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
+#include <asio/detached.hpp>
 #include <asio/error.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -19,6 +24,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +83,21 @@ struct store_client_options {
     std::chrono::milliseconds max_backoff{std::chrono::seconds(1)};
     /// Called after each failed connection attempt that will be retried (logging, tests).
     std::function<void(const store_connect_attempt&)> on_retry;
+    /// Leases (hold_lease, docs/store-client.md "Leases"): while the client holds one it sends a
+    /// heartbeat every `lease_heartbeat_interval` when the connection is idle (PING in the
+    /// current dialect, an empty CHECK in the legacy one). A heartbeat unanswered for
+    /// `lease_missed_heartbeats` intervals, or a closed connection, ends the connection and its
+    /// leases: connection_lost() reports it. Use the server's values
+    /// (store_server_options::lease_heartbeat_interval, lease_missed_heartbeats).
+    std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
+    unsigned lease_missed_heartbeats = 5;
+};
+
+/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
+/// and with it the leases (the server records them lost).
+struct store_connection_loss {
+    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
+    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
 };
 
 namespace detail {
@@ -103,16 +124,28 @@ struct store_client_connection {
 class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
-        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()) {
+        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
+          heartbeat_timer_(executor), loss_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
+        if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
+            throw store_error(fmt::format(
+                "store_client_options: lease_heartbeat_interval {} ms and "
+                "lease_missed_heartbeats {} must both be positive",
+                options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
+        loss_timer_.expires_at(asio::steady_timer::time_point::max());
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
     tcp_store_client& operator=(const tcp_store_client&) = delete;
 
-    ~tcp_store_client() { drop(); }
+    // The heartbeat coroutine may still be suspended: it sees *alive_ false and leaves.
+    ~tcp_store_client() {
+        *alive_ = false;
+        leases_.clear();
+        drop();
+    }
 
     /// Connects now (otherwise the first operation does). Throws store_error naming the address
     /// when no attempt succeeds within `connect_timeout`.
@@ -121,8 +154,9 @@ public:
         co_await ensure_connected();
     }
 
-    /// Closes the connection; the next operation reconnects.
-    void close() noexcept { drop(); }
+    /// Closes the connection; the next operation reconnects. Leases held end with it
+    /// (connection_lost() reports "close() was called").
+    void close() noexcept { drop("close() was called"); }
 
     /// The dialect in use: chosen by options, or known after `detect` has connected.
     [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return dialect_; }
@@ -319,9 +353,193 @@ public:
         (void)co_await read_u8(std::string_view("APPEND"), k);
     }
 
+    // ---- leases ----------------------------------------------------------------------------
+
+    /// Sets `key` to `value` as a lease bound to this client's connection, and returns once the
+    /// server has it (a heartbeat's reply follows the SET). `key` is in the client's key space,
+    /// like set's, and must be a lease key: `lease_key(group, name)`, i.e. `<group>/__lease__/
+    /// <name>`, name neither empty nor starting with "__" (store_error otherwise). Our server
+    /// deletes the key and records the loss (`lease_epoch_key`, `lease_lost_key`) when the
+    /// connection closes or stays silent; a PyTorch server stores it as an ordinary key.
+    /// Heartbeats start with the first lease. The lease does not survive the connection: after
+    /// connection_lost(), hold it again (the next operation reconnects).
+    asio::awaitable<void> hold_lease(std::string key, std::string value) {
+        const auto k = wire_key(key);
+        const auto parts = parse_lease_key(k);
+        if (!parts || parts->name.empty() || parts->reserved())
+            throw store_error(fmt::format(
+                "hold_lease('{}'): not a lease key; use lease_key(group, name): "
+                "<group>/{}<name>, with a name neither empty nor starting with '__'",
+                key, lease_marker));
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        begin(wire::op::set);
+        req_.key = k;
+        req_.value = value;
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        encode_heartbeat(wbuf_);
+        co_await flush(std::string_view("SET"), k);
+        co_await read_heartbeat(std::string_view("SET"), k);
+        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
+            leases_.push_back(std::move(key));
+        start_heartbeat();
+    }
+
+    /// Ends the lease at `key` without a loss (DELETE_KEY); whether the key existed.
+    asio::awaitable<bool> release_lease(std::string key) {
+        std::erase(leases_, key);
+        co_return co_await delete_key(std::move(key));
+    }
+
+    /// The lease keys this client holds now.
+    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_; }
+
+    /// Completes when the connection that held this client's leases ends: a heartbeat left
+    /// unanswered for lease_missed_heartbeats x lease_heartbeat_interval (a hung, stopped or
+    /// unreachable server), an EOF or reset (a server that died: seen by the next heartbeat,
+    /// within one interval), a failed operation, or close(). A loss that happened before the
+    /// call is reported at once; each loss is reported once. Cancel it as any awaitable.
+    asio::awaitable<store_connection_loss> connection_lost() {
+        const auto alive = alive_;
+        while (!loss_) {
+            co_await loss_timer_.async_wait(tuple_awaitable);
+            if (!*alive) throw std::system_error(asio::error::operation_aborted,
+                                                 "store client destroyed");
+            const auto cs = co_await asio::this_coro::cancellation_state;
+            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
+                throw std::system_error(asio::error::operation_aborted,
+                                        "connection_lost() cancelled");
+        }
+        auto loss = std::move(*loss_);
+        loss_.reset();
+        co_return loss;
+    }
+
 private:
     using clock = std::chrono::steady_clock;
     static constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+    std::chrono::milliseconds heartbeat_deadline() const {
+        return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
+    }
+
+    // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
+    // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
+    void encode_heartbeat(std::string& out) const {
+        if (*dialect_ == wire::dialect::current) {
+            wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
+            wire::put_u32(out, heartbeat_nonce());
+        } else {
+            wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
+            wire::put_u64(out, 0);
+        }
+    }
+
+    std::size_t heartbeat_reply_size() const { return *dialect_ == wire::dialect::current ? 4 : 1; }
+
+    static std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+
+    bool heartbeat_reply_ok(const char* p) const {
+        if (*dialect_ == wire::dialect::current)
+            return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
+        return static_cast<std::uint8_t>(*p) ==
+               static_cast<std::uint8_t>(wire::check_response::ready);
+    }
+
+    asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
+        const auto n = heartbeat_reply_size();
+        if (const auto ec = co_await fill(n)) fail(what, key, ec);
+        if (!heartbeat_reply_ok(rbuf_.data() + rbeg_))
+            throw_protocol(what, key, "a wrong heartbeat reply");
+        rbeg_ += n;
+    }
+
+    void start_heartbeat() {
+        if (heartbeat_running_) return;
+        heartbeat_running_ = true;
+        asio::co_spawn(executor_, heartbeat(alive_), asio::detached);
+    }
+
+    // Every interval while leases are held: one heartbeat when the connection is idle. A busy
+    // connection is skipped: the operation on it is traffic the server hears (a long WAIT is
+    // not: docs/store-client.md). `this` is touched only after checking *alive: the client may
+    // be destroyed while this coroutine is suspended.
+    asio::awaitable<void> heartbeat(std::shared_ptr<bool> alive) {
+        for (;;) {
+            heartbeat_timer_.expires_after(options_.lease_heartbeat_interval);
+            co_await heartbeat_timer_.async_wait(tuple_awaitable);
+            if (!*alive) co_return;
+            if (leases_.empty()) {
+                heartbeat_running_ = false;
+                co_return;
+            }
+            if (busy_ || !conn_) continue;
+            busy_ = true;  // acquire() without suspension: the lock is free
+            co_await beat(alive);
+            if (!*alive) co_return;
+            release();
+        }
+    }
+
+    // One heartbeat on the held connection, read into the frame (not rbuf_), so a destroyed
+    // client is never touched after a suspension.
+    asio::awaitable<void> beat(std::shared_ptr<bool> alive) {
+        const auto conn = conn_;
+        if (rbeg_ != rend_) {
+            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(),
+                             rend_ - rbeg_));
+            co_return;
+        }
+        std::string out;
+        encode_heartbeat(out);
+        arm_deadline(clock::now() + heartbeat_deadline());
+        auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
+        (void)n;
+        if (!*alive) co_return;
+        std::array<char, 4> reply{};
+        if (!ec) {
+            const auto [rec, got] = co_await asio::async_read(
+                conn->socket, asio::buffer(reply.data(), heartbeat_reply_size()), tuple_awaitable);
+            (void)got;
+            if (!*alive) co_return;
+            ec = rec;
+        }
+        if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
+        if (!ec && heartbeat_reply_ok(reply.data())) {
+            disarm();
+            co_return;
+        }
+        if (conn->expired)
+            drop(fmt::format("the store at {} did not answer a heartbeat within {} ms ({} missed "
+                             "heartbeats of {} ms): the server is hung, stopped or unreachable "
+                             "(store_client_options::lease_heartbeat_interval, "
+                             "lease_missed_heartbeats)",
+                             address(), heartbeat_deadline().count(),
+                             options_.lease_missed_heartbeats,
+                             options_.lease_heartbeat_interval.count()));
+        else if (ec)
+            drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
+                             "or died, or it ended this connection (see its log)",
+                             address(), ec.message()));
+        else
+            drop(fmt::format("the store at {} answered a heartbeat with a wrong reply: not our "
+                             "server, or a desynchronised stream",
+                             address()));
+    }
+
+    // The held connection ended: the leases are gone with it. Reported once, to whoever awaits
+    // (or next awaits) connection_lost().
+    void lose_leases(std::string reason) noexcept {
+        if (leases_.empty()) return;
+        try {
+            loss_ = store_connection_loss{std::move(reason), std::move(leases_)};
+        } catch (...) {
+            loss_.reset();
+        }
+        leases_.clear();
+        loss_timer_.cancel();
+    }
 
     // ---- one request at a time ---------------------------------------------------------------
     // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
@@ -388,8 +606,15 @@ private:
         return keys.empty() ? std::string_view{} : std::string_view(keys.front());
     }
 
-    void drop() noexcept {
+    void drop(std::string_view reason = "the connection was closed") noexcept {
         if (!conn_) return;
+        if (!leases_.empty()) {
+            try {
+                lose_leases(std::string(reason));
+            } catch (...) {
+                leases_.clear();
+            }
+        }
         std::error_code ignored;
         conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         conn_->socket.close(ignored);
@@ -565,22 +790,28 @@ private:
     // ---- I/O ---------------------------------------------------------------------------------
     [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
         const bool timed_out = conn_ && conn_->expired;
-        drop();
         const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
-        if (timed_out)
-            throw store_timeout(fmt::format(
+        if (timed_out) {
+            auto message = fmt::format(
                 "the store at {} did not answer {} within {} ms; the server is stuck or "
                 "overloaded (store_client_options::timeout)",
-                address(), about, options_.timeout.count()));
+                address(), about, options_.timeout.count());
+            drop(message);
+            throw store_timeout(message);
+        }
+        std::string message;
         if (ec == asio::error::eof || ec == asio::error::connection_reset ||
             ec == asio::error::broken_pipe)
-            throw store_error(fmt::format(
+            message = fmt::format(
                 "the store at {} closed the connection during {} ({}): the server stopped, or "
-                "rejected the request (ADD on a non-numeric value, or an operation a PyTorch "
-                "1.13 server lacks: APPEND, MULTI_*)",
-                address(), about, ec.message()));
-        throw store_error(fmt::format("the store at {}: {} failed: {}", address(), about,
-                                      ec.message()));
+                "rejected the request (ADD on a non-numeric value, a write to a lease key it "
+                "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
+                address(), about, ec.message());
+        else
+            message = fmt::format("the store at {}: {} failed: {}", address(), about,
+                                  ec.message());
+        drop(message);
+        throw store_error(message);
     }
 
     asio::awaitable<void> send(std::string_view what, std::string_view key) {
@@ -651,10 +882,11 @@ private:
 
     [[noreturn]] void throw_protocol(std::string_view what, std::string_view key,
                                      std::string_view got) {
-        drop();
-        throw store_error(fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
-                                      "server of the expected dialect, or a desynchronised stream",
-                                      address(), what, key, got));
+        auto message = fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
+                                   "server of the expected dialect, or a desynchronised stream",
+                                   address(), what, key, got);
+        drop(message);
+        throw store_error(message);
     }
 
     // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
@@ -685,7 +917,7 @@ private:
             what, address(), describe_keys(keys), timeout.count(),
             keys.size() == 1 ? "it" : "them");
         if (*dialect_ == wire::dialect::legacy) {
-            drop();
+            drop(message);
             throw store_timeout(message);
         }
         // The deadline cancelled only our read: the WAIT is still registered on the server.
@@ -728,6 +960,13 @@ private:
     std::size_t rend_ = 0;
     bool busy_ = false;
     std::list<lock_waiter*> queue_;
+    // Leases: the keys held on conn_, the heartbeat, the latched loss for connection_lost().
+    std::vector<std::string> leases_;
+    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    asio::steady_timer heartbeat_timer_;
+    bool heartbeat_running_ = false;
+    asio::steady_timer loss_timer_;
+    std::optional<store_connection_loss> loss_;
 };
 
 static_assert(store<tcp_store_client>);

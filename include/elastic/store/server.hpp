@@ -1,10 +1,12 @@
 // tcp_store_server: PyTorch's TCPStore server protocol, both dialects per connection, one
-// coroutine per connection on one io_context, waits answered by push.
+// coroutine per connection on one io_context, waits answered by push, leases bound to
+// connections.
 #pragma once
 
 #include "elastic/detail/config.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
+#include "elastic/store/lease.hpp"
 #include "elastic/store/wire.hpp"
 
 #include <asio/experimental/as_tuple.hpp>
@@ -21,6 +23,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -32,9 +35,11 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -60,6 +65,13 @@ struct store_server_options {
     store_log log;
     /// Called after each request has run (tracing, metrics, tests); may be empty.
     std::function<void(wire::op)> on_request;
+    /// Leases (docs/store.md, "Leases"): a connection that holds one must be heard from (any
+    /// request: PING, an empty CHECK, ...) at least once per `lease_heartbeat_interval`; after
+    /// `lease_missed_heartbeats` intervals of silence the server closes it and records its
+    /// leases as lost. One timer per leasing connection, re-armed lazily (no per-request cost
+    /// beyond reading the clock).
+    std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
+    unsigned lease_missed_heartbeats = 5;
 };
 
 namespace detail {
@@ -79,12 +91,44 @@ struct store_server_core {
             fmt::print(stderr, "elastic-store: {}\n", line);
     }
 
+    // How long a leasing connection may stay silent.
+    std::chrono::steady_clock::duration lease_timeout() const {
+        return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
+    }
+
+    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
+    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
+    void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return;
+        engine.erase(key);
+        const std::string space(parts->space);
+        std::int64_t epoch = 0;
+        try {
+            epoch = engine.add(space + "__epoch", 1);
+        } catch (const store_error& e) {
+            // Only an in-process writer (memory_store over engine()) can have spoiled it.
+            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
+                            store_engine::printable(key), holder, why, e.what()));
+            return;
+        }
+        ++leases_lost;
+        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
+                        store_engine::printable(key), holder, why,
+                        store_engine::printable(space), epoch));
+    }
+
     asio::any_io_executor executor;
     asio::ip::tcp::acceptor acceptor;
     asio::steady_timer resume_accept;  // cancelled when a connection closes (after EMFILE)
     store_server_options options;
     store_engine engine;
     std::unordered_set<store_connection*> connections;
+    // Which connection holds each lease key (wire key -> holder).
+    std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>>
+        lease_holders;
+    std::uint64_t leases_lost = 0;
     bool stopped = false;
 };
 
@@ -103,7 +147,7 @@ class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
         : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
-          peer_(format_peer(socket_)), watcher_(*this) {
+          lease_timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this) {
         wake_.expires_at(asio::steady_timer::time_point::max());
     }
 
@@ -122,9 +166,18 @@ public:
         socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         socket_.close(ignored);
         wake_.cancel();
+        lease_timer_.cancel();
     }
 
+    // Another connection took over `key` (the holder reconnected before this one was closed):
+    // it is no longer this connection's to lose.
+    void forget_lease(std::string_view key) noexcept { std::erase(leases_, key); }
+
+    const std::string& peer() const noexcept { return peer_; }
+
 private:
+    using clock = std::chrono::steady_clock;
+
     // A pending WAIT of this connection.
     struct pending_wait final : store_waiter {
         explicit pending_wait(store_connection& c) : conn(c) {}
@@ -186,6 +239,7 @@ private:
                 asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
+            if (!leases_.empty()) last_heard_ = clock::now();  // the only per-read lease cost
         }
     }
 
@@ -248,7 +302,97 @@ private:
     bool fail(std::string_view reason) {
         core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
                                dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
         return false;
+    }
+
+    // ---- leases ------------------------------------------------------------------------------
+
+    // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
+    // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
+    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
+    static std::string lease_refusal(wire::op o, std::string_view key, bool binds) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return {};
+        if (parts->reserved())
+            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
+                               "(names after '{}' starting with '__' are read-only; "
+                               "docs/store.md, Leases)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (parts->name.empty())
+            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                               "is <group>/{}<name>, name not empty)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (!binds)
+            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                               wire::name(o), store_engine::printable(key));
+        return {};
+    }
+
+    // The key now belongs to this connection (the write has been done).
+    void bind_lease(std::string_view key) {
+        auto& holders = core_->lease_holders;
+        auto it = holders.find(key);
+        if (it == holders.end()) {
+            it = holders.emplace(std::string(key), this).first;
+        } else if (it->second == this) {
+            return;
+        } else {
+            core_->log(fmt::format("lease '{}' moves from {} to {}", store_engine::printable(key),
+                                   it->second->peer(), peer_));
+            it->second->forget_lease(key);
+            it->second = this;
+        }
+        leases_.emplace_back(key);
+        const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
+        if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
+        last_heard_ = clock::now();
+        if (!lease_timer_armed_) arm_lease_timer(last_heard_ + core_->lease_timeout());
+    }
+
+    // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
+    // behalf, released it).
+    void release_lease(std::string_view key) {
+        auto& holders = core_->lease_holders;
+        const auto it = holders.find(key);
+        if (it == holders.end()) return;
+        it->second->forget_lease(key);
+        holders.erase(it);
+    }
+
+    // One timer per leasing connection. It is not moved by each request (that would cost a
+    // cancel per request); it fires at the deadline computed from the last read, and then
+    // either re-arms for the remaining time or ends the connection.
+    void arm_lease_timer(clock::time_point at) {
+        lease_timer_armed_ = true;
+        lease_timer_.expires_at(at);
+        lease_timer_.async_wait(
+            [weak = weak_from_this()](const std::error_code& ec) {
+                const auto self = weak.lock();
+                if (!self) return;
+                self->lease_timer_armed_ = false;
+                if (!ec) self->lease_timer_fired();
+            });
+    }
+
+    void lease_timer_fired() {
+        if (leases_.empty() || !socket_.is_open()) return;
+        const auto now = clock::now();
+        const auto deadline = last_heard_ + core_->lease_timeout();
+        if (now < deadline) {
+            arm_lease_timer(deadline);
+            return;
+        }
+        const auto silent =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_);
+        close_reason_ = fmt::format(
+            "silent for {} ms ({} missed heartbeats of {} ms; "
+            "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+            silent.count(), core_->options.lease_missed_heartbeats,
+            core_->options.lease_heartbeat_interval.count());
+        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+        close();
     }
 
     bool execute() {
@@ -265,11 +409,22 @@ private:
                 wire::put_u32(out_, r.nonce);
                 return true;
             case op::set:
+                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                    return fail(why);
                 engine.set(r.key, r.value);
+                if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
-            case op::compare_set:
+            case op::compare_set: {
+                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                    return fail(why);
+                // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
+                // bound only by the CAS that wins.
+                const auto* before = engine.find(r.key);
+                const bool writes = before ? *before == r.expected : r.expected.empty();
                 wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
+                if (writes && parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
+            }
             case op::get: {
                 // Missing: an empty value, like the libuv server (clients WAIT first anyway).
                 const auto* v = engine.find(r.key);
@@ -277,6 +432,8 @@ private:
                 return true;
             }
             case op::add:
+                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                    return fail(why);
                 try {
                     wire::put_i64(out_, engine.add(r.key, r.number));
                 } catch (const store_error& e) {
@@ -312,9 +469,16 @@ private:
                                        wire::watch_response::key_callback_registered));
                 return true;
             case op::delete_key:
+                if (const auto parts = parse_lease_key(r.key)) {
+                    if (parts->reserved() || parts->name.empty())
+                        return fail(lease_refusal(r.operation, r.key, true));
+                    release_lease(r.key);
+                }
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
                 return true;
             case op::append:
+                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                    return fail(why);
                 engine.append(r.key, r.value);
                 return true;
             case op::multi_get:
@@ -324,7 +488,14 @@ private:
                 }
                 return true;
             case op::multi_set:
-                for (std::size_t i = 0; i < r.keys.size(); ++i) engine.set(r.keys[i], r.values[i]);
+                // All or nothing: a refused lease key refuses the whole request.
+                for (const auto k : r.keys)
+                    if (auto why = lease_refusal(r.operation, k, true); !why.empty())
+                        return fail(why);
+                for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                    engine.set(r.keys[i], r.values[i]);
+                    if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
+                }
                 return true;
             case op::cancel_wait:
                 // Any STOP_WAITING already queued stays in front of this reply: a client that
@@ -352,19 +523,40 @@ private:
         waits_.clear();
     }
 
-    // The coroutine has ended: forget every registration and leave the server's set.
+    // The coroutine has ended: forget every registration, lose the leases (unless the whole
+    // server is stopping) and leave the server's set.
     void finish() noexcept {
         cancel_waits();
         if (watching_) core_->engine.unwatch(watcher_);
         watching_ = false;
         close();
+        lose_leases();
         core_->connections.erase(this);
         core_->resume_accept.cancel();
+    }
+
+    void lose_leases() noexcept {
+        auto leases = std::move(leases_);
+        leases_.clear();
+        if (leases.empty()) return;
+        const std::string why = !close_reason_.empty() ? close_reason_
+                                : core_->stopped       ? std::string("the server stopped")
+                                                       : std::string("the connection closed");
+        for (const auto& key : leases) {
+            core_->lease_holders.erase(key);
+            if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
+            try {
+                core_->record_lease_loss(key, peer_, why);
+            } catch (...) {
+                // Out of memory while writing the loss: the key is gone either way.
+            }
+        }
     }
 
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
     asio::steady_timer wake_;
+    asio::steady_timer lease_timer_;
     std::string peer_;
     std::optional<wire::dialect> dialect_;
     wire::request req_;
@@ -378,6 +570,10 @@ private:
     std::list<pending_wait> waits_;
     key_watcher watcher_;
     bool watching_ = false;
+    std::vector<std::string> leases_;  // lease keys this connection holds
+    clock::time_point last_heard_{};   // last read, kept only while leases_ is not empty
+    bool lease_timer_armed_ = false;
+    std::string close_reason_;  // why the server ended the connection, for the lease log
 };
 
 }  // namespace detail
@@ -394,6 +590,11 @@ public:
         : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
+        if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
+            throw store_error(fmt::format(
+                "store_server_options: lease_heartbeat_interval {} ms and "
+                "lease_missed_heartbeats {} must both be positive",
+                o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -444,6 +645,10 @@ public:
 
     /// The number of open connections.
     std::size_t connections() const noexcept { return core_->connections.size(); }
+
+    /// The number of leases held now, and lost since the start (docs/store.md, "Leases").
+    std::size_t leases() const noexcept { return core_->lease_holders.size(); }
+    std::uint64_t leases_lost() const noexcept { return core_->leases_lost; }
 
 private:
     static void stop(detail::store_server_core& core) noexcept {
