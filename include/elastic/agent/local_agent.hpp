@@ -4,7 +4,10 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/agent/agent_log.hpp"
+#include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/output.hpp"
+#include "elastic/agent/worker_output.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/error.hpp"
 #include "elastic/launch/config.hpp"
@@ -147,22 +150,6 @@ inline void check_supported(const launch_config& c) {
                    "hosts its own: --standalone or --rdzv-endpoint=localhost:0");
         }
     }
-    if (c.log_dir) {
-        refuse(fmt::format("--log-dir={}", c.log_dir->string()),
-               "the log tree comes later; worker output goes to the console and error files to a temporary directory");
-    }
-    const auto streams_set = [](const stream_selection& s) {
-        return !s.per_rank.empty() || s.every_rank != std_streams::none;
-    };
-    if (streams_set(c.redirects)) {
-        refuse("-r/--redirects", "redirecting worker output to files comes with the log tree");
-    }
-    if (streams_set(c.tee)) {
-        refuse("-t/--tee", "teeing worker output to files comes with the log tree");
-    }
-    if (!c.local_ranks_filter.empty()) {
-        refuse("--local-ranks-filter", "filtering the console output comes with the log tree");
-    }
 }
 
 inline std::string temp_base(const environment& env) {
@@ -187,7 +174,7 @@ struct worker_slot {
     worker_assignment assignment;
     std::string error_file;
     stderr_tail tail;
-    std::optional<asio::posix::stream_descriptor> err_pipe;
+    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
 };
 
 /// What an attempt's stream relays share with it.
@@ -206,32 +193,6 @@ struct attempt_outcome {
 };
 
 }  // namespace detail::agent
-
-/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels): lines to a
-/// descriptor (stderr), prefixed with the launcher's name.
-class agent_log {
-public:
-    agent_log(std::string name, log_level level, int fd = 2) : name_(std::move(name)), level_(level), fd_(fd) {}
-
-    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
-
-    void operator()(log_level level, std::string_view text) const {
-        if (!enabled(level)) return;
-        detail::agent::write_all(fd_, fmt::format("{}: {}\n", name_, text));
-    }
-    void info(std::string_view text) const { (*this)(log_level::info, text); }
-    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
-    void error(std::string_view text) const { (*this)(log_level::error, text); }
-    /// Text shown whatever the level (the failure summary, as torchrun's exception is).
-    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
-
-    [[nodiscard]] const std::string& name() const noexcept { return name_; }
-
-private:
-    std::string name_;
-    log_level level_;
-    int fd_;
-};
 
 /// One node's agent (DESIGN.md's picture, single node): for each attempt it hosts a fresh store
 /// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
@@ -339,28 +300,21 @@ private:
         return 1;
     }
 
+    /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
+    /// user asked for with -r/-t; a --log-dir tree always stays.
     void remove_run_dir() noexcept {
-        if (temp_root_.empty()) return;
-        std::error_code ignored;
-        std::filesystem::remove_all(temp_root_, ignored);
+        if (logs_ && !writes_log_files(config_)) logs_->remove_temporary();
     }
 
-    /// The attempt's directory for error files: <tmp>/torchelastic_XXXXXX/<run_id>_XXXXXX/attempt_<k>/,
-    /// torchrun's layout; removed and made anew at each attempt (as torchrun does).
-    std::filesystem::path attempt_dir(int restarts) {
-        if (run_dir_.empty()) {
-            temp_root_ = detail::agent::make_temp_dir(detail::agent::temp_base(env_), "torchelastic_");
-            run_dir_ = detail::agent::make_temp_dir(temp_root_, config_.rdzv_id + "_");
-        }
-        const auto dir = run_dir_ / fmt::format("attempt_{}", restarts);
-        std::error_code ec;
-        std::filesystem::remove_all(dir, ec);
-        for (int i = 0; i < config_.nproc_per_node; ++i) {
-            std::filesystem::create_directories(dir / fmt::format("{}", i), ec);
-            if (ec) {
-                throw agent_error(fmt::format("cannot create {}: {}", (dir / fmt::format("{}", i)).string(), ec.message()));
-            }
-        }
+    /// The attempt's directory of the log tree (docs/logs.md), torchrun's layout
+    /// <log_dir or tmp>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/; an earlier attempt's
+    /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
+    /// workers see.
+    std::filesystem::path attempt_dir(int attempt) {
+        if (!logs_) logs_.emplace(config_.log_dir, config_.rdzv_id, detail::agent::temp_base(env_));
+        const bool first = logs_->run_dir().empty();
+        auto dir = logs_->make_attempt(attempt, config_.nproc_per_node);
+        if (first && !logs_->run_dir().empty()) log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
 
@@ -394,12 +348,7 @@ private:
         std::vector<child_process> workers;
         workers.reserve(slots.size());
         const auto close_all = [&slots] {
-            for (auto& slot : slots) {
-                if (slot.err_pipe) {
-                    std::error_code ignored;
-                    slot.err_pipe->close(ignored);
-                }
-            }
+            for (auto& slot : slots) slot.output.close();
         };
 
         // Start every worker. spawn() returns once the program runs (or throws, e.g. when the
@@ -408,28 +357,22 @@ private:
         for (int i = 0; i < n; ++i) {
             auto& slot = slots[static_cast<std::size_t>(i)];
             slot.assignment = assign_worker(i, n);
-            slot.error_file = (dir / fmt::format("{}", i) / "error.json").string();
+            const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
+            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
             spawn_options how;
             how.program = command_.path;
             auto argv = command_.argv_for(i);
             how.args.assign(argv.begin() + 1, argv.end());
             how.env = environment_entries(worker_environment(config_, env_, slot.assignment, attempt));
-            how.err = stdio::pipe();
             try {
+                slot.output.prepare(config_, i, slot.assignment.global_rank, rank_dir, how);
                 workers.push_back(elastic::spawn(executor_, how));
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
             }
-            slot.err_pipe = workers.back().take_stderr();
-            if (slot.err_pipe) {
-                relays.add();
-                asio::co_spawn(
-                    executor_,
-                    [state, &slot]() -> asio::awaitable<void> { co_await relay_stream(*slot.err_pipe, slot.tail, 2); },
-                    [state](std::exception_ptr) { state->relays.done(); });
-            }
+            slot.output.start(workers.back(), executor_, relays, state, slot.tail);
         }
         const auto started = std::chrono::steady_clock::now();
 
@@ -539,17 +482,20 @@ private:
     }
 
     /// Awaits the end of every relayed stream. A descendant that left its worker's process
-    /// group may hold a pipe open forever: after the workers are gone, the pipes get a bounded
-    /// while to reach end of file, then they are closed.
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
+    /// any byte arriving to reach end of file, then they are closed (output still flowing, however
+    /// long, is never cut).
     template <class Close>
     asio::awaitable<void> drain(task_latch& relays, Close close_all) {
         using namespace asio::experimental::awaitable_operators;
-        if (relays.count() == 0) co_return;
-        asio::steady_timer bound(executor_, std::chrono::seconds(2));
-        auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (which.index() == 1) {
-            log_.warning("a worker's stderr stayed open after its process group ended (a descendant that left the "
-                         "group?); closing it");
+        asio::steady_timer bound(executor_);
+        while (relays.count() != 0) {
+            const auto seen = relays.progress();
+            bound.expires_after(std::chrono::seconds(2));
+            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 0 || relays.progress() != seen) continue;
+            log_.warning("a worker's output pipe stayed open after its process group ended (a descendant that left "
+                         "the group?); closing it");
             close_all();
             co_await relays.wait();
         }
@@ -563,8 +509,7 @@ private:
     detail::agent::store_plan store_;
     std::uint16_t master_port_ = 0;
     std::string host_;
-    std::filesystem::path temp_root_;
-    std::filesystem::path run_dir_;
+    std::optional<log_tree> logs_;  ///< made at the first attempt
 };
 
 }  // namespace elastic::inline v0

@@ -1,0 +1,419 @@
+// The workers' output and the agent's log: prefixes and their template, the route of each stream,
+// the console relay, the log tree, the agent's line format (golden texts); then the real
+// elasticrun with logs-flood workers: 100 000 lines per stream, restarts, filters, /dev/null.
+#include "agent_support.hpp"
+
+#include "elastic/agent/agent_log.hpp"
+#include "elastic/agent/log_tree.hpp"
+#include "elastic/agent/output.hpp"
+#include "elastic/launch/config.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace test_logs {
+
+namespace fs = std::filesystem;
+using agent_support::temp_dir;
+
+std::string flood() { return ELASTIC_TEST_PROGRAM_DIR "/logs-flood"; }
+
+std::string slurp(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+}
+
+std::vector<std::string> sorted_lines(const std::string& text) {
+    auto lines = lines_of(text);
+    std::sort(lines.begin(), lines.end());
+    return lines;
+}
+
+/// What a line_relay writes, read back from a pipe.
+std::string relayed(const std::vector<std::string>& chunks, const std::string& prefix, std::size_t max_line = 64 * 1024) {
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    {
+        elastic::line_relay relay(fds[1], prefix, max_line);
+        for (const auto& c : chunks) relay.feed(c);
+        relay.flush();
+    }
+    ::close(fds[1]);
+    std::string out;
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) out.append(buffer, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    return out;
+}
+
+elastic::launch_config config_with(int nproc, const std::string& redirects, const std::string& tee,
+                                   std::set<int> filter = {}) {
+    elastic::launch_config c;
+    c.nproc_per_node = nproc;
+    c.redirects = elastic::parse_stream_selection(redirects, "--redirects");
+    c.tee = elastic::parse_stream_selection(tee, "--tee");
+    c.local_ranks_filter = std::move(filter);
+    return c;
+}
+
+std::map<std::string, std::string> env_in(const temp_dir& tmp) {
+    auto env = agent_support::clean_environment();
+    env["TMPDIR"] = tmp.str();
+    env["OMP_NUM_THREADS"] = "1";  // no torchrun warning about it on the agent's stderr
+    return env;
+}
+
+/// The single directory under `dir` whose name starts with `prefix`.
+fs::path only_dir(const fs::path& dir, const std::string& prefix) {
+    std::vector<fs::path> found;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().filename().string().rfind(prefix, 0) == 0) found.push_back(e.path());
+    }
+    REQUIRE(found.size() == 1);
+    return found.front();
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+TEST_CASE("logs: the prefix template follows Python's safe_substitute, as torchrun applies it") {
+    using elastic::format_log_prefix;
+    CHECK(format_log_prefix("[${role_name}${local_rank}]:", "default", 0, 0) == "[default0]:");
+    CHECK(format_log_prefix("[${role_name}${local_rank}]:", "trainer", 12, 40) == "[trainer12]:");
+    CHECK(format_log_prefix("$role_name/$rank/$local_rank ", "r", 3, 7) == "r/7/3 ");
+    CHECK(format_log_prefix("$$rank=${rank}$", "r", 3, 7) == "$rank=7$");
+    CHECK(format_log_prefix("${rank", "r", 3, 7) == "${rank");
+    CHECK(format_log_prefix("$ranked ${other} $9", "r", 3, 7) == "$ranked ${other} $9");
+    CHECK(format_log_prefix("", "r", 3, 7).empty());
+}
+
+TEST_CASE("logs: each stream's route follows torchrun's table (tee implies redirect, the filter, /dev/null)") {
+    using elastic::console_copy;
+    using elastic::route_streams;
+    using elastic::stream_route;
+    const stream_route raw{false, console_copy::raw};
+    const stream_route file_only{true, console_copy::none};
+    const stream_route tee{true, console_copy::prefixed};
+    const stream_route nowhere{false, console_copy::none};
+    const stream_route console_only{false, console_copy::prefixed};
+
+    auto c = config_with(2, "0", "0");
+    CHECK(route_streams(c, 0).out == raw);
+    CHECK(route_streams(c, 1).err == raw);
+    c = config_with(2, "1", "2");  // stdout redirected, stderr tee'd (tee implies redirect)
+    CHECK(route_streams(c, 0).out == file_only);
+    CHECK(route_streams(c, 0).err == tee);
+    c = config_with(12, "0", "11:3,0:1");  // per rank, a two-digit local rank
+    CHECK(route_streams(c, 11).out == tee);
+    CHECK(route_streams(c, 11).err == tee);
+    CHECK(route_streams(c, 0).out == tee);
+    CHECK(route_streams(c, 0).err == raw);
+    CHECK(route_streams(c, 5).out == raw);
+    c = config_with(3, "2", "1", {0, 2});  // rank 1 filtered out: no console, files kept
+    CHECK(route_streams(c, 0).out == tee);
+    CHECK(route_streams(c, 1).out == file_only);
+    CHECK(route_streams(c, 1).err == file_only);
+    c = config_with(3, "0", "0", {1});
+    CHECK(route_streams(c, 0).out == nowhere);
+    CHECK(route_streams(c, 1).out == raw);
+    CHECK_FALSE(elastic::writes_log_files(c));
+    c = config_with(2, "1", "2");
+    c.log_dir = "/dev/null";
+    CHECK(route_streams(c, 0).out == nowhere);
+    CHECK(route_streams(c, 0).err == console_only);
+    CHECK_FALSE(elastic::writes_log_files(c));
+    c.log_dir.reset();
+    CHECK(elastic::writes_log_files(c));
+}
+
+TEST_CASE("logs: the console relay writes whole lines, each after the prefix (golden)") {
+    // Lines cut anywhere across chunks, \r\n split between two chunks, a lone \r, a last line
+    // without its newline.
+    const std::vector<std::string> chunks{"one\ntw", "o\nthr", "ee\r", "\nbar 50%\rbar 100%\r", "\nlast"};
+    CHECK(relayed(chunks, "[default0]:") ==
+          "[default0]:one\n[default0]:two\n[default0]:three\r\n[default0]:bar 50%\r[default0]:bar 100%\r\n"
+          "[default0]:last\n");
+    CHECK(relayed(chunks, "") == "one\ntwo\nthree\r\nbar 50%\rbar 100%\r\nlast\n");
+    // A partial line reaching the bound is cut into pieces, each a line of its own (a complete
+    // line in one chunk is written whole).
+    CHECK(relayed({"abcdefghij", "klm\nxy"}, "> ", 4) == "> abcd\n> efgh\n> ijklm\n> xy\n");
+    CHECK(relayed({}, "[x]:").empty());
+    CHECK(relayed({"", "\n"}, "[x]:") == "[x]:\n");
+}
+
+TEST_CASE("logs: the tree never wipes an attempt and is made lazily, /dev/null makes nothing") {
+    temp_dir tmp;
+    {
+        elastic::log_tree tree(tmp.path() / "base" / "deeper", "job", tmp.path());
+        CHECK(tree.run_dir().empty());
+        const auto a0 = tree.make_attempt(0, 2);
+        CHECK(a0.filename() == "attempt_0");
+        CHECK(a0.parent_path().filename().string().rfind("job_", 0) == 0);
+        CHECK(a0.parent_path().parent_path() == tmp.path() / "base" / "deeper");
+        CHECK(names_in(a0) == std::vector<std::string>{"0", "1"});
+        std::ofstream(a0 / "0" / "stdout.log") << "kept\n";
+        const auto a1 = tree.make_attempt(1, 2);
+        CHECK(a1.filename() == "attempt_1");
+        // The same attempt number again (a restart count seen twice): a sibling, nothing wiped.
+        const auto again = tree.make_attempt(0, 2);
+        CHECK(again.filename() == "attempt_0.1");
+        CHECK(slurp(a0 / "0" / "stdout.log") == "kept\n");
+        CHECK(names_in(tree.run_dir()) == std::vector<std::string>{"attempt_0", "attempt_0.1", "attempt_1"});
+        tree.remove_temporary();  // --log-dir given: stays
+        CHECK(fs::exists(a0 / "0" / "stdout.log"));
+    }
+    {
+        const auto parent = tmp.path() / "t";
+        fs::create_directory(parent);
+        elastic::log_tree tree(std::nullopt, "none", parent);
+        const auto a0 = tree.make_attempt(0, 1);
+        CHECK(tree.base().parent_path() == parent);
+        CHECK(tree.base().filename().string().rfind("torchelastic_", 0) == 0);
+        CHECK(fs::is_directory(a0 / "0"));
+        tree.remove_temporary();
+        CHECK(fs::is_empty(parent));
+    }
+    {
+        const auto parent = tmp.path() / "n";
+        fs::create_directory(parent);
+        elastic::log_tree tree(fs::path("/dev/null"), "none", parent);
+        CHECK(tree.disabled());
+        CHECK(tree.make_attempt(0, 4).empty());
+        CHECK(fs::is_empty(parent));
+    }
+    {
+        std::ofstream(tmp.path() / "file") << "x";
+        elastic::log_tree tree(tmp.path() / "file" / "sub", "none", tmp.path());
+        CHECK_THROWS_AS(tree.make_attempt(0, 1), elastic::log_error);
+    }
+}
+
+TEST_CASE("logs: the agent's line format is torchrun's newest layout (golden)") {
+    std::tm t{};
+    t.tm_mon = 10;
+    t.tm_mday = 2;
+    t.tm_hour = 9;
+    t.tm_min = 5;
+    t.tm_sec = 7;
+    using elastic::agent_log;
+    using elastic::log_level;
+    CHECK(agent_log::format(log_level::warning, t, 42, 4242, "elasticrun", "worker group failed") ==
+          "W1102 09:05:07.000042 4242 elasticrun] worker group failed\n");
+    CHECK(agent_log::format(log_level::info, t, 999999, 7, "run", "Starting:\n  a : 1\n  b : 2\n") ==
+          "I1102 09:05:07.999999 7 run] Starting:\nI1102 09:05:07.999999 7 run]   a : 1\n"
+          "I1102 09:05:07.999999 7 run]   b : 2\n");
+    CHECK(agent_log::format(log_level::debug, t, 0, 1, "x", "d").front() == 'D');
+    CHECK(agent_log::format(log_level::error, t, 0, 1, "x", "e").front() == 'E');
+    CHECK(agent_log::format(log_level::critical, t, 0, 1, "x", "c").front() == 'C');
+    const agent_log quiet("x", log_level::warning);
+    CHECK_FALSE(quiet.enabled(log_level::info));
+    CHECK(quiet.enabled(log_level::error));
+}
+
+// Checks that `text` holds, for each of `ranks`, exactly the lines "<stream> <rank> <i> ..." for i
+// in [0, count) in order and then "<stream> <rank> end", each after the rank's prefix, and nothing
+// else (a line of two workers mixed would match no form).
+void check_flood_console(const std::string& text, const char* stream, int ranks, int count) {
+    std::vector<int> next(static_cast<std::size_t>(ranks), 0);
+    std::vector<bool> ended(static_cast<std::size_t>(ranks), false);
+    const std::string tail = " abcdefghijklmnopqrstuvwxyz";
+    std::size_t bad = 0;
+    std::string first_bad;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+        int rank = -1;
+        if (line.rfind("[default", 0) == 0 && line.size() > 11 && line[9] == ']' && line[10] == ':') {
+            rank = line[8] - '0';
+        }
+        const auto r = static_cast<std::size_t>(rank);
+        const std::string body = rank >= 0 ? line.substr(11) : std::string();
+        const std::string expected = rank < 0 || rank >= ranks ? std::string("?")
+                                     : next[r] < count ? fmt::format("{} {} {:06}{}", stream, rank, next[r], tail)
+                                                       : fmt::format("{} {} end", stream, rank);
+        if (body != expected || ended[r]) {
+            if (bad++ == 0) first_bad = line;
+            continue;
+        }
+        if (next[r] < count) {
+            ++next[r];
+        } else {
+            ended[r] = true;
+        }
+    }
+    INFO("first unexpected line: " << first_bad);
+    CHECK(bad == 0);
+    for (int r = 0; r < ranks; ++r) {
+        CHECK(next[static_cast<std::size_t>(r)] == count);
+        CHECK(ended[static_cast<std::size_t>(r)]);
+    }
+}
+
+std::string flood_file(const char* stream, int rank, int count) {
+    std::string text;
+    for (int i = 0; i < count; ++i) text += fmt::format("{} {} {:06} abcdefghijklmnopqrstuvwxyz\n", stream, rank, i);
+    return text + fmt::format("{} {} end", stream, rank);
+}
+
+TEST_CASE("logs: 100 000 lines per stream as fast as a worker writes: files and console hold each once and in order") {
+    temp_dir tmp;
+    const auto logs = tmp.path() / "logs";
+    constexpr int count = 100000;
+    auto r = agent_support::run({"--nproc-per-node=2", "--tee=3", "--log-dir", logs.string(), "--rdzv-id=flood",
+                                 flood(), "flood", std::to_string(count)},
+                                env_in(tmp));
+    REQUIRE(r.code == 0);
+    check_flood_console(r.out, "out", 2, count);
+    check_flood_console(r.err, "err", 2, count);
+    const auto attempt = only_dir(logs, "flood_") / "attempt_0";
+    for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const auto dir = attempt / std::to_string(rank);
+        // The files hold the bytes as written, the last line without its newline.
+        CHECK(slurp(dir / "stdout.log") == flood_file("out", rank, count));
+        CHECK(slurp(dir / "stderr.log") == flood_file("err", rank, count));
+    }
+}
+
+TEST_CASE("logs: after two restarts the tree holds every attempt, the failure report keeps the stderr tail") {
+    temp_dir tmp;
+    const auto logs = tmp.path() / "logs";
+    auto r = agent_support::run({"--nproc-per-node=2", "-r", "3", "--max-restarts=2", "--log-dir", logs.string(),
+                                 "--rdzv-id=job", flood(), "attempts", "2"},
+                                env_in(tmp));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    const auto run_dir = only_dir(logs, "job_");
+    CHECK(names_in(run_dir) == std::vector<std::string>{"attempt_0", "attempt_1", "attempt_2"});
+    for (int attempt = 0; attempt < 3; ++attempt) {
+        for (int rank = 0; rank < 2; ++rank) {
+            const auto dir = run_dir / fmt::format("attempt_{}", attempt) / std::to_string(rank);
+            CHECK(slurp(dir / "stdout.log") == fmt::format("attempt {} rank {} out\n", attempt, rank));
+            CHECK(slurp(dir / "stderr.log") == fmt::format("attempt {} rank {} err\n", attempt, rank));
+        }
+    }
+    // Redirected only: nothing of the workers on the console.
+    CHECK(r.out.empty());
+    CHECK(r.err.find("rank 0 err") == std::string::npos);
+
+    // Redirected stderr still feeds the summary's tail.
+    r = agent_support::run({"-r", "3", "--log-dir", logs.string(), flood(), "attempts", "5"}, env_in(tmp));
+    CHECK(r.code == 1);
+    CHECK(r.err.find("attempt 0 rank 0 err") != std::string::npos);
+    CHECK(r.err.find("Root Cause") != std::string::npos);
+}
+
+TEST_CASE("logs: console prefixes and the per-rank filter and the template (golden)") {
+    temp_dir tmp;
+    SUBCASE("--tee=3: every line prefixed, the partial last line ended") {
+        auto r = agent_support::run({"--nproc-per-node=2", "--tee=3", "--log-dir", (tmp.path() / "l").string(), flood(),
+                                     "say"},
+                                    env_in(tmp));
+        REQUIRE(r.code == 0);
+        CHECK(sorted_lines(r.out) == std::vector<std::string>{"[default0]:hello from 0", "[default0]:partial 0",
+                                                                "[default0]:second line", "[default1]:hello from 1",
+                                                                "[default1]:partial 1", "[default1]:second line"});
+        const bool either_order = r.err == "[default0]:warning from 0\n[default1]:warning from 1\n" ||
+                                  r.err == "[default1]:warning from 1\n[default0]:warning from 0\n";
+        CHECK(either_order);
+    }
+    SUBCASE("without -r/-t: torchrun's raw console, stdout inherited, stderr relayed whole lines") {
+        auto r = agent_support::run({"--nproc-per-node=2", flood(), "say"}, env_in(tmp));
+        REQUIRE(r.code == 0);
+        CHECK(r.out.find("hello from 0\n") != std::string::npos);
+        CHECK(r.out.find("partial 1") != std::string::npos);
+        CHECK(sorted_lines(r.err) == std::vector<std::string>{"warning from 0", "warning from 1"});
+        CHECK(fs::is_empty(tmp.path()));  // the temporary error-file tree is gone after a success
+    }
+    SUBCASE("--local-ranks-filter=0,2 with --tee=2: ranks 1 silent, files for all") {
+        const auto logs = tmp.path() / "l";
+        auto r = agent_support::run({"--nproc-per-node=3", "--tee=2", "--local-ranks-filter=0,2", "--log-dir",
+                                     logs.string(), "--rdzv-id=f", flood(), "say"},
+                                    env_in(tmp));
+        REQUIRE(r.code == 0);
+        CHECK(sorted_lines(r.err) == std::vector<std::string>{"[default0]:warning from 0", "[default2]:warning from 2"});
+        CHECK(r.out.find("hello from 0\n") != std::string::npos);
+        CHECK(r.out.find("hello from 2\n") != std::string::npos);
+        CHECK(r.out.find("from 1") == std::string::npos);
+        CHECK(slurp(only_dir(logs, "f_") / "attempt_0" / "1" / "stderr.log") == "warning from 1\n");
+        CHECK_FALSE(fs::exists(only_dir(logs, "f_") / "attempt_0" / "1" / "stdout.log"));
+    }
+    SUBCASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE and a two-digit local rank in -t") {
+        auto env = env_in(tmp);
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "${role_name}-${rank}/${local_rank}|$$ ";
+        auto r = agent_support::run({"--nproc-per-node=12", "--role=trainer", "-t", "11:1", "--local-ranks-filter=11",
+                                     "--log-dir", (tmp.path() / "l").string(), flood(), "say"},
+                                    env);
+        REQUIRE(r.code == 0);
+        CHECK(r.out == "trainer-11/11|$ hello from 11\ntrainer-11/11|$ second line\ntrainer-11/11|$ partial 11\n");
+        CHECK(r.err == "warning from 11\n");  // not tee'd: raw, as the worker wrote it
+    }
+}
+
+TEST_CASE("logs: --log-dir=/dev/null writes no file, tee'd streams still reach the console") {
+    temp_dir tmp;
+    auto r = agent_support::run({"--nproc-per-node=2", "--log-dir=/dev/null", "-r", "1", "-t", "2", "--max-restarts=1",
+                                 flood(), "attempts", "1"},
+                                env_in(tmp));
+    REQUIRE(r.code == 0);
+    CHECK(fs::is_empty(tmp.path()));
+    CHECK(r.out.empty());  // redirected to no file: nowhere
+    CHECK(r.err.find("[default1]:attempt 1 rank 1 err\n") != std::string::npos);
+    r = agent_support::run({"--log-dir=/dev/null", flood(), "errfile"}, env_in(tmp));
+    CHECK(r.code == 0);
+    CHECK(r.out == "errfile=\n");  // torchrun's newest: an empty TORCHELASTIC_ERROR_FILE
+    CHECK(fs::is_empty(tmp.path()));
+}
+
+TEST_CASE("logs: the agent is quiet by default, LOGLEVEL=INFO shows the banner and the log directory") {
+    temp_dir tmp;
+    auto r = agent_support::run({"-t", "3", flood(), "errfile"}, env_in(tmp));
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+    // Without --log-dir, -t's files are kept in the temporary tree after a success.
+    const auto base = only_dir(tmp.path(), "torchelastic_");
+    CHECK(slurp(only_dir(base, "none_") / "attempt_0" / "0" / "stdout.log").rfind("errfile=", 0) == 0);
+
+    auto env = env_in(tmp);
+    env["LOGLEVEL"] = "info";
+    const auto logs = tmp.path() / "l";
+    r = agent_support::run({"-t", "3", "--log-dir", logs.string(), flood(), "errfile"}, env);
+    REQUIRE(r.code == 0);
+    const std::regex agent_line(R"(^[DIWEC]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ agent-elasticrun\] .*)");
+    const auto lines = lines_of(r.err);
+    REQUIRE(!lines.empty());
+    for (const auto& line : lines) {
+        CAPTURE(line);
+        CHECK(std::regex_match(line, agent_line));
+    }
+    CHECK(r.err.find("agent-elasticrun] Starting elastic agent with launch configs:\n") != std::string::npos);
+    CHECK(r.err.find(fmt::format("agent-elasticrun]   {:<20} : {}\n", "log_dir", logs.string())) != std::string::npos);
+    CHECK(r.err.find(fmt::format("agent-elasticrun]   {:<20} : 3\n", "tee")) != std::string::npos);
+    CHECK(r.err.find(fmt::format("agent-elasticrun] log directory set to: {}/none_", logs.string())) != std::string::npos);
+}
+
+}  // namespace test_logs
