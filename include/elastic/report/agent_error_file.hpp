@@ -66,6 +66,30 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     return doc;
 }
 
+/// The agent's error file when the agent itself failed and no worker's failure explains it (a
+/// rendezvous error, an internal error): @record's nested format, as torch's @record on
+/// torchrun's main writes it for an exception (`message` = "<type>: <what>", `py_callstack`,
+/// `timestamp` in whole seconds), plus `errorCode` = elasticrun's exit code (torch's @record
+/// sets none here; an outer launcher reads it as this process's code).
+inline nlohmann::ordered_json agent_exception_document(
+    std::string_view type, std::string_view what, int exit_code,
+    std::chrono::system_clock::time_point when = std::chrono::system_clock::now()) {
+    using json = nlohmann::ordered_json;
+    const auto seconds =
+        std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+    const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
+    json extra = json::object();
+    extra["py_callstack"] = message;
+    extra["timestamp"] = std::to_string(seconds);
+    json inner = json::object();
+    inner["message"] = message;
+    inner["extraInfo"] = std::move(extra);
+    inner["errorCode"] = exit_code;
+    json doc = json::object();
+    doc["message"] = std::move(inner);
+    return doc;
+}
+
 /// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
 /// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
 /// new one, never a part. Throws report_error naming the path and the reason.
