@@ -136,8 +136,10 @@ std::vector<option_case> option_cases() {
          [](const launch_config& c, const fixture&) { CHECK(c.shutdown_timeout == 90s); }},
         {{"--virtual-local-rank", "--virtual_local_rank"}, "PET_VIRTUAL_LOCAL_RANK", "", "",
          [](const launch_config& c, const fixture&) { CHECK(c.virtual_local_rank); }},
-        {{"--event-log-handler", "--event_log_handler"}, "PET_EVENT_LOG_HANDLER", "null", "",
-         [](const launch_config& c, const fixture&) { CHECK(c.role == "default"); }},
+        {{"--event-log-handler", "--event_log_handler"}, "PET_EVENT_LOG_HANDLER", "file:events.jsonl", "",
+         [](const launch_config& c, const fixture&) {
+             CHECK(c.event_log_handler == elastic::event_destination{elastic::event_destination::kind::file, "events.jsonl"});
+         }},
     };
 }
 
@@ -150,7 +152,6 @@ struct refused_case {
 
 std::vector<refused_case> refused_cases() {
     return {
-        {{"--event-log-handler", "--event_log_handler"}, "PET_EVENT_LOG_HANDLER", "console"},
         {{"--logs-specs", "--logs_specs"}, "", "my_specs"},
         {{"--numa-binding", "--numa_binding"}, "", "node"},
         {{"--duplicate-stdout-filters", "--duplicate_stdout_filters"}, "PET_DUPLICATE_STDOUT_FILTERS", "loss"},

@@ -160,9 +160,10 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      option_state::compatibility, 6,
      "Python's multiprocessing start method for function workers; a program always starts as a new process "
      "(fork and exec), so the value is checked and changes nothing."},
-    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "NAME", "null",
-     option_state::refused, 7,
-     "Where agent events go. Only null (no events) is available."},
+    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "null|console|file:PATH", "null",
+     option_state::implemented, 5,
+     "Where the agent's events go, one JSON line each (torch's Event): null, none; console, stderr; "
+     "file:PATH, appended to PATH."},
     {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
      "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
@@ -435,12 +436,11 @@ inline void unmark(std::string& text) {
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest == "event_log_handler" && detail::launch_impl::trim(value->text) == "null") ||
-            (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
+        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
             continue;
         }
         throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
-                                      spec.dest == "event_log_handler" ? "only null is available" : spec.help)};
+                                      spec.help)};
     }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch_impl::trim(method->text);
@@ -584,6 +584,14 @@ inline void unmark(std::string& text) {
     }
     if (const auto* level = detail::launch_impl::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
         config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
+    }
+    if (const auto v = raw("event_log_handler")) {
+        const auto destination = event_destination::parse(v->text);
+        if (!destination) {
+            throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(v->name, v->text),
+                                          event_destination::accepted)};
+        }
+        config.event_log_handler = *destination;
     }
 
     detail::launch_impl::validate(config, env, labels);

@@ -7,6 +7,7 @@
 #include "elastic/launch/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/policy/spec.hpp"
+#include "elastic/report/event_destination.hpp"
 
 #include <fmt/format.h>
 
@@ -71,6 +72,7 @@ struct launch_config {
     std::set<int> local_ranks_filter;                     ///< --local-ranks-filter; empty: every rank
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
     log_level agent_log_level = log_level::warning;       ///< LOGLEVEL
+    event_destination event_log_handler;                  ///< --event-log-handler: null, console, file:PATH
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -207,6 +209,10 @@ namespace detail::launch_impl {
     line("tee", streams_text(config.tee));
     line("local_ranks_filter", filter.empty() ? "(every rank)" : filter);
     line("virtual_local_rank", config.virtual_local_rank ? "true" : "false");
+    // Shown only when given, so the default banner stays torchrun's.
+    if (config.event_log_handler.what != event_destination::kind::null) {
+        line("event_log_handler", config.event_log_handler.to_string());
+    }
     return out;
 }
 
