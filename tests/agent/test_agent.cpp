@@ -331,7 +331,7 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         {{"-r", "4"}, "--redirects"},
         {{"--tee=0:7"}, "--tee"},
         {{"--local-ranks-filter=3"}, "--local-ranks-filter"},
-        {{"--event-log-handler=console"}, "--event-log-handler"},
+        {{"--event-log-handler=syslog"}, "--event-log-handler"},
         {{"--start-method=thread"}, "--start-method"},
     };
     temp_dir dir;

@@ -3,17 +3,22 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/launch/cli.hpp"
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/usage_error.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/policy/from_config.hpp"
+#include "elastic/report/agent_error_file.hpp"
+#include "elastic/report/exit_codes.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
@@ -33,18 +38,34 @@ inline std::string launcher_name(int argc, const char* const* argv) {
     return std::string(name);
 }
 
-/// Runs `body` and turns the launcher's errors into a message on stderr and an exit code:
-/// usage_error 2 (nothing was started), anything else 1.
+/// Writes the agent's own failure into $TORCHELASTIC_ERROR_FILE (when set), as torchrun's
+/// @record on main does for an exception, with errorCode = the exit code; a failure to write
+/// is one more line on stderr.
+inline void record_agent_exception(std::string_view name, const agent_exception& e) {
+    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (path == nullptr || *path == '\0') return;
+    try {
+        write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code).dump(
+                                        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    } catch (const std::exception& failure) {
+        std::fputs(fmt::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
+    }
+}
+
+/// Runs `body` and turns the launcher's errors into a message on stderr and an exit code
+/// (docs/exit-codes.md): usage_error 2 (nothing was started); rendezvous_error
+/// exit_codes::rendezvous; anything else exit_codes::internal. The last two are also written
+/// into the agent's own error file ($TORCHELASTIC_ERROR_FILE) with their errorCode; a usage
+/// error is not (torchrun's @record does not see argparse's SystemExit either).
 template <class Body>
 int guarded(std::string_view name, Body&& body) {
     try {
         return body();
-    } catch (const usage_error& e) {
-        std::fputs(fmt::format("{}: error: {}\n", name, e.what()).c_str(), stderr);
-        return usage_error::exit_code();
-    } catch (const std::exception& e) {
-        std::fputs(fmt::format("{}: error: {}\n", name, e.what()).c_str(), stderr);
-        return 1;
+    } catch (...) {
+        const auto e = classify_exception(std::current_exception());
+        std::fputs(fmt::format("{}: error: {}\n", name, e.what).c_str(), stderr);
+        if (e.exit_code != exit_codes::usage) record_agent_exception(name, e);
+        return e.exit_code;
     }
 }
 
@@ -67,13 +88,19 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
         context.stop();
     });
     context.run();
-    if (failure) std::rethrow_exception(failure);
-    return code.value_or(1);
+    if (failure) {
+        agent.events().shutdown(failure);
+        std::rethrow_exception(failure);
+    }
+    agent.events().shutdown(code.value_or(exit_codes::internal));
+    return code.value_or(exit_codes::internal);
 }
 
 /// torchrun's command line (docs/cli.md) under the caller's restart policy: parses, prints
 /// --help / --version, runs the agent, and returns the exit code — 2 with a one-line message
-/// for bad input (nothing started), 1 when the agent itself fails. A custom launcher is:
+/// for bad input (nothing started), exit_codes::rendezvous (250) when the rendezvous fails,
+/// exit_codes::internal (251) when the agent itself fails (docs/exit-codes.md). A custom
+/// launcher is:
 ///
 ///     int main(int argc, char** argv) { return elastic::run(argc, argv, my_policy{}); }
 template <restart_policy Policy>
