@@ -1,5 +1,5 @@
 // The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
-// server and the TCP client (PyTorch's TCPStore protocol, both dialects).
+// server and the TCP client (PyTorch's TCPStore protocol, both dialects), and leases.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -8,6 +8,7 @@
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
+#include "elastic/store/lease.hpp"
 #include "elastic/store/memory_store.hpp"
 #include "elastic/store/prefix_store.hpp"
 #include "elastic/store/server.hpp"

@@ -15,6 +15,7 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/streambuf.hpp>
@@ -461,6 +462,75 @@ TEST_CASE("store: the client notices a stopped (silent) server through connectio
     CHECK(loss->reason.find("did not answer a heartbeat within 150 ms (3 missed heartbeats of "
                             "50 ms)") != std::string::npos);
     CHECK(loss->leases == std::vector<std::string>{"job/__lease__/me"});
+}
+
+TEST_CASE("store: a lease holder blocked in a long WAIT keeps its lease (heartbeat CHECKs)") {
+    // Deadline 4 x 50 ms; the holder waits on its own connection for a key that is written
+    // only after the server has heard 20 heartbeat CHECKs during the wait; then a wait that
+    // times out with CHECKs in flight leaves the connection in step.
+    int checks = 0;
+    fixture* self = nullptr;
+    elastic::store_server_options o;
+    o.on_request = [&](elastic::wire::op op) {
+        if (op == elastic::wire::op::check && ++checks == 20)
+            asio::post(self->ctx, [self] {
+                self->server->engine().set("/late", std::string_view("L8"));
+            });
+    };
+    fixture f(50ms, 4, std::move(o));
+    self = &f;
+    bool timed_out = false;
+    f.run([&]() -> asio::awaitable<void> {
+        elastic::tcp_store_client holder(f.ctx.get_executor(), f.client_options(50ms, 4));
+        co_await holder.hold_lease(elastic::lease_key("g", "waiter"), "1");
+        CHECK(co_await holder.get("late") == "L8");
+        CHECK(checks >= 20);
+        const std::vector<std::string> never(1, "never");
+        try {
+            co_await holder.wait(never, std::chrono::milliseconds(300));
+        } catch (const elastic::store_timeout&) {
+            timed_out = true;
+        }
+        // Still in step, still holding: the next replies are this request's own.
+        CHECK(co_await holder.get(elastic::lease_key("g", "waiter")) == "1");
+        CHECK(co_await holder.add("n", 5) == 5);
+        CHECK(holder.leases().size() == 1);
+    }());
+    CHECK(timed_out);
+    CHECK(f.server->leases_lost() == 0);
+    CHECK_FALSE(f.logged("silent for"));
+}
+
+TEST_CASE("store: a wait on a stopped server fails as a silent server, not after its timeout") {
+    asio::io_context ctx;
+    std::optional<elastic::store_connection_loss> loss;
+    std::string error;
+    store_support::run(ctx, [&]() -> asio::awaitable<void> {
+        child_process server(ctx, server_args());
+        elastic::store_client_options o;
+        o.port = co_await server_port(server);
+        o.lease_heartbeat_interval = 50ms;
+        o.lease_missed_heartbeats = 3;
+        elastic::tcp_store_client client(ctx.get_executor(), o);
+        co_await client.hold_lease(elastic::lease_key("job", "me"), "1");
+        server.signal(SIGSTOP);
+        const std::vector<std::string> never(1, "never");
+        try {
+            co_await client.wait(never);  // 300 s by default
+        } catch (const elastic::store_timeout& e) {
+            error = std::string("timeout: ") + e.what();
+        } catch (const elastic::store_error& e) {
+            error = e.what();
+        }
+        loss = co_await client.connection_lost();
+        server.signal(SIGKILL);
+        (void)server.wait_status();
+    }());
+    INFO(error);
+    CHECK(error.find("wait of key '/never': the store at") == 0);
+    CHECK(error.find("did not answer a heartbeat within 150 ms") != std::string::npos);
+    REQUIRE(loss);
+    CHECK(loss->reason.find("did not answer a heartbeat") != std::string::npos);
 }
 
 TEST_CASE("store: connection_lost() reports a loss that happened before it was awaited") {

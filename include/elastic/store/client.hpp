@@ -511,13 +511,7 @@ private:
             co_return;
         }
         if (conn->expired)
-            drop(fmt::format("the store at {} did not answer a heartbeat within {} ms ({} missed "
-                             "heartbeats of {} ms): the server is hung, stopped or unreachable "
-                             "(store_client_options::lease_heartbeat_interval, "
-                             "lease_missed_heartbeats)",
-                             address(), heartbeat_deadline().count(),
-                             options_.lease_missed_heartbeats,
-                             options_.lease_heartbeat_interval.count()));
+            drop(silent_server_message());
         else if (ec)
             drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
                              "or died, or it ended this connection (see its log)",
@@ -526,6 +520,16 @@ private:
             drop(fmt::format("the store at {} answered a heartbeat with a wrong reply: not our "
                              "server, or a desynchronised stream",
                              address()));
+    }
+
+    std::string silent_server_message() const {
+        return fmt::format("the store at {} did not answer a heartbeat within {} ms ({} missed "
+                           "heartbeats of {} ms): the server is hung, stopped or unreachable "
+                           "(store_client_options::lease_heartbeat_interval, "
+                           "lease_missed_heartbeats)",
+                           address(), heartbeat_deadline().count(),
+                           options_.lease_missed_heartbeats,
+                           options_.lease_heartbeat_interval.count());
     }
 
     // The held connection ended: the leases are gone with it. Reported once, to whoever awaits
@@ -892,6 +896,13 @@ private:
     // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
     // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: wire §1.4); the legacy dialect
     // drops the connection, which is the only way to clear a wait on a 1.13 server.
+    //
+    // While the client holds leases, a long WAIT must not silence the connection: every
+    // heartbeat interval it also sends an empty CHECK. Its reply (READY, 0x00) is the same byte
+    // as STOP_WAITING, and the server answers in order, so the wait is over when the zeros read
+    // number the CHECKs sent plus one. CHECK number i (from 1) is surely unanswered while fewer
+    // than i zeros have come; one that stays so past the heartbeat deadline means a silent
+    // server, as for an idle heartbeat.
     asio::awaitable<void> wait_locked(std::vector<std::string> keys,
                                       std::chrono::milliseconds timeout, std::string_view what) {
         co_await ensure_connected();
@@ -900,17 +911,54 @@ private:
         for (const auto& k : keys) req_.keys.emplace_back(k);
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        arm_deadline(clock::now() + timeout);
-        co_await flush(std::string_view("WAIT"), first_of(keys));
-        const auto ec = co_await fill(1);
+        const auto wait_deadline = clock::now() + timeout;
+        const auto interval = options_.lease_heartbeat_interval;
+        std::vector<clock::time_point> checks_sent;  // send times of the CHECKs
+        std::size_t zeros = 0;                       // STOP_WAITING and READY bytes read
+        auto next_beat = clock::now() + interval;
         const auto stop = static_cast<std::uint8_t>(wire::wait_response::stop_waiting);
-        if (!ec) {
-            disarm();
-            const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
-            if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
-            co_return;
+        const auto next_deadline = [&] {
+            auto d = wait_deadline;
+            if (!leases_.empty()) d = std::min(d, next_beat);
+            if (checks_sent.size() > zeros)
+                d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
+            return d;
+        };
+        arm_deadline(next_deadline());
+        co_await flush(std::string_view("WAIT"), first_of(keys));
+        for (;;) {
+            const auto ec = co_await fill(1);
+            if (!ec) {
+                const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
+                if (byte != stop)
+                    throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+                if (++zeros == checks_sent.size() + 1) {
+                    disarm();
+                    co_return;
+                }
+                continue;
+            }
+            if (!conn_->expired) fail("WAIT", first_of(keys), ec);
+            const auto now = clock::now();
+            if (now >= wait_deadline) break;
+            if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
+                auto message = silent_server_message();
+                drop(message);
+                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys),
+                                              message));
+            }
+            if (!leases_.empty() && now >= next_beat) {
+                wbuf_.clear();
+                wire::put_u8(wbuf_, *wire::to_byte(*dialect_, wire::op::check));
+                wire::put_u64(wbuf_, 0);
+                checks_sent.push_back(now);
+                next_beat = now + interval;
+                arm_deadline(next_deadline());
+                co_await flush(std::string_view("CHECK (heartbeat)"), first_of(keys));
+                continue;
+            }
+            arm_deadline(next_deadline());
         }
-        if (!conn_->expired) fail("WAIT", first_of(keys), ec);
         const auto message = fmt::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
             "{} has not; store_client_options::timeout or the wait's timeout)",
@@ -921,13 +969,16 @@ private:
             throw store_timeout(message);
         }
         // The deadline cancelled only our read: the WAIT is still registered on the server.
+        // Before WAIT_CANCELED come the replies still owed: the CHECKs' and maybe a
+        // STOP_WAITING that raced the cancel.
         req_.operation = wire::op::cancel_wait;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
         arm();
         co_await flush(std::string_view("CANCEL_WAIT"), first_of(keys));
         auto byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
-        if (byte == stop) {
+        while (byte == stop && zeros < checks_sent.size() + 1) {
+            ++zeros;
             arm();
             byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
         }
