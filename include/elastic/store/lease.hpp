@@ -4,6 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
