@@ -6,6 +6,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/agent/log_tree.hpp"
+#include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/agent/worker_environment.hpp"
@@ -61,7 +62,7 @@
 namespace elastic::inline v0 {
 
 /// The agent could not do its own work (a directory, a port, a worker that cannot be started
-/// after validation). elasticrun exits 1 with the message.
+/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
 class agent_error : public error {
 public:
     using error::error;
@@ -216,6 +217,7 @@ public:
         detail::agent::check_supported(config_);
         command_ = resolve_program(config_.program, env_);
         store_ = detail::agent::plan_store(config_);
+        events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
     }
 
     /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
@@ -254,16 +256,19 @@ public:
             auto decided = co_await (policy(failure) || signals.async_wait(asio::use_awaitable));
             if (decided.index() == 1) {
                 const int sig = std::get<1>(decided);
+                events_.decision_interrupted(restarts, sig);
                 log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
                                          "exiting with {}",
                                          signal_to_string(sig), 128 + sig));
                 co_return 128 + sig;
             }
             auto& decision = std::get<0>(decided);
+            events_.decision(failure, decision);
             if (decision.restart()) {
                 log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
                                          headline(failure), decision.reason));
                 ++restarts;
+                events_.restart(restarts);
                 continue;
             }
             log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", config_.role, headline(failure),
@@ -275,6 +280,8 @@ public:
     /// Where the workers' store of the current (or last) attempt listens: MASTER_ADDR, MASTER_PORT.
     [[nodiscard]] const std::string& master_addr() const noexcept { return store_.master_addr; }
     [[nodiscard]] std::uint16_t master_port() const noexcept { return master_port_; }
+    /// The event log (--event-log-handler); elastic::run records the shutdown through it.
+    [[nodiscard]] agent_events& events() noexcept { return events_; }
 
 private:
     std::string headline(const group_failure& failure) const {
@@ -286,6 +293,7 @@ private:
     }
 
     int finish_failed(const group_failure& failure) {
+        events_.final_status(failure);
         log_.always(format_summary(config_.program.target, failure.workers));
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
@@ -338,6 +346,7 @@ private:
         }
         server->start();
         master_port_ = server->port();
+        events_.rendezvous_done(restarts, assign_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
         auto& server_ref = *server;
 
         const auto dir = attempt_dir(restarts);
@@ -368,6 +377,7 @@ private:
             try {
                 slot.output.prepare(config_, i, slot.assignment.global_rank, rank_dir, how);
                 workers.push_back(elastic::spawn(executor_, how));
+                events_.worker_started(restarts, slot.assignment, static_cast<long>(workers.back().pid()));
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
@@ -380,6 +390,7 @@ private:
         std::optional<std::size_t> first_failure;
         if (spawn_failure) {
             co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)});
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             throw agent_error(*spawn_failure);
@@ -400,11 +411,13 @@ private:
 
         if (outcome.how == attempt_outcome::kind::signaled) {
             co_await stop_on_signal(workers, outcome.signal);
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
         }
         if (outcome.how == attempt_outcome::kind::succeeded) {
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
@@ -415,17 +428,20 @@ private:
         const auto failed_at = workers[*first_failure].status()->steady_time;
         std::vector<bool> exited_before(workers.size());
         for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
+        events_.stopping_group();
         auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
                                  signals.async_wait(asio::use_awaitable));
         if (stopped.index() == 1) {
             outcome.how = attempt_outcome::kind::signaled;
             outcome.signal = std::get<1>(stopped);
             co_await stop_on_signal(workers, outcome.signal);
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
         }
         report_unkillable(std::get<0>(stopped));
+        events_.workers_exited(restarts, workers);
         co_await drain(relays, close_all);
         server_ref.stop();
 
@@ -467,6 +483,7 @@ private:
     }
 
     asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
+        events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
                                  signal_to_string(sig), detail::launch_impl::seconds_text(config_.shutdown_timeout)));
         auto result = co_await stop(std::span<child_process>(workers), {sig, config_.shutdown_timeout, std::chrono::seconds(10)});
@@ -511,6 +528,7 @@ private:
     detail::agent::store_plan store_;
     std::uint16_t master_port_ = 0;
     std::string host_;
+    agent_events events_;  ///< --event-log-handler
     std::optional<log_tree> logs_;  ///< made at the first attempt
 };
 
