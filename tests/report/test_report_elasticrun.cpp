@@ -394,9 +394,10 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
         CHECK(m["role"] == "default");
         CHECK(!m["hostname"].get<std::string>().empty());
         CHECK(e["source"] == (e["name"].get<std::string>().rfind("elastic.worker.", 0) == 0 ? "WORKER" : "AGENT"));
-        for (const auto& [key, value] : m.items()) {
+        for (auto it = m.begin(); it != m.end(); ++it) {
+            const std::string key = it.key();  // clang 14: no structured binding in CAPTURE's lambda
             CAPTURE(key);
-            CHECK(value.is_primitive());  // torch's EventMetadataValue: str, int, float, bool, None
+            CHECK(it.value().is_primitive());  // torch's EventMetadataValue: str, int, float, bool, None
         }
     }
 
