@@ -1,0 +1,88 @@
+// The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
+// the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
+#pragma once
+
+#include "elastic/detail/config.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// What a node tells the others when it joins a round.
+struct node_info {
+    std::string host;                  ///< its name, for messages (getfqdn() or --local-addr)
+    std::string store_addr;            ///< where its fresh workers' store for this round listens
+    std::uint16_t store_port = 0;      ///< that store's port
+    int nproc = 1;                     ///< its workers (--nproc-per-node)
+    std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
+    std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
+    long pid = 0;                      ///< the agent's process id, for messages
+};
+
+/// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
+struct rendezvous_round {
+    int number = 0;             ///< the round (0, 1, ...)
+    int restart_count = 0;      ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;         ///< this node's GROUP_RANK
+    int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;          ///< the global rank of this node's local rank 0
+    int world_size = 1;         ///< workers in the round: WORLD_SIZE
+    std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
+    std::uint16_t master_port = 0;  ///< MASTER_PORT
+};
+
+/// Why a round was aborted: the first node to report a failure (the compare-and-set winner).
+struct abort_notice {
+    int group_rank = -1;  ///< the reporting node
+    std::string host;     ///< its host
+    std::string reason;   ///< one line: which local rank, which exit code or signal
+};
+
+/// What the job does after an aborted round, decided by the node that aborted it.
+struct job_decision {
+    bool restart = false;  ///< true: every node rejoins the next round
+    int exit_code = 1;     ///< when stopping: the code every node exits with (the root cause's)
+    std::string reason;    ///< the policy's reason
+};
+
+/// How a node's exit barrier ended.
+struct barrier_result {
+    enum class kind { complete, aborted, timed_out };
+    kind how = kind::complete;
+    std::vector<int> missing;         ///< timed_out: the group ranks that did not finish
+    std::vector<std::string> missing_hosts;  ///< timed_out: their hosts (same order)
+    std::optional<abort_notice> abort;  ///< aborted: why
+};
+
+/*
+ * rendezvous: one node's handle on the job's rounds. A model provides
+ *   next_round(node_info)          -> awaitable<rendezvous_round>  join and await the round
+ *   wait_for_abort()               -> awaitable<abort_notice>      the current round's abort
+ *                                                                  (push; cancellable)
+ *   abort(abort_notice)            -> awaitable<bool>   report a failure; true: this node won
+ *   decide(job_decision)           -> awaitable<void>   the winner publishes restart/stop
+ *   await_decision()               -> awaitable<job_decision>
+ *   finish(timeout)                -> awaitable<barrier_result>  this node is done; exit barrier
+ *   leave()                        -> awaitable<void>   this node is leaving the job for good
+ * Waiting is by store notification, never by polling.
+ */
+template <class R>
+concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_decision decision,
+                              std::chrono::milliseconds timeout) {
+    { r.next_round(info) } -> std::same_as<asio::awaitable<rendezvous_round>>;
+    { r.wait_for_abort() } -> std::same_as<asio::awaitable<abort_notice>>;
+    { r.abort(notice) } -> std::same_as<asio::awaitable<bool>>;
+    { r.decide(decision) } -> std::same_as<asio::awaitable<void>>;
+    { r.await_decision() } -> std::same_as<asio::awaitable<job_decision>>;
+    { r.finish(timeout) } -> std::same_as<asio::awaitable<barrier_result>>;
+    { r.leave() } -> std::same_as<asio::awaitable<void>>;
+};
+
+}  // namespace elastic::inline v0

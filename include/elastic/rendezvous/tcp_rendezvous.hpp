@@ -1,0 +1,239 @@
+// tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
+// is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/launch/values.hpp"
+#include "elastic/rendezvous/error.hpp"
+#include "elastic/rendezvous/store_rendezvous.hpp"
+#include "elastic/report/failure.hpp"
+#include "elastic/store/client.hpp"
+#include "elastic/store/errors.hpp"
+#include "elastic/store/server.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/ip/address.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::rdzv {
+
+inline bool is_loopback(std::string_view host) {
+    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+    std::error_code ec;
+    const auto address = asio::ip::make_address(std::string(host), ec);
+    return !ec && address.is_loopback();
+}
+
+inline bool is_ip_literal(std::string_view host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(std::string(host), ec);
+    return !ec;
+}
+
+inline std::string gethostname_string() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return {};
+    return name;
+}
+
+/// torchrun's is_host heuristic (inventory §4.4), widened to every address of every local
+/// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
+/// host's name or canonical name, or an address one of its interfaces holds.
+inline bool is_this_host(std::string_view host) {
+    if (is_loopback(host)) return true;
+    const auto name = gethostname_string();
+    if (!name.empty() && host == name) return true;
+    if (host == host_fqdn()) return true;
+    std::error_code ec;
+    const auto wanted = asio::ip::make_address(std::string(host), ec);
+    if (ec) return false;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        if (i->ifa_addr->sa_family == AF_INET && wanted.is_v4()) {
+            const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+            found = asio::ip::address_v4(ntohl(a->sin_addr.s_addr)) == wanted.to_v4();
+        } else if (i->ifa_addr->sa_family == AF_INET6 && wanted.is_v6()) {
+            const auto* a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+            asio::ip::address_v6::bytes_type bytes;
+            std::copy(std::begin(a->sin6_addr.s6_addr), std::end(a->sin6_addr.s6_addr), bytes.begin());
+            found = asio::ip::address_v6(bytes) == wanted.to_v6();
+        }
+    }
+    ::freeifaddrs(list);
+    return found;
+}
+
+/// "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: use the literal.
+inline std::string literal_for(std::string_view host) {
+    if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
+    return std::string(host);
+}
+
+}  // namespace detail::rdzv
+
+/// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
+/// single-node path: more than one node, or a c10d store another agent hosts.
+[[nodiscard]] inline bool uses_node_rendezvous(const launch_config& c) {
+    if (c.nnodes.max > 1) return true;
+    if (c.rdzv_backend != rendezvous_backend::c10d) return false;
+    if (c.rdzv_conf.is_host) return !*c.rdzv_conf.is_host;
+    return !detail::rdzv::is_this_host(c.rendezvous_endpoint().host);
+}
+
+/// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
+/// --local-addr when given; 127.0.0.1 when the rendezvous endpoint is a loopback address
+/// (every node is on this machine); otherwise this host's fully qualified name.
+struct advertised_address {
+    std::string bind_host;
+    std::string addr;
+};
+
+[[nodiscard]] inline advertised_address advertise(const launch_config& c) {
+    if (c.local_addr) {
+        const auto lit = detail::rdzv::literal_for(*c.local_addr);
+        return {detail::rdzv::is_ip_literal(lit) ? lit : std::string("0.0.0.0"), lit};
+    }
+    if (detail::rdzv::is_loopback(c.rendezvous_endpoint().host)) return {"127.0.0.1", "127.0.0.1"};
+    return {"0.0.0.0", host_fqdn()};
+}
+
+/// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
+/// it; then `rendezvous()` is the store_rendezvous every round goes through.
+///
+/// static: node rank 0 (--node-rank, default 0) hosts at --master-addr:--master-port; the
+/// others connect (retrying until the `timeout` key, 900 s). c10d: the agent whose endpoint is
+/// this host (is_host rule, or --rdzv-conf is_host) hosts at the endpoint (port 29400 by
+/// default); if binding fails under the heuristic (another agent here hosts already), it
+/// connects instead, as torchrun does.
+class tcp_rendezvous {
+public:
+    using log_function = std::function<void(std::string_view)>;
+
+    tcp_rendezvous(asio::any_io_executor executor, const launch_config& config, log_function log = {})
+        : executor_(std::move(executor)), config_(config), log_(std::move(log)) {}
+
+    tcp_rendezvous(const tcp_rendezvous&) = delete;
+    tcp_rendezvous& operator=(const tcp_rendezvous&) = delete;
+
+    /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
+    asio::awaitable<void> start() {
+        const auto endpoint = config_.rendezvous_endpoint();
+        const auto host = detail::rdzv::literal_for(endpoint.host);
+        const std::uint16_t port = endpoint.port.value_or(0);
+        const bool is_static = config_.rdzv_backend == rendezvous_backend::static_;
+        const auto join_timeout = is_static ? config_.rdzv_conf.timeout : config_.rdzv_conf.join_timeout;
+
+        bool want_host = false;
+        bool explicit_host = false;
+        if (is_static) {
+            want_host = config_.node_rank.value_or(0) == 0;
+            explicit_host = true;
+        } else if (config_.rdzv_conf.is_host) {
+            want_host = *config_.rdzv_conf.is_host;
+            explicit_host = true;
+        } else {
+            want_host = detail::rdzv::is_this_host(endpoint.host);
+        }
+        std::string connect_host = host;
+        if (want_host) {
+            const auto bind_host = detail::rdzv::is_ip_literal(host) ? host : std::string("0.0.0.0");
+            store_server_options options;
+            options.host = bind_host;
+            options.port = port;
+            options.log = [this](std::string_view line) {
+                if (log_) log_(fmt::format("rendezvous store: {}", line));
+            };
+            try {
+                server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
+                server_->start();
+                if (bind_host == "0.0.0.0") connect_host = "127.0.0.1";
+            } catch (const store_error& e) {
+                if (explicit_host) {
+                    throw rendezvous_error(fmt::format(
+                        "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), e.what(),
+                        is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
+                                  : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
+                }
+                if (log_) {
+                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host; joining it",
+                                     to_string(endpoint)));
+                }
+            }
+        }
+        store_client_options options;
+        options.host = connect_host;
+        options.port = server_ ? server_->port() : port;
+        options.dialect = client_dialect::current;
+        options.timeout = config_.rdzv_conf.read_timeout;
+        options.connect_timeout = join_timeout;
+        client_ = std::make_unique<tcp_store_client>(executor_, options);
+        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        try {
+            co_await client_->connect();
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("cannot reach the rendezvous store at {} within {} s: {}",
+                                               to_string(endpoint),
+                                               std::chrono::duration_cast<std::chrono::seconds>(join_timeout).count(),
+                                               e.what()));
+        }
+        store_rendezvous_options o;
+        o.run_id = config_.rdzv_id;
+        o.nnodes = config_.nnodes.max;
+        o.join_timeout = join_timeout;
+        o.close_timeout = config_.rdzv_conf.close_timeout;
+        o.hosts_store = server_ != nullptr;
+        rdzv_.emplace(*client_, *watcher_, std::move(o));
+    }
+
+    /// The rounds (after start()).
+    store_rendezvous<tcp_store_client>& rendezvous() { return *rdzv_; }
+    /// Whether this agent hosts the rendezvous store.
+    [[nodiscard]] bool hosts_store() const noexcept { return server_ != nullptr; }
+    /// The port of the hosted store (0 when a client).
+    [[nodiscard]] std::uint16_t hosted_port() const { return server_ ? server_->port() : std::uint16_t{0}; }
+    /// Drops the watcher's connection (after a cancelled wait); the next use reconnects.
+    void reset_watcher() noexcept {
+        if (watcher_) watcher_->close();
+    }
+
+    /// Stops serving (after leave()).
+    void stop() noexcept {
+        if (watcher_) watcher_->close();
+        if (client_) client_->close();
+        if (server_) server_->stop();
+    }
+
+private:
+    asio::any_io_executor executor_;
+    launch_config config_;
+    log_function log_;
+    std::unique_ptr<tcp_store_server> server_;
+    std::unique_ptr<tcp_store_client> client_;
+    std::unique_ptr<tcp_store_client> watcher_;
+    std::optional<store_rendezvous<tcp_store_client>> rdzv_;
+};
+
+}  // namespace elastic::inline v0

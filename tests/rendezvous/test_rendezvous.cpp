@@ -1,0 +1,401 @@
+// The rendezvous core: rank assignment, rounds over the in-memory store and over the real TCP
+// store, store operations per node (counted), aborts and job-wide restarts, the exit barrier,
+// the torchrun guard.
+#include <elastic/rendezvous/concepts.hpp>
+#include <elastic/rendezvous/store_rendezvous.hpp>
+#include <elastic/rendezvous/tcp_rendezvous.hpp>
+#include <elastic/store/client.hpp>
+#include <elastic/store/memory_store.hpp>
+#include <elastic/store/server.hpp>
+
+#include <doctest/doctest.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+
+#include <chrono>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace test_rendezvous {
+
+using namespace std::chrono_literals;
+using elastic::node_info;
+using elastic::rendezvous_round;
+
+static_assert(elastic::rendezvous<elastic::store_rendezvous<elastic::memory_store>>);
+static_assert(elastic::rendezvous<elastic::store_rendezvous<elastic::tcp_store_client>>);
+
+/// A store that counts every operation it forwards (the O(1)-per-node check).
+template <class S>
+class counting_store {
+public:
+    explicit counting_store(S& inner) : inner_(&inner) {}
+    std::chrono::milliseconds timeout() const { return inner_->timeout(); }
+    void set_timeout(std::chrono::milliseconds t) { inner_->set_timeout(t); }
+    asio::awaitable<void> set(std::string k, std::string v) { return count("set"), inner_->set(std::move(k), std::move(v)); }
+    asio::awaitable<std::string> get(std::string k) { return count("get"), inner_->get(std::move(k)); }
+    asio::awaitable<std::int64_t> add(std::string k, std::int64_t d) { return count("add"), inner_->add(std::move(k), d); }
+    asio::awaitable<std::string> compare_set(std::string k, std::string e, std::string d) {
+        return count("compare_set"), inner_->compare_set(std::move(k), std::move(e), std::move(d));
+    }
+    asio::awaitable<void> wait(std::vector<std::string> k) { return count("wait"), inner_->wait(std::move(k)); }
+    asio::awaitable<void> wait(std::vector<std::string> k, std::chrono::milliseconds t) {
+        return count("wait"), inner_->wait(std::move(k), t);
+    }
+    asio::awaitable<bool> check(std::vector<std::string> k) { return count("check"), inner_->check(std::move(k)); }
+    asio::awaitable<bool> delete_key(std::string k) { return count("delete"), inner_->delete_key(std::move(k)); }
+    asio::awaitable<std::int64_t> num_keys() { return count("num_keys"), inner_->num_keys(); }
+    asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> k) {
+        return count("multi_get"), inner_->multi_get(std::move(k));
+    }
+    asio::awaitable<void> multi_set(std::vector<std::string> k, std::vector<std::string> v) {
+        return count("multi_set"), inner_->multi_set(std::move(k), std::move(v));
+    }
+    asio::awaitable<void> append(std::string k, std::string v) { return count("append"), inner_->append(std::move(k), std::move(v)); }
+
+    int total() const {
+        int t = 0;
+        for (const auto& [name, n] : ops_) t += n;
+        return t;
+    }
+    std::map<std::string, int> ops_;
+
+private:
+    int count(const char* name) { return ++ops_[name]; }
+    S* inner_;
+};
+
+static_assert(elastic::multi_key_store<counting_store<elastic::memory_store>>);
+
+node_info info(int i, int nproc = 1) {
+    node_info n;
+    n.host = "node" + std::to_string(i);
+    n.store_addr = "10.0.0." + std::to_string(i);
+    n.store_port = static_cast<std::uint16_t>(1000 + i);
+    n.nproc = nproc;
+    n.pid = 100 + i;
+    return n;
+}
+
+/// Runs `n` nodes (each its own counting view and rendezvous over one memory_store) through
+/// one round on one io_context, in the order given; returns each node's round.
+struct cluster {
+    explicit cluster(int n, std::vector<std::optional<int>> node_ranks = {}) : views() {
+        for (int i = 0; i < n; ++i) views.push_back(std::make_unique<counting_store<elastic::memory_store>>(memory));
+        for (int i = 0; i < n; ++i) {
+            elastic::store_rendezvous_options o;
+            o.run_id = "job";
+            o.nnodes = n;
+            o.join_timeout = 60s;
+            o.hosts_store = i == 0;
+            nodes.push_back(std::make_unique<elastic::store_rendezvous<counting_store<elastic::memory_store>>>(
+                *views[static_cast<std::size_t>(i)], *views[static_cast<std::size_t>(i)], o));
+        }
+        ranks = std::move(node_ranks);
+        ranks.resize(static_cast<std::size_t>(n));
+    }
+
+    std::vector<rendezvous_round> round(std::vector<int> nprocs = {}) {
+        const auto n = nodes.size();
+        std::vector<rendezvous_round> out(n);
+        std::exception_ptr failure;
+        for (std::size_t i = 0; i < n; ++i) {
+            auto me = info(static_cast<int>(i), nprocs.empty() ? 1 : nprocs[i]);
+            me.node_rank = ranks[i];
+            asio::co_spawn(
+                ctx, [this, i, me, &out]() -> asio::awaitable<void> { out[i] = co_await nodes[i]->next_round(me); },
+                [&failure](std::exception_ptr e) {
+                    if (e && !failure) failure = e;
+                });
+        }
+        ctx.run();
+        ctx.restart();
+        if (failure) std::rethrow_exception(failure);
+        return out;
+    }
+
+    asio::io_context ctx;
+    elastic::memory_store memory;
+    std::vector<std::unique_ptr<counting_store<elastic::memory_store>>> views;
+    std::vector<std::unique_ptr<elastic::store_rendezvous<counting_store<elastic::memory_store>>>> nodes;
+    std::vector<std::optional<int>> ranks;
+};
+
+void check_consistent(const std::vector<rendezvous_round>& rounds, const std::vector<int>& nprocs) {
+    const int n = static_cast<int>(rounds.size());
+    int world = 0;
+    for (const int p : nprocs) world += p;
+    std::set<int> group_ranks;
+    std::map<int, int> base_of;
+    for (std::size_t i = 0; i < rounds.size(); ++i) {
+        const auto& r = rounds[i];
+        CHECK(r.group_world_size == n);
+        CHECK(r.world_size == world);
+        group_ranks.insert(r.group_rank);
+        base_of[r.group_rank] = r.rank_base;
+        CHECK(r.master_addr == rounds[0].master_addr);
+        CHECK(r.master_port == rounds[0].master_port);
+        CHECK(r.restart_count == rounds[0].restart_count);
+    }
+    CHECK(static_cast<int>(group_ranks.size()) == n);
+    // Bases are the prefix sums of nproc in group-rank order.
+    int expected = 0;
+    for (int g = 0; g < n; ++g) {
+        std::size_t who = 0;
+        for (std::size_t i = 0; i < rounds.size(); ++i)
+            if (rounds[i].group_rank == g) who = i;
+        CHECK(base_of[g] == expected);
+        expected += nprocs[who];
+        if (g == 0) {
+            CHECK(rounds[0].master_addr == info(static_cast<int>(who)).store_addr);
+            CHECK(rounds[0].master_port == info(static_cast<int>(who)).store_port);
+        }
+    }
+}
+
+TEST_CASE("rendezvous: group ranks honour --node-rank, keep survivors' order, then arrival order") {
+    using elastic::detail::rdzv::assign_group_ranks;
+    std::vector<node_info> nodes{info(0), info(1), info(2), info(3)};
+    CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{0, 1, 2, 3});
+    nodes[0].node_rank = 3;
+    nodes[2].node_rank = 0;
+    CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{3, 1, 0, 2});
+    nodes[0].node_rank.reset();
+    nodes[2].node_rank.reset();
+    nodes[0].previous_rank = 2;
+    nodes[1].previous_rank = 0;
+    nodes[3].previous_rank = 1;  // node 2 is new: last
+    CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{2, 0, 3, 1});
+
+    std::vector<node_info> bad{info(0), info(1)};
+    bad[0].node_rank = 1;
+    bad[1].node_rank = 1;
+    const auto twice = std::get<1>(assign_group_ranks(bad));
+    CHECK(twice.find("--node-rank=1 given by two nodes, node0") != std::string::npos);
+    bad[1].node_rank = 2;
+    CHECK(std::get<1>(assign_group_ranks(bad)).find("--node-rank=2 of node1 (pid 101) is outside 0..1") !=
+          std::string::npos);
+}
+
+TEST_CASE("rendezvous: a round over the in-memory store gives distinct, consistent ranks") {
+    for (const int n : {1, 2, 5}) {
+        cluster c(n);
+        std::vector<int> nprocs;
+        for (int i = 0; i < n; ++i) nprocs.push_back(1 + i % 3);
+        const auto rounds = c.round(nprocs);
+        check_consistent(rounds, nprocs);
+        for (const auto& r : rounds) CHECK(r.number == 0);
+    }
+    cluster c(3, {2, 0, 1});
+    const auto rounds = c.round();
+    CHECK(rounds[0].group_rank == 2);
+    CHECK(rounds[1].group_rank == 0);
+    CHECK(rounds[2].group_rank == 1);
+    CHECK(rounds[0].master_addr == "10.0.0.1");
+}
+
+TEST_CASE("rendezvous: store operations per node do not grow with the number of nodes (8 vs 32)") {
+    const auto profile = [](int n) {
+        cluster c(n);
+        (void)c.round();
+        std::multiset<int> totals;
+        std::map<std::string, int> most;
+        for (const auto& v : c.views) totals.insert(v->total());
+        for (const auto& v : c.views)
+            for (const auto& [op, k] : v->ops_) most[op] = std::max(most[op], k);
+        // A second round (a restart) costs the same as the first, minus the one-time guard.
+        std::multiset<int> second;
+        for (const auto& v : c.views) v->ops_.clear();
+        (void)c.round();
+        for (const auto& v : c.views) second.insert(v->total());
+        return std::tuple{totals, most, second};
+    };
+    const auto [t8, m8, s8] = profile(8);
+    const auto [t32, m32, s32] = profile(32);
+    CHECK(m8 == m32);
+    CHECK(*t8.rbegin() == *t32.rbegin());
+    CHECK(*t8.begin() == *t32.begin());
+    CHECK(t8.count(*t8.begin()) == 7);    // every node but the completer
+    CHECK(t32.count(*t32.begin()) == 31);
+    // compare_set (guard) + add + set + wait + get; the completer adds multi_get + multi_set.
+    CHECK(*t8.begin() == 5);
+    CHECK(*t8.rbegin() == 7);
+    CHECK(*s8.begin() == 4);
+    CHECK(*s32.rbegin() == 6);
+    MESSAGE("ops per node at N=8: ", *t8.begin(), "..", *t8.rbegin(), ", at N=32: ", *t32.begin(), "..", *t32.rbegin());
+}
+
+TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, the restart count is job-wide") {
+    cluster c(3);
+    auto first = c.round();
+    std::vector<std::optional<elastic::abort_notice>> seen(3);
+    std::vector<bool> won(3, false);
+    std::vector<elastic::job_decision> decisions(3);
+    for (std::size_t i = 0; i < 3; ++i) {
+        asio::co_spawn(c.ctx,
+                       [&, i]() -> asio::awaitable<void> {
+                           seen[i] = co_await c.nodes[i]->wait_for_abort();
+                           if (!won[i]) decisions[i] = co_await c.nodes[i]->await_decision();
+                       },
+                       asio::detached);
+    }
+    asio::co_spawn(c.ctx,
+                   [&]() -> asio::awaitable<void> {
+                       // (named, not braced temporaries: g++ 12 miscompiles those inside co_await)
+                       const elastic::abort_notice a1{first[1].group_rank, "node1", "local_rank 0 exited with 3"};
+                       const elastic::abort_notice a2{first[2].group_rank, "node2", "late"};
+                       const elastic::job_decision d{true, 3, "1/2 restarts left"};
+                       won[1] = co_await c.nodes[1]->abort(a1);
+                       won[2] = co_await c.nodes[2]->abort(a2);
+                       co_await c.nodes[1]->decide(d);
+                       decisions[1] = {true, 3, "1/2 restarts left"};
+                   },
+                   asio::detached);
+    c.ctx.run();
+    c.ctx.restart();
+    CHECK(won[1]);
+    CHECK_FALSE(won[2]);
+    for (std::size_t i = 0; i < 3; ++i) {
+        REQUIRE(seen[i]);
+        CHECK(seen[i]->host == "node1");
+        CHECK(seen[i]->reason == "local_rank 0 exited with 3");
+        CHECK(decisions[i].restart);
+        CHECK(c.nodes[i]->restart_count() == 1);
+    }
+    const auto second = c.round();
+    check_consistent(second, {1, 1, 1});
+    for (std::size_t i = 0; i < 3; ++i) {
+        CHECK(second[i].number == 1);
+        CHECK(second[i].restart_count == 1);
+        CHECK(second[i].group_rank == first[i].group_rank);  // stable
+    }
+}
+
+TEST_CASE("rendezvous: the exit barrier completes when all finish, and names the missing node on timeout") {
+    cluster c(3);
+    (void)c.round();
+    std::vector<elastic::barrier_result> results(3);
+    for (std::size_t i = 0; i < 3; ++i) {
+        asio::co_spawn(c.ctx, [&, i]() -> asio::awaitable<void> { results[i] = co_await c.nodes[i]->finish(60s); },
+                       asio::detached);
+    }
+    c.ctx.run();
+    c.ctx.restart();
+    for (const auto& r : results) CHECK(r.how == elastic::barrier_result::kind::complete);
+
+    cluster d(3);
+    const auto rounds = d.round();
+    elastic::barrier_result late;
+    for (std::size_t i = 0; i < 2; ++i) {
+        asio::co_spawn(d.ctx, [&, i]() -> asio::awaitable<void> { late = co_await d.nodes[i]->finish(50ms); },
+                       asio::detached);
+    }
+    d.ctx.run();
+    REQUIRE(late.how == elastic::barrier_result::kind::timed_out);
+    REQUIRE(late.missing.size() == 1);
+    CHECK(late.missing[0] == rounds[2].group_rank);
+    CHECK(late.missing_hosts[0] == "node2");
+}
+
+TEST_CASE("rendezvous: a finished node sees a later abort and follows the restart") {
+    cluster c(2);
+    (void)c.round();
+    elastic::barrier_result finished;
+    asio::co_spawn(c.ctx, [&]() -> asio::awaitable<void> { finished = co_await c.nodes[0]->finish(60s); },
+                   asio::detached);
+    asio::co_spawn(c.ctx,
+                   [&]() -> asio::awaitable<void> {
+                       const elastic::abort_notice a{1, "node1", "crash"};
+                       (void)co_await c.nodes[1]->abort(a);
+                   },
+                   asio::detached);
+    c.ctx.run();
+    REQUIRE(finished.how == elastic::barrier_result::kind::aborted);
+    CHECK(finished.abort->reason == "crash");
+}
+
+TEST_CASE("rendezvous: conflicting --node-rank and torchrun's state are clear errors") {
+    cluster c(2, {0, 0});
+    CHECK_THROWS_WITH_AS(c.round(), doctest::Contains("--node-rank=0 given by two nodes"), elastic::rendezvous_error);
+
+    asio::io_context ctx;
+    elastic::memory_store memory;
+    memory.engine().set(std::string_view("torch.rendezvous.job"), std::string_view("Y2FuaW1hZGFt"));
+    elastic::store_rendezvous_options o;
+    o.run_id = "job";
+    o.nnodes = 1;
+    elastic::store_rendezvous<elastic::memory_store> r(memory, memory, o);
+    std::string message;
+    asio::co_spawn(ctx, r.next_round(info(0)), [&](std::exception_ptr e, rendezvous_round) {
+        try {
+            if (e) std::rethrow_exception(e);
+        } catch (const elastic::rendezvous_error& err) {
+            message = err.what();
+        }
+    });
+    ctx.run();
+    CHECK(message.find("torchrun's rendezvous state for run 'job'") != std::string::npos);
+
+    // Our own marker is there afterwards for a Python agent to trip on.
+    elastic::memory_store fresh;
+    elastic::store_rendezvous<elastic::memory_store> s(fresh, fresh, o);
+    asio::io_context ctx2;
+    asio::co_spawn(ctx2, s.next_round(info(0)), asio::detached);
+    ctx2.run();
+    REQUIRE(fresh.engine().find("torch.rendezvous.job") != nullptr);
+    CHECK(fresh.engine().find("torch.rendezvous.job")->find("elasticrun") != std::string::npos);
+}
+
+TEST_CASE("rendezvous: four nodes over the real TCP store (two clients each), a round and an abort") {
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    elastic::tcp_store_server server(ctx.get_executor(), so);
+    server.start();
+    constexpr int n = 4;
+    std::vector<std::unique_ptr<elastic::tcp_store_client>> clients;
+    std::vector<std::unique_ptr<elastic::store_rendezvous<elastic::tcp_store_client>>> nodes;
+    for (int i = 0; i < 2 * n; ++i) {
+        elastic::store_client_options o;
+        o.port = server.port();
+        o.dialect = elastic::client_dialect::current;
+        clients.push_back(std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o));
+    }
+    for (int i = 0; i < n; ++i) {
+        elastic::store_rendezvous_options o;
+        o.run_id = "tcp";
+        o.nnodes = n;
+        nodes.push_back(std::make_unique<elastic::store_rendezvous<elastic::tcp_store_client>>(
+            *clients[static_cast<std::size_t>(2 * i)], *clients[static_cast<std::size_t>(2 * i + 1)], o));
+    }
+    std::vector<rendezvous_round> rounds(n);
+    std::vector<std::string> reasons(n);
+    int finished = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        asio::co_spawn(ctx,
+                       [&, i]() -> asio::awaitable<void> {
+                           rounds[i] = co_await nodes[i]->next_round(info(static_cast<int>(i)));
+                           if (i == 3) {
+                               const elastic::abort_notice a{rounds[i].group_rank, "node3", "boom"};
+                               (void)co_await nodes[i]->abort(a);
+                           }
+                           reasons[i] = (co_await nodes[i]->wait_for_abort()).reason;
+                       },
+                       [&](std::exception_ptr e) {
+                           if (e) std::rethrow_exception(e);
+                           if (++finished == n) server.stop();
+                       });
+    }
+    ctx.run();
+    check_consistent(rounds, {1, 1, 1, 1});
+    for (const auto& r : reasons) CHECK(r == "boom");
+}
+
+}  // namespace test_rendezvous
