@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <regex>
@@ -416,4 +417,58 @@ TEST_CASE("logs: the agent is quiet by default, LOGLEVEL=INFO shows the banner a
     CHECK(r.err.find(fmt::format("agent-elasticrun] log directory set to: {}/none_", logs.string())) != std::string::npos);
 }
 
+TEST_CASE("logs: the four options in their three spellings (dashed, underscored, PET_)") {
+    struct option_case {
+        std::string dashed;
+        std::string value;  ///< empty: the temporary directory's "l"
+        std::string mode;   ///< logs-flood's
+        std::function<void(const temp_dir&, const agent_support::result&)> check;
+    };
+    const std::vector<option_case> cases{
+        {"--log-dir", "", "say", [](const temp_dir& t, const agent_support::result& r) {
+             CHECK(r.out == "hello from 0\nsecond line\npartial 0");  // raw: inherited stdout
+             CHECK(fs::is_directory(only_dir(t.path() / "l", "none_") / "attempt_0" / "0"));
+         }},
+        {"--redirects", "1", "say", [](const temp_dir& t, const agent_support::result& r) {
+             CHECK(r.out.empty());
+             CHECK(slurp(only_dir(t.path() / "l", "none_") / "attempt_0" / "0" / "stdout.log") ==
+                   "hello from 0\nsecond line\npartial 0");
+         }},
+        {"--tee", "1", "say", [](const temp_dir&, const agent_support::result& r) {
+             CHECK(r.out == "[default0]:hello from 0\n[default0]:second line\n[default0]:partial 0\n");
+         }},
+        {"--local-ranks-filter", "1", "errfile", [](const temp_dir&, const agent_support::result& r) {
+             // Two workers; rank 0's stdout (not redirected, filtered out) goes nowhere.
+             CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+             CHECK(r.out.find("/attempt_0/1/error.json\n") != std::string::npos);
+         }},
+    };
+    for (const auto& c : cases) {
+        for (int spelling = 0; spelling < 3; ++spelling) {
+            CAPTURE(c.dashed);
+            CAPTURE(spelling);
+            temp_dir tmp;
+            auto env = env_in(tmp);
+            const std::string value = c.value.empty() ? (tmp.path() / "l").string() : c.value;
+            std::vector<std::string> args{"--nproc-per-node=" + std::string(c.mode == "errfile" ? "2" : "1")};
+            if (c.dashed != "--log-dir") args.push_back("--log-dir=" + (tmp.path() / "l").string());
+            std::string underscored = c.dashed;
+            std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+            if (spelling < 2) {
+                args.push_back((spelling == 0 ? c.dashed : underscored) + "=" + value);
+            } else {
+                std::string pet = "PET_" + underscored.substr(2);
+                std::transform(pet.begin(), pet.end(), pet.begin(),
+                               [](char ch) { return static_cast<char>(std::toupper(static_cast<unsigned char>(ch))); });
+                env[pet] = value;
+            }
+            args.push_back(flood());
+            args.push_back(c.mode);
+            auto r = agent_support::run(args, env);
+            INFO(r.err);
+            REQUIRE(r.code == 0);
+            c.check(tmp, r);
+        }
+    }
+}
 }  // namespace test_logs
