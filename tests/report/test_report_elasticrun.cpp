@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -486,4 +487,28 @@ TEST_CASE("report: the report docs/failure-report.md shows is what elasticrun pr
     const auto doc = summary_of(doc_report());  // the block is the whole console output
     REQUIRE(!doc.empty());
     CHECK(printed == normalise(doc));
+}
+
+TEST_CASE("report: a signal to elasticrun ends its event log with the workers it stopped and the reason") {
+    temp_dir dir;
+    auto env = environment(dir);
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = "*:hang";
+    const auto path = dir.path() / "events.jsonl";
+    agent_support::launched l({"--nproc-per-node=2", "--event-log-handler=file:" + path.string(), agent_support::worker()},
+                              env);
+    REQUIRE(l.read_lines("ready ", 2));  // both workers run
+    l.signal(SIGTERM);
+    CHECK(l.wait() == 128 + SIGTERM);
+    const auto events = read_json_lines(path);
+    const std::vector<std::string> expected{"elastic.rendezvous.done", "elastic.worker.started", "elastic.worker.started",
+                                            "elastic.worker.exited",   "elastic.worker.exited",  "elastic.agent.shutdown"};
+    REQUIRE(names_of(events) == expected);
+    for (int i : {3, 4}) {
+        const auto& m = events[static_cast<std::size_t>(i)]["metadata"];
+        CHECK(m["state"] == "TERMINATED");
+        CHECK(m["signal"] == "SIGTERM");
+    }
+    CHECK(events[5]["metadata"]["exit_code"] == 143);
+    CHECK(events[5]["metadata"]["reason"] == "received SIGTERM");
 }
