@@ -5,6 +5,7 @@
 // test-tags: concurrent
 #include <elastic/store/client.hpp>
 #include <elastic/store/lease.hpp>
+#include <elastic/store/prefix_store.hpp>
 #include <elastic/store/server.hpp>
 
 #include <doctest/doctest.h>
@@ -227,14 +228,16 @@ TEST_CASE("store: a silent lease holder loses its lease after the missed heartbe
 
 TEST_CASE("store: a heartbeating client keeps its lease across many intervals") {
     using namespace asio::experimental::awaitable_operators;
-    // Deadline 20 x 50 ms. Each PING the server hears is counted; the test waits for 40 of
-    // them (20 intervals at least, two full deadlines), while a silent holder on the same
-    // server is lost meanwhile: the lease timers run, and the heartbeats keep the lease.
+    // Deadline 20 x 50 ms. Each PING the server hears is counted; the test waits for 100 of
+    // them from two holders (50 intervals at least: two and a half deadlines), while a silent
+    // holder on the same server is lost meanwhile: the lease timers run, and the heartbeats
+    // keep the leases. The second holder sets its lease through prefix_store's plain `set`
+    // (code written against the `store` concept): the client keeps it alive all the same.
     int pings = 0;
     asio::steady_timer* enough = nullptr;
     elastic::store_server_options o;
     o.on_request = [&](elastic::wire::op op) {
-        if (op == elastic::wire::op::ping && ++pings == 40 && enough) enough->cancel();
+        if (op == elastic::wire::op::ping && ++pings == 100 && enough) enough->cancel();
     };
     fixture f(50ms, 20, std::move(o));
     std::string lost;
@@ -243,21 +246,27 @@ TEST_CASE("store: a heartbeating client keeps its lease across many intervals") 
         enough = &timer;
         elastic::tcp_store_client holder(f.ctx.get_executor(), f.client_options(50ms, 20));
         co_await holder.hold_lease(elastic::lease_key("g", "alive"), "1");
+        elastic::tcp_store_client setter(f.ctx.get_executor(), f.client_options(50ms, 20));
+        elastic::prefix_store<elastic::tcp_store_client> job("g", setter);
+        co_await job.set(elastic::lease_key("", "via-set"), "2");
         auto quiet = co_await raw_client::connect(f.port());
         co_await quiet.send_hex("00 13 00x7 2f 67 2f 5f 5f 6c 65 61 73 65 5f 5f 2f 73 69 6c 65 6e"
                                 " 74 01 00x7 78");
         elastic::tcp_store_client observer(f.ctx.get_executor(), f.client_options());
         const auto wait_pings = [&]() -> asio::awaitable<void> {
-            if (pings >= 40) co_return;
+            if (pings >= 100) co_return;
             co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         };
         lost = co_await (observer.get(elastic::lease_lost_key("g", 1)) && wait_pings());
-        CHECK(pings >= 40);
+        CHECK(pings >= 100);
         CHECK(holder.leases() == std::vector<std::string>{"g/__lease__/alive"});
+        CHECK(setter.leases() == std::vector<std::string>{"g/__lease__/via-set"});
         CHECK(co_await observer.get(elastic::lease_key("g", "alive")) == "1");
+        CHECK(co_await observer.get(elastic::lease_key("g", "via-set")) == "2");
         CHECK(co_await observer.get(elastic::lease_epoch_key("g")) == "1");
         enough = nullptr;
         holder.close();
+        setter.close();
     }());
     CHECK(lost == "silent");
     CHECK_FALSE(f.logged("lease '/g/__lease__/alive' of 127.0.0.1:"));

@@ -183,6 +183,7 @@ public:
         req_.key = k;
         req_.value = value;
         co_await send(std::string_view("SET"), k);
+        track_lease(std::move(key), k);
     }
 
     /// Waits for `key` (as PyTorch's clients do: a 1.13 server drops a connection that GETs a
@@ -222,7 +223,9 @@ public:
         req_.expected = expected;
         req_.value = desired;
         co_await send(std::string_view("COMPARE_SET"), k);
-        co_return co_await read_bytes(std::string_view("COMPARE_SET"), k);
+        auto now = co_await read_bytes(std::string_view("COMPARE_SET"), k);
+        if (now == desired) track_lease(std::move(key), k);
+        co_return now;
     }
 
     /// Waits until every key exists; store_timeout after `timeout()`.
@@ -258,6 +261,7 @@ public:
         const auto k = wire_key(key);
         begin(wire::op::delete_key);
         req_.key = k;
+        std::erase(leases_, key);
         co_await send(std::string_view("DELETE_KEY"), k);
         co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
     }
@@ -329,6 +333,8 @@ public:
             }
             co_await flush(std::string_view("SET"), keys.front());
         }
+        for (std::size_t i = 0; i < keys.size(); ++i)
+            track_lease(keys[i].substr(options_.key_prefix.size()), keys[i]);
     }
 
     /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
@@ -386,9 +392,9 @@ public:
         start_heartbeat();
     }
 
-    /// Ends the lease at `key` without a loss (DELETE_KEY); whether the key existed.
+    /// Ends the lease at `key` without a loss (DELETE_KEY, as `delete_key` of a lease key
+    /// does); whether the key existed.
     asio::awaitable<bool> release_lease(std::string key) {
-        std::erase(leases_, key);
         co_return co_await delete_key(std::move(key));
     }
 
@@ -453,6 +459,17 @@ private:
         if (!heartbeat_reply_ok(rbuf_.data() + rbeg_))
             throw_protocol(what, key, "a wrong heartbeat reply");
         rbeg_ += n;
+    }
+
+    // set, multi_set and a winning compare_set of a lease key bind it on our server, as
+    // hold_lease does: keep it alive the same way, so code written against the `store` concept
+    // holds leases correctly through this client.
+    void track_lease(std::string key, std::string_view wire) {
+        const auto parts = parse_lease_key(wire);
+        if (!parts || parts->name.empty() || parts->reserved()) return;
+        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
+            leases_.push_back(std::move(key));
+        start_heartbeat();
     }
 
     void start_heartbeat() {
