@@ -322,11 +322,9 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         {{"--nproc-per-node=0"}, "--nproc-per-node"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout"}, "--rdzv-conf"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout=5,,x=1"}, "--rdzv-conf"},
-        {{"--nnodes=2"}, "not implemented yet"},
         {{"--nnodes=1:2", "--rdzv-backend=c10d"}, "not implemented yet"},
         {{"--rdzv-backend=etcd-v3", "--rdzv-endpoint=localhost:2379"}, "not implemented yet"},
-        {{"--rdzv-backend=c10d", "--rdzv-endpoint=example.invalid:29400"}, "not implemented yet"},
-        {{"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=is_host=false"}, "not implemented yet"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=is_host=false"}, "port 0"},
         {{"--log-dir=/etc/passwd"}, "--log-dir"},
         {{"-r", "4"}, "--redirects"},
         {{"--tee=0:7"}, "--tee"},
@@ -464,7 +462,7 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
 
 TEST_CASE("agent: options not implemented yet are refused in every spelling, never ignored") {
     const std::vector<std::pair<std::string, std::string>> refused{
-        {"--nnodes", "2"}};
+        {"--rdzv-backend", "etcd-v3"}};
     for (const auto& option : refused) {
         const std::string dashed = option.first;
         const std::string value = option.second;

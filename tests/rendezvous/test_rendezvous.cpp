@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -217,8 +218,14 @@ TEST_CASE("rendezvous: store operations per node do not grow with the number of 
         for (const auto& v : c.views) second.insert(v->total());
         return std::tuple{totals, most, second};
     };
-    const auto [t8, m8, s8] = profile(8);
-    const auto [t32, m32, s32] = profile(32);
+    const auto p8 = profile(8);
+    const auto p32 = profile(32);
+    const auto& t8 = std::get<0>(p8);
+    const auto& m8 = std::get<1>(p8);
+    const auto& s8 = std::get<2>(p8);
+    const auto& t32 = std::get<0>(p32);
+    const auto& m32 = std::get<1>(p32);
+    const auto& s32 = std::get<2>(p32);
     CHECK(m8 == m32);
     CHECK(*t8.rbegin() == *t32.rbegin());
     CHECK(*t8.begin() == *t32.begin());

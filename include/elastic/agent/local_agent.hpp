@@ -21,6 +21,7 @@
 #include "elastic/process/group.hpp"
 #include "elastic/process/signals.hpp"
 #include "elastic/process/spawn.hpp"
+#include "elastic/rendezvous/tcp_rendezvous.hpp"
 #include "elastic/report/agent_error_file.hpp"
 #include "elastic/report/error_file.hpp"
 #include "elastic/report/failure.hpp"
@@ -99,6 +100,15 @@ struct store_plan {
 inline store_plan plan_store(const launch_config& c) {
     const auto endpoint = c.rendezvous_endpoint();
     store_plan plan;
+    if (uses_node_rendezvous(c)) {
+        // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
+        // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
+        // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
+        const auto where = advertise(c);
+        plan.bind_host = where.bind_host;
+        plan.master_addr = where.addr;
+        return plan;
+    }
     // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
     // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
     // c10d: the endpoint's port (0 under --standalone).
@@ -131,25 +141,19 @@ inline void check_supported(const launch_config& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
-    if (c.nnodes.max > 1) {
+    if (c.nnodes.min != c.nnodes.max) {
         refuse(fmt::format("--nnodes={}", nnodes_text(c.nnodes)),
-               "this agent runs one node; the multi-node rendezvous comes later — use --nnodes=1");
+               "elastic membership (MIN < MAX) comes with the elasticity issue; give a fixed number of nodes, "
+               "e.g. --nnodes=" + std::to_string(c.nnodes.max));
+    }
+    if (c.rdzv_backend == rendezvous_backend::c10d && c.rdzv_conf.is_host && !*c.rdzv_conf.is_host &&
+        c.rendezvous_endpoint().port.value_or(0) == 0) {
+        throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
+                                      "join; give the port the hosting agent listens on",
+                                      to_string(c.rendezvous_endpoint()))};
     }
     if (c.rdzv_backend == rendezvous_backend::etcd_v3) {
-        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static with --nnodes=1");
-    }
-    if (c.rdzv_backend == rendezvous_backend::c10d) {
-        const auto endpoint = c.rendezvous_endpoint();
-        if (c.rdzv_conf.is_host && !*c.rdzv_conf.is_host) {
-            refuse("--rdzv-conf is_host=false", "joining a store hosted by another agent comes with the multi-node rendezvous");
-        }
-        const bool local = is_loopback_host(endpoint.host) || (c.rdzv_conf.is_host && *c.rdzv_conf.is_host) ||
-                           endpoint.host == this_host_name() || endpoint.host == host_fqdn();
-        if (!local) {
-            refuse(fmt::format("--rdzv-endpoint={}", to_string(endpoint)),
-                   "a rendezvous hosted on another machine comes with the multi-node rendezvous; a single node "
-                   "hosts its own: --standalone or --rdzv-endpoint=localhost:0");
-        }
+        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
 }
 
@@ -187,7 +191,7 @@ struct attempt_state {
 
 /// How an attempt ended.
 struct attempt_outcome {
-    enum class kind { succeeded, failed, signaled };
+    enum class kind { succeeded, failed, signaled, aborted };  ///< aborted: by another node
     kind how = kind::succeeded;
     int signal = 0;                 ///< for signaled
     group_failure failure;          ///< for failed
@@ -238,6 +242,7 @@ public:
             log_.info(banner);
         }
         if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
+        if (uses_node_rendezvous(config_)) co_return co_await run_job(policy, signals);
 
         int restarts = 0;
         for (;;) {
@@ -346,8 +351,20 @@ private:
         }
         server->start();
         master_port_ = server->port();
+        if (rdzv_) {  // several nodes: join this attempt's round first (docs/rendezvous.md)
+            if (const auto sig = co_await join_round(*server, restarts, signals)) {
+                server->stop();
+                attempt_outcome interrupted;
+                interrupted.how = attempt_outcome::kind::signaled;
+                interrupted.signal = *sig;
+                co_return interrupted;
+            }
+        }
         events_.rendezvous_done(restarts, assign_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
         auto& server_ref = *server;
+        // Several nodes: group rank 0's store serves every node's workers until the round ends
+        // (all nodes done, or an abort), not only while this node's own workers run.
+        if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
 
         const auto dir = attempt_dir(restarts);
         // Shared with the stream relays, which may outlive this frame if it unwinds.
@@ -365,7 +382,7 @@ private:
         std::optional<std::string> spawn_failure;
         for (int i = 0; i < n; ++i) {
             auto& slot = slots[static_cast<std::size_t>(i)];
-            slot.assignment = assign_worker(i, n);
+            slot.assignment = node_worker(i, n);
             const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
@@ -399,10 +416,12 @@ private:
             log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", config_.role, n, restarts,
                                   store_.master_addr, master_port_));
             if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
-            auto first = co_await (watch(workers) || signals.async_wait(asio::use_awaitable));
+            auto first = co_await (watch_job(workers) || signals.async_wait(asio::use_awaitable));
             if (first.index() == 1) {
                 outcome.how = attempt_outcome::kind::signaled;
                 outcome.signal = std::get<1>(first);
+            } else if (std::get<0>(first) == aborted_by_job) {
+                outcome.how = attempt_outcome::kind::aborted;
             } else if (const auto i = std::get<0>(first); i < workers.size()) {
                 outcome.how = attempt_outcome::kind::failed;
                 first_failure = i;
@@ -419,6 +438,13 @@ private:
         if (outcome.how == attempt_outcome::kind::succeeded) {
             events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
+            if (!rdzv_) server_ref.stop();  // several nodes: round_store_ keeps serving the others
+            co_return outcome;
+        }
+        if (outcome.how == attempt_outcome::kind::aborted) {  // another node's failure
+            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}));
+            events_.workers_exited(restarts, workers);
+            co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
         }
@@ -428,6 +454,7 @@ private:
         const auto failed_at = workers[*first_failure].status()->steady_time;
         std::vector<bool> exited_before(workers.size());
         for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
+        if (rdzv_) co_await report_failure(workers[*first_failure], slots[*first_failure].assignment);
         events_.stopping_group();
         auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
                                  signals.async_wait(asio::use_awaitable));
@@ -519,6 +546,247 @@ private:
             co_await relays.wait();
         }
     }
+
+    // ---- several nodes: the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
+
+    /// watch_job()'s answer when another node aborted the round.
+    static constexpr std::size_t aborted_by_job = static_cast<std::size_t>(-1);
+
+    /// The job over several nodes: the same attempts as run(), but each attempt joins a round
+    /// first, a failure anywhere aborts every node's group, the node that aborted decides for
+    /// the job (its policy, with the job-wide restart count), and success ends at the exit
+    /// barrier.
+    template <restart_policy Policy>
+    asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
+        std::string lost;
+        try {
+            co_return co_await run_rounds(policy, signals);
+        } catch (const rendezvous_error&) {
+            throw;
+        } catch (const store_error& e) {
+            lost = e.what();
+        }
+        throw rendezvous_error(fmt::format("the rendezvous store failed: {}", lost));
+    }
+
+    template <restart_policy Policy>
+    asio::awaitable<int> run_rounds(Policy& policy, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        using kind = detail::agent::attempt_outcome::kind;
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
+        {
+            auto started = co_await (rdzv_->start() || signals.async_wait(asio::use_awaitable));
+            if (started.index() == 1) co_return 128 + std::get<1>(started);
+        }
+        auto& rdzv = rdzv_->rendezvous();
+        for (;;) {
+            abort_won_ = false;
+            last_abort_.reset();
+            auto outcome = co_await run_attempt(rdzv.restart_count(), signals);
+            if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
+                throw rendezvous_error(last_abort_->reason);
+            }
+            if (outcome.how == kind::signaled) {
+                co_await abort_for_signal(outcome.signal);
+                co_return 128 + outcome.signal;
+            }
+            if (outcome.how == kind::succeeded) {
+                auto barrier = co_await (rdzv.finish(exit_barrier_timeout()) ||
+                                         signals.async_wait(asio::use_awaitable));
+                if (barrier.index() == 1) {
+                    co_await abort_for_signal(std::get<1>(barrier));
+                    co_return 128 + std::get<1>(barrier);
+                }
+                auto& result = std::get<0>(barrier);
+                if (result.how != barrier_result::kind::aborted) {
+                    if (result.how == barrier_result::kind::timed_out) {
+                        std::string missing;
+                        for (std::size_t i = 0; i < result.missing.size(); ++i) {
+                            missing += fmt::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i],
+                                                   result.missing_hosts[i]);
+                        }
+                        log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish "
+                                               "within {} s (--rdzv-conf exit_barrier_timeout); exiting anyway",
+                                               missing,
+                                               detail::launch_impl::seconds_text(exit_barrier_timeout())));
+                    }
+                    co_await rdzv.leave();
+                    remove_run_dir();
+                    co_return 0;
+                }
+                last_abort_ = result.abort;
+                log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
+                                         config_.role, describe_abort()));
+            }
+            job_decision decision;
+            if (outcome.how == kind::failed) {
+                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, config_.program.target));
+            }
+            if (outcome.how == kind::failed && abort_won_) {
+                outcome.failure.restarts = rdzv.restart_count();
+                auto decided = co_await (policy(outcome.failure) || signals.async_wait(asio::use_awaitable));
+                if (decided.index() == 1) {
+                    const int sig = std::get<1>(decided);
+                    events_.decision_interrupted(rdzv.restart_count(), sig);
+                    const job_decision stop_now{false, 128 + sig, fmt::format("the deciding node received {}", signal_to_string(sig))};
+                    co_await rdzv.decide(stop_now);
+                    co_return 128 + sig;
+                }
+                auto& d = std::get<0>(decided);
+                events_.decision(outcome.failure, d);
+                decision.restart = d.restart();
+                decision.reason = d.reason;
+                const auto* root = outcome.failure.root_cause();
+                decision.exit_code = root ? launcher_exit_code(*root) : 1;
+                co_await rdzv.decide(decision);
+            } else {
+                auto followed = co_await (rdzv.await_decision() || signals.async_wait(asio::use_awaitable));
+                if (followed.index() == 1) co_return 128 + std::get<1>(followed);
+                decision = std::get<0>(std::move(followed));
+            }
+            const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
+            if (decision.restart) {
+                log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (job-wide restart {})",
+                                         config_.role, why, decision.reason, rdzv.restart_count()));
+                events_.restart(rdzv.restart_count());
+                continue;
+            }
+            log_.warning(fmt::format("[{}] {}; {}: stopping the job", config_.role, why, decision.reason));
+            if (outcome.how == kind::failed) (void)finish_failed(outcome.failure);
+            co_await rdzv.leave();
+            co_return decision.exit_code;
+        }
+    }
+
+    /// --rdzv-conf exit_barrier_timeout, else launch_config's (300 s, torchrun's fixed value).
+    [[nodiscard]] std::chrono::milliseconds exit_barrier_timeout() const {
+        return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
+    }
+
+    std::string describe_abort() const {
+        if (!last_abort_) return "the round was aborted";
+        return fmt::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
+                           last_abort_->reason);
+    }
+
+    /// Joins this attempt's round with the fresh workers' store `server`; sets `restarts`, the
+    /// workers' MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
+    asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        node_info me;
+        if (host_.empty()) {
+            // getfqdn() may ask DNS: not when every node is on this machine (loopback endpoint).
+            if (config_.local_addr) {
+                host_ = *config_.local_addr;
+            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
+                host_ = detail::rdzv::gethostname_string();
+            } else {
+                host_ = host_fqdn();
+            }
+        }
+        me.host = host_;
+        me.store_addr = store_.master_addr;
+        me.store_port = server.port();
+        me.nproc = config_.nproc_per_node;
+        me.node_rank = config_.node_rank;
+        if (round_) me.previous_rank = round_->group_rank;
+        me.pid = static_cast<long>(::getpid());
+        if (!advertised_addr_) advertised_addr_ = store_.master_addr;
+        me.store_addr = *advertised_addr_;
+        round_store_.reset();  // the previous round's workers' store (group rank 0)
+        auto joined = co_await (rdzv_->rendezvous().next_round(me) || signals.async_wait(asio::use_awaitable));
+        if (joined.index() == 1) co_return std::get<1>(joined);
+        round_ = std::get<0>(std::move(joined));
+        restarts = round_->restart_count;
+        store_.master_addr = round_->master_addr;
+        master_port_ = round_->master_port;
+        // Only group rank 0's store serves the workers; the others' close at once.
+        if (round_->group_rank != 0) server.stop();
+        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
+                              round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
+                              round_->rank_base + config_.nproc_per_node - 1, round_->world_size));
+        co_return std::nullopt;
+    }
+
+    /// Local worker `i` of `n`: its ranks in the current round (or on a single node).
+    [[nodiscard]] worker_assignment node_worker(int i, int n) const {
+        auto a = assign_worker(i, n);
+        if (!round_) return a;
+        a.group_rank = round_->group_rank;
+        a.group_world_size = round_->group_world_size;
+        a.global_rank = round_->rank_base + i;
+        a.role_rank = a.global_rank;
+        a.world_size = round_->world_size;
+        a.role_world_size = a.world_size;
+        return a;
+    }
+
+    /// The first failing local worker, all succeeding, or (several nodes) aborted_by_job.
+    asio::awaitable<std::size_t> watch_job(std::vector<child_process>& workers) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!rdzv_) co_return co_await watch(workers);
+        auto first = co_await (watch(workers) || watch_abort());
+        if (first.index() == 0) {
+            rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
+            co_return std::get<0>(first);
+        }
+        last_abort_ = std::get<1>(std::move(first));
+        co_return aborted_by_job;
+    }
+
+    /// The round's abort; a lost store comes back as a notice of group_rank -2 (run_job then
+    /// throws rendezvous_error once the workers are stopped).
+    asio::awaitable<abort_notice> watch_abort() {
+        abort_notice lost;
+        try {
+            co_return co_await rdzv_->rendezvous().wait_for_abort();
+        } catch (const store_error& e) {
+            lost.group_rank = -2;
+            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", e.what());
+        }
+        co_return lost;
+    }
+
+    /// A local worker failed: abort the round for every node (first reporter wins).
+    asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
+        const auto& status = *worker.status();
+        abort_notice notice;
+        notice.group_rank = round_ ? round_->group_rank : -1;
+        notice.host = host_;
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank,
+                                    status.signaled() ? fmt::format("was killed by {}", signal_name(status.signal))
+                                                      : fmt::format("exited with code {}", status.code));
+        abort_won_ = co_await rdzv_->rendezvous().abort(notice);
+        // Lost: another node reported first (its notice is there already); this one follows.
+        if (abort_won_) {
+            last_abort_ = notice;
+        } else {
+            last_abort_ = co_await rdzv_->rendezvous().wait_for_abort();
+        }
+    }
+
+    /// This agent received `sig`: the job stops (this node will not rejoin).
+    asio::awaitable<void> abort_for_signal(int sig) {
+        if (!rdzv_ || !round_) co_return;
+        try {
+            abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
+            if (co_await rdzv_->rendezvous().abort(notice)) {
+                const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
+                                                                           round_->group_rank, host_,
+                                                                           signal_to_string(sig))};
+                co_await rdzv_->rendezvous().decide(stop_now);
+            }
+        } catch (const store_error&) {
+            // The store is gone already: nobody is left to tell.
+        }
+    }
+
+    std::unique_ptr<tcp_rendezvous> rdzv_;      ///< several nodes: the rendezvous
+    std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
+    std::optional<rendezvous_round> round_;     ///< the current round
+    std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
+    std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
+    bool abort_won_ = false;                    ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
     launch_config config_;

@@ -79,6 +79,9 @@ struct rendezvous_settings {
     std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
     std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
     std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
+    /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
+    /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
+    std::optional<std::chrono::milliseconds> exit_barrier_timeout;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -354,7 +357,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -364,6 +367,7 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
     {"store_type", false, true, false},
     {"use_libuv", false, true, false},
     {"protocol", false, false, true},
+    {"exit_barrier_timeout", true, true, true},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -438,6 +442,8 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
             settings.read_timeout = parse_seconds(value, what, false);
         } else if (key == "timeout") {
             settings.timeout = parse_seconds(value, what, false);
+        } else if (key == "exit_barrier_timeout") {
+            settings.exit_barrier_timeout = parse_seconds(value, what, false);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "store_type") {

@@ -1,0 +1,269 @@
+// Several real elasticrun agents (processes) on loopback: the c10d and static rendezvous,
+// ranks, job-wide restarts, the stop decision, the exit barrier, PyTorch DDP across agents.
+#include "agent_support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace test_rendezvous_agents {
+
+using agent_support::launched;
+using agent_support::temp_dir;
+
+/// A port that was free a moment ago: bound on 127.0.0.1 with port 0, then released. Another
+/// process could take it in between; the kernel hands out ephemeral ports at random, so two
+/// concurrent test cases practically never collide, and a collision shows as a clear bind error.
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+std::map<std::string, std::string> node_env(const temp_dir& dir, const std::string& rules, int node) {
+    auto env = agent_support::clean_environment();
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = rules;
+    env["RDZV_TEST_NODE"] = std::to_string(node);
+    env["LOGLEVEL"] = "WARNING";
+    return env;
+}
+
+struct job {
+    std::vector<std::unique_ptr<launched>> agents;
+    std::vector<int> codes;
+
+    void start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
+        agents.push_back(std::make_unique<launched>(args, env));
+    }
+    void wait_all() {
+        for (auto& a : agents) codes.push_back(a->wait());
+    }
+};
+
+std::vector<std::string> with_worker(std::vector<std::string> args) {
+    args.push_back(agent_support::worker());
+    return args;
+}
+
+std::vector<std::string> c10d_args(int port, int nnodes, int nproc, const std::string& id) {
+    return {"--rdzv-backend=c10d",
+            fmt::format("--rdzv-endpoint=127.0.0.1:{}", port),
+            fmt::format("--rdzv-id={}", id),
+            fmt::format("--nnodes={}", nnodes),
+            fmt::format("--nproc-per-node={}", nproc)};
+}
+
+/// Every env.<attempt>.<rank> file of one attempt, by rank.
+std::map<int, std::map<std::string, std::string>> envs_of(const temp_dir& dir, int attempt, int world) {
+    std::map<int, std::map<std::string, std::string>> out;
+    for (int r = 0; r < world; ++r) {
+        auto e = agent_support::read_env_file(dir.path() / fmt::format("env.{}.{}", attempt, r));
+        if (!e.empty()) out[r] = std::move(e);
+    }
+    return out;
+}
+
+/// The contract over the whole job: distinct ranks, consistent sizes, one MASTER for all.
+void check_job_env(const std::map<int, std::map<std::string, std::string>>& envs, int nnodes, int nproc,
+                   int attempt) {
+    const int world = nnodes * nproc;
+    REQUIRE(static_cast<int>(envs.size()) == world);
+    std::set<std::pair<int, int>> group_local;
+    std::map<int, std::string> node_of_group;
+    for (const auto& entry : envs) {
+        const int rank = entry.first;
+        const auto& e = entry.second;
+        CAPTURE(rank);
+        CHECK(e.at("RANK") == std::to_string(rank));
+        CHECK(e.at("WORLD_SIZE") == std::to_string(world));
+        CHECK(e.at("LOCAL_WORLD_SIZE") == std::to_string(nproc));
+        CHECK(e.at("GROUP_WORLD_SIZE") == std::to_string(nnodes));
+        CHECK(e.at("ROLE_WORLD_SIZE") == std::to_string(world));
+        CHECK(e.at("ROLE_RANK") == std::to_string(rank));
+        CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == std::to_string(attempt));
+        const int group = std::stoi(e.at("GROUP_RANK"));
+        const int local = std::stoi(e.at("LOCAL_RANK"));
+        CHECK(rank == group * nproc + local);
+        group_local.emplace(group, local);
+        // One node: one agent.
+        const auto [it, fresh] = node_of_group.emplace(group, e.at("RDZV_TEST_NODE"));
+        if (!fresh) CHECK(it->second == e.at("RDZV_TEST_NODE"));
+        CHECK(e.at("MASTER_ADDR") == envs.begin()->second.at("MASTER_ADDR"));
+        CHECK(e.at("MASTER_PORT") == envs.begin()->second.at("MASTER_PORT"));
+    }
+    CHECK(static_cast<int>(group_local.size()) == world);
+    std::set<std::string> nodes;
+    for (const auto& [g, n] : node_of_group) nodes.insert(n);
+    CHECK(static_cast<int>(nodes.size()) == nnodes);
+}
+
+TEST_CASE("rendezvous agents: c10d with 2, 4 and 8 agents gives every worker consistent, distinct ranks") {
+    for (const auto& size : std::vector<std::pair<int, int>>{{2, 2}, {4, 1}, {8, 1}}) {
+        const int nnodes = size.first;
+        const int nproc = size.second;
+        CAPTURE(nnodes);
+        temp_dir dir;
+        const int port = free_port();
+        job j;
+        // "store": every worker reaches MASTER_ADDR:MASTER_PORT (group rank 0's store).
+        for (int node = 0; node < nnodes; ++node) {
+            j.start(with_worker(c10d_args(port, nnodes, nproc, "ranks")), node_env(dir, "*:store+env", node));
+        }
+        j.wait_all();
+        for (std::size_t i = 0; i < j.agents.size(); ++i) {
+            INFO(j.agents[i]->err());
+            CHECK(j.codes[i] == 0);
+        }
+        check_job_env(envs_of(dir, 0, nnodes * nproc), nnodes, nproc, 0);
+    }
+}
+
+TEST_CASE("rendezvous agents: static honours --node-rank, and --nnodes=2:2 with a long last call starts at once") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    const std::vector<int> ranks{2, 0, 1};
+    for (std::size_t node = 0; node < ranks.size(); ++node) {
+        j.start(with_worker({"--nnodes=3", fmt::format("--node-rank={}", ranks[node]), "--master-addr=127.0.0.1",
+                             fmt::format("--master-port={}", port), "--nproc-per-node=2"}),
+                node_env(dir, "*:store+env", static_cast<int>(node)));
+    }
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+    }
+    const auto envs = envs_of(dir, 0, 6);
+    check_job_env(envs, 3, 2, 0);
+    for (const auto& entry : envs) {
+        const auto& e = entry.second;
+        const auto node = static_cast<std::size_t>(std::stoi(e.at("RDZV_TEST_NODE")));
+        CHECK(e.at("GROUP_RANK") == std::to_string(ranks[node]));
+        // The workers' store is group rank 0's own, not the rendezvous store's --master-port.
+        CHECK(e.at("MASTER_PORT") != std::to_string(port));
+    }
+
+    temp_dir dir2;
+    const int port2 = free_port();
+    job k;
+    for (int node = 0; node < 2; ++node) {
+        auto args = c10d_args(port2, 2, 1, "lastcall");
+        args[3] = "--nnodes=2:2";
+        args.push_back("--rdzv-conf=last_call_timeout=3600");
+        k.start(with_worker(args), node_env(dir2, "*:env", node));
+    }
+    k.wait_all();
+    CHECK(k.codes == std::vector<int>{0, 0});
+    check_job_env(envs_of(dir2, 0, 2), 2, 1, 0);
+}
+
+TEST_CASE("rendezvous agents: a worker failure on node 1 of 3 restarts all three groups, counts equal everywhere") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    // Attempt 0: rank 1 fails, the others run until they are stopped. Attempt 1: all succeed,
+    // each in a fresh store (the "store" step fails on a key left by attempt 0).
+    const std::string rules = "a0r1:store+exit3;a0:store+hang;*:store+env";
+    for (int node = 0; node < 3; ++node) {
+        auto args = c10d_args(port, 3, 1, "restart");
+        args.push_back("--max-restarts=2");
+        j.start(with_worker(args), node_env(dir, rules, node));
+    }
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+        CHECK(j.agents[i]->err().find("restarting every node's worker group (job-wide restart 1)") != std::string::npos);
+        CHECK(j.agents[i]->err().find("exited with code 3") != std::string::npos);
+    }
+    check_job_env(envs_of(dir, 1, 3), 3, 1, 1);
+    CHECK(envs_of(dir, 2, 3).empty());
+}
+
+TEST_CASE("rendezvous agents: with no restart left, every node stops with the root cause's exit code") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) {
+        j.start(with_worker(c10d_args(port, 2, 1, "stop")), node_env(dir, "r1:exit7;*:hang", node));
+    }
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 7);
+        CHECK(j.agents[i]->err().find("stopping the job") != std::string::npos);
+    }
+}
+
+TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) {
+        auto args = c10d_args(port, 2, 1, "barrier");
+        args.push_back(fmt::format("--node-rank={}", node));
+        args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=1,close_timeout=1,is_host={}", node == 0));
+        j.start(with_worker(args), node_env(dir, "r1:hang", node));
+    }
+    // Node 0 (the store's host) finishes, waits 1 s for node 1, names it, waits 1 s more for it
+    // to leave (close_timeout), and exits 0; node 1 then loses the store and stops its worker.
+    const int code0 = j.agents[0]->wait();
+    INFO(j.agents[0]->err());
+    CHECK(code0 == 0);
+    CHECK(j.agents[0]->err().find("exit barrier: this node's workers succeeded, but group_rank 1 (") !=
+          std::string::npos);
+    CHECK(j.agents[0]->err().find("did not finish within 1 s") != std::string::npos);
+    const int code1 = j.agents[1]->wait();
+    INFO(j.agents[1]->err());
+    CHECK(code1 != 0);
+    CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
+}
+
+TEST_CASE("rendezvous agents: PyTorch DDP (gloo) across two agents, all_reduce correct, also after a restart") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) {
+        auto env = node_env(dir, "", node);
+        env["PYTHON_EXEC"] = ELASTIC_TORCH_PYTHON;
+        env["DDP_FAIL_RANK"] = "2";
+        auto args = c10d_args(port, 2, 2, "ddp");
+        args.push_back("--max-restarts=1");
+        args.push_back(ELASTIC_TEST_SOURCE_DIR "/tests/agent/ddp_worker.py");
+        j.start(args, env);
+    }
+    j.wait_all();
+    std::string out;
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+        out += j.agents[i]->out();
+    }
+    INFO(out);
+    for (int rank = 0; rank < 4; ++rank) {
+        CHECK(out.find(fmt::format("ddp rank={} world=4 attempt=1 sum=10 expected=10 same=True\n", rank)) !=
+              std::string::npos);
+    }
+    CHECK(launched::count_lines(out, "ddp ") == 4);
+}
+
+}  // namespace test_rendezvous_agents
