@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""The rendezvous benchmark: N elasticrun agents (processes) on this machine, c10d over loopback,
+one trivial worker each; the figure is the first agent's start -> every worker running.
+
+"Running" is the moment a worker prints `running <attempt> <rank> <CLOCK_MONOTONIC ns>` (the
+agent-worker test program with AGENT_WORKER_DO=*:running+hang), read on the same monotonic
+clock as this script's stamp taken just before the first agent is spawned. The time to spawn
+the agents themselves is part of the figure (and shown apart as "spawned").
+
+  /usr/bin/python3 bench/rendezvous/bench_rendezvous.py --build build/bench [--sizes 2,8,64,256,1024]
+        [--repeat 3] [--torchrun-sizes 2,8]
+
+torchrun 1.13 runs as bench/agent/torchrun_patched.py (Debian's under Python 3.11 needs one
+function patched, PLATFORM.md) with --rdzv_backend=c10d, --no_python and the same worker.
+"""
+import argparse
+import os
+import resource
+import selectors
+import signal
+import socket
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Agent:
+    def __init__(self, pid, stdout):
+        self.pid = pid
+        self.stdout = stdout
+
+
+def run_once(cmd_for, n, env):
+    env = dict(env, AGENT_WORKER_DO="*:running+hang")
+    port = free_port()
+    procs = []
+    cmd = cmd_for(n, port)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    # os.posix_spawn (vfork-like in glibc): subprocess.Popen costs ~10x more per process here,
+    # which at 1024 agents would measure Python, not the rendezvous.
+    t0 = time.monotonic_ns()
+    for node in range(n):
+        r, w = os.pipe()
+        pid = os.posix_spawn(cmd[0], cmd, env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)])
+        os.close(w)
+        procs.append(Agent(pid, os.fdopen(r, "rb", buffering=0)))
+    spawned = time.monotonic_ns()
+    os.close(devnull)
+    sel = selectors.DefaultSelector()
+    for p in procs:
+        os.set_blocking(p.stdout.fileno(), False)
+        sel.register(p.stdout, selectors.EVENT_READ, [p, b""])
+    stamps = []
+    try:
+        while len(stamps) < n:
+            events = sel.select(timeout=120)
+            if not events:
+                raise RuntimeError(f"only {len(stamps)} of {n} workers running after 120 s")
+            for key, _ in events:
+                p, buf = key.data
+                chunk = key.fileobj.read()
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    raise RuntimeError("an agent ended before its worker ran")
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    parts = line.split()
+                    if len(parts) == 4 and parts[0] == b"running":
+                        stamps.append(int(parts[3]))
+                        sel.unregister(key.fileobj)
+                        break
+                key.data[1] = buf
+    finally:
+        for p in procs:
+            os.kill(p.pid, signal.SIGTERM)
+        for p in procs:
+            os.waitpid(p.pid, 0)
+            p.stdout.close()
+    return (max(stamps) - t0) / 1e6, (spawned - t0) / 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", required=True, help="a build tree with test-programs/")
+    parser.add_argument("--sizes", default="2,8,64,256,1024")
+    parser.add_argument("--torchrun-sizes", default="2,8")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 3 pipes per agent here
+    elasticrun = os.path.join(args.build, "test-programs", "agent-elasticrun")
+    if os.path.exists(os.path.join(args.build, "bin", "elasticrun")):
+        elasticrun = os.path.join(args.build, "bin", "elasticrun")
+    worker = os.path.join(args.build, "test-programs", "agent-worker")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env["LOGLEVEL"] = "WARNING"
+
+    launchers = {
+        "elasticrun": (lambda n, port: [elasticrun, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                                        "--rdzv-id=bench", f"--nnodes={n}", "--nproc-per-node=1", worker],
+                       [int(s) for s in args.sizes.split(",") if s]),
+    }
+    if os.path.exists("/usr/bin/torchrun") and args.torchrun_sizes:
+        launchers["torchrun 1.13"] = (
+            lambda n, port: ["/usr/bin/python3", os.path.join(HERE, "..", "agent", "torchrun_patched.py"),
+                             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=bench",
+                             f"--nnodes={n}", "--nproc_per_node=1", "--monitor_interval=0.1", "--no_python", worker],
+            [int(s) for s in args.torchrun_sizes.split(",") if s])
+
+    print("| launcher | agents | median ms (start -> all running) | min ms | max ms | spawning the agents ms |")
+    print("|---|---|---|---|---|---|")
+    for name, (cmd, sizes) in launchers.items():
+        for n in sizes:
+            repeat = args.repeat
+            if name != "elasticrun" or n >= 1024:
+                repeat = 1
+            values = [run_once(cmd, n, env) for _ in range(repeat)]
+            totals = [v[0] for v in values]
+            spawn = statistics.median(v[1] for v in values)
+            print(f"| {name} | {n} | {statistics.median(totals):.1f} | {min(totals):.1f} | {max(totals):.1f} "
+                  f"| {spawn:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
