@@ -39,34 +39,15 @@ using store_support::raw_client;
 using store_support::unhex;
 
 // A server on 127.0.0.1:0 in this process with small lease settings, its log captured.
-struct fixture {
-    explicit fixture(std::chrono::milliseconds interval, unsigned misses,
-                     elastic::store_server_options options = {}) {
-        options.host = "127.0.0.1";
+struct fixture : store_support::server_fixture {
+    fixture(std::chrono::milliseconds interval, unsigned misses, elastic::store_server_options options = {})
+        : server_fixture(with_lease(std::move(options), interval, misses)) {}
+
+    static elastic::store_server_options with_lease(elastic::store_server_options options,
+                                                    std::chrono::milliseconds interval, unsigned misses) {
         options.lease_heartbeat_interval = interval;
         options.lease_missed_heartbeats = misses;
-        options.log = [this](std::string_view line) { logs.emplace_back(line); };
-        server.emplace(ctx.get_executor(), std::move(options));
-        server->start();
-    }
-
-    std::uint16_t port() const { return server->port(); }
-
-    // Runs the test coroutine; stops the server when it ends so the loop runs dry.
-    void run(asio::awaitable<void> body) {
-        std::exception_ptr error;
-        asio::co_spawn(ctx, std::move(body), [&](std::exception_ptr e) {
-            error = e;
-            server->stop();
-        });
-        ctx.run();
-        if (error) std::rethrow_exception(error);
-    }
-
-    bool logged(std::string_view part) const {
-        for (const auto& l : logs)
-            if (l.find(part) != std::string::npos) return true;
-        return false;
+        return options;
     }
 
     std::optional<std::string> value(std::string_view wire_key) {
@@ -83,10 +64,6 @@ struct fixture {
         o.lease_missed_heartbeats = misses;
         return o;
     }
-
-    asio::io_context ctx;
-    std::vector<std::string> logs;
-    std::optional<elastic::tcp_store_server> server;
 };
 
 // A child process whose stdout lines are read on the loop.

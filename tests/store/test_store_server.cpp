@@ -39,38 +39,7 @@ using store_support::hex;
 using store_support::raw_client;
 using store_support::unhex;
 
-// A server on 127.0.0.1:0 in this process, its log captured.
-struct fixture {
-    explicit fixture(elastic::store_server_options options = {}) {
-        options.host = "127.0.0.1";
-        options.log = [this](std::string_view line) { logs.emplace_back(line); };
-        server.emplace(ctx.get_executor(), std::move(options));
-        server->start();
-    }
-
-    std::uint16_t port() const { return server->port(); }
-
-    // Runs the test coroutine; stops the server when it ends so the loop runs dry.
-    void run(asio::awaitable<void> body) {
-        std::exception_ptr error;
-        asio::co_spawn(ctx, std::move(body), [&](std::exception_ptr e) {
-            error = e;
-            server->stop();
-        });
-        ctx.run();
-        if (error) std::rethrow_exception(error);
-    }
-
-    bool logged(std::string_view part) const {
-        for (const auto& l : logs)
-            if (l.find(part) != std::string::npos) return true;
-        return false;
-    }
-
-    asio::io_context ctx;
-    std::vector<std::string> logs;
-    std::optional<elastic::tcp_store_server> server;
-};
+using fixture = store_support::server_fixture;
 
 // Sends a request and checks the reply bytes (none when reply_hex is empty).
 asio::awaitable<void> exchange(raw_client& c, std::string_view request_hex,

@@ -2,6 +2,8 @@
 // client speaking bytes, and child processes whose output is read without blocking the loop.
 #pragma once
 
+#include <elastic/store/server.hpp>
+
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -185,5 +187,40 @@ inline asio::awaitable<std::pair<std::string, int>> collect(child c) {
     ::waitpid(c.pid, &status, 0);  // stdout closed: the child is exiting
     co_return std::pair{out, status};
 }
+
+/// A TCP store server on 127.0.0.1:0 in the test's process, its log captured; run() drives a
+/// test coroutine and stops the server when it ends, so the loop runs dry.
+struct server_fixture {
+    explicit server_fixture(elastic::store_server_options options = {}) {
+        options.host = "127.0.0.1";
+        options.log = [this](std::string_view line) { logs.emplace_back(line); };
+        server.emplace(ctx.get_executor(), std::move(options));
+        server->start();
+    }
+    server_fixture(const server_fixture&) = delete;
+    server_fixture& operator=(const server_fixture&) = delete;
+
+    std::uint16_t port() const { return server->port(); }
+
+    void run(asio::awaitable<void> body) {
+        std::exception_ptr error;
+        asio::co_spawn(ctx, std::move(body), [&](std::exception_ptr e) {
+            error = e;
+            server->stop();
+        });
+        ctx.run();
+        if (error) std::rethrow_exception(error);
+    }
+
+    bool logged(std::string_view part) const {
+        for (const auto& l : logs)
+            if (l.find(part) != std::string::npos) return true;
+        return false;
+    }
+
+    asio::io_context ctx;
+    std::vector<std::string> logs;
+    std::optional<elastic::tcp_store_server> server;
+};
 
 }  // namespace store_support
