@@ -189,7 +189,9 @@ public:
         store_client_options options;
         options.host = connect_host;
         options.port = server_ ? server_->port() : port;
-        options.dialect = client_dialect::current;
+        // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
+        // guard can name it instead of failing on the handshake.
+        options.dialect = client_dialect::detect;
         options.timeout = config_.rdzv_conf.read_timeout;
         options.connect_timeout = join_timeout;
         client_ = std::make_unique<tcp_store_client>(executor_, options);
