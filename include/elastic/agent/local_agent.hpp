@@ -71,25 +71,6 @@ public:
 
 namespace detail::agent {
 
-inline bool is_loopback_host(std::string_view host) {
-    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
-    std::error_code ec;
-    const auto address = asio::ip::make_address(std::string(host), ec);
-    return !ec && address.is_loopback();
-}
-
-inline bool is_ip_literal(std::string_view host) {
-    std::error_code ec;
-    (void)asio::ip::make_address(std::string(host), ec);
-    return !ec;
-}
-
-inline std::string this_host_name() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return {};
-    return name;
-}
-
 /// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
 struct store_plan {
     std::string bind_host;
@@ -117,14 +98,14 @@ inline store_plan plan_store(const launch_config& c) {
     } else {
         plan.port = endpoint.port.value_or(0);
     }
-    if (is_loopback_host(endpoint.host)) {
+    if (rdzv::is_loopback(endpoint.host)) {
         // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
         // advertise the literal.
-        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
         plan.master_addr = plan.bind_host;
     } else {
         // A name or address of this host: listen on every interface, as TCPStore does.
-        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
+        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
         plan.master_addr = endpoint.host;
     }
     if (c.local_addr) plan.master_addr = *c.local_addr;
@@ -360,7 +341,7 @@ private:
                 co_return interrupted;
             }
         }
-        events_.rendezvous_done(restarts, assign_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
+        events_.rendezvous_done(restarts, node_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Several nodes: group rank 0's store serves every node's workers until the round ends
         // (all nodes done, or an abort), not only while this node's own workers run.
