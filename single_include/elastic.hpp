@@ -1499,7 +1499,8 @@ int record(Entry&& entry, Args&&... args) {
 
 // ---- begin elastic/store/client.hpp ----
 // tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
-// `store` concept as coroutines; connect with backoff, a deadline on every operation.
+// `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
+// kept alive by heartbeats, and a lost connection reported as an event.
 
 // ---- begin elastic/store/concepts.hpp ----
 // The store concepts: what every store model provides (store) and the batch operations some add
@@ -1593,6 +1594,84 @@ concept multi_key_store =
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/concepts.hpp ----
+// ---- begin elastic/store/lease.hpp ----
+// Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
+// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+// A lease is a key bound to the connection that set it: when that connection closes, or stays
+// silent longer than the server's heartbeat deadline, the server deletes the key and records the
+// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
+//
+//   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
+//   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
+//   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
+//
+// An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
+// Names starting with "__" are the server's; clients may read them but never write them.
+namespace elastic::inline v0 {
+
+/// The segment that marks a lease key: at the start of a wire key or right after a '/'.
+inline constexpr std::string_view lease_marker = "__lease__/";
+
+namespace detail {
+
+inline std::string lease_space(std::string_view group) {
+    std::string out(group);
+    if (!out.empty() && out.back() != '/') out.push_back('/');
+    out.append(lease_marker);
+    return out;
+}
+
+}  // namespace detail
+
+/// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
+/// not be empty nor start with "__" (hold_lease and the server refuse such names).
+inline std::string lease_key(std::string_view group, std::string_view name) {
+    return detail::lease_space(group).append(name);
+}
+
+/// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
+/// of the group is bound, +1 per lost lease).
+inline std::string lease_epoch_key(std::string_view group) {
+    return detail::lease_space(group).append("__epoch");
+}
+
+/// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
+/// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
+inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
+    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
+}
+
+/// A wire key split at its lease marker.
+struct lease_key_parts {
+    std::string_view space;  ///< everything up to and including "__lease__/"
+    std::string_view name;   ///< what follows (may be empty: a malformed lease key)
+    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
+    [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
+};
+
+/// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
+/// when `key` is an ordinary key.
+inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
+    for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
+         pos = key.find(lease_marker, pos + 1)) {
+        if (pos == 0 || key[pos - 1] == '/') {
+            const auto end = pos + lease_marker.size();
+            return lease_key_parts{key.substr(0, end), key.substr(end)};
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/lease.hpp ----
 // ---- begin elastic/store/wire.hpp ----
 // The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
 // detection and an incremental request parser shared by the server and the client.
@@ -2026,10 +2105,13 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 // ---- end elastic/store/wire.hpp ----
 
 #include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
+#include <asio/detached.hpp>
 #include <asio/error.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -2037,6 +2119,7 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -2095,6 +2178,21 @@ struct store_client_options {
     std::chrono::milliseconds max_backoff{std::chrono::seconds(1)};
     /// Called after each failed connection attempt that will be retried (logging, tests).
     std::function<void(const store_connect_attempt&)> on_retry;
+    /// Leases (hold_lease, docs/store-client.md "Leases"): while the client holds one it sends a
+    /// heartbeat every `lease_heartbeat_interval` when the connection is idle (PING in the
+    /// current dialect, an empty CHECK in the legacy one). A heartbeat unanswered for
+    /// `lease_missed_heartbeats` intervals, or a closed connection, ends the connection and its
+    /// leases: connection_lost() reports it. Use the server's values
+    /// (store_server_options::lease_heartbeat_interval, lease_missed_heartbeats).
+    std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
+    unsigned lease_missed_heartbeats = 5;
+};
+
+/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
+/// and with it the leases (the server records them lost).
+struct store_connection_loss {
+    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
+    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
 };
 
 namespace detail {
@@ -2121,16 +2219,28 @@ struct store_client_connection {
 class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
-        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()) {
+        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
+          heartbeat_timer_(executor), loss_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
+        if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
+            throw store_error(fmt::format(
+                "store_client_options: lease_heartbeat_interval {} ms and "
+                "lease_missed_heartbeats {} must both be positive",
+                options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
+        loss_timer_.expires_at(asio::steady_timer::time_point::max());
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
     tcp_store_client& operator=(const tcp_store_client&) = delete;
 
-    ~tcp_store_client() { drop(); }
+    // The heartbeat coroutine may still be suspended: it sees *alive_ false and leaves.
+    ~tcp_store_client() {
+        *alive_ = false;
+        leases_.clear();
+        drop();
+    }
 
     /// Connects now (otherwise the first operation does). Throws store_error naming the address
     /// when no attempt succeeds within `connect_timeout`.
@@ -2139,8 +2249,9 @@ public:
         co_await ensure_connected();
     }
 
-    /// Closes the connection; the next operation reconnects.
-    void close() noexcept { drop(); }
+    /// Closes the connection; the next operation reconnects. Leases held end with it
+    /// (connection_lost() reports "close() was called").
+    void close() noexcept { drop("close() was called"); }
 
     /// The dialect in use: chosen by options, or known after `detect` has connected.
     [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return dialect_; }
@@ -2167,6 +2278,7 @@ public:
         req_.key = k;
         req_.value = value;
         co_await send(std::string_view("SET"), k);
+        track_lease(std::move(key), k);
     }
 
     /// Waits for `key` (as PyTorch's clients do: a 1.13 server drops a connection that GETs a
@@ -2206,7 +2318,9 @@ public:
         req_.expected = expected;
         req_.value = desired;
         co_await send(std::string_view("COMPARE_SET"), k);
-        co_return co_await read_bytes(std::string_view("COMPARE_SET"), k);
+        auto now = co_await read_bytes(std::string_view("COMPARE_SET"), k);
+        if (now == desired) track_lease(std::move(key), k);
+        co_return now;
     }
 
     /// Waits until every key exists; store_timeout after `timeout()`.
@@ -2242,6 +2356,7 @@ public:
         const auto k = wire_key(key);
         begin(wire::op::delete_key);
         req_.key = k;
+        std::erase(leases_, key);
         co_await send(std::string_view("DELETE_KEY"), k);
         co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
     }
@@ -2313,6 +2428,8 @@ public:
             }
             co_await flush(std::string_view("SET"), keys.front());
         }
+        for (std::size_t i = 0; i < keys.size(); ++i)
+            track_lease(keys[i].substr(options_.key_prefix.size()), keys[i]);
     }
 
     /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
@@ -2337,9 +2454,208 @@ public:
         (void)co_await read_u8(std::string_view("APPEND"), k);
     }
 
+    // ---- leases ----------------------------------------------------------------------------
+
+    /// Sets `key` to `value` as a lease bound to this client's connection, and returns once the
+    /// server has it (a heartbeat's reply follows the SET). `key` is in the client's key space,
+    /// like set's, and must be a lease key: `lease_key(group, name)`, i.e. `<group>/__lease__/
+    /// <name>`, name neither empty nor starting with "__" (store_error otherwise). Our server
+    /// deletes the key and records the loss (`lease_epoch_key`, `lease_lost_key`) when the
+    /// connection closes or stays silent; a PyTorch server stores it as an ordinary key.
+    /// Heartbeats start with the first lease. The lease does not survive the connection: after
+    /// connection_lost(), hold it again (the next operation reconnects).
+    asio::awaitable<void> hold_lease(std::string key, std::string value) {
+        const auto k = wire_key(key);
+        const auto parts = parse_lease_key(k);
+        if (!parts || parts->name.empty() || parts->reserved())
+            throw store_error(fmt::format(
+                "hold_lease('{}'): not a lease key; use lease_key(group, name): "
+                "<group>/{}<name>, with a name neither empty nor starting with '__'",
+                key, lease_marker));
+        auto lock = co_await acquire();
+        co_await ensure_connected();
+        begin(wire::op::set);
+        req_.key = k;
+        req_.value = value;
+        wbuf_.clear();
+        wire::encode_request(*dialect_, req_, wbuf_);
+        encode_heartbeat(wbuf_);
+        co_await flush(std::string_view("SET"), k);
+        co_await read_heartbeat(std::string_view("SET"), k);
+        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
+            leases_.push_back(std::move(key));
+        start_heartbeat();
+    }
+
+    /// Ends the lease at `key` without a loss (DELETE_KEY, as `delete_key` of a lease key
+    /// does); whether the key existed.
+    asio::awaitable<bool> release_lease(std::string key) {
+        co_return co_await delete_key(std::move(key));
+    }
+
+    /// The lease keys this client holds now.
+    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_; }
+
+    /// Completes when the connection that held this client's leases ends: a heartbeat left
+    /// unanswered for lease_missed_heartbeats x lease_heartbeat_interval (a hung, stopped or
+    /// unreachable server), an EOF or reset (a server that died: seen by the next heartbeat,
+    /// within one interval), a failed operation, or close(). A loss that happened before the
+    /// call is reported at once; each loss is reported once. Cancel it as any awaitable.
+    asio::awaitable<store_connection_loss> connection_lost() {
+        const auto alive = alive_;
+        while (!loss_) {
+            co_await loss_timer_.async_wait(tuple_awaitable);
+            if (!*alive) throw std::system_error(asio::error::operation_aborted,
+                                                 "store client destroyed");
+            const auto cs = co_await asio::this_coro::cancellation_state;
+            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
+                throw std::system_error(asio::error::operation_aborted,
+                                        "connection_lost() cancelled");
+        }
+        auto loss = std::move(*loss_);
+        loss_.reset();
+        co_return loss;
+    }
+
 private:
     using clock = std::chrono::steady_clock;
     static constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+    std::chrono::milliseconds heartbeat_deadline() const {
+        return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
+    }
+
+    // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
+    // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
+    void encode_heartbeat(std::string& out) const {
+        if (*dialect_ == wire::dialect::current) {
+            wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
+            wire::put_u32(out, heartbeat_nonce());
+        } else {
+            wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
+            wire::put_u64(out, 0);
+        }
+    }
+
+    std::size_t heartbeat_reply_size() const { return *dialect_ == wire::dialect::current ? 4 : 1; }
+
+    static std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+
+    bool heartbeat_reply_ok(const char* p) const {
+        if (*dialect_ == wire::dialect::current)
+            return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
+        return static_cast<std::uint8_t>(*p) ==
+               static_cast<std::uint8_t>(wire::check_response::ready);
+    }
+
+    asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
+        const auto n = heartbeat_reply_size();
+        if (const auto ec = co_await fill(n)) fail(what, key, ec);
+        if (!heartbeat_reply_ok(rbuf_.data() + rbeg_))
+            throw_protocol(what, key, "a wrong heartbeat reply");
+        rbeg_ += n;
+    }
+
+    // set, multi_set and a winning compare_set of a lease key bind it on our server, as
+    // hold_lease does: keep it alive the same way, so code written against the `store` concept
+    // holds leases correctly through this client.
+    void track_lease(std::string key, std::string_view wire) {
+        const auto parts = parse_lease_key(wire);
+        if (!parts || parts->name.empty() || parts->reserved()) return;
+        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
+            leases_.push_back(std::move(key));
+        start_heartbeat();
+    }
+
+    void start_heartbeat() {
+        if (heartbeat_running_) return;
+        heartbeat_running_ = true;
+        asio::co_spawn(executor_, heartbeat(alive_), asio::detached);
+    }
+
+    // Every interval while leases are held: one heartbeat when the connection is idle. A busy
+    // connection is skipped: the operation on it is traffic the server hears (a long WAIT is
+    // not: docs/store-client.md). `this` is touched only after checking *alive: the client may
+    // be destroyed while this coroutine is suspended.
+    asio::awaitable<void> heartbeat(std::shared_ptr<bool> alive) {
+        for (;;) {
+            heartbeat_timer_.expires_after(options_.lease_heartbeat_interval);
+            co_await heartbeat_timer_.async_wait(tuple_awaitable);
+            if (!*alive) co_return;
+            if (leases_.empty()) {
+                heartbeat_running_ = false;
+                co_return;
+            }
+            if (busy_ || !conn_) continue;
+            busy_ = true;  // acquire() without suspension: the lock is free
+            co_await beat(alive);
+            if (!*alive) co_return;
+            release();
+        }
+    }
+
+    // One heartbeat on the held connection, read into the frame (not rbuf_), so a destroyed
+    // client is never touched after a suspension.
+    asio::awaitable<void> beat(std::shared_ptr<bool> alive) {
+        const auto conn = conn_;
+        if (rbeg_ != rend_) {
+            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(),
+                             rend_ - rbeg_));
+            co_return;
+        }
+        std::string out;
+        encode_heartbeat(out);
+        arm_deadline(clock::now() + heartbeat_deadline());
+        auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
+        (void)n;
+        if (!*alive) co_return;
+        std::array<char, 4> reply{};
+        if (!ec) {
+            const auto [rec, got] = co_await asio::async_read(
+                conn->socket, asio::buffer(reply.data(), heartbeat_reply_size()), tuple_awaitable);
+            (void)got;
+            if (!*alive) co_return;
+            ec = rec;
+        }
+        if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
+        if (!ec && heartbeat_reply_ok(reply.data())) {
+            disarm();
+            co_return;
+        }
+        if (conn->expired)
+            drop(silent_server_message());
+        else if (ec)
+            drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
+                             "or died, or it ended this connection (see its log)",
+                             address(), ec.message()));
+        else
+            drop(fmt::format("the store at {} answered a heartbeat with a wrong reply: not our "
+                             "server, or a desynchronised stream",
+                             address()));
+    }
+
+    std::string silent_server_message() const {
+        return fmt::format("the store at {} did not answer a heartbeat within {} ms ({} missed "
+                           "heartbeats of {} ms): the server is hung, stopped or unreachable "
+                           "(store_client_options::lease_heartbeat_interval, "
+                           "lease_missed_heartbeats)",
+                           address(), heartbeat_deadline().count(),
+                           options_.lease_missed_heartbeats,
+                           options_.lease_heartbeat_interval.count());
+    }
+
+    // The held connection ended: the leases are gone with it. Reported once, to whoever awaits
+    // (or next awaits) connection_lost().
+    void lose_leases(std::string reason) noexcept {
+        if (leases_.empty()) return;
+        try {
+            loss_ = store_connection_loss{std::move(reason), std::move(leases_)};
+        } catch (...) {
+            loss_.reset();
+        }
+        leases_.clear();
+        loss_timer_.cancel();
+    }
 
     // ---- one request at a time ---------------------------------------------------------------
     // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
@@ -2406,8 +2722,15 @@ private:
         return keys.empty() ? std::string_view{} : std::string_view(keys.front());
     }
 
-    void drop() noexcept {
+    void drop(std::string_view reason = "the connection was closed") noexcept {
         if (!conn_) return;
+        if (!leases_.empty()) {
+            try {
+                lose_leases(std::string(reason));
+            } catch (...) {
+                leases_.clear();
+            }
+        }
         std::error_code ignored;
         conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         conn_->socket.close(ignored);
@@ -2583,22 +2906,28 @@ private:
     // ---- I/O ---------------------------------------------------------------------------------
     [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
         const bool timed_out = conn_ && conn_->expired;
-        drop();
         const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
-        if (timed_out)
-            throw store_timeout(fmt::format(
+        if (timed_out) {
+            auto message = fmt::format(
                 "the store at {} did not answer {} within {} ms; the server is stuck or "
                 "overloaded (store_client_options::timeout)",
-                address(), about, options_.timeout.count()));
+                address(), about, options_.timeout.count());
+            drop(message);
+            throw store_timeout(message);
+        }
+        std::string message;
         if (ec == asio::error::eof || ec == asio::error::connection_reset ||
             ec == asio::error::broken_pipe)
-            throw store_error(fmt::format(
+            message = fmt::format(
                 "the store at {} closed the connection during {} ({}): the server stopped, or "
-                "rejected the request (ADD on a non-numeric value, or an operation a PyTorch "
-                "1.13 server lacks: APPEND, MULTI_*)",
-                address(), about, ec.message()));
-        throw store_error(fmt::format("the store at {}: {} failed: {}", address(), about,
-                                      ec.message()));
+                "rejected the request (ADD on a non-numeric value, a write to a lease key it "
+                "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
+                address(), about, ec.message());
+        else
+            message = fmt::format("the store at {}: {} failed: {}", address(), about,
+                                  ec.message());
+        drop(message);
+        throw store_error(message);
     }
 
     asio::awaitable<void> send(std::string_view what, std::string_view key) {
@@ -2669,15 +2998,23 @@ private:
 
     [[noreturn]] void throw_protocol(std::string_view what, std::string_view key,
                                      std::string_view got) {
-        drop();
-        throw store_error(fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
-                                      "server of the expected dialect, or a desynchronised stream",
-                                      address(), what, key, got));
+        auto message = fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
+                                   "server of the expected dialect, or a desynchronised stream",
+                                   address(), what, key, got);
+        drop(message);
+        throw store_error(message);
     }
 
     // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
     // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: wire §1.4); the legacy dialect
     // drops the connection, which is the only way to clear a wait on a 1.13 server.
+    //
+    // While the client holds leases, a long WAIT must not silence the connection: every
+    // heartbeat interval it also sends an empty CHECK. Its reply (READY, 0x00) is the same byte
+    // as STOP_WAITING, and the server answers in order, so the wait is over when the zeros read
+    // number the CHECKs sent plus one. CHECK number i (from 1) is surely unanswered while fewer
+    // than i zeros have come; one that stays so past the heartbeat deadline means a silent
+    // server, as for an idle heartbeat.
     asio::awaitable<void> wait_locked(std::vector<std::string> keys,
                                       std::chrono::milliseconds timeout, std::string_view what) {
         co_await ensure_connected();
@@ -2686,34 +3023,74 @@ private:
         for (const auto& k : keys) req_.keys.emplace_back(k);
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        arm_deadline(clock::now() + timeout);
-        co_await flush(std::string_view("WAIT"), first_of(keys));
-        const auto ec = co_await fill(1);
+        const auto wait_deadline = clock::now() + timeout;
+        const auto interval = options_.lease_heartbeat_interval;
+        std::vector<clock::time_point> checks_sent;  // send times of the CHECKs
+        std::size_t zeros = 0;                       // STOP_WAITING and READY bytes read
+        auto next_beat = clock::now() + interval;
         const auto stop = static_cast<std::uint8_t>(wire::wait_response::stop_waiting);
-        if (!ec) {
-            disarm();
-            const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
-            if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
-            co_return;
+        const auto next_deadline = [&] {
+            auto d = wait_deadline;
+            if (!leases_.empty()) d = std::min(d, next_beat);
+            if (checks_sent.size() > zeros)
+                d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
+            return d;
+        };
+        arm_deadline(next_deadline());
+        co_await flush(std::string_view("WAIT"), first_of(keys));
+        for (;;) {
+            const auto ec = co_await fill(1);
+            if (!ec) {
+                const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
+                if (byte != stop)
+                    throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+                if (++zeros == checks_sent.size() + 1) {
+                    disarm();
+                    co_return;
+                }
+                continue;
+            }
+            if (!conn_->expired) fail("WAIT", first_of(keys), ec);
+            const auto now = clock::now();
+            if (now >= wait_deadline) break;
+            if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
+                auto message = silent_server_message();
+                drop(message);
+                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys),
+                                              message));
+            }
+            if (!leases_.empty() && now >= next_beat) {
+                wbuf_.clear();
+                wire::put_u8(wbuf_, *wire::to_byte(*dialect_, wire::op::check));
+                wire::put_u64(wbuf_, 0);
+                checks_sent.push_back(now);
+                next_beat = now + interval;
+                arm_deadline(next_deadline());
+                co_await flush(std::string_view("CHECK (heartbeat)"), first_of(keys));
+                continue;
+            }
+            arm_deadline(next_deadline());
         }
-        if (!conn_->expired) fail("WAIT", first_of(keys), ec);
         const auto message = fmt::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
             "{} has not; store_client_options::timeout or the wait's timeout)",
             what, address(), describe_keys(keys), timeout.count(),
             keys.size() == 1 ? "it" : "them");
         if (*dialect_ == wire::dialect::legacy) {
-            drop();
+            drop(message);
             throw store_timeout(message);
         }
         // The deadline cancelled only our read: the WAIT is still registered on the server.
+        // Before WAIT_CANCELED come the replies still owed: the CHECKs' and maybe a
+        // STOP_WAITING that raced the cancel.
         req_.operation = wire::op::cancel_wait;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
         arm();
         co_await flush(std::string_view("CANCEL_WAIT"), first_of(keys));
         auto byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
-        if (byte == stop) {
+        while (byte == stop && zeros < checks_sent.size() + 1) {
+            ++zeros;
             arm();
             byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
         }
@@ -2746,6 +3123,13 @@ private:
     std::size_t rend_ = 0;
     bool busy_ = false;
     std::list<lock_waiter*> queue_;
+    // Leases: the keys held on conn_, the heartbeat, the latched loss for connection_lost().
+    std::vector<std::string> leases_;
+    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    asio::steady_timer heartbeat_timer_;
+    bool heartbeat_running_ = false;
+    asio::steady_timer loss_timer_;
+    std::optional<store_connection_loss> loss_;
 };
 
 static_assert(store<tcp_store_client>);
@@ -3164,7 +3548,7 @@ inline void set_timeout(std::chrono::milliseconds t) {
 // Layers (each of these includes the public headers of its folder).
 // ---- begin elastic/store.hpp ----
 // The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
-// server and the TCP client (PyTorch's TCPStore protocol, both dialects).
+// server and the TCP client (PyTorch's TCPStore protocol, both dialects), and leases.
 
 // ---- begin elastic/store/engine.hpp ----
 // The store's semantics in one place: the key table, waiters woken by push, and watchers. The
@@ -3719,7 +4103,8 @@ private:
 // ---- end elastic/store/prefix_store.hpp ----
 // ---- begin elastic/store/server.hpp ----
 // tcp_store_server: PyTorch's TCPStore server protocol, both dialects per connection, one
-// coroutine per connection on one io_context, waits answered by push.
+// coroutine per connection on one io_context, waits answered by push, leases bound to
+// connections.
 
 
 #include <asio/experimental/as_tuple.hpp>
@@ -3736,6 +4121,7 @@ private:
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -3747,9 +4133,11 @@ private:
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -3775,6 +4163,13 @@ struct store_server_options {
     store_log log;
     /// Called after each request has run (tracing, metrics, tests); may be empty.
     std::function<void(wire::op)> on_request;
+    /// Leases (docs/store.md, "Leases"): a connection that holds one must be heard from (any
+    /// request: PING, an empty CHECK, ...) at least once per `lease_heartbeat_interval`; after
+    /// `lease_missed_heartbeats` intervals of silence the server closes it and records its
+    /// leases as lost. One timer per leasing connection, re-armed lazily (no per-request cost
+    /// beyond reading the clock).
+    std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
+    unsigned lease_missed_heartbeats = 5;
 };
 
 namespace detail {
@@ -3794,12 +4189,44 @@ struct store_server_core {
             fmt::print(stderr, "elastic-store: {}\n", line);
     }
 
+    // How long a leasing connection may stay silent.
+    std::chrono::steady_clock::duration lease_timeout() const {
+        return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
+    }
+
+    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
+    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
+    void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return;
+        engine.erase(key);
+        const std::string space(parts->space);
+        std::int64_t epoch = 0;
+        try {
+            epoch = engine.add(space + "__epoch", 1);
+        } catch (const store_error& e) {
+            // Only an in-process writer (memory_store over engine()) can have spoiled it.
+            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
+                            store_engine::printable(key), holder, why, e.what()));
+            return;
+        }
+        ++leases_lost;
+        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
+                        store_engine::printable(key), holder, why,
+                        store_engine::printable(space), epoch));
+    }
+
     asio::any_io_executor executor;
     asio::ip::tcp::acceptor acceptor;
     asio::steady_timer resume_accept;  // cancelled when a connection closes (after EMFILE)
     store_server_options options;
     store_engine engine;
     std::unordered_set<store_connection*> connections;
+    // Which connection holds each lease key (wire key -> holder).
+    std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>>
+        lease_holders;
+    std::uint64_t leases_lost = 0;
     bool stopped = false;
 };
 
@@ -3818,7 +4245,7 @@ class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
         : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
-          peer_(format_peer(socket_)), watcher_(*this) {
+          lease_timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this) {
         wake_.expires_at(asio::steady_timer::time_point::max());
     }
 
@@ -3837,9 +4264,18 @@ public:
         socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         socket_.close(ignored);
         wake_.cancel();
+        lease_timer_.cancel();
     }
 
+    // Another connection took over `key` (the holder reconnected before this one was closed):
+    // it is no longer this connection's to lose.
+    void forget_lease(std::string_view key) noexcept { std::erase(leases_, key); }
+
+    const std::string& peer() const noexcept { return peer_; }
+
 private:
+    using clock = std::chrono::steady_clock;
+
     // A pending WAIT of this connection.
     struct pending_wait final : store_waiter {
         explicit pending_wait(store_connection& c) : conn(c) {}
@@ -3901,6 +4337,7 @@ private:
                 asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
+            if (!leases_.empty()) last_heard_ = clock::now();  // the only per-read lease cost
         }
     }
 
@@ -3963,7 +4400,97 @@ private:
     bool fail(std::string_view reason) {
         core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
                                dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
         return false;
+    }
+
+    // ---- leases ------------------------------------------------------------------------------
+
+    // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
+    // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
+    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
+    static std::string lease_refusal(wire::op o, std::string_view key, bool binds) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return {};
+        if (parts->reserved())
+            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
+                               "(names after '{}' starting with '__' are read-only; "
+                               "docs/store.md, Leases)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (parts->name.empty())
+            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                               "is <group>/{}<name>, name not empty)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (!binds)
+            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                               wire::name(o), store_engine::printable(key));
+        return {};
+    }
+
+    // The key now belongs to this connection (the write has been done).
+    void bind_lease(std::string_view key) {
+        auto& holders = core_->lease_holders;
+        auto it = holders.find(key);
+        if (it == holders.end()) {
+            it = holders.emplace(std::string(key), this).first;
+        } else if (it->second == this) {
+            return;
+        } else {
+            core_->log(fmt::format("lease '{}' moves from {} to {}", store_engine::printable(key),
+                                   it->second->peer(), peer_));
+            it->second->forget_lease(key);
+            it->second = this;
+        }
+        leases_.emplace_back(key);
+        const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
+        if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
+        last_heard_ = clock::now();
+        if (!lease_timer_armed_) arm_lease_timer(last_heard_ + core_->lease_timeout());
+    }
+
+    // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
+    // behalf, released it).
+    void release_lease(std::string_view key) {
+        auto& holders = core_->lease_holders;
+        const auto it = holders.find(key);
+        if (it == holders.end()) return;
+        it->second->forget_lease(key);
+        holders.erase(it);
+    }
+
+    // One timer per leasing connection. It is not moved by each request (that would cost a
+    // cancel per request); it fires at the deadline computed from the last read, and then
+    // either re-arms for the remaining time or ends the connection.
+    void arm_lease_timer(clock::time_point at) {
+        lease_timer_armed_ = true;
+        lease_timer_.expires_at(at);
+        lease_timer_.async_wait(
+            [weak = weak_from_this()](const std::error_code& ec) {
+                const auto self = weak.lock();
+                if (!self) return;
+                self->lease_timer_armed_ = false;
+                if (!ec) self->lease_timer_fired();
+            });
+    }
+
+    void lease_timer_fired() {
+        if (leases_.empty() || !socket_.is_open()) return;
+        const auto now = clock::now();
+        const auto deadline = last_heard_ + core_->lease_timeout();
+        if (now < deadline) {
+            arm_lease_timer(deadline);
+            return;
+        }
+        const auto silent =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_);
+        close_reason_ = fmt::format(
+            "silent for {} ms ({} missed heartbeats of {} ms; "
+            "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+            silent.count(), core_->options.lease_missed_heartbeats,
+            core_->options.lease_heartbeat_interval.count());
+        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+        close();
     }
 
     bool execute() {
@@ -3980,11 +4507,22 @@ private:
                 wire::put_u32(out_, r.nonce);
                 return true;
             case op::set:
+                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                    return fail(why);
                 engine.set(r.key, r.value);
+                if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
-            case op::compare_set:
+            case op::compare_set: {
+                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                    return fail(why);
+                // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
+                // bound only by the CAS that wins.
+                const auto* before = engine.find(r.key);
+                const bool writes = before ? *before == r.expected : r.expected.empty();
                 wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
+                if (writes && parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
+            }
             case op::get: {
                 // Missing: an empty value, like the libuv server (clients WAIT first anyway).
                 const auto* v = engine.find(r.key);
@@ -3992,6 +4530,8 @@ private:
                 return true;
             }
             case op::add:
+                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                    return fail(why);
                 try {
                     wire::put_i64(out_, engine.add(r.key, r.number));
                 } catch (const store_error& e) {
@@ -4027,9 +4567,16 @@ private:
                                        wire::watch_response::key_callback_registered));
                 return true;
             case op::delete_key:
+                if (const auto parts = parse_lease_key(r.key)) {
+                    if (parts->reserved() || parts->name.empty())
+                        return fail(lease_refusal(r.operation, r.key, true));
+                    release_lease(r.key);
+                }
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
                 return true;
             case op::append:
+                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                    return fail(why);
                 engine.append(r.key, r.value);
                 return true;
             case op::multi_get:
@@ -4039,7 +4586,14 @@ private:
                 }
                 return true;
             case op::multi_set:
-                for (std::size_t i = 0; i < r.keys.size(); ++i) engine.set(r.keys[i], r.values[i]);
+                // All or nothing: a refused lease key refuses the whole request.
+                for (const auto k : r.keys)
+                    if (auto why = lease_refusal(r.operation, k, true); !why.empty())
+                        return fail(why);
+                for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                    engine.set(r.keys[i], r.values[i]);
+                    if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
+                }
                 return true;
             case op::cancel_wait:
                 // Any STOP_WAITING already queued stays in front of this reply: a client that
@@ -4067,19 +4621,40 @@ private:
         waits_.clear();
     }
 
-    // The coroutine has ended: forget every registration and leave the server's set.
+    // The coroutine has ended: forget every registration, lose the leases (unless the whole
+    // server is stopping) and leave the server's set.
     void finish() noexcept {
         cancel_waits();
         if (watching_) core_->engine.unwatch(watcher_);
         watching_ = false;
         close();
+        lose_leases();
         core_->connections.erase(this);
         core_->resume_accept.cancel();
+    }
+
+    void lose_leases() noexcept {
+        auto leases = std::move(leases_);
+        leases_.clear();
+        if (leases.empty()) return;
+        const std::string why = !close_reason_.empty() ? close_reason_
+                                : core_->stopped       ? std::string("the server stopped")
+                                                       : std::string("the connection closed");
+        for (const auto& key : leases) {
+            core_->lease_holders.erase(key);
+            if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
+            try {
+                core_->record_lease_loss(key, peer_, why);
+            } catch (...) {
+                // Out of memory while writing the loss: the key is gone either way.
+            }
+        }
     }
 
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
     asio::steady_timer wake_;
+    asio::steady_timer lease_timer_;
     std::string peer_;
     std::optional<wire::dialect> dialect_;
     wire::request req_;
@@ -4093,6 +4668,10 @@ private:
     std::list<pending_wait> waits_;
     key_watcher watcher_;
     bool watching_ = false;
+    std::vector<std::string> leases_;  // lease keys this connection holds
+    clock::time_point last_heard_{};   // last read, kept only while leases_ is not empty
+    bool lease_timer_armed_ = false;
+    std::string close_reason_;  // why the server ended the connection, for the lease log
 };
 
 }  // namespace detail
@@ -4109,6 +4688,11 @@ public:
         : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
+        if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
+            throw store_error(fmt::format(
+                "store_server_options: lease_heartbeat_interval {} ms and "
+                "lease_missed_heartbeats {} must both be positive",
+                o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -4159,6 +4743,10 @@ public:
 
     /// The number of open connections.
     std::size_t connections() const noexcept { return core_->connections.size(); }
+
+    /// The number of leases held now, and lost since the start (docs/store.md, "Leases").
+    std::size_t leases() const noexcept { return core_->lease_holders.size(); }
+    std::uint64_t leases_lost() const noexcept { return core_->leases_lost; }
 
 private:
     static void stop(detail::store_server_core& core) noexcept {
@@ -5528,6 +6116,70 @@ private:
 // ---- begin elastic/process/spawn.hpp ----
 // spawn: start a worker program in its own process group, tied to the agent's life.
 
+// ---- begin elastic/detail/path_search.hpp ----
+// The one PATH search of the library (execvp's rules), shared by the process layer's spawn and
+// the launcher's program validation; each wraps the result in its own error.
+
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0::detail {
+
+/// What stat(2)/access(2) say of a path the launcher wants to run or read.
+enum class file_check { ok, missing, directory, not_executable, not_readable };
+
+[[nodiscard]] inline file_check check_file(const std::string& path, int access_mode) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        return file_check::missing;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        return file_check::directory;
+    }
+    if (::access(path.c_str(), access_mode) != 0) {
+        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
+    }
+    return file_check::ok;
+}
+
+/// execvp's search path when PATH is unset (glibc >= 2.24: the current directory is no longer in it).
+inline constexpr std::string_view default_search_path = "/bin:/usr/bin";
+
+/// The outcome of a search: `found` is the path to execute (empty: none); `first_not_executable`
+/// the first match that exists but may not be executed (for a better message than "not found").
+struct path_search_result {
+    std::string found;
+    std::string first_not_executable;
+};
+
+/// Searches each directory of `search_path` in order, as execvp(3) does; an empty entry is the
+/// current directory (returned as `./name`). `name` must not contain a slash.
+[[nodiscard]] inline path_search_result search_path(std::string_view name, std::string_view search_path) {
+    path_search_result result;
+    for (;;) {
+        const auto colon = search_path.find(':');
+        const auto dir = search_path.substr(0, colon);
+        std::string candidate = dir.empty() ? "./" : std::string(dir) + "/";
+        candidate += name;
+        const auto check = check_file(candidate, X_OK);
+        if (check == file_check::ok) {
+            result.found = std::move(candidate);
+            return result;
+        }
+        if (check == file_check::not_executable && result.first_not_executable.empty()) {
+            result.first_not_executable = std::move(candidate);
+        }
+        if (colon == std::string_view::npos) return result;
+        search_path.remove_prefix(colon + 1);
+    }
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/path_search.hpp ----
 
 #include <asio/any_io_executor.hpp>
 #include <asio/posix/stream_descriptor.hpp>
@@ -5697,24 +6349,11 @@ struct child_plan {
 inline std::string find_executable(const std::string& program,
                                    const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
-    std::string path_var = "/usr/local/bin:/usr/bin:/bin";  // glibc's default, as execvp
+    std::string path_var(default_search_path);  // execvp's, when the environment has no PATH
     for (const auto& entry : env) {
         if (entry.rfind("PATH=", 0) == 0) path_var = entry.substr(5);
     }
-    std::string_view rest = path_var;
-    for (;;) {
-        const auto colon = rest.find(':');
-        std::string dir(rest.substr(0, colon));
-        if (dir.empty()) dir = ".";
-        const std::string candidate = dir + "/" + program;
-        struct stat st {};
-        if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-            ::access(candidate.c_str(), X_OK) == 0) {
-            return candidate;
-        }
-        if (colon == std::string_view::npos) break;
-        rest.remove_prefix(colon + 1);
-    }
+    if (auto result = search_path(program, path_var); !result.found.empty()) return std::move(result.found);
     throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" +
                           path_var + " (give a path, or set PATH in the worker's environment)",
                       ENOENT);
@@ -5948,7 +6587,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 // ---- end elastic/process.hpp ----
 // ---- begin elastic/report.hpp ----
 // The report layer: worker failures, error files, the root cause, the failure summary in
-// torchrun's layout, the agent's own error file, elasticrun's exit code and the event log.
+// torchrun's layout, the agent's own error file, elasticrun's exit codes and the event log
+// with its destinations.
 
 // ---- begin elastic/report/agent_error_file.hpp ----
 // The agent's own error file: the root cause written into $TORCHELASTIC_ERROR_FILE with errorCode,
@@ -7082,6 +7722,30 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     return doc;
 }
 
+/// The agent's error file when the agent itself failed and no worker's failure explains it (a
+/// rendezvous error, an internal error): @record's nested format, as torch's @record on
+/// torchrun's main writes it for an exception (`message` = "<type>: <what>", `py_callstack`,
+/// `timestamp` in whole seconds), plus `errorCode` = elasticrun's exit code (torch's @record
+/// sets none here; an outer launcher reads it as this process's code).
+inline nlohmann::ordered_json agent_exception_document(
+    std::string_view type, std::string_view what, int exit_code,
+    std::chrono::system_clock::time_point when = std::chrono::system_clock::now()) {
+    using json = nlohmann::ordered_json;
+    const auto seconds =
+        std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+    const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
+    json extra = json::object();
+    extra["py_callstack"] = message;
+    extra["timestamp"] = std::to_string(seconds);
+    json inner = json::object();
+    inner["message"] = message;
+    inner["extraInfo"] = std::move(extra);
+    inner["errorCode"] = exit_code;
+    json doc = json::object();
+    doc["message"] = std::move(inner);
+    return doc;
+}
+
 /// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
 /// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
 /// new one, never a part. Throws report_error naming the path and the reason.
@@ -7362,6 +8026,183 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/report/event.hpp ----
+// ---- begin elastic/report/event_destination.hpp ----
+// event_destination: the value of --event-log-handler (null, console, or file:PATH), parsed
+// and printed; kept apart from the event sink so the launch configuration stays light.
+
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0 {
+
+/// The value of --event-log-handler. torch's handler names `null` (the default: events are
+/// dropped) and `console` (torch's logging.StreamHandler: each event's JSON on stderr, one line),
+/// plus elastic's `file:PATH`: appended to PATH as JSON lines (created 0644 when absent; a
+/// relative PATH is the agent's working directory's).
+struct event_destination {
+    enum class kind { null, console, file };
+    kind what = kind::null;
+    std::string path;  ///< for kind::file
+
+    /// Reads `null`, `console` or `file:PATH` (PATH not empty); nullopt for anything else.
+    /// Surrounding blanks are ignored, as everywhere on torchrun's command line.
+    [[nodiscard]] static std::optional<event_destination> parse(std::string_view text) {
+        while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+        while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+        if (text == "null") return event_destination{};
+        if (text == "console") return event_destination{kind::console, {}};
+        constexpr std::string_view file_prefix = "file:";
+        if (text.substr(0, file_prefix.size()) == file_prefix && text.size() > file_prefix.size()) {
+            return event_destination{kind::file, std::string(text.substr(file_prefix.size()))};
+        }
+        return std::nullopt;
+    }
+
+    /// What --event-log-handler accepts, for messages and --help.
+    static constexpr std::string_view accepted = "null, console or file:PATH";
+
+    /// The option's text: `null`, `console`, `file:PATH`.
+    [[nodiscard]] std::string to_string() const {
+        switch (what) {
+        case kind::console:
+            return "console";
+        case kind::file:
+            return "file:" + path;
+        case kind::null:
+            break;
+        }
+        return "null";
+    }
+
+    friend bool operator==(const event_destination&, const event_destination&) = default;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/event_destination.hpp ----
+// ---- begin elastic/report/event_sink.hpp ----
+// Where the agent's events go (--event-log-handler: null, console, or file:PATH) and
+// event_sink, which stamps each event with the agent's clocks and writes it as one JSON line.
+
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// Records events where an event_destination says. Each recorded event is stamped with three
+/// clocks, all for the same instant (the moment the event happened as the agent knows it; for
+/// a worker's exit, when the agent observed it):
+/// - `timestamp` (torch's field): wall clock, milliseconds since the epoch;
+/// - metadata `monotonic_ns`: the raw steady clock (CLOCK_MONOTONIC on Linux, comparable with
+///   what other processes on the host read from it), nanoseconds;
+/// - metadata `since_start_ns`: nanoseconds since the sink was made (the agent's start).
+/// The wall clock may step (NTP); the monotonic stamps order a log.
+///
+/// Recording never throws and never blocks on anything but the write itself: an event log must
+/// not take the agent down. A line is written with one write(2) (O_APPEND for a file), so lines
+/// of several agents sharing a file never mix.
+class event_sink {
+public:
+    /// The null sink: records nothing.
+    event_sink() = default;
+
+    /// A sink for `destination`. A file is opened (created, appended) now: throws report_error
+    /// naming the path and the reason when it cannot be. `console_fd` is where `console` writes
+    /// (stderr, as torch's StreamHandler).
+    explicit event_sink(event_destination destination, int console_fd = 2)
+        : destination_(std::move(destination)) {
+        switch (destination_.what) {
+        case event_destination::kind::console:
+            log_.emplace(event_log::to_descriptor(console_fd));
+            break;
+        case event_destination::kind::file:
+            log_.emplace(event_log(destination_.path));
+            break;
+        case event_destination::kind::null:
+            break;
+        }
+    }
+
+    /// False for the null sink: callers may skip building events.
+    [[nodiscard]] bool enabled() const noexcept { return log_.has_value(); }
+    [[nodiscard]] const event_destination& destination() const noexcept { return destination_; }
+    /// The steady instant `since_start_ns` counts from.
+    [[nodiscard]] std::chrono::steady_clock::time_point origin() const noexcept { return origin_; }
+
+    /// Stamps `e` with the instant (`steady`, `wall`) and writes it. Returns false when nothing
+    /// was written (null sink, or a failed write that loses this event only).
+    bool record(event e, std::chrono::steady_clock::time_point steady,
+                std::chrono::system_clock::time_point wall) noexcept {
+        if (!log_) return false;
+        try {
+            using namespace std::chrono;
+            e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
+            e.metadata["monotonic_ns"] =
+                static_cast<std::int64_t>(duration_cast<nanoseconds>(steady.time_since_epoch()).count());
+            e.metadata["since_start_ns"] =
+                static_cast<std::int64_t>(duration_cast<nanoseconds>(steady - origin_).count());
+            return log_->record(e);
+        } catch (...) {
+            return false;
+        }
+    }
+
+    /// Stamps `e` with now and writes it.
+    bool record(event e) noexcept {
+        return record(std::move(e), std::chrono::steady_clock::now(), std::chrono::system_clock::now());
+    }
+
+private:
+    event_destination destination_;
+    std::optional<event_log> log_;
+    std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/event_sink.hpp ----
+// ---- begin elastic/report/exit_codes.hpp ----
+// elasticrun's exit codes (docs/exit-codes.md): the root cause's code on a worker failure, and
+// fixed codes for a usage error, a rendezvous error and the agent's own failure.
+
+
+namespace elastic::inline v0::exit_codes {
+
+// Schedulers act on these (Kubernetes' podFailurePolicy onExitCodes, Slurm's job state), so they
+// must be told apart from what a worker passes through: a worker's own code 1..255 and 128 + N
+// for signal N (129..192, N <= SIGRTMAX = 64). The agent's codes stay clear of every convention
+// a worker or a wrapper commonly produces: 1 (any error, Python's uncaught exception), 2
+// (argparse, torchrun), 64..78 (sysexits.h, e.g. a worker's "requeue me" 75), 124..127
+// (timeout(1), docker, the shell's "cannot execute" / "not found"), 129..192 (signals),
+// 200..243 (systemd decodes these as its own set-up failures: `status=243/CREDENTIALS`), and 255
+// (exit(-1)). A worker that exits 250 or 251 itself still collides: the agent's error file
+// ($TORCHELASTIC_ERROR_FILE) and the failure summary say which it was.
+
+/// Every worker succeeded.
+inline constexpr int success = 0;
+/// The command line or the launch_config is invalid, or asks for something not implemented;
+/// nothing was started (argparse's and torchrun's 2).
+inline constexpr int usage = 2;
+/// A worker failed and was not restarted, but the root cause reads as success (it exited 0
+/// though judged failed): never report a failure as 0.
+inline constexpr int failure_without_code = 1;
+/// The rendezvous failed (elastic::rendezvous_error): the nodes could not agree on a round
+/// (a timeout, an unreachable or vanished store, a run owned by another launcher). Often worth
+/// retrying the whole job: nothing is wrong with the program.
+inline constexpr int rendezvous = 250;
+/// The agent itself failed (elastic::agent_error, or any unexpected exception): a directory it
+/// cannot create, a store it cannot host, a worker it cannot start after validation.
+inline constexpr int internal = 251;
+/// The agent received signal N (and forwarded it to the workers): 128 + N, the shell's code.
+[[nodiscard]] constexpr int signal(int number) noexcept { return 128 + number; }
+
+}  // namespace elastic::inline v0::exit_codes
+// ---- end elastic/report/exit_codes.hpp ----
 // ---- begin elastic/report/summary.hpp ----
 // The failure summary elasticrun prints when a group fails, in torchrun's layout
 // (ChildFailedError's message).
@@ -7705,6 +8546,9 @@ struct rendezvous_settings {
     std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
     std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
     std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
+    /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
+    /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
+    std::optional<std::chrono::milliseconds> exit_barrier_timeout;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -7980,7 +8824,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -7990,6 +8834,7 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
     {"store_type", false, true, false},
     {"use_libuv", false, true, false},
     {"protocol", false, false, true},
+    {"exit_barrier_timeout", true, true, true},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -8064,6 +8909,8 @@ inline constexpr std::array<rdzv_key, 9> rdzv_keys{{
             settings.read_timeout = parse_seconds(value, what, false);
         } else if (key == "timeout") {
             settings.timeout = parse_seconds(value, what, false);
+        } else if (key == "exit_barrier_timeout") {
+            settings.exit_barrier_timeout = parse_seconds(value, what, false);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "store_type") {
@@ -8317,21 +9164,8 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
 
 namespace detail::launch_impl {
 
-enum class file_check { ok, missing, directory, not_executable, not_readable };
-
-[[nodiscard]] inline file_check check_file(const std::string& path, int access_mode) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        return file_check::missing;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        return file_check::directory;
-    }
-    if (::access(path.c_str(), access_mode) != 0) {
-        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
-    }
-    return file_check::ok;
-}
+using detail::check_file;
+using detail::file_check;
 
 }  // namespace detail::launch_impl
 
@@ -8361,18 +9195,9 @@ enum class file_check { ok, missing, directory, not_executable, not_readable };
         return path;
     }
     const auto* path_variable = detail::launch_impl::find_variable(env, "PATH");
-    const std::string search = path_variable != nullptr ? *path_variable : "/bin:/usr/bin";
-    std::string first_not_executable;
-    for (const auto dir : detail::launch_impl::split(search, ':')) {
-        const auto candidate = dir.empty() ? std::string{name} : fmt::format("{}/{}", dir, name);
-        const auto check = detail::launch_impl::check_file(dir.empty() ? "./" + candidate : candidate, X_OK);
-        if (check == detail::launch_impl::file_check::ok) {
-            return dir.empty() ? "./" + candidate : candidate;
-        }
-        if (check == detail::launch_impl::file_check::not_executable && first_not_executable.empty()) {
-            first_not_executable = candidate;
-        }
-    }
+    const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
+    auto [found, first_not_executable] = detail::search_path(name, search);
+    if (!found.empty()) return found;
     if (!first_not_executable.empty()) {
         throw usage_error{describe(detail::launch_impl::file_check::not_executable, first_not_executable)};
     }
@@ -8783,6 +9608,7 @@ struct launch_config {
     std::set<int> local_ranks_filter;                     ///< --local-ranks-filter; empty: every rank
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
     log_level agent_log_level = log_level::warning;       ///< LOGLEVEL
+    event_destination event_log_handler;                  ///< --event-log-handler: null, console, file:PATH
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -8919,6 +9745,10 @@ namespace detail::launch_impl {
     line("tee", streams_text(config.tee));
     line("local_ranks_filter", filter.empty() ? "(every rank)" : filter);
     line("virtual_local_rank", config.virtual_local_rank ? "true" : "false");
+    // Shown only when given, so the default banner stays torchrun's.
+    if (config.event_log_handler.what != event_destination::kind::null) {
+        line("event_log_handler", config.event_log_handler.to_string());
+    }
     return out;
 }
 
@@ -9381,7 +10211,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
      "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
      "(60) in seconds, is_host (true/false), store_type (tcp), use_libuv (accepted, no effect). etcd-v3: the "
-     "four timeouts and protocol (http). static: timeout (900). A key the backend does not read is an error."},
+     "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
+     "how long a finished node waits for the others. A key the backend does not read is an error."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
      "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
      "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
@@ -9440,9 +10271,10 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      option_state::compatibility, 6,
      "Python's multiprocessing start method for function workers; a program always starts as a new process "
      "(fork and exec), so the value is checked and changes nothing."},
-    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "NAME", "null",
-     option_state::refused, 7,
-     "Where agent events go. Only null (no events) is available."},
+    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "null|console|file:PATH", "null",
+     option_state::implemented, 5,
+     "Where the agent's events go, one JSON line each (torch's Event): null, none; console, stderr; "
+     "file:PATH, appended to PATH."},
     {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
      "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
@@ -9715,12 +10547,11 @@ inline void unmark(std::string& text) {
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest == "event_log_handler" && detail::launch_impl::trim(value->text) == "null") ||
-            (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
+        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
             continue;
         }
         throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
-                                      spec.dest == "event_log_handler" ? "only null is available" : spec.help)};
+                                      spec.help)};
     }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch_impl::trim(method->text);
@@ -9864,6 +10695,14 @@ inline void unmark(std::string& text) {
     }
     if (const auto* level = detail::launch_impl::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
         config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
+    }
+    if (const auto v = raw("event_log_handler")) {
+        const auto destination = event_destination::parse(v->text);
+        if (!destination) {
+            throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(v->name, v->text),
+                                          event_destination::accepted)};
+        }
+        config.event_log_handler = *destination;
     }
 
     detail::launch_impl::validate(config, env, labels);
@@ -10821,6 +11660,94 @@ template <policy_clock Clock = steady_policy_clock>
 // ---- begin elastic/rendezvous.hpp ----
 // The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
 
+// ---- begin elastic/rendezvous/concepts.hpp ----
+// The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
+// the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
+
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// What a node tells the others when it joins a round.
+struct node_info {
+    std::string host;                  ///< its name, for messages (getfqdn() or --local-addr)
+    std::string store_addr;            ///< where its fresh workers' store for this round listens
+    std::uint16_t store_port = 0;      ///< that store's port
+    int nproc = 1;                     ///< its workers (--nproc-per-node)
+    std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
+    std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
+    long pid = 0;                      ///< the agent's process id, for messages
+};
+
+/// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
+struct rendezvous_round {
+    int number = 0;             ///< the round (0, 1, ...)
+    int restart_count = 0;      ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;         ///< this node's GROUP_RANK
+    int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;          ///< the global rank of this node's local rank 0
+    int world_size = 1;         ///< workers in the round: WORLD_SIZE
+    std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
+    std::uint16_t master_port = 0;  ///< MASTER_PORT
+};
+
+/// Why a round was aborted: the first node to report a failure (the compare-and-set winner).
+struct abort_notice {
+    int group_rank = -1;  ///< the reporting node
+    std::string host;     ///< its host
+    std::string reason;   ///< one line: which local rank, which exit code or signal
+};
+
+/// What the job does after an aborted round, decided by the node that aborted it.
+struct job_decision {
+    bool restart = false;  ///< true: every node rejoins the next round
+    int exit_code = 1;     ///< when stopping: the code every node exits with (the root cause's)
+    std::string reason;    ///< the policy's reason
+};
+
+/// How a node's exit barrier ended.
+struct barrier_result {
+    enum class kind { complete, aborted, timed_out };
+    kind how = kind::complete;
+    std::vector<int> missing;         ///< timed_out: the group ranks that did not finish
+    std::vector<std::string> missing_hosts;  ///< timed_out: their hosts (same order)
+    std::optional<abort_notice> abort;  ///< aborted: why
+};
+
+/*
+ * rendezvous: one node's handle on the job's rounds. A model provides
+ *   next_round(node_info)          -> awaitable<rendezvous_round>  join and await the round
+ *   wait_for_abort()               -> awaitable<abort_notice>      the current round's abort
+ *                                                                  (push; cancellable)
+ *   abort(abort_notice)            -> awaitable<bool>   report a failure; true: this node won
+ *   decide(job_decision)           -> awaitable<void>   the winner publishes restart/stop
+ *   await_decision()               -> awaitable<job_decision>
+ *   finish(timeout)                -> awaitable<barrier_result>  this node is done; exit barrier
+ *   leave()                        -> awaitable<void>   this node is leaving the job for good
+ * Waiting is by store notification, never by polling.
+ */
+template <class R>
+concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_decision decision,
+                              std::chrono::milliseconds timeout) {
+    { r.next_round(info) } -> std::same_as<asio::awaitable<rendezvous_round>>;
+    { r.wait_for_abort() } -> std::same_as<asio::awaitable<abort_notice>>;
+    { r.abort(notice) } -> std::same_as<asio::awaitable<bool>>;
+    { r.decide(decision) } -> std::same_as<asio::awaitable<void>>;
+    { r.await_decision() } -> std::same_as<asio::awaitable<job_decision>>;
+    { r.finish(timeout) } -> std::same_as<asio::awaitable<barrier_result>>;
+    { r.leave() } -> std::same_as<asio::awaitable<void>>;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/concepts.hpp ----
 // ---- begin elastic/rendezvous/error.hpp ----
 // elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
 // that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
@@ -10837,19 +11764,658 @@ public:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/error.hpp ----
+// ---- begin elastic/rendezvous/store_rendezvous.hpp ----
+// store_rendezvous: the fixed-membership rendezvous over any `store` model (docs/rendezvous.md):
+// per-node keys, O(1) store operations per node per round, waiting by store notification.
+
+
+#include <asio/awaitable.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// How a store_rendezvous behaves.
+struct store_rendezvous_options {
+    std::string run_id = "none";  ///< --rdzv-id: namespaces every key
+    int nnodes = 1;               ///< nodes in every round (fixed membership)
+    /// A round must complete within this (--rdzv-conf join_timeout; static: timeout).
+    std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+    /// The store's host waits this long for the others to leave before it stops serving.
+    std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+    /// Whether this node hosts the store: leave() then waits for every other node to leave.
+    bool hosts_store = false;
+    /// Check (and claim) torchrun's key for the run id, so a Python agent and ours never mix.
+    bool torchrun_guard = true;
+};
+
+namespace detail::rdzv {
+
+/// The group rank of each node (by arrival order) or a message naming the conflict.
+/// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
+inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes) {
+    const int n = static_cast<int>(nodes.size());
+    std::vector<int> rank(nodes.size(), -1);
+    std::vector<int> owner(nodes.size(), -1);
+    for (int i = 0; i < n; ++i) {
+        const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
+        if (!given) continue;
+        if (*given < 0 || *given >= n) {
+            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
+                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
+        }
+        auto& o = owner[static_cast<std::size_t>(*given)];
+        if (o >= 0) {
+            const auto& a = nodes[static_cast<std::size_t>(o)];
+            const auto& b = nodes[static_cast<std::size_t>(i)];
+            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
+                               "own --node-rank",
+                               *given, a.host, a.pid, b.host, b.pid);
+        }
+        o = i;
+        rank[static_cast<std::size_t>(i)] = *given;
+    }
+    std::vector<int> rest;
+    for (int i = 0; i < n; ++i)
+        if (rank[static_cast<std::size_t>(i)] < 0) rest.push_back(i);
+    // Survivors first in their previous order, then newcomers in arrival order.
+    std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) {
+        const auto& pa = nodes[static_cast<std::size_t>(a)].previous_rank;
+        const auto& pb = nodes[static_cast<std::size_t>(b)].previous_rank;
+        if (pa && pb) return *pa < *pb;
+        return pa.has_value() && !pb.has_value();
+    });
+    std::size_t next = 0;
+    for (int r = 0; r < n; ++r) {
+        if (owner[static_cast<std::size_t>(r)] >= 0) continue;
+        rank[static_cast<std::size_t>(rest[next++])] = r;
+    }
+    return rank;
+}
+
+inline std::string encode(const node_info& i) {
+    nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
+                     {"pid", i.pid}};
+    if (i.node_rank) j["node_rank"] = *i.node_rank;
+    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    return j.dump();
+}
+
+inline node_info decode_node(const std::string& text) {
+    const auto j = nlohmann::json::parse(text);
+    node_info i;
+    i.host = j.at("host").get<std::string>();
+    i.store_addr = j.at("addr").get<std::string>();
+    i.store_port = j.at("port").get<std::uint16_t>();
+    i.nproc = j.at("nproc").get<int>();
+    i.pid = j.at("pid").get<long>();
+    if (j.contains("node_rank")) i.node_rank = j["node_rank"].get<int>();
+    if (j.contains("previous_rank")) i.previous_rank = j["previous_rank"].get<int>();
+    return i;
+}
+
+/// A node's assignment as the completer wrote it; rendezvous_error when the round failed.
+inline rendezvous_round decode_assignment(const std::string& text) {
+    const auto j = nlohmann::json::parse(text);
+    if (j.contains("error")) throw rendezvous_error(j["error"].get<std::string>());
+    rendezvous_round r;
+    r.restart_count = j.at("restarts").get<int>();
+    r.group_rank = j.at("group_rank").get<int>();
+    r.rank_base = j.at("rank_base").get<int>();
+    r.world_size = j.at("world_size").get<int>();
+    r.master_addr = j.at("master_addr").get<std::string>();
+    r.master_port = j.at("master_port").get<std::uint16_t>();
+    return r;
+}
+
+inline std::vector<std::string> decode_hosts(const std::string& text) {
+    return nlohmann::json::parse(text).get<std::vector<std::string>>();
+}
+
+inline std::string encode(const abort_notice& a) {
+    return nlohmann::json{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}}.dump();
+}
+
+inline abort_notice decode_abort(const std::string& text) {
+    const auto j = nlohmann::json::parse(text);
+    return {j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
+}
+
+inline std::string encode(const job_decision& d) {
+    return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
+}
+
+inline job_decision decode_decision(const std::string& text) {
+    const auto j = nlohmann::json::parse(text);
+    return {j.at("restart").get<bool>(), j.at("exit_code").get<int>(), j.at("reason").get<std::string>()};
+}
+
+/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under (inventory §4.2).
+inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
+
+/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
+/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
+inline std::string guard_value(const std::string& run_id) {
+    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
+}
+
+}  // namespace detail::rdzv
+
+/// The fixed-membership rendezvous over any `store` (docs/rendezvous.md has the algorithm).
+/// Per round and node: one `add` (arrival index), one `set` (its info), one `wait` and one
+/// `get` (its assignment); the node whose add completes the round also does one `multi_get` of
+/// every info and one `multi_set` of every assignment. Nothing polls: waits are store pushes.
+///
+/// `store` serves requests in turn; `watcher` carries the long wait for the round's abort key
+/// (a TCP client serves one request at a time; a memory_store may be passed twice). Both must
+/// outlive this object. Use it on the stores' thread.
+template <store Store>
+class store_rendezvous {
+public:
+    store_rendezvous(Store& store, Store& watcher, store_rendezvous_options options)
+        : store_(&store), watcher_(&watcher), options_(std::move(options)) {}
+
+    [[nodiscard]] const store_rendezvous_options& options() const noexcept { return options_; }
+    /// The current round (-1 before the first).
+    [[nodiscard]] int round_number() const noexcept { return round_; }
+    /// Job-wide restarts so far (agreed through the store).
+    [[nodiscard]] int restart_count() const noexcept { return restarts_; }
+
+    /// Joins the next round with `me` and returns once all nnodes nodes have joined (the moment
+    /// the last one does). rendezvous_error after join_timeout, or on conflicting --node-rank.
+    asio::awaitable<rendezvous_round> next_round(node_info me) {
+        const auto started = std::chrono::steady_clock::now();
+        ++round_;
+        const int n = options_.nnodes;
+        if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
+        if (round_ == 0 && options_.torchrun_guard) co_await guard();
+        const auto arrival = co_await store_->add(key("count"), 1);
+        if (arrival > n) {
+            throw rendezvous_error(fmt::format("round {} of run '{}' already has its {} nodes (this is arrival {}): "
+                                               "another job uses the same --rdzv-id, or --nnodes differs between "
+                                               "nodes",
+                                               round_, options_.run_id, n, arrival));
+        }
+        co_await store_->set(key(fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
+        if (arrival == n) co_await complete();
+        const auto mine = key(fmt::format("assign/{}", arrival));
+        const auto left = options_.join_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      std::chrono::steady_clock::now() - started);
+        try {
+            std::vector<std::string> keys{mine};
+            co_await store_->wait(std::move(keys), std::max(left, std::chrono::milliseconds(1)));
+        } catch (const store_timeout&) {
+            joined_error_ = true;
+        }
+        if (joined_error_) {
+            joined_error_ = false;
+            const auto joined = co_await store_->add(key("count"), 0);
+            throw rendezvous_error(fmt::format(
+                "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
+                "others, or raise --rdzv-conf join_timeout",
+                options_.run_id, round_, joined, n,
+                std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
+        }
+        auto r = detail::rdzv::decode_assignment(co_await store_->get(mine));
+        r.number = round_;
+        r.group_world_size = n;
+        restarts_ = r.restart_count;
+        group_rank_ = r.group_rank;
+        co_return r;
+    }
+
+    /// Completes when the current round is aborted (by store push; no polling); cancel it when
+    /// the round ends otherwise. store_error when the store vanishes.
+    asio::awaitable<abort_notice> wait_for_abort() {
+        const auto k = key("abort");
+        co_await wait_long(*watcher_, k);
+        co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
+    }
+
+    /// Aborts the current round with `notice`; true when this node was the first.
+    asio::awaitable<bool> abort(abort_notice notice) {
+        const auto value = detail::rdzv::encode(notice);
+        const auto got = co_await store_->compare_set(key("abort"), std::string{}, value);
+        co_return got == value;
+    }
+
+    /// Publishes what the job does after the aborted round (the winner of abort() calls it).
+    asio::awaitable<void> decide(job_decision decision) {
+        co_await store_->set(key("decision"), detail::rdzv::encode(decision));
+        if (decision.restart) ++restarts_;
+    }
+
+    /// The decision for the aborted round (awaited by push).
+    asio::awaitable<job_decision> await_decision() {
+        const auto k = key("decision");
+        co_await wait_long(*store_, k);
+        auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
+        if (decision.restart) ++restarts_;
+        co_return decision;
+    }
+
+    /// This node's workers all succeeded: marks it done and waits (push) until every node is,
+    /// the round is aborted, or `timeout` passes (then names the nodes still missing).
+    asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
+        using namespace asio::experimental::awaitable_operators;
+        co_await store_->set(key(fmt::format("done/{}", group_rank_)), "1");
+        const auto done = co_await store_->add(key("done_count"), 1);
+        if (done >= options_.nnodes) co_await store_->set(key("all_done"), "1");
+        auto which = co_await (wait_all_done(timeout) || wait_for_abort());
+        barrier_result result;
+        if (which.index() == 1) {
+            result.how = barrier_result::kind::aborted;
+            result.abort = std::get<1>(std::move(which));
+            co_return result;
+        }
+        if (std::get<0>(which)) co_return result;
+        // Timed out: only now, name who is missing (O(N) checks, on this error path only).
+        result.how = barrier_result::kind::timed_out;
+        std::vector<std::string> hosts;
+        try {
+            hosts = detail::rdzv::decode_hosts(co_await store_->get(key("hosts")));
+        } catch (const std::exception&) {
+        }
+        for (int g = 0; g < options_.nnodes; ++g) {
+            std::vector<std::string> keys{key(fmt::format("done/{}", g))};
+            if (co_await store_->check(std::move(keys))) continue;
+            result.missing.push_back(g);
+            result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size() ? hosts[static_cast<std::size_t>(g)]
+                                                                                     : std::string("?"));
+        }
+        co_return result;
+    }
+
+    /// This node leaves the job for good. The store's host waits (up to close_timeout) for every
+    /// other node to leave too, so nobody loses the store while reading the job's last keys.
+    asio::awaitable<void> leave() {
+        if (round_ < 0) co_return;
+        const auto left = co_await store_->add(key("left"), 1);
+        if (left >= options_.nnodes) co_await store_->set(key("all_left"), "1");
+        if (!options_.hosts_store) co_return;
+        try {
+            std::vector<std::string> keys{key("all_left")};
+            co_await store_->wait(std::move(keys), options_.close_timeout);
+        } catch (const store_timeout&) {
+            // Someone vanished without leaving: nothing more to wait for.
+        }
+    }
+
+    /// The store key of `name` in the current round.
+    [[nodiscard]] std::string key(std::string_view name) const {
+        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, round_, name);
+    }
+
+private:
+    asio::awaitable<void> guard() {
+        const auto k = detail::rdzv::torchrun_key(options_.run_id);
+        const auto mine = detail::rdzv::guard_value(options_.run_id);
+        const auto got = co_await store_->compare_set(k, std::string{}, mine);
+        if (got != mine) {
+            throw rendezvous_error(fmt::format(
+                "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
+                "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
+                "with elasticrun, or give this job another --rdzv-id",
+                options_.run_id, k));
+        }
+    }
+
+    // The last node to join: reads every info (one multi_get), assigns, writes every
+    // assignment (one multi_set).
+    asio::awaitable<void> complete() {
+        const int n = options_.nnodes;
+        std::vector<std::string> keys;
+        keys.reserve(static_cast<std::size_t>(n));
+        for (int i = 1; i <= n; ++i) keys.push_back(key(fmt::format("info/{}", i)));
+        std::vector<std::string> values;
+        if constexpr (multi_key_store<Store>) {
+            values = co_await store_->multi_get(keys);
+        } else {
+            for (auto& k : keys) values.push_back(co_await store_->get(k));
+        }
+        std::vector<node_info> nodes;
+        nodes.reserve(values.size());
+        for (const auto& v : values) nodes.push_back(detail::rdzv::decode_node(v));
+
+        std::vector<std::string> out_keys;
+        std::vector<std::string> out_values;
+        auto assigned = detail::rdzv::assign_group_ranks(nodes);
+        if (const auto* message = std::get_if<std::string>(&assigned)) {
+            const auto error = nlohmann::json{{"error", *message}}.dump();
+            for (int i = 1; i <= n; ++i) {
+                out_keys.push_back(key(fmt::format("assign/{}", i)));
+                out_values.push_back(error);
+            }
+        } else {
+            const auto& rank = std::get<0>(assigned);
+            std::vector<int> by_rank(static_cast<std::size_t>(n));
+            for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
+            std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
+            std::vector<std::string> hosts;
+            for (int g = 0; g < n; ++g) {
+                const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
+                base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
+                hosts.push_back(node.host);
+            }
+            const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
+            for (int i = 0; i < n; ++i) {
+                const int g = rank[static_cast<std::size_t>(i)];
+                out_keys.push_back(key(fmt::format("assign/{}", i + 1)));
+                out_values.push_back(nlohmann::json{{"group_rank", g},
+                                                    {"rank_base", base[static_cast<std::size_t>(g)]},
+                                                    {"world_size", base[static_cast<std::size_t>(n)]},
+                                                    {"master_addr", master.store_addr},
+                                                    {"master_port", master.store_port},
+                                                    {"restarts", restarts_}}
+                                         .dump());
+            }
+            out_keys.push_back(key("hosts"));
+            out_values.push_back(nlohmann::json(hosts).dump());
+        }
+        if constexpr (multi_key_store<Store>) {
+            co_await store_->multi_set(std::move(out_keys), std::move(out_values));
+        } else {
+            for (std::size_t i = 0; i < out_keys.size(); ++i) co_await store_->set(out_keys[i], out_values[i]);
+        }
+    }
+
+    asio::awaitable<bool> wait_all_done(std::chrono::milliseconds timeout) {
+        bool timed_out = false;
+        try {
+            std::vector<std::string> keys{key("all_done")};
+            co_await store_->wait(std::move(keys), timeout);
+        } catch (const store_timeout&) {
+            timed_out = true;
+        }
+        co_return !timed_out;
+    }
+
+    // A wait with no deadline of its own: renewed hourly (the only traffic of an idle job).
+    static asio::awaitable<void> wait_long(Store& s, const std::string& k) {
+        for (;;) {
+            bool renewed = false;
+            try {
+                std::vector<std::string> keys{k};
+                co_await s.wait(std::move(keys), std::chrono::hours(1));
+            } catch (const store_timeout&) {
+                renewed = true;
+            }
+            if (!renewed) co_return;
+        }
+    }
+
+    Store* store_;
+    Store* watcher_;
+    store_rendezvous_options options_;
+    int round_ = -1;
+    int restarts_ = 0;
+    int group_rank_ = -1;
+    bool joined_error_ = false;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/store_rendezvous.hpp ----
+// ---- begin elastic/rendezvous/tcp_rendezvous.hpp ----
+// tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
+// is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/ip/address.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::rdzv {
+
+inline bool is_loopback(std::string_view host) {
+    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+    std::error_code ec;
+    const auto address = asio::ip::make_address(std::string(host), ec);
+    return !ec && address.is_loopback();
+}
+
+inline bool is_ip_literal(std::string_view host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(std::string(host), ec);
+    return !ec;
+}
+
+inline std::string gethostname_string() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return {};
+    return name;
+}
+
+/// torchrun's is_host heuristic (inventory §4.4), widened to every address of every local
+/// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
+/// host's name or canonical name, or an address one of its interfaces holds.
+inline bool is_this_host(std::string_view host) {
+    if (is_loopback(host)) return true;
+    const auto name = gethostname_string();
+    if (!name.empty() && host == name) return true;
+    if (host == host_fqdn()) return true;
+    std::error_code ec;
+    const auto wanted = asio::ip::make_address(std::string(host), ec);
+    if (ec) return false;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        if (i->ifa_addr->sa_family == AF_INET && wanted.is_v4()) {
+            const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+            found = asio::ip::address_v4(ntohl(a->sin_addr.s_addr)) == wanted.to_v4();
+        } else if (i->ifa_addr->sa_family == AF_INET6 && wanted.is_v6()) {
+            const auto* a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+            asio::ip::address_v6::bytes_type bytes;
+            std::copy(std::begin(a->sin6_addr.s6_addr), std::end(a->sin6_addr.s6_addr), bytes.begin());
+            found = asio::ip::address_v6(bytes) == wanted.to_v6();
+        }
+    }
+    ::freeifaddrs(list);
+    return found;
+}
+
+/// "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: use the literal.
+inline std::string literal_for(std::string_view host) {
+    if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
+    return std::string(host);
+}
+
+}  // namespace detail::rdzv
+
+/// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
+/// single-node path: more than one node, or a c10d store another agent hosts.
+[[nodiscard]] inline bool uses_node_rendezvous(const launch_config& c) {
+    if (c.nnodes.max > 1) return true;
+    if (c.rdzv_backend != rendezvous_backend::c10d) return false;
+    if (c.rdzv_conf.is_host) return !*c.rdzv_conf.is_host;
+    return !detail::rdzv::is_this_host(c.rendezvous_endpoint().host);
+}
+
+/// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
+/// --local-addr when given; 127.0.0.1 when the rendezvous endpoint is a loopback address
+/// (every node is on this machine); otherwise this host's fully qualified name.
+struct advertised_address {
+    std::string bind_host;
+    std::string addr;
+};
+
+[[nodiscard]] inline advertised_address advertise(const launch_config& c) {
+    if (c.local_addr) {
+        const auto lit = detail::rdzv::literal_for(*c.local_addr);
+        return {detail::rdzv::is_ip_literal(lit) ? lit : std::string("0.0.0.0"), lit};
+    }
+    if (detail::rdzv::is_loopback(c.rendezvous_endpoint().host)) return {"127.0.0.1", "127.0.0.1"};
+    return {"0.0.0.0", host_fqdn()};
+}
+
+/// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
+/// it; then `rendezvous()` is the store_rendezvous every round goes through.
+///
+/// static: node rank 0 (--node-rank, default 0) hosts at --master-addr:--master-port; the
+/// others connect (retrying until the `timeout` key, 900 s). c10d: the agent whose endpoint is
+/// this host (is_host rule, or --rdzv-conf is_host) hosts at the endpoint (port 29400 by
+/// default); if binding fails under the heuristic (another agent here hosts already), it
+/// connects instead, as torchrun does.
+class tcp_rendezvous {
+public:
+    using log_function = std::function<void(std::string_view)>;
+
+    tcp_rendezvous(asio::any_io_executor executor, const launch_config& config, log_function log = {})
+        : executor_(std::move(executor)), config_(config), log_(std::move(log)) {}
+
+    tcp_rendezvous(const tcp_rendezvous&) = delete;
+    tcp_rendezvous& operator=(const tcp_rendezvous&) = delete;
+
+    /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
+    asio::awaitable<void> start() {
+        const auto endpoint = config_.rendezvous_endpoint();
+        const auto host = detail::rdzv::literal_for(endpoint.host);
+        const std::uint16_t port = endpoint.port.value_or(0);
+        const bool is_static = config_.rdzv_backend == rendezvous_backend::static_;
+        const auto join_timeout = is_static ? config_.rdzv_conf.timeout : config_.rdzv_conf.join_timeout;
+
+        bool want_host = false;
+        bool explicit_host = false;
+        if (is_static) {
+            want_host = config_.node_rank.value_or(0) == 0;
+            explicit_host = true;
+        } else if (config_.rdzv_conf.is_host) {
+            want_host = *config_.rdzv_conf.is_host;
+            explicit_host = true;
+        } else {
+            want_host = detail::rdzv::is_this_host(endpoint.host);
+        }
+        std::string connect_host = host;
+        if (want_host) {
+            const auto bind_host = detail::rdzv::is_ip_literal(host) ? host : std::string("0.0.0.0");
+            store_server_options options;
+            options.host = bind_host;
+            options.port = port;
+            options.log = [this](std::string_view line) {
+                if (log_) log_(fmt::format("rendezvous store: {}", line));
+            };
+            try {
+                server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
+                server_->start();
+                if (bind_host == "0.0.0.0") connect_host = "127.0.0.1";
+            } catch (const store_error& e) {
+                if (explicit_host) {
+                    throw rendezvous_error(fmt::format(
+                        "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), e.what(),
+                        is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
+                                  : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
+                }
+                if (log_) {
+                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host; joining it",
+                                     to_string(endpoint)));
+                }
+            }
+        }
+        store_client_options options;
+        options.host = connect_host;
+        options.port = server_ ? server_->port() : port;
+        // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
+        // guard can name it instead of failing on the handshake.
+        options.dialect = client_dialect::detect;
+        options.timeout = config_.rdzv_conf.read_timeout;
+        options.connect_timeout = join_timeout;
+        client_ = std::make_unique<tcp_store_client>(executor_, options);
+        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        try {
+            co_await client_->connect();
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("cannot reach the rendezvous store at {} within {} s: {}",
+                                               to_string(endpoint),
+                                               std::chrono::duration_cast<std::chrono::seconds>(join_timeout).count(),
+                                               e.what()));
+        }
+        store_rendezvous_options o;
+        o.run_id = config_.rdzv_id;
+        o.nnodes = config_.nnodes.max;
+        o.join_timeout = join_timeout;
+        o.close_timeout = config_.rdzv_conf.close_timeout;
+        o.hosts_store = server_ != nullptr;
+        rdzv_.emplace(*client_, *watcher_, std::move(o));
+    }
+
+    /// The rounds (after start()).
+    store_rendezvous<tcp_store_client>& rendezvous() { return *rdzv_; }
+    /// Whether this agent hosts the rendezvous store.
+    [[nodiscard]] bool hosts_store() const noexcept { return server_ != nullptr; }
+    /// The port of the hosted store (0 when a client).
+    [[nodiscard]] std::uint16_t hosted_port() const { return server_ ? server_->port() : std::uint16_t{0}; }
+    /// Drops the watcher's connection (after a cancelled wait); the next use reconnects.
+    void reset_watcher() noexcept {
+        if (watcher_) watcher_->close();
+    }
+
+    /// Stops serving (after leave()).
+    void stop() noexcept {
+        if (watcher_) watcher_->close();
+        if (client_) client_->close();
+        if (server_) server_->stop();
+    }
+
+private:
+    asio::any_io_executor executor_;
+    launch_config config_;
+    log_function log_;
+    std::unique_ptr<tcp_store_server> server_;
+    std::unique_ptr<tcp_store_client> client_;
+    std::unique_ptr<tcp_store_client> watcher_;
+    std::optional<store_rendezvous<tcp_store_client>> rdzv_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/tcp_rendezvous.hpp ----
 // ---- end elastic/rendezvous.hpp ----
 // ---- begin elastic/agent.hpp ----
 // The agent layer: one node's agent (local_agent), the worker environment contract, the
-// stderr relay, and elastic::run — a launcher in one call.
+// workers' output (log tree, relays, prefixes), the agent's log, and elastic::run — a launcher in
+// one call.
 
-// ---- begin elastic/agent/local_agent.hpp ----
-// local_agent: one node's agent — hosts the workers' store, runs the worker group with
-// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
-// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
+// ---- begin elastic/agent/agent_log.hpp ----
+// agent_log: the agent's own messages, one format with a level and a time (torchrun's newest
+// layout), filtered by LOGLEVEL.
 
 // ---- begin elastic/agent/output.hpp ----
-// The agent's copy of a worker's stderr: read from a pipe as chunks arrive, fed to the report's
-// stderr_tail, and written through to the agent's stderr one whole line at a time.
+// The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
+// stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
+// each line after the rank's prefix when asked.
 
 
 #include <asio/any_io_executor.hpp>
@@ -10860,25 +12426,34 @@ public:
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
-#include <array>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include <poll.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
 
 namespace detail::agent {
 
-/// Writes all of `text` to `fd`, retrying short writes and EINTR; gives up silently on other
-/// errors (a closed terminal must not stop the supervision of the workers).
+/// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
+/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
+/// closed terminal must not stop the supervision of the workers).
 inline void write_all(int fd, std::string_view text) noexcept {
     while (!text.empty()) {
         const ssize_t n = ::write(fd, text.data(), text.size());
         if (n < 0) {
             if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                pollfd p{fd, POLLOUT, 0};
+                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
+                continue;
+            }
             return;
         }
         text.remove_prefix(static_cast<std::size_t>(n));
@@ -10887,64 +12462,8 @@ inline void write_all(int fd, std::string_view text) noexcept {
 
 }  // namespace detail::agent
 
-/// Line-buffered pass-through of one stream (docs/failure-report.md, "The worker's stderr"):
-/// each complete line (ended by `\n`, or `\r` for progress bars) is written in the same write(2)
-/// as the other complete lines of its chunk; a partial line waits for its end, for
-/// `max_line_bytes`, or for end of file. The agent is the only writer of every worker's copied
-/// stream, so lines of different workers never interleave inside a line.
-class line_relay {
-public:
-    explicit line_relay(int out_fd, std::size_t max_line_bytes = stderr_tail::default_max_line_bytes)
-        : out_fd_(out_fd), max_line_bytes_(max_line_bytes) {}
-
-    /// The next chunk of the stream.
-    void feed(std::string_view chunk) {
-        pending_.append(chunk);
-        const auto end = pending_.find_last_of("\n\r");
-        if (end != std::string::npos) {
-            detail::agent::write_all(out_fd_, std::string_view(pending_).substr(0, end + 1));
-            pending_.erase(0, end + 1);
-        }
-        if (pending_.size() >= max_line_bytes_) {
-            flush();
-        }
-    }
-
-    /// Writes what is left (the stream ended mid-line).
-    void flush() {
-        if (!pending_.empty()) {
-            detail::agent::write_all(out_fd_, pending_);
-            pending_.clear();
-        }
-    }
-
-private:
-    int out_fd_;
-    std::size_t max_line_bytes_;
-    std::string pending_;
-};
-
-/// Reads `pipe` until end of file (or until it is closed or the read is cancelled), feeding
-/// every chunk to `tail` and to a line_relay on `out_fd` (-1: no copy). Always has a read pending,
-/// so a worker never blocks on a full pipe while the agent is idle.
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    line_relay relay(out_fd < 0 ? 2 : out_fd);
-    std::array<char, 16384> buffer{};
-    for (;;) {
-        const auto [ec, n] =
-            co_await pipe.async_read_some(asio::buffer(buffer), asio::experimental::as_tuple(asio::use_awaitable));
-        if (n > 0) {
-            const std::string_view chunk(buffer.data(), n);
-            tail.feed(chunk);
-            if (out_fd >= 0) relay.feed(chunk);
-        }
-        if (ec) break;
-    }
-    if (out_fd >= 0) relay.flush();
-}
-
 /// Counts running tasks and lets one coroutine await the moment none is left (an event: the
-/// last `done()` cancels the timer the waiter sleeps on; nothing polls). Used once.
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
 class task_latch {
 public:
     explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
@@ -10955,9 +12474,13 @@ public:
         if (--count_ == 0) timer_.cancel();
     }
     [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
+    /// held open by a process that writes nothing.
+    void progressed() noexcept { ++progress_; }
+    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
 
-    /// Returns once count() is 0, or when the await is cancelled. One use: the latch of one
-    /// attempt's streams.
+    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
+    /// One latch per attempt's streams.
     asio::awaitable<void> wait() {
         if (count_ == 0) co_return;
         co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
@@ -10966,10 +12489,459 @@ public:
 private:
     asio::steady_timer timer_;
     std::size_t count_ = 0;
+    std::uint64_t progress_ = 0;
 };
+
+/// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
+/// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
+/// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
+/// complete lines of a chunk go out in one write(2). A partial line waits for its end; a line
+/// longer than `max_line_bytes` is cut into pieces of that size, each ended with `\n`; at the
+/// end of the stream a partial last line is written, ended with `\n`. The agent is the only writer
+/// of every copied stream, so lines of different workers never interleave inside a line.
+class line_relay {
+public:
+    /// 64 KiB: any line a person reads fits whole; a megabyte without a newline is cut.
+    static constexpr std::size_t default_max_line_bytes = 64 * 1024;
+
+    explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
+        : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
+
+    /// The next chunk of the stream.
+    void feed(std::string_view chunk) {
+        pending_.append(chunk);
+        std::size_t start = 0;
+        for (;;) {
+            const auto at = pending_.find_first_of("\n\r", start);
+            if (at == std::string::npos) break;
+            std::size_t end = at + 1;
+            if (pending_[at] == '\r') {
+                if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
+                if (pending_[end] == '\n') ++end;
+            }
+            out_ += prefix_;
+            out_.append(pending_, start, end - start);
+            start = end;
+        }
+        while (pending_.size() - start >= max_line_bytes_) {
+            out_ += prefix_;
+            out_.append(pending_, start, max_line_bytes_);
+            out_ += '\n';
+            start += max_line_bytes_;
+        }
+        pending_.erase(0, start);
+        write_out();
+    }
+
+    /// Writes what is left (the stream ended mid-line), ended with `\n`.
+    void flush() {
+        if (pending_.empty()) return;
+        out_ += prefix_;
+        out_ += pending_;
+        out_ += '\n';
+        pending_.clear();
+        write_out();
+    }
+
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    void write_out() {
+        if (out_.empty()) return;
+        detail::agent::write_all(out_fd_, out_);
+        out_.clear();
+    }
+
+    int out_fd_;
+    std::string prefix_;
+    std::size_t max_line_bytes_;
+    std::string pending_;
+    std::string out_;
+};
+
+/// Where the bytes of one worker stream are copied (any subset).
+struct stream_copies {
+    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
+    int file_fd = -1;             ///< every byte as written: the stream's log file
+    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
+    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
+    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
+};
+
+/// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
+/// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
+/// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
+/// so a slow console slows the worker (its pipe fills) and nothing is dropped.
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
+    std::unique_ptr<line_relay> console;
+    if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
+    // 64 KiB: a full pipe's worth in one read.
+    auto buffer = std::make_unique<char[]>(65536);
+    for (;;) {
+        const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
+                                                           asio::experimental::as_tuple(asio::use_awaitable));
+        if (n > 0) {
+            const std::string_view chunk(buffer.get(), n);
+            if (copies.tail != nullptr) copies.tail->feed(chunk);
+            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
+            if (console) console->feed(chunk);
+            if (copies.progress != nullptr) copies.progress->progressed();
+        }
+        if (ec) break;
+    }
+    if (console) console->flush();
+}
+
+/// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
+/// no copy).
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
+}
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/output.hpp ----
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels; WARNING by
+/// default, so a healthy run prints nothing of the agent's own). Every line of a message is
+/// written in torchrun's newest layout (PyTorch's log formatter), the launcher's name standing
+/// where torchrun names its source file:
+///
+///     W1122 12:45:07.123456 4242 elasticrun] [default] worker group failed (...); restarting
+///
+/// level letter (D, I, W, E, C), month and day, local time with microseconds, the agent's pid.
+/// A multi-line message gets the prefix on every line. The whole message is one write(2).
+class agent_log {
+public:
+    agent_log(std::string name, log_level level, int fd = 2)
+        : name_(std::move(name)), level_(level), fd_(fd), pid_(static_cast<long>(::getpid())) {}
+
+    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
+    [[nodiscard]] log_level level() const noexcept { return level_; }
+
+    void operator()(log_level level, std::string_view text) const {
+        if (!enabled(level)) return;
+        const auto now = std::chrono::system_clock::now();
+        const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+        std::tm local{};
+        ::localtime_r(&seconds, &local);
+        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+        detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
+    }
+    void debug(std::string_view text) const { (*this)(log_level::debug, text); }
+    void info(std::string_view text) const { (*this)(log_level::info, text); }
+    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
+    void error(std::string_view text) const { (*this)(log_level::error, text); }
+    void critical(std::string_view text) const { (*this)(log_level::critical, text); }
+    /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
+    /// prints its exception).
+    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+    /// The text written for one message: every line (newlines leading and trailing `text` are dropped)
+    /// as `<L><mmdd> <hh:mm:ss>.<micros> <pid> <name>] <line>\n`.
+    [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
+                                            std::string_view name, std::string_view text) {
+        static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
+        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
+                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
+                                        micros, pid, name);
+        while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+        while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
+        std::string out;
+        for (;;) {
+            const auto nl = text.find('\n');
+            out += prefix;
+            out += text.substr(0, nl);
+            out += '\n';
+            if (nl == std::string_view::npos) break;
+            text.remove_prefix(nl + 1);
+        }
+        return out;
+    }
+
+private:
+    std::string name_;
+    log_level level_;
+    int fd_;
+    long pid_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/agent_log.hpp ----
+// ---- begin elastic/agent/local_agent.hpp ----
+// local_agent: one node's agent — hosts the workers' store, runs the worker group with
+// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
+// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
+
+// ---- begin elastic/agent/log_tree.hpp ----
+// log_tree: torchrun's per-rank log tree (<log_dir>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/), the
+// route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+namespace elastic::inline v0 {
+
+/// A directory or file of the log tree could not be made (exit 1, nothing lost: no worker of the
+/// attempt was started).
+class log_error : public error {
+public:
+    using error::error;
+};
+
+/// How a worker stream reaches the agent's console.
+enum class console_copy {
+    none,      ///< not at all (redirected only, or a local rank outside --local-ranks-filter)
+    raw,       ///< as the worker wrote it (no prefix): torchrun's behaviour without -r/-t
+    prefixed,  ///< whole lines, each after the rank's prefix (`[default0]:`): -t/--tee
+};
+
+/// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
+struct stream_route {
+    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
+    console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
+    friend bool operator==(const stream_route&, const stream_route&) = default;
+};
+
+/// The routes of a worker's stdout and stderr.
+struct worker_routes {
+    stream_route out;
+    stream_route err;
+    friend bool operator==(const worker_routes&, const worker_routes&) = default;
+};
+
+/// torchrun's rules (DefaultLogsSpecs.reify, newest): tee implies redirect; a redirected stream
+/// goes to its file; a tee'd one to its file and, prefixed, to the console; a stream of a local
+/// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
+/// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
+/// sends it to the console unprefixed instead), a tee'd one to the console only.
+[[nodiscard]] inline worker_routes route_streams(const launch_config& config, int local_rank) {
+    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
+    const unsigned tee = bits(config.tee.for_rank(local_rank));
+    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
+    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
+    const auto route = [&](std_streams which) {
+        const unsigned bit = bits(which);
+        stream_route r;
+        r.file = (redirected & bit) != 0 && !config.logs_disabled();
+        if (!shown) {
+            r.console = console_copy::none;
+        } else if ((tee & bit) != 0) {
+            r.console = console_copy::prefixed;
+        } else if ((redirected & bit) != 0) {
+            r.console = console_copy::none;
+        } else {
+            r.console = console_copy::raw;
+        }
+        return r;
+    };
+    return {route(std_streams::out), route(std_streams::err)};
+}
+
+/// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
+[[nodiscard]] inline bool writes_log_files(const launch_config& config) {
+    for (int i = 0; i < config.nproc_per_node; ++i) {
+        const auto r = route_streams(config, i);
+        if (r.out.file || r.err.file) return true;
+    }
+    return false;
+}
+
+/// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
+/// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
+/// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
+/// anything else stays as written.
+[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                   int local_rank, int rank) {
+    const auto value = [&](std::string_view name) -> std::optional<std::string> {
+        if (name == "role_name") return std::string(role_name);
+        if (name == "local_rank") return fmt::format("{}", local_rank);
+        if (name == "rank") return fmt::format("{}", rank);
+        return std::nullopt;
+    };
+    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
+    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
+    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
+    std::string out;
+    std::size_t i = 0;
+    while (i < templ.size()) {
+        const char c = templ[i];
+        if (c != '$' || i + 1 >= templ.size()) {
+            out += c;
+            ++i;
+            continue;
+        }
+        if (templ[i + 1] == '$') {
+            out += '$';
+            i += 2;
+            continue;
+        }
+        if (templ[i + 1] == '{') {
+            const auto close = templ.find('}', i + 2);
+            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
+            const bool identifier =
+                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
+            if (identifier) {
+                if (const auto v = value(name)) {
+                    out += *v;
+                    i = close + 1;
+                    continue;
+                }
+            }
+            out += c;
+            ++i;
+            continue;
+        }
+        if (starts_id(templ[i + 1])) {
+            std::size_t end = i + 2;
+            while (end < templ.size() && in_id(templ[end])) ++end;
+            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
+                out += *v;
+                i = end;
+                continue;
+            }
+        }
+        out += c;
+        ++i;
+    }
+    return out;
+}
+
+namespace detail::logs {
+
+inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
+                                    std::generic_category().message(errno),
+                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+    }
+    return pattern;
+}
+
+}  // namespace detail::logs
+
+/// One agent's log tree, torchrun's layout:
+///
+///     <base>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}
+///
+/// `<base>` is `--log-dir` (made if missing, never removed) or, without it, a new
+/// `<TMPDIR>/torchelastic_XXXXXX`. The run directory is made once per agent, at the first
+/// attempt. An attempt directory is never wiped: should `attempt_<n>` exist already (an attempt
+/// number seen twice), the attempt gets `attempt_<n>.1`, `.2`, ... instead. With `--log-dir
+/// /dev/null` the tree is disabled: nothing is ever created.
+class log_tree {
+public:
+    /// `log_dir`: `--log-dir` (nullopt: a temporary base under `temp_parent`).
+    log_tree(std::optional<std::filesystem::path> log_dir, std::string run_id, std::filesystem::path temp_parent)
+        : log_dir_(std::move(log_dir)), run_id_(std::move(run_id)), temp_parent_(std::move(temp_parent)) {}
+
+    [[nodiscard]] bool disabled() const noexcept { return log_dir_ && *log_dir_ == "/dev/null"; }
+    /// Whether the base is a temporary directory this tree made (no --log-dir).
+    [[nodiscard]] bool temporary() const noexcept { return !log_dir_; }
+    /// The run directory (`<base>/<run_id>_XXXXXX`); empty before the first attempt or when disabled.
+    [[nodiscard]] const std::filesystem::path& run_dir() const noexcept { return run_dir_; }
+    /// The base directory; empty before the first attempt or when disabled.
+    [[nodiscard]] const std::filesystem::path& base() const noexcept { return base_; }
+
+    /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
+    /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
+    /// Throws log_error.
+    std::filesystem::path make_attempt(int attempt, int local_world_size) {
+        if (disabled()) return {};
+        if (run_dir_.empty()) {
+            if (log_dir_) {
+                std::error_code ec;
+                std::filesystem::create_directories(*log_dir_, ec);
+                if (ec || !std::filesystem::is_directory(*log_dir_)) {
+                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                                ec ? ec.message() : std::string("not a directory")));
+                }
+                base_ = *log_dir_;
+            } else {
+                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
+            }
+            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
+        }
+        const auto name = fmt::format("attempt_{}", attempt);
+        std::filesystem::path dir = run_dir_ / name;
+        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
+        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
+            if (errno != EEXIST) {
+                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+            }
+            dir = run_dir_ / fmt::format("{}.{}", name, k);
+        }
+        for (int i = 0; i < local_world_size; ++i) {
+            const auto rank_dir = dir / fmt::format("{}", i);
+            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
+                throw log_error(
+                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
+            }
+        }
+        return dir;
+    }
+
+    /// Removes the temporary base with everything in it (nothing when --log-dir was given).
+    void remove_temporary() noexcept {
+        if (!temporary() || base_.empty()) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(base_, ignored);
+        base_.clear();
+        run_dir_.clear();
+    }
+
+private:
+    std::optional<std::filesystem::path> log_dir_;
+    std::string run_id_;
+    std::filesystem::path temp_parent_;
+    std::filesystem::path base_;
+    std::filesystem::path run_dir_;
+};
+
+/// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
+[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
+    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
+    if (!fd) {
+        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
+    }
+    return fd;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/log_tree.hpp ----
+// ---- begin elastic/agent/agent_events.hpp ----
+// agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
+// worker started, worker exited, policy decision, restart, final worker status, shutdown) —
+// and how an exception that ends the agent maps to elasticrun's exit code.
+
 // ---- begin elastic/agent/worker_environment.hpp ----
 // The environment the agent gives each worker: torchrun's contract (inventory §2.1), name for
 // name and meaning for meaning, on top of the agent's own environment.
@@ -11119,6 +13091,473 @@ struct attempt_settings {
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/worker_environment.hpp ----
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <cxxabi.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+/// What ends the agent when an exception escapes it: elasticrun's exit code, the error's type
+/// as an error file names it, and its message.
+struct agent_exception {
+    int exit_code = exit_codes::internal;
+    std::string type;
+    std::string what;
+};
+
+inline std::string readable_type_name(const std::type_info& type) {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+    std::string name = readable != nullptr ? readable : type.name();
+    std::free(readable);
+    // The versioned inline namespace is an implementation detail: elastic::agent_error.
+    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
+        name.erase(at, 4);
+    }
+    return name;
+}
+
+/// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
+/// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
+inline agent_exception classify_exception(const std::exception_ptr& failure) {
+    agent_exception out;
+    try {
+        std::rethrow_exception(failure);
+    } catch (const usage_error& e) {
+        out = {exit_codes::usage, "elastic::usage_error", e.what()};
+    } catch (const rendezvous_error& e) {
+        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
+    } catch (const std::exception& e) {
+        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
+    } catch (...) {
+        out = {exit_codes::internal, "<unknown exception>",
+               "an exception that is not a std::exception carries no message"};
+    }
+    return out;
+}
+
+inline std::string host_name_for_events() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+    return name;
+}
+
+}  // namespace detail::agent
+
+/// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
+///
+///   elastic.rendezvous.done       AGENT   each attempt's round (run id, restart count, ranks)
+///   elastic.worker.started        WORKER  each worker (local and global rank, pid)
+///   elastic.worker.exited         WORKER  each worker, in the order the agent observed the
+///                                         exits, stamped with that observation
+///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
+///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
+///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group fails for good
+///   elastic.agent.shutdown        AGENT   the exit code and the reason
+///
+/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
+/// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
+/// comma-separated text. With the null handler nothing is built.
+class agent_events {
+public:
+    /// The null log.
+    agent_events() = default;
+
+    /// Opens the destination config.event_log_handler names. Throws usage_error (nothing has
+    /// started yet) when the file cannot be opened.
+    explicit agent_events(const launch_config& config)
+        : run_id_(config.rdzv_id),
+          role_(config.role),
+          entry_point_(config.program.target),
+          rdzv_backend_(to_string(config.rdzv_backend)) {
+        try {
+            sink_ = event_sink(config.event_log_handler);
+        } catch (const report_error& e) {
+            throw usage_error{fmt::format("--event-log-handler={}: {}", config.event_log_handler.to_string(), e.what())};
+        }
+        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
+    }
+
+    [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
+    [[nodiscard]] event_sink& sink() noexcept { return sink_; }
+
+    /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
+    /// store its workers use. Also forgets the previous attempt's workers.
+    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
+                         std::uint16_t master_port) noexcept {
+        started_.clear();
+        stop_began_ = std::chrono::steady_clock::time_point::max();
+        node_ = node;
+        if (!enabled()) return;
+        record_agent("elastic.rendezvous.done", [&](json& m) {
+            m["restart_count"] = restarts;
+            m["group_rank"] = node.group_rank;
+            m["group_world_size"] = node.group_world_size;
+            m["local_world_size"] = node.local_world_size;
+            m["world_size"] = node.world_size;
+            m["rdzv_backend"] = rdzv_backend_;
+            m["master_addr"] = std::string(master_addr);
+            m["master_port"] = master_port;
+        });
+    }
+
+    /// A worker runs.
+    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
+        try {
+            started_.push_back({pid, a.local_rank, a.global_rank});
+        } catch (...) {
+            return;
+        }
+        if (!enabled()) return;
+        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+                      [&](json& m) {
+                          m["restart_count"] = restarts;
+                          m["local_rank"] = a.local_rank;
+                          m["global_rank"] = a.global_rank;
+                          m["pid"] = pid;
+                      });
+    }
+
+    /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
+    /// observed from now on are the agent's doing. The first call of an attempt counts.
+    void stopping_group() noexcept {
+        if (stop_began_ == std::chrono::steady_clock::time_point::max()) stop_began_ = std::chrono::steady_clock::now();
+    }
+
+    /// Every observed exit of the attempt's workers, oldest first, each stamped with the moment
+    /// the agent observed it. An exit observed before stopping_group() is the worker's own:
+    /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
+    /// summary counts them.
+    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
+        if (!enabled()) return;
+        const auto stop_began = stop_began_;
+        try {
+            std::vector<const child_process*> ended;
+            for (const auto& w : workers) {
+                if (w.status()) ended.push_back(&w);
+            }
+            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
+                return a->status()->steady_time < b->status()->steady_time;
+            });
+            for (const auto* w : ended) {
+                const auto& s = *w->status();
+                const auto who = find_started(static_cast<long>(w->pid()));
+                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
+                    m["restart_count"] = restarts;
+                    m["local_rank"] = who.local_rank;
+                    m["global_rank"] = who.global_rank;
+                    m["pid"] = static_cast<long>(w->pid());
+                    m["state"] = state;
+                    m["exitcode"] = s.returncode();
+                    m["exit_status"] = s.shell_code();
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
+                    m["core_dumped"] = s.core_dumped;
+                });
+            }
+        } catch (...) {
+        }
+    }
+
+    /// The restart policy answered after a failed attempt.
+    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
+        try {
+            const auto* root = failure.root_cause();
+            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
+                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                          decided.reason);
+            if (!enabled()) return;
+            record_agent("elastic.policy.decision", [&](json& m) {
+                m["restart_count"] = failure.restarts;
+                m["action"] = decided.restart() ? "restart" : "stop";
+                m["reason"] = decided.reason;
+                m["failed_global_ranks"] = join(failure.failed_global_ranks());
+                m["healthy_for_ms"] = static_cast<std::int64_t>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
+                if (root != nullptr) {
+                    m["root_cause_global_rank"] = root->global_rank;
+                    m["root_cause_local_rank"] = root->local_rank;
+                    m["root_cause_pid"] = root->pid;
+                    m["root_cause_exitcode"] = root->status.torch_exitcode();
+                    m["root_cause"] = failure_headline(*root);
+                } else {
+                    m["root_cause"] = nullptr;
+                }
+            });
+        } catch (...) {
+        }
+    }
+
+    /// The agent received `signal` while the policy was deciding: no decision.
+    void decision_interrupted(int restarts, int signal) noexcept {
+        received_signal(signal);
+        if (!enabled()) return;
+        record_agent("elastic.policy.decision", [&](json& m) {
+            m["restart_count"] = restarts;
+            m["action"] = "interrupted";
+            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+        });
+    }
+
+    /// The agent received `signal` and stops the group; the shutdown event says so.
+    void received_signal(int signal) noexcept {
+        stopping_group();
+        try {
+            pending_reason_ = fmt::format("received {}", signal_name(signal));
+        } catch (...) {
+        }
+    }
+
+    /// The group starts again; `restarts` is the new restart count.
+    void restart(int restarts) noexcept {
+        if (!enabled()) return;
+        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
+    }
+
+    /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
+    /// the group fails for good, stamped now (torch records them at the end of the run; its
+    /// total_run_time counts whole seconds since the agent started).
+    void final_status(const group_failure& failure) noexcept {
+        if (!enabled()) return;
+        try {
+            worker_event_context ctx;
+            ctx.run_id = run_id_;
+            ctx.entry_point = entry_point_;
+            ctx.rdzv_backend = rdzv_backend_;
+            ctx.agent_restarts = failure.restarts;
+            ctx.total_run_time = std::chrono::duration_cast<std::chrono::seconds>(
+                                     std::chrono::steady_clock::now() - sink_.origin())
+                                     .count();
+            ctx.hostname = failure.workers.empty() ? hostname_ : failure.workers.front().host;
+            ctx.group_rank = node_.group_rank;
+            ctx.group_world_size = node_.group_world_size;
+            ctx.role_world_size = node_.role_world_size;
+            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+        } catch (...) {
+        }
+    }
+
+    /// The agent ends with `exit_code`.
+    void shutdown(int exit_code) noexcept {
+        if (!enabled()) return;
+        std::string reason;
+        try {
+            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
+        } catch (...) {
+        }
+        record_agent("elastic.agent.shutdown", [&](json& m) {
+            m["exit_code"] = exit_code;
+            m["reason"] = reason;
+        });
+    }
+
+    /// The agent ends because `failure` escaped it (a rendezvous or internal error).
+    void shutdown(const std::exception_ptr& failure) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto e = detail::agent::classify_exception(failure);
+            record_agent("elastic.agent.shutdown", [&](json& m) {
+                m["exit_code"] = e.exit_code;
+                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
+                              : e.exit_code == exit_codes::usage   ? "usage error"
+                                                                   : "internal error";
+                m["error_type"] = e.type;
+                m["message"] = e.what;
+            });
+        } catch (...) {
+        }
+    }
+
+private:
+    using json = nlohmann::ordered_json;
+
+    struct started_worker {
+        long pid = 0;
+        int local_rank = -1;
+        int global_rank = -1;
+    };
+
+    started_worker find_started(long pid) const {
+        for (const auto& s : started_) {
+            if (s.pid == pid) return s;
+        }
+        return {pid, -1, -1};
+    }
+
+    static std::string join(const std::vector<int>& values) {
+        std::string out;
+        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+        return out;
+    }
+
+    json common() const {
+        json m = json::object();
+        m["run_id"] = run_id_;
+        m["role"] = role_;
+        m["hostname"] = hostname_;
+        return m;
+    }
+
+    template <class Fill>
+    void record_agent(std::string name, Fill fill) noexcept {
+        record(std::move(name), event_source::agent, std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+               fill);
+    }
+
+    template <class Fill>
+    void record_worker(std::string name, std::chrono::steady_clock::time_point steady,
+                       std::chrono::system_clock::time_point wall, Fill fill) noexcept {
+        record(std::move(name), event_source::worker, steady, wall, fill);
+    }
+
+    template <class Fill>
+    void record(std::string name, event_source source, std::chrono::steady_clock::time_point steady,
+                std::chrono::system_clock::time_point wall, Fill& fill) noexcept {
+        try {
+            event e;
+            e.name = std::move(name);
+            e.source = source;
+            e.metadata = common();
+            fill(e.metadata);
+            sink_.record(std::move(e), steady, wall);
+        } catch (...) {
+        }
+    }
+
+    event_sink sink_;
+    std::string run_id_;
+    std::string role_;
+    std::string entry_point_;
+    std::string rdzv_backend_;
+    std::string hostname_;
+    std::string pending_reason_ = "the agent stopped";
+    std::vector<started_worker> started_;
+    worker_assignment node_;
+    std::chrono::steady_clock::time_point stop_began_ = std::chrono::steady_clock::time_point::max();
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/agent_events.hpp ----
+// ---- begin elastic/agent/worker_output.hpp ----
+// worker_output: one worker's standard output and error for one attempt — its routes, its log
+// files, its pipes, and the relays that copy them to the tail, the files and the console.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
+/// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
+/// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
+/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
+/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
+/// start() after the spawn runs one relay per pipe.
+class worker_output {
+public:
+    /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
+    /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
+    /// and `how.err`. Throws log_error.
+    void prepare(const launch_config& config, int index, int global_rank, const std::filesystem::path& rank_dir,
+                 spawn_options& how) {
+        routes_ = route_streams(config, index);
+        prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
+        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
+        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
+        if (routes_.out.console == console_copy::raw && !out_file_) {
+            how.out = stdio::inherit();
+        } else if (routes_.out.console == console_copy::none && out_file_) {
+            how.out = stdio::descriptor(out_file_.get());
+        } else if (routes_.out.console == console_copy::none) {
+            how.out = stdio::null();
+        } else {
+            how.out = stdio::pipe();
+        }
+        how.err = stdio::pipe();
+    }
+
+    /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
+    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
+    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
+               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
+        out_pipe_ = child.take_stdout();
+        err_pipe_ = child.take_stderr();
+        const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
+        const auto prefix = [this](const stream_route& r) {
+            return r.console == console_copy::prefixed ? prefix_ : std::string();
+        };
+        if (out_pipe_) {
+            run(executor, relays, keep_alive, *out_pipe_,
+                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
+        }
+        if (err_pipe_) {
+            run(executor, relays, keep_alive, *err_pipe_,
+                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
+        }
+    }
+
+    /// Closes the pipes (a relay pending on one ends): for pipes a descendant of the worker holds
+    /// open after the worker's group ended.
+    void close() noexcept {
+        std::error_code ignored;
+        if (out_pipe_) out_pipe_->close(ignored);
+        if (err_pipe_) err_pipe_->close(ignored);
+    }
+
+    [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
+                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
+        relays.add();
+        asio::co_spawn(
+            executor,
+            [keep_alive, &pipe, copies = std::move(copies)]() mutable -> asio::awaitable<void> {
+                co_await relay_stream(pipe, std::move(copies));
+            },
+            [keep_alive, &relays](std::exception_ptr) { relays.done(); });
+    }
+
+    worker_routes routes_;
+    std::string prefix_;
+    detail::owned_fd out_file_;
+    detail::owned_fd err_file_;
+    std::optional<asio::posix::stream_descriptor> out_pipe_;
+    std::optional<asio::posix::stream_descriptor> err_pipe_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_output.hpp ----
+
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
@@ -11152,32 +13591,13 @@ struct attempt_settings {
 namespace elastic::inline v0 {
 
 /// The agent could not do its own work (a directory, a port, a worker that cannot be started
-/// after validation). elasticrun exits 1 with the message.
+/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
 class agent_error : public error {
 public:
     using error::error;
 };
 
 namespace detail::agent {
-
-inline bool is_loopback_host(std::string_view host) {
-    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
-    std::error_code ec;
-    const auto address = asio::ip::make_address(std::string(host), ec);
-    return !ec && address.is_loopback();
-}
-
-inline bool is_ip_literal(std::string_view host) {
-    std::error_code ec;
-    (void)asio::ip::make_address(std::string(host), ec);
-    return !ec;
-}
-
-inline std::string this_host_name() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return {};
-    return name;
-}
 
 /// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
 struct store_plan {
@@ -11189,6 +13609,15 @@ struct store_plan {
 inline store_plan plan_store(const launch_config& c) {
     const auto endpoint = c.rendezvous_endpoint();
     store_plan plan;
+    if (uses_node_rendezvous(c)) {
+        // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
+        // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
+        // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
+        const auto where = advertise(c);
+        plan.bind_host = where.bind_host;
+        plan.master_addr = where.addr;
+        return plan;
+    }
     // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
     // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
     // c10d: the endpoint's port (0 under --standalone).
@@ -11197,14 +13626,14 @@ inline store_plan plan_store(const launch_config& c) {
     } else {
         plan.port = endpoint.port.value_or(0);
     }
-    if (is_loopback_host(endpoint.host)) {
+    if (rdzv::is_loopback(endpoint.host)) {
         // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
         // advertise the literal.
-        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
         plan.master_addr = plan.bind_host;
     } else {
         // A name or address of this host: listen on every interface, as TCPStore does.
-        plan.bind_host = is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
+        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
         plan.master_addr = endpoint.host;
     }
     if (c.local_addr) plan.master_addr = *c.local_addr;
@@ -11221,41 +13650,19 @@ inline void check_supported(const launch_config& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
-    if (c.nnodes.max > 1) {
+    if (c.nnodes.min != c.nnodes.max) {
         refuse(fmt::format("--nnodes={}", nnodes_text(c.nnodes)),
-               "this agent runs one node; the multi-node rendezvous comes later — use --nnodes=1");
+               "elastic membership (MIN < MAX) comes with the elasticity issue; give a fixed number of nodes, "
+               "e.g. --nnodes=" + std::to_string(c.nnodes.max));
+    }
+    if (c.rdzv_backend == rendezvous_backend::c10d && c.rdzv_conf.is_host && !*c.rdzv_conf.is_host &&
+        c.rendezvous_endpoint().port.value_or(0) == 0) {
+        throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
+                                      "join; give the port the hosting agent listens on",
+                                      to_string(c.rendezvous_endpoint()))};
     }
     if (c.rdzv_backend == rendezvous_backend::etcd_v3) {
-        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static with --nnodes=1");
-    }
-    if (c.rdzv_backend == rendezvous_backend::c10d) {
-        const auto endpoint = c.rendezvous_endpoint();
-        if (c.rdzv_conf.is_host && !*c.rdzv_conf.is_host) {
-            refuse("--rdzv-conf is_host=false", "joining a store hosted by another agent comes with the multi-node rendezvous");
-        }
-        const bool local = is_loopback_host(endpoint.host) || (c.rdzv_conf.is_host && *c.rdzv_conf.is_host) ||
-                           endpoint.host == this_host_name() || endpoint.host == host_fqdn();
-        if (!local) {
-            refuse(fmt::format("--rdzv-endpoint={}", to_string(endpoint)),
-                   "a rendezvous hosted on another machine comes with the multi-node rendezvous; a single node "
-                   "hosts its own: --standalone or --rdzv-endpoint=localhost:0");
-        }
-    }
-    if (c.log_dir) {
-        refuse(fmt::format("--log-dir={}", c.log_dir->string()),
-               "the log tree comes later; worker output goes to the console and error files to a temporary directory");
-    }
-    const auto streams_set = [](const stream_selection& s) {
-        return !s.per_rank.empty() || s.every_rank != std_streams::none;
-    };
-    if (streams_set(c.redirects)) {
-        refuse("-r/--redirects", "redirecting worker output to files comes with the log tree");
-    }
-    if (streams_set(c.tee)) {
-        refuse("-t/--tee", "teeing worker output to files comes with the log tree");
-    }
-    if (!c.local_ranks_filter.empty()) {
-        refuse("--local-ranks-filter", "filtering the console output comes with the log tree");
+        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
 }
 
@@ -11281,7 +13688,7 @@ struct worker_slot {
     worker_assignment assignment;
     std::string error_file;
     stderr_tail tail;
-    std::optional<asio::posix::stream_descriptor> err_pipe;
+    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
 };
 
 /// What an attempt's stream relays share with it.
@@ -11293,39 +13700,13 @@ struct attempt_state {
 
 /// How an attempt ended.
 struct attempt_outcome {
-    enum class kind { succeeded, failed, signaled };
+    enum class kind { succeeded, failed, signaled, aborted };  ///< aborted: by another node
     kind how = kind::succeeded;
     int signal = 0;                 ///< for signaled
     group_failure failure;          ///< for failed
 };
 
 }  // namespace detail::agent
-
-/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels): lines to a
-/// descriptor (stderr), prefixed with the launcher's name.
-class agent_log {
-public:
-    agent_log(std::string name, log_level level, int fd = 2) : name_(std::move(name)), level_(level), fd_(fd) {}
-
-    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
-
-    void operator()(log_level level, std::string_view text) const {
-        if (!enabled(level)) return;
-        detail::agent::write_all(fd_, fmt::format("{}: {}\n", name_, text));
-    }
-    void info(std::string_view text) const { (*this)(log_level::info, text); }
-    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
-    void error(std::string_view text) const { (*this)(log_level::error, text); }
-    /// Text shown whatever the level (the failure summary, as torchrun's exception is).
-    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
-
-    [[nodiscard]] const std::string& name() const noexcept { return name_; }
-
-private:
-    std::string name_;
-    log_level level_;
-    int fd_;
-};
 
 /// One node's agent (DESIGN.md's picture, single node): for each attempt it hosts a fresh store
 /// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
@@ -11349,6 +13730,7 @@ public:
         detail::agent::check_supported(config_);
         command_ = resolve_program(config_.program, env_);
         store_ = detail::agent::plan_store(config_);
+        events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
     }
 
     /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
@@ -11369,6 +13751,7 @@ public:
             log_.info(banner);
         }
         if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
+        if (uses_node_rendezvous(config_)) co_return co_await run_job(policy, signals);
 
         int restarts = 0;
         for (;;) {
@@ -11387,16 +13770,19 @@ public:
             auto decided = co_await (policy(failure) || signals.async_wait(asio::use_awaitable));
             if (decided.index() == 1) {
                 const int sig = std::get<1>(decided);
+                events_.decision_interrupted(restarts, sig);
                 log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
                                          "exiting with {}",
                                          signal_to_string(sig), 128 + sig));
                 co_return 128 + sig;
             }
             auto& decision = std::get<0>(decided);
+            events_.decision(failure, decision);
             if (decision.restart()) {
                 log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
                                          headline(failure), decision.reason));
                 ++restarts;
+                events_.restart(restarts);
                 continue;
             }
             log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", config_.role, headline(failure),
@@ -11408,6 +13794,8 @@ public:
     /// Where the workers' store of the current (or last) attempt listens: MASTER_ADDR, MASTER_PORT.
     [[nodiscard]] const std::string& master_addr() const noexcept { return store_.master_addr; }
     [[nodiscard]] std::uint16_t master_port() const noexcept { return master_port_; }
+    /// The event log (--event-log-handler); elastic::run records the shutdown through it.
+    [[nodiscard]] agent_events& events() noexcept { return events_; }
 
 private:
     std::string headline(const group_failure& failure) const {
@@ -11419,6 +13807,7 @@ private:
     }
 
     int finish_failed(const group_failure& failure) {
+        events_.final_status(failure);
         log_.always(format_summary(config_.program.target, failure.workers));
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
@@ -11433,28 +13822,21 @@ private:
         return 1;
     }
 
+    /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
+    /// user asked for with -r/-t; a --log-dir tree always stays.
     void remove_run_dir() noexcept {
-        if (temp_root_.empty()) return;
-        std::error_code ignored;
-        std::filesystem::remove_all(temp_root_, ignored);
+        if (logs_ && !writes_log_files(config_)) logs_->remove_temporary();
     }
 
-    /// The attempt's directory for error files: <tmp>/torchelastic_XXXXXX/<run_id>_XXXXXX/attempt_<k>/,
-    /// torchrun's layout; removed and made anew at each attempt (as torchrun does).
-    std::filesystem::path attempt_dir(int restarts) {
-        if (run_dir_.empty()) {
-            temp_root_ = detail::agent::make_temp_dir(detail::agent::temp_base(env_), "torchelastic_");
-            run_dir_ = detail::agent::make_temp_dir(temp_root_, config_.rdzv_id + "_");
-        }
-        const auto dir = run_dir_ / fmt::format("attempt_{}", restarts);
-        std::error_code ec;
-        std::filesystem::remove_all(dir, ec);
-        for (int i = 0; i < config_.nproc_per_node; ++i) {
-            std::filesystem::create_directories(dir / fmt::format("{}", i), ec);
-            if (ec) {
-                throw agent_error(fmt::format("cannot create {}: {}", (dir / fmt::format("{}", i)).string(), ec.message()));
-            }
-        }
+    /// The attempt's directory of the log tree (docs/logs.md), torchrun's layout
+    /// <log_dir or tmp>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/; an earlier attempt's
+    /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
+    /// workers see.
+    std::filesystem::path attempt_dir(int attempt) {
+        if (!logs_) logs_.emplace(config_.log_dir, config_.rdzv_id, detail::agent::temp_base(env_));
+        const bool first = logs_->run_dir().empty();
+        auto dir = logs_->make_attempt(attempt, config_.nproc_per_node);
+        if (first && !logs_->run_dir().empty()) log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
 
@@ -11478,7 +13860,20 @@ private:
         }
         server->start();
         master_port_ = server->port();
+        if (rdzv_) {  // several nodes: join this attempt's round first (docs/rendezvous.md)
+            if (const auto sig = co_await join_round(*server, restarts, signals)) {
+                server->stop();
+                attempt_outcome interrupted;
+                interrupted.how = attempt_outcome::kind::signaled;
+                interrupted.signal = *sig;
+                co_return interrupted;
+            }
+        }
+        events_.rendezvous_done(restarts, node_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
         auto& server_ref = *server;
+        // Several nodes: group rank 0's store serves every node's workers until the round ends
+        // (all nodes done, or an abort), not only while this node's own workers run.
+        if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
 
         const auto dir = attempt_dir(restarts);
         // Shared with the stream relays, which may outlive this frame if it unwinds.
@@ -11488,12 +13883,7 @@ private:
         std::vector<child_process> workers;
         workers.reserve(slots.size());
         const auto close_all = [&slots] {
-            for (auto& slot : slots) {
-                if (slot.err_pipe) {
-                    std::error_code ignored;
-                    slot.err_pipe->close(ignored);
-                }
-            }
+            for (auto& slot : slots) slot.output.close();
         };
 
         // Start every worker. spawn() returns once the program runs (or throws, e.g. when the
@@ -11501,29 +13891,24 @@ private:
         std::optional<std::string> spawn_failure;
         for (int i = 0; i < n; ++i) {
             auto& slot = slots[static_cast<std::size_t>(i)];
-            slot.assignment = assign_worker(i, n);
-            slot.error_file = (dir / fmt::format("{}", i) / "error.json").string();
+            slot.assignment = node_worker(i, n);
+            const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
+            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
             spawn_options how;
             how.program = command_.path;
             auto argv = command_.argv_for(i);
             how.args.assign(argv.begin() + 1, argv.end());
             how.env = environment_entries(worker_environment(config_, env_, slot.assignment, attempt));
-            how.err = stdio::pipe();
             try {
+                slot.output.prepare(config_, i, slot.assignment.global_rank, rank_dir, how);
                 workers.push_back(elastic::spawn(executor_, how));
+                events_.worker_started(restarts, slot.assignment, static_cast<long>(workers.back().pid()));
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
             }
-            slot.err_pipe = workers.back().take_stderr();
-            if (slot.err_pipe) {
-                relays.add();
-                asio::co_spawn(
-                    executor_,
-                    [state, &slot]() -> asio::awaitable<void> { co_await relay_stream(*slot.err_pipe, slot.tail, 2); },
-                    [state](std::exception_ptr) { state->relays.done(); });
-            }
+            slot.output.start(workers.back(), executor_, relays, state, slot.tail);
         }
         const auto started = std::chrono::steady_clock::now();
 
@@ -11531,6 +13916,7 @@ private:
         std::optional<std::size_t> first_failure;
         if (spawn_failure) {
             co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)});
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             throw agent_error(*spawn_failure);
@@ -11539,10 +13925,12 @@ private:
             log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", config_.role, n, restarts,
                                   store_.master_addr, master_port_));
             if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
-            auto first = co_await (watch(workers) || signals.async_wait(asio::use_awaitable));
+            auto first = co_await (watch_job(workers) || signals.async_wait(asio::use_awaitable));
             if (first.index() == 1) {
                 outcome.how = attempt_outcome::kind::signaled;
                 outcome.signal = std::get<1>(first);
+            } else if (std::get<0>(first) == aborted_by_job) {
+                outcome.how = attempt_outcome::kind::aborted;
             } else if (const auto i = std::get<0>(first); i < workers.size()) {
                 outcome.how = attempt_outcome::kind::failed;
                 first_failure = i;
@@ -11551,11 +13939,20 @@ private:
 
         if (outcome.how == attempt_outcome::kind::signaled) {
             co_await stop_on_signal(workers, outcome.signal);
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
         }
         if (outcome.how == attempt_outcome::kind::succeeded) {
+            events_.workers_exited(restarts, workers);
+            co_await drain(relays, close_all);
+            if (!rdzv_) server_ref.stop();  // several nodes: round_store_ keeps serving the others
+            co_return outcome;
+        }
+        if (outcome.how == attempt_outcome::kind::aborted) {  // another node's failure
+            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}));
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
@@ -11566,17 +13963,21 @@ private:
         const auto failed_at = workers[*first_failure].status()->steady_time;
         std::vector<bool> exited_before(workers.size());
         for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
+        if (rdzv_) co_await report_failure(workers[*first_failure], slots[*first_failure].assignment);
+        events_.stopping_group();
         auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
                                  signals.async_wait(asio::use_awaitable));
         if (stopped.index() == 1) {
             outcome.how = attempt_outcome::kind::signaled;
             outcome.signal = std::get<1>(stopped);
             co_await stop_on_signal(workers, outcome.signal);
+            events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             co_return outcome;
         }
         report_unkillable(std::get<0>(stopped));
+        events_.workers_exited(restarts, workers);
         co_await drain(relays, close_all);
         server_ref.stop();
 
@@ -11618,6 +14019,7 @@ private:
     }
 
     asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
+        events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
                                  signal_to_string(sig), detail::launch_impl::seconds_text(config_.shutdown_timeout)));
         auto result = co_await stop(std::span<child_process>(workers), {sig, config_.shutdown_timeout, std::chrono::seconds(10)});
@@ -11633,21 +14035,267 @@ private:
     }
 
     /// Awaits the end of every relayed stream. A descendant that left its worker's process
-    /// group may hold a pipe open forever: after the workers are gone, the pipes get a bounded
-    /// while to reach end of file, then they are closed.
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
+    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
+    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s: a
+    /// descendant writing for ever cannot keep the agent from ending.
     template <class Close>
     asio::awaitable<void> drain(task_latch& relays, Close close_all) {
         using namespace asio::experimental::awaitable_operators;
-        if (relays.count() == 0) co_return;
-        asio::steady_timer bound(executor_, std::chrono::seconds(2));
-        auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-        if (which.index() == 1) {
-            log_.warning("a worker's stderr stayed open after its process group ended (a descendant that left the "
-                         "group?); closing it");
+        asio::steady_timer bound(executor_);
+        for (int round = 0; relays.count() != 0; ++round) {
+            const auto seen = relays.progress();
+            bound.expires_after(std::chrono::seconds(2));
+            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
+            log_.warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
+                                     "that left the group?); {}; closing it",
+                                     relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
             close_all();
             co_await relays.wait();
         }
     }
+
+    // ---- several nodes: the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
+
+    /// watch_job()'s answer when another node aborted the round.
+    static constexpr std::size_t aborted_by_job = static_cast<std::size_t>(-1);
+
+    /// The job over several nodes: the same attempts as run(), but each attempt joins a round
+    /// first, a failure anywhere aborts every node's group, the node that aborted decides for
+    /// the job (its policy, with the job-wide restart count), and success ends at the exit
+    /// barrier.
+    template <restart_policy Policy>
+    asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
+        std::string lost;
+        try {
+            co_return co_await run_rounds(policy, signals);
+        } catch (const rendezvous_error&) {
+            throw;
+        } catch (const store_error& e) {
+            lost = e.what();
+        }
+        throw rendezvous_error(fmt::format("the rendezvous store failed: {}", lost));
+    }
+
+    template <restart_policy Policy>
+    asio::awaitable<int> run_rounds(Policy& policy, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        using kind = detail::agent::attempt_outcome::kind;
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
+        {
+            auto started = co_await (rdzv_->start() || signals.async_wait(asio::use_awaitable));
+            if (started.index() == 1) co_return 128 + std::get<1>(started);
+        }
+        auto& rdzv = rdzv_->rendezvous();
+        for (;;) {
+            abort_won_ = false;
+            last_abort_.reset();
+            auto outcome = co_await run_attempt(rdzv.restart_count(), signals);
+            if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
+                throw rendezvous_error(last_abort_->reason);
+            }
+            if (outcome.how == kind::signaled) {
+                co_await abort_for_signal(outcome.signal);
+                co_return 128 + outcome.signal;
+            }
+            if (outcome.how == kind::succeeded) {
+                auto barrier = co_await (rdzv.finish(exit_barrier_timeout()) ||
+                                         signals.async_wait(asio::use_awaitable));
+                if (barrier.index() == 1) {
+                    co_await abort_for_signal(std::get<1>(barrier));
+                    co_return 128 + std::get<1>(barrier);
+                }
+                auto& result = std::get<0>(barrier);
+                if (result.how != barrier_result::kind::aborted) {
+                    if (result.how == barrier_result::kind::timed_out) {
+                        std::string missing;
+                        for (std::size_t i = 0; i < result.missing.size(); ++i) {
+                            missing += fmt::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i],
+                                                   result.missing_hosts[i]);
+                        }
+                        log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish "
+                                               "within {} s (--rdzv-conf exit_barrier_timeout); exiting anyway",
+                                               missing,
+                                               detail::launch_impl::seconds_text(exit_barrier_timeout())));
+                    }
+                    co_await rdzv.leave();
+                    remove_run_dir();
+                    co_return 0;
+                }
+                last_abort_ = result.abort;
+                log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
+                                         config_.role, describe_abort()));
+            }
+            job_decision decision;
+            if (outcome.how == kind::failed) {
+                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, config_.program.target));
+            }
+            if (outcome.how == kind::failed && abort_won_) {
+                outcome.failure.restarts = rdzv.restart_count();
+                auto decided = co_await (policy(outcome.failure) || signals.async_wait(asio::use_awaitable));
+                if (decided.index() == 1) {
+                    const int sig = std::get<1>(decided);
+                    events_.decision_interrupted(rdzv.restart_count(), sig);
+                    const job_decision stop_now{false, 128 + sig, fmt::format("the deciding node received {}", signal_to_string(sig))};
+                    co_await rdzv.decide(stop_now);
+                    co_return 128 + sig;
+                }
+                auto& d = std::get<0>(decided);
+                events_.decision(outcome.failure, d);
+                decision.restart = d.restart();
+                decision.reason = d.reason;
+                const auto* root = outcome.failure.root_cause();
+                decision.exit_code = root ? launcher_exit_code(*root) : 1;
+                co_await rdzv.decide(decision);
+            } else {
+                auto followed = co_await (rdzv.await_decision() || signals.async_wait(asio::use_awaitable));
+                if (followed.index() == 1) co_return 128 + std::get<1>(followed);
+                decision = std::get<0>(std::move(followed));
+            }
+            const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
+            if (decision.restart) {
+                log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (job-wide restart {})",
+                                         config_.role, why, decision.reason, rdzv.restart_count()));
+                events_.restart(rdzv.restart_count());
+                continue;
+            }
+            log_.warning(fmt::format("[{}] {}; {}: stopping the job", config_.role, why, decision.reason));
+            if (outcome.how == kind::failed) (void)finish_failed(outcome.failure);
+            co_await rdzv.leave();
+            co_return decision.exit_code;
+        }
+    }
+
+    /// --rdzv-conf exit_barrier_timeout, else launch_config's (300 s, torchrun's fixed value).
+    [[nodiscard]] std::chrono::milliseconds exit_barrier_timeout() const {
+        return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
+    }
+
+    std::string describe_abort() const {
+        if (!last_abort_) return "the round was aborted";
+        return fmt::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
+                           last_abort_->reason);
+    }
+
+    /// Joins this attempt's round with the fresh workers' store `server`; sets `restarts`, the
+    /// workers' MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
+    asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        node_info me;
+        if (host_.empty()) {
+            // getfqdn() may ask DNS: not when every node is on this machine (loopback endpoint).
+            if (config_.local_addr) {
+                host_ = *config_.local_addr;
+            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
+                host_ = detail::rdzv::gethostname_string();
+            } else {
+                host_ = host_fqdn();
+            }
+        }
+        me.host = host_;
+        me.store_addr = store_.master_addr;
+        me.store_port = server.port();
+        me.nproc = config_.nproc_per_node;
+        me.node_rank = config_.node_rank;
+        if (round_) me.previous_rank = round_->group_rank;
+        me.pid = static_cast<long>(::getpid());
+        if (!advertised_addr_) advertised_addr_ = store_.master_addr;
+        me.store_addr = *advertised_addr_;
+        round_store_.reset();  // the previous round's workers' store (group rank 0)
+        auto joined = co_await (rdzv_->rendezvous().next_round(me) || signals.async_wait(asio::use_awaitable));
+        if (joined.index() == 1) co_return std::get<1>(joined);
+        round_ = std::get<0>(std::move(joined));
+        restarts = round_->restart_count;
+        store_.master_addr = round_->master_addr;
+        master_port_ = round_->master_port;
+        // Only group rank 0's store serves the workers; the others' close at once.
+        if (round_->group_rank != 0) server.stop();
+        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
+                              round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
+                              round_->rank_base + config_.nproc_per_node - 1, round_->world_size));
+        co_return std::nullopt;
+    }
+
+    /// Local worker `i` of `n`: its ranks in the current round (or on a single node).
+    [[nodiscard]] worker_assignment node_worker(int i, int n) const {
+        auto a = assign_worker(i, n);
+        if (!round_) return a;
+        a.group_rank = round_->group_rank;
+        a.group_world_size = round_->group_world_size;
+        a.global_rank = round_->rank_base + i;
+        a.role_rank = a.global_rank;
+        a.world_size = round_->world_size;
+        a.role_world_size = a.world_size;
+        return a;
+    }
+
+    /// The first failing local worker, all succeeding, or (several nodes) aborted_by_job.
+    asio::awaitable<std::size_t> watch_job(std::vector<child_process>& workers) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!rdzv_) co_return co_await watch(workers);
+        auto first = co_await (watch(workers) || watch_abort());
+        if (first.index() == 0) {
+            rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
+            co_return std::get<0>(first);
+        }
+        last_abort_ = std::get<1>(std::move(first));
+        co_return aborted_by_job;
+    }
+
+    /// The round's abort; a lost store comes back as a notice of group_rank -2 (run_job then
+    /// throws rendezvous_error once the workers are stopped).
+    asio::awaitable<abort_notice> watch_abort() {
+        abort_notice lost;
+        try {
+            co_return co_await rdzv_->rendezvous().wait_for_abort();
+        } catch (const store_error& e) {
+            lost.group_rank = -2;
+            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", e.what());
+        }
+        co_return lost;
+    }
+
+    /// A local worker failed: abort the round for every node (first reporter wins).
+    asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
+        const auto& status = *worker.status();
+        abort_notice notice;
+        notice.group_rank = round_ ? round_->group_rank : -1;
+        notice.host = host_;
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank,
+                                    status.signaled() ? fmt::format("was killed by {}", signal_name(status.signal))
+                                                      : fmt::format("exited with code {}", status.code));
+        abort_won_ = co_await rdzv_->rendezvous().abort(notice);
+        // Lost: another node reported first (its notice is there already); this one follows.
+        if (abort_won_) {
+            last_abort_ = notice;
+        } else {
+            last_abort_ = co_await rdzv_->rendezvous().wait_for_abort();
+        }
+    }
+
+    /// This agent received `sig`: the job stops (this node will not rejoin).
+    asio::awaitable<void> abort_for_signal(int sig) {
+        if (!rdzv_ || !round_) co_return;
+        try {
+            abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
+            if (co_await rdzv_->rendezvous().abort(notice)) {
+                const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
+                                                                           round_->group_rank, host_,
+                                                                           signal_to_string(sig))};
+                co_await rdzv_->rendezvous().decide(stop_now);
+            }
+        } catch (const store_error&) {
+            // The store is gone already: nobody is left to tell.
+        }
+    }
+
+    std::unique_ptr<tcp_rendezvous> rdzv_;      ///< several nodes: the rendezvous
+    std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
+    std::optional<rendezvous_round> round_;     ///< the current round
+    std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
+    std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
+    bool abort_won_ = false;                    ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
     launch_config config_;
@@ -11657,8 +14305,8 @@ private:
     detail::agent::store_plan store_;
     std::uint16_t master_port_ = 0;
     std::string host_;
-    std::filesystem::path temp_root_;
-    std::filesystem::path run_dir_;
+    agent_events events_;  ///< --event-log-handler
+    std::optional<log_tree> logs_;  ///< made at the first attempt
 };
 
 }  // namespace elastic::inline v0
@@ -11672,6 +14320,8 @@ private:
 #include <asio/io_context.hpp>
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
@@ -11691,18 +14341,34 @@ inline std::string launcher_name(int argc, const char* const* argv) {
     return std::string(name);
 }
 
-/// Runs `body` and turns the launcher's errors into a message on stderr and an exit code:
-/// usage_error 2 (nothing was started), anything else 1.
+/// Writes the agent's own failure into $TORCHELASTIC_ERROR_FILE (when set), as torchrun's
+/// @record on main does for an exception, with errorCode = the exit code; a failure to write
+/// is one more line on stderr.
+inline void record_agent_exception(std::string_view name, const agent_exception& e) {
+    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (path == nullptr || *path == '\0') return;
+    try {
+        write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code).dump(
+                                        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    } catch (const std::exception& failure) {
+        std::fputs(fmt::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
+    }
+}
+
+/// Runs `body` and turns the launcher's errors into a message on stderr and an exit code
+/// (docs/exit-codes.md): usage_error 2 (nothing was started); rendezvous_error
+/// exit_codes::rendezvous; anything else exit_codes::internal. The last two are also written
+/// into the agent's own error file ($TORCHELASTIC_ERROR_FILE) with their errorCode; a usage
+/// error is not (torchrun's @record does not see argparse's SystemExit either).
 template <class Body>
 int guarded(std::string_view name, Body&& body) {
     try {
         return body();
-    } catch (const usage_error& e) {
-        std::fputs(fmt::format("{}: error: {}\n", name, e.what()).c_str(), stderr);
-        return usage_error::exit_code();
-    } catch (const std::exception& e) {
-        std::fputs(fmt::format("{}: error: {}\n", name, e.what()).c_str(), stderr);
-        return 1;
+    } catch (...) {
+        const auto e = classify_exception(std::current_exception());
+        std::fputs(fmt::format("{}: error: {}\n", name, e.what).c_str(), stderr);
+        if (e.exit_code != exit_codes::usage) record_agent_exception(name, e);
+        return e.exit_code;
     }
 }
 
@@ -11725,13 +14391,19 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
         context.stop();
     });
     context.run();
-    if (failure) std::rethrow_exception(failure);
-    return code.value_or(1);
+    if (failure) {
+        agent.events().shutdown(failure);
+        std::rethrow_exception(failure);
+    }
+    agent.events().shutdown(code.value_or(exit_codes::internal));
+    return code.value_or(exit_codes::internal);
 }
 
 /// torchrun's command line (docs/cli.md) under the caller's restart policy: parses, prints
 /// --help / --version, runs the agent, and returns the exit code — 2 with a one-line message
-/// for bad input (nothing started), 1 when the agent itself fails. A custom launcher is:
+/// for bad input (nothing started), exit_codes::rendezvous (250) when the rendezvous fails,
+/// exit_codes::internal (251) when the agent itself fails (docs/exit-codes.md). A custom
+/// launcher is:
 ///
 ///     int main(int argc, char** argv) { return elastic::run(argc, argv, my_policy{}); }
 template <restart_policy Policy>
