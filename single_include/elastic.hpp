@@ -13575,6 +13575,7 @@ private:
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -13598,6 +13599,43 @@ public:
 };
 
 namespace detail::agent {
+
+/// An operation's value or the exception it ended with. The agent races rendezvous and policy
+/// operations against its signals with `||`; an exception escaping one side of `||` left the
+/// agent waiting for ever in Asio 1.22 (found with a join timeout), so the operation's
+/// exception is caught inside the race and rethrown after it.
+template <class T>
+struct settled {
+    std::optional<T> value;
+    std::exception_ptr error;
+
+    T take() {
+        if (error) std::rethrow_exception(error);
+        return std::move(*value);
+    }
+};
+
+template <class T>
+asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
+    settled<T> out;
+    try {
+        out.value.emplace(co_await std::move(op));
+    } catch (...) {
+        out.error = std::current_exception();
+    }
+    co_return out;
+}
+
+inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
+    settled<std::monostate> out;
+    try {
+        co_await std::move(op);
+        out.value.emplace();
+    } catch (...) {
+        out.error = std::current_exception();
+    }
+    co_return out;
+}
 
 /// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
 struct store_plan {
@@ -13767,7 +13805,7 @@ public:
             for (const auto* f : failure.failures()) {
                 log_.error(failure_log_line(*f, config_.program.target));
             }
-            auto decided = co_await (policy(failure) || signals.async_wait(asio::use_awaitable));
+            auto decided = co_await (detail::agent::settle(policy(failure)) || signals.async_wait(asio::use_awaitable));
             if (decided.index() == 1) {
                 const int sig = std::get<1>(decided);
                 events_.decision_interrupted(restarts, sig);
@@ -13776,7 +13814,7 @@ public:
                                          signal_to_string(sig), 128 + sig));
                 co_return 128 + sig;
             }
-            auto& decision = std::get<0>(decided);
+            auto decision = std::get<0>(decided).take();
             events_.decision(failure, decision);
             if (decision.restart()) {
                 log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
@@ -14084,8 +14122,9 @@ private:
         using kind = detail::agent::attempt_outcome::kind;
         rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
         {
-            auto started = co_await (rdzv_->start() || signals.async_wait(asio::use_awaitable));
+            auto started = co_await (detail::agent::settle(rdzv_->start()) || signals.async_wait(asio::use_awaitable));
             if (started.index() == 1) co_return 128 + std::get<1>(started);
+            (void)std::get<0>(started).take();
         }
         auto& rdzv = rdzv_->rendezvous();
         for (;;) {
@@ -14100,13 +14139,13 @@ private:
                 co_return 128 + outcome.signal;
             }
             if (outcome.how == kind::succeeded) {
-                auto barrier = co_await (rdzv.finish(exit_barrier_timeout()) ||
+                auto barrier = co_await (detail::agent::settle(rdzv.finish(exit_barrier_timeout())) ||
                                          signals.async_wait(asio::use_awaitable));
                 if (barrier.index() == 1) {
                     co_await abort_for_signal(std::get<1>(barrier));
                     co_return 128 + std::get<1>(barrier);
                 }
-                auto& result = std::get<0>(barrier);
+                auto result = std::get<0>(barrier).take();
                 if (result.how != barrier_result::kind::aborted) {
                     if (result.how == barrier_result::kind::timed_out) {
                         std::string missing;
@@ -14133,7 +14172,7 @@ private:
             }
             if (outcome.how == kind::failed && abort_won_) {
                 outcome.failure.restarts = rdzv.restart_count();
-                auto decided = co_await (policy(outcome.failure) || signals.async_wait(asio::use_awaitable));
+                auto decided = co_await (detail::agent::settle(policy(outcome.failure)) || signals.async_wait(asio::use_awaitable));
                 if (decided.index() == 1) {
                     const int sig = std::get<1>(decided);
                     events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -14141,7 +14180,7 @@ private:
                     co_await rdzv.decide(stop_now);
                     co_return 128 + sig;
                 }
-                auto& d = std::get<0>(decided);
+                auto d = std::get<0>(decided).take();
                 events_.decision(outcome.failure, d);
                 decision.restart = d.restart();
                 decision.reason = d.reason;
@@ -14149,9 +14188,9 @@ private:
                 decision.exit_code = root ? launcher_exit_code(*root) : 1;
                 co_await rdzv.decide(decision);
             } else {
-                auto followed = co_await (rdzv.await_decision() || signals.async_wait(asio::use_awaitable));
+                auto followed = co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
                 if (followed.index() == 1) co_return 128 + std::get<1>(followed);
-                decision = std::get<0>(std::move(followed));
+                decision = std::get<0>(followed).take();
             }
             const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
             if (decision.restart) {
@@ -14203,9 +14242,10 @@ private:
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
         me.store_addr = *advertised_addr_;
         round_store_.reset();  // the previous round's workers' store (group rank 0)
-        auto joined = co_await (rdzv_->rendezvous().next_round(me) || signals.async_wait(asio::use_awaitable));
+        auto joined = co_await (detail::agent::settle(rdzv_->rendezvous().next_round(me)) ||
+                                signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) co_return std::get<1>(joined);
-        round_ = std::get<0>(std::move(joined));
+        round_ = std::get<0>(joined).take();
         restarts = round_->restart_count;
         store_.master_addr = round_->master_addr;
         master_port_ = round_->master_port;

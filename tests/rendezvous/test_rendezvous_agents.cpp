@@ -238,6 +238,19 @@ TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node"
     CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
 }
 
+TEST_CASE("rendezvous agents: a join timeout ends the lone agent with exit 250 and names how many joined") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    auto args = c10d_args(port, 2, 1, "lonely");
+    args.push_back("--rdzv-conf=join_timeout=1,is_host=true");
+    j.start(with_worker(args), node_env(dir, "", 0));
+    const int code = j.agents[0]->wait();
+    INFO(j.agents[0]->err());
+    CHECK(code == 250);
+    CHECK(j.agents[0]->err().find("1 of 2 nodes joined within the join timeout (1 s)") != std::string::npos);
+}
+
 TEST_CASE("rendezvous agents: PyTorch DDP (gloo) across two agents, all_reduce correct, also after a restart") {
     temp_dir dir;
     const int port = free_port();
