@@ -2,10 +2,14 @@
 // chooses, per rank and per attempt.
 //
 // AGENT_WORKER_DO = rule;rule;...   rule = selector:step+step+...   (first matching rule wins)
-//   selector: *  |  r<rank>  |  a<attempt>  |  a<attempt>r<rank>      (rank = RANK, attempt =
-//             TORCHELASTIC_RESTART_COUNT)
+//   selector: *  |  r<rank>  |  a<attempt>  |  a<attempt>r<rank>  |  w<world>  |  w<world>r<rank>
+//             (rank = RANK, attempt = TORCHELASTIC_RESTART_COUNT, world = WORLD_SIZE: a
+//             membership restart keeps the attempt and changes the world)
 //   steps, in order:
 //     env      write every variable to $AGENT_WORKER_DIR/env.<attempt>.<rank> (NAME=value lines)
+//     envw     the same to $AGENT_WORKER_DIR/env.w<world>.<rank>
+//     world    print "world <WORLD_SIZE> <GROUP_WORLD_SIZE> <RANK> <GROUP_RANK> <attempt>
+//              <RDZV_TEST_NODE> <pid>"
 //     argv     write the arguments to $AGENT_WORKER_DIR/argv.<attempt>.<rank> (one per line)
 //     store    connect to MASTER_ADDR:MASTER_PORT; fail (exit 99) if a key "stale/<r>" written
 //              by an earlier attempt (its value: that attempt) is visible; then set "stale/<rank>"
@@ -62,12 +66,18 @@ std::vector<std::string> split(std::string_view text, char sep) {
     }
 }
 
-bool matches(const std::string& selector, const std::string& rank, const std::string& attempt) {
+bool matches(const std::string& selector, const std::string& rank, const std::string& attempt,
+             const std::string& world) {
     if (selector == "*") return true;
     std::string want_rank;
     std::string want_attempt;
     std::string_view s = selector;
-    if (!s.empty() && s.front() == 'a') {
+    if (!s.empty() && s.front() == 'w') {
+        s.remove_prefix(1);
+        const auto r = s.find('r');
+        if (std::string(s.substr(0, r)) != world) return false;
+        s = r == std::string_view::npos ? std::string_view{} : s.substr(r);
+    } else if (!s.empty() && s.front() == 'a') {
         s.remove_prefix(1);
         const auto r = s.find('r');
         want_attempt = std::string(s.substr(0, r));
@@ -93,13 +103,14 @@ void write_file(const std::string& name, const std::string& text) {
 int main(int argc, char** argv) {
     const auto rank = var("RANK", "0");
     const auto attempt = var("TORCHELASTIC_RESTART_COUNT", "0");
+    const auto world = var("WORLD_SIZE", "1");
     const auto ready = [&] { say(1, fmt::format("ready {} {} {}\n", rank, attempt, ::getpid())); };
 
     std::vector<std::string> steps;
     for (const auto& rule : split(var("AGENT_WORKER_DO"), ';')) {
         const auto colon = rule.find(':');
         if (colon == std::string::npos) continue;
-        if (matches(rule.substr(0, colon), rank, attempt)) {
+        if (matches(rule.substr(0, colon), rank, attempt, world)) {
             steps = split(std::string_view(rule).substr(colon + 1), '+');
             break;
         }
@@ -109,6 +120,13 @@ int main(int argc, char** argv) {
             std::string text;
             for (char** e = environ; e != nullptr && *e != nullptr; ++e) text += std::string(*e) + "\n";
             write_file(fmt::format("env.{}.{}", attempt, rank), text);
+        } else if (step == "envw") {
+            std::string text;
+            for (char** e = environ; e != nullptr && *e != nullptr; ++e) text += std::string(*e) + "\n";
+            write_file(fmt::format("env.w{}.{}", world, rank), text);
+        } else if (step == "world") {
+            say(1, fmt::format("world {} {} {} {} {} {} {}\n", world, var("GROUP_WORLD_SIZE", "1"), rank,
+                               var("GROUP_RANK", "0"), attempt, var("RDZV_TEST_NODE", "-"), ::getpid()));
         } else if (step == "argv") {
             std::string text;
             for (int i = 0; i < argc; ++i) text += std::string(argv[i]) + "\n";

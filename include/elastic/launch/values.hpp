@@ -82,6 +82,12 @@ struct rendezvous_settings {
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
     /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
     std::optional<std::chrono::milliseconds> exit_barrier_timeout;
+    /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
+    /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
+    std::chrono::milliseconds keep_alive_interval = 1s;
+    /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
+    /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
+    int keep_alive_max_attempt = 5;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -357,7 +363,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -368,6 +374,8 @@ inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
     {"use_libuv", false, true, false},
     {"protocol", false, false, true},
     {"exit_barrier_timeout", true, true, true},
+    {"keep_alive_interval", false, true, false},
+    {"keep_alive_max_attempt", false, true, false},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -444,6 +452,10 @@ inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
             settings.timeout = parse_seconds(value, what, false);
         } else if (key == "exit_barrier_timeout") {
             settings.exit_barrier_timeout = parse_seconds(value, what, false);
+        } else if (key == "keep_alive_interval") {
+            settings.keep_alive_interval = parse_seconds(value, what, false);
+        } else if (key == "keep_alive_max_attempt") {
+            settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "store_type") {
