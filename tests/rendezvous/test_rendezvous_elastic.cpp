@@ -1,0 +1,484 @@
+// Elastic membership (issue 12) with real elasticrun agents on loopback, c10d, --nnodes=MIN:MAX:
+// a member lost, group rank 0 lost, the store's host lost, scale-up, a standby, below MIN, a leave.
+#include "agent_support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <csignal>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace test_rendezvous_elastic {
+
+using agent_support::launched;
+using agent_support::temp_dir;
+
+/// A port that was free a moment ago (bound on 127.0.0.1 with port 0, then released): every
+/// agent but the host joins with is_host=false, which needs a real port.
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+/// One "world" line of agent-worker: world <WORLD_SIZE> <GROUP_WORLD_SIZE> <RANK> <GROUP_RANK>
+/// <TORCHELASTIC_RESTART_COUNT> <RDZV_TEST_NODE> <pid>.
+struct world_line {
+    int world = -1;
+    int group_world = -1;
+    int rank = -1;
+    int group_rank = -1;
+    int attempt = -1;
+    int node = -1;
+    pid_t pid = -1;
+};
+
+/// The world lines of one agent's stdout, in order; `world` > 0 keeps only that world size.
+std::vector<world_line> worlds(const std::string& out, int world = 0) {
+    std::vector<world_line> lines;
+    std::istringstream in(out);
+    for (std::string text; std::getline(in, text);) {
+        if (text.rfind("world ", 0) != 0) continue;
+        std::istringstream fields(text.substr(6));
+        world_line w;
+        fields >> w.world >> w.group_world >> w.rank >> w.group_rank >> w.attempt >> w.node >> w.pid;
+        REQUIRE_MESSAGE(!fields.fail(), "malformed world line: " << text);
+        if (world <= 0 || w.world == world) lines.push_back(w);
+    }
+    return lines;
+}
+
+/// The first stderr line holding `text` (empty when none does).
+std::string line_with(const std::string& err, const std::string& text) {
+    std::istringstream in(err);
+    for (std::string line; std::getline(in, line);) {
+        if (line.find(text) != std::string::npos) return line;
+    }
+    return {};
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// Reads the agent's pipes until stdout has `count` lines starting with `prefix`; fails the case
+/// (with the agent's stderr) when its pipes end first.
+void await_lines(launched& agent, const std::string& prefix, int count = 1) {
+    const bool seen = agent.read_lines(prefix, count);
+    INFO("stdout:\n" << agent.out());
+    INFO("stderr:\n" << agent.err());
+    REQUIRE_MESSAGE(seen, "expected " << count << " line(s) starting with '" << prefix << "'");
+}
+
+/// Reads the agent's pipes until its stderr holds `text` (launched::read_until hands the
+/// predicate stdout, but both pipes are read on every round, so err() grows as well).
+void await_stderr(launched& agent, const std::string& text) {
+    const bool seen = agent.read_until([&](const std::string&) { return has(agent.err(), text); });
+    INFO("stdout:\n" << agent.out());
+    INFO("stderr:\n" << agent.err());
+    REQUIRE_MESSAGE(seen, "expected '" << text << "' on stderr");
+}
+
+/// Awaits the end of `pid` — a worker of an agent, not our child — through a pidfd, which reads
+/// as readable once the process has exited (a zombie nobody reaped yet counts as ended). The
+/// bound is no speed requirement: it only turns a leaked worker into a failed check instead of a
+/// hung case; a leaked worker is then killed, so the case can still read its agent's pipes to
+/// the end.
+bool ended(pid_t pid) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U));
+    if (fd < 0) return errno == ESRCH;
+    pollfd p{fd, POLLIN, 0};
+    int rc = 0;
+    do {
+        rc = ::poll(&p, 1, 120'000);
+    } while (rc < 0 && errno == EINTR);
+    ::close(fd);
+    if (rc == 1) return true;
+    ::kill(pid, SIGKILL);
+    return false;
+}
+
+/// Whether `pid` is gone and reaped: for the workers of an agent that has exited (it reaps its
+/// own workers before it exits).
+bool reaped(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
+
+/// Short leases, so a lost or silent node shows within about a second; every agent of a job uses
+/// the same values (the spec asks for it).
+constexpr const char* keep_alive = "keep_alive_interval=0.2,keep_alive_max_attempt=5";
+
+/// One job: agents started one by one; agent i runs with RDZV_TEST_NODE=i.
+struct job {
+    explicit job(std::string id_) : id(std::move(id_)) {}
+
+    temp_dir dir;
+    int port = free_port();
+    std::string id;
+    std::string nnodes = "2:4";
+    int nproc = 1;
+    std::vector<std::unique_ptr<launched>> agents;
+
+    /// Starts the next agent. `host`: is_host=true (it hosts the rendezvous store), else
+    /// is_host=false (joins it). `conf`: more --rdzv-conf keys; `extra`: more options.
+    launched& start(const std::string& rules, bool host, const std::string& conf = "",
+                    const std::vector<std::string>& extra = {}) {
+        const int node = static_cast<int>(agents.size());
+        std::vector<std::string> args{"--rdzv-backend=c10d",
+                                      fmt::format("--rdzv-endpoint=127.0.0.1:{}", port),
+                                      fmt::format("--rdzv-id={}", id),
+                                      fmt::format("--nnodes={}", nnodes),
+                                      fmt::format("--nproc-per-node={}", nproc),
+                                      fmt::format("--rdzv-conf=is_host={},{}{}{}", host, keep_alive,
+                                                  conf.empty() ? "" : ",", conf)};
+        args.insert(args.end(), extra.begin(), extra.end());
+        args.push_back(agent_support::worker());
+        auto env = agent_support::clean_environment();
+        env["AGENT_WORKER_DIR"] = dir.str();
+        env["AGENT_WORKER_DO"] = rules;
+        env["RDZV_TEST_NODE"] = std::to_string(node);
+        env["LOGLEVEL"] = "WARNING";
+        agents.push_back(std::make_unique<launched>(args, env));
+        return *agents.back();
+    }
+
+    launched& operator[](int node) { return *agents.at(static_cast<std::size_t>(node)); }
+    [[nodiscard]] int size() const { return static_cast<int>(agents.size()); }
+};
+
+/// The checks shared by the node-loss cases once the survivors have exited: one world line each
+/// in the smaller world, distinct ranks 0..n-1 that match the group ranks (one worker per node),
+/// the same attempt 0 (a membership restart is no failure restart), the survivors' warning, and
+/// no worker failure reported anywhere. Returns each survivor's world line by node.
+std::map<int, world_line> check_survivors(job& j, const std::vector<int>& survivors, int world) {
+    std::map<int, world_line> after;
+    std::set<int> ranks;
+    std::set<int> group_ranks;
+    for (const int node : survivors) {
+        auto& a = j[node];
+        CAPTURE(node);
+        INFO("stdout:\n" << a.out());
+        INFO("stderr:\n" << a.err());
+        const auto before = worlds(a.out(), world + 1);
+        REQUIRE(before.size() == 1);
+        CHECK(before[0].attempt == 0);
+        const auto lines = worlds(a.out(), world);
+        REQUIRE(lines.size() == 1);
+        const auto& w = lines[0];
+        CHECK(w.group_world == world);
+        CHECK(w.node == node);
+        CHECK(w.attempt == 0);  // TORCHELASTIC_RESTART_COUNT unchanged by the membership restart
+        CHECK(w.rank == w.group_rank);
+        ranks.insert(w.rank);
+        group_ranks.insert(w.group_rank);
+        after[node] = w;
+        CHECK(has(a.err(), "membership changed:"));
+        CHECK(has(a.err(), "restarting every node's worker group"));
+        // The restart came from the membership change, before any worker of the old world failed.
+        CHECK_FALSE(has(a.err(), "exited with code"));
+        CHECK_FALSE(has(a.err(), "killed by"));
+        CHECK(worlds(a.out()).size() == 2);
+    }
+    std::set<int> expected;
+    for (int r = 0; r < world; ++r) expected.insert(r);
+    CHECK(ranks == expected);
+    CHECK(group_ranks == expected);
+    return after;
+}
+
+TEST_CASE("rendezvous elastic: kill -9 of a member restarts the survivors in a world of 3, same attempt") {
+    job j("loss");
+    // World 4 (round 0, complete at once with MAX = 4 arrivals) waits; world 3 succeeds.
+    const std::string rules = "w4:world+hang;w3:world+exit0";
+    for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
+    std::map<int, world_line> first;
+    for (int node = 0; node < 4; ++node) {
+        await_lines(j[node], "world 4 ");
+        first[node] = worlds(j[node].out(), 4).at(0);
+        CHECK(first[node].group_world == 4);
+    }
+    // Neither the store's host (node 0) nor group rank 0.
+    int victim = -1;
+    for (int node = 1; node < 4 && victim < 0; ++node) {
+        if (first[node].group_rank != 0) victim = node;
+    }
+    REQUIRE(victim > 0);
+    j[victim].signal(SIGKILL);
+    CHECK(ended(first[victim].pid));  // its worker dies with it (the watcher)
+    CHECK(j[victim].wait() == 128 + SIGKILL);
+
+    std::vector<int> survivors;
+    for (int node = 0; node < 4; ++node) {
+        if (node == victim) continue;
+        survivors.push_back(node);
+        const int code = j[node].wait();
+        INFO(j[node].err());
+        CHECK(code == 0);
+        CHECK(reaped(first[node].pid));
+    }
+    check_survivors(j, survivors, 3);
+}
+
+TEST_CASE("rendezvous elastic: kill -9 of group rank 0 (not the store's host) restarts the others, --node-rank kept where it fits") {
+    job j("rank0");
+    const std::string rules = "w4:world+hang;w3:world+exit0";
+    // The store's host is node 0 but group rank 3; node 1 is group rank 0.
+    const std::vector<int> node_ranks{3, 0, 1, 2};
+    for (int node = 0; node < 4; ++node) {
+        j.start(rules, node == 0, "last_call_timeout=3600",
+                {fmt::format("--node-rank={}", node_ranks[static_cast<std::size_t>(node)])});
+    }
+    std::map<int, world_line> first;
+    for (int node = 0; node < 4; ++node) {
+        await_lines(j[node], "world 4 ");
+        first[node] = worlds(j[node].out(), 4).at(0);
+        CHECK(first[node].group_rank == node_ranks[static_cast<std::size_t>(node)]);
+    }
+    REQUIRE(first[1].group_rank == 0);
+    j[1].signal(SIGKILL);
+    CHECK(ended(first[1].pid));
+    CHECK(j[1].wait() == 128 + SIGKILL);
+
+    for (const int node : {0, 2, 3}) {
+        const int code = j[node].wait();
+        INFO(j[node].err());
+        CHECK(code == 0);
+        CHECK(reaped(first[node].pid));
+    }
+    const auto after = check_survivors(j, {0, 2, 3}, 3);
+    // --node-rank is honoured where it fits the round of 3 (1 and 2); the host's 3 does not fit,
+    // so it takes the rank left over.
+    CHECK(after.at(2).group_rank == 1);
+    CHECK(after.at(3).group_rank == 2);
+    CHECK(after.at(0).group_rank == 0);
+}
+
+TEST_CASE("rendezvous elastic: kill -9 of the store's host ends every other agent with 250 and leaves no worker") {
+    job j("host");
+    const std::string rules = "w4:world+hang;*:world+exit0";
+    for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
+    std::map<int, world_line> first;
+    for (int node = 0; node < 4; ++node) {
+        await_lines(j[node], "world 4 ");
+        first[node] = worlds(j[node].out(), 4).at(0);
+    }
+    j[0].signal(SIGKILL);
+    CHECK(ended(first[0].pid));
+    CHECK(j[0].wait() == 128 + SIGKILL);
+    for (int node = 1; node < 4; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 250);
+        CHECK(has(j[node].err(), "lost the rendezvous store"));
+        // No orphan: the agent stopped and reaped its worker before it exited.
+        CHECK(reaped(first[node].pid));
+        // It never ran another round.
+        CHECK(worlds(j[node].out()).size() == 1);
+    }
+}
+
+TEST_CASE("rendezvous elastic: two agents started together into a running job of two are admitted by one restart") {
+    job j("scaleup");
+    j.nproc = 2;  // global ranks are prefix sums of nproc: world 4 with 2 nodes, 8 with 4
+    // w6 (three nodes) should not happen; if it does it waits, so the fourth node's restart still
+    // ends the job and the check below fails instead of the case hanging.
+    const std::string rules = "w4:world+hang;w6:world+hang;w8:world+exit0";
+    // last_call_timeout=1: round 0 completes 1 s after MIN = 2 arrivals.
+    for (int node = 0; node < 2; ++node) j.start(rules, node == 0, "last_call_timeout=1");
+    for (int node = 0; node < 2; ++node) await_lines(j[node], "world 4 ", 2);
+    for (int node = 2; node < 4; ++node) j.start(rules, false, "last_call_timeout=1");
+
+    std::set<int> ranks;
+    std::set<int> group_ranks;
+    for (int node = 0; node < 4; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        auto& a = j[node];
+        INFO("stdout:\n" << a.out());
+        INFO("stderr:\n" << a.err());
+        CHECK(code == 0);
+        CHECK(worlds(a.out(), 4).size() == (node < 2 ? 2U : 0U));
+        CHECK(worlds(a.out(), 6).empty());
+        const auto eight = worlds(a.out(), 8);
+        CHECK(eight.size() == 2);
+        CHECK(worlds(a.out()).size() == (node < 2 ? 4U : 2U));
+        for (const auto& w : worlds(a.out())) {
+            CHECK(w.attempt == 0);
+            CHECK(w.node == node);
+        }
+        for (const auto& w : eight) {
+            CHECK(w.group_world == 4);
+            CHECK(w.rank / 2 == w.group_rank);
+            ranks.insert(w.rank);
+            group_ranks.insert(w.group_rank);
+        }
+        CHECK_FALSE(has(a.err(), "exited with code"));
+        CHECK_FALSE(has(a.err(), "killed by"));
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2, 3, 4, 5, 6, 7});
+    CHECK(group_ranks == std::set<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted when a member is lost, and a standby exits 0 when the job succeeds") {
+    job j("standby");
+    // trap: the workers end with 0 on a signal, so the case ends the job with SIGUSR1 to each
+    // worker of the last world (the agents' own SIGTERM at a membership change also ends them).
+    const std::string rules = "w4:world+trap";
+    for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
+    std::map<int, world_line> first;
+    for (int node = 0; node < 4; ++node) {
+        await_lines(j[node], "world 4 ");
+        await_lines(j[node], "ready ");
+        first[node] = worlds(j[node].out(), 4).at(0);
+    }
+    auto& standby = j.start(rules, false, "last_call_timeout=3600");  // node 4
+    await_stderr(standby, "waits as a standby");
+    CHECK(worlds(standby.out()).empty());
+
+    // A member that is neither the store's host nor group rank 0.
+    int victim = -1;
+    for (int node = 1; node < 4 && victim < 0; ++node) {
+        if (first[node].group_rank != 0) victim = node;
+    }
+    REQUIRE(victim > 0);
+    j[victim].signal(SIGKILL);
+    CHECK(ended(first[victim].pid));
+    CHECK(j[victim].wait() == 128 + SIGKILL);
+
+    // Promoted: node 4 runs a worker in the next world of 4, with the three survivors.
+    await_lines(standby, "world 4 ");
+    await_lines(standby, "ready ");
+    std::vector<int> members;
+    for (int node = 0; node < 4; ++node) {
+        if (node == victim) continue;
+        members.push_back(node);
+        await_lines(j[node], "world 4 ", 2);
+        await_lines(j[node], "ready ", 2);
+    }
+    members.push_back(4);
+
+    // The round is full again: a sixth agent waits as a standby until the job ends.
+    auto& second = j.start(rules, false, "last_call_timeout=3600");  // node 5
+    await_stderr(second, "waits as a standby");
+
+    std::set<int> ranks;
+    std::vector<world_line> last;
+    for (const int node : members) {
+        const auto w = worlds(j[node].out(), 4).back();
+        CHECK(w.node == node);
+        CHECK(w.group_world == 4);
+        CHECK(w.attempt == 0);
+        ranks.insert(w.rank);
+        last.push_back(w);
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2, 3});
+    for (const auto& w : last) CHECK(::kill(w.pid, SIGUSR1) == 0);
+
+    for (const int node : {0, 1, 2, 3, 4, 5}) {
+        if (node == victim) continue;
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+    }
+    for (const auto& w : last) {
+        CHECK(has(j[w.node].out(), fmt::format("got {} {}\n", w.rank, SIGUSR1)));
+        CHECK(reaped(w.pid));
+    }
+    CHECK(worlds(standby.out()).size() == 1);
+    CHECK(worlds(second.out()).empty());
+    CHECK(has(second.err(), "the job ended while this node waited as a standby"));
+}
+
+TEST_CASE("rendezvous elastic: below MIN after a node loss, the survivor waits for the join timeout and exits 250") {
+    job j("belowmin");
+    const std::string rules = "w2:world+hang;*:world+exit0";
+    // Round 0 completes half a second after MIN = 2 arrivals.
+    for (int node = 0; node < 2; ++node) j.start(rules, node == 0, "last_call_timeout=0.5,join_timeout=2");
+    std::map<int, world_line> first;
+    for (int node = 0; node < 2; ++node) {
+        await_lines(j[node], "world 2 ");
+        first[node] = worlds(j[node].out(), 2).at(0);
+    }
+    j[1].signal(SIGKILL);
+    CHECK(ended(first[1].pid));
+    CHECK(j[1].wait() == 128 + SIGKILL);
+    const int code = j[0].wait();
+    INFO("stdout:\n" << j[0].out());
+    INFO("stderr:\n" << j[0].err());
+    CHECK(code == 250);
+    CHECK(has(j[0].err(), "nodes needed (--nnodes=2:4) joined within the join timeout"));
+    CHECK(has(j[0].err(), "membership changed:"));
+    CHECK(reaped(first[0].pid));
+    CHECK(worlds(j[0].out()).size() == 1);
+}
+
+TEST_CASE("rendezvous elastic: SIGTERM to one of three agents stops its worker with the grace, it leaves, the others go on in a world of 2") {
+    job j("leave");
+    // 2:3, so round 0 completes at once with three (MAX) and the leave takes the job below MAX.
+    j.nnodes = "2:3";
+    const std::string rules = "w3:world+trap;w2:world+exit0";
+    for (int node = 0; node < 3; ++node) j.start(rules, node == 0);
+    std::map<int, world_line> first;
+    for (int node = 0; node < 3; ++node) {
+        await_lines(j[node], "world 3 ");
+        await_lines(j[node], "ready ");  // the worker's handlers are in place
+        first[node] = worlds(j[node].out(), 3).at(0);
+    }
+    const int leaver = 2;
+    j[leaver].signal(SIGTERM);
+    {
+        const int code = j[leaver].wait();
+        auto& a = j[leaver];
+        INFO("stdout:\n" << a.out());
+        INFO("stderr:\n" << a.err());
+        CHECK(code == 128 + SIGTERM);
+        // The worker got SIGTERM (and time to handle it), not SIGKILL.
+        CHECK(has(a.out(), fmt::format("got {} {}\n", first[leaver].rank, SIGTERM)));
+        CHECK(worlds(a.out()).size() == 1);
+        CHECK(reaped(first[leaver].pid));
+    }
+    std::set<int> ranks;
+    for (const int node : {0, 1}) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        auto& a = j[node];
+        INFO("stdout:\n" << a.out());
+        INFO("stderr:\n" << a.err());
+        CHECK(code == 0);
+        const auto two = worlds(a.out(), 2);
+        REQUIRE(two.size() == 1);
+        CHECK(two[0].group_world == 2);
+        CHECK(two[0].attempt == 0);
+        CHECK(two[0].node == node);
+        ranks.insert(two[0].rank);
+        const auto line = line_with(a.err(), "membership changed:");
+        CAPTURE(line);
+        CHECK_FALSE(line.empty());
+        CHECK(has(a.err(), "left"));
+        CHECK_FALSE(has(a.err(), "exited with code"));
+    }
+    CHECK(ranks == std::set<int>{0, 1});
+}
+
+}  // namespace test_rendezvous_elastic
