@@ -103,14 +103,14 @@ void write_file(const std::string& name, const std::string& text) {
 int main(int argc, char** argv) {
     const auto rank = var("RANK", "0");
     const auto attempt = var("TORCHELASTIC_RESTART_COUNT", "0");
-    const auto world = var("WORLD_SIZE", "1");
+    const auto world_size = var("WORLD_SIZE", "1");
     const auto ready = [&] { say(1, fmt::format("ready {} {} {}\n", rank, attempt, ::getpid())); };
 
     std::vector<std::string> steps;
     for (const auto& rule : split(var("AGENT_WORKER_DO"), ';')) {
         const auto colon = rule.find(':');
         if (colon == std::string::npos) continue;
-        if (matches(rule.substr(0, colon), rank, attempt, world)) {
+        if (matches(rule.substr(0, colon), rank, attempt, world_size)) {
             steps = split(std::string_view(rule).substr(colon + 1), '+');
             break;
         }
@@ -123,9 +123,9 @@ int main(int argc, char** argv) {
         } else if (step == "envw") {
             std::string text;
             for (char** e = environ; e != nullptr && *e != nullptr; ++e) text += std::string(*e) + "\n";
-            write_file(fmt::format("env.w{}.{}", world, rank), text);
+            write_file(fmt::format("env.w{}.{}", world_size, rank), text);
         } else if (step == "world") {
-            say(1, fmt::format("world {} {} {} {} {} {} {}\n", world, var("GROUP_WORLD_SIZE", "1"), rank,
+            say(1, fmt::format("world {} {} {} {} {} {} {}\n", world_size, var("GROUP_WORLD_SIZE", "1"), rank,
                                var("GROUP_RANK", "0"), attempt, var("RDZV_TEST_NODE", "-"), ::getpid()));
         } else if (step == "argv") {
             std::string text;
