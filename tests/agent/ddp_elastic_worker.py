@@ -109,6 +109,8 @@ def main():
         step = state["step"]
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+    # Every rank has read the checkpoint before rank 0 may write the next one.
+    dist.barrier()
     say(f"ddp-elastic start rank={rank} world={world} step={step} "
         f"restart_count={os.environ.get('TORCHELASTIC_RESTART_COUNT', 'unset')} pid={os.getpid()}")
 

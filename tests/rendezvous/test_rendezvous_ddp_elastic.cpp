@@ -151,6 +151,9 @@ TEST_CASE("rendezvous ddp elastic: a DDP (gloo) job resumes from its checkpoint 
 
     // The killed node's worker ends: the pidfd becomes readable when the process exits.
     pollfd worker_exit{worker_fd, POLLIN, 0};
+    if (::poll(&worker_exit, 1, 0) == 0) {
+        MESSAGE("waiting for the killed node's worker (pid " << third_starts[0].pid << ") to end");
+    }
     while (::poll(&worker_exit, 1, -1) < 0 && errno == EINTR) {
     }
     CHECK((worker_exit.revents & POLLIN) != 0);
