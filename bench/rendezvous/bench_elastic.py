@@ -136,20 +136,29 @@ class Job:
                 self.sel.unregister(a.stdout)
             a.stdout.close()
         os.close(self.devnull)
-        # The agent's workers die with it (PDEATHSIG); check rather than trust. A pid counts only
-        # if it is still an agent-worker (not a reused pid of someone else's process).
-        orphans = 0
-        for pid in self.worker_pids:
+        # The agent's workers die with it (PDEATHSIG); check rather than trust, giving the signal
+        # 5 s to act. A pid counts only if it is still a live agent-worker (not a reused pid of
+        # someone else's process, not a zombie).
+        def alive(pid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"agent-worker" not in f.read().split(b"\0")[0]:
-                        continue
+                        return False
                 with open(f"/proc/{pid}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                        continue
+                    return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+        live = [pid for pid in self.worker_pids if alive(pid)]
+        deadline = time.monotonic() + 5
+        while live and time.monotonic() < deadline:
+            time.sleep(0.05)
+            live = [pid for pid in live if alive(pid)]
+        orphans = 0
+        for pid in live:
+            try:
                 os.kill(pid, signal.SIGKILL)
                 orphans += 1
-            except (FileNotFoundError, ProcessLookupError):
+            except ProcessLookupError:
                 pass
         if orphans:
             print(f"WARNING: {orphans} worker(s) outlived their SIGKILLed agent (killed now)", file=sys.stderr)
