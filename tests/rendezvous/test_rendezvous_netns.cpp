@@ -1,0 +1,452 @@
+// Two hosts in network namespaces this test creates itself, joined by a veth pair: a real
+// partition (the link cut) between the store's host and the other agent, with elastic membership.
+//
+// Needs root and iproute2's `ip` (CI runs as root). Without either, every case says so with a
+// doctest MESSAGE and asserts nothing else: namespaces cannot be made without CAP_SYS_ADMIN, and
+// a test that fails for want of privileges would only teach people to ignore it. Everything a
+// case creates (two namespaces, the veth pair inside them, the processes started in them) is
+// removed by an RAII guard, also when a REQUIRE fails or something throws, and by a sentinel
+// process when the test process itself is killed (ctest's timeout).
+#include "agent_support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace test_rendezvous_netns {
+
+using agent_support::launched;
+using agent_support::temp_dir;
+
+/// iproute2's `ip`: /usr/sbin/ip, else the first `ip` on PATH; empty when there is none.
+std::optional<std::string> find_ip() {
+    std::vector<std::string> candidates{"/usr/sbin/ip", "/sbin/ip"};
+    if (const char* path = std::getenv("PATH")) {
+        std::istringstream dirs(path);
+        for (std::string dir; std::getline(dirs, dir, ':');) {
+            if (!dir.empty()) candidates.push_back(dir + "/ip");
+        }
+    }
+    for (const auto& c : candidates) {
+        if (::access(c.c_str(), X_OK) == 0) return c;
+    }
+    return std::nullopt;
+}
+
+struct command_result {
+    int code = -1;       ///< exit code, 128+N for signal N, -1 when it could not be started
+    std::string output;  ///< stdout and stderr together
+};
+
+/// Runs `program args...` (posix_spawn, no shell: the arguments reach it as they are) to its end.
+/// Asserts nothing, so the namespace guard's destructor can use it too.
+command_result run_command(const std::string& program, const std::vector<std::string>& args) noexcept {
+    command_result result;
+    try {
+        int pipe_fds[2];
+        if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+            result.output = fmt::format("pipe2: {}", std::strerror(errno));
+            return result;
+        }
+        posix_spawn_file_actions_t actions;
+        posix_spawn_file_actions_init(&actions);
+        posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+        posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+        std::vector<std::string> argv_strings{program};
+        argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+        std::vector<char*> argv;
+        for (auto& a : argv_strings) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_t pid = -1;
+        const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+        posix_spawn_file_actions_destroy(&actions);
+        ::close(pipe_fds[1]);
+        if (rc != 0) {
+            ::close(pipe_fds[0]);
+            result.output = fmt::format("posix_spawn {}: {}", program, std::strerror(rc));
+            return result;
+        }
+        char buffer[4096];
+        for (;;) {
+            const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+            if (n > 0) {
+                result.output.append(buffer, static_cast<std::size_t>(n));
+            } else if (n == 0 || errno != EINTR) {
+                break;
+            }
+        }
+        ::close(pipe_fds[0]);
+        int status = 0;
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        result.code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    } catch (...) {
+        result.code = -1;
+    }
+    return result;
+}
+
+/// "a.b.c.d" of a host-order IPv4 address.
+std::string dotted(std::uint32_t address) {
+    return fmt::format("{}.{}.{}.{}", address >> 24, (address >> 16) & 0xFFU, (address >> 8) & 0xFFU, address & 0xFFU);
+}
+
+/// Two network namespaces `elastic-<pid>-a` and `elastic-<pid>-b` joined by a veth pair
+/// (`el<pid>a` in a, `el<pid>b` in b: at most 10 characters for a 22-bit pid, within IFNAMSIZ's
+/// 15) on the /30 subnet 10.0.0.0/8 + 4 * (pid mod 2^22): different for every live test process,
+/// so a concurrent case never shares a name or an address with this one. `lo` is up in both.
+///
+/// The destructor SIGKILLs every process still in either namespace (`ip netns pids`: an agent,
+/// worker or watcher left over by a failed case; all of them ours) and deletes both namespaces,
+/// which also destroys the veth pair. Construction only names things: `create()` makes them, so a
+/// REQUIRE failing halfway through still leaves a constructed guard that cleans up.
+class two_hosts {
+public:
+    explicit two_hosts(std::string ip) : ip_(std::move(ip)) {
+        const auto pid = static_cast<std::uint32_t>(::getpid());
+        ns_a_ = fmt::format("elastic-{}-a", pid);
+        ns_b_ = fmt::format("elastic-{}-b", pid);
+        veth_a_ = fmt::format("el{}a", pid);
+        veth_b_ = fmt::format("el{}b", pid);
+        const std::uint32_t subnet = (10U << 24) | ((pid & 0x3FFFFFU) << 2);
+        addr_a_ = dotted(subnet + 1);
+        addr_b_ = dotted(subnet + 2);
+    }
+    two_hosts(const two_hosts&) = delete;
+    two_hosts& operator=(const two_hosts&) = delete;
+    ~two_hosts() {
+        remove();
+        if (sentinel_fd_ >= 0) {
+            if (::write(sentinel_fd_, "x", 1) != 1) {
+                // The sentinel is gone already: nothing to tell it.
+            }
+            ::close(sentinel_fd_);
+        }
+    }
+
+    void create() {
+        // Namespaces named after this pid can only be left over by a dead process that had the
+        // same pid before: nobody else's, so remove them.
+        remove();
+        start_sentinel();
+        ip_ok({"netns", "add", ns_a_});
+        ip_ok({"netns", "add", ns_b_});
+        ip_ok({"link", "add", veth_a_, "netns", ns_a_, "type", "veth", "peer", "name", veth_b_, "netns", ns_b_});
+        ip_ok({"-n", ns_a_, "addr", "add", addr_a_ + "/30", "dev", veth_a_});
+        ip_ok({"-n", ns_b_, "addr", "add", addr_b_ + "/30", "dev", veth_b_});
+        for (const auto& [ns, veth] : {std::pair{ns_a_, veth_a_}, std::pair{ns_b_, veth_b_}}) {
+            ip_ok({"-n", ns, "link", "set", "lo", "up"});
+            ip_ok({"-n", ns, "link", "set", veth, "up"});
+        }
+    }
+
+    /// The partition: a's end of the link goes down. Neither side gets a reset or an error it
+    /// could act on at once (b's packets vanish in the veth; a keeps its own address, only the
+    /// route to b goes), so each notices only the other's silence.
+    void cut() { ip_ok({"-n", ns_a_, "link", "set", veth_a_, "down"}); }
+
+    /// `ip netns exec <ns> <program> args...`: the argv of a launched child inside namespace `ns`.
+    [[nodiscard]] std::vector<std::string> exec_in(const std::string& ns, const std::string& program,
+                                                   const std::vector<std::string>& args) const {
+        std::vector<std::string> argv{"netns", "exec", ns, program};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return argv;
+    }
+
+    /// Pids of the processes in namespace `ns` (empty when it does not exist).
+    [[nodiscard]] std::vector<pid_t> pids_in(const std::string& ns) const {
+        std::vector<pid_t> pids;
+        const auto r = run_command(ip_, {"netns", "pids", ns});
+        if (r.code != 0) return pids;
+        std::istringstream in(r.output);
+        for (long pid = 0; in >> pid;) pids.push_back(static_cast<pid_t>(pid));
+        return pids;
+    }
+
+    [[nodiscard]] const std::string& ip() const { return ip_; }
+    [[nodiscard]] const std::string& ns_a() const { return ns_a_; }
+    [[nodiscard]] const std::string& ns_b() const { return ns_b_; }
+    [[nodiscard]] const std::string& addr_a() const { return addr_a_; }
+    [[nodiscard]] const std::string& addr_b() const { return addr_b_; }
+
+private:
+    void ip_ok(const std::vector<std::string>& args) const {
+        const auto r = run_command(ip_, args);
+        std::string line = ip_;
+        for (const auto& a : args) line += " " + a;
+        INFO(line);
+        INFO(r.output);
+        REQUIRE(r.code == 0);
+    }
+
+    /// The destructor does not run when the test process is killed (ctest's timeout sends
+    /// SIGKILL to the test's process tree; Ctrl-C): a sentinel process outside that tree (double
+    /// fork, own session) waits on a pipe whose write end only this process holds (O_CLOEXEC: no
+    /// agent inherits it). One byte from the destructor says "cleaned up"; end of file without it
+    /// means the test died, and the sentinel removes the namespaces and whatever runs in them.
+    void start_sentinel() {
+        int fds[2];
+        REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+        const pid_t child = ::fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            // This process is single-threaded (doctest, posix_spawn'd agents), so the child may
+            // go on with the heap and fmt; it never returns into doctest and ends with _exit.
+            ::setsid();
+            if (::fork() != 0) ::_exit(0);
+            const int null = ::open("/dev/null", O_RDWR);
+            if (null >= 0) {
+                ::dup2(null, 0);
+                ::dup2(null, 1);  // nor hold ctest's output pipe open
+                ::dup2(null, 2);
+            }
+            ::dup2(fds[0], 3);
+            ::close_range(4, ~0U, 0);
+            char byte = 0;
+            ssize_t n = 0;
+            while ((n = ::read(3, &byte, 1)) < 0 && errno == EINTR) {
+            }
+            if (n != 1) remove();
+            ::_exit(0);
+        }
+        ::close(fds[0]);
+        sentinel_fd_ = fds[1];
+        int status = 0;
+        while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+
+    void remove() noexcept {
+        for (const auto* ns : {&ns_a_, &ns_b_}) {
+            for (const pid_t pid : pids_in(*ns)) {
+                if (pid > 1 && pid != ::getpid()) ::kill(pid, SIGKILL);
+            }
+            // Fails harmlessly when the namespace does not exist; its veth end goes with it.
+            (void)run_command(ip_, {"netns", "delete", *ns});
+        }
+    }
+
+    std::string ip_;
+    std::string ns_a_;
+    std::string ns_b_;
+    std::string veth_a_;
+    std::string veth_b_;
+    std::string addr_a_;
+    std::string addr_b_;
+    int sentinel_fd_ = -1;
+};
+
+/// The ip path when this machine can run the case; otherwise a MESSAGE saying why, and nothing.
+std::optional<std::string> usable_ip() {
+    if (::geteuid() != 0) {
+        MESSAGE("skipped: network namespaces need root (CI runs this case as root)");
+        return std::nullopt;
+    }
+    auto ip = find_ip();
+    if (!ip) MESSAGE("skipped: iproute2's `ip` is not installed (neither /usr/sbin/ip nor `ip` on PATH)");
+    return ip;
+}
+
+constexpr int store_port = 29400;  // a fresh namespace has every port free
+
+std::map<std::string, std::string> node_env(const temp_dir& dir, const std::string& rules, const std::string& node) {
+    auto env = agent_support::clean_environment();
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = rules;
+    env["RDZV_TEST_NODE"] = node;
+    env["LOGLEVEL"] = "INFO";  // the agents' stderr is the case's diagnosis when it fails
+    return env;
+}
+
+/// elasticrun's arguments for the agent at `own_addr` (the store's host when `host`): the
+/// store at a's address, leases of 0.2 s x 5, `own_addr` as MASTER_ADDR (routable from the
+/// other namespace, unlike the hostname).
+std::vector<std::string> agent_args(const two_hosts& net, const std::string& nnodes, const std::string& own_addr,
+                                    bool host, const std::string& join_timeout) {
+    return {"--rdzv-backend=c10d",
+            fmt::format("--rdzv-endpoint={}:{}", net.addr_a(), store_port),
+            "--rdzv-id=netns",
+            fmt::format("--nnodes={}", nnodes),
+            "--nproc-per-node=1",
+            fmt::format("--rdzv-conf=keep_alive_interval=0.2,keep_alive_max_attempt=5,join_timeout={},"
+                        "last_call_timeout=3600,is_host={}",
+                        join_timeout, host),
+            fmt::format("--local-addr={}", own_addr),
+            agent_support::worker()};
+}
+
+/// The fields of a worker's "world" line: WORLD_SIZE GROUP_WORLD_SIZE RANK GROUP_RANK attempt
+/// node pid.
+struct world_line {
+    int world = -1;
+    int group_world = -1;
+    int rank = -1;
+    int group_rank = -1;
+    int attempt = -1;
+    std::string node;
+    pid_t pid = -1;
+};
+
+std::vector<world_line> world_lines(const std::string& out) {
+    std::vector<world_line> lines;
+    std::istringstream in(out);
+    for (std::string text; std::getline(in, text);) {
+        if (text.rfind("world ", 0) != 0) continue;
+        std::istringstream fields(text.substr(6));
+        world_line w;
+        long pid = -1;
+        fields >> w.world >> w.group_world >> w.rank >> w.group_rank >> w.attempt >> w.node >> pid;
+        w.pid = static_cast<pid_t>(pid);
+        lines.push_back(w);
+    }
+    return lines;
+}
+
+/// Whether `pid` is gone; if not, its /proc state line (a "Z" there: exited but never reaped).
+std::string still_there(pid_t pid) {
+    if (pid <= 0) return "no pid was read from its world line";
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return {};
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    std::getline(stat, text);
+    return text.empty() ? std::string("alive") : text;
+}
+
+/// The command names of the agent workers still in namespace `ns` (none once the agents are gone).
+std::vector<std::string> workers_left(const two_hosts& net, const std::string& ns) {
+    std::vector<std::string> left;
+    for (const pid_t pid : net.pids_in(ns)) {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::string name;
+        std::getline(comm, name);
+        if (name == "agent-worker") left.push_back(fmt::format("{} (pid {})", name, pid));
+    }
+    return left;
+}
+
+/// Starts the two agents and waits until both workers run in one round of two.
+struct partitioned_job {
+    launched a;
+    launched b;
+    world_line a_worker;
+    world_line b_worker;
+
+    partitioned_job(const two_hosts& net, const temp_dir& dir, const std::string& nnodes, const std::string& rules,
+                    const std::string& join_timeout)
+        : a(net.exec_in(net.ns_a(), agent_support::elasticrun(),
+                        agent_args(net, nnodes, net.addr_a(), true, join_timeout)),
+            node_env(dir, rules, "A"), net.ip()),
+          b(net.exec_in(net.ns_b(), agent_support::elasticrun(),
+                        agent_args(net, nnodes, net.addr_b(), false, join_timeout)),
+            node_env(dir, rules, "B"), net.ip()) {
+        const bool a_runs = a.read_lines("world 2 ", 1);
+        const bool b_runs = b.read_lines("world 2 ", 1);
+        INFO("agent A's stderr:\n" << a.err());
+        INFO("agent B's stderr:\n" << b.err());
+        REQUIRE(a_runs);
+        REQUIRE(b_runs);
+        a_worker = world_lines(a.out()).front();
+        b_worker = world_lines(b.out()).front();
+        // One round of two nodes across the link: distinct group ranks, each node's own worker.
+        CHECK(a_worker.node == "A");
+        CHECK(b_worker.node == "B");
+        CHECK(a_worker.group_world == 2);
+        CHECK(b_worker.group_world == 2);
+        CHECK(a_worker.group_rank + b_worker.group_rank == 1);
+        CHECK(a_worker.rank != b_worker.rank);
+    }
+};
+
+TEST_CASE("rendezvous netns: a partition ends the cut-off agent with 250, the store's host goes on alone (--nnodes=1:2)") {
+    const auto ip = usable_ip();
+    if (!ip) return;
+    temp_dir dir;
+    two_hosts net(*ip);  // before the agents: they die before the namespaces go
+    net.create();
+    // Round of two: both workers hang. Round of one (after the cut): A's worker ends the job.
+    partitioned_job job(net, dir, "1:2", "w2:world+hang;w1:world+exit0", "60");
+    net.cut();
+
+    const int code_b = job.b.wait();
+    const int code_a = job.a.wait();
+    INFO("agent A's stderr:\n" << job.a.err());
+    INFO("agent B's stderr:\n" << job.b.err());
+    INFO("agent A's stdout:\n" << job.a.out());
+    INFO("agent B's stdout:\n" << job.b.out());
+
+    // B hears no heartbeat answers: it stops its worker and ends as a rendezvous failure.
+    CHECK(code_b == 250);
+    CHECK(job.b.err().find("lost the rendezvous store") != std::string::npos);
+    CHECK(launched::count_lines(job.b.out(), "world ") == 1);
+    CHECK(still_there(job.b_worker.pid).empty());
+
+    // A's store counts B's lease lost; A re-forms alone (1 >= MIN): a membership restart, which
+    // keeps the attempt (TORCHELASTIC_RESTART_COUNT) and changes the world.
+    CHECK(code_a == 0);
+    CHECK(job.a.err().find("membership changed:") != std::string::npos);
+    const auto a_lines = world_lines(job.a.out());
+    REQUIRE(a_lines.size() == 2);
+    const auto& alone = a_lines[1];
+    CHECK(alone.world == 1);
+    CHECK(alone.group_world == 1);
+    CHECK(alone.rank == 0);
+    CHECK(alone.group_rank == 0);
+    CHECK(alone.attempt == a_lines[0].attempt);
+    CHECK(alone.node == "A");
+    CHECK(alone.pid != job.a_worker.pid);
+    CHECK(still_there(job.a_worker.pid).empty());
+
+    // No worker outlives its agent on either side of the cut.
+    CHECK(workers_left(net, net.ns_a()).empty());
+    CHECK(workers_left(net, net.ns_b()).empty());
+}
+
+TEST_CASE("rendezvous netns: a partition of a fixed job (--nnodes=2:2) ends both agents with 250") {
+    const auto ip = usable_ip();
+    if (!ip) return;
+    temp_dir dir;
+    two_hosts net(*ip);
+    net.create();
+    partitioned_job job(net, dir, "2:2", "w2:world+hang;w1:world+exit0", "2");
+    net.cut();
+
+    const int code_b = job.b.wait();
+    const int code_a = job.a.wait();
+    INFO("agent A's stderr:\n" << job.a.err());
+    INFO("agent B's stderr:\n" << job.b.err());
+    INFO("agent A's stdout:\n" << job.a.out());
+    INFO("agent B's stdout:\n" << job.b.out());
+
+    CHECK(code_b == 250);
+    CHECK(job.b.err().find("lost the rendezvous store") != std::string::npos);
+    CHECK(still_there(job.b_worker.pid).empty());
+
+    // A stops its worker, waits join_timeout for a second node that cannot come, and gives up.
+    CHECK(code_a == 250);
+    CHECK(job.a.err().find("1 of 2 nodes joined within the join timeout") != std::string::npos);
+    CHECK(launched::count_lines(job.a.out(), "world ") == 1);
+    CHECK(still_there(job.a_worker.pid).empty());
+
+    CHECK(workers_left(net, net.ns_a()).empty());
+    CHECK(workers_left(net, net.ns_b()).empty());
+}
+
+}  // namespace test_rendezvous_netns
