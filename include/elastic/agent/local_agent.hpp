@@ -160,10 +160,10 @@ inline void check_supported(const launch_config& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
-    if (c.nnodes.min != c.nnodes.max) {
-        refuse(fmt::format("--nnodes={}", nnodes_text(c.nnodes)),
-               "elastic membership (MIN < MAX) comes with the elasticity issue; give a fixed number of nodes, "
-               "e.g. --nnodes=" + std::to_string(c.nnodes.max));
+    if (c.nnodes.min != c.nnodes.max && c.rdzv_backend == rendezvous_backend::static_) {
+        throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
+                                      "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
+                                      nnodes_text(c.nnodes), c.nnodes.max)};
     }
     if (c.rdzv_backend == rendezvous_backend::c10d && c.rdzv_conf.is_host && !*c.rdzv_conf.is_host &&
         c.rendezvous_endpoint().port.value_or(0) == 0) {
@@ -577,27 +577,72 @@ private:
     /// barrier.
     template <restart_policy Policy>
     asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
+        {
+            auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
+            if (started.index() == 1) {
+                rdzv_->stop();
+                co_return 128 + std::get<1>(started);
+            }
+            try {
+                (void)std::get<0>(started).take();
+            } catch (...) {
+                rdzv_->stop();
+                throw;
+            }
+        }
+        // The rounds, beside the observer of the job's membership (lease losses), which runs for
+        // as long as this node is in the job.
+        auto both = co_await (detail::agent::settle(run_rounds(policy, signals)) ||
+                              rdzv_->rendezvous().keep_membership());
+        rdzv_->stop();
+        if (both.index() == 1) throw agent_error("the membership observer ended on its own");
         std::string lost;
         try {
-            co_return co_await run_rounds(policy, signals);
+            co_return std::get<0>(both).take();
+        } catch (const rendezvous_closed& e) {
+            log_.warning(fmt::format("[{}] {}; exiting 0", config_.role, e.what()));
+            co_return 0;
         } catch (const rendezvous_error&) {
             throw;
         } catch (const store_error& e) {
             lost = e.what();
         }
-        throw rendezvous_error(fmt::format("the rendezvous store failed: {}", lost));
+        throw rendezvous_error(lost.rfind("lost the rendezvous store", 0) == 0
+                                   ? lost
+                                   : fmt::format("lost the rendezvous store: {}", lost));
+    }
+
+    /// Hosts or reaches the rendezvous store, then holds this node's lease there.
+    asio::awaitable<void> start_rendezvous() {
+        co_await rdzv_->start();
+        node_info me;
+        me.host = node_host();
+        me.nproc = config_.nproc_per_node;
+        me.pid = static_cast<long>(::getpid());
+        co_await rdzv_->start_liveness(me);
+    }
+
+    /// This node's name for the others: --local-addr, else the host name (getfqdn() may ask
+    /// DNS: not when every node is on this machine, a loopback endpoint).
+    const std::string& node_host() {
+        if (host_.empty()) {
+            if (config_.local_addr) {
+                host_ = *config_.local_addr;
+            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
+                host_ = detail::rdzv::gethostname_string();
+            } else {
+                host_ = host_fqdn();
+            }
+        }
+        return host_;
     }
 
     template <restart_policy Policy>
     asio::awaitable<int> run_rounds(Policy& policy, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
         using kind = detail::agent::attempt_outcome::kind;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
-        {
-            auto started = co_await (detail::agent::settle(rdzv_->start()) || signals.async_wait(asio::use_awaitable));
-            if (started.index() == 1) co_return 128 + std::get<1>(started);
-            (void)std::get<0>(started).take();
-        }
         auto& rdzv = rdzv_->rendezvous();
         for (;;) {
             abort_won_ = false;
@@ -605,6 +650,10 @@ private:
             auto outcome = co_await run_attempt(rdzv.restart_count(), signals);
             if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
                 throw rendezvous_error(last_abort_->reason);
+            }
+            if (outcome.how == kind::aborted && last_abort_ && last_abort_->what == abort_notice::kind::membership) {
+                log_membership_restart();
+                continue;
             }
             if (outcome.how == kind::signaled) {
                 co_await abort_for_signal(outcome.signal);
@@ -635,12 +684,21 @@ private:
                     co_return 0;
                 }
                 last_abort_ = result.abort;
+                if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
+                    log_membership_restart();
+                    continue;
+                }
                 log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
                                          config_.role, describe_abort()));
             }
             job_decision decision;
             if (outcome.how == kind::failed) {
                 for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, config_.program.target));
+            }
+            if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
+                // A membership change ended the round first: no decision, nothing counted.
+                log_membership_restart();
+                continue;
             }
             if (outcome.how == kind::failed && abort_won_) {
                 outcome.failure.restarts = rdzv.restart_count();
@@ -683,6 +741,13 @@ private:
         return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
     }
 
+    void log_membership_restart() {
+        log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
+                                 "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                 config_.role, last_abort_ ? last_abort_->reason : std::string("?"),
+                                 rdzv_->rendezvous().restart_count()));
+    }
+
     std::string describe_abort() const {
         if (!last_abort_) return "the round was aborted";
         return fmt::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
@@ -694,17 +759,8 @@ private:
     asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
         node_info me;
-        if (host_.empty()) {
-            // getfqdn() may ask DNS: not when every node is on this machine (loopback endpoint).
-            if (config_.local_addr) {
-                host_ = *config_.local_addr;
-            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
-                host_ = detail::rdzv::gethostname_string();
-            } else {
-                host_ = host_fqdn();
-            }
-        }
-        me.host = host_;
+        me.host = node_host();
+        me.id = rdzv_->node_id();
         me.store_addr = store_.master_addr;
         me.store_port = server.port();
         me.nproc = config_.nproc_per_node;
@@ -762,8 +818,11 @@ private:
         try {
             co_return co_await rdzv_->rendezvous().wait_for_abort();
         } catch (const store_error& e) {
+            std::string_view why = e.what();
+            constexpr std::string_view prefix = "lost the rendezvous store: ";
+            if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
             lost.group_rank = -2;
-            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", e.what());
+            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", why);
         }
         co_return lost;
     }
@@ -786,17 +845,16 @@ private:
         }
     }
 
-    /// This agent received `sig`: the job stops (this node will not rejoin).
+    /// This agent received `sig`: it leaves the job (its workers are stopped already). The
+    /// others are told at once (a membership abort of the round) and re-form without it.
     asio::awaitable<void> abort_for_signal(int sig) {
         if (!rdzv_ || !round_) co_return;
         try {
-            abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
-            if (co_await rdzv_->rendezvous().abort(notice)) {
-                const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
-                                                                           round_->group_rank, host_,
-                                                                           signal_to_string(sig))};
-                co_await rdzv_->rendezvous().decide(stop_now);
-            }
+            abort_notice notice{round_->group_rank, host_,
+                                fmt::format("node {} (pid {}) left: its agent received {}", host_,
+                                            static_cast<long>(::getpid()), signal_to_string(sig))};
+            notice.what = abort_notice::kind::membership;
+            (void)co_await rdzv_->rendezvous().abort(notice);
         } catch (const store_error&) {
             // The store is gone already: nobody is left to tell.
         }

@@ -24,6 +24,7 @@ struct node_info {
     std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
     long pid = 0;                      ///< the agent's process id, for messages
+    std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
 };
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
@@ -34,15 +35,22 @@ struct rendezvous_round {
     int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
     int rank_base = 0;          ///< the global rank of this node's local rank 0
     int world_size = 1;         ///< workers in the round: WORLD_SIZE
+    std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
 };
 
-/// Why a round was aborted: the first node to report a failure (the compare-and-set winner).
+/// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).
 struct abort_notice {
+    enum class kind {
+        failure,     ///< a worker failed: the reporting node's policy decides (await_decision)
+        membership,  ///< a node was lost, left or waits to join: every node rejoins the next round
+        closed,      ///< the job ended: every node finished (standbys exit 0)
+    };
     int group_rank = -1;  ///< the reporting node
     std::string host;     ///< its host
-    std::string reason;   ///< one line: which local rank, which exit code or signal
+    std::string reason;   ///< one line: which local rank, which exit code or signal; which node
+    kind what = kind::failure;
 };
 
 /// What the job does after an aborted round, decided by the node that aborted it.

@@ -14,4 +14,11 @@ public:
     using error::error;
 };
 
+/// The job ended while this node waited as a standby (its round was full): not a failure;
+/// elasticrun exits 0 with the message.
+class rendezvous_closed : public rendezvous_error {
+public:
+    using rendezvous_error::rendezvous_error;
+};
+
 }  // namespace elastic::inline v0

@@ -7,18 +7,28 @@
 #include "elastic/rendezvous/error.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/errors.hpp"
+#include "elastic/store/lease.hpp"
 
+#include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -28,28 +38,42 @@ namespace elastic::inline v0 {
 /// How a store_rendezvous behaves.
 struct store_rendezvous_options {
     std::string run_id = "none";  ///< --rdzv-id: namespaces every key
-    int nnodes = 1;               ///< nodes in every round (fixed membership)
+    int nnodes = 1;               ///< MAX: a round completes at once when this many nodes joined
+    int min_nodes = 0;            ///< MIN (0: nnodes, fixed membership)
     /// A round must complete within this (--rdzv-conf join_timeout; static: timeout).
     std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+    /// MIN < MAX: how long the job's first round waits for more nodes once MIN joined; later
+    /// rounds complete as soon as every live node joined, and wait at most this for a straggler.
+    std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
     /// The store's host waits this long for the others to leave before it stops serving.
     std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
     /// Whether this node hosts the store: leave() then waits for every other node to leave.
     bool hosts_store = false;
     /// Check (and claim) torchrun's key for the run id, so a Python agent and ours never mix.
     bool torchrun_guard = true;
+    /// Where the rendezvous reports what a user should see (standby, membership); may be empty.
+    std::function<void(std::string_view)> log;
+
+    [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
+    [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
 };
 
 namespace detail::rdzv {
 
 /// The group rank of each node (by arrival order) or a message naming the conflict.
 /// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
-inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes) {
+/// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
+/// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
+/// when it fits the round and nobody before took it.
+inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                     bool strict = true) {
     const int n = static_cast<int>(nodes.size());
     std::vector<int> rank(nodes.size(), -1);
     std::vector<int> owner(nodes.size(), -1);
     for (int i = 0; i < n; ++i) {
         const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
         if (!given) continue;
+        if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
         if (*given < 0 || *given >= n) {
             return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
                                nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
@@ -88,6 +112,7 @@ inline std::string encode(const node_info& i) {
                      {"pid", i.pid}};
     if (i.node_rank) j["node_rank"] = *i.node_rank;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    if (!i.id.empty()) j["id"] = i.id;
     return j.dump();
 }
 
@@ -101,14 +126,19 @@ inline node_info decode_node(const std::string& text) {
     i.pid = j.at("pid").get<long>();
     if (j.contains("node_rank")) i.node_rank = j["node_rank"].get<int>();
     if (j.contains("previous_rank")) i.previous_rank = j["previous_rank"].get<int>();
+    if (j.contains("id")) i.id = j["id"].get<std::string>();
     return i;
 }
 
-/// A node's assignment as the completer wrote it; rendezvous_error when the round failed.
-inline rendezvous_round decode_assignment(const std::string& text) {
+/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
+/// nothing when the round lost a node while forming and everyone rejoins the next one.
+inline std::optional<rendezvous_round> decode_assignment(const std::string& text) {
     const auto j = nlohmann::json::parse(text);
     if (j.contains("error")) throw rendezvous_error(j["error"].get<std::string>());
+    if (j.contains("retry")) return std::nullopt;
     rendezvous_round r;
+    r.group_world_size = j.at("size").get<int>();
+    r.epoch = j.at("epoch").get<std::int64_t>();
     r.restart_count = j.at("restarts").get<int>();
     r.group_rank = j.at("group_rank").get<int>();
     r.rank_base = j.at("rank_base").get<int>();
@@ -123,13 +153,61 @@ inline std::vector<std::string> decode_hosts(const std::string& text) {
 }
 
 inline std::string encode(const abort_notice& a) {
-    return nlohmann::json{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}}.dump();
+    const char* what = a.what == abort_notice::kind::membership ? "membership"
+                       : a.what == abort_notice::kind::closed   ? "closed"
+                                                                : "failure";
+    return nlohmann::json{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}}
+        .dump();
 }
 
 inline abort_notice decode_abort(const std::string& text) {
     const auto j = nlohmann::json::parse(text);
-    return {j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
+    abort_notice a{j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
+    const auto what = j.value("kind", std::string("failure"));
+    a.what = what == "membership" ? abort_notice::kind::membership
+             : what == "closed"   ? abort_notice::kind::closed
+                                  : abort_notice::kind::failure;
+    return a;
 }
+
+/// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
+inline std::string describe_node_id(std::string_view id) {
+    const auto last = id.rfind(':');
+    if (last == std::string_view::npos || last == 0) return std::string(id);
+    const auto mid = id.rfind(':', last - 1);
+    if (mid == std::string_view::npos) return std::string(id);
+    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+}
+
+/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
+inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
+
+/// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
+/// "Elastic membership"), shared by the monitor and whoever waits for a change.
+struct membership_log {
+    explicit membership_log(const asio::any_io_executor& executor)
+        : wake(executor, std::chrono::steady_clock::time_point::max()) {}
+    std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
+    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
+    std::optional<std::string> store_lost;   ///< why the lease connection ended
+    asio::steady_timer wake;                 ///< cancelled at each change: wakes every waiter
+
+    void changed() { wake.cancel(); }
+    /// Completes at the next change; throws operation_aborted once cancelled (so no loop
+    /// over it can spin on a cancelled wait).
+    asio::awaitable<void> next() {
+        (void)co_await wake.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto state = co_await asio::this_coro::cancellation_state;
+        if (state.cancelled() != asio::cancellation_type::none) {
+            throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");
+        }
+    }
+    /// Completes when the store is lost, with why.
+    asio::awaitable<std::string> until_store_lost() {
+        while (!store_lost) co_await next();
+        co_return *store_lost;
+    }
+};
 
 inline std::string encode(const job_decision& d) {
     return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
@@ -151,14 +229,22 @@ inline std::string guard_value(const std::string& run_id) {
 
 }  // namespace detail::rdzv
 
-/// The fixed-membership rendezvous over any `store` (docs/rendezvous.md has the algorithm).
-/// Per round and node: one `add` (arrival index), one `set` (its info), one `wait` and one
-/// `get` (its assignment); the node whose add completes the round also does one `multi_get` of
-/// every info and one `multi_set` of every assignment. Nothing polls: waits are store pushes.
+/// The rendezvous over any `store` (docs/rendezvous.md has the algorithm). Per round and node:
+/// one `add` (arrival index), one `set` (its info), one `wait` and one `get` (its assignment);
+/// the node that completes the round also does one `multi_get` of every info and one
+/// `multi_set` of every assignment. Nothing polls: waits are store pushes.
 ///
-/// `store` serves requests in turn; `watcher` carries the long wait for the round's abort key
-/// (a TCP client serves one request at a time; a memory_store may be passed twice). Both must
-/// outlive this object. Use it on the stores' thread.
+/// Fixed membership (MIN = MAX): a round completes when MAX nodes joined. Elastic membership
+/// (MIN < MAX): the job's first round completes at MAX, or last_call_timeout after MIN joined;
+/// a later round as soon as every live node joined (at least MIN). A node arriving at a round
+/// that runs with fewer than MAX nodes aborts it (the members restart to admit it); one arriving
+/// at a full round waits as a standby until a member goes or the job ends.
+///
+/// Liveness (start_liveness, on a connection of its own that holds this node's lease): a lost
+/// member aborts the running round at once, and a lost node no longer counts as live for a
+/// forming one. `store` serves requests in turn; `watcher` carries the long waits (a TCP client
+/// serves one request at a time; a memory_store may be passed twice). All must outlive this
+/// object. Use it on the stores' thread.
 template <store Store>
 class store_rendezvous {
 public:
@@ -171,91 +257,162 @@ public:
     /// Job-wide restarts so far (agreed through the store).
     [[nodiscard]] int restart_count() const noexcept { return restarts_; }
 
-    /// Joins the next round with `me` and returns once all nnodes nodes have joined (the moment
-    /// the last one does). rendezvous_error after join_timeout, or on conflicting --node-rank.
+    // ---- liveness ---------------------------------------------------------------------------
+
+    /// The lease group of this job's nodes.
+    [[nodiscard]] std::string lease_group() const { return job_key("nodes"); }
+
+    /// Holds this node's lease (name `me.id`) on `lease`, a connection used for nothing else,
+    /// and counts the node as registered. Call once, before the first round; then run
+    /// keep_membership() for as long as the node is in the job.
+    asio::awaitable<void> start_liveness(Store& lease, node_info me)
+        requires requires(Store& s, std::string k, std::string v) {
+            { s.hold_lease(k, v) } -> std::same_as<asio::awaitable<void>>;
+        }
+    {
+        lease_ = &lease;
+        id_ = me.id;
+        members_ = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
+        co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
+        (void)co_await lease.add(job_key("registered"), 1);
+        members_->epoch = std::stoll(co_await lease.get(lease_epoch_key(lease_group())));
+    }
+
+    /// Observes the job's lease losses for ever (cancel it to stop): a lost member of the
+    /// running round aborts the round; a loss during a forming round may complete it. When the
+    /// lease connection ends, the store counts as lost (until_store_lost()); it never throws.
+    asio::awaitable<void> keep_membership() {
+        if (!members_) co_return;
+        auto log = members_;
+        try {
+            for (;;) {
+                const auto k = lease_lost_key(lease_group(), log->epoch + 1);
+                co_await wait_long(*lease_, k);
+                auto name = co_await lease_->get(k);
+                ++log->epoch;
+                log->lost.emplace_back(log->epoch, name);
+                log->changed();
+                co_await on_loss(*lease_, log->epoch, name);
+            }
+        } catch (const std::system_error& e) {
+            if (e.code() == asio::error::operation_aborted) throw;
+            log->store_lost = e.what();
+        } catch (const std::exception& e) {
+            log->store_lost = e.what();
+        }
+        log->changed();
+        // Lost: nothing more to observe; wait to be cancelled.
+        for (;;) co_await log->next();
+    }
+
+    /// Whether the lease connection ended (the store is gone or unreachable), and why.
+    [[nodiscard]] std::optional<std::string> store_lost() const {
+        if (!members_) return std::nullopt;
+        return members_->store_lost;
+    }
+
+    // ---- rounds ------------------------------------------------------------------------------
+
+    /// Joins the next round with `me` and returns once it completes. rendezvous_error after
+    /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
+    /// this node waited as a standby; store_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
-        ++round_;
-        const int n = options_.nnodes;
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
-        if (round_ == 0 && options_.torchrun_guard) co_await guard();
-        const auto arrival = co_await store_->add(key("count"), 1);
-        if (arrival > n) {
-            throw rendezvous_error(fmt::format("round {} of run '{}' already has its {} nodes (this is arrival {}): "
-                                               "another job uses the same --rdzv-id, or --nnodes differs between "
-                                               "nodes",
-                                               round_, options_.run_id, n, arrival));
+        if (round_ < 0) {
+            if (options_.torchrun_guard) co_await guard();
+            // A node joining a running job starts at its current round (0 for a new job).
+            round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
         }
-        co_await store_->set(key(fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
-        if (arrival == n) co_await complete();
-        const auto mine = key(fmt::format("assign/{}", arrival));
-        const auto left = options_.join_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      std::chrono::steady_clock::now() - started);
-        try {
-            std::vector<std::string> keys{mine};
-            co_await store_->wait(std::move(keys), std::max(left, std::chrono::milliseconds(1)));
-        } catch (const store_timeout&) {
-            joined_error_ = true;
+        for (;;) {
+            ++round_;
+            const int r = round_;
+            phase_ = phase::forming;
+            const auto arrival = co_await store_->add(key(r, "count"), 1);
+            if (arrival > options_.nnodes) {
+                co_await late(r, me);
+                continue;
+            }
+            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
+            if (arrival == options_.nnodes) {
+                co_await complete(*store_, r, static_cast<int>(arrival));
+            } else if (options_.elastic() && arrival >= options_.min() && r > 0) {
+                co_await complete_if_all_live(*store_, r);
+            }
+            auto assigned = co_await await_assignment(r, arrival, started);
+            if (!assigned) continue;  // the round lost a node while forming: the next one
+            auto round = *assigned;
+            round.number = r;
+            restarts_ = round.restart_count;
+            group_rank_ = round.group_rank;
+            size_ = round.group_world_size;
+            running_epoch_ = round.epoch;
+            phase_ = phase::running;
+            // Losses this node saw after the completer's epoch but before it ran: a member may
+            // be among them.
+            if (members_) {
+                const auto seen = members_->lost;  // the monitor may append meanwhile
+                for (const auto& [epoch, name] : seen) {
+                    if (epoch > running_epoch_ && name != id_) co_await on_member_loss(*store_, r, name);
+                }
+            }
+            co_return round;
         }
-        if (joined_error_) {
-            joined_error_ = false;
-            const auto joined = co_await store_->add(key("count"), 0);
-            throw rendezvous_error(fmt::format(
-                "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
-                "others, or raise --rdzv-conf join_timeout",
-                options_.run_id, round_, joined, n,
-                std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
-        }
-        auto r = detail::rdzv::decode_assignment(co_await store_->get(mine));
-        r.number = round_;
-        r.group_world_size = n;
-        restarts_ = r.restart_count;
-        group_rank_ = r.group_rank;
-        co_return r;
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store vanishes.
+    /// the round ends otherwise. store_error when the store is lost.
     asio::awaitable<abort_notice> wait_for_abort() {
-        const auto k = key("abort");
-        co_await wait_long(*watcher_, k);
+        const auto k = key(round_, "abort");
+        co_await wait_interruptible(*watcher_, k, std::nullopt);
         co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
     }
 
     /// Aborts the current round with `notice`; true when this node was the first.
     asio::awaitable<bool> abort(abort_notice notice) {
         const auto value = detail::rdzv::encode(notice);
-        const auto got = co_await store_->compare_set(key("abort"), std::string{}, value);
+        const auto got = co_await store_->compare_set(key(round_, "abort"), std::string{}, value);
         co_return got == value;
     }
 
     /// Publishes what the job does after the aborted round (the winner of abort() calls it).
     asio::awaitable<void> decide(job_decision decision) {
-        co_await store_->set(key("decision"), detail::rdzv::encode(decision));
+        if (decision.restart) (void)co_await store_->add(job_key("restarts"), 1);
+        co_await store_->set(key(round_, "decision"), detail::rdzv::encode(decision));
         if (decision.restart) ++restarts_;
     }
 
     /// The decision for the aborted round (awaited by push).
     asio::awaitable<job_decision> await_decision() {
-        const auto k = key("decision");
-        co_await wait_long(*store_, k);
+        const auto k = key(round_, "decision");
+        co_await wait_interruptible(*store_, k, std::nullopt);
         auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
         if (decision.restart) ++restarts_;
         co_return decision;
     }
 
-    /// This node's workers all succeeded: marks it done and waits (push) until every node is,
-    /// the round is aborted, or `timeout` passes (then names the nodes still missing).
+    /// This node's workers all succeeded: marks it done and waits (push) until every node of
+    /// the round is, the round is aborted, or `timeout` passes (then names the nodes missing).
+    /// The last node to finish closes the job (standbys then exit).
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         using namespace asio::experimental::awaitable_operators;
-        co_await store_->set(key(fmt::format("done/{}", group_rank_)), "1");
-        const auto done = co_await store_->add(key("done_count"), 1);
-        if (done >= options_.nnodes) co_await store_->set(key("all_done"), "1");
+        const int r = round_;
+        co_await store_->set(key(r, fmt::format("done/{}", group_rank_)), "1");
+        const auto done = co_await store_->add(key(r, "done_count"), 1);
+        if (done >= size_) {
+            abort_notice closed;
+            closed.group_rank = group_rank_;
+            closed.reason = "every node's workers succeeded";
+            closed.what = abort_notice::kind::closed;
+            if (co_await abort(closed)) co_await store_->set(key(r, "all_done"), "1");
+        }
         auto which = co_await (wait_all_done(timeout) || wait_for_abort());
         barrier_result result;
         if (which.index() == 1) {
+            auto notice = std::get<1>(std::move(which));
+            if (notice.what == abort_notice::kind::closed) co_return result;
             result.how = barrier_result::kind::aborted;
-            result.abort = std::get<1>(std::move(which));
+            result.abort = std::move(notice);
             co_return result;
         }
         if (std::get<0>(which)) co_return result;
@@ -263,11 +420,11 @@ public:
         result.how = barrier_result::kind::timed_out;
         std::vector<std::string> hosts;
         try {
-            hosts = detail::rdzv::decode_hosts(co_await store_->get(key("hosts")));
+            hosts = detail::rdzv::decode_hosts(co_await store_->get(key(r, "hosts")));
         } catch (const std::exception&) {
         }
-        for (int g = 0; g < options_.nnodes; ++g) {
-            std::vector<std::string> keys{key(fmt::format("done/{}", g))};
+        for (int g = 0; g < size_; ++g) {
+            std::vector<std::string> keys{key(r, fmt::format("done/{}", g))};
             if (co_await store_->check(std::move(keys))) continue;
             result.missing.push_back(g);
             result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size() ? hosts[static_cast<std::size_t>(g)]
@@ -276,27 +433,43 @@ public:
         co_return result;
     }
 
-    /// This node leaves the job for good. The store's host waits (up to close_timeout) for every
-    /// other node to leave too, so nobody loses the store while reading the job's last keys.
+    /// This node leaves the job for good. The store's host waits (up to close_timeout) until
+    /// every other node's lease is gone, so nobody loses the store while reading the job's last
+    /// keys (without liveness it cannot tell, and returns at once).
     asio::awaitable<void> leave() {
-        if (round_ < 0) co_return;
-        const auto left = co_await store_->add(key("left"), 1);
-        if (left >= options_.nnodes) co_await store_->set(key("all_left"), "1");
-        if (!options_.hosts_store) co_return;
-        try {
-            std::vector<std::string> keys{key("all_left")};
-            co_await store_->wait(std::move(keys), options_.close_timeout);
-        } catch (const store_timeout&) {
-            // Someone vanished without leaving: nothing more to wait for.
+        using namespace asio::experimental::awaitable_operators;
+        phase_ = phase::leaving;
+        if (round_ < 0 || !options_.hosts_store || !members_ || members_->store_lost) co_return;
+        const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
+        asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+        for (;;) {
+            const auto registered = co_await store_->add(job_key("registered"), 0);
+            const auto lost = std::stoll(co_await store_->get(lease_epoch_key(lease_group())));
+            if (registered - lost <= 1) co_return;
+            auto which = co_await (members_->next() ||
+                                   timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
         }
     }
 
     /// The store key of `name` in the current round.
-    [[nodiscard]] std::string key(std::string_view name) const {
-        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, round_, name);
+    [[nodiscard]] std::string key(std::string_view name) const { return key(round_, name); }
+    /// The store key of `name` in round `r`.
+    [[nodiscard]] std::string key(int r, std::string_view name) const {
+        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
+    }
+    /// The store key of `name` for the whole job.
+    [[nodiscard]] std::string job_key(std::string_view name) const {
+        return fmt::format("elastic.rendezvous.{}/{}", options_.run_id, name);
     }
 
 private:
+    enum class phase { idle, forming, running, leaving };
+
+    void say(std::string_view line) const {
+        if (options_.log) options_.log(line);
+    }
+
     asio::awaitable<void> guard() {
         const auto k = detail::rdzv::torchrun_key(options_.run_id);
         const auto mine = detail::rdzv::guard_value(options_.run_id);
@@ -310,97 +483,311 @@ private:
         }
     }
 
-    // The last node to join: reads every info (one multi_get), assigns, writes every
-    // assignment (one multi_set).
-    asio::awaitable<void> complete() {
-        const int n = options_.nnodes;
-        std::vector<std::string> keys;
-        keys.reserve(static_cast<std::size_t>(n));
-        for (int i = 1; i <= n; ++i) keys.push_back(key(fmt::format("info/{}", i)));
-        std::vector<std::string> values;
-        if constexpr (multi_key_store<Store>) {
-            values = co_await store_->multi_get(keys);
-        } else {
-            for (auto& k : keys) values.push_back(co_await store_->get(k));
+    // Waits for `k` on `s`; with liveness, a lost store ends the wait with store_error (and a
+    // cancelled wait leaves `s` closed: its next request reconnects). False on timeout.
+    asio::awaitable<bool> wait_interruptible(Store& s, std::string k,
+                                             std::optional<std::chrono::milliseconds> timeout) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!members_) {
+            if (!timeout) {
+                co_await wait_long(s, k);
+                co_return true;
+            }
+            co_return co_await wait_for(s, k, *timeout);
         }
-        std::vector<node_info> nodes;
-        nodes.reserve(values.size());
-        for (const auto& v : values) nodes.push_back(detail::rdzv::decode_node(v));
+        if (members_->store_lost) throw store_error(lost_message(*members_->store_lost));
+        auto log = members_;
+        std::variant<bool, std::string> which;
+        if (timeout) {
+            which = co_await (wait_for(s, k, *timeout) || log->until_store_lost());
+        } else {
+            auto w = co_await (wait_long(s, k) || log->until_store_lost());
+            if (w.index() == 0) which = true;
+            else which = std::get<1>(std::move(w));
+        }
+        if (which.index() == 1) {
+            if constexpr (requires { s.close(); }) s.close();
+            throw store_error(lost_message(std::get<1>(which)));
+        }
+        co_return std::get<0>(which);
+    }
 
-        std::vector<std::string> out_keys;
-        std::vector<std::string> out_values;
-        auto assigned = detail::rdzv::assign_group_ranks(nodes);
-        if (const auto* message = std::get_if<std::string>(&assigned)) {
-            const auto error = nlohmann::json{{"error", *message}}.dump();
-            for (int i = 1; i <= n; ++i) {
-                out_keys.push_back(key(fmt::format("assign/{}", i)));
-                out_values.push_back(error);
-            }
-        } else {
-            const auto& rank = std::get<0>(assigned);
-            std::vector<int> by_rank(static_cast<std::size_t>(n));
-            for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
-            std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
-            std::vector<std::string> hosts;
-            for (int g = 0; g < n; ++g) {
-                const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
-                base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
-                hosts.push_back(node.host);
-            }
-            const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
-            for (int i = 0; i < n; ++i) {
-                const int g = rank[static_cast<std::size_t>(i)];
-                out_keys.push_back(key(fmt::format("assign/{}", i + 1)));
-                out_values.push_back(nlohmann::json{{"group_rank", g},
-                                                    {"rank_base", base[static_cast<std::size_t>(g)]},
-                                                    {"world_size", base[static_cast<std::size_t>(n)]},
-                                                    {"master_addr", master.store_addr},
-                                                    {"master_port", master.store_port},
-                                                    {"restarts", restarts_}}
-                                         .dump());
-            }
-            out_keys.push_back(key("hosts"));
-            out_values.push_back(nlohmann::json(hosts).dump());
+    static std::string lost_message(const std::string& why) {
+        return fmt::format("lost the rendezvous store: {}", why);
+    }
+
+    // A node arrived after round r was complete (or sealed): it aborts a round running with
+    // fewer than MAX nodes so that it may join the next, or waits as a standby for a full
+    // one; either way it goes on with the round after r, or ends with the job.
+    asio::awaitable<void> late(int r, node_info me) {
+        if (!co_await wait_interruptible(*store_, key(r, "size"), options_.join_timeout)) {
+            throw rendezvous_error(fmt::format(
+                "round {} of run '{}' already has its {} nodes, and stays incomplete for the join timeout ({} s): "
+                "another job uses the same --rdzv-id, or --nnodes differs between nodes",
+                r, options_.run_id, options_.nnodes,
+                std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
         }
-        if constexpr (multi_key_store<Store>) {
-            co_await store_->multi_set(std::move(out_keys), std::move(out_values));
-        } else {
-            for (std::size_t i = 0; i < out_keys.size(); ++i) co_await store_->set(out_keys[i], out_values[i]);
+        const int size = static_cast<int>(std::stoll(co_await store_->get(key(r, "size"))));
+        std::vector<std::string> abort_key{key(r, "abort")};
+        if (!co_await store_->check(std::move(abort_key))) {
+            if (size < options_.nnodes) {
+                abort_notice waiting;
+                waiting.host = me.host;
+                waiting.what = abort_notice::kind::membership;
+                waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
+                                             me.host, me.pid, size, options_.nnodes);
+                (void)co_await store_->compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(waiting));
+            } else if (!options_.elastic()) {
+                throw rendezvous_error(fmt::format(
+                    "round {} of run '{}' already has its {} nodes (this node arrived after it formed): another job "
+                    "uses the same --rdzv-id, or --nnodes differs between nodes",
+                    r, options_.run_id, options_.nnodes));
+            } else {
+                say(fmt::format("round {} of run '{}' is full ({} nodes, --nnodes={}:{}): this node waits as a "
+                                "standby until a member leaves or the job ends",
+                                r, options_.run_id, size, options_.min(), options_.nnodes));
+            }
+        }
+        phase_ = phase::idle;
+        const auto notice = co_await [&]() -> asio::awaitable<abort_notice> {
+            const auto k = key(r, "abort");
+            co_await wait_interruptible(*watcher_, k, std::nullopt);
+            co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
+        }();
+        if (notice.what == abort_notice::kind::closed) {
+            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
+        }
+        if (notice.what == abort_notice::kind::failure) {
+            const auto k = key(r, "decision");
+            co_await wait_interruptible(*store_, k, std::nullopt);
+            const auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
+            if (!decision.restart) {
+                throw rendezvous_closed(fmt::format(
+                    "the job ended while this node waited as a standby (it stopped after a failure: {})",
+                    notice.reason));
+            }
         }
     }
 
-    asio::awaitable<bool> wait_all_done(std::chrono::milliseconds timeout) {
+    // Waits for this node's assignment in round r: the last-call timer (arrivals from MIN on,
+    // elastic membership) seals the round when it fires; the join timeout ends the wait.
+    asio::awaitable<std::optional<rendezvous_round>> await_assignment(int r, std::int64_t arrival,
+                                                                      std::chrono::steady_clock::time_point started) {
+        using clock = std::chrono::steady_clock;
+        const auto mine = key(r, fmt::format("assign/{}", arrival));
+        const auto join_deadline = started + options_.join_timeout;
+        std::optional<clock::time_point> last_call;
+        if (options_.elastic() && arrival >= options_.min()) last_call = clock::now() + options_.last_call_timeout;
+        for (;;) {
+            const auto now = clock::now();
+            auto until = join_deadline;
+            if (last_call && *last_call < until) until = *last_call;
+            const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - now),
+                                       std::chrono::milliseconds(1));
+            if (co_await wait_interruptible(*watcher_, mine, left)) break;
+            if (last_call && clock::now() >= *last_call) {
+                last_call.reset();
+                co_await seal(*store_, r);
+                continue;
+            }
+            if (clock::now() < join_deadline) continue;
+            auto joined = co_await store_->add(key(r, "count"), 0);
+            if (joined >= detail::rdzv::seal_increment) joined -= detail::rdzv::seal_increment;
+            const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (options_.elastic()) {
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {}: {} of the {} nodes needed (--nnodes={}:{}) joined within the "
+                    "join timeout ({} s); start more nodes, or raise --rdzv-conf join_timeout",
+                    options_.run_id, r, joined, options_.min(), options_.min(), options_.nnodes, seconds));
+            }
+            throw rendezvous_error(fmt::format(
+                "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
+                "others, or raise --rdzv-conf join_timeout",
+                options_.run_id, r, joined, options_.nnodes, seconds));
+        }
+        co_return detail::rdzv::decode_assignment(co_await store_->get(mine));
+    }
+
+    // Elastic rounds after the first: complete as soon as every live node joined (at least MIN).
+    asio::awaitable<void> complete_if_all_live(Store& s, int r) {
+        if (!members_) co_return;
+        const auto count = co_await s.add(key(r, "count"), 0);
+        if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < options_.min()) co_return;
+        const auto registered = co_await s.add(job_key("registered"), 0);
+        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+        if (count < registered - lost) co_return;
+        co_await seal(s, r);
+    }
+
+    // Seals round r (no arrival after this joins it); the one node whose seal came first
+    // completes it with the nodes that had arrived.
+    asio::awaitable<void> seal(Store& s, int r) {
+        const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
+        if (sealed < detail::rdzv::seal_increment || sealed >= 2 * detail::rdzv::seal_increment) co_return;
+        const auto joined = sealed - detail::rdzv::seal_increment;
+        if (joined >= options_.nnodes || joined < 1) co_return;  // the MAX-th arrival completes it
+        co_await complete(s, r, static_cast<int>(joined));
+    }
+
+    // Reads the k nodes' infos (one multi_get), leaves out nodes already lost, assigns ranks,
+    // writes every assignment (one multi_set).
+    asio::awaitable<void> complete(Store& s, int r, int k) {
+        std::vector<std::string> keys;
+        keys.reserve(static_cast<std::size_t>(k));
+        for (int i = 1; i <= k; ++i) keys.push_back(key(r, fmt::format("info/{}", i)));
+        std::vector<std::string> values;
+        if constexpr (multi_key_store<Store>) {
+            values = co_await s.multi_get(keys);
+        } else {
+            for (auto& key_i : keys) values.push_back(co_await s.get(key_i));
+        }
+        std::vector<node_info> arrived;
+        arrived.reserve(values.size());
+        for (const auto& v : values) arrived.push_back(detail::rdzv::decode_node(v));
+        const auto restarts = static_cast<int>(co_await s.add(job_key("restarts"), 0));
+
+        // Liveness: the losses up to now; a node among them is left out of the round.
+        std::int64_t epoch = 0;
+        std::vector<std::string> gone;
+        if (members_) {
+            epoch = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+            for (const auto& [e, name] : members_->lost) gone.push_back(name);
+            std::vector<std::string> unseen;
+            for (auto e = members_->epoch + 1; e <= epoch; ++e) unseen.push_back(lease_lost_key(lease_group(), e));
+            for (const auto& key_i : unseen) gone.push_back(co_await s.get(key_i));
+        }
+        std::vector<int> in;  // arrival indexes (0-based) of the round's members
+        for (int i = 0; i < k; ++i) {
+            const auto& id = arrived[static_cast<std::size_t>(i)].id;
+            if (id.empty() || std::find(gone.begin(), gone.end(), id) == gone.end()) in.push_back(i);
+        }
+        std::vector<std::string> out_keys;
+        std::vector<std::string> out_values;
+        const auto tell_all = [&](const std::string& value) {
+            for (int i = 1; i <= k; ++i) {
+                out_keys.push_back(key(r, fmt::format("assign/{}", i)));
+                out_values.push_back(value);
+            }
+        };
+        if (static_cast<int>(in.size()) < options_.min()) {
+            // A node was lost while the round formed and too few are left: everyone goes on to
+            // the next round (where the join timeout may end the wait); a late node finds
+            // size 0 and moves on too.
+            tell_all(nlohmann::json{{"retry", true}}.dump());
+            out_keys.push_back(key(r, "size"));
+            out_values.push_back("0");
+        } else {
+            std::vector<node_info> nodes;
+            for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
+            const int n = static_cast<int>(nodes.size());
+            auto assigned = detail::rdzv::assign_group_ranks(nodes, !options_.elastic());
+            if (const auto* message = std::get_if<std::string>(&assigned)) {
+                tell_all(nlohmann::json{{"error", *message}}.dump());
+            } else {
+                const auto& rank = std::get<0>(assigned);
+                std::vector<int> by_rank(static_cast<std::size_t>(n));
+                for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
+                std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
+                std::vector<std::string> hosts;
+                for (int g = 0; g < n; ++g) {
+                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
+                    base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
+                    hosts.push_back(node.host);
+                }
+                const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
+                tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
+                                                  "to the rendezvous store ended)"}}
+                             .dump());
+                for (int j = 0; j < n; ++j) {
+                    const int g = rank[static_cast<std::size_t>(j)];
+                    const int arrival = in[static_cast<std::size_t>(j)] + 1;
+                    out_values[static_cast<std::size_t>(arrival - 1)] =
+                        nlohmann::json{{"group_rank", g},
+                                       {"rank_base", base[static_cast<std::size_t>(g)]},
+                                       {"world_size", base[static_cast<std::size_t>(n)]},
+                                       {"size", n},
+                                       {"epoch", epoch},
+                                       {"master_addr", master.store_addr},
+                                       {"master_port", master.store_port},
+                                       {"restarts", restarts}}
+                            .dump();
+                    if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
+                        out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
+                        out_values.push_back(std::to_string(g));
+                    }
+                }
+                out_keys.push_back(key(r, "hosts"));
+                out_values.push_back(nlohmann::json(hosts).dump());
+                out_keys.push_back(key(r, "size"));
+                out_values.push_back(std::to_string(n));
+                out_keys.push_back(job_key("round"));
+                out_values.push_back(std::to_string(r));
+            }
+        }
+        if constexpr (multi_key_store<Store>) {
+            co_await s.multi_set(std::move(out_keys), std::move(out_values));
+        } else {
+            for (std::size_t i = 0; i < out_keys.size(); ++i) co_await s.set(out_keys[i], out_values[i]);
+        }
+    }
+
+    // The monitor saw lease `name` lost (the epoch-th loss of the job).
+    asio::awaitable<void> on_loss(Store& s, std::int64_t epoch, std::string name) {
+        if (name == id_) co_return;
+        if (phase_ == phase::running && epoch > running_epoch_) {
+            co_await on_member_loss(s, round_, name);
+        } else if (phase_ == phase::forming && round_ > 0 && options_.elastic()) {
+            co_await complete_if_all_live(s, round_);
+        }
+    }
+
+    // Aborts round r when lease `name` was one of its members.
+    asio::awaitable<void> on_member_loss(Store& s, int r, std::string name) {
+        std::vector<std::string> member{key(r, "member/" + name)};
+        if (!co_await s.check(std::move(member))) co_return;
+        abort_notice lost;
+        lost.what = abort_notice::kind::membership;
+        lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
+                                  "silent)",
+                                  detail::rdzv::describe_node_id(name));
+        (void)co_await s.compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(lost));
+    }
+
+    static asio::awaitable<bool> wait_for(Store& s, std::string k, std::chrono::milliseconds timeout) {
         bool timed_out = false;
         try {
-            std::vector<std::string> keys{key("all_done")};
-            co_await store_->wait(std::move(keys), timeout);
+            std::vector<std::string> keys{k};
+            co_await s.wait(std::move(keys), timeout);
         } catch (const store_timeout&) {
             timed_out = true;
         }
         co_return !timed_out;
     }
 
+    asio::awaitable<bool> wait_all_done(std::chrono::milliseconds timeout) {
+        co_return co_await wait_for(*store_, key(round_, "all_done"), timeout);
+    }
+
     // A wait with no deadline of its own: renewed hourly (the only traffic of an idle job).
-    static asio::awaitable<void> wait_long(Store& s, const std::string& k) {
+    static asio::awaitable<void> wait_long(Store& s, std::string k) {
         for (;;) {
-            bool renewed = false;
-            try {
-                std::vector<std::string> keys{k};
-                co_await s.wait(std::move(keys), std::chrono::hours(1));
-            } catch (const store_timeout&) {
-                renewed = true;
-            }
-            if (!renewed) co_return;
+            const bool ready = co_await wait_for(s, k, std::chrono::hours(1));
+            if (ready) co_return;
         }
     }
 
     Store* store_;
     Store* watcher_;
+    Store* lease_ = nullptr;
     store_rendezvous_options options_;
+    std::shared_ptr<detail::rdzv::membership_log> members_;
+    std::string id_;
+    phase phase_ = phase::idle;
     int round_ = -1;
     int restarts_ = 0;
     int group_rank_ = -1;
-    bool joined_error_ = false;
+    int size_ = 0;
+    std::int64_t running_epoch_ = 0;
 };
 
 }  // namespace elastic::inline v0

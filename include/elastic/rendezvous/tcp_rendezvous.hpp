@@ -24,6 +24,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -167,8 +168,15 @@ public:
             options.host = bind_host;
             options.port = port;
             options.log = [this](std::string_view line) {
+                // A lost lease is the agents' business: each says what it does about it.
+                if (line.find("lease '") != std::string_view::npos) return;
                 if (log_) log_(fmt::format("rendezvous store: {}", line));
             };
+            // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts
+            // an agent lost after keep_alive_max_attempt silent intervals (or at once when its
+            // connection closes).
+            options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
+            options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
                 server_->start();
@@ -194,8 +202,11 @@ public:
         options.dialect = client_dialect::detect;
         options.timeout = config_.rdzv_conf.read_timeout;
         options.connect_timeout = join_timeout;
+        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
         client_ = std::make_unique<tcp_store_client>(executor_, options);
         watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        lease_ = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client_->connect();
         } catch (const store_error& e) {
@@ -207,11 +218,28 @@ public:
         store_rendezvous_options o;
         o.run_id = config_.rdzv_id;
         o.nnodes = config_.nnodes.max;
+        o.min_nodes = config_.nnodes.min;
         o.join_timeout = join_timeout;
+        o.last_call_timeout = config_.rdzv_conf.last_call_timeout;
         o.close_timeout = config_.rdzv_conf.close_timeout;
         o.hosts_store = server_ != nullptr;
+        o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
     }
+
+    /// Holds this node's lease (its liveness in the job) on a connection of its own and counts
+    /// it as registered; `me` describes the node (its id is made here). After start().
+    asio::awaitable<void> start_liveness(node_info me) {
+        me.id = node_id_ = make_node_id(me.host, me.pid);
+        try {
+            co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
+        }
+    }
+
+    /// This node's lease name ("host:pid:tag"), after start_liveness().
+    [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
 
     /// The rounds (after start()).
     store_rendezvous<tcp_store_client>& rendezvous() { return *rdzv_; }
@@ -226,6 +254,7 @@ public:
 
     /// Stops serving (after leave()).
     void stop() noexcept {
+        if (lease_) lease_->close();
         if (watcher_) watcher_->close();
         if (client_) client_->close();
         if (server_) server_->stop();
@@ -238,7 +267,14 @@ private:
     std::unique_ptr<tcp_store_server> server_;
     std::unique_ptr<tcp_store_client> client_;
     std::unique_ptr<tcp_store_client> watcher_;
+    std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
+    std::string node_id_;
+
+    static std::string make_node_id(const std::string& host, long pid) {
+        std::random_device entropy;
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+    }
 };
 
 }  // namespace elastic::inline v0
