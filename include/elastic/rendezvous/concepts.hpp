@@ -51,6 +51,7 @@ struct abort_notice {
     std::string host;     ///< its host
     std::string reason;   ///< one line: which local rank, which exit code or signal; which node
     kind what = kind::failure;
+    bool admission = false;  ///< membership: a node waits to join (the next round then takes a last call)
 };
 
 /// What the job does after an aborted round, decided by the node that aborted it.

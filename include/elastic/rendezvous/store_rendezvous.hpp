@@ -156,8 +156,9 @@ inline std::string encode(const abort_notice& a) {
     const char* what = a.what == abort_notice::kind::membership ? "membership"
                        : a.what == abort_notice::kind::closed   ? "closed"
                                                                 : "failure";
-    return nlohmann::json{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}}
-        .dump();
+    nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
+    if (a.admission) j["admission"] = true;
+    return j.dump();
 }
 
 inline abort_notice decode_abort(const std::string& text) {
@@ -167,6 +168,7 @@ inline abort_notice decode_abort(const std::string& text) {
     a.what = what == "membership" ? abort_notice::kind::membership
              : what == "closed"   ? abort_notice::kind::closed
                                   : abort_notice::kind::failure;
+    a.admission = j.value("admission", false);
     return a;
 }
 
@@ -336,7 +338,7 @@ public:
             co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
             if (arrival == options_.nnodes) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
-            } else if (options_.elastic() && arrival >= options_.min() && r > 0) {
+            } else if (options_.elastic() && arrival >= options_.min() && quick_round(r)) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -365,13 +367,16 @@ public:
     asio::awaitable<abort_notice> wait_for_abort() {
         const auto k = key(round_, "abort");
         co_await wait_interruptible(*watcher_, k, std::nullopt);
-        co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
+        auto notice = detail::rdzv::decode_abort(co_await watcher_->get(k));
+        admission_ = notice.admission;
+        co_return notice;
     }
 
     /// Aborts the current round with `notice`; true when this node was the first.
     asio::awaitable<bool> abort(abort_notice notice) {
         const auto value = detail::rdzv::encode(notice);
         const auto got = co_await store_->compare_set(key(round_, "abort"), std::string{}, value);
+        admission_ = detail::rdzv::decode_abort(got).admission;
         co_return got == value;
     }
 
@@ -466,6 +471,11 @@ public:
 private:
     enum class phase { idle, forming, running, leaving };
 
+    // Whether round r completes as soon as every live node joined: not the job's first round
+    // (nodes are still starting), nor one that admits new nodes (others may be starting with
+    // them: torchrun's last call lets a batch of new nodes in with one restart).
+    [[nodiscard]] bool quick_round(int r) const noexcept { return r > 0 && !admission_; }
+
     void say(std::string_view line) const {
         if (options_.log) options_.log(line);
     }
@@ -534,6 +544,7 @@ private:
                 abort_notice waiting;
                 waiting.host = me.host;
                 waiting.what = abort_notice::kind::membership;
+                waiting.admission = true;
                 waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
                                              me.host, me.pid, size, options_.nnodes);
                 (void)co_await store_->compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(waiting));
@@ -554,6 +565,7 @@ private:
             co_await wait_interruptible(*watcher_, k, std::nullopt);
             co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
         }();
+        admission_ = notice.admission;
         if (notice.what == abort_notice::kind::closed) {
             throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
         }
@@ -736,7 +748,7 @@ private:
         if (name == id_) co_return;
         if (phase_ == phase::running && epoch > running_epoch_) {
             co_await on_member_loss(s, round_, name);
-        } else if (phase_ == phase::forming && round_ > 0 && options_.elastic()) {
+        } else if (phase_ == phase::forming && quick_round(round_) && options_.elastic()) {
             co_await complete_if_all_live(s, round_);
         }
     }
@@ -788,6 +800,7 @@ private:
     int group_rank_ = -1;
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
+    bool admission_ = false;  ///< the last round ended to admit a node
 };
 
 }  // namespace elastic::inline v0
