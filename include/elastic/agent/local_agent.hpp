@@ -647,8 +647,17 @@ private:
         for (;;) {
             abort_won_ = false;
             last_abort_.reset();
-            auto outcome = co_await run_attempt(rdzv.restart_count(), signals);
+            auto attempt = co_await detail::agent::settle(run_attempt(rdzv.restart_count(), signals));
+            if (const auto why = store_loss(attempt.error); why && can_move_store()) {
+                co_await move_store(*why);
+                continue;
+            }
+            auto outcome = attempt.take();
             if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
+                if (can_move_store()) {
+                    co_await move_store(last_abort_->reason);
+                    continue;
+                }
                 throw rendezvous_error(last_abort_->reason);
             }
             if (outcome.how == kind::aborted && last_abort_ && last_abort_->what == abort_notice::kind::membership) {
@@ -665,6 +674,10 @@ private:
                 if (barrier.index() == 1) {
                     co_await abort_for_signal(std::get<1>(barrier));
                     co_return 128 + std::get<1>(barrier);
+                }
+                if (const auto why = store_loss(std::get<0>(barrier).error); why && can_move_store()) {
+                    co_await move_store(*why);
+                    continue;
                 }
                 auto result = std::get<0>(barrier).take();
                 if (result.how != barrier_result::kind::aborted) {
@@ -720,6 +733,10 @@ private:
             } else {
                 auto followed = co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
                 if (followed.index() == 1) co_return 128 + std::get<1>(followed);
+                if (const auto why = store_loss(std::get<0>(followed).error); why && can_move_store()) {
+                    co_await move_store(*why);
+                    continue;
+                }
                 decision = std::get<0>(followed).take();
             }
             const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
@@ -739,6 +756,49 @@ private:
     /// --rdzv-conf exit_barrier_timeout, else launch_config's (300 s, torchrun's fixed value).
     [[nodiscard]] std::chrono::milliseconds exit_barrier_timeout() const {
         return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
+    }
+
+    /// The message of `error` when it is the loss of the rendezvous store (a store_error).
+    static std::optional<std::string> store_loss(const std::exception_ptr& error) {
+        if (!error) return std::nullopt;
+        try {
+            std::rethrow_exception(error);
+        } catch (const store_error& e) {
+            std::string why = e.what();
+            if (why.rfind("lost the rendezvous store", 0) != 0) why = "lost the rendezvous store: " + why;
+            return why;
+        } catch (...) {
+        }
+        return std::nullopt;
+    }
+
+    /// Elastic membership over c10d: the job may move its rendezvous store to a member's idle
+    /// server when the host is lost.
+    [[nodiscard]] bool can_move_store() const {
+        return config_.nnodes.min < config_.nnodes.max && rdzv_ && rdzv_->backup_port() != 0 &&
+               !rdzv_->rendezvous().successors().empty();
+    }
+
+    /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
+    /// first successor that answers; the next round needs a majority of the last one.
+    asio::awaitable<void> move_store(std::string why) {
+        node_info me;
+        me.host = node_host();
+        me.nproc = config_.nproc_per_node;
+        me.pid = static_cast<long>(::getpid());
+        const int before = round_ ? round_->group_world_size : 0;
+        auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
+        if (moved.error) {
+            try {
+                std::rethrow_exception(moved.error);
+            } catch (const std::exception& e) {
+                why = fmt::format("{}; the job cannot move it: {}", why, e.what());
+            }
+            throw rendezvous_error(why);
+        }
+        log_.warning(fmt::format("[{}] {}; the job's rendezvous moves to {}, the first member's idle store that "
+                                 "answered; the next round needs {} of the last round's {} nodes (a majority)",
+                                 config_.role, why, *moved.value, before / 2 + 1, before));
     }
 
     void log_membership_restart() {
@@ -761,6 +821,7 @@ private:
         node_info me;
         me.host = node_host();
         me.id = rdzv_->node_id();
+        me.backup_port = rdzv_->backup_port();
         me.store_addr = store_.master_addr;
         me.store_port = server.port();
         me.nproc = config_.nproc_per_node;

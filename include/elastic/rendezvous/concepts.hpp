@@ -25,6 +25,15 @@ struct node_info {
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
     long pid = 0;                      ///< the agent's process id, for messages
     std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
+    std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
+    bool hosts_store = false;          ///< it hosts the rendezvous store now
+};
+
+/// Where the rendezvous store may move when its host is lost: an idle store server of a member.
+struct store_successor {
+    std::string id;            ///< the member's lease name
+    std::string addr;          ///< its address
+    std::uint16_t port = 0;    ///< its idle server's port
 };
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
@@ -36,6 +45,8 @@ struct rendezvous_round {
     int rank_base = 0;          ///< the global rank of this node's local rank 0
     int world_size = 1;         ///< workers in the round: WORLD_SIZE
     std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
+    std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
+    bool host_in_round = false;  ///< the store's host is a member of this round
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
 };

@@ -113,6 +113,8 @@ inline std::string encode(const node_info& i) {
     if (i.node_rank) j["node_rank"] = *i.node_rank;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
+    if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.hosts_store) j["hosts_store"] = true;
     return j.dump();
 }
 
@@ -127,6 +129,8 @@ inline node_info decode_node(const std::string& text) {
     if (j.contains("node_rank")) i.node_rank = j["node_rank"].get<int>();
     if (j.contains("previous_rank")) i.previous_rank = j["previous_rank"].get<int>();
     if (j.contains("id")) i.id = j["id"].get<std::string>();
+    i.backup_port = j.value("backup", std::uint16_t{0});
+    i.hosts_store = j.value("hosts_store", false);
     return i;
 }
 
@@ -139,6 +143,13 @@ inline std::optional<rendezvous_round> decode_assignment(const std::string& text
     rendezvous_round r;
     r.group_world_size = j.at("size").get<int>();
     r.epoch = j.at("epoch").get<std::int64_t>();
+    r.host_in_round = j.value("host_in", false);
+    if (j.contains("successors")) {
+        for (const auto& x : j["successors"]) {
+            r.successors.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
+                                    x.at("port").get<std::uint16_t>()});
+        }
+    }
     r.restart_count = j.at("restarts").get<int>();
     r.group_rank = j.at("group_rank").get<int>();
     r.rank_base = j.at("rank_base").get<int>();
@@ -272,39 +283,65 @@ public:
             { s.hold_lease(k, v) } -> std::same_as<asio::awaitable<void>>;
         }
     {
-        lease_ = &lease;
-        id_ = me.id;
-        members_ = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
+        auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
-        members_->epoch = std::stoll(co_await lease.get(lease_epoch_key(lease_group())));
+        log->epoch = std::stoll(co_await lease.get(lease_epoch_key(lease_group())));
+        lease_ = &lease;
+        id_ = me.id;
+        auto previous = std::exchange(members_, std::move(log));
+        if (previous) previous->changed();  // a moved store: the observer follows
     }
+
+    /// The rendezvous store was lost and the job moves to `store` and `watcher` (connections
+    /// to a successor's idle server): the next round continues the numbering, needs a majority
+    /// of the last round's members (a minority cut off from the store never goes on alone),
+    /// and completes at once when every other member of the last round joined, else
+    /// last_call_timeout after the majority. Then call start_liveness() with a new connection.
+    void move_to(Store& store, Store& watcher, bool hosts_it) {
+        store_ = &store;
+        watcher_ = &watcher;
+        options_.hosts_store = hosts_it;
+        const int before = std::max(size_, 1);
+        quorum_ = before / 2 + 1;
+        target_ = std::max(1, before - (host_in_round_ ? 1 : 0));
+        if (target_ < quorum_) target_ = quorum_;
+        phase_ = phase::idle;
+    }
+
+    /// The last round's successors (where the store may move), after next_round().
+    [[nodiscard]] const std::vector<store_successor>& successors() const noexcept { return successors_; }
+    /// Whether this node hosts the rendezvous store.
+    [[nodiscard]] bool hosts_store() const noexcept { return options_.hosts_store; }
 
     /// Observes the job's lease losses for ever (cancel it to stop): a lost member of the
     /// running round aborts the round; a loss during a forming round may complete it. When the
     /// lease connection ends, the store counts as lost (until_store_lost()); it never throws.
     asio::awaitable<void> keep_membership() {
         if (!members_) co_return;
-        auto log = members_;
-        try {
-            for (;;) {
-                const auto k = lease_lost_key(lease_group(), log->epoch + 1);
-                co_await wait_long(*lease_, k);
-                auto name = co_await lease_->get(k);
-                ++log->epoch;
-                log->lost.emplace_back(log->epoch, name);
-                log->changed();
-                co_await on_loss(*lease_, log->epoch, name);
+        for (;;) {
+            auto log = members_;
+            auto* lease = lease_;
+            try {
+                for (;;) {
+                    const auto k = lease_lost_key(lease_group(), log->epoch + 1);
+                    co_await wait_long(*lease, k);
+                    auto name = co_await lease->get(k);
+                    ++log->epoch;
+                    log->lost.emplace_back(log->epoch, name);
+                    log->changed();
+                    if (log == members_) co_await on_loss(*lease, log->epoch, name);
+                }
+            } catch (const std::system_error& e) {
+                if (e.code() == asio::error::operation_aborted) throw;
+                log->store_lost = e.what();
+            } catch (const std::exception& e) {
+                log->store_lost = e.what();
             }
-        } catch (const std::system_error& e) {
-            if (e.code() == asio::error::operation_aborted) throw;
-            log->store_lost = e.what();
-        } catch (const std::exception& e) {
-            log->store_lost = e.what();
+            log->changed();
+            // Lost: wait until the job moves to another store (start_liveness), or for ever.
+            while (members_ == log) co_await log->next();
         }
-        log->changed();
-        // Lost: nothing more to observe; wait to be cancelled.
-        for (;;) co_await log->next();
     }
 
     /// Whether the lease connection ended (the store is gone or unreachable), and why.
@@ -335,10 +372,13 @@ public:
                 co_await late(r, me);
                 continue;
             }
+            me.hosts_store = options_.hosts_store;
             co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
             if (arrival == options_.nnodes) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
-            } else if (options_.elastic() && arrival >= options_.min() && quick_round(r)) {
+            } else if (target_ > 0 && arrival == target_) {
+                co_await seal(*store_, r);
+            } else if (options_.elastic() && arrival >= needed() && quick_round(r)) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -349,6 +389,10 @@ public:
             group_rank_ = round.group_rank;
             size_ = round.group_world_size;
             running_epoch_ = round.epoch;
+            host_in_round_ = round.host_in_round;
+            successors_ = round.successors;
+            quorum_ = 0;
+            target_ = 0;
             phase_ = phase::running;
             // Losses this node saw after the completer's epoch but before it ran: a member may
             // be among them.
@@ -474,7 +518,10 @@ private:
     // Whether round r completes as soon as every live node joined: not the job's first round
     // (nodes are still starting), nor one that admits new nodes (others may be starting with
     // them: torchrun's last call lets a batch of new nodes in with one restart).
-    [[nodiscard]] bool quick_round(int r) const noexcept { return r > 0 && !admission_; }
+    [[nodiscard]] bool quick_round(int r) const noexcept { return r > 0 && !admission_ && target_ == 0; }
+
+    // The nodes a round needs: MIN, or after the store moved a majority of the last round.
+    [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
 
     void say(std::string_view line) const {
         if (options_.log) options_.log(line);
@@ -589,7 +636,9 @@ private:
         const auto mine = key(r, fmt::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
-        if (options_.elastic() && arrival >= options_.min()) last_call = clock::now() + options_.last_call_timeout;
+        if ((options_.elastic() || target_ > 0) && arrival >= needed()) {
+            last_call = clock::now() + options_.last_call_timeout;
+        }
         for (;;) {
             const auto now = clock::now();
             auto until = join_deadline;
@@ -606,6 +655,14 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rdzv::seal_increment) joined -= detail::rdzv::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (quorum_ > 0) {
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {} (after the rendezvous store was lost and moved): {} of the {} "
+                    "nodes needed (a majority of the {} nodes of the last round, so that a part cut off from the "
+                    "others never goes on alone; --nnodes={}:{}) joined within the join timeout ({} s)",
+                    options_.run_id, r, joined, needed(), std::max(size_, 1), options_.min(), options_.nnodes,
+                    seconds));
+            }
             if (options_.elastic()) {
                 throw rendezvous_error(fmt::format(
                     "rendezvous of run '{}' round {}: {} of the {} nodes needed (--nnodes={}:{}) joined within the "
@@ -624,7 +681,7 @@ private:
     asio::awaitable<void> complete_if_all_live(Store& s, int r) {
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
-        if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < options_.min()) co_return;
+        if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < needed()) co_return;
         const auto registered = co_await s.add(job_key("registered"), 0);
         const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
         if (count < registered - lost) co_return;
@@ -681,7 +738,7 @@ private:
                 out_values.push_back(value);
             }
         };
-        if (static_cast<int>(in.size()) < options_.min()) {
+        if (static_cast<int>(in.size()) < needed()) {
             // A node was lost while the round formed and too few are left: everyone goes on to
             // the next round (where the join timeout may end the wait); a late node finds
             // size 0 and moves on too.
@@ -707,6 +764,16 @@ private:
                     hosts.push_back(node.host);
                 }
                 const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
+                // Where the store moves if its host is lost: the first members by group rank
+                // that have an idle server and do not host it now (docs/rendezvous.md).
+                nlohmann::json successors = nlohmann::json::array();
+                bool host_in = false;
+                for (int g = 0; g < n; ++g) {
+                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
+                    if (node.hosts_store) host_in = true;
+                    if (node.hosts_store || node.backup_port == 0 || successors.size() >= 3) continue;
+                    successors.push_back({{"id", node.id}, {"addr", node.store_addr}, {"port", node.backup_port}});
+                }
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
@@ -721,7 +788,9 @@ private:
                                        {"epoch", epoch},
                                        {"master_addr", master.store_addr},
                                        {"master_port", master.store_port},
-                                       {"restarts", restarts}}
+                                       {"restarts", restarts},
+                                       {"host_in", host_in},
+                                       {"successors", successors}}
                             .dump();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
                         out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
@@ -801,6 +870,10 @@ private:
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
     bool admission_ = false;  ///< the last round ended to admit a node
+    bool host_in_round_ = false;                 ///< the store's host was a member of the last round
+    std::vector<store_successor> successors_;    ///< the last round's successors
+    int quorum_ = 0;  ///< after the store moved: the majority the next round needs (0: none)
+    int target_ = 0;  ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 
 }  // namespace elastic::inline v0

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -164,19 +165,7 @@ public:
         std::string connect_host = host;
         if (want_host) {
             const auto bind_host = detail::rdzv::is_ip_literal(host) ? host : std::string("0.0.0.0");
-            store_server_options options;
-            options.host = bind_host;
-            options.port = port;
-            options.log = [this](std::string_view line) {
-                // A lost lease is the agents' business: each says what it does about it.
-                if (line.find("lease '") != std::string_view::npos) return;
-                if (log_) log_(fmt::format("rendezvous store: {}", line));
-            };
-            // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts
-            // an agent lost after keep_alive_max_attempt silent intervals (or at once when its
-            // connection closes).
-            options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
-            options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+            auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
                 server_->start();
@@ -194,16 +183,14 @@ public:
                 }
             }
         }
-        store_client_options options;
-        options.host = connect_host;
-        options.port = server_ ? server_->port() : port;
-        // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
-        // guard can name it instead of failing on the handshake.
-        options.dialect = client_dialect::detect;
-        options.timeout = config_.rdzv_conf.read_timeout;
-        options.connect_timeout = join_timeout;
-        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
-        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        // c10d, elastic membership: an idle store server of this node's own, where the job's
+        // rendezvous moves should the store's host be lost (docs/rendezvous.md).
+        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
+            store_server_options options = server_options(advertise(config_).bind_host, 0);
+            backup_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
+            backup_->start();
+        }
+        const auto options = client_options(connect_host, server_ ? server_->port() : port, join_timeout);
         client_ = std::make_unique<tcp_store_client>(executor_, options);
         watcher_ = std::make_unique<tcp_store_client>(executor_, options);
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
@@ -238,6 +225,54 @@ public:
         }
     }
 
+    /// The port of this node's idle store server (0: none), where the job may move.
+    [[nodiscard]] std::uint16_t backup_port() const noexcept { return backup_ ? backup_->port() : std::uint16_t{0}; }
+
+    /// The rendezvous store was lost: moves the job to the first of `successors` that answers
+    /// (this node's own idle server when it is that one), holds this node's lease there, and
+    /// returns where it went. rendezvous_error when none answers.
+    asio::awaitable<std::string> relocate(std::vector<store_successor> successors, node_info me) {
+        if (successors.empty()) {
+            throw rendezvous_error("the job's last round named no member that could host the rendezvous store");
+        }
+        // A successor answers within the time the store's own loss took to notice (keep alive).
+        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        std::string tried;
+        for (const auto& next : successors) {
+            const bool mine = next.id == node_id_ && backup_;
+            auto options = client_options(detail::rdzv::literal_for(next.addr), next.port, patience);
+            auto client = std::make_unique<tcp_store_client>(executor_, options);
+            try {
+                co_await client->connect();
+            } catch (const store_error& e) {
+                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                continue;
+            }
+            if (watcher_) watcher_->close();
+            if (lease_) lease_->close();
+            retired_.push_back(std::move(client_));
+            retired_.push_back(std::move(watcher_));
+            retired_.push_back(std::move(lease_));
+            client_ = std::move(client);
+            watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+            lease_ = std::make_unique<tcp_store_client>(executor_, options);
+            if (mine) {
+                server_ = std::move(backup_);
+            }
+            rdzv_->move_to(*client_, *watcher_, mine);
+            me.id = node_id_;
+            try {
+                co_await rdzv_->start_liveness(*lease_, me);
+            } catch (const store_error& e) {
+                throw rendezvous_error(
+                    fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
+                                next.port, e.what()));
+            }
+            co_return fmt::format("{}:{}{}", next.addr, next.port, mine ? " (this node)" : "");
+        }
+        throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
+    }
+
     /// This node's lease name ("host:pid:tag"), after start_liveness().
     [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
 
@@ -257,7 +292,11 @@ public:
         if (lease_) lease_->close();
         if (watcher_) watcher_->close();
         if (client_) client_->close();
+        for (auto& c : retired_) {
+            if (c) c->close();
+        }
         if (server_) server_->stop();
+        if (backup_) backup_->stop();
     }
 
 private:
@@ -268,6 +307,40 @@ private:
     std::unique_ptr<tcp_store_client> client_;
     std::unique_ptr<tcp_store_client> watcher_;
     std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
+    std::unique_ptr<tcp_store_server> backup_;  ///< idle until the job's store moves here
+    std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
+
+    store_server_options server_options(std::string bind_host, std::uint16_t port) {
+        store_server_options options;
+        options.host = std::move(bind_host);
+        options.port = port;
+        options.log = [this](std::string_view line) {
+            // A lost lease is the agents' business: each says what it does about it.
+            if (line.find("lease '") != std::string_view::npos) return;
+            if (log_) log_(fmt::format("rendezvous store: {}", line));
+        };
+        // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts an
+        // agent lost after keep_alive_max_attempt silent intervals (or at once when its
+        // connection closes).
+        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        return options;
+    }
+
+    store_client_options client_options(std::string host, std::uint16_t port,
+                                         std::chrono::milliseconds connect_timeout) const {
+        store_client_options options;
+        options.host = std::move(host);
+        options.port = port;
+        // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
+        // guard can name it instead of failing on the handshake.
+        options.dialect = client_dialect::detect;
+        options.timeout = config_.rdzv_conf.read_timeout;
+        options.connect_timeout = connect_timeout;
+        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        return options;
+    }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
 
