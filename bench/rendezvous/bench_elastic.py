@@ -164,6 +164,12 @@ class Job:
             print(f"WARNING: {orphans} worker(s) outlived their SIGKILLed agent (killed now)", file=sys.stderr)
 
 
+def wall_clock():
+    """Now as HH:MM:SS.micros UTC, comparable with the agents' log lines."""
+    ns = time.time_ns()
+    return time.strftime("%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns // 1000 % 10**6:06d}"
+
+
 def settled(agents, world, after=0):
     """Every agent has a worker that started after `after` in a round of `world` nodes."""
     return all(any(ns > after and w == world for ns, w in a.runs) for a in agents)
@@ -182,6 +188,7 @@ def node_loss_once(job, n, timeout):
     survivors = [a for a in job.agents if a is not victim]
     assert host in survivors
     t0 = time.monotonic_ns()
+    job.t0_wall = wall_clock()
     job.kill(victim)
     job.wait_until(lambda: settled(survivors, n - 1, t0), timeout,
                    f"the {n - 1} survivors' new workers running (world {n - 1})")
@@ -200,6 +207,7 @@ def scale_up_once(job, n, timeout):
     old = list(job.agents)
     before = sum(len(a.runs) for a in old)
     t0 = time.monotonic_ns()
+    job.t0_wall = wall_clock()
     job.spawn(False)
     job.wait_until(lambda: settled(job.agents, n, t0), timeout, f"all {n} workers running (world {n})")
     stamps = [first_run(a, n, t0) for a in job.agents]
@@ -217,6 +225,9 @@ def main():
     parser.add_argument("--keep-alive-interval", default="", help="--rdzv-conf keep_alive_interval (default: the agent's, 1 s)")
     parser.add_argument("--last-call", default="1", help="--rdzv-conf last_call_timeout in s (scale-up's round 0)")
     parser.add_argument("--timeout", type=float, default=300, help="give up a wait after this many s")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep every run's agents' stderr (the path and t0 on the wall clock go to stderr)")
+    parser.add_argument("--loglevel", default="WARNING", help="the agents' LOGLEVEL (INFO shows the store's lease losses)")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 2 pipes + a log file per agent here
@@ -226,7 +237,7 @@ def main():
     worker = os.path.join(args.build, "test-programs", "agent-worker")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     env["OMP_NUM_THREADS"] = "1"
-    env["LOGLEVEL"] = "WARNING"
+    env["LOGLEVEL"] = args.loglevel
     env["AGENT_WORKER_DO"] = "*:running+world+hang"
 
     def cmd_maker(n, port, conf):
@@ -264,7 +275,9 @@ def main():
                     logdir = None
                 finally:
                     job.close()
-                if logdir:
+                if logdir and args.keep_logs:
+                    print(f"{name} N={n}: t0 at {job.t0_wall} (UTC), the agents' stderr in {logdir}", file=sys.stderr)
+                elif logdir:
                     shutil.rmtree(logdir)
             if not values:
                 print(f"| {name} | {n} | failed | | | | | 0 of {args.repeat} |", flush=True)
