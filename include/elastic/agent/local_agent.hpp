@@ -906,16 +906,28 @@ private:
         }
     }
 
-    /// This agent received `sig`: it leaves the job (its workers are stopped already). The
-    /// others are told at once (a membership abort of the round) and re-form without it.
+    /// This agent received `sig` (its workers are stopped already). Elastic membership
+    /// (MIN < MAX): it leaves the job; the others are told at once (a membership abort of the
+    /// round) and re-form without it. Fixed membership: the job cannot go on without it, so
+    /// the round is aborted with decision stop and every node exits 128+N.
     asio::awaitable<void> abort_for_signal(int sig) {
         if (!rdzv_ || !round_) co_return;
         try {
-            abort_notice notice{round_->group_rank, host_,
-                                fmt::format("node {} (pid {}) left: its agent received {}", host_,
-                                            static_cast<long>(::getpid()), signal_to_string(sig))};
-            notice.what = abort_notice::kind::membership;
-            (void)co_await rdzv_->rendezvous().abort(notice);
+            if (config_.nnodes.min < config_.nnodes.max) {
+                abort_notice notice{round_->group_rank, host_,
+                                    fmt::format("node {} (pid {}) left: its agent received {}", host_,
+                                                static_cast<long>(::getpid()), signal_to_string(sig))};
+                notice.what = abort_notice::kind::membership;
+                (void)co_await rdzv_->rendezvous().abort(notice);
+                co_return;
+            }
+            abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
+            if (co_await rdzv_->rendezvous().abort(notice)) {
+                const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
+                                                                           round_->group_rank, host_,
+                                                                           signal_to_string(sig))};
+                co_await rdzv_->rendezvous().decide(stop_now);
+            }
         } catch (const store_error&) {
             // The store is gone already: nobody is left to tell.
         }
