@@ -16,6 +16,11 @@ on the same monotonic clock as this script's stamp.
 
   /usr/bin/python3 bench/rendezvous/bench_elastic.py --build build/h-bench [--sizes 4,64,256]
         [--scaleup-sizes 4,64] [--repeat 3] [--keep-alive-interval S] [--last-call S]
+        [--keep-logs] [--loglevel INFO]
+
+On 2 cores, 256 agents need --keep-alive-interval 5 (the default 1 s x 5 attempts lets the
+saturated agents miss their heartbeats and end with 250) and --last-call 20 (so that the
+scale-up's round 0 forms with all N-1 at once); docs/rendezvous.md has the measured table.
 
 The first agent hosts the rendezvous store (`--rdzv-conf is_host=true`), the others join it
 (`is_host=false`); the store's host is never the one killed. Every run ends by SIGKILLing every
