@@ -166,9 +166,11 @@ struct job {
 
 /// The checks shared by the node-loss cases once the survivors have exited: one world line each
 /// in the smaller world, distinct ranks 0..n-1 that match the group ranks (one worker per node),
-/// the same attempt 0 (a membership restart is no failure restart), the survivors' warning, and
-/// no worker failure reported anywhere. Returns each survivor's world line by node.
-std::map<int, world_line> check_survivors(job& j, const std::vector<int>& survivors, int world) {
+/// the same attempt 0 (a membership restart is no failure restart), the survivors' warning
+/// (`membership`: the membership-change one; else the store move's), and no worker failure
+/// reported anywhere. Returns each survivor's world line by node.
+std::map<int, world_line> check_survivors(job& j, const std::vector<int>& survivors, int world,
+                                          bool membership = true) {
     std::map<int, world_line> after;
     std::set<int> ranks;
     std::set<int> group_ranks;
@@ -190,8 +192,15 @@ std::map<int, world_line> check_survivors(job& j, const std::vector<int>& surviv
         ranks.insert(w.rank);
         group_ranks.insert(w.group_rank);
         after[node] = w;
-        CHECK(has(a.err(), "membership changed:"));
-        CHECK(has(a.err(), "restarting every node's worker group"));
+        if (membership) {
+            CHECK(has(a.err(), "membership changed:"));
+            CHECK(has(a.err(), "restarting every node's worker group"));
+        } else {
+            const auto line = line_with(a.err(), "lost the rendezvous store");
+            CAPTURE(line);
+            CHECK(has(line, "the job's rendezvous moves to 127.0.0.1:"));
+            CHECK(has(line, "the next round needs 3 of the last round's 4 nodes (a majority)"));
+        }
         // The restart came from the membership change, before any worker of the old world failed.
         CHECK_FALSE(has(a.err(), "exited with code"));
         CHECK_FALSE(has(a.err(), "killed by"));
@@ -271,9 +280,13 @@ TEST_CASE("rendezvous elastic: kill -9 of group rank 0 (not the store's host) re
     CHECK(after.at(0).group_rank == 0);
 }
 
-TEST_CASE("rendezvous elastic: kill -9 of the store's host ends every other agent with 250 and leaves no worker") {
+// The spec's minimum was "every other agent exits 250 (lost the rendezvous store)"; what landed
+// (docs/rendezvous.md, "The store's host: the store moves") goes further: every agent keeps an
+// idle store server, each round names successors, and the survivors move there and go on if
+// they are a majority of the last round. Both halves are tested: 3 of 4 go on, 1 of 2 stops.
+TEST_CASE("rendezvous elastic: kill -9 of the store's host moves the store to a successor and 3 of 4 go on in a world of 3") {
     job j("host");
-    const std::string rules = "w4:world+hang;*:world+exit0";
+    const std::string rules = "w4:world+hang;w3:world+exit0";
     for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
     std::map<int, world_line> first;
     for (int node = 0; node < 4; ++node) {
@@ -286,27 +299,52 @@ TEST_CASE("rendezvous elastic: kill -9 of the store's host ends every other agen
     for (int node = 1; node < 4; ++node) {
         CAPTURE(node);
         const int code = j[node].wait();
-        INFO("stdout:\n" << j[node].out());
         INFO("stderr:\n" << j[node].err());
-        CHECK(code == 250);
-        CHECK(has(j[node].err(), "lost the rendezvous store"));
-        // No orphan: the agent stopped and reaped its worker before it exited.
+        CHECK(code == 0);
         CHECK(reaped(first[node].pid));
-        // It never ran another round.
-        CHECK(worlds(j[node].out()).size() == 1);
     }
+    check_survivors(j, {1, 2, 3}, 3, false);
+}
+
+TEST_CASE("rendezvous elastic: kill -9 of the store's host of a two-node job ends the survivor with 250 and leaves no worker") {
+    job j("host2");
+    const std::string rules = "w2:world+hang;*:world+exit0";
+    // Round 0 completes half a second after MIN = 2 arrivals.
+    for (int node = 0; node < 2; ++node) j.start(rules, node == 0, "last_call_timeout=0.5,join_timeout=2");
+    std::map<int, world_line> first;
+    for (int node = 0; node < 2; ++node) {
+        await_lines(j[node], "world 2 ");
+        first[node] = worlds(j[node].out(), 2).at(0);
+    }
+    j[0].signal(SIGKILL);
+    CHECK(ended(first[0].pid));
+    CHECK(j[0].wait() == 128 + SIGKILL);
+    const int code = j[1].wait();
+    INFO("stdout:\n" << j[1].out());
+    INFO("stderr:\n" << j[1].err());
+    CHECK(code == 250);
+    // 1 of 2 is no majority: the survivor never trains alone.
+    CHECK(has(j[1].err(), "lost the rendezvous store"));
+    CHECK(has(j[1].err(), "the next round needs 2 of the last round's 2 nodes (a majority)"));
+    // No orphan: the agent stopped and reaped its worker before it exited.
+    CHECK(reaped(first[1].pid));
+    CHECK(worlds(j[1].out()).size() == 1);
 }
 
 TEST_CASE("rendezvous elastic: two agents started together into a running job of two are admitted by one restart") {
     job j("scaleup");
     j.nproc = 2;  // global ranks are prefix sums of nproc: world 4 with 2 nodes, 8 with 4
-    // w6 (three nodes) should not happen; if it does it waits, so the fourth node's restart still
-    // ends the job and the check below fails instead of the case hanging.
+    // A round admitting new nodes takes the last call (at MAX at once, else last_call_timeout
+    // after MIN), so the second newcomer, started right after the first, is admitted by the same
+    // restart. (Before that rule a round of 3 formed in about 1 run of 10 on a loaded machine: the
+    // second newcomer connected 120 ms after the first.) Round 0 forms last_call_timeout after
+    // MIN = 2 arrivals. w6 (three nodes) should not happen; if it does it waits, so the fourth
+    // node's restart still ends the job and the checks below fail instead of the case hanging.
     const std::string rules = "w4:world+hang;w6:world+hang;w8:world+exit0";
-    // last_call_timeout=1: round 0 completes 1 s after MIN = 2 arrivals.
-    for (int node = 0; node < 2; ++node) j.start(rules, node == 0, "last_call_timeout=1");
+    const std::string conf = "last_call_timeout=2";
+    for (int node = 0; node < 2; ++node) j.start(rules, node == 0, conf);
     for (int node = 0; node < 2; ++node) await_lines(j[node], "world 4 ", 2);
-    for (int node = 2; node < 4; ++node) j.start(rules, false, "last_call_timeout=1");
+    for (int node = 2; node < 4; ++node) j.start(rules, false, conf);
 
     std::set<int> ranks;
     std::set<int> group_ranks;
@@ -480,8 +518,7 @@ TEST_CASE("rendezvous elastic: SIGTERM to one of three agents stops its worker w
         ranks.insert(two[0].rank);
         const auto line = line_with(a.err(), "membership changed:");
         CAPTURE(line);
-        CHECK_FALSE(line.empty());
-        CHECK(has(a.err(), "left"));
+        CHECK(has(line, " left"));
         CHECK_FALSE(has(a.err(), "exited with code"));
     }
     CHECK(ranks == std::set<int>{0, 1});
