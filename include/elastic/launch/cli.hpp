@@ -100,7 +100,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "Job id shared by every node of the job; it namespaces the rendezvous."},
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
      "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
-     "(60) in seconds, is_host (true/false), store_type (tcp), use_libuv (accepted, no effect). etcd-v3: the "
+     "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
+     "(tcp), use_libuv (accepted, no effect). etcd-v3: the "
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. A key the backend does not read is an error."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
