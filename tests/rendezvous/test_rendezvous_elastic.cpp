@@ -167,10 +167,10 @@ struct job {
 /// The checks shared by the node-loss cases once the survivors have exited: one world line each
 /// in the smaller world, distinct ranks 0..n-1 that match the group ranks (one worker per node),
 /// the same attempt 0 (a membership restart is no failure restart), the survivors' warning
-/// (`membership`: the membership-change one; else the store move's), and no worker failure
-/// reported anywhere. Returns each survivor's world line by node.
+/// (`membership`: the membership-change one naming the agent `lost`; else the store move's), and
+/// no worker failure reported anywhere. Returns each survivor's world line by node.
 std::map<int, world_line> check_survivors(job& j, const std::vector<int>& survivors, int world,
-                                          bool membership = true) {
+                                          pid_t lost, bool membership = true) {
     std::map<int, world_line> after;
     std::set<int> ranks;
     std::set<int> group_ranks;
@@ -193,8 +193,12 @@ std::map<int, world_line> check_survivors(job& j, const std::vector<int>& surviv
         group_ranks.insert(w.group_rank);
         after[node] = w;
         if (membership) {
-            CHECK(has(a.err(), "membership changed:"));
-            CHECK(has(a.err(), "restarting every node's worker group"));
+            // One WARNING line names the lost node's agent and says what happens.
+            const auto line = line_with(a.err(), "membership changed:");
+            CAPTURE(line);
+            CHECK(line.rfind('W', 0) == 0);
+            CHECK(has(line, fmt::format("(pid {}) was lost", lost)));
+            CHECK(has(line, "restarting every node's worker group"));
         } else {
             const auto line = line_with(a.err(), "lost the rendezvous store");
             CAPTURE(line);
@@ -243,7 +247,7 @@ TEST_CASE("rendezvous elastic: kill -9 of a member restarts the survivors in a w
         CHECK(code == 0);
         CHECK(reaped(first[node].pid));
     }
-    check_survivors(j, survivors, 3);
+    check_survivors(j, survivors, 3, j[victim].pid());
 }
 
 TEST_CASE("rendezvous elastic: kill -9 of group rank 0 (not the store's host) restarts the others, --node-rank kept where it fits") {
@@ -272,7 +276,7 @@ TEST_CASE("rendezvous elastic: kill -9 of group rank 0 (not the store's host) re
         CHECK(code == 0);
         CHECK(reaped(first[node].pid));
     }
-    const auto after = check_survivors(j, {0, 2, 3}, 3);
+    const auto after = check_survivors(j, {0, 2, 3}, 3, j[1].pid());
     // --node-rank is honoured where it fits the round of 3 (1 and 2); the host's 3 does not fit,
     // so it takes the rank left over.
     CHECK(after.at(2).group_rank == 1);
@@ -303,7 +307,7 @@ TEST_CASE("rendezvous elastic: kill -9 of the store's host moves the store to a 
         CHECK(code == 0);
         CHECK(reaped(first[node].pid));
     }
-    check_survivors(j, {1, 2, 3}, 3, false);
+    check_survivors(j, {1, 2, 3}, 3, j[0].pid(), false);
 }
 
 TEST_CASE("rendezvous elastic: kill -9 of the store's host of a two-node job ends the survivor with 250 and leaves no worker") {
@@ -393,6 +397,7 @@ TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted whe
     }
     auto& standby = j.start(rules, false, "last_call_timeout=3600");  // node 4
     await_stderr(standby, "waits as a standby");
+    CHECK(line_with(standby.err(), "waits as a standby").rfind('W', 0) == 0);  // a WARNING
     CHECK(worlds(standby.out()).empty());
 
     // A member that is neither the store's host nor group rank 0.
@@ -444,6 +449,7 @@ TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted whe
         INFO("stdout:\n" << j[node].out());
         INFO("stderr:\n" << j[node].err());
         CHECK(code == 0);
+        if (node < 4) CHECK(has(j[node].err(), fmt::format("(pid {}) was lost", j[victim].pid())));
     }
     for (const auto& w : last) {
         CHECK(has(j[w.node].out(), fmt::format("got {} {}\n", w.rank, SIGUSR1)));
@@ -472,7 +478,7 @@ TEST_CASE("rendezvous elastic: below MIN after a node loss, the survivor waits f
     INFO("stderr:\n" << j[0].err());
     CHECK(code == 250);
     CHECK(has(j[0].err(), "nodes needed (--nnodes=2:4) joined within the join timeout"));
-    CHECK(has(j[0].err(), "membership changed:"));
+    CHECK(has(line_with(j[0].err(), "membership changed:"), fmt::format("(pid {}) was lost", j[1].pid())));
     CHECK(reaped(first[0].pid));
     CHECK(worlds(j[0].out()).size() == 1);
 }
