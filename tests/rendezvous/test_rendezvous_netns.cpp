@@ -266,6 +266,10 @@ std::optional<std::string> usable_ip() {
 }
 
 constexpr int store_port = 29400;  // a fresh namespace has every port free
+// --rdzv-conf join_timeout, in seconds: the first round must form within it (both agents start
+// at once: ample on a busy machine), and it is what the agents left without a majority or below
+// --nnodes wait after the cut before they give up, so it sets how long a case takes.
+constexpr const char* join_timeout_s = "3";
 
 std::map<std::string, std::string> node_env(const temp_dir& dir, const std::string& rules, const std::string& node) {
     auto env = agent_support::clean_environment();
@@ -382,7 +386,9 @@ TEST_CASE("rendezvous netns: a partition ends the cut-off agent with 250, the st
     two_hosts net(*ip);  // before the agents: they die before the namespaces go
     net.create();
     // Round of two: both workers hang. Round of one (after the cut): A's worker ends the job.
-    partitioned_job job(net, dir, "1:2", "w2:world+hang;w1:world+exit0", "60");
+    // join_timeout: what B waits for a majority after the cut (below), and the margin for the
+    // first round to form while the machine is busy.
+    partitioned_job job(net, dir, "1:2", "w2:world+hang;w1:world+exit0", join_timeout_s);
     net.cut();
 
     const int code_b = job.b.wait();
@@ -392,9 +398,14 @@ TEST_CASE("rendezvous netns: a partition ends the cut-off agent with 250, the st
     INFO("agent A's stdout:\n" << job.a.out());
     INFO("agent B's stdout:\n" << job.b.out());
 
-    // B hears no heartbeat answers: it stops its worker and ends as a rendezvous failure.
+    // B hears no heartbeat answers: it stops its worker and moves the rendezvous to its own
+    // idle store (docs/rendezvous.md, "the store moves"), where the next round needs a majority
+    // of the last round's 2 nodes, so that the cut-off part never trains alone: 1 of 2 is none,
+    // and B ends as a rendezvous failure after join_timeout, never in a world of its own.
     CHECK(code_b == 250);
     CHECK(job.b.err().find("lost the rendezvous store") != std::string::npos);
+    CHECK(job.b.err().find("majority") != std::string::npos);
+    CHECK(job.b.err().find("joined within the join timeout") != std::string::npos);
     CHECK(launched::count_lines(job.b.out(), "world ") == 1);
     CHECK(still_there(job.b_worker.pid).empty());
 
@@ -425,7 +436,7 @@ TEST_CASE("rendezvous netns: a partition of a fixed job (--nnodes=2:2) ends both
     temp_dir dir;
     two_hosts net(*ip);
     net.create();
-    partitioned_job job(net, dir, "2:2", "w2:world+hang;w1:world+exit0", "2");
+    partitioned_job job(net, dir, "2:2", "w2:world+hang;w1:world+exit0", join_timeout_s);
     net.cut();
 
     const int code_b = job.b.wait();
@@ -435,12 +446,14 @@ TEST_CASE("rendezvous netns: a partition of a fixed job (--nnodes=2:2) ends both
     INFO("agent A's stdout:\n" << job.a.out());
     INFO("agent B's stdout:\n" << job.b.out());
 
+    // B has no membership to keep (a fixed job cannot go on without A): 250 at once.
     CHECK(code_b == 250);
     CHECK(job.b.err().find("lost the rendezvous store") != std::string::npos);
     CHECK(still_there(job.b_worker.pid).empty());
 
     // A stops its worker, waits join_timeout for a second node that cannot come, and gives up.
     CHECK(code_a == 250);
+    CHECK(job.a.err().find("membership changed:") != std::string::npos);
     CHECK(job.a.err().find("1 of 2 nodes joined within the join timeout") != std::string::npos);
     CHECK(launched::count_lines(job.a.out(), "world ") == 1);
     CHECK(still_there(job.a_worker.pid).empty());
