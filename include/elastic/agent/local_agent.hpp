@@ -782,6 +782,10 @@ private:
     /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
     /// first successor that answers; the next round needs a majority of the last one.
     asio::awaitable<void> move_store(std::string why) {
+        // Only the lease connection's end is the store's loss (a killed host ends every
+        // connection; an error on one connection alone is not a reason to move the job).
+        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        if (!co_await rdzv_->rendezvous().confirm_store_lost(patience)) throw rendezvous_error(why);
         node_info me;
         me.host = node_host();
         me.nproc = config_.nproc_per_node;

@@ -344,6 +344,19 @@ public:
         }
     }
 
+    /// Whether this node's lease connection ends within `within` (true at once when it has):
+    /// the store's own verdict on an error seen on another connection.
+    asio::awaitable<bool> confirm_store_lost(std::chrono::milliseconds within) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!members_) co_return false;
+        if (members_->store_lost) co_return true;
+        auto log = members_;
+        asio::steady_timer timer(co_await asio::this_coro::executor, within);
+        auto which = co_await (log->until_store_lost() ||
+                               timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        co_return which.index() == 0;
+    }
+
     /// Whether the lease connection ended (the store is gone or unreachable), and why.
     [[nodiscard]] std::optional<std::string> store_lost() const {
         if (!members_) return std::nullopt;
@@ -378,7 +391,7 @@ public:
                 co_await complete(*store_, r, static_cast<int>(arrival));
             } else if (target_ > 0 && arrival == target_) {
                 co_await seal(*store_, r);
-            } else if (options_.elastic() && arrival >= needed() && quick_round(r)) {
+            } else if (options_.elastic() && arrival >= needed()) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -648,7 +661,14 @@ private:
             if (co_await wait_interruptible(*watcher_, mine, left)) break;
             if (last_call && clock::now() >= *last_call) {
                 last_call.reset();
-                co_await seal(*store_, r);
+                if (!members_) {
+                    co_await seal(*store_, r);
+                } else {
+                    // The last call is over; the round still waits for nodes that live and
+                    // have not joined yet (stopping their workers, say), or their loss.
+                    co_await store_->set(key(r, "last_call_over"), "1");
+                    co_await complete_if_all_live(*store_, r);
+                }
                 continue;
             }
             if (clock::now() < join_deadline) continue;
@@ -677,7 +697,10 @@ private:
         co_return detail::rdzv::decode_assignment(co_await store_->get(mine));
     }
 
-    // Elastic rounds after the first: complete as soon as every live node joined (at least MIN).
+    // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
+    // once in a quick round, after the last call in the others (the job's first round, one
+    // admitting nodes), so nodes still starting get in, and nodes still stopping their workers
+    // are waited for (else they would arrive late and restart the others again).
     asio::awaitable<void> complete_if_all_live(Store& s, int r) {
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
@@ -685,6 +708,10 @@ private:
         const auto registered = co_await s.add(job_key("registered"), 0);
         const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
         if (count < registered - lost) co_return;
+        if (!quick_round(r)) {
+            std::vector<std::string> over{key(r, "last_call_over")};
+            if (!co_await s.check(std::move(over))) co_return;
+        }
         co_await seal(s, r);
     }
 
@@ -817,7 +844,7 @@ private:
         if (name == id_) co_return;
         if (phase_ == phase::running && epoch > running_epoch_) {
             co_await on_member_loss(s, round_, name);
-        } else if (phase_ == phase::forming && quick_round(round_) && options_.elastic()) {
+        } else if (phase_ == phase::forming && options_.elastic()) {
             co_await complete_if_all_live(s, round_);
         }
     }
