@@ -8549,6 +8549,12 @@ struct rendezvous_settings {
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
     /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
     std::optional<std::chrono::milliseconds> exit_barrier_timeout;
+    /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
+    /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
+    std::chrono::milliseconds keep_alive_interval = 1s;
+    /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
+    /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
+    int keep_alive_max_attempt = 5;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -8824,7 +8830,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -8835,6 +8841,8 @@ inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
     {"use_libuv", false, true, false},
     {"protocol", false, false, true},
     {"exit_barrier_timeout", true, true, true},
+    {"keep_alive_interval", false, true, false},
+    {"keep_alive_max_attempt", false, true, false},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -8911,6 +8919,10 @@ inline constexpr std::array<rdzv_key, 10> rdzv_keys{{
             settings.timeout = parse_seconds(value, what, false);
         } else if (key == "exit_barrier_timeout") {
             settings.exit_barrier_timeout = parse_seconds(value, what, false);
+        } else if (key == "keep_alive_interval") {
+            settings.keep_alive_interval = parse_seconds(value, what, false);
+        } else if (key == "keep_alive_max_attempt") {
+            settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "store_type") {
@@ -10210,7 +10222,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "Job id shared by every node of the job; it namespaces the rendezvous."},
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
      "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
-     "(60) in seconds, is_host (true/false), store_type (tcp), use_libuv (accepted, no effect). etcd-v3: the "
+     "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
+     "(tcp), use_libuv (accepted, no effect). etcd-v3: the "
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. A key the backend does not read is an error."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
@@ -11685,6 +11698,16 @@ struct node_info {
     std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
     long pid = 0;                      ///< the agent's process id, for messages
+    std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
+    std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
+    bool hosts_store = false;          ///< it hosts the rendezvous store now
+};
+
+/// Where the rendezvous store may move when its host is lost: an idle store server of a member.
+struct store_successor {
+    std::string id;            ///< the member's lease name
+    std::string addr;          ///< its address
+    std::uint16_t port = 0;    ///< its idle server's port
 };
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
@@ -11695,15 +11718,25 @@ struct rendezvous_round {
     int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
     int rank_base = 0;          ///< the global rank of this node's local rank 0
     int world_size = 1;         ///< workers in the round: WORLD_SIZE
+    std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
+    std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
+    bool host_in_round = false;  ///< the store's host is a member of this round
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
 };
 
-/// Why a round was aborted: the first node to report a failure (the compare-and-set winner).
+/// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).
 struct abort_notice {
+    enum class kind {
+        failure,     ///< a worker failed: the reporting node's policy decides (await_decision)
+        membership,  ///< a node was lost, left or waits to join: every node rejoins the next round
+        closed,      ///< the job ended: every node finished (standbys exit 0)
+    };
     int group_rank = -1;  ///< the reporting node
     std::string host;     ///< its host
-    std::string reason;   ///< one line: which local rank, which exit code or signal
+    std::string reason;   ///< one line: which local rank, which exit code or signal; which node
+    kind what = kind::failure;
+    bool admission = false;  ///< membership: a node waits to join (the next round then takes a last call)
 };
 
 /// What the job does after an aborted round, decided by the node that aborted it.
@@ -11762,6 +11795,13 @@ public:
     using error::error;
 };
 
+/// The job ended while this node waited as a standby (its round was full): not a failure;
+/// elasticrun exits 0 with the message.
+class rendezvous_closed : public rendezvous_error {
+public:
+    using rendezvous_error::rendezvous_error;
+};
+
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/error.hpp ----
 // ---- begin elastic/rendezvous/store_rendezvous.hpp ----
@@ -11769,17 +11809,26 @@ public:
 // per-node keys, O(1) store operations per node per round, waiting by store notification.
 
 
+#include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -11789,28 +11838,42 @@ namespace elastic::inline v0 {
 /// How a store_rendezvous behaves.
 struct store_rendezvous_options {
     std::string run_id = "none";  ///< --rdzv-id: namespaces every key
-    int nnodes = 1;               ///< nodes in every round (fixed membership)
+    int nnodes = 1;               ///< MAX: a round completes at once when this many nodes joined
+    int min_nodes = 0;            ///< MIN (0: nnodes, fixed membership)
     /// A round must complete within this (--rdzv-conf join_timeout; static: timeout).
     std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+    /// MIN < MAX: how long the job's first round waits for more nodes once MIN joined; later
+    /// rounds complete as soon as every live node joined, and wait at most this for a straggler.
+    std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
     /// The store's host waits this long for the others to leave before it stops serving.
     std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
     /// Whether this node hosts the store: leave() then waits for every other node to leave.
     bool hosts_store = false;
     /// Check (and claim) torchrun's key for the run id, so a Python agent and ours never mix.
     bool torchrun_guard = true;
+    /// Where the rendezvous reports what a user should see (standby, membership); may be empty.
+    std::function<void(std::string_view)> log;
+
+    [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
+    [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
 };
 
 namespace detail::rdzv {
 
 /// The group rank of each node (by arrival order) or a message naming the conflict.
 /// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
-inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes) {
+/// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
+/// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
+/// when it fits the round and nobody before took it.
+inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                     bool strict = true) {
     const int n = static_cast<int>(nodes.size());
     std::vector<int> rank(nodes.size(), -1);
     std::vector<int> owner(nodes.size(), -1);
     for (int i = 0; i < n; ++i) {
         const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
         if (!given) continue;
+        if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
         if (*given < 0 || *given >= n) {
             return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
                                nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
@@ -11849,6 +11912,9 @@ inline std::string encode(const node_info& i) {
                      {"pid", i.pid}};
     if (i.node_rank) j["node_rank"] = *i.node_rank;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    if (!i.id.empty()) j["id"] = i.id;
+    if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.hosts_store) j["hosts_store"] = true;
     return j.dump();
 }
 
@@ -11862,14 +11928,28 @@ inline node_info decode_node(const std::string& text) {
     i.pid = j.at("pid").get<long>();
     if (j.contains("node_rank")) i.node_rank = j["node_rank"].get<int>();
     if (j.contains("previous_rank")) i.previous_rank = j["previous_rank"].get<int>();
+    if (j.contains("id")) i.id = j["id"].get<std::string>();
+    i.backup_port = j.value("backup", std::uint16_t{0});
+    i.hosts_store = j.value("hosts_store", false);
     return i;
 }
 
-/// A node's assignment as the completer wrote it; rendezvous_error when the round failed.
-inline rendezvous_round decode_assignment(const std::string& text) {
+/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
+/// nothing when the round lost a node while forming and everyone rejoins the next one.
+inline std::optional<rendezvous_round> decode_assignment(const std::string& text) {
     const auto j = nlohmann::json::parse(text);
     if (j.contains("error")) throw rendezvous_error(j["error"].get<std::string>());
+    if (j.contains("retry")) return std::nullopt;
     rendezvous_round r;
+    r.group_world_size = j.at("size").get<int>();
+    r.epoch = j.at("epoch").get<std::int64_t>();
+    r.host_in_round = j.value("host_in", false);
+    if (j.contains("successors")) {
+        for (const auto& x : j["successors"]) {
+            r.successors.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
+                                    x.at("port").get<std::uint16_t>()});
+        }
+    }
     r.restart_count = j.at("restarts").get<int>();
     r.group_rank = j.at("group_rank").get<int>();
     r.rank_base = j.at("rank_base").get<int>();
@@ -11884,13 +11964,63 @@ inline std::vector<std::string> decode_hosts(const std::string& text) {
 }
 
 inline std::string encode(const abort_notice& a) {
-    return nlohmann::json{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}}.dump();
+    const char* what = a.what == abort_notice::kind::membership ? "membership"
+                       : a.what == abort_notice::kind::closed   ? "closed"
+                                                                : "failure";
+    nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
+    if (a.admission) j["admission"] = true;
+    return j.dump();
 }
 
 inline abort_notice decode_abort(const std::string& text) {
     const auto j = nlohmann::json::parse(text);
-    return {j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
+    abort_notice a{j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
+    const auto what = j.value("kind", std::string("failure"));
+    a.what = what == "membership" ? abort_notice::kind::membership
+             : what == "closed"   ? abort_notice::kind::closed
+                                  : abort_notice::kind::failure;
+    a.admission = j.value("admission", false);
+    return a;
 }
+
+/// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
+inline std::string describe_node_id(std::string_view id) {
+    const auto last = id.rfind(':');
+    if (last == std::string_view::npos || last == 0) return std::string(id);
+    const auto mid = id.rfind(':', last - 1);
+    if (mid == std::string_view::npos) return std::string(id);
+    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+}
+
+/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
+inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
+
+/// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
+/// "Elastic membership"), shared by the monitor and whoever waits for a change.
+struct membership_log {
+    explicit membership_log(const asio::any_io_executor& executor)
+        : wake(executor, std::chrono::steady_clock::time_point::max()) {}
+    std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
+    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
+    std::optional<std::string> store_lost;   ///< why the lease connection ended
+    asio::steady_timer wake;                 ///< cancelled at each change: wakes every waiter
+
+    void changed() { wake.cancel(); }
+    /// Completes at the next change; throws operation_aborted once cancelled (so no loop
+    /// over it can spin on a cancelled wait).
+    asio::awaitable<void> next() {
+        (void)co_await wake.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto state = co_await asio::this_coro::cancellation_state;
+        if (state.cancelled() != asio::cancellation_type::none) {
+            throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");
+        }
+    }
+    /// Completes when the store is lost, with why.
+    asio::awaitable<std::string> until_store_lost() {
+        while (!store_lost) co_await next();
+        co_return *store_lost;
+    }
+};
 
 inline std::string encode(const job_decision& d) {
     return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
@@ -11912,14 +12042,22 @@ inline std::string guard_value(const std::string& run_id) {
 
 }  // namespace detail::rdzv
 
-/// The fixed-membership rendezvous over any `store` (docs/rendezvous.md has the algorithm).
-/// Per round and node: one `add` (arrival index), one `set` (its info), one `wait` and one
-/// `get` (its assignment); the node whose add completes the round also does one `multi_get` of
-/// every info and one `multi_set` of every assignment. Nothing polls: waits are store pushes.
+/// The rendezvous over any `store` (docs/rendezvous.md has the algorithm). Per round and node:
+/// one `add` (arrival index), one `set` (its info), one `wait` and one `get` (its assignment);
+/// the node that completes the round also does one `multi_get` of every info and one
+/// `multi_set` of every assignment. Nothing polls: waits are store pushes.
 ///
-/// `store` serves requests in turn; `watcher` carries the long wait for the round's abort key
-/// (a TCP client serves one request at a time; a memory_store may be passed twice). Both must
-/// outlive this object. Use it on the stores' thread.
+/// Fixed membership (MIN = MAX): a round completes when MAX nodes joined. Elastic membership
+/// (MIN < MAX): the job's first round completes at MAX, or last_call_timeout after MIN joined;
+/// a later round as soon as every live node joined (at least MIN). A node arriving at a round
+/// that runs with fewer than MAX nodes aborts it (the members restart to admit it); one arriving
+/// at a full round waits as a standby until a member goes or the job ends.
+///
+/// Liveness (start_liveness, on a connection of its own that holds this node's lease): a lost
+/// member aborts the running round at once, and a lost node no longer counts as live for a
+/// forming one. `store` serves requests in turn; `watcher` carries the long waits (a TCP client
+/// serves one request at a time; a memory_store may be passed twice). All must outlive this
+/// object. Use it on the stores' thread.
 template <store Store>
 class store_rendezvous {
 public:
@@ -11932,91 +12070,211 @@ public:
     /// Job-wide restarts so far (agreed through the store).
     [[nodiscard]] int restart_count() const noexcept { return restarts_; }
 
-    /// Joins the next round with `me` and returns once all nnodes nodes have joined (the moment
-    /// the last one does). rendezvous_error after join_timeout, or on conflicting --node-rank.
+    // ---- liveness ---------------------------------------------------------------------------
+
+    /// The lease group of this job's nodes.
+    [[nodiscard]] std::string lease_group() const { return job_key("nodes"); }
+
+    /// Holds this node's lease (name `me.id`) on `lease`, a connection used for nothing else,
+    /// and counts the node as registered. Call once, before the first round; then run
+    /// keep_membership() for as long as the node is in the job.
+    asio::awaitable<void> start_liveness(Store& lease, node_info me)
+        requires requires(Store& s, std::string k, std::string v) {
+            { s.hold_lease(k, v) } -> std::same_as<asio::awaitable<void>>;
+        }
+    {
+        auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
+        co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
+        (void)co_await lease.add(job_key("registered"), 1);
+        log->epoch = std::stoll(co_await lease.get(lease_epoch_key(lease_group())));
+        lease_ = &lease;
+        id_ = me.id;
+        auto previous = std::exchange(members_, std::move(log));
+        if (previous) previous->changed();  // a moved store: the observer follows
+    }
+
+    /// The rendezvous store was lost and the job moves to `store` and `watcher` (connections
+    /// to a successor's idle server): the next round continues the numbering, needs a majority
+    /// of the last round's members (a minority cut off from the store never goes on alone),
+    /// and completes at once when every other member of the last round joined, else
+    /// last_call_timeout after the majority. Then call start_liveness() with a new connection.
+    void move_to(Store& store, Store& watcher, bool hosts_it) {
+        store_ = &store;
+        watcher_ = &watcher;
+        options_.hosts_store = hosts_it;
+        const int before = std::max(size_, 1);
+        quorum_ = before / 2 + 1;
+        target_ = std::max(1, before - (host_in_round_ ? 1 : 0));
+        if (target_ < quorum_) target_ = quorum_;
+        phase_ = phase::idle;
+    }
+
+    /// The last round's successors (where the store may move), after next_round().
+    [[nodiscard]] const std::vector<store_successor>& successors() const noexcept { return successors_; }
+    /// Whether this node hosts the rendezvous store.
+    [[nodiscard]] bool hosts_store() const noexcept { return options_.hosts_store; }
+
+    /// Observes the job's lease losses for ever (cancel it to stop): a lost member of the
+    /// running round aborts the round; a loss during a forming round may complete it. When the
+    /// lease connection ends, the store counts as lost (until_store_lost()); it never throws.
+    asio::awaitable<void> keep_membership() {
+        if (!members_) co_return;
+        for (;;) {
+            auto log = members_;
+            auto* lease = lease_;
+            try {
+                for (;;) {
+                    const auto k = lease_lost_key(lease_group(), log->epoch + 1);
+                    co_await wait_long(*lease, k);
+                    auto name = co_await lease->get(k);
+                    ++log->epoch;
+                    log->lost.emplace_back(log->epoch, name);
+                    log->changed();
+                    if (log == members_) co_await on_loss(*lease, log->epoch, name);
+                }
+            } catch (const std::system_error& e) {
+                if (e.code() == asio::error::operation_aborted) throw;
+                log->store_lost = e.what();
+            } catch (const std::exception& e) {
+                log->store_lost = e.what();
+            }
+            log->changed();
+            // Lost: wait until the job moves to another store (start_liveness), or for ever.
+            while (members_ == log) co_await log->next();
+        }
+    }
+
+    /// Whether this node's lease connection ends within `within` (true at once when it has):
+    /// the store's own verdict on an error seen on another connection.
+    asio::awaitable<bool> confirm_store_lost(std::chrono::milliseconds within) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!members_) co_return false;
+        if (members_->store_lost) co_return true;
+        auto log = members_;
+        asio::steady_timer timer(co_await asio::this_coro::executor, within);
+        auto which = co_await (log->until_store_lost() ||
+                               timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        co_return which.index() == 0;
+    }
+
+    /// Whether the lease connection ended (the store is gone or unreachable), and why.
+    [[nodiscard]] std::optional<std::string> store_lost() const {
+        if (!members_) return std::nullopt;
+        return members_->store_lost;
+    }
+
+    // ---- rounds ------------------------------------------------------------------------------
+
+    /// Joins the next round with `me` and returns once it completes. rendezvous_error after
+    /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
+    /// this node waited as a standby; store_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
-        ++round_;
-        const int n = options_.nnodes;
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
-        if (round_ == 0 && options_.torchrun_guard) co_await guard();
-        const auto arrival = co_await store_->add(key("count"), 1);
-        if (arrival > n) {
-            throw rendezvous_error(fmt::format("round {} of run '{}' already has its {} nodes (this is arrival {}): "
-                                               "another job uses the same --rdzv-id, or --nnodes differs between "
-                                               "nodes",
-                                               round_, options_.run_id, n, arrival));
+        if (round_ < 0) {
+            if (options_.torchrun_guard) co_await guard();
+            // A node joining a running job starts at its current round (0 for a new job).
+            round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
         }
-        co_await store_->set(key(fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
-        if (arrival == n) co_await complete();
-        const auto mine = key(fmt::format("assign/{}", arrival));
-        const auto left = options_.join_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      std::chrono::steady_clock::now() - started);
-        try {
-            std::vector<std::string> keys{mine};
-            co_await store_->wait(std::move(keys), std::max(left, std::chrono::milliseconds(1)));
-        } catch (const store_timeout&) {
-            joined_error_ = true;
+        for (;;) {
+            ++round_;
+            const int r = round_;
+            phase_ = phase::forming;
+            const auto arrival = co_await store_->add(key(r, "count"), 1);
+            if (arrival > options_.nnodes) {
+                co_await late(r, me);
+                continue;
+            }
+            me.hosts_store = options_.hosts_store;
+            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
+            if (arrival == options_.nnodes) {
+                co_await complete(*store_, r, static_cast<int>(arrival));
+            } else if (target_ > 0 && arrival == target_) {
+                co_await seal(*store_, r);
+            } else if (options_.elastic() && arrival >= needed()) {
+                co_await complete_if_all_live(*store_, r);
+            }
+            auto assigned = co_await await_assignment(r, arrival, started);
+            if (!assigned) continue;  // the round lost a node while forming: the next one
+            auto round = *assigned;
+            round.number = r;
+            restarts_ = round.restart_count;
+            group_rank_ = round.group_rank;
+            size_ = round.group_world_size;
+            running_epoch_ = round.epoch;
+            host_in_round_ = round.host_in_round;
+            successors_ = round.successors;
+            quorum_ = 0;
+            target_ = 0;
+            phase_ = phase::running;
+            // Losses this node saw after the completer's epoch but before it ran: a member may
+            // be among them.
+            if (members_) {
+                const auto seen = members_->lost;  // the monitor may append meanwhile
+                for (const auto& [epoch, name] : seen) {
+                    if (epoch > running_epoch_ && name != id_) co_await on_member_loss(*store_, r, name);
+                }
+            }
+            co_return round;
         }
-        if (joined_error_) {
-            joined_error_ = false;
-            const auto joined = co_await store_->add(key("count"), 0);
-            throw rendezvous_error(fmt::format(
-                "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
-                "others, or raise --rdzv-conf join_timeout",
-                options_.run_id, round_, joined, n,
-                std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
-        }
-        auto r = detail::rdzv::decode_assignment(co_await store_->get(mine));
-        r.number = round_;
-        r.group_world_size = n;
-        restarts_ = r.restart_count;
-        group_rank_ = r.group_rank;
-        co_return r;
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store vanishes.
+    /// the round ends otherwise. store_error when the store is lost.
     asio::awaitable<abort_notice> wait_for_abort() {
-        const auto k = key("abort");
-        co_await wait_long(*watcher_, k);
-        co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
+        const auto k = key(round_, "abort");
+        co_await wait_interruptible(*watcher_, k, std::nullopt);
+        auto notice = detail::rdzv::decode_abort(co_await watcher_->get(k));
+        admission_ = notice.admission;
+        co_return notice;
     }
 
     /// Aborts the current round with `notice`; true when this node was the first.
     asio::awaitable<bool> abort(abort_notice notice) {
         const auto value = detail::rdzv::encode(notice);
-        const auto got = co_await store_->compare_set(key("abort"), std::string{}, value);
+        const auto got = co_await store_->compare_set(key(round_, "abort"), std::string{}, value);
+        admission_ = detail::rdzv::decode_abort(got).admission;
         co_return got == value;
     }
 
     /// Publishes what the job does after the aborted round (the winner of abort() calls it).
     asio::awaitable<void> decide(job_decision decision) {
-        co_await store_->set(key("decision"), detail::rdzv::encode(decision));
+        if (decision.restart) (void)co_await store_->add(job_key("restarts"), 1);
+        co_await store_->set(key(round_, "decision"), detail::rdzv::encode(decision));
         if (decision.restart) ++restarts_;
     }
 
     /// The decision for the aborted round (awaited by push).
     asio::awaitable<job_decision> await_decision() {
-        const auto k = key("decision");
-        co_await wait_long(*store_, k);
+        const auto k = key(round_, "decision");
+        co_await wait_interruptible(*store_, k, std::nullopt);
         auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
         if (decision.restart) ++restarts_;
         co_return decision;
     }
 
-    /// This node's workers all succeeded: marks it done and waits (push) until every node is,
-    /// the round is aborted, or `timeout` passes (then names the nodes still missing).
+    /// This node's workers all succeeded: marks it done and waits (push) until every node of
+    /// the round is, the round is aborted, or `timeout` passes (then names the nodes missing).
+    /// The last node to finish closes the job (standbys then exit).
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         using namespace asio::experimental::awaitable_operators;
-        co_await store_->set(key(fmt::format("done/{}", group_rank_)), "1");
-        const auto done = co_await store_->add(key("done_count"), 1);
-        if (done >= options_.nnodes) co_await store_->set(key("all_done"), "1");
+        const int r = round_;
+        co_await store_->set(key(r, fmt::format("done/{}", group_rank_)), "1");
+        const auto done = co_await store_->add(key(r, "done_count"), 1);
+        if (done >= size_) {
+            abort_notice closed;
+            closed.group_rank = group_rank_;
+            closed.reason = "every node's workers succeeded";
+            closed.what = abort_notice::kind::closed;
+            if (co_await abort(closed)) co_await store_->set(key(r, "all_done"), "1");
+        }
         auto which = co_await (wait_all_done(timeout) || wait_for_abort());
         barrier_result result;
         if (which.index() == 1) {
+            auto notice = std::get<1>(std::move(which));
+            if (notice.what == abort_notice::kind::closed) co_return result;
             result.how = barrier_result::kind::aborted;
-            result.abort = std::get<1>(std::move(which));
+            result.abort = std::move(notice);
             co_return result;
         }
         if (std::get<0>(which)) co_return result;
@@ -12024,11 +12282,11 @@ public:
         result.how = barrier_result::kind::timed_out;
         std::vector<std::string> hosts;
         try {
-            hosts = detail::rdzv::decode_hosts(co_await store_->get(key("hosts")));
+            hosts = detail::rdzv::decode_hosts(co_await store_->get(key(r, "hosts")));
         } catch (const std::exception&) {
         }
-        for (int g = 0; g < options_.nnodes; ++g) {
-            std::vector<std::string> keys{key(fmt::format("done/{}", g))};
+        for (int g = 0; g < size_; ++g) {
+            std::vector<std::string> keys{key(r, fmt::format("done/{}", g))};
             if (co_await store_->check(std::move(keys))) continue;
             result.missing.push_back(g);
             result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size() ? hosts[static_cast<std::size_t>(g)]
@@ -12037,27 +12295,51 @@ public:
         co_return result;
     }
 
-    /// This node leaves the job for good. The store's host waits (up to close_timeout) for every
-    /// other node to leave too, so nobody loses the store while reading the job's last keys.
+    /// This node leaves the job for good. The store's host waits (up to close_timeout) until
+    /// every other node's lease is gone, so nobody loses the store while reading the job's last
+    /// keys (without liveness it cannot tell, and returns at once).
     asio::awaitable<void> leave() {
-        if (round_ < 0) co_return;
-        const auto left = co_await store_->add(key("left"), 1);
-        if (left >= options_.nnodes) co_await store_->set(key("all_left"), "1");
-        if (!options_.hosts_store) co_return;
-        try {
-            std::vector<std::string> keys{key("all_left")};
-            co_await store_->wait(std::move(keys), options_.close_timeout);
-        } catch (const store_timeout&) {
-            // Someone vanished without leaving: nothing more to wait for.
+        using namespace asio::experimental::awaitable_operators;
+        phase_ = phase::leaving;
+        if (round_ < 0 || !options_.hosts_store || !members_ || members_->store_lost) co_return;
+        const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
+        asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+        for (;;) {
+            const auto registered = co_await store_->add(job_key("registered"), 0);
+            const auto lost = std::stoll(co_await store_->get(lease_epoch_key(lease_group())));
+            if (registered - lost <= 1) co_return;
+            auto which = co_await (members_->next() ||
+                                   timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
         }
     }
 
     /// The store key of `name` in the current round.
-    [[nodiscard]] std::string key(std::string_view name) const {
-        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, round_, name);
+    [[nodiscard]] std::string key(std::string_view name) const { return key(round_, name); }
+    /// The store key of `name` in round `r`.
+    [[nodiscard]] std::string key(int r, std::string_view name) const {
+        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
+    }
+    /// The store key of `name` for the whole job.
+    [[nodiscard]] std::string job_key(std::string_view name) const {
+        return fmt::format("elastic.rendezvous.{}/{}", options_.run_id, name);
     }
 
 private:
+    enum class phase { idle, forming, running, leaving };
+
+    // Whether round r completes as soon as every live node joined: not the job's first round
+    // (nodes are still starting), nor one that admits new nodes (others may be starting with
+    // them: torchrun's last call lets a batch of new nodes in with one restart).
+    [[nodiscard]] bool quick_round(int r) const noexcept { return r > 0 && !admission_ && target_ == 0; }
+
+    // The nodes a round needs: MIN, or after the store moved a majority of the last round.
+    [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
+
+    void say(std::string_view line) const {
+        if (options_.log) options_.log(line);
+    }
+
     asio::awaitable<void> guard() {
         const auto k = detail::rdzv::torchrun_key(options_.run_id);
         const auto mine = detail::rdzv::guard_value(options_.run_id);
@@ -12071,97 +12353,354 @@ private:
         }
     }
 
-    // The last node to join: reads every info (one multi_get), assigns, writes every
-    // assignment (one multi_set).
-    asio::awaitable<void> complete() {
-        const int n = options_.nnodes;
-        std::vector<std::string> keys;
-        keys.reserve(static_cast<std::size_t>(n));
-        for (int i = 1; i <= n; ++i) keys.push_back(key(fmt::format("info/{}", i)));
-        std::vector<std::string> values;
-        if constexpr (multi_key_store<Store>) {
-            values = co_await store_->multi_get(keys);
-        } else {
-            for (auto& k : keys) values.push_back(co_await store_->get(k));
+    // Waits for `k` on `s`; with liveness, a lost store ends the wait with store_error (and a
+    // cancelled wait leaves `s` closed: its next request reconnects). False on timeout.
+    asio::awaitable<bool> wait_interruptible(Store& s, std::string k,
+                                             std::optional<std::chrono::milliseconds> timeout) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!members_) {
+            if (!timeout) {
+                co_await wait_long(s, k);
+                co_return true;
+            }
+            co_return co_await wait_for(s, k, *timeout);
         }
-        std::vector<node_info> nodes;
-        nodes.reserve(values.size());
-        for (const auto& v : values) nodes.push_back(detail::rdzv::decode_node(v));
+        if (members_->store_lost) throw store_error(lost_message(*members_->store_lost));
+        auto log = members_;
+        std::variant<bool, std::string> which;
+        if (timeout) {
+            which = co_await (wait_for(s, k, *timeout) || log->until_store_lost());
+        } else {
+            auto w = co_await (wait_long(s, k) || log->until_store_lost());
+            if (w.index() == 0) which = true;
+            else which = std::get<1>(std::move(w));
+        }
+        if (which.index() == 1) {
+            if constexpr (requires { s.close(); }) s.close();
+            throw store_error(lost_message(std::get<1>(which)));
+        }
+        co_return std::get<0>(which);
+    }
 
-        std::vector<std::string> out_keys;
-        std::vector<std::string> out_values;
-        auto assigned = detail::rdzv::assign_group_ranks(nodes);
-        if (const auto* message = std::get_if<std::string>(&assigned)) {
-            const auto error = nlohmann::json{{"error", *message}}.dump();
-            for (int i = 1; i <= n; ++i) {
-                out_keys.push_back(key(fmt::format("assign/{}", i)));
-                out_values.push_back(error);
-            }
-        } else {
-            const auto& rank = std::get<0>(assigned);
-            std::vector<int> by_rank(static_cast<std::size_t>(n));
-            for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
-            std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
-            std::vector<std::string> hosts;
-            for (int g = 0; g < n; ++g) {
-                const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
-                base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
-                hosts.push_back(node.host);
-            }
-            const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
-            for (int i = 0; i < n; ++i) {
-                const int g = rank[static_cast<std::size_t>(i)];
-                out_keys.push_back(key(fmt::format("assign/{}", i + 1)));
-                out_values.push_back(nlohmann::json{{"group_rank", g},
-                                                    {"rank_base", base[static_cast<std::size_t>(g)]},
-                                                    {"world_size", base[static_cast<std::size_t>(n)]},
-                                                    {"master_addr", master.store_addr},
-                                                    {"master_port", master.store_port},
-                                                    {"restarts", restarts_}}
-                                         .dump());
-            }
-            out_keys.push_back(key("hosts"));
-            out_values.push_back(nlohmann::json(hosts).dump());
+    static std::string lost_message(const std::string& why) {
+        return fmt::format("lost the rendezvous store: {}", why);
+    }
+
+    // A node arrived after round r was complete (or sealed): it aborts a round running with
+    // fewer than MAX nodes so that it may join the next, or waits as a standby for a full
+    // one; either way it goes on with the round after r, or ends with the job.
+    asio::awaitable<void> late(int r, node_info me) {
+        if (!co_await wait_interruptible(*store_, key(r, "size"), options_.join_timeout)) {
+            throw rendezvous_error(fmt::format(
+                "round {} of run '{}' already has its {} nodes, and stays incomplete for the join timeout ({} s): "
+                "another job uses the same --rdzv-id, or --nnodes differs between nodes",
+                r, options_.run_id, options_.nnodes,
+                std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
         }
-        if constexpr (multi_key_store<Store>) {
-            co_await store_->multi_set(std::move(out_keys), std::move(out_values));
-        } else {
-            for (std::size_t i = 0; i < out_keys.size(); ++i) co_await store_->set(out_keys[i], out_values[i]);
+        const int size = static_cast<int>(std::stoll(co_await store_->get(key(r, "size"))));
+        std::vector<std::string> abort_key{key(r, "abort")};
+        if (!co_await store_->check(std::move(abort_key))) {
+            if (size < options_.nnodes) {
+                abort_notice waiting;
+                waiting.host = me.host;
+                waiting.what = abort_notice::kind::membership;
+                waiting.admission = true;
+                waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
+                                             me.host, me.pid, size, options_.nnodes);
+                (void)co_await store_->compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(waiting));
+            } else if (!options_.elastic()) {
+                throw rendezvous_error(fmt::format(
+                    "round {} of run '{}' already has its {} nodes (this node arrived after it formed): another job "
+                    "uses the same --rdzv-id, or --nnodes differs between nodes",
+                    r, options_.run_id, options_.nnodes));
+            } else {
+                say(fmt::format("round {} of run '{}' is full ({} nodes, --nnodes={}:{}): this node waits as a "
+                                "standby until a member leaves or the job ends",
+                                r, options_.run_id, size, options_.min(), options_.nnodes));
+            }
+        }
+        phase_ = phase::idle;
+        const auto notice = co_await [&]() -> asio::awaitable<abort_notice> {
+            const auto k = key(r, "abort");
+            co_await wait_interruptible(*watcher_, k, std::nullopt);
+            co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
+        }();
+        admission_ = notice.admission;
+        if (notice.what == abort_notice::kind::closed) {
+            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
+        }
+        if (notice.what == abort_notice::kind::failure) {
+            const auto k = key(r, "decision");
+            co_await wait_interruptible(*store_, k, std::nullopt);
+            const auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
+            if (!decision.restart) {
+                throw rendezvous_closed(fmt::format(
+                    "the job ended while this node waited as a standby (it stopped after a failure: {})",
+                    notice.reason));
+            }
         }
     }
 
-    asio::awaitable<bool> wait_all_done(std::chrono::milliseconds timeout) {
+    // Waits for this node's assignment in round r: the last-call timer (arrivals from MIN on,
+    // elastic membership) seals the round when it fires; the join timeout ends the wait.
+    asio::awaitable<std::optional<rendezvous_round>> await_assignment(int r, std::int64_t arrival,
+                                                                      std::chrono::steady_clock::time_point started) {
+        using clock = std::chrono::steady_clock;
+        const auto mine = key(r, fmt::format("assign/{}", arrival));
+        const auto join_deadline = started + options_.join_timeout;
+        std::optional<clock::time_point> last_call;
+        if ((options_.elastic() || target_ > 0) && arrival >= needed()) {
+            last_call = clock::now() + options_.last_call_timeout;
+        }
+        for (;;) {
+            const auto now = clock::now();
+            auto until = join_deadline;
+            if (last_call && *last_call < until) until = *last_call;
+            const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - now),
+                                       std::chrono::milliseconds(1));
+            if (co_await wait_interruptible(*watcher_, mine, left)) break;
+            if (last_call && clock::now() >= *last_call) {
+                last_call.reset();
+                if (!members_) {
+                    co_await seal(*store_, r);
+                } else {
+                    // The last call is over; the round still waits for nodes that live and
+                    // have not joined yet (stopping their workers, say), or their loss.
+                    co_await store_->set(key(r, "last_call_over"), "1");
+                    co_await complete_if_all_live(*store_, r);
+                }
+                continue;
+            }
+            if (clock::now() < join_deadline) continue;
+            auto joined = co_await store_->add(key(r, "count"), 0);
+            if (joined >= detail::rdzv::seal_increment) joined -= detail::rdzv::seal_increment;
+            const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (quorum_ > 0) {
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {} (after the rendezvous store was lost and moved): {} of the {} "
+                    "nodes needed (a majority of the {} nodes of the last round, so that a part cut off from the "
+                    "others never goes on alone; --nnodes={}:{}) joined within the join timeout ({} s)",
+                    options_.run_id, r, joined, needed(), std::max(size_, 1), options_.min(), options_.nnodes,
+                    seconds));
+            }
+            if (options_.elastic()) {
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {}: {} of the {} nodes needed (--nnodes={}:{}) joined within the "
+                    "join timeout ({} s); start more nodes, or raise --rdzv-conf join_timeout",
+                    options_.run_id, r, joined, options_.min(), options_.min(), options_.nnodes, seconds));
+            }
+            throw rendezvous_error(fmt::format(
+                "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
+                "others, or raise --rdzv-conf join_timeout",
+                options_.run_id, r, joined, options_.nnodes, seconds));
+        }
+        co_return detail::rdzv::decode_assignment(co_await store_->get(mine));
+    }
+
+    // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
+    // once in a quick round, after the last call in the others (the job's first round, one
+    // admitting nodes), so nodes still starting get in, and nodes still stopping their workers
+    // are waited for (else they would arrive late and restart the others again).
+    asio::awaitable<void> complete_if_all_live(Store& s, int r) {
+        if (!members_) co_return;
+        const auto count = co_await s.add(key(r, "count"), 0);
+        if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < needed()) co_return;
+        const auto registered = co_await s.add(job_key("registered"), 0);
+        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+        if (count < registered - lost) co_return;
+        if (!quick_round(r)) {
+            std::vector<std::string> over{key(r, "last_call_over")};
+            if (!co_await s.check(std::move(over))) co_return;
+        }
+        co_await seal(s, r);
+    }
+
+    // Seals round r (no arrival after this joins it); the one node whose seal came first
+    // completes it with the nodes that had arrived.
+    asio::awaitable<void> seal(Store& s, int r) {
+        const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
+        if (sealed < detail::rdzv::seal_increment || sealed >= 2 * detail::rdzv::seal_increment) co_return;
+        const auto joined = sealed - detail::rdzv::seal_increment;
+        if (joined >= options_.nnodes || joined < 1) co_return;  // the MAX-th arrival completes it
+        co_await complete(s, r, static_cast<int>(joined));
+    }
+
+    // Reads the k nodes' infos (one multi_get), leaves out nodes already lost, assigns ranks,
+    // writes every assignment (one multi_set).
+    asio::awaitable<void> complete(Store& s, int r, int k) {
+        std::vector<std::string> keys;
+        keys.reserve(static_cast<std::size_t>(k));
+        for (int i = 1; i <= k; ++i) keys.push_back(key(r, fmt::format("info/{}", i)));
+        std::vector<std::string> values;
+        if constexpr (multi_key_store<Store>) {
+            values = co_await s.multi_get(keys);
+        } else {
+            for (auto& key_i : keys) values.push_back(co_await s.get(key_i));
+        }
+        std::vector<node_info> arrived;
+        arrived.reserve(values.size());
+        for (const auto& v : values) arrived.push_back(detail::rdzv::decode_node(v));
+        const auto restarts = static_cast<int>(co_await s.add(job_key("restarts"), 0));
+
+        // Liveness: the losses up to now; a node among them is left out of the round.
+        std::int64_t epoch = 0;
+        std::vector<std::string> gone;
+        if (members_) {
+            epoch = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+            for (const auto& [e, name] : members_->lost) gone.push_back(name);
+            std::vector<std::string> unseen;
+            for (auto e = members_->epoch + 1; e <= epoch; ++e) unseen.push_back(lease_lost_key(lease_group(), e));
+            for (const auto& key_i : unseen) gone.push_back(co_await s.get(key_i));
+        }
+        std::vector<int> in;  // arrival indexes (0-based) of the round's members
+        for (int i = 0; i < k; ++i) {
+            const auto& id = arrived[static_cast<std::size_t>(i)].id;
+            if (id.empty() || std::find(gone.begin(), gone.end(), id) == gone.end()) in.push_back(i);
+        }
+        std::vector<std::string> out_keys;
+        std::vector<std::string> out_values;
+        const auto tell_all = [&](const std::string& value) {
+            for (int i = 1; i <= k; ++i) {
+                out_keys.push_back(key(r, fmt::format("assign/{}", i)));
+                out_values.push_back(value);
+            }
+        };
+        if (static_cast<int>(in.size()) < needed()) {
+            // A node was lost while the round formed and too few are left: everyone goes on to
+            // the next round (where the join timeout may end the wait); a late node finds
+            // size 0 and moves on too.
+            tell_all(nlohmann::json{{"retry", true}}.dump());
+            out_keys.push_back(key(r, "size"));
+            out_values.push_back("0");
+        } else {
+            std::vector<node_info> nodes;
+            for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
+            const int n = static_cast<int>(nodes.size());
+            auto assigned = detail::rdzv::assign_group_ranks(nodes, !options_.elastic());
+            if (const auto* message = std::get_if<std::string>(&assigned)) {
+                tell_all(nlohmann::json{{"error", *message}}.dump());
+            } else {
+                const auto& rank = std::get<0>(assigned);
+                std::vector<int> by_rank(static_cast<std::size_t>(n));
+                for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
+                std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
+                std::vector<std::string> hosts;
+                for (int g = 0; g < n; ++g) {
+                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
+                    base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
+                    hosts.push_back(node.host);
+                }
+                const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
+                // Where the store moves if its host is lost: the first members by group rank
+                // that have an idle server and do not host it now (docs/rendezvous.md).
+                nlohmann::json successors = nlohmann::json::array();
+                bool host_in = false;
+                for (int g = 0; g < n; ++g) {
+                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
+                    if (node.hosts_store) host_in = true;
+                    if (node.hosts_store || node.backup_port == 0 || successors.size() >= 3) continue;
+                    successors.push_back({{"id", node.id}, {"addr", node.store_addr}, {"port", node.backup_port}});
+                }
+                tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
+                                                  "to the rendezvous store ended)"}}
+                             .dump());
+                for (int j = 0; j < n; ++j) {
+                    const int g = rank[static_cast<std::size_t>(j)];
+                    const int arrival = in[static_cast<std::size_t>(j)] + 1;
+                    out_values[static_cast<std::size_t>(arrival - 1)] =
+                        nlohmann::json{{"group_rank", g},
+                                       {"rank_base", base[static_cast<std::size_t>(g)]},
+                                       {"world_size", base[static_cast<std::size_t>(n)]},
+                                       {"size", n},
+                                       {"epoch", epoch},
+                                       {"master_addr", master.store_addr},
+                                       {"master_port", master.store_port},
+                                       {"restarts", restarts},
+                                       {"host_in", host_in},
+                                       {"successors", successors}}
+                            .dump();
+                    if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
+                        out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
+                        out_values.push_back(std::to_string(g));
+                    }
+                }
+                out_keys.push_back(key(r, "hosts"));
+                out_values.push_back(nlohmann::json(hosts).dump());
+                out_keys.push_back(key(r, "size"));
+                out_values.push_back(std::to_string(n));
+                out_keys.push_back(job_key("round"));
+                out_values.push_back(std::to_string(r));
+            }
+        }
+        if constexpr (multi_key_store<Store>) {
+            co_await s.multi_set(std::move(out_keys), std::move(out_values));
+        } else {
+            for (std::size_t i = 0; i < out_keys.size(); ++i) co_await s.set(out_keys[i], out_values[i]);
+        }
+    }
+
+    // The monitor saw lease `name` lost (the epoch-th loss of the job).
+    asio::awaitable<void> on_loss(Store& s, std::int64_t epoch, std::string name) {
+        if (name == id_) co_return;
+        if (phase_ == phase::running && epoch > running_epoch_) {
+            co_await on_member_loss(s, round_, name);
+        } else if (phase_ == phase::forming && options_.elastic()) {
+            co_await complete_if_all_live(s, round_);
+        }
+    }
+
+    // Aborts round r when lease `name` was one of its members.
+    asio::awaitable<void> on_member_loss(Store& s, int r, std::string name) {
+        std::vector<std::string> member{key(r, "member/" + name)};
+        if (!co_await s.check(std::move(member))) co_return;
+        abort_notice lost;
+        lost.what = abort_notice::kind::membership;
+        lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
+                                  "silent)",
+                                  detail::rdzv::describe_node_id(name));
+        (void)co_await s.compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(lost));
+    }
+
+    static asio::awaitable<bool> wait_for(Store& s, std::string k, std::chrono::milliseconds timeout) {
         bool timed_out = false;
         try {
-            std::vector<std::string> keys{key("all_done")};
-            co_await store_->wait(std::move(keys), timeout);
+            std::vector<std::string> keys{k};
+            co_await s.wait(std::move(keys), timeout);
         } catch (const store_timeout&) {
             timed_out = true;
         }
         co_return !timed_out;
     }
 
+    asio::awaitable<bool> wait_all_done(std::chrono::milliseconds timeout) {
+        co_return co_await wait_for(*store_, key(round_, "all_done"), timeout);
+    }
+
     // A wait with no deadline of its own: renewed hourly (the only traffic of an idle job).
-    static asio::awaitable<void> wait_long(Store& s, const std::string& k) {
+    static asio::awaitable<void> wait_long(Store& s, std::string k) {
         for (;;) {
-            bool renewed = false;
-            try {
-                std::vector<std::string> keys{k};
-                co_await s.wait(std::move(keys), std::chrono::hours(1));
-            } catch (const store_timeout&) {
-                renewed = true;
-            }
-            if (!renewed) co_return;
+            const bool ready = co_await wait_for(s, k, std::chrono::hours(1));
+            if (ready) co_return;
         }
     }
 
     Store* store_;
     Store* watcher_;
+    Store* lease_ = nullptr;
     store_rendezvous_options options_;
+    std::shared_ptr<detail::rdzv::membership_log> members_;
+    std::string id_;
+    phase phase_ = phase::idle;
     int round_ = -1;
     int restarts_ = 0;
     int group_rank_ = -1;
-    bool joined_error_ = false;
+    int size_ = 0;
+    std::int64_t running_epoch_ = 0;
+    bool admission_ = false;  ///< the last round ended to admit a node
+    bool host_in_round_ = false;                 ///< the store's host was a member of the last round
+    std::vector<store_successor> successors_;    ///< the last round's successors
+    int quorum_ = 0;  ///< after the store moved: the majority the next round needs (0: none)
+    int target_ = 0;  ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 
 }  // namespace elastic::inline v0
@@ -12183,10 +12722,12 @@ private:
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -12322,12 +12863,7 @@ public:
         std::string connect_host = host;
         if (want_host) {
             const auto bind_host = detail::rdzv::is_ip_literal(host) ? host : std::string("0.0.0.0");
-            store_server_options options;
-            options.host = bind_host;
-            options.port = port;
-            options.log = [this](std::string_view line) {
-                if (log_) log_(fmt::format("rendezvous store: {}", line));
-            };
+            auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
                 server_->start();
@@ -12345,16 +12881,17 @@ public:
                 }
             }
         }
-        store_client_options options;
-        options.host = connect_host;
-        options.port = server_ ? server_->port() : port;
-        // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
-        // guard can name it instead of failing on the handshake.
-        options.dialect = client_dialect::detect;
-        options.timeout = config_.rdzv_conf.read_timeout;
-        options.connect_timeout = join_timeout;
+        // c10d, elastic membership: an idle store server of this node's own, where the job's
+        // rendezvous moves should the store's host be lost (docs/rendezvous.md).
+        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
+            store_server_options options = server_options(advertise(config_).bind_host, 0);
+            backup_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
+            backup_->start();
+        }
+        const auto options = client_options(connect_host, server_ ? server_->port() : port, join_timeout);
         client_ = std::make_unique<tcp_store_client>(executor_, options);
         watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        lease_ = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client_->connect();
         } catch (const store_error& e) {
@@ -12366,11 +12903,76 @@ public:
         store_rendezvous_options o;
         o.run_id = config_.rdzv_id;
         o.nnodes = config_.nnodes.max;
+        o.min_nodes = config_.nnodes.min;
         o.join_timeout = join_timeout;
+        o.last_call_timeout = config_.rdzv_conf.last_call_timeout;
         o.close_timeout = config_.rdzv_conf.close_timeout;
         o.hosts_store = server_ != nullptr;
+        o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
     }
+
+    /// Holds this node's lease (its liveness in the job) on a connection of its own and counts
+    /// it as registered; `me` describes the node (its id is made here). After start().
+    asio::awaitable<void> start_liveness(node_info me) {
+        me.id = node_id_ = make_node_id(me.host, me.pid);
+        try {
+            co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
+        }
+    }
+
+    /// The port of this node's idle store server (0: none), where the job may move.
+    [[nodiscard]] std::uint16_t backup_port() const noexcept { return backup_ ? backup_->port() : std::uint16_t{0}; }
+
+    /// The rendezvous store was lost: moves the job to the first of `successors` that answers
+    /// (this node's own idle server when it is that one), holds this node's lease there, and
+    /// returns where it went. rendezvous_error when none answers.
+    asio::awaitable<std::string> relocate(std::vector<store_successor> successors, node_info me) {
+        if (successors.empty()) {
+            throw rendezvous_error("the job's last round named no member that could host the rendezvous store");
+        }
+        // A successor answers within the time the store's own loss took to notice (keep alive).
+        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        std::string tried;
+        for (const auto& next : successors) {
+            const bool mine = next.id == node_id_ && backup_;
+            auto options = client_options(detail::rdzv::literal_for(next.addr), next.port, patience);
+            auto client = std::make_unique<tcp_store_client>(executor_, options);
+            try {
+                co_await client->connect();
+            } catch (const store_error& e) {
+                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                continue;
+            }
+            if (watcher_) watcher_->close();
+            if (lease_) lease_->close();
+            retired_.push_back(std::move(client_));
+            retired_.push_back(std::move(watcher_));
+            retired_.push_back(std::move(lease_));
+            client_ = std::move(client);
+            watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+            lease_ = std::make_unique<tcp_store_client>(executor_, options);
+            if (mine) {
+                server_ = std::move(backup_);
+            }
+            rdzv_->move_to(*client_, *watcher_, mine);
+            me.id = node_id_;
+            try {
+                co_await rdzv_->start_liveness(*lease_, me);
+            } catch (const store_error& e) {
+                throw rendezvous_error(
+                    fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
+                                next.port, e.what()));
+            }
+            co_return fmt::format("{}:{}{}", next.addr, next.port, mine ? " (this node)" : "");
+        }
+        throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
+    }
+
+    /// This node's lease name ("host:pid:tag"), after start_liveness().
+    [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
 
     /// The rounds (after start()).
     store_rendezvous<tcp_store_client>& rendezvous() { return *rdzv_; }
@@ -12385,9 +12987,14 @@ public:
 
     /// Stops serving (after leave()).
     void stop() noexcept {
+        if (lease_) lease_->close();
         if (watcher_) watcher_->close();
         if (client_) client_->close();
+        for (auto& c : retired_) {
+            if (c) c->close();
+        }
         if (server_) server_->stop();
+        if (backup_) backup_->stop();
     }
 
 private:
@@ -12397,7 +13004,48 @@ private:
     std::unique_ptr<tcp_store_server> server_;
     std::unique_ptr<tcp_store_client> client_;
     std::unique_ptr<tcp_store_client> watcher_;
+    std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
+    std::unique_ptr<tcp_store_server> backup_;  ///< idle until the job's store moves here
+    std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
+
+    store_server_options server_options(std::string bind_host, std::uint16_t port) {
+        store_server_options options;
+        options.host = std::move(bind_host);
+        options.port = port;
+        options.log = [this](std::string_view line) {
+            // A lost lease is the agents' business: each says what it does about it.
+            if (line.find("lease '") != std::string_view::npos) return;
+            if (log_) log_(fmt::format("rendezvous store: {}", line));
+        };
+        // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts an
+        // agent lost after keep_alive_max_attempt silent intervals (or at once when its
+        // connection closes).
+        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        return options;
+    }
+
+    store_client_options client_options(std::string host, std::uint16_t port,
+                                         std::chrono::milliseconds connect_timeout) const {
+        store_client_options options;
+        options.host = std::move(host);
+        options.port = port;
+        // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
+        // guard can name it instead of failing on the handshake.
+        options.dialect = client_dialect::detect;
+        options.timeout = config_.rdzv_conf.read_timeout;
+        options.connect_timeout = connect_timeout;
+        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        return options;
+    }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
+    std::string node_id_;
+
+    static std::string make_node_id(const std::string& host, long pid) {
+        std::random_device entropy;
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+    }
 };
 
 }  // namespace elastic::inline v0
@@ -13688,10 +14336,10 @@ inline void check_supported(const launch_config& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
-    if (c.nnodes.min != c.nnodes.max) {
-        refuse(fmt::format("--nnodes={}", nnodes_text(c.nnodes)),
-               "elastic membership (MIN < MAX) comes with the elasticity issue; give a fixed number of nodes, "
-               "e.g. --nnodes=" + std::to_string(c.nnodes.max));
+    if (c.nnodes.min != c.nnodes.max && c.rdzv_backend == rendezvous_backend::static_) {
+        throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
+                                      "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
+                                      nnodes_text(c.nnodes), c.nnodes.max)};
     }
     if (c.rdzv_backend == rendezvous_backend::c10d && c.rdzv_conf.is_host && !*c.rdzv_conf.is_host &&
         c.rendezvous_endpoint().port.value_or(0) == 0) {
@@ -14105,34 +14753,92 @@ private:
     /// barrier.
     template <restart_policy Policy>
     asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
+        using namespace asio::experimental::awaitable_operators;
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
+        {
+            auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
+            if (started.index() == 1) {
+                rdzv_->stop();
+                co_return 128 + std::get<1>(started);
+            }
+            try {
+                (void)std::get<0>(started).take();
+            } catch (...) {
+                rdzv_->stop();
+                throw;
+            }
+        }
+        // The rounds, beside the observer of the job's membership (lease losses), which runs for
+        // as long as this node is in the job.
+        auto both = co_await (detail::agent::settle(run_rounds(policy, signals)) ||
+                              rdzv_->rendezvous().keep_membership());
+        rdzv_->stop();
+        if (both.index() == 1) throw agent_error("the membership observer ended on its own");
         std::string lost;
         try {
-            co_return co_await run_rounds(policy, signals);
+            co_return std::get<0>(both).take();
+        } catch (const rendezvous_closed& e) {
+            log_.warning(fmt::format("[{}] {}; exiting 0", config_.role, e.what()));
+            co_return 0;
         } catch (const rendezvous_error&) {
             throw;
         } catch (const store_error& e) {
             lost = e.what();
         }
-        throw rendezvous_error(fmt::format("the rendezvous store failed: {}", lost));
+        throw rendezvous_error(lost.rfind("lost the rendezvous store", 0) == 0
+                                   ? lost
+                                   : fmt::format("lost the rendezvous store: {}", lost));
+    }
+
+    /// Hosts or reaches the rendezvous store, then holds this node's lease there.
+    asio::awaitable<void> start_rendezvous() {
+        co_await rdzv_->start();
+        node_info me;
+        me.host = node_host();
+        me.nproc = config_.nproc_per_node;
+        me.pid = static_cast<long>(::getpid());
+        co_await rdzv_->start_liveness(me);
+    }
+
+    /// This node's name for the others: --local-addr, else the host name (getfqdn() may ask
+    /// DNS: not when every node is on this machine, a loopback endpoint).
+    const std::string& node_host() {
+        if (host_.empty()) {
+            if (config_.local_addr) {
+                host_ = *config_.local_addr;
+            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
+                host_ = detail::rdzv::gethostname_string();
+            } else {
+                host_ = host_fqdn();
+            }
+        }
+        return host_;
     }
 
     template <restart_policy Policy>
     asio::awaitable<int> run_rounds(Policy& policy, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
         using kind = detail::agent::attempt_outcome::kind;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
-        {
-            auto started = co_await (detail::agent::settle(rdzv_->start()) || signals.async_wait(asio::use_awaitable));
-            if (started.index() == 1) co_return 128 + std::get<1>(started);
-            (void)std::get<0>(started).take();
-        }
         auto& rdzv = rdzv_->rendezvous();
         for (;;) {
             abort_won_ = false;
             last_abort_.reset();
-            auto outcome = co_await run_attempt(rdzv.restart_count(), signals);
+            auto attempt = co_await detail::agent::settle(run_attempt(rdzv.restart_count(), signals));
+            if (const auto why = store_loss(attempt.error); why && can_move_store()) {
+                co_await move_store(*why);
+                continue;
+            }
+            auto outcome = attempt.take();
             if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
+                if (can_move_store()) {
+                    co_await move_store(last_abort_->reason);
+                    continue;
+                }
                 throw rendezvous_error(last_abort_->reason);
+            }
+            if (outcome.how == kind::aborted && last_abort_ && last_abort_->what == abort_notice::kind::membership) {
+                log_membership_restart();
+                continue;
             }
             if (outcome.how == kind::signaled) {
                 co_await abort_for_signal(outcome.signal);
@@ -14144,6 +14850,10 @@ private:
                 if (barrier.index() == 1) {
                     co_await abort_for_signal(std::get<1>(barrier));
                     co_return 128 + std::get<1>(barrier);
+                }
+                if (const auto why = store_loss(std::get<0>(barrier).error); why && can_move_store()) {
+                    co_await move_store(*why);
+                    continue;
                 }
                 auto result = std::get<0>(barrier).take();
                 if (result.how != barrier_result::kind::aborted) {
@@ -14163,12 +14873,21 @@ private:
                     co_return 0;
                 }
                 last_abort_ = result.abort;
+                if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
+                    log_membership_restart();
+                    continue;
+                }
                 log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
                                          config_.role, describe_abort()));
             }
             job_decision decision;
             if (outcome.how == kind::failed) {
                 for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, config_.program.target));
+            }
+            if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
+                // A membership change ended the round first: no decision, nothing counted.
+                log_membership_restart();
+                continue;
             }
             if (outcome.how == kind::failed && abort_won_) {
                 outcome.failure.restarts = rdzv.restart_count();
@@ -14190,6 +14909,10 @@ private:
             } else {
                 auto followed = co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
                 if (followed.index() == 1) co_return 128 + std::get<1>(followed);
+                if (const auto why = store_loss(std::get<0>(followed).error); why && can_move_store()) {
+                    co_await move_store(*why);
+                    continue;
+                }
                 decision = std::get<0>(followed).take();
             }
             const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
@@ -14211,6 +14934,60 @@ private:
         return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
     }
 
+    /// The message of `error` when it is the loss of the rendezvous store (a store_error).
+    static std::optional<std::string> store_loss(const std::exception_ptr& error) {
+        if (!error) return std::nullopt;
+        try {
+            std::rethrow_exception(error);
+        } catch (const store_error& e) {
+            std::string why = e.what();
+            if (why.rfind("lost the rendezvous store", 0) != 0) why = "lost the rendezvous store: " + why;
+            return why;
+        } catch (...) {
+        }
+        return std::nullopt;
+    }
+
+    /// Elastic membership over c10d: the job may move its rendezvous store to a member's idle
+    /// server when the host is lost.
+    [[nodiscard]] bool can_move_store() const {
+        return config_.nnodes.min < config_.nnodes.max && rdzv_ && rdzv_->backup_port() != 0 &&
+               !rdzv_->rendezvous().successors().empty();
+    }
+
+    /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
+    /// first successor that answers; the next round needs a majority of the last one.
+    asio::awaitable<void> move_store(std::string why) {
+        // Only the lease connection's end is the store's loss (a killed host ends every
+        // connection; an error on one connection alone is not a reason to move the job).
+        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        if (!co_await rdzv_->rendezvous().confirm_store_lost(patience)) throw rendezvous_error(why);
+        node_info me;
+        me.host = node_host();
+        me.nproc = config_.nproc_per_node;
+        me.pid = static_cast<long>(::getpid());
+        const int before = round_ ? round_->group_world_size : 0;
+        auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
+        if (moved.error) {
+            try {
+                std::rethrow_exception(moved.error);
+            } catch (const std::exception& e) {
+                why = fmt::format("{}; the job cannot move it: {}", why, e.what());
+            }
+            throw rendezvous_error(why);
+        }
+        log_.warning(fmt::format("[{}] {}; the job's rendezvous moves to {}, the first member's idle store that "
+                                 "answered; the next round needs {} of the last round's {} nodes (a majority)",
+                                 config_.role, why, *moved.value, before / 2 + 1, before));
+    }
+
+    void log_membership_restart() {
+        log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
+                                 "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                 config_.role, last_abort_ ? last_abort_->reason : std::string("?"),
+                                 rdzv_->rendezvous().restart_count()));
+    }
+
     std::string describe_abort() const {
         if (!last_abort_) return "the round was aborted";
         return fmt::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
@@ -14222,17 +14999,9 @@ private:
     asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
         node_info me;
-        if (host_.empty()) {
-            // getfqdn() may ask DNS: not when every node is on this machine (loopback endpoint).
-            if (config_.local_addr) {
-                host_ = *config_.local_addr;
-            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
-                host_ = detail::rdzv::gethostname_string();
-            } else {
-                host_ = host_fqdn();
-            }
-        }
-        me.host = host_;
+        me.host = node_host();
+        me.id = rdzv_->node_id();
+        me.backup_port = rdzv_->backup_port();
         me.store_addr = store_.master_addr;
         me.store_port = server.port();
         me.nproc = config_.nproc_per_node;
@@ -14290,8 +15059,11 @@ private:
         try {
             co_return co_await rdzv_->rendezvous().wait_for_abort();
         } catch (const store_error& e) {
+            std::string_view why = e.what();
+            constexpr std::string_view prefix = "lost the rendezvous store: ";
+            if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
             lost.group_rank = -2;
-            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", e.what());
+            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", why);
         }
         co_return lost;
     }
@@ -14314,10 +15086,21 @@ private:
         }
     }
 
-    /// This agent received `sig`: the job stops (this node will not rejoin).
+    /// This agent received `sig` (its workers are stopped already). Elastic membership
+    /// (MIN < MAX): it leaves the job; the others are told at once (a membership abort of the
+    /// round) and re-form without it. Fixed membership: the job cannot go on without it, so
+    /// the round is aborted with decision stop and every node exits 128+N.
     asio::awaitable<void> abort_for_signal(int sig) {
         if (!rdzv_ || !round_) co_return;
         try {
+            if (config_.nnodes.min < config_.nnodes.max) {
+                abort_notice notice{round_->group_rank, host_,
+                                    fmt::format("node {} (pid {}) left: its agent received {}", host_,
+                                                static_cast<long>(::getpid()), signal_to_string(sig))};
+                notice.what = abort_notice::kind::membership;
+                (void)co_await rdzv_->rendezvous().abort(notice);
+                co_return;
+            }
             abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
             if (co_await rdzv_->rendezvous().abort(notice)) {
                 const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
