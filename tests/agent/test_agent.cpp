@@ -322,7 +322,7 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         {{"--nproc-per-node=0"}, "--nproc-per-node"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout"}, "--rdzv-conf"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout=5,,x=1"}, "--rdzv-conf"},
-        {{"--nnodes=1:2", "--rdzv-backend=c10d"}, "not implemented yet"},
+        {{"--nnodes=1:2", "--rdzv-backend=static"}, "--nnodes=1:2"},
         {{"--rdzv-backend=etcd-v3", "--rdzv-endpoint=localhost:2379"}, "not implemented yet"},
         {{"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=is_host=false"}, "port 0"},
         {{"--log-dir=/etc/passwd"}, "--log-dir"},

@@ -530,4 +530,48 @@ TEST_CASE("rendezvous elastic: SIGTERM to one of three agents stops its worker w
     CHECK(ranks == std::set<int>{0, 1});
 }
 
+TEST_CASE("rendezvous elastic: an agent stopped past its keep-alive is dropped, the others go on, and it rejoins when it runs again") {
+    job j("stopped");
+    j.nnodes = "2:3";
+    const std::string rules = "*:world+trap";
+    for (int node = 0; node < 3; ++node) j.start(rules, node == 0, "last_call_timeout=1");
+    for (int node = 0; node < 3; ++node) {
+        await_lines(j[node], "world 3 ");
+        await_lines(j[node], "ready ");
+    }
+    const int stopped = 2;
+    REQUIRE(::kill(j[stopped].pid(), SIGSTOP) == 0);
+    // The store hears no heartbeat from it: the others re-form without it.
+    for (const int node : {0, 1}) {
+        await_lines(j[node], "world 2 ");
+        await_lines(j[node], "ready ", 2);
+    }
+    REQUIRE(::kill(j[stopped].pid(), SIGCONT) == 0);
+    // It finds its connection dropped, the store still there: it rejoins, and the three go on.
+    for (int node = 0; node < 3; ++node) {
+        await_lines(j[node], "world 3 ", 2);
+        await_lines(j[node], "ready ", node == stopped ? 2 : 3);
+    }
+    std::set<int> ranks;
+    for (int node = 0; node < 3; ++node) {
+        const auto last = worlds(j[node].out(), 3).back();
+        ranks.insert(last.rank);
+        CHECK(last.attempt == 0);
+        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2});
+    for (int node = 0; node < 3; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+        CHECK(has(j[node].err(), "membership changed:"));
+    }
+    const auto line = line_with(j[stopped].err(), "dropped this node's connection");
+    CAPTURE(j[stopped].err());
+    CHECK(has(line, "rejoining the job"));
+    CHECK(worlds(j[stopped].out(), 2).empty());
+}
+
 }  // namespace test_rendezvous_elastic

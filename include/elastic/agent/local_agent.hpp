@@ -772,11 +772,10 @@ private:
         return std::nullopt;
     }
 
-    /// Elastic membership over c10d: the job may move its rendezvous store to a member's idle
-    /// server when the host is lost.
+    /// Elastic membership over c10d: a node dropped by the store rejoins it, and the job may
+    /// move its rendezvous store to a member's idle server when the host is lost.
     [[nodiscard]] bool can_move_store() const {
-        return config_.nnodes.min < config_.nnodes.max && rdzv_ && rdzv_->backup_port() != 0 &&
-               !rdzv_->rendezvous().successors().empty();
+        return config_.nnodes.min < config_.nnodes.max && rdzv_ != nullptr;
     }
 
     /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
@@ -790,6 +789,17 @@ private:
         me.host = node_host();
         me.nproc = config_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
+        // A store that still answers dropped this node (no heartbeat in time): rejoin it. Only
+        // a store that does not answer moves (so an overloaded node never splits the job).
+        auto back = co_await detail::agent::settle(rdzv_->rejoin_store(me));
+        if (back.error) std::rethrow_exception(back.error);
+        if (*back.value) {
+            log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
+                                     "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
+                                     "stopped or starved of CPU?); reconnected, rejoining the job ({})",
+                                     config_.role, rdzv_->store_endpoint(), why));
+            co_return;
+        }
         const int before = round_ ? round_->group_world_size : 0;
         auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
         if (moved.error) {

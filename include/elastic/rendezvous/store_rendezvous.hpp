@@ -309,6 +309,15 @@ public:
         phase_ = phase::idle;
     }
 
+    /// This node reconnected to the same store (which had dropped it): new connections; then
+    /// call start_liveness() with a new lease connection. It rejoins at the next round.
+    void reconnected(Store& store, Store& watcher) {
+        store_ = &store;
+        watcher_ = &watcher;
+        phase_ = phase::idle;
+        rediscover_ = true;  // the others went on without this node: find the job's round again
+    }
+
     /// The last round's successors (where the store may move), after next_round().
     [[nodiscard]] const std::vector<store_successor>& successors() const noexcept { return successors_; }
     /// Whether this node hosts the rendezvous store.
@@ -371,10 +380,12 @@ public:
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
-        if (round_ < 0) {
-            if (options_.torchrun_guard) co_await guard();
-            // A node joining a running job starts at its current round (0 for a new job).
+        if (round_ < 0 || rediscover_) {
+            if (round_ < 0 && options_.torchrun_guard) co_await guard();
+            // A node joining a running job starts at its last completed round (0 for a new job),
+            // arrives late there and is admitted from it.
             round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
+            rediscover_ = false;
         }
         for (;;) {
             ++round_;
@@ -897,6 +908,7 @@ private:
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
     bool admission_ = false;  ///< the last round ended to admit a node
+    bool rediscover_ = false; ///< this node was dropped and rejoined: read the job's round again
     bool host_in_round_ = false;                 ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;    ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved: the majority the next round needs (0: none)

@@ -190,7 +190,9 @@ public:
             backup_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
             backup_->start();
         }
-        const auto options = client_options(connect_host, server_ ? server_->port() : port, join_timeout);
+        current_host_ = connect_host;
+        current_port_ = server_ ? server_->port() : port;
+        const auto options = client_options(current_host_, current_port_, join_timeout);
         client_ = std::make_unique<tcp_store_client>(executor_, options);
         watcher_ = std::make_unique<tcp_store_client>(executor_, options);
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
@@ -259,6 +261,8 @@ public:
             if (mine) {
                 server_ = std::move(backup_);
             }
+            current_host_ = options.host;
+            current_port_ = options.port;
             rdzv_->move_to(*client_, *watcher_, mine);
             me.id = node_id_;
             try {
@@ -272,6 +276,42 @@ public:
         }
         throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
     }
+
+    /// This node's lease connection ended, but the store may live on and have dropped this node
+    /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
+    /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
+    /// the job at its next round); false when the store does not answer (it is lost).
+    asio::awaitable<bool> rejoin_store(node_info me) {
+        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        auto options = client_options(current_host_, current_port_, patience);
+        auto client = std::make_unique<tcp_store_client>(executor_, options);
+        try {
+            co_await client->connect();
+        } catch (const store_error&) {
+            co_return false;
+        }
+        if (watcher_) watcher_->close();
+        if (lease_) lease_->close();
+        retired_.push_back(std::move(client_));
+        retired_.push_back(std::move(watcher_));
+        retired_.push_back(std::move(lease_));
+        client_ = std::move(client);
+        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        rdzv_->reconnected(*client_, *watcher_);
+        // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
+        me.id = node_id_ = make_node_id(me.host, me.pid);
+        try {
+            co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
+                                               current_host_, current_port_, e.what()));
+        }
+        co_return true;
+    }
+
+    /// Where this node reaches the rendezvous store now ("host:port").
+    [[nodiscard]] std::string store_endpoint() const { return fmt::format("{}:{}", current_host_, current_port_); }
 
     /// This node's lease name ("host:pid:tag"), after start_liveness().
     [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
@@ -343,6 +383,8 @@ private:
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
+    std::string current_host_;       ///< where the rendezvous store is reached now
+    std::uint16_t current_port_ = 0;
 
     static std::string make_node_id(const std::string& host, long pid) {
         std::random_device entropy;
