@@ -12109,6 +12109,15 @@ public:
         phase_ = phase::idle;
     }
 
+    /// This node reconnected to the same store (which had dropped it): new connections; then
+    /// call start_liveness() with a new lease connection. It rejoins at the next round.
+    void reconnected(Store& store, Store& watcher) {
+        store_ = &store;
+        watcher_ = &watcher;
+        phase_ = phase::idle;
+        rediscover_ = true;  // the others went on without this node: find the job's round again
+    }
+
     /// The last round's successors (where the store may move), after next_round().
     [[nodiscard]] const std::vector<store_successor>& successors() const noexcept { return successors_; }
     /// Whether this node hosts the rendezvous store.
@@ -12171,10 +12180,12 @@ public:
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
-        if (round_ < 0) {
-            if (options_.torchrun_guard) co_await guard();
-            // A node joining a running job starts at its current round (0 for a new job).
+        if (round_ < 0 || rediscover_) {
+            if (round_ < 0 && options_.torchrun_guard) co_await guard();
+            // A node joining a running job starts at its last completed round (0 for a new job),
+            // arrives late there and is admitted from it.
             round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
+            rediscover_ = false;
         }
         for (;;) {
             ++round_;
@@ -12697,6 +12708,7 @@ private:
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
     bool admission_ = false;  ///< the last round ended to admit a node
+    bool rediscover_ = false; ///< this node was dropped and rejoined: read the job's round again
     bool host_in_round_ = false;                 ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;    ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved: the majority the next round needs (0: none)
@@ -12888,7 +12900,9 @@ public:
             backup_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
             backup_->start();
         }
-        const auto options = client_options(connect_host, server_ ? server_->port() : port, join_timeout);
+        current_host_ = connect_host;
+        current_port_ = server_ ? server_->port() : port;
+        const auto options = client_options(current_host_, current_port_, join_timeout);
         client_ = std::make_unique<tcp_store_client>(executor_, options);
         watcher_ = std::make_unique<tcp_store_client>(executor_, options);
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
@@ -12957,6 +12971,8 @@ public:
             if (mine) {
                 server_ = std::move(backup_);
             }
+            current_host_ = options.host;
+            current_port_ = options.port;
             rdzv_->move_to(*client_, *watcher_, mine);
             me.id = node_id_;
             try {
@@ -12970,6 +12986,42 @@ public:
         }
         throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
     }
+
+    /// This node's lease connection ended, but the store may live on and have dropped this node
+    /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
+    /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
+    /// the job at its next round); false when the store does not answer (it is lost).
+    asio::awaitable<bool> rejoin_store(node_info me) {
+        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        auto options = client_options(current_host_, current_port_, patience);
+        auto client = std::make_unique<tcp_store_client>(executor_, options);
+        try {
+            co_await client->connect();
+        } catch (const store_error&) {
+            co_return false;
+        }
+        if (watcher_) watcher_->close();
+        if (lease_) lease_->close();
+        retired_.push_back(std::move(client_));
+        retired_.push_back(std::move(watcher_));
+        retired_.push_back(std::move(lease_));
+        client_ = std::move(client);
+        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        rdzv_->reconnected(*client_, *watcher_);
+        // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
+        me.id = node_id_ = make_node_id(me.host, me.pid);
+        try {
+            co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
+                                               current_host_, current_port_, e.what()));
+        }
+        co_return true;
+    }
+
+    /// Where this node reaches the rendezvous store now ("host:port").
+    [[nodiscard]] std::string store_endpoint() const { return fmt::format("{}:{}", current_host_, current_port_); }
 
     /// This node's lease name ("host:pid:tag"), after start_liveness().
     [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
@@ -13041,6 +13093,8 @@ private:
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
+    std::string current_host_;       ///< where the rendezvous store is reached now
+    std::uint16_t current_port_ = 0;
 
     static std::string make_node_id(const std::string& host, long pid) {
         std::random_device entropy;
@@ -14948,11 +15002,10 @@ private:
         return std::nullopt;
     }
 
-    /// Elastic membership over c10d: the job may move its rendezvous store to a member's idle
-    /// server when the host is lost.
+    /// Elastic membership over c10d: a node dropped by the store rejoins it, and the job may
+    /// move its rendezvous store to a member's idle server when the host is lost.
     [[nodiscard]] bool can_move_store() const {
-        return config_.nnodes.min < config_.nnodes.max && rdzv_ && rdzv_->backup_port() != 0 &&
-               !rdzv_->rendezvous().successors().empty();
+        return config_.nnodes.min < config_.nnodes.max && rdzv_ != nullptr;
     }
 
     /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
@@ -14966,6 +15019,17 @@ private:
         me.host = node_host();
         me.nproc = config_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
+        // A store that still answers dropped this node (no heartbeat in time): rejoin it. Only
+        // a store that does not answer moves (so an overloaded node never splits the job).
+        auto back = co_await detail::agent::settle(rdzv_->rejoin_store(me));
+        if (back.error) std::rethrow_exception(back.error);
+        if (*back.value) {
+            log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
+                                     "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
+                                     "stopped or starved of CPU?); reconnected, rejoining the job ({})",
+                                     config_.role, rdzv_->store_endpoint(), why));
+            co_return;
+        }
         const int before = round_ ? round_->group_world_size : 0;
         auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
         if (moved.error) {
