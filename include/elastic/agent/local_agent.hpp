@@ -598,20 +598,14 @@ private:
                               rdzv_->rendezvous().keep_membership());
         rdzv_->stop();
         if (both.index() == 1) throw agent_error("the membership observer ended on its own");
-        std::string lost;
+        auto& rounds = std::get<0>(both);
+        if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
         try {
-            co_return std::get<0>(both).take();
+            co_return rounds.take();
         } catch (const rendezvous_closed& e) {
             log_.warning(fmt::format("[{}] {}; exiting 0", config_.role, e.what()));
             co_return 0;
-        } catch (const rendezvous_error&) {
-            throw;
-        } catch (const store_error& e) {
-            lost = e.what();
         }
-        throw rendezvous_error(lost.rfind("lost the rendezvous store", 0) == 0
-                                   ? lost
-                                   : fmt::format("lost the rendezvous store: {}", lost));
     }
 
     /// Hosts or reaches the rendezvous store, then holds this node's lease there.
@@ -783,8 +777,9 @@ private:
     asio::awaitable<void> move_store(std::string why) {
         // Only the lease connection's end is the store's loss (a killed host ends every
         // connection; an error on one connection alone is not a reason to move the job).
-        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
-        if (!co_await rdzv_->rendezvous().confirm_store_lost(patience)) throw rendezvous_error(why);
+        if (!co_await rdzv_->rendezvous().confirm_store_lost(rdzv_->keep_alive_deadline())) {
+            throw rendezvous_error(why);
+        }
         node_info me;
         me.host = node_host();
         me.nproc = config_.nproc_per_node;

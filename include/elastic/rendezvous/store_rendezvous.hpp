@@ -516,9 +516,7 @@ public:
         const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         for (;;) {
-            const auto registered = co_await store_->add(job_key("registered"), 0);
-            const auto lost = std::stoll(co_await store_->get(lease_epoch_key(lease_group())));
-            if (registered - lost <= 1) co_return;
+            if (co_await live_nodes(*store_) <= 1) co_return;
             auto which = co_await (members_->next() ||
                                    timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
             if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
@@ -631,19 +629,12 @@ private:
             }
         }
         phase_ = phase::idle;
-        const auto notice = co_await [&]() -> asio::awaitable<abort_notice> {
-            const auto k = key(r, "abort");
-            co_await wait_interruptible(*watcher_, k, std::nullopt);
-            co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
-        }();
-        admission_ = notice.admission;
+        const auto notice = co_await wait_for_abort();  // round r is the current round
         if (notice.what == abort_notice::kind::closed) {
             throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
         }
         if (notice.what == abort_notice::kind::failure) {
-            const auto k = key(r, "decision");
-            co_await wait_interruptible(*store_, k, std::nullopt);
-            const auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
+            const auto decision = co_await await_decision();
             if (!decision.restart) {
                 throw rendezvous_closed(fmt::format(
                     "the job ended while this node waited as a standby (it stopped after a failure: {})",
@@ -716,14 +707,20 @@ private:
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
         if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < needed()) co_return;
-        const auto registered = co_await s.add(job_key("registered"), 0);
-        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
-        if (count < registered - lost) co_return;
+        if (count < co_await live_nodes(s)) co_return;
         if (!quick_round(r)) {
             std::vector<std::string> over{key(r, "last_call_over")};
             if (!co_await s.check(std::move(over))) co_return;
         }
         co_await seal(s, r);
+    }
+
+    // The nodes in the job now: every registration, less every lost lease (a leaving node's
+    // lease ends as a loss too).
+    asio::awaitable<std::int64_t> live_nodes(Store& s) {
+        const auto registered = co_await s.add(job_key("registered"), 0);
+        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+        co_return registered - lost;
     }
 
     // Seals round r (no arrival after this joins it); the one node whose seal came first

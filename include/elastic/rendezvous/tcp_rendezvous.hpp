@@ -227,6 +227,12 @@ public:
         }
     }
 
+    /// How long silence lasts before a node or the store counts as lost:
+    /// keep_alive_interval x keep_alive_max_attempt.
+    [[nodiscard]] std::chrono::milliseconds keep_alive_deadline() const {
+        return config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+    }
+
     /// The port of this node's idle store server (0: none), where the job may move.
     [[nodiscard]] std::uint16_t backup_port() const noexcept { return backup_ ? backup_->port() : std::uint16_t{0}; }
 
@@ -238,7 +244,7 @@ public:
             throw rendezvous_error("the job's last round named no member that could host the rendezvous store");
         }
         // A successor answers within the time the store's own loss took to notice (keep alive).
-        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        const auto patience = keep_alive_deadline();
         std::string tried;
         for (const auto& next : successors) {
             const bool mine = next.id == node_id_ && backup_;
@@ -250,19 +256,8 @@ public:
                 tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
                 continue;
             }
-            if (watcher_) watcher_->close();
-            if (lease_) lease_->close();
-            retired_.push_back(std::move(client_));
-            retired_.push_back(std::move(watcher_));
-            retired_.push_back(std::move(lease_));
-            client_ = std::move(client);
-            watcher_ = std::make_unique<tcp_store_client>(executor_, options);
-            lease_ = std::make_unique<tcp_store_client>(executor_, options);
-            if (mine) {
-                server_ = std::move(backup_);
-            }
-            current_host_ = options.host;
-            current_port_ = options.port;
+            adopt(std::move(client), options);
+            if (mine) server_ = std::move(backup_);
             rdzv_->move_to(*client_, *watcher_, mine);
             me.id = node_id_;
             try {
@@ -282,22 +277,14 @@ public:
     /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
     /// the job at its next round); false when the store does not answer (it is lost).
     asio::awaitable<bool> rejoin_store(node_info me) {
-        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
-        auto options = client_options(current_host_, current_port_, patience);
+        auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client->connect();
         } catch (const store_error&) {
             co_return false;
         }
-        if (watcher_) watcher_->close();
-        if (lease_) lease_->close();
-        retired_.push_back(std::move(client_));
-        retired_.push_back(std::move(watcher_));
-        retired_.push_back(std::move(lease_));
-        client_ = std::move(client);
-        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
-        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        adopt(std::move(client), options);
         rdzv_->reconnected(*client_, *watcher_);
         // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
         me.id = node_id_ = make_node_id(me.host, me.pid);
@@ -349,6 +336,20 @@ private:
     std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
     std::unique_ptr<tcp_store_server> backup_;  ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
+
+    // Replaces this node's connections with `client` (connected) and two more like it; the old
+    // ones are closed but kept until the end (a coroutine may still be unwinding from them).
+    void adopt(std::unique_ptr<tcp_store_client> client, const store_client_options& options) {
+        for (auto* old : {&client_, &watcher_, &lease_}) {
+            if (*old) (*old)->close();
+            retired_.push_back(std::move(*old));
+        }
+        client_ = std::move(client);
+        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        current_host_ = options.host;
+        current_port_ = options.port;
+    }
 
     store_server_options server_options(std::string bind_host, std::uint16_t port) {
         store_server_options options;
