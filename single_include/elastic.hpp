@@ -12316,9 +12316,7 @@ public:
         const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         for (;;) {
-            const auto registered = co_await store_->add(job_key("registered"), 0);
-            const auto lost = std::stoll(co_await store_->get(lease_epoch_key(lease_group())));
-            if (registered - lost <= 1) co_return;
+            if (co_await live_nodes(*store_) <= 1) co_return;
             auto which = co_await (members_->next() ||
                                    timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
             if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
@@ -12431,19 +12429,12 @@ private:
             }
         }
         phase_ = phase::idle;
-        const auto notice = co_await [&]() -> asio::awaitable<abort_notice> {
-            const auto k = key(r, "abort");
-            co_await wait_interruptible(*watcher_, k, std::nullopt);
-            co_return detail::rdzv::decode_abort(co_await watcher_->get(k));
-        }();
-        admission_ = notice.admission;
+        const auto notice = co_await wait_for_abort();  // round r is the current round
         if (notice.what == abort_notice::kind::closed) {
             throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
         }
         if (notice.what == abort_notice::kind::failure) {
-            const auto k = key(r, "decision");
-            co_await wait_interruptible(*store_, k, std::nullopt);
-            const auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
+            const auto decision = co_await await_decision();
             if (!decision.restart) {
                 throw rendezvous_closed(fmt::format(
                     "the job ended while this node waited as a standby (it stopped after a failure: {})",
@@ -12516,14 +12507,20 @@ private:
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
         if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < needed()) co_return;
-        const auto registered = co_await s.add(job_key("registered"), 0);
-        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
-        if (count < registered - lost) co_return;
+        if (count < co_await live_nodes(s)) co_return;
         if (!quick_round(r)) {
             std::vector<std::string> over{key(r, "last_call_over")};
             if (!co_await s.check(std::move(over))) co_return;
         }
         co_await seal(s, r);
+    }
+
+    // The nodes in the job now: every registration, less every lost lease (a leaving node's
+    // lease ends as a loss too).
+    asio::awaitable<std::int64_t> live_nodes(Store& s) {
+        const auto registered = co_await s.add(job_key("registered"), 0);
+        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+        co_return registered - lost;
     }
 
     // Seals round r (no arrival after this joins it); the one node whose seal came first
@@ -12937,6 +12934,12 @@ public:
         }
     }
 
+    /// How long silence lasts before a node or the store counts as lost:
+    /// keep_alive_interval x keep_alive_max_attempt.
+    [[nodiscard]] std::chrono::milliseconds keep_alive_deadline() const {
+        return config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+    }
+
     /// The port of this node's idle store server (0: none), where the job may move.
     [[nodiscard]] std::uint16_t backup_port() const noexcept { return backup_ ? backup_->port() : std::uint16_t{0}; }
 
@@ -12948,7 +12951,7 @@ public:
             throw rendezvous_error("the job's last round named no member that could host the rendezvous store");
         }
         // A successor answers within the time the store's own loss took to notice (keep alive).
-        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        const auto patience = keep_alive_deadline();
         std::string tried;
         for (const auto& next : successors) {
             const bool mine = next.id == node_id_ && backup_;
@@ -12960,19 +12963,8 @@ public:
                 tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
                 continue;
             }
-            if (watcher_) watcher_->close();
-            if (lease_) lease_->close();
-            retired_.push_back(std::move(client_));
-            retired_.push_back(std::move(watcher_));
-            retired_.push_back(std::move(lease_));
-            client_ = std::move(client);
-            watcher_ = std::make_unique<tcp_store_client>(executor_, options);
-            lease_ = std::make_unique<tcp_store_client>(executor_, options);
-            if (mine) {
-                server_ = std::move(backup_);
-            }
-            current_host_ = options.host;
-            current_port_ = options.port;
+            adopt(std::move(client), options);
+            if (mine) server_ = std::move(backup_);
             rdzv_->move_to(*client_, *watcher_, mine);
             me.id = node_id_;
             try {
@@ -12992,22 +12984,14 @@ public:
     /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
     /// the job at its next round); false when the store does not answer (it is lost).
     asio::awaitable<bool> rejoin_store(node_info me) {
-        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
-        auto options = client_options(current_host_, current_port_, patience);
+        auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client->connect();
         } catch (const store_error&) {
             co_return false;
         }
-        if (watcher_) watcher_->close();
-        if (lease_) lease_->close();
-        retired_.push_back(std::move(client_));
-        retired_.push_back(std::move(watcher_));
-        retired_.push_back(std::move(lease_));
-        client_ = std::move(client);
-        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
-        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        adopt(std::move(client), options);
         rdzv_->reconnected(*client_, *watcher_);
         // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
         me.id = node_id_ = make_node_id(me.host, me.pid);
@@ -13059,6 +13043,20 @@ private:
     std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
     std::unique_ptr<tcp_store_server> backup_;  ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
+
+    // Replaces this node's connections with `client` (connected) and two more like it; the old
+    // ones are closed but kept until the end (a coroutine may still be unwinding from them).
+    void adopt(std::unique_ptr<tcp_store_client> client, const store_client_options& options) {
+        for (auto* old : {&client_, &watcher_, &lease_}) {
+            if (*old) (*old)->close();
+            retired_.push_back(std::move(*old));
+        }
+        client_ = std::move(client);
+        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        current_host_ = options.host;
+        current_port_ = options.port;
+    }
 
     store_server_options server_options(std::string bind_host, std::uint16_t port) {
         store_server_options options;
@@ -14828,20 +14826,14 @@ private:
                               rdzv_->rendezvous().keep_membership());
         rdzv_->stop();
         if (both.index() == 1) throw agent_error("the membership observer ended on its own");
-        std::string lost;
+        auto& rounds = std::get<0>(both);
+        if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
         try {
-            co_return std::get<0>(both).take();
+            co_return rounds.take();
         } catch (const rendezvous_closed& e) {
             log_.warning(fmt::format("[{}] {}; exiting 0", config_.role, e.what()));
             co_return 0;
-        } catch (const rendezvous_error&) {
-            throw;
-        } catch (const store_error& e) {
-            lost = e.what();
         }
-        throw rendezvous_error(lost.rfind("lost the rendezvous store", 0) == 0
-                                   ? lost
-                                   : fmt::format("lost the rendezvous store: {}", lost));
     }
 
     /// Hosts or reaches the rendezvous store, then holds this node's lease there.
@@ -15013,8 +15005,9 @@ private:
     asio::awaitable<void> move_store(std::string why) {
         // Only the lease connection's end is the store's loss (a killed host ends every
         // connection; an error on one connection alone is not a reason to move the job).
-        const auto patience = config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
-        if (!co_await rdzv_->rendezvous().confirm_store_lost(patience)) throw rendezvous_error(why);
+        if (!co_await rdzv_->rendezvous().confirm_store_lost(rdzv_->keep_alive_deadline())) {
+            throw rendezvous_error(why);
+        }
         node_info me;
         me.host = node_host();
         me.nproc = config_.nproc_per_node;
