@@ -100,6 +100,10 @@ std::vector<good_row> good_rows() {
                     {{"RANK", "5"}, {"WORLD_SIZE", "7"}, {"LOCAL_RANK", "1"},
                      {"LOCAL_WORLD_SIZE", "2"}},
                     make(env_source::torchrun, 5, 1, 7, 2, 2, 4)});
+    rows.push_back({"sizes near INT_MAX: the node count is rounded up without overflow",
+                    {{"RANK", "2147483646"}, {"WORLD_SIZE", "2147483647"}, {"LOCAL_RANK", "0"},
+                     {"LOCAL_WORLD_SIZE", "1073741824"}},
+                    make(env_source::torchrun, 2147483646, 0, 2147483647, 1073741824, 1, 2)});
     auto agent_store_false = make(env_source::torchrun, 0, 0, 1, 1, 0, 1);
     rows.push_back({"USE_AGENT_STORE=False; an empty TORCHELASTIC_ERROR_FILE (logs to /dev/null)",
                     {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
