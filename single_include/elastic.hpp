@@ -301,8 +301,9 @@ inline void check_not_more(const env_value& low, const env_value& high, const ch
                      std::move(names));
 }
 
+// a >= 0, b > 0; written without a + b - 1, which overflows for sizes near INT_MAX.
 inline int ceil_div(int a, int b) {
-    return (a + b - 1) / b;
+    return a / b + (a % b != 0 ? 1 : 0);
 }
 
 // The local pair: both set, or neither (then the single-node values: the whole job is local).
