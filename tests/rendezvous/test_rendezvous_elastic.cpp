@@ -460,6 +460,65 @@ TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted whe
     CHECK(has(second.err(), "the job ended while this node waited as a standby"));
 }
 
+TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves with the members and is promoted") {
+    job j("standbyhost");
+    // Any world traps (a transient round of 3 shows as a world 3 line, and its trapped workers
+    // end when their agents restart for the standby's admission); the case ends the last world.
+    const std::string rules = "*:world+trap";
+    for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
+    std::map<int, world_line> first;
+    for (int node = 0; node < 4; ++node) {
+        await_lines(j[node], "world 4 ");
+        await_lines(j[node], "ready ");
+        first[node] = worlds(j[node].out(), 4).at(0);
+    }
+    auto& standby = j.start(rules, false, "last_call_timeout=3600");  // node 4
+    await_stderr(standby, "waits as a standby");
+
+    // Node 0 hosts the rendezvous store.
+    j[0].signal(SIGKILL);
+    CHECK(ended(first[0].pid));
+    CHECK(j[0].wait() == 128 + SIGKILL);
+
+    // The standby learned the successors from the round it waited beside: it follows the store
+    // to a member's idle server and is promoted into the next world of 4.
+    await_lines(standby, "world 4 ");
+    for (const int node : {1, 2, 3}) await_lines(j[node], "world 4 ", 2);
+    std::set<int> ranks;
+    std::vector<world_line> last;
+    for (const int node : {1, 2, 3, 4}) {
+        auto& a = j[node];
+        const auto w = worlds(a.out(), 4).back();
+        CHECK(w.node == node);
+        CHECK(w.group_world == 4);
+        CHECK(w.attempt == 0);
+        ranks.insert(w.rank);
+        last.push_back(w);
+        // The worker traps its signals before it says ready (with its pid).
+        const auto ready = fmt::format(" {}\n", w.pid);
+        const bool seen = a.read_until([&](const std::string& out) {
+            std::istringstream in(out);
+            for (std::string line; std::getline(in, line);) {
+                if (line.rfind("ready ", 0) == 0 && has(line + "\n", ready)) return true;
+            }
+            return false;
+        });
+        INFO("stdout:\n" << a.out());
+        REQUIRE(seen);
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2, 3});
+    CHECK(has(standby.err(), "the job's rendezvous moves to"));
+    for (const auto& w : last) CHECK(::kill(w.pid, SIGUSR1) == 0);
+    for (const int node : {1, 2, 3, 4}) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+    }
+    for (const auto& w : last) CHECK(reaped(w.pid));
+}
+
 TEST_CASE("rendezvous elastic: below MIN after a node loss, the survivor waits for the join timeout and exits 250") {
     job j("belowmin");
     const std::string rules = "w2:world+hang;*:world+exit0";

@@ -795,7 +795,7 @@ private:
                                      config_.role, rdzv_->store_endpoint(), why));
             co_return;
         }
-        const int before = round_ ? round_->group_world_size : 0;
+        const int before = rdzv_->rendezvous().last_round_size();
         auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
         if (moved.error) {
             try {

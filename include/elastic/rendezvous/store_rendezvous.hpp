@@ -134,6 +134,16 @@ inline node_info decode_node(const std::string& text) {
     return i;
 }
 
+/// The successors a completer named: [{"id", "addr", "port"}, ...].
+inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
+    std::vector<store_successor> out;
+    for (const auto& x : list) {
+        out.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
+                       x.at("port").get<std::uint16_t>()});
+    }
+    return out;
+}
+
 /// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
 /// nothing when the round lost a node while forming and everyone rejoins the next one.
 inline std::optional<rendezvous_round> decode_assignment(const std::string& text) {
@@ -144,12 +154,7 @@ inline std::optional<rendezvous_round> decode_assignment(const std::string& text
     r.group_world_size = j.at("size").get<int>();
     r.epoch = j.at("epoch").get<std::int64_t>();
     r.host_in_round = j.value("host_in", false);
-    if (j.contains("successors")) {
-        for (const auto& x : j["successors"]) {
-            r.successors.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
-                                    x.at("port").get<std::uint16_t>()});
-        }
-    }
+    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
     r.restart_count = j.at("restarts").get<int>();
     r.group_rank = j.at("group_rank").get<int>();
     r.rank_base = j.at("rank_base").get<int>();
@@ -320,6 +325,8 @@ public:
 
     /// The last round's successors (where the store may move), after next_round().
     [[nodiscard]] const std::vector<store_successor>& successors() const noexcept { return successors_; }
+    /// The size of the last round this node took part in or waited beside as a standby.
+    [[nodiscard]] int last_round_size() const noexcept { return size_; }
     /// Whether this node hosts the rendezvous store.
     [[nodiscard]] bool hosts_store() const noexcept { return options_.hosts_store; }
 
@@ -607,6 +614,14 @@ private:
                 std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
         }
         const int size = static_cast<int>(std::stoll(co_await store_->get(key(r, "size"))));
+        if (size > 0) {
+            // A standby that outlives the store's host moves with the members: it needs the
+            // round's successors and the majority rule (move_to) as they do.
+            const nlohmann::json moves = nlohmann::json::parse(co_await store_->get(key(r, "successors")));
+            size_ = size;
+            host_in_round_ = moves.at("host_in").get<bool>();
+            successors_ = detail::rdzv::decode_successors(moves.at("successors"));
+        }
         std::vector<std::string> abort_key{key(r, "abort")};
         if (!co_await store_->check(std::move(abort_key))) {
             if (size < options_.nnodes) {
@@ -832,6 +847,9 @@ private:
                         out_values.push_back(std::to_string(g));
                     }
                 }
+                // For the standbys (they get no assignment): where the store may move.
+                out_keys.push_back(key(r, "successors"));
+                out_values.push_back(nlohmann::json{{"host_in", host_in}, {"successors", successors}}.dump());
                 out_keys.push_back(key(r, "hosts"));
                 out_values.push_back(nlohmann::json(hosts).dump());
                 out_keys.push_back(key(r, "size"));
