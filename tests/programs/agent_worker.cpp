@@ -17,6 +17,7 @@
 //     stderr   write three lines to stderr, the last without its newline
 //     running  print "running <attempt> <rank> <CLOCK_MONOTONIC ns>"
 //     exit<N>  exit with code N                 sig<N>  raise signal N (default action)
+//     sleep<ms> work for <ms> milliseconds (a stand-in for training time, never a synchronisation)
 //     hang     print "ready <rank> <attempt> <pid>", then wait forever (signals act by default)
 //     trap     handle HUP INT QUIT TERM USR1 USR2; print "ready ..."; on a signal print
 //              "got <rank> <signal number>" and exit 0
@@ -27,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -162,6 +164,11 @@ int main(int argc, char** argv) {
             ::clock_gettime(CLOCK_MONOTONIC, &now);
             say(1, fmt::format("running {} {} {}\n", attempt, rank,
                                static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec));
+        } else if (step.rfind("sleep", 0) == 0) {
+            const long ms = std::atol(step.c_str() + 5);
+            timespec left{ms / 1000, (ms % 1000) * 1000000L};
+            while (::nanosleep(&left, &left) != 0 && errno == EINTR) {
+            }
         } else if (step.rfind("exit", 0) == 0) {
             return std::atoi(step.c_str() + 4);
         } else if (step.rfind("sig", 0) == 0) {

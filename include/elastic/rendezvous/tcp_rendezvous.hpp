@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <iterator>
@@ -183,13 +184,6 @@ public:
                 }
             }
         }
-        // c10d, elastic membership: an idle store server of this node's own, where the job's
-        // rendezvous moves should the store's host be lost (docs/rendezvous.md).
-        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
-            store_server_options options = server_options(advertise(config_).bind_host, 0);
-            backup_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
-            backup_->start();
-        }
         current_host_ = connect_host;
         current_port_ = server_ ? server_->port() : port;
         const auto options = client_options(current_host_, current_port_, join_timeout);
@@ -214,6 +208,14 @@ public:
         o.hosts_store = server_ != nullptr;
         o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
+        co_await agree_keep_alive(join_timeout);
+        // c10d, elastic membership: an idle store server of this node's own, where the job's
+        // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
+        // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
+        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
+            backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(config_).bind_host, 0));
+            backup_->start();
+        }
     }
 
     /// Holds this node's lease (its liveness in the job) on a connection of its own and counts
@@ -349,6 +351,48 @@ private:
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
         current_host_ = options.host;
         current_port_ = options.port;
+    }
+
+    // The store's host drops a lease by its own keep-alive, whatever the holder was told: the
+    // host publishes its keep_alive_interval and keep_alive_max_attempt, and an agent that was
+    // given other values says so and heartbeats by the host's (one mismatched agent would
+    // otherwise be dropped and rejoin over and over, or be noticed late when it dies).
+    asio::awaitable<void> agree_keep_alive(std::chrono::milliseconds patience) {
+        const auto k = rdzv_->job_key("keep_alive");
+        auto& mine = config_.rdzv_conf;
+        const auto text = fmt::format("{} {}", mine.keep_alive_interval.count(), mine.keep_alive_max_attempt);
+        if (server_) {
+            co_await client_->set(k, text);
+            co_return;
+        }
+        std::vector<std::string> keys{k};
+        if (!co_await client_->check(std::move(keys))) co_return;  // not an elastic agent's store
+        const std::string theirs = co_await client_->get(k);
+        long long interval_ms = 0;
+        int attempts = 0;
+        if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 ||
+            attempts <= 0) {
+            throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
+                                               "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
+                                               "uses --rdzv-id '{}' on this store",
+                                               k, theirs, config_.rdzv_id));
+        }
+        if (text == theirs) co_return;
+        if (log_) {
+            log_(fmt::format("keep-alive: this node was given keep_alive_interval={} s, keep_alive_max_attempt={}, "
+                             "but the rendezvous store's host uses {} s x {} (it drops silent nodes by its own "
+                             "values): this node heartbeats by the host's",
+                             seconds(mine.keep_alive_interval), mine.keep_alive_max_attempt,
+                             seconds(std::chrono::milliseconds(interval_ms)), attempts));
+        }
+        mine.keep_alive_interval = std::chrono::milliseconds(interval_ms);
+        mine.keep_alive_max_attempt = attempts;
+        // Only the lease connection heartbeats; it is not connected yet.
+        lease_ = std::make_unique<tcp_store_client>(executor_, client_options(current_host_, current_port_, patience));
+    }
+
+    static std::string seconds(std::chrono::milliseconds d) {
+        return fmt::format("{:g}", static_cast<double>(d.count()) / 1000.0);
     }
 
     store_server_options server_options(std::string bind_host, std::uint16_t port) {
