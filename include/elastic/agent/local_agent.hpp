@@ -791,8 +791,8 @@ private:
         if (*back.value) {
             log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
                                      "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
-                                     "stopped or starved of CPU?); reconnected, rejoining the job ({})",
-                                     config_.role, rdzv_->store_endpoint(), why));
+                                     "stopped or starved of CPU?); reconnected, rejoining the job",
+                                     config_.role, rdzv_->store_endpoint()));
             co_return;
         }
         const int before = rdzv_->rendezvous().last_round_size();
