@@ -11935,6 +11935,16 @@ inline node_info decode_node(const std::string& text) {
     return i;
 }
 
+/// The successors a completer named: [{"id", "addr", "port"}, ...].
+inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
+    std::vector<store_successor> out;
+    for (const auto& x : list) {
+        out.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
+                       x.at("port").get<std::uint16_t>()});
+    }
+    return out;
+}
+
 /// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
 /// nothing when the round lost a node while forming and everyone rejoins the next one.
 inline std::optional<rendezvous_round> decode_assignment(const std::string& text) {
@@ -11945,12 +11955,7 @@ inline std::optional<rendezvous_round> decode_assignment(const std::string& text
     r.group_world_size = j.at("size").get<int>();
     r.epoch = j.at("epoch").get<std::int64_t>();
     r.host_in_round = j.value("host_in", false);
-    if (j.contains("successors")) {
-        for (const auto& x : j["successors"]) {
-            r.successors.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
-                                    x.at("port").get<std::uint16_t>()});
-        }
-    }
+    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
     r.restart_count = j.at("restarts").get<int>();
     r.group_rank = j.at("group_rank").get<int>();
     r.rank_base = j.at("rank_base").get<int>();
@@ -12121,6 +12126,8 @@ public:
 
     /// The last round's successors (where the store may move), after next_round().
     [[nodiscard]] const std::vector<store_successor>& successors() const noexcept { return successors_; }
+    /// The size of the last round this node took part in or waited beside as a standby.
+    [[nodiscard]] int last_round_size() const noexcept { return size_; }
     /// Whether this node hosts the rendezvous store.
     [[nodiscard]] bool hosts_store() const noexcept { return options_.hosts_store; }
 
@@ -12408,6 +12415,14 @@ private:
                 std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
         }
         const int size = static_cast<int>(std::stoll(co_await store_->get(key(r, "size"))));
+        if (size > 0) {
+            // A standby that outlives the store's host moves with the members: it needs the
+            // round's successors and the majority rule (move_to) as they do.
+            const nlohmann::json moves = nlohmann::json::parse(co_await store_->get(key(r, "successors")));
+            size_ = size;
+            host_in_round_ = moves.at("host_in").get<bool>();
+            successors_ = detail::rdzv::decode_successors(moves.at("successors"));
+        }
         std::vector<std::string> abort_key{key(r, "abort")};
         if (!co_await store_->check(std::move(abort_key))) {
             if (size < options_.nnodes) {
@@ -12633,6 +12648,9 @@ private:
                         out_values.push_back(std::to_string(g));
                     }
                 }
+                // For the standbys (they get no assignment): where the store may move.
+                out_keys.push_back(key(r, "successors"));
+                out_values.push_back(nlohmann::json{{"host_in", host_in}, {"successors", successors}}.dump());
                 out_keys.push_back(key(r, "hosts"));
                 out_values.push_back(nlohmann::json(hosts).dump());
                 out_keys.push_back(key(r, "size"));
@@ -12727,6 +12745,7 @@ private:
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <iterator>
@@ -12891,13 +12910,6 @@ public:
                 }
             }
         }
-        // c10d, elastic membership: an idle store server of this node's own, where the job's
-        // rendezvous moves should the store's host be lost (docs/rendezvous.md).
-        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
-            store_server_options options = server_options(advertise(config_).bind_host, 0);
-            backup_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
-            backup_->start();
-        }
         current_host_ = connect_host;
         current_port_ = server_ ? server_->port() : port;
         const auto options = client_options(current_host_, current_port_, join_timeout);
@@ -12922,6 +12934,14 @@ public:
         o.hosts_store = server_ != nullptr;
         o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
+        co_await agree_keep_alive(join_timeout);
+        // c10d, elastic membership: an idle store server of this node's own, where the job's
+        // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
+        // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
+        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
+            backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(config_).bind_host, 0));
+            backup_->start();
+        }
     }
 
     /// Holds this node's lease (its liveness in the job) on a connection of its own and counts
@@ -13057,6 +13077,48 @@ private:
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
         current_host_ = options.host;
         current_port_ = options.port;
+    }
+
+    // The store's host drops a lease by its own keep-alive, whatever the holder was told: the
+    // host publishes its keep_alive_interval and keep_alive_max_attempt, and an agent that was
+    // given other values says so and heartbeats by the host's (one mismatched agent would
+    // otherwise be dropped and rejoin over and over, or be noticed late when it dies).
+    asio::awaitable<void> agree_keep_alive(std::chrono::milliseconds patience) {
+        const auto k = rdzv_->job_key("keep_alive");
+        auto& mine = config_.rdzv_conf;
+        const auto text = fmt::format("{} {}", mine.keep_alive_interval.count(), mine.keep_alive_max_attempt);
+        if (server_) {
+            co_await client_->set(k, text);
+            co_return;
+        }
+        std::vector<std::string> keys{k};
+        if (!co_await client_->check(std::move(keys))) co_return;  // not an elastic agent's store
+        const std::string theirs = co_await client_->get(k);
+        long long interval_ms = 0;
+        int attempts = 0;
+        if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 ||
+            attempts <= 0) {
+            throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
+                                               "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
+                                               "uses --rdzv-id '{}' on this store",
+                                               k, theirs, config_.rdzv_id));
+        }
+        if (text == theirs) co_return;
+        if (log_) {
+            log_(fmt::format("keep-alive: this node was given keep_alive_interval={} s, keep_alive_max_attempt={}, "
+                             "but the rendezvous store's host uses {} s x {} (it drops silent nodes by its own "
+                             "values): this node heartbeats by the host's",
+                             seconds(mine.keep_alive_interval), mine.keep_alive_max_attempt,
+                             seconds(std::chrono::milliseconds(interval_ms)), attempts));
+        }
+        mine.keep_alive_interval = std::chrono::milliseconds(interval_ms);
+        mine.keep_alive_max_attempt = attempts;
+        // Only the lease connection heartbeats; it is not connected yet.
+        lease_ = std::make_unique<tcp_store_client>(executor_, client_options(current_host_, current_port_, patience));
+    }
+
+    static std::string seconds(std::chrono::milliseconds d) {
+        return fmt::format("{:g}", static_cast<double>(d.count()) / 1000.0);
     }
 
     store_server_options server_options(std::string bind_host, std::uint16_t port) {
@@ -15020,11 +15082,11 @@ private:
         if (*back.value) {
             log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
                                      "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
-                                     "stopped or starved of CPU?); reconnected, rejoining the job ({})",
-                                     config_.role, rdzv_->store_endpoint(), why));
+                                     "stopped or starved of CPU?); reconnected, rejoining the job",
+                                     config_.role, rdzv_->store_endpoint()));
             co_return;
         }
-        const int before = round_ ? round_->group_world_size : 0;
+        const int before = rdzv_->rendezvous().last_round_size();
         auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
         if (moved.error) {
             try {
