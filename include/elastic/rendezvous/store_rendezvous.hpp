@@ -537,8 +537,10 @@ public:
         return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
     }
     /// The store key of `name` for the whole job.
-    [[nodiscard]] std::string job_key(std::string_view name) const {
-        return fmt::format("elastic.rendezvous.{}/{}", options_.run_id, name);
+    [[nodiscard]] std::string job_key(std::string_view name) const { return job_key(options_.run_id, name); }
+    /// The store key of `name` for the job `run_id`.
+    [[nodiscard]] static std::string job_key(std::string_view run_id, std::string_view name) {
+        return fmt::format("elastic.rendezvous.{}/{}", run_id, name);
     }
 
 private:

@@ -169,6 +169,9 @@ public:
             auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
+                // The job's keep-alive is in the store before anyone can connect (an agent that
+                // read it a moment too early would heartbeat by its own values: agree_keep_alive).
+                server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
                 server_->start();
                 if (bind_host == "0.0.0.0") connect_host = "127.0.0.1";
             } catch (const store_error& e) {
@@ -358,13 +361,10 @@ private:
     // given other values says so and heartbeats by the host's (one mismatched agent would
     // otherwise be dropped and rejoin over and over, or be noticed late when it dies).
     asio::awaitable<void> agree_keep_alive(std::chrono::milliseconds patience) {
-        const auto k = rdzv_->job_key("keep_alive");
+        const auto k = keep_alive_key();
         auto& mine = config_.rdzv_conf;
-        const auto text = fmt::format("{} {}", mine.keep_alive_interval.count(), mine.keep_alive_max_attempt);
-        if (server_) {
-            co_await client_->set(k, text);
-            co_return;
-        }
+        const auto text = keep_alive_text();
+        if (server_) co_return;  // written into the server before it started
         std::vector<std::string> keys{k};
         if (!co_await client_->check(std::move(keys))) co_return;  // not an elastic agent's store
         const std::string theirs = co_await client_->get(k);
@@ -389,6 +389,14 @@ private:
         mine.keep_alive_max_attempt = attempts;
         // Only the lease connection heartbeats; it is not connected yet.
         lease_ = std::make_unique<tcp_store_client>(executor_, client_options(current_host_, current_port_, patience));
+    }
+
+    [[nodiscard]] std::string keep_alive_key() const {
+        return store_rendezvous<tcp_store_client>::job_key(config_.rdzv_id, "keep_alive");
+    }
+    [[nodiscard]] std::string keep_alive_text() const {
+        return fmt::format("{} {}", config_.rdzv_conf.keep_alive_interval.count(),
+                           config_.rdzv_conf.keep_alive_max_attempt);
     }
 
     static std::string seconds(std::chrono::milliseconds d) {
