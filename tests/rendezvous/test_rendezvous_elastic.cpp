@@ -382,13 +382,10 @@ TEST_CASE("rendezvous elastic: two agents started together into a running job of
     CHECK(group_ranks == std::set<int>{0, 1, 2, 3});
 }
 
-TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted when a member is lost, and a standby exits 0 when the job succeeds") {
-    job j("standby");
-    // trap: the workers end with 0 on a signal, so the case ends the job with SIGUSR1 to each
-    // worker of the last world (the agents' own SIGTERM at a membership change also ends them).
-    // Any world traps: a round of 3 without the standby would show as a world 3 line below
-    // rather than end the job.
-    const std::string rules = "*:world+trap";
+/// Four agents (node 0 hosts the store; the first round at MAX) running a world of 4 whose
+/// workers said ready, then a fifth (node 4) that waits as a standby. Returns each member's
+/// world line.
+std::map<int, world_line> four_and_a_standby(job& j, const std::string& rules) {
     for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
     std::map<int, world_line> first;
     for (int node = 0; node < 4; ++node) {
@@ -396,19 +393,30 @@ TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted whe
         await_lines(j[node], "ready ");
         first[node] = worlds(j[node].out(), 4).at(0);
     }
-    auto& standby = j.start(rules, false, "last_call_timeout=3600");  // node 4
-    await_stderr(standby, "waits as a standby");
+    await_stderr(j.start(rules, false, "last_call_timeout=3600"), "waits as a standby");
+    return first;
+}
+
+TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted when a member is lost, and a standby exits 0 when the job succeeds") {
+    job j("standby");
+    // trap: the workers end with 0 on a signal, so the case ends the job with SIGUSR1 to each
+    // worker of the last world (the agents' own SIGTERM at a membership change also ends them).
+    // Any world traps: a round of 3 without the standby would show as a world 3 line below
+    // rather than end the job.
+    const std::string rules = "*:world+trap";
+    const auto first = four_and_a_standby(j, rules);
+    auto& standby = j[4];
     CHECK(line_with(standby.err(), "waits as a standby").rfind('W', 0) == 0);  // a WARNING
     CHECK(worlds(standby.out()).empty());
 
     // A member that is neither the store's host nor group rank 0.
     int victim = -1;
     for (int node = 1; node < 4 && victim < 0; ++node) {
-        if (first[node].group_rank != 0) victim = node;
+        if (first.at(node).group_rank != 0) victim = node;
     }
     REQUIRE(victim > 0);
     j[victim].signal(SIGKILL);
-    CHECK(ended(first[victim].pid));
+    CHECK(ended(first.at(victim).pid));
     CHECK(j[victim].wait() == 128 + SIGKILL);
 
     // Promoted: node 4 runs a worker in the next world of 4, with the three survivors.
@@ -466,19 +474,12 @@ TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves wit
     // Any world traps (a transient round of 3 shows as a world 3 line, and its trapped workers
     // end when their agents restart for the standby's admission); the case ends the last world.
     const std::string rules = "*:world+trap";
-    for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
-    std::map<int, world_line> first;
-    for (int node = 0; node < 4; ++node) {
-        await_lines(j[node], "world 4 ");
-        await_lines(j[node], "ready ");
-        first[node] = worlds(j[node].out(), 4).at(0);
-    }
-    auto& standby = j.start(rules, false, "last_call_timeout=3600");  // node 4
-    await_stderr(standby, "waits as a standby");
+    const auto first = four_and_a_standby(j, rules);
+    auto& standby = j[4];
 
     // Node 0 hosts the rendezvous store.
     j[0].signal(SIGKILL);
-    CHECK(ended(first[0].pid));
+    CHECK(ended(first.at(0).pid));
     CHECK(j[0].wait() == 128 + SIGKILL);
 
     // The standby learned the successors from the round it waited beside: it follows the store

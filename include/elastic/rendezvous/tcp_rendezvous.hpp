@@ -361,10 +361,10 @@ private:
     // given other values says so and heartbeats by the host's (one mismatched agent would
     // otherwise be dropped and rejoin over and over, or be noticed late when it dies).
     asio::awaitable<void> agree_keep_alive(std::chrono::milliseconds patience) {
+        if (server_) co_return;  // written into the server before it started
         const auto k = keep_alive_key();
         auto& mine = config_.rdzv_conf;
         const auto text = keep_alive_text();
-        if (server_) co_return;  // written into the server before it started
         std::vector<std::string> keys{k};
         if (!co_await client_->check(std::move(keys))) co_return;  // not an elastic agent's store
         const std::string theirs = co_await client_->get(k);
