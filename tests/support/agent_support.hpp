@@ -226,31 +226,5 @@ inline std::vector<std::string> read_lines_of(const std::filesystem::path& path)
     return lines;
 }
 
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool thread_sanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool thread_sanitizer = true;
-#else
-inline constexpr bool thread_sanitizer = false;
-#endif
-#else
-inline constexpr bool thread_sanitizer = false;
-#endif
-
-/// user + system CPU ticks of a process (/proc/<pid>/stat fields 14 and 15). Under
-/// ThreadSanitizer (the launcher is built with it too) only the main thread's, where the agent's
-/// io_context runs: TSan's own background thread wakes by itself.
-inline long long cpu_ticks(pid_t pid) {
-    const auto id = std::to_string(pid);
-    std::ifstream in(thread_sanitizer ? "/proc/" + id + "/task/" + id + "/stat" : "/proc/" + id + "/stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto close = text.rfind(')');
-    std::istringstream fields(text.substr(close + 2));
-    std::vector<std::string> f;
-    for (std::string s; fields >> s;) f.push_back(s);
-    // After "pid (comm) ", field 3 (state) is f[0]; utime is field 14 -> f[11], stime f[12].
-    return std::stoll(f.at(11)) + std::stoll(f.at(12));
-}
 
 }  // namespace agent_support

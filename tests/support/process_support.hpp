@@ -128,38 +128,5 @@ inline std::vector<pid_t> await_deaths(const std::vector<pid_t>& pids,
     return left;
 }
 
-/// utime + stime of this process (or, under ThreadSanitizer, of this thread: its runtime's own
-/// background thread wakes on its own), in clock ticks.
-inline long cpu_ticks() {
-#if defined(__SANITIZE_THREAD__)
-    constexpr bool per_thread = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-    constexpr bool per_thread = true;
-#else
-    constexpr bool per_thread = false;
-#endif
-#else
-    constexpr bool per_thread = false;
-#endif
-    // Raw open/read: the measurement itself should cost as little as it can.
-    char text[1024];
-    const int fd = ::open(per_thread ? "/proc/thread-self/stat" : "/proc/self/stat", O_RDONLY);
-    if (fd < 0) return -1;
-    const ssize_t n = ::read(fd, text, sizeof text - 1);
-    ::close(fd);
-    if (n <= 0) return -1;
-    text[n] = '\0';
-    const char* p = std::strrchr(text, ')');
-    if (p == nullptr) return -1;
-    long utime = 0;
-    long stime = 0;
-    // After "(comm) ": state is field 3; utime and stime are fields 14 and 15.
-    if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime,
-                    &stime) != 2) {
-        return -1;
-    }
-    return utime + stime;
-}
 
 }  // namespace process_support
