@@ -12551,8 +12551,8 @@ private:
         co_await complete(s, r, static_cast<int>(joined));
     }
 
-    // Reads the k nodes' infos (one multi_get), leaves out nodes already lost, assigns ranks,
-    // writes every assignment (one multi_set).
+    // Reads the k nodes' infos (one multi_get), leaves out nodes whose lease is gone (one check),
+    // assigns ranks, writes every assignment (one multi_set).
     asio::awaitable<void> complete(Store& s, int r, int k) {
         std::vector<std::string> keys;
         keys.reserve(static_cast<std::size_t>(k));
@@ -12568,20 +12568,30 @@ private:
         for (const auto& v : values) arrived.push_back(detail::rdzv::decode_node(v));
         const auto restarts = static_cast<int>(co_await s.add(job_key("restarts"), 0));
 
-        // Liveness: the losses up to now; a node among them is left out of the round.
+        // Liveness: a node whose lease is gone (lost, or left) is left out of the round. The
+        // lease keys are the store's own record. This node's log of losses is not enough: it
+        // starts at this node's registration, so a node that was dropped and rejoined has not
+        // seen the loss of its former self, whose info may still be among the arrivals. The
+        // epoch is read first: a loss after it reaches every member as a later epoch (and
+        // aborts the round when the lost node is in it).
         std::int64_t epoch = 0;
-        std::vector<std::string> gone;
+        std::vector<int> in;  // arrival indexes (0-based) of the round's members
+        for (int i = 0; i < k; ++i) in.push_back(i);
         if (members_) {
             epoch = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
-            for (const auto& [e, name] : members_->lost) gone.push_back(name);
-            std::vector<std::string> unseen;
-            for (auto e = members_->epoch + 1; e <= epoch; ++e) unseen.push_back(lease_lost_key(lease_group(), e));
-            for (const auto& key_i : unseen) gone.push_back(co_await s.get(key_i));
-        }
-        std::vector<int> in;  // arrival indexes (0-based) of the round's members
-        for (int i = 0; i < k; ++i) {
-            const auto& id = arrived[static_cast<std::size_t>(i)].id;
-            if (id.empty() || std::find(gone.begin(), gone.end(), id) == gone.end()) in.push_back(i);
+            std::vector<std::string> leases;
+            for (const auto& node : arrived) {
+                if (!node.id.empty()) leases.push_back(lease_key(lease_group(), node.id));
+            }
+            if (!leases.empty() && !co_await s.check(std::move(leases))) {
+                // One at a time only when some lease is gone (a rare round).
+                in.clear();
+                for (int i = 0; i < k; ++i) {
+                    const auto& id = arrived[static_cast<std::size_t>(i)].id;
+                    std::vector<std::string> lease{lease_key(lease_group(), id)};
+                    if (id.empty() || co_await s.check(std::move(lease))) in.push_back(i);
+                }
+            }
         }
         std::vector<std::string> out_keys;
         std::vector<std::string> out_values;

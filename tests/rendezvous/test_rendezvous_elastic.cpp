@@ -2,6 +2,8 @@
 // a member lost, group rank 0 lost, the store's host lost, scale-up, a standby, below MIN, a leave.
 #include "agent_support.hpp"
 
+#include <elastic/store/blocking_client.hpp>
+
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -532,7 +534,7 @@ TEST_CASE("rendezvous elastic: an agent given another keep-alive than the store'
     j.start(rules, false, "last_call_timeout=0.5");
     for (int node = 0; node < 2; ++node) {
         CAPTURE(node);
-        const int code = j[node].wait();
+        const int code = j[node].wait();  // the workers exit 0 at once: the job ends
         INFO("stdout:\n" << j[node].out());
         INFO("stderr:\n" << j[node].err());
         CHECK(code == 0);
@@ -664,6 +666,50 @@ TEST_CASE("rendezvous elastic: an agent stopped past its keep-alive is dropped, 
     CAPTURE(j[stopped].err());
     CHECK(has(line, "rejoining the job"));
     CHECK(worlds(j[stopped].out(), 2).empty());
+}
+
+TEST_CASE("rendezvous elastic: an agent dropped while round 0 forms rejoins it, and the round leaves out its former self") {
+    job j("dropped-forming");
+    j.nnodes = "2:3";
+    // A last call longer than the case: round 0 completes only at MAX = 3 arrivals. The
+    // dropped node's first arrival stays among them, so its second one completes the round;
+    // the completer must see that the first one's lease is gone (it was once counted as a
+    // third member, and both workers waited for a rank nobody ran).
+    const std::string rules = "*:world+exit0";
+    j.start(rules, true, "last_call_timeout=3600");
+    j.start(rules, false, "last_call_timeout=3600");
+    {
+        // Both have arrived in round 0 (their infos are in the store; a push, not a poll).
+        elastic::store_client_options options;
+        options.port = static_cast<std::uint16_t>(j.port);
+        options.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        elastic::blocking_store_client peek(options);
+        peek.wait({"elastic.rendezvous.dropped-forming/0/info/1", "elastic.rendezvous.dropped-forming/0/info/2"});
+    }
+    const int dropped = 1;
+    REQUIRE(::kill(j[dropped].pid(), SIGSTOP) == 0);
+    // The store's host closes its silent lease connection ...
+    await_stderr(j[0], "silent for");
+    REQUIRE(::kill(j[dropped].pid(), SIGCONT) == 0);
+    // ... it finds that, reconnects and arrives again: round 0 completes with the two of them.
+    for (int node = 0; node < 2; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();  // the workers exit 0 at once: the job ends
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+        const auto lines = worlds(j[node].out());
+        REQUIRE(lines.size() == 1);
+        CHECK(lines[0].world == 2);
+        CHECK(lines[0].rank == lines[0].group_rank);
+        CHECK(lines[0].attempt == 0);
+        CHECK_FALSE(has(j[node].err(), "exit barrier"));
+    }
+    const std::set<int> ranks{worlds(j[0].out()).at(0).rank, worlds(j[1].out()).at(0).rank};
+    CHECK(ranks == std::set<int>{0, 1});
+    const auto line = line_with(j[dropped].err(), "dropped this node's connection");
+    CAPTURE(j[dropped].err());
+    CHECK(has(line, "rejoining the job"));
 }
 
 }  // namespace test_rendezvous_elastic
