@@ -7899,6 +7899,51 @@ inline std::string_view worker_event_state(const worker_failure& f) noexcept {
     return f.state == failure_state::failed ? "FAILED" : "TERMINATED";
 }
 
+/// One worker as a status event names it.
+struct worker_status_subject {
+    long pid = 0;
+    int local_rank = 0;
+    int global_rank = 0;
+    std::string role;
+};
+
+namespace detail::report {
+
+// torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
+inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
+                           int exitcode, std::chrono::system_clock::time_point when,
+                           const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    json md = json::object();
+    md["group_world_size"] = ctx.group_world_size;
+    md["entry_point"] = ctx.entry_point;
+    md["local_rank"] = json::array({w.local_rank});
+    md["role_rank"] = json::array({w.global_rank});
+    md["role_world_size"] = json::array({ctx.role_world_size});
+
+    event e;
+    e.name = "torchelastic.worker.status." + std::string(state);
+    e.source = event_source::worker;
+    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
+    auto& m = e.metadata;
+    m["run_id"] = ctx.run_id;
+    m["global_rank"] = w.global_rank;
+    m["group_rank"] = ctx.group_rank;
+    m["worker_id"] = std::to_string(w.pid);
+    m["role"] = w.role;
+    m["hostname"] = ctx.hostname;
+    m["state"] = std::string(state);
+    m["total_run_time"] = ctx.total_run_time;
+    m["rdzv_backend"] = ctx.rdzv_backend;
+    m["raw_error"] = std::move(raw_error);
+    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
+    m["agent_restarts"] = ctx.agent_restarts;
+    m["exitcode"] = exitcode;
+    return e;
+}
+
+}  // namespace detail::report
+
 /// The `torchelastic.worker.status.<STATE>` event for one worker of a failed group, with torch
 /// 1.13's metadata keys (agent/server/api.py, _construct_event): run_id, global_rank, group_rank,
 /// worker_id (the pid, as a string), role, hostname, state, total_run_time, rdzv_backend,
@@ -7910,14 +7955,6 @@ inline std::string_view worker_event_state(const worker_failure& f) noexcept {
 /// failure's time in milliseconds.
 inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
     using json = nlohmann::ordered_json;
-    const std::string state(worker_event_state(f));
-    json md = json::object();
-    md["group_world_size"] = ctx.group_world_size;
-    md["entry_point"] = ctx.entry_point;
-    md["local_rank"] = json::array({f.local_rank});
-    md["role_rank"] = json::array({f.global_rank});
-    md["role_world_size"] = json::array({ctx.role_world_size});
-
     // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
     json raw_error = nullptr;
     if (f.state == failure_state::stopped_by_agent) {
@@ -7931,28 +7968,17 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     } else {
         raw_error = R"({"message": "<NONE>"})";
     }
+    return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
+                                         std::move(raw_error), f.status.torch_exitcode(), failure_display_time(f),
+                                         ctx);
+}
 
-    event e;
-    e.name = "torchelastic.worker.status." + state;
-    e.source = event_source::worker;
-    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      failure_display_time(f).time_since_epoch())
-                      .count();
-    auto& m = e.metadata;
-    m["run_id"] = ctx.run_id;
-    m["global_rank"] = f.global_rank;
-    m["group_rank"] = ctx.group_rank;
-    m["worker_id"] = std::to_string(f.pid);
-    m["role"] = f.role;
-    m["hostname"] = ctx.hostname;
-    m["state"] = state;
-    m["total_run_time"] = ctx.total_run_time;
-    m["rdzv_backend"] = ctx.rdzv_backend;
-    m["raw_error"] = raw_error;
-    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
-    m["agent_restarts"] = ctx.agent_restarts;
-    m["exitcode"] = f.status.torch_exitcode();
-    return e;
+/// The `torchelastic.worker.status.SUCCEEDED` event for one worker of a group that succeeded
+/// (torch records one per worker at the end of a successful run): the same keys, raw_error
+/// null, exitcode 0, stamped `when` (the agent's end of the run).
+inline event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
+                                    std::chrono::system_clock::time_point when) {
+    return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
 }
 
 /// An append-only log of events, one JSON line each. Each line goes out in one write(2) on a file
@@ -13952,7 +13978,8 @@ inline std::string host_name_for_events() {
 ///                                         exits, stamped with that observation
 ///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
 ///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
-///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group fails for good
+///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group ends for good
+///                                         (FAILED/TERMINATED, or SUCCEEDED)
 ///   elastic.agent.shutdown        AGENT   the exit code and the reason
 ///
 /// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
@@ -14120,19 +14147,28 @@ public:
     void final_status(const group_failure& failure) noexcept {
         if (!enabled()) return;
         try {
-            worker_event_context ctx;
-            ctx.run_id = run_id_;
-            ctx.entry_point = entry_point_;
-            ctx.rdzv_backend = rdzv_backend_;
-            ctx.agent_restarts = failure.restarts;
-            ctx.total_run_time = std::chrono::duration_cast<std::chrono::seconds>(
-                                     std::chrono::steady_clock::now() - sink_.origin())
-                                     .count();
-            ctx.hostname = failure.workers.empty() ? hostname_ : failure.workers.front().host;
-            ctx.group_rank = node_.group_rank;
-            ctx.group_world_size = node_.group_world_size;
-            ctx.role_world_size = node_.role_world_size;
+            const auto ctx = status_context(failure.restarts,
+                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
             for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+        } catch (...) {
+        }
+    }
+
+    /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
+    /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
+    /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
+    /// failure reports carry it (empty: the host name).
+    void final_success(int restarts, std::string_view host) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
+            auto workers = started_;
+            std::stable_sort(workers.begin(), workers.end(),
+                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+            const auto now = std::chrono::system_clock::now();
+            for (const auto& w : workers) {
+                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
+            }
         } catch (...) {
         }
     }
@@ -14176,6 +14212,22 @@ private:
         int local_rank = -1;
         int global_rank = -1;
     };
+
+    // What every worker status event of this node says about the run.
+    worker_event_context status_context(int restarts, std::string hostname) const {
+        worker_event_context ctx;
+        ctx.run_id = run_id_;
+        ctx.entry_point = entry_point_;
+        ctx.rdzv_backend = rdzv_backend_;
+        ctx.agent_restarts = restarts;
+        ctx.total_run_time =
+            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
+        ctx.hostname = std::move(hostname);
+        ctx.group_rank = node_.group_rank;
+        ctx.group_world_size = node_.group_world_size;
+        ctx.role_world_size = node_.role_world_size;
+        return ctx;
+    }
 
     started_worker find_started(long pid) const {
         for (const auto& s : started_) {
@@ -14578,6 +14630,7 @@ public:
         for (;;) {
             auto outcome = co_await run_attempt(restarts, signals);
             if (outcome.how == detail::agent::attempt_outcome::kind::succeeded) {
+                events_.final_success(restarts, host_);
                 remove_run_dir();
                 co_return 0;
             }
@@ -14997,6 +15050,7 @@ private:
                                                missing,
                                                detail::launch_impl::seconds_text(exit_barrier_timeout())));
                     }
+                    events_.final_success(rdzv.restart_count(), host_);
                     co_await rdzv.leave();
                     remove_run_dir();
                     co_return 0;

@@ -377,6 +377,7 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
         "elastic.worker.exited",   "elastic.worker.exited",  "elastic.policy.decision",
         "elastic.agent.restart",   "elastic.rendezvous.done", "elastic.worker.started",
         "elastic.worker.started",  "elastic.worker.exited",  "elastic.worker.exited",
+        "torchelastic.worker.status.SUCCEEDED", "torchelastic.worker.status.SUCCEEDED",
         "elastic.agent.shutdown"};
     REQUIRE(names_of(events) == expected);
 
@@ -394,7 +395,10 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
         CHECK(m["run_id"] == "job7");
         CHECK(m["role"] == "default");
         CHECK(!m["hostname"].get<std::string>().empty());
-        CHECK(e["source"] == (e["name"].get<std::string>().rfind("elastic.worker.", 0) == 0 ? "WORKER" : "AGENT"));
+        const auto name = e["name"].get<std::string>();
+        CHECK(e["source"] == (name.rfind("elastic.worker.", 0) == 0 || name.rfind("torchelastic.worker.", 0) == 0
+                                  ? "WORKER"
+                                  : "AGENT"));
         for (auto it = m.begin(); it != m.end(); ++it) {
             const std::string key = it.key();  // clang 14: no structured binding in CAPTURE's lambda
             CAPTURE(key);
@@ -435,8 +439,32 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
         CHECK(events[static_cast<std::size_t>(i)]["metadata"]["exitcode"] == 0);
         CHECK(events[static_cast<std::size_t>(i)]["metadata"]["restart_count"] == 1);
     }
-    CHECK(events[12]["metadata"]["exit_code"] == 0);
-    CHECK(events[12]["metadata"]["reason"] == "every worker succeeded");
+    // torch 1.13's end of a successful run: one SUCCEEDED status per worker, in local rank
+    // order, naming the workers of the last attempt.
+    for (int local_rank : {0, 1}) {
+        const auto& m = events[static_cast<std::size_t>(12 + local_rank)]["metadata"];
+        CAPTURE(m.dump());
+        CHECK(m["state"] == "SUCCEEDED");
+        CHECK(m["global_rank"] == local_rank);
+        CHECK(m["group_rank"] == 0);
+        CHECK(m["raw_error"].is_null());
+        CHECK(m["exitcode"] == 0);
+        CHECK(m["agent_restarts"] == 1);
+        CHECK(m["rdzv_backend"] == "static");
+        const auto inner = json::parse(m["metadata"].get<std::string>());
+        CHECK(inner["local_rank"] == json::array({local_rank}));
+        CHECK(inner["role_rank"] == json::array({local_rank}));
+        CHECK(inner["role_world_size"] == json::array({2}));
+        CHECK(inner["group_world_size"] == 1);
+        bool of_last_attempt = false;
+        for (int i : {8, 9}) {
+            const auto& started = events[static_cast<std::size_t>(i)]["metadata"];
+            if (started["local_rank"] == local_rank) of_last_attempt = m["worker_id"] == std::to_string(started["pid"].get<long>());
+        }
+        CHECK(of_last_attempt);
+    }
+    CHECK(events[14]["metadata"]["exit_code"] == 0);
+    CHECK(events[14]["metadata"]["reason"] == "every worker succeeded");
 
     // torch 1.13's Event.deserialize reads every line and serialises it back to the same JSON.
     std::string names;

@@ -96,7 +96,8 @@ inline std::string host_name_for_events() {
 ///                                         exits, stamped with that observation
 ///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
 ///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
-///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group fails for good
+///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group ends for good
+///                                         (FAILED/TERMINATED, or SUCCEEDED)
 ///   elastic.agent.shutdown        AGENT   the exit code and the reason
 ///
 /// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
@@ -264,19 +265,28 @@ public:
     void final_status(const group_failure& failure) noexcept {
         if (!enabled()) return;
         try {
-            worker_event_context ctx;
-            ctx.run_id = run_id_;
-            ctx.entry_point = entry_point_;
-            ctx.rdzv_backend = rdzv_backend_;
-            ctx.agent_restarts = failure.restarts;
-            ctx.total_run_time = std::chrono::duration_cast<std::chrono::seconds>(
-                                     std::chrono::steady_clock::now() - sink_.origin())
-                                     .count();
-            ctx.hostname = failure.workers.empty() ? hostname_ : failure.workers.front().host;
-            ctx.group_rank = node_.group_rank;
-            ctx.group_world_size = node_.group_world_size;
-            ctx.role_world_size = node_.role_world_size;
+            const auto ctx = status_context(failure.restarts,
+                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
             for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+        } catch (...) {
+        }
+    }
+
+    /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
+    /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
+    /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
+    /// failure reports carry it (empty: the host name).
+    void final_success(int restarts, std::string_view host) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
+            auto workers = started_;
+            std::stable_sort(workers.begin(), workers.end(),
+                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+            const auto now = std::chrono::system_clock::now();
+            for (const auto& w : workers) {
+                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
+            }
         } catch (...) {
         }
     }
@@ -320,6 +330,22 @@ private:
         int local_rank = -1;
         int global_rank = -1;
     };
+
+    // What every worker status event of this node says about the run.
+    worker_event_context status_context(int restarts, std::string hostname) const {
+        worker_event_context ctx;
+        ctx.run_id = run_id_;
+        ctx.entry_point = entry_point_;
+        ctx.rdzv_backend = rdzv_backend_;
+        ctx.agent_restarts = restarts;
+        ctx.total_run_time =
+            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
+        ctx.hostname = std::move(hostname);
+        ctx.group_rank = node_.group_rank;
+        ctx.group_world_size = node_.group_world_size;
+        ctx.role_world_size = node_.role_world_size;
+        return ctx;
+    }
 
     started_worker find_started(long pid) const {
         for (const auto& s : started_) {

@@ -267,6 +267,7 @@ public:
         for (;;) {
             auto outcome = co_await run_attempt(restarts, signals);
             if (outcome.how == detail::agent::attempt_outcome::kind::succeeded) {
+                events_.final_success(restarts, host_);
                 remove_run_dir();
                 co_return 0;
             }
@@ -686,6 +687,7 @@ private:
                                                missing,
                                                detail::launch_impl::seconds_text(exit_barrier_timeout())));
                     }
+                    events_.final_success(rdzv.restart_count(), host_);
                     co_await rdzv.leave();
                     remove_run_dir();
                     co_return 0;

@@ -70,6 +70,51 @@ inline std::string_view worker_event_state(const worker_failure& f) noexcept {
     return f.state == failure_state::failed ? "FAILED" : "TERMINATED";
 }
 
+/// One worker as a status event names it.
+struct worker_status_subject {
+    long pid = 0;
+    int local_rank = 0;
+    int global_rank = 0;
+    std::string role;
+};
+
+namespace detail::report {
+
+// torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
+inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
+                           int exitcode, std::chrono::system_clock::time_point when,
+                           const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    json md = json::object();
+    md["group_world_size"] = ctx.group_world_size;
+    md["entry_point"] = ctx.entry_point;
+    md["local_rank"] = json::array({w.local_rank});
+    md["role_rank"] = json::array({w.global_rank});
+    md["role_world_size"] = json::array({ctx.role_world_size});
+
+    event e;
+    e.name = "torchelastic.worker.status." + std::string(state);
+    e.source = event_source::worker;
+    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
+    auto& m = e.metadata;
+    m["run_id"] = ctx.run_id;
+    m["global_rank"] = w.global_rank;
+    m["group_rank"] = ctx.group_rank;
+    m["worker_id"] = std::to_string(w.pid);
+    m["role"] = w.role;
+    m["hostname"] = ctx.hostname;
+    m["state"] = std::string(state);
+    m["total_run_time"] = ctx.total_run_time;
+    m["rdzv_backend"] = ctx.rdzv_backend;
+    m["raw_error"] = std::move(raw_error);
+    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
+    m["agent_restarts"] = ctx.agent_restarts;
+    m["exitcode"] = exitcode;
+    return e;
+}
+
+}  // namespace detail::report
+
 /// The `torchelastic.worker.status.<STATE>` event for one worker of a failed group, with torch
 /// 1.13's metadata keys (agent/server/api.py, _construct_event): run_id, global_rank, group_rank,
 /// worker_id (the pid, as a string), role, hostname, state, total_run_time, rdzv_backend,
@@ -81,14 +126,6 @@ inline std::string_view worker_event_state(const worker_failure& f) noexcept {
 /// failure's time in milliseconds.
 inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
     using json = nlohmann::ordered_json;
-    const std::string state(worker_event_state(f));
-    json md = json::object();
-    md["group_world_size"] = ctx.group_world_size;
-    md["entry_point"] = ctx.entry_point;
-    md["local_rank"] = json::array({f.local_rank});
-    md["role_rank"] = json::array({f.global_rank});
-    md["role_world_size"] = json::array({ctx.role_world_size});
-
     // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
     json raw_error = nullptr;
     if (f.state == failure_state::stopped_by_agent) {
@@ -102,28 +139,17 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     } else {
         raw_error = R"({"message": "<NONE>"})";
     }
+    return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
+                                         std::move(raw_error), f.status.torch_exitcode(), failure_display_time(f),
+                                         ctx);
+}
 
-    event e;
-    e.name = "torchelastic.worker.status." + state;
-    e.source = event_source::worker;
-    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      failure_display_time(f).time_since_epoch())
-                      .count();
-    auto& m = e.metadata;
-    m["run_id"] = ctx.run_id;
-    m["global_rank"] = f.global_rank;
-    m["group_rank"] = ctx.group_rank;
-    m["worker_id"] = std::to_string(f.pid);
-    m["role"] = f.role;
-    m["hostname"] = ctx.hostname;
-    m["state"] = state;
-    m["total_run_time"] = ctx.total_run_time;
-    m["rdzv_backend"] = ctx.rdzv_backend;
-    m["raw_error"] = raw_error;
-    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
-    m["agent_restarts"] = ctx.agent_restarts;
-    m["exitcode"] = f.status.torch_exitcode();
-    return e;
+/// The `torchelastic.worker.status.SUCCEEDED` event for one worker of a group that succeeded
+/// (torch records one per worker at the end of a successful run): the same keys, raw_error
+/// null, exitcode 0, stamped `when` (the agent's end of the run).
+inline event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
+                                    std::chrono::system_clock::time_point when) {
+    return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
 }
 
 /// An append-only log of events, one JSON line each. Each line goes out in one write(2) on a file
