@@ -279,6 +279,17 @@ TEST_CASE("report: torch's Event.deserialize reads our events") {
         REQUIRE(log.record(elastic::worker_status_event(f, ctx)));
         f.state = elastic::failure_state::stopped_by_agent;
         REQUIRE(log.record(elastic::worker_status_event(f, ctx)));
+        // An error file with nesting, a list, numbers, non-ASCII text and escapes: its raw_error
+        // must be what Python's json.dumps writes for the same document.
+        f.state = elastic::failure_state::failed;
+        f.error_file = elastic::parse_error_file(
+            R"({"message": {"message": "RuntimeError: caf\u00e9 \u2603 \"q\"\n\t", "extraInfo": {"py_callstack": "a\\b", "timestamp": "1795316400"}}, "list": [1, 2.5, -3, true, null, [], {}], "\ud83d\ude00": "x"})",
+            "/e");
+        REQUIRE(f.error_file.parsed());
+        REQUIRE(log.record(elastic::worker_status_event(f, ctx)));
+        REQUIRE(log.record(elastic::worker_succeeded_event({78, 1, 4, "default"}, ctx,
+                                                           std::chrono::system_clock::time_point(
+                                                               std::chrono::seconds(1795316401)))));
     }
     const auto r = run_python(dir, R"PY(
 import json, sys
@@ -290,14 +301,24 @@ with open(sys.argv[1]) as fp:
         assert e.source in (EventSource.AGENT, EventSource.WORKER)
         out.append({"name": e.name, "source": e.source.value, "timestamp": e.timestamp,
                     "state": e.metadata["state"], "raw_error": e.metadata["raw_error"],
-                    "reserialized": json.loads(e.serialize()) == json.loads(line)})
+                    "reserialized": json.loads(e.serialize()) == json.loads(line),
+                    # torch writes both texts with json.dumps: ours must be byte for byte the same
+                    "metadata_as_torch": json.dumps(json.loads(e.metadata["metadata"])) == e.metadata["metadata"],
+                    "raw_error_as_torch": e.metadata["raw_error"] is None
+                        or json.dumps(json.loads(e.metadata["raw_error"])) == e.metadata["raw_error"]})
 print(json.dumps(out))
 )PY",
                               {dir / "events.jsonl"});
     CAPTURE(r.err);
     REQUIRE(exit_status::from_wait_status(r.wait_status).success());
     const auto out = nlohmann::json::parse(r.out);
-    REQUIRE(out.size() == 2);
+    REQUIRE(out.size() == 4);
+    for (const auto& e : out) {
+        CAPTURE(e.dump());
+        CHECK(e["reserialized"] == true);
+        CHECK(e["metadata_as_torch"] == true);
+        CHECK(e["raw_error_as_torch"] == true);
+    }
     CHECK(out[0]["name"] == "torchelastic.worker.status.FAILED");
     CHECK(out[0]["source"] == "WORKER");
     CHECK(out[0]["timestamp"] == 1795316400000);
@@ -305,6 +326,11 @@ print(json.dumps(out))
     CHECK(out[0]["reserialized"] == true);
     CHECK(out[1]["state"] == "TERMINATED");
     CHECK(out[1]["raw_error"].is_null());
+    CHECK(out[2]["state"] == "FAILED");
+    CHECK(nlohmann::json::parse(out[2]["raw_error"].get<std::string>())["list"].size() == 7);
+    CHECK(out[3]["name"] == "torchelastic.worker.status.SUCCEEDED");
+    CHECK(out[3]["timestamp"] == 1795316401000);
+    CHECK(out[3]["raw_error"].is_null());
 }
 
 TEST_CASE("report: signal names agree with Python's") {

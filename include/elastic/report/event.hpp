@@ -2,6 +2,7 @@
 // event the agent records when a group ends, and an append-only JSON-lines event log.
 #pragma once
 
+#include "elastic/detail/backtrace.hpp"
 #include "elastic/detail/config.hpp"
 #include "elastic/report/agent_error_file.hpp"
 #include "elastic/report/failure.hpp"
@@ -80,6 +81,52 @@ struct worker_status_subject {
 
 namespace detail::report {
 
+struct string_sink {
+    std::string& text;
+    void put(char c) { text.push_back(c); }
+};
+
+// What Python's json.dumps(value) writes, byte for byte, for what torch builds its status events
+// from: separators ", " and ": ", non-ASCII as \uXXXX (ensure_ascii), keys in their order.
+// Numbers, booleans and null are spelt alike in both.
+inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
+    string_sink sink{out};
+    const auto quoted = [&](const std::string& text) {
+        out.push_back('"');
+        crash::json_escape(sink, text.data(), text.size());
+        out.push_back('"');
+    };
+    if (value.is_object()) {
+        out.push_back('{');
+        bool first = true;
+        for (auto it = value.begin(); it != value.end(); ++it) {
+            if (!first) out += ", ";
+            first = false;
+            quoted(it.key());
+            out += ": ";
+            python_json(out, it.value());
+        }
+        out.push_back('}');
+    } else if (value.is_array()) {
+        out.push_back('[');
+        for (std::size_t i = 0; i < value.size(); ++i) {
+            if (i != 0) out += ", ";
+            python_json(out, value[i]);
+        }
+        out.push_back(']');
+    } else if (value.is_string()) {
+        quoted(value.get_ref<const std::string&>());
+    } else {
+        out += value.dump();
+    }
+}
+
+inline std::string python_json(const nlohmann::ordered_json& value) {
+    std::string out;
+    python_json(out, value);
+    return out;
+}
+
 // torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
 inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
                            int exitcode, std::chrono::system_clock::time_point when,
@@ -107,7 +154,7 @@ inline event worker_status(std::string_view state, const worker_status_subject& 
     m["total_run_time"] = ctx.total_run_time;
     m["rdzv_backend"] = ctx.rdzv_backend;
     m["raw_error"] = std::move(raw_error);
-    m["metadata"] = md.dump(-1, ' ', false, json::error_handler_t::replace);
+    m["metadata"] = python_json(md);  // torch: json.dumps(md)
     m["agent_restarts"] = ctx.agent_restarts;
     m["exitcode"] = exitcode;
     return e;
@@ -122,7 +169,8 @@ inline event worker_status(std::string_view state, const worker_status_subject& 
 /// worker the agent stopped, as torch), a
 /// JSON-text "metadata" (group_world_size, entry_point, and local_rank / role_rank /
 /// role_world_size as one-element lists, which is what torch's trailing commas produce), and
-/// agent_restarts. Additions: "exitcode" (torch's numbering) and the event's timestamp, the
+/// agent_restarts. Both JSON texts are written byte for byte as torch's json.dumps writes them
+/// (", " and ": ", \uXXXX escapes). Additions: "exitcode" (torch's numbering) and the event's timestamp, the
 /// failure's time in milliseconds.
 inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
     using json = nlohmann::ordered_json;
@@ -131,11 +179,9 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     if (f.state == failure_state::stopped_by_agent) {
         raw_error = nullptr;
     } else if (f.error_file.parsed()) {
-        raw_error =
-            f.error_file.content.document.dump(-1, ' ', false, json::error_handler_t::replace);
+        raw_error = detail::report::python_json(f.error_file.content.document);
     } else if (f.error_file.status == error_file_status::malformed) {
-        raw_error = json{{"message", "Malformed error file: " + f.error_file.problem}}.dump(
-            -1, ' ', false, json::error_handler_t::replace);
+        raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
     } else {
         raw_error = R"({"message": "<NONE>"})";
     }
