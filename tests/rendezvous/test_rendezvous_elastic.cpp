@@ -167,6 +167,20 @@ struct job {
     [[nodiscard]] int size() const { return static_cast<int>(agents.size()); }
 };
 
+/// Awaits agent `node`'s end and checks that it exited 0 after exactly one world line, of size
+/// `world` (its workers exit 0 at once: the job ends); returns that line.
+world_line ended_in_one_world(job& j, int node, int world) {
+    CAPTURE(node);
+    const int code = j[node].wait();
+    INFO("stdout:\n" << j[node].out());
+    INFO("stderr:\n" << j[node].err());
+    CHECK(code == 0);
+    const auto lines = worlds(j[node].out());
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].world == world);
+    return lines[0];
+}
+
 /// The checks shared by the node-loss cases once the survivors have exited: one world line each
 /// in the smaller world, distinct ranks 0..n-1 that match the group ranks (one worker per node),
 /// the same attempt 0 (a membership restart is no failure restart), the survivors' warning
@@ -533,14 +547,8 @@ TEST_CASE("rendezvous elastic: an agent given another keep-alive than the store'
     j.keep = "keep_alive_interval=2,keep_alive_max_attempt=3";
     j.start(rules, false, "last_call_timeout=0.5");
     for (int node = 0; node < 2; ++node) {
-        CAPTURE(node);
-        const int code = j[node].wait();  // the workers exit 0 at once: the job ends
-        INFO("stdout:\n" << j[node].out());
-        INFO("stderr:\n" << j[node].err());
-        CHECK(code == 0);
-        const auto lines = worlds(j[node].out());
-        REQUIRE(lines.size() == 1);
-        CHECK(lines[0].world == 2);
+        (void)ended_in_one_world(j, node, 2);
+        CAPTURE(j[node].err());
         CHECK_FALSE(has(j[node].err(), "membership changed"));
         CHECK_FALSE(has(j[node].err(), "dropped this node"));
     }
@@ -692,20 +700,15 @@ TEST_CASE("rendezvous elastic: an agent dropped while round 0 forms rejoins it, 
     await_stderr(j[0], "silent for");
     REQUIRE(::kill(j[dropped].pid(), SIGCONT) == 0);
     // ... it finds that, reconnects and arrives again: round 0 completes with the two of them.
+    std::set<int> ranks;
     for (int node = 0; node < 2; ++node) {
-        CAPTURE(node);
-        const int code = j[node].wait();  // the workers exit 0 at once: the job ends
-        INFO("stdout:\n" << j[node].out());
-        INFO("stderr:\n" << j[node].err());
-        CHECK(code == 0);
-        const auto lines = worlds(j[node].out());
-        REQUIRE(lines.size() == 1);
-        CHECK(lines[0].world == 2);
-        CHECK(lines[0].rank == lines[0].group_rank);
-        CHECK(lines[0].attempt == 0);
+        const auto line = ended_in_one_world(j, node, 2);
+        CHECK(line.rank == line.group_rank);
+        CHECK(line.attempt == 0);
+        ranks.insert(line.rank);
+        CAPTURE(j[node].err());
         CHECK_FALSE(has(j[node].err(), "exit barrier"));
     }
-    const std::set<int> ranks{worlds(j[0].out()).at(0).rank, worlds(j[1].out()).at(0).rank};
     CHECK(ranks == std::set<int>{0, 1});
     const auto line = line_with(j[dropped].err(), "dropped this node's connection");
     CAPTURE(j[dropped].err());

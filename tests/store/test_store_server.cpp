@@ -93,8 +93,6 @@ void check_rejected(const std::string& bad_bytes, std::string_view reason,
     CHECK(f.logged(reason));
 }
 
-
-
 }  // namespace test_store_server
 
 using namespace test_store_server;

@@ -226,5 +226,4 @@ inline std::vector<std::string> read_lines_of(const std::filesystem::path& path)
     return lines;
 }
 
-
 }  // namespace agent_support

@@ -128,5 +128,4 @@ inline std::vector<pid_t> await_deaths(const std::vector<pid_t>& pids,
     return left;
 }
 
-
 }  // namespace process_support
