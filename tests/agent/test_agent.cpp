@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 namespace test_agent {
@@ -311,6 +312,30 @@ TEST_CASE("agent: with healthy workers running, the agent uses no CPU, and two j
     second.signal(SIGTERM);
     CHECK(first.wait() == 128 + SIGTERM);
     CHECK(second.wait() == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: the agent takes the hard open-files limit for its stores; workers get the user's") {
+    rlimit limit{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
+    if (limit.rlim_max <= 512) {
+        MESSAGE("the hard open-files limit is ", limit.rlim_max, ": nothing to raise");
+        return;
+    }
+    // The worker prints its own soft limit and the agent's (its parent's) soft and hard ones.
+    const std::string worker_script =
+        "echo worker-soft $(ulimit -Sn); grep 'Max open files' /proc/$PPID/limits";
+    auto r = agent_support::run({"/bin/sh", "-c", "ulimit -Sn 512 && exec \"$0\" \"$@\"",
+                                 agent_support::elasticrun(), "--standalone", "--nproc-per-node=1",
+                                 "--no-python", "/bin/sh", "-c", worker_script},
+                                agent_support::clean_environment());
+    INFO("stdout: ", r.out, "\nstderr: ", r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("worker-soft 512\n") != std::string::npos);
+    const std::regex agent_line(R"(Max open files +([0-9]+) +([0-9]+))");
+    std::smatch m;
+    REQUIRE(std::regex_search(r.out, m, agent_line));
+    CHECK(m[1].str() == std::to_string(limit.rlim_max));
+    CHECK(m[2].str() == std::to_string(limit.rlim_max));
 }
 
 TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker started") {

@@ -253,6 +253,9 @@ public:
         // Installed first: a signal during start-up or a restart is handled like any other.
         asio::signal_set signals(executor_);
         prepare_agent_signals();
+        // The stores this agent hosts hold a descriptor per client; workers get the old limit
+        // back when they are spawned.
+        detail::raise_open_files_limit();
         for (const int s : config_.signals_to_handle) signals.add(s);
 
         if (log_.enabled(log_level::info)) {

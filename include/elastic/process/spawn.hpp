@@ -110,6 +110,7 @@ struct child_plan {
     pid_t parent;
     int error_fd;        // above 2, close-on-exec
     int max_fd;          // for the close loop if close_range is missing
+    rlim_t nofile_soft;  // the soft open-files limit to give the child; RLIM_INFINITY: keep
 };
 
 /// The child between vfork and exec. Only async-signal-safe calls: the agent is multithreaded,
@@ -147,6 +148,15 @@ struct child_plan {
         if (errno != ENOSYS && errno != EINVAL) fail(child_step::close_fds);
         for (int fd = 3; fd < plan.max_fd; ++fd) {  // kernels before 5.9
             if (fd != plan.error_fd) ::close(fd);
+        }
+    }
+    // The agent raised its own open-files limit (raise_open_files_limit); the worker gets the
+    // one its user set, as it would under any other launcher.
+    if (plan.nofile_soft != RLIM_INFINITY) {
+        rlimit limit{};
+        if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && plan.nofile_soft < limit.rlim_cur) {
+            limit.rlim_cur = plan.nofile_soft;
+            ::setrlimit(RLIMIT_NOFILE, &limit);
         }
     }
     sigset_t none;
@@ -335,6 +345,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         ::getpid(),
         error_write.get(),
         max_fd,
+        detail::original_open_files_soft_limit(),
     };
     pid_t pid = -1;
     int fork_errno = 0;

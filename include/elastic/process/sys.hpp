@@ -12,6 +12,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -107,6 +108,29 @@ inline void prepare_agent_signals() noexcept {
         current.sa_flags &= ~SA_NOCLDWAIT;  // same effect as SIG_IGN on our children's status
         ::sigaction(SIGCHLD, &current, nullptr);
     }
+}
+
+/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
+/// until it is called): what a worker gets back, so it sees the limit its user set.
+inline rlim_t& original_open_files_soft_limit() noexcept {
+    static rlim_t soft = RLIM_INFINITY;
+    return soft;
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
+/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
+/// the hard one. Idempotent; returns the soft limit now in force.
+inline rlim_t raise_open_files_limit() noexcept {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+    if (original_open_files_soft_limit() == RLIM_INFINITY)
+        original_open_files_soft_limit() = limit.rlim_cur;
+    if (limit.rlim_cur < limit.rlim_max) {
+        const rlim_t before = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return before;
+    }
+    return limit.rlim_cur;
 }
 
 /// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
