@@ -53,8 +53,9 @@ using store_log = std::function<void(std::string_view line)>;
 
 /// How a tcp_store_server listens and what it accepts (limits are documented in docs/store.md).
 struct store_server_options {
-    /// Address to bind: an IPv4/IPv6 literal or a host name; "::" listens dual-stack.
-    std::string host = "0.0.0.0";
+    /// Address to bind: an IPv4/IPv6 literal or a host name; "0.0.0.0" every IPv4 interface,
+    /// "::" dual-stack. Loopback by default: a store others can reach is a choice to make.
+    std::string host = "127.0.0.1";
     /// Port to bind; 0 picks a free one (read it back with port()).
     std::uint16_t port = 0;
     /// Per-request limits; a request beyond one closes only its connection.
