@@ -19,10 +19,7 @@ std::string first_line(const std::vector<std::string>& args) {
     std::string line;
     char ch = 0;
     while (::read(child.out_fd, &ch, 1) == 1 && ch != '\n') line += ch;
-    ::kill(child.pid, SIGTERM);
-    int status = 0;
-    ::waitpid(child.pid, &status, 0);
-    ::close(child.out_fd);
+    const int status = store_support::terminate(child);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     return line;

@@ -437,10 +437,7 @@ TEST_CASE("store: a server with 100 idle connections uses no CPU") {
     REQUIRE(before.count() >= 0);
     INFO("the server's CPU in the 2 s window: ", idle_cpu::ms(after - before), " ms");
     CHECK(after - before <= idle_cpu::budget);
-    ::kill(child.pid, SIGTERM);
-    int status = 0;
-    ::waitpid(child.pid, &status, 0);
-    ::close(child.out_fd);
+    const int status = store_support::terminate(child);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
 }

@@ -16,6 +16,7 @@
 #include <asio/write.hpp>
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -171,6 +172,16 @@ inline child spawn(const std::vector<std::string>& args) {
     return {pid, fds[0]};
 }
 
+/// Stops the child with SIGTERM, reaps it and closes its pipe; returns its wait status.
+inline int terminate(child& c) {
+    ::kill(c.pid, SIGTERM);
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    ::close(c.out_fd);
+    c.out_fd = -1;
+    return status;
+}
+
 /// Reads the child's stdout to EOF on the loop (no thread, no blocking), then reaps it.
 /// Returns {output, wait status}.
 inline asio::awaitable<std::pair<std::string, int>> collect(child c) {
@@ -181,6 +192,12 @@ inline asio::awaitable<std::pair<std::string, int>> collect(child c) {
         const auto [ec, n] = co_await in.async_read_some(
             asio::buffer(buf), asio::experimental::as_tuple(asio::use_awaitable));
         out.append(buf, n);
+        if (ec == asio::error::operation_aborted) {
+            // Cancelled (a test body beside it failed): the child would outlive the test and
+            // the wait below would never return.
+            ::kill(c.pid, SIGKILL);
+            break;
+        }
         if (ec) break;
     }
     int status = 0;
