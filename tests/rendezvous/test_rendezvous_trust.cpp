@@ -173,6 +173,18 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK(has(rdzv::shown("a\x01"), "a\\x01"));
 }
 
+TEST_CASE("rendezvous trust: the workers' store accepts loopback and the round's members, no one else") {
+    elastic::detail::rdzv::peer_list peers;
+    CHECK(peers.accepts(asio::ip::make_address("127.0.0.1")));
+    CHECK(peers.accepts(asio::ip::make_address("::1")));
+    CHECK_FALSE(peers.accepts(asio::ip::make_address("192.0.2.7")));
+    for (const auto& a : elastic::detail::rdzv::resolve_all("192.0.2.7")) peers.allowed.push_back(a);
+    CHECK(peers.accepts(asio::ip::make_address("192.0.2.7")));
+    CHECK(peers.accepts(asio::ip::make_address("::ffff:192.0.2.7")));  // through a dual-stack listener
+    CHECK_FALSE(peers.accepts(asio::ip::make_address("192.0.2.8")));
+    CHECK_FALSE(peers.accepts(asio::ip::make_address("2001:db8::8")));
+}
+
 TEST_CASE("rendezvous trust: an invalid abort, decision and restart count written into a running 2-agent job are "
           "reported and ignored; a real failure still restarts the job") {
     job j("trust-abort", "2");
@@ -220,7 +232,8 @@ TEST_CASE("rendezvous trust: an invalid abort, decision and restart count writte
 TEST_CASE("rendezvous trust: a forged arrival (no lease, another MASTER_ADDR) and a garbage one are left out of "
           "the round") {
     job j("trust-arrival", "2:3");
-    const std::string rules = "a0:hang;*:env+world+exit0";
+    // Attempt 1: every worker also uses the workers' store ("store"), which accepts them.
+    const std::string rules = "a0:hang;*:env+store+world+exit0";
     const std::vector<std::string> extra{"--max-restarts=1", "--rdzv-conf=last_call_timeout=0.2"};
     j.start(rules, extra);
     j.start(rules, extra);
