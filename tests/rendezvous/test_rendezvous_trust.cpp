@@ -229,7 +229,7 @@ TEST_CASE("rendezvous trust: an invalid abort, decision and restart count writte
     CHECK(has(j[1].err(), fmt::format("key '{}' holds '-5'", j.key("restarts"))));
 }
 
-TEST_CASE("rendezvous trust: a forged arrival (no lease, another MASTER_ADDR) and a garbage one are left out of "
+TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MASTER_ADDR) is left out of "
           "the round") {
     job j("trust-arrival", "2:3");
     // Attempt 1: every worker also uses the workers' store ("store"), which accepts them.
