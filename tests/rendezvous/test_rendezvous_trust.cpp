@@ -268,6 +268,39 @@ TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MAS
     }
 }
 
+TEST_CASE("rendezvous trust: a standby that reads garbage successors reports them, waits, and exits 0 when the job "
+          "ends") {
+    job j("trust-successors", "1:2");
+    const std::vector<std::string> extra{"--rdzv-conf=last_call_timeout=5"};
+    j.start("*:world+hang", extra);
+    j.start("*:world+hang", extra);
+    // Both run in one full round (world 2), whichever round that is.
+    for (int node = 0; node < 2; ++node) {
+        const bool seen = j[node].read_until([](const std::string& out) { return has(out, "world 2 "); });
+        INFO("stderr:\n" << j[node].err());
+        REQUIRE(seen);
+    }
+    const auto pid = ready_worker(j[1]);
+    std::string successors_key;
+    {
+        auto c = j.client();
+        successors_key = j.key(c->get(j.key("round")) + "/successors");
+        c->set(successors_key, "[\"not\", {\"the\": \"successors\"}]");
+    }
+    auto& standby = j.start("*:world+hang", extra);
+    await_stderr(standby, "this node waits as a standby");
+    CHECK(has(standby.err(), fmt::format("key '{}' holds '[\"not\"", successors_key)));
+    CHECK(has(standby.err(), "this node knows no successor of the store's host"));
+    // The job ends (a worker fails, no restart left): the standby exits 0.
+    REQUIRE(::kill(pid, SIGKILL) == 0);
+    const int code = standby.wait();
+    INFO("stderr:\n" << standby.err());
+    CHECK(code == 0);
+    CHECK(has(standby.err(), "the job ended while this node waited as a standby"));
+    CHECK(worlds(standby.out()).empty());
+    for (int node = 0; node < 2; ++node) CHECK(j[node].wait() != 0);
+}
+
 TEST_CASE("rendezvous trust: the rendezvous store's key count stays flat over 50 restarts of a 2-agent job") {
     job j("trust-gc", "2");
     // Attempts 0..49 fail at once (a restart each, no backoff); attempt 50 runs until stopped.
