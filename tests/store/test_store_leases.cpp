@@ -249,7 +249,7 @@ TEST_CASE("store: a heartbeating client keeps its lease across many intervals") 
     CHECK_FALSE(f.logged("lease '/g/__lease__/alive' of 127.0.0.1:"));
 }
 
-TEST_CASE("store: CAS binds a lease, DELETE releases it without a loss, a reconnect takes over") {
+TEST_CASE("store: CAS binds a lease, DELETE releases it without a loss, another connection cannot take it") {
     fixture f(std::chrono::hours(1), 1);
     f.run([&]() -> asio::awaitable<void> {
         auto o = f.client_options();
@@ -264,16 +264,45 @@ TEST_CASE("store: CAS binds a lease, DELETE releases it without a loss, a reconn
         CHECK(co_await a.release_lease(slot));
         CHECK(f.server->leases() == 0);
         CHECK(co_await a.get(elastic::lease_epoch_key("r")) == "0");
-        // b holds "n1"; a sets the same key (a reconnecting holder): the lease moves to a, and
-        // b's connection closing later loses nothing.
+        // b holds "n1". A SET, COMPARE_SET, MULTI_SET or DELETE_KEY of it from any other live
+        // connection is refused: the server closes that connection, and b keeps its lease.
         const auto n1 = elastic::lease_key("r", "n1");
         co_await b.hold_lease(n1, "b");
-        co_await a.hold_lease(n1, "a");
-        b.close();  // loses nothing: counted at the end (3 losses, not 4)
-        CHECK(co_await a.get(n1) == "a");
-        // Then a is lost: one loss, named under __lost/1.
-        a.close();
-        CHECK(co_await b.get(elastic::lease_lost_key("r", 1)) == "n1");
+        const auto attack = [&](auto write) -> asio::awaitable<void> {
+            elastic::tcp_store_client x(f.ctx.get_executor(), o);
+            bool refused = false;
+            try {
+                co_await write(x);
+                (void)co_await x.get("/anything");  // a SET has no reply: the next request sees the close
+            } catch (const elastic::store_error& e) {
+                refused = true;
+                MESSAGE("refused as expected: " << std::string(e.what()));
+            }
+            CHECK(refused);
+            CHECK(co_await a.get(n1) == "b");
+            CHECK(f.server->leases() == 1);
+        };
+        co_await attack([&](elastic::tcp_store_client& x) { return x.set(n1, "x"); });
+        co_await attack([&](elastic::tcp_store_client& x) { return x.hold_lease(n1, "x"); });
+        co_await attack([&](elastic::tcp_store_client& x) -> asio::awaitable<void> {
+            (void)co_await x.compare_set(n1, "b", "x");
+        });
+        co_await attack([&](elastic::tcp_store_client& x) -> asio::awaitable<void> {
+            std::vector<std::string> keys{"/r/other", n1};
+            std::vector<std::string> values{"1", "x"};
+            co_await x.multi_set(std::move(keys), std::move(values));
+        });
+        co_await attack([&](elastic::tcp_store_client& x) -> asio::awaitable<void> {
+            (void)co_await x.delete_key(n1);
+        });
+        // None of the refused connections held a lease: no loss so far.
+        CHECK(co_await a.get(elastic::lease_epoch_key("r")) == "0");
+        // The holder itself may write its lease again.
+        co_await b.set(n1, "b2");
+        CHECK(co_await a.get(n1) == "b2");
+        // Then b is lost: one loss, named under __lost/1.
+        b.close();
+        CHECK(co_await a.get(elastic::lease_lost_key("r", 1)) == "n1");
         // Several losses: the epoch tells how many, one multi_get names them.
         elastic::tcp_store_client c(f.ctx.get_executor(), o);
         elastic::tcp_store_client d(f.ctx.get_executor(), o);
@@ -282,16 +311,21 @@ TEST_CASE("store: CAS binds a lease, DELETE releases it without a loss, a reconn
         c.close();
         d.close();
         std::vector<std::string> last(1, elastic::lease_lost_key("r", 3));
-        co_await b.wait(last);
-        CHECK(co_await b.get(elastic::lease_epoch_key("r")) == "3");
+        co_await a.wait(last);
+        CHECK(co_await a.get(elastic::lease_epoch_key("r")) == "3");
         std::vector<std::string> both;
         both.push_back(elastic::lease_lost_key("r", 2));
         both.push_back(elastic::lease_lost_key("r", 3));
-        auto names = co_await b.multi_get(both);
+        auto names = co_await a.multi_get(both);
         std::sort(names.begin(), names.end());
         CHECK(names == std::vector<std::string>{"c", "d"});
     }());
-    CHECK(f.logged("lease '/r/__lease__/n1' moves from 127.0.0.1:"));
+    // The log line names both peers.
+    CHECK(f.logged("SET of lease '/r/__lease__/n1', which the connection from 127.0.0.1:"));
+    CHECK(f.logged("MULTI_SET of lease '/r/__lease__/n1'"));
+    CHECK(f.logged("COMPARE_SET of lease '/r/__lease__/n1'"));
+    CHECK(f.logged("DELETE_KEY of lease '/r/__lease__/n1'"));
+    CHECK_FALSE(f.logged("moves from"));
     CHECK(f.server->leases_lost() == 3);
 }
 

@@ -312,6 +312,29 @@ TEST_CASE("store: a connection beyond max_connections is closed, the others carr
     CHECK(f.logged("refusing connection from 127.0.0.1:"));
 }
 
+TEST_CASE("store: accept_peer refuses a peer before reading from it; the accepted ones are served") {
+    std::vector<std::string> asked;
+    bool refuse = true;
+    elastic::store_server_options o;
+    o.accept_peer = [&](const asio::ip::address& a) {
+        asked.push_back(a.to_string());
+        return !(refuse && a == asio::ip::make_address("127.0.0.1"));
+    };
+    fixture f(std::move(o));
+    f.run([&]() -> asio::awaitable<void> {
+        // Refused: closed at once, its request never answered (PING in the legacy dialect).
+        auto refused = co_await raw_client::connect(f.port());
+        CHECK(co_await refused.closed_by_peer());
+        // Accepted once the predicate says so: served as usual.
+        refuse = false;
+        auto accepted = co_await raw_client::connect(f.port());
+        co_await exchange(accepted, "06", "00x8");
+    }());
+    CHECK(asked == std::vector<std::string>{"127.0.0.1", "127.0.0.1"});
+    CHECK(f.logged("refusing connection from 127.0.0.1:"));
+    CHECK(f.logged("store_server_options::accept_peer"));
+}
+
 TEST_CASE("store: 2000 connections blocked in WAIT are all answered by one SET") {
     constexpr int n = 2000;
     fixture f;

@@ -142,8 +142,9 @@ inline store_plan plan_store(const launch_config& c) {
         plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
         plan.master_addr = plan.bind_host;
     } else {
-        // A name or address of this host: listen on every interface, as TCPStore does.
-        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
+        // A name or address of this host: listen where it resolves to on this node (a name
+        // resolving to none of this node's addresses: every interface, as TCPStore does).
+        plan.bind_host = rdzv::bind_address_for(endpoint.host);
         plan.master_addr = endpoint.host;
     }
     if (c.local_addr) plan.master_addr = *c.local_addr;
@@ -366,6 +367,13 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        if (rdzv_) {
+            // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
+            // once the round is known, its members' addresses (join_round fills the list).
+            auto peers = std::make_shared<detail::rdzv::peer_list>();
+            workers_peers_ = peers;
+            options.accept_peer = [peers](const asio::ip::address& a) { return peers->accepts(a); };
+        }
         std::unique_ptr<tcp_store_server> server;
         try {
             server = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -854,6 +862,11 @@ private:
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
+        if (round_->group_rank == 0 && workers_peers_) {
+            for (const auto& peer : round_->peers) {
+                for (const auto& a : detail::rdzv::resolve_all(peer)) workers_peers_->allowed.push_back(a);
+            }
+        }
         log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
                               round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
                               round_->rank_base + config_.nproc_per_node - 1, round_->world_size));
@@ -949,6 +962,7 @@ private:
 
     std::unique_ptr<tcp_rendezvous> rdzv_;      ///< several nodes: the rendezvous
     std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
+    std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;     ///< the current round
     std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
     std::optional<abort_notice> last_abort_;    ///< why the current round was aborted

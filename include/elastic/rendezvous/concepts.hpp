@@ -49,6 +49,9 @@ struct rendezvous_round {
     bool host_in_round = false;  ///< the store's host is a member of this round
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
+    /// Group rank 0 only: every member's host and advertised address, for its workers' store to
+    /// accept connections from the round's nodes alone (empty on the other nodes).
+    std::vector<std::string> peers;
 };
 
 /// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).

@@ -20,12 +20,16 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -53,6 +57,12 @@ struct store_rendezvous_options {
     bool torchrun_guard = true;
     /// Where the rendezvous reports what a user should see (standby, membership); may be empty.
     std::function<void(std::string_view)> log;
+    /// Where it reports a store value it ignored (not valid: a broken or hostile client wrote
+    /// it); `log` when empty. The agent logs these as warnings.
+    std::function<void(std::string_view)> warn;
+    /// The job's restart budget when every node's policy is --max-restarts (a restart decision
+    /// past it is ignored); none: any count the job's `restarts` key backs is accepted.
+    std::optional<int> max_restarts;
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -107,6 +117,76 @@ inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std:
     return rank;
 }
 
+/// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
+/// out of range. The rendezvous reports it (naming the key) and ignores it.
+struct invalid_value : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// At most this many bytes of a value are shown in a message, non-printable bytes escaped.
+inline std::string shown(std::string_view value, std::size_t limit = 120) {
+    std::string out;
+    for (const char c : value.substr(0, std::min(value.size(), limit))) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
+        else out += fmt::format("\\x{:02x}", u);
+    }
+    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
+    return out;
+}
+
+inline nlohmann::json parse_object(std::string_view text) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw invalid_value("not JSON");
+    if (!j.is_object()) throw invalid_value("not a JSON object");
+    return j;
+}
+
+/// Field `name` of `j` as an integer within [lo, hi].
+inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
+    const auto it = j.find(name);
+    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
+    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
+    const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
+                       ? hi + 1
+                       : it->get<std::int64_t>();
+    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
+    return v;
+}
+
+inline int field_small(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
+    return static_cast<int>(field_int(j, name, lo, std::min<std::int64_t>(hi, 1'000'000'000)));
+}
+
+/// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
+inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
+    const auto it = j.find(name);
+    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
+    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
+    auto v = it->get<std::string>();
+    if (v.size() > max || v.size() < min)
+        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
+    return v;
+}
+
+inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
+    const auto it = j.find(name);
+    if (it == j.end()) {
+        if (absent) return *absent;
+        throw invalid_value(fmt::format("no '{}'", name));
+    }
+    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
+    return it->get<bool>();
+}
+
+/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
+/// of a few lines, a node's workers and ranks as counted in int.
+inline constexpr std::size_t max_host = 255;
+inline constexpr std::size_t max_id = 512;
+inline constexpr std::size_t max_reason = 4096;
+inline constexpr int max_nproc = 1 << 20;
+inline constexpr int max_nodes = 1 << 20;
+
 inline std::string encode(const node_info& i) {
     nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
                      {"pid", i.pid}};
@@ -118,49 +198,72 @@ inline std::string encode(const node_info& i) {
     return j.dump();
 }
 
-inline node_info decode_node(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
+/// A node's info (an arrival); invalid_value when it is not one.
+inline node_info decode_node(std::string_view text) {
+    const auto j = parse_object(text);
     node_info i;
-    i.host = j.at("host").get<std::string>();
-    i.store_addr = j.at("addr").get<std::string>();
-    i.store_port = j.at("port").get<std::uint16_t>();
-    i.nproc = j.at("nproc").get<int>();
-    i.pid = j.at("pid").get<long>();
-    if (j.contains("node_rank")) i.node_rank = j["node_rank"].get<int>();
-    if (j.contains("previous_rank")) i.previous_rank = j["previous_rank"].get<int>();
-    if (j.contains("id")) i.id = j["id"].get<std::string>();
-    i.backup_port = j.value("backup", std::uint16_t{0});
-    i.hosts_store = j.value("hosts_store", false);
+    i.host = field_string(j, "host", max_host);
+    i.store_addr = field_string(j, "addr", max_host, 1);
+    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
+    i.nproc = field_small(j, "nproc", 1, max_nproc);
+    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
+    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
+    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
+    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+    i.hosts_store = field_bool(j, "hosts_store", false);
     return i;
 }
 
-/// The successors a completer named: [{"id", "addr", "port"}, ...].
+/// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
 inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
+    if (!list.is_array()) throw invalid_value("'successors' is not a list");
+    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
     std::vector<store_successor> out;
     for (const auto& x : list) {
-        out.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
-                       x.at("port").get<std::uint16_t>()});
+        if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
+        out.push_back({field_string(x, "id", max_id, 1), field_string(x, "addr", max_host, 1),
+                       static_cast<std::uint16_t>(field_int(x, "port", 1, 65535))});
     }
     return out;
 }
 
+/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
+inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
+    const auto j = parse_object(text);
+    const bool host_in = field_bool(j, "host_in");
+    const auto it = j.find("successors");
+    if (it == j.end()) throw invalid_value("no 'successors'");
+    return {host_in, decode_successors(*it)};
+}
+
 /// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
-/// nothing when the round lost a node while forming and everyone rejoins the next one.
-inline std::optional<rendezvous_round> decode_assignment(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
-    if (j.contains("error")) throw rendezvous_error(j["error"].get<std::string>());
+/// nothing when the round lost a node while forming and everyone rejoins the next one;
+/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
+inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
+    const auto j = parse_object(text);
+    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
     if (j.contains("retry")) return std::nullopt;
     rendezvous_round r;
-    r.group_world_size = j.at("size").get<int>();
-    r.epoch = j.at("epoch").get<std::int64_t>();
-    r.host_in_round = j.value("host_in", false);
+    r.group_world_size = field_small(j, "size", 1, nnodes);
+    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
+    r.host_in_round = field_bool(j, "host_in", false);
     if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
-    r.restart_count = j.at("restarts").get<int>();
-    r.group_rank = j.at("group_rank").get<int>();
-    r.rank_base = j.at("rank_base").get<int>();
-    r.world_size = j.at("world_size").get<int>();
-    r.master_addr = j.at("master_addr").get<std::string>();
-    r.master_port = j.at("master_port").get<std::uint16_t>();
+    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
+    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
+    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
+    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+    r.master_addr = field_string(j, "master_addr", max_host, 1);
+    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
+    if (const auto it = j.find("peers"); it != j.end()) {
+        if (!it->is_array() || it->size() > 2 * static_cast<std::size_t>(nnodes))
+            throw invalid_value("'peers' is not a list of at most two names per node");
+        for (const auto& p : *it) {
+            if (!p.is_string() || p.get<std::string>().size() > max_host)
+                throw invalid_value("a peer is not a host name or address");
+            r.peers.push_back(p.get<std::string>());
+        }
+    }
     return r;
 }
 
@@ -177,14 +280,18 @@ inline std::string encode(const abort_notice& a) {
     return j.dump();
 }
 
-inline abort_notice decode_abort(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
-    abort_notice a{j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
-    const auto what = j.value("kind", std::string("failure"));
-    a.what = what == "membership" ? abort_notice::kind::membership
-             : what == "closed"   ? abort_notice::kind::closed
-                                  : abort_notice::kind::failure;
-    a.admission = j.value("admission", false);
+/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
+/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
+inline abort_notice decode_abort(std::string_view text, int size) {
+    const auto j = parse_object(text);
+    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
+                   field_string(j, "reason", max_reason)};
+    const auto what = field_string(j, "kind", 16);
+    if (what == "membership") a.what = abort_notice::kind::membership;
+    else if (what == "closed") a.what = abort_notice::kind::closed;
+    else if (what == "failure") a.what = abort_notice::kind::failure;
+    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+    a.admission = field_bool(j, "admission", false);
     return a;
 }
 
@@ -231,9 +338,21 @@ inline std::string encode(const job_decision& d) {
     return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
 }
 
-inline job_decision decode_decision(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
-    return {j.at("restart").get<bool>(), j.at("exit_code").get<int>(), j.at("reason").get<std::string>()};
+/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
+inline job_decision decode_decision(std::string_view text) {
+    const auto j = parse_object(text);
+    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
+}
+
+/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
+/// unless it is a whole number within [lo, hi].
+inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
+    std::int64_t v = 0;
+    const auto* end = text.data() + text.size();
+    const auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
+    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    return v;
 }
 
 /// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under (inventory §4.2).
@@ -291,7 +410,7 @@ public:
         auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
-        log->epoch = std::stoll(co_await lease.get(lease_epoch_key(lease_group())));
+        log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
         id_ = me.id;
         auto previous = std::exchange(members_, std::move(log));
@@ -343,6 +462,11 @@ public:
                     const auto k = lease_lost_key(lease_group(), log->epoch + 1);
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
+                    if (name.empty() || name.size() > detail::rdzv::max_id) {
+                        // Not a lease name the server wrote: the loss is counted, nobody is named.
+                        ignored(k, name, "not a lease name", "no member is taken for lost by it");
+                        name.clear();
+                    }
                     ++log->epoch;
                     log->lost.emplace_back(log->epoch, name);
                     log->changed();
@@ -438,37 +562,84 @@ public:
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store is lost.
+    /// the round ends otherwise. store_error when the store is lost. A value in the abort key
+    /// that is no valid notice is reported and ignored: the wait goes on at the next slot
+    /// (`abort/1`, ...), where a real abort is then written (abort()).
     asio::awaitable<abort_notice> wait_for_abort() {
-        const auto k = key(round_, "abort");
-        co_await wait_interruptible(*watcher_, k, std::nullopt);
-        auto notice = detail::rdzv::decode_abort(co_await watcher_->get(k));
-        admission_ = notice.admission;
-        co_return notice;
+        const int r = round_;
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            co_await wait_interruptible(*watcher_, k, std::nullopt);
+            const auto value = co_await watcher_->get(k);
+            if (auto notice = valid_abort(k, value)) {
+                admission_ = notice->admission;
+                co_return std::move(*notice);
+            }
+        }
+        throw rendezvous_error(too_many_invalid(r, "abort"));
     }
 
     /// Aborts the current round with `notice`; true when this node was the first.
     asio::awaitable<bool> abort(abort_notice notice) {
-        const auto value = detail::rdzv::encode(notice);
-        const auto got = co_await store_->compare_set(key(round_, "abort"), std::string{}, value);
-        admission_ = detail::rdzv::decode_abort(got).admission;
-        co_return got == value;
+        auto [standing, won] = co_await abort_round(*store_, round_, std::move(notice));
+        admission_ = standing.admission;
+        co_return won;
     }
 
     /// Publishes what the job does after the aborted round (the winner of abort() calls it).
     asio::awaitable<void> decide(job_decision decision) {
-        if (decision.restart) (void)co_await store_->add(job_key("restarts"), 1);
-        co_await store_->set(key(round_, "decision"), detail::rdzv::encode(decision));
+        if (decision.restart) {
+            // The job's count, repaired first if a broken client wrote something else there (an
+            // ADD of a value that is no number would end this connection).
+            const auto count = co_await job_restarts(*store_);
+            if (!count) co_await store_->set(job_key("restarts"), std::to_string(restarts_));
+            (void)co_await store_->add(job_key("restarts"), 1);
+        }
+        const auto value = detail::rdzv::encode(decision);
+        for (int slot = 0;; ++slot) {
+            if (slot == max_slots) throw rendezvous_error(too_many_invalid(round_, "decision"));
+            const auto k = slot_key(round_, "decision", slot);
+            const auto got = co_await store_->compare_set(k, std::string{}, value);
+            if (got == value) break;
+            // Only this node decides the round: whatever is there was written by another client.
+            ignored(k, got, "only the node whose abort won decides, and this node is that one",
+                    "the decision goes to the next slot");
+        }
         if (decision.restart) ++restarts_;
     }
 
-    /// The decision for the aborted round (awaited by push).
+    /// The decision for the aborted round (awaited by push). A value that is no valid decision,
+    /// or a restart the job's `restarts` count does not back (the decider adds 1 to it before it
+    /// publishes; with max_restarts, past the budget), is reported and ignored: the wait goes on
+    /// at the next slot.
     asio::awaitable<job_decision> await_decision() {
-        const auto k = key(round_, "decision");
-        co_await wait_interruptible(*store_, k, std::nullopt);
-        auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
-        if (decision.restart) ++restarts_;
-        co_return decision;
+        const int r = round_;
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "decision", slot);
+            co_await wait_interruptible(*store_, k, std::nullopt);
+            const auto value = co_await store_->get(k);
+            auto decision = checked(k, value, "the decision goes on at the next slot",
+                                    [](std::string_view v) { return detail::rdzv::decode_decision(v); });
+            if (!decision) continue;
+            if (decision->restart) {
+                const auto count = co_await job_restarts(*store_);
+                const bool backed = count && *count > restarts_ &&
+                                    (!options_.max_restarts || *count <= *options_.max_restarts);
+                if (!backed) {
+                    ignored(k, value,
+                            fmt::format("a restart, but the job's restart count is {} (this node counted {}{})",
+                                        count ? std::to_string(*count) : std::string("not a number"), restarts_,
+                                        options_.max_restarts
+                                            ? fmt::format("; --max-restarts={}", *options_.max_restarts)
+                                            : std::string()),
+                            "the decision goes on at the next slot");
+                    continue;
+                }
+                ++restarts_;
+            }
+            co_return std::move(*decision);
+        }
+        throw rendezvous_error(too_many_invalid(r, "decision"));
     }
 
     /// This node's workers all succeeded: marks it done and waits (push) until every node of
@@ -558,6 +729,100 @@ private:
         if (options_.log) options_.log(line);
     }
 
+    // ---- values read from the store (docs/rendezvous.md, "What the agents trust") --------------
+
+    // How many slots (`abort`, `abort/1`, ...) a round's abort or decision may take before the
+    // job gives up: each invalid value costs a writer one slot.
+    static constexpr int max_slots = 64;
+
+    [[nodiscard]] std::string slot_key(int r, std::string_view name, int slot) const {
+        return slot == 0 ? key(r, name) : key(r, fmt::format("{}/{}", name, slot));
+    }
+
+    std::string too_many_invalid(int r, std::string_view name) const {
+        return fmt::format("round {} of run '{}': {} invalid values in a row at its '{}' key: a client that is no "
+                           "agent of this job keeps writing into the rendezvous store; give the job a store of its "
+                           "own",
+                           r, options_.run_id, max_slots, name);
+    }
+
+    // Reports the value at `k` that is not valid (`why`) and says what the job does instead
+    // (`then`); once per key and value.
+    void ignored(std::string_view k, std::string_view value, std::string_view why, std::string_view then) {
+        if (!warned_.insert(fmt::format("{}\n{}", k, value)).second) return;
+        const auto line = fmt::format("ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}",
+                                      k, detail::rdzv::shown(value), why, then);
+        if (options_.warn) options_.warn(line);
+        else say(line);
+    }
+
+    // `decode(value)`, or nothing (reported) when the value is not valid.
+    template <class Decode>
+    auto checked(std::string_view k, std::string_view value, std::string_view then, Decode decode)
+        -> std::optional<decltype(decode(value))> {
+        try {
+            return decode(value);
+        } catch (const detail::rdzv::invalid_value& e) {
+            ignored(k, value, e.what(), then);
+        } catch (const nlohmann::json::exception& e) {
+            ignored(k, value, e.what(), then);
+        }
+        return std::nullopt;
+    }
+
+    std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
+        const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
+        return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
+                       [&](std::string_view v) { return detail::rdzv::decode_abort(v, size); });
+    }
+
+    // Writes `mine` as round r's abort unless a valid abort is there first; returns the abort
+    // that stands and whether it is this node's. An invalid value found in a slot is reported
+    // and skipped: the abort goes to the next slot, where the watchers that saw it wait.
+    asio::awaitable<std::pair<abort_notice, bool>> abort_round(Store& s, int r, abort_notice mine) {
+        const auto value = detail::rdzv::encode(mine);
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            const auto got = co_await s.compare_set(k, std::string{}, value);
+            if (got == value) co_return std::pair{std::move(mine), true};
+            if (auto theirs = valid_abort(k, got)) co_return std::pair{std::move(*theirs), false};
+        }
+        throw rendezvous_error(too_many_invalid(r, "abort"));
+    }
+
+    // Whether round r has a valid abort.
+    asio::awaitable<bool> aborted(Store& s, int r) {
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            std::vector<std::string> keys{k};
+            if (!co_await s.check(std::move(keys))) co_return false;
+            if (valid_abort(k, co_await s.get(k))) co_return true;
+        }
+        co_return true;  // abort_round and wait_for_abort then say why the round cannot go on
+    }
+
+    // The job's restart count, or nothing (reported) when the key holds no count. Read, not
+    // ADDed: an ADD of a value that is no number would end this connection.
+    asio::awaitable<std::optional<int>> job_restarts(Store& s) {
+        const auto k = job_key("restarts");
+        std::vector<std::string> keys{k};
+        if (!co_await s.check(std::move(keys))) co_return 0;
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, "the job keeps the restart count it knows", [](std::string_view v) {
+            return static_cast<int>(detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max()));
+        });
+    }
+
+    // The lease group's loss count (the server's `__epoch`), or `known` (reported) when the key
+    // holds no count.
+    asio::awaitable<std::int64_t> read_epoch(Store& s, std::int64_t known) {
+        const auto k = lease_epoch_key(lease_group());
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
+            return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+        }).value_or(known);
+    }
+
     asio::awaitable<void> guard() {
         const auto k = detail::rdzv::torchrun_key(options_.run_id);
         const auto mine = detail::rdzv::guard_value(options_.run_id);
@@ -615,17 +880,28 @@ private:
                 r, options_.run_id, options_.nnodes,
                 std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
         }
-        const int size = static_cast<int>(std::stoll(co_await store_->get(key(r, "size"))));
+        const auto size_key = key(r, "size");
+        const auto size_text = co_await store_->get(size_key);
+        const int size = checked(size_key, size_text, "this node takes the round for one that lost a node while forming",
+                                 [&](std::string_view v) {
+                                     return static_cast<int>(detail::rdzv::decode_count(v, 0, options_.nnodes));
+                                 }).value_or(0);
         if (size > 0) {
             // A standby that outlives the store's host moves with the members: it needs the
             // round's successors and the majority rule (move_to) as they do.
-            const nlohmann::json moves = nlohmann::json::parse(co_await store_->get(key(r, "successors")));
+            const auto moves_key = key(r, "successors");
+            const auto moves_text = co_await store_->get(moves_key);
             size_ = size;
-            host_in_round_ = moves.at("host_in").get<bool>();
-            successors_ = detail::rdzv::decode_successors(moves.at("successors"));
+            if (auto moves = checked(moves_key, moves_text, "this node knows no successor of the store's host",
+                                     [](std::string_view v) { return detail::rdzv::decode_round_successors(v); })) {
+                host_in_round_ = moves->first;
+                successors_ = std::move(moves->second);
+            } else {
+                host_in_round_ = true;
+                successors_.clear();
+            }
         }
-        std::vector<std::string> abort_key{key(r, "abort")};
-        if (!co_await store_->check(std::move(abort_key))) {
+        if (!co_await aborted(*store_, r)) {
             if (size < options_.nnodes) {
                 abort_notice waiting;
                 waiting.host = me.host;
@@ -633,7 +909,7 @@ private:
                 waiting.admission = true;
                 waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
                                              me.host, me.pid, size, options_.nnodes);
-                (void)co_await store_->compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(waiting));
+                (void)co_await abort_round(*store_, r, std::move(waiting));
             } else if (!options_.elastic()) {
                 throw rendezvous_error(fmt::format(
                     "round {} of run '{}' already has its {} nodes (this node arrived after it formed): another job "
@@ -713,7 +989,17 @@ private:
                 "others, or raise --rdzv-conf join_timeout",
                 options_.run_id, r, joined, options_.nnodes, seconds));
         }
-        co_return detail::rdzv::decode_assignment(co_await store_->get(mine));
+        const auto value = co_await store_->get(mine);
+        try {
+            co_return detail::rdzv::decode_assignment(value, options_.nnodes);
+        } catch (const detail::rdzv::invalid_value& e) {
+            // Only the completer writes it, once: nothing valid can follow. A clear end instead.
+            ignored(mine, value, e.what(), "this node has no assignment in this round");
+            throw rendezvous_error(fmt::format(
+                "rendezvous of run '{}' round {}: this node's assignment ('{}') is not valid ({}): a client that is "
+                "no agent of this job writes into the rendezvous store; give the job a store of its own",
+                options_.run_id, r, mine, e.what()));
+        }
     }
 
     // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
@@ -736,7 +1022,7 @@ private:
     // lease ends as a loss too).
     asio::awaitable<std::int64_t> live_nodes(Store& s) {
         const auto registered = co_await s.add(job_key("registered"), 0);
-        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+        const auto lost = co_await read_epoch(s, members_ ? members_->epoch : 0);
         co_return registered - lost;
     }
 
@@ -762,10 +1048,24 @@ private:
         } else {
             for (auto& key_i : keys) values.push_back(co_await s.get(key_i));
         }
+        // An arrival whose info is not valid (a client that is no agent: bad JSON, a value out
+        // of range, or, with liveness, no lease name) is reported and left out of the round.
         std::vector<node_info> arrived;
+        std::vector<bool> valid;
         arrived.reserve(values.size());
-        for (const auto& v : values) arrived.push_back(detail::rdzv::decode_node(v));
-        const auto restarts = static_cast<int>(co_await s.add(job_key("restarts"), 0));
+        for (std::size_t i = 0; i < values.size(); ++i) {
+            auto node = checked(keys[i], values[i], "this arrival is left out of the round",
+                                [&](std::string_view v) {
+                                    auto n = detail::rdzv::decode_node(v);
+                                    if (members_ && n.id.empty())
+                                        throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
+                                    return n;
+                                });
+            valid.push_back(node.has_value());
+            arrived.push_back(node ? std::move(*node) : node_info{});
+        }
+        const std::optional<int> counted = co_await job_restarts(s);
+        const int restarts = counted.value_or(restarts_);
 
         // Liveness: a node whose lease is gone (lost, or left) is left out of the round. The
         // lease keys are the store's own record. This node's log of losses is not enough: it
@@ -775,25 +1075,25 @@ private:
         // aborts the round when the lost node is in it).
         std::int64_t epoch = 0;
         std::vector<int> in;  // arrival indexes (0-based) of the round's members
-        for (int i = 0; i < k; ++i) in.push_back(i);
+        for (int i = 0; i < k; ++i)
+            if (valid[static_cast<std::size_t>(i)]) in.push_back(i);
         if (members_) {
-            epoch = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+            epoch = co_await read_epoch(s, members_->epoch);
             std::vector<std::string> leases;
-            for (const auto& node : arrived) {
-                if (!node.id.empty()) leases.push_back(lease_key(lease_group(), node.id));
-            }
+            for (const int i : in) leases.push_back(lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id));
             if (!leases.empty() && !co_await s.check(std::move(leases))) {
                 // One at a time only when some lease is gone (a rare round).
-                in.clear();
-                for (int i = 0; i < k; ++i) {
-                    const auto& id = arrived[static_cast<std::size_t>(i)].id;
-                    std::vector<std::string> lease{lease_key(lease_group(), id)};
-                    if (id.empty() || co_await s.check(std::move(lease))) in.push_back(i);
+                const auto was = std::exchange(in, {});
+                for (const int i : was) {
+                    std::vector<std::string> lease{lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id)};
+                    if (co_await s.check(std::move(lease))) in.push_back(i);
                 }
             }
         }
         std::vector<std::string> out_keys;
         std::vector<std::string> out_values;
+        std::vector<std::string> members;  // the round's lease names (member/<id> keys)
+        int size = 0;
         const auto tell_all = [&](const std::string& value) {
             for (int i = 1; i <= k; ++i) {
                 out_keys.push_back(key(r, fmt::format("assign/{}", i)));
@@ -839,10 +1139,17 @@ private:
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
+                // Group rank 0 hosts the workers' store: it accepts the members' addresses only
+                // (O(N) bytes in that one assignment).
+                nlohmann::json peers = nlohmann::json::array();
+                for (const auto& node : nodes) {
+                    if (!node.host.empty()) peers.push_back(node.host);
+                    if (node.store_addr != node.host) peers.push_back(node.store_addr);
+                }
                 for (int j = 0; j < n; ++j) {
                     const int g = rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
-                    out_values[static_cast<std::size_t>(arrival - 1)] =
+                    auto assignment =
                         nlohmann::json{{"group_rank", g},
                                        {"rank_base", base[static_cast<std::size_t>(g)]},
                                        {"world_size", base[static_cast<std::size_t>(n)]},
@@ -852,8 +1159,9 @@ private:
                                        {"master_port", master.store_port},
                                        {"restarts", restarts},
                                        {"host_in", host_in},
-                                       {"successors", successors}}
-                            .dump();
+                                       {"successors", successors}};
+                    if (g == 0) assignment["peers"] = peers;
+                    out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
                         out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
                         out_values.push_back(std::to_string(g));
@@ -868,19 +1176,99 @@ private:
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));
                 out_values.push_back(std::to_string(r));
+                for (const auto& node : nodes) {
+                    if (!node.id.empty()) members.push_back(node.id);
+                }
+                size = n;
             }
         }
+        // What collect() deletes once no node can need this round any more.
+        out_keys.push_back(key(r, "manifest"));
+        out_values.push_back(nlohmann::json{{"k", k}, {"n", size}, {"ids", members}}.dump());
         if constexpr (multi_key_store<Store>) {
             co_await s.multi_set(std::move(out_keys), std::move(out_values));
         } else {
             for (std::size_t i = 0; i < out_keys.size(); ++i) co_await s.set(out_keys[i], out_values[i]);
+        }
+        co_await collect(s, r);
+    }
+
+    // ---- key lifetime (docs/rendezvous.md, "Key lifetime") ------------------------------------
+
+    // Rounds whose keys stay in the store: the one just completed and the two before it. A node
+    // reads round q's keys only until it arrives at round q+1 (its abort, its decision, a
+    // standby's size and successors); round q+3 completes only after rounds q+1 and q+2 were
+    // aborted, so every node that is still in the job has left round q long before.
+    static constexpr int kept_rounds = 3;
+
+    // The completer of round r deletes the keys of every round up to r - kept_rounds that is
+    // not deleted yet (the job key `collected` names the first of those).
+    asio::awaitable<void> collect(Store& s, int r) {
+        const int upto = r - kept_rounds;
+        if (upto < 0) co_return;
+        const auto mark = job_key("collected");
+        int from = 0;
+        std::vector<std::string> mark_key{mark};
+        if (co_await s.check(std::move(mark_key))) {
+            const auto value = co_await s.get(mark);
+            from = checked(mark, value, "only the oldest round kept is deleted", [&](std::string_view v) {
+                       return static_cast<int>(detail::rdzv::decode_count(v, 0, upto + 1));
+                   }).value_or(upto);
+        }
+        // Bounded work: a round is deleted by the next completer at the latest, so only a gap
+        // (a round that never completed, a moved store) leaves more than one behind.
+        from = std::max(from, upto - 8);
+        for (int q = from; q <= upto; ++q) co_await collect_round(s, q);
+        co_await s.set(mark, std::to_string(upto + 1));
+    }
+
+    // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
+    // decision slot.
+    asio::awaitable<void> collect_round(Store& s, int q) {
+        std::vector<std::string> names{"count", "successors", "hosts", "size", "last_call_over", "done_count",
+                                       "all_done"};
+        const auto manifest_key = key(q, "manifest");
+        std::vector<std::string> probe{manifest_key};
+        if (co_await s.check(std::move(probe))) {
+            const auto value = co_await s.get(manifest_key);
+            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
+                                          [&](std::string_view v) {
+                                              const auto j = detail::rdzv::parse_object(v);
+                                              const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
+                                              const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
+                                              const auto ids = j.find("ids");
+                                              if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
+                                                  throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
+                                              std::vector<std::string> out;
+                                              for (const auto& id : *ids) {
+                                                  if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
+                                                  out.push_back(id.get<std::string>());
+                                              }
+                                              return std::tuple{k, n, std::move(out)};
+                                          });
+            if (manifest) {
+                const auto& [k, n, ids] = *manifest;
+                for (int i = 1; i <= k; ++i) {
+                    names.push_back(fmt::format("info/{}", i));
+                    names.push_back(fmt::format("assign/{}", i));
+                }
+                for (int g = 0; g < n; ++g) names.push_back(fmt::format("done/{}", g));
+                for (const auto& id : ids) names.push_back("member/" + id);
+            }
+            names.emplace_back("manifest");
+        }
+        for (const auto& name : names) (void)co_await s.delete_key(key(q, name));
+        for (const char* name : {"abort", "decision"}) {
+            for (int slot = 0; slot < max_slots; ++slot) {
+                if (!co_await s.delete_key(slot_key(q, name, slot))) break;
+            }
         }
     }
 
     // The monitor saw lease `name` lost (the epoch-th loss of the job).
     asio::awaitable<void> on_loss(Store& s, std::int64_t epoch, std::string name) {
         if (name == id_) co_return;
-        if (phase_ == phase::running && epoch > running_epoch_) {
+        if (phase_ == phase::running && epoch > running_epoch_ && !name.empty()) {
             co_await on_member_loss(s, round_, name);
         } else if (phase_ == phase::forming && options_.elastic()) {
             co_await complete_if_all_live(s, round_);
@@ -896,7 +1284,7 @@ private:
         lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
                                   "silent)",
                                   detail::rdzv::describe_node_id(name));
-        (void)co_await s.compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(lost));
+        (void)co_await abort_round(s, r, std::move(lost));
     }
 
     static asio::awaitable<bool> wait_for(Store& s, std::string k, std::chrono::milliseconds timeout) {
@@ -928,6 +1316,7 @@ private:
     store_rendezvous_options options_;
     std::shared_ptr<detail::rdzv::membership_log> members_;
     std::string id_;
+    std::set<std::string> warned_;  ///< key and value of every invalid value reported
     phase phase_ = phase::idle;
     int round_ = -1;
     int restarts_ = 0;

@@ -65,6 +65,8 @@ inline std::string gethostname_string() {
 /// torchrun's is_host heuristic (inventory §4.4), widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
+inline bool interface_holds(const asio::ip::address& wanted);
+
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
     const auto name = gethostname_string();
@@ -73,6 +75,11 @@ inline bool is_this_host(std::string_view host) {
     std::error_code ec;
     const auto wanted = asio::ip::make_address(std::string(host), ec);
     if (ec) return false;
+    return interface_holds(wanted);
+}
+
+/// Whether one of this host's interfaces holds `wanted`.
+inline bool interface_holds(const asio::ip::address& wanted) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return false;
     bool found = false;
@@ -98,6 +105,93 @@ inline std::string literal_for(std::string_view host) {
     return std::string(host);
 }
 
+/// The address a server named `host` binds on this node: an IP literal as given (a loopback
+/// name: 127.0.0.1); a name: the first address it resolves to, in the resolver's order
+/// (getaddrinfo, RFC 6724 as /etc/gai.conf tunes it), that this node owns — a loopback address
+/// or one an interface holds; IPv6 link-local addresses are passed over (they need a scope).
+/// Empty when the name resolves to no address of this node.
+inline std::string owned_address(std::string_view host) {
+    const auto literal = literal_for(host);
+    if (is_ip_literal(literal)) return literal;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
+    std::string chosen;
+    for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
+        asio::ip::address a;
+        if (i->ai_family == AF_INET) {
+            const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
+            a = asio::ip::address_v4(ntohl(v4->sin_addr.s_addr));
+        } else if (i->ai_family == AF_INET6) {
+            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
+            asio::ip::address_v6::bytes_type bytes;
+            std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+            const asio::ip::address_v6 six(bytes);
+            if (six.is_link_local()) continue;
+            a = six;
+        } else {
+            continue;
+        }
+        if (a.is_loopback() || interface_holds(a)) chosen = a.to_string();
+    }
+    ::freeaddrinfo(list);
+    return chosen;
+}
+
+/// Every address `host` names (an IP literal: itself; a name: what getaddrinfo gives), IPv4
+/// addresses mapped into IPv6 given as IPv4. Empty when it resolves to nothing.
+inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
+    std::vector<asio::ip::address> out;
+    std::error_code ec;
+    auto literal = asio::ip::make_address(std::string(host), ec);
+    if (!ec) {
+        out.push_back(literal);
+    } else {
+        addrinfo hints{};
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* list = nullptr;
+        if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
+        for (auto* i = list; i != nullptr; i = i->ai_next) {
+            if (i->ai_family == AF_INET) {
+                const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
+                out.emplace_back(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
+            } else if (i->ai_family == AF_INET6) {
+                const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
+                asio::ip::address_v6::bytes_type bytes;
+                std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+                out.emplace_back(asio::ip::address_v6(bytes));
+            }
+        }
+        ::freeaddrinfo(list);
+    }
+    for (auto& a : out) {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    return out;
+}
+
+/// Which peers the workers' store of a round accepts: loopback (this node's workers), and the
+/// addresses of the round's members (filled once the round is known; empty before).
+struct peer_list {
+    std::vector<asio::ip::address> allowed;
+
+    [[nodiscard]] bool accepts(asio::ip::address a) const {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+        if (a.is_loopback()) return true;
+        return std::find(allowed.begin(), allowed.end(), a) != allowed.end();
+    }
+};
+
+/// Where a server for `host` listens: owned_address(host), else every interface ("0.0.0.0"),
+/// which only a name that resolves to no address of this node comes to.
+inline std::string bind_address_for(std::string_view host) {
+    auto owned = owned_address(host);
+    return owned.empty() ? std::string("0.0.0.0") : owned;
+}
+
 }  // namespace detail::rdzv
 
 /// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
@@ -120,10 +214,11 @@ struct advertised_address {
 [[nodiscard]] inline advertised_address advertise(const launch_config& c) {
     if (c.local_addr) {
         const auto lit = detail::rdzv::literal_for(*c.local_addr);
-        return {detail::rdzv::is_ip_literal(lit) ? lit : std::string("0.0.0.0"), lit};
+        return {detail::rdzv::bind_address_for(lit), lit};
     }
     if (detail::rdzv::is_loopback(c.rendezvous_endpoint().host)) return {"127.0.0.1", "127.0.0.1"};
-    return {"0.0.0.0", host_fqdn()};
+    const auto fqdn = host_fqdn();
+    return {detail::rdzv::bind_address_for(fqdn), fqdn};
 }
 
 /// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
@@ -165,7 +260,8 @@ public:
         }
         std::string connect_host = host;
         if (want_host) {
-            const auto bind_host = detail::rdzv::is_ip_literal(host) ? host : std::string("0.0.0.0");
+            // A name: the address it resolves to on this node, not every interface.
+            const auto bind_host = detail::rdzv::bind_address_for(host);
             auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -173,7 +269,8 @@ public:
                 // read it a moment too early would heartbeat by its own values: agree_keep_alive).
                 server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
                 server_->start();
-                if (bind_host == "0.0.0.0") connect_host = "127.0.0.1";
+                // Reach it where it listens (the name may resolve to another address first).
+                connect_host = bind_host == "0.0.0.0" ? std::string("127.0.0.1") : bind_host;
             } catch (const store_error& e) {
                 if (explicit_host) {
                     throw rendezvous_error(fmt::format(

@@ -103,6 +103,10 @@ struct store_server_options {
     /// beyond reading the clock).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// Which peers may connect (docs/store.md, "Who may connect"): asked with each accepted
+    /// connection's remote address before anything is read; a refused peer is logged and
+    /// closed. Empty: everyone. For clients that cannot authenticate (PyTorch workers).
+    std::function<bool(const asio::ip::address&)> accept_peer;
 };
 
 namespace detail {
@@ -147,6 +151,9 @@ struct store_server_core {
         return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
     }
 
+    // How many `__lost/<n>` records of a lease group the server keeps (the newest ones).
+    static constexpr std::int64_t lease_lost_records_kept = 1024;
+
     // A lease ends without its holder: delete the key, count the loss in the group's epoch and
     // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
     void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
@@ -165,6 +172,10 @@ struct store_server_core {
         }
         ++leases_lost;
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        // The records do not pile up: an observer reads each one as it comes (it waits for the
+        // next by push), and a new observer starts at the epoch. Older ones than this go.
+        if (epoch > lease_lost_records_kept)
+            engine.erase(fmt::format("{}__lost/{}", space, epoch - lease_lost_records_kept));
         log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
                         store_engine::printable(key), holder, why,
                         store_engine::printable(space), epoch));
@@ -247,8 +258,7 @@ public:
         close();
     }
 
-    // Another connection took over `key` (the holder reconnected before this one was closed):
-    // it is no longer this connection's to lose.
+    // `key` was released (DELETE_KEY by its holder): it is no longer this connection's to lose.
     void forget_lease(std::string_view key) noexcept { std::erase(leases_, key); }
 
     const std::string& peer() const noexcept { return peer_; }
@@ -501,20 +511,25 @@ private:
         return {};
     }
 
-    // The key now belongs to this connection (the write has been done).
+    // Why a write (or DELETE_KEY) of `key` by this connection is refused because another live
+    // connection holds that lease, or empty. Only the holder writes its lease: otherwise any
+    // client could take a node's lease and drop it at will (a loss the job acts on), and a
+    // holder that reconnects holds a lease under a new name anyway (its old one was lost).
+    std::string lease_held_elsewhere(wire::op o, std::string_view key) const {
+        const auto it = core_->lease_holders.find(key);
+        if (it == core_->lease_holders.end() || it->second == this) return {};
+        return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
+                           "holder writes or deletes it; docs/store.md, Leases)",
+                           wire::name(o), store_engine::printable(key), it->second->peer());
+    }
+
+    // The key now belongs to this connection (the write has been done; lease_held_elsewhere
+    // refused it before if another connection held it).
     void bind_lease(std::string_view key) {
         auto& holders = core_->lease_holders;
-        auto it = holders.find(key);
-        if (it == holders.end()) {
-            it = holders.emplace(std::string(key), this).first;
-        } else if (it->second == this) {
-            return;
-        } else {
-            core_->log(fmt::format("lease '{}' moves from {} to {}", store_engine::printable(key),
-                                   it->second->peer(), peer_));
-            it->second->forget_lease(key);
-            it->second = this;
-        }
+        const auto it = holders.find(key);
+        if (it != holders.end()) return;  // this connection's already
+        holders.emplace(std::string(key), this);
         leases_.emplace_back(key);
         const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
         if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
@@ -627,6 +642,8 @@ private:
             case op::set:
                 if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
+                    return fail(why);
                 if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET");
                     !why.empty())
                     return fail(why);
@@ -637,9 +654,11 @@ private:
                 if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
                 // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
-                // bound only by the CAS that wins.
+                // bound only by the CAS that wins; one that would not write only reads.
                 const auto* before = engine.find(r.key);
                 const bool writes = before ? *before == r.expected : r.expected.empty();
+                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty())
+                    return fail(why);
                 const std::size_t reply =
                     8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
                 if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty())
@@ -706,6 +725,8 @@ private:
                 if (const auto parts = parse_lease_key(r.key)) {
                     if (parts->reserved() || parts->name.empty())
                         return fail(lease_refusal(r.operation, r.key, true));
+                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
+                        return fail(why);
                     release_lease(r.key);
                 }
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
@@ -749,6 +770,8 @@ private:
                 std::size_t growth = 0;
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     if (auto why = lease_refusal(r.operation, r.keys[i], true); !why.empty())
+                        return fail(why);
+                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty())
                         return fail(why);
                     growth += engine.growth(r.keys[i], r.values[i].size());
                 }
@@ -1023,6 +1046,16 @@ private:
                 continue;
             }
             std::error_code ignored;
+            if (core->options.accept_peer) {
+                const auto remote = socket.remote_endpoint(ignored);
+                if (ignored || !core->options.accept_peer(remote.address())) {
+                    core->log(fmt::format("refusing connection from {}: not a peer this store "
+                                          "accepts (store_server_options::accept_peer)",
+                                          detail::format_peer(socket)));
+                    socket.close(ignored);
+                    continue;
+                }
+            }
             socket.set_option(asio::ip::tcp::no_delay(true), ignored);
             if (core->connections.size() >= core->options.max_connections &&
                 !shed_unused(*core, "max_connections is reached")) {
