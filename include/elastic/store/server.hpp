@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/store/auth.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/lease.hpp"
@@ -72,6 +73,12 @@ struct store_server_options {
     /// beyond reading the clock).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// Authentication (docs/store.md, "Authentication"): with a secret, a connection must
+    /// complete the handshake (store/auth.hpp) before any request, within `auth_timeout`, or it
+    /// is closed and logged; nothing it sends reaches the key table. Without one (PyTorch's
+    /// clients cannot authenticate) every connection is served as it comes. Not empty.
+    std::optional<std::string> secret;
+    std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
 };
 
 namespace detail {
@@ -147,8 +154,11 @@ class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
         : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
-          lease_timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this) {
+          lease_timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this),
+          auth_timer_(socket_.get_executor()) {
         wake_.expires_at(asio::steady_timer::time_point::max());
+        if (core_->options.secret)
+            auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
     }
 
     store_connection(const store_connection&) = delete;
@@ -157,6 +167,7 @@ public:
     ~store_connection() { delete[] buf_; }
 
     static asio::awaitable<void> serve(std::shared_ptr<store_connection> self) {
+        if (self->auth_) self->arm_auth_timer();
         co_await self->loop();
         self->finish();
     }
@@ -167,6 +178,7 @@ public:
         socket_.close(ignored);
         wake_.cancel();
         lease_timer_.cancel();
+        auth_timer_.cancel();
     }
 
     // Another connection took over `key` (the holder reconnected before this one was closed):
@@ -267,6 +279,21 @@ private:
         while (out_.size() < core_->options.max_pending_output) {
             const std::string_view data(buf_ + begin_, end_ - begin_);
             if (data.empty() || data.size() < needed_) break;
+            if (auth_) {  // the handshake comes before anything else
+                const auto s = auth_->feed(data, out_);
+                if (s.status == store_auth::status::refused) return refuse(s.reason);
+                if (s.status == store_auth::status::need_more) {
+                    needed_ = s.size;
+                    break;
+                }
+                begin_ += s.size;
+                needed_ = 0;
+                if (auth_->done()) {
+                    auth_.reset();
+                    auth_timer_.cancel();
+                }
+                continue;
+            }
             if (!dialect_) {
                 const auto d = wire::detect_dialect(data);
                 if (d == wire::detection::need_more) {
@@ -304,6 +331,32 @@ private:
                                dialect_ == wire::dialect::current ? "current" : "legacy", reason));
         if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
         return false;
+    }
+
+    // ---- authentication ----------------------------------------------------------------------
+
+    bool refuse(std::string_view reason) {
+        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_,
+                               reason));
+        auth_.reset();  // said once
+        return false;
+    }
+
+    // A connection that has not authenticated within auth_timeout is closed: a half handshake
+    // must not hold a connection slot for ever.
+    void arm_auth_timer() {
+        auth_timer_.expires_after(core_->options.auth_timeout);
+        auth_timer_.async_wait(
+            [weak = weak_from_this()](const std::error_code& ec) {
+                const auto self = weak.lock();
+                if (ec || !self || !self->auth_) return;
+                self->core_->log(fmt::format(
+                    "closing connection from {}: authentication failed: no complete handshake "
+                    "within {} ms (store_server_options::auth_timeout)",
+                    self->peer_, self->core_->options.auth_timeout.count()));
+                self->auth_.reset();
+                self->close();
+            });
     }
 
     // ---- leases ------------------------------------------------------------------------------
@@ -526,6 +579,17 @@ private:
     // The coroutine has ended: forget every registration, lose the leases (unless the whole
     // server is stopping) and leave the server's set.
     void finish() noexcept {
+        if (auth_ && auth_->challenged() && !core_->stopped) {
+            try {
+                core_->log(fmt::format("connection from {} closed during the authentication "
+                                       "handshake, after this server's challenge: the client "
+                                       "did not accept this server's proof (it has another "
+                                       "secret) or left",
+                                       peer_));
+            } catch (...) {
+                // Out of memory for a log line: the connection ends either way.
+            }
+        }
         cancel_waits();
         if (watching_) core_->engine.unwatch(watcher_);
         watching_ = false;
@@ -574,6 +638,8 @@ private:
     clock::time_point last_heard_{};   // last read, kept only while leases_ is not empty
     bool lease_timer_armed_ = false;
     std::string close_reason_;  // why the server ended the connection, for the lease log
+    std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
+    asio::steady_timer auth_timer_;
 };
 
 }  // namespace detail
@@ -595,6 +661,12 @@ public:
                 "store_server_options: lease_heartbeat_interval {} ms and "
                 "lease_missed_heartbeats {} must both be positive",
                 o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+        if (o.secret && o.secret->empty())
+            throw store_error("store_server_options::secret is empty: give the job's secret, or "
+                              "no secret (std::nullopt) for a store without authentication");
+        if (o.secret && o.auth_timeout.count() <= 0)
+            throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
+                                          "positive", o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
