@@ -2,10 +2,14 @@
 // ranks, job-wide restarts, the stop decision, the exit barrier, PyTorch DDP across agents.
 #include "agent_support.hpp"
 
+#include <elastic/store/blocking_client.hpp>
+
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -15,6 +19,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace test_rendezvous_agents {
@@ -249,6 +254,114 @@ TEST_CASE("rendezvous agents: a join timeout ends the lone agent with exit 250 a
     INFO(j.agents[0]->err());
     CHECK(code == 250);
     CHECK(j.agents[0]->err().find("1 of 2 nodes joined within the join timeout (1 s)") != std::string::npos);
+}
+
+// A secret file of mode 0600 in `dir`.
+std::string write_secret(const temp_dir& dir, const std::string& name, const std::string& secret) {
+    const auto path = (dir.path() / name).string();
+    std::ofstream(path) << secret << "\n";
+    REQUIRE(::chmod(path.c_str(), 0600) == 0);
+    return path;
+}
+
+elastic::store_client_options stranger(int port, std::optional<std::string> secret) {
+    elastic::store_client_options o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<std::uint16_t>(port);
+    o.dialect = elastic::client_dialect::legacy;
+    o.secret = std::move(secret);
+    o.connect_timeout = std::chrono::seconds(120);  // retried (refused) until the host listens
+    o.timeout = std::chrono::seconds(120);
+    return o;
+}
+
+TEST_CASE("rendezvous agents: a job with a secret completes; strangers at its rendezvous port are refused") {
+    temp_dir dir;
+    const int port = free_port();
+    const auto secret_file = write_secret(dir, "secret", "correct horse battery staple");
+    job j;
+    // The host reads the secret from a file; the other agent from ELASTIC_RDZV_SECRET.
+    auto host = c10d_args(port, 2, 1, "secret");
+    host.push_back("--rdzv-conf=is_host=true,secret_file=" + secret_file);
+    j.start(with_worker(host), node_env(dir, "*:env", 0));
+    // While the host waits for the second node: a client without the secret, and one with
+    // another secret, are both turned away, and neither reads nor writes a key.
+    {
+        elastic::blocking_store_client raw(stranger(port, std::nullopt));
+        CHECK_THROWS_WITH_AS(raw.get("/rdzv/secret/keep_alive"), doctest::Contains("closed the connection"),
+                             elastic::store_error);
+        elastic::blocking_store_client wrong(stranger(port, std::string("guess")));
+        CHECK_THROWS_WITH_AS(wrong.set("/rdzv/secret/abort", "forged"),
+                             doctest::Contains("the server was given another secret"), elastic::store_auth_error);
+    }
+    auto env = node_env(dir, "*:env", 1);
+    env["ELASTIC_RDZV_SECRET"] = "correct horse battery staple";
+    j.start(with_worker(c10d_args(port, 2, 1, "secret")), env);
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+        CHECK(j.agents[i]->err().find("accepts any client") == std::string::npos);
+    }
+    const auto envs = envs_of(dir, 0, 2);
+    REQUIRE(envs.size() == 2);
+    for (const auto& [rank, e] : envs) {
+        CAPTURE(rank);
+        CHECK(e.count("ELASTIC_RDZV_SECRET") == 0);  // the workers never see the secret
+    }
+    // The host's store said whom it refused and why.
+    const auto& log = j.agents[0]->err();
+    CHECK(log.find("closing connection from 127.0.0.1:") != std::string::npos);
+    CHECK(log.find("authentication failed: it sent a TCPStore request of the PyTorch 1.13 dialect") !=
+          std::string::npos);
+    CHECK(log.find("after this server's challenge") != std::string::npos);
+}
+
+TEST_CASE("rendezvous agents: an agent with the wrong secret exits 250 naming the secret; the job goes on") {
+    temp_dir dir;
+    const int port = free_port();
+    const auto secret_file = write_secret(dir, "secret", "right");
+    const auto wrong_file = write_secret(dir, "wrong", "wrong");
+    job j;
+    auto host = c10d_args(port, 2, 1, "wrong-secret");
+    host.push_back("--rdzv-conf=is_host=true,secret_file=" + secret_file);
+    j.start(with_worker(host), node_env(dir, "", 0));
+    auto intruder = c10d_args(port, 2, 1, "wrong-secret");
+    intruder.push_back("--rdzv-conf=secret_file=" + wrong_file);
+    launched bad(with_worker(intruder), node_env(dir, "", 1));
+    const int code = bad.wait();
+    INFO(bad.err());
+    CHECK(code == 250);
+    CHECK(bad.err().find(fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's "
+                                     "secret",
+                                     port)) != std::string::npos);
+    CHECK(bad.err().find("--rdzv-conf secret_file=PATH, or ELASTIC_RDZV_SECRET") != std::string::npos);
+    // The right node still completes the job with the host.
+    auto good = c10d_args(port, 2, 1, "wrong-secret");
+    good.push_back("--rdzv-conf=secret_file=" + secret_file);
+    j.start(with_worker(good), node_env(dir, "", 2));
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+    }
+}
+
+TEST_CASE("rendezvous agents: a multi-node job without a secret warns once, naming the port") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) j.start(with_worker(c10d_args(port, 2, 1, "open")), node_env(dir, "", node));
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        const auto& err = j.agents[i]->err();
+        INFO(err);
+        CHECK(j.codes[i] == 0);
+        const auto warning = fmt::format("(port {}) accepts any client", port);
+        const auto at = err.find(warning);
+        CHECK(at != std::string::npos);
+        CHECK(err.find(warning, at + 1) == std::string::npos);
+    }
 }
 
 TEST_CASE("rendezvous agents: PyTorch DDP (gloo) across two agents, all_reduce correct, also after a restart") {
