@@ -285,7 +285,8 @@ TEST_CASE("rendezvous agents: a job with a secret completes; strangers at its re
     host.push_back("--rdzv-conf=is_host=true,secret_file=" + secret_file);
     j.start(with_worker(host), node_env(dir, "*:env", 0));
     // While the host waits for the second node: a client without the secret, and one with
-    // another secret, are both turned away, and neither reads nor writes a key.
+    // another secret, are both turned away, and neither reads nor writes a key. (The first
+    // connects once the host listens, so the second node, started after, cannot host.)
     {
         elastic::blocking_store_client raw(stranger(port, std::nullopt));
         CHECK_THROWS_WITH_AS(raw.get("/rdzv/secret/keep_alive"), doctest::Contains("closed the connection"),
@@ -327,8 +328,14 @@ TEST_CASE("rendezvous agents: an agent with the wrong secret exits 250 naming th
     auto host = c10d_args(port, 2, 1, "wrong-secret");
     host.push_back("--rdzv-conf=is_host=true,secret_file=" + secret_file);
     j.start(with_worker(host), node_env(dir, "", 0));
+    // The host listens (a client of the right secret is let in) before the others start, and
+    // they are told not to host: otherwise the intruder could bind the port first.
+    {
+        elastic::blocking_store_client probe(stranger(port, std::string("right")));
+        CHECK_NOTHROW(probe.connect());
+    }
     auto intruder = c10d_args(port, 2, 1, "wrong-secret");
-    intruder.push_back("--rdzv-conf=secret_file=" + wrong_file);
+    intruder.push_back("--rdzv-conf=is_host=false,secret_file=" + wrong_file);
     launched bad(with_worker(intruder), node_env(dir, "", 1));
     const int code = bad.wait();
     INFO(bad.err());
@@ -339,7 +346,7 @@ TEST_CASE("rendezvous agents: an agent with the wrong secret exits 250 naming th
     CHECK(bad.err().find("--rdzv-conf secret_file=PATH, or ELASTIC_RDZV_SECRET") != std::string::npos);
     // The right node still completes the job with the host.
     auto good = c10d_args(port, 2, 1, "wrong-secret");
-    good.push_back("--rdzv-conf=secret_file=" + secret_file);
+    good.push_back("--rdzv-conf=is_host=false,secret_file=" + secret_file);
     j.start(with_worker(good), node_env(dir, "", 2));
     j.wait_all();
     for (std::size_t i = 0; i < j.agents.size(); ++i) {

@@ -79,8 +79,7 @@ void check_untouched(fixture& f) {
     CHECK(*v == "v");
 }
 
-// A client hello with a fixed nonce, and the proof a client that knows `s` would send after
-// reading `challenge`.
+// The hello `c` sends first.
 std::string hello_bytes(auth::client_handshake& c) {
     std::string out;
     c.start(out);
