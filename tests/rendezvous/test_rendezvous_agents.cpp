@@ -2,6 +2,7 @@
 // ranks, job-wide restarts, the stop decision, the exit barrier, PyTorch DDP across agents.
 #include "agent_support.hpp"
 
+#include <elastic/rendezvous/tcp_rendezvous.hpp>
 #include <elastic/store/blocking_client.hpp>
 
 #include <doctest/doctest.h>
@@ -273,6 +274,74 @@ elastic::store_client_options stranger(int port, std::optional<std::string> secr
     o.connect_timeout = std::chrono::seconds(120);  // retried (refused) until the host listens
     o.timeout = std::chrono::seconds(120);
     return o;
+}
+
+TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC_RDZV_SECRET, never reaches workers") {
+    temp_dir dir;
+    std::vector<std::string> warnings;
+    const auto warn = [&](std::string_view line) { warnings.emplace_back(line); };
+    // A file: trailing line breaks stripped; the variable is removed from the environment even
+    // though the file wins.
+    {
+        elastic::launch_config c;
+        c.rdzv_conf.secret_file = write_secret(dir, "s1", "abc\r");
+        elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}, {"PATH", "/bin"}};
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(c.rdzv_conf.secret == std::optional<std::string>("abc"));
+        CHECK(env.count("ELASTIC_RDZV_SECRET") == 0);
+        CHECK(env.count("PATH") == 1);
+        CHECK(warnings.empty());
+    }
+    // The variable alone.
+    {
+        elastic::launch_config c;
+        elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}};
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(c.rdzv_conf.secret == std::optional<std::string>("from-env"));
+        CHECK(env.empty());
+    }
+    // Neither: no secret.
+    {
+        elastic::launch_config c;
+        elastic::environment env;
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(!c.rdzv_conf.secret);
+    }
+    // A file others may read: a warning naming it and chmod 600.
+    {
+        elastic::launch_config c;
+        const auto path = write_secret(dir, "s2", "abc");
+        REQUIRE(::chmod(path.c_str(), 0644) == 0);
+        c.rdzv_conf.secret_file = path;
+        elastic::environment env;
+        elastic::load_rendezvous_secret(c, env, warn);
+        REQUIRE(warnings.size() == 1);
+        CHECK(warnings[0].find(path) != std::string::npos);
+        CHECK(warnings[0].find("mode 0644); chmod 600") != std::string::npos);
+    }
+    // Empty secrets, and a missing file, are usage errors.
+    {
+        elastic::launch_config c;
+        c.rdzv_conf.secret_file = write_secret(dir, "s3", "");
+        elastic::environment env;
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("the file is empty"),
+                             elastic::usage_error);
+        c.rdzv_conf.secret_file = (dir.path() / "missing").string();
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("cannot read it"),
+                             elastic::usage_error);
+        elastic::launch_config d;
+        elastic::environment empty{{"ELASTIC_RDZV_SECRET", ""}};
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(d, empty, warn),
+                             doctest::Contains("ELASTIC_RDZV_SECRET is set but empty"), elastic::usage_error);
+    }
+    // --rdzv-conf reads secret_file for static and c10d, not etcd-v3.
+    CHECK(elastic::parse_rendezvous_settings("secret_file=/x", "--rdzv-conf", elastic::rendezvous_backend::c10d)
+              .secret_file == std::optional<std::string>("/x"));
+    CHECK(elastic::parse_rendezvous_settings("secret_file=/x", "--rdzv-conf", elastic::rendezvous_backend::static_)
+              .secret_file == std::optional<std::string>("/x"));
+    CHECK_THROWS_AS((void)elastic::parse_rendezvous_settings("secret_file=/x", "--rdzv-conf",
+                                                             elastic::rendezvous_backend::etcd_v3),
+                    elastic::usage_error);
 }
 
 TEST_CASE("rendezvous agents: a job with a secret completes; strangers at its rendezvous port are refused") {
