@@ -145,6 +145,7 @@ public:
     bool erase(std::string_view key) {
         const auto it = table_.find(key);
         if (it == table_.end()) return false;
+        table_bytes_ -= entry_bytes(it->first.size(), it->second.size());
         if (const auto w = watchers_.find(key); w != watchers_.end()) {
             const std::string old = std::move(it->second);
             table_.erase(it);
@@ -166,6 +167,29 @@ public:
     /// The number of keys.
     std::size_t size() const noexcept { return table_.size(); }
 
+    /// Bytes the engine holds for keys, values and awaited keys, counted as their lengths plus
+    /// a fixed overhead per entry (the hash node and the string headers). Not the allocator's
+    /// exact figure, but it grows and shrinks with every entry, which is what a memory limit
+    /// needs (store_server_options::max_memory).
+    std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_; }
+
+    /// Bytes that writing `value_size` bytes under `key` would add (0 when it would not grow).
+    std::size_t growth(std::string_view key, std::size_t value_size) const {
+        const auto* v = find(key);
+        if (!v) return entry_bytes(key.size(), value_size);
+        return value_size > v->size() ? value_size - v->size() : 0;
+    }
+
+    /// What one entry of `key_size` and `value_size` bytes is counted as.
+    static constexpr std::size_t entry_bytes(std::size_t key_size, std::size_t value_size) {
+        return key_size + value_size + entry_overhead;
+    }
+    /// What one awaited key is counted as (the engine keeps it twice: in its index and in the
+    /// waiter's own list, for cancel).
+    static constexpr std::size_t awaited_bytes(std::size_t key_size) {
+        return 2 * key_size + entry_overhead;
+    }
+
     /// Calls `f(key, value)` for every entry.
     template <class F>
     void for_each(F&& f) const {
@@ -185,6 +209,7 @@ public:
             it->second.push_back(&w);
             w.keys_.emplace_back(key);
             ++w.pending_;
+            waiter_bytes_ += awaited_bytes(key.size());
         }
         return w.pending_ == 0;
     }
@@ -196,7 +221,7 @@ public:
             const auto it = waiters_.find(std::string_view(k));
             if (it == waiters_.end()) continue;
             auto& list = it->second;
-            std::erase(list, &w);
+            waiter_bytes_ -= std::erase(list, &w) * awaited_bytes(k.size());
             if (list.empty()) waiters_.erase(it);
         }
         w.keys_.clear();
@@ -261,8 +286,14 @@ private:
         const auto watched = watchers_.find(key);
         std::string old;
         if (watched != watchers_.end() && !created) old = it->second;
-        if (created) it = table_.emplace(std::string(key), std::string{}).first;
+        if (created) {
+            it = table_.emplace(std::string(key), std::string{}).first;
+            table_bytes_ += entry_bytes(key.size(), 0);
+        }
+        const std::size_t before = it->second.size();
         mutate(it->second, created);
+        table_bytes_ += it->second.size();
+        table_bytes_ -= before;
         if (watched != watchers_.end()) {
             const auto kind = created ? store_change::created : change;
             for (auto* w : watched->second) w->on_change(kind, key, old, it->second);
@@ -275,6 +306,7 @@ private:
         if (it == waiters_.end()) return;
         waiter_list list = std::move(it->second);
         waiters_.erase(it);
+        waiter_bytes_ -= list.size() * awaited_bytes(key.size());
         for (auto* w : list) {
             // A waiter listed twice under this key (WAIT [k, k]) counts twice; it is ready at
             // its last registration, after which no list holds it any more.
@@ -288,6 +320,10 @@ private:
     std::unordered_map<std::string, std::string, store_string_hash, std::equal_to<>> table_;
     std::unordered_map<std::string, waiter_list, store_string_hash, std::equal_to<>> waiters_;
     std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
+    std::size_t table_bytes_ = 0;   // entry_bytes of every key and value
+    std::size_t waiter_bytes_ = 0;  // awaited_bytes of every registration not yet consumed
+
+    static constexpr std::size_t entry_overhead = 64;
 };
 
 }  // namespace elastic::inline v0::detail

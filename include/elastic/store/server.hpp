@@ -42,6 +42,10 @@
 #include <variant>
 #include <vector>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 namespace elastic::inline v0 {
 
 /// Where the server's log lines go (one line per call, no trailing newline). The agent may
@@ -62,6 +66,32 @@ struct store_server_options {
     std::size_t max_waits_per_connection = 4096;
     /// Replies buffered before the server stops reading that connection's requests and writes.
     std::size_t max_pending_output = 4 * 1024 * 1024;
+    /// The largest reply one request may ask for (MULTI_GET, LIST_KEYS), checked before the
+    /// reply is built; a request asking for more closes its connection.
+    std::size_t max_reply_size = 64 * 1024 * 1024;
+    /// Bytes queued for one connection that it has not read: replies and pushed notifications
+    /// (WAIT wake-ups, WATCH_KEY changes). A client that stops reading is disconnected when its
+    /// queue would pass this, never buffered without end. At least max_pending_output plus
+    /// max_reply_size, and room for a WATCH_KEY notification of two values.
+    std::size_t max_queued_output = 128 * 1024 * 1024;
+    /// Bytes the whole server may hold: keys and values, awaited keys, requests being read and
+    /// replies being written. A request that would pass it is refused (its connection closed,
+    /// the refusal logged); the store keeps serving everyone else.
+    std::size_t max_memory = std::size_t{1} << 30;
+    /// Once the first byte of a request has arrived, the whole request must arrive within this
+    /// (and a reply being written must be taken by the client within it); otherwise the
+    /// connection is closed. Zero disables it.
+    std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
+    /// A connection that sends nothing for this long while it holds no WAIT, WATCH_KEY or lease
+    /// is closed. Zero (the default) keeps idle connections: PyTorch's clients hold theirs for
+    /// the whole job, idle between collectives' set-up, and do not reconnect.
+    std::chrono::milliseconds idle_timeout{0};
+    /// Out of descriptors or at max_connections, a new client is served by closing the newest
+    /// connection that has never sent a request and has been open at least this long (an
+    /// idle flood's, typically; a fresh client has its first request on the way). When there
+    /// is no such connection the new one is accepted and closed at once, never left hanging in
+    /// the kernel's backlog. Empty: never close one connection for another.
+    std::optional<std::chrono::milliseconds> shed_unused_after{std::chrono::seconds(1)};
     /// Log sink; empty means stderr.
     store_log log;
     /// Called after each request has run (tracing, metrics, tests); may be empty.
@@ -89,7 +119,27 @@ class store_connection;
 // the server object is gone still finds its engine.
 struct store_server_core {
     store_server_core(const asio::any_io_executor& ex, store_server_options opts)
-        : executor(ex), acceptor(ex), resume_accept(ex), options(std::move(opts)) {}
+        : executor(ex), acceptor(ex), resume_accept(ex), options(std::move(opts)) {
+        reserve_descriptor();
+    }
+
+    store_server_core(const store_server_core&) = delete;
+    store_server_core& operator=(const store_server_core&) = delete;
+
+    ~store_server_core() { release_descriptor(); }
+
+    // Bytes held now: the key table and its waiters, and every connection's buffers.
+    std::size_t held() const noexcept { return engine.bytes() + buffered; }
+
+    // One descriptor kept open for the moment the process runs out: closing it lets the
+    // acceptor take the waiting client, to be refused with a log line instead of left hanging.
+    void reserve_descriptor() noexcept {
+        if (spare_fd < 0) spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    void release_descriptor() noexcept {
+        if (spare_fd >= 0) ::close(spare_fd);
+        spare_fd = -1;
+    }
 
     void log(std::string_view line) const {
         if (options.log)
@@ -136,8 +186,16 @@ struct store_server_core {
     std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>>
         lease_holders;
     std::uint64_t leases_lost = 0;
+    std::size_t buffered = 0;  // bytes in the connections' input and output buffers
+    int spare_fd = -1;         // reserve_descriptor()
     bool stopped = false;
 };
+
+// Whether a client waits in the listening socket's queue (never blocks).
+inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
+    pollfd p{acceptor.native_handle(), POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
 
 inline std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
@@ -154,8 +212,8 @@ class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
         : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
-          lease_timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this),
-          auth_timer_(socket_.get_executor()) {
+          timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this),
+          opened_(clock::now()), last_heard_(opened_) {
         wake_.expires_at(asio::steady_timer::time_point::max());
         if (core_->options.secret)
             auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
@@ -167,7 +225,6 @@ public:
     ~store_connection() { delete[] buf_; }
 
     static asio::awaitable<void> serve(std::shared_ptr<store_connection> self) {
-        if (self->auth_) self->arm_auth_timer();
         co_await self->loop();
         self->finish();
     }
@@ -177,8 +234,25 @@ public:
         socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         socket_.close(ignored);
         wake_.cancel();
-        lease_timer_.cancel();
-        auth_timer_.cancel();
+        timer_.cancel();
+    }
+
+    // Whether the server may close this connection to serve a new client (out of descriptors
+    // or at max_connections): it has never sent a request nor begun one, holds nothing, and
+    // has been open at least `after`.
+    bool unused_since(std::chrono::steady_clock::time_point now,
+                      std::chrono::steady_clock::duration after) const noexcept {
+        return requests_ == 0 && begin_ == end_ && waits_.empty() && !watching_ &&
+               leases_.empty() && socket_.is_open() && now - opened_ >= after;
+    }
+    std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
+
+    // Closes the connection for the reason given (logged, and kept for the lease log).
+    void expire(std::string reason) {
+        if (!socket_.is_open()) return;
+        core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
+        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+        close();
     }
 
     // Another connection took over `key` (the holder reconnected before this one was closed):
@@ -203,10 +277,13 @@ private:
         explicit key_watcher(store_connection& c) : conn(c) {}
         void on_change(store_change change, std::string_view key, std::string_view old_value,
                        std::string_view new_value) override {
+            if (!conn.room_to_push(1 + 3 * 8 + key.size() + old_value.size() + new_value.size()))
+                return;
             wire::put_u8(conn.out_, static_cast<std::uint8_t>(change));
             wire::put_bytes(conn.out_, key);
             wire::put_bytes(conn.out_, old_value);
             wire::put_bytes(conn.out_, new_value);
+            conn.account();
             conn.wake_.cancel();
         }
         store_connection& conn;
@@ -224,12 +301,20 @@ private:
         for (;;) {
             // After a malformed request the replies to the requests before it still go out.
             const bool ok = process();
-            if (!out_.empty()) {
+            account();
+            schedule();
+            if (!out_.empty() && socket_.is_open()) {
                 wbuf_.swap(out_);
+                write_since_ = clock::now();
+                schedule();
                 const auto [ec, n] =
                     co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
                 (void)n;
+                write_since_.reset();
                 wbuf_.clear();
+                // A large reply grew the buffer: give the memory back once it is written.
+                if (wbuf_.capacity() > 1024 * 1024) std::string().swap(wbuf_);
+                account();
                 if (ec) co_return;
                 if (ok) continue;
             }
@@ -246,37 +331,111 @@ private:
                 }
                 if (std::get<0>(std::get<0>(which))) co_return;
             }
-            reserve();
+            if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(
                 asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
-            if (!leases_.empty()) last_heard_ = clock::now();  // the only per-read lease cost
+            last_heard_ = clock::now();  // the only per-read cost of the deadlines
         }
     }
 
-    // Makes room for the next read: at least what the pending request needs, at least 4 KiB.
-    void reserve() {
+    // ---- memory ------------------------------------------------------------------------------
+
+    // Tells the server how many bytes this connection's buffers hold now.
+    void account() noexcept {
+        const std::size_t now = cap_ + out_.capacity() + wbuf_.capacity();
+        core_->buffered += now;
+        core_->buffered -= accounted_;
+        accounted_ = now;
+    }
+
+    // Why `n` more bytes for `what` would pass the server's memory limit; empty when they fit.
+    std::string no_memory_for(std::size_t n, std::string_view what) const {
+        const auto& o = core_->options;
+        const std::size_t held = core_->held();
+        if (n <= o.max_memory && held <= o.max_memory - n) return {};
+        return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
+                           "(store_server_options::max_memory); the store is full",
+                           what, n, held, o.max_memory);
+    }
+
+    // What appending `n` bytes to `out_` allocates: std::string grows its capacity by doubling,
+    // so a queue of 32 MiB that takes 2 MiB more takes 32 MiB more of memory.
+    std::size_t output_growth(std::size_t n) const noexcept {
+        const std::size_t need = out_.size() + n;
+        if (need <= out_.capacity()) return 0;
+        return std::max(need, 2 * out_.capacity()) - out_.capacity();
+    }
+
+    // Why a reply of `n` bytes to `what` cannot be queued; empty when it can.
+    std::string no_room_for_reply(std::size_t n, std::string_view what) const {
+        const auto& o = core_->options;
+        if (n > o.max_reply_size)
+            return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
+                               "(store_server_options::max_reply_size); ask for fewer keys",
+                               what, n, o.max_reply_size);
+        if (out_.size() + n > o.max_queued_output)
+            return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
+                               "more (store_server_options::max_queued_output)",
+                               out_.size(), what, n);
+        return no_memory_for(output_growth(n), what);
+    }
+
+    // Whether a notification of `n` bytes may be queued; if not, the client, which is not
+    // reading what it is sent, is disconnected.
+    bool room_to_push(std::size_t n) {
+        if (!socket_.is_open()) return false;
+        const auto& o = core_->options;
+        const std::size_t queued = out_.size() + wbuf_.size();
+        std::string why;
+        if (queued + n > o.max_queued_output)
+            why = fmt::format("it does not read what it is sent: {} bytes of replies and "
+                              "notifications are queued for it, and {} more would pass "
+                              "store_server_options::max_queued_output ({})",
+                              queued, n, o.max_queued_output);
+        else if (auto full = no_memory_for(output_growth(n), "its next notification");
+                 !full.empty())
+            why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
+                              "and {}",
+                              queued, full);
+        if (why.empty()) return true;
+        expire(std::move(why));
+        return false;
+    }
+
+    // Makes room for the next read; false (logged) when the server's memory limit forbids it.
+    // The buffer grows with the bytes that arrive, at most doubling, never to the size a
+    // request's header announces: a client that announces 16 MiB and sends 10 bytes holds
+    // 4 KiB, not 16 MiB.
+    bool reserve() {
         const std::size_t have = end_ - begin_;
-        const std::size_t want = std::max<std::size_t>(needed_ > have ? needed_ - have : 0, 4096);
-        if (cap_ - end_ >= want) return;
+        std::size_t want = 4096;
+        if (needed_ > have)
+            want = std::max(want, std::min(needed_ - have, have));
+        if (cap_ - end_ >= want) return true;
         if (begin_ > 0) {
             std::memmove(buf_, buf_ + begin_, have);
             begin_ = 0;
             end_ = have;
-            if (cap_ - end_ >= want) return;
+            if (cap_ - end_ >= want) return true;
         }
         const std::size_t cap = std::max(cap_ * 2, have + want);
+        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty())
+            return fail(why);
         char* bigger = new char[cap];
         if (have) std::memcpy(bigger, buf_, have);
         delete[] buf_;
         buf_ = bigger;
         cap_ = cap;
+        account();
+        return true;
     }
 
     // Runs every complete request in the buffer; false closes the connection.
     bool process() {
-        while (out_.size() < core_->options.max_pending_output) {
+        bool completed = false;  // a request ran: a partial one after it is a new one
+        while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
             const std::string_view data(buf_ + begin_, end_ - begin_);
             if (data.empty() || data.size() < needed_) break;
             if (auth_) {  // the handshake comes before anything else
@@ -288,10 +447,7 @@ private:
                 }
                 begin_ += s.size;
                 needed_ = 0;
-                if (auth_->done()) {
-                    auth_.reset();
-                    auth_timer_.cancel();
-                }
+                if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
                 continue;
             }
             if (!dialect_) {
@@ -311,6 +467,8 @@ private:
             if (r.status == wire::parse_status::malformed) return fail(r.reason);
             needed_ = 0;
             if (!execute()) return false;
+            ++requests_;
+            completed = true;
             begin_ += r.size;
             if (core_->options.on_request) core_->options.on_request(req_.operation);
         }
@@ -323,6 +481,12 @@ private:
                 cap_ = 0;
             }
         }
+        // The request timeout runs from the first byte of the request at the head of the
+        // buffer: restarted by every request that completes, stopped when none is begun.
+        if (begin_ == end_ || end_ - begin_ >= needed_)
+            partial_since_.reset();
+        else if (completed || !partial_since_)
+            partial_since_ = clock::now();
         return true;
     }
 
@@ -340,23 +504,6 @@ private:
                                reason));
         auth_.reset();  // said once
         return false;
-    }
-
-    // A connection that has not authenticated within auth_timeout is closed: a half handshake
-    // must not hold a connection slot for ever.
-    void arm_auth_timer() {
-        auth_timer_.expires_after(core_->options.auth_timeout);
-        auth_timer_.async_wait(
-            [weak = weak_from_this()](const std::error_code& ec) {
-                const auto self = weak.lock();
-                if (ec || !self || !self->auth_) return;
-                self->core_->log(fmt::format(
-                    "closing connection from {}: authentication failed: no complete handshake "
-                    "within {} ms (store_server_options::auth_timeout)",
-                    self->peer_, self->core_->options.auth_timeout.count()));
-                self->auth_.reset();
-                self->close();
-            });
     }
 
     // ---- leases ------------------------------------------------------------------------------
@@ -401,7 +548,7 @@ private:
         const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
         if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
         last_heard_ = clock::now();
-        if (!lease_timer_armed_) arm_lease_timer(last_heard_ + core_->lease_timeout());
+        schedule();
     }
 
     // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
@@ -414,38 +561,91 @@ private:
         holders.erase(it);
     }
 
-    // One timer per leasing connection. It is not moved by each request (that would cost a
-    // cancel per request); it fires at the deadline computed from the last read, and then
-    // either re-arms for the remaining time or ends the connection.
-    void arm_lease_timer(clock::time_point at) {
-        lease_timer_armed_ = true;
-        lease_timer_.expires_at(at);
-        lease_timer_.async_wait(
-            [weak = weak_from_this()](const std::error_code& ec) {
-                const auto self = weak.lock();
-                if (!self) return;
-                self->lease_timer_armed_ = false;
-                if (!ec) self->lease_timer_fired();
-            });
+    // ---- deadlines ---------------------------------------------------------------------------
+
+    // One timer per connection for every deadline it has: a lease's silence, a request begun
+    // and not finished, a reply the client does not take, idleness. It is not moved by each
+    // request (that would cost a cancel per request): it fires at the earliest deadline known
+    // when it was armed, and then either closes the connection or re-arms for what is left.
+    std::optional<clock::time_point> next_deadline() const {
+        std::optional<clock::time_point> at;
+        const auto consider = [&](clock::time_point t) {
+            if (!at || t < *at) at = t;
+        };
+        const auto& o = core_->options;
+        if (!leases_.empty()) consider(last_heard_ + core_->lease_timeout());
+        if (o.request_timeout.count() > 0) {
+            if (partial_since_) consider(*partial_since_ + o.request_timeout);
+            if (write_since_) consider(*write_since_ + o.request_timeout);
+        }
+        if (o.idle_timeout.count() > 0 && idle()) consider(last_heard_ + o.idle_timeout);
+        // Half a handshake must not hold a connection: it has auth_timeout from the accept.
+        if (auth_) consider(opened_ + o.auth_timeout);
+        return at;
     }
 
-    void lease_timer_fired() {
-        if (leases_.empty() || !socket_.is_open()) return;
+    // Nothing to wait for on this connection's behalf (the idle timeout's subject).
+    bool idle() const noexcept {
+        return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() &&
+               !write_since_;
+    }
+
+    // Arms the timer for the next deadline unless it is armed for an earlier one already.
+    void schedule() {
+        if (!socket_.is_open()) return;
+        const auto at = next_deadline();
+        if (!at || (timer_armed_ && timer_at_ <= *at)) return;
+        timer_armed_ = true;
+        timer_at_ = *at;
+        const auto generation = ++timer_generation_;  // a re-arm cancels the wait before it
+        timer_.expires_at(*at);
+        timer_.async_wait([weak = weak_from_this(), generation](const std::error_code& ec) {
+            const auto self = weak.lock();
+            if (!self || self->timer_generation_ != generation) return;
+            self->timer_armed_ = false;
+            if (!ec) self->deadline_passed();
+        });
+    }
+
+    void deadline_passed() {
+        if (!socket_.is_open()) return;
         const auto now = clock::now();
-        const auto deadline = last_heard_ + core_->lease_timeout();
-        if (now < deadline) {
-            arm_lease_timer(deadline);
+        const auto& o = core_->options;
+        const auto ms = [](clock::duration d) {
+            return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+        };
+        if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
+            close_reason_ = fmt::format(
+                "silent for {} ms ({} missed heartbeats of {} ms; "
+                "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                ms(now - last_heard_), o.lease_missed_heartbeats,
+                o.lease_heartbeat_interval.count());
+            core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+            close();
             return;
         }
-        const auto silent =
-            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_);
-        close_reason_ = fmt::format(
-            "silent for {} ms ({} missed heartbeats of {} ms; "
-            "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-            silent.count(), core_->options.lease_missed_heartbeats,
-            core_->options.lease_heartbeat_interval.count());
-        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
-        close();
+        if (auth_ && now >= opened_ + o.auth_timeout) {
+            auth_.reset();  // said once
+            return expire(fmt::format("authentication failed: no complete handshake within {} "
+                                      "ms (store_server_options::auth_timeout)",
+                                      o.auth_timeout.count()));
+        }
+        if (o.request_timeout.count() > 0 && partial_since_ &&
+            now >= *partial_since_ + o.request_timeout)
+            return expire(fmt::format(
+                "a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                "arrived; store_server_options::request_timeout is {} ms)",
+                ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+        if (o.request_timeout.count() > 0 && write_since_ &&
+            now >= *write_since_ + o.request_timeout)
+            return expire(fmt::format(
+                "it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                "request_timeout)",
+                wbuf_.size(), ms(now - *write_since_)));
+        if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
+            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)",
+                                      ms(now - last_heard_)));
+        schedule();
     }
 
     bool execute() {
@@ -464,6 +664,9 @@ private:
             case op::set:
                 if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET");
+                    !why.empty())
+                    return fail(why);
                 engine.set(r.key, r.value);
                 if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
@@ -474,6 +677,16 @@ private:
                 // bound only by the CAS that wins.
                 const auto* before = engine.find(r.key);
                 const bool writes = before ? *before == r.expected : r.expected.empty();
+                const std::size_t reply =
+                    8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
+                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty())
+                    return fail(why);
+                if (writes)
+                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) +
+                                                     output_growth(reply),
+                                                 "COMPARE_SET");
+                        !why.empty())
+                        return fail(why);
                 wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
                 if (writes && parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
@@ -481,6 +694,8 @@ private:
             case op::get: {
                 // Missing: an empty value, like the libuv server (clients WAIT first anyway).
                 const auto* v = engine.find(r.key);
+                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty())
+                    return fail(why);
                 wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
                 return true;
             }
@@ -503,6 +718,9 @@ private:
                     return fail(fmt::format("{} WAITs pending on one connection reach the limit "
                                             "(store_server_options::max_waits_per_connection)",
                                             waits_.size()));
+                std::size_t awaited = 0;
+                for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
+                if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
                 auto& w = waits_.emplace_back(*this);
                 w.self = std::prev(waits_.end());
                 if (engine.wait(w, r.keys)) {
@@ -532,35 +750,70 @@ private:
             case op::append:
                 if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
+                if (const auto* v = engine.find(r.key);
+                    v && v->size() + r.value.size() > core_->options.limits.max_value_size)
+                    return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
+                                            "bytes, over the limit of {} "
+                                            "(wire::limits::max_value_size)",
+                                            r.value.size(), store_engine::printable(r.key),
+                                            v->size() + r.value.size(),
+                                            core_->options.limits.max_value_size));
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND");
+                    !why.empty())
+                    return fail(why);
                 engine.append(r.key, r.value);
                 return true;
-            case op::multi_get:
+            case op::multi_get: {
+                // The reply's size is known before it is built: a request naming one large
+                // value many times is refused, not answered with gigabytes.
+                std::size_t reply = 0;
+                for (const auto k : r.keys) {
+                    const auto* v = engine.find(k);
+                    reply += 8 + (v ? v->size() : 0);
+                }
+                if (auto why = no_room_for_reply(
+                        reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
+                    !why.empty())
+                    return fail(why);
                 for (const auto k : r.keys) {
                     const auto* v = engine.find(k);
                     wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
                 }
                 return true;
-            case op::multi_set:
+            }
+            case op::multi_set: {
                 // All or nothing: a refused lease key refuses the whole request.
-                for (const auto k : r.keys)
-                    if (auto why = lease_refusal(r.operation, k, true); !why.empty())
+                std::size_t growth = 0;
+                for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                    if (auto why = lease_refusal(r.operation, r.keys[i], true); !why.empty())
                         return fail(why);
+                    growth += engine.growth(r.keys[i], r.values[i].size());
+                }
+                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty())
+                    return fail(why);
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     engine.set(r.keys[i], r.values[i]);
                     if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
                 }
                 return true;
+            }
             case op::cancel_wait:
                 // Any STOP_WAITING already queued stays in front of this reply: a client that
                 // raced reads 0x00 then 0x01, as PyTorch's client expects (wire §1.4).
                 cancel_waits();
                 wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
                 return true;
-            case op::list_keys:
+            case op::list_keys: {
+                std::size_t reply = 8;
+                engine.for_each(
+                    [&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
+                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty())
+                    return fail(why);
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
                 engine.for_each(
                     [&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
                 return true;
+            }
             case op::queue_push:
             case op::queue_pop:
             case op::queue_len:
@@ -595,6 +848,13 @@ private:
         watching_ = false;
         close();
         lose_leases();
+        delete[] buf_;
+        buf_ = nullptr;
+        cap_ = begin_ = end_ = 0;
+        out_ = std::string();
+        wbuf_ = std::string();
+        core_->buffered -= accounted_;
+        accounted_ = 0;
         core_->connections.erase(this);
         core_->resume_accept.cancel();
     }
@@ -620,7 +880,7 @@ private:
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
     asio::steady_timer wake_;
-    asio::steady_timer lease_timer_;
+    asio::steady_timer timer_;  // schedule()
     std::string peer_;
     std::optional<wire::dialect> dialect_;
     wire::request req_;
@@ -635,11 +895,17 @@ private:
     key_watcher watcher_;
     bool watching_ = false;
     std::vector<std::string> leases_;  // lease keys this connection holds
-    clock::time_point last_heard_{};   // last read, kept only while leases_ is not empty
-    bool lease_timer_armed_ = false;
+    clock::time_point opened_;
+    clock::time_point last_heard_;                // the last read (or the lease's binding)
+    std::optional<clock::time_point> partial_since_;  // the head request's first byte
+    std::optional<clock::time_point> write_since_;    // the write in flight's start
+    clock::time_point timer_at_{};
+    std::uint64_t timer_generation_ = 0;
+    bool timer_armed_ = false;
+    std::uint64_t requests_ = 0;   // requests run
+    std::size_t accounted_ = 0;    // bytes of this connection in core_->buffered
     std::string close_reason_;  // why the server ended the connection, for the lease log
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
-    asio::steady_timer auth_timer_;
 };
 
 }  // namespace detail
@@ -661,6 +927,14 @@ public:
                 "store_server_options: lease_heartbeat_interval {} ms and "
                 "lease_missed_heartbeats {} must both be positive",
                 o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+        // A client that reads everything must never be cut off: its queue holds what reading
+        // stops at plus one reply, or a WATCH_KEY notification of two values.
+        const std::size_t notification = 25 + o.limits.max_key_size + 2 * o.limits.max_value_size;
+        if (o.max_queued_output < o.max_pending_output + std::max(o.max_reply_size, notification))
+            throw store_error(fmt::format(
+                "store_server_options: max_queued_output {} is less than max_pending_output {} "
+                "plus the largest reply ({}) or notification ({})",
+                o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
         if (o.secret && o.secret->empty())
             throw store_error("store_server_options::secret is empty: give the job's secret, or "
                               "no secret (std::nullopt) for a store without authentication");
@@ -718,6 +992,10 @@ public:
     /// The number of open connections.
     std::size_t connections() const noexcept { return core_->connections.size(); }
 
+    /// Bytes held now, as store_server_options::max_memory counts them: keys, values, awaited
+    /// keys, and the connections' request and reply buffers.
+    std::size_t memory() const noexcept { return core_->held(); }
+
     /// The number of leases held now, and lost since the start (docs/store.md, "Leases").
     std::size_t leases() const noexcept { return core_->lease_holders.size(); }
     std::uint64_t leases_lost() const noexcept { return core_->leases_lost; }
@@ -729,7 +1007,28 @@ private:
         std::error_code ignored;
         core.acceptor.close(ignored);
         core.resume_accept.cancel();
+        core.release_descriptor();
         for (auto* c : core.connections) c->close();
+    }
+
+    // Closes the newest connection that never sent a request (store_server_options::
+    // shed_unused_after) so a new client can be served; false when there is none.
+    static bool shed_unused(detail::store_server_core& core, std::string_view why) {
+        if (!core.options.shed_unused_after) return false;
+        const auto after = *core.options.shed_unused_after;
+        const auto now = std::chrono::steady_clock::now();
+        detail::store_connection* victim = nullptr;
+        for (auto* c : core.connections)
+            if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
+                victim = c;
+        if (!victim) return false;
+        victim->expire(fmt::format(
+            "{}: it has sent nothing in the {} ms since it connected, and a new client is "
+            "served in its place (store_server_options::shed_unused_after)",
+            why,
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
+                .count()));
+        return true;
     }
 
     static asio::awaitable<void> serve(std::shared_ptr<detail::store_server_core> core) {
@@ -739,8 +1038,35 @@ private:
             if (ec == asio::error::operation_aborted || core->stopped) break;
             if (ec == asio::error::no_descriptors ||
                 ec == std::errc::too_many_files_open_in_system) {
-                // Out of descriptors: accept again once a connection closes (it cancels the
-                // timer), not in a retry loop.
+                using namespace asio::experimental::awaitable_operators;
+                // Out of descriptors. The kernel says so before it looks at the queue, so
+                // first see whether a client is waiting at all; if none, wait for one, or for
+                // a connection to close (it cancels resume_accept), without a retry loop.
+                if (!detail::client_waiting(core->acceptor)) {
+                    core->resume_accept.expires_at(asio::steady_timer::time_point::max());
+                    co_await (core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                        tuple_awaitable) ||
+                              core->resume_accept.async_wait(tuple_awaitable));
+                    continue;
+                }
+                // A client waits: close an unused connection for it, or take it with the
+                // reserve descriptor and refuse it plainly.
+                if (shed_unused(*core, "the process is out of file descriptors")) continue;
+                if (core->spare_fd >= 0) {
+                    core->release_descriptor();
+                    auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
+                    if (!ec2) {
+                        core->log(fmt::format(
+                            "refusing connection from {}: the process is out of file "
+                            "descriptors ({}) and no connection can make room; raise `ulimit "
+                            "-n` or lower store_server_options::max_connections",
+                            detail::format_peer(refused), ec.message()));
+                        std::error_code ignored;
+                        refused.close(ignored);
+                    }
+                    core->reserve_descriptor();
+                    if (!ec2 || ec2 == asio::error::operation_aborted || core->stopped) continue;
+                }
                 core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
                                       ec.message()));
                 core->resume_accept.expires_at(asio::steady_timer::time_point::max());
@@ -753,7 +1079,8 @@ private:
             }
             std::error_code ignored;
             socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-            if (core->connections.size() >= core->options.max_connections) {
+            if (core->connections.size() >= core->options.max_connections &&
+                !shed_unused(*core, "max_connections is reached")) {
                 core->log(fmt::format("refusing connection from {}: {} connections reach the "
                                       "limit (store_server_options::max_connections)",
                                       detail::format_peer(socket), core->connections.size()));
