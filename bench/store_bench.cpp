@@ -3,7 +3,12 @@
 // 1.13's own TCPStore server, both driven by the same client (tcp_store_client, legacy
 // dialect, one connection per client, all clients on one thread).
 //
-//   store-bench [--clients 1,16,256] [--ops 20000] [--server ours|torch|both] [--python PATH]
+//   store-bench [--clients 1,16,256] [--ops 20000] [--server ours|torch|both|auth]
+//               [--python PATH]
+//
+// --server auth compares our server without and with a secret (store_server_options::secret):
+// the handshake is per connection, so it shows in the connection set-up time (the connect
+// column: all clients connecting at once, including the handshake), not in the operations.
 //
 // Each cell runs about `ops` operations in total (split between the clients) after a warm-up
 // of one operation per client; latency is measured per operation on the client.
@@ -65,6 +70,7 @@ struct result {
     double ops_per_second = 0;
     double p50_us = 0;
     double p99_us = 0;
+    double connect_ms = 0;  // all clients connecting at once (and authenticating)
 };
 
 // One client's share of a cell: a connection (two for wait-then-set: a waiter and a setter).
@@ -96,10 +102,12 @@ asio::awaitable<void> drive(elastic::tcp_store_client& c, elastic::tcp_store_cli
     if (op == operation::set) (void)co_await c.check(std::vector<std::string>{});
 }
 
-result run_cell(std::uint16_t port, operation op, int clients, int total_ops) {
+result run_cell(std::uint16_t port, operation op, int clients, int total_ops,
+                std::optional<std::string> secret = std::nullopt) {
     asio::io_context ctx(1);
     elastic::store_client_options o;
     o.port = port;
+    o.secret = std::move(secret);
     o.dialect = elastic::client_dialect::legacy;  // the dialect both servers speak
     o.timeout = std::chrono::seconds(120);
     std::vector<std::unique_ptr<elastic::tcp_store_client>> cs, setters;
@@ -112,6 +120,7 @@ result run_cell(std::uint16_t port, operation op, int clients, int total_ops) {
     std::vector<std::vector<double>> lat(static_cast<std::size_t>(clients));
     // Connect and warm up first, so the timed part is the operations alone.
     int connected = 0;
+    const auto connect_start = clock_type::now();
     for (int i = 0; i < clients; ++i) {
         const auto u = static_cast<std::size_t>(i);
         asio::co_spawn(
@@ -126,6 +135,8 @@ result run_cell(std::uint16_t port, operation op, int clients, int total_ops) {
             });
     }
     ctx.run();
+    const double connect_ms =
+        std::chrono::duration<double, std::milli>(clock_type::now() - connect_start).count();
     if (connected != clients) throw std::runtime_error("not every client connected");
     ctx.restart();
     const auto start = clock_type::now();
@@ -147,6 +158,7 @@ result run_cell(std::uint16_t port, operation op, int clients, int total_ops) {
     r.ops_per_second = static_cast<double>(all.size()) / seconds;
     r.p50_us = all[all.size() / 2];
     r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+    r.connect_ms = connect_ms;
     return r;
 }
 
@@ -219,31 +231,50 @@ int main(int argc, char** argv) {
     so.host = "127.0.0.1";
     elastic::tcp_store_server ours(server_ctx.get_executor(), so);
     ours.start();
+    // The same server with a secret (--server auth).
+    const std::string secret = "store-bench secret, 32 bytes....";
+    elastic::store_server_options sa = so;
+    sa.secret = secret;
+    elastic::tcp_store_server ours_auth(server_ctx.get_executor(), sa);
+    ours_auth.start();
     std::thread server_thread([&] { server_ctx.run(); });
 
     int torch_stdin = -1;
     pid_t torch_pid = -1;
     std::uint16_t torch_port = 0;
-    if (which != "ours") std::tie(torch_pid, torch_port) = start_torch_server(python, torch_stdin);
+    if (which != "ours" && which != "auth")
+        std::tie(torch_pid, torch_port) = start_torch_server(python, torch_stdin);
 
-    fmt::print("| operation | clients | server | ops/s | p50 µs | p99 µs |\n");
-    fmt::print("|---|---:|---|---:|---:|---:|\n");
+    fmt::print("| operation | clients | server | ops/s | p50 µs | p99 µs | connect ms |\n");
+    fmt::print("|---|---:|---|---:|---:|---:|---:|\n");
+    enum class kind { plain, torch, with_secret };
+    std::vector<kind> kinds;
+    if (which == "auth") kinds = {kind::plain, kind::with_secret};
+    else if (which == "ours") kinds = {kind::plain};
+    else if (which == "torch") kinds = {kind::torch};
+    else kinds = {kind::plain, kind::torch};
     for (const auto op :
          {operation::set, operation::get, operation::add, operation::wait_then_set}) {
         for (const int n : clients) {
-            for (const bool torch : {false, true}) {
-                if (torch && which == "ours") continue;
-                if (!torch && which == "torch") continue;
-                const auto r = run_cell(torch ? torch_port : ours.port(), op, n, total_ops);
-                fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.0f} |\n", name(op), n,
-                           torch ? "PyTorch 1.13" : "elastic", r.ops_per_second, r.p50_us,
-                           r.p99_us);
+            for (const auto k : kinds) {
+                const auto r =
+                    k == kind::torch         ? run_cell(torch_port, op, n, total_ops)
+                    : k == kind::with_secret ? run_cell(ours_auth.port(), op, n, total_ops, secret)
+                                             : run_cell(ours.port(), op, n, total_ops);
+                fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.1f} |\n", name(op), n,
+                           k == kind::torch         ? "PyTorch 1.13"
+                           : k == kind::with_secret ? "elastic, secret"
+                                                    : "elastic",
+                           r.ops_per_second, r.p50_us, r.p99_us, r.connect_ms);
                 std::fflush(stdout);
             }
         }
     }
 
-    asio::post(server_ctx, [&] { ours.stop(); });
+    asio::post(server_ctx, [&] {
+        ours.stop();
+        ours_auth.stop();
+    });
     server_thread.join();
     if (torch_pid > 0) {
         ::close(torch_stdin);

@@ -2,10 +2,15 @@
 // ranks, job-wide restarts, the stop decision, the exit barrier, PyTorch DDP across agents.
 #include "agent_support.hpp"
 
+#include <elastic/rendezvous/tcp_rendezvous.hpp>
+#include <elastic/store/blocking_client.hpp>
+
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -15,6 +20,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace test_rendezvous_agents {
@@ -249,6 +255,190 @@ TEST_CASE("rendezvous agents: a join timeout ends the lone agent with exit 250 a
     INFO(j.agents[0]->err());
     CHECK(code == 250);
     CHECK(j.agents[0]->err().find("1 of 2 nodes joined within the join timeout (1 s)") != std::string::npos);
+}
+
+// A secret file of mode 0600 in `dir`.
+std::string write_secret(const temp_dir& dir, const std::string& name, const std::string& secret) {
+    const auto path = (dir.path() / name).string();
+    std::ofstream(path) << secret << "\n";
+    REQUIRE(::chmod(path.c_str(), 0600) == 0);
+    return path;
+}
+
+elastic::store_client_options stranger(int port, std::optional<std::string> secret) {
+    elastic::store_client_options o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<std::uint16_t>(port);
+    o.dialect = elastic::client_dialect::legacy;
+    o.secret = std::move(secret);
+    o.connect_timeout = std::chrono::seconds(120);  // retried (refused) until the host listens
+    o.timeout = std::chrono::seconds(120);
+    return o;
+}
+
+TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC_RDZV_SECRET, never reaches workers") {
+    temp_dir dir;
+    std::vector<std::string> warnings;
+    const auto warn = [&](std::string_view line) { warnings.emplace_back(line); };
+    // A file: trailing line breaks stripped; the variable is removed from the environment even
+    // though the file wins.
+    {
+        elastic::launch_config c;
+        c.rdzv_conf.secret_file = write_secret(dir, "s1", "abc\r");
+        elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}, {"PATH", "/bin"}};
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(c.rdzv_conf.secret == std::optional<std::string>("abc"));
+        CHECK(env.count("ELASTIC_RDZV_SECRET") == 0);
+        CHECK(env.count("PATH") == 1);
+        CHECK(warnings.empty());
+    }
+    // The variable alone.
+    {
+        elastic::launch_config c;
+        elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}};
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(c.rdzv_conf.secret == std::optional<std::string>("from-env"));
+        CHECK(env.empty());
+    }
+    // Neither: no secret.
+    {
+        elastic::launch_config c;
+        elastic::environment env;
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(!c.rdzv_conf.secret);
+    }
+    // A file others may read: a warning naming it and chmod 600.
+    {
+        elastic::launch_config c;
+        const auto path = write_secret(dir, "s2", "abc");
+        REQUIRE(::chmod(path.c_str(), 0644) == 0);
+        c.rdzv_conf.secret_file = path;
+        elastic::environment env;
+        elastic::load_rendezvous_secret(c, env, warn);
+        REQUIRE(warnings.size() == 1);
+        CHECK(warnings[0].find(path) != std::string::npos);
+        CHECK(warnings[0].find("mode 0644); chmod 600") != std::string::npos);
+    }
+    // Empty secrets, and a missing file, are usage errors.
+    {
+        elastic::launch_config c;
+        c.rdzv_conf.secret_file = write_secret(dir, "s3", "");
+        elastic::environment env;
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("the file is empty"),
+                             elastic::usage_error);
+        c.rdzv_conf.secret_file = (dir.path() / "missing").string();
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("cannot read it"),
+                             elastic::usage_error);
+        elastic::launch_config d;
+        elastic::environment empty{{"ELASTIC_RDZV_SECRET", ""}};
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(d, empty, warn),
+                             doctest::Contains("ELASTIC_RDZV_SECRET is set but empty"), elastic::usage_error);
+    }
+    // --rdzv-conf reads secret_file for static and c10d, not etcd-v3.
+    CHECK(elastic::parse_rendezvous_settings("secret_file=/x", "--rdzv-conf", elastic::rendezvous_backend::c10d)
+              .secret_file == std::optional<std::string>("/x"));
+    CHECK(elastic::parse_rendezvous_settings("secret_file=/x", "--rdzv-conf", elastic::rendezvous_backend::static_)
+              .secret_file == std::optional<std::string>("/x"));
+    CHECK_THROWS_AS((void)elastic::parse_rendezvous_settings("secret_file=/x", "--rdzv-conf",
+                                                             elastic::rendezvous_backend::etcd_v3),
+                    elastic::usage_error);
+}
+
+TEST_CASE("rendezvous agents: a job with a secret completes; strangers at its rendezvous port are refused") {
+    temp_dir dir;
+    const int port = free_port();
+    const auto secret_file = write_secret(dir, "secret", "correct horse battery staple");
+    job j;
+    // The host reads the secret from a file; the other agent from ELASTIC_RDZV_SECRET.
+    auto host = c10d_args(port, 2, 1, "secret");
+    host.push_back("--rdzv-conf=is_host=true,secret_file=" + secret_file);
+    j.start(with_worker(host), node_env(dir, "*:env", 0));
+    // While the host waits for the second node: a client without the secret, and one with
+    // another secret, are both turned away, and neither reads nor writes a key. (The first
+    // connects once the host listens, so the second node, started after, cannot host.)
+    {
+        elastic::blocking_store_client raw(stranger(port, std::nullopt));
+        CHECK_THROWS_WITH_AS(raw.get("/rdzv/secret/keep_alive"), doctest::Contains("closed the connection"),
+                             elastic::store_error);
+        elastic::blocking_store_client wrong(stranger(port, std::string("guess")));
+        CHECK_THROWS_WITH_AS(wrong.set("/rdzv/secret/abort", "forged"),
+                             doctest::Contains("the server was given another secret"), elastic::store_auth_error);
+    }
+    auto env = node_env(dir, "*:env", 1);
+    env["ELASTIC_RDZV_SECRET"] = "correct horse battery staple";
+    j.start(with_worker(c10d_args(port, 2, 1, "secret")), env);
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+        CHECK(j.agents[i]->err().find("accepts any client") == std::string::npos);
+    }
+    const auto envs = envs_of(dir, 0, 2);
+    REQUIRE(envs.size() == 2);
+    for (const auto& entry : envs) {
+        const int rank = entry.first;  // not a structured binding: clang 14 cannot capture one
+        CAPTURE(rank);
+        CHECK(entry.second.count("ELASTIC_RDZV_SECRET") == 0);  // the workers never see the secret
+    }
+    // The host's store said whom it refused and why.
+    const auto& log = j.agents[0]->err();
+    CHECK(log.find("closing connection from 127.0.0.1:") != std::string::npos);
+    CHECK(log.find("authentication failed: it sent a TCPStore request of the PyTorch 1.13 dialect") !=
+          std::string::npos);
+    CHECK(log.find("after this server's challenge") != std::string::npos);
+}
+
+TEST_CASE("rendezvous agents: an agent with the wrong secret exits 250 naming the secret; the job goes on") {
+    temp_dir dir;
+    const int port = free_port();
+    const auto secret_file = write_secret(dir, "secret", "right");
+    const auto wrong_file = write_secret(dir, "wrong", "wrong");
+    job j;
+    auto host = c10d_args(port, 2, 1, "wrong-secret");
+    host.push_back("--rdzv-conf=is_host=true,secret_file=" + secret_file);
+    j.start(with_worker(host), node_env(dir, "", 0));
+    // The host listens (a client of the right secret is let in) before the others start, and
+    // they are told not to host: otherwise the intruder could bind the port first.
+    {
+        elastic::blocking_store_client probe(stranger(port, std::string("right")));
+        CHECK_NOTHROW(probe.connect());
+    }
+    auto intruder = c10d_args(port, 2, 1, "wrong-secret");
+    intruder.push_back("--rdzv-conf=is_host=false,secret_file=" + wrong_file);
+    launched bad(with_worker(intruder), node_env(dir, "", 1));
+    const int code = bad.wait();
+    INFO(bad.err());
+    CHECK(code == 250);
+    CHECK(bad.err().find(fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's "
+                                     "secret",
+                                     port)) != std::string::npos);
+    CHECK(bad.err().find("--rdzv-conf secret_file=PATH, or ELASTIC_RDZV_SECRET") != std::string::npos);
+    // The right node still completes the job with the host.
+    auto good = c10d_args(port, 2, 1, "wrong-secret");
+    good.push_back("--rdzv-conf=is_host=false,secret_file=" + secret_file);
+    j.start(with_worker(good), node_env(dir, "", 2));
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+    }
+}
+
+TEST_CASE("rendezvous agents: a multi-node job without a secret warns once, naming the port") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) j.start(with_worker(c10d_args(port, 2, 1, "open")), node_env(dir, "", node));
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        const auto& err = j.agents[i]->err();
+        INFO(err);
+        CHECK(j.codes[i] == 0);
+        const auto warning = fmt::format("(port {}) accepts any client", port);
+        const auto at = err.find(warning);
+        CHECK(at != std::string::npos);
+        CHECK(err.find(warning, at + 1) == std::string::npos);
+    }
 }
 
 TEST_CASE("rendezvous agents: PyTorch DDP (gloo) across two agents, all_reduce correct, also after a restart") {

@@ -19,6 +19,7 @@
 #include <csignal>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -210,7 +211,10 @@ inline asio::awaitable<std::pair<std::string, int>> collect(child c) {
 struct server_fixture {
     explicit server_fixture(elastic::store_server_options options = {}) {
         options.host = "127.0.0.1";
-        options.log = [this](std::string_view line) { logs.emplace_back(line); };
+        options.log = [this](std::string_view line) {
+            logs.emplace_back(line);
+            if (on_log) on_log(line);
+        };
         server.emplace(ctx.get_executor(), std::move(options));
         server->start();
     }
@@ -237,6 +241,8 @@ struct server_fixture {
 
     asio::io_context ctx;
     std::vector<std::string> logs;
+    /// Called with each log line after it is stored (a test awaits a line as an event).
+    std::function<void(std::string_view)> on_log;
     std::optional<elastic::tcp_store_server> server;
 };
 

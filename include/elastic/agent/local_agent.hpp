@@ -239,6 +239,8 @@ public:
           env_(std::move(env)),
           log_(std::move(name), config_.agent_log_level) {
         detail::agent::check_supported(config_);
+        // Before anything reads env_: the workers inherit it, and must not inherit the secret.
+        load_rendezvous_secret(config_, env_, [this](std::string_view line) { log_.warning(line); });
         command_ = resolve_program(config_.program, env_);
         store_ = detail::agent::plan_store(config_);
         events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)

@@ -103,7 +103,9 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
      "(tcp), use_libuv (accepted, no effect). etcd-v3: the "
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
-     "how long a finished node waits for the others. A key the backend does not read is an error."},
+     "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
+     "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
+     "itself). A key the backend does not read is an error."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
      "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
      "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},

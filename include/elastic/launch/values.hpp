@@ -88,6 +88,12 @@ struct rendezvous_settings {
     /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
     /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
     int keep_alive_max_attempt = 5;
+    /// static, c10d: the file holding the job's secret, which authenticates every connection
+    /// to the rendezvous store (docs/rendezvous.md, "Security"); elastic's own key.
+    std::optional<std::string> secret_file;
+    /// The job's secret itself: read from `secret_file` or ELASTIC_RDZV_SECRET by the agent
+    /// (load_rendezvous_secret), never from the command line. Unset: no authentication.
+    std::optional<std::string> secret;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -363,7 +369,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -376,6 +382,7 @@ inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
     {"exit_barrier_timeout", true, true, true},
     {"keep_alive_interval", false, true, false},
     {"keep_alive_max_attempt", false, true, false},
+    {"secret_file", true, true, false},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -458,6 +465,8 @@ inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
             settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
+        } else if (key == "secret_file") {
+            settings.secret_file = std::string(value);
         } else if (key == "store_type") {
             const auto type = detail::launch_impl::lower(value);
             if (type == "file") {

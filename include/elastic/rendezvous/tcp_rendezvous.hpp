@@ -4,6 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/config.hpp"
+#include "elastic/launch/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/rendezvous/error.hpp"
 #include "elastic/rendezvous/store_rendezvous.hpp"
@@ -18,9 +19,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -37,6 +40,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
@@ -194,6 +198,53 @@ inline std::string bind_address_for(std::string_view host) {
 
 }  // namespace detail::rdzv
 
+/// The environment variable that hands an agent the job's secret itself (for schedulers that
+/// inject secrets as variables); `--rdzv-conf secret_file=PATH` names a file instead.
+inline constexpr std::string_view rendezvous_secret_variable = "ELASTIC_RDZV_SECRET";
+
+/// Fills `c.rdzv_conf.secret` (unless a custom launcher set it) from `secret_file` (its
+/// contents, trailing line breaks stripped) or else ELASTIC_RDZV_SECRET, and removes that
+/// variable from `env` either way, so workers (which inherit `env`) never see the secret.
+/// usage_error for an unreadable file or an empty secret; `warn` hears about a file that its
+/// group or others may read.
+inline void load_rendezvous_secret(launch_config& c, environment& env,
+                                   const std::function<void(std::string_view)>& warn) {
+    std::optional<std::string> from_env;
+    if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
+        from_env = it->second;
+        env.erase(it);
+    }
+    auto& conf = c.rdzv_conf;
+    if (conf.secret) return;
+    if (conf.secret_file) {
+        const auto& path = *conf.secret_file;
+        std::ifstream in(path, std::ios::binary);
+        if (!in)
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
+                                          "file holding the job's secret",
+                                          path, std::error_code(errno, std::generic_category()).message())};
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+        if (text.empty())
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
+                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
+                                          path, path)};
+        struct stat st {};
+        if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
+                             "(mode {:04o}); chmod 600 it",
+                             path, static_cast<unsigned>(st.st_mode & 07777)));
+        conf.secret = std::move(text);
+        return;
+    }
+    if (from_env) {
+        if (from_env->empty())
+            throw usage_error{fmt::format("{} is set but empty; give it the job's secret, or unset it",
+                                          rendezvous_secret_variable)};
+        conf.secret = std::move(*from_env);
+    }
+}
+
 /// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
 /// single-node path: more than one node, or a c10d store another agent hosts.
 [[nodiscard]] inline bool uses_node_rendezvous(const launch_config& c) {
@@ -292,6 +343,8 @@ public:
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client_->connect();
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(to_string(endpoint), e));
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot reach the rendezvous store at {} within {} s: {}",
                                                to_string(endpoint),
@@ -315,6 +368,15 @@ public:
         if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
             backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(config_).bind_host, 0));
             backup_->start();
+        }
+        if (!config_.rdzv_conf.secret && log_) {
+            log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
+                             "and steer this job; give every agent the job's secret (--rdzv-conf "
+                             "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
+                             to_string(endpoint), current_port_,
+                             backup_ ? fmt::format(", and this node's idle store on port {}", backup_->port())
+                                     : std::string(),
+                             rendezvous_secret_variable));
         }
     }
 
@@ -364,6 +426,8 @@ public:
             me.id = node_id_;
             try {
                 co_await rdzv_->start_liveness(*lease_, me);
+            } catch (const store_auth_error& e) {
+                throw rendezvous_error(secret_refused(fmt::format("{}:{}", next.addr, next.port), e));
             } catch (const store_error& e) {
                 throw rendezvous_error(
                     fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
@@ -496,6 +560,13 @@ private:
                            config_.rdzv_conf.keep_alive_max_attempt);
     }
 
+    // An agent whose secret the store refuses cannot take part: say which endpoint and option.
+    static std::string secret_refused(const std::string& endpoint, const store_auth_error& e) {
+        return fmt::format("the rendezvous store at {} and this node do not share the job's secret: {}; give every "
+                           "agent the same secret (--rdzv-conf secret_file=PATH, or {})",
+                           endpoint, e.what(), rendezvous_secret_variable);
+    }
+
     static std::string seconds(std::chrono::milliseconds d) {
         return fmt::format("{:g}", static_cast<double>(d.count()) / 1000.0);
     }
@@ -514,6 +585,8 @@ private:
         // connection closes).
         options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
         options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        // Every connection, the agents' own included, authenticates when the job has a secret.
+        options.secret = config_.rdzv_conf.secret;
         return options;
     }
 
@@ -529,6 +602,7 @@ private:
         options.connect_timeout = connect_timeout;
         options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
         options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        options.secret = config_.rdzv_conf.secret;
         return options;
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;

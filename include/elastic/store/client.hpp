@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/store/auth.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/lease.hpp"
@@ -91,6 +92,11 @@ struct store_client_options {
     /// (store_server_options::lease_heartbeat_interval, lease_missed_heartbeats).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// The store's secret (store_server_options::secret; docs/store.md, "Authentication"): each
+    /// connection, reconnections included, runs the handshake first, within connect_timeout.
+    /// A server that does not prove it knows the same secret, or refuses this client's proof,
+    /// is a store_auth_error (not retried). Empty: no authentication (PyTorch's servers).
+    std::optional<std::string> secret;
 };
 
 /// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
@@ -129,6 +135,9 @@ public:
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
+        if (options_.secret && options_.secret->empty())
+            throw store_error("store_client_options::secret is empty: give the store's secret, "
+                              "or no secret (std::nullopt) for a store without authentication");
         if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
             throw store_error(fmt::format(
                 "store_client_options: lease_heartbeat_interval {} ms and "
@@ -773,7 +782,69 @@ private:
         }
         std::error_code ignored;
         conn_->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        if (options_.secret) co_return co_await authenticate(deadline);
         co_return std::error_code{};
+    }
+
+    // The authentication handshake (store/auth.hpp), before any request of either dialect. A
+    // refusal throws store_auth_error; a timeout is returned, to be retried like a connection.
+    asio::awaitable<std::error_code> authenticate(clock::time_point deadline) {
+        store_auth::client_handshake hs(*options_.secret);
+        wbuf_.clear();
+        hs.start(wbuf_);
+        arm_deadline(deadline);
+        for (;;) {
+            if (!wbuf_.empty()) {
+                const auto [wec, n] = co_await asio::async_write(conn_->socket,
+                                                                 asio::buffer(wbuf_),
+                                                                 tuple_awaitable);
+                (void)n;
+                wbuf_.clear();
+                if (wec) co_return auth_io_failed(hs, wec);
+            }
+            if (hs.done()) break;
+            const auto s = hs.feed(std::string_view(rbuf_.data() + rbeg_, rend_ - rbeg_), wbuf_);
+            if (s.status == store_auth::status::refused) {
+                disarm();
+                drop();
+                throw store_auth_error(fmt::format(
+                    "the store at {} failed the authentication handshake: {}; give every agent "
+                    "and the store the same secret (store_client_options::secret, "
+                    "store_server_options::secret)",
+                    address(), s.reason));
+            }
+            if (s.status == store_auth::status::need_more) {
+                if (const auto ec = co_await fill(s.size)) co_return auth_io_failed(hs, ec);
+                continue;
+            }
+            rbeg_ += s.size;
+        }
+        disarm();
+        co_return std::error_code{};
+    }
+
+    // The connection failed during the handshake. A close is the server's answer (it refused
+    // the secret, or it has none and refused the handshake as an unknown request): thrown.
+    // Anything else (a timeout) is returned, to be retried until connect_timeout.
+    std::error_code auth_io_failed(const store_auth::client_handshake& hs, std::error_code ec) {
+        const bool expired = conn_->expired;
+        disarm();
+        drop();
+        if (expired) return make_error_code(asio::error::timed_out);
+        if (ec != asio::error::eof && ec != asio::error::connection_reset &&
+            ec != asio::error::broken_pipe)
+            return ec;
+        if (hs.proof_sent())
+            throw store_auth_error(fmt::format(
+                "the store at {} refused this client's secret (it closed the connection after "
+                "the proof: {}); give the client the store's secret "
+                "(store_client_options::secret = store_server_options::secret)",
+                address(), ec.message()));
+        throw store_auth_error(fmt::format(
+            "the store at {} closed the connection during the authentication handshake ({}): it "
+            "has no secret (store_server_options::secret), or it is not an elastic store; give "
+            "the server the same secret, or the client none",
+            address(), ec.message()));
     }
 
     // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the

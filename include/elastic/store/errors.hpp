@@ -1,4 +1,4 @@
-// The store layer's exceptions: store_error and store_timeout.
+// The store layer's exceptions: store_error, store_timeout and store_auth_error.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -15,6 +15,14 @@ public:
 
 /// A `wait` (or a `get`, which waits for its key) did not see its keys before the deadline.
 class store_timeout : public store_error {
+public:
+    using store_error::store_error;
+};
+
+/// The store and this client do not share a secret: the server refused the client's proof, or
+/// the server could not prove it knows the client's secret (it has another, none, or it is not
+/// the job's store). Retrying does not help; the message says which secret option to fix.
+class store_auth_error : public store_error {
 public:
     using store_error::store_error;
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/store/auth.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/lease.hpp"
@@ -107,6 +108,12 @@ struct store_server_options {
     /// connection's remote address before anything is read; a refused peer is logged and
     /// closed. Empty: everyone. For clients that cannot authenticate (PyTorch workers).
     std::function<bool(const asio::ip::address&)> accept_peer;
+    /// Authentication (docs/store.md, "Authentication"): with a secret, a connection must
+    /// complete the handshake (store/auth.hpp) before any request, within `auth_timeout`, or it
+    /// is closed and logged; nothing it sends reaches the key table. Without one (PyTorch's
+    /// clients cannot authenticate) every connection is served as it comes. Not empty.
+    std::optional<std::string> secret;
+    std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
 };
 
 namespace detail {
@@ -220,6 +227,8 @@ public:
           timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this),
           opened_(clock::now()), last_heard_(opened_) {
         wake_.expires_at(asio::steady_timer::time_point::max());
+        if (core_->options.secret)
+            auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
     }
 
     store_connection(const store_connection&) = delete;
@@ -440,6 +449,18 @@ private:
         while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
             const std::string_view data(buf_ + begin_, end_ - begin_);
             if (data.empty() || data.size() < needed_) break;
+            if (auth_) {  // the handshake comes before anything else
+                const auto s = auth_->feed(data, out_);
+                if (s.status == store_auth::status::refused) return refuse(s.reason);
+                if (s.status == store_auth::status::need_more) {
+                    needed_ = s.size;
+                    break;
+                }
+                begin_ += s.size;
+                needed_ = 0;
+                if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
+                continue;
+            }
             if (!dialect_) {
                 const auto d = wire::detect_dialect(data);
                 if (d == wire::detection::need_more) {
@@ -484,6 +505,15 @@ private:
         core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
                                dialect_ == wire::dialect::current ? "current" : "legacy", reason));
         if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+        return false;
+    }
+
+    // ---- authentication ----------------------------------------------------------------------
+
+    bool refuse(std::string_view reason) {
+        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_,
+                               reason));
+        auth_.reset();  // said once
         return false;
     }
 
@@ -565,6 +595,8 @@ private:
             if (write_since_) consider(*write_since_ + o.request_timeout);
         }
         if (o.idle_timeout.count() > 0 && idle()) consider(last_heard_ + o.idle_timeout);
+        // Half a handshake must not hold a connection: it has auth_timeout from the accept.
+        if (auth_) consider(opened_ + o.auth_timeout);
         return at;
     }
 
@@ -607,6 +639,12 @@ private:
             core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
             close();
             return;
+        }
+        if (auth_ && now >= opened_ + o.auth_timeout) {
+            auth_.reset();  // said once
+            return expire(fmt::format("authentication failed: no complete handshake within {} "
+                                      "ms (store_server_options::auth_timeout)",
+                                      o.auth_timeout.count()));
         }
         if (o.request_timeout.count() > 0 && partial_since_ &&
             now >= *partial_since_ + o.request_timeout)
@@ -818,6 +856,17 @@ private:
     // The coroutine has ended: forget every registration, lose the leases (unless the whole
     // server is stopping) and leave the server's set.
     void finish() noexcept {
+        if (auth_ && auth_->challenged() && !core_->stopped) {
+            try {
+                core_->log(fmt::format("connection from {} closed during the authentication "
+                                       "handshake, after this server's challenge: the client "
+                                       "did not accept this server's proof (it has another "
+                                       "secret) or left",
+                                       peer_));
+            } catch (...) {
+                // Out of memory for a log line: the connection ends either way.
+            }
+        }
         cancel_waits();
         if (watching_) core_->engine.unwatch(watcher_);
         watching_ = false;
@@ -880,6 +929,7 @@ private:
     std::uint64_t requests_ = 0;   // requests run
     std::size_t accounted_ = 0;    // bytes of this connection in core_->buffered
     std::string close_reason_;  // why the server ended the connection, for the lease log
+    std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
 }  // namespace detail
@@ -909,6 +959,12 @@ public:
                 "store_server_options: max_queued_output {} is less than max_pending_output {} "
                 "plus the largest reply ({}) or notification ({})",
                 o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
+        if (o.secret && o.secret->empty())
+            throw store_error("store_server_options::secret is empty: give the job's secret, or "
+                              "no secret (std::nullopt) for a store without authentication");
+        if (o.secret && o.auth_timeout.count() <= 0)
+            throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
+                                          "positive", o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
