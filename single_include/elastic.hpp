@@ -1503,12 +1503,13 @@ int record(Entry&& entry, Args&&... args) {
 // `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
 // kept alive by heartbeats, and a lost connection reported as an event.
 
-// ---- begin elastic/store/concepts.hpp ----
-// The store concepts: what every store model provides (store) and the batch operations some add
-// (multi_key_store).
+// ---- begin elastic/store/auth.hpp ----
+// The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
+// job secret, as two pure state machines (client and server) that consume bytes and produce
+// bytes, so they can be tested and fuzzed without sockets. Byte layout in docs/store.md.
 
 // ---- begin elastic/store/errors.hpp ----
-// The store layer's exceptions: store_error and store_timeout.
+// The store layer's exceptions: store_error, store_timeout and store_auth_error.
 
 
 namespace elastic::inline v0 {
@@ -1526,8 +1527,322 @@ public:
     using store_error::store_error;
 };
 
+/// The store and this client do not share a secret: the server refused the client's proof, or
+/// the server could not prove it knows the client's secret (it has another, none, or it is not
+/// the job's store). Retrying does not help; the message says which secret option to fix.
+class store_auth_error : public store_error {
+public:
+    using store_error::store_error;
+};
+
 }  // namespace elastic::inline v0
 // ---- end elastic/store/errors.hpp ----
+
+#include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+// Why this shape (docs/store.md, "Authentication"):
+// - The first byte, 0xEA, is no opcode of either TCPStore dialect (legacy opcodes are 0..12,
+//   the current dialect starts 00 CE F7 85 3C), so a server tells a handshake from a request
+//   by its first byte, and a server without a secret rejects it as an unknown opcode.
+// - The server proves itself first: a client sends nothing derived from the secret to a server
+//   that has not shown it knows the secret.
+// - Each MAC covers a direction label and both nonces, so neither side's proof can be replayed
+//   on another connection (fresh nonces) or reflected back as the other side's (labels).
+namespace elastic::inline v0::store_auth {
+
+/// Bytes of a nonce and of a MAC (HMAC-SHA256).
+inline constexpr std::size_t nonce_size = 32;
+inline constexpr std::size_t mac_size = 32;
+/// The version this code speaks (the byte after the magic).
+inline constexpr std::uint8_t version = 1;
+/// The 8 bytes that open both hellos: 0xEA then "elastic".
+inline constexpr std::array<char, 8> magic{'\xEA', 'e', 'l', 'a', 's', 't', 'i', 'c'};
+/// The client's hello: magic, version, client nonce.
+inline constexpr std::size_t client_hello_size = magic.size() + 1 + nonce_size;
+/// The server's challenge: magic, version, server nonce, server MAC.
+inline constexpr std::size_t server_challenge_size = magic.size() + 1 + nonce_size + mac_size;
+/// The client's proof: its MAC.
+inline constexpr std::size_t client_proof_size = mac_size;
+/// The server's verdict: one byte, `accepted`. A refused client is closed instead.
+inline constexpr std::size_t verdict_size = 1;
+inline constexpr std::uint8_t accepted = 0x01;
+
+/// The labels each side's MAC starts with (same length, so the MAC input is unambiguous).
+inline constexpr std::string_view server_label = "elastic-store-auth v1 server";
+inline constexpr std::string_view client_label = "elastic-store-auth v1 client";
+static_assert(server_label.size() == client_label.size());
+
+using nonce = std::array<unsigned char, nonce_size>;
+using mac = std::array<unsigned char, mac_size>;
+
+/// A fresh nonce from OpenSSL's CSPRNG; store_error when it has no entropy.
+inline nonce random_nonce() {
+    nonce n{};
+    if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
+        throw store_error("the store's authentication cannot draw a random nonce (OpenSSL "
+                          "RAND_bytes failed): the system has no entropy source");
+    return n;
+}
+
+/// HMAC-SHA256(secret, label || client nonce || server nonce).
+inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client,
+                       const nonce& server) {
+    std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
+    auto* p = input.data();
+    for (const char c : label) *p++ = static_cast<unsigned char>(c);
+    for (const auto b : client) *p++ = b;
+    for (const auto b : server) *p++ = b;
+    mac out{};
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(),
+             input.size(), out.data(), &len) == nullptr ||
+        len != out.size())
+        throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
+                          "failed)");
+    return out;
+}
+
+/// What one `feed` did.
+enum class status : std::uint8_t {
+    need_more,  ///< `size` is how many bytes of input the next step needs; nothing consumed
+    ok,         ///< `size` bytes consumed; the reply (if any) was appended to `out`
+    refused,    ///< the peer failed; `reason` says how. Close the connection
+};
+
+struct step {
+    store_auth::status status = status::need_more;
+    std::size_t size = 0;
+    std::string reason;
+};
+
+namespace detail {
+
+inline std::string hex(std::string_view bytes, std::size_t at_most = 8) {
+    std::string out;
+    for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
+        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
+    if (bytes.size() > at_most) out += " ...";
+    return out;
+}
+
+// How many leading bytes of `in` match magic + version: all available ones, or the index of
+// the first that differs.
+inline std::size_t matching_prefix(std::string_view in) {
+    const std::size_t n = std::min(in.size(), magic.size() + 1);
+    for (std::size_t i = 0; i < n; ++i) {
+        const char want = i < magic.size() ? magic[i] : static_cast<char>(version);
+        if (in[i] != want) return i;
+    }
+    return n;
+}
+
+inline void put_nonce(std::string& out, const nonce& n) {
+    out.append(reinterpret_cast<const char*>(n.data()), n.size());
+}
+
+inline nonce get_nonce(std::string_view in) {
+    nonce n{};
+    for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<unsigned char>(in[i]);
+    return n;
+}
+
+inline void put_header(std::string& out) {
+    out.append(magic.data(), magic.size());
+    out.push_back(static_cast<char>(version));
+}
+
+inline bool same_mac(const mac& expected, std::string_view got) {
+    return got.size() == expected.size() &&
+           CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
+}
+
+}  // namespace detail
+
+/// The server's side: reads the client's hello, answers with its nonce and proof, reads the
+/// client's proof and answers `accepted`. Feed it the unconsumed input until done() or refused.
+class server_handshake {
+public:
+    /// `secret` must not be empty. `server_nonce` is injectable for tests and fuzzing.
+    server_handshake(std::string secret, const nonce& server_nonce)
+        : secret_(std::move(secret)), server_nonce_(server_nonce) {}
+    explicit server_handshake(std::string secret)
+        : server_handshake(std::move(secret), random_nonce()) {}
+
+    /// Consumes the next message from the front of `in`, appending the reply to `out`.
+    step feed(std::string_view in, std::string& out) {
+        switch (phase_) {
+            case phase::hello: {
+                const auto match = detail::matching_prefix(in);
+                if (match < std::min(in.size(), magic.size() + 1)) {
+                    phase_ = phase::failed;
+                    return {status::refused, 0, describe_stranger(in, match)};
+                }
+                if (in.size() < client_hello_size) return {status::need_more, client_hello_size, {}};
+                client_nonce_ = detail::get_nonce(in.substr(magic.size() + 1));
+                detail::put_header(out);
+                detail::put_nonce(out, server_nonce_);
+                const auto m = compute_mac(secret_, server_label, client_nonce_, server_nonce_);
+                out.append(reinterpret_cast<const char*>(m.data()), m.size());
+                phase_ = phase::proof;
+                return {status::ok, client_hello_size, {}};
+            }
+            case phase::proof: {
+                if (in.size() < client_proof_size) return {status::need_more, client_proof_size, {}};
+                const auto expected =
+                    compute_mac(secret_, client_label, client_nonce_, server_nonce_);
+                if (!detail::same_mac(expected, in.substr(0, client_proof_size))) {
+                    phase_ = phase::failed;
+                    return {status::refused, 0,
+                            "its proof does not verify: the client was given another secret "
+                            "than this server's"};
+                }
+                out.push_back(static_cast<char>(accepted));
+                phase_ = phase::done;
+                return {status::ok, client_proof_size, {}};
+            }
+            case phase::done:
+            case phase::failed: break;
+        }
+        return {status::refused, 0, "no handshake in progress (it has ended)"};
+    }
+
+    /// The client has proved it knows the secret.
+    [[nodiscard]] bool done() const noexcept { return phase_ == phase::done; }
+    /// This server's challenge is out; the client's proof is awaited.
+    [[nodiscard]] bool challenged() const noexcept { return phase_ == phase::proof; }
+
+private:
+    enum class phase : std::uint8_t { hello, proof, done, failed };
+
+    // The first bytes are not a handshake: say what they look like, for the log.
+    static std::string describe_stranger(std::string_view in, std::size_t match) {
+        const auto first = static_cast<unsigned char>(in[0]);
+        if (match >= magic.size())
+            return fmt::format("its handshake has version {}, this server speaks {}",
+                               static_cast<unsigned>(static_cast<unsigned char>(in[match])),
+                               version);
+        // 00 CE ...: the current dialect's VALIDATE; 00 anything else: a legacy SET.
+        if (first == 0x00 && (in.size() == 1 || in[1] == '\xCE'))
+            return fmt::format("it sent a TCPStore request (bytes {}) without authenticating; "
+                               "this store needs the job's secret",
+                               detail::hex(in));
+        if (first <= 12)
+            return fmt::format("it sent a TCPStore request of the PyTorch 1.13 dialect (opcode "
+                               "{}) without authenticating; this store needs the job's secret",
+                               static_cast<unsigned>(first));
+        return fmt::format("its first bytes ({}) are neither an authentication handshake nor a "
+                           "TCPStore request",
+                           detail::hex(in));
+    }
+
+    std::string secret_;
+    nonce server_nonce_;
+    nonce client_nonce_{};
+    phase phase_ = phase::hello;
+};
+
+/// The client's side: start() gives the hello; feed() reads the server's challenge (checking
+/// the server's proof before sending anything derived from the secret), appends the client's
+/// proof, then reads the verdict.
+class client_handshake {
+public:
+    /// `secret` must not be empty. `client_nonce` is injectable for tests and fuzzing.
+    client_handshake(std::string secret, const nonce& client_nonce)
+        : secret_(std::move(secret)), client_nonce_(client_nonce) {}
+    explicit client_handshake(std::string secret)
+        : client_handshake(std::move(secret), random_nonce()) {}
+
+    /// Appends the hello to `out`.
+    void start(std::string& out) const {
+        detail::put_header(out);
+        detail::put_nonce(out, client_nonce_);
+    }
+
+    /// Consumes the next server message from the front of `in`, appending the reply to `out`.
+    step feed(std::string_view in, std::string& out) {
+        switch (phase_) {
+            case phase::challenge: {
+                const auto match = detail::matching_prefix(in);
+                if (match < std::min(in.size(), magic.size() + 1)) {
+                    phase_ = phase::failed;
+                    return {status::refused, 0,
+                            match >= magic.size()
+                                ? fmt::format("it answered with handshake version {}, this "
+                                              "client speaks {}",
+                                              static_cast<unsigned>(
+                                                  static_cast<unsigned char>(in[match])),
+                                              version)
+                                : fmt::format("it answered the authentication handshake with "
+                                              "bytes {}: it is not an elastic store with a "
+                                              "secret",
+                                              detail::hex(in))};
+                }
+                if (in.size() < server_challenge_size)
+                    return {status::need_more, server_challenge_size, {}};
+                const auto server_nonce = detail::get_nonce(in.substr(magic.size() + 1));
+                const auto expected =
+                    compute_mac(secret_, server_label, client_nonce_, server_nonce);
+                if (!detail::same_mac(expected,
+                                      in.substr(magic.size() + 1 + nonce_size, mac_size))) {
+                    phase_ = phase::failed;
+                    return {status::refused, 0,
+                            "its proof does not verify: the server was given another secret "
+                            "than this client's (or it is not the job's store)"};
+                }
+                const auto m = compute_mac(secret_, client_label, client_nonce_, server_nonce);
+                out.append(reinterpret_cast<const char*>(m.data()), m.size());
+                phase_ = phase::verdict;
+                return {status::ok, server_challenge_size, {}};
+            }
+            case phase::verdict: {
+                if (in.size() < verdict_size) return {status::need_more, verdict_size, {}};
+                if (static_cast<unsigned char>(in[0]) != accepted) {
+                    phase_ = phase::failed;
+                    return {status::refused, 0,
+                            fmt::format("it answered the proof with verdict 0x{:02x}, not "
+                                        "0x{:02x}",
+                                        static_cast<unsigned char>(in[0]), accepted)};
+                }
+                phase_ = phase::done;
+                return {status::ok, verdict_size, {}};
+            }
+            case phase::done:
+            case phase::failed: break;
+        }
+        return {status::refused, 0, "no handshake in progress (it has ended)"};
+    }
+
+    /// The server has accepted this client's proof.
+    [[nodiscard]] bool done() const noexcept { return phase_ == phase::done; }
+    /// The client's proof is sent: a close now means the server refused the secret.
+    [[nodiscard]] bool proof_sent() const noexcept { return phase_ == phase::verdict; }
+
+private:
+    enum class phase : std::uint8_t { challenge, verdict, done, failed };
+
+    std::string secret_;
+    nonce client_nonce_;
+    phase phase_ = phase::challenge;
+};
+
+}  // namespace elastic::inline v0::store_auth
+// ---- end elastic/store/auth.hpp ----
+// ---- begin elastic/store/concepts.hpp ----
+// The store concepts: what every store model provides (store) and the batch operations some add
+// (multi_key_store).
+
 
 #include <asio/awaitable.hpp>
 
@@ -2187,6 +2502,11 @@ struct store_client_options {
     /// (store_server_options::lease_heartbeat_interval, lease_missed_heartbeats).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// The store's secret (store_server_options::secret; docs/store.md, "Authentication"): each
+    /// connection, reconnections included, runs the handshake first, within connect_timeout.
+    /// A server that does not prove it knows the same secret, or refuses this client's proof,
+    /// is a store_auth_error (not retried). Empty: no authentication (PyTorch's servers).
+    std::optional<std::string> secret;
 };
 
 /// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
@@ -2225,6 +2545,9 @@ public:
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
+        if (options_.secret && options_.secret->empty())
+            throw store_error("store_client_options::secret is empty: give the store's secret, "
+                              "or no secret (std::nullopt) for a store without authentication");
         if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
             throw store_error(fmt::format(
                 "store_client_options: lease_heartbeat_interval {} ms and "
@@ -2869,7 +3192,69 @@ private:
         }
         std::error_code ignored;
         conn_->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        if (options_.secret) co_return co_await authenticate(deadline);
         co_return std::error_code{};
+    }
+
+    // The authentication handshake (store/auth.hpp), before any request of either dialect. A
+    // refusal throws store_auth_error; a timeout is returned, to be retried like a connection.
+    asio::awaitable<std::error_code> authenticate(clock::time_point deadline) {
+        store_auth::client_handshake hs(*options_.secret);
+        wbuf_.clear();
+        hs.start(wbuf_);
+        arm_deadline(deadline);
+        for (;;) {
+            if (!wbuf_.empty()) {
+                const auto [wec, n] = co_await asio::async_write(conn_->socket,
+                                                                 asio::buffer(wbuf_),
+                                                                 tuple_awaitable);
+                (void)n;
+                wbuf_.clear();
+                if (wec) co_return auth_io_failed(hs, wec);
+            }
+            if (hs.done()) break;
+            const auto s = hs.feed(std::string_view(rbuf_.data() + rbeg_, rend_ - rbeg_), wbuf_);
+            if (s.status == store_auth::status::refused) {
+                disarm();
+                drop();
+                throw store_auth_error(fmt::format(
+                    "the store at {} failed the authentication handshake: {}; give every agent "
+                    "and the store the same secret (store_client_options::secret, "
+                    "store_server_options::secret)",
+                    address(), s.reason));
+            }
+            if (s.status == store_auth::status::need_more) {
+                if (const auto ec = co_await fill(s.size)) co_return auth_io_failed(hs, ec);
+                continue;
+            }
+            rbeg_ += s.size;
+        }
+        disarm();
+        co_return std::error_code{};
+    }
+
+    // The connection failed during the handshake. A close is the server's answer (it refused
+    // the secret, or it has none and refused the handshake as an unknown request): thrown.
+    // Anything else (a timeout) is returned, to be retried until connect_timeout.
+    std::error_code auth_io_failed(const store_auth::client_handshake& hs, std::error_code ec) {
+        const bool expired = conn_->expired;
+        disarm();
+        drop();
+        if (expired) return make_error_code(asio::error::timed_out);
+        if (ec != asio::error::eof && ec != asio::error::connection_reset &&
+            ec != asio::error::broken_pipe)
+            return ec;
+        if (hs.proof_sent())
+            throw store_auth_error(fmt::format(
+                "the store at {} refused this client's secret (it closed the connection after "
+                "the proof: {}); give the client the store's secret "
+                "(store_client_options::secret = store_server_options::secret)",
+                address(), ec.message()));
+        throw store_auth_error(fmt::format(
+            "the store at {} closed the connection during the authentication handshake ({}): it "
+            "has no secret (store_server_options::secret), or it is not an elastic store; give "
+            "the server the same secret, or the client none",
+            address(), ec.message()));
     }
 
     // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
@@ -3696,6 +4081,7 @@ public:
     bool erase(std::string_view key) {
         const auto it = table_.find(key);
         if (it == table_.end()) return false;
+        table_bytes_ -= entry_bytes(it->first.size(), it->second.size());
         if (const auto w = watchers_.find(key); w != watchers_.end()) {
             const std::string old = std::move(it->second);
             table_.erase(it);
@@ -3717,6 +4103,29 @@ public:
     /// The number of keys.
     std::size_t size() const noexcept { return table_.size(); }
 
+    /// Bytes the engine holds for keys, values and awaited keys, counted as their lengths plus
+    /// a fixed overhead per entry (the hash node and the string headers). Not the allocator's
+    /// exact figure, but it grows and shrinks with every entry, which is what a memory limit
+    /// needs (store_server_options::max_memory).
+    std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_; }
+
+    /// Bytes that writing `value_size` bytes under `key` would add (0 when it would not grow).
+    std::size_t growth(std::string_view key, std::size_t value_size) const {
+        const auto* v = find(key);
+        if (!v) return entry_bytes(key.size(), value_size);
+        return value_size > v->size() ? value_size - v->size() : 0;
+    }
+
+    /// What one entry of `key_size` and `value_size` bytes is counted as.
+    static constexpr std::size_t entry_bytes(std::size_t key_size, std::size_t value_size) {
+        return key_size + value_size + entry_overhead;
+    }
+    /// What one awaited key is counted as (the engine keeps it twice: in its index and in the
+    /// waiter's own list, for cancel).
+    static constexpr std::size_t awaited_bytes(std::size_t key_size) {
+        return 2 * key_size + entry_overhead;
+    }
+
     /// Calls `f(key, value)` for every entry.
     template <class F>
     void for_each(F&& f) const {
@@ -3736,6 +4145,7 @@ public:
             it->second.push_back(&w);
             w.keys_.emplace_back(key);
             ++w.pending_;
+            waiter_bytes_ += awaited_bytes(key.size());
         }
         return w.pending_ == 0;
     }
@@ -3747,7 +4157,7 @@ public:
             const auto it = waiters_.find(std::string_view(k));
             if (it == waiters_.end()) continue;
             auto& list = it->second;
-            std::erase(list, &w);
+            waiter_bytes_ -= std::erase(list, &w) * awaited_bytes(k.size());
             if (list.empty()) waiters_.erase(it);
         }
         w.keys_.clear();
@@ -3812,8 +4222,14 @@ private:
         const auto watched = watchers_.find(key);
         std::string old;
         if (watched != watchers_.end() && !created) old = it->second;
-        if (created) it = table_.emplace(std::string(key), std::string{}).first;
+        if (created) {
+            it = table_.emplace(std::string(key), std::string{}).first;
+            table_bytes_ += entry_bytes(key.size(), 0);
+        }
+        const std::size_t before = it->second.size();
         mutate(it->second, created);
+        table_bytes_ += it->second.size();
+        table_bytes_ -= before;
         if (watched != watchers_.end()) {
             const auto kind = created ? store_change::created : change;
             for (auto* w : watched->second) w->on_change(kind, key, old, it->second);
@@ -3826,6 +4242,7 @@ private:
         if (it == waiters_.end()) return;
         waiter_list list = std::move(it->second);
         waiters_.erase(it);
+        waiter_bytes_ -= list.size() * awaited_bytes(key.size());
         for (auto* w : list) {
             // A waiter listed twice under this key (WAIT [k, k]) counts twice; it is ready at
             // its last registration, after which no list holds it any more.
@@ -3839,6 +4256,10 @@ private:
     std::unordered_map<std::string, std::string, store_string_hash, std::equal_to<>> table_;
     std::unordered_map<std::string, waiter_list, store_string_hash, std::equal_to<>> waiters_;
     std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
+    std::size_t table_bytes_ = 0;   // entry_bytes of every key and value
+    std::size_t waiter_bytes_ = 0;  // awaited_bytes of every registration not yet consumed
+
+    static constexpr std::size_t entry_overhead = 64;
 };
 
 }  // namespace elastic::inline v0::detail
@@ -4140,6 +4561,10 @@ private:
 #include <variant>
 #include <vector>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 namespace elastic::inline v0 {
 
 /// Where the server's log lines go (one line per call, no trailing newline). The agent may
@@ -4148,8 +4573,9 @@ using store_log = std::function<void(std::string_view line)>;
 
 /// How a tcp_store_server listens and what it accepts (limits are documented in docs/store.md).
 struct store_server_options {
-    /// Address to bind: an IPv4/IPv6 literal or a host name; "::" listens dual-stack.
-    std::string host = "0.0.0.0";
+    /// Address to bind: an IPv4/IPv6 literal or a host name; "0.0.0.0" every IPv4 interface,
+    /// "::" dual-stack. Loopback by default: a store others can reach is a choice to make.
+    std::string host = "127.0.0.1";
     /// Port to bind; 0 picks a free one (read it back with port()).
     std::uint16_t port = 0;
     /// Per-request limits; a request beyond one closes only its connection.
@@ -4160,6 +4586,32 @@ struct store_server_options {
     std::size_t max_waits_per_connection = 4096;
     /// Replies buffered before the server stops reading that connection's requests and writes.
     std::size_t max_pending_output = 4 * 1024 * 1024;
+    /// The largest reply one request may ask for (MULTI_GET, LIST_KEYS), checked before the
+    /// reply is built; a request asking for more closes its connection.
+    std::size_t max_reply_size = 64 * 1024 * 1024;
+    /// Bytes queued for one connection that it has not read: replies and pushed notifications
+    /// (WAIT wake-ups, WATCH_KEY changes). A client that stops reading is disconnected when its
+    /// queue would pass this, never buffered without end. At least max_pending_output plus
+    /// max_reply_size, and room for a WATCH_KEY notification of two values.
+    std::size_t max_queued_output = 128 * 1024 * 1024;
+    /// Bytes the whole server may hold: keys and values, awaited keys, requests being read and
+    /// replies being written. A request that would pass it is refused (its connection closed,
+    /// the refusal logged); the store keeps serving everyone else.
+    std::size_t max_memory = std::size_t{1} << 30;
+    /// Once the first byte of a request has arrived, the whole request must arrive within this
+    /// (and a reply being written must be taken by the client within it); otherwise the
+    /// connection is closed. Zero disables it.
+    std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
+    /// A connection that sends nothing for this long while it holds no WAIT, WATCH_KEY or lease
+    /// is closed. Zero (the default) keeps idle connections: PyTorch's clients hold theirs for
+    /// the whole job, idle between collectives' set-up, and do not reconnect.
+    std::chrono::milliseconds idle_timeout{0};
+    /// Out of descriptors or at max_connections, a new client is served by closing the newest
+    /// connection that has never sent a request and has been open at least this long (an
+    /// idle flood's, typically; a fresh client has its first request on the way). When there
+    /// is no such connection the new one is accepted and closed at once, never left hanging in
+    /// the kernel's backlog. Empty: never close one connection for another.
+    std::optional<std::chrono::milliseconds> shed_unused_after{std::chrono::seconds(1)};
     /// Log sink; empty means stderr.
     store_log log;
     /// Called after each request has run (tracing, metrics, tests); may be empty.
@@ -4171,6 +4623,16 @@ struct store_server_options {
     /// beyond reading the clock).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// Which peers may connect (docs/store.md, "Who may connect"): asked with each accepted
+    /// connection's remote address before anything is read; a refused peer is logged and
+    /// closed. Empty: everyone. For clients that cannot authenticate (PyTorch workers).
+    std::function<bool(const asio::ip::address&)> accept_peer;
+    /// Authentication (docs/store.md, "Authentication"): with a secret, a connection must
+    /// complete the handshake (store/auth.hpp) before any request, within `auth_timeout`, or it
+    /// is closed and logged; nothing it sends reaches the key table. Without one (PyTorch's
+    /// clients cannot authenticate) every connection is served as it comes. Not empty.
+    std::optional<std::string> secret;
+    std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
 };
 
 namespace detail {
@@ -4181,7 +4643,27 @@ class store_connection;
 // the server object is gone still finds its engine.
 struct store_server_core {
     store_server_core(const asio::any_io_executor& ex, store_server_options opts)
-        : executor(ex), acceptor(ex), resume_accept(ex), options(std::move(opts)) {}
+        : executor(ex), acceptor(ex), resume_accept(ex), options(std::move(opts)) {
+        reserve_descriptor();
+    }
+
+    store_server_core(const store_server_core&) = delete;
+    store_server_core& operator=(const store_server_core&) = delete;
+
+    ~store_server_core() { release_descriptor(); }
+
+    // Bytes held now: the key table and its waiters, and every connection's buffers.
+    std::size_t held() const noexcept { return engine.bytes() + buffered; }
+
+    // One descriptor kept open for the moment the process runs out: closing it lets the
+    // acceptor take the waiting client, to be refused with a log line instead of left hanging.
+    void reserve_descriptor() noexcept {
+        if (spare_fd < 0) spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    void release_descriptor() noexcept {
+        if (spare_fd >= 0) ::close(spare_fd);
+        spare_fd = -1;
+    }
 
     void log(std::string_view line) const {
         if (options.log)
@@ -4194,6 +4676,9 @@ struct store_server_core {
     std::chrono::steady_clock::duration lease_timeout() const {
         return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
     }
+
+    // How many `__lost/<n>` records of a lease group the server keeps (the newest ones).
+    static constexpr std::int64_t lease_lost_records_kept = 1024;
 
     // A lease ends without its holder: delete the key, count the loss in the group's epoch and
     // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
@@ -4213,6 +4698,10 @@ struct store_server_core {
         }
         ++leases_lost;
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        // The records do not pile up: an observer reads each one as it comes (it waits for the
+        // next by push), and a new observer starts at the epoch. Older ones than this go.
+        if (epoch > lease_lost_records_kept)
+            engine.erase(fmt::format("{}__lost/{}", space, epoch - lease_lost_records_kept));
         log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
                         store_engine::printable(key), holder, why,
                         store_engine::printable(space), epoch));
@@ -4228,8 +4717,16 @@ struct store_server_core {
     std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>>
         lease_holders;
     std::uint64_t leases_lost = 0;
+    std::size_t buffered = 0;  // bytes in the connections' input and output buffers
+    int spare_fd = -1;         // reserve_descriptor()
     bool stopped = false;
 };
+
+// Whether a client waits in the listening socket's queue (never blocks).
+inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
+    pollfd p{acceptor.native_handle(), POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
 
 inline std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
@@ -4246,8 +4743,11 @@ class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
         : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
-          lease_timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this) {
+          timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this),
+          opened_(clock::now()), last_heard_(opened_) {
         wake_.expires_at(asio::steady_timer::time_point::max());
+        if (core_->options.secret)
+            auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
     }
 
     store_connection(const store_connection&) = delete;
@@ -4265,11 +4765,28 @@ public:
         socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         socket_.close(ignored);
         wake_.cancel();
-        lease_timer_.cancel();
+        timer_.cancel();
     }
 
-    // Another connection took over `key` (the holder reconnected before this one was closed):
-    // it is no longer this connection's to lose.
+    // Whether the server may close this connection to serve a new client (out of descriptors
+    // or at max_connections): it has never sent a request nor begun one, holds nothing, and
+    // has been open at least `after`.
+    bool unused_since(std::chrono::steady_clock::time_point now,
+                      std::chrono::steady_clock::duration after) const noexcept {
+        return requests_ == 0 && begin_ == end_ && waits_.empty() && !watching_ &&
+               leases_.empty() && socket_.is_open() && now - opened_ >= after;
+    }
+    std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
+
+    // Closes the connection for the reason given (logged, and kept for the lease log).
+    void expire(std::string reason) {
+        if (!socket_.is_open()) return;
+        core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
+        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+        close();
+    }
+
+    // `key` was released (DELETE_KEY by its holder): it is no longer this connection's to lose.
     void forget_lease(std::string_view key) noexcept { std::erase(leases_, key); }
 
     const std::string& peer() const noexcept { return peer_; }
@@ -4290,10 +4807,13 @@ private:
         explicit key_watcher(store_connection& c) : conn(c) {}
         void on_change(store_change change, std::string_view key, std::string_view old_value,
                        std::string_view new_value) override {
+            if (!conn.room_to_push(1 + 3 * 8 + key.size() + old_value.size() + new_value.size()))
+                return;
             wire::put_u8(conn.out_, static_cast<std::uint8_t>(change));
             wire::put_bytes(conn.out_, key);
             wire::put_bytes(conn.out_, old_value);
             wire::put_bytes(conn.out_, new_value);
+            conn.account();
             conn.wake_.cancel();
         }
         store_connection& conn;
@@ -4311,12 +4831,20 @@ private:
         for (;;) {
             // After a malformed request the replies to the requests before it still go out.
             const bool ok = process();
-            if (!out_.empty()) {
+            account();
+            schedule();
+            if (!out_.empty() && socket_.is_open()) {
                 wbuf_.swap(out_);
+                write_since_ = clock::now();
+                schedule();
                 const auto [ec, n] =
                     co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
                 (void)n;
+                write_since_.reset();
                 wbuf_.clear();
+                // A large reply grew the buffer: give the memory back once it is written.
+                if (wbuf_.capacity() > 1024 * 1024) std::string().swap(wbuf_);
+                account();
                 if (ec) co_return;
                 if (ok) continue;
             }
@@ -4333,39 +4861,125 @@ private:
                 }
                 if (std::get<0>(std::get<0>(which))) co_return;
             }
-            reserve();
+            if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(
                 asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
-            if (!leases_.empty()) last_heard_ = clock::now();  // the only per-read lease cost
+            last_heard_ = clock::now();  // the only per-read cost of the deadlines
         }
     }
 
-    // Makes room for the next read: at least what the pending request needs, at least 4 KiB.
-    void reserve() {
+    // ---- memory ------------------------------------------------------------------------------
+
+    // Tells the server how many bytes this connection's buffers hold now.
+    void account() noexcept {
+        const std::size_t now = cap_ + out_.capacity() + wbuf_.capacity();
+        core_->buffered += now;
+        core_->buffered -= accounted_;
+        accounted_ = now;
+    }
+
+    // Why `n` more bytes for `what` would pass the server's memory limit; empty when they fit.
+    std::string no_memory_for(std::size_t n, std::string_view what) const {
+        const auto& o = core_->options;
+        const std::size_t held = core_->held();
+        if (n <= o.max_memory && held <= o.max_memory - n) return {};
+        return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
+                           "(store_server_options::max_memory); the store is full",
+                           what, n, held, o.max_memory);
+    }
+
+    // What appending `n` bytes to `out_` allocates: std::string grows its capacity by doubling,
+    // so a queue of 32 MiB that takes 2 MiB more takes 32 MiB more of memory.
+    std::size_t output_growth(std::size_t n) const noexcept {
+        const std::size_t need = out_.size() + n;
+        if (need <= out_.capacity()) return 0;
+        return std::max(need, 2 * out_.capacity()) - out_.capacity();
+    }
+
+    // Why a reply of `n` bytes to `what` cannot be queued; empty when it can.
+    std::string no_room_for_reply(std::size_t n, std::string_view what) const {
+        const auto& o = core_->options;
+        if (n > o.max_reply_size)
+            return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
+                               "(store_server_options::max_reply_size); ask for fewer keys",
+                               what, n, o.max_reply_size);
+        if (out_.size() + n > o.max_queued_output)
+            return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
+                               "more (store_server_options::max_queued_output)",
+                               out_.size(), what, n);
+        return no_memory_for(output_growth(n), what);
+    }
+
+    // Whether a notification of `n` bytes may be queued; if not, the client, which is not
+    // reading what it is sent, is disconnected.
+    bool room_to_push(std::size_t n) {
+        if (!socket_.is_open()) return false;
+        const auto& o = core_->options;
+        const std::size_t queued = out_.size() + wbuf_.size();
+        std::string why;
+        if (queued + n > o.max_queued_output)
+            why = fmt::format("it does not read what it is sent: {} bytes of replies and "
+                              "notifications are queued for it, and {} more would pass "
+                              "store_server_options::max_queued_output ({})",
+                              queued, n, o.max_queued_output);
+        else if (auto full = no_memory_for(output_growth(n), "its next notification");
+                 !full.empty())
+            why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
+                              "and {}",
+                              queued, full);
+        if (why.empty()) return true;
+        expire(std::move(why));
+        return false;
+    }
+
+    // Makes room for the next read; false (logged) when the server's memory limit forbids it.
+    // The buffer grows with the bytes that arrive, at most doubling, never to the size a
+    // request's header announces: a client that announces 16 MiB and sends 10 bytes holds
+    // 4 KiB, not 16 MiB.
+    bool reserve() {
         const std::size_t have = end_ - begin_;
-        const std::size_t want = std::max<std::size_t>(needed_ > have ? needed_ - have : 0, 4096);
-        if (cap_ - end_ >= want) return;
+        std::size_t want = 4096;
+        if (needed_ > have)
+            want = std::max(want, std::min(needed_ - have, have));
+        if (cap_ - end_ >= want) return true;
         if (begin_ > 0) {
             std::memmove(buf_, buf_ + begin_, have);
             begin_ = 0;
             end_ = have;
-            if (cap_ - end_ >= want) return;
+            if (cap_ - end_ >= want) return true;
         }
         const std::size_t cap = std::max(cap_ * 2, have + want);
+        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty())
+            return fail(why);
         char* bigger = new char[cap];
         if (have) std::memcpy(bigger, buf_, have);
         delete[] buf_;
         buf_ = bigger;
         cap_ = cap;
+        account();
+        return true;
     }
 
     // Runs every complete request in the buffer; false closes the connection.
     bool process() {
-        while (out_.size() < core_->options.max_pending_output) {
+        bool completed = false;  // a request ran: a partial one after it is a new one
+        while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
             const std::string_view data(buf_ + begin_, end_ - begin_);
             if (data.empty() || data.size() < needed_) break;
+            if (auth_) {  // the handshake comes before anything else
+                const auto s = auth_->feed(data, out_);
+                if (s.status == store_auth::status::refused) return refuse(s.reason);
+                if (s.status == store_auth::status::need_more) {
+                    needed_ = s.size;
+                    break;
+                }
+                begin_ += s.size;
+                needed_ = 0;
+                if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
+                continue;
+            }
             if (!dialect_) {
                 const auto d = wire::detect_dialect(data);
                 if (d == wire::detection::need_more) {
@@ -4383,6 +4997,8 @@ private:
             if (r.status == wire::parse_status::malformed) return fail(r.reason);
             needed_ = 0;
             if (!execute()) return false;
+            ++requests_;
+            completed = true;
             begin_ += r.size;
             if (core_->options.on_request) core_->options.on_request(req_.operation);
         }
@@ -4395,6 +5011,12 @@ private:
                 cap_ = 0;
             }
         }
+        // The request timeout runs from the first byte of the request at the head of the
+        // buffer: restarted by every request that completes, stopped when none is begun.
+        if (begin_ == end_ || end_ - begin_ >= needed_)
+            partial_since_.reset();
+        else if (completed || !partial_since_)
+            partial_since_ = clock::now();
         return true;
     }
 
@@ -4402,6 +5024,15 @@ private:
         core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
                                dialect_ == wire::dialect::current ? "current" : "legacy", reason));
         if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+        return false;
+    }
+
+    // ---- authentication ----------------------------------------------------------------------
+
+    bool refuse(std::string_view reason) {
+        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_,
+                               reason));
+        auth_.reset();  // said once
         return false;
     }
 
@@ -4429,25 +5060,30 @@ private:
         return {};
     }
 
-    // The key now belongs to this connection (the write has been done).
+    // Why a write (or DELETE_KEY) of `key` by this connection is refused because another live
+    // connection holds that lease, or empty. Only the holder writes its lease: otherwise any
+    // client could take a node's lease and drop it at will (a loss the job acts on), and a
+    // holder that reconnects holds a lease under a new name anyway (its old one was lost).
+    std::string lease_held_elsewhere(wire::op o, std::string_view key) const {
+        const auto it = core_->lease_holders.find(key);
+        if (it == core_->lease_holders.end() || it->second == this) return {};
+        return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
+                           "holder writes or deletes it; docs/store.md, Leases)",
+                           wire::name(o), store_engine::printable(key), it->second->peer());
+    }
+
+    // The key now belongs to this connection (the write has been done; lease_held_elsewhere
+    // refused it before if another connection held it).
     void bind_lease(std::string_view key) {
         auto& holders = core_->lease_holders;
-        auto it = holders.find(key);
-        if (it == holders.end()) {
-            it = holders.emplace(std::string(key), this).first;
-        } else if (it->second == this) {
-            return;
-        } else {
-            core_->log(fmt::format("lease '{}' moves from {} to {}", store_engine::printable(key),
-                                   it->second->peer(), peer_));
-            it->second->forget_lease(key);
-            it->second = this;
-        }
+        const auto it = holders.find(key);
+        if (it != holders.end()) return;  // this connection's already
+        holders.emplace(std::string(key), this);
         leases_.emplace_back(key);
         const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
         if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
         last_heard_ = clock::now();
-        if (!lease_timer_armed_) arm_lease_timer(last_heard_ + core_->lease_timeout());
+        schedule();
     }
 
     // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
@@ -4460,38 +5096,91 @@ private:
         holders.erase(it);
     }
 
-    // One timer per leasing connection. It is not moved by each request (that would cost a
-    // cancel per request); it fires at the deadline computed from the last read, and then
-    // either re-arms for the remaining time or ends the connection.
-    void arm_lease_timer(clock::time_point at) {
-        lease_timer_armed_ = true;
-        lease_timer_.expires_at(at);
-        lease_timer_.async_wait(
-            [weak = weak_from_this()](const std::error_code& ec) {
-                const auto self = weak.lock();
-                if (!self) return;
-                self->lease_timer_armed_ = false;
-                if (!ec) self->lease_timer_fired();
-            });
+    // ---- deadlines ---------------------------------------------------------------------------
+
+    // One timer per connection for every deadline it has: a lease's silence, a request begun
+    // and not finished, a reply the client does not take, idleness. It is not moved by each
+    // request (that would cost a cancel per request): it fires at the earliest deadline known
+    // when it was armed, and then either closes the connection or re-arms for what is left.
+    std::optional<clock::time_point> next_deadline() const {
+        std::optional<clock::time_point> at;
+        const auto consider = [&](clock::time_point t) {
+            if (!at || t < *at) at = t;
+        };
+        const auto& o = core_->options;
+        if (!leases_.empty()) consider(last_heard_ + core_->lease_timeout());
+        if (o.request_timeout.count() > 0) {
+            if (partial_since_) consider(*partial_since_ + o.request_timeout);
+            if (write_since_) consider(*write_since_ + o.request_timeout);
+        }
+        if (o.idle_timeout.count() > 0 && idle()) consider(last_heard_ + o.idle_timeout);
+        // Half a handshake must not hold a connection: it has auth_timeout from the accept.
+        if (auth_) consider(opened_ + o.auth_timeout);
+        return at;
     }
 
-    void lease_timer_fired() {
-        if (leases_.empty() || !socket_.is_open()) return;
+    // Nothing to wait for on this connection's behalf (the idle timeout's subject).
+    bool idle() const noexcept {
+        return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() &&
+               !write_since_;
+    }
+
+    // Arms the timer for the next deadline unless it is armed for an earlier one already.
+    void schedule() {
+        if (!socket_.is_open()) return;
+        const auto at = next_deadline();
+        if (!at || (timer_armed_ && timer_at_ <= *at)) return;
+        timer_armed_ = true;
+        timer_at_ = *at;
+        const auto generation = ++timer_generation_;  // a re-arm cancels the wait before it
+        timer_.expires_at(*at);
+        timer_.async_wait([weak = weak_from_this(), generation](const std::error_code& ec) {
+            const auto self = weak.lock();
+            if (!self || self->timer_generation_ != generation) return;
+            self->timer_armed_ = false;
+            if (!ec) self->deadline_passed();
+        });
+    }
+
+    void deadline_passed() {
+        if (!socket_.is_open()) return;
         const auto now = clock::now();
-        const auto deadline = last_heard_ + core_->lease_timeout();
-        if (now < deadline) {
-            arm_lease_timer(deadline);
+        const auto& o = core_->options;
+        const auto ms = [](clock::duration d) {
+            return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+        };
+        if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
+            close_reason_ = fmt::format(
+                "silent for {} ms ({} missed heartbeats of {} ms; "
+                "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                ms(now - last_heard_), o.lease_missed_heartbeats,
+                o.lease_heartbeat_interval.count());
+            core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+            close();
             return;
         }
-        const auto silent =
-            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_);
-        close_reason_ = fmt::format(
-            "silent for {} ms ({} missed heartbeats of {} ms; "
-            "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-            silent.count(), core_->options.lease_missed_heartbeats,
-            core_->options.lease_heartbeat_interval.count());
-        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
-        close();
+        if (auth_ && now >= opened_ + o.auth_timeout) {
+            auth_.reset();  // said once
+            return expire(fmt::format("authentication failed: no complete handshake within {} "
+                                      "ms (store_server_options::auth_timeout)",
+                                      o.auth_timeout.count()));
+        }
+        if (o.request_timeout.count() > 0 && partial_since_ &&
+            now >= *partial_since_ + o.request_timeout)
+            return expire(fmt::format(
+                "a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                "arrived; store_server_options::request_timeout is {} ms)",
+                ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+        if (o.request_timeout.count() > 0 && write_since_ &&
+            now >= *write_since_ + o.request_timeout)
+            return expire(fmt::format(
+                "it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                "request_timeout)",
+                wbuf_.size(), ms(now - *write_since_)));
+        if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
+            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)",
+                                      ms(now - last_heard_)));
+        schedule();
     }
 
     bool execute() {
@@ -4510,6 +5199,11 @@ private:
             case op::set:
                 if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
+                    return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET");
+                    !why.empty())
+                    return fail(why);
                 engine.set(r.key, r.value);
                 if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
@@ -4517,9 +5211,21 @@ private:
                 if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
                 // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
-                // bound only by the CAS that wins.
+                // bound only by the CAS that wins; one that would not write only reads.
                 const auto* before = engine.find(r.key);
                 const bool writes = before ? *before == r.expected : r.expected.empty();
+                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty())
+                    return fail(why);
+                const std::size_t reply =
+                    8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
+                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty())
+                    return fail(why);
+                if (writes)
+                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) +
+                                                     output_growth(reply),
+                                                 "COMPARE_SET");
+                        !why.empty())
+                        return fail(why);
                 wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
                 if (writes && parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
@@ -4527,6 +5233,8 @@ private:
             case op::get: {
                 // Missing: an empty value, like the libuv server (clients WAIT first anyway).
                 const auto* v = engine.find(r.key);
+                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty())
+                    return fail(why);
                 wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
                 return true;
             }
@@ -4549,6 +5257,9 @@ private:
                     return fail(fmt::format("{} WAITs pending on one connection reach the limit "
                                             "(store_server_options::max_waits_per_connection)",
                                             waits_.size()));
+                std::size_t awaited = 0;
+                for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
+                if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
                 auto& w = waits_.emplace_back(*this);
                 w.self = std::prev(waits_.end());
                 if (engine.wait(w, r.keys)) {
@@ -4571,6 +5282,8 @@ private:
                 if (const auto parts = parse_lease_key(r.key)) {
                     if (parts->reserved() || parts->name.empty())
                         return fail(lease_refusal(r.operation, r.key, true));
+                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
+                        return fail(why);
                     release_lease(r.key);
                 }
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
@@ -4578,35 +5291,72 @@ private:
             case op::append:
                 if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
+                if (const auto* v = engine.find(r.key);
+                    v && v->size() + r.value.size() > core_->options.limits.max_value_size)
+                    return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
+                                            "bytes, over the limit of {} "
+                                            "(wire::limits::max_value_size)",
+                                            r.value.size(), store_engine::printable(r.key),
+                                            v->size() + r.value.size(),
+                                            core_->options.limits.max_value_size));
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND");
+                    !why.empty())
+                    return fail(why);
                 engine.append(r.key, r.value);
                 return true;
-            case op::multi_get:
+            case op::multi_get: {
+                // The reply's size is known before it is built: a request naming one large
+                // value many times is refused, not answered with gigabytes.
+                std::size_t reply = 0;
+                for (const auto k : r.keys) {
+                    const auto* v = engine.find(k);
+                    reply += 8 + (v ? v->size() : 0);
+                }
+                if (auto why = no_room_for_reply(
+                        reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
+                    !why.empty())
+                    return fail(why);
                 for (const auto k : r.keys) {
                     const auto* v = engine.find(k);
                     wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
                 }
                 return true;
-            case op::multi_set:
+            }
+            case op::multi_set: {
                 // All or nothing: a refused lease key refuses the whole request.
-                for (const auto k : r.keys)
-                    if (auto why = lease_refusal(r.operation, k, true); !why.empty())
+                std::size_t growth = 0;
+                for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                    if (auto why = lease_refusal(r.operation, r.keys[i], true); !why.empty())
                         return fail(why);
+                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty())
+                        return fail(why);
+                    growth += engine.growth(r.keys[i], r.values[i].size());
+                }
+                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty())
+                    return fail(why);
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     engine.set(r.keys[i], r.values[i]);
                     if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
                 }
                 return true;
+            }
             case op::cancel_wait:
                 // Any STOP_WAITING already queued stays in front of this reply: a client that
                 // raced reads 0x00 then 0x01, as PyTorch's client expects (wire §1.4).
                 cancel_waits();
                 wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
                 return true;
-            case op::list_keys:
+            case op::list_keys: {
+                std::size_t reply = 8;
+                engine.for_each(
+                    [&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
+                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty())
+                    return fail(why);
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
                 engine.for_each(
                     [&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
                 return true;
+            }
             case op::queue_push:
             case op::queue_pop:
             case op::queue_len:
@@ -4625,11 +5375,29 @@ private:
     // The coroutine has ended: forget every registration, lose the leases (unless the whole
     // server is stopping) and leave the server's set.
     void finish() noexcept {
+        if (auth_ && auth_->challenged() && !core_->stopped) {
+            try {
+                core_->log(fmt::format("connection from {} closed during the authentication "
+                                       "handshake, after this server's challenge: the client "
+                                       "did not accept this server's proof (it has another "
+                                       "secret) or left",
+                                       peer_));
+            } catch (...) {
+                // Out of memory for a log line: the connection ends either way.
+            }
+        }
         cancel_waits();
         if (watching_) core_->engine.unwatch(watcher_);
         watching_ = false;
         close();
         lose_leases();
+        delete[] buf_;
+        buf_ = nullptr;
+        cap_ = begin_ = end_ = 0;
+        out_ = std::string();
+        wbuf_ = std::string();
+        core_->buffered -= accounted_;
+        accounted_ = 0;
         core_->connections.erase(this);
         core_->resume_accept.cancel();
     }
@@ -4655,7 +5423,7 @@ private:
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
     asio::steady_timer wake_;
-    asio::steady_timer lease_timer_;
+    asio::steady_timer timer_;  // schedule()
     std::string peer_;
     std::optional<wire::dialect> dialect_;
     wire::request req_;
@@ -4670,9 +5438,17 @@ private:
     key_watcher watcher_;
     bool watching_ = false;
     std::vector<std::string> leases_;  // lease keys this connection holds
-    clock::time_point last_heard_{};   // last read, kept only while leases_ is not empty
-    bool lease_timer_armed_ = false;
+    clock::time_point opened_;
+    clock::time_point last_heard_;                // the last read (or the lease's binding)
+    std::optional<clock::time_point> partial_since_;  // the head request's first byte
+    std::optional<clock::time_point> write_since_;    // the write in flight's start
+    clock::time_point timer_at_{};
+    std::uint64_t timer_generation_ = 0;
+    bool timer_armed_ = false;
+    std::uint64_t requests_ = 0;   // requests run
+    std::size_t accounted_ = 0;    // bytes of this connection in core_->buffered
     std::string close_reason_;  // why the server ended the connection, for the lease log
+    std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
 }  // namespace detail
@@ -4694,6 +5470,20 @@ public:
                 "store_server_options: lease_heartbeat_interval {} ms and "
                 "lease_missed_heartbeats {} must both be positive",
                 o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+        // A client that reads everything must never be cut off: its queue holds what reading
+        // stops at plus one reply, or a WATCH_KEY notification of two values.
+        const std::size_t notification = 25 + o.limits.max_key_size + 2 * o.limits.max_value_size;
+        if (o.max_queued_output < o.max_pending_output + std::max(o.max_reply_size, notification))
+            throw store_error(fmt::format(
+                "store_server_options: max_queued_output {} is less than max_pending_output {} "
+                "plus the largest reply ({}) or notification ({})",
+                o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
+        if (o.secret && o.secret->empty())
+            throw store_error("store_server_options::secret is empty: give the job's secret, or "
+                              "no secret (std::nullopt) for a store without authentication");
+        if (o.secret && o.auth_timeout.count() <= 0)
+            throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
+                                          "positive", o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -4745,6 +5535,10 @@ public:
     /// The number of open connections.
     std::size_t connections() const noexcept { return core_->connections.size(); }
 
+    /// Bytes held now, as store_server_options::max_memory counts them: keys, values, awaited
+    /// keys, and the connections' request and reply buffers.
+    std::size_t memory() const noexcept { return core_->held(); }
+
     /// The number of leases held now, and lost since the start (docs/store.md, "Leases").
     std::size_t leases() const noexcept { return core_->lease_holders.size(); }
     std::uint64_t leases_lost() const noexcept { return core_->leases_lost; }
@@ -4756,7 +5550,28 @@ private:
         std::error_code ignored;
         core.acceptor.close(ignored);
         core.resume_accept.cancel();
+        core.release_descriptor();
         for (auto* c : core.connections) c->close();
+    }
+
+    // Closes the newest connection that never sent a request (store_server_options::
+    // shed_unused_after) so a new client can be served; false when there is none.
+    static bool shed_unused(detail::store_server_core& core, std::string_view why) {
+        if (!core.options.shed_unused_after) return false;
+        const auto after = *core.options.shed_unused_after;
+        const auto now = std::chrono::steady_clock::now();
+        detail::store_connection* victim = nullptr;
+        for (auto* c : core.connections)
+            if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
+                victim = c;
+        if (!victim) return false;
+        victim->expire(fmt::format(
+            "{}: it has sent nothing in the {} ms since it connected, and a new client is "
+            "served in its place (store_server_options::shed_unused_after)",
+            why,
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
+                .count()));
+        return true;
     }
 
     static asio::awaitable<void> serve(std::shared_ptr<detail::store_server_core> core) {
@@ -4766,8 +5581,35 @@ private:
             if (ec == asio::error::operation_aborted || core->stopped) break;
             if (ec == asio::error::no_descriptors ||
                 ec == std::errc::too_many_files_open_in_system) {
-                // Out of descriptors: accept again once a connection closes (it cancels the
-                // timer), not in a retry loop.
+                using namespace asio::experimental::awaitable_operators;
+                // Out of descriptors. The kernel says so before it looks at the queue, so
+                // first see whether a client is waiting at all; if none, wait for one, or for
+                // a connection to close (it cancels resume_accept), without a retry loop.
+                if (!detail::client_waiting(core->acceptor)) {
+                    core->resume_accept.expires_at(asio::steady_timer::time_point::max());
+                    co_await (core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                        tuple_awaitable) ||
+                              core->resume_accept.async_wait(tuple_awaitable));
+                    continue;
+                }
+                // A client waits: close an unused connection for it, or take it with the
+                // reserve descriptor and refuse it plainly.
+                if (shed_unused(*core, "the process is out of file descriptors")) continue;
+                if (core->spare_fd >= 0) {
+                    core->release_descriptor();
+                    auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
+                    if (!ec2) {
+                        core->log(fmt::format(
+                            "refusing connection from {}: the process is out of file "
+                            "descriptors ({}) and no connection can make room; raise `ulimit "
+                            "-n` or lower store_server_options::max_connections",
+                            detail::format_peer(refused), ec.message()));
+                        std::error_code ignored;
+                        refused.close(ignored);
+                    }
+                    core->reserve_descriptor();
+                    if (!ec2 || ec2 == asio::error::operation_aborted || core->stopped) continue;
+                }
                 core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
                                       ec.message()));
                 core->resume_accept.expires_at(asio::steady_timer::time_point::max());
@@ -4779,8 +5621,19 @@ private:
                 continue;
             }
             std::error_code ignored;
+            if (core->options.accept_peer) {
+                const auto remote = socket.remote_endpoint(ignored);
+                if (ignored || !core->options.accept_peer(remote.address())) {
+                    core->log(fmt::format("refusing connection from {}: not a peer this store "
+                                          "accepts (store_server_options::accept_peer)",
+                                          detail::format_peer(socket)));
+                    socket.close(ignored);
+                    continue;
+                }
+            }
             socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-            if (core->connections.size() >= core->options.max_connections) {
+            if (core->connections.size() >= core->options.max_connections &&
+                !shed_unused(*core, "max_connections is reached")) {
                 core->log(fmt::format("refusing connection from {}: {} connections reach the "
                                       "limit (store_server_options::max_connections)",
                                       detail::format_peer(socket), core->connections.size()));
@@ -4985,6 +5838,7 @@ struct process_exit {
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -5080,6 +5934,29 @@ inline void prepare_agent_signals() noexcept {
         current.sa_flags &= ~SA_NOCLDWAIT;  // same effect as SIG_IGN on our children's status
         ::sigaction(SIGCHLD, &current, nullptr);
     }
+}
+
+/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
+/// until it is called): what a worker gets back, so it sees the limit its user set.
+inline rlim_t& original_open_files_soft_limit() noexcept {
+    static rlim_t soft = RLIM_INFINITY;
+    return soft;
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
+/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
+/// the hard one. Idempotent; returns the soft limit now in force.
+inline rlim_t raise_open_files_limit() noexcept {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+    if (original_open_files_soft_limit() == RLIM_INFINITY)
+        original_open_files_soft_limit() = limit.rlim_cur;
+    if (limit.rlim_cur < limit.rlim_max) {
+        const rlim_t before = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return before;
+    }
+    return limit.rlim_cur;
 }
 
 /// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
@@ -6283,6 +7160,7 @@ struct child_plan {
     pid_t parent;
     int error_fd;        // above 2, close-on-exec
     int max_fd;          // for the close loop if close_range is missing
+    rlim_t nofile_soft;  // the soft open-files limit to give the child; RLIM_INFINITY: keep
 };
 
 /// The child between vfork and exec. Only async-signal-safe calls: the agent is multithreaded,
@@ -6320,6 +7198,15 @@ struct child_plan {
         if (errno != ENOSYS && errno != EINVAL) fail(child_step::close_fds);
         for (int fd = 3; fd < plan.max_fd; ++fd) {  // kernels before 5.9
             if (fd != plan.error_fd) ::close(fd);
+        }
+    }
+    // The agent raised its own open-files limit (raise_open_files_limit); the worker gets the
+    // one its user set, as it would under any other launcher.
+    if (plan.nofile_soft != RLIM_INFINITY) {
+        rlimit limit{};
+        if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && plan.nofile_soft < limit.rlim_cur) {
+            limit.rlim_cur = plan.nofile_soft;
+            ::setrlimit(RLIMIT_NOFILE, &limit);
         }
     }
     sigset_t none;
@@ -6508,6 +7395,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         ::getpid(),
         error_write.get(),
         max_fd,
+        detail::original_open_files_soft_limit(),
     };
     pid_t pid = -1;
     int fork_errno = 0;
@@ -8627,6 +9515,12 @@ struct rendezvous_settings {
     /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
     /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
     int keep_alive_max_attempt = 5;
+    /// static, c10d: the file holding the job's secret, which authenticates every connection
+    /// to the rendezvous store (docs/rendezvous.md, "Security"); elastic's own key.
+    std::optional<std::string> secret_file;
+    /// The job's secret itself: read from `secret_file` or ELASTIC_RDZV_SECRET by the agent
+    /// (load_rendezvous_secret), never from the command line. Unset: no authentication.
+    std::optional<std::string> secret;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -8902,7 +9796,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -8915,6 +9809,7 @@ inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
     {"exit_barrier_timeout", true, true, true},
     {"keep_alive_interval", false, true, false},
     {"keep_alive_max_attempt", false, true, false},
+    {"secret_file", true, true, false},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -8997,6 +9892,8 @@ inline constexpr std::array<rdzv_key, 12> rdzv_keys{{
             settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
+        } else if (key == "secret_file") {
+            settings.secret_file = std::string(value);
         } else if (key == "store_type") {
             const auto type = detail::launch_impl::lower(value);
             if (type == "file") {
@@ -10297,7 +11194,9 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
      "(tcp), use_libuv (accepted, no effect). etcd-v3: the "
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
-     "how long a finished node waits for the others. A key the backend does not read is an error."},
+     "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
+     "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
+     "itself). A key the backend does not read is an error."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
      "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
      "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
@@ -11795,6 +12694,9 @@ struct rendezvous_round {
     bool host_in_round = false;  ///< the store's host is a member of this round
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
+    /// Group rank 0 only: every member's host and advertised address, for its workers' store to
+    /// accept connections from the round's nodes alone (empty on the other nodes).
+    std::vector<std::string> peers;
 };
 
 /// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).
@@ -11892,12 +12794,16 @@ public:
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -11925,6 +12831,12 @@ struct store_rendezvous_options {
     bool torchrun_guard = true;
     /// Where the rendezvous reports what a user should see (standby, membership); may be empty.
     std::function<void(std::string_view)> log;
+    /// Where it reports a store value it ignored (not valid: a broken or hostile client wrote
+    /// it); `log` when empty. The agent logs these as warnings.
+    std::function<void(std::string_view)> warn;
+    /// The job's restart budget when every node's policy is --max-restarts (a restart decision
+    /// past it is ignored); none: any count the job's `restarts` key backs is accepted.
+    std::optional<int> max_restarts;
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -11979,6 +12891,76 @@ inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std:
     return rank;
 }
 
+/// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
+/// out of range. The rendezvous reports it (naming the key) and ignores it.
+struct invalid_value : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// At most this many bytes of a value are shown in a message, non-printable bytes escaped.
+inline std::string shown(std::string_view value, std::size_t limit = 120) {
+    std::string out;
+    for (const char c : value.substr(0, std::min(value.size(), limit))) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
+        else out += fmt::format("\\x{:02x}", u);
+    }
+    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
+    return out;
+}
+
+inline nlohmann::json parse_object(std::string_view text) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw invalid_value("not JSON");
+    if (!j.is_object()) throw invalid_value("not a JSON object");
+    return j;
+}
+
+/// Field `name` of `j` as an integer within [lo, hi].
+inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
+    const auto it = j.find(name);
+    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
+    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
+    const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
+                       ? hi + 1
+                       : it->get<std::int64_t>();
+    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
+    return v;
+}
+
+inline int field_small(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
+    return static_cast<int>(field_int(j, name, lo, std::min<std::int64_t>(hi, 1'000'000'000)));
+}
+
+/// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
+inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
+    const auto it = j.find(name);
+    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
+    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
+    auto v = it->get<std::string>();
+    if (v.size() > max || v.size() < min)
+        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
+    return v;
+}
+
+inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
+    const auto it = j.find(name);
+    if (it == j.end()) {
+        if (absent) return *absent;
+        throw invalid_value(fmt::format("no '{}'", name));
+    }
+    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
+    return it->get<bool>();
+}
+
+/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
+/// of a few lines, a node's workers and ranks as counted in int.
+inline constexpr std::size_t max_host = 255;
+inline constexpr std::size_t max_id = 512;
+inline constexpr std::size_t max_reason = 4096;
+inline constexpr int max_nproc = 1 << 20;
+inline constexpr int max_nodes = 1 << 20;
+
 inline std::string encode(const node_info& i) {
     nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
                      {"pid", i.pid}};
@@ -11990,49 +12972,72 @@ inline std::string encode(const node_info& i) {
     return j.dump();
 }
 
-inline node_info decode_node(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
+/// A node's info (an arrival); invalid_value when it is not one.
+inline node_info decode_node(std::string_view text) {
+    const auto j = parse_object(text);
     node_info i;
-    i.host = j.at("host").get<std::string>();
-    i.store_addr = j.at("addr").get<std::string>();
-    i.store_port = j.at("port").get<std::uint16_t>();
-    i.nproc = j.at("nproc").get<int>();
-    i.pid = j.at("pid").get<long>();
-    if (j.contains("node_rank")) i.node_rank = j["node_rank"].get<int>();
-    if (j.contains("previous_rank")) i.previous_rank = j["previous_rank"].get<int>();
-    if (j.contains("id")) i.id = j["id"].get<std::string>();
-    i.backup_port = j.value("backup", std::uint16_t{0});
-    i.hosts_store = j.value("hosts_store", false);
+    i.host = field_string(j, "host", max_host);
+    i.store_addr = field_string(j, "addr", max_host, 1);
+    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
+    i.nproc = field_small(j, "nproc", 1, max_nproc);
+    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
+    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
+    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
+    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+    i.hosts_store = field_bool(j, "hosts_store", false);
     return i;
 }
 
-/// The successors a completer named: [{"id", "addr", "port"}, ...].
+/// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
 inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
+    if (!list.is_array()) throw invalid_value("'successors' is not a list");
+    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
     std::vector<store_successor> out;
     for (const auto& x : list) {
-        out.push_back({x.at("id").get<std::string>(), x.at("addr").get<std::string>(),
-                       x.at("port").get<std::uint16_t>()});
+        if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
+        out.push_back({field_string(x, "id", max_id, 1), field_string(x, "addr", max_host, 1),
+                       static_cast<std::uint16_t>(field_int(x, "port", 1, 65535))});
     }
     return out;
 }
 
+/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
+inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
+    const auto j = parse_object(text);
+    const bool host_in = field_bool(j, "host_in");
+    const auto it = j.find("successors");
+    if (it == j.end()) throw invalid_value("no 'successors'");
+    return {host_in, decode_successors(*it)};
+}
+
 /// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
-/// nothing when the round lost a node while forming and everyone rejoins the next one.
-inline std::optional<rendezvous_round> decode_assignment(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
-    if (j.contains("error")) throw rendezvous_error(j["error"].get<std::string>());
+/// nothing when the round lost a node while forming and everyone rejoins the next one;
+/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
+inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
+    const auto j = parse_object(text);
+    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
     if (j.contains("retry")) return std::nullopt;
     rendezvous_round r;
-    r.group_world_size = j.at("size").get<int>();
-    r.epoch = j.at("epoch").get<std::int64_t>();
-    r.host_in_round = j.value("host_in", false);
+    r.group_world_size = field_small(j, "size", 1, nnodes);
+    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
+    r.host_in_round = field_bool(j, "host_in", false);
     if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
-    r.restart_count = j.at("restarts").get<int>();
-    r.group_rank = j.at("group_rank").get<int>();
-    r.rank_base = j.at("rank_base").get<int>();
-    r.world_size = j.at("world_size").get<int>();
-    r.master_addr = j.at("master_addr").get<std::string>();
-    r.master_port = j.at("master_port").get<std::uint16_t>();
+    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
+    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
+    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
+    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+    r.master_addr = field_string(j, "master_addr", max_host, 1);
+    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
+    if (const auto it = j.find("peers"); it != j.end()) {
+        if (!it->is_array() || it->size() > 2 * static_cast<std::size_t>(nnodes))
+            throw invalid_value("'peers' is not a list of at most two names per node");
+        for (const auto& p : *it) {
+            if (!p.is_string() || p.get<std::string>().size() > max_host)
+                throw invalid_value("a peer is not a host name or address");
+            r.peers.push_back(p.get<std::string>());
+        }
+    }
     return r;
 }
 
@@ -12049,14 +13054,18 @@ inline std::string encode(const abort_notice& a) {
     return j.dump();
 }
 
-inline abort_notice decode_abort(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
-    abort_notice a{j.at("group_rank").get<int>(), j.at("host").get<std::string>(), j.at("reason").get<std::string>()};
-    const auto what = j.value("kind", std::string("failure"));
-    a.what = what == "membership" ? abort_notice::kind::membership
-             : what == "closed"   ? abort_notice::kind::closed
-                                  : abort_notice::kind::failure;
-    a.admission = j.value("admission", false);
+/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
+/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
+inline abort_notice decode_abort(std::string_view text, int size) {
+    const auto j = parse_object(text);
+    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
+                   field_string(j, "reason", max_reason)};
+    const auto what = field_string(j, "kind", 16);
+    if (what == "membership") a.what = abort_notice::kind::membership;
+    else if (what == "closed") a.what = abort_notice::kind::closed;
+    else if (what == "failure") a.what = abort_notice::kind::failure;
+    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+    a.admission = field_bool(j, "admission", false);
     return a;
 }
 
@@ -12103,9 +13112,21 @@ inline std::string encode(const job_decision& d) {
     return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
 }
 
-inline job_decision decode_decision(const std::string& text) {
-    const auto j = nlohmann::json::parse(text);
-    return {j.at("restart").get<bool>(), j.at("exit_code").get<int>(), j.at("reason").get<std::string>()};
+/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
+inline job_decision decode_decision(std::string_view text) {
+    const auto j = parse_object(text);
+    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
+}
+
+/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
+/// unless it is a whole number within [lo, hi].
+inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
+    std::int64_t v = 0;
+    const auto* end = text.data() + text.size();
+    const auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
+    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    return v;
 }
 
 /// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under (inventory §4.2).
@@ -12163,7 +13184,7 @@ public:
         auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
-        log->epoch = std::stoll(co_await lease.get(lease_epoch_key(lease_group())));
+        log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
         id_ = me.id;
         auto previous = std::exchange(members_, std::move(log));
@@ -12215,6 +13236,11 @@ public:
                     const auto k = lease_lost_key(lease_group(), log->epoch + 1);
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
+                    if (name.empty() || name.size() > detail::rdzv::max_id) {
+                        // Not a lease name the server wrote: the loss is counted, nobody is named.
+                        ignored(k, name, "not a lease name", "no member is taken for lost by it");
+                        name.clear();
+                    }
                     ++log->epoch;
                     log->lost.emplace_back(log->epoch, name);
                     log->changed();
@@ -12310,37 +13336,84 @@ public:
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store is lost.
+    /// the round ends otherwise. store_error when the store is lost. A value in the abort key
+    /// that is no valid notice is reported and ignored: the wait goes on at the next slot
+    /// (`abort/1`, ...), where a real abort is then written (abort()).
     asio::awaitable<abort_notice> wait_for_abort() {
-        const auto k = key(round_, "abort");
-        co_await wait_interruptible(*watcher_, k, std::nullopt);
-        auto notice = detail::rdzv::decode_abort(co_await watcher_->get(k));
-        admission_ = notice.admission;
-        co_return notice;
+        const int r = round_;
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            co_await wait_interruptible(*watcher_, k, std::nullopt);
+            const auto value = co_await watcher_->get(k);
+            if (auto notice = valid_abort(k, value)) {
+                admission_ = notice->admission;
+                co_return std::move(*notice);
+            }
+        }
+        throw rendezvous_error(too_many_invalid(r, "abort"));
     }
 
     /// Aborts the current round with `notice`; true when this node was the first.
     asio::awaitable<bool> abort(abort_notice notice) {
-        const auto value = detail::rdzv::encode(notice);
-        const auto got = co_await store_->compare_set(key(round_, "abort"), std::string{}, value);
-        admission_ = detail::rdzv::decode_abort(got).admission;
-        co_return got == value;
+        auto [standing, won] = co_await abort_round(*store_, round_, std::move(notice));
+        admission_ = standing.admission;
+        co_return won;
     }
 
     /// Publishes what the job does after the aborted round (the winner of abort() calls it).
     asio::awaitable<void> decide(job_decision decision) {
-        if (decision.restart) (void)co_await store_->add(job_key("restarts"), 1);
-        co_await store_->set(key(round_, "decision"), detail::rdzv::encode(decision));
+        if (decision.restart) {
+            // The job's count, repaired first if a broken client wrote something else there (an
+            // ADD of a value that is no number would end this connection).
+            const auto count = co_await job_restarts(*store_);
+            if (!count) co_await store_->set(job_key("restarts"), std::to_string(restarts_));
+            (void)co_await store_->add(job_key("restarts"), 1);
+        }
+        const auto value = detail::rdzv::encode(decision);
+        for (int slot = 0;; ++slot) {
+            if (slot == max_slots) throw rendezvous_error(too_many_invalid(round_, "decision"));
+            const auto k = slot_key(round_, "decision", slot);
+            const auto got = co_await store_->compare_set(k, std::string{}, value);
+            if (got == value) break;
+            // Only this node decides the round: whatever is there was written by another client.
+            ignored(k, got, "only the node whose abort won decides, and this node is that one",
+                    "the decision goes to the next slot");
+        }
         if (decision.restart) ++restarts_;
     }
 
-    /// The decision for the aborted round (awaited by push).
+    /// The decision for the aborted round (awaited by push). A value that is no valid decision,
+    /// or a restart the job's `restarts` count does not back (the decider adds 1 to it before it
+    /// publishes; with max_restarts, past the budget), is reported and ignored: the wait goes on
+    /// at the next slot.
     asio::awaitable<job_decision> await_decision() {
-        const auto k = key(round_, "decision");
-        co_await wait_interruptible(*store_, k, std::nullopt);
-        auto decision = detail::rdzv::decode_decision(co_await store_->get(k));
-        if (decision.restart) ++restarts_;
-        co_return decision;
+        const int r = round_;
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "decision", slot);
+            co_await wait_interruptible(*store_, k, std::nullopt);
+            const auto value = co_await store_->get(k);
+            auto decision = checked(k, value, "the decision goes on at the next slot",
+                                    [](std::string_view v) { return detail::rdzv::decode_decision(v); });
+            if (!decision) continue;
+            if (decision->restart) {
+                const auto count = co_await job_restarts(*store_);
+                const bool backed = count && *count > restarts_ &&
+                                    (!options_.max_restarts || *count <= *options_.max_restarts);
+                if (!backed) {
+                    ignored(k, value,
+                            fmt::format("a restart, but the job's restart count is {} (this node counted {}{})",
+                                        count ? std::to_string(*count) : std::string("not a number"), restarts_,
+                                        options_.max_restarts
+                                            ? fmt::format("; --max-restarts={}", *options_.max_restarts)
+                                            : std::string()),
+                            "the decision goes on at the next slot");
+                    continue;
+                }
+                ++restarts_;
+            }
+            co_return std::move(*decision);
+        }
+        throw rendezvous_error(too_many_invalid(r, "decision"));
     }
 
     /// This node's workers all succeeded: marks it done and waits (push) until every node of
@@ -12430,6 +13503,100 @@ private:
         if (options_.log) options_.log(line);
     }
 
+    // ---- values read from the store (docs/rendezvous.md, "What the agents trust") --------------
+
+    // How many slots (`abort`, `abort/1`, ...) a round's abort or decision may take before the
+    // job gives up: each invalid value costs a writer one slot.
+    static constexpr int max_slots = 64;
+
+    [[nodiscard]] std::string slot_key(int r, std::string_view name, int slot) const {
+        return slot == 0 ? key(r, name) : key(r, fmt::format("{}/{}", name, slot));
+    }
+
+    std::string too_many_invalid(int r, std::string_view name) const {
+        return fmt::format("round {} of run '{}': {} invalid values in a row at its '{}' key: a client that is no "
+                           "agent of this job keeps writing into the rendezvous store; give the job a store of its "
+                           "own",
+                           r, options_.run_id, max_slots, name);
+    }
+
+    // Reports the value at `k` that is not valid (`why`) and says what the job does instead
+    // (`then`); once per key and value.
+    void ignored(std::string_view k, std::string_view value, std::string_view why, std::string_view then) {
+        if (!warned_.insert(fmt::format("{}\n{}", k, value)).second) return;
+        const auto line = fmt::format("ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}",
+                                      k, detail::rdzv::shown(value), why, then);
+        if (options_.warn) options_.warn(line);
+        else say(line);
+    }
+
+    // `decode(value)`, or nothing (reported) when the value is not valid.
+    template <class Decode>
+    auto checked(std::string_view k, std::string_view value, std::string_view then, Decode decode)
+        -> std::optional<decltype(decode(value))> {
+        try {
+            return decode(value);
+        } catch (const detail::rdzv::invalid_value& e) {
+            ignored(k, value, e.what(), then);
+        } catch (const nlohmann::json::exception& e) {
+            ignored(k, value, e.what(), then);
+        }
+        return std::nullopt;
+    }
+
+    std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
+        const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
+        return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
+                       [&](std::string_view v) { return detail::rdzv::decode_abort(v, size); });
+    }
+
+    // Writes `mine` as round r's abort unless a valid abort is there first; returns the abort
+    // that stands and whether it is this node's. An invalid value found in a slot is reported
+    // and skipped: the abort goes to the next slot, where the watchers that saw it wait.
+    asio::awaitable<std::pair<abort_notice, bool>> abort_round(Store& s, int r, abort_notice mine) {
+        const auto value = detail::rdzv::encode(mine);
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            const auto got = co_await s.compare_set(k, std::string{}, value);
+            if (got == value) co_return std::pair{std::move(mine), true};
+            if (auto theirs = valid_abort(k, got)) co_return std::pair{std::move(*theirs), false};
+        }
+        throw rendezvous_error(too_many_invalid(r, "abort"));
+    }
+
+    // Whether round r has a valid abort.
+    asio::awaitable<bool> aborted(Store& s, int r) {
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            std::vector<std::string> keys{k};
+            if (!co_await s.check(std::move(keys))) co_return false;
+            if (valid_abort(k, co_await s.get(k))) co_return true;
+        }
+        co_return true;  // abort_round and wait_for_abort then say why the round cannot go on
+    }
+
+    // The job's restart count, or nothing (reported) when the key holds no count. Read, not
+    // ADDed: an ADD of a value that is no number would end this connection.
+    asio::awaitable<std::optional<int>> job_restarts(Store& s) {
+        const auto k = job_key("restarts");
+        std::vector<std::string> keys{k};
+        if (!co_await s.check(std::move(keys))) co_return 0;
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, "the job keeps the restart count it knows", [](std::string_view v) {
+            return static_cast<int>(detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max()));
+        });
+    }
+
+    // The lease group's loss count (the server's `__epoch`), or `known` (reported) when the key
+    // holds no count.
+    asio::awaitable<std::int64_t> read_epoch(Store& s, std::int64_t known) {
+        const auto k = lease_epoch_key(lease_group());
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
+            return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+        }).value_or(known);
+    }
+
     asio::awaitable<void> guard() {
         const auto k = detail::rdzv::torchrun_key(options_.run_id);
         const auto mine = detail::rdzv::guard_value(options_.run_id);
@@ -12487,17 +13654,28 @@ private:
                 r, options_.run_id, options_.nnodes,
                 std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count()));
         }
-        const int size = static_cast<int>(std::stoll(co_await store_->get(key(r, "size"))));
+        const auto size_key = key(r, "size");
+        const auto size_text = co_await store_->get(size_key);
+        const int size = checked(size_key, size_text, "this node takes the round for one that lost a node while forming",
+                                 [&](std::string_view v) {
+                                     return static_cast<int>(detail::rdzv::decode_count(v, 0, options_.nnodes));
+                                 }).value_or(0);
         if (size > 0) {
             // A standby that outlives the store's host moves with the members: it needs the
             // round's successors and the majority rule (move_to) as they do.
-            const nlohmann::json moves = nlohmann::json::parse(co_await store_->get(key(r, "successors")));
+            const auto moves_key = key(r, "successors");
+            const auto moves_text = co_await store_->get(moves_key);
             size_ = size;
-            host_in_round_ = moves.at("host_in").get<bool>();
-            successors_ = detail::rdzv::decode_successors(moves.at("successors"));
+            if (auto moves = checked(moves_key, moves_text, "this node knows no successor of the store's host",
+                                     [](std::string_view v) { return detail::rdzv::decode_round_successors(v); })) {
+                host_in_round_ = moves->first;
+                successors_ = std::move(moves->second);
+            } else {
+                host_in_round_ = true;
+                successors_.clear();
+            }
         }
-        std::vector<std::string> abort_key{key(r, "abort")};
-        if (!co_await store_->check(std::move(abort_key))) {
+        if (!co_await aborted(*store_, r)) {
             if (size < options_.nnodes) {
                 abort_notice waiting;
                 waiting.host = me.host;
@@ -12505,7 +13683,7 @@ private:
                 waiting.admission = true;
                 waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
                                              me.host, me.pid, size, options_.nnodes);
-                (void)co_await store_->compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(waiting));
+                (void)co_await abort_round(*store_, r, std::move(waiting));
             } else if (!options_.elastic()) {
                 throw rendezvous_error(fmt::format(
                     "round {} of run '{}' already has its {} nodes (this node arrived after it formed): another job "
@@ -12585,7 +13763,17 @@ private:
                 "others, or raise --rdzv-conf join_timeout",
                 options_.run_id, r, joined, options_.nnodes, seconds));
         }
-        co_return detail::rdzv::decode_assignment(co_await store_->get(mine));
+        const auto value = co_await store_->get(mine);
+        try {
+            co_return detail::rdzv::decode_assignment(value, options_.nnodes);
+        } catch (const detail::rdzv::invalid_value& e) {
+            // Only the completer writes it, once: nothing valid can follow. A clear end instead.
+            ignored(mine, value, e.what(), "this node has no assignment in this round");
+            throw rendezvous_error(fmt::format(
+                "rendezvous of run '{}' round {}: this node's assignment ('{}') is not valid ({}): a client that is "
+                "no agent of this job writes into the rendezvous store; give the job a store of its own",
+                options_.run_id, r, mine, e.what()));
+        }
     }
 
     // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
@@ -12608,7 +13796,7 @@ private:
     // lease ends as a loss too).
     asio::awaitable<std::int64_t> live_nodes(Store& s) {
         const auto registered = co_await s.add(job_key("registered"), 0);
-        const auto lost = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+        const auto lost = co_await read_epoch(s, members_ ? members_->epoch : 0);
         co_return registered - lost;
     }
 
@@ -12634,10 +13822,24 @@ private:
         } else {
             for (auto& key_i : keys) values.push_back(co_await s.get(key_i));
         }
+        // An arrival whose info is not valid (a client that is no agent: bad JSON, a value out
+        // of range, or, with liveness, no lease name) is reported and left out of the round.
         std::vector<node_info> arrived;
+        std::vector<bool> valid;
         arrived.reserve(values.size());
-        for (const auto& v : values) arrived.push_back(detail::rdzv::decode_node(v));
-        const auto restarts = static_cast<int>(co_await s.add(job_key("restarts"), 0));
+        for (std::size_t i = 0; i < values.size(); ++i) {
+            auto node = checked(keys[i], values[i], "this arrival is left out of the round",
+                                [&](std::string_view v) {
+                                    auto n = detail::rdzv::decode_node(v);
+                                    if (members_ && n.id.empty())
+                                        throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
+                                    return n;
+                                });
+            valid.push_back(node.has_value());
+            arrived.push_back(node ? std::move(*node) : node_info{});
+        }
+        const std::optional<int> counted = co_await job_restarts(s);
+        const int restarts = counted.value_or(restarts_);
 
         // Liveness: a node whose lease is gone (lost, or left) is left out of the round. The
         // lease keys are the store's own record. This node's log of losses is not enough: it
@@ -12647,25 +13849,25 @@ private:
         // aborts the round when the lost node is in it).
         std::int64_t epoch = 0;
         std::vector<int> in;  // arrival indexes (0-based) of the round's members
-        for (int i = 0; i < k; ++i) in.push_back(i);
+        for (int i = 0; i < k; ++i)
+            if (valid[static_cast<std::size_t>(i)]) in.push_back(i);
         if (members_) {
-            epoch = std::stoll(co_await s.get(lease_epoch_key(lease_group())));
+            epoch = co_await read_epoch(s, members_->epoch);
             std::vector<std::string> leases;
-            for (const auto& node : arrived) {
-                if (!node.id.empty()) leases.push_back(lease_key(lease_group(), node.id));
-            }
+            for (const int i : in) leases.push_back(lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id));
             if (!leases.empty() && !co_await s.check(std::move(leases))) {
                 // One at a time only when some lease is gone (a rare round).
-                in.clear();
-                for (int i = 0; i < k; ++i) {
-                    const auto& id = arrived[static_cast<std::size_t>(i)].id;
-                    std::vector<std::string> lease{lease_key(lease_group(), id)};
-                    if (id.empty() || co_await s.check(std::move(lease))) in.push_back(i);
+                const auto was = std::exchange(in, {});
+                for (const int i : was) {
+                    std::vector<std::string> lease{lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id)};
+                    if (co_await s.check(std::move(lease))) in.push_back(i);
                 }
             }
         }
         std::vector<std::string> out_keys;
         std::vector<std::string> out_values;
+        std::vector<std::string> members;  // the round's lease names (member/<id> keys)
+        int size = 0;
         const auto tell_all = [&](const std::string& value) {
             for (int i = 1; i <= k; ++i) {
                 out_keys.push_back(key(r, fmt::format("assign/{}", i)));
@@ -12711,10 +13913,17 @@ private:
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
+                // Group rank 0 hosts the workers' store: it accepts the members' addresses only
+                // (O(N) bytes in that one assignment).
+                nlohmann::json peers = nlohmann::json::array();
+                for (const auto& node : nodes) {
+                    if (!node.host.empty()) peers.push_back(node.host);
+                    if (node.store_addr != node.host) peers.push_back(node.store_addr);
+                }
                 for (int j = 0; j < n; ++j) {
                     const int g = rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
-                    out_values[static_cast<std::size_t>(arrival - 1)] =
+                    auto assignment =
                         nlohmann::json{{"group_rank", g},
                                        {"rank_base", base[static_cast<std::size_t>(g)]},
                                        {"world_size", base[static_cast<std::size_t>(n)]},
@@ -12724,8 +13933,9 @@ private:
                                        {"master_port", master.store_port},
                                        {"restarts", restarts},
                                        {"host_in", host_in},
-                                       {"successors", successors}}
-                            .dump();
+                                       {"successors", successors}};
+                    if (g == 0) assignment["peers"] = peers;
+                    out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
                         out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
                         out_values.push_back(std::to_string(g));
@@ -12740,19 +13950,99 @@ private:
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));
                 out_values.push_back(std::to_string(r));
+                for (const auto& node : nodes) {
+                    if (!node.id.empty()) members.push_back(node.id);
+                }
+                size = n;
             }
         }
+        // What collect() deletes once no node can need this round any more.
+        out_keys.push_back(key(r, "manifest"));
+        out_values.push_back(nlohmann::json{{"k", k}, {"n", size}, {"ids", members}}.dump());
         if constexpr (multi_key_store<Store>) {
             co_await s.multi_set(std::move(out_keys), std::move(out_values));
         } else {
             for (std::size_t i = 0; i < out_keys.size(); ++i) co_await s.set(out_keys[i], out_values[i]);
+        }
+        co_await collect(s, r);
+    }
+
+    // ---- key lifetime (docs/rendezvous.md, "Key lifetime") ------------------------------------
+
+    // Rounds whose keys stay in the store: the one just completed and the two before it. A node
+    // reads round q's keys only until it arrives at round q+1 (its abort, its decision, a
+    // standby's size and successors); round q+3 completes only after rounds q+1 and q+2 were
+    // aborted, so every node that is still in the job has left round q long before.
+    static constexpr int kept_rounds = 3;
+
+    // The completer of round r deletes the keys of every round up to r - kept_rounds that is
+    // not deleted yet (the job key `collected` names the first of those).
+    asio::awaitable<void> collect(Store& s, int r) {
+        const int upto = r - kept_rounds;
+        if (upto < 0) co_return;
+        const auto mark = job_key("collected");
+        int from = 0;
+        std::vector<std::string> mark_key{mark};
+        if (co_await s.check(std::move(mark_key))) {
+            const auto value = co_await s.get(mark);
+            from = checked(mark, value, "only the oldest round kept is deleted", [&](std::string_view v) {
+                       return static_cast<int>(detail::rdzv::decode_count(v, 0, upto + 1));
+                   }).value_or(upto);
+        }
+        // Bounded work: a round is deleted by the next completer at the latest, so only a gap
+        // (a round that never completed, a moved store) leaves more than one behind.
+        from = std::max(from, upto - 8);
+        for (int q = from; q <= upto; ++q) co_await collect_round(s, q);
+        co_await s.set(mark, std::to_string(upto + 1));
+    }
+
+    // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
+    // decision slot.
+    asio::awaitable<void> collect_round(Store& s, int q) {
+        std::vector<std::string> names{"count", "successors", "hosts", "size", "last_call_over", "done_count",
+                                       "all_done"};
+        const auto manifest_key = key(q, "manifest");
+        std::vector<std::string> probe{manifest_key};
+        if (co_await s.check(std::move(probe))) {
+            const auto value = co_await s.get(manifest_key);
+            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
+                                          [&](std::string_view v) {
+                                              const auto j = detail::rdzv::parse_object(v);
+                                              const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
+                                              const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
+                                              const auto ids = j.find("ids");
+                                              if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
+                                                  throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
+                                              std::vector<std::string> out;
+                                              for (const auto& id : *ids) {
+                                                  if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
+                                                  out.push_back(id.get<std::string>());
+                                              }
+                                              return std::tuple{k, n, std::move(out)};
+                                          });
+            if (manifest) {
+                const auto& [k, n, ids] = *manifest;
+                for (int i = 1; i <= k; ++i) {
+                    names.push_back(fmt::format("info/{}", i));
+                    names.push_back(fmt::format("assign/{}", i));
+                }
+                for (int g = 0; g < n; ++g) names.push_back(fmt::format("done/{}", g));
+                for (const auto& id : ids) names.push_back("member/" + id);
+            }
+            names.emplace_back("manifest");
+        }
+        for (const auto& name : names) (void)co_await s.delete_key(key(q, name));
+        for (const char* name : {"abort", "decision"}) {
+            for (int slot = 0; slot < max_slots; ++slot) {
+                if (!co_await s.delete_key(slot_key(q, name, slot))) break;
+            }
         }
     }
 
     // The monitor saw lease `name` lost (the epoch-th loss of the job).
     asio::awaitable<void> on_loss(Store& s, std::int64_t epoch, std::string name) {
         if (name == id_) co_return;
-        if (phase_ == phase::running && epoch > running_epoch_) {
+        if (phase_ == phase::running && epoch > running_epoch_ && !name.empty()) {
             co_await on_member_loss(s, round_, name);
         } else if (phase_ == phase::forming && options_.elastic()) {
             co_await complete_if_all_live(s, round_);
@@ -12768,7 +14058,7 @@ private:
         lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
                                   "silent)",
                                   detail::rdzv::describe_node_id(name));
-        (void)co_await s.compare_set(key(r, "abort"), std::string{}, detail::rdzv::encode(lost));
+        (void)co_await abort_round(s, r, std::move(lost));
     }
 
     static asio::awaitable<bool> wait_for(Store& s, std::string k, std::chrono::milliseconds timeout) {
@@ -12800,6 +14090,7 @@ private:
     store_rendezvous_options options_;
     std::shared_ptr<detail::rdzv::membership_log> members_;
     std::string id_;
+    std::set<std::string> warned_;  ///< key and value of every invalid value reported
     phase phase_ = phase::idle;
     int round_ = -1;
     int restarts_ = 0;
@@ -12827,9 +14118,11 @@ private:
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -12846,6 +14139,7 @@ private:
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
@@ -12874,6 +14168,8 @@ inline std::string gethostname_string() {
 /// torchrun's is_host heuristic (inventory §4.4), widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
+inline bool interface_holds(const asio::ip::address& wanted);
+
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
     const auto name = gethostname_string();
@@ -12882,6 +14178,11 @@ inline bool is_this_host(std::string_view host) {
     std::error_code ec;
     const auto wanted = asio::ip::make_address(std::string(host), ec);
     if (ec) return false;
+    return interface_holds(wanted);
+}
+
+/// Whether one of this host's interfaces holds `wanted`.
+inline bool interface_holds(const asio::ip::address& wanted) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return false;
     bool found = false;
@@ -12907,7 +14208,141 @@ inline std::string literal_for(std::string_view host) {
     return std::string(host);
 }
 
+/// The address a server named `host` binds on this node: an IP literal as given (a loopback
+/// name: 127.0.0.1); a name: the first address it resolves to, in the resolver's order
+/// (getaddrinfo, RFC 6724 as /etc/gai.conf tunes it), that this node owns — a loopback address
+/// or one an interface holds; IPv6 link-local addresses are passed over (they need a scope).
+/// Empty when the name resolves to no address of this node.
+inline std::string owned_address(std::string_view host) {
+    const auto literal = literal_for(host);
+    if (is_ip_literal(literal)) return literal;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
+    std::string chosen;
+    for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
+        asio::ip::address a;
+        if (i->ai_family == AF_INET) {
+            const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
+            a = asio::ip::address_v4(ntohl(v4->sin_addr.s_addr));
+        } else if (i->ai_family == AF_INET6) {
+            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
+            asio::ip::address_v6::bytes_type bytes;
+            std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+            const asio::ip::address_v6 six(bytes);
+            if (six.is_link_local()) continue;
+            a = six;
+        } else {
+            continue;
+        }
+        if (a.is_loopback() || interface_holds(a)) chosen = a.to_string();
+    }
+    ::freeaddrinfo(list);
+    return chosen;
+}
+
+/// Every address `host` names (an IP literal: itself; a name: what getaddrinfo gives), IPv4
+/// addresses mapped into IPv6 given as IPv4. Empty when it resolves to nothing.
+inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
+    std::vector<asio::ip::address> out;
+    std::error_code ec;
+    auto literal = asio::ip::make_address(std::string(host), ec);
+    if (!ec) {
+        out.push_back(literal);
+    } else {
+        addrinfo hints{};
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* list = nullptr;
+        if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
+        for (auto* i = list; i != nullptr; i = i->ai_next) {
+            if (i->ai_family == AF_INET) {
+                const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
+                out.emplace_back(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
+            } else if (i->ai_family == AF_INET6) {
+                const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
+                asio::ip::address_v6::bytes_type bytes;
+                std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+                out.emplace_back(asio::ip::address_v6(bytes));
+            }
+        }
+        ::freeaddrinfo(list);
+    }
+    for (auto& a : out) {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    return out;
+}
+
+/// Which peers the workers' store of a round accepts: loopback (this node's workers), and the
+/// addresses of the round's members (filled once the round is known; empty before).
+struct peer_list {
+    std::vector<asio::ip::address> allowed;
+
+    [[nodiscard]] bool accepts(asio::ip::address a) const {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+        if (a.is_loopback()) return true;
+        return std::find(allowed.begin(), allowed.end(), a) != allowed.end();
+    }
+};
+
+/// Where a server for `host` listens: owned_address(host), else every interface ("0.0.0.0"),
+/// which only a name that resolves to no address of this node comes to.
+inline std::string bind_address_for(std::string_view host) {
+    auto owned = owned_address(host);
+    return owned.empty() ? std::string("0.0.0.0") : owned;
+}
+
 }  // namespace detail::rdzv
+
+/// The environment variable that hands an agent the job's secret itself (for schedulers that
+/// inject secrets as variables); `--rdzv-conf secret_file=PATH` names a file instead.
+inline constexpr std::string_view rendezvous_secret_variable = "ELASTIC_RDZV_SECRET";
+
+/// Fills `c.rdzv_conf.secret` (unless a custom launcher set it) from `secret_file` (its
+/// contents, trailing line breaks stripped) or else ELASTIC_RDZV_SECRET, and removes that
+/// variable from `env` either way, so workers (which inherit `env`) never see the secret.
+/// usage_error for an unreadable file or an empty secret; `warn` hears about a file that its
+/// group or others may read.
+inline void load_rendezvous_secret(launch_config& c, environment& env,
+                                   const std::function<void(std::string_view)>& warn) {
+    std::optional<std::string> from_env;
+    if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
+        from_env = it->second;
+        env.erase(it);
+    }
+    auto& conf = c.rdzv_conf;
+    if (conf.secret) return;
+    if (conf.secret_file) {
+        const auto& path = *conf.secret_file;
+        std::ifstream in(path, std::ios::binary);
+        if (!in)
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
+                                          "file holding the job's secret",
+                                          path, std::error_code(errno, std::generic_category()).message())};
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+        if (text.empty())
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
+                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
+                                          path, path)};
+        struct stat st {};
+        if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
+                             "(mode {:04o}); chmod 600 it",
+                             path, static_cast<unsigned>(st.st_mode & 07777)));
+        conf.secret = std::move(text);
+        return;
+    }
+    if (from_env) {
+        if (from_env->empty())
+            throw usage_error{fmt::format("{} is set but empty; give it the job's secret, or unset it",
+                                          rendezvous_secret_variable)};
+        conf.secret = std::move(*from_env);
+    }
+}
 
 /// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
 /// single-node path: more than one node, or a c10d store another agent hosts.
@@ -12929,10 +14364,11 @@ struct advertised_address {
 [[nodiscard]] inline advertised_address advertise(const launch_config& c) {
     if (c.local_addr) {
         const auto lit = detail::rdzv::literal_for(*c.local_addr);
-        return {detail::rdzv::is_ip_literal(lit) ? lit : std::string("0.0.0.0"), lit};
+        return {detail::rdzv::bind_address_for(lit), lit};
     }
     if (detail::rdzv::is_loopback(c.rendezvous_endpoint().host)) return {"127.0.0.1", "127.0.0.1"};
-    return {"0.0.0.0", host_fqdn()};
+    const auto fqdn = host_fqdn();
+    return {detail::rdzv::bind_address_for(fqdn), fqdn};
 }
 
 /// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
@@ -12974,7 +14410,8 @@ public:
         }
         std::string connect_host = host;
         if (want_host) {
-            const auto bind_host = detail::rdzv::is_ip_literal(host) ? host : std::string("0.0.0.0");
+            // A name: the address it resolves to on this node, not every interface.
+            const auto bind_host = detail::rdzv::bind_address_for(host);
             auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -12982,7 +14419,8 @@ public:
                 // read it a moment too early would heartbeat by its own values: agree_keep_alive).
                 server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
                 server_->start();
-                if (bind_host == "0.0.0.0") connect_host = "127.0.0.1";
+                // Reach it where it listens (the name may resolve to another address first).
+                connect_host = bind_host == "0.0.0.0" ? std::string("127.0.0.1") : bind_host;
             } catch (const store_error& e) {
                 if (explicit_host) {
                     throw rendezvous_error(fmt::format(
@@ -13004,6 +14442,8 @@ public:
         lease_ = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client_->connect();
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(to_string(endpoint), e));
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot reach the rendezvous store at {} within {} s: {}",
                                                to_string(endpoint),
@@ -13027,6 +14467,15 @@ public:
         if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
             backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(config_).bind_host, 0));
             backup_->start();
+        }
+        if (!config_.rdzv_conf.secret && log_) {
+            log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
+                             "and steer this job; give every agent the job's secret (--rdzv-conf "
+                             "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
+                             to_string(endpoint), current_port_,
+                             backup_ ? fmt::format(", and this node's idle store on port {}", backup_->port())
+                                     : std::string(),
+                             rendezvous_secret_variable));
         }
     }
 
@@ -13076,6 +14525,8 @@ public:
             me.id = node_id_;
             try {
                 co_await rdzv_->start_liveness(*lease_, me);
+            } catch (const store_auth_error& e) {
+                throw rendezvous_error(secret_refused(fmt::format("{}:{}", next.addr, next.port), e));
             } catch (const store_error& e) {
                 throw rendezvous_error(
                     fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
@@ -13208,6 +14659,13 @@ private:
                            config_.rdzv_conf.keep_alive_max_attempt);
     }
 
+    // An agent whose secret the store refuses cannot take part: say which endpoint and option.
+    static std::string secret_refused(const std::string& endpoint, const store_auth_error& e) {
+        return fmt::format("the rendezvous store at {} and this node do not share the job's secret: {}; give every "
+                           "agent the same secret (--rdzv-conf secret_file=PATH, or {})",
+                           endpoint, e.what(), rendezvous_secret_variable);
+    }
+
     static std::string seconds(std::chrono::milliseconds d) {
         return fmt::format("{:g}", static_cast<double>(d.count()) / 1000.0);
     }
@@ -13226,6 +14684,8 @@ private:
         // connection closes).
         options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
         options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        // Every connection, the agents' own included, authenticates when the job has a secret.
+        options.secret = config_.rdzv_conf.secret;
         return options;
     }
 
@@ -13241,6 +14701,7 @@ private:
         options.connect_timeout = connect_timeout;
         options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
         options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        options.secret = config_.rdzv_conf.secret;
         return options;
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
@@ -14550,8 +16011,9 @@ inline store_plan plan_store(const launch_config& c) {
         plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
         plan.master_addr = plan.bind_host;
     } else {
-        // A name or address of this host: listen on every interface, as TCPStore does.
-        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("0.0.0.0");
+        // A name or address of this host: listen where it resolves to on this node (a name
+        // resolving to none of this node's addresses: every interface, as TCPStore does).
+        plan.bind_host = rdzv::bind_address_for(endpoint.host);
         plan.master_addr = endpoint.host;
     }
     if (c.local_addr) plan.master_addr = *c.local_addr;
@@ -14646,6 +16108,8 @@ public:
           env_(std::move(env)),
           log_(std::move(name), config_.agent_log_level) {
         detail::agent::check_supported(config_);
+        // Before anything reads env_: the workers inherit it, and must not inherit the secret.
+        load_rendezvous_secret(config_, env_, [this](std::string_view line) { log_.warning(line); });
         command_ = resolve_program(config_.program, env_);
         store_ = detail::agent::plan_store(config_);
         events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
@@ -14661,6 +16125,9 @@ public:
         // Installed first: a signal during start-up or a restart is handled like any other.
         asio::signal_set signals(executor_);
         prepare_agent_signals();
+        // The stores this agent hosts hold a descriptor per client; workers get the old limit
+        // back when they are spawned.
+        detail::raise_open_files_limit();
         for (const int s : config_.signals_to_handle) signals.add(s);
 
         if (log_.enabled(log_level::info)) {
@@ -14771,6 +16238,13 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        if (rdzv_) {
+            // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
+            // once the round is known, its members' addresses (join_round fills the list).
+            auto peers = std::make_shared<detail::rdzv::peer_list>();
+            workers_peers_ = peers;
+            options.accept_peer = [peers](const asio::ip::address& a) { return peers->accepts(a); };
+        }
         std::unique_ptr<tcp_store_server> server;
         try {
             server = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -15259,6 +16733,11 @@ private:
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
+        if (round_->group_rank == 0 && workers_peers_) {
+            for (const auto& peer : round_->peers) {
+                for (const auto& a : detail::rdzv::resolve_all(peer)) workers_peers_->allowed.push_back(a);
+            }
+        }
         log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
                               round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
                               round_->rank_base + config_.nproc_per_node - 1, round_->world_size));
@@ -15354,6 +16833,7 @@ private:
 
     std::unique_ptr<tcp_rendezvous> rdzv_;      ///< several nodes: the rendezvous
     std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
+    std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;     ///< the current round
     std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
     std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
