@@ -171,7 +171,7 @@ public:
     /// a fixed overhead per entry (the hash node and the string headers). Not the allocator's
     /// exact figure, but it grows and shrinks with every entry, which is what a memory limit
     /// needs (store_server_options::max_memory).
-    std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_; }
+    std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_ + watcher_bytes_; }
 
     /// Bytes that writing `value_size` bytes under `key` would add (0 when it would not grow).
     std::size_t growth(std::string_view key, std::size_t value_size) const {
@@ -231,18 +231,36 @@ public:
     /// The number of keys someone waits for (for tests and metrics).
     std::size_t awaited_keys() const noexcept { return waiters_.size(); }
 
-    /// Tells `w` of every later change of `key` until `unwatch`.
-    void watch(store_watcher& w, std::string_view key) {
+    /// Tells `w` of every later change of `key` until `unwatch`. Watching a key twice is
+    /// watching it once. Returns whether this registered anything new.
+    bool watch(store_watcher& w, std::string_view key) {
         auto it = watchers_.find(key);
-        if (it == watchers_.end()) it = watchers_.emplace(std::string(key), watcher_list{}).first;
+        if (it == watchers_.end()) {
+            it = watchers_.emplace(std::string(key), watcher_list{}).first;
+            watcher_bytes_ += entry_bytes(key.size(), 0);
+        } else if (std::ranges::find(it->second, &w) != it->second.end()) {
+            return false;
+        }
         it->second.push_back(&w);
+        watcher_bytes_ += sizeof(store_watcher*);
+        return true;
+    }
+
+    /// What watching `key` may add (for a memory limit checked before the call).
+    static constexpr std::size_t watch_bytes(std::size_t key_size) {
+        return entry_bytes(key_size, 0) + sizeof(store_watcher*);
     }
 
     /// Stops every watch of `w`.
     void unwatch(store_watcher& w) noexcept {
         for (auto it = watchers_.begin(); it != watchers_.end();) {
-            std::erase(it->second, &w);
-            it = it->second.empty() ? watchers_.erase(it) : std::next(it);
+            watcher_bytes_ -= std::erase(it->second, &w) * sizeof(store_watcher*);
+            if (it->second.empty()) {
+                watcher_bytes_ -= entry_bytes(it->first.size(), 0);
+                it = watchers_.erase(it);
+            } else {
+                it = std::next(it);
+            }
         }
     }
 
@@ -322,6 +340,7 @@ private:
     std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
     std::size_t table_bytes_ = 0;   // entry_bytes of every key and value
     std::size_t waiter_bytes_ = 0;  // awaited_bytes of every registration not yet consumed
+    std::size_t watcher_bytes_ = 0; // watched keys and their registrations
 
     static constexpr std::size_t entry_overhead = 64;
 };
