@@ -3,12 +3,13 @@
 // 1.13's own TCPStore server, both driven by the same client (tcp_store_client, legacy
 // dialect, one connection per client, all clients on one thread).
 //
-//   store-bench [--clients 1,16,256] [--ops 20000] [--server ours|torch|both|auth]
+//   store-bench [--clients 1,16,256] [--ops 20000] [--server ours|torch|both|auth|all]
 //               [--python PATH]
 //
 // --server auth compares our server without and with a secret (store_server_options::secret):
 // the handshake is per connection, so it shows in the connection set-up time (the connect
 // column: all clients connecting at once, including the handshake), not in the operations.
+// --server all runs the three side by side: ours, ours with a secret, PyTorch 1.13's.
 //
 // Each cell runs about `ops` operations in total (split between the clients) after a warm-up
 // of one operation per client; latency is measured per operation on the client.
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
     if (which == "auth") kinds = {kind::plain, kind::with_secret};
     else if (which == "ours") kinds = {kind::plain};
     else if (which == "torch") kinds = {kind::torch};
+    else if (which == "all") kinds = {kind::plain, kind::with_secret, kind::torch};
     else kinds = {kind::plain, kind::torch};
     for (const auto op :
          {operation::set, operation::get, operation::add, operation::wait_then_set}) {

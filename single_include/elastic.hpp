@@ -4107,7 +4107,7 @@ public:
     /// a fixed overhead per entry (the hash node and the string headers). Not the allocator's
     /// exact figure, but it grows and shrinks with every entry, which is what a memory limit
     /// needs (store_server_options::max_memory).
-    std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_; }
+    std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_ + watcher_bytes_; }
 
     /// Bytes that writing `value_size` bytes under `key` would add (0 when it would not grow).
     std::size_t growth(std::string_view key, std::size_t value_size) const {
@@ -4167,18 +4167,36 @@ public:
     /// The number of keys someone waits for (for tests and metrics).
     std::size_t awaited_keys() const noexcept { return waiters_.size(); }
 
-    /// Tells `w` of every later change of `key` until `unwatch`.
-    void watch(store_watcher& w, std::string_view key) {
+    /// Tells `w` of every later change of `key` until `unwatch`. Watching a key twice is
+    /// watching it once. Returns whether this registered anything new.
+    bool watch(store_watcher& w, std::string_view key) {
         auto it = watchers_.find(key);
-        if (it == watchers_.end()) it = watchers_.emplace(std::string(key), watcher_list{}).first;
+        if (it == watchers_.end()) {
+            it = watchers_.emplace(std::string(key), watcher_list{}).first;
+            watcher_bytes_ += entry_bytes(key.size(), 0);
+        } else if (std::ranges::find(it->second, &w) != it->second.end()) {
+            return false;
+        }
         it->second.push_back(&w);
+        watcher_bytes_ += sizeof(store_watcher*);
+        return true;
+    }
+
+    /// What watching `key` may add (for a memory limit checked before the call).
+    static constexpr std::size_t watch_bytes(std::size_t key_size) {
+        return entry_bytes(key_size, 0) + sizeof(store_watcher*);
     }
 
     /// Stops every watch of `w`.
     void unwatch(store_watcher& w) noexcept {
         for (auto it = watchers_.begin(); it != watchers_.end();) {
-            std::erase(it->second, &w);
-            it = it->second.empty() ? watchers_.erase(it) : std::next(it);
+            watcher_bytes_ -= std::erase(it->second, &w) * sizeof(store_watcher*);
+            if (it->second.empty()) {
+                watcher_bytes_ -= entry_bytes(it->first.size(), 0);
+                it = watchers_.erase(it);
+            } else {
+                it = std::next(it);
+            }
         }
     }
 
@@ -4258,6 +4276,7 @@ private:
     std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
     std::size_t table_bytes_ = 0;   // entry_bytes of every key and value
     std::size_t waiter_bytes_ = 0;  // awaited_bytes of every registration not yet consumed
+    std::size_t watcher_bytes_ = 0; // watched keys and their registrations
 
     static constexpr std::size_t entry_overhead = 64;
 };
@@ -4582,7 +4601,8 @@ struct store_server_options {
     wire::limits limits{};
     /// Connections served at once; one more is accepted, logged and closed at once.
     std::size_t max_connections = 16384;
-    /// WAITs pending on one connection (a 1.13 client that times out leaves one behind each time).
+    /// WAITs pending on one connection (a 1.13 client that times out leaves one behind each
+    /// time); also the keys one connection may watch (WATCH_KEY).
     std::size_t max_waits_per_connection = 4096;
     /// Replies buffered before the server stops reading that connection's requests and writes.
     std::size_t max_pending_output = 4 * 1024 * 1024;
@@ -4756,7 +4776,16 @@ public:
     ~store_connection() { delete[] buf_; }
 
     static asio::awaitable<void> serve(std::shared_ptr<store_connection> self) {
-        co_await self->loop();
+        // Whatever ends the loop — including a throw (out of memory, a throwing log sink, the
+        // random source failing) — the connection must leave the engine and the server's set:
+        // a waiter left registered would be called after the connection is gone.
+        try {
+            co_await self->loop();
+        } catch (const std::exception& e) {
+            self->expire(fmt::format("internal error: {}", e.what()));
+        } catch (...) {
+            self->expire("internal error");
+        }
         self->finish();
     }
 
@@ -4771,12 +4800,15 @@ public:
     // Whether the server may close this connection to serve a new client (out of descriptors
     // or at max_connections): it has never sent a request nor begun one, holds nothing, and
     // has been open at least `after`.
+    // A connection that is authenticating or part-way through its first request counts too:
+    // one byte each must not let a flood hold every slot.
     bool unused_since(std::chrono::steady_clock::time_point now,
                       std::chrono::steady_clock::duration after) const noexcept {
-        return requests_ == 0 && begin_ == end_ && waits_.empty() && !watching_ &&
-               leases_.empty() && socket_.is_open() && now - opened_ >= after;
+        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() &&
+               socket_.is_open() && now - opened_ >= after;
     }
     std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
+    bool is_open() const noexcept { return socket_.is_open(); }
 
     // Closes the connection for the reason given (logged, and kept for the lease log).
     void expire(std::string reason) {
@@ -5241,6 +5273,8 @@ private:
             case op::add:
                 if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty())
+                    return fail(why);
                 try {
                     wire::put_i64(out_, engine.add(r.key, r.number));
                 } catch (const store_error& e) {
@@ -5273,7 +5307,15 @@ private:
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
                 return true;
             case op::watch_key:
-                engine.watch(watcher_, r.key);
+                if (watches_ >= core_->options.max_waits_per_connection)
+                    return fail(fmt::format("{} keys watched on one connection reach the limit "
+                                            "(store_server_options::max_waits_per_connection)",
+                                            watches_));
+                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()),
+                                             "WATCH_KEY");
+                    !why.empty())
+                    return fail(why);
+                if (engine.watch(watcher_, r.key)) ++watches_;
                 watching_ = true;
                 wire::put_u8(out_, static_cast<std::uint8_t>(
                                        wire::watch_response::key_callback_registered));
@@ -5437,6 +5479,7 @@ private:
     std::list<pending_wait> waits_;
     key_watcher watcher_;
     bool watching_ = false;
+    std::size_t watches_ = 0;  // keys watched
     std::vector<std::string> leases_;  // lease keys this connection holds
     clock::time_point opened_;
     clock::time_point last_heard_;                // the last read (or the lease's binding)
@@ -5566,8 +5609,8 @@ private:
                 victim = c;
         if (!victim) return false;
         victim->expire(fmt::format(
-            "{}: it has sent nothing in the {} ms since it connected, and a new client is "
-            "served in its place (store_server_options::shed_unused_after)",
+            "{}: it has completed no request in the {} ms since it connected, and a new client "
+            "is served in its place (store_server_options::shed_unused_after)",
             why,
             std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
                 .count()));
@@ -5607,8 +5650,9 @@ private:
                         std::error_code ignored;
                         refused.close(ignored);
                     }
+                    if (core->stopped) break;
                     core->reserve_descriptor();
-                    if (!ec2 || ec2 == asio::error::operation_aborted || core->stopped) continue;
+                    if (!ec2 || ec2 == asio::error::operation_aborted) continue;
                 }
                 core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
                                       ec.message()));
@@ -5632,7 +5676,12 @@ private:
                 }
             }
             socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+            // Connections already closed (shed a moment ago) leave the set when their coroutine
+            // runs: they do not count, or each new client would shed one more.
             if (core->connections.size() >= core->options.max_connections &&
+                static_cast<std::size_t>(std::ranges::count_if(
+                    core->connections, [](const auto* c) { return c->is_open(); })) >=
+                    core->options.max_connections &&
                 !shed_unused(*core, "max_connections is reached")) {
                 core->log(fmt::format("refusing connection from {}: {} connections reach the "
                                       "limit (store_server_options::max_connections)",
