@@ -15,7 +15,6 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/error.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/ip/v6_only.hpp>
 #include <asio/steady_timer.hpp>
@@ -220,14 +219,13 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
 
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
 // WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
-// same output stream and cancels `wake_` so the coroutine flushes it.
+// same output stream and wakes the coroutine (wake()) so it flushes it.
 class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
-        : core_(std::move(core)), socket_(std::move(socket)), wake_(socket_.get_executor()),
-          timer_(socket_.get_executor()), peer_(format_peer(socket_)), watcher_(*this),
-          opened_(clock::now()), last_heard_(opened_) {
-        wake_.expires_at(asio::steady_timer::time_point::max());
+        : core_(std::move(core)), socket_(std::move(socket)), timer_(socket_.get_executor()),
+          peer_(format_peer(socket_)), watcher_(*this), opened_(clock::now()),
+          last_heard_(opened_) {
         if (core_->options.secret)
             auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
     }
@@ -255,7 +253,6 @@ public:
         std::error_code ignored;
         socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
         socket_.close(ignored);
-        wake_.cancel();
         timer_.cancel();
     }
 
@@ -308,7 +305,7 @@ private:
             wire::put_bytes(conn.out_, old_value);
             wire::put_bytes(conn.out_, new_value);
             conn.account();
-            conn.wake_.cancel();
+            conn.wake();
         }
         store_connection& conn;
     };
@@ -316,11 +313,10 @@ private:
     void wait_ready(std::list<pending_wait>::iterator it) {
         wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
         waits_.erase(it);
-        wake_.cancel();
+        wake();
     }
 
     asio::awaitable<void> loop() {
-        using namespace asio::experimental::awaitable_operators;
         constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
         for (;;) {
             // After a malformed request the replies to the requests before it still go out.
@@ -344,16 +340,17 @@ private:
             }
             if (!ok) co_return;
             if (!waits_.empty() || watching_) {
-                // A reply may be pushed while we wait for input: wait for readiness (cancelling
-                // a readiness wait loses no bytes) or for wake_, whichever comes first.
-                const auto which = co_await (
-                    socket_.async_wait(asio::ip::tcp::socket::wait_read, tuple_awaitable) ||
-                    wake_.async_wait(tuple_awaitable));
-                if (which.index() == 1) {
-                    if (!socket_.is_open()) co_return;
-                    continue;
-                }
-                if (std::get<0>(std::get<0>(which))) co_return;
+                // A reply may be pushed while we wait for input: wait for readiness, which a
+                // push cancels (wake()); cancelling a readiness wait loses no bytes. One
+                // operation, not a race of two: nothing to outlive the other.
+                if (!out_.empty()) continue;  // pushed while the last write was in flight
+                in_readiness_wait_ = true;
+                const auto [ec] = co_await socket_.async_wait(
+                    asio::ip::tcp::socket::wait_read, tuple_awaitable);
+                in_readiness_wait_ = false;
+                if (!socket_.is_open()) co_return;
+                if (ec == asio::error::operation_aborted) continue;  // woken: flush
+                if (ec) co_return;
             }
             if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(
@@ -362,6 +359,15 @@ private:
             end_ += n;
             last_heard_ = clock::now();  // the only per-read cost of the deadlines
         }
+    }
+
+    // A reply was queued from outside the loop (a WAIT answered, a watched key changed): end
+    // the loop's readiness wait so it writes it. Outside that wait the loop finds out_ full on
+    // its own; cancelling then would cancel a write.
+    void wake() noexcept {
+        if (!in_readiness_wait_) return;
+        std::error_code ignored;
+        socket_.cancel(ignored);
     }
 
     // ---- memory ------------------------------------------------------------------------------
@@ -926,7 +932,6 @@ private:
 
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
-    asio::steady_timer wake_;
     asio::steady_timer timer_;  // schedule()
     std::string peer_;
     std::optional<wire::dialect> dialect_;
@@ -941,6 +946,7 @@ private:
     std::list<pending_wait> waits_;
     key_watcher watcher_;
     bool watching_ = false;
+    bool in_readiness_wait_ = false;  // the loop awaits readability (wake() may cancel it)
     std::size_t watches_ = 0;  // keys watched
     std::vector<std::string> leases_;  // lease keys this connection holds
     clock::time_point opened_;
@@ -1086,15 +1092,12 @@ private:
             if (ec == asio::error::operation_aborted || core->stopped) break;
             if (ec == asio::error::no_descriptors ||
                 ec == std::errc::too_many_files_open_in_system) {
-                using namespace asio::experimental::awaitable_operators;
                 // Out of descriptors. The kernel says so before it looks at the queue, so
-                // first see whether a client is waiting at all; if none, wait for one, or for
-                // a connection to close (it cancels resume_accept), without a retry loop.
+                // first see whether a client is waiting at all; if none, wait for one (stop()
+                // closes the acceptor, which ends the wait), without a retry loop.
                 if (!detail::client_waiting(core->acceptor)) {
-                    core->resume_accept.expires_at(asio::steady_timer::time_point::max());
-                    co_await (core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
-                                                        tuple_awaitable) ||
-                              core->resume_accept.async_wait(tuple_awaitable));
+                    co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                       tuple_awaitable);
                     continue;
                 }
                 // A client waits: close an unused connection for it, or take it with the
