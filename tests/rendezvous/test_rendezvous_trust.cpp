@@ -6,11 +6,19 @@
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
 #include <elastic/store/blocking_client.hpp>
+#include <elastic/store/client.hpp>
+#include <elastic/store/lease.hpp>
+#include <elastic/store/server.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/io_context.hpp>
 
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -406,6 +414,86 @@ TEST_CASE("rendezvous trust: a host name endpoint binds the address the name res
     CHECK(all.size() >= 3);
     for (int node = 0; node < 2; ++node) j[node].signal(SIGTERM);
     for (int node = 0; node < 2; ++node) CHECK(j[node].wait() != 0);
+}
+
+TEST_CASE("rendezvous trust: an observer behind the store's kept loss records counts the erased ones and still "
+          "sees a member's loss") {
+    // The server keeps 4 records; 10 losses of leases no member holds, then member b's loss,
+    // all before member a's observer reads any: records 1..7 are gone when it starts.
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    so.lease_lost_records_kept = 4;
+    so.log = [](std::string_view) {};
+    elastic::tcp_store_server server(ctx.get_executor(), so);
+    server.start();
+    auto client = [&] {
+        elastic::store_client_options o;
+        o.port = server.port();
+        o.dialect = elastic::client_dialect::current;
+        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
+    };
+    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
+    for (int i = 0; i < 7; ++i) c.push_back(client());
+    auto& observer = *c[6];
+    std::vector<std::string> warnings;
+    elastic::store_rendezvous_options o;
+    o.run_id = "pruned";
+    o.nnodes = 2;
+    o.warn = [&](std::string_view line) { warnings.emplace_back(line); };
+    elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> b(*c[2], *c[3], o);
+    auto node = [](const std::string& id) {
+        elastic::node_info n;
+        n.host = id;
+        n.store_addr = "127.0.0.1";
+        n.store_port = 1;
+        n.pid = 1;
+        n.id = id;
+        return n;
+    };
+    std::string reason;
+    bool finished = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await a.start_liveness(*c[4], node("a"));
+            co_await b.start_liveness(*c[5], node("b"));
+            (void)co_await (a.next_round(node("a")) && b.next_round(node("b")));
+            const auto group = a.lease_group();
+            for (int i = 1; i <= 10; ++i) {
+                auto junk = client();
+                co_await junk->hold_lease(elastic::lease_key(group, fmt::format("junk{}", i)), "x");
+                junk->close();
+                std::vector<std::string> lost{elastic::lease_lost_key(group, i)};
+                co_await observer.wait(std::move(lost), std::chrono::seconds(120));
+            }
+            c[5]->close();  // b's lease connection ends: b is lost
+            std::vector<std::string> lost{elastic::lease_lost_key(group, 11)};
+            co_await observer.wait(std::move(lost), std::chrono::seconds(120));
+            CHECK(co_await observer.get(elastic::lease_lost_key(group, 11)) == "b");
+            std::vector<std::string> first{elastic::lease_lost_key(group, 7)};
+            CHECK_FALSE(co_await observer.check(std::move(first)));
+            // a's observer starts at the loss count it read when it took its lease (0).
+            auto which = co_await (a.keep_membership() || a.wait_for_abort());
+            REQUIRE(which.index() == 1);
+            reason = std::get<1>(which).reason;
+            for (auto& each : c) each->close();
+            server.stop();
+            finished = true;
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(finished);
+    CHECK(has(reason, "node b was lost"));
+    REQUIRE(warnings.size() == 1);
+    CHECK(has(warnings[0], "missed 7 lease losses of run 'pruned'"));
+    CHECK(has(warnings[0], "__lost/1 to "));
+    CHECK(has(warnings[0], "__lost/7)"));
 }
 
 }  // namespace test_rendezvous_trust

@@ -460,6 +460,14 @@ public:
             try {
                 for (;;) {
                     const auto k = lease_lost_key(lease_group(), log->epoch + 1);
+                    if (const auto missed = co_await erased_losses(*lease, log->epoch); missed > 0) {
+                        // Counted, named by nobody: the same as a record that names no lease.
+                        log->epoch += missed;
+                        log->lost.emplace_back(log->epoch, std::string{});
+                        log->changed();
+                        if (log == members_) co_await on_loss(*lease, log->epoch, std::string{});
+                        continue;
+                    }
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
                     if (name.empty() || name.size() > detail::rdzv::max_id) {
@@ -821,6 +829,36 @@ private:
         co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
             return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
         }).value_or(known);
+    }
+
+    // How many loss records after `known` the store erased before this node read them (0 when
+    // the next one is there or not yet written). The server keeps only the newest records of
+    // the group (store_server_options::lease_lost_records_kept) and erases the oldest first, so
+    // the missing ones are the first of known+1..__epoch: a binary search finds where the kept
+    // ones start. Waiting for an erased record would wait for ever and miss every later loss.
+    asio::awaitable<std::int64_t> erased_losses(Store& s, std::int64_t known) {
+        const auto current = co_await read_epoch(s, known);
+        if (current <= known) co_return 0;
+        auto exists = [&](std::int64_t n) -> asio::awaitable<bool> {
+            std::vector<std::string> keys{lease_lost_key(lease_group(), n)};
+            co_return co_await s.check(std::move(keys));
+        };
+        if (co_await exists(known + 1)) co_return 0;
+        std::int64_t missing = known + 1;  // erased
+        std::int64_t kept = current + 1;   // there, or past the last loss
+        while (kept - missing > 1) {
+            const auto mid = missing + (kept - missing) / 2;
+            if (co_await exists(mid)) kept = mid;
+            else missing = mid;
+        }
+        const auto count = kept - 1 - known;
+        const auto line = fmt::format(
+            "missed {} lease losses of run '{}' ({} to {}): the store erased their records before this node "
+            "read them (it keeps only the newest); they are counted, and no member is taken for lost by them",
+            count, options_.run_id, lease_lost_key(lease_group(), known + 1), lease_lost_key(lease_group(), kept - 1));
+        if (options_.warn) options_.warn(line);
+        else say(line);
+        co_return count;
     }
 
     asio::awaitable<void> guard() {
