@@ -3,6 +3,8 @@
 // over restarts, and a host name endpoint binds that name's address, never 0.0.0.0.
 #include "agent_support.hpp"
 
+#include <elastic/launch/usage_error.hpp>
+#include <elastic/launch/values.hpp>
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
 #include <elastic/store/blocking_client.hpp>
@@ -17,6 +19,7 @@
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <csignal>
@@ -162,6 +165,28 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK(rdzv::decode_decision(R"({"restart":false,"exit_code":7,"reason":"x"})").exit_code == 7);
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":0,"nproc":1,"pid":1})"), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":-3,"pid":1})"), invalid_value);
+    // Interface addresses: literals only, at most max_addrs.
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"addrs":["h.example"]})"),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"addrs":"10.0.0.1"})"),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"addrs":[7]})"),
+                    invalid_value);
+    {
+        nlohmann::json many = nlohmann::json::array();
+        for (std::size_t i = 0; i <= rdzv::max_addrs; ++i) many.push_back(fmt::format("10.0.{}.{}", i / 256, i % 256));
+        nlohmann::json j{{"host", "h"}, {"addr", "a"}, {"port", 1}, {"nproc", 1}, {"pid", 1}, {"addrs", many}};
+        CHECK_THROWS_AS(rdzv::decode_node(j.dump()), invalid_value);
+    }
+    {
+        elastic::node_info n;
+        n.host = "h";
+        n.store_addr = "a";
+        n.store_port = 1;
+        n.pid = 1;
+        n.addrs = {"10.0.0.1", "2001:db8::1"};
+        CHECK(rdzv::decode_node(rdzv::encode(n)).addrs == n.addrs);
+    }
     CHECK_THROWS_AS(rdzv::decode_round_successors(R"({"host_in":true,"successors":[{"id":"x","addr":"a"}]})"),
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_round_successors("garbage"), invalid_value);
@@ -191,6 +216,58 @@ TEST_CASE("rendezvous trust: the workers' store accepts loopback and the round's
     CHECK(peers.accepts(asio::ip::make_address("::ffff:192.0.2.7")));  // through a dual-stack listener
     CHECK_FALSE(peers.accepts(asio::ip::make_address("192.0.2.8")));
     CHECK_FALSE(peers.accepts(asio::ip::make_address("2001:db8::8")));
+}
+
+TEST_CASE("rendezvous trust: group rank 0's allow-list is the members' published literals, each once; names only "
+          "for a member that published none") {
+    namespace rdzv = elastic::detail::rdzv;
+    elastic::node_info multi;  // two NICs; its name resolves to neither of them
+    multi.host = "multi.invalid";
+    multi.store_addr = "multi.invalid";
+    multi.addrs = {"192.0.2.1", "198.51.100.1", "2001:db8::1"};
+    elastic::node_info twin;  // advertises a literal it also publishes, and one more
+    twin.host = "twin.invalid";
+    twin.store_addr = "192.0.2.9";
+    twin.addrs = {"192.0.2.1", "203.0.113.5"};
+    elastic::node_info old;  // published nothing
+    old.host = "old.invalid";
+    old.store_addr = "old.invalid";
+    const auto peers = rdzv::peers_of({multi, twin, old});
+    CHECK(peers == std::vector<std::string>{"192.0.2.1", "198.51.100.1", "2001:db8::1", "203.0.113.5", "192.0.2.9",
+                                            "old.invalid"});
+    // The list is added to once per address however often it is given.
+    rdzv::peer_list list;
+    list.allow(asio::ip::make_address("192.0.2.1"));
+    list.allow(asio::ip::make_address("::ffff:192.0.2.1"));
+    CHECK(list.allowed.size() == 1);
+    CHECK(list.accepts(asio::ip::make_address("192.0.2.1")));
+
+    // What this node publishes: literals, no loopback, no link-local IPv6, each once.
+    const auto mine = rdzv::interface_addresses();
+    CHECK(mine.size() <= rdzv::max_addrs);
+    for (const auto& a : mine) {
+        INFO(a);
+        const auto address = asio::ip::make_address(a);
+        CHECK_FALSE(address.is_loopback());
+        CHECK_FALSE((address.is_v6() && address.to_v6().is_link_local()));
+        CHECK(std::count(mine.begin(), mine.end(), a) == 1);
+    }
+}
+
+TEST_CASE("rendezvous trust: --rdzv-conf workers_store_peers is members (the default) or any") {
+    using elastic::rendezvous_backend;
+    CHECK_FALSE(elastic::parse_rendezvous_settings("", "--rdzv-conf", rendezvous_backend::c10d).workers_store_any_peer);
+    CHECK(elastic::parse_rendezvous_settings("workers_store_peers=any", "--rdzv-conf", rendezvous_backend::c10d)
+              .workers_store_any_peer);
+    CHECK_FALSE(elastic::parse_rendezvous_settings("workers_store_peers=members", "--rdzv-conf",
+                                                   rendezvous_backend::c10d)
+                    .workers_store_any_peer);
+    CHECK_THROWS_WITH_AS(
+        (void)elastic::parse_rendezvous_settings("workers_store_peers=all", "--rdzv-conf", rendezvous_backend::c10d),
+        doctest::Contains("workers_store_peers must be members"), elastic::usage_error);
+    CHECK_THROWS_AS(
+        (void)elastic::parse_rendezvous_settings("workers_store_peers=any", "--rdzv-conf", rendezvous_backend::static_),
+        elastic::usage_error);
 }
 
 TEST_CASE("rendezvous trust: an invalid abort, decision and restart count written into a running 2-agent job are "

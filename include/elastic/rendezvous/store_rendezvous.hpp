@@ -12,6 +12,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/address.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -186,6 +187,14 @@ inline constexpr std::size_t max_id = 512;
 inline constexpr std::size_t max_reason = 4096;
 inline constexpr int max_nproc = 1 << 20;
 inline constexpr int max_nodes = 1 << 20;
+inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
+
+/// Whether `text` is an IPv4 or IPv6 address literal.
+inline bool is_address_literal(const std::string& text) {
+    std::error_code ec;
+    (void)asio::ip::make_address(text, ec);
+    return !ec;
+}
 
 inline std::string encode(const node_info& i) {
     nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
@@ -195,6 +204,7 @@ inline std::string encode(const node_info& i) {
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
     if (i.hosts_store) j["hosts_store"] = true;
+    if (!i.addrs.empty()) j["addrs"] = i.addrs;
     return j.dump();
 }
 
@@ -212,7 +222,37 @@ inline node_info decode_node(std::string_view text) {
     if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
     if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
     i.hosts_store = field_bool(j, "hosts_store", false);
+    if (const auto it = j.find("addrs"); it != j.end()) {
+        if (!it->is_array() || it->size() > max_addrs)
+            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+        for (const auto& a : *it) {
+            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
+                throw invalid_value("an entry of 'addrs' is not an IP address literal");
+            i.addrs.push_back(a.get<std::string>());
+        }
+    }
     return i;
+}
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+    std::vector<std::string> out;
+    auto add = [&](const std::string& p) {
+        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    };
+    for (const auto& node : nodes) {
+        if (node.addrs.empty()) {
+            add(node.host);
+            add(node.store_addr);
+            continue;
+        }
+        for (const auto& a : node.addrs) add(a);
+        if (is_address_literal(node.store_addr)) add(node.store_addr);
+    }
+    return out;
 }
 
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
@@ -256,8 +296,8 @@ inline std::optional<rendezvous_round> decode_assignment(std::string_view text, 
     r.master_addr = field_string(j, "master_addr", max_host, 1);
     r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
     if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > 2 * static_cast<std::size_t>(nnodes))
-            throw invalid_value("'peers' is not a list of at most two names per node");
+        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
+            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
         for (const auto& p : *it) {
             if (!p.is_string() || p.get<std::string>().size() > max_host)
                 throw invalid_value("a peer is not a host name or address");
@@ -1180,10 +1220,7 @@ private:
                 // Group rank 0 hosts the workers' store: it accepts the members' addresses only
                 // (O(N) bytes in that one assignment).
                 nlohmann::json peers = nlohmann::json::array();
-                for (const auto& node : nodes) {
-                    if (!node.host.empty()) peers.push_back(node.host);
-                    if (node.store_addr != node.host) peers.push_back(node.store_addr);
-                }
+                for (const auto& p : detail::rdzv::peers_of(nodes)) peers.push_back(p);
                 for (int j = 0; j < n; ++j) {
                     const int g = rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
