@@ -573,4 +573,60 @@ TEST_CASE("rendezvous trust: an observer behind the store's kept loss records co
     CHECK(has(warnings[0], "__lost/7)"));
 }
 
+TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret ends the agent with the secret's "
+          "error, it does not move the job") {
+    // The agent joined the store of secret "one"; another store, of secret "two", now serves
+    // that port (the first one went away).
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    so.secret = "one";
+    so.log = [](std::string_view) {};
+    auto first = std::make_unique<elastic::tcp_store_server>(ctx.get_executor(), so);
+    first->start();
+    const auto port = first->port();
+    elastic::launch_config config;
+    config.rdzv_backend = elastic::rendezvous_backend::c10d;
+    config.rdzv_endpoint = elastic::host_port{"127.0.0.1", port};
+    config.rdzv_id = "refused";
+    config.nnodes = elastic::node_range{1, 2};
+    config.rdzv_conf.is_host = false;
+    config.rdzv_conf.secret = "one";
+    elastic::tcp_rendezvous agent(ctx.get_executor(), config, [](std::string_view) {});
+    elastic::node_info me;
+    me.host = "me";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = static_cast<long>(::getpid());
+    std::string error;
+    bool rejoined = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            co_await agent.start();
+            co_await agent.start_liveness(me);
+            first->stop();
+            first.reset();
+            so.port = port;
+            so.secret = "two";
+            elastic::tcp_store_server second(ctx.get_executor(), so);
+            second.start();
+            try {
+                rejoined = co_await agent.rejoin_store(me);
+            } catch (const elastic::rendezvous_error& e) {
+                error = e.what();
+            }
+            agent.stop();
+            second.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    CHECK_FALSE(rejoined);
+    CHECK(has(error, fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret",
+                                 port)));
+    CHECK(has(error, "give every agent the same secret"));
+}
+
 }  // namespace test_rendezvous_trust

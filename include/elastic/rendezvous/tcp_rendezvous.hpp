@@ -479,11 +479,16 @@ public:
     /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
     /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
     /// the job at its next round); false when the store does not answer (it is lost).
+    /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
+    /// and moving the job elsewhere would not make this node's secret right.
     asio::awaitable<bool> rejoin_store(node_info me) {
+        const auto endpoint = fmt::format("{}:{}", current_host_, current_port_);
         auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client->connect();
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error&) {
             co_return false;
         }
@@ -493,6 +498,8 @@ public:
         me.id = node_id_ = make_node_id(me.host, me.pid);
         try {
             co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
                                                current_host_, current_port_, e.what()));
