@@ -10,6 +10,7 @@
 #include <elastic/store/blocking_client.hpp>
 #include <elastic/store/client.hpp>
 #include <elastic/store/lease.hpp>
+#include <elastic/store/memory_store.hpp>
 #include <elastic/store/server.hpp>
 
 #include <asio/co_spawn.hpp>
@@ -627,6 +628,55 @@ TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret end
     CHECK(has(error, fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret",
                                  port)));
     CHECK(has(error, "give every agent the same secret"));
+}
+
+TEST_CASE("rendezvous trust: a node that comes to a round's abort or decision after the round was collected "
+          "rejoins instead of waiting for ever") {
+    // A member slow to stop its workers after round 0 was aborted comes back when later rounds
+    // completed and the completer of round 3 deleted round 0's keys (`collected` = 1).
+    asio::io_context ctx;
+    elastic::memory_store memory;
+    elastic::store_rendezvous_options o;
+    o.run_id = "slow";
+    o.nnodes = 1;
+    std::vector<std::string> said;
+    o.log = [&](std::string_view line) { said.emplace_back(line); };
+    elastic::store_rendezvous<elastic::memory_store> node(memory, memory, o);
+    elastic::node_info me;
+    me.host = "me";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = 1;
+    elastic::abort_notice notice;
+    elastic::job_decision decision;
+    int rejoined_at = -1;
+    bool finished = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            (void)co_await node.next_round(me);
+            REQUIRE(node.round_number() == 0);
+            // Rounds 1..3 completed elsewhere; round 0's abort and decision are gone.
+            memory.engine().set(std::string_view("elastic.rendezvous.slow/round"), std::string_view("3"));
+            memory.engine().set(std::string_view("elastic.rendezvous.slow/collected"), std::string_view("1"));
+            notice = co_await node.wait_for_abort();
+            decision = co_await node.await_decision();
+            const auto round = co_await node.next_round(me);
+            rejoined_at = round.number;
+            finished = true;
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(finished);
+    CHECK(notice.what == elastic::abort_notice::kind::membership);
+    CHECK(has(notice.reason, "round 0 of run 'slow' ended and was deleted while this node was away from it"));
+    CHECK(decision.restart);
+    CHECK(has(decision.reason, "the decision after round 0 of run 'slow' was deleted with the round"));
+    // It rejoins where the job is, the last completed round (which holds no arrival in this
+    // store, so it completes it alone), not round 1.
+    CHECK(rejoined_at == 3);
 }
 
 }  // namespace test_rendezvous_trust

@@ -617,7 +617,9 @@ public:
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
+            if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             co_await wait_interruptible(*watcher_, k, std::nullopt);
+            if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             const auto value = co_await watcher_->get(k);
             if (auto notice = valid_abort(k, value)) {
                 admission_ = notice->admission;
@@ -664,7 +666,9 @@ public:
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "decision", slot);
+            if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             co_await wait_interruptible(*store_, k, std::nullopt);
+            if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
                                     [](std::string_view v) { return detail::rdzv::decode_decision(v); });
@@ -1275,6 +1279,50 @@ private:
     // standby's size and successors); round q+3 completes only after rounds q+1 and q+2 were
     // aborted, so every node that is still in the job has left round q long before.
     static constexpr int kept_rounds = 3;
+
+    // Whether round r's keys were deleted (the job's `collected` is past it): a node that reads
+    // them now (a member slow to stop its workers after the round was aborted) would wait for
+    // ever on a key that is gone. Asked before each wait on the round's keys and before each
+    // read after one. A value that is no count is reported and taken for "not collected".
+    asio::awaitable<bool> round_collected(Store& s, int r) {
+        const auto mark = job_key("collected");
+        std::vector<std::string> keys{mark};
+        if (!co_await s.check(std::move(keys))) co_return false;
+        const auto value = co_await s.get(mark);
+        const auto first_kept = checked(mark, value, "this node takes its round for one not deleted yet",
+                                        [](std::string_view v) {
+                                            return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
+                                        });
+        co_return first_kept && *first_kept > r;
+    }
+
+    // Round r was aborted and deleted while this node was away from it: the job went on
+    // without it. It rejoins the job where it is now, as a node that missed the round.
+    abort_notice missed_abort(int r) {
+        rediscover_ = true;
+        abort_notice notice;
+        notice.what = abort_notice::kind::membership;
+        notice.reason = fmt::format("round {} of run '{}' ended and was deleted while this node was away from it; "
+                                    "this node rejoins the job at its current round",
+                                    r, options_.run_id);
+        say(notice.reason);
+        return notice;
+    }
+
+    // The decision after round r is gone with the round: later rounds completed, so it was a
+    // restart (a stop ends every node and no round completes after it).
+    job_decision missed_decision(int r) {
+        rediscover_ = true;
+        job_decision decision;
+        decision.restart = true;
+        decision.exit_code = 0;
+        decision.reason = fmt::format("the decision after round {} of run '{}' was deleted with the round while this "
+                                      "node was away from it (later rounds completed, so the job restarted); this node "
+                                      "rejoins the job at its current round",
+                                      r, options_.run_id);
+        say(decision.reason);
+        return decision;
+    }
 
     // The completer of round r deletes the keys of every round up to r - kept_rounds that is
     // not deleted yet (the job key `collected` names the first of those).
