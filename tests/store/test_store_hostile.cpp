@@ -448,11 +448,12 @@ print("ok", n, flush=True)
 
 TEST_CASE("store hostile: out of descriptors, a PyTorch client is served past 300 idle ones") {
 #if ELASTIC_TEST_ASAN || defined(__SANITIZE_ADDRESS__)
-    // Open defect: under AddressSanitizer + UndefinedBehaviorSanitizer the store-server, once
-    // out of descriptors, reports an invalid vptr inside Asio's timer queue when a connection
-    // arms its deadline timer (not seen without the sanitizers, where this test runs in the
-    // g++ stage). Until it is understood this case runs only there.
-    MESSAGE("skipped under AddressSanitizer: see the comment in the test");
+    // Not under the sanitizers: UndefinedBehaviorSanitizer's vptr check probes memory through
+    // a pipe it creates, so in a process that is out of descriptors — this test's whole point
+    // — it cannot read valid objects and reports them as having an invalid vptr ("memory
+    // cannot be printed"), as it did for Asio's timer queue here. The case runs in the g++
+    // stage.
+    MESSAGE("skipped under the sanitizers: their checks need a free descriptor");
     return;
 #endif
     // 256 descriptors and 300 connections that never send a byte (1,100 against `ulimit -n
