@@ -56,18 +56,7 @@ int count_files(const fs::path& dir, const std::string& prefix) {
     return n;
 }
 
-// A port that was free a moment ago (for the tests of an explicit --master-port).
-std::uint16_t free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
+using agent_support::free_port;  // for the tests of an explicit --master-port
 
 TEST_CASE("agent: every worker gets torchrun's contract, key by key (inventory 2.1)") {
     temp_dir dir;

@@ -28,21 +28,7 @@ namespace test_rendezvous_agents {
 using agent_support::launched;
 using agent_support::temp_dir;
 
-/// A port that was free a moment ago: bound on 127.0.0.1 with port 0, then released. Another
-/// process could take it in between; the kernel hands out ephemeral ports at random, so two
-/// concurrent test cases practically never collide, and a collision shows as a clear bind error.
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
+using agent_support::free_port;
 
 std::map<std::string, std::string> node_env(const temp_dir& dir, const std::string& rules, int node) {
     auto env = agent_support::clean_environment();

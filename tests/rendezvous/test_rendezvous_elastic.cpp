@@ -29,20 +29,7 @@ namespace test_rendezvous_elastic {
 using agent_support::launched;
 using agent_support::temp_dir;
 
-/// A port that was free a moment ago (bound on 127.0.0.1 with port 0, then released): every
-/// agent but the host joins with is_host=false, which needs a real port.
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
+using agent_support::free_port;
 
 /// One "world" line of agent-worker: world <WORLD_SIZE> <GROUP_WORLD_SIZE> <RANK> <GROUP_RANK>
 /// <TORCHELASTIC_RESTART_COUNT> <RDZV_TEST_NODE> <pid>.

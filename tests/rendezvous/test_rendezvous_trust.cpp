@@ -44,19 +44,7 @@ namespace test_rendezvous_trust {
 using agent_support::launched;
 using agent_support::temp_dir;
 
-/// A port that was free a moment ago (bound on 127.0.0.1 with port 0, then released).
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
+using agent_support::free_port;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

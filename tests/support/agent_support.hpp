@@ -20,8 +20,10 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +32,21 @@ extern "C" char** environ;
 namespace agent_support {
 
 /// The launcher under test: examples/elasticrun.cpp built with the tests (agent-elasticrun).
+/// A port that was free a moment ago (bound on 127.0.0.1 with port 0, then released): agents
+/// that must not host, or a store restarted on the same port, need a real port number.
+inline int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
 inline std::string elasticrun() { return ELASTIC_TEST_PROGRAM_DIR "/agent-elasticrun"; }
 /// The worker whose behaviour AGENT_WORKER_DO chooses (tests/programs/agent_worker.cpp).
 inline std::string worker() { return ELASTIC_TEST_PROGRAM_DIR "/agent-worker"; }
