@@ -71,6 +71,15 @@ wire::request op_of(wire::op o, std::string_view key = {}, std::string_view valu
     return r;
 }
 
+// A SET of "/k" whose header announces a 16 MiB value, and 10 bytes of that value.
+std::string announced_16_mib() {
+    std::string partial = legacy(set_of("/k", "v"));
+    partial.resize(partial.size() - 9);  // the value's length (8 bytes) and the value ("v")
+    for (std::size_t b = 0; b < 8; ++b)
+        partial.push_back(static_cast<char>(((16 * mib) >> (8 * b)) & 0xff));
+    return partial + std::string(10, 'p');
+}
+
 // GETNUMKEYS and its 8-byte reply: proves every request sent before it has run.
 asio::awaitable<void> sync(raw_client& c) {
     co_await c.send(legacy(op_of(wire::op::num_keys)));
@@ -230,14 +239,7 @@ TEST_CASE("store hostile: requests that announce 16 MiB and send 10 bytes hold 4
         std::vector<raw_client> slow;
         for (int i = 0; i < 40; ++i) {
             slow.push_back(co_await raw_client::connect(f.port()));
-            // SET "/k" with a value length of 16 MiB, then 10 bytes of it.
-            std::string partial = legacy(set_of("/k", "v"));
-            partial.resize(partial.size() - 9);
-            const std::uint64_t n = 16 * mib;
-            for (std::size_t b = 0; b < 8; ++b)
-                partial.push_back(static_cast<char>((n >> (8 * b)) & 0xff));
-            partial += std::string(10, 'p');
-            co_await slow.back().send(partial);
+            co_await slow.back().send(announced_16_mib());
         }
         // Every partial request has been read by the server once a later request has run.
         auto probe = co_await raw_client::connect(f.port());
@@ -529,11 +531,7 @@ TEST_CASE("store hostile: every attack at once: peak memory bounded, PyTorch ser
             std::vector<raw_client> slow;
             for (int i = 0; i < 40; ++i) {
                 slow.push_back(co_await raw_client::connect(port));
-                std::string partial = legacy(set_of("/k", "v"));
-                partial.resize(partial.size() - 9);
-                for (std::size_t b = 0; b < 8; ++b)
-                    partial.push_back(static_cast<char>(((16 * mib) >> (8 * b)) & 0xff));
-                co_await slow.back().send(partial + std::string(10, 'p'));
+                co_await slow.back().send(announced_16_mib());
             }
             // A watcher that never reads while its key changes by 1 MiB values.
             auto watcher = co_await raw_client::connect(port);
