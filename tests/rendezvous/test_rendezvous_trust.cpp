@@ -3,14 +3,26 @@
 // over restarts, and a host name endpoint binds that name's address, never 0.0.0.0.
 #include "agent_support.hpp"
 
+#include <elastic/launch/usage_error.hpp>
+#include <elastic/launch/values.hpp>
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
 #include <elastic/store/blocking_client.hpp>
+#include <elastic/store/client.hpp>
+#include <elastic/store/lease.hpp>
+#include <elastic/store/memory_store.hpp>
+#include <elastic/store/server.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/io_context.hpp>
 
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -142,6 +154,28 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK(rdzv::decode_decision(R"({"restart":false,"exit_code":7,"reason":"x"})").exit_code == 7);
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":0,"nproc":1,"pid":1})"), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":-3,"pid":1})"), invalid_value);
+    // Interface addresses: literals only, at most max_addrs.
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"addrs":["h.example"]})"),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"addrs":"10.0.0.1"})"),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"addrs":[7]})"),
+                    invalid_value);
+    {
+        nlohmann::json many = nlohmann::json::array();
+        for (std::size_t i = 0; i <= rdzv::max_addrs; ++i) many.push_back(fmt::format("10.0.{}.{}", i / 256, i % 256));
+        nlohmann::json j{{"host", "h"}, {"addr", "a"}, {"port", 1}, {"nproc", 1}, {"pid", 1}, {"addrs", many}};
+        CHECK_THROWS_AS(rdzv::decode_node(j.dump()), invalid_value);
+    }
+    {
+        elastic::node_info n;
+        n.host = "h";
+        n.store_addr = "a";
+        n.store_port = 1;
+        n.pid = 1;
+        n.addrs = {"10.0.0.1", "2001:db8::1"};
+        CHECK(rdzv::decode_node(rdzv::encode(n)).addrs == n.addrs);
+    }
     CHECK_THROWS_AS(rdzv::decode_round_successors(R"({"host_in":true,"successors":[{"id":"x","addr":"a"}]})"),
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_round_successors("garbage"), invalid_value);
@@ -171,6 +205,58 @@ TEST_CASE("rendezvous trust: the workers' store accepts loopback and the round's
     CHECK(peers.accepts(asio::ip::make_address("::ffff:192.0.2.7")));  // through a dual-stack listener
     CHECK_FALSE(peers.accepts(asio::ip::make_address("192.0.2.8")));
     CHECK_FALSE(peers.accepts(asio::ip::make_address("2001:db8::8")));
+}
+
+TEST_CASE("rendezvous trust: group rank 0's allow-list is the members' published literals, each once; names only "
+          "for a member that published none") {
+    namespace rdzv = elastic::detail::rdzv;
+    elastic::node_info multi;  // two NICs; its name resolves to neither of them
+    multi.host = "multi.invalid";
+    multi.store_addr = "multi.invalid";
+    multi.addrs = {"192.0.2.1", "198.51.100.1", "2001:db8::1"};
+    elastic::node_info twin;  // advertises a literal it also publishes, and one more
+    twin.host = "twin.invalid";
+    twin.store_addr = "192.0.2.9";
+    twin.addrs = {"192.0.2.1", "203.0.113.5"};
+    elastic::node_info old;  // published nothing
+    old.host = "old.invalid";
+    old.store_addr = "old.invalid";
+    const auto peers = rdzv::peers_of({multi, twin, old});
+    CHECK(peers == std::vector<std::string>{"192.0.2.1", "198.51.100.1", "2001:db8::1", "203.0.113.5", "192.0.2.9",
+                                            "old.invalid"});
+    // The list is added to once per address however often it is given.
+    rdzv::peer_list list;
+    list.allow(asio::ip::make_address("192.0.2.1"));
+    list.allow(asio::ip::make_address("::ffff:192.0.2.1"));
+    CHECK(list.allowed.size() == 1);
+    CHECK(list.accepts(asio::ip::make_address("192.0.2.1")));
+
+    // What this node publishes: literals, no loopback, no link-local IPv6, each once.
+    const auto mine = rdzv::interface_addresses();
+    CHECK(mine.size() <= rdzv::max_addrs);
+    for (const auto& a : mine) {
+        INFO(a);
+        const auto address = asio::ip::make_address(a);
+        CHECK_FALSE(address.is_loopback());
+        CHECK_FALSE((address.is_v6() && address.to_v6().is_link_local()));
+        CHECK(std::count(mine.begin(), mine.end(), a) == 1);
+    }
+}
+
+TEST_CASE("rendezvous trust: --rdzv-conf workers_store_peers is members (the default) or any") {
+    using elastic::rendezvous_backend;
+    CHECK_FALSE(elastic::parse_rendezvous_settings("", "--rdzv-conf", rendezvous_backend::c10d).workers_store_any_peer);
+    CHECK(elastic::parse_rendezvous_settings("workers_store_peers=any", "--rdzv-conf", rendezvous_backend::c10d)
+              .workers_store_any_peer);
+    CHECK_FALSE(elastic::parse_rendezvous_settings("workers_store_peers=members", "--rdzv-conf",
+                                                   rendezvous_backend::c10d)
+                    .workers_store_any_peer);
+    CHECK_THROWS_WITH_AS(
+        (void)elastic::parse_rendezvous_settings("workers_store_peers=all", "--rdzv-conf", rendezvous_backend::c10d),
+        doctest::Contains("workers_store_peers must be members"), elastic::usage_error);
+    CHECK_THROWS_AS(
+        (void)elastic::parse_rendezvous_settings("workers_store_peers=any", "--rdzv-conf", rendezvous_backend::static_),
+        elastic::usage_error);
 }
 
 TEST_CASE("rendezvous trust: an invalid abort, decision and restart count written into a running 2-agent job are "
@@ -394,6 +480,191 @@ TEST_CASE("rendezvous trust: a host name endpoint binds the address the name res
     CHECK(all.size() >= 3);
     for (int node = 0; node < 2; ++node) j[node].signal(SIGTERM);
     for (int node = 0; node < 2; ++node) CHECK(j[node].wait() != 0);
+}
+
+TEST_CASE("rendezvous trust: an observer behind the store's kept loss records counts the erased ones and still "
+          "sees a member's loss") {
+    // The server keeps 4 records; 10 losses of leases no member holds, then member b's loss,
+    // all before member a's observer reads any: records 1..7 are gone when it starts.
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    so.lease_lost_records_kept = 4;
+    so.log = [](std::string_view) {};
+    elastic::tcp_store_server server(ctx.get_executor(), so);
+    server.start();
+    auto client = [&] {
+        elastic::store_client_options o;
+        o.port = server.port();
+        o.dialect = elastic::client_dialect::current;
+        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
+    };
+    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
+    for (int i = 0; i < 7; ++i) c.push_back(client());
+    auto& observer = *c[6];
+    std::vector<std::string> warnings;
+    elastic::store_rendezvous_options o;
+    o.run_id = "pruned";
+    o.nnodes = 2;
+    o.warn = [&](std::string_view line) { warnings.emplace_back(line); };
+    elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> b(*c[2], *c[3], o);
+    auto node = [](const std::string& id) {
+        elastic::node_info n;
+        n.host = id;
+        n.store_addr = "127.0.0.1";
+        n.store_port = 1;
+        n.pid = 1;
+        n.id = id;
+        return n;
+    };
+    std::string reason;
+    bool finished = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await a.start_liveness(*c[4], node("a"));
+            co_await b.start_liveness(*c[5], node("b"));
+            (void)co_await (a.next_round(node("a")) && b.next_round(node("b")));
+            const auto group = a.lease_group();
+            for (int i = 1; i <= 10; ++i) {
+                auto junk = client();
+                co_await junk->hold_lease(elastic::lease_key(group, fmt::format("junk{}", i)), "x");
+                junk->close();
+                std::vector<std::string> lost{elastic::lease_lost_key(group, i)};
+                co_await observer.wait(std::move(lost), std::chrono::seconds(120));
+            }
+            c[5]->close();  // b's lease connection ends: b is lost
+            std::vector<std::string> lost{elastic::lease_lost_key(group, 11)};
+            co_await observer.wait(std::move(lost), std::chrono::seconds(120));
+            CHECK(co_await observer.get(elastic::lease_lost_key(group, 11)) == "b");
+            std::vector<std::string> first{elastic::lease_lost_key(group, 7)};
+            CHECK_FALSE(co_await observer.check(std::move(first)));
+            // a's observer starts at the loss count it read when it took its lease (0).
+            auto which = co_await (a.keep_membership() || a.wait_for_abort());
+            REQUIRE(which.index() == 1);
+            reason = std::get<1>(which).reason;
+            for (auto& each : c) each->close();
+            server.stop();
+            finished = true;
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(finished);
+    CHECK(has(reason, "node b was lost"));
+    REQUIRE(warnings.size() == 1);
+    CHECK(has(warnings[0], "missed 7 lease losses of run 'pruned'"));
+    CHECK(has(warnings[0], "__lost/1 to "));
+    CHECK(has(warnings[0], "__lost/7)"));
+}
+
+TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret ends the agent with the secret's "
+          "error, it does not move the job") {
+    // The agent joined the store of secret "one"; another store, of secret "two", now serves
+    // that port (the first one went away).
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    so.secret = "one";
+    so.log = [](std::string_view) {};
+    auto first = std::make_unique<elastic::tcp_store_server>(ctx.get_executor(), so);
+    first->start();
+    const auto port = first->port();
+    elastic::launch_config config;
+    config.rdzv_backend = elastic::rendezvous_backend::c10d;
+    config.rdzv_endpoint = elastic::host_port{"127.0.0.1", port};
+    config.rdzv_id = "refused";
+    config.nnodes = elastic::node_range{1, 2};
+    config.rdzv_conf.is_host = false;
+    config.rdzv_conf.secret = "one";
+    elastic::tcp_rendezvous agent(ctx.get_executor(), config, [](std::string_view) {});
+    elastic::node_info me;
+    me.host = "me";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = static_cast<long>(::getpid());
+    std::string error;
+    bool rejoined = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            co_await agent.start();
+            co_await agent.start_liveness(me);
+            first->stop();
+            first.reset();
+            so.port = port;
+            so.secret = "two";
+            elastic::tcp_store_server second(ctx.get_executor(), so);
+            second.start();
+            try {
+                rejoined = co_await agent.rejoin_store(me);
+            } catch (const elastic::rendezvous_error& e) {
+                error = e.what();
+            }
+            agent.stop();
+            second.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    CHECK_FALSE(rejoined);
+    CHECK(has(error, fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret",
+                                 port)));
+    CHECK(has(error, "give every agent the same secret"));
+}
+
+TEST_CASE("rendezvous trust: a node that comes to a round's abort or decision after the round was collected "
+          "rejoins instead of waiting for ever") {
+    // A member slow to stop its workers after round 0 was aborted comes back when later rounds
+    // completed and the completer of round 3 deleted round 0's keys (`collected` = 1).
+    asio::io_context ctx;
+    elastic::memory_store memory;
+    elastic::store_rendezvous_options o;
+    o.run_id = "slow";
+    o.nnodes = 1;
+    std::vector<std::string> said;
+    o.log = [&](std::string_view line) { said.emplace_back(line); };
+    elastic::store_rendezvous<elastic::memory_store> node(memory, memory, o);
+    elastic::node_info me;
+    me.host = "me";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = 1;
+    elastic::abort_notice notice;
+    elastic::job_decision decision;
+    int rejoined_at = -1;
+    bool finished = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            (void)co_await node.next_round(me);
+            REQUIRE(node.round_number() == 0);
+            // Rounds 1..3 completed elsewhere; round 0's abort and decision are gone.
+            memory.engine().set(std::string_view("elastic.rendezvous.slow/round"), std::string_view("3"));
+            memory.engine().set(std::string_view("elastic.rendezvous.slow/collected"), std::string_view("1"));
+            notice = co_await node.wait_for_abort();
+            decision = co_await node.await_decision();
+            const auto round = co_await node.next_round(me);
+            rejoined_at = round.number;
+            finished = true;
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(finished);
+    CHECK(notice.what == elastic::abort_notice::kind::membership);
+    CHECK(has(notice.reason, "round 0 of run 'slow' ended and was deleted while this node was away from it"));
+    CHECK(decision.restart);
+    CHECK(has(decision.reason, "the decision after round 0 of run 'slow' was deleted with the round"));
+    // It rejoins where the job is, the last completed round (which holds no arrival in this
+    // store, so it completes it alone), not round 1.
+    CHECK(rejoined_at == 3);
 }
 
 }  // namespace test_rendezvous_trust

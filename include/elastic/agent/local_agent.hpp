@@ -37,6 +37,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -369,7 +370,7 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
-        if (rdzv_) {
+        if (rdzv_ && !config_.rdzv_conf.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
             auto peers = std::make_shared<detail::rdzv::peer_list>();
@@ -838,6 +839,33 @@ private:
                            last_abort_->reason);
     }
 
+    /// Lets the round's members connect to this node's workers' store: each peer an address
+    /// literal (what every member publishes), else a name (a member that published no
+    /// addresses), resolved without blocking the agent's event loop. A name that resolves to
+    /// nothing is logged; the workers of that member may then be refused.
+    asio::awaitable<void> allow_peers(detail::rdzv::peer_list& list, const std::vector<std::string>& peers) {
+        std::error_code ec;
+        for (const auto& peer : peers) {
+            const auto literal = asio::ip::make_address(peer, ec);
+            if (!ec) list.allow(literal);
+        }
+        for (const auto& peer : peers) {
+            (void)asio::ip::make_address(peer, ec);
+            if (!ec) continue;
+            asio::ip::tcp::resolver resolver(executor_);
+            auto [error, found] = co_await resolver.async_resolve(
+                peer, "", asio::experimental::as_tuple(asio::use_awaitable));
+            if (error) {
+                log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
+                                         "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
+                                         "every peer)",
+                                         config_.role, peer, error.message()));
+                continue;
+            }
+            for (const auto& entry : found) list.allow(entry.endpoint().address());
+        }
+    }
+
     /// Joins this attempt's round with the fresh workers' store `server`; sets `restarts`, the
     /// workers' MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
     asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
@@ -854,6 +882,7 @@ private:
         me.pid = static_cast<long>(::getpid());
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
         me.store_addr = *advertised_addr_;
+        me.addrs = detail::rdzv::interface_addresses();
         round_store_.reset();  // the previous round's workers' store (group rank 0)
         auto joined = co_await (detail::agent::settle(rdzv_->rendezvous().next_round(me)) ||
                                 signals.async_wait(asio::use_awaitable));
@@ -864,11 +893,7 @@ private:
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
-        if (round_->group_rank == 0 && workers_peers_) {
-            for (const auto& peer : round_->peers) {
-                for (const auto& a : detail::rdzv::resolve_all(peer)) workers_peers_->allowed.push_back(a);
-            }
-        }
+        if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
         log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
                               round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
                               round_->rank_base + config_.nproc_per_node - 1, round_->world_size));

@@ -101,7 +101,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
      "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
      "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
-     "(tcp), use_libuv (accepted, no effect). etcd-v3: the "
+     "(tcp), use_libuv (accepted, no effect), workers_store_peers (members: group rank 0's workers' store "
+     "accepts the round's nodes' addresses only; any: every peer, for NAT between the nodes). etcd-v3: the "
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
      "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "

@@ -94,6 +94,9 @@ struct rendezvous_settings {
     /// The job's secret itself: read from `secret_file` or ELASTIC_RDZV_SECRET by the agent
     /// (load_rendezvous_secret), never from the command line. Unset: no authentication.
     std::optional<std::string> secret;
+    /// c10d: `workers_store_peers=any`: group rank 0's workers' store accepts every peer, not
+    /// only the round's members' addresses (for NAT between the nodes); elastic's own key.
+    bool workers_store_any_peer = false;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -369,7 +372,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -383,6 +386,7 @@ inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
     {"keep_alive_interval", false, true, false},
     {"keep_alive_max_attempt", false, true, false},
     {"secret_file", true, true, false},
+    {"workers_store_peers", false, true, false},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -465,6 +469,14 @@ inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
             settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
+        } else if (key == "workers_store_peers") {
+            const auto peers = detail::launch_impl::lower(value);
+            if (peers != "members" && peers != "any") {
+                throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
+                                              "addresses only) or any (every peer, for NAT between the nodes)",
+                                              whole)};
+            }
+            settings.workers_store_any_peer = peers == "any";
         } else if (key == "secret_file") {
             settings.secret_file = std::string(value);
         } else if (key == "store_type") {

@@ -27,6 +27,9 @@ struct node_info {
     std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
     std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
     bool hosts_store = false;          ///< it hosts the rendezvous store now
+    /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
+    /// connections to group rank 0's workers' store may come from.
+    std::vector<std::string> addrs;
 };
 
 /// Where the rendezvous store may move when its host is lost: an idle store server of a member.
@@ -49,7 +52,8 @@ struct rendezvous_round {
     bool host_in_round = false;  ///< the store's host is a member of this round
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
-    /// Group rank 0 only: every member's host and advertised address, for its workers' store to
+    /// Group rank 0 only: every member's interface addresses (literals; a member that published
+    /// none: its host and advertised address, names or literals), for its workers' store to
     /// accept connections from the round's nodes alone (empty on the other nodes).
     std::vector<std::string> peers;
 };

@@ -12,6 +12,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/address.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -186,6 +187,14 @@ inline constexpr std::size_t max_id = 512;
 inline constexpr std::size_t max_reason = 4096;
 inline constexpr int max_nproc = 1 << 20;
 inline constexpr int max_nodes = 1 << 20;
+inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
+
+/// Whether `text` is an IPv4 or IPv6 address literal.
+inline bool is_address_literal(const std::string& text) {
+    std::error_code ec;
+    (void)asio::ip::make_address(text, ec);
+    return !ec;
+}
 
 inline std::string encode(const node_info& i) {
     nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
@@ -195,6 +204,7 @@ inline std::string encode(const node_info& i) {
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
     if (i.hosts_store) j["hosts_store"] = true;
+    if (!i.addrs.empty()) j["addrs"] = i.addrs;
     return j.dump();
 }
 
@@ -212,7 +222,37 @@ inline node_info decode_node(std::string_view text) {
     if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
     if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
     i.hosts_store = field_bool(j, "hosts_store", false);
+    if (const auto it = j.find("addrs"); it != j.end()) {
+        if (!it->is_array() || it->size() > max_addrs)
+            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+        for (const auto& a : *it) {
+            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
+                throw invalid_value("an entry of 'addrs' is not an IP address literal");
+            i.addrs.push_back(a.get<std::string>());
+        }
+    }
     return i;
+}
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+    std::vector<std::string> out;
+    auto add = [&](const std::string& p) {
+        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    };
+    for (const auto& node : nodes) {
+        if (node.addrs.empty()) {
+            add(node.host);
+            add(node.store_addr);
+            continue;
+        }
+        for (const auto& a : node.addrs) add(a);
+        if (is_address_literal(node.store_addr)) add(node.store_addr);
+    }
+    return out;
 }
 
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
@@ -256,8 +296,8 @@ inline std::optional<rendezvous_round> decode_assignment(std::string_view text, 
     r.master_addr = field_string(j, "master_addr", max_host, 1);
     r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
     if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > 2 * static_cast<std::size_t>(nnodes))
-            throw invalid_value("'peers' is not a list of at most two names per node");
+        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
+            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
         for (const auto& p : *it) {
             if (!p.is_string() || p.get<std::string>().size() > max_host)
                 throw invalid_value("a peer is not a host name or address");
@@ -460,6 +500,14 @@ public:
             try {
                 for (;;) {
                     const auto k = lease_lost_key(lease_group(), log->epoch + 1);
+                    if (const auto missed = co_await erased_losses(*lease, log->epoch); missed > 0) {
+                        // Counted, named by nobody: the same as a record that names no lease.
+                        log->epoch += missed;
+                        log->lost.emplace_back(log->epoch, std::string{});
+                        log->changed();
+                        if (log == members_) co_await on_loss(*lease, log->epoch, std::string{});
+                        continue;
+                    }
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
                     if (name.empty() || name.size() > detail::rdzv::max_id) {
@@ -569,7 +617,9 @@ public:
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
+            if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             co_await wait_interruptible(*watcher_, k, std::nullopt);
+            if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             const auto value = co_await watcher_->get(k);
             if (auto notice = valid_abort(k, value)) {
                 admission_ = notice->admission;
@@ -616,7 +666,9 @@ public:
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "decision", slot);
+            if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             co_await wait_interruptible(*store_, k, std::nullopt);
+            if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
                                     [](std::string_view v) { return detail::rdzv::decode_decision(v); });
@@ -821,6 +873,36 @@ private:
         co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
             return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
         }).value_or(known);
+    }
+
+    // How many loss records after `known` the store erased before this node read them (0 when
+    // the next one is there or not yet written). The server keeps only the newest records of
+    // the group (store_server_options::lease_lost_records_kept) and erases the oldest first, so
+    // the missing ones are the first of known+1..__epoch: a binary search finds where the kept
+    // ones start. Waiting for an erased record would wait for ever and miss every later loss.
+    asio::awaitable<std::int64_t> erased_losses(Store& s, std::int64_t known) {
+        const auto current = co_await read_epoch(s, known);
+        if (current <= known) co_return 0;
+        auto exists = [&](std::int64_t n) -> asio::awaitable<bool> {
+            std::vector<std::string> keys{lease_lost_key(lease_group(), n)};
+            co_return co_await s.check(std::move(keys));
+        };
+        if (co_await exists(known + 1)) co_return 0;
+        std::int64_t missing = known + 1;  // erased
+        std::int64_t kept = current + 1;   // there, or past the last loss
+        while (kept - missing > 1) {
+            const auto mid = missing + (kept - missing) / 2;
+            if (co_await exists(mid)) kept = mid;
+            else missing = mid;
+        }
+        const auto count = kept - 1 - known;
+        const auto line = fmt::format(
+            "missed {} lease losses of run '{}' ({} to {}): the store erased their records before this node "
+            "read them (it keeps only the newest); they are counted, and no member is taken for lost by them",
+            count, options_.run_id, lease_lost_key(lease_group(), known + 1), lease_lost_key(lease_group(), kept - 1));
+        if (options_.warn) options_.warn(line);
+        else say(line);
+        co_return count;
     }
 
     asio::awaitable<void> guard() {
@@ -1142,10 +1224,7 @@ private:
                 // Group rank 0 hosts the workers' store: it accepts the members' addresses only
                 // (O(N) bytes in that one assignment).
                 nlohmann::json peers = nlohmann::json::array();
-                for (const auto& node : nodes) {
-                    if (!node.host.empty()) peers.push_back(node.host);
-                    if (node.store_addr != node.host) peers.push_back(node.store_addr);
-                }
+                for (const auto& p : detail::rdzv::peers_of(nodes)) peers.push_back(p);
                 for (int j = 0; j < n; ++j) {
                     const int g = rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
@@ -1200,6 +1279,50 @@ private:
     // standby's size and successors); round q+3 completes only after rounds q+1 and q+2 were
     // aborted, so every node that is still in the job has left round q long before.
     static constexpr int kept_rounds = 3;
+
+    // Whether round r's keys were deleted (the job's `collected` is past it): a node that reads
+    // them now (a member slow to stop its workers after the round was aborted) would wait for
+    // ever on a key that is gone. Asked before each wait on the round's keys and before each
+    // read after one. A value that is no count is reported and taken for "not collected".
+    asio::awaitable<bool> round_collected(Store& s, int r) {
+        const auto mark = job_key("collected");
+        std::vector<std::string> keys{mark};
+        if (!co_await s.check(std::move(keys))) co_return false;
+        const auto value = co_await s.get(mark);
+        const auto first_kept = checked(mark, value, "this node takes its round for one not deleted yet",
+                                        [](std::string_view v) {
+                                            return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
+                                        });
+        co_return first_kept && *first_kept > r;
+    }
+
+    // Round r was aborted and deleted while this node was away from it: the job went on
+    // without it. It rejoins the job where it is now, as a node that missed the round.
+    abort_notice missed_abort(int r) {
+        rediscover_ = true;
+        abort_notice notice;
+        notice.what = abort_notice::kind::membership;
+        notice.reason = fmt::format("round {} of run '{}' ended and was deleted while this node was away from it; "
+                                    "this node rejoins the job at its current round",
+                                    r, options_.run_id);
+        say(notice.reason);
+        return notice;
+    }
+
+    // The decision after round r is gone with the round: later rounds completed, so it was a
+    // restart (a stop ends every node and no round completes after it).
+    job_decision missed_decision(int r) {
+        rediscover_ = true;
+        job_decision decision;
+        decision.restart = true;
+        decision.exit_code = 0;
+        decision.reason = fmt::format("the decision after round {} of run '{}' was deleted with the round while this "
+                                      "node was away from it (later rounds completed, so the job restarted); this node "
+                                      "rejoins the job at its current round",
+                                      r, options_.run_id);
+        say(decision.reason);
+        return decision;
+    }
 
     // The completer of round r deletes the keys of every round up to r - kept_rounds that is
     // not deleted yet (the job key `collected` names the first of those).

@@ -103,6 +103,37 @@ inline bool interface_holds(const asio::ip::address& wanted) {
     return found;
 }
 
+/// The literal addresses of this host's interfaces that another node's traffic may come from:
+/// no loopback, no link-local IPv6 (it needs a zone to mean anything), each once, at most
+/// max_addrs. Published in the node's arrival info (node_info::addrs).
+inline std::vector<std::string> interface_addresses() {
+    std::vector<std::string> out;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return out;
+    for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        asio::ip::address a;
+        if (i->ifa_addr->sa_family == AF_INET) {
+            const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+            a = asio::ip::address_v4(ntohl(v4->sin_addr.s_addr));
+        } else if (i->ifa_addr->sa_family == AF_INET6) {
+            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+            asio::ip::address_v6::bytes_type bytes;
+            std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+            const asio::ip::address_v6 six(bytes);
+            if (six.is_link_local()) continue;
+            a = six;
+        } else {
+            continue;
+        }
+        if (a.is_loopback() || a.is_unspecified()) continue;
+        auto text = a.to_string();
+        if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
+    }
+    ::freeifaddrs(list);
+    return out;
+}
+
 /// "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: use the literal.
 inline std::string literal_for(std::string_view host) {
     if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
@@ -181,6 +212,12 @@ inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
 /// addresses of the round's members (filled once the round is known; empty before).
 struct peer_list {
     std::vector<asio::ip::address> allowed;
+
+    /// Adds `a` (an IPv4 address mapped into IPv6 as IPv4), once.
+    void allow(asio::ip::address a) {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+        if (std::find(allowed.begin(), allowed.end(), a) == allowed.end()) allowed.push_back(a);
+    }
 
     [[nodiscard]] bool accepts(asio::ip::address a) const {
         if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
@@ -442,11 +479,16 @@ public:
     /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
     /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
     /// the job at its next round); false when the store does not answer (it is lost).
+    /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
+    /// and moving the job elsewhere would not make this node's secret right.
     asio::awaitable<bool> rejoin_store(node_info me) {
+        const auto endpoint = fmt::format("{}:{}", current_host_, current_port_);
         auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client->connect();
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error&) {
             co_return false;
         }
@@ -456,6 +498,8 @@ public:
         me.id = node_id_ = make_node_id(me.host, me.pid);
         try {
             co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
                                                current_host_, current_port_, e.what()));

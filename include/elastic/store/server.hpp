@@ -104,6 +104,10 @@ struct store_server_options {
     /// beyond reading the clock).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// How many `__lost/<n>` records of a lease group the server keeps (the newest ones; at
+    /// least 1). An observer that falls further behind finds the older ones erased, counts
+    /// them by `__epoch` and names no lease for them.
+    std::int64_t lease_lost_records_kept = 1024;
     /// Which peers may connect (docs/store.md, "Who may connect"): asked with each accepted
     /// connection's remote address before anything is read; a refused peer is logged and
     /// closed. Empty: everyone. For clients that cannot authenticate (PyTorch workers).
@@ -158,9 +162,6 @@ struct store_server_core {
         return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
     }
 
-    // How many `__lost/<n>` records of a lease group the server keeps (the newest ones).
-    static constexpr std::int64_t lease_lost_records_kept = 1024;
-
     // A lease ends without its holder: delete the key, count the loss in the group's epoch and
     // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
     void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
@@ -181,8 +182,8 @@ struct store_server_core {
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
         // The records do not pile up: an observer reads each one as it comes (it waits for the
         // next by push), and a new observer starts at the epoch. Older ones than this go.
-        if (epoch > lease_lost_records_kept)
-            engine.erase(fmt::format("{}__lost/{}", space, epoch - lease_lost_records_kept));
+        const auto kept = std::max<std::int64_t>(options.lease_lost_records_kept, 1);
+        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
         log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
                         store_engine::printable(key), holder, why,
                         store_engine::printable(space), epoch));
