@@ -4642,6 +4642,10 @@ struct store_server_options {
     /// beyond reading the clock).
     std::chrono::milliseconds lease_heartbeat_interval{std::chrono::seconds(1)};
     unsigned lease_missed_heartbeats = 5;
+    /// How many `__lost/<n>` records of a lease group the server keeps (the newest ones; at
+    /// least 1). An observer that falls further behind finds the older ones erased, counts
+    /// them by `__epoch` and names no lease for them.
+    std::int64_t lease_lost_records_kept = 1024;
     /// Which peers may connect (docs/store.md, "Who may connect"): asked with each accepted
     /// connection's remote address before anything is read; a refused peer is logged and
     /// closed. Empty: everyone. For clients that cannot authenticate (PyTorch workers).
@@ -4696,9 +4700,6 @@ struct store_server_core {
         return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
     }
 
-    // How many `__lost/<n>` records of a lease group the server keeps (the newest ones).
-    static constexpr std::int64_t lease_lost_records_kept = 1024;
-
     // A lease ends without its holder: delete the key, count the loss in the group's epoch and
     // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
     void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
@@ -4719,8 +4720,8 @@ struct store_server_core {
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
         // The records do not pile up: an observer reads each one as it comes (it waits for the
         // next by push), and a new observer starts at the epoch. Older ones than this go.
-        if (epoch > lease_lost_records_kept)
-            engine.erase(fmt::format("{}__lost/{}", space, epoch - lease_lost_records_kept));
+        const auto kept = std::max<std::int64_t>(options.lease_lost_records_kept, 1);
+        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
         log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
                         store_engine::printable(key), holder, why,
                         store_engine::printable(space), epoch));
@@ -9573,6 +9574,9 @@ struct rendezvous_settings {
     /// The job's secret itself: read from `secret_file` or ELASTIC_RDZV_SECRET by the agent
     /// (load_rendezvous_secret), never from the command line. Unset: no authentication.
     std::optional<std::string> secret;
+    /// c10d: `workers_store_peers=any`: group rank 0's workers' store accepts every peer, not
+    /// only the round's members' addresses (for NAT between the nodes); elastic's own key.
+    bool workers_store_any_peer = false;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -9848,7 +9852,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -9862,6 +9866,7 @@ inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
     {"keep_alive_interval", false, true, false},
     {"keep_alive_max_attempt", false, true, false},
     {"secret_file", true, true, false},
+    {"workers_store_peers", false, true, false},
 }};
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
@@ -9944,6 +9949,14 @@ inline constexpr std::array<rdzv_key, 13> rdzv_keys{{
             settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
+        } else if (key == "workers_store_peers") {
+            const auto peers = detail::launch_impl::lower(value);
+            if (peers != "members" && peers != "any") {
+                throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
+                                              "addresses only) or any (every peer, for NAT between the nodes)",
+                                              whole)};
+            }
+            settings.workers_store_any_peer = peers == "any";
         } else if (key == "secret_file") {
             settings.secret_file = std::string(value);
         } else if (key == "store_type") {
@@ -11244,7 +11257,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
      "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
      "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
-     "(tcp), use_libuv (accepted, no effect). etcd-v3: the "
+     "(tcp), use_libuv (accepted, no effect), workers_store_peers (members: group rank 0's workers' store "
+     "accepts the round's nodes' addresses only; any: every peer, for NAT between the nodes). etcd-v3: the "
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
      "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
@@ -12724,6 +12738,9 @@ struct node_info {
     std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
     std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
     bool hosts_store = false;          ///< it hosts the rendezvous store now
+    /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
+    /// connections to group rank 0's workers' store may come from.
+    std::vector<std::string> addrs;
 };
 
 /// Where the rendezvous store may move when its host is lost: an idle store server of a member.
@@ -12746,7 +12763,8 @@ struct rendezvous_round {
     bool host_in_round = false;  ///< the store's host is a member of this round
     std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
     std::uint16_t master_port = 0;  ///< MASTER_PORT
-    /// Group rank 0 only: every member's host and advertised address, for its workers' store to
+    /// Group rank 0 only: every member's interface addresses (literals; a member that published
+    /// none: its host and advertised address, names or literals), for its workers' store to
     /// accept connections from the round's nodes alone (empty on the other nodes).
     std::vector<std::string> peers;
 };
@@ -12838,6 +12856,7 @@ public:
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/address.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -13012,6 +13031,14 @@ inline constexpr std::size_t max_id = 512;
 inline constexpr std::size_t max_reason = 4096;
 inline constexpr int max_nproc = 1 << 20;
 inline constexpr int max_nodes = 1 << 20;
+inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
+
+/// Whether `text` is an IPv4 or IPv6 address literal.
+inline bool is_address_literal(const std::string& text) {
+    std::error_code ec;
+    (void)asio::ip::make_address(text, ec);
+    return !ec;
+}
 
 inline std::string encode(const node_info& i) {
     nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
@@ -13021,6 +13048,7 @@ inline std::string encode(const node_info& i) {
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
     if (i.hosts_store) j["hosts_store"] = true;
+    if (!i.addrs.empty()) j["addrs"] = i.addrs;
     return j.dump();
 }
 
@@ -13038,7 +13066,37 @@ inline node_info decode_node(std::string_view text) {
     if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
     if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
     i.hosts_store = field_bool(j, "hosts_store", false);
+    if (const auto it = j.find("addrs"); it != j.end()) {
+        if (!it->is_array() || it->size() > max_addrs)
+            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+        for (const auto& a : *it) {
+            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
+                throw invalid_value("an entry of 'addrs' is not an IP address literal");
+            i.addrs.push_back(a.get<std::string>());
+        }
+    }
     return i;
+}
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+    std::vector<std::string> out;
+    auto add = [&](const std::string& p) {
+        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    };
+    for (const auto& node : nodes) {
+        if (node.addrs.empty()) {
+            add(node.host);
+            add(node.store_addr);
+            continue;
+        }
+        for (const auto& a : node.addrs) add(a);
+        if (is_address_literal(node.store_addr)) add(node.store_addr);
+    }
+    return out;
 }
 
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
@@ -13082,8 +13140,8 @@ inline std::optional<rendezvous_round> decode_assignment(std::string_view text, 
     r.master_addr = field_string(j, "master_addr", max_host, 1);
     r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
     if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > 2 * static_cast<std::size_t>(nnodes))
-            throw invalid_value("'peers' is not a list of at most two names per node");
+        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
+            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
         for (const auto& p : *it) {
             if (!p.is_string() || p.get<std::string>().size() > max_host)
                 throw invalid_value("a peer is not a host name or address");
@@ -13286,6 +13344,14 @@ public:
             try {
                 for (;;) {
                     const auto k = lease_lost_key(lease_group(), log->epoch + 1);
+                    if (const auto missed = co_await erased_losses(*lease, log->epoch); missed > 0) {
+                        // Counted, named by nobody: the same as a record that names no lease.
+                        log->epoch += missed;
+                        log->lost.emplace_back(log->epoch, std::string{});
+                        log->changed();
+                        if (log == members_) co_await on_loss(*lease, log->epoch, std::string{});
+                        continue;
+                    }
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
                     if (name.empty() || name.size() > detail::rdzv::max_id) {
@@ -13395,7 +13461,9 @@ public:
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
+            if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             co_await wait_interruptible(*watcher_, k, std::nullopt);
+            if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             const auto value = co_await watcher_->get(k);
             if (auto notice = valid_abort(k, value)) {
                 admission_ = notice->admission;
@@ -13442,7 +13510,9 @@ public:
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "decision", slot);
+            if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             co_await wait_interruptible(*store_, k, std::nullopt);
+            if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
                                     [](std::string_view v) { return detail::rdzv::decode_decision(v); });
@@ -13647,6 +13717,36 @@ private:
         co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
             return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
         }).value_or(known);
+    }
+
+    // How many loss records after `known` the store erased before this node read them (0 when
+    // the next one is there or not yet written). The server keeps only the newest records of
+    // the group (store_server_options::lease_lost_records_kept) and erases the oldest first, so
+    // the missing ones are the first of known+1..__epoch: a binary search finds where the kept
+    // ones start. Waiting for an erased record would wait for ever and miss every later loss.
+    asio::awaitable<std::int64_t> erased_losses(Store& s, std::int64_t known) {
+        const auto current = co_await read_epoch(s, known);
+        if (current <= known) co_return 0;
+        auto exists = [&](std::int64_t n) -> asio::awaitable<bool> {
+            std::vector<std::string> keys{lease_lost_key(lease_group(), n)};
+            co_return co_await s.check(std::move(keys));
+        };
+        if (co_await exists(known + 1)) co_return 0;
+        std::int64_t missing = known + 1;  // erased
+        std::int64_t kept = current + 1;   // there, or past the last loss
+        while (kept - missing > 1) {
+            const auto mid = missing + (kept - missing) / 2;
+            if (co_await exists(mid)) kept = mid;
+            else missing = mid;
+        }
+        const auto count = kept - 1 - known;
+        const auto line = fmt::format(
+            "missed {} lease losses of run '{}' ({} to {}): the store erased their records before this node "
+            "read them (it keeps only the newest); they are counted, and no member is taken for lost by them",
+            count, options_.run_id, lease_lost_key(lease_group(), known + 1), lease_lost_key(lease_group(), kept - 1));
+        if (options_.warn) options_.warn(line);
+        else say(line);
+        co_return count;
     }
 
     asio::awaitable<void> guard() {
@@ -13968,10 +14068,7 @@ private:
                 // Group rank 0 hosts the workers' store: it accepts the members' addresses only
                 // (O(N) bytes in that one assignment).
                 nlohmann::json peers = nlohmann::json::array();
-                for (const auto& node : nodes) {
-                    if (!node.host.empty()) peers.push_back(node.host);
-                    if (node.store_addr != node.host) peers.push_back(node.store_addr);
-                }
+                for (const auto& p : detail::rdzv::peers_of(nodes)) peers.push_back(p);
                 for (int j = 0; j < n; ++j) {
                     const int g = rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
@@ -14026,6 +14123,50 @@ private:
     // standby's size and successors); round q+3 completes only after rounds q+1 and q+2 were
     // aborted, so every node that is still in the job has left round q long before.
     static constexpr int kept_rounds = 3;
+
+    // Whether round r's keys were deleted (the job's `collected` is past it): a node that reads
+    // them now (a member slow to stop its workers after the round was aborted) would wait for
+    // ever on a key that is gone. Asked before each wait on the round's keys and before each
+    // read after one. A value that is no count is reported and taken for "not collected".
+    asio::awaitable<bool> round_collected(Store& s, int r) {
+        const auto mark = job_key("collected");
+        std::vector<std::string> keys{mark};
+        if (!co_await s.check(std::move(keys))) co_return false;
+        const auto value = co_await s.get(mark);
+        const auto first_kept = checked(mark, value, "this node takes its round for one not deleted yet",
+                                        [](std::string_view v) {
+                                            return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
+                                        });
+        co_return first_kept && *first_kept > r;
+    }
+
+    // Round r was aborted and deleted while this node was away from it: the job went on
+    // without it. It rejoins the job where it is now, as a node that missed the round.
+    abort_notice missed_abort(int r) {
+        rediscover_ = true;
+        abort_notice notice;
+        notice.what = abort_notice::kind::membership;
+        notice.reason = fmt::format("round {} of run '{}' ended and was deleted while this node was away from it; "
+                                    "this node rejoins the job at its current round",
+                                    r, options_.run_id);
+        say(notice.reason);
+        return notice;
+    }
+
+    // The decision after round r is gone with the round: later rounds completed, so it was a
+    // restart (a stop ends every node and no round completes after it).
+    job_decision missed_decision(int r) {
+        rediscover_ = true;
+        job_decision decision;
+        decision.restart = true;
+        decision.exit_code = 0;
+        decision.reason = fmt::format("the decision after round {} of run '{}' was deleted with the round while this "
+                                      "node was away from it (later rounds completed, so the job restarted); this node "
+                                      "rejoins the job at its current round",
+                                      r, options_.run_id);
+        say(decision.reason);
+        return decision;
+    }
 
     // The completer of round r deletes the keys of every round up to r - kept_rounds that is
     // not deleted yet (the job key `collected` names the first of those).
@@ -14222,6 +14363,22 @@ inline std::string gethostname_string() {
 /// host's name or canonical name, or an address one of its interfaces holds.
 inline bool interface_holds(const asio::ip::address& wanted);
 
+/// The address in a socket address (getifaddrs, getaddrinfo), or none for another family.
+inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
+    if (sa == nullptr) return std::nullopt;
+    if (sa->sa_family == AF_INET) {
+        const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
+        return asio::ip::address(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
+    }
+    if (sa->sa_family == AF_INET6) {
+        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
+        asio::ip::address_v6::bytes_type bytes;
+        std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+        return asio::ip::address(asio::ip::address_v6(bytes));
+    }
+    return std::nullopt;
+}
+
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
     const auto name = gethostname_string();
@@ -14238,20 +14395,30 @@ inline bool interface_holds(const asio::ip::address& wanted) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return false;
     bool found = false;
-    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
-        if (i->ifa_addr == nullptr) continue;
-        if (i->ifa_addr->sa_family == AF_INET && wanted.is_v4()) {
-            const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-            found = asio::ip::address_v4(ntohl(a->sin_addr.s_addr)) == wanted.to_v4();
-        } else if (i->ifa_addr->sa_family == AF_INET6 && wanted.is_v6()) {
-            const auto* a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
-            asio::ip::address_v6::bytes_type bytes;
-            std::copy(std::begin(a->sin6_addr.s6_addr), std::end(a->sin6_addr.s6_addr), bytes.begin());
-            found = asio::ip::address_v6(bytes) == wanted.to_v6();
-        }
-    }
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next)
+        found = address_of(i->ifa_addr) == wanted;
     ::freeifaddrs(list);
     return found;
+}
+
+/// The literal addresses of this host's interfaces that another node's traffic may come from:
+/// no loopback, no link-local IPv6 (it needs a zone to mean anything), each once, at most
+/// max_addrs. Published in the node's arrival info (node_info::addrs).
+inline std::vector<std::string> interface_addresses() {
+    std::vector<std::string> out;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return out;
+    for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        const auto found = address_of(i->ifa_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        const auto& a = *found;
+        if (a.is_loopback() || a.is_unspecified()) continue;
+        auto text = a.to_string();
+        if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
+    }
+    ::freeifaddrs(list);
+    return out;
 }
 
 /// "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: use the literal.
@@ -14275,21 +14442,9 @@ inline std::string owned_address(std::string_view host) {
     if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
     std::string chosen;
     for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
-        asio::ip::address a;
-        if (i->ai_family == AF_INET) {
-            const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
-            a = asio::ip::address_v4(ntohl(v4->sin_addr.s_addr));
-        } else if (i->ai_family == AF_INET6) {
-            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
-            asio::ip::address_v6::bytes_type bytes;
-            std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-            const asio::ip::address_v6 six(bytes);
-            if (six.is_link_local()) continue;
-            a = six;
-        } else {
-            continue;
-        }
-        if (a.is_loopback() || interface_holds(a)) chosen = a.to_string();
+        const auto found = address_of(i->ai_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        if (found->is_loopback() || interface_holds(*found)) chosen = found->to_string();
     }
     ::freeaddrinfo(list);
     return chosen;
@@ -14309,17 +14464,8 @@ inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
         hints.ai_socktype = SOCK_STREAM;
         addrinfo* list = nullptr;
         if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
-        for (auto* i = list; i != nullptr; i = i->ai_next) {
-            if (i->ai_family == AF_INET) {
-                const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
-                out.emplace_back(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
-            } else if (i->ai_family == AF_INET6) {
-                const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
-                asio::ip::address_v6::bytes_type bytes;
-                std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-                out.emplace_back(asio::ip::address_v6(bytes));
-            }
-        }
+        for (auto* i = list; i != nullptr; i = i->ai_next)
+            if (const auto a = address_of(i->ai_addr)) out.push_back(*a);
         ::freeaddrinfo(list);
     }
     for (auto& a : out) {
@@ -14332,6 +14478,12 @@ inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
 /// addresses of the round's members (filled once the round is known; empty before).
 struct peer_list {
     std::vector<asio::ip::address> allowed;
+
+    /// Adds `a` (an IPv4 address mapped into IPv6 as IPv4), once.
+    void allow(asio::ip::address a) {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+        if (std::find(allowed.begin(), allowed.end(), a) == allowed.end()) allowed.push_back(a);
+    }
 
     [[nodiscard]] bool accepts(asio::ip::address a) const {
         if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
@@ -14593,11 +14745,16 @@ public:
     /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
     /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
     /// the job at its next round); false when the store does not answer (it is lost).
+    /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
+    /// and moving the job elsewhere would not make this node's secret right.
     asio::awaitable<bool> rejoin_store(node_info me) {
+        const auto endpoint = fmt::format("{}:{}", current_host_, current_port_);
         auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client->connect();
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error&) {
             co_return false;
         }
@@ -14607,6 +14764,8 @@ public:
         me.id = node_id_ = make_node_id(me.host, me.pid);
         try {
             co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
                                                current_host_, current_port_, e.what()));
@@ -15958,6 +16117,7 @@ private:
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
 #include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -16290,7 +16450,7 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
-        if (rdzv_) {
+        if (rdzv_ && !config_.rdzv_conf.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
             auto peers = std::make_shared<detail::rdzv::peer_list>();
@@ -16759,6 +16919,33 @@ private:
                            last_abort_->reason);
     }
 
+    /// Lets the round's members connect to this node's workers' store: each peer an address
+    /// literal (what every member publishes), else a name (a member that published no
+    /// addresses), resolved without blocking the agent's event loop. A name that resolves to
+    /// nothing is logged; the workers of that member may then be refused.
+    asio::awaitable<void> allow_peers(detail::rdzv::peer_list& list, const std::vector<std::string>& peers) {
+        std::error_code ec;
+        for (const auto& peer : peers) {
+            const auto literal = asio::ip::make_address(peer, ec);
+            if (!ec) list.allow(literal);
+        }
+        for (const auto& peer : peers) {
+            (void)asio::ip::make_address(peer, ec);
+            if (!ec) continue;
+            asio::ip::tcp::resolver resolver(executor_);
+            auto [error, found] = co_await resolver.async_resolve(
+                peer, "", asio::experimental::as_tuple(asio::use_awaitable));
+            if (error) {
+                log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
+                                         "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
+                                         "every peer)",
+                                         config_.role, peer, error.message()));
+                continue;
+            }
+            for (const auto& entry : found) list.allow(entry.endpoint().address());
+        }
+    }
+
     /// Joins this attempt's round with the fresh workers' store `server`; sets `restarts`, the
     /// workers' MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
     asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
@@ -16775,6 +16962,7 @@ private:
         me.pid = static_cast<long>(::getpid());
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
         me.store_addr = *advertised_addr_;
+        me.addrs = detail::rdzv::interface_addresses();
         round_store_.reset();  // the previous round's workers' store (group rank 0)
         auto joined = co_await (detail::agent::settle(rdzv_->rendezvous().next_round(me)) ||
                                 signals.async_wait(asio::use_awaitable));
@@ -16785,11 +16973,7 @@ private:
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
-        if (round_->group_rank == 0 && workers_peers_) {
-            for (const auto& peer : round_->peers) {
-                for (const auto& a : detail::rdzv::resolve_all(peer)) workers_peers_->allowed.push_back(a);
-            }
-        }
+        if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
         log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
                               round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
                               round_->rank_base + config_.nproc_per_node - 1, round_->world_size));

@@ -71,6 +71,22 @@ inline std::string gethostname_string() {
 /// host's name or canonical name, or an address one of its interfaces holds.
 inline bool interface_holds(const asio::ip::address& wanted);
 
+/// The address in a socket address (getifaddrs, getaddrinfo), or none for another family.
+inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
+    if (sa == nullptr) return std::nullopt;
+    if (sa->sa_family == AF_INET) {
+        const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
+        return asio::ip::address(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
+    }
+    if (sa->sa_family == AF_INET6) {
+        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
+        asio::ip::address_v6::bytes_type bytes;
+        std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+        return asio::ip::address(asio::ip::address_v6(bytes));
+    }
+    return std::nullopt;
+}
+
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
     const auto name = gethostname_string();
@@ -87,18 +103,8 @@ inline bool interface_holds(const asio::ip::address& wanted) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return false;
     bool found = false;
-    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
-        if (i->ifa_addr == nullptr) continue;
-        if (i->ifa_addr->sa_family == AF_INET && wanted.is_v4()) {
-            const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-            found = asio::ip::address_v4(ntohl(a->sin_addr.s_addr)) == wanted.to_v4();
-        } else if (i->ifa_addr->sa_family == AF_INET6 && wanted.is_v6()) {
-            const auto* a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
-            asio::ip::address_v6::bytes_type bytes;
-            std::copy(std::begin(a->sin6_addr.s6_addr), std::end(a->sin6_addr.s6_addr), bytes.begin());
-            found = asio::ip::address_v6(bytes) == wanted.to_v6();
-        }
-    }
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next)
+        found = address_of(i->ifa_addr) == wanted;
     ::freeifaddrs(list);
     return found;
 }
@@ -112,20 +118,9 @@ inline std::vector<std::string> interface_addresses() {
     if (::getifaddrs(&list) != 0) return out;
     for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
         if (i->ifa_addr == nullptr) continue;
-        asio::ip::address a;
-        if (i->ifa_addr->sa_family == AF_INET) {
-            const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-            a = asio::ip::address_v4(ntohl(v4->sin_addr.s_addr));
-        } else if (i->ifa_addr->sa_family == AF_INET6) {
-            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
-            asio::ip::address_v6::bytes_type bytes;
-            std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-            const asio::ip::address_v6 six(bytes);
-            if (six.is_link_local()) continue;
-            a = six;
-        } else {
-            continue;
-        }
+        const auto found = address_of(i->ifa_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        const auto& a = *found;
         if (a.is_loopback() || a.is_unspecified()) continue;
         auto text = a.to_string();
         if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
@@ -155,21 +150,9 @@ inline std::string owned_address(std::string_view host) {
     if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
     std::string chosen;
     for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
-        asio::ip::address a;
-        if (i->ai_family == AF_INET) {
-            const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
-            a = asio::ip::address_v4(ntohl(v4->sin_addr.s_addr));
-        } else if (i->ai_family == AF_INET6) {
-            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
-            asio::ip::address_v6::bytes_type bytes;
-            std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-            const asio::ip::address_v6 six(bytes);
-            if (six.is_link_local()) continue;
-            a = six;
-        } else {
-            continue;
-        }
-        if (a.is_loopback() || interface_holds(a)) chosen = a.to_string();
+        const auto found = address_of(i->ai_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        if (found->is_loopback() || interface_holds(*found)) chosen = found->to_string();
     }
     ::freeaddrinfo(list);
     return chosen;
@@ -189,17 +172,8 @@ inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
         hints.ai_socktype = SOCK_STREAM;
         addrinfo* list = nullptr;
         if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
-        for (auto* i = list; i != nullptr; i = i->ai_next) {
-            if (i->ai_family == AF_INET) {
-                const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ai_addr);
-                out.emplace_back(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
-            } else if (i->ai_family == AF_INET6) {
-                const auto* v6 = reinterpret_cast<const sockaddr_in6*>(i->ai_addr);
-                asio::ip::address_v6::bytes_type bytes;
-                std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-                out.emplace_back(asio::ip::address_v6(bytes));
-            }
-        }
+        for (auto* i = list; i != nullptr; i = i->ai_next)
+            if (const auto a = address_of(i->ai_addr)) out.push_back(*a);
         ::freeaddrinfo(list);
     }
     for (auto& a : out) {
