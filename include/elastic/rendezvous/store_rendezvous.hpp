@@ -34,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -918,33 +919,30 @@ private:
         }
     }
 
-    // Waits for `k` on `s`; with liveness, a lost store ends the wait with store_error (and a
-    // cancelled wait leaves `s` closed: its next request reconnects). False on timeout.
-    asio::awaitable<bool> wait_interruptible(Store& s, std::string k,
-                                             std::optional<std::chrono::milliseconds> timeout) {
+    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_error
+    // (and a cancelled request leaves `s` closed: its next request reconnects). Without the
+    // race, a request on a store whose host died would retry its connection until the client's
+    // connect_timeout while the job has already moved on.
+    template <class T>
+    asio::awaitable<T> unless_lost(Store& s, asio::awaitable<T> op) {
         using namespace asio::experimental::awaitable_operators;
-        if (!members_) {
-            if (!timeout) {
-                co_await wait_long(s, k);
-                co_return true;
-            }
-            co_return co_await wait_for(s, k, *timeout);
-        }
+        if (!members_) co_return co_await std::move(op);
         if (members_->store_lost) throw store_error(lost_message(*members_->store_lost));
         auto log = members_;
-        std::variant<bool, std::string> which;
-        if (timeout) {
-            which = co_await (wait_for(s, k, *timeout) || log->until_store_lost());
-        } else {
-            auto w = co_await (wait_long(s, k) || log->until_store_lost());
-            if (w.index() == 0) which = true;
-            else which = std::get<1>(std::move(w));
-        }
+        auto which = co_await (std::move(op) || log->until_store_lost());
         if (which.index() == 1) {
             if constexpr (requires { s.close(); }) s.close();
-            throw store_error(lost_message(std::get<1>(which)));
+            throw store_error(lost_message(std::get<1>(std::move(which))));
         }
-        co_return std::get<0>(which);
+        if constexpr (!std::is_void_v<T>) co_return std::get<0>(std::move(which));
+    }
+
+    // Waits for `k` on `s` (unless_lost); false on timeout.
+    asio::awaitable<bool> wait_interruptible(Store& s, std::string k,
+                                             std::optional<std::chrono::milliseconds> timeout) {
+        if (timeout) co_return co_await unless_lost(s, wait_for(s, std::move(k), *timeout));
+        co_await unless_lost(s, wait_long(s, std::move(k)));
+        co_return true;
     }
 
     static std::string lost_message(const std::string& why) {
@@ -1284,7 +1282,9 @@ private:
     // them now (a member slow to stop its workers after the round was aborted) would wait for
     // ever on a key that is gone. Asked before each wait on the round's keys and before each
     // read after one. A value that is no count is reported and taken for "not collected".
-    asio::awaitable<bool> round_collected(Store& s, int r) {
+    asio::awaitable<bool> round_collected(Store& s, int r) { co_return co_await unless_lost(s, read_collected(s, r)); }
+
+    asio::awaitable<bool> read_collected(Store& s, int r) {
         const auto mark = job_key("collected");
         std::vector<std::string> keys{mark};
         if (!co_await s.check(std::move(keys))) co_return false;
