@@ -5754,10 +5754,12 @@ private:
 // ---- begin elastic/process/exit.hpp ----
 // process_exit: how and when a worker process ended, as the agent saw it.
 
-// ---- begin elastic/report/signal_name.hpp ----
-// Names of Linux signals, and torchrun's "Signal N (SIGNAME) received by PID p" message.
+// ---- begin elastic/process/signal_name.hpp ----
+// Names of Linux signals (the one table), the signals an agent can forward, and torchrun's
+// "Signal N (SIGNAME) received by PID p" message.
 
 
+#include <array>
 #include <csignal>
 #include <iterator>
 #include <string>
@@ -5772,16 +5774,19 @@ namespace elastic::inline v0 {
 /// glibc's `kill -l` does ("SIGRTMIN+3", "SIGRTMAX-2"). Numbers that are no signal (0, 32 and 33,
 /// which glibc keeps for itself, negatives, anything past SIGRTMAX) give "<N/A>", torchrun's
 /// placeholder, instead of failing.
+namespace detail {
+// Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
+inline constexpr std::string_view standard_signal_names[] = {
+    "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+    "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+    "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
+    "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
+}  // namespace detail
+
 inline std::string signal_name(int signal_number) {
-    // Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
-    static constexpr std::string_view standard[] = {
-        "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
-        "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
-        "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
-        "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
-    constexpr int standard_count = static_cast<int>(std::size(standard));
+    constexpr int standard_count = static_cast<int>(std::size(detail::standard_signal_names));
     if (signal_number >= 1 && signal_number < standard_count) {
-        return std::string(standard[signal_number]);
+        return std::string(detail::standard_signal_names[signal_number]);
     }
     // SIGRTMIN/SIGRTMAX are glibc function calls (34 and 64 here: NPTL keeps 32 and 33).
     const int rt_min = SIGRTMIN;
@@ -5802,6 +5807,21 @@ inline std::string signal_name(int signal_number) {
     return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
+/// The number of a standard signal from its name as signal_name() spells it ("SIGTERM"), or 0.
+[[nodiscard]] inline int signal_number(std::string_view name) noexcept {
+    for (int n = 1; n < static_cast<int>(std::size(detail::standard_signal_names)); ++n) {
+        if (detail::standard_signal_names[n] == name) return n;
+    }
+    return 0;
+}
+
+/// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
+/// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
+/// BUS, ...) are the agent's own.
+inline constexpr std::array<int, 16> forwardable_signal_numbers{
+    SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
+    SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
+
 /// torchrun's message for a worker killed by a signal (ProcessFailure, §6.3 of the inventory):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {
@@ -5810,7 +5830,7 @@ inline std::string signal_message(int signal_number, long pid) {
 }
 
 }  // namespace elastic::inline v0
-// ---- end elastic/report/signal_name.hpp ----
+// ---- end elastic/process/signal_name.hpp ----
 
 #include <chrono>
 #include <csignal>
@@ -9399,8 +9419,9 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
 // What each worker runs: the program (executable, Python script or module), its resolution on
 // PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
 
-// ---- begin elastic/launch/usage_error.hpp ----
-// elastic::usage_error (bad launcher input, exit status 2) and the environment map the launch layer reads.
+// ---- begin elastic/usage_error.hpp ----
+// elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
+// layers which read variables take instead of the process environment.
 
 
 #include <functional>
@@ -9449,7 +9470,8 @@ private:
     }
 };
 
-/// A set of environment variables, name to value. The launch layer reads its variables (PET_*,
+/// A set of environment variables, name to value. The launch layer (and the rendezvous, for its
+/// secret) reads its variables (PET_*,
 /// PYTHON_EXEC, PATH, CUDA_VISIBLE_DEVICES, ...) from one of these rather than from the process
 /// environment, so a custom launcher or a test controls exactly what is seen.
 using environment = std::map<std::string, std::string, std::less<>>;
@@ -9469,7 +9491,7 @@ using environment = std::map<std::string, std::string, std::less<>>;
     return env;
 }
 
-namespace detail::launch_impl {
+namespace detail {
 
 /// The value of `name` in `env`, or nullptr.
 [[nodiscard]] inline const std::string* find_variable(const environment& env, std::string_view name) {
@@ -9477,13 +9499,88 @@ namespace detail::launch_impl {
     return it == env.end() ? nullptr : &it->second;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail
 }  // namespace elastic::inline v0
-// ---- end elastic/launch/usage_error.hpp ----
+// ---- end elastic/usage_error.hpp ----
 // ---- begin elastic/launch/values.hpp ----
 // The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
 // settings, signal lists, durations) and the parsers of their text forms.
 
+// ---- begin elastic/detail/text.hpp ----
+// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer, and
+// `name=value` as error messages show it.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::text {
+
+[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
+    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!text.empty() && is_space(text.front())) {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && is_space(text.back())) {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+[[nodiscard]] inline std::string lower(std::string_view text) {
+    std::string out{text};
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    return out;
+}
+
+/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
+[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
+    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
+    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+}
+
+/// Splits on `sep`; "" gives one empty piece.
+[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
+    std::vector<std::string_view> pieces;
+    for (;;) {
+        const auto at = text.find(sep);
+        pieces.push_back(text.substr(0, at));
+        if (at == std::string_view::npos) {
+            return pieces;
+        }
+        text.remove_prefix(at + 1);
+    }
+}
+
+/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
+[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
+    text = trim(text);
+    if (!text.empty() && text.front() == '+') {
+        text.remove_prefix(1);
+    }
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+}  // namespace detail::text
+
+}  // namespace elastic::inline v0
+// ---- end elastic/detail/text.hpp ----
 
 #include <fmt/format.h>
 
@@ -9601,58 +9698,11 @@ struct stream_selection {
 };
 
 namespace detail::launch_impl {
-
-[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
-    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-    while (!text.empty() && is_space(text.front())) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && is_space(text.back())) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
-
-[[nodiscard]] inline std::string lower(std::string_view text) {
-    std::string out{text};
-    std::transform(out.begin(), out.end(), out.begin(),
-                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
-    return out;
-}
-
-/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
-[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
-    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
-}
-
-/// Splits on `sep`; "" gives one empty piece.
-[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
-    std::vector<std::string_view> pieces;
-    for (;;) {
-        const auto at = text.find(sep);
-        pieces.push_back(text.substr(0, at));
-        if (at == std::string_view::npos) {
-            return pieces;
-        }
-        text.remove_prefix(at + 1);
-    }
-}
-
-/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
-[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
-    text = trim(text);
-    if (!text.empty() && text.front() == '+') {
-        text.remove_prefix(1);
-    }
-    long long value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-        return std::nullopt;
-    }
-    return value;
-}
-
+using detail::text::lower;
+using detail::text::show;
+using detail::text::split;
+using detail::text::to_integer;
+using detail::text::trim;
 }  // namespace detail::launch_impl
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
@@ -10039,29 +10089,10 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return ranks;
 }
 
-namespace detail::launch_impl {
-
-struct forwardable_signal {
-    std::string_view name;
-    int number;
-};
-/// Signals an agent can trap and forward to its workers. SIGKILL and SIGSTOP cannot be trapped,
-/// SIGCHLD is how the agent learns of exits, and fault signals (SEGV, BUS, ...) are the agent's own.
-inline const std::array<forwardable_signal, 16> forwardable_signals{{
-    {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
-    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
-    {"SIGXFSZ", SIGXFSZ}, {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH},
-    {"SIGURG", SIGURG}, {"SIGCONT", SIGCONT}, {"SIGTSTP", SIGTSTP}, {"SIGPWR", SIGPWR},
-}};
-
-}  // namespace detail::launch_impl
-
 /// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
 [[nodiscard]] inline std::string signal_to_string(int number) {
-    for (const auto& s : detail::launch_impl::forwardable_signals) {
-        if (s.number == number) {
-            return std::string{s.name};
-        }
+    for (const int s : forwardable_signal_numbers) {
+        if (s == number) return signal_name(number);
     }
     return fmt::format("{}", number);
 }
@@ -10075,9 +10106,11 @@ inline const std::array<forwardable_signal, 16> forwardable_signals{{
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
-        const auto known = std::find_if(detail::launch_impl::forwardable_signals.begin(), detail::launch_impl::forwardable_signals.end(),
-                                        [&](const detail::launch_impl::forwardable_signal& s) { return detail::launch_impl::lower(s.name) == word; });
-        if (known == detail::launch_impl::forwardable_signals.end()) {
+        std::string upper = word;
+        for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+        const int number = signal_number(upper);
+        const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
+        if (number == 0 || known == forwardable_signal_numbers.end()) {
             const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
                                      word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
                                      word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
@@ -10087,8 +10120,8 @@ inline const std::array<forwardable_signal, 16> forwardable_signals{{
                 detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
                 untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
-        if (std::find(numbers.begin(), numbers.end(), known->number) == numbers.end()) {
-            numbers.push_back(known->number);
+        if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
+            numbers.push_back(number);
         }
     }
     return numbers;
@@ -10240,7 +10273,7 @@ using detail::file_check;
         }
         return path;
     }
-    const auto* path_variable = detail::launch_impl::find_variable(env, "PATH");
+    const auto* path_variable = detail::find_variable(env, "PATH");
     const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
     auto [found, first_not_executable] = detail::search_path(name, search);
     if (!found.empty()) return found;
@@ -10324,7 +10357,8 @@ namespace detail::launch_impl {
 // ---- begin elastic/policy/spec.hpp ----
 // The settings of the built-in restart policies as values: durations in words, backoff_spec,
 // window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
-// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard).
+// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard), and
+// restart_settings, all of them together (what make_default_policy takes).
 
 
 #include <fmt/format.h>
@@ -10381,14 +10415,14 @@ namespace detail::policy_impl {
 /// names the option or variable in the usage_error.
 [[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
                                                               bool allow_zero = false) {
-    const auto word = detail::launch_impl::trim(text);
+    const auto word = detail::text::trim(text);
     std::size_t unit_at = 0;
     while (unit_at < word.size() &&
            (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
         ++unit_at;
     }
     const auto number = word.substr(0, unit_at);
-    const auto unit = detail::launch_impl::lower(detail::launch_impl::trim(word.substr(unit_at)));
+    const auto unit = detail::text::lower(detail::text::trim(word.substr(unit_at)));
     double value = -1;
     const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
                                            std::chars_format::fixed);
@@ -10405,7 +10439,7 @@ namespace detail::policy_impl {
     if (!ok) {
         throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
                                       "counts seconds)",
-                                      detail::launch_impl::show(name, text), allow_zero ? "" : "above 0 ")};
+                                      detail::text::show(name, text), allow_zero ? "" : "above 0 ")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -10435,10 +10469,10 @@ struct backoff_spec {
 
 /// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
 [[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::launch_impl::split(text, ':');
+    const auto parts = detail::text::split(text, ':');
     if (parts.size() < 2 || parts.size() > 3) {
         throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::launch_impl::show(name, text))};
+                                      detail::text::show(name, text))};
     }
     backoff_spec spec;
     spec.initial = parse_duration(parts[0], name);
@@ -10446,7 +10480,7 @@ struct backoff_spec {
     if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
     if (spec.cap < spec.initial) {
         throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
-                                      detail::launch_impl::show(name, text), duration_flag_text(spec.cap),
+                                      detail::text::show(name, text), duration_flag_text(spec.cap),
                                       duration_flag_text(spec.initial))};
     }
     return spec;
@@ -10465,15 +10499,15 @@ struct window_spec {
 
 /// Parses N/PERIOD (N >= 1).
 [[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::launch_impl::split(text, '/');
+    const auto parts = detail::text::split(text, '/');
     if (parts.size() != 2) {
         throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
-                                      detail::launch_impl::show(name, text))};
+                                      detail::text::show(name, text))};
     }
-    const auto n = detail::launch_impl::to_integer(detail::launch_impl::trim(parts[0]));
+    const auto n = detail::text::to_integer(detail::text::trim(parts[0]));
     if (!n || *n < 1 || *n > 1'000'000) {
         throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::launch_impl::show(name, text))};
+                                      detail::text::show(name, text))};
     }
     return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
 }
@@ -10522,9 +10556,9 @@ struct exit_code_set {
 /// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
 [[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
     exit_code_set set;
-    for (const auto raw : detail::launch_impl::split(text, ',')) {
-        const auto item = detail::launch_impl::trim(raw);
-        const auto word = detail::launch_impl::lower(item);
+    for (const auto raw : detail::text::split(text, ',')) {
+        const auto item = detail::text::trim(raw);
+        const auto word = detail::text::lower(item);
         if (word == "signals" || word == "signal") {
             set.any_signal = true;
             continue;
@@ -10532,24 +10566,24 @@ struct exit_code_set {
         if (word.rfind("sig", 0) == 0) {
             int found = 0;
             for (int s = 1; s <= 64 && found == 0; ++s) {
-                if (detail::launch_impl::lower(signal_name(s)) == word) found = s;
+                if (detail::text::lower(signal_name(s)) == word) found = s;
             }
             if (found == 0) {
                 throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::launch_impl::show(name, text), item)};
+                                              detail::text::show(name, text), item)};
             }
             set.signals.set(static_cast<std::size_t>(found));
             continue;
         }
         const auto dash = item.find('-', 1);
-        const auto first = detail::launch_impl::to_integer(detail::launch_impl::trim(item.substr(0, dash)));
+        const auto first = detail::text::to_integer(detail::text::trim(item.substr(0, dash)));
         const auto last = dash == std::string_view::npos
                               ? first
-                              : detail::launch_impl::to_integer(detail::launch_impl::trim(item.substr(dash + 1)));
+                              : detail::text::to_integer(detail::text::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
             throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
                                           "a signal name",
-                                          detail::launch_impl::show(name, text), item)};
+                                          detail::text::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
     }
@@ -10571,22 +10605,33 @@ struct crash_guard_spec {
 
 /// Parses T or T:N (N >= 1).
 [[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::launch_impl::split(text, ':');
+    const auto parts = detail::text::split(text, ':');
     if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::launch_impl::show(name, text))};
+        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::text::show(name, text))};
     }
     crash_guard_spec spec;
     spec.within = parse_duration(parts[0], name);
     if (parts.size() == 2) {
-        const auto n = detail::launch_impl::to_integer(detail::launch_impl::trim(parts[1]));
+        const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
             throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
-                                          detail::launch_impl::show(name, text))};
+                                          detail::text::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }
     return spec;
 }
+
+/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
+/// what make_default_policy builds the default policy from (launch_config::restarts()).
+struct restart_settings {
+    int max_restarts = 0;                          ///< --max-restarts
+    std::optional<backoff_spec> backoff;           ///< --restart-backoff
+    std::optional<window_spec> window;             ///< --restart-window
+    std::optional<exit_code_set> on_exit;          ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;   ///< --restart-crash-guard
+    friend bool operator==(const restart_settings&, const restart_settings&) = default;
+};
 
 }  // namespace elastic::inline v0
 // ---- end elastic/policy/spec.hpp ----
@@ -10671,6 +10716,11 @@ struct launch_config {
             endpoint.port = default_rendezvous_port(rdzv_backend);
         }
         return endpoint;
+    }
+
+    /// --max-restarts and the --restart-* options, as the policy layer takes them.
+    [[nodiscard]] restart_settings restarts() const {
+        return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
     }
 
     /// True when --log-dir is /dev/null: no stdout/stderr/error files are written (torchrun's
@@ -10976,8 +11026,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
         throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
     }
     for (const int number : c.signals_to_handle) {
-        if (std::none_of(forwardable_signals.begin(), forwardable_signals.end(),
-                         [&](const forwardable_signal& s) { return s.number == number; })) {
+        if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
+            forwardable_signal_numbers.end()) {
             throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
                                           number)};
         }
@@ -11130,7 +11180,7 @@ namespace detail::launch_impl {
 /// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
 /// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
 [[nodiscard]] inline gpu_count count_gpus(const environment& env) {
-    if (const auto* visible = detail::launch_impl::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
+    if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
         return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
     }
     const auto listed = detail::launch_impl::run_nvidia_smi(env);
@@ -11572,7 +11622,7 @@ inline void unmark(std::string& text) {
         }
         if (spec.has_env) {
             const auto name = detail::launch_impl::env_name(spec);
-            if (const auto* value = detail::launch_impl::find_variable(env, name); value != nullptr && !value->empty()) {
+            if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
                 labels.from_env.insert_or_assign(std::string{dest}, name);
                 return detail::launch_impl::raw_option{*value, name, true};
             }
@@ -11624,7 +11674,7 @@ inline void unmark(std::string& text) {
                                       : program_kind::automatic;
     config.program.target = rest.front();
     config.program.args.assign(rest.begin() + 1, rest.end());
-    if (const auto* python = detail::launch_impl::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
+    if (const auto* python = detail::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
         config.program.python = *python;
     }
 
@@ -11714,7 +11764,7 @@ inline void unmark(std::string& text) {
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);
-    } else if (const auto* t = detail::launch_impl::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
     }
     if (const auto v = raw("signals_to_handle")) {
@@ -11740,10 +11790,10 @@ inline void unmark(std::string& text) {
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
-    if (const auto* t = detail::launch_impl::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
     }
-    if (const auto* level = detail::launch_impl::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
+    if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
         config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
     }
     if (const auto v = raw("event_log_handler")) {
@@ -11775,173 +11825,18 @@ inline void unmark(std::string& text) {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/cli.hpp ----
-// ---- end elastic/launch.hpp ----
-// ---- begin elastic/policy.hpp ----
-// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
-// max_restarts(n), the built-in policies and combinators, and make_default_policy(config).
+// ---- begin elastic/launch/default_policy.hpp ----
+// make_default_policy(config): the default policy (policy/default_policy.hpp) from a parsed
+// command line.
 
-// ---- begin elastic/policy/concepts.hpp ----
-// The restart_policy concept: a coroutine awaited with a worker group's failure that answers
-// restart (after whatever delay it awaits itself) or stop, with a reason in words.
+// ---- begin elastic/policy/default_policy.hpp ----
+// make_default_policy(settings): the restart policy elasticrun runs under, built from
+// --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
 
+// ---- begin elastic/policy/backoff.hpp ----
+// backoff: wait before each restart, exponentially longer for failures in a row, capped, with
+// jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
 
-#include <asio/awaitable.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <concepts>
-#include <optional>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// A worker group's failure, as a restart policy sees it.
-///
-/// `workers` holds every worker that did not succeed, in report form (report/failure.hpp):
-/// those that failed on their own (`failure_state::failed`: exit code or signal, error file,
-/// stderr tail, when the agent saw the exit) and those the agent then stopped
-/// (`failure_state::stopped_by_agent`). The helpers below answer the usual questions.
-struct group_failure {
-    /// The failed and the stopped workers of the group (not those that had exited 0).
-    std::vector<worker_failure> workers;
-    /// Restarts of the group so far in this job (0 at the first failure). The count workers see
-    /// as TORCHELASTIC_RESTART_COUNT during the attempt that failed.
-    int restarts = 0;
-    /// When the failed attempt's workers had all been started.
-    std::chrono::steady_clock::time_point started{};
-    /// When the agent saw the first failure (the end of the healthy period).
-    std::chrono::steady_clock::time_point failed{};
-
-    /// How long the group ran healthy before the first failure.
-    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
-        return failed - started;
-    }
-
-    /// The workers that failed on their own (never those the agent stopped).
-    [[nodiscard]] std::vector<const worker_failure*> failures() const {
-        std::vector<const worker_failure*> out;
-        for (const auto& w : workers) {
-            if (w.state == failure_state::failed) out.push_back(&w);
-        }
-        return out;
-    }
-
-    /// The root cause: the first failure by time (report's root_cause rule); null when no
-    /// worker failed on its own.
-    [[nodiscard]] const worker_failure* root_cause() const noexcept {
-        const auto i = elastic::root_cause(std::span<const worker_failure>(workers));
-        return i ? &workers[*i] : nullptr;
-    }
-
-    /// The local ranks and global ranks that failed on their own, in rank order.
-    [[nodiscard]] std::vector<int> failed_local_ranks() const {
-        std::vector<int> out;
-        for (const auto* w : failures()) out.push_back(w->local_rank);
-        std::sort(out.begin(), out.end());
-        return out;
-    }
-    [[nodiscard]] std::vector<int> failed_global_ranks() const {
-        std::vector<int> out;
-        for (const auto* w : failures()) out.push_back(w->global_rank);
-        std::sort(out.begin(), out.end());
-        return out;
-    }
-};
-
-/// What a policy answers.
-struct restart_decision {
-    enum class action { restart, stop };
-
-    action what = action::stop;
-    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
-    std::string reason;
-
-    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
-
-    static restart_decision restart_because(std::string why) {
-        return {action::restart, std::move(why)};
-    }
-    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
-};
-
-/*
- * restart_policy: what a model must provide and what it promises.
- *
- *   asio::awaitable<restart_decision> operator()(const group_failure& failure);
- *
- * - The agent awaits it once per failed attempt, after the group has been stopped, on the
- *   agent's io_context (one thread: a policy needs no locks). The failure lives until the
- *   awaitable completes.
- * - A policy may await anything before answering (a backoff timer, a store, an operator): the
- *   agent races the await against the signals it handles, so a policy must be cancellable at
- *   its suspension points (Asio's timers and sockets are).
- * - It may keep state across calls (a budget spent, a window of failures); the agent holds
- *   one object for the whole job and calls it through a non-const reference.
- * - Combinators (`a | b`: the first to say stop wins, delays add up) take models by value and
- *   are models themselves; that is why the call is the only requirement.
- */
-template <class P>
-concept restart_policy = std::move_constructible<P> && requires(P& p, const group_failure& f) {
-    { p(f) } -> std::same_as<asio::awaitable<restart_decision>>;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/concepts.hpp ----
-// ---- begin elastic/policy/max_restarts.hpp ----
-// max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
-
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <stdexcept>
-#include <string>
-
-namespace elastic::inline v0 {
-
-/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
-/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
-///
-/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
-/// than a counter of its own, so a copy of the policy, or one built again after a membership
-/// change, answers the same.
-class max_restarts {
-public:
-    /// `n` >= 0 restarts allowed in the job.
-    explicit max_restarts(int n) : budget_(n) {
-        if (n < 0) {
-            throw std::invalid_argument(
-                fmt::format("max_restarts({}): the budget must be 0 or more", n));
-        }
-    }
-
-    /// The budget.
-    [[nodiscard]] int budget() const noexcept { return budget_; }
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
-        if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(
-                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
-                            budget_));
-        }
-        co_return restart_decision::stop_because(
-            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
-                         : fmt::format("the restart budget is spent: {} of {} restarts made "
-                                       "(--max-restarts={})",
-                                       failure.restarts, budget_, budget_));
-    }
-
-private:
-    int budget_;
-};
-
-static_assert(restart_policy<max_restarts>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/max_restarts.hpp ----
 // ---- begin elastic/policy/clock.hpp ----
 // Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
 // asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
@@ -12084,6 +11979,116 @@ static_assert(policy_clock<manual_policy_clock>);
 // Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
 // built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
 
+// ---- begin elastic/policy/concepts.hpp ----
+// The restart_policy concept: a coroutine awaited with a worker group's failure that answers
+// restart (after whatever delay it awaits itself) or stop, with a reason in words.
+
+
+#include <asio/awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// A worker group's failure, as a restart policy sees it.
+///
+/// `workers` holds every worker that did not succeed, in report form (report/failure.hpp):
+/// those that failed on their own (`failure_state::failed`: exit code or signal, error file,
+/// stderr tail, when the agent saw the exit) and those the agent then stopped
+/// (`failure_state::stopped_by_agent`). The helpers below answer the usual questions.
+struct group_failure {
+    /// The failed and the stopped workers of the group (not those that had exited 0).
+    std::vector<worker_failure> workers;
+    /// Restarts of the group so far in this job (0 at the first failure). The count workers see
+    /// as TORCHELASTIC_RESTART_COUNT during the attempt that failed.
+    int restarts = 0;
+    /// When the failed attempt's workers had all been started.
+    std::chrono::steady_clock::time_point started{};
+    /// When the agent saw the first failure (the end of the healthy period).
+    std::chrono::steady_clock::time_point failed{};
+
+    /// How long the group ran healthy before the first failure.
+    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
+        return failed - started;
+    }
+
+    /// The workers that failed on their own (never those the agent stopped).
+    [[nodiscard]] std::vector<const worker_failure*> failures() const {
+        std::vector<const worker_failure*> out;
+        for (const auto& w : workers) {
+            if (w.state == failure_state::failed) out.push_back(&w);
+        }
+        return out;
+    }
+
+    /// The root cause: the first failure by time (report's root_cause rule); null when no
+    /// worker failed on its own.
+    [[nodiscard]] const worker_failure* root_cause() const noexcept {
+        const auto i = elastic::root_cause(std::span<const worker_failure>(workers));
+        return i ? &workers[*i] : nullptr;
+    }
+
+    /// The local ranks and global ranks that failed on their own, in rank order.
+    [[nodiscard]] std::vector<int> failed_local_ranks() const {
+        std::vector<int> out;
+        for (const auto* w : failures()) out.push_back(w->local_rank);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+    [[nodiscard]] std::vector<int> failed_global_ranks() const {
+        std::vector<int> out;
+        for (const auto* w : failures()) out.push_back(w->global_rank);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+};
+
+/// What a policy answers.
+struct restart_decision {
+    enum class action { restart, stop };
+
+    action what = action::stop;
+    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
+    std::string reason;
+
+    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
+
+    static restart_decision restart_because(std::string why) {
+        return {action::restart, std::move(why)};
+    }
+    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
+};
+
+/*
+ * restart_policy: what a model must provide and what it promises.
+ *
+ *   asio::awaitable<restart_decision> operator()(const group_failure& failure);
+ *
+ * - The agent awaits it once per failed attempt, after the group has been stopped, on the
+ *   agent's io_context (one thread: a policy needs no locks). The failure lives until the
+ *   awaitable completes.
+ * - A policy may await anything before answering (a backoff timer, a store, an operator): the
+ *   agent races the await against the signals it handles, so a policy must be cancellable at
+ *   its suspension points (Asio's timers and sockets are).
+ * - It may keep state across calls (a budget spent, a window of failures); the agent holds
+ *   one object for the whole job and calls it through a non-const reference.
+ * - Combinators (`a | b`: the first to say stop wins, delays add up) take models by value and
+ *   are models themselves; that is why the call is the only requirement.
+ */
+template <class P>
+concept restart_policy = std::move_constructible<P> && requires(P& p, const group_failure& f) {
+    { p(f) } -> std::same_as<asio::awaitable<restart_decision>>;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/concepts.hpp ----
 
 #include <asio/awaitable.hpp>
 
@@ -12333,10 +12338,6 @@ static_assert(restart_policy<any_restart_policy>);
 
 }  // namespace elastic::inline v0
 // ---- end elastic/policy/combinators.hpp ----
-// ---- begin elastic/policy/backoff.hpp ----
-// backoff: wait before each restart, exponentially longer for failures in a row, capped, with
-// jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
-
 
 #include <asio/awaitable.hpp>
 #include <fmt/format.h>
@@ -12430,83 +12431,80 @@ static_assert(planned_restart_policy<backoff>);
 
 }  // namespace elastic::inline v0
 // ---- end elastic/policy/backoff.hpp ----
-// ---- begin elastic/policy/window.hpp ----
-// restart_window: at most N restarts within any period, a sliding window
-// (--restart-window=N/PERIOD).
+// ---- begin elastic/policy/crash_loop.hpp ----
+// crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
+// loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
 
 
 #include <asio/awaitable.hpp>
 #include <fmt/format.h>
 
 #include <chrono>
-#include <deque>
 #include <stdexcept>
-#include <utility>
+#include <string>
 
 namespace elastic::inline v0 {
 
-/// A budget per time window: restart while fewer than N restarts were made in the last PERIOD
-/// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
-/// were. Unlike max_restarts, a job that fails rarely runs for ever.
-template <policy_clock Clock = steady_policy_clock>
-class basic_restart_window {
+/// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
+/// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
+/// A group that ran longer restarts and clears the count.
+class crash_loop_guard {
 public:
-    explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
-        if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
-            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
-                                                    spec_.restarts, duration_flag_text(spec_.period)));
+    explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
+        if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
+            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
+                                                    duration_flag_text(spec_.within), spec_.in_a_row));
         }
     }
-    /// restart_window(5, 1h).
-    basic_restart_window(int restarts, std::chrono::milliseconds period, Clock clock = Clock{})
-        : basic_restart_window(window_spec{restarts, period}, std::move(clock)) {}
+    /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
+    explicit crash_loop_guard(std::chrono::milliseconds within, int in_a_row = 1)
+        : crash_loop_guard(crash_guard_spec{within, in_a_row}) {}
 
-    [[nodiscard]] const window_spec& spec() const noexcept { return spec_; }
-    /// Restarts made within the last period, as of now.
-    [[nodiscard]] int recent() {
-        forget_old();
-        return static_cast<int>(times_.size());
-    }
+    [[nodiscard]] const crash_guard_spec& spec() const noexcept { return spec_; }
 
-    restart_plan plan(const group_failure&) {
-        const int made = recent();
-        if (made >= spec_.restarts) {
-            const auto since = clock_.now() - times_.front();
-            return {restart_decision::stop_because(fmt::format(
-                        "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
-                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
+    restart_plan plan(const group_failure& failure) {
+        const auto ran = failure.healthy_for();
+        const bool early = ran < spec_.within;
+        pending_ = early ? early_ + 1 : 0;
+        if (!early) {
+            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
+                                                                  duration_words(ran), duration_words(spec_.within))),
                     {}};
         }
-        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
-                                                              spec_.restarts, duration_words(spec_.period),
-                                                              spec_.flag())),
+        if (pending_ >= spec_.in_a_row) {
+            return {restart_decision::stop_because(
+                        spec_.in_a_row == 1
+                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
+                                          "not retried ({})",
+                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
+                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
+                                          "the crash-loop guard of {}: not retried ({})",
+                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
+                    {}};
+        }
+        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
+                                                              "within {} ({})",
+                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
+                                                              duration_words(spec_.within), spec_.flag())),
                 {}};
     }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
-    void commit(const group_failure&) { times_.push_back(clock_.now()); }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    void commit(const group_failure&) { early_ = pending_; }
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy_impl::run_planned(*this, failure);
     }
 
 private:
-    void forget_old() {
-        const auto now = clock_.now();
-        while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
-    }
-
-    window_spec spec_;
-    Clock clock_;
-    std::deque<std::chrono::steady_clock::time_point> times_;
+    crash_guard_spec spec_;
+    int early_ = 0;
+    int pending_ = 0;
 };
 
-/// The production window (steady clock).
-using restart_window = basic_restart_window<>;
-
-static_assert(planned_restart_policy<restart_window>);
+static_assert(planned_restart_policy<crash_loop_guard>);
 
 }  // namespace elastic::inline v0
-// ---- end elastic/policy/window.hpp ----
+// ---- end elastic/policy/crash_loop.hpp ----
 // ---- begin elastic/policy/exit_codes.hpp ----
 // Exit-code classes: restart only when the root cause ended in a retryable way (a named set of
 // exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
@@ -12588,84 +12586,135 @@ static_assert(planned_restart_policy<exit_code_policy>);
 
 }  // namespace elastic::inline v0
 // ---- end elastic/policy/exit_codes.hpp ----
-// ---- begin elastic/policy/crash_loop.hpp ----
-// crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
-// loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
+// ---- begin elastic/policy/max_restarts.hpp ----
+// max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
+/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
+///
+/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
+/// than a counter of its own, so a copy of the policy, or one built again after a membership
+/// change, answers the same.
+class max_restarts {
+public:
+    /// `n` >= 0 restarts allowed in the job.
+    explicit max_restarts(int n) : budget_(n) {
+        if (n < 0) {
+            throw std::invalid_argument(
+                fmt::format("max_restarts({}): the budget must be 0 or more", n));
+        }
+    }
+
+    /// The budget.
+    [[nodiscard]] int budget() const noexcept { return budget_; }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
+        if (failure.restarts < budget_) {
+            co_return restart_decision::restart_because(
+                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
+                            budget_));
+        }
+        co_return restart_decision::stop_because(
+            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
+                         : fmt::format("the restart budget is spent: {} of {} restarts made "
+                                       "(--max-restarts={})",
+                                       failure.restarts, budget_, budget_));
+    }
+
+private:
+    int budget_;
+};
+
+static_assert(restart_policy<max_restarts>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/max_restarts.hpp ----
+// ---- begin elastic/policy/window.hpp ----
+// restart_window: at most N restarts within any period, a sliding window
+// (--restart-window=N/PERIOD).
 
 
 #include <asio/awaitable.hpp>
 #include <fmt/format.h>
 
 #include <chrono>
+#include <deque>
 #include <stdexcept>
-#include <string>
+#include <utility>
 
 namespace elastic::inline v0 {
 
-/// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
-/// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
-/// A group that ran longer restarts and clears the count.
-class crash_loop_guard {
+/// A budget per time window: restart while fewer than N restarts were made in the last PERIOD
+/// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
+/// were. Unlike max_restarts, a job that fails rarely runs for ever.
+template <policy_clock Clock = steady_policy_clock>
+class basic_restart_window {
 public:
-    explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
-        if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
-            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
-                                                    duration_flag_text(spec_.within), spec_.in_a_row));
+    explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
+        if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
+            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
+                                                    spec_.restarts, duration_flag_text(spec_.period)));
         }
     }
-    /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
-    explicit crash_loop_guard(std::chrono::milliseconds within, int in_a_row = 1)
-        : crash_loop_guard(crash_guard_spec{within, in_a_row}) {}
+    /// restart_window(5, 1h).
+    basic_restart_window(int restarts, std::chrono::milliseconds period, Clock clock = Clock{})
+        : basic_restart_window(window_spec{restarts, period}, std::move(clock)) {}
 
-    [[nodiscard]] const crash_guard_spec& spec() const noexcept { return spec_; }
+    [[nodiscard]] const window_spec& spec() const noexcept { return spec_; }
+    /// Restarts made within the last period, as of now.
+    [[nodiscard]] int recent() {
+        forget_old();
+        return static_cast<int>(times_.size());
+    }
 
-    restart_plan plan(const group_failure& failure) {
-        const auto ran = failure.healthy_for();
-        const bool early = ran < spec_.within;
-        pending_ = early ? early_ + 1 : 0;
-        if (!early) {
-            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
-                                                                  duration_words(ran), duration_words(spec_.within))),
+    restart_plan plan(const group_failure&) {
+        const int made = recent();
+        if (made >= spec_.restarts) {
+            const auto since = clock_.now() - times_.front();
+            return {restart_decision::stop_because(fmt::format(
+                        "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
+                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
                     {}};
         }
-        if (pending_ >= spec_.in_a_row) {
-            return {restart_decision::stop_because(
-                        spec_.in_a_row == 1
-                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
-                                          "not retried ({})",
-                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
-                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
-                                          "the crash-loop guard of {}: not retried ({})",
-                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
-                    {}};
-        }
-        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
-                                                              "within {} ({})",
-                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
-                                                              duration_words(spec_.within), spec_.flag())),
+        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
+                                                              spec_.restarts, duration_words(spec_.period),
+                                                              spec_.flag())),
                 {}};
     }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
-    void commit(const group_failure&) { early_ = pending_; }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
+    void commit(const group_failure&) { times_.push_back(clock_.now()); }
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy_impl::run_planned(*this, failure);
     }
 
 private:
-    crash_guard_spec spec_;
-    int early_ = 0;
-    int pending_ = 0;
+    void forget_old() {
+        const auto now = clock_.now();
+        while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
+    }
+
+    window_spec spec_;
+    Clock clock_;
+    std::deque<std::chrono::steady_clock::time_point> times_;
 };
 
-static_assert(planned_restart_policy<crash_loop_guard>);
+/// The production window (steady clock).
+using restart_window = basic_restart_window<>;
+
+static_assert(planned_restart_policy<restart_window>);
 
 }  // namespace elastic::inline v0
-// ---- end elastic/policy/crash_loop.hpp ----
-// ---- begin elastic/policy/from_config.hpp ----
-// make_default_policy(config): the restart policy elasticrun runs under, built from
-// --max-restarts and the --restart-* options.
-
+// ---- end elastic/policy/window.hpp ----
 
 #include <optional>
 #include <utility>
@@ -12683,29 +12732,48 @@ namespace elastic::inline v0 {
 /// options it answers exactly as max_restarts(--max-restarts). `clock` and `uniform` are for
 /// tests (the window's and the backoff's time, the jitter).
 template <policy_clock Clock = steady_policy_clock>
-[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+[[nodiscard]] any_restart_policy make_default_policy(const restart_settings& settings, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
     optional_policy<exit_code_policy> exits;
-    if (config.restart_on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*config.restart_on_exit));
+    if (settings.on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*settings.on_exit));
     optional_policy<crash_loop_guard> guard;
-    if (config.restart_crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*config.restart_crash_guard));
+    if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
     optional_policy<basic_backoff<Clock>> delay;
-    if (config.restart_backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*config.restart_backoff, clock, std::move(uniform)));
+    if (settings.backoff) {
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock, std::move(uniform)));
     }
-    if (config.restart_window) {
-        basic_restart_window<Clock> window(*config.restart_window, clock);
-        if (config.max_restarts == 0) {
+    if (settings.window) {
+        basic_restart_window<Clock> window(*settings.window, clock);
+        if (settings.max_restarts == 0) {
             return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
         }
-        return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(window),
+        return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(window),
                      std::move(delay));
     }
-    return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(delay));
+    return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(delay));
 }
 
 }  // namespace elastic::inline v0
-// ---- end elastic/policy/from_config.hpp ----
+// ---- end elastic/policy/default_policy.hpp ----
+
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// make_default_policy(config.restarts(), clock, uniform): the policy elasticrun runs under.
+template <policy_clock Clock = steady_policy_clock>
+[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+                                                     uniform_source uniform = random_uniform_source()) {
+    return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/default_policy.hpp ----
+// ---- end elastic/launch.hpp ----
+// ---- begin elastic/policy.hpp ----
+// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
+// max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
+
 // ---- end elastic/policy.hpp ----
 // ---- begin elastic/rendezvous.hpp ----
 // The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, every stage CI runs (README's second command; .ci/run calls it).
-#   1. single_include/elastic.hpp matches what tools/amalgamate.py makes now
+#   1. single_include/elastic.hpp matches what tools/amalgamate.py makes now, and no header
+#      includes one from a layer above its own (tools/check_layers.py)
 #   2. g++, -Werror with every warning, the multi-header tree: header checks, tests, examples,
 #      find_package / add_subdirectory / single-header consumers
 #   3. clang++, ASan+UBSan, the suite built against single_include/ with include/ off the path
@@ -50,7 +51,7 @@ run_ctest() {  # run_ctest DIR [ARGS...]: run, and add its counts to the run's t
 
 stage_deps() { tools/install-deps.sh test; }
 
-stage_header() { python3 tools/amalgamate.py --check; }
+stage_header() { python3 tools/amalgamate.py --check && python3 tools/check_layers.py; }
 
 stage_gcc() {
   local dir=build/ci-gcc

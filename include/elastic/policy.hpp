@@ -1,5 +1,5 @@
 // The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
-// max_restarts(n), the built-in policies and combinators, and make_default_policy(config).
+// max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -12,4 +12,4 @@
 #include "elastic/policy/window.hpp"
 #include "elastic/policy/exit_codes.hpp"
 #include "elastic/policy/crash_loop.hpp"
-#include "elastic/policy/from_config.hpp"
+#include "elastic/policy/default_policy.hpp"

@@ -4,5 +4,6 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 #include "elastic/rendezvous/error.hpp"
+#include "elastic/rendezvous/parameters.hpp"
 #include "elastic/rendezvous/store_rendezvous.hpp"
 #include "elastic/rendezvous/tcp_rendezvous.hpp"

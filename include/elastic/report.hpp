@@ -11,7 +11,7 @@
 #include "elastic/report/event_sink.hpp"
 #include "elastic/report/exit_codes.hpp"
 #include "elastic/report/failure.hpp"
-#include "elastic/report/signal_name.hpp"
+#include "elastic/process/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"
 #include "elastic/report/summary.hpp"
 #include "elastic/report/text.hpp"

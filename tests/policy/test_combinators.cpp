@@ -2,13 +2,13 @@
 // backoff, restart_window, exit-code classes, crash_loop_guard, `a | b`, make_default_policy and
 // the parsers of their settings. Nothing sleeps: a delay completes when the test advances time.
 #include "elastic/launch/config.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/policy/backoff.hpp"
 #include "elastic/policy/clock.hpp"
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/crash_loop.hpp"
 #include "elastic/policy/exit_codes.hpp"
-#include "elastic/policy/from_config.hpp"
+#include "elastic/launch/default_policy.hpp"
 #include "elastic/policy/max_restarts.hpp"
 #include "elastic/policy/spec.hpp"
 #include "elastic/policy/window.hpp"

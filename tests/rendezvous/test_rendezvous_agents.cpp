@@ -272,7 +272,7 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
         elastic::launch_config c;
         c.rdzv_conf.secret_file = write_secret(dir, "s1", "abc\r");
         elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}, {"PATH", "/bin"}};
-        elastic::load_rendezvous_secret(c, env, warn);
+        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
         CHECK(c.rdzv_conf.secret == std::optional<std::string>("abc"));
         CHECK(env.count("ELASTIC_RDZV_SECRET") == 0);
         CHECK(env.count("PATH") == 1);
@@ -282,7 +282,7 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
     {
         elastic::launch_config c;
         elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}};
-        elastic::load_rendezvous_secret(c, env, warn);
+        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
         CHECK(c.rdzv_conf.secret == std::optional<std::string>("from-env"));
         CHECK(env.empty());
     }
@@ -290,7 +290,7 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
     {
         elastic::launch_config c;
         elastic::environment env;
-        elastic::load_rendezvous_secret(c, env, warn);
+        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
         CHECK(!c.rdzv_conf.secret);
     }
     // A file others may read: a warning naming it and chmod 600.
@@ -300,7 +300,7 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
         REQUIRE(::chmod(path.c_str(), 0644) == 0);
         c.rdzv_conf.secret_file = path;
         elastic::environment env;
-        elastic::load_rendezvous_secret(c, env, warn);
+        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
         REQUIRE(warnings.size() == 1);
         CHECK(warnings[0].find(path) != std::string::npos);
         CHECK(warnings[0].find("mode 0644); chmod 600") != std::string::npos);
@@ -310,14 +310,14 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
         elastic::launch_config c;
         c.rdzv_conf.secret_file = write_secret(dir, "s3", "");
         elastic::environment env;
-        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("the file is empty"),
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c.rdzv_conf, env, warn), doctest::Contains("the file is empty"),
                              elastic::usage_error);
         c.rdzv_conf.secret_file = (dir.path() / "missing").string();
-        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("cannot read it"),
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c.rdzv_conf, env, warn), doctest::Contains("cannot read it"),
                              elastic::usage_error);
         elastic::launch_config d;
         elastic::environment empty{{"ELASTIC_RDZV_SECRET", ""}};
-        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(d, empty, warn),
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(d.rdzv_conf, empty, warn),
                              doctest::Contains("ELASTIC_RDZV_SECRET is set but empty"), elastic::usage_error);
     }
     // --rdzv-conf reads secret_file for static and c10d, not etcd-v3.

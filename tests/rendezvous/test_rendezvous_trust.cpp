@@ -3,7 +3,7 @@
 // over restarts, and a host name endpoint binds that name's address, never 0.0.0.0.
 #include "agent_support.hpp"
 
-#include <elastic/launch/usage_error.hpp>
+#include <elastic/usage_error.hpp>
 #include <elastic/launch/values.hpp>
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>

@@ -6,7 +6,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/launch/config.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/process/child.hpp"
@@ -16,7 +16,7 @@
 #include "elastic/report/event_sink.hpp"
 #include "elastic/report/exit_codes.hpp"
 #include "elastic/report/failure.hpp"
-#include "elastic/report/signal_name.hpp"
+#include "elastic/process/signal_name.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

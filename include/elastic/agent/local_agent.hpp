@@ -13,7 +13,7 @@
 #include "elastic/error.hpp"
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/program.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/process/child.hpp"
@@ -120,11 +120,11 @@ struct store_plan {
 inline store_plan plan_store(const launch_config& c) {
     const auto endpoint = c.rendezvous_endpoint();
     store_plan plan;
-    if (uses_node_rendezvous(c)) {
+    if (uses_node_rendezvous(c.rendezvous())) {
         // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
         // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
         // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
-        const auto where = advertise(c);
+        const auto where = advertise(c.rendezvous());
         plan.bind_host = where.bind_host;
         plan.master_addr = where.addr;
         return plan;
@@ -241,7 +241,7 @@ public:
           log_(std::move(name), config_.agent_log_level) {
         detail::agent::check_supported(config_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
-        load_rendezvous_secret(config_, env_, [this](std::string_view line) { log_.warning(line); });
+        load_rendezvous_secret(config_.rdzv_conf, env_, [this](std::string_view line) { log_.warning(line); });
         command_ = resolve_program(config_.program, env_);
         store_ = detail::agent::plan_store(config_);
         events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
@@ -268,7 +268,7 @@ public:
             log_.info(banner);
         }
         if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
-        if (uses_node_rendezvous(config_)) co_return co_await run_job(policy, signals);
+        if (uses_node_rendezvous(config_.rendezvous())) co_return co_await run_job(policy, signals);
 
         int restarts = 0;
         for (;;) {
@@ -593,7 +593,7 @@ private:
     template <restart_policy Policy>
     asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_.rendezvous(), [this](std::string_view line) { log_.warning(line); });
         {
             auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
             if (started.index() == 1) {

@@ -7,9 +7,9 @@
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/launch/cli.hpp"
 #include "elastic/launch/config.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/policy/concepts.hpp"
-#include "elastic/policy/from_config.hpp"
+#include "elastic/launch/default_policy.hpp"
 #include "elastic/report/agent_error_file.hpp"
 #include "elastic/report/exit_codes.hpp"
 

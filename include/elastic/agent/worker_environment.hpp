@@ -4,7 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/config.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
 #include <fmt/format.h>

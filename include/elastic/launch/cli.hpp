@@ -6,7 +6,7 @@
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/nproc.hpp"
 #include "elastic/launch/program.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
 #include <CLI/CLI.hpp>
@@ -416,7 +416,7 @@ inline void unmark(std::string& text) {
         }
         if (spec.has_env) {
             const auto name = detail::launch_impl::env_name(spec);
-            if (const auto* value = detail::launch_impl::find_variable(env, name); value != nullptr && !value->empty()) {
+            if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
                 labels.from_env.insert_or_assign(std::string{dest}, name);
                 return detail::launch_impl::raw_option{*value, name, true};
             }
@@ -468,7 +468,7 @@ inline void unmark(std::string& text) {
                                       : program_kind::automatic;
     config.program.target = rest.front();
     config.program.args.assign(rest.begin() + 1, rest.end());
-    if (const auto* python = detail::launch_impl::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
+    if (const auto* python = detail::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
         config.program.python = *python;
     }
 
@@ -558,7 +558,7 @@ inline void unmark(std::string& text) {
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);
-    } else if (const auto* t = detail::launch_impl::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
     }
     if (const auto v = raw("signals_to_handle")) {
@@ -584,10 +584,10 @@ inline void unmark(std::string& text) {
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
-    if (const auto* t = detail::launch_impl::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
     }
-    if (const auto* level = detail::launch_impl::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
+    if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
         config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
     }
     if (const auto v = raw("event_log_handler")) {

@@ -4,7 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/program.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/policy/spec.hpp"
 #include "elastic/report/event_destination.hpp"
@@ -89,6 +89,18 @@ struct launch_config {
             endpoint.port = default_rendezvous_port(rdzv_backend);
         }
         return endpoint;
+    }
+
+    /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
+    /// --node-rank, --local-addr and --rdzv-conf.
+    [[nodiscard]] rendezvous_parameters rendezvous() const {
+        return rendezvous_parameters{rdzv_backend, rendezvous_endpoint(), rdzv_id,   nnodes,
+                                     node_rank,    local_addr,            rdzv_conf};
+    }
+
+    /// --max-restarts and the --restart-* options, as the policy layer takes them.
+    [[nodiscard]] restart_settings restarts() const {
+        return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
     }
 
     /// True when --log-dir is /dev/null: no stdout/stderr/error files are written (torchrun's
@@ -394,8 +406,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
         throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
     }
     for (const int number : c.signals_to_handle) {
-        if (std::none_of(forwardable_signals.begin(), forwardable_signals.end(),
-                         [&](const forwardable_signal& s) { return s.number == number; })) {
+        if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
+            forwardable_signal_numbers.end()) {
             throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
                                           number)};
         }

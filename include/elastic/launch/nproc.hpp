@@ -3,7 +3,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/program.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
 #include <fmt/format.h>
@@ -125,7 +125,7 @@ namespace detail::launch_impl {
 /// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
 /// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
 [[nodiscard]] inline gpu_count count_gpus(const environment& env) {
-    if (const auto* visible = detail::launch_impl::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
+    if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
         return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
     }
     const auto listed = detail::launch_impl::run_nvidia_smi(env);

@@ -4,7 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/path_search.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
 #include <fmt/format.h>
@@ -136,7 +136,7 @@ using detail::file_check;
         }
         return path;
     }
-    const auto* path_variable = detail::launch_impl::find_variable(env, "PATH");
+    const auto* path_variable = detail::find_variable(env, "PATH");
     const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
     auto [found, first_not_executable] = detail::search_path(name, search);
     if (!found.empty()) return found;

@@ -3,7 +3,10 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/usage_error.hpp"
+#include "elastic/detail/text.hpp"
+#include "elastic/usage_error.hpp"
+#include "elastic/process/signal_name.hpp"
+#include "elastic/rendezvous/parameters.hpp"
 
 #include <fmt/format.h>
 
@@ -28,78 +31,6 @@ namespace elastic::inline v0 {
 
 using namespace std::chrono_literals;
 
-/// `--nnodes`: how many nodes (agents) the job has, fixed (`N`, min == max) or elastic (`MIN:MAX`).
-struct node_range {
-    int min = 1;  ///< the job starts once this many nodes have joined
-    int max = 1;  ///< nodes beyond this wait as standbys
-    friend bool operator==(const node_range&, const node_range&) = default;
-};
-
-/// A `host[:port]` endpoint; an IPv6 host is written in brackets (`[::1]:29400`) and held without.
-struct host_port {
-    std::string host;
-    std::optional<std::uint16_t> port;  ///< absent: the backend's default port
-    friend bool operator==(const host_port&, const host_port&) = default;
-};
-
-/// The rendezvous implementation (`--rdzv-backend`).
-enum class rendezvous_backend {
-    static_,  ///< "static": fixed membership; node 0 hosts a store at --master-addr:--master-port
-    c10d,     ///< "c10d": dynamic membership over a TCP store hosted by one agent
-    etcd_v3,  ///< "etcd-v3": dynamic membership over an etcd server's v3 API
-};
-
-/// The name of a backend as written on the command line.
-[[nodiscard]] constexpr std::string_view to_string(rendezvous_backend backend) noexcept {
-    switch (backend) {
-    case rendezvous_backend::static_: return "static";
-    case rendezvous_backend::c10d: return "c10d";
-    case rendezvous_backend::etcd_v3: return "etcd-v3";
-    }
-    return "?";
-}
-
-/// The default port of a backend's endpoint (torchrun's: 29400 for c10d, 2379 for etcd; the
-/// static backend's endpoint is --master-addr:--master-port).
-[[nodiscard]] constexpr std::uint16_t default_rendezvous_port(rendezvous_backend backend) noexcept {
-    switch (backend) {
-    case rendezvous_backend::static_: return 29500;
-    case rendezvous_backend::c10d: return 29400;
-    case rendezvous_backend::etcd_v3: return 2379;
-    }
-    return 0;
-}
-
-/// Settings of the rendezvous from `--rdzv-conf key=value,...`, with torchrun's defaults. Which
-/// keys a backend reads is in docs/cli.md; a key the chosen backend does not read is an error.
-struct rendezvous_settings {
-    std::chrono::milliseconds join_timeout = 600s;       ///< c10d, etcd-v3: a round must form within
-    std::chrono::milliseconds last_call_timeout = 30s;   ///< c10d, etcd-v3: wait for more after min
-    std::chrono::milliseconds close_timeout = 30s;       ///< c10d, etcd-v3: closing the rendezvous
-    std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
-    std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
-    std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
-    /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
-    /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
-    std::optional<std::chrono::milliseconds> exit_barrier_timeout;
-    /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
-    /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
-    std::chrono::milliseconds keep_alive_interval = 1s;
-    /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
-    /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
-    int keep_alive_max_attempt = 5;
-    /// static, c10d: the file holding the job's secret, which authenticates every connection
-    /// to the rendezvous store (docs/rendezvous.md, "Security"); elastic's own key.
-    std::optional<std::string> secret_file;
-    /// The job's secret itself: read from `secret_file` or ELASTIC_RDZV_SECRET by the agent
-    /// (load_rendezvous_secret), never from the command line. Unset: no authentication.
-    std::optional<std::string> secret;
-    /// c10d: `workers_store_peers=any`: group rank 0's workers' store accepts every peer, not
-    /// only the round's members' addresses (for NAT between the nodes); elastic's own key.
-    bool workers_store_any_peer = false;
-    friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
-};
-
 /// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
 enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
 
@@ -121,58 +52,11 @@ struct stream_selection {
 };
 
 namespace detail::launch_impl {
-
-[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
-    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-    while (!text.empty() && is_space(text.front())) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && is_space(text.back())) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
-
-[[nodiscard]] inline std::string lower(std::string_view text) {
-    std::string out{text};
-    std::transform(out.begin(), out.end(), out.begin(),
-                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
-    return out;
-}
-
-/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
-[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
-    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
-}
-
-/// Splits on `sep`; "" gives one empty piece.
-[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
-    std::vector<std::string_view> pieces;
-    for (;;) {
-        const auto at = text.find(sep);
-        pieces.push_back(text.substr(0, at));
-        if (at == std::string_view::npos) {
-            return pieces;
-        }
-        text.remove_prefix(at + 1);
-    }
-}
-
-/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
-[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
-    text = trim(text);
-    if (!text.empty() && text.front() == '+') {
-        text.remove_prefix(1);
-    }
-    long long value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-        return std::nullopt;
-    }
-    return value;
-}
-
+using detail::text::lower;
+using detail::text::show;
+using detail::text::split;
+using detail::text::to_integer;
+using detail::text::trim;
 }  // namespace detail::launch_impl
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
@@ -328,16 +212,6 @@ namespace detail::launch_impl {
         result.port = static_cast<std::uint16_t>(*port);
     }
     return result;
-}
-
-/// `host:port` as it would be written again (IPv6 in brackets).
-[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
-    const bool v6 = endpoint.host.find(':') != std::string::npos;
-    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
-    if (endpoint.port) {
-        out += fmt::format(":{}", *endpoint.port);
-    }
-    return out;
 }
 
 /// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
@@ -559,29 +433,10 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return ranks;
 }
 
-namespace detail::launch_impl {
-
-struct forwardable_signal {
-    std::string_view name;
-    int number;
-};
-/// Signals an agent can trap and forward to its workers. SIGKILL and SIGSTOP cannot be trapped,
-/// SIGCHLD is how the agent learns of exits, and fault signals (SEGV, BUS, ...) are the agent's own.
-inline const std::array<forwardable_signal, 16> forwardable_signals{{
-    {"SIGHUP", SIGHUP}, {"SIGINT", SIGINT}, {"SIGQUIT", SIGQUIT}, {"SIGTERM", SIGTERM},
-    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
-    {"SIGXFSZ", SIGXFSZ}, {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH},
-    {"SIGURG", SIGURG}, {"SIGCONT", SIGCONT}, {"SIGTSTP", SIGTSTP}, {"SIGPWR", SIGPWR},
-}};
-
-}  // namespace detail::launch_impl
-
 /// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
 [[nodiscard]] inline std::string signal_to_string(int number) {
-    for (const auto& s : detail::launch_impl::forwardable_signals) {
-        if (s.number == number) {
-            return std::string{s.name};
-        }
+    for (const int s : forwardable_signal_numbers) {
+        if (s == number) return signal_name(number);
     }
     return fmt::format("{}", number);
 }
@@ -595,9 +450,11 @@ inline const std::array<forwardable_signal, 16> forwardable_signals{{
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
-        const auto known = std::find_if(detail::launch_impl::forwardable_signals.begin(), detail::launch_impl::forwardable_signals.end(),
-                                        [&](const detail::launch_impl::forwardable_signal& s) { return detail::launch_impl::lower(s.name) == word; });
-        if (known == detail::launch_impl::forwardable_signals.end()) {
+        std::string upper = word;
+        for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+        const int number = signal_number(upper);
+        const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
+        if (number == 0 || known == forwardable_signal_numbers.end()) {
             const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
                                      word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
                                      word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
@@ -607,8 +464,8 @@ inline const std::array<forwardable_signal, 16> forwardable_signals{{
                 detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
                 untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
-        if (std::find(numbers.begin(), numbers.end(), known->number) == numbers.end()) {
-            numbers.push_back(known->number);
+        if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
+            numbers.push_back(number);
         }
     }
     return numbers;

@@ -6,7 +6,7 @@
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/policy/spec.hpp"
-#include "elastic/report/signal_name.hpp"
+#include "elastic/process/signal_name.hpp"
 
 #include <asio/awaitable.hpp>
 #include <fmt/format.h>

@@ -1,13 +1,14 @@
 // The settings of the built-in restart policies as values: durations in words, backoff_spec,
 // window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
-// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard).
+// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard), and
+// restart_settings, all of them together (what make_default_policy takes).
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/usage_error.hpp"
-#include "elastic/launch/values.hpp"
+#include "elastic/detail/text.hpp"
+#include "elastic/process/signal_name.hpp"
 #include "elastic/report/failure.hpp"
-#include "elastic/report/signal_name.hpp"
+#include "elastic/usage_error.hpp"
 
 #include <fmt/format.h>
 
@@ -63,14 +64,14 @@ namespace detail::policy_impl {
 /// names the option or variable in the usage_error.
 [[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
                                                               bool allow_zero = false) {
-    const auto word = detail::launch_impl::trim(text);
+    const auto word = detail::text::trim(text);
     std::size_t unit_at = 0;
     while (unit_at < word.size() &&
            (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
         ++unit_at;
     }
     const auto number = word.substr(0, unit_at);
-    const auto unit = detail::launch_impl::lower(detail::launch_impl::trim(word.substr(unit_at)));
+    const auto unit = detail::text::lower(detail::text::trim(word.substr(unit_at)));
     double value = -1;
     const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
                                            std::chars_format::fixed);
@@ -87,7 +88,7 @@ namespace detail::policy_impl {
     if (!ok) {
         throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
                                       "counts seconds)",
-                                      detail::launch_impl::show(name, text), allow_zero ? "" : "above 0 ")};
+                                      detail::text::show(name, text), allow_zero ? "" : "above 0 ")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -117,10 +118,10 @@ struct backoff_spec {
 
 /// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
 [[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::launch_impl::split(text, ':');
+    const auto parts = detail::text::split(text, ':');
     if (parts.size() < 2 || parts.size() > 3) {
         throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::launch_impl::show(name, text))};
+                                      detail::text::show(name, text))};
     }
     backoff_spec spec;
     spec.initial = parse_duration(parts[0], name);
@@ -128,7 +129,7 @@ struct backoff_spec {
     if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
     if (spec.cap < spec.initial) {
         throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
-                                      detail::launch_impl::show(name, text), duration_flag_text(spec.cap),
+                                      detail::text::show(name, text), duration_flag_text(spec.cap),
                                       duration_flag_text(spec.initial))};
     }
     return spec;
@@ -147,15 +148,15 @@ struct window_spec {
 
 /// Parses N/PERIOD (N >= 1).
 [[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::launch_impl::split(text, '/');
+    const auto parts = detail::text::split(text, '/');
     if (parts.size() != 2) {
         throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
-                                      detail::launch_impl::show(name, text))};
+                                      detail::text::show(name, text))};
     }
-    const auto n = detail::launch_impl::to_integer(detail::launch_impl::trim(parts[0]));
+    const auto n = detail::text::to_integer(detail::text::trim(parts[0]));
     if (!n || *n < 1 || *n > 1'000'000) {
         throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::launch_impl::show(name, text))};
+                                      detail::text::show(name, text))};
     }
     return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
 }
@@ -204,9 +205,9 @@ struct exit_code_set {
 /// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
 [[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
     exit_code_set set;
-    for (const auto raw : detail::launch_impl::split(text, ',')) {
-        const auto item = detail::launch_impl::trim(raw);
-        const auto word = detail::launch_impl::lower(item);
+    for (const auto raw : detail::text::split(text, ',')) {
+        const auto item = detail::text::trim(raw);
+        const auto word = detail::text::lower(item);
         if (word == "signals" || word == "signal") {
             set.any_signal = true;
             continue;
@@ -214,24 +215,24 @@ struct exit_code_set {
         if (word.rfind("sig", 0) == 0) {
             int found = 0;
             for (int s = 1; s <= 64 && found == 0; ++s) {
-                if (detail::launch_impl::lower(signal_name(s)) == word) found = s;
+                if (detail::text::lower(signal_name(s)) == word) found = s;
             }
             if (found == 0) {
                 throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::launch_impl::show(name, text), item)};
+                                              detail::text::show(name, text), item)};
             }
             set.signals.set(static_cast<std::size_t>(found));
             continue;
         }
         const auto dash = item.find('-', 1);
-        const auto first = detail::launch_impl::to_integer(detail::launch_impl::trim(item.substr(0, dash)));
+        const auto first = detail::text::to_integer(detail::text::trim(item.substr(0, dash)));
         const auto last = dash == std::string_view::npos
                               ? first
-                              : detail::launch_impl::to_integer(detail::launch_impl::trim(item.substr(dash + 1)));
+                              : detail::text::to_integer(detail::text::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
             throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
                                           "a signal name",
-                                          detail::launch_impl::show(name, text), item)};
+                                          detail::text::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
     }
@@ -253,21 +254,32 @@ struct crash_guard_spec {
 
 /// Parses T or T:N (N >= 1).
 [[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::launch_impl::split(text, ':');
+    const auto parts = detail::text::split(text, ':');
     if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::launch_impl::show(name, text))};
+        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::text::show(name, text))};
     }
     crash_guard_spec spec;
     spec.within = parse_duration(parts[0], name);
     if (parts.size() == 2) {
-        const auto n = detail::launch_impl::to_integer(detail::launch_impl::trim(parts[1]));
+        const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
             throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
-                                          detail::launch_impl::show(name, text))};
+                                          detail::text::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }
     return spec;
 }
+
+/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
+/// what make_default_policy builds the default policy from (launch_config::restarts()).
+struct restart_settings {
+    int max_restarts = 0;                          ///< --max-restarts
+    std::optional<backoff_spec> backoff;           ///< --restart-backoff
+    std::optional<window_spec> window;             ///< --restart-window
+    std::optional<exit_code_set> on_exit;          ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;   ///< --restart-crash-guard
+    friend bool operator==(const restart_settings&, const restart_settings&) = default;
+};
 
 }  // namespace elastic::inline v0

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/report/signal_name.hpp"
+#include "elastic/process/signal_name.hpp"
 
 #include <chrono>
 #include <csignal>

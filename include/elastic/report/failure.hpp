@@ -4,7 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/report/error_file.hpp"
-#include "elastic/report/signal_name.hpp"
+#include "elastic/process/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"
 #include "elastic/report/text.hpp"
 

@@ -1,4 +1,5 @@
-// elastic::usage_error (bad launcher input, exit status 2) and the environment map the launch layer reads.
+// elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
+// layers which read variables take instead of the process environment.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -50,7 +51,8 @@ private:
     }
 };
 
-/// A set of environment variables, name to value. The launch layer reads its variables (PET_*,
+/// A set of environment variables, name to value. The launch layer (and the rendezvous, for its
+/// secret) reads its variables (PET_*,
 /// PYTHON_EXEC, PATH, CUDA_VISIBLE_DEVICES, ...) from one of these rather than from the process
 /// environment, so a custom launcher or a test controls exactly what is seen.
 using environment = std::map<std::string, std::string, std::less<>>;
@@ -70,7 +72,7 @@ using environment = std::map<std::string, std::string, std::less<>>;
     return env;
 }
 
-namespace detail::launch_impl {
+namespace detail {
 
 /// The value of `name` in `env`, or nullptr.
 [[nodiscard]] inline const std::string* find_variable(const environment& env, std::string_view name) {
@@ -78,5 +80,5 @@ namespace detail::launch_impl {
     return it == env.end() ? nullptr : &it->second;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail
 }  // namespace elastic::inline v0

@@ -1,15 +1,15 @@
-// make_default_policy(config): the restart policy elasticrun runs under, built from
-// --max-restarts and the --restart-* options.
+// make_default_policy(settings): the restart policy elasticrun runs under, built from
+// --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/config.hpp"
 #include "elastic/policy/backoff.hpp"
 #include "elastic/policy/clock.hpp"
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/crash_loop.hpp"
 #include "elastic/policy/exit_codes.hpp"
 #include "elastic/policy/max_restarts.hpp"
+#include "elastic/policy/spec.hpp"
 #include "elastic/policy/window.hpp"
 
 #include <optional>
@@ -28,25 +28,25 @@ namespace elastic::inline v0 {
 /// options it answers exactly as max_restarts(--max-restarts). `clock` and `uniform` are for
 /// tests (the window's and the backoff's time, the jitter).
 template <policy_clock Clock = steady_policy_clock>
-[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+[[nodiscard]] any_restart_policy make_default_policy(const restart_settings& settings, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
     optional_policy<exit_code_policy> exits;
-    if (config.restart_on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*config.restart_on_exit));
+    if (settings.on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*settings.on_exit));
     optional_policy<crash_loop_guard> guard;
-    if (config.restart_crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*config.restart_crash_guard));
+    if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
     optional_policy<basic_backoff<Clock>> delay;
-    if (config.restart_backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*config.restart_backoff, clock, std::move(uniform)));
+    if (settings.backoff) {
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock, std::move(uniform)));
     }
-    if (config.restart_window) {
-        basic_restart_window<Clock> window(*config.restart_window, clock);
-        if (config.max_restarts == 0) {
+    if (settings.window) {
+        basic_restart_window<Clock> window(*settings.window, clock);
+        if (settings.max_restarts == 0) {
             return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
         }
-        return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(window),
+        return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(window),
                      std::move(delay));
     }
-    return chain(std::move(exits), std::move(guard), max_restarts(config.max_restarts), std::move(delay));
+    return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(delay));
 }
 
 }  // namespace elastic::inline v0

@@ -1,8 +1,10 @@
-// Names of Linux signals, and torchrun's "Signal N (SIGNAME) received by PID p" message.
+// Names of Linux signals (the one table), the signals an agent can forward, and torchrun's
+// "Signal N (SIGNAME) received by PID p" message.
 #pragma once
 
 #include "elastic/detail/config.hpp"
 
+#include <array>
 #include <csignal>
 #include <iterator>
 #include <string>
@@ -17,16 +19,19 @@ namespace elastic::inline v0 {
 /// glibc's `kill -l` does ("SIGRTMIN+3", "SIGRTMAX-2"). Numbers that are no signal (0, 32 and 33,
 /// which glibc keeps for itself, negatives, anything past SIGRTMAX) give "<N/A>", torchrun's
 /// placeholder, instead of failing.
+namespace detail {
+// Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
+inline constexpr std::string_view standard_signal_names[] = {
+    "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
+    "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
+    "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
+    "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
+}  // namespace detail
+
 inline std::string signal_name(int signal_number) {
-    // Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
-    static constexpr std::string_view standard[] = {
-        "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
-        "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
-        "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
-        "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
-    constexpr int standard_count = static_cast<int>(std::size(standard));
+    constexpr int standard_count = static_cast<int>(std::size(detail::standard_signal_names));
     if (signal_number >= 1 && signal_number < standard_count) {
-        return std::string(standard[signal_number]);
+        return std::string(detail::standard_signal_names[signal_number]);
     }
     // SIGRTMIN/SIGRTMAX are glibc function calls (34 and 64 here: NPTL keeps 32 and 33).
     const int rt_min = SIGRTMIN;
@@ -46,6 +51,21 @@ inline std::string signal_name(int signal_number) {
     }
     return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
 }
+
+/// The number of a standard signal from its name as signal_name() spells it ("SIGTERM"), or 0.
+[[nodiscard]] inline int signal_number(std::string_view name) noexcept {
+    for (int n = 1; n < static_cast<int>(std::size(detail::standard_signal_names)); ++n) {
+        if (detail::standard_signal_names[n] == name) return n;
+    }
+    return 0;
+}
+
+/// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
+/// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
+/// BUS, ...) are the agent's own.
+inline constexpr std::array<int, 16> forwardable_signal_numbers{
+    SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
+    SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
 /// torchrun's message for a worker killed by a signal (ProcessFailure, §6.3 of the inventory):
 /// `Signal 9 (SIGKILL) received by PID 1234`.

@@ -1,0 +1,20 @@
+// make_default_policy(config): the default policy (policy/default_policy.hpp) from a parsed
+// command line.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/policy/default_policy.hpp"
+
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// make_default_policy(config.restarts(), clock, uniform): the policy elasticrun runs under.
+template <policy_clock Clock = steady_policy_clock>
+[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+                                                     uniform_source uniform = random_uniform_source()) {
+    return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
+}
+
+}  // namespace elastic::inline v0
