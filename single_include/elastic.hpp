@@ -9581,25 +9581,19 @@ namespace detail::text {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/text.hpp ----
+// ---- begin elastic/rendezvous/parameters.hpp ----
+// What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
+// settings of `--rdzv-conf` (rendezvous_parameters). The launch layer makes one from the command
+// line (launch_config::rendezvous()); a custom launcher may fill one itself.
+
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <array>
-#include <cctype>
-#include <charconv>
 #include <chrono>
-#include <climits>
-#include <cmath>
-#include <csignal>
 #include <cstdint>
-#include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -9676,6 +9670,57 @@ struct rendezvous_settings {
     bool workers_store_any_peer = false;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
+
+/// `host:port` as it would be written again (IPv6 in brackets).
+[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
+    const bool v6 = endpoint.host.find(':') != std::string::npos;
+    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    if (endpoint.port) {
+        out += fmt::format(":{}", *endpoint.port);
+    }
+    return out;
+}
+
+/// Everything a rendezvous over TCP (tcp_rendezvous) takes, defaults applied.
+struct rendezvous_parameters {
+    rendezvous_backend backend = rendezvous_backend::static_;  ///< --rdzv-backend
+    /// Where the rendezvous store is, defaults applied (launch_config::rendezvous_endpoint()):
+    /// --rdzv-endpoint, else for static --master-addr:--master-port; host `localhost` and the
+    /// backend's default port (default_rendezvous_port) when absent.
+    host_port endpoint{"127.0.0.1", std::uint16_t{29500}};
+    std::string run_id = "none";          ///< --rdzv-id: the job id, namespaces store keys
+    node_range nnodes;                    ///< --nnodes
+    std::optional<int> node_rank;         ///< --node-rank; static: rank 0 hosts the store
+    std::optional<std::string> local_addr; ///< --local-addr: the address this node advertises
+    rendezvous_settings settings;         ///< --rdzv-conf
+    friend bool operator==(const rendezvous_parameters&, const rendezvous_parameters&) = default;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/parameters.hpp ----
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+using namespace std::chrono_literals;
 
 /// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
 enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
@@ -9858,16 +9903,6 @@ namespace detail::launch_impl {
         result.port = static_cast<std::uint16_t>(*port);
     }
     return result;
-}
-
-/// `host:port` as it would be written again (IPv6 in brackets).
-[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
-    const bool v6 = endpoint.host.find(':') != std::string::npos;
-    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
-    if (endpoint.port) {
-        out += fmt::format(":{}", *endpoint.port);
-    }
-    return out;
 }
 
 /// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
@@ -10716,6 +10751,13 @@ struct launch_config {
             endpoint.port = default_rendezvous_port(rdzv_backend);
         }
         return endpoint;
+    }
+
+    /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
+    /// --node-rank, --local-addr and --rdzv-conf.
+    [[nodiscard]] rendezvous_parameters rendezvous() const {
+        return rendezvous_parameters{rdzv_backend, rendezvous_endpoint(), rdzv_id,   nnodes,
+                                     node_rank,    local_addr,            rdzv_conf};
     }
 
     /// --max-restarts and the --restart-* options, as the policy layer takes them.
@@ -14573,19 +14615,18 @@ inline std::string bind_address_for(std::string_view host) {
 /// inject secrets as variables); `--rdzv-conf secret_file=PATH` names a file instead.
 inline constexpr std::string_view rendezvous_secret_variable = "ELASTIC_RDZV_SECRET";
 
-/// Fills `c.rdzv_conf.secret` (unless a custom launcher set it) from `secret_file` (its
+/// Fills `conf.secret` (unless a custom launcher set it) from `secret_file` (its
 /// contents, trailing line breaks stripped) or else ELASTIC_RDZV_SECRET, and removes that
 /// variable from `env` either way, so workers (which inherit `env`) never see the secret.
 /// usage_error for an unreadable file or an empty secret; `warn` hears about a file that its
 /// group or others may read.
-inline void load_rendezvous_secret(launch_config& c, environment& env,
+inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
                                    const std::function<void(std::string_view)>& warn) {
     std::optional<std::string> from_env;
     if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
         from_env = it->second;
         env.erase(it);
     }
-    auto& conf = c.rdzv_conf;
     if (conf.secret) return;
     if (conf.secret_file) {
         const auto& path = *conf.secret_file;
@@ -14618,11 +14659,11 @@ inline void load_rendezvous_secret(launch_config& c, environment& env,
 
 /// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
 /// single-node path: more than one node, or a c10d store another agent hosts.
-[[nodiscard]] inline bool uses_node_rendezvous(const launch_config& c) {
-    if (c.nnodes.max > 1) return true;
-    if (c.rdzv_backend != rendezvous_backend::c10d) return false;
-    if (c.rdzv_conf.is_host) return !*c.rdzv_conf.is_host;
-    return !detail::rdzv::is_this_host(c.rendezvous_endpoint().host);
+[[nodiscard]] inline bool uses_node_rendezvous(const rendezvous_parameters& p) {
+    if (p.nnodes.max > 1) return true;
+    if (p.backend != rendezvous_backend::c10d) return false;
+    if (p.settings.is_host) return !*p.settings.is_host;
+    return !detail::rdzv::is_this_host(p.endpoint.host);
 }
 
 /// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
@@ -14633,12 +14674,12 @@ struct advertised_address {
     std::string addr;
 };
 
-[[nodiscard]] inline advertised_address advertise(const launch_config& c) {
-    if (c.local_addr) {
-        const auto lit = detail::rdzv::literal_for(*c.local_addr);
+[[nodiscard]] inline advertised_address advertise(const rendezvous_parameters& p) {
+    if (p.local_addr) {
+        const auto lit = detail::rdzv::literal_for(*p.local_addr);
         return {detail::rdzv::bind_address_for(lit), lit};
     }
-    if (detail::rdzv::is_loopback(c.rendezvous_endpoint().host)) return {"127.0.0.1", "127.0.0.1"};
+    if (detail::rdzv::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
     const auto fqdn = host_fqdn();
     return {detail::rdzv::bind_address_for(fqdn), fqdn};
 }
@@ -14655,27 +14696,27 @@ class tcp_rendezvous {
 public:
     using log_function = std::function<void(std::string_view)>;
 
-    tcp_rendezvous(asio::any_io_executor executor, const launch_config& config, log_function log = {})
-        : executor_(std::move(executor)), config_(config), log_(std::move(log)) {}
+    tcp_rendezvous(asio::any_io_executor executor, rendezvous_parameters parameters, log_function log = {})
+        : executor_(std::move(executor)), params_(std::move(parameters)), log_(std::move(log)) {}
 
     tcp_rendezvous(const tcp_rendezvous&) = delete;
     tcp_rendezvous& operator=(const tcp_rendezvous&) = delete;
 
     /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
     asio::awaitable<void> start() {
-        const auto endpoint = config_.rendezvous_endpoint();
+        const auto endpoint = params_.endpoint;
         const auto host = detail::rdzv::literal_for(endpoint.host);
         const std::uint16_t port = endpoint.port.value_or(0);
-        const bool is_static = config_.rdzv_backend == rendezvous_backend::static_;
-        const auto join_timeout = is_static ? config_.rdzv_conf.timeout : config_.rdzv_conf.join_timeout;
+        const bool is_static = params_.backend == rendezvous_backend::static_;
+        const auto join_timeout = is_static ? params_.settings.timeout : params_.settings.join_timeout;
 
         bool want_host = false;
         bool explicit_host = false;
         if (is_static) {
-            want_host = config_.node_rank.value_or(0) == 0;
+            want_host = params_.node_rank.value_or(0) == 0;
             explicit_host = true;
-        } else if (config_.rdzv_conf.is_host) {
-            want_host = *config_.rdzv_conf.is_host;
+        } else if (params_.settings.is_host) {
+            want_host = *params_.settings.is_host;
             explicit_host = true;
         } else {
             want_host = detail::rdzv::is_this_host(endpoint.host);
@@ -14723,12 +14764,12 @@ public:
                                                e.what()));
         }
         store_rendezvous_options o;
-        o.run_id = config_.rdzv_id;
-        o.nnodes = config_.nnodes.max;
-        o.min_nodes = config_.nnodes.min;
+        o.run_id = params_.run_id;
+        o.nnodes = params_.nnodes.max;
+        o.min_nodes = params_.nnodes.min;
         o.join_timeout = join_timeout;
-        o.last_call_timeout = config_.rdzv_conf.last_call_timeout;
-        o.close_timeout = config_.rdzv_conf.close_timeout;
+        o.last_call_timeout = params_.settings.last_call_timeout;
+        o.close_timeout = params_.settings.close_timeout;
         o.hosts_store = server_ != nullptr;
         o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
@@ -14736,11 +14777,11 @@ public:
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
-        if (!is_static && config_.nnodes.min < config_.nnodes.max && !server_) {
-            backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(config_).bind_host, 0));
+        if (!is_static && params_.nnodes.min < params_.nnodes.max && !server_) {
+            backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(params_).bind_host, 0));
             backup_->start();
         }
-        if (!config_.rdzv_conf.secret && log_) {
+        if (!params_.settings.secret && log_) {
             log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
                              "and steer this job; give every agent the job's secret (--rdzv-conf "
                              "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
@@ -14765,7 +14806,7 @@ public:
     /// How long silence lasts before a node or the store counts as lost:
     /// keep_alive_interval x keep_alive_max_attempt.
     [[nodiscard]] std::chrono::milliseconds keep_alive_deadline() const {
-        return config_.rdzv_conf.keep_alive_interval * config_.rdzv_conf.keep_alive_max_attempt;
+        return params_.settings.keep_alive_interval * params_.settings.keep_alive_max_attempt;
     }
 
     /// The port of this node's idle store server (0: none), where the job may move.
@@ -14872,7 +14913,7 @@ public:
 
 private:
     asio::any_io_executor executor_;
-    launch_config config_;
+    rendezvous_parameters params_;
     log_function log_;
     std::unique_ptr<tcp_store_server> server_;
     std::unique_ptr<tcp_store_client> client_;
@@ -14902,7 +14943,7 @@ private:
     asio::awaitable<void> agree_keep_alive(std::chrono::milliseconds patience) {
         if (server_) co_return;  // written into the server before it started
         const auto k = keep_alive_key();
-        auto& mine = config_.rdzv_conf;
+        auto& mine = params_.settings;
         const auto text = keep_alive_text();
         std::vector<std::string> keys{k};
         if (!co_await client_->check(std::move(keys))) co_return;  // not an elastic agent's store
@@ -14914,7 +14955,7 @@ private:
             throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
                                                "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
                                                "uses --rdzv-id '{}' on this store",
-                                               k, theirs, config_.rdzv_id));
+                                               k, theirs, params_.run_id));
         }
         if (text == theirs) co_return;
         if (log_) {
@@ -14931,11 +14972,11 @@ private:
     }
 
     [[nodiscard]] std::string keep_alive_key() const {
-        return store_rendezvous<tcp_store_client>::job_key(config_.rdzv_id, "keep_alive");
+        return store_rendezvous<tcp_store_client>::job_key(params_.run_id, "keep_alive");
     }
     [[nodiscard]] std::string keep_alive_text() const {
-        return fmt::format("{} {}", config_.rdzv_conf.keep_alive_interval.count(),
-                           config_.rdzv_conf.keep_alive_max_attempt);
+        return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
+                           params_.settings.keep_alive_max_attempt);
     }
 
     // An agent whose secret the store refuses cannot take part: say which endpoint and option.
@@ -14961,10 +15002,10 @@ private:
         // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts an
         // agent lost after keep_alive_max_attempt silent intervals (or at once when its
         // connection closes).
-        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
-        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
+        options.lease_heartbeat_interval = params_.settings.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(params_.settings.keep_alive_max_attempt);
         // Every connection, the agents' own included, authenticates when the job has a secret.
-        options.secret = config_.rdzv_conf.secret;
+        options.secret = params_.settings.secret;
         return options;
     }
 
@@ -14976,11 +15017,11 @@ private:
         // detect: a torchrun 1.13 agent's store (legacy dialect) is reached too, so the torchrun
         // guard can name it instead of failing on the handshake.
         options.dialect = client_dialect::detect;
-        options.timeout = config_.rdzv_conf.read_timeout;
+        options.timeout = params_.settings.read_timeout;
         options.connect_timeout = connect_timeout;
-        options.lease_heartbeat_interval = config_.rdzv_conf.keep_alive_interval;
-        options.lease_missed_heartbeats = static_cast<unsigned>(config_.rdzv_conf.keep_alive_max_attempt);
-        options.secret = config_.rdzv_conf.secret;
+        options.lease_heartbeat_interval = params_.settings.keep_alive_interval;
+        options.lease_missed_heartbeats = static_cast<unsigned>(params_.settings.keep_alive_max_attempt);
+        options.secret = params_.settings.secret;
         return options;
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
@@ -16268,11 +16309,11 @@ struct store_plan {
 inline store_plan plan_store(const launch_config& c) {
     const auto endpoint = c.rendezvous_endpoint();
     store_plan plan;
-    if (uses_node_rendezvous(c)) {
+    if (uses_node_rendezvous(c.rendezvous())) {
         // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
         // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
         // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
-        const auto where = advertise(c);
+        const auto where = advertise(c.rendezvous());
         plan.bind_host = where.bind_host;
         plan.master_addr = where.addr;
         return plan;
@@ -16389,7 +16430,7 @@ public:
           log_(std::move(name), config_.agent_log_level) {
         detail::agent::check_supported(config_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
-        load_rendezvous_secret(config_, env_, [this](std::string_view line) { log_.warning(line); });
+        load_rendezvous_secret(config_.rdzv_conf, env_, [this](std::string_view line) { log_.warning(line); });
         command_ = resolve_program(config_.program, env_);
         store_ = detail::agent::plan_store(config_);
         events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
@@ -16416,7 +16457,7 @@ public:
             log_.info(banner);
         }
         if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
-        if (uses_node_rendezvous(config_)) co_return co_await run_job(policy, signals);
+        if (uses_node_rendezvous(config_.rendezvous())) co_return co_await run_job(policy, signals);
 
         int restarts = 0;
         for (;;) {
@@ -16741,7 +16782,7 @@ private:
     template <restart_policy Policy>
     asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_, [this](std::string_view line) { log_.warning(line); });
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_.rendezvous(), [this](std::string_view line) { log_.warning(line); });
         {
             auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
             if (started.index() == 1) {

@@ -74,6 +74,8 @@ KNOWN = {
 }
 
 INCLUDE_LINE = re.compile(r'^\s*#\s*include\s*[<"]elastic/([^">]+)[">]', re.M)
+# Any other include of a project header (relative, or the umbrella): refused outright.
+OTHER_PROJECT_INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"[^"]*\.\./[^"]*"|[<"]elastic\.hpp[">])', re.M)
 
 
 def layer_of(relative: str) -> str:
@@ -107,6 +109,11 @@ def main() -> int:
             relative = path.relative_to(INCLUDE / "elastic").as_posix()
         mine = layer_of(relative)
         text = path.read_text()
+        for match in OTHER_PROJECT_INCLUDE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            key = (relative, match.group(0).strip())
+            crossings.add(key)
+            lines[key] = f"include/elastic/{relative}:{line}: include project headers as \"elastic/...\""
         for match in INCLUDE_LINE.finditer(text):
             target = match.group(1)
             theirs = layer_of(target)

@@ -2,6 +2,7 @@
 // ranks, job-wide restarts, the stop decision, the exit barrier, PyTorch DDP across agents.
 #include "agent_support.hpp"
 
+#include <elastic/launch/values.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
 #include <elastic/store/blocking_client.hpp>
 
@@ -269,55 +270,55 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
     // A file: trailing line breaks stripped; the variable is removed from the environment even
     // though the file wins.
     {
-        elastic::launch_config c;
-        c.rdzv_conf.secret_file = write_secret(dir, "s1", "abc\r");
+        elastic::rendezvous_settings c;
+        c.secret_file = write_secret(dir, "s1", "abc\r");
         elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}, {"PATH", "/bin"}};
-        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
-        CHECK(c.rdzv_conf.secret == std::optional<std::string>("abc"));
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(c.secret == std::optional<std::string>("abc"));
         CHECK(env.count("ELASTIC_RDZV_SECRET") == 0);
         CHECK(env.count("PATH") == 1);
         CHECK(warnings.empty());
     }
     // The variable alone.
     {
-        elastic::launch_config c;
+        elastic::rendezvous_settings c;
         elastic::environment env{{"ELASTIC_RDZV_SECRET", "from-env"}};
-        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
-        CHECK(c.rdzv_conf.secret == std::optional<std::string>("from-env"));
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(c.secret == std::optional<std::string>("from-env"));
         CHECK(env.empty());
     }
     // Neither: no secret.
     {
-        elastic::launch_config c;
+        elastic::rendezvous_settings c;
         elastic::environment env;
-        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
-        CHECK(!c.rdzv_conf.secret);
+        elastic::load_rendezvous_secret(c, env, warn);
+        CHECK(!c.secret);
     }
     // A file others may read: a warning naming it and chmod 600.
     {
-        elastic::launch_config c;
+        elastic::rendezvous_settings c;
         const auto path = write_secret(dir, "s2", "abc");
         REQUIRE(::chmod(path.c_str(), 0644) == 0);
-        c.rdzv_conf.secret_file = path;
+        c.secret_file = path;
         elastic::environment env;
-        elastic::load_rendezvous_secret(c.rdzv_conf, env, warn);
+        elastic::load_rendezvous_secret(c, env, warn);
         REQUIRE(warnings.size() == 1);
         CHECK(warnings[0].find(path) != std::string::npos);
         CHECK(warnings[0].find("mode 0644); chmod 600") != std::string::npos);
     }
     // Empty secrets, and a missing file, are usage errors.
     {
-        elastic::launch_config c;
-        c.rdzv_conf.secret_file = write_secret(dir, "s3", "");
+        elastic::rendezvous_settings c;
+        c.secret_file = write_secret(dir, "s3", "");
         elastic::environment env;
-        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c.rdzv_conf, env, warn), doctest::Contains("the file is empty"),
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("the file is empty"),
                              elastic::usage_error);
-        c.rdzv_conf.secret_file = (dir.path() / "missing").string();
-        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c.rdzv_conf, env, warn), doctest::Contains("cannot read it"),
+        c.secret_file = (dir.path() / "missing").string();
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(c, env, warn), doctest::Contains("cannot read it"),
                              elastic::usage_error);
-        elastic::launch_config d;
+        elastic::rendezvous_settings d;
         elastic::environment empty{{"ELASTIC_RDZV_SECRET", ""}};
-        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(d.rdzv_conf, empty, warn),
+        CHECK_THROWS_WITH_AS(elastic::load_rendezvous_secret(d, empty, warn),
                              doctest::Contains("ELASTIC_RDZV_SECRET is set but empty"), elastic::usage_error);
     }
     // --rdzv-conf reads secret_file for static and c10d, not etcd-v3.

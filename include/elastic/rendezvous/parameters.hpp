@@ -1,6 +1,6 @@
 // What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
 // settings of `--rdzv-conf` (rendezvous_parameters). The launch layer makes one from the command
-// line (launch_config::rendezvous_parameters()); a custom launcher may fill one itself.
+// line (launch_config::rendezvous()); a custom launcher may fill one itself.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -102,8 +102,9 @@ struct rendezvous_settings {
 /// Everything a rendezvous over TCP (tcp_rendezvous) takes, defaults applied.
 struct rendezvous_parameters {
     rendezvous_backend backend = rendezvous_backend::static_;  ///< --rdzv-backend
-    /// Where the rendezvous store is: for static, --master-addr:--master-port; for c10d,
-    /// --rdzv-endpoint (port 29400 when absent).
+    /// Where the rendezvous store is, defaults applied (launch_config::rendezvous_endpoint()):
+    /// --rdzv-endpoint, else for static --master-addr:--master-port; host `localhost` and the
+    /// backend's default port (default_rendezvous_port) when absent.
     host_port endpoint{"127.0.0.1", std::uint16_t{29500}};
     std::string run_id = "none";          ///< --rdzv-id: the job id, namespaces store keys
     node_range nnodes;                    ///< --nnodes
