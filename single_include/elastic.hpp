@@ -1084,7 +1084,7 @@ private:
     bool failed_ = false;
 };
 
-// torchelastic's error-file JSON, byte for byte as Python's json.dump writes it (§6.2):
+// torchelastic's error-file JSON, byte for byte as Python's json.dump writes it:
 // {"message": {"message": "<T>: <what>", "extraInfo": {"py_callstack": "...", "timestamp": "<s>"}}}
 template <class Sink>
 void write_error_json(Sink& out, const char* message, std::size_t message_size,
@@ -2006,10 +2006,10 @@ inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noex
 #include <utility>
 #include <vector>
 
-// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp; the reference is
-// /work/shared/reference/wire-protocols.md Part 1 (and docs/store.md). Integers are host-order
-// memcpy copies in PyTorch, i.e. little-endian on every platform it runs on; we encode
-// little-endian explicitly so the bytes are the same on any host.
+// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp (docs/store.md describes
+// the dialects and their semantics). Integers are host-order memcpy copies in PyTorch, i.e.
+// little-endian on every platform it runs on; we encode little-endian explicitly so the bytes are
+// the same on any host.
 namespace elastic::inline v0::wire {
 
 /// The opcode numbering a connection speaks, chosen from its first bytes (`detect_dialect`).
@@ -2455,7 +2455,8 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 
 namespace elastic::inline v0 {
 
-/// Which wire dialect a client speaks (wire-protocols.md §1.5, §1.8).
+/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
+/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
 enum class client_dialect : std::uint8_t {
     /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
     /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
@@ -3392,8 +3393,9 @@ private:
     }
 
     // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
-    // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: wire §1.4); the legacy dialect
-    // drops the connection, which is the only way to clear a wait on a 1.13 server.
+    // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: the keys were written before the
+    // cancel arrived, so the server's 0x00 comes first); the legacy dialect drops the connection,
+    // which is the only way to clear a wait on a 1.13 server.
     //
     // While the client holds leases, a long WAIT must not silence the connection: every
     // heartbeat interval it also sends an empty CHECK. Its reply (READY, 0x00) is the same byte
@@ -5391,7 +5393,8 @@ private:
             }
             case op::cancel_wait:
                 // Any STOP_WAITING already queued stays in front of this reply: a client that
-                // raced reads 0x00 then 0x01, as PyTorch's client expects (wire §1.4).
+                // raced reads 0x00 then 0x01, as PyTorch's client expects (it reads a second byte
+                // after a 0x00).
                 cancel_waits();
                 wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
                 return true;
@@ -5822,7 +5825,7 @@ inline constexpr std::array<int, 16> forwardable_signal_numbers{
     SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
     SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
-/// torchrun's message for a worker killed by a signal (ProcessFailure, §6.3 of the inventory):
+/// torchrun's message for a worker killed by a signal (its ProcessFailure's):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {
     return fmt::format("Signal {} ({}) received by PID {}", signal_number,
@@ -6066,11 +6069,11 @@ namespace elastic::inline v0::detail {
 /// Runs callables on a dedicated thread that lives as long as the process.
 ///
 /// Why a thread of our own: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits,
-/// not the process (PLATFORM.md). Forking on the caller's thread would tie every worker's life to
-/// whichever thread happened to call spawn — an io_context thread of a pool that shrinks, a
-/// std::thread the user joins — and the workers would be SIGKILLed when it ends. This thread is
-/// started on first use, detached and never stopped, so it ends only with the process: the parent
-/// death signal then means exactly "the agent died".
+/// not the process (that is how Linux defines it). Forking on the caller's thread would tie every
+/// worker's life to whichever thread happened to call spawn — an io_context thread of a pool that
+/// shrinks, a std::thread the user joins — and the workers would be SIGKILLed when it ends. This
+/// thread is started on first use, detached and never stopped, so it ends only with the process:
+/// the parent death signal then means exactly "the agent died".
 ///
 /// The thread blocks every signal, so it never runs a signal handler (Asio's included), and the
 /// children it forks start with every signal blocked: a signal that arrives between fork and exec
@@ -9327,7 +9330,7 @@ inline std::size_t widest_line(std::string_view text) {
 
 }  // namespace detail::report
 
-/// The summary of a group's failure in torchrun's layout (inventory §6.4): for failures torchrun
+/// The summary of a group's failure in torchrun's layout: for failures torchrun
 /// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
 /// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
 ///
@@ -13350,7 +13353,7 @@ inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::in
     return v;
 }
 
-/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under (inventory §4.2).
+/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
 inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
 
 /// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
@@ -14468,7 +14471,7 @@ inline std::string gethostname_string() {
     return name;
 }
 
-/// torchrun's is_host heuristic (inventory §4.4), widened to every address of every local
+/// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
 inline bool interface_holds(const asio::ip::address& wanted);
@@ -15578,7 +15581,7 @@ private:
 // and how an exception that ends the agent maps to elasticrun's exit code.
 
 // ---- begin elastic/agent/worker_environment.hpp ----
-// The environment the agent gives each worker: torchrun's contract (inventory §2.1), name for
+// The environment the agent gives each worker: torchrun's worker contract, name for
 // name and meaning for meaning, on top of the agent's own environment.
 
 
@@ -16409,7 +16412,7 @@ struct attempt_outcome {
 
 }  // namespace detail::agent
 
-/// One node's agent (DESIGN.md's picture, single node): for each attempt it hosts a fresh store
+/// One node's agent (the single-node case): for each attempt it hosts a fresh store
 /// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
 /// starts `--nproc-per-node` workers with torchrun's environment, and awaits — as events, with
 /// no polling — the first failure, the end of all workers, or a signal. A failure stops the

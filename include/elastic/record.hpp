@@ -100,7 +100,7 @@ private:
     bool failed_ = false;
 };
 
-// torchelastic's error-file JSON, byte for byte as Python's json.dump writes it (§6.2):
+// torchelastic's error-file JSON, byte for byte as Python's json.dump writes it:
 // {"message": {"message": "<T>: <what>", "extraInfo": {"py_callstack": "...", "timestamp": "<s>"}}}
 template <class Sink>
 void write_error_json(Sink& out, const char* message, std::size_t message_size,

@@ -220,7 +220,7 @@ struct attempt_outcome {
 
 }  // namespace detail::agent
 
-/// One node's agent (DESIGN.md's picture, single node): for each attempt it hosts a fresh store
+/// One node's agent (the single-node case): for each attempt it hosts a fresh store
 /// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
 /// starts `--nproc-per-node` workers with torchrun's environment, and awaits — as events, with
 /// no polling — the first failure, the end of all workers, or a signal. A failure stops the

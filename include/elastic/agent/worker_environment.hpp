@@ -1,4 +1,4 @@
-// The environment the agent gives each worker: torchrun's contract (inventory §2.1), name for
+// The environment the agent gives each worker: torchrun's worker contract, name for
 // name and meaning for meaning, on top of the agent's own environment.
 #pragma once
 

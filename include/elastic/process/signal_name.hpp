@@ -67,7 +67,7 @@ inline constexpr std::array<int, 16> forwardable_signal_numbers{
     SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
     SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
-/// torchrun's message for a worker killed by a signal (ProcessFailure, §6.3 of the inventory):
+/// torchrun's message for a worker killed by a signal (its ProcessFailure's):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {
     return fmt::format("Signal {} ({}) received by PID {}", signal_number,

@@ -17,11 +17,11 @@ namespace elastic::inline v0::detail {
 /// Runs callables on a dedicated thread that lives as long as the process.
 ///
 /// Why a thread of our own: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits,
-/// not the process (PLATFORM.md). Forking on the caller's thread would tie every worker's life to
-/// whichever thread happened to call spawn — an io_context thread of a pool that shrinks, a
-/// std::thread the user joins — and the workers would be SIGKILLed when it ends. This thread is
-/// started on first use, detached and never stopped, so it ends only with the process: the parent
-/// death signal then means exactly "the agent died".
+/// not the process (that is how Linux defines it). Forking on the caller's thread would tie every
+/// worker's life to whichever thread happened to call spawn — an io_context thread of a pool that
+/// shrinks, a std::thread the user joins — and the workers would be SIGKILLed when it ends. This
+/// thread is started on first use, detached and never stopped, so it ends only with the process:
+/// the parent death signal then means exactly "the agent died".
 ///
 /// The thread blocks every signal, so it never runs a signal handler (Asio's included), and the
 /// children it forks start with every signal blocked: a signal that arrives between fork and exec

@@ -396,7 +396,7 @@ inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::in
     return v;
 }
 
-/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under (inventory §4.2).
+/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
 inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
 
 /// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the

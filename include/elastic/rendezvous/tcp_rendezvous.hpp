@@ -65,7 +65,7 @@ inline std::string gethostname_string() {
     return name;
 }
 
-/// torchrun's is_host heuristic (inventory §4.4), widened to every address of every local
+/// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
 inline bool interface_holds(const asio::ip::address& wanted);

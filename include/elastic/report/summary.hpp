@@ -92,7 +92,7 @@ inline std::size_t widest_line(std::string_view text) {
 
 }  // namespace detail::report
 
-/// The summary of a group's failure in torchrun's layout (inventory §6.4): for failures torchrun
+/// The summary of a group's failure in torchrun's layout: for failures torchrun
 /// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
 /// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
 ///

@@ -45,7 +45,8 @@
 
 namespace elastic::inline v0 {
 
-/// Which wire dialect a client speaks (wire-protocols.md §1.5, §1.8).
+/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
+/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
 enum class client_dialect : std::uint8_t {
     /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
     /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
@@ -982,8 +983,9 @@ private:
     }
 
     // WAIT with its own deadline. On timeout the current dialect sends CANCEL_WAIT and reads
-    // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: wire §1.4); the legacy dialect
-    // drops the connection, which is the only way to clear a wait on a 1.13 server.
+    // WAIT_CANCELED (after a STOP_WAITING that raced it, if any: the keys were written before the
+    // cancel arrived, so the server's 0x00 comes first); the legacy dialect drops the connection,
+    // which is the only way to clear a wait on a 1.13 server.
     //
     // While the client holds leases, a long WAIT must not silence the connection: every
     // heartbeat interval it also sends an empty CHECK. Its reply (READY, 0x00) is the same byte

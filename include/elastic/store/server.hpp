@@ -853,7 +853,8 @@ private:
             }
             case op::cancel_wait:
                 // Any STOP_WAITING already queued stays in front of this reply: a client that
-                // raced reads 0x00 then 0x01, as PyTorch's client expects (wire §1.4).
+                // raced reads 0x00 then 0x01, as PyTorch's client expects (it reads a second byte
+                // after a 0x00).
                 cancel_waits();
                 wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
                 return true;

@@ -17,10 +17,10 @@
 #include <utility>
 #include <vector>
 
-// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp; the reference is
-// /work/shared/reference/wire-protocols.md Part 1 (and docs/store.md). Integers are host-order
-// memcpy copies in PyTorch, i.e. little-endian on every platform it runs on; we encode
-// little-endian explicitly so the bytes are the same on any host.
+// Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp (docs/store.md describes
+// the dialects and their semantics). Integers are host-order memcpy copies in PyTorch, i.e.
+// little-endian on every platform it runs on; we encode little-endian explicitly so the bytes are
+// the same on any host.
 namespace elastic::inline v0::wire {
 
 /// The opcode numbering a connection speaks, chosen from its first bytes (`detect_dialect`).
