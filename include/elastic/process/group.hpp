@@ -278,6 +278,8 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
     std::vector<bool> outlived_grace(children.size(), false);
     std::vector<pid_t> pgids;
     std::vector<pid_t> leaders;
+    // Descendants still there when the grace ran out, held by the pidfds taken at stop time.
+    std::vector<detail::group_member> outlived;
 
     // 1. The stop signal, to every group whose leader is still unreaped (so its id is ours).
     for (std::size_t i = 0; i < children.size(); ++i) {
@@ -311,7 +313,9 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
             if (token < children.size()) {
                 outlived_grace[token] = true;
             } else {
-                result.killed_descendants.push_back(members[token - children.size()].pid);
+                auto& member = members[token - children.size()];
+                result.killed_descendants.push_back(member.pid);
+                outlived.push_back(std::move(member));
             }
         }
     }
@@ -327,8 +331,17 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
                 set.add(children[i]->native_pidfd(), i);
             }
         }
-        // Members again: a process forked during the grace period is found here.
+        // Members again: a process forked during the grace period is found here. The ones that
+        // outlived the grace are awaited by the pidfds held since: a scan passes over a process
+        // whose main thread is already a zombie while its other threads still exit, and a pidfd
+        // reads as ended only once every thread has.
         auto members = detail::group_members(pgids, leaders);
+        for (auto& held : outlived) {
+            if (std::none_of(members.begin(), members.end(),
+                             [&](const detail::group_member& m) { return m.pid == held.pid; })) {
+                members.push_back(std::move(held));
+            }
+        }
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), children.size() + m);
             auto& killed = result.killed_descendants;
