@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Compile time of the headers users include, as the budget in docs/building.md counts it.
+
+    python3 bench/compile_time.py [--compiler g++] [--runs 1] [--check]
+
+Each case is a small translation unit compiled with `-std=c++20 -O0 -c` (the flags of the
+project's build, no precompiled headers); the figure is the compiler's user CPU time, which
+another job on the machine changes far less than the wall time, and its peak memory. --check
+exits 1 when a case is over its budget. Run it on a quiet machine for figures worth writing
+down; the budgets have a margin for the noise that remains.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# name, translation unit, budget in seconds of user CPU (None: measured, no budget yet)
+CASES = [
+    ("elastic/env.hpp (a worker)", '#include <elastic/env.hpp>\nint main() { return elastic::env().rank; }\n', None),
+    ("elastic/record.hpp (a worker)", '#include <elastic/record.hpp>\nint main() { return 0; }\n', None),
+    ("elastic/dist.hpp", '#include <elastic/dist.hpp>\nint main() { return 0; }\n', 2.0),
+    ("elastic/policy.hpp", '#include <elastic/policy.hpp>\nint main() { return 0; }\n', 2.0),
+    ("elastic/store.hpp", '#include <elastic/store.hpp>\nint main() { return 0; }\n', None),
+    ("a custom launcher: elastic/run.hpp + a policy",
+     '#include <elastic/run.hpp>\n#include <elastic/policy.hpp>\n'
+     'int main(int argc, char** argv) {\n'
+     '    return elastic::run(argc, argv, elastic::max_restarts(3));\n}\n', 6.0),
+    ("the single header, a trivial file", '#include <elastic.hpp>\nint main() { return 0; }\n', 4.0),
+]
+
+
+def compile_once(compiler: str, source: pathlib.Path, include: list[str], tmp: str) -> tuple[float, int]:
+    """User CPU seconds and peak resident KiB of one compile (its own rusage, from wait4)."""
+    errors = pathlib.Path(tmp) / "stderr.txt"
+    with open(errors, "w") as err:
+        child = subprocess.Popen(
+            [compiler, "-std=c++20", "-O0", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1", *include, "-c",
+             str(source), "-o", os.devnull],
+            stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        sys.exit(f"compile_time: {source.name} does not compile:\n{errors.read_text()[:4000]}")
+    return usage.ru_utime, usage.ru_maxrss
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compiler", default="g++")
+    parser.add_argument("--runs", type=int, default=1, help="compile each case N times; the smallest counts")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a case is over its budget")
+    args = parser.parse_args()
+
+    over = []
+    print("| translation unit | user CPU s | budget s | peak memory MiB |")
+    print("|---|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text, budget in CASES:
+            source = pathlib.Path(tmp) / "case.cpp"
+            source.write_text(text)
+            include = ["-I" + str(ROOT / "include")]
+            if "elastic.hpp>" in text and "elastic/" not in text:
+                include = ["-I" + str(ROOT / "single_include")]
+            best = None
+            peak = 0
+            for _ in range(max(1, args.runs)):
+                seconds, rss = compile_once(args.compiler, source, include, tmp)
+                best = seconds if best is None else min(best, seconds)
+                peak = max(peak, rss)
+            shown = "—" if budget is None else f"{budget:.1f}"
+            print(f"| {name} | {best:.2f} | {shown} | {peak / 1024:.0f} |", flush=True)
+            if budget is not None and best > budget:
+                over.append(f"{name}: {best:.2f} s over its budget of {budget:.1f} s")
+    for line in over:
+        print(f"compile_time: {line}", file=sys.stderr)
+    return 1 if args.check and over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
