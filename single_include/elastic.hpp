@@ -5762,7 +5762,9 @@ private:
 // "Signal N (SIGNAME) received by PID p" message.
 
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <csignal>
 #include <iterator>
 #include <string>
@@ -5810,10 +5812,17 @@ inline std::string signal_name(int signal_number) {
     return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
-/// The number of a standard signal from its name as signal_name() spells it ("SIGTERM"), or 0.
-[[nodiscard]] inline int signal_number(std::string_view name) noexcept {
-    for (int n = 1; n < static_cast<int>(std::size(detail::standard_signal_names)); ++n) {
-        if (detail::standard_signal_names[n] == name) return n;
+/// The number of the signal that signal_name() spells `name`, in any case ("SIGTERM",
+/// "sigrtmin+3"), or 0.
+[[nodiscard]] inline int signal_number(std::string_view name) {
+    const auto same = [](std::string_view a, std::string_view b) {
+        return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+                   return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+               });
+    };
+    const int last = SIGRTMAX;
+    for (int n = 1; n <= last; ++n) {
+        if (same(signal_name(n), name)) return n;
     }
     return 0;
 }
@@ -10157,9 +10166,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
-        std::string upper = word;
-        for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-        const int number = signal_number(upper);
+        const int number = signal_number(word);
         const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
         if (number == 0 || known == forwardable_signal_numbers.end()) {
             const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
@@ -10615,11 +10622,8 @@ struct exit_code_set {
             continue;
         }
         if (word.rfind("sig", 0) == 0) {
-            int found = 0;
-            for (int s = 1; s <= 64 && found == 0; ++s) {
-                if (detail::text::lower(signal_name(s)) == word) found = s;
-            }
-            if (found == 0) {
+            const int found = signal_number(word);
+            if (found == 0 || found > 64) {
                 throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
                                               detail::text::show(name, text), item)};
             }

@@ -450,9 +450,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
-        std::string upper = word;
-        for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-        const int number = signal_number(upper);
+        const int number = signal_number(word);
         const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
         if (number == 0 || known == forwardable_signal_numbers.end()) {
             const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||

@@ -213,11 +213,8 @@ struct exit_code_set {
             continue;
         }
         if (word.rfind("sig", 0) == 0) {
-            int found = 0;
-            for (int s = 1; s <= 64 && found == 0; ++s) {
-                if (detail::text::lower(signal_name(s)) == word) found = s;
-            }
-            if (found == 0) {
+            const int found = signal_number(word);
+            if (found == 0 || found > 64) {
                 throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
                                               detail::text::show(name, text), item)};
             }

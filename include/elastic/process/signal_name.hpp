@@ -4,7 +4,9 @@
 
 #include "elastic/detail/config.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <csignal>
 #include <iterator>
 #include <string>
@@ -52,10 +54,17 @@ inline std::string signal_name(int signal_number) {
     return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
-/// The number of a standard signal from its name as signal_name() spells it ("SIGTERM"), or 0.
-[[nodiscard]] inline int signal_number(std::string_view name) noexcept {
-    for (int n = 1; n < static_cast<int>(std::size(detail::standard_signal_names)); ++n) {
-        if (detail::standard_signal_names[n] == name) return n;
+/// The number of the signal that signal_name() spells `name`, in any case ("SIGTERM",
+/// "sigrtmin+3"), or 0.
+[[nodiscard]] inline int signal_number(std::string_view name) {
+    const auto same = [](std::string_view a, std::string_view b) {
+        return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+                   return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+               });
+    };
+    const int last = SIGRTMAX;
+    for (int n = 1; n <= last; ++n) {
+        if (same(signal_name(n), name)) return n;
     }
     return 0;
 }
