@@ -5834,6 +5834,14 @@ inline constexpr std::array<int, 16> forwardable_signal_numbers{
     SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
     SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
+/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
+[[nodiscard]] inline std::string signal_to_string(int number) {
+    for (const int s : forwardable_signal_numbers) {
+        if (s == number) return signal_name(number);
+    }
+    return std::to_string(number);
+}
+
 /// torchrun's message for a worker killed by a signal (its ProcessFailure's):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {
@@ -9440,10 +9448,92 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
 // elastic::launch_config: everything an agent needs to launch and supervise one node's workers,
 // as a plain struct (filled by the command line or by a custom launcher) with validate().
 
-// ---- begin elastic/launch/program.hpp ----
+// ---- begin elastic/agent/program.hpp ----
 // What each worker runs: the program (executable, Python script or module), its resolution on
 // PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
 
+// ---- begin elastic/detail/text.hpp ----
+// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
+// `name=value` as error messages show it, and a duration in seconds.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::text {
+
+[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
+    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!text.empty() && is_space(text.front())) {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && is_space(text.back())) {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+[[nodiscard]] inline std::string lower(std::string_view text) {
+    std::string out{text};
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    return out;
+}
+
+/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
+[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
+    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
+    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+}
+
+/// Splits on `sep`; "" gives one empty piece.
+[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
+    std::vector<std::string_view> pieces;
+    for (;;) {
+        const auto at = text.find(sep);
+        pieces.push_back(text.substr(0, at));
+        if (at == std::string_view::npos) {
+            return pieces;
+        }
+        text.remove_prefix(at + 1);
+    }
+}
+
+/// A duration as a number of seconds, as the options take it: `30`, `0.5`.
+[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
+    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
+                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+}
+
+/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
+[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
+    text = trim(text);
+    if (!text.empty() && text.front() == '+') {
+        text.remove_prefix(1);
+    }
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+}  // namespace detail::text
+
+}  // namespace elastic::inline v0
+// ---- end elastic/detail/text.hpp ----
 // ---- begin elastic/usage_error.hpp ----
 // elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
 // layers which read variables take instead of the process environment.
@@ -9527,85 +9617,291 @@ namespace detail {
 }  // namespace detail
 }  // namespace elastic::inline v0
 // ---- end elastic/usage_error.hpp ----
-// ---- begin elastic/launch/values.hpp ----
-// The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
-// settings, signal lists, durations) and the parsers of their text forms.
-
-// ---- begin elastic/detail/text.hpp ----
-// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer, and
-// `name=value` as error messages show it.
-
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
-#include <charconv>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 namespace elastic::inline v0 {
 
-namespace detail::text {
+/// How the program is run.
+enum class program_kind {
+    automatic,      ///< a `.py` file runs as a Python script, anything else as an executable
+    executable,     ///< run directly (`--no-python`): `program args...`
+    python_script,  ///< `$PYTHON_EXEC -u script args...` (also `--run-path`)
+    python_module,  ///< `$PYTHON_EXEC -u -m module args...` (`-m` / `--module`)
+};
 
-[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
-    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-    while (!text.empty() && is_space(text.front())) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && is_space(text.back())) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
+/// The program each worker runs, as a custom launcher fills it in.
+struct worker_program {
+    program_kind kind = program_kind::automatic;
+    std::string target;             ///< executable (path or name on PATH), script path, or module name
+    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
+    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
+};
 
-[[nodiscard]] inline std::string lower(std::string_view text) {
-    std::string out{text};
-    std::transform(out.begin(), out.end(), out.begin(),
-                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+/// A program resolved to something execv can run.
+struct worker_command {
+    program_kind kind = program_kind::executable;  ///< never automatic
+    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
+    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
+
+    /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
+    [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
+};
+
+/// torchrun's `${local_rank}` macro in one argument, with the semantics of Python's
+/// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
+/// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
+/// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
+[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
+    const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+    const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+    const auto value = fmt::format("{}", local_rank);
+    std::string out;
+    out.reserve(arg.size());
+    std::size_t i = 0;
+    while (i < arg.size()) {
+        if (arg[i] != '$' || i + 1 == arg.size()) {
+            out += arg[i++];
+            continue;
+        }
+        const char next = arg[i + 1];
+        if (next == '$') {
+            out += '$';
+            i += 2;
+        } else if (id_start(next)) {
+            auto end = i + 1;
+            while (end < arg.size() && id_char(arg[end])) {
+                ++end;
+            }
+            const auto name = arg.substr(i + 1, end - i - 1);
+            out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end - i);
+            i = end;
+        } else if (next == '{' && i + 2 < arg.size() && id_start(arg[i + 2])) {
+            auto end = i + 2;
+            while (end < arg.size() && id_char(arg[end])) {
+                ++end;
+            }
+            if (end < arg.size() && arg[end] == '}') {
+                const auto name = arg.substr(i + 2, end - i - 2);
+                out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end + 1 - i);
+                i = end + 1;
+            } else {
+                out += '$';
+                ++i;
+            }
+        } else {
+            out += '$';
+            ++i;
+        }
+    }
     return out;
 }
 
-/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
-[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
-    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
+    std::vector<std::string> out;
+    out.reserve(argv.size());
+    for (std::size_t i = 0; i < argv.size(); ++i) {
+        out.push_back(i == 0 ? argv[i] : substitute_local_rank(argv[i], local_rank));
+    }
+    return out;
 }
 
-/// Splits on `sep`; "" gives one empty piece.
-[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
-    std::vector<std::string_view> pieces;
-    for (;;) {
-        const auto at = text.find(sep);
-        pieces.push_back(text.substr(0, at));
-        if (at == std::string_view::npos) {
-            return pieces;
+/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
+/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
+/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
+/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
+[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
+    if (name.empty()) {
+        throw usage_error{fmt::format("{}: the name is empty", role)};
+    }
+    const auto describe = [&](detail::file_check check, std::string_view path) {
+        switch (check) {
+        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+        default:
+            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                               role, path);
         }
-        text.remove_prefix(at + 1);
+    };
+    if (name.find('/') != std::string_view::npos) {
+        const std::string path{name};
+        const auto check = detail::check_file(path, X_OK);
+        if (check != detail::file_check::ok) {
+            throw usage_error{describe(check, path)};
+        }
+        return path;
     }
+    const auto* path_variable = detail::find_variable(env, "PATH");
+    const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
+    auto [found, first_not_executable] = detail::search_path(name, search);
+    if (!found.empty()) return found;
+    if (!first_not_executable.empty()) {
+        throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
+    }
+    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
 }
 
-/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
-[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
-    text = trim(text);
-    if (!text.empty() && text.front() == '+') {
-        text.remove_prefix(1);
+/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
+[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
+    if (program.kind != program_kind::automatic) {
+        return program.kind;
     }
-    long long value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-        return std::nullopt;
-    }
-    return value;
+    const std::string_view target = program.target;
+    return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
+                                                                         : program_kind::executable;
 }
 
-}  // namespace detail::text
+namespace detail::agent {
+
+[[nodiscard]] inline bool valid_module_name(std::string_view name) {
+    for (const auto part : detail::text::split(name, '.')) {
+        if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
+            !std::all_of(part.begin(), part.end(),
+                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace detail::agent
+
+/// Resolves a program to the command the workers run, checking on the way that it can run: the
+/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
+/// module name is a dotted Python name. Throws usage_error naming what is wrong.
+[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
+    worker_command command;
+    command.kind = effective_kind(program);
+    if (program.target.empty()) {
+        throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
+    }
+    switch (command.kind) {
+    case program_kind::automatic:
+    case program_kind::executable:
+        command.kind = program_kind::executable;
+        command.path = find_executable(program.target, env, "program");
+        command.argv.push_back(program.target);
+        break;
+    case program_kind::python_script: {
+        const auto check = detail::check_file(program.target, R_OK);
+        if (check == detail::file_check::missing) {
+            throw usage_error{fmt::format("script {} does not exist", program.target)};
+        }
+        if (check == detail::file_check::directory) {
+            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+        }
+        if (check != detail::file_check::ok) {
+            throw usage_error{fmt::format("script {} is not readable", program.target)};
+        }
+        command.path = find_executable(program.python, env, "PYTHON_EXEC");
+        command.argv = {program.python, "-u", program.target};
+        break;
+    }
+    case program_kind::python_module:
+        if (!detail::agent::valid_module_name(program.target)) {
+            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                          program.target)};
+        }
+        command.path = find_executable(program.python, env, "PYTHON_EXEC");
+        command.argv = {program.python, "-u", "-m", program.target};
+        break;
+    }
+    command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
+    return command;
+}
 
 }  // namespace elastic::inline v0
-// ---- end elastic/detail/text.hpp ----
+// ---- end elastic/agent/program.hpp ----
+// ---- begin elastic/agent/spec.hpp ----
+// What the agent takes: worker_spec (the workers of one node: program, count, role, how they
+// are stopped, where their output goes) and agent_options (the agent's own log level and event
+// log). The launch layer makes both from the command line (launch_config::workers(),
+// launch_config::agent()); a custom launcher may fill them itself.
+
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+using namespace std::chrono_literals;
+
+/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
+enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
+
+/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
+/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
+struct stream_selection {
+    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
+    std::map<int, std_streams> per_rank;         ///< local rank -> streams
+    friend bool operator==(const stream_selection&, const stream_selection&) = default;
+
+    /// The streams chosen for one local rank.
+    [[nodiscard]] std_streams for_rank(int local_rank) const {
+        if (per_rank.empty()) {
+            return every_rank;
+        }
+        const auto it = per_rank.find(local_rank);
+        return it == per_rank.end() ? std_streams::none : it->second;
+    }
+};
+
+/// The agent's log level (`LOGLEVEL`, Python's level names).
+enum class log_level { debug, info, warning, error, critical };
+
+/// The workers of one node, as the agent starts, stops and relays them. Defaults are torchrun's.
+struct worker_spec {
+    worker_program program;          ///< what each worker runs
+    int nproc_per_node = 1;          ///< how many workers (LOCAL_WORLD_SIZE)
+    std::string role = "default";    ///< ROLE_NAME and the log prefix
+    bool virtual_local_rank = false; ///< LOCAL_RANK=0 for every worker (one GPU per worker)
+    /// TORCHELASTIC_MAX_RESTARTS, as the workers are told it (the restart policy decides).
+    int max_restarts = 0;
+    /// The grace between the stop signal and SIGKILL.
+    std::chrono::milliseconds shutdown_timeout = 30s;
+    /// The signals the agent forwards to its workers (TORCHELASTIC_SIGNALS_TO_HANDLE).
+    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+
+    /// The log tree's root; unset: a temporary directory; /dev/null: no files at all.
+    std::optional<std::filesystem::path> log_dir;
+    stream_selection redirects;      ///< streams that go to files only
+    stream_selection tee;            ///< streams that go to files and the console
+    std::set<int> local_ranks_filter; ///< local ranks whose output reaches the console; empty: all
+    /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
+    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+
+    /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
+    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
+};
+
+/// The agent's own settings.
+struct agent_options {
+    log_level agent_log_level = log_level::warning;  ///< what the agent logs (LOGLEVEL)
+    event_destination event_log_handler;             ///< where its events go (--event-log-handler)
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/spec.hpp ----
+// ---- begin elastic/launch/values.hpp ----
+// The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
+// settings, signal lists, durations) and the parsers of their text forms.
+
 // ---- begin elastic/rendezvous/parameters.hpp ----
 // What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
 // settings of `--rdzv-conf` (rendezvous_parameters). The launch layer makes one from the command
@@ -9676,7 +9972,7 @@ struct rendezvous_settings {
     std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
     std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
-    /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
+    /// waits for the other nodes; unset: 300 s (torchrun's fixed value).
     std::optional<std::chrono::milliseconds> exit_barrier_timeout;
     /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
     /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
@@ -9713,6 +10009,10 @@ struct rendezvous_parameters {
     /// --rdzv-endpoint, else for static --master-addr:--master-port; host `localhost` and the
     /// backend's default port (default_rendezvous_port) when absent.
     host_port endpoint{"127.0.0.1", std::uint16_t{29500}};
+    /// The endpoint's port was given (--rdzv-endpoint, --master-port) rather than defaulted. A
+    /// single node binds the workers' store there only when it was given: two one-node jobs on
+    /// a host would otherwise collide on the static backend's 29500.
+    bool port_given = false;
     std::string run_id = "none";          ///< --rdzv-id: the job id, namespaces store keys
     node_range nnodes;                    ///< --nnodes
     std::optional<int> node_rank;         ///< --node-rank; static: rank 0 hosts the store
@@ -9746,26 +10046,6 @@ struct rendezvous_parameters {
 namespace elastic::inline v0 {
 
 using namespace std::chrono_literals;
-
-/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
-enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
-
-/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
-/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
-struct stream_selection {
-    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
-    std::map<int, std_streams> per_rank;         ///< local rank -> streams
-    friend bool operator==(const stream_selection&, const stream_selection&) = default;
-
-    /// The streams chosen for one local rank.
-    [[nodiscard]] std_streams for_rank(int local_rank) const {
-        if (per_rank.empty()) {
-            return every_rank;
-        }
-        const auto it = per_rank.find(local_rank);
-        return it == per_rank.end() ? std_streams::none : it->second;
-    }
-};
 
 namespace detail::launch_impl {
 using detail::text::lower;
@@ -10149,14 +10429,6 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return ranks;
 }
 
-/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
-[[nodiscard]] inline std::string signal_to_string(int number) {
-    for (const int s : forwardable_signal_numbers) {
-        if (s == number) return signal_name(number);
-    }
-    return fmt::format("{}", number);
-}
-
 /// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
@@ -10185,9 +10457,6 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return numbers;
 }
 
-/// The agent's log level, from `LOGLEVEL` (Python's level names).
-enum class log_level { debug, info, warning, error, critical };
-
 /// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
     const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
@@ -10201,217 +10470,6 @@ enum class log_level { debug, info, warning, error, critical };
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/values.hpp ----
-
-#include <fmt/format.h>
-
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cctype>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// How the program is run.
-enum class program_kind {
-    automatic,      ///< a `.py` file runs as a Python script, anything else as an executable
-    executable,     ///< run directly (`--no-python`): `program args...`
-    python_script,  ///< `$PYTHON_EXEC -u script args...` (also `--run-path`)
-    python_module,  ///< `$PYTHON_EXEC -u -m module args...` (`-m` / `--module`)
-};
-
-/// The program each worker runs, as a custom launcher fills it in.
-struct worker_program {
-    program_kind kind = program_kind::automatic;
-    std::string target;             ///< executable (path or name on PATH), script path, or module name
-    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
-    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
-};
-
-/// A program resolved to something execv can run.
-struct worker_command {
-    program_kind kind = program_kind::executable;  ///< never automatic
-    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
-    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
-
-    /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
-    [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
-};
-
-/// torchrun's `${local_rank}` macro in one argument, with the semantics of Python's
-/// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
-/// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
-/// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
-[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
-    const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-    const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-    const auto value = fmt::format("{}", local_rank);
-    std::string out;
-    out.reserve(arg.size());
-    std::size_t i = 0;
-    while (i < arg.size()) {
-        if (arg[i] != '$' || i + 1 == arg.size()) {
-            out += arg[i++];
-            continue;
-        }
-        const char next = arg[i + 1];
-        if (next == '$') {
-            out += '$';
-            i += 2;
-        } else if (id_start(next)) {
-            auto end = i + 1;
-            while (end < arg.size() && id_char(arg[end])) {
-                ++end;
-            }
-            const auto name = arg.substr(i + 1, end - i - 1);
-            out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end - i);
-            i = end;
-        } else if (next == '{' && i + 2 < arg.size() && id_start(arg[i + 2])) {
-            auto end = i + 2;
-            while (end < arg.size() && id_char(arg[end])) {
-                ++end;
-            }
-            if (end < arg.size() && arg[end] == '}') {
-                const auto name = arg.substr(i + 2, end - i - 2);
-                out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end + 1 - i);
-                i = end + 1;
-            } else {
-                out += '$';
-                ++i;
-            }
-        } else {
-            out += '$';
-            ++i;
-        }
-    }
-    return out;
-}
-
-inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
-    std::vector<std::string> out;
-    out.reserve(argv.size());
-    for (std::size_t i = 0; i < argv.size(); ++i) {
-        out.push_back(i == 0 ? argv[i] : substitute_local_rank(argv[i], local_rank));
-    }
-    return out;
-}
-
-namespace detail::launch_impl {
-
-using detail::check_file;
-using detail::file_check;
-
-}  // namespace detail::launch_impl
-
-/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
-/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
-/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
-/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
-[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
-    if (name.empty()) {
-        throw usage_error{fmt::format("{}: the name is empty", role)};
-    }
-    const auto describe = [&](detail::launch_impl::file_check check, std::string_view path) {
-        switch (check) {
-        case detail::launch_impl::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-        case detail::launch_impl::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
-        default:
-            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
-                               role, path);
-        }
-    };
-    if (name.find('/') != std::string_view::npos) {
-        const std::string path{name};
-        const auto check = detail::launch_impl::check_file(path, X_OK);
-        if (check != detail::launch_impl::file_check::ok) {
-            throw usage_error{describe(check, path)};
-        }
-        return path;
-    }
-    const auto* path_variable = detail::find_variable(env, "PATH");
-    const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
-    auto [found, first_not_executable] = detail::search_path(name, search);
-    if (!found.empty()) return found;
-    if (!first_not_executable.empty()) {
-        throw usage_error{describe(detail::launch_impl::file_check::not_executable, first_not_executable)};
-    }
-    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
-}
-
-/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
-[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
-    if (program.kind != program_kind::automatic) {
-        return program.kind;
-    }
-    const std::string_view target = program.target;
-    return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
-                                                                         : program_kind::executable;
-}
-
-namespace detail::launch_impl {
-
-[[nodiscard]] inline bool valid_module_name(std::string_view name) {
-    for (const auto part : split(name, '.')) {
-        if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
-            !std::all_of(part.begin(), part.end(),
-                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
-            return false;
-        }
-    }
-    return true;
-}
-
-}  // namespace detail::launch_impl
-
-/// Resolves a program to the command the workers run, checking on the way that it can run: the
-/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
-/// module name is a dotted Python name. Throws usage_error naming what is wrong.
-[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
-    worker_command command;
-    command.kind = effective_kind(program);
-    if (program.target.empty()) {
-        throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
-    }
-    switch (command.kind) {
-    case program_kind::automatic:
-    case program_kind::executable:
-        command.kind = program_kind::executable;
-        command.path = find_executable(program.target, env, "program");
-        command.argv.push_back(program.target);
-        break;
-    case program_kind::python_script: {
-        const auto check = detail::launch_impl::check_file(program.target, R_OK);
-        if (check == detail::launch_impl::file_check::missing) {
-            throw usage_error{fmt::format("script {} does not exist", program.target)};
-        }
-        if (check == detail::launch_impl::file_check::directory) {
-            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
-        }
-        if (check != detail::launch_impl::file_check::ok) {
-            throw usage_error{fmt::format("script {} is not readable", program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", program.target};
-        break;
-    }
-    case program_kind::python_module:
-        if (!detail::launch_impl::valid_module_name(program.target)) {
-            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
-                                          program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", "-m", program.target};
-        break;
-    }
-    command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
-    return command;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/launch/program.hpp ----
 // ---- begin elastic/policy/spec.hpp ----
 // The settings of the built-in restart policies as values: durations in words, backoff_spec,
 // window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
@@ -10718,13 +10776,13 @@ namespace elastic::inline v0 {
 /// option with `_`; docs/cli.md maps each to the component that consumes it) plus the variables
 /// torchrun's agent reads. Defaults are torchrun's (newest). Fields are public and plain so a
 /// custom launcher fills them in C++; validate() then applies the command line's rules.
-struct launch_config {
-    // ---- the workers on this node ----
-    int nproc_per_node = 1;          ///< --nproc-per-node, resolved (see resolve_nproc_per_node)
-    worker_program program;          ///< the program, its arguments and kind (-m, --no-python, PYTHON_EXEC)
-    std::string role = "default";    ///< --role: ROLE_NAME and the log prefix
-    bool virtual_local_rank = false; ///< --virtual-local-rank: LOCAL_RANK=0, one GPU per worker
-
+///
+/// The options about the workers are worker_spec's fields (program, nproc_per_node, role,
+/// virtual_local_rank, max_restarts, shutdown_timeout, signals_to_handle, log_dir, redirects,
+/// tee, local_ranks_filter, log_line_prefix_template), LOGLEVEL and --event-log-handler are
+/// agent_options' (agent_log_level, event_log_handler); workers() and agent() give them to the
+/// agent, rendezvous() and restarts() make what the rendezvous and the policy take.
+struct launch_config : worker_spec, agent_options {
     // ---- nodes and rendezvous ----
     node_range nnodes;                                    ///< --nnodes
     rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
@@ -10736,25 +10794,13 @@ struct launch_config {
     std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
     std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
 
-    // ---- failures, restarts, shutdown ----
-    int max_restarts = 0;                                 ///< --max-restarts
+    // ---- failures and restarts (max_restarts is worker_spec's) ----
     std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
     std::optional<window_spec> restart_window;            ///< --restart-window
     std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
     std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
-    std::chrono::milliseconds shutdown_timeout = 30s;     ///< --shutdown-timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
-    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  ///< --signals-to-handle
     std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
     std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
-
-    // ---- output and logs ----
-    std::optional<std::filesystem::path> log_dir;         ///< --log-dir; /dev/null: no log files at all
-    stream_selection redirects;                           ///< -r / --redirects
-    stream_selection tee;                                 ///< -t / --tee
-    std::set<int> local_ranks_filter;                     ///< --local-ranks-filter; empty: every rank
-    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
-    log_level agent_log_level = log_level::warning;       ///< LOGLEVEL
-    event_destination event_log_handler;                  ///< --event-log-handler: null, console, file:PATH
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -10774,20 +10820,32 @@ struct launch_config {
     }
 
     /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
-    /// --node-rank, --local-addr and --rdzv-conf.
+    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with --master-port or --rdzv-endpoint, the
+    /// others' always. The settings' exit_barrier_timeout falls back to exit_barrier_timeout.
     [[nodiscard]] rendezvous_parameters rendezvous() const {
-        return rendezvous_parameters{rdzv_backend, rendezvous_endpoint(), rdzv_id,   nnodes,
-                                     node_rank,    local_addr,            rdzv_conf};
+        rendezvous_parameters p;
+        p.backend = rdzv_backend;
+        p.endpoint = rendezvous_endpoint();
+        p.port_given = rdzv_backend != rendezvous_backend::static_ || master_port || rdzv_endpoint;
+        p.run_id = rdzv_id;
+        p.nnodes = nnodes;
+        p.node_rank = node_rank;
+        p.local_addr = local_addr;
+        p.settings = rdzv_conf;
+        if (!p.settings.exit_barrier_timeout) p.settings.exit_barrier_timeout = exit_barrier_timeout;
+        return p;
     }
+
+    /// The workers as the agent takes them.
+    [[nodiscard]] const worker_spec& workers() const noexcept { return *this; }
+
+    /// LOGLEVEL and --event-log-handler, as the agent takes them.
+    [[nodiscard]] const agent_options& agent() const noexcept { return *this; }
 
     /// --max-restarts and the --restart-* options, as the policy layer takes them.
     [[nodiscard]] restart_settings restarts() const {
         return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
     }
-
-    /// True when --log-dir is /dev/null: no stdout/stderr/error files are written (torchrun's
-    /// os.devnull rule).
-    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
 
     /// The global world size when `nodes` nodes take part.
     [[nodiscard]] long long world_size(int nodes) const { return static_cast<long long>(nodes) * nproc_per_node; }
@@ -10824,10 +10882,6 @@ inline void use_standalone(launch_config& config) {
 
 namespace detail::launch_impl {
 
-[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
-    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000) : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
-}
-
 [[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
         return fmt::format("{}", static_cast<int>(selection.every_rank));
@@ -10844,7 +10898,7 @@ namespace detail::launch_impl {
 /// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
 /// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
 [[nodiscard]] inline std::string describe(const launch_config& config) {
-    using detail::launch_impl::seconds_text;
+    using detail::text::seconds_text;
     using detail::launch_impl::streams_text;
     std::string command = config.program.target;
     for (const auto& arg : config.program.args) {
@@ -12831,14 +12885,1217 @@ template <policy_clock Clock = steady_policy_clock>
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/default_policy.hpp ----
-// ---- end elastic/launch.hpp ----
-// ---- begin elastic/policy.hpp ----
-// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
-// max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
+// ---- begin elastic/launch/run.hpp ----
+// elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
+// on an io_context, a restart policy of the caller's choosing, and the exit code.
 
-// ---- end elastic/policy.hpp ----
-// ---- begin elastic/rendezvous.hpp ----
-// The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
+// ---- begin elastic/agent/agent_events.hpp ----
+// agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
+// worker started, worker exited, policy decision, restart, final worker status, shutdown) —
+// and how an exception that ends the agent maps to elasticrun's exit code.
+
+// ---- begin elastic/agent/worker_environment.hpp ----
+// The environment the agent gives each worker: torchrun's worker contract, name for
+// name and meaning for meaning, on top of the agent's own environment.
+
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// Where one worker stands in the job: its ranks and the sizes around it.
+struct worker_assignment {
+    int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
+    int global_rank = 0;       ///< RANK
+    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
+    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
+    int world_size = 1;        ///< WORLD_SIZE
+    int role_world_size = 1;   ///< ROLE_WORLD_SIZE
+    int group_rank = 0;        ///< GROUP_RANK: this agent's rank in the rendezvous round
+    int group_world_size = 1;  ///< GROUP_WORLD_SIZE: agents in the round
+};
+
+/// What the workers are told of the job and of this attempt of the group.
+struct attempt_settings {
+    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
+    std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
+    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
+    std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
+};
+
+/// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
+/// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
+[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
+                                                     int group_rank = 0, int group_world_size = 1) {
+    worker_assignment a;
+    a.local_rank = local_rank;
+    a.local_world_size = nproc_per_node;
+    a.group_rank = group_rank;
+    a.group_world_size = group_world_size;
+    a.global_rank = group_rank * nproc_per_node + local_rank;
+    a.role_rank = a.global_rank;
+    a.world_size = group_world_size * nproc_per_node;
+    a.role_world_size = a.world_size;
+    return a;
+}
+
+/// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
+[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
+    std::string out;
+    for (const int s : signals) {
+        out += (out.empty() ? "" : ",") + signal_to_string(s);
+    }
+    return out;
+}
+
+/// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
+/// not set and more than one worker runs on the node (each would otherwise start one OpenMP
+/// thread per core), and says so with omp_warning().
+[[nodiscard]] inline bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
+    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
+}
+
+/// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
+[[nodiscard]] inline std::string omp_warning() {
+    return "\n*****************************************\n"
+           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+           "avoid your system being overloaded, please further tune the variable for optimal "
+           "performance in your application as needed. \n"
+           "*****************************************";
+}
+
+/// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
+/// torchrun's `os.environ.copy()`), then the contract:
+///
+/// LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE,
+/// GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+/// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True (the
+/// workers' store is the one the agent hosts: clients only), TORCHELASTIC_ERROR_FILE,
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING (the inherited value, else 1;
+/// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
+/// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
+/// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
+[[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
+                                                    const worker_assignment& a, const attempt_settings& attempt) {
+    environment env = agent_env;
+    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
+    const auto number = [](long long v) { return fmt::format("{}", v); };
+    set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
+    set("RANK", number(a.global_rank));
+    set("GROUP_RANK", number(a.group_rank));
+    set("ROLE_RANK", number(a.role_rank));
+    set("ROLE_NAME", config.role);
+    set("LOCAL_WORLD_SIZE", number(a.local_world_size));
+    set("WORLD_SIZE", number(a.world_size));
+    set("GROUP_WORLD_SIZE", number(a.group_world_size));
+    set("ROLE_WORLD_SIZE", number(a.role_world_size));
+    set("MASTER_ADDR", attempt.master_addr);
+    set("MASTER_PORT", number(attempt.master_port));
+    set("TORCHELASTIC_RESTART_COUNT", number(attempt.restart_count));
+    set("TORCHELASTIC_MAX_RESTARTS", number(config.max_restarts));
+    set("TORCHELASTIC_RUN_ID", attempt.run_id);
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set("TORCHELASTIC_ERROR_FILE", attempt.error_file);
+    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
+        if (const auto it = agent_env.find(name); it == agent_env.end()) {
+            set(name, "1");
+        }
+    }
+    set("TORCHELASTIC_SIGNALS_TO_HANDLE", signals_text(config.signals_to_handle));
+    if (sets_omp_num_threads(config, agent_env)) {
+        set("OMP_NUM_THREADS", "1");
+    }
+    if (config.virtual_local_rank) {
+        // torchrun (PR #166680): the worker sees one device, its own; an inherited list is
+        // indexed by the local rank.
+        std::string device = number(a.local_rank);
+        if (const auto it = agent_env.find("CUDA_VISIBLE_DEVICES"); it != agent_env.end() && !it->second.empty()) {
+            std::vector<std::string> ids;
+            std::string_view rest = it->second;
+            for (;;) {
+                const auto comma = rest.find(',');
+                ids.emplace_back(rest.substr(0, comma));
+                if (comma == std::string_view::npos) break;
+                rest.remove_prefix(comma + 1);
+            }
+            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
+        }
+        set("CUDA_VISIBLE_DEVICES", device);
+    }
+    return env;
+}
+
+/// An environment as execve's "NAME=value" entries.
+[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
+    std::vector<std::string> out;
+    out.reserve(env.size());
+    for (const auto& [name, value] : env) {
+        out.push_back(name + "=" + value);
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_environment.hpp ----
+// ---- begin elastic/rendezvous/error.hpp ----
+// elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
+// that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
+
+
+namespace elastic::inline v0 {
+
+/// The rendezvous failed: the message names what was awaited (which nodes, which key, for how
+/// long) and the remedy. No worker of the failed round was started.
+class rendezvous_error : public error {
+public:
+    using error::error;
+};
+
+/// The job ended while this node waited as a standby (its round was full): not a failure;
+/// elasticrun exits 0 with the message.
+class rendezvous_closed : public rendezvous_error {
+public:
+    using rendezvous_error::rendezvous_error;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/error.hpp ----
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <cxxabi.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+/// What ends the agent when an exception escapes it: elasticrun's exit code, the error's type
+/// as an error file names it, and its message.
+struct agent_exception {
+    int exit_code = exit_codes::internal;
+    std::string type;
+    std::string what;
+};
+
+inline std::string readable_type_name(const std::type_info& type) {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+    std::string name = readable != nullptr ? readable : type.name();
+    std::free(readable);
+    // The versioned inline namespace is an implementation detail: elastic::agent_error.
+    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
+        name.erase(at, 4);
+    }
+    return name;
+}
+
+/// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
+/// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
+inline agent_exception classify_exception(const std::exception_ptr& failure) {
+    agent_exception out;
+    try {
+        std::rethrow_exception(failure);
+    } catch (const usage_error& e) {
+        out = {exit_codes::usage, "elastic::usage_error", e.what()};
+    } catch (const rendezvous_error& e) {
+        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
+    } catch (const std::exception& e) {
+        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
+    } catch (...) {
+        out = {exit_codes::internal, "<unknown exception>",
+               "an exception that is not a std::exception carries no message"};
+    }
+    return out;
+}
+
+inline std::string host_name_for_events() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+    return name;
+}
+
+}  // namespace detail::agent
+
+/// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
+///
+///   elastic.rendezvous.done       AGENT   each attempt's round (run id, restart count, ranks)
+///   elastic.worker.started        WORKER  each worker (local and global rank, pid)
+///   elastic.worker.exited         WORKER  each worker, in the order the agent observed the
+///                                         exits, stamped with that observation
+///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
+///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
+///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group ends for good
+///                                         (FAILED/TERMINATED, or SUCCEEDED)
+///   elastic.agent.shutdown        AGENT   the exit code and the reason
+///
+/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
+/// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
+/// comma-separated text. With the null handler nothing is built.
+class agent_events {
+public:
+    /// The null log.
+    agent_events() = default;
+
+    /// Opens `destination` for the job `rendezvous.run_id` of `workers`. Throws usage_error
+    /// (nothing has started yet) when the file cannot be opened.
+    agent_events(const worker_spec& workers, const rendezvous_parameters& rendezvous,
+                 const event_destination& destination)
+        : run_id_(rendezvous.run_id),
+          role_(workers.role),
+          entry_point_(workers.program.target),
+          rdzv_backend_(to_string(rendezvous.backend)) {
+        try {
+            sink_ = event_sink(destination);
+        } catch (const report_error& e) {
+            throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
+        }
+        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
+    }
+
+    [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
+    [[nodiscard]] event_sink& sink() noexcept { return sink_; }
+
+    /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
+    /// store its workers use. Also forgets the previous attempt's workers.
+    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
+                         std::uint16_t master_port) noexcept {
+        started_.clear();
+        stop_began_ = std::chrono::steady_clock::time_point::max();
+        node_ = node;
+        if (!enabled()) return;
+        record_agent("elastic.rendezvous.done", [&](json& m) {
+            m["restart_count"] = restarts;
+            m["group_rank"] = node.group_rank;
+            m["group_world_size"] = node.group_world_size;
+            m["local_world_size"] = node.local_world_size;
+            m["world_size"] = node.world_size;
+            m["rdzv_backend"] = rdzv_backend_;
+            m["master_addr"] = std::string(master_addr);
+            m["master_port"] = master_port;
+        });
+    }
+
+    /// A worker runs.
+    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
+        try {
+            started_.push_back({pid, a.local_rank, a.global_rank});
+        } catch (...) {
+            return;
+        }
+        if (!enabled()) return;
+        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+                      [&](json& m) {
+                          m["restart_count"] = restarts;
+                          m["local_rank"] = a.local_rank;
+                          m["global_rank"] = a.global_rank;
+                          m["pid"] = pid;
+                      });
+    }
+
+    /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
+    /// observed from now on are the agent's doing. The first call of an attempt counts.
+    void stopping_group() noexcept {
+        if (stop_began_ == std::chrono::steady_clock::time_point::max()) stop_began_ = std::chrono::steady_clock::now();
+    }
+
+    /// Every observed exit of the attempt's workers, oldest first, each stamped with the moment
+    /// the agent observed it. An exit observed before stopping_group() is the worker's own:
+    /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
+    /// summary counts them.
+    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
+        if (!enabled()) return;
+        const auto stop_began = stop_began_;
+        try {
+            std::vector<const child_process*> ended;
+            for (const auto& w : workers) {
+                if (w.status()) ended.push_back(&w);
+            }
+            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
+                return a->status()->steady_time < b->status()->steady_time;
+            });
+            for (const auto* w : ended) {
+                const auto& s = *w->status();
+                const auto who = find_started(static_cast<long>(w->pid()));
+                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
+                    m["restart_count"] = restarts;
+                    m["local_rank"] = who.local_rank;
+                    m["global_rank"] = who.global_rank;
+                    m["pid"] = static_cast<long>(w->pid());
+                    m["state"] = state;
+                    m["exitcode"] = s.returncode();
+                    m["exit_status"] = s.shell_code();
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
+                    m["core_dumped"] = s.core_dumped;
+                });
+            }
+        } catch (...) {
+        }
+    }
+
+    /// The restart policy answered after a failed attempt.
+    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
+        try {
+            const auto* root = failure.root_cause();
+            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
+                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                          decided.reason);
+            if (!enabled()) return;
+            record_agent("elastic.policy.decision", [&](json& m) {
+                m["restart_count"] = failure.restarts;
+                m["action"] = decided.restart() ? "restart" : "stop";
+                m["reason"] = decided.reason;
+                m["failed_global_ranks"] = join(failure.failed_global_ranks());
+                m["healthy_for_ms"] = static_cast<std::int64_t>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
+                if (root != nullptr) {
+                    m["root_cause_global_rank"] = root->global_rank;
+                    m["root_cause_local_rank"] = root->local_rank;
+                    m["root_cause_pid"] = root->pid;
+                    m["root_cause_exitcode"] = root->status.torch_exitcode();
+                    m["root_cause"] = failure_headline(*root);
+                } else {
+                    m["root_cause"] = nullptr;
+                }
+            });
+        } catch (...) {
+        }
+    }
+
+    /// The agent received `signal` while the policy was deciding: no decision.
+    void decision_interrupted(int restarts, int signal) noexcept {
+        received_signal(signal);
+        if (!enabled()) return;
+        record_agent("elastic.policy.decision", [&](json& m) {
+            m["restart_count"] = restarts;
+            m["action"] = "interrupted";
+            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+        });
+    }
+
+    /// The agent received `signal` and stops the group; the shutdown event says so.
+    void received_signal(int signal) noexcept {
+        stopping_group();
+        try {
+            pending_reason_ = fmt::format("received {}", signal_name(signal));
+        } catch (...) {
+        }
+    }
+
+    /// The group starts again; `restarts` is the new restart count.
+    void restart(int restarts) noexcept {
+        if (!enabled()) return;
+        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
+    }
+
+    /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
+    /// the group fails for good, stamped now (torch records them at the end of the run; its
+    /// total_run_time counts whole seconds since the agent started).
+    void final_status(const group_failure& failure) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto ctx = status_context(failure.restarts,
+                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
+            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+        } catch (...) {
+        }
+    }
+
+    /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
+    /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
+    /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
+    /// failure reports carry it (empty: the host name).
+    void final_success(int restarts, std::string_view host) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
+            auto workers = started_;
+            std::stable_sort(workers.begin(), workers.end(),
+                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+            const auto now = std::chrono::system_clock::now();
+            for (const auto& w : workers) {
+                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
+            }
+        } catch (...) {
+        }
+    }
+
+    /// The agent ends with `exit_code`.
+    void shutdown(int exit_code) noexcept {
+        if (!enabled()) return;
+        std::string reason;
+        try {
+            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
+        } catch (...) {
+        }
+        record_agent("elastic.agent.shutdown", [&](json& m) {
+            m["exit_code"] = exit_code;
+            m["reason"] = reason;
+        });
+    }
+
+    /// The agent ends because `failure` escaped it (a rendezvous or internal error).
+    void shutdown(const std::exception_ptr& failure) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto e = detail::agent::classify_exception(failure);
+            record_agent("elastic.agent.shutdown", [&](json& m) {
+                m["exit_code"] = e.exit_code;
+                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
+                              : e.exit_code == exit_codes::usage   ? "usage error"
+                                                                   : "internal error";
+                m["error_type"] = e.type;
+                m["message"] = e.what;
+            });
+        } catch (...) {
+        }
+    }
+
+private:
+    using json = nlohmann::ordered_json;
+
+    struct started_worker {
+        long pid = 0;
+        int local_rank = -1;
+        int global_rank = -1;
+    };
+
+    // What every worker status event of this node says about the run.
+    worker_event_context status_context(int restarts, std::string hostname) const {
+        worker_event_context ctx;
+        ctx.run_id = run_id_;
+        ctx.entry_point = entry_point_;
+        ctx.rdzv_backend = rdzv_backend_;
+        ctx.agent_restarts = restarts;
+        ctx.total_run_time =
+            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
+        ctx.hostname = std::move(hostname);
+        ctx.group_rank = node_.group_rank;
+        ctx.group_world_size = node_.group_world_size;
+        ctx.role_world_size = node_.role_world_size;
+        return ctx;
+    }
+
+    started_worker find_started(long pid) const {
+        for (const auto& s : started_) {
+            if (s.pid == pid) return s;
+        }
+        return {pid, -1, -1};
+    }
+
+    static std::string join(const std::vector<int>& values) {
+        std::string out;
+        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+        return out;
+    }
+
+    json common() const {
+        json m = json::object();
+        m["run_id"] = run_id_;
+        m["role"] = role_;
+        m["hostname"] = hostname_;
+        return m;
+    }
+
+    template <class Fill>
+    void record_agent(std::string name, Fill fill) noexcept {
+        record(std::move(name), event_source::agent, std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+               fill);
+    }
+
+    template <class Fill>
+    void record_worker(std::string name, std::chrono::steady_clock::time_point steady,
+                       std::chrono::system_clock::time_point wall, Fill fill) noexcept {
+        record(std::move(name), event_source::worker, steady, wall, fill);
+    }
+
+    template <class Fill>
+    void record(std::string name, event_source source, std::chrono::steady_clock::time_point steady,
+                std::chrono::system_clock::time_point wall, Fill& fill) noexcept {
+        try {
+            event e;
+            e.name = std::move(name);
+            e.source = source;
+            e.metadata = common();
+            fill(e.metadata);
+            sink_.record(std::move(e), steady, wall);
+        } catch (...) {
+        }
+    }
+
+    event_sink sink_;
+    std::string run_id_;
+    std::string role_;
+    std::string entry_point_;
+    std::string rdzv_backend_;
+    std::string hostname_;
+    std::string pending_reason_ = "the agent stopped";
+    std::vector<started_worker> started_;
+    worker_assignment node_;
+    std::chrono::steady_clock::time_point stop_began_ = std::chrono::steady_clock::time_point::max();
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/agent_events.hpp ----
+// ---- begin elastic/agent/local_agent.hpp ----
+// local_agent: one node's agent — hosts the workers' store, runs the worker group with
+// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
+// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
+
+// ---- begin elastic/agent/agent_log.hpp ----
+// agent_log: the agent's own messages, one format with a level and a time (torchrun's newest
+// layout), filtered by LOGLEVEL.
+
+// ---- begin elastic/agent/output.hpp ----
+// The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
+// stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
+// each line after the rank's prefix when asked.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/buffer.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <poll.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+/// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
+/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
+/// closed terminal must not stop the supervision of the workers).
+inline void write_all(int fd, std::string_view text) noexcept {
+    while (!text.empty()) {
+        const ssize_t n = ::write(fd, text.data(), text.size());
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                pollfd p{fd, POLLOUT, 0};
+                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
+                continue;
+            }
+            return;
+        }
+        text.remove_prefix(static_cast<std::size_t>(n));
+    }
+}
+
+}  // namespace detail::agent
+
+/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
+class task_latch {
+public:
+    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+        timer_.expires_at(asio::steady_timer::time_point::max());
+    }
+    void add() noexcept { ++count_; }
+    void done() noexcept {
+        if (--count_ == 0) timer_.cancel();
+    }
+    [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
+    /// held open by a process that writes nothing.
+    void progressed() noexcept { ++progress_; }
+    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
+
+    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
+    /// One latch per attempt's streams.
+    asio::awaitable<void> wait() {
+        if (count_ == 0) co_return;
+        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+    std::size_t count_ = 0;
+    std::uint64_t progress_ = 0;
+};
+
+/// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
+/// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
+/// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
+/// complete lines of a chunk go out in one write(2). A partial line waits for its end; a line
+/// longer than `max_line_bytes` is cut into pieces of that size, each ended with `\n`; at the
+/// end of the stream a partial last line is written, ended with `\n`. The agent is the only writer
+/// of every copied stream, so lines of different workers never interleave inside a line.
+class line_relay {
+public:
+    /// 64 KiB: any line a person reads fits whole; a megabyte without a newline is cut.
+    static constexpr std::size_t default_max_line_bytes = 64 * 1024;
+
+    explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
+        : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
+
+    /// The next chunk of the stream.
+    void feed(std::string_view chunk) {
+        pending_.append(chunk);
+        std::size_t start = 0;
+        for (;;) {
+            const auto at = pending_.find_first_of("\n\r", start);
+            if (at == std::string::npos) break;
+            std::size_t end = at + 1;
+            if (pending_[at] == '\r') {
+                if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
+                if (pending_[end] == '\n') ++end;
+            }
+            out_ += prefix_;
+            out_.append(pending_, start, end - start);
+            start = end;
+        }
+        while (pending_.size() - start >= max_line_bytes_) {
+            out_ += prefix_;
+            out_.append(pending_, start, max_line_bytes_);
+            out_ += '\n';
+            start += max_line_bytes_;
+        }
+        pending_.erase(0, start);
+        write_out();
+    }
+
+    /// Writes what is left (the stream ended mid-line), ended with `\n`.
+    void flush() {
+        if (pending_.empty()) return;
+        out_ += prefix_;
+        out_ += pending_;
+        out_ += '\n';
+        pending_.clear();
+        write_out();
+    }
+
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    void write_out() {
+        if (out_.empty()) return;
+        detail::agent::write_all(out_fd_, out_);
+        out_.clear();
+    }
+
+    int out_fd_;
+    std::string prefix_;
+    std::size_t max_line_bytes_;
+    std::string pending_;
+    std::string out_;
+};
+
+/// Where the bytes of one worker stream are copied (any subset).
+struct stream_copies {
+    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
+    int file_fd = -1;             ///< every byte as written: the stream's log file
+    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
+    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
+    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
+};
+
+/// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
+/// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
+/// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
+/// so a slow console slows the worker (its pipe fills) and nothing is dropped.
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
+    std::unique_ptr<line_relay> console;
+    if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
+    // 64 KiB: a full pipe's worth in one read.
+    auto buffer = std::make_unique<char[]>(65536);
+    for (;;) {
+        const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
+                                                           asio::experimental::as_tuple(asio::use_awaitable));
+        if (n > 0) {
+            const std::string_view chunk(buffer.get(), n);
+            if (copies.tail != nullptr) copies.tail->feed(chunk);
+            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
+            if (console) console->feed(chunk);
+            if (copies.progress != nullptr) copies.progress->progressed();
+        }
+        if (ec) break;
+    }
+    if (console) console->flush();
+}
+
+/// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
+/// no copy).
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/output.hpp ----
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels; WARNING by
+/// default, so a healthy run prints nothing of the agent's own). Every line of a message is
+/// written in torchrun's newest layout (PyTorch's log formatter), the launcher's name standing
+/// where torchrun names its source file:
+///
+///     W1122 12:45:07.123456 4242 elasticrun] [default] worker group failed (...); restarting
+///
+/// level letter (D, I, W, E, C), month and day, local time with microseconds, the agent's pid.
+/// A multi-line message gets the prefix on every line. The whole message is one write(2).
+class agent_log {
+public:
+    agent_log(std::string name, log_level level, int fd = 2)
+        : name_(std::move(name)), level_(level), fd_(fd), pid_(static_cast<long>(::getpid())) {}
+
+    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
+    [[nodiscard]] log_level level() const noexcept { return level_; }
+
+    void operator()(log_level level, std::string_view text) const {
+        if (!enabled(level)) return;
+        const auto now = std::chrono::system_clock::now();
+        const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+        std::tm local{};
+        ::localtime_r(&seconds, &local);
+        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+        detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
+    }
+    void debug(std::string_view text) const { (*this)(log_level::debug, text); }
+    void info(std::string_view text) const { (*this)(log_level::info, text); }
+    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
+    void error(std::string_view text) const { (*this)(log_level::error, text); }
+    void critical(std::string_view text) const { (*this)(log_level::critical, text); }
+    /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
+    /// prints its exception).
+    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+    /// The text written for one message: every line (newlines leading and trailing `text` are dropped)
+    /// as `<L><mmdd> <hh:mm:ss>.<micros> <pid> <name>] <line>\n`.
+    [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
+                                            std::string_view name, std::string_view text) {
+        static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
+        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
+                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
+                                        micros, pid, name);
+        while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+        while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
+        std::string out;
+        for (;;) {
+            const auto nl = text.find('\n');
+            out += prefix;
+            out += text.substr(0, nl);
+            out += '\n';
+            if (nl == std::string_view::npos) break;
+            text.remove_prefix(nl + 1);
+        }
+        return out;
+    }
+
+private:
+    std::string name_;
+    log_level level_;
+    int fd_;
+    long pid_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/agent_log.hpp ----
+// ---- begin elastic/agent/log_tree.hpp ----
+// log_tree: torchrun's per-rank log tree (<log_dir>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/), the
+// route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+namespace elastic::inline v0 {
+
+/// A directory or file of the log tree could not be made (exit 1, nothing lost: no worker of the
+/// attempt was started).
+class log_error : public error {
+public:
+    using error::error;
+};
+
+/// How a worker stream reaches the agent's console.
+enum class console_copy {
+    none,      ///< not at all (redirected only, or a local rank outside --local-ranks-filter)
+    raw,       ///< as the worker wrote it (no prefix): torchrun's behaviour without -r/-t
+    prefixed,  ///< whole lines, each after the rank's prefix (`[default0]:`): -t/--tee
+};
+
+/// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
+struct stream_route {
+    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
+    console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
+    friend bool operator==(const stream_route&, const stream_route&) = default;
+};
+
+/// The routes of a worker's stdout and stderr.
+struct worker_routes {
+    stream_route out;
+    stream_route err;
+    friend bool operator==(const worker_routes&, const worker_routes&) = default;
+};
+
+/// torchrun's rules (DefaultLogsSpecs.reify, newest): tee implies redirect; a redirected stream
+/// goes to its file; a tee'd one to its file and, prefixed, to the console; a stream of a local
+/// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
+/// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
+/// sends it to the console unprefixed instead), a tee'd one to the console only.
+[[nodiscard]] inline worker_routes route_streams(const worker_spec& config, int local_rank) {
+    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
+    const unsigned tee = bits(config.tee.for_rank(local_rank));
+    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
+    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
+    const auto route = [&](std_streams which) {
+        const unsigned bit = bits(which);
+        stream_route r;
+        r.file = (redirected & bit) != 0 && !config.logs_disabled();
+        if (!shown) {
+            r.console = console_copy::none;
+        } else if ((tee & bit) != 0) {
+            r.console = console_copy::prefixed;
+        } else if ((redirected & bit) != 0) {
+            r.console = console_copy::none;
+        } else {
+            r.console = console_copy::raw;
+        }
+        return r;
+    };
+    return {route(std_streams::out), route(std_streams::err)};
+}
+
+/// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
+[[nodiscard]] inline bool writes_log_files(const worker_spec& config) {
+    for (int i = 0; i < config.nproc_per_node; ++i) {
+        const auto r = route_streams(config, i);
+        if (r.out.file || r.err.file) return true;
+    }
+    return false;
+}
+
+/// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
+/// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
+/// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
+/// anything else stays as written.
+[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                   int local_rank, int rank) {
+    const auto value = [&](std::string_view name) -> std::optional<std::string> {
+        if (name == "role_name") return std::string(role_name);
+        if (name == "local_rank") return fmt::format("{}", local_rank);
+        if (name == "rank") return fmt::format("{}", rank);
+        return std::nullopt;
+    };
+    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
+    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
+    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
+    std::string out;
+    std::size_t i = 0;
+    while (i < templ.size()) {
+        const char c = templ[i];
+        if (c != '$' || i + 1 >= templ.size()) {
+            out += c;
+            ++i;
+            continue;
+        }
+        if (templ[i + 1] == '$') {
+            out += '$';
+            i += 2;
+            continue;
+        }
+        if (templ[i + 1] == '{') {
+            const auto close = templ.find('}', i + 2);
+            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
+            const bool identifier =
+                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
+            if (identifier) {
+                if (const auto v = value(name)) {
+                    out += *v;
+                    i = close + 1;
+                    continue;
+                }
+            }
+            out += c;
+            ++i;
+            continue;
+        }
+        if (starts_id(templ[i + 1])) {
+            std::size_t end = i + 2;
+            while (end < templ.size() && in_id(templ[end])) ++end;
+            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
+                out += *v;
+                i = end;
+                continue;
+            }
+        }
+        out += c;
+        ++i;
+    }
+    return out;
+}
+
+namespace detail::logs {
+
+inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
+                                    std::generic_category().message(errno),
+                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+    }
+    return pattern;
+}
+
+}  // namespace detail::logs
+
+/// One agent's log tree, torchrun's layout:
+///
+///     <base>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}
+///
+/// `<base>` is `--log-dir` (made if missing, never removed) or, without it, a new
+/// `<TMPDIR>/torchelastic_XXXXXX`. The run directory is made once per agent, at the first
+/// attempt. An attempt directory is never wiped: should `attempt_<n>` exist already (an attempt
+/// number seen twice), the attempt gets `attempt_<n>.1`, `.2`, ... instead. With `--log-dir
+/// /dev/null` the tree is disabled: nothing is ever created.
+class log_tree {
+public:
+    /// `log_dir`: `--log-dir` (nullopt: a temporary base under `temp_parent`).
+    log_tree(std::optional<std::filesystem::path> log_dir, std::string run_id, std::filesystem::path temp_parent)
+        : log_dir_(std::move(log_dir)), run_id_(std::move(run_id)), temp_parent_(std::move(temp_parent)) {}
+
+    [[nodiscard]] bool disabled() const noexcept { return log_dir_ && *log_dir_ == "/dev/null"; }
+    /// Whether the base is a temporary directory this tree made (no --log-dir).
+    [[nodiscard]] bool temporary() const noexcept { return !log_dir_; }
+    /// The run directory (`<base>/<run_id>_XXXXXX`); empty before the first attempt or when disabled.
+    [[nodiscard]] const std::filesystem::path& run_dir() const noexcept { return run_dir_; }
+    /// The base directory; empty before the first attempt or when disabled.
+    [[nodiscard]] const std::filesystem::path& base() const noexcept { return base_; }
+
+    /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
+    /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
+    /// Throws log_error.
+    std::filesystem::path make_attempt(int attempt, int local_world_size) {
+        if (disabled()) return {};
+        if (run_dir_.empty()) {
+            if (log_dir_) {
+                std::error_code ec;
+                std::filesystem::create_directories(*log_dir_, ec);
+                if (ec || !std::filesystem::is_directory(*log_dir_)) {
+                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                                ec ? ec.message() : std::string("not a directory")));
+                }
+                base_ = *log_dir_;
+            } else {
+                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
+            }
+            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
+        }
+        const auto name = fmt::format("attempt_{}", attempt);
+        std::filesystem::path dir = run_dir_ / name;
+        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
+        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
+            if (errno != EEXIST) {
+                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+            }
+            dir = run_dir_ / fmt::format("{}.{}", name, k);
+        }
+        for (int i = 0; i < local_world_size; ++i) {
+            const auto rank_dir = dir / fmt::format("{}", i);
+            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
+                throw log_error(
+                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
+            }
+        }
+        return dir;
+    }
+
+    /// Removes the temporary base with everything in it (nothing when --log-dir was given).
+    void remove_temporary() noexcept {
+        if (!temporary() || base_.empty()) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(base_, ignored);
+        base_.clear();
+        run_dir_.clear();
+    }
+
+private:
+    std::optional<std::filesystem::path> log_dir_;
+    std::string run_id_;
+    std::filesystem::path temp_parent_;
+    std::filesystem::path base_;
+    std::filesystem::path run_dir_;
+};
+
+/// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
+[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
+    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
+    if (!fd) {
+        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
+    }
+    return fd;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/log_tree.hpp ----
+// ---- begin elastic/agent/worker_output.hpp ----
+// worker_output: one worker's standard output and error for one attempt — its routes, its log
+// files, its pipes, and the relays that copy them to the tail, the files and the console.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
+/// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
+/// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
+/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
+/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
+/// start() after the spawn runs one relay per pipe.
+class worker_output {
+public:
+    /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
+    /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
+    /// and `how.err`. Throws log_error.
+    void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
+                 spawn_options& how) {
+        routes_ = route_streams(config, index);
+        prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
+        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
+        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
+        if (routes_.out.console == console_copy::raw && !out_file_) {
+            how.out = stdio::inherit();
+        } else if (routes_.out.console == console_copy::none && out_file_) {
+            how.out = stdio::descriptor(out_file_.get());
+        } else if (routes_.out.console == console_copy::none) {
+            how.out = stdio::null();
+        } else {
+            how.out = stdio::pipe();
+        }
+        how.err = stdio::pipe();
+    }
+
+    /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
+    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
+    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
+               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
+        out_pipe_ = child.take_stdout();
+        err_pipe_ = child.take_stderr();
+        const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
+        const auto prefix = [this](const stream_route& r) {
+            return r.console == console_copy::prefixed ? prefix_ : std::string();
+        };
+        if (out_pipe_) {
+            run(executor, relays, keep_alive, *out_pipe_,
+                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
+        }
+        if (err_pipe_) {
+            run(executor, relays, keep_alive, *err_pipe_,
+                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
+        }
+    }
+
+    /// Closes the pipes (a relay pending on one ends): for pipes a descendant of the worker holds
+    /// open after the worker's group ended.
+    void close() noexcept {
+        std::error_code ignored;
+        if (out_pipe_) out_pipe_->close(ignored);
+        if (err_pipe_) err_pipe_->close(ignored);
+    }
+
+    [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
+                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
+        relays.add();
+        asio::co_spawn(
+            executor,
+            [keep_alive, &pipe, copies = std::move(copies)]() mutable -> asio::awaitable<void> {
+                co_await relay_stream(pipe, std::move(copies));
+            },
+            [keep_alive, &relays](std::exception_ptr) { relays.done(); });
+    }
+
+    worker_routes routes_;
+    std::string prefix_;
+    detail::owned_fd out_file_;
+    detail::owned_fd err_file_;
+    std::optional<asio::posix::stream_descriptor> out_pipe_;
+    std::optional<asio::posix::stream_descriptor> err_pipe_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_output.hpp ----
+// ---- begin elastic/rendezvous/tcp_rendezvous.hpp ----
+// tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
+// is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
+
+// ---- begin elastic/rendezvous/store_rendezvous.hpp ----
+// store_rendezvous: the fixed-membership rendezvous over any `store` model (docs/rendezvous.md):
+// per-node keys, O(1) store operations per node per round, waiting by store notification.
 
 // ---- begin elastic/rendezvous/concepts.hpp ----
 // The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
@@ -12955,33 +14212,6 @@ concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_dec
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/concepts.hpp ----
-// ---- begin elastic/rendezvous/error.hpp ----
-// elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
-// that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
-
-
-namespace elastic::inline v0 {
-
-/// The rendezvous failed: the message names what was awaited (which nodes, which key, for how
-/// long) and the remedy. No worker of the failed round was started.
-class rendezvous_error : public error {
-public:
-    using error::error;
-};
-
-/// The job ended while this node waited as a standby (its round was full): not a failure;
-/// elasticrun exits 0 with the message.
-class rendezvous_closed : public rendezvous_error {
-public:
-    using rendezvous_error::rendezvous_error;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/rendezvous/error.hpp ----
-// ---- begin elastic/rendezvous/store_rendezvous.hpp ----
-// store_rendezvous: the fixed-membership rendezvous over any `store` model (docs/rendezvous.md):
-// per-node keys, O(1) store operations per node per round, waiting by store notification.
-
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -14430,10 +15660,6 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/store_rendezvous.hpp ----
-// ---- begin elastic/rendezvous/tcp_rendezvous.hpp ----
-// tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
-// is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
-
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -15057,1187 +16283,6 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/tcp_rendezvous.hpp ----
-// ---- end elastic/rendezvous.hpp ----
-// ---- begin elastic/agent.hpp ----
-// The agent layer: one node's agent (local_agent), the worker environment contract, the
-// workers' output (log tree, relays, prefixes), the agent's log, and elastic::run — a launcher in
-// one call.
-
-// ---- begin elastic/agent/agent_log.hpp ----
-// agent_log: the agent's own messages, one format with a level and a time (torchrun's newest
-// layout), filtered by LOGLEVEL.
-
-// ---- begin elastic/agent/output.hpp ----
-// The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
-// stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
-// each line after the rank's prefix when asked.
-
-
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/buffer.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <poll.h>
-#include <unistd.h>
-
-namespace elastic::inline v0 {
-
-namespace detail::agent {
-
-/// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
-/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
-/// closed terminal must not stop the supervision of the workers).
-inline void write_all(int fd, std::string_view text) noexcept {
-    while (!text.empty()) {
-        const ssize_t n = ::write(fd, text.data(), text.size());
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                pollfd p{fd, POLLOUT, 0};
-                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
-                continue;
-            }
-            return;
-        }
-        text.remove_prefix(static_cast<std::size_t>(n));
-    }
-}
-
-}  // namespace detail::agent
-
-/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
-/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
-class task_latch {
-public:
-    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
-        timer_.expires_at(asio::steady_timer::time_point::max());
-    }
-    void add() noexcept { ++count_; }
-    void done() noexcept {
-        if (--count_ == 0) timer_.cancel();
-    }
-    [[nodiscard]] std::size_t count() const noexcept { return count_; }
-    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
-    /// held open by a process that writes nothing.
-    void progressed() noexcept { ++progress_; }
-    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
-
-    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
-    /// One latch per attempt's streams.
-    asio::awaitable<void> wait() {
-        if (count_ == 0) co_return;
-        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    }
-
-private:
-    asio::steady_timer timer_;
-    std::size_t count_ = 0;
-    std::uint64_t progress_ = 0;
-};
-
-/// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
-/// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
-/// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
-/// complete lines of a chunk go out in one write(2). A partial line waits for its end; a line
-/// longer than `max_line_bytes` is cut into pieces of that size, each ended with `\n`; at the
-/// end of the stream a partial last line is written, ended with `\n`. The agent is the only writer
-/// of every copied stream, so lines of different workers never interleave inside a line.
-class line_relay {
-public:
-    /// 64 KiB: any line a person reads fits whole; a megabyte without a newline is cut.
-    static constexpr std::size_t default_max_line_bytes = 64 * 1024;
-
-    explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
-        : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
-
-    /// The next chunk of the stream.
-    void feed(std::string_view chunk) {
-        pending_.append(chunk);
-        std::size_t start = 0;
-        for (;;) {
-            const auto at = pending_.find_first_of("\n\r", start);
-            if (at == std::string::npos) break;
-            std::size_t end = at + 1;
-            if (pending_[at] == '\r') {
-                if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
-                if (pending_[end] == '\n') ++end;
-            }
-            out_ += prefix_;
-            out_.append(pending_, start, end - start);
-            start = end;
-        }
-        while (pending_.size() - start >= max_line_bytes_) {
-            out_ += prefix_;
-            out_.append(pending_, start, max_line_bytes_);
-            out_ += '\n';
-            start += max_line_bytes_;
-        }
-        pending_.erase(0, start);
-        write_out();
-    }
-
-    /// Writes what is left (the stream ended mid-line), ended with `\n`.
-    void flush() {
-        if (pending_.empty()) return;
-        out_ += prefix_;
-        out_ += pending_;
-        out_ += '\n';
-        pending_.clear();
-        write_out();
-    }
-
-    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
-
-private:
-    void write_out() {
-        if (out_.empty()) return;
-        detail::agent::write_all(out_fd_, out_);
-        out_.clear();
-    }
-
-    int out_fd_;
-    std::string prefix_;
-    std::size_t max_line_bytes_;
-    std::string pending_;
-    std::string out_;
-};
-
-/// Where the bytes of one worker stream are copied (any subset).
-struct stream_copies {
-    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
-    int file_fd = -1;             ///< every byte as written: the stream's log file
-    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
-    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
-    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
-};
-
-/// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
-/// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
-/// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
-/// so a slow console slows the worker (its pipe fills) and nothing is dropped.
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
-    std::unique_ptr<line_relay> console;
-    if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
-    // 64 KiB: a full pipe's worth in one read.
-    auto buffer = std::make_unique<char[]>(65536);
-    for (;;) {
-        const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
-                                                           asio::experimental::as_tuple(asio::use_awaitable));
-        if (n > 0) {
-            const std::string_view chunk(buffer.get(), n);
-            if (copies.tail != nullptr) copies.tail->feed(chunk);
-            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
-            if (console) console->feed(chunk);
-            if (copies.progress != nullptr) copies.progress->progressed();
-        }
-        if (ec) break;
-    }
-    if (console) console->flush();
-}
-
-/// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
-/// no copy).
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/output.hpp ----
-
-#include <fmt/format.h>
-
-#include <chrono>
-#include <ctime>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <unistd.h>
-
-namespace elastic::inline v0 {
-
-/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels; WARNING by
-/// default, so a healthy run prints nothing of the agent's own). Every line of a message is
-/// written in torchrun's newest layout (PyTorch's log formatter), the launcher's name standing
-/// where torchrun names its source file:
-///
-///     W1122 12:45:07.123456 4242 elasticrun] [default] worker group failed (...); restarting
-///
-/// level letter (D, I, W, E, C), month and day, local time with microseconds, the agent's pid.
-/// A multi-line message gets the prefix on every line. The whole message is one write(2).
-class agent_log {
-public:
-    agent_log(std::string name, log_level level, int fd = 2)
-        : name_(std::move(name)), level_(level), fd_(fd), pid_(static_cast<long>(::getpid())) {}
-
-    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
-    [[nodiscard]] log_level level() const noexcept { return level_; }
-
-    void operator()(log_level level, std::string_view text) const {
-        if (!enabled(level)) return;
-        const auto now = std::chrono::system_clock::now();
-        const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-        std::tm local{};
-        ::localtime_r(&seconds, &local);
-        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
-        detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
-    }
-    void debug(std::string_view text) const { (*this)(log_level::debug, text); }
-    void info(std::string_view text) const { (*this)(log_level::info, text); }
-    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
-    void error(std::string_view text) const { (*this)(log_level::error, text); }
-    void critical(std::string_view text) const { (*this)(log_level::critical, text); }
-    /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
-    /// prints its exception).
-    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
-
-    [[nodiscard]] const std::string& name() const noexcept { return name_; }
-
-    /// The text written for one message: every line (newlines leading and trailing `text` are dropped)
-    /// as `<L><mmdd> <hh:mm:ss>.<micros> <pid> <name>] <line>\n`.
-    [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
-                                            std::string_view name, std::string_view text) {
-        static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
-        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
-                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
-                                        micros, pid, name);
-        while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
-        while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
-        std::string out;
-        for (;;) {
-            const auto nl = text.find('\n');
-            out += prefix;
-            out += text.substr(0, nl);
-            out += '\n';
-            if (nl == std::string_view::npos) break;
-            text.remove_prefix(nl + 1);
-        }
-        return out;
-    }
-
-private:
-    std::string name_;
-    log_level level_;
-    int fd_;
-    long pid_;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/agent_log.hpp ----
-// ---- begin elastic/agent/local_agent.hpp ----
-// local_agent: one node's agent — hosts the workers' store, runs the worker group with
-// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
-// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
-
-// ---- begin elastic/agent/log_tree.hpp ----
-// log_tree: torchrun's per-rank log tree (<log_dir>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/), the
-// route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
-
-
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-
-#include <fcntl.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-
-namespace elastic::inline v0 {
-
-/// A directory or file of the log tree could not be made (exit 1, nothing lost: no worker of the
-/// attempt was started).
-class log_error : public error {
-public:
-    using error::error;
-};
-
-/// How a worker stream reaches the agent's console.
-enum class console_copy {
-    none,      ///< not at all (redirected only, or a local rank outside --local-ranks-filter)
-    raw,       ///< as the worker wrote it (no prefix): torchrun's behaviour without -r/-t
-    prefixed,  ///< whole lines, each after the rank's prefix (`[default0]:`): -t/--tee
-};
-
-/// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
-struct stream_route {
-    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
-    console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
-    friend bool operator==(const stream_route&, const stream_route&) = default;
-};
-
-/// The routes of a worker's stdout and stderr.
-struct worker_routes {
-    stream_route out;
-    stream_route err;
-    friend bool operator==(const worker_routes&, const worker_routes&) = default;
-};
-
-/// torchrun's rules (DefaultLogsSpecs.reify, newest): tee implies redirect; a redirected stream
-/// goes to its file; a tee'd one to its file and, prefixed, to the console; a stream of a local
-/// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
-/// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
-/// sends it to the console unprefixed instead), a tee'd one to the console only.
-[[nodiscard]] inline worker_routes route_streams(const launch_config& config, int local_rank) {
-    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
-    const unsigned tee = bits(config.tee.for_rank(local_rank));
-    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
-    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
-    const auto route = [&](std_streams which) {
-        const unsigned bit = bits(which);
-        stream_route r;
-        r.file = (redirected & bit) != 0 && !config.logs_disabled();
-        if (!shown) {
-            r.console = console_copy::none;
-        } else if ((tee & bit) != 0) {
-            r.console = console_copy::prefixed;
-        } else if ((redirected & bit) != 0) {
-            r.console = console_copy::none;
-        } else {
-            r.console = console_copy::raw;
-        }
-        return r;
-    };
-    return {route(std_streams::out), route(std_streams::err)};
-}
-
-/// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
-[[nodiscard]] inline bool writes_log_files(const launch_config& config) {
-    for (int i = 0; i < config.nproc_per_node; ++i) {
-        const auto r = route_streams(config, i);
-        if (r.out.file || r.err.file) return true;
-    }
-    return false;
-}
-
-/// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
-/// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
-/// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
-/// anything else stays as written.
-[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
-                                                   int local_rank, int rank) {
-    const auto value = [&](std::string_view name) -> std::optional<std::string> {
-        if (name == "role_name") return std::string(role_name);
-        if (name == "local_rank") return fmt::format("{}", local_rank);
-        if (name == "rank") return fmt::format("{}", rank);
-        return std::nullopt;
-    };
-    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
-    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
-    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
-    std::string out;
-    std::size_t i = 0;
-    while (i < templ.size()) {
-        const char c = templ[i];
-        if (c != '$' || i + 1 >= templ.size()) {
-            out += c;
-            ++i;
-            continue;
-        }
-        if (templ[i + 1] == '$') {
-            out += '$';
-            i += 2;
-            continue;
-        }
-        if (templ[i + 1] == '{') {
-            const auto close = templ.find('}', i + 2);
-            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
-            const bool identifier =
-                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
-            if (identifier) {
-                if (const auto v = value(name)) {
-                    out += *v;
-                    i = close + 1;
-                    continue;
-                }
-            }
-            out += c;
-            ++i;
-            continue;
-        }
-        if (starts_id(templ[i + 1])) {
-            std::size_t end = i + 2;
-            while (end < templ.size() && in_id(templ[end])) ++end;
-            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
-                out += *v;
-                i = end;
-                continue;
-            }
-        }
-        out += c;
-        ++i;
-    }
-    return out;
-}
-
-namespace detail::logs {
-
-inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
-                                    std::generic_category().message(errno),
-                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
-    }
-    return pattern;
-}
-
-}  // namespace detail::logs
-
-/// One agent's log tree, torchrun's layout:
-///
-///     <base>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}
-///
-/// `<base>` is `--log-dir` (made if missing, never removed) or, without it, a new
-/// `<TMPDIR>/torchelastic_XXXXXX`. The run directory is made once per agent, at the first
-/// attempt. An attempt directory is never wiped: should `attempt_<n>` exist already (an attempt
-/// number seen twice), the attempt gets `attempt_<n>.1`, `.2`, ... instead. With `--log-dir
-/// /dev/null` the tree is disabled: nothing is ever created.
-class log_tree {
-public:
-    /// `log_dir`: `--log-dir` (nullopt: a temporary base under `temp_parent`).
-    log_tree(std::optional<std::filesystem::path> log_dir, std::string run_id, std::filesystem::path temp_parent)
-        : log_dir_(std::move(log_dir)), run_id_(std::move(run_id)), temp_parent_(std::move(temp_parent)) {}
-
-    [[nodiscard]] bool disabled() const noexcept { return log_dir_ && *log_dir_ == "/dev/null"; }
-    /// Whether the base is a temporary directory this tree made (no --log-dir).
-    [[nodiscard]] bool temporary() const noexcept { return !log_dir_; }
-    /// The run directory (`<base>/<run_id>_XXXXXX`); empty before the first attempt or when disabled.
-    [[nodiscard]] const std::filesystem::path& run_dir() const noexcept { return run_dir_; }
-    /// The base directory; empty before the first attempt or when disabled.
-    [[nodiscard]] const std::filesystem::path& base() const noexcept { return base_; }
-
-    /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
-    /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
-    /// Throws log_error.
-    std::filesystem::path make_attempt(int attempt, int local_world_size) {
-        if (disabled()) return {};
-        if (run_dir_.empty()) {
-            if (log_dir_) {
-                std::error_code ec;
-                std::filesystem::create_directories(*log_dir_, ec);
-                if (ec || !std::filesystem::is_directory(*log_dir_)) {
-                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
-                                                ec ? ec.message() : std::string("not a directory")));
-                }
-                base_ = *log_dir_;
-            } else {
-                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
-            }
-            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
-        }
-        const auto name = fmt::format("attempt_{}", attempt);
-        std::filesystem::path dir = run_dir_ / name;
-        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
-        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
-            if (errno != EEXIST) {
-                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
-            }
-            dir = run_dir_ / fmt::format("{}.{}", name, k);
-        }
-        for (int i = 0; i < local_world_size; ++i) {
-            const auto rank_dir = dir / fmt::format("{}", i);
-            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-                throw log_error(
-                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
-            }
-        }
-        return dir;
-    }
-
-    /// Removes the temporary base with everything in it (nothing when --log-dir was given).
-    void remove_temporary() noexcept {
-        if (!temporary() || base_.empty()) return;
-        std::error_code ignored;
-        std::filesystem::remove_all(base_, ignored);
-        base_.clear();
-        run_dir_.clear();
-    }
-
-private:
-    std::optional<std::filesystem::path> log_dir_;
-    std::string run_id_;
-    std::filesystem::path temp_parent_;
-    std::filesystem::path base_;
-    std::filesystem::path run_dir_;
-};
-
-/// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
-[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
-    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
-    if (!fd) {
-        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
-    }
-    return fd;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/log_tree.hpp ----
-// ---- begin elastic/agent/agent_events.hpp ----
-// agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
-// worker started, worker exited, policy decision, restart, final worker status, shutdown) —
-// and how an exception that ends the agent maps to elasticrun's exit code.
-
-// ---- begin elastic/agent/worker_environment.hpp ----
-// The environment the agent gives each worker: torchrun's worker contract, name for
-// name and meaning for meaning, on top of the agent's own environment.
-
-
-#include <fmt/format.h>
-
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// Where one worker stands in the job: its ranks and the sizes around it.
-struct worker_assignment {
-    int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
-    int global_rank = 0;       ///< RANK
-    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
-    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
-    int world_size = 1;        ///< WORLD_SIZE
-    int role_world_size = 1;   ///< ROLE_WORLD_SIZE
-    int group_rank = 0;        ///< GROUP_RANK: this agent's rank in the rendezvous round
-    int group_world_size = 1;  ///< GROUP_WORLD_SIZE: agents in the round
-};
-
-/// What changes from one attempt of the group to the next.
-struct attempt_settings {
-    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
-    std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
-    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
-};
-
-/// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
-/// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
-[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
-                                                     int group_rank = 0, int group_world_size = 1) {
-    worker_assignment a;
-    a.local_rank = local_rank;
-    a.local_world_size = nproc_per_node;
-    a.group_rank = group_rank;
-    a.group_world_size = group_world_size;
-    a.global_rank = group_rank * nproc_per_node + local_rank;
-    a.role_rank = a.global_rank;
-    a.world_size = group_world_size * nproc_per_node;
-    a.role_world_size = a.world_size;
-    return a;
-}
-
-/// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
-[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
-    std::string out;
-    for (const int s : signals) {
-        out += (out.empty() ? "" : ",") + signal_to_string(s);
-    }
-    return out;
-}
-
-/// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
-/// not set and more than one worker runs on the node (each would otherwise start one OpenMP
-/// thread per core), and says so with omp_warning().
-[[nodiscard]] inline bool sets_omp_num_threads(const launch_config& config, const environment& agent_env) {
-    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
-}
-
-/// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
-[[nodiscard]] inline std::string omp_warning() {
-    return "\n*****************************************\n"
-           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
-           "avoid your system being overloaded, please further tune the variable for optimal "
-           "performance in your application as needed. \n"
-           "*****************************************";
-}
-
-/// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
-/// torchrun's `os.environ.copy()`), then the contract:
-///
-/// LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE,
-/// GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
-/// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True (the
-/// workers' store is the one the agent hosts: clients only), TORCHELASTIC_ERROR_FILE,
-/// TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING (the inherited value, else 1;
-/// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
-/// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
-/// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
-[[nodiscard]] inline environment worker_environment(const launch_config& config, const environment& agent_env,
-                                                    const worker_assignment& a, const attempt_settings& attempt) {
-    environment env = agent_env;
-    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
-    const auto number = [](long long v) { return fmt::format("{}", v); };
-    set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
-    set("RANK", number(a.global_rank));
-    set("GROUP_RANK", number(a.group_rank));
-    set("ROLE_RANK", number(a.role_rank));
-    set("ROLE_NAME", config.role);
-    set("LOCAL_WORLD_SIZE", number(a.local_world_size));
-    set("WORLD_SIZE", number(a.world_size));
-    set("GROUP_WORLD_SIZE", number(a.group_world_size));
-    set("ROLE_WORLD_SIZE", number(a.role_world_size));
-    set("MASTER_ADDR", attempt.master_addr);
-    set("MASTER_PORT", number(attempt.master_port));
-    set("TORCHELASTIC_RESTART_COUNT", number(attempt.restart_count));
-    set("TORCHELASTIC_MAX_RESTARTS", number(config.max_restarts));
-    set("TORCHELASTIC_RUN_ID", config.rdzv_id);
-    set("TORCHELASTIC_USE_AGENT_STORE", "True");
-    set("TORCHELASTIC_ERROR_FILE", attempt.error_file);
-    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
-        if (const auto it = agent_env.find(name); it == agent_env.end()) {
-            set(name, "1");
-        }
-    }
-    set("TORCHELASTIC_SIGNALS_TO_HANDLE", signals_text(config.signals_to_handle));
-    if (sets_omp_num_threads(config, agent_env)) {
-        set("OMP_NUM_THREADS", "1");
-    }
-    if (config.virtual_local_rank) {
-        // torchrun (PR #166680): the worker sees one device, its own; an inherited list is
-        // indexed by the local rank.
-        std::string device = number(a.local_rank);
-        if (const auto it = agent_env.find("CUDA_VISIBLE_DEVICES"); it != agent_env.end() && !it->second.empty()) {
-            std::vector<std::string> ids;
-            std::string_view rest = it->second;
-            for (;;) {
-                const auto comma = rest.find(',');
-                ids.emplace_back(rest.substr(0, comma));
-                if (comma == std::string_view::npos) break;
-                rest.remove_prefix(comma + 1);
-            }
-            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
-        }
-        set("CUDA_VISIBLE_DEVICES", device);
-    }
-    return env;
-}
-
-/// An environment as execve's "NAME=value" entries.
-[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
-    std::vector<std::string> out;
-    out.reserve(env.size());
-    for (const auto& [name, value] : env) {
-        out.push_back(name + "=" + value);
-    }
-    return out;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/worker_environment.hpp ----
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
-#include <typeinfo>
-#include <utility>
-#include <vector>
-
-#include <cxxabi.h>
-#include <unistd.h>
-
-namespace elastic::inline v0 {
-
-namespace detail::agent {
-
-/// What ends the agent when an exception escapes it: elasticrun's exit code, the error's type
-/// as an error file names it, and its message.
-struct agent_exception {
-    int exit_code = exit_codes::internal;
-    std::string type;
-    std::string what;
-};
-
-inline std::string readable_type_name(const std::type_info& type) {
-    int status = 0;
-    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
-    std::string name = readable != nullptr ? readable : type.name();
-    std::free(readable);
-    // The versioned inline namespace is an implementation detail: elastic::agent_error.
-    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
-        name.erase(at, 4);
-    }
-    return name;
-}
-
-/// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
-/// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
-inline agent_exception classify_exception(const std::exception_ptr& failure) {
-    agent_exception out;
-    try {
-        std::rethrow_exception(failure);
-    } catch (const usage_error& e) {
-        out = {exit_codes::usage, "elastic::usage_error", e.what()};
-    } catch (const rendezvous_error& e) {
-        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
-    } catch (const std::exception& e) {
-        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
-    } catch (...) {
-        out = {exit_codes::internal, "<unknown exception>",
-               "an exception that is not a std::exception carries no message"};
-    }
-    return out;
-}
-
-inline std::string host_name_for_events() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-    return name;
-}
-
-}  // namespace detail::agent
-
-/// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
-///
-///   elastic.rendezvous.done       AGENT   each attempt's round (run id, restart count, ranks)
-///   elastic.worker.started        WORKER  each worker (local and global rank, pid)
-///   elastic.worker.exited         WORKER  each worker, in the order the agent observed the
-///                                         exits, stamped with that observation
-///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
-///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
-///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group ends for good
-///                                         (FAILED/TERMINATED, or SUCCEEDED)
-///   elastic.agent.shutdown        AGENT   the exit code and the reason
-///
-/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
-/// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
-/// comma-separated text. With the null handler nothing is built.
-class agent_events {
-public:
-    /// The null log.
-    agent_events() = default;
-
-    /// Opens the destination config.event_log_handler names. Throws usage_error (nothing has
-    /// started yet) when the file cannot be opened.
-    explicit agent_events(const launch_config& config)
-        : run_id_(config.rdzv_id),
-          role_(config.role),
-          entry_point_(config.program.target),
-          rdzv_backend_(to_string(config.rdzv_backend)) {
-        try {
-            sink_ = event_sink(config.event_log_handler);
-        } catch (const report_error& e) {
-            throw usage_error{fmt::format("--event-log-handler={}: {}", config.event_log_handler.to_string(), e.what())};
-        }
-        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
-    }
-
-    [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
-    [[nodiscard]] event_sink& sink() noexcept { return sink_; }
-
-    /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
-    /// store its workers use. Also forgets the previous attempt's workers.
-    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
-                         std::uint16_t master_port) noexcept {
-        started_.clear();
-        stop_began_ = std::chrono::steady_clock::time_point::max();
-        node_ = node;
-        if (!enabled()) return;
-        record_agent("elastic.rendezvous.done", [&](json& m) {
-            m["restart_count"] = restarts;
-            m["group_rank"] = node.group_rank;
-            m["group_world_size"] = node.group_world_size;
-            m["local_world_size"] = node.local_world_size;
-            m["world_size"] = node.world_size;
-            m["rdzv_backend"] = rdzv_backend_;
-            m["master_addr"] = std::string(master_addr);
-            m["master_port"] = master_port;
-        });
-    }
-
-    /// A worker runs.
-    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
-        try {
-            started_.push_back({pid, a.local_rank, a.global_rank});
-        } catch (...) {
-            return;
-        }
-        if (!enabled()) return;
-        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-                      [&](json& m) {
-                          m["restart_count"] = restarts;
-                          m["local_rank"] = a.local_rank;
-                          m["global_rank"] = a.global_rank;
-                          m["pid"] = pid;
-                      });
-    }
-
-    /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
-    /// observed from now on are the agent's doing. The first call of an attempt counts.
-    void stopping_group() noexcept {
-        if (stop_began_ == std::chrono::steady_clock::time_point::max()) stop_began_ = std::chrono::steady_clock::now();
-    }
-
-    /// Every observed exit of the attempt's workers, oldest first, each stamped with the moment
-    /// the agent observed it. An exit observed before stopping_group() is the worker's own:
-    /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
-    /// summary counts them.
-    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
-        if (!enabled()) return;
-        const auto stop_began = stop_began_;
-        try {
-            std::vector<const child_process*> ended;
-            for (const auto& w : workers) {
-                if (w.status()) ended.push_back(&w);
-            }
-            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
-                return a->status()->steady_time < b->status()->steady_time;
-            });
-            for (const auto* w : ended) {
-                const auto& s = *w->status();
-                const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
-                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
-                    m["restart_count"] = restarts;
-                    m["local_rank"] = who.local_rank;
-                    m["global_rank"] = who.global_rank;
-                    m["pid"] = static_cast<long>(w->pid());
-                    m["state"] = state;
-                    m["exitcode"] = s.returncode();
-                    m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
-                    m["core_dumped"] = s.core_dumped;
-                });
-            }
-        } catch (...) {
-        }
-    }
-
-    /// The restart policy answered after a failed attempt.
-    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
-        try {
-            const auto* root = failure.root_cause();
-            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
-                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
-                                          decided.reason);
-            if (!enabled()) return;
-            record_agent("elastic.policy.decision", [&](json& m) {
-                m["restart_count"] = failure.restarts;
-                m["action"] = decided.restart() ? "restart" : "stop";
-                m["reason"] = decided.reason;
-                m["failed_global_ranks"] = join(failure.failed_global_ranks());
-                m["healthy_for_ms"] = static_cast<std::int64_t>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
-                if (root != nullptr) {
-                    m["root_cause_global_rank"] = root->global_rank;
-                    m["root_cause_local_rank"] = root->local_rank;
-                    m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.torch_exitcode();
-                    m["root_cause"] = failure_headline(*root);
-                } else {
-                    m["root_cause"] = nullptr;
-                }
-            });
-        } catch (...) {
-        }
-    }
-
-    /// The agent received `signal` while the policy was deciding: no decision.
-    void decision_interrupted(int restarts, int signal) noexcept {
-        received_signal(signal);
-        if (!enabled()) return;
-        record_agent("elastic.policy.decision", [&](json& m) {
-            m["restart_count"] = restarts;
-            m["action"] = "interrupted";
-            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
-        });
-    }
-
-    /// The agent received `signal` and stops the group; the shutdown event says so.
-    void received_signal(int signal) noexcept {
-        stopping_group();
-        try {
-            pending_reason_ = fmt::format("received {}", signal_name(signal));
-        } catch (...) {
-        }
-    }
-
-    /// The group starts again; `restarts` is the new restart count.
-    void restart(int restarts) noexcept {
-        if (!enabled()) return;
-        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
-    }
-
-    /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
-    /// the group fails for good, stamped now (torch records them at the end of the run; its
-    /// total_run_time counts whole seconds since the agent started).
-    void final_status(const group_failure& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(failure.restarts,
-                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
-            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
-        } catch (...) {
-        }
-    }
-
-    /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
-    /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
-    /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
-    /// failure reports carry it (empty: the host name).
-    void final_success(int restarts, std::string_view host) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
-            auto workers = started_;
-            std::stable_sort(workers.begin(), workers.end(),
-                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
-            const auto now = std::chrono::system_clock::now();
-            for (const auto& w : workers) {
-                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
-            }
-        } catch (...) {
-        }
-    }
-
-    /// The agent ends with `exit_code`.
-    void shutdown(int exit_code) noexcept {
-        if (!enabled()) return;
-        std::string reason;
-        try {
-            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
-        } catch (...) {
-        }
-        record_agent("elastic.agent.shutdown", [&](json& m) {
-            m["exit_code"] = exit_code;
-            m["reason"] = reason;
-        });
-    }
-
-    /// The agent ends because `failure` escaped it (a rendezvous or internal error).
-    void shutdown(const std::exception_ptr& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto e = detail::agent::classify_exception(failure);
-            record_agent("elastic.agent.shutdown", [&](json& m) {
-                m["exit_code"] = e.exit_code;
-                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
-                              : e.exit_code == exit_codes::usage   ? "usage error"
-                                                                   : "internal error";
-                m["error_type"] = e.type;
-                m["message"] = e.what;
-            });
-        } catch (...) {
-        }
-    }
-
-private:
-    using json = nlohmann::ordered_json;
-
-    struct started_worker {
-        long pid = 0;
-        int local_rank = -1;
-        int global_rank = -1;
-    };
-
-    // What every worker status event of this node says about the run.
-    worker_event_context status_context(int restarts, std::string hostname) const {
-        worker_event_context ctx;
-        ctx.run_id = run_id_;
-        ctx.entry_point = entry_point_;
-        ctx.rdzv_backend = rdzv_backend_;
-        ctx.agent_restarts = restarts;
-        ctx.total_run_time =
-            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
-        ctx.hostname = std::move(hostname);
-        ctx.group_rank = node_.group_rank;
-        ctx.group_world_size = node_.group_world_size;
-        ctx.role_world_size = node_.role_world_size;
-        return ctx;
-    }
-
-    started_worker find_started(long pid) const {
-        for (const auto& s : started_) {
-            if (s.pid == pid) return s;
-        }
-        return {pid, -1, -1};
-    }
-
-    static std::string join(const std::vector<int>& values) {
-        std::string out;
-        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
-        return out;
-    }
-
-    json common() const {
-        json m = json::object();
-        m["run_id"] = run_id_;
-        m["role"] = role_;
-        m["hostname"] = hostname_;
-        return m;
-    }
-
-    template <class Fill>
-    void record_agent(std::string name, Fill fill) noexcept {
-        record(std::move(name), event_source::agent, std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-               fill);
-    }
-
-    template <class Fill>
-    void record_worker(std::string name, std::chrono::steady_clock::time_point steady,
-                       std::chrono::system_clock::time_point wall, Fill fill) noexcept {
-        record(std::move(name), event_source::worker, steady, wall, fill);
-    }
-
-    template <class Fill>
-    void record(std::string name, event_source source, std::chrono::steady_clock::time_point steady,
-                std::chrono::system_clock::time_point wall, Fill& fill) noexcept {
-        try {
-            event e;
-            e.name = std::move(name);
-            e.source = source;
-            e.metadata = common();
-            fill(e.metadata);
-            sink_.record(std::move(e), steady, wall);
-        } catch (...) {
-        }
-    }
-
-    event_sink sink_;
-    std::string run_id_;
-    std::string role_;
-    std::string entry_point_;
-    std::string rdzv_backend_;
-    std::string hostname_;
-    std::string pending_reason_ = "the agent stopped";
-    std::vector<started_worker> started_;
-    worker_assignment node_;
-    std::chrono::steady_clock::time_point stop_began_ = std::chrono::steady_clock::time_point::max();
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/agent_events.hpp ----
-// ---- begin elastic/agent/worker_output.hpp ----
-// worker_output: one worker's standard output and error for one attempt — its routes, its log
-// files, its pipes, and the relays that copy them to the tail, the files and the console.
-
-
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-
-#include <exception>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <string>
-#include <system_error>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
-/// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
-/// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
-/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
-/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
-/// start() after the spawn runs one relay per pipe.
-class worker_output {
-public:
-    /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
-    /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
-    /// and `how.err`. Throws log_error.
-    void prepare(const launch_config& config, int index, int global_rank, const std::filesystem::path& rank_dir,
-                 spawn_options& how) {
-        routes_ = route_streams(config, index);
-        prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
-        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
-        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
-        if (routes_.out.console == console_copy::raw && !out_file_) {
-            how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && out_file_) {
-            how.out = stdio::descriptor(out_file_.get());
-        } else if (routes_.out.console == console_copy::none) {
-            how.out = stdio::null();
-        } else {
-            how.out = stdio::pipe();
-        }
-        how.err = stdio::pipe();
-    }
-
-    /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
-    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
-    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
-               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
-        out_pipe_ = child.take_stdout();
-        err_pipe_ = child.take_stderr();
-        const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
-        const auto prefix = [this](const stream_route& r) {
-            return r.console == console_copy::prefixed ? prefix_ : std::string();
-        };
-        if (out_pipe_) {
-            run(executor, relays, keep_alive, *out_pipe_,
-                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
-        }
-        if (err_pipe_) {
-            run(executor, relays, keep_alive, *err_pipe_,
-                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
-        }
-    }
-
-    /// Closes the pipes (a relay pending on one ends): for pipes a descendant of the worker holds
-    /// open after the worker's group ended.
-    void close() noexcept {
-        std::error_code ignored;
-        if (out_pipe_) out_pipe_->close(ignored);
-        if (err_pipe_) err_pipe_->close(ignored);
-    }
-
-    [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
-    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
-
-private:
-    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
-                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
-        relays.add();
-        asio::co_spawn(
-            executor,
-            [keep_alive, &pipe, copies = std::move(copies)]() mutable -> asio::awaitable<void> {
-                co_await relay_stream(pipe, std::move(copies));
-            },
-            [keep_alive, &relays](std::exception_ptr) { relays.done(); });
-    }
-
-    worker_routes routes_;
-    std::string prefix_;
-    detail::owned_fd out_file_;
-    detail::owned_fd err_file_;
-    std::optional<asio::posix::stream_descriptor> out_pipe_;
-    std::optional<asio::posix::stream_descriptor> err_pipe_;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/worker_output.hpp ----
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -16326,14 +16371,14 @@ struct store_plan {
     std::string master_addr;
 };
 
-inline store_plan plan_store(const launch_config& c) {
-    const auto endpoint = c.rendezvous_endpoint();
+inline store_plan plan_store(const rendezvous_parameters& c) {
+    const auto& endpoint = c.endpoint;
     store_plan plan;
-    if (uses_node_rendezvous(c.rendezvous())) {
+    if (uses_node_rendezvous(c)) {
         // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
         // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
         // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
-        const auto where = advertise(c.rendezvous());
+        const auto where = advertise(c);
         plan.bind_host = where.bind_host;
         plan.master_addr = where.addr;
         return plan;
@@ -16341,11 +16386,7 @@ inline store_plan plan_store(const launch_config& c) {
     // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
     // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
     // c10d: the endpoint's port (0 under --standalone).
-    if (c.rdzv_backend == rendezvous_backend::static_) {
-        plan.port = (c.master_port || c.rdzv_endpoint) ? endpoint.port.value_or(0) : 0;
-    } else {
-        plan.port = endpoint.port.value_or(0);
-    }
+    plan.port = c.port_given ? endpoint.port.value_or(0) : 0;
     if (rdzv::is_loopback(endpoint.host)) {
         // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
         // advertise the literal.
@@ -16367,22 +16408,22 @@ inline std::string nnodes_text(const node_range& n) {
 
 /// Refuses, before anything starts, what this agent does not implement yet (a later issue
 /// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
-inline void check_supported(const launch_config& c) {
+inline void check_supported(const rendezvous_parameters& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
-    if (c.nnodes.min != c.nnodes.max && c.rdzv_backend == rendezvous_backend::static_) {
+    if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
         throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
                                       "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
                                       nnodes_text(c.nnodes), c.nnodes.max)};
     }
-    if (c.rdzv_backend == rendezvous_backend::c10d && c.rdzv_conf.is_host && !*c.rdzv_conf.is_host &&
-        c.rendezvous_endpoint().port.value_or(0) == 0) {
+    if (c.backend == rendezvous_backend::c10d && c.settings.is_host && !*c.settings.is_host &&
+        c.endpoint.port.value_or(0) == 0) {
         throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
                                       "join; give the port the hosting agent listens on",
-                                      to_string(c.rendezvous_endpoint()))};
+                                      to_string(c.endpoint))};
     }
-    if (c.rdzv_backend == rendezvous_backend::etcd_v3) {
+    if (c.backend == rendezvous_backend::etcd_v3) {
         refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
 }
@@ -16439,21 +16480,26 @@ struct attempt_outcome {
 /// Use it from one thread (the io_context's); run() once.
 class local_agent {
 public:
-    /// `config` as parsed (or filled by a custom launcher); `env` is the agent's environment,
-    /// which every worker inherits. Throws usage_error for what is not implemented yet and for
-    /// a program that cannot run.
-    local_agent(asio::any_io_executor executor, launch_config config, environment env,
-                std::string name = "elasticrun")
+    /// `workers`: what runs on this node; `rendezvous`: how this node meets the others (one
+    /// node: nnodes 1, and the endpoint's port is the workers' store's when given); `options`:
+    /// the agent's log level and event log; `env`: the agent's environment, which every worker
+    /// inherits. Throws usage_error for what is not implemented yet and for a program that
+    /// cannot run. launch_config gives all three: `local_agent(ex, c.workers(), c.rendezvous(),
+    /// c.agent(), env)`.
+    local_agent(asio::any_io_executor executor, worker_spec workers, rendezvous_parameters rendezvous,
+                const agent_options& options, environment env, std::string name = "elasticrun")
         : executor_(std::move(executor)),
-          config_(std::move(config)),
+          spec_(std::move(workers)),
+          params_(std::move(rendezvous)),
           env_(std::move(env)),
-          log_(std::move(name), config_.agent_log_level) {
-        detail::agent::check_supported(config_);
+          log_(std::move(name), options.agent_log_level) {
+        detail::agent::check_supported(params_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
-        load_rendezvous_secret(config_.rdzv_conf, env_, [this](std::string_view line) { log_.warning(line); });
-        command_ = resolve_program(config_.program, env_);
-        store_ = detail::agent::plan_store(config_);
-        events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
+        load_rendezvous_secret(params_.settings, env_, [this](std::string_view line) { log_.warning(line); });
+        command_ = resolve_program(spec_.program, env_);
+        store_ = detail::agent::plan_store(params_);
+        // Opens --event-log-handler=file:PATH (usage_error if it cannot).
+        events_ = agent_events(spec_, params_, options.event_log_handler);
     }
 
     /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
@@ -16469,15 +16515,10 @@ public:
         // The stores this agent hosts hold a descriptor per client; workers get the old limit
         // back when they are spawned.
         detail::raise_open_files_limit();
-        for (const int s : config_.signals_to_handle) signals.add(s);
+        for (const int s : spec_.signals_to_handle) signals.add(s);
 
-        if (log_.enabled(log_level::info)) {
-            auto banner = describe(config_);
-            while (!banner.empty() && banner.back() == '\n') banner.pop_back();
-            log_.info(banner);
-        }
-        if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
-        if (uses_node_rendezvous(config_.rendezvous())) co_return co_await run_job(policy, signals);
+        if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
+        if (uses_node_rendezvous(params_)) co_return co_await run_job(policy, signals);
 
         int restarts = 0;
         for (;;) {
@@ -16492,7 +16533,7 @@ public:
             }
             auto& failure = outcome.failure;
             for (const auto* f : failure.failures()) {
-                log_.error(failure_log_line(*f, config_.program.target));
+                log_.error(failure_log_line(*f, spec_.program.target));
             }
             auto decided = co_await (detail::agent::settle(policy(failure)) || signals.async_wait(asio::use_awaitable));
             if (decided.index() == 1) {
@@ -16506,13 +16547,13 @@ public:
             auto decision = std::get<0>(decided).take();
             events_.decision(failure, decision);
             if (decision.restart()) {
-                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
+                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", spec_.role,
                                          headline(failure), decision.reason));
                 ++restarts;
                 events_.restart(restarts);
                 continue;
             }
-            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", config_.role, headline(failure),
+            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", spec_.role, headline(failure),
                                      decision.reason));
             co_return finish_failed(failure);
         }
@@ -16523,6 +16564,8 @@ public:
     [[nodiscard]] std::uint16_t master_port() const noexcept { return master_port_; }
     /// The event log (--event-log-handler); elastic::run records the shutdown through it.
     [[nodiscard]] agent_events& events() noexcept { return events_; }
+    /// The agent's log (LOGLEVEL); elastic::run prints the launch configuration through it.
+    [[nodiscard]] const agent_log& log() const noexcept { return log_; }
 
 private:
     std::string headline(const group_failure& failure) const {
@@ -16535,7 +16578,7 @@ private:
 
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
-        log_.always(format_summary(config_.program.target, failure.workers));
+        log_.always(format_summary(spec_.program.target, failure.workers));
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -16552,7 +16595,7 @@ private:
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
     /// user asked for with -r/-t; a --log-dir tree always stays.
     void remove_run_dir() noexcept {
-        if (logs_ && !writes_log_files(config_)) logs_->remove_temporary();
+        if (logs_ && !writes_log_files(spec_)) logs_->remove_temporary();
     }
 
     /// The attempt's directory of the log tree (docs/logs.md), torchrun's layout
@@ -16560,9 +16603,9 @@ private:
     /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
     /// workers see.
     std::filesystem::path attempt_dir(int attempt) {
-        if (!logs_) logs_.emplace(config_.log_dir, config_.rdzv_id, detail::agent::temp_base(env_));
+        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
         const bool first = logs_->run_dir().empty();
-        auto dir = logs_->make_attempt(attempt, config_.nproc_per_node);
+        auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty()) log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
@@ -16570,7 +16613,7 @@ private:
     asio::awaitable<detail::agent::attempt_outcome> run_attempt(int restarts, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
         using detail::agent::attempt_outcome;
-        const int n = config_.nproc_per_node;
+        const int n = spec_.nproc_per_node;
 
         // A fresh store for this attempt: a dead worker's last requests, still in flight on its
         // old connection, can never land in the new attempt's key space (PyTorch 1.13 keys by
@@ -16579,7 +16622,7 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
-        if (rdzv_ && !config_.rdzv_conf.workers_store_any_peer) {
+        if (rdzv_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
             auto peers = std::make_shared<detail::rdzv::peer_list>();
@@ -16603,7 +16646,7 @@ private:
                 co_return interrupted;
             }
         }
-        events_.rendezvous_done(restarts, node_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
+        events_.rendezvous_done(restarts, node_worker(0, spec_.nproc_per_node), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Several nodes: group rank 0's store serves every node's workers until the round ends
         // (all nodes done, or an abort), not only while this node's own workers run.
@@ -16628,14 +16671,14 @@ private:
             slot.assignment = node_worker(i, n);
             const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
+            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file, params_.run_id};
             spawn_options how;
             how.program = command_.path;
             auto argv = command_.argv_for(i);
             how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(config_, env_, slot.assignment, attempt));
+            how.env = environment_entries(worker_environment(spec_, env_, slot.assignment, attempt));
             try {
-                slot.output.prepare(config_, i, slot.assignment.global_rank, rank_dir, how);
+                slot.output.prepare(spec_, i, slot.assignment.global_rank, rank_dir, how);
                 workers.push_back(elastic::spawn(executor_, how));
                 events_.worker_started(restarts, slot.assignment, static_cast<long>(workers.back().pid()));
             } catch (const std::exception& e) {
@@ -16649,14 +16692,14 @@ private:
         attempt_outcome outcome;
         std::optional<std::size_t> first_failure;
         if (spawn_failure) {
-            co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)});
+            co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)});
             events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             throw agent_error(*spawn_failure);
         }
         {
-            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", config_.role, n, restarts,
+            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
                                   store_.master_addr, master_port_));
             if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
             auto first = co_await (watch_job(workers) || signals.async_wait(asio::use_awaitable));
@@ -16685,7 +16728,7 @@ private:
             co_return outcome;
         }
         if (outcome.how == attempt_outcome::kind::aborted) {  // another node's failure
-            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}));
+            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}));
             events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
@@ -16699,7 +16742,7 @@ private:
         for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
         if (rdzv_) co_await report_failure(workers[*first_failure], slots[*first_failure].assignment);
         events_.stopping_group();
-        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
+        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}) ||
                                  signals.async_wait(asio::use_awaitable));
         if (stopped.index() == 1) {
             outcome.how = attempt_outcome::kind::signaled;
@@ -16726,7 +16769,7 @@ private:
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
             f.global_rank = slot.assignment.global_rank;
-            f.role = config_.role;
+            f.role = spec_.role;
             f.pid = static_cast<long>(workers[i].pid());
             f.host = host_;
             f.status = status->signaled() ? exit_status::from_signal(status->signal)
@@ -16755,8 +16798,8 @@ private:
     asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
         events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
-                                 signal_to_string(sig), detail::launch_impl::seconds_text(config_.shutdown_timeout)));
-        auto result = co_await stop(std::span<child_process>(workers), {sig, config_.shutdown_timeout, std::chrono::seconds(10)});
+                                 signal_to_string(sig), detail::text::seconds_text(spec_.shutdown_timeout)));
+        auto result = co_await stop(std::span<child_process>(workers), {sig, spec_.shutdown_timeout, std::chrono::seconds(10)});
         report_unkillable(result);
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
     }
@@ -16802,7 +16845,7 @@ private:
     template <restart_policy Policy>
     asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_.rendezvous(), [this](std::string_view line) { log_.warning(line); });
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, params_, [this](std::string_view line) { log_.warning(line); });
         {
             auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
             if (started.index() == 1) {
@@ -16827,7 +16870,7 @@ private:
         try {
             co_return rounds.take();
         } catch (const rendezvous_closed& e) {
-            log_.warning(fmt::format("[{}] {}; exiting 0", config_.role, e.what()));
+            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
             co_return 0;
         }
     }
@@ -16837,7 +16880,7 @@ private:
         co_await rdzv_->start();
         node_info me;
         me.host = node_host();
-        me.nproc = config_.nproc_per_node;
+        me.nproc = spec_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
         co_await rdzv_->start_liveness(me);
     }
@@ -16846,9 +16889,9 @@ private:
     /// DNS: not when every node is on this machine, a loopback endpoint).
     const std::string& node_host() {
         if (host_.empty()) {
-            if (config_.local_addr) {
-                host_ = *config_.local_addr;
-            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
+            if (params_.local_addr) {
+                host_ = *params_.local_addr;
+            } else if (detail::rdzv::is_loopback(params_.endpoint.host)) {
                 host_ = detail::rdzv::gethostname_string();
             } else {
                 host_ = host_fqdn();
@@ -16908,7 +16951,7 @@ private:
                         log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish "
                                                "within {} s (--rdzv-conf exit_barrier_timeout); exiting anyway",
                                                missing,
-                                               detail::launch_impl::seconds_text(exit_barrier_timeout())));
+                                               detail::text::seconds_text(exit_barrier_timeout())));
                     }
                     events_.final_success(rdzv.restart_count(), host_);
                     co_await rdzv.leave();
@@ -16921,11 +16964,11 @@ private:
                     continue;
                 }
                 log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
-                                         config_.role, describe_abort()));
+                                         spec_.role, describe_abort()));
             }
             job_decision decision;
             if (outcome.how == kind::failed) {
-                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, config_.program.target));
+                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, spec_.program.target));
             }
             if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
                 // A membership change ended the round first: no decision, nothing counted.
@@ -16961,20 +17004,20 @@ private:
             const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
             if (decision.restart) {
                 log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (job-wide restart {})",
-                                         config_.role, why, decision.reason, rdzv.restart_count()));
+                                         spec_.role, why, decision.reason, rdzv.restart_count()));
                 events_.restart(rdzv.restart_count());
                 continue;
             }
-            log_.warning(fmt::format("[{}] {}; {}: stopping the job", config_.role, why, decision.reason));
+            log_.warning(fmt::format("[{}] {}; {}: stopping the job", spec_.role, why, decision.reason));
             if (outcome.how == kind::failed) (void)finish_failed(outcome.failure);
             co_await rdzv.leave();
             co_return decision.exit_code;
         }
     }
 
-    /// --rdzv-conf exit_barrier_timeout, else launch_config's (300 s, torchrun's fixed value).
+    /// --rdzv-conf exit_barrier_timeout, else 300 s (torchrun's fixed value).
     [[nodiscard]] std::chrono::milliseconds exit_barrier_timeout() const {
-        return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
+        return params_.settings.exit_barrier_timeout.value_or(std::chrono::seconds(300));
     }
 
     /// The message of `error` when it is the loss of the rendezvous store (a store_error).
@@ -16994,7 +17037,7 @@ private:
     /// Elastic membership over c10d: a node dropped by the store rejoins it, and the job may
     /// move its rendezvous store to a member's idle server when the host is lost.
     [[nodiscard]] bool can_move_store() const {
-        return config_.nnodes.min < config_.nnodes.max && rdzv_ != nullptr;
+        return params_.nnodes.min < params_.nnodes.max && rdzv_ != nullptr;
     }
 
     /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
@@ -17007,7 +17050,7 @@ private:
         }
         node_info me;
         me.host = node_host();
-        me.nproc = config_.nproc_per_node;
+        me.nproc = spec_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
         // A store that still answers dropped this node (no heartbeat in time): rejoin it. Only
         // a store that does not answer moves (so an overloaded node never splits the job).
@@ -17017,7 +17060,7 @@ private:
             log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
                                      "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
                                      "stopped or starved of CPU?); reconnected, rejoining the job",
-                                     config_.role, rdzv_->store_endpoint()));
+                                     spec_.role, rdzv_->store_endpoint()));
             co_return;
         }
         const int before = rdzv_->rendezvous().last_round_size();
@@ -17032,13 +17075,13 @@ private:
         }
         log_.warning(fmt::format("[{}] {}; the job's rendezvous moves to {}, the first member's idle store that "
                                  "answered; the next round needs {} of the last round's {} nodes (a majority)",
-                                 config_.role, why, *moved.value, before / 2 + 1, before));
+                                 spec_.role, why, *moved.value, before / 2 + 1, before));
     }
 
     void log_membership_restart() {
         log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
                                  "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                 config_.role, last_abort_ ? last_abort_->reason : std::string("?"),
+                                 spec_.role, last_abort_ ? last_abort_->reason : std::string("?"),
                                  rdzv_->rendezvous().restart_count()));
     }
 
@@ -17068,7 +17111,7 @@ private:
                 log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
                                          "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
                                          "every peer)",
-                                         config_.role, peer, error.message()));
+                                         spec_.role, peer, error.message()));
                 continue;
             }
             for (const auto& entry : found) list.allow(entry.endpoint().address());
@@ -17085,8 +17128,8 @@ private:
         me.backup_port = rdzv_->backup_port();
         me.store_addr = store_.master_addr;
         me.store_port = server.port();
-        me.nproc = config_.nproc_per_node;
-        me.node_rank = config_.node_rank;
+        me.nproc = spec_.nproc_per_node;
+        me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
         me.pid = static_cast<long>(::getpid());
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
@@ -17103,9 +17146,9 @@ private:
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
         if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
-        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
+        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", spec_.role,
                               round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
-                              round_->rank_base + config_.nproc_per_node - 1, round_->world_size));
+                              round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
         co_return std::nullopt;
     }
 
@@ -17176,7 +17219,7 @@ private:
     asio::awaitable<void> abort_for_signal(int sig) {
         if (!rdzv_ || !round_) co_return;
         try {
-            if (config_.nnodes.min < config_.nnodes.max) {
+            if (params_.nnodes.min < params_.nnodes.max) {
                 abort_notice notice{round_->group_rank, host_,
                                     fmt::format("node {} (pid {}) left: its agent received {}", host_,
                                                 static_cast<long>(::getpid()), signal_to_string(sig))};
@@ -17205,7 +17248,8 @@ private:
     bool abort_won_ = false;                    ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
-    launch_config config_;
+    worker_spec spec_;
+    rendezvous_parameters params_;
     environment env_;
     agent_log log_;
     worker_command command_;
@@ -17218,10 +17262,6 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----
-// ---- begin elastic/agent/run.hpp ----
-// elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
-// on an io_context, a restart policy of the caller's choosing, and the exit code.
-
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -17289,7 +17329,13 @@ template <restart_policy Policy>
 int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
         std::string name = "elasticrun") {
     asio::io_context context(1);
-    local_agent agent(context.get_executor(), config, env, std::move(name));
+    local_agent agent(context.get_executor(), config.workers(), config.rendezvous(), config.agent(), env,
+                      std::move(name));
+    if (agent.log().enabled(log_level::info)) {
+        auto banner = describe(config);
+        while (!banner.empty() && banner.back() == '\n') banner.pop_back();
+        agent.log().info(banner);
+    }
     std::optional<int> code;
     std::exception_ptr failure;
     asio::co_spawn(context, agent.run(policy), [&](std::exception_ptr e, int c) {
@@ -17344,10 +17390,24 @@ inline int run(int argc, const char* const* argv) {
 }
 
 }  // namespace elastic::inline v0
-// ---- end elastic/agent/run.hpp ----
+// ---- end elastic/launch/run.hpp ----
+// ---- end elastic/launch.hpp ----
+// ---- begin elastic/policy.hpp ----
+// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
+// max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
+
+// ---- end elastic/policy.hpp ----
+// ---- begin elastic/rendezvous.hpp ----
+// The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
+
+// ---- end elastic/rendezvous.hpp ----
+// ---- begin elastic/agent.hpp ----
+// The agent layer: one node's agent (local_agent), the worker environment contract, the
+// workers' output (log tree, relays, prefixes), and the agent's log.
+
 // ---- end elastic/agent.hpp ----
 // ---- begin elastic/run.hpp ----
-// elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/agent/run.hpp).
+// elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/launch/run.hpp).
 
 // ---- end elastic/run.hpp ----
 // ---- end elastic.hpp ----

@@ -1,6 +1,5 @@
 // The agent layer: one node's agent (local_agent), the worker environment contract, the
-// workers' output (log tree, relays, prefixes), the agent's log, and elastic::run — a launcher in
-// one call.
+// workers' output (log tree, relays, prefixes), and the agent's log.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -8,7 +7,8 @@
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/output.hpp"
-#include "elastic/agent/run.hpp"
+#include "elastic/agent/program.hpp"
+#include "elastic/agent/spec.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/policy.hpp"

@@ -6,6 +6,6 @@
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/default_policy.hpp"
 #include "elastic/launch/nproc.hpp"
-#include "elastic/launch/program.hpp"
+#include "elastic/launch/run.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/usage_error.hpp"

@@ -1,5 +1,5 @@
-// elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/agent/run.hpp).
+// elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/launch/run.hpp).
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/agent/run.hpp"
+#include "elastic/launch/run.hpp"

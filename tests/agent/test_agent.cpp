@@ -6,19 +6,24 @@
 #include "elastic/agent.hpp"
 #include "elastic/env.hpp"
 #include "elastic/launch/cli.hpp"
+#include "elastic/run.hpp"
 #include "elastic/policy.hpp"
 
 #include <doctest/doctest.h>
 
 #include "idle_cpu.hpp"
 
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
 #include <chrono>
 #include <csignal>
+#include <exception>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -553,6 +558,43 @@ TEST_CASE("agent: elastic::run takes any restart_policy (in-process): a policy t
     CHECK(count_files(dir.path(), "env.0.1") == 1);
     CHECK(count_files(dir.path(), "env.1.") == 0);  // no restart
     CHECK(agent_support::read_env_file(dir.path() / "env.0.1").at("TORCHELASTIC_MAX_RESTARTS") == "5");
+}
+
+TEST_CASE("agent: a local_agent from a worker_spec and rendezvous_parameters, without the command line") {
+    temp_dir dir;
+    // Attempt 0: rank 1 fails with 4; attempt 1: both succeed.
+    const auto env_map = worker_env(dir, "a0r1:env+exit4;*:env");
+    elastic::worker_spec workers;
+    workers.program.target = agent_support::worker();
+    workers.nproc_per_node = 2;
+    workers.role = "spec";
+    workers.max_restarts = 1;
+    workers.log_dir = dir.path() / "logs";
+    elastic::rendezvous_parameters rendezvous;  // one node, static, a port the kernel picks
+    rendezvous.run_id = "from-spec";
+    asio::io_context io;
+    elastic::local_agent agent(io.get_executor(), workers, rendezvous, elastic::agent_options{},
+                               elastic::environment(env_map.begin(), env_map.end()), "agent-test");
+    auto policy = elastic::max_restarts(1);
+    std::optional<int> code;
+    std::exception_ptr failure;
+    asio::co_spawn(io, agent.run(policy), [&](std::exception_ptr e, int c) {
+        failure = e;
+        code = c;
+    });
+    io.run();
+    REQUIRE_FALSE(failure);
+    CHECK(code == 0);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        const auto e = agent_support::read_env_file(dir.path() / fmt::format("env.{}.0", attempt));
+        CHECK(e.at("ROLE_NAME") == "spec");
+        CHECK(e.at("TORCHELASTIC_RUN_ID") == "from-spec");
+        CHECK(e.at("TORCHELASTIC_MAX_RESTARTS") == "1");
+        CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == std::to_string(attempt));
+        CHECK(e.at("TORCHELASTIC_ERROR_FILE").rfind((dir.path() / "logs").string(), 0) == 0);
+        CHECK(e.at("MASTER_PORT") != "29500");
+    }
+    CHECK(count_files(dir.path(), "env.2.") == 0);
 }
 
 }  // namespace test_agent

@@ -2,7 +2,7 @@
 // resolution on real files, --nproc-per-node resolution (with a fake nvidia-smi), validate().
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/nproc.hpp"
-#include "elastic/launch/program.hpp"
+#include "elastic/agent/program.hpp"
 #include "elastic/launch/values.hpp"
 
 #include "launch_support.hpp"

@@ -5,7 +5,7 @@
 #include "test_files.hpp"
 
 #include "elastic/agent/agent_events.hpp"
-#include "elastic/agent/run.hpp"
+#include "elastic/launch/run.hpp"
 #include "elastic/report/event_destination.hpp"
 #include "elastic/report/event_sink.hpp"
 #include "elastic/report/exit_codes.hpp"
@@ -350,7 +350,7 @@ TEST_CASE("report: a rendezvous error exits 250 and writes the agent's error fil
     const auto events = dir.path() / "events.jsonl";
     elastic::launch_config config;
     config.event_log_handler = {elastic::event_destination::kind::file, events.string()};
-    elastic::agent_events log(config);
+    elastic::agent_events log(config.workers(), config.rendezvous(), config.event_log_handler);
     log.shutdown(std::make_exception_ptr(elastic::rendezvous_error("store at node0:29400 vanished")));
     const auto lines = read_json_lines(events);
     REQUIRE(lines.size() == 1);

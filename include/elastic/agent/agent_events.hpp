@@ -5,9 +5,9 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/agent/worker_environment.hpp"
-#include "elastic/launch/config.hpp"
 #include "elastic/usage_error.hpp"
-#include "elastic/launch/values.hpp"
+#include "elastic/agent/spec.hpp"
+#include "elastic/rendezvous/parameters.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/rendezvous/error.hpp"
@@ -108,17 +108,18 @@ public:
     /// The null log.
     agent_events() = default;
 
-    /// Opens the destination config.event_log_handler names. Throws usage_error (nothing has
-    /// started yet) when the file cannot be opened.
-    explicit agent_events(const launch_config& config)
-        : run_id_(config.rdzv_id),
-          role_(config.role),
-          entry_point_(config.program.target),
-          rdzv_backend_(to_string(config.rdzv_backend)) {
+    /// Opens `destination` for the job `rendezvous.run_id` of `workers`. Throws usage_error
+    /// (nothing has started yet) when the file cannot be opened.
+    agent_events(const worker_spec& workers, const rendezvous_parameters& rendezvous,
+                 const event_destination& destination)
+        : run_id_(rendezvous.run_id),
+          role_(workers.role),
+          entry_point_(workers.program.target),
+          rdzv_backend_(to_string(rendezvous.backend)) {
         try {
-            sink_ = event_sink(config.event_log_handler);
+            sink_ = event_sink(destination);
         } catch (const report_error& e) {
-            throw usage_error{fmt::format("--event-log-handler={}: {}", config.event_log_handler.to_string(), e.what())};
+            throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
         }
         if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
     }

@@ -4,7 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/agent/output.hpp"
-#include "elastic/launch/values.hpp"
+#include "elastic/agent/spec.hpp"
 
 #include <fmt/format.h>
 

@@ -11,10 +11,11 @@
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/error.hpp"
-#include "elastic/launch/config.hpp"
-#include "elastic/launch/program.hpp"
+#include "elastic/agent/program.hpp"
+#include "elastic/agent/spec.hpp"
 #include "elastic/usage_error.hpp"
-#include "elastic/launch/values.hpp"
+#include "elastic/detail/text.hpp"
+#include "elastic/rendezvous/parameters.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
@@ -117,14 +118,14 @@ struct store_plan {
     std::string master_addr;
 };
 
-inline store_plan plan_store(const launch_config& c) {
-    const auto endpoint = c.rendezvous_endpoint();
+inline store_plan plan_store(const rendezvous_parameters& c) {
+    const auto& endpoint = c.endpoint;
     store_plan plan;
-    if (uses_node_rendezvous(c.rendezvous())) {
+    if (uses_node_rendezvous(c)) {
         // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
         // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
         // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
-        const auto where = advertise(c.rendezvous());
+        const auto where = advertise(c);
         plan.bind_host = where.bind_host;
         plan.master_addr = where.addr;
         return plan;
@@ -132,11 +133,7 @@ inline store_plan plan_store(const launch_config& c) {
     // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
     // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
     // c10d: the endpoint's port (0 under --standalone).
-    if (c.rdzv_backend == rendezvous_backend::static_) {
-        plan.port = (c.master_port || c.rdzv_endpoint) ? endpoint.port.value_or(0) : 0;
-    } else {
-        plan.port = endpoint.port.value_or(0);
-    }
+    plan.port = c.port_given ? endpoint.port.value_or(0) : 0;
     if (rdzv::is_loopback(endpoint.host)) {
         // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
         // advertise the literal.
@@ -158,22 +155,22 @@ inline std::string nnodes_text(const node_range& n) {
 
 /// Refuses, before anything starts, what this agent does not implement yet (a later issue
 /// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
-inline void check_supported(const launch_config& c) {
+inline void check_supported(const rendezvous_parameters& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
-    if (c.nnodes.min != c.nnodes.max && c.rdzv_backend == rendezvous_backend::static_) {
+    if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
         throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
                                       "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
                                       nnodes_text(c.nnodes), c.nnodes.max)};
     }
-    if (c.rdzv_backend == rendezvous_backend::c10d && c.rdzv_conf.is_host && !*c.rdzv_conf.is_host &&
-        c.rendezvous_endpoint().port.value_or(0) == 0) {
+    if (c.backend == rendezvous_backend::c10d && c.settings.is_host && !*c.settings.is_host &&
+        c.endpoint.port.value_or(0) == 0) {
         throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
                                       "join; give the port the hosting agent listens on",
-                                      to_string(c.rendezvous_endpoint()))};
+                                      to_string(c.endpoint))};
     }
-    if (c.rdzv_backend == rendezvous_backend::etcd_v3) {
+    if (c.backend == rendezvous_backend::etcd_v3) {
         refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
 }
@@ -230,21 +227,26 @@ struct attempt_outcome {
 /// Use it from one thread (the io_context's); run() once.
 class local_agent {
 public:
-    /// `config` as parsed (or filled by a custom launcher); `env` is the agent's environment,
-    /// which every worker inherits. Throws usage_error for what is not implemented yet and for
-    /// a program that cannot run.
-    local_agent(asio::any_io_executor executor, launch_config config, environment env,
-                std::string name = "elasticrun")
+    /// `workers`: what runs on this node; `rendezvous`: how this node meets the others (one
+    /// node: nnodes 1, and the endpoint's port is the workers' store's when given); `options`:
+    /// the agent's log level and event log; `env`: the agent's environment, which every worker
+    /// inherits. Throws usage_error for what is not implemented yet and for a program that
+    /// cannot run. launch_config gives all three: `local_agent(ex, c.workers(), c.rendezvous(),
+    /// c.agent(), env)`.
+    local_agent(asio::any_io_executor executor, worker_spec workers, rendezvous_parameters rendezvous,
+                const agent_options& options, environment env, std::string name = "elasticrun")
         : executor_(std::move(executor)),
-          config_(std::move(config)),
+          spec_(std::move(workers)),
+          params_(std::move(rendezvous)),
           env_(std::move(env)),
-          log_(std::move(name), config_.agent_log_level) {
-        detail::agent::check_supported(config_);
+          log_(std::move(name), options.agent_log_level) {
+        detail::agent::check_supported(params_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
-        load_rendezvous_secret(config_.rdzv_conf, env_, [this](std::string_view line) { log_.warning(line); });
-        command_ = resolve_program(config_.program, env_);
-        store_ = detail::agent::plan_store(config_);
-        events_ = agent_events(config_);  // opens --event-log-handler=file:PATH (usage_error if it cannot)
+        load_rendezvous_secret(params_.settings, env_, [this](std::string_view line) { log_.warning(line); });
+        command_ = resolve_program(spec_.program, env_);
+        store_ = detail::agent::plan_store(params_);
+        // Opens --event-log-handler=file:PATH (usage_error if it cannot).
+        events_ = agent_events(spec_, params_, options.event_log_handler);
     }
 
     /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
@@ -260,15 +262,10 @@ public:
         // The stores this agent hosts hold a descriptor per client; workers get the old limit
         // back when they are spawned.
         detail::raise_open_files_limit();
-        for (const int s : config_.signals_to_handle) signals.add(s);
+        for (const int s : spec_.signals_to_handle) signals.add(s);
 
-        if (log_.enabled(log_level::info)) {
-            auto banner = describe(config_);
-            while (!banner.empty() && banner.back() == '\n') banner.pop_back();
-            log_.info(banner);
-        }
-        if (sets_omp_num_threads(config_, env_)) log_.warning(omp_warning());
-        if (uses_node_rendezvous(config_.rendezvous())) co_return co_await run_job(policy, signals);
+        if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
+        if (uses_node_rendezvous(params_)) co_return co_await run_job(policy, signals);
 
         int restarts = 0;
         for (;;) {
@@ -283,7 +280,7 @@ public:
             }
             auto& failure = outcome.failure;
             for (const auto* f : failure.failures()) {
-                log_.error(failure_log_line(*f, config_.program.target));
+                log_.error(failure_log_line(*f, spec_.program.target));
             }
             auto decided = co_await (detail::agent::settle(policy(failure)) || signals.async_wait(asio::use_awaitable));
             if (decided.index() == 1) {
@@ -297,13 +294,13 @@ public:
             auto decision = std::get<0>(decided).take();
             events_.decision(failure, decision);
             if (decision.restart()) {
-                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", config_.role,
+                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", spec_.role,
                                          headline(failure), decision.reason));
                 ++restarts;
                 events_.restart(restarts);
                 continue;
             }
-            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", config_.role, headline(failure),
+            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", spec_.role, headline(failure),
                                      decision.reason));
             co_return finish_failed(failure);
         }
@@ -314,6 +311,8 @@ public:
     [[nodiscard]] std::uint16_t master_port() const noexcept { return master_port_; }
     /// The event log (--event-log-handler); elastic::run records the shutdown through it.
     [[nodiscard]] agent_events& events() noexcept { return events_; }
+    /// The agent's log (LOGLEVEL); elastic::run prints the launch configuration through it.
+    [[nodiscard]] const agent_log& log() const noexcept { return log_; }
 
 private:
     std::string headline(const group_failure& failure) const {
@@ -326,7 +325,7 @@ private:
 
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
-        log_.always(format_summary(config_.program.target, failure.workers));
+        log_.always(format_summary(spec_.program.target, failure.workers));
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -343,7 +342,7 @@ private:
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
     /// user asked for with -r/-t; a --log-dir tree always stays.
     void remove_run_dir() noexcept {
-        if (logs_ && !writes_log_files(config_)) logs_->remove_temporary();
+        if (logs_ && !writes_log_files(spec_)) logs_->remove_temporary();
     }
 
     /// The attempt's directory of the log tree (docs/logs.md), torchrun's layout
@@ -351,9 +350,9 @@ private:
     /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
     /// workers see.
     std::filesystem::path attempt_dir(int attempt) {
-        if (!logs_) logs_.emplace(config_.log_dir, config_.rdzv_id, detail::agent::temp_base(env_));
+        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
         const bool first = logs_->run_dir().empty();
-        auto dir = logs_->make_attempt(attempt, config_.nproc_per_node);
+        auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty()) log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
@@ -361,7 +360,7 @@ private:
     asio::awaitable<detail::agent::attempt_outcome> run_attempt(int restarts, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
         using detail::agent::attempt_outcome;
-        const int n = config_.nproc_per_node;
+        const int n = spec_.nproc_per_node;
 
         // A fresh store for this attempt: a dead worker's last requests, still in flight on its
         // old connection, can never land in the new attempt's key space (PyTorch 1.13 keys by
@@ -370,7 +369,7 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
-        if (rdzv_ && !config_.rdzv_conf.workers_store_any_peer) {
+        if (rdzv_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
             auto peers = std::make_shared<detail::rdzv::peer_list>();
@@ -394,7 +393,7 @@ private:
                 co_return interrupted;
             }
         }
-        events_.rendezvous_done(restarts, node_worker(0, config_.nproc_per_node), store_.master_addr, master_port_);
+        events_.rendezvous_done(restarts, node_worker(0, spec_.nproc_per_node), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Several nodes: group rank 0's store serves every node's workers until the round ends
         // (all nodes done, or an abort), not only while this node's own workers run.
@@ -419,14 +418,14 @@ private:
             slot.assignment = node_worker(i, n);
             const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file};
+            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file, params_.run_id};
             spawn_options how;
             how.program = command_.path;
             auto argv = command_.argv_for(i);
             how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(config_, env_, slot.assignment, attempt));
+            how.env = environment_entries(worker_environment(spec_, env_, slot.assignment, attempt));
             try {
-                slot.output.prepare(config_, i, slot.assignment.global_rank, rank_dir, how);
+                slot.output.prepare(spec_, i, slot.assignment.global_rank, rank_dir, how);
                 workers.push_back(elastic::spawn(executor_, how));
                 events_.worker_started(restarts, slot.assignment, static_cast<long>(workers.back().pid()));
             } catch (const std::exception& e) {
@@ -440,14 +439,14 @@ private:
         attempt_outcome outcome;
         std::optional<std::size_t> first_failure;
         if (spawn_failure) {
-            co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)});
+            co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)});
             events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
             throw agent_error(*spawn_failure);
         }
         {
-            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", config_.role, n, restarts,
+            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
                                   store_.master_addr, master_port_));
             if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
             auto first = co_await (watch_job(workers) || signals.async_wait(asio::use_awaitable));
@@ -476,7 +475,7 @@ private:
             co_return outcome;
         }
         if (outcome.how == attempt_outcome::kind::aborted) {  // another node's failure
-            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}));
+            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}));
             events_.workers_exited(restarts, workers);
             co_await drain(relays, close_all);
             server_ref.stop();
@@ -490,7 +489,7 @@ private:
         for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
         if (rdzv_) co_await report_failure(workers[*first_failure], slots[*first_failure].assignment);
         events_.stopping_group();
-        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, config_.shutdown_timeout, std::chrono::seconds(10)}) ||
+        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}) ||
                                  signals.async_wait(asio::use_awaitable));
         if (stopped.index() == 1) {
             outcome.how = attempt_outcome::kind::signaled;
@@ -517,7 +516,7 @@ private:
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
             f.global_rank = slot.assignment.global_rank;
-            f.role = config_.role;
+            f.role = spec_.role;
             f.pid = static_cast<long>(workers[i].pid());
             f.host = host_;
             f.status = status->signaled() ? exit_status::from_signal(status->signal)
@@ -546,8 +545,8 @@ private:
     asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
         events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
-                                 signal_to_string(sig), detail::launch_impl::seconds_text(config_.shutdown_timeout)));
-        auto result = co_await stop(std::span<child_process>(workers), {sig, config_.shutdown_timeout, std::chrono::seconds(10)});
+                                 signal_to_string(sig), detail::text::seconds_text(spec_.shutdown_timeout)));
+        auto result = co_await stop(std::span<child_process>(workers), {sig, spec_.shutdown_timeout, std::chrono::seconds(10)});
         report_unkillable(result);
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
     }
@@ -593,7 +592,7 @@ private:
     template <restart_policy Policy>
     asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, config_.rendezvous(), [this](std::string_view line) { log_.warning(line); });
+        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, params_, [this](std::string_view line) { log_.warning(line); });
         {
             auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
             if (started.index() == 1) {
@@ -618,7 +617,7 @@ private:
         try {
             co_return rounds.take();
         } catch (const rendezvous_closed& e) {
-            log_.warning(fmt::format("[{}] {}; exiting 0", config_.role, e.what()));
+            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
             co_return 0;
         }
     }
@@ -628,7 +627,7 @@ private:
         co_await rdzv_->start();
         node_info me;
         me.host = node_host();
-        me.nproc = config_.nproc_per_node;
+        me.nproc = spec_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
         co_await rdzv_->start_liveness(me);
     }
@@ -637,9 +636,9 @@ private:
     /// DNS: not when every node is on this machine, a loopback endpoint).
     const std::string& node_host() {
         if (host_.empty()) {
-            if (config_.local_addr) {
-                host_ = *config_.local_addr;
-            } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
+            if (params_.local_addr) {
+                host_ = *params_.local_addr;
+            } else if (detail::rdzv::is_loopback(params_.endpoint.host)) {
                 host_ = detail::rdzv::gethostname_string();
             } else {
                 host_ = host_fqdn();
@@ -699,7 +698,7 @@ private:
                         log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish "
                                                "within {} s (--rdzv-conf exit_barrier_timeout); exiting anyway",
                                                missing,
-                                               detail::launch_impl::seconds_text(exit_barrier_timeout())));
+                                               detail::text::seconds_text(exit_barrier_timeout())));
                     }
                     events_.final_success(rdzv.restart_count(), host_);
                     co_await rdzv.leave();
@@ -712,11 +711,11 @@ private:
                     continue;
                 }
                 log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
-                                         config_.role, describe_abort()));
+                                         spec_.role, describe_abort()));
             }
             job_decision decision;
             if (outcome.how == kind::failed) {
-                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, config_.program.target));
+                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, spec_.program.target));
             }
             if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
                 // A membership change ended the round first: no decision, nothing counted.
@@ -752,20 +751,20 @@ private:
             const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
             if (decision.restart) {
                 log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (job-wide restart {})",
-                                         config_.role, why, decision.reason, rdzv.restart_count()));
+                                         spec_.role, why, decision.reason, rdzv.restart_count()));
                 events_.restart(rdzv.restart_count());
                 continue;
             }
-            log_.warning(fmt::format("[{}] {}; {}: stopping the job", config_.role, why, decision.reason));
+            log_.warning(fmt::format("[{}] {}; {}: stopping the job", spec_.role, why, decision.reason));
             if (outcome.how == kind::failed) (void)finish_failed(outcome.failure);
             co_await rdzv.leave();
             co_return decision.exit_code;
         }
     }
 
-    /// --rdzv-conf exit_barrier_timeout, else launch_config's (300 s, torchrun's fixed value).
+    /// --rdzv-conf exit_barrier_timeout, else 300 s (torchrun's fixed value).
     [[nodiscard]] std::chrono::milliseconds exit_barrier_timeout() const {
-        return config_.rdzv_conf.exit_barrier_timeout.value_or(config_.exit_barrier_timeout);
+        return params_.settings.exit_barrier_timeout.value_or(std::chrono::seconds(300));
     }
 
     /// The message of `error` when it is the loss of the rendezvous store (a store_error).
@@ -785,7 +784,7 @@ private:
     /// Elastic membership over c10d: a node dropped by the store rejoins it, and the job may
     /// move its rendezvous store to a member's idle server when the host is lost.
     [[nodiscard]] bool can_move_store() const {
-        return config_.nnodes.min < config_.nnodes.max && rdzv_ != nullptr;
+        return params_.nnodes.min < params_.nnodes.max && rdzv_ != nullptr;
     }
 
     /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
@@ -798,7 +797,7 @@ private:
         }
         node_info me;
         me.host = node_host();
-        me.nproc = config_.nproc_per_node;
+        me.nproc = spec_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
         // A store that still answers dropped this node (no heartbeat in time): rejoin it. Only
         // a store that does not answer moves (so an overloaded node never splits the job).
@@ -808,7 +807,7 @@ private:
             log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
                                      "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
                                      "stopped or starved of CPU?); reconnected, rejoining the job",
-                                     config_.role, rdzv_->store_endpoint()));
+                                     spec_.role, rdzv_->store_endpoint()));
             co_return;
         }
         const int before = rdzv_->rendezvous().last_round_size();
@@ -823,13 +822,13 @@ private:
         }
         log_.warning(fmt::format("[{}] {}; the job's rendezvous moves to {}, the first member's idle store that "
                                  "answered; the next round needs {} of the last round's {} nodes (a majority)",
-                                 config_.role, why, *moved.value, before / 2 + 1, before));
+                                 spec_.role, why, *moved.value, before / 2 + 1, before));
     }
 
     void log_membership_restart() {
         log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
                                  "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                 config_.role, last_abort_ ? last_abort_->reason : std::string("?"),
+                                 spec_.role, last_abort_ ? last_abort_->reason : std::string("?"),
                                  rdzv_->rendezvous().restart_count()));
     }
 
@@ -859,7 +858,7 @@ private:
                 log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
                                          "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
                                          "every peer)",
-                                         config_.role, peer, error.message()));
+                                         spec_.role, peer, error.message()));
                 continue;
             }
             for (const auto& entry : found) list.allow(entry.endpoint().address());
@@ -876,8 +875,8 @@ private:
         me.backup_port = rdzv_->backup_port();
         me.store_addr = store_.master_addr;
         me.store_port = server.port();
-        me.nproc = config_.nproc_per_node;
-        me.node_rank = config_.node_rank;
+        me.nproc = spec_.nproc_per_node;
+        me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
         me.pid = static_cast<long>(::getpid());
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
@@ -894,9 +893,9 @@ private:
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
         if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
-        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", config_.role,
+        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", spec_.role,
                               round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
-                              round_->rank_base + config_.nproc_per_node - 1, round_->world_size));
+                              round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
         co_return std::nullopt;
     }
 
@@ -967,7 +966,7 @@ private:
     asio::awaitable<void> abort_for_signal(int sig) {
         if (!rdzv_ || !round_) co_return;
         try {
-            if (config_.nnodes.min < config_.nnodes.max) {
+            if (params_.nnodes.min < params_.nnodes.max) {
                 abort_notice notice{round_->group_rank, host_,
                                     fmt::format("node {} (pid {}) left: its agent received {}", host_,
                                                 static_cast<long>(::getpid()), signal_to_string(sig))};
@@ -996,7 +995,8 @@ private:
     bool abort_won_ = false;                    ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
-    launch_config config_;
+    worker_spec spec_;
+    rendezvous_parameters params_;
     environment env_;
     agent_log log_;
     worker_command command_;

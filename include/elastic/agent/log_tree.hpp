@@ -4,8 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/error.hpp"
-#include "elastic/launch/config.hpp"
-#include "elastic/launch/values.hpp"
+#include "elastic/agent/spec.hpp"
 #include "elastic/process/sys.hpp"
 
 #include <fmt/format.h>
@@ -59,7 +58,7 @@ struct worker_routes {
 /// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
 /// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
 /// sends it to the console unprefixed instead), a tee'd one to the console only.
-[[nodiscard]] inline worker_routes route_streams(const launch_config& config, int local_rank) {
+[[nodiscard]] inline worker_routes route_streams(const worker_spec& config, int local_rank) {
     const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
     const unsigned tee = bits(config.tee.for_rank(local_rank));
     const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
@@ -83,7 +82,7 @@ struct worker_routes {
 }
 
 /// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
-[[nodiscard]] inline bool writes_log_files(const launch_config& config) {
+[[nodiscard]] inline bool writes_log_files(const worker_spec& config) {
     for (int i = 0; i < config.nproc_per_node; ++i) {
         const auto r = route_streams(config, i);
         if (r.out.file || r.err.file) return true;

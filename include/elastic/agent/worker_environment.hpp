@@ -3,9 +3,9 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/config.hpp"
+#include "elastic/agent/spec.hpp"
+#include "elastic/process/signal_name.hpp"
 #include "elastic/usage_error.hpp"
-#include "elastic/launch/values.hpp"
 
 #include <fmt/format.h>
 
@@ -28,12 +28,13 @@ struct worker_assignment {
     int group_world_size = 1;  ///< GROUP_WORLD_SIZE: agents in the round
 };
 
-/// What changes from one attempt of the group to the next.
+/// What the workers are told of the job and of this attempt of the group.
 struct attempt_settings {
     int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
     std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
     std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
     std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
+    std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
 };
 
 /// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
@@ -64,7 +65,7 @@ struct attempt_settings {
 /// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
 /// not set and more than one worker runs on the node (each would otherwise start one OpenMP
 /// thread per core), and says so with omp_warning().
-[[nodiscard]] inline bool sets_omp_num_threads(const launch_config& config, const environment& agent_env) {
+[[nodiscard]] inline bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
     return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
 }
 
@@ -88,7 +89,7 @@ struct attempt_settings {
 /// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
 /// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
 /// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
-[[nodiscard]] inline environment worker_environment(const launch_config& config, const environment& agent_env,
+[[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
                                                     const worker_assignment& a, const attempt_settings& attempt) {
     environment env = agent_env;
     const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
@@ -106,7 +107,7 @@ struct attempt_settings {
     set("MASTER_PORT", number(attempt.master_port));
     set("TORCHELASTIC_RESTART_COUNT", number(attempt.restart_count));
     set("TORCHELASTIC_MAX_RESTARTS", number(config.max_restarts));
-    set("TORCHELASTIC_RUN_ID", config.rdzv_id);
+    set("TORCHELASTIC_RUN_ID", attempt.run_id);
     set("TORCHELASTIC_USE_AGENT_STORE", "True");
     set("TORCHELASTIC_ERROR_FILE", attempt.error_file);
     for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {

@@ -5,7 +5,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/output.hpp"
-#include "elastic/launch/config.hpp"
+#include "elastic/agent/spec.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/spawn.hpp"
 #include "elastic/process/sys.hpp"
@@ -37,7 +37,7 @@ public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
     /// and `how.err`. Throws log_error.
-    void prepare(const launch_config& config, int index, int global_rank, const std::filesystem::path& rank_dir,
+    void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
                  spawn_options& how) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);

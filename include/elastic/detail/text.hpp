@@ -1,5 +1,5 @@
-// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer, and
-// `name=value` as error messages show it.
+// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
+// `name=value` as error messages show it, and a duration in seconds.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -54,6 +55,12 @@ namespace detail::text {
         }
         text.remove_prefix(at + 1);
     }
+}
+
+/// A duration as a number of seconds, as the options take it: `30`, `0.5`.
+[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
+    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
+                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
 }
 
 /// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.

@@ -5,7 +5,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/config.hpp"
 #include "elastic/launch/nproc.hpp"
-#include "elastic/launch/program.hpp"
+#include "elastic/agent/program.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 

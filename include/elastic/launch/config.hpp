@@ -3,7 +3,8 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/program.hpp"
+#include "elastic/agent/program.hpp"
+#include "elastic/agent/spec.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 #include "elastic/policy/spec.hpp"
@@ -36,13 +37,13 @@ namespace elastic::inline v0 {
 /// option with `_`; docs/cli.md maps each to the component that consumes it) plus the variables
 /// torchrun's agent reads. Defaults are torchrun's (newest). Fields are public and plain so a
 /// custom launcher fills them in C++; validate() then applies the command line's rules.
-struct launch_config {
-    // ---- the workers on this node ----
-    int nproc_per_node = 1;          ///< --nproc-per-node, resolved (see resolve_nproc_per_node)
-    worker_program program;          ///< the program, its arguments and kind (-m, --no-python, PYTHON_EXEC)
-    std::string role = "default";    ///< --role: ROLE_NAME and the log prefix
-    bool virtual_local_rank = false; ///< --virtual-local-rank: LOCAL_RANK=0, one GPU per worker
-
+///
+/// The options about the workers are worker_spec's fields (program, nproc_per_node, role,
+/// virtual_local_rank, max_restarts, shutdown_timeout, signals_to_handle, log_dir, redirects,
+/// tee, local_ranks_filter, log_line_prefix_template), LOGLEVEL and --event-log-handler are
+/// agent_options' (agent_log_level, event_log_handler); workers() and agent() give them to the
+/// agent, rendezvous() and restarts() make what the rendezvous and the policy take.
+struct launch_config : worker_spec, agent_options {
     // ---- nodes and rendezvous ----
     node_range nnodes;                                    ///< --nnodes
     rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
@@ -54,25 +55,13 @@ struct launch_config {
     std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
     std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
 
-    // ---- failures, restarts, shutdown ----
-    int max_restarts = 0;                                 ///< --max-restarts
+    // ---- failures and restarts (max_restarts is worker_spec's) ----
     std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
     std::optional<window_spec> restart_window;            ///< --restart-window
     std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
     std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
-    std::chrono::milliseconds shutdown_timeout = 30s;     ///< --shutdown-timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
-    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};  ///< --signals-to-handle
     std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
     std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
-
-    // ---- output and logs ----
-    std::optional<std::filesystem::path> log_dir;         ///< --log-dir; /dev/null: no log files at all
-    stream_selection redirects;                           ///< -r / --redirects
-    stream_selection tee;                                 ///< -t / --tee
-    std::set<int> local_ranks_filter;                     ///< --local-ranks-filter; empty: every rank
-    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
-    log_level agent_log_level = log_level::warning;       ///< LOGLEVEL
-    event_destination event_log_handler;                  ///< --event-log-handler: null, console, file:PATH
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -92,20 +81,32 @@ struct launch_config {
     }
 
     /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
-    /// --node-rank, --local-addr and --rdzv-conf.
+    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with --master-port or --rdzv-endpoint, the
+    /// others' always. The settings' exit_barrier_timeout falls back to exit_barrier_timeout.
     [[nodiscard]] rendezvous_parameters rendezvous() const {
-        return rendezvous_parameters{rdzv_backend, rendezvous_endpoint(), rdzv_id,   nnodes,
-                                     node_rank,    local_addr,            rdzv_conf};
+        rendezvous_parameters p;
+        p.backend = rdzv_backend;
+        p.endpoint = rendezvous_endpoint();
+        p.port_given = rdzv_backend != rendezvous_backend::static_ || master_port || rdzv_endpoint;
+        p.run_id = rdzv_id;
+        p.nnodes = nnodes;
+        p.node_rank = node_rank;
+        p.local_addr = local_addr;
+        p.settings = rdzv_conf;
+        if (!p.settings.exit_barrier_timeout) p.settings.exit_barrier_timeout = exit_barrier_timeout;
+        return p;
     }
+
+    /// The workers as the agent takes them.
+    [[nodiscard]] const worker_spec& workers() const noexcept { return *this; }
+
+    /// LOGLEVEL and --event-log-handler, as the agent takes them.
+    [[nodiscard]] const agent_options& agent() const noexcept { return *this; }
 
     /// --max-restarts and the --restart-* options, as the policy layer takes them.
     [[nodiscard]] restart_settings restarts() const {
         return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
     }
-
-    /// True when --log-dir is /dev/null: no stdout/stderr/error files are written (torchrun's
-    /// os.devnull rule).
-    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
 
     /// The global world size when `nodes` nodes take part.
     [[nodiscard]] long long world_size(int nodes) const { return static_cast<long long>(nodes) * nproc_per_node; }
@@ -142,10 +143,6 @@ inline void use_standalone(launch_config& config) {
 
 namespace detail::launch_impl {
 
-[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
-    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000) : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
-}
-
 [[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
         return fmt::format("{}", static_cast<int>(selection.every_rank));
@@ -162,7 +159,7 @@ namespace detail::launch_impl {
 /// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
 /// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
 [[nodiscard]] inline std::string describe(const launch_config& config) {
-    using detail::launch_impl::seconds_text;
+    using detail::text::seconds_text;
     using detail::launch_impl::streams_text;
     std::string command = config.program.target;
     for (const auto& arg : config.program.args) {

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/program.hpp"
+#include "elastic/agent/program.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 

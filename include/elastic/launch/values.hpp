@@ -4,6 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/text.hpp"
+#include "elastic/agent/spec.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/process/signal_name.hpp"
 #include "elastic/rendezvous/parameters.hpp"
@@ -30,26 +31,6 @@
 namespace elastic::inline v0 {
 
 using namespace std::chrono_literals;
-
-/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
-enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
-
-/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
-/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
-struct stream_selection {
-    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
-    std::map<int, std_streams> per_rank;         ///< local rank -> streams
-    friend bool operator==(const stream_selection&, const stream_selection&) = default;
-
-    /// The streams chosen for one local rank.
-    [[nodiscard]] std_streams for_rank(int local_rank) const {
-        if (per_rank.empty()) {
-            return every_rank;
-        }
-        const auto it = per_rank.find(local_rank);
-        return it == per_rank.end() ? std_streams::none : it->second;
-    }
-};
 
 namespace detail::launch_impl {
 using detail::text::lower;
@@ -433,14 +414,6 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return ranks;
 }
 
-/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
-[[nodiscard]] inline std::string signal_to_string(int number) {
-    for (const int s : forwardable_signal_numbers) {
-        if (s == number) return signal_name(number);
-    }
-    return fmt::format("{}", number);
-}
-
 /// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
@@ -468,9 +441,6 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     }
     return numbers;
 }
-
-/// The agent's log level, from `LOGLEVEL` (Python's level names).
-enum class log_level { debug, info, warning, error, critical };
 
 /// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {

@@ -76,6 +76,14 @@ inline constexpr std::array<int, 16> forwardable_signal_numbers{
     SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
     SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
+/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
+[[nodiscard]] inline std::string signal_to_string(int number) {
+    for (const int s : forwardable_signal_numbers) {
+        if (s == number) return signal_name(number);
+    }
+    return std::to_string(number);
+}
+
 /// torchrun's message for a worker killed by a signal (its ProcessFailure's):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {

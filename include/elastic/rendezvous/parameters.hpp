@@ -69,7 +69,7 @@ struct rendezvous_settings {
     std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
     std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
-    /// waits for the other nodes; unset: launch_config::exit_barrier_timeout.
+    /// waits for the other nodes; unset: 300 s (torchrun's fixed value).
     std::optional<std::chrono::milliseconds> exit_barrier_timeout;
     /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
     /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
@@ -106,6 +106,10 @@ struct rendezvous_parameters {
     /// --rdzv-endpoint, else for static --master-addr:--master-port; host `localhost` and the
     /// backend's default port (default_rendezvous_port) when absent.
     host_port endpoint{"127.0.0.1", std::uint16_t{29500}};
+    /// The endpoint's port was given (--rdzv-endpoint, --master-port) rather than defaulted. A
+    /// single node binds the workers' store there only when it was given: two one-node jobs on
+    /// a host would otherwise collide on the static backend's 29500.
+    bool port_given = false;
     std::string run_id = "none";          ///< --rdzv-id: the job id, namespaces store keys
     node_range nnodes;                    ///< --nnodes
     std::optional<int> node_rank;         ///< --node-rank; static: rank 0 hosts the store

@@ -4,8 +4,8 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/path_search.hpp"
+#include "elastic/detail/text.hpp"
 #include "elastic/usage_error.hpp"
-#include "elastic/launch/values.hpp"
 
 #include <fmt/format.h>
 
@@ -104,13 +104,6 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     return out;
 }
 
-namespace detail::launch_impl {
-
-using detail::check_file;
-using detail::file_check;
-
-}  // namespace detail::launch_impl
-
 /// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
 /// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
 /// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
@@ -119,10 +112,10 @@ using detail::file_check;
     if (name.empty()) {
         throw usage_error{fmt::format("{}: the name is empty", role)};
     }
-    const auto describe = [&](detail::launch_impl::file_check check, std::string_view path) {
+    const auto describe = [&](detail::file_check check, std::string_view path) {
         switch (check) {
-        case detail::launch_impl::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-        case detail::launch_impl::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
         default:
             return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
                                role, path);
@@ -130,8 +123,8 @@ using detail::file_check;
     };
     if (name.find('/') != std::string_view::npos) {
         const std::string path{name};
-        const auto check = detail::launch_impl::check_file(path, X_OK);
-        if (check != detail::launch_impl::file_check::ok) {
+        const auto check = detail::check_file(path, X_OK);
+        if (check != detail::file_check::ok) {
             throw usage_error{describe(check, path)};
         }
         return path;
@@ -141,7 +134,7 @@ using detail::file_check;
     auto [found, first_not_executable] = detail::search_path(name, search);
     if (!found.empty()) return found;
     if (!first_not_executable.empty()) {
-        throw usage_error{describe(detail::launch_impl::file_check::not_executable, first_not_executable)};
+        throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
     }
     throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
 }
@@ -156,10 +149,10 @@ using detail::file_check;
                                                                          : program_kind::executable;
 }
 
-namespace detail::launch_impl {
+namespace detail::agent {
 
 [[nodiscard]] inline bool valid_module_name(std::string_view name) {
-    for (const auto part : split(name, '.')) {
+    for (const auto part : detail::text::split(name, '.')) {
         if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
             !std::all_of(part.begin(), part.end(),
                          [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
@@ -169,7 +162,7 @@ namespace detail::launch_impl {
     return true;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::agent
 
 /// Resolves a program to the command the workers run, checking on the way that it can run: the
 /// executable (or the interpreter) exists and is executable, a script exists and is readable, a
@@ -188,14 +181,14 @@ namespace detail::launch_impl {
         command.argv.push_back(program.target);
         break;
     case program_kind::python_script: {
-        const auto check = detail::launch_impl::check_file(program.target, R_OK);
-        if (check == detail::launch_impl::file_check::missing) {
+        const auto check = detail::check_file(program.target, R_OK);
+        if (check == detail::file_check::missing) {
             throw usage_error{fmt::format("script {} does not exist", program.target)};
         }
-        if (check == detail::launch_impl::file_check::directory) {
+        if (check == detail::file_check::directory) {
             throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
         }
-        if (check != detail::launch_impl::file_check::ok) {
+        if (check != detail::file_check::ok) {
             throw usage_error{fmt::format("script {} is not readable", program.target)};
         }
         command.path = find_executable(program.python, env, "PYTHON_EXEC");
@@ -203,7 +196,7 @@ namespace detail::launch_impl {
         break;
     }
     case program_kind::python_module:
-        if (!detail::launch_impl::valid_module_name(program.target)) {
+        if (!detail::agent::valid_module_name(program.target)) {
             throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
                                           program.target)};
         }

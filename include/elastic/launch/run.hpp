@@ -7,6 +7,7 @@
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/launch/cli.hpp"
 #include "elastic/launch/config.hpp"
+#include "elastic/agent/agent_log.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/launch/default_policy.hpp"
@@ -79,7 +80,13 @@ template <restart_policy Policy>
 int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
         std::string name = "elasticrun") {
     asio::io_context context(1);
-    local_agent agent(context.get_executor(), config, env, std::move(name));
+    local_agent agent(context.get_executor(), config.workers(), config.rendezvous(), config.agent(), env,
+                      std::move(name));
+    if (agent.log().enabled(log_level::info)) {
+        auto banner = describe(config);
+        while (!banner.empty() && banner.back() == '\n') banner.pop_back();
+        agent.log().info(banner);
+    }
     std::optional<int> code;
     std::exception_ptr failure;
     asio::co_spawn(context, agent.run(policy), [&](std::exception_ptr e, int c) {
