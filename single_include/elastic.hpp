@@ -14089,6 +14089,245 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/worker_output.hpp ----
+// ---- begin elastic/agent/worker_group.hpp ----
+// worker_group: one attempt's workers on one node — started together with torchrun's
+// environment and their output routed, watched for the first failure, stopped (a signal, then
+// SIGKILL after the grace), their output drained, and their failure collected for the policy.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The agent could not do its own work (a directory, a port, a worker that cannot be started
+/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
+class agent_error : public error {
+public:
+    using error::error;
+};
+
+/// What the workers of one attempt are told, and where their files go.
+struct group_attempt {
+    int restarts = 0;               ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;        ///< MASTER_ADDR: the workers' store
+    std::uint16_t master_port = 0;  ///< MASTER_PORT
+    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID
+    /// attempt_<n>/ of the log tree (each worker's files under <local_rank>/); empty: no files.
+    std::filesystem::path dir;
+    /// The ranks of each local worker, one per worker (assign_worker() on one node).
+    std::vector<worker_assignment> ranks;
+};
+
+namespace detail::agent {
+
+/// One worker of the attempt.
+struct worker_slot {
+    worker_assignment assignment;
+    std::string error_file;
+    stderr_tail tail;
+    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
+};
+
+/// What the attempt's stream relays share with the group; they may outlive it.
+struct attempt_state {
+    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
+    std::vector<worker_slot> slots;
+    task_latch relays;
+};
+
+}  // namespace detail::agent
+
+/// One attempt's workers. start() them, await watch() (the first failure, or all succeeded),
+/// stop() them when the attempt must end early, then close() (the event log's exits, the output
+/// drained) before the next attempt; failure() is what the restart policy is given. Dropping the
+/// group kills whatever still runs (SIGKILL to each worker's process group), so no path — an
+/// exception included — leaves a worker behind. Use from the executor's thread.
+class worker_group {
+public:
+    /// `spec`, `command`, `events` and `log` must outlive the group.
+    worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
+                 agent_events& events, const agent_log& log)
+        : executor_(std::move(executor)),
+          spec_(&spec),
+          command_(&command),
+          events_(&events),
+          log_(&log),
+          state_(std::make_shared<detail::agent::attempt_state>(executor_, attempt_size(spec))) {}
+
+    worker_group(const worker_group&) = delete;
+    worker_group& operator=(const worker_group&) = delete;
+
+    /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
+    /// contract. A worker that cannot be started (its program vanished since validation) stops
+    /// the ones started and throws agent_error.
+    asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
+        restarts_ = attempt.restarts;
+        auto& slots = state_->slots;
+        workers_.reserve(slots.size());
+        std::optional<std::string> spawn_failure;
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+            const int local_rank = static_cast<int>(i);
+            auto& slot = slots[i];
+            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
+            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
+            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
+            const attempt_settings told{attempt.restarts, attempt.master_addr, attempt.master_port, slot.error_file,
+                                        attempt.run_id};
+            spawn_options how;
+            how.program = command_->path;
+            auto argv = command_->argv_for(local_rank);
+            how.args.assign(argv.begin() + 1, argv.end());
+            how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
+            try {
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
+                workers_.push_back(elastic::spawn(executor_, how));
+                events_->worker_started(attempt.restarts, slot.assignment, static_cast<long>(workers_.back().pid()));
+            } catch (const std::exception& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                break;
+            }
+            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail);
+        }
+        started_ = std::chrono::steady_clock::now();
+        if (spawn_failure) {
+            co_await stop(SIGTERM);
+            co_await close();
+            throw agent_error(*spawn_failure);
+        }
+    }
+
+    /// The index of the first worker that fails, or size() once every worker exited 0.
+    asio::awaitable<std::size_t> watch() {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (i >= workers_.size()) co_return workers_.size();
+            if (!workers_[i].status()->success()) co_return i;
+        }
+    }
+
+    /// Stops every worker: `sig` to each process group, SIGKILL after spec.shutdown_timeout.
+    /// Processes that outlive SIGKILL are logged. The first call also notes which workers had
+    /// ended on their own before it (failure() reports the others as stopped by the agent).
+    asio::awaitable<stop_result> stop(int sig) {
+        if (exited_before_.empty()) {
+            exited_before_.resize(workers_.size());
+            for (std::size_t i = 0; i < workers_.size(); ++i) exited_before_[i] = workers_[i].check_exit();
+        }
+        auto result = co_await elastic::stop(std::span<child_process>(workers_),
+                                             {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
+        if (!result.unkillable.empty()) {
+            std::string pids;
+            for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
+            log_->error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+        }
+        co_return result;
+    }
+
+    /// After the workers ended (or were stopped): records their exits in the event log and
+    /// awaits the end of their relayed output. A descendant that left its worker's process
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
+    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
+    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s.
+    asio::awaitable<void> close() {
+        using namespace asio::experimental::awaitable_operators;
+        events_->workers_exited(restarts_, workers_);
+        auto& relays = state_->relays;
+        asio::steady_timer bound(executor_);
+        for (int round = 0; relays.count() != 0; ++round) {
+            const auto seen = relays.progress();
+            bound.expires_after(std::chrono::seconds(2));
+            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
+            log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
+                                      "that left the group?); {}; closing it",
+                                      relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
+            for (auto& slot : state_->slots) slot.output.close();
+            co_await relays.wait();
+        }
+    }
+
+    /// The group's failure for the restart policy, after stop(): every worker that did not
+    /// exit 0 on its own — `first` (watch()'s answer) and the others that failed before the
+    /// stop as failed, the rest as stopped by the agent — with its error file and stderr tail.
+    [[nodiscard]] group_failure failure(std::size_t first, const std::string& host) const {
+        group_failure failure;
+        failure.restarts = restarts_;
+        failure.started = started_;
+        failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
+                                                                              : started_;
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            const auto& status = workers_[i].status();
+            const bool before = i < exited_before_.size() && exited_before_[i];
+            if (!status || (before && status->success())) continue;
+            const auto& slot = state_->slots[i];
+            worker_failure f;
+            f.local_rank = slot.assignment.local_rank;
+            f.global_rank = slot.assignment.global_rank;
+            f.role = spec_->role;
+            f.pid = static_cast<long>(workers_[i].pid());
+            f.host = host;
+            f.status = status->signaled() ? exit_status::from_signal(status->signal)
+                                          : exit_status::from_exit_code(status->code);
+            f.observed_steady = status->steady_time;
+            f.observed_system = status->system_time;
+            f.error_file = read_error_file(slot.error_file);
+            f.stderr_tail = slot.tail.snapshot();
+            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
+            // that ended after it was ended by the agent, whatever its exit code.
+            f.state = (before && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            failure.workers.push_back(std::move(f));
+        }
+        return failure;
+    }
+
+    /// The workers, in local-rank order (fewer than spec.nproc_per_node only while starting).
+    [[nodiscard]] std::span<child_process> workers() noexcept { return workers_; }
+    [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
+    /// The ranks of local worker `i`.
+    [[nodiscard]] const worker_assignment& assignment(std::size_t i) const { return state_->slots.at(i).assignment; }
+    /// When every worker had been started.
+    [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
+
+private:
+    static std::size_t attempt_size(const worker_spec& spec) {
+        return spec.nproc_per_node > 0 ? static_cast<std::size_t>(spec.nproc_per_node) : 0;
+    }
+
+    asio::any_io_executor executor_;
+    const worker_spec* spec_;
+    const worker_command* command_;
+    agent_events* events_;
+    const agent_log* log_;
+    // Shared with the stream relays, which may outlive the group if its owner unwinds.
+    std::shared_ptr<detail::agent::attempt_state> state_;
+    std::vector<child_process> workers_;  // after state_: destroyed (killed) first
+    std::vector<bool> exited_before_;
+    std::chrono::steady_clock::time_point started_{};
+    int restarts_ = 0;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_group.hpp ----
 // ---- begin elastic/rendezvous/tcp_rendezvous.hpp ----
 // tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
 // is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
@@ -16318,13 +16557,6 @@ private:
 
 namespace elastic::inline v0 {
 
-/// The agent could not do its own work (a directory, a port, a worker that cannot be started
-/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
-class agent_error : public error {
-public:
-    using error::error;
-};
-
 namespace detail::agent {
 
 /// An operation's value or the exception it ended with. The agent races rendezvous and policy
@@ -16444,21 +16676,6 @@ inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, 
     }
     return pattern;
 }
-
-/// One worker of the current attempt.
-struct worker_slot {
-    worker_assignment assignment;
-    std::string error_file;
-    stderr_tail tail;
-    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
-};
-
-/// What an attempt's stream relays share with it.
-struct attempt_state {
-    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
-    std::vector<worker_slot> slots;
-    task_latch relays;
-};
 
 /// How an attempt ended.
 struct attempt_outcome {
@@ -16652,185 +16869,76 @@ private:
         // (all nodes done, or an abort), not only while this node's own workers run.
         if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
 
-        const auto dir = attempt_dir(restarts);
-        // Shared with the stream relays, which may outlive this frame if it unwinds.
-        auto state = std::make_shared<detail::agent::attempt_state>(executor_, static_cast<std::size_t>(n));
-        auto& slots = state->slots;
-        auto& relays = state->relays;
-        std::vector<child_process> workers;
-        workers.reserve(slots.size());
-        const auto close_all = [&slots] {
-            for (auto& slot : slots) slot.output.close();
-        };
-
-        // Start every worker. spawn() returns once the program runs (or throws, e.g. when the
-        // program vanished since validation); signals arriving meanwhile wait in the signal_set.
-        std::optional<std::string> spawn_failure;
-        for (int i = 0; i < n; ++i) {
-            auto& slot = slots[static_cast<std::size_t>(i)];
-            slot.assignment = node_worker(i, n);
-            const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
-            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file, params_.run_id};
-            spawn_options how;
-            how.program = command_.path;
-            auto argv = command_.argv_for(i);
-            how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(spec_, env_, slot.assignment, attempt));
-            try {
-                slot.output.prepare(spec_, i, slot.assignment.global_rank, rank_dir, how);
-                workers.push_back(elastic::spawn(executor_, how));
-                events_.worker_started(restarts, slot.assignment, static_cast<long>(workers.back().pid()));
-            } catch (const std::exception& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
-                break;
-            }
-            slot.output.start(workers.back(), executor_, relays, state, slot.tail);
+        group_attempt attempt;
+        attempt.restarts = restarts;
+        attempt.master_addr = store_.master_addr;
+        attempt.master_port = master_port_;
+        attempt.run_id = params_.run_id;
+        attempt.dir = attempt_dir(restarts);
+        for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
+        worker_group group(executor_, spec_, command_, events_, log_);
+        // A worker that cannot be started: the group has stopped the others already.
+        try {
+            co_await group.start(attempt, env_);
+        } catch (...) {
+            server_ref.stop();
+            throw;
         }
-        const auto started = std::chrono::steady_clock::now();
 
+        // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
         std::optional<std::size_t> first_failure;
-        if (spawn_failure) {
-            co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)});
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            throw agent_error(*spawn_failure);
-        }
-        {
-            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
-                                  store_.master_addr, master_port_));
-            if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
-            auto first = co_await (watch_job(workers) || signals.async_wait(asio::use_awaitable));
-            if (first.index() == 1) {
-                outcome.how = attempt_outcome::kind::signaled;
-                outcome.signal = std::get<1>(first);
-            } else if (std::get<0>(first) == aborted_by_job) {
-                outcome.how = attempt_outcome::kind::aborted;
-            } else if (const auto i = std::get<0>(first); i < workers.size()) {
-                outcome.how = attempt_outcome::kind::failed;
-                first_failure = i;
-            }
-        }
-
-        if (outcome.how == attempt_outcome::kind::signaled) {
-            co_await stop_on_signal(workers, outcome.signal);
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            co_return outcome;
-        }
-        if (outcome.how == attempt_outcome::kind::succeeded) {
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            if (!rdzv_) server_ref.stop();  // several nodes: round_store_ keeps serving the others
-            co_return outcome;
-        }
-        if (outcome.how == attempt_outcome::kind::aborted) {  // another node's failure
-            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}));
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            co_return outcome;
-        }
-
-        // A failure: stop the others (the signal the agent would send, SIGTERM), racing the
-        // signals the agent handles — one arriving now is forwarded and wins.
-        const auto failed_at = workers[*first_failure].status()->steady_time;
-        std::vector<bool> exited_before(workers.size());
-        for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
-        if (rdzv_) co_await report_failure(workers[*first_failure], slots[*first_failure].assignment);
-        events_.stopping_group();
-        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}) ||
-                                 signals.async_wait(asio::use_awaitable));
-        if (stopped.index() == 1) {
+        log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
+                              store_.master_addr, master_port_));
+        if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
+        auto first = co_await (watch_job(group) || signals.async_wait(asio::use_awaitable));
+        if (first.index() == 1) {
             outcome.how = attempt_outcome::kind::signaled;
-            outcome.signal = std::get<1>(stopped);
-            co_await stop_on_signal(workers, outcome.signal);
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            co_return outcome;
+            outcome.signal = std::get<1>(first);
+        } else if (std::get<0>(first) == aborted_by_job) {
+            outcome.how = attempt_outcome::kind::aborted;
+        } else if (const auto i = std::get<0>(first); i < group.size()) {
+            outcome.how = attempt_outcome::kind::failed;
+            first_failure = i;
         }
-        report_unkillable(std::get<0>(stopped));
-        events_.workers_exited(restarts, workers);
-        co_await drain(relays, close_all);
-        server_ref.stop();
 
-        auto& failure = outcome.failure;
-        failure.restarts = restarts;
-        failure.started = started;
-        failure.failed = failed_at;
-        for (std::size_t i = 0; i < workers.size(); ++i) {
-            const auto& status = workers[i].status();
-            if (!status || (exited_before[i] && status->success())) continue;
-            auto& slot = slots[i];
-            worker_failure f;
-            f.local_rank = slot.assignment.local_rank;
-            f.global_rank = slot.assignment.global_rank;
-            f.role = spec_.role;
-            f.pid = static_cast<long>(workers[i].pid());
-            f.host = host_;
-            f.status = status->signaled() ? exit_status::from_signal(status->signal)
-                                          : exit_status::from_exit_code(status->code);
-            f.observed_steady = status->steady_time;
-            f.observed_system = status->system_time;
-            f.error_file = read_error_file(slot.error_file);
-            f.stderr_tail = slot.tail.snapshot();
-            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
-            // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (exited_before[i] && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
-            failure.workers.push_back(std::move(f));
+        switch (outcome.how) {
+        case attempt_outcome::kind::succeeded:
+            break;
+        case attempt_outcome::kind::signaled:
+            co_await stop_on_signal(group, outcome.signal);
+            break;
+        case attempt_outcome::kind::aborted:  // another node's failure
+            (void)co_await group.stop(SIGTERM);
+            break;
+        case attempt_outcome::kind::failed: {
+            // Stop the others (the signal the agent would send, SIGTERM), racing the signals
+            // the agent handles — one arriving now is forwarded and wins.
+            if (rdzv_) co_await report_failure(group.workers()[*first_failure], group.assignment(*first_failure));
+            events_.stopping_group();
+            auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
+            if (stopped.index() == 1) {
+                outcome.how = attempt_outcome::kind::signaled;
+                outcome.signal = std::get<1>(stopped);
+                co_await stop_on_signal(group, outcome.signal);
+            } else {
+                outcome.failure = group.failure(*first_failure, host_);
+            }
+            break;
         }
+        }
+        co_await group.close();
+        // Several nodes: after a success, round_store_ keeps serving the others' workers.
+        if (!(rdzv_ && outcome.how == attempt_outcome::kind::succeeded)) server_ref.stop();
         co_return outcome;
     }
 
-    /// The index of the first worker that fails, or workers.size() when all exited 0.
-    static asio::awaitable<std::size_t> watch(std::vector<child_process>& workers) {
-        for (;;) {
-            const std::size_t i = co_await wait_any(std::span<child_process>(workers));
-            if (i >= workers.size()) co_return workers.size();
-            if (!workers[i].status()->success()) co_return i;
-        }
-    }
-
-    asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
+    asio::awaitable<void> stop_on_signal(worker_group& group, int sig) {
         events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
                                  signal_to_string(sig), detail::text::seconds_text(spec_.shutdown_timeout)));
-        auto result = co_await stop(std::span<child_process>(workers), {sig, spec_.shutdown_timeout, std::chrono::seconds(10)});
-        report_unkillable(result);
+        (void)co_await group.stop(sig);
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
-    }
-
-    void report_unkillable(const stop_result& result) const {
-        if (result.unkillable.empty()) return;
-        std::string pids;
-        for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
-        log_.error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
-    }
-
-    /// Awaits the end of every relayed stream. A descendant that left its worker's process
-    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
-    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
-    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s: a
-    /// descendant writing for ever cannot keep the agent from ending.
-    template <class Close>
-    asio::awaitable<void> drain(task_latch& relays, Close close_all) {
-        using namespace asio::experimental::awaitable_operators;
-        asio::steady_timer bound(executor_);
-        for (int round = 0; relays.count() != 0; ++round) {
-            const auto seen = relays.progress();
-            bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
-            log_.warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
-                                     "that left the group?); {}; closing it",
-                                     relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
-            close_all();
-            co_await relays.wait();
-        }
     }
 
     // ---- several nodes: the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
@@ -17166,10 +17274,10 @@ private:
     }
 
     /// The first failing local worker, all succeeding, or (several nodes) aborted_by_job.
-    asio::awaitable<std::size_t> watch_job(std::vector<child_process>& workers) {
+    asio::awaitable<std::size_t> watch_job(worker_group& group) {
         using namespace asio::experimental::awaitable_operators;
-        if (!rdzv_) co_return co_await watch(workers);
-        auto first = co_await (watch(workers) || watch_abort());
+        if (!rdzv_) co_return co_await group.watch();
+        auto first = co_await (group.watch() || watch_abort());
         if (first.index() == 0) {
             rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
             co_return std::get<0>(first);

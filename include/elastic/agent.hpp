@@ -10,5 +10,6 @@
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
 #include "elastic/agent/worker_environment.hpp"
+#include "elastic/agent/worker_group.hpp"
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/policy.hpp"

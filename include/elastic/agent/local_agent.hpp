@@ -10,6 +10,7 @@
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/agent/worker_environment.hpp"
+#include "elastic/agent/worker_group.hpp"
 #include "elastic/error.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
@@ -64,13 +65,6 @@
 #include <unistd.h>
 
 namespace elastic::inline v0 {
-
-/// The agent could not do its own work (a directory, a port, a worker that cannot be started
-/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
-class agent_error : public error {
-public:
-    using error::error;
-};
 
 namespace detail::agent {
 
@@ -191,21 +185,6 @@ inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, 
     }
     return pattern;
 }
-
-/// One worker of the current attempt.
-struct worker_slot {
-    worker_assignment assignment;
-    std::string error_file;
-    stderr_tail tail;
-    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
-};
-
-/// What an attempt's stream relays share with it.
-struct attempt_state {
-    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
-    std::vector<worker_slot> slots;
-    task_latch relays;
-};
 
 /// How an attempt ended.
 struct attempt_outcome {
@@ -399,185 +378,76 @@ private:
         // (all nodes done, or an abort), not only while this node's own workers run.
         if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
 
-        const auto dir = attempt_dir(restarts);
-        // Shared with the stream relays, which may outlive this frame if it unwinds.
-        auto state = std::make_shared<detail::agent::attempt_state>(executor_, static_cast<std::size_t>(n));
-        auto& slots = state->slots;
-        auto& relays = state->relays;
-        std::vector<child_process> workers;
-        workers.reserve(slots.size());
-        const auto close_all = [&slots] {
-            for (auto& slot : slots) slot.output.close();
-        };
-
-        // Start every worker. spawn() returns once the program runs (or throws, e.g. when the
-        // program vanished since validation); signals arriving meanwhile wait in the signal_set.
-        std::optional<std::string> spawn_failure;
-        for (int i = 0; i < n; ++i) {
-            auto& slot = slots[static_cast<std::size_t>(i)];
-            slot.assignment = node_worker(i, n);
-            const auto rank_dir = dir.empty() ? dir : dir / fmt::format("{}", i);
-            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            attempt_settings attempt{restarts, store_.master_addr, master_port_, slot.error_file, params_.run_id};
-            spawn_options how;
-            how.program = command_.path;
-            auto argv = command_.argv_for(i);
-            how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(spec_, env_, slot.assignment, attempt));
-            try {
-                slot.output.prepare(spec_, i, slot.assignment.global_rank, rank_dir, how);
-                workers.push_back(elastic::spawn(executor_, how));
-                events_.worker_started(restarts, slot.assignment, static_cast<long>(workers.back().pid()));
-            } catch (const std::exception& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
-                break;
-            }
-            slot.output.start(workers.back(), executor_, relays, state, slot.tail);
+        group_attempt attempt;
+        attempt.restarts = restarts;
+        attempt.master_addr = store_.master_addr;
+        attempt.master_port = master_port_;
+        attempt.run_id = params_.run_id;
+        attempt.dir = attempt_dir(restarts);
+        for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
+        worker_group group(executor_, spec_, command_, events_, log_);
+        // A worker that cannot be started: the group has stopped the others already.
+        try {
+            co_await group.start(attempt, env_);
+        } catch (...) {
+            server_ref.stop();
+            throw;
         }
-        const auto started = std::chrono::steady_clock::now();
 
+        // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
         std::optional<std::size_t> first_failure;
-        if (spawn_failure) {
-            co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)});
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            throw agent_error(*spawn_failure);
-        }
-        {
-            log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
-                                  store_.master_addr, master_port_));
-            if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
-            auto first = co_await (watch_job(workers) || signals.async_wait(asio::use_awaitable));
-            if (first.index() == 1) {
-                outcome.how = attempt_outcome::kind::signaled;
-                outcome.signal = std::get<1>(first);
-            } else if (std::get<0>(first) == aborted_by_job) {
-                outcome.how = attempt_outcome::kind::aborted;
-            } else if (const auto i = std::get<0>(first); i < workers.size()) {
-                outcome.how = attempt_outcome::kind::failed;
-                first_failure = i;
-            }
-        }
-
-        if (outcome.how == attempt_outcome::kind::signaled) {
-            co_await stop_on_signal(workers, outcome.signal);
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            co_return outcome;
-        }
-        if (outcome.how == attempt_outcome::kind::succeeded) {
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            if (!rdzv_) server_ref.stop();  // several nodes: round_store_ keeps serving the others
-            co_return outcome;
-        }
-        if (outcome.how == attempt_outcome::kind::aborted) {  // another node's failure
-            report_unkillable(co_await stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}));
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            co_return outcome;
-        }
-
-        // A failure: stop the others (the signal the agent would send, SIGTERM), racing the
-        // signals the agent handles — one arriving now is forwarded and wins.
-        const auto failed_at = workers[*first_failure].status()->steady_time;
-        std::vector<bool> exited_before(workers.size());
-        for (std::size_t i = 0; i < workers.size(); ++i) exited_before[i] = workers[i].check_exit();
-        if (rdzv_) co_await report_failure(workers[*first_failure], slots[*first_failure].assignment);
-        events_.stopping_group();
-        auto stopped = co_await (stop(std::span<child_process>(workers), {SIGTERM, spec_.shutdown_timeout, std::chrono::seconds(10)}) ||
-                                 signals.async_wait(asio::use_awaitable));
-        if (stopped.index() == 1) {
+        log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
+                              store_.master_addr, master_port_));
+        if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
+        auto first = co_await (watch_job(group) || signals.async_wait(asio::use_awaitable));
+        if (first.index() == 1) {
             outcome.how = attempt_outcome::kind::signaled;
-            outcome.signal = std::get<1>(stopped);
-            co_await stop_on_signal(workers, outcome.signal);
-            events_.workers_exited(restarts, workers);
-            co_await drain(relays, close_all);
-            server_ref.stop();
-            co_return outcome;
+            outcome.signal = std::get<1>(first);
+        } else if (std::get<0>(first) == aborted_by_job) {
+            outcome.how = attempt_outcome::kind::aborted;
+        } else if (const auto i = std::get<0>(first); i < group.size()) {
+            outcome.how = attempt_outcome::kind::failed;
+            first_failure = i;
         }
-        report_unkillable(std::get<0>(stopped));
-        events_.workers_exited(restarts, workers);
-        co_await drain(relays, close_all);
-        server_ref.stop();
 
-        auto& failure = outcome.failure;
-        failure.restarts = restarts;
-        failure.started = started;
-        failure.failed = failed_at;
-        for (std::size_t i = 0; i < workers.size(); ++i) {
-            const auto& status = workers[i].status();
-            if (!status || (exited_before[i] && status->success())) continue;
-            auto& slot = slots[i];
-            worker_failure f;
-            f.local_rank = slot.assignment.local_rank;
-            f.global_rank = slot.assignment.global_rank;
-            f.role = spec_.role;
-            f.pid = static_cast<long>(workers[i].pid());
-            f.host = host_;
-            f.status = status->signaled() ? exit_status::from_signal(status->signal)
-                                          : exit_status::from_exit_code(status->code);
-            f.observed_steady = status->steady_time;
-            f.observed_system = status->system_time;
-            f.error_file = read_error_file(slot.error_file);
-            f.stderr_tail = slot.tail.snapshot();
-            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
-            // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (exited_before[i] && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
-            failure.workers.push_back(std::move(f));
+        switch (outcome.how) {
+        case attempt_outcome::kind::succeeded:
+            break;
+        case attempt_outcome::kind::signaled:
+            co_await stop_on_signal(group, outcome.signal);
+            break;
+        case attempt_outcome::kind::aborted:  // another node's failure
+            (void)co_await group.stop(SIGTERM);
+            break;
+        case attempt_outcome::kind::failed: {
+            // Stop the others (the signal the agent would send, SIGTERM), racing the signals
+            // the agent handles — one arriving now is forwarded and wins.
+            if (rdzv_) co_await report_failure(group.workers()[*first_failure], group.assignment(*first_failure));
+            events_.stopping_group();
+            auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
+            if (stopped.index() == 1) {
+                outcome.how = attempt_outcome::kind::signaled;
+                outcome.signal = std::get<1>(stopped);
+                co_await stop_on_signal(group, outcome.signal);
+            } else {
+                outcome.failure = group.failure(*first_failure, host_);
+            }
+            break;
         }
+        }
+        co_await group.close();
+        // Several nodes: after a success, round_store_ keeps serving the others' workers.
+        if (!(rdzv_ && outcome.how == attempt_outcome::kind::succeeded)) server_ref.stop();
         co_return outcome;
     }
 
-    /// The index of the first worker that fails, or workers.size() when all exited 0.
-    static asio::awaitable<std::size_t> watch(std::vector<child_process>& workers) {
-        for (;;) {
-            const std::size_t i = co_await wait_any(std::span<child_process>(workers));
-            if (i >= workers.size()) co_return workers.size();
-            if (!workers[i].status()->success()) co_return i;
-        }
-    }
-
-    asio::awaitable<void> stop_on_signal(std::vector<child_process>& workers, int sig) {
+    asio::awaitable<void> stop_on_signal(worker_group& group, int sig) {
         events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
                                  signal_to_string(sig), detail::text::seconds_text(spec_.shutdown_timeout)));
-        auto result = co_await stop(std::span<child_process>(workers), {sig, spec_.shutdown_timeout, std::chrono::seconds(10)});
-        report_unkillable(result);
+        (void)co_await group.stop(sig);
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
-    }
-
-    void report_unkillable(const stop_result& result) const {
-        if (result.unkillable.empty()) return;
-        std::string pids;
-        for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
-        log_.error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
-    }
-
-    /// Awaits the end of every relayed stream. A descendant that left its worker's process
-    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
-    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
-    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s: a
-    /// descendant writing for ever cannot keep the agent from ending.
-    template <class Close>
-    asio::awaitable<void> drain(task_latch& relays, Close close_all) {
-        using namespace asio::experimental::awaitable_operators;
-        asio::steady_timer bound(executor_);
-        for (int round = 0; relays.count() != 0; ++round) {
-            const auto seen = relays.progress();
-            bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
-            log_.warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
-                                     "that left the group?); {}; closing it",
-                                     relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
-            close_all();
-            co_await relays.wait();
-        }
     }
 
     // ---- several nodes: the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
@@ -913,10 +783,10 @@ private:
     }
 
     /// The first failing local worker, all succeeding, or (several nodes) aborted_by_job.
-    asio::awaitable<std::size_t> watch_job(std::vector<child_process>& workers) {
+    asio::awaitable<std::size_t> watch_job(worker_group& group) {
         using namespace asio::experimental::awaitable_operators;
-        if (!rdzv_) co_return co_await watch(workers);
-        auto first = co_await (watch(workers) || watch_abort());
+        if (!rdzv_) co_return co_await group.watch();
+        auto first = co_await (group.watch() || watch_abort());
         if (first.index() == 0) {
             rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
             co_return std::get<0>(first);

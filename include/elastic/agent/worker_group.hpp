@@ -1,0 +1,255 @@
+// worker_group: one attempt's workers on one node — started together with torchrun's
+// environment and their output routed, watched for the first failure, stopped (a signal, then
+// SIGKILL after the grace), their output drained, and their failure collected for the policy.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/agent/agent_events.hpp"
+#include "elastic/agent/agent_log.hpp"
+#include "elastic/agent/output.hpp"
+#include "elastic/agent/program.hpp"
+#include "elastic/agent/spec.hpp"
+#include "elastic/agent/worker_environment.hpp"
+#include "elastic/agent/worker_output.hpp"
+#include "elastic/error.hpp"
+#include "elastic/policy/concepts.hpp"
+#include "elastic/process/child.hpp"
+#include "elastic/process/group.hpp"
+#include "elastic/process/spawn.hpp"
+#include "elastic/report/error_file.hpp"
+#include "elastic/report/failure.hpp"
+#include "elastic/report/stderr_tail.hpp"
+#include "elastic/usage_error.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The agent could not do its own work (a directory, a port, a worker that cannot be started
+/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
+class agent_error : public error {
+public:
+    using error::error;
+};
+
+/// What the workers of one attempt are told, and where their files go.
+struct group_attempt {
+    int restarts = 0;               ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;        ///< MASTER_ADDR: the workers' store
+    std::uint16_t master_port = 0;  ///< MASTER_PORT
+    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID
+    /// attempt_<n>/ of the log tree (each worker's files under <local_rank>/); empty: no files.
+    std::filesystem::path dir;
+    /// The ranks of each local worker, one per worker (assign_worker() on one node).
+    std::vector<worker_assignment> ranks;
+};
+
+namespace detail::agent {
+
+/// One worker of the attempt.
+struct worker_slot {
+    worker_assignment assignment;
+    std::string error_file;
+    stderr_tail tail;
+    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
+};
+
+/// What the attempt's stream relays share with the group; they may outlive it.
+struct attempt_state {
+    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
+    std::vector<worker_slot> slots;
+    task_latch relays;
+};
+
+}  // namespace detail::agent
+
+/// One attempt's workers. start() them, await watch() (the first failure, or all succeeded),
+/// stop() them when the attempt must end early, then close() (the event log's exits, the output
+/// drained) before the next attempt; failure() is what the restart policy is given. Dropping the
+/// group kills whatever still runs (SIGKILL to each worker's process group), so no path — an
+/// exception included — leaves a worker behind. Use from the executor's thread.
+class worker_group {
+public:
+    /// `spec`, `command`, `events` and `log` must outlive the group.
+    worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
+                 agent_events& events, const agent_log& log)
+        : executor_(std::move(executor)),
+          spec_(&spec),
+          command_(&command),
+          events_(&events),
+          log_(&log),
+          state_(std::make_shared<detail::agent::attempt_state>(executor_, attempt_size(spec))) {}
+
+    worker_group(const worker_group&) = delete;
+    worker_group& operator=(const worker_group&) = delete;
+
+    /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
+    /// contract. A worker that cannot be started (its program vanished since validation) stops
+    /// the ones started and throws agent_error.
+    asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
+        restarts_ = attempt.restarts;
+        auto& slots = state_->slots;
+        workers_.reserve(slots.size());
+        std::optional<std::string> spawn_failure;
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+            const int local_rank = static_cast<int>(i);
+            auto& slot = slots[i];
+            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
+            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
+            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
+            const attempt_settings told{attempt.restarts, attempt.master_addr, attempt.master_port, slot.error_file,
+                                        attempt.run_id};
+            spawn_options how;
+            how.program = command_->path;
+            auto argv = command_->argv_for(local_rank);
+            how.args.assign(argv.begin() + 1, argv.end());
+            how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
+            try {
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
+                workers_.push_back(elastic::spawn(executor_, how));
+                events_->worker_started(attempt.restarts, slot.assignment, static_cast<long>(workers_.back().pid()));
+            } catch (const std::exception& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                break;
+            }
+            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail);
+        }
+        started_ = std::chrono::steady_clock::now();
+        if (spawn_failure) {
+            co_await stop(SIGTERM);
+            co_await close();
+            throw agent_error(*spawn_failure);
+        }
+    }
+
+    /// The index of the first worker that fails, or size() once every worker exited 0.
+    asio::awaitable<std::size_t> watch() {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (i >= workers_.size()) co_return workers_.size();
+            if (!workers_[i].status()->success()) co_return i;
+        }
+    }
+
+    /// Stops every worker: `sig` to each process group, SIGKILL after spec.shutdown_timeout.
+    /// Processes that outlive SIGKILL are logged. The first call also notes which workers had
+    /// ended on their own before it (failure() reports the others as stopped by the agent).
+    asio::awaitable<stop_result> stop(int sig) {
+        if (exited_before_.empty()) {
+            exited_before_.resize(workers_.size());
+            for (std::size_t i = 0; i < workers_.size(); ++i) exited_before_[i] = workers_[i].check_exit();
+        }
+        auto result = co_await elastic::stop(std::span<child_process>(workers_),
+                                             {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
+        if (!result.unkillable.empty()) {
+            std::string pids;
+            for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
+            log_->error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+        }
+        co_return result;
+    }
+
+    /// After the workers ended (or were stopped): records their exits in the event log and
+    /// awaits the end of their relayed output. A descendant that left its worker's process
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
+    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
+    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s.
+    asio::awaitable<void> close() {
+        using namespace asio::experimental::awaitable_operators;
+        events_->workers_exited(restarts_, workers_);
+        auto& relays = state_->relays;
+        asio::steady_timer bound(executor_);
+        for (int round = 0; relays.count() != 0; ++round) {
+            const auto seen = relays.progress();
+            bound.expires_after(std::chrono::seconds(2));
+            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
+            log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
+                                      "that left the group?); {}; closing it",
+                                      relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
+            for (auto& slot : state_->slots) slot.output.close();
+            co_await relays.wait();
+        }
+    }
+
+    /// The group's failure for the restart policy, after stop(): every worker that did not
+    /// exit 0 on its own — `first` (watch()'s answer) and the others that failed before the
+    /// stop as failed, the rest as stopped by the agent — with its error file and stderr tail.
+    [[nodiscard]] group_failure failure(std::size_t first, const std::string& host) const {
+        group_failure failure;
+        failure.restarts = restarts_;
+        failure.started = started_;
+        failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
+                                                                              : started_;
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            const auto& status = workers_[i].status();
+            const bool before = i < exited_before_.size() && exited_before_[i];
+            if (!status || (before && status->success())) continue;
+            const auto& slot = state_->slots[i];
+            worker_failure f;
+            f.local_rank = slot.assignment.local_rank;
+            f.global_rank = slot.assignment.global_rank;
+            f.role = spec_->role;
+            f.pid = static_cast<long>(workers_[i].pid());
+            f.host = host;
+            f.status = status->signaled() ? exit_status::from_signal(status->signal)
+                                          : exit_status::from_exit_code(status->code);
+            f.observed_steady = status->steady_time;
+            f.observed_system = status->system_time;
+            f.error_file = read_error_file(slot.error_file);
+            f.stderr_tail = slot.tail.snapshot();
+            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
+            // that ended after it was ended by the agent, whatever its exit code.
+            f.state = (before && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            failure.workers.push_back(std::move(f));
+        }
+        return failure;
+    }
+
+    /// The workers, in local-rank order (fewer than spec.nproc_per_node only while starting).
+    [[nodiscard]] std::span<child_process> workers() noexcept { return workers_; }
+    [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
+    /// The ranks of local worker `i`.
+    [[nodiscard]] const worker_assignment& assignment(std::size_t i) const { return state_->slots.at(i).assignment; }
+    /// When every worker had been started.
+    [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
+
+private:
+    static std::size_t attempt_size(const worker_spec& spec) {
+        return spec.nproc_per_node > 0 ? static_cast<std::size_t>(spec.nproc_per_node) : 0;
+    }
+
+    asio::any_io_executor executor_;
+    const worker_spec* spec_;
+    const worker_command* command_;
+    agent_events* events_;
+    const agent_log* log_;
+    // Shared with the stream relays, which may outlive the group if its owner unwinds.
+    std::shared_ptr<detail::agent::attempt_state> state_;
+    std::vector<child_process> workers_;  // after state_: destroyed (killed) first
+    std::vector<bool> exited_before_;
+    std::chrono::steady_clock::time_point started_{};
+    int restarts_ = 0;
+};
+
+}  // namespace elastic::inline v0
