@@ -5755,7 +5755,8 @@ private:
 }  // namespace elastic::inline v0
 // ---- end elastic/process/error.hpp ----
 // ---- begin elastic/process/exit.hpp ----
-// process_exit: how and when a worker process ended, as the agent saw it.
+// How a process ended (exit_status: its code or signal, its numbers and its description) and
+// when the agent saw it end (process_exit: the status with the pid and two timestamps).
 
 // ---- begin elastic/process/signal_name.hpp ----
 // Names of Linux signals (the one table), the signals an agent can forward, and torchrun's
@@ -5845,8 +5846,8 @@ inline std::string signal_message(int signal_number, long pid) {
 // ---- end elastic/process/signal_name.hpp ----
 
 #include <chrono>
+#include <climits>
 #include <csignal>
-#include <cstring>
 #include <string>
 
 #include <sys/types.h>
@@ -5854,58 +5855,95 @@ inline std::string signal_message(int signal_number, long pid) {
 
 namespace elastic::inline v0 {
 
-/// How a process ended and when the agent saw it end.
+/// How a process ended: it exited with a code, or a signal killed it (perhaps dumping core).
+/// Every layer uses this one value: the process layer fills it from waitid, a failure report
+/// prints it, a restart policy matches it against exit-code sets.
 ///
-/// (report/failure.hpp's `exit_status` is the report's view of the same fact, without pid or
-/// times: `signaled() ? exit_status::from_signal(signal) : exit_status::from_exit_code(code)`.)
-///
-/// Exactly one of `code` (normal exit) and `signal` (killed by a signal) is meaningful:
-/// `signal == 0` means the process called exit, and then `code` is its 0..255 exit code; otherwise
-/// `code` is -1. The times are taken when the agent observed the exit (its pidfd became readable),
-/// on both clocks: `steady_time` orders failures within one agent, `system_time` is what a failure
-/// report prints and compares across hosts.
-struct process_exit {
-    pid_t pid = 0;            ///< the process id
-    int code = -1;            ///< exit code when `signal == 0`, else -1
-    int signal = 0;           ///< terminating signal number, 0 when the process exited
-    bool core_dumped = false; ///< the signal produced a core dump
-    std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
-    std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
+/// Its numbers, and the one rule for numbers that cannot be what they stand for:
+///   - returncode(): Python's `Popen.returncode`, what torchrun's summary prints as "exitcode" and
+///     an error file's errorCode holds: the code, or -N for signal N (INT_MAX for INT_MIN, whose
+///     negation would overflow);
+///   - shell_code(): the shell's convention, which elasticrun exits with: the code, or 128 + N
+///     for signal N; 255 when N is no signal number a shell could report (N <= 0 or N >= 127), so
+///     the sum can neither overflow nor read as an exit code.
+struct exit_status {
+    enum class kind { exited, signaled };
+
+    kind how = kind::exited;
+    /// The exit code (0..255) when `how == exited`, the signal number when `how == signaled`.
+    int value = 0;
+    /// The signal produced a core dump (only ever true when signaled).
+    bool core_dumped = false;
+
+    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code, false}; }
+    static constexpr exit_status from_signal(int signal_number, bool core_dumped = false) noexcept {
+        return {kind::signaled, signal_number, core_dumped};
+    }
+    /// From a waitpid() status word.
+    static exit_status from_wait_status(int status) noexcept {
+        if (WIFSIGNALED(status)) return from_signal(WTERMSIG(status), WCOREDUMP(status) != 0);
+        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
+    }
+    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED, or CLD_KILLED /
+    /// CLD_DUMPED, and si_status.
+    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
+        return code == CLD_EXITED ? from_exit_code(status_or_signal)
+                                  : from_signal(status_or_signal, code == CLD_DUMPED);
+    }
+    static exit_status from_siginfo(const siginfo_t& info) noexcept { return from_siginfo(info.si_code, info.si_status); }
 
     /// The process called exit (or returned from main).
-    [[nodiscard]] bool exited() const noexcept { return signal == 0; }
-    /// The process was ended by a signal.
-    [[nodiscard]] bool signaled() const noexcept { return signal != 0; }
+    [[nodiscard]] constexpr bool exited() const noexcept { return how == kind::exited; }
+    /// A signal ended the process.
+    [[nodiscard]] constexpr bool signaled() const noexcept { return how == kind::signaled; }
     /// Exited with code 0.
-    [[nodiscard]] bool success() const noexcept { return signal == 0 && code == 0; }
-    /// Python's `Popen.returncode` (what torchrun's summary prints as "exitcode"): the exit code,
-    /// or minus the signal number.
-    [[nodiscard]] int returncode() const noexcept { return signal != 0 ? -signal : code; }
-    /// The shell's convention, which elasticrun exits with: the exit code, or 128 + signal.
-    [[nodiscard]] int shell_code() const noexcept { return signal != 0 ? 128 + signal : code; }
+    [[nodiscard]] constexpr bool success() const noexcept { return how == kind::exited && value == 0; }
+    /// The exit code, or -1 when a signal ended the process.
+    [[nodiscard]] constexpr int code() const noexcept { return exited() ? value : -1; }
+    /// The terminating signal, or 0 when the process exited.
+    [[nodiscard]] constexpr int signal() const noexcept { return signaled() ? value : 0; }
 
-    /// "exited with code 3" or "killed by signal 9 (SIGKILL)".
+    /// torchrun's number (Popen.returncode): the code, or -N for signal N.
+    [[nodiscard]] constexpr int returncode() const noexcept {
+        if (exited()) return value;
+        return value == INT_MIN ? INT_MAX : -value;
+    }
+    /// The shell's number: the code, or 128 + N for signal N (255 for no signal number).
+    [[nodiscard]] constexpr int shell_code() const noexcept {
+        if (exited()) return value;
+        return value <= 0 || value >= 127 ? 255 : 128 + value;
+    }
+
+    /// The one text for an ending, which every log line and message uses: "exited with code 3",
+    /// "killed by signal 9 (SIGKILL)", "killed by signal 6 (SIGABRT), core dumped". (Failure
+    /// reports in torchrun's layout keep torchrun's own wording: see report/failure.hpp.)
     [[nodiscard]] std::string describe() const {
-        if (signal == 0) return "exited with code " + std::to_string(code);
-        std::string text = "killed by signal " + std::to_string(signal) + " (" +
-                           signal_name(signal) + ")";
+        if (exited()) return "exited with code " + std::to_string(value);
+        std::string text = "killed by signal " + std::to_string(value) + " (" + signal_name(value) + ")";
         if (core_dumped) text += ", core dumped";
         return text;
     }
 
-    /// Builds the status from what waitid reported, stamped now.
+    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
+};
+
+/// A process's end as the agent observed it: its pid, how it ended, and when the agent saw it
+/// (its pidfd became readable), on both clocks: `steady_time` orders failures within one agent,
+/// `system_time` is what a failure report prints and compares across hosts.
+struct process_exit {
+    pid_t pid = 0;         ///< the process id
+    exit_status status;    ///< how it ended
+    std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
+    std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
+
+    /// The exit waitid reported, stamped now.
     static process_exit from_siginfo(const siginfo_t& info) {
-        process_exit status;
-        status.pid = info.si_pid;
-        if (info.si_code == CLD_EXITED) {
-            status.code = info.si_status;
-        } else {
-            status.signal = info.si_status;
-            status.core_dumped = info.si_code == CLD_DUMPED;
-        }
-        status.steady_time = std::chrono::steady_clock::now();
-        status.system_time = std::chrono::system_clock::now();
-        return status;
+        process_exit observed;
+        observed.pid = info.si_pid;
+        observed.status = exit_status::from_siginfo(info);
+        observed.steady_time = std::chrono::steady_clock::now();
+        observed.system_time = std::chrono::system_clock::now();
+        return observed;
     }
 };
 
@@ -7004,9 +7042,9 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         }
         if (exited_before[i]) {
             worker.outcome = stop_outcome::already_exited;
-        } else if (outlived_grace[i] && child.status()->signal == SIGKILL) {
+        } else if (outlived_grace[i] && child.status()->status.signal() == SIGKILL) {
             worker.outcome = stop_outcome::killed;
-        } else if (child.status()->signal == options.signal) {
+        } else if (child.status()->status.signal() == options.signal) {
             worker.outcome = stop_outcome::signaled;
         } else {
             worker.outcome = stop_outcome::exited;
@@ -8367,7 +8405,6 @@ private:
 // ---- end elastic/report/stderr_tail.hpp ----
 
 #include <chrono>
-#include <climits>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -8376,60 +8413,11 @@ private:
 #include <utility>
 
 #include <netdb.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 namespace elastic::inline v0 {
-
-/// How a process ended: exited with a code, or killed by a signal.
-struct exit_status {
-    enum class kind { exited, signaled };
-
-    kind how = kind::exited;
-    /// The exit code (0..255) or the signal number.
-    int value = 0;
-
-    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code}; }
-    static constexpr exit_status from_signal(int signal_number) noexcept {
-        return {kind::signaled, signal_number};
-    }
-    /// From a waitpid() status word.
-    static exit_status from_wait_status(int status) noexcept {
-        if (WIFSIGNALED(status)) {
-            return from_signal(WTERMSIG(status));
-        }
-        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
-    }
-    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED or CLD_KILLED /
-    /// CLD_DUMPED, and si_status.
-    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
-        return code == CLD_EXITED ? from_exit_code(status_or_signal)
-                                  : from_signal(status_or_signal);
-    }
-
-    bool signaled() const noexcept { return how == kind::signaled; }
-    bool success() const noexcept { return how == kind::exited && value == 0; }
-
-    /// torchrun's number for it (Popen.returncode): the code, or -N for signal N. This is what
-    /// the summary's "exitcode" line and an error file's errorCode show.
-    constexpr int torch_exitcode() const noexcept {
-        // Negating INT_MIN would overflow; no real signal is near it.
-        return how != kind::signaled ? value : (value == INT_MIN ? INT_MAX : -value);
-    }
-
-    /// The shell's number for it: the code, or 128+N for signal N (255 for numbers that are no
-    /// signal, so the sum can neither overflow nor look like an exit code).
-    constexpr int shell_exit_code() const noexcept {
-        if (how != kind::signaled) {
-            return value;
-        }
-        return value <= 0 || value >= 127 ? 255 : 128 + value;
-    }
-
-    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
-};
 
 /// Why a worker is in a failure report.
 enum class failure_state {
@@ -8477,10 +8465,10 @@ inline std::string failure_headline(const worker_failure& f) {
         return f.error_file.content.message;
     }
     if (f.status.signaled()) {
-        return signal_message(f.status.value, f.pid);
+        return signal_message(f.status.signal(), f.pid);
     }
     return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
-                       f.global_rank, f.local_rank, f.status.value);
+                       f.global_rank, f.local_rank, f.status.code());
 }
 
 /// The stderr tail as a report shows it: a heading line, then the lines indented by two.
@@ -8530,7 +8518,7 @@ inline std::string failure_traceback(const worker_failure& f) {
         if (!out.empty()) {
             out += '\n';
         }
-        out += signal_message(f.status.value, f.pid);
+        out += signal_message(f.status.signal(), f.pid);
     }
     if (!f.stderr_tail.empty()) {
         if (!out.empty()) {
@@ -8603,7 +8591,7 @@ inline std::optional<std::size_t> root_cause(std::span<const worker_failure> fai
 /// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
 /// killed it (the shell's convention), and at least 1 (a failure never reads as success).
 constexpr int launcher_exit_code(const worker_failure& f) noexcept {
-    const int code = f.status.shell_exit_code();
+    const int code = f.status.shell_code();
     return code == 0 ? 1 : code;
 }
 
@@ -8620,7 +8608,7 @@ inline std::optional<int> launcher_exit_code(std::span<const worker_failure> fai
 /// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
 inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                       f.status.torch_exitcode(), f.local_rank, f.pid,
+                       f.status.returncode(), f.local_rank, f.pid,
                        detail::report::valid_utf8(entrypoint));
 }
 
@@ -8684,7 +8672,7 @@ public:
 ///   summary shows as its traceback (the stderr tail), timestamp = the failure's time.
 inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
-    const int error_code = root.status.torch_exitcode();
+    const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
         json doc = root.error_file.content.document;
         if (root.error_file.content.format == error_file_format::nested) {
@@ -9000,7 +8988,7 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
         raw_error = R"({"message": "<NONE>"})";
     }
     return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.torch_exitcode(), failure_display_time(f),
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f),
                                          ctx);
 }
 
@@ -9332,7 +9320,7 @@ inline std::string failure_block(std::size_t idx, const worker_failure& f, bool 
         "  error_file: {}\n"
         "  traceback : {}",
         idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
-        f.local_rank, f.status.torch_exitcode(), f.pid, error_file,
+        f.local_rank, f.status.returncode(), f.pid, error_file,
         indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
@@ -9381,7 +9369,7 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
         if (f.state == failure_state::stopped_by_agent) {
             std::string line =
                 fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                            f.local_rank, f.status.torch_exitcode(), f.pid);
+                            f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
@@ -15913,10 +15901,11 @@ public:
                 return a->status()->steady_time < b->status()->steady_time;
             });
             for (const auto* w : ended) {
-                const auto& s = *w->status();
+                const auto& observed = *w->status();
+                const auto& s = observed.status;
                 const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
-                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
                     m["restart_count"] = restarts;
                     m["local_rank"] = who.local_rank;
                     m["global_rank"] = who.global_rank;
@@ -15924,7 +15913,7 @@ public:
                     m["state"] = state;
                     m["exitcode"] = s.returncode();
                     m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
                     m["core_dumped"] = s.core_dumped;
                 });
             }
@@ -15951,7 +15940,7 @@ public:
                     m["root_cause_global_rank"] = root->global_rank;
                     m["root_cause_local_rank"] = root->local_rank;
                     m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.torch_exitcode();
+                    m["root_cause_exitcode"] = root->status.returncode();
                     m["root_cause"] = failure_headline(*root);
                 } else {
                     m["root_cause"] = nullptr;
@@ -16528,9 +16517,7 @@ private:
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
-        return fmt::format("local_rank {} {}", root->local_rank,
-                           root->status.signaled() ? fmt::format("killed by {}", signal_name(root->status.value))
-                                                   : fmt::format("exited with code {}", root->status.value));
+        return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
     int finish_failed(const group_failure& failure) {
@@ -16721,7 +16708,7 @@ private:
         failure.failed = failed_at;
         for (std::size_t i = 0; i < workers.size(); ++i) {
             const auto& status = workers[i].status();
-            if (!status || (exited_before[i] && status->success())) continue;
+            if (!status || (exited_before[i] && status->status.success())) continue;
             auto& slot = slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -16729,15 +16716,14 @@ private:
             f.role = config_.role;
             f.pid = static_cast<long>(workers[i].pid());
             f.host = host_;
-            f.status = status->signaled() ? exit_status::from_signal(status->signal)
-                                          : exit_status::from_exit_code(status->code);
+            f.status = status->status;
             f.observed_steady = status->steady_time;
             f.observed_system = status->system_time;
             f.error_file = read_error_file(slot.error_file);
             f.stderr_tail = slot.tail.snapshot();
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (exited_before[i] && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            f.state = (exited_before[i] && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
             failure.workers.push_back(std::move(f));
         }
         co_return outcome;
@@ -16748,7 +16734,7 @@ private:
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers));
             if (i >= workers.size()) co_return workers.size();
-            if (!workers[i].status()->success()) co_return i;
+            if (!workers[i].status()->status.success()) co_return i;
         }
     }
 
@@ -17153,13 +17139,11 @@ private:
 
     /// A local worker failed: abort the round for every node (first reporter wins).
     asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
-        const auto& status = *worker.status();
+        const auto& status = worker.status()->status;
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank,
-                                    status.signaled() ? fmt::format("was killed by {}", signal_name(status.signal))
-                                                      : fmt::format("exited with code {}", status.code));
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
         abort_won_ = co_await rdzv_->rendezvous().abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {

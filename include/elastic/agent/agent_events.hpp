@@ -185,10 +185,11 @@ public:
                 return a->status()->steady_time < b->status()->steady_time;
             });
             for (const auto* w : ended) {
-                const auto& s = *w->status();
+                const auto& observed = *w->status();
+                const auto& s = observed.status;
                 const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
-                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
                     m["restart_count"] = restarts;
                     m["local_rank"] = who.local_rank;
                     m["global_rank"] = who.global_rank;
@@ -196,7 +197,7 @@ public:
                     m["state"] = state;
                     m["exitcode"] = s.returncode();
                     m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
                     m["core_dumped"] = s.core_dumped;
                 });
             }
@@ -223,7 +224,7 @@ public:
                     m["root_cause_global_rank"] = root->global_rank;
                     m["root_cause_local_rank"] = root->local_rank;
                     m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.torch_exitcode();
+                    m["root_cause_exitcode"] = root->status.returncode();
                     m["root_cause"] = failure_headline(*root);
                 } else {
                     m["root_cause"] = nullptr;

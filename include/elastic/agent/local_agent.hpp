@@ -319,9 +319,7 @@ private:
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
-        return fmt::format("local_rank {} {}", root->local_rank,
-                           root->status.signaled() ? fmt::format("killed by {}", signal_name(root->status.value))
-                                                   : fmt::format("exited with code {}", root->status.value));
+        return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
     int finish_failed(const group_failure& failure) {
@@ -512,7 +510,7 @@ private:
         failure.failed = failed_at;
         for (std::size_t i = 0; i < workers.size(); ++i) {
             const auto& status = workers[i].status();
-            if (!status || (exited_before[i] && status->success())) continue;
+            if (!status || (exited_before[i] && status->status.success())) continue;
             auto& slot = slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -520,15 +518,14 @@ private:
             f.role = config_.role;
             f.pid = static_cast<long>(workers[i].pid());
             f.host = host_;
-            f.status = status->signaled() ? exit_status::from_signal(status->signal)
-                                          : exit_status::from_exit_code(status->code);
+            f.status = status->status;
             f.observed_steady = status->steady_time;
             f.observed_system = status->system_time;
             f.error_file = read_error_file(slot.error_file);
             f.stderr_tail = slot.tail.snapshot();
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (exited_before[i] && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            f.state = (exited_before[i] && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
             failure.workers.push_back(std::move(f));
         }
         co_return outcome;
@@ -539,7 +536,7 @@ private:
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers));
             if (i >= workers.size()) co_return workers.size();
-            if (!workers[i].status()->success()) co_return i;
+            if (!workers[i].status()->status.success()) co_return i;
         }
     }
 
@@ -944,13 +941,11 @@ private:
 
     /// A local worker failed: abort the round for every node (first reporter wins).
     asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
-        const auto& status = *worker.status();
+        const auto& status = worker.status()->status;
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank,
-                                    status.signaled() ? fmt::format("was killed by {}", signal_name(status.signal))
-                                                      : fmt::format("exited with code {}", status.code));
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
         abort_won_ = co_await rdzv_->rendezvous().abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
