@@ -7623,6 +7623,45 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 // worker_failure: one worker's end as the agent saw it, what a report says about it, the root
 // cause of a group's failure (the earliest), and elasticrun's exit code.
 
+// ---- begin elastic/detail/host_name.hpp ----
+// This host's name: host_name() as gethostname() gives it (no DNS), host_fqdn() fully qualified
+// as Python's socket.getfqdn() finds it (may ask DNS).
+
+
+#include <string>
+
+#include <netdb.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// This host's name as gethostname() gives it, without asking DNS; "localhost" when it fails.
+/// What the event log's `hostname` shows, and this node's name when every node is on this machine.
+[[nodiscard]] inline std::string host_name() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+    return name;
+}
+
+/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
+/// from the resolver when it has a dot, else host_name()). It may ask DNS: call it once, at agent
+/// start, not when a failure arrives.
+[[nodiscard]] inline std::string host_fqdn() {
+    std::string host = host_name();
+    addrinfo hints{};
+    hints.ai_flags = AI_CANONNAME;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* result = nullptr;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
+        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
+        ::freeaddrinfo(result);
+        if (canonical.find('.') != std::string::npos) return canonical;
+    }
+    return host;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/detail/host_name.hpp ----
 // ---- begin elastic/report/error_file.hpp ----
 // Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
 // with every way a file can be broken reported as "malformed", never thrown.
@@ -8412,8 +8451,6 @@ private:
 #include <string_view>
 #include <utility>
 
-#include <netdb.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -8610,29 +8647,6 @@ inline std::string failure_log_line(const worker_failure& f, std::string_view en
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
                        f.status.returncode(), f.local_rank, f.pid,
                        detail::report::valid_utf8(entrypoint));
-}
-
-/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
-/// from the resolver when it has a dot, else the plain host name). It may ask DNS: call it once,
-/// at agent start, not when a failure arrives.
-inline std::string host_fqdn() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) {
-        return "localhost";
-    }
-    std::string host = name;
-    addrinfo hints{};
-    hints.ai_flags = AI_CANONNAME;
-    hints.ai_family = AF_UNSPEC;
-    addrinfo* result = nullptr;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
-        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
-        ::freeaddrinfo(result);
-        if (canonical.find('.') != std::string::npos) {
-            return canonical;
-        }
-    }
-    return host;
 }
 
 }  // namespace elastic::inline v0
@@ -12943,7 +12957,11 @@ concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_dec
 // ---- begin elastic/rendezvous/error.hpp ----
 // elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
 // that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
+// elastic::store_lost_error: the rendezvous store itself is gone (a store_error).
 
+
+#include <string>
+#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -12959,6 +12977,23 @@ public:
 class rendezvous_closed : public rendezvous_error {
 public:
     using rendezvous_error::rendezvous_error;
+};
+
+/// The rendezvous store is lost: the connection that held this node's lease ended (the store's
+/// host died, or the network between them failed), so every operation of the rendezvous ends with
+/// this error instead of waiting for its timeout. what() is "lost the rendezvous store: <reason>";
+/// reason() is why the connection ended. The agent catches it by type: an elastic job moves its
+/// rendezvous to a member's spare store, any other job ends with a rendezvous_error.
+class store_lost_error : public store_error {
+public:
+    explicit store_lost_error(std::string reason)
+        : store_error("lost the rendezvous store: " + reason), reason_(std::move(reason)) {}
+
+    /// Why the lease connection ended, as the store client reported it.
+    [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
+
+private:
+    std::string reason_;
 };
 
 }  // namespace elastic::inline v0
@@ -13515,7 +13550,7 @@ public:
 
     /// Joins the next round with `me` and returns once it completes. rendezvous_error after
     /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
-    /// this node waited as a standby; store_error when the store is lost.
+    /// this node waited as a standby; store_lost_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
@@ -13570,7 +13605,7 @@ public:
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store is lost. A value in the abort key
+    /// the round ends otherwise. store_lost_error when the store is lost. A value in the abort key
     /// that is no valid notice is reported and ignored: the wait goes on at the next slot
     /// (`abort/1`, ...), where a real abort is then written (abort()).
     asio::awaitable<abort_notice> wait_for_abort() {
@@ -13878,7 +13913,7 @@ private:
         }
     }
 
-    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_error
+    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_lost_error
     // (and a cancelled request leaves `s` closed: its next request reconnects). Without the
     // race, a request on a store whose host died would retry its connection until the client's
     // connect_timeout while the job has already moved on.
@@ -13886,12 +13921,12 @@ private:
     asio::awaitable<T> unless_lost(Store& s, asio::awaitable<T> op) {
         using namespace asio::experimental::awaitable_operators;
         if (!members_) co_return co_await std::move(op);
-        if (members_->store_lost) throw store_error(lost_message(*members_->store_lost));
+        if (members_->store_lost) throw store_lost_error(*members_->store_lost);
         auto log = members_;
         auto which = co_await (std::move(op) || log->until_store_lost());
         if (which.index() == 1) {
             if constexpr (requires { s.close(); }) s.close();
-            throw store_error(lost_message(std::get<1>(std::move(which))));
+            throw store_lost_error(std::get<1>(std::move(which)));
         }
         if constexpr (!std::is_void_v<T>) co_return std::get<0>(std::move(which));
     }
@@ -13902,10 +13937,6 @@ private:
         if (timeout) co_return co_await unless_lost(s, wait_for(s, std::move(k), *timeout));
         co_await unless_lost(s, wait_long(s, std::move(k)));
         co_return true;
-    }
-
-    static std::string lost_message(const std::string& why) {
-        return fmt::format("lost the rendezvous store: {}", why);
     }
 
     // A node arrived after round r was complete (or sealed): it aborts a round running with
@@ -14467,12 +14498,6 @@ inline bool is_ip_literal(std::string_view host) {
     return !ec;
 }
 
-inline std::string gethostname_string() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return {};
-    return name;
-}
-
 /// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
@@ -14496,8 +14521,7 @@ inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
 
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
-    const auto name = gethostname_string();
-    if (!name.empty() && host == name) return true;
+    if (host == host_name()) return true;
     if (host == host_fqdn()) return true;
     std::error_code ec;
     const auto wanted = asio::ip::make_address(std::string(host), ec);
@@ -15748,7 +15772,6 @@ struct attempt_settings {
 #include <vector>
 
 #include <cxxabi.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -15793,12 +15816,6 @@ inline agent_exception classify_exception(const std::exception_ptr& failure) {
     return out;
 }
 
-inline std::string host_name_for_events() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-    return name;
-}
-
 }  // namespace detail::agent
 
 /// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
@@ -15813,7 +15830,7 @@ inline std::string host_name_for_events() {
 ///                                         (FAILED/TERMINATED, or SUCCEEDED)
 ///   elastic.agent.shutdown        AGENT   the exit code and the reason
 ///
-/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
+/// Every elastic.* event carries run_id, role and hostname (host_name(): no DNS lookup), plus
 /// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
 /// comma-separated text. With the null handler nothing is built.
 class agent_events {
@@ -15833,7 +15850,7 @@ public:
         } catch (const report_error& e) {
             throw usage_error{fmt::format("--event-log-handler={}: {}", config.event_log_handler.to_string(), e.what())};
         }
-        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
+        if (sink_.enabled()) hostname_ = host_name();
     }
 
     [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
@@ -16832,7 +16849,7 @@ private:
             if (config_.local_addr) {
                 host_ = *config_.local_addr;
             } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
-                host_ = detail::rdzv::gethostname_string();
+                host_ = host_name();
             } else {
                 host_ = host_fqdn();
             }

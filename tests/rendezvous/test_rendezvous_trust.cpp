@@ -452,7 +452,7 @@ std::set<std::string> resolved(const std::string& name) {
 TEST_CASE("rendezvous trust: a host name endpoint binds the address the name resolves to here, never 0.0.0.0") {
     // This host's name: not a loopback name, so it used to bind every interface for the
     // rendezvous store, the workers' stores and the spare stores.
-    const auto name = elastic::detail::rdzv::gethostname_string();
+    const auto name = elastic::host_name();
     REQUIRE_FALSE(name.empty());
     REQUIRE_FALSE(elastic::detail::rdzv::is_loopback(name));
     const auto chosen = elastic::detail::rdzv::owned_address(name);

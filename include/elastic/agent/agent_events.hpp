@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/host_name.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/launch/config.hpp"
 #include "elastic/usage_error.hpp"
@@ -35,7 +36,6 @@
 #include <vector>
 
 #include <cxxabi.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -80,12 +80,6 @@ inline agent_exception classify_exception(const std::exception_ptr& failure) {
     return out;
 }
 
-inline std::string host_name_for_events() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-    return name;
-}
-
 }  // namespace detail::agent
 
 /// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
@@ -100,7 +94,7 @@ inline std::string host_name_for_events() {
 ///                                         (FAILED/TERMINATED, or SUCCEEDED)
 ///   elastic.agent.shutdown        AGENT   the exit code and the reason
 ///
-/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
+/// Every elastic.* event carries run_id, role and hostname (host_name(): no DNS lookup), plus
 /// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
 /// comma-separated text. With the null handler nothing is built.
 class agent_events {
@@ -120,7 +114,7 @@ public:
         } catch (const report_error& e) {
             throw usage_error{fmt::format("--event-log-handler={}: {}", config.event_log_handler.to_string(), e.what())};
         }
-        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
+        if (sink_.enabled()) hostname_ = host_name();
     }
 
     [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }

@@ -637,7 +637,7 @@ private:
             if (config_.local_addr) {
                 host_ = *config_.local_addr;
             } else if (detail::rdzv::is_loopback(config_.rendezvous_endpoint().host)) {
-                host_ = detail::rdzv::gethostname_string();
+                host_ = host_name();
             } else {
                 host_ = host_fqdn();
             }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/host_name.hpp"
 #include "elastic/report/error_file.hpp"
 #include "elastic/process/exit.hpp"
 #include "elastic/process/signal_name.hpp"
@@ -17,8 +18,6 @@
 #include <string_view>
 #include <utility>
 
-#include <netdb.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -215,29 +214,6 @@ inline std::string failure_log_line(const worker_failure& f, std::string_view en
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
                        f.status.returncode(), f.local_rank, f.pid,
                        detail::report::valid_utf8(entrypoint));
-}
-
-/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
-/// from the resolver when it has a dot, else the plain host name). It may ask DNS: call it once,
-/// at agent start, not when a failure arrives.
-inline std::string host_fqdn() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) {
-        return "localhost";
-    }
-    std::string host = name;
-    addrinfo hints{};
-    hints.ai_flags = AI_CANONNAME;
-    hints.ai_family = AF_UNSPEC;
-    addrinfo* result = nullptr;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
-        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
-        ::freeaddrinfo(result);
-        if (canonical.find('.') != std::string::npos) {
-            return canonical;
-        }
-    }
-    return host;
 }
 
 }  // namespace elastic::inline v0
