@@ -5755,7 +5755,8 @@ private:
 }  // namespace elastic::inline v0
 // ---- end elastic/process/error.hpp ----
 // ---- begin elastic/process/exit.hpp ----
-// process_exit: how and when a worker process ended, as the agent saw it.
+// How a process ended (exit_status: its code or signal, its numbers and its description) and
+// when the agent saw it end (process_exit: the status with the pid and two timestamps).
 
 // ---- begin elastic/process/signal_name.hpp ----
 // Names of Linux signals (the one table), the signals an agent can forward, and torchrun's
@@ -5853,8 +5854,8 @@ inline std::string signal_message(int signal_number, long pid) {
 // ---- end elastic/process/signal_name.hpp ----
 
 #include <chrono>
+#include <climits>
 #include <csignal>
-#include <cstring>
 #include <string>
 
 #include <sys/types.h>
@@ -5862,58 +5863,95 @@ inline std::string signal_message(int signal_number, long pid) {
 
 namespace elastic::inline v0 {
 
-/// How a process ended and when the agent saw it end.
+/// How a process ended: it exited with a code, or a signal killed it (perhaps dumping core).
+/// Every layer uses this one value: the process layer fills it from waitid, a failure report
+/// prints it, a restart policy matches it against exit-code sets.
 ///
-/// (report/failure.hpp's `exit_status` is the report's view of the same fact, without pid or
-/// times: `signaled() ? exit_status::from_signal(signal) : exit_status::from_exit_code(code)`.)
-///
-/// Exactly one of `code` (normal exit) and `signal` (killed by a signal) is meaningful:
-/// `signal == 0` means the process called exit, and then `code` is its 0..255 exit code; otherwise
-/// `code` is -1. The times are taken when the agent observed the exit (its pidfd became readable),
-/// on both clocks: `steady_time` orders failures within one agent, `system_time` is what a failure
-/// report prints and compares across hosts.
-struct process_exit {
-    pid_t pid = 0;            ///< the process id
-    int code = -1;            ///< exit code when `signal == 0`, else -1
-    int signal = 0;           ///< terminating signal number, 0 when the process exited
-    bool core_dumped = false; ///< the signal produced a core dump
-    std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
-    std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
+/// Its numbers, and the one rule for numbers that cannot be what they stand for:
+///   - returncode(): Python's `Popen.returncode`, what torchrun's summary prints as "exitcode" and
+///     an error file's errorCode holds: the code, or -N for signal N (INT_MAX for INT_MIN, whose
+///     negation would overflow);
+///   - shell_code(): the shell's convention, which elasticrun exits with: the code, or 128 + N
+///     for signal N; 255 when N is no signal number a shell could report (N <= 0 or N >= 127), so
+///     the sum can neither overflow nor read as an exit code.
+struct exit_status {
+    enum class kind { exited, signaled };
+
+    kind how = kind::exited;
+    /// The exit code (0..255) when `how == exited`, the signal number when `how == signaled`.
+    int value = 0;
+    /// The signal produced a core dump (only ever true when signaled).
+    bool core_dumped = false;
+
+    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code, false}; }
+    static constexpr exit_status from_signal(int signal_number, bool core_dumped = false) noexcept {
+        return {kind::signaled, signal_number, core_dumped};
+    }
+    /// From a waitpid() status word.
+    static exit_status from_wait_status(int status) noexcept {
+        if (WIFSIGNALED(status)) return from_signal(WTERMSIG(status), WCOREDUMP(status) != 0);
+        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
+    }
+    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED, or CLD_KILLED /
+    /// CLD_DUMPED, and si_status.
+    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
+        return code == CLD_EXITED ? from_exit_code(status_or_signal)
+                                  : from_signal(status_or_signal, code == CLD_DUMPED);
+    }
+    static exit_status from_siginfo(const siginfo_t& info) noexcept { return from_siginfo(info.si_code, info.si_status); }
 
     /// The process called exit (or returned from main).
-    [[nodiscard]] bool exited() const noexcept { return signal == 0; }
-    /// The process was ended by a signal.
-    [[nodiscard]] bool signaled() const noexcept { return signal != 0; }
+    [[nodiscard]] constexpr bool exited() const noexcept { return how == kind::exited; }
+    /// A signal ended the process.
+    [[nodiscard]] constexpr bool signaled() const noexcept { return how == kind::signaled; }
     /// Exited with code 0.
-    [[nodiscard]] bool success() const noexcept { return signal == 0 && code == 0; }
-    /// Python's `Popen.returncode` (what torchrun's summary prints as "exitcode"): the exit code,
-    /// or minus the signal number.
-    [[nodiscard]] int returncode() const noexcept { return signal != 0 ? -signal : code; }
-    /// The shell's convention, which elasticrun exits with: the exit code, or 128 + signal.
-    [[nodiscard]] int shell_code() const noexcept { return signal != 0 ? 128 + signal : code; }
+    [[nodiscard]] constexpr bool success() const noexcept { return how == kind::exited && value == 0; }
+    /// The exit code, or -1 when a signal ended the process.
+    [[nodiscard]] constexpr int code() const noexcept { return exited() ? value : -1; }
+    /// The terminating signal, or 0 when the process exited.
+    [[nodiscard]] constexpr int signal() const noexcept { return signaled() ? value : 0; }
 
-    /// "exited with code 3" or "killed by signal 9 (SIGKILL)".
+    /// torchrun's number (Popen.returncode): the code, or -N for signal N.
+    [[nodiscard]] constexpr int returncode() const noexcept {
+        if (exited()) return value;
+        return value == INT_MIN ? INT_MAX : -value;
+    }
+    /// The shell's number: the code, or 128 + N for signal N (255 for no signal number).
+    [[nodiscard]] constexpr int shell_code() const noexcept {
+        if (exited()) return value;
+        return value <= 0 || value >= 127 ? 255 : 128 + value;
+    }
+
+    /// The one text for an ending, which every log line and message uses: "exited with code 3",
+    /// "killed by signal 9 (SIGKILL)", "killed by signal 6 (SIGABRT), core dumped". (Failure
+    /// reports in torchrun's layout keep torchrun's own wording: see report/failure.hpp.)
     [[nodiscard]] std::string describe() const {
-        if (signal == 0) return "exited with code " + std::to_string(code);
-        std::string text = "killed by signal " + std::to_string(signal) + " (" +
-                           signal_name(signal) + ")";
+        if (exited()) return "exited with code " + std::to_string(value);
+        std::string text = "killed by signal " + std::to_string(value) + " (" + signal_name(value) + ")";
         if (core_dumped) text += ", core dumped";
         return text;
     }
 
-    /// Builds the status from what waitid reported, stamped now.
+    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
+};
+
+/// A process's end as the agent observed it: its pid, how it ended, and when the agent saw it
+/// (its pidfd became readable), on both clocks: `steady_time` orders failures within one agent,
+/// `system_time` is what a failure report prints and compares across hosts.
+struct process_exit {
+    pid_t pid = 0;         ///< the process id
+    exit_status status;    ///< how it ended
+    std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
+    std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
+
+    /// The exit waitid reported, stamped now.
     static process_exit from_siginfo(const siginfo_t& info) {
-        process_exit status;
-        status.pid = info.si_pid;
-        if (info.si_code == CLD_EXITED) {
-            status.code = info.si_status;
-        } else {
-            status.signal = info.si_status;
-            status.core_dumped = info.si_code == CLD_DUMPED;
-        }
-        status.steady_time = std::chrono::steady_clock::now();
-        status.system_time = std::chrono::system_clock::now();
-        return status;
+        process_exit observed;
+        observed.pid = info.si_pid;
+        observed.status = exit_status::from_siginfo(info);
+        observed.steady_time = std::chrono::steady_clock::now();
+        observed.system_time = std::chrono::system_clock::now();
+        return observed;
     }
 };
 
@@ -7012,9 +7050,9 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         }
         if (exited_before[i]) {
             worker.outcome = stop_outcome::already_exited;
-        } else if (outlived_grace[i] && child.status()->signal == SIGKILL) {
+        } else if (outlived_grace[i] && child.status()->status.signal() == SIGKILL) {
             worker.outcome = stop_outcome::killed;
-        } else if (child.status()->signal == options.signal) {
+        } else if (child.status()->status.signal() == options.signal) {
             worker.outcome = stop_outcome::signaled;
         } else {
             worker.outcome = stop_outcome::exited;
@@ -7593,6 +7631,45 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 // worker_failure: one worker's end as the agent saw it, what a report says about it, the root
 // cause of a group's failure (the earliest), and elasticrun's exit code.
 
+// ---- begin elastic/detail/host_name.hpp ----
+// This host's name: host_name() as gethostname() gives it (no DNS), host_fqdn() fully qualified
+// as Python's socket.getfqdn() finds it (may ask DNS).
+
+
+#include <string>
+
+#include <netdb.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// This host's name as gethostname() gives it, without asking DNS; "localhost" when it fails.
+/// What the event log's `hostname` shows, and this node's name when every node is on this machine.
+[[nodiscard]] inline std::string host_name() {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+    return name;
+}
+
+/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
+/// from the resolver when it has a dot, else host_name()). It may ask DNS: call it once, at agent
+/// start, not when a failure arrives.
+[[nodiscard]] inline std::string host_fqdn() {
+    std::string host = host_name();
+    addrinfo hints{};
+    hints.ai_flags = AI_CANONNAME;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* result = nullptr;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
+        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
+        ::freeaddrinfo(result);
+        if (canonical.find('.') != std::string::npos) return canonical;
+    }
+    return host;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/detail/host_name.hpp ----
 // ---- begin elastic/report/error_file.hpp ----
 // Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
 // with every way a file can be broken reported as "malformed", never thrown.
@@ -8375,7 +8452,6 @@ private:
 // ---- end elastic/report/stderr_tail.hpp ----
 
 #include <chrono>
-#include <climits>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -8383,61 +8459,10 @@ private:
 #include <string_view>
 #include <utility>
 
-#include <netdb.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
 namespace elastic::inline v0 {
-
-/// How a process ended: exited with a code, or killed by a signal.
-struct exit_status {
-    enum class kind { exited, signaled };
-
-    kind how = kind::exited;
-    /// The exit code (0..255) or the signal number.
-    int value = 0;
-
-    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code}; }
-    static constexpr exit_status from_signal(int signal_number) noexcept {
-        return {kind::signaled, signal_number};
-    }
-    /// From a waitpid() status word.
-    static exit_status from_wait_status(int status) noexcept {
-        if (WIFSIGNALED(status)) {
-            return from_signal(WTERMSIG(status));
-        }
-        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
-    }
-    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED or CLD_KILLED /
-    /// CLD_DUMPED, and si_status.
-    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
-        return code == CLD_EXITED ? from_exit_code(status_or_signal)
-                                  : from_signal(status_or_signal);
-    }
-
-    bool signaled() const noexcept { return how == kind::signaled; }
-    bool success() const noexcept { return how == kind::exited && value == 0; }
-
-    /// torchrun's number for it (Popen.returncode): the code, or -N for signal N. This is what
-    /// the summary's "exitcode" line and an error file's errorCode show.
-    constexpr int torch_exitcode() const noexcept {
-        // Negating INT_MIN would overflow; no real signal is near it.
-        return how != kind::signaled ? value : (value == INT_MIN ? INT_MAX : -value);
-    }
-
-    /// The shell's number for it: the code, or 128+N for signal N (255 for numbers that are no
-    /// signal, so the sum can neither overflow nor look like an exit code).
-    constexpr int shell_exit_code() const noexcept {
-        if (how != kind::signaled) {
-            return value;
-        }
-        return value <= 0 || value >= 127 ? 255 : 128 + value;
-    }
-
-    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
-};
 
 /// Why a worker is in a failure report.
 enum class failure_state {
@@ -8485,10 +8510,10 @@ inline std::string failure_headline(const worker_failure& f) {
         return f.error_file.content.message;
     }
     if (f.status.signaled()) {
-        return signal_message(f.status.value, f.pid);
+        return signal_message(f.status.signal(), f.pid);
     }
     return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
-                       f.global_rank, f.local_rank, f.status.value);
+                       f.global_rank, f.local_rank, f.status.code());
 }
 
 /// The stderr tail as a report shows it: a heading line, then the lines indented by two.
@@ -8538,7 +8563,7 @@ inline std::string failure_traceback(const worker_failure& f) {
         if (!out.empty()) {
             out += '\n';
         }
-        out += signal_message(f.status.value, f.pid);
+        out += signal_message(f.status.signal(), f.pid);
     }
     if (!f.stderr_tail.empty()) {
         if (!out.empty()) {
@@ -8611,7 +8636,7 @@ inline std::optional<std::size_t> root_cause(std::span<const worker_failure> fai
 /// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
 /// killed it (the shell's convention), and at least 1 (a failure never reads as success).
 constexpr int launcher_exit_code(const worker_failure& f) noexcept {
-    const int code = f.status.shell_exit_code();
+    const int code = f.status.shell_code();
     return code == 0 ? 1 : code;
 }
 
@@ -8628,31 +8653,8 @@ inline std::optional<int> launcher_exit_code(std::span<const worker_failure> fai
 /// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
 inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                       f.status.torch_exitcode(), f.local_rank, f.pid,
+                       f.status.returncode(), f.local_rank, f.pid,
                        detail::report::valid_utf8(entrypoint));
-}
-
-/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
-/// from the resolver when it has a dot, else the plain host name). It may ask DNS: call it once,
-/// at agent start, not when a failure arrives.
-inline std::string host_fqdn() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) {
-        return "localhost";
-    }
-    std::string host = name;
-    addrinfo hints{};
-    hints.ai_flags = AI_CANONNAME;
-    hints.ai_family = AF_UNSPEC;
-    addrinfo* result = nullptr;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
-        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
-        ::freeaddrinfo(result);
-        if (canonical.find('.') != std::string::npos) {
-            return canonical;
-        }
-    }
-    return host;
 }
 
 }  // namespace elastic::inline v0
@@ -8692,7 +8694,7 @@ public:
 ///   summary shows as its traceback (the stderr tail), timestamp = the failure's time.
 inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
-    const int error_code = root.status.torch_exitcode();
+    const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
         json doc = root.error_file.content.document;
         if (root.error_file.content.format == error_file_format::nested) {
@@ -9008,7 +9010,7 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
         raw_error = R"({"message": "<NONE>"})";
     }
     return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.torch_exitcode(), failure_display_time(f),
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f),
                                          ctx);
 }
 
@@ -9340,7 +9342,7 @@ inline std::string failure_block(std::size_t idx, const worker_failure& f, bool 
         "  error_file: {}\n"
         "  traceback : {}",
         idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
-        f.local_rank, f.status.torch_exitcode(), f.pid, error_file,
+        f.local_rank, f.status.returncode(), f.pid, error_file,
         indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
@@ -9389,7 +9391,7 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
         if (f.state == failure_state::stopped_by_agent) {
             std::string line =
                 fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                            f.local_rank, f.status.torch_exitcode(), f.pid);
+                            f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
@@ -12656,10 +12658,7 @@ public:
         const auto* root = failure.root_cause();
         if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
         const auto& status = root->status;
-        const std::string ending = status.signaled()
-                                       ? fmt::format("local_rank {} was killed by {}", root->local_rank,
-                                                     signal_name(status.value))
-                                       : fmt::format("local_rank {} exited with code {}", root->local_rank, status.value);
+        const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
         const bool listed = set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
@@ -13046,7 +13045,11 @@ struct attempt_settings {
 // ---- begin elastic/rendezvous/error.hpp ----
 // elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
 // that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
+// elastic::store_lost_error: the rendezvous store itself is gone (a store_error).
 
+
+#include <string>
+#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -13062,6 +13065,23 @@ public:
 class rendezvous_closed : public rendezvous_error {
 public:
     using rendezvous_error::rendezvous_error;
+};
+
+/// The rendezvous store is lost: the connection that held this node's lease ended (the store's
+/// host died, or the network between them failed), so every operation of the rendezvous ends with
+/// this error instead of waiting for its timeout. what() is "lost the rendezvous store: <reason>";
+/// reason() is why the connection ended. The agent catches it by type: an elastic job moves its
+/// rendezvous to a member's spare store, any other job ends with a rendezvous_error.
+class store_lost_error : public store_error {
+public:
+    explicit store_lost_error(std::string reason)
+        : store_error("lost the rendezvous store: " + reason), reason_(std::move(reason)) {}
+
+    /// Why the lease connection ended, as the store client reported it.
+    [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
+
+private:
+    std::string reason_;
 };
 
 }  // namespace elastic::inline v0
@@ -13084,7 +13104,6 @@ public:
 #include <vector>
 
 #include <cxxabi.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -13129,12 +13148,6 @@ inline agent_exception classify_exception(const std::exception_ptr& failure) {
     return out;
 }
 
-inline std::string host_name_for_events() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-    return name;
-}
-
 }  // namespace detail::agent
 
 /// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
@@ -13149,7 +13162,7 @@ inline std::string host_name_for_events() {
 ///                                         (FAILED/TERMINATED, or SUCCEEDED)
 ///   elastic.agent.shutdown        AGENT   the exit code and the reason
 ///
-/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
+/// Every elastic.* event carries run_id, role and hostname (host_name(): no DNS lookup), plus
 /// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
 /// comma-separated text. With the null handler nothing is built.
 class agent_events {
@@ -13170,7 +13183,7 @@ public:
         } catch (const report_error& e) {
             throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
         }
-        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
+        if (sink_.enabled()) hostname_ = host_name();
     }
 
     [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
@@ -13235,10 +13248,11 @@ public:
                 return a->status()->steady_time < b->status()->steady_time;
             });
             for (const auto* w : ended) {
-                const auto& s = *w->status();
+                const auto& observed = *w->status();
+                const auto& s = observed.status;
                 const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
-                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
                     m["restart_count"] = restarts;
                     m["local_rank"] = who.local_rank;
                     m["global_rank"] = who.global_rank;
@@ -13246,7 +13260,7 @@ public:
                     m["state"] = state;
                     m["exitcode"] = s.returncode();
                     m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
                     m["core_dumped"] = s.core_dumped;
                 });
             }
@@ -13273,7 +13287,7 @@ public:
                     m["root_cause_global_rank"] = root->global_rank;
                     m["root_cause_local_rank"] = root->local_rank;
                     m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.torch_exitcode();
+                    m["root_cause_exitcode"] = root->status.returncode();
                     m["root_cause"] = failure_headline(*root);
                 } else {
                     m["root_cause"] = nullptr;
@@ -14221,7 +14235,7 @@ public:
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
             if (i >= workers_.size()) co_return workers_.size();
-            if (!workers_[i].status()->success()) co_return i;
+            if (!workers_[i].status()->status.success()) co_return i;
         }
     }
 
@@ -14278,7 +14292,7 @@ public:
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->success())) continue;
+            if (!status || (before && status->status.success())) continue;
             const auto& slot = state_->slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -14286,15 +14300,14 @@ public:
             f.role = spec_->role;
             f.pid = static_cast<long>(workers_[i].pid());
             f.host = host;
-            f.status = status->signaled() ? exit_status::from_signal(status->signal)
-                                          : exit_status::from_exit_code(status->code);
+            f.status = status->status;
             f.observed_steady = status->steady_time;
             f.observed_system = status->system_time;
             f.error_file = read_error_file(slot.error_file);
             f.stderr_tail = slot.tail.snapshot();
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (before && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
             failure.workers.push_back(std::move(f));
         }
         return failure;
@@ -14999,7 +15012,7 @@ public:
 
     /// Joins the next round with `me` and returns once it completes. rendezvous_error after
     /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
-    /// this node waited as a standby; store_error when the store is lost.
+    /// this node waited as a standby; store_lost_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
@@ -15054,7 +15067,7 @@ public:
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store is lost. A value in the abort key
+    /// the round ends otherwise. store_lost_error when the store is lost. A value in the abort key
     /// that is no valid notice is reported and ignored: the wait goes on at the next slot
     /// (`abort/1`, ...), where a real abort is then written (abort()).
     asio::awaitable<abort_notice> wait_for_abort() {
@@ -15362,7 +15375,7 @@ private:
         }
     }
 
-    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_error
+    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_lost_error
     // (and a cancelled request leaves `s` closed: its next request reconnects). Without the
     // race, a request on a store whose host died would retry its connection until the client's
     // connect_timeout while the job has already moved on.
@@ -15370,12 +15383,12 @@ private:
     asio::awaitable<T> unless_lost(Store& s, asio::awaitable<T> op) {
         using namespace asio::experimental::awaitable_operators;
         if (!members_) co_return co_await std::move(op);
-        if (members_->store_lost) throw store_error(lost_message(*members_->store_lost));
+        if (members_->store_lost) throw store_lost_error(*members_->store_lost);
         auto log = members_;
         auto which = co_await (std::move(op) || log->until_store_lost());
         if (which.index() == 1) {
             if constexpr (requires { s.close(); }) s.close();
-            throw store_error(lost_message(std::get<1>(std::move(which))));
+            throw store_lost_error(std::get<1>(std::move(which)));
         }
         if constexpr (!std::is_void_v<T>) co_return std::get<0>(std::move(which));
     }
@@ -15386,10 +15399,6 @@ private:
         if (timeout) co_return co_await unless_lost(s, wait_for(s, std::move(k), *timeout));
         co_await unless_lost(s, wait_long(s, std::move(k)));
         co_return true;
-    }
-
-    static std::string lost_message(const std::string& why) {
-        return fmt::format("lost the rendezvous store: {}", why);
     }
 
     // A node arrived after round r was complete (or sealed): it aborts a round running with
@@ -15947,12 +15956,6 @@ inline bool is_ip_literal(std::string_view host) {
     return !ec;
 }
 
-inline std::string gethostname_string() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return {};
-    return name;
-}
-
 /// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
@@ -15976,8 +15979,7 @@ inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
 
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
-    const auto name = gethostname_string();
-    if (!name.empty() && host == name) return true;
+    if (host == host_name()) return true;
     if (host == host_fqdn()) return true;
     std::error_code ec;
     const auto wanted = asio::ip::make_address(std::string(host), ec);
@@ -16685,6 +16687,12 @@ struct attempt_outcome {
     group_failure failure;          ///< for failed
 };
 
+/// The rendezvous store was lost while the workers ran (instead of an abort notice): the agent
+/// stops the workers, then moves the store or ends with a rendezvous_error saying `reason`.
+struct store_lost {
+    std::string reason;
+};
+
 }  // namespace detail::agent
 
 /// One node's agent (the single-node case): for each attempt it hosts a fresh store
@@ -16788,9 +16796,7 @@ private:
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
-        return fmt::format("local_rank {} {}", root->local_rank,
-                           root->status.signaled() ? fmt::format("killed by {}", signal_name(root->status.value))
-                                                   : fmt::format("exited with code {}", root->status.value));
+        return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
     int finish_failed(const group_failure& failure) {
@@ -17000,7 +17006,7 @@ private:
             if (params_.local_addr) {
                 host_ = *params_.local_addr;
             } else if (detail::rdzv::is_loopback(params_.endpoint.host)) {
-                host_ = detail::rdzv::gethostname_string();
+                host_ = host_name();
             } else {
                 host_ = host_fqdn();
             }
@@ -17016,18 +17022,19 @@ private:
         for (;;) {
             abort_won_ = false;
             last_abort_.reset();
+            store_lost_.reset();
             auto attempt = co_await detail::agent::settle(run_attempt(rdzv.restart_count(), signals));
             if (const auto why = store_loss(attempt.error); why && can_move_store()) {
                 co_await move_store(*why);
                 continue;
             }
             auto outcome = attempt.take();
-            if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
+            if (outcome.how == kind::aborted && store_lost_) {
                 if (can_move_store()) {
-                    co_await move_store(last_abort_->reason);
+                    co_await move_store(store_lost_->reason);
                     continue;
                 }
-                throw rendezvous_error(last_abort_->reason);
+                throw rendezvous_error(store_lost_->reason);
             }
             if (outcome.how == kind::aborted && last_abort_ && last_abort_->what == abort_notice::kind::membership) {
                 log_membership_restart();
@@ -17128,15 +17135,17 @@ private:
         return params_.settings.exit_barrier_timeout.value_or(std::chrono::seconds(300));
     }
 
-    /// The message of `error` when it is the loss of the rendezvous store (a store_error).
+    /// The message of `error` when the rendezvous store is lost: a store_lost_error (the lease
+    /// connection ended), or another store_error (a request to the store failed), which the agent
+    /// treats alike; nullopt for any other error.
     static std::optional<std::string> store_loss(const std::exception_ptr& error) {
         if (!error) return std::nullopt;
         try {
             std::rethrow_exception(error);
+        } catch (const store_lost_error& e) {
+            return std::string(e.what());
         } catch (const store_error& e) {
-            std::string why = e.what();
-            if (why.rfind("lost the rendezvous store", 0) != 0) why = "lost the rendezvous store: " + why;
-            return why;
+            return fmt::format("lost the rendezvous store: {}", e.what());
         } catch (...) {
         }
         return std::nullopt;
@@ -17282,35 +17291,37 @@ private:
             rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
             co_return std::get<0>(first);
         }
-        last_abort_ = std::get<1>(std::move(first));
+        auto ended = std::get<1>(std::move(first));
+        if (auto* notice = std::get_if<abort_notice>(&ended)) {
+            last_abort_ = std::move(*notice);
+        } else {
+            store_lost_ = std::get<detail::agent::store_lost>(std::move(ended));
+        }
         co_return aborted_by_job;
     }
 
-    /// The round's abort; a lost store comes back as a notice of group_rank -2 (run_job then
-    /// throws rendezvous_error once the workers are stopped).
-    asio::awaitable<abort_notice> watch_abort() {
-        abort_notice lost;
+    /// The round's abort, or the loss of the rendezvous store (a store_lost_error, or a failed
+    /// request to it): run_rounds then moves the store or throws rendezvous_error once the
+    /// workers are stopped.
+    asio::awaitable<std::variant<abort_notice, detail::agent::store_lost>> watch_abort() {
+        std::string why;
         try {
             co_return co_await rdzv_->rendezvous().wait_for_abort();
+        } catch (const store_lost_error& e) {
+            why = e.reason();
         } catch (const store_error& e) {
-            std::string_view why = e.what();
-            constexpr std::string_view prefix = "lost the rendezvous store: ";
-            if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
-            lost.group_rank = -2;
-            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", why);
+            why = e.what();
         }
-        co_return lost;
+        co_return detail::agent::store_lost{fmt::format("lost the rendezvous store while the workers ran: {}", why)};
     }
 
     /// A local worker failed: abort the round for every node (first reporter wins).
     asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
-        const auto& status = *worker.status();
+        const auto& status = worker.status()->status;
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank,
-                                    status.signaled() ? fmt::format("was killed by {}", signal_name(status.signal))
-                                                      : fmt::format("exited with code {}", status.code));
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
         abort_won_ = co_await rdzv_->rendezvous().abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
@@ -17352,6 +17363,7 @@ private:
     std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;     ///< the current round
     std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
+    std::optional<detail::agent::store_lost> store_lost_;  ///< the store was lost while the workers ran
     std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
     bool abort_won_ = false;                    ///< this node's abort() was the first
 

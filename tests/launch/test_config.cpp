@@ -241,10 +241,15 @@ TEST_CASE("launch: programs are resolved as execvp does, on real files") {
     CHECK(error_of([&] { (void)elastic::find_executable("", env, "program"); }).find("empty") != std::string::npos);
     // No PATH at all: glibc's default /bin:/usr/bin.
     CHECK(elastic::find_executable("sh", environment{}, "program") == "/bin/sh");
-    // An empty PATH entry is the current directory.
-    std::filesystem::current_path(b);
-    CHECK(elastic::find_executable("tool", environment{{"PATH", "/nonexistent:"}}, "program") == "./tool");
-    CHECK(elastic::find_executable("./tool", environment{}, "program") == "./tool");
+    // An empty PATH entry is the current directory (restored after: the directory is removed
+    // at the end of the case, and later cases spawn processes that inherit the directory).
+    {
+        const auto before = std::filesystem::current_path();
+        std::filesystem::current_path(b);
+        CHECK(elastic::find_executable("tool", environment{{"PATH", "/nonexistent:"}}, "program") == "./tool");
+        CHECK(elastic::find_executable("./tool", environment{}, "program") == "./tool");
+        std::filesystem::current_path(before);
+    }
 
     elastic::worker_program program;
     program.target = b + "/tool";

@@ -281,7 +281,7 @@ TEST_CASE("policy: restart_on_exit restarts on its set (codes, ranges, signals, 
     CHECK(d.reason == "local_rank 0 exited with code 2: not retryable, stopping at once (--restart-on-exit=1,75-78,signals)");
     d = decide_now(policy, failure_of(clock, elastic::exit_status::from_signal(9)));
     CHECK(d.restart());
-    CHECK(d.reason == "local_rank 0 was killed by SIGKILL: retryable (--restart-on-exit=1,75-78,signals)");
+    CHECK(d.reason == "local_rank 0 killed by signal 9 (SIGKILL): retryable (--restart-on-exit=1,75-78,signals)");
     CHECK(decide_now(policy, exited(clock, 137)).restart());  // a shell's report of SIGKILL
     CHECK(!decide_now(policy, exited(clock, 128)).restart());
     CHECK(!decide_now(policy, exited(clock, 200)).restart());
@@ -309,7 +309,7 @@ TEST_CASE("policy: restart_on_exit restarts on its set (codes, ranges, signals, 
     auto fatal = elastic::stop_on_exit("2,SIGSEGV");
     d = decide_now(fatal, failure_of(clock, elastic::exit_status::from_signal(11)));
     CHECK(!d.restart());
-    CHECK(d.reason == "local_rank 0 was killed by SIGSEGV: fatal, stopping at once (stop_on_exit(2,SIGSEGV))");
+    CHECK(d.reason == "local_rank 0 killed by signal 11 (SIGSEGV): fatal, stopping at once (stop_on_exit(2,SIGSEGV))");
     CHECK(decide_now(fatal, exited(clock, 1)).restart());
 }
 

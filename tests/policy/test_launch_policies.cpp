@@ -116,7 +116,7 @@ TEST_CASE("policy: elasticrun --restart-on-exit retries its codes and stops at o
     CHECK(start_times(r.out).size() == 3);
     CHECK(r.err.find("local_rank 0 exited with code 75: retryable (--restart-on-exit=75,signals); restart 1 of 5") !=
           std::string::npos);
-    CHECK(r.err.find("local_rank 0 was killed by SIGKILL: retryable") != std::string::npos);
+    CHECK(r.err.find("local_rank 0 killed by signal 9 (SIGKILL): retryable") != std::string::npos);
     CHECK(r.err.find("local_rank 0 exited with code 3: not retryable, stopping at once "
                      "(--restart-on-exit=75,signals): stopping") != std::string::npos);
 }

@@ -37,10 +37,10 @@ using process_support::spawn_worker;
 
 elastic::process_exit run_to_exit(asio::io_context& io, std::vector<std::string> args) {
     auto child = spawn_worker(io, std::move(args));
-    const auto status = run(io, child.wait());
-    CHECK(status.pid == child.pid());
+    const auto observed = run(io, child.wait());
+    CHECK(observed.pid == child.pid());
     child.reap();
-    return status;
+    return observed;
 }
 
 std::string temp_dir() {
@@ -55,23 +55,25 @@ TEST_CASE("process: exit codes and signals are reported exactly") {
     using namespace test_spawn;
     asio::io_context io;
     for (int code : {0, 3, 255}) {
-        const auto status = run_to_exit(io, {"exit", std::to_string(code)});
+        const auto observed = run_to_exit(io, {"exit", std::to_string(code)});
+        const auto& status = observed.status;
         CHECK(status.exited());
         CHECK_FALSE(status.signaled());
-        CHECK(status.code == code);
-        CHECK(status.signal == 0);
+        CHECK(status.code() == code);
+        CHECK(status.signal() == 0);
+        CHECK_FALSE(status.core_dumped);
         CHECK(status.returncode() == code);
         CHECK(status.shell_code() == code);
         CHECK(status.success() == (code == 0));
         CHECK(status.describe() == "exited with code " + std::to_string(code));
-        CHECK(status.steady_time.time_since_epoch().count() != 0);
-        CHECK(status.system_time.time_since_epoch().count() != 0);
+        CHECK(observed.steady_time.time_since_epoch().count() != 0);
+        CHECK(observed.system_time.time_since_epoch().count() != 0);
     }
     for (int sig : {SIGTERM, SIGUSR1, SIGINT}) {
-        const auto status = run_to_exit(io, {"raise", std::to_string(sig)});
+        const auto status = run_to_exit(io, {"raise", std::to_string(sig)}).status;
         CHECK(status.signaled());
-        CHECK(status.signal == sig);
-        CHECK(status.code == -1);
+        CHECK(status.signal() == sig);
+        CHECK(status.code() == -1);
         CHECK(status.returncode() == -sig);
         CHECK(status.shell_code() == 128 + sig);
         CHECK_FALSE(status.success());
@@ -83,12 +85,12 @@ TEST_CASE("process: exit codes and signals are reported exactly") {
         CHECK(run(io, read_line(*out, buffer)) == "ready");
         CHECK_FALSE(child.check_exit());
         CHECK(child.signal(SIGKILL));
-        const auto status = run(io, child.wait());
-        CHECK(status.signal == SIGKILL);
-        CHECK(status.describe() == "killed by signal 9 (SIGKILL)");
+        const auto observed = run(io, child.wait());
+        CHECK(observed.status.signal() == SIGKILL);
+        CHECK(observed.status.describe() == "killed by signal 9 (SIGKILL)");
         // Observed once, the status is kept: a second wait returns it at once.
         const auto again = run(io, child.wait());
-        CHECK(again.steady_time == status.steady_time);
+        CHECK(again.steady_time == observed.steady_time);
         CHECK_FALSE(child.signal(SIGTERM));  // exited: nothing to signal
         child.reap();
         CHECK(child.reaped());
@@ -160,7 +162,7 @@ TEST_CASE("process: a worker sees only descriptors 0, 1 and 2") {
     auto child = spawn_worker(io, {"fds"});
     auto out = child.take_stdout();
     CHECK(run(io, read_all(*out)) == "0 1 2\n");
-    CHECK(run(io, child.wait()).success());
+    CHECK(run(io, child.wait()).status.success());
     child.reap();
     ::close(leaked_file);
     ::close(leaked_socket);
@@ -181,7 +183,7 @@ TEST_CASE("process: signal dispositions and the signal mask are reset in the wor
     auto child = spawn_worker(io, {"sigstate"});
     auto out = child.take_stdout();
     CHECK(run(io, read_all(*out)) == "blocked 0000000000000000 ignored 0000000000000000\n");
-    CHECK(run(io, child.wait()).success());
+    CHECK(run(io, child.wait()).status.success());
     child.reap();
 
     // The agent itself ignores SIGPIPE now (spawn prepared it); the worker did not inherit that.
@@ -204,7 +206,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         auto child = elastic::spawn(io.get_executor(), options);
         auto out = child.take_stdout();
         CHECK(run(io, read_all(*out)) == "forty two\n");
-        CHECK(run(io, child.wait()).success());
+        CHECK(run(io, child.wait()).status.success());
         child.reap();
     }
     {
@@ -213,7 +215,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         auto child = spawn_worker(io, {"env", "ELASTIC_TEST_INHERITED"});
         auto out = child.take_stdout();
         CHECK(run(io, read_all(*out)) == "yes\n");
-        CHECK(run(io, child.wait()).success());
+        CHECK(run(io, child.wait()).status.success());
         child.reap();
     }
     {
@@ -226,7 +228,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         auto child = elastic::spawn(io.get_executor(), options);
         auto out = child.take_stdout();
         CHECK(run(io, read_all(*out)) == dir + "\n");
-        CHECK(run(io, child.wait()).success());
+        CHECK(run(io, child.wait()).status.success());
         child.reap();
         ::rmdir(dir.c_str());
     }
@@ -237,7 +239,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         CHECK_FALSE(child.take_stderr());  // taken once
         CHECK(run(io, read_all(*err)) == "to the error stream\n");
         CHECK(run(io, read_all(*out)) == "out\n");
-        CHECK(run(io, child.wait()).success());
+        CHECK(run(io, child.wait()).status.success());
         child.reap();
     }
     {
@@ -253,7 +255,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         asio::write(*in, asio::buffer(text));
         in->close();
         CHECK(run(io, read_all(*out)) == text);
-        CHECK(run(io, child.wait()).success());
+        CHECK(run(io, child.wait()).status.success());
         child.reap();
     }
     {
@@ -268,7 +270,7 @@ TEST_CASE("process: environment, working directory and pipes") {
         options.out = elastic::stdio::null();
         options.err = elastic::stdio::descriptor(log_fd);
         auto child = elastic::spawn(io.get_executor(), options);
-        CHECK(run(io, child.wait()).success());
+        CHECK(run(io, child.wait()).status.success());
         child.reap();
         ::close(log_fd);
         std::ifstream file(log);
@@ -292,7 +294,7 @@ TEST_CASE("process: a worker leads its own session or process group") {
         CHECK(::getsid(child.pid()) == child.pid());
         CHECK(child.pgid() == child.pid());
         CHECK(child.signal_group(SIGTERM));
-        CHECK(run(io, child.wait()).signal == SIGTERM);
+        CHECK(run(io, child.wait()).status.signal() == SIGTERM);
         child.reap();
     }
     {
@@ -308,7 +310,7 @@ TEST_CASE("process: a worker leads its own session or process group") {
         CHECK(::getpgid(child.pid()) == child.pid());
         CHECK(::getsid(child.pid()) == ::getsid(0));
         CHECK(child.signal(SIGTERM));
-        CHECK(run(io, child.wait()).signal == SIGTERM);
+        CHECK(run(io, child.wait()).status.signal() == SIGTERM);
         child.reap();
     }
 }
@@ -325,7 +327,7 @@ TEST_CASE("process: workers outlive the thread that spawned them") {
     std::string buffer;
     CHECK(run(io, read_line(*out, buffer)) == "ready");
     CHECK(child->signal(SIGTERM));
-    CHECK(run(io, child->wait()).signal == SIGTERM);  // not SIGKILL from a parent death signal
+    CHECK(run(io, child->wait()).status.signal() == SIGTERM);  // not SIGKILL from a parent death signal
     child->reap();
 }
 

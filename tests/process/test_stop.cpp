@@ -71,7 +71,7 @@ TEST_CASE("process: stopping a worker's group ends the grandchild it forked") {
     REQUIRE(result.workers.size() == 1);
     CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
     REQUIRE(result.workers[0].status);
-    CHECK(result.workers[0].status->signal == SIGTERM);
+    CHECK(result.workers[0].status->status.signal() == SIGTERM);
     CHECK(result.killed_descendants.empty());  // the grandchild ended on SIGTERM in the grace
     CHECK(result.clean());
     CHECK(workers[0].reaped());
@@ -88,7 +88,7 @@ TEST_CASE("process: a worker that ignores SIGTERM is killed after the grace peri
     CHECK(result.workers[0].pid == worker.pid());
     CHECK(result.workers[0].outcome == elastic::stop_outcome::killed);
     REQUIRE(result.workers[0].status);
-    CHECK(result.workers[0].status->signal == SIGKILL);
+    CHECK(result.workers[0].status->status.signal() == SIGKILL);
     CHECK(result.clean());
     CHECK(worker.reaped());
 }
@@ -103,20 +103,20 @@ TEST_CASE("process: stop reports how each worker ended") {
     workers.push_back(ready_worker(io, {"sleep"}));
     workers.push_back(ready_worker(io, {"ignore-term"}));
     workers.push_back(ready_worker(io, {"fork-grandchild", "ignore-term"}, &stubborn_grandchild));
-    CHECK(run(io, workers[0].wait()).code == 7);  // exits before the stop
+    CHECK(run(io, workers[0].wait()).status.code() == 7);  // exits before the stop
 
     elastic::stop_options options = quick(std::chrono::milliseconds(300));
     options.signal = SIGTERM;
     const auto result = run(io, elastic::stop(workers, options));
     REQUIRE(result.workers.size() == workers.size());
     CHECK(result.workers[0].outcome == elastic::stop_outcome::already_exited);
-    CHECK(result.workers[0].status->code == 7);
+    CHECK(result.workers[0].status->status.code() == 7);
     CHECK(result.workers[1].outcome == elastic::stop_outcome::exited);
-    CHECK(result.workers[1].status->code == 0);
+    CHECK(result.workers[1].status->status.code() == 0);
     CHECK(result.workers[2].outcome == elastic::stop_outcome::signaled);
-    CHECK(result.workers[2].status->signal == SIGTERM);
+    CHECK(result.workers[2].status->status.signal() == SIGTERM);
     CHECK(result.workers[3].outcome == elastic::stop_outcome::killed);
-    CHECK(result.workers[3].status->signal == SIGKILL);
+    CHECK(result.workers[3].status->status.signal() == SIGKILL);
     CHECK(result.workers[4].outcome == elastic::stop_outcome::signaled);
     // The grandchild ignored SIGTERM and outlived the grace period: it needed SIGKILL.
     CHECK(result.killed_descendants == std::vector<pid_t>{stubborn_grandchild});
@@ -141,7 +141,7 @@ TEST_CASE("process: wait_any reports exits as they happen") {
     for (int i = 0; i < 3; ++i) workers.push_back(ready_worker(io, {"sleep"}));
     CHECK(workers[1].signal(SIGUSR1));
     CHECK(run(io, elastic::wait_any(workers)) == 1);
-    CHECK(workers[1].status()->signal == SIGUSR1);
+    CHECK(workers[1].status()->status.signal() == SIGUSR1);
     CHECK(workers[2].signal(SIGUSR2));
     CHECK(run(io, elastic::wait_any(workers)) == 2);  // exited ones are not reported again
     CHECK(workers[0].signal(SIGTERM));
@@ -200,7 +200,7 @@ void agent_killed_leaves_nothing(bool restart_watcher) {
     CHECK(process_support::alive(watcher));
 
     CHECK(agent.signal(SIGKILL));
-    CHECK(run(io, agent.wait()).signal == SIGKILL);
+    CHECK(run(io, agent.wait()).status.signal() == SIGKILL);
     agent.reap();
     // Workers die by their parent-death signal, grandchildren by the watcher, which then exits.
     std::vector<pid_t> all = descendants;

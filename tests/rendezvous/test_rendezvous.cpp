@@ -10,8 +10,9 @@
 
 #include <doctest/doctest.h>
 
+#include "spawn_support.hpp"
+
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 
 #include <chrono>
@@ -245,13 +246,14 @@ TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, 
     std::vector<std::optional<elastic::abort_notice>> seen(3);
     std::vector<bool> won(3, false);
     std::vector<elastic::job_decision> decisions(3);
+    spawn_support::spawn_errors errors;
     for (std::size_t i = 0; i < 3; ++i) {
         asio::co_spawn(c.ctx,
                        [&, i]() -> asio::awaitable<void> {
                            seen[i] = co_await c.nodes[i]->wait_for_abort();
                            if (!won[i]) decisions[i] = co_await c.nodes[i]->await_decision();
                        },
-                       asio::detached);
+                       errors.handler());
     }
     asio::co_spawn(c.ctx,
                    [&]() -> asio::awaitable<void> {
@@ -264,9 +266,10 @@ TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, 
                        co_await c.nodes[1]->decide(d);
                        decisions[1] = {true, 3, "1/2 restarts left"};
                    },
-                   asio::detached);
+                   errors.handler());
     c.ctx.run();
     c.ctx.restart();
+    errors.check();
     CHECK(won[1]);
     CHECK_FALSE(won[2]);
     for (std::size_t i = 0; i < 3; ++i) {
@@ -289,12 +292,14 @@ TEST_CASE("rendezvous: the exit barrier completes when all finish, and names the
     cluster c(3);
     (void)c.round();
     std::vector<elastic::barrier_result> results(3);
+    spawn_support::spawn_errors errors;
     for (std::size_t i = 0; i < 3; ++i) {
         asio::co_spawn(c.ctx, [&, i]() -> asio::awaitable<void> { results[i] = co_await c.nodes[i]->finish(60s); },
-                       asio::detached);
+                       errors.handler());
     }
     c.ctx.run();
     c.ctx.restart();
+    errors.check();
     for (const auto& r : results) CHECK(r.how == elastic::barrier_result::kind::complete);
 
     cluster d(3);
@@ -302,9 +307,10 @@ TEST_CASE("rendezvous: the exit barrier completes when all finish, and names the
     elastic::barrier_result late;
     for (std::size_t i = 0; i < 2; ++i) {
         asio::co_spawn(d.ctx, [&, i]() -> asio::awaitable<void> { late = co_await d.nodes[i]->finish(50ms); },
-                       asio::detached);
+                       errors.handler());
     }
     d.ctx.run();
+    errors.check();
     REQUIRE(late.how == elastic::barrier_result::kind::timed_out);
     REQUIRE(late.missing.size() == 1);
     CHECK(late.missing[0] == rounds[2].group_rank);
@@ -315,15 +321,17 @@ TEST_CASE("rendezvous: a finished node sees a later abort and follows the restar
     cluster c(2);
     (void)c.round();
     elastic::barrier_result finished;
+    spawn_support::spawn_errors errors;
     asio::co_spawn(c.ctx, [&]() -> asio::awaitable<void> { finished = co_await c.nodes[0]->finish(60s); },
-                   asio::detached);
+                   errors.handler());
     asio::co_spawn(c.ctx,
                    [&]() -> asio::awaitable<void> {
                        const elastic::abort_notice a{1, "node1", "crash"};
                        (void)co_await c.nodes[1]->abort(a);
                    },
-                   asio::detached);
+                   errors.handler());
     c.ctx.run();
+    errors.check();
     REQUIRE(finished.how == elastic::barrier_result::kind::aborted);
     CHECK(finished.abort->reason == "crash");
 }
@@ -354,8 +362,10 @@ TEST_CASE("rendezvous: conflicting --node-rank and torchrun's state are clear er
     elastic::memory_store fresh;
     elastic::store_rendezvous<elastic::memory_store> s(fresh, fresh, o);
     asio::io_context ctx2;
-    asio::co_spawn(ctx2, s.next_round(info(0)), asio::detached);
+    spawn_support::spawn_errors errors;
+    asio::co_spawn(ctx2, s.next_round(info(0)), errors.handler());
     ctx2.run();
+    errors.check();
     REQUIRE(fresh.engine().find("torch.rendezvous.job") != nullptr);
     CHECK(fresh.engine().find("torch.rendezvous.job")->find("elasticrun") != std::string::npos);
 }

@@ -452,7 +452,7 @@ std::set<std::string> resolved(const std::string& name) {
 TEST_CASE("rendezvous trust: a host name endpoint binds the address the name resolves to here, never 0.0.0.0") {
     // This host's name: not a loopback name, so it used to bind every interface for the
     // rendezvous store, the workers' stores and the spare stores.
-    const auto name = elastic::detail::rdzv::gethostname_string();
+    const auto name = elastic::host_name();
     REQUIRE_FALSE(name.empty());
     REQUIRE_FALSE(elastic::detail::rdzv::is_loopback(name));
     const auto chosen = elastic::detail::rdzv::owned_address(name);
@@ -560,6 +560,60 @@ TEST_CASE("rendezvous trust: an observer behind the store's kept loss records co
     CHECK(has(warnings[0], "missed 7 lease losses of run 'pruned'"));
     CHECK(has(warnings[0], "__lost/1 to "));
     CHECK(has(warnings[0], "__lost/7)"));
+}
+
+TEST_CASE("rendezvous trust: once the lease connection ended, the rendezvous ends its waits with store_lost_error") {
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    so.log = [](std::string_view) {};
+    elastic::tcp_store_server server(ctx.get_executor(), so);
+    server.start();
+    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
+    for (int i = 0; i < 3; ++i) {
+        elastic::store_client_options o;
+        o.port = server.port();
+        o.dialect = elastic::client_dialect::current;
+        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        c.push_back(std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o));
+    }
+    elastic::store_rendezvous_options o;
+    o.run_id = "lost";
+    o.nnodes = 1;
+    elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
+    elastic::node_info me;
+    me.host = me.id = "a";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = 1;
+    bool confirmed = false;
+    std::optional<elastic::store_lost_error> lost;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await a.start_liveness(*c[2], me);
+            (void)co_await a.next_round(me);
+            co_await (a.keep_membership() || [&]() -> asio::awaitable<void> {
+                server.stop();  // as when the store's host dies: every connection ends
+                confirmed = co_await a.confirm_store_lost(std::chrono::minutes(2));
+                try {
+                    (void)co_await a.wait_for_abort();
+                } catch (const elastic::store_lost_error& e) {
+                    lost = e;
+                }
+            }());
+            for (auto& each : c) each->close();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(3));  // turns a hang into a failure only
+    REQUIRE(confirmed);
+    REQUIRE(lost);
+    CHECK(a.store_lost() == lost->reason());
+    CHECK(std::string(lost->what()) == "lost the rendezvous store: " + lost->reason());
+    CHECK_FALSE(lost->reason().empty());
 }
 
 TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret ends the agent with the secret's "

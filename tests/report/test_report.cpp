@@ -108,28 +108,31 @@ TEST_CASE("report: exit statuses of real children, in torchrun's and the shell's
     const auto k = exit_status::from_wait_status(killed.wait_status);
     CHECK(k == exit_status::from_signal(9));
     CHECK(k.signaled());
-    CHECK(k.torch_exitcode() == -9);
-    CHECK(k.shell_exit_code() == 137);
+    CHECK(k.returncode() == -9);
+    CHECK(k.shell_code() == 137);
 
     const auto exited = report_support::run({"/bin/sh", "-c", "exit 3"});
     const auto e = exit_status::from_wait_status(exited.wait_status);
     CHECK(e == exit_status::from_exit_code(3));
     CHECK_FALSE(e.signaled());
     CHECK_FALSE(e.success());
-    CHECK(e.torch_exitcode() == 3);
-    CHECK(e.shell_exit_code() == 3);
+    CHECK(e.returncode() == 3);
+    CHECK(e.shell_code() == 3);
 
     const auto ok = report_support::run({"/bin/sh", "-c", "exit 0"});
     CHECK(exit_status::from_wait_status(ok.wait_status).success());
 
     CHECK(exit_status::from_siginfo(CLD_EXITED, 2) == exit_status::from_exit_code(2));
     CHECK(exit_status::from_siginfo(CLD_KILLED, 15) == exit_status::from_signal(15));
-    CHECK(exit_status::from_siginfo(CLD_DUMPED, 11) == exit_status::from_signal(11));
-    CHECK(exit_status::from_signal(SIGRTMAX).shell_exit_code() == 128 + SIGRTMAX);
+    CHECK(exit_status::from_siginfo(CLD_DUMPED, 11) == exit_status::from_signal(11, true));
+    CHECK(exit_status::from_siginfo(CLD_DUMPED, 11).describe() == "killed by signal 11 (SIGSEGV), core dumped");
+    CHECK(exit_status::from_siginfo(CLD_DUMPED, 11).returncode() == -11);
+    CHECK(exit_status::from_siginfo(CLD_DUMPED, 11).shell_code() == 139);
+    CHECK(exit_status::from_signal(SIGRTMAX).shell_code() == 128 + SIGRTMAX);
     // Nonsense numbers neither overflow nor pass for an exit code.
-    CHECK(exit_status::from_signal(INT_MAX).shell_exit_code() == 255);
-    CHECK(exit_status::from_signal(0).shell_exit_code() == 255);
-    CHECK(exit_status::from_signal(INT_MIN).torch_exitcode() == INT_MAX);
+    CHECK(exit_status::from_signal(INT_MAX).shell_code() == 255);
+    CHECK(exit_status::from_signal(0).shell_code() == 255);
+    CHECK(exit_status::from_signal(INT_MIN).returncode() == INT_MAX);
 }
 
 // ---- stderr tail --------------------------------------------------------------------------------

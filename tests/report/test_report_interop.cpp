@@ -235,7 +235,7 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
             js["failures"].push_back({{"rank", f.rank},
                                       {"local_rank", f.rank},
                                       {"pid", f.pid},
-                                      {"exitcode", f.status.torch_exitcode()},
+                                      {"exitcode", f.status.returncode()},
                                       {"error_file", f.file},
                                       {"notice", f.notice}});
             auto w = observed(f.rank, f.status, f.notice, f.pid);
@@ -370,7 +370,7 @@ TEST_CASE("report: a native worker's uncaught exception is reported with its std
     f.observe_now();
     f.error_file = elastic::read_error_file("");
     f.stderr_tail = tail.snapshot();
-    CHECK(f.status == exit_status::from_signal(SIGABRT));
+    CHECK(f.status.signal() == SIGABRT);  // with or without a core dump
     CHECK(elastic::launcher_exit_code(f) == 134);
     const auto text = elastic::format_summary("report-native-crash", std::vector{f});
     CAPTURE(text);
@@ -387,8 +387,8 @@ TEST_CASE("report: a native worker's fatal signal and exit code") {
         const auto r = report_support::run({native_crash(), "signal", "11"}, {},
                                            [&](std::string_view c) { tail.feed(c); });
         const auto status = exit_status::from_wait_status(r.wait_status);
-        CHECK(status == exit_status::from_signal(SIGSEGV));
-        CHECK(status.shell_exit_code() == 139);
+        CHECK(status.signal() == SIGSEGV);  // with or without a core dump
+        CHECK(status.shell_code() == 139);
         CHECK(tail.snapshot().lines.back() == "loading shard 7 of 8");
     }
     {
@@ -462,7 +462,7 @@ TEST_CASE("report: reads the error file elastic::record writes") {
             report_support::run({program, "segv"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
         CAPTURE(r.err);
         const auto status = exit_status::from_wait_status(r.wait_status);
-        CHECK(status == exit_status::from_signal(SIGSEGV));
+        CHECK(status.signal() == SIGSEGV);
         const auto read = elastic::read_error_file(error_file);
         CAPTURE(read.problem);
         REQUIRE(read.parsed());

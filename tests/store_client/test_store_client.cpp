@@ -8,10 +8,10 @@
 #include <doctest/doctest.h>
 
 #include "client_support.hpp"
+#include "spawn_support.hpp"
 #include "store_support.hpp"
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
@@ -238,21 +238,21 @@ TEST_CASE("store_client: concurrent operations on one client queue up in order")
     fixture f;
     tcp_store_client c(f.ctx.get_executor(), f.client_options());
     std::vector<std::int64_t> results;
+    spawn_support::spawn_errors errors;
     f.run([&]() -> asio::awaitable<void> {
         auto ex = co_await asio::this_coro::executor;
         int done = 0;
         asio::steady_timer all_done(ex, asio::steady_timer::time_point::max());
         for (int i = 0; i < 100; ++i)
             asio::co_spawn(
-                ex,
-                [&]() -> asio::awaitable<void> {
-                    results.push_back(co_await c.add("counter", 1));
-                    if (++done == 100) all_done.cancel();
-                },
-                asio::detached);
+                ex, [&]() -> asio::awaitable<void> { results.push_back(co_await c.add("counter", 1)); },
+                errors.handler([&] {
+                    if (++done == 100) all_done.cancel();  // a throw counts too: it fails the test, not hangs it
+                }));
         co_await all_done.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         CHECK(co_await c.get("counter") == "100");
     }());
+    errors.check();
     REQUIRE(results.size() == 100);
     for (std::size_t i = 0; i < results.size(); ++i)
         CHECK(results[i] == static_cast<std::int64_t>(i + 1));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/host_name.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/agent/spec.hpp"
@@ -35,7 +36,6 @@
 #include <vector>
 
 #include <cxxabi.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -80,12 +80,6 @@ inline agent_exception classify_exception(const std::exception_ptr& failure) {
     return out;
 }
 
-inline std::string host_name_for_events() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-    return name;
-}
-
 }  // namespace detail::agent
 
 /// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
@@ -100,7 +94,7 @@ inline std::string host_name_for_events() {
 ///                                         (FAILED/TERMINATED, or SUCCEEDED)
 ///   elastic.agent.shutdown        AGENT   the exit code and the reason
 ///
-/// Every elastic.* event carries run_id, role and hostname (gethostname: no DNS lookup), plus
+/// Every elastic.* event carries run_id, role and hostname (host_name(): no DNS lookup), plus
 /// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
 /// comma-separated text. With the null handler nothing is built.
 class agent_events {
@@ -121,7 +115,7 @@ public:
         } catch (const report_error& e) {
             throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
         }
-        if (sink_.enabled()) hostname_ = detail::agent::host_name_for_events();
+        if (sink_.enabled()) hostname_ = host_name();
     }
 
     [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
@@ -186,10 +180,11 @@ public:
                 return a->status()->steady_time < b->status()->steady_time;
             });
             for (const auto* w : ended) {
-                const auto& s = *w->status();
+                const auto& observed = *w->status();
+                const auto& s = observed.status;
                 const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = s.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
-                record_worker("elastic.worker.exited", s.steady_time, s.system_time, [&](json& m) {
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
                     m["restart_count"] = restarts;
                     m["local_rank"] = who.local_rank;
                     m["global_rank"] = who.global_rank;
@@ -197,7 +192,7 @@ public:
                     m["state"] = state;
                     m["exitcode"] = s.returncode();
                     m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal)) : json(nullptr);
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
                     m["core_dumped"] = s.core_dumped;
                 });
             }
@@ -224,7 +219,7 @@ public:
                     m["root_cause_global_rank"] = root->global_rank;
                     m["root_cause_local_rank"] = root->local_rank;
                     m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.torch_exitcode();
+                    m["root_cause_exitcode"] = root->status.returncode();
                     m["root_cause"] = failure_headline(*root);
                 } else {
                     m["root_cause"] = nullptr;

@@ -194,6 +194,12 @@ struct attempt_outcome {
     group_failure failure;          ///< for failed
 };
 
+/// The rendezvous store was lost while the workers ran (instead of an abort notice): the agent
+/// stops the workers, then moves the store or ends with a rendezvous_error saying `reason`.
+struct store_lost {
+    std::string reason;
+};
+
 }  // namespace detail::agent
 
 /// One node's agent (the single-node case): for each attempt it hosts a fresh store
@@ -297,9 +303,7 @@ private:
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
-        return fmt::format("local_rank {} {}", root->local_rank,
-                           root->status.signaled() ? fmt::format("killed by {}", signal_name(root->status.value))
-                                                   : fmt::format("exited with code {}", root->status.value));
+        return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
     int finish_failed(const group_failure& failure) {
@@ -509,7 +513,7 @@ private:
             if (params_.local_addr) {
                 host_ = *params_.local_addr;
             } else if (detail::rdzv::is_loopback(params_.endpoint.host)) {
-                host_ = detail::rdzv::gethostname_string();
+                host_ = host_name();
             } else {
                 host_ = host_fqdn();
             }
@@ -525,18 +529,19 @@ private:
         for (;;) {
             abort_won_ = false;
             last_abort_.reset();
+            store_lost_.reset();
             auto attempt = co_await detail::agent::settle(run_attempt(rdzv.restart_count(), signals));
             if (const auto why = store_loss(attempt.error); why && can_move_store()) {
                 co_await move_store(*why);
                 continue;
             }
             auto outcome = attempt.take();
-            if (outcome.how == kind::aborted && last_abort_ && last_abort_->group_rank == -2) {
+            if (outcome.how == kind::aborted && store_lost_) {
                 if (can_move_store()) {
-                    co_await move_store(last_abort_->reason);
+                    co_await move_store(store_lost_->reason);
                     continue;
                 }
-                throw rendezvous_error(last_abort_->reason);
+                throw rendezvous_error(store_lost_->reason);
             }
             if (outcome.how == kind::aborted && last_abort_ && last_abort_->what == abort_notice::kind::membership) {
                 log_membership_restart();
@@ -637,15 +642,17 @@ private:
         return params_.settings.exit_barrier_timeout.value_or(std::chrono::seconds(300));
     }
 
-    /// The message of `error` when it is the loss of the rendezvous store (a store_error).
+    /// The message of `error` when the rendezvous store is lost: a store_lost_error (the lease
+    /// connection ended), or another store_error (a request to the store failed), which the agent
+    /// treats alike; nullopt for any other error.
     static std::optional<std::string> store_loss(const std::exception_ptr& error) {
         if (!error) return std::nullopt;
         try {
             std::rethrow_exception(error);
+        } catch (const store_lost_error& e) {
+            return std::string(e.what());
         } catch (const store_error& e) {
-            std::string why = e.what();
-            if (why.rfind("lost the rendezvous store", 0) != 0) why = "lost the rendezvous store: " + why;
-            return why;
+            return fmt::format("lost the rendezvous store: {}", e.what());
         } catch (...) {
         }
         return std::nullopt;
@@ -791,35 +798,37 @@ private:
             rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
             co_return std::get<0>(first);
         }
-        last_abort_ = std::get<1>(std::move(first));
+        auto ended = std::get<1>(std::move(first));
+        if (auto* notice = std::get_if<abort_notice>(&ended)) {
+            last_abort_ = std::move(*notice);
+        } else {
+            store_lost_ = std::get<detail::agent::store_lost>(std::move(ended));
+        }
         co_return aborted_by_job;
     }
 
-    /// The round's abort; a lost store comes back as a notice of group_rank -2 (run_job then
-    /// throws rendezvous_error once the workers are stopped).
-    asio::awaitable<abort_notice> watch_abort() {
-        abort_notice lost;
+    /// The round's abort, or the loss of the rendezvous store (a store_lost_error, or a failed
+    /// request to it): run_rounds then moves the store or throws rendezvous_error once the
+    /// workers are stopped.
+    asio::awaitable<std::variant<abort_notice, detail::agent::store_lost>> watch_abort() {
+        std::string why;
         try {
             co_return co_await rdzv_->rendezvous().wait_for_abort();
+        } catch (const store_lost_error& e) {
+            why = e.reason();
         } catch (const store_error& e) {
-            std::string_view why = e.what();
-            constexpr std::string_view prefix = "lost the rendezvous store: ";
-            if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
-            lost.group_rank = -2;
-            lost.reason = fmt::format("lost the rendezvous store while the workers ran: {}", why);
+            why = e.what();
         }
-        co_return lost;
+        co_return detail::agent::store_lost{fmt::format("lost the rendezvous store while the workers ran: {}", why)};
     }
 
     /// A local worker failed: abort the round for every node (first reporter wins).
     asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
-        const auto& status = *worker.status();
+        const auto& status = worker.status()->status;
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank,
-                                    status.signaled() ? fmt::format("was killed by {}", signal_name(status.signal))
-                                                      : fmt::format("exited with code {}", status.code));
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
         abort_won_ = co_await rdzv_->rendezvous().abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
@@ -861,6 +870,7 @@ private:
     std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;     ///< the current round
     std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
+    std::optional<detail::agent::store_lost> store_lost_;  ///< the store was lost while the workers ran
     std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
     bool abort_won_ = false;                    ///< this node's abort() was the first
 

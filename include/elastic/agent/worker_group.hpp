@@ -147,7 +147,7 @@ public:
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
             if (i >= workers_.size()) co_return workers_.size();
-            if (!workers_[i].status()->success()) co_return i;
+            if (!workers_[i].status()->status.success()) co_return i;
         }
     }
 
@@ -204,7 +204,7 @@ public:
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->success())) continue;
+            if (!status || (before && status->status.success())) continue;
             const auto& slot = state_->slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -212,15 +212,14 @@ public:
             f.role = spec_->role;
             f.pid = static_cast<long>(workers_[i].pid());
             f.host = host;
-            f.status = status->signaled() ? exit_status::from_signal(status->signal)
-                                          : exit_status::from_exit_code(status->code);
+            f.status = status->status;
             f.observed_steady = status->steady_time;
             f.observed_system = status->system_time;
             f.error_file = read_error_file(slot.error_file);
             f.stderr_tail = slot.tail.snapshot();
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (before && !status->success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
             failure.workers.push_back(std::move(f));
         }
         return failure;

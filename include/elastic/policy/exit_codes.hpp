@@ -6,7 +6,7 @@
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/concepts.hpp"
 #include "elastic/policy/spec.hpp"
-#include "elastic/process/signal_name.hpp"
+#include "elastic/process/exit.hpp"
 
 #include <asio/awaitable.hpp>
 #include <fmt/format.h>
@@ -38,10 +38,7 @@ public:
         const auto* root = failure.root_cause();
         if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
         const auto& status = root->status;
-        const std::string ending = status.signaled()
-                                       ? fmt::format("local_rank {} was killed by {}", root->local_rank,
-                                                     signal_name(status.value))
-                                       : fmt::format("local_rank {} exited with code {}", root->local_rank, status.value);
+        const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
         const bool listed = set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};

@@ -6,8 +6,8 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/text.hpp"
+#include "elastic/process/exit.hpp"
 #include "elastic/process/signal_name.hpp"
-#include "elastic/report/failure.hpp"
 #include "elastic/usage_error.hpp"
 
 #include <fmt/format.h>

@@ -368,9 +368,9 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         }
         if (exited_before[i]) {
             worker.outcome = stop_outcome::already_exited;
-        } else if (outlived_grace[i] && child.status()->signal == SIGKILL) {
+        } else if (outlived_grace[i] && child.status()->status.signal() == SIGKILL) {
             worker.outcome = stop_outcome::killed;
-        } else if (child.status()->signal == options.signal) {
+        } else if (child.status()->status.signal() == options.signal) {
             worker.outcome = stop_outcome::signaled;
         } else {
             worker.outcome = stop_outcome::exited;

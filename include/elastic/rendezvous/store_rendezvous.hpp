@@ -556,7 +556,7 @@ public:
 
     /// Joins the next round with `me` and returns once it completes. rendezvous_error after
     /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
-    /// this node waited as a standby; store_error when the store is lost.
+    /// this node waited as a standby; store_lost_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         const auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
@@ -611,7 +611,7 @@ public:
     }
 
     /// Completes when the current round is aborted (by store push; no polling); cancel it when
-    /// the round ends otherwise. store_error when the store is lost. A value in the abort key
+    /// the round ends otherwise. store_lost_error when the store is lost. A value in the abort key
     /// that is no valid notice is reported and ignored: the wait goes on at the next slot
     /// (`abort/1`, ...), where a real abort is then written (abort()).
     asio::awaitable<abort_notice> wait_for_abort() {
@@ -919,7 +919,7 @@ private:
         }
     }
 
-    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_error
+    // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_lost_error
     // (and a cancelled request leaves `s` closed: its next request reconnects). Without the
     // race, a request on a store whose host died would retry its connection until the client's
     // connect_timeout while the job has already moved on.
@@ -927,12 +927,12 @@ private:
     asio::awaitable<T> unless_lost(Store& s, asio::awaitable<T> op) {
         using namespace asio::experimental::awaitable_operators;
         if (!members_) co_return co_await std::move(op);
-        if (members_->store_lost) throw store_error(lost_message(*members_->store_lost));
+        if (members_->store_lost) throw store_lost_error(*members_->store_lost);
         auto log = members_;
         auto which = co_await (std::move(op) || log->until_store_lost());
         if (which.index() == 1) {
             if constexpr (requires { s.close(); }) s.close();
-            throw store_error(lost_message(std::get<1>(std::move(which))));
+            throw store_lost_error(std::get<1>(std::move(which)));
         }
         if constexpr (!std::is_void_v<T>) co_return std::get<0>(std::move(which));
     }
@@ -943,10 +943,6 @@ private:
         if (timeout) co_return co_await unless_lost(s, wait_for(s, std::move(k), *timeout));
         co_await unless_lost(s, wait_long(s, std::move(k)));
         co_return true;
-    }
-
-    static std::string lost_message(const std::string& why) {
-        return fmt::format("lost the rendezvous store: {}", why);
     }
 
     // A node arrived after round r was complete (or sealed): it aborts a round running with

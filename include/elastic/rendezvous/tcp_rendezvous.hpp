@@ -3,11 +3,11 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/host_name.hpp"
 #include "elastic/rendezvous/parameters.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/rendezvous/error.hpp"
 #include "elastic/rendezvous/store_rendezvous.hpp"
-#include "elastic/report/failure.hpp"
 #include "elastic/store/client.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/server.hpp"
@@ -59,12 +59,6 @@ inline bool is_ip_literal(std::string_view host) {
     return !ec;
 }
 
-inline std::string gethostname_string() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) return {};
-    return name;
-}
-
 /// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
 /// host's name or canonical name, or an address one of its interfaces holds.
@@ -88,8 +82,7 @@ inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
 
 inline bool is_this_host(std::string_view host) {
     if (is_loopback(host)) return true;
-    const auto name = gethostname_string();
-    if (!name.empty() && host == name) return true;
+    if (host == host_name()) return true;
     if (host == host_fqdn()) return true;
     std::error_code ec;
     const auto wanted = asio::ip::make_address(std::string(host), ec);

@@ -41,7 +41,7 @@ public:
 ///   summary shows as its traceback (the stderr tail), timestamp = the failure's time.
 inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
-    const int error_code = root.status.torch_exitcode();
+    const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
         json doc = root.error_file.content.document;
         if (root.error_file.content.format == error_file_format::nested) {

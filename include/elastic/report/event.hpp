@@ -186,7 +186,7 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
         raw_error = R"({"message": "<NONE>"})";
     }
     return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.torch_exitcode(), failure_display_time(f),
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f),
                                          ctx);
 }
 

@@ -3,13 +3,14 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/host_name.hpp"
 #include "elastic/report/error_file.hpp"
+#include "elastic/process/exit.hpp"
 #include "elastic/process/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"
 #include "elastic/report/text.hpp"
 
 #include <chrono>
-#include <climits>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -17,61 +18,10 @@
 #include <string_view>
 #include <utility>
 
-#include <netdb.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
 namespace elastic::inline v0 {
-
-/// How a process ended: exited with a code, or killed by a signal.
-struct exit_status {
-    enum class kind { exited, signaled };
-
-    kind how = kind::exited;
-    /// The exit code (0..255) or the signal number.
-    int value = 0;
-
-    static constexpr exit_status from_exit_code(int code) noexcept { return {kind::exited, code}; }
-    static constexpr exit_status from_signal(int signal_number) noexcept {
-        return {kind::signaled, signal_number};
-    }
-    /// From a waitpid() status word.
-    static exit_status from_wait_status(int status) noexcept {
-        if (WIFSIGNALED(status)) {
-            return from_signal(WTERMSIG(status));
-        }
-        return from_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : status);
-    }
-    /// From waitid()'s siginfo (what a pidfd wait gives): si_code CLD_EXITED or CLD_KILLED /
-    /// CLD_DUMPED, and si_status.
-    static constexpr exit_status from_siginfo(int code, int status_or_signal) noexcept {
-        return code == CLD_EXITED ? from_exit_code(status_or_signal)
-                                  : from_signal(status_or_signal);
-    }
-
-    bool signaled() const noexcept { return how == kind::signaled; }
-    bool success() const noexcept { return how == kind::exited && value == 0; }
-
-    /// torchrun's number for it (Popen.returncode): the code, or -N for signal N. This is what
-    /// the summary's "exitcode" line and an error file's errorCode show.
-    constexpr int torch_exitcode() const noexcept {
-        // Negating INT_MIN would overflow; no real signal is near it.
-        return how != kind::signaled ? value : (value == INT_MIN ? INT_MAX : -value);
-    }
-
-    /// The shell's number for it: the code, or 128+N for signal N (255 for numbers that are no
-    /// signal, so the sum can neither overflow nor look like an exit code).
-    constexpr int shell_exit_code() const noexcept {
-        if (how != kind::signaled) {
-            return value;
-        }
-        return value <= 0 || value >= 127 ? 255 : 128 + value;
-    }
-
-    friend constexpr bool operator==(const exit_status&, const exit_status&) = default;
-};
 
 /// Why a worker is in a failure report.
 enum class failure_state {
@@ -119,10 +69,10 @@ inline std::string failure_headline(const worker_failure& f) {
         return f.error_file.content.message;
     }
     if (f.status.signaled()) {
-        return signal_message(f.status.value, f.pid);
+        return signal_message(f.status.signal(), f.pid);
     }
     return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
-                       f.global_rank, f.local_rank, f.status.value);
+                       f.global_rank, f.local_rank, f.status.code());
 }
 
 /// The stderr tail as a report shows it: a heading line, then the lines indented by two.
@@ -172,7 +122,7 @@ inline std::string failure_traceback(const worker_failure& f) {
         if (!out.empty()) {
             out += '\n';
         }
-        out += signal_message(f.status.value, f.pid);
+        out += signal_message(f.status.signal(), f.pid);
     }
     if (!f.stderr_tail.empty()) {
         if (!out.empty()) {
@@ -245,7 +195,7 @@ inline std::optional<std::size_t> root_cause(std::span<const worker_failure> fai
 /// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
 /// killed it (the shell's convention), and at least 1 (a failure never reads as success).
 constexpr int launcher_exit_code(const worker_failure& f) noexcept {
-    const int code = f.status.shell_exit_code();
+    const int code = f.status.shell_code();
     return code == 0 ? 1 : code;
 }
 
@@ -262,31 +212,8 @@ inline std::optional<int> launcher_exit_code(std::span<const worker_failure> fai
 /// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
 inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                       f.status.torch_exitcode(), f.local_rank, f.pid,
+                       f.status.returncode(), f.local_rank, f.pid,
                        detail::report::valid_utf8(entrypoint));
-}
-
-/// This host's fully qualified name, as Python's socket.getfqdn() finds it (the canonical name
-/// from the resolver when it has a dot, else the plain host name). It may ask DNS: call it once,
-/// at agent start, not when a failure arrives.
-inline std::string host_fqdn() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) {
-        return "localhost";
-    }
-    std::string host = name;
-    addrinfo hints{};
-    hints.ai_flags = AI_CANONNAME;
-    hints.ai_family = AF_UNSPEC;
-    addrinfo* result = nullptr;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0 && result != nullptr) {
-        std::string canonical = result->ai_canonname ? result->ai_canonname : "";
-        ::freeaddrinfo(result);
-        if (canonical.find('.') != std::string::npos) {
-            return canonical;
-        }
-    }
-    return host;
 }
 
 }  // namespace elastic::inline v0

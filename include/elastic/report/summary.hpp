@@ -72,7 +72,7 @@ inline std::string failure_block(std::size_t idx, const worker_failure& f, bool 
         "  error_file: {}\n"
         "  traceback : {}",
         idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
-        f.local_rank, f.status.torch_exitcode(), f.pid, error_file,
+        f.local_rank, f.status.returncode(), f.pid, error_file,
         indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
@@ -121,7 +121,7 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
         if (f.state == failure_state::stopped_by_agent) {
             std::string line =
                 fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                            f.local_rank, f.status.torch_exitcode(), f.pid);
+                            f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
