@@ -17328,8 +17328,10 @@ int run(int argc, const char* const* argv, Policy policy) {
 }
 
 /// torchrun's command line with the default policy, make_default_policy(config): built from
-/// --max-restarts and the --restart-* options (docs/policies.md).
-inline int run(int argc, const char* const* argv) {
+/// --max-restarts and the --restart-* options (docs/policies.md). A template only so that a
+/// file which includes this header but never calls it does not compile the whole agent.
+template <int = 0>
+int run(int argc, const char* const* argv) {
     const auto name = detail::agent::launcher_name(argc, argv);
     return detail::agent::guarded(name, [&] {
         const auto env = current_environment();

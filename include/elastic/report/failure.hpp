@@ -3,7 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/report/error_file.hpp"
+#include "elastic/report/error_file_content.hpp"
 #include "elastic/process/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"
 #include "elastic/report/text.hpp"
