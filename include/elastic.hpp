@@ -21,3 +21,6 @@
 #include "elastic/rendezvous.hpp"
 #include "elastic/agent.hpp"
 #include "elastic/run.hpp"
+
+// The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
+#include "elastic/impl/src.hpp"
