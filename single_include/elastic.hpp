@@ -1,7 +1,15 @@
 // elastic 0.1.0 — single-header distribution.
 // GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;
 // edit the headers under include/ and run the tool again.
-// Needs C++20, standalone Asio, fmt and nlohmann/json on the include path.
+//
+// WHAT A PROGRAM USING THIS FILE NEEDS (docs/building.md, "Vendoring the single header"):
+//   C++20; on the include path: standalone Asio 1.22+, fmt, nlohmann/json, CLI11 (header-only)
+//   and OpenSSL's headers; LINK fmt and OpenSSL's libcrypto: -lfmt -lcrypto -pthread.
+//   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev):
+//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread
+//   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,
+//   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.
+//
 #pragma once
 #define ELASTIC_AMALGAMATED 1
 // ---- begin elastic.hpp ----
@@ -33,6 +41,21 @@
 
 #if !defined(__linux__)
 #error "elastic supports Linux only (it relies on pidfd, prctl and /proc)"
+#endif
+
+// ELASTIC_SEPARATE_COMPILATION (docs/building.md): defined in every file of a program, it leaves
+// the heavy non-template definitions (elastic::run's agent, the command-line parser,
+// elastic::dist::group's members) out of the headers; one file compiles them by defining
+// ELASTIC_IMPL_SOURCE and including elastic/impl/src.hpp (or the single header). ELASTIC_DECL
+// marks the functions concerned: inline when header-only, ordinary functions of that one file
+// otherwise.
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+#define ELASTIC_DECL
+#else
+#define ELASTIC_DECL inline
+#endif
+#if defined(ELASTIC_IMPL_SOURCE)
+#define ELASTIC_DETAIL_IMPL_SOURCE_SEEN 1  // the definitions were not skipped (elastic/impl/src.hpp checks)
 #endif
 
 namespace elastic::inline v0 {
@@ -1494,20 +1517,28 @@ int record(Entry&& entry, Args&&... args) {
 // elastic::dist: composer-style collectives for native C++ workers (barrier, broadcast,
 // all_gather, all_reduce of scalars, rank and size helpers) over the job's TCP store.
 
-// ---- begin elastic/store/blocking_client.hpp ----
-// blocking_store_client: tcp_store_client behind plain blocking calls, for worker code that is
-// not asynchronous (each call runs a private io_context until the operation is done).
+// ---- begin elastic/store/client_dialect.hpp ----
+// client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
+// that options naming it (elastic::dist::group_options) need not parse the client.
 
-// ---- begin elastic/store/client.hpp ----
-// tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
-// `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
-// kept alive by heartbeats, and a lost connection reported as an event.
 
-// ---- begin elastic/store/auth.hpp ----
-// The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
-// job secret, as two pure state machines (client and server) that consume bytes and produce
-// bytes, so they can be tested and fuzzed without sockets. Byte layout in docs/store.md.
+#include <cstdint>
 
+namespace elastic::inline v0 {
+
+/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
+/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
+enum class client_dialect : std::uint8_t {
+    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
+    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
+    /// The answer is kept for reconnections.
+    detect,
+    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
+    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/client_dialect.hpp ----
 // ---- begin elastic/store/errors.hpp ----
 // The store layer's exceptions: store_error, store_timeout and store_auth_error.
 
@@ -1537,6 +1568,23 @@ public:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/errors.hpp ----
+// The store client only where group's members are compiled: with ELASTIC_SEPARATE_COMPILATION,
+// in elastic/impl/src.hpp's file alone, so a worker's files parse none of Asio.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+// ---- begin elastic/store/blocking_client.hpp ----
+// blocking_store_client: tcp_store_client behind plain blocking calls, for worker code that is
+// not asynchronous (each call runs a private io_context until the operation is done).
+
+// ---- begin elastic/store/client.hpp ----
+// tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
+// `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
+// kept alive by heartbeats, and a lost connection reported as an event.
+
+// ---- begin elastic/store/auth.hpp ----
+// The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
+// job secret, as two pure state machines (client and server) that consume bytes and produce
+// bytes, so they can be tested and fuzzed without sockets. Byte layout in docs/store.md.
+
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>
@@ -2454,17 +2502,6 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <unistd.h>
 
 namespace elastic::inline v0 {
-
-/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
-/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
-enum class client_dialect : std::uint8_t {
-    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
-    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
-    /// The answer is kept for reconnections.
-    detect,
-    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
-    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
-};
 
 /// One failed connection attempt, reported to `store_client_options::on_retry` before the
 /// client sleeps `delay` and tries again.
@@ -3626,6 +3663,7 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/blocking_client.hpp ----
+#endif
 
 #include <fmt/format.h>
 
@@ -3634,6 +3672,7 @@ private:
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -3658,6 +3697,8 @@ public:
 private:
     std::vector<int> missing_;
 };
+
+class blocking_store_client;  // elastic/store/blocking_client.hpp
 
 namespace dist {
 
@@ -3712,25 +3753,10 @@ inline group_options options_from(const worker_env& e) {
 /// free functions below lock around the process-wide group.
 class group {
 public:
-    explicit group(group_options options) : options_(std::move(options)) {
-        if (options_.world_size < 1)
-            throw std::invalid_argument(fmt::format(
-                "elastic::dist::group: world_size {} is not a size (1 or more)",
-                options_.world_size));
-        if (options_.rank < 0 || options_.rank >= options_.world_size)
-            throw std::invalid_argument(fmt::format(
-                "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
-                options_.world_size - 1, options_.world_size));
-        if (options_.world_size > 1) {
-            store_client_options c;
-            c.host = options_.host;
-            c.port = options_.port;
-            c.dialect = options_.dialect;
-            c.timeout = options_.timeout;
-            c.connect_timeout = options_.connect_timeout;
-            client_.emplace(std::move(c));
-        }
-    }
+    ELASTIC_DECL explicit group(group_options options);
+    ELASTIC_DECL ~group();
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
 
     [[nodiscard]] int rank() const noexcept { return options_.rank; }
     [[nodiscard]] int world_size() const noexcept { return options_.world_size; }
@@ -3738,43 +3764,17 @@ public:
 
     [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
     /// Changes how long later collectives wait for the other ranks.
-    void set_timeout(std::chrono::milliseconds t) {
-        options_.timeout = t;
-        if (client_) client_->set_timeout(t);
-    }
+    ELASTIC_DECL void set_timeout(std::chrono::milliseconds t);
 
     /// Returns when every rank has called barrier(). dist_timeout names the ranks missing.
-    void barrier() {
-        if (options_.world_size == 1) return;
-        (void)exchange("barrier", {}, false);
-    }
+    ELASTIC_DECL void barrier();
 
     /// Returns `root`'s bytes on every rank (the others' `bytes` are ignored). Only the root's
     /// arrival is awaited; dist_timeout names it when it does not come.
-    std::string broadcast(std::string bytes, int root = 0) {
-        check_rank(root, "broadcast root");
-        if (options_.world_size == 1) return bytes;
-        const auto n = next_++;
-        const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
-        if (options_.rank == root) {
-            client_->set(key, bytes);
-            written_.push_back(key);
-            return bytes;
-        }
-        try {
-            std::vector<std::string> keys(1, key);
-            client_->wait(std::move(keys), options_.timeout);
-        } catch (const store_timeout&) {
-            throw timeout_error("broadcast", n, {root});
-        }
-        return client_->get(key);
-    }
+    ELASTIC_DECL std::string broadcast(std::string bytes, int root = 0);
 
     /// Every rank's bytes, indexed by rank.
-    std::vector<std::string> all_gather(std::string bytes) {
-        if (options_.world_size == 1) return {std::move(bytes)};
-        return exchange("all_gather", std::move(bytes), true);
-    }
+    ELASTIC_DECL std::vector<std::string> all_gather(std::string bytes);
 
     /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
     /// in rank order, so floating-point results agree bit for bit).
@@ -3807,65 +3807,133 @@ public:
     }
 
 private:
-    void check_rank(int r, std::string_view what) const {
-        if (r < 0 || r >= options_.world_size)
-            throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
-                                                    r, options_.world_size - 1));
-    }
-
+    ELASTIC_DECL void check_rank(int r, std::string_view what) const;
     // Each rank writes `<ns>/<n>/<rank>` and waits for all of them: every rank has arrived.
-    std::vector<std::string> exchange(std::string_view what, std::string payload, bool read) {
-        const auto n = next_++;
-        std::vector<std::string> keys;
-        keys.reserve(static_cast<std::size_t>(options_.world_size));
-        for (int r = 0; r < options_.world_size; ++r)
-            keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
-        const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
-        client_->set(mine, std::move(payload));
-        try {
-            client_->wait(keys, options_.timeout);
-        } catch (const store_timeout&) {
-            std::vector<int> missing;
-            for (int r = 0; r < options_.world_size; ++r) {
-                std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
-                if (!client_->check(std::move(one))) missing.push_back(r);
-            }
-            throw timeout_error(what, n, std::move(missing));
-        }
-        std::vector<std::string> out;
-        if (read) out = client_->multi_get(keys);
-        // Every rank has written its key of collective n, so each has finished everything
-        // before n: nobody reads the keys this rank wrote earlier any more.
-        for (const auto& k : written_) (void)client_->delete_key(k);
-        written_.clear();
-        written_.push_back(mine);
-        return out;
-    }
-
-    dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
-        std::string list;
-        for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
-            list += fmt::format("{}{}", i ? ", " : "", missing[i]);
-        if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
-        // The message first: the vector is moved into the exception after it.
-        auto message =
-            fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                        "{} ms (exited, hung, or called the collectives in another order); "
-                        "store {}:{}, keys '{}/{}/'",
-                        what, n, options_.rank, options_.world_size,
-                        missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
-                        options_.timeout.count(), options_.host, options_.port,
-                        options_.key_namespace, n);
-        return dist_timeout(message, std::move(missing));
-    }
+    ELASTIC_DECL std::vector<std::string> exchange(std::string_view what, std::string payload, bool read);
+    ELASTIC_DECL dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing);
 
     group_options options_;
-    std::optional<blocking_store_client> client_;
+    std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
     std::uint64_t next_ = 0;            // collectives started by this rank
     std::vector<std::string> written_;  // keys written since the last full synchronisation
 };
 
 }  // namespace dist
+
+// group's members, out of the class so that ELASTIC_SEPARATE_COMPILATION can leave them (and the
+// store client) to elastic/impl/src.hpp's file.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+namespace dist {
+
+ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
+    if (options_.world_size < 1)
+        throw std::invalid_argument(fmt::format(
+            "elastic::dist::group: world_size {} is not a size (1 or more)",
+            options_.world_size));
+    if (options_.rank < 0 || options_.rank >= options_.world_size)
+        throw std::invalid_argument(fmt::format(
+            "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
+            options_.world_size - 1, options_.world_size));
+    if (options_.world_size > 1) {
+        store_client_options c;
+        c.host = options_.host;
+        c.port = options_.port;
+        c.dialect = options_.dialect;
+        c.timeout = options_.timeout;
+        c.connect_timeout = options_.connect_timeout;
+        client_ = std::make_unique<blocking_store_client>(std::move(c));
+    }
+}
+
+ELASTIC_DECL group::~group() = default;
+
+ELASTIC_DECL void group::set_timeout(std::chrono::milliseconds t) {
+    options_.timeout = t;
+    if (client_) client_->set_timeout(t);
+}
+
+ELASTIC_DECL void group::barrier() {
+    if (options_.world_size == 1) return;
+    (void)exchange("barrier", {}, false);
+}
+
+ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
+    check_rank(root, "broadcast root");
+    if (options_.world_size == 1) return bytes;
+    const auto n = next_++;
+    const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
+    if (options_.rank == root) {
+        client_->set(key, bytes);
+        written_.push_back(key);
+        return bytes;
+    }
+    try {
+        std::vector<std::string> keys(1, key);
+        client_->wait(std::move(keys), options_.timeout);
+    } catch (const store_timeout&) {
+        throw timeout_error("broadcast", n, {root});
+    }
+    return client_->get(key);
+}
+
+ELASTIC_DECL std::vector<std::string> group::all_gather(std::string bytes) {
+    if (options_.world_size == 1) return {std::move(bytes)};
+    return exchange("all_gather", std::move(bytes), true);
+}
+
+ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
+    if (r < 0 || r >= options_.world_size)
+        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
+                                                r, options_.world_size - 1));
+}
+
+ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std::string payload, bool read) {
+    const auto n = next_++;
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<std::size_t>(options_.world_size));
+    for (int r = 0; r < options_.world_size; ++r)
+        keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
+    client_->set(mine, std::move(payload));
+    try {
+        client_->wait(keys, options_.timeout);
+    } catch (const store_timeout&) {
+        std::vector<int> missing;
+        for (int r = 0; r < options_.world_size; ++r) {
+            std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
+            if (!client_->check(std::move(one))) missing.push_back(r);
+        }
+        throw timeout_error(what, n, std::move(missing));
+    }
+    std::vector<std::string> out;
+    if (read) out = client_->multi_get(keys);
+    // Every rank has written its key of collective n, so each has finished everything
+    // before n: nobody reads the keys this rank wrote earlier any more.
+    for (const auto& k : written_) (void)client_->delete_key(k);
+    written_.clear();
+    written_.push_back(mine);
+    return out;
+}
+
+ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
+        list += fmt::format("{}{}", i ? ", " : "", missing[i]);
+    if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
+    // The message first: the vector is moved into the exception after it.
+    auto message =
+        fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                    "{} ms (exited, hung, or called the collectives in another order); "
+                    "store {}:{}, keys '{}/{}/'",
+                    what, n, options_.rank, options_.world_size,
+                    missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
+                    options_.timeout.count(), options_.host, options_.port,
+                    options_.key_namespace, n);
+    return dist_timeout(message, std::move(missing));
+}
+
+}  // namespace dist
+#endif  // definitions
 
 namespace detail {
 
@@ -7585,9 +7653,94 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 // worker_failure: one worker's end as the agent saw it, what a report says about it, the root
 // cause of a group's failure (the earliest), and elasticrun's exit code.
 
-// ---- begin elastic/report/error_file.hpp ----
-// Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
-// with every way a file can be broken reported as "malformed", never thrown.
+// ---- begin elastic/report/error_file_content.hpp ----
+// What reading a torchelastic error file gives: error_file_format, error_file_status,
+// error_file_content and error_file_read, and the limits the reader applies. Only the types:
+// the reader itself (and the full JSON library) is in elastic/report/error_file.hpp.
+
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace elastic::inline v0 {
+
+/// Which of the two shapes PyTorch's ProcessFailure accepts a file has.
+enum class error_file_format {
+    /// What `@record` (ErrorHandler.record_exception) and elastic::record write:
+    /// `{"message": {"message": "<Type>: <what>", "extraInfo": {"py_callstack": "...",
+    /// "timestamp": "<unix seconds>"}}}`, and, after a parent copied it up, `"errorCode": <int>`
+    /// inside the outer "message" object.
+    nested,
+    /// The "new format" the reader also accepts: `{"message": "<text>", "timestamp": <seconds>}`.
+    flat,
+};
+
+/// What reading a worker's error file found.
+enum class error_file_status {
+    /// No path was given, or no file exists there: the worker wrote nothing (a signal, a native
+    /// binary without elastic::record, a Python script without @record). torchrun shows "<N/A>".
+    absent,
+    /// A well-formed file in one of the two formats.
+    parsed,
+    /// Something is there but cannot be used; `problem` says why.
+    malformed,
+};
+
+/// The content of a well-formed error file.
+struct error_file_content {
+    error_file_format format = error_file_format::nested;
+    /// "ValueError: boom" (nested) or the flat message. Empty when a nested file has none.
+    std::string message;
+    /// extraInfo.py_callstack of a nested file (a Python traceback, or elastic::record's C++
+    /// backtrace), when present.
+    std::optional<std::string> traceback;
+    /// When the worker recorded the error, when the file says so.
+    std::optional<std::chrono::system_clock::time_point> timestamp;
+    /// True when the timestamp was a whole number of seconds (what PyTorch writes): the error
+    /// then happened somewhere in [timestamp, timestamp + 1 s).
+    bool timestamp_whole_seconds = true;
+    /// message.errorCode (nested) or a top-level errorCode, set by a launcher that copied a
+    /// child's file up.
+    std::optional<long long> error_code;
+    /// The file as parsed, key order kept, for copying into a parent's error file (shared and
+    /// read-only, so that this header needs only <nlohmann/json_fwd.hpp>; null when not parsed).
+    std::shared_ptr<const nlohmann::ordered_json> document;
+};
+
+/// The outcome of reading one error file; never an exception.
+struct error_file_read {
+    error_file_status status = error_file_status::absent;
+    /// The path that was read (empty when the worker had none).
+    std::string path;
+    /// Meaningful when status == parsed.
+    error_file_content content;
+    /// When status == malformed: what is wrong, as one line of valid UTF-8.
+    std::string problem;
+
+    bool parsed() const noexcept { return status == error_file_status::parsed; }
+};
+
+/// Files larger than this are reported as malformed instead of read: a Python traceback is a
+/// few kilobytes (RecursionError's is folded by Python), so megabytes mean garbage.
+inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
+
+/// Nesting deeper than this is malformed (the formats need three levels); checked before
+/// parsing so hostile input cannot make the parser or the copy recurse deeply.
+inline constexpr int max_error_file_depth = 32;
+
+/// The latest timestamp an error file may carry (2200-01-01 UTC, in seconds since the epoch).
+inline constexpr double max_error_file_timestamp = 7258118400.0;
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/error_file_content.hpp ----
+// ---- begin elastic/report/stderr_tail.hpp ----
+// stderr_tail: the last lines a worker wrote to stderr, kept in a bounded ring for its failure
+// report.
 
 // ---- begin elastic/report/text.hpp ----
 // Text hygiene for what workers write: UTF-8 repair and display width, so reports and JSON never
@@ -7722,504 +7875,6 @@ inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcep
 
 }  // namespace elastic::inline v0::detail::report
 // ---- end elastic/report/text.hpp ----
-
-#include <cerrno>
-#include <charconv>
-#include <chrono>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-namespace elastic::inline v0 {
-
-/// Which of the two shapes PyTorch's ProcessFailure accepts a file has.
-enum class error_file_format {
-    /// What `@record` (ErrorHandler.record_exception) and elastic::record write:
-    /// `{"message": {"message": "<Type>: <what>", "extraInfo": {"py_callstack": "...",
-    /// "timestamp": "<unix seconds>"}}}`, and, after a parent copied it up, `"errorCode": <int>`
-    /// inside the outer "message" object.
-    nested,
-    /// The "new format" the reader also accepts: `{"message": "<text>", "timestamp": <seconds>}`.
-    flat,
-};
-
-/// What reading a worker's error file found.
-enum class error_file_status {
-    /// No path was given, or no file exists there: the worker wrote nothing (a signal, a native
-    /// binary without elastic::record, a Python script without @record). torchrun shows "<N/A>".
-    absent,
-    /// A well-formed file in one of the two formats.
-    parsed,
-    /// Something is there but cannot be used; `problem` says why.
-    malformed,
-};
-
-/// The content of a well-formed error file.
-struct error_file_content {
-    error_file_format format = error_file_format::nested;
-    /// "ValueError: boom" (nested) or the flat message. Empty when a nested file has none.
-    std::string message;
-    /// extraInfo.py_callstack of a nested file (a Python traceback, or elastic::record's C++
-    /// backtrace), when present.
-    std::optional<std::string> traceback;
-    /// When the worker recorded the error, when the file says so.
-    std::optional<std::chrono::system_clock::time_point> timestamp;
-    /// True when the timestamp was a whole number of seconds (what PyTorch writes): the error
-    /// then happened somewhere in [timestamp, timestamp + 1 s).
-    bool timestamp_whole_seconds = true;
-    /// message.errorCode (nested) or a top-level errorCode, set by a launcher that copied a
-    /// child's file up.
-    std::optional<long long> error_code;
-    /// The file as parsed, key order kept, for copying into a parent's error file.
-    nlohmann::ordered_json document;
-};
-
-/// The outcome of reading one error file; never an exception.
-struct error_file_read {
-    error_file_status status = error_file_status::absent;
-    /// The path that was read (empty when the worker had none).
-    std::string path;
-    /// Meaningful when status == parsed.
-    error_file_content content;
-    /// When status == malformed: what is wrong, as one line of valid UTF-8.
-    std::string problem;
-
-    bool parsed() const noexcept { return status == error_file_status::parsed; }
-};
-
-/// Files larger than this are reported as malformed instead of read: a Python traceback is a
-/// few kilobytes (RecursionError's is folded by Python), so megabytes mean garbage.
-inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
-
-/// Nesting deeper than this is malformed (the formats need three levels); checked before
-/// parsing so hostile input cannot make the parser or the copy recurse deeply.
-inline constexpr int max_error_file_depth = 32;
-
-/// The latest timestamp an error file may carry (2200-01-01 UTC, in seconds since the epoch).
-inline constexpr double max_error_file_timestamp = 7258118400.0;
-
-namespace detail::report {
-
-/// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
-inline int json_depth(std::string_view text, int limit) noexcept {
-    int depth = 0;
-    int deepest = 0;
-    bool in_string = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (in_string) {
-            if (c == '\\') {
-                ++i;
-            } else if (c == '"') {
-                in_string = false;
-            }
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > deepest) {
-                deepest = depth;
-                if (deepest > limit) {
-                    return deepest;
-                }
-            }
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            --depth;
-        }
-    }
-    return deepest;
-}
-
-inline int hex_digit(char c) noexcept {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
-}
-
-/// The code unit of a "\uXXXX" escape starting at text[i] (the backslash), or -1.
-inline long json_u_escape(std::string_view text, std::size_t i) noexcept {
-    if (i + 6 > text.size() || text[i] != '\\' || text[i + 1] != 'u') {
-        return -1;
-    }
-    long v = 0;
-    for (std::size_t k = 2; k < 6; ++k) {
-        const int d = hex_digit(text[i + k]);
-        if (d < 0) {
-            return -1;
-        }
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-/// `text` with every unpaired UTF-16 surrogate escape ("\udc80") replaced by "\ufffd". Python's
-/// json.dump writes those for undecodable bytes in a traceback (surrogateescape) and json.load
-/// accepts them; nlohmann rejects them, so a reader that wants to agree with PyTorch repairs them.
-inline std::string repair_lone_surrogates(std::string_view text) {
-    std::string out;
-    out.reserve(text.size());
-    bool in_string = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (!in_string) {
-            in_string = c == '"';
-            out += c;
-            continue;
-        }
-        if (c == '"') {
-            in_string = false;
-            out += c;
-            continue;
-        }
-        if (c != '\\' || i + 1 >= text.size()) {
-            out += c;
-            continue;
-        }
-        const long unit = json_u_escape(text, i);
-        if (unit < 0) {
-            out += c;
-            out += text[++i];  // any other escape, copied whole so "\\u" is not misread
-            continue;
-        }
-        if (unit >= 0xD800 && unit <= 0xDBFF) {
-            const long next = json_u_escape(text, i + 6);
-            if (next >= 0xDC00 && next <= 0xDFFF) {
-                out.append(text.substr(i, 12));
-                i += 11;
-                continue;
-            }
-            out += "\\ufffd";
-            i += 5;
-            continue;
-        }
-        if (unit >= 0xDC00 && unit <= 0xDFFF) {
-            out += "\\ufffd";
-        } else {
-            out.append(text.substr(i, 6));
-        }
-        i += 5;
-    }
-    return out;
-}
-
-/// nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
-inline std::string json_error_text(const char* what) {
-    std::string_view s = what;
-    if (!s.empty() && s.front() == '[') {
-        const auto close = s.find("] ");
-        if (close != std::string_view::npos) {
-            s.remove_prefix(close + 2);
-        }
-    }
-    return valid_utf8(s);
-}
-
-/// A seconds-since-epoch value as JSON holds it: a number or a string of one (PyTorch writes
-/// str(int(time.time()))). Returns nullopt when it is neither or out of any sane range.
-inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> parse_epoch_seconds(
-    const nlohmann::ordered_json& v) {
-    double seconds = 0;
-    bool whole = true;
-    if (v.is_number_integer()) {
-        seconds = v.is_number_unsigned() ? static_cast<double>(v.get<std::uint64_t>())
-                                         : static_cast<double>(v.get<std::int64_t>());
-    } else if (v.is_number_float()) {
-        seconds = v.get<double>();
-        whole = std::floor(seconds) == seconds;
-    } else if (v.is_string()) {
-        const auto& s = v.get_ref<const std::string&>();
-        if (s.empty() || s.size() > 32) {
-            return std::nullopt;
-        }
-        // from_chars, not stod: independent of the C locale's decimal point. Only plain
-        // decimal numbers: "1700000000" or "1700000000.25", no "inf", "0x10", "1e9".
-        for (const char c : s) {
-            if (!((c >= '0' && c <= '9') || c == '.' || c == '-')) {
-                return std::nullopt;
-            }
-        }
-        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
-        if (ec != std::errc{} || end != s.data() + s.size()) {
-            return std::nullopt;
-        }
-        whole = s.find('.') == std::string::npos || std::floor(seconds) == seconds;
-    } else {
-        return std::nullopt;
-    }
-    // 1970 .. 2200: anything else is garbage. The bound matters: system_clock counts int64
-    // nanoseconds, which end in 2262 (found by the fuzzer: a stamp in 2280 overflowed).
-    if (!std::isfinite(seconds) || seconds < 0 || seconds > max_error_file_timestamp) {
-        return std::nullopt;
-    }
-    // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
-    const auto since_epoch = std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::round<std::chrono::microseconds>(std::chrono::duration<double>(seconds)));
-    return std::pair{std::chrono::system_clock::time_point(since_epoch), whole};
-}
-
-inline std::optional<long long> parse_error_code(const nlohmann::ordered_json& v) {
-    if (v.is_number_integer()) {
-        if (v.is_number_unsigned()) {
-            const auto u = v.get<std::uint64_t>();
-            if (u > static_cast<std::uint64_t>(INT64_MAX)) {
-                return std::nullopt;
-            }
-            return static_cast<long long>(u);
-        }
-        return static_cast<long long>(v.get<std::int64_t>());
-    }
-    return std::nullopt;
-}
-
-inline error_file_read malformed(std::string path, std::string problem) {
-    error_file_read r;
-    r.status = error_file_status::malformed;
-    r.path = std::move(path);
-    r.problem = valid_utf8(problem);
-    return r;
-}
-
-inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
-    using json = nlohmann::ordered_json;
-    if (!doc.is_object()) {
-        return malformed(std::move(path),
-                         fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
-    }
-    const auto message_it = doc.find("message");
-    if (message_it == doc.end()) {
-        return malformed(std::move(path), "no \"message\" key at the top level");
-    }
-    error_file_content c;
-    const json& message = *message_it;
-    if (message.is_string()) {
-        c.format = error_file_format::flat;
-        c.message = message.get<std::string>();
-        if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
-            const auto parsed = parse_epoch_seconds(*ts);
-            if (!parsed) {
-                return malformed(std::move(path),
-                                 fmt::format("\"timestamp\" {} is not a number of seconds since "
-                                             "the epoch",
-                                             valid_utf8(ts->dump().substr(0, 64))));
-            }
-            c.timestamp = parsed->first;
-            c.timestamp_whole_seconds = parsed->second;
-        }
-    } else if (message.is_object()) {
-        c.format = error_file_format::nested;
-        if (const auto m = message.find("message"); m != message.end()) {
-            if (!m->is_string()) {
-                return malformed(
-                    std::move(path),
-                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
-            }
-            c.message = m->get<std::string>();
-        }
-        if (const auto extra = message.find("extraInfo"); extra != message.end()) {
-            if (!extra->is_object()) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object",
-                                             extra->type_name()));
-            }
-            if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
-                if (!cs->is_string()) {
-                    return malformed(
-                        std::move(path),
-                        fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
-                                    "string",
-                                    cs->type_name()));
-                }
-                c.traceback = cs->get<std::string>();
-            }
-            if (const auto ts = extra->find("timestamp"); ts != extra->end() && !ts->is_null()) {
-                const auto parsed = parse_epoch_seconds(*ts);
-                if (!parsed) {
-                    return malformed(
-                        std::move(path),
-                        fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
-                                    "seconds since the epoch",
-                                    valid_utf8(ts->dump().substr(0, 64))));
-                }
-                c.timestamp = parsed->first;
-                c.timestamp_whole_seconds = parsed->second;
-            }
-        }
-        if (const auto code = message.find("errorCode"); code != message.end()) {
-            c.error_code = parse_error_code(*code);
-            if (!c.error_code) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.errorCode\" {} is not an integer",
-                                             valid_utf8(code->dump().substr(0, 64))));
-            }
-        }
-    } else {
-        return malformed(std::move(path),
-                         fmt::format("\"message\" is a JSON {}, neither a string nor an object",
-                                     message.type_name()));
-    }
-    if (!c.error_code) {
-        if (const auto code = doc.find("errorCode"); code != doc.end()) {
-            c.error_code = parse_error_code(*code);
-        }
-    }
-    c.document = std::move(doc);
-    error_file_read r;
-    r.status = error_file_status::parsed;
-    r.path = std::move(path);
-    r.content = std::move(c);
-    return r;
-}
-
-inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
-    using json = nlohmann::ordered_json;
-    if (bytes.size() > max_error_file_bytes) {
-        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
-                                                      "file may have",
-                                                      bytes.size(), max_error_file_bytes));
-    }
-    std::size_t first = 0;
-    while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' ||
-                                    bytes[first] == '\r' || bytes[first] == '\t')) {
-        ++first;
-    }
-    if (first == bytes.size()) {
-        return malformed(std::move(path),
-                         bytes.empty() ? "the file is empty" : "the file holds only white space");
-    }
-    if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
-        return malformed(std::move(path),
-                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
-    }
-    json doc;
-    try {
-        doc = json::parse(bytes);
-    } catch (const json::exception& first_error) {
-        // Retry once with Python's lone-surrogate escapes repaired (see repair_lone_surrogates).
-        try {
-            doc = json::parse(repair_lone_surrogates(bytes));
-        } catch (const json::exception&) {
-            return malformed(std::move(path), fmt::format("not valid JSON: {}",
-                                                          json_error_text(first_error.what())));
-        }
-    }
-    return parse_error_document(std::move(doc), std::move(path));
-}
-
-}  // namespace detail::report
-
-/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
-/// defect, including running out of memory, comes back as status malformed with the reason.
-inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
-    try {
-        return detail::report::parse_error_text(bytes, std::move(path));
-    } catch (const std::exception& e) {
-        try {
-            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
-        } catch (...) {
-        }
-    } catch (...) {
-    }
-    error_file_read r;
-    r.status = error_file_status::malformed;
-    return r;
-}
-
-/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
-/// An empty path or no file there gives status absent. Anything that is not a readable regular
-/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
-/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
-inline error_file_read read_error_file(const std::string& path) noexcept {
-    try {
-        error_file_read r;
-        r.path = path;
-        if (path.empty()) {
-            return r;
-        }
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-        if (fd < 0) {
-            const int err = errno;
-            if (err == ENOENT || err == ENOTDIR) {
-                return r;
-            }
-            return detail::report::malformed(
-                path, fmt::format("cannot be opened: {}", std::strerror(err)));
-        }
-        struct closer {
-            int fd;
-            ~closer() { ::close(fd); }
-        } close_on_exit{fd};
-        struct stat st {};
-        if (::fstat(fd, &st) != 0) {
-            return detail::report::malformed(
-                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
-        }
-        if (!S_ISREG(st.st_mode)) {
-            return detail::report::malformed(path, "not a regular file");
-        }
-        if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::report::malformed(path,
-                                             fmt::format("{} bytes, more than the {} bytes an "
-                                                         "error file may have",
-                                                         st.st_size, max_error_file_bytes));
-        }
-        // Read to EOF rather than trust st_size: the file may still be growing.
-        std::string bytes;
-        char buffer[16384];
-        for (;;) {
-            const ssize_t n = ::read(fd, buffer, sizeof buffer);
-            if (n < 0) {
-                if (errno == EINTR) {
-                    continue;
-                }
-                return detail::report::malformed(
-                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
-            }
-            if (n == 0) {
-                break;
-            }
-            bytes.append(buffer, static_cast<std::size_t>(n));
-            if (bytes.size() > max_error_file_bytes) {
-                return detail::report::malformed(path,
-                                                 fmt::format("more than the {} bytes an error "
-                                                             "file may have",
-                                                             max_error_file_bytes));
-            }
-        }
-        return parse_error_file(bytes, path);
-    } catch (...) {
-        // Out of memory (the only thing left that throws). A short literal stays in the
-        // string's own buffer, so building this result allocates nothing.
-        error_file_read r;
-        r.status = error_file_status::malformed;
-        r.problem = "out of memory";
-        return r;
-    }
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/report/error_file.hpp ----
-// ---- begin elastic/report/stderr_tail.hpp ----
-// stderr_tail: the last lines a worker wrote to stderr, kept in a bounded ring for its failure
-// report.
-
 
 #include <cstddef>
 #include <cstdint>
@@ -8686,7 +8341,7 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
     const int error_code = root.status.torch_exitcode();
     if (root.error_file.parsed()) {
-        json doc = root.error_file.content.document;
+        json doc = root.error_file.content.document ? *root.error_file.content.document : json();
         if (root.error_file.content.format == error_file_format::nested) {
             doc["message"]["errorCode"] = error_code;
         } else {
@@ -8816,6 +8471,439 @@ inline bool write_agent_error_file(const worker_failure& root) {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/report/agent_error_file.hpp ----
+// ---- begin elastic/report/error_file.hpp ----
+// Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
+// with every way a file can be broken reported as "malformed", never thrown.
+
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace elastic::inline v0 {
+
+namespace detail::report {
+
+/// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
+inline int json_depth(std::string_view text, int limit) noexcept {
+    int depth = 0;
+    int deepest = 0;
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') {
+                ++i;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > deepest) {
+                deepest = depth;
+                if (deepest > limit) {
+                    return deepest;
+                }
+            }
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+inline int hex_digit(char c) noexcept {
+    if (c >= '0' && c <= '9') {
+        return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+        return c - 'a' + 10;
+    }
+    if (c >= 'A' && c <= 'F') {
+        return c - 'A' + 10;
+    }
+    return -1;
+}
+
+/// The code unit of a "\uXXXX" escape starting at text[i] (the backslash), or -1.
+inline long json_u_escape(std::string_view text, std::size_t i) noexcept {
+    if (i + 6 > text.size() || text[i] != '\\' || text[i + 1] != 'u') {
+        return -1;
+    }
+    long v = 0;
+    for (std::size_t k = 2; k < 6; ++k) {
+        const int d = hex_digit(text[i + k]);
+        if (d < 0) {
+            return -1;
+        }
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/// `text` with every unpaired UTF-16 surrogate escape ("\udc80") replaced by "\ufffd". Python's
+/// json.dump writes those for undecodable bytes in a traceback (surrogateescape) and json.load
+/// accepts them; nlohmann rejects them, so a reader that wants to agree with PyTorch repairs them.
+inline std::string repair_lone_surrogates(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (!in_string) {
+            in_string = c == '"';
+            out += c;
+            continue;
+        }
+        if (c == '"') {
+            in_string = false;
+            out += c;
+            continue;
+        }
+        if (c != '\\' || i + 1 >= text.size()) {
+            out += c;
+            continue;
+        }
+        const long unit = json_u_escape(text, i);
+        if (unit < 0) {
+            out += c;
+            out += text[++i];  // any other escape, copied whole so "\\u" is not misread
+            continue;
+        }
+        if (unit >= 0xD800 && unit <= 0xDBFF) {
+            const long next = json_u_escape(text, i + 6);
+            if (next >= 0xDC00 && next <= 0xDFFF) {
+                out.append(text.substr(i, 12));
+                i += 11;
+                continue;
+            }
+            out += "\\ufffd";
+            i += 5;
+            continue;
+        }
+        if (unit >= 0xDC00 && unit <= 0xDFFF) {
+            out += "\\ufffd";
+        } else {
+            out.append(text.substr(i, 6));
+        }
+        i += 5;
+    }
+    return out;
+}
+
+/// nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
+inline std::string json_error_text(const char* what) {
+    std::string_view s = what;
+    if (!s.empty() && s.front() == '[') {
+        const auto close = s.find("] ");
+        if (close != std::string_view::npos) {
+            s.remove_prefix(close + 2);
+        }
+    }
+    return valid_utf8(s);
+}
+
+/// A seconds-since-epoch value as JSON holds it: a number or a string of one (PyTorch writes
+/// str(int(time.time()))). Returns nullopt when it is neither or out of any sane range.
+inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> parse_epoch_seconds(
+    const nlohmann::ordered_json& v) {
+    double seconds = 0;
+    bool whole = true;
+    if (v.is_number_integer()) {
+        seconds = v.is_number_unsigned() ? static_cast<double>(v.get<std::uint64_t>())
+                                         : static_cast<double>(v.get<std::int64_t>());
+    } else if (v.is_number_float()) {
+        seconds = v.get<double>();
+        whole = std::floor(seconds) == seconds;
+    } else if (v.is_string()) {
+        const auto& s = v.get_ref<const std::string&>();
+        if (s.empty() || s.size() > 32) {
+            return std::nullopt;
+        }
+        // from_chars, not stod: independent of the C locale's decimal point. Only plain
+        // decimal numbers: "1700000000" or "1700000000.25", no "inf", "0x10", "1e9".
+        for (const char c : s) {
+            if (!((c >= '0' && c <= '9') || c == '.' || c == '-')) {
+                return std::nullopt;
+            }
+        }
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
+        if (ec != std::errc{} || end != s.data() + s.size()) {
+            return std::nullopt;
+        }
+        whole = s.find('.') == std::string::npos || std::floor(seconds) == seconds;
+    } else {
+        return std::nullopt;
+    }
+    // 1970 .. 2200: anything else is garbage. The bound matters: system_clock counts int64
+    // nanoseconds, which end in 2262 (found by the fuzzer: a stamp in 2280 overflowed).
+    if (!std::isfinite(seconds) || seconds < 0 || seconds > max_error_file_timestamp) {
+        return std::nullopt;
+    }
+    // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
+    const auto since_epoch = std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::round<std::chrono::microseconds>(std::chrono::duration<double>(seconds)));
+    return std::pair{std::chrono::system_clock::time_point(since_epoch), whole};
+}
+
+inline std::optional<long long> parse_error_code(const nlohmann::ordered_json& v) {
+    if (v.is_number_integer()) {
+        if (v.is_number_unsigned()) {
+            const auto u = v.get<std::uint64_t>();
+            if (u > static_cast<std::uint64_t>(INT64_MAX)) {
+                return std::nullopt;
+            }
+            return static_cast<long long>(u);
+        }
+        return static_cast<long long>(v.get<std::int64_t>());
+    }
+    return std::nullopt;
+}
+
+inline error_file_read malformed(std::string path, std::string problem) {
+    error_file_read r;
+    r.status = error_file_status::malformed;
+    r.path = std::move(path);
+    r.problem = valid_utf8(problem);
+    return r;
+}
+
+inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
+    using json = nlohmann::ordered_json;
+    if (!doc.is_object()) {
+        return malformed(std::move(path),
+                         fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
+    }
+    const auto message_it = doc.find("message");
+    if (message_it == doc.end()) {
+        return malformed(std::move(path), "no \"message\" key at the top level");
+    }
+    error_file_content c;
+    const json& message = *message_it;
+    if (message.is_string()) {
+        c.format = error_file_format::flat;
+        c.message = message.get<std::string>();
+        if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
+            const auto parsed = parse_epoch_seconds(*ts);
+            if (!parsed) {
+                return malformed(std::move(path),
+                                 fmt::format("\"timestamp\" {} is not a number of seconds since "
+                                             "the epoch",
+                                             valid_utf8(ts->dump().substr(0, 64))));
+            }
+            c.timestamp = parsed->first;
+            c.timestamp_whole_seconds = parsed->second;
+        }
+    } else if (message.is_object()) {
+        c.format = error_file_format::nested;
+        if (const auto m = message.find("message"); m != message.end()) {
+            if (!m->is_string()) {
+                return malformed(
+                    std::move(path),
+                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
+            }
+            c.message = m->get<std::string>();
+        }
+        if (const auto extra = message.find("extraInfo"); extra != message.end()) {
+            if (!extra->is_object()) {
+                return malformed(std::move(path),
+                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object",
+                                             extra->type_name()));
+            }
+            if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
+                if (!cs->is_string()) {
+                    return malformed(
+                        std::move(path),
+                        fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
+                                    "string",
+                                    cs->type_name()));
+                }
+                c.traceback = cs->get<std::string>();
+            }
+            if (const auto ts = extra->find("timestamp"); ts != extra->end() && !ts->is_null()) {
+                const auto parsed = parse_epoch_seconds(*ts);
+                if (!parsed) {
+                    return malformed(
+                        std::move(path),
+                        fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
+                                    "seconds since the epoch",
+                                    valid_utf8(ts->dump().substr(0, 64))));
+                }
+                c.timestamp = parsed->first;
+                c.timestamp_whole_seconds = parsed->second;
+            }
+        }
+        if (const auto code = message.find("errorCode"); code != message.end()) {
+            c.error_code = parse_error_code(*code);
+            if (!c.error_code) {
+                return malformed(std::move(path),
+                                 fmt::format("\"message.errorCode\" {} is not an integer",
+                                             valid_utf8(code->dump().substr(0, 64))));
+            }
+        }
+    } else {
+        return malformed(std::move(path),
+                         fmt::format("\"message\" is a JSON {}, neither a string nor an object",
+                                     message.type_name()));
+    }
+    if (!c.error_code) {
+        if (const auto code = doc.find("errorCode"); code != doc.end()) {
+            c.error_code = parse_error_code(*code);
+        }
+    }
+    c.document = std::make_shared<const nlohmann::ordered_json>(std::move(doc));
+    error_file_read r;
+    r.status = error_file_status::parsed;
+    r.path = std::move(path);
+    r.content = std::move(c);
+    return r;
+}
+
+inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
+    using json = nlohmann::ordered_json;
+    if (bytes.size() > max_error_file_bytes) {
+        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
+                                                      "file may have",
+                                                      bytes.size(), max_error_file_bytes));
+    }
+    std::size_t first = 0;
+    while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' ||
+                                    bytes[first] == '\r' || bytes[first] == '\t')) {
+        ++first;
+    }
+    if (first == bytes.size()) {
+        return malformed(std::move(path),
+                         bytes.empty() ? "the file is empty" : "the file holds only white space");
+    }
+    if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
+        return malformed(std::move(path),
+                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
+    }
+    json doc;
+    try {
+        doc = json::parse(bytes);
+    } catch (const json::exception& first_error) {
+        // Retry once with Python's lone-surrogate escapes repaired (see repair_lone_surrogates).
+        try {
+            doc = json::parse(repair_lone_surrogates(bytes));
+        } catch (const json::exception&) {
+            return malformed(std::move(path), fmt::format("not valid JSON: {}",
+                                                          json_error_text(first_error.what())));
+        }
+    }
+    return parse_error_document(std::move(doc), std::move(path));
+}
+
+}  // namespace detail::report
+
+/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
+/// defect, including running out of memory, comes back as status malformed with the reason.
+inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
+    try {
+        return detail::report::parse_error_text(bytes, std::move(path));
+    } catch (const std::exception& e) {
+        try {
+            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
+        } catch (...) {
+        }
+    } catch (...) {
+    }
+    error_file_read r;
+    r.status = error_file_status::malformed;
+    return r;
+}
+
+/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
+/// An empty path or no file there gives status absent. Anything that is not a readable regular
+/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
+/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
+inline error_file_read read_error_file(const std::string& path) noexcept {
+    try {
+        error_file_read r;
+        r.path = path;
+        if (path.empty()) {
+            return r;
+        }
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        if (fd < 0) {
+            const int err = errno;
+            if (err == ENOENT || err == ENOTDIR) {
+                return r;
+            }
+            return detail::report::malformed(
+                path, fmt::format("cannot be opened: {}", std::strerror(err)));
+        }
+        struct closer {
+            int fd;
+            ~closer() { ::close(fd); }
+        } close_on_exit{fd};
+        struct stat st {};
+        if (::fstat(fd, &st) != 0) {
+            return detail::report::malformed(
+                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
+        }
+        if (!S_ISREG(st.st_mode)) {
+            return detail::report::malformed(path, "not a regular file");
+        }
+        if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
+            return detail::report::malformed(path,
+                                             fmt::format("{} bytes, more than the {} bytes an "
+                                                         "error file may have",
+                                                         st.st_size, max_error_file_bytes));
+        }
+        // Read to EOF rather than trust st_size: the file may still be growing.
+        std::string bytes;
+        char buffer[16384];
+        for (;;) {
+            const ssize_t n = ::read(fd, buffer, sizeof buffer);
+            if (n < 0) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                return detail::report::malformed(
+                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
+            }
+            if (n == 0) {
+                break;
+            }
+            bytes.append(buffer, static_cast<std::size_t>(n));
+            if (bytes.size() > max_error_file_bytes) {
+                return detail::report::malformed(path,
+                                                 fmt::format("more than the {} bytes an error "
+                                                             "file may have",
+                                                             max_error_file_bytes));
+            }
+        }
+        return parse_error_file(bytes, path);
+    } catch (...) {
+        // Out of memory (the only thing left that throws). A short literal stays in the
+        // string's own buffer, so building this result allocates nothing.
+        error_file_read r;
+        r.status = error_file_status::malformed;
+        r.problem = "out of memory";
+        return r;
+    }
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/error_file.hpp ----
 // ---- begin elastic/report/event.hpp ----
 // Events in torchelastic's shape (torch.distributed.elastic.events.Event), the per-worker status
 // event the agent records when a group ends, and an append-only JSON-lines event log.
@@ -8993,7 +9081,8 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     if (f.state == failure_state::stopped_by_agent) {
         raw_error = nullptr;
     } else if (f.error_file.parsed()) {
-        raw_error = detail::report::python_json(f.error_file.content.document);
+        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
+                                                                              : json());
     } else if (f.error_file.status == error_file_status::malformed) {
         raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
     } else {
@@ -11277,7 +11366,11 @@ namespace detail::launch_impl {
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/nproc.hpp ----
 
+// CLI11 only where the parser is compiled: with ELASTIC_SEPARATE_COMPILATION, in
+// elastic/impl/src.hpp's file alone (docs/building.md).
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 #include <CLI/CLI.hpp>
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11299,6 +11392,20 @@ struct help_request {
 
 /// What parse_launch_config() gives: a validated configuration, or text to print and exit 0.
 using launch_parse_result = std::variant<launch_config, help_request>;
+
+/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
+/// program and its arguments, which pass through untouched. Every option falls back on its
+/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
+/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
+/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
+[[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args,
+                                                                   const environment& env,
+                                                                   std::string_view program_name = "elasticrun");
+
+/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
+/// component ("elasticrun" when argv[0] is missing).
+[[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv,
+                                                                   const environment& env);
 
 namespace detail::launch_impl {
 
@@ -11570,6 +11677,8 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     return out;
 }
 
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+
 namespace detail::launch_impl {
 
 /// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
@@ -11606,13 +11715,8 @@ inline void unmark(std::string& text) {
 
 }  // namespace detail::launch_impl
 
-/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
-/// program and its arguments, which pass through untouched. Every option falls back on its
-/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
-/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
-/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
-[[nodiscard]] inline launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
-                                                             std::string_view program_name = "elasticrun") {
+ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
+                                                 std::string_view program_name) {
     using detail::launch_impl::option_specs;
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
@@ -11871,9 +11975,7 @@ inline void unmark(std::string& text) {
     return config;
 }
 
-/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
-/// component ("elasticrun" when argv[0] is missing).
-[[nodiscard]] inline launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
+ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
     std::vector<std::string> args;
     for (int i = 1; i < argc; ++i) {
         args.emplace_back(argv[i]);
@@ -11884,6 +11986,8 @@ inline void unmark(std::string& text) {
     }
     return parse_launch_config(std::move(args), env, name);
 }
+
+#endif  // definitions
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/cli.hpp ----
@@ -11948,6 +12052,7 @@ struct steady_policy_clock {
     }
 
     /// Static in substance: the timer lives in the coroutine frame, not in the clock.
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
         if (d <= std::chrono::steady_clock::duration::zero()) co_return;
         asio::steady_timer timer(co_await asio::this_coro::executor, d);
@@ -11977,6 +12082,7 @@ public:
 
     [[nodiscard]] time_point now() const noexcept { return state_->now; }
 
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(duration d) const {
         const auto shared = state_;  // the clock object may go before the sleep ends
         shared->requested.push_back(d);
@@ -12550,9 +12656,11 @@ public:
                                                               duration_words(spec_.within), spec_.flag())),
                 {}};
     }
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
     void commit(const group_failure&) { early_ = pending_; }
 
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy_impl::run_planned(*this, failure);
     }
@@ -12616,9 +12724,11 @@ public:
         if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
         return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
     }
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
     void commit(const group_failure&) {}
 
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy_impl::run_planned(*this, failure);
     }
@@ -12679,6 +12789,7 @@ public:
     /// The budget.
     [[nodiscard]] int budget() const noexcept { return budget_; }
 
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
         if (failure.restarts < budget_) {
             co_return restart_decision::restart_because(
@@ -17222,10 +17333,14 @@ private:
 // elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
 // on an io_context, a restart policy of the caller's choosing, and the exit code.
 
+// The agent itself only where run() is compiled: with ELASTIC_SEPARATE_COMPILATION, in
+// elastic/impl/src.hpp's file alone, so a custom launcher's main() parses none of it.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <fmt/format.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -17237,6 +17352,8 @@ private:
 #include <variant>
 
 namespace elastic::inline v0 {
+
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
 namespace detail::agent {
 
@@ -17279,15 +17396,9 @@ int guarded(std::string_view name, Body&& body) {
     }
 }
 
-}  // namespace detail::agent
-
-/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
-/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
-/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
-/// Throws usage_error when the configuration asks for something not implemented yet.
-template <restart_policy Policy>
-int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
-        std::string name = "elasticrun") {
+/// run()'s body: the agent on an io_context of its own (this thread) under `policy`.
+template <class Policy>
+int run_agent(const launch_config& config, Policy policy, const environment& env, std::string name) {
     asio::io_context context(1);
     local_agent agent(context.get_executor(), config, env, std::move(name));
     std::optional<int> code;
@@ -17306,6 +17417,52 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
     return code.value_or(exit_codes::internal);
 }
 
+/// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under
+/// make_policy(config) and turns errors into an exit code.
+template <class MakePolicy>
+int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy) {
+    const auto name = launcher_name(argc, argv);
+    return guarded(name, [&] {
+        const auto env = current_environment();
+        auto parsed = parse_launch_config(argc, argv, env);
+        if (const auto* help = std::get_if<help_request>(&parsed)) {
+            std::fputs(help->text.c_str(), stdout);
+            return 0;
+        }
+        const auto& config = std::get<launch_config>(parsed);
+        return run_agent(config, make_policy(config), env, name);
+    });
+}
+
+}  // namespace detail::agent
+
+#endif  // definitions
+
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+namespace detail::agent {
+// Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
+                   std::string name);
+int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
+}  // namespace detail::agent
+#endif
+
+/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
+/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
+/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
+/// Throws usage_error when the configuration asks for something not implemented yet. With
+/// ELASTIC_SEPARATE_COMPILATION the policy is held as an any_restart_policy and the agent is
+/// the one compiled in elastic/impl/src.hpp's file.
+template <restart_policy Policy>
+int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
+        std::string name = "elasticrun") {
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+    return detail::agent::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
+#else
+    return detail::agent::run_agent(config, std::move(policy), env, std::move(name));
+#endif
+}
+
 /// torchrun's command line (docs/cli.md) under the caller's restart policy: parses, prints
 /// --help / --version, runs the agent, and returns the exit code — 2 with a one-line message
 /// for bad input (nothing started), exit_codes::rendezvous (250) when the rendezvous fails,
@@ -17315,35 +17472,27 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
 ///     int main(int argc, char** argv) { return elastic::run(argc, argv, my_policy{}); }
 template <restart_policy Policy>
 int run(int argc, const char* const* argv, Policy policy) {
-    const auto name = detail::agent::launcher_name(argc, argv);
-    return detail::agent::guarded(name, [&] {
-        const auto env = current_environment();
-        auto parsed = parse_launch_config(argc, argv, env);
-        if (const auto* help = std::get_if<help_request>(&parsed)) {
-            std::fputs(help->text.c_str(), stdout);
-            return 0;
-        }
-        return run(std::get<launch_config>(parsed), std::move(policy), env, name);
-    });
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+    return detail::agent::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
+#else
+    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+#endif
 }
 
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+/// torchrun's command line with the default policy, make_default_policy(config): built from
+/// --max-restarts and the --restart-* options (docs/policies.md).
+int run(int argc, const char* const* argv);
+#else
 /// torchrun's command line with the default policy, make_default_policy(config): built from
 /// --max-restarts and the --restart-* options (docs/policies.md). A template only so that a
 /// file which includes this header but never calls it does not compile the whole agent.
 template <int = 0>
 int run(int argc, const char* const* argv) {
-    const auto name = detail::agent::launcher_name(argc, argv);
-    return detail::agent::guarded(name, [&] {
-        const auto env = current_environment();
-        auto parsed = parse_launch_config(argc, argv, env);
-        if (const auto* help = std::get_if<help_request>(&parsed)) {
-            std::fputs(help->text.c_str(), stdout);
-            return 0;
-        }
-        const auto& config = std::get<launch_config>(parsed);
-        return run(config, make_default_policy(config), env, name);
-    });
+    return detail::agent::run_command_line(argc, argv,
+                                           [](const launch_config& config) { return make_default_policy(config); });
 }
+#endif
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/run.hpp ----
@@ -17352,4 +17501,51 @@ int run(int argc, const char* const* argv) {
 // elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/agent/run.hpp).
 
 // ---- end elastic/run.hpp ----
+
+// The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
+// ---- begin elastic/impl/src.hpp ----
+// The definitions that ELASTIC_SEPARATE_COMPILATION leaves out of the headers: elastic::run's
+// agent, the command-line parser and elastic::dist::group's members (with the store client). In a program built with ELASTIC_SEPARATE_COMPILATION,
+// exactly one file compiles them:
+//
+//     #define ELASTIC_IMPL_SOURCE
+//     #include <elastic/impl/src.hpp>   // or "elastic.hpp", the single header, which has it
+//
+// (the elastic::compiled CMake target is that file). Without ELASTIC_SEPARATE_COMPILATION this
+// header adds nothing: every definition is already inline in the headers.
+
+
+#include <string>
+#include <utility>
+
+#if defined(ELASTIC_IMPL_SOURCE) && !defined(ELASTIC_DETAIL_IMPL_SOURCE_SEEN)
+#error "ELASTIC_IMPL_SOURCE must be defined before the first elastic header of the file"
+#endif
+
+#if defined(ELASTIC_SEPARATE_COMPILATION) && defined(ELASTIC_IMPL_SOURCE)
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
+                   std::string name) {
+    return run_agent(config, std::move(policy), env, std::move(name));
+}
+
+int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy) {
+    return run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+}
+
+}  // namespace detail::agent
+
+int run(int argc, const char* const* argv) {
+    return detail::agent::run_command_line(argc, argv,
+                                           [](const launch_config& config) { return make_default_policy(config); });
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_SEPARATE_COMPILATION && ELASTIC_IMPL_SOURCE
+// ---- end elastic/impl/src.hpp ----
 // ---- end elastic.hpp ----
