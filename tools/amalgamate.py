@@ -20,6 +20,8 @@ DEFAULT_OUT = os.path.join(ROOT, "single_include", "elastic.hpp")
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
+IF_RE = re.compile(r"^\s*#\s*if(?:n?def)?\b")
+ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
 VERSION_RE = re.compile(r'^#define ELASTIC_VERSION_STRING "([^"]+)"', re.M)
 
 
@@ -39,12 +41,19 @@ def inline(name, seen, out):
         return
     seen.add(name)
     out.append(f"// ---- begin {name} ----\n")
+    depth = 0  # preprocessor conditionals open at this line of this file
     with open(path, encoding="utf-8") as f:
         for line in f:
             if PRAGMA_ONCE_RE.match(line):
                 continue
+            depth += 1 if IF_RE.match(line) else -1 if ENDIF_RE.match(line) else 0
             m = INCLUDE_RE.match(line)
             if m and project_path(m.group(1)) is not None:
+                # Only the first inclusion is kept: one inside #if would vanish from the single
+                # header whenever the condition is false, for every later includer too.
+                if depth > 0 and m.group(1) not in seen:
+                    sys.exit(f"amalgamate: {path} includes {m.group(1)} inside #if before anything "
+                             "includes it unconditionally; include it earlier from include/elastic.hpp")
                 inline(m.group(1), seen, out)
                 continue
             if m and (m.group(1) == "elastic.hpp" or m.group(1).startswith("elastic/")):
