@@ -43,8 +43,23 @@ else()
   target_link_libraries(elastic_programs_base INTERFACE elastic)
 endif()
 
-# elastic_program(<target>): our flags and the chosen interface on one of our own programs.
+# elastic_program(<target> [COMPILED]): our flags and the chosen interface on one of our own
+# programs. COMPILED builds it with ELASTIC_SEPARATE_COMPILATION, linked to
+# elastic_programs_compiled: elastic/impl/src.hpp compiled once, through the same interface.
 function(elastic_program target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "COMPILED" "" "")
+  if(arg_COMPILED)
+    if(NOT TARGET elastic_programs_compiled)
+      add_library(elastic_programs_compiled STATIC "${PROJECT_SOURCE_DIR}/src/compiled.cpp")
+      target_link_libraries(elastic_programs_compiled PUBLIC elastic_programs_base)
+      target_compile_definitions(elastic_programs_compiled PUBLIC ELASTIC_SEPARATE_COMPILATION=1
+                                                           PRIVATE ELASTIC_IMPL_SOURCE=1)
+      target_compile_options(elastic_programs_compiled PRIVATE ${ELASTIC_WARNING_FLAGS}
+                                                               ${ELASTIC_SANITIZER_FLAGS})
+      set_target_properties(elastic_programs_compiled PROPERTIES CXX_EXTENSIONS OFF)
+    endif()
+    target_link_libraries(${target} PRIVATE elastic_programs_compiled)
+  endif()
   target_link_libraries(${target} PRIVATE elastic_programs_base)
   target_compile_options(${target} PRIVATE ${ELASTIC_WARNING_FLAGS} ${ELASTIC_SANITIZER_FLAGS})
   target_link_options(${target} PRIVATE ${ELASTIC_SANITIZER_FLAGS})
@@ -67,4 +82,17 @@ function(elastic_add_header_checks)
   target_link_libraries(elastic_header_checks PRIVATE elastic)
   target_compile_options(elastic_header_checks PRIVATE ${ELASTIC_WARNING_FLAGS})
   set_target_properties(elastic_header_checks PROPERTIES CXX_EXTENSIONS OFF)
+  # The headers that ELASTIC_SEPARATE_COMPILATION changes, alone in that mode too.
+  set(sources "")
+  foreach(h elastic/run.hpp elastic/launch/run.hpp elastic/launch/cli.hpp elastic/dist.hpp)
+    string(MAKE_C_IDENTIFIER "${h}" id)
+    set(src "${CMAKE_BINARY_DIR}/header_checks/separate_${id}.cpp")
+    file(CONFIGURE OUTPUT "${src}" CONTENT "#include <${h}>\n#include <${h}>\n")
+    list(APPEND sources "${src}")
+  endforeach()
+  add_library(elastic_header_checks_separate OBJECT ${sources})
+  target_link_libraries(elastic_header_checks_separate PRIVATE elastic)
+  target_compile_definitions(elastic_header_checks_separate PRIVATE ELASTIC_SEPARATE_COMPILATION=1)
+  target_compile_options(elastic_header_checks_separate PRIVATE ${ELASTIC_WARNING_FLAGS})
+  set_target_properties(elastic_header_checks_separate PROPERTIES CXX_EXTENSIONS OFF)
 endfunction()

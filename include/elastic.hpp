@@ -10,14 +10,19 @@
 // Worker side.
 #include "elastic/env.hpp"
 #include "elastic/record.hpp"
-#include "elastic/dist.hpp"
 
 // Layers (each of these includes the public headers of its folder).
 #include "elastic/store.hpp"
+// The worker's collectives, after the store: dist.hpp includes the store client only where
+// its definitions are compiled, and the single header keeps a header's first inclusion only.
+#include "elastic/dist.hpp"
 #include "elastic/process.hpp"
 #include "elastic/report.hpp"
-#include "elastic/launch.hpp"
-#include "elastic/policy.hpp"
 #include "elastic/rendezvous.hpp"
+#include "elastic/policy.hpp"
 #include "elastic/agent.hpp"
+#include "elastic/launch.hpp"
 #include "elastic/run.hpp"
+
+// The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
+#include "elastic/impl/src.hpp"

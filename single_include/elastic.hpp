@@ -1,7 +1,15 @@
 // elastic 0.1.0 — single-header distribution.
 // GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;
 // edit the headers under include/ and run the tool again.
-// Needs C++20, standalone Asio, fmt and nlohmann/json on the include path.
+//
+// WHAT A PROGRAM USING THIS FILE NEEDS (docs/building.md, "Vendoring the single header"):
+//   C++20; on the include path: standalone Asio 1.22+, fmt, nlohmann/json, CLI11 (header-only)
+//   and OpenSSL's headers; LINK fmt and OpenSSL's libcrypto: -lfmt -lcrypto -pthread.
+//   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev):
+//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread
+//   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,
+//   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.
+//
 #pragma once
 #define ELASTIC_AMALGAMATED 1
 // ---- begin elastic.hpp ----
@@ -33,6 +41,21 @@
 
 #if !defined(__linux__)
 #error "elastic supports Linux only (it relies on pidfd, prctl and /proc)"
+#endif
+
+// ELASTIC_SEPARATE_COMPILATION (docs/building.md): defined in every file of a program, it leaves
+// the heavy non-template definitions (elastic::run's agent, the command-line parser,
+// elastic::dist::group's members) out of the headers; one file compiles them by defining
+// ELASTIC_IMPL_SOURCE and including elastic/impl/src.hpp (or the single header). ELASTIC_DECL
+// marks the functions concerned: inline when header-only, ordinary functions of that one file
+// otherwise.
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+#define ELASTIC_DECL
+#else
+#define ELASTIC_DECL inline
+#endif
+#if defined(ELASTIC_IMPL_SOURCE)
+#define ELASTIC_DETAIL_IMPL_SOURCE_SEEN 1  // the definitions were not skipped (elastic/impl/src.hpp checks)
 #endif
 
 namespace elastic::inline v0 {
@@ -1490,9 +1513,11 @@ int record(Entry&& entry, Args&&... args) {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/record.hpp ----
-// ---- begin elastic/dist.hpp ----
-// elastic::dist: composer-style collectives for native C++ workers (barrier, broadcast,
-// all_gather, all_reduce of scalars, rank and size helpers) over the job's TCP store.
+
+// Layers (each of these includes the public headers of its folder).
+// ---- begin elastic/store.hpp ----
+// The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
+// server and the TCP client (PyTorch's TCPStore protocol, both dialects), and leases.
 
 // ---- begin elastic/store/blocking_client.hpp ----
 // blocking_store_client: tcp_store_client behind plain blocking calls, for worker code that is
@@ -1839,6 +1864,28 @@ private:
 
 }  // namespace elastic::inline v0::store_auth
 // ---- end elastic/store/auth.hpp ----
+// ---- begin elastic/store/client_dialect.hpp ----
+// client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
+// that options naming it (elastic::dist::group_options) need not parse the client.
+
+
+#include <cstdint>
+
+namespace elastic::inline v0 {
+
+/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
+/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
+enum class client_dialect : std::uint8_t {
+    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
+    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
+    /// The answer is kept for reconnections.
+    detect,
+    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
+    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/client_dialect.hpp ----
 // ---- begin elastic/store/concepts.hpp ----
 // The store concepts: what every store model provides (store) and the batch operations some add
 // (multi_key_store).
@@ -2454,17 +2501,6 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <unistd.h>
 
 namespace elastic::inline v0 {
-
-/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
-/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
-enum class client_dialect : std::uint8_t {
-    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
-    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
-    /// The answer is kept for reconnections.
-    detect,
-    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
-    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
-};
 
 /// One failed connection attempt, reported to `store_client_options::on_retry` before the
 /// client sleeps `delay` and tries again.
@@ -3626,318 +3662,6 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/blocking_client.hpp ----
-
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <mutex>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// A collective did not complete in time because some ranks never arrived. The message names
-/// them, the collective and the store; `missing_ranks()` lists them in order.
-class dist_timeout : public store_timeout {
-public:
-    dist_timeout(const std::string& message, std::vector<int> missing)
-        : store_timeout(message), missing_(std::move(missing)) {}
-
-    /// The ranks that had not arrived when the timeout expired.
-    [[nodiscard]] const std::vector<int>& missing_ranks() const noexcept { return missing_; }
-
-private:
-    std::vector<int> missing_;
-};
-
-namespace dist {
-
-/// How `all_reduce` combines the ranks' values.
-enum class reduce_op : std::uint8_t { sum, min, max };
-
-/// What a `group` needs: who we are, where the store is, and the key namespace.
-struct group_options {
-    int rank = 0;        ///< this process's rank, 0 <= rank < world_size
-    int world_size = 1;  ///< processes in the group; 1 needs no store
-    std::string host = "127.0.0.1";  ///< the store (MASTER_ADDR)
-    std::uint16_t port = 29500;      ///< the store's port (MASTER_PORT)
-    /// Prefix of every key the group writes. `from_env` makes it "elastic.dist/attempt_<N>"
-    /// with N = TORCHELASTIC_RESTART_COUNT, so a restarted group never sees the keys a previous
-    /// attempt left behind (a rank that died mid-barrier, for instance).
-    std::string key_namespace = "elastic.dist/attempt_0";
-    /// How long a collective waits for the other ranks (PyTorch's process group default).
-    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-    /// How long connecting to the store may take (attempts back off exponentially).
-    std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-    client_dialect dialect = client_dialect::detect;
-};
-
-/// The options for this worker, from what the launcher set (`elastic::env()` or a test's
-/// `worker_env::from(map)`). A multi-rank environment without MASTER_ADDR/MASTER_PORT is an
-/// env_error naming them.
-inline group_options options_from(const worker_env& e) {
-    group_options o;
-    o.rank = e.rank;
-    o.world_size = e.world_size;
-    o.key_namespace = fmt::format("elastic.dist/attempt_{}", e.restart_count);
-    if (e.world_size > 1) {
-        if (!e.master_addr || !e.master_port)
-            throw env_error(fmt::format("invalid worker environment: elastic::dist needs the "
-                                        "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
-                                        "but {} is not set; start the workers with elasticrun "
-                                        "or torchrun, or set both",
-                                        e.world_size,
-                                        !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
-                            {"MASTER_ADDR", "MASTER_PORT"});
-        o.host = *e.master_addr;
-        o.port = *e.master_port;
-    }
-    return o;
-}
-
-/// A group of ranks synchronising through a TCP store. Every rank must call the same
-/// collectives in the same order (as with torch.distributed). Each collective uses fresh keys
-/// `<namespace>/<n>/...` (n counts collectives); once all ranks have passed collective n, the
-/// keys this rank wrote before n are deleted, so the store does not grow with the run. With
-/// world_size 1 every collective is a local no-op and no store is needed. Not thread-safe; the
-/// free functions below lock around the process-wide group.
-class group {
-public:
-    explicit group(group_options options) : options_(std::move(options)) {
-        if (options_.world_size < 1)
-            throw std::invalid_argument(fmt::format(
-                "elastic::dist::group: world_size {} is not a size (1 or more)",
-                options_.world_size));
-        if (options_.rank < 0 || options_.rank >= options_.world_size)
-            throw std::invalid_argument(fmt::format(
-                "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
-                options_.world_size - 1, options_.world_size));
-        if (options_.world_size > 1) {
-            store_client_options c;
-            c.host = options_.host;
-            c.port = options_.port;
-            c.dialect = options_.dialect;
-            c.timeout = options_.timeout;
-            c.connect_timeout = options_.connect_timeout;
-            client_.emplace(std::move(c));
-        }
-    }
-
-    [[nodiscard]] int rank() const noexcept { return options_.rank; }
-    [[nodiscard]] int world_size() const noexcept { return options_.world_size; }
-    [[nodiscard]] const group_options& options() const noexcept { return options_; }
-
-    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
-    /// Changes how long later collectives wait for the other ranks.
-    void set_timeout(std::chrono::milliseconds t) {
-        options_.timeout = t;
-        if (client_) client_->set_timeout(t);
-    }
-
-    /// Returns when every rank has called barrier(). dist_timeout names the ranks missing.
-    void barrier() {
-        if (options_.world_size == 1) return;
-        (void)exchange("barrier", {}, false);
-    }
-
-    /// Returns `root`'s bytes on every rank (the others' `bytes` are ignored). Only the root's
-    /// arrival is awaited; dist_timeout names it when it does not come.
-    std::string broadcast(std::string bytes, int root = 0) {
-        check_rank(root, "broadcast root");
-        if (options_.world_size == 1) return bytes;
-        const auto n = next_++;
-        const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
-        if (options_.rank == root) {
-            client_->set(key, bytes);
-            written_.push_back(key);
-            return bytes;
-        }
-        try {
-            std::vector<std::string> keys(1, key);
-            client_->wait(std::move(keys), options_.timeout);
-        } catch (const store_timeout&) {
-            throw timeout_error("broadcast", n, {root});
-        }
-        return client_->get(key);
-    }
-
-    /// Every rank's bytes, indexed by rank.
-    std::vector<std::string> all_gather(std::string bytes) {
-        if (options_.world_size == 1) return {std::move(bytes)};
-        return exchange("all_gather", std::move(bytes), true);
-    }
-
-    /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
-    /// in rank order, so floating-point results agree bit for bit).
-    template <class T>
-        requires std::is_arithmetic_v<T>
-    T all_reduce(T value, reduce_op op = reduce_op::sum) {
-        if (options_.world_size == 1) return value;
-        std::string bytes(sizeof(T), '\0');
-        std::memcpy(bytes.data(), &value, sizeof(T));
-        const auto all = exchange("all_reduce", std::move(bytes), true);
-        T result{};
-        for (std::size_t r = 0; r < all.size(); ++r) {
-            if (all[r].size() != sizeof(T))
-                throw store_error(fmt::format(
-                    "elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
-                    "another type: every rank must reduce the same type)",
-                    r, all[r].size(), sizeof(T)));
-            T v;
-            std::memcpy(&v, all[r].data(), sizeof(T));
-            if (r == 0)
-                result = v;
-            else if (op == reduce_op::sum)
-                result = static_cast<T>(result + v);
-            else if (op == reduce_op::min)
-                result = std::min(result, v);
-            else
-                result = std::max(result, v);
-        }
-        return result;
-    }
-
-private:
-    void check_rank(int r, std::string_view what) const {
-        if (r < 0 || r >= options_.world_size)
-            throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
-                                                    r, options_.world_size - 1));
-    }
-
-    // Each rank writes `<ns>/<n>/<rank>` and waits for all of them: every rank has arrived.
-    std::vector<std::string> exchange(std::string_view what, std::string payload, bool read) {
-        const auto n = next_++;
-        std::vector<std::string> keys;
-        keys.reserve(static_cast<std::size_t>(options_.world_size));
-        for (int r = 0; r < options_.world_size; ++r)
-            keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
-        const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
-        client_->set(mine, std::move(payload));
-        try {
-            client_->wait(keys, options_.timeout);
-        } catch (const store_timeout&) {
-            std::vector<int> missing;
-            for (int r = 0; r < options_.world_size; ++r) {
-                std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
-                if (!client_->check(std::move(one))) missing.push_back(r);
-            }
-            throw timeout_error(what, n, std::move(missing));
-        }
-        std::vector<std::string> out;
-        if (read) out = client_->multi_get(keys);
-        // Every rank has written its key of collective n, so each has finished everything
-        // before n: nobody reads the keys this rank wrote earlier any more.
-        for (const auto& k : written_) (void)client_->delete_key(k);
-        written_.clear();
-        written_.push_back(mine);
-        return out;
-    }
-
-    dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
-        std::string list;
-        for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
-            list += fmt::format("{}{}", i ? ", " : "", missing[i]);
-        if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
-        // The message first: the vector is moved into the exception after it.
-        auto message =
-            fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                        "{} ms (exited, hung, or called the collectives in another order); "
-                        "store {}:{}, keys '{}/{}/'",
-                        what, n, options_.rank, options_.world_size,
-                        missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
-                        options_.timeout.count(), options_.host, options_.port,
-                        options_.key_namespace, n);
-        return dist_timeout(message, std::move(missing));
-    }
-
-    group_options options_;
-    std::optional<blocking_store_client> client_;
-    std::uint64_t next_ = 0;            // collectives started by this rank
-    std::vector<std::string> written_;  // keys written since the last full synchronisation
-};
-
-}  // namespace dist
-
-namespace detail {
-
-// The process-wide group of elastic::dist's free functions, built on first use.
-struct dist_world {
-    std::mutex mutex;
-    std::optional<dist::group> world;
-};
-
-inline dist_world& dist_world_instance() {
-    static dist_world s;
-    return s;
-}
-
-// Runs f on the process-wide group (built from elastic::env() on first use) under its lock.
-template <class F>
-decltype(auto) with_dist_world(F&& f) {
-    auto& s = dist_world_instance();
-    const std::lock_guard lock(s.mutex);
-    if (!s.world) s.world.emplace(dist::options_from(env()));
-    return std::forward<F>(f)(*s.world);
-}
-
-}  // namespace detail
-
-namespace dist {
-
-/// RANK: this worker's global rank, 0 <= rank < WORLD_SIZE (0 when started by hand).
-inline int get_global_rank() { return env().rank; }
-/// LOCAL_RANK: the rank on this node.
-inline int get_local_rank() { return env().local_rank; }
-/// WORLD_SIZE: the number of workers in the job.
-inline int get_world_size() { return env().world_size; }
-/// LOCAL_WORLD_SIZE: the number of workers on this node.
-inline int get_local_world_size() { return env().local_world_size; }
-/// GROUP_RANK (NODE_RANK): this node's rank.
-inline int get_node_rank() { return env().node_rank; }
-
-/// Waits for every rank (see group::barrier).
-inline void barrier() {
-    elastic::detail::with_dist_world([](group& g) { g.barrier(); });
-}
-/// `root`'s bytes on every rank (see group::broadcast).
-inline std::string broadcast(std::string bytes, int root = 0) {
-    return elastic::detail::with_dist_world(
-        [&](group& g) { return g.broadcast(std::move(bytes), root); });
-}
-/// Every rank's bytes, by rank (see group::all_gather).
-inline std::vector<std::string> all_gather(std::string bytes) {
-    return elastic::detail::with_dist_world(
-        [&](group& g) { return g.all_gather(std::move(bytes)); });
-}
-/// A scalar combined over every rank (see group::all_reduce).
-template <class T>
-    requires std::is_arithmetic_v<T>
-T all_reduce(T value, reduce_op op = reduce_op::sum) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
-}
-/// How long the process-wide group's collectives wait for the other ranks (default 30 min).
-inline void set_timeout(std::chrono::milliseconds t) {
-    elastic::detail::with_dist_world([&](group& g) { g.set_timeout(t); });
-}
-
-}  // namespace dist
-}  // namespace elastic::inline v0
-// ---- end elastic/dist.hpp ----
-
-// Layers (each of these includes the public headers of its folder).
-// ---- begin elastic/store.hpp ----
-// The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
-// server and the TCP client (PyTorch's TCPStore protocol, both dialects), and leases.
-
 // ---- begin elastic/store/engine.hpp ----
 // The store's semantics in one place: the key table, waiters woken by push, and watchers. The
 // in-memory store and the TCP server are both front-ends to this engine.
@@ -5718,6 +5442,352 @@ static_assert(store<prefix_store<prefix_store<memory_store>>>);
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store.hpp ----
+// The worker's collectives, after the store: dist.hpp includes the store client only where
+// its definitions are compiled, and the single header keeps a header's first inclusion only.
+// ---- begin elastic/dist.hpp ----
+// elastic::dist: composer-style collectives for native C++ workers (barrier, broadcast,
+// all_gather, all_reduce of scalars, rank and size helpers) over the job's TCP store.
+
+// The store client only where group's members are compiled: with ELASTIC_SEPARATE_COMPILATION,
+// in elastic/impl/src.hpp's file alone, so a worker's files parse none of Asio.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#endif
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// A collective did not complete in time because some ranks never arrived. The message names
+/// them, the collective and the store; `missing_ranks()` lists them in order.
+class dist_timeout : public store_timeout {
+public:
+    dist_timeout(const std::string& message, std::vector<int> missing)
+        : store_timeout(message), missing_(std::move(missing)) {}
+
+    /// The ranks that had not arrived when the timeout expired.
+    [[nodiscard]] const std::vector<int>& missing_ranks() const noexcept { return missing_; }
+
+private:
+    std::vector<int> missing_;
+};
+
+class blocking_store_client;  // elastic/store/blocking_client.hpp
+
+namespace dist {
+
+/// How `all_reduce` combines the ranks' values.
+enum class reduce_op : std::uint8_t { sum, min, max };
+
+/// What a `group` needs: who we are, where the store is, and the key namespace.
+struct group_options {
+    int rank = 0;        ///< this process's rank, 0 <= rank < world_size
+    int world_size = 1;  ///< processes in the group; 1 needs no store
+    std::string host = "127.0.0.1";  ///< the store (MASTER_ADDR)
+    std::uint16_t port = 29500;      ///< the store's port (MASTER_PORT)
+    /// Prefix of every key the group writes. `from_env` makes it "elastic.dist/attempt_<N>"
+    /// with N = TORCHELASTIC_RESTART_COUNT, so a restarted group never sees the keys a previous
+    /// attempt left behind (a rank that died mid-barrier, for instance).
+    std::string key_namespace = "elastic.dist/attempt_0";
+    /// How long a collective waits for the other ranks (PyTorch's process group default).
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+    /// How long connecting to the store may take (attempts back off exponentially).
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+    client_dialect dialect = client_dialect::detect;
+};
+
+/// The options for this worker, from what the launcher set (`elastic::env()` or a test's
+/// `worker_env::from(map)`). A multi-rank environment without MASTER_ADDR/MASTER_PORT is an
+/// env_error naming them.
+inline group_options options_from(const worker_env& e) {
+    group_options o;
+    o.rank = e.rank;
+    o.world_size = e.world_size;
+    o.key_namespace = fmt::format("elastic.dist/attempt_{}", e.restart_count);
+    if (e.world_size > 1) {
+        if (!e.master_addr || !e.master_port)
+            throw env_error(fmt::format("invalid worker environment: elastic::dist needs the "
+                                        "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
+                                        "but {} is not set; start the workers with elasticrun "
+                                        "or torchrun, or set both",
+                                        e.world_size,
+                                        !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
+                            {"MASTER_ADDR", "MASTER_PORT"});
+        o.host = *e.master_addr;
+        o.port = *e.master_port;
+    }
+    return o;
+}
+
+/// A group of ranks synchronising through a TCP store. Every rank must call the same
+/// collectives in the same order (as with torch.distributed). Each collective uses fresh keys
+/// `<namespace>/<n>/...` (n counts collectives); once all ranks have passed collective n, the
+/// keys this rank wrote before n are deleted, so the store does not grow with the run. With
+/// world_size 1 every collective is a local no-op and no store is needed. Not thread-safe; the
+/// free functions below lock around the process-wide group.
+class group {
+public:
+    ELASTIC_DECL explicit group(group_options options);
+    ELASTIC_DECL ~group();
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
+
+    [[nodiscard]] int rank() const noexcept { return options_.rank; }
+    [[nodiscard]] int world_size() const noexcept { return options_.world_size; }
+    [[nodiscard]] const group_options& options() const noexcept { return options_; }
+
+    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
+    /// Changes how long later collectives wait for the other ranks.
+    ELASTIC_DECL void set_timeout(std::chrono::milliseconds t);
+
+    /// Returns when every rank has called barrier(). dist_timeout names the ranks missing.
+    ELASTIC_DECL void barrier();
+
+    /// Returns `root`'s bytes on every rank (the others' `bytes` are ignored). Only the root's
+    /// arrival is awaited; dist_timeout names it when it does not come.
+    ELASTIC_DECL std::string broadcast(std::string bytes, int root = 0);
+
+    /// Every rank's bytes, indexed by rank.
+    ELASTIC_DECL std::vector<std::string> all_gather(std::string bytes);
+
+    /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
+    /// in rank order, so floating-point results agree bit for bit).
+    template <class T>
+        requires std::is_arithmetic_v<T>
+    T all_reduce(T value, reduce_op op = reduce_op::sum) {
+        if (options_.world_size == 1) return value;
+        std::string bytes(sizeof(T), '\0');
+        std::memcpy(bytes.data(), &value, sizeof(T));
+        const auto all = exchange("all_reduce", std::move(bytes), true);
+        T result{};
+        for (std::size_t r = 0; r < all.size(); ++r) {
+            if (all[r].size() != sizeof(T))
+                throw store_error(fmt::format(
+                    "elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
+                    "another type: every rank must reduce the same type)",
+                    r, all[r].size(), sizeof(T)));
+            T v;
+            std::memcpy(&v, all[r].data(), sizeof(T));
+            if (r == 0)
+                result = v;
+            else if (op == reduce_op::sum)
+                result = static_cast<T>(result + v);
+            else if (op == reduce_op::min)
+                result = std::min(result, v);
+            else
+                result = std::max(result, v);
+        }
+        return result;
+    }
+
+private:
+    ELASTIC_DECL void check_rank(int r, std::string_view what) const;
+    // Each rank writes `<ns>/<n>/<rank>` and waits for all of them: every rank has arrived.
+    ELASTIC_DECL std::vector<std::string> exchange(std::string_view what, std::string payload, bool read);
+    ELASTIC_DECL dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing);
+
+    group_options options_;
+    std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
+    std::uint64_t next_ = 0;            // collectives started by this rank
+    std::vector<std::string> written_;  // keys written since the last full synchronisation
+};
+
+}  // namespace dist
+
+// group's members, out of the class so that ELASTIC_SEPARATE_COMPILATION can leave them (and the
+// store client) to elastic/impl/src.hpp's file.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+namespace dist {
+
+ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
+    if (options_.world_size < 1)
+        throw std::invalid_argument(fmt::format(
+            "elastic::dist::group: world_size {} is not a size (1 or more)",
+            options_.world_size));
+    if (options_.rank < 0 || options_.rank >= options_.world_size)
+        throw std::invalid_argument(fmt::format(
+            "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
+            options_.world_size - 1, options_.world_size));
+    if (options_.world_size > 1) {
+        store_client_options c;
+        c.host = options_.host;
+        c.port = options_.port;
+        c.dialect = options_.dialect;
+        c.timeout = options_.timeout;
+        c.connect_timeout = options_.connect_timeout;
+        client_ = std::make_unique<blocking_store_client>(std::move(c));
+    }
+}
+
+ELASTIC_DECL group::~group() = default;
+
+ELASTIC_DECL void group::set_timeout(std::chrono::milliseconds t) {
+    options_.timeout = t;
+    if (client_) client_->set_timeout(t);
+}
+
+ELASTIC_DECL void group::barrier() {
+    if (options_.world_size == 1) return;
+    (void)exchange("barrier", {}, false);
+}
+
+ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
+    check_rank(root, "broadcast root");
+    if (options_.world_size == 1) return bytes;
+    const auto n = next_++;
+    const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
+    if (options_.rank == root) {
+        client_->set(key, bytes);
+        written_.push_back(key);
+        return bytes;
+    }
+    try {
+        std::vector<std::string> keys(1, key);
+        client_->wait(std::move(keys), options_.timeout);
+    } catch (const store_timeout&) {
+        throw timeout_error("broadcast", n, {root});
+    }
+    return client_->get(key);
+}
+
+ELASTIC_DECL std::vector<std::string> group::all_gather(std::string bytes) {
+    if (options_.world_size == 1) return {std::move(bytes)};
+    return exchange("all_gather", std::move(bytes), true);
+}
+
+ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
+    if (r < 0 || r >= options_.world_size)
+        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
+                                                r, options_.world_size - 1));
+}
+
+ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std::string payload, bool read) {
+    const auto n = next_++;
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<std::size_t>(options_.world_size));
+    for (int r = 0; r < options_.world_size; ++r)
+        keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
+    client_->set(mine, std::move(payload));
+    try {
+        client_->wait(keys, options_.timeout);
+    } catch (const store_timeout&) {
+        std::vector<int> missing;
+        for (int r = 0; r < options_.world_size; ++r) {
+            std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
+            if (!client_->check(std::move(one))) missing.push_back(r);
+        }
+        throw timeout_error(what, n, std::move(missing));
+    }
+    std::vector<std::string> out;
+    if (read) out = client_->multi_get(keys);
+    // Every rank has written its key of collective n, so each has finished everything
+    // before n: nobody reads the keys this rank wrote earlier any more.
+    for (const auto& k : written_) (void)client_->delete_key(k);
+    written_.clear();
+    written_.push_back(mine);
+    return out;
+}
+
+ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
+        list += fmt::format("{}{}", i ? ", " : "", missing[i]);
+    if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
+    // The message first: the vector is moved into the exception after it.
+    auto message =
+        fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                    "{} ms (exited, hung, or called the collectives in another order); "
+                    "store {}:{}, keys '{}/{}/'",
+                    what, n, options_.rank, options_.world_size,
+                    missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
+                    options_.timeout.count(), options_.host, options_.port,
+                    options_.key_namespace, n);
+    return dist_timeout(message, std::move(missing));
+}
+
+}  // namespace dist
+#endif  // definitions
+
+namespace detail {
+
+// The process-wide group of elastic::dist's free functions, built on first use.
+struct dist_world {
+    std::mutex mutex;
+    std::optional<dist::group> world;
+};
+
+inline dist_world& dist_world_instance() {
+    static dist_world s;
+    return s;
+}
+
+// Runs f on the process-wide group (built from elastic::env() on first use) under its lock.
+template <class F>
+decltype(auto) with_dist_world(F&& f) {
+    auto& s = dist_world_instance();
+    const std::lock_guard lock(s.mutex);
+    if (!s.world) s.world.emplace(dist::options_from(env()));
+    return std::forward<F>(f)(*s.world);
+}
+
+}  // namespace detail
+
+namespace dist {
+
+/// RANK: this worker's global rank, 0 <= rank < WORLD_SIZE (0 when started by hand).
+inline int get_global_rank() { return env().rank; }
+/// LOCAL_RANK: the rank on this node.
+inline int get_local_rank() { return env().local_rank; }
+/// WORLD_SIZE: the number of workers in the job.
+inline int get_world_size() { return env().world_size; }
+/// LOCAL_WORLD_SIZE: the number of workers on this node.
+inline int get_local_world_size() { return env().local_world_size; }
+/// GROUP_RANK (NODE_RANK): this node's rank.
+inline int get_node_rank() { return env().node_rank; }
+
+/// Waits for every rank (see group::barrier).
+inline void barrier() {
+    elastic::detail::with_dist_world([](group& g) { g.barrier(); });
+}
+/// `root`'s bytes on every rank (see group::broadcast).
+inline std::string broadcast(std::string bytes, int root = 0) {
+    return elastic::detail::with_dist_world(
+        [&](group& g) { return g.broadcast(std::move(bytes), root); });
+}
+/// Every rank's bytes, by rank (see group::all_gather).
+inline std::vector<std::string> all_gather(std::string bytes) {
+    return elastic::detail::with_dist_world(
+        [&](group& g) { return g.all_gather(std::move(bytes)); });
+}
+/// A scalar combined over every rank (see group::all_reduce).
+template <class T>
+    requires std::is_arithmetic_v<T>
+T all_reduce(T value, reduce_op op = reduce_op::sum) {
+    return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
+}
+/// How long the process-wide group's collectives wait for the other ranks (default 30 min).
+inline void set_timeout(std::chrono::milliseconds t) {
+    elastic::detail::with_dist_world([&](group& g) { g.set_timeout(t); });
+}
+
+}  // namespace dist
+}  // namespace elastic::inline v0
+// ---- end elastic/dist.hpp ----
 // ---- begin elastic/process.hpp ----
 // The process layer — worker processes: spawn, await exits through pidfds, signal and stop groups.
 
@@ -7670,9 +7740,94 @@ namespace elastic::inline v0 {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/host_name.hpp ----
-// ---- begin elastic/report/error_file.hpp ----
-// Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
-// with every way a file can be broken reported as "malformed", never thrown.
+// ---- begin elastic/report/error_file_content.hpp ----
+// What reading a torchelastic error file gives: error_file_format, error_file_status,
+// error_file_content and error_file_read, and the limits the reader applies. Only the types:
+// the reader itself (and the full JSON library) is in elastic/report/error_file.hpp.
+
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace elastic::inline v0 {
+
+/// Which of the two shapes PyTorch's ProcessFailure accepts a file has.
+enum class error_file_format {
+    /// What `@record` (ErrorHandler.record_exception) and elastic::record write:
+    /// `{"message": {"message": "<Type>: <what>", "extraInfo": {"py_callstack": "...",
+    /// "timestamp": "<unix seconds>"}}}`, and, after a parent copied it up, `"errorCode": <int>`
+    /// inside the outer "message" object.
+    nested,
+    /// The "new format" the reader also accepts: `{"message": "<text>", "timestamp": <seconds>}`.
+    flat,
+};
+
+/// What reading a worker's error file found.
+enum class error_file_status {
+    /// No path was given, or no file exists there: the worker wrote nothing (a signal, a native
+    /// binary without elastic::record, a Python script without @record). torchrun shows "<N/A>".
+    absent,
+    /// A well-formed file in one of the two formats.
+    parsed,
+    /// Something is there but cannot be used; `problem` says why.
+    malformed,
+};
+
+/// The content of a well-formed error file.
+struct error_file_content {
+    error_file_format format = error_file_format::nested;
+    /// "ValueError: boom" (nested) or the flat message. Empty when a nested file has none.
+    std::string message;
+    /// extraInfo.py_callstack of a nested file (a Python traceback, or elastic::record's C++
+    /// backtrace), when present.
+    std::optional<std::string> traceback;
+    /// When the worker recorded the error, when the file says so.
+    std::optional<std::chrono::system_clock::time_point> timestamp;
+    /// True when the timestamp was a whole number of seconds (what PyTorch writes): the error
+    /// then happened somewhere in [timestamp, timestamp + 1 s).
+    bool timestamp_whole_seconds = true;
+    /// message.errorCode (nested) or a top-level errorCode, set by a launcher that copied a
+    /// child's file up.
+    std::optional<long long> error_code;
+    /// The file as parsed, key order kept, for copying into a parent's error file (shared and
+    /// read-only, so that this header needs only <nlohmann/json_fwd.hpp>; null when not parsed).
+    std::shared_ptr<const nlohmann::ordered_json> document;
+};
+
+/// The outcome of reading one error file; never an exception.
+struct error_file_read {
+    error_file_status status = error_file_status::absent;
+    /// The path that was read (empty when the worker had none).
+    std::string path;
+    /// Meaningful when status == parsed.
+    error_file_content content;
+    /// When status == malformed: what is wrong, as one line of valid UTF-8.
+    std::string problem;
+
+    bool parsed() const noexcept { return status == error_file_status::parsed; }
+};
+
+/// Files larger than this are reported as malformed instead of read: a Python traceback is a
+/// few kilobytes (RecursionError's is folded by Python), so megabytes mean garbage.
+inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
+
+/// Nesting deeper than this is malformed (the formats need three levels); checked before
+/// parsing so hostile input cannot make the parser or the copy recurse deeply.
+inline constexpr int max_error_file_depth = 32;
+
+/// The latest timestamp an error file may carry (2200-01-01 UTC, in seconds since the epoch).
+inline constexpr double max_error_file_timestamp = 7258118400.0;
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/error_file_content.hpp ----
+// ---- begin elastic/report/stderr_tail.hpp ----
+// stderr_tail: the last lines a worker wrote to stderr, kept in a bounded ring for its failure
+// report.
 
 // ---- begin elastic/report/text.hpp ----
 // Text hygiene for what workers write: UTF-8 repair and display width, so reports and JSON never
@@ -7807,504 +7962,6 @@ inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcep
 
 }  // namespace elastic::inline v0::detail::report
 // ---- end elastic/report/text.hpp ----
-
-#include <cerrno>
-#include <charconv>
-#include <chrono>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-namespace elastic::inline v0 {
-
-/// Which of the two shapes PyTorch's ProcessFailure accepts a file has.
-enum class error_file_format {
-    /// What `@record` (ErrorHandler.record_exception) and elastic::record write:
-    /// `{"message": {"message": "<Type>: <what>", "extraInfo": {"py_callstack": "...",
-    /// "timestamp": "<unix seconds>"}}}`, and, after a parent copied it up, `"errorCode": <int>`
-    /// inside the outer "message" object.
-    nested,
-    /// The "new format" the reader also accepts: `{"message": "<text>", "timestamp": <seconds>}`.
-    flat,
-};
-
-/// What reading a worker's error file found.
-enum class error_file_status {
-    /// No path was given, or no file exists there: the worker wrote nothing (a signal, a native
-    /// binary without elastic::record, a Python script without @record). torchrun shows "<N/A>".
-    absent,
-    /// A well-formed file in one of the two formats.
-    parsed,
-    /// Something is there but cannot be used; `problem` says why.
-    malformed,
-};
-
-/// The content of a well-formed error file.
-struct error_file_content {
-    error_file_format format = error_file_format::nested;
-    /// "ValueError: boom" (nested) or the flat message. Empty when a nested file has none.
-    std::string message;
-    /// extraInfo.py_callstack of a nested file (a Python traceback, or elastic::record's C++
-    /// backtrace), when present.
-    std::optional<std::string> traceback;
-    /// When the worker recorded the error, when the file says so.
-    std::optional<std::chrono::system_clock::time_point> timestamp;
-    /// True when the timestamp was a whole number of seconds (what PyTorch writes): the error
-    /// then happened somewhere in [timestamp, timestamp + 1 s).
-    bool timestamp_whole_seconds = true;
-    /// message.errorCode (nested) or a top-level errorCode, set by a launcher that copied a
-    /// child's file up.
-    std::optional<long long> error_code;
-    /// The file as parsed, key order kept, for copying into a parent's error file.
-    nlohmann::ordered_json document;
-};
-
-/// The outcome of reading one error file; never an exception.
-struct error_file_read {
-    error_file_status status = error_file_status::absent;
-    /// The path that was read (empty when the worker had none).
-    std::string path;
-    /// Meaningful when status == parsed.
-    error_file_content content;
-    /// When status == malformed: what is wrong, as one line of valid UTF-8.
-    std::string problem;
-
-    bool parsed() const noexcept { return status == error_file_status::parsed; }
-};
-
-/// Files larger than this are reported as malformed instead of read: a Python traceback is a
-/// few kilobytes (RecursionError's is folded by Python), so megabytes mean garbage.
-inline constexpr std::size_t max_error_file_bytes = std::size_t{4} << 20;
-
-/// Nesting deeper than this is malformed (the formats need three levels); checked before
-/// parsing so hostile input cannot make the parser or the copy recurse deeply.
-inline constexpr int max_error_file_depth = 32;
-
-/// The latest timestamp an error file may carry (2200-01-01 UTC, in seconds since the epoch).
-inline constexpr double max_error_file_timestamp = 7258118400.0;
-
-namespace detail::report {
-
-/// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
-inline int json_depth(std::string_view text, int limit) noexcept {
-    int depth = 0;
-    int deepest = 0;
-    bool in_string = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (in_string) {
-            if (c == '\\') {
-                ++i;
-            } else if (c == '"') {
-                in_string = false;
-            }
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > deepest) {
-                deepest = depth;
-                if (deepest > limit) {
-                    return deepest;
-                }
-            }
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            --depth;
-        }
-    }
-    return deepest;
-}
-
-inline int hex_digit(char c) noexcept {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
-}
-
-/// The code unit of a "\uXXXX" escape starting at text[i] (the backslash), or -1.
-inline long json_u_escape(std::string_view text, std::size_t i) noexcept {
-    if (i + 6 > text.size() || text[i] != '\\' || text[i + 1] != 'u') {
-        return -1;
-    }
-    long v = 0;
-    for (std::size_t k = 2; k < 6; ++k) {
-        const int d = hex_digit(text[i + k]);
-        if (d < 0) {
-            return -1;
-        }
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-/// `text` with every unpaired UTF-16 surrogate escape ("\udc80") replaced by "\ufffd". Python's
-/// json.dump writes those for undecodable bytes in a traceback (surrogateescape) and json.load
-/// accepts them; nlohmann rejects them, so a reader that wants to agree with PyTorch repairs them.
-inline std::string repair_lone_surrogates(std::string_view text) {
-    std::string out;
-    out.reserve(text.size());
-    bool in_string = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (!in_string) {
-            in_string = c == '"';
-            out += c;
-            continue;
-        }
-        if (c == '"') {
-            in_string = false;
-            out += c;
-            continue;
-        }
-        if (c != '\\' || i + 1 >= text.size()) {
-            out += c;
-            continue;
-        }
-        const long unit = json_u_escape(text, i);
-        if (unit < 0) {
-            out += c;
-            out += text[++i];  // any other escape, copied whole so "\\u" is not misread
-            continue;
-        }
-        if (unit >= 0xD800 && unit <= 0xDBFF) {
-            const long next = json_u_escape(text, i + 6);
-            if (next >= 0xDC00 && next <= 0xDFFF) {
-                out.append(text.substr(i, 12));
-                i += 11;
-                continue;
-            }
-            out += "\\ufffd";
-            i += 5;
-            continue;
-        }
-        if (unit >= 0xDC00 && unit <= 0xDFFF) {
-            out += "\\ufffd";
-        } else {
-            out.append(text.substr(i, 6));
-        }
-        i += 5;
-    }
-    return out;
-}
-
-/// nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
-inline std::string json_error_text(const char* what) {
-    std::string_view s = what;
-    if (!s.empty() && s.front() == '[') {
-        const auto close = s.find("] ");
-        if (close != std::string_view::npos) {
-            s.remove_prefix(close + 2);
-        }
-    }
-    return valid_utf8(s);
-}
-
-/// A seconds-since-epoch value as JSON holds it: a number or a string of one (PyTorch writes
-/// str(int(time.time()))). Returns nullopt when it is neither or out of any sane range.
-inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> parse_epoch_seconds(
-    const nlohmann::ordered_json& v) {
-    double seconds = 0;
-    bool whole = true;
-    if (v.is_number_integer()) {
-        seconds = v.is_number_unsigned() ? static_cast<double>(v.get<std::uint64_t>())
-                                         : static_cast<double>(v.get<std::int64_t>());
-    } else if (v.is_number_float()) {
-        seconds = v.get<double>();
-        whole = std::floor(seconds) == seconds;
-    } else if (v.is_string()) {
-        const auto& s = v.get_ref<const std::string&>();
-        if (s.empty() || s.size() > 32) {
-            return std::nullopt;
-        }
-        // from_chars, not stod: independent of the C locale's decimal point. Only plain
-        // decimal numbers: "1700000000" or "1700000000.25", no "inf", "0x10", "1e9".
-        for (const char c : s) {
-            if (!((c >= '0' && c <= '9') || c == '.' || c == '-')) {
-                return std::nullopt;
-            }
-        }
-        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
-        if (ec != std::errc{} || end != s.data() + s.size()) {
-            return std::nullopt;
-        }
-        whole = s.find('.') == std::string::npos || std::floor(seconds) == seconds;
-    } else {
-        return std::nullopt;
-    }
-    // 1970 .. 2200: anything else is garbage. The bound matters: system_clock counts int64
-    // nanoseconds, which end in 2262 (found by the fuzzer: a stamp in 2280 overflowed).
-    if (!std::isfinite(seconds) || seconds < 0 || seconds > max_error_file_timestamp) {
-        return std::nullopt;
-    }
-    // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
-    const auto since_epoch = std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::round<std::chrono::microseconds>(std::chrono::duration<double>(seconds)));
-    return std::pair{std::chrono::system_clock::time_point(since_epoch), whole};
-}
-
-inline std::optional<long long> parse_error_code(const nlohmann::ordered_json& v) {
-    if (v.is_number_integer()) {
-        if (v.is_number_unsigned()) {
-            const auto u = v.get<std::uint64_t>();
-            if (u > static_cast<std::uint64_t>(INT64_MAX)) {
-                return std::nullopt;
-            }
-            return static_cast<long long>(u);
-        }
-        return static_cast<long long>(v.get<std::int64_t>());
-    }
-    return std::nullopt;
-}
-
-inline error_file_read malformed(std::string path, std::string problem) {
-    error_file_read r;
-    r.status = error_file_status::malformed;
-    r.path = std::move(path);
-    r.problem = valid_utf8(problem);
-    return r;
-}
-
-inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
-    using json = nlohmann::ordered_json;
-    if (!doc.is_object()) {
-        return malformed(std::move(path),
-                         fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
-    }
-    const auto message_it = doc.find("message");
-    if (message_it == doc.end()) {
-        return malformed(std::move(path), "no \"message\" key at the top level");
-    }
-    error_file_content c;
-    const json& message = *message_it;
-    if (message.is_string()) {
-        c.format = error_file_format::flat;
-        c.message = message.get<std::string>();
-        if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
-            const auto parsed = parse_epoch_seconds(*ts);
-            if (!parsed) {
-                return malformed(std::move(path),
-                                 fmt::format("\"timestamp\" {} is not a number of seconds since "
-                                             "the epoch",
-                                             valid_utf8(ts->dump().substr(0, 64))));
-            }
-            c.timestamp = parsed->first;
-            c.timestamp_whole_seconds = parsed->second;
-        }
-    } else if (message.is_object()) {
-        c.format = error_file_format::nested;
-        if (const auto m = message.find("message"); m != message.end()) {
-            if (!m->is_string()) {
-                return malformed(
-                    std::move(path),
-                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
-            }
-            c.message = m->get<std::string>();
-        }
-        if (const auto extra = message.find("extraInfo"); extra != message.end()) {
-            if (!extra->is_object()) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object",
-                                             extra->type_name()));
-            }
-            if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
-                if (!cs->is_string()) {
-                    return malformed(
-                        std::move(path),
-                        fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
-                                    "string",
-                                    cs->type_name()));
-                }
-                c.traceback = cs->get<std::string>();
-            }
-            if (const auto ts = extra->find("timestamp"); ts != extra->end() && !ts->is_null()) {
-                const auto parsed = parse_epoch_seconds(*ts);
-                if (!parsed) {
-                    return malformed(
-                        std::move(path),
-                        fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
-                                    "seconds since the epoch",
-                                    valid_utf8(ts->dump().substr(0, 64))));
-                }
-                c.timestamp = parsed->first;
-                c.timestamp_whole_seconds = parsed->second;
-            }
-        }
-        if (const auto code = message.find("errorCode"); code != message.end()) {
-            c.error_code = parse_error_code(*code);
-            if (!c.error_code) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.errorCode\" {} is not an integer",
-                                             valid_utf8(code->dump().substr(0, 64))));
-            }
-        }
-    } else {
-        return malformed(std::move(path),
-                         fmt::format("\"message\" is a JSON {}, neither a string nor an object",
-                                     message.type_name()));
-    }
-    if (!c.error_code) {
-        if (const auto code = doc.find("errorCode"); code != doc.end()) {
-            c.error_code = parse_error_code(*code);
-        }
-    }
-    c.document = std::move(doc);
-    error_file_read r;
-    r.status = error_file_status::parsed;
-    r.path = std::move(path);
-    r.content = std::move(c);
-    return r;
-}
-
-inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
-    using json = nlohmann::ordered_json;
-    if (bytes.size() > max_error_file_bytes) {
-        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
-                                                      "file may have",
-                                                      bytes.size(), max_error_file_bytes));
-    }
-    std::size_t first = 0;
-    while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' ||
-                                    bytes[first] == '\r' || bytes[first] == '\t')) {
-        ++first;
-    }
-    if (first == bytes.size()) {
-        return malformed(std::move(path),
-                         bytes.empty() ? "the file is empty" : "the file holds only white space");
-    }
-    if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
-        return malformed(std::move(path),
-                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
-    }
-    json doc;
-    try {
-        doc = json::parse(bytes);
-    } catch (const json::exception& first_error) {
-        // Retry once with Python's lone-surrogate escapes repaired (see repair_lone_surrogates).
-        try {
-            doc = json::parse(repair_lone_surrogates(bytes));
-        } catch (const json::exception&) {
-            return malformed(std::move(path), fmt::format("not valid JSON: {}",
-                                                          json_error_text(first_error.what())));
-        }
-    }
-    return parse_error_document(std::move(doc), std::move(path));
-}
-
-}  // namespace detail::report
-
-/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
-/// defect, including running out of memory, comes back as status malformed with the reason.
-inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
-    try {
-        return detail::report::parse_error_text(bytes, std::move(path));
-    } catch (const std::exception& e) {
-        try {
-            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
-        } catch (...) {
-        }
-    } catch (...) {
-    }
-    error_file_read r;
-    r.status = error_file_status::malformed;
-    return r;
-}
-
-/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
-/// An empty path or no file there gives status absent. Anything that is not a readable regular
-/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
-/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
-inline error_file_read read_error_file(const std::string& path) noexcept {
-    try {
-        error_file_read r;
-        r.path = path;
-        if (path.empty()) {
-            return r;
-        }
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-        if (fd < 0) {
-            const int err = errno;
-            if (err == ENOENT || err == ENOTDIR) {
-                return r;
-            }
-            return detail::report::malformed(
-                path, fmt::format("cannot be opened: {}", std::strerror(err)));
-        }
-        struct closer {
-            int fd;
-            ~closer() { ::close(fd); }
-        } close_on_exit{fd};
-        struct stat st {};
-        if (::fstat(fd, &st) != 0) {
-            return detail::report::malformed(
-                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
-        }
-        if (!S_ISREG(st.st_mode)) {
-            return detail::report::malformed(path, "not a regular file");
-        }
-        if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::report::malformed(path,
-                                             fmt::format("{} bytes, more than the {} bytes an "
-                                                         "error file may have",
-                                                         st.st_size, max_error_file_bytes));
-        }
-        // Read to EOF rather than trust st_size: the file may still be growing.
-        std::string bytes;
-        char buffer[16384];
-        for (;;) {
-            const ssize_t n = ::read(fd, buffer, sizeof buffer);
-            if (n < 0) {
-                if (errno == EINTR) {
-                    continue;
-                }
-                return detail::report::malformed(
-                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
-            }
-            if (n == 0) {
-                break;
-            }
-            bytes.append(buffer, static_cast<std::size_t>(n));
-            if (bytes.size() > max_error_file_bytes) {
-                return detail::report::malformed(path,
-                                                 fmt::format("more than the {} bytes an error "
-                                                             "file may have",
-                                                             max_error_file_bytes));
-            }
-        }
-        return parse_error_file(bytes, path);
-    } catch (...) {
-        // Out of memory (the only thing left that throws). A short literal stays in the
-        // string's own buffer, so building this result allocates nothing.
-        error_file_read r;
-        r.status = error_file_status::malformed;
-        r.problem = "out of memory";
-        return r;
-    }
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/report/error_file.hpp ----
-// ---- begin elastic/report/stderr_tail.hpp ----
-// stderr_tail: the last lines a worker wrote to stderr, kept in a bounded ring for its failure
-// report.
-
 
 #include <cstddef>
 #include <cstdint>
@@ -8696,7 +8353,7 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
     const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
-        json doc = root.error_file.content.document;
+        json doc = root.error_file.content.document ? *root.error_file.content.document : json();
         if (root.error_file.content.format == error_file_format::nested) {
             doc["message"]["errorCode"] = error_code;
         } else {
@@ -8826,6 +8483,439 @@ inline bool write_agent_error_file(const worker_failure& root) {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/report/agent_error_file.hpp ----
+// ---- begin elastic/report/error_file.hpp ----
+// Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
+// with every way a file can be broken reported as "malformed", never thrown.
+
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace elastic::inline v0 {
+
+namespace detail::report {
+
+/// Deepest [ / { nesting of a JSON text, strings skipped; stops counting past `limit`.
+inline int json_depth(std::string_view text, int limit) noexcept {
+    int depth = 0;
+    int deepest = 0;
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') {
+                ++i;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > deepest) {
+                deepest = depth;
+                if (deepest > limit) {
+                    return deepest;
+                }
+            }
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+inline int hex_digit(char c) noexcept {
+    if (c >= '0' && c <= '9') {
+        return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+        return c - 'a' + 10;
+    }
+    if (c >= 'A' && c <= 'F') {
+        return c - 'A' + 10;
+    }
+    return -1;
+}
+
+/// The code unit of a "\uXXXX" escape starting at text[i] (the backslash), or -1.
+inline long json_u_escape(std::string_view text, std::size_t i) noexcept {
+    if (i + 6 > text.size() || text[i] != '\\' || text[i + 1] != 'u') {
+        return -1;
+    }
+    long v = 0;
+    for (std::size_t k = 2; k < 6; ++k) {
+        const int d = hex_digit(text[i + k]);
+        if (d < 0) {
+            return -1;
+        }
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/// `text` with every unpaired UTF-16 surrogate escape ("\udc80") replaced by "\ufffd". Python's
+/// json.dump writes those for undecodable bytes in a traceback (surrogateescape) and json.load
+/// accepts them; nlohmann rejects them, so a reader that wants to agree with PyTorch repairs them.
+inline std::string repair_lone_surrogates(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (!in_string) {
+            in_string = c == '"';
+            out += c;
+            continue;
+        }
+        if (c == '"') {
+            in_string = false;
+            out += c;
+            continue;
+        }
+        if (c != '\\' || i + 1 >= text.size()) {
+            out += c;
+            continue;
+        }
+        const long unit = json_u_escape(text, i);
+        if (unit < 0) {
+            out += c;
+            out += text[++i];  // any other escape, copied whole so "\\u" is not misread
+            continue;
+        }
+        if (unit >= 0xD800 && unit <= 0xDBFF) {
+            const long next = json_u_escape(text, i + 6);
+            if (next >= 0xDC00 && next <= 0xDFFF) {
+                out.append(text.substr(i, 12));
+                i += 11;
+                continue;
+            }
+            out += "\\ufffd";
+            i += 5;
+            continue;
+        }
+        if (unit >= 0xDC00 && unit <= 0xDFFF) {
+            out += "\\ufffd";
+        } else {
+            out.append(text.substr(i, 6));
+        }
+        i += 5;
+    }
+    return out;
+}
+
+/// nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
+inline std::string json_error_text(const char* what) {
+    std::string_view s = what;
+    if (!s.empty() && s.front() == '[') {
+        const auto close = s.find("] ");
+        if (close != std::string_view::npos) {
+            s.remove_prefix(close + 2);
+        }
+    }
+    return valid_utf8(s);
+}
+
+/// A seconds-since-epoch value as JSON holds it: a number or a string of one (PyTorch writes
+/// str(int(time.time()))). Returns nullopt when it is neither or out of any sane range.
+inline std::optional<std::pair<std::chrono::system_clock::time_point, bool>> parse_epoch_seconds(
+    const nlohmann::ordered_json& v) {
+    double seconds = 0;
+    bool whole = true;
+    if (v.is_number_integer()) {
+        seconds = v.is_number_unsigned() ? static_cast<double>(v.get<std::uint64_t>())
+                                         : static_cast<double>(v.get<std::int64_t>());
+    } else if (v.is_number_float()) {
+        seconds = v.get<double>();
+        whole = std::floor(seconds) == seconds;
+    } else if (v.is_string()) {
+        const auto& s = v.get_ref<const std::string&>();
+        if (s.empty() || s.size() > 32) {
+            return std::nullopt;
+        }
+        // from_chars, not stod: independent of the C locale's decimal point. Only plain
+        // decimal numbers: "1700000000" or "1700000000.25", no "inf", "0x10", "1e9".
+        for (const char c : s) {
+            if (!((c >= '0' && c <= '9') || c == '.' || c == '-')) {
+                return std::nullopt;
+            }
+        }
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
+        if (ec != std::errc{} || end != s.data() + s.size()) {
+            return std::nullopt;
+        }
+        whole = s.find('.') == std::string::npos || std::floor(seconds) == seconds;
+    } else {
+        return std::nullopt;
+    }
+    // 1970 .. 2200: anything else is garbage. The bound matters: system_clock counts int64
+    // nanoseconds, which end in 2262 (found by the fuzzer: a stamp in 2280 overflowed).
+    if (!std::isfinite(seconds) || seconds < 0 || seconds > max_error_file_timestamp) {
+        return std::nullopt;
+    }
+    // A double holds about 0.2 us at today's epoch values: round to whole microseconds.
+    const auto since_epoch = std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::round<std::chrono::microseconds>(std::chrono::duration<double>(seconds)));
+    return std::pair{std::chrono::system_clock::time_point(since_epoch), whole};
+}
+
+inline std::optional<long long> parse_error_code(const nlohmann::ordered_json& v) {
+    if (v.is_number_integer()) {
+        if (v.is_number_unsigned()) {
+            const auto u = v.get<std::uint64_t>();
+            if (u > static_cast<std::uint64_t>(INT64_MAX)) {
+                return std::nullopt;
+            }
+            return static_cast<long long>(u);
+        }
+        return static_cast<long long>(v.get<std::int64_t>());
+    }
+    return std::nullopt;
+}
+
+inline error_file_read malformed(std::string path, std::string problem) {
+    error_file_read r;
+    r.status = error_file_status::malformed;
+    r.path = std::move(path);
+    r.problem = valid_utf8(problem);
+    return r;
+}
+
+inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
+    using json = nlohmann::ordered_json;
+    if (!doc.is_object()) {
+        return malformed(std::move(path),
+                         fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
+    }
+    const auto message_it = doc.find("message");
+    if (message_it == doc.end()) {
+        return malformed(std::move(path), "no \"message\" key at the top level");
+    }
+    error_file_content c;
+    const json& message = *message_it;
+    if (message.is_string()) {
+        c.format = error_file_format::flat;
+        c.message = message.get<std::string>();
+        if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
+            const auto parsed = parse_epoch_seconds(*ts);
+            if (!parsed) {
+                return malformed(std::move(path),
+                                 fmt::format("\"timestamp\" {} is not a number of seconds since "
+                                             "the epoch",
+                                             valid_utf8(ts->dump().substr(0, 64))));
+            }
+            c.timestamp = parsed->first;
+            c.timestamp_whole_seconds = parsed->second;
+        }
+    } else if (message.is_object()) {
+        c.format = error_file_format::nested;
+        if (const auto m = message.find("message"); m != message.end()) {
+            if (!m->is_string()) {
+                return malformed(
+                    std::move(path),
+                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
+            }
+            c.message = m->get<std::string>();
+        }
+        if (const auto extra = message.find("extraInfo"); extra != message.end()) {
+            if (!extra->is_object()) {
+                return malformed(std::move(path),
+                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object",
+                                             extra->type_name()));
+            }
+            if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
+                if (!cs->is_string()) {
+                    return malformed(
+                        std::move(path),
+                        fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
+                                    "string",
+                                    cs->type_name()));
+                }
+                c.traceback = cs->get<std::string>();
+            }
+            if (const auto ts = extra->find("timestamp"); ts != extra->end() && !ts->is_null()) {
+                const auto parsed = parse_epoch_seconds(*ts);
+                if (!parsed) {
+                    return malformed(
+                        std::move(path),
+                        fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
+                                    "seconds since the epoch",
+                                    valid_utf8(ts->dump().substr(0, 64))));
+                }
+                c.timestamp = parsed->first;
+                c.timestamp_whole_seconds = parsed->second;
+            }
+        }
+        if (const auto code = message.find("errorCode"); code != message.end()) {
+            c.error_code = parse_error_code(*code);
+            if (!c.error_code) {
+                return malformed(std::move(path),
+                                 fmt::format("\"message.errorCode\" {} is not an integer",
+                                             valid_utf8(code->dump().substr(0, 64))));
+            }
+        }
+    } else {
+        return malformed(std::move(path),
+                         fmt::format("\"message\" is a JSON {}, neither a string nor an object",
+                                     message.type_name()));
+    }
+    if (!c.error_code) {
+        if (const auto code = doc.find("errorCode"); code != doc.end()) {
+            c.error_code = parse_error_code(*code);
+        }
+    }
+    c.document = std::make_shared<const nlohmann::ordered_json>(std::move(doc));
+    error_file_read r;
+    r.status = error_file_status::parsed;
+    r.path = std::move(path);
+    r.content = std::move(c);
+    return r;
+}
+
+inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
+    using json = nlohmann::ordered_json;
+    if (bytes.size() > max_error_file_bytes) {
+        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
+                                                      "file may have",
+                                                      bytes.size(), max_error_file_bytes));
+    }
+    std::size_t first = 0;
+    while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' ||
+                                    bytes[first] == '\r' || bytes[first] == '\t')) {
+        ++first;
+    }
+    if (first == bytes.size()) {
+        return malformed(std::move(path),
+                         bytes.empty() ? "the file is empty" : "the file holds only white space");
+    }
+    if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
+        return malformed(std::move(path),
+                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
+    }
+    json doc;
+    try {
+        doc = json::parse(bytes);
+    } catch (const json::exception& first_error) {
+        // Retry once with Python's lone-surrogate escapes repaired (see repair_lone_surrogates).
+        try {
+            doc = json::parse(repair_lone_surrogates(bytes));
+        } catch (const json::exception&) {
+            return malformed(std::move(path), fmt::format("not valid JSON: {}",
+                                                          json_error_text(first_error.what())));
+        }
+    }
+    return parse_error_document(std::move(doc), std::move(path));
+}
+
+}  // namespace detail::report
+
+/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
+/// defect, including running out of memory, comes back as status malformed with the reason.
+inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
+    try {
+        return detail::report::parse_error_text(bytes, std::move(path));
+    } catch (const std::exception& e) {
+        try {
+            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
+        } catch (...) {
+        }
+    } catch (...) {
+    }
+    error_file_read r;
+    r.status = error_file_status::malformed;
+    return r;
+}
+
+/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
+/// An empty path or no file there gives status absent. Anything that is not a readable regular
+/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
+/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
+inline error_file_read read_error_file(const std::string& path) noexcept {
+    try {
+        error_file_read r;
+        r.path = path;
+        if (path.empty()) {
+            return r;
+        }
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        if (fd < 0) {
+            const int err = errno;
+            if (err == ENOENT || err == ENOTDIR) {
+                return r;
+            }
+            return detail::report::malformed(
+                path, fmt::format("cannot be opened: {}", std::strerror(err)));
+        }
+        struct closer {
+            int fd;
+            ~closer() { ::close(fd); }
+        } close_on_exit{fd};
+        struct stat st {};
+        if (::fstat(fd, &st) != 0) {
+            return detail::report::malformed(
+                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
+        }
+        if (!S_ISREG(st.st_mode)) {
+            return detail::report::malformed(path, "not a regular file");
+        }
+        if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
+            return detail::report::malformed(path,
+                                             fmt::format("{} bytes, more than the {} bytes an "
+                                                         "error file may have",
+                                                         st.st_size, max_error_file_bytes));
+        }
+        // Read to EOF rather than trust st_size: the file may still be growing.
+        std::string bytes;
+        char buffer[16384];
+        for (;;) {
+            const ssize_t n = ::read(fd, buffer, sizeof buffer);
+            if (n < 0) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                return detail::report::malformed(
+                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
+            }
+            if (n == 0) {
+                break;
+            }
+            bytes.append(buffer, static_cast<std::size_t>(n));
+            if (bytes.size() > max_error_file_bytes) {
+                return detail::report::malformed(path,
+                                                 fmt::format("more than the {} bytes an error "
+                                                             "file may have",
+                                                             max_error_file_bytes));
+            }
+        }
+        return parse_error_file(bytes, path);
+    } catch (...) {
+        // Out of memory (the only thing left that throws). A short literal stays in the
+        // string's own buffer, so building this result allocates nothing.
+        error_file_read r;
+        r.status = error_file_status::malformed;
+        r.problem = "out of memory";
+        return r;
+    }
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/report/error_file.hpp ----
 // ---- begin elastic/report/event.hpp ----
 // Events in torchelastic's shape (torch.distributed.elastic.events.Event), the per-worker status
 // event the agent records when a group ends, and an append-only JSON-lines event log.
@@ -9003,7 +9093,8 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     if (f.state == failure_state::stopped_by_agent) {
         raw_error = nullptr;
     } else if (f.error_file.parsed()) {
-        raw_error = detail::report::python_json(f.error_file.content.document);
+        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
+                                                                              : json());
     } else if (f.error_file.status == error_file_status::malformed) {
         raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
     } else {
@@ -9439,471 +9530,168 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
 }  // namespace elastic::inline v0
 // ---- end elastic/report/summary.hpp ----
 // ---- end elastic/report.hpp ----
-// ---- begin elastic/launch.hpp ----
-// The launch layer — launch configuration: torchrun's command line and PET_* variables.
+// ---- begin elastic/rendezvous.hpp ----
+// The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
 
-// ---- begin elastic/launch/cli.hpp ----
-// torchrun's command line for elastic: every option in dashed and underscored spelling, PET_*
-// variables as defaults, --help, and parse_launch_config() that turns them into a launch_config.
-
-// ---- begin elastic/launch/config.hpp ----
-// elastic::launch_config: everything an agent needs to launch and supervise one node's workers,
-// as a plain struct (filled by the command line or by a custom launcher) with validate().
-
-// ---- begin elastic/agent/program.hpp ----
-// What each worker runs: the program (executable, Python script or module), its resolution on
-// PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
-
-// ---- begin elastic/detail/text.hpp ----
-// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
-// `name=value` as error messages show it, and a duration in seconds.
+// ---- begin elastic/rendezvous/concepts.hpp ----
+// The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
+// the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
 
 
-#include <fmt/format.h>
+#include <asio/awaitable.hpp>
 
-#include <algorithm>
-#include <cctype>
-#include <charconv>
 #include <chrono>
+#include <concepts>
+#include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
-#include <system_error>
 #include <vector>
 
 namespace elastic::inline v0 {
 
-namespace detail::text {
+/// What a node tells the others when it joins a round.
+struct node_info {
+    std::string host;                  ///< its name, for messages (getfqdn() or --local-addr)
+    std::string store_addr;            ///< where its fresh workers' store for this round listens
+    std::uint16_t store_port = 0;      ///< that store's port
+    int nproc = 1;                     ///< its workers (--nproc-per-node)
+    std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
+    std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
+    long pid = 0;                      ///< the agent's process id, for messages
+    std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
+    std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
+    bool hosts_store = false;          ///< it hosts the rendezvous store now
+    /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
+    /// connections to group rank 0's workers' store may come from.
+    std::vector<std::string> addrs;
+};
 
-[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
-    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-    while (!text.empty() && is_space(text.front())) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && is_space(text.back())) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
+/// Where the rendezvous store may move when its host is lost: an idle store server of a member.
+struct store_successor {
+    std::string id;            ///< the member's lease name
+    std::string addr;          ///< its address
+    std::uint16_t port = 0;    ///< its idle server's port
+};
 
-[[nodiscard]] inline std::string lower(std::string_view text) {
-    std::string out{text};
-    std::transform(out.begin(), out.end(), out.begin(),
-                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
-    return out;
-}
+/// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
+struct rendezvous_round {
+    int number = 0;             ///< the round (0, 1, ...)
+    int restart_count = 0;      ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;         ///< this node's GROUP_RANK
+    int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;          ///< the global rank of this node's local rank 0
+    int world_size = 1;         ///< workers in the round: WORLD_SIZE
+    std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
+    std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
+    bool host_in_round = false;  ///< the store's host is a member of this round
+    std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
+    std::uint16_t master_port = 0;  ///< MASTER_PORT
+    /// Group rank 0 only: every member's interface addresses (literals; a member that published
+    /// none: its host and advertised address, names or literals), for its workers' store to
+    /// accept connections from the round's nodes alone (empty on the other nodes).
+    std::vector<std::string> peers;
+};
 
-/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
-[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
-    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
-}
+/// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).
+struct abort_notice {
+    enum class kind {
+        failure,     ///< a worker failed: the reporting node's policy decides (await_decision)
+        membership,  ///< a node was lost, left or waits to join: every node rejoins the next round
+        closed,      ///< the job ended: every node finished (standbys exit 0)
+    };
+    int group_rank = -1;  ///< the reporting node
+    std::string host;     ///< its host
+    std::string reason;   ///< one line: which local rank, which exit code or signal; which node
+    kind what = kind::failure;
+    bool admission = false;  ///< membership: a node waits to join (the next round then takes a last call)
+};
 
-/// Splits on `sep`; "" gives one empty piece.
-[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
-    std::vector<std::string_view> pieces;
-    for (;;) {
-        const auto at = text.find(sep);
-        pieces.push_back(text.substr(0, at));
-        if (at == std::string_view::npos) {
-            return pieces;
-        }
-        text.remove_prefix(at + 1);
-    }
-}
+/// What the job does after an aborted round, decided by the node that aborted it.
+struct job_decision {
+    bool restart = false;  ///< true: every node rejoins the next round
+    int exit_code = 1;     ///< when stopping: the code every node exits with (the root cause's)
+    std::string reason;    ///< the policy's reason
+};
 
-/// A duration as a number of seconds, as the options take it: `30`, `0.5`.
-[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
-    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
-                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
-}
+/// How a node's exit barrier ended.
+struct barrier_result {
+    enum class kind { complete, aborted, timed_out };
+    kind how = kind::complete;
+    std::vector<int> missing;         ///< timed_out: the group ranks that did not finish
+    std::vector<std::string> missing_hosts;  ///< timed_out: their hosts (same order)
+    std::optional<abort_notice> abort;  ///< aborted: why
+};
 
-/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
-[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
-    text = trim(text);
-    if (!text.empty() && text.front() == '+') {
-        text.remove_prefix(1);
-    }
-    long long value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-        return std::nullopt;
-    }
-    return value;
-}
-
-}  // namespace detail::text
+/*
+ * rendezvous: one node's handle on the job's rounds. A model provides
+ *   next_round(node_info)          -> awaitable<rendezvous_round>  join and await the round
+ *   wait_for_abort()               -> awaitable<abort_notice>      the current round's abort
+ *                                                                  (push; cancellable)
+ *   abort(abort_notice)            -> awaitable<bool>   report a failure; true: this node won
+ *   decide(job_decision)           -> awaitable<void>   the winner publishes restart/stop
+ *   await_decision()               -> awaitable<job_decision>
+ *   finish(timeout)                -> awaitable<barrier_result>  this node is done; exit barrier
+ *   leave()                        -> awaitable<void>   this node is leaving the job for good
+ * Waiting is by store notification, never by polling.
+ */
+template <class R>
+concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_decision decision,
+                              std::chrono::milliseconds timeout) {
+    { r.next_round(info) } -> std::same_as<asio::awaitable<rendezvous_round>>;
+    { r.wait_for_abort() } -> std::same_as<asio::awaitable<abort_notice>>;
+    { r.abort(notice) } -> std::same_as<asio::awaitable<bool>>;
+    { r.decide(decision) } -> std::same_as<asio::awaitable<void>>;
+    { r.await_decision() } -> std::same_as<asio::awaitable<job_decision>>;
+    { r.finish(timeout) } -> std::same_as<asio::awaitable<barrier_result>>;
+    { r.leave() } -> std::same_as<asio::awaitable<void>>;
+};
 
 }  // namespace elastic::inline v0
-// ---- end elastic/detail/text.hpp ----
-// ---- begin elastic/usage_error.hpp ----
-// elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
-// layers which read variables take instead of the process environment.
+// ---- end elastic/rendezvous/concepts.hpp ----
+// ---- begin elastic/rendezvous/error.hpp ----
+// elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
+// that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
+// elastic::store_lost_error: the rendezvous store itself is gone (a store_error).
 
 
-#include <functional>
-#include <map>
 #include <string>
-#include <string_view>
-
-extern "C" char** environ;  // POSIX: declared by <unistd.h> only with _GNU_SOURCE; declare it ourselves.
+#include <utility>
 
 namespace elastic::inline v0 {
 
-/// Bad input to a launcher: an unknown option, a malformed or out-of-range value, a program that
-/// cannot run. The message is one line naming the option (or variable), the value and the rule;
-/// a launcher prints it and exits with exit_code() without starting any worker.
-class usage_error : public error {
+/// The rendezvous failed: the message names what was awaited (which nodes, which key, for how
+/// long) and the remedy. No worker of the failed round was started.
+class rendezvous_error : public error {
 public:
-    /// `message` is kept on one line: control characters (a newline in a value read from the
-    /// environment, say) are written as escapes such as `\n` and `\x1b`.
-    explicit usage_error(std::string_view message) : error(one_line(message)) {}
+    using error::error;
+};
 
-    /// The exit status for this error: 2, as argparse (and so torchrun) uses for usage errors.
-    [[nodiscard]] static constexpr int exit_code() noexcept { return 2; }
+/// The job ended while this node waited as a standby (its round was full): not a failure;
+/// elasticrun exits 0 with the message.
+class rendezvous_closed : public rendezvous_error {
+public:
+    using rendezvous_error::rendezvous_error;
+};
+
+/// The rendezvous store is lost: the connection that held this node's lease ended (the store's
+/// host died, or the network between them failed), so every operation of the rendezvous ends with
+/// this error instead of waiting for its timeout. what() is "lost the rendezvous store: <reason>";
+/// reason() is why the connection ended. The agent catches it by type: an elastic job moves its
+/// rendezvous to a member's spare store, any other job ends with a rendezvous_error.
+class store_lost_error : public store_error {
+public:
+    explicit store_lost_error(std::string reason)
+        : store_error("lost the rendezvous store: " + reason), reason_(std::move(reason)) {}
+
+    /// Why the lease connection ended, as the store client reported it.
+    [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
 
 private:
-    static std::string one_line(std::string_view message) {
-        static constexpr char hex[] = "0123456789abcdef";
-        std::string out;
-        out.reserve(message.size());
-        for (const char c : message) {
-            const auto byte = static_cast<unsigned char>(c);
-            if (c == '\n') {
-                out += "\\n";
-            } else if (c == '\t') {
-                out += "\\t";
-            } else if (c == '\r') {
-                out += "\\r";
-            } else if (byte < 0x20 || byte == 0x7f) {
-                out += "\\x";
-                out += hex[byte >> 4];
-                out += hex[byte & 0xf];
-            } else {
-                out += c;
-            }
-        }
-        return out;
-    }
-};
-
-/// A set of environment variables, name to value. The launch layer (and the rendezvous, for its
-/// secret) reads its variables (PET_*,
-/// PYTHON_EXEC, PATH, CUDA_VISIBLE_DEVICES, ...) from one of these rather than from the process
-/// environment, so a custom launcher or a test controls exactly what is seen.
-using environment = std::map<std::string, std::string, std::less<>>;
-
-/// The process environment (`environ`) as an environment map. The first definition of a name
-/// wins, as getenv(3) does.
-[[nodiscard]] inline environment current_environment() {
-    environment env;
-    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-        const std::string_view text{*entry};
-        const auto equals = text.find('=');
-        if (equals == std::string_view::npos || equals == 0) {
-            continue;
-        }
-        env.emplace(std::string{text.substr(0, equals)}, std::string{text.substr(equals + 1)});
-    }
-    return env;
-}
-
-namespace detail {
-
-/// The value of `name` in `env`, or nullptr.
-[[nodiscard]] inline const std::string* find_variable(const environment& env, std::string_view name) {
-    const auto it = env.find(name);
-    return it == env.end() ? nullptr : &it->second;
-}
-
-}  // namespace detail
-}  // namespace elastic::inline v0
-// ---- end elastic/usage_error.hpp ----
-
-#include <fmt/format.h>
-
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cctype>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// How the program is run.
-enum class program_kind {
-    automatic,      ///< a `.py` file runs as a Python script, anything else as an executable
-    executable,     ///< run directly (`--no-python`): `program args...`
-    python_script,  ///< `$PYTHON_EXEC -u script args...` (also `--run-path`)
-    python_module,  ///< `$PYTHON_EXEC -u -m module args...` (`-m` / `--module`)
-};
-
-/// The program each worker runs, as a custom launcher fills it in.
-struct worker_program {
-    program_kind kind = program_kind::automatic;
-    std::string target;             ///< executable (path or name on PATH), script path, or module name
-    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
-    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
-};
-
-/// A program resolved to something execv can run.
-struct worker_command {
-    program_kind kind = program_kind::executable;  ///< never automatic
-    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
-    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
-
-    /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
-    [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
-};
-
-/// torchrun's `${local_rank}` macro in one argument, with the semantics of Python's
-/// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
-/// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
-/// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
-[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
-    const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-    const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-    const auto value = fmt::format("{}", local_rank);
-    std::string out;
-    out.reserve(arg.size());
-    std::size_t i = 0;
-    while (i < arg.size()) {
-        if (arg[i] != '$' || i + 1 == arg.size()) {
-            out += arg[i++];
-            continue;
-        }
-        const char next = arg[i + 1];
-        if (next == '$') {
-            out += '$';
-            i += 2;
-        } else if (id_start(next)) {
-            auto end = i + 1;
-            while (end < arg.size() && id_char(arg[end])) {
-                ++end;
-            }
-            const auto name = arg.substr(i + 1, end - i - 1);
-            out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end - i);
-            i = end;
-        } else if (next == '{' && i + 2 < arg.size() && id_start(arg[i + 2])) {
-            auto end = i + 2;
-            while (end < arg.size() && id_char(arg[end])) {
-                ++end;
-            }
-            if (end < arg.size() && arg[end] == '}') {
-                const auto name = arg.substr(i + 2, end - i - 2);
-                out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end + 1 - i);
-                i = end + 1;
-            } else {
-                out += '$';
-                ++i;
-            }
-        } else {
-            out += '$';
-            ++i;
-        }
-    }
-    return out;
-}
-
-inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
-    std::vector<std::string> out;
-    out.reserve(argv.size());
-    for (std::size_t i = 0; i < argv.size(); ++i) {
-        out.push_back(i == 0 ? argv[i] : substitute_local_rank(argv[i], local_rank));
-    }
-    return out;
-}
-
-/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
-/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
-/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
-/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
-[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
-    if (name.empty()) {
-        throw usage_error{fmt::format("{}: the name is empty", role)};
-    }
-    const auto describe = [&](detail::file_check check, std::string_view path) {
-        switch (check) {
-        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
-        default:
-            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
-                               role, path);
-        }
-    };
-    if (name.find('/') != std::string_view::npos) {
-        const std::string path{name};
-        const auto check = detail::check_file(path, X_OK);
-        if (check != detail::file_check::ok) {
-            throw usage_error{describe(check, path)};
-        }
-        return path;
-    }
-    const auto* path_variable = detail::find_variable(env, "PATH");
-    const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
-    auto [found, first_not_executable] = detail::search_path(name, search);
-    if (!found.empty()) return found;
-    if (!first_not_executable.empty()) {
-        throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
-    }
-    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
-}
-
-/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
-[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
-    if (program.kind != program_kind::automatic) {
-        return program.kind;
-    }
-    const std::string_view target = program.target;
-    return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
-                                                                         : program_kind::executable;
-}
-
-namespace detail::agent {
-
-[[nodiscard]] inline bool valid_module_name(std::string_view name) {
-    for (const auto part : detail::text::split(name, '.')) {
-        if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
-            !std::all_of(part.begin(), part.end(),
-                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
-            return false;
-        }
-    }
-    return true;
-}
-
-}  // namespace detail::agent
-
-/// Resolves a program to the command the workers run, checking on the way that it can run: the
-/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
-/// module name is a dotted Python name. Throws usage_error naming what is wrong.
-[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
-    worker_command command;
-    command.kind = effective_kind(program);
-    if (program.target.empty()) {
-        throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
-    }
-    switch (command.kind) {
-    case program_kind::automatic:
-    case program_kind::executable:
-        command.kind = program_kind::executable;
-        command.path = find_executable(program.target, env, "program");
-        command.argv.push_back(program.target);
-        break;
-    case program_kind::python_script: {
-        const auto check = detail::check_file(program.target, R_OK);
-        if (check == detail::file_check::missing) {
-            throw usage_error{fmt::format("script {} does not exist", program.target)};
-        }
-        if (check == detail::file_check::directory) {
-            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
-        }
-        if (check != detail::file_check::ok) {
-            throw usage_error{fmt::format("script {} is not readable", program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", program.target};
-        break;
-    }
-    case program_kind::python_module:
-        if (!detail::agent::valid_module_name(program.target)) {
-            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
-                                          program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", "-m", program.target};
-        break;
-    }
-    command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
-    return command;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/program.hpp ----
-// ---- begin elastic/agent/spec.hpp ----
-// What the agent takes: worker_spec (the workers of one node: program, count, role, how they
-// are stopped, where their output goes) and agent_options (the agent's own log level and event
-// log). The launch layer makes both from the command line (launch_config::workers(),
-// launch_config::agent()); a custom launcher may fill them itself.
-
-
-#include <chrono>
-#include <csignal>
-#include <cstdint>
-#include <filesystem>
-#include <map>
-#include <optional>
-#include <set>
-#include <string>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-using namespace std::chrono_literals;
-
-/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
-enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
-
-/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
-/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
-struct stream_selection {
-    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
-    std::map<int, std_streams> per_rank;         ///< local rank -> streams
-    friend bool operator==(const stream_selection&, const stream_selection&) = default;
-
-    /// The streams chosen for one local rank.
-    [[nodiscard]] std_streams for_rank(int local_rank) const {
-        if (per_rank.empty()) {
-            return every_rank;
-        }
-        const auto it = per_rank.find(local_rank);
-        return it == per_rank.end() ? std_streams::none : it->second;
-    }
-};
-
-/// The agent's log level (`LOGLEVEL`, Python's level names).
-enum class log_level { debug, info, warning, error, critical };
-
-/// The workers of one node, as the agent starts, stops and relays them. Defaults are torchrun's.
-struct worker_spec {
-    worker_program program;          ///< what each worker runs
-    int nproc_per_node = 1;          ///< how many workers (LOCAL_WORLD_SIZE)
-    std::string role = "default";    ///< ROLE_NAME and the log prefix
-    bool virtual_local_rank = false; ///< LOCAL_RANK=0 for every worker (one GPU per worker)
-    /// TORCHELASTIC_MAX_RESTARTS, as the workers are told it (the restart policy decides).
-    int max_restarts = 0;
-    /// The grace between the stop signal and SIGKILL.
-    std::chrono::milliseconds shutdown_timeout = 30s;
-    /// The signals the agent forwards to its workers (TORCHELASTIC_SIGNALS_TO_HANDLE).
-    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-
-    /// The log tree's root; unset: a temporary directory; /dev/null: no files at all.
-    std::optional<std::filesystem::path> log_dir;
-    stream_selection redirects;      ///< streams that go to files only
-    stream_selection tee;            ///< streams that go to files and the console
-    std::set<int> local_ranks_filter; ///< local ranks whose output reaches the console; empty: all
-    /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
-    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
-
-    /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
-    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
-};
-
-/// The agent's own settings.
-struct agent_options {
-    log_level agent_log_level = log_level::warning;  ///< what the agent logs (LOGLEVEL)
-    event_destination event_log_handler;             ///< where its events go (--event-log-handler)
+    std::string reason_;
 };
 
 }  // namespace elastic::inline v0
-// ---- end elastic/agent/spec.hpp ----
-// ---- begin elastic/launch/values.hpp ----
-// The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
-// settings, signal lists, durations) and the parsers of their text forms.
-
+// ---- end elastic/rendezvous/error.hpp ----
 // ---- begin elastic/rendezvous/parameters.hpp ----
 // What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
 // settings of `--rdzv-conf` (rendezvous_parameters). The launch layer makes one from the command
@@ -10025,4445 +9813,10 @@ struct rendezvous_parameters {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/parameters.hpp ----
-
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <array>
-#include <cctype>
-#include <charconv>
-#include <chrono>
-#include <climits>
-#include <cmath>
-#include <csignal>
-#include <cstdint>
-#include <map>
-#include <optional>
-#include <set>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-using namespace std::chrono_literals;
-
-namespace detail::launch_impl {
-using detail::text::lower;
-using detail::text::show;
-using detail::text::split;
-using detail::text::to_integer;
-using detail::text::trim;
-}  // namespace detail::launch_impl
-
-/// An integer in [min, max]; `name` and `text` appear in the error.
-[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
-                                       int max = INT_MAX) {
-    const auto value = detail::launch_impl::to_integer(text);
-    if (!value || *value < min || *value > max) {
-        const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
-                                         : fmt::format("an integer from {} to {}", min, max);
-        throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(name, text), rule)};
-    }
-    return static_cast<int>(*value);
-}
-
-/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
-/// held to the millisecond.
-[[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
-                                                             bool allow_zero) {
-    const auto trimmed = detail::launch_impl::trim(text);
-    double seconds = -1;
-    const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
-                                           std::chars_format::fixed);
-    const bool ok = !trimmed.empty() && ec == std::errc{} && end == trimmed.data() + trimmed.size() &&
-                    std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
-    if (!ok) {
-        throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
-                                      detail::launch_impl::show(name, text), allow_zero ? ">= 0" : "> 0")};
-    }
-    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
-}
-
-/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
-/// in any case.
-[[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
-    if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
-        return true;
-    }
-    if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
-        return false;
-    }
-    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
-}
-
-/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
-[[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
-    const auto value = detail::launch_impl::to_integer(text);
-    if (!value) {
-        throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
-                                      detail::launch_impl::show(name, text))};
-    }
-    return *value != 0;
-}
-
-/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
-[[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
-    const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
-    };
-    const auto pieces = detail::launch_impl::split(text, ':');
-    if (pieces.size() > 2) {
-        throw fail("too many ':'");
-    }
-    const auto min = detail::launch_impl::to_integer(pieces.front());
-    const auto max = pieces.size() == 2 ? detail::launch_impl::to_integer(pieces.back()) : min;
-    if (!min || !max) {
-        throw fail("not an integer");
-    }
-    if (*min <= 0 || *max <= 0) {
-        throw fail("node counts must be positive");
-    }
-    if (*min > *max) {
-        throw fail(fmt::format("the minimum {} exceeds the maximum {}", *min, *max));
-    }
-    if (*max > INT_MAX) {
-        throw fail("too large");
-    }
-    return node_range{static_cast<int>(*min), static_cast<int>(*max)};
-}
-
-namespace detail::launch_impl {
-
-/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
-/// an IPv6 zone.
-[[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
-    return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' ||
-               c == '-' || c == '%';
-    });
-}
-
-}  // namespace detail::launch_impl
-
-/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
-[[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
-    const auto host = detail::launch_impl::trim(text);
-    if (!detail::launch_impl::valid_host(host)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
-    }
-    return std::string{host};
-}
-
-/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
-/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
-[[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
-    const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
-                                       detail::launch_impl::show(name, text), why)};
-    };
-    const auto endpoint = detail::launch_impl::trim(text);
-    if (endpoint.empty()) {
-        throw fail("empty");
-    }
-    host_port result;
-    std::string_view port_text;
-    bool has_port = false;
-    if (endpoint.front() == '[') {
-        const auto close = endpoint.find(']');
-        if (close == std::string_view::npos) {
-            throw fail("no ']' after the IPv6 address");
-        }
-        result.host = std::string{endpoint.substr(1, close - 1)};
-        const auto rest = endpoint.substr(close + 1);
-        if (!rest.empty()) {
-            if (rest.front() != ':') {
-                throw fail("unexpected text after ']'");
-            }
-            port_text = rest.substr(1);
-            has_port = true;
-        }
-        if (result.host.find(':') == std::string::npos || !detail::launch_impl::valid_host(result.host)) {
-            throw fail("the bracketed part is not an IPv6 address");
-        }
-    } else {
-        const auto colon = endpoint.find(':');
-        if (colon != std::string_view::npos && endpoint.find(':', colon + 1) != std::string_view::npos) {
-            throw fail("an IPv6 address must be written in brackets");
-        }
-        result.host = std::string{endpoint.substr(0, colon)};
-        if (colon != std::string_view::npos) {
-            port_text = endpoint.substr(colon + 1);
-            has_port = true;
-        }
-        if (!detail::launch_impl::valid_host(result.host)) {
-            throw fail("bad host name");
-        }
-    }
-    if (has_port) {
-        const auto port = detail::launch_impl::to_integer(port_text);
-        if (!port || *port < 0 || *port > 65535 || detail::launch_impl::trim(port_text) != port_text) {
-            throw fail("the port must be an integer from 0 to 65535");
-        }
-        result.port = static_cast<std::uint16_t>(*port);
-    }
-    return result;
-}
-
-/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
-/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
-[[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::trim(text);
-    if (word == "static") {
-        return rendezvous_backend::static_;
-    }
-    if (word == "c10d") {
-        return rendezvous_backend::c10d;
-    }
-    if (word == "etcd-v3") {
-        return rendezvous_backend::etcd_v3;
-    }
-    if (word == "etcd" || word == "etcd-v2") {
-        throw usage_error{fmt::format(
-            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
-            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-            detail::launch_impl::show(name, text))};
-    }
-    throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
-                                  detail::launch_impl::show(name, text))};
-}
-
-namespace detail::launch_impl {
-
-/// What one `--rdzv-conf` key is, and which backends read it.
-struct rdzv_key {
-    std::string_view key;
-    bool static_;
-    bool c10d;
-    bool etcd_v3;
-};
-inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
-    {"join_timeout", false, true, true},
-    {"last_call_timeout", false, true, true},
-    {"close_timeout", false, true, true},
-    {"read_timeout", false, true, true},
-    {"timeout", true, false, false},
-    {"is_host", false, true, false},
-    {"store_type", false, true, false},
-    {"use_libuv", false, true, false},
-    {"protocol", false, false, true},
-    {"exit_barrier_timeout", true, true, true},
-    {"keep_alive_interval", false, true, false},
-    {"keep_alive_max_attempt", false, true, false},
-    {"secret_file", true, true, false},
-    {"workers_store_peers", false, true, false},
-}};
-
-[[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
-    switch (backend) {
-    case rendezvous_backend::static_: return k.static_;
-    case rendezvous_backend::c10d: return k.c10d;
-    case rendezvous_backend::etcd_v3: return k.etcd_v3;
-    }
-    return false;
-}
-
-[[nodiscard]] inline std::string keys_of(rendezvous_backend backend) {
-    std::string out;
-    for (const auto& k : rdzv_keys) {
-        if (reads_key(k, backend)) {
-            out += out.empty() ? "" : ", ";
-            out += k.key;
-        }
-    }
-    return out;
-}
-
-}  // namespace detail::launch_impl
-
-/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
-/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
-/// and a key given twice are errors; the value is everything after the first `=`.
-[[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                   rendezvous_backend backend) {
-    rendezvous_settings settings;
-    if (detail::launch_impl::trim(text).empty()) {
-        return settings;
-    }
-    const auto whole = detail::launch_impl::show(name, text);
-    std::set<std::string, std::less<>> seen;
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        const auto equals = item.find('=');
-        const auto key = detail::launch_impl::trim(item.substr(0, equals));
-        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::launch_impl::trim(item.substr(equals + 1));
-        if (key.empty() || equals == std::string_view::npos || value.empty()) {
-            throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
-                                          whole, item)};
-        }
-        if (!seen.emplace(key).second) {
-            throw usage_error{fmt::format("{}: key '{}' given twice", whole, key)};
-        }
-        const auto what = fmt::format("{} key {}", name, key);
-        if (key == "rank") {
-            throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
-        }
-        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
-            key == "key") {
-            throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
-        }
-        const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
-                                        [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
-        if (known == detail::launch_impl::rdzv_keys.end()) {
-            throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
-                                          to_string(backend), detail::launch_impl::keys_of(backend))};
-        }
-        if (!detail::launch_impl::reads_key(*known, backend)) {
-            throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                          to_string(backend), key, detail::launch_impl::keys_of(backend))};
-        }
-        if (key == "join_timeout") {
-            settings.join_timeout = parse_seconds(value, what, false);
-        } else if (key == "last_call_timeout") {
-            settings.last_call_timeout = parse_seconds(value, what, false);
-        } else if (key == "close_timeout") {
-            settings.close_timeout = parse_seconds(value, what, false);
-        } else if (key == "read_timeout") {
-            settings.read_timeout = parse_seconds(value, what, false);
-        } else if (key == "timeout") {
-            settings.timeout = parse_seconds(value, what, false);
-        } else if (key == "exit_barrier_timeout") {
-            settings.exit_barrier_timeout = parse_seconds(value, what, false);
-        } else if (key == "keep_alive_interval") {
-            settings.keep_alive_interval = parse_seconds(value, what, false);
-        } else if (key == "keep_alive_max_attempt") {
-            settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
-        } else if (key == "is_host") {
-            settings.is_host = parse_boolean(value, what);
-        } else if (key == "workers_store_peers") {
-            const auto peers = detail::launch_impl::lower(value);
-            if (peers != "members" && peers != "any") {
-                throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
-                                              "addresses only) or any (every peer, for NAT between the nodes)",
-                                              whole)};
-            }
-            settings.workers_store_any_peer = peers == "any";
-        } else if (key == "secret_file") {
-            settings.secret_file = std::string(value);
-        } else if (key == "store_type") {
-            const auto type = detail::launch_impl::lower(value);
-            if (type == "file") {
-                throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
-                                              "backend uses a TCP store (store_type=tcp)", whole)};
-            }
-            if (type != "tcp") {
-                throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
-            }
-        } else if (key == "use_libuv") {
-            // Accepted for compatibility: it picks the Python TCPStore server's event loop; elastic's
-            // store server is its own, so the value is checked and has nothing to change.
-            (void)parse_boolean(value, what);
-        } else if (key == "protocol") {
-            const auto protocol = detail::launch_impl::lower(value);
-            if (protocol == "https") {
-                throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
-            }
-            if (protocol != "http") {
-                throw usage_error{fmt::format("{}: protocol must be http", whole)};
-            }
-        }
-    }
-    return settings;
-}
-
-/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
-/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
-[[nodiscard]] inline stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
-    const auto fail = [&]() {
-        return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
-                                       "LOCAL_RANK:N,... such as 0:3,1:2",
-                                       detail::launch_impl::show(name, text))};
-    };
-    const auto streams_of = [&](std::string_view digit) {
-        const auto value = detail::launch_impl::to_integer(digit);
-        if (!value || *value < 0 || *value > 3 || detail::launch_impl::trim(digit) != digit) {
-            throw fail();
-        }
-        return static_cast<std_streams>(*value);
-    };
-    stream_selection selection;
-    const auto trimmed = detail::launch_impl::trim(text);
-    if (trimmed.find(':') == std::string_view::npos) {
-        selection.every_rank = streams_of(trimmed);
-        return selection;
-    }
-    for (const auto item : detail::launch_impl::split(trimmed, ',')) {
-        const auto colon = item.find(':');
-        if (colon == std::string_view::npos) {
-            throw fail();
-        }
-        const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
-        if (!rank || *rank < 0 || *rank > INT_MAX || detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
-            throw fail();
-        }
-        if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
-        }
-    }
-    return selection;
-}
-
-/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
-[[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
-    std::set<int> ranks;
-    if (detail::launch_impl::trim(text).empty()) {
-        return ranks;
-    }
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        const auto rank = detail::launch_impl::to_integer(item);
-        if (!rank || *rank < 0 || *rank > INT_MAX) {
-            throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
-                                          detail::launch_impl::show(name, text), item)};
-        }
-        ranks.insert(static_cast<int>(*rank));
-    }
-    return ranks;
-}
-
-/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
-/// case are optional). Duplicates are dropped; order is kept.
-[[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
-    std::vector<int> numbers;
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        auto word = detail::launch_impl::lower(detail::launch_impl::trim(item));
-        if (word.rfind("sig", 0) != 0) {
-            word = "sig" + word;
-        }
-        const int number = signal_number(word);
-        const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
-        if (number == 0 || known == forwardable_signal_numbers.end()) {
-            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
-                                     word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
-                                     word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
-                                     word == "sigpipe";
-            throw usage_error{fmt::format(
-                "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
-                untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
-        }
-        if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
-            numbers.push_back(number);
-        }
-    }
-    return numbers;
-}
-
-/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
-[[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
-    if (word == "debug") return log_level::debug;
-    if (word == "info") return log_level::info;
-    if (word == "warning" || word == "warn") return log_level::warning;
-    if (word == "error") return log_level::error;
-    if (word == "critical" || word == "fatal") return log_level::critical;
-    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/launch/values.hpp ----
-// ---- begin elastic/policy/spec.hpp ----
-// The settings of the built-in restart policies as values: durations in words, backoff_spec,
-// window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
-// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard), and
-// restart_settings, all of them together (what make_default_policy takes).
-
-
-#include <fmt/format.h>
-
-#include <bitset>
-#include <cctype>
-#include <charconv>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-
-namespace elastic::inline v0 {
-
-namespace detail::policy_impl {
-
-/// "1.5" from 1500 (thousandths), trailing zeros dropped.
-[[nodiscard]] inline std::string thousandths(long long value) {
-    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
-    while (out.back() == '0') out.pop_back();
-    if (out.back() == '.') out.pop_back();
-    return out;
-}
-
-[[nodiscard]] inline std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
-    using namespace std::chrono;
-    const char* space = spaced ? " " : "";
-    const auto ms = duration_cast<milliseconds>(d).count();
-    if (ms < 0) return "-" + duration_text(-d, spaced);
-    if (ms == 0 && d.count() != 0) return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
-    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
-    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
-    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
-    return fmt::format("{}{}s", thousandths(ms), space);
-}
-
-}  // namespace detail::policy_impl
-
-/// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
-/// parse_duration() reads it back exactly (to the millisecond).
-[[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
-    return detail::policy_impl::duration_text(d, false);
-}
-
-/// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
-[[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
-    return detail::policy_impl::duration_text(d, true);
-}
-
-/// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
-/// seconds, as torchrun's options count. At most 1e9 seconds; held to the millisecond. `name`
-/// names the option or variable in the usage_error.
-[[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
-                                                              bool allow_zero = false) {
-    const auto word = detail::text::trim(text);
-    std::size_t unit_at = 0;
-    while (unit_at < word.size() &&
-           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
-        ++unit_at;
-    }
-    const auto number = word.substr(0, unit_at);
-    const auto unit = detail::text::lower(detail::text::trim(word.substr(unit_at)));
-    double value = -1;
-    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
-                                           std::chars_format::fixed);
-    double scale = 0;
-    if (unit.empty() || unit == "s") scale = 1;
-    else if (unit == "ms") scale = 0.001;
-    else if (unit == "m" || unit == "min") scale = 60;
-    else if (unit == "h") scale = 3600;
-    const double seconds = value * scale;
-    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
-    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
-                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
-                    (allow_zero || std::llround(seconds * 1000.0) > 0);
-    if (!ok) {
-        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
-                                      "counts seconds)",
-                                      detail::text::show(name, text), allow_zero ? "" : "above 0 ")};
-    }
-    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
-}
-
-/// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
-/// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
-struct backoff_spec {
-    std::chrono::milliseconds initial{1000};
-    std::chrono::milliseconds cap{60000};
-    /// Kubernetes' CrashLoopBackOff forgets its backoff after 10 minutes of healthy running.
-    std::chrono::milliseconds reset_after{std::chrono::minutes(10)};
-    /// Each delay grows by this factor (> 1 ... or exactly 1 for a constant delay).
-    double factor = 2.0;
-    /// Each delay is shortened by up to this fraction, at random (0 <= jitter < 1), so that the
-    /// nodes of a job do not all come back at the same instant.
-    double jitter = 0.1;
-
-    /// The command-line form, as reasons cite it: "--restart-backoff=1s:1min" (":RESET" when
-    /// not the default).
-    [[nodiscard]] std::string flag() const {
-        std::string out = fmt::format("--restart-backoff={}:{}", duration_flag_text(initial), duration_flag_text(cap));
-        if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
-        return out;
-    }
-    friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
-};
-
-/// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
-[[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, ':');
-    if (parts.size() < 2 || parts.size() > 3) {
-        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::text::show(name, text))};
-    }
-    backoff_spec spec;
-    spec.initial = parse_duration(parts[0], name);
-    spec.cap = parse_duration(parts[1], name);
-    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
-    if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
-                                      detail::text::show(name, text), duration_flag_text(spec.cap),
-                                      duration_flag_text(spec.initial))};
-    }
-    return spec;
-}
-
-/// --restart-window=N/PERIOD: at most N restarts within any PERIOD (a sliding window).
-struct window_spec {
-    int restarts = 1;
-    std::chrono::milliseconds period{std::chrono::hours(1)};
-
-    [[nodiscard]] std::string flag() const {
-        return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
-    }
-    friend bool operator==(const window_spec&, const window_spec&) = default;
-};
-
-/// Parses N/PERIOD (N >= 1).
-[[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, '/');
-    if (parts.size() != 2) {
-        throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
-                                      detail::text::show(name, text))};
-    }
-    const auto n = detail::text::to_integer(detail::text::trim(parts[0]));
-    if (!n || *n < 1 || *n > 1'000'000) {
-        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::text::show(name, text))};
-    }
-    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
-}
-
-/// A class of worker endings: exit codes, and deaths by signal. `signals` (any signal) and a
-/// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
-/// since workers are often started by a wrapper script.
-struct exit_code_set {
-    std::bitset<256> codes;    ///< exit codes 0..255
-    bool any_signal = false;   ///< every death by signal
-    std::bitset<65> signals;   ///< signals 1..64 by number
-
-    [[nodiscard]] bool contains(const exit_status& status) const noexcept {
-        if (status.signaled()) return any_signal || (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
-        if (status.value < 0 || status.value > 255) return false;
-        if (codes.test(static_cast<std::size_t>(status.value))) return true;
-        const int n = status.value - 128;
-        return n >= 1 && n <= 64 && (any_signal || signals.test(static_cast<std::size_t>(n)));
-    }
-
-    /// The canonical text: codes and ranges ascending, then "signals" or the signal names
-    /// ("1,3-5,signals"); parse_exit_code_set() reads it back.
-    [[nodiscard]] std::string to_string() const {
-        std::string out;
-        const auto add = [&](const std::string& item) { out += (out.empty() ? "" : ",") + item; };
-        for (std::size_t c = 0; c < 256; ++c) {
-            if (!codes.test(c)) continue;
-            std::size_t last = c;
-            while (last + 1 < 256 && codes.test(last + 1)) ++last;
-            add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
-            c = last;
-        }
-        if (any_signal) {
-            add("signals");
-        } else {
-            for (int s = 1; s <= 64; ++s) {
-                if (signals.test(static_cast<std::size_t>(s))) add(signal_name(s));
-            }
-        }
-        return out;
-    }
-    friend bool operator==(const exit_code_set&, const exit_code_set&) = default;
-};
-
-/// Parses a comma-separated set: exit codes (`3`), ranges (`3-5`), `signals` (any death by a
-/// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
-[[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
-    exit_code_set set;
-    for (const auto raw : detail::text::split(text, ',')) {
-        const auto item = detail::text::trim(raw);
-        const auto word = detail::text::lower(item);
-        if (word == "signals" || word == "signal") {
-            set.any_signal = true;
-            continue;
-        }
-        if (word.rfind("sig", 0) == 0) {
-            const int found = signal_number(word);
-            if (found == 0 || found > 64) {
-                throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::text::show(name, text), item)};
-            }
-            set.signals.set(static_cast<std::size_t>(found));
-            continue;
-        }
-        const auto dash = item.find('-', 1);
-        const auto first = detail::text::to_integer(detail::text::trim(item.substr(0, dash)));
-        const auto last = dash == std::string_view::npos
-                              ? first
-                              : detail::text::to_integer(detail::text::trim(item.substr(dash + 1)));
-        if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
-            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
-                                          "a signal name",
-                                          detail::text::show(name, text), item)};
-        }
-        for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
-    }
-    return set;
-}
-
-/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
-/// N, only the N-th such start in a row stops the job).
-struct crash_guard_spec {
-    std::chrono::milliseconds within{10000};
-    int in_a_row = 1;
-
-    [[nodiscard]] std::string flag() const {
-        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
-                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
-    }
-    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
-};
-
-/// Parses T or T:N (N >= 1).
-[[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, ':');
-    if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::text::show(name, text))};
-    }
-    crash_guard_spec spec;
-    spec.within = parse_duration(parts[0], name);
-    if (parts.size() == 2) {
-        const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
-        if (!n || *n < 1 || *n > 1'000'000) {
-            throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
-                                          detail::text::show(name, text))};
-        }
-        spec.in_a_row = static_cast<int>(*n);
-    }
-    return spec;
-}
-
-/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
-/// what make_default_policy builds the default policy from (launch_config::restarts()).
-struct restart_settings {
-    int max_restarts = 0;                          ///< --max-restarts
-    std::optional<backoff_spec> backoff;           ///< --restart-backoff
-    std::optional<window_spec> window;             ///< --restart-window
-    std::optional<exit_code_set> on_exit;          ///< --restart-on-exit
-    std::optional<crash_guard_spec> crash_guard;   ///< --restart-crash-guard
-    friend bool operator==(const restart_settings&, const restart_settings&) = default;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/spec.hpp ----
-
-#include <fmt/format.h>
-
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <cctype>
-#include <chrono>
-#include <climits>
-#include <cmath>
-#include <csignal>
-#include <cstdint>
-#include <filesystem>
-#include <functional>
-#include <map>
-#include <optional>
-#include <random>
-#include <set>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// The launch configuration of one node: torchrun's options (one field per option, named as the
-/// option with `_`; docs/cli.md maps each to the component that consumes it) plus the variables
-/// torchrun's agent reads. Defaults are torchrun's (newest). Fields are public and plain so a
-/// custom launcher fills them in C++; validate() then applies the command line's rules.
-///
-/// The options about the workers are worker_spec's fields (program, nproc_per_node, role,
-/// virtual_local_rank, max_restarts, shutdown_timeout, signals_to_handle, log_dir, redirects,
-/// tee, local_ranks_filter, log_line_prefix_template), LOGLEVEL and --event-log-handler are
-/// agent_options' (agent_log_level, event_log_handler); workers() and agent() give them to the
-/// agent, rendezvous() and restarts() make what the rendezvous and the policy take.
-struct launch_config : worker_spec, agent_options {
-    // ---- nodes and rendezvous ----
-    node_range nnodes;                                    ///< --nnodes
-    rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
-    std::optional<host_port> rdzv_endpoint;               ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
-    std::string rdzv_id = "none";                         ///< --rdzv-id: the job id, namespaces store keys
-    rendezvous_settings rdzv_conf;                        ///< --rdzv-conf
-    std::optional<int> node_rank;                         ///< --node-rank; honoured by every backend when set
-    std::optional<std::string> master_addr;               ///< --master-addr (static only); unset: 127.0.0.1
-    std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
-    std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
-
-    // ---- failures and restarts (max_restarts is worker_spec's) ----
-    std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
-    std::optional<window_spec> restart_window;            ///< --restart-window
-    std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
-    std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
-    std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
-    std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
-
-    /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
-    /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
-    /// host `localhost` and port 29400 / 2379 when absent.
-    [[nodiscard]] host_port rendezvous_endpoint() const {
-        if (rdzv_backend == rendezvous_backend::static_ && !rdzv_endpoint) {
-            return host_port{master_addr.value_or("127.0.0.1"), master_port.value_or(std::uint16_t{29500})};
-        }
-        host_port endpoint = rdzv_endpoint.value_or(host_port{});
-        if (endpoint.host.empty()) {
-            endpoint.host = "localhost";
-        }
-        if (!endpoint.port) {
-            endpoint.port = default_rendezvous_port(rdzv_backend);
-        }
-        return endpoint;
-    }
-
-    /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
-    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with --master-port or --rdzv-endpoint, the
-    /// others' always. The settings' exit_barrier_timeout falls back to exit_barrier_timeout.
-    [[nodiscard]] rendezvous_parameters rendezvous() const {
-        rendezvous_parameters p;
-        p.backend = rdzv_backend;
-        p.endpoint = rendezvous_endpoint();
-        p.port_given = rdzv_backend != rendezvous_backend::static_ || master_port || rdzv_endpoint;
-        p.run_id = rdzv_id;
-        p.nnodes = nnodes;
-        p.node_rank = node_rank;
-        p.local_addr = local_addr;
-        p.settings = rdzv_conf;
-        if (!p.settings.exit_barrier_timeout) p.settings.exit_barrier_timeout = exit_barrier_timeout;
-        return p;
-    }
-
-    /// The workers as the agent takes them.
-    [[nodiscard]] const worker_spec& workers() const noexcept { return *this; }
-
-    /// LOGLEVEL and --event-log-handler, as the agent takes them.
-    [[nodiscard]] const agent_options& agent() const noexcept { return *this; }
-
-    /// --max-restarts and the --restart-* options, as the policy layer takes them.
-    [[nodiscard]] restart_settings restarts() const {
-        return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
-    }
-
-    /// The global world size when `nodes` nodes take part.
-    [[nodiscard]] long long world_size(int nodes) const { return static_cast<long long>(nodes) * nproc_per_node; }
-
-    /// Checks every rule the command line applies (ranges, combinations, the program can run,
-    /// reading PATH from `env`); throws usage_error naming the option and the value.
-    void validate(const environment& env) const;
-
-    /// validate() against the process environment.
-    void validate() const { validate(current_environment()); }
-};
-
-/// A random run id in UUID version 4 form (`--standalone` uses one, as torchrun does).
-[[nodiscard]] inline std::string random_run_id() {
-    std::random_device device;
-    std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
-    std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
-    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                        // version 4
-    low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
-    return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
-                       low >> 48, low & 0xFFFFFFFFFFFFULL);
-}
-
-/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
-/// free local port (localhost:0), under a fresh random run id.
-inline void use_standalone(launch_config& config) {
-    config.rdzv_backend = rendezvous_backend::c10d;
-    config.rdzv_endpoint = host_port{"localhost", std::uint16_t{0}};
-    config.rdzv_id = random_run_id();
-    config.nnodes = node_range{1, 1};
-    config.master_addr.reset();
-    config.master_port.reset();
-}
-
-namespace detail::launch_impl {
-
-[[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
-    if (selection.per_rank.empty()) {
-        return fmt::format("{}", static_cast<int>(selection.every_rank));
-    }
-    std::string out;
-    for (const auto& [rank, streams] : selection.per_rank) {
-        out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
-    }
-    return out;
-}
-
-}  // namespace detail::launch_impl
-
-/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
-/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
-[[nodiscard]] inline std::string describe(const launch_config& config) {
-    using detail::text::seconds_text;
-    using detail::launch_impl::streams_text;
-    std::string command = config.program.target;
-    for (const auto& arg : config.program.args) {
-        command += " " + arg;
-    }
-    const auto& conf = config.rdzv_conf;
-    std::string rdzv_conf;
-    switch (config.rdzv_backend) {
-    case rendezvous_backend::static_:
-        rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout));
-        break;
-    case rendezvous_backend::c10d:
-    case rendezvous_backend::etcd_v3:
-        rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
-                                seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
-                                seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
-        if (conf.is_host) {
-            rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
-        }
-        break;
-    }
-    std::string signals;
-    for (const int number : config.signals_to_handle) {
-        signals += (signals.empty() ? "" : ",") + signal_to_string(number);
-    }
-    std::string filter;
-    for (const int rank : config.local_ranks_filter) {
-        filter += fmt::format("{}{}", filter.empty() ? "" : ",", rank);
-    }
-    std::string out = "Starting elastic agent with launch configs:\n";
-    const auto line = [&](std::string_view name, std::string_view value) {
-        out += fmt::format("  {:<20} : {}\n", name, value);
-    };
-    line("entrypoint", command);
-    line("min_nodes", fmt::format("{}", config.nnodes.min));
-    line("max_nodes", fmt::format("{}", config.nnodes.max));
-    line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
-    line("run_id", config.rdzv_id);
-    line("rdzv_backend", to_string(config.rdzv_backend));
-    line("rdzv_endpoint", to_string(config.rendezvous_endpoint()));
-    line("rdzv_configs", rdzv_conf);
-    line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
-    line("local_addr", config.local_addr.value_or("(this host's name)"));
-    line("role", config.role);
-    line("max_restarts", fmt::format("{}", config.max_restarts));
-    // The restart policy's other settings appear only when given (docs/policies.md).
-    if (config.restart_backoff) line("restart_backoff", config.restart_backoff->flag().substr(18));
-    if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
-    if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
-    if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
-    line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
-    line("shutdown_timeout", seconds_text(config.shutdown_timeout));
-    line("signals_to_handle", signals);
-    line("log_dir", config.log_dir ? config.log_dir->string() : "(a new temporary directory)");
-    line("redirects", streams_text(config.redirects));
-    line("tee", streams_text(config.tee));
-    line("local_ranks_filter", filter.empty() ? "(every rank)" : filter);
-    line("virtual_local_rank", config.virtual_local_rank ? "true" : "false");
-    // Shown only when given, so the default banner stays torchrun's.
-    if (config.event_log_handler.what != event_destination::kind::null) {
-        line("event_log_handler", config.event_log_handler.to_string());
-    }
-    return out;
-}
-
-namespace detail::launch_impl {
-
-/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
-inline void check_prefix_template(std::string_view text) {
-    static constexpr std::string_view known[] = {"role_name", "local_rank", "rank"};
-    for (std::size_t i = 0; i + 1 < text.size(); ++i) {
-        if (text[i] != '$') {
-            continue;
-        }
-        if (text[i + 1] == '$') {
-            ++i;
-            continue;
-        }
-        const bool braced = text[i + 1] == '{';
-        auto start = i + (braced ? 2 : 1);
-        auto end = start;
-        while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) != 0 || text[end] == '_')) {
-            ++end;
-        }
-        if (end == start) {
-            continue;
-        }
-        const auto name = text.substr(start, end - start);
-        if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
-            throw usage_error{fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
-                                          show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
-        }
-        i = end - 1;
-    }
-}
-
-inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
-                              std::string_view nproc_option) {
-    for (const int rank : ranks) {
-        if (rank < 0 || rank >= nproc) {
-            throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
-                                          "({}={})",
-                                          option, rank, nproc - 1, nproc_option, nproc)};
-        }
-    }
-}
-
-inline void check_streams(const stream_selection& selection, int nproc, std::string_view option,
-                          std::string_view nproc_option) {
-    std::set<int> ranks;
-    for (const auto& [rank, streams] : selection.per_rank) {
-        ranks.insert(rank);
-        if (static_cast<int>(streams) > 3) {
-            throw usage_error{fmt::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
-                                          static_cast<int>(streams))};
-        }
-    }
-    if (static_cast<int>(selection.every_rank) > 3) {
-        throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
-                                      static_cast<int>(selection.every_rank))};
-    }
-    check_ranks_exist(ranks, nproc, option, nproc_option);
-}
-
-}  // namespace detail::launch_impl
-
-namespace detail::launch_impl {
-
-/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
-/// names the PET_ variable instead when that is where the value came from.
-struct option_labels {
-    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
-
-    [[nodiscard]] std::string operator()(std::string_view dest) const {
-        if (const auto it = from_env.find(dest); it != from_env.end()) {
-            return it->second;
-        }
-        std::string out = "--";
-        for (const char c : dest) {
-            out += c == '_' ? '-' : c;
-        }
-        return out;
-    }
-};
-
-inline void validate(const launch_config& c, const environment& env, const option_labels& label) {
-    const auto nnodes_text = [&] {
-        return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
-                                            : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
-    };
-    if (c.nproc_per_node < 1 || c.nproc_per_node > 1'000'000) {
-        throw usage_error{fmt::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
-    }
-    if (c.nnodes.min < 1 || c.nnodes.min > c.nnodes.max) {
-        throw usage_error{fmt::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
-    }
-    if (c.world_size(c.nnodes.max) > INT_MAX) {
-        throw usage_error{fmt::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
-                                      label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
-    }
-    if (c.role.empty()) {
-        throw usage_error{fmt::format("{}: must not be empty", label("role"))};
-    }
-    if (c.rdzv_id.empty()) {
-        throw usage_error{
-            fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
-    }
-    const bool is_static = c.rdzv_backend == rendezvous_backend::static_;
-    if (is_static && c.nnodes.min != c.nnodes.max) {
-        throw usage_error{fmt::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
-                                      "--rdzv-backend=c10d or etcd-v3",
-                                      label("nnodes"), nnodes_text())};
-    }
-    if (c.node_rank && (*c.node_rank < 0 || *c.node_rank >= c.nnodes.max)) {
-        throw usage_error{fmt::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
-                                      *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
-    }
-    if (!is_static && (c.master_addr || c.master_port)) {
-        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
-                                      "backend rendezvouses at --rdzv-endpoint",
-                                      to_string(c.rdzv_backend))};
-    }
-    if (is_static && c.rdzv_endpoint && (c.master_addr || c.master_port)) {
-        throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
-                          "give one of them"};
-    }
-    if (c.master_addr && !valid_host(*c.master_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
-                                      show(label("master_addr"), *c.master_addr))};
-    }
-    if (c.local_addr && !valid_host(*c.local_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
-                                      show(label("local_addr"), *c.local_addr))};
-    }
-    if (c.rdzv_endpoint) {
-        const auto text = to_string(*c.rdzv_endpoint);
-        if (!valid_host(c.rdzv_endpoint->host)) {
-            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
-        }
-        if (is_static && !c.rdzv_endpoint->port) {
-            throw usage_error{
-                fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
-        }
-    }
-    const auto endpoint = c.rendezvous_endpoint();
-    if (endpoint.port == 0 && c.nnodes.max > 1) {
-        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
-                                      "it needs {}=1",
-                                      to_string(endpoint), label("nnodes"))};
-    }
-    const auto non_negative = [](std::chrono::milliseconds d, const std::string& what, bool allow_zero) {
-        if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
-            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
-        }
-    };
-    const auto conf = label("rdzv_conf");
-    non_negative(c.rdzv_conf.join_timeout, conf + " join_timeout", false);
-    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", false);
-    non_negative(c.rdzv_conf.close_timeout, conf + " close_timeout", false);
-    non_negative(c.rdzv_conf.read_timeout, conf + " read_timeout", false);
-    non_negative(c.rdzv_conf.timeout, conf + " timeout", false);
-    if (c.max_restarts < 0) {
-        throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
-    }
-    non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
-    if (const auto& b = c.restart_backoff;
-        b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
-              !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
-        throw usage_error{fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1",
-                                      b->flag())};
-    }
-    if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
-        throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
-    }
-    if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
-        throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
-    }
-    non_negative(c.monitor_interval, label("monitor_interval"), true);
-    non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
-    if (c.signals_to_handle.empty()) {
-        throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
-    }
-    for (const int number : c.signals_to_handle) {
-        if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
-            forwardable_signal_numbers.end()) {
-            throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
-                                          number)};
-        }
-    }
-    if (c.log_dir) {
-        if (c.log_dir->empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", label("log_dir"))};
-        }
-        struct stat st {};
-        if (!c.logs_disabled() && ::stat(c.log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-            throw usage_error{
-                fmt::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
-        }
-    }
-    check_streams(c.redirects, c.nproc_per_node, label("redirects"), label("nproc_per_node"));
-    check_streams(c.tee, c.nproc_per_node, label("tee"), label("nproc_per_node"));
-    check_ranks_exist(c.local_ranks_filter, c.nproc_per_node, label("local_ranks_filter"), label("nproc_per_node"));
-    check_prefix_template(c.log_line_prefix_template);
-    (void)resolve_program(c.program, env);
-}
-
-}  // namespace detail::launch_impl
-
-inline void launch_config::validate(const environment& env) const {
-    detail::launch_impl::validate(*this, env, {});
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/launch/config.hpp ----
-// ---- begin elastic/launch/nproc.hpp ----
-// `--nproc-per-node`: a count, or `cpu` / `gpu` / `auto` resolved from this machine.
-
-
-#include <fmt/format.h>
-
-#include <fcntl.h>
-#include <sched.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <thread>
-
-namespace elastic::inline v0 {
-
-/// The CPUs this process may run on (its affinity mask, so `taskset` and cgroup cpusets count;
-/// torchrun's os.cpu_count() counts the whole machine), at least 1.
-[[nodiscard]] inline int count_cpus() noexcept {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
-        const int count = CPU_COUNT(&set);
-        if (count > 0) {
-            return count;
-        }
-    }
-    const auto hardware = std::thread::hardware_concurrency();
-    return hardware > 0 ? static_cast<int>(hardware) : 1;
-}
-
-/// How the GPUs were counted, for messages.
-struct gpu_count {
-    int count = 0;
-    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
-};
-
-namespace detail::launch_impl {
-
-/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
-/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
-[[nodiscard]] inline int count_visible_devices(std::string_view value) {
-    int count = 0;
-    if (trim(value).empty()) {
-        return 0;
-    }
-    for (const auto item : split(value, ',')) {
-        const auto entry = trim(item);
-        const auto index = to_integer(entry);
-        const bool uuid = entry.rfind("GPU-", 0) == 0 || entry.rfind("MIG-", 0) == 0;
-        if (!uuid && (!index || *index < 0)) {
-            break;
-        }
-        ++count;
-    }
-    return count;
-}
-
-/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
-/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
-[[nodiscard]] inline std::optional<int> run_nvidia_smi(const environment& env) {
-    std::string path;
-    try {
-        path = elastic::find_executable("nvidia-smi", env, "nvidia-smi");
-    } catch (const usage_error&) {
-        return std::nullopt;
-    }
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-        return std::nullopt;
-    }
-    posix_spawn_file_actions_t actions;
-    ::posix_spawn_file_actions_init(&actions);
-    ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    ::posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-    ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-    std::string arg0 = "nvidia-smi";
-    std::string arg1 = "-L";
-    char* argv[] = {arg0.data(), arg1.data(), nullptr};
-    pid_t pid = -1;
-    const int spawned = ::posix_spawn(&pid, path.c_str(), &actions, nullptr, argv, environ);
-    ::posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    std::string output;
-    if (spawned == 0) {
-        char buffer[4096];
-        for (;;) {
-            const auto n = ::read(fds[0], buffer, sizeof buffer);
-            if (n > 0) {
-                output.append(buffer, static_cast<std::size_t>(n));
-            } else if (n == 0 || errno != EINTR) {
-                break;
-            }
-        }
-    }
-    ::close(fds[0]);
-    if (spawned != 0) {
-        return std::nullopt;
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        return std::nullopt;
-    }
-    int count = 0;
-    for (const auto line : split(output, '\n')) {
-        if (line.rfind("GPU ", 0) == 0) {
-            ++count;
-        }
-    }
-    return count;
-}
-
-}  // namespace detail::launch_impl
-
-/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
-/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
-[[nodiscard]] inline gpu_count count_gpus(const environment& env) {
-    if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
-        return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
-    }
-    const auto listed = detail::launch_impl::run_nvidia_smi(env);
-    return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
-}
-
-/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
-/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
-[[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
-    const auto word = detail::launch_impl::trim(text);
-    if (word == "cpu") {
-        return count_cpus();
-    }
-    if (word == "gpu" || word == "auto") {
-        const auto gpus = count_gpus(env);
-        if (gpus.count > 0) {
-            return gpus.count;
-        }
-        if (word == "auto") {
-            return count_cpus();
-        }
-        throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
-                                      detail::launch_impl::show(name, text), gpus.source)};
-    }
-    const auto count = detail::launch_impl::to_integer(word);
-    if (!count || *count < 1 || *count > 1'000'000) {
-        throw usage_error{fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
-    }
-    return static_cast<int>(*count);
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/launch/nproc.hpp ----
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <array>
-#include <cctype>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <variant>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// The outcome of --help or --version: text for standard output, and exit status 0.
-struct help_request {
-    std::string text;
-};
-
-/// What parse_launch_config() gives: a validated configuration, or text to print and exit 0.
-using launch_parse_result = std::variant<launch_config, help_request>;
-
-namespace detail::launch_impl {
-
-/// How far elastic goes with an option (docs/cli.md has the same three states per option).
-enum class option_state {
-    implemented,    ///< parsed, validated, typed into launch_config, consumed by a later component
-    compatibility,  ///< accepted and checked; explained in --help: nothing to do for native workers
-    refused,        ///< not implemented yet: refused with a message when given a non-default value
-};
-
-/// One torchrun option. `dest` is argparse's dest; its PET_ variable is PET_<DEST upper-cased>.
-struct option_spec {
-    std::string_view names;    ///< CLI11 names: every spelling
-    std::string_view dest;     ///< nproc_per_node
-    bool flag;                 ///< a flag (no value)
-    bool has_env;              ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
-    std::string_view metavar;  ///< value placeholder in --help
-    std::string_view fallback; ///< default as --help shows it
-    option_state state;
-    int group;
-    std::string_view help;
-};
-
-inline constexpr std::array<std::string_view, 8> option_groups{{
-    "How the program runs",
-    "Workers on this node",
-    "Nodes and rendezvous",
-    "Static rendezvous (--rdzv-backend=static, the default)",
-    "Failures, restarts and shutdown",
-    "Output and logs",
-    "Accepted for torchrun compatibility (they matter only to Python function workers)",
-    "Not implemented yet (refused when given)",
-}};
-
-// clang-format off
-inline constexpr std::array<option_spec, 35> option_specs{{
-    {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
-     "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
-    {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
-     "Run the program directly, even a .py file. An executable (anything but a .py file) already runs "
-     "directly without it."},
-    {"--run-path,--run_path", "run_path", true, true, "", "off", option_state::compatibility, 6,
-     "torchrun runs the script inside its own Python process (runpy); elastic has no Python inside, so the "
-     "script runs as $PYTHON_EXEC -u script, as without the flag."},
-    {"--nproc-per-node,--nproc_per_node", "nproc_per_node", false, true, "N|cpu|gpu|auto", "1",
-     option_state::implemented, 1,
-     "Workers on this node: a number; cpu, one per CPU this process may run on; gpu, one per GPU "
-     "(CUDA_VISIBLE_DEVICES if set, else nvidia-smi -L; an error if there is none); auto, one per GPU if "
-     "there are any, else one per CPU."},
-    {"--role", "role", false, true, "NAME", "default", option_state::implemented, 1,
-     "Role of the workers: their ROLE_NAME and the prefix of their output lines."},
-    {"--virtual-local-rank,--virtual_local_rank", "virtual_local_rank", true, true, "", "off",
-     option_state::implemented, 1,
-     "Give every worker LOCAL_RANK=0 and a CUDA_VISIBLE_DEVICES narrowed to its one GPU."},
-    {"--nnodes", "nnodes", false, true, "N|MIN:MAX", "1:1", option_state::implemented, 2,
-     "Number of nodes, or the elastic range MIN:MAX (0 < MIN <= MAX); a range needs a dynamic backend."},
-    {"--rdzv-backend,--rdzv_backend", "rdzv_backend", false, true, "static|c10d|etcd-v3", "static",
-     option_state::implemented, 2,
-     "Rendezvous implementation: static (fixed membership, node 0 hosts the store at --master-addr), c10d "
-     "(elastic, a TCP store hosted by one agent at --rdzv-endpoint) or etcd-v3 (elastic, an etcd server's "
-     "v3 API). torchrun's etcd and etcd-v2 use etcd's removed v2 API and are refused."},
-    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT]", "", option_state::implemented,
-     2,
-     "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
-     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port."},
-    {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
-     "Job id shared by every node of the job; it namespaces the rendezvous."},
-    {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
-     "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
-     "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
-     "(tcp), use_libuv (accepted, no effect), workers_store_peers (members: group rank 0's workers' store "
-     "accepts the round's nodes' addresses only; any: every peer, for NAT between the nodes). etcd-v3: the "
-     "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
-     "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
-     "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
-     "itself). A key the backend does not read is an error."},
-    {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
-     "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
-     "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
-    {"--node-rank,--node_rank", "node_rank", false, true, "RANK", "0", option_state::implemented, 2,
-     "This node's rank: required by the static rendezvous (0 to N-1) and honoured by c10d and etcd-v3 when "
-     "given (torchrun's c10d ignores it)."},
-    {"--local-addr,--local_addr", "local_addr", false, true, "ADDR", "this host's name", option_state::implemented,
-     2,
-     "Address this node advertises to the others (and as MASTER_ADDR when it hosts the workers' store)."},
-    {"--master-addr,--master_addr", "master_addr", false, true, "ADDR", "127.0.0.1", option_state::implemented, 3,
-     "Address of node 0, which hosts the store."},
-    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500", option_state::implemented, 3,
-     "Port of that store; 0 picks a free one (single node only)."},
-    {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
-     "Restarts of the worker group allowed after failures before the job fails."},
-    {"--restart-backoff,--restart_backoff", "restart_backoff", false, true, "INITIAL:CAP[:RESET]", "none",
-     option_state::implemented, 4,
-     "Wait before each restart: INITIAL, doubled for each failure in a row up to CAP, shortened by up to 10% "
-     "at random; a group that ran RESET (default 10min) starts over at INITIAL. Durations such as 500ms, 2s, "
-     "1min, 1h (a bare number counts seconds). Example: 1s:1min."},
-    {"--restart-window,--restart_window", "restart_window", false, true, "N/PERIOD", "none",
-     option_state::implemented, 4,
-     "At most N restarts within any PERIOD, such as 5/1h; the next failure stops the job. A budget that "
-     "renews, where --max-restarts counts for the whole job."},
-    {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
-     option_state::implemented, 4,
-     "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
-     "and ranges (1,75-78), signals (any signal, or exit code 128+N) and signal names (SIGKILL)."},
-    {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
-     option_state::implemented, 4,
-     "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
-     "N-th such start in a row stops the job. Example: 30s."},
-    {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
-     "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
-     "Grace period between the stop signal sent to the workers and SIGKILL."},
-    {"--signals-to-handle,--signals_to_handle", "signals_to_handle", false, true, "SIG,...",
-     "SIGTERM,SIGINT,SIGHUP,SIGQUIT", option_state::implemented, 4,
-     "Signals the agent traps and forwards to every worker's process group (add SIGUSR1,SIGUSR2 for Slurm)."},
-    {"--monitor-interval,--monitor_interval", "monitor_interval", false, true, "SECONDS", "0.1",
-     option_state::compatibility, 4,
-     "Accepted and checked (>= 0) for compatibility: torchrun polls its workers at this interval; elastic "
-     "learns of every exit the moment it happens, so it has nothing to poll."},
-    {"--log-dir,--log_dir", "log_dir", false, true, "DIR", "a new temporary directory", option_state::implemented,
-     5,
-     "Base directory of the log tree <run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
-     "error.json; /dev/null writes no files."},
-    {"-r,--redirects", "redirects", false, true, "0-3|LR:N,...", "0", option_state::implemented, 5,
-     "Send worker streams to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, "
-     "such as 0:3,1:2."},
-    {"-t,--tee", "tee", false, true, "0-3|LR:N,...", "0", option_state::implemented, 5,
-     "Like --redirects, but also copy the lines to the console with a prefix such as [default0]:."},
-    {"--local-ranks-filter,--local_ranks_filter", "local_ranks_filter", false, true, "LR,...", "every rank",
-     option_state::implemented, 5,
-     "Only these local ranks' output reaches the console (files keep everything)."},
-    {"--start-method,--start_method", "start_method", false, true, "spawn|fork|forkserver", "spawn",
-     option_state::compatibility, 6,
-     "Python's multiprocessing start method for function workers; a program always starts as a new process "
-     "(fork and exec), so the value is checked and changes nothing."},
-    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "null|console|file:PATH", "null",
-     option_state::implemented, 5,
-     "Where the agent's events go, one JSON line each (torch's Event): null, none; console, stderr; "
-     "file:PATH, appended to PATH."},
-    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
-     "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
-    {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
-     option_state::refused, 7,
-     "NUMA binding of each worker."},
-    {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
-     "", option_state::refused, 7,
-     "Copy matching tee'd stdout lines to filtered_stdout.log."},
-    {"--duplicate-stderr-filters,--duplicate_stderr_filters", "duplicate_stderr_filters", false, true, "TEXT,...",
-     "", option_state::refused, 7,
-     "Copy matching tee'd stderr lines to filtered_stderr.log."},
-    {"-h,--help", "help", true, false, "", "", option_state::implemented, -1, "Show this help and exit."},
-}};
-// clang-format on
-
-[[nodiscard]] inline std::string env_name(const option_spec& spec) {
-    std::string name = "PET_";
-    for (const char c : spec.dest) {
-        name += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    }
-    return name;
-}
-
-/// "--nproc-per-node, --nproc_per_node" from "--nproc-per-node,--nproc_per_node".
-[[nodiscard]] inline std::string spellings(const option_spec& spec) {
-    std::string out{spec.names};
-    for (std::size_t at = out.find(','); at != std::string::npos; at = out.find(',', at + 2)) {
-        out.insert(at + 1, " ");
-    }
-    return out;
-}
-
-/// The canonical (first long) name, as messages use it.
-[[nodiscard]] inline std::string_view long_name(const option_spec& spec) {
-    const auto at = spec.names.find("--");
-    const auto end = spec.names.find(',', at);
-    return spec.names.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
-}
-
-/// Appends `text` wrapped at `width` columns, every line indented by `indent`.
-inline void wrap(std::string& out, std::string_view text, std::size_t indent, std::size_t width) {
-    std::size_t column = 0;
-    for (const auto word : split(text, ' ')) {
-        if (word.empty()) {
-            continue;
-        }
-        if (column > 0 && column + 1 + word.size() > width) {
-            out += '\n';
-            column = 0;
-        }
-        if (column == 0) {
-            out.append(indent, ' ');
-            column = indent;
-        } else {
-            out += ' ';
-            ++column;
-        }
-        out += word;
-        column += word.size();
-    }
-    out += '\n';
-}
-
-}  // namespace detail::launch_impl
-
-/// The --help text: usage, the program, every option by group with its spellings, default and
-/// PET_ variable, the other variables read, and the exit status of a usage error.
-[[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
-    constexpr std::size_t width = 100;
-    std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
-    detail::launch_impl::wrap(out,
-                 "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
-                 "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-                 "environment.",
-                 0, width);
-    out += "\nThe program and its arguments (after all options):\n";
-    detail::launch_impl::wrap(out,
-                 "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
-                 "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
-                 "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
-                 "before a program whose name starts with '-'.",
-                 2, width);
-    for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
-        out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
-        for (const auto& spec : detail::launch_impl::option_specs) {
-            if (spec.group != group) {
-                continue;
-            }
-            out += "  " + detail::launch_impl::spellings(spec);
-            if (!spec.flag) {
-                out += fmt::format(" {}", spec.metavar);
-            }
-            out += '\n';
-            std::string help{spec.help};
-            std::string facts;
-            if (!spec.fallback.empty()) {
-                facts = fmt::format("default: {}", spec.fallback);
-            }
-            if (spec.has_env) {
-                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch_impl::env_name(spec));
-            }
-            if (!facts.empty()) {
-                help += fmt::format(" [{}]", facts);
-            }
-            detail::launch_impl::wrap(out, help, 6, width);
-        }
-    }
-    out += "\nOther:\n  -h, --help\n";
-    detail::launch_impl::wrap(out, "Show this help and exit.", 6, width);
-    out += "  --version\n";
-    detail::launch_impl::wrap(out, "Show elastic's version and exit.", 6, width);
-    out += "\nEnvironment variables also read:\n";
-    constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
-        {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
-        {"PATH", "Where a program named without a '/' is found, as execvp does."},
-        {"CUDA_VISIBLE_DEVICES", "The GPUs --nproc-per-node=gpu|auto counts (else nvidia-smi -L)."},
-        {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "Default of --shutdown-timeout."},
-        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
-         "Prefix of tee'd lines, with ${role_name}, ${local_rank}, ${rank} (default [${role_name}${local_rank}]:)."},
-        {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
-    }};
-    for (const auto& [name, text] : variables) {
-        out += fmt::format("  {}\n", name);
-        detail::launch_impl::wrap(out, text, 6, width);
-    }
-    out += "\n";
-    detail::launch_impl::wrap(out,
-                 "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
-                 "line and exits with status 2 before any worker starts.",
-                 0, width);
-    return out;
-}
-
-namespace detail::launch_impl {
-
-/// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
-struct raw_option {
-    std::string text;
-    std::string name;
-    bool from_env = false;
-};
-
-/// An argument "--opt=" with an empty value would make CLI11 take the next argument as the value
-/// (argparse takes the empty string). argv can hold no NUL, so a trailing NUL marks it; it is
-/// removed again from values and from the program's arguments.
-inline constexpr char empty_mark = '\0';
-
-inline void unmark(std::string& text) {
-    if (!text.empty() && text.back() == empty_mark) {
-        text.pop_back();
-    }
-}
-
-/// The torchrun-style message for a CLI11 parse error, on one line.
-[[nodiscard]] inline std::string describe_parse_error(const CLI::ParseError& e) {
-    std::string message = e.what();
-    std::replace(message.begin(), message.end(), '\n', ' ');
-    if (e.get_name() == "ArgumentMismatch" && message.find("flag override") != std::string::npos) {
-        const auto name = message.substr(0, message.find(' '));
-        return fmt::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
-    }
-    if (e.get_name() == "ArgumentMismatch" && message.find("required") != std::string::npos) {
-        return fmt::format("{} needs a value", message.substr(0, message.find(':')));
-    }
-    return message;
-}
-
-}  // namespace detail::launch_impl
-
-/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
-/// program and its arguments, which pass through untouched. Every option falls back on its
-/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
-/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
-/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
-[[nodiscard]] inline launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
-                                                             std::string_view program_name = "elasticrun") {
-    using detail::launch_impl::option_specs;
-    CLI::App app{"", std::string{program_name}};
-    app.prefix_command();
-    app.set_help_flag();
-    app.set_version_flag("--version", fmt::format("{} (elastic) {}", program_name, version_string));
-    std::array<CLI::Option*, option_specs.size()> options{};
-    for (std::size_t i = 0; i < option_specs.size(); ++i) {
-        const auto& spec = option_specs[i];
-        const std::string names{spec.names};
-        if (spec.flag) {
-            options[i] = app.add_flag(names)->disable_flag_override();
-        } else {
-            options[i] = app.add_option(names)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-        }
-    }
-    for (auto& arg : args) {
-        if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
-            arg += detail::launch_impl::empty_mark;
-        }
-    }
-    std::reverse(args.begin(), args.end());
-    try {
-        app.parse(args);
-    } catch (const CLI::CallForVersion& e) {
-        return help_request{std::string{e.what()} + "\n"};
-    } catch (const CLI::ParseError& e) {
-        throw usage_error{detail::launch_impl::describe_parse_error(e)};
-    }
-    const auto index_of = [&](std::string_view dest) {
-        for (std::size_t i = 0; i < option_specs.size(); ++i) {
-            if (option_specs[i].dest == dest) {
-                return i;
-            }
-        }
-        throw std::logic_error("elastic: unknown option dest");
-    };
-    if (options[index_of("help")]->count() > 0) {
-        return help_request{help_text(program_name)};
-    }
-
-    // ---- the program and its arguments: everything from the first positional on ----
-    auto rest = app.remaining();
-    for (auto& arg : rest) {
-        detail::launch_impl::unmark(arg);
-    }
-    bool after_marker = false;
-    if (!rest.empty() && rest.front() == "--") {
-        rest.erase(rest.begin());
-        after_marker = true;
-    }
-    if (!rest.empty() && !after_marker && rest.front().size() > 1 && rest.front().front() == '-') {
-        throw usage_error{fmt::format("unrecognized option {} (see --help; the program and its arguments come after "
-                                      "the options)",
-                                      rest.front())};
-    }
-    if (rest.empty()) {
-        throw usage_error{fmt::format("no program to run (usage: {} [options] program [args...])", program_name)};
-    }
-
-    // ---- each option's text: the command line, else PET_<DEST> ----
-    detail::launch_impl::option_labels labels;  // messages name the PET_ variable a value came from
-    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
-        const auto i = index_of(dest);
-        const auto& spec = option_specs[i];
-        if (options[i]->count() > 0 && !options[i]->results().empty()) {
-            auto text = options[i]->results().back();
-            detail::launch_impl::unmark(text);
-            return detail::launch_impl::raw_option{text, std::string{detail::launch_impl::long_name(spec)}, false};
-        }
-        if (spec.has_env) {
-            const auto name = detail::launch_impl::env_name(spec);
-            if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
-                labels.from_env.insert_or_assign(std::string{dest}, name);
-                return detail::launch_impl::raw_option{*value, name, true};
-            }
-        }
-        return std::nullopt;
-    };
-    const auto flag = [&](std::string_view dest) {
-        const auto i = index_of(dest);
-        if (options[i]->count() > 0) {
-            return true;
-        }
-        const auto value = raw(dest);
-        return value && parse_flag_variable(value->text, value->name);
-    };
-    const auto on_command_line = [&](std::string_view dest) { return options[index_of(dest)]->count() > 0; };
-
-    launch_config config;
-
-    // ---- refused and compatibility-only options first: they change how the rest reads ----
-    for (const auto& spec : option_specs) {
-        if (spec.state != detail::launch_impl::option_state::refused) {
-            continue;
-        }
-        const auto value = raw(spec.dest);
-        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
-            continue;
-        }
-        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
-                                      spec.help)};
-    }
-    if (const auto method = raw("start_method")) {
-        const auto word = detail::launch_impl::trim(method->text);
-        if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::launch_impl::show(method->name, method->text))};
-        }
-    }
-
-    // ---- the program ----
-    const bool module = flag("module");
-    const bool no_python = flag("no_python");
-    const bool run_path = flag("run_path");
-    if (static_cast<int>(module) + static_cast<int>(no_python) + static_cast<int>(run_path) > 1) {
-        throw usage_error{"-m/--module, --no-python and --run-path each choose how the program runs; give only one "
-                          "(torchrun: don't use both --no-python and --module)"};
-    }
-    config.program.kind = module      ? program_kind::python_module
-                          : no_python ? program_kind::executable
-                          : run_path  ? program_kind::python_script
-                                      : program_kind::automatic;
-    config.program.target = rest.front();
-    config.program.args.assign(rest.begin() + 1, rest.end());
-    if (const auto* python = detail::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
-        config.program.python = *python;
-    }
-
-    // ---- workers on this node ----
-    if (const auto v = raw("nproc_per_node")) {
-        config.nproc_per_node = resolve_nproc_per_node(v->text, v->name, env);
-    }
-    if (const auto v = raw("role")) {
-        config.role = v->text;
-        if (detail::launch_impl::trim(config.role).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
-        }
-    }
-    config.virtual_local_rank = flag("virtual_local_rank");
-
-    // ---- nodes and rendezvous ----
-    const bool standalone = flag("standalone");
-    if (standalone) {
-        for (const auto dest : {"rdzv_endpoint", "rdzv_id", "master_addr", "master_port"}) {
-            if (on_command_line(dest)) {
-                throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
-                                              "localhost:0 under a random id",
-                                              detail::launch_impl::long_name(option_specs[index_of(dest)]))};
-            }
-        }
-        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch_impl::trim(v->text) != "c10d") {
-            throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
-                                          detail::launch_impl::show(v->name, v->text))};
-        }
-        if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
-            throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
-                                          detail::launch_impl::show(v->name, v->text))};
-        }
-        use_standalone(config);
-    } else {
-        if (const auto v = raw("nnodes")) {
-            config.nnodes = parse_node_range(v->text, v->name);
-        }
-        if (const auto v = raw("rdzv_backend")) {
-            config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
-        }
-        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch_impl::trim(v->text).empty()) {
-            config.rdzv_endpoint = parse_host_port(v->text, v->name);
-        }
-        if (const auto v = raw("rdzv_id")) {
-            config.rdzv_id = v->text;
-            if (detail::launch_impl::trim(config.rdzv_id).empty()) {
-                throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
-            }
-        }
-    }
-    if (const auto v = raw("rdzv_conf")) {
-        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend);
-    }
-    if (const auto v = raw("node_rank")) {
-        config.node_rank = parse_integer(v->text, v->name, 0);
-    }
-    if (const auto v = raw("local_addr")) {
-        config.local_addr = parse_host(v->text, v->name);
-    }
-    // Schedulers (Kubeflow's training operator among them) export PET_MASTER_ADDR/PORT for every
-    // job; they only mean something to a static rendezvous without --rdzv-endpoint, so from the
-    // environment they are dropped elsewhere, while on the command line they are errors there.
-    const bool static_store = config.rdzv_backend == rendezvous_backend::static_ && !config.rdzv_endpoint;
-    if (const auto v = raw("master_addr"); v && (static_store || !v->from_env)) {
-        config.master_addr = parse_host(v->text, v->name);
-    }
-    if (const auto v = raw("master_port"); v && (static_store || !v->from_env)) {
-        config.master_port = static_cast<std::uint16_t>(parse_integer(v->text, v->name, 0, 65535));
-    }
-
-    // ---- failures, restarts and shutdown ----
-    if (const auto v = raw("max_restarts")) {
-        config.max_restarts = parse_integer(v->text, v->name, 0);
-    }
-    if (const auto v = raw("restart_backoff")) {
-        config.restart_backoff = parse_backoff_spec(v->text, v->name);
-    }
-    if (const auto v = raw("restart_window")) {
-        config.restart_window = parse_window_spec(v->text, v->name);
-    }
-    if (const auto v = raw("restart_on_exit")) {
-        config.restart_on_exit = parse_exit_code_set(v->text, v->name);
-    }
-    if (const auto v = raw("restart_crash_guard")) {
-        config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
-    }
-    if (const auto v = raw("shutdown_timeout")) {
-        config.shutdown_timeout = parse_seconds(v->text, v->name, true);
-    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
-        config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
-    }
-    if (const auto v = raw("signals_to_handle")) {
-        config.signals_to_handle = parse_signals(v->text, v->name);
-    }
-    if (const auto v = raw("monitor_interval")) {
-        config.monitor_interval = parse_seconds(v->text, v->name, true);
-    }
-
-    // ---- output and logs ----
-    if (const auto v = raw("log_dir")) {
-        if (detail::launch_impl::trim(v->text).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
-        }
-        config.log_dir = std::filesystem::path{v->text};
-    }
-    if (const auto v = raw("redirects")) {
-        config.redirects = parse_stream_selection(v->text, v->name);
-    }
-    if (const auto v = raw("tee")) {
-        config.tee = parse_stream_selection(v->text, v->name);
-    }
-    if (const auto v = raw("local_ranks_filter")) {
-        config.local_ranks_filter = parse_local_ranks(v->text, v->name);
-    }
-    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
-        config.log_line_prefix_template = *t;
-    }
-    if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
-        config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
-    }
-    if (const auto v = raw("event_log_handler")) {
-        const auto destination = event_destination::parse(v->text);
-        if (!destination) {
-            throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(v->name, v->text),
-                                          event_destination::accepted)};
-        }
-        config.event_log_handler = *destination;
-    }
-
-    detail::launch_impl::validate(config, env, labels);
-    return config;
-}
-
-/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
-/// component ("elasticrun" when argv[0] is missing).
-[[nodiscard]] inline launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
-    std::vector<std::string> args;
-    for (int i = 1; i < argc; ++i) {
-        args.emplace_back(argv[i]);
-    }
-    std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
-    if (const auto slash = name.rfind('/'); slash != std::string_view::npos && slash + 1 < name.size()) {
-        name.remove_prefix(slash + 1);
-    }
-    return parse_launch_config(std::move(args), env, name);
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/launch/cli.hpp ----
-// ---- begin elastic/launch/default_policy.hpp ----
-// make_default_policy(config): the default policy (policy/default_policy.hpp) from a parsed
-// command line.
-
-// ---- begin elastic/policy/default_policy.hpp ----
-// make_default_policy(settings): the restart policy elasticrun runs under, built from
-// --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
-
-// ---- begin elastic/policy/backoff.hpp ----
-// backoff: wait before each restart, exponentially longer for failures in a row, capped, with
-// jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
-
-// ---- begin elastic/policy/clock.hpp ----
-// Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
-// asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
-
-
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/system_error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <concepts>
-#include <cstddef>
-#include <memory>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/*
- * policy_clock: where a restart policy reads the time and how it waits.
- *
- *   std::chrono::steady_clock::time_point now() const;
- *   asio::awaitable<void> sleep(std::chrono::steady_clock::duration) const;
- *
- * - now() is on the steady clock's scale, the scale of group_failure::started / failed.
- * - sleep() completes after the duration (at once for zero or less) on the awaiting coroutine's
- *   executor, and is cancellable like an Asio timer: a cancelled sleep throws
- *   asio::system_error(operation_aborted), so an agent racing the policy against a signal is
- *   never held up by a backoff.
- * - Copies share one time: a policy holds its clock by value.
- */
-template <class C>
-concept policy_clock = std::copy_constructible<C> &&
-                       requires(const C& c, std::chrono::steady_clock::duration d) {
-                           { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
-                           { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
-                       };
-
-/// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
-struct steady_policy_clock {
-    [[nodiscard]] std::chrono::steady_clock::time_point now() const noexcept {
-        return std::chrono::steady_clock::now();
-    }
-
-    /// Static in substance: the timer lives in the coroutine frame, not in the clock.
-    asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
-        if (d <= std::chrono::steady_clock::duration::zero()) co_return;
-        asio::steady_timer timer(co_await asio::this_coro::executor, d);
-        co_await timer.async_wait(asio::use_awaitable);
-    }
-};
-
-static_assert(policy_clock<steady_policy_clock>);
-
-/// A clock for tests: now() stands still until advance(); a sleep completes when advance() has
-/// moved the time to or past its deadline. Nothing sleeps for real. Copies share the time.
-///
-/// A pending sleep is an asio::steady_timer set to expire never; advance() cancels the timers
-/// whose deadline has come, marking them woken, so the coroutine resumes on its own executor
-/// through the ordinary completion path (and a real cancellation, unmarked, still throws).
-class manual_policy_clock {
-public:
-    using time_point = std::chrono::steady_clock::time_point;
-    using duration = std::chrono::steady_clock::duration;
-
-    /// Time starts at `start`: by default one day past the steady clock's epoch, so that
-    /// `now() - window` never goes below the epoch.
-    explicit manual_policy_clock(time_point start = time_point{} + std::chrono::hours(24))
-        : state_(std::make_shared<state>()) {
-        state_->now = start;
-    }
-
-    [[nodiscard]] time_point now() const noexcept { return state_->now; }
-
-    asio::awaitable<void> sleep(duration d) const {
-        const auto shared = state_;  // the clock object may go before the sleep ends
-        shared->requested.push_back(d);
-        if (d <= duration::zero()) co_return;
-        asio::steady_timer timer(co_await asio::this_coro::executor, time_point::max());
-        sleeper me{shared->now + d, &timer, false};
-        shared->sleepers.push_back(&me);
-        struct unlist {
-            state* s;
-            sleeper* me;
-            ~unlist() { std::erase(s->sleepers, me); }
-        } guard{shared.get(), &me};
-        asio::error_code ignored;  // woken or cancelled: `woken` tells which
-        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
-        if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
-    }
-
-    /// Moves the time forward by `d` and wakes every sleep whose deadline has come (they resume
-    /// when their io_context next runs handlers).
-    void advance(duration d) {
-        state_->now += d;
-        for (auto* s : state_->sleepers) {
-            if (!s->woken && s->deadline <= state_->now) {
-                s->woken = true;
-                s->timer->cancel();
-            }
-        }
-    }
-
-    /// Sleeps begun and not finished.
-    [[nodiscard]] std::size_t sleeping() const noexcept { return state_->sleepers.size(); }
-
-    /// The deadline of the earliest pending sleep, or time_point::max() when none.
-    [[nodiscard]] time_point next_deadline() const noexcept {
-        time_point next = time_point::max();
-        for (const auto* s : state_->sleepers) next = std::min(next, s->deadline);
-        return next;
-    }
-
-    /// Every duration sleep() was called with, in order (zero ones included).
-    [[nodiscard]] const std::vector<duration>& sleeps() const noexcept { return state_->requested; }
-
-private:
-    struct sleeper {
-        time_point deadline;
-        asio::steady_timer* timer;
-        bool woken;
-    };
-    struct state {
-        time_point now{};
-        std::vector<sleeper*> sleepers;
-        std::vector<duration> requested;
-    };
-    std::shared_ptr<state> state_;
-};
-
-static_assert(policy_clock<manual_policy_clock>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/clock.hpp ----
-// ---- begin elastic/policy/combinators.hpp ----
-// Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
-// built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
-
-// ---- begin elastic/policy/concepts.hpp ----
-// The restart_policy concept: a coroutine awaited with a worker group's failure that answers
-// restart (after whatever delay it awaits itself) or stop, with a reason in words.
-
-
-#include <asio/awaitable.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <concepts>
-#include <optional>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// A worker group's failure, as a restart policy sees it.
-///
-/// `workers` holds every worker that did not succeed, in report form (report/failure.hpp):
-/// those that failed on their own (`failure_state::failed`: exit code or signal, error file,
-/// stderr tail, when the agent saw the exit) and those the agent then stopped
-/// (`failure_state::stopped_by_agent`). The helpers below answer the usual questions.
-struct group_failure {
-    /// The failed and the stopped workers of the group (not those that had exited 0).
-    std::vector<worker_failure> workers;
-    /// Restarts of the group so far in this job (0 at the first failure). The count workers see
-    /// as TORCHELASTIC_RESTART_COUNT during the attempt that failed.
-    int restarts = 0;
-    /// When the failed attempt's workers had all been started.
-    std::chrono::steady_clock::time_point started{};
-    /// When the agent saw the first failure (the end of the healthy period).
-    std::chrono::steady_clock::time_point failed{};
-
-    /// How long the group ran healthy before the first failure.
-    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
-        return failed - started;
-    }
-
-    /// The workers that failed on their own (never those the agent stopped).
-    [[nodiscard]] std::vector<const worker_failure*> failures() const {
-        std::vector<const worker_failure*> out;
-        for (const auto& w : workers) {
-            if (w.state == failure_state::failed) out.push_back(&w);
-        }
-        return out;
-    }
-
-    /// The root cause: the first failure by time (report's root_cause rule); null when no
-    /// worker failed on its own.
-    [[nodiscard]] const worker_failure* root_cause() const noexcept {
-        const auto i = elastic::root_cause(std::span<const worker_failure>(workers));
-        return i ? &workers[*i] : nullptr;
-    }
-
-    /// The local ranks and global ranks that failed on their own, in rank order.
-    [[nodiscard]] std::vector<int> failed_local_ranks() const {
-        std::vector<int> out;
-        for (const auto* w : failures()) out.push_back(w->local_rank);
-        std::sort(out.begin(), out.end());
-        return out;
-    }
-    [[nodiscard]] std::vector<int> failed_global_ranks() const {
-        std::vector<int> out;
-        for (const auto* w : failures()) out.push_back(w->global_rank);
-        std::sort(out.begin(), out.end());
-        return out;
-    }
-};
-
-/// What a policy answers.
-struct restart_decision {
-    enum class action { restart, stop };
-
-    action what = action::stop;
-    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
-    std::string reason;
-
-    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
-
-    static restart_decision restart_because(std::string why) {
-        return {action::restart, std::move(why)};
-    }
-    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
-};
-
-/*
- * restart_policy: what a model must provide and what it promises.
- *
- *   asio::awaitable<restart_decision> operator()(const group_failure& failure);
- *
- * - The agent awaits it once per failed attempt, after the group has been stopped, on the
- *   agent's io_context (one thread: a policy needs no locks). The failure lives until the
- *   awaitable completes.
- * - A policy may await anything before answering (a backoff timer, a store, an operator): the
- *   agent races the await against the signals it handles, so a policy must be cancellable at
- *   its suspension points (Asio's timers and sockets are).
- * - It may keep state across calls (a budget spent, a window of failures); the agent holds
- *   one object for the whole job and calls it through a non-const reference.
- * - Combinators (`a | b`: the first to say stop wins, delays add up) take models by value and
- *   are models themselves; that is why the call is the only requirement.
- */
-template <class P>
-concept restart_policy = std::move_constructible<P> && requires(P& p, const group_failure& f) {
-    { p(f) } -> std::same_as<asio::awaitable<restart_decision>>;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/concepts.hpp ----
-
-#include <asio/awaitable.hpp>
-
-#include <array>
-#include <chrono>
-#include <concepts>
-#include <cstddef>
-#include <memory>
-#include <optional>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// What a planned policy would answer, before anything is awaited or counted.
-struct restart_plan {
-    restart_decision decision;
-    /// Awaited (through the policy's wait()) before the restart; zero for none.
-    std::chrono::steady_clock::duration delay{};
-};
-
-/*
- * planned_restart_policy: a restart_policy split in three steps, so that a chain can ask every
- * part before any of them waits or counts.
- *
- *   restart_plan plan(const group_failure&);          // decide; no waiting, no state change
- *   asio::awaitable<void> wait(steady_clock::duration);  // the delay, on the policy's clock
- *   void commit(const group_failure&);                 // the restart is happening: count it
- *
- * Calling the policy alone is plan(), then on restart wait(delay) and commit(): every built-in
- * model (backoff, restart_window, exit_code_policy, crash_loop_guard) is one.
- */
-template <class P>
-concept planned_restart_policy =
-    restart_policy<P> && requires(P& p, const group_failure& f, std::chrono::steady_clock::duration d) {
-        { p.plan(f) } -> std::same_as<restart_plan>;
-        { p.wait(d) } -> std::same_as<asio::awaitable<void>>;
-        p.commit(f);
-    };
-
-namespace detail::policy_impl {
-
-/// A planned policy called alone: plan, wait, count. A cancelled wait counts nothing.
-template <class P>
-asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& failure) {
-    auto plan = policy.plan(failure);
-    if (plan.decision.restart()) {
-        if (plan.delay > std::chrono::steady_clock::duration::zero()) co_await policy.wait(plan.delay);
-        policy.commit(failure);
-    }
-    co_return std::move(plan.decision);
-}
-
-}  // namespace detail::policy_impl
-
-/// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
-/// and nothing after it is asked); when all answer restart the delays add up and the reasons are
-/// joined with "; ". Planned parts (the built-in models) only plan while the chain asks: their
-/// delays are awaited after the last part has said restart, then every planned part counts the
-/// restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
-/// that happen. Any other part is awaited in its turn (it may wait for whatever it likes).
-template <class... Parts>
-class policy_chain {
-    static_assert(sizeof...(Parts) > 0, "a policy_chain needs a part");
-
-public:
-    explicit policy_chain(Parts... parts) : parts_(std::move(parts)...) {}
-    explicit policy_chain(std::tuple<Parts...> parts) : parts_(std::move(parts)) {}
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        progress p;
-        auto stop = co_await consult<0>(failure, p);
-        if (stop) co_return std::move(*stop);
-        co_await wait_all<0>(p);
-        commit_all<0>(failure);
-        co_return restart_decision::restart_because(std::move(p.reason));
-    }
-
-    /// The parts, for inspection (a test's, or a launcher's log).
-    [[nodiscard]] std::tuple<Parts...>& parts() noexcept { return parts_; }
-    [[nodiscard]] const std::tuple<Parts...>& parts() const noexcept { return parts_; }
-    [[nodiscard]] std::tuple<Parts...> release() && { return std::move(parts_); }
-
-private:
-    struct progress {
-        std::array<std::chrono::steady_clock::duration, sizeof...(Parts)> delays{};
-        std::string reason;
-
-        void add(const std::string& why) {
-            if (why.empty()) return;
-            if (!reason.empty()) reason += "; ";
-            reason += why;
-        }
-    };
-
-    template <std::size_t I>
-    asio::awaitable<std::optional<restart_decision>> consult(const group_failure& failure, progress& p) {
-        if constexpr (I == sizeof...(Parts)) {
-            co_return std::nullopt;
-        } else {
-            auto& part = std::get<I>(parts_);
-            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
-                auto plan = part.plan(failure);
-                if (!plan.decision.restart()) co_return std::move(plan.decision);
-                p.delays[I] = plan.delay;
-                p.add(plan.decision.reason);
-            } else {
-                auto decision = co_await part(failure);
-                if (!decision.restart()) co_return std::move(decision);
-                p.add(decision.reason);
-            }
-            co_return co_await consult<I + 1>(failure, p);
-        }
-    }
-
-    template <std::size_t I>
-    asio::awaitable<void> wait_all(const progress& p) {
-        if constexpr (I < sizeof...(Parts)) {
-            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
-                if (p.delays[I] > std::chrono::steady_clock::duration::zero()) {
-                    co_await std::get<I>(parts_).wait(p.delays[I]);
-                }
-            }
-            co_await wait_all<I + 1>(p);
-        }
-        co_return;
-    }
-
-    template <std::size_t I>
-    void commit_all(const group_failure& failure) {
-        if constexpr (I < sizeof...(Parts)) {
-            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
-                std::get<I>(parts_).commit(failure);
-            }
-            commit_all<I + 1>(failure);
-        }
-    }
-
-    std::tuple<Parts...> parts_;
-};
-
-namespace detail::policy_impl {
-
-template <class T>
-struct is_chain : std::false_type {};
-template <class... Ps>
-struct is_chain<policy_chain<Ps...>> : std::true_type {};
-
-template <class P>
-auto parts_of(P&& p) {
-    using D = std::remove_cvref_t<P>;
-    if constexpr (is_chain<D>::value) {
-        if constexpr (std::is_lvalue_reference_v<P>) {
-            return p.parts();
-        } else {
-            return std::move(p).release();
-        }
-    } else {
-        return std::tuple<D>(std::forward<P>(p));
-    }
-}
-
-template <class... Ps>
-policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
-    return policy_chain<Ps...>(std::move(parts));
-}
-
-}  // namespace detail::policy_impl
-
-/// A chain of the given policies, flattened (a chain given as a part contributes its parts).
-template <class... Ps>
-    requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
-auto chain(Ps&&... policies) {
-    return detail::policy_impl::chain_of_tuple(
-        std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
-}
-
-/// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
-/// is an elastic type; for two policies of your own write `elastic::chain(a, b)` or
-/// `using elastic::operator|;`.
-template <class A, class B>
-    requires restart_policy<std::remove_cvref_t<A>> && restart_policy<std::remove_cvref_t<B>>
-auto operator|(A&& a, B&& b) {
-    return chain(std::forward<A>(a), std::forward<B>(b));
-}
-
-/// A planned policy that may be absent (a flag not given): absent, it answers restart with no
-/// reason, no delay and nothing to count.
-template <class P>
-    requires planned_restart_policy<P>
-class optional_policy {
-public:
-    optional_policy() = default;
-    explicit optional_policy(std::optional<P> policy) : policy_(std::move(policy)) {}
-
-    [[nodiscard]] bool has_value() const noexcept { return policy_.has_value(); }
-    [[nodiscard]] P* get() noexcept { return policy_ ? &*policy_ : nullptr; }
-
-    restart_plan plan(const group_failure& failure) {
-        if (!policy_) return {restart_decision::restart_because({}), {}};
-        return policy_->plan(failure);
-    }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) {
-        if (policy_) co_await policy_->wait(d);
-    }
-    void commit(const group_failure& failure) {
-        if (policy_) policy_->commit(failure);
-    }
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
-    }
-
-private:
-    std::optional<P> policy_;
-};
-
-/// Any restart policy behind one type (one allocation), for a policy chosen at run time.
-/// Calls forward to the held policy, whose awaitable it returns as is.
-class any_restart_policy {
-public:
-    template <class P>
-        // The same_as test first: it short-cuts the check of restart_policy<any_restart_policy>,
-        // which would ask for this very constructor again (clang recurses).
-        requires(!std::same_as<std::remove_cvref_t<P>, any_restart_policy>) && restart_policy<std::remove_cvref_t<P>>
-    any_restart_policy(P&& policy)  // NOLINT(google-explicit-constructor): a policy is one
-        : impl_(std::make_unique<model<std::remove_cvref_t<P>>>(std::forward<P>(policy))) {}
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) { return impl_->call(failure); }
-
-private:
-    struct base {
-        virtual ~base() = default;
-        virtual asio::awaitable<restart_decision> call(const group_failure& failure) = 0;
-    };
-    template <class P>
-    struct model final : base {
-        explicit model(P p) : policy(std::move(p)) {}
-        asio::awaitable<restart_decision> call(const group_failure& failure) override { return policy(failure); }
-        P policy;
-    };
-    std::unique_ptr<base> impl_;
-};
-
-static_assert(restart_policy<any_restart_policy>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/combinators.hpp ----
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <functional>
-#include <random>
-#include <stdexcept>
-#include <string>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// A source of numbers uniform in [0, 1) for jitter; tests pass a fixed one.
-using uniform_source = std::function<double()>;
-
-/// A uniform_source over std::mt19937_64 seeded from std::random_device.
-[[nodiscard]] inline uniform_source random_uniform_source() {
-    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
-        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
-    };
-}
-
-/// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
-///     min(cap, initial * factor^k) * (1 - jitter * u),   u uniform in [0, 1),
-/// so jitter only shortens a delay and the cap holds. A failure after the group ran healthy for
-/// `reset_after` or longer starts over at k = 0. It always answers restart: pair it with a
-/// budget (`max_restarts(5) | backoff(1s, 1min)`).
-template <policy_clock Clock = steady_policy_clock>
-class basic_backoff {
-public:
-    explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
-        : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
-        if (spec_.initial <= spec_.initial.zero() || spec_.cap < spec_.initial) {
-            throw std::invalid_argument(fmt::format("backoff({}, {}): want 0 < initial <= cap",
-                                                    duration_flag_text(spec_.initial), duration_flag_text(spec_.cap)));
-        }
-        if (!(spec_.factor >= 1.0) || !std::isfinite(spec_.factor) || !(spec_.jitter >= 0.0 && spec_.jitter < 1.0) ||
-            spec_.reset_after < spec_.reset_after.zero()) {
-            throw std::invalid_argument(
-                fmt::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
-                            spec_.factor, spec_.jitter));
-        }
-        if (!uniform_) uniform_ = random_uniform_source();
-    }
-    /// backoff(1s, 1min): the default factor 2, jitter 10 % and reset after 10 min.
-    basic_backoff(std::chrono::milliseconds initial, std::chrono::milliseconds cap, Clock clock = Clock{})
-        : basic_backoff(backoff_spec{initial, cap}, std::move(clock)) {}
-
-    [[nodiscard]] const backoff_spec& spec() const noexcept { return spec_; }
-    /// Restarts counted in the current run of failures (0 after a reset).
-    [[nodiscard]] int in_a_row() const noexcept { return in_a_row_; }
-
-    restart_plan plan(const group_failure& failure) {
-        const bool reset = failure.healthy_for() >= spec_.reset_after;
-        const int k = reset ? 0 : in_a_row_;
-        const double initial_s = std::chrono::duration<double>(spec_.initial).count();
-        const double cap_s = std::chrono::duration<double>(spec_.cap).count();
-        // pow can overflow to inf for large k: min() with the cap handles it.
-        const double base = std::min(cap_s, initial_s * std::pow(spec_.factor, k));
-        const double u = std::clamp(uniform_(), 0.0, 1.0);
-        const double seconds = base * (1.0 - spec_.jitter * u);
-        const auto delay = std::chrono::round<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
-        pending_ = k + 1;
-        std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
-        if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
-        why += fmt::format("; {})", spec_.flag());
-        return {restart_decision::restart_because(std::move(why)), delay};
-    }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
-    void commit(const group_failure&) { in_a_row_ = pending_; }
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
-    }
-
-private:
-    backoff_spec spec_;
-    Clock clock_;
-    uniform_source uniform_;
-    int in_a_row_ = 0;
-    int pending_ = 0;
-};
-
-/// The production backoff (steady clock, random jitter).
-using backoff = basic_backoff<>;
-
-static_assert(planned_restart_policy<backoff>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/backoff.hpp ----
-// ---- begin elastic/policy/crash_loop.hpp ----
-// crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
-// loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
-
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <chrono>
-#include <stdexcept>
-#include <string>
-
-namespace elastic::inline v0 {
-
-/// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
-/// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
-/// A group that ran longer restarts and clears the count.
-class crash_loop_guard {
-public:
-    explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
-        if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
-            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
-                                                    duration_flag_text(spec_.within), spec_.in_a_row));
-        }
-    }
-    /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
-    explicit crash_loop_guard(std::chrono::milliseconds within, int in_a_row = 1)
-        : crash_loop_guard(crash_guard_spec{within, in_a_row}) {}
-
-    [[nodiscard]] const crash_guard_spec& spec() const noexcept { return spec_; }
-
-    restart_plan plan(const group_failure& failure) {
-        const auto ran = failure.healthy_for();
-        const bool early = ran < spec_.within;
-        pending_ = early ? early_ + 1 : 0;
-        if (!early) {
-            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
-                                                                  duration_words(ran), duration_words(spec_.within))),
-                    {}};
-        }
-        if (pending_ >= spec_.in_a_row) {
-            return {restart_decision::stop_because(
-                        spec_.in_a_row == 1
-                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
-                                          "not retried ({})",
-                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
-                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
-                                          "the crash-loop guard of {}: not retried ({})",
-                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
-                    {}};
-        }
-        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
-                                                              "within {} ({})",
-                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
-                                                              duration_words(spec_.within), spec_.flag())),
-                {}};
-    }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
-    void commit(const group_failure&) { early_ = pending_; }
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
-    }
-
-private:
-    crash_guard_spec spec_;
-    int early_ = 0;
-    int pending_ = 0;
-};
-
-static_assert(planned_restart_policy<crash_loop_guard>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/crash_loop.hpp ----
-// ---- begin elastic/policy/exit_codes.hpp ----
-// Exit-code classes: restart only when the root cause ended in a retryable way (a named set of
-// exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
-
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <chrono>
-#include <string>
-
-namespace elastic::inline v0 {
-
-/// Judges the root cause (the first worker to fail, by time: the others usually fail because of
-/// it) against a set of endings. `restart_on_exit(set)`: restart only when it is in the set;
-/// `stop_on_exit(set)`: stop when it is. With no worker failed on its own, it restarts.
-class exit_code_policy {
-public:
-    enum class mode { restart_listed, stop_listed };
-
-    exit_code_policy(exit_code_set set, mode m) : set_(std::move(set)), mode_(m) {}
-
-    [[nodiscard]] const exit_code_set& set() const noexcept { return set_; }
-    [[nodiscard]] mode which() const noexcept { return mode_; }
-    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no flag and
-    /// shows its C++ form.
-    [[nodiscard]] std::string flag() const {
-        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string())
-                                             : fmt::format("stop_on_exit({})", set_.to_string());
-    }
-
-    restart_plan plan(const group_failure& failure) {
-        const auto* root = failure.root_cause();
-        if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
-        const auto& status = root->status;
-        const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
-        const bool listed = set_.contains(status);
-        if (mode_ == mode::restart_listed) {
-            if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
-            return {restart_decision::stop_because(
-                        fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
-                    {}};
-        }
-        if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
-        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
-    }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
-    void commit(const group_failure&) {}
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
-    }
-
-private:
-    exit_code_set set_;
-    mode mode_;
-};
-
-static_assert(planned_restart_policy<exit_code_policy>);
-
-/// Restart only when the root cause's ending is in `set`; stop at once otherwise.
-[[nodiscard]] inline exit_code_policy restart_on_exit(exit_code_set set) {
-    return {std::move(set), exit_code_policy::mode::restart_listed};
-}
-/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
-[[nodiscard]] inline exit_code_policy restart_on_exit(std::string_view text) {
-    return restart_on_exit(parse_exit_code_set(text, "restart_on_exit"));
-}
-/// Stop at once when the root cause's ending is in `set`; otherwise restart.
-[[nodiscard]] inline exit_code_policy stop_on_exit(exit_code_set set) {
-    return {std::move(set), exit_code_policy::mode::stop_listed};
-}
-[[nodiscard]] inline exit_code_policy stop_on_exit(std::string_view text) {
-    return stop_on_exit(parse_exit_code_set(text, "stop_on_exit"));
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/exit_codes.hpp ----
-// ---- begin elastic/policy/max_restarts.hpp ----
-// max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
-
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <stdexcept>
-#include <string>
-
-namespace elastic::inline v0 {
-
-/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
-/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
-///
-/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
-/// than a counter of its own, so a copy of the policy, or one built again after a membership
-/// change, answers the same.
-class max_restarts {
-public:
-    /// `n` >= 0 restarts allowed in the job.
-    explicit max_restarts(int n) : budget_(n) {
-        if (n < 0) {
-            throw std::invalid_argument(
-                fmt::format("max_restarts({}): the budget must be 0 or more", n));
-        }
-    }
-
-    /// The budget.
-    [[nodiscard]] int budget() const noexcept { return budget_; }
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
-        if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(
-                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
-                            budget_));
-        }
-        co_return restart_decision::stop_because(
-            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
-                         : fmt::format("the restart budget is spent: {} of {} restarts made "
-                                       "(--max-restarts={})",
-                                       failure.restarts, budget_, budget_));
-    }
-
-private:
-    int budget_;
-};
-
-static_assert(restart_policy<max_restarts>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/max_restarts.hpp ----
-// ---- begin elastic/policy/window.hpp ----
-// restart_window: at most N restarts within any period, a sliding window
-// (--restart-window=N/PERIOD).
-
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <chrono>
-#include <deque>
-#include <stdexcept>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// A budget per time window: restart while fewer than N restarts were made in the last PERIOD
-/// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
-/// were. Unlike max_restarts, a job that fails rarely runs for ever.
-template <policy_clock Clock = steady_policy_clock>
-class basic_restart_window {
-public:
-    explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
-        if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
-            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
-                                                    spec_.restarts, duration_flag_text(spec_.period)));
-        }
-    }
-    /// restart_window(5, 1h).
-    basic_restart_window(int restarts, std::chrono::milliseconds period, Clock clock = Clock{})
-        : basic_restart_window(window_spec{restarts, period}, std::move(clock)) {}
-
-    [[nodiscard]] const window_spec& spec() const noexcept { return spec_; }
-    /// Restarts made within the last period, as of now.
-    [[nodiscard]] int recent() {
-        forget_old();
-        return static_cast<int>(times_.size());
-    }
-
-    restart_plan plan(const group_failure&) {
-        const int made = recent();
-        if (made >= spec_.restarts) {
-            const auto since = clock_.now() - times_.front();
-            return {restart_decision::stop_because(fmt::format(
-                        "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
-                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
-                    {}};
-        }
-        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
-                                                              spec_.restarts, duration_words(spec_.period),
-                                                              spec_.flag())),
-                {}};
-    }
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
-    void commit(const group_failure&) { times_.push_back(clock_.now()); }
-
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
-    }
-
-private:
-    void forget_old() {
-        const auto now = clock_.now();
-        while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
-    }
-
-    window_spec spec_;
-    Clock clock_;
-    std::deque<std::chrono::steady_clock::time_point> times_;
-};
-
-/// The production window (steady clock).
-using restart_window = basic_restart_window<>;
-
-static_assert(planned_restart_policy<restart_window>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/window.hpp ----
-
-#include <optional>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// The default policy, in this order (the first to say stop wins; docs/policies.md):
-///
-///     restart_on_exit(--restart-on-exit) | crash_loop_guard(--restart-crash-guard)
-///       | max_restarts(--max-restarts) | restart_window(--restart-window) | backoff(--restart-backoff)
-///
-/// each part present only when its option is given, except max_restarts: always there, unless
-/// --restart-window is given with --max-restarts left at 0, where the window is the budget (a
-/// window with no restart allowed at all would mean nothing). With none of the --restart-*
-/// options it answers exactly as max_restarts(--max-restarts). `clock` and `uniform` are for
-/// tests (the window's and the backoff's time, the jitter).
-template <policy_clock Clock = steady_policy_clock>
-[[nodiscard]] any_restart_policy make_default_policy(const restart_settings& settings, Clock clock = Clock{},
-                                                     uniform_source uniform = random_uniform_source()) {
-    optional_policy<exit_code_policy> exits;
-    if (settings.on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*settings.on_exit));
-    optional_policy<crash_loop_guard> guard;
-    if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
-    optional_policy<basic_backoff<Clock>> delay;
-    if (settings.backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock, std::move(uniform)));
-    }
-    if (settings.window) {
-        basic_restart_window<Clock> window(*settings.window, clock);
-        if (settings.max_restarts == 0) {
-            return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
-        }
-        return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(window),
-                     std::move(delay));
-    }
-    return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(delay));
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/default_policy.hpp ----
-
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// make_default_policy(config.restarts(), clock, uniform): the policy elasticrun runs under.
-template <policy_clock Clock = steady_policy_clock>
-[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
-                                                     uniform_source uniform = random_uniform_source()) {
-    return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/launch/default_policy.hpp ----
-// ---- begin elastic/launch/run.hpp ----
-// elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
-// on an io_context, a restart policy of the caller's choosing, and the exit code.
-
-// ---- begin elastic/agent/agent_events.hpp ----
-// agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
-// worker started, worker exited, policy decision, restart, final worker status, shutdown) —
-// and how an exception that ends the agent maps to elasticrun's exit code.
-
-// ---- begin elastic/agent/worker_environment.hpp ----
-// The environment the agent gives each worker: torchrun's worker contract, name for
-// name and meaning for meaning, on top of the agent's own environment.
-
-
-#include <fmt/format.h>
-
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// Where one worker stands in the job: its ranks and the sizes around it.
-struct worker_assignment {
-    int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
-    int global_rank = 0;       ///< RANK
-    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
-    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
-    int world_size = 1;        ///< WORLD_SIZE
-    int role_world_size = 1;   ///< ROLE_WORLD_SIZE
-    int group_rank = 0;        ///< GROUP_RANK: this agent's rank in the rendezvous round
-    int group_world_size = 1;  ///< GROUP_WORLD_SIZE: agents in the round
-};
-
-/// What the workers are told of the job and of this attempt of the group.
-struct attempt_settings {
-    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
-    std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
-    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
-    std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
-};
-
-/// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
-/// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
-[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
-                                                     int group_rank = 0, int group_world_size = 1) {
-    worker_assignment a;
-    a.local_rank = local_rank;
-    a.local_world_size = nproc_per_node;
-    a.group_rank = group_rank;
-    a.group_world_size = group_world_size;
-    a.global_rank = group_rank * nproc_per_node + local_rank;
-    a.role_rank = a.global_rank;
-    a.world_size = group_world_size * nproc_per_node;
-    a.role_world_size = a.world_size;
-    return a;
-}
-
-/// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
-[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
-    std::string out;
-    for (const int s : signals) {
-        out += (out.empty() ? "" : ",") + signal_to_string(s);
-    }
-    return out;
-}
-
-/// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
-/// not set and more than one worker runs on the node (each would otherwise start one OpenMP
-/// thread per core), and says so with omp_warning().
-[[nodiscard]] inline bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
-    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
-}
-
-/// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
-[[nodiscard]] inline std::string omp_warning() {
-    return "\n*****************************************\n"
-           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
-           "avoid your system being overloaded, please further tune the variable for optimal "
-           "performance in your application as needed. \n"
-           "*****************************************";
-}
-
-/// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
-/// torchrun's `os.environ.copy()`), then the contract:
-///
-/// LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE,
-/// GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
-/// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True (the
-/// workers' store is the one the agent hosts: clients only), TORCHELASTIC_ERROR_FILE,
-/// TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING (the inherited value, else 1;
-/// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
-/// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
-/// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
-[[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
-                                                    const worker_assignment& a, const attempt_settings& attempt) {
-    environment env = agent_env;
-    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
-    const auto number = [](long long v) { return fmt::format("{}", v); };
-    set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
-    set("RANK", number(a.global_rank));
-    set("GROUP_RANK", number(a.group_rank));
-    set("ROLE_RANK", number(a.role_rank));
-    set("ROLE_NAME", config.role);
-    set("LOCAL_WORLD_SIZE", number(a.local_world_size));
-    set("WORLD_SIZE", number(a.world_size));
-    set("GROUP_WORLD_SIZE", number(a.group_world_size));
-    set("ROLE_WORLD_SIZE", number(a.role_world_size));
-    set("MASTER_ADDR", attempt.master_addr);
-    set("MASTER_PORT", number(attempt.master_port));
-    set("TORCHELASTIC_RESTART_COUNT", number(attempt.restart_count));
-    set("TORCHELASTIC_MAX_RESTARTS", number(config.max_restarts));
-    set("TORCHELASTIC_RUN_ID", attempt.run_id);
-    set("TORCHELASTIC_USE_AGENT_STORE", "True");
-    set("TORCHELASTIC_ERROR_FILE", attempt.error_file);
-    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
-        if (const auto it = agent_env.find(name); it == agent_env.end()) {
-            set(name, "1");
-        }
-    }
-    set("TORCHELASTIC_SIGNALS_TO_HANDLE", signals_text(config.signals_to_handle));
-    if (sets_omp_num_threads(config, agent_env)) {
-        set("OMP_NUM_THREADS", "1");
-    }
-    if (config.virtual_local_rank) {
-        // torchrun (PR #166680): the worker sees one device, its own; an inherited list is
-        // indexed by the local rank.
-        std::string device = number(a.local_rank);
-        if (const auto it = agent_env.find("CUDA_VISIBLE_DEVICES"); it != agent_env.end() && !it->second.empty()) {
-            std::vector<std::string> ids;
-            std::string_view rest = it->second;
-            for (;;) {
-                const auto comma = rest.find(',');
-                ids.emplace_back(rest.substr(0, comma));
-                if (comma == std::string_view::npos) break;
-                rest.remove_prefix(comma + 1);
-            }
-            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
-        }
-        set("CUDA_VISIBLE_DEVICES", device);
-    }
-    return env;
-}
-
-/// An environment as execve's "NAME=value" entries.
-[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
-    std::vector<std::string> out;
-    out.reserve(env.size());
-    for (const auto& [name, value] : env) {
-        out.push_back(name + "=" + value);
-    }
-    return out;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/worker_environment.hpp ----
-// ---- begin elastic/rendezvous/error.hpp ----
-// elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
-// that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
-// elastic::store_lost_error: the rendezvous store itself is gone (a store_error).
-
-
-#include <string>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// The rendezvous failed: the message names what was awaited (which nodes, which key, for how
-/// long) and the remedy. No worker of the failed round was started.
-class rendezvous_error : public error {
-public:
-    using error::error;
-};
-
-/// The job ended while this node waited as a standby (its round was full): not a failure;
-/// elasticrun exits 0 with the message.
-class rendezvous_closed : public rendezvous_error {
-public:
-    using rendezvous_error::rendezvous_error;
-};
-
-/// The rendezvous store is lost: the connection that held this node's lease ended (the store's
-/// host died, or the network between them failed), so every operation of the rendezvous ends with
-/// this error instead of waiting for its timeout. what() is "lost the rendezvous store: <reason>";
-/// reason() is why the connection ended. The agent catches it by type: an elastic job moves its
-/// rendezvous to a member's spare store, any other job ends with a rendezvous_error.
-class store_lost_error : public store_error {
-public:
-    explicit store_lost_error(std::string reason)
-        : store_error("lost the rendezvous store: " + reason), reason_(std::move(reason)) {}
-
-    /// Why the lease connection ended, as the store client reported it.
-    [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
-
-private:
-    std::string reason_;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/rendezvous/error.hpp ----
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
-#include <typeinfo>
-#include <utility>
-#include <vector>
-
-#include <cxxabi.h>
-
-namespace elastic::inline v0 {
-
-namespace detail::agent {
-
-/// What ends the agent when an exception escapes it: elasticrun's exit code, the error's type
-/// as an error file names it, and its message.
-struct agent_exception {
-    int exit_code = exit_codes::internal;
-    std::string type;
-    std::string what;
-};
-
-inline std::string readable_type_name(const std::type_info& type) {
-    int status = 0;
-    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
-    std::string name = readable != nullptr ? readable : type.name();
-    std::free(readable);
-    // The versioned inline namespace is an implementation detail: elastic::agent_error.
-    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
-        name.erase(at, 4);
-    }
-    return name;
-}
-
-/// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
-/// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
-inline agent_exception classify_exception(const std::exception_ptr& failure) {
-    agent_exception out;
-    try {
-        std::rethrow_exception(failure);
-    } catch (const usage_error& e) {
-        out = {exit_codes::usage, "elastic::usage_error", e.what()};
-    } catch (const rendezvous_error& e) {
-        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
-    } catch (const std::exception& e) {
-        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
-    } catch (...) {
-        out = {exit_codes::internal, "<unknown exception>",
-               "an exception that is not a std::exception carries no message"};
-    }
-    return out;
-}
-
-}  // namespace detail::agent
-
-/// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
-///
-///   elastic.rendezvous.done       AGENT   each attempt's round (run id, restart count, ranks)
-///   elastic.worker.started        WORKER  each worker (local and global rank, pid)
-///   elastic.worker.exited         WORKER  each worker, in the order the agent observed the
-///                                         exits, stamped with that observation
-///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
-///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
-///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group ends for good
-///                                         (FAILED/TERMINATED, or SUCCEEDED)
-///   elastic.agent.shutdown        AGENT   the exit code and the reason
-///
-/// Every elastic.* event carries run_id, role and hostname (host_name(): no DNS lookup), plus
-/// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
-/// comma-separated text. With the null handler nothing is built.
-class agent_events {
-public:
-    /// The null log.
-    agent_events() = default;
-
-    /// Opens `destination` for the job `rendezvous.run_id` of `workers`. Throws usage_error
-    /// (nothing has started yet) when the file cannot be opened.
-    agent_events(const worker_spec& workers, const rendezvous_parameters& rendezvous,
-                 const event_destination& destination)
-        : run_id_(rendezvous.run_id),
-          role_(workers.role),
-          entry_point_(workers.program.target),
-          rdzv_backend_(to_string(rendezvous.backend)) {
-        try {
-            sink_ = event_sink(destination);
-        } catch (const report_error& e) {
-            throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
-        }
-        if (sink_.enabled()) hostname_ = host_name();
-    }
-
-    [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
-    [[nodiscard]] event_sink& sink() noexcept { return sink_; }
-
-    /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
-    /// store its workers use. Also forgets the previous attempt's workers.
-    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
-                         std::uint16_t master_port) noexcept {
-        started_.clear();
-        stop_began_ = std::chrono::steady_clock::time_point::max();
-        node_ = node;
-        if (!enabled()) return;
-        record_agent("elastic.rendezvous.done", [&](json& m) {
-            m["restart_count"] = restarts;
-            m["group_rank"] = node.group_rank;
-            m["group_world_size"] = node.group_world_size;
-            m["local_world_size"] = node.local_world_size;
-            m["world_size"] = node.world_size;
-            m["rdzv_backend"] = rdzv_backend_;
-            m["master_addr"] = std::string(master_addr);
-            m["master_port"] = master_port;
-        });
-    }
-
-    /// A worker runs.
-    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
-        try {
-            started_.push_back({pid, a.local_rank, a.global_rank});
-        } catch (...) {
-            return;
-        }
-        if (!enabled()) return;
-        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-                      [&](json& m) {
-                          m["restart_count"] = restarts;
-                          m["local_rank"] = a.local_rank;
-                          m["global_rank"] = a.global_rank;
-                          m["pid"] = pid;
-                      });
-    }
-
-    /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
-    /// observed from now on are the agent's doing. The first call of an attempt counts.
-    void stopping_group() noexcept {
-        if (stop_began_ == std::chrono::steady_clock::time_point::max()) stop_began_ = std::chrono::steady_clock::now();
-    }
-
-    /// Every observed exit of the attempt's workers, oldest first, each stamped with the moment
-    /// the agent observed it. An exit observed before stopping_group() is the worker's own:
-    /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
-    /// summary counts them.
-    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
-        if (!enabled()) return;
-        const auto stop_began = stop_began_;
-        try {
-            std::vector<const child_process*> ended;
-            for (const auto& w : workers) {
-                if (w.status()) ended.push_back(&w);
-            }
-            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
-                return a->status()->steady_time < b->status()->steady_time;
-            });
-            for (const auto* w : ended) {
-                const auto& observed = *w->status();
-                const auto& s = observed.status;
-                const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
-                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
-                    m["restart_count"] = restarts;
-                    m["local_rank"] = who.local_rank;
-                    m["global_rank"] = who.global_rank;
-                    m["pid"] = static_cast<long>(w->pid());
-                    m["state"] = state;
-                    m["exitcode"] = s.returncode();
-                    m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
-                    m["core_dumped"] = s.core_dumped;
-                });
-            }
-        } catch (...) {
-        }
-    }
-
-    /// The restart policy answered after a failed attempt.
-    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
-        try {
-            const auto* root = failure.root_cause();
-            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
-                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
-                                          decided.reason);
-            if (!enabled()) return;
-            record_agent("elastic.policy.decision", [&](json& m) {
-                m["restart_count"] = failure.restarts;
-                m["action"] = decided.restart() ? "restart" : "stop";
-                m["reason"] = decided.reason;
-                m["failed_global_ranks"] = join(failure.failed_global_ranks());
-                m["healthy_for_ms"] = static_cast<std::int64_t>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
-                if (root != nullptr) {
-                    m["root_cause_global_rank"] = root->global_rank;
-                    m["root_cause_local_rank"] = root->local_rank;
-                    m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.returncode();
-                    m["root_cause"] = failure_headline(*root);
-                } else {
-                    m["root_cause"] = nullptr;
-                }
-            });
-        } catch (...) {
-        }
-    }
-
-    /// The agent received `signal` while the policy was deciding: no decision.
-    void decision_interrupted(int restarts, int signal) noexcept {
-        received_signal(signal);
-        if (!enabled()) return;
-        record_agent("elastic.policy.decision", [&](json& m) {
-            m["restart_count"] = restarts;
-            m["action"] = "interrupted";
-            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
-        });
-    }
-
-    /// The agent received `signal` and stops the group; the shutdown event says so.
-    void received_signal(int signal) noexcept {
-        stopping_group();
-        try {
-            pending_reason_ = fmt::format("received {}", signal_name(signal));
-        } catch (...) {
-        }
-    }
-
-    /// The group starts again; `restarts` is the new restart count.
-    void restart(int restarts) noexcept {
-        if (!enabled()) return;
-        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
-    }
-
-    /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
-    /// the group fails for good, stamped now (torch records them at the end of the run; its
-    /// total_run_time counts whole seconds since the agent started).
-    void final_status(const group_failure& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(failure.restarts,
-                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
-            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
-        } catch (...) {
-        }
-    }
-
-    /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
-    /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
-    /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
-    /// failure reports carry it (empty: the host name).
-    void final_success(int restarts, std::string_view host) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
-            auto workers = started_;
-            std::stable_sort(workers.begin(), workers.end(),
-                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
-            const auto now = std::chrono::system_clock::now();
-            for (const auto& w : workers) {
-                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
-            }
-        } catch (...) {
-        }
-    }
-
-    /// The agent ends with `exit_code`.
-    void shutdown(int exit_code) noexcept {
-        if (!enabled()) return;
-        std::string reason;
-        try {
-            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
-        } catch (...) {
-        }
-        record_agent("elastic.agent.shutdown", [&](json& m) {
-            m["exit_code"] = exit_code;
-            m["reason"] = reason;
-        });
-    }
-
-    /// The agent ends because `failure` escaped it (a rendezvous or internal error).
-    void shutdown(const std::exception_ptr& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto e = detail::agent::classify_exception(failure);
-            record_agent("elastic.agent.shutdown", [&](json& m) {
-                m["exit_code"] = e.exit_code;
-                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
-                              : e.exit_code == exit_codes::usage   ? "usage error"
-                                                                   : "internal error";
-                m["error_type"] = e.type;
-                m["message"] = e.what;
-            });
-        } catch (...) {
-        }
-    }
-
-private:
-    using json = nlohmann::ordered_json;
-
-    struct started_worker {
-        long pid = 0;
-        int local_rank = -1;
-        int global_rank = -1;
-    };
-
-    // What every worker status event of this node says about the run.
-    worker_event_context status_context(int restarts, std::string hostname) const {
-        worker_event_context ctx;
-        ctx.run_id = run_id_;
-        ctx.entry_point = entry_point_;
-        ctx.rdzv_backend = rdzv_backend_;
-        ctx.agent_restarts = restarts;
-        ctx.total_run_time =
-            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
-        ctx.hostname = std::move(hostname);
-        ctx.group_rank = node_.group_rank;
-        ctx.group_world_size = node_.group_world_size;
-        ctx.role_world_size = node_.role_world_size;
-        return ctx;
-    }
-
-    started_worker find_started(long pid) const {
-        for (const auto& s : started_) {
-            if (s.pid == pid) return s;
-        }
-        return {pid, -1, -1};
-    }
-
-    static std::string join(const std::vector<int>& values) {
-        std::string out;
-        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
-        return out;
-    }
-
-    json common() const {
-        json m = json::object();
-        m["run_id"] = run_id_;
-        m["role"] = role_;
-        m["hostname"] = hostname_;
-        return m;
-    }
-
-    template <class Fill>
-    void record_agent(std::string name, Fill fill) noexcept {
-        record(std::move(name), event_source::agent, std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-               fill);
-    }
-
-    template <class Fill>
-    void record_worker(std::string name, std::chrono::steady_clock::time_point steady,
-                       std::chrono::system_clock::time_point wall, Fill fill) noexcept {
-        record(std::move(name), event_source::worker, steady, wall, fill);
-    }
-
-    template <class Fill>
-    void record(std::string name, event_source source, std::chrono::steady_clock::time_point steady,
-                std::chrono::system_clock::time_point wall, Fill& fill) noexcept {
-        try {
-            event e;
-            e.name = std::move(name);
-            e.source = source;
-            e.metadata = common();
-            fill(e.metadata);
-            sink_.record(std::move(e), steady, wall);
-        } catch (...) {
-        }
-    }
-
-    event_sink sink_;
-    std::string run_id_;
-    std::string role_;
-    std::string entry_point_;
-    std::string rdzv_backend_;
-    std::string hostname_;
-    std::string pending_reason_ = "the agent stopped";
-    std::vector<started_worker> started_;
-    worker_assignment node_;
-    std::chrono::steady_clock::time_point stop_began_ = std::chrono::steady_clock::time_point::max();
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/agent_events.hpp ----
-// ---- begin elastic/agent/local_agent.hpp ----
-// local_agent: one node's agent — hosts the workers' store, runs the worker group with
-// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
-// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
-
-// ---- begin elastic/agent/agent_log.hpp ----
-// agent_log: the agent's own messages, one format with a level and a time (torchrun's newest
-// layout), filtered by LOGLEVEL.
-
-// ---- begin elastic/agent/output.hpp ----
-// The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
-// stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
-// each line after the rank's prefix when asked.
-
-
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/buffer.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <poll.h>
-#include <unistd.h>
-
-namespace elastic::inline v0 {
-
-namespace detail::agent {
-
-/// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
-/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
-/// closed terminal must not stop the supervision of the workers).
-inline void write_all(int fd, std::string_view text) noexcept {
-    while (!text.empty()) {
-        const ssize_t n = ::write(fd, text.data(), text.size());
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                pollfd p{fd, POLLOUT, 0};
-                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
-                continue;
-            }
-            return;
-        }
-        text.remove_prefix(static_cast<std::size_t>(n));
-    }
-}
-
-}  // namespace detail::agent
-
-/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
-/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
-class task_latch {
-public:
-    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
-        timer_.expires_at(asio::steady_timer::time_point::max());
-    }
-    void add() noexcept { ++count_; }
-    void done() noexcept {
-        if (--count_ == 0) timer_.cancel();
-    }
-    [[nodiscard]] std::size_t count() const noexcept { return count_; }
-    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
-    /// held open by a process that writes nothing.
-    void progressed() noexcept { ++progress_; }
-    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
-
-    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
-    /// One latch per attempt's streams.
-    asio::awaitable<void> wait() {
-        if (count_ == 0) co_return;
-        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    }
-
-private:
-    asio::steady_timer timer_;
-    std::size_t count_ = 0;
-    std::uint64_t progress_ = 0;
-};
-
-/// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
-/// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
-/// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
-/// complete lines of a chunk go out in one write(2). A partial line waits for its end; a line
-/// longer than `max_line_bytes` is cut into pieces of that size, each ended with `\n`; at the
-/// end of the stream a partial last line is written, ended with `\n`. The agent is the only writer
-/// of every copied stream, so lines of different workers never interleave inside a line.
-class line_relay {
-public:
-    /// 64 KiB: any line a person reads fits whole; a megabyte without a newline is cut.
-    static constexpr std::size_t default_max_line_bytes = 64 * 1024;
-
-    explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
-        : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
-
-    /// The next chunk of the stream.
-    void feed(std::string_view chunk) {
-        pending_.append(chunk);
-        std::size_t start = 0;
-        for (;;) {
-            const auto at = pending_.find_first_of("\n\r", start);
-            if (at == std::string::npos) break;
-            std::size_t end = at + 1;
-            if (pending_[at] == '\r') {
-                if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
-                if (pending_[end] == '\n') ++end;
-            }
-            out_ += prefix_;
-            out_.append(pending_, start, end - start);
-            start = end;
-        }
-        while (pending_.size() - start >= max_line_bytes_) {
-            out_ += prefix_;
-            out_.append(pending_, start, max_line_bytes_);
-            out_ += '\n';
-            start += max_line_bytes_;
-        }
-        pending_.erase(0, start);
-        write_out();
-    }
-
-    /// Writes what is left (the stream ended mid-line), ended with `\n`.
-    void flush() {
-        if (pending_.empty()) return;
-        out_ += prefix_;
-        out_ += pending_;
-        out_ += '\n';
-        pending_.clear();
-        write_out();
-    }
-
-    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
-
-private:
-    void write_out() {
-        if (out_.empty()) return;
-        detail::agent::write_all(out_fd_, out_);
-        out_.clear();
-    }
-
-    int out_fd_;
-    std::string prefix_;
-    std::size_t max_line_bytes_;
-    std::string pending_;
-    std::string out_;
-};
-
-/// Where the bytes of one worker stream are copied (any subset).
-struct stream_copies {
-    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
-    int file_fd = -1;             ///< every byte as written: the stream's log file
-    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
-    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
-    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
-};
-
-/// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
-/// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
-/// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
-/// so a slow console slows the worker (its pipe fills) and nothing is dropped.
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
-    std::unique_ptr<line_relay> console;
-    if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
-    // 64 KiB: a full pipe's worth in one read.
-    auto buffer = std::make_unique<char[]>(65536);
-    for (;;) {
-        const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
-                                                           asio::experimental::as_tuple(asio::use_awaitable));
-        if (n > 0) {
-            const std::string_view chunk(buffer.get(), n);
-            if (copies.tail != nullptr) copies.tail->feed(chunk);
-            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
-            if (console) console->feed(chunk);
-            if (copies.progress != nullptr) copies.progress->progressed();
-        }
-        if (ec) break;
-    }
-    if (console) console->flush();
-}
-
-/// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
-/// no copy).
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/output.hpp ----
-
-#include <fmt/format.h>
-
-#include <chrono>
-#include <ctime>
-#include <string>
-#include <string_view>
-#include <utility>
-
-#include <unistd.h>
-
-namespace elastic::inline v0 {
-
-/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels; WARNING by
-/// default, so a healthy run prints nothing of the agent's own). Every line of a message is
-/// written in torchrun's newest layout (PyTorch's log formatter), the launcher's name standing
-/// where torchrun names its source file:
-///
-///     W1122 12:45:07.123456 4242 elasticrun] [default] worker group failed (...); restarting
-///
-/// level letter (D, I, W, E, C), month and day, local time with microseconds, the agent's pid.
-/// A multi-line message gets the prefix on every line. The whole message is one write(2).
-class agent_log {
-public:
-    agent_log(std::string name, log_level level, int fd = 2)
-        : name_(std::move(name)), level_(level), fd_(fd), pid_(static_cast<long>(::getpid())) {}
-
-    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
-    [[nodiscard]] log_level level() const noexcept { return level_; }
-
-    void operator()(log_level level, std::string_view text) const {
-        if (!enabled(level)) return;
-        const auto now = std::chrono::system_clock::now();
-        const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-        std::tm local{};
-        ::localtime_r(&seconds, &local);
-        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
-        detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
-    }
-    void debug(std::string_view text) const { (*this)(log_level::debug, text); }
-    void info(std::string_view text) const { (*this)(log_level::info, text); }
-    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
-    void error(std::string_view text) const { (*this)(log_level::error, text); }
-    void critical(std::string_view text) const { (*this)(log_level::critical, text); }
-    /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
-    /// prints its exception).
-    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
-
-    [[nodiscard]] const std::string& name() const noexcept { return name_; }
-
-    /// The text written for one message: every line (newlines leading and trailing `text` are dropped)
-    /// as `<L><mmdd> <hh:mm:ss>.<micros> <pid> <name>] <line>\n`.
-    [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
-                                            std::string_view name, std::string_view text) {
-        static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
-        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
-                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
-                                        micros, pid, name);
-        while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
-        while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
-        std::string out;
-        for (;;) {
-            const auto nl = text.find('\n');
-            out += prefix;
-            out += text.substr(0, nl);
-            out += '\n';
-            if (nl == std::string_view::npos) break;
-            text.remove_prefix(nl + 1);
-        }
-        return out;
-    }
-
-private:
-    std::string name_;
-    log_level level_;
-    int fd_;
-    long pid_;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/agent_log.hpp ----
-// ---- begin elastic/agent/log_tree.hpp ----
-// log_tree: torchrun's per-rank log tree (<log_dir>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/), the
-// route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
-
-
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-
-#include <fcntl.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-
-namespace elastic::inline v0 {
-
-/// A directory or file of the log tree could not be made (exit 1, nothing lost: no worker of the
-/// attempt was started).
-class log_error : public error {
-public:
-    using error::error;
-};
-
-/// How a worker stream reaches the agent's console.
-enum class console_copy {
-    none,      ///< not at all (redirected only, or a local rank outside --local-ranks-filter)
-    raw,       ///< as the worker wrote it (no prefix): torchrun's behaviour without -r/-t
-    prefixed,  ///< whole lines, each after the rank's prefix (`[default0]:`): -t/--tee
-};
-
-/// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
-struct stream_route {
-    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
-    console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
-    friend bool operator==(const stream_route&, const stream_route&) = default;
-};
-
-/// The routes of a worker's stdout and stderr.
-struct worker_routes {
-    stream_route out;
-    stream_route err;
-    friend bool operator==(const worker_routes&, const worker_routes&) = default;
-};
-
-/// torchrun's rules (DefaultLogsSpecs.reify, newest): tee implies redirect; a redirected stream
-/// goes to its file; a tee'd one to its file and, prefixed, to the console; a stream of a local
-/// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
-/// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
-/// sends it to the console unprefixed instead), a tee'd one to the console only.
-[[nodiscard]] inline worker_routes route_streams(const worker_spec& config, int local_rank) {
-    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
-    const unsigned tee = bits(config.tee.for_rank(local_rank));
-    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
-    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
-    const auto route = [&](std_streams which) {
-        const unsigned bit = bits(which);
-        stream_route r;
-        r.file = (redirected & bit) != 0 && !config.logs_disabled();
-        if (!shown) {
-            r.console = console_copy::none;
-        } else if ((tee & bit) != 0) {
-            r.console = console_copy::prefixed;
-        } else if ((redirected & bit) != 0) {
-            r.console = console_copy::none;
-        } else {
-            r.console = console_copy::raw;
-        }
-        return r;
-    };
-    return {route(std_streams::out), route(std_streams::err)};
-}
-
-/// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
-[[nodiscard]] inline bool writes_log_files(const worker_spec& config) {
-    for (int i = 0; i < config.nproc_per_node; ++i) {
-        const auto r = route_streams(config, i);
-        if (r.out.file || r.err.file) return true;
-    }
-    return false;
-}
-
-/// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
-/// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
-/// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
-/// anything else stays as written.
-[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
-                                                   int local_rank, int rank) {
-    const auto value = [&](std::string_view name) -> std::optional<std::string> {
-        if (name == "role_name") return std::string(role_name);
-        if (name == "local_rank") return fmt::format("{}", local_rank);
-        if (name == "rank") return fmt::format("{}", rank);
-        return std::nullopt;
-    };
-    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
-    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
-    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
-    std::string out;
-    std::size_t i = 0;
-    while (i < templ.size()) {
-        const char c = templ[i];
-        if (c != '$' || i + 1 >= templ.size()) {
-            out += c;
-            ++i;
-            continue;
-        }
-        if (templ[i + 1] == '$') {
-            out += '$';
-            i += 2;
-            continue;
-        }
-        if (templ[i + 1] == '{') {
-            const auto close = templ.find('}', i + 2);
-            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
-            const bool identifier =
-                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
-            if (identifier) {
-                if (const auto v = value(name)) {
-                    out += *v;
-                    i = close + 1;
-                    continue;
-                }
-            }
-            out += c;
-            ++i;
-            continue;
-        }
-        if (starts_id(templ[i + 1])) {
-            std::size_t end = i + 2;
-            while (end < templ.size() && in_id(templ[end])) ++end;
-            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
-                out += *v;
-                i = end;
-                continue;
-            }
-        }
-        out += c;
-        ++i;
-    }
-    return out;
-}
-
-namespace detail::logs {
-
-inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
-                                    std::generic_category().message(errno),
-                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
-    }
-    return pattern;
-}
-
-}  // namespace detail::logs
-
-/// One agent's log tree, torchrun's layout:
-///
-///     <base>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}
-///
-/// `<base>` is `--log-dir` (made if missing, never removed) or, without it, a new
-/// `<TMPDIR>/torchelastic_XXXXXX`. The run directory is made once per agent, at the first
-/// attempt. An attempt directory is never wiped: should `attempt_<n>` exist already (an attempt
-/// number seen twice), the attempt gets `attempt_<n>.1`, `.2`, ... instead. With `--log-dir
-/// /dev/null` the tree is disabled: nothing is ever created.
-class log_tree {
-public:
-    /// `log_dir`: `--log-dir` (nullopt: a temporary base under `temp_parent`).
-    log_tree(std::optional<std::filesystem::path> log_dir, std::string run_id, std::filesystem::path temp_parent)
-        : log_dir_(std::move(log_dir)), run_id_(std::move(run_id)), temp_parent_(std::move(temp_parent)) {}
-
-    [[nodiscard]] bool disabled() const noexcept { return log_dir_ && *log_dir_ == "/dev/null"; }
-    /// Whether the base is a temporary directory this tree made (no --log-dir).
-    [[nodiscard]] bool temporary() const noexcept { return !log_dir_; }
-    /// The run directory (`<base>/<run_id>_XXXXXX`); empty before the first attempt or when disabled.
-    [[nodiscard]] const std::filesystem::path& run_dir() const noexcept { return run_dir_; }
-    /// The base directory; empty before the first attempt or when disabled.
-    [[nodiscard]] const std::filesystem::path& base() const noexcept { return base_; }
-
-    /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
-    /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
-    /// Throws log_error.
-    std::filesystem::path make_attempt(int attempt, int local_world_size) {
-        if (disabled()) return {};
-        if (run_dir_.empty()) {
-            if (log_dir_) {
-                std::error_code ec;
-                std::filesystem::create_directories(*log_dir_, ec);
-                if (ec || !std::filesystem::is_directory(*log_dir_)) {
-                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
-                                                ec ? ec.message() : std::string("not a directory")));
-                }
-                base_ = *log_dir_;
-            } else {
-                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
-            }
-            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
-        }
-        const auto name = fmt::format("attempt_{}", attempt);
-        std::filesystem::path dir = run_dir_ / name;
-        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
-        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
-            if (errno != EEXIST) {
-                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
-            }
-            dir = run_dir_ / fmt::format("{}.{}", name, k);
-        }
-        for (int i = 0; i < local_world_size; ++i) {
-            const auto rank_dir = dir / fmt::format("{}", i);
-            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-                throw log_error(
-                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
-            }
-        }
-        return dir;
-    }
-
-    /// Removes the temporary base with everything in it (nothing when --log-dir was given).
-    void remove_temporary() noexcept {
-        if (!temporary() || base_.empty()) return;
-        std::error_code ignored;
-        std::filesystem::remove_all(base_, ignored);
-        base_.clear();
-        run_dir_.clear();
-    }
-
-private:
-    std::optional<std::filesystem::path> log_dir_;
-    std::string run_id_;
-    std::filesystem::path temp_parent_;
-    std::filesystem::path base_;
-    std::filesystem::path run_dir_;
-};
-
-/// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
-[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
-    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
-    if (!fd) {
-        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
-    }
-    return fd;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/log_tree.hpp ----
-// ---- begin elastic/agent/worker_output.hpp ----
-// worker_output: one worker's standard output and error for one attempt — its routes, its log
-// files, its pipes, and the relays that copy them to the tail, the files and the console.
-
-
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-
-#include <exception>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <string>
-#include <system_error>
-#include <utility>
-
-namespace elastic::inline v0 {
-
-/// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
-/// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
-/// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
-/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
-/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
-/// start() after the spawn runs one relay per pipe.
-class worker_output {
-public:
-    /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
-    /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
-    /// and `how.err`. Throws log_error.
-    void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
-                 spawn_options& how) {
-        routes_ = route_streams(config, index);
-        prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
-        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
-        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
-        if (routes_.out.console == console_copy::raw && !out_file_) {
-            how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && out_file_) {
-            how.out = stdio::descriptor(out_file_.get());
-        } else if (routes_.out.console == console_copy::none) {
-            how.out = stdio::null();
-        } else {
-            how.out = stdio::pipe();
-        }
-        how.err = stdio::pipe();
-    }
-
-    /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
-    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
-    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
-               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
-        out_pipe_ = child.take_stdout();
-        err_pipe_ = child.take_stderr();
-        const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
-        const auto prefix = [this](const stream_route& r) {
-            return r.console == console_copy::prefixed ? prefix_ : std::string();
-        };
-        if (out_pipe_) {
-            run(executor, relays, keep_alive, *out_pipe_,
-                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
-        }
-        if (err_pipe_) {
-            run(executor, relays, keep_alive, *err_pipe_,
-                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
-        }
-    }
-
-    /// Closes the pipes (a relay pending on one ends): for pipes a descendant of the worker holds
-    /// open after the worker's group ended.
-    void close() noexcept {
-        std::error_code ignored;
-        if (out_pipe_) out_pipe_->close(ignored);
-        if (err_pipe_) err_pipe_->close(ignored);
-    }
-
-    [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
-    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
-
-private:
-    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
-                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
-        relays.add();
-        asio::co_spawn(
-            executor,
-            [keep_alive, &pipe, copies = std::move(copies)]() mutable -> asio::awaitable<void> {
-                co_await relay_stream(pipe, std::move(copies));
-            },
-            [keep_alive, &relays](std::exception_ptr) { relays.done(); });
-    }
-
-    worker_routes routes_;
-    std::string prefix_;
-    detail::owned_fd out_file_;
-    detail::owned_fd err_file_;
-    std::optional<asio::posix::stream_descriptor> out_pipe_;
-    std::optional<asio::posix::stream_descriptor> err_pipe_;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/worker_output.hpp ----
-// ---- begin elastic/agent/worker_group.hpp ----
-// worker_group: one attempt's workers on one node — started together with torchrun's
-// environment and their output routed, watched for the first failure, stopped (a signal, then
-// SIGKILL after the grace), their output drained, and their failure collected for the policy.
-
-
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
-
-#include <chrono>
-#include <csignal>
-#include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// The agent could not do its own work (a directory, a port, a worker that cannot be started
-/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
-class agent_error : public error {
-public:
-    using error::error;
-};
-
-/// What the workers of one attempt are told, and where their files go.
-struct group_attempt {
-    int restarts = 0;               ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;        ///< MASTER_ADDR: the workers' store
-    std::uint16_t master_port = 0;  ///< MASTER_PORT
-    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID
-    /// attempt_<n>/ of the log tree (each worker's files under <local_rank>/); empty: no files.
-    std::filesystem::path dir;
-    /// The ranks of each local worker, one per worker (assign_worker() on one node).
-    std::vector<worker_assignment> ranks;
-};
-
-namespace detail::agent {
-
-/// One worker of the attempt.
-struct worker_slot {
-    worker_assignment assignment;
-    std::string error_file;
-    stderr_tail tail;
-    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
-};
-
-/// What the attempt's stream relays share with the group; they may outlive it.
-struct attempt_state {
-    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
-    std::vector<worker_slot> slots;
-    task_latch relays;
-};
-
-}  // namespace detail::agent
-
-/// One attempt's workers. start() them, await watch() (the first failure, or all succeeded),
-/// stop() them when the attempt must end early, then close() (the event log's exits, the output
-/// drained) before the next attempt; failure() is what the restart policy is given. Dropping the
-/// group kills whatever still runs (SIGKILL to each worker's process group), so no path — an
-/// exception included — leaves a worker behind. Use from the executor's thread.
-class worker_group {
-public:
-    /// `spec`, `command`, `events` and `log` must outlive the group.
-    worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
-                 agent_events& events, const agent_log& log)
-        : executor_(std::move(executor)),
-          spec_(&spec),
-          command_(&command),
-          events_(&events),
-          log_(&log),
-          state_(std::make_shared<detail::agent::attempt_state>(executor_, attempt_size(spec))) {}
-
-    worker_group(const worker_group&) = delete;
-    worker_group& operator=(const worker_group&) = delete;
-
-    /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
-    /// contract. A worker that cannot be started (its program vanished since validation) stops
-    /// the ones started and throws agent_error.
-    asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
-        restarts_ = attempt.restarts;
-        auto& slots = state_->slots;
-        workers_.reserve(slots.size());
-        std::optional<std::string> spawn_failure;
-        for (std::size_t i = 0; i < slots.size(); ++i) {
-            const int local_rank = static_cast<int>(i);
-            auto& slot = slots[i];
-            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
-            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
-            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            const attempt_settings told{attempt.restarts, attempt.master_addr, attempt.master_port, slot.error_file,
-                                        attempt.run_id};
-            spawn_options how;
-            how.program = command_->path;
-            auto argv = command_->argv_for(local_rank);
-            how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
-            try {
-                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
-                workers_.push_back(elastic::spawn(executor_, how));
-                events_->worker_started(attempt.restarts, slot.assignment, static_cast<long>(workers_.back().pid()));
-            } catch (const std::exception& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
-                break;
-            }
-            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail);
-        }
-        started_ = std::chrono::steady_clock::now();
-        if (spawn_failure) {
-            co_await stop(SIGTERM);
-            co_await close();
-            throw agent_error(*spawn_failure);
-        }
-    }
-
-    /// The index of the first worker that fails, or size() once every worker exited 0.
-    asio::awaitable<std::size_t> watch() {
-        for (;;) {
-            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
-            if (i >= workers_.size()) co_return workers_.size();
-            if (!workers_[i].status()->status.success()) co_return i;
-        }
-    }
-
-    /// Stops every worker: `sig` to each process group, SIGKILL after spec.shutdown_timeout.
-    /// Processes that outlive SIGKILL are logged. The first call also notes which workers had
-    /// ended on their own before it (failure() reports the others as stopped by the agent).
-    asio::awaitable<stop_result> stop(int sig) {
-        if (exited_before_.empty()) {
-            exited_before_.resize(workers_.size());
-            for (std::size_t i = 0; i < workers_.size(); ++i) exited_before_[i] = workers_[i].check_exit();
-        }
-        auto result = co_await elastic::stop(std::span<child_process>(workers_),
-                                             {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
-        if (!result.unkillable.empty()) {
-            std::string pids;
-            for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
-            log_->error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
-        }
-        co_return result;
-    }
-
-    /// After the workers ended (or were stopped): records their exits in the event log and
-    /// awaits the end of their relayed output. A descendant that left its worker's process
-    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
-    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
-    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s.
-    asio::awaitable<void> close() {
-        using namespace asio::experimental::awaitable_operators;
-        events_->workers_exited(restarts_, workers_);
-        auto& relays = state_->relays;
-        asio::steady_timer bound(executor_);
-        for (int round = 0; relays.count() != 0; ++round) {
-            const auto seen = relays.progress();
-            bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
-            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
-            log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
-                                      "that left the group?); {}; closing it",
-                                      relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
-            for (auto& slot : state_->slots) slot.output.close();
-            co_await relays.wait();
-        }
-    }
-
-    /// The group's failure for the restart policy, after stop(): every worker that did not
-    /// exit 0 on its own — `first` (watch()'s answer) and the others that failed before the
-    /// stop as failed, the rest as stopped by the agent — with its error file and stderr tail.
-    [[nodiscard]] group_failure failure(std::size_t first, const std::string& host) const {
-        group_failure failure;
-        failure.restarts = restarts_;
-        failure.started = started_;
-        failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
-                                                                              : started_;
-        for (std::size_t i = 0; i < workers_.size(); ++i) {
-            const auto& status = workers_[i].status();
-            const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->status.success())) continue;
-            const auto& slot = state_->slots[i];
-            worker_failure f;
-            f.local_rank = slot.assignment.local_rank;
-            f.global_rank = slot.assignment.global_rank;
-            f.role = spec_->role;
-            f.pid = static_cast<long>(workers_[i].pid());
-            f.host = host;
-            f.status = status->status;
-            f.observed_steady = status->steady_time;
-            f.observed_system = status->system_time;
-            f.error_file = read_error_file(slot.error_file);
-            f.stderr_tail = slot.tail.snapshot();
-            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
-            // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
-            failure.workers.push_back(std::move(f));
-        }
-        return failure;
-    }
-
-    /// The workers, in local-rank order (fewer than spec.nproc_per_node only while starting).
-    [[nodiscard]] std::span<child_process> workers() noexcept { return workers_; }
-    [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
-    /// The ranks of local worker `i`.
-    [[nodiscard]] const worker_assignment& assignment(std::size_t i) const { return state_->slots.at(i).assignment; }
-    /// When every worker had been started.
-    [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
-
-private:
-    static std::size_t attempt_size(const worker_spec& spec) {
-        return spec.nproc_per_node > 0 ? static_cast<std::size_t>(spec.nproc_per_node) : 0;
-    }
-
-    asio::any_io_executor executor_;
-    const worker_spec* spec_;
-    const worker_command* command_;
-    agent_events* events_;
-    const agent_log* log_;
-    // Shared with the stream relays, which may outlive the group if its owner unwinds.
-    std::shared_ptr<detail::agent::attempt_state> state_;
-    std::vector<child_process> workers_;  // after state_: destroyed (killed) first
-    std::vector<bool> exited_before_;
-    std::chrono::steady_clock::time_point started_{};
-    int restarts_ = 0;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/agent/worker_group.hpp ----
-// ---- begin elastic/rendezvous/tcp_rendezvous.hpp ----
-// tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
-// is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
-
 // ---- begin elastic/rendezvous/store_rendezvous.hpp ----
 // store_rendezvous: the fixed-membership rendezvous over any `store` model (docs/rendezvous.md):
 // per-node keys, O(1) store operations per node per round, waiting by store notification.
 
-// ---- begin elastic/rendezvous/concepts.hpp ----
-// The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
-// the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
-
-
-#include <asio/awaitable.hpp>
-
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/// What a node tells the others when it joins a round.
-struct node_info {
-    std::string host;                  ///< its name, for messages (getfqdn() or --local-addr)
-    std::string store_addr;            ///< where its fresh workers' store for this round listens
-    std::uint16_t store_port = 0;      ///< that store's port
-    int nproc = 1;                     ///< its workers (--nproc-per-node)
-    std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
-    std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
-    long pid = 0;                      ///< the agent's process id, for messages
-    std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
-    std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
-    bool hosts_store = false;          ///< it hosts the rendezvous store now
-    /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
-    /// connections to group rank 0's workers' store may come from.
-    std::vector<std::string> addrs;
-};
-
-/// Where the rendezvous store may move when its host is lost: an idle store server of a member.
-struct store_successor {
-    std::string id;            ///< the member's lease name
-    std::string addr;          ///< its address
-    std::uint16_t port = 0;    ///< its idle server's port
-};
-
-/// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
-struct rendezvous_round {
-    int number = 0;             ///< the round (0, 1, ...)
-    int restart_count = 0;      ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
-    int group_rank = 0;         ///< this node's GROUP_RANK
-    int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
-    int rank_base = 0;          ///< the global rank of this node's local rank 0
-    int world_size = 1;         ///< workers in the round: WORLD_SIZE
-    std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
-    std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
-    bool host_in_round = false;  ///< the store's host is a member of this round
-    std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
-    std::uint16_t master_port = 0;  ///< MASTER_PORT
-    /// Group rank 0 only: every member's interface addresses (literals; a member that published
-    /// none: its host and advertised address, names or literals), for its workers' store to
-    /// accept connections from the round's nodes alone (empty on the other nodes).
-    std::vector<std::string> peers;
-};
-
-/// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).
-struct abort_notice {
-    enum class kind {
-        failure,     ///< a worker failed: the reporting node's policy decides (await_decision)
-        membership,  ///< a node was lost, left or waits to join: every node rejoins the next round
-        closed,      ///< the job ended: every node finished (standbys exit 0)
-    };
-    int group_rank = -1;  ///< the reporting node
-    std::string host;     ///< its host
-    std::string reason;   ///< one line: which local rank, which exit code or signal; which node
-    kind what = kind::failure;
-    bool admission = false;  ///< membership: a node waits to join (the next round then takes a last call)
-};
-
-/// What the job does after an aborted round, decided by the node that aborted it.
-struct job_decision {
-    bool restart = false;  ///< true: every node rejoins the next round
-    int exit_code = 1;     ///< when stopping: the code every node exits with (the root cause's)
-    std::string reason;    ///< the policy's reason
-};
-
-/// How a node's exit barrier ended.
-struct barrier_result {
-    enum class kind { complete, aborted, timed_out };
-    kind how = kind::complete;
-    std::vector<int> missing;         ///< timed_out: the group ranks that did not finish
-    std::vector<std::string> missing_hosts;  ///< timed_out: their hosts (same order)
-    std::optional<abort_notice> abort;  ///< aborted: why
-};
-
-/*
- * rendezvous: one node's handle on the job's rounds. A model provides
- *   next_round(node_info)          -> awaitable<rendezvous_round>  join and await the round
- *   wait_for_abort()               -> awaitable<abort_notice>      the current round's abort
- *                                                                  (push; cancellable)
- *   abort(abort_notice)            -> awaitable<bool>   report a failure; true: this node won
- *   decide(job_decision)           -> awaitable<void>   the winner publishes restart/stop
- *   await_decision()               -> awaitable<job_decision>
- *   finish(timeout)                -> awaitable<barrier_result>  this node is done; exit barrier
- *   leave()                        -> awaitable<void>   this node is leaving the job for good
- * Waiting is by store notification, never by polling.
- */
-template <class R>
-concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_decision decision,
-                              std::chrono::milliseconds timeout) {
-    { r.next_round(info) } -> std::same_as<asio::awaitable<rendezvous_round>>;
-    { r.wait_for_abort() } -> std::same_as<asio::awaitable<abort_notice>>;
-    { r.abort(notice) } -> std::same_as<asio::awaitable<bool>>;
-    { r.decide(decision) } -> std::same_as<asio::awaitable<void>>;
-    { r.await_decision() } -> std::same_as<asio::awaitable<job_decision>>;
-    { r.finish(timeout) } -> std::same_as<asio::awaitable<barrier_result>>;
-    { r.leave() } -> std::same_as<asio::awaitable<void>>;
-};
-
-}  // namespace elastic::inline v0
-// ---- end elastic/rendezvous/concepts.hpp ----
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -15908,6 +11261,93 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/store_rendezvous.hpp ----
+// ---- begin elastic/rendezvous/tcp_rendezvous.hpp ----
+// tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
+// is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
+
+// ---- begin elastic/usage_error.hpp ----
+// elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
+// layers which read variables take instead of the process environment.
+
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+extern "C" char** environ;  // POSIX: declared by <unistd.h> only with _GNU_SOURCE; declare it ourselves.
+
+namespace elastic::inline v0 {
+
+/// Bad input to a launcher: an unknown option, a malformed or out-of-range value, a program that
+/// cannot run. The message is one line naming the option (or variable), the value and the rule;
+/// a launcher prints it and exits with exit_code() without starting any worker.
+class usage_error : public error {
+public:
+    /// `message` is kept on one line: control characters (a newline in a value read from the
+    /// environment, say) are written as escapes such as `\n` and `\x1b`.
+    explicit usage_error(std::string_view message) : error(one_line(message)) {}
+
+    /// The exit status for this error: 2, as argparse (and so torchrun) uses for usage errors.
+    [[nodiscard]] static constexpr int exit_code() noexcept { return 2; }
+
+private:
+    static std::string one_line(std::string_view message) {
+        static constexpr char hex[] = "0123456789abcdef";
+        std::string out;
+        out.reserve(message.size());
+        for (const char c : message) {
+            const auto byte = static_cast<unsigned char>(c);
+            if (c == '\n') {
+                out += "\\n";
+            } else if (c == '\t') {
+                out += "\\t";
+            } else if (c == '\r') {
+                out += "\\r";
+            } else if (byte < 0x20 || byte == 0x7f) {
+                out += "\\x";
+                out += hex[byte >> 4];
+                out += hex[byte & 0xf];
+            } else {
+                out += c;
+            }
+        }
+        return out;
+    }
+};
+
+/// A set of environment variables, name to value. The launch layer (and the rendezvous, for its
+/// secret) reads its variables (PET_*,
+/// PYTHON_EXEC, PATH, CUDA_VISIBLE_DEVICES, ...) from one of these rather than from the process
+/// environment, so a custom launcher or a test controls exactly what is seen.
+using environment = std::map<std::string, std::string, std::less<>>;
+
+/// The process environment (`environ`) as an environment map. The first definition of a name
+/// wins, as getenv(3) does.
+[[nodiscard]] inline environment current_environment() {
+    environment env;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+        const std::string_view text{*entry};
+        const auto equals = text.find('=');
+        if (equals == std::string_view::npos || equals == 0) {
+            continue;
+        }
+        env.emplace(std::string{text.substr(0, equals)}, std::string{text.substr(equals + 1)});
+    }
+    return env;
+}
+
+namespace detail {
+
+/// The value of `name` in `env`, or nullptr.
+[[nodiscard]] inline const std::string* find_variable(const environment& env, std::string_view name) {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : &it->second;
+}
+
+}  // namespace detail
+}  // namespace elastic::inline v0
+// ---- end elastic/usage_error.hpp ----
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -16524,6 +11964,3000 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/tcp_rendezvous.hpp ----
+// ---- end elastic/rendezvous.hpp ----
+// ---- begin elastic/policy.hpp ----
+// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
+// max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
+
+// ---- begin elastic/policy/concepts.hpp ----
+// The restart_policy concept: a coroutine awaited with a worker group's failure that answers
+// restart (after whatever delay it awaits itself) or stop, with a reason in words.
+
+
+#include <asio/awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// A worker group's failure, as a restart policy sees it.
+///
+/// `workers` holds every worker that did not succeed, in report form (report/failure.hpp):
+/// those that failed on their own (`failure_state::failed`: exit code or signal, error file,
+/// stderr tail, when the agent saw the exit) and those the agent then stopped
+/// (`failure_state::stopped_by_agent`). The helpers below answer the usual questions.
+struct group_failure {
+    /// The failed and the stopped workers of the group (not those that had exited 0).
+    std::vector<worker_failure> workers;
+    /// Restarts of the group so far in this job (0 at the first failure). The count workers see
+    /// as TORCHELASTIC_RESTART_COUNT during the attempt that failed.
+    int restarts = 0;
+    /// When the failed attempt's workers had all been started.
+    std::chrono::steady_clock::time_point started{};
+    /// When the agent saw the first failure (the end of the healthy period).
+    std::chrono::steady_clock::time_point failed{};
+
+    /// How long the group ran healthy before the first failure.
+    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
+        return failed - started;
+    }
+
+    /// The workers that failed on their own (never those the agent stopped).
+    [[nodiscard]] std::vector<const worker_failure*> failures() const {
+        std::vector<const worker_failure*> out;
+        for (const auto& w : workers) {
+            if (w.state == failure_state::failed) out.push_back(&w);
+        }
+        return out;
+    }
+
+    /// The root cause: the first failure by time (report's root_cause rule); null when no
+    /// worker failed on its own.
+    [[nodiscard]] const worker_failure* root_cause() const noexcept {
+        const auto i = elastic::root_cause(std::span<const worker_failure>(workers));
+        return i ? &workers[*i] : nullptr;
+    }
+
+    /// The local ranks and global ranks that failed on their own, in rank order.
+    [[nodiscard]] std::vector<int> failed_local_ranks() const {
+        std::vector<int> out;
+        for (const auto* w : failures()) out.push_back(w->local_rank);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+    [[nodiscard]] std::vector<int> failed_global_ranks() const {
+        std::vector<int> out;
+        for (const auto* w : failures()) out.push_back(w->global_rank);
+        std::sort(out.begin(), out.end());
+        return out;
+    }
+};
+
+/// What a policy answers.
+struct restart_decision {
+    enum class action { restart, stop };
+
+    action what = action::stop;
+    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
+    std::string reason;
+
+    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
+
+    static restart_decision restart_because(std::string why) {
+        return {action::restart, std::move(why)};
+    }
+    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
+};
+
+/*
+ * restart_policy: what a model must provide and what it promises.
+ *
+ *   asio::awaitable<restart_decision> operator()(const group_failure& failure);
+ *
+ * - The agent awaits it once per failed attempt, after the group has been stopped, on the
+ *   agent's io_context (one thread: a policy needs no locks). The failure lives until the
+ *   awaitable completes.
+ * - A policy may await anything before answering (a backoff timer, a store, an operator): the
+ *   agent races the await against the signals it handles, so a policy must be cancellable at
+ *   its suspension points (Asio's timers and sockets are).
+ * - It may keep state across calls (a budget spent, a window of failures); the agent holds
+ *   one object for the whole job and calls it through a non-const reference.
+ * - Combinators (`a | b`: the first to say stop wins, delays add up) take models by value and
+ *   are models themselves; that is why the call is the only requirement.
+ */
+template <class P>
+concept restart_policy = std::move_constructible<P> && requires(P& p, const group_failure& f) {
+    { p(f) } -> std::same_as<asio::awaitable<restart_decision>>;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/concepts.hpp ----
+// ---- begin elastic/policy/max_restarts.hpp ----
+// max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
+/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
+///
+/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
+/// than a counter of its own, so a copy of the policy, or one built again after a membership
+/// change, answers the same.
+class max_restarts {
+public:
+    /// `n` >= 0 restarts allowed in the job.
+    explicit max_restarts(int n) : budget_(n) {
+        if (n < 0) {
+            throw std::invalid_argument(
+                fmt::format("max_restarts({}): the budget must be 0 or more", n));
+        }
+    }
+
+    /// The budget.
+    [[nodiscard]] int budget() const noexcept { return budget_; }
+
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
+        if (failure.restarts < budget_) {
+            co_return restart_decision::restart_because(
+                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
+                            budget_));
+        }
+        co_return restart_decision::stop_because(
+            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
+                         : fmt::format("the restart budget is spent: {} of {} restarts made "
+                                       "(--max-restarts={})",
+                                       failure.restarts, budget_, budget_));
+    }
+
+private:
+    int budget_;
+};
+
+static_assert(restart_policy<max_restarts>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/max_restarts.hpp ----
+// ---- begin elastic/policy/clock.hpp ----
+// Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
+// asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
+
+
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/system_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/*
+ * policy_clock: where a restart policy reads the time and how it waits.
+ *
+ *   std::chrono::steady_clock::time_point now() const;
+ *   asio::awaitable<void> sleep(std::chrono::steady_clock::duration) const;
+ *
+ * - now() is on the steady clock's scale, the scale of group_failure::started / failed.
+ * - sleep() completes after the duration (at once for zero or less) on the awaiting coroutine's
+ *   executor, and is cancellable like an Asio timer: a cancelled sleep throws
+ *   asio::system_error(operation_aborted), so an agent racing the policy against a signal is
+ *   never held up by a backoff.
+ * - Copies share one time: a policy holds its clock by value.
+ */
+template <class C>
+concept policy_clock = std::copy_constructible<C> &&
+                       requires(const C& c, std::chrono::steady_clock::duration d) {
+                           { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
+                           { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
+                       };
+
+/// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
+struct steady_policy_clock {
+    [[nodiscard]] std::chrono::steady_clock::time_point now() const noexcept {
+        return std::chrono::steady_clock::now();
+    }
+
+    /// Static in substance: the timer lives in the coroutine frame, not in the clock.
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
+        if (d <= std::chrono::steady_clock::duration::zero()) co_return;
+        asio::steady_timer timer(co_await asio::this_coro::executor, d);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+};
+
+static_assert(policy_clock<steady_policy_clock>);
+
+/// A clock for tests: now() stands still until advance(); a sleep completes when advance() has
+/// moved the time to or past its deadline. Nothing sleeps for real. Copies share the time.
+///
+/// A pending sleep is an asio::steady_timer set to expire never; advance() cancels the timers
+/// whose deadline has come, marking them woken, so the coroutine resumes on its own executor
+/// through the ordinary completion path (and a real cancellation, unmarked, still throws).
+class manual_policy_clock {
+public:
+    using time_point = std::chrono::steady_clock::time_point;
+    using duration = std::chrono::steady_clock::duration;
+
+    /// Time starts at `start`: by default one day past the steady clock's epoch, so that
+    /// `now() - window` never goes below the epoch.
+    explicit manual_policy_clock(time_point start = time_point{} + std::chrono::hours(24))
+        : state_(std::make_shared<state>()) {
+        state_->now = start;
+    }
+
+    [[nodiscard]] time_point now() const noexcept { return state_->now; }
+
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<void> sleep(duration d) const {
+        const auto shared = state_;  // the clock object may go before the sleep ends
+        shared->requested.push_back(d);
+        if (d <= duration::zero()) co_return;
+        asio::steady_timer timer(co_await asio::this_coro::executor, time_point::max());
+        sleeper me{shared->now + d, &timer, false};
+        shared->sleepers.push_back(&me);
+        struct unlist {
+            state* s;
+            sleeper* me;
+            ~unlist() { std::erase(s->sleepers, me); }
+        } guard{shared.get(), &me};
+        asio::error_code ignored;  // woken or cancelled: `woken` tells which
+        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
+    }
+
+    /// Moves the time forward by `d` and wakes every sleep whose deadline has come (they resume
+    /// when their io_context next runs handlers).
+    void advance(duration d) {
+        state_->now += d;
+        for (auto* s : state_->sleepers) {
+            if (!s->woken && s->deadline <= state_->now) {
+                s->woken = true;
+                s->timer->cancel();
+            }
+        }
+    }
+
+    /// Sleeps begun and not finished.
+    [[nodiscard]] std::size_t sleeping() const noexcept { return state_->sleepers.size(); }
+
+    /// The deadline of the earliest pending sleep, or time_point::max() when none.
+    [[nodiscard]] time_point next_deadline() const noexcept {
+        time_point next = time_point::max();
+        for (const auto* s : state_->sleepers) next = std::min(next, s->deadline);
+        return next;
+    }
+
+    /// Every duration sleep() was called with, in order (zero ones included).
+    [[nodiscard]] const std::vector<duration>& sleeps() const noexcept { return state_->requested; }
+
+private:
+    struct sleeper {
+        time_point deadline;
+        asio::steady_timer* timer;
+        bool woken;
+    };
+    struct state {
+        time_point now{};
+        std::vector<sleeper*> sleepers;
+        std::vector<duration> requested;
+    };
+    std::shared_ptr<state> state_;
+};
+
+static_assert(policy_clock<manual_policy_clock>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/clock.hpp ----
+// ---- begin elastic/policy/spec.hpp ----
+// The settings of the built-in restart policies as values: durations in words, backoff_spec,
+// window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
+// (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard), and
+// restart_settings, all of them together (what make_default_policy takes).
+
+// ---- begin elastic/detail/text.hpp ----
+// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
+// `name=value` as error messages show it, and a duration in seconds.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::text {
+
+[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
+    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!text.empty() && is_space(text.front())) {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && is_space(text.back())) {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+[[nodiscard]] inline std::string lower(std::string_view text) {
+    std::string out{text};
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    return out;
+}
+
+/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
+[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
+    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
+    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+}
+
+/// Splits on `sep`; "" gives one empty piece.
+[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
+    std::vector<std::string_view> pieces;
+    for (;;) {
+        const auto at = text.find(sep);
+        pieces.push_back(text.substr(0, at));
+        if (at == std::string_view::npos) {
+            return pieces;
+        }
+        text.remove_prefix(at + 1);
+    }
+}
+
+/// A duration as a number of seconds, as the options take it: `30`, `0.5`.
+[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
+    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
+                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+}
+
+/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
+[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
+    text = trim(text);
+    if (!text.empty() && text.front() == '+') {
+        text.remove_prefix(1);
+    }
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+}  // namespace detail::text
+
+}  // namespace elastic::inline v0
+// ---- end elastic/detail/text.hpp ----
+
+#include <fmt/format.h>
+
+#include <bitset>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0 {
+
+namespace detail::policy_impl {
+
+/// "1.5" from 1500 (thousandths), trailing zeros dropped.
+[[nodiscard]] inline std::string thousandths(long long value) {
+    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
+    while (out.back() == '0') out.pop_back();
+    if (out.back() == '.') out.pop_back();
+    return out;
+}
+
+[[nodiscard]] inline std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
+    using namespace std::chrono;
+    const char* space = spaced ? " " : "";
+    const auto ms = duration_cast<milliseconds>(d).count();
+    if (ms < 0) return "-" + duration_text(-d, spaced);
+    if (ms == 0 && d.count() != 0) return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
+    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
+    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
+    return fmt::format("{}{}s", thousandths(ms), space);
+}
+
+}  // namespace detail::policy_impl
+
+/// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
+/// parse_duration() reads it back exactly (to the millisecond).
+[[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
+    return detail::policy_impl::duration_text(d, false);
+}
+
+/// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
+[[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
+    return detail::policy_impl::duration_text(d, true);
+}
+
+/// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
+/// seconds, as torchrun's options count. At most 1e9 seconds; held to the millisecond. `name`
+/// names the option or variable in the usage_error.
+[[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
+                                                              bool allow_zero = false) {
+    const auto word = detail::text::trim(text);
+    std::size_t unit_at = 0;
+    while (unit_at < word.size() &&
+           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
+        ++unit_at;
+    }
+    const auto number = word.substr(0, unit_at);
+    const auto unit = detail::text::lower(detail::text::trim(word.substr(unit_at)));
+    double value = -1;
+    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
+                                           std::chars_format::fixed);
+    double scale = 0;
+    if (unit.empty() || unit == "s") scale = 1;
+    else if (unit == "ms") scale = 0.001;
+    else if (unit == "m" || unit == "min") scale = 60;
+    else if (unit == "h") scale = 3600;
+    const double seconds = value * scale;
+    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
+    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
+                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
+                    (allow_zero || std::llround(seconds * 1000.0) > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
+                                      "counts seconds)",
+                                      detail::text::show(name, text), allow_zero ? "" : "above 0 ")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+/// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
+/// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
+struct backoff_spec {
+    std::chrono::milliseconds initial{1000};
+    std::chrono::milliseconds cap{60000};
+    /// Kubernetes' CrashLoopBackOff forgets its backoff after 10 minutes of healthy running.
+    std::chrono::milliseconds reset_after{std::chrono::minutes(10)};
+    /// Each delay grows by this factor (> 1 ... or exactly 1 for a constant delay).
+    double factor = 2.0;
+    /// Each delay is shortened by up to this fraction, at random (0 <= jitter < 1), so that the
+    /// nodes of a job do not all come back at the same instant.
+    double jitter = 0.1;
+
+    /// The command-line form, as reasons cite it: "--restart-backoff=1s:1min" (":RESET" when
+    /// not the default).
+    [[nodiscard]] std::string flag() const {
+        std::string out = fmt::format("--restart-backoff={}:{}", duration_flag_text(initial), duration_flag_text(cap));
+        if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
+        return out;
+    }
+    friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
+};
+
+/// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
+[[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::text::split(text, ':');
+    if (parts.size() < 2 || parts.size() > 3) {
+        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
+                                      detail::text::show(name, text))};
+    }
+    backoff_spec spec;
+    spec.initial = parse_duration(parts[0], name);
+    spec.cap = parse_duration(parts[1], name);
+    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
+    if (spec.cap < spec.initial) {
+        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
+                                      detail::text::show(name, text), duration_flag_text(spec.cap),
+                                      duration_flag_text(spec.initial))};
+    }
+    return spec;
+}
+
+/// --restart-window=N/PERIOD: at most N restarts within any PERIOD (a sliding window).
+struct window_spec {
+    int restarts = 1;
+    std::chrono::milliseconds period{std::chrono::hours(1)};
+
+    [[nodiscard]] std::string flag() const {
+        return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
+    }
+    friend bool operator==(const window_spec&, const window_spec&) = default;
+};
+
+/// Parses N/PERIOD (N >= 1).
+[[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::text::split(text, '/');
+    if (parts.size() != 2) {
+        throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
+                                      detail::text::show(name, text))};
+    }
+    const auto n = detail::text::to_integer(detail::text::trim(parts[0]));
+    if (!n || *n < 1 || *n > 1'000'000) {
+        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
+                                      detail::text::show(name, text))};
+    }
+    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
+}
+
+/// A class of worker endings: exit codes, and deaths by signal. `signals` (any signal) and a
+/// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
+/// since workers are often started by a wrapper script.
+struct exit_code_set {
+    std::bitset<256> codes;    ///< exit codes 0..255
+    bool any_signal = false;   ///< every death by signal
+    std::bitset<65> signals;   ///< signals 1..64 by number
+
+    [[nodiscard]] bool contains(const exit_status& status) const noexcept {
+        if (status.signaled()) return any_signal || (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
+        if (status.value < 0 || status.value > 255) return false;
+        if (codes.test(static_cast<std::size_t>(status.value))) return true;
+        const int n = status.value - 128;
+        return n >= 1 && n <= 64 && (any_signal || signals.test(static_cast<std::size_t>(n)));
+    }
+
+    /// The canonical text: codes and ranges ascending, then "signals" or the signal names
+    /// ("1,3-5,signals"); parse_exit_code_set() reads it back.
+    [[nodiscard]] std::string to_string() const {
+        std::string out;
+        const auto add = [&](const std::string& item) { out += (out.empty() ? "" : ",") + item; };
+        for (std::size_t c = 0; c < 256; ++c) {
+            if (!codes.test(c)) continue;
+            std::size_t last = c;
+            while (last + 1 < 256 && codes.test(last + 1)) ++last;
+            add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
+            c = last;
+        }
+        if (any_signal) {
+            add("signals");
+        } else {
+            for (int s = 1; s <= 64; ++s) {
+                if (signals.test(static_cast<std::size_t>(s))) add(signal_name(s));
+            }
+        }
+        return out;
+    }
+    friend bool operator==(const exit_code_set&, const exit_code_set&) = default;
+};
+
+/// Parses a comma-separated set: exit codes (`3`), ranges (`3-5`), `signals` (any death by a
+/// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
+[[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
+    exit_code_set set;
+    for (const auto raw : detail::text::split(text, ',')) {
+        const auto item = detail::text::trim(raw);
+        const auto word = detail::text::lower(item);
+        if (word == "signals" || word == "signal") {
+            set.any_signal = true;
+            continue;
+        }
+        if (word.rfind("sig", 0) == 0) {
+            const int found = signal_number(word);
+            if (found == 0 || found > 64) {
+                throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
+                                              detail::text::show(name, text), item)};
+            }
+            set.signals.set(static_cast<std::size_t>(found));
+            continue;
+        }
+        const auto dash = item.find('-', 1);
+        const auto first = detail::text::to_integer(detail::text::trim(item.substr(0, dash)));
+        const auto last = dash == std::string_view::npos
+                              ? first
+                              : detail::text::to_integer(detail::text::trim(item.substr(dash + 1)));
+        if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
+            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
+                                          "a signal name",
+                                          detail::text::show(name, text), item)};
+        }
+        for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
+    }
+    return set;
+}
+
+/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
+/// N, only the N-th such start in a row stops the job).
+struct crash_guard_spec {
+    std::chrono::milliseconds within{10000};
+    int in_a_row = 1;
+
+    [[nodiscard]] std::string flag() const {
+        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
+                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+    }
+    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
+};
+
+/// Parses T or T:N (N >= 1).
+[[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::text::split(text, ':');
+    if (parts.size() > 2) {
+        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::text::show(name, text))};
+    }
+    crash_guard_spec spec;
+    spec.within = parse_duration(parts[0], name);
+    if (parts.size() == 2) {
+        const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
+        if (!n || *n < 1 || *n > 1'000'000) {
+            throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
+                                          detail::text::show(name, text))};
+        }
+        spec.in_a_row = static_cast<int>(*n);
+    }
+    return spec;
+}
+
+/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
+/// what make_default_policy builds the default policy from (launch_config::restarts()).
+struct restart_settings {
+    int max_restarts = 0;                          ///< --max-restarts
+    std::optional<backoff_spec> backoff;           ///< --restart-backoff
+    std::optional<window_spec> window;             ///< --restart-window
+    std::optional<exit_code_set> on_exit;          ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;   ///< --restart-crash-guard
+    friend bool operator==(const restart_settings&, const restart_settings&) = default;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/spec.hpp ----
+// ---- begin elastic/policy/combinators.hpp ----
+// Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
+// built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
+
+
+#include <asio/awaitable.hpp>
+
+#include <array>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// What a planned policy would answer, before anything is awaited or counted.
+struct restart_plan {
+    restart_decision decision;
+    /// Awaited (through the policy's wait()) before the restart; zero for none.
+    std::chrono::steady_clock::duration delay{};
+};
+
+/*
+ * planned_restart_policy: a restart_policy split in three steps, so that a chain can ask every
+ * part before any of them waits or counts.
+ *
+ *   restart_plan plan(const group_failure&);          // decide; no waiting, no state change
+ *   asio::awaitable<void> wait(steady_clock::duration);  // the delay, on the policy's clock
+ *   void commit(const group_failure&);                 // the restart is happening: count it
+ *
+ * Calling the policy alone is plan(), then on restart wait(delay) and commit(): every built-in
+ * model (backoff, restart_window, exit_code_policy, crash_loop_guard) is one.
+ */
+template <class P>
+concept planned_restart_policy =
+    restart_policy<P> && requires(P& p, const group_failure& f, std::chrono::steady_clock::duration d) {
+        { p.plan(f) } -> std::same_as<restart_plan>;
+        { p.wait(d) } -> std::same_as<asio::awaitable<void>>;
+        p.commit(f);
+    };
+
+namespace detail::policy_impl {
+
+/// A planned policy called alone: plan, wait, count. A cancelled wait counts nothing.
+template <class P>
+asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& failure) {
+    auto plan = policy.plan(failure);
+    if (plan.decision.restart()) {
+        if (plan.delay > std::chrono::steady_clock::duration::zero()) co_await policy.wait(plan.delay);
+        policy.commit(failure);
+    }
+    co_return std::move(plan.decision);
+}
+
+}  // namespace detail::policy_impl
+
+/// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
+/// and nothing after it is asked); when all answer restart the delays add up and the reasons are
+/// joined with "; ". Planned parts (the built-in models) only plan while the chain asks: their
+/// delays are awaited after the last part has said restart, then every planned part counts the
+/// restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
+/// that happen. Any other part is awaited in its turn (it may wait for whatever it likes).
+template <class... Parts>
+class policy_chain {
+    static_assert(sizeof...(Parts) > 0, "a policy_chain needs a part");
+
+public:
+    explicit policy_chain(Parts... parts) : parts_(std::move(parts)...) {}
+    explicit policy_chain(std::tuple<Parts...> parts) : parts_(std::move(parts)) {}
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        progress p;
+        auto stop = co_await consult<0>(failure, p);
+        if (stop) co_return std::move(*stop);
+        co_await wait_all<0>(p);
+        commit_all<0>(failure);
+        co_return restart_decision::restart_because(std::move(p.reason));
+    }
+
+    /// The parts, for inspection (a test's, or a launcher's log).
+    [[nodiscard]] std::tuple<Parts...>& parts() noexcept { return parts_; }
+    [[nodiscard]] const std::tuple<Parts...>& parts() const noexcept { return parts_; }
+    [[nodiscard]] std::tuple<Parts...> release() && { return std::move(parts_); }
+
+private:
+    struct progress {
+        std::array<std::chrono::steady_clock::duration, sizeof...(Parts)> delays{};
+        std::string reason;
+
+        void add(const std::string& why) {
+            if (why.empty()) return;
+            if (!reason.empty()) reason += "; ";
+            reason += why;
+        }
+    };
+
+    template <std::size_t I>
+    asio::awaitable<std::optional<restart_decision>> consult(const group_failure& failure, progress& p) {
+        if constexpr (I == sizeof...(Parts)) {
+            co_return std::nullopt;
+        } else {
+            auto& part = std::get<I>(parts_);
+            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
+                auto plan = part.plan(failure);
+                if (!plan.decision.restart()) co_return std::move(plan.decision);
+                p.delays[I] = plan.delay;
+                p.add(plan.decision.reason);
+            } else {
+                auto decision = co_await part(failure);
+                if (!decision.restart()) co_return std::move(decision);
+                p.add(decision.reason);
+            }
+            co_return co_await consult<I + 1>(failure, p);
+        }
+    }
+
+    template <std::size_t I>
+    asio::awaitable<void> wait_all(const progress& p) {
+        if constexpr (I < sizeof...(Parts)) {
+            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
+                if (p.delays[I] > std::chrono::steady_clock::duration::zero()) {
+                    co_await std::get<I>(parts_).wait(p.delays[I]);
+                }
+            }
+            co_await wait_all<I + 1>(p);
+        }
+        co_return;
+    }
+
+    template <std::size_t I>
+    void commit_all(const group_failure& failure) {
+        if constexpr (I < sizeof...(Parts)) {
+            if constexpr (planned_restart_policy<std::tuple_element_t<I, std::tuple<Parts...>>>) {
+                std::get<I>(parts_).commit(failure);
+            }
+            commit_all<I + 1>(failure);
+        }
+    }
+
+    std::tuple<Parts...> parts_;
+};
+
+namespace detail::policy_impl {
+
+template <class T>
+struct is_chain : std::false_type {};
+template <class... Ps>
+struct is_chain<policy_chain<Ps...>> : std::true_type {};
+
+template <class P>
+auto parts_of(P&& p) {
+    using D = std::remove_cvref_t<P>;
+    if constexpr (is_chain<D>::value) {
+        if constexpr (std::is_lvalue_reference_v<P>) {
+            return p.parts();
+        } else {
+            return std::move(p).release();
+        }
+    } else {
+        return std::tuple<D>(std::forward<P>(p));
+    }
+}
+
+template <class... Ps>
+policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
+    return policy_chain<Ps...>(std::move(parts));
+}
+
+}  // namespace detail::policy_impl
+
+/// A chain of the given policies, flattened (a chain given as a part contributes its parts).
+template <class... Ps>
+    requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
+auto chain(Ps&&... policies) {
+    return detail::policy_impl::chain_of_tuple(
+        std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
+}
+
+/// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
+/// is an elastic type; for two policies of your own write `elastic::chain(a, b)` or
+/// `using elastic::operator|;`.
+template <class A, class B>
+    requires restart_policy<std::remove_cvref_t<A>> && restart_policy<std::remove_cvref_t<B>>
+auto operator|(A&& a, B&& b) {
+    return chain(std::forward<A>(a), std::forward<B>(b));
+}
+
+/// A planned policy that may be absent (a flag not given): absent, it answers restart with no
+/// reason, no delay and nothing to count.
+template <class P>
+    requires planned_restart_policy<P>
+class optional_policy {
+public:
+    optional_policy() = default;
+    explicit optional_policy(std::optional<P> policy) : policy_(std::move(policy)) {}
+
+    [[nodiscard]] bool has_value() const noexcept { return policy_.has_value(); }
+    [[nodiscard]] P* get() noexcept { return policy_ ? &*policy_ : nullptr; }
+
+    restart_plan plan(const group_failure& failure) {
+        if (!policy_) return {restart_decision::restart_because({}), {}};
+        return policy_->plan(failure);
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) {
+        if (policy_) co_await policy_->wait(d);
+    }
+    void commit(const group_failure& failure) {
+        if (policy_) policy_->commit(failure);
+    }
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    std::optional<P> policy_;
+};
+
+/// Any restart policy behind one type (one allocation), for a policy chosen at run time.
+/// Calls forward to the held policy, whose awaitable it returns as is.
+class any_restart_policy {
+public:
+    template <class P>
+        // The same_as test first: it short-cuts the check of restart_policy<any_restart_policy>,
+        // which would ask for this very constructor again (clang recurses).
+        requires(!std::same_as<std::remove_cvref_t<P>, any_restart_policy>) && restart_policy<std::remove_cvref_t<P>>
+    any_restart_policy(P&& policy)  // NOLINT(google-explicit-constructor): a policy is one
+        : impl_(std::make_unique<model<std::remove_cvref_t<P>>>(std::forward<P>(policy))) {}
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) { return impl_->call(failure); }
+
+private:
+    struct base {
+        virtual ~base() = default;
+        virtual asio::awaitable<restart_decision> call(const group_failure& failure) = 0;
+    };
+    template <class P>
+    struct model final : base {
+        explicit model(P p) : policy(std::move(p)) {}
+        asio::awaitable<restart_decision> call(const group_failure& failure) override { return policy(failure); }
+        P policy;
+    };
+    std::unique_ptr<base> impl_;
+};
+
+static_assert(restart_policy<any_restart_policy>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/combinators.hpp ----
+// ---- begin elastic/policy/backoff.hpp ----
+// backoff: wait before each restart, exponentially longer for failures in a row, capped, with
+// jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// A source of numbers uniform in [0, 1) for jitter; tests pass a fixed one.
+using uniform_source = std::function<double()>;
+
+/// A uniform_source over std::mt19937_64 seeded from std::random_device.
+[[nodiscard]] inline uniform_source random_uniform_source() {
+    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
+        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+    };
+}
+
+/// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
+///     min(cap, initial * factor^k) * (1 - jitter * u),   u uniform in [0, 1),
+/// so jitter only shortens a delay and the cap holds. A failure after the group ran healthy for
+/// `reset_after` or longer starts over at k = 0. It always answers restart: pair it with a
+/// budget (`max_restarts(5) | backoff(1s, 1min)`).
+template <policy_clock Clock = steady_policy_clock>
+class basic_backoff {
+public:
+    explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
+        : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
+        if (spec_.initial <= spec_.initial.zero() || spec_.cap < spec_.initial) {
+            throw std::invalid_argument(fmt::format("backoff({}, {}): want 0 < initial <= cap",
+                                                    duration_flag_text(spec_.initial), duration_flag_text(spec_.cap)));
+        }
+        if (!(spec_.factor >= 1.0) || !std::isfinite(spec_.factor) || !(spec_.jitter >= 0.0 && spec_.jitter < 1.0) ||
+            spec_.reset_after < spec_.reset_after.zero()) {
+            throw std::invalid_argument(
+                fmt::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
+                            spec_.factor, spec_.jitter));
+        }
+        if (!uniform_) uniform_ = random_uniform_source();
+    }
+    /// backoff(1s, 1min): the default factor 2, jitter 10 % and reset after 10 min.
+    basic_backoff(std::chrono::milliseconds initial, std::chrono::milliseconds cap, Clock clock = Clock{})
+        : basic_backoff(backoff_spec{initial, cap}, std::move(clock)) {}
+
+    [[nodiscard]] const backoff_spec& spec() const noexcept { return spec_; }
+    /// Restarts counted in the current run of failures (0 after a reset).
+    [[nodiscard]] int in_a_row() const noexcept { return in_a_row_; }
+
+    restart_plan plan(const group_failure& failure) {
+        const bool reset = failure.healthy_for() >= spec_.reset_after;
+        const int k = reset ? 0 : in_a_row_;
+        const double initial_s = std::chrono::duration<double>(spec_.initial).count();
+        const double cap_s = std::chrono::duration<double>(spec_.cap).count();
+        // pow can overflow to inf for large k: min() with the cap handles it.
+        const double base = std::min(cap_s, initial_s * std::pow(spec_.factor, k));
+        const double u = std::clamp(uniform_(), 0.0, 1.0);
+        const double seconds = base * (1.0 - spec_.jitter * u);
+        const auto delay = std::chrono::round<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
+        pending_ = k + 1;
+        std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
+        if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
+        why += fmt::format("; {})", spec_.flag());
+        return {restart_decision::restart_because(std::move(why)), delay};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
+    void commit(const group_failure&) { in_a_row_ = pending_; }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    backoff_spec spec_;
+    Clock clock_;
+    uniform_source uniform_;
+    int in_a_row_ = 0;
+    int pending_ = 0;
+};
+
+/// The production backoff (steady clock, random jitter).
+using backoff = basic_backoff<>;
+
+static_assert(planned_restart_policy<backoff>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/backoff.hpp ----
+// ---- begin elastic/policy/window.hpp ----
+// restart_window: at most N restarts within any period, a sliding window
+// (--restart-window=N/PERIOD).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <deque>
+#include <stdexcept>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// A budget per time window: restart while fewer than N restarts were made in the last PERIOD
+/// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
+/// were. Unlike max_restarts, a job that fails rarely runs for ever.
+template <policy_clock Clock = steady_policy_clock>
+class basic_restart_window {
+public:
+    explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
+        if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
+            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
+                                                    spec_.restarts, duration_flag_text(spec_.period)));
+        }
+    }
+    /// restart_window(5, 1h).
+    basic_restart_window(int restarts, std::chrono::milliseconds period, Clock clock = Clock{})
+        : basic_restart_window(window_spec{restarts, period}, std::move(clock)) {}
+
+    [[nodiscard]] const window_spec& spec() const noexcept { return spec_; }
+    /// Restarts made within the last period, as of now.
+    [[nodiscard]] int recent() {
+        forget_old();
+        return static_cast<int>(times_.size());
+    }
+
+    restart_plan plan(const group_failure&) {
+        const int made = recent();
+        if (made >= spec_.restarts) {
+            const auto since = clock_.now() - times_.front();
+            return {restart_decision::stop_because(fmt::format(
+                        "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
+                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
+                    {}};
+        }
+        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
+                                                              spec_.restarts, duration_words(spec_.period),
+                                                              spec_.flag())),
+                {}};
+    }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
+    void commit(const group_failure&) { times_.push_back(clock_.now()); }
+
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    void forget_old() {
+        const auto now = clock_.now();
+        while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
+    }
+
+    window_spec spec_;
+    Clock clock_;
+    std::deque<std::chrono::steady_clock::time_point> times_;
+};
+
+/// The production window (steady clock).
+using restart_window = basic_restart_window<>;
+
+static_assert(planned_restart_policy<restart_window>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/window.hpp ----
+// ---- begin elastic/policy/exit_codes.hpp ----
+// Exit-code classes: restart only when the root cause ended in a retryable way (a named set of
+// exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Judges the root cause (the first worker to fail, by time: the others usually fail because of
+/// it) against a set of endings. `restart_on_exit(set)`: restart only when it is in the set;
+/// `stop_on_exit(set)`: stop when it is. With no worker failed on its own, it restarts.
+class exit_code_policy {
+public:
+    enum class mode { restart_listed, stop_listed };
+
+    exit_code_policy(exit_code_set set, mode m) : set_(std::move(set)), mode_(m) {}
+
+    [[nodiscard]] const exit_code_set& set() const noexcept { return set_; }
+    [[nodiscard]] mode which() const noexcept { return mode_; }
+    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no flag and
+    /// shows its C++ form.
+    [[nodiscard]] std::string flag() const {
+        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string())
+                                             : fmt::format("stop_on_exit({})", set_.to_string());
+    }
+
+    restart_plan plan(const group_failure& failure) {
+        const auto* root = failure.root_cause();
+        if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
+        const auto& status = root->status;
+        const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
+        const bool listed = set_.contains(status);
+        if (mode_ == mode::restart_listed) {
+            if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
+            return {restart_decision::stop_because(
+                        fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
+                    {}};
+        }
+        if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
+        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
+    }
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    void commit(const group_failure&) {}
+
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    exit_code_set set_;
+    mode mode_;
+};
+
+static_assert(planned_restart_policy<exit_code_policy>);
+
+/// Restart only when the root cause's ending is in `set`; stop at once otherwise.
+[[nodiscard]] inline exit_code_policy restart_on_exit(exit_code_set set) {
+    return {std::move(set), exit_code_policy::mode::restart_listed};
+}
+/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
+[[nodiscard]] inline exit_code_policy restart_on_exit(std::string_view text) {
+    return restart_on_exit(parse_exit_code_set(text, "restart_on_exit"));
+}
+/// Stop at once when the root cause's ending is in `set`; otherwise restart.
+[[nodiscard]] inline exit_code_policy stop_on_exit(exit_code_set set) {
+    return {std::move(set), exit_code_policy::mode::stop_listed};
+}
+[[nodiscard]] inline exit_code_policy stop_on_exit(std::string_view text) {
+    return stop_on_exit(parse_exit_code_set(text, "stop_on_exit"));
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/exit_codes.hpp ----
+// ---- begin elastic/policy/crash_loop.hpp ----
+// crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
+// loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
+/// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
+/// A group that ran longer restarts and clears the count.
+class crash_loop_guard {
+public:
+    explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
+        if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
+            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
+                                                    duration_flag_text(spec_.within), spec_.in_a_row));
+        }
+    }
+    /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
+    explicit crash_loop_guard(std::chrono::milliseconds within, int in_a_row = 1)
+        : crash_loop_guard(crash_guard_spec{within, in_a_row}) {}
+
+    [[nodiscard]] const crash_guard_spec& spec() const noexcept { return spec_; }
+
+    restart_plan plan(const group_failure& failure) {
+        const auto ran = failure.healthy_for();
+        const bool early = ran < spec_.within;
+        pending_ = early ? early_ + 1 : 0;
+        if (!early) {
+            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
+                                                                  duration_words(ran), duration_words(spec_.within))),
+                    {}};
+        }
+        if (pending_ >= spec_.in_a_row) {
+            return {restart_decision::stop_because(
+                        spec_.in_a_row == 1
+                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
+                                          "not retried ({})",
+                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
+                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
+                                          "the crash-loop guard of {}: not retried ({})",
+                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
+                    {}};
+        }
+        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
+                                                              "within {} ({})",
+                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
+                                                              duration_words(spec_.within), spec_.flag())),
+                {}};
+    }
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    void commit(const group_failure&) { early_ = pending_; }
+
+    template <class = void>  // a template: compiled only where it is called
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy_impl::run_planned(*this, failure);
+    }
+
+private:
+    crash_guard_spec spec_;
+    int early_ = 0;
+    int pending_ = 0;
+};
+
+static_assert(planned_restart_policy<crash_loop_guard>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/crash_loop.hpp ----
+// ---- begin elastic/policy/default_policy.hpp ----
+// make_default_policy(settings): the restart policy elasticrun runs under, built from
+// --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
+
+
+#include <optional>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// The default policy, in this order (the first to say stop wins; docs/policies.md):
+///
+///     restart_on_exit(--restart-on-exit) | crash_loop_guard(--restart-crash-guard)
+///       | max_restarts(--max-restarts) | restart_window(--restart-window) | backoff(--restart-backoff)
+///
+/// each part present only when its option is given, except max_restarts: always there, unless
+/// --restart-window is given with --max-restarts left at 0, where the window is the budget (a
+/// window with no restart allowed at all would mean nothing). With none of the --restart-*
+/// options it answers exactly as max_restarts(--max-restarts). `clock` and `uniform` are for
+/// tests (the window's and the backoff's time, the jitter).
+template <policy_clock Clock = steady_policy_clock>
+[[nodiscard]] any_restart_policy make_default_policy(const restart_settings& settings, Clock clock = Clock{},
+                                                     uniform_source uniform = random_uniform_source()) {
+    optional_policy<exit_code_policy> exits;
+    if (settings.on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*settings.on_exit));
+    optional_policy<crash_loop_guard> guard;
+    if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
+    optional_policy<basic_backoff<Clock>> delay;
+    if (settings.backoff) {
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock, std::move(uniform)));
+    }
+    if (settings.window) {
+        basic_restart_window<Clock> window(*settings.window, clock);
+        if (settings.max_restarts == 0) {
+            return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
+        }
+        return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(window),
+                     std::move(delay));
+    }
+    return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(delay));
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/default_policy.hpp ----
+// ---- end elastic/policy.hpp ----
+// ---- begin elastic/agent.hpp ----
+// The agent layer: one node's agent (local_agent), the worker environment contract, the
+// workers' output (log tree, relays, prefixes), and the agent's log.
+
+// ---- begin elastic/agent/agent_log.hpp ----
+// agent_log: the agent's own messages, one format with a level and a time (torchrun's newest
+// layout), filtered by LOGLEVEL.
+
+// ---- begin elastic/agent/output.hpp ----
+// The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
+// stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
+// each line after the rank's prefix when asked.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/buffer.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <poll.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+/// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
+/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
+/// closed terminal must not stop the supervision of the workers).
+inline void write_all(int fd, std::string_view text) noexcept {
+    while (!text.empty()) {
+        const ssize_t n = ::write(fd, text.data(), text.size());
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                pollfd p{fd, POLLOUT, 0};
+                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
+                continue;
+            }
+            return;
+        }
+        text.remove_prefix(static_cast<std::size_t>(n));
+    }
+}
+
+}  // namespace detail::agent
+
+/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
+class task_latch {
+public:
+    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+        timer_.expires_at(asio::steady_timer::time_point::max());
+    }
+    void add() noexcept { ++count_; }
+    void done() noexcept {
+        if (--count_ == 0) timer_.cancel();
+    }
+    [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
+    /// held open by a process that writes nothing.
+    void progressed() noexcept { ++progress_; }
+    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
+
+    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
+    /// One latch per attempt's streams.
+    asio::awaitable<void> wait() {
+        if (count_ == 0) co_return;
+        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+    std::size_t count_ = 0;
+    std::uint64_t progress_ = 0;
+};
+
+/// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
+/// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
+/// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
+/// complete lines of a chunk go out in one write(2). A partial line waits for its end; a line
+/// longer than `max_line_bytes` is cut into pieces of that size, each ended with `\n`; at the
+/// end of the stream a partial last line is written, ended with `\n`. The agent is the only writer
+/// of every copied stream, so lines of different workers never interleave inside a line.
+class line_relay {
+public:
+    /// 64 KiB: any line a person reads fits whole; a megabyte without a newline is cut.
+    static constexpr std::size_t default_max_line_bytes = 64 * 1024;
+
+    explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
+        : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
+
+    /// The next chunk of the stream.
+    void feed(std::string_view chunk) {
+        pending_.append(chunk);
+        std::size_t start = 0;
+        for (;;) {
+            const auto at = pending_.find_first_of("\n\r", start);
+            if (at == std::string::npos) break;
+            std::size_t end = at + 1;
+            if (pending_[at] == '\r') {
+                if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
+                if (pending_[end] == '\n') ++end;
+            }
+            out_ += prefix_;
+            out_.append(pending_, start, end - start);
+            start = end;
+        }
+        while (pending_.size() - start >= max_line_bytes_) {
+            out_ += prefix_;
+            out_.append(pending_, start, max_line_bytes_);
+            out_ += '\n';
+            start += max_line_bytes_;
+        }
+        pending_.erase(0, start);
+        write_out();
+    }
+
+    /// Writes what is left (the stream ended mid-line), ended with `\n`.
+    void flush() {
+        if (pending_.empty()) return;
+        out_ += prefix_;
+        out_ += pending_;
+        out_ += '\n';
+        pending_.clear();
+        write_out();
+    }
+
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    void write_out() {
+        if (out_.empty()) return;
+        detail::agent::write_all(out_fd_, out_);
+        out_.clear();
+    }
+
+    int out_fd_;
+    std::string prefix_;
+    std::size_t max_line_bytes_;
+    std::string pending_;
+    std::string out_;
+};
+
+/// Where the bytes of one worker stream are copied (any subset).
+struct stream_copies {
+    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
+    int file_fd = -1;             ///< every byte as written: the stream's log file
+    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
+    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
+    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
+};
+
+/// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
+/// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
+/// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
+/// so a slow console slows the worker (its pipe fills) and nothing is dropped.
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
+    std::unique_ptr<line_relay> console;
+    if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
+    // 64 KiB: a full pipe's worth in one read.
+    auto buffer = std::make_unique<char[]>(65536);
+    for (;;) {
+        const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
+                                                           asio::experimental::as_tuple(asio::use_awaitable));
+        if (n > 0) {
+            const std::string_view chunk(buffer.get(), n);
+            if (copies.tail != nullptr) copies.tail->feed(chunk);
+            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
+            if (console) console->feed(chunk);
+            if (copies.progress != nullptr) copies.progress->progressed();
+        }
+        if (ec) break;
+    }
+    if (console) console->flush();
+}
+
+/// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
+/// no copy).
+inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/output.hpp ----
+// ---- begin elastic/agent/spec.hpp ----
+// What the agent takes: worker_spec (the workers of one node: program, count, role, how they
+// are stopped, where their output goes) and agent_options (the agent's own log level and event
+// log). The launch layer makes both from the command line (launch_config::workers(),
+// launch_config::agent()); a custom launcher may fill them itself.
+
+// ---- begin elastic/agent/program.hpp ----
+// What each worker runs: the program (executable, Python script or module), its resolution on
+// PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
+
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// How the program is run.
+enum class program_kind {
+    automatic,      ///< a `.py` file runs as a Python script, anything else as an executable
+    executable,     ///< run directly (`--no-python`): `program args...`
+    python_script,  ///< `$PYTHON_EXEC -u script args...` (also `--run-path`)
+    python_module,  ///< `$PYTHON_EXEC -u -m module args...` (`-m` / `--module`)
+};
+
+/// The program each worker runs, as a custom launcher fills it in.
+struct worker_program {
+    program_kind kind = program_kind::automatic;
+    std::string target;             ///< executable (path or name on PATH), script path, or module name
+    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
+    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
+};
+
+/// A program resolved to something execv can run.
+struct worker_command {
+    program_kind kind = program_kind::executable;  ///< never automatic
+    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
+    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
+
+    /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
+    [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
+};
+
+/// torchrun's `${local_rank}` macro in one argument, with the semantics of Python's
+/// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
+/// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
+/// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
+[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
+    const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+    const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+    const auto value = fmt::format("{}", local_rank);
+    std::string out;
+    out.reserve(arg.size());
+    std::size_t i = 0;
+    while (i < arg.size()) {
+        if (arg[i] != '$' || i + 1 == arg.size()) {
+            out += arg[i++];
+            continue;
+        }
+        const char next = arg[i + 1];
+        if (next == '$') {
+            out += '$';
+            i += 2;
+        } else if (id_start(next)) {
+            auto end = i + 1;
+            while (end < arg.size() && id_char(arg[end])) {
+                ++end;
+            }
+            const auto name = arg.substr(i + 1, end - i - 1);
+            out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end - i);
+            i = end;
+        } else if (next == '{' && i + 2 < arg.size() && id_start(arg[i + 2])) {
+            auto end = i + 2;
+            while (end < arg.size() && id_char(arg[end])) {
+                ++end;
+            }
+            if (end < arg.size() && arg[end] == '}') {
+                const auto name = arg.substr(i + 2, end - i - 2);
+                out += name == "local_rank" ? std::string_view{value} : arg.substr(i, end + 1 - i);
+                i = end + 1;
+            } else {
+                out += '$';
+                ++i;
+            }
+        } else {
+            out += '$';
+            ++i;
+        }
+    }
+    return out;
+}
+
+inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
+    std::vector<std::string> out;
+    out.reserve(argv.size());
+    for (std::size_t i = 0; i < argv.size(); ++i) {
+        out.push_back(i == 0 ? argv[i] : substitute_local_rank(argv[i], local_rank));
+    }
+    return out;
+}
+
+/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
+/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
+/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
+/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
+[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
+    if (name.empty()) {
+        throw usage_error{fmt::format("{}: the name is empty", role)};
+    }
+    const auto describe = [&](detail::file_check check, std::string_view path) {
+        switch (check) {
+        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+        default:
+            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                               role, path);
+        }
+    };
+    if (name.find('/') != std::string_view::npos) {
+        const std::string path{name};
+        const auto check = detail::check_file(path, X_OK);
+        if (check != detail::file_check::ok) {
+            throw usage_error{describe(check, path)};
+        }
+        return path;
+    }
+    const auto* path_variable = detail::find_variable(env, "PATH");
+    const std::string search = path_variable != nullptr ? *path_variable : std::string(detail::default_search_path);
+    auto [found, first_not_executable] = detail::search_path(name, search);
+    if (!found.empty()) return found;
+    if (!first_not_executable.empty()) {
+        throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
+    }
+    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
+}
+
+/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
+[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
+    if (program.kind != program_kind::automatic) {
+        return program.kind;
+    }
+    const std::string_view target = program.target;
+    return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
+                                                                         : program_kind::executable;
+}
+
+namespace detail::agent {
+
+[[nodiscard]] inline bool valid_module_name(std::string_view name) {
+    for (const auto part : detail::text::split(name, '.')) {
+        if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
+            !std::all_of(part.begin(), part.end(),
+                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace detail::agent
+
+/// Resolves a program to the command the workers run, checking on the way that it can run: the
+/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
+/// module name is a dotted Python name. Throws usage_error naming what is wrong.
+[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
+    worker_command command;
+    command.kind = effective_kind(program);
+    if (program.target.empty()) {
+        throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
+    }
+    switch (command.kind) {
+    case program_kind::automatic:
+    case program_kind::executable:
+        command.kind = program_kind::executable;
+        command.path = find_executable(program.target, env, "program");
+        command.argv.push_back(program.target);
+        break;
+    case program_kind::python_script: {
+        const auto check = detail::check_file(program.target, R_OK);
+        if (check == detail::file_check::missing) {
+            throw usage_error{fmt::format("script {} does not exist", program.target)};
+        }
+        if (check == detail::file_check::directory) {
+            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+        }
+        if (check != detail::file_check::ok) {
+            throw usage_error{fmt::format("script {} is not readable", program.target)};
+        }
+        command.path = find_executable(program.python, env, "PYTHON_EXEC");
+        command.argv = {program.python, "-u", program.target};
+        break;
+    }
+    case program_kind::python_module:
+        if (!detail::agent::valid_module_name(program.target)) {
+            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                          program.target)};
+        }
+        command.path = find_executable(program.python, env, "PYTHON_EXEC");
+        command.argv = {program.python, "-u", "-m", program.target};
+        break;
+    }
+    command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
+    return command;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/program.hpp ----
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+using namespace std::chrono_literals;
+
+/// Which standard streams of a worker go to files (`--redirects`) or files and console (`--tee`).
+enum class std_streams : std::uint8_t { none = 0, out = 1, err = 2, all = 3 };
+
+/// A `--redirects` / `--tee` value: one choice for every local rank (`3`) or one per local rank
+/// (`0:1,1:3`; local ranks not named get `none`, as in torchrun).
+struct stream_selection {
+    std_streams every_rank = std_streams::none;  ///< used when per_rank is empty
+    std::map<int, std_streams> per_rank;         ///< local rank -> streams
+    friend bool operator==(const stream_selection&, const stream_selection&) = default;
+
+    /// The streams chosen for one local rank.
+    [[nodiscard]] std_streams for_rank(int local_rank) const {
+        if (per_rank.empty()) {
+            return every_rank;
+        }
+        const auto it = per_rank.find(local_rank);
+        return it == per_rank.end() ? std_streams::none : it->second;
+    }
+};
+
+/// The agent's log level (`LOGLEVEL`, Python's level names).
+enum class log_level { debug, info, warning, error, critical };
+
+/// The workers of one node, as the agent starts, stops and relays them. Defaults are torchrun's.
+struct worker_spec {
+    worker_program program;          ///< what each worker runs
+    int nproc_per_node = 1;          ///< how many workers (LOCAL_WORLD_SIZE)
+    std::string role = "default";    ///< ROLE_NAME and the log prefix
+    bool virtual_local_rank = false; ///< LOCAL_RANK=0 for every worker (one GPU per worker)
+    /// TORCHELASTIC_MAX_RESTARTS, as the workers are told it (the restart policy decides).
+    int max_restarts = 0;
+    /// The grace between the stop signal and SIGKILL.
+    std::chrono::milliseconds shutdown_timeout = 30s;
+    /// The signals the agent forwards to its workers (TORCHELASTIC_SIGNALS_TO_HANDLE).
+    std::vector<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+
+    /// The log tree's root; unset: a temporary directory; /dev/null: no files at all.
+    std::optional<std::filesystem::path> log_dir;
+    stream_selection redirects;      ///< streams that go to files only
+    stream_selection tee;            ///< streams that go to files and the console
+    std::set<int> local_ranks_filter; ///< local ranks whose output reaches the console; empty: all
+    /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
+    std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+
+    /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
+    [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
+};
+
+/// The agent's own settings.
+struct agent_options {
+    log_level agent_log_level = log_level::warning;  ///< what the agent logs (LOGLEVEL)
+    event_destination event_log_handler;             ///< where its events go (--event-log-handler)
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/spec.hpp ----
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// What the agent writes for people, and how much (LOGLEVEL, torchrun's levels; WARNING by
+/// default, so a healthy run prints nothing of the agent's own). Every line of a message is
+/// written in torchrun's newest layout (PyTorch's log formatter), the launcher's name standing
+/// where torchrun names its source file:
+///
+///     W1122 12:45:07.123456 4242 elasticrun] [default] worker group failed (...); restarting
+///
+/// level letter (D, I, W, E, C), month and day, local time with microseconds, the agent's pid.
+/// A multi-line message gets the prefix on every line. The whole message is one write(2).
+class agent_log {
+public:
+    agent_log(std::string name, log_level level, int fd = 2)
+        : name_(std::move(name)), level_(level), fd_(fd), pid_(static_cast<long>(::getpid())) {}
+
+    [[nodiscard]] bool enabled(log_level level) const noexcept { return level >= level_; }
+    [[nodiscard]] log_level level() const noexcept { return level_; }
+
+    void operator()(log_level level, std::string_view text) const {
+        if (!enabled(level)) return;
+        const auto now = std::chrono::system_clock::now();
+        const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+        std::tm local{};
+        ::localtime_r(&seconds, &local);
+        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+        detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
+    }
+    void debug(std::string_view text) const { (*this)(log_level::debug, text); }
+    void info(std::string_view text) const { (*this)(log_level::info, text); }
+    void warning(std::string_view text) const { (*this)(log_level::warning, text); }
+    void error(std::string_view text) const { (*this)(log_level::error, text); }
+    void critical(std::string_view text) const { (*this)(log_level::critical, text); }
+    /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
+    /// prints its exception).
+    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+    /// The text written for one message: every line (newlines leading and trailing `text` are dropped)
+    /// as `<L><mmdd> <hh:mm:ss>.<micros> <pid> <name>] <line>\n`.
+    [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
+                                            std::string_view name, std::string_view text) {
+        static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
+        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
+                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
+                                        micros, pid, name);
+        while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+        while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
+        std::string out;
+        for (;;) {
+            const auto nl = text.find('\n');
+            out += prefix;
+            out += text.substr(0, nl);
+            out += '\n';
+            if (nl == std::string_view::npos) break;
+            text.remove_prefix(nl + 1);
+        }
+        return out;
+    }
+
+private:
+    std::string name_;
+    log_level level_;
+    int fd_;
+    long pid_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/agent_log.hpp ----
+// ---- begin elastic/agent/local_agent.hpp ----
+// local_agent: one node's agent — hosts the workers' store, runs the worker group with
+// torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
+// asks the restart policy, and ends with torchrun's failure summary and the root cause's code.
+
+// ---- begin elastic/agent/log_tree.hpp ----
+// log_tree: torchrun's per-rank log tree (<log_dir>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/), the
+// route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+namespace elastic::inline v0 {
+
+/// A directory or file of the log tree could not be made (exit 1, nothing lost: no worker of the
+/// attempt was started).
+class log_error : public error {
+public:
+    using error::error;
+};
+
+/// How a worker stream reaches the agent's console.
+enum class console_copy {
+    none,      ///< not at all (redirected only, or a local rank outside --local-ranks-filter)
+    raw,       ///< as the worker wrote it (no prefix): torchrun's behaviour without -r/-t
+    prefixed,  ///< whole lines, each after the rank's prefix (`[default0]:`): -t/--tee
+};
+
+/// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
+struct stream_route {
+    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
+    console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
+    friend bool operator==(const stream_route&, const stream_route&) = default;
+};
+
+/// The routes of a worker's stdout and stderr.
+struct worker_routes {
+    stream_route out;
+    stream_route err;
+    friend bool operator==(const worker_routes&, const worker_routes&) = default;
+};
+
+/// torchrun's rules (DefaultLogsSpecs.reify, newest): tee implies redirect; a redirected stream
+/// goes to its file; a tee'd one to its file and, prefixed, to the console; a stream of a local
+/// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
+/// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
+/// sends it to the console unprefixed instead), a tee'd one to the console only.
+[[nodiscard]] inline worker_routes route_streams(const worker_spec& config, int local_rank) {
+    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
+    const unsigned tee = bits(config.tee.for_rank(local_rank));
+    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
+    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
+    const auto route = [&](std_streams which) {
+        const unsigned bit = bits(which);
+        stream_route r;
+        r.file = (redirected & bit) != 0 && !config.logs_disabled();
+        if (!shown) {
+            r.console = console_copy::none;
+        } else if ((tee & bit) != 0) {
+            r.console = console_copy::prefixed;
+        } else if ((redirected & bit) != 0) {
+            r.console = console_copy::none;
+        } else {
+            r.console = console_copy::raw;
+        }
+        return r;
+    };
+    return {route(std_streams::out), route(std_streams::err)};
+}
+
+/// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
+[[nodiscard]] inline bool writes_log_files(const worker_spec& config) {
+    for (int i = 0; i < config.nproc_per_node; ++i) {
+        const auto r = route_streams(config, i);
+        if (r.out.file || r.err.file) return true;
+    }
+    return false;
+}
+
+/// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
+/// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
+/// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
+/// anything else stays as written.
+[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                   int local_rank, int rank) {
+    const auto value = [&](std::string_view name) -> std::optional<std::string> {
+        if (name == "role_name") return std::string(role_name);
+        if (name == "local_rank") return fmt::format("{}", local_rank);
+        if (name == "rank") return fmt::format("{}", rank);
+        return std::nullopt;
+    };
+    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
+    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
+    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
+    std::string out;
+    std::size_t i = 0;
+    while (i < templ.size()) {
+        const char c = templ[i];
+        if (c != '$' || i + 1 >= templ.size()) {
+            out += c;
+            ++i;
+            continue;
+        }
+        if (templ[i + 1] == '$') {
+            out += '$';
+            i += 2;
+            continue;
+        }
+        if (templ[i + 1] == '{') {
+            const auto close = templ.find('}', i + 2);
+            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
+            const bool identifier =
+                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
+            if (identifier) {
+                if (const auto v = value(name)) {
+                    out += *v;
+                    i = close + 1;
+                    continue;
+                }
+            }
+            out += c;
+            ++i;
+            continue;
+        }
+        if (starts_id(templ[i + 1])) {
+            std::size_t end = i + 2;
+            while (end < templ.size() && in_id(templ[end])) ++end;
+            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
+                out += *v;
+                i = end;
+                continue;
+            }
+        }
+        out += c;
+        ++i;
+    }
+    return out;
+}
+
+namespace detail::logs {
+
+inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
+                                    std::generic_category().message(errno),
+                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+    }
+    return pattern;
+}
+
+}  // namespace detail::logs
+
+/// One agent's log tree, torchrun's layout:
+///
+///     <base>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}
+///
+/// `<base>` is `--log-dir` (made if missing, never removed) or, without it, a new
+/// `<TMPDIR>/torchelastic_XXXXXX`. The run directory is made once per agent, at the first
+/// attempt. An attempt directory is never wiped: should `attempt_<n>` exist already (an attempt
+/// number seen twice), the attempt gets `attempt_<n>.1`, `.2`, ... instead. With `--log-dir
+/// /dev/null` the tree is disabled: nothing is ever created.
+class log_tree {
+public:
+    /// `log_dir`: `--log-dir` (nullopt: a temporary base under `temp_parent`).
+    log_tree(std::optional<std::filesystem::path> log_dir, std::string run_id, std::filesystem::path temp_parent)
+        : log_dir_(std::move(log_dir)), run_id_(std::move(run_id)), temp_parent_(std::move(temp_parent)) {}
+
+    [[nodiscard]] bool disabled() const noexcept { return log_dir_ && *log_dir_ == "/dev/null"; }
+    /// Whether the base is a temporary directory this tree made (no --log-dir).
+    [[nodiscard]] bool temporary() const noexcept { return !log_dir_; }
+    /// The run directory (`<base>/<run_id>_XXXXXX`); empty before the first attempt or when disabled.
+    [[nodiscard]] const std::filesystem::path& run_dir() const noexcept { return run_dir_; }
+    /// The base directory; empty before the first attempt or when disabled.
+    [[nodiscard]] const std::filesystem::path& base() const noexcept { return base_; }
+
+    /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
+    /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
+    /// Throws log_error.
+    std::filesystem::path make_attempt(int attempt, int local_world_size) {
+        if (disabled()) return {};
+        if (run_dir_.empty()) {
+            if (log_dir_) {
+                std::error_code ec;
+                std::filesystem::create_directories(*log_dir_, ec);
+                if (ec || !std::filesystem::is_directory(*log_dir_)) {
+                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                                ec ? ec.message() : std::string("not a directory")));
+                }
+                base_ = *log_dir_;
+            } else {
+                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
+            }
+            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
+        }
+        const auto name = fmt::format("attempt_{}", attempt);
+        std::filesystem::path dir = run_dir_ / name;
+        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
+        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
+            if (errno != EEXIST) {
+                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+            }
+            dir = run_dir_ / fmt::format("{}.{}", name, k);
+        }
+        for (int i = 0; i < local_world_size; ++i) {
+            const auto rank_dir = dir / fmt::format("{}", i);
+            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
+                throw log_error(
+                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
+            }
+        }
+        return dir;
+    }
+
+    /// Removes the temporary base with everything in it (nothing when --log-dir was given).
+    void remove_temporary() noexcept {
+        if (!temporary() || base_.empty()) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(base_, ignored);
+        base_.clear();
+        run_dir_.clear();
+    }
+
+private:
+    std::optional<std::filesystem::path> log_dir_;
+    std::string run_id_;
+    std::filesystem::path temp_parent_;
+    std::filesystem::path base_;
+    std::filesystem::path run_dir_;
+};
+
+/// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
+[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
+    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
+    if (!fd) {
+        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
+    }
+    return fd;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/log_tree.hpp ----
+// ---- begin elastic/agent/agent_events.hpp ----
+// agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
+// worker started, worker exited, policy decision, restart, final worker status, shutdown) —
+// and how an exception that ends the agent maps to elasticrun's exit code.
+
+// ---- begin elastic/agent/worker_environment.hpp ----
+// The environment the agent gives each worker: torchrun's worker contract, name for
+// name and meaning for meaning, on top of the agent's own environment.
+
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// Where one worker stands in the job: its ranks and the sizes around it.
+struct worker_assignment {
+    int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
+    int global_rank = 0;       ///< RANK
+    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
+    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
+    int world_size = 1;        ///< WORLD_SIZE
+    int role_world_size = 1;   ///< ROLE_WORLD_SIZE
+    int group_rank = 0;        ///< GROUP_RANK: this agent's rank in the rendezvous round
+    int group_world_size = 1;  ///< GROUP_WORLD_SIZE: agents in the round
+};
+
+/// What the workers are told of the job and of this attempt of the group.
+struct attempt_settings {
+    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
+    std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
+    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
+    std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
+};
+
+/// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
+/// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
+[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
+                                                     int group_rank = 0, int group_world_size = 1) {
+    worker_assignment a;
+    a.local_rank = local_rank;
+    a.local_world_size = nproc_per_node;
+    a.group_rank = group_rank;
+    a.group_world_size = group_world_size;
+    a.global_rank = group_rank * nproc_per_node + local_rank;
+    a.role_rank = a.global_rank;
+    a.world_size = group_world_size * nproc_per_node;
+    a.role_world_size = a.world_size;
+    return a;
+}
+
+/// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
+[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
+    std::string out;
+    for (const int s : signals) {
+        out += (out.empty() ? "" : ",") + signal_to_string(s);
+    }
+    return out;
+}
+
+/// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
+/// not set and more than one worker runs on the node (each would otherwise start one OpenMP
+/// thread per core), and says so with omp_warning().
+[[nodiscard]] inline bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
+    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
+}
+
+/// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
+[[nodiscard]] inline std::string omp_warning() {
+    return "\n*****************************************\n"
+           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+           "avoid your system being overloaded, please further tune the variable for optimal "
+           "performance in your application as needed. \n"
+           "*****************************************";
+}
+
+/// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
+/// torchrun's `os.environ.copy()`), then the contract:
+///
+/// LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE,
+/// GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+/// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True (the
+/// workers' store is the one the agent hosts: clients only), TORCHELASTIC_ERROR_FILE,
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING (the inherited value, else 1;
+/// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
+/// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
+/// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
+[[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
+                                                    const worker_assignment& a, const attempt_settings& attempt) {
+    environment env = agent_env;
+    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
+    const auto number = [](long long v) { return fmt::format("{}", v); };
+    set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
+    set("RANK", number(a.global_rank));
+    set("GROUP_RANK", number(a.group_rank));
+    set("ROLE_RANK", number(a.role_rank));
+    set("ROLE_NAME", config.role);
+    set("LOCAL_WORLD_SIZE", number(a.local_world_size));
+    set("WORLD_SIZE", number(a.world_size));
+    set("GROUP_WORLD_SIZE", number(a.group_world_size));
+    set("ROLE_WORLD_SIZE", number(a.role_world_size));
+    set("MASTER_ADDR", attempt.master_addr);
+    set("MASTER_PORT", number(attempt.master_port));
+    set("TORCHELASTIC_RESTART_COUNT", number(attempt.restart_count));
+    set("TORCHELASTIC_MAX_RESTARTS", number(config.max_restarts));
+    set("TORCHELASTIC_RUN_ID", attempt.run_id);
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set("TORCHELASTIC_ERROR_FILE", attempt.error_file);
+    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
+        if (const auto it = agent_env.find(name); it == agent_env.end()) {
+            set(name, "1");
+        }
+    }
+    set("TORCHELASTIC_SIGNALS_TO_HANDLE", signals_text(config.signals_to_handle));
+    if (sets_omp_num_threads(config, agent_env)) {
+        set("OMP_NUM_THREADS", "1");
+    }
+    if (config.virtual_local_rank) {
+        // torchrun (PR #166680): the worker sees one device, its own; an inherited list is
+        // indexed by the local rank.
+        std::string device = number(a.local_rank);
+        if (const auto it = agent_env.find("CUDA_VISIBLE_DEVICES"); it != agent_env.end() && !it->second.empty()) {
+            std::vector<std::string> ids;
+            std::string_view rest = it->second;
+            for (;;) {
+                const auto comma = rest.find(',');
+                ids.emplace_back(rest.substr(0, comma));
+                if (comma == std::string_view::npos) break;
+                rest.remove_prefix(comma + 1);
+            }
+            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
+        }
+        set("CUDA_VISIBLE_DEVICES", device);
+    }
+    return env;
+}
+
+/// An environment as execve's "NAME=value" entries.
+[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
+    std::vector<std::string> out;
+    out.reserve(env.size());
+    for (const auto& [name, value] : env) {
+        out.push_back(name + "=" + value);
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_environment.hpp ----
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <cxxabi.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+/// What ends the agent when an exception escapes it: elasticrun's exit code, the error's type
+/// as an error file names it, and its message.
+struct agent_exception {
+    int exit_code = exit_codes::internal;
+    std::string type;
+    std::string what;
+};
+
+inline std::string readable_type_name(const std::type_info& type) {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+    std::string name = readable != nullptr ? readable : type.name();
+    std::free(readable);
+    // The versioned inline namespace is an implementation detail: elastic::agent_error.
+    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
+        name.erase(at, 4);
+    }
+    return name;
+}
+
+/// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
+/// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
+inline agent_exception classify_exception(const std::exception_ptr& failure) {
+    agent_exception out;
+    try {
+        std::rethrow_exception(failure);
+    } catch (const usage_error& e) {
+        out = {exit_codes::usage, "elastic::usage_error", e.what()};
+    } catch (const rendezvous_error& e) {
+        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
+    } catch (const std::exception& e) {
+        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
+    } catch (...) {
+        out = {exit_codes::internal, "<unknown exception>",
+               "an exception that is not a std::exception carries no message"};
+    }
+    return out;
+}
+
+}  // namespace detail::agent
+
+/// The agent's events, in the order they happen (docs/failure-report.md, "The event log"):
+///
+///   elastic.rendezvous.done       AGENT   each attempt's round (run id, restart count, ranks)
+///   elastic.worker.started        WORKER  each worker (local and global rank, pid)
+///   elastic.worker.exited         WORKER  each worker, in the order the agent observed the
+///                                         exits, stamped with that observation
+///   elastic.policy.decision       AGENT   after a failed attempt: restart or stop, and why
+///   elastic.agent.restart         AGENT   the group is started again (the new restart count)
+///   torchelastic.worker.status.*  WORKER  torch's per-worker status when the group ends for good
+///                                         (FAILED/TERMINATED, or SUCCEEDED)
+///   elastic.agent.shutdown        AGENT   the exit code and the reason
+///
+/// Every elastic.* event carries run_id, role and hostname (host_name(): no DNS lookup), plus
+/// the sink's stamps. Metadata values are scalars (torch's EventMetadataValue); lists are
+/// comma-separated text. With the null handler nothing is built.
+class agent_events {
+public:
+    /// The null log.
+    agent_events() = default;
+
+    /// Opens `destination` for the job `rendezvous.run_id` of `workers`. Throws usage_error
+    /// (nothing has started yet) when the file cannot be opened.
+    agent_events(const worker_spec& workers, const rendezvous_parameters& rendezvous,
+                 const event_destination& destination)
+        : run_id_(rendezvous.run_id),
+          role_(workers.role),
+          entry_point_(workers.program.target),
+          rdzv_backend_(to_string(rendezvous.backend)) {
+        try {
+            sink_ = event_sink(destination);
+        } catch (const report_error& e) {
+            throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
+        }
+        if (sink_.enabled()) hostname_ = host_name();
+    }
+
+    [[nodiscard]] bool enabled() const noexcept { return sink_.enabled(); }
+    [[nodiscard]] event_sink& sink() noexcept { return sink_; }
+
+    /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
+    /// store its workers use. Also forgets the previous attempt's workers.
+    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
+                         std::uint16_t master_port) noexcept {
+        started_.clear();
+        stop_began_ = std::chrono::steady_clock::time_point::max();
+        node_ = node;
+        if (!enabled()) return;
+        record_agent("elastic.rendezvous.done", [&](json& m) {
+            m["restart_count"] = restarts;
+            m["group_rank"] = node.group_rank;
+            m["group_world_size"] = node.group_world_size;
+            m["local_world_size"] = node.local_world_size;
+            m["world_size"] = node.world_size;
+            m["rdzv_backend"] = rdzv_backend_;
+            m["master_addr"] = std::string(master_addr);
+            m["master_port"] = master_port;
+        });
+    }
+
+    /// A worker runs.
+    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
+        try {
+            started_.push_back({pid, a.local_rank, a.global_rank});
+        } catch (...) {
+            return;
+        }
+        if (!enabled()) return;
+        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+                      [&](json& m) {
+                          m["restart_count"] = restarts;
+                          m["local_rank"] = a.local_rank;
+                          m["global_rank"] = a.global_rank;
+                          m["pid"] = pid;
+                      });
+    }
+
+    /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
+    /// observed from now on are the agent's doing. The first call of an attempt counts.
+    void stopping_group() noexcept {
+        if (stop_began_ == std::chrono::steady_clock::time_point::max()) stop_began_ = std::chrono::steady_clock::now();
+    }
+
+    /// Every observed exit of the attempt's workers, oldest first, each stamped with the moment
+    /// the agent observed it. An exit observed before stopping_group() is the worker's own:
+    /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
+    /// summary counts them.
+    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
+        if (!enabled()) return;
+        const auto stop_began = stop_began_;
+        try {
+            std::vector<const child_process*> ended;
+            for (const auto& w : workers) {
+                if (w.status()) ended.push_back(&w);
+            }
+            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
+                return a->status()->steady_time < b->status()->steady_time;
+            });
+            for (const auto* w : ended) {
+                const auto& observed = *w->status();
+                const auto& s = observed.status;
+                const auto who = find_started(static_cast<long>(w->pid()));
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
+                    m["restart_count"] = restarts;
+                    m["local_rank"] = who.local_rank;
+                    m["global_rank"] = who.global_rank;
+                    m["pid"] = static_cast<long>(w->pid());
+                    m["state"] = state;
+                    m["exitcode"] = s.returncode();
+                    m["exit_status"] = s.shell_code();
+                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
+                    m["core_dumped"] = s.core_dumped;
+                });
+            }
+        } catch (...) {
+        }
+    }
+
+    /// The restart policy answered after a failed attempt.
+    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
+        try {
+            const auto* root = failure.root_cause();
+            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
+                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                          decided.reason);
+            if (!enabled()) return;
+            record_agent("elastic.policy.decision", [&](json& m) {
+                m["restart_count"] = failure.restarts;
+                m["action"] = decided.restart() ? "restart" : "stop";
+                m["reason"] = decided.reason;
+                m["failed_global_ranks"] = join(failure.failed_global_ranks());
+                m["healthy_for_ms"] = static_cast<std::int64_t>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
+                if (root != nullptr) {
+                    m["root_cause_global_rank"] = root->global_rank;
+                    m["root_cause_local_rank"] = root->local_rank;
+                    m["root_cause_pid"] = root->pid;
+                    m["root_cause_exitcode"] = root->status.returncode();
+                    m["root_cause"] = failure_headline(*root);
+                } else {
+                    m["root_cause"] = nullptr;
+                }
+            });
+        } catch (...) {
+        }
+    }
+
+    /// The agent received `signal` while the policy was deciding: no decision.
+    void decision_interrupted(int restarts, int signal) noexcept {
+        received_signal(signal);
+        if (!enabled()) return;
+        record_agent("elastic.policy.decision", [&](json& m) {
+            m["restart_count"] = restarts;
+            m["action"] = "interrupted";
+            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+        });
+    }
+
+    /// The agent received `signal` and stops the group; the shutdown event says so.
+    void received_signal(int signal) noexcept {
+        stopping_group();
+        try {
+            pending_reason_ = fmt::format("received {}", signal_name(signal));
+        } catch (...) {
+        }
+    }
+
+    /// The group starts again; `restarts` is the new restart count.
+    void restart(int restarts) noexcept {
+        if (!enabled()) return;
+        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
+    }
+
+    /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
+    /// the group fails for good, stamped now (torch records them at the end of the run; its
+    /// total_run_time counts whole seconds since the agent started).
+    void final_status(const group_failure& failure) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto ctx = status_context(failure.restarts,
+                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
+            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+        } catch (...) {
+        }
+    }
+
+    /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
+    /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
+    /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
+    /// failure reports carry it (empty: the host name).
+    void final_success(int restarts, std::string_view host) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
+            auto workers = started_;
+            std::stable_sort(workers.begin(), workers.end(),
+                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+            const auto now = std::chrono::system_clock::now();
+            for (const auto& w : workers) {
+                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
+            }
+        } catch (...) {
+        }
+    }
+
+    /// The agent ends with `exit_code`.
+    void shutdown(int exit_code) noexcept {
+        if (!enabled()) return;
+        std::string reason;
+        try {
+            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
+        } catch (...) {
+        }
+        record_agent("elastic.agent.shutdown", [&](json& m) {
+            m["exit_code"] = exit_code;
+            m["reason"] = reason;
+        });
+    }
+
+    /// The agent ends because `failure` escaped it (a rendezvous or internal error).
+    void shutdown(const std::exception_ptr& failure) noexcept {
+        if (!enabled()) return;
+        try {
+            const auto e = detail::agent::classify_exception(failure);
+            record_agent("elastic.agent.shutdown", [&](json& m) {
+                m["exit_code"] = e.exit_code;
+                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
+                              : e.exit_code == exit_codes::usage   ? "usage error"
+                                                                   : "internal error";
+                m["error_type"] = e.type;
+                m["message"] = e.what;
+            });
+        } catch (...) {
+        }
+    }
+
+private:
+    using json = nlohmann::ordered_json;
+
+    struct started_worker {
+        long pid = 0;
+        int local_rank = -1;
+        int global_rank = -1;
+    };
+
+    // What every worker status event of this node says about the run.
+    worker_event_context status_context(int restarts, std::string hostname) const {
+        worker_event_context ctx;
+        ctx.run_id = run_id_;
+        ctx.entry_point = entry_point_;
+        ctx.rdzv_backend = rdzv_backend_;
+        ctx.agent_restarts = restarts;
+        ctx.total_run_time =
+            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
+        ctx.hostname = std::move(hostname);
+        ctx.group_rank = node_.group_rank;
+        ctx.group_world_size = node_.group_world_size;
+        ctx.role_world_size = node_.role_world_size;
+        return ctx;
+    }
+
+    started_worker find_started(long pid) const {
+        for (const auto& s : started_) {
+            if (s.pid == pid) return s;
+        }
+        return {pid, -1, -1};
+    }
+
+    static std::string join(const std::vector<int>& values) {
+        std::string out;
+        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+        return out;
+    }
+
+    json common() const {
+        json m = json::object();
+        m["run_id"] = run_id_;
+        m["role"] = role_;
+        m["hostname"] = hostname_;
+        return m;
+    }
+
+    template <class Fill>
+    void record_agent(std::string name, Fill fill) noexcept {
+        record(std::move(name), event_source::agent, std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+               fill);
+    }
+
+    template <class Fill>
+    void record_worker(std::string name, std::chrono::steady_clock::time_point steady,
+                       std::chrono::system_clock::time_point wall, Fill fill) noexcept {
+        record(std::move(name), event_source::worker, steady, wall, fill);
+    }
+
+    template <class Fill>
+    void record(std::string name, event_source source, std::chrono::steady_clock::time_point steady,
+                std::chrono::system_clock::time_point wall, Fill& fill) noexcept {
+        try {
+            event e;
+            e.name = std::move(name);
+            e.source = source;
+            e.metadata = common();
+            fill(e.metadata);
+            sink_.record(std::move(e), steady, wall);
+        } catch (...) {
+        }
+    }
+
+    event_sink sink_;
+    std::string run_id_;
+    std::string role_;
+    std::string entry_point_;
+    std::string rdzv_backend_;
+    std::string hostname_;
+    std::string pending_reason_ = "the agent stopped";
+    std::vector<started_worker> started_;
+    worker_assignment node_;
+    std::chrono::steady_clock::time_point stop_began_ = std::chrono::steady_clock::time_point::max();
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/agent_events.hpp ----
+// ---- begin elastic/agent/worker_output.hpp ----
+// worker_output: one worker's standard output and error for one attempt — its routes, its log
+// files, its pipes, and the relays that copy them to the tail, the files and the console.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
+/// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
+/// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
+/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
+/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
+/// start() after the spawn runs one relay per pipe.
+class worker_output {
+public:
+    /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
+    /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
+    /// and `how.err`. Throws log_error.
+    void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
+                 spawn_options& how) {
+        routes_ = route_streams(config, index);
+        prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
+        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
+        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
+        if (routes_.out.console == console_copy::raw && !out_file_) {
+            how.out = stdio::inherit();
+        } else if (routes_.out.console == console_copy::none && out_file_) {
+            how.out = stdio::descriptor(out_file_.get());
+        } else if (routes_.out.console == console_copy::none) {
+            how.out = stdio::null();
+        } else {
+            how.out = stdio::pipe();
+        }
+        how.err = stdio::pipe();
+    }
+
+    /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
+    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
+    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
+               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
+        out_pipe_ = child.take_stdout();
+        err_pipe_ = child.take_stderr();
+        const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
+        const auto prefix = [this](const stream_route& r) {
+            return r.console == console_copy::prefixed ? prefix_ : std::string();
+        };
+        if (out_pipe_) {
+            run(executor, relays, keep_alive, *out_pipe_,
+                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
+        }
+        if (err_pipe_) {
+            run(executor, relays, keep_alive, *err_pipe_,
+                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
+        }
+    }
+
+    /// Closes the pipes (a relay pending on one ends): for pipes a descendant of the worker holds
+    /// open after the worker's group ended.
+    void close() noexcept {
+        std::error_code ignored;
+        if (out_pipe_) out_pipe_->close(ignored);
+        if (err_pipe_) err_pipe_->close(ignored);
+    }
+
+    [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
+    [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+private:
+    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
+                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
+        relays.add();
+        asio::co_spawn(
+            executor,
+            [keep_alive, &pipe, copies = std::move(copies)]() mutable -> asio::awaitable<void> {
+                co_await relay_stream(pipe, std::move(copies));
+            },
+            [keep_alive, &relays](std::exception_ptr) { relays.done(); });
+    }
+
+    worker_routes routes_;
+    std::string prefix_;
+    detail::owned_fd out_file_;
+    detail::owned_fd err_file_;
+    std::optional<asio::posix::stream_descriptor> out_pipe_;
+    std::optional<asio::posix::stream_descriptor> err_pipe_;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_output.hpp ----
+// ---- begin elastic/agent/worker_group.hpp ----
+// worker_group: one attempt's workers on one node — started together with torchrun's
+// environment and their output routed, watched for the first failure, stopped (a signal, then
+// SIGKILL after the grace), their output drained, and their failure collected for the policy.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The agent could not do its own work (a directory, a port, a worker that cannot be started
+/// after validation). elasticrun exits with exit_codes::internal (251) and the message.
+class agent_error : public error {
+public:
+    using error::error;
+};
+
+/// What the workers of one attempt are told, and where their files go.
+struct group_attempt {
+    int restarts = 0;               ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;        ///< MASTER_ADDR: the workers' store
+    std::uint16_t master_port = 0;  ///< MASTER_PORT
+    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID
+    /// attempt_<n>/ of the log tree (each worker's files under <local_rank>/); empty: no files.
+    std::filesystem::path dir;
+    /// The ranks of each local worker, one per worker (assign_worker() on one node).
+    std::vector<worker_assignment> ranks;
+};
+
+namespace detail::agent {
+
+/// One worker of the attempt.
+struct worker_slot {
+    worker_assignment assignment;
+    std::string error_file;
+    stderr_tail tail;
+    worker_output output;  ///< its stdout and stderr: routes, log files, pipes, relays
+};
+
+/// What the attempt's stream relays share with the group; they may outlive it.
+struct attempt_state {
+    attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
+    std::vector<worker_slot> slots;
+    task_latch relays;
+};
+
+}  // namespace detail::agent
+
+/// One attempt's workers. start() them, await watch() (the first failure, or all succeeded),
+/// stop() them when the attempt must end early, then close() (the event log's exits, the output
+/// drained) before the next attempt; failure() is what the restart policy is given. Dropping the
+/// group kills whatever still runs (SIGKILL to each worker's process group), so no path — an
+/// exception included — leaves a worker behind. Use from the executor's thread.
+class worker_group {
+public:
+    /// `spec`, `command`, `events` and `log` must outlive the group.
+    worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
+                 agent_events& events, const agent_log& log)
+        : executor_(std::move(executor)),
+          spec_(&spec),
+          command_(&command),
+          events_(&events),
+          log_(&log),
+          state_(std::make_shared<detail::agent::attempt_state>(executor_, attempt_size(spec))) {}
+
+    worker_group(const worker_group&) = delete;
+    worker_group& operator=(const worker_group&) = delete;
+
+    /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
+    /// contract. A worker that cannot be started (its program vanished since validation) stops
+    /// the ones started and throws agent_error.
+    asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
+        restarts_ = attempt.restarts;
+        auto& slots = state_->slots;
+        workers_.reserve(slots.size());
+        std::optional<std::string> spawn_failure;
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+            const int local_rank = static_cast<int>(i);
+            auto& slot = slots[i];
+            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
+            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
+            slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
+            const attempt_settings told{attempt.restarts, attempt.master_addr, attempt.master_port, slot.error_file,
+                                        attempt.run_id};
+            spawn_options how;
+            how.program = command_->path;
+            auto argv = command_->argv_for(local_rank);
+            how.args.assign(argv.begin() + 1, argv.end());
+            how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
+            try {
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
+                workers_.push_back(elastic::spawn(executor_, how));
+                events_->worker_started(attempt.restarts, slot.assignment, static_cast<long>(workers_.back().pid()));
+            } catch (const std::exception& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                break;
+            }
+            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail);
+        }
+        started_ = std::chrono::steady_clock::now();
+        if (spawn_failure) {
+            co_await stop(SIGTERM);
+            co_await close();
+            throw agent_error(*spawn_failure);
+        }
+    }
+
+    /// The index of the first worker that fails, or size() once every worker exited 0.
+    asio::awaitable<std::size_t> watch() {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (i >= workers_.size()) co_return workers_.size();
+            if (!workers_[i].status()->status.success()) co_return i;
+        }
+    }
+
+    /// Stops every worker: `sig` to each process group, SIGKILL after spec.shutdown_timeout.
+    /// Processes that outlive SIGKILL are logged. The first call also notes which workers had
+    /// ended on their own before it (failure() reports the others as stopped by the agent).
+    asio::awaitable<stop_result> stop(int sig) {
+        if (exited_before_.empty()) {
+            exited_before_.resize(workers_.size());
+            for (std::size_t i = 0; i < workers_.size(); ++i) exited_before_[i] = workers_[i].check_exit();
+        }
+        auto result = co_await elastic::stop(std::span<child_process>(workers_),
+                                             {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
+        if (!result.unkillable.empty()) {
+            std::string pids;
+            for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
+            log_->error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+        }
+        co_return result;
+    }
+
+    /// After the workers ended (or were stopped): records their exits in the event log and
+    /// awaits the end of their relayed output. A descendant that left its worker's process
+    /// group may hold a pipe open forever: after the workers are gone, the pipes get 2 s without
+    /// any byte arriving to reach end of file, then they are closed. Output still flowing is read
+    /// on (what the pipes held when the workers ended takes milliseconds), for at most 30 s.
+    asio::awaitable<void> close() {
+        using namespace asio::experimental::awaitable_operators;
+        events_->workers_exited(restarts_, workers_);
+        auto& relays = state_->relays;
+        asio::steady_timer bound(executor_);
+        for (int round = 0; relays.count() != 0; ++round) {
+            const auto seen = relays.progress();
+            bound.expires_after(std::chrono::seconds(2));
+            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
+            log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
+                                      "that left the group?); {}; closing it",
+                                      relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
+            for (auto& slot : state_->slots) slot.output.close();
+            co_await relays.wait();
+        }
+    }
+
+    /// The group's failure for the restart policy, after stop(): every worker that did not
+    /// exit 0 on its own — `first` (watch()'s answer) and the others that failed before the
+    /// stop as failed, the rest as stopped by the agent — with its error file and stderr tail.
+    [[nodiscard]] group_failure failure(std::size_t first, const std::string& host) const {
+        group_failure failure;
+        failure.restarts = restarts_;
+        failure.started = started_;
+        failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
+                                                                              : started_;
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            const auto& status = workers_[i].status();
+            const bool before = i < exited_before_.size() && exited_before_[i];
+            if (!status || (before && status->status.success())) continue;
+            const auto& slot = state_->slots[i];
+            worker_failure f;
+            f.local_rank = slot.assignment.local_rank;
+            f.global_rank = slot.assignment.global_rank;
+            f.role = spec_->role;
+            f.pid = static_cast<long>(workers_[i].pid());
+            f.host = host;
+            f.status = status->status;
+            f.observed_steady = status->steady_time;
+            f.observed_system = status->system_time;
+            f.error_file = read_error_file(slot.error_file);
+            f.stderr_tail = slot.tail.snapshot();
+            // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
+            // that ended after it was ended by the agent, whatever its exit code.
+            f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            failure.workers.push_back(std::move(f));
+        }
+        return failure;
+    }
+
+    /// The workers, in local-rank order (fewer than spec.nproc_per_node only while starting).
+    [[nodiscard]] std::span<child_process> workers() noexcept { return workers_; }
+    [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
+    /// The ranks of local worker `i`.
+    [[nodiscard]] const worker_assignment& assignment(std::size_t i) const { return state_->slots.at(i).assignment; }
+    /// When every worker had been started.
+    [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
+
+private:
+    static std::size_t attempt_size(const worker_spec& spec) {
+        return spec.nproc_per_node > 0 ? static_cast<std::size_t>(spec.nproc_per_node) : 0;
+    }
+
+    asio::any_io_executor executor_;
+    const worker_spec* spec_;
+    const worker_command* command_;
+    agent_events* events_;
+    const agent_log* log_;
+    // Shared with the stream relays, which may outlive the group if its owner unwinds.
+    std::shared_ptr<detail::agent::attempt_state> state_;
+    std::vector<child_process> workers_;  // after state_: destroyed (killed) first
+    std::vector<bool> exited_before_;
+    std::chrono::steady_clock::time_point started_{};
+    int restarts_ = 0;
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/agent/worker_group.hpp ----
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -17382,10 +15816,1707 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----
+// ---- end elastic/agent.hpp ----
+// ---- begin elastic/launch.hpp ----
+// The launch layer — launch configuration: torchrun's command line and PET_* variables.
+
+// ---- begin elastic/launch/cli.hpp ----
+// torchrun's command line for elastic: every option in dashed and underscored spelling, PET_*
+// variables as defaults, --help, and parse_launch_config() that turns them into a launch_config.
+
+// ---- begin elastic/launch/config.hpp ----
+// elastic::launch_config: everything an agent needs to launch and supervise one node's workers,
+// as a plain struct (filled by the command line or by a custom launcher) with validate().
+
+// ---- begin elastic/launch/values.hpp ----
+// The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
+// settings, signal lists, durations) and the parsers of their text forms.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+using namespace std::chrono_literals;
+
+namespace detail::launch_impl {
+using detail::text::lower;
+using detail::text::show;
+using detail::text::split;
+using detail::text::to_integer;
+using detail::text::trim;
+}  // namespace detail::launch_impl
+
+/// An integer in [min, max]; `name` and `text` appear in the error.
+[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
+                                       int max = INT_MAX) {
+    const auto value = detail::launch_impl::to_integer(text);
+    if (!value || *value < min || *value > max) {
+        const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
+                                         : fmt::format("an integer from {} to {}", min, max);
+        throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(name, text), rule)};
+    }
+    return static_cast<int>(*value);
+}
+
+/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
+/// held to the millisecond.
+[[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                             bool allow_zero) {
+    const auto trimmed = detail::launch_impl::trim(text);
+    double seconds = -1;
+    const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
+                                           std::chars_format::fixed);
+    const bool ok = !trimmed.empty() && ec == std::errc{} && end == trimmed.data() + trimmed.size() &&
+                    std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
+                                      detail::launch_impl::show(name, text), allow_zero ? ">= 0" : "> 0")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
+/// in any case.
+[[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
+    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
+        return true;
+    }
+    if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
+        return false;
+    }
+    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
+}
+
+/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
+[[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
+    const auto value = detail::launch_impl::to_integer(text);
+    if (!value) {
+        throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
+                                      detail::launch_impl::show(name, text))};
+    }
+    return *value != 0;
+}
+
+/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
+[[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
+    const auto fail = [&](std::string_view why) {
+        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
+    };
+    const auto pieces = detail::launch_impl::split(text, ':');
+    if (pieces.size() > 2) {
+        throw fail("too many ':'");
+    }
+    const auto min = detail::launch_impl::to_integer(pieces.front());
+    const auto max = pieces.size() == 2 ? detail::launch_impl::to_integer(pieces.back()) : min;
+    if (!min || !max) {
+        throw fail("not an integer");
+    }
+    if (*min <= 0 || *max <= 0) {
+        throw fail("node counts must be positive");
+    }
+    if (*min > *max) {
+        throw fail(fmt::format("the minimum {} exceeds the maximum {}", *min, *max));
+    }
+    if (*max > INT_MAX) {
+        throw fail("too large");
+    }
+    return node_range{static_cast<int>(*min), static_cast<int>(*max)};
+}
+
+namespace detail::launch_impl {
+
+/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
+/// an IPv6 zone.
+[[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
+    return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' ||
+               c == '-' || c == '%';
+    });
+}
+
+}  // namespace detail::launch_impl
+
+/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
+[[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
+    const auto host = detail::launch_impl::trim(text);
+    if (!detail::launch_impl::valid_host(host)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
+    }
+    return std::string{host};
+}
+
+/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
+/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
+[[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
+    const auto fail = [&](std::string_view why) {
+        return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
+                                       detail::launch_impl::show(name, text), why)};
+    };
+    const auto endpoint = detail::launch_impl::trim(text);
+    if (endpoint.empty()) {
+        throw fail("empty");
+    }
+    host_port result;
+    std::string_view port_text;
+    bool has_port = false;
+    if (endpoint.front() == '[') {
+        const auto close = endpoint.find(']');
+        if (close == std::string_view::npos) {
+            throw fail("no ']' after the IPv6 address");
+        }
+        result.host = std::string{endpoint.substr(1, close - 1)};
+        const auto rest = endpoint.substr(close + 1);
+        if (!rest.empty()) {
+            if (rest.front() != ':') {
+                throw fail("unexpected text after ']'");
+            }
+            port_text = rest.substr(1);
+            has_port = true;
+        }
+        if (result.host.find(':') == std::string::npos || !detail::launch_impl::valid_host(result.host)) {
+            throw fail("the bracketed part is not an IPv6 address");
+        }
+    } else {
+        const auto colon = endpoint.find(':');
+        if (colon != std::string_view::npos && endpoint.find(':', colon + 1) != std::string_view::npos) {
+            throw fail("an IPv6 address must be written in brackets");
+        }
+        result.host = std::string{endpoint.substr(0, colon)};
+        if (colon != std::string_view::npos) {
+            port_text = endpoint.substr(colon + 1);
+            has_port = true;
+        }
+        if (!detail::launch_impl::valid_host(result.host)) {
+            throw fail("bad host name");
+        }
+    }
+    if (has_port) {
+        const auto port = detail::launch_impl::to_integer(port_text);
+        if (!port || *port < 0 || *port > 65535 || detail::launch_impl::trim(port_text) != port_text) {
+            throw fail("the port must be an integer from 0 to 65535");
+        }
+        result.port = static_cast<std::uint16_t>(*port);
+    }
+    return result;
+}
+
+/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
+/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
+[[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
+    const auto word = detail::launch_impl::trim(text);
+    if (word == "static") {
+        return rendezvous_backend::static_;
+    }
+    if (word == "c10d") {
+        return rendezvous_backend::c10d;
+    }
+    if (word == "etcd-v3") {
+        return rendezvous_backend::etcd_v3;
+    }
+    if (word == "etcd" || word == "etcd-v2") {
+        throw usage_error{fmt::format(
+            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+            detail::launch_impl::show(name, text))};
+    }
+    throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
+                                  detail::launch_impl::show(name, text))};
+}
+
+namespace detail::launch_impl {
+
+/// What one `--rdzv-conf` key is, and which backends read it.
+struct rdzv_key {
+    std::string_view key;
+    bool static_;
+    bool c10d;
+    bool etcd_v3;
+};
+inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
+    {"join_timeout", false, true, true},
+    {"last_call_timeout", false, true, true},
+    {"close_timeout", false, true, true},
+    {"read_timeout", false, true, true},
+    {"timeout", true, false, false},
+    {"is_host", false, true, false},
+    {"store_type", false, true, false},
+    {"use_libuv", false, true, false},
+    {"protocol", false, false, true},
+    {"exit_barrier_timeout", true, true, true},
+    {"keep_alive_interval", false, true, false},
+    {"keep_alive_max_attempt", false, true, false},
+    {"secret_file", true, true, false},
+    {"workers_store_peers", false, true, false},
+}};
+
+[[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
+    switch (backend) {
+    case rendezvous_backend::static_: return k.static_;
+    case rendezvous_backend::c10d: return k.c10d;
+    case rendezvous_backend::etcd_v3: return k.etcd_v3;
+    }
+    return false;
+}
+
+[[nodiscard]] inline std::string keys_of(rendezvous_backend backend) {
+    std::string out;
+    for (const auto& k : rdzv_keys) {
+        if (reads_key(k, backend)) {
+            out += out.empty() ? "" : ", ";
+            out += k.key;
+        }
+    }
+    return out;
+}
+
+}  // namespace detail::launch_impl
+
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
+/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
+/// and a key given twice are errors; the value is everything after the first `=`.
+[[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                   rendezvous_backend backend) {
+    rendezvous_settings settings;
+    if (detail::launch_impl::trim(text).empty()) {
+        return settings;
+    }
+    const auto whole = detail::launch_impl::show(name, text);
+    std::set<std::string, std::less<>> seen;
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        const auto equals = item.find('=');
+        const auto key = detail::launch_impl::trim(item.substr(0, equals));
+        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::launch_impl::trim(item.substr(equals + 1));
+        if (key.empty() || equals == std::string_view::npos || value.empty()) {
+            throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
+                                          whole, item)};
+        }
+        if (!seen.emplace(key).second) {
+            throw usage_error{fmt::format("{}: key '{}' given twice", whole, key)};
+        }
+        const auto what = fmt::format("{} key {}", name, key);
+        if (key == "rank") {
+            throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
+        }
+        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
+            key == "key") {
+            throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+        }
+        const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
+                                        [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
+        if (known == detail::launch_impl::rdzv_keys.end()) {
+            throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
+                                          to_string(backend), detail::launch_impl::keys_of(backend))};
+        }
+        if (!detail::launch_impl::reads_key(*known, backend)) {
+            throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                          to_string(backend), key, detail::launch_impl::keys_of(backend))};
+        }
+        if (key == "join_timeout") {
+            settings.join_timeout = parse_seconds(value, what, false);
+        } else if (key == "last_call_timeout") {
+            settings.last_call_timeout = parse_seconds(value, what, false);
+        } else if (key == "close_timeout") {
+            settings.close_timeout = parse_seconds(value, what, false);
+        } else if (key == "read_timeout") {
+            settings.read_timeout = parse_seconds(value, what, false);
+        } else if (key == "timeout") {
+            settings.timeout = parse_seconds(value, what, false);
+        } else if (key == "exit_barrier_timeout") {
+            settings.exit_barrier_timeout = parse_seconds(value, what, false);
+        } else if (key == "keep_alive_interval") {
+            settings.keep_alive_interval = parse_seconds(value, what, false);
+        } else if (key == "keep_alive_max_attempt") {
+            settings.keep_alive_max_attempt = parse_integer(value, what, 1, 1000);
+        } else if (key == "is_host") {
+            settings.is_host = parse_boolean(value, what);
+        } else if (key == "workers_store_peers") {
+            const auto peers = detail::launch_impl::lower(value);
+            if (peers != "members" && peers != "any") {
+                throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
+                                              "addresses only) or any (every peer, for NAT between the nodes)",
+                                              whole)};
+            }
+            settings.workers_store_any_peer = peers == "any";
+        } else if (key == "secret_file") {
+            settings.secret_file = std::string(value);
+        } else if (key == "store_type") {
+            const auto type = detail::launch_impl::lower(value);
+            if (type == "file") {
+                throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
+                                              "backend uses a TCP store (store_type=tcp)", whole)};
+            }
+            if (type != "tcp") {
+                throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
+            }
+        } else if (key == "use_libuv") {
+            // Accepted for compatibility: it picks the Python TCPStore server's event loop; elastic's
+            // store server is its own, so the value is checked and has nothing to change.
+            (void)parse_boolean(value, what);
+        } else if (key == "protocol") {
+            const auto protocol = detail::launch_impl::lower(value);
+            if (protocol == "https") {
+                throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
+            }
+            if (protocol != "http") {
+                throw usage_error{fmt::format("{}: protocol must be http", whole)};
+            }
+        }
+    }
+    return settings;
+}
+
+/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
+/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
+[[nodiscard]] inline stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
+    const auto fail = [&]() {
+        return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
+                                       "LOCAL_RANK:N,... such as 0:3,1:2",
+                                       detail::launch_impl::show(name, text))};
+    };
+    const auto streams_of = [&](std::string_view digit) {
+        const auto value = detail::launch_impl::to_integer(digit);
+        if (!value || *value < 0 || *value > 3 || detail::launch_impl::trim(digit) != digit) {
+            throw fail();
+        }
+        return static_cast<std_streams>(*value);
+    };
+    stream_selection selection;
+    const auto trimmed = detail::launch_impl::trim(text);
+    if (trimmed.find(':') == std::string_view::npos) {
+        selection.every_rank = streams_of(trimmed);
+        return selection;
+    }
+    for (const auto item : detail::launch_impl::split(trimmed, ',')) {
+        const auto colon = item.find(':');
+        if (colon == std::string_view::npos) {
+            throw fail();
+        }
+        const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
+        if (!rank || *rank < 0 || *rank > INT_MAX || detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+            throw fail();
+        }
+        if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
+            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
+        }
+    }
+    return selection;
+}
+
+/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
+[[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
+    std::set<int> ranks;
+    if (detail::launch_impl::trim(text).empty()) {
+        return ranks;
+    }
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        const auto rank = detail::launch_impl::to_integer(item);
+        if (!rank || *rank < 0 || *rank > INT_MAX) {
+            throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
+                                          detail::launch_impl::show(name, text), item)};
+        }
+        ranks.insert(static_cast<int>(*rank));
+    }
+    return ranks;
+}
+
+/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
+/// case are optional). Duplicates are dropped; order is kept.
+[[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
+    std::vector<int> numbers;
+    for (const auto item : detail::launch_impl::split(text, ',')) {
+        auto word = detail::launch_impl::lower(detail::launch_impl::trim(item));
+        if (word.rfind("sig", 0) != 0) {
+            word = "sig" + word;
+        }
+        const int number = signal_number(word);
+        const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
+        if (number == 0 || known == forwardable_signal_numbers.end()) {
+            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
+                                     word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
+                                     word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
+                                     word == "sigpipe";
+            throw usage_error{fmt::format(
+                "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
+                untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+        }
+        if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
+            numbers.push_back(number);
+        }
+    }
+    return numbers;
+}
+
+/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
+[[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
+    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    if (word == "debug") return log_level::debug;
+    if (word == "info") return log_level::info;
+    if (word == "warning" || word == "warn") return log_level::warning;
+    if (word == "error") return log_level::error;
+    if (word == "critical" || word == "fatal") return log_level::critical;
+    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/values.hpp ----
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The launch configuration of one node: torchrun's options (one field per option, named as the
+/// option with `_`; docs/cli.md maps each to the component that consumes it) plus the variables
+/// torchrun's agent reads. Defaults are torchrun's (newest). Fields are public and plain so a
+/// custom launcher fills them in C++; validate() then applies the command line's rules.
+///
+/// The options about the workers are worker_spec's fields (program, nproc_per_node, role,
+/// virtual_local_rank, max_restarts, shutdown_timeout, signals_to_handle, log_dir, redirects,
+/// tee, local_ranks_filter, log_line_prefix_template), LOGLEVEL and --event-log-handler are
+/// agent_options' (agent_log_level, event_log_handler); workers() and agent() give them to the
+/// agent, rendezvous() and restarts() make what the rendezvous and the policy take.
+struct launch_config : worker_spec, agent_options {
+    // ---- nodes and rendezvous ----
+    node_range nnodes;                                    ///< --nnodes
+    rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
+    std::optional<host_port> rdzv_endpoint;               ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::string rdzv_id = "none";                         ///< --rdzv-id: the job id, namespaces store keys
+    rendezvous_settings rdzv_conf;                        ///< --rdzv-conf
+    std::optional<int> node_rank;                         ///< --node-rank; honoured by every backend when set
+    std::optional<std::string> master_addr;               ///< --master-addr (static only); unset: 127.0.0.1
+    std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
+    std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
+
+    // ---- failures and restarts (max_restarts is worker_spec's) ----
+    std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
+    std::optional<window_spec> restart_window;            ///< --restart-window
+    std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
+    std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
+    std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
+
+    /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
+    /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
+    /// host `localhost` and port 29400 / 2379 when absent.
+    [[nodiscard]] host_port rendezvous_endpoint() const {
+        if (rdzv_backend == rendezvous_backend::static_ && !rdzv_endpoint) {
+            return host_port{master_addr.value_or("127.0.0.1"), master_port.value_or(std::uint16_t{29500})};
+        }
+        host_port endpoint = rdzv_endpoint.value_or(host_port{});
+        if (endpoint.host.empty()) {
+            endpoint.host = "localhost";
+        }
+        if (!endpoint.port) {
+            endpoint.port = default_rendezvous_port(rdzv_backend);
+        }
+        return endpoint;
+    }
+
+    /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
+    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with --master-port or --rdzv-endpoint, the
+    /// others' always. The settings' exit_barrier_timeout falls back to exit_barrier_timeout.
+    [[nodiscard]] rendezvous_parameters rendezvous() const {
+        rendezvous_parameters p;
+        p.backend = rdzv_backend;
+        p.endpoint = rendezvous_endpoint();
+        p.port_given = rdzv_backend != rendezvous_backend::static_ || master_port || rdzv_endpoint;
+        p.run_id = rdzv_id;
+        p.nnodes = nnodes;
+        p.node_rank = node_rank;
+        p.local_addr = local_addr;
+        p.settings = rdzv_conf;
+        if (!p.settings.exit_barrier_timeout) p.settings.exit_barrier_timeout = exit_barrier_timeout;
+        return p;
+    }
+
+    /// The workers as the agent takes them.
+    [[nodiscard]] const worker_spec& workers() const noexcept { return *this; }
+
+    /// LOGLEVEL and --event-log-handler, as the agent takes them.
+    [[nodiscard]] const agent_options& agent() const noexcept { return *this; }
+
+    /// --max-restarts and the --restart-* options, as the policy layer takes them.
+    [[nodiscard]] restart_settings restarts() const {
+        return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
+    }
+
+    /// The global world size when `nodes` nodes take part.
+    [[nodiscard]] long long world_size(int nodes) const { return static_cast<long long>(nodes) * nproc_per_node; }
+
+    /// Checks every rule the command line applies (ranges, combinations, the program can run,
+    /// reading PATH from `env`); throws usage_error naming the option and the value.
+    void validate(const environment& env) const;
+
+    /// validate() against the process environment.
+    void validate() const { validate(current_environment()); }
+};
+
+/// A random run id in UUID version 4 form (`--standalone` uses one, as torchrun does).
+[[nodiscard]] inline std::string random_run_id() {
+    std::random_device device;
+    std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
+    std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
+    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                        // version 4
+    low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
+    return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
+                       low >> 48, low & 0xFFFFFFFFFFFFULL);
+}
+
+/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
+/// free local port (localhost:0), under a fresh random run id.
+inline void use_standalone(launch_config& config) {
+    config.rdzv_backend = rendezvous_backend::c10d;
+    config.rdzv_endpoint = host_port{"localhost", std::uint16_t{0}};
+    config.rdzv_id = random_run_id();
+    config.nnodes = node_range{1, 1};
+    config.master_addr.reset();
+    config.master_port.reset();
+}
+
+namespace detail::launch_impl {
+
+[[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
+    if (selection.per_rank.empty()) {
+        return fmt::format("{}", static_cast<int>(selection.every_rank));
+    }
+    std::string out;
+    for (const auto& [rank, streams] : selection.per_rank) {
+        out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
+    }
+    return out;
+}
+
+}  // namespace detail::launch_impl
+
+/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
+/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
+[[nodiscard]] inline std::string describe(const launch_config& config) {
+    using detail::text::seconds_text;
+    using detail::launch_impl::streams_text;
+    std::string command = config.program.target;
+    for (const auto& arg : config.program.args) {
+        command += " " + arg;
+    }
+    const auto& conf = config.rdzv_conf;
+    std::string rdzv_conf;
+    switch (config.rdzv_backend) {
+    case rendezvous_backend::static_:
+        rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout));
+        break;
+    case rendezvous_backend::c10d:
+    case rendezvous_backend::etcd_v3:
+        rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+        if (conf.is_host) {
+            rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+        }
+        break;
+    }
+    std::string signals;
+    for (const int number : config.signals_to_handle) {
+        signals += (signals.empty() ? "" : ",") + signal_to_string(number);
+    }
+    std::string filter;
+    for (const int rank : config.local_ranks_filter) {
+        filter += fmt::format("{}{}", filter.empty() ? "" : ",", rank);
+    }
+    std::string out = "Starting elastic agent with launch configs:\n";
+    const auto line = [&](std::string_view name, std::string_view value) {
+        out += fmt::format("  {:<20} : {}\n", name, value);
+    };
+    line("entrypoint", command);
+    line("min_nodes", fmt::format("{}", config.nnodes.min));
+    line("max_nodes", fmt::format("{}", config.nnodes.max));
+    line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
+    line("run_id", config.rdzv_id);
+    line("rdzv_backend", to_string(config.rdzv_backend));
+    line("rdzv_endpoint", to_string(config.rendezvous_endpoint()));
+    line("rdzv_configs", rdzv_conf);
+    line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
+    line("local_addr", config.local_addr.value_or("(this host's name)"));
+    line("role", config.role);
+    line("max_restarts", fmt::format("{}", config.max_restarts));
+    // The restart policy's other settings appear only when given (docs/policies.md).
+    if (config.restart_backoff) line("restart_backoff", config.restart_backoff->flag().substr(18));
+    if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
+    if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
+    if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
+    line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
+    line("shutdown_timeout", seconds_text(config.shutdown_timeout));
+    line("signals_to_handle", signals);
+    line("log_dir", config.log_dir ? config.log_dir->string() : "(a new temporary directory)");
+    line("redirects", streams_text(config.redirects));
+    line("tee", streams_text(config.tee));
+    line("local_ranks_filter", filter.empty() ? "(every rank)" : filter);
+    line("virtual_local_rank", config.virtual_local_rank ? "true" : "false");
+    // Shown only when given, so the default banner stays torchrun's.
+    if (config.event_log_handler.what != event_destination::kind::null) {
+        line("event_log_handler", config.event_log_handler.to_string());
+    }
+    return out;
+}
+
+namespace detail::launch_impl {
+
+/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
+inline void check_prefix_template(std::string_view text) {
+    static constexpr std::string_view known[] = {"role_name", "local_rank", "rank"};
+    for (std::size_t i = 0; i + 1 < text.size(); ++i) {
+        if (text[i] != '$') {
+            continue;
+        }
+        if (text[i + 1] == '$') {
+            ++i;
+            continue;
+        }
+        const bool braced = text[i + 1] == '{';
+        auto start = i + (braced ? 2 : 1);
+        auto end = start;
+        while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) != 0 || text[end] == '_')) {
+            ++end;
+        }
+        if (end == start) {
+            continue;
+        }
+        const auto name = text.substr(start, end - start);
+        if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
+            throw usage_error{fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                                          show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+        }
+        i = end - 1;
+    }
+}
+
+inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                              std::string_view nproc_option) {
+    for (const int rank : ranks) {
+        if (rank < 0 || rank >= nproc) {
+            throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
+                                          "({}={})",
+                                          option, rank, nproc - 1, nproc_option, nproc)};
+        }
+    }
+}
+
+inline void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                          std::string_view nproc_option) {
+    std::set<int> ranks;
+    for (const auto& [rank, streams] : selection.per_rank) {
+        ranks.insert(rank);
+        if (static_cast<int>(streams) > 3) {
+            throw usage_error{fmt::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
+                                          static_cast<int>(streams))};
+        }
+    }
+    if (static_cast<int>(selection.every_rank) > 3) {
+        throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
+                                      static_cast<int>(selection.every_rank))};
+    }
+    check_ranks_exist(ranks, nproc, option, nproc_option);
+}
+
+}  // namespace detail::launch_impl
+
+namespace detail::launch_impl {
+
+/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
+/// names the PET_ variable instead when that is where the value came from.
+struct option_labels {
+    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
+
+    [[nodiscard]] std::string operator()(std::string_view dest) const {
+        if (const auto it = from_env.find(dest); it != from_env.end()) {
+            return it->second;
+        }
+        std::string out = "--";
+        for (const char c : dest) {
+            out += c == '_' ? '-' : c;
+        }
+        return out;
+    }
+};
+
+inline void validate(const launch_config& c, const environment& env, const option_labels& label) {
+    const auto nnodes_text = [&] {
+        return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
+                                            : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
+    };
+    if (c.nproc_per_node < 1 || c.nproc_per_node > 1'000'000) {
+        throw usage_error{fmt::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
+    }
+    if (c.nnodes.min < 1 || c.nnodes.min > c.nnodes.max) {
+        throw usage_error{fmt::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
+    }
+    if (c.world_size(c.nnodes.max) > INT_MAX) {
+        throw usage_error{fmt::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
+                                      label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
+    }
+    if (c.role.empty()) {
+        throw usage_error{fmt::format("{}: must not be empty", label("role"))};
+    }
+    if (c.rdzv_id.empty()) {
+        throw usage_error{
+            fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
+    }
+    const bool is_static = c.rdzv_backend == rendezvous_backend::static_;
+    if (is_static && c.nnodes.min != c.nnodes.max) {
+        throw usage_error{fmt::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
+                                      "--rdzv-backend=c10d or etcd-v3",
+                                      label("nnodes"), nnodes_text())};
+    }
+    if (c.node_rank && (*c.node_rank < 0 || *c.node_rank >= c.nnodes.max)) {
+        throw usage_error{fmt::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
+                                      *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
+    }
+    if (!is_static && (c.master_addr || c.master_port)) {
+        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
+                                      "backend rendezvouses at --rdzv-endpoint",
+                                      to_string(c.rdzv_backend))};
+    }
+    if (is_static && c.rdzv_endpoint && (c.master_addr || c.master_port)) {
+        throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
+                          "give one of them"};
+    }
+    if (c.master_addr && !valid_host(*c.master_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                      show(label("master_addr"), *c.master_addr))};
+    }
+    if (c.local_addr && !valid_host(*c.local_addr)) {
+        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                      show(label("local_addr"), *c.local_addr))};
+    }
+    if (c.rdzv_endpoint) {
+        const auto text = to_string(*c.rdzv_endpoint);
+        if (!valid_host(c.rdzv_endpoint->host)) {
+            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
+        }
+        if (is_static && !c.rdzv_endpoint->port) {
+            throw usage_error{
+                fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+        }
+    }
+    const auto endpoint = c.rendezvous_endpoint();
+    if (endpoint.port == 0 && c.nnodes.max > 1) {
+        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
+                                      "it needs {}=1",
+                                      to_string(endpoint), label("nnodes"))};
+    }
+    const auto non_negative = [](std::chrono::milliseconds d, const std::string& what, bool allow_zero) {
+        if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
+            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
+        }
+    };
+    const auto conf = label("rdzv_conf");
+    non_negative(c.rdzv_conf.join_timeout, conf + " join_timeout", false);
+    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", false);
+    non_negative(c.rdzv_conf.close_timeout, conf + " close_timeout", false);
+    non_negative(c.rdzv_conf.read_timeout, conf + " read_timeout", false);
+    non_negative(c.rdzv_conf.timeout, conf + " timeout", false);
+    if (c.max_restarts < 0) {
+        throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
+    }
+    non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
+    if (const auto& b = c.restart_backoff;
+        b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
+              !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
+        throw usage_error{fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1",
+                                      b->flag())};
+    }
+    if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
+        throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
+    }
+    if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
+        throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+    }
+    non_negative(c.monitor_interval, label("monitor_interval"), true);
+    non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
+    if (c.signals_to_handle.empty()) {
+        throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
+    }
+    for (const int number : c.signals_to_handle) {
+        if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
+            forwardable_signal_numbers.end()) {
+            throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
+                                          number)};
+        }
+    }
+    if (c.log_dir) {
+        if (c.log_dir->empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", label("log_dir"))};
+        }
+        struct stat st {};
+        if (!c.logs_disabled() && ::stat(c.log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+            throw usage_error{
+                fmt::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
+        }
+    }
+    check_streams(c.redirects, c.nproc_per_node, label("redirects"), label("nproc_per_node"));
+    check_streams(c.tee, c.nproc_per_node, label("tee"), label("nproc_per_node"));
+    check_ranks_exist(c.local_ranks_filter, c.nproc_per_node, label("local_ranks_filter"), label("nproc_per_node"));
+    check_prefix_template(c.log_line_prefix_template);
+    (void)resolve_program(c.program, env);
+}
+
+}  // namespace detail::launch_impl
+
+inline void launch_config::validate(const environment& env) const {
+    detail::launch_impl::validate(*this, env, {});
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/config.hpp ----
+// ---- begin elastic/launch/nproc.hpp ----
+// `--nproc-per-node`: a count, or `cpu` / `gpu` / `auto` resolved from this machine.
+
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace elastic::inline v0 {
+
+/// The CPUs this process may run on (its affinity mask, so `taskset` and cgroup cpusets count;
+/// torchrun's os.cpu_count() counts the whole machine), at least 1.
+[[nodiscard]] inline int count_cpus() noexcept {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+        const int count = CPU_COUNT(&set);
+        if (count > 0) {
+            return count;
+        }
+    }
+    const auto hardware = std::thread::hardware_concurrency();
+    return hardware > 0 ? static_cast<int>(hardware) : 1;
+}
+
+/// How the GPUs were counted, for messages.
+struct gpu_count {
+    int count = 0;
+    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
+};
+
+namespace detail::launch_impl {
+
+/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
+/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
+[[nodiscard]] inline int count_visible_devices(std::string_view value) {
+    int count = 0;
+    if (trim(value).empty()) {
+        return 0;
+    }
+    for (const auto item : split(value, ',')) {
+        const auto entry = trim(item);
+        const auto index = to_integer(entry);
+        const bool uuid = entry.rfind("GPU-", 0) == 0 || entry.rfind("MIG-", 0) == 0;
+        if (!uuid && (!index || *index < 0)) {
+            break;
+        }
+        ++count;
+    }
+    return count;
+}
+
+/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
+/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
+[[nodiscard]] inline std::optional<int> run_nvidia_smi(const environment& env) {
+    std::string path;
+    try {
+        path = elastic::find_executable("nvidia-smi", env, "nvidia-smi");
+    } catch (const usage_error&) {
+        return std::nullopt;
+    }
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+        return std::nullopt;
+    }
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    ::posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    std::string arg0 = "nvidia-smi";
+    std::string arg1 = "-L";
+    char* argv[] = {arg0.data(), arg1.data(), nullptr};
+    pid_t pid = -1;
+    const int spawned = ::posix_spawn(&pid, path.c_str(), &actions, nullptr, argv, environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+    std::string output;
+    if (spawned == 0) {
+        char buffer[4096];
+        for (;;) {
+            const auto n = ::read(fds[0], buffer, sizeof buffer);
+            if (n > 0) {
+                output.append(buffer, static_cast<std::size_t>(n));
+            } else if (n == 0 || errno != EINTR) {
+                break;
+            }
+        }
+    }
+    ::close(fds[0]);
+    if (spawned != 0) {
+        return std::nullopt;
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        return std::nullopt;
+    }
+    int count = 0;
+    for (const auto line : split(output, '\n')) {
+        if (line.rfind("GPU ", 0) == 0) {
+            ++count;
+        }
+    }
+    return count;
+}
+
+}  // namespace detail::launch_impl
+
+/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
+/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
+[[nodiscard]] inline gpu_count count_gpus(const environment& env) {
+    if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
+        return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
+    }
+    const auto listed = detail::launch_impl::run_nvidia_smi(env);
+    return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
+}
+
+/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
+/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
+[[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
+    const auto word = detail::launch_impl::trim(text);
+    if (word == "cpu") {
+        return count_cpus();
+    }
+    if (word == "gpu" || word == "auto") {
+        const auto gpus = count_gpus(env);
+        if (gpus.count > 0) {
+            return gpus.count;
+        }
+        if (word == "auto") {
+            return count_cpus();
+        }
+        throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
+                                      detail::launch_impl::show(name, text), gpus.source)};
+    }
+    const auto count = detail::launch_impl::to_integer(word);
+    if (!count || *count < 1 || *count > 1'000'000) {
+        throw usage_error{fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
+    }
+    return static_cast<int>(*count);
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/nproc.hpp ----
+
+// CLI11 only where the parser is compiled: with ELASTIC_SEPARATE_COMPILATION, in
+// elastic/impl/src.hpp's file alone (docs/building.md).
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#include <CLI/CLI.hpp>
+#endif
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The outcome of --help or --version: text for standard output, and exit status 0.
+struct help_request {
+    std::string text;
+};
+
+/// What parse_launch_config() gives: a validated configuration, or text to print and exit 0.
+using launch_parse_result = std::variant<launch_config, help_request>;
+
+/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
+/// program and its arguments, which pass through untouched. Every option falls back on its
+/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
+/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
+/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
+[[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args,
+                                                                   const environment& env,
+                                                                   std::string_view program_name = "elasticrun");
+
+/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
+/// component ("elasticrun" when argv[0] is missing).
+[[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv,
+                                                                   const environment& env);
+
+namespace detail::launch_impl {
+
+/// How far elastic goes with an option (docs/cli.md has the same three states per option).
+enum class option_state {
+    implemented,    ///< parsed, validated, typed into launch_config, consumed by a later component
+    compatibility,  ///< accepted and checked; explained in --help: nothing to do for native workers
+    refused,        ///< not implemented yet: refused with a message when given a non-default value
+};
+
+/// One torchrun option. `dest` is argparse's dest; its PET_ variable is PET_<DEST upper-cased>.
+struct option_spec {
+    std::string_view names;    ///< CLI11 names: every spelling
+    std::string_view dest;     ///< nproc_per_node
+    bool flag;                 ///< a flag (no value)
+    bool has_env;              ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
+    std::string_view metavar;  ///< value placeholder in --help
+    std::string_view fallback; ///< default as --help shows it
+    option_state state;
+    int group;
+    std::string_view help;
+};
+
+inline constexpr std::array<std::string_view, 8> option_groups{{
+    "How the program runs",
+    "Workers on this node",
+    "Nodes and rendezvous",
+    "Static rendezvous (--rdzv-backend=static, the default)",
+    "Failures, restarts and shutdown",
+    "Output and logs",
+    "Accepted for torchrun compatibility (they matter only to Python function workers)",
+    "Not implemented yet (refused when given)",
+}};
+
+// clang-format off
+inline constexpr std::array<option_spec, 35> option_specs{{
+    {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
+     "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
+    {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
+     "Run the program directly, even a .py file. An executable (anything but a .py file) already runs "
+     "directly without it."},
+    {"--run-path,--run_path", "run_path", true, true, "", "off", option_state::compatibility, 6,
+     "torchrun runs the script inside its own Python process (runpy); elastic has no Python inside, so the "
+     "script runs as $PYTHON_EXEC -u script, as without the flag."},
+    {"--nproc-per-node,--nproc_per_node", "nproc_per_node", false, true, "N|cpu|gpu|auto", "1",
+     option_state::implemented, 1,
+     "Workers on this node: a number; cpu, one per CPU this process may run on; gpu, one per GPU "
+     "(CUDA_VISIBLE_DEVICES if set, else nvidia-smi -L; an error if there is none); auto, one per GPU if "
+     "there are any, else one per CPU."},
+    {"--role", "role", false, true, "NAME", "default", option_state::implemented, 1,
+     "Role of the workers: their ROLE_NAME and the prefix of their output lines."},
+    {"--virtual-local-rank,--virtual_local_rank", "virtual_local_rank", true, true, "", "off",
+     option_state::implemented, 1,
+     "Give every worker LOCAL_RANK=0 and a CUDA_VISIBLE_DEVICES narrowed to its one GPU."},
+    {"--nnodes", "nnodes", false, true, "N|MIN:MAX", "1:1", option_state::implemented, 2,
+     "Number of nodes, or the elastic range MIN:MAX (0 < MIN <= MAX); a range needs a dynamic backend."},
+    {"--rdzv-backend,--rdzv_backend", "rdzv_backend", false, true, "static|c10d|etcd-v3", "static",
+     option_state::implemented, 2,
+     "Rendezvous implementation: static (fixed membership, node 0 hosts the store at --master-addr), c10d "
+     "(elastic, a TCP store hosted by one agent at --rdzv-endpoint) or etcd-v3 (elastic, an etcd server's "
+     "v3 API). torchrun's etcd and etcd-v2 use etcd's removed v2 API and are refused."},
+    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT]", "", option_state::implemented,
+     2,
+     "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
+     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port."},
+    {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
+     "Job id shared by every node of the job; it namespaces the rendezvous."},
+    {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
+     "Rendezvous settings. c10d: join_timeout (600), last_call_timeout (30), close_timeout (30), read_timeout "
+     "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
+     "(tcp), use_libuv (accepted, no effect), workers_store_peers (members: group rank 0's workers' store "
+     "accepts the round's nodes' addresses only; any: every peer, for NAT between the nodes). etcd-v3: the "
+     "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
+     "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
+     "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
+     "itself). A key the backend does not read is an error."},
+    {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
+     "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
+     "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
+    {"--node-rank,--node_rank", "node_rank", false, true, "RANK", "0", option_state::implemented, 2,
+     "This node's rank: required by the static rendezvous (0 to N-1) and honoured by c10d and etcd-v3 when "
+     "given (torchrun's c10d ignores it)."},
+    {"--local-addr,--local_addr", "local_addr", false, true, "ADDR", "this host's name", option_state::implemented,
+     2,
+     "Address this node advertises to the others (and as MASTER_ADDR when it hosts the workers' store)."},
+    {"--master-addr,--master_addr", "master_addr", false, true, "ADDR", "127.0.0.1", option_state::implemented, 3,
+     "Address of node 0, which hosts the store."},
+    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500", option_state::implemented, 3,
+     "Port of that store; 0 picks a free one (single node only)."},
+    {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
+     "Restarts of the worker group allowed after failures before the job fails."},
+    {"--restart-backoff,--restart_backoff", "restart_backoff", false, true, "INITIAL:CAP[:RESET]", "none",
+     option_state::implemented, 4,
+     "Wait before each restart: INITIAL, doubled for each failure in a row up to CAP, shortened by up to 10% "
+     "at random; a group that ran RESET (default 10min) starts over at INITIAL. Durations such as 500ms, 2s, "
+     "1min, 1h (a bare number counts seconds). Example: 1s:1min."},
+    {"--restart-window,--restart_window", "restart_window", false, true, "N/PERIOD", "none",
+     option_state::implemented, 4,
+     "At most N restarts within any PERIOD, such as 5/1h; the next failure stops the job. A budget that "
+     "renews, where --max-restarts counts for the whole job."},
+    {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
+     option_state::implemented, 4,
+     "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N) and signal names (SIGKILL)."},
+    {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
+     option_state::implemented, 4,
+     "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
+     "N-th such start in a row stops the job. Example: 30s."},
+    {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
+     "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
+     "Grace period between the stop signal sent to the workers and SIGKILL."},
+    {"--signals-to-handle,--signals_to_handle", "signals_to_handle", false, true, "SIG,...",
+     "SIGTERM,SIGINT,SIGHUP,SIGQUIT", option_state::implemented, 4,
+     "Signals the agent traps and forwards to every worker's process group (add SIGUSR1,SIGUSR2 for Slurm)."},
+    {"--monitor-interval,--monitor_interval", "monitor_interval", false, true, "SECONDS", "0.1",
+     option_state::compatibility, 4,
+     "Accepted and checked (>= 0) for compatibility: torchrun polls its workers at this interval; elastic "
+     "learns of every exit the moment it happens, so it has nothing to poll."},
+    {"--log-dir,--log_dir", "log_dir", false, true, "DIR", "a new temporary directory", option_state::implemented,
+     5,
+     "Base directory of the log tree <run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
+     "error.json; /dev/null writes no files."},
+    {"-r,--redirects", "redirects", false, true, "0-3|LR:N,...", "0", option_state::implemented, 5,
+     "Send worker streams to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, "
+     "such as 0:3,1:2."},
+    {"-t,--tee", "tee", false, true, "0-3|LR:N,...", "0", option_state::implemented, 5,
+     "Like --redirects, but also copy the lines to the console with a prefix such as [default0]:."},
+    {"--local-ranks-filter,--local_ranks_filter", "local_ranks_filter", false, true, "LR,...", "every rank",
+     option_state::implemented, 5,
+     "Only these local ranks' output reaches the console (files keep everything)."},
+    {"--start-method,--start_method", "start_method", false, true, "spawn|fork|forkserver", "spawn",
+     option_state::compatibility, 6,
+     "Python's multiprocessing start method for function workers; a program always starts as a new process "
+     "(fork and exec), so the value is checked and changes nothing."},
+    {"--event-log-handler,--event_log_handler", "event_log_handler", false, true, "null|console|file:PATH", "null",
+     option_state::implemented, 5,
+     "Where the agent's events go, one JSON line each (torch's Event): null, none; console, stderr; "
+     "file:PATH, appended to PATH."},
+    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
+     "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
+    {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
+     option_state::refused, 7,
+     "NUMA binding of each worker."},
+    {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
+     "", option_state::refused, 7,
+     "Copy matching tee'd stdout lines to filtered_stdout.log."},
+    {"--duplicate-stderr-filters,--duplicate_stderr_filters", "duplicate_stderr_filters", false, true, "TEXT,...",
+     "", option_state::refused, 7,
+     "Copy matching tee'd stderr lines to filtered_stderr.log."},
+    {"-h,--help", "help", true, false, "", "", option_state::implemented, -1, "Show this help and exit."},
+}};
+// clang-format on
+
+[[nodiscard]] inline std::string env_name(const option_spec& spec) {
+    std::string name = "PET_";
+    for (const char c : spec.dest) {
+        name += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+    return name;
+}
+
+/// "--nproc-per-node, --nproc_per_node" from "--nproc-per-node,--nproc_per_node".
+[[nodiscard]] inline std::string spellings(const option_spec& spec) {
+    std::string out{spec.names};
+    for (std::size_t at = out.find(','); at != std::string::npos; at = out.find(',', at + 2)) {
+        out.insert(at + 1, " ");
+    }
+    return out;
+}
+
+/// The canonical (first long) name, as messages use it.
+[[nodiscard]] inline std::string_view long_name(const option_spec& spec) {
+    const auto at = spec.names.find("--");
+    const auto end = spec.names.find(',', at);
+    return spec.names.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
+}
+
+/// Appends `text` wrapped at `width` columns, every line indented by `indent`.
+inline void wrap(std::string& out, std::string_view text, std::size_t indent, std::size_t width) {
+    std::size_t column = 0;
+    for (const auto word : split(text, ' ')) {
+        if (word.empty()) {
+            continue;
+        }
+        if (column > 0 && column + 1 + word.size() > width) {
+            out += '\n';
+            column = 0;
+        }
+        if (column == 0) {
+            out.append(indent, ' ');
+            column = indent;
+        } else {
+            out += ' ';
+            ++column;
+        }
+        out += word;
+        column += word.size();
+    }
+    out += '\n';
+}
+
+}  // namespace detail::launch_impl
+
+/// The --help text: usage, the program, every option by group with its spellings, default and
+/// PET_ variable, the other variables read, and the exit status of a usage error.
+[[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
+    constexpr std::size_t width = 100;
+    std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
+    detail::launch_impl::wrap(out,
+                 "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
+                 "underscored spellings), the same PET_* variables (the command line wins), the same worker "
+                 "environment.",
+                 0, width);
+    out += "\nThe program and its arguments (after all options):\n";
+    detail::launch_impl::wrap(out,
+                 "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
+                 "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
+                 "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
+                 "before a program whose name starts with '-'.",
+                 2, width);
+    for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
+        out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
+        for (const auto& spec : detail::launch_impl::option_specs) {
+            if (spec.group != group) {
+                continue;
+            }
+            out += "  " + detail::launch_impl::spellings(spec);
+            if (!spec.flag) {
+                out += fmt::format(" {}", spec.metavar);
+            }
+            out += '\n';
+            std::string help{spec.help};
+            std::string facts;
+            if (!spec.fallback.empty()) {
+                facts = fmt::format("default: {}", spec.fallback);
+            }
+            if (spec.has_env) {
+                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch_impl::env_name(spec));
+            }
+            if (!facts.empty()) {
+                help += fmt::format(" [{}]", facts);
+            }
+            detail::launch_impl::wrap(out, help, 6, width);
+        }
+    }
+    out += "\nOther:\n  -h, --help\n";
+    detail::launch_impl::wrap(out, "Show this help and exit.", 6, width);
+    out += "  --version\n";
+    detail::launch_impl::wrap(out, "Show elastic's version and exit.", 6, width);
+    out += "\nEnvironment variables also read:\n";
+    constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
+        {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
+        {"PATH", "Where a program named without a '/' is found, as execvp does."},
+        {"CUDA_VISIBLE_DEVICES", "The GPUs --nproc-per-node=gpu|auto counts (else nvidia-smi -L)."},
+        {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "Default of --shutdown-timeout."},
+        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+         "Prefix of tee'd lines, with ${role_name}, ${local_rank}, ${rank} (default [${role_name}${local_rank}]:)."},
+        {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
+    }};
+    for (const auto& [name, text] : variables) {
+        out += fmt::format("  {}\n", name);
+        detail::launch_impl::wrap(out, text, 6, width);
+    }
+    out += "\n";
+    detail::launch_impl::wrap(out,
+                 "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
+                 "line and exits with status 2 before any worker starts.",
+                 0, width);
+    return out;
+}
+
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+
+namespace detail::launch_impl {
+
+/// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
+struct raw_option {
+    std::string text;
+    std::string name;
+    bool from_env = false;
+};
+
+/// An argument "--opt=" with an empty value would make CLI11 take the next argument as the value
+/// (argparse takes the empty string). argv can hold no NUL, so a trailing NUL marks it; it is
+/// removed again from values and from the program's arguments.
+inline constexpr char empty_mark = '\0';
+
+inline void unmark(std::string& text) {
+    if (!text.empty() && text.back() == empty_mark) {
+        text.pop_back();
+    }
+}
+
+/// The torchrun-style message for a CLI11 parse error, on one line.
+[[nodiscard]] inline std::string describe_parse_error(const CLI::ParseError& e) {
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    if (e.get_name() == "ArgumentMismatch" && message.find("flag override") != std::string::npos) {
+        const auto name = message.substr(0, message.find(' '));
+        return fmt::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
+    }
+    if (e.get_name() == "ArgumentMismatch" && message.find("required") != std::string::npos) {
+        return fmt::format("{} needs a value", message.substr(0, message.find(':')));
+    }
+    return message;
+}
+
+}  // namespace detail::launch_impl
+
+ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
+                                                 std::string_view program_name) {
+    using detail::launch_impl::option_specs;
+    CLI::App app{"", std::string{program_name}};
+    app.prefix_command();
+    app.set_help_flag();
+    app.set_version_flag("--version", fmt::format("{} (elastic) {}", program_name, version_string));
+    std::array<CLI::Option*, option_specs.size()> options{};
+    for (std::size_t i = 0; i < option_specs.size(); ++i) {
+        const auto& spec = option_specs[i];
+        const std::string names{spec.names};
+        if (spec.flag) {
+            options[i] = app.add_flag(names)->disable_flag_override();
+        } else {
+            options[i] = app.add_option(names)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+        }
+    }
+    for (auto& arg : args) {
+        if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
+            arg += detail::launch_impl::empty_mark;
+        }
+    }
+    std::reverse(args.begin(), args.end());
+    try {
+        app.parse(args);
+    } catch (const CLI::CallForVersion& e) {
+        return help_request{std::string{e.what()} + "\n"};
+    } catch (const CLI::ParseError& e) {
+        throw usage_error{detail::launch_impl::describe_parse_error(e)};
+    }
+    const auto index_of = [&](std::string_view dest) {
+        for (std::size_t i = 0; i < option_specs.size(); ++i) {
+            if (option_specs[i].dest == dest) {
+                return i;
+            }
+        }
+        throw std::logic_error("elastic: unknown option dest");
+    };
+    if (options[index_of("help")]->count() > 0) {
+        return help_request{help_text(program_name)};
+    }
+
+    // ---- the program and its arguments: everything from the first positional on ----
+    auto rest = app.remaining();
+    for (auto& arg : rest) {
+        detail::launch_impl::unmark(arg);
+    }
+    bool after_marker = false;
+    if (!rest.empty() && rest.front() == "--") {
+        rest.erase(rest.begin());
+        after_marker = true;
+    }
+    if (!rest.empty() && !after_marker && rest.front().size() > 1 && rest.front().front() == '-') {
+        throw usage_error{fmt::format("unrecognized option {} (see --help; the program and its arguments come after "
+                                      "the options)",
+                                      rest.front())};
+    }
+    if (rest.empty()) {
+        throw usage_error{fmt::format("no program to run (usage: {} [options] program [args...])", program_name)};
+    }
+
+    // ---- each option's text: the command line, else PET_<DEST> ----
+    detail::launch_impl::option_labels labels;  // messages name the PET_ variable a value came from
+    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
+        const auto i = index_of(dest);
+        const auto& spec = option_specs[i];
+        if (options[i]->count() > 0 && !options[i]->results().empty()) {
+            auto text = options[i]->results().back();
+            detail::launch_impl::unmark(text);
+            return detail::launch_impl::raw_option{text, std::string{detail::launch_impl::long_name(spec)}, false};
+        }
+        if (spec.has_env) {
+            const auto name = detail::launch_impl::env_name(spec);
+            if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
+                labels.from_env.insert_or_assign(std::string{dest}, name);
+                return detail::launch_impl::raw_option{*value, name, true};
+            }
+        }
+        return std::nullopt;
+    };
+    const auto flag = [&](std::string_view dest) {
+        const auto i = index_of(dest);
+        if (options[i]->count() > 0) {
+            return true;
+        }
+        const auto value = raw(dest);
+        return value && parse_flag_variable(value->text, value->name);
+    };
+    const auto on_command_line = [&](std::string_view dest) { return options[index_of(dest)]->count() > 0; };
+
+    launch_config config;
+
+    // ---- refused and compatibility-only options first: they change how the rest reads ----
+    for (const auto& spec : option_specs) {
+        if (spec.state != detail::launch_impl::option_state::refused) {
+            continue;
+        }
+        const auto value = raw(spec.dest);
+        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
+            continue;
+        }
+        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
+                                      spec.help)};
+    }
+    if (const auto method = raw("start_method")) {
+        const auto word = detail::launch_impl::trim(method->text);
+        if (word != "spawn" && word != "fork" && word != "forkserver") {
+            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::launch_impl::show(method->name, method->text))};
+        }
+    }
+
+    // ---- the program ----
+    const bool module = flag("module");
+    const bool no_python = flag("no_python");
+    const bool run_path = flag("run_path");
+    if (static_cast<int>(module) + static_cast<int>(no_python) + static_cast<int>(run_path) > 1) {
+        throw usage_error{"-m/--module, --no-python and --run-path each choose how the program runs; give only one "
+                          "(torchrun: don't use both --no-python and --module)"};
+    }
+    config.program.kind = module      ? program_kind::python_module
+                          : no_python ? program_kind::executable
+                          : run_path  ? program_kind::python_script
+                                      : program_kind::automatic;
+    config.program.target = rest.front();
+    config.program.args.assign(rest.begin() + 1, rest.end());
+    if (const auto* python = detail::find_variable(env, "PYTHON_EXEC"); python != nullptr && !python->empty()) {
+        config.program.python = *python;
+    }
+
+    // ---- workers on this node ----
+    if (const auto v = raw("nproc_per_node")) {
+        config.nproc_per_node = resolve_nproc_per_node(v->text, v->name, env);
+    }
+    if (const auto v = raw("role")) {
+        config.role = v->text;
+        if (detail::launch_impl::trim(config.role).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        }
+    }
+    config.virtual_local_rank = flag("virtual_local_rank");
+
+    // ---- nodes and rendezvous ----
+    const bool standalone = flag("standalone");
+    if (standalone) {
+        for (const auto dest : {"rdzv_endpoint", "rdzv_id", "master_addr", "master_port"}) {
+            if (on_command_line(dest)) {
+                throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
+                                              "localhost:0 under a random id",
+                                              detail::launch_impl::long_name(option_specs[index_of(dest)]))};
+            }
+        }
+        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch_impl::trim(v->text) != "c10d") {
+            throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
+                                          detail::launch_impl::show(v->name, v->text))};
+        }
+        if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
+            throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
+                                          detail::launch_impl::show(v->name, v->text))};
+        }
+        use_standalone(config);
+    } else {
+        if (const auto v = raw("nnodes")) {
+            config.nnodes = parse_node_range(v->text, v->name);
+        }
+        if (const auto v = raw("rdzv_backend")) {
+            config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
+        }
+        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch_impl::trim(v->text).empty()) {
+            config.rdzv_endpoint = parse_host_port(v->text, v->name);
+        }
+        if (const auto v = raw("rdzv_id")) {
+            config.rdzv_id = v->text;
+            if (detail::launch_impl::trim(config.rdzv_id).empty()) {
+                throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+            }
+        }
+    }
+    if (const auto v = raw("rdzv_conf")) {
+        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend);
+    }
+    if (const auto v = raw("node_rank")) {
+        config.node_rank = parse_integer(v->text, v->name, 0);
+    }
+    if (const auto v = raw("local_addr")) {
+        config.local_addr = parse_host(v->text, v->name);
+    }
+    // Schedulers (Kubeflow's training operator among them) export PET_MASTER_ADDR/PORT for every
+    // job; they only mean something to a static rendezvous without --rdzv-endpoint, so from the
+    // environment they are dropped elsewhere, while on the command line they are errors there.
+    const bool static_store = config.rdzv_backend == rendezvous_backend::static_ && !config.rdzv_endpoint;
+    if (const auto v = raw("master_addr"); v && (static_store || !v->from_env)) {
+        config.master_addr = parse_host(v->text, v->name);
+    }
+    if (const auto v = raw("master_port"); v && (static_store || !v->from_env)) {
+        config.master_port = static_cast<std::uint16_t>(parse_integer(v->text, v->name, 0, 65535));
+    }
+
+    // ---- failures, restarts and shutdown ----
+    if (const auto v = raw("max_restarts")) {
+        config.max_restarts = parse_integer(v->text, v->name, 0);
+    }
+    if (const auto v = raw("restart_backoff")) {
+        config.restart_backoff = parse_backoff_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_window")) {
+        config.restart_window = parse_window_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_on_exit")) {
+        config.restart_on_exit = parse_exit_code_set(v->text, v->name);
+    }
+    if (const auto v = raw("restart_crash_guard")) {
+        config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
+    }
+    if (const auto v = raw("shutdown_timeout")) {
+        config.shutdown_timeout = parse_seconds(v->text, v->name, true);
+    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+        config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
+    }
+    if (const auto v = raw("signals_to_handle")) {
+        config.signals_to_handle = parse_signals(v->text, v->name);
+    }
+    if (const auto v = raw("monitor_interval")) {
+        config.monitor_interval = parse_seconds(v->text, v->name, true);
+    }
+
+    // ---- output and logs ----
+    if (const auto v = raw("log_dir")) {
+        if (detail::launch_impl::trim(v->text).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        }
+        config.log_dir = std::filesystem::path{v->text};
+    }
+    if (const auto v = raw("redirects")) {
+        config.redirects = parse_stream_selection(v->text, v->name);
+    }
+    if (const auto v = raw("tee")) {
+        config.tee = parse_stream_selection(v->text, v->name);
+    }
+    if (const auto v = raw("local_ranks_filter")) {
+        config.local_ranks_filter = parse_local_ranks(v->text, v->name);
+    }
+    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+        config.log_line_prefix_template = *t;
+    }
+    if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
+        config.agent_log_level = parse_log_level(*level, "LOGLEVEL");
+    }
+    if (const auto v = raw("event_log_handler")) {
+        const auto destination = event_destination::parse(v->text);
+        if (!destination) {
+            throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(v->name, v->text),
+                                          event_destination::accepted)};
+        }
+        config.event_log_handler = *destination;
+    }
+
+    detail::launch_impl::validate(config, env, labels);
+    return config;
+}
+
+ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
+    std::vector<std::string> args;
+    for (int i = 1; i < argc; ++i) {
+        args.emplace_back(argv[i]);
+    }
+    std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
+    if (const auto slash = name.rfind('/'); slash != std::string_view::npos && slash + 1 < name.size()) {
+        name.remove_prefix(slash + 1);
+    }
+    return parse_launch_config(std::move(args), env, name);
+}
+
+#endif  // definitions
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/cli.hpp ----
+// ---- begin elastic/launch/default_policy.hpp ----
+// make_default_policy(config): the default policy (policy/default_policy.hpp) from a parsed
+// command line.
+
+
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// make_default_policy(config.restarts(), clock, uniform): the policy elasticrun runs under.
+template <policy_clock Clock = steady_policy_clock>
+[[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
+                                                     uniform_source uniform = random_uniform_source()) {
+    return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/launch/default_policy.hpp ----
+// ---- begin elastic/launch/run.hpp ----
+// elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
+// on an io_context, a restart policy of the caller's choosing, and the exit code.
+
+// The agent itself only where run() is compiled: with ELASTIC_SEPARATE_COMPILATION, in
+// elastic/impl/src.hpp's file alone, so a custom launcher's main() parses none of it.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <fmt/format.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -17397,6 +17528,8 @@ private:
 #include <variant>
 
 namespace elastic::inline v0 {
+
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
 namespace detail::agent {
 
@@ -17439,15 +17572,9 @@ int guarded(std::string_view name, Body&& body) {
     }
 }
 
-}  // namespace detail::agent
-
-/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
-/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
-/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
-/// Throws usage_error when the configuration asks for something not implemented yet.
-template <restart_policy Policy>
-int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
-        std::string name = "elasticrun") {
+/// run()'s body: the agent on an io_context of its own (this thread) under `policy`.
+template <class Policy>
+int run_agent(const launch_config& config, Policy policy, const environment& env, std::string name) {
     asio::io_context context(1);
     local_agent agent(context.get_executor(), config.workers(), config.rendezvous(), config.agent(), env,
                       std::move(name));
@@ -17472,6 +17599,52 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
     return code.value_or(exit_codes::internal);
 }
 
+/// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under
+/// make_policy(config) and turns errors into an exit code.
+template <class MakePolicy>
+int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy) {
+    const auto name = launcher_name(argc, argv);
+    return guarded(name, [&] {
+        const auto env = current_environment();
+        auto parsed = parse_launch_config(argc, argv, env);
+        if (const auto* help = std::get_if<help_request>(&parsed)) {
+            std::fputs(help->text.c_str(), stdout);
+            return 0;
+        }
+        const auto& config = std::get<launch_config>(parsed);
+        return run_agent(config, make_policy(config), env, name);
+    });
+}
+
+}  // namespace detail::agent
+
+#endif  // definitions
+
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+namespace detail::agent {
+// Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
+                   std::string name);
+int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
+}  // namespace detail::agent
+#endif
+
+/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
+/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
+/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
+/// Throws usage_error when the configuration asks for something not implemented yet. With
+/// ELASTIC_SEPARATE_COMPILATION the policy is held as an any_restart_policy and the agent is
+/// the one compiled in elastic/impl/src.hpp's file.
+template <restart_policy Policy>
+int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
+        std::string name = "elasticrun") {
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+    return detail::agent::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
+#else
+    return detail::agent::run_agent(config, std::move(policy), env, std::move(name));
+#endif
+}
+
 /// torchrun's command line (docs/cli.md) under the caller's restart policy: parses, prints
 /// --help / --version, runs the agent, and returns the exit code — 2 with a one-line message
 /// for bad input (nothing started), exit_codes::rendezvous (250) when the rendezvous fails,
@@ -17481,53 +17654,80 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
 ///     int main(int argc, char** argv) { return elastic::run(argc, argv, my_policy{}); }
 template <restart_policy Policy>
 int run(int argc, const char* const* argv, Policy policy) {
-    const auto name = detail::agent::launcher_name(argc, argv);
-    return detail::agent::guarded(name, [&] {
-        const auto env = current_environment();
-        auto parsed = parse_launch_config(argc, argv, env);
-        if (const auto* help = std::get_if<help_request>(&parsed)) {
-            std::fputs(help->text.c_str(), stdout);
-            return 0;
-        }
-        return run(std::get<launch_config>(parsed), std::move(policy), env, name);
-    });
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+    return detail::agent::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
+#else
+    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+#endif
 }
 
+#if defined(ELASTIC_SEPARATE_COMPILATION)
 /// torchrun's command line with the default policy, make_default_policy(config): built from
 /// --max-restarts and the --restart-* options (docs/policies.md).
-inline int run(int argc, const char* const* argv) {
-    const auto name = detail::agent::launcher_name(argc, argv);
-    return detail::agent::guarded(name, [&] {
-        const auto env = current_environment();
-        auto parsed = parse_launch_config(argc, argv, env);
-        if (const auto* help = std::get_if<help_request>(&parsed)) {
-            std::fputs(help->text.c_str(), stdout);
-            return 0;
-        }
-        const auto& config = std::get<launch_config>(parsed);
-        return run(config, make_default_policy(config), env, name);
-    });
+int run(int argc, const char* const* argv);
+#else
+/// torchrun's command line with the default policy, make_default_policy(config): built from
+/// --max-restarts and the --restart-* options (docs/policies.md). A template only so that a
+/// file which includes this header but never calls it does not compile the whole agent.
+template <int = 0>
+int run(int argc, const char* const* argv) {
+    return detail::agent::run_command_line(argc, argv,
+                                           [](const launch_config& config) { return make_default_policy(config); });
 }
+#endif
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/run.hpp ----
 // ---- end elastic/launch.hpp ----
-// ---- begin elastic/policy.hpp ----
-// The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
-// max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
-
-// ---- end elastic/policy.hpp ----
-// ---- begin elastic/rendezvous.hpp ----
-// The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
-
-// ---- end elastic/rendezvous.hpp ----
-// ---- begin elastic/agent.hpp ----
-// The agent layer: one node's agent (local_agent), the worker environment contract, the
-// workers' output (log tree, relays, prefixes), and the agent's log.
-
-// ---- end elastic/agent.hpp ----
 // ---- begin elastic/run.hpp ----
 // elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/launch/run.hpp).
 
 // ---- end elastic/run.hpp ----
+
+// The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
+// ---- begin elastic/impl/src.hpp ----
+// The definitions that ELASTIC_SEPARATE_COMPILATION leaves out of the headers: elastic::run's
+// agent, the command-line parser and elastic::dist::group's members (with the store client). In a program built with ELASTIC_SEPARATE_COMPILATION,
+// exactly one file compiles them:
+//
+//     #define ELASTIC_IMPL_SOURCE
+//     #include <elastic/impl/src.hpp>   // or "elastic.hpp", the single header, which has it
+//
+// (the elastic::compiled CMake target is that file). Without ELASTIC_SEPARATE_COMPILATION this
+// header adds nothing: every definition is already inline in the headers.
+
+
+#include <string>
+#include <utility>
+
+#if defined(ELASTIC_IMPL_SOURCE) && !defined(ELASTIC_DETAIL_IMPL_SOURCE_SEEN)
+#error "ELASTIC_IMPL_SOURCE must be defined before the first elastic header of the file"
+#endif
+
+#if defined(ELASTIC_SEPARATE_COMPILATION) && defined(ELASTIC_IMPL_SOURCE)
+
+namespace elastic::inline v0 {
+
+namespace detail::agent {
+
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
+                   std::string name) {
+    return run_agent(config, std::move(policy), env, std::move(name));
+}
+
+int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy) {
+    return run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+}
+
+}  // namespace detail::agent
+
+int run(int argc, const char* const* argv) {
+    return detail::agent::run_command_line(argc, argv,
+                                           [](const launch_config& config) { return make_default_policy(config); });
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_SEPARATE_COMPILATION && ELASTIC_IMPL_SOURCE
+// ---- end elastic/impl/src.hpp ----
 // ---- end elastic.hpp ----

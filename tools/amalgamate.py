@@ -20,6 +20,8 @@ DEFAULT_OUT = os.path.join(ROOT, "single_include", "elastic.hpp")
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
+IF_RE = re.compile(r"^\s*#\s*if(?:n?def)?\b")
+ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
 VERSION_RE = re.compile(r'^#define ELASTIC_VERSION_STRING "([^"]+)"', re.M)
 
 
@@ -39,12 +41,19 @@ def inline(name, seen, out):
         return
     seen.add(name)
     out.append(f"// ---- begin {name} ----\n")
+    depth = 0  # preprocessor conditionals open at this line of this file
     with open(path, encoding="utf-8") as f:
         for line in f:
             if PRAGMA_ONCE_RE.match(line):
                 continue
+            depth += 1 if IF_RE.match(line) else -1 if ENDIF_RE.match(line) else 0
             m = INCLUDE_RE.match(line)
             if m and project_path(m.group(1)) is not None:
+                # Only the first inclusion is kept: one inside #if would vanish from the single
+                # header whenever the condition is false, for every later includer too.
+                if depth > 0 and m.group(1) not in seen:
+                    sys.exit(f"amalgamate: {path} includes {m.group(1)} inside #if before anything "
+                             "includes it unconditionally; include it earlier from include/elastic.hpp")
                 inline(m.group(1), seen, out)
                 continue
             if m and (m.group(1) == "elastic.hpp" or m.group(1).startswith("elastic/")):
@@ -80,7 +89,15 @@ def generate():
         "// elastic " + version + " — single-header distribution.\n"
         "// GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;\n"
         "// edit the headers under include/ and run the tool again.\n"
-        "// Needs C++20, standalone Asio, fmt and nlohmann/json on the include path.\n"
+        "//\n"
+        "// WHAT A PROGRAM USING THIS FILE NEEDS (docs/building.md, \"Vendoring the single header\"):\n"
+        "//   C++20; on the include path: standalone Asio 1.22+, fmt, nlohmann/json, CLI11 (header-only)\n"
+        "//   and OpenSSL's headers; LINK fmt and OpenSSL's libcrypto: -lfmt -lcrypto -pthread.\n"
+        "//   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev):\n"
+        "//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread\n"
+        "//   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,\n"
+        "//   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.\n"
+        "//\n"
         "#pragma once\n"
         "#define ELASTIC_AMALGAMATED 1\n"
     )

@@ -14,6 +14,7 @@ Layers, lowest first (docs/architecture.md):
     policy      policy/                   (base, process, store, report, rendezvous)
     agent       agent/                    (everything below)
     launch      launch/, run.hpp          (everything below)
+    all         impl/                     (everything: the definitions of separate compilation)
 
 An umbrella header (store.hpp, policy.hpp, ...) belongs to its folder's layer; elastic.hpp
 includes everything. KNOWN lists the includes that still cross upwards, each one a debt with
@@ -77,6 +78,8 @@ def layer_of(relative: str) -> str:
         raise SystemExit(f"check_layers: {relative} has no layer: add it to TOP in tools/check_layers.py")
     if parts[0] == "detail":
         return "base"
+    if parts[0] == "impl":
+        return "all"
     if parts[0] in FOLDERS:
         return parts[0]
     raise SystemExit(f"check_layers: include/elastic/{parts[0]}/ has no layer: add it to tools/check_layers.py")

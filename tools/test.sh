@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, every stage CI runs (README's second command; .ci/run calls it).
-#   1. single_include/elastic.hpp matches what tools/amalgamate.py makes now, and no header
-#      includes one from a layer above its own (tools/check_layers.py)
+#   1. single_include/elastic.hpp matches what tools/amalgamate.py makes now, no header
+#      includes one from a layer above its own (tools/check_layers.py), and the single header
+#      alone builds a launcher with docs/building.md's compile line (tools/check_vendoring.sh),
+#      and the compile-time budgets that are met hold (bench/compile_time.py --check)
 #   2. g++, -Werror with every warning, the multi-header tree: header checks, tests, examples,
 #      find_package / add_subdirectory / single-header consumers
 #   3. clang++, ASan+UBSan, the suite built against single_include/ with include/ off the path
@@ -51,7 +53,12 @@ run_ctest() {  # run_ctest DIR [ARGS...]: run, and add its counts to the run's t
 
 stage_deps() { tools/install-deps.sh test; }
 
-stage_header() { python3 tools/amalgamate.py --check && python3 tools/check_layers.py; }
+stage_header() {
+  python3 tools/amalgamate.py --check
+  python3 tools/check_layers.py
+  tools/check_vendoring.sh
+  python3 bench/compile_time.py --check --checked-only --runs 2
+}
 
 stage_gcc() {
   local dir=build/ci-gcc

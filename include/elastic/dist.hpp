@@ -4,9 +4,14 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/env.hpp"
+#include "elastic/store/client_dialect.hpp"
+#include "elastic/store/errors.hpp"
+// The store client only where group's members are compiled: with ELASTIC_SEPARATE_COMPILATION,
+// in elastic/impl/src.hpp's file alone, so a worker's files parse none of Asio.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 #include "elastic/store/blocking_client.hpp"
 #include "elastic/store/client.hpp"
-#include "elastic/store/errors.hpp"
+#endif
 
 #include <fmt/format.h>
 
@@ -15,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -39,6 +45,8 @@ public:
 private:
     std::vector<int> missing_;
 };
+
+class blocking_store_client;  // elastic/store/blocking_client.hpp
 
 namespace dist {
 
@@ -93,25 +101,10 @@ inline group_options options_from(const worker_env& e) {
 /// free functions below lock around the process-wide group.
 class group {
 public:
-    explicit group(group_options options) : options_(std::move(options)) {
-        if (options_.world_size < 1)
-            throw std::invalid_argument(fmt::format(
-                "elastic::dist::group: world_size {} is not a size (1 or more)",
-                options_.world_size));
-        if (options_.rank < 0 || options_.rank >= options_.world_size)
-            throw std::invalid_argument(fmt::format(
-                "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
-                options_.world_size - 1, options_.world_size));
-        if (options_.world_size > 1) {
-            store_client_options c;
-            c.host = options_.host;
-            c.port = options_.port;
-            c.dialect = options_.dialect;
-            c.timeout = options_.timeout;
-            c.connect_timeout = options_.connect_timeout;
-            client_.emplace(std::move(c));
-        }
-    }
+    ELASTIC_DECL explicit group(group_options options);
+    ELASTIC_DECL ~group();
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
 
     [[nodiscard]] int rank() const noexcept { return options_.rank; }
     [[nodiscard]] int world_size() const noexcept { return options_.world_size; }
@@ -119,43 +112,17 @@ public:
 
     [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
     /// Changes how long later collectives wait for the other ranks.
-    void set_timeout(std::chrono::milliseconds t) {
-        options_.timeout = t;
-        if (client_) client_->set_timeout(t);
-    }
+    ELASTIC_DECL void set_timeout(std::chrono::milliseconds t);
 
     /// Returns when every rank has called barrier(). dist_timeout names the ranks missing.
-    void barrier() {
-        if (options_.world_size == 1) return;
-        (void)exchange("barrier", {}, false);
-    }
+    ELASTIC_DECL void barrier();
 
     /// Returns `root`'s bytes on every rank (the others' `bytes` are ignored). Only the root's
     /// arrival is awaited; dist_timeout names it when it does not come.
-    std::string broadcast(std::string bytes, int root = 0) {
-        check_rank(root, "broadcast root");
-        if (options_.world_size == 1) return bytes;
-        const auto n = next_++;
-        const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
-        if (options_.rank == root) {
-            client_->set(key, bytes);
-            written_.push_back(key);
-            return bytes;
-        }
-        try {
-            std::vector<std::string> keys(1, key);
-            client_->wait(std::move(keys), options_.timeout);
-        } catch (const store_timeout&) {
-            throw timeout_error("broadcast", n, {root});
-        }
-        return client_->get(key);
-    }
+    ELASTIC_DECL std::string broadcast(std::string bytes, int root = 0);
 
     /// Every rank's bytes, indexed by rank.
-    std::vector<std::string> all_gather(std::string bytes) {
-        if (options_.world_size == 1) return {std::move(bytes)};
-        return exchange("all_gather", std::move(bytes), true);
-    }
+    ELASTIC_DECL std::vector<std::string> all_gather(std::string bytes);
 
     /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
     /// in rank order, so floating-point results agree bit for bit).
@@ -188,65 +155,133 @@ public:
     }
 
 private:
-    void check_rank(int r, std::string_view what) const {
-        if (r < 0 || r >= options_.world_size)
-            throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
-                                                    r, options_.world_size - 1));
-    }
-
+    ELASTIC_DECL void check_rank(int r, std::string_view what) const;
     // Each rank writes `<ns>/<n>/<rank>` and waits for all of them: every rank has arrived.
-    std::vector<std::string> exchange(std::string_view what, std::string payload, bool read) {
-        const auto n = next_++;
-        std::vector<std::string> keys;
-        keys.reserve(static_cast<std::size_t>(options_.world_size));
-        for (int r = 0; r < options_.world_size; ++r)
-            keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
-        const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
-        client_->set(mine, std::move(payload));
-        try {
-            client_->wait(keys, options_.timeout);
-        } catch (const store_timeout&) {
-            std::vector<int> missing;
-            for (int r = 0; r < options_.world_size; ++r) {
-                std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
-                if (!client_->check(std::move(one))) missing.push_back(r);
-            }
-            throw timeout_error(what, n, std::move(missing));
-        }
-        std::vector<std::string> out;
-        if (read) out = client_->multi_get(keys);
-        // Every rank has written its key of collective n, so each has finished everything
-        // before n: nobody reads the keys this rank wrote earlier any more.
-        for (const auto& k : written_) (void)client_->delete_key(k);
-        written_.clear();
-        written_.push_back(mine);
-        return out;
-    }
-
-    dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
-        std::string list;
-        for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
-            list += fmt::format("{}{}", i ? ", " : "", missing[i]);
-        if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
-        // The message first: the vector is moved into the exception after it.
-        auto message =
-            fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                        "{} ms (exited, hung, or called the collectives in another order); "
-                        "store {}:{}, keys '{}/{}/'",
-                        what, n, options_.rank, options_.world_size,
-                        missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
-                        options_.timeout.count(), options_.host, options_.port,
-                        options_.key_namespace, n);
-        return dist_timeout(message, std::move(missing));
-    }
+    ELASTIC_DECL std::vector<std::string> exchange(std::string_view what, std::string payload, bool read);
+    ELASTIC_DECL dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing);
 
     group_options options_;
-    std::optional<blocking_store_client> client_;
+    std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
     std::uint64_t next_ = 0;            // collectives started by this rank
     std::vector<std::string> written_;  // keys written since the last full synchronisation
 };
 
 }  // namespace dist
+
+// group's members, out of the class so that ELASTIC_SEPARATE_COMPILATION can leave them (and the
+// store client) to elastic/impl/src.hpp's file.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+namespace dist {
+
+ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
+    if (options_.world_size < 1)
+        throw std::invalid_argument(fmt::format(
+            "elastic::dist::group: world_size {} is not a size (1 or more)",
+            options_.world_size));
+    if (options_.rank < 0 || options_.rank >= options_.world_size)
+        throw std::invalid_argument(fmt::format(
+            "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
+            options_.world_size - 1, options_.world_size));
+    if (options_.world_size > 1) {
+        store_client_options c;
+        c.host = options_.host;
+        c.port = options_.port;
+        c.dialect = options_.dialect;
+        c.timeout = options_.timeout;
+        c.connect_timeout = options_.connect_timeout;
+        client_ = std::make_unique<blocking_store_client>(std::move(c));
+    }
+}
+
+ELASTIC_DECL group::~group() = default;
+
+ELASTIC_DECL void group::set_timeout(std::chrono::milliseconds t) {
+    options_.timeout = t;
+    if (client_) client_->set_timeout(t);
+}
+
+ELASTIC_DECL void group::barrier() {
+    if (options_.world_size == 1) return;
+    (void)exchange("barrier", {}, false);
+}
+
+ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
+    check_rank(root, "broadcast root");
+    if (options_.world_size == 1) return bytes;
+    const auto n = next_++;
+    const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
+    if (options_.rank == root) {
+        client_->set(key, bytes);
+        written_.push_back(key);
+        return bytes;
+    }
+    try {
+        std::vector<std::string> keys(1, key);
+        client_->wait(std::move(keys), options_.timeout);
+    } catch (const store_timeout&) {
+        throw timeout_error("broadcast", n, {root});
+    }
+    return client_->get(key);
+}
+
+ELASTIC_DECL std::vector<std::string> group::all_gather(std::string bytes) {
+    if (options_.world_size == 1) return {std::move(bytes)};
+    return exchange("all_gather", std::move(bytes), true);
+}
+
+ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
+    if (r < 0 || r >= options_.world_size)
+        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
+                                                r, options_.world_size - 1));
+}
+
+ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std::string payload, bool read) {
+    const auto n = next_++;
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<std::size_t>(options_.world_size));
+    for (int r = 0; r < options_.world_size; ++r)
+        keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
+    client_->set(mine, std::move(payload));
+    try {
+        client_->wait(keys, options_.timeout);
+    } catch (const store_timeout&) {
+        std::vector<int> missing;
+        for (int r = 0; r < options_.world_size; ++r) {
+            std::vector<std::string> one(1, keys[static_cast<std::size_t>(r)]);
+            if (!client_->check(std::move(one))) missing.push_back(r);
+        }
+        throw timeout_error(what, n, std::move(missing));
+    }
+    std::vector<std::string> out;
+    if (read) out = client_->multi_get(keys);
+    // Every rank has written its key of collective n, so each has finished everything
+    // before n: nobody reads the keys this rank wrote earlier any more.
+    for (const auto& k : written_) (void)client_->delete_key(k);
+    written_.clear();
+    written_.push_back(mine);
+    return out;
+}
+
+ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
+        list += fmt::format("{}{}", i ? ", " : "", missing[i]);
+    if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
+    // The message first: the vector is moved into the exception after it.
+    auto message =
+        fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                    "{} ms (exited, hung, or called the collectives in another order); "
+                    "store {}:{}, keys '{}/{}/'",
+                    what, n, options_.rank, options_.world_size,
+                    missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
+                    options_.timeout.count(), options_.host, options_.port,
+                    options_.key_namespace, n);
+    return dist_timeout(message, std::move(missing));
+}
+
+}  // namespace dist
+#endif  // definitions
 
 namespace detail {
 

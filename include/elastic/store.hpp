@@ -5,6 +5,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/store/blocking_client.hpp"
 #include "elastic/store/client.hpp"
+#include "elastic/store/client_dialect.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"

@@ -24,6 +24,21 @@
 #error "elastic supports Linux only (it relies on pidfd, prctl and /proc)"
 #endif
 
+// ELASTIC_SEPARATE_COMPILATION (docs/building.md): defined in every file of a program, it leaves
+// the heavy non-template definitions (elastic::run's agent, the command-line parser,
+// elastic::dist::group's members) out of the headers; one file compiles them by defining
+// ELASTIC_IMPL_SOURCE and including elastic/impl/src.hpp (or the single header). ELASTIC_DECL
+// marks the functions concerned: inline when header-only, ordinary functions of that one file
+// otherwise.
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+#define ELASTIC_DECL
+#else
+#define ELASTIC_DECL inline
+#endif
+#if defined(ELASTIC_IMPL_SOURCE)
+#define ELASTIC_DETAIL_IMPL_SOURCE_SEEN 1  // the definitions were not skipped (elastic/impl/src.hpp checks)
+#endif
+
 namespace elastic::inline v0 {
 
 /// The library's version, as "major.minor.patch".

@@ -9,7 +9,11 @@
 #include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
+// CLI11 only where the parser is compiled: with ELASTIC_SEPARATE_COMPILATION, in
+// elastic/impl/src.hpp's file alone (docs/building.md).
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 #include <CLI/CLI.hpp>
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,6 +35,20 @@ struct help_request {
 
 /// What parse_launch_config() gives: a validated configuration, or text to print and exit 0.
 using launch_parse_result = std::variant<launch_config, help_request>;
+
+/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
+/// program and its arguments, which pass through untouched. Every option falls back on its
+/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
+/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
+/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
+[[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args,
+                                                                   const environment& env,
+                                                                   std::string_view program_name = "elasticrun");
+
+/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
+/// component ("elasticrun" when argv[0] is missing).
+[[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv,
+                                                                   const environment& env);
 
 namespace detail::launch_impl {
 
@@ -302,6 +320,8 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     return out;
 }
 
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+
 namespace detail::launch_impl {
 
 /// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
@@ -338,13 +358,8 @@ inline void unmark(std::string& text) {
 
 }  // namespace detail::launch_impl
 
-/// Parses a launcher's arguments (without argv[0]) as torchrun does: options first, then the
-/// program and its arguments, which pass through untouched. Every option falls back on its
-/// PET_ variable in `env` (an empty variable counts as unset); the command line wins. Returns the
-/// validated launch_config, or a help_request for --help / --version; throws usage_error (exit
-/// status 2) for bad input. `program_name` is the launcher's name in --help and --version.
-[[nodiscard]] inline launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
-                                                             std::string_view program_name = "elasticrun") {
+ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
+                                                 std::string_view program_name) {
     using detail::launch_impl::option_specs;
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
@@ -603,9 +618,7 @@ inline void unmark(std::string& text) {
     return config;
 }
 
-/// parse_launch_config() over main()'s arguments; the launcher's name is argv[0]'s last path
-/// component ("elasticrun" when argv[0] is missing).
-[[nodiscard]] inline launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
+ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv, const environment& env) {
     std::vector<std::string> args;
     for (int i = 1; i < argc; ++i) {
         args.emplace_back(argv[i]);
@@ -616,5 +629,7 @@ inline void unmark(std::string& text) {
     }
     return parse_launch_config(std::move(args), env, name);
 }
+
+#endif  // definitions
 
 }  // namespace elastic::inline v0

@@ -3,13 +3,17 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/launch/config.hpp"
+#include "elastic/usage_error.hpp"
+#include "elastic/policy/combinators.hpp"
+#include "elastic/policy/concepts.hpp"
+// The agent itself only where run() is compiled: with ELASTIC_SEPARATE_COMPILATION, in
+// elastic/impl/src.hpp's file alone, so a custom launcher's main() parses none of it.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 #include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/launch/cli.hpp"
-#include "elastic/launch/config.hpp"
 #include "elastic/agent/agent_log.hpp"
-#include "elastic/usage_error.hpp"
-#include "elastic/policy/concepts.hpp"
 #include "elastic/launch/default_policy.hpp"
 #include "elastic/report/agent_error_file.hpp"
 #include "elastic/report/exit_codes.hpp"
@@ -17,6 +21,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <fmt/format.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +33,8 @@
 #include <variant>
 
 namespace elastic::inline v0 {
+
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
 namespace detail::agent {
 
@@ -70,15 +77,9 @@ int guarded(std::string_view name, Body&& body) {
     }
 }
 
-}  // namespace detail::agent
-
-/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
-/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
-/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
-/// Throws usage_error when the configuration asks for something not implemented yet.
-template <restart_policy Policy>
-int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
-        std::string name = "elasticrun") {
+/// run()'s body: the agent on an io_context of its own (this thread) under `policy`.
+template <class Policy>
+int run_agent(const launch_config& config, Policy policy, const environment& env, std::string name) {
     asio::io_context context(1);
     local_agent agent(context.get_executor(), config.workers(), config.rendezvous(), config.agent(), env,
                       std::move(name));
@@ -103,6 +104,52 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
     return code.value_or(exit_codes::internal);
 }
 
+/// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under
+/// make_policy(config) and turns errors into an exit code.
+template <class MakePolicy>
+int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy) {
+    const auto name = launcher_name(argc, argv);
+    return guarded(name, [&] {
+        const auto env = current_environment();
+        auto parsed = parse_launch_config(argc, argv, env);
+        if (const auto* help = std::get_if<help_request>(&parsed)) {
+            std::fputs(help->text.c_str(), stdout);
+            return 0;
+        }
+        const auto& config = std::get<launch_config>(parsed);
+        return run_agent(config, make_policy(config), env, name);
+    });
+}
+
+}  // namespace detail::agent
+
+#endif  // definitions
+
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+namespace detail::agent {
+// Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
+                   std::string name);
+int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
+}  // namespace detail::agent
+#endif
+
+/// Runs one node's job as configured, under `policy`, on an io_context of its own (this
+/// thread), and returns the exit code (see local_agent::run). `env` is the environment the
+/// workers inherit and the agent reads (PATH, PYTHON_EXEC, TORCHELASTIC_ERROR_FILE, ...).
+/// Throws usage_error when the configuration asks for something not implemented yet. With
+/// ELASTIC_SEPARATE_COMPILATION the policy is held as an any_restart_policy and the agent is
+/// the one compiled in elastic/impl/src.hpp's file.
+template <restart_policy Policy>
+int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
+        std::string name = "elasticrun") {
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+    return detail::agent::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
+#else
+    return detail::agent::run_agent(config, std::move(policy), env, std::move(name));
+#endif
+}
+
 /// torchrun's command line (docs/cli.md) under the caller's restart policy: parses, prints
 /// --help / --version, runs the agent, and returns the exit code — 2 with a one-line message
 /// for bad input (nothing started), exit_codes::rendezvous (250) when the rendezvous fails,
@@ -112,32 +159,26 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
 ///     int main(int argc, char** argv) { return elastic::run(argc, argv, my_policy{}); }
 template <restart_policy Policy>
 int run(int argc, const char* const* argv, Policy policy) {
-    const auto name = detail::agent::launcher_name(argc, argv);
-    return detail::agent::guarded(name, [&] {
-        const auto env = current_environment();
-        auto parsed = parse_launch_config(argc, argv, env);
-        if (const auto* help = std::get_if<help_request>(&parsed)) {
-            std::fputs(help->text.c_str(), stdout);
-            return 0;
-        }
-        return run(std::get<launch_config>(parsed), std::move(policy), env, name);
-    });
+#if defined(ELASTIC_SEPARATE_COMPILATION)
+    return detail::agent::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
+#else
+    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+#endif
 }
 
+#if defined(ELASTIC_SEPARATE_COMPILATION)
 /// torchrun's command line with the default policy, make_default_policy(config): built from
 /// --max-restarts and the --restart-* options (docs/policies.md).
-inline int run(int argc, const char* const* argv) {
-    const auto name = detail::agent::launcher_name(argc, argv);
-    return detail::agent::guarded(name, [&] {
-        const auto env = current_environment();
-        auto parsed = parse_launch_config(argc, argv, env);
-        if (const auto* help = std::get_if<help_request>(&parsed)) {
-            std::fputs(help->text.c_str(), stdout);
-            return 0;
-        }
-        const auto& config = std::get<launch_config>(parsed);
-        return run(config, make_default_policy(config), env, name);
-    });
+int run(int argc, const char* const* argv);
+#else
+/// torchrun's command line with the default policy, make_default_policy(config): built from
+/// --max-restarts and the --restart-* options (docs/policies.md). A template only so that a
+/// file which includes this header but never calls it does not compile the whole agent.
+template <int = 0>
+int run(int argc, const char* const* argv) {
+    return detail::agent::run_command_line(argc, argv,
+                                           [](const launch_config& config) { return make_default_policy(config); });
 }
+#endif
 
 }  // namespace elastic::inline v0

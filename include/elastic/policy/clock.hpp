@@ -48,6 +48,7 @@ struct steady_policy_clock {
     }
 
     /// Static in substance: the timer lives in the coroutine frame, not in the clock.
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
         if (d <= std::chrono::steady_clock::duration::zero()) co_return;
         asio::steady_timer timer(co_await asio::this_coro::executor, d);
@@ -77,6 +78,7 @@ public:
 
     [[nodiscard]] time_point now() const noexcept { return state_->now; }
 
+    template <class = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(duration d) const {
         const auto shared = state_;  // the clock object may go before the sleep ends
         shared->requested.push_back(d);

@@ -43,7 +43,7 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
     const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
-        json doc = root.error_file.content.document;
+        json doc = root.error_file.content.document ? *root.error_file.content.document : json();
         if (root.error_file.content.format == error_file_format::nested) {
             doc["message"]["errorCode"] = error_code;
         } else {

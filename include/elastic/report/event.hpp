@@ -179,7 +179,8 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
     if (f.state == failure_state::stopped_by_agent) {
         raw_error = nullptr;
     } else if (f.error_file.parsed()) {
-        raw_error = detail::report::python_json(f.error_file.content.document);
+        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
+                                                                              : json());
     } else if (f.error_file.status == error_file_status::malformed) {
         raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
     } else {

@@ -4,8 +4,8 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/host_name.hpp"
-#include "elastic/report/error_file.hpp"
 #include "elastic/process/exit.hpp"
+#include "elastic/report/error_file_content.hpp"
 #include "elastic/process/signal_name.hpp"
 #include "elastic/report/stderr_tail.hpp"
 #include "elastic/report/text.hpp"

@@ -5,6 +5,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/store/auth.hpp"
+#include "elastic/store/client_dialect.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/lease.hpp"
@@ -44,17 +45,6 @@
 #include <unistd.h>
 
 namespace elastic::inline v0 {
-
-/// Which wire dialect a client speaks: the current one (PyTorch >= 2.2) or the legacy one (1.13 to
-/// 2.1); docs/store-client.md explains why a stall during detection means legacy.
-enum class client_dialect : std::uint8_t {
-    /// Try the current handshake (VALIDATE + PING); a reset, an EOF or a stall (no PING echo
-    /// within `detect_timeout`) means a PyTorch <= 2.1 server: reconnect in the legacy dialect.
-    /// The answer is kept for reconnections.
-    detect,
-    current,  ///< PyTorch >= 2.2 servers (and ours): VALIDATE + PING first; no fallback
-    legacy,   ///< PyTorch 1.13 servers (and ours): no handshake, SET = 0
-};
 
 /// One failed connection attempt, reported to `store_client_options::on_retry` before the
 /// client sleeps `delay` and tries again.
