@@ -383,10 +383,7 @@ private:
         if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
 
         group_attempt attempt;
-        attempt.restarts = restarts;
-        attempt.master_addr = store_.master_addr;
-        attempt.master_port = master_port_;
-        attempt.run_id = params_.run_id;
+        attempt.told = attempt_settings{restarts, store_.master_addr, master_port_, {}, params_.run_id};
         attempt.dir = attempt_dir(restarts);
         for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
         worker_group group(executor_, spec_, command_, events_, log_);

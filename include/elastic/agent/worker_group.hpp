@@ -32,7 +32,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -54,10 +53,8 @@ public:
 
 /// What the workers of one attempt are told, and where their files go.
 struct group_attempt {
-    int restarts = 0;               ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;        ///< MASTER_ADDR: the workers' store
-    std::uint16_t master_port = 0;  ///< MASTER_PORT
-    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID
+    /// What every worker is told; start() sets each one's error_file under `dir`.
+    attempt_settings told;
     /// attempt_<n>/ of the log tree (each worker's files under <local_rank>/); empty: no files.
     std::filesystem::path dir;
     /// The ranks of each local worker, one per worker (assign_worker() on one node).
@@ -107,7 +104,7 @@ public:
     /// contract. A worker that cannot be started (its program vanished since validation) stops
     /// the ones started and throws agent_error.
     asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
-        restarts_ = attempt.restarts;
+        restarts_ = attempt.told.restart_count;
         auto& slots = state_->slots;
         workers_.reserve(slots.size());
         std::optional<std::string> spawn_failure;
@@ -117,8 +114,8 @@ public:
             slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
             const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            const attempt_settings told{attempt.restarts, attempt.master_addr, attempt.master_port, slot.error_file,
-                                        attempt.run_id};
+            auto told = attempt.told;
+            told.error_file = slot.error_file;
             spawn_options how;
             how.program = command_->path;
             auto argv = command_->argv_for(local_rank);
@@ -127,7 +124,7 @@ public:
             try {
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
                 workers_.push_back(elastic::spawn(executor_, how));
-                events_->worker_started(attempt.restarts, slot.assignment, static_cast<long>(workers_.back().pid()));
+                events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;

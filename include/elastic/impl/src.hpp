@@ -1,6 +1,6 @@
 // The definitions that ELASTIC_SEPARATE_COMPILATION leaves out of the headers: elastic::run's
-// agent, the command-line parser and elastic::dist::group's members (with the store client). In a program built with ELASTIC_SEPARATE_COMPILATION,
-// exactly one file compiles them:
+// agent, the command-line parser and elastic::dist::group's members (with the store client). In
+// a program built with ELASTIC_SEPARATE_COMPILATION, exactly one file compiles them:
 //
 //     #define ELASTIC_IMPL_SOURCE
 //     #include <elastic/impl/src.hpp>   // or "elastic.hpp", the single header, which has it

@@ -81,8 +81,9 @@ struct launch_config : worker_spec, agent_options {
     }
 
     /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
-    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with --master-port or --rdzv-endpoint, the
-    /// others' always. The settings' exit_barrier_timeout falls back to exit_barrier_timeout.
+    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with
+    /// --master-port or --rdzv-endpoint, the others' always. The settings' exit_barrier_timeout
+    /// falls back to exit_barrier_timeout.
     [[nodiscard]] rendezvous_parameters rendezvous() const {
         rendezvous_parameters p;
         p.backend = rdzv_backend;
