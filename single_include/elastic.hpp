@@ -14737,7 +14737,6 @@ private:
 #include <chrono>
 #include <csignal>
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -14759,10 +14758,8 @@ public:
 
 /// What the workers of one attempt are told, and where their files go.
 struct group_attempt {
-    int restarts = 0;               ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;        ///< MASTER_ADDR: the workers' store
-    std::uint16_t master_port = 0;  ///< MASTER_PORT
-    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID
+    /// What every worker is told; start() sets each one's error_file under `dir`.
+    attempt_settings told;
     /// attempt_<n>/ of the log tree (each worker's files under <local_rank>/); empty: no files.
     std::filesystem::path dir;
     /// The ranks of each local worker, one per worker (assign_worker() on one node).
@@ -14812,7 +14809,7 @@ public:
     /// contract. A worker that cannot be started (its program vanished since validation) stops
     /// the ones started and throws agent_error.
     asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
-        restarts_ = attempt.restarts;
+        restarts_ = attempt.told.restart_count;
         auto& slots = state_->slots;
         workers_.reserve(slots.size());
         std::optional<std::string> spawn_failure;
@@ -14822,8 +14819,8 @@ public:
             slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
             const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
-            const attempt_settings told{attempt.restarts, attempt.master_addr, attempt.master_port, slot.error_file,
-                                        attempt.run_id};
+            auto told = attempt.told;
+            told.error_file = slot.error_file;
             spawn_options how;
             how.program = command_->path;
             auto argv = command_->argv_for(local_rank);
@@ -14832,7 +14829,7 @@ public:
             try {
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
                 workers_.push_back(elastic::spawn(executor_, how));
-                events_->worker_started(attempt.restarts, slot.assignment, static_cast<long>(workers_.back().pid()));
+                events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
@@ -15096,6 +15093,17 @@ inline void check_supported(const rendezvous_parameters& c) {
     }
 }
 
+/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
+/// and a grace the agent can use, else a usage_error naming the field.
+inline void check_spec(const worker_spec& w) {
+    if (w.nproc_per_node < 1) {
+        throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
+    }
+    if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
+        throw usage_error{fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+    }
+}
+
 inline std::string temp_base(const environment& env) {
     for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
         if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
@@ -15152,6 +15160,7 @@ public:
           params_(std::move(rendezvous)),
           env_(std::move(env)),
           log_(std::move(name), options.agent_log_level) {
+        detail::agent::check_spec(spec_);
         detail::agent::check_supported(params_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
         load_rendezvous_secret(params_.settings, env_, [this](std::string_view line) { log_.warning(line); });
@@ -15310,10 +15319,7 @@ private:
         if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
 
         group_attempt attempt;
-        attempt.restarts = restarts;
-        attempt.master_addr = store_.master_addr;
-        attempt.master_port = master_port_;
-        attempt.run_id = params_.run_id;
+        attempt.told = attempt_settings{restarts, store_.master_addr, master_port_, {}, params_.run_id};
         attempt.dir = attempt_dir(restarts);
         for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
         worker_group group(executor_, spec_, command_, events_, log_);
@@ -16351,8 +16357,9 @@ struct launch_config : worker_spec, agent_options {
     }
 
     /// What the rendezvous takes: the backend, rendezvous_endpoint(), the job id, --nnodes,
-    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with --master-port or --rdzv-endpoint, the
-    /// others' always. The settings' exit_barrier_timeout falls back to exit_barrier_timeout.
+    /// --node-rank, --local-addr and --rdzv-conf. The static backend's port counts as given with
+    /// --master-port or --rdzv-endpoint, the others' always. The settings' exit_barrier_timeout
+    /// falls back to exit_barrier_timeout.
     [[nodiscard]] rendezvous_parameters rendezvous() const {
         rendezvous_parameters p;
         p.backend = rdzv_backend;
@@ -17687,8 +17694,8 @@ int run(int argc, const char* const* argv) {
 // The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
 // ---- begin elastic/impl/src.hpp ----
 // The definitions that ELASTIC_SEPARATE_COMPILATION leaves out of the headers: elastic::run's
-// agent, the command-line parser and elastic::dist::group's members (with the store client). In a program built with ELASTIC_SEPARATE_COMPILATION,
-// exactly one file compiles them:
+// agent, the command-line parser and elastic::dist::group's members (with the store client). In
+// a program built with ELASTIC_SEPARATE_COMPILATION, exactly one file compiles them:
 //
 //     #define ELASTIC_IMPL_SOURCE
 //     #include <elastic/impl/src.hpp>   // or "elastic.hpp", the single header, which has it

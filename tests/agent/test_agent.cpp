@@ -560,6 +560,28 @@ TEST_CASE("agent: elastic::run takes any restart_policy (in-process): a policy t
     CHECK(agent_support::read_env_file(dir.path() / "env.0.1").at("TORCHELASTIC_MAX_RESTARTS") == "5");
 }
 
+TEST_CASE("agent: a worker_spec filled in C++ with no workers or a negative grace is refused, nothing started") {
+    asio::io_context io;
+    elastic::worker_spec workers;
+    workers.program.target = agent_support::worker();
+    const auto refused = [&](const elastic::worker_spec& w) {
+        try {
+            elastic::local_agent agent(io.get_executor(), w, elastic::rendezvous_parameters{}, elastic::agent_options{},
+                                       elastic::current_environment(), "agent-test");
+        } catch (const elastic::usage_error& e) {
+            return std::string(e.what());
+        }
+        return std::string("accepted");
+    };
+    workers.nproc_per_node = 0;
+    CHECK(refused(workers).find("worker_spec.nproc_per_node=0: must be 1 or more") != std::string::npos);
+    workers.nproc_per_node = 1;
+    workers.shutdown_timeout = std::chrono::milliseconds(-1);
+    CHECK(refused(workers).find("worker_spec.shutdown_timeout=-1 ms") != std::string::npos);
+    workers.shutdown_timeout = std::chrono::milliseconds(0);
+    CHECK(refused(workers) == "accepted");
+}
+
 TEST_CASE("agent: a local_agent from a worker_spec and rendezvous_parameters, without the command line") {
     temp_dir dir;
     // Attempt 0: rank 1 fails with 4; attempt 1: both succeed.

@@ -169,6 +169,17 @@ inline void check_supported(const rendezvous_parameters& c) {
     }
 }
 
+/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
+/// and a grace the agent can use, else a usage_error naming the field.
+inline void check_spec(const worker_spec& w) {
+    if (w.nproc_per_node < 1) {
+        throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
+    }
+    if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
+        throw usage_error{fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+    }
+}
+
 inline std::string temp_base(const environment& env) {
     for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
         if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
@@ -225,6 +236,7 @@ public:
           params_(std::move(rendezvous)),
           env_(std::move(env)),
           log_(std::move(name), options.agent_log_level) {
+        detail::agent::check_spec(spec_);
         detail::agent::check_supported(params_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
         load_rendezvous_secret(params_.settings, env_, [this](std::string_view line) { log_.warning(line); });
