@@ -9646,6 +9646,31 @@ concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_dec
     { r.leave() } -> std::same_as<asio::awaitable<void>>;
 };
 
+/*
+ * agent_rendezvous: a rendezvous an agent runs a whole job over. Beside the rounds it provides
+ *   join(node_info)                -> awaitable<void>   reach the job (host or connect to its
+ *                                                       store) and hold this node's liveness
+ *   keep_membership()              -> awaitable<void>   runs for as long as the node is in the
+ *                                                       job (observes lost nodes); ends only by
+ *                                                       cancellation or an error
+ *   recover(reason, node_info)     -> awaitable<std::string>  the job's store was lost (`reason`):
+ *                                                       rejoin it or move the job elsewhere and
+ *                                                       say in one line what was done; throws
+ *                                                       rendezvous_error when the job cannot go on
+ *   restart_count()                -> int    job-wide restarts so far (TORCHELASTIC_RESTART_COUNT)
+ *   stop()                         -> void   closes what it holds (after leave(); noexcept)
+ * The agent's loop (local_agent) is written once over this concept: single_node_rendezvous is
+ * the trivial model for one node, tcp_rendezvous the model for several.
+ */
+template <class R>
+concept agent_rendezvous = rendezvous<R> && requires(R& r, const R& cr, node_info info, std::string reason) {
+    { r.join(info) } -> std::same_as<asio::awaitable<void>>;
+    { r.keep_membership() } -> std::same_as<asio::awaitable<void>>;
+    { r.recover(reason, info) } -> std::same_as<asio::awaitable<std::string>>;
+    { cr.restart_count() } -> std::convertible_to<int>;
+    { r.stop() } noexcept;
+};
+
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/concepts.hpp ----
 // ---- begin elastic/rendezvous/error.hpp ----
@@ -9813,6 +9838,96 @@ struct rendezvous_parameters {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/parameters.hpp ----
+// ---- begin elastic/rendezvous/single_node.hpp ----
+// single_node_rendezvous: the rendezvous of a job that is one node — the trivial model of
+// agent_rendezvous, so the agent runs one loop for one node and many.
+
+
+#include <asio/awaitable.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// One node is the whole job: every round completes at once with this node as group rank 0 and
+/// its own workers' store as MASTER_ADDR:MASTER_PORT; no other node can abort a round, so this
+/// node's abort always wins and its decision is the job's; the exit barrier is already complete.
+/// There is no shared store to lose. The restart count is the decisions to restart so far.
+class single_node_rendezvous {
+public:
+    asio::awaitable<void> join(node_info) { co_return; }
+
+    /// Nothing to observe: waits until cancelled.
+    asio::awaitable<void> keep_membership() { co_await forever(); }
+
+    asio::awaitable<rendezvous_round> next_round(node_info me) {
+        rendezvous_round round;
+        round.number = rounds_++;
+        round.restart_count = restarts_;
+        round.group_rank = 0;
+        round.group_world_size = 1;
+        round.rank_base = 0;
+        round.world_size = me.nproc;
+        round.host_in_round = true;
+        round.master_addr = std::move(me.store_addr);
+        round.master_port = me.store_port;
+        decision_.reset();
+        co_return round;
+    }
+
+    /// No other node: waits until cancelled.
+    asio::awaitable<abort_notice> wait_for_abort() {
+        co_await forever();
+        co_return abort_notice{};
+    }
+
+    asio::awaitable<bool> abort(abort_notice) { co_return true; }
+
+    asio::awaitable<void> decide(job_decision decision) {
+        if (decision.restart) ++restarts_;
+        decision_ = std::move(decision);
+        co_return;
+    }
+
+    /// The decision this node made for the round (waits until cancelled if it made none).
+    asio::awaitable<job_decision> await_decision() {
+        if (!decision_) co_await forever();
+        co_return *decision_;
+    }
+
+    asio::awaitable<barrier_result> finish(std::chrono::milliseconds) { co_return barrier_result{}; }
+    asio::awaitable<void> leave() { co_return; }
+
+    /// Unreachable in practice (there is no store to lose): the job cannot go on.
+    asio::awaitable<std::string> recover(std::string reason, node_info) {
+        throw rendezvous_error(std::move(reason));
+        co_return std::string();
+    }
+
+    [[nodiscard]] int restart_count() const noexcept { return restarts_; }
+    void stop() noexcept {}
+
+private:
+    static asio::awaitable<void> forever() {
+        asio::steady_timer never(co_await asio::this_coro::executor, asio::steady_timer::time_point::max());
+        co_await never.async_wait(asio::use_awaitable);
+    }
+
+    int rounds_ = 0;
+    int restarts_ = 0;
+    std::optional<job_decision> decision_;
+};
+
+static_assert(agent_rendezvous<single_node_rendezvous>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/single_node.hpp ----
 // ---- begin elastic/rendezvous/store_rendezvous.hpp ----
 // store_rendezvous: the fixed-membership rendezvous over any `store` model (docs/rendezvous.md):
 // per-node keys, O(1) store operations per node per round, waiting by store notification.
@@ -11809,6 +11924,76 @@ public:
         co_return true;
     }
 
+    // ---- agent_rendezvous: what the agent's loop calls ----
+
+    /// start(), then start_liveness(me).
+    asio::awaitable<void> join(node_info me) {
+        co_await start();
+        co_await start_liveness(std::move(me));
+    }
+
+    asio::awaitable<void> keep_membership() { co_await rdzv_->keep_membership(); }
+
+    /// Joins the next round as `me`, with this node's lease name and idle store's port.
+    asio::awaitable<rendezvous_round> next_round(node_info me) {
+        me.id = node_id_;
+        me.backup_port = backup_port();
+        co_return co_await rdzv_->next_round(std::move(me));
+    }
+
+    /// The round's abort. Cancelled (the workers ended first), its connection is left
+    /// mid-request: it is dropped, and the next use reconnects.
+    asio::awaitable<abort_notice> wait_for_abort() {
+        struct drop_unless_answered {
+            tcp_rendezvous* self;
+            bool answered = false;
+            ~drop_unless_answered() {
+                if (!answered) self->reset_watcher();
+            }
+        } guard{this};
+        auto notice = co_await rdzv_->wait_for_abort();
+        guard.answered = true;
+        co_return notice;
+    }
+
+    asio::awaitable<bool> abort(abort_notice notice) { co_return co_await rdzv_->abort(std::move(notice)); }
+    asio::awaitable<void> decide(job_decision decision) { co_await rdzv_->decide(std::move(decision)); }
+    asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
+    asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
+        co_return co_await rdzv_->finish(timeout);
+    }
+    asio::awaitable<void> leave() { co_await rdzv_->leave(); }
+    [[nodiscard]] int restart_count() const noexcept { return rdzv_ ? rdzv_->restart_count() : 0; }
+
+    /// The rendezvous store was lost (`reason`; this node's workers are stopped already). Only the
+    /// end of the lease connection is the store's loss: an error on one request alone throws
+    /// rendezvous_error(reason). Elastic membership over c10d: a store that still answers
+    /// dropped this node (no heartbeat in time), which rejoins it; a store that does not answer
+    /// moves to the first successor that does, and the next round needs a majority of the last.
+    /// Returns one line saying which; rendezvous_error when the job cannot go on.
+    asio::awaitable<std::string> recover(std::string reason, node_info me) {
+        const bool elastic_membership = params_.nnodes.min < params_.nnodes.max;  // c10d only
+        if (!elastic_membership || !rdzv_) throw rendezvous_error(std::move(reason));
+        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
+        // Only a store that does not answer moves (so an overloaded node never splits the job).
+        if (co_await rejoin_store(me)) {
+            co_return fmt::format("the rendezvous store at {} dropped this node's connection (it heard no heartbeat "
+                                  "within keep_alive_interval x keep_alive_max_attempt: was this agent stopped or "
+                                  "starved of CPU?); reconnected, rejoining the job",
+                                  store_endpoint());
+        }
+        const int before = rdzv_->last_round_size();
+        std::string where;
+        try {
+            where = co_await relocate(rdzv_->successors(), std::move(me));
+        } catch (const std::exception& e) {
+            throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
+        }
+        co_return fmt::format("{}; the job's rendezvous moves to {}, the first member's idle store that answered; the "
+                              "next round needs {} of the last round's {} nodes (a majority)",
+                              reason, where, before / 2 + 1, before);
+    }
+
     /// Where this node reaches the rendezvous store now ("host:port").
     [[nodiscard]] std::string store_endpoint() const { return fmt::format("{}:{}", current_host_, current_port_); }
 
@@ -11821,7 +12006,7 @@ public:
     [[nodiscard]] bool hosts_store() const noexcept { return server_ != nullptr; }
     /// The port of the hosted store (0 when a client).
     [[nodiscard]] std::uint16_t hosted_port() const { return server_ ? server_->port() : std::uint16_t{0}; }
-    /// Drops the watcher's connection (after a cancelled wait); the next use reconnects.
+    /// Drops the watcher's connection; the next use reconnects.
     void reset_watcher() noexcept {
         if (watcher_) watcher_->close();
     }
@@ -11961,6 +12146,8 @@ private:
         return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
     }
 };
+
+static_assert(agent_rendezvous<tcp_rendezvous>);
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/tcp_rendezvous.hpp ----
@@ -14971,6 +15158,7 @@ private:
 #include <fmt/format.h>
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15166,6 +15354,7 @@ public:
         load_rendezvous_secret(params_.settings, env_, [this](std::string_view line) { log_.warning(line); });
         command_ = resolve_program(spec_.program, env_);
         store_ = detail::agent::plan_store(params_);
+        several_ = uses_node_rendezvous(params_);
         // Opens --event-log-handler=file:PATH (usage_error if it cannot).
         events_ = agent_events(spec_, params_, options.event_log_handler);
     }
@@ -15173,9 +15362,32 @@ public:
     /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
     /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
     /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
-    /// itself cannot go on (workers are stopped first).
+    /// itself cannot go on (workers are stopped first). The loop is policy_loop(job, policy)
+    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several.
     template <restart_policy Policy>
     asio::awaitable<int> run(Policy& policy) {
+        co_return co_await run_loop([&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); });
+    }
+
+    /// The same with a loop of the caller's: `loop(job)` is awaited once, with the job joined,
+    /// and returns the exit code; it goes through the job with job<R>'s steps (see policy_loop,
+    /// the loop run() uses, and examples/custom_agent.cpp). It is instantiated for both
+    /// rendezvous models, so `loop` takes `auto& job`.
+    template <class Loop>
+    asio::awaitable<int> run_loop(Loop loop) {
+        if (several_) {
+            tcp_rendezvous rdzv(executor_, params_, [this](std::string_view line) { log_.warning(line); });
+            co_return co_await run_loop(loop, rdzv);
+        }
+        single_node_rendezvous rdzv;
+        co_return co_await run_loop(loop, rdzv);
+    }
+
+    /// The same over a rendezvous of the caller's, which must describe the job the constructor's
+    /// rendezvous_parameters describe (one node: single_node_rendezvous). It joins `rdzv`, keeps
+    /// its membership for as long as `loop` runs, and stops it before returning.
+    template <class Loop, agent_rendezvous R>
+    asio::awaitable<int> run_loop(Loop& loop, R& rdzv) {
         using namespace asio::experimental::awaitable_operators;
         // Installed first: a signal during start-up or a restart is handled like any other.
         asio::signal_set signals(executor_);
@@ -15184,46 +15396,125 @@ public:
         // back when they are spawned.
         detail::raise_open_files_limit();
         for (const int s : spec_.signals_to_handle) signals.add(s);
-
         if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
-        if (uses_node_rendezvous(params_)) co_return co_await run_job(policy, signals);
 
-        int restarts = 0;
+        // Hosts or reaches the job's store, then holds this node's liveness there.
+        const auto me = this_node();
+        auto joined = co_await (detail::agent::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
+        if (joined.index() == 1) {
+            rdzv.stop();
+            co_return 128 + std::get<1>(joined);
+        }
+        try {
+            (void)std::get<0>(joined).take();
+        } catch (...) {
+            rdzv.stop();
+            throw;
+        }
+        // The loop, beside the observer of the job's membership (lost nodes), which runs for as
+        // long as this node is in the job.
+        job<R> j(*this, rdzv, signals);
+        auto both = co_await (detail::agent::settle(loop(j)) || rdzv.keep_membership());
+        rdzv.stop();
+        round_store_.reset();
+        if (both.index() == 1) throw agent_error("the membership observer ended on its own");
+        auto& rounds = std::get<0>(both);
+        if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
+        try {
+            co_return rounds.take();
+        } catch (const rendezvous_closed& e) {
+            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
+            co_return 0;
+        }
+    }
+
+    /// What one attempt came to; each kind names the job<R> step that concludes it.
+    struct step {
+        enum class kind {
+            succeeded,  ///< this node's workers all succeeded: finish()
+            failed,     ///< a worker here failed first, and this node decides for the job: decide()
+            follows,    ///< another node reported a failure first: follow() its decision
+            signaled,   ///< this agent received `signal` (its workers are stopped): interrupted()
+            again,      ///< the membership changed, or the rendezvous store was recovered: attempt() again
+        };
+        kind how = kind::again;
+        int signal = 0;          ///< signaled
+        group_failure failure;   ///< failed; follows, when a worker of this node failed too
+        bool own_failure = false;  ///< `failure` holds this node's failed group
+
+        /// The kind in one word ("succeeded", "failed", "follows", "signaled", "again").
+        [[nodiscard]] static std::string_view name(kind k) noexcept {
+            constexpr std::string_view names[] = {"succeeded", "failed", "follows", "signaled", "again"};
+            return names[static_cast<int>(k)];
+        }
+    };
+
+    /// One node's part in a running job, over the rendezvous `R`: the steps a loop is made of.
+    /// Each awaits the agent's signals too (a signal ends the step early, as the step says).
+    template <agent_rendezvous R>
+    class job {
+    public:
+        /// Joins the next round, starts the workers, supervises them to the first failure, the
+        /// end of every worker, the round's abort or a signal, and stops and closes the group.
+        /// A failure here is reported to every node (failed: this node's report came first).
+        asio::awaitable<step> attempt() { return agent_.attempt_step(rdzv_, signals_); }
+
+        /// succeeded: the exit barrier. The job's exit code (0; 128 + N for a signal meanwhile),
+        /// or nullopt when the job goes on with another attempt (the round was aborted after
+        /// all, and the job restarts).
+        asio::awaitable<std::optional<int>> finish(step& s) { return agent_.finish_step(rdzv_, signals_, s); }
+
+        /// failed: asks `policy` (raced with the signals) and publishes its answer as the job's.
+        /// The exit code when the job stops (the root cause's; 128 + N for a signal meanwhile),
+        /// nullopt when it restarts.
+        template <restart_policy P>
+        asio::awaitable<std::optional<int>> decide(step& s, P& policy) {
+            return agent_.decide_step(rdzv_, signals_, s, policy);
+        }
+
+        /// follows: the deciding node's answer, as decide() returns it.
+        asio::awaitable<std::optional<int>> follow(step& s) { return agent_.follow_step(rdzv_, signals_, s); }
+
+        /// signaled: tells the other nodes (the job stops, or re-forms without this node under
+        /// elastic membership) and returns 128 + N.
+        asio::awaitable<int> interrupted(const step& s) { return agent_.interrupted_step(rdzv_, s); }
+
+        /// Job-wide restarts so far (the workers' TORCHELASTIC_RESTART_COUNT).
+        [[nodiscard]] int restart_count() const { return rdzv_.restart_count(); }
+        [[nodiscard]] local_agent& agent() noexcept { return agent_; }
+        [[nodiscard]] R& rendezvous() noexcept { return rdzv_; }
+
+    private:
+        friend class local_agent;
+        job(local_agent& agent, R& rdzv, asio::signal_set& signals) : agent_(agent), rdzv_(rdzv), signals_(signals) {}
+        local_agent& agent_;
+        R& rdzv_;
+        asio::signal_set& signals_;
+    };
+
+    /// The loop run(policy) runs: attempts until the job succeeds, stops or this agent is
+    /// signalled; a failure here that reached the others first is decided by `policy`.
+    template <agent_rendezvous R, restart_policy P>
+    static asio::awaitable<int> policy_loop(job<R>& j, P& policy) {
         for (;;) {
-            auto outcome = co_await run_attempt(restarts, signals);
-            if (outcome.how == detail::agent::attempt_outcome::kind::succeeded) {
-                events_.final_success(restarts, host_);
-                remove_run_dir();
-                co_return 0;
-            }
-            if (outcome.how == detail::agent::attempt_outcome::kind::signaled) {
-                co_return 128 + outcome.signal;
-            }
-            auto& failure = outcome.failure;
-            for (const auto* f : failure.failures()) {
-                log_.error(failure_log_line(*f, spec_.program.target));
-            }
-            auto decided = co_await (detail::agent::settle(policy(failure)) || signals.async_wait(asio::use_awaitable));
-            if (decided.index() == 1) {
-                const int sig = std::get<1>(decided);
-                events_.decision_interrupted(restarts, sig);
-                log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
-                                         "exiting with {}",
-                                         signal_to_string(sig), 128 + sig));
-                co_return 128 + sig;
-            }
-            auto decision = std::get<0>(decided).take();
-            events_.decision(failure, decision);
-            if (decision.restart()) {
-                log_.warning(fmt::format("[{}] worker group failed ({}); {}: restarting the worker group", spec_.role,
-                                         headline(failure), decision.reason));
-                ++restarts;
-                events_.restart(restarts);
+            auto s = co_await j.attempt();
+            std::optional<int> code;
+            switch (s.how) {
+            case step::kind::again:
                 continue;
+            case step::kind::signaled:
+                co_return co_await j.interrupted(s);
+            case step::kind::succeeded:
+                code = co_await j.finish(s);
+                break;
+            case step::kind::failed:
+                code = co_await j.decide(s, policy);
+                break;
+            case step::kind::follows:
+                code = co_await j.follow(s);
+                break;
             }
-            log_.warning(fmt::format("[{}] worker group failed ({}); {}: stopping", spec_.role, headline(failure),
-                                     decision.reason));
-            co_return finish_failed(failure);
+            if (code) co_return *code;
         }
     }
 
@@ -15236,6 +15527,177 @@ public:
     [[nodiscard]] const agent_log& log() const noexcept { return log_; }
 
 private:
+    using attempt_outcome = detail::agent::attempt_outcome;
+    using kind = attempt_outcome::kind;
+
+    /// job<R>::attempt().
+    template <agent_rendezvous R>
+    asio::awaitable<step> attempt_step(R& rdzv, asio::signal_set& signals) {
+        abort_won_ = false;
+        last_abort_.reset();
+        store_lost_.reset();
+        step s;
+        auto attempt = co_await detail::agent::settle(run_attempt(rdzv, signals));
+        if (const auto why = store_loss(attempt.error)) {
+            co_await recover(rdzv, *why);
+            co_return s;
+        }
+        auto outcome = attempt.take();
+        if (outcome.how == kind::aborted && store_lost_) {
+            co_await recover(rdzv, store_lost_->reason);
+            co_return s;
+        }
+        if (outcome.how == kind::aborted && membership_changed()) {
+            log_membership_restart(rdzv.restart_count());
+            co_return s;
+        }
+        if (outcome.how == kind::signaled) {
+            s.how = step::kind::signaled;
+            s.signal = outcome.signal;
+            co_return s;
+        }
+        if (outcome.how == kind::succeeded) {
+            s.how = step::kind::succeeded;
+            co_return s;
+        }
+        if (outcome.how == kind::failed) {
+            for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, spec_.program.target));
+            s.failure = std::move(outcome.failure);
+            s.own_failure = true;
+        }
+        if (membership_changed()) {
+            // A membership change ended the round first: no decision, nothing counted.
+            log_membership_restart(rdzv.restart_count());
+            co_return s;
+        }
+        s.how = outcome.how == kind::failed && abort_won_ ? step::kind::failed : step::kind::follows;
+        co_return s;
+    }
+
+    /// job<R>::finish(): the exit barrier.
+    template <agent_rendezvous R>
+    asio::awaitable<std::optional<int>> finish_step(R& rdzv, asio::signal_set& signals, step& s) {
+        using namespace asio::experimental::awaitable_operators;
+        expect(s, step::kind::succeeded, "finish");
+        auto barrier = co_await (detail::agent::settle(rdzv.finish(exit_barrier_timeout())) ||
+                                 signals.async_wait(asio::use_awaitable));
+        if (barrier.index() == 1) {
+            co_await abort_for_signal(rdzv, std::get<1>(barrier));
+            co_return 128 + std::get<1>(barrier);
+        }
+        if (const auto why = store_loss(std::get<0>(barrier).error)) {
+            co_await recover(rdzv, *why);
+            co_return std::nullopt;
+        }
+        auto result = std::get<0>(barrier).take();
+        if (result.how != barrier_result::kind::aborted) {
+            if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
+            events_.final_success(rdzv.restart_count(), host_);
+            co_await rdzv.leave();
+            remove_run_dir();
+            co_return 0;
+        }
+        last_abort_ = result.abort;
+        if (membership_changed()) {
+            log_membership_restart(rdzv.restart_count());
+            co_return std::nullopt;
+        }
+        log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}", spec_.role,
+                                 describe_abort()));
+        co_return co_await await_decision(rdzv, signals, s);
+    }
+
+    /// job<R>::decide().
+    template <agent_rendezvous R, restart_policy P>
+    asio::awaitable<std::optional<int>> decide_step(R& rdzv, asio::signal_set& signals, step& s, P& policy) {
+        using namespace asio::experimental::awaitable_operators;
+        expect(s, step::kind::failed, "decide");
+        s.failure.restarts = rdzv.restart_count();
+        auto decided = co_await (detail::agent::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
+        if (decided.index() == 1) {
+            const int sig = std::get<1>(decided);
+            events_.decision_interrupted(rdzv.restart_count(), sig);
+            log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
+                                     "exiting with {}",
+                                     signal_to_string(sig), 128 + sig));
+            // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
+            const job_decision stop_now{false, 128 + sig,
+                                        fmt::format("the deciding node received {}", signal_to_string(sig))};
+            co_await rdzv.decide(stop_now);
+            co_return 128 + sig;
+        }
+        const auto d = std::get<0>(decided).take();
+        events_.decision(s.failure, d);
+        const auto* root = s.failure.root_cause();
+        const job_decision decision{d.restart(), root ? launcher_exit_code(*root) : 1, d.reason};
+        co_await rdzv.decide(decision);
+        co_return co_await conclude(rdzv, s, decision);
+    }
+
+    /// job<R>::follow().
+    template <agent_rendezvous R>
+    asio::awaitable<std::optional<int>> follow_step(R& rdzv, asio::signal_set& signals, step& s) {
+        expect(s, step::kind::follows, "follow");
+        co_return co_await await_decision(rdzv, signals, s);
+    }
+
+    /// job<R>::interrupted().
+    template <agent_rendezvous R>
+    asio::awaitable<int> interrupted_step(R& rdzv, const step& s) {
+        expect(s, step::kind::signaled, "interrupted");
+        co_await abort_for_signal(rdzv, s.signal);
+        co_return 128 + s.signal;
+    }
+
+    /// Another node decides the aborted round: its decision, awaited with the signals.
+    template <agent_rendezvous R>
+    asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
+        using namespace asio::experimental::awaitable_operators;
+        auto followed =
+            co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+        if (followed.index() == 1) co_return 128 + std::get<1>(followed);
+        if (const auto why = store_loss(std::get<0>(followed).error)) {
+            co_await recover(rdzv, *why);
+            co_return std::nullopt;
+        }
+        const auto decision = std::get<0>(followed).take();
+        co_return co_await conclude(rdzv, s, decision);
+    }
+
+    /// The job's decision for the aborted round, acted on: a restart (nullopt), or a stop with
+    /// this node's failure report (when its workers failed) and the job's exit code.
+    template <agent_rendezvous R>
+    asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
+        const auto what = failed_what(s);
+        if (decision.restart) {
+            log_.warning(fmt::format(
+                "[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                several_ ? fmt::format("restarting every node's worker group (job-wide restart {})", rdzv.restart_count())
+                         : std::string("restarting the worker group")));
+            events_.restart(rdzv.restart_count());
+            co_return std::nullopt;
+        }
+        log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                 several_ ? "stopping the job" : "stopping"));
+        if (s.own_failure) (void)finish_failed(s.failure);
+        co_await rdzv.leave();
+        co_return decision.exit_code;
+    }
+
+    /// A job<R> step called on a step of another kind: the caller's loop is wrong.
+    static void expect(const step& s, step::kind want, std::string_view call) {
+        if (s.how == want) return;
+        throw agent_error(fmt::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
+                                      call, step::name(want), step::name(s.how)));
+    }
+
+    /// What ended the round, for the restart or stop line: one node names its first failure;
+    /// several name the node that reported (or this node's workers).
+    std::string failed_what(const step& s) const {
+        if (!several_) return fmt::format("worker group failed ({})", headline(s.failure));
+        return last_abort_ ? describe_abort() : std::string("this node's workers failed");
+    }
+
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
@@ -15258,6 +15720,16 @@ private:
         return 1;
     }
 
+    void log_barrier_timeout(const barrier_result& result) {
+        std::string missing;
+        for (std::size_t i = 0; i < result.missing.size(); ++i) {
+            missing += fmt::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i], result.missing_hosts[i]);
+        }
+        log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
+                               "(--rdzv-conf exit_barrier_timeout); exiting anyway",
+                               missing, detail::text::seconds_text(exit_barrier_timeout())));
+    }
+
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
     /// user asked for with -r/-t; a --log-dir tree always stays.
     void remove_run_dir() noexcept {
@@ -15276,9 +15748,12 @@ private:
         return dir;
     }
 
-    asio::awaitable<detail::agent::attempt_outcome> run_attempt(int restarts, asio::signal_set& signals) {
+    /// One attempt: a fresh workers' store, the round joined with it, the group started and
+    /// supervised until the first failure, the end of every worker, the round's abort or a
+    /// signal, then the group stopped and closed.
+    template <agent_rendezvous R>
+    asio::awaitable<attempt_outcome> run_attempt(R& rdzv, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
-        using detail::agent::attempt_outcome;
         const int n = spec_.nproc_per_node;
 
         // A fresh store for this attempt: a dead worker's last requests, still in flight on its
@@ -15288,35 +15763,36 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
-        if (rdzv_ && !params_.settings.workers_store_any_peer) {
+        if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
             auto peers = std::make_shared<detail::rdzv::peer_list>();
             workers_peers_ = peers;
             options.accept_peer = [peers](const asio::ip::address& a) { return peers->accepts(a); };
         }
+        // The previous round's workers' store (group rank 0) goes first: it may hold the port.
+        round_store_.reset();
         std::unique_ptr<tcp_store_server> server;
         try {
             server = std::make_unique<tcp_store_server>(executor_, std::move(options));
+            server->start();
         } catch (const store_error& e) {
             throw agent_error(fmt::format("cannot host the workers' store: {}", e.what()));
         }
-        server->start();
         master_port_ = server->port();
-        if (rdzv_) {  // several nodes: join this attempt's round first (docs/rendezvous.md)
-            if (const auto sig = co_await join_round(*server, restarts, signals)) {
-                server->stop();
-                attempt_outcome interrupted;
-                interrupted.how = attempt_outcome::kind::signaled;
-                interrupted.signal = *sig;
-                co_return interrupted;
-            }
+        if (const auto sig = co_await join_round(rdzv, *server, signals)) {
+            server->stop();
+            attempt_outcome interrupted;
+            interrupted.how = kind::signaled;
+            interrupted.signal = *sig;
+            co_return interrupted;
         }
-        events_.rendezvous_done(restarts, node_worker(0, spec_.nproc_per_node), store_.master_addr, master_port_);
+        const int restarts = round_->restart_count;
+        events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
-        // Several nodes: group rank 0's store serves every node's workers until the round ends
-        // (all nodes done, or an abort), not only while this node's own workers run.
-        if (rdzv_ && round_->group_rank == 0) round_store_ = std::move(server);
+        // Group rank 0's store serves every node's workers until the round ends (all nodes done,
+        // or an abort), not only while this node's own workers run.
+        if (round_->group_rank == 0) round_store_ = std::move(server);
 
         group_attempt attempt;
         attempt.told = attempt_settings{restarts, store_.master_addr, master_port_, {}, params_.run_id};
@@ -15337,34 +15813,35 @@ private:
         log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
                               store_.master_addr, master_port_));
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
-        auto first = co_await (watch_job(group) || signals.async_wait(asio::use_awaitable));
+        auto first = co_await (watch_job(rdzv, group) || signals.async_wait(asio::use_awaitable));
         if (first.index() == 1) {
-            outcome.how = attempt_outcome::kind::signaled;
+            outcome.how = kind::signaled;
             outcome.signal = std::get<1>(first);
         } else if (std::get<0>(first) == aborted_by_job) {
-            outcome.how = attempt_outcome::kind::aborted;
+            outcome.how = kind::aborted;
         } else if (const auto i = std::get<0>(first); i < group.size()) {
-            outcome.how = attempt_outcome::kind::failed;
+            outcome.how = kind::failed;
             first_failure = i;
         }
 
         switch (outcome.how) {
-        case attempt_outcome::kind::succeeded:
+        case kind::succeeded:
             break;
-        case attempt_outcome::kind::signaled:
+        case kind::signaled:
             co_await stop_on_signal(group, outcome.signal);
             break;
-        case attempt_outcome::kind::aborted:  // another node's failure
+        case kind::aborted:  // another node's failure
             (void)co_await group.stop(SIGTERM);
             break;
-        case attempt_outcome::kind::failed: {
-            // Stop the others (the signal the agent would send, SIGTERM), racing the signals
-            // the agent handles — one arriving now is forwarded and wins.
-            if (rdzv_) co_await report_failure(group.workers()[*first_failure], group.assignment(*first_failure));
+        case kind::failed: {
+            // Abort the round for every node, then stop the others (the signal the agent would
+            // send, SIGTERM), racing the signals the agent handles — one arriving now is
+            // forwarded and wins.
+            co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
             events_.stopping_group();
             auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
             if (stopped.index() == 1) {
-                outcome.how = attempt_outcome::kind::signaled;
+                outcome.how = kind::signaled;
                 outcome.signal = std::get<1>(stopped);
                 co_await stop_on_signal(group, outcome.signal);
             } else {
@@ -15374,8 +15851,8 @@ private:
         }
         }
         co_await group.close();
-        // Several nodes: after a success, round_store_ keeps serving the others' workers.
-        if (!(rdzv_ && outcome.how == attempt_outcome::kind::succeeded)) server_ref.stop();
+        // After a success, group rank 0's store keeps serving the other nodes' workers.
+        if (outcome.how != kind::succeeded) server_ref.stop();
         co_return outcome;
     }
 
@@ -15387,56 +15864,19 @@ private:
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
     }
 
-    // ---- several nodes: the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
+    // ---- the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
 
     /// watch_job()'s answer when another node aborted the round.
     static constexpr std::size_t aborted_by_job = static_cast<std::size_t>(-1);
 
-    /// The job over several nodes: the same attempts as run(), but each attempt joins a round
-    /// first, a failure anywhere aborts every node's group, the node that aborted decides for
-    /// the job (its policy, with the job-wide restart count), and success ends at the exit
-    /// barrier.
-    template <restart_policy Policy>
-    asio::awaitable<int> run_job(Policy& policy, asio::signal_set& signals) {
-        using namespace asio::experimental::awaitable_operators;
-        rdzv_ = std::make_unique<tcp_rendezvous>(executor_, params_, [this](std::string_view line) { log_.warning(line); });
-        {
-            auto started = co_await (detail::agent::settle(start_rendezvous()) || signals.async_wait(asio::use_awaitable));
-            if (started.index() == 1) {
-                rdzv_->stop();
-                co_return 128 + std::get<1>(started);
-            }
-            try {
-                (void)std::get<0>(started).take();
-            } catch (...) {
-                rdzv_->stop();
-                throw;
-            }
-        }
-        // The rounds, beside the observer of the job's membership (lease losses), which runs for
-        // as long as this node is in the job.
-        auto both = co_await (detail::agent::settle(run_rounds(policy, signals)) ||
-                              rdzv_->rendezvous().keep_membership());
-        rdzv_->stop();
-        if (both.index() == 1) throw agent_error("the membership observer ended on its own");
-        auto& rounds = std::get<0>(both);
-        if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
-        try {
-            co_return rounds.take();
-        } catch (const rendezvous_closed& e) {
-            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
-            co_return 0;
-        }
-    }
-
-    /// Hosts or reaches the rendezvous store, then holds this node's lease there.
-    asio::awaitable<void> start_rendezvous() {
-        co_await rdzv_->start();
+    /// This node as the job sees it before a round: its name (several nodes only: one node
+    /// needs none, and getfqdn() may ask DNS before the first worker starts), workers and pid.
+    node_info this_node() {
         node_info me;
-        me.host = node_host();
+        if (several_) me.host = node_host();
         me.nproc = spec_.nproc_per_node;
         me.pid = static_cast<long>(::getpid());
-        co_await rdzv_->start_liveness(me);
+        return me;
     }
 
     /// This node's name for the others: --local-addr, else the host name (getfqdn() may ask
@@ -15452,122 +15892,6 @@ private:
             }
         }
         return host_;
-    }
-
-    template <restart_policy Policy>
-    asio::awaitable<int> run_rounds(Policy& policy, asio::signal_set& signals) {
-        using namespace asio::experimental::awaitable_operators;
-        using kind = detail::agent::attempt_outcome::kind;
-        auto& rdzv = rdzv_->rendezvous();
-        for (;;) {
-            abort_won_ = false;
-            last_abort_.reset();
-            store_lost_.reset();
-            auto attempt = co_await detail::agent::settle(run_attempt(rdzv.restart_count(), signals));
-            if (const auto why = store_loss(attempt.error); why && can_move_store()) {
-                co_await move_store(*why);
-                continue;
-            }
-            auto outcome = attempt.take();
-            if (outcome.how == kind::aborted && store_lost_) {
-                if (can_move_store()) {
-                    co_await move_store(store_lost_->reason);
-                    continue;
-                }
-                throw rendezvous_error(store_lost_->reason);
-            }
-            if (outcome.how == kind::aborted && last_abort_ && last_abort_->what == abort_notice::kind::membership) {
-                log_membership_restart();
-                continue;
-            }
-            if (outcome.how == kind::signaled) {
-                co_await abort_for_signal(outcome.signal);
-                co_return 128 + outcome.signal;
-            }
-            if (outcome.how == kind::succeeded) {
-                auto barrier = co_await (detail::agent::settle(rdzv.finish(exit_barrier_timeout())) ||
-                                         signals.async_wait(asio::use_awaitable));
-                if (barrier.index() == 1) {
-                    co_await abort_for_signal(std::get<1>(barrier));
-                    co_return 128 + std::get<1>(barrier);
-                }
-                if (const auto why = store_loss(std::get<0>(barrier).error); why && can_move_store()) {
-                    co_await move_store(*why);
-                    continue;
-                }
-                auto result = std::get<0>(barrier).take();
-                if (result.how != barrier_result::kind::aborted) {
-                    if (result.how == barrier_result::kind::timed_out) {
-                        std::string missing;
-                        for (std::size_t i = 0; i < result.missing.size(); ++i) {
-                            missing += fmt::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i],
-                                                   result.missing_hosts[i]);
-                        }
-                        log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish "
-                                               "within {} s (--rdzv-conf exit_barrier_timeout); exiting anyway",
-                                               missing,
-                                               detail::text::seconds_text(exit_barrier_timeout())));
-                    }
-                    events_.final_success(rdzv.restart_count(), host_);
-                    co_await rdzv.leave();
-                    remove_run_dir();
-                    co_return 0;
-                }
-                last_abort_ = result.abort;
-                if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
-                    log_membership_restart();
-                    continue;
-                }
-                log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
-                                         spec_.role, describe_abort()));
-            }
-            job_decision decision;
-            if (outcome.how == kind::failed) {
-                for (const auto* f : outcome.failure.failures()) log_.error(failure_log_line(*f, spec_.program.target));
-            }
-            if (last_abort_ && last_abort_->what == abort_notice::kind::membership) {
-                // A membership change ended the round first: no decision, nothing counted.
-                log_membership_restart();
-                continue;
-            }
-            if (outcome.how == kind::failed && abort_won_) {
-                outcome.failure.restarts = rdzv.restart_count();
-                auto decided = co_await (detail::agent::settle(policy(outcome.failure)) || signals.async_wait(asio::use_awaitable));
-                if (decided.index() == 1) {
-                    const int sig = std::get<1>(decided);
-                    events_.decision_interrupted(rdzv.restart_count(), sig);
-                    const job_decision stop_now{false, 128 + sig, fmt::format("the deciding node received {}", signal_to_string(sig))};
-                    co_await rdzv.decide(stop_now);
-                    co_return 128 + sig;
-                }
-                auto d = std::get<0>(decided).take();
-                events_.decision(outcome.failure, d);
-                decision.restart = d.restart();
-                decision.reason = d.reason;
-                const auto* root = outcome.failure.root_cause();
-                decision.exit_code = root ? launcher_exit_code(*root) : 1;
-                co_await rdzv.decide(decision);
-            } else {
-                auto followed = co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
-                if (followed.index() == 1) co_return 128 + std::get<1>(followed);
-                if (const auto why = store_loss(std::get<0>(followed).error); why && can_move_store()) {
-                    co_await move_store(*why);
-                    continue;
-                }
-                decision = std::get<0>(followed).take();
-            }
-            const auto why = last_abort_ ? describe_abort() : std::string("this node's workers failed");
-            if (decision.restart) {
-                log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (job-wide restart {})",
-                                         spec_.role, why, decision.reason, rdzv.restart_count()));
-                events_.restart(rdzv.restart_count());
-                continue;
-            }
-            log_.warning(fmt::format("[{}] {}; {}: stopping the job", spec_.role, why, decision.reason));
-            if (outcome.how == kind::failed) (void)finish_failed(outcome.failure);
-            co_await rdzv.leave();
-            co_return decision.exit_code;
-        }
     }
 
     /// --rdzv-conf exit_barrier_timeout, else 300 s (torchrun's fixed value).
@@ -15591,55 +15915,24 @@ private:
         return std::nullopt;
     }
 
-    /// Elastic membership over c10d: a node dropped by the store rejoins it, and the job may
-    /// move its rendezvous store to a member's idle server when the host is lost.
-    [[nodiscard]] bool can_move_store() const {
-        return params_.nnodes.min < params_.nnodes.max && rdzv_ != nullptr;
+    /// The rendezvous store was lost (`why`, workers stopped already): the rendezvous rejoins
+    /// it or moves the job, and this node goes on at the next round; rendezvous_error when the
+    /// job cannot go on.
+    template <agent_rendezvous R>
+    asio::awaitable<void> recover(R& rdzv, std::string why) {
+        const auto me = this_node();
+        const auto done = co_await rdzv.recover(std::move(why), me);
+        log_.warning(fmt::format("[{}] {}", spec_.role, done));
     }
 
-    /// The rendezvous store was lost (`why`, workers stopped already): moves the job to the
-    /// first successor that answers; the next round needs a majority of the last one.
-    asio::awaitable<void> move_store(std::string why) {
-        // Only the lease connection's end is the store's loss (a killed host ends every
-        // connection; an error on one connection alone is not a reason to move the job).
-        if (!co_await rdzv_->rendezvous().confirm_store_lost(rdzv_->keep_alive_deadline())) {
-            throw rendezvous_error(why);
-        }
-        node_info me;
-        me.host = node_host();
-        me.nproc = spec_.nproc_per_node;
-        me.pid = static_cast<long>(::getpid());
-        // A store that still answers dropped this node (no heartbeat in time): rejoin it. Only
-        // a store that does not answer moves (so an overloaded node never splits the job).
-        auto back = co_await detail::agent::settle(rdzv_->rejoin_store(me));
-        if (back.error) std::rethrow_exception(back.error);
-        if (*back.value) {
-            log_.warning(fmt::format("[{}] the rendezvous store at {} dropped this node's connection (it heard no "
-                                     "heartbeat within keep_alive_interval x keep_alive_max_attempt: was this agent "
-                                     "stopped or starved of CPU?); reconnected, rejoining the job",
-                                     spec_.role, rdzv_->store_endpoint()));
-            co_return;
-        }
-        const int before = rdzv_->rendezvous().last_round_size();
-        auto moved = co_await detail::agent::settle(rdzv_->relocate(rdzv_->rendezvous().successors(), me));
-        if (moved.error) {
-            try {
-                std::rethrow_exception(moved.error);
-            } catch (const std::exception& e) {
-                why = fmt::format("{}; the job cannot move it: {}", why, e.what());
-            }
-            throw rendezvous_error(why);
-        }
-        log_.warning(fmt::format("[{}] {}; the job's rendezvous moves to {}, the first member's idle store that "
-                                 "answered; the next round needs {} of the last round's {} nodes (a majority)",
-                                 spec_.role, why, *moved.value, before / 2 + 1, before));
+    [[nodiscard]] bool membership_changed() const {
+        return last_abort_ && last_abort_->what == abort_notice::kind::membership;
     }
 
-    void log_membership_restart() {
+    void log_membership_restart(int restarts) {
         log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
                                  "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                 spec_.role, last_abort_ ? last_abort_->reason : std::string("?"),
-                                 rdzv_->rendezvous().restart_count()));
+                                 spec_.role, last_abort_ ? last_abort_->reason : std::string("?"), restarts));
     }
 
     std::string describe_abort() const {
@@ -15675,41 +15968,37 @@ private:
         }
     }
 
-    /// Joins this attempt's round with the fresh workers' store `server`; sets `restarts`, the
-    /// workers' MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
-    asio::awaitable<std::optional<int>> join_round(tcp_store_server& server, int& restarts, asio::signal_set& signals) {
+    /// Joins this attempt's round with the fresh workers' store `server`; sets the workers'
+    /// MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
+    template <agent_rendezvous R>
+    asio::awaitable<std::optional<int>> join_round(R& rdzv, tcp_store_server& server, asio::signal_set& signals) {
         using namespace asio::experimental::awaitable_operators;
-        node_info me;
-        me.host = node_host();
-        me.id = rdzv_->node_id();
-        me.backup_port = rdzv_->backup_port();
-        me.store_addr = store_.master_addr;
-        me.store_port = server.port();
-        me.nproc = spec_.nproc_per_node;
-        me.node_rank = params_.node_rank;
-        if (round_) me.previous_rank = round_->group_rank;
-        me.pid = static_cast<long>(::getpid());
+        node_info me = this_node();
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
         me.store_addr = *advertised_addr_;
-        me.addrs = detail::rdzv::interface_addresses();
-        round_store_.reset();  // the previous round's workers' store (group rank 0)
-        auto joined = co_await (detail::agent::settle(rdzv_->rendezvous().next_round(me)) ||
+        me.store_port = server.port();
+        me.node_rank = params_.node_rank;
+        if (round_) me.previous_rank = round_->group_rank;
+        if (several_) me.addrs = detail::rdzv::interface_addresses();
+        auto joined = co_await (detail::agent::settle(rdzv.next_round(std::move(me))) ||
                                 signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) co_return std::get<1>(joined);
         round_ = std::get<0>(joined).take();
-        restarts = round_->restart_count;
         store_.master_addr = round_->master_addr;
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
         if (round_->group_rank != 0) server.stop();
         if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
-        log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}", spec_.role,
-                              round_->number, round_->group_rank, round_->group_world_size, round_->rank_base,
-                              round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
+        if (several_) {
+            log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
+                                  spec_.role, round_->number, round_->group_rank, round_->group_world_size,
+                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1,
+                                  round_->world_size));
+        }
         co_return std::nullopt;
     }
 
-    /// Local worker `i` of `n`: its ranks in the current round (or on a single node).
+    /// Local worker `i` of `n`: its ranks in the current round.
     [[nodiscard]] worker_assignment node_worker(int i, int n) const {
         auto a = assign_worker(i, n);
         if (!round_) return a;
@@ -15722,15 +16011,13 @@ private:
         return a;
     }
 
-    /// The first failing local worker, all succeeding, or (several nodes) aborted_by_job.
-    asio::awaitable<std::size_t> watch_job(worker_group& group) {
+    /// The first failing local worker, all succeeding, or aborted_by_job (the round's abort, or
+    /// the loss of the rendezvous store).
+    template <agent_rendezvous R>
+    asio::awaitable<std::size_t> watch_job(R& rdzv, worker_group& group) {
         using namespace asio::experimental::awaitable_operators;
-        if (!rdzv_) co_return co_await group.watch();
-        auto first = co_await (group.watch() || watch_abort());
-        if (first.index() == 0) {
-            rdzv_->reset_watcher();  // its cancelled wait left the connection mid-request
-            co_return std::get<0>(first);
-        }
+        auto first = co_await (group.watch() || watch_abort(rdzv));
+        if (first.index() == 0) co_return std::get<0>(first);
         auto ended = std::get<1>(std::move(first));
         if (auto* notice = std::get_if<abort_notice>(&ended)) {
             last_abort_ = std::move(*notice);
@@ -15743,10 +16030,11 @@ private:
     /// The round's abort, or the loss of the rendezvous store (a store_lost_error, or a failed
     /// request to it): run_rounds then moves the store or throws rendezvous_error once the
     /// workers are stopped.
-    asio::awaitable<std::variant<abort_notice, detail::agent::store_lost>> watch_abort() {
+    template <agent_rendezvous R>
+    asio::awaitable<std::variant<abort_notice, detail::agent::store_lost>> watch_abort(R& rdzv) {
         std::string why;
         try {
-            co_return co_await rdzv_->rendezvous().wait_for_abort();
+            co_return co_await rdzv.wait_for_abort();
         } catch (const store_lost_error& e) {
             why = e.reason();
         } catch (const store_error& e) {
@@ -15756,18 +16044,19 @@ private:
     }
 
     /// A local worker failed: abort the round for every node (first reporter wins).
-    asio::awaitable<void> report_failure(const child_process& worker, const worker_assignment& a) {
+    template <agent_rendezvous R>
+    asio::awaitable<void> report_failure(R& rdzv, const child_process& worker, const worker_assignment& a) {
         const auto& status = worker.status()->status;
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
         notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
-        abort_won_ = co_await rdzv_->rendezvous().abort(notice);
+        abort_won_ = co_await rdzv.abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
             last_abort_ = notice;
         } else {
-            last_abort_ = co_await rdzv_->rendezvous().wait_for_abort();
+            last_abort_ = co_await rdzv.wait_for_abort();
         }
     }
 
@@ -15775,30 +16064,31 @@ private:
     /// (MIN < MAX): it leaves the job; the others are told at once (a membership abort of the
     /// round) and re-form without it. Fixed membership: the job cannot go on without it, so
     /// the round is aborted with decision stop and every node exits 128+N.
-    asio::awaitable<void> abort_for_signal(int sig) {
-        if (!rdzv_ || !round_) co_return;
+    template <agent_rendezvous R>
+    asio::awaitable<void> abort_for_signal(R& rdzv, int sig) {
+        if (!round_) co_return;
         try {
             if (params_.nnodes.min < params_.nnodes.max) {
                 abort_notice notice{round_->group_rank, host_,
                                     fmt::format("node {} (pid {}) left: its agent received {}", host_,
                                                 static_cast<long>(::getpid()), signal_to_string(sig))};
                 notice.what = abort_notice::kind::membership;
-                (void)co_await rdzv_->rendezvous().abort(notice);
+                (void)co_await rdzv.abort(notice);
                 co_return;
             }
             abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
-            if (co_await rdzv_->rendezvous().abort(notice)) {
+            if (co_await rdzv.abort(notice)) {
                 const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
                                                                            round_->group_rank, host_,
                                                                            signal_to_string(sig))};
-                co_await rdzv_->rendezvous().decide(stop_now);
+                co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
             // The store is gone already: nobody is left to tell.
         }
     }
 
-    std::unique_ptr<tcp_rendezvous> rdzv_;      ///< several nodes: the rendezvous
+    bool several_ = false;                      ///< a job of several nodes (uses_node_rendezvous)
     std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
     std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;     ///< the current round
@@ -15819,6 +16109,20 @@ private:
     agent_events events_;  ///< --event-log-handler
     std::optional<log_tree> logs_;  ///< made at the first attempt
 };
+
+/*
+ * agent_loop: a loop of the caller's over a running job (local_agent::run_loop).
+ *   asio::awaitable<int> operator()(local_agent::job<R>& job);
+ * for both rendezvous models the agent may choose (a generic lambda taking `auto& job`): it is
+ * awaited once, with the job joined, and returns the agent's exit code.
+ */
+template <class L>
+concept agent_loop = std::move_constructible<L> &&
+                     requires(L& loop, local_agent::job<single_node_rendezvous>& one,
+                              local_agent::job<tcp_rendezvous>& many) {
+                         { loop(one) } -> std::same_as<asio::awaitable<int>>;
+                         { loop(many) } -> std::same_as<asio::awaitable<int>>;
+                     };
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----
@@ -17579,9 +17883,10 @@ int guarded(std::string_view name, Body&& body) {
     }
 }
 
-/// run()'s body: the agent on an io_context of its own (this thread) under `policy`.
-template <class Policy>
-int run_agent(const launch_config& config, Policy policy, const environment& env, std::string name) {
+/// run()'s body: the agent on an io_context of its own (this thread) under `how`, a restart
+/// policy (the agent's own loop) or an agent_loop.
+template <class How>
+int run_agent(const launch_config& config, How how, const environment& env, std::string name) {
     asio::io_context context(1);
     local_agent agent(context.get_executor(), config.workers(), config.rendezvous(), config.agent(), env,
                       std::move(name));
@@ -17592,7 +17897,14 @@ int run_agent(const launch_config& config, Policy policy, const environment& env
     }
     std::optional<int> code;
     std::exception_ptr failure;
-    asio::co_spawn(context, agent.run(policy), [&](std::exception_ptr e, int c) {
+    auto job = [&] {
+        if constexpr (restart_policy<How>) {
+            return agent.run(how);
+        } else {
+            return agent.run_loop(std::move(how));
+        }
+    };
+    asio::co_spawn(context, job(), [&](std::exception_ptr e, int c) {
         failure = e;
         code = c;
         context.stop();
@@ -17607,7 +17919,7 @@ int run_agent(const launch_config& config, Policy policy, const environment& env
 }
 
 /// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under
-/// make_policy(config) and turns errors into an exit code.
+/// make_policy(config) (a policy or an agent_loop) and turns errors into an exit code.
 template <class MakePolicy>
 int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy) {
     const auto name = launcher_name(argc, argv);
@@ -17624,6 +17936,17 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
 }
 
 }  // namespace detail::agent
+
+/// torchrun's command line under a loop of the caller's (docs/agent.md, "Your own loop"):
+/// `loop(job)` is awaited with the job joined and returns the exit code; it is made of the
+/// steps of local_agent::job (attempt, finish, decide, follow, interrupted), which keep the
+/// rendezvous, the log tree, error files and the event log. Errors become exit codes as in
+/// run(argc, argv, policy). A loop is a template, so the agent is compiled in the caller's
+/// file: this overload is not there under ELASTIC_SEPARATE_COMPILATION.
+template <agent_loop Loop>
+int run(int argc, const char* const* argv, Loop loop) {
+    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
+}
 
 #endif  // definitions
 

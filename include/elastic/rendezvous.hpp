@@ -5,5 +5,6 @@
 #include "elastic/rendezvous/concepts.hpp"
 #include "elastic/rendezvous/error.hpp"
 #include "elastic/rendezvous/parameters.hpp"
+#include "elastic/rendezvous/single_node.hpp"
 #include "elastic/rendezvous/store_rendezvous.hpp"
 #include "elastic/rendezvous/tcp_rendezvous.hpp"

@@ -77,9 +77,10 @@ int guarded(std::string_view name, Body&& body) {
     }
 }
 
-/// run()'s body: the agent on an io_context of its own (this thread) under `policy`.
-template <class Policy>
-int run_agent(const launch_config& config, Policy policy, const environment& env, std::string name) {
+/// run()'s body: the agent on an io_context of its own (this thread) under `how`, a restart
+/// policy (the agent's own loop) or an agent_loop.
+template <class How>
+int run_agent(const launch_config& config, How how, const environment& env, std::string name) {
     asio::io_context context(1);
     local_agent agent(context.get_executor(), config.workers(), config.rendezvous(), config.agent(), env,
                       std::move(name));
@@ -90,7 +91,14 @@ int run_agent(const launch_config& config, Policy policy, const environment& env
     }
     std::optional<int> code;
     std::exception_ptr failure;
-    asio::co_spawn(context, agent.run(policy), [&](std::exception_ptr e, int c) {
+    auto job = [&] {
+        if constexpr (restart_policy<How>) {
+            return agent.run(how);
+        } else {
+            return agent.run_loop(std::move(how));
+        }
+    };
+    asio::co_spawn(context, job(), [&](std::exception_ptr e, int c) {
         failure = e;
         code = c;
         context.stop();
@@ -105,7 +113,7 @@ int run_agent(const launch_config& config, Policy policy, const environment& env
 }
 
 /// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under
-/// make_policy(config) and turns errors into an exit code.
+/// make_policy(config) (a policy or an agent_loop) and turns errors into an exit code.
 template <class MakePolicy>
 int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy) {
     const auto name = launcher_name(argc, argv);
@@ -122,6 +130,17 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
 }
 
 }  // namespace detail::agent
+
+/// torchrun's command line under a loop of the caller's (docs/agent.md, "Your own loop"):
+/// `loop(job)` is awaited with the job joined and returns the exit code; it is made of the
+/// steps of local_agent::job (attempt, finish, decide, follow, interrupted), which keep the
+/// rendezvous, the log tree, error files and the event log. Errors become exit codes as in
+/// run(argc, argv, policy). A loop is a template, so the agent is compiled in the caller's
+/// file: this overload is not there under ELASTIC_SEPARATE_COMPILATION.
+template <agent_loop Loop>
+int run(int argc, const char* const* argv, Loop loop) {
+    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
+}
 
 #endif  // definitions
 

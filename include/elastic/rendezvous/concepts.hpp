@@ -112,4 +112,29 @@ concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_dec
     { r.leave() } -> std::same_as<asio::awaitable<void>>;
 };
 
+/*
+ * agent_rendezvous: a rendezvous an agent runs a whole job over. Beside the rounds it provides
+ *   join(node_info)                -> awaitable<void>   reach the job (host or connect to its
+ *                                                       store) and hold this node's liveness
+ *   keep_membership()              -> awaitable<void>   runs for as long as the node is in the
+ *                                                       job (observes lost nodes); ends only by
+ *                                                       cancellation or an error
+ *   recover(reason, node_info)     -> awaitable<std::string>  the job's store was lost (`reason`):
+ *                                                       rejoin it or move the job elsewhere and
+ *                                                       say in one line what was done; throws
+ *                                                       rendezvous_error when the job cannot go on
+ *   restart_count()                -> int    job-wide restarts so far (TORCHELASTIC_RESTART_COUNT)
+ *   stop()                         -> void   closes what it holds (after leave(); noexcept)
+ * The agent's loop (local_agent) is written once over this concept: single_node_rendezvous is
+ * the trivial model for one node, tcp_rendezvous the model for several.
+ */
+template <class R>
+concept agent_rendezvous = rendezvous<R> && requires(R& r, const R& cr, node_info info, std::string reason) {
+    { r.join(info) } -> std::same_as<asio::awaitable<void>>;
+    { r.keep_membership() } -> std::same_as<asio::awaitable<void>>;
+    { r.recover(reason, info) } -> std::same_as<asio::awaitable<std::string>>;
+    { cr.restart_count() } -> std::convertible_to<int>;
+    { r.stop() } noexcept;
+};
+
 }  // namespace elastic::inline v0

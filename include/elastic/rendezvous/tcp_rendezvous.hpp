@@ -472,6 +472,76 @@ public:
         co_return true;
     }
 
+    // ---- agent_rendezvous: what the agent's loop calls ----
+
+    /// start(), then start_liveness(me).
+    asio::awaitable<void> join(node_info me) {
+        co_await start();
+        co_await start_liveness(std::move(me));
+    }
+
+    asio::awaitable<void> keep_membership() { co_await rdzv_->keep_membership(); }
+
+    /// Joins the next round as `me`, with this node's lease name and idle store's port.
+    asio::awaitable<rendezvous_round> next_round(node_info me) {
+        me.id = node_id_;
+        me.backup_port = backup_port();
+        co_return co_await rdzv_->next_round(std::move(me));
+    }
+
+    /// The round's abort. Cancelled (the workers ended first), its connection is left
+    /// mid-request: it is dropped, and the next use reconnects.
+    asio::awaitable<abort_notice> wait_for_abort() {
+        struct drop_unless_answered {
+            tcp_rendezvous* self;
+            bool answered = false;
+            ~drop_unless_answered() {
+                if (!answered) self->reset_watcher();
+            }
+        } guard{this};
+        auto notice = co_await rdzv_->wait_for_abort();
+        guard.answered = true;
+        co_return notice;
+    }
+
+    asio::awaitable<bool> abort(abort_notice notice) { co_return co_await rdzv_->abort(std::move(notice)); }
+    asio::awaitable<void> decide(job_decision decision) { co_await rdzv_->decide(std::move(decision)); }
+    asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
+    asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
+        co_return co_await rdzv_->finish(timeout);
+    }
+    asio::awaitable<void> leave() { co_await rdzv_->leave(); }
+    [[nodiscard]] int restart_count() const noexcept { return rdzv_ ? rdzv_->restart_count() : 0; }
+
+    /// The rendezvous store was lost (`reason`; this node's workers are stopped already). Only the
+    /// end of the lease connection is the store's loss: an error on one request alone throws
+    /// rendezvous_error(reason). Elastic membership over c10d: a store that still answers
+    /// dropped this node (no heartbeat in time), which rejoins it; a store that does not answer
+    /// moves to the first successor that does, and the next round needs a majority of the last.
+    /// Returns one line saying which; rendezvous_error when the job cannot go on.
+    asio::awaitable<std::string> recover(std::string reason, node_info me) {
+        const bool elastic_membership = params_.nnodes.min < params_.nnodes.max;  // c10d only
+        if (!elastic_membership || !rdzv_) throw rendezvous_error(std::move(reason));
+        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
+        // Only a store that does not answer moves (so an overloaded node never splits the job).
+        if (co_await rejoin_store(me)) {
+            co_return fmt::format("the rendezvous store at {} dropped this node's connection (it heard no heartbeat "
+                                  "within keep_alive_interval x keep_alive_max_attempt: was this agent stopped or "
+                                  "starved of CPU?); reconnected, rejoining the job",
+                                  store_endpoint());
+        }
+        const int before = rdzv_->last_round_size();
+        std::string where;
+        try {
+            where = co_await relocate(rdzv_->successors(), std::move(me));
+        } catch (const std::exception& e) {
+            throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
+        }
+        co_return fmt::format("{}; the job's rendezvous moves to {}, the first member's idle store that answered; the "
+                              "next round needs {} of the last round's {} nodes (a majority)",
+                              reason, where, before / 2 + 1, before);
+    }
+
     /// Where this node reaches the rendezvous store now ("host:port").
     [[nodiscard]] std::string store_endpoint() const { return fmt::format("{}:{}", current_host_, current_port_); }
 
@@ -484,7 +554,7 @@ public:
     [[nodiscard]] bool hosts_store() const noexcept { return server_ != nullptr; }
     /// The port of the hosted store (0 when a client).
     [[nodiscard]] std::uint16_t hosted_port() const { return server_ ? server_->port() : std::uint16_t{0}; }
-    /// Drops the watcher's connection (after a cancelled wait); the next use reconnects.
+    /// Drops the watcher's connection; the next use reconnects.
     void reset_watcher() noexcept {
         if (watcher_) watcher_->close();
     }
@@ -624,5 +694,7 @@ private:
         return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
     }
 };
+
+static_assert(agent_rendezvous<tcp_rendezvous>);
 
 }  // namespace elastic::inline v0
