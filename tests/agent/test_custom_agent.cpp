@@ -1,0 +1,136 @@
+// examples/custom_agent.cpp (agent-custom-agent), a launcher whose loop is its own, run like
+// elasticrun: a failure, a restart, an error file, the log tree and event log, a 2-node round.
+#include "agent_support.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace test_custom_agent {
+
+using agent_support::launched;
+using agent_support::temp_dir;
+
+std::string custom_agent() { return ELASTIC_TEST_PROGRAM_DIR "/agent-custom-agent"; }
+
+std::map<std::string, std::string> worker_env(const temp_dir& dir, const std::string& rules) {
+    auto env = agent_support::clean_environment();
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = rules;
+    env["LOGLEVEL"] = "WARNING";
+    return env;
+}
+
+agent_support::result run(std::vector<std::string> args, const std::map<std::string, std::string>& env) {
+    args.push_back(agent_support::worker());
+    launched l(args, env, custom_agent());
+    agent_support::result r;
+    r.code = l.wait();
+    r.out = l.out();
+    r.err = l.err();
+    return r;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string read_file(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    std::ostringstream all;
+    all << in.rdbuf();
+    return all.str();
+}
+
+TEST_CASE("custom agent: a worker asking to retry (75) is restarted by the example's own loop, then the job succeeds") {
+    temp_dir dir;
+    const auto logs = dir.path() / "logs";
+    const auto events = dir.path() / "events.jsonl";
+    auto r = run({"--nproc-per-node=2", "--log-dir=" + logs.string(), "--redirects=3", "--rdzv-id=custom",
+                  "--event-log-handler=file:" + events.string()},
+                 worker_env(dir, "a0r1:running+exit75;a0:hang;*:running"));
+    INFO(r.err);
+    CHECK(r.code == 0);
+    CHECK(has(r.err, "custom-agent: attempt 0 on port "));
+    CHECK(has(r.err, ": failed\n"));
+    CHECK(has(r.err, "worker group failed (local_rank 1 exited with code 75); retry 1 of 3 asked for: restarting "
+                     "the worker group"));
+    CHECK(has(r.err, "custom-agent: attempt 1 on port "));
+    CHECK(has(r.err, ": succeeded\ncustom-agent: the job ends with 0\n"));
+    // The log tree, per attempt and local rank, as elasticrun writes it.
+    std::vector<std::filesystem::path> runs;
+    for (const auto& entry : std::filesystem::directory_iterator(logs)) runs.push_back(entry.path());
+    REQUIRE(runs.size() == 1);
+    CHECK(has(read_file(runs[0] / "attempt_0" / "1" / "stdout.log"), "running 0 1 "));
+    CHECK(has(read_file(runs[0] / "attempt_1" / "0" / "stdout.log"), "running 1 0 "));
+    // The event log: the restart, then the job's success.
+    const auto event_lines = read_file(events);
+    CHECK(has(event_lines, "\"restart\""));
+    CHECK(has(event_lines, "SUCCEEDED"));
+}
+
+TEST_CASE("custom agent: another failure stops the job with the root cause's code, the summary and the error file") {
+    temp_dir dir;
+    auto env = worker_env(dir, "r0:running+exit3;*:hang");
+    const auto error_file = dir.path() / "agent_error.json";
+    env["TORCHELASTIC_ERROR_FILE"] = error_file.string();
+    auto r = run({"--nproc-per-node=2"}, env);
+    INFO(r.err);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "worker group failed (local_rank 0 exited with code 3); no retry asked for, or 3 done: stopping"));
+    CHECK(has(r.err, "Root Cause (first observed failure):"));
+    CHECK(has(r.err, "custom-agent: the job ends with 3\n"));
+    REQUIRE(std::filesystem::exists(error_file));
+    const auto document = nlohmann::json::parse(read_file(error_file));
+    CHECK(document["message"]["errorCode"] == 3);
+}
+
+TEST_CASE("custom agent: two nodes over c10d: a failure on one restarts both, and the second round gives every "
+          "worker the job's ranks") {
+    temp_dir dir;
+    const int port = agent_support::free_port();
+    std::vector<std::unique_ptr<launched>> nodes;
+    for (int node = 0; node < 2; ++node) {
+        auto env = worker_env(dir, "a0r1:exit75;a0:hang;*:env");
+        env["RDZV_TEST_NODE"] = std::to_string(node);
+        nodes.push_back(std::make_unique<launched>(
+            std::vector<std::string>{"--rdzv-backend=c10d", fmt::format("--rdzv-endpoint=127.0.0.1:{}", port),
+                                     "--rdzv-id=custom2", "--nnodes=2", "--nproc-per-node=1", agent_support::worker()},
+            env, custom_agent()));
+    }
+    std::vector<int> codes;
+    for (auto& n : nodes) codes.push_back(n->wait());
+    int decided = 0;
+    int followed = 0;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        const auto& err = nodes[i]->err();
+        INFO(err);
+        CHECK(codes[i] == 0);
+        CHECK(has(err, "restarting every node's worker group (job-wide restart 1)"));
+        CHECK(has(err, "custom-agent: the job ends with 0\n"));
+        decided += has(err, ": failed\n") ? 1 : 0;
+        followed += has(err, ": follows\n") ? 1 : 0;
+    }
+    CHECK(decided == 1);
+    CHECK(followed == 1);
+    std::vector<std::string> nodes_seen;
+    for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const auto e = agent_support::read_env_file(dir.path() / fmt::format("env.1.{}", rank));
+        REQUIRE(!e.empty());
+        CHECK(e.at("RANK") == std::to_string(rank));
+        CHECK(e.at("WORLD_SIZE") == "2");
+        CHECK(e.at("GROUP_WORLD_SIZE") == "2");
+        CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == "1");
+        nodes_seen.push_back(e.at("RDZV_TEST_NODE"));
+    }
+    CHECK(nodes_seen[0] != nodes_seen[1]);
+}
+
+}  // namespace test_custom_agent
