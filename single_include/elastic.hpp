@@ -1528,6 +1528,106 @@ int record(Entry&& entry, Args&&... args) {
 // `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
 // kept alive by heartbeats, and a lost connection reported as an event.
 
+// ---- begin elastic/detail/coro.hpp ----
+// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock and a
+// signal that wakes every waiter. Both sleep on steady_timers that never expire by themselves;
+// cancelling the timer is the wake-up.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <iterator>
+#include <list>
+#include <system_error>
+
+namespace elastic::inline v0::detail {
+
+/// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
+/// its own timer; unlock() hands the lock over by marking the first waiter granted and
+/// cancelling its timer. Use it on one thread.
+class async_mutex {
+public:
+    explicit async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
+    async_mutex(const async_mutex&) = delete;
+    async_mutex& operator=(const async_mutex&) = delete;
+
+    /// Takes the lock, in turn. A waiter cancelled while queued leaves the queue and throws
+    /// operation_aborted with `cancelled` as its message.
+    asio::awaitable<void> lock(const char* cancelled = "cancelled while queued for the lock") {
+        if (try_lock()) co_return;
+        waiter w(executor_);
+        w.timer.expires_at(asio::steady_timer::time_point::max());
+        queue_.push_back(&w);
+        const auto it = std::prev(queue_.end());
+        co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (!w.granted) {  // cancelled by our caller while queued
+            queue_.erase(it);
+            throw std::system_error(asio::error::operation_aborted, cancelled);
+        }
+    }
+
+    /// Takes the lock when it is free; whether it did.
+    bool try_lock() noexcept {
+        if (locked_) return false;
+        locked_ = true;
+        return true;
+    }
+
+    /// Releases the lock: to the first waiter, or free.
+    void unlock() noexcept {
+        if (queue_.empty()) {
+            locked_ = false;
+            return;
+        }
+        auto* next = queue_.front();
+        queue_.pop_front();
+        next->granted = true;
+        next->timer.cancel();
+    }
+
+    [[nodiscard]] bool locked() const noexcept { return locked_; }
+
+private:
+    struct waiter {
+        explicit waiter(const asio::any_io_executor& ex) : timer(ex) {}
+        asio::steady_timer timer;
+        bool granted = false;
+    };
+
+    asio::any_io_executor executor_;
+    bool locked_ = false;
+    std::list<waiter*> queue_;
+};
+
+/// Wakes every coroutine that waits on it at each notify(); a waiter then checks what it
+/// waits for and waits again if need be. A notify() with nobody waiting is lost. Use it on one
+/// thread.
+class async_signal {
+public:
+    explicit async_signal(const asio::any_io_executor& executor)
+        : timer_(executor, asio::steady_timer::time_point::max()) {}
+
+    /// Wakes every current waiter.
+    void notify() noexcept { timer_.cancel(); }
+
+    /// Completes at the next notify(), when the signal is destroyed, or when the caller is
+    /// cancelled (it cannot tell which: check the cancellation state or what it waits for). It
+    /// touches nothing of the signal once woken, so the signal may be gone by then.
+    asio::awaitable<void> wait() {
+        (void)co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/coro.hpp ----
 // ---- begin elastic/store/auth.hpp ----
 // The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
 // job secret, as two pure state machines (client and server) that consume bytes and produce
@@ -1864,6 +1964,78 @@ private:
 
 }  // namespace elastic::inline v0::store_auth
 // ---- end elastic/store/auth.hpp ----
+// ---- begin elastic/store/client_connection.hpp ----
+// One connection of a tcp_store_client: its socket and the deadline every operation on it has,
+// and the backoff between connection attempts.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <system_error>
+
+namespace elastic::inline v0::detail {
+
+// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
+// may run after the client or the connection is gone.
+struct store_client_connection : std::enable_shared_from_this<store_client_connection> {
+    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
+    asio::ip::tcp::socket socket;
+    asio::steady_timer timer;
+    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
+    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
+
+    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
+    // `expired` set, so the operation reports a timeout instead of hanging.
+    void arm_deadline(std::chrono::steady_clock::time_point deadline) {
+        expired = false;
+        const auto armed = ++generation;
+        timer.expires_at(deadline);
+        timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+            if (ec) return;
+            const auto conn = weak.lock();
+            if (!conn || conn->generation != armed) return;
+            conn->expired = true;
+            std::error_code ignored;
+            conn->socket.cancel(ignored);
+        });
+    }
+
+    void disarm() noexcept {
+        ++generation;
+        timer.cancel();
+    }
+
+    // Shuts the socket down and closes it; the deadline lapses.
+    void close() noexcept {
+        std::error_code ignored;
+        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        socket.close(ignored);
+        disarm();
+    }
+};
+
+// The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
+// `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
+inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                 std::chrono::milliseconds max,
+                                                 std::minstd_rand& rng) {
+    auto d = initial;
+    for (int i = 1; i < attempt && d < max; ++i) d *= 2;
+    d = std::min(d, max);
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    return std::chrono::milliseconds(
+        static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng)));
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/client_connection.hpp ----
 // ---- begin elastic/store/client_dialect.hpp ----
 // client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
 // that options naming it (elastic::dist::group_options) need not parse the client.
@@ -1886,155 +2058,11 @@ enum class client_dialect : std::uint8_t {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/client_dialect.hpp ----
-// ---- begin elastic/store/concepts.hpp ----
-// The store concepts: what every store model provides (store) and the batch operations some add
-// (multi_key_store).
+// ---- begin elastic/store/client_leases.hpp ----
+// The leases of a tcp_store_client (docs/store-client.md, "Leases"): the keys it holds on its
+// connection, the heartbeat that keeps them alive on the wire, and the loss of the connection
+// that held them, latched until someone awaits it.
 
-
-#include <asio/awaitable.hpp>
-
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/*
- * store: a key-value store shared by the agents and workers of a job, with PyTorch's
- * c10d::Store semantics. Keys and values are bytes held in std::string (any byte, NUL included).
- * Every operation is a coroutine on Asio, awaited as a plain verb (`co_await s.get(key)`).
- * Arguments are taken by value, so the coroutine frame owns them.
- *
- * A model provides:
- *   set(key, value)                 -> awaitable<void>         overwrite, wake waiters of key
- *   get(key)                        -> awaitable<std::string>  wait for key (default timeout), read
- *   add(key, delta)                 -> awaitable<int64_t>      decimal counter, returns new value
- *   compare_set(key, expected, desired) -> awaitable<std::string>
- *        absent & expected empty: create; absent & expected non-empty: return expected;
- *        equal: replace; different: return current. Success <=> result == desired.
- *   wait(keys)  / wait(keys, timeout) -> awaitable<void>       until all exist; store_timeout
- *   check(keys)                     -> awaitable<bool>         all exist now
- *   delete_key(key)                 -> awaitable<bool>         whether it existed
- *   num_keys()                      -> awaitable<int64_t>
- *   timeout() / set_timeout(ms)                                the default for get and wait
- * It promises: a wait is answered the moment its keys exist (push, never polling); a timeout
- * leaves no registration behind; ADD stores decimal ASCII and rejects a non-numeric value with
- * store_error.
- */
-template <class S>
-concept store = requires(S& s, const S& cs, std::string key, std::string value,
-                         std::vector<std::string> keys, std::int64_t delta,
-                         std::chrono::milliseconds timeout) {
-    { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
-    { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
-    { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
-    { s.compare_set(key, value, value) } -> std::same_as<asio::awaitable<std::string>>;
-    { s.wait(keys) } -> std::same_as<asio::awaitable<void>>;
-    { s.wait(keys, timeout) } -> std::same_as<asio::awaitable<void>>;
-    { s.check(keys) } -> std::same_as<asio::awaitable<bool>>;
-    { s.delete_key(key) } -> std::same_as<asio::awaitable<bool>>;
-    { s.num_keys() } -> std::same_as<asio::awaitable<std::int64_t>>;
-    { cs.timeout() } -> std::convertible_to<std::chrono::milliseconds>;
-    s.set_timeout(timeout);
-};
-
-/*
- * multi_key_store: a store with PyTorch >= 2.0's batch operations.
- *   multi_get(keys)           -> awaitable<std::vector<std::string>>  waits for all, then reads
- *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
- *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
- */
-template <class S>
-concept multi_key_store =
-    store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
-                         std::vector<std::string> values) {
-        { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
-        { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
-        { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
-    };
-
-}  // namespace elastic::inline v0
-// ---- end elastic/store/concepts.hpp ----
-// ---- begin elastic/store/lease.hpp ----
-// Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
-// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
-
-
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-
-// A lease is a key bound to the connection that set it: when that connection closes, or stays
-// silent longer than the server's heartbeat deadline, the server deletes the key and records the
-// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
-//
-//   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
-//   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
-//   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
-//
-// An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
-// Names starting with "__" are the server's; clients may read them but never write them.
-namespace elastic::inline v0 {
-
-/// The segment that marks a lease key: at the start of a wire key or right after a '/'.
-inline constexpr std::string_view lease_marker = "__lease__/";
-
-namespace detail {
-
-inline std::string lease_space(std::string_view group) {
-    std::string out(group);
-    if (!out.empty() && out.back() != '/') out.push_back('/');
-    out.append(lease_marker);
-    return out;
-}
-
-}  // namespace detail
-
-/// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
-/// not be empty nor start with "__" (hold_lease and the server refuse such names).
-inline std::string lease_key(std::string_view group, std::string_view name) {
-    return detail::lease_space(group).append(name);
-}
-
-/// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
-/// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) {
-    return detail::lease_space(group).append("__epoch");
-}
-
-/// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
-/// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
-inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
-    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
-}
-
-/// A wire key split at its lease marker.
-struct lease_key_parts {
-    std::string_view space;  ///< everything up to and including "__lease__/"
-    std::string_view name;   ///< what follows (may be empty: a malformed lease key)
-    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
-    [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
-};
-
-/// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
-/// when `key` is an ordinary key.
-inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
-    for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
-         pos = key.find(lease_marker, pos + 1)) {
-        if (pos == 0 || key[pos - 1] == '/') {
-            const auto end = pos + lease_marker.size();
-            return lease_key_parts{key.substr(0, end), key.substr(end)};
-        }
-    }
-    return std::nullopt;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/store/lease.hpp ----
 // ---- begin elastic/store/wire.hpp ----
 // The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
 // detection and an incremental request parser shared by the server and the client.
@@ -2467,6 +2495,263 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 }  // namespace elastic::inline v0::wire
 // ---- end elastic/store/wire.hpp ----
 
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/error.hpp>
+#include <asio/this_coro.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
+/// and with it the leases (the server records them lost).
+struct store_connection_loss {
+    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
+    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
+};
+
+namespace detail {
+
+// A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
+// dialect, an empty CHECK (READY) in the legacy one, which has no PING.
+inline std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+
+inline void encode_heartbeat(wire::dialect dialect, std::string& out) {
+    if (dialect == wire::dialect::current) {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
+        wire::put_u32(out, heartbeat_nonce());
+    } else {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
+        wire::put_u64(out, 0);
+    }
+}
+
+inline std::size_t heartbeat_reply_size(wire::dialect dialect) {
+    return dialect == wire::dialect::current ? 4 : 1;
+}
+
+inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
+    if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
+    return static_cast<std::uint8_t>(*p) == static_cast<std::uint8_t>(wire::check_response::ready);
+}
+
+// The lease keys a client holds on its connection, and the loss of that connection: reported
+// once, to whoever awaits (or next awaits) next_loss(). Use it on the client's thread.
+class store_client_leases {
+public:
+    explicit store_client_leases(const asio::any_io_executor& executor) : lost_(executor) {}
+
+    [[nodiscard]] const std::vector<std::string>& keys() const noexcept { return keys_; }
+    [[nodiscard]] bool empty() const noexcept { return keys_.empty(); }
+
+    void add(std::string key) {
+        if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) keys_.push_back(std::move(key));
+    }
+    void remove(const std::string& key) { std::erase(keys_, key); }
+    void clear() noexcept { keys_.clear(); }
+
+    // The held connection ended: the leases are gone with it.
+    void lose(std::string_view reason) noexcept {
+        if (keys_.empty()) return;
+        try {
+            loss_ = store_connection_loss{std::string(reason), std::move(keys_)};
+        } catch (...) {
+            loss_.reset();
+        }
+        keys_.clear();
+        lost_.notify();
+    }
+
+    // The next loss (at once for one latched before the call). `alive` is the client's: once it
+    // is false, `this` is gone and nothing of it is touched.
+    asio::awaitable<store_connection_loss> next_loss(std::shared_ptr<bool> alive) {
+        while (!loss_) {
+            co_await lost_.wait();
+            if (!*alive) throw std::system_error(asio::error::operation_aborted,
+                                                 "store client destroyed");
+            const auto cs = co_await asio::this_coro::cancellation_state;
+            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
+                throw std::system_error(asio::error::operation_aborted,
+                                        "connection_lost() cancelled");
+        }
+        auto loss = std::move(*loss_);
+        loss_.reset();
+        co_return loss;
+    }
+
+private:
+    std::vector<std::string> keys_;
+    std::optional<store_connection_loss> loss_;
+    async_signal lost_;
+};
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/client_leases.hpp ----
+// ---- begin elastic/store/concepts.hpp ----
+// The store concepts: what every store model provides (store) and the batch operations some add
+// (multi_key_store).
+
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/*
+ * store: a key-value store shared by the agents and workers of a job, with PyTorch's
+ * c10d::Store semantics. Keys and values are bytes held in std::string (any byte, NUL included).
+ * Every operation is a coroutine on Asio, awaited as a plain verb (`co_await s.get(key)`).
+ * Arguments are taken by value, so the coroutine frame owns them.
+ *
+ * A model provides:
+ *   set(key, value)                 -> awaitable<void>         overwrite, wake waiters of key
+ *   get(key)                        -> awaitable<std::string>  wait for key (default timeout), read
+ *   add(key, delta)                 -> awaitable<int64_t>      decimal counter, returns new value
+ *   compare_set(key, expected, desired) -> awaitable<std::string>
+ *        absent & expected empty: create; absent & expected non-empty: return expected;
+ *        equal: replace; different: return current. Success <=> result == desired.
+ *   wait(keys)  / wait(keys, timeout) -> awaitable<void>       until all exist; store_timeout
+ *   check(keys)                     -> awaitable<bool>         all exist now
+ *   delete_key(key)                 -> awaitable<bool>         whether it existed
+ *   num_keys()                      -> awaitable<int64_t>
+ *   timeout() / set_timeout(ms)                                the default for get and wait
+ * It promises: a wait is answered the moment its keys exist (push, never polling); a timeout
+ * leaves no registration behind; ADD stores decimal ASCII and rejects a non-numeric value with
+ * store_error.
+ */
+template <class S>
+concept store = requires(S& s, const S& cs, std::string key, std::string value,
+                         std::vector<std::string> keys, std::int64_t delta,
+                         std::chrono::milliseconds timeout) {
+    { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
+    { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
+    { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
+    { s.compare_set(key, value, value) } -> std::same_as<asio::awaitable<std::string>>;
+    { s.wait(keys) } -> std::same_as<asio::awaitable<void>>;
+    { s.wait(keys, timeout) } -> std::same_as<asio::awaitable<void>>;
+    { s.check(keys) } -> std::same_as<asio::awaitable<bool>>;
+    { s.delete_key(key) } -> std::same_as<asio::awaitable<bool>>;
+    { s.num_keys() } -> std::same_as<asio::awaitable<std::int64_t>>;
+    { cs.timeout() } -> std::convertible_to<std::chrono::milliseconds>;
+    s.set_timeout(timeout);
+};
+
+/*
+ * multi_key_store: a store with PyTorch >= 2.0's batch operations.
+ *   multi_get(keys)           -> awaitable<std::vector<std::string>>  waits for all, then reads
+ *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
+ *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
+ */
+template <class S>
+concept multi_key_store =
+    store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
+                         std::vector<std::string> values) {
+        { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
+        { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
+        { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
+    };
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/concepts.hpp ----
+// ---- begin elastic/store/lease.hpp ----
+// Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
+// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+// A lease is a key bound to the connection that set it: when that connection closes, or stays
+// silent longer than the server's heartbeat deadline, the server deletes the key and records the
+// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
+//
+//   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
+//   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
+//   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
+//
+// An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
+// Names starting with "__" are the server's; clients may read them but never write them.
+namespace elastic::inline v0 {
+
+/// The segment that marks a lease key: at the start of a wire key or right after a '/'.
+inline constexpr std::string_view lease_marker = "__lease__/";
+
+namespace detail {
+
+inline std::string lease_space(std::string_view group) {
+    std::string out(group);
+    if (!out.empty() && out.back() != '/') out.push_back('/');
+    out.append(lease_marker);
+    return out;
+}
+
+}  // namespace detail
+
+/// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
+/// not be empty nor start with "__" (hold_lease and the server refuse such names).
+inline std::string lease_key(std::string_view group, std::string_view name) {
+    return detail::lease_space(group).append(name);
+}
+
+/// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
+/// of the group is bound, +1 per lost lease).
+inline std::string lease_epoch_key(std::string_view group) {
+    return detail::lease_space(group).append("__epoch");
+}
+
+/// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
+/// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
+inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
+    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
+}
+
+/// A wire key split at its lease marker.
+struct lease_key_parts {
+    std::string_view space;  ///< everything up to and including "__lease__/"
+    std::string_view name;   ///< what follows (may be empty: a malformed lease key)
+    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
+    [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
+};
+
+/// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
+/// when `key` is an ordinary key.
+inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
+    for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
+         pos = key.find(lease_marker, pos + 1)) {
+        if (pos == 0 || key[pos - 1] == '/') {
+            const auto end = pos + lease_marker.size();
+            return lease_key_parts{key.substr(0, end), key.substr(end)};
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/lease.hpp ----
+
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
@@ -2476,7 +2761,6 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 #include <fmt/format.h>
@@ -2488,7 +2772,6 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <list>
 #include <memory>
 #include <optional>
 #include <random>
@@ -2546,27 +2829,6 @@ struct store_client_options {
     std::optional<std::string> secret;
 };
 
-/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
-/// and with it the leases (the server records them lost).
-struct store_connection_loss {
-    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
-    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
-};
-
-namespace detail {
-
-// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
-// may run after the client or the connection is gone.
-struct store_client_connection {
-    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
-    asio::ip::tcp::socket socket;
-    asio::steady_timer timer;
-    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
-    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
-};
-
-}  // namespace detail
-
 /// A client of a c10d TCPStore server: ours, PyTorch 1.13's, or a current PyTorch's. One TCP
 /// connection, one request at a time (concurrent calls on one client queue up in order; a long
 /// `wait` holds the connection, so give concurrent waiters their own clients). Connects on
@@ -2578,7 +2840,7 @@ class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
-          heartbeat_timer_(executor), loss_timer_(executor) {
+          lock_(executor), leases_(executor), heartbeat_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
@@ -2590,7 +2852,6 @@ public:
                 "store_client_options: lease_heartbeat_interval {} ms and "
                 "lease_missed_heartbeats {} must both be positive",
                 options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
-        loss_timer_.expires_at(asio::steady_timer::time_point::max());
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
@@ -2717,7 +2978,7 @@ public:
         const auto k = wire_key(key);
         begin(wire::op::delete_key);
         req_.key = k;
-        std::erase(leases_, key);
+        leases_.remove(key);
         co_await send(std::string_view("DELETE_KEY"), k);
         co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
     }
@@ -2840,11 +3101,10 @@ public:
         req_.value = value;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        encode_heartbeat(wbuf_);
+        detail::encode_heartbeat(*dialect_, wbuf_);
         co_await flush(std::string_view("SET"), k);
         co_await read_heartbeat(std::string_view("SET"), k);
-        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
-            leases_.push_back(std::move(key));
+        leases_.add(std::move(key));
         start_heartbeat();
     }
 
@@ -2855,28 +3115,14 @@ public:
     }
 
     /// The lease keys this client holds now.
-    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_; }
+    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_.keys(); }
 
     /// Completes when the connection that held this client's leases ends: a heartbeat left
     /// unanswered for lease_missed_heartbeats x lease_heartbeat_interval (a hung, stopped or
     /// unreachable server), an EOF or reset (a server that died: seen by the next heartbeat,
     /// within one interval), a failed operation, or close(). A loss that happened before the
     /// call is reported at once; each loss is reported once. Cancel it as any awaitable.
-    asio::awaitable<store_connection_loss> connection_lost() {
-        const auto alive = alive_;
-        while (!loss_) {
-            co_await loss_timer_.async_wait(tuple_awaitable);
-            if (!*alive) throw std::system_error(asio::error::operation_aborted,
-                                                 "store client destroyed");
-            const auto cs = co_await asio::this_coro::cancellation_state;
-            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
-                throw std::system_error(asio::error::operation_aborted,
-                                        "connection_lost() cancelled");
-        }
-        auto loss = std::move(*loss_);
-        loss_.reset();
-        co_return loss;
-    }
+    asio::awaitable<store_connection_loss> connection_lost() { return leases_.next_loss(alive_); }
 
 private:
     using clock = std::chrono::steady_clock;
@@ -2886,33 +3132,10 @@ private:
         return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
     }
 
-    // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
-    // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
-    void encode_heartbeat(std::string& out) const {
-        if (*dialect_ == wire::dialect::current) {
-            wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
-            wire::put_u32(out, heartbeat_nonce());
-        } else {
-            wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
-            wire::put_u64(out, 0);
-        }
-    }
-
-    std::size_t heartbeat_reply_size() const { return *dialect_ == wire::dialect::current ? 4 : 1; }
-
-    static std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
-
-    bool heartbeat_reply_ok(const char* p) const {
-        if (*dialect_ == wire::dialect::current)
-            return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
-        return static_cast<std::uint8_t>(*p) ==
-               static_cast<std::uint8_t>(wire::check_response::ready);
-    }
-
     asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
-        const auto n = heartbeat_reply_size();
+        const auto n = detail::heartbeat_reply_size(*dialect_);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
-        if (!heartbeat_reply_ok(rbuf_.data() + rbeg_))
+        if (!detail::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
             throw_protocol(what, key, "a wrong heartbeat reply");
         rbeg_ += n;
     }
@@ -2923,8 +3146,7 @@ private:
     void track_lease(std::string key, std::string_view wire) {
         const auto parts = parse_lease_key(wire);
         if (!parts || parts->name.empty() || parts->reserved()) return;
-        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
-            leases_.push_back(std::move(key));
+        leases_.add(std::move(key));
         start_heartbeat();
     }
 
@@ -2947,8 +3169,7 @@ private:
                 heartbeat_running_ = false;
                 co_return;
             }
-            if (busy_ || !conn_) continue;
-            busy_ = true;  // acquire() without suspension: the lock is free
+            if (!conn_ || !lock_.try_lock()) continue;
             co_await beat(alive);
             if (!*alive) co_return;
             release();
@@ -2965,7 +3186,7 @@ private:
             co_return;
         }
         std::string out;
-        encode_heartbeat(out);
+        detail::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
         auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
         (void)n;
@@ -2973,13 +3194,14 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), heartbeat_reply_size()), tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)),
+                tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
         }
         if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
-        if (!ec && heartbeat_reply_ok(reply.data())) {
+        if (!ec && detail::heartbeat_reply_ok(*dialect_, reply.data())) {
             disarm();
             co_return;
         }
@@ -3005,28 +3227,9 @@ private:
                            options_.lease_heartbeat_interval.count());
     }
 
-    // The held connection ended: the leases are gone with it. Reported once, to whoever awaits
-    // (or next awaits) connection_lost().
-    void lose_leases(std::string reason) noexcept {
-        if (leases_.empty()) return;
-        try {
-            loss_ = store_connection_loss{std::move(reason), std::move(leases_)};
-        } catch (...) {
-            loss_.reset();
-        }
-        leases_.clear();
-        loss_timer_.cancel();
-    }
-
     // ---- one request at a time ---------------------------------------------------------------
-    // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
-    // releasing owner hands the lock over by marking it granted and cancelling that timer.
-    struct lock_waiter {
-        explicit lock_waiter(const asio::any_io_executor& ex) : timer(ex) {}
-        asio::steady_timer timer;
-        bool granted = false;
-    };
-
+    // Every operation holds lock_ for its whole length; the guard's release also ends the
+    // operation's deadline.
     class lock_guard {
     public:
         explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
@@ -3041,34 +3244,13 @@ private:
     };
 
     asio::awaitable<lock_guard> acquire() {
-        if (!busy_) {
-            busy_ = true;
-            co_return lock_guard(this);
-        }
-        lock_waiter w(executor_);
-        w.timer.expires_at(asio::steady_timer::time_point::max());
-        queue_.push_back(&w);
-        const auto it = std::prev(queue_.end());
-        co_await w.timer.async_wait(tuple_awaitable);
-        if (!w.granted) {  // cancelled by our caller while queued
-            queue_.erase(it);
-            throw std::system_error(asio::error::operation_aborted,
-                                    "store operation cancelled while queued");
-        }
+        co_await lock_.lock("store operation cancelled while queued");
         co_return lock_guard(this);
     }
 
-    // Also ends the operation's deadline: every operation holds the lock for its whole length.
     void release() noexcept {
         disarm();
-        if (queue_.empty()) {
-            busy_ = false;
-            return;
-        }
-        auto* next = queue_.front();
-        queue_.pop_front();
-        next->granted = true;
-        next->timer.cancel();
+        lock_.unlock();
     }
 
     // ---- connection --------------------------------------------------------------------------
@@ -3085,47 +3267,19 @@ private:
 
     void drop(std::string_view reason = "the connection was closed") noexcept {
         if (!conn_) return;
-        if (!leases_.empty()) {
-            try {
-                lose_leases(std::string(reason));
-            } catch (...) {
-                leases_.clear();
-            }
-        }
-        std::error_code ignored;
-        conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        conn_->socket.close(ignored);
-        ++conn_->generation;
-        conn_->timer.cancel();
+        leases_.lose(reason);  // reported once, to whoever awaits (or next awaits) connection_lost()
+        conn_->close();
         conn_.reset();
         rbeg_ = rend_ = 0;
     }
 
-    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
-    // `expired` set, so the operation reports a timeout instead of hanging.
-    void arm_deadline(clock::time_point deadline) {
-        auto& c = *conn_;
-        c.expired = false;
-        const auto generation = ++c.generation;
-        c.timer.expires_at(deadline);
-        c.timer.async_wait([weak = std::weak_ptr<detail::store_client_connection>(conn_),
-                            generation](const std::error_code& ec) {
-            if (ec) return;
-            const auto conn = weak.lock();
-            if (!conn || conn->generation != generation) return;
-            conn->expired = true;
-            std::error_code ignored;
-            conn->socket.cancel(ignored);
-        });
-    }
+    void arm_deadline(clock::time_point deadline) { conn_->arm_deadline(deadline); }
 
     // Every request, even one without a reply, is bounded by `timeout` (its write too).
     void arm() { arm_deadline(clock::now() + options_.timeout); }
 
     void disarm() noexcept {
-        if (!conn_) return;
-        ++conn_->generation;
-        conn_->timer.cancel();
+        if (conn_) conn_->disarm();
     }
 
     void begin(wire::op o) {
@@ -3170,7 +3324,8 @@ private:
                     drop();
                 }
             }
-            const auto delay = backoff(attempt);
+            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff,
+                                                       options_.max_backoff, rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
@@ -3188,16 +3343,6 @@ private:
             t.expires_after(delay);
             co_await t.async_wait(tuple_awaitable);
         }
-    }
-
-    std::chrono::milliseconds backoff(int attempt) {
-        auto d = options_.initial_backoff;
-        for (int i = 1; i < attempt && d < options_.max_backoff; ++i) d *= 2;
-        d = std::min(d, options_.max_backoff);
-        std::uniform_real_distribution<double> jitter(0.5, 1.0);
-        return std::chrono::milliseconds(
-            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
-                                                        jitter(rng_)));
     }
 
     asio::awaitable<std::error_code> connect_once(std::vector<asio::ip::tcp::endpoint>& endpoints,
@@ -3545,15 +3690,12 @@ private:
     std::vector<char> rbuf_;
     std::size_t rbeg_ = 0;
     std::size_t rend_ = 0;
-    bool busy_ = false;
-    std::list<lock_waiter*> queue_;
-    // Leases: the keys held on conn_, the heartbeat, the latched loss for connection_lost().
-    std::vector<std::string> leases_;
+    detail::async_mutex lock_;  // one request at a time (acquire())
+    // Leases: the keys held on conn_ and the latched loss for connection_lost(); the heartbeat.
+    detail::store_client_leases leases_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;
-    asio::steady_timer loss_timer_;
-    std::optional<store_connection_loss> loss_;
 };
 
 static_assert(store<tcp_store_client>);
@@ -9963,14 +10105,11 @@ inline std::string guard_value(const std::string& run_id) {
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
 #include <asio/error.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -9995,18 +10134,17 @@ inline std::string describe_node_id(std::string_view id) {
 /// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
 /// "Elastic membership"), shared by the monitor and whoever waits for a change.
 struct membership_log {
-    explicit membership_log(const asio::any_io_executor& executor)
-        : wake(executor, std::chrono::steady_clock::time_point::max()) {}
+    explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
     std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
     std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
     std::optional<std::string> store_lost;   ///< why the lease connection ended
-    asio::steady_timer wake;                 ///< cancelled at each change: wakes every waiter
+    async_signal wake;                       ///< notified at each change: wakes every waiter
 
-    void changed() { wake.cancel(); }
+    void changed() { wake.notify(); }
     /// Completes at the next change; throws operation_aborted once cancelled (so no loop
     /// over it can spin on a cancelled wait).
     asio::awaitable<void> next() {
-        (void)co_await wake.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await wake.wait();
         const auto state = co_await asio::this_coro::cancellation_state;
         if (state.cancelled() != asio::cancellation_type::none) {
             throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");

@@ -3,17 +3,15 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
 #include <asio/error.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,18 +36,17 @@ inline std::string describe_node_id(std::string_view id) {
 /// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
 /// "Elastic membership"), shared by the monitor and whoever waits for a change.
 struct membership_log {
-    explicit membership_log(const asio::any_io_executor& executor)
-        : wake(executor, std::chrono::steady_clock::time_point::max()) {}
+    explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
     std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
     std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
     std::optional<std::string> store_lost;   ///< why the lease connection ended
-    asio::steady_timer wake;                 ///< cancelled at each change: wakes every waiter
+    async_signal wake;                       ///< notified at each change: wakes every waiter
 
-    void changed() { wake.cancel(); }
+    void changed() { wake.notify(); }
     /// Completes at the next change; throws operation_aborted once cancelled (so no loop
     /// over it can spin on a cancelled wait).
     asio::awaitable<void> next() {
-        (void)co_await wake.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await wake.wait();
         const auto state = co_await asio::this_coro::cancellation_state;
         if (state.cancelled() != asio::cancellation_type::none) {
             throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");
