@@ -4415,40 +4415,144 @@ private:
 // coroutine per connection on one io_context, waits answered by push, leases bound to
 // connections.
 
+// ---- begin elastic/store/server_accept.hpp ----
+// The accept loop of a tcp_store_server: who is let in (max_connections, accept_peer, out of
+// descriptors), the connection shed for a newcomer, and the server's stop.
 
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/error.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/ip/v6_only.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <asio/write.hpp>
+// ---- begin elastic/store/server_connection.hpp ----
+// One connection of a tcp_store_server: reads its requests, runs them on the key table (the
+// request dispatch), writes the replies in order; its memory, its deadlines, its leases.
+
+// ---- begin elastic/store/server_core.hpp ----
+// What a tcp_store_server is given (store_server_options) and the state it shares with its
+// connections (detail::store_server_core).
+
+// ---- begin elastic/store/server_leases.hpp ----
+// The server's leases (docs/store.md, "Leases"): which connection holds each lease key, which
+// writes to lease keys are refused, and how a lost lease is recorded in the key table.
+
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace elastic::inline v0::detail {
+
+class store_connection;
+
+class store_lease_table {
+public:
+    // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
+    // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
+    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
+    static std::string refusal(wire::op o, std::string_view key, bool binds) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return {};
+        if (parts->reserved())
+            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
+                               "(names after '{}' starting with '__' are read-only; "
+                               "docs/store.md, Leases)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (parts->name.empty())
+            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                               "is <group>/{}<name>, name not empty)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (!binds)
+            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                               wire::name(o), store_engine::printable(key));
+        return {};
+    }
+
+    // The connection that holds the lease at `key`, or null.
+    store_connection* holder(std::string_view key) const {
+        const auto it = holders_.find(key);
+        return it == holders_.end() ? nullptr : it->second;
+    }
+
+    // `key` now belongs to `c`; false when it was bound already.
+    bool bind(std::string_view key, store_connection* c) {
+        if (holders_.find(key) != holders_.end()) return false;
+        holders_.emplace(std::string(key), c);
+        return true;
+    }
+
+    // `key` is bound no more (released or lost); the connection that held it, or null.
+    store_connection* unbind(std::string_view key) noexcept {
+        const auto it = holders_.find(key);
+        if (it == holders_.end()) return nullptr;
+        auto* c = it->second;
+        holders_.erase(it);
+        return c;
+    }
+
+    // The number of leases held now, and lost since the start.
+    std::size_t size() const noexcept { return holders_.size(); }
+    std::uint64_t lost() const noexcept { return lost_; }
+
+    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
+    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
+    // `records_kept`: store_server_options::lease_lost_records_kept; `log` takes a line.
+    template <class Log>
+    void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key,
+                     std::string_view holder, std::string_view why, const Log& log) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return;
+        engine.erase(key);
+        const std::string space(parts->space);
+        std::int64_t epoch = 0;
+        try {
+            epoch = engine.add(space + "__epoch", 1);
+        } catch (const store_error& e) {
+            // Only an in-process writer (memory_store over engine()) can have spoiled it.
+            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
+                            store_engine::printable(key), holder, why, e.what()));
+            return;
+        }
+        ++lost_;
+        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        // The records do not pile up: an observer reads each one as it comes (it waits for the
+        // next by push), and a new observer starts at the epoch. Older ones than this go.
+        const auto kept = std::max<std::int64_t>(records_kept, 1);
+        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
+        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
+                        store_engine::printable(key), holder, why,
+                        store_engine::printable(space), epoch));
+    }
+
+private:
+    // Which connection holds each lease key (wire key -> holder).
+    std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>> holders_;
+    std::uint64_t lost_ = 0;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/server_leases.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <exception>
+#include <cstdio>
 #include <functional>
-#include <list>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <tuple>
-#include <unordered_map>
+#include <system_error>
 #include <unordered_set>
 #include <utility>
-#include <variant>
-#include <vector>
 
 #include <fcntl.h>
-#include <poll.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
@@ -4568,53 +4672,17 @@ struct store_server_core {
         return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
     }
 
-    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
-    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
-    void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
-        const auto parts = parse_lease_key(key);
-        if (!parts) return;
-        engine.erase(key);
-        const std::string space(parts->space);
-        std::int64_t epoch = 0;
-        try {
-            epoch = engine.add(space + "__epoch", 1);
-        } catch (const store_error& e) {
-            // Only an in-process writer (memory_store over engine()) can have spoiled it.
-            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
-                            store_engine::printable(key), holder, why, e.what()));
-            return;
-        }
-        ++leases_lost;
-        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
-        // The records do not pile up: an observer reads each one as it comes (it waits for the
-        // next by push), and a new observer starts at the epoch. Older ones than this go.
-        const auto kept = std::max<std::int64_t>(options.lease_lost_records_kept, 1);
-        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
-                        store_engine::printable(key), holder, why,
-                        store_engine::printable(space), epoch));
-    }
-
     asio::any_io_executor executor;
     asio::ip::tcp::acceptor acceptor;
-    asio::steady_timer resume_accept;  // cancelled when a connection closes (after EMFILE)
+    async_signal resume_accept;  // notified when a connection closes (after EMFILE)
     store_server_options options;
     store_engine engine;
     std::unordered_set<store_connection*> connections;
-    // Which connection holds each lease key (wire key -> holder).
-    std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>>
-        lease_holders;
-    std::uint64_t leases_lost = 0;
+    store_lease_table leases;
     std::size_t buffered = 0;  // bytes in the connections' input and output buffers
     int spare_fd = -1;         // reserve_descriptor()
     bool stopped = false;
 };
-
-// Whether a client waits in the listening socket's queue (never blocks).
-inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
-    pollfd p{acceptor.native_handle(), POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
-}
 
 inline std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
@@ -4623,6 +4691,37 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
     if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
     return fmt::format("{}:{}", ep.address().to_string(), ep.port());
 }
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/server_core.hpp ----
+
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <iterator>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0::detail {
 
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
 // WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
@@ -4945,47 +5044,22 @@ private:
 
     // ---- leases ------------------------------------------------------------------------------
 
-    // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
-    // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
-    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
-    static std::string lease_refusal(wire::op o, std::string_view key, bool binds) {
-        const auto parts = parse_lease_key(key);
-        if (!parts) return {};
-        if (parts->reserved())
-            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
-                               "(names after '{}' starting with '__' are read-only; "
-                               "docs/store.md, Leases)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (parts->name.empty())
-            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
-                               "is <group>/{}<name>, name not empty)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (!binds)
-            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
-                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
-                               wire::name(o), store_engine::printable(key));
-        return {};
-    }
-
     // Why a write (or DELETE_KEY) of `key` by this connection is refused because another live
     // connection holds that lease, or empty. Only the holder writes its lease: otherwise any
     // client could take a node's lease and drop it at will (a loss the job acts on), and a
     // holder that reconnects holds a lease under a new name anyway (its old one was lost).
     std::string lease_held_elsewhere(wire::op o, std::string_view key) const {
-        const auto it = core_->lease_holders.find(key);
-        if (it == core_->lease_holders.end() || it->second == this) return {};
+        const auto* holder = core_->leases.holder(key);
+        if (!holder || holder == this) return {};
         return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
                            "holder writes or deletes it; docs/store.md, Leases)",
-                           wire::name(o), store_engine::printable(key), it->second->peer());
+                           wire::name(o), store_engine::printable(key), holder->peer());
     }
 
     // The key now belongs to this connection (the write has been done; lease_held_elsewhere
     // refused it before if another connection held it).
     void bind_lease(std::string_view key) {
-        auto& holders = core_->lease_holders;
-        const auto it = holders.find(key);
-        if (it != holders.end()) return;  // this connection's already
-        holders.emplace(std::string(key), this);
+        if (!core_->leases.bind(key, this)) return;  // this connection's already
         leases_.emplace_back(key);
         const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
         if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
@@ -4996,11 +5070,7 @@ private:
     // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
     // behalf, released it).
     void release_lease(std::string_view key) {
-        auto& holders = core_->lease_holders;
-        const auto it = holders.find(key);
-        if (it == holders.end()) return;
-        it->second->forget_lease(key);
-        holders.erase(it);
+        if (auto* holder = core_->leases.unbind(key)) holder->forget_lease(key);
     }
 
     // ---- deadlines ---------------------------------------------------------------------------
@@ -5104,7 +5174,7 @@ private:
                 wire::put_u32(out_, r.nonce);
                 return true;
             case op::set:
-                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
                 if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
                     return fail(why);
@@ -5115,7 +5185,7 @@ private:
                 if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
             case op::compare_set: {
-                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
                 // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
                 // bound only by the CAS that wins; one that would not write only reads.
@@ -5146,7 +5216,7 @@ private:
                 return true;
             }
             case op::add:
-                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
                 if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty())
                     return fail(why);
@@ -5198,7 +5268,7 @@ private:
             case op::delete_key:
                 if (const auto parts = parse_lease_key(r.key)) {
                     if (parts->reserved() || parts->name.empty())
-                        return fail(lease_refusal(r.operation, r.key, true));
+                        return fail(store_lease_table::refusal(r.operation, r.key, true));
                     if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
                         return fail(why);
                     release_lease(r.key);
@@ -5206,7 +5276,7 @@ private:
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
                 return true;
             case op::append:
-                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
                 if (const auto* v = engine.find(r.key);
                     v && v->size() + r.value.size() > core_->options.limits.max_value_size)
@@ -5243,7 +5313,7 @@ private:
                 // All or nothing: a refused lease key refuses the whole request.
                 std::size_t growth = 0;
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
-                    if (auto why = lease_refusal(r.operation, r.keys[i], true); !why.empty())
+                    if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty())
                         return fail(why);
                     if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty())
                         return fail(why);
@@ -5317,7 +5387,7 @@ private:
         core_->buffered -= accounted_;
         accounted_ = 0;
         core_->connections.erase(this);
-        core_->resume_accept.cancel();
+        core_->resume_accept.notify();
     }
 
     void lose_leases() noexcept {
@@ -5328,10 +5398,11 @@ private:
                                 : core_->stopped       ? std::string("the server stopped")
                                                        : std::string("the connection closed");
         for (const auto& key : leases) {
-            core_->lease_holders.erase(key);
+            core_->leases.unbind(key);
             if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
             try {
-                core_->record_lease_loss(key, peer_, why);
+                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key,
+                                          peer_, why, [&](std::string_view line) { core_->log(line); });
             } catch (...) {
                 // Out of memory while writing the loss: the key is gone either way.
             }
@@ -5370,7 +5441,166 @@ private:
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
-}  // namespace detail
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/server_connection.hpp ----
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <poll.h>
+
+namespace elastic::inline v0::detail {
+
+// Whether a client waits in the listening socket's queue (never blocks).
+inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
+    pollfd p{acceptor.native_handle(), POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
+
+// Stops accepting and closes every connection (their waits are dropped).
+inline void stop_server(store_server_core& core) noexcept {
+    if (core.stopped) return;
+    core.stopped = true;
+    std::error_code ignored;
+    core.acceptor.close(ignored);
+    core.resume_accept.notify();
+    core.release_descriptor();
+    for (auto* c : core.connections) c->close();
+}
+
+// Closes the newest connection that never sent a request (store_server_options::
+// shed_unused_after) so a new client can be served; false when there is none.
+inline bool shed_unused(store_server_core& core, std::string_view why) {
+    if (!core.options.shed_unused_after) return false;
+    const auto after = *core.options.shed_unused_after;
+    const auto now = std::chrono::steady_clock::now();
+    store_connection* victim = nullptr;
+    for (auto* c : core.connections)
+        if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
+            victim = c;
+    if (!victim) return false;
+    victim->expire(fmt::format(
+        "{}: it has completed no request in the {} ms since it connected, and a new client "
+        "is served in its place (store_server_options::shed_unused_after)",
+        why,
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
+            .count()));
+    return true;
+}
+
+// Accepts connections until the server stops, each served by a coroutine of its own; out of
+// descriptors or at max_connections, makes room or refuses the newcomer plainly.
+inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
+    constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+    while (!core->stopped) {
+        auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
+        if (ec == asio::error::operation_aborted || core->stopped) break;
+        if (ec == asio::error::no_descriptors ||
+            ec == std::errc::too_many_files_open_in_system) {
+            // Out of descriptors. The kernel says so before it looks at the queue, so
+            // first see whether a client is waiting at all; if none, wait for one (stop()
+            // closes the acceptor, which ends the wait), without a retry loop.
+            if (!client_waiting(core->acceptor)) {
+                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                   tuple_awaitable);
+                continue;
+            }
+            // A client waits: close an unused connection for it, or take it with the
+            // reserve descriptor and refuse it plainly.
+            if (shed_unused(*core, "the process is out of file descriptors")) continue;
+            if (core->spare_fd >= 0) {
+                core->release_descriptor();
+                auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
+                if (!ec2) {
+                    core->log(fmt::format(
+                        "refusing connection from {}: the process is out of file "
+                        "descriptors ({}) and no connection can make room; raise `ulimit "
+                        "-n` or lower store_server_options::max_connections",
+                        format_peer(refused), ec.message()));
+                    std::error_code ignored;
+                    refused.close(ignored);
+                }
+                if (core->stopped) break;
+                core->reserve_descriptor();
+                if (!ec2 || ec2 == asio::error::operation_aborted) continue;
+            }
+            core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
+                                  ec.message()));
+            co_await core->resume_accept.wait();
+            continue;
+        }
+        if (ec) {
+            core->log(fmt::format("accept failed: {}", ec.message()));
+            continue;
+        }
+        std::error_code ignored;
+        if (core->options.accept_peer) {
+            const auto remote = socket.remote_endpoint(ignored);
+            if (ignored || !core->options.accept_peer(remote.address())) {
+                core->log(fmt::format("refusing connection from {}: not a peer this store "
+                                      "accepts (store_server_options::accept_peer)",
+                                      format_peer(socket)));
+                socket.close(ignored);
+                continue;
+            }
+        }
+        socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        // Connections already closed (shed a moment ago) leave the set when their coroutine
+        // runs: they do not count, or each new client would shed one more.
+        if (core->connections.size() >= core->options.max_connections &&
+            static_cast<std::size_t>(std::ranges::count_if(
+                core->connections, [](const auto* c) { return c->is_open(); })) >=
+                core->options.max_connections &&
+            !shed_unused(*core, "max_connections is reached")) {
+            core->log(fmt::format("refusing connection from {}: {} connections reach the "
+                                  "limit (store_server_options::max_connections)",
+                                  format_peer(socket), core->connections.size()));
+            socket.close(ignored);
+            continue;
+        }
+        auto conn = std::make_shared<store_connection>(core, std::move(socket));
+        core->connections.insert(conn.get());
+        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)),
+                       asio::detached);
+    }
+    stop_server(*core);
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/server_accept.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/ip/v6_only.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
 
 /// PyTorch's TCPStore server. Both wire dialects are served side by side, chosen per connection
 /// from its first bytes, over one key table. Bind in the constructor; serve with `start()` (or
@@ -5438,15 +5668,15 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, serve(core_), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, detail::accept_loop(core_), asio::detached); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
     /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
     /// outlive the server object.
-    asio::awaitable<void> run() { return serve(core_); }
+    asio::awaitable<void> run() { return detail::accept_loop(core_); }
 
     /// Stops accepting and closes every connection (their waits are dropped).
-    void stop() noexcept { stop(*core_); }
+    void stop() noexcept { detail::stop_server(*core_); }
 
     /// The key table the connections share (for an embedding agent and for tests).
     detail::store_engine& engine() noexcept { return core_->engine; }
@@ -5459,117 +5689,10 @@ public:
     std::size_t memory() const noexcept { return core_->held(); }
 
     /// The number of leases held now, and lost since the start (docs/store.md, "Leases").
-    std::size_t leases() const noexcept { return core_->lease_holders.size(); }
-    std::uint64_t leases_lost() const noexcept { return core_->leases_lost; }
+    std::size_t leases() const noexcept { return core_->leases.size(); }
+    std::uint64_t leases_lost() const noexcept { return core_->leases.lost(); }
 
 private:
-    static void stop(detail::store_server_core& core) noexcept {
-        if (core.stopped) return;
-        core.stopped = true;
-        std::error_code ignored;
-        core.acceptor.close(ignored);
-        core.resume_accept.cancel();
-        core.release_descriptor();
-        for (auto* c : core.connections) c->close();
-    }
-
-    // Closes the newest connection that never sent a request (store_server_options::
-    // shed_unused_after) so a new client can be served; false when there is none.
-    static bool shed_unused(detail::store_server_core& core, std::string_view why) {
-        if (!core.options.shed_unused_after) return false;
-        const auto after = *core.options.shed_unused_after;
-        const auto now = std::chrono::steady_clock::now();
-        detail::store_connection* victim = nullptr;
-        for (auto* c : core.connections)
-            if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
-                victim = c;
-        if (!victim) return false;
-        victim->expire(fmt::format(
-            "{}: it has completed no request in the {} ms since it connected, and a new client "
-            "is served in its place (store_server_options::shed_unused_after)",
-            why,
-            std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
-                .count()));
-        return true;
-    }
-
-    static asio::awaitable<void> serve(std::shared_ptr<detail::store_server_core> core) {
-        constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
-        while (!core->stopped) {
-            auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
-            if (ec == asio::error::operation_aborted || core->stopped) break;
-            if (ec == asio::error::no_descriptors ||
-                ec == std::errc::too_many_files_open_in_system) {
-                // Out of descriptors. The kernel says so before it looks at the queue, so
-                // first see whether a client is waiting at all; if none, wait for one (stop()
-                // closes the acceptor, which ends the wait), without a retry loop.
-                if (!detail::client_waiting(core->acceptor)) {
-                    co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
-                                                       tuple_awaitable);
-                    continue;
-                }
-                // A client waits: close an unused connection for it, or take it with the
-                // reserve descriptor and refuse it plainly.
-                if (shed_unused(*core, "the process is out of file descriptors")) continue;
-                if (core->spare_fd >= 0) {
-                    core->release_descriptor();
-                    auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
-                    if (!ec2) {
-                        core->log(fmt::format(
-                            "refusing connection from {}: the process is out of file "
-                            "descriptors ({}) and no connection can make room; raise `ulimit "
-                            "-n` or lower store_server_options::max_connections",
-                            detail::format_peer(refused), ec.message()));
-                        std::error_code ignored;
-                        refused.close(ignored);
-                    }
-                    if (core->stopped) break;
-                    core->reserve_descriptor();
-                    if (!ec2 || ec2 == asio::error::operation_aborted) continue;
-                }
-                core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
-                                      ec.message()));
-                core->resume_accept.expires_at(asio::steady_timer::time_point::max());
-                co_await core->resume_accept.async_wait(tuple_awaitable);
-                continue;
-            }
-            if (ec) {
-                core->log(fmt::format("accept failed: {}", ec.message()));
-                continue;
-            }
-            std::error_code ignored;
-            if (core->options.accept_peer) {
-                const auto remote = socket.remote_endpoint(ignored);
-                if (ignored || !core->options.accept_peer(remote.address())) {
-                    core->log(fmt::format("refusing connection from {}: not a peer this store "
-                                          "accepts (store_server_options::accept_peer)",
-                                          detail::format_peer(socket)));
-                    socket.close(ignored);
-                    continue;
-                }
-            }
-            socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-            // Connections already closed (shed a moment ago) leave the set when their coroutine
-            // runs: they do not count, or each new client would shed one more.
-            if (core->connections.size() >= core->options.max_connections &&
-                static_cast<std::size_t>(std::ranges::count_if(
-                    core->connections, [](const auto* c) { return c->is_open(); })) >=
-                    core->options.max_connections &&
-                !shed_unused(*core, "max_connections is reached")) {
-                core->log(fmt::format("refusing connection from {}: {} connections reach the "
-                                      "limit (store_server_options::max_connections)",
-                                      detail::format_peer(socket), core->connections.size()));
-                socket.close(ignored);
-                continue;
-            }
-            auto conn = std::make_shared<detail::store_connection>(core, std::move(socket));
-            core->connections.insert(conn.get());
-            asio::co_spawn(core->executor, detail::store_connection::serve(std::move(conn)),
-                           asio::detached);
-        }
-        stop(*core);
-    }
-
     std::shared_ptr<detail::store_server_core> core_;
 };
 

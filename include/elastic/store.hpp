@@ -15,6 +15,10 @@
 #include "elastic/store/memory_store.hpp"
 #include "elastic/store/prefix_store.hpp"
 #include "elastic/store/server.hpp"
+#include "elastic/store/server_accept.hpp"
+#include "elastic/store/server_connection.hpp"
+#include "elastic/store/server_core.hpp"
+#include "elastic/store/server_leases.hpp"
 #include "elastic/store/wire.hpp"
 
 namespace elastic::inline v0 {

@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include "rendezvous_support.hpp"
 #include "spawn_support.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -76,15 +77,7 @@ private:
 
 static_assert(elastic::multi_key_store<counting_store<elastic::memory_store>>);
 
-node_info info(int i, int nproc = 1) {
-    node_info n;
-    n.host = "node" + std::to_string(i);
-    n.store_addr = "10.0.0." + std::to_string(i);
-    n.store_port = static_cast<std::uint16_t>(1000 + i);
-    n.nproc = nproc;
-    n.pid = 100 + i;
-    return n;
-}
+node_info info(int i, int nproc = 1) { return rendezvous_support::test_node(i, nproc); }
 
 /// Runs `n` nodes (each its own counting view and rendezvous over one memory_store) through
 /// one round on one io_context, in the order given; returns each node's round.

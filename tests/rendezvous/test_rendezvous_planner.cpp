@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "rendezvous_support.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -17,15 +19,7 @@ namespace test_rendezvous_planner {
 using elastic::node_info;
 namespace rdzv = elastic::detail::rdzv;
 
-node_info info(int i, int nproc = 1) {
-    node_info n;
-    n.host = "node" + std::to_string(i);
-    n.store_addr = "10.0.0." + std::to_string(i);
-    n.store_port = static_cast<std::uint16_t>(1000 + i);
-    n.nproc = nproc;
-    n.pid = 100 + i;
-    return n;
-}
+node_info info(int i, int nproc = 1) { return rendezvous_support::test_node(i, nproc); }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
