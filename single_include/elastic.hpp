@@ -1528,6 +1528,106 @@ int record(Entry&& entry, Args&&... args) {
 // `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
 // kept alive by heartbeats, and a lost connection reported as an event.
 
+// ---- begin elastic/detail/coro.hpp ----
+// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock and a
+// signal that wakes every waiter. Both sleep on steady_timers that never expire by themselves;
+// cancelling the timer is the wake-up.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <iterator>
+#include <list>
+#include <system_error>
+
+namespace elastic::inline v0::detail {
+
+/// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
+/// its own timer; unlock() hands the lock over by marking the first waiter granted and
+/// cancelling its timer. Use it on one thread.
+class async_mutex {
+public:
+    explicit async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
+    async_mutex(const async_mutex&) = delete;
+    async_mutex& operator=(const async_mutex&) = delete;
+
+    /// Takes the lock, in turn. A waiter cancelled while queued leaves the queue and throws
+    /// operation_aborted with `cancelled` as its message.
+    asio::awaitable<void> lock(const char* cancelled = "cancelled while queued for the lock") {
+        if (try_lock()) co_return;
+        waiter w(executor_);
+        w.timer.expires_at(asio::steady_timer::time_point::max());
+        queue_.push_back(&w);
+        const auto it = std::prev(queue_.end());
+        co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (!w.granted) {  // cancelled by our caller while queued
+            queue_.erase(it);
+            throw std::system_error(asio::error::operation_aborted, cancelled);
+        }
+    }
+
+    /// Takes the lock when it is free; whether it did.
+    bool try_lock() noexcept {
+        if (locked_) return false;
+        locked_ = true;
+        return true;
+    }
+
+    /// Releases the lock: to the first waiter, or free.
+    void unlock() noexcept {
+        if (queue_.empty()) {
+            locked_ = false;
+            return;
+        }
+        auto* next = queue_.front();
+        queue_.pop_front();
+        next->granted = true;
+        next->timer.cancel();
+    }
+
+    [[nodiscard]] bool locked() const noexcept { return locked_; }
+
+private:
+    struct waiter {
+        explicit waiter(const asio::any_io_executor& ex) : timer(ex) {}
+        asio::steady_timer timer;
+        bool granted = false;
+    };
+
+    asio::any_io_executor executor_;
+    bool locked_ = false;
+    std::list<waiter*> queue_;
+};
+
+/// Wakes every coroutine that waits on it at each notify(); a waiter then checks what it
+/// waits for and waits again if need be. A notify() with nobody waiting is lost. Use it on one
+/// thread.
+class async_signal {
+public:
+    explicit async_signal(const asio::any_io_executor& executor)
+        : timer_(executor, asio::steady_timer::time_point::max()) {}
+
+    /// Wakes every current waiter.
+    void notify() noexcept { timer_.cancel(); }
+
+    /// Completes at the next notify(), when the signal is destroyed, or when the caller is
+    /// cancelled (it cannot tell which: check the cancellation state or what it waits for). It
+    /// touches nothing of the signal once woken, so the signal may be gone by then.
+    asio::awaitable<void> wait() {
+        (void)co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/coro.hpp ----
 // ---- begin elastic/store/auth.hpp ----
 // The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
 // job secret, as two pure state machines (client and server) that consume bytes and produce
@@ -1864,6 +1964,78 @@ private:
 
 }  // namespace elastic::inline v0::store_auth
 // ---- end elastic/store/auth.hpp ----
+// ---- begin elastic/store/client_connection.hpp ----
+// One connection of a tcp_store_client: its socket and the deadline every operation on it has,
+// and the backoff between connection attempts.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <system_error>
+
+namespace elastic::inline v0::detail {
+
+// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
+// may run after the client or the connection is gone.
+struct store_client_connection : std::enable_shared_from_this<store_client_connection> {
+    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
+    asio::ip::tcp::socket socket;
+    asio::steady_timer timer;
+    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
+    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
+
+    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
+    // `expired` set, so the operation reports a timeout instead of hanging.
+    void arm_deadline(std::chrono::steady_clock::time_point deadline) {
+        expired = false;
+        const auto armed = ++generation;
+        timer.expires_at(deadline);
+        timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+            if (ec) return;
+            const auto conn = weak.lock();
+            if (!conn || conn->generation != armed) return;
+            conn->expired = true;
+            std::error_code ignored;
+            conn->socket.cancel(ignored);
+        });
+    }
+
+    void disarm() noexcept {
+        ++generation;
+        timer.cancel();
+    }
+
+    // Shuts the socket down and closes it; the deadline lapses.
+    void close() noexcept {
+        std::error_code ignored;
+        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        socket.close(ignored);
+        disarm();
+    }
+};
+
+// The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
+// `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
+inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                 std::chrono::milliseconds max,
+                                                 std::minstd_rand& rng) {
+    auto d = initial;
+    for (int i = 1; i < attempt && d < max; ++i) d *= 2;
+    d = std::min(d, max);
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    return std::chrono::milliseconds(
+        static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng)));
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/client_connection.hpp ----
 // ---- begin elastic/store/client_dialect.hpp ----
 // client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
 // that options naming it (elastic::dist::group_options) need not parse the client.
@@ -1886,155 +2058,11 @@ enum class client_dialect : std::uint8_t {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/client_dialect.hpp ----
-// ---- begin elastic/store/concepts.hpp ----
-// The store concepts: what every store model provides (store) and the batch operations some add
-// (multi_key_store).
+// ---- begin elastic/store/client_leases.hpp ----
+// The leases of a tcp_store_client (docs/store-client.md, "Leases"): the keys it holds on its
+// connection, the heartbeat that keeps them alive on the wire, and the loss of the connection
+// that held them, latched until someone awaits it.
 
-
-#include <asio/awaitable.hpp>
-
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/*
- * store: a key-value store shared by the agents and workers of a job, with PyTorch's
- * c10d::Store semantics. Keys and values are bytes held in std::string (any byte, NUL included).
- * Every operation is a coroutine on Asio, awaited as a plain verb (`co_await s.get(key)`).
- * Arguments are taken by value, so the coroutine frame owns them.
- *
- * A model provides:
- *   set(key, value)                 -> awaitable<void>         overwrite, wake waiters of key
- *   get(key)                        -> awaitable<std::string>  wait for key (default timeout), read
- *   add(key, delta)                 -> awaitable<int64_t>      decimal counter, returns new value
- *   compare_set(key, expected, desired) -> awaitable<std::string>
- *        absent & expected empty: create; absent & expected non-empty: return expected;
- *        equal: replace; different: return current. Success <=> result == desired.
- *   wait(keys)  / wait(keys, timeout) -> awaitable<void>       until all exist; store_timeout
- *   check(keys)                     -> awaitable<bool>         all exist now
- *   delete_key(key)                 -> awaitable<bool>         whether it existed
- *   num_keys()                      -> awaitable<int64_t>
- *   timeout() / set_timeout(ms)                                the default for get and wait
- * It promises: a wait is answered the moment its keys exist (push, never polling); a timeout
- * leaves no registration behind; ADD stores decimal ASCII and rejects a non-numeric value with
- * store_error.
- */
-template <class S>
-concept store = requires(S& s, const S& cs, std::string key, std::string value,
-                         std::vector<std::string> keys, std::int64_t delta,
-                         std::chrono::milliseconds timeout) {
-    { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
-    { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
-    { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
-    { s.compare_set(key, value, value) } -> std::same_as<asio::awaitable<std::string>>;
-    { s.wait(keys) } -> std::same_as<asio::awaitable<void>>;
-    { s.wait(keys, timeout) } -> std::same_as<asio::awaitable<void>>;
-    { s.check(keys) } -> std::same_as<asio::awaitable<bool>>;
-    { s.delete_key(key) } -> std::same_as<asio::awaitable<bool>>;
-    { s.num_keys() } -> std::same_as<asio::awaitable<std::int64_t>>;
-    { cs.timeout() } -> std::convertible_to<std::chrono::milliseconds>;
-    s.set_timeout(timeout);
-};
-
-/*
- * multi_key_store: a store with PyTorch >= 2.0's batch operations.
- *   multi_get(keys)           -> awaitable<std::vector<std::string>>  waits for all, then reads
- *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
- *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
- */
-template <class S>
-concept multi_key_store =
-    store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
-                         std::vector<std::string> values) {
-        { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
-        { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
-        { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
-    };
-
-}  // namespace elastic::inline v0
-// ---- end elastic/store/concepts.hpp ----
-// ---- begin elastic/store/lease.hpp ----
-// Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
-// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
-
-
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-
-// A lease is a key bound to the connection that set it: when that connection closes, or stays
-// silent longer than the server's heartbeat deadline, the server deletes the key and records the
-// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
-//
-//   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
-//   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
-//   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
-//
-// An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
-// Names starting with "__" are the server's; clients may read them but never write them.
-namespace elastic::inline v0 {
-
-/// The segment that marks a lease key: at the start of a wire key or right after a '/'.
-inline constexpr std::string_view lease_marker = "__lease__/";
-
-namespace detail {
-
-inline std::string lease_space(std::string_view group) {
-    std::string out(group);
-    if (!out.empty() && out.back() != '/') out.push_back('/');
-    out.append(lease_marker);
-    return out;
-}
-
-}  // namespace detail
-
-/// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
-/// not be empty nor start with "__" (hold_lease and the server refuse such names).
-inline std::string lease_key(std::string_view group, std::string_view name) {
-    return detail::lease_space(group).append(name);
-}
-
-/// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
-/// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) {
-    return detail::lease_space(group).append("__epoch");
-}
-
-/// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
-/// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
-inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
-    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
-}
-
-/// A wire key split at its lease marker.
-struct lease_key_parts {
-    std::string_view space;  ///< everything up to and including "__lease__/"
-    std::string_view name;   ///< what follows (may be empty: a malformed lease key)
-    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
-    [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
-};
-
-/// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
-/// when `key` is an ordinary key.
-inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
-    for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
-         pos = key.find(lease_marker, pos + 1)) {
-        if (pos == 0 || key[pos - 1] == '/') {
-            const auto end = pos + lease_marker.size();
-            return lease_key_parts{key.substr(0, end), key.substr(end)};
-        }
-    }
-    return std::nullopt;
-}
-
-}  // namespace elastic::inline v0
-// ---- end elastic/store/lease.hpp ----
 // ---- begin elastic/store/wire.hpp ----
 // The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
 // detection and an incremental request parser shared by the server and the client.
@@ -2467,6 +2495,263 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 }  // namespace elastic::inline v0::wire
 // ---- end elastic/store/wire.hpp ----
 
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/error.hpp>
+#include <asio/this_coro.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
+/// and with it the leases (the server records them lost).
+struct store_connection_loss {
+    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
+    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
+};
+
+namespace detail {
+
+// A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
+// dialect, an empty CHECK (READY) in the legacy one, which has no PING.
+inline std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+
+inline void encode_heartbeat(wire::dialect dialect, std::string& out) {
+    if (dialect == wire::dialect::current) {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
+        wire::put_u32(out, heartbeat_nonce());
+    } else {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
+        wire::put_u64(out, 0);
+    }
+}
+
+inline std::size_t heartbeat_reply_size(wire::dialect dialect) {
+    return dialect == wire::dialect::current ? 4 : 1;
+}
+
+inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
+    if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
+    return static_cast<std::uint8_t>(*p) == static_cast<std::uint8_t>(wire::check_response::ready);
+}
+
+// The lease keys a client holds on its connection, and the loss of that connection: reported
+// once, to whoever awaits (or next awaits) next_loss(). Use it on the client's thread.
+class store_client_leases {
+public:
+    explicit store_client_leases(const asio::any_io_executor& executor) : lost_(executor) {}
+
+    [[nodiscard]] const std::vector<std::string>& keys() const noexcept { return keys_; }
+    [[nodiscard]] bool empty() const noexcept { return keys_.empty(); }
+
+    void add(std::string key) {
+        if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) keys_.push_back(std::move(key));
+    }
+    void remove(const std::string& key) { std::erase(keys_, key); }
+    void clear() noexcept { keys_.clear(); }
+
+    // The held connection ended: the leases are gone with it.
+    void lose(std::string_view reason) noexcept {
+        if (keys_.empty()) return;
+        try {
+            loss_ = store_connection_loss{std::string(reason), std::move(keys_)};
+        } catch (...) {
+            loss_.reset();
+        }
+        keys_.clear();
+        lost_.notify();
+    }
+
+    // The next loss (at once for one latched before the call). `alive` is the client's: once it
+    // is false, `this` is gone and nothing of it is touched.
+    asio::awaitable<store_connection_loss> next_loss(std::shared_ptr<bool> alive) {
+        while (!loss_) {
+            co_await lost_.wait();
+            if (!*alive) throw std::system_error(asio::error::operation_aborted,
+                                                 "store client destroyed");
+            const auto cs = co_await asio::this_coro::cancellation_state;
+            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
+                throw std::system_error(asio::error::operation_aborted,
+                                        "connection_lost() cancelled");
+        }
+        auto loss = std::move(*loss_);
+        loss_.reset();
+        co_return loss;
+    }
+
+private:
+    std::vector<std::string> keys_;
+    std::optional<store_connection_loss> loss_;
+    async_signal lost_;
+};
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/client_leases.hpp ----
+// ---- begin elastic/store/concepts.hpp ----
+// The store concepts: what every store model provides (store) and the batch operations some add
+// (multi_key_store).
+
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/*
+ * store: a key-value store shared by the agents and workers of a job, with PyTorch's
+ * c10d::Store semantics. Keys and values are bytes held in std::string (any byte, NUL included).
+ * Every operation is a coroutine on Asio, awaited as a plain verb (`co_await s.get(key)`).
+ * Arguments are taken by value, so the coroutine frame owns them.
+ *
+ * A model provides:
+ *   set(key, value)                 -> awaitable<void>         overwrite, wake waiters of key
+ *   get(key)                        -> awaitable<std::string>  wait for key (default timeout), read
+ *   add(key, delta)                 -> awaitable<int64_t>      decimal counter, returns new value
+ *   compare_set(key, expected, desired) -> awaitable<std::string>
+ *        absent & expected empty: create; absent & expected non-empty: return expected;
+ *        equal: replace; different: return current. Success <=> result == desired.
+ *   wait(keys)  / wait(keys, timeout) -> awaitable<void>       until all exist; store_timeout
+ *   check(keys)                     -> awaitable<bool>         all exist now
+ *   delete_key(key)                 -> awaitable<bool>         whether it existed
+ *   num_keys()                      -> awaitable<int64_t>
+ *   timeout() / set_timeout(ms)                                the default for get and wait
+ * It promises: a wait is answered the moment its keys exist (push, never polling); a timeout
+ * leaves no registration behind; ADD stores decimal ASCII and rejects a non-numeric value with
+ * store_error.
+ */
+template <class S>
+concept store = requires(S& s, const S& cs, std::string key, std::string value,
+                         std::vector<std::string> keys, std::int64_t delta,
+                         std::chrono::milliseconds timeout) {
+    { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
+    { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
+    { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
+    { s.compare_set(key, value, value) } -> std::same_as<asio::awaitable<std::string>>;
+    { s.wait(keys) } -> std::same_as<asio::awaitable<void>>;
+    { s.wait(keys, timeout) } -> std::same_as<asio::awaitable<void>>;
+    { s.check(keys) } -> std::same_as<asio::awaitable<bool>>;
+    { s.delete_key(key) } -> std::same_as<asio::awaitable<bool>>;
+    { s.num_keys() } -> std::same_as<asio::awaitable<std::int64_t>>;
+    { cs.timeout() } -> std::convertible_to<std::chrono::milliseconds>;
+    s.set_timeout(timeout);
+};
+
+/*
+ * multi_key_store: a store with PyTorch >= 2.0's batch operations.
+ *   multi_get(keys)           -> awaitable<std::vector<std::string>>  waits for all, then reads
+ *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
+ *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
+ */
+template <class S>
+concept multi_key_store =
+    store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
+                         std::vector<std::string> values) {
+        { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
+        { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
+        { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
+    };
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/concepts.hpp ----
+// ---- begin elastic/store/lease.hpp ----
+// Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
+// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
+
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+// A lease is a key bound to the connection that set it: when that connection closes, or stays
+// silent longer than the server's heartbeat deadline, the server deletes the key and records the
+// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
+//
+//   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
+//   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
+//   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
+//
+// An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
+// Names starting with "__" are the server's; clients may read them but never write them.
+namespace elastic::inline v0 {
+
+/// The segment that marks a lease key: at the start of a wire key or right after a '/'.
+inline constexpr std::string_view lease_marker = "__lease__/";
+
+namespace detail {
+
+inline std::string lease_space(std::string_view group) {
+    std::string out(group);
+    if (!out.empty() && out.back() != '/') out.push_back('/');
+    out.append(lease_marker);
+    return out;
+}
+
+}  // namespace detail
+
+/// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
+/// not be empty nor start with "__" (hold_lease and the server refuse such names).
+inline std::string lease_key(std::string_view group, std::string_view name) {
+    return detail::lease_space(group).append(name);
+}
+
+/// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
+/// of the group is bound, +1 per lost lease).
+inline std::string lease_epoch_key(std::string_view group) {
+    return detail::lease_space(group).append("__epoch");
+}
+
+/// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
+/// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
+inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
+    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
+}
+
+/// A wire key split at its lease marker.
+struct lease_key_parts {
+    std::string_view space;  ///< everything up to and including "__lease__/"
+    std::string_view name;   ///< what follows (may be empty: a malformed lease key)
+    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
+    [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
+};
+
+/// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
+/// when `key` is an ordinary key.
+inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
+    for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
+         pos = key.find(lease_marker, pos + 1)) {
+        if (pos == 0 || key[pos - 1] == '/') {
+            const auto end = pos + lease_marker.size();
+            return lease_key_parts{key.substr(0, end), key.substr(end)};
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/lease.hpp ----
+
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
@@ -2476,7 +2761,6 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 #include <fmt/format.h>
@@ -2488,7 +2772,6 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <list>
 #include <memory>
 #include <optional>
 #include <random>
@@ -2546,27 +2829,6 @@ struct store_client_options {
     std::optional<std::string> secret;
 };
 
-/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
-/// and with it the leases (the server records them lost).
-struct store_connection_loss {
-    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
-    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
-};
-
-namespace detail {
-
-// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
-// may run after the client or the connection is gone.
-struct store_client_connection {
-    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
-    asio::ip::tcp::socket socket;
-    asio::steady_timer timer;
-    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
-    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
-};
-
-}  // namespace detail
-
 /// A client of a c10d TCPStore server: ours, PyTorch 1.13's, or a current PyTorch's. One TCP
 /// connection, one request at a time (concurrent calls on one client queue up in order; a long
 /// `wait` holds the connection, so give concurrent waiters their own clients). Connects on
@@ -2578,7 +2840,7 @@ class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
-          heartbeat_timer_(executor), loss_timer_(executor) {
+          lock_(executor), leases_(executor), heartbeat_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
@@ -2590,7 +2852,6 @@ public:
                 "store_client_options: lease_heartbeat_interval {} ms and "
                 "lease_missed_heartbeats {} must both be positive",
                 options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
-        loss_timer_.expires_at(asio::steady_timer::time_point::max());
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
@@ -2717,7 +2978,7 @@ public:
         const auto k = wire_key(key);
         begin(wire::op::delete_key);
         req_.key = k;
-        std::erase(leases_, key);
+        leases_.remove(key);
         co_await send(std::string_view("DELETE_KEY"), k);
         co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
     }
@@ -2840,11 +3101,10 @@ public:
         req_.value = value;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        encode_heartbeat(wbuf_);
+        detail::encode_heartbeat(*dialect_, wbuf_);
         co_await flush(std::string_view("SET"), k);
         co_await read_heartbeat(std::string_view("SET"), k);
-        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
-            leases_.push_back(std::move(key));
+        leases_.add(std::move(key));
         start_heartbeat();
     }
 
@@ -2855,28 +3115,14 @@ public:
     }
 
     /// The lease keys this client holds now.
-    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_; }
+    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_.keys(); }
 
     /// Completes when the connection that held this client's leases ends: a heartbeat left
     /// unanswered for lease_missed_heartbeats x lease_heartbeat_interval (a hung, stopped or
     /// unreachable server), an EOF or reset (a server that died: seen by the next heartbeat,
     /// within one interval), a failed operation, or close(). A loss that happened before the
     /// call is reported at once; each loss is reported once. Cancel it as any awaitable.
-    asio::awaitable<store_connection_loss> connection_lost() {
-        const auto alive = alive_;
-        while (!loss_) {
-            co_await loss_timer_.async_wait(tuple_awaitable);
-            if (!*alive) throw std::system_error(asio::error::operation_aborted,
-                                                 "store client destroyed");
-            const auto cs = co_await asio::this_coro::cancellation_state;
-            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
-                throw std::system_error(asio::error::operation_aborted,
-                                        "connection_lost() cancelled");
-        }
-        auto loss = std::move(*loss_);
-        loss_.reset();
-        co_return loss;
-    }
+    asio::awaitable<store_connection_loss> connection_lost() { return leases_.next_loss(alive_); }
 
 private:
     using clock = std::chrono::steady_clock;
@@ -2886,33 +3132,10 @@ private:
         return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
     }
 
-    // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
-    // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
-    void encode_heartbeat(std::string& out) const {
-        if (*dialect_ == wire::dialect::current) {
-            wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
-            wire::put_u32(out, heartbeat_nonce());
-        } else {
-            wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
-            wire::put_u64(out, 0);
-        }
-    }
-
-    std::size_t heartbeat_reply_size() const { return *dialect_ == wire::dialect::current ? 4 : 1; }
-
-    static std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
-
-    bool heartbeat_reply_ok(const char* p) const {
-        if (*dialect_ == wire::dialect::current)
-            return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
-        return static_cast<std::uint8_t>(*p) ==
-               static_cast<std::uint8_t>(wire::check_response::ready);
-    }
-
     asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
-        const auto n = heartbeat_reply_size();
+        const auto n = detail::heartbeat_reply_size(*dialect_);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
-        if (!heartbeat_reply_ok(rbuf_.data() + rbeg_))
+        if (!detail::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
             throw_protocol(what, key, "a wrong heartbeat reply");
         rbeg_ += n;
     }
@@ -2923,8 +3146,7 @@ private:
     void track_lease(std::string key, std::string_view wire) {
         const auto parts = parse_lease_key(wire);
         if (!parts || parts->name.empty() || parts->reserved()) return;
-        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
-            leases_.push_back(std::move(key));
+        leases_.add(std::move(key));
         start_heartbeat();
     }
 
@@ -2947,8 +3169,7 @@ private:
                 heartbeat_running_ = false;
                 co_return;
             }
-            if (busy_ || !conn_) continue;
-            busy_ = true;  // acquire() without suspension: the lock is free
+            if (!conn_ || !lock_.try_lock()) continue;
             co_await beat(alive);
             if (!*alive) co_return;
             release();
@@ -2965,7 +3186,7 @@ private:
             co_return;
         }
         std::string out;
-        encode_heartbeat(out);
+        detail::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
         auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
         (void)n;
@@ -2973,13 +3194,14 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), heartbeat_reply_size()), tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)),
+                tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
         }
         if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
-        if (!ec && heartbeat_reply_ok(reply.data())) {
+        if (!ec && detail::heartbeat_reply_ok(*dialect_, reply.data())) {
             disarm();
             co_return;
         }
@@ -3005,28 +3227,9 @@ private:
                            options_.lease_heartbeat_interval.count());
     }
 
-    // The held connection ended: the leases are gone with it. Reported once, to whoever awaits
-    // (or next awaits) connection_lost().
-    void lose_leases(std::string reason) noexcept {
-        if (leases_.empty()) return;
-        try {
-            loss_ = store_connection_loss{std::move(reason), std::move(leases_)};
-        } catch (...) {
-            loss_.reset();
-        }
-        leases_.clear();
-        loss_timer_.cancel();
-    }
-
     // ---- one request at a time ---------------------------------------------------------------
-    // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
-    // releasing owner hands the lock over by marking it granted and cancelling that timer.
-    struct lock_waiter {
-        explicit lock_waiter(const asio::any_io_executor& ex) : timer(ex) {}
-        asio::steady_timer timer;
-        bool granted = false;
-    };
-
+    // Every operation holds lock_ for its whole length; the guard's release also ends the
+    // operation's deadline.
     class lock_guard {
     public:
         explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
@@ -3041,34 +3244,13 @@ private:
     };
 
     asio::awaitable<lock_guard> acquire() {
-        if (!busy_) {
-            busy_ = true;
-            co_return lock_guard(this);
-        }
-        lock_waiter w(executor_);
-        w.timer.expires_at(asio::steady_timer::time_point::max());
-        queue_.push_back(&w);
-        const auto it = std::prev(queue_.end());
-        co_await w.timer.async_wait(tuple_awaitable);
-        if (!w.granted) {  // cancelled by our caller while queued
-            queue_.erase(it);
-            throw std::system_error(asio::error::operation_aborted,
-                                    "store operation cancelled while queued");
-        }
+        co_await lock_.lock("store operation cancelled while queued");
         co_return lock_guard(this);
     }
 
-    // Also ends the operation's deadline: every operation holds the lock for its whole length.
     void release() noexcept {
         disarm();
-        if (queue_.empty()) {
-            busy_ = false;
-            return;
-        }
-        auto* next = queue_.front();
-        queue_.pop_front();
-        next->granted = true;
-        next->timer.cancel();
+        lock_.unlock();
     }
 
     // ---- connection --------------------------------------------------------------------------
@@ -3085,47 +3267,19 @@ private:
 
     void drop(std::string_view reason = "the connection was closed") noexcept {
         if (!conn_) return;
-        if (!leases_.empty()) {
-            try {
-                lose_leases(std::string(reason));
-            } catch (...) {
-                leases_.clear();
-            }
-        }
-        std::error_code ignored;
-        conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        conn_->socket.close(ignored);
-        ++conn_->generation;
-        conn_->timer.cancel();
+        leases_.lose(reason);  // reported once, to whoever awaits (or next awaits) connection_lost()
+        conn_->close();
         conn_.reset();
         rbeg_ = rend_ = 0;
     }
 
-    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
-    // `expired` set, so the operation reports a timeout instead of hanging.
-    void arm_deadline(clock::time_point deadline) {
-        auto& c = *conn_;
-        c.expired = false;
-        const auto generation = ++c.generation;
-        c.timer.expires_at(deadline);
-        c.timer.async_wait([weak = std::weak_ptr<detail::store_client_connection>(conn_),
-                            generation](const std::error_code& ec) {
-            if (ec) return;
-            const auto conn = weak.lock();
-            if (!conn || conn->generation != generation) return;
-            conn->expired = true;
-            std::error_code ignored;
-            conn->socket.cancel(ignored);
-        });
-    }
+    void arm_deadline(clock::time_point deadline) { conn_->arm_deadline(deadline); }
 
     // Every request, even one without a reply, is bounded by `timeout` (its write too).
     void arm() { arm_deadline(clock::now() + options_.timeout); }
 
     void disarm() noexcept {
-        if (!conn_) return;
-        ++conn_->generation;
-        conn_->timer.cancel();
+        if (conn_) conn_->disarm();
     }
 
     void begin(wire::op o) {
@@ -3170,7 +3324,8 @@ private:
                     drop();
                 }
             }
-            const auto delay = backoff(attempt);
+            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff,
+                                                       options_.max_backoff, rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
@@ -3188,16 +3343,6 @@ private:
             t.expires_after(delay);
             co_await t.async_wait(tuple_awaitable);
         }
-    }
-
-    std::chrono::milliseconds backoff(int attempt) {
-        auto d = options_.initial_backoff;
-        for (int i = 1; i < attempt && d < options_.max_backoff; ++i) d *= 2;
-        d = std::min(d, options_.max_backoff);
-        std::uniform_real_distribution<double> jitter(0.5, 1.0);
-        return std::chrono::milliseconds(
-            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
-                                                        jitter(rng_)));
     }
 
     asio::awaitable<std::error_code> connect_once(std::vector<asio::ip::tcp::endpoint>& endpoints,
@@ -3545,15 +3690,12 @@ private:
     std::vector<char> rbuf_;
     std::size_t rbeg_ = 0;
     std::size_t rend_ = 0;
-    bool busy_ = false;
-    std::list<lock_waiter*> queue_;
-    // Leases: the keys held on conn_, the heartbeat, the latched loss for connection_lost().
-    std::vector<std::string> leases_;
+    detail::async_mutex lock_;  // one request at a time (acquire())
+    // Leases: the keys held on conn_ and the latched loss for connection_lost(); the heartbeat.
+    detail::store_client_leases leases_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;
-    asio::steady_timer loss_timer_;
-    std::optional<store_connection_loss> loss_;
 };
 
 static_assert(store<tcp_store_client>);
@@ -4273,40 +4415,144 @@ private:
 // coroutine per connection on one io_context, waits answered by push, leases bound to
 // connections.
 
+// ---- begin elastic/store/server_accept.hpp ----
+// The accept loop of a tcp_store_server: who is let in (max_connections, accept_peer, out of
+// descriptors), the connection shed for a newcomer, and the server's stop.
 
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/error.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/ip/v6_only.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <asio/write.hpp>
+// ---- begin elastic/store/server_connection.hpp ----
+// One connection of a tcp_store_server: reads its requests, runs them on the key table (the
+// request dispatch), writes the replies in order; its memory, its deadlines, its leases.
+
+// ---- begin elastic/store/server_core.hpp ----
+// What a tcp_store_server is given (store_server_options) and the state it shares with its
+// connections (detail::store_server_core).
+
+// ---- begin elastic/store/server_leases.hpp ----
+// The server's leases (docs/store.md, "Leases"): which connection holds each lease key, which
+// writes to lease keys are refused, and how a lost lease is recorded in the key table.
+
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace elastic::inline v0::detail {
+
+class store_connection;
+
+class store_lease_table {
+public:
+    // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
+    // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
+    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
+    static std::string refusal(wire::op o, std::string_view key, bool binds) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return {};
+        if (parts->reserved())
+            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
+                               "(names after '{}' starting with '__' are read-only; "
+                               "docs/store.md, Leases)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (parts->name.empty())
+            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                               "is <group>/{}<name>, name not empty)",
+                               wire::name(o), store_engine::printable(key), lease_marker);
+        if (!binds)
+            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                               wire::name(o), store_engine::printable(key));
+        return {};
+    }
+
+    // The connection that holds the lease at `key`, or null.
+    store_connection* holder(std::string_view key) const {
+        const auto it = holders_.find(key);
+        return it == holders_.end() ? nullptr : it->second;
+    }
+
+    // `key` now belongs to `c`; false when it was bound already.
+    bool bind(std::string_view key, store_connection* c) {
+        if (holders_.find(key) != holders_.end()) return false;
+        holders_.emplace(std::string(key), c);
+        return true;
+    }
+
+    // `key` is bound no more (released or lost); the connection that held it, or null.
+    store_connection* unbind(std::string_view key) noexcept {
+        const auto it = holders_.find(key);
+        if (it == holders_.end()) return nullptr;
+        auto* c = it->second;
+        holders_.erase(it);
+        return c;
+    }
+
+    // The number of leases held now, and lost since the start.
+    std::size_t size() const noexcept { return holders_.size(); }
+    std::uint64_t lost() const noexcept { return lost_; }
+
+    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
+    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
+    // `records_kept`: store_server_options::lease_lost_records_kept; `log` takes a line.
+    template <class Log>
+    void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key,
+                     std::string_view holder, std::string_view why, const Log& log) {
+        const auto parts = parse_lease_key(key);
+        if (!parts) return;
+        engine.erase(key);
+        const std::string space(parts->space);
+        std::int64_t epoch = 0;
+        try {
+            epoch = engine.add(space + "__epoch", 1);
+        } catch (const store_error& e) {
+            // Only an in-process writer (memory_store over engine()) can have spoiled it.
+            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
+                            store_engine::printable(key), holder, why, e.what()));
+            return;
+        }
+        ++lost_;
+        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        // The records do not pile up: an observer reads each one as it comes (it waits for the
+        // next by push), and a new observer starts at the epoch. Older ones than this go.
+        const auto kept = std::max<std::int64_t>(records_kept, 1);
+        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
+        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
+                        store_engine::printable(key), holder, why,
+                        store_engine::printable(space), epoch));
+    }
+
+private:
+    // Which connection holds each lease key (wire key -> holder).
+    std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>> holders_;
+    std::uint64_t lost_ = 0;
+};
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/server_leases.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <exception>
+#include <cstdio>
 #include <functional>
-#include <list>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <tuple>
-#include <unordered_map>
+#include <system_error>
 #include <unordered_set>
 #include <utility>
-#include <variant>
-#include <vector>
 
 #include <fcntl.h>
-#include <poll.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
@@ -4426,53 +4672,17 @@ struct store_server_core {
         return options.lease_heartbeat_interval * options.lease_missed_heartbeats;
     }
 
-    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
-    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
-    void record_lease_loss(std::string_view key, std::string_view holder, std::string_view why) {
-        const auto parts = parse_lease_key(key);
-        if (!parts) return;
-        engine.erase(key);
-        const std::string space(parts->space);
-        std::int64_t epoch = 0;
-        try {
-            epoch = engine.add(space + "__epoch", 1);
-        } catch (const store_error& e) {
-            // Only an in-process writer (memory_store over engine()) can have spoiled it.
-            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
-                            store_engine::printable(key), holder, why, e.what()));
-            return;
-        }
-        ++leases_lost;
-        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
-        // The records do not pile up: an observer reads each one as it comes (it waits for the
-        // next by push), and a new observer starts at the epoch. Older ones than this go.
-        const auto kept = std::max<std::int64_t>(options.lease_lost_records_kept, 1);
-        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
-                        store_engine::printable(key), holder, why,
-                        store_engine::printable(space), epoch));
-    }
-
     asio::any_io_executor executor;
     asio::ip::tcp::acceptor acceptor;
-    asio::steady_timer resume_accept;  // cancelled when a connection closes (after EMFILE)
+    async_signal resume_accept;  // notified when a connection closes (after EMFILE)
     store_server_options options;
     store_engine engine;
     std::unordered_set<store_connection*> connections;
-    // Which connection holds each lease key (wire key -> holder).
-    std::unordered_map<std::string, store_connection*, store_string_hash, std::equal_to<>>
-        lease_holders;
-    std::uint64_t leases_lost = 0;
+    store_lease_table leases;
     std::size_t buffered = 0;  // bytes in the connections' input and output buffers
     int spare_fd = -1;         // reserve_descriptor()
     bool stopped = false;
 };
-
-// Whether a client waits in the listening socket's queue (never blocks).
-inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
-    pollfd p{acceptor.native_handle(), POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
-}
 
 inline std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
@@ -4481,6 +4691,37 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
     if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
     return fmt::format("{}:{}", ep.address().to_string(), ep.port());
 }
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0
+// ---- end elastic/store/server_core.hpp ----
+
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <iterator>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0::detail {
 
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
 // WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
@@ -4803,47 +5044,22 @@ private:
 
     // ---- leases ------------------------------------------------------------------------------
 
-    // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
-    // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
-    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
-    static std::string lease_refusal(wire::op o, std::string_view key, bool binds) {
-        const auto parts = parse_lease_key(key);
-        if (!parts) return {};
-        if (parts->reserved())
-            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
-                               "(names after '{}' starting with '__' are read-only; "
-                               "docs/store.md, Leases)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (parts->name.empty())
-            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
-                               "is <group>/{}<name>, name not empty)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (!binds)
-            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
-                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
-                               wire::name(o), store_engine::printable(key));
-        return {};
-    }
-
     // Why a write (or DELETE_KEY) of `key` by this connection is refused because another live
     // connection holds that lease, or empty. Only the holder writes its lease: otherwise any
     // client could take a node's lease and drop it at will (a loss the job acts on), and a
     // holder that reconnects holds a lease under a new name anyway (its old one was lost).
     std::string lease_held_elsewhere(wire::op o, std::string_view key) const {
-        const auto it = core_->lease_holders.find(key);
-        if (it == core_->lease_holders.end() || it->second == this) return {};
+        const auto* holder = core_->leases.holder(key);
+        if (!holder || holder == this) return {};
         return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
                            "holder writes or deletes it; docs/store.md, Leases)",
-                           wire::name(o), store_engine::printable(key), it->second->peer());
+                           wire::name(o), store_engine::printable(key), holder->peer());
     }
 
     // The key now belongs to this connection (the write has been done; lease_held_elsewhere
     // refused it before if another connection held it).
     void bind_lease(std::string_view key) {
-        auto& holders = core_->lease_holders;
-        const auto it = holders.find(key);
-        if (it != holders.end()) return;  // this connection's already
-        holders.emplace(std::string(key), this);
+        if (!core_->leases.bind(key, this)) return;  // this connection's already
         leases_.emplace_back(key);
         const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
         if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
@@ -4854,11 +5070,7 @@ private:
     // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
     // behalf, released it).
     void release_lease(std::string_view key) {
-        auto& holders = core_->lease_holders;
-        const auto it = holders.find(key);
-        if (it == holders.end()) return;
-        it->second->forget_lease(key);
-        holders.erase(it);
+        if (auto* holder = core_->leases.unbind(key)) holder->forget_lease(key);
     }
 
     // ---- deadlines ---------------------------------------------------------------------------
@@ -4962,7 +5174,7 @@ private:
                 wire::put_u32(out_, r.nonce);
                 return true;
             case op::set:
-                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
                 if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
                     return fail(why);
@@ -4973,7 +5185,7 @@ private:
                 if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
             case op::compare_set: {
-                if (auto why = lease_refusal(r.operation, r.key, true); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
                     return fail(why);
                 // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
                 // bound only by the CAS that wins; one that would not write only reads.
@@ -5004,7 +5216,7 @@ private:
                 return true;
             }
             case op::add:
-                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
                 if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty())
                     return fail(why);
@@ -5056,7 +5268,7 @@ private:
             case op::delete_key:
                 if (const auto parts = parse_lease_key(r.key)) {
                     if (parts->reserved() || parts->name.empty())
-                        return fail(lease_refusal(r.operation, r.key, true));
+                        return fail(store_lease_table::refusal(r.operation, r.key, true));
                     if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
                         return fail(why);
                     release_lease(r.key);
@@ -5064,7 +5276,7 @@ private:
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
                 return true;
             case op::append:
-                if (auto why = lease_refusal(r.operation, r.key, false); !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
                     return fail(why);
                 if (const auto* v = engine.find(r.key);
                     v && v->size() + r.value.size() > core_->options.limits.max_value_size)
@@ -5101,7 +5313,7 @@ private:
                 // All or nothing: a refused lease key refuses the whole request.
                 std::size_t growth = 0;
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
-                    if (auto why = lease_refusal(r.operation, r.keys[i], true); !why.empty())
+                    if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty())
                         return fail(why);
                     if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty())
                         return fail(why);
@@ -5175,7 +5387,7 @@ private:
         core_->buffered -= accounted_;
         accounted_ = 0;
         core_->connections.erase(this);
-        core_->resume_accept.cancel();
+        core_->resume_accept.notify();
     }
 
     void lose_leases() noexcept {
@@ -5186,10 +5398,11 @@ private:
                                 : core_->stopped       ? std::string("the server stopped")
                                                        : std::string("the connection closed");
         for (const auto& key : leases) {
-            core_->lease_holders.erase(key);
+            core_->leases.unbind(key);
             if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
             try {
-                core_->record_lease_loss(key, peer_, why);
+                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key,
+                                          peer_, why, [&](std::string_view line) { core_->log(line); });
             } catch (...) {
                 // Out of memory while writing the loss: the key is gone either way.
             }
@@ -5228,7 +5441,166 @@ private:
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
-}  // namespace detail
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/server_connection.hpp ----
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <poll.h>
+
+namespace elastic::inline v0::detail {
+
+// Whether a client waits in the listening socket's queue (never blocks).
+inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
+    pollfd p{acceptor.native_handle(), POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
+
+// Stops accepting and closes every connection (their waits are dropped).
+inline void stop_server(store_server_core& core) noexcept {
+    if (core.stopped) return;
+    core.stopped = true;
+    std::error_code ignored;
+    core.acceptor.close(ignored);
+    core.resume_accept.notify();
+    core.release_descriptor();
+    for (auto* c : core.connections) c->close();
+}
+
+// Closes the newest connection that never sent a request (store_server_options::
+// shed_unused_after) so a new client can be served; false when there is none.
+inline bool shed_unused(store_server_core& core, std::string_view why) {
+    if (!core.options.shed_unused_after) return false;
+    const auto after = *core.options.shed_unused_after;
+    const auto now = std::chrono::steady_clock::now();
+    store_connection* victim = nullptr;
+    for (auto* c : core.connections)
+        if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
+            victim = c;
+    if (!victim) return false;
+    victim->expire(fmt::format(
+        "{}: it has completed no request in the {} ms since it connected, and a new client "
+        "is served in its place (store_server_options::shed_unused_after)",
+        why,
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
+            .count()));
+    return true;
+}
+
+// Accepts connections until the server stops, each served by a coroutine of its own; out of
+// descriptors or at max_connections, makes room or refuses the newcomer plainly.
+inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
+    constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+    while (!core->stopped) {
+        auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
+        if (ec == asio::error::operation_aborted || core->stopped) break;
+        if (ec == asio::error::no_descriptors ||
+            ec == std::errc::too_many_files_open_in_system) {
+            // Out of descriptors. The kernel says so before it looks at the queue, so
+            // first see whether a client is waiting at all; if none, wait for one (stop()
+            // closes the acceptor, which ends the wait), without a retry loop.
+            if (!client_waiting(core->acceptor)) {
+                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                   tuple_awaitable);
+                continue;
+            }
+            // A client waits: close an unused connection for it, or take it with the
+            // reserve descriptor and refuse it plainly.
+            if (shed_unused(*core, "the process is out of file descriptors")) continue;
+            if (core->spare_fd >= 0) {
+                core->release_descriptor();
+                auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
+                if (!ec2) {
+                    core->log(fmt::format(
+                        "refusing connection from {}: the process is out of file "
+                        "descriptors ({}) and no connection can make room; raise `ulimit "
+                        "-n` or lower store_server_options::max_connections",
+                        format_peer(refused), ec.message()));
+                    std::error_code ignored;
+                    refused.close(ignored);
+                }
+                if (core->stopped) break;
+                core->reserve_descriptor();
+                if (!ec2 || ec2 == asio::error::operation_aborted) continue;
+            }
+            core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
+                                  ec.message()));
+            co_await core->resume_accept.wait();
+            continue;
+        }
+        if (ec) {
+            core->log(fmt::format("accept failed: {}", ec.message()));
+            continue;
+        }
+        std::error_code ignored;
+        if (core->options.accept_peer) {
+            const auto remote = socket.remote_endpoint(ignored);
+            if (ignored || !core->options.accept_peer(remote.address())) {
+                core->log(fmt::format("refusing connection from {}: not a peer this store "
+                                      "accepts (store_server_options::accept_peer)",
+                                      format_peer(socket)));
+                socket.close(ignored);
+                continue;
+            }
+        }
+        socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        // Connections already closed (shed a moment ago) leave the set when their coroutine
+        // runs: they do not count, or each new client would shed one more.
+        if (core->connections.size() >= core->options.max_connections &&
+            static_cast<std::size_t>(std::ranges::count_if(
+                core->connections, [](const auto* c) { return c->is_open(); })) >=
+                core->options.max_connections &&
+            !shed_unused(*core, "max_connections is reached")) {
+            core->log(fmt::format("refusing connection from {}: {} connections reach the "
+                                  "limit (store_server_options::max_connections)",
+                                  format_peer(socket), core->connections.size()));
+            socket.close(ignored);
+            continue;
+        }
+        auto conn = std::make_shared<store_connection>(core, std::move(socket));
+        core->connections.insert(conn.get());
+        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)),
+                       asio::detached);
+    }
+    stop_server(*core);
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/store/server_accept.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/ip/v6_only.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
 
 /// PyTorch's TCPStore server. Both wire dialects are served side by side, chosen per connection
 /// from its first bytes, over one key table. Bind in the constructor; serve with `start()` (or
@@ -5296,15 +5668,15 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, serve(core_), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, detail::accept_loop(core_), asio::detached); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
     /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
     /// outlive the server object.
-    asio::awaitable<void> run() { return serve(core_); }
+    asio::awaitable<void> run() { return detail::accept_loop(core_); }
 
     /// Stops accepting and closes every connection (their waits are dropped).
-    void stop() noexcept { stop(*core_); }
+    void stop() noexcept { detail::stop_server(*core_); }
 
     /// The key table the connections share (for an embedding agent and for tests).
     detail::store_engine& engine() noexcept { return core_->engine; }
@@ -5317,117 +5689,10 @@ public:
     std::size_t memory() const noexcept { return core_->held(); }
 
     /// The number of leases held now, and lost since the start (docs/store.md, "Leases").
-    std::size_t leases() const noexcept { return core_->lease_holders.size(); }
-    std::uint64_t leases_lost() const noexcept { return core_->leases_lost; }
+    std::size_t leases() const noexcept { return core_->leases.size(); }
+    std::uint64_t leases_lost() const noexcept { return core_->leases.lost(); }
 
 private:
-    static void stop(detail::store_server_core& core) noexcept {
-        if (core.stopped) return;
-        core.stopped = true;
-        std::error_code ignored;
-        core.acceptor.close(ignored);
-        core.resume_accept.cancel();
-        core.release_descriptor();
-        for (auto* c : core.connections) c->close();
-    }
-
-    // Closes the newest connection that never sent a request (store_server_options::
-    // shed_unused_after) so a new client can be served; false when there is none.
-    static bool shed_unused(detail::store_server_core& core, std::string_view why) {
-        if (!core.options.shed_unused_after) return false;
-        const auto after = *core.options.shed_unused_after;
-        const auto now = std::chrono::steady_clock::now();
-        detail::store_connection* victim = nullptr;
-        for (auto* c : core.connections)
-            if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
-                victim = c;
-        if (!victim) return false;
-        victim->expire(fmt::format(
-            "{}: it has completed no request in the {} ms since it connected, and a new client "
-            "is served in its place (store_server_options::shed_unused_after)",
-            why,
-            std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
-                .count()));
-        return true;
-    }
-
-    static asio::awaitable<void> serve(std::shared_ptr<detail::store_server_core> core) {
-        constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
-        while (!core->stopped) {
-            auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
-            if (ec == asio::error::operation_aborted || core->stopped) break;
-            if (ec == asio::error::no_descriptors ||
-                ec == std::errc::too_many_files_open_in_system) {
-                // Out of descriptors. The kernel says so before it looks at the queue, so
-                // first see whether a client is waiting at all; if none, wait for one (stop()
-                // closes the acceptor, which ends the wait), without a retry loop.
-                if (!detail::client_waiting(core->acceptor)) {
-                    co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
-                                                       tuple_awaitable);
-                    continue;
-                }
-                // A client waits: close an unused connection for it, or take it with the
-                // reserve descriptor and refuse it plainly.
-                if (shed_unused(*core, "the process is out of file descriptors")) continue;
-                if (core->spare_fd >= 0) {
-                    core->release_descriptor();
-                    auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
-                    if (!ec2) {
-                        core->log(fmt::format(
-                            "refusing connection from {}: the process is out of file "
-                            "descriptors ({}) and no connection can make room; raise `ulimit "
-                            "-n` or lower store_server_options::max_connections",
-                            detail::format_peer(refused), ec.message()));
-                        std::error_code ignored;
-                        refused.close(ignored);
-                    }
-                    if (core->stopped) break;
-                    core->reserve_descriptor();
-                    if (!ec2 || ec2 == asio::error::operation_aborted) continue;
-                }
-                core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
-                                      ec.message()));
-                core->resume_accept.expires_at(asio::steady_timer::time_point::max());
-                co_await core->resume_accept.async_wait(tuple_awaitable);
-                continue;
-            }
-            if (ec) {
-                core->log(fmt::format("accept failed: {}", ec.message()));
-                continue;
-            }
-            std::error_code ignored;
-            if (core->options.accept_peer) {
-                const auto remote = socket.remote_endpoint(ignored);
-                if (ignored || !core->options.accept_peer(remote.address())) {
-                    core->log(fmt::format("refusing connection from {}: not a peer this store "
-                                          "accepts (store_server_options::accept_peer)",
-                                          detail::format_peer(socket)));
-                    socket.close(ignored);
-                    continue;
-                }
-            }
-            socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-            // Connections already closed (shed a moment ago) leave the set when their coroutine
-            // runs: they do not count, or each new client would shed one more.
-            if (core->connections.size() >= core->options.max_connections &&
-                static_cast<std::size_t>(std::ranges::count_if(
-                    core->connections, [](const auto* c) { return c->is_open(); })) >=
-                    core->options.max_connections &&
-                !shed_unused(*core, "max_connections is reached")) {
-                core->log(fmt::format("refusing connection from {}: {} connections reach the "
-                                      "limit (store_server_options::max_connections)",
-                                      detail::format_peer(socket), core->connections.size()));
-                socket.close(ignored);
-                continue;
-            }
-            auto conn = std::make_shared<detail::store_connection>(core, std::move(socket));
-            core->connections.insert(conn.get());
-            asio::co_spawn(core->executor, detail::store_connection::serve(std::move(conn)),
-                           asio::detached);
-        }
-        stop(*core);
-    }
-
     std::shared_ptr<detail::store_server_core> core_;
 };
 
@@ -9533,6 +9798,11 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
 // ---- begin elastic/rendezvous.hpp ----
 // The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
 
+// ---- begin elastic/rendezvous/codec.hpp ----
+// The rendezvous's store values (docs/rendezvous.md, "What the agents trust"): how a node's
+// info, an assignment, an abort notice and a decision are written, and how each is read back
+// and checked, since any client of the store may have written it.
+
 // ---- begin elastic/rendezvous/concepts.hpp ----
 // The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
 // the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
@@ -9717,6 +9987,328 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/error.hpp ----
+
+#include <asio/ip/address.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::rdzv {
+
+/// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
+/// out of range. The rendezvous reports it (naming the key) and ignores it.
+struct invalid_value : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// At most this many bytes of a value are shown in a message, non-printable bytes escaped.
+inline std::string shown(std::string_view value, std::size_t limit = 120) {
+    std::string out;
+    for (const char c : value.substr(0, std::min(value.size(), limit))) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
+        else out += fmt::format("\\x{:02x}", u);
+    }
+    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
+    return out;
+}
+
+inline nlohmann::json parse_object(std::string_view text) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw invalid_value("not JSON");
+    if (!j.is_object()) throw invalid_value("not a JSON object");
+    return j;
+}
+
+/// Field `name` of `j` as an integer within [lo, hi].
+inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
+    const auto it = j.find(name);
+    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
+    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
+    const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
+                       ? hi + 1
+                       : it->get<std::int64_t>();
+    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
+    return v;
+}
+
+inline int field_small(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
+    return static_cast<int>(field_int(j, name, lo, std::min<std::int64_t>(hi, 1'000'000'000)));
+}
+
+/// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
+inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
+    const auto it = j.find(name);
+    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
+    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
+    auto v = it->get<std::string>();
+    if (v.size() > max || v.size() < min)
+        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
+    return v;
+}
+
+inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
+    const auto it = j.find(name);
+    if (it == j.end()) {
+        if (absent) return *absent;
+        throw invalid_value(fmt::format("no '{}'", name));
+    }
+    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
+    return it->get<bool>();
+}
+
+/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
+/// of a few lines, a node's workers and ranks as counted in int.
+inline constexpr std::size_t max_host = 255;
+inline constexpr std::size_t max_id = 512;
+inline constexpr std::size_t max_reason = 4096;
+inline constexpr int max_nproc = 1 << 20;
+inline constexpr int max_nodes = 1 << 20;
+inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
+
+/// Whether `text` is an IPv4 or IPv6 address literal.
+inline bool is_address_literal(const std::string& text) {
+    std::error_code ec;
+    (void)asio::ip::make_address(text, ec);
+    return !ec;
+}
+
+inline std::string encode(const node_info& i) {
+    nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
+                     {"pid", i.pid}};
+    if (i.node_rank) j["node_rank"] = *i.node_rank;
+    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    if (!i.id.empty()) j["id"] = i.id;
+    if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.hosts_store) j["hosts_store"] = true;
+    if (!i.addrs.empty()) j["addrs"] = i.addrs;
+    return j.dump();
+}
+
+/// A node's info (an arrival); invalid_value when it is not one.
+inline node_info decode_node(std::string_view text) {
+    const auto j = parse_object(text);
+    node_info i;
+    i.host = field_string(j, "host", max_host);
+    i.store_addr = field_string(j, "addr", max_host, 1);
+    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
+    i.nproc = field_small(j, "nproc", 1, max_nproc);
+    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
+    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
+    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
+    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+    i.hosts_store = field_bool(j, "hosts_store", false);
+    if (const auto it = j.find("addrs"); it != j.end()) {
+        if (!it->is_array() || it->size() > max_addrs)
+            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+        for (const auto& a : *it) {
+            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
+                throw invalid_value("an entry of 'addrs' is not an IP address literal");
+            i.addrs.push_back(a.get<std::string>());
+        }
+    }
+    return i;
+}
+
+/// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
+inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
+    if (!list.is_array()) throw invalid_value("'successors' is not a list");
+    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
+    std::vector<store_successor> out;
+    for (const auto& x : list) {
+        if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
+        out.push_back({field_string(x, "id", max_id, 1), field_string(x, "addr", max_host, 1),
+                       static_cast<std::uint16_t>(field_int(x, "port", 1, 65535))});
+    }
+    return out;
+}
+
+/// The successors a completer names, as decode_successors reads them.
+inline nlohmann::json encode_successors(const std::vector<store_successor>& successors) {
+    auto out = nlohmann::json::array();
+    for (const auto& x : successors) out.push_back({{"id", x.id}, {"addr", x.addr}, {"port", x.port}});
+    return out;
+}
+
+/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
+inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
+    const auto j = parse_object(text);
+    const bool host_in = field_bool(j, "host_in");
+    const auto it = j.find("successors");
+    if (it == j.end()) throw invalid_value("no 'successors'");
+    return {host_in, decode_successors(*it)};
+}
+
+/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
+/// nothing when the round lost a node while forming and everyone rejoins the next one;
+/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
+inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
+    const auto j = parse_object(text);
+    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
+    if (j.contains("retry")) return std::nullopt;
+    rendezvous_round r;
+    r.group_world_size = field_small(j, "size", 1, nnodes);
+    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
+    r.host_in_round = field_bool(j, "host_in", false);
+    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
+    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
+    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
+    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
+    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+    r.master_addr = field_string(j, "master_addr", max_host, 1);
+    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
+    if (const auto it = j.find("peers"); it != j.end()) {
+        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
+            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
+        for (const auto& p : *it) {
+            if (!p.is_string() || p.get<std::string>().size() > max_host)
+                throw invalid_value("a peer is not a host name or address");
+            r.peers.push_back(p.get<std::string>());
+        }
+    }
+    return r;
+}
+
+inline std::vector<std::string> decode_hosts(const std::string& text) {
+    return nlohmann::json::parse(text).get<std::vector<std::string>>();
+}
+
+inline std::string encode(const abort_notice& a) {
+    const char* what = a.what == abort_notice::kind::membership ? "membership"
+                       : a.what == abort_notice::kind::closed   ? "closed"
+                                                                : "failure";
+    nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
+    if (a.admission) j["admission"] = true;
+    return j.dump();
+}
+
+/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
+/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
+inline abort_notice decode_abort(std::string_view text, int size) {
+    const auto j = parse_object(text);
+    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
+                   field_string(j, "reason", max_reason)};
+    const auto what = field_string(j, "kind", 16);
+    if (what == "membership") a.what = abort_notice::kind::membership;
+    else if (what == "closed") a.what = abort_notice::kind::closed;
+    else if (what == "failure") a.what = abort_notice::kind::failure;
+    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+    a.admission = field_bool(j, "admission", false);
+    return a;
+}
+
+inline std::string encode(const job_decision& d) {
+    return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
+}
+
+/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
+inline job_decision decode_decision(std::string_view text) {
+    const auto j = parse_object(text);
+    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
+}
+
+/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
+/// unless it is a whole number within [lo, hi].
+inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
+    std::int64_t v = 0;
+    const auto* end = text.data() + text.size();
+    const auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
+    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    return v;
+}
+
+/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
+inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
+
+/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
+/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
+inline std::string guard_value(const std::string& run_id) {
+    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
+}
+
+}  // namespace detail::rdzv
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/codec.hpp ----
+// ---- begin elastic/rendezvous/membership.hpp ----
+// What a node learns of the job's membership from its lease connection: the lease losses in
+// order, and whether the store itself was lost (docs/rendezvous.md, "Elastic membership").
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/error.hpp>
+#include <asio/this_coro.hpp>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::rdzv {
+
+/// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
+inline std::string describe_node_id(std::string_view id) {
+    const auto last = id.rfind(':');
+    if (last == std::string_view::npos || last == 0) return std::string(id);
+    const auto mid = id.rfind(':', last - 1);
+    if (mid == std::string_view::npos) return std::string(id);
+    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+}
+
+/// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
+/// "Elastic membership"), shared by the monitor and whoever waits for a change.
+struct membership_log {
+    explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
+    std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
+    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
+    std::optional<std::string> store_lost;   ///< why the lease connection ended
+    async_signal wake;                       ///< notified at each change: wakes every waiter
+
+    void changed() { wake.notify(); }
+    /// Completes at the next change; throws operation_aborted once cancelled (so no loop
+    /// over it can spin on a cancelled wait).
+    asio::awaitable<void> next() {
+        co_await wake.wait();
+        const auto state = co_await asio::this_coro::cancellation_state;
+        if (state.cancelled() != asio::cancellation_type::none) {
+            throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");
+        }
+    }
+    /// Completes when the store is lost, with why.
+    asio::awaitable<std::string> until_store_lost() {
+        while (!store_lost) co_await next();
+        co_return *store_lost;
+    }
+};
+
+}  // namespace detail::rdzv
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/membership.hpp ----
 // ---- begin elastic/rendezvous/parameters.hpp ----
 // What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
 // settings of `--rdzv-conf` (rendezvous_parameters). The launch layer makes one from the command
@@ -9838,6 +10430,219 @@ struct rendezvous_parameters {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/parameters.hpp ----
+// ---- begin elastic/rendezvous/planner.hpp ----
+// The round planner: what a round is, decided from its members alone (docs/rendezvous.md):
+// group ranks, rank bases, the world size, the master, where the store may move and who may
+// reach group rank 0's workers' store; and what an arrival or a seal of a round leads to.
+// Pure functions of their arguments: no store, no coroutines. store_rendezvous runs them.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::rdzv {
+
+/// The group rank of each node (by arrival order) or a message naming the conflict.
+/// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
+/// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
+/// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
+/// when it fits the round and nobody before took it.
+inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                     bool strict = true) {
+    const int n = static_cast<int>(nodes.size());
+    std::vector<int> rank(nodes.size(), -1);
+    std::vector<int> owner(nodes.size(), -1);
+    for (int i = 0; i < n; ++i) {
+        const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
+        if (!given) continue;
+        if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
+        if (*given < 0 || *given >= n) {
+            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
+                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
+        }
+        auto& o = owner[static_cast<std::size_t>(*given)];
+        if (o >= 0) {
+            const auto& a = nodes[static_cast<std::size_t>(o)];
+            const auto& b = nodes[static_cast<std::size_t>(i)];
+            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
+                               "own --node-rank",
+                               *given, a.host, a.pid, b.host, b.pid);
+        }
+        o = i;
+        rank[static_cast<std::size_t>(i)] = *given;
+    }
+    std::vector<int> rest;
+    for (int i = 0; i < n; ++i)
+        if (rank[static_cast<std::size_t>(i)] < 0) rest.push_back(i);
+    // Survivors first in their previous order, then newcomers in arrival order.
+    std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) {
+        const auto& pa = nodes[static_cast<std::size_t>(a)].previous_rank;
+        const auto& pb = nodes[static_cast<std::size_t>(b)].previous_rank;
+        if (pa && pb) return *pa < *pb;
+        return pa.has_value() && !pb.has_value();
+    });
+    std::size_t next = 0;
+    for (int r = 0; r < n; ++r) {
+        if (owner[static_cast<std::size_t>(r)] >= 0) continue;
+        rank[static_cast<std::size_t>(rest[next++])] = r;
+    }
+    return rank;
+}
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+    std::vector<std::string> out;
+    auto add = [&](const std::string& p) {
+        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    };
+    for (const auto& node : nodes) {
+        if (node.addrs.empty()) {
+            add(node.host);
+            add(node.store_addr);
+            continue;
+        }
+        for (const auto& a : node.addrs) add(a);
+        if (is_address_literal(node.store_addr)) add(node.store_addr);
+    }
+    return out;
+}
+
+/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
+inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
+
+/// At most this many successors (idle servers of members) are named for the store.
+inline constexpr std::size_t max_successors = 3;
+
+/// A round decided from its members (in arrival order): what its completer writes.
+struct round_plan {
+    std::vector<int> group_rank;  ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;   ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;           ///< the round's workers (every member's nproc)
+    std::size_t master = 0;       ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
+    std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
+    bool host_in = false;            ///< the store's host is a member
+    /// Where the store moves if its host is lost: the first members by group rank that have
+    /// an idle server and do not host it now (docs/rendezvous.md).
+    std::vector<store_successor> successors;
+    std::vector<std::string> peers;  ///< peers_of(members), for group rank 0
+};
+
+/// The round `nodes` (its members, in arrival order) form, or a message naming why they form
+/// none (assign_group_ranks: a --node-rank conflict under `strict`).
+inline std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict) {
+    if (nodes.empty()) return std::string("a round needs at least one node");
+    auto assigned = assign_group_ranks(nodes, strict);
+    if (auto* message = std::get_if<std::string>(&assigned)) return std::move(*message);
+    round_plan plan;
+    plan.group_rank = std::get<0>(std::move(assigned));
+    const auto n = nodes.size();
+    std::vector<std::size_t> by_rank(n);
+    for (std::size_t i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(plan.group_rank[i])] = i;
+    plan.rank_base.reserve(n);
+    for (std::size_t g = 0; g < n; ++g) {
+        const auto& node = nodes[by_rank[g]];
+        plan.rank_base.push_back(plan.world_size);
+        plan.world_size += node.nproc;
+        plan.hosts.push_back(node.host);
+    }
+    plan.master = by_rank[0];
+    for (std::size_t g = 0; g < n; ++g) {
+        const auto& node = nodes[by_rank[g]];
+        if (node.hosts_store) plan.host_in = true;
+        if (node.hosts_store || node.backup_port == 0 || plan.successors.size() >= max_successors) continue;
+        plan.successors.push_back({node.id, node.store_addr, node.backup_port});
+    }
+    plan.peers = peers_of(nodes);
+    return plan;
+}
+
+/// What decides a round's completion besides its arrivals.
+struct round_rules {
+    int nnodes = 1;      ///< MAX: the MAX-th arrival completes the round
+    bool elastic = false;  ///< MIN < MAX
+    int needed = 1;      ///< the nodes a round needs: MIN, or after the store moved a majority
+    int target = 0;      ///< after the store moved: the arrival that seals the round (0: none)
+};
+
+/// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
+/// its add; a sealed round's counter holds seal_increment more).
+enum class arrival_step {
+    late,      ///< past MAX, or the round is sealed: the node is late for it
+    complete,  ///< the MAX-th arrival: it completes the round with every arrival
+    seal,      ///< the target arrival after the store moved: it seals the round
+    try_seal,  ///< elastic, at least the nodes needed: it seals once every live node joined
+    wait,      ///< it waits for its assignment
+};
+
+inline arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
+    if (arrival > rules.nnodes) return arrival_step::late;
+    if (arrival == rules.nnodes) return arrival_step::complete;
+    if (rules.target > 0 && arrival == rules.target) return arrival_step::seal;
+    if (rules.elastic && arrival >= rules.needed) return arrival_step::try_seal;
+    return arrival_step::wait;
+}
+
+/// Whether the `arrival`-th node's wait has a last call (after which it seals the round, or
+/// marks the last call over for the live nodes still to come).
+inline bool has_last_call(std::int64_t arrival, const round_rules& rules) {
+    return (rules.elastic || rules.target > 0) && arrival >= rules.needed;
+}
+
+/// A seal's add returned `sealed`: the arrivals the sealer completes the round with, or nothing
+/// when another seal came first or the MAX-th arrival completes the round.
+inline std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes) {
+    if (sealed < seal_increment || sealed >= 2 * seal_increment) return std::nullopt;
+    const auto joined = sealed - seal_increment;
+    if (joined >= nnodes || joined < 1) return std::nullopt;
+    return static_cast<int>(joined);
+}
+
+/// Whether a round whose counter reads `count` may be sealed once every live node joined: not
+/// sealed, short of MAX (that arrival completes it), and with the nodes needed.
+inline bool may_seal_when_all_live(std::int64_t count, const round_rules& rules) {
+    return count < seal_increment && count < rules.nnodes && count >= rules.needed;
+}
+
+/// Whether round r completes as soon as every live node joined: not the job's first round
+/// (nodes are still starting), nor one that admits new nodes (others may be starting with
+/// them: torchrun's last call lets a batch of new nodes in with one restart), nor the first
+/// after the store moved.
+inline bool quick_round(int r, bool admission, int target) noexcept { return r > 0 && !admission && target == 0; }
+
+/// The rules of the first round after the store moved, from the last round's size and whether
+/// the store's lost host was among its members: a majority of them (`quorum`), and the arrival
+/// that seals the round at once (every other member of the last round; at least the quorum).
+struct moved_round {
+    int quorum = 1;
+    int target = 1;
+};
+
+inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept {
+    const int before = std::max(last_size, 1);
+    moved_round m;
+    m.quorum = before / 2 + 1;
+    m.target = std::max(1, before - (host_in_round ? 1 : 0));
+    if (m.target < m.quorum) m.target = m.quorum;
+    return m;
+}
+
+}  // namespace detail::rdzv
+
+}  // namespace elastic::inline v0
+// ---- end elastic/rendezvous/planner.hpp ----
 // ---- begin elastic/rendezvous/single_node.hpp ----
 // single_node_rendezvous: the rendezvous of a job that is one node — the trivial model of
 // agent_rendezvous, so the agent runs one loop for one node and many.
@@ -9933,10 +10738,8 @@ static_assert(agent_rendezvous<single_node_rendezvous>);
 // per-node keys, O(1) store operations per node per round, waiting by store notification.
 
 
-#include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/as_tuple.hpp>
-#include <asio/ip/address.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -9945,16 +10748,13 @@ static_assert(agent_rendezvous<single_node_rendezvous>);
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -9993,343 +10793,6 @@ struct store_rendezvous_options {
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
 };
-
-namespace detail::rdzv {
-
-/// The group rank of each node (by arrival order) or a message naming the conflict.
-/// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
-/// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
-/// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
-/// when it fits the round and nobody before took it.
-inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
-                                                                     bool strict = true) {
-    const int n = static_cast<int>(nodes.size());
-    std::vector<int> rank(nodes.size(), -1);
-    std::vector<int> owner(nodes.size(), -1);
-    for (int i = 0; i < n; ++i) {
-        const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
-        if (!given) continue;
-        if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
-        if (*given < 0 || *given >= n) {
-            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
-                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
-        }
-        auto& o = owner[static_cast<std::size_t>(*given)];
-        if (o >= 0) {
-            const auto& a = nodes[static_cast<std::size_t>(o)];
-            const auto& b = nodes[static_cast<std::size_t>(i)];
-            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
-                               "own --node-rank",
-                               *given, a.host, a.pid, b.host, b.pid);
-        }
-        o = i;
-        rank[static_cast<std::size_t>(i)] = *given;
-    }
-    std::vector<int> rest;
-    for (int i = 0; i < n; ++i)
-        if (rank[static_cast<std::size_t>(i)] < 0) rest.push_back(i);
-    // Survivors first in their previous order, then newcomers in arrival order.
-    std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) {
-        const auto& pa = nodes[static_cast<std::size_t>(a)].previous_rank;
-        const auto& pb = nodes[static_cast<std::size_t>(b)].previous_rank;
-        if (pa && pb) return *pa < *pb;
-        return pa.has_value() && !pb.has_value();
-    });
-    std::size_t next = 0;
-    for (int r = 0; r < n; ++r) {
-        if (owner[static_cast<std::size_t>(r)] >= 0) continue;
-        rank[static_cast<std::size_t>(rest[next++])] = r;
-    }
-    return rank;
-}
-
-/// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
-/// out of range. The rendezvous reports it (naming the key) and ignores it.
-struct invalid_value : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-/// At most this many bytes of a value are shown in a message, non-printable bytes escaped.
-inline std::string shown(std::string_view value, std::size_t limit = 120) {
-    std::string out;
-    for (const char c : value.substr(0, std::min(value.size(), limit))) {
-        const auto u = static_cast<unsigned char>(c);
-        if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
-        else out += fmt::format("\\x{:02x}", u);
-    }
-    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
-    return out;
-}
-
-inline nlohmann::json parse_object(std::string_view text) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw invalid_value("not JSON");
-    if (!j.is_object()) throw invalid_value("not a JSON object");
-    return j;
-}
-
-/// Field `name` of `j` as an integer within [lo, hi].
-inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
-    const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
-    const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
-                       ? hi + 1
-                       : it->get<std::int64_t>();
-    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
-    return v;
-}
-
-inline int field_small(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
-    return static_cast<int>(field_int(j, name, lo, std::min<std::int64_t>(hi, 1'000'000'000)));
-}
-
-/// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
-inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
-    const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
-    auto v = it->get<std::string>();
-    if (v.size() > max || v.size() < min)
-        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
-    return v;
-}
-
-inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
-    const auto it = j.find(name);
-    if (it == j.end()) {
-        if (absent) return *absent;
-        throw invalid_value(fmt::format("no '{}'", name));
-    }
-    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
-    return it->get<bool>();
-}
-
-/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
-/// of a few lines, a node's workers and ranks as counted in int.
-inline constexpr std::size_t max_host = 255;
-inline constexpr std::size_t max_id = 512;
-inline constexpr std::size_t max_reason = 4096;
-inline constexpr int max_nproc = 1 << 20;
-inline constexpr int max_nodes = 1 << 20;
-inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
-
-/// Whether `text` is an IPv4 or IPv6 address literal.
-inline bool is_address_literal(const std::string& text) {
-    std::error_code ec;
-    (void)asio::ip::make_address(text, ec);
-    return !ec;
-}
-
-inline std::string encode(const node_info& i) {
-    nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
-                     {"pid", i.pid}};
-    if (i.node_rank) j["node_rank"] = *i.node_rank;
-    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
-    if (!i.id.empty()) j["id"] = i.id;
-    if (i.backup_port != 0) j["backup"] = i.backup_port;
-    if (i.hosts_store) j["hosts_store"] = true;
-    if (!i.addrs.empty()) j["addrs"] = i.addrs;
-    return j.dump();
-}
-
-/// A node's info (an arrival); invalid_value when it is not one.
-inline node_info decode_node(std::string_view text) {
-    const auto j = parse_object(text);
-    node_info i;
-    i.host = field_string(j, "host", max_host);
-    i.store_addr = field_string(j, "addr", max_host, 1);
-    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
-    i.nproc = field_small(j, "nproc", 1, max_nproc);
-    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
-    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
-    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
-    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
-    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
-    i.hosts_store = field_bool(j, "hosts_store", false);
-    if (const auto it = j.find("addrs"); it != j.end()) {
-        if (!it->is_array() || it->size() > max_addrs)
-            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
-        for (const auto& a : *it) {
-            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
-                throw invalid_value("an entry of 'addrs' is not an IP address literal");
-            i.addrs.push_back(a.get<std::string>());
-        }
-    }
-    return i;
-}
-
-/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
-/// interface addresses and its advertised address when that is a literal; for a node that
-/// published none, its host and advertised address (names, resolved by group rank 0). Each
-/// once, in order.
-inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
-    std::vector<std::string> out;
-    auto add = [&](const std::string& p) {
-        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
-    };
-    for (const auto& node : nodes) {
-        if (node.addrs.empty()) {
-            add(node.host);
-            add(node.store_addr);
-            continue;
-        }
-        for (const auto& a : node.addrs) add(a);
-        if (is_address_literal(node.store_addr)) add(node.store_addr);
-    }
-    return out;
-}
-
-/// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
-inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
-    if (!list.is_array()) throw invalid_value("'successors' is not a list");
-    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
-    std::vector<store_successor> out;
-    for (const auto& x : list) {
-        if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
-        out.push_back({field_string(x, "id", max_id, 1), field_string(x, "addr", max_host, 1),
-                       static_cast<std::uint16_t>(field_int(x, "port", 1, 65535))});
-    }
-    return out;
-}
-
-/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
-inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
-    const auto j = parse_object(text);
-    const bool host_in = field_bool(j, "host_in");
-    const auto it = j.find("successors");
-    if (it == j.end()) throw invalid_value("no 'successors'");
-    return {host_in, decode_successors(*it)};
-}
-
-/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
-/// nothing when the round lost a node while forming and everyone rejoins the next one;
-/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
-inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
-    const auto j = parse_object(text);
-    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
-    if (j.contains("retry")) return std::nullopt;
-    rendezvous_round r;
-    r.group_world_size = field_small(j, "size", 1, nnodes);
-    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
-    r.host_in_round = field_bool(j, "host_in", false);
-    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
-    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
-    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
-    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
-    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
-    r.master_addr = field_string(j, "master_addr", max_host, 1);
-    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
-    if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
-            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
-        for (const auto& p : *it) {
-            if (!p.is_string() || p.get<std::string>().size() > max_host)
-                throw invalid_value("a peer is not a host name or address");
-            r.peers.push_back(p.get<std::string>());
-        }
-    }
-    return r;
-}
-
-inline std::vector<std::string> decode_hosts(const std::string& text) {
-    return nlohmann::json::parse(text).get<std::vector<std::string>>();
-}
-
-inline std::string encode(const abort_notice& a) {
-    const char* what = a.what == abort_notice::kind::membership ? "membership"
-                       : a.what == abort_notice::kind::closed   ? "closed"
-                                                                : "failure";
-    nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
-    if (a.admission) j["admission"] = true;
-    return j.dump();
-}
-
-/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
-/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
-inline abort_notice decode_abort(std::string_view text, int size) {
-    const auto j = parse_object(text);
-    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
-                   field_string(j, "reason", max_reason)};
-    const auto what = field_string(j, "kind", 16);
-    if (what == "membership") a.what = abort_notice::kind::membership;
-    else if (what == "closed") a.what = abort_notice::kind::closed;
-    else if (what == "failure") a.what = abort_notice::kind::failure;
-    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
-    a.admission = field_bool(j, "admission", false);
-    return a;
-}
-
-/// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
-inline std::string describe_node_id(std::string_view id) {
-    const auto last = id.rfind(':');
-    if (last == std::string_view::npos || last == 0) return std::string(id);
-    const auto mid = id.rfind(':', last - 1);
-    if (mid == std::string_view::npos) return std::string(id);
-    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
-}
-
-/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
-inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
-
-/// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
-/// "Elastic membership"), shared by the monitor and whoever waits for a change.
-struct membership_log {
-    explicit membership_log(const asio::any_io_executor& executor)
-        : wake(executor, std::chrono::steady_clock::time_point::max()) {}
-    std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
-    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
-    std::optional<std::string> store_lost;   ///< why the lease connection ended
-    asio::steady_timer wake;                 ///< cancelled at each change: wakes every waiter
-
-    void changed() { wake.cancel(); }
-    /// Completes at the next change; throws operation_aborted once cancelled (so no loop
-    /// over it can spin on a cancelled wait).
-    asio::awaitable<void> next() {
-        (void)co_await wake.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-        const auto state = co_await asio::this_coro::cancellation_state;
-        if (state.cancelled() != asio::cancellation_type::none) {
-            throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");
-        }
-    }
-    /// Completes when the store is lost, with why.
-    asio::awaitable<std::string> until_store_lost() {
-        while (!store_lost) co_await next();
-        co_return *store_lost;
-    }
-};
-
-inline std::string encode(const job_decision& d) {
-    return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
-}
-
-/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
-inline job_decision decode_decision(std::string_view text) {
-    const auto j = parse_object(text);
-    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
-}
-
-/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
-/// unless it is a whole number within [lo, hi].
-inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
-    std::int64_t v = 0;
-    const auto* end = text.data() + text.size();
-    const auto [p, ec] = std::from_chars(text.data(), end, v);
-    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
-    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
-    return v;
-}
-
-/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
-inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
-
-/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
-/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
-inline std::string guard_value(const std::string& run_id) {
-    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
-}
-
-}  // namespace detail::rdzv
 
 /// The rendezvous over any `store` (docs/rendezvous.md has the algorithm). Per round and node:
 /// one `add` (arrival index), one `set` (its info), one `wait` and one `get` (its assignment);
@@ -10391,10 +10854,9 @@ public:
         store_ = &store;
         watcher_ = &watcher;
         options_.hosts_store = hosts_it;
-        const int before = std::max(size_, 1);
-        quorum_ = before / 2 + 1;
-        target_ = std::max(1, before - (host_in_round_ ? 1 : 0));
-        if (target_ < quorum_) target_ = quorum_;
+        const auto moved = detail::rdzv::after_store_moved(size_, host_in_round_);
+        quorum_ = moved.quorum;
+        target_ = moved.target;
         phase_ = phase::idle;
     }
 
@@ -10496,17 +10958,18 @@ public:
             const int r = round_;
             phase_ = phase::forming;
             const auto arrival = co_await store_->add(key(r, "count"), 1);
-            if (arrival > options_.nnodes) {
+            const auto step = detail::rdzv::on_arrival(arrival, rules());
+            if (step == detail::rdzv::arrival_step::late) {
                 co_await late(r, me);
                 continue;
             }
             me.hosts_store = options_.hosts_store;
             co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
-            if (arrival == options_.nnodes) {
+            if (step == detail::rdzv::arrival_step::complete) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
-            } else if (target_ > 0 && arrival == target_) {
+            } else if (step == detail::rdzv::arrival_step::seal) {
                 co_await seal(*store_, r);
-            } else if (options_.elastic() && arrival >= needed()) {
+            } else if (step == detail::rdzv::arrival_step::try_seal) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -10694,13 +11157,13 @@ public:
 private:
     enum class phase { idle, forming, running, leaving };
 
-    // Whether round r completes as soon as every live node joined: not the job's first round
-    // (nodes are still starting), nor one that admits new nodes (others may be starting with
-    // them: torchrun's last call lets a batch of new nodes in with one restart).
-    [[nodiscard]] bool quick_round(int r) const noexcept { return r > 0 && !admission_ && target_ == 0; }
-
     // The nodes a round needs: MIN, or after the store moved a majority of the last round.
     [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
+
+    // What decides the next round's completion besides its arrivals (the planner's input).
+    [[nodiscard]] detail::rdzv::round_rules rules() const noexcept {
+        return {options_.nnodes, options_.elastic(), needed(), target_};
+    }
 
     void say(std::string_view line) const {
         if (options_.log) options_.log(line);
@@ -10944,7 +11407,7 @@ private:
         const auto mine = key(r, fmt::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
-        if ((options_.elastic() || target_ > 0) && arrival >= needed()) {
+        if (detail::rdzv::has_last_call(arrival, rules())) {
             last_call = clock::now() + options_.last_call_timeout;
         }
         for (;;) {
@@ -11009,9 +11472,9 @@ private:
     asio::awaitable<void> complete_if_all_live(Store& s, int r) {
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
-        if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < needed()) co_return;
+        if (!detail::rdzv::may_seal_when_all_live(count, rules())) co_return;
         if (count < co_await live_nodes(s)) co_return;
-        if (!quick_round(r)) {
+        if (!detail::rdzv::quick_round(r, admission_, target_)) {
             std::vector<std::string> over{key(r, "last_call_over")};
             if (!co_await s.check(std::move(over))) co_return;
         }
@@ -11030,10 +11493,7 @@ private:
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
         const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
-        if (sealed < detail::rdzv::seal_increment || sealed >= 2 * detail::rdzv::seal_increment) co_return;
-        const auto joined = sealed - detail::rdzv::seal_increment;
-        if (joined >= options_.nnodes || joined < 1) co_return;  // the MAX-th arrival completes it
-        co_await complete(s, r, static_cast<int>(joined));
+        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes)) co_await complete(s, r, *joined);
     }
 
     // Reads the k nodes' infos (one multi_get), leaves out nodes whose lease is gone (one check),
@@ -11111,51 +11571,32 @@ private:
             std::vector<node_info> nodes;
             for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
             const int n = static_cast<int>(nodes.size());
-            auto assigned = detail::rdzv::assign_group_ranks(nodes, !options_.elastic());
-            if (const auto* message = std::get_if<std::string>(&assigned)) {
+            auto planned = detail::rdzv::plan_round(nodes, !options_.elastic());
+            if (const auto* message = std::get_if<std::string>(&planned)) {
                 tell_all(nlohmann::json{{"error", *message}}.dump());
             } else {
-                const auto& rank = std::get<0>(assigned);
-                std::vector<int> by_rank(static_cast<std::size_t>(n));
-                for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
-                std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
-                std::vector<std::string> hosts;
-                for (int g = 0; g < n; ++g) {
-                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
-                    base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
-                    hosts.push_back(node.host);
-                }
-                const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
-                // Where the store moves if its host is lost: the first members by group rank
-                // that have an idle server and do not host it now (docs/rendezvous.md).
-                nlohmann::json successors = nlohmann::json::array();
-                bool host_in = false;
-                for (int g = 0; g < n; ++g) {
-                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
-                    if (node.hosts_store) host_in = true;
-                    if (node.hosts_store || node.backup_port == 0 || successors.size() >= 3) continue;
-                    successors.push_back({{"id", node.id}, {"addr", node.store_addr}, {"port", node.backup_port}});
-                }
+                const auto& plan = std::get<detail::rdzv::round_plan>(planned);
+                const auto& master = nodes[plan.master];
+                const auto successors = detail::rdzv::encode_successors(plan.successors);
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
                 // Group rank 0 hosts the workers' store: it accepts the members' addresses only
                 // (O(N) bytes in that one assignment).
-                nlohmann::json peers = nlohmann::json::array();
-                for (const auto& p : detail::rdzv::peers_of(nodes)) peers.push_back(p);
+                const nlohmann::json peers = plan.peers;
                 for (int j = 0; j < n; ++j) {
-                    const int g = rank[static_cast<std::size_t>(j)];
+                    const int g = plan.group_rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
                     auto assignment =
                         nlohmann::json{{"group_rank", g},
-                                       {"rank_base", base[static_cast<std::size_t>(g)]},
-                                       {"world_size", base[static_cast<std::size_t>(n)]},
+                                       {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
+                                       {"world_size", plan.world_size},
                                        {"size", n},
                                        {"epoch", epoch},
                                        {"master_addr", master.store_addr},
                                        {"master_port", master.store_port},
                                        {"restarts", restarts},
-                                       {"host_in", host_in},
+                                       {"host_in", plan.host_in},
                                        {"successors", successors}};
                     if (g == 0) assignment["peers"] = peers;
                     out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
@@ -11166,9 +11607,9 @@ private:
                 }
                 // For the standbys (they get no assignment): where the store may move.
                 out_keys.push_back(key(r, "successors"));
-                out_values.push_back(nlohmann::json{{"host_in", host_in}, {"successors", successors}}.dump());
+                out_values.push_back(nlohmann::json{{"host_in", plan.host_in}, {"successors", successors}}.dump());
                 out_keys.push_back(key(r, "hosts"));
-                out_values.push_back(nlohmann::json(hosts).dump());
+                out_values.push_back(nlohmann::json(plan.hosts).dump());
                 out_keys.push_back(key(r, "size"));
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));

@@ -5,7 +5,9 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/store/blocking_client.hpp"
 #include "elastic/store/client.hpp"
+#include "elastic/store/client_connection.hpp"
 #include "elastic/store/client_dialect.hpp"
+#include "elastic/store/client_leases.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
@@ -13,6 +15,10 @@
 #include "elastic/store/memory_store.hpp"
 #include "elastic/store/prefix_store.hpp"
 #include "elastic/store/server.hpp"
+#include "elastic/store/server_accept.hpp"
+#include "elastic/store/server_connection.hpp"
+#include "elastic/store/server_core.hpp"
+#include "elastic/store/server_leases.hpp"
 #include "elastic/store/wire.hpp"
 
 namespace elastic::inline v0 {

@@ -1,4 +1,4 @@
-// The rendezvous core: rank assignment, rounds over the in-memory store and over the real TCP
+// The rendezvous core: rounds over the in-memory store and over the real TCP
 // store, store operations per node (counted), aborts and job-wide restarts, the exit barrier,
 // the torchrun guard.
 #include <elastic/rendezvous/concepts.hpp>
@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include "rendezvous_support.hpp"
 #include "spawn_support.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -76,15 +77,7 @@ private:
 
 static_assert(elastic::multi_key_store<counting_store<elastic::memory_store>>);
 
-node_info info(int i, int nproc = 1) {
-    node_info n;
-    n.host = "node" + std::to_string(i);
-    n.store_addr = "10.0.0." + std::to_string(i);
-    n.store_port = static_cast<std::uint16_t>(1000 + i);
-    n.nproc = nproc;
-    n.pid = 100 + i;
-    return n;
-}
+node_info info(int i, int nproc = 1) { return rendezvous_support::test_node(i, nproc); }
 
 /// Runs `n` nodes (each its own counting view and rendezvous over one memory_store) through
 /// one round on one io_context, in the order given; returns each node's round.
@@ -160,30 +153,6 @@ void check_consistent(const std::vector<rendezvous_round>& rounds, const std::ve
             CHECK(rounds[0].master_port == info(static_cast<int>(who)).store_port);
         }
     }
-}
-
-TEST_CASE("rendezvous: group ranks honour --node-rank, keep survivors' order, then arrival order") {
-    using elastic::detail::rdzv::assign_group_ranks;
-    std::vector<node_info> nodes{info(0), info(1), info(2), info(3)};
-    CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{0, 1, 2, 3});
-    nodes[0].node_rank = 3;
-    nodes[2].node_rank = 0;
-    CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{3, 1, 0, 2});
-    nodes[0].node_rank.reset();
-    nodes[2].node_rank.reset();
-    nodes[0].previous_rank = 2;
-    nodes[1].previous_rank = 0;
-    nodes[3].previous_rank = 1;  // node 2 is new: last
-    CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{2, 0, 3, 1});
-
-    std::vector<node_info> bad{info(0), info(1)};
-    bad[0].node_rank = 1;
-    bad[1].node_rank = 1;
-    const auto twice = std::get<1>(assign_group_ranks(bad));
-    CHECK(twice.find("--node-rank=1 given by two nodes, node0") != std::string::npos);
-    bad[1].node_rank = 2;
-    CHECK(std::get<1>(assign_group_ranks(bad)).find("--node-rank=2 of node1 (pid 101) is outside 0..1") !=
-          std::string::npos);
 }
 
 TEST_CASE("rendezvous: a round over the in-memory store gives distinct, consistent ranks") {

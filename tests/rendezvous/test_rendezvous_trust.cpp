@@ -5,6 +5,8 @@
 
 #include <elastic/usage_error.hpp>
 #include <elastic/launch/values.hpp>
+#include <elastic/rendezvous/codec.hpp>
+#include <elastic/rendezvous/planner.hpp>
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
 #include <elastic/store/blocking_client.hpp>

@@ -3,16 +3,17 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/rendezvous/codec.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 #include "elastic/rendezvous/error.hpp"
+#include "elastic/rendezvous/membership.hpp"
+#include "elastic/rendezvous/planner.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/lease.hpp"
 
-#include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/as_tuple.hpp>
-#include <asio/ip/address.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -21,16 +22,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -69,343 +67,6 @@ struct store_rendezvous_options {
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
 };
-
-namespace detail::rdzv {
-
-/// The group rank of each node (by arrival order) or a message naming the conflict.
-/// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
-/// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
-/// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
-/// when it fits the round and nobody before took it.
-inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
-                                                                     bool strict = true) {
-    const int n = static_cast<int>(nodes.size());
-    std::vector<int> rank(nodes.size(), -1);
-    std::vector<int> owner(nodes.size(), -1);
-    for (int i = 0; i < n; ++i) {
-        const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
-        if (!given) continue;
-        if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
-        if (*given < 0 || *given >= n) {
-            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
-                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
-        }
-        auto& o = owner[static_cast<std::size_t>(*given)];
-        if (o >= 0) {
-            const auto& a = nodes[static_cast<std::size_t>(o)];
-            const auto& b = nodes[static_cast<std::size_t>(i)];
-            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
-                               "own --node-rank",
-                               *given, a.host, a.pid, b.host, b.pid);
-        }
-        o = i;
-        rank[static_cast<std::size_t>(i)] = *given;
-    }
-    std::vector<int> rest;
-    for (int i = 0; i < n; ++i)
-        if (rank[static_cast<std::size_t>(i)] < 0) rest.push_back(i);
-    // Survivors first in their previous order, then newcomers in arrival order.
-    std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) {
-        const auto& pa = nodes[static_cast<std::size_t>(a)].previous_rank;
-        const auto& pb = nodes[static_cast<std::size_t>(b)].previous_rank;
-        if (pa && pb) return *pa < *pb;
-        return pa.has_value() && !pb.has_value();
-    });
-    std::size_t next = 0;
-    for (int r = 0; r < n; ++r) {
-        if (owner[static_cast<std::size_t>(r)] >= 0) continue;
-        rank[static_cast<std::size_t>(rest[next++])] = r;
-    }
-    return rank;
-}
-
-/// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
-/// out of range. The rendezvous reports it (naming the key) and ignores it.
-struct invalid_value : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-/// At most this many bytes of a value are shown in a message, non-printable bytes escaped.
-inline std::string shown(std::string_view value, std::size_t limit = 120) {
-    std::string out;
-    for (const char c : value.substr(0, std::min(value.size(), limit))) {
-        const auto u = static_cast<unsigned char>(c);
-        if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
-        else out += fmt::format("\\x{:02x}", u);
-    }
-    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
-    return out;
-}
-
-inline nlohmann::json parse_object(std::string_view text) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw invalid_value("not JSON");
-    if (!j.is_object()) throw invalid_value("not a JSON object");
-    return j;
-}
-
-/// Field `name` of `j` as an integer within [lo, hi].
-inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
-    const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
-    const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
-                       ? hi + 1
-                       : it->get<std::int64_t>();
-    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
-    return v;
-}
-
-inline int field_small(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
-    return static_cast<int>(field_int(j, name, lo, std::min<std::int64_t>(hi, 1'000'000'000)));
-}
-
-/// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
-inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
-    const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
-    auto v = it->get<std::string>();
-    if (v.size() > max || v.size() < min)
-        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
-    return v;
-}
-
-inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
-    const auto it = j.find(name);
-    if (it == j.end()) {
-        if (absent) return *absent;
-        throw invalid_value(fmt::format("no '{}'", name));
-    }
-    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
-    return it->get<bool>();
-}
-
-/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
-/// of a few lines, a node's workers and ranks as counted in int.
-inline constexpr std::size_t max_host = 255;
-inline constexpr std::size_t max_id = 512;
-inline constexpr std::size_t max_reason = 4096;
-inline constexpr int max_nproc = 1 << 20;
-inline constexpr int max_nodes = 1 << 20;
-inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
-
-/// Whether `text` is an IPv4 or IPv6 address literal.
-inline bool is_address_literal(const std::string& text) {
-    std::error_code ec;
-    (void)asio::ip::make_address(text, ec);
-    return !ec;
-}
-
-inline std::string encode(const node_info& i) {
-    nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
-                     {"pid", i.pid}};
-    if (i.node_rank) j["node_rank"] = *i.node_rank;
-    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
-    if (!i.id.empty()) j["id"] = i.id;
-    if (i.backup_port != 0) j["backup"] = i.backup_port;
-    if (i.hosts_store) j["hosts_store"] = true;
-    if (!i.addrs.empty()) j["addrs"] = i.addrs;
-    return j.dump();
-}
-
-/// A node's info (an arrival); invalid_value when it is not one.
-inline node_info decode_node(std::string_view text) {
-    const auto j = parse_object(text);
-    node_info i;
-    i.host = field_string(j, "host", max_host);
-    i.store_addr = field_string(j, "addr", max_host, 1);
-    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
-    i.nproc = field_small(j, "nproc", 1, max_nproc);
-    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
-    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
-    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
-    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
-    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
-    i.hosts_store = field_bool(j, "hosts_store", false);
-    if (const auto it = j.find("addrs"); it != j.end()) {
-        if (!it->is_array() || it->size() > max_addrs)
-            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
-        for (const auto& a : *it) {
-            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
-                throw invalid_value("an entry of 'addrs' is not an IP address literal");
-            i.addrs.push_back(a.get<std::string>());
-        }
-    }
-    return i;
-}
-
-/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
-/// interface addresses and its advertised address when that is a literal; for a node that
-/// published none, its host and advertised address (names, resolved by group rank 0). Each
-/// once, in order.
-inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
-    std::vector<std::string> out;
-    auto add = [&](const std::string& p) {
-        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
-    };
-    for (const auto& node : nodes) {
-        if (node.addrs.empty()) {
-            add(node.host);
-            add(node.store_addr);
-            continue;
-        }
-        for (const auto& a : node.addrs) add(a);
-        if (is_address_literal(node.store_addr)) add(node.store_addr);
-    }
-    return out;
-}
-
-/// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
-inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
-    if (!list.is_array()) throw invalid_value("'successors' is not a list");
-    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
-    std::vector<store_successor> out;
-    for (const auto& x : list) {
-        if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
-        out.push_back({field_string(x, "id", max_id, 1), field_string(x, "addr", max_host, 1),
-                       static_cast<std::uint16_t>(field_int(x, "port", 1, 65535))});
-    }
-    return out;
-}
-
-/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
-inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
-    const auto j = parse_object(text);
-    const bool host_in = field_bool(j, "host_in");
-    const auto it = j.find("successors");
-    if (it == j.end()) throw invalid_value("no 'successors'");
-    return {host_in, decode_successors(*it)};
-}
-
-/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
-/// nothing when the round lost a node while forming and everyone rejoins the next one;
-/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
-inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
-    const auto j = parse_object(text);
-    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
-    if (j.contains("retry")) return std::nullopt;
-    rendezvous_round r;
-    r.group_world_size = field_small(j, "size", 1, nnodes);
-    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
-    r.host_in_round = field_bool(j, "host_in", false);
-    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
-    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
-    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
-    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
-    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
-    r.master_addr = field_string(j, "master_addr", max_host, 1);
-    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
-    if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
-            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
-        for (const auto& p : *it) {
-            if (!p.is_string() || p.get<std::string>().size() > max_host)
-                throw invalid_value("a peer is not a host name or address");
-            r.peers.push_back(p.get<std::string>());
-        }
-    }
-    return r;
-}
-
-inline std::vector<std::string> decode_hosts(const std::string& text) {
-    return nlohmann::json::parse(text).get<std::vector<std::string>>();
-}
-
-inline std::string encode(const abort_notice& a) {
-    const char* what = a.what == abort_notice::kind::membership ? "membership"
-                       : a.what == abort_notice::kind::closed   ? "closed"
-                                                                : "failure";
-    nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
-    if (a.admission) j["admission"] = true;
-    return j.dump();
-}
-
-/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
-/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
-inline abort_notice decode_abort(std::string_view text, int size) {
-    const auto j = parse_object(text);
-    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
-                   field_string(j, "reason", max_reason)};
-    const auto what = field_string(j, "kind", 16);
-    if (what == "membership") a.what = abort_notice::kind::membership;
-    else if (what == "closed") a.what = abort_notice::kind::closed;
-    else if (what == "failure") a.what = abort_notice::kind::failure;
-    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
-    a.admission = field_bool(j, "admission", false);
-    return a;
-}
-
-/// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
-inline std::string describe_node_id(std::string_view id) {
-    const auto last = id.rfind(':');
-    if (last == std::string_view::npos || last == 0) return std::string(id);
-    const auto mid = id.rfind(':', last - 1);
-    if (mid == std::string_view::npos) return std::string(id);
-    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
-}
-
-/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
-inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
-
-/// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
-/// "Elastic membership"), shared by the monitor and whoever waits for a change.
-struct membership_log {
-    explicit membership_log(const asio::any_io_executor& executor)
-        : wake(executor, std::chrono::steady_clock::time_point::max()) {}
-    std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
-    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
-    std::optional<std::string> store_lost;   ///< why the lease connection ended
-    asio::steady_timer wake;                 ///< cancelled at each change: wakes every waiter
-
-    void changed() { wake.cancel(); }
-    /// Completes at the next change; throws operation_aborted once cancelled (so no loop
-    /// over it can spin on a cancelled wait).
-    asio::awaitable<void> next() {
-        (void)co_await wake.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-        const auto state = co_await asio::this_coro::cancellation_state;
-        if (state.cancelled() != asio::cancellation_type::none) {
-            throw std::system_error(asio::error::operation_aborted, "membership wait cancelled");
-        }
-    }
-    /// Completes when the store is lost, with why.
-    asio::awaitable<std::string> until_store_lost() {
-        while (!store_lost) co_await next();
-        co_return *store_lost;
-    }
-};
-
-inline std::string encode(const job_decision& d) {
-    return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
-}
-
-/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
-inline job_decision decode_decision(std::string_view text) {
-    const auto j = parse_object(text);
-    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
-}
-
-/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
-/// unless it is a whole number within [lo, hi].
-inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
-    std::int64_t v = 0;
-    const auto* end = text.data() + text.size();
-    const auto [p, ec] = std::from_chars(text.data(), end, v);
-    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
-    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
-    return v;
-}
-
-/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
-inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
-
-/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
-/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
-inline std::string guard_value(const std::string& run_id) {
-    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
-}
-
-}  // namespace detail::rdzv
 
 /// The rendezvous over any `store` (docs/rendezvous.md has the algorithm). Per round and node:
 /// one `add` (arrival index), one `set` (its info), one `wait` and one `get` (its assignment);
@@ -467,10 +128,9 @@ public:
         store_ = &store;
         watcher_ = &watcher;
         options_.hosts_store = hosts_it;
-        const int before = std::max(size_, 1);
-        quorum_ = before / 2 + 1;
-        target_ = std::max(1, before - (host_in_round_ ? 1 : 0));
-        if (target_ < quorum_) target_ = quorum_;
+        const auto moved = detail::rdzv::after_store_moved(size_, host_in_round_);
+        quorum_ = moved.quorum;
+        target_ = moved.target;
         phase_ = phase::idle;
     }
 
@@ -572,17 +232,18 @@ public:
             const int r = round_;
             phase_ = phase::forming;
             const auto arrival = co_await store_->add(key(r, "count"), 1);
-            if (arrival > options_.nnodes) {
+            const auto step = detail::rdzv::on_arrival(arrival, rules());
+            if (step == detail::rdzv::arrival_step::late) {
                 co_await late(r, me);
                 continue;
             }
             me.hosts_store = options_.hosts_store;
             co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
-            if (arrival == options_.nnodes) {
+            if (step == detail::rdzv::arrival_step::complete) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
-            } else if (target_ > 0 && arrival == target_) {
+            } else if (step == detail::rdzv::arrival_step::seal) {
                 co_await seal(*store_, r);
-            } else if (options_.elastic() && arrival >= needed()) {
+            } else if (step == detail::rdzv::arrival_step::try_seal) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -770,13 +431,13 @@ public:
 private:
     enum class phase { idle, forming, running, leaving };
 
-    // Whether round r completes as soon as every live node joined: not the job's first round
-    // (nodes are still starting), nor one that admits new nodes (others may be starting with
-    // them: torchrun's last call lets a batch of new nodes in with one restart).
-    [[nodiscard]] bool quick_round(int r) const noexcept { return r > 0 && !admission_ && target_ == 0; }
-
     // The nodes a round needs: MIN, or after the store moved a majority of the last round.
     [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
+
+    // What decides the next round's completion besides its arrivals (the planner's input).
+    [[nodiscard]] detail::rdzv::round_rules rules() const noexcept {
+        return {options_.nnodes, options_.elastic(), needed(), target_};
+    }
 
     void say(std::string_view line) const {
         if (options_.log) options_.log(line);
@@ -1020,7 +681,7 @@ private:
         const auto mine = key(r, fmt::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
-        if ((options_.elastic() || target_ > 0) && arrival >= needed()) {
+        if (detail::rdzv::has_last_call(arrival, rules())) {
             last_call = clock::now() + options_.last_call_timeout;
         }
         for (;;) {
@@ -1085,9 +746,9 @@ private:
     asio::awaitable<void> complete_if_all_live(Store& s, int r) {
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
-        if (count >= detail::rdzv::seal_increment || count >= options_.nnodes || count < needed()) co_return;
+        if (!detail::rdzv::may_seal_when_all_live(count, rules())) co_return;
         if (count < co_await live_nodes(s)) co_return;
-        if (!quick_round(r)) {
+        if (!detail::rdzv::quick_round(r, admission_, target_)) {
             std::vector<std::string> over{key(r, "last_call_over")};
             if (!co_await s.check(std::move(over))) co_return;
         }
@@ -1106,10 +767,7 @@ private:
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
         const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
-        if (sealed < detail::rdzv::seal_increment || sealed >= 2 * detail::rdzv::seal_increment) co_return;
-        const auto joined = sealed - detail::rdzv::seal_increment;
-        if (joined >= options_.nnodes || joined < 1) co_return;  // the MAX-th arrival completes it
-        co_await complete(s, r, static_cast<int>(joined));
+        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes)) co_await complete(s, r, *joined);
     }
 
     // Reads the k nodes' infos (one multi_get), leaves out nodes whose lease is gone (one check),
@@ -1187,51 +845,32 @@ private:
             std::vector<node_info> nodes;
             for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
             const int n = static_cast<int>(nodes.size());
-            auto assigned = detail::rdzv::assign_group_ranks(nodes, !options_.elastic());
-            if (const auto* message = std::get_if<std::string>(&assigned)) {
+            auto planned = detail::rdzv::plan_round(nodes, !options_.elastic());
+            if (const auto* message = std::get_if<std::string>(&planned)) {
                 tell_all(nlohmann::json{{"error", *message}}.dump());
             } else {
-                const auto& rank = std::get<0>(assigned);
-                std::vector<int> by_rank(static_cast<std::size_t>(n));
-                for (int i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(rank[static_cast<std::size_t>(i)])] = i;
-                std::vector<int> base(static_cast<std::size_t>(n) + 1, 0);
-                std::vector<std::string> hosts;
-                for (int g = 0; g < n; ++g) {
-                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
-                    base[static_cast<std::size_t>(g) + 1] = base[static_cast<std::size_t>(g)] + node.nproc;
-                    hosts.push_back(node.host);
-                }
-                const auto& master = nodes[static_cast<std::size_t>(by_rank[0])];
-                // Where the store moves if its host is lost: the first members by group rank
-                // that have an idle server and do not host it now (docs/rendezvous.md).
-                nlohmann::json successors = nlohmann::json::array();
-                bool host_in = false;
-                for (int g = 0; g < n; ++g) {
-                    const auto& node = nodes[static_cast<std::size_t>(by_rank[static_cast<std::size_t>(g)])];
-                    if (node.hosts_store) host_in = true;
-                    if (node.hosts_store || node.backup_port == 0 || successors.size() >= 3) continue;
-                    successors.push_back({{"id", node.id}, {"addr", node.store_addr}, {"port", node.backup_port}});
-                }
+                const auto& plan = std::get<detail::rdzv::round_plan>(planned);
+                const auto& master = nodes[plan.master];
+                const auto successors = detail::rdzv::encode_successors(plan.successors);
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
                 // Group rank 0 hosts the workers' store: it accepts the members' addresses only
                 // (O(N) bytes in that one assignment).
-                nlohmann::json peers = nlohmann::json::array();
-                for (const auto& p : detail::rdzv::peers_of(nodes)) peers.push_back(p);
+                const nlohmann::json peers = plan.peers;
                 for (int j = 0; j < n; ++j) {
-                    const int g = rank[static_cast<std::size_t>(j)];
+                    const int g = plan.group_rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
                     auto assignment =
                         nlohmann::json{{"group_rank", g},
-                                       {"rank_base", base[static_cast<std::size_t>(g)]},
-                                       {"world_size", base[static_cast<std::size_t>(n)]},
+                                       {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
+                                       {"world_size", plan.world_size},
                                        {"size", n},
                                        {"epoch", epoch},
                                        {"master_addr", master.store_addr},
                                        {"master_port", master.store_port},
                                        {"restarts", restarts},
-                                       {"host_in", host_in},
+                                       {"host_in", plan.host_in},
                                        {"successors", successors}};
                     if (g == 0) assignment["peers"] = peers;
                     out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
@@ -1242,9 +881,9 @@ private:
                 }
                 // For the standbys (they get no assignment): where the store may move.
                 out_keys.push_back(key(r, "successors"));
-                out_values.push_back(nlohmann::json{{"host_in", host_in}, {"successors", successors}}.dump());
+                out_values.push_back(nlohmann::json{{"host_in", plan.host_in}, {"successors", successors}}.dump());
                 out_keys.push_back(key(r, "hosts"));
-                out_values.push_back(nlohmann::json(hosts).dump());
+                out_values.push_back(nlohmann::json(plan.hosts).dump());
                 out_keys.push_back(key(r, "size"));
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));

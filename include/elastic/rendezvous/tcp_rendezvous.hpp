@@ -4,6 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/host_name.hpp"
+#include "elastic/rendezvous/codec.hpp"
 #include "elastic/rendezvous/parameters.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/rendezvous/error.hpp"

@@ -4,8 +4,11 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/store/auth.hpp"
+#include "elastic/store/client_connection.hpp"
 #include "elastic/store/client_dialect.hpp"
+#include "elastic/store/client_leases.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/lease.hpp"
@@ -20,7 +23,6 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 #include <fmt/format.h>
@@ -32,7 +34,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <list>
 #include <memory>
 #include <optional>
 #include <random>
@@ -90,27 +91,6 @@ struct store_client_options {
     std::optional<std::string> secret;
 };
 
-/// What `tcp_store_client::connection_lost()` reports: the connection that held leases ended,
-/// and with it the leases (the server records them lost).
-struct store_connection_loss {
-    std::string reason;               ///< why: the store's silence, its EOF or reset, close()
-    std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
-};
-
-namespace detail {
-
-// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
-// may run after the client or the connection is gone.
-struct store_client_connection {
-    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
-    asio::ip::tcp::socket socket;
-    asio::steady_timer timer;
-    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
-    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
-};
-
-}  // namespace detail
-
 /// A client of a c10d TCPStore server: ours, PyTorch 1.13's, or a current PyTorch's. One TCP
 /// connection, one request at a time (concurrent calls on one client queue up in order; a long
 /// `wait` holds the connection, so give concurrent waiters their own clients). Connects on
@@ -122,7 +102,7 @@ class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
-          heartbeat_timer_(executor), loss_timer_(executor) {
+          lock_(executor), leases_(executor), heartbeat_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
             dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
                                                                    : wire::dialect::legacy;
@@ -134,7 +114,6 @@ public:
                 "store_client_options: lease_heartbeat_interval {} ms and "
                 "lease_missed_heartbeats {} must both be positive",
                 options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
-        loss_timer_.expires_at(asio::steady_timer::time_point::max());
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
@@ -261,7 +240,7 @@ public:
         const auto k = wire_key(key);
         begin(wire::op::delete_key);
         req_.key = k;
-        std::erase(leases_, key);
+        leases_.remove(key);
         co_await send(std::string_view("DELETE_KEY"), k);
         co_return co_await read_i64(std::string_view("DELETE_KEY"), k) > 0;
     }
@@ -384,11 +363,10 @@ public:
         req_.value = value;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        encode_heartbeat(wbuf_);
+        detail::encode_heartbeat(*dialect_, wbuf_);
         co_await flush(std::string_view("SET"), k);
         co_await read_heartbeat(std::string_view("SET"), k);
-        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
-            leases_.push_back(std::move(key));
+        leases_.add(std::move(key));
         start_heartbeat();
     }
 
@@ -399,28 +377,14 @@ public:
     }
 
     /// The lease keys this client holds now.
-    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_; }
+    [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_.keys(); }
 
     /// Completes when the connection that held this client's leases ends: a heartbeat left
     /// unanswered for lease_missed_heartbeats x lease_heartbeat_interval (a hung, stopped or
     /// unreachable server), an EOF or reset (a server that died: seen by the next heartbeat,
     /// within one interval), a failed operation, or close(). A loss that happened before the
     /// call is reported at once; each loss is reported once. Cancel it as any awaitable.
-    asio::awaitable<store_connection_loss> connection_lost() {
-        const auto alive = alive_;
-        while (!loss_) {
-            co_await loss_timer_.async_wait(tuple_awaitable);
-            if (!*alive) throw std::system_error(asio::error::operation_aborted,
-                                                 "store client destroyed");
-            const auto cs = co_await asio::this_coro::cancellation_state;
-            if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
-                throw std::system_error(asio::error::operation_aborted,
-                                        "connection_lost() cancelled");
-        }
-        auto loss = std::move(*loss_);
-        loss_.reset();
-        co_return loss;
-    }
+    asio::awaitable<store_connection_loss> connection_lost() { return leases_.next_loss(alive_); }
 
 private:
     using clock = std::chrono::steady_clock;
@@ -430,33 +394,10 @@ private:
         return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
     }
 
-    // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
-    // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
-    void encode_heartbeat(std::string& out) const {
-        if (*dialect_ == wire::dialect::current) {
-            wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
-            wire::put_u32(out, heartbeat_nonce());
-        } else {
-            wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
-            wire::put_u64(out, 0);
-        }
-    }
-
-    std::size_t heartbeat_reply_size() const { return *dialect_ == wire::dialect::current ? 4 : 1; }
-
-    static std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
-
-    bool heartbeat_reply_ok(const char* p) const {
-        if (*dialect_ == wire::dialect::current)
-            return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
-        return static_cast<std::uint8_t>(*p) ==
-               static_cast<std::uint8_t>(wire::check_response::ready);
-    }
-
     asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
-        const auto n = heartbeat_reply_size();
+        const auto n = detail::heartbeat_reply_size(*dialect_);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
-        if (!heartbeat_reply_ok(rbuf_.data() + rbeg_))
+        if (!detail::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
             throw_protocol(what, key, "a wrong heartbeat reply");
         rbeg_ += n;
     }
@@ -467,8 +408,7 @@ private:
     void track_lease(std::string key, std::string_view wire) {
         const auto parts = parse_lease_key(wire);
         if (!parts || parts->name.empty() || parts->reserved()) return;
-        if (std::find(leases_.begin(), leases_.end(), key) == leases_.end())
-            leases_.push_back(std::move(key));
+        leases_.add(std::move(key));
         start_heartbeat();
     }
 
@@ -491,8 +431,7 @@ private:
                 heartbeat_running_ = false;
                 co_return;
             }
-            if (busy_ || !conn_) continue;
-            busy_ = true;  // acquire() without suspension: the lock is free
+            if (!conn_ || !lock_.try_lock()) continue;
             co_await beat(alive);
             if (!*alive) co_return;
             release();
@@ -509,7 +448,7 @@ private:
             co_return;
         }
         std::string out;
-        encode_heartbeat(out);
+        detail::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
         auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
         (void)n;
@@ -517,13 +456,14 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), heartbeat_reply_size()), tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)),
+                tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
         }
         if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
-        if (!ec && heartbeat_reply_ok(reply.data())) {
+        if (!ec && detail::heartbeat_reply_ok(*dialect_, reply.data())) {
             disarm();
             co_return;
         }
@@ -549,28 +489,9 @@ private:
                            options_.lease_heartbeat_interval.count());
     }
 
-    // The held connection ended: the leases are gone with it. Reported once, to whoever awaits
-    // (or next awaits) connection_lost().
-    void lose_leases(std::string reason) noexcept {
-        if (leases_.empty()) return;
-        try {
-            loss_ = store_connection_loss{std::move(reason), std::move(leases_)};
-        } catch (...) {
-            loss_.reset();
-        }
-        leases_.clear();
-        loss_timer_.cancel();
-    }
-
     // ---- one request at a time ---------------------------------------------------------------
-    // A FIFO lock without suspension when free. A queued waiter sleeps on its own timer; the
-    // releasing owner hands the lock over by marking it granted and cancelling that timer.
-    struct lock_waiter {
-        explicit lock_waiter(const asio::any_io_executor& ex) : timer(ex) {}
-        asio::steady_timer timer;
-        bool granted = false;
-    };
-
+    // Every operation holds lock_ for its whole length; the guard's release also ends the
+    // operation's deadline.
     class lock_guard {
     public:
         explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
@@ -585,34 +506,13 @@ private:
     };
 
     asio::awaitable<lock_guard> acquire() {
-        if (!busy_) {
-            busy_ = true;
-            co_return lock_guard(this);
-        }
-        lock_waiter w(executor_);
-        w.timer.expires_at(asio::steady_timer::time_point::max());
-        queue_.push_back(&w);
-        const auto it = std::prev(queue_.end());
-        co_await w.timer.async_wait(tuple_awaitable);
-        if (!w.granted) {  // cancelled by our caller while queued
-            queue_.erase(it);
-            throw std::system_error(asio::error::operation_aborted,
-                                    "store operation cancelled while queued");
-        }
+        co_await lock_.lock("store operation cancelled while queued");
         co_return lock_guard(this);
     }
 
-    // Also ends the operation's deadline: every operation holds the lock for its whole length.
     void release() noexcept {
         disarm();
-        if (queue_.empty()) {
-            busy_ = false;
-            return;
-        }
-        auto* next = queue_.front();
-        queue_.pop_front();
-        next->granted = true;
-        next->timer.cancel();
+        lock_.unlock();
     }
 
     // ---- connection --------------------------------------------------------------------------
@@ -629,47 +529,19 @@ private:
 
     void drop(std::string_view reason = "the connection was closed") noexcept {
         if (!conn_) return;
-        if (!leases_.empty()) {
-            try {
-                lose_leases(std::string(reason));
-            } catch (...) {
-                leases_.clear();
-            }
-        }
-        std::error_code ignored;
-        conn_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        conn_->socket.close(ignored);
-        ++conn_->generation;
-        conn_->timer.cancel();
+        leases_.lose(reason);  // reported once, to whoever awaits (or next awaits) connection_lost()
+        conn_->close();
         conn_.reset();
         rbeg_ = rend_ = 0;
     }
 
-    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
-    // `expired` set, so the operation reports a timeout instead of hanging.
-    void arm_deadline(clock::time_point deadline) {
-        auto& c = *conn_;
-        c.expired = false;
-        const auto generation = ++c.generation;
-        c.timer.expires_at(deadline);
-        c.timer.async_wait([weak = std::weak_ptr<detail::store_client_connection>(conn_),
-                            generation](const std::error_code& ec) {
-            if (ec) return;
-            const auto conn = weak.lock();
-            if (!conn || conn->generation != generation) return;
-            conn->expired = true;
-            std::error_code ignored;
-            conn->socket.cancel(ignored);
-        });
-    }
+    void arm_deadline(clock::time_point deadline) { conn_->arm_deadline(deadline); }
 
     // Every request, even one without a reply, is bounded by `timeout` (its write too).
     void arm() { arm_deadline(clock::now() + options_.timeout); }
 
     void disarm() noexcept {
-        if (!conn_) return;
-        ++conn_->generation;
-        conn_->timer.cancel();
+        if (conn_) conn_->disarm();
     }
 
     void begin(wire::op o) {
@@ -714,7 +586,8 @@ private:
                     drop();
                 }
             }
-            const auto delay = backoff(attempt);
+            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff,
+                                                       options_.max_backoff, rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
@@ -732,16 +605,6 @@ private:
             t.expires_after(delay);
             co_await t.async_wait(tuple_awaitable);
         }
-    }
-
-    std::chrono::milliseconds backoff(int attempt) {
-        auto d = options_.initial_backoff;
-        for (int i = 1; i < attempt && d < options_.max_backoff; ++i) d *= 2;
-        d = std::min(d, options_.max_backoff);
-        std::uniform_real_distribution<double> jitter(0.5, 1.0);
-        return std::chrono::milliseconds(
-            static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
-                                                        jitter(rng_)));
     }
 
     asio::awaitable<std::error_code> connect_once(std::vector<asio::ip::tcp::endpoint>& endpoints,
@@ -1089,15 +952,12 @@ private:
     std::vector<char> rbuf_;
     std::size_t rbeg_ = 0;
     std::size_t rend_ = 0;
-    bool busy_ = false;
-    std::list<lock_waiter*> queue_;
-    // Leases: the keys held on conn_, the heartbeat, the latched loss for connection_lost().
-    std::vector<std::string> leases_;
+    detail::async_mutex lock_;  // one request at a time (acquire())
+    // Leases: the keys held on conn_ and the latched loss for connection_lost(); the heartbeat.
+    detail::store_client_leases leases_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;
-    asio::steady_timer loss_timer_;
-    std::optional<store_connection_loss> loss_;
 };
 
 static_assert(store<tcp_store_client>);

@@ -1,0 +1,100 @@
+// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock and a
+// signal that wakes every waiter. Both sleep on steady_timers that never expire by themselves;
+// cancelling the timer is the wake-up.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <iterator>
+#include <list>
+#include <system_error>
+
+namespace elastic::inline v0::detail {
+
+/// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
+/// its own timer; unlock() hands the lock over by marking the first waiter granted and
+/// cancelling its timer. Use it on one thread.
+class async_mutex {
+public:
+    explicit async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
+    async_mutex(const async_mutex&) = delete;
+    async_mutex& operator=(const async_mutex&) = delete;
+
+    /// Takes the lock, in turn. A waiter cancelled while queued leaves the queue and throws
+    /// operation_aborted with `cancelled` as its message.
+    asio::awaitable<void> lock(const char* cancelled = "cancelled while queued for the lock") {
+        if (try_lock()) co_return;
+        waiter w(executor_);
+        w.timer.expires_at(asio::steady_timer::time_point::max());
+        queue_.push_back(&w);
+        const auto it = std::prev(queue_.end());
+        co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (!w.granted) {  // cancelled by our caller while queued
+            queue_.erase(it);
+            throw std::system_error(asio::error::operation_aborted, cancelled);
+        }
+    }
+
+    /// Takes the lock when it is free; whether it did.
+    bool try_lock() noexcept {
+        if (locked_) return false;
+        locked_ = true;
+        return true;
+    }
+
+    /// Releases the lock: to the first waiter, or free.
+    void unlock() noexcept {
+        if (queue_.empty()) {
+            locked_ = false;
+            return;
+        }
+        auto* next = queue_.front();
+        queue_.pop_front();
+        next->granted = true;
+        next->timer.cancel();
+    }
+
+    [[nodiscard]] bool locked() const noexcept { return locked_; }
+
+private:
+    struct waiter {
+        explicit waiter(const asio::any_io_executor& ex) : timer(ex) {}
+        asio::steady_timer timer;
+        bool granted = false;
+    };
+
+    asio::any_io_executor executor_;
+    bool locked_ = false;
+    std::list<waiter*> queue_;
+};
+
+/// Wakes every coroutine that waits on it at each notify(); a waiter then checks what it
+/// waits for and waits again if need be. A notify() with nobody waiting is lost. Use it on one
+/// thread.
+class async_signal {
+public:
+    explicit async_signal(const asio::any_io_executor& executor)
+        : timer_(executor, asio::steady_timer::time_point::max()) {}
+
+    /// Wakes every current waiter.
+    void notify() noexcept { timer_.cancel(); }
+
+    /// Completes at the next notify(), when the signal is destroyed, or when the caller is
+    /// cancelled (it cannot tell which: check the cancellation state or what it waits for). It
+    /// touches nothing of the signal once woken, so the signal may be gone by then.
+    asio::awaitable<void> wait() {
+        (void)co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+};
+
+}  // namespace elastic::inline v0::detail

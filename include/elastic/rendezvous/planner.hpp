@@ -1,0 +1,215 @@
+// The round planner: what a round is, decided from its members alone (docs/rendezvous.md):
+// group ranks, rank bases, the world size, the master, where the store may move and who may
+// reach group rank 0's workers' store; and what an arrival or a seal of a round leads to.
+// Pure functions of their arguments: no store, no coroutines. store_rendezvous runs them.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/rendezvous/codec.hpp"
+#include "elastic/rendezvous/concepts.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail::rdzv {
+
+/// The group rank of each node (by arrival order) or a message naming the conflict.
+/// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
+/// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
+/// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
+/// when it fits the round and nobody before took it.
+inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                     bool strict = true) {
+    const int n = static_cast<int>(nodes.size());
+    std::vector<int> rank(nodes.size(), -1);
+    std::vector<int> owner(nodes.size(), -1);
+    for (int i = 0; i < n; ++i) {
+        const auto& given = nodes[static_cast<std::size_t>(i)].node_rank;
+        if (!given) continue;
+        if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
+        if (*given < 0 || *given >= n) {
+            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
+                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
+        }
+        auto& o = owner[static_cast<std::size_t>(*given)];
+        if (o >= 0) {
+            const auto& a = nodes[static_cast<std::size_t>(o)];
+            const auto& b = nodes[static_cast<std::size_t>(i)];
+            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
+                               "own --node-rank",
+                               *given, a.host, a.pid, b.host, b.pid);
+        }
+        o = i;
+        rank[static_cast<std::size_t>(i)] = *given;
+    }
+    std::vector<int> rest;
+    for (int i = 0; i < n; ++i)
+        if (rank[static_cast<std::size_t>(i)] < 0) rest.push_back(i);
+    // Survivors first in their previous order, then newcomers in arrival order.
+    std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) {
+        const auto& pa = nodes[static_cast<std::size_t>(a)].previous_rank;
+        const auto& pb = nodes[static_cast<std::size_t>(b)].previous_rank;
+        if (pa && pb) return *pa < *pb;
+        return pa.has_value() && !pb.has_value();
+    });
+    std::size_t next = 0;
+    for (int r = 0; r < n; ++r) {
+        if (owner[static_cast<std::size_t>(r)] >= 0) continue;
+        rank[static_cast<std::size_t>(rest[next++])] = r;
+    }
+    return rank;
+}
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+    std::vector<std::string> out;
+    auto add = [&](const std::string& p) {
+        if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    };
+    for (const auto& node : nodes) {
+        if (node.addrs.empty()) {
+            add(node.host);
+            add(node.store_addr);
+            continue;
+        }
+        for (const auto& a : node.addrs) add(a);
+        if (is_address_literal(node.store_addr)) add(node.store_addr);
+    }
+    return out;
+}
+
+/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
+inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
+
+/// At most this many successors (idle servers of members) are named for the store.
+inline constexpr std::size_t max_successors = 3;
+
+/// A round decided from its members (in arrival order): what its completer writes.
+struct round_plan {
+    std::vector<int> group_rank;  ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;   ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;           ///< the round's workers (every member's nproc)
+    std::size_t master = 0;       ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
+    std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
+    bool host_in = false;            ///< the store's host is a member
+    /// Where the store moves if its host is lost: the first members by group rank that have
+    /// an idle server and do not host it now (docs/rendezvous.md).
+    std::vector<store_successor> successors;
+    std::vector<std::string> peers;  ///< peers_of(members), for group rank 0
+};
+
+/// The round `nodes` (its members, in arrival order) form, or a message naming why they form
+/// none (assign_group_ranks: a --node-rank conflict under `strict`).
+inline std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict) {
+    if (nodes.empty()) return std::string("a round needs at least one node");
+    auto assigned = assign_group_ranks(nodes, strict);
+    if (auto* message = std::get_if<std::string>(&assigned)) return std::move(*message);
+    round_plan plan;
+    plan.group_rank = std::get<0>(std::move(assigned));
+    const auto n = nodes.size();
+    std::vector<std::size_t> by_rank(n);
+    for (std::size_t i = 0; i < n; ++i) by_rank[static_cast<std::size_t>(plan.group_rank[i])] = i;
+    plan.rank_base.reserve(n);
+    for (std::size_t g = 0; g < n; ++g) {
+        const auto& node = nodes[by_rank[g]];
+        plan.rank_base.push_back(plan.world_size);
+        plan.world_size += node.nproc;
+        plan.hosts.push_back(node.host);
+    }
+    plan.master = by_rank[0];
+    for (std::size_t g = 0; g < n; ++g) {
+        const auto& node = nodes[by_rank[g]];
+        if (node.hosts_store) plan.host_in = true;
+        if (node.hosts_store || node.backup_port == 0 || plan.successors.size() >= max_successors) continue;
+        plan.successors.push_back({node.id, node.store_addr, node.backup_port});
+    }
+    plan.peers = peers_of(nodes);
+    return plan;
+}
+
+/// What decides a round's completion besides its arrivals.
+struct round_rules {
+    int nnodes = 1;      ///< MAX: the MAX-th arrival completes the round
+    bool elastic = false;  ///< MIN < MAX
+    int needed = 1;      ///< the nodes a round needs: MIN, or after the store moved a majority
+    int target = 0;      ///< after the store moved: the arrival that seals the round (0: none)
+};
+
+/// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
+/// its add; a sealed round's counter holds seal_increment more).
+enum class arrival_step {
+    late,      ///< past MAX, or the round is sealed: the node is late for it
+    complete,  ///< the MAX-th arrival: it completes the round with every arrival
+    seal,      ///< the target arrival after the store moved: it seals the round
+    try_seal,  ///< elastic, at least the nodes needed: it seals once every live node joined
+    wait,      ///< it waits for its assignment
+};
+
+inline arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
+    if (arrival > rules.nnodes) return arrival_step::late;
+    if (arrival == rules.nnodes) return arrival_step::complete;
+    if (rules.target > 0 && arrival == rules.target) return arrival_step::seal;
+    if (rules.elastic && arrival >= rules.needed) return arrival_step::try_seal;
+    return arrival_step::wait;
+}
+
+/// Whether the `arrival`-th node's wait has a last call (after which it seals the round, or
+/// marks the last call over for the live nodes still to come).
+inline bool has_last_call(std::int64_t arrival, const round_rules& rules) {
+    return (rules.elastic || rules.target > 0) && arrival >= rules.needed;
+}
+
+/// A seal's add returned `sealed`: the arrivals the sealer completes the round with, or nothing
+/// when another seal came first or the MAX-th arrival completes the round.
+inline std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes) {
+    if (sealed < seal_increment || sealed >= 2 * seal_increment) return std::nullopt;
+    const auto joined = sealed - seal_increment;
+    if (joined >= nnodes || joined < 1) return std::nullopt;
+    return static_cast<int>(joined);
+}
+
+/// Whether a round whose counter reads `count` may be sealed once every live node joined: not
+/// sealed, short of MAX (that arrival completes it), and with the nodes needed.
+inline bool may_seal_when_all_live(std::int64_t count, const round_rules& rules) {
+    return count < seal_increment && count < rules.nnodes && count >= rules.needed;
+}
+
+/// Whether round r completes as soon as every live node joined: not the job's first round
+/// (nodes are still starting), nor one that admits new nodes (others may be starting with
+/// them: torchrun's last call lets a batch of new nodes in with one restart), nor the first
+/// after the store moved.
+inline bool quick_round(int r, bool admission, int target) noexcept { return r > 0 && !admission && target == 0; }
+
+/// The rules of the first round after the store moved, from the last round's size and whether
+/// the store's lost host was among its members: a majority of them (`quorum`), and the arrival
+/// that seals the round at once (every other member of the last round; at least the quorum).
+struct moved_round {
+    int quorum = 1;
+    int target = 1;
+};
+
+inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept {
+    const int before = std::max(last_size, 1);
+    moved_round m;
+    m.quorum = before / 2 + 1;
+    m.target = std::max(1, before - (host_in_round ? 1 : 0));
+    if (m.target < m.quorum) m.target = m.quorum;
+    return m;
+}
+
+}  // namespace detail::rdzv
+
+}  // namespace elastic::inline v0

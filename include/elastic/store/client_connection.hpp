@@ -1,0 +1,72 @@
+// One connection of a tcp_store_client: its socket and the deadline every operation on it has,
+// and the backoff between connection attempts.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <system_error>
+
+namespace elastic::inline v0::detail {
+
+// One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
+// may run after the client or the connection is gone.
+struct store_client_connection : std::enable_shared_from_this<store_client_connection> {
+    explicit store_client_connection(const asio::any_io_executor& ex) : socket(ex), timer(ex) {}
+    asio::ip::tcp::socket socket;
+    asio::steady_timer timer;
+    std::uint64_t generation = 0;  // bumped by each arm/disarm; stale expiries are ignored
+    bool expired = false;          // the armed deadline passed: pending I/O was cancelled
+
+    // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
+    // `expired` set, so the operation reports a timeout instead of hanging.
+    void arm_deadline(std::chrono::steady_clock::time_point deadline) {
+        expired = false;
+        const auto armed = ++generation;
+        timer.expires_at(deadline);
+        timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+            if (ec) return;
+            const auto conn = weak.lock();
+            if (!conn || conn->generation != armed) return;
+            conn->expired = true;
+            std::error_code ignored;
+            conn->socket.cancel(ignored);
+        });
+    }
+
+    void disarm() noexcept {
+        ++generation;
+        timer.cancel();
+    }
+
+    // Shuts the socket down and closes it; the deadline lapses.
+    void close() noexcept {
+        std::error_code ignored;
+        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        socket.close(ignored);
+        disarm();
+    }
+};
+
+// The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
+// `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
+inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                 std::chrono::milliseconds max,
+                                                 std::minstd_rand& rng) {
+    auto d = initial;
+    for (int i = 1; i < attempt && d < max; ++i) d *= 2;
+    d = std::min(d, max);
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    return std::chrono::milliseconds(
+        static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng)));
+}
+
+}  // namespace elastic::inline v0::detail
