@@ -1529,8 +1529,9 @@ int record(Entry&& entry, Args&&... args) {
 // kept alive by heartbeats, and a lost connection reported as an event.
 
 // ---- begin elastic/detail/coro.hpp ----
-// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock and a
-// signal that wakes every waiter. Both sleep on steady_timers that never expire by themselves;
+// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock, a signal
+// that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
+// that may throw with `||`. The waits sleep on steady_timers that never expire by themselves;
 // cancelling the timer is the wake-up.
 
 
@@ -1541,9 +1542,15 @@ int record(Entry&& entry, Args&&... args) {
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <iterator>
 #include <list>
+#include <optional>
 #include <system_error>
+#include <utility>
+#include <variant>
 
 namespace elastic::inline v0::detail {
 
@@ -1625,6 +1632,73 @@ public:
 private:
     asio::steady_timer timer_;
 };
+
+/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
+class task_latch {
+public:
+    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+        timer_.expires_at(asio::steady_timer::time_point::max());
+    }
+    void add() noexcept { ++count_; }
+    void done() noexcept {
+        if (--count_ == 0) timer_.cancel();
+    }
+    [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
+    /// held open by a process that writes nothing.
+    void progressed() noexcept { ++progress_; }
+    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
+
+    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
+    /// One latch per attempt's streams.
+    asio::awaitable<void> wait() {
+        if (count_ == 0) co_return;
+        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+    std::size_t count_ = 0;
+    std::uint64_t progress_ = 0;
+};
+
+/// An operation's value or the exception it ended with. The agent races rendezvous and policy
+/// operations against its signals with `||`; an exception escaping one side of `||` left the
+/// agent waiting for ever in Asio 1.22 (found with a join timeout), so the operation's
+/// exception is caught inside the race and rethrown after it.
+template <class T>
+struct settled {
+    std::optional<T> value;
+    std::exception_ptr error;
+
+    T take() {
+        if (error) std::rethrow_exception(error);
+        return std::move(*value);
+    }
+};
+
+template <class T>
+asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
+    settled<T> out;
+    try {
+        out.value.emplace(co_await std::move(op));
+    } catch (...) {
+        out.error = std::current_exception();
+    }
+    co_return out;
+}
+
+inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
+    settled<std::monostate> out;
+    try {
+        co_await std::move(op);
+        out.value.emplace();
+    } catch (...) {
+        out.error = std::current_exception();
+    }
+    co_return out;
+}
 
 }  // namespace elastic::inline v0::detail
 // ---- end elastic/detail/coro.hpp ----
@@ -13946,36 +14020,6 @@ inline void write_all(int fd, std::string_view text) noexcept {
 
 }  // namespace detail::agent
 
-/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
-/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
-class task_latch {
-public:
-    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
-        timer_.expires_at(asio::steady_timer::time_point::max());
-    }
-    void add() noexcept { ++count_; }
-    void done() noexcept {
-        if (--count_ == 0) timer_.cancel();
-    }
-    [[nodiscard]] std::size_t count() const noexcept { return count_; }
-    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
-    /// held open by a process that writes nothing.
-    void progressed() noexcept { ++progress_; }
-    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
-
-    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
-    /// One latch per attempt's streams.
-    asio::awaitable<void> wait() {
-        if (count_ == 0) co_return;
-        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    }
-
-private:
-    asio::steady_timer timer_;
-    std::size_t count_ = 0;
-    std::uint64_t progress_ = 0;
-};
-
 /// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
 /// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
 /// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
@@ -14049,7 +14093,7 @@ struct stream_copies {
     int file_fd = -1;             ///< every byte as written: the stream's log file
     int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
     std::string prefix;           ///< the rank's console prefix; empty for a raw copy
-    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
+    detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
 };
 
 /// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
@@ -15297,7 +15341,7 @@ public:
 
     /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
     /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
-    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
+    void start(child_process& child, const asio::any_io_executor& executor, detail::task_latch& relays,
                const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
         out_pipe_ = child.take_stdout();
         err_pipe_ = child.take_stderr();
@@ -15327,7 +15371,7 @@ public:
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
-    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
+    static void run(const asio::any_io_executor& executor, detail::task_latch& relays, const std::shared_ptr<void>& keep_alive,
                     asio::posix::stream_descriptor& pipe, stream_copies copies) {
         relays.add();
         asio::co_spawn(
@@ -15408,7 +15452,7 @@ struct worker_slot {
 struct attempt_state {
     attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
     std::vector<worker_slot> slots;
-    task_latch relays;
+    detail::task_latch relays;
 };
 
 }  // namespace detail::agent
@@ -15621,43 +15665,6 @@ namespace elastic::inline v0 {
 
 namespace detail::agent {
 
-/// An operation's value or the exception it ended with. The agent races rendezvous and policy
-/// operations against its signals with `||`; an exception escaping one side of `||` left the
-/// agent waiting for ever in Asio 1.22 (found with a join timeout), so the operation's
-/// exception is caught inside the race and rethrown after it.
-template <class T>
-struct settled {
-    std::optional<T> value;
-    std::exception_ptr error;
-
-    T take() {
-        if (error) std::rethrow_exception(error);
-        return std::move(*value);
-    }
-};
-
-template <class T>
-asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
-    settled<T> out;
-    try {
-        out.value.emplace(co_await std::move(op));
-    } catch (...) {
-        out.error = std::current_exception();
-    }
-    co_return out;
-}
-
-inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
-    settled<std::monostate> out;
-    try {
-        co_await std::move(op);
-        out.value.emplace();
-    } catch (...) {
-        out.error = std::current_exception();
-    }
-    co_return out;
-}
-
 /// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
 struct store_plan {
     std::string bind_host;
@@ -15841,7 +15848,7 @@ public:
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
-        auto joined = co_await (detail::agent::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
+        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) {
             rdzv.stop();
             co_return 128 + std::get<1>(joined);
@@ -15855,7 +15862,7 @@ public:
         // The loop, beside the observer of the job's membership (lost nodes), which runs for as
         // long as this node is in the job.
         job<R> j(*this, rdzv, signals);
-        auto both = co_await (detail::agent::settle(loop(j)) || rdzv.keep_membership());
+        auto both = co_await (detail::settle(loop(j)) || rdzv.keep_membership());
         rdzv.stop();
         round_store_.reset();
         if (both.index() == 1) throw agent_error("the membership observer ended on its own");
@@ -15978,7 +15985,7 @@ private:
         last_abort_.reset();
         store_lost_.reset();
         step s;
-        auto attempt = co_await detail::agent::settle(run_attempt(rdzv, signals));
+        auto attempt = co_await detail::settle(run_attempt(rdzv, signals));
         if (const auto why = store_loss(attempt.error)) {
             co_await recover(rdzv, *why);
             co_return s;
@@ -16020,7 +16027,7 @@ private:
     asio::awaitable<std::optional<int>> finish_step(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::succeeded, "finish");
-        auto barrier = co_await (detail::agent::settle(rdzv.finish(exit_barrier_timeout())) ||
+        auto barrier = co_await (detail::settle(rdzv.finish(exit_barrier_timeout())) ||
                                  signals.async_wait(asio::use_awaitable));
         if (barrier.index() == 1) {
             co_await abort_for_signal(rdzv, std::get<1>(barrier));
@@ -16054,7 +16061,7 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
-        auto decided = co_await (detail::agent::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
+        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
         if (decided.index() == 1) {
             const int sig = std::get<1>(decided);
             events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -16095,7 +16102,7 @@ private:
     asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
         auto followed =
-            co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+            co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
         if (followed.index() == 1) co_return 128 + std::get<1>(followed);
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
@@ -16421,7 +16428,7 @@ private:
         me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
         if (several_) me.addrs = detail::rdzv::interface_addresses();
-        auto joined = co_await (detail::agent::settle(rdzv.next_round(std::move(me))) ||
+        auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
                                 signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) co_return std::get<1>(joined);
         round_ = std::get<0>(joined).take();

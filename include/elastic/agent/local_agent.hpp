@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/agent_events.hpp"
@@ -70,43 +71,6 @@
 namespace elastic::inline v0 {
 
 namespace detail::agent {
-
-/// An operation's value or the exception it ended with. The agent races rendezvous and policy
-/// operations against its signals with `||`; an exception escaping one side of `||` left the
-/// agent waiting for ever in Asio 1.22 (found with a join timeout), so the operation's
-/// exception is caught inside the race and rethrown after it.
-template <class T>
-struct settled {
-    std::optional<T> value;
-    std::exception_ptr error;
-
-    T take() {
-        if (error) std::rethrow_exception(error);
-        return std::move(*value);
-    }
-};
-
-template <class T>
-asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
-    settled<T> out;
-    try {
-        out.value.emplace(co_await std::move(op));
-    } catch (...) {
-        out.error = std::current_exception();
-    }
-    co_return out;
-}
-
-inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
-    settled<std::monostate> out;
-    try {
-        co_await std::move(op);
-        out.value.emplace();
-    } catch (...) {
-        out.error = std::current_exception();
-    }
-    co_return out;
-}
 
 /// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
 struct store_plan {
@@ -291,7 +255,7 @@ public:
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
-        auto joined = co_await (detail::agent::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
+        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) {
             rdzv.stop();
             co_return 128 + std::get<1>(joined);
@@ -305,7 +269,7 @@ public:
         // The loop, beside the observer of the job's membership (lost nodes), which runs for as
         // long as this node is in the job.
         job<R> j(*this, rdzv, signals);
-        auto both = co_await (detail::agent::settle(loop(j)) || rdzv.keep_membership());
+        auto both = co_await (detail::settle(loop(j)) || rdzv.keep_membership());
         rdzv.stop();
         round_store_.reset();
         if (both.index() == 1) throw agent_error("the membership observer ended on its own");
@@ -428,7 +392,7 @@ private:
         last_abort_.reset();
         store_lost_.reset();
         step s;
-        auto attempt = co_await detail::agent::settle(run_attempt(rdzv, signals));
+        auto attempt = co_await detail::settle(run_attempt(rdzv, signals));
         if (const auto why = store_loss(attempt.error)) {
             co_await recover(rdzv, *why);
             co_return s;
@@ -470,7 +434,7 @@ private:
     asio::awaitable<std::optional<int>> finish_step(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::succeeded, "finish");
-        auto barrier = co_await (detail::agent::settle(rdzv.finish(exit_barrier_timeout())) ||
+        auto barrier = co_await (detail::settle(rdzv.finish(exit_barrier_timeout())) ||
                                  signals.async_wait(asio::use_awaitable));
         if (barrier.index() == 1) {
             co_await abort_for_signal(rdzv, std::get<1>(barrier));
@@ -504,7 +468,7 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
-        auto decided = co_await (detail::agent::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
+        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
         if (decided.index() == 1) {
             const int sig = std::get<1>(decided);
             events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -545,7 +509,7 @@ private:
     asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
         auto followed =
-            co_await (detail::agent::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+            co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
         if (followed.index() == 1) co_return 128 + std::get<1>(followed);
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
@@ -871,7 +835,7 @@ private:
         me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
         if (several_) me.addrs = detail::rdzv::interface_addresses();
-        auto joined = co_await (detail::agent::settle(rdzv.next_round(std::move(me))) ||
+        auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
                                 signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) co_return std::get<1>(joined);
         round_ = std::get<0>(joined).take();

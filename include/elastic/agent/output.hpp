@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/report/stderr_tail.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -49,36 +50,6 @@ inline void write_all(int fd, std::string_view text) noexcept {
 }
 
 }  // namespace detail::agent
-
-/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
-/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
-class task_latch {
-public:
-    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
-        timer_.expires_at(asio::steady_timer::time_point::max());
-    }
-    void add() noexcept { ++count_; }
-    void done() noexcept {
-        if (--count_ == 0) timer_.cancel();
-    }
-    [[nodiscard]] std::size_t count() const noexcept { return count_; }
-    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
-    /// held open by a process that writes nothing.
-    void progressed() noexcept { ++progress_; }
-    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
-
-    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
-    /// One latch per attempt's streams.
-    asio::awaitable<void> wait() {
-        if (count_ == 0) co_return;
-        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    }
-
-private:
-    asio::steady_timer timer_;
-    std::size_t count_ = 0;
-    std::uint64_t progress_ = 0;
-};
 
 /// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
 /// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
@@ -153,7 +124,7 @@ struct stream_copies {
     int file_fd = -1;             ///< every byte as written: the stream's log file
     int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
     std::string prefix;           ///< the rank's console prefix; empty for a raw copy
-    task_latch* progress = nullptr;  ///< told of every chunk (task_latch::progressed)
+    detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
 };
 
 /// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies

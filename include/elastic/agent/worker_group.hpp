@@ -75,7 +75,7 @@ struct worker_slot {
 struct attempt_state {
     attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
     std::vector<worker_slot> slots;
-    task_latch relays;
+    detail::task_latch relays;
 };
 
 }  // namespace detail::agent

@@ -57,7 +57,7 @@ public:
 
     /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
     /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
-    void start(child_process& child, const asio::any_io_executor& executor, task_latch& relays,
+    void start(child_process& child, const asio::any_io_executor& executor, detail::task_latch& relays,
                const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
         out_pipe_ = child.take_stdout();
         err_pipe_ = child.take_stderr();
@@ -87,7 +87,7 @@ public:
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
-    static void run(const asio::any_io_executor& executor, task_latch& relays, const std::shared_ptr<void>& keep_alive,
+    static void run(const asio::any_io_executor& executor, detail::task_latch& relays, const std::shared_ptr<void>& keep_alive,
                     asio::posix::stream_descriptor& pipe, stream_copies copies) {
         relays.add();
         asio::co_spawn(

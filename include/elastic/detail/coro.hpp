@@ -1,5 +1,6 @@
-// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock and a
-// signal that wakes every waiter. Both sleep on steady_timers that never expire by themselves;
+// Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock, a signal
+// that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
+// that may throw with `||`. The waits sleep on steady_timers that never expire by themselves;
 // cancelling the timer is the wake-up.
 #pragma once
 
@@ -12,9 +13,15 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <iterator>
 #include <list>
+#include <optional>
 #include <system_error>
+#include <utility>
+#include <variant>
 
 namespace elastic::inline v0::detail {
 
@@ -96,5 +103,72 @@ public:
 private:
     asio::steady_timer timer_;
 };
+
+/// Counts running tasks and lets one coroutine await the moment none is left (an event: the
+/// last `done()` cancels the timer the waiter sleeps on; nothing polls).
+class task_latch {
+public:
+    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+        timer_.expires_at(asio::steady_timer::time_point::max());
+    }
+    void add() noexcept { ++count_; }
+    void done() noexcept {
+        if (--count_ == 0) timer_.cancel();
+    }
+    [[nodiscard]] std::size_t count() const noexcept { return count_; }
+    /// Counts chunks the tasks handled: lets a bounded wait tell a stream still flowing from one
+    /// held open by a process that writes nothing.
+    void progressed() noexcept { ++progress_; }
+    [[nodiscard]] std::uint64_t progress() const noexcept { return progress_; }
+
+    /// Returns once count() is 0, or when the await is cancelled (it may be awaited again then).
+    /// One latch per attempt's streams.
+    asio::awaitable<void> wait() {
+        if (count_ == 0) co_return;
+        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+
+private:
+    asio::steady_timer timer_;
+    std::size_t count_ = 0;
+    std::uint64_t progress_ = 0;
+};
+
+/// An operation's value or the exception it ended with. The agent races rendezvous and policy
+/// operations against its signals with `||`; an exception escaping one side of `||` left the
+/// agent waiting for ever in Asio 1.22 (found with a join timeout), so the operation's
+/// exception is caught inside the race and rethrown after it.
+template <class T>
+struct settled {
+    std::optional<T> value;
+    std::exception_ptr error;
+
+    T take() {
+        if (error) std::rethrow_exception(error);
+        return std::move(*value);
+    }
+};
+
+template <class T>
+asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
+    settled<T> out;
+    try {
+        out.value.emplace(co_await std::move(op));
+    } catch (...) {
+        out.error = std::current_exception();
+    }
+    co_return out;
+}
+
+inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
+    settled<std::monostate> out;
+    try {
+        co_await std::move(op);
+        out.value.emplace();
+    } catch (...) {
+        out.error = std::current_exception();
+    }
+    co_return out;
+}
 
 }  // namespace elastic::inline v0::detail
