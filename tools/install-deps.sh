@@ -2,13 +2,14 @@
 # Install the Debian packages elastic needs, only those missing. Run as root on Debian 12.
 #   tools/install-deps.sh build   # compilers and the libraries the headers use
 #   tools/install-deps.sh test    # that, plus what the test suite runs against (PyTorch, etcd)
+#                                 # and clang-format-14 for tools/check_format.sh
 set -euo pipefail
 what=${1:-test}
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev python3
           libasio-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libssl-dev)
 if [[ $what == test ]]; then
-  packages+=(python3-torch libtorch-dev etcd-server etcd-client iproute2 procps)
+  packages+=(python3-torch libtorch-dev etcd-server etcd-client iproute2 procps clang-format-14)
 fi
 
 missing=()

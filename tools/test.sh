@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, every stage CI runs (README's second command; .ci/run calls it).
-#   1. single_include/elastic.hpp matches what tools/amalgamate.py makes now, no header
+#   1. every C++ file follows .clang-format (tools/check_format.sh),
+#      single_include/elastic.hpp matches what tools/amalgamate.py makes now, no header
 #      includes one from a layer above its own (tools/check_layers.py), and the single header
 #      alone builds a launcher with docs/building.md's compile line (tools/check_vendoring.sh),
 #      and the compile-time budgets that are met hold (bench/compile_time.py --check)
@@ -54,6 +55,7 @@ run_ctest() {  # run_ctest DIR [ARGS...]: run, and add its counts to the run's t
 stage_deps() { tools/install-deps.sh test; }
 
 stage_header() {
+  tools/check_format.sh
   python3 tools/amalgamate.py --check
   python3 tools/check_layers.py
   tools/check_vendoring.sh
