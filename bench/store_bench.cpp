@@ -75,8 +75,8 @@ struct result {
 };
 
 // One client's share of a cell: a connection (two for wait-then-set: a waiter and a setter).
-asio::awaitable<void> drive(elastic::tcp_store_client& c, elastic::tcp_store_client* setter,
-                            operation op, int id, int count, std::vector<double>& latencies) {
+asio::awaitable<void> drive(elastic::tcp_store_client& c, elastic::tcp_store_client* setter, operation op, int id,
+                            int count, std::vector<double>& latencies) {
     using namespace asio::experimental::awaitable_operators;
     const std::string value(32, 'v');
     const auto key = fmt::format("bench/{}", id);
@@ -94,9 +94,7 @@ asio::awaitable<void> drive(elastic::tcp_store_client& c, elastic::tcp_store_cli
                 break;
             }
         }
-        if (i >= 0)
-            latencies.push_back(
-                std::chrono::duration<double, std::micro>(clock_type::now() - start).count());
+        if (i >= 0) latencies.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - start).count());
     }
     // SET has no reply: one round trip at the end makes the cell's time include the server
     // having run every SET (a set's latency is its write alone, as for PyTorch's clients).
@@ -136,16 +134,13 @@ result run_cell(std::uint16_t port, operation op, int clients, int total_ops,
             });
     }
     ctx.run();
-    const double connect_ms =
-        std::chrono::duration<double, std::milli>(clock_type::now() - connect_start).count();
+    const double connect_ms = std::chrono::duration<double, std::milli>(clock_type::now() - connect_start).count();
     if (connected != clients) throw std::runtime_error("not every client connected");
     ctx.restart();
     const auto start = clock_type::now();
     for (int i = 0; i < clients; ++i) {
         const auto u = static_cast<std::size_t>(i);
-        asio::co_spawn(ctx,
-                       drive(*cs[u], setters.empty() ? nullptr : setters[u].get(), op, i,
-                             per_client, lat[u]),
+        asio::co_spawn(ctx, drive(*cs[u], setters.empty() ? nullptr : setters[u].get(), op, i, per_client, lat[u]),
                        [](std::exception_ptr e) {
                            if (e) std::rethrow_exception(e);
                        });
@@ -171,15 +166,14 @@ std::pair<pid_t, std::uint16_t> start_torch_server(const std::string& python, in
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    const std::string code =
-        "import sys, datetime\n"
-        "import torch.distributed as d\n"
-        "s = d.TCPStore('127.0.0.1', 0, None, True, datetime.timedelta(seconds=300), "
-        "wait_for_workers=False)\n"
-        "print(s.port, flush=True)\n"
-        "sys.stdin.read()\n";
-    std::vector<char*> argv{const_cast<char*>(python.c_str()), const_cast<char*>("-c"),
-                            const_cast<char*>(code.c_str()), nullptr};
+    const std::string code = "import sys, datetime\n"
+                             "import torch.distributed as d\n"
+                             "s = d.TCPStore('127.0.0.1', 0, None, True, datetime.timedelta(seconds=300), "
+                             "wait_for_workers=False)\n"
+                             "print(s.port, flush=True)\n"
+                             "sys.stdin.read()\n";
+    std::vector<char*> argv{const_cast<char*>(python.c_str()), const_cast<char*>("-c"), const_cast<char*>(code.c_str()),
+                            nullptr};
     pid_t pid = -1;
     if (posix_spawn(&pid, python.c_str(), &fa, nullptr, argv.data(), environ) != 0)
         throw std::runtime_error("cannot start " + python);
@@ -243,8 +237,7 @@ int main(int argc, char** argv) {
     int torch_stdin = -1;
     pid_t torch_pid = -1;
     std::uint16_t torch_port = 0;
-    if (which != "ours" && which != "auth")
-        std::tie(torch_pid, torch_port) = start_torch_server(python, torch_stdin);
+    if (which != "ours" && which != "auth") std::tie(torch_pid, torch_port) = start_torch_server(python, torch_stdin);
 
     fmt::print("| operation | clients | server | ops/s | p50 µs | p99 µs | connect ms |\n");
     fmt::print("|---|---:|---|---:|---:|---:|---:|\n");
@@ -255,14 +248,12 @@ int main(int argc, char** argv) {
     else if (which == "torch") kinds = {kind::torch};
     else if (which == "all") kinds = {kind::plain, kind::with_secret, kind::torch};
     else kinds = {kind::plain, kind::torch};
-    for (const auto op :
-         {operation::set, operation::get, operation::add, operation::wait_then_set}) {
+    for (const auto op : {operation::set, operation::get, operation::add, operation::wait_then_set}) {
         for (const int n : clients) {
             for (const auto k : kinds) {
-                const auto r =
-                    k == kind::torch         ? run_cell(torch_port, op, n, total_ops)
-                    : k == kind::with_secret ? run_cell(ours_auth.port(), op, n, total_ops, secret)
-                                             : run_cell(ours.port(), op, n, total_ops);
+                const auto r = k == kind::torch         ? run_cell(torch_port, op, n, total_ops)
+                               : k == kind::with_secret ? run_cell(ours_auth.port(), op, n, total_ops, secret)
+                                                        : run_cell(ours.port(), op, n, total_ops);
                 fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.1f} |\n", name(op), n,
                            k == kind::torch         ? "PyTorch 1.13"
                            : k == kind::with_secret ? "elastic, secret"

@@ -16,7 +16,8 @@
 asio::awaitable<elastic::restart_decision> retry_on_75(const elastic::group_failure& failure) {
     const auto* root = failure.root_cause();
     if (root != nullptr && root->status.returncode() == 75 && failure.restarts < 3) {
-        co_return elastic::restart_decision::restart_because(fmt::format("retry {} of 3 asked for", failure.restarts + 1));
+        co_return elastic::restart_decision::restart_because(fmt::format("retry {} of 3 asked for",
+                                                                         failure.restarts + 1));
     }
     co_return elastic::restart_decision::stop_because("no retry asked for, or 3 done");
 }

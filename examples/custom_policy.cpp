@@ -35,12 +35,11 @@ struct settle_then_check {
         // A check of our own: anything awaitable would do (a store key, a health probe, ...).
         const char* hold = std::getenv("CUSTOM_POLICY_HOLD_FILE");
         if (hold != nullptr && *hold != '\0' && std::filesystem::exists(hold)) {
-            co_return elastic::restart_decision::stop_because(
-                fmt::format("the hold file {} exists: not restarting after {} failure(s)", hold,
-                            failure.failures().size()));
+            co_return elastic::restart_decision::stop_because(fmt::format(
+                "the hold file {} exists: not restarting after {} failure(s)", hold, failure.failures().size()));
         }
-        co_return elastic::restart_decision::restart_because(
-            fmt::format("settled {} ms, no hold file", settle.count()));
+        co_return elastic::restart_decision::restart_because(fmt::format("settled {} ms, no hold file",
+                                                                         settle.count()));
     }
 };
 

@@ -26,8 +26,7 @@ int main(int argc, char** argv) {
                    "Address to listen on: 0.0.0.0 or \"::\" (dual-stack) for every interface, or "
                    "one address or host name")
         ->capture_default_str();
-    app.add_option("--port", options.port, "Port to listen on (0 picks a free one)")
-        ->capture_default_str();
+    app.add_option("--port", options.port, "Port to listen on (0 picks a free one)")->capture_default_str();
     app.add_option("--max-connections", options.max_connections,
                    "Connections served at once; more are closed at once and logged")
         ->capture_default_str();

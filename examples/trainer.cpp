@@ -33,10 +33,9 @@ int train(int argc, char** argv) {
         if (arg.rfind("--steps=", 0) == 0) steps = std::stoi(std::string(arg.substr(8)));
     }
     const elastic::worker_env& env = elastic::env();
-    say(fmt::format("trainer rank {}/{} (local {}/{}, node {}/{}): attempt {}, store {}:{}", env.rank,
-                    env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.node_count,
-                    env.restart_count, env.master_addr.value_or("-"),
-                    env.master_port ? std::to_string(*env.master_port) : "-"));
+    say(fmt::format("trainer rank {}/{} (local {}/{}, node {}/{}): attempt {}, store {}:{}", env.rank, env.world_size,
+                    env.local_rank, env.local_world_size, env.node_rank, env.node_count, env.restart_count,
+                    env.master_addr.value_or("-"), env.master_port ? std::to_string(*env.master_port) : "-"));
 
     int fail_rank = -1;
     int fail_step = -1;

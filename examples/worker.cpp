@@ -14,19 +14,15 @@ int worker_main() {
     const elastic::worker_env& env = elastic::env();
     const std::string master = env.master_addr.value_or("<unset>") + ":" +
                                (env.master_port ? std::to_string(*env.master_port) : "<unset>");
-    const std::string launcher = env.launched()
-                                     ? std::string("launched by ") + elastic::to_string(env.source)
-                                     : std::string("not launched (single-rank defaults)");
-    std::printf("worker: rank %d of %d (local rank %d of %d) on node %d of %d\n", env.rank,
-                env.world_size, env.local_rank, env.local_world_size, env.node_rank,
-                env.node_count);
-    std::printf("worker: master %s, restart %d of at most %d, %s\n", master.c_str(),
-                env.restart_count, env.max_restarts, launcher.c_str());
+    const std::string launcher = env.launched() ? std::string("launched by ") + elastic::to_string(env.source)
+                                                : std::string("not launched (single-rank defaults)");
+    std::printf("worker: rank %d of %d (local rank %d of %d) on node %d of %d\n", env.rank, env.world_size,
+                env.local_rank, env.local_world_size, env.node_rank, env.node_count);
+    std::printf("worker: master %s, restart %d of at most %d, %s\n", master.c_str(), env.restart_count,
+                env.max_restarts, launcher.c_str());
     return 0;
 }
 
 }  // namespace
 
-int main() {
-    return elastic::record(worker_main);
-}
+int main() { return elastic::record(worker_main); }

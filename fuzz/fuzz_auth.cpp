@@ -75,8 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                  const auth::nonce& server_nonce) {
         const auto m = auth::compute_mac(secret, label, client_nonce, server_nonce);
         return in.size() >= mac_at + auth::mac_size &&
-               in.substr(mac_at, auth::mac_size) ==
-                   std::string_view(reinterpret_cast<const char*>(m.data()), m.size());
+               in.substr(mac_at, auth::mac_size) == std::string_view(reinterpret_cast<const char*>(m.data()), m.size());
     };
     const auto input_nonce = [&] {
         auth::nonce n{};
@@ -97,13 +96,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::string sent;
     client.start(sent);
     drive(client, in, split + 1, sent);
-    if (sent.size() != auth::client_hello_size &&
-        (sent.size() != auth::client_hello_size + auth::mac_size ||
-         !mac_matches(auth::server_label, filled(0x11), input_nonce())))
+    if (sent.size() != auth::client_hello_size && (sent.size() != auth::client_hello_size + auth::mac_size ||
+                                                   !mac_matches(auth::server_label, filled(0x11), input_nonce())))
         fail();
     if (client.done() && (in.size() <= auth::server_challenge_size ||
-                          static_cast<unsigned char>(in[auth::server_challenge_size]) !=
-                              auth::accepted))
+                          static_cast<unsigned char>(in[auth::server_challenge_size]) != auth::accepted))
         fail();
 
     // An honest client against the server, its bytes cut where the input says: always done.

@@ -44,12 +44,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
         const auto e = elastic::worker_env::from(variables);
         fuzz_env::check(e.world_size >= 1 && e.rank >= 0 && e.rank < e.world_size);
-        fuzz_env::check(e.local_world_size >= 1 && e.local_rank >= 0 &&
-                        e.local_rank < e.local_world_size);
+        fuzz_env::check(e.local_world_size >= 1 && e.local_rank >= 0 && e.local_rank < e.local_world_size);
         fuzz_env::check(e.local_world_size <= e.world_size);
         fuzz_env::check(e.node_count >= 1 && e.node_rank >= 0 && e.node_rank < e.node_count);
-        fuzz_env::check(e.role_world_size >= 1 && e.role_rank >= 0 &&
-                        e.role_rank < e.role_world_size);
+        fuzz_env::check(e.role_world_size >= 1 && e.role_rank >= 0 && e.role_rank < e.role_world_size);
         fuzz_env::check(!e.master_port || *e.master_port >= 1);
         fuzz_env::check(!e.master_addr || !e.master_addr->empty());
         fuzz_env::check(e.restart_count >= 0 && e.max_restarts >= 0);

@@ -17,8 +17,8 @@ namespace {
 // and re-encoding a complete request gives back its bytes.
 void check_stream(elastic::wire::dialect d, std::string_view in, std::size_t split) {
     using elastic::wire::parse_status;
-    const elastic::wire::limits lim{.max_key_size = 4096, .max_value_size = 65536,
-                                    .max_keys_per_request = 256, .max_request_size = 1 << 20};
+    const elastic::wire::limits lim{
+        .max_key_size = 4096, .max_value_size = 65536, .max_keys_per_request = 256, .max_request_size = 1 << 20};
     elastic::wire::request req;
     while (!in.empty()) {
         // First offer a prefix (a partial read), then everything.
@@ -38,8 +38,7 @@ void check_stream(elastic::wire::dialect d, std::string_view in, std::size_t spl
         if (r.size == 0 || r.size > in.size()) fail();
         const auto whole = in.substr(0, r.size);
         const auto inside = [&](std::string_view v) {
-            return v.empty() || (v.data() >= whole.data() &&
-                                 v.data() + v.size() <= whole.data() + whole.size());
+            return v.empty() || (v.data() >= whole.data() && v.data() + v.size() <= whole.data() + whole.size());
         };
         if (!inside(req.key) || !inside(req.value) || !inside(req.expected)) fail();
         for (const auto k : req.keys)
@@ -65,9 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto d = elastic::wire::detect_dialect(in);
     if (d != elastic::wire::detect_dialect(in.substr(0, 5)) && in.size() >= 5) fail();
     if (d != detection::need_more)
-        check_stream(d == detection::current ? elastic::wire::dialect::current
-                                             : elastic::wire::dialect::legacy,
-                     in, split);
+        check_stream(d == detection::current ? elastic::wire::dialect::current : elastic::wire::dialect::legacy, in,
+                     split);
     // Both dialects regardless of detection: the parser must hold up either way.
     check_stream(elastic::wire::dialect::legacy, in, split + 1);
     check_stream(elastic::wire::dialect::current, in, split + 2);

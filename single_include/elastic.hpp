@@ -69,8 +69,7 @@ struct version_info {
     int minor;
     int patch;
 };
-inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR,
-                                      ELASTIC_VERSION_PATCH};
+inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR, ELASTIC_VERSION_PATCH};
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/config.hpp ----
@@ -155,21 +154,21 @@ private:
 /// What the launcher told this worker: every variable torchrun sets, typed and checked.
 /// Defaults (docs/environment.md) make a program started by hand a single-rank run.
 struct worker_env {
-    int rank = 0;        ///< RANK: global rank, 0 <= rank < world_size
-    int local_rank = 0;  ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
-    int world_size = 1;  ///< WORLD_SIZE: workers in the job
-    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: workers on this node
-    int node_rank = 0;         ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
-    int node_count = 1;        ///< GROUP_WORLD_SIZE: nodes (agents) in the job
-    int role_rank = 0;         ///< ROLE_RANK: rank among workers of the same role
-    int role_world_size = 1;   ///< ROLE_WORLD_SIZE: workers of the same role
+    int rank = 0;                              ///< RANK: global rank, 0 <= rank < world_size
+    int local_rank = 0;                        ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
+    int world_size = 1;                        ///< WORLD_SIZE: workers in the job
+    int local_world_size = 1;                  ///< LOCAL_WORLD_SIZE: workers on this node
+    int node_rank = 0;                         ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
+    int node_count = 1;                        ///< GROUP_WORLD_SIZE: nodes (agents) in the job
+    int role_rank = 0;                         ///< ROLE_RANK: rank among workers of the same role
+    int role_world_size = 1;                   ///< ROLE_WORLD_SIZE: workers of the same role
     std::string role_name = "default";         ///< ROLE_NAME (torchrun's --role)
     std::optional<std::string> master_addr;    ///< MASTER_ADDR: host of the rank-0 store
     std::optional<std::uint16_t> master_port;  ///< MASTER_PORT: its port, 1..65535
-    int restart_count = 0;         ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
-    int max_restarts = 0;          ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
-    std::string run_id;            ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
-    bool use_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
+    int restart_count = 0;                     ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
+    int max_restarts = 0;                      ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
+    std::string run_id;                        ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
+    bool use_agent_store = false;              ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
     std::optional<std::string> error_file;     ///< TORCHELASTIC_ERROR_FILE (empty means none)
     env_source source = env_source::defaults;  ///< which launcher's variables these came from
 
@@ -199,9 +198,7 @@ public:
 
     env_reader(lookup_fn lookup, const void* context) : lookup_(lookup), context_(context) {}
 
-    [[nodiscard]] std::optional<std::string> get(const char* name) const {
-        return lookup_(context_, name);
-    }
+    [[nodiscard]] std::optional<std::string> get(const char* name) const { return lookup_(context_, name); }
     [[nodiscard]] bool has(const char* name) const { return get(name).has_value(); }
 
     // The first of `names` that is set, or nullptr.
@@ -225,21 +222,17 @@ public:
         const char* const last = first + text->size();
         const auto [end, ec] = std::from_chars(first, last, value);
         if (text->empty() || ec == std::errc::invalid_argument || end != last) {
-            fail(
-                std::string(name) + "='" + *text +
-                    "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
-                {name});
+            fail(std::string(name) + "='" + *text +
+                     "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
+                 {name});
         }
         if (ec == std::errc::result_out_of_range || value > INT_MAX || value < INT_MIN) {
-            fail(std::string(name) + "=" + *text +
-                     " is out of range (the largest accepted value is " + std::to_string(INT_MAX) +
-                     ")",
+            fail(std::string(name) + "=" + *text + " is out of range (the largest accepted value is " +
+                     std::to_string(INT_MAX) + ")",
                  {name});
         }
         if (value < 0) {
-            fail(std::string(name) + "=" + *text +
-                     " is negative (ranks, sizes and counts are 0 or more)",
-                 {name});
+            fail(std::string(name) + "=" + *text + " is negative (ranks, sizes and counts are 0 or more)", {name});
         }
         return static_cast<int>(value);
     }
@@ -295,8 +288,8 @@ inline env_value integer_or(const env_reader& reader, const char* name, bool is_
     return value ? from_variable(name, *value) : from_default(fallback, quantity, why);
 }
 
-inline env_value required(const env_reader& reader, const char* name, bool is_size,
-                          const char* launcher, const char* trigger) {
+inline env_value required(const env_reader& reader, const char* name, bool is_size, const char* launcher,
+                          const char* trigger) {
     const auto value = is_size ? reader.size(name) : reader.integer(name);
     if (!value) {
         const auto trigger_value = reader.get(trigger).value_or("");
@@ -312,41 +305,34 @@ inline void check_less(const env_value& low, const env_value& high, const char* 
     if (low.value < high.value) return;
     std::vector<std::string> names = low.names;
     names.insert(names.end(), high.names.begin(), high.names.end());
-    env_reader::fail(low.describe + " is not less than " + high.describe + " (" + rule + ")",
-                     std::move(names));
+    env_reader::fail(low.describe + " is not less than " + high.describe + " (" + rule + ")", std::move(names));
 }
 
 inline void check_not_more(const env_value& low, const env_value& high, const char* rule) {
     if (low.value <= high.value) return;
     std::vector<std::string> names = low.names;
     names.insert(names.end(), high.names.begin(), high.names.end());
-    env_reader::fail(low.describe + " exceeds " + high.describe + " (" + rule + ")",
-                     std::move(names));
+    env_reader::fail(low.describe + " exceeds " + high.describe + " (" + rule + ")", std::move(names));
 }
 
 // a >= 0, b > 0; written without a + b - 1, which overflows for sizes near INT_MAX.
-inline int ceil_div(int a, int b) {
-    return a / b + (a % b != 0 ? 1 : 0);
-}
+inline int ceil_div(int a, int b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // The local pair: both set, or neither (then the single-node values: the whole job is local).
-inline void local_pair(const env_reader& reader, const char* rank_name, const char* size_name,
-                       const env_value& rank, const env_value& world, env_value& local_rank,
-                       env_value& local_size) {
+inline void local_pair(const env_reader& reader, const char* rank_name, const char* size_name, const env_value& rank,
+                       const env_value& world, env_value& local_rank, env_value& local_size) {
     const bool has_rank = reader.has(rank_name);
     const bool has_size = reader.has(size_name);
     if (has_rank != has_size) {
         const char* set = has_rank ? rank_name : size_name;
         const char* unset = has_rank ? size_name : rank_name;
-        env_reader::fail(std::string(unset) + " is not set, but " + set + "=" +
-                             reader.get(set).value_or("") +
-                             " is: set both or neither (neither means one node: " + rank_name +
-                             " = the global rank, " + size_name + " = the world size)",
+        env_reader::fail(std::string(unset) + " is not set, but " + set + "=" + reader.get(set).value_or("") +
+                             " is: set both or neither (neither means one node: " + rank_name + " = the global rank, " +
+                             size_name + " = the world size)",
                          {unset, set});
     }
     if (!has_rank) {
-        local_rank = from_default(rank.value, "the local rank",
-                                  std::string(rank_name) + " is unset: the global rank");
+        local_rank = from_default(rank.value, "the local rank", std::string(rank_name) + " is unset: the global rank");
         local_size = from_default(world.value, "the local world size",
                                   std::string(size_name) + " is unset: the world size");
         return;
@@ -398,8 +384,7 @@ inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
         if (ec != std::errc() || count < 0) return std::nullopt;
         const std::string_view rest(end, static_cast<std::size_t>(item.data() + item.size() - end));
         if (!rest.empty()) {
-            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')')
-                return std::nullopt;
+            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')') return std::nullopt;
             const auto digits = rest.substr(2, rest.size() - 3);
             auto [e2, ec2] = std::from_chars(digits.data(), digits.data() + digits.size(), repeat);
             if (ec2 != std::errc() || e2 != digits.data() + digits.size() || repeat < 1) {
@@ -448,8 +433,7 @@ inline void read_torchrun(const env_reader& reader, const char* trigger, worker_
     const auto group_rank = reader.integer("GROUP_RANK");
     const auto node_rank = reader.integer("NODE_RANK");
     if (group_rank && node_rank && *group_rank != *node_rank) {
-        env_reader::fail("GROUP_RANK=" + std::to_string(*group_rank) +
-                             " and NODE_RANK=" + std::to_string(*node_rank) +
+        env_reader::fail("GROUP_RANK=" + std::to_string(*group_rank) + " and NODE_RANK=" + std::to_string(*node_rank) +
                              " disagree (both name this node's rank: set one, or both alike)",
                          {"GROUP_RANK", "NODE_RANK"});
     }
@@ -461,14 +445,13 @@ inline void read_torchrun(const env_reader& reader, const char* trigger, worker_
         node = from_default(rank.value / local_size.value, "the node rank",
                             "GROUP_RANK is unset: global rank / local world size");
     }
-    const env_value nodes = integer_or(
-        reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value), "the node count",
-        "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
+    const env_value nodes = integer_or(reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value),
+                                       "the node count",
+                                       "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
     check_less(node, nodes, "node ranks run from 0 to GROUP_WORLD_SIZE-1");
 
-    const env_value role_size =
-        integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size",
-                   "ROLE_WORLD_SIZE is unset: the world size");
+    const env_value role_size = integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size",
+                                           "ROLE_WORLD_SIZE is unset: the world size");
     const env_value role_rank = integer_or(reader, "ROLE_RANK", false, rank.value, "the role rank",
                                            "ROLE_RANK is unset: the global rank");
     check_less(role_rank, role_size, "role ranks run from 0 to ROLE_WORLD_SIZE-1");
@@ -495,8 +478,7 @@ inline void read_open_mpi(const env_reader& reader, const char* trigger, worker_
     check_less(rank, world, "ranks run from 0 to OMPI_COMM_WORLD_SIZE-1");
     env_value local_rank;
     env_value local_size;
-    local_pair(reader, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", rank, world,
-               local_rank, local_size);
+    local_pair(reader, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", rank, world, local_rank, local_size);
     check_less(local_rank, local_size, "local ranks run from 0 to OMPI_COMM_WORLD_LOCAL_SIZE-1");
     check_not_more(local_size, world, "a node cannot run more workers than the whole job");
     out.world_size = world.value;
@@ -515,29 +497,26 @@ inline void read_open_mpi(const env_reader& reader, const char* trigger, worker_
 inline void read_slurm(const env_reader& reader, worker_env& out) {
     const char* const trigger = "SLURM_PROCID";
     // A step may run fewer tasks than the allocation: prefer the step's count.
-    const char* const world_name =
-        reader.first_set({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
-    const env_value world =
-        required(reader, world_name ? world_name : "SLURM_NTASKS", true, "srun", trigger);
+    const char* const world_name = reader.first_set({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+    const env_value world = required(reader, world_name ? world_name : "SLURM_NTASKS", true, "srun", trigger);
     const env_value rank = required(reader, "SLURM_PROCID", false, "srun", trigger);
     check_less(rank, world, "Slurm task ids run from 0 to the task count - 1");
     const env_value local_rank = required(reader, "SLURM_LOCALID", false, "srun", trigger);
-    const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id",
-                                      "SLURM_NODEID is unset: node 0");
+    const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id", "SLURM_NODEID is unset: node 0");
     // This node's entry of the step's list is exact (nodes may differ, a step may differ from
     // the allocation); SLURM_NTASKS_PER_NODE is the allocation's uniform request.
     const auto from_list = [&](const char* list_name) {
         const auto list = reader.get(list_name).value_or("");
         const auto count = slurm_tasks_on_node(list, node.value);
         if (!count || *count == 0) {
-            env_reader::fail(std::string(list_name) + "='" + list +
-                                 "' gives no task count for node " + std::to_string(node.value) +
+            env_reader::fail(std::string(list_name) + "='" + list + "' gives no task count for node " +
+                                 std::to_string(node.value) +
                                  " (expected a list such as 2(x3),1 indexed by SLURM_NODEID)",
                              {list_name, "SLURM_NODEID"});
         }
         return env_value{*count,
-                         std::string(list_name) + "='" + list + "' (" + std::to_string(*count) +
-                             " on node " + std::to_string(node.value) + ")",
+                         std::string(list_name) + "='" + list + "' (" + std::to_string(*count) + " on node " +
+                             std::to_string(node.value) + ")",
                          {list_name}};
     };
     env_value local_size;
@@ -548,22 +527,19 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
     } else if (reader.has("SLURM_TASKS_PER_NODE")) {
         local_size = from_list("SLURM_TASKS_PER_NODE");
     } else {
-        env_reader::fail(
-            "SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
-            " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
-                reader.get(trigger).value_or("") +
-                " is: the local world size is unknown (run under srun, or set "
-                "LOCAL_WORLD_SIZE with the torchrun variables)",
-            {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
+        env_reader::fail("SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
+                         " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
+                             reader.get(trigger).value_or("") +
+                             " is: the local world size is unknown (run under srun, or set "
+                             "LOCAL_WORLD_SIZE with the torchrun variables)",
+                         {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
     }
     check_less(local_rank, local_size, "local task ids run below the tasks on this node");
     check_not_more(local_size, world, "a node cannot run more tasks than the whole step");
-    const char* const nodes_name =
-        reader.first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
-    const env_value nodes =
-        nodes_name ? from_variable(nodes_name, *reader.size(nodes_name))
-                   : from_default(ceil_div(world.value, local_size.value), "the node count",
-                                  "no SLURM_*NUM_NODES: tasks / tasks per node, rounded up");
+    const char* const nodes_name = reader.first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+    const env_value nodes = nodes_name ? from_variable(nodes_name, *reader.size(nodes_name))
+                                       : from_default(ceil_div(world.value, local_size.value), "the node count",
+                                                      "no SLURM_*NUM_NODES: tasks / tasks per node, rounded up");
     check_less(node, nodes, "node ids run below the node count");
 
     out.world_size = world.value;
@@ -575,8 +551,7 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
     out.role_rank = out.rank;
     out.role_world_size = out.world_size;
     out.run_id = reader.get("SLURM_JOB_ID").value_or("");
-    if (const char* list_name =
-            reader.first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+    if (const char* list_name = reader.first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
         const auto host = slurm_first_host(reader.get(list_name).value_or(""));
         if (!host.empty()) out.master_addr = host;
     }
@@ -587,18 +562,16 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
 inline void read_common(const env_reader& reader, worker_env& out) {
     if (auto addr = reader.get("MASTER_ADDR")) {
         if (addr->empty()) {
-            env_reader::fail(
-                "MASTER_ADDR is set but empty (give the rank-0 host's name or "
-                "address, or unset it)",
-                {"MASTER_ADDR"});
+            env_reader::fail("MASTER_ADDR is set but empty (give the rank-0 host's name or "
+                             "address, or unset it)",
+                             {"MASTER_ADDR"});
         }
         out.master_addr = std::move(*addr);
     }
     if (const auto text = reader.get("MASTER_PORT")) {
         const auto port = reader.integer("MASTER_PORT");
         if (*port < 1 || *port > 65535) {
-            env_reader::fail("MASTER_PORT=" + *text + " is outside 1-65535 (a TCP port number)",
-                             {"MASTER_PORT"});
+            env_reader::fail("MASTER_PORT=" + *text + " is outside 1-65535 (a TCP port number)", {"MASTER_PORT"});
         }
         out.master_port = static_cast<std::uint16_t>(*port);
     }
@@ -689,8 +662,7 @@ namespace elastic::inline v0::detail::crash {
 // it. Output past the end is dropped and remembered (`truncated`).
 class fixed_writer {
 public:
-    fixed_writer(char* buffer, std::size_t capacity) noexcept
-        : buffer_(buffer), capacity_(capacity) {}
+    fixed_writer(char* buffer, std::size_t capacity) noexcept : buffer_(buffer), capacity_(capacity) {}
 
     void put(char c) noexcept {
         if (length_ + 1 < capacity_) {
@@ -754,8 +726,7 @@ void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
     const auto hex4 = [&out](unsigned code) noexcept {
         out.put('\\');
         out.put('u');
-        for (int shift = 12; shift >= 0; shift -= 4)
-            out.put("0123456789abcdef"[(code >> shift) & 0xf]);
+        for (int shift = 12; shift >= 0; shift -= 4) out.put("0123456789abcdef"[(code >> shift) & 0xf]);
     };
     std::size_t i = 0;
     while (i < size) {
@@ -895,8 +866,8 @@ inline void load_executable_symbols() noexcept {
     const auto* image = static_cast<const unsigned char*>(map);
     ElfW(Ehdr) header;
     std::memcpy(&header, image, sizeof(header));
-    const bool usable = std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0 &&
-                        header.e_shentsize == sizeof(ElfW(Shdr)) && header.e_shoff != 0 &&
+    const bool usable = std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0 && header.e_shentsize == sizeof(ElfW(Shdr)) &&
+                        header.e_shoff != 0 &&
                         header.e_shoff + std::size_t{header.e_shnum} * sizeof(ElfW(Shdr)) <= size;
     if (!usable) {
         ::munmap(map, size);
@@ -906,8 +877,7 @@ inline void load_executable_symbols() noexcept {
     for (std::size_t i = 0; i < header.e_shnum; ++i) {
         if (sections[i].sh_type != SHT_SYMTAB || sections[i].sh_link >= header.e_shnum) continue;
         const auto& strings = sections[sections[i].sh_link];
-        if (sections[i].sh_offset + sections[i].sh_size > size ||
-            strings.sh_offset + strings.sh_size > size) {
+        if (sections[i].sh_offset + sections[i].sh_size > size || strings.sh_offset + strings.sh_size > size) {
             continue;
         }
         exe.symbols = reinterpret_cast<const ElfW(Sym)*>(image + sections[i].sh_offset);
@@ -958,8 +928,8 @@ inline frame_symbol symbolize(std::uintptr_t pc, std::uintptr_t lookup) noexcept
     if (exe.symbols != nullptr) {
         for (std::size_t i = 0; i < exe.symbol_count; ++i) {
             const auto& symbol = exe.symbols[i];
-            if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || symbol.st_size == 0 ||
-                symbol.st_value == 0 || symbol.st_name >= exe.strings_size) {
+            if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || symbol.st_size == 0 || symbol.st_value == 0 ||
+                symbol.st_name >= exe.strings_size) {
                 continue;
             }
             const std::uintptr_t start = symbol.st_value + exe.bias;
@@ -1063,9 +1033,7 @@ struct record_state {
 
 inline record_state record_storage{};
 
-inline long current_tid() noexcept {
-    return ::syscall(SYS_gettid);
-}
+inline long current_tid() noexcept { return ::syscall(SYS_gettid); }
 
 // Buffered output to a file descriptor with write(2): unbounded, allocation-free, signal-safe.
 class fd_writer {
@@ -1110,8 +1078,8 @@ private:
 // torchelastic's error-file JSON, byte for byte as Python's json.dump writes it:
 // {"message": {"message": "<T>: <what>", "extraInfo": {"py_callstack": "...", "timestamp": "<s>"}}}
 template <class Sink>
-void write_error_json(Sink& out, const char* message, std::size_t message_size,
-                      const char* callstack, std::size_t callstack_size, std::int64_t timestamp) {
+void write_error_json(Sink& out, const char* message, std::size_t message_size, const char* callstack,
+                      std::size_t callstack_size, std::int64_t timestamp) {
     out.put("{\"message\": {\"message\": \"");
     json_escape(out, message, message_size);
     out.put("\", \"extraInfo\": {\"py_callstack\": \"");
@@ -1137,9 +1105,8 @@ inline void make_parent_directories(char* path) noexcept {
 
 // Writes the error file as "<path>.tmp.<pid>" and renames it over <path>, so a reader (the agent)
 // sees the whole file or none. Returns 0 or the errno of the step that failed.
-inline int write_error_file_atomically(const char* message, std::size_t message_size,
-                                       const char* callstack, std::size_t callstack_size,
-                                       std::int64_t timestamp) noexcept {
+inline int write_error_file_atomically(const char* message, std::size_t message_size, const char* callstack,
+                                       std::size_t callstack_size, std::int64_t timestamp) noexcept {
     auto& state = record_storage;
     fixed_writer temporary(state.scratch_path, sizeof(state.scratch_path));
     temporary.put(state.error_file);
@@ -1176,8 +1143,7 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
         const char* from;
         const char* to;
     };
-    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"},
-                                         {"std::__cxx11::", "std::"}};
+    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"}, {"std::__cxx11::", "std::"}};
     while (*name != '\0') {
         bool renamed = false;
         for (const auto& r : renames) {
@@ -1194,8 +1160,7 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
 }
 
 // The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
-inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol,
-                      bool demangle) {
+inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol, bool demangle) {
     out.put("  #");
     out.put_unsigned(static_cast<std::uintmax_t>(index));
     out.put(' ');
@@ -1259,9 +1224,8 @@ inline void write_report(const crash_report& report) noexcept {
 
     int file_error = 0;
     if (state.has_error_file) {
-        file_error =
-            write_error_file_atomically(message.data(), message.size(), stack.data(), stack.size(),
-                                        static_cast<std::int64_t>(now.tv_sec));
+        file_error = write_error_file_atomically(message.data(), message.size(), stack.data(), stack.size(),
+                                                 static_cast<std::int64_t>(now.tv_sec));
     }
     fd_writer err(STDERR_FILENO);
     err.put("elastic::record: ");
@@ -1342,11 +1306,9 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         // Frames above the interrupted instruction are this handler and the kernel's trampoline.
         std::uintptr_t interrupted = 0;
 #if defined(__x86_64__)
-        interrupted = static_cast<std::uintptr_t>(
-            static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
+        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
 #elif defined(__aarch64__)
-        interrupted =
-            static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
+        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
 #else
         (void)context;
 #endif
@@ -1401,8 +1363,8 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
         const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
         const frame_symbol symbol = symbolize(pc, pc - 1);
         if (symbol.function == nullptr) continue;
-        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception",
-                                   "_ZSt9terminatev", "__clang_call_terminate"}) {
+        for (const char* marker :
+             {"__cxa_throw", "__cxa_rethrow", "rethrow_exception", "_ZSt9terminatev", "__clang_call_terminate"}) {
             if (std::strstr(symbol.function, marker) != nullptr) first = i + 1;
         }
     }
@@ -1796,8 +1758,7 @@ inline nonce random_nonce() {
 }
 
 /// HMAC-SHA256(secret, label || client nonce || server nonce).
-inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client,
-                       const nonce& server) {
+inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client, const nonce& server) {
     std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
     auto* p = input.data();
     for (const char c : label) *p++ = static_cast<unsigned char>(c);
@@ -1805,8 +1766,8 @@ inline mac compute_mac(std::string_view secret, std::string_view label, const no
     for (const auto b : server) *p++ = b;
     mac out{};
     unsigned int len = 0;
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(),
-             input.size(), out.data(), &len) == nullptr ||
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(), input.size(), out.data(),
+             &len) == nullptr ||
         len != out.size())
         throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
                           "failed)");
@@ -1863,8 +1824,7 @@ inline void put_header(std::string& out) {
 }
 
 inline bool same_mac(const mac& expected, std::string_view got) {
-    return got.size() == expected.size() &&
-           CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
+    return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
 }
 
 }  // namespace detail
@@ -1876,8 +1836,7 @@ public:
     /// `secret` must not be empty. `server_nonce` is injectable for tests and fuzzing.
     server_handshake(std::string secret, const nonce& server_nonce)
         : secret_(std::move(secret)), server_nonce_(server_nonce) {}
-    explicit server_handshake(std::string secret)
-        : server_handshake(std::move(secret), random_nonce()) {}
+    explicit server_handshake(std::string secret) : server_handshake(std::move(secret), random_nonce()) {}
 
     /// Consumes the next message from the front of `in`, appending the reply to `out`.
     step feed(std::string_view in, std::string& out) {
@@ -1899,8 +1858,7 @@ public:
             }
             case phase::proof: {
                 if (in.size() < client_proof_size) return {status::need_more, client_proof_size, {}};
-                const auto expected =
-                    compute_mac(secret_, client_label, client_nonce_, server_nonce_);
+                const auto expected = compute_mac(secret_, client_label, client_nonce_, server_nonce_);
                 if (!detail::same_mac(expected, in.substr(0, client_proof_size))) {
                     phase_ = phase::failed;
                     return {status::refused, 0,
@@ -1930,8 +1888,7 @@ private:
         const auto first = static_cast<unsigned char>(in[0]);
         if (match >= magic.size())
             return fmt::format("its handshake has version {}, this server speaks {}",
-                               static_cast<unsigned>(static_cast<unsigned char>(in[match])),
-                               version);
+                               static_cast<unsigned>(static_cast<unsigned char>(in[match])), version);
         // 00 CE ...: the current dialect's VALIDATE; 00 anything else: a legacy SET.
         if (first == 0x00 && (in.size() == 1 || in[1] == '\xCE'))
             return fmt::format("it sent a TCPStore request (bytes {}) without authenticating; "
@@ -1960,8 +1917,7 @@ public:
     /// `secret` must not be empty. `client_nonce` is injectable for tests and fuzzing.
     client_handshake(std::string secret, const nonce& client_nonce)
         : secret_(std::move(secret)), client_nonce_(client_nonce) {}
-    explicit client_handshake(std::string secret)
-        : client_handshake(std::move(secret), random_nonce()) {}
+    explicit client_handshake(std::string secret) : client_handshake(std::move(secret), random_nonce()) {}
 
     /// Appends the hello to `out`.
     void start(std::string& out) const {
@@ -1980,21 +1936,16 @@ public:
                             match >= magic.size()
                                 ? fmt::format("it answered with handshake version {}, this "
                                               "client speaks {}",
-                                              static_cast<unsigned>(
-                                                  static_cast<unsigned char>(in[match])),
-                                              version)
+                                              static_cast<unsigned>(static_cast<unsigned char>(in[match])), version)
                                 : fmt::format("it answered the authentication handshake with "
                                               "bytes {}: it is not an elastic store with a "
                                               "secret",
                                               detail::hex(in))};
                 }
-                if (in.size() < server_challenge_size)
-                    return {status::need_more, server_challenge_size, {}};
+                if (in.size() < server_challenge_size) return {status::need_more, server_challenge_size, {}};
                 const auto server_nonce = detail::get_nonce(in.substr(magic.size() + 1));
-                const auto expected =
-                    compute_mac(secret_, server_label, client_nonce_, server_nonce);
-                if (!detail::same_mac(expected,
-                                      in.substr(magic.size() + 1 + nonce_size, mac_size))) {
+                const auto expected = compute_mac(secret_, server_label, client_nonce_, server_nonce);
+                if (!detail::same_mac(expected, in.substr(magic.size() + 1 + nonce_size, mac_size))) {
                     phase_ = phase::failed;
                     return {status::refused, 0,
                             "its proof does not verify: the server was given another secret "
@@ -2098,14 +2049,13 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 // The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
 // `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
 inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
-                                                 std::chrono::milliseconds max,
-                                                 std::minstd_rand& rng) {
+                                                 std::chrono::milliseconds max, std::minstd_rand& rng) {
     auto d = initial;
     for (int i = 1; i < attempt && d < max; ++i) d *= 2;
     d = std::min(d, max);
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    return std::chrono::milliseconds(
-        static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng)));
+    return std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
+                                                                                 jitter(rng)));
 }
 
 }  // namespace elastic::inline v0::detail
@@ -2208,15 +2158,15 @@ enum class watch_response : std::uint8_t {
 };
 
 namespace detail {
-inline constexpr std::array<op, 13> legacy_ops{
-    op::set,      op::compare_set, op::get,       op::add,       op::check,
-    op::wait,     op::num_keys,    op::watch_key, op::delete_key, op::append,
-    op::multi_get, op::multi_set,  op::cancel_wait};
-inline constexpr std::array<op, 19> current_ops{
-    op::validate,   op::set,        op::compare_set, op::get,       op::add,
-    op::check,      op::wait,       op::num_keys,    op::delete_key, op::append,
-    op::multi_get,  op::multi_set,  op::cancel_wait, op::ping,      op::queue_push,
-    op::queue_pop,  op::queue_len,  op::list_keys,   op::barrier};
+inline constexpr std::array<op, 13> legacy_ops{op::set,        op::compare_set, op::get,       op::add,
+                                               op::check,      op::wait,        op::num_keys,  op::watch_key,
+                                               op::delete_key, op::append,      op::multi_get, op::multi_set,
+                                               op::cancel_wait};
+inline constexpr std::array<op, 19> current_ops{op::validate,    op::set,       op::compare_set, op::get,
+                                                op::add,         op::check,     op::wait,        op::num_keys,
+                                                op::delete_key,  op::append,    op::multi_get,   op::multi_set,
+                                                op::cancel_wait, op::ping,      op::queue_push,  op::queue_pop,
+                                                op::queue_len,   op::list_keys, op::barrier};
 }  // namespace detail
 
 /// The operation a byte means in `d`, or nothing for a byte the dialect does not define.
@@ -2242,21 +2192,21 @@ constexpr std::optional<std::uint8_t> to_byte(dialect d, op o) noexcept {
 
 /// PyTorch's upper-case name of an operation (for logs).
 constexpr std::string_view name(op o) noexcept {
-    constexpr std::array<std::string_view, 20> names{
-        "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",        "CHECK",
-        "WAIT",       "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY", "APPEND",    "MULTI_GET",
-        "MULTI_SET",  "CANCEL_WAIT", "PING",       "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-        "LIST_KEYS",  "BARRIER"};
+    constexpr std::array<std::string_view, 20> names{"VALIDATE",  "SET",         "COMPARE_SET", "GET",
+                                                     "ADD",       "CHECK",       "WAIT",        "GETNUMKEYS",
+                                                     "WATCH_KEY", "DELETE_KEY",  "APPEND",      "MULTI_GET",
+                                                     "MULTI_SET", "CANCEL_WAIT", "PING",        "QUEUE_PUSH",
+                                                     "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS",   "BARRIER"};
     return names[static_cast<std::size_t>(o)];
 }
 
 /// Size limits a parser enforces (documented in docs/store.md). A request beyond one is
 /// malformed: the server closes that connection and logs why.
 struct limits {
-    std::size_t max_key_size = 64 * 1024;                ///< bytes in one key
-    std::size_t max_value_size = 16 * 1024 * 1024;      ///< bytes in one value
-    std::size_t max_keys_per_request = 128 * 1024;      ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
-    std::size_t max_request_size = 64 * 1024 * 1024;    ///< bytes of one whole request
+    std::size_t max_key_size = 64 * 1024;             ///< bytes in one key
+    std::size_t max_value_size = 16 * 1024 * 1024;    ///< bytes in one value
+    std::size_t max_keys_per_request = 128 * 1024;    ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
+    std::size_t max_request_size = 64 * 1024 * 1024;  ///< bytes of one whole request
 };
 
 // ---- primitive encodings -------------------------------------------------------------------
@@ -2269,8 +2219,7 @@ template <class T>
 inline void put_le(std::string& out, T v) {
     char bytes[sizeof(T)];
     for (std::size_t i = 0; i < sizeof(T); ++i)
-        bytes[i] = static_cast<char>(
-            static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
+        bytes[i] = static_cast<char>(static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
     out.append(bytes, sizeof(T));
 }
 
@@ -2279,9 +2228,7 @@ inline void put_u32(std::string& out, std::uint32_t v) { put_le(out, v); }
 /// Appends a u64 (lengths, counts).
 inline void put_u64(std::string& out, std::uint64_t v) { put_le(out, v); }
 /// Appends an i64 (ADD delta and result, GETNUMKEYS, DELETE_KEY's count): two's complement LE.
-inline void put_i64(std::string& out, std::int64_t v) {
-    put_le(out, static_cast<std::uint64_t>(v));
-}
+inline void put_i64(std::string& out, std::int64_t v) { put_le(out, static_cast<std::uint64_t>(v)); }
 /// Appends a key or value: u64 length, then the raw bytes.
 inline void put_bytes(std::string& out, std::string_view s) {
     put_u64(out, s.size());
@@ -2325,10 +2272,10 @@ struct request {
     op operation = op::num_keys;
     /// SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
     std::string_view key;
-    std::string_view value;         ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
-    std::string_view expected;      ///< COMPARE_SET's expected value
-    std::int64_t number = 0;        ///< ADD's delta, BARRIER's world size
-    std::uint32_t nonce = 0;        ///< VALIDATE's magic, PING's nonce
+    std::string_view value;                ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
+    std::string_view expected;             ///< COMPARE_SET's expected value
+    std::int64_t number = 0;               ///< ADD's delta, BARRIER's world size
+    std::uint32_t nonce = 0;               ///< VALIDATE's magic, PING's nonce
     std::vector<std::string_view> keys;    ///< CHECK, WAIT, MULTI_GET, MULTI_SET
     std::vector<std::string_view> values;  ///< MULTI_SET (same length as keys)
 };
@@ -2391,8 +2338,7 @@ public:
         const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
         if (len > max)
             return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
-                                    is_key ? "key" : "value", len, max,
-                                    is_key ? "max_key_size" : "max_value_size"));
+                                    is_key ? "key" : "value", len, max, is_key ? "max_key_size" : "max_value_size"));
         const auto n = static_cast<std::size_t>(len);
         if (pos_ + n > lim_.max_request_size)
             return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
@@ -2435,8 +2381,7 @@ private:
 /// Incremental: call again with more bytes after `need_more`; nothing is consumed until
 /// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
 /// the reason string when malformed), whatever the input.
-inline parse_result parse_request(dialect d, std::string_view in, request& out,
-                                  const limits& lim = {}) {
+inline parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim = {}) {
     detail::request_reader r{in, lim};
     const char* p = nullptr;
     if (!r.fixed(1, p)) return std::move(r).result(false);
@@ -2456,28 +2401,18 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
     bool ok = true;
     switch (*o) {
         case op::validate:
-        case op::ping:
-            ok = r.u32(out.nonce);
-            break;
+        case op::ping: ok = r.u32(out.nonce); break;
         case op::set:
         case op::append:
-        case op::queue_push:
-            ok = r.str(out.key, true) && r.str(out.value, false);
-            break;
-        case op::compare_set:
-            ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false);
-            break;
+        case op::queue_push: ok = r.str(out.key, true) && r.str(out.value, false); break;
+        case op::compare_set: ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false); break;
         case op::get:
         case op::watch_key:
         case op::delete_key:
         case op::queue_pop:
-        case op::queue_len:
-            ok = r.str(out.key, true);
-            break;
+        case op::queue_len: ok = r.str(out.key, true); break;
         case op::add:
-        case op::barrier:
-            ok = r.str(out.key, true) && r.i64(out.number);
-            break;
+        case op::barrier: ok = r.str(out.key, true) && r.i64(out.number); break;
         case op::check:
         case op::wait:
         case op::multi_get:
@@ -2499,8 +2434,7 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
         }
         case op::num_keys:
         case op::cancel_wait:
-        case op::list_keys:
-            break;
+        case op::list_keys: break;
     }
     return std::move(r).result(ok);
 }
@@ -2510,15 +2444,12 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
 inline void encode_request(dialect d, const request& req, std::string& out) {
     const auto byte = to_byte(d, req.operation);
     if (!byte)
-        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect",
-                                                name(req.operation),
+        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect", name(req.operation),
                                                 d == dialect::legacy ? "legacy" : "current"));
     put_u8(out, *byte);
     switch (req.operation) {
         case op::validate:
-        case op::ping:
-            put_u32(out, req.nonce);
-            break;
+        case op::ping: put_u32(out, req.nonce); break;
         case op::set:
         case op::append:
         case op::queue_push:
@@ -2534,9 +2465,7 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
         case op::watch_key:
         case op::delete_key:
         case op::queue_pop:
-        case op::queue_len:
-            put_bytes(out, req.key);
-            break;
+        case op::queue_len: put_bytes(out, req.key); break;
         case op::add:
         case op::barrier:
             put_bytes(out, req.key);
@@ -2550,9 +2479,9 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
             break;
         case op::multi_set:
             if (req.keys.size() != req.values.size())
-                throw std::invalid_argument(fmt::format(
-                    "MULTI_SET needs as many values as keys, got {} keys and {} values",
-                    req.keys.size(), req.values.size()));
+                throw std::invalid_argument(
+                    fmt::format("MULTI_SET needs as many values as keys, got {} keys and {} values", req.keys.size(),
+                                req.values.size()));
             put_u64(out, req.keys.size());
             for (std::size_t i = 0; i < req.keys.size(); ++i) {
                 put_bytes(out, req.keys[i]);
@@ -2561,8 +2490,7 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
             break;
         case op::num_keys:
         case op::cancel_wait:
-        case op::list_keys:
-            break;
+        case op::list_keys: break;
     }
 }
 
@@ -2613,9 +2541,7 @@ inline void encode_heartbeat(wire::dialect dialect, std::string& out) {
     }
 }
 
-inline std::size_t heartbeat_reply_size(wire::dialect dialect) {
-    return dialect == wire::dialect::current ? 4 : 1;
-}
+inline std::size_t heartbeat_reply_size(wire::dialect dialect) { return dialect == wire::dialect::current ? 4 : 1; }
 
 inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
     if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
@@ -2654,12 +2580,10 @@ public:
     asio::awaitable<store_connection_loss> next_loss(std::shared_ptr<bool> alive) {
         while (!loss_) {
             co_await lost_.wait();
-            if (!*alive) throw std::system_error(asio::error::operation_aborted,
-                                                 "store client destroyed");
+            if (!*alive) throw std::system_error(asio::error::operation_aborted, "store client destroyed");
             const auto cs = co_await asio::this_coro::cancellation_state;
             if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
-                throw std::system_error(asio::error::operation_aborted,
-                                        "connection_lost() cancelled");
+                throw std::system_error(asio::error::operation_aborted, "connection_lost() cancelled");
         }
         auto loss = std::move(*loss_);
         loss_.reset();
@@ -2714,9 +2638,8 @@ namespace elastic::inline v0 {
  * store_error.
  */
 template <class S>
-concept store = requires(S& s, const S& cs, std::string key, std::string value,
-                         std::vector<std::string> keys, std::int64_t delta,
-                         std::chrono::milliseconds timeout) {
+concept store = requires(S& s, const S& cs, std::string key, std::string value, std::vector<std::string> keys,
+                         std::int64_t delta, std::chrono::milliseconds timeout) {
     { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
     { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
     { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
@@ -2736,6 +2659,7 @@ concept store = requires(S& s, const S& cs, std::string key, std::string value,
  *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
  *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
  */
+// clang-format off
 template <class S>
 concept multi_key_store =
     store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
@@ -2743,7 +2667,8 @@ concept multi_key_store =
         { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
         { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
         { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
-    };
+    // clang-format on
+};
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/concepts.hpp ----
@@ -2792,9 +2717,7 @@ inline std::string lease_key(std::string_view group, std::string_view name) {
 
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) {
-    return detail::lease_space(group).append("__epoch");
-}
+inline std::string lease_epoch_key(std::string_view group) { return detail::lease_space(group).append("__epoch"); }
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
@@ -2913,19 +2836,21 @@ struct store_client_options {
 class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
-        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
-          lock_(executor), leases_(executor), heartbeat_timer_(executor) {
+        : executor_(executor),
+          options_(std::move(options)),
+          rng_(std::random_device{}()),
+          lock_(executor),
+          leases_(executor),
+          heartbeat_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
-            dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
-                                                                   : wire::dialect::legacy;
+            dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current : wire::dialect::legacy;
         if (options_.secret && options_.secret->empty())
             throw store_error("store_client_options::secret is empty: give the store's secret, "
                               "or no secret (std::nullopt) for a store without authentication");
         if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format(
-                "store_client_options: lease_heartbeat_interval {} ms and "
-                "lease_missed_heartbeats {} must both be positive",
-                options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
+            throw store_error(fmt::format("store_client_options: lease_heartbeat_interval {} ms and "
+                                          "lease_missed_heartbeats {} must both be positive",
+                                          options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
@@ -2954,8 +2879,7 @@ public:
 
     /// "host:port" of the server, as error messages name it.
     [[nodiscard]] std::string address() const {
-        if (options_.host.find(':') != std::string::npos)
-            return fmt::format("[{}]:{}", options_.host, options_.port);
+        if (options_.host.find(':') != std::string::npos) return fmt::format("[{}]:{}", options_.host, options_.port);
         return fmt::format("{}:{}", options_.host, options_.port);
     }
 
@@ -3004,8 +2928,7 @@ public:
 
     /// PyTorch's compare_set: returns `desired` on success, otherwise the current value (or
     /// `expected` when the key is absent and `expected` is not empty).
-    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
-                                             std::string desired) {
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired) {
         auto lock = co_await acquire();
         co_await ensure_connected();
         const auto k = wire_key(key);
@@ -3020,9 +2943,7 @@ public:
     }
 
     /// Waits until every key exists; store_timeout after `timeout()`.
-    asio::awaitable<void> wait(std::vector<std::string> keys) {
-        co_await wait(std::move(keys), options_.timeout);
-    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) { co_await wait(std::move(keys), options_.timeout); }
 
     /// Waits until every key exists; store_timeout after `timeout`. The connection stays
     /// usable: the current dialect cancels the wait (CANCEL_WAIT), the legacy one reconnects
@@ -3089,15 +3010,13 @@ public:
             co_await flush(std::string_view("GET"), keys.front());
         }
         out.reserve(keys.size());
-        for (const auto& k : keys)
-            out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
+        for (const auto& k : keys) out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
         co_return out;
     }
 
     /// Writes every pair (store_error when the sizes differ). The legacy dialect pipelines one
     /// SET per pair.
-    asio::awaitable<void> multi_set(std::vector<std::string> keys,
-                                    std::vector<std::string> values) {
+    asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
             throw store_error(fmt::format("multi_set needs as many values as keys, got {} keys "
                                           "and {} values",
@@ -3124,8 +3043,7 @@ public:
             }
             co_await flush(std::string_view("SET"), keys.front());
         }
-        for (std::size_t i = 0; i < keys.size(); ++i)
-            track_lease(keys[i].substr(options_.key_prefix.size()), keys[i]);
+        for (std::size_t i = 0; i < keys.size(); ++i) track_lease(keys[i].substr(options_.key_prefix.size()), keys[i]);
     }
 
     /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
@@ -3164,10 +3082,9 @@ public:
         const auto k = wire_key(key);
         const auto parts = parse_lease_key(k);
         if (!parts || parts->name.empty() || parts->reserved())
-            throw store_error(fmt::format(
-                "hold_lease('{}'): not a lease key; use lease_key(group, name): "
-                "<group>/{}<name>, with a name neither empty nor starting with '__'",
-                key, lease_marker));
+            throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name): "
+                                          "<group>/{}<name>, with a name neither empty nor starting with '__'",
+                                          key, lease_marker));
         auto lock = co_await acquire();
         co_await ensure_connected();
         begin(wire::op::set);
@@ -3184,9 +3101,7 @@ public:
 
     /// Ends the lease at `key` without a loss (DELETE_KEY, as `delete_key` of a lease key
     /// does); whether the key existed.
-    asio::awaitable<bool> release_lease(std::string key) {
-        co_return co_await delete_key(std::move(key));
-    }
+    asio::awaitable<bool> release_lease(std::string key) { co_return co_await delete_key(std::move(key)); }
 
     /// The lease keys this client holds now.
     [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_.keys(); }
@@ -3255,8 +3170,7 @@ private:
     asio::awaitable<void> beat(std::shared_ptr<bool> alive) {
         const auto conn = conn_;
         if (rbeg_ != rend_) {
-            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(),
-                             rend_ - rbeg_));
+            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(), rend_ - rbeg_));
             co_return;
         }
         std::string out;
@@ -3268,8 +3182,7 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)),
-                tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)), tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
@@ -3279,8 +3192,7 @@ private:
             disarm();
             co_return;
         }
-        if (conn->expired)
-            drop(silent_server_message());
+        if (conn->expired) drop(silent_server_message());
         else if (ec)
             drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
                              "or died, or it ended this connection (see its log)",
@@ -3296,8 +3208,7 @@ private:
                            "heartbeats of {} ms): the server is hung, stopped or unreachable "
                            "(store_client_options::lease_heartbeat_interval, "
                            "lease_missed_heartbeats)",
-                           address(), heartbeat_deadline().count(),
-                           options_.lease_missed_heartbeats,
+                           address(), heartbeat_deadline().count(), options_.lease_missed_heartbeats,
                            options_.lease_heartbeat_interval.count());
     }
 
@@ -3398,15 +3309,13 @@ private:
                     drop();
                 }
             }
-            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff,
-                                                       options_.max_backoff, rng_);
+            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff, rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
                     "server (the agent, or rank 0) running and is MASTER_ADDR/MASTER_PORT right? "
                     "(store_client_options::connect_timeout)",
-                    address(), attempt, attempt == 1 ? "" : "s", options_.connect_timeout.count(),
-                    last.message(),
+                    address(), attempt, attempt == 1 ? "" : "s", options_.connect_timeout.count(), last.message(),
                     options_.dialect == client_dialect::current
                         ? " (current dialect forced: a PyTorch <= 2.1 server resets the "
                           "VALIDATE handshake; use client_dialect::detect or legacy)"
@@ -3428,8 +3337,9 @@ private:
                 endpoints.emplace_back(address, options_.port);
             } else {
                 asio::ip::tcp::resolver resolver(executor_);
-                const auto [rec, results] = co_await resolver.async_resolve(
-                    options_.host, std::to_string(options_.port), tuple_awaitable);
+                const auto [rec, results] = co_await resolver.async_resolve(options_.host,
+                                                                            std::to_string(options_.port),
+                                                                            tuple_awaitable);
                 if (rec) co_return rec;
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
@@ -3437,8 +3347,7 @@ private:
         conn_ = std::make_shared<detail::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
-        const auto [ec, ep] =
-            co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
         (void)ep;
         const bool expired = conn_->expired;
         disarm();
@@ -3461,9 +3370,7 @@ private:
         arm_deadline(deadline);
         for (;;) {
             if (!wbuf_.empty()) {
-                const auto [wec, n] = co_await asio::async_write(conn_->socket,
-                                                                 asio::buffer(wbuf_),
-                                                                 tuple_awaitable);
+                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
                 (void)n;
                 wbuf_.clear();
                 if (wec) co_return auth_io_failed(hs, wec);
@@ -3473,11 +3380,11 @@ private:
             if (s.status == store_auth::status::refused) {
                 disarm();
                 drop();
-                throw store_auth_error(fmt::format(
-                    "the store at {} failed the authentication handshake: {}; give every agent "
-                    "and the store the same secret (store_client_options::secret, "
-                    "store_server_options::secret)",
-                    address(), s.reason));
+                throw store_auth_error(
+                    fmt::format("the store at {} failed the authentication handshake: {}; give every agent "
+                                "and the store the same secret (store_client_options::secret, "
+                                "store_server_options::secret)",
+                                address(), s.reason));
             }
             if (s.status == store_auth::status::need_more) {
                 if (const auto ec = co_await fill(s.size)) co_return auth_io_failed(hs, ec);
@@ -3497,27 +3404,24 @@ private:
         disarm();
         drop();
         if (expired) return make_error_code(asio::error::timed_out);
-        if (ec != asio::error::eof && ec != asio::error::connection_reset &&
-            ec != asio::error::broken_pipe)
-            return ec;
+        if (ec != asio::error::eof && ec != asio::error::connection_reset && ec != asio::error::broken_pipe) return ec;
         if (hs.proof_sent())
-            throw store_auth_error(fmt::format(
-                "the store at {} refused this client's secret (it closed the connection after "
-                "the proof: {}); give the client the store's secret "
-                "(store_client_options::secret = store_server_options::secret)",
-                address(), ec.message()));
-        throw store_auth_error(fmt::format(
-            "the store at {} closed the connection during the authentication handshake ({}): it "
-            "has no secret (store_server_options::secret), or it is not an elastic store; give "
-            "the server the same secret, or the client none",
-            address(), ec.message()));
+            throw store_auth_error(
+                fmt::format("the store at {} refused this client's secret (it closed the connection after "
+                            "the proof: {}); give the client the store's secret "
+                            "(store_client_options::secret = store_server_options::secret)",
+                            address(), ec.message()));
+        throw store_auth_error(
+            fmt::format("the store at {} closed the connection during the authentication handshake ({}): it "
+                        "has no secret (store_server_options::secret), or it is not an elastic store; give "
+                        "the server the same secret, or the client none",
+                        address(), ec.message()));
     }
 
     // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
     // dialect. A reset, an EOF or no echo within the limit is returned as an error.
     asio::awaitable<std::error_code> handshake(clock::time_point deadline) {
-        const auto limit =
-            dialect_ ? deadline : std::min(deadline, clock::now() + options_.detect_timeout);
+        const auto limit = dialect_ ? deadline : std::min(deadline, clock::now() + options_.detect_timeout);
         const auto nonce = static_cast<std::uint32_t>(::getpid());
         wbuf_.clear();
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::validate));
@@ -3525,8 +3429,7 @@ private:
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
         wire::put_u32(wbuf_, nonce);
         arm_deadline(limit);
-        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
-                                                         tuple_awaitable);
+        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
         (void)n;
         std::error_code ec = wec;
         if (!ec) ec = co_await fill(4);
@@ -3550,24 +3453,19 @@ private:
         const bool timed_out = conn_ && conn_->expired;
         const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
         if (timed_out) {
-            auto message = fmt::format(
-                "the store at {} did not answer {} within {} ms; the server is stuck or "
-                "overloaded (store_client_options::timeout)",
-                address(), about, options_.timeout.count());
+            auto message = fmt::format("the store at {} did not answer {} within {} ms; the server is stuck or "
+                                       "overloaded (store_client_options::timeout)",
+                                       address(), about, options_.timeout.count());
             drop(message);
             throw store_timeout(message);
         }
         std::string message;
-        if (ec == asio::error::eof || ec == asio::error::connection_reset ||
-            ec == asio::error::broken_pipe)
-            message = fmt::format(
-                "the store at {} closed the connection during {} ({}): the server stopped, or "
-                "rejected the request (ADD on a non-numeric value, a write to a lease key it "
-                "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
-                address(), about, ec.message());
-        else
-            message = fmt::format("the store at {}: {} failed: {}", address(), about,
-                                  ec.message());
+        if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe)
+            message = fmt::format("the store at {} closed the connection during {} ({}): the server stopped, or "
+                                  "rejected the request (ADD on a non-numeric value, a write to a lease key it "
+                                  "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
+                                  address(), about, ec.message());
+        else message = fmt::format("the store at {}: {} failed: {}", address(), about, ec.message());
         drop(message);
         throw store_error(message);
     }
@@ -3580,8 +3478,7 @@ private:
 
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
         if (conn_->expired) fail(what, key, asio::error::timed_out);
-        const auto [ec, n] =
-            co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
         (void)n;
         if (ec) fail(what, key, ec);
     }
@@ -3601,8 +3498,9 @@ private:
             }
             if (rbuf_.size() - rend_ < 4096 && rbuf_.size() < 64 * 1024) rbuf_.resize(64 * 1024);
             if (conn_->expired) co_return make_error_code(asio::error::timed_out);
-            const auto [ec, got] = co_await conn_->socket.async_read_some(
-                asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_), tuple_awaitable);
+            const auto [ec, got] = co_await conn_->socket.async_read_some(asio::buffer(rbuf_.data() + rend_,
+                                                                                       rbuf_.size() - rend_),
+                                                                          tuple_awaitable);
             rend_ += got;
             if (ec && rend_ - rbeg_ < n) co_return ec;
         }
@@ -3629,8 +3527,7 @@ private:
 
     asio::awaitable<std::string> read_bytes(std::string_view what, std::string_view key) {
         const auto len = co_await read_u64(what, key);
-        if (len > max_reply_value)
-            throw_protocol(what, key, fmt::format("a value of {} bytes", len));
+        if (len > max_reply_value) throw_protocol(what, key, fmt::format("a value of {} bytes", len));
         const auto n = static_cast<std::size_t>(len);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
         std::string v(rbuf_.data() + rbeg_, n);
@@ -3638,8 +3535,7 @@ private:
         co_return v;
     }
 
-    [[noreturn]] void throw_protocol(std::string_view what, std::string_view key,
-                                     std::string_view got) {
+    [[noreturn]] void throw_protocol(std::string_view what, std::string_view key, std::string_view got) {
         auto message = fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
                                    "server of the expected dialect, or a desynchronised stream",
                                    address(), what, key, got);
@@ -3658,8 +3554,8 @@ private:
     // number the CHECKs sent plus one. CHECK number i (from 1) is surely unanswered while fewer
     // than i zeros have come; one that stays so past the heartbeat deadline means a silent
     // server, as for an idle heartbeat.
-    asio::awaitable<void> wait_locked(std::vector<std::string> keys,
-                                      std::chrono::milliseconds timeout, std::string_view what) {
+    asio::awaitable<void> wait_locked(std::vector<std::string> keys, std::chrono::milliseconds timeout,
+                                      std::string_view what) {
         co_await ensure_connected();
         req_.operation = wire::op::wait;
         req_.keys.clear();
@@ -3675,8 +3571,7 @@ private:
         const auto next_deadline = [&] {
             auto d = wait_deadline;
             if (!leases_.empty()) d = std::min(d, next_beat);
-            if (checks_sent.size() > zeros)
-                d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
+            if (checks_sent.size() > zeros) d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
             return d;
         };
         arm_deadline(next_deadline());
@@ -3685,8 +3580,7 @@ private:
             const auto ec = co_await fill(1);
             if (!ec) {
                 const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
-                if (byte != stop)
-                    throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+                if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
                 if (++zeros == checks_sent.size() + 1) {
                     disarm();
                     co_return;
@@ -3699,8 +3593,7 @@ private:
             if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
                 auto message = silent_server_message();
                 drop(message);
-                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys),
-                                              message));
+                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys), message));
             }
             if (!leases_.empty() && now >= next_beat) {
                 wbuf_.clear();
@@ -3717,8 +3610,7 @@ private:
         const auto message = fmt::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
             "{} has not; store_client_options::timeout or the wait's timeout)",
-            what, address(), describe_keys(keys), timeout.count(),
-            keys.size() == 1 ? "it" : "them");
+            what, address(), describe_keys(keys), timeout.count(), keys.size() == 1 ? "it" : "them");
         if (*dialect_ == wire::dialect::legacy) {
             drop(message);
             throw store_timeout(message);
@@ -3797,8 +3689,7 @@ namespace elastic::inline v0 {
 /// object per thread, or a mutex around it.
 class blocking_store_client {
 public:
-    explicit blocking_store_client(store_client_options options)
-        : client_(ctx_.get_executor(), std::move(options)) {}
+    explicit blocking_store_client(store_client_options options) : client_(ctx_.get_executor(), std::move(options)) {}
 
     blocking_store_client(const blocking_store_client&) = delete;
     blocking_store_client& operator=(const blocking_store_client&) = delete;
@@ -3807,13 +3698,9 @@ public:
     void connect() { run(client_.connect()); }
     void close() noexcept { client_.close(); }
 
-    void set(std::string key, std::string value) {
-        run(client_.set(std::move(key), std::move(value)));
-    }
+    void set(std::string key, std::string value) { run(client_.set(std::move(key), std::move(value))); }
     std::string get(std::string key) { return run(client_.get(std::move(key))); }
-    std::int64_t add(std::string key, std::int64_t delta) {
-        return run(client_.add(std::move(key), delta));
-    }
+    std::int64_t add(std::string key, std::int64_t delta) { return run(client_.add(std::move(key), delta)); }
     std::string compare_set(std::string key, std::string expected, std::string desired) {
         return run(client_.compare_set(std::move(key), std::move(expected), std::move(desired)));
     }
@@ -3830,15 +3717,11 @@ public:
     void multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         run(client_.multi_set(std::move(keys), std::move(values)));
     }
-    void append(std::string key, std::string value) {
-        run(client_.append(std::move(key), std::move(value)));
-    }
+    void append(std::string key, std::string value) { run(client_.append(std::move(key), std::move(value))); }
 
     [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return client_.timeout(); }
     void set_timeout(std::chrono::milliseconds t) noexcept { client_.set_timeout(t); }
-    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept {
-        return client_.dialect();
-    }
+    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return client_.dialect(); }
     [[nodiscard]] std::string address() const { return client_.address(); }
 
     /// The asynchronous client underneath (to co_spawn on `context()` yourself).
@@ -3902,9 +3785,7 @@ namespace elastic::inline v0::detail {
 // Heterogeneous lookup: find a std::string key with a std::string_view, no temporary string.
 struct store_string_hash {
     using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept {
-        return std::hash<std::string_view>{}(s);
-    }
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
 
 /// Someone waiting for keys to exist. The engine calls `on_ready` exactly once, when the last
@@ -3970,16 +3851,19 @@ public:
 
     /// Sets `key` to `value` (overwrites) and wakes its waiters.
     void set(std::string_view key, std::string_view value) {
-        write(key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
     }
     /// Sets `key`, taking the value's storage.
     void set(std::string_view key, std::string&& value) {
-        write(key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
     }
 
     /// Appends to `key`'s value, creating it when absent; wakes its waiters.
     void append(std::string_view key, std::string_view value) {
-        write(key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
+        write(
+            key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
     }
 
     /// Adds `delta` to the decimal integer at `key` (absent counts as 0), stores the result as
@@ -3997,7 +3881,8 @@ public:
         char digits[24];
         const auto res = std::to_chars(digits, digits + sizeof digits, sum);
         const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
-        write(key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
         return sum;
     }
 
@@ -4007,15 +3892,15 @@ public:
     /// Returns the value now stored (or `expected` in the second case); the view is valid until
     /// the next write or as long as the arguments. Creating a key wakes its waiters (the libuv
     /// server does; 1.13 did not).
-    std::string_view compare_set(std::string_view key, std::string_view expected,
-                                 std::string_view desired) {
+    std::string_view compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
         const auto it = table_.find(key);
         if (it == table_.end()) {
             if (!expected.empty()) return expected;
         } else if (it->second != expected) {
             return it->second;
         }
-        write(key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
         return *find(key);
     }
 
@@ -4064,9 +3949,7 @@ public:
     }
     /// What one awaited key is counted as (the engine keeps it twice: in its index and in the
     /// waiter's own list, for cancel).
-    static constexpr std::size_t awaited_bytes(std::size_t key_size) {
-        return 2 * key_size + entry_overhead;
-    }
+    static constexpr std::size_t awaited_bytes(std::size_t key_size) { return 2 * key_size + entry_overhead; }
 
     /// Calls `f(key, value)` for every entry.
     template <class F>
@@ -4147,10 +4030,8 @@ public:
         std::string out;
         for (const char c : key.substr(0, 200)) {
             const auto u = static_cast<unsigned char>(c);
-            if (u >= 0x20 && u < 0x7f && u != '\\')
-                out.push_back(c);
-            else
-                out += fmt::format("\\x{:02x}", u);
+            if (u >= 0x20 && u < 0x7f && u != '\\') out.push_back(c);
+            else out += fmt::format("\\x{:02x}", u);
         }
         if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
         return out;
@@ -4216,9 +4097,9 @@ private:
     std::unordered_map<std::string, std::string, store_string_hash, std::equal_to<>> table_;
     std::unordered_map<std::string, waiter_list, store_string_hash, std::equal_to<>> waiters_;
     std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
-    std::size_t table_bytes_ = 0;   // entry_bytes of every key and value
-    std::size_t waiter_bytes_ = 0;  // awaited_bytes of every registration not yet consumed
-    std::size_t watcher_bytes_ = 0; // watched keys and their registrations
+    std::size_t table_bytes_ = 0;    // entry_bytes of every key and value
+    std::size_t waiter_bytes_ = 0;   // awaited_bytes of every registration not yet consumed
+    std::size_t watcher_bytes_ = 0;  // watched keys and their registrations
 
     static constexpr std::size_t entry_overhead = 64;
 };
@@ -4253,14 +4134,12 @@ class memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
     explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
-        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()),
-          timeout_(timeout) {}
+        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
 
     /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
     /// server uses the same keys and waiters in process, without a loopback connection. The
     /// engine must outlive the store; use both on the engine's thread.
-    explicit memory_store(detail::store_engine& engine,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit memory_store(detail::store_engine& engine, std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
@@ -4286,20 +4165,15 @@ public:
     }
 
     /// Adds `delta` to the decimal counter at `key`; store_error when it holds something else.
-    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
-        co_return engine_->add(key, delta);
-    }
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) { co_return engine_->add(key, delta); }
 
     /// PyTorch's compare_set (see the `store` concept); creating a key wakes its waiters.
-    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
-                                             std::string desired) {
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired) {
         co_return std::string(engine_->compare_set(key, expected, desired));
     }
 
     /// Waits up to timeout() until every key exists.
-    asio::awaitable<void> wait(std::vector<std::string> keys) {
-        co_await wait_for(std::move(keys), timeout_);
-    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) { co_await wait_for(std::move(keys), timeout_); }
 
     /// Waits up to `timeout` until every key exists; store_timeout after that.
     asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
@@ -4313,9 +4187,7 @@ public:
     asio::awaitable<bool> delete_key(std::string key) { co_return engine_->erase(key); }
 
     /// The number of keys.
-    asio::awaitable<std::int64_t> num_keys() {
-        co_return static_cast<std::int64_t>(engine_->size());
-    }
+    asio::awaitable<std::int64_t> num_keys() { co_return static_cast<std::int64_t>(engine_->size()); }
 
     /// Waits (up to timeout()) for every key, then returns their values in order.
     asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys) {
@@ -4330,8 +4202,7 @@ public:
     }
 
     /// Sets each key to the value at the same position.
-    asio::awaitable<void> multi_set(std::vector<std::string> keys,
-                                    std::vector<std::string> values) {
+    asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
             throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
                                           "and {} values",
@@ -4362,23 +4233,19 @@ private:
         bool done = false;
     };
 
-    asio::awaitable<void> wait_for(std::vector<std::string> keys,
-                                   std::chrono::milliseconds timeout) {
+    asio::awaitable<void> wait_for(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
         timed_waiter w(co_await asio::this_coro::executor);
         if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
-        const auto [ec] =
-            co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         if (w.done) co_return;
         engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_->find(k))
-                names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
-        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}",
-                                        timeout.count(), names));
+            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}", timeout.count(), names));
     }
 
     std::unique_ptr<detail::store_engine> owned_;  // null when viewing another's engine
@@ -4433,29 +4300,21 @@ public:
     std::chrono::milliseconds timeout() const { return inner_->timeout(); }
     void set_timeout(std::chrono::milliseconds t) { inner_->set_timeout(t); }
 
-    asio::awaitable<void> set(std::string key, std::string value) {
-        return inner_->set(join(key), std::move(value));
-    }
+    asio::awaitable<void> set(std::string key, std::string value) { return inner_->set(join(key), std::move(value)); }
     asio::awaitable<std::string> get(std::string key) { return inner_->get(join(key)); }
-    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
-        return inner_->add(join(key), delta);
-    }
-    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
-                                             std::string desired) {
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) { return inner_->add(join(key), delta); }
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired) {
         return inner_->compare_set(join(key), std::move(expected), std::move(desired));
     }
-    asio::awaitable<void> wait(std::vector<std::string> keys) {
-        return inner_->wait(join_all(std::move(keys)));
-    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) { return inner_->wait(join_all(std::move(keys))); }
     asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
         return inner_->wait(join_all(std::move(keys)), timeout);
     }
-    asio::awaitable<bool> check(std::vector<std::string> keys) {
-        return inner_->check(join_all(std::move(keys)));
-    }
+    asio::awaitable<bool> check(std::vector<std::string> keys) { return inner_->check(join_all(std::move(keys))); }
     asio::awaitable<bool> delete_key(std::string key) { return inner_->delete_key(join(key)); }
     asio::awaitable<std::int64_t> num_keys() { return inner_->num_keys(); }
 
+    // clang-format off
     asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys)
         requires multi_key_store<Inner>
     {
@@ -4471,6 +4330,7 @@ public:
     {
         return inner_->append(join(key), std::move(value));
     }
+    // clang-format on
 
 private:
     std::vector<std::string> join_all(std::vector<std::string> keys) const {
@@ -4574,8 +4434,8 @@ public:
     // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
     // `records_kept`: store_server_options::lease_lost_records_kept; `log` takes a line.
     template <class Log>
-    void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key,
-                     std::string_view holder, std::string_view why, const Log& log) {
+    void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key, std::string_view holder,
+                     std::string_view why, const Log& log) {
         const auto parts = parse_lease_key(key);
         if (!parts) return;
         engine.erase(key);
@@ -4595,8 +4455,7 @@ public:
         // next by push), and a new observer starts at the epoch. Older ones than this go.
         const auto kept = std::max<std::int64_t>(records_kept, 1);
         if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
-                        store_engine::printable(key), holder, why,
+        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}", store_engine::printable(key), holder, why,
                         store_engine::printable(space), epoch));
     }
 
@@ -4735,10 +4594,8 @@ struct store_server_core {
     }
 
     void log(std::string_view line) const {
-        if (options.log)
-            options.log(line);
-        else
-            fmt::print(stderr, "elastic-store: {}\n", line);
+        if (options.log) options.log(line);
+        else fmt::print(stderr, "elastic-store: {}\n", line);
     }
 
     // How long a leasing connection may stay silent.
@@ -4803,11 +4660,14 @@ namespace elastic::inline v0::detail {
 class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
-        : core_(std::move(core)), socket_(std::move(socket)), timer_(socket_.get_executor()),
-          peer_(format_peer(socket_)), watcher_(*this), opened_(clock::now()),
+        : core_(std::move(core)),
+          socket_(std::move(socket)),
+          timer_(socket_.get_executor()),
+          peer_(format_peer(socket_)),
+          watcher_(*this),
+          opened_(clock::now()),
           last_heard_(opened_) {
-        if (core_->options.secret)
-            auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
+        if (core_->options.secret) auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
     }
 
     store_connection(const store_connection&) = delete;
@@ -4843,8 +4703,8 @@ public:
     // one byte each must not let a flood hold every slot.
     bool unused_since(std::chrono::steady_clock::time_point now,
                       std::chrono::steady_clock::duration after) const noexcept {
-        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() &&
-               socket_.is_open() && now - opened_ >= after;
+        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() && socket_.is_open() &&
+               now - opened_ >= after;
     }
     std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
     bool is_open() const noexcept { return socket_.is_open(); }
@@ -4878,8 +4738,7 @@ private:
         explicit key_watcher(store_connection& c) : conn(c) {}
         void on_change(store_change change, std::string_view key, std::string_view old_value,
                        std::string_view new_value) override {
-            if (!conn.room_to_push(1 + 3 * 8 + key.size() + old_value.size() + new_value.size()))
-                return;
+            if (!conn.room_to_push(1 + 3 * 8 + key.size() + old_value.size() + new_value.size())) return;
             wire::put_u8(conn.out_, static_cast<std::uint8_t>(change));
             wire::put_bytes(conn.out_, key);
             wire::put_bytes(conn.out_, old_value);
@@ -4907,8 +4766,7 @@ private:
                 wbuf_.swap(out_);
                 write_since_ = clock::now();
                 schedule();
-                const auto [ec, n] =
-                    co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
+                const auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
                 (void)n;
                 write_since_.reset();
                 wbuf_.clear();
@@ -4925,16 +4783,15 @@ private:
                 // operation, not a race of two: nothing to outlive the other.
                 if (!out_.empty()) continue;  // pushed while the last write was in flight
                 in_readiness_wait_ = true;
-                const auto [ec] = co_await socket_.async_wait(
-                    asio::ip::tcp::socket::wait_read, tuple_awaitable);
+                const auto [ec] = co_await socket_.async_wait(asio::ip::tcp::socket::wait_read, tuple_awaitable);
                 in_readiness_wait_ = false;
                 if (!socket_.is_open()) co_return;
                 if (ec == asio::error::operation_aborted) continue;  // woken: flush
                 if (ec) co_return;
             }
             if (!socket_.is_open() || !reserve()) co_return;
-            const auto [ec, n] = co_await socket_.async_read_some(
-                asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
+            const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
+                                                                  tuple_awaitable);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
             last_heard_ = clock::now();  // the only per-read cost of the deadlines
@@ -5004,8 +4861,7 @@ private:
                               "notifications are queued for it, and {} more would pass "
                               "store_server_options::max_queued_output ({})",
                               queued, n, o.max_queued_output);
-        else if (auto full = no_memory_for(output_growth(n), "its next notification");
-                 !full.empty())
+        else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
             why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
                               "and {}",
                               queued, full);
@@ -5021,8 +4877,7 @@ private:
     bool reserve() {
         const std::size_t have = end_ - begin_;
         std::size_t want = 4096;
-        if (needed_ > have)
-            want = std::max(want, std::min(needed_ - have, have));
+        if (needed_ > have) want = std::max(want, std::min(needed_ - have, have));
         if (cap_ - end_ >= want) return true;
         if (begin_ > 0) {
             std::memmove(buf_, buf_ + begin_, have);
@@ -5031,8 +4886,7 @@ private:
             if (cap_ - end_ >= want) return true;
         }
         const std::size_t cap = std::max(cap_ * 2, have + want);
-        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty())
-            return fail(why);
+        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty()) return fail(why);
         char* bigger = new char[cap];
         if (have) std::memcpy(bigger, buf_, have);
         delete[] buf_;
@@ -5066,8 +4920,7 @@ private:
                     needed_ = data.size() + 1;
                     break;
                 }
-                dialect_ = d == wire::detection::current ? wire::dialect::current
-                                                         : wire::dialect::legacy;
+                dialect_ = d == wire::detection::current ? wire::dialect::current : wire::dialect::legacy;
             }
             auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
             if (r.status == wire::parse_status::need_more) {
@@ -5093,10 +4946,8 @@ private:
         }
         // The request timeout runs from the first byte of the request at the head of the
         // buffer: restarted by every request that completes, stopped when none is begun.
-        if (begin_ == end_ || end_ - begin_ >= needed_)
-            partial_since_.reset();
-        else if (completed || !partial_since_)
-            partial_since_ = clock::now();
+        if (begin_ == end_ || end_ - begin_ >= needed_) partial_since_.reset();
+        else if (completed || !partial_since_) partial_since_ = clock::now();
         return true;
     }
 
@@ -5110,8 +4961,7 @@ private:
     // ---- authentication ----------------------------------------------------------------------
 
     bool refuse(std::string_view reason) {
-        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_,
-                               reason));
+        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
         auth_.reset();  // said once
         return false;
     }
@@ -5172,8 +5022,7 @@ private:
 
     // Nothing to wait for on this connection's behalf (the idle timeout's subject).
     bool idle() const noexcept {
-        return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() &&
-               !write_since_;
+        return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() && !write_since_;
     }
 
     // Arms the timer for the next deadline unless it is armed for an earlier one already.
@@ -5201,11 +5050,10 @@ private:
             return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
         };
         if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
-            close_reason_ = fmt::format(
-                "silent for {} ms ({} missed heartbeats of {} ms; "
-                "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-                ms(now - last_heard_), o.lease_missed_heartbeats,
-                o.lease_heartbeat_interval.count());
+            close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
+                                        "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                                        ms(now - last_heard_), o.lease_missed_heartbeats,
+                                        o.lease_heartbeat_interval.count());
             core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
             close();
             return;
@@ -5216,21 +5064,16 @@ private:
                                       "ms (store_server_options::auth_timeout)",
                                       o.auth_timeout.count()));
         }
-        if (o.request_timeout.count() > 0 && partial_since_ &&
-            now >= *partial_since_ + o.request_timeout)
-            return expire(fmt::format(
-                "a request begun {} ms ago is still incomplete ({} of at least {} bytes "
-                "arrived; store_server_options::request_timeout is {} ms)",
-                ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
-        if (o.request_timeout.count() > 0 && write_since_ &&
-            now >= *write_since_ + o.request_timeout)
-            return expire(fmt::format(
-                "it has not taken a reply of {} bytes in {} ms (store_server_options::"
-                "request_timeout)",
-                wbuf_.size(), ms(now - *write_since_)));
+        if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
+            return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                                      "arrived; store_server_options::request_timeout is {} ms)",
+                                      ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+        if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
+            return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                                      "request_timeout)",
+                                      wbuf_.size(), ms(now - *write_since_)));
         if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
-            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)",
-                                      ms(now - last_heard_)));
+            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
         schedule();
     }
 
@@ -5241,39 +5084,29 @@ private:
         switch (r.operation) {
             case op::validate:
                 if (r.nonce != wire::validate_magic)
-                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}",
-                                            r.nonce, wire::validate_magic));
+                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
+                                            wire::validate_magic));
                 return true;
-            case op::ping:
-                wire::put_u32(out_, r.nonce);
-                return true;
+            case op::ping: wire::put_u32(out_, r.nonce); return true;
             case op::set:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
-                    return fail(why);
-                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
-                    return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET");
-                    !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET"); !why.empty())
                     return fail(why);
                 engine.set(r.key, r.value);
                 if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
             case op::compare_set: {
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
-                    return fail(why);
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
                 // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
                 // bound only by the CAS that wins; one that would not write only reads.
                 const auto* before = engine.find(r.key);
                 const bool writes = before ? *before == r.expected : r.expected.empty();
-                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty())
-                    return fail(why);
-                const std::size_t reply =
-                    8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
-                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty())
-                    return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty()) return fail(why);
+                const std::size_t reply = 8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
+                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty()) return fail(why);
                 if (writes)
-                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) +
-                                                     output_growth(reply),
+                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) + output_growth(reply),
                                                  "COMPARE_SET");
                         !why.empty())
                         return fail(why);
@@ -5284,16 +5117,13 @@ private:
             case op::get: {
                 // Missing: an empty value, like the libuv server (clients WAIT first anyway).
                 const auto* v = engine.find(r.key);
-                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty())
-                    return fail(why);
+                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty()) return fail(why);
                 wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
                 return true;
             }
             case op::add:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
-                    return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty())
-                    return fail(why);
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty()) return fail(why);
                 try {
                     wire::put_i64(out_, engine.add(r.key, r.number));
                 } catch (const store_error& e) {
@@ -5301,9 +5131,8 @@ private:
                 }
                 return true;
             case op::check:
-                wire::put_u8(out_, static_cast<std::uint8_t>(
-                                       engine.check(r.keys) ? wire::check_response::ready
-                                                            : wire::check_response::not_ready));
+                wire::put_u8(out_, static_cast<std::uint8_t>(engine.check(r.keys) ? wire::check_response::ready
+                                                                                  : wire::check_response::not_ready));
                 return true;
             case op::wait: {
                 if (waits_.size() >= core_->options.max_waits_per_connection)
@@ -5317,51 +5146,41 @@ private:
                 w.self = std::prev(waits_.end());
                 if (engine.wait(w, r.keys)) {
                     waits_.pop_back();
-                    wire::put_u8(out_,
-                                 static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
                 }
                 return true;
             }
-            case op::num_keys:
-                wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                return true;
+            case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
             case op::watch_key:
                 if (watches_ >= core_->options.max_waits_per_connection)
                     return fail(fmt::format("{} keys watched on one connection reach the limit "
                                             "(store_server_options::max_waits_per_connection)",
                                             watches_));
-                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()),
-                                             "WATCH_KEY");
-                    !why.empty())
+                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
                     return fail(why);
                 if (engine.watch(watcher_, r.key)) ++watches_;
                 watching_ = true;
-                wire::put_u8(out_, static_cast<std::uint8_t>(
-                                       wire::watch_response::key_callback_registered));
+                wire::put_u8(out_, static_cast<std::uint8_t>(wire::watch_response::key_callback_registered));
                 return true;
             case op::delete_key:
                 if (const auto parts = parse_lease_key(r.key)) {
                     if (parts->reserved() || parts->name.empty())
                         return fail(store_lease_table::refusal(r.operation, r.key, true));
-                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
-                        return fail(why);
+                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
                     release_lease(r.key);
                 }
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
                 return true;
             case op::append:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
-                    return fail(why);
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
                 if (const auto* v = engine.find(r.key);
                     v && v->size() + r.value.size() > core_->options.limits.max_value_size)
                     return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
                                             "bytes, over the limit of {} "
                                             "(wire::limits::max_value_size)",
-                                            r.value.size(), store_engine::printable(r.key),
-                                            v->size() + r.value.size(),
+                                            r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
                                             core_->options.limits.max_value_size));
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND");
-                    !why.empty())
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
                     return fail(why);
                 engine.append(r.key, r.value);
                 return true;
@@ -5373,8 +5192,7 @@ private:
                     const auto* v = engine.find(k);
                     reply += 8 + (v ? v->size() : 0);
                 }
-                if (auto why = no_room_for_reply(
-                        reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
+                if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
                     !why.empty())
                     return fail(why);
                 for (const auto k : r.keys) {
@@ -5389,12 +5207,10 @@ private:
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty())
                         return fail(why);
-                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty())
-                        return fail(why);
+                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty()) return fail(why);
                     growth += engine.growth(r.keys[i], r.values[i].size());
                 }
-                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty())
-                    return fail(why);
+                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty()) return fail(why);
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     engine.set(r.keys[i], r.values[i]);
                     if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
@@ -5410,21 +5226,17 @@ private:
                 return true;
             case op::list_keys: {
                 std::size_t reply = 8;
-                engine.for_each(
-                    [&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
-                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty())
-                    return fail(why);
+                engine.for_each([&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
+                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty()) return fail(why);
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                engine.for_each(
-                    [&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
                 return true;
             }
             case op::queue_push:
             case op::queue_pop:
             case op::queue_len:
             case op::barrier:
-                return fail(fmt::format("{} is not supported by this server (docs/store.md)",
-                                        wire::name(r.operation)));
+                return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
         }
         return fail("unreachable opcode");
     }
@@ -5475,8 +5287,8 @@ private:
             core_->leases.unbind(key);
             if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
             try {
-                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key,
-                                          peer_, why, [&](std::string_view line) { core_->log(line); });
+                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
+                                          [&](std::string_view line) { core_->log(line); });
             } catch (...) {
                 // Out of memory while writing the loss: the key is gone either way.
             }
@@ -5499,19 +5311,19 @@ private:
     std::list<pending_wait> waits_;
     key_watcher watcher_;
     bool watching_ = false;
-    bool in_readiness_wait_ = false;  // the loop awaits readability (wake() may cancel it)
-    std::size_t watches_ = 0;  // keys watched
+    bool in_readiness_wait_ = false;   // the loop awaits readability (wake() may cancel it)
+    std::size_t watches_ = 0;          // keys watched
     std::vector<std::string> leases_;  // lease keys this connection holds
     clock::time_point opened_;
-    clock::time_point last_heard_;                // the last read (or the lease's binding)
+    clock::time_point last_heard_;                    // the last read (or the lease's binding)
     std::optional<clock::time_point> partial_since_;  // the head request's first byte
     std::optional<clock::time_point> write_since_;    // the write in flight's start
     clock::time_point timer_at_{};
     std::uint64_t timer_generation_ = 0;
     bool timer_armed_ = false;
-    std::uint64_t requests_ = 0;   // requests run
-    std::size_t accounted_ = 0;    // bytes of this connection in core_->buffered
-    std::string close_reason_;  // why the server ended the connection, for the lease log
+    std::uint64_t requests_ = 0;                          // requests run
+    std::size_t accounted_ = 0;                           // bytes of this connection in core_->buffered
+    std::string close_reason_;                            // why the server ended the connection, for the lease log
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
@@ -5564,15 +5376,12 @@ inline bool shed_unused(store_server_core& core, std::string_view why) {
     const auto now = std::chrono::steady_clock::now();
     store_connection* victim = nullptr;
     for (auto* c : core.connections)
-        if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
-            victim = c;
+        if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened())) victim = c;
     if (!victim) return false;
-    victim->expire(fmt::format(
-        "{}: it has completed no request in the {} ms since it connected, and a new client "
-        "is served in its place (store_server_options::shed_unused_after)",
-        why,
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
-            .count()));
+    victim->expire(fmt::format("{}: it has completed no request in the {} ms since it connected, and a new client "
+                               "is served in its place (store_server_options::shed_unused_after)",
+                               why,
+                               std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened()).count()));
     return true;
 }
 
@@ -5583,14 +5392,12 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
     while (!core->stopped) {
         auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
         if (ec == asio::error::operation_aborted || core->stopped) break;
-        if (ec == asio::error::no_descriptors ||
-            ec == std::errc::too_many_files_open_in_system) {
+        if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
             // Out of descriptors. The kernel says so before it looks at the queue, so
             // first see whether a client is waiting at all; if none, wait for one (stop()
             // closes the acceptor, which ends the wait), without a retry loop.
             if (!client_waiting(core->acceptor)) {
-                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
-                                                   tuple_awaitable);
+                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read, tuple_awaitable);
                 continue;
             }
             // A client waits: close an unused connection for it, or take it with the
@@ -5600,11 +5407,10 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
                 core->release_descriptor();
                 auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
                 if (!ec2) {
-                    core->log(fmt::format(
-                        "refusing connection from {}: the process is out of file "
-                        "descriptors ({}) and no connection can make room; raise `ulimit "
-                        "-n` or lower store_server_options::max_connections",
-                        format_peer(refused), ec.message()));
+                    core->log(fmt::format("refusing connection from {}: the process is out of file "
+                                          "descriptors ({}) and no connection can make room; raise `ulimit "
+                                          "-n` or lower store_server_options::max_connections",
+                                          format_peer(refused), ec.message()));
                     std::error_code ignored;
                     refused.close(ignored);
                 }
@@ -5612,8 +5418,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
                 core->reserve_descriptor();
                 if (!ec2 || ec2 == asio::error::operation_aborted) continue;
             }
-            core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
-                                  ec.message()));
+            core->log(fmt::format("cannot accept: {}; waiting until a connection closes", ec.message()));
             co_await core->resume_accept.wait();
             continue;
         }
@@ -5636,8 +5441,8 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
         // Connections already closed (shed a moment ago) leave the set when their coroutine
         // runs: they do not count, or each new client would shed one more.
         if (core->connections.size() >= core->options.max_connections &&
-            static_cast<std::size_t>(std::ranges::count_if(
-                core->connections, [](const auto* c) { return c->is_open(); })) >=
+            static_cast<std::size_t>(std::ranges::count_if(core->connections,
+                                                           [](const auto* c) { return c->is_open(); })) >=
                 core->options.max_connections &&
             !shed_unused(*core, "max_connections is reached")) {
             core->log(fmt::format("refusing connection from {}: {} connections reach the "
@@ -5648,8 +5453,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
         }
         auto conn = std::make_shared<store_connection>(core, std::move(socket));
         core->connections.insert(conn.get());
-        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)),
-                       asio::detached);
+        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)), asio::detached);
     }
     stop_server(*core);
 }
@@ -5683,30 +5487,29 @@ namespace elastic::inline v0 {
 class tcp_store_server {
 public:
     /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
-    explicit tcp_store_server(const asio::any_io_executor& executor,
-                              store_server_options options = {})
+    explicit tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
         : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
         if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format(
-                "store_server_options: lease_heartbeat_interval {} ms and "
-                "lease_missed_heartbeats {} must both be positive",
-                o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+            throw store_error(fmt::format("store_server_options: lease_heartbeat_interval {} ms and "
+                                          "lease_missed_heartbeats {} must both be positive",
+                                          o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
         // A client that reads everything must never be cut off: its queue holds what reading
         // stops at plus one reply, or a WATCH_KEY notification of two values.
         const std::size_t notification = 25 + o.limits.max_key_size + 2 * o.limits.max_value_size;
         if (o.max_queued_output < o.max_pending_output + std::max(o.max_reply_size, notification))
-            throw store_error(fmt::format(
-                "store_server_options: max_queued_output {} is less than max_pending_output {} "
-                "plus the largest reply ({}) or notification ({})",
-                o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
+            throw store_error(
+                fmt::format("store_server_options: max_queued_output {} is less than max_pending_output {} "
+                            "plus the largest reply ({}) or notification ({})",
+                            o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
         if (o.secret && o.secret->empty())
             throw store_error("store_server_options::secret is empty: give the job's secret, or "
                               "no secret (std::nullopt) for a store without authentication");
         if (o.secret && o.auth_timeout.count() <= 0)
             throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
-                                          "positive", o.auth_timeout.count()));
+                                          "positive",
+                                          o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -5715,8 +5518,7 @@ public:
                 ep = {address, o.port};
             } else {
                 asio::ip::tcp::resolver resolver(executor);
-                const auto results = resolver.resolve(o.host, std::to_string(o.port),
-                                                      asio::ip::resolver_base::passive);
+                const auto results = resolver.resolve(o.host, std::to_string(o.port), asio::ip::resolver_base::passive);
                 ep = results.begin()->endpoint();
             }
             acc.open(ep.protocol());
@@ -5834,8 +5636,8 @@ enum class reduce_op : std::uint8_t { sum, min, max };
 
 /// What a `group` needs: who we are, where the store is, and the key namespace.
 struct group_options {
-    int rank = 0;        ///< this process's rank, 0 <= rank < world_size
-    int world_size = 1;  ///< processes in the group; 1 needs no store
+    int rank = 0;                    ///< this process's rank, 0 <= rank < world_size
+    int world_size = 1;              ///< processes in the group; 1 needs no store
     std::string host = "127.0.0.1";  ///< the store (MASTER_ADDR)
     std::uint16_t port = 29500;      ///< the store's port (MASTER_PORT)
     /// Prefix of every key the group writes. `from_env` makes it "elastic.dist/attempt_<N>"
@@ -5863,8 +5665,7 @@ inline group_options options_from(const worker_env& e) {
                                         "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
                                         "but {} is not set; start the workers with elasticrun "
                                         "or torchrun, or set both",
-                                        e.world_size,
-                                        !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
+                                        e.world_size, !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
                             {"MASTER_ADDR", "MASTER_PORT"});
         o.host = *e.master_addr;
         o.port = *e.master_port;
@@ -5905,9 +5706,11 @@ public:
 
     /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
     /// in rank order, so floating-point results agree bit for bit).
+    // clang-format off
     template <class T>
         requires std::is_arithmetic_v<T>
     T all_reduce(T value, reduce_op op = reduce_op::sum) {
+        // clang-format on
         if (options_.world_size == 1) return value;
         std::string bytes(sizeof(T), '\0');
         std::memcpy(bytes.data(), &value, sizeof(T));
@@ -5915,20 +5718,16 @@ public:
         T result{};
         for (std::size_t r = 0; r < all.size(); ++r) {
             if (all[r].size() != sizeof(T))
-                throw store_error(fmt::format(
-                    "elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
-                    "another type: every rank must reduce the same type)",
-                    r, all[r].size(), sizeof(T)));
+                throw store_error(
+                    fmt::format("elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
+                                "another type: every rank must reduce the same type)",
+                                r, all[r].size(), sizeof(T)));
             T v;
             std::memcpy(&v, all[r].data(), sizeof(T));
-            if (r == 0)
-                result = v;
-            else if (op == reduce_op::sum)
-                result = static_cast<T>(result + v);
-            else if (op == reduce_op::min)
-                result = std::min(result, v);
-            else
-                result = std::max(result, v);
+            if (r == 0) result = v;
+            else if (op == reduce_op::sum) result = static_cast<T>(result + v);
+            else if (op == reduce_op::min) result = std::min(result, v);
+            else result = std::max(result, v);
         }
         return result;
     }
@@ -5941,8 +5740,8 @@ private:
 
     group_options options_;
     std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
-    std::uint64_t next_ = 0;            // collectives started by this rank
-    std::vector<std::string> written_;  // keys written since the last full synchronisation
+    std::uint64_t next_ = 0;                         // collectives started by this rank
+    std::vector<std::string> written_;               // keys written since the last full synchronisation
 };
 
 }  // namespace dist
@@ -5954,13 +5753,11 @@ namespace dist {
 
 ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
     if (options_.world_size < 1)
-        throw std::invalid_argument(fmt::format(
-            "elastic::dist::group: world_size {} is not a size (1 or more)",
-            options_.world_size));
+        throw std::invalid_argument(fmt::format("elastic::dist::group: world_size {} is not a size (1 or more)",
+                                                options_.world_size));
     if (options_.rank < 0 || options_.rank >= options_.world_size)
-        throw std::invalid_argument(fmt::format(
-            "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
-            options_.world_size - 1, options_.world_size));
+        throw std::invalid_argument(fmt::format("elastic::dist::group: rank {} is outside 0..{} (world size {})",
+                                                options_.rank, options_.world_size - 1, options_.world_size));
     if (options_.world_size > 1) {
         store_client_options c;
         c.host = options_.host;
@@ -6010,16 +5807,15 @@ ELASTIC_DECL std::vector<std::string> group::all_gather(std::string bytes) {
 
 ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
     if (r < 0 || r >= options_.world_size)
-        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
-                                                r, options_.world_size - 1));
+        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what, r,
+                                                options_.world_size - 1));
 }
 
 ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std::string payload, bool read) {
     const auto n = next_++;
     std::vector<std::string> keys;
     keys.reserve(static_cast<std::size_t>(options_.world_size));
-    for (int r = 0; r < options_.world_size; ++r)
-        keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
     const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
     client_->set(mine, std::move(payload));
     try {
@@ -6044,18 +5840,15 @@ ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std
 
 ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
     std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
-        list += fmt::format("{}{}", i ? ", " : "", missing[i]);
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i) list += fmt::format("{}{}", i ? ", " : "", missing[i]);
     if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
     // The message first: the vector is moved into the exception after it.
-    auto message =
-        fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                    "{} ms (exited, hung, or called the collectives in another order); "
-                    "store {}:{}, keys '{}/{}/'",
-                    what, n, options_.rank, options_.world_size,
-                    missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
-                    options_.timeout.count(), options_.host, options_.port,
-                    options_.key_namespace, n);
+    auto message = fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                               "{} ms (exited, hung, or called the collectives in another order); "
+                               "store {}:{}, keys '{}/{}/'",
+                               what, n, options_.rank, options_.world_size, missing.size() == 1 ? "" : "s",
+                               missing.empty() ? "?" : list, options_.timeout.count(), options_.host, options_.port,
+                               options_.key_namespace, n);
     return dist_timeout(message, std::move(missing));
 }
 
@@ -6105,18 +5898,18 @@ inline void barrier() {
 }
 /// `root`'s bytes on every rank (see group::broadcast).
 inline std::string broadcast(std::string bytes, int root = 0) {
-    return elastic::detail::with_dist_world(
-        [&](group& g) { return g.broadcast(std::move(bytes), root); });
+    return elastic::detail::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
 }
 /// Every rank's bytes, by rank (see group::all_gather).
 inline std::vector<std::string> all_gather(std::string bytes) {
-    return elastic::detail::with_dist_world(
-        [&](group& g) { return g.all_gather(std::move(bytes)); });
+    return elastic::detail::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
 }
 /// A scalar combined over every rank (see group::all_reduce).
+// clang-format off
 template <class T>
     requires std::is_arithmetic_v<T>
 T all_reduce(T value, reduce_op op = reduce_op::sum) {
+    // clang-format on
     return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
 }
 /// How long the process-wide group's collectives wait for the other ranks (default 30 min).
@@ -6240,9 +6033,9 @@ inline std::string signal_name(int signal_number) {
 /// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
 /// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
 /// BUS, ...) are the agent's own.
-inline constexpr std::array<int, 16> forwardable_signal_numbers{
-    SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
-    SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
+inline constexpr std::array<int, 16> forwardable_signal_numbers{SIGHUP,  SIGINT,  SIGQUIT, SIGTERM,   SIGUSR1, SIGUSR2,
+                                                                SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH,
+                                                                SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
 /// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
 [[nodiscard]] inline std::string signal_to_string(int number) {
@@ -6255,8 +6048,7 @@ inline constexpr std::array<int, 16> forwardable_signal_numbers{
 /// torchrun's message for a worker killed by a signal (its ProcessFailure's):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {
-    return fmt::format("Signal {} ({}) received by PID {}", signal_number,
-                       signal_name(signal_number), pid);
+    return fmt::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
 }
 
 }  // namespace elastic::inline v0
@@ -6307,7 +6099,9 @@ struct exit_status {
         return code == CLD_EXITED ? from_exit_code(status_or_signal)
                                   : from_signal(status_or_signal, code == CLD_DUMPED);
     }
-    static exit_status from_siginfo(const siginfo_t& info) noexcept { return from_siginfo(info.si_code, info.si_status); }
+    static exit_status from_siginfo(const siginfo_t& info) noexcept {
+        return from_siginfo(info.si_code, info.si_status);
+    }
 
     /// The process called exit (or returned from main).
     [[nodiscard]] constexpr bool exited() const noexcept { return how == kind::exited; }
@@ -6348,8 +6142,8 @@ struct exit_status {
 /// (its pidfd became readable), on both clocks: `steady_time` orders failures within one agent,
 /// `system_time` is what a failure report prints and compares across hosts.
 struct process_exit {
-    pid_t pid = 0;         ///< the process id
-    exit_status status;    ///< how it ended
+    pid_t pid = 0;                                        ///< the process id
+    exit_status status;                                   ///< how it ended
     std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
     std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
 
@@ -6417,9 +6211,7 @@ inline std::string errno_string(int err) { return std::system_category().message
 
 /// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
 /// for C++, hence the raw system call.
-inline int pidfd_open(pid_t pid) noexcept {
-    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U));
-}
+inline int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
 
 /// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
 inline int pidfd_send_signal(int pidfd, int sig) noexcept {
@@ -6435,8 +6227,7 @@ inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
 inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
     info = siginfo_t{};
     for (;;) {
-        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info,
-                                WEXITED | WNOHANG | WNOWAIT);
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT);
         if (rc == 0) return info.si_pid != 0;
         if (errno != EINTR) return false;
     }
@@ -6489,8 +6280,7 @@ inline rlim_t& original_open_files_soft_limit() noexcept {
 inline rlim_t raise_open_files_limit() noexcept {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
-    if (original_open_files_soft_limit() == RLIM_INFINITY)
-        original_open_files_soft_limit() = limit.rlim_cur;
+    if (original_open_files_soft_limit() == RLIM_INFINITY) original_open_files_soft_limit() = limit.rlim_cur;
     if (limit.rlim_cur < limit.rlim_max) {
         const rlim_t before = limit.rlim_cur;
         limit.rlim_cur = limit.rlim_max;
@@ -6506,8 +6296,7 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
     const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
     if (moved < 0) {
         throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
-                            " above 2 for a child: " + errno_string(errno) +
-                            " (raise the open-files limit)");
+                            " above 2 for a child: " + errno_string(errno) + " (raise the open-files limit)");
     }
     return owned_fd(moved);
 }
@@ -6658,20 +6447,19 @@ inline constexpr std::size_t watcher_capacity = 8192;
 /// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
 /// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
 /// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
-[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity,
-                                      unsigned char* buffer, std::size_t buffer_size,
-                                      int max_fd) noexcept {
+[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity, unsigned char* buffer,
+                                      std::size_t buffer_size, int max_fd) noexcept {
     // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
     // watcher before it has done its job, and no terminal hangup reaches it.
     ::setsid();
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM,
-                    SIGTSTP, SIGTTIN, SIGTTOU}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGTSTP, SIGTTIN, SIGTTOU}) {
         ::sigaction(sig, &ignore, nullptr);
     }
     ::prctl(PR_SET_NAME, "elastic-watch", 0, 0, 0);
-    if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */ }
+    if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */
+    }
     // Keep nothing but the socket: not the agent's sockets (a port would stay bound), not its
     // stdout (a reader of the agent's output would never see EOF).
     if (::close_range(0, static_cast<unsigned>(read_end - 1), 0) != 0 ||
@@ -6791,8 +6579,7 @@ private:
         auto job = [&] {
             pid = ::fork();
             if (pid == 0) {
-                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(),
-                             max_fd);
+                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
             }
             if (pid < 0) fork_errno = errno;
         };
@@ -6815,8 +6602,7 @@ private:
             if (n == static_cast<ssize_t>(sizeof record)) return true;
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
-            throw process_error("cannot write to the watcher socket: " +
-                                errno_string(n < 0 ? errno : EIO));
+            throw process_error("cannot write to the watcher socket: " + errno_string(n < 0 ? errno : EIO));
         }
     }
 
@@ -6973,10 +6759,10 @@ public:
     asio::awaitable<process_exit> wait() {
         if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
         while (!check_exit()) {
-            if (reaped_) throw process_error("cannot wait for pid " + std::to_string(pid_) +
-                                             ": it was reaped before its exit was observed");
-            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read,
-                                       asio::use_awaitable);
+            if (reaped_)
+                throw process_error("cannot wait for pid " + std::to_string(pid_) +
+                                    ": it was reaped before its exit was observed");
+            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
         }
         co_return *status_;
     }
@@ -6987,8 +6773,8 @@ public:
         if (pid_ <= 0 || reaped_ || check_exit()) return false;
         if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
         if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to pid " +
-                            std::to_string(pid_) + ": " + detail::errno_string(errno));
+        throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
+                            detail::errno_string(errno));
     }
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
@@ -6998,8 +6784,8 @@ public:
         if (pid_ <= 0 || reaped_) return false;
         if (::kill(-pid_, sig) == 0) return true;
         if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to process group " +
-                            std::to_string(pid_) + ": " + detail::errno_string(errno));
+        throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
+                            detail::errno_string(errno));
     }
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
@@ -7034,8 +6820,7 @@ public:
 private:
     friend class detail::child_process_factory;
 
-    child_process(asio::posix::stream_descriptor pidfd, pid_t pid,
-                  std::optional<asio::posix::stream_descriptor> in,
+    child_process(asio::posix::stream_descriptor pidfd, pid_t pid, std::optional<asio::posix::stream_descriptor> in,
                   std::optional<asio::posix::stream_descriptor> out,
                   std::optional<asio::posix::stream_descriptor> err) noexcept
         : pid_(pid),
@@ -7045,8 +6830,7 @@ private:
           stdout_(std::move(out)),
           stderr_(std::move(err)) {}
 
-    static std::optional<asio::posix::stream_descriptor> take(
-        std::optional<asio::posix::stream_descriptor>& slot) {
+    static std::optional<asio::posix::stream_descriptor> take(std::optional<asio::posix::stream_descriptor>& slot) {
         std::optional<asio::posix::stream_descriptor> out;
         out.swap(slot);
         return out;
@@ -7085,8 +6869,7 @@ public:
                               std::optional<asio::posix::stream_descriptor> in,
                               std::optional<asio::posix::stream_descriptor> out,
                               std::optional<asio::posix::stream_descriptor> err) {
-        return child_process(std::move(pidfd), pid, std::move(in), std::move(out),
-                             std::move(err));
+        return child_process(std::move(pidfd), pid, std::move(in), std::move(out), std::move(err));
     }
 };
 
@@ -7144,8 +6927,7 @@ public:
         event.events = EPOLLIN;
         event.data.u64 = token;
         if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
-            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " +
-                                errno_string(errno));
+            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " + errno_string(errno));
         }
         tokens_.push_back({token, pidfd});
     }
@@ -7171,8 +6953,7 @@ public:
             if (n < 0 && errno != EINTR) {
                 throw process_error("cannot wait on an epoll instance: " + errno_string(errno));
             }
-            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read,
-                                       asio::use_awaitable);
+            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
         }
     }
 
@@ -7222,8 +7003,7 @@ struct group_member {
 /// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
 /// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
 /// recycled between the scan and pidfd_open is not mistaken for a member.
-inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
-                                               const std::vector<pid_t>& skip) {
+inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
     std::vector<group_member> out;
     if (pgids.empty()) return out;
     DIR* proc = ::opendir("/proc");
@@ -7289,11 +7069,11 @@ enum class stop_outcome {
 /// "exited", "killed", ... for logs.
 inline const char* to_string(stop_outcome outcome) noexcept {
     switch (outcome) {
-    case stop_outcome::already_exited: return "already exited";
-    case stop_outcome::exited: return "exited";
-    case stop_outcome::signaled: return "ended by the stop signal";
-    case stop_outcome::killed: return "killed after the grace period";
-    case stop_outcome::unkillable: return "not reaped after SIGKILL";
+        case stop_outcome::already_exited: return "already exited";
+        case stop_outcome::exited: return "exited";
+        case stop_outcome::signaled: return "ended by the stop signal";
+        case stop_outcome::killed: return "killed after the grace period";
+        case stop_outcome::unkillable: return "not reaped after SIGKILL";
     }
     return "unknown";
 }
@@ -7322,7 +7102,7 @@ struct stop_result {
 
 /// The time limits of `stop`.
 struct stop_options {
-    int signal = SIGTERM;  ///< sent first to each group (torchrun: SIGTERM, or the signal it got)
+    int signal = SIGTERM;                     ///< sent first to each group (torchrun: SIGTERM, or the signal it got)
     std::chrono::milliseconds grace{30'000};  ///< --shutdown-timeout: one deadline for all groups
     std::chrono::milliseconds kill_timeout{10'000};  ///< how long to await deaths after SIGKILL
 };
@@ -7330,17 +7110,15 @@ struct stop_options {
 namespace detail {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
-inline asio::awaitable<void> await_exits(exit_set& set,
-                                         std::span<child_process* const> children) {
+inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
     while (set.size() > 0) {
         const std::size_t token = co_await set.next();
         if (token < children.size()) children[token]->check_exit();
     }
 }
 
-inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
-                                                  std::span<child_process* const> children,
-                                                  std::chrono::milliseconds timeout) {
+inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_process* const> children,
+                                                    std::chrono::milliseconds timeout) {
     using namespace asio::experimental::awaitable_operators;
     if (set.size() == 0) co_return;
     asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
@@ -7360,8 +7138,7 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
 /// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
 /// Workers already reaped are reported `already_exited` and not signalled (their group id is
 /// no longer reserved).
-inline asio::awaitable<stop_result> stop(std::span<child_process* const> children,
-                                         stop_options options = {}) {
+inline asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop_options options = {}) {
     auto executor = co_await asio::this_coro::executor;
     stop_result result;
     result.workers.resize(children.size());
@@ -7442,9 +7219,8 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         }
         co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
         for (std::size_t token : set.pending()) {
-            result.unkillable.push_back(token < children.size()
-                                            ? children[token]->pid()
-                                            : members[token - children.size()].pid);
+            result.unkillable.push_back(token < children.size() ? children[token]->pid()
+                                                                : members[token - children.size()].pid);
         }
     }
 
@@ -7472,8 +7248,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 }
 
 /// `stop` for workers held by value (a std::vector<child_process>, say).
-inline asio::awaitable<stop_result> stop(std::span<child_process> children,
-                                         stop_options options = {}) {
+inline asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
     const auto pointers = detail::addresses(children);
     co_return co_await stop(std::span<child_process* const>(pointers), options);
 }
@@ -7521,8 +7296,7 @@ class signal_events {
 public:
     /// Catches `signals` (by default the forwarded ones).
     explicit signal_events(const asio::any_io_executor& executor,
-                           std::initializer_list<int> signals = {SIGINT, SIGTERM, SIGHUP,
-                                                                  SIGQUIT})
+                           std::initializer_list<int> signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
         : set_(executor) {
         prepare_agent_signals();
         for (int sig : signals) set_.add(sig);
@@ -7707,8 +7481,8 @@ struct child_plan {
     const char* path;
     char* const* argv;
     char* const* envp;
-    const char* cwd;     // nullptr: keep the agent's
-    int stdio_fds[3];    // -1: inherit; else a descriptor above 2 to dup onto 0, 1, 2
+    const char* cwd;   // nullptr: keep the agent's
+    int stdio_fds[3];  // -1: inherit; else a descriptor above 2 to dup onto 0, 1, 2
     bool new_session;
     pid_t parent;
     int error_fd;        // above 2, close-on-exec
@@ -7787,45 +7561,38 @@ struct child_plan {
 
 /// The path execve will get: `program` itself if it has a slash, else the first executable
 /// regular file named `program` in the PATH of the child's environment.
-inline std::string find_executable(const std::string& program,
-                                   const std::vector<std::string>& env) {
+inline std::string find_executable(const std::string& program, const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
     std::string path_var(default_search_path);  // execvp's, when the environment has no PATH
     for (const auto& entry : env) {
         if (entry.rfind("PATH=", 0) == 0) path_var = entry.substr(5);
     }
     if (auto result = search_path(program, path_var); !result.found.empty()) return std::move(result.found);
-    throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" +
-                          path_var + " (give a path, or set PATH in the worker's environment)",
+    throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" + path_var +
+                          " (give a path, or set PATH in the worker's environment)",
                       ENOENT);
 }
 
 inline std::string describe_failure(const child_failure& failure, const spawn_options& options,
                                     const std::string& path) {
     const char* name = ::strerrorname_np(failure.error);
-    const std::string why =
-        errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
+    const std::string why = errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
     switch (failure.step) {
-    case child_step::exec: {
-        std::string text = "cannot execute '" + path + "'";
-        if (path != options.program) text += " (found for '" + options.program + "')";
-        text += ": " + why;
-        if (failure.error == EACCES) text += "; it must be an executable file (chmod +x)";
-        if (failure.error == ENOENT) text += "; check the path (or the #! interpreter)";
-        if (failure.error == ENOEXEC) text += "; it is neither a binary nor a #! script";
-        return text;
-    }
-    case child_step::chdir:
-        return "cannot start '" + options.program + "' in working directory '" + options.cwd +
-               "': " + why;
-    case child_step::stdio:
-        return "cannot connect the standard streams of '" + options.program + "': " + why;
-    case child_step::group:
-        return "cannot give '" + options.program + "' its own process group: " + why;
-    case child_step::pdeathsig:
-        return "cannot set the parent-death signal for '" + options.program + "': " + why;
-    case child_step::close_fds:
-        return "cannot close the agent's descriptors in '" + options.program + "': " + why;
+        case child_step::exec: {
+            std::string text = "cannot execute '" + path + "'";
+            if (path != options.program) text += " (found for '" + options.program + "')";
+            text += ": " + why;
+            if (failure.error == EACCES) text += "; it must be an executable file (chmod +x)";
+            if (failure.error == ENOENT) text += "; check the path (or the #! interpreter)";
+            if (failure.error == ENOEXEC) text += "; it is neither a binary nor a #! script";
+            return text;
+        }
+        case child_step::chdir:
+            return "cannot start '" + options.program + "' in working directory '" + options.cwd + "': " + why;
+        case child_step::stdio: return "cannot connect the standard streams of '" + options.program + "': " + why;
+        case child_step::group: return "cannot give '" + options.program + "' its own process group: " + why;
+        case child_step::pdeathsig: return "cannot set the parent-death signal for '" + options.program + "': " + why;
+        case child_step::close_fds: return "cannot close the agent's descriptors in '" + options.program + "': " + why;
     }
     return "cannot start '" + options.program + "': " + why;
 }
@@ -7839,29 +7606,28 @@ struct stdio_ends {
 inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
     stdio_ends ends;
     switch (target.which()) {
-    case stdio::kind::inherit:
-        break;
-    case stdio::kind::pipe: {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) {
-            throw process_error("cannot create a pipe for a worker's standard stream: " +
-                                errno_string(errno) + " (raise the open-files limit)");
+        case stdio::kind::inherit: break;
+        case stdio::kind::pipe: {
+            int fds[2];
+            if (::pipe2(fds, O_CLOEXEC) != 0) {
+                throw process_error("cannot create a pipe for a worker's standard stream: " + errno_string(errno) +
+                                    " (raise the open-files limit)");
+            }
+            ends.child = owned_fd(child_reads ? fds[0] : fds[1]);
+            ends.parent = owned_fd(child_reads ? fds[1] : fds[0]);
+            break;
         }
-        ends.child = owned_fd(child_reads ? fds[0] : fds[1]);
-        ends.parent = owned_fd(child_reads ? fds[1] : fds[0]);
-        break;
-    }
-    case stdio::kind::null:
-        ends.child = owned_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
-        if (!ends.child) throw process_error("cannot open /dev/null: " + errno_string(errno));
-        break;
-    case stdio::kind::descriptor:
-        ends.child = owned_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
-        if (!ends.child) {
-            throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
-                                " for a worker's standard stream: " + errno_string(errno));
-        }
-        break;
+        case stdio::kind::null:
+            ends.child = owned_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+            if (!ends.child) throw process_error("cannot open /dev/null: " + errno_string(errno));
+            break;
+        case stdio::kind::descriptor:
+            ends.child = owned_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
+            if (!ends.child) {
+                throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
+                                    " for a worker's standard stream: " + errno_string(errno));
+            }
+            break;
     }
     ends.child = raise_above_stdio(std::move(ends.child));
     return ends;
@@ -7873,8 +7639,7 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
     watcher::instance().remove(pid);
     if (pidfd >= 0) {
         siginfo_t info{};
-        while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
-               errno == EINTR) {
+        while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 && errno == EINTR) {
         }
     } else {
         while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -7899,8 +7664,7 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
 /// a small agent), so it is a plain function, not a coroutine.
 inline child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
     if (options.program.empty()) {
-        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)",
-                          EINVAL);
+        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
     }
     detail::prepare_agent_signals();
     const std::vector<std::string> env = options.env ? *options.env : detail::environ_entries();
@@ -7959,8 +7723,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     };
     detail::spawner::instance().run(job);
     if (pid < 0) {
-        throw spawn_error("cannot fork to start '" + options.program +
-                              "': " + detail::errno_string(fork_errno) +
+        throw spawn_error("cannot fork to start '" + options.program + "': " + detail::errno_string(fork_errno) +
                               " (check the process limit, ulimit -u, and free memory)",
                           fork_errno);
     }
@@ -7984,8 +7747,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     if (!pidfd) {
         const int e = errno;
         detail::discard_child(pid, -1);
-        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
-                              detail::errno_string(e) + " (needs Linux 5.3 or later)",
+        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " + detail::errno_string(e) +
+                              " (needs Linux 5.3 or later)",
                           e);
     }
 
@@ -8016,8 +7779,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         auto out_pipe = adopt(out.parent);
         auto err_pipe = adopt(err.parent);
         auto pid_stream = adopt(pidfd);
-        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
-                                                   std::move(out_pipe), std::move(err_pipe));
+        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe), std::move(out_pipe),
+                                                   std::move(err_pipe));
     } catch (...) {
         detail::discard_child(pid, pidfd ? pidfd.get() : -1);
         throw;
@@ -8341,10 +8104,8 @@ public:
     /// 2 KiB per line: any human-written message fits; a megabyte of base64 does not.
     static constexpr std::size_t default_max_line_bytes = 2048;
 
-    explicit stderr_tail(std::size_t max_lines = default_max_lines,
-                         std::size_t max_line_bytes = default_max_line_bytes)
-        : max_lines_(max_lines == 0 ? 1 : max_lines),
-          max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
+    explicit stderr_tail(std::size_t max_lines = default_max_lines, std::size_t max_line_bytes = default_max_line_bytes)
+        : max_lines_(max_lines == 0 ? 1 : max_lines), max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
 
     /// Feed the next chunk of the stream.
     void feed(std::string_view chunk) {
@@ -8455,7 +8216,6 @@ private:
 #include <string_view>
 #include <utility>
 
-
 #include <fmt/format.h>
 
 namespace elastic::inline v0 {
@@ -8508,16 +8268,15 @@ inline std::string failure_headline(const worker_failure& f) {
     if (f.status.signaled()) {
         return signal_message(f.status.signal(), f.pid);
     }
-    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
-                       f.global_rank, f.local_rank, f.status.code());
+    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid, f.global_rank, f.local_rank,
+                       f.status.code());
 }
 
 /// The stderr tail as a report shows it: a heading line, then the lines indented by two.
 inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     std::string out;
     if (tail.total_lines == tail.lines.size()) {
-        out = fmt::format("stderr ({} line{}):", tail.lines.size(),
-                          tail.lines.size() == 1 ? "" : "s");
+        out = fmt::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
     } else {
         out = fmt::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
     }
@@ -8588,8 +8347,7 @@ inline std::chrono::steady_clock::time_point failure_time(const worker_failure& 
         }
         if (latest < f.observed_system) {
             const auto earlier_by = f.observed_system - latest;
-            return f.observed_steady -
-                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(earlier_by);
+            return f.observed_steady - std::chrono::duration_cast<std::chrono::steady_clock::duration>(earlier_by);
         }
     }
     return f.observed_steady;
@@ -8597,8 +8355,7 @@ inline std::chrono::steady_clock::time_point failure_time(const worker_failure& 
 
 /// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
 /// (as torchrun shows), else when the agent observed the exit.
-inline std::chrono::system_clock::time_point failure_display_time(
-    const worker_failure& f) noexcept {
+inline std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         return *f.error_file.content.timestamp;
     }
@@ -8648,9 +8405,8 @@ inline std::optional<int> launcher_exit_code(std::span<const worker_failure> fai
 /// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
 /// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
 inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
-    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                       f.status.returncode(), f.local_rank, f.pid,
-                       detail::report::valid_utf8(entrypoint));
+    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
+                       f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
 
 }  // namespace elastic::inline v0
@@ -8700,8 +8456,7 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
         }
         return doc;
     }
-    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
-                             failure_display_time(root).time_since_epoch())
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(failure_display_time(root).time_since_epoch())
                              .count();
     json extra = json::object();
     extra["py_callstack"] = detail::report::valid_utf8(failure_traceback(root));
@@ -8724,8 +8479,7 @@ inline nlohmann::ordered_json agent_exception_document(
     std::string_view type, std::string_view what, int exit_code,
     std::chrono::system_clock::time_point when = std::chrono::system_clock::now()) {
     using json = nlohmann::ordered_json;
-    const auto seconds =
-        std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
     const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
     json extra = json::object();
     extra["py_callstack"] = message;
@@ -8747,25 +8501,23 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
     const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
     if (base.empty()) {
-        throw report_error(
-            fmt::format("cannot write the error file \"{}\": the path names a "
-                        "directory, not a file",
-                        path));
+        throw report_error(fmt::format("cannot write the error file \"{}\": the path names a "
+                                       "directory, not a file",
+                                       path));
     }
     std::string temp = fmt::format("{}/.{}.XXXXXX", dir, base);
     const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
     if (fd < 0) {
-        throw report_error(
-            fmt::format("cannot write the error file \"{}\": creating a temporary "
-                        "file in \"{}\" failed: {}",
-                        path, dir, std::strerror(errno)));
+        throw report_error(fmt::format("cannot write the error file \"{}\": creating a temporary "
+                                       "file in \"{}\" failed: {}",
+                                       path, dir, std::strerror(errno)));
     }
     const auto fail = [&](const char* step) {
         const int err = errno;
         ::close(fd);
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": {} \"{}\" failed: {}",
-                                       path, step, temp, std::strerror(err)));
+        throw report_error(fmt::format("cannot write the error file \"{}\": {} \"{}\" failed: {}", path, step, temp,
+                                       std::strerror(err)));
     };
     // mkstemp makes it 0600; an error file is read by whoever launched us, as torchrun's is.
     if (::fchmod(fd, 0644) != 0) {
@@ -8788,18 +8540,16 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
     if (::close(fd) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(
-            fmt::format("cannot write the error file \"{}\": closing \"{}\" "
-                        "failed: {}",
-                        path, temp, std::strerror(err)));
+        throw report_error(fmt::format("cannot write the error file \"{}\": closing \"{}\" "
+                                       "failed: {}",
+                                       path, temp, std::strerror(err)));
     }
     if (::rename(temp.c_str(), path.c_str()) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(
-            fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
-                        "failed: {}",
-                        path, temp, std::strerror(err)));
+        throw report_error(fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
+                                       "failed: {}",
+                                       path, temp, std::strerror(err)));
     }
 }
 
@@ -9039,8 +8789,7 @@ inline error_file_read malformed(std::string path, std::string problem) {
 inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
     using json = nlohmann::ordered_json;
     if (!doc.is_object()) {
-        return malformed(std::move(path),
-                         fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
+        return malformed(std::move(path), fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
     }
     const auto message_it = doc.find("message");
     if (message_it == doc.end()) {
@@ -9054,10 +8803,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
             const auto parsed = parse_epoch_seconds(*ts);
             if (!parsed) {
-                return malformed(std::move(path),
-                                 fmt::format("\"timestamp\" {} is not a number of seconds since "
-                                             "the epoch",
-                                             valid_utf8(ts->dump().substr(0, 64))));
+                return malformed(std::move(path), fmt::format("\"timestamp\" {} is not a number of seconds since "
+                                                              "the epoch",
+                                                              valid_utf8(ts->dump().substr(0, 64))));
             }
             c.timestamp = parsed->first;
             c.timestamp_whole_seconds = parsed->second;
@@ -9066,36 +8814,32 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         c.format = error_file_format::nested;
         if (const auto m = message.find("message"); m != message.end()) {
             if (!m->is_string()) {
-                return malformed(
-                    std::move(path),
-                    fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
+                return malformed(std::move(path),
+                                 fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
             }
             c.message = m->get<std::string>();
         }
         if (const auto extra = message.find("extraInfo"); extra != message.end()) {
             if (!extra->is_object()) {
                 return malformed(std::move(path),
-                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object",
-                                             extra->type_name()));
+                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object", extra->type_name()));
             }
             if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
                 if (!cs->is_string()) {
-                    return malformed(
-                        std::move(path),
-                        fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
-                                    "string",
-                                    cs->type_name()));
+                    return malformed(std::move(path),
+                                     fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
+                                                 "string",
+                                                 cs->type_name()));
                 }
                 c.traceback = cs->get<std::string>();
             }
             if (const auto ts = extra->find("timestamp"); ts != extra->end() && !ts->is_null()) {
                 const auto parsed = parse_epoch_seconds(*ts);
                 if (!parsed) {
-                    return malformed(
-                        std::move(path),
-                        fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
-                                    "seconds since the epoch",
-                                    valid_utf8(ts->dump().substr(0, 64))));
+                    return malformed(std::move(path),
+                                     fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
+                                                 "seconds since the epoch",
+                                                 valid_utf8(ts->dump().substr(0, 64))));
                 }
                 c.timestamp = parsed->first;
                 c.timestamp_whole_seconds = parsed->second;
@@ -9104,15 +8848,13 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto code = message.find("errorCode"); code != message.end()) {
             c.error_code = parse_error_code(*code);
             if (!c.error_code) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.errorCode\" {} is not an integer",
-                                             valid_utf8(code->dump().substr(0, 64))));
+                return malformed(std::move(path), fmt::format("\"message.errorCode\" {} is not an integer",
+                                                              valid_utf8(code->dump().substr(0, 64))));
             }
         }
     } else {
         return malformed(std::move(path),
-                         fmt::format("\"message\" is a JSON {}, neither a string nor an object",
-                                     message.type_name()));
+                         fmt::format("\"message\" is a JSON {}, neither a string nor an object", message.type_name()));
     }
     if (!c.error_code) {
         if (const auto code = doc.find("errorCode"); code != doc.end()) {
@@ -9135,17 +8877,15 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
                                                       bytes.size(), max_error_file_bytes));
     }
     std::size_t first = 0;
-    while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' ||
-                                    bytes[first] == '\r' || bytes[first] == '\t')) {
+    while (first < bytes.size() &&
+           (bytes[first] == ' ' || bytes[first] == '\n' || bytes[first] == '\r' || bytes[first] == '\t')) {
         ++first;
     }
     if (first == bytes.size()) {
-        return malformed(std::move(path),
-                         bytes.empty() ? "the file is empty" : "the file holds only white space");
+        return malformed(std::move(path), bytes.empty() ? "the file is empty" : "the file holds only white space");
     }
     if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
-        return malformed(std::move(path),
-                         fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
+        return malformed(std::move(path), fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
     }
     json doc;
     try {
@@ -9155,8 +8895,7 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
         try {
             doc = json::parse(repair_lone_surrogates(bytes));
         } catch (const json::exception&) {
-            return malformed(std::move(path), fmt::format("not valid JSON: {}",
-                                                          json_error_text(first_error.what())));
+            return malformed(std::move(path), fmt::format("not valid JSON: {}", json_error_text(first_error.what())));
         }
     }
     return parse_error_document(std::move(doc), std::move(path));
@@ -9198,8 +8937,7 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
             if (err == ENOENT || err == ENOTDIR) {
                 return r;
             }
-            return detail::report::malformed(
-                path, fmt::format("cannot be opened: {}", std::strerror(err)));
+            return detail::report::malformed(path, fmt::format("cannot be opened: {}", std::strerror(err)));
         }
         struct closer {
             int fd;
@@ -9207,17 +8945,15 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
         } close_on_exit{fd};
         struct stat st {};
         if (::fstat(fd, &st) != 0) {
-            return detail::report::malformed(
-                path, fmt::format("cannot be examined: {}", std::strerror(errno)));
+            return detail::report::malformed(path, fmt::format("cannot be examined: {}", std::strerror(errno)));
         }
         if (!S_ISREG(st.st_mode)) {
             return detail::report::malformed(path, "not a regular file");
         }
         if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::report::malformed(path,
-                                             fmt::format("{} bytes, more than the {} bytes an "
-                                                         "error file may have",
-                                                         st.st_size, max_error_file_bytes));
+            return detail::report::malformed(path, fmt::format("{} bytes, more than the {} bytes an "
+                                                               "error file may have",
+                                                               st.st_size, max_error_file_bytes));
         }
         // Read to EOF rather than trust st_size: the file may still be growing.
         std::string bytes;
@@ -9228,18 +8964,16 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
                 if (errno == EINTR) {
                     continue;
                 }
-                return detail::report::malformed(
-                    path, fmt::format("cannot be read: {}", std::strerror(errno)));
+                return detail::report::malformed(path, fmt::format("cannot be read: {}", std::strerror(errno)));
             }
             if (n == 0) {
                 break;
             }
             bytes.append(buffer, static_cast<std::size_t>(n));
             if (bytes.size() > max_error_file_bytes) {
-                return detail::report::malformed(path,
-                                                 fmt::format("more than the {} bytes an error "
-                                                             "file may have",
-                                                             max_error_file_bytes));
+                return detail::report::malformed(path, fmt::format("more than the {} bytes an error "
+                                                                   "file may have",
+                                                                   max_error_file_bytes));
             }
         }
         return parse_error_file(bytes, path);
@@ -9382,8 +9116,7 @@ inline std::string python_json(const nlohmann::ordered_json& value) {
 
 // torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
 inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
-                           int exitcode, std::chrono::system_clock::time_point when,
-                           const worker_event_context& ctx) {
+                           int exitcode, std::chrono::system_clock::time_point when, const worker_event_context& ctx) {
     using json = nlohmann::ordered_json;
     json md = json::object();
     md["group_world_size"] = ctx.group_world_size;
@@ -9440,8 +9173,7 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
         raw_error = R"({"message": "<NONE>"})";
     }
     return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.returncode(), failure_display_time(f),
-                                         ctx);
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f), ctx);
 }
 
 /// The `torchelastic.worker.status.SUCCEEDED` event for one worker of a group that succeeded
@@ -9463,8 +9195,7 @@ public:
     explicit event_log(const std::string& path)
         : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
         if (fd_ < 0) {
-            throw report_error(
-                fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
+            throw report_error(fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
         }
     }
 
@@ -9564,12 +9295,9 @@ struct event_destination {
     /// The option's text: `null`, `console`, `file:PATH`.
     [[nodiscard]] std::string to_string() const {
         switch (what) {
-        case kind::console:
-            return "console";
-        case kind::file:
-            return "file:" + path;
-        case kind::null:
-            break;
+            case kind::console: return "console";
+            case kind::file: return "file:" + path;
+            case kind::null: break;
         }
         return "null";
     }
@@ -9613,17 +9341,11 @@ public:
     /// A sink for `destination`. A file is opened (created, appended) now: throws report_error
     /// naming the path and the reason when it cannot be. `console_fd` is where `console` writes
     /// (stderr, as torch's StreamHandler).
-    explicit event_sink(event_destination destination, int console_fd = 2)
-        : destination_(std::move(destination)) {
+    explicit event_sink(event_destination destination, int console_fd = 2) : destination_(std::move(destination)) {
         switch (destination_.what) {
-        case event_destination::kind::console:
-            log_.emplace(event_log::to_descriptor(console_fd));
-            break;
-        case event_destination::kind::file:
-            log_.emplace(event_log(destination_.path));
-            break;
-        case event_destination::kind::null:
-            break;
+            case event_destination::kind::console: log_.emplace(event_log::to_descriptor(console_fd)); break;
+            case event_destination::kind::file: log_.emplace(event_log(destination_.path)); break;
+            case event_destination::kind::null: break;
         }
     }
 
@@ -9641,10 +9363,10 @@ public:
         try {
             using namespace std::chrono;
             e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
-            e.metadata["monotonic_ns"] =
-                static_cast<std::int64_t>(duration_cast<nanoseconds>(steady.time_since_epoch()).count());
-            e.metadata["since_start_ns"] =
-                static_cast<std::int64_t>(duration_cast<nanoseconds>(steady - origin_).count());
+            e.metadata["monotonic_ns"] = static_cast<std::int64_t>(
+                duration_cast<nanoseconds>(steady.time_since_epoch()).count());
+            e.metadata["since_start_ns"] = static_cast<std::int64_t>(
+                duration_cast<nanoseconds>(steady - origin_).count());
             return log_->record(e);
         } catch (...) {
             return false;
@@ -9732,16 +9454,15 @@ namespace detail::report {
 
 /// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
 inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
-    const std::time_t secs =
-        std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
+    const std::time_t secs = std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
     std::tm tm{};
     if (utc) {
         ::gmtime_r(&secs, &tm);
     } else {
         ::localtime_r(&secs, &tm);
     }
-    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1,
-                       tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                       tm.tm_min, tm.tm_sec);
 }
 
 /// `text` with every line after the first indented by two spaces, as torchrun indents a
@@ -9759,21 +9480,18 @@ inline std::string indent_continuation(std::string_view text) {
 }
 
 inline std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
-    const std::string error_file =
-        f.error_file.status == error_file_status::absent || f.error_file.path.empty()
-            ? std::string("<N/A>")
-            : valid_utf8(f.error_file.path);
-    return fmt::format(
-        "[{}]:\n"
-        "  time      : {}\n"
-        "  host      : {}\n"
-        "  rank      : {} (local_rank: {})\n"
-        "  exitcode  : {} (pid: {})\n"
-        "  error_file: {}\n"
-        "  traceback : {}",
-        idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
-        f.local_rank, f.status.returncode(), f.pid, error_file,
-        indent_continuation(valid_utf8(failure_traceback(f))));
+    const std::string error_file = f.error_file.status == error_file_status::absent || f.error_file.path.empty()
+                                       ? std::string("<N/A>")
+                                       : valid_utf8(f.error_file.path);
+    return fmt::format("[{}]:\n"
+                       "  time      : {}\n"
+                       "  host      : {}\n"
+                       "  rank      : {} (local_rank: {})\n"
+                       "  exitcode  : {} (pid: {})\n"
+                       "  error_file: {}\n"
+                       "  traceback : {}",
+                       idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank, f.local_rank,
+                       f.status.returncode(), f.pid, error_file, indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
 inline std::size_t widest_line(std::string_view text) {
@@ -9806,9 +9524,8 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
     const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-        return failures[a].global_rank < failures[b].global_rank;
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return failures[a].global_rank < failures[b].global_rank; });
     const auto root = root_cause(failures);
 
     std::size_t width = detail::report::code_points(title);
@@ -9819,9 +9536,8 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
     for (const std::size_t i : order) {
         const auto& f = failures[i];
         if (f.state == failure_state::stopped_by_agent) {
-            std::string line =
-                fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                            f.local_rank, f.status.returncode(), f.pid);
+            std::string line = fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
+                                           f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
@@ -9912,24 +9628,24 @@ struct node_info {
 
 /// Where the rendezvous store may move when its host is lost: an idle store server of a member.
 struct store_successor {
-    std::string id;            ///< the member's lease name
-    std::string addr;          ///< its address
-    std::uint16_t port = 0;    ///< its idle server's port
+    std::string id;          ///< the member's lease name
+    std::string addr;        ///< its address
+    std::uint16_t port = 0;  ///< its idle server's port
 };
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
 struct rendezvous_round {
-    int number = 0;             ///< the round (0, 1, ...)
-    int restart_count = 0;      ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
-    int group_rank = 0;         ///< this node's GROUP_RANK
-    int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
-    int rank_base = 0;          ///< the global rank of this node's local rank 0
-    int world_size = 1;         ///< workers in the round: WORLD_SIZE
-    std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
+    int number = 0;                           ///< the round (0, 1, ...)
+    int restart_count = 0;                    ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;                       ///< this node's GROUP_RANK
+    int group_world_size = 1;                 ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;                        ///< the global rank of this node's local rank 0
+    int world_size = 1;                       ///< workers in the round: WORLD_SIZE
+    std::int64_t epoch = 0;                   ///< lease losses the round's completer had accounted for
     std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
-    bool host_in_round = false;  ///< the store's host is a member of this round
-    std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
-    std::uint16_t master_port = 0;  ///< MASTER_PORT
+    bool host_in_round = false;               ///< the store's host is a member of this round
+    std::string master_addr;                  ///< MASTER_ADDR: group rank 0's workers' store
+    std::uint16_t master_port = 0;            ///< MASTER_PORT
     /// Group rank 0 only: every member's interface addresses (literals; a member that published
     /// none: its host and advertised address, names or literals), for its workers' store to
     /// accept connections from the round's nodes alone (empty on the other nodes).
@@ -9961,9 +9677,9 @@ struct job_decision {
 struct barrier_result {
     enum class kind { complete, aborted, timed_out };
     kind how = kind::complete;
-    std::vector<int> missing;         ///< timed_out: the group ranks that did not finish
+    std::vector<int> missing;                ///< timed_out: the group ranks that did not finish
     std::vector<std::string> missing_hosts;  ///< timed_out: their hosts (same order)
-    std::optional<abort_notice> abort;  ///< aborted: why
+    std::optional<abort_notice> abort;       ///< aborted: why
 };
 
 /*
@@ -10012,7 +9728,8 @@ concept agent_rendezvous = rendezvous<R> && requires(R& r, const R& cr, node_inf
     { r.keep_membership() } -> std::same_as<asio::awaitable<void>>;
     { r.recover(reason, info) } -> std::same_as<asio::awaitable<std::string>>;
     { cr.restart_count() } -> std::convertible_to<int>;
-    { r.stop() } noexcept;
+    { r.stop() }
+    noexcept;
 };
 
 }  // namespace elastic::inline v0
@@ -10162,8 +9879,8 @@ inline bool is_address_literal(const std::string& text) {
 }
 
 inline std::string encode(const node_info& i) {
-    nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
-                     {"pid", i.pid}};
+    nlohmann::json j{
+        {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
     if (i.node_rank) j["node_rank"] = *i.node_rank;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
@@ -10202,7 +9919,8 @@ inline node_info decode_node(std::string_view text) {
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
 inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
     if (!list.is_array()) throw invalid_value("'successors' is not a list");
-    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
+    if (list.size() > 16)
+        throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
     std::vector<store_successor> out;
     for (const auto& x : list) {
         if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
@@ -10358,9 +10076,9 @@ inline std::string describe_node_id(std::string_view id) {
 struct membership_log {
     explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
     std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
-    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
-    std::optional<std::string> store_lost;   ///< why the lease connection ended
-    async_signal wake;                       ///< notified at each change: wakes every waiter
+    std::int64_t epoch = 0;                                  ///< the last loss seen (the group's __epoch)
+    std::optional<std::string> store_lost;                   ///< why the lease connection ended
+    async_signal wake;                                       ///< notified at each change: wakes every waiter
 
     void changed() { wake.notify(); }
     /// Completes at the next change; throws operation_aborted once cancelled (so no loop
@@ -10425,9 +10143,9 @@ enum class rendezvous_backend {
 /// The name of a backend as written on the command line.
 [[nodiscard]] constexpr std::string_view to_string(rendezvous_backend backend) noexcept {
     switch (backend) {
-    case rendezvous_backend::static_: return "static";
-    case rendezvous_backend::c10d: return "c10d";
-    case rendezvous_backend::etcd_v3: return "etcd-v3";
+        case rendezvous_backend::static_: return "static";
+        case rendezvous_backend::c10d: return "c10d";
+        case rendezvous_backend::etcd_v3: return "etcd-v3";
     }
     return "?";
 }
@@ -10436,9 +10154,9 @@ enum class rendezvous_backend {
 /// static backend's endpoint is --master-addr:--master-port).
 [[nodiscard]] constexpr std::uint16_t default_rendezvous_port(rendezvous_backend backend) noexcept {
     switch (backend) {
-    case rendezvous_backend::static_: return 29500;
-    case rendezvous_backend::c10d: return 29400;
-    case rendezvous_backend::etcd_v3: return 2379;
+        case rendezvous_backend::static_: return 29500;
+        case rendezvous_backend::c10d: return 29400;
+        case rendezvous_backend::etcd_v3: return 2379;
     }
     return 0;
 }
@@ -10446,11 +10164,11 @@ enum class rendezvous_backend {
 /// Settings of the rendezvous from `--rdzv-conf key=value,...`, with torchrun's defaults. Which
 /// keys a backend reads is in docs/cli.md; a key the chosen backend does not read is an error.
 struct rendezvous_settings {
-    std::chrono::milliseconds join_timeout = 600s;       ///< c10d, etcd-v3: a round must form within
-    std::chrono::milliseconds last_call_timeout = 30s;   ///< c10d, etcd-v3: wait for more after min
-    std::chrono::milliseconds close_timeout = 30s;       ///< c10d, etcd-v3: closing the rendezvous
-    std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
-    std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
+    std::chrono::milliseconds join_timeout = 600s;      ///< c10d, etcd-v3: a round must form within
+    std::chrono::milliseconds last_call_timeout = 30s;  ///< c10d, etcd-v3: wait for more after min
+    std::chrono::milliseconds close_timeout = 30s;      ///< c10d, etcd-v3: closing the rendezvous
+    std::chrono::milliseconds read_timeout = 60s;       ///< c10d, etcd-v3: connect and each request
+    std::chrono::milliseconds timeout = 900s;           ///< static: all nodes must arrive within
     std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
     /// waits for the other nodes; unset: 300 s (torchrun's fixed value).
@@ -10494,11 +10212,11 @@ struct rendezvous_parameters {
     /// single node binds the workers' store there only when it was given: two one-node jobs on
     /// a host would otherwise collide on the static backend's 29500.
     bool port_given = false;
-    std::string run_id = "none";          ///< --rdzv-id: the job id, namespaces store keys
-    node_range nnodes;                    ///< --nnodes
-    std::optional<int> node_rank;         ///< --node-rank; static: rank 0 hosts the store
-    std::optional<std::string> local_addr; ///< --local-addr: the address this node advertises
-    rendezvous_settings settings;         ///< --rdzv-conf
+    std::string run_id = "none";            ///< --rdzv-id: the job id, namespaces store keys
+    node_range nnodes;                      ///< --nnodes
+    std::optional<int> node_rank;           ///< --node-rank; static: rank 0 hosts the store
+    std::optional<std::string> local_addr;  ///< --local-addr: the address this node advertises
+    rendezvous_settings settings;           ///< --rdzv-conf
     friend bool operator==(const rendezvous_parameters&, const rendezvous_parameters&) = default;
 };
 
@@ -10532,7 +10250,7 @@ namespace detail::rdzv {
 /// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
 /// when it fits the round and nobody before took it.
 inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
-                                                                     bool strict = true) {
+                                                                      bool strict = true) {
     const int n = static_cast<int>(nodes.size());
     std::vector<int> rank(nodes.size(), -1);
     std::vector<int> owner(nodes.size(), -1);
@@ -10542,7 +10260,8 @@ inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std:
         if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
         if (*given < 0 || *given >= n) {
             return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
-                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
+                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1,
+                               n);
         }
         auto& o = owner[static_cast<std::size_t>(*given)];
         if (o >= 0) {
@@ -10602,10 +10321,10 @@ inline constexpr std::size_t max_successors = 3;
 
 /// A round decided from its members (in arrival order): what its completer writes.
 struct round_plan {
-    std::vector<int> group_rank;  ///< each member's group rank, in arrival order
-    std::vector<int> rank_base;   ///< by group rank: the global rank of its local rank 0
-    int world_size = 0;           ///< the round's workers (every member's nproc)
-    std::size_t master = 0;       ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
+    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;              ///< the round's workers (every member's nproc)
+    std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
     std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
     bool host_in = false;            ///< the store's host is a member
     /// Where the store moves if its host is lost: the first members by group rank that have
@@ -10645,10 +10364,10 @@ inline std::variant<round_plan, std::string> plan_round(const std::vector<node_i
 
 /// What decides a round's completion besides its arrivals.
 struct round_rules {
-    int nnodes = 1;      ///< MAX: the MAX-th arrival completes the round
+    int nnodes = 1;        ///< MAX: the MAX-th arrival completes the round
     bool elastic = false;  ///< MIN < MAX
-    int needed = 1;      ///< the nodes a round needs: MIN, or after the store moved a majority
-    int target = 0;      ///< after the store moved: the arrival that seals the round (0: none)
+    int needed = 1;        ///< the nodes a round needs: MIN, or after the store moved a majority
+    int target = 0;        ///< after the store moved: the arrival that seals the round (0: none)
 };
 
 /// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
@@ -10904,11 +10623,13 @@ public:
     /// Holds this node's lease (name `me.id`) on `lease`, a connection used for nothing else,
     /// and counts the node as registered. Call once, before the first round; then run
     /// keep_membership() for as long as the node is in the job.
+    // clang-format off
     asio::awaitable<void> start_liveness(Store& lease, node_info me)
         requires requires(Store& s, std::string k, std::string v) {
             { s.hold_lease(k, v) } -> std::same_as<asio::awaitable<void>>;
         }
     {
+        // clang-format on
         auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
@@ -11192,8 +10913,9 @@ public:
             std::vector<std::string> keys{key(r, fmt::format("done/{}", g))};
             if (co_await store_->check(std::move(keys))) continue;
             result.missing.push_back(g);
-            result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size() ? hosts[static_cast<std::size_t>(g)]
-                                                                                     : std::string("?"));
+            result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size()
+                                               ? hosts[static_cast<std::size_t>(g)]
+                                               : std::string("?"));
         }
         co_return result;
     }
@@ -11419,10 +11141,12 @@ private:
         }
         const auto size_key = key(r, "size");
         const auto size_text = co_await store_->get(size_key);
-        const int size = checked(size_key, size_text, "this node takes the round for one that lost a node while forming",
+        const int size = checked(size_key, size_text,
+                                 "this node takes the round for one that lost a node while forming",
                                  [&](std::string_view v) {
                                      return static_cast<int>(detail::rdzv::decode_count(v, 0, options_.nnodes));
-                                 }).value_or(0);
+                                 })
+                             .value_or(0);
         if (size > 0) {
             // A standby that outlives the store's host moves with the members: it needs the
             // round's successors and the majority rule (move_to) as they do.
@@ -11461,14 +11185,15 @@ private:
         phase_ = phase::idle;
         const auto notice = co_await wait_for_abort();  // round r is the current round
         if (notice.what == abort_notice::kind::closed) {
-            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
+            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})",
+                                                notice.reason));
         }
         if (notice.what == abort_notice::kind::failure) {
             const auto decision = co_await await_decision();
             if (!decision.restart) {
-                throw rendezvous_closed(fmt::format(
-                    "the job ended while this node waited as a standby (it stopped after a failure: {})",
-                    notice.reason));
+                throw rendezvous_closed(
+                    fmt::format("the job ended while this node waited as a standby (it stopped after a failure: {})",
+                                notice.reason));
             }
         }
     }
@@ -11567,7 +11292,8 @@ private:
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
         const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
-        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes)) co_await complete(s, r, *joined);
+        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes))
+            co_await complete(s, r, *joined);
     }
 
     // Reads the k nodes' infos (one multi_get), leaves out nodes whose lease is gone (one check),
@@ -11588,13 +11314,12 @@ private:
         std::vector<bool> valid;
         arrived.reserve(values.size());
         for (std::size_t i = 0; i < values.size(); ++i) {
-            auto node = checked(keys[i], values[i], "this arrival is left out of the round",
-                                [&](std::string_view v) {
-                                    auto n = detail::rdzv::decode_node(v);
-                                    if (members_ && n.id.empty())
-                                        throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
-                                    return n;
-                                });
+            auto node = checked(keys[i], values[i], "this arrival is left out of the round", [&](std::string_view v) {
+                auto n = detail::rdzv::decode_node(v);
+                if (members_ && n.id.empty())
+                    throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
+                return n;
+            });
             valid.push_back(node.has_value());
             arrived.push_back(node ? std::move(*node) : node_info{});
         }
@@ -11661,17 +11386,16 @@ private:
                 for (int j = 0; j < n; ++j) {
                     const int g = plan.group_rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
-                    auto assignment =
-                        nlohmann::json{{"group_rank", g},
-                                       {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
-                                       {"world_size", plan.world_size},
-                                       {"size", n},
-                                       {"epoch", epoch},
-                                       {"master_addr", master.store_addr},
-                                       {"master_port", master.store_port},
-                                       {"restarts", restarts},
-                                       {"host_in", plan.host_in},
-                                       {"successors", successors}};
+                    auto assignment = nlohmann::json{{"group_rank", g},
+                                                     {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
+                                                     {"world_size", plan.world_size},
+                                                     {"size", n},
+                                                     {"epoch", epoch},
+                                                     {"master_addr", master.store_addr},
+                                                     {"master_port", master.store_port},
+                                                     {"restarts", restarts},
+                                                     {"host_in", plan.host_in},
+                                                     {"successors", successors}};
                     if (g == 0) assignment["peers"] = peers;
                     out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
@@ -11728,7 +11452,7 @@ private:
                                         [](std::string_view v) {
                                             return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
                                         });
-        co_return first_kept && *first_kept > r;
+        co_return first_kept&&* first_kept > r;
     }
 
     // Round r was aborted and deleted while this node was away from it: the job went on
@@ -11783,27 +11507,27 @@ private:
     // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
     // decision slot.
     asio::awaitable<void> collect_round(Store& s, int q) {
-        std::vector<std::string> names{"count", "successors", "hosts", "size", "last_call_over", "done_count",
-                                       "all_done"};
+        std::vector<std::string> names{"count",          "successors", "hosts",   "size",
+                                       "last_call_over", "done_count", "all_done"};
         const auto manifest_key = key(q, "manifest");
         std::vector<std::string> probe{manifest_key};
         if (co_await s.check(std::move(probe))) {
             const auto value = co_await s.get(manifest_key);
-            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
-                                          [&](std::string_view v) {
-                                              const auto j = detail::rdzv::parse_object(v);
-                                              const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
-                                              const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
-                                              const auto ids = j.find("ids");
-                                              if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
-                                                  throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
-                                              std::vector<std::string> out;
-                                              for (const auto& id : *ids) {
-                                                  if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
-                                                  out.push_back(id.get<std::string>());
-                                              }
-                                              return std::tuple{k, n, std::move(out)};
-                                          });
+            const auto manifest = checked(
+                manifest_key, value, "only the round's fixed keys are deleted", [&](std::string_view v) {
+                    const auto j = detail::rdzv::parse_object(v);
+                    const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
+                    const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
+                    const auto ids = j.find("ids");
+                    if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
+                        throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
+                    std::vector<std::string> out;
+                    for (const auto& id : *ids) {
+                        if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
+                        out.push_back(id.get<std::string>());
+                    }
+                    return std::tuple{k, n, std::move(out)};
+                });
             if (manifest) {
                 const auto& [k, n, ids] = *manifest;
                 for (int i = 1; i <= k; ++i) {
@@ -11881,11 +11605,11 @@ private:
     int group_rank_ = -1;
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
-    bool admission_ = false;  ///< the last round ended to admit a node
-    bool rediscover_ = false; ///< this node was dropped and rejoined: read the job's round again
-    bool host_in_round_ = false;                 ///< the store's host was a member of the last round
-    std::vector<store_successor> successors_;    ///< the last round's successors
-    int quorum_ = 0;  ///< after the store moved: the majority the next round needs (0: none)
+    bool admission_ = false;                   ///< the last round ended to admit a node
+    bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
+    bool host_in_round_ = false;               ///< the store's host was a member of the last round
+    std::vector<store_successor> successors_;  ///< the last round's successors
+    int quorum_ = 0;                           ///< after the store moved: the majority the next round needs (0: none)
     int target_ = 0;  ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 
@@ -12062,8 +11786,7 @@ inline bool interface_holds(const asio::ip::address& wanted) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return false;
     bool found = false;
-    for (auto* i = list; i != nullptr && !found; i = i->ifa_next)
-        found = address_of(i->ifa_addr) == wanted;
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) found = address_of(i->ifa_addr) == wanted;
     ::freeifaddrs(list);
     return found;
 }
@@ -12208,8 +11931,8 @@ inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
     }
     if (from_env) {
         if (from_env->empty())
-            throw usage_error{fmt::format("{} is set but empty; give it the job's secret, or unset it",
-                                          rendezvous_secret_variable)};
+            throw usage_error{
+                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
         conf.secret = std::move(*from_env);
     }
 }
@@ -12433,8 +12156,9 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
-                                               current_host_, current_port_, e.what()));
+            throw rendezvous_error(
+                fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}", current_host_,
+                            current_port_, e.what()));
         }
         co_return true;
     }
@@ -12545,8 +12269,8 @@ private:
     std::unique_ptr<tcp_store_server> server_;
     std::unique_ptr<tcp_store_client> client_;
     std::unique_ptr<tcp_store_client> watcher_;
-    std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
-    std::unique_ptr<tcp_store_server> backup_;  ///< idle until the job's store moves here
+    std::unique_ptr<tcp_store_client> lease_;                 ///< holds this node's lease; observes losses
+    std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old
@@ -12577,8 +12301,7 @@ private:
         const std::string theirs = co_await client_->get(k);
         long long interval_ms = 0;
         int attempts = 0;
-        if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 ||
-            attempts <= 0) {
+        if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 || attempts <= 0) {
             throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
                                                "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
                                                "uses --rdzv-id '{}' on this store",
@@ -12637,7 +12360,7 @@ private:
     }
 
     store_client_options client_options(std::string host, std::uint16_t port,
-                                         std::chrono::milliseconds connect_timeout) const {
+                                        std::chrono::milliseconds connect_timeout) const {
         store_client_options options;
         options.host = std::move(host);
         options.port = port;
@@ -12653,7 +12376,7 @@ private:
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
-    std::string current_host_;       ///< where the rendezvous store is reached now
+    std::string current_host_;  ///< where the rendezvous store is reached now
     std::uint16_t current_port_ = 0;
 
     static std::string make_node_id(const std::string& host, long pid) {
@@ -12707,9 +12430,7 @@ struct group_failure {
     std::chrono::steady_clock::time_point failed{};
 
     /// How long the group ran healthy before the first failure.
-    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
-        return failed - started;
-    }
+    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept { return failed - started; }
 
     /// The workers that failed on their own (never those the agent stopped).
     [[nodiscard]] std::vector<const worker_failure*> failures() const {
@@ -12752,9 +12473,7 @@ struct restart_decision {
 
     [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
 
-    static restart_decision restart_because(std::string why) {
-        return {action::restart, std::move(why)};
-    }
+    static restart_decision restart_because(std::string why) { return {action::restart, std::move(why)}; }
     static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
 };
 
@@ -12804,8 +12523,7 @@ public:
     /// `n` >= 0 restarts allowed in the job.
     explicit max_restarts(int n) : budget_(n) {
         if (n < 0) {
-            throw std::invalid_argument(
-                fmt::format("max_restarts({}): the budget must be 0 or more", n));
+            throw std::invalid_argument(fmt::format("max_restarts({}): the budget must be 0 or more", n));
         }
     }
 
@@ -12815,9 +12533,8 @@ public:
     template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
         if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(
-                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
-                            budget_));
+            co_return restart_decision::restart_because(fmt::format("restart {} of {} (--max-restarts={})",
+                                                                    failure.restarts + 1, budget_, budget_));
         }
         co_return restart_decision::stop_because(
             budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
@@ -12870,11 +12587,10 @@ namespace elastic::inline v0 {
  * - Copies share one time: a policy holds its clock by value.
  */
 template <class C>
-concept policy_clock = std::copy_constructible<C> &&
-                       requires(const C& c, std::chrono::steady_clock::duration d) {
-                           { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
-                           { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
-                       };
+concept policy_clock = std::copy_constructible<C> && requires(const C& c, std::chrono::steady_clock::duration d) {
+    { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
+    { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
+};
 
 /// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
 struct steady_policy_clock {
@@ -13092,7 +12808,8 @@ namespace detail::policy_impl {
     const char* space = spaced ? " " : "";
     const auto ms = duration_cast<milliseconds>(d).count();
     if (ms < 0) return "-" + duration_text(-d, spaced);
-    if (ms == 0 && d.count() != 0) return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms == 0 && d.count() != 0)
+        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
     if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
     if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
     if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
@@ -13218,12 +12935,14 @@ struct window_spec {
 /// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
 /// since workers are often started by a wrapper script.
 struct exit_code_set {
-    std::bitset<256> codes;    ///< exit codes 0..255
-    bool any_signal = false;   ///< every death by signal
-    std::bitset<65> signals;   ///< signals 1..64 by number
+    std::bitset<256> codes;   ///< exit codes 0..255
+    bool any_signal = false;  ///< every death by signal
+    std::bitset<65> signals;  ///< signals 1..64 by number
 
     [[nodiscard]] bool contains(const exit_status& status) const noexcept {
-        if (status.signaled()) return any_signal || (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
+        if (status.signaled())
+            return any_signal ||
+                   (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
         if (status.value < 0 || status.value > 255) return false;
         if (codes.test(static_cast<std::size_t>(status.value))) return true;
         const int n = status.value - 128;
@@ -13313,8 +13032,8 @@ struct crash_guard_spec {
     if (parts.size() == 2) {
         const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
-            throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
-                                          detail::text::show(name, text))};
+            throw usage_error{
+                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::text::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }
@@ -13324,11 +13043,11 @@ struct crash_guard_spec {
 /// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
 /// what make_default_policy builds the default policy from (launch_config::restarts()).
 struct restart_settings {
-    int max_restarts = 0;                          ///< --max-restarts
-    std::optional<backoff_spec> backoff;           ///< --restart-backoff
-    std::optional<window_spec> window;             ///< --restart-window
-    std::optional<exit_code_set> on_exit;          ///< --restart-on-exit
-    std::optional<crash_guard_spec> crash_guard;   ///< --restart-crash-guard
+    int max_restarts = 0;                         ///< --max-restarts
+    std::optional<backoff_spec> backoff;          ///< --restart-backoff
+    std::optional<window_spec> window;            ///< --restart-window
+    std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
     friend bool operator==(const restart_settings&, const restart_settings&) = default;
 };
 
@@ -13372,6 +13091,7 @@ struct restart_plan {
  * Calling the policy alone is plan(), then on restart wait(delay) and commit(): every built-in
  * model (backoff, restart_window, exit_code_policy, crash_loop_guard) is one.
  */
+// clang-format off
 template <class P>
 concept planned_restart_policy =
     restart_policy<P> && requires(P& p, const group_failure& f, std::chrono::steady_clock::duration d) {
@@ -13379,6 +13099,7 @@ concept planned_restart_policy =
         { p.wait(d) } -> std::same_as<asio::awaitable<void>>;
         p.commit(f);
     };
+// clang-format on
 
 namespace detail::policy_impl {
 
@@ -13510,9 +13231,11 @@ policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
 }  // namespace detail::policy_impl
 
 /// A chain of the given policies, flattened (a chain given as a part contributes its parts).
+// clang-format off
 template <class... Ps>
     requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
 auto chain(Ps&&... policies) {
+    // clang-format on
     return detail::policy_impl::chain_of_tuple(
         std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
 }
@@ -13520,17 +13243,21 @@ auto chain(Ps&&... policies) {
 /// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
 /// is an elastic type; for two policies of your own write `elastic::chain(a, b)` or
 /// `using elastic::operator|;`.
+// clang-format off
 template <class A, class B>
     requires restart_policy<std::remove_cvref_t<A>> && restart_policy<std::remove_cvref_t<B>>
 auto operator|(A&& a, B&& b) {
     return chain(std::forward<A>(a), std::forward<B>(b));
 }
+// clang-format on
 
 /// A planned policy that may be absent (a flag not given): absent, it answers restart with no
 /// reason, no delay and nothing to count.
+// clang-format off
 template <class P>
     requires planned_restart_policy<P>
 class optional_policy {
+    // clang-format on
 public:
     optional_policy() = default;
     explicit optional_policy(std::optional<P> policy) : policy_(std::move(policy)) {}
@@ -13560,12 +13287,14 @@ private:
 /// Calls forward to the held policy, whose awaitable it returns as is.
 class any_restart_policy {
 public:
+    // clang-format off
     template <class P>
         // The same_as test first: it short-cuts the check of restart_policy<any_restart_policy>,
         // which would ask for this very constructor again (clang recurses).
         requires(!std::same_as<std::remove_cvref_t<P>, any_restart_policy>) && restart_policy<std::remove_cvref_t<P>>
     any_restart_policy(P&& policy)  // NOLINT(google-explicit-constructor): a policy is one
         : impl_(std::make_unique<model<std::remove_cvref_t<P>>>(std::forward<P>(policy))) {}
+    // clang-format on
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) { return impl_->call(failure); }
 
@@ -13707,8 +13436,9 @@ class basic_restart_window {
 public:
     explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
         if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
-            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
-                                                    spec_.restarts, duration_flag_text(spec_.period)));
+            throw std::invalid_argument(
+                fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0", spec_.restarts,
+                            duration_flag_text(spec_.period)));
         }
     }
     /// restart_window(5, 1h).
@@ -13799,16 +13529,21 @@ public:
         const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
         const bool listed = set_.contains(status);
         if (mode_ == mode::restart_listed) {
-            if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
-            return {restart_decision::stop_because(
-                        fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
-                    {}};
+            if (listed)
+                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
+            return {
+                restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
+                {}};
         }
-        if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
+        if (listed)
+            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())),
+                    {}};
         return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
     }
     template <class = void>  // a template: compiled only where it is called
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
+        co_return;
+    }
     void commit(const group_failure&) {}
 
     template <class = void>  // a template: compiled only where it is called
@@ -13899,7 +13634,9 @@ public:
                 {}};
     }
     template <class = void>  // a template: compiled only where it is called
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
+        co_return;
+    }
     void commit(const group_failure&) { early_ = pending_; }
 
     template <class = void>  // a template: compiled only where it is called
@@ -13946,7 +13683,8 @@ template <policy_clock Clock = steady_policy_clock>
     if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
     optional_policy<basic_backoff<Clock>> delay;
     if (settings.backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock, std::move(uniform)));
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock,
+                                                                           std::move(uniform)));
     }
     if (settings.window) {
         basic_restart_window<Clock> window(*settings.window, clock);
@@ -14089,10 +13827,10 @@ private:
 
 /// Where the bytes of one worker stream are copied (any subset).
 struct stream_copies {
-    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
-    int file_fd = -1;             ///< every byte as written: the stream's log file
-    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
-    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
+    stderr_tail* tail = nullptr;             ///< fed every byte: the failure report's tail (stderr only)
+    int file_fd = -1;                        ///< every byte as written: the stream's log file
+    int console_fd = -1;                     ///< whole lines after `prefix`: the agent's stdout or stderr
+    std::string prefix;                      ///< the rank's console prefix; empty for a raw copy
     detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
 };
 
@@ -14163,16 +13901,16 @@ enum class program_kind {
 /// The program each worker runs, as a custom launcher fills it in.
 struct worker_program {
     program_kind kind = program_kind::automatic;
-    std::string target;             ///< executable (path or name on PATH), script path, or module name
-    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
-    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
+    std::string target;              ///< executable (path or name on PATH), script path, or module name
+    std::vector<std::string> args;   ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
+    std::string python = "python3";  ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
 };
 
 /// A program resolved to something execv can run.
 struct worker_command {
     program_kind kind = program_kind::executable;  ///< never automatic
-    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
-    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
+    std::string path;                              ///< the file to execv: the executable or the interpreter, as found
+    std::vector<std::string> argv;                 ///< argv[0] as the user wrote it, then the arguments
 
     /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
     [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
@@ -14246,11 +13984,11 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     }
     const auto describe = [&](detail::file_check check, std::string_view path) {
         switch (check) {
-        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
-        default:
-            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
-                               role, path);
+            case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+            case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+            default:
+                return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                                   role, path);
         }
     };
     if (name.find('/') != std::string_view::npos) {
@@ -14278,7 +14016,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     }
     const std::string_view target = program.target;
     return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
-                                                                         : program_kind::executable;
+                                                                          : program_kind::executable;
 }
 
 namespace detail::agent {
@@ -14306,35 +14044,36 @@ namespace detail::agent {
         throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
     }
     switch (command.kind) {
-    case program_kind::automatic:
-    case program_kind::executable:
-        command.kind = program_kind::executable;
-        command.path = find_executable(program.target, env, "program");
-        command.argv.push_back(program.target);
-        break;
-    case program_kind::python_script: {
-        const auto check = detail::check_file(program.target, R_OK);
-        if (check == detail::file_check::missing) {
-            throw usage_error{fmt::format("script {} does not exist", program.target)};
+        case program_kind::automatic:
+        case program_kind::executable:
+            command.kind = program_kind::executable;
+            command.path = find_executable(program.target, env, "program");
+            command.argv.push_back(program.target);
+            break;
+        case program_kind::python_script: {
+            const auto check = detail::check_file(program.target, R_OK);
+            if (check == detail::file_check::missing) {
+                throw usage_error{fmt::format("script {} does not exist", program.target)};
+            }
+            if (check == detail::file_check::directory) {
+                throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+            }
+            if (check != detail::file_check::ok) {
+                throw usage_error{fmt::format("script {} is not readable", program.target)};
+            }
+            command.path = find_executable(program.python, env, "PYTHON_EXEC");
+            command.argv = {program.python, "-u", program.target};
+            break;
         }
-        if (check == detail::file_check::directory) {
-            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
-        }
-        if (check != detail::file_check::ok) {
-            throw usage_error{fmt::format("script {} is not readable", program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", program.target};
-        break;
-    }
-    case program_kind::python_module:
-        if (!detail::agent::valid_module_name(program.target)) {
-            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
-                                          program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", "-m", program.target};
-        break;
+        case program_kind::python_module:
+            if (!detail::agent::valid_module_name(program.target)) {
+                throw usage_error{
+                    fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                program.target)};
+            }
+            command.path = find_executable(program.python, env, "PYTHON_EXEC");
+            command.argv = {program.python, "-u", "-m", program.target};
+            break;
     }
     command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
     return command;
@@ -14382,10 +14121,10 @@ enum class log_level { debug, info, warning, error, critical };
 
 /// The workers of one node, as the agent starts, stops and relays them. Defaults are torchrun's.
 struct worker_spec {
-    worker_program program;          ///< what each worker runs
-    int nproc_per_node = 1;          ///< how many workers (LOCAL_WORLD_SIZE)
-    std::string role = "default";    ///< ROLE_NAME and the log prefix
-    bool virtual_local_rank = false; ///< LOCAL_RANK=0 for every worker (one GPU per worker)
+    worker_program program;           ///< what each worker runs
+    int nproc_per_node = 1;           ///< how many workers (LOCAL_WORLD_SIZE)
+    std::string role = "default";     ///< ROLE_NAME and the log prefix
+    bool virtual_local_rank = false;  ///< LOCAL_RANK=0 for every worker (one GPU per worker)
     /// TORCHELASTIC_MAX_RESTARTS, as the workers are told it (the restart policy decides).
     int max_restarts = 0;
     /// The grace between the stop signal and SIGKILL.
@@ -14395,9 +14134,9 @@ struct worker_spec {
 
     /// The log tree's root; unset: a temporary directory; /dev/null: no files at all.
     std::optional<std::filesystem::path> log_dir;
-    stream_selection redirects;      ///< streams that go to files only
-    stream_selection tee;            ///< streams that go to files and the console
-    std::set<int> local_ranks_filter; ///< local ranks whose output reaches the console; empty: all
+    stream_selection redirects;        ///< streams that go to files only
+    stream_selection tee;              ///< streams that go to files and the console
+    std::set<int> local_ranks_filter;  ///< local ranks whose output reaches the console; empty: all
     /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
 
@@ -14449,7 +14188,8 @@ public:
         const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
         std::tm local{};
         ::localtime_r(&seconds, &local);
-        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+                            1000000;
         detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
     }
     void debug(std::string_view text) const { (*this)(log_level::debug, text); }
@@ -14468,9 +14208,9 @@ public:
     [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
                                             std::string_view name, std::string_view text) {
         static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
-        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
-                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
-                                        micros, pid, name);
+        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ",
+                                        letters[static_cast<int>(level)], local.tm_mon + 1, local.tm_mday,
+                                        local.tm_hour, local.tm_min, local.tm_sec, micros, pid, name);
         while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
         while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
         std::string out;
@@ -14538,7 +14278,7 @@ enum class console_copy {
 
 /// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
 struct stream_route {
-    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
+    bool file = false;                         ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
     console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
     friend bool operator==(const stream_route&, const stream_route&) = default;
 };
@@ -14591,8 +14331,8 @@ struct worker_routes {
 /// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
 /// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
 /// anything else stays as written.
-[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
-                                                   int local_rank, int rank) {
+[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name, int local_rank,
+                                                   int rank) {
     const auto value = [&](std::string_view name) -> std::optional<std::string> {
         if (name == "role_name") return std::string(role_name);
         if (name == "local_rank") return fmt::format("{}", local_rank);
@@ -14619,8 +14359,8 @@ struct worker_routes {
         if (templ[i + 1] == '{') {
             const auto close = templ.find('}', i + 2);
             const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
-            const bool identifier =
-                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
+            const bool identifier = !name.empty() && starts_id(name.front()) &&
+                                    std::all_of(name.begin(), name.end(), in_id);
             if (identifier) {
                 if (const auto v = value(name)) {
                     out += *v;
@@ -14708,15 +14448,16 @@ public:
         // mkdir(2) is the test and the claim at once: an existing directory is never reused.
         for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
             if (errno != EEXIST) {
-                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+                throw log_error(fmt::format("cannot create {}: {}", dir.string(),
+                                            std::generic_category().message(errno)));
             }
             dir = run_dir_ / fmt::format("{}.{}", name, k);
         }
         for (int i = 0; i < local_world_size; ++i) {
             const auto rank_dir = dir / fmt::format("{}", i);
             if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-                throw log_error(
-                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
+                throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
+                                            std::generic_category().message(errno)));
             }
         }
         return dir;
@@ -14783,17 +14524,17 @@ struct worker_assignment {
 
 /// What the workers are told of the job and of this attempt of the group.
 struct attempt_settings {
-    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
+    int restart_count = 0;          ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;        ///< MASTER_ADDR: the host of the store the agent hosts
     std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
-    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
-    std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
+    std::string error_file;         ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
+    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
 };
 
 /// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
 /// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
-[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
-                                                     int group_rank = 0, int group_world_size = 1) {
+[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank = 0,
+                                                     int group_world_size = 1) {
     worker_assignment a;
     a.local_rank = local_rank;
     a.local_world_size = nproc_per_node;
@@ -14845,7 +14586,9 @@ struct attempt_settings {
 [[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
                                                     const worker_assignment& a, const attempt_settings& attempt) {
     environment env = agent_env;
-    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
+    const auto set = [&](std::string name, std::string value) {
+        env.insert_or_assign(std::move(name), std::move(value));
+    };
     const auto number = [](long long v) { return fmt::format("{}", v); };
     set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
     set("RANK", number(a.global_rank));
@@ -14885,7 +14628,8 @@ struct attempt_settings {
                 if (comma == std::string_view::npos) break;
                 rest.remove_prefix(comma + 1);
             }
-            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
+            if (static_cast<std::size_t>(a.local_rank) < ids.size())
+                device = ids[static_cast<std::size_t>(a.local_rank)];
         }
         set("CUDA_VISIBLE_DEVICES", device);
     }
@@ -15069,7 +14813,9 @@ public:
                 const auto& observed = *w->status();
                 const auto& s = observed.status;
                 const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED"
+                                    : s.success()                      ? "SUCCEEDED"
+                                                                       : "FAILED";
                 record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
                     m["restart_count"] = restarts;
                     m["local_rank"] = who.local_rank;
@@ -15163,8 +14909,9 @@ public:
         try {
             const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
             auto workers = started_;
-            std::stable_sort(workers.begin(), workers.end(),
-                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+            std::stable_sort(workers.begin(), workers.end(), [](const started_worker& a, const started_worker& b) {
+                return a.local_rank < b.local_rank;
+            });
             const auto now = std::chrono::system_clock::now();
             for (const auto& w : workers) {
                 sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
@@ -15195,8 +14942,8 @@ public:
             record_agent("elastic.agent.shutdown", [&](json& m) {
                 m["exit_code"] = e.exit_code;
                 m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
-                              : e.exit_code == exit_codes::usage   ? "usage error"
-                                                                   : "internal error";
+                              : e.exit_code == exit_codes::usage    ? "usage error"
+                                                                    : "internal error";
                 m["error_type"] = e.type;
                 m["message"] = e.what;
             });
@@ -15371,8 +15118,9 @@ public:
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
-    static void run(const asio::any_io_executor& executor, detail::task_latch& relays, const std::shared_ptr<void>& keep_alive,
-                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
+    static void run(const asio::any_io_executor& executor, detail::task_latch& relays,
+                    const std::shared_ptr<void>& keep_alive, asio::posix::stream_descriptor& pipe,
+                    stream_copies copies) {
         relays.add();
         asio::co_spawn(
             executor,
@@ -15488,7 +15236,8 @@ public:
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
-            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
+            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i]
+                                                       : assign_worker(local_rank, spec_->nproc_per_node);
             const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             auto told = attempt.told;
@@ -15556,11 +15305,13 @@ public:
         for (int round = 0; relays.count() != 0; ++round) {
             const auto seen = relays.progress();
             bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            auto which = co_await (relays.wait() ||
+                                   bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
             if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
             log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
                                       "that left the group?); {}; closing it",
-                                      relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
+                                      relays.progress() != seen ? "still written to after 30 s"
+                                                                : "nothing written for 2 s"));
             for (auto& slot : state_->slots) slot.output.close();
             co_await relays.wait();
         }
@@ -15574,7 +15325,7 @@ public:
         failure.restarts = restarts_;
         failure.started = started_;
         failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
-                                                                              : started_;
+                                                                             : started_;
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
@@ -15736,7 +15487,8 @@ inline void check_spec(const worker_spec& w) {
         throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
     }
     if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
-        throw usage_error{fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+        throw usage_error{
+            fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
     }
 }
 
@@ -15761,8 +15513,8 @@ inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, 
 struct attempt_outcome {
     enum class kind { succeeded, failed, signaled, aborted };  ///< aborted: by another node
     kind how = kind::succeeded;
-    int signal = 0;                 ///< for signaled
-    group_failure failure;          ///< for failed
+    int signal = 0;         ///< for signaled
+    group_failure failure;  ///< for failed
 };
 
 /// The rendezvous store was lost while the workers ran (instead of an abort notice): the agent
@@ -15886,8 +15638,8 @@ public:
             again,      ///< the membership changed, or the rendezvous store was recovered: attempt() again
         };
         kind how = kind::again;
-        int signal = 0;          ///< signaled
-        group_failure failure;   ///< failed; follows, when a worker of this node failed too
+        int signal = 0;            ///< signaled
+        group_failure failure;     ///< failed; follows, when a worker of this node failed too
         bool own_failure = false;  ///< `failure` holds this node's failed group
 
         /// The kind in one word ("succeeded", "failed", "follows", "signaled", "again").
@@ -15948,19 +15700,11 @@ public:
             auto s = co_await j.attempt();
             std::optional<int> code;
             switch (s.how) {
-            case step::kind::again:
-                continue;
-            case step::kind::signaled:
-                co_return co_await j.interrupted(s);
-            case step::kind::succeeded:
-                code = co_await j.finish(s);
-                break;
-            case step::kind::failed:
-                code = co_await j.decide(s, policy);
-                break;
-            case step::kind::follows:
-                code = co_await j.follow(s);
-                break;
+                case step::kind::again: continue;
+                case step::kind::signaled: co_return co_await j.interrupted(s);
+                case step::kind::succeeded: code = co_await j.finish(s); break;
+                case step::kind::failed: code = co_await j.decide(s, policy); break;
+                case step::kind::follows: code = co_await j.follow(s); break;
             }
             if (code) co_return *code;
         }
@@ -16101,8 +15845,7 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
-        auto followed =
-            co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+        auto followed = co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
         if (followed.index() == 1) co_return 128 + std::get<1>(followed);
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
@@ -16118,10 +15861,11 @@ private:
     asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
         const auto what = failed_what(s);
         if (decision.restart) {
-            log_.warning(fmt::format(
-                "[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                several_ ? fmt::format("restarting every node's worker group (job-wide restart {})", rdzv.restart_count())
-                         : std::string("restarting the worker group")));
+            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                     several_
+                                         ? fmt::format("restarting every node's worker group (job-wide restart {})",
+                                                       rdzv.restart_count())
+                                         : std::string("restarting the worker group")));
             events_.restart(rdzv.restart_count());
             co_return std::nullopt;
         }
@@ -16192,7 +15936,8 @@ private:
         if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
-        if (first && !logs_->run_dir().empty()) log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
+        if (first && !logs_->run_dir().empty())
+            log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
 
@@ -16273,30 +16018,27 @@ private:
         }
 
         switch (outcome.how) {
-        case kind::succeeded:
-            break;
-        case kind::signaled:
-            co_await stop_on_signal(group, outcome.signal);
-            break;
-        case kind::aborted:  // another node's failure
-            (void)co_await group.stop(SIGTERM);
-            break;
-        case kind::failed: {
-            // Abort the round for every node, then stop the others (the signal the agent would
-            // send, SIGTERM), racing the signals the agent handles — one arriving now is
-            // forwarded and wins.
-            co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
-            events_.stopping_group();
-            auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
-            if (stopped.index() == 1) {
-                outcome.how = kind::signaled;
-                outcome.signal = std::get<1>(stopped);
-                co_await stop_on_signal(group, outcome.signal);
-            } else {
-                outcome.failure = group.failure(*first_failure, host_);
+            case kind::succeeded: break;
+            case kind::signaled: co_await stop_on_signal(group, outcome.signal); break;
+            case kind::aborted:  // another node's failure
+                (void)co_await group.stop(SIGTERM);
+                break;
+            case kind::failed: {
+                // Abort the round for every node, then stop the others (the signal the agent would
+                // send, SIGTERM), racing the signals the agent handles — one arriving now is
+                // forwarded and wins.
+                co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
+                events_.stopping_group();
+                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
+                if (stopped.index() == 1) {
+                    outcome.how = kind::signaled;
+                    outcome.signal = std::get<1>(stopped);
+                    co_await stop_on_signal(group, outcome.signal);
+                } else {
+                    outcome.failure = group.failure(*first_failure, host_);
+                }
+                break;
             }
-            break;
-        }
         }
         co_await group.close();
         // After a success, group rank 0's store keeps serving the other nodes' workers.
@@ -16403,8 +16145,8 @@ private:
             (void)asio::ip::make_address(peer, ec);
             if (!ec) continue;
             asio::ip::tcp::resolver resolver(executor_);
-            auto [error, found] = co_await resolver.async_resolve(
-                peer, "", asio::experimental::as_tuple(asio::use_awaitable));
+            auto [error, found] = co_await resolver.async_resolve(peer, "",
+                                                                  asio::experimental::as_tuple(asio::use_awaitable));
             if (error) {
                 log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
                                          "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
@@ -16440,8 +16182,7 @@ private:
         if (several_) {
             log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
                                   spec_.role, round_->number, round_->group_rank, round_->group_world_size,
-                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1,
-                                  round_->world_size));
+                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
         }
         co_return std::nullopt;
     }
@@ -16526,9 +16267,9 @@ private:
             }
             abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
             if (co_await rdzv.abort(notice)) {
-                const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
-                                                                           round_->group_rank, host_,
-                                                                           signal_to_string(sig))};
+                const job_decision stop_now{false, 128 + sig,
+                                            fmt::format("group_rank {} ({}) received {}", round_->group_rank, host_,
+                                                        signal_to_string(sig))};
                 co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
@@ -16536,14 +16277,14 @@ private:
         }
     }
 
-    bool several_ = false;                      ///< a job of several nodes (uses_node_rendezvous)
-    std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
+    bool several_ = false;                                    ///< a job of several nodes (uses_node_rendezvous)
+    std::unique_ptr<tcp_store_server> round_store_;           ///< group rank 0: the round's workers' store
     std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
-    std::optional<rendezvous_round> round_;     ///< the current round
-    std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
-    std::optional<detail::agent::store_lost> store_lost_;  ///< the store was lost while the workers ran
-    std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
-    bool abort_won_ = false;                    ///< this node's abort() was the first
+    std::optional<rendezvous_round> round_;                   ///< the current round
+    std::optional<std::string> advertised_addr_;              ///< what this node's info says of its store
+    std::optional<detail::agent::store_lost> store_lost_;     ///< the store was lost while the workers ran
+    std::optional<abort_notice> last_abort_;                  ///< why the current round was aborted
+    bool abort_won_ = false;                                  ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
     worker_spec spec_;
@@ -16554,7 +16295,7 @@ private:
     detail::agent::store_plan store_;
     std::uint16_t master_port_ = 0;
     std::string host_;
-    agent_events events_;  ///< --event-log-handler
+    agent_events events_;           ///< --event-log-handler
     std::optional<log_tree> logs_;  ///< made at the first attempt
 };
 
@@ -16566,11 +16307,10 @@ private:
  */
 template <class L>
 concept agent_loop = std::move_constructible<L> &&
-                     requires(L& loop, local_agent::job<single_node_rendezvous>& one,
-                              local_agent::job<tcp_rendezvous>& many) {
-                         { loop(one) } -> std::same_as<asio::awaitable<int>>;
-                         { loop(many) } -> std::same_as<asio::awaitable<int>>;
-                     };
+    requires(L& loop, local_agent::job<single_node_rendezvous>& one, local_agent::job<tcp_rendezvous>& many) {
+    { loop(one) } -> std::same_as<asio::awaitable<int>>;
+    { loop(many) } -> std::same_as<asio::awaitable<int>>;
+};
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----
@@ -16623,8 +16363,7 @@ using detail::text::trim;
 }  // namespace detail::launch_impl
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
-[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
-                                       int max = INT_MAX) {
+[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX) {
     const auto value = detail::launch_impl::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
@@ -16661,15 +16400,16 @@ using detail::text::trim;
     if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
         return false;
     }
-    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
+    throw usage_error{
+        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
 }
 
 /// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
 [[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
     const auto value = detail::launch_impl::to_integer(text);
     if (!value) {
-        throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
-                                      detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch_impl::show(name, text))};
     }
     return *value != 0;
 }
@@ -16677,7 +16417,8 @@ using detail::text::trim;
 /// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
 [[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
+        return usage_error{
+            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
     };
     const auto pieces = detail::launch_impl::split(text, ':');
     if (pieces.size() > 2) {
@@ -16706,8 +16447,8 @@ namespace detail::launch_impl {
 /// an IPv6 zone.
 [[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
     return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' ||
-               c == '-' || c == '%';
+        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' || c == '-' ||
+               c == '%';
     });
 }
 
@@ -16717,7 +16458,8 @@ namespace detail::launch_impl {
 [[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
     const auto host = detail::launch_impl::trim(text);
     if (!detail::launch_impl::valid_host(host)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
     }
     return std::string{host};
 }
@@ -16791,10 +16533,10 @@ namespace detail::launch_impl {
         return rendezvous_backend::etcd_v3;
     }
     if (word == "etcd" || word == "etcd-v2") {
-        throw usage_error{fmt::format(
-            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
-            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-            detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+                        "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+                        detail::launch_impl::show(name, text))};
     }
     throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
                                   detail::launch_impl::show(name, text))};
@@ -16828,9 +16570,9 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
     switch (backend) {
-    case rendezvous_backend::static_: return k.static_;
-    case rendezvous_backend::c10d: return k.c10d;
-    case rendezvous_backend::etcd_v3: return k.etcd_v3;
+        case rendezvous_backend::static_: return k.static_;
+        case rendezvous_backend::c10d: return k.c10d;
+        case rendezvous_backend::etcd_v3: return k.etcd_v3;
     }
     return false;
 }
@@ -16862,7 +16604,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     for (const auto item : detail::launch_impl::split(text, ',')) {
         const auto equals = item.find('=');
         const auto key = detail::launch_impl::trim(item.substr(0, equals));
-        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::launch_impl::trim(item.substr(equals + 1));
+        const auto value = equals == std::string_view::npos ? std::string_view{}
+                                                            : detail::launch_impl::trim(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -16876,7 +16619,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         }
         if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
             key == "key") {
-            throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+            throw usage_error{
+                fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
         }
         const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
                                         [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
@@ -16920,7 +16664,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             const auto type = detail::launch_impl::lower(value);
             if (type == "file") {
                 throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
-                                              "backend uses a TCP store (store_type=tcp)", whole)};
+                                              "backend uses a TCP store (store_type=tcp)",
+                                              whole)};
             }
             if (type != "tcp") {
                 throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
@@ -16969,11 +16714,13 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             throw fail();
         }
         const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
-        if (!rank || *rank < 0 || *rank > INT_MAX || detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+        if (!rank || *rank < 0 || *rank > INT_MAX ||
+            detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
+            throw usage_error{
+                fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
         }
     }
     return selection;
@@ -17008,14 +16755,13 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         const int number = signal_number(word);
         const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
         if (number == 0 || known == forwardable_signal_numbers.end()) {
-            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
-                                     word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
-                                     word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
-                                     word == "sigpipe";
-            throw usage_error{fmt::format(
-                "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
-                untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" || word == "sigsegv" ||
+                                     word == "sigbus" || word == "sigfpe" || word == "sigill" || word == "sigabrt" ||
+                                     word == "sigtrap" || word == "sigsys" || word == "sigpipe";
+            throw usage_error{
+                fmt::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                            detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
+                            untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
             numbers.push_back(number);
@@ -17032,7 +16778,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     if (word == "warning" || word == "warn") return log_level::warning;
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
-    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
+    throw usage_error{
+        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
 }
 
 }  // namespace elastic::inline v0
@@ -17073,23 +16820,23 @@ namespace elastic::inline v0 {
 /// agent, rendezvous() and restarts() make what the rendezvous and the policy take.
 struct launch_config : worker_spec, agent_options {
     // ---- nodes and rendezvous ----
-    node_range nnodes;                                    ///< --nnodes
+    node_range nnodes;                                              ///< --nnodes
     rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
-    std::optional<host_port> rdzv_endpoint;               ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
-    std::string rdzv_id = "none";                         ///< --rdzv-id: the job id, namespaces store keys
-    rendezvous_settings rdzv_conf;                        ///< --rdzv-conf
-    std::optional<int> node_rank;                         ///< --node-rank; honoured by every backend when set
-    std::optional<std::string> master_addr;               ///< --master-addr (static only); unset: 127.0.0.1
-    std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
-    std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
+    std::optional<host_port> rdzv_endpoint;    ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::string rdzv_id = "none";              ///< --rdzv-id: the job id, namespaces store keys
+    rendezvous_settings rdzv_conf;             ///< --rdzv-conf
+    std::optional<int> node_rank;              ///< --node-rank; honoured by every backend when set
+    std::optional<std::string> master_addr;    ///< --master-addr (static only); unset: 127.0.0.1
+    std::optional<std::uint16_t> master_port;  ///< --master-port (static only); unset: 29500
+    std::optional<std::string> local_addr;     ///< --local-addr: the address this node advertises
 
     // ---- failures and restarts (max_restarts is worker_spec's) ----
-    std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
-    std::optional<window_spec> restart_window;            ///< --restart-window
-    std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
-    std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
-    std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
-    std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
+    std::optional<backoff_spec> restart_backoff;            ///< --restart-backoff (elastic's; docs/policies.md)
+    std::optional<window_spec> restart_window;              ///< --restart-window
+    std::optional<exit_code_set> restart_on_exit;           ///< --restart-on-exit
+    std::optional<crash_guard_spec> restart_crash_guard;    ///< --restart-crash-guard
+    std::chrono::milliseconds monitor_interval = 100ms;     ///< --monitor-interval: accepted, see docs/cli.md
+    std::chrono::milliseconds exit_barrier_timeout = 300s;  ///< not an option in torchrun either (hard-coded 300 s)
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -17153,7 +16900,7 @@ struct launch_config : worker_spec, agent_options {
     std::random_device device;
     std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
     std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
-    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                        // version 4
+    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                         // version 4
     low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
     return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
                        low >> 48, low & 0xFFFFFFFFFFFFULL);
@@ -17197,18 +16944,16 @@ namespace detail::launch_impl {
     const auto& conf = config.rdzv_conf;
     std::string rdzv_conf;
     switch (config.rdzv_backend) {
-    case rendezvous_backend::static_:
-        rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout));
-        break;
-    case rendezvous_backend::c10d:
-    case rendezvous_backend::etcd_v3:
-        rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
-                                seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
-                                seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
-        if (conf.is_host) {
-            rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
-        }
-        break;
+        case rendezvous_backend::static_: rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout)); break;
+        case rendezvous_backend::c10d:
+        case rendezvous_backend::etcd_v3:
+            rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                    seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                    seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+            if (conf.is_host) {
+                rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+            }
+            break;
     }
     std::string signals;
     for (const int number : config.signals_to_handle) {
@@ -17278,8 +17023,9 @@ inline void check_prefix_template(std::string_view text) {
         }
         const auto name = text.substr(start, end - start);
         if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
-            throw usage_error{fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
-                                          show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+            throw usage_error{
+                fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                            show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
         }
         i = end - 1;
     }
@@ -17307,8 +17053,8 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
         }
     }
     if (static_cast<int>(selection.every_rank) > 3) {
-        throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
-                                      static_cast<int>(selection.every_rank))};
+        throw usage_error{
+            fmt::format("{}: streams value {} (want 0 to 3)", option, static_cast<int>(selection.every_rank))};
     }
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
@@ -17417,8 +17163,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
     if (const auto& b = c.restart_backoff;
         b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
               !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
-        throw usage_error{fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1",
-                                      b->flag())};
+        throw usage_error{
+            fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1", b->flag())};
     }
     if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
         throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
@@ -17434,8 +17180,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
     for (const int number : c.signals_to_handle) {
         if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
             forwardable_signal_numbers.end()) {
-            throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
-                                          number)};
+            throw usage_error{
+                fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"), number)};
         }
     }
     if (c.log_dir) {
@@ -17457,9 +17203,7 @@ inline void validate(const launch_config& c, const environment& env, const optio
 
 }  // namespace detail::launch_impl
 
-inline void launch_config::validate(const environment& env) const {
-    detail::launch_impl::validate(*this, env, {});
-}
+inline void launch_config::validate(const environment& env) const { detail::launch_impl::validate(*this, env, {}); }
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/config.hpp ----
@@ -17587,7 +17331,8 @@ namespace detail::launch_impl {
 /// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
 [[nodiscard]] inline gpu_count count_gpus(const environment& env) {
     if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
-        return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
+        return {detail::launch_impl::count_visible_devices(*visible),
+                detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
     }
     const auto listed = detail::launch_impl::run_nvidia_smi(env);
     return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
@@ -17613,7 +17358,8 @@ namespace detail::launch_impl {
     }
     const auto count = detail::launch_impl::to_integer(word);
     if (!count || *count < 1 || *count > 1'000'000) {
-        throw usage_error{fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
     }
     return static_cast<int>(*count);
 }
@@ -17673,12 +17419,12 @@ enum class option_state {
 
 /// One torchrun option. `dest` is argparse's dest; its PET_ variable is PET_<DEST upper-cased>.
 struct option_spec {
-    std::string_view names;    ///< CLI11 names: every spelling
-    std::string_view dest;     ///< nproc_per_node
-    bool flag;                 ///< a flag (no value)
-    bool has_env;              ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
-    std::string_view metavar;  ///< value placeholder in --help
-    std::string_view fallback; ///< default as --help shows it
+    std::string_view names;     ///< CLI11 names: every spelling
+    std::string_view dest;      ///< nproc_per_node
+    bool flag;                  ///< a flag (no value)
+    bool has_env;               ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
+    std::string_view metavar;   ///< value placeholder in --help
+    std::string_view fallback;  ///< default as --help shows it
     option_state state;
     int group;
     std::string_view help;
@@ -17869,18 +17615,20 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
     std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
-    detail::launch_impl::wrap(out,
-                 "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
-                 "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-                 "environment.",
-                 0, width);
+    detail::launch_impl::wrap(
+        out,
+        "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
+        "underscored spellings), the same PET_* variables (the command line wins), the same worker "
+        "environment.",
+        0, width);
     out += "\nThe program and its arguments (after all options):\n";
-    detail::launch_impl::wrap(out,
-                 "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
-                 "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
-                 "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
-                 "before a program whose name starts with '-'.",
-                 2, width);
+    detail::launch_impl::wrap(
+        out,
+        "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
+        "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
+        "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
+        "before a program whose name starts with '-'.",
+        2, width);
     for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
         out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
         for (const auto& spec : detail::launch_impl::option_specs) {
@@ -17925,10 +17673,11 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
         detail::launch_impl::wrap(out, text, 6, width);
     }
     out += "\n";
-    detail::launch_impl::wrap(out,
-                 "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
-                 "line and exits with status 2 before any worker starts.",
-                 0, width);
+    detail::launch_impl::wrap(
+        out,
+        "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
+        "line and exits with status 2 before any worker starts.",
+        0, width);
     return out;
 }
 
@@ -17971,7 +17720,7 @@ inline void unmark(std::string& text) {
 }  // namespace detail::launch_impl
 
 ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
-                                                 std::string_view program_name) {
+                                                     std::string_view program_name) {
     using detail::launch_impl::option_specs;
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
@@ -18071,13 +17820,14 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
             continue;
         }
-        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
-                                      spec.help)};
+        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
+                                      detail::launch_impl::show(value->name, value->text), spec.help)};
     }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch_impl::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::launch_impl::show(method->name, method->text))};
+            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver",
+                                          detail::launch_impl::show(method->name, method->text))};
         }
     }
 
@@ -18185,7 +17935,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);
-    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+               t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
     }
     if (const auto v = raw("signals_to_handle")) {
@@ -18211,7 +17962,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
-    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
     }
     if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {
@@ -18307,8 +18059,8 @@ inline void record_agent_exception(std::string_view name, const agent_exception&
     const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (path == nullptr || *path == '\0') return;
     try {
-        write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code).dump(
-                                        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+        write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code)
+                                        .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     } catch (const std::exception& failure) {
         std::fputs(fmt::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
     }
@@ -18401,8 +18153,7 @@ int run(int argc, const char* const* argv, Loop loop) {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
 namespace detail::agent {
 // Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
-int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
-                   std::string name);
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name);
 int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
 }  // namespace detail::agent
 #endif
@@ -18488,8 +18239,7 @@ namespace elastic::inline v0 {
 
 namespace detail::agent {
 
-int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
-                   std::string name) {
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name) {
     return run_agent(config, std::move(policy), env, std::move(name));
 }
 

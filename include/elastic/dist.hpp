@@ -55,8 +55,8 @@ enum class reduce_op : std::uint8_t { sum, min, max };
 
 /// What a `group` needs: who we are, where the store is, and the key namespace.
 struct group_options {
-    int rank = 0;        ///< this process's rank, 0 <= rank < world_size
-    int world_size = 1;  ///< processes in the group; 1 needs no store
+    int rank = 0;                    ///< this process's rank, 0 <= rank < world_size
+    int world_size = 1;              ///< processes in the group; 1 needs no store
     std::string host = "127.0.0.1";  ///< the store (MASTER_ADDR)
     std::uint16_t port = 29500;      ///< the store's port (MASTER_PORT)
     /// Prefix of every key the group writes. `from_env` makes it "elastic.dist/attempt_<N>"
@@ -84,8 +84,7 @@ inline group_options options_from(const worker_env& e) {
                                         "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
                                         "but {} is not set; start the workers with elasticrun "
                                         "or torchrun, or set both",
-                                        e.world_size,
-                                        !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
+                                        e.world_size, !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
                             {"MASTER_ADDR", "MASTER_PORT"});
         o.host = *e.master_addr;
         o.port = *e.master_port;
@@ -126,9 +125,11 @@ public:
 
     /// Combines every rank's value with `op`; every rank gets the same result (sums are taken
     /// in rank order, so floating-point results agree bit for bit).
+    // clang-format off
     template <class T>
         requires std::is_arithmetic_v<T>
     T all_reduce(T value, reduce_op op = reduce_op::sum) {
+        // clang-format on
         if (options_.world_size == 1) return value;
         std::string bytes(sizeof(T), '\0');
         std::memcpy(bytes.data(), &value, sizeof(T));
@@ -136,20 +137,16 @@ public:
         T result{};
         for (std::size_t r = 0; r < all.size(); ++r) {
             if (all[r].size() != sizeof(T))
-                throw store_error(fmt::format(
-                    "elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
-                    "another type: every rank must reduce the same type)",
-                    r, all[r].size(), sizeof(T)));
+                throw store_error(
+                    fmt::format("elastic::dist::all_reduce: rank {} sent {} bytes, expected {} (a value of "
+                                "another type: every rank must reduce the same type)",
+                                r, all[r].size(), sizeof(T)));
             T v;
             std::memcpy(&v, all[r].data(), sizeof(T));
-            if (r == 0)
-                result = v;
-            else if (op == reduce_op::sum)
-                result = static_cast<T>(result + v);
-            else if (op == reduce_op::min)
-                result = std::min(result, v);
-            else
-                result = std::max(result, v);
+            if (r == 0) result = v;
+            else if (op == reduce_op::sum) result = static_cast<T>(result + v);
+            else if (op == reduce_op::min) result = std::min(result, v);
+            else result = std::max(result, v);
         }
         return result;
     }
@@ -162,8 +159,8 @@ private:
 
     group_options options_;
     std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
-    std::uint64_t next_ = 0;            // collectives started by this rank
-    std::vector<std::string> written_;  // keys written since the last full synchronisation
+    std::uint64_t next_ = 0;                         // collectives started by this rank
+    std::vector<std::string> written_;               // keys written since the last full synchronisation
 };
 
 }  // namespace dist
@@ -175,13 +172,11 @@ namespace dist {
 
 ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
     if (options_.world_size < 1)
-        throw std::invalid_argument(fmt::format(
-            "elastic::dist::group: world_size {} is not a size (1 or more)",
-            options_.world_size));
+        throw std::invalid_argument(fmt::format("elastic::dist::group: world_size {} is not a size (1 or more)",
+                                                options_.world_size));
     if (options_.rank < 0 || options_.rank >= options_.world_size)
-        throw std::invalid_argument(fmt::format(
-            "elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
-            options_.world_size - 1, options_.world_size));
+        throw std::invalid_argument(fmt::format("elastic::dist::group: rank {} is outside 0..{} (world size {})",
+                                                options_.rank, options_.world_size - 1, options_.world_size));
     if (options_.world_size > 1) {
         store_client_options c;
         c.host = options_.host;
@@ -231,16 +226,15 @@ ELASTIC_DECL std::vector<std::string> group::all_gather(std::string bytes) {
 
 ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
     if (r < 0 || r >= options_.world_size)
-        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what,
-                                                r, options_.world_size - 1));
+        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what, r,
+                                                options_.world_size - 1));
 }
 
 ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std::string payload, bool read) {
     const auto n = next_++;
     std::vector<std::string> keys;
     keys.reserve(static_cast<std::size_t>(options_.world_size));
-    for (int r = 0; r < options_.world_size; ++r)
-        keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
     const auto& mine = keys[static_cast<std::size_t>(options_.rank)];
     client_->set(mine, std::move(payload));
     try {
@@ -265,18 +259,15 @@ ELASTIC_DECL std::vector<std::string> group::exchange(std::string_view what, std
 
 ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
     std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
-        list += fmt::format("{}{}", i ? ", " : "", missing[i]);
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i) list += fmt::format("{}{}", i ? ", " : "", missing[i]);
     if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
     // The message first: the vector is moved into the exception after it.
-    auto message =
-        fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                    "{} ms (exited, hung, or called the collectives in another order); "
-                    "store {}:{}, keys '{}/{}/'",
-                    what, n, options_.rank, options_.world_size,
-                    missing.size() == 1 ? "" : "s", missing.empty() ? "?" : list,
-                    options_.timeout.count(), options_.host, options_.port,
-                    options_.key_namespace, n);
+    auto message = fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                               "{} ms (exited, hung, or called the collectives in another order); "
+                               "store {}:{}, keys '{}/{}/'",
+                               what, n, options_.rank, options_.world_size, missing.size() == 1 ? "" : "s",
+                               missing.empty() ? "?" : list, options_.timeout.count(), options_.host, options_.port,
+                               options_.key_namespace, n);
     return dist_timeout(message, std::move(missing));
 }
 
@@ -326,18 +317,18 @@ inline void barrier() {
 }
 /// `root`'s bytes on every rank (see group::broadcast).
 inline std::string broadcast(std::string bytes, int root = 0) {
-    return elastic::detail::with_dist_world(
-        [&](group& g) { return g.broadcast(std::move(bytes), root); });
+    return elastic::detail::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
 }
 /// Every rank's bytes, by rank (see group::all_gather).
 inline std::vector<std::string> all_gather(std::string bytes) {
-    return elastic::detail::with_dist_world(
-        [&](group& g) { return g.all_gather(std::move(bytes)); });
+    return elastic::detail::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
 }
 /// A scalar combined over every rank (see group::all_reduce).
+// clang-format off
 template <class T>
     requires std::is_arithmetic_v<T>
 T all_reduce(T value, reduce_op op = reduce_op::sum) {
+    // clang-format on
     return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
 }
 /// How long the process-wide group's collectives wait for the other ranks (default 30 min).

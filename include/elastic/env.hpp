@@ -57,21 +57,21 @@ private:
 /// What the launcher told this worker: every variable torchrun sets, typed and checked.
 /// Defaults (docs/environment.md) make a program started by hand a single-rank run.
 struct worker_env {
-    int rank = 0;        ///< RANK: global rank, 0 <= rank < world_size
-    int local_rank = 0;  ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
-    int world_size = 1;  ///< WORLD_SIZE: workers in the job
-    int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: workers on this node
-    int node_rank = 0;         ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
-    int node_count = 1;        ///< GROUP_WORLD_SIZE: nodes (agents) in the job
-    int role_rank = 0;         ///< ROLE_RANK: rank among workers of the same role
-    int role_world_size = 1;   ///< ROLE_WORLD_SIZE: workers of the same role
+    int rank = 0;                              ///< RANK: global rank, 0 <= rank < world_size
+    int local_rank = 0;                        ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
+    int world_size = 1;                        ///< WORLD_SIZE: workers in the job
+    int local_world_size = 1;                  ///< LOCAL_WORLD_SIZE: workers on this node
+    int node_rank = 0;                         ///< GROUP_RANK (alias NODE_RANK): this node's (agent's) rank
+    int node_count = 1;                        ///< GROUP_WORLD_SIZE: nodes (agents) in the job
+    int role_rank = 0;                         ///< ROLE_RANK: rank among workers of the same role
+    int role_world_size = 1;                   ///< ROLE_WORLD_SIZE: workers of the same role
     std::string role_name = "default";         ///< ROLE_NAME (torchrun's --role)
     std::optional<std::string> master_addr;    ///< MASTER_ADDR: host of the rank-0 store
     std::optional<std::uint16_t> master_port;  ///< MASTER_PORT: its port, 1..65535
-    int restart_count = 0;         ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
-    int max_restarts = 0;          ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
-    std::string run_id;            ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
-    bool use_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
+    int restart_count = 0;                     ///< TORCHELASTIC_RESTART_COUNT: restarts of the group so far
+    int max_restarts = 0;                      ///< TORCHELASTIC_MAX_RESTARTS: the launcher's budget
+    std::string run_id;                        ///< TORCHELASTIC_RUN_ID: the rendezvous (job) id
+    bool use_agent_store = false;              ///< TORCHELASTIC_USE_AGENT_STORE ("True"/"False")
     std::optional<std::string> error_file;     ///< TORCHELASTIC_ERROR_FILE (empty means none)
     env_source source = env_source::defaults;  ///< which launcher's variables these came from
 
@@ -101,9 +101,7 @@ public:
 
     env_reader(lookup_fn lookup, const void* context) : lookup_(lookup), context_(context) {}
 
-    [[nodiscard]] std::optional<std::string> get(const char* name) const {
-        return lookup_(context_, name);
-    }
+    [[nodiscard]] std::optional<std::string> get(const char* name) const { return lookup_(context_, name); }
     [[nodiscard]] bool has(const char* name) const { return get(name).has_value(); }
 
     // The first of `names` that is set, or nullptr.
@@ -127,21 +125,17 @@ public:
         const char* const last = first + text->size();
         const auto [end, ec] = std::from_chars(first, last, value);
         if (text->empty() || ec == std::errc::invalid_argument || end != last) {
-            fail(
-                std::string(name) + "='" + *text +
-                    "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
-                {name});
+            fail(std::string(name) + "='" + *text +
+                     "' is not an integer (launcher variables hold decimal integers such as 0 or 8)",
+                 {name});
         }
         if (ec == std::errc::result_out_of_range || value > INT_MAX || value < INT_MIN) {
-            fail(std::string(name) + "=" + *text +
-                     " is out of range (the largest accepted value is " + std::to_string(INT_MAX) +
-                     ")",
+            fail(std::string(name) + "=" + *text + " is out of range (the largest accepted value is " +
+                     std::to_string(INT_MAX) + ")",
                  {name});
         }
         if (value < 0) {
-            fail(std::string(name) + "=" + *text +
-                     " is negative (ranks, sizes and counts are 0 or more)",
-                 {name});
+            fail(std::string(name) + "=" + *text + " is negative (ranks, sizes and counts are 0 or more)", {name});
         }
         return static_cast<int>(value);
     }
@@ -197,8 +191,8 @@ inline env_value integer_or(const env_reader& reader, const char* name, bool is_
     return value ? from_variable(name, *value) : from_default(fallback, quantity, why);
 }
 
-inline env_value required(const env_reader& reader, const char* name, bool is_size,
-                          const char* launcher, const char* trigger) {
+inline env_value required(const env_reader& reader, const char* name, bool is_size, const char* launcher,
+                          const char* trigger) {
     const auto value = is_size ? reader.size(name) : reader.integer(name);
     if (!value) {
         const auto trigger_value = reader.get(trigger).value_or("");
@@ -214,41 +208,34 @@ inline void check_less(const env_value& low, const env_value& high, const char* 
     if (low.value < high.value) return;
     std::vector<std::string> names = low.names;
     names.insert(names.end(), high.names.begin(), high.names.end());
-    env_reader::fail(low.describe + " is not less than " + high.describe + " (" + rule + ")",
-                     std::move(names));
+    env_reader::fail(low.describe + " is not less than " + high.describe + " (" + rule + ")", std::move(names));
 }
 
 inline void check_not_more(const env_value& low, const env_value& high, const char* rule) {
     if (low.value <= high.value) return;
     std::vector<std::string> names = low.names;
     names.insert(names.end(), high.names.begin(), high.names.end());
-    env_reader::fail(low.describe + " exceeds " + high.describe + " (" + rule + ")",
-                     std::move(names));
+    env_reader::fail(low.describe + " exceeds " + high.describe + " (" + rule + ")", std::move(names));
 }
 
 // a >= 0, b > 0; written without a + b - 1, which overflows for sizes near INT_MAX.
-inline int ceil_div(int a, int b) {
-    return a / b + (a % b != 0 ? 1 : 0);
-}
+inline int ceil_div(int a, int b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // The local pair: both set, or neither (then the single-node values: the whole job is local).
-inline void local_pair(const env_reader& reader, const char* rank_name, const char* size_name,
-                       const env_value& rank, const env_value& world, env_value& local_rank,
-                       env_value& local_size) {
+inline void local_pair(const env_reader& reader, const char* rank_name, const char* size_name, const env_value& rank,
+                       const env_value& world, env_value& local_rank, env_value& local_size) {
     const bool has_rank = reader.has(rank_name);
     const bool has_size = reader.has(size_name);
     if (has_rank != has_size) {
         const char* set = has_rank ? rank_name : size_name;
         const char* unset = has_rank ? size_name : rank_name;
-        env_reader::fail(std::string(unset) + " is not set, but " + set + "=" +
-                             reader.get(set).value_or("") +
-                             " is: set both or neither (neither means one node: " + rank_name +
-                             " = the global rank, " + size_name + " = the world size)",
+        env_reader::fail(std::string(unset) + " is not set, but " + set + "=" + reader.get(set).value_or("") +
+                             " is: set both or neither (neither means one node: " + rank_name + " = the global rank, " +
+                             size_name + " = the world size)",
                          {unset, set});
     }
     if (!has_rank) {
-        local_rank = from_default(rank.value, "the local rank",
-                                  std::string(rank_name) + " is unset: the global rank");
+        local_rank = from_default(rank.value, "the local rank", std::string(rank_name) + " is unset: the global rank");
         local_size = from_default(world.value, "the local world size",
                                   std::string(size_name) + " is unset: the world size");
         return;
@@ -300,8 +287,7 @@ inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
         if (ec != std::errc() || count < 0) return std::nullopt;
         const std::string_view rest(end, static_cast<std::size_t>(item.data() + item.size() - end));
         if (!rest.empty()) {
-            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')')
-                return std::nullopt;
+            if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')') return std::nullopt;
             const auto digits = rest.substr(2, rest.size() - 3);
             auto [e2, ec2] = std::from_chars(digits.data(), digits.data() + digits.size(), repeat);
             if (ec2 != std::errc() || e2 != digits.data() + digits.size() || repeat < 1) {
@@ -350,8 +336,7 @@ inline void read_torchrun(const env_reader& reader, const char* trigger, worker_
     const auto group_rank = reader.integer("GROUP_RANK");
     const auto node_rank = reader.integer("NODE_RANK");
     if (group_rank && node_rank && *group_rank != *node_rank) {
-        env_reader::fail("GROUP_RANK=" + std::to_string(*group_rank) +
-                             " and NODE_RANK=" + std::to_string(*node_rank) +
+        env_reader::fail("GROUP_RANK=" + std::to_string(*group_rank) + " and NODE_RANK=" + std::to_string(*node_rank) +
                              " disagree (both name this node's rank: set one, or both alike)",
                          {"GROUP_RANK", "NODE_RANK"});
     }
@@ -363,14 +348,13 @@ inline void read_torchrun(const env_reader& reader, const char* trigger, worker_
         node = from_default(rank.value / local_size.value, "the node rank",
                             "GROUP_RANK is unset: global rank / local world size");
     }
-    const env_value nodes = integer_or(
-        reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value), "the node count",
-        "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
+    const env_value nodes = integer_or(reader, "GROUP_WORLD_SIZE", true, ceil_div(world.value, local_size.value),
+                                       "the node count",
+                                       "GROUP_WORLD_SIZE is unset: world size / local world size, rounded up");
     check_less(node, nodes, "node ranks run from 0 to GROUP_WORLD_SIZE-1");
 
-    const env_value role_size =
-        integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size",
-                   "ROLE_WORLD_SIZE is unset: the world size");
+    const env_value role_size = integer_or(reader, "ROLE_WORLD_SIZE", true, world.value, "the role world size",
+                                           "ROLE_WORLD_SIZE is unset: the world size");
     const env_value role_rank = integer_or(reader, "ROLE_RANK", false, rank.value, "the role rank",
                                            "ROLE_RANK is unset: the global rank");
     check_less(role_rank, role_size, "role ranks run from 0 to ROLE_WORLD_SIZE-1");
@@ -397,8 +381,7 @@ inline void read_open_mpi(const env_reader& reader, const char* trigger, worker_
     check_less(rank, world, "ranks run from 0 to OMPI_COMM_WORLD_SIZE-1");
     env_value local_rank;
     env_value local_size;
-    local_pair(reader, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", rank, world,
-               local_rank, local_size);
+    local_pair(reader, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", rank, world, local_rank, local_size);
     check_less(local_rank, local_size, "local ranks run from 0 to OMPI_COMM_WORLD_LOCAL_SIZE-1");
     check_not_more(local_size, world, "a node cannot run more workers than the whole job");
     out.world_size = world.value;
@@ -417,29 +400,26 @@ inline void read_open_mpi(const env_reader& reader, const char* trigger, worker_
 inline void read_slurm(const env_reader& reader, worker_env& out) {
     const char* const trigger = "SLURM_PROCID";
     // A step may run fewer tasks than the allocation: prefer the step's count.
-    const char* const world_name =
-        reader.first_set({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
-    const env_value world =
-        required(reader, world_name ? world_name : "SLURM_NTASKS", true, "srun", trigger);
+    const char* const world_name = reader.first_set({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+    const env_value world = required(reader, world_name ? world_name : "SLURM_NTASKS", true, "srun", trigger);
     const env_value rank = required(reader, "SLURM_PROCID", false, "srun", trigger);
     check_less(rank, world, "Slurm task ids run from 0 to the task count - 1");
     const env_value local_rank = required(reader, "SLURM_LOCALID", false, "srun", trigger);
-    const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id",
-                                      "SLURM_NODEID is unset: node 0");
+    const env_value node = integer_or(reader, "SLURM_NODEID", false, 0, "the node id", "SLURM_NODEID is unset: node 0");
     // This node's entry of the step's list is exact (nodes may differ, a step may differ from
     // the allocation); SLURM_NTASKS_PER_NODE is the allocation's uniform request.
     const auto from_list = [&](const char* list_name) {
         const auto list = reader.get(list_name).value_or("");
         const auto count = slurm_tasks_on_node(list, node.value);
         if (!count || *count == 0) {
-            env_reader::fail(std::string(list_name) + "='" + list +
-                                 "' gives no task count for node " + std::to_string(node.value) +
+            env_reader::fail(std::string(list_name) + "='" + list + "' gives no task count for node " +
+                                 std::to_string(node.value) +
                                  " (expected a list such as 2(x3),1 indexed by SLURM_NODEID)",
                              {list_name, "SLURM_NODEID"});
         }
         return env_value{*count,
-                         std::string(list_name) + "='" + list + "' (" + std::to_string(*count) +
-                             " on node " + std::to_string(node.value) + ")",
+                         std::string(list_name) + "='" + list + "' (" + std::to_string(*count) + " on node " +
+                             std::to_string(node.value) + ")",
                          {list_name}};
     };
     env_value local_size;
@@ -450,22 +430,19 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
     } else if (reader.has("SLURM_TASKS_PER_NODE")) {
         local_size = from_list("SLURM_TASKS_PER_NODE");
     } else {
-        env_reader::fail(
-            "SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
-            " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
-                reader.get(trigger).value_or("") +
-                " is: the local world size is unknown (run under srun, or set "
-                "LOCAL_WORLD_SIZE with the torchrun variables)",
-            {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
+        env_reader::fail("SLURM_NTASKS_PER_NODE is not set, and neither is SLURM_STEP_TASKS_PER_NODE"
+                         " nor SLURM_TASKS_PER_NODE, but SLURM_PROCID=" +
+                             reader.get(trigger).value_or("") +
+                             " is: the local world size is unknown (run under srun, or set "
+                             "LOCAL_WORLD_SIZE with the torchrun variables)",
+                         {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"});
     }
     check_less(local_rank, local_size, "local task ids run below the tasks on this node");
     check_not_more(local_size, world, "a node cannot run more tasks than the whole step");
-    const char* const nodes_name =
-        reader.first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
-    const env_value nodes =
-        nodes_name ? from_variable(nodes_name, *reader.size(nodes_name))
-                   : from_default(ceil_div(world.value, local_size.value), "the node count",
-                                  "no SLURM_*NUM_NODES: tasks / tasks per node, rounded up");
+    const char* const nodes_name = reader.first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+    const env_value nodes = nodes_name ? from_variable(nodes_name, *reader.size(nodes_name))
+                                       : from_default(ceil_div(world.value, local_size.value), "the node count",
+                                                      "no SLURM_*NUM_NODES: tasks / tasks per node, rounded up");
     check_less(node, nodes, "node ids run below the node count");
 
     out.world_size = world.value;
@@ -477,8 +454,7 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
     out.role_rank = out.rank;
     out.role_world_size = out.world_size;
     out.run_id = reader.get("SLURM_JOB_ID").value_or("");
-    if (const char* list_name =
-            reader.first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+    if (const char* list_name = reader.first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
         const auto host = slurm_first_host(reader.get(list_name).value_or(""));
         if (!host.empty()) out.master_addr = host;
     }
@@ -489,18 +465,16 @@ inline void read_slurm(const env_reader& reader, worker_env& out) {
 inline void read_common(const env_reader& reader, worker_env& out) {
     if (auto addr = reader.get("MASTER_ADDR")) {
         if (addr->empty()) {
-            env_reader::fail(
-                "MASTER_ADDR is set but empty (give the rank-0 host's name or "
-                "address, or unset it)",
-                {"MASTER_ADDR"});
+            env_reader::fail("MASTER_ADDR is set but empty (give the rank-0 host's name or "
+                             "address, or unset it)",
+                             {"MASTER_ADDR"});
         }
         out.master_addr = std::move(*addr);
     }
     if (const auto text = reader.get("MASTER_PORT")) {
         const auto port = reader.integer("MASTER_PORT");
         if (*port < 1 || *port > 65535) {
-            env_reader::fail("MASTER_PORT=" + *text + " is outside 1-65535 (a TCP port number)",
-                             {"MASTER_PORT"});
+            env_reader::fail("MASTER_PORT=" + *text + " is outside 1-65535 (a TCP port number)", {"MASTER_PORT"});
         }
         out.master_port = static_cast<std::uint16_t>(*port);
     }

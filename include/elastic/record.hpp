@@ -56,9 +56,7 @@ struct record_state {
 
 inline record_state record_storage{};
 
-inline long current_tid() noexcept {
-    return ::syscall(SYS_gettid);
-}
+inline long current_tid() noexcept { return ::syscall(SYS_gettid); }
 
 // Buffered output to a file descriptor with write(2): unbounded, allocation-free, signal-safe.
 class fd_writer {
@@ -103,8 +101,8 @@ private:
 // torchelastic's error-file JSON, byte for byte as Python's json.dump writes it:
 // {"message": {"message": "<T>: <what>", "extraInfo": {"py_callstack": "...", "timestamp": "<s>"}}}
 template <class Sink>
-void write_error_json(Sink& out, const char* message, std::size_t message_size,
-                      const char* callstack, std::size_t callstack_size, std::int64_t timestamp) {
+void write_error_json(Sink& out, const char* message, std::size_t message_size, const char* callstack,
+                      std::size_t callstack_size, std::int64_t timestamp) {
     out.put("{\"message\": {\"message\": \"");
     json_escape(out, message, message_size);
     out.put("\", \"extraInfo\": {\"py_callstack\": \"");
@@ -130,9 +128,8 @@ inline void make_parent_directories(char* path) noexcept {
 
 // Writes the error file as "<path>.tmp.<pid>" and renames it over <path>, so a reader (the agent)
 // sees the whole file or none. Returns 0 or the errno of the step that failed.
-inline int write_error_file_atomically(const char* message, std::size_t message_size,
-                                       const char* callstack, std::size_t callstack_size,
-                                       std::int64_t timestamp) noexcept {
+inline int write_error_file_atomically(const char* message, std::size_t message_size, const char* callstack,
+                                       std::size_t callstack_size, std::int64_t timestamp) noexcept {
     auto& state = record_storage;
     fixed_writer temporary(state.scratch_path, sizeof(state.scratch_path));
     temporary.put(state.error_file);
@@ -169,8 +166,7 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
         const char* from;
         const char* to;
     };
-    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"},
-                                         {"std::__cxx11::", "std::"}};
+    static constexpr rename renames[] = {{"elastic::v0::", "elastic::"}, {"std::__cxx11::", "std::"}};
     while (*name != '\0') {
         bool renamed = false;
         for (const auto& r : renames) {
@@ -187,8 +183,7 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
 }
 
 // The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
-inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol,
-                      bool demangle) {
+inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol, bool demangle) {
     out.put("  #");
     out.put_unsigned(static_cast<std::uintmax_t>(index));
     out.put(' ');
@@ -252,9 +247,8 @@ inline void write_report(const crash_report& report) noexcept {
 
     int file_error = 0;
     if (state.has_error_file) {
-        file_error =
-            write_error_file_atomically(message.data(), message.size(), stack.data(), stack.size(),
-                                        static_cast<std::int64_t>(now.tv_sec));
+        file_error = write_error_file_atomically(message.data(), message.size(), stack.data(), stack.size(),
+                                                 static_cast<std::int64_t>(now.tv_sec));
     }
     fd_writer err(STDERR_FILENO);
     err.put("elastic::record: ");
@@ -335,11 +329,9 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         // Frames above the interrupted instruction are this handler and the kernel's trampoline.
         std::uintptr_t interrupted = 0;
 #if defined(__x86_64__)
-        interrupted = static_cast<std::uintptr_t>(
-            static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
+        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
 #elif defined(__aarch64__)
-        interrupted =
-            static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
+        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
 #else
         (void)context;
 #endif
@@ -394,8 +386,8 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
         const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
         const frame_symbol symbol = symbolize(pc, pc - 1);
         if (symbol.function == nullptr) continue;
-        for (const char* marker : {"__cxa_throw", "__cxa_rethrow", "rethrow_exception",
-                                   "_ZSt9terminatev", "__clang_call_terminate"}) {
+        for (const char* marker :
+             {"__cxa_throw", "__cxa_rethrow", "rethrow_exception", "_ZSt9terminatev", "__clang_call_terminate"}) {
             if (std::strstr(symbol.function, marker) != nullptr) first = i + 1;
         }
     }

@@ -69,7 +69,8 @@ TEST_CASE("agent: every worker gets torchrun's contract, key by key (inventory 2
     env["SOME_USER_VARIABLE"] = "kept";
     env["NCCL_ASYNC_ERROR_HANDLING"] = "0";  // an inherited value wins over the default 1
     const int n = 3;
-    auto r = agent_support::run(with_worker({"--standalone", "--nproc-per-node=3", "--max-restarts=2", "--role=trainer"}),
+    auto r = agent_support::run(with_worker({"--standalone", "--nproc-per-node=3", "--max-restarts=2",
+                                             "--role=trainer"}),
                                 env);
     INFO(r.err);
     REQUIRE(r.code == 0);
@@ -151,14 +152,15 @@ TEST_CASE("agent: OMP_NUM_THREADS is kept when set, and not set for a single wor
 
 TEST_CASE("agent: arguments pass through untouched, ${local_rank} replaced per worker") {
     temp_dir dir;
-    auto r = agent_support::run(
-        with_worker({"--nproc-per-node=2"}, {"--lr=${local_rank}", "$local_rank", "--help", "--", "$$x", "${LOCAL_RANK}"}),
-        worker_env(dir, "*:argv"));
+    auto r = agent_support::run(with_worker({"--nproc-per-node=2"}, {"--lr=${local_rank}", "$local_rank", "--help",
+                                                                     "--", "$$x", "${LOCAL_RANK}"}),
+                                worker_env(dir, "*:argv"));
     REQUIRE(r.code == 0);
     for (int rank = 0; rank < 2; ++rank) {
         const auto argv = agent_support::read_lines_of(dir.path() / fmt::format("argv.0.{}", rank));
-        const std::vector<std::string> expected{agent_support::worker(), fmt::format("--lr={}", rank), std::to_string(rank),
-                                                "--help", "--", "$x", "${LOCAL_RANK}"};
+        const std::vector<std::string> expected{
+            agent_support::worker(), fmt::format("--lr={}", rank), std::to_string(rank), "--help", "--", "$x",
+            "${LOCAL_RANK}"};
         CHECK(argv == expected);
     }
 }
@@ -168,10 +170,11 @@ TEST_CASE("agent: a failure stops the group and restarts it, workers see the cou
     // Attempt 0: rank 1 fails; attempt 1: rank 0 is killed by a signal; attempt 2: all succeed.
     // Every worker of every attempt first checks that no key of an earlier attempt is visible
     // in the hosted store, then writes one; the failing worker waits for the others' keys.
-    auto r = agent_support::run(with_worker({"--nproc-per-node=3", "--max-restarts=2"}),
-                                worker_env(dir, "a0r1:env+store+waitfor0+waitfor2+exit3;a1r0:env+store+waitfor1+waitfor2+sig9;"
-                                                "a0:env+store+hang;"
-                                                "a1:env+store+hang;*:env+store"));
+    auto r = agent_support::run(
+        with_worker({"--nproc-per-node=3", "--max-restarts=2"}),
+        worker_env(dir, "a0r1:env+store+waitfor0+waitfor2+exit3;a1r0:env+store+waitfor1+waitfor2+sig9;"
+                        "a0:env+store+hang;"
+                        "a1:env+store+hang;*:env+store"));
     INFO(r.err);
     INFO(r.out);
     CHECK(r.code == 0);
@@ -182,7 +185,8 @@ TEST_CASE("agent: a failure stops the group and restarts it, workers see the cou
             const auto e = agent_support::read_env_file(dir.path() / fmt::format("env.{}.{}", attempt, rank));
             REQUIRE(e.count("TORCHELASTIC_RESTART_COUNT") == 1);
             CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == std::to_string(attempt));
-            CHECK(e.at("TORCHELASTIC_ERROR_FILE").find(fmt::format("/attempt_{}/{}/", attempt, rank)) != std::string::npos);
+            CHECK(e.at("TORCHELASTIC_ERROR_FILE").find(fmt::format("/attempt_{}/{}/", attempt, rank)) !=
+                  std::string::npos);
             ports.insert(e.at("MASTER_PORT"));
         }
         CHECK(ports.size() == 1);
@@ -297,7 +301,8 @@ TEST_CASE("agent: with healthy workers running, the agent uses no CPU, and two j
 
     temp_dir dir2;
     auto env2 = worker_env(dir2, "*:env+hang");
-    launched second(with_worker({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=1", "--nproc-per-node=2"}),
+    launched second(with_worker({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=1",
+                                 "--nproc-per-node=2"}),
                     env2);
     REQUIRE(second.read_lines("ready ", 2));
     const auto second_port = agent_support::read_env_file(dir2.path() / "env.0.0").at("MASTER_PORT");
@@ -316,11 +321,9 @@ TEST_CASE("agent: the agent takes the hard open-files limit for its stores; work
         return;
     }
     // The worker prints its own soft limit and the agent's (its parent's) soft and hard ones.
-    const std::string worker_script =
-        "echo worker-soft $(ulimit -Sn); grep 'Max open files' /proc/$PPID/limits";
-    auto r = agent_support::run({"/bin/sh", "-c", "ulimit -Sn 512 && exec \"$0\" \"$@\"",
-                                 agent_support::elasticrun(), "--standalone", "--nproc-per-node=1",
-                                 "--no-python", "/bin/sh", "-c", worker_script},
+    const std::string worker_script = "echo worker-soft $(ulimit -Sn); grep 'Max open files' /proc/$PPID/limits";
+    auto r = agent_support::run({"/bin/sh", "-c", "ulimit -Sn 512 && exec \"$0\" \"$@\"", agent_support::elasticrun(),
+                                 "--standalone", "--nproc-per-node=1", "--no-python", "/bin/sh", "-c", worker_script},
                                 agent_support::clean_environment());
     INFO("stdout: ", r.out, "\nstderr: ", r.err);
     REQUIRE(r.code == 0);
@@ -375,8 +378,8 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
 // One option's observable effect on the workers, checked in its three spellings: dashed,
 // underscored, and from its PET_ variable.
 struct option_case {
-    std::string dashed;       // "--nproc-per-node"
-    std::string value;        // "2"; empty for a flag
+    std::string dashed;              // "--nproc-per-node"
+    std::string value;               // "2"; empty for a flag
     std::vector<std::string> extra;  // options the case needs besides
     std::function<void(const temp_dir&, const agent_support::result&)> check;
 };
@@ -387,6 +390,7 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
     };
     const auto port = std::to_string(free_port());
     const std::vector<option_case> cases{
+        // clang-format off
         {"--nproc-per-node", "2", {}, [&](const temp_dir& d, const auto&) { CHECK(count_files(d.path(), "env.0.") == 2); }},
         {"--nnodes", "1", {}, [&](const temp_dir& d, const auto&) { CHECK(env_of(d).at("GROUP_WORLD_SIZE") == "1"); }},
         {"--max-restarts", "3", {}, [&](const temp_dir& d, const auto&) {
@@ -423,6 +427,7 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
              CHECK(env_of(d, 1).at("RANK") == "1");
              CHECK(env_of(d, 1).at("CUDA_VISIBLE_DEVICES") == "1");
          }},
+        // clang-format on
     };
     for (const auto& c : cases) {
         for (int spelling = 0; spelling < 3; ++spelling) {
@@ -438,7 +443,8 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
                 args.push_back(c.value.empty() ? name : name + "=" + c.value);
             } else {
                 std::string pet = "PET_" + underscored.substr(2);
-                std::transform(pet.begin(), pet.end(), pet.begin(), [](char ch) { return static_cast<char>(std::toupper(ch)); });
+                std::transform(pet.begin(), pet.end(), pet.begin(),
+                               [](char ch) { return static_cast<char>(std::toupper(ch)); });
                 env[pet] = c.value.empty() ? "1" : c.value;
             }
             auto r = agent_support::run(with_worker(args), env);
@@ -452,8 +458,7 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
         temp_dir dir;
         auto env = worker_env(dir, "");
         env["PYTHON_EXEC"] = ELASTIC_TORCH_PYTHON;
-        for (const auto& args : std::vector<std::vector<std::string>>{
-                 {"-m", "platform"}, {"--module", "platform"}}) {
+        for (const auto& args : std::vector<std::vector<std::string>>{{"-m", "platform"}, {"--module", "platform"}}) {
             auto r = agent_support::run(args, env);
             CHECK(r.code == 0);
             CHECK(!r.out.empty());
@@ -482,8 +487,7 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
 }
 
 TEST_CASE("agent: options not implemented yet are refused in every spelling, never ignored") {
-    const std::vector<std::pair<std::string, std::string>> refused{
-        {"--rdzv-backend", "etcd-v3"}};
+    const std::vector<std::pair<std::string, std::string>> refused{{"--rdzv-backend", "etcd-v3"}};
     for (const auto& option : refused) {
         const std::string dashed = option.first;
         const std::string value = option.second;
@@ -499,7 +503,8 @@ TEST_CASE("agent: options not implemented yet are refused in every spelling, nev
                 args.push_back((spelling == 0 ? dashed : underscored) + "=" + value);
             } else {
                 std::string pet = "PET_" + underscored.substr(2);
-                std::transform(pet.begin(), pet.end(), pet.begin(), [](char ch) { return static_cast<char>(std::toupper(ch)); });
+                std::transform(pet.begin(), pet.end(), pet.begin(),
+                               [](char ch) { return static_cast<char>(std::toupper(ch)); });
                 env[pet] = value;
             }
             auto r = agent_support::run(with_worker(args), env);
@@ -645,8 +650,8 @@ TEST_CASE("agent: a PyTorch DDP job (gloo, CPU) under elasticrun, correct after 
         CHECK(r.err.find("restart 1 of 1 (--max-restarts=1)") != std::string::npos);
         const auto sum = n * (n + 1) / 2;
         for (int rank = 0; rank < n; ++rank) {
-            CHECK(r.out.find(fmt::format("ddp rank={} world={} attempt=1 sum={} expected={} same=True\n", rank, n, sum, sum)) !=
-                  std::string::npos);
+            CHECK(r.out.find(fmt::format("ddp rank={} world={} attempt=1 sum={} expected={} same=True\n", rank, n, sum,
+                                         sum)) != std::string::npos);
         }
         CHECK(launched::count_lines(r.out, "ddp ") == n);
     }

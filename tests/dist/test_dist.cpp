@@ -38,26 +38,25 @@ public:
     }
 
     // Runs the given ranks of a world (all of them when `ranks` is empty) to their exit.
-    std::map<int, outcome> run(const std::string& scenario, int world, std::vector<int> ranks = {},
-                               int attempt = 0, const std::string& timeout_ms = "60000") {
+    std::map<int, outcome> run(const std::string& scenario, int world, std::vector<int> ranks = {}, int attempt = 0,
+                               const std::string& timeout_ms = "60000") {
         if (ranks.empty())
             for (int r = 0; r < world; ++r) ranks.push_back(r);
         std::map<int, outcome> results;
         run_until_done([&]() -> asio::awaitable<void> {
             std::vector<std::pair<int, client_support::child>> children;
             for (const int r : ranks)
-                children.emplace_back(
-                    r, client_support::spawn(
-                           {ELASTIC_TEST_PROGRAM_DIR "/dist-worker", scenario, timeout_ms},
-                           {{"RANK", std::to_string(r)},
-                            {"LOCAL_RANK", std::to_string(r)},
-                            {"WORLD_SIZE", std::to_string(world)},
-                            {"LOCAL_WORLD_SIZE", std::to_string(world)},
-                            {"GROUP_RANK", "0"},
-                            {"MASTER_ADDR", "127.0.0.1"},
-                            {"MASTER_PORT", std::to_string(server_->port())},
-                            {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
-                            {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+                children.emplace_back(r, client_support::spawn({ELASTIC_TEST_PROGRAM_DIR "/dist-worker", scenario,
+                                                                timeout_ms},
+                                                               {{"RANK", std::to_string(r)},
+                                                                {"LOCAL_RANK", std::to_string(r)},
+                                                                {"WORLD_SIZE", std::to_string(world)},
+                                                                {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                                                                {"GROUP_RANK", "0"},
+                                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                                {"MASTER_PORT", std::to_string(server_->port())},
+                                                                {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+                                                                {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
             for (auto& [r, c] : children) {
                 const auto [out, status] = co_await store_support::collect(c.output());
                 results[r] = {out, client_support::exit_code(status)};
@@ -127,8 +126,7 @@ TEST_CASE("dist: all_gather is ordered by rank, all_reduce sums, mins and maxes"
         CAPTURE(r.output);
         CHECK(r.code == 0);
         // sum of rank+1 = 10; min of 10-rank = 7; max of rank*1000 = 3000; sum of rank/2 = 3
-        CHECK(r.output == fmt::format("rank {} gathered 4 in order; sum 10 min 7 max 3000 fsum 3\n",
-                                      rank));
+        CHECK(r.output == fmt::format("rank {} gathered 4 in order; sum 10 min 7 max 3000 fsum 3\n", rank));
     }
 }
 
@@ -193,14 +191,13 @@ TEST_CASE("dist: a single-rank run needs no store and every collective is local"
 }
 
 TEST_CASE("dist: options from the environment: namespace per restart, MASTER_* required") {
-    const auto e = elastic::worker_env::from(std::map<std::string, std::string>{
-        {"RANK", "1"},
-        {"WORLD_SIZE", "2"},
-        {"LOCAL_RANK", "1"},
-        {"LOCAL_WORLD_SIZE", "2"},
-        {"MASTER_ADDR", "10.0.0.5"},
-        {"MASTER_PORT", "29511"},
-        {"TORCHELASTIC_RESTART_COUNT", "3"}});
+    const auto e = elastic::worker_env::from(std::map<std::string, std::string>{{"RANK", "1"},
+                                                                                {"WORLD_SIZE", "2"},
+                                                                                {"LOCAL_RANK", "1"},
+                                                                                {"LOCAL_WORLD_SIZE", "2"},
+                                                                                {"MASTER_ADDR", "10.0.0.5"},
+                                                                                {"MASTER_PORT", "29511"},
+                                                                                {"TORCHELASTIC_RESTART_COUNT", "3"}});
     const auto o = elastic::dist::options_from(e);
     CHECK(o.rank == 1);
     CHECK(o.world_size == 2);

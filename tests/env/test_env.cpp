@@ -23,8 +23,8 @@ struct good_row {
     elastic::worker_env expected;
 };
 
-elastic::worker_env make(elastic::env_source source, int rank, int local_rank, int world,
-                          int local_world, int node, int nodes) {
+elastic::worker_env make(elastic::env_source source, int rank, int local_rank, int world, int local_world, int node,
+                         int nodes) {
     elastic::worker_env e;
     e.source = source;
     e.rank = rank;
@@ -76,37 +76,53 @@ std::vector<good_row> good_rows() {
     full.use_agent_store = true;
     full.error_file = "/logs/attempt_2/1/error.json";
     rows.push_back({"every torchrun variable",
-                    {{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"GROUP_RANK", "2"}, {"ROLE_RANK", "3"},
-                     {"ROLE_NAME", "trainer"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "2"},
-                     {"GROUP_WORLD_SIZE", "4"}, {"ROLE_WORLD_SIZE", "6"},
-                     {"MASTER_ADDR", "node0.example"}, {"MASTER_PORT", "29500"},
-                     {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_MAX_RESTARTS", "3"},
-                     {"TORCHELASTIC_RUN_ID", "job7"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                    {{"RANK", "5"},
+                     {"LOCAL_RANK", "1"},
+                     {"GROUP_RANK", "2"},
+                     {"ROLE_RANK", "3"},
+                     {"ROLE_NAME", "trainer"},
+                     {"WORLD_SIZE", "8"},
+                     {"LOCAL_WORLD_SIZE", "2"},
+                     {"GROUP_WORLD_SIZE", "4"},
+                     {"ROLE_WORLD_SIZE", "6"},
+                     {"MASTER_ADDR", "node0.example"},
+                     {"MASTER_PORT", "29500"},
+                     {"TORCHELASTIC_RESTART_COUNT", "2"},
+                     {"TORCHELASTIC_MAX_RESTARTS", "3"},
+                     {"TORCHELASTIC_RUN_ID", "job7"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                      {"TORCHELASTIC_ERROR_FILE", "/logs/attempt_2/1/error.json"}},
                     full});
 
     rows.push_back({"RANK and WORLD_SIZE only: the local pair is the single-node one",
                     {{"RANK", "3"}, {"WORLD_SIZE", "4"}},
                     make(env_source::torchrun, 3, 3, 4, 4, 0, 1)});
-    rows.push_back({"composer's NODE_RANK is the node rank",
-                    {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                     {"LOCAL_WORLD_SIZE", "2"}, {"NODE_RANK", "1"}},
-                    make(env_source::torchrun, 3, 1, 4, 2, 1, 2)});
+    rows.push_back(
+        {"composer's NODE_RANK is the node rank",
+         {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"NODE_RANK", "1"}},
+         make(env_source::torchrun, 3, 1, 4, 2, 1, 2)});
     rows.push_back({"GROUP_RANK and NODE_RANK may both be set when equal",
-                    {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                     {"LOCAL_WORLD_SIZE", "2"}, {"NODE_RANK", "1"}, {"GROUP_RANK", "1"}},
+                    {{"RANK", "3"},
+                     {"WORLD_SIZE", "4"},
+                     {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "2"},
+                     {"NODE_RANK", "1"},
+                     {"GROUP_RANK", "1"}},
                     make(env_source::torchrun, 3, 1, 4, 2, 1, 2)});
     rows.push_back({"no node rank: global rank / local world size, node count rounded up",
-                    {{"RANK", "5"}, {"WORLD_SIZE", "7"}, {"LOCAL_RANK", "1"},
-                     {"LOCAL_WORLD_SIZE", "2"}},
+                    {{"RANK", "5"}, {"WORLD_SIZE", "7"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}},
                     make(env_source::torchrun, 5, 1, 7, 2, 2, 4)});
     rows.push_back({"sizes near INT_MAX: the node count is rounded up without overflow",
-                    {{"RANK", "2147483646"}, {"WORLD_SIZE", "2147483647"}, {"LOCAL_RANK", "0"},
+                    {{"RANK", "2147483646"},
+                     {"WORLD_SIZE", "2147483647"},
+                     {"LOCAL_RANK", "0"},
                      {"LOCAL_WORLD_SIZE", "1073741824"}},
                     make(env_source::torchrun, 2147483646, 0, 2147483647, 1073741824, 1, 2)});
     auto agent_store_false = make(env_source::torchrun, 0, 0, 1, 1, 0, 1);
     rows.push_back({"USE_AGENT_STORE=False; an empty TORCHELASTIC_ERROR_FILE (logs to /dev/null)",
-                    {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                    {{"RANK", "0"},
+                     {"WORLD_SIZE", "1"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "False"},
                      {"TORCHELASTIC_ERROR_FILE", ""}},
                     agent_store_false});
     auto restart_only = make(env_source::torchrun, 1, 1, 2, 2, 0, 1);
@@ -120,47 +136,69 @@ std::vector<good_row> good_rows() {
     endpoint_only.master_port = 1;
     endpoint_only.error_file = "/tmp/e.json";
     rows.push_back({"MASTER_ADDR, MASTER_PORT and the error file alone do not mean launched",
-                    {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1"},
-                     {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"}},
+                    {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"}},
                     endpoint_only});
 
     auto slurm = make(env_source::slurm, 5, 1, 8, 2, 2, 4);
     slurm.master_addr = "gpu07";
     slurm.run_id = "4242";
     rows.push_back({"Slurm: srun's variables, master from the first host of the step",
-                    {{"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
-                     {"SLURM_NTASKS", "8"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_NNODES", "4"},
-                     {"SLURM_STEP_NODELIST", "gpu[07-10],cpu1"}, {"SLURM_JOB_ID", "4242"}},
+                    {{"SLURM_PROCID", "5"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "2"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_NTASKS_PER_NODE", "2"},
+                     {"SLURM_NNODES", "4"},
+                     {"SLURM_STEP_NODELIST", "gpu[07-10],cpu1"},
+                     {"SLURM_JOB_ID", "4242"}},
                     slurm});
     auto slurm_list = make(env_source::slurm, 6, 0, 8, 2, 3, 4);
     slurm_list.master_addr = "explicit";
     slurm_list.master_port = 12345;
     rows.push_back({"Slurm: tasks per node from the step list; MASTER_ADDR wins over the nodelist",
-                    {{"SLURM_PROCID", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
-                     {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_NTASKS", "16"},
+                    {{"SLURM_PROCID", "6"},
+                     {"SLURM_LOCALID", "0"},
+                     {"SLURM_NODEID", "3"},
+                     {"SLURM_STEP_NUM_TASKS", "8"},
+                     {"SLURM_NTASKS", "16"},
                      {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"},
-                     {"SLURM_STEP_NODELIST", "n[1-4]"}, {"MASTER_ADDR", "explicit"},
+                     {"SLURM_STEP_NODELIST", "n[1-4]"},
+                     {"MASTER_ADDR", "explicit"},
                      {"MASTER_PORT", "12345"}},
                     slurm_list});
     auto srun_elasticrun = make(env_source::torchrun, 1, 1, 4, 4, 0, 1);
     rows.push_back({"any torchrun variable switches the fallbacks off (srun elasticrun)",
-                    {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"SLURM_PROCID", "0"},
-                     {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "1"},
-                     {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+                    {{"RANK", "1"},
+                     {"WORLD_SIZE", "4"},
+                     {"SLURM_PROCID", "0"},
+                     {"SLURM_LOCALID", "0"},
+                     {"SLURM_NTASKS", "2"},
+                     {"SLURM_NTASKS_PER_NODE", "1"},
+                     {"OMPI_COMM_WORLD_RANK", "0"},
+                     {"OMPI_COMM_WORLD_SIZE", "2"}},
                     srun_elasticrun});
     auto step_list = make(env_source::slurm, 2, 0, 5, 2, 1, 3);
     rows.push_back({"Slurm: the step's per-node list wins over SLURM_NTASKS_PER_NODE",
-                    {{"SLURM_PROCID", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
-                     {"SLURM_STEP_NUM_TASKS", "5"}, {"SLURM_NTASKS_PER_NODE", "4"},
-                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2),1"}, {"SLURM_STEP_NUM_NODES", "3"}},
+                    {{"SLURM_PROCID", "2"},
+                     {"SLURM_LOCALID", "0"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_STEP_NUM_TASKS", "5"},
+                     {"SLURM_NTASKS_PER_NODE", "4"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2),1"},
+                     {"SLURM_STEP_NUM_NODES", "3"}},
                     step_list});
     rows.push_back({"Open MPI: mpirun's variables, node = rank / local size",
-                    {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+                    {{"OMPI_COMM_WORLD_RANK", "3"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
                     make(env_source::open_mpi, 3, 1, 4, 2, 1, 2)});
     rows.push_back({"Open MPI wins over an inherited SLURM_PROCID (mpirun inside sbatch)",
-                    {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                     {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "1"},
+                    {{"OMPI_COMM_WORLD_RANK", "3"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"SLURM_PROCID", "0"},
+                     {"SLURM_LOCALID", "0"},
+                     {"SLURM_NTASKS", "1"},
                      {"SLURM_NTASKS_PER_NODE", "1"}},
                     make(env_source::open_mpi, 3, 3, 4, 4, 0, 1)});
     return rows;
@@ -184,19 +222,15 @@ std::vector<bad_row> bad_rows() {
         {{{"RANK", "1.5"}, {"WORLD_SIZE", "2"}}, {"RANK='1.5'", "not an integer"}, {"RANK"}},
         {{{"RANK", " 1"}, {"WORLD_SIZE", "2"}}, {"RANK=' 1'", "not an integer"}, {"RANK"}},
         {{{"RANK", "+1"}, {"WORLD_SIZE", "2"}}, {"RANK='+1'", "not an integer"}, {"RANK"}},
-        {{{"RANK", "0"}, {"WORLD_SIZE", "two"}},
-         {"WORLD_SIZE='two'", "not an integer"},
-         {"WORLD_SIZE"}},
+        {{{"RANK", "0"}, {"WORLD_SIZE", "two"}}, {"WORLD_SIZE='two'", "not an integer"}, {"WORLD_SIZE"}},
         {{{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, {"RANK=-1", "negative"}, {"RANK"}},
-        {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}, {"WORLD_SIZE=99999999999", "out of range"},
-         {"WORLD_SIZE"}},
+        {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}, {"WORLD_SIZE=99999999999", "out of range"}, {"WORLD_SIZE"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "0"}}, {"WORLD_SIZE=0", "1 or more"}, {"WORLD_SIZE"}},
         {{{"WORLD_SIZE", "2"}}, {"RANK is not set", "WORLD_SIZE=2"}, {"RANK", "WORLD_SIZE"}},
         {{{"RANK", "0"}}, {"WORLD_SIZE is not set", "RANK=0"}, {"WORLD_SIZE", "RANK"}},
-        {{{"LOCAL_RANK", "0"}},
-         {"WORLD_SIZE is not set", "LOCAL_RANK=0"},
-         {"WORLD_SIZE", "LOCAL_RANK"}},
-        {{{"TORCHELASTIC_RUN_ID", "x"}}, {"WORLD_SIZE is not set", "TORCHELASTIC_RUN_ID=x"},
+        {{{"LOCAL_RANK", "0"}}, {"WORLD_SIZE is not set", "LOCAL_RANK=0"}, {"WORLD_SIZE", "LOCAL_RANK"}},
+        {{{"TORCHELASTIC_RUN_ID", "x"}},
+         {"WORLD_SIZE is not set", "TORCHELASTIC_RUN_ID=x"},
          {"WORLD_SIZE", "TORCHELASTIC_RUN_ID"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},
          {"LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2", "not less than"},
@@ -211,46 +245,57 @@ std::vector<bad_row> bad_rows() {
          {"LOCAL_RANK is not set", "LOCAL_WORLD_SIZE=2"},
          {"LOCAL_RANK", "LOCAL_WORLD_SIZE"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}},
-         {"MASTER_PORT=70000", "1-65535"}, {"MASTER_PORT"}},
-        {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}},
-         {"MASTER_PORT=0", "1-65535"}, {"MASTER_PORT"}},
+         {"MASTER_PORT=70000", "1-65535"},
+         {"MASTER_PORT"}},
+        {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}, {"MASTER_PORT=0", "1-65535"}, {"MASTER_PORT"}},
         {{{"MASTER_PORT", "65536"}}, {"MASTER_PORT=65536", "1-65535"}, {"MASTER_PORT"}},
         {{{"MASTER_PORT", "http"}}, {"MASTER_PORT='http'", "not an integer"}, {"MASTER_PORT"}},
         {{{"MASTER_ADDR", ""}}, {"MASTER_ADDR", "empty"}, {"MASTER_ADDR"}},
         {{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"NODE_RANK", "0"}},
-         {"GROUP_RANK=1", "NODE_RANK=0", "disagree"}, {"GROUP_RANK", "NODE_RANK"}},
+         {"GROUP_RANK=1", "NODE_RANK=0", "disagree"},
+         {"GROUP_RANK", "NODE_RANK"}},
         {{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"GROUP_RANK", "2"}, {"GROUP_WORLD_SIZE", "2"}},
-         {"GROUP_RANK=2", "GROUP_WORLD_SIZE=2"}, {"GROUP_RANK", "GROUP_WORLD_SIZE"}},
+         {"GROUP_RANK=2", "GROUP_WORLD_SIZE=2"},
+         {"GROUP_RANK", "GROUP_WORLD_SIZE"}},
         {{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"NODE_RANK", "1"}},
-         {"NODE_RANK=1", "node count 1", "GROUP_WORLD_SIZE is unset"}, {"NODE_RANK"}},
+         {"NODE_RANK=1", "node count 1", "GROUP_WORLD_SIZE is unset"},
+         {"NODE_RANK"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"ROLE_RANK", "4"}},
-         {"ROLE_RANK=4", "ROLE_WORLD_SIZE is unset"}, {"ROLE_RANK"}},
+         {"ROLE_RANK=4", "ROLE_WORLD_SIZE is unset"},
+         {"ROLE_RANK"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "maybe"}},
          {"TORCHELASTIC_USE_AGENT_STORE='maybe'", "not a boolean"},
          {"TORCHELASTIC_USE_AGENT_STORE"}},
         {{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RESTART_COUNT", "-2"}},
-         {"TORCHELASTIC_RESTART_COUNT=-2", "negative"}, {"TORCHELASTIC_RESTART_COUNT"}},
-        {{{"SLURM_PROCID", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "4"},
-          {"SLURM_NTASKS_PER_NODE", "4"}},
-         {"SLURM_PROCID=4", "SLURM_NTASKS=4"}, {"SLURM_PROCID", "SLURM_NTASKS"}},
-        {{{"SLURM_PROCID", "0"}}, {"SLURM_NTASKS is not set", "SLURM_PROCID=0", "srun"},
+         {"TORCHELASTIC_RESTART_COUNT=-2", "negative"},
+         {"TORCHELASTIC_RESTART_COUNT"}},
+        {{{"SLURM_PROCID", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "4"}},
+         {"SLURM_PROCID=4", "SLURM_NTASKS=4"},
+         {"SLURM_PROCID", "SLURM_NTASKS"}},
+        {{{"SLURM_PROCID", "0"}},
+         {"SLURM_NTASKS is not set", "SLURM_PROCID=0", "srun"},
          {"SLURM_NTASKS", "SLURM_PROCID"}},
         {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}},
-         {"SLURM_LOCALID is not set", "SLURM_PROCID=0"}, {"SLURM_LOCALID", "SLURM_PROCID"}},
+         {"SLURM_LOCALID is not set", "SLURM_PROCID=0"},
+         {"SLURM_LOCALID", "SLURM_PROCID"}},
         {{{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "2"}},
          {"SLURM_NTASKS_PER_NODE is not set", "local world size is unknown"},
          {"SLURM_NTASKS_PER_NODE", "SLURM_PROCID"}},
-        {{{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS", "4"},
-          {"SLURM_NTASKS_PER_NODE", "2"}},
+        {{{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}},
          {"SLURM_LOCALID=2", "SLURM_NTASKS_PER_NODE=2"},
          {"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}},
-        {{{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "5"},
-          {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}},
-         {"SLURM_TASKS_PER_NODE='2(x2)'", "node 5"}, {"SLURM_TASKS_PER_NODE", "SLURM_NODEID"}},
+        {{{"SLURM_PROCID", "1"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_NODEID", "5"},
+          {"SLURM_NTASKS", "4"},
+          {"SLURM_TASKS_PER_NODE", "2(x2)"}},
+         {"SLURM_TASKS_PER_NODE='2(x2)'", "node 5"},
+         {"SLURM_TASKS_PER_NODE", "SLURM_NODEID"}},
         {{{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}},
          {"OMPI_COMM_WORLD_RANK=4", "OMPI_COMM_WORLD_SIZE=4"},
          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}},
-        {{{"OMPI_COMM_WORLD_RANK", "0"}}, {"OMPI_COMM_WORLD_SIZE is not set", "mpirun"},
+        {{{"OMPI_COMM_WORLD_RANK", "0"}},
+         {"OMPI_COMM_WORLD_SIZE is not set", "mpirun"},
          {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"}},
     };
 }
@@ -304,8 +349,7 @@ TEST_CASE("env: invalid environments throw env_error naming the variables, value
 }
 
 TEST_CASE("env: worker_env::from takes any string map, e.g. one with a transparent comparator") {
-    const std::map<std::string, std::string, std::less<>> variables{{"RANK", "1"},
-                                                                    {"WORLD_SIZE", "2"}};
+    const std::map<std::string, std::string, std::less<>> variables{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
     const auto e = elastic::worker_env::from(variables);
     CHECK(e.rank == 1);
     CHECK(e.world_size == 2);
@@ -313,8 +357,7 @@ TEST_CASE("env: worker_env::from takes any string map, e.g. one with a transpare
 }
 
 TEST_CASE("env: env_error is an elastic::error") {
-    CHECK_THROWS_AS((void)elastic::worker_env::from({{"RANK", "3"}, {"WORLD_SIZE", "2"}}),
-                    elastic::error);
+    CHECK_THROWS_AS((void)elastic::worker_env::from({{"RANK", "3"}, {"WORLD_SIZE", "2"}}), elastic::error);
 }
 
 TEST_CASE("env: Slurm hostlists and tasks-per-node lists") {
@@ -393,12 +436,14 @@ TEST_CASE("env: a real child reads its real environment, once, as worker_env::fr
     CHECK(defaults.at("local_world_size") == "1");
     CHECK(defaults.at("node_rank") == "0");
 
-    const auto slurm = env_support::run_child(
-        program, {},
-        {{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
-         {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"},
-         {"SLURM_STEP_NODELIST", "host[3-4]"}},
-        dir.path());
+    const auto slurm = env_support::run_child(program, {},
+                                              {{"SLURM_PROCID", "3"},
+                                               {"SLURM_LOCALID", "1"},
+                                               {"SLURM_NODEID", "1"},
+                                               {"SLURM_NTASKS", "4"},
+                                               {"SLURM_NTASKS_PER_NODE", "2"},
+                                               {"SLURM_STEP_NODELIST", "host[3-4]"}},
+                                              dir.path());
     REQUIRE(slurm.exited);
     const auto from_slurm = test_env::parse_lines(slurm.out);
     CHECK(from_slurm.at("source") == "slurm");
@@ -406,11 +451,8 @@ TEST_CASE("env: a real child reads its real environment, once, as worker_env::fr
     CHECK(from_slurm.at("node_rank") == "1");
     CHECK(from_slurm.at("master_addr") == "host3");
 
-    const auto bad = env_support::run_child(program, {}, {{"LOCAL_RANK", "2"},
-                                                          {"LOCAL_WORLD_SIZE", "2"},
-                                                          {"RANK", "0"},
-                                                          {"WORLD_SIZE", "2"}},
-                                            dir.path());
+    const auto bad = env_support::run_child(
+        program, {}, {{"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}}, dir.path());
     REQUIRE(bad.exited);
     CHECK(bad.exit_code == 1);
     CHECK(bad.out.find("LOCAL_RANK=2 is not less than LOCAL_WORLD_SIZE=2") != std::string::npos);
@@ -429,8 +471,7 @@ TEST_CASE("env: the example worker reports rank 0 of 1 alone and fails on RANK=3
 
     const std::string error_file = dir / "logs/attempt_0/3/error.json";
     const auto bad = env_support::run_child(
-        example, {}, {{"RANK", "3"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_ERROR_FILE", error_file}},
-        dir.path());
+        example, {}, {{"RANK", "3"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_ERROR_FILE", error_file}}, dir.path());
     REQUIRE(bad.exited);
     CHECK(bad.exit_code == 1);
     CHECK(bad.out.empty());

@@ -47,6 +47,7 @@ struct option_case {
 
 std::vector<option_case> option_cases() {
     return {
+        // clang-format off
         {{"--nproc-per-node", "--nproc_per_node"}, "PET_NPROC_PER_NODE", "4", "",
          [](const launch_config& c, const fixture&) { CHECK(c.nproc_per_node == 4); }},
         {{"--nnodes"}, "PET_NNODES", "3", "",
@@ -140,6 +141,7 @@ std::vector<option_case> option_cases() {
          [](const launch_config& c, const fixture&) {
              CHECK(c.event_log_handler == elastic::event_destination{elastic::event_destination::kind::file, "events.jsonl"});
          }},
+        // clang-format on
     };
 }
 
@@ -165,18 +167,63 @@ std::string target_of(const option_case& row, const fixture& f) {
 
 TEST_CASE("launch: every option of torchrun's table is registered, in every spelling") {
     // torchrun-inventory.md section 1, newest main: the first spelling of each, then its aliases.
-    const std::vector<std::string> torchrun = {
-        "--nnodes", "--nproc-per-node", "--nproc_per_node", "--rdzv-backend", "--rdzv_backend",
-        "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--rdzv-conf", "--rdzv_conf",
-        "--standalone", "--max-restarts", "--max_restarts", "--monitor-interval", "--monitor_interval",
-        "--start-method", "--start_method", "--event-log-handler", "--event_log_handler", "--role", "-m",
-        "--module", "--no-python", "--no_python", "--run-path", "--run_path", "--log-dir", "--log_dir", "-r",
-        "--redirects", "-t", "--tee", "--local-ranks-filter", "--local_ranks_filter", "--duplicate-stdout-filters",
-        "--duplicate_stdout_filters", "--duplicate-stderr-filters", "--duplicate_stderr_filters", "--node-rank",
-        "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port", "--local-addr",
-        "--local_addr", "--logs-specs", "--logs_specs", "--numa-binding", "--numa_binding", "--signals-to-handle",
-        "--signals_to_handle", "--shutdown-timeout", "--shutdown_timeout", "--virtual-local-rank",
-        "--virtual_local_rank"};
+    const std::vector<std::string> torchrun = {"--nnodes",
+                                               "--nproc-per-node",
+                                               "--nproc_per_node",
+                                               "--rdzv-backend",
+                                               "--rdzv_backend",
+                                               "--rdzv-endpoint",
+                                               "--rdzv_endpoint",
+                                               "--rdzv-id",
+                                               "--rdzv_id",
+                                               "--rdzv-conf",
+                                               "--rdzv_conf",
+                                               "--standalone",
+                                               "--max-restarts",
+                                               "--max_restarts",
+                                               "--monitor-interval",
+                                               "--monitor_interval",
+                                               "--start-method",
+                                               "--start_method",
+                                               "--event-log-handler",
+                                               "--event_log_handler",
+                                               "--role",
+                                               "-m",
+                                               "--module",
+                                               "--no-python",
+                                               "--no_python",
+                                               "--run-path",
+                                               "--run_path",
+                                               "--log-dir",
+                                               "--log_dir",
+                                               "-r",
+                                               "--redirects",
+                                               "-t",
+                                               "--tee",
+                                               "--local-ranks-filter",
+                                               "--local_ranks_filter",
+                                               "--duplicate-stdout-filters",
+                                               "--duplicate_stdout_filters",
+                                               "--duplicate-stderr-filters",
+                                               "--duplicate_stderr_filters",
+                                               "--node-rank",
+                                               "--node_rank",
+                                               "--master-addr",
+                                               "--master_addr",
+                                               "--master-port",
+                                               "--master_port",
+                                               "--local-addr",
+                                               "--local_addr",
+                                               "--logs-specs",
+                                               "--logs_specs",
+                                               "--numa-binding",
+                                               "--numa_binding",
+                                               "--signals-to-handle",
+                                               "--signals_to_handle",
+                                               "--shutdown-timeout",
+                                               "--shutdown_timeout",
+                                               "--virtual-local-rank",
+                                               "--virtual_local_rank"};
     std::set<std::string> registered;
     for (const auto& spec : elastic::detail::launch_impl::option_specs) {
         for (const auto name : elastic::detail::launch_impl::split(spec.names, ',')) {
@@ -393,8 +440,7 @@ TEST_CASE("launch: rendezvous options: elastic ranges, endpoints, IPv6, backends
     CHECK(c.rdzv_conf.last_call_timeout == 2500ms);
     CHECK(c.rdzv_conf.is_host == false);
     CHECK(c.node_rank == 3);
-    CHECK(parse({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=[::1]:2380", "--rdzv-conf=protocol=http", f.program},
-                f.env)
+    CHECK(parse({"--rdzv-backend=etcd-v3", "--rdzv-endpoint=[::1]:2380", "--rdzv-conf=protocol=http", f.program}, f.env)
               .rendezvous_endpoint() == elastic::host_port{"::1", 2380});
     CHECK(parse({"--rdzv-backend=etcd-v3", f.program}, f.env).rendezvous_endpoint() ==
           elastic::host_port{"localhost", 2379});
@@ -479,7 +525,10 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
         {{"--nproc-per-node=-2", p}, "--nproc-per-node=-2"},
         {{"--nproc-per-node=many", p}, "--nproc-per-node=many"},
         {{"--nproc-per-node=", p}, "--nproc-per-node=''"},
-        {{"--nnodes", }, "--nnodes needs a value"},
+        {{
+             "--nnodes",
+         },
+         "--nnodes needs a value"},
         {{"--standalone=1", p}, "--standalone is a flag"},
         {{"-m=1", p}, "unrecognized option -=1"},
         {{"--rdzv-backend=etcd", p}, "etcd-v3"},
@@ -562,8 +611,8 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
     CHECK(usage_error_of({f.program}, env).find("PET_NNODES=1:4: the static rendezvous") == 0);
     env["PET_NNODES"] = "2";
     env["PET_NODE_RANK"] = "5";
-    CHECK(usage_error_of({f.program}, env).find("PET_NODE_RANK=5: must be from 0 to 1 (below the PET_NNODES maximum 2)") ==
-          0);
+    CHECK(usage_error_of({f.program}, env)
+              .find("PET_NODE_RANK=5: must be from 0 to 1 (below the PET_NNODES maximum 2)") == 0);
     env.erase("PET_NODE_RANK");
     env["PET_TEE"] = "0:3,4:3";
     env["PET_NPROC_PER_NODE"] = "2";

@@ -85,15 +85,16 @@ TEST_CASE("launch: host[:port] endpoints, IPv6 in brackets") {
 TEST_CASE("launch: --rdzv-conf is typed per backend") {
     using elastic::rendezvous_backend;
     auto c10d = elastic::parse_rendezvous_settings(
-        "join_timeout=1, last_call_timeout=0.25,close_timeout=3,read_timeout=4,is_host=YES,store_type=TCP", "--rdzv-conf",
-        rendezvous_backend::c10d);
+        "join_timeout=1, last_call_timeout=0.25,close_timeout=3,read_timeout=4,is_host=YES,store_type=TCP",
+        "--rdzv-conf", rendezvous_backend::c10d);
     CHECK(c10d.join_timeout == 1s);
     CHECK(c10d.last_call_timeout == 250ms);
     CHECK(c10d.close_timeout == 3s);
     CHECK(c10d.read_timeout == 4s);
     CHECK(c10d.is_host == true);
     CHECK(c10d.timeout == 900s);
-    CHECK(elastic::parse_rendezvous_settings("", "--rdzv-conf", rendezvous_backend::c10d) == elastic::rendezvous_settings{});
+    CHECK(elastic::parse_rendezvous_settings("", "--rdzv-conf", rendezvous_backend::c10d) ==
+          elastic::rendezvous_settings{});
     CHECK(elastic::parse_rendezvous_settings("timeout=60", "--rdzv-conf", rendezvous_backend::static_).timeout == 60s);
     CHECK(elastic::parse_rendezvous_settings("protocol=http,join_timeout=9", "--rdzv-conf", rendezvous_backend::etcd_v3)
               .join_timeout == 9s);
@@ -151,23 +152,27 @@ TEST_CASE("launch: -r/-t stream selections, local rank filters, signals, duratio
     CHECK(error_of([] { (void)elastic::parse_local_ranks("0,-1", "--local-ranks-filter"); }).find("'-1'") !=
           std::string::npos);
 
-    CHECK(elastic::parse_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT", "s") == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+    CHECK(elastic::parse_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT", "s") ==
+          std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
     CHECK(elastic::parse_signals("usr1, SIGUSR2 ,sigusr1", "s") == std::vector<int>{SIGUSR1, SIGUSR2});
     CHECK(elastic::signal_to_string(SIGUSR1) == "SIGUSR1");
     for (const char* bad : {"SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "15", "", "SIGTERM,"}) {
         CAPTURE(bad);
-        CHECK(error_of([&] { (void)elastic::parse_signals(bad, "--signals-to-handle"); }).find("--signals-to-handle=") ==
-              0);
+        CHECK(error_of([&] {
+                  (void)elastic::parse_signals(bad, "--signals-to-handle");
+              }).find("--signals-to-handle=") == 0);
     }
-    CHECK(error_of([] { (void)elastic::parse_signals("SIGKILL", "s"); }).find("cannot be trapped") != std::string::npos);
+    CHECK(error_of([] { (void)elastic::parse_signals("SIGKILL", "s"); }).find("cannot be trapped") !=
+          std::string::npos);
 
     CHECK(elastic::parse_seconds("30", "t", false) == 30s);
     CHECK(elastic::parse_seconds(" 0.1 ", "t", false) == 100ms);
     CHECK(elastic::parse_seconds("0", "t", true) == 0s);
     for (const char* bad : {"0", "-1", "", "1s", "nan", "inf", "1e3", "1e10", "10000000000"}) {
         CAPTURE(bad);
-        CHECK(error_of([&] { (void)elastic::parse_seconds(bad, "--monitor-interval", false); })
-                  .find("--monitor-interval=") == 0);
+        CHECK(error_of([&] {
+                  (void)elastic::parse_seconds(bad, "--monitor-interval", false);
+              }).find("--monitor-interval=") == 0);
     }
 
     for (const char* yes : {"1", "true", "T", "Yes", "y"}) {
@@ -218,8 +223,8 @@ TEST_CASE("launch: ${local_rank} substitution matches Python's Template.safe_sub
         CHECK(elastic::substitute_local_rank(arg, 3) == expected);
     }
     CHECK(elastic::substitute_local_rank("gpu${local_rank}", 12) == "gpu12");
-    elastic::worker_command command{elastic::program_kind::executable, "/bin/x${local_rank}",
-                                    {"x${local_rank}", "--rank=${local_rank}", "$$HOME"}};
+    elastic::worker_command command{
+        elastic::program_kind::executable, "/bin/x${local_rank}", {"x${local_rank}", "--rank=${local_rank}", "$$HOME"}};
     CHECK(command.argv_for(7) == std::vector<std::string>{"x${local_rank}", "--rank=7", "$HOME"});
 }
 
@@ -234,8 +239,9 @@ TEST_CASE("launch: programs are resolved as execvp does, on real files") {
     dir.write("a/only", "#!/bin/sh\n", 0600);
     environment env{{"PATH", a + ":" + b}};
     CHECK(elastic::find_executable("tool", env, "program") == b + "/tool");
-    CHECK(error_of([&] { (void)elastic::find_executable("only", env, "program"); }).find(a + "/only is not executable") !=
-          std::string::npos);
+    CHECK(error_of([&] {
+              (void)elastic::find_executable("only", env, "program");
+          }).find(a + "/only is not executable") != std::string::npos);
     CHECK(error_of([&] { (void)elastic::find_executable("none", env, "program"); }).find("not found on PATH") !=
           std::string::npos);
     CHECK(error_of([&] { (void)elastic::find_executable("", env, "program"); }).find("empty") != std::string::npos);
@@ -312,8 +318,9 @@ TEST_CASE("launch: --nproc-per-node=cpu|gpu|auto, from CUDA_VISIBLE_DEVICES or a
             CHECK(elastic::resolve_nproc_per_node("gpu", "n", env) == count);
             CHECK(elastic::resolve_nproc_per_node("auto", "n", env) == count);
         } else {
-            CHECK(error_of([&] { (void)elastic::resolve_nproc_per_node("gpu", "n", env); })
-                      .find("CUDA_VISIBLE_DEVICES") != std::string::npos);
+            CHECK(error_of([&] {
+                      (void)elastic::resolve_nproc_per_node("gpu", "n", env);
+                  }).find("CUDA_VISIBLE_DEVICES") != std::string::npos);
         }
     }
 
@@ -367,6 +374,7 @@ TEST_CASE("launch: a launch_config filled in C++ passes validate() under the com
     CHECK(elastic_job.world_size(8) == 32);
 
     const std::vector<std::pair<std::function<void(launch_config&)>, std::string>> bad = {
+        // clang-format off
         {[](launch_config& c) { c.nproc_per_node = 0; }, "--nproc-per-node=0"},
         {[](launch_config& c) { c.nnodes = {3, 2}; }, "--nnodes=3:2"},
         {[](launch_config& c) { c.nnodes = {0, 2}; }, "--nnodes=0:2"},
@@ -396,6 +404,7 @@ TEST_CASE("launch: a launch_config filled in C++ passes validate() under the com
         {[](launch_config& c) { c.log_line_prefix_template = "[$host]"; }, "'host'"},
         {[](launch_config& c) { c.program.target.clear(); }, "no program"},
         {[](launch_config& c) { c.program.target += "-missing"; }, "does not exist"},
+        // clang-format on
     };
     for (const auto& row : bad) {
         const auto& mutate = row.first;
@@ -429,14 +438,14 @@ TEST_CASE("launch: describe() gives torchrun's startup banner layout") {
     config.signals_to_handle = {SIGTERM, SIGUSR1};
     const auto text = elastic::describe(config);
     CHECK(text.rfind("Starting elastic agent with launch configs:\n", 0) == 0);
-    for (const char* line : {"  entrypoint           : ./train --lr=1\n", "  min_nodes            : 2\n",
-                             "  max_nodes            : 4\n", "  nproc_per_node       : 8\n",
-                             "  run_id               : job\n", "  rdzv_backend         : c10d\n",
-                             "  rdzv_endpoint        : localhost:29400\n",
-                             "  rdzv_configs         : join_timeout=600, last_call_timeout=2.5, close_timeout=30, "
-                             "read_timeout=60\n",
-                             "  redirects            : 0:3,1:1\n", "  signals_to_handle    : SIGTERM,SIGUSR1\n",
-                             "  monitor_interval     : 0.1 (unused: exits are events)\n"}) {
+    for (const char* line :
+         {"  entrypoint           : ./train --lr=1\n", "  min_nodes            : 2\n", "  max_nodes            : 4\n",
+          "  nproc_per_node       : 8\n", "  run_id               : job\n", "  rdzv_backend         : c10d\n",
+          "  rdzv_endpoint        : localhost:29400\n",
+          "  rdzv_configs         : join_timeout=600, last_call_timeout=2.5, close_timeout=30, "
+          "read_timeout=60\n",
+          "  redirects            : 0:3,1:1\n", "  signals_to_handle    : SIGTERM,SIGUSR1\n",
+          "  monitor_interval     : 0.1 (unused: exits are events)\n"}) {
         CHECK_MESSAGE(text.find(line) != std::string::npos, line);
     }
 }

@@ -52,7 +52,8 @@ std::vector<std::string> sorted_lines(const std::string& text) {
 }
 
 /// What a line_relay writes, read back from a pipe.
-std::string relayed(const std::vector<std::string>& chunks, const std::string& prefix, std::size_t max_line = 64 * 1024) {
+std::string relayed(const std::vector<std::string>& chunks, const std::string& prefix,
+                    std::size_t max_line = 64 * 1024) {
     int fds[2];
     REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
     {
@@ -336,8 +337,8 @@ TEST_CASE("logs: console prefixes and the per-rank filter and the template (gold
                                     env_in(tmp));
         REQUIRE(r.code == 0);
         CHECK(sorted_lines(r.out) == std::vector<std::string>{"[default0]:hello from 0", "[default0]:partial 0",
-                                                                "[default0]:second line", "[default1]:hello from 1",
-                                                                "[default1]:partial 1", "[default1]:second line"});
+                                                              "[default0]:second line", "[default1]:hello from 1",
+                                                              "[default1]:partial 1", "[default1]:second line"});
         const bool either_order = r.err == "[default0]:warning from 0\n[default1]:warning from 1\n" ||
                                   r.err == "[default1]:warning from 1\n[default0]:warning from 0\n";
         CHECK(either_order);
@@ -356,7 +357,8 @@ TEST_CASE("logs: console prefixes and the per-rank filter and the template (gold
                                      logs.string(), "--rdzv-id=f", flood(), "say"},
                                     env_in(tmp));
         REQUIRE(r.code == 0);
-        CHECK(sorted_lines(r.err) == std::vector<std::string>{"[default0]:warning from 0", "[default2]:warning from 2"});
+        CHECK(sorted_lines(r.err) ==
+              std::vector<std::string>{"[default0]:warning from 0", "[default2]:warning from 2"});
         CHECK(r.out.find("hello from 0\n") != std::string::npos);
         CHECK(r.out.find("hello from 2\n") != std::string::npos);
         CHECK(r.out.find("from 1") == std::string::npos);
@@ -414,7 +416,8 @@ TEST_CASE("logs: the agent is quiet by default, LOGLEVEL=INFO shows the banner a
     CHECK(r.err.find("agent-elasticrun] Starting elastic agent with launch configs:\n") != std::string::npos);
     CHECK(r.err.find(fmt::format("agent-elasticrun]   {:<20} : {}\n", "log_dir", logs.string())) != std::string::npos);
     CHECK(r.err.find(fmt::format("agent-elasticrun]   {:<20} : 3\n", "tee")) != std::string::npos);
-    CHECK(r.err.find(fmt::format("agent-elasticrun] log directory set to: {}/none_", logs.string())) != std::string::npos);
+    CHECK(r.err.find(fmt::format("agent-elasticrun] log directory set to: {}/none_", logs.string())) !=
+          std::string::npos);
 }
 
 TEST_CASE("logs: the four options in their three spellings (dashed, underscored, PET_)") {
@@ -425,19 +428,23 @@ TEST_CASE("logs: the four options in their three spellings (dashed, underscored,
         std::function<void(const temp_dir&, const agent_support::result&)> check;
     };
     const std::vector<option_case> cases{
-        {"--log-dir", "", "say", [](const temp_dir& t, const agent_support::result& r) {
+        {"--log-dir", "", "say",
+         [](const temp_dir& t, const agent_support::result& r) {
              CHECK(r.out == "hello from 0\nsecond line\npartial 0");  // raw: inherited stdout
              CHECK(fs::is_directory(only_dir(t.path() / "l", "none_") / "attempt_0" / "0"));
          }},
-        {"--redirects", "1", "say", [](const temp_dir& t, const agent_support::result& r) {
+        {"--redirects", "1", "say",
+         [](const temp_dir& t, const agent_support::result& r) {
              CHECK(r.out.empty());
              CHECK(slurp(only_dir(t.path() / "l", "none_") / "attempt_0" / "0" / "stdout.log") ==
                    "hello from 0\nsecond line\npartial 0");
          }},
-        {"--tee", "1", "say", [](const temp_dir&, const agent_support::result& r) {
+        {"--tee", "1", "say",
+         [](const temp_dir&, const agent_support::result& r) {
              CHECK(r.out == "[default0]:hello from 0\n[default0]:second line\n[default0]:partial 0\n");
          }},
-        {"--local-ranks-filter", "1", "errfile", [](const temp_dir&, const agent_support::result& r) {
+        {"--local-ranks-filter", "1", "errfile",
+         [](const temp_dir&, const agent_support::result& r) {
              // Two workers; rank 0's stdout (not redirected, filtered out) goes nowhere.
              CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
              CHECK(r.out.find("/attempt_0/1/error.json\n") != std::string::npos);

@@ -278,7 +278,8 @@ TEST_CASE("policy: restart_on_exit restarts on its set (codes, ranges, signals, 
     CHECK(d.reason == "local_rank 0 exited with code 76: retryable (--restart-on-exit=1,75-78,signals)");
     d = decide_now(policy, exited(clock, 2));
     CHECK(!d.restart());
-    CHECK(d.reason == "local_rank 0 exited with code 2: not retryable, stopping at once (--restart-on-exit=1,75-78,signals)");
+    CHECK(d.reason ==
+          "local_rank 0 exited with code 2: not retryable, stopping at once (--restart-on-exit=1,75-78,signals)");
     d = decide_now(policy, failure_of(clock, elastic::exit_status::from_signal(9)));
     CHECK(d.restart());
     CHECK(d.reason == "local_rank 0 killed by signal 9 (SIGKILL): retryable (--restart-on-exit=1,75-78,signals)");
@@ -318,9 +319,8 @@ TEST_CASE("policy: crash_loop_guard stops a group that fails within T of its sta
     elastic::crash_loop_guard guard(30s);
     auto d = decide_now(guard, exited(clock, 1, 5s));
     CHECK(!d.restart());
-    CHECK(d.reason ==
-          "the group failed 5 s after its start, within the crash-loop guard of 30 s: not retried "
-          "(--restart-crash-guard=30s)");
+    CHECK(d.reason == "the group failed 5 s after its start, within the crash-loop guard of 30 s: not retried "
+                      "(--restart-crash-guard=30s)");
     d = decide_now(guard, exited(clock, 1, 30s));
     CHECK(d.restart());
     CHECK(d.reason == "ran 30 s, past the crash-loop guard of 30 s");
@@ -360,10 +360,12 @@ TEST_CASE("policy: a | b asks in order; the first stop wins; reasons join; delay
     static_assert(elastic::restart_policy<decltype(policy)>);
     auto [d, took] = decide_advancing(policy, exited(clock, 1, 1s, 0), clock);
     CHECK(d.restart());
-    CHECK(d.reason == "restart 1 of 2 (--max-restarts=2); after 1 s backoff (failure 1 in a row; --restart-backoff=1s:1min)");
+    CHECK(d.reason ==
+          "restart 1 of 2 (--max-restarts=2); after 1 s backoff (failure 1 in a row; --restart-backoff=1s:1min)");
     CHECK(took == 1s);
     std::tie(d, took) = decide_advancing(policy, exited(clock, 1, 1s, 1), clock);
-    CHECK(d.reason == "restart 2 of 2 (--max-restarts=2); after 2 s backoff (failure 2 in a row; --restart-backoff=1s:1min)");
+    CHECK(d.reason ==
+          "restart 2 of 2 (--max-restarts=2); after 2 s backoff (failure 2 in a row; --restart-backoff=1s:1min)");
     CHECK(took == 2s);
     const auto sleeps_before = clock.sleeps().size();
     d = decide_now(policy, exited(clock, 1, 1s, 2));

@@ -136,7 +136,8 @@ TEST_CASE("policy: elasticrun --restart-crash-guard does not retry a crash at st
 TEST_CASE("policy: the custom-policy example restarts through its own coroutine, and stops on its check") {
     temp_dir dir;
     SUBCASE("it awaits its timer, then restarts with its reason after the backoff") {
-        auto r = run(custom_launcher(), {"--nproc-per-node=2"}, worker_env(dir, "a0r1:running+exit1;a0:hang;*:running"));
+        auto r = run(custom_launcher(), {"--nproc-per-node=2"},
+                     worker_env(dir, "a0r1:running+exit1;a0:hang;*:running"));
         INFO(r.err);
         CHECK(r.code == 0);
         CHECK(agent_support::launched::count_lines(r.out, "running 0 1 ") == 1);

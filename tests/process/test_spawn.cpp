@@ -103,8 +103,7 @@ TEST_CASE("process: a program that cannot be executed is an error with errno's r
     using namespace test_spawn;
     asio::io_context io;
     const std::string dir = temp_dir();
-    const auto expect_error = [&](elastic::spawn_options options, int code,
-                                  const std::string& text) {
+    const auto expect_error = [&](elastic::spawn_options options, int code, const std::string& text) {
         bool thrown = false;
         try {
             elastic::spawn(io.get_executor(), options);

@@ -31,8 +31,7 @@ using process_support::spawn_worker;
 
 /// A worker started with `args` that has said "ready" (and, for fork-grandchild, its
 /// grandchild's pid, returned in `grandchild`).
-elastic::child_process ready_worker(asio::io_context& io, std::vector<std::string> args,
-                                    pid_t* grandchild = nullptr) {
+elastic::child_process ready_worker(asio::io_context& io, std::vector<std::string> args, pid_t* grandchild = nullptr) {
     auto child = spawn_worker(io, std::move(args));
     auto out = child.take_stdout();
     std::string buffer;
@@ -126,8 +125,7 @@ TEST_CASE("process: stop reports how each worker ended") {
         CHECK(result.workers[i].pid == workers[i].pid());
         CHECK(workers[i].reaped());
     }
-    CHECK(std::string(elastic::to_string(elastic::stop_outcome::killed)) ==
-          "killed after the grace period");
+    CHECK(std::string(elastic::to_string(elastic::stop_outcome::killed)) == "killed after the grace period");
     // Stopping again is harmless: everything is reaped already.
     const auto again = run(io, elastic::stop(workers, options));
     CHECK(again.workers[3].outcome == elastic::stop_outcome::already_exited);
@@ -212,9 +210,7 @@ void agent_killed_leaves_nothing(bool restart_watcher) {
 
 }  // namespace test_stop
 
-TEST_CASE("process: nothing survives an agent killed with SIGKILL") {
-    test_stop::agent_killed_leaves_nothing(false);
-}
+TEST_CASE("process: nothing survives an agent killed with SIGKILL") { test_stop::agent_killed_leaves_nothing(false); }
 
 TEST_CASE("process: a killed watcher is replaced and learns every group") {
     // The first worker was registered with a watcher that then died: its grandchild must still
@@ -236,8 +232,7 @@ TEST_CASE("process: the wait after SIGKILL is bounded and reports what is left")
         set.add(workers[0].native_pidfd(), 0);
         set.add(workers[1].native_pidfd(), 1);
         const auto pointers = elastic::detail::addresses(workers);
-        co_await elastic::detail::await_exits_or_timeout(set, pointers,
-                                                         std::chrono::milliseconds(100));
+        co_await elastic::detail::await_exits_or_timeout(set, pointers, std::chrono::milliseconds(100));
         co_return set.pending();
     }());
     CHECK(pending == std::vector<std::size_t>{1});

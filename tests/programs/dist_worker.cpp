@@ -55,8 +55,7 @@ int broadcast() {
     const int rank = dist::get_global_rank();
     const auto expected = pattern(1024 * 1024);
     const auto got = dist::broadcast(rank == 0 ? expected : std::string("ignored"), 0);
-    if (got != expected) return fail(fmt::format("broadcast gave {} bytes, not the pattern",
-                                                 got.size()));
+    if (got != expected) return fail(fmt::format("broadcast gave {} bytes, not the pattern", got.size()));
     const int last = dist::get_world_size() - 1;
     const auto small = dist::broadcast(fmt::format("from rank {}", rank), last);
     if (small != fmt::format("from rank {}", last)) return fail("second broadcast: " + small);
@@ -76,8 +75,7 @@ int gather() {
     const auto lo = dist::all_reduce(10 - rank, dist::reduce_op::min);
     const auto hi = dist::all_reduce(static_cast<std::int64_t>(rank) * 1000, dist::reduce_op::max);
     const auto half = dist::all_reduce(0.5 * rank);
-    fmt::print("rank {} gathered {} in order; sum {} min {} max {} fsum {}\n", rank, all.size(),
-               sum, lo, hi, half);
+    fmt::print("rank {} gathered {} in order; sum {} min {} max {} fsum {}\n", rank, all.size(), sum, lo, hi, half);
     return 0;
 }
 
@@ -101,8 +99,8 @@ int single() {
     const auto b = dist::broadcast("alone");
     const auto g = dist::all_gather("me");
     const auto s = dist::all_reduce(41, dist::reduce_op::sum) + 1;
-    fmt::print("{} {} {} {} of {}\n", b, g.size() == 1 ? g[0] : "?", s,
-               dist::get_global_rank(), dist::get_world_size());
+    fmt::print("{} {} {} {} of {}\n", b, g.size() == 1 ? g[0] : "?", s, dist::get_global_rank(),
+               dist::get_world_size());
     return 0;
 }
 
@@ -110,8 +108,7 @@ int single() {
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: %s barriers|broadcast|gather|barrier-once|single [ms]\n",
-                     argv[0]);
+        std::fprintf(stderr, "usage: %s barriers|broadcast|gather|barrier-once|single [ms]\n", argv[0]);
         return 2;
     }
     const std::string scenario = argv[1];

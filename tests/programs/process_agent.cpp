@@ -26,9 +26,8 @@
 namespace {
 
 asio::awaitable<std::string> read_line(asio::posix::stream_descriptor& pipe, std::string& buffer) {
-    const std::size_t n =
-        co_await asio::async_read_until(pipe, asio::dynamic_buffer(buffer), '\n',
-                                        asio::use_awaitable);
+    const std::size_t n = co_await asio::async_read_until(pipe, asio::dynamic_buffer(buffer), '\n',
+                                                          asio::use_awaitable);
     std::string line = buffer.substr(0, n - 1);
     buffer.erase(0, n);
     co_return line;
@@ -77,9 +76,10 @@ int main(int argc, char** argv) {
     try {
         asio::io_context io;
         std::vector<elastic::child_process> workers;
-        auto done = asio::co_spawn(io, run(argv[1], std::atoi(argv[2]),
-                                       argc == 4 && std::string(argv[3]) == "restart-watcher",
-                                       workers), asio::use_future);
+        auto done = asio::co_spawn(io,
+                                   run(argv[1], std::atoi(argv[2]),
+                                       argc == 4 && std::string(argv[3]) == "restart-watcher", workers),
+                                   asio::use_future);
         io.run();
         done.get();
         // Wait to be killed; a signal that does not kill us ends the wait with an error.

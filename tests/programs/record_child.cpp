@@ -21,17 +21,12 @@
         std::printf("unreachable\n");
         return;
     }
-    throw std::runtime_error(
-        "disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, \xf0\x9f\x94\xa5");
+    throw std::runtime_error("disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, \xf0\x9f\x94\xa5");
 }
 
-[[gnu::noinline]] void record_child_int_throwing_function() {
-    throw 42;
-}
+[[gnu::noinline]] void record_child_int_throwing_function() { throw 42; }
 
-[[gnu::noinline]] void record_child_thread_throwing_function() {
-    throw std::logic_error("thread failed");
-}
+[[gnu::noinline]] void record_child_thread_throwing_function() { throw std::logic_error("thread failed"); }
 
 [[gnu::noinline]] void record_child_segfaulting_function() {
     // A page with no access rights: a real fault that no sanitizer check intercepts first.
@@ -50,13 +45,9 @@ volatile int record_child_depth_limit = 0;
     return record_child_overflowing_function(depth + 1) + frame[0];
 }
 
-[[gnu::noinline]] void record_child_terminating_function() {
-    std::terminate();
-}
+[[gnu::noinline]] void record_child_terminating_function() { std::terminate(); }
 
-[[gnu::noinline]] void record_child_aborting_function() {
-    std::abort();
-}
+[[gnu::noinline]] void record_child_aborting_function() { std::abort(); }
 
 int worker_main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
@@ -76,6 +67,4 @@ int worker_main(int argc, char** argv) {
     return 2;
 }
 
-int main(int argc, char** argv) {
-    return elastic::record(worker_main, argc, argv);
-}
+int main(int argc, char** argv) { return elastic::record(worker_main, argc, argv); }

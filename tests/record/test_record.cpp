@@ -35,8 +35,7 @@ failure run(const env_support::temp_dir& dir, const std::string& mode) {
     failure f;
     const std::string error_file = dir / (mode + "/attempt_0/0/error.json");
     f.before = static_cast<std::int64_t>(std::time(nullptr));
-    f.child = env_support::run_child(child_program, {mode},
-                                     {{"TORCHELASTIC_ERROR_FILE", error_file}}, dir.path());
+    f.child = env_support::run_child(child_program, {mode}, {{"TORCHELASTIC_ERROR_FILE", error_file}}, dir.path());
     f.after = static_cast<std::int64_t>(std::time(nullptr));
     f.raw = env_support::read_file(error_file);
     if (!f.raw.empty()) f.file = nlohmann::json::parse(f.raw);
@@ -101,20 +100,17 @@ TEST_CASE("record: an uncaught exception writes the error file with the throwing
     CHECK(f.child.exit_code == elastic::uncaught_exception_exit_code);
     CHECK(f.child.exit_code == 1);
     const std::string message = test_record::check_layout(f);
-    CHECK(message ==
-          "std::runtime_error: disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, "
-          "\xf0\x9f\x94\xa5");
+    CHECK(message == "std::runtime_error: disk on fire: \"quoted\", tab\t, newline\n, caf\xc3\xa9, "
+                     "\xf0\x9f\x94\xa5");
     const std::string stack = test_record::callstack_of(f);
     CAPTURE(stack);
     // Captured where the exception was thrown, not where anything caught it.
-    CHECK(test_record::first_frame(stack).find("record_child_throwing_function(int)") !=
-          std::string::npos);
+    CHECK(test_record::first_frame(stack).find("record_child_throwing_function(int)") != std::string::npos);
     CHECK(stack.find("worker_main(int, char**)") != std::string::npos);
     CHECK(stack.find("main") != std::string::npos);
     CHECK(stack.find("on_terminate") == std::string::npos);
     // The report also goes to stderr, and stdio buffers are flushed before the exit.
-    CHECK(f.child.err.find("elastic::record: std::runtime_error: disk on fire") !=
-          std::string::npos);
+    CHECK(f.child.err.find("elastic::record: std::runtime_error: disk on fire") != std::string::npos);
     CHECK(f.child.err.find("error file written to") != std::string::npos);
     CHECK(f.child.out.find("working in mode throw") != std::string::npos);
 }
@@ -125,8 +121,8 @@ TEST_CASE("record: an exception thrown in another thread names that thread's thr
     REQUIRE(f.child.exited);
     CHECK(f.child.exit_code == 1);
     CHECK(test_record::check_layout(f) == "std::logic_error: thread failed");
-    CHECK(test_record::first_frame(test_record::callstack_of(f))
-              .find("record_child_thread_throwing_function()") != std::string::npos);
+    CHECK(test_record::first_frame(test_record::callstack_of(f)).find("record_child_thread_throwing_function()") !=
+          std::string::npos);
 }
 
 TEST_CASE("record: an exception that is not a std::exception is reported by its type") {
@@ -135,8 +131,8 @@ TEST_CASE("record: an exception that is not a std::exception is reported by its 
     REQUIRE(f.child.exited);
     CHECK(f.child.exit_code == 1);
     CHECK(test_record::check_layout(f).rfind("int: ", 0) == 0);
-    CHECK(test_record::first_frame(test_record::callstack_of(f))
-              .find("record_child_int_throwing_function()") != std::string::npos);
+    CHECK(test_record::first_frame(test_record::callstack_of(f)).find("record_child_int_throwing_function()") !=
+          std::string::npos);
 }
 
 TEST_CASE("record: a segfault leaves an error file and the process dies of SIGSEGV") {
@@ -149,8 +145,8 @@ TEST_CASE("record: a segfault leaves an error file and the process dies of SIGSE
     CHECK(message.rfind("SIGSEGV: segmentation fault (signal 11) in PID ", 0) == 0);
     CHECK(message.find("fault address 0x") != std::string::npos);
     // Signal-safe path: names stay mangled (demangling allocates), the function is still named.
-    CHECK(test_record::first_frame(test_record::callstack_of(f))
-              .find("record_child_segfaulting_function") != std::string::npos);
+    CHECK(test_record::first_frame(test_record::callstack_of(f)).find("record_child_segfaulting_function") !=
+          std::string::npos);
     CHECK(f.child.err.find("elastic::record: SIGSEGV") != std::string::npos);
 }
 
@@ -160,8 +156,8 @@ TEST_CASE("record: a stack overflow is reported from the alternate signal stack"
     CHECK_FALSE(f.child.exited);
     CHECK(f.child.signal == SIGSEGV);
     CHECK(test_record::check_layout(f).rfind("SIGSEGV: segmentation fault (signal 11)", 0) == 0);
-    CHECK(test_record::first_frame(test_record::callstack_of(f))
-              .find("record_child_overflowing_function") != std::string::npos);
+    CHECK(test_record::first_frame(test_record::callstack_of(f)).find("record_child_overflowing_function") !=
+          std::string::npos);
 }
 
 TEST_CASE("record: std::terminate leaves an error file and ends in SIGABRT") {
@@ -170,8 +166,8 @@ TEST_CASE("record: std::terminate leaves an error file and ends in SIGABRT") {
     CHECK_FALSE(f.child.exited);
     CHECK(f.child.signal == SIGABRT);
     CHECK(test_record::check_layout(f) == "std::terminate: called without an active exception");
-    CHECK(test_record::first_frame(test_record::callstack_of(f))
-              .find("record_child_terminating_function()") != std::string::npos);
+    CHECK(test_record::first_frame(test_record::callstack_of(f)).find("record_child_terminating_function()") !=
+          std::string::npos);
 }
 
 TEST_CASE("record: abort() is reported as SIGABRT from the aborting function") {
@@ -195,8 +191,7 @@ TEST_CASE("record: a normal return passes the exit code through and writes nothi
 
 TEST_CASE("record: without TORCHELASTIC_ERROR_FILE the report goes to stderr only") {
     env_support::temp_dir dir;
-    const auto child =
-        env_support::run_child(test_record::child_program, {"throw"}, {}, dir.path());
+    const auto child = env_support::run_child(test_record::child_program, {"throw"}, {}, dir.path());
     REQUIRE(child.exited);
     CHECK(child.exit_code == 1);
     CHECK(child.err.find("elastic::record: std::runtime_error: disk on fire") != std::string::npos);
@@ -210,13 +205,11 @@ TEST_CASE("record: an unwritable error file is reported on stderr and the exit c
     env_support::temp_dir dir;
     const std::string blocker = dir / "not-a-directory";
     { std::ofstream(blocker) << "x"; }
-    const auto child =
-        env_support::run_child(test_record::child_program, {"throw"},
-                               {{"TORCHELASTIC_ERROR_FILE", blocker + "/error.json"}}, dir.path());
+    const auto child = env_support::run_child(test_record::child_program, {"throw"},
+                                              {{"TORCHELASTIC_ERROR_FILE", blocker + "/error.json"}}, dir.path());
     REQUIRE(child.exited);
     CHECK(child.exit_code == 1);
-    CHECK(child.err.find("could not write the error file " + blocker + "/error.json (errno ") !=
-          std::string::npos);
+    CHECK(child.err.find("could not write the error file " + blocker + "/error.json (errno ") != std::string::npos);
     CHECK(child.err.find("disk on fire") != std::string::npos);
 }
 
@@ -258,8 +251,8 @@ for path in sys.argv[1:]:
                       "timestamp_is_int": type(failure.timestamp) is int,
                       "same_bytes_as_json_dump": json.dumps(json.loads(raw)) == raw}))
 )";
-    const auto python = env_support::run_child(
-        ELASTIC_TORCH_PYTHON, {"-c", script, thrown_file, segv_file}, {}, dir.path());
+    const auto python = env_support::run_child(ELASTIC_TORCH_PYTHON, {"-c", script, thrown_file, segv_file}, {},
+                                               dir.path());
     CAPTURE(python.err);
     REQUIRE(python.exited);
     REQUIRE(python.exit_code == 0);

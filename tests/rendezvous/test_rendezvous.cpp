@@ -42,9 +42,13 @@ public:
     explicit counting_store(S& inner) : inner_(&inner) {}
     std::chrono::milliseconds timeout() const { return inner_->timeout(); }
     void set_timeout(std::chrono::milliseconds t) { inner_->set_timeout(t); }
-    asio::awaitable<void> set(std::string k, std::string v) { return count("set"), inner_->set(std::move(k), std::move(v)); }
+    asio::awaitable<void> set(std::string k, std::string v) {
+        return count("set"), inner_->set(std::move(k), std::move(v));
+    }
     asio::awaitable<std::string> get(std::string k) { return count("get"), inner_->get(std::move(k)); }
-    asio::awaitable<std::int64_t> add(std::string k, std::int64_t d) { return count("add"), inner_->add(std::move(k), d); }
+    asio::awaitable<std::int64_t> add(std::string k, std::int64_t d) {
+        return count("add"), inner_->add(std::move(k), d);
+    }
     asio::awaitable<std::string> compare_set(std::string k, std::string e, std::string d) {
         return count("compare_set"), inner_->compare_set(std::move(k), std::move(e), std::move(d));
     }
@@ -61,7 +65,9 @@ public:
     asio::awaitable<void> multi_set(std::vector<std::string> k, std::vector<std::string> v) {
         return count("multi_set"), inner_->multi_set(std::move(k), std::move(v));
     }
-    asio::awaitable<void> append(std::string k, std::string v) { return count("append"), inner_->append(std::move(k), std::move(v)); }
+    asio::awaitable<void> append(std::string k, std::string v) {
+        return count("append"), inner_->append(std::move(k), std::move(v));
+    }
 
     int total() const {
         int t = 0;
@@ -199,7 +205,7 @@ TEST_CASE("rendezvous: store operations per node do not grow with the number of 
     CHECK(m8 == m32);
     CHECK(*t8.rbegin() == *t32.rbegin());
     CHECK(*t8.begin() == *t32.begin());
-    CHECK(t8.count(*t8.begin()) == 7);    // every node but the completer
+    CHECK(t8.count(*t8.begin()) == 7);  // every node but the completer
     CHECK(t32.count(*t32.begin()) == 31);
     // compare_set (guard) + add + set + wait + get; the completer adds multi_get + multi_set.
     CHECK(*t8.begin() == 6);
@@ -217,25 +223,27 @@ TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, 
     std::vector<elastic::job_decision> decisions(3);
     spawn_support::spawn_errors errors;
     for (std::size_t i = 0; i < 3; ++i) {
-        asio::co_spawn(c.ctx,
-                       [&, i]() -> asio::awaitable<void> {
-                           seen[i] = co_await c.nodes[i]->wait_for_abort();
-                           if (!won[i]) decisions[i] = co_await c.nodes[i]->await_decision();
-                       },
-                       errors.handler());
+        asio::co_spawn(
+            c.ctx,
+            [&, i]() -> asio::awaitable<void> {
+                seen[i] = co_await c.nodes[i]->wait_for_abort();
+                if (!won[i]) decisions[i] = co_await c.nodes[i]->await_decision();
+            },
+            errors.handler());
     }
-    asio::co_spawn(c.ctx,
-                   [&]() -> asio::awaitable<void> {
-                       // (named, not braced temporaries: g++ 12 miscompiles those inside co_await)
-                       const elastic::abort_notice a1{first[1].group_rank, "node1", "local_rank 0 exited with 3"};
-                       const elastic::abort_notice a2{first[2].group_rank, "node2", "late"};
-                       const elastic::job_decision d{true, 3, "1/2 restarts left"};
-                       won[1] = co_await c.nodes[1]->abort(a1);
-                       won[2] = co_await c.nodes[2]->abort(a2);
-                       co_await c.nodes[1]->decide(d);
-                       decisions[1] = {true, 3, "1/2 restarts left"};
-                   },
-                   errors.handler());
+    asio::co_spawn(
+        c.ctx,
+        [&]() -> asio::awaitable<void> {
+            // (named, not braced temporaries: g++ 12 miscompiles those inside co_await)
+            const elastic::abort_notice a1{first[1].group_rank, "node1", "local_rank 0 exited with 3"};
+            const elastic::abort_notice a2{first[2].group_rank, "node2", "late"};
+            const elastic::job_decision d{true, 3, "1/2 restarts left"};
+            won[1] = co_await c.nodes[1]->abort(a1);
+            won[2] = co_await c.nodes[2]->abort(a2);
+            co_await c.nodes[1]->decide(d);
+            decisions[1] = {true, 3, "1/2 restarts left"};
+        },
+        errors.handler());
     c.ctx.run();
     c.ctx.restart();
     errors.check();
@@ -263,8 +271,9 @@ TEST_CASE("rendezvous: the exit barrier completes when all finish, and names the
     std::vector<elastic::barrier_result> results(3);
     spawn_support::spawn_errors errors;
     for (std::size_t i = 0; i < 3; ++i) {
-        asio::co_spawn(c.ctx, [&, i]() -> asio::awaitable<void> { results[i] = co_await c.nodes[i]->finish(60s); },
-                       errors.handler());
+        asio::co_spawn(
+            c.ctx, [&, i]() -> asio::awaitable<void> { results[i] = co_await c.nodes[i]->finish(60s); },
+            errors.handler());
     }
     c.ctx.run();
     c.ctx.restart();
@@ -275,8 +284,8 @@ TEST_CASE("rendezvous: the exit barrier completes when all finish, and names the
     const auto rounds = d.round();
     elastic::barrier_result late;
     for (std::size_t i = 0; i < 2; ++i) {
-        asio::co_spawn(d.ctx, [&, i]() -> asio::awaitable<void> { late = co_await d.nodes[i]->finish(50ms); },
-                       errors.handler());
+        asio::co_spawn(
+            d.ctx, [&, i]() -> asio::awaitable<void> { late = co_await d.nodes[i]->finish(50ms); }, errors.handler());
     }
     d.ctx.run();
     errors.check();
@@ -291,14 +300,15 @@ TEST_CASE("rendezvous: a finished node sees a later abort and follows the restar
     (void)c.round();
     elastic::barrier_result finished;
     spawn_support::spawn_errors errors;
-    asio::co_spawn(c.ctx, [&]() -> asio::awaitable<void> { finished = co_await c.nodes[0]->finish(60s); },
-                   errors.handler());
-    asio::co_spawn(c.ctx,
-                   [&]() -> asio::awaitable<void> {
-                       const elastic::abort_notice a{1, "node1", "crash"};
-                       (void)co_await c.nodes[1]->abort(a);
-                   },
-                   errors.handler());
+    asio::co_spawn(
+        c.ctx, [&]() -> asio::awaitable<void> { finished = co_await c.nodes[0]->finish(60s); }, errors.handler());
+    asio::co_spawn(
+        c.ctx,
+        [&]() -> asio::awaitable<void> {
+            const elastic::abort_notice a{1, "node1", "crash"};
+            (void)co_await c.nodes[1]->abort(a);
+        },
+        errors.handler());
     c.ctx.run();
     errors.check();
     REQUIRE(finished.how == elastic::barrier_result::kind::aborted);
@@ -365,19 +375,20 @@ TEST_CASE("rendezvous: four nodes over the real TCP store (two clients each), a 
     std::vector<std::string> reasons(n);
     int finished = 0;
     for (std::size_t i = 0; i < n; ++i) {
-        asio::co_spawn(ctx,
-                       [&, i]() -> asio::awaitable<void> {
-                           rounds[i] = co_await nodes[i]->next_round(info(static_cast<int>(i)));
-                           if (i == 3) {
-                               const elastic::abort_notice a{rounds[i].group_rank, "node3", "boom"};
-                               (void)co_await nodes[i]->abort(a);
-                           }
-                           reasons[i] = (co_await nodes[i]->wait_for_abort()).reason;
-                       },
-                       [&](std::exception_ptr e) {
-                           if (e) std::rethrow_exception(e);
-                           if (++finished == n) server.stop();
-                       });
+        asio::co_spawn(
+            ctx,
+            [&, i]() -> asio::awaitable<void> {
+                rounds[i] = co_await nodes[i]->next_round(info(static_cast<int>(i)));
+                if (i == 3) {
+                    const elastic::abort_notice a{rounds[i].group_rank, "node3", "boom"};
+                    (void)co_await nodes[i]->abort(a);
+                }
+                reasons[i] = (co_await nodes[i]->wait_for_abort()).reason;
+            },
+            [&](std::exception_ptr e) {
+                if (e) std::rethrow_exception(e);
+                if (++finished == n) server.stop();
+            });
     }
     ctx.run();
     check_consistent(rounds, {1, 1, 1, 1});

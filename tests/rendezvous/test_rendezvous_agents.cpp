@@ -58,11 +58,8 @@ std::vector<std::string> with_worker(std::vector<std::string> args) {
 }
 
 std::vector<std::string> c10d_args(int port, int nnodes, int nproc, const std::string& id) {
-    return {"--rdzv-backend=c10d",
-            fmt::format("--rdzv-endpoint=127.0.0.1:{}", port),
-            fmt::format("--rdzv-id={}", id),
-            fmt::format("--nnodes={}", nnodes),
-            fmt::format("--nproc-per-node={}", nproc)};
+    return {"--rdzv-backend=c10d", fmt::format("--rdzv-endpoint=127.0.0.1:{}", port), fmt::format("--rdzv-id={}", id),
+            fmt::format("--nnodes={}", nnodes), fmt::format("--nproc-per-node={}", nproc)};
 }
 
 /// Every env.<attempt>.<rank> file of one attempt, by rank.
@@ -76,8 +73,7 @@ std::map<int, std::map<std::string, std::string>> envs_of(const temp_dir& dir, i
 }
 
 /// The contract over the whole job: distinct ranks, consistent sizes, one MASTER for all.
-void check_job_env(const std::map<int, std::map<std::string, std::string>>& envs, int nnodes, int nproc,
-                   int attempt) {
+void check_job_env(const std::map<int, std::map<std::string, std::string>>& envs, int nnodes, int nproc, int attempt) {
     const int world = nnodes * nproc;
     REQUIRE(static_cast<int>(envs.size()) == world);
     std::set<std::pair<int, int>> group_local;
@@ -185,7 +181,8 @@ TEST_CASE("rendezvous agents: a worker failure on node 1 of 3 restarts all three
     for (std::size_t i = 0; i < j.agents.size(); ++i) {
         INFO(j.agents[i]->err());
         CHECK(j.codes[i] == 0);
-        CHECK(j.agents[i]->err().find("restarting every node's worker group (job-wide restart 1)") != std::string::npos);
+        CHECK(j.agents[i]->err().find("restarting every node's worker group (job-wide restart 1)") !=
+              std::string::npos);
         CHECK(j.agents[i]->err().find("exited with code 3") != std::string::npos);
     }
     check_job_env(envs_of(dir, 1, 3), 3, 1, 1);

@@ -137,8 +137,8 @@ struct job {
                                       fmt::format("--rdzv-id={}", id),
                                       fmt::format("--nnodes={}", nnodes),
                                       fmt::format("--nproc-per-node={}", nproc),
-                                      fmt::format("--rdzv-conf=is_host={},{}{}{}", host, keep,
-                                                  conf.empty() ? "" : ",", conf)};
+                                      fmt::format("--rdzv-conf=is_host={},{}{}{}", host, keep, conf.empty() ? "" : ",",
+                                                  conf)};
         args.insert(args.end(), extra.begin(), extra.end());
         args.push_back(agent_support::worker());
         auto env = agent_support::clean_environment();
@@ -173,8 +173,8 @@ world_line ended_in_one_world(job& j, int node, int world) {
 /// the same attempt 0 (a membership restart is no failure restart), the survivors' warning
 /// (`membership`: the membership-change one naming the agent `lost`; else the store move's), and
 /// no worker failure reported anywhere. Returns each survivor's world line by node.
-std::map<int, world_line> check_survivors(job& j, const std::vector<int>& survivors, int world,
-                                          pid_t lost, bool membership = true) {
+std::map<int, world_line> check_survivors(job& j, const std::vector<int>& survivors, int world, pid_t lost,
+                                          bool membership = true) {
     std::map<int, world_line> after;
     std::set<int> ranks;
     std::set<int> group_ranks;
@@ -254,7 +254,8 @@ TEST_CASE("rendezvous elastic: kill -9 of a member restarts the survivors in a w
     check_survivors(j, survivors, 3, j[victim].pid());
 }
 
-TEST_CASE("rendezvous elastic: kill -9 of group rank 0 (not the store's host) restarts the others, --node-rank kept where it fits") {
+TEST_CASE(
+    "rendezvous elastic: kill -9 of group rank 0 (not the store's host) restarts the others, --node-rank kept where it fits") {
     job j("rank0");
     const std::string rules = "w4:world+hang;w3:world+exit0";
     // The store's host is node 0 but group rank 3; node 1 is group rank 0.
@@ -292,7 +293,8 @@ TEST_CASE("rendezvous elastic: kill -9 of group rank 0 (not the store's host) re
 // (docs/rendezvous.md, "The store's host: the store moves") goes further: every agent keeps an
 // idle store server, each round names successors, and the survivors move there and go on if
 // they are a majority of the last round. Both halves are tested: 3 of 4 go on, 1 of 2 stops.
-TEST_CASE("rendezvous elastic: kill -9 of the store's host moves the store to a successor and 3 of 4 go on in a world of 3") {
+TEST_CASE(
+    "rendezvous elastic: kill -9 of the store's host moves the store to a successor and 3 of 4 go on in a world of 3") {
     job j("host");
     const std::string rules = "w4:world+hang;w3:world+exit0";
     for (int node = 0; node < 4; ++node) j.start(rules, node == 0, "last_call_timeout=3600");
@@ -314,7 +316,8 @@ TEST_CASE("rendezvous elastic: kill -9 of the store's host moves the store to a 
     check_survivors(j, {1, 2, 3}, 3, j[0].pid(), false);
 }
 
-TEST_CASE("rendezvous elastic: kill -9 of the store's host of a two-node job ends the survivor with 250 and leaves no worker") {
+TEST_CASE(
+    "rendezvous elastic: kill -9 of the store's host of a two-node job ends the survivor with 250 and leaves no worker") {
     job j("host2");
     const std::string rules = "w2:world+hang;*:world+exit0";
     // Round 0 completes half a second after MIN = 2 arrivals.
@@ -400,7 +403,8 @@ std::map<int, world_line> four_and_a_standby(job& j, const std::string& rules) {
     return first;
 }
 
-TEST_CASE("rendezvous elastic: a fifth agent waits as a standby, is promoted when a member is lost, and a standby exits 0 when the job succeeds") {
+TEST_CASE(
+    "rendezvous elastic: a fifth agent waits as a standby, is promoted when a member is lost, and a standby exits 0 when the job succeeds") {
     job j("standby");
     // trap: the workers end with 0 on a signal, so the case ends the job with SIGUSR1 to each
     // worker of the last world (the agents' own SIGTERM at a membership change also ends them).
@@ -570,7 +574,8 @@ TEST_CASE("rendezvous elastic: below MIN after a node loss, the survivor waits f
     CHECK(worlds(j[0].out()).size() == 1);
 }
 
-TEST_CASE("rendezvous elastic: SIGTERM to one of three agents stops its worker with the grace, it leaves, the others go on in a world of 2") {
+TEST_CASE(
+    "rendezvous elastic: SIGTERM to one of three agents stops its worker with the grace, it leaves, the others go on in a world of 2") {
     job j("leave");
     // 2:3, so round 0 completes at once with three (MAX) and the leave takes the job below MAX.
     j.nnodes = "2:3";
@@ -617,7 +622,8 @@ TEST_CASE("rendezvous elastic: SIGTERM to one of three agents stops its worker w
     CHECK(ranks == std::set<int>{0, 1});
 }
 
-TEST_CASE("rendezvous elastic: an agent stopped past its keep-alive is dropped, the others go on, and it rejoins when it runs again") {
+TEST_CASE(
+    "rendezvous elastic: an agent stopped past its keep-alive is dropped, the others go on, and it rejoins when it runs again") {
     job j("stopped");
     j.nnodes = "2:3";
     const std::string rules = "*:world+trap";
@@ -663,7 +669,8 @@ TEST_CASE("rendezvous elastic: an agent stopped past its keep-alive is dropped, 
     CHECK(worlds(j[stopped].out(), 2).empty());
 }
 
-TEST_CASE("rendezvous elastic: an agent dropped while round 0 forms rejoins it, and the round leaves out its former self") {
+TEST_CASE(
+    "rendezvous elastic: an agent dropped while round 0 forms rejoins it, and the round leaves out its former self") {
     job j("dropped-forming");
     j.nnodes = "2:3";
     // A last call longer than the case: round 0 completes only at MAX = 3 arrivals. The

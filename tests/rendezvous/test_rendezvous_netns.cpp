@@ -379,7 +379,8 @@ struct partitioned_job {
     }
 };
 
-TEST_CASE("rendezvous netns: a partition ends the cut-off agent with 250, the store's host goes on alone (--nnodes=1:2)") {
+TEST_CASE(
+    "rendezvous netns: a partition ends the cut-off agent with 250, the store's host goes on alone (--nnodes=1:2)") {
     const auto ip = usable_ip();
     if (!ip) return;
     temp_dir dir;

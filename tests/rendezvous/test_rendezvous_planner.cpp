@@ -95,7 +95,8 @@ TEST_CASE("planner: a conflict or no node plans no round, and says why") {
     nodes[1].node_rank = 0;
     const auto conflict = rdzv::plan_round(nodes, true);
     REQUIRE(std::holds_alternative<std::string>(conflict));
-    CHECK(has(std::get<std::string>(conflict), "--node-rank=0 given by two nodes, node0 (pid 100) and node1 (pid 101)"));
+    CHECK(has(std::get<std::string>(conflict),
+              "--node-rank=0 given by two nodes, node0 (pid 100) and node1 (pid 101)"));
     CHECK(std::holds_alternative<rdzv::round_plan>(rdzv::plan_round(nodes, false)));
     CHECK(std::holds_alternative<std::string>(rdzv::plan_round({}, false)));
 }

@@ -142,10 +142,9 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":"0","host":"h","reason":"r","kind":"failure"})", 2),
                     invalid_value);
-    CHECK_THROWS_AS(rdzv::decode_abort(
-                        fmt::format(R"({{"group_rank":0,"host":"h","reason":"{}","kind":"failure"}})",
-                                    std::string(100'000, 'x')),
-                        2),
+    CHECK_THROWS_AS(rdzv::decode_abort(fmt::format(R"({{"group_rank":0,"host":"h","reason":"{}","kind":"failure"}})",
+                                                   std::string(100'000, 'x')),
+                                       2),
                     invalid_value);
     CHECK(rdzv::decode_abort(R"({"group_rank":-1,"host":"h","reason":"r","kind":"membership"})", 2).what ==
           elastic::abort_notice::kind::membership);
@@ -253,12 +252,12 @@ TEST_CASE("rendezvous trust: --rdzv-conf workers_store_peers is members (the def
     CHECK_FALSE(elastic::parse_rendezvous_settings("workers_store_peers=members", "--rdzv-conf",
                                                    rendezvous_backend::c10d)
                     .workers_store_any_peer);
-    CHECK_THROWS_WITH_AS(
-        (void)elastic::parse_rendezvous_settings("workers_store_peers=all", "--rdzv-conf", rendezvous_backend::c10d),
-        doctest::Contains("workers_store_peers must be members"), elastic::usage_error);
-    CHECK_THROWS_AS(
-        (void)elastic::parse_rendezvous_settings("workers_store_peers=any", "--rdzv-conf", rendezvous_backend::static_),
-        elastic::usage_error);
+    CHECK_THROWS_WITH_AS((void)elastic::parse_rendezvous_settings("workers_store_peers=all", "--rdzv-conf",
+                                                                  rendezvous_backend::c10d),
+                         doctest::Contains("workers_store_peers must be members"), elastic::usage_error);
+    CHECK_THROWS_AS((void)elastic::parse_rendezvous_settings("workers_store_peers=any", "--rdzv-conf",
+                                                             rendezvous_backend::static_),
+                    elastic::usage_error);
 }
 
 TEST_CASE("rendezvous trust: an invalid abort, decision and restart count written into a running 2-agent job are "
@@ -333,7 +332,8 @@ TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MAS
         REQUIRE(lines.size() == 1);
         CHECK(lines[0][0] == 2);  // the forged node was no member
         CHECK(lines[0][4] == 1);
-        reported = reported || has(j[node].err(), fmt::format("key '{}' holds '{{\"host\":\"evil\"", j.key("1/info/1")));
+        reported = reported ||
+                   has(j[node].err(), fmt::format("key '{}' holds '{{\"host\":\"evil\"", j.key("1/info/1")));
     }
     CHECK(reported);  // by the node that completed the round
     // The workers were never sent to the forged MASTER_ADDR.
@@ -669,8 +669,8 @@ TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret end
         });
     ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
     CHECK_FALSE(rejoined);
-    CHECK(has(error, fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret",
-                                 port)));
+    CHECK(has(error,
+              fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret", port)));
     CHECK(has(error, "give every agent the same secret"));
 }
 

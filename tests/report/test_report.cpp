@@ -29,8 +29,7 @@ using elastic::worker_failure;
 using report_support::failure;
 
 /// A torch @record error file (ErrorHandler.record_exception's shape) as JSON text.
-inline std::string torch_error_json(std::string_view message, std::string_view callstack,
-                                    long long timestamp) {
+inline std::string torch_error_json(std::string_view message, std::string_view callstack, long long timestamp) {
     nlohmann::json j;
     j["message"]["message"] = message;
     j["message"]["extraInfo"]["py_callstack"] = callstack;
@@ -55,8 +54,7 @@ inline void check_malformed(std::string_view text, std::string_view expected_pro
 /// Compare `text` with tests/report/golden/<name>.txt (the file holds the text plus a final
 /// newline). ELASTIC_UPDATE_GOLDEN=1 rewrites the file instead.
 inline void check_golden(const std::string& name, const std::string& text) {
-    const std::string path =
-        std::string(ELASTIC_TEST_SOURCE_DIR) + "/tests/report/golden/" + name + ".txt";
+    const std::string path = std::string(ELASTIC_TEST_SOURCE_DIR) + "/tests/report/golden/" + name + ".txt";
     if (const char* update = std::getenv("ELASTIC_UPDATE_GOLDEN"); update && *update == '1') {
         report_support::write_file(path, text + "\n");
     }
@@ -67,13 +65,12 @@ inline void check_golden(const std::string& name, const std::string& text) {
 
 constexpr elastic::summary_options utc{.utc = true};
 
-const std::string python_traceback =
-    "Traceback (most recent call last):\n"
-    "  File \"/opt/job/train.py\", line 41, in <module>\n"
-    "    main()\n"
-    "  File \"/opt/job/train.py\", line 37, in main\n"
-    "    raise ValueError(\"loss is nan at step 1200\")\n"
-    "ValueError: loss is nan at step 1200\n";
+const std::string python_traceback = "Traceback (most recent call last):\n"
+                                     "  File \"/opt/job/train.py\", line 41, in <module>\n"
+                                     "    main()\n"
+                                     "  File \"/opt/job/train.py\", line 37, in main\n"
+                                     "    raise ValueError(\"loss is nan at step 1200\")\n"
+                                     "ValueError: loss is nan at step 1200\n";
 
 }  // namespace test_report
 
@@ -138,10 +135,8 @@ TEST_CASE("report: exit statuses of real children, in torchrun's and the shell's
 // ---- stderr tail --------------------------------------------------------------------------------
 
 TEST_CASE("report: stderr tail is the same however the stream is chunked") {
-    const std::string stream =
-        "line one\nline two\r\nprogress 10%\rprogress 90%\rprogress 100%\nlast, unterminated";
-    const std::vector<std::string> expected = {"line one", "line two", "progress 100%",
-                                               "last, unterminated"};
+    const std::string stream = "line one\nline two\r\nprogress 10%\rprogress 90%\rprogress 100%\nlast, unterminated";
+    const std::vector<std::string> expected = {"line one", "line two", "progress 100%", "last, unterminated"};
     // Every split point, and byte by byte.
     for (std::size_t cut = 0; cut <= stream.size(); ++cut) {
         elastic::stderr_tail tail;
@@ -175,8 +170,7 @@ TEST_CASE("report: stderr tail keeps the last N lines and counts all") {
     CHECK(s.lines == std::vector<std::string>{"message 9", "message 10", "partial"});
     CHECK(s.total_lines == 11);
     tail.feed(" line\n");
-    CHECK(tail.snapshot().lines ==
-          std::vector<std::string>{"message 9", "message 10", "partial line"});
+    CHECK(tail.snapshot().lines == std::vector<std::string>{"message 9", "message 10", "partial line"});
     // Empty lines are lines.
     tail.feed("\n\n");
     CHECK(tail.snapshot().lines == std::vector<std::string>{"partial line", "", ""});
@@ -251,8 +245,7 @@ TEST_CASE("report: error file in @record's nested format") {
         {"timestamp": "1795316400.25"}}})");
     REQUIRE(precise.parsed());
     CHECK_FALSE(precise.content.timestamp_whole_seconds);
-    CHECK(precise.content.timestamp->time_since_epoch() ==
-          std::chrono::milliseconds(1795316400250));
+    CHECK(precise.content.timestamp->time_since_epoch() == std::chrono::milliseconds(1795316400250));
 }
 
 TEST_CASE("report: error file in the flat format") {
@@ -290,32 +283,27 @@ TEST_CASE("report: malformed error files are reported with the reason, never thr
     check_malformed(R"({"message": 5})", "neither a string nor an object");
     check_malformed(R"({"message": null})", "neither a string nor an object");
     check_malformed(R"({"message": {"message": 7}})", "\"message.message\" is a JSON number");
-    check_malformed(R"({"message": {"message": "m", "extraInfo": "x"}})",
-                    "\"message.extraInfo\" is a JSON string");
+    check_malformed(R"({"message": {"message": "m", "extraInfo": "x"}})", "\"message.extraInfo\" is a JSON string");
     check_malformed(R"({"message": {"message": "m", "extraInfo": {"py_callstack": [1]}}})",
                     "py_callstack\" is a JSON array");
     check_malformed(R"({"message": {"message": "m", "extraInfo": {"timestamp": "soon"}}})",
                     "is not a number of seconds");
     check_malformed(R"({"message": {"message": "m", "extraInfo": {"timestamp": "1e9"}}})",
                     "is not a number of seconds");
-    check_malformed(R"({"message": {"message": "m", "extraInfo": {"timestamp": -5}}})",
-                    "is not a number of seconds");
+    check_malformed(R"({"message": {"message": "m", "extraInfo": {"timestamp": -5}}})", "is not a number of seconds");
     check_malformed(R"({"message": {"message": "m", "extraInfo": {"timestamp": 1e300}}})",
                     "is not a number of seconds");
     check_malformed(R"({"message": "m", "timestamp": {}})", "is not a number of seconds");
     // Past 2200: found by the fuzzer, it overflowed system_clock's nanoseconds.
-    check_malformed(R"({"message": "flat", "timestamp": 9795316400})",
-                    "is not a number of seconds");
+    check_malformed(R"({"message": "flat", "timestamp": 9795316400})", "is not a number of seconds");
     CHECK(parse(R"({"message": "m", "timestamp": 7258118400})").parsed());
-    check_malformed(R"({"message": {"message": "m", "errorCode": "137"}})",
-                    "errorCode\" \"137\" is not an integer");
+    check_malformed(R"({"message": {"message": "m", "errorCode": "137"}})", "errorCode\" \"137\" is not an integer");
     // Raw bytes that are not UTF-8 inside a string: invalid JSON, and the reason is printable.
     check_malformed("{\"message\": \"caf\xE9 \xFF\"}", "not valid JSON");
     check_malformed(std::string("{\"message\": \"nul\0byte\"}", 23), "not valid JSON");
     // Nesting bombs are refused before parsing.
     check_malformed(std::string(100000, '[') + std::string(100000, ']'), "nested deeper");
-    check_malformed("{\"message\": " + std::string(40, '[') + std::string(40, ']') + "}",
-                    "nested deeper");
+    check_malformed("{\"message\": " + std::string(40, '[') + std::string(40, ']') + "}", "nested deeper");
     // Too large.
     check_malformed(std::string(elastic::max_error_file_bytes + 1, ' '), "more than");
 }
@@ -418,8 +406,7 @@ TEST_CASE("report: an error file's time counts only when it proves an earlier fa
                                       failure(1, exit_status::from_exit_code(1), 1000ms)};
     const auto T = duration_cast<seconds>(fs[0].observed_system.time_since_epoch()) - 2s;
     const auto with_file_time = [](worker_failure& f, seconds ts) {
-        f.error_file =
-            elastic::parse_error_file(torch_error_json("E: e", "tb", ts.count()), "/e.json");
+        f.error_file = elastic::parse_error_file(torch_error_json("E: e", "tb", ts.count()), "/e.json");
         REQUIRE(f.error_file.parsed());
     };
     // Rank 0's file says T+1: the second [T+1, T+2) may have ended after rank 1's exit at T+1.0,
@@ -488,9 +475,8 @@ TEST_CASE("report: summary of several failures with a signal root cause") {
 TEST_CASE("report: summary of a signal with stderr tail") {
     std::vector<worker_failure> fs = {failure(5, exit_status::from_signal(6), 0ms, 31337, 1)};
     elastic::stderr_tail tail(2);
-    tail.feed(
-        "loading shard 7\nterminate called after throwing an instance of "
-        "'std::runtime_error'\n  what():  NCCL error: unhandled system error\n");
+    tail.feed("loading shard 7\nterminate called after throwing an instance of "
+              "'std::runtime_error'\n  what():  NCCL error: unhandled system error\n");
     fs[0].stderr_tail = tail.snapshot();
     check_golden("signal_stderr_tail", elastic::format_summary("native_trainer", fs, utc));
 }
@@ -506,9 +492,9 @@ TEST_CASE("report: summary of an exit with stderr tail and no error file") {
 TEST_CASE("report: summary with error files from @record") {
     std::vector<worker_failure> fs = {failure(0, exit_status::from_exit_code(1), 2000ms),
                                       failure(1, exit_status::from_exit_code(1), 2100ms)};
-    fs[0].error_file = elastic::parse_error_file(
-        torch_error_json("ValueError: loss is nan at step 1200", python_traceback, 1795316401),
-        "/tmp/torchelastic_x/attempt_0/0/error.json");
+    fs[0].error_file = elastic::parse_error_file(torch_error_json("ValueError: loss is nan at step 1200",
+                                                                  python_traceback, 1795316401),
+                                                 "/tmp/torchelastic_x/attempt_0/0/error.json");
     fs[1].error_file = elastic::parse_error_file(
         R"({"message": "flat message from a custom writer", "timestamp": 1795316402})",
         "/tmp/torchelastic_x/attempt_0/1/error.json");
@@ -533,8 +519,7 @@ TEST_CASE("report: summary with elastic::record's error file puts the message fi
 
 TEST_CASE("report: summary with a malformed error file") {
     std::vector<worker_failure> fs = {failure(0, exit_status::from_signal(11), 0ms)};
-    fs[0].error_file = elastic::parse_error_file("{\"message\": {\"mess",
-                                                 "/tmp/torchelastic_x/attempt_0/0/error.json");
+    fs[0].error_file = elastic::parse_error_file("{\"message\": {\"mess", "/tmp/torchelastic_x/attempt_0/0/error.json");
     elastic::stderr_tail tail;
     tail.feed("Fatal Python error: Segmentation fault\n");
     fs[0].stderr_tail = tail.snapshot();
@@ -557,8 +542,7 @@ TEST_CASE("report: summary lists workers stopped by the agent apart from failure
     // Only stopped workers (the agent itself was told to stop): no root cause to show.
     fs.erase(fs.begin() + 2);
     const auto none = elastic::format_summary("trainer", fs, utc);
-    CHECK(none.find("Root Cause (first observed failure):\n  <NO_ROOT_CAUSE>\n") !=
-          std::string::npos);
+    CHECK(none.find("Root Cause (first observed failure):\n  <NO_ROOT_CAUSE>\n") != std::string::npos);
 }
 
 TEST_CASE("report: summary width follows the longest line up to 60 columns") {
@@ -573,8 +557,7 @@ TEST_CASE("report: summary width follows the longest line up to 60 columns") {
     for (int i = 0; i < 40; ++i) {
         accents += "\xC3\xA9";
     }
-    short_fs[0].error_file =
-        elastic::parse_error_file(nlohmann::json{{"message", accents}}.dump(), "/e");
+    short_fs[0].error_file = elastic::parse_error_file(nlohmann::json{{"message", accents}}.dump(), "/e");
     REQUIRE(short_fs[0].error_file.parsed());
     const auto narrow = elastic::format_summary("t", short_fs, utc);
     CHECK(narrow.find("\n" + std::string(54, '=') + "\n") == 0);
@@ -584,8 +567,8 @@ TEST_CASE("report: summary width follows the longest line up to 60 columns") {
 
 TEST_CASE("report: agent error file copies the root cause's file with errorCode") {
     auto f = failure(1, exit_status::from_signal(9), 0ms);
-    f.error_file = elastic::parse_error_file(
-        torch_error_json("RuntimeError: x", "Traceback ...", 1795316401), "/e.json");
+    f.error_file = elastic::parse_error_file(torch_error_json("RuntimeError: x", "Traceback ...", 1795316401),
+                                             "/e.json");
     const auto doc = elastic::agent_error_document(f);
     CHECK(doc["message"]["message"] == "RuntimeError: x");
     CHECK(doc["message"]["extraInfo"]["py_callstack"] == "Traceback ...");
@@ -635,8 +618,7 @@ TEST_CASE("report: agent error file is replaced atomically and bad paths throw r
     REQUIRE(::stat(path.c_str(), &st) == 0);
     CHECK((st.st_mode & 0777) == 0644);
 
-    CHECK_THROWS_AS(elastic::write_agent_error_file(dir / "no/such/dir/e.json", f),
-                    elastic::report_error);
+    CHECK_THROWS_AS(elastic::write_agent_error_file(dir / "no/such/dir/e.json", f), elastic::report_error);
     CHECK_THROWS_AS(elastic::write_agent_error_file(dir.path() + "/", f), elastic::report_error);
     try {
         elastic::write_agent_error_file(dir / "no/such/dir/e.json", f);
@@ -702,12 +684,11 @@ TEST_CASE("report: worker status events carry torch's metadata") {
     // An error file's content is the raw error; a malformed one says so.
     f.state = failure_state::failed;
     f.error_file = elastic::parse_error_file(R"({"message": "flat"})", "/e");
-    CHECK(nlohmann::json::parse(elastic::worker_status_event(f, ctx)
-                                    .metadata["raw_error"]
-                                    .get<std::string>())["message"] == "flat");
+    CHECK(nlohmann::json::parse(
+              elastic::worker_status_event(f, ctx).metadata["raw_error"].get<std::string>())["message"] == "flat");
     f.error_file = elastic::parse_error_file("{", "/e");
-    CHECK(elastic::worker_status_event(f, ctx).metadata["raw_error"].get<std::string>().find(
-              "Malformed error file") != std::string::npos);
+    CHECK(elastic::worker_status_event(f, ctx).metadata["raw_error"].get<std::string>().find("Malformed error file") !=
+          std::string::npos);
 
     // Serialised: one line of JSON in torch's shape, even with invalid bytes in a field.
     elastic::event odd;
@@ -729,8 +710,7 @@ TEST_CASE("report: the event log appends one line per event") {
         elastic::worker_event_context ctx;
         ctx.run_id = "r";
         for (int rank = 0; rank < 3; ++rank) {
-            CHECK(log.record(elastic::worker_status_event(
-                failure(rank, exit_status::from_exit_code(1), 0ms), ctx)));
+            CHECK(log.record(elastic::worker_status_event(failure(rank, exit_status::from_exit_code(1), 0ms), ctx)));
         }
         elastic::event_log moved = std::move(log);
         elastic::event agent_event;

@@ -55,7 +55,9 @@ std::string summary_of(const std::string& err) {
     std::istringstream in(err);
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    const auto border = [](const std::string& l) { return l.size() >= 20 && l.find_first_not_of('=') == std::string::npos; };
+    const auto border = [](const std::string& l) {
+        return l.size() >= 20 && l.find_first_not_of('=') == std::string::npos;
+    };
     for (std::size_t i = 0; i < lines.size(); ++i) {
         if (!border(lines[i])) continue;
         std::string out = "\n";
@@ -122,7 +124,8 @@ with open(sys.argv[1]) as fp:
         assert json.loads(e.serialize()) == json.loads(line)
         print(e.name)
 )PY";
-    agent_support::launched l({script.string(), path.string()}, agent_support::clean_environment(), ELASTIC_TORCH_PYTHON);
+    agent_support::launched l({script.string(), path.string()}, agent_support::clean_environment(),
+                              ELASTIC_TORCH_PYTHON);
     const int code = l.wait();
     INFO(l.err());
     CHECK(code == 0);
@@ -233,7 +236,8 @@ TEST_CASE("report: elasticrun's summary of a native worker's exit 3 shows its st
 
 TEST_CASE("report: elasticrun's summary of a worker killed by SIGKILL, and it exits 137") {
     temp_dir dir;
-    const auto r = agent_support::run({"--nproc-per-node=1", program("report-native-crash"), "signal", "9"}, environment(dir));
+    const auto r = agent_support::run({"--nproc-per-node=1", program("report-native-crash"), "signal", "9"},
+                                      environment(dir));
     INFO(r.err);
     CHECK(r.code == 137);
     check_golden("elasticrun_sigkill.txt", normalise(summary_of(r.err)));
@@ -276,13 +280,15 @@ TEST_CASE("report: elasticrun reports a malformed error file as malformed, with 
 
 TEST_CASE("report: elasticrun reads elastic::record's error file: the exception first, then the backtrace") {
     temp_dir dir;
-    const auto r = agent_support::run({"--nproc-per-node=1", program("report-recorded-crash"), "throw"}, environment(dir));
+    const auto r = agent_support::run({"--nproc-per-node=1", program("report-recorded-crash"), "throw"},
+                                      environment(dir));
     INFO(r.err);
     CHECK(r.code == 1);
     const auto summary = normalise(summary_of(r.err));
     CAPTURE(summary);
     CHECK(summary.find("  error_file: <RUN_DIR>/attempt_0/0/error.json\n"
-                       "  traceback : std::runtime_error: checkpoint step_1200.pt is truncated\n") != std::string::npos);
+                       "  traceback : std::runtime_error: checkpoint step_1200.pt is truncated\n") !=
+          std::string::npos);
     CHECK(summary.find("report_recorded_crash_load_checkpoint") != std::string::npos);
 }
 
@@ -307,9 +313,9 @@ TEST_CASE("report: exit codes: 2 for a usage error (no error file), 251 for an i
     SUBCASE("internal: the agent cannot make its temporary tree") {
         env["TMPDIR"] = (dir.path() / "missing").string();
         const auto events = dir.path() / "events.jsonl";
-        const auto r = agent_support::run(
-            {"--nproc-per-node=1", "--event-log-handler=file:" + events.string(), program("report-native-crash"), "exit", "3"},
-            env);
+        const auto r = agent_support::run({"--nproc-per-node=1", "--event-log-handler=file:" + events.string(),
+                                           program("report-native-crash"), "exit", "3"},
+                                          env);
         INFO(r.err);
         CHECK(r.code == elastic::exit_codes::internal);
         CHECK(r.code == 251);
@@ -372,13 +378,21 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
     INFO(r.err);
     REQUIRE(r.code == 0);
     const auto events = read_json_lines(path);
-    const std::vector<std::string> expected{
-        "elastic.rendezvous.done", "elastic.worker.started", "elastic.worker.started",
-        "elastic.worker.exited",   "elastic.worker.exited",  "elastic.policy.decision",
-        "elastic.agent.restart",   "elastic.rendezvous.done", "elastic.worker.started",
-        "elastic.worker.started",  "elastic.worker.exited",  "elastic.worker.exited",
-        "torchelastic.worker.status.SUCCEEDED", "torchelastic.worker.status.SUCCEEDED",
-        "elastic.agent.shutdown"};
+    const std::vector<std::string> expected{"elastic.rendezvous.done",
+                                            "elastic.worker.started",
+                                            "elastic.worker.started",
+                                            "elastic.worker.exited",
+                                            "elastic.worker.exited",
+                                            "elastic.policy.decision",
+                                            "elastic.agent.restart",
+                                            "elastic.rendezvous.done",
+                                            "elastic.worker.started",
+                                            "elastic.worker.started",
+                                            "elastic.worker.exited",
+                                            "elastic.worker.exited",
+                                            "torchelastic.worker.status.SUCCEEDED",
+                                            "torchelastic.worker.status.SUCCEEDED",
+                                            "elastic.agent.shutdown"};
     REQUIRE(names_of(events) == expected);
 
     // Ordered on the monotonic clock; every stamp present; common metadata on every event.
@@ -412,8 +426,9 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
     CHECK(events[0]["metadata"]["group_rank"] == 0);
     CHECK(events[0]["metadata"]["master_port"].get<int>() > 0);
     std::map<int, long> pids;
-    for (int i : {1, 2}) pids[events[static_cast<std::size_t>(i)]["metadata"]["local_rank"].get<int>()] =
-        events[static_cast<std::size_t>(i)]["metadata"]["pid"].get<long>();
+    for (int i : {1, 2})
+        pids[events[static_cast<std::size_t>(i)]["metadata"]["local_rank"].get<int>()] =
+            events[static_cast<std::size_t>(i)]["metadata"]["pid"].get<long>();
     CHECK(pids.size() == 2);
     const auto& failed = events[3]["metadata"];
     CHECK(failed["global_rank"] == 1);
@@ -459,7 +474,8 @@ TEST_CASE("report: the event log of a run with one restart is ordered and torch'
         bool of_last_attempt = false;
         for (int i : {8, 9}) {
             const auto& started = events[static_cast<std::size_t>(i)]["metadata"];
-            if (started["local_rank"] == local_rank) of_last_attempt = m["worker_id"] == std::to_string(started["pid"].get<long>());
+            if (started["local_rank"] == local_rank)
+                of_last_attempt = m["worker_id"] == std::to_string(started["pid"].get<long>());
         }
         CHECK(of_last_attempt);
     }
@@ -478,7 +494,8 @@ TEST_CASE("report: --event-log-handler=console prints each event as one JSON lin
     auto env = environment(dir);
     env["AGENT_WORKER_DIR"] = dir.str();
     env["AGENT_WORKER_DO"] = "r0:hang;r1:sig9";
-    const auto r = agent_support::run({"--nproc-per-node=2", "--event-log-handler", "console", agent_support::worker()}, env);
+    const auto r = agent_support::run({"--nproc-per-node=2", "--event-log-handler", "console", agent_support::worker()},
+                                      env);
     INFO(r.err);
     CHECK(r.code == 137);
     std::vector<json> events;
@@ -486,10 +503,15 @@ TEST_CASE("report: --event-log-handler=console prints each event as one JSON lin
     for (std::string line; std::getline(in, line);) {
         if (line.rfind("{\"name\":", 0) == 0) events.push_back(json::parse(line));
     }
-    const std::vector<std::string> expected{
-        "elastic.rendezvous.done", "elastic.worker.started", "elastic.worker.started",
-        "elastic.worker.exited",   "elastic.worker.exited",  "elastic.policy.decision",
-        "torchelastic.worker.status.TERMINATED", "torchelastic.worker.status.FAILED", "elastic.agent.shutdown"};
+    const std::vector<std::string> expected{"elastic.rendezvous.done",
+                                            "elastic.worker.started",
+                                            "elastic.worker.started",
+                                            "elastic.worker.exited",
+                                            "elastic.worker.exited",
+                                            "elastic.policy.decision",
+                                            "torchelastic.worker.status.TERMINATED",
+                                            "torchelastic.worker.status.FAILED",
+                                            "elastic.agent.shutdown"};
     REQUIRE(names_of(events) == expected);
     CHECK(events[3]["metadata"]["signal"] == "SIGKILL");
     CHECK(events[5]["metadata"]["action"] == "stop");
@@ -523,14 +545,16 @@ TEST_CASE("report: a signal to elasticrun ends its event log with the workers it
     env["AGENT_WORKER_DIR"] = dir.str();
     env["AGENT_WORKER_DO"] = "*:hang";
     const auto path = dir.path() / "events.jsonl";
-    agent_support::launched l({"--nproc-per-node=2", "--event-log-handler=file:" + path.string(), agent_support::worker()},
+    agent_support::launched l({"--nproc-per-node=2", "--event-log-handler=file:" + path.string(),
+                               agent_support::worker()},
                               env);
     REQUIRE(l.read_lines("ready ", 2));  // both workers run
     l.signal(SIGTERM);
     CHECK(l.wait() == 128 + SIGTERM);
     const auto events = read_json_lines(path);
-    const std::vector<std::string> expected{"elastic.rendezvous.done", "elastic.worker.started", "elastic.worker.started",
-                                            "elastic.worker.exited",   "elastic.worker.exited",  "elastic.agent.shutdown"};
+    const std::vector<std::string> expected{"elastic.rendezvous.done", "elastic.worker.started",
+                                            "elastic.worker.started",  "elastic.worker.exited",
+                                            "elastic.worker.exited",   "elastic.agent.shutdown"};
     REQUIRE(names_of(events) == expected);
     for (int i : {3, 4}) {
         const auto& m = events[static_cast<std::size_t>(i)]["metadata"];

@@ -27,8 +27,7 @@ inline std::string python() { return ELASTIC_TORCH_PYTHON; }
 inline std::string native_crash() { return ELASTIC_TEST_PROGRAM_DIR "/report-native-crash"; }
 
 /// Run a Python script (written to `dir`) under Debian's interpreter; returns its result.
-inline report_support::run_result run_python(const report_support::temp_dir& dir,
-                                             const std::string& script,
+inline report_support::run_result run_python(const report_support::temp_dir& dir, const std::string& script,
                                              const std::vector<std::string>& args = {},
                                              const std::map<std::string, std::string>& env = {}) {
     const std::string path = dir / "script.py";
@@ -127,8 +126,7 @@ TEST_CASE("report: torch reads the agent's error file") {
     elastic::write_agent_error_file(dir / "native.json", seg);
     // A worker whose flat-format file is copied up (errorCode at the top level).
     auto flat = observed(1, exit_status::from_exit_code(2), 1795316400, 99);
-    flat.error_file =
-        elastic::parse_error_file(R"({"message": "flat", "timestamp": 1795316399})", "/w.json");
+    flat.error_file = elastic::parse_error_file(R"({"message": "flat", "timestamp": 1795316399})", "/w.json");
     REQUIRE(flat.error_file.parsed());
     elastic::write_agent_error_file(dir / "flat.json", flat);
 
@@ -182,9 +180,8 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
         "    main()\nValueError: loss is nan\n";
     nested["message"]["extraInfo"]["timestamp"] = std::to_string(T + 5);
     write("r0.json", nested);
-    write("r3.json", {{"message",
-                       "RuntimeError: \xD0\xBE\xD1\x88\xD0\xB8\xD0\xB1\xD0\xBA\xD0\xB0 "
-                       "\xC3\xA9"},
+    write("r3.json", {{"message", "RuntimeError: \xD0\xBE\xD1\x88\xD0\xB8\xD0\xB1\xD0\xBA\xD0\xB0 "
+                                  "\xC3\xA9"},
                       {"timestamp", T + 7}});
     nlohmann::json no_stack;
     no_stack["message"]["message"] = "KeyError: 'lr'";
@@ -194,8 +191,7 @@ TEST_CASE("report: summary is byte for byte torch's ChildFailedError") {
     nlohmann::json wide;
     wide["message"]["message"] = "xxxxxxxxxx";
     wide["message"]["extraInfo"]["py_callstack"] = "Traceback:\n" + std::string(30, 'x') +
-                                                   " \xE2\x9C\x93\xE2\x9C\x93 " +
-                                                   std::string(60, 'y') + "\n";
+                                                   " \xE2\x9C\x93\xE2\x9C\x93 " + std::string(60, 'y') + "\n";
     wide["message"]["extraInfo"]["timestamp"] = std::to_string(T);
     write("r6.json", wide);
 
@@ -287,9 +283,8 @@ TEST_CASE("report: torch's Event.deserialize reads our events") {
             "/e");
         REQUIRE(f.error_file.parsed());
         REQUIRE(log.record(elastic::worker_status_event(f, ctx)));
-        REQUIRE(log.record(elastic::worker_succeeded_event({78, 1, 4, "default"}, ctx,
-                                                           std::chrono::system_clock::time_point(
-                                                               std::chrono::seconds(1795316401)))));
+        REQUIRE(log.record(elastic::worker_succeeded_event(
+            {78, 1, 4, "default"}, ctx, std::chrono::system_clock::time_point(std::chrono::seconds(1795316401)))));
     }
     const auto r = run_python(dir, R"PY(
 import json, sys
@@ -374,8 +369,7 @@ TEST_CASE("report: a native worker's uncaught exception is reported with its std
     CHECK(elastic::launcher_exit_code(f) == 134);
     const auto text = elastic::format_summary("report-native-crash", std::vector{f});
     CAPTURE(text);
-    CHECK(text.find(fmt::format("  traceback : Signal 6 (SIGABRT) received by PID {}\n", r.pid)) !=
-          std::string::npos);
+    CHECK(text.find(fmt::format("  traceback : Signal 6 (SIGABRT) received by PID {}\n", r.pid)) != std::string::npos);
     CHECK(text.find("\n    loading shard 7 of 8\n") != std::string::npos);
     CHECK(text.find("what():  NCCL error: unhandled system error") != std::string::npos);
     CHECK(text.find("  error_file: <N/A>\n") != std::string::npos);
@@ -427,8 +421,7 @@ TEST_CASE("report: reads the error file elastic::record writes") {
     const std::string program = ELASTIC_TEST_PROGRAM_DIR "/report-recorded-crash";
     {
         const std::string error_file = dir / "throw.json";
-        const auto r =
-            report_support::run({program, "throw"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
+        const auto r = report_support::run({program, "throw"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
         CAPTURE(r.err);
         const auto status = exit_status::from_wait_status(r.wait_status);
         CHECK(status == exit_status::from_exit_code(1));
@@ -438,8 +431,7 @@ TEST_CASE("report: reads the error file elastic::record writes") {
         CHECK(read.content.format == elastic::error_file_format::nested);
         CHECK(read.content.message == "std::runtime_error: checkpoint step_1200.pt is truncated");
         REQUIRE(read.content.traceback);
-        CHECK(read.content.traceback->find("report_recorded_crash_load_checkpoint") !=
-              std::string::npos);
+        CHECK(read.content.traceback->find("report_recorded_crash_load_checkpoint") != std::string::npos);
         CHECK(read.content.timestamp);
 
         auto f = observed(0, status, 1795316400, r.pid);
@@ -458,8 +450,7 @@ TEST_CASE("report: reads the error file elastic::record writes") {
     }
     {
         const std::string error_file = dir / "segv.json";
-        const auto r =
-            report_support::run({program, "segv"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
+        const auto r = report_support::run({program, "segv"}, {{"TORCHELASTIC_ERROR_FILE", error_file}});
         CAPTURE(r.err);
         const auto status = exit_status::from_wait_status(r.wait_status);
         CHECK(status.signal() == SIGSEGV);

@@ -154,17 +154,13 @@ TEST_CASE("store auth: a server refuses a proof made with another secret, or rep
     std::string challenge;
     REQUIRE(server.feed(hello_bytes(honest), challenge).status == auth::status::ok);
     const auto server_nonce = std::string_view(challenge).substr(auth::magic.size() + 1, 32);
-    const auto forged = auth::compute_mac("guess", auth::client_label, filled(0x11),
-                                          [&] {
-                                              auth::nonce n{};
-                                              for (std::size_t i = 0; i < n.size(); ++i)
-                                                  n[i] = static_cast<unsigned char>(server_nonce[i]);
-                                              return n;
-                                          }());
+    const auto forged = auth::compute_mac("guess", auth::client_label, filled(0x11), [&] {
+        auth::nonce n{};
+        for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<unsigned char>(server_nonce[i]);
+        return n;
+    }());
     std::string out;
-    auto s = server.feed(std::string_view(reinterpret_cast<const char*>(forged.data()),
-                                          forged.size()),
-                         out);
+    auto s = server.feed(std::string_view(reinterpret_cast<const char*>(forged.data()), forged.size()), out);
     CHECK(s.status == auth::status::refused);
     CHECK(s.reason.find("another secret") != std::string::npos);
     CHECK(out.empty());
@@ -201,8 +197,7 @@ TEST_CASE("store auth: a server names TCPStore requests and strangers sent inste
         return s.reason;
     };
     CHECK(reason(unhex("00 ce f7 85 3c")).find("TCPStore request") != std::string::npos);
-    CHECK(reason(unhex("02 03 00x7")).find("PyTorch 1.13 dialect (opcode 2)") !=
-          std::string::npos);
+    CHECK(reason(unhex("02 03 00x7")).find("PyTorch 1.13 dialect (opcode 2)") != std::string::npos);
     CHECK(reason("GET / HTTP/1.1\r\n").find("neither") != std::string::npos);
     // The magic with another version.
     CHECK(reason(unhex("ea 65 6c 61 73 74 69 63 02")).find("version 2") != std::string::npos);
@@ -215,13 +210,13 @@ TEST_CASE("store auth: an unauthenticated client is refused every read and write
     seed(f);
     f.run([&]() -> asio::awaitable<void> {
         const std::vector<std::string> attempts{
-            unhex("00 02 00x7 2f 6b 01 00x7 78"),               // legacy SET /k = x
-            unhex("02 02 00x7 2f 6b"),                          // legacy GET /k
-            unhex("03 02 00x7 2f 6e 05 00x7"),                  // legacy ADD /n 5
-            unhex("08 02 00x7 2f 6b"),                          // legacy DELETE_KEY /k
-            unhex("06"),                                        // legacy GETNUMKEYS
+            unhex("00 02 00x7 2f 6b 01 00x7 78"),                  // legacy SET /k = x
+            unhex("02 02 00x7 2f 6b"),                             // legacy GET /k
+            unhex("03 02 00x7 2f 6e 05 00x7"),                     // legacy ADD /n 5
+            unhex("08 02 00x7 2f 6b"),                             // legacy DELETE_KEY /k
+            unhex("06"),                                           // legacy GETNUMKEYS
             unhex("00 ce f7 85 3c  01 02 00x7 2f 6b 01 00x7 78"),  // VALIDATE, SET /k = x
-            unhex("00 ce f7 85 3c  11"),                        // VALIDATE, LIST_KEYS
+            unhex("00 ce f7 85 3c  11"),                           // VALIDATE, LIST_KEYS
         };
         for (const auto& bytes : attempts) {
             auto c = co_await raw_client::connect(f.port());
@@ -277,8 +272,7 @@ TEST_CASE("store auth: an authenticated client runs both dialects' operations an
     fixture f(with_secret());
     f.run([&]() -> asio::awaitable<void> {
         const auto ex = co_await asio::this_coro::executor;
-        for (const auto d : {client_dialect::legacy, client_dialect::current,
-                             client_dialect::detect}) {
+        for (const auto d : {client_dialect::legacy, client_dialect::current, client_dialect::detect}) {
             CAPTURE(static_cast<int>(d));
             tcp_store_client c(ex, client_options(f, std::string(secret), d));
             co_await c.set("a", "1");
@@ -298,8 +292,8 @@ TEST_CASE("store auth: an authenticated client runs both dialects' operations an
             // A reconnection authenticates again (the server serves nothing otherwise).
             c.close();
             CHECK(co_await c.delete_key("m2"));
-            CHECK(c.dialect() == (d == client_dialect::legacy ? elastic::wire::dialect::legacy
-                                                              : elastic::wire::dialect::current));
+            CHECK(c.dialect() ==
+                  (d == client_dialect::legacy ? elastic::wire::dialect::legacy : elastic::wire::dialect::current));
         }
     }());
     // No connection was refused.
@@ -317,16 +311,13 @@ TEST_CASE("store auth: the wrong secret is refused with a clear message on both 
             co_await wrong.set("k", "stolen");
         });
         CHECK(message.find("127.0.0.1:") != std::string::npos);
-        CHECK(message.find("the server was given another secret than this client's") !=
-              std::string::npos);
+        CHECK(message.find("the server was given another secret than this client's") != std::string::npos);
         CHECK(message.find("store_client_options::secret") != std::string::npos);
         // The server logs the client's leaving after its challenge: awaited as that event.
         if (!f.logged("closed during the authentication handshake")) {
             asio::steady_timer logged(ex, asio::steady_timer::time_point::max());
             f.on_log = [&](std::string_view line) {
-                if (line.find("closed during the authentication handshake") !=
-                    std::string_view::npos)
-                    logged.cancel();
+                if (line.find("closed during the authentication handshake") != std::string_view::npos) logged.cancel();
             };
             co_await logged.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
             f.on_log = nullptr;
@@ -344,10 +335,8 @@ TEST_CASE("store auth: a client with a secret against a server without one says 
     f.run([&]() -> asio::awaitable<void> {
         const auto ex = co_await asio::this_coro::executor;
         tcp_store_client c(ex, client_options(f, std::string(secret)));
-        const auto message =
-            co_await auth_error_of([&]() -> asio::awaitable<void> { co_await c.connect(); });
-        CHECK(message.find("it has no secret (store_server_options::secret)") !=
-              std::string::npos);
+        const auto message = co_await auth_error_of([&]() -> asio::awaitable<void> { co_await c.connect(); });
+        CHECK(message.find("it has no secret (store_server_options::secret)") != std::string::npos);
     }());
     CHECK(f.logged("unknown opcode 0xea"));
 }
@@ -357,11 +346,9 @@ TEST_CASE("store auth: empty secrets are refused when the options are made") {
     elastic::store_server_options o;
     o.secret = "";
     CHECK_THROWS_WITH_AS(elastic::tcp_store_server(ctx.get_executor(), o),
-                         doctest::Contains("store_server_options::secret is empty"),
-                         elastic::store_error);
+                         doctest::Contains("store_server_options::secret is empty"), elastic::store_error);
     store_client_options co;
     co.secret = "";
     CHECK_THROWS_WITH_AS(tcp_store_client(ctx.get_executor(), co),
-                         doctest::Contains("store_client_options::secret is empty"),
-                         elastic::store_error);
+                         doctest::Contains("store_client_options::secret is empty"), elastic::store_error);
 }

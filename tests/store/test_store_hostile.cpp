@@ -86,8 +86,7 @@ wire::request op_of(wire::op o, std::string_view key = {}, std::string_view valu
 std::string announced_16_mib() {
     std::string partial = legacy(set_of("/k", "v"));
     partial.resize(partial.size() - 9);  // the value's length (8 bytes) and the value ("v")
-    for (std::size_t b = 0; b < 8; ++b)
-        partial.push_back(static_cast<char>(((16 * mib) >> (8 * b)) & 0xff));
+    for (std::size_t b = 0; b < 8; ++b) partial.push_back(static_cast<char>(((16 * mib) >> (8 * b)) & 0xff));
     return partial + std::string(10, 'p');
 }
 
@@ -116,14 +115,12 @@ asio::awaitable<void> wake_late(std::uint16_t port, raw_client& waiter) {
 }
 
 // A GET of `key` from a fresh connection returns `value`: the server still serves others.
-asio::awaitable<void> still_serves(std::uint16_t port, std::string_view key,
-                                   std::string_view value) {
+asio::awaitable<void> still_serves(std::uint16_t port, std::string_view key, std::string_view value) {
     auto c = co_await raw_client::connect(port);
     co_await c.send(legacy(op_of(wire::op::get, key)));
     const auto size = co_await c.read(8);
     std::uint64_t n = 0;
-    for (std::size_t i = 0; i < 8; ++i)
-        n |= static_cast<std::uint64_t>(static_cast<unsigned char>(size[i])) << (8 * i);
+    for (std::size_t i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(size[i])) << (8 * i);
     REQUIRE(n == value.size());
     CHECK(co_await c.read(value.size()) == value);
 }
@@ -221,14 +218,12 @@ TEST_CASE("store hostile: past max_memory a write is refused and the store keeps
         for (int i = 0; i < 64; ++i) {
             const std::string key = "/fill/" + std::to_string(i);
             const auto request = legacy(set_of(key, value)) + legacy(op_of(wire::op::num_keys));
-            const auto [ec, n] =
-                co_await asio::async_write(filler.socket(), asio::buffer(request),
-                                           asio::experimental::as_tuple(asio::use_awaitable));
+            const auto [ec, n] = co_await asio::async_write(filler.socket(), asio::buffer(request),
+                                                            asio::experimental::as_tuple(asio::use_awaitable));
             (void)n;
             std::string reply(8, '\0');
-            const auto [ec2, got] = co_await asio::async_read(
-                filler.socket(), asio::buffer(reply),
-                asio::experimental::as_tuple(asio::use_awaitable));
+            const auto [ec2, got] = co_await asio::async_read(filler.socket(), asio::buffer(reply),
+                                                              asio::experimental::as_tuple(asio::use_awaitable));
             peak = std::max(peak, f.server->memory());
             if (ec || ec2 || got != 8) break;  // refused: the server closed the connection
             ++stored;
@@ -346,13 +341,12 @@ TEST_CASE("store hostile: ADD cannot grow the table past max_memory") {
             auto add = op_of(wire::op::add, key);
             add.number = 1;
             const auto request = legacy(add);
-            const auto [ec, n] =
-                co_await asio::async_write(c.socket(), asio::buffer(request),
-                                           asio::experimental::as_tuple(asio::use_awaitable));
+            const auto [ec, n] = co_await asio::async_write(c.socket(), asio::buffer(request),
+                                                            asio::experimental::as_tuple(asio::use_awaitable));
             (void)n;
             std::string reply(8, '\0');
-            const auto [ec2, got] = co_await asio::async_read(
-                c.socket(), asio::buffer(reply), asio::experimental::as_tuple(asio::use_awaitable));
+            const auto [ec2, got] = co_await asio::async_read(c.socket(), asio::buffer(reply),
+                                                              asio::experimental::as_tuple(asio::use_awaitable));
             if (ec || ec2 || got != 8) break;
             ++added;
         }
@@ -390,8 +384,8 @@ TEST_CASE("store hostile: options that would cut off a reading client are refuse
     elastic::store_server_options o;
     o.host = "127.0.0.1";
     o.max_queued_output = o.max_reply_size;
-    CHECK_THROWS_WITH_AS(elastic::tcp_store_server(ctx.get_executor(), o),
-                         doctest::Contains("max_queued_output"), elastic::store_error);
+    CHECK_THROWS_WITH_AS(elastic::tcp_store_server(ctx.get_executor(), o), doctest::Contains("max_queued_output"),
+                         elastic::store_error);
 }
 
 namespace test_store_hostile {
@@ -486,9 +480,7 @@ TEST_CASE("store hostile: out of descriptors, a PyTorch client is served past 30
         // Once the flood is older than shed_unused_after, new clients make room.
         asio::steady_timer older(ctx, std::chrono::milliseconds(2500));
         co_await older.async_wait(asio::use_awaitable);
-        auto torch = store_support::spawn(
-            {ELASTIC_TORCH_PYTHON, "-c", torch_client,
-             std::to_string(server.port)});
+        auto torch = store_support::spawn({ELASTIC_TORCH_PYTHON, "-c", torch_client, std::to_string(server.port)});
         auto collect = store_support::collect(torch);
         co_await wait_key(server.port, "/ready");
         auto done = co_await raw_client::connect(server.port);
@@ -522,8 +514,7 @@ TEST_CASE("store hostile: every attack at once: peak memory bounded, PyTorch ser
     store_support::run(ctx, [&]() -> asio::awaitable<void> {
         using namespace asio::experimental::awaitable_operators;
         const auto port = server.port;
-        auto torch = store_support::spawn(
-            {ELASTIC_TORCH_PYTHON, "-c", torch_client, std::to_string(port)});
+        auto torch = store_support::spawn({ELASTIC_TORCH_PYTHON, "-c", torch_client, std::to_string(port)});
         auto collect = store_support::collect(torch);
         auto attacks = [&]() -> asio::awaitable<void> {
             co_await wait_key(port, "/ready");
@@ -549,11 +540,9 @@ TEST_CASE("store hostile: every attack at once: peak memory bounded, PyTorch ser
             co_await watcher.send(legacy(op_of(wire::op::watch_key, "/big")));
             co_await watcher.read(1);
             for (int i = 0; i < 200; ++i) {
-                const auto request =
-                    legacy(set_of("/big", value)) + legacy(op_of(wire::op::num_keys));
-                const auto [ec, n] = co_await asio::async_write(
-                    writer.socket(), asio::buffer(request),
-                    asio::experimental::as_tuple(asio::use_awaitable));
+                const auto request = legacy(set_of("/big", value)) + legacy(op_of(wire::op::num_keys));
+                const auto [ec, n] = co_await asio::async_write(writer.socket(), asio::buffer(request),
+                                                                asio::experimental::as_tuple(asio::use_awaitable));
                 (void)n;
                 REQUIRE_FALSE(ec);
                 co_await writer.read(8);
@@ -563,9 +552,9 @@ TEST_CASE("store hostile: every attack at once: peak memory bounded, PyTorch ser
             auto appender = co_await raw_client::connect(port);
             std::string appends;
             for (int i = 0; i < 20; ++i) appends += legacy(op_of(wire::op::append, "/big", value));
-            const auto [append_ec, sent] =
-                co_await asio::async_write(appender.socket(), asio::buffer(appends),
-                                           asio::experimental::as_tuple(asio::use_awaitable));
+            const auto [append_ec,
+                        sent] = co_await asio::async_write(appender.socket(), asio::buffer(appends),
+                                                           asio::experimental::as_tuple(asio::use_awaitable));
             (void)append_ec;
             (void)sent;
             if (co_await appender.closed_by_peer()) ++closed;
@@ -574,14 +563,12 @@ TEST_CASE("store hostile: every attack at once: peak memory bounded, PyTorch ser
             for (int i = 0; i < 200; ++i) {
                 const auto request = legacy(set_of("/fill/" + std::to_string(i), value)) +
                                      legacy(op_of(wire::op::num_keys));
-                const auto [ec, n] = co_await asio::async_write(
-                    filler.socket(), asio::buffer(request),
-                    asio::experimental::as_tuple(asio::use_awaitable));
+                const auto [ec, n] = co_await asio::async_write(filler.socket(), asio::buffer(request),
+                                                                asio::experimental::as_tuple(asio::use_awaitable));
                 (void)n;
                 std::string reply(8, '\0');
-                const auto [ec2, got] = co_await asio::async_read(
-                    filler.socket(), asio::buffer(reply),
-                    asio::experimental::as_tuple(asio::use_awaitable));
+                const auto [ec2, got] = co_await asio::async_read(filler.socket(), asio::buffer(reply),
+                                                                  asio::experimental::as_tuple(asio::use_awaitable));
                 if (ec || ec2 || got != 8) {
                     ++closed;
                     break;

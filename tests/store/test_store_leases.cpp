@@ -56,7 +56,7 @@ struct fixture : store_support::server_fixture {
     }
 
     elastic::store_client_options client_options(std::chrono::milliseconds interval = 50ms,
-                                                  unsigned misses = 20) const {
+                                                 unsigned misses = 20) const {
         elastic::store_client_options o;
         o.host = "127.0.0.1";
         o.port = port();
@@ -86,8 +86,8 @@ public:
 
     // The next line of its stdout, without the newline; empty at EOF.
     asio::awaitable<std::string> line() {
-        const auto [ec, n] = co_await asio::async_read_until(
-            out_, buf_, '\n', asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec, n] = co_await asio::async_read_until(out_, buf_, '\n',
+                                                             asio::experimental::as_tuple(asio::use_awaitable));
         if (ec && n == 0) co_return std::string{};
         std::string l(asio::buffers_begin(buf_.data()),
                       asio::buffers_begin(buf_.data()) + static_cast<std::ptrdiff_t>(n));
@@ -152,8 +152,8 @@ TEST_CASE("store: a killed lease holder loses its lease at once and wakes the ep
     std::string holder_exit;
     // Built outside the coroutine: g++ 12 rejects string-literal initializer lists inside one.
     const std::vector<std::string> args{std::string(ELASTIC_TEST_PROGRAM_DIR "/store-lease-holder"),
-                                        std::to_string(f.port()), key,
-                                        std::string("10.0.0.1:29400"), std::string("50")};
+                                        std::to_string(f.port()), key, std::string("10.0.0.1:29400"),
+                                        std::string("50")};
     const std::vector<std::string> keys(1, key);
     f.run([&]() -> asio::awaitable<void> {
         child_process holder(f.ctx, args);
@@ -332,8 +332,7 @@ TEST_CASE("store: CAS binds a lease, DELETE releases it without a loss, another 
 TEST_CASE("store: hold_lease refuses a key outside the lease namespace") {
     fixture f(1s, 5);
     const std::vector<std::string> bad_keys{std::string("plain"), std::string("g/__lease__/"),
-                                            std::string("g/__lease__/__epoch"),
-                                            std::string("g/__lease__/__lost/1"),
+                                            std::string("g/__lease__/__epoch"), std::string("g/__lease__/__lost/1"),
                                             std::string("my__lease__/x")};
     f.run([&]() -> asio::awaitable<void> {
         elastic::tcp_store_client c(f.ctx.get_executor(), f.client_options());
@@ -342,8 +341,7 @@ TEST_CASE("store: hold_lease refuses a key outside the lease namespace") {
             try {
                 co_await c.hold_lease(bad, "v");
             } catch (const elastic::store_error& e) {
-                refused = std::string_view(e.what()).find("not a lease key") !=
-                          std::string_view::npos;
+                refused = std::string_view(e.what()).find("not a lease key") != std::string_view::npos;
             }
             INFO(bad);
             CHECK(refused);
@@ -387,15 +385,13 @@ TEST_CASE("store: malformed lease requests close only their connection") {
     check_malformed(op(0) + key("/g/__lease__/") + key("v"), "names no lease");
     // SET and ADD of the server's own names.
     check_malformed(op(0) + key("/g/__lease__/__epoch") + key("5"), "a name the server keeps");
-    check_malformed(op(3) + key("/g/__lease__/__epoch") + unhex("01 00x7"),
-                    "ADD of '/g/__lease__/__epoch'");
+    check_malformed(op(3) + key("/g/__lease__/__epoch") + unhex("01 00x7"), "ADD of '/g/__lease__/__epoch'");
     // DELETE of a lost-lease record.
     check_malformed(op(8) + key("/g/__lease__/__lost/1"), "DELETE_KEY of '/g/__lease__/__lost/1'");
     // APPEND to a lease.
     check_malformed(op(9) + key("/g/__lease__/h") + key("more"), "APPEND of lease key");
     // MULTI_SET with one refused key refuses the whole request.
-    check_malformed(op(11) + unhex("02 00x7") + key("/ok") + key("1") +
-                        key("/g/__lease__/__epoch") + key("9"),
+    check_malformed(op(11) + unhex("02 00x7") + key("/ok") + key("1") + key("/g/__lease__/__epoch") + key("9"),
                     "MULTI_SET of '/g/__lease__/__epoch'");
 }
 
@@ -418,8 +414,8 @@ except RuntimeError as e:
     fixture f(std::chrono::hours(1), 1);
     std::pair<std::string, int> result;
     std::string lost;
-    const std::vector<std::string> args{std::string(ELASTIC_TORCH_PYTHON), std::string("-c"),
-                                        std::string(script), std::to_string(f.port())};
+    const std::vector<std::string> args{std::string(ELASTIC_TORCH_PYTHON), std::string("-c"), std::string(script),
+                                        std::to_string(f.port())};
     f.run([&]() -> asio::awaitable<void> {
         elastic::tcp_store_client observer(f.ctx.get_executor(), f.client_options());
         auto child = store_support::spawn(args);
@@ -493,9 +489,7 @@ TEST_CASE("store: a lease holder blocked in a long WAIT keeps its lease (heartbe
     elastic::store_server_options o;
     o.on_request = [&](elastic::wire::op op) {
         if (op == elastic::wire::op::check && ++checks == 20)
-            asio::post(self->ctx, [self] {
-                self->server->engine().set("/late", std::string_view("L8"));
-            });
+            asio::post(self->ctx, [self] { self->server->engine().set("/late", std::string_view("L8")); });
     };
     fixture f(50ms, 4, std::move(o));
     self = &f;
@@ -562,9 +556,8 @@ TEST_CASE("store: connection_lost() reports a loss that happened before it was a
         elastic::tcp_store_client c(f.ctx.get_executor(), f.client_options());
         // Nothing lost yet: a timer wins the race and cancels the await cleanly.
         asio::steady_timer t(f.ctx, std::chrono::milliseconds(1));
-        const auto first = co_await (
-            c.connection_lost() ||
-            t.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        const auto first = co_await (c.connection_lost() ||
+                                     t.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
         cancelled = first.index() == 1;
         co_await c.hold_lease(elastic::lease_key("", "x"), "1");
         c.close();

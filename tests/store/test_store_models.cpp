@@ -75,10 +75,9 @@ TEST_CASE("store: opcode tables of both dialects") {
     using elastic::wire::to_byte;
     using elastic::wire::to_op;
     // 1.13: SET=0 ... WATCH_KEY=7, DELETE_KEY=8; ~2.0 adds APPEND..CANCEL_WAIT = 9..12.
-    const std::vector<op> legacy{op::set,       op::compare_set, op::get,       op::add,
-                                 op::check,     op::wait,        op::num_keys,  op::watch_key,
-                                 op::delete_key, op::append,     op::multi_get, op::multi_set,
-                                 op::cancel_wait};
+    const std::vector<op> legacy{op::set,       op::compare_set, op::get,        op::add,        op::check,
+                                 op::wait,      op::num_keys,    op::watch_key,  op::delete_key, op::append,
+                                 op::multi_get, op::multi_set,   op::cancel_wait};
     for (std::size_t i = 0; i < legacy.size(); ++i) {
         CHECK(to_op(dialect::legacy, static_cast<std::uint8_t>(i)) == legacy[i]);
         CHECK(to_byte(dialect::legacy, legacy[i]) == i);
@@ -86,11 +85,10 @@ TEST_CASE("store: opcode tables of both dialects") {
     CHECK_FALSE(to_op(dialect::legacy, 13));
     CHECK_FALSE(to_byte(dialect::legacy, op::validate));
     CHECK_FALSE(to_byte(dialect::legacy, op::ping));
-    const std::vector<op> current{op::validate,  op::set,        op::compare_set, op::get,
-                                  op::add,       op::check,      op::wait,        op::num_keys,
-                                  op::delete_key, op::append,    op::multi_get,   op::multi_set,
-                                  op::cancel_wait, op::ping,     op::queue_push,  op::queue_pop,
-                                  op::queue_len, op::list_keys,  op::barrier};
+    const std::vector<op> current{op::validate,  op::set,       op::compare_set, op::get,        op::add,
+                                  op::check,     op::wait,      op::num_keys,    op::delete_key, op::append,
+                                  op::multi_get, op::multi_set, op::cancel_wait, op::ping,       op::queue_push,
+                                  op::queue_pop, op::queue_len, op::list_keys,   op::barrier};
     for (std::size_t i = 0; i < current.size(); ++i) {
         CHECK(to_op(dialect::current, static_cast<std::uint8_t>(i)) == current[i]);
         CHECK(to_byte(dialect::current, current[i]) == i);
@@ -170,8 +168,8 @@ TEST_CASE("store: two requests in one buffer parse one at a time") {
 
 TEST_CASE("store: malformed requests name the rule they break") {
     elastic::wire::request req;
-    const elastic::wire::limits lim{.max_key_size = 16, .max_value_size = 32,
-                                    .max_keys_per_request = 4, .max_request_size = 100};
+    const elastic::wire::limits lim{
+        .max_key_size = 16, .max_value_size = 32, .max_keys_per_request = 4, .max_request_size = 100};
     auto r = elastic::wire::parse_request(dialect::legacy, unhex("0d"), req, lim);
     CHECK(r.status == parse_status::malformed);
     CHECK(r.reason.find("unknown opcode 0x0d") != std::string::npos);
@@ -211,8 +209,7 @@ TEST_CASE("store: encode_request writes what parse_request reads") {
     elastic::wire::encode_request(dialect::current, req, out);
     CHECK(out == unhex("02 03 00x7 2f 6b 31 02 00x7 76 31 02 00x7 76 32"));
     req.operation = op::ping;
-    CHECK_THROWS_AS(elastic::wire::encode_request(dialect::legacy, req, out),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(elastic::wire::encode_request(dialect::legacy, req, out), std::invalid_argument);
 }
 
 TEST_CASE("store: engine semantics follow PyTorch's libuv server") {
@@ -228,12 +225,12 @@ TEST_CASE("store: engine semantics follow PyTorch's libuv server") {
     e.set("trail", std::string_view("12abc"));
     CHECK_THROWS_AS(e.add("trail", 1), elastic::store_error);
     // compare_set, all four cases (wire §1.3 / §1.6).
-    CHECK(e.compare_set("k", "", "n1") == "n1");    // absent, expected empty: created
-    CHECK(e.compare_set("a2", "x", "y") == "x");    // absent, expected non-empty: echoed
+    CHECK(e.compare_set("k", "", "n1") == "n1");  // absent, expected empty: created
+    CHECK(e.compare_set("a2", "x", "y") == "x");  // absent, expected non-empty: echoed
     CHECK(e.find("a2") == nullptr);
     CHECK(e.compare_set("k", "n1", "n2") == "n2");  // equal: replaced
     CHECK(e.compare_set("k", "zz", "n3") == "n2");  // different: current
-    CHECK(e.size() == 5);  // cnt, word, big, trail, k
+    CHECK(e.size() == 5);                           // cnt, word, big, trail, k
     CHECK(e.erase("k"));
     CHECK_FALSE(e.erase("k"));
     e.append("log", "a");
@@ -295,8 +292,7 @@ TEST_CASE("store: memory_store operations") {
         CHECK(co_await s.delete_key("k1"));
         CHECK_FALSE(co_await s.delete_key("k1"));
         co_await s.multi_set(ks("a", "b"), ks("1", std::string("\0\1", 2)));
-        CHECK(co_await s.multi_get(ks("b", "a")) ==
-              ks(std::string("\0\1", 2), "1"));
+        CHECK(co_await s.multi_get(ks("b", "a")) == ks(std::string("\0\1", 2), "1"));
         co_await s.append("a", "23");
         CHECK(co_await s.get("a") == "123");
         bool threw = false;

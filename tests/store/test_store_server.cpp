@@ -42,8 +42,7 @@ using store_support::unhex;
 using fixture = store_support::server_fixture;
 
 // Sends a request and checks the reply bytes (none when reply_hex is empty).
-asio::awaitable<void> exchange(raw_client& c, std::string_view request_hex,
-                               std::string_view reply_hex) {
+asio::awaitable<void> exchange(raw_client& c, std::string_view request_hex, std::string_view reply_hex) {
     co_await c.send_hex(request_hex);
     const auto expected = unhex(reply_hex);
     if (expected.empty()) co_return;
@@ -76,8 +75,7 @@ asio::awaitable<void> release_waiter(std::uint16_t port, raw_client& w) {
 
 // One malformed input: it closes only its connection, is logged with peer and reason, and a
 // client blocked in WAIT meanwhile still gets its reply.
-void check_rejected(const std::string& bad_bytes, std::string_view reason,
-                    elastic::store_server_options options = {}) {
+void check_rejected(const std::string& bad_bytes, std::string_view reason, elastic::store_server_options options = {}) {
     fixture f(std::move(options));
     f.run([&]() -> asio::awaitable<void> {
         auto w = co_await blocked_waiter(f.port());
@@ -113,10 +111,8 @@ TEST_CASE("store: server answers the observed 1.13 bytes (legacy dialect)") {
         co_await exchange(c, "03 04 00x7 2f 63 6e 74 fe ff ff ff ff ff ff ff", "03 00x7");
         co_await exchange(c, "01 03 00x7 2f 6b 31 02 00x7 76 31 02 00x7 76 32", "02 00x7 76 32");
         co_await exchange(c, "01 03 00x7 2f 6b 31 02 00x7 7a 7a 02 00x7 76 33", "02 00x7 76 32");
-        co_await exchange(c, "01 07 00x7 2f 6e 65 77 6b 65 79 00x8 02 00x7 6e 31",
-                          "02 00x7 6e 31");
-        co_await exchange(c, "01 08 00x7 2f 61 62 73 65 6e 74 32 01 00x7 78 01 00x7 79",
-                          "01 00x7 78");
+        co_await exchange(c, "01 07 00x7 2f 6e 65 77 6b 65 79 00x8 02 00x7 6e 31", "02 00x7 6e 31");
+        co_await exchange(c, "01 08 00x7 2f 61 62 73 65 6e 74 32 01 00x7 78 01 00x7 79", "01 00x7 78");
         co_await exchange(c, "06", "04 00x7");  // init/, /k1, /cnt, /newkey
         co_await exchange(c, "08 03 00x7 2f 6b 31", "01 00x7");
         co_await exchange(c, "08 06 00x7 2f 6e 6f 6b 65 79", "00x8");
@@ -130,8 +126,7 @@ TEST_CASE("store: server answers the observed 1.13 bytes (legacy dialect)") {
         // GET of a missing key: an empty value (1.13 closed the connection; libuv answers).
         co_await exchange(c, "02 08 00x7 2f 6d 69 73 73 69 6e 67", "00x8");
         // A request that arrives one byte per segment, as 1.13 sends opcodes.
-        for (const char b : unhex("03 04 00x7 2f 63 6e 74 0a 00x7"))
-            co_await c.send(std::string(1, b));
+        for (const char b : unhex("03 04 00x7 2f 63 6e 74 0a 00x7")) co_await c.send(std::string(1, b));
         CHECK(co_await c.read_hex(8) == hex(unhex("0d 00x7")));
         // Two requests in one segment.
         co_await exchange(c, "06 08 04 00x7 2f 62 69 6e", "05 00x7 01 00x7");
@@ -194,7 +189,7 @@ TEST_CASE("store: server legacy WATCH_KEY, APPEND, MULTI_GET, MULTI_SET, CANCEL_
         co_await exchange(c, "05 01 00x7 02 00x7 2f 6e", "");
         co_await exchange(c, "0c", "01");
         co_await exchange(w, "00 02 00x7 2f 6e 01 00x7 31   06", "05 00x7");  // /n written
-        co_await exchange(c, "06", "05 00x7");  // no stray 0x00 before this reply
+        co_await exchange(c, "06", "05 00x7");                                // no stray 0x00 before this reply
     }());
 }
 
@@ -206,10 +201,10 @@ TEST_CASE("store: server current dialect: VALIDATE, PING, WAIT, CANCEL_WAIT and 
         co_await exchange(a, "00 ce f7 85 3c   01 03 00x7 2f 6b 31 02 00x7 76 31", "");
         co_await exchange(a, "03 03 00x7 2f 6b 31", "02 00x7 76 31");
         co_await exchange(a, "04 04 00x7 2f 63 6e 74 05 00x7", "05 00x7");  // ADD=4
-        co_await exchange(a, "05 01 00x7 04 00x7 2f 63 6e 74", "00");        // CHECK=5
-        co_await exchange(a, "07", "02 00x7");  // GETNUMKEYS=7: /k1, /cnt
+        co_await exchange(a, "05 01 00x7 04 00x7 2f 63 6e 74", "00");       // CHECK=5
+        co_await exchange(a, "07", "02 00x7");                              // GETNUMKEYS=7: /k1, /cnt
         co_await exchange(a, "02 03 00x7 2f 6b 31 02 00x7 76 31 02 00x7 76 32",
-                          "02 00x7 76 32");                                 // COMPARE_SET=2
+                          "02 00x7 76 32");  // COMPARE_SET=2
         // VALIDATE then PING: the nonce is echoed.
         auto b = co_await raw_client::connect(f.port());
         co_await exchange(b, "00 ce f7 85 3c   0d 39 30 00 00", "39 30 00 00");
@@ -226,7 +221,7 @@ TEST_CASE("store: server current dialect: VALIDATE, PING, WAIT, CANCEL_WAIT and 
         CHECK(co_await b.read_hex(1) == "01");
         CHECK(f.server->engine().awaited_keys() == 0);
         co_await exchange(a, "01 02 00x7 2f 78 01 00x7 31   07", "04 00x7");  // /x written
-        co_await exchange(b, "0d 02 00 00 00", "02 00 00 00");  // the next reply is the PING's
+        co_await exchange(b, "0d 02 00 00 00", "02 00 00 00");                // the next reply is the PING's
         // CANCEL_WAIT racing STOP_WAITING: the key is written before the cancel arrives; the
         // client reads 0x00 then 0x01 (what PyTorch's client expects, wire §1.4).
         co_await b.send_hex("06 01 00x7 02 00x7 2f 79   0d 03 00 00 00");
@@ -239,13 +234,13 @@ TEST_CASE("store: server current dialect: VALIDATE, PING, WAIT, CANCEL_WAIT and 
         // APPEND=9, MULTI_SET=11, MULTI_GET=10, DELETE_KEY=8, LIST_KEYS=17.
         co_await exchange(b, "09 03 00x7 2f 6b 31 01 00x7 21", "");
         co_await exchange(b, "0b 01 00x7 02 00x7 2f 6d 01 00x7 6d", "");
-        co_await exchange(b, "0a 02 00x7 03 00x7 2f 6b 31 02 00x7 2f 6d",
-                          "03 00x7 76 32 21 01 00x7 6d");
+        co_await exchange(b, "0a 02 00x7 03 00x7 2f 6b 31 02 00x7 2f 6d", "03 00x7 76 32 21 01 00x7 6d");
         co_await exchange(b, "08 02 00x7 2f 6d", "01 00x7");
         auto lister = co_await raw_client::connect(f.port());
-        co_await exchange(lister, "00 ce f7 85 3c  01 02 00x7 2f 71 00x8  08 03 00x7 2f 6b 31  "
-                                  "08 04 00x7 2f 63 6e 74  08 02 00x7 2f 77 08 02 00x7 2f 78  "
-                                  "08 02 00x7 2f 79  08 02 00x7 2f 7a",
+        co_await exchange(lister,
+                          "00 ce f7 85 3c  01 02 00x7 2f 71 00x8  08 03 00x7 2f 6b 31  "
+                          "08 04 00x7 2f 63 6e 74  08 02 00x7 2f 77 08 02 00x7 2f 78  "
+                          "08 02 00x7 2f 79  08 02 00x7 2f 7a",
                           "01 00x7 01 00x7 01 00x7 01 00x7 01 00x7 01 00x7");
         co_await exchange(lister, "11", "01 00x7 02 00x7 2f 71");
     }());
@@ -268,8 +263,7 @@ TEST_CASE("store: ADD on a non-numeric value closes only its connection") {
 TEST_CASE("store: a key beyond the limit closes only its connection") {
     elastic::store_server_options o;
     o.limits.max_key_size = 1024;
-    check_rejected(unhex("00 01 04 00 00 00 00 00 00") + std::string(1025, 'k'), "max_key_size",
-                   std::move(o));
+    check_rejected(unhex("00 01 04 00 00 00 00 00 00") + std::string(1025, 'k'), "max_key_size", std::move(o));
 }
 
 TEST_CASE("store: a value beyond the limit closes only its connection") {
@@ -289,8 +283,7 @@ TEST_CASE("store: a 2.x handshake read as legacy SET closes only its connection"
 }
 
 TEST_CASE("store: an unsupported operation closes only its connection") {
-    check_rejected(unhex("00 ce f7 85 3c  0e 01 00x7 71 01 00x7 76"),
-                   "QUEUE_PUSH is not supported");
+    check_rejected(unhex("00 ce f7 85 3c  0e 01 00x7 71 01 00x7 76"), "QUEUE_PUSH is not supported");
 }
 
 TEST_CASE("store: a connection beyond max_connections is closed, the others carry on") {
@@ -344,11 +337,8 @@ TEST_CASE("store: 2000 connections blocked in WAIT are all answered by one SET")
         for (int i = 0; i < n; ++i) {
             clients.push_back(co_await raw_client::connect(f.port()));
             // Half speak each dialect; each WAITs for "/go" and proves registration.
-            if (i % 2 == 0)
-                co_await clients.back().send_hex("05 01 00x7 03 00x7 2f 67 6f   06");
-            else
-                co_await clients.back().send_hex(
-                    "00 ce f7 85 3c   06 01 00x7 03 00x7 2f 67 6f   07");
+            if (i % 2 == 0) co_await clients.back().send_hex("05 01 00x7 03 00x7 2f 67 6f   06");
+            else co_await clients.back().send_hex("00 ce f7 85 3c   06 01 00x7 03 00x7 2f 67 6f   07");
             co_await clients.back().read(8);
         }
         CHECK(f.server->connections() == static_cast<std::size_t>(n));
@@ -404,8 +394,7 @@ except RuntimeError as e:
     self = &f;
     std::pair<std::string, int> result;
     f.run([&]() -> asio::awaitable<void> {
-        auto child = store_support::spawn({ELASTIC_TORCH_PYTHON, "-c", script,
-                                           std::to_string(f.port())});
+        auto child = store_support::spawn({ELASTIC_TORCH_PYTHON, "-c", script, std::to_string(f.port())});
         result = co_await store_support::collect(child);
     }());
     INFO("python output:\n", result.first);
@@ -506,8 +495,7 @@ TEST_CASE("store: cancelling run() stops the server and closes its connections")
     elastic::tcp_store_server server(ctx.get_executor(), o);
     asio::cancellation_signal cancel;
     bool run_returned = false;
-    asio::co_spawn(ctx, server.run(),
-                   asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) {
+    asio::co_spawn(ctx, server.run(), asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) {
                        run_returned = true;
                        CHECK_FALSE(e);
                    }));
@@ -532,9 +520,7 @@ TEST_CASE("store: the hosting agent shares the server's keys and waiters in proc
         auto writer = [&]() -> asio::awaitable<void> {
             co_await exchange(c, "00 05 00x7 2f 6c 61 74 65 02 00x7 6f 6b   06", "02 00x7");
         };
-        auto reader = [&]() -> asio::awaitable<std::string> {
-            co_return co_await local.get("/late");
-        };
+        auto reader = [&]() -> asio::awaitable<std::string> { co_return co_await local.get("/late"); };
         using namespace asio::experimental::awaitable_operators;
         const std::string got = co_await (reader() && writer());
         CHECK(got == "ok");

@@ -51,8 +51,7 @@ int main(int argc, char** argv) {
                 const auto k = arg();
                 const auto e = arg();
                 const auto d = arg();
-                std::printf("compare_set %s = %s\n", k.c_str(),
-                            text(store.compareSet(k, bytes(e), bytes(d))).c_str());
+                std::printf("compare_set %s = %s\n", k.c_str(), text(store.compareSet(k, bytes(e), bytes(d))).c_str());
             } else if (op == "check") {
                 const auto k = arg();
                 std::printf("check %s = %d\n", k.c_str(), store.check({k}) ? 1 : 0);

@@ -102,10 +102,10 @@ asio::awaitable<void> every_operation(tcp_store_client& c) {
     CHECK(co_await c.add("cnt", -2) == 3);
     CHECK(co_await c.get("cnt") == "3");
 
-    CHECK(co_await c.compare_set("k1", "v1", "v2") == "v2");          // match: replaced
-    CHECK(co_await c.compare_set("k1", "zz", "v3") == "v2");          // mismatch: current
-    CHECK(co_await c.compare_set("newkey", "", "n1") == "n1");        // absent, "": created
-    CHECK(co_await c.compare_set("absent2", "x", "y") == "x");        // absent: expected back
+    CHECK(co_await c.compare_set("k1", "v1", "v2") == "v2");    // match: replaced
+    CHECK(co_await c.compare_set("k1", "zz", "v3") == "v2");    // mismatch: current
+    CHECK(co_await c.compare_set("newkey", "", "n1") == "n1");  // absent, "": created
+    CHECK(co_await c.compare_set("absent2", "x", "y") == "x");  // absent: expected back
     CHECK(co_await c.get("k1") == "v2");
     CHECK(co_await c.get("newkey") == "n1");
     CHECK_FALSE(co_await c.check(ks("absent2")));
@@ -126,9 +126,8 @@ asio::awaitable<void> every_operation(tcp_store_client& c) {
     const auto got = co_await c.multi_get(ks("m3", "m1", "m2"));
     CHECK(got == std::vector<std::string>{std::string("\0b", 2), "a", ""});
     CHECK((co_await c.multi_get({})).empty());
-    CHECK(co_await error_of([&]() -> asio::awaitable<void> {
-              co_await c.multi_set(ks("a", "b"), ks("1"));
-          }) == "multi_set needs as many values as keys, got 2 keys and 1 values");
+    CHECK(co_await error_of([&]() -> asio::awaitable<void> { co_await c.multi_set(ks("a", "b"), ks("1")); }) ==
+          "multi_set needs as many values as keys, got 2 keys and 1 values");
 
     co_await c.append("log", "ab");
     co_await c.append("log", "cd");
@@ -151,8 +150,8 @@ TEST_CASE("store_client: every operation against our server, in each dialect") {
             CHECK(f.server->engine().find("cnt") == nullptr);
         }());
         // detect settles on the current dialect against a server that speaks it.
-        CHECK(c.dialect() == (d == client_dialect::legacy ? elastic::wire::dialect::legacy
-                                                          : elastic::wire::dialect::current));
+        CHECK(c.dialect() ==
+              (d == client_dialect::legacy ? elastic::wire::dialect::legacy : elastic::wire::dialect::current));
     }
 }
 
@@ -254,8 +253,7 @@ TEST_CASE("store_client: concurrent operations on one client queue up in order")
     }());
     errors.check();
     REQUIRE(results.size() == 100);
-    for (std::size_t i = 0; i < results.size(); ++i)
-        CHECK(results[i] == static_cast<std::int64_t>(i + 1));
+    for (std::size_t i = 0; i < results.size(); ++i) CHECK(results[i] == static_cast<std::int64_t>(i + 1));
 }
 
 TEST_CASE("store_client: connect retries with backoff until the server appears") {
@@ -301,10 +299,9 @@ TEST_CASE("store_client: no server is a store_error naming host, port and the re
         CHECK(a.delay <= o.max_backoff);
     };
     tcp_store_client c(ctx.get_executor(), o);
-    const auto message = store_support::run(
-        ctx, error_of([&]() -> asio::awaitable<void> { co_await c.set("k", "v"); }));
-    CHECK(message.find(fmt::format("cannot connect to the store at 127.0.0.1:{}", o.port)) !=
-          std::string::npos);
+    const auto message = store_support::run(ctx,
+                                            error_of([&]() -> asio::awaitable<void> { co_await c.set("k", "v"); }));
+    CHECK(message.find(fmt::format("cannot connect to the store at 127.0.0.1:{}", o.port)) != std::string::npos);
     CHECK(message.find("Connection refused") != std::string::npos);
     CHECK(message.find("MASTER_ADDR/MASTER_PORT") != std::string::npos);
     CHECK(retries >= 1);
@@ -326,15 +323,12 @@ TEST_CASE("store_client: a server that stops during a wait is a store_error, not
     tcp_store_client c(f.ctx.get_executor(), o);
     f.run([&]() -> asio::awaitable<void> {
         co_await c.set("k", "v");
-        const auto during = co_await error_of(
-            [&]() -> asio::awaitable<void> { co_await c.wait(ks("never"), 1h); });
-        CHECK(during.find(fmt::format("the store at {} closed the connection during WAIT '/never'",
-                                      c.address())) != std::string::npos);
-        // The next operation reconnects, finds nobody and says where it looked.
-        const auto after = co_await error_of(
-            [&]() -> asio::awaitable<void> { (void)co_await c.num_keys(); });
-        CHECK(after.find(fmt::format("cannot connect to the store at {}", c.address())) !=
+        const auto during = co_await error_of([&]() -> asio::awaitable<void> { co_await c.wait(ks("never"), 1h); });
+        CHECK(during.find(fmt::format("the store at {} closed the connection during WAIT '/never'", c.address())) !=
               std::string::npos);
+        // The next operation reconnects, finds nobody and says where it looked.
+        const auto after = co_await error_of([&]() -> asio::awaitable<void> { (void)co_await c.num_keys(); });
+        CHECK(after.find(fmt::format("cannot connect to the store at {}", c.address())) != std::string::npos);
     }());
 }
 
@@ -343,8 +337,7 @@ TEST_CASE("store_client: ADD on a non-numeric value fails and the next call reco
     tcp_store_client c(f.ctx.get_executor(), f.client_options());
     f.run([&]() -> asio::awaitable<void> {
         co_await c.set("word", "yes");
-        const auto message = co_await error_of(
-            [&]() -> asio::awaitable<void> { (void)co_await c.add("word", 1); });
+        const auto message = co_await error_of([&]() -> asio::awaitable<void> { (void)co_await c.add("word", 1); });
         CHECK(message.find("closed the connection during ADD '/word'") != std::string::npos);
         CHECK(co_await c.get("word") == "yes");
         CHECK(co_await c.add("num", 2) == 2);

@@ -42,13 +42,12 @@ asio::awaitable<std::string> error_of(F f) {
 
 // A Python TCPStore client of 127.0.0.1:port running `body` (store object `s`).
 std::string python_client(std::uint16_t port, const std::string& body) {
-    return fmt::format(
-        "import datetime\n"
-        "import torch.distributed as d\n"
-        "s = d.TCPStore('127.0.0.1', {}, None, False, datetime.timedelta(seconds=60), "
-        "wait_for_workers=False)\n"
-        "{}",
-        port, body);
+    return fmt::format("import datetime\n"
+                       "import torch.distributed as d\n"
+                       "s = d.TCPStore('127.0.0.1', {}, None, False, datetime.timedelta(seconds=60), "
+                       "wait_for_workers=False)\n"
+                       "{}",
+                       port, body);
 }
 
 TEST_CASE("store_client: every operation against PyTorch 1.13's own TCPStore server") {
@@ -95,13 +94,11 @@ TEST_CASE("store_client: every operation against PyTorch 1.13's own TCPStore ser
         CHECK(co_await c.add("cnt", 1) == 4);
         // get waits for its key first: 1.13 drops a connection that GETs a missing key.
         c.set_timeout(30ms);
-        const auto missing = co_await error_of(
-            [&]() -> asio::awaitable<void> { (void)co_await c.get("missing"); });
+        const auto missing = co_await error_of([&]() -> asio::awaitable<void> { (void)co_await c.get("missing"); });
         CHECK(missing.find("key '/missing' not set within 30 ms") != std::string::npos);
         c.set_timeout(60s);
         // APPEND does not exist in 1.13: the server drops the connection, we say why.
-        const auto append = co_await error_of(
-            [&]() -> asio::awaitable<void> { co_await c.append("log", "x"); });
+        const auto append = co_await error_of([&]() -> asio::awaitable<void> { co_await c.append("log", "x"); });
         CHECK(append.find("closed the connection during APPEND '/log'") != std::string::npos);
         CHECK(co_await c.get("cnt") == "4");
     }());
@@ -110,9 +107,8 @@ TEST_CASE("store_client: every operation against PyTorch 1.13's own TCPStore ser
 
     // What we wrote is what PyTorch's own client reads.
     const auto [out, code] = client_support::python(
-        ctx, python_client(server.port,
-                           "print(s.get('bin').hex(), s.get('cnt').decode(), "
-                           "s.get('newkey').decode(), s.get('m1').decode(), flush=True)\n"));
+        ctx, python_client(server.port, "print(s.get('bin').hex(), s.get('cnt').decode(), "
+                                        "s.get('newkey').decode(), s.get('m1').decode(), flush=True)\n"));
     CHECK(code == 0);
     CHECK(out == "0001ff 4 n1 a\n");
     const auto [rest, status] = server.stop(ctx);
@@ -128,14 +124,14 @@ TEST_CASE("store_client: the current dialect forced against PyTorch 1.13 names t
     o.connect_timeout = 300ms;
     o.detect_timeout = 100ms;
     tcp_store_client c(ctx.get_executor(), o);
-    const auto message = store_support::run(
-        ctx, error_of([&]() -> asio::awaitable<void> { co_await c.set("k", "v"); }));
-    CHECK(message.find(fmt::format("cannot connect to the store at 127.0.0.1:{}", server.port)) !=
-          std::string::npos);
+    const auto message = store_support::run(ctx,
+                                            error_of([&]() -> asio::awaitable<void> { co_await c.set("k", "v"); }));
+    CHECK(message.find(fmt::format("cannot connect to the store at 127.0.0.1:{}", server.port)) != std::string::npos);
     CHECK(message.find("use client_dialect::detect or legacy") != std::string::npos);
     // The server survived the handshakes it could not parse.
-    const auto [out, code] = client_support::python(
-        ctx, python_client(server.port, "s.set('a', 'b'); print(s.get('a').decode())\n"));
+    const auto [out, code] = client_support::python(ctx,
+                                                    python_client(server.port,
+                                                                  "s.set('a', 'b'); print(s.get('a').decode())\n"));
     CHECK(code == 0);
     CHECK(out == "b\n");
     server.stop(ctx);
@@ -155,12 +151,11 @@ TEST_CASE("store_client: Python, libtorch and our client share our server") {
     int py_status = -1;
     store_support::run(ctx, [&]() -> asio::awaitable<void> {
         // Python sets a key and then waits for ours; we read its key and then set ours.
-        auto py = client_support::spawn(
-            {ELASTIC_TORCH_PYTHON, "-c",
-             python_client(server.port(),
-                           "s.set('py_key', 'from python')\n"
-                           "print('cpp_key =', s.get('cpp_key').decode(), flush=True)\n"
-                           "print('cnt =', s.add('cnt', 10), flush=True)\n")});
+        auto py = client_support::spawn({ELASTIC_TORCH_PYTHON, "-c",
+                                         python_client(server.port(),
+                                                       "s.set('py_key', 'from python')\n"
+                                                       "print('cpp_key =', s.get('cpp_key').decode(), flush=True)\n"
+                                                       "print('cnt =', s.add('cnt', 10), flush=True)\n")});
         CHECK(co_await c.get("py_key") == "from python");
         co_await c.set("cpp_key", "from c++");
         std::tie(py_out, py_status) = co_await store_support::collect(py.output());
@@ -168,27 +163,50 @@ TEST_CASE("store_client: Python, libtorch and our client share our server") {
 
 #ifdef ELASTIC_TEST_LIBTORCH_CLIENT
         // libtorch reads both, writes its own, and blocks in get until we set "later".
-        auto lt = client_support::spawn(
-            {ELASTIC_TEST_LIBTORCH_CLIENT, std::to_string(server.port()), "get", "py_key", "get",
-             "cpp_key", "add", "cnt", "5", "compare_set", "cas", "", "created", "compare_set",
-             "cas", "wrong", "other", "check", "cas", "check", "nope", "num_keys", "delete", "cas",
-             "set", "lt_key", "from libtorch", "get", "later"});
+        auto lt = client_support::spawn({ELASTIC_TEST_LIBTORCH_CLIENT,
+                                         std::to_string(server.port()),
+                                         "get",
+                                         "py_key",
+                                         "get",
+                                         "cpp_key",
+                                         "add",
+                                         "cnt",
+                                         "5",
+                                         "compare_set",
+                                         "cas",
+                                         "",
+                                         "created",
+                                         "compare_set",
+                                         "cas",
+                                         "wrong",
+                                         "other",
+                                         "check",
+                                         "cas",
+                                         "check",
+                                         "nope",
+                                         "num_keys",
+                                         "delete",
+                                         "cas",
+                                         "set",
+                                         "lt_key",
+                                         "from libtorch",
+                                         "get",
+                                         "later"});
         CHECK(co_await c.get("lt_key") == "from libtorch");
         co_await c.set("later", "set by elastic");
         const auto [lt_out, lt_status] = co_await store_support::collect(lt.output());
         CHECK(client_support::exit_code(lt_status) == 0);
-        CHECK(lt_out ==
-              "get py_key = from python\n"
-              "get cpp_key = from c++\n"
-              "add cnt = 15\n"
-              "compare_set cas = created\n"
-              "compare_set cas = created\n"
-              "check cas = 1\n"
-              "check nope = 0\n"
-              "num_keys = 4\n"  // py_key, cpp_key, cnt, cas
-              "delete cas = 1\n"
-              "set lt_key\n"
-              "get later = set by elastic\n");
+        CHECK(lt_out == "get py_key = from python\n"
+                        "get cpp_key = from c++\n"
+                        "add cnt = 15\n"
+                        "compare_set cas = created\n"
+                        "compare_set cas = created\n"
+                        "check cas = 1\n"
+                        "check nope = 0\n"
+                        "num_keys = 4\n"  // py_key, cpp_key, cnt, cas
+                        "delete cas = 1\n"
+                        "set lt_key\n"
+                        "get later = set by elastic\n");
         CHECK(co_await c.get("cnt") == "15");
         CHECK_FALSE(co_await c.check(ks("cas")));
 #endif
@@ -204,30 +222,28 @@ TEST_CASE("store_client: two PyTorch gloo workers init_process_group on our serv
     so.host = "127.0.0.1";
     elastic::tcp_store_server server(ctx.get_executor(), so);
     server.start();
-    const std::string script =
-        "import datetime, torch, torch.distributed as dist\n"
-        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=120))\n"
-        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
-        "dist.all_reduce(t)\n"
-        "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'sum', t.item(), "
-        "flush=True)\n"
-        "dist.barrier()\n"
-        "dist.destroy_process_group()\n";
+    const std::string script = "import datetime, torch, torch.distributed as dist\n"
+                               "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=120))\n"
+                               "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+                               "dist.all_reduce(t)\n"
+                               "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'sum', t.item(), "
+                               "flush=True)\n"
+                               "dist.barrier()\n"
+                               "dist.destroy_process_group()\n";
     std::vector<std::pair<std::string, int>> results;
     store_support::run(ctx, [&]() -> asio::awaitable<void> {
         std::vector<client_support::child> workers;
         for (int rank = 0; rank < 2; ++rank)
-            workers.push_back(client_support::spawn(
-                {ELASTIC_TORCH_PYTHON, "-c", script},
-                {{"RANK", std::to_string(rank)},
-                 {"LOCAL_RANK", std::to_string(rank)},
-                 {"WORLD_SIZE", "2"},
-                 {"LOCAL_WORLD_SIZE", "2"},
-                 {"MASTER_ADDR", "127.0.0.1"},
-                 {"MASTER_PORT", std::to_string(server.port())},
-                 {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                 {"TORCHELASTIC_RESTART_COUNT", "0"},
-                 {"GLOO_SOCKET_IFNAME", "lo"}}));
+            workers.push_back(client_support::spawn({ELASTIC_TORCH_PYTHON, "-c", script},
+                                                    {{"RANK", std::to_string(rank)},
+                                                     {"LOCAL_RANK", std::to_string(rank)},
+                                                     {"WORLD_SIZE", "2"},
+                                                     {"LOCAL_WORLD_SIZE", "2"},
+                                                     {"MASTER_ADDR", "127.0.0.1"},
+                                                     {"MASTER_PORT", std::to_string(server.port())},
+                                                     {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                     {"TORCHELASTIC_RESTART_COUNT", "0"},
+                                                     {"GLOO_SOCKET_IFNAME", "lo"}}));
         for (auto& w : workers) results.push_back(co_await store_support::collect(w.output()));
         server.stop();
     }());

@@ -75,20 +75,32 @@ private:
 /// The test's environment without anything a launcher reads or sets (PET_*, TORCHELASTIC_*,
 /// the contract's names), so the case controls exactly what elasticrun sees.
 inline std::map<std::string, std::string> clean_environment() {
-    static const std::vector<std::string> contract{
-        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-        "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "NODE_RANK",
-        "CUDA_VISIBLE_DEVICES", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHON_EXEC",
-        "LOGLEVEL"};
+    static const std::vector<std::string> contract{"RANK",
+                                                   "WORLD_SIZE",
+                                                   "LOCAL_RANK",
+                                                   "LOCAL_WORLD_SIZE",
+                                                   "GROUP_RANK",
+                                                   "GROUP_WORLD_SIZE",
+                                                   "ROLE_RANK",
+                                                   "ROLE_WORLD_SIZE",
+                                                   "ROLE_NAME",
+                                                   "MASTER_ADDR",
+                                                   "MASTER_PORT",
+                                                   "OMP_NUM_THREADS",
+                                                   "NODE_RANK",
+                                                   "CUDA_VISIBLE_DEVICES",
+                                                   "NCCL_ASYNC_ERROR_HANDLING",
+                                                   "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                   "PYTHON_EXEC",
+                                                   "LOGLEVEL"};
     std::map<std::string, std::string> env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
         const std::string entry(*e);
         const auto eq = entry.find('=');
         if (eq == std::string::npos) continue;
         const auto name = entry.substr(0, eq);
-        if (name.rfind("PET_", 0) == 0 || name.rfind("TORCHELASTIC_", 0) == 0 ||
-            name.rfind("TORCH_ELASTIC_", 0) == 0 || name.rfind("AGENT_WORKER", 0) == 0 ||
-            std::find(contract.begin(), contract.end(), name) != contract.end()) {
+        if (name.rfind("PET_", 0) == 0 || name.rfind("TORCHELASTIC_", 0) == 0 || name.rfind("TORCH_ELASTIC_", 0) == 0 ||
+            name.rfind("AGENT_WORKER", 0) == 0 || std::find(contract.begin(), contract.end(), name) != contract.end()) {
             continue;
         }
         env.emplace(name, entry.substr(eq + 1));

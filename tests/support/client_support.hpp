@@ -45,14 +45,12 @@ struct child {
 /// Starts args[0] with the parent's environment plus `env` (which wins; an empty value unsets
 /// the variable), stdout and stderr on
 /// one pipe, and with `stdin_pipe` its stdin on a pipe.
-inline child spawn(const std::vector<std::string>& args,
-                   const std::map<std::string, std::string>& env = {}, bool stdin_pipe = false) {
+inline child spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
+                   bool stdin_pipe = false) {
     int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0)
-        throw std::system_error(errno, std::generic_category(), "pipe2");
+    if (pipe2(out, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
     int in[2] = {-1, -1};
-    if (stdin_pipe && pipe2(in, O_CLOEXEC) != 0)
-        throw std::system_error(errno, std::generic_category(), "pipe2");
+    if (stdin_pipe && pipe2(in, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
@@ -66,10 +64,8 @@ inline child spawn(const std::vector<std::string>& args,
         if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     for (const auto& [k, v] : env) {
-        if (v.empty())
-            merged.erase(k);
-        else
-            merged[k] = v;
+        if (v.empty()) merged.erase(k);
+        else merged[k] = v;
     }
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
@@ -105,8 +101,7 @@ inline int exit_code(int status) {
 inline asio::awaitable<std::string> first_line(int fd, std::string& rest) {
     asio::posix::stream_descriptor in(co_await asio::this_coro::executor, ::dup(fd));
     std::string buf;
-    const auto n = co_await asio::async_read_until(in, asio::dynamic_buffer(buf), '\n',
-                                                   asio::use_awaitable);
+    const auto n = co_await asio::async_read_until(in, asio::dynamic_buffer(buf), '\n', asio::use_awaitable);
     rest = buf.substr(n);
     ::close(in.release());  // only the duplicate: the original descriptor stays open
     co_return buf.substr(0, n - 1);

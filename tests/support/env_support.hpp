@@ -37,14 +37,12 @@ struct child_result {
 
 /// Variables a child keeps from the test's own environment: the sanitizers' options and what
 /// the dynamic loader and Python need. Everything else is exactly `variables`.
-inline std::vector<std::string> child_environment(
-    const std::map<std::string, std::string>& variables) {
+inline std::vector<std::string> child_environment(const std::map<std::string, std::string>& variables) {
     std::vector<std::string> entries;
-    for (const char* keep : {"PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "ASAN_OPTIONS",
-                             "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS", "TMPDIR"}) {
+    for (const char* keep : {"PATH", "HOME", "LANG", "LD_LIBRARY_PATH", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
+                             "TSAN_OPTIONS", "TMPDIR"}) {
         if (variables.count(keep) != 0) continue;
-        if (const char* value = std::getenv(keep))
-            entries.push_back(std::string(keep) + "=" + value);
+        if (const char* value = std::getenv(keep)) entries.push_back(std::string(keep) + "=" + value);
     }
     for (const auto& [name, value] : variables) entries.push_back(name + "=" + value);
     return entries;
@@ -53,8 +51,7 @@ inline std::vector<std::string> child_environment(
 /// Runs `program` with `args` and exactly the environment `variables` (plus child_environment's
 /// pass-through), stdout and stderr going to files in `dir`; waits for it.
 inline child_result run_child(const std::string& program, const std::vector<std::string>& args,
-                              const std::map<std::string, std::string>& variables,
-                              const std::string& dir) {
+                              const std::map<std::string, std::string>& variables, const std::string& dir) {
     static int serial = 0;
     const std::string stem = dir + "/child-" + std::to_string(++serial);
     const std::string out_path = stem + ".out";
@@ -73,20 +70,16 @@ inline child_result run_child(const std::string& program, const std::vector<std:
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     pid_t pid = 0;
-    const int rc =
-        ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) throw std::runtime_error("posix_spawn " + program + ": " + std::strerror(rc));
 
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR)
-            throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+        if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
     }
     child_result result;
     if (WIFEXITED(status)) {

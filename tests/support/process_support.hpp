@@ -45,8 +45,7 @@ T run(asio::io_context& io, asio::awaitable<T> task) {
 }
 
 /// One line (without '\n') from `pipe`; `buffer` keeps what was read past it. "" at EOF.
-inline asio::awaitable<std::string> read_line(asio::posix::stream_descriptor& pipe,
-                                              std::string& buffer) {
+inline asio::awaitable<std::string> read_line(asio::posix::stream_descriptor& pipe, std::string& buffer) {
     auto [ec, n] = co_await asio::async_read_until(pipe, asio::dynamic_buffer(buffer), '\n',
                                                    asio::experimental::as_tuple(asio::use_awaitable));
     if (ec && n == 0) {
@@ -91,8 +90,7 @@ inline bool alive(pid_t pid) {
 
 /// Awaits the death of every pid (not necessarily our children) through pidfds; `safety` only
 /// catches a hang. Returns the pids still alive at the end (empty: all died).
-inline std::vector<pid_t> await_deaths(const std::vector<pid_t>& pids,
-                                       std::chrono::milliseconds safety) {
+inline std::vector<pid_t> await_deaths(const std::vector<pid_t>& pids, std::chrono::milliseconds safety) {
     std::vector<pollfd> fds;
     std::vector<pid_t> watched;
     for (pid_t pid : pids) {
@@ -105,9 +103,8 @@ inline std::vector<pid_t> await_deaths(const std::vector<pid_t>& pids,
     for (bool first = true;; first = false) {
         bool all = true;
         for (const auto& p : fds) all = all && (p.revents & POLLIN) != 0;
-        const auto left = std::max(std::chrono::milliseconds(0),
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       deadline - std::chrono::steady_clock::now()));
+        const auto left = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                     deadline - std::chrono::steady_clock::now()));
         if (all || (!first && left.count() == 0)) break;
         std::vector<pollfd> waiting;
         for (const auto& p : fds) {

@@ -162,9 +162,8 @@ inline run_result run(const std::vector<std::string>& argv,
 
 /// A failure observed at `at` after a common origin; system and steady clocks share the origin
 /// so tests can reason about both.
-inline elastic::worker_failure failure(int global_rank, elastic::exit_status status,
-                                       std::chrono::milliseconds at, long pid = 0,
-                                       int local_rank = -1) {
+inline elastic::worker_failure failure(int global_rank, elastic::exit_status status, std::chrono::milliseconds at,
+                                       long pid = 0, int local_rank = -1) {
     using namespace std::chrono;
     elastic::worker_failure f;
     f.global_rank = global_rank;

@@ -134,9 +134,9 @@ public:
     /// True when the server closed the connection (EOF or reset) before sending a byte.
     asio::awaitable<bool> closed_by_peer() {
         char c = 0;
-        const auto [ec, n] = co_await asio::async_read(
-            socket_, asio::buffer(&c, 1), asio::experimental::as_tuple(asio::use_awaitable));
-        co_return ec && n == 0;
+        const auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(&c, 1),
+                                                       asio::experimental::as_tuple(asio::use_awaitable));
+        co_return ec&& n == 0;
     }
 
     asio::ip::tcp::socket& socket() { return socket_; }
@@ -154,8 +154,7 @@ struct child {
 /// Starts argv[0] with stdout on a pipe (stderr inherited).
 inline child spawn(const std::vector<std::string>& args) {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0)
-        throw std::system_error(errno, std::generic_category(), "pipe2");
+    if (pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
@@ -190,8 +189,8 @@ inline asio::awaitable<std::pair<std::string, int>> collect(child c) {
     std::string out;
     char buf[4096];
     for (;;) {
-        const auto [ec, n] = co_await in.async_read_some(
-            asio::buffer(buf), asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec, n] = co_await in.async_read_some(asio::buffer(buf),
+                                                         asio::experimental::as_tuple(asio::use_awaitable));
         out.append(buf, n);
         if (ec == asio::error::operation_aborted) {
             // Cancelled (a test body beside it failed): the child would outlive the test and

@@ -23,8 +23,8 @@ class temp_dir {
 public:
     explicit temp_dir(std::string_view tag = "test") {
         const char* base = std::getenv("TMPDIR");
-        std::string pattern = std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") +
-                              "/elastic-" + std::string(tag) + "-XXXXXX";
+        std::string pattern = std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") + "/elastic-" +
+                              std::string(tag) + "-XXXXXX";
         if (::mkdtemp(pattern.data()) == nullptr) {
             throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
         }
@@ -38,13 +38,10 @@ public:
     temp_dir& operator=(const temp_dir&) = delete;
 
     [[nodiscard]] const std::string& path() const { return path_; }
-    [[nodiscard]] std::string operator/(std::string_view name) const {
-        return path_ + "/" + std::string(name);
-    }
+    [[nodiscard]] std::string operator/(std::string_view name) const { return path_ + "/" + std::string(name); }
 
     /// Writes `name` with `content` and permission bits `mode`; returns its path.
-    std::string write(std::string_view name, std::string_view content,
-                      ::mode_t mode = 0644) const {
+    std::string write(std::string_view name, std::string_view content, ::mode_t mode = 0644) const {
         const auto path = *this / name;
         {
             std::ofstream out(path, std::ios::binary | std::ios::trunc);

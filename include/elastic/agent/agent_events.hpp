@@ -183,7 +183,9 @@ public:
                 const auto& observed = *w->status();
                 const auto& s = observed.status;
                 const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = observed.steady_time >= stop_began ? "TERMINATED" : s.success() ? "SUCCEEDED" : "FAILED";
+                const char* state = observed.steady_time >= stop_began ? "TERMINATED"
+                                    : s.success()                      ? "SUCCEEDED"
+                                                                       : "FAILED";
                 record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
                     m["restart_count"] = restarts;
                     m["local_rank"] = who.local_rank;
@@ -277,8 +279,9 @@ public:
         try {
             const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
             auto workers = started_;
-            std::stable_sort(workers.begin(), workers.end(),
-                             [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+            std::stable_sort(workers.begin(), workers.end(), [](const started_worker& a, const started_worker& b) {
+                return a.local_rank < b.local_rank;
+            });
             const auto now = std::chrono::system_clock::now();
             for (const auto& w : workers) {
                 sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
@@ -309,8 +312,8 @@ public:
             record_agent("elastic.agent.shutdown", [&](json& m) {
                 m["exit_code"] = e.exit_code;
                 m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
-                              : e.exit_code == exit_codes::usage   ? "usage error"
-                                                                   : "internal error";
+                              : e.exit_code == exit_codes::usage    ? "usage error"
+                                                                    : "internal error";
                 m["error_type"] = e.type;
                 m["message"] = e.what;
             });

@@ -41,7 +41,8 @@ public:
         const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
         std::tm local{};
         ::localtime_r(&seconds, &local);
-        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+        const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+                            1000000;
         detail::agent::write_all(fd_, format(level, local, static_cast<int>(micros), pid_, name_, text));
     }
     void debug(std::string_view text) const { (*this)(log_level::debug, text); }
@@ -60,9 +61,9 @@ public:
     [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
                                             std::string_view name, std::string_view text) {
         static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
-        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ", letters[static_cast<int>(level)],
-                                        local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
-                                        micros, pid, name);
+        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ",
+                                        letters[static_cast<int>(level)], local.tm_mon + 1, local.tm_mday,
+                                        local.tm_hour, local.tm_min, local.tm_sec, micros, pid, name);
         while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
         while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
         std::string out;

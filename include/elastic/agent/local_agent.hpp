@@ -143,7 +143,8 @@ inline void check_spec(const worker_spec& w) {
         throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
     }
     if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
-        throw usage_error{fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+        throw usage_error{
+            fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
     }
 }
 
@@ -168,8 +169,8 @@ inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, 
 struct attempt_outcome {
     enum class kind { succeeded, failed, signaled, aborted };  ///< aborted: by another node
     kind how = kind::succeeded;
-    int signal = 0;                 ///< for signaled
-    group_failure failure;          ///< for failed
+    int signal = 0;         ///< for signaled
+    group_failure failure;  ///< for failed
 };
 
 /// The rendezvous store was lost while the workers ran (instead of an abort notice): the agent
@@ -293,8 +294,8 @@ public:
             again,      ///< the membership changed, or the rendezvous store was recovered: attempt() again
         };
         kind how = kind::again;
-        int signal = 0;          ///< signaled
-        group_failure failure;   ///< failed; follows, when a worker of this node failed too
+        int signal = 0;            ///< signaled
+        group_failure failure;     ///< failed; follows, when a worker of this node failed too
         bool own_failure = false;  ///< `failure` holds this node's failed group
 
         /// The kind in one word ("succeeded", "failed", "follows", "signaled", "again").
@@ -355,19 +356,11 @@ public:
             auto s = co_await j.attempt();
             std::optional<int> code;
             switch (s.how) {
-            case step::kind::again:
-                continue;
-            case step::kind::signaled:
-                co_return co_await j.interrupted(s);
-            case step::kind::succeeded:
-                code = co_await j.finish(s);
-                break;
-            case step::kind::failed:
-                code = co_await j.decide(s, policy);
-                break;
-            case step::kind::follows:
-                code = co_await j.follow(s);
-                break;
+                case step::kind::again: continue;
+                case step::kind::signaled: co_return co_await j.interrupted(s);
+                case step::kind::succeeded: code = co_await j.finish(s); break;
+                case step::kind::failed: code = co_await j.decide(s, policy); break;
+                case step::kind::follows: code = co_await j.follow(s); break;
             }
             if (code) co_return *code;
         }
@@ -508,8 +501,7 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
-        auto followed =
-            co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+        auto followed = co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
         if (followed.index() == 1) co_return 128 + std::get<1>(followed);
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
@@ -525,10 +517,11 @@ private:
     asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
         const auto what = failed_what(s);
         if (decision.restart) {
-            log_.warning(fmt::format(
-                "[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                several_ ? fmt::format("restarting every node's worker group (job-wide restart {})", rdzv.restart_count())
-                         : std::string("restarting the worker group")));
+            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                     several_
+                                         ? fmt::format("restarting every node's worker group (job-wide restart {})",
+                                                       rdzv.restart_count())
+                                         : std::string("restarting the worker group")));
             events_.restart(rdzv.restart_count());
             co_return std::nullopt;
         }
@@ -599,7 +592,8 @@ private:
         if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
-        if (first && !logs_->run_dir().empty()) log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
+        if (first && !logs_->run_dir().empty())
+            log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
 
@@ -680,30 +674,27 @@ private:
         }
 
         switch (outcome.how) {
-        case kind::succeeded:
-            break;
-        case kind::signaled:
-            co_await stop_on_signal(group, outcome.signal);
-            break;
-        case kind::aborted:  // another node's failure
-            (void)co_await group.stop(SIGTERM);
-            break;
-        case kind::failed: {
-            // Abort the round for every node, then stop the others (the signal the agent would
-            // send, SIGTERM), racing the signals the agent handles — one arriving now is
-            // forwarded and wins.
-            co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
-            events_.stopping_group();
-            auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
-            if (stopped.index() == 1) {
-                outcome.how = kind::signaled;
-                outcome.signal = std::get<1>(stopped);
-                co_await stop_on_signal(group, outcome.signal);
-            } else {
-                outcome.failure = group.failure(*first_failure, host_);
+            case kind::succeeded: break;
+            case kind::signaled: co_await stop_on_signal(group, outcome.signal); break;
+            case kind::aborted:  // another node's failure
+                (void)co_await group.stop(SIGTERM);
+                break;
+            case kind::failed: {
+                // Abort the round for every node, then stop the others (the signal the agent would
+                // send, SIGTERM), racing the signals the agent handles — one arriving now is
+                // forwarded and wins.
+                co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
+                events_.stopping_group();
+                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
+                if (stopped.index() == 1) {
+                    outcome.how = kind::signaled;
+                    outcome.signal = std::get<1>(stopped);
+                    co_await stop_on_signal(group, outcome.signal);
+                } else {
+                    outcome.failure = group.failure(*first_failure, host_);
+                }
+                break;
             }
-            break;
-        }
         }
         co_await group.close();
         // After a success, group rank 0's store keeps serving the other nodes' workers.
@@ -810,8 +801,8 @@ private:
             (void)asio::ip::make_address(peer, ec);
             if (!ec) continue;
             asio::ip::tcp::resolver resolver(executor_);
-            auto [error, found] = co_await resolver.async_resolve(
-                peer, "", asio::experimental::as_tuple(asio::use_awaitable));
+            auto [error, found] = co_await resolver.async_resolve(peer, "",
+                                                                  asio::experimental::as_tuple(asio::use_awaitable));
             if (error) {
                 log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
                                          "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
@@ -847,8 +838,7 @@ private:
         if (several_) {
             log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
                                   spec_.role, round_->number, round_->group_rank, round_->group_world_size,
-                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1,
-                                  round_->world_size));
+                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
         }
         co_return std::nullopt;
     }
@@ -933,9 +923,9 @@ private:
             }
             abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
             if (co_await rdzv.abort(notice)) {
-                const job_decision stop_now{false, 128 + sig, fmt::format("group_rank {} ({}) received {}",
-                                                                           round_->group_rank, host_,
-                                                                           signal_to_string(sig))};
+                const job_decision stop_now{false, 128 + sig,
+                                            fmt::format("group_rank {} ({}) received {}", round_->group_rank, host_,
+                                                        signal_to_string(sig))};
                 co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
@@ -943,14 +933,14 @@ private:
         }
     }
 
-    bool several_ = false;                      ///< a job of several nodes (uses_node_rendezvous)
-    std::unique_ptr<tcp_store_server> round_store_;  ///< group rank 0: the round's workers' store
+    bool several_ = false;                                    ///< a job of several nodes (uses_node_rendezvous)
+    std::unique_ptr<tcp_store_server> round_store_;           ///< group rank 0: the round's workers' store
     std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
-    std::optional<rendezvous_round> round_;     ///< the current round
-    std::optional<std::string> advertised_addr_;  ///< what this node's info says of its store
-    std::optional<detail::agent::store_lost> store_lost_;  ///< the store was lost while the workers ran
-    std::optional<abort_notice> last_abort_;    ///< why the current round was aborted
-    bool abort_won_ = false;                    ///< this node's abort() was the first
+    std::optional<rendezvous_round> round_;                   ///< the current round
+    std::optional<std::string> advertised_addr_;              ///< what this node's info says of its store
+    std::optional<detail::agent::store_lost> store_lost_;     ///< the store was lost while the workers ran
+    std::optional<abort_notice> last_abort_;                  ///< why the current round was aborted
+    bool abort_won_ = false;                                  ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
     worker_spec spec_;
@@ -961,7 +951,7 @@ private:
     detail::agent::store_plan store_;
     std::uint16_t master_port_ = 0;
     std::string host_;
-    agent_events events_;  ///< --event-log-handler
+    agent_events events_;           ///< --event-log-handler
     std::optional<log_tree> logs_;  ///< made at the first attempt
 };
 
@@ -973,10 +963,9 @@ private:
  */
 template <class L>
 concept agent_loop = std::move_constructible<L> &&
-                     requires(L& loop, local_agent::job<single_node_rendezvous>& one,
-                              local_agent::job<tcp_rendezvous>& many) {
-                         { loop(one) } -> std::same_as<asio::awaitable<int>>;
-                         { loop(many) } -> std::same_as<asio::awaitable<int>>;
-                     };
+    requires(L& loop, local_agent::job<single_node_rendezvous>& one, local_agent::job<tcp_rendezvous>& many) {
+    { loop(one) } -> std::same_as<asio::awaitable<int>>;
+    { loop(many) } -> std::same_as<asio::awaitable<int>>;
+};
 
 }  // namespace elastic::inline v0

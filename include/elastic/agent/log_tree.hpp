@@ -41,7 +41,7 @@ enum class console_copy {
 
 /// Where one standard stream of one worker goes (docs/logs.md, "Where each stream goes").
 struct stream_route {
-    bool file = false;                          ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
+    bool file = false;                         ///< into attempt_<n>/<local_rank>/{stdout,stderr}.log
     console_copy console = console_copy::raw;  ///< the agent's stdout (for stdout) or stderr (for stderr)
     friend bool operator==(const stream_route&, const stream_route&) = default;
 };
@@ -94,8 +94,8 @@ struct worker_routes {
 /// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
 /// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
 /// anything else stays as written.
-[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name,
-                                                   int local_rank, int rank) {
+[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name, int local_rank,
+                                                   int rank) {
     const auto value = [&](std::string_view name) -> std::optional<std::string> {
         if (name == "role_name") return std::string(role_name);
         if (name == "local_rank") return fmt::format("{}", local_rank);
@@ -122,8 +122,8 @@ struct worker_routes {
         if (templ[i + 1] == '{') {
             const auto close = templ.find('}', i + 2);
             const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
-            const bool identifier =
-                !name.empty() && starts_id(name.front()) && std::all_of(name.begin(), name.end(), in_id);
+            const bool identifier = !name.empty() && starts_id(name.front()) &&
+                                    std::all_of(name.begin(), name.end(), in_id);
             if (identifier) {
                 if (const auto v = value(name)) {
                     out += *v;
@@ -211,15 +211,16 @@ public:
         // mkdir(2) is the test and the claim at once: an existing directory is never reused.
         for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
             if (errno != EEXIST) {
-                throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+                throw log_error(fmt::format("cannot create {}: {}", dir.string(),
+                                            std::generic_category().message(errno)));
             }
             dir = run_dir_ / fmt::format("{}.{}", name, k);
         }
         for (int i = 0; i < local_world_size; ++i) {
             const auto rank_dir = dir / fmt::format("{}", i);
             if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-                throw log_error(
-                    fmt::format("cannot create {}: {}", rank_dir.string(), std::generic_category().message(errno)));
+                throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
+                                            std::generic_category().message(errno)));
             }
         }
         return dir;

@@ -120,10 +120,10 @@ private:
 
 /// Where the bytes of one worker stream are copied (any subset).
 struct stream_copies {
-    stderr_tail* tail = nullptr;  ///< fed every byte: the failure report's tail (stderr only)
-    int file_fd = -1;             ///< every byte as written: the stream's log file
-    int console_fd = -1;          ///< whole lines after `prefix`: the agent's stdout or stderr
-    std::string prefix;           ///< the rank's console prefix; empty for a raw copy
+    stderr_tail* tail = nullptr;             ///< fed every byte: the failure report's tail (stderr only)
+    int file_fd = -1;                        ///< every byte as written: the stream's log file
+    int console_fd = -1;                     ///< whole lines after `prefix`: the agent's stdout or stderr
+    std::string prefix;                      ///< the rank's console prefix; empty for a raw copy
     detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
 };
 

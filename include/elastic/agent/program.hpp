@@ -31,16 +31,16 @@ enum class program_kind {
 /// The program each worker runs, as a custom launcher fills it in.
 struct worker_program {
     program_kind kind = program_kind::automatic;
-    std::string target;             ///< executable (path or name on PATH), script path, or module name
-    std::vector<std::string> args;  ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
-    std::string python = "python3"; ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
+    std::string target;              ///< executable (path or name on PATH), script path, or module name
+    std::vector<std::string> args;   ///< passed untouched, except `${local_rank}` (see substitute_local_rank)
+    std::string python = "python3";  ///< interpreter for scripts and modules (`PYTHON_EXEC`; path or name on PATH)
 };
 
 /// A program resolved to something execv can run.
 struct worker_command {
     program_kind kind = program_kind::executable;  ///< never automatic
-    std::string path;                 ///< the file to execv: the executable or the interpreter, as found
-    std::vector<std::string> argv;    ///< argv[0] as the user wrote it, then the arguments
+    std::string path;                              ///< the file to execv: the executable or the interpreter, as found
+    std::vector<std::string> argv;                 ///< argv[0] as the user wrote it, then the arguments
 
     /// argv for one worker: `${local_rank}` substituted in every argument after argv[0].
     [[nodiscard]] std::vector<std::string> argv_for(int local_rank) const;
@@ -114,11 +114,11 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     }
     const auto describe = [&](detail::file_check check, std::string_view path) {
         switch (check) {
-        case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-        case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
-        default:
-            return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
-                               role, path);
+            case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
+            case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+            default:
+                return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                                   role, path);
         }
     };
     if (name.find('/') != std::string_view::npos) {
@@ -146,7 +146,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     }
     const std::string_view target = program.target;
     return target.size() > 3 && target.substr(target.size() - 3) == ".py" ? program_kind::python_script
-                                                                         : program_kind::executable;
+                                                                          : program_kind::executable;
 }
 
 namespace detail::agent {
@@ -174,35 +174,36 @@ namespace detail::agent {
         throw usage_error{"no program to run (usage: elasticrun [options] program [args...])"};
     }
     switch (command.kind) {
-    case program_kind::automatic:
-    case program_kind::executable:
-        command.kind = program_kind::executable;
-        command.path = find_executable(program.target, env, "program");
-        command.argv.push_back(program.target);
-        break;
-    case program_kind::python_script: {
-        const auto check = detail::check_file(program.target, R_OK);
-        if (check == detail::file_check::missing) {
-            throw usage_error{fmt::format("script {} does not exist", program.target)};
+        case program_kind::automatic:
+        case program_kind::executable:
+            command.kind = program_kind::executable;
+            command.path = find_executable(program.target, env, "program");
+            command.argv.push_back(program.target);
+            break;
+        case program_kind::python_script: {
+            const auto check = detail::check_file(program.target, R_OK);
+            if (check == detail::file_check::missing) {
+                throw usage_error{fmt::format("script {} does not exist", program.target)};
+            }
+            if (check == detail::file_check::directory) {
+                throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+            }
+            if (check != detail::file_check::ok) {
+                throw usage_error{fmt::format("script {} is not readable", program.target)};
+            }
+            command.path = find_executable(program.python, env, "PYTHON_EXEC");
+            command.argv = {program.python, "-u", program.target};
+            break;
         }
-        if (check == detail::file_check::directory) {
-            throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
-        }
-        if (check != detail::file_check::ok) {
-            throw usage_error{fmt::format("script {} is not readable", program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", program.target};
-        break;
-    }
-    case program_kind::python_module:
-        if (!detail::agent::valid_module_name(program.target)) {
-            throw usage_error{fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
-                                          program.target)};
-        }
-        command.path = find_executable(program.python, env, "PYTHON_EXEC");
-        command.argv = {program.python, "-u", "-m", program.target};
-        break;
+        case program_kind::python_module:
+            if (!detail::agent::valid_module_name(program.target)) {
+                throw usage_error{
+                    fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                program.target)};
+            }
+            command.path = find_executable(program.python, env, "PYTHON_EXEC");
+            command.argv = {program.python, "-u", "-m", program.target};
+            break;
     }
     command.argv.insert(command.argv.end(), program.args.begin(), program.args.end());
     return command;

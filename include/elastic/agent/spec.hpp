@@ -47,10 +47,10 @@ enum class log_level { debug, info, warning, error, critical };
 
 /// The workers of one node, as the agent starts, stops and relays them. Defaults are torchrun's.
 struct worker_spec {
-    worker_program program;          ///< what each worker runs
-    int nproc_per_node = 1;          ///< how many workers (LOCAL_WORLD_SIZE)
-    std::string role = "default";    ///< ROLE_NAME and the log prefix
-    bool virtual_local_rank = false; ///< LOCAL_RANK=0 for every worker (one GPU per worker)
+    worker_program program;           ///< what each worker runs
+    int nproc_per_node = 1;           ///< how many workers (LOCAL_WORLD_SIZE)
+    std::string role = "default";     ///< ROLE_NAME and the log prefix
+    bool virtual_local_rank = false;  ///< LOCAL_RANK=0 for every worker (one GPU per worker)
     /// TORCHELASTIC_MAX_RESTARTS, as the workers are told it (the restart policy decides).
     int max_restarts = 0;
     /// The grace between the stop signal and SIGKILL.
@@ -60,9 +60,9 @@ struct worker_spec {
 
     /// The log tree's root; unset: a temporary directory; /dev/null: no files at all.
     std::optional<std::filesystem::path> log_dir;
-    stream_selection redirects;      ///< streams that go to files only
-    stream_selection tee;            ///< streams that go to files and the console
-    std::set<int> local_ranks_filter; ///< local ranks whose output reaches the console; empty: all
+    stream_selection redirects;        ///< streams that go to files only
+    stream_selection tee;              ///< streams that go to files and the console
+    std::set<int> local_ranks_filter;  ///< local ranks whose output reaches the console; empty: all
     /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
 

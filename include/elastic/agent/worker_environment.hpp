@@ -30,17 +30,17 @@ struct worker_assignment {
 
 /// What the workers are told of the job and of this attempt of the group.
 struct attempt_settings {
-    int restart_count = 0;    ///< TORCHELASTIC_RESTART_COUNT
-    std::string master_addr;  ///< MASTER_ADDR: the host of the store the agent hosts
+    int restart_count = 0;          ///< TORCHELASTIC_RESTART_COUNT
+    std::string master_addr;        ///< MASTER_ADDR: the host of the store the agent hosts
     std::uint16_t master_port = 0;  ///< MASTER_PORT: its port
-    std::string error_file;   ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
-    std::string run_id = "none";  ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
+    std::string error_file;         ///< TORCHELASTIC_ERROR_FILE of this worker ("" with --log-dir=/dev/null)
+    std::string run_id = "none";    ///< TORCHELASTIC_RUN_ID: the job's id (--rdzv-id)
 };
 
 /// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
 /// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
-[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node,
-                                                     int group_rank = 0, int group_world_size = 1) {
+[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank = 0,
+                                                     int group_world_size = 1) {
     worker_assignment a;
     a.local_rank = local_rank;
     a.local_world_size = nproc_per_node;
@@ -92,7 +92,9 @@ struct attempt_settings {
 [[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
                                                     const worker_assignment& a, const attempt_settings& attempt) {
     environment env = agent_env;
-    const auto set = [&](std::string name, std::string value) { env.insert_or_assign(std::move(name), std::move(value)); };
+    const auto set = [&](std::string name, std::string value) {
+        env.insert_or_assign(std::move(name), std::move(value));
+    };
     const auto number = [](long long v) { return fmt::format("{}", v); };
     set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
     set("RANK", number(a.global_rank));
@@ -132,7 +134,8 @@ struct attempt_settings {
                 if (comma == std::string_view::npos) break;
                 rest.remove_prefix(comma + 1);
             }
-            if (static_cast<std::size_t>(a.local_rank) < ids.size()) device = ids[static_cast<std::size_t>(a.local_rank)];
+            if (static_cast<std::size_t>(a.local_rank) < ids.size())
+                device = ids[static_cast<std::size_t>(a.local_rank)];
         }
         set("CUDA_VISIBLE_DEVICES", device);
     }

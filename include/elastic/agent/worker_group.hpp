@@ -111,7 +111,8 @@ public:
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
-            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i] : assign_worker(local_rank, spec_->nproc_per_node);
+            slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i]
+                                                       : assign_worker(local_rank, spec_->nproc_per_node);
             const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             auto told = attempt.told;
@@ -179,11 +180,13 @@ public:
         for (int round = 0; relays.count() != 0; ++round) {
             const auto seen = relays.progress();
             bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() || bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            auto which = co_await (relays.wait() ||
+                                   bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
             if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
             log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
                                       "that left the group?); {}; closing it",
-                                      relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
+                                      relays.progress() != seen ? "still written to after 30 s"
+                                                                : "nothing written for 2 s"));
             for (auto& slot : state_->slots) slot.output.close();
             co_await relays.wait();
         }
@@ -197,7 +200,7 @@ public:
         failure.restarts = restarts_;
         failure.started = started_;
         failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
-                                                                              : started_;
+                                                                             : started_;
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];

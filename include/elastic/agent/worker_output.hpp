@@ -87,8 +87,9 @@ public:
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
-    static void run(const asio::any_io_executor& executor, detail::task_latch& relays, const std::shared_ptr<void>& keep_alive,
-                    asio::posix::stream_descriptor& pipe, stream_copies copies) {
+    static void run(const asio::any_io_executor& executor, detail::task_latch& relays,
+                    const std::shared_ptr<void>& keep_alive, asio::posix::stream_descriptor& pipe,
+                    stream_copies copies) {
         relays.add();
         asio::co_spawn(
             executor,

@@ -24,8 +24,7 @@ namespace elastic::inline v0::detail::crash {
 // it. Output past the end is dropped and remembered (`truncated`).
 class fixed_writer {
 public:
-    fixed_writer(char* buffer, std::size_t capacity) noexcept
-        : buffer_(buffer), capacity_(capacity) {}
+    fixed_writer(char* buffer, std::size_t capacity) noexcept : buffer_(buffer), capacity_(capacity) {}
 
     void put(char c) noexcept {
         if (length_ + 1 < capacity_) {
@@ -89,8 +88,7 @@ void json_escape(Sink& out, const char* text, std::size_t size) noexcept {
     const auto hex4 = [&out](unsigned code) noexcept {
         out.put('\\');
         out.put('u');
-        for (int shift = 12; shift >= 0; shift -= 4)
-            out.put("0123456789abcdef"[(code >> shift) & 0xf]);
+        for (int shift = 12; shift >= 0; shift -= 4) out.put("0123456789abcdef"[(code >> shift) & 0xf]);
     };
     std::size_t i = 0;
     while (i < size) {
@@ -230,8 +228,8 @@ inline void load_executable_symbols() noexcept {
     const auto* image = static_cast<const unsigned char*>(map);
     ElfW(Ehdr) header;
     std::memcpy(&header, image, sizeof(header));
-    const bool usable = std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0 &&
-                        header.e_shentsize == sizeof(ElfW(Shdr)) && header.e_shoff != 0 &&
+    const bool usable = std::memcmp(header.e_ident, ELFMAG, SELFMAG) == 0 && header.e_shentsize == sizeof(ElfW(Shdr)) &&
+                        header.e_shoff != 0 &&
                         header.e_shoff + std::size_t{header.e_shnum} * sizeof(ElfW(Shdr)) <= size;
     if (!usable) {
         ::munmap(map, size);
@@ -241,8 +239,7 @@ inline void load_executable_symbols() noexcept {
     for (std::size_t i = 0; i < header.e_shnum; ++i) {
         if (sections[i].sh_type != SHT_SYMTAB || sections[i].sh_link >= header.e_shnum) continue;
         const auto& strings = sections[sections[i].sh_link];
-        if (sections[i].sh_offset + sections[i].sh_size > size ||
-            strings.sh_offset + strings.sh_size > size) {
+        if (sections[i].sh_offset + sections[i].sh_size > size || strings.sh_offset + strings.sh_size > size) {
             continue;
         }
         exe.symbols = reinterpret_cast<const ElfW(Sym)*>(image + sections[i].sh_offset);
@@ -293,8 +290,8 @@ inline frame_symbol symbolize(std::uintptr_t pc, std::uintptr_t lookup) noexcept
     if (exe.symbols != nullptr) {
         for (std::size_t i = 0; i < exe.symbol_count; ++i) {
             const auto& symbol = exe.symbols[i];
-            if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || symbol.st_size == 0 ||
-                symbol.st_value == 0 || symbol.st_name >= exe.strings_size) {
+            if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || symbol.st_size == 0 || symbol.st_value == 0 ||
+                symbol.st_name >= exe.strings_size) {
                 continue;
             }
             const std::uintptr_t start = symbol.st_value + exe.bias;

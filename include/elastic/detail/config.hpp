@@ -50,7 +50,6 @@ struct version_info {
     int minor;
     int patch;
 };
-inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR,
-                                      ELASTIC_VERSION_PATCH};
+inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR, ELASTIC_VERSION_PATCH};
 
 }  // namespace elastic::inline v0

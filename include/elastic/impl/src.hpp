@@ -29,8 +29,7 @@ namespace elastic::inline v0 {
 
 namespace detail::agent {
 
-int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
-                   std::string name) {
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name) {
     return run_agent(config, std::move(policy), env, std::move(name));
 }
 

@@ -61,12 +61,12 @@ enum class option_state {
 
 /// One torchrun option. `dest` is argparse's dest; its PET_ variable is PET_<DEST upper-cased>.
 struct option_spec {
-    std::string_view names;    ///< CLI11 names: every spelling
-    std::string_view dest;     ///< nproc_per_node
-    bool flag;                 ///< a flag (no value)
-    bool has_env;              ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
-    std::string_view metavar;  ///< value placeholder in --help
-    std::string_view fallback; ///< default as --help shows it
+    std::string_view names;     ///< CLI11 names: every spelling
+    std::string_view dest;      ///< nproc_per_node
+    bool flag;                  ///< a flag (no value)
+    bool has_env;               ///< reads PET_<DEST> (torchrun: all but --logs-specs and --numa-binding)
+    std::string_view metavar;   ///< value placeholder in --help
+    std::string_view fallback;  ///< default as --help shows it
     option_state state;
     int group;
     std::string_view help;
@@ -257,18 +257,20 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
     std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
-    detail::launch_impl::wrap(out,
-                 "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
-                 "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-                 "environment.",
-                 0, width);
+    detail::launch_impl::wrap(
+        out,
+        "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
+        "underscored spellings), the same PET_* variables (the command line wins), the same worker "
+        "environment.",
+        0, width);
     out += "\nThe program and its arguments (after all options):\n";
-    detail::launch_impl::wrap(out,
-                 "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
-                 "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
-                 "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
-                 "before a program whose name starts with '-'.",
-                 2, width);
+    detail::launch_impl::wrap(
+        out,
+        "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
+        "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
+        "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
+        "before a program whose name starts with '-'.",
+        2, width);
     for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
         out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
         for (const auto& spec : detail::launch_impl::option_specs) {
@@ -313,10 +315,11 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
         detail::launch_impl::wrap(out, text, 6, width);
     }
     out += "\n";
-    detail::launch_impl::wrap(out,
-                 "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
-                 "line and exits with status 2 before any worker starts.",
-                 0, width);
+    detail::launch_impl::wrap(
+        out,
+        "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
+        "line and exits with status 2 before any worker starts.",
+        0, width);
     return out;
 }
 
@@ -359,7 +362,7 @@ inline void unmark(std::string& text) {
 }  // namespace detail::launch_impl
 
 ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
-                                                 std::string_view program_name) {
+                                                     std::string_view program_name) {
     using detail::launch_impl::option_specs;
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
@@ -459,13 +462,14 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
             continue;
         }
-        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})", detail::launch_impl::show(value->name, value->text),
-                                      spec.help)};
+        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
+                                      detail::launch_impl::show(value->name, value->text), spec.help)};
     }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch_impl::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver", detail::launch_impl::show(method->name, method->text))};
+            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver",
+                                          detail::launch_impl::show(method->name, method->text))};
         }
     }
 
@@ -573,7 +577,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);
-    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"); t != nullptr && !t->empty()) {
+    } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+               t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
     }
     if (const auto v = raw("signals_to_handle")) {
@@ -599,7 +604,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
-    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && !t->empty()) {
+    if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
     }
     if (const auto* level = detail::find_variable(env, "LOGLEVEL"); level != nullptr && !level->empty()) {

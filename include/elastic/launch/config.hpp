@@ -45,23 +45,23 @@ namespace elastic::inline v0 {
 /// agent, rendezvous() and restarts() make what the rendezvous and the policy take.
 struct launch_config : worker_spec, agent_options {
     // ---- nodes and rendezvous ----
-    node_range nnodes;                                    ///< --nnodes
+    node_range nnodes;                                              ///< --nnodes
     rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
-    std::optional<host_port> rdzv_endpoint;               ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
-    std::string rdzv_id = "none";                         ///< --rdzv-id: the job id, namespaces store keys
-    rendezvous_settings rdzv_conf;                        ///< --rdzv-conf
-    std::optional<int> node_rank;                         ///< --node-rank; honoured by every backend when set
-    std::optional<std::string> master_addr;               ///< --master-addr (static only); unset: 127.0.0.1
-    std::optional<std::uint16_t> master_port;             ///< --master-port (static only); unset: 29500
-    std::optional<std::string> local_addr;                ///< --local-addr: the address this node advertises
+    std::optional<host_port> rdzv_endpoint;    ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::string rdzv_id = "none";              ///< --rdzv-id: the job id, namespaces store keys
+    rendezvous_settings rdzv_conf;             ///< --rdzv-conf
+    std::optional<int> node_rank;              ///< --node-rank; honoured by every backend when set
+    std::optional<std::string> master_addr;    ///< --master-addr (static only); unset: 127.0.0.1
+    std::optional<std::uint16_t> master_port;  ///< --master-port (static only); unset: 29500
+    std::optional<std::string> local_addr;     ///< --local-addr: the address this node advertises
 
     // ---- failures and restarts (max_restarts is worker_spec's) ----
-    std::optional<backoff_spec> restart_backoff;          ///< --restart-backoff (elastic's; docs/policies.md)
-    std::optional<window_spec> restart_window;            ///< --restart-window
-    std::optional<exit_code_set> restart_on_exit;         ///< --restart-on-exit
-    std::optional<crash_guard_spec> restart_crash_guard;  ///< --restart-crash-guard
-    std::chrono::milliseconds monitor_interval = 100ms;   ///< --monitor-interval: accepted, see docs/cli.md
-    std::chrono::milliseconds exit_barrier_timeout = 300s; ///< not an option in torchrun either (hard-coded 300 s)
+    std::optional<backoff_spec> restart_backoff;            ///< --restart-backoff (elastic's; docs/policies.md)
+    std::optional<window_spec> restart_window;              ///< --restart-window
+    std::optional<exit_code_set> restart_on_exit;           ///< --restart-on-exit
+    std::optional<crash_guard_spec> restart_crash_guard;    ///< --restart-crash-guard
+    std::chrono::milliseconds monitor_interval = 100ms;     ///< --monitor-interval: accepted, see docs/cli.md
+    std::chrono::milliseconds exit_barrier_timeout = 300s;  ///< not an option in torchrun either (hard-coded 300 s)
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -125,7 +125,7 @@ struct launch_config : worker_spec, agent_options {
     std::random_device device;
     std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
     std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
-    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                        // version 4
+    high = (high & ~std::uint64_t{0xF000}) | 0x4000;                         // version 4
     low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
     return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
                        low >> 48, low & 0xFFFFFFFFFFFFULL);
@@ -169,18 +169,16 @@ namespace detail::launch_impl {
     const auto& conf = config.rdzv_conf;
     std::string rdzv_conf;
     switch (config.rdzv_backend) {
-    case rendezvous_backend::static_:
-        rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout));
-        break;
-    case rendezvous_backend::c10d:
-    case rendezvous_backend::etcd_v3:
-        rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
-                                seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
-                                seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
-        if (conf.is_host) {
-            rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
-        }
-        break;
+        case rendezvous_backend::static_: rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout)); break;
+        case rendezvous_backend::c10d:
+        case rendezvous_backend::etcd_v3:
+            rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                    seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                    seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+            if (conf.is_host) {
+                rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+            }
+            break;
     }
     std::string signals;
     for (const int number : config.signals_to_handle) {
@@ -250,8 +248,9 @@ inline void check_prefix_template(std::string_view text) {
         }
         const auto name = text.substr(start, end - start);
         if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
-            throw usage_error{fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
-                                          show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+            throw usage_error{
+                fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                            show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
         }
         i = end - 1;
     }
@@ -279,8 +278,8 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
         }
     }
     if (static_cast<int>(selection.every_rank) > 3) {
-        throw usage_error{fmt::format("{}: streams value {} (want 0 to 3)", option,
-                                      static_cast<int>(selection.every_rank))};
+        throw usage_error{
+            fmt::format("{}: streams value {} (want 0 to 3)", option, static_cast<int>(selection.every_rank))};
     }
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
@@ -389,8 +388,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
     if (const auto& b = c.restart_backoff;
         b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
               !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
-        throw usage_error{fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1",
-                                      b->flag())};
+        throw usage_error{
+            fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1", b->flag())};
     }
     if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
         throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
@@ -406,8 +405,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
     for (const int number : c.signals_to_handle) {
         if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
             forwardable_signal_numbers.end()) {
-            throw usage_error{fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"),
-                                          number)};
+            throw usage_error{
+                fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"), number)};
         }
     }
     if (c.log_dir) {
@@ -429,8 +428,6 @@ inline void validate(const launch_config& c, const environment& env, const optio
 
 }  // namespace detail::launch_impl
 
-inline void launch_config::validate(const environment& env) const {
-    detail::launch_impl::validate(*this, env, {});
-}
+inline void launch_config::validate(const environment& env) const { detail::launch_impl::validate(*this, env, {}); }
 
 }  // namespace elastic::inline v0

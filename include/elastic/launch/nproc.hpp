@@ -126,7 +126,8 @@ namespace detail::launch_impl {
 /// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
 [[nodiscard]] inline gpu_count count_gpus(const environment& env) {
     if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
-        return {detail::launch_impl::count_visible_devices(*visible), detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
+        return {detail::launch_impl::count_visible_devices(*visible),
+                detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
     }
     const auto listed = detail::launch_impl::run_nvidia_smi(env);
     return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
@@ -152,7 +153,8 @@ namespace detail::launch_impl {
     }
     const auto count = detail::launch_impl::to_integer(word);
     if (!count || *count < 1 || *count > 1'000'000) {
-        throw usage_error{fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
     }
     return static_cast<int>(*count);
 }

@@ -53,8 +53,8 @@ inline void record_agent_exception(std::string_view name, const agent_exception&
     const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (path == nullptr || *path == '\0') return;
     try {
-        write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code).dump(
-                                        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+        write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code)
+                                        .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     } catch (const std::exception& failure) {
         std::fputs(fmt::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
     }
@@ -147,8 +147,7 @@ int run(int argc, const char* const* argv, Loop loop) {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
 namespace detail::agent {
 // Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
-int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env,
-                   std::string name);
+int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name);
 int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
 }  // namespace detail::agent
 #endif

@@ -41,8 +41,7 @@ using detail::text::trim;
 }  // namespace detail::launch_impl
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
-[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min,
-                                       int max = INT_MAX) {
+[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX) {
     const auto value = detail::launch_impl::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
@@ -79,15 +78,16 @@ using detail::text::trim;
     if (word == "0" || word == "false" || word == "f" || word == "no" || word == "n") {
         return false;
     }
-    throw usage_error{fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
+    throw usage_error{
+        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
 }
 
 /// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
 [[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
     const auto value = detail::launch_impl::to_integer(text);
     if (!value) {
-        throw usage_error{fmt::format("{}: must be an integer (1 turns the flag on, 0 off)",
-                                      detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch_impl::show(name, text))};
     }
     return *value != 0;
 }
@@ -95,7 +95,8 @@ using detail::text::trim;
 /// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
 [[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
+        return usage_error{
+            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
     };
     const auto pieces = detail::launch_impl::split(text, ':');
     if (pieces.size() > 2) {
@@ -124,8 +125,8 @@ namespace detail::launch_impl {
 /// an IPv6 zone.
 [[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
     return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' ||
-               c == '-' || c == '%';
+        return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' || c == '-' ||
+               c == '%';
     });
 }
 
@@ -135,7 +136,8 @@ namespace detail::launch_impl {
 [[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
     const auto host = detail::launch_impl::trim(text);
     if (!detail::launch_impl::valid_host(host)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
     }
     return std::string{host};
 }
@@ -209,10 +211,10 @@ namespace detail::launch_impl {
         return rendezvous_backend::etcd_v3;
     }
     if (word == "etcd" || word == "etcd-v2") {
-        throw usage_error{fmt::format(
-            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
-            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-            detail::launch_impl::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+                        "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+                        detail::launch_impl::show(name, text))};
     }
     throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
                                   detail::launch_impl::show(name, text))};
@@ -246,9 +248,9 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 
 [[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
     switch (backend) {
-    case rendezvous_backend::static_: return k.static_;
-    case rendezvous_backend::c10d: return k.c10d;
-    case rendezvous_backend::etcd_v3: return k.etcd_v3;
+        case rendezvous_backend::static_: return k.static_;
+        case rendezvous_backend::c10d: return k.c10d;
+        case rendezvous_backend::etcd_v3: return k.etcd_v3;
     }
     return false;
 }
@@ -280,7 +282,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     for (const auto item : detail::launch_impl::split(text, ',')) {
         const auto equals = item.find('=');
         const auto key = detail::launch_impl::trim(item.substr(0, equals));
-        const auto value = equals == std::string_view::npos ? std::string_view{} : detail::launch_impl::trim(item.substr(equals + 1));
+        const auto value = equals == std::string_view::npos ? std::string_view{}
+                                                            : detail::launch_impl::trim(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -294,7 +297,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         }
         if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
             key == "key") {
-            throw usage_error{fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+            throw usage_error{
+                fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
         }
         const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
                                         [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
@@ -338,7 +342,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             const auto type = detail::launch_impl::lower(value);
             if (type == "file") {
                 throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
-                                              "backend uses a TCP store (store_type=tcp)", whole)};
+                                              "backend uses a TCP store (store_type=tcp)",
+                                              whole)};
             }
             if (type != "tcp") {
                 throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
@@ -387,11 +392,13 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             throw fail();
         }
         const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
-        if (!rank || *rank < 0 || *rank > INT_MAX || detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+        if (!rank || *rank < 0 || *rank > INT_MAX ||
+            detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
+            throw usage_error{
+                fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
         }
     }
     return selection;
@@ -426,14 +433,13 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         const int number = signal_number(word);
         const auto known = std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number);
         if (number == 0 || known == forwardable_signal_numbers.end()) {
-            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" ||
-                                     word == "sigsegv" || word == "sigbus" || word == "sigfpe" ||
-                                     word == "sigill" || word == "sigabrt" || word == "sigtrap" || word == "sigsys" ||
-                                     word == "sigpipe";
-            throw usage_error{fmt::format(
-                "{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
-                untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+            const bool untrappable = word == "sigkill" || word == "sigstop" || word == "sigchld" || word == "sigsegv" ||
+                                     word == "sigbus" || word == "sigfpe" || word == "sigill" || word == "sigabrt" ||
+                                     word == "sigtrap" || word == "sigsys" || word == "sigpipe";
+            throw usage_error{
+                fmt::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                            detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
+                            untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
             numbers.push_back(number);
@@ -450,7 +456,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     if (word == "warning" || word == "warn") return log_level::warning;
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
-    throw usage_error{fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
+    throw usage_error{
+        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
 }
 
 }  // namespace elastic::inline v0

@@ -35,11 +35,10 @@ namespace elastic::inline v0 {
  * - Copies share one time: a policy holds its clock by value.
  */
 template <class C>
-concept policy_clock = std::copy_constructible<C> &&
-                       requires(const C& c, std::chrono::steady_clock::duration d) {
-                           { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
-                           { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
-                       };
+concept policy_clock = std::copy_constructible<C> && requires(const C& c, std::chrono::steady_clock::duration d) {
+    { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
+    { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
+};
 
 /// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
 struct steady_policy_clock {

@@ -38,6 +38,7 @@ struct restart_plan {
  * Calling the policy alone is plan(), then on restart wait(delay) and commit(): every built-in
  * model (backoff, restart_window, exit_code_policy, crash_loop_guard) is one.
  */
+// clang-format off
 template <class P>
 concept planned_restart_policy =
     restart_policy<P> && requires(P& p, const group_failure& f, std::chrono::steady_clock::duration d) {
@@ -45,6 +46,7 @@ concept planned_restart_policy =
         { p.wait(d) } -> std::same_as<asio::awaitable<void>>;
         p.commit(f);
     };
+// clang-format on
 
 namespace detail::policy_impl {
 
@@ -176,9 +178,11 @@ policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
 }  // namespace detail::policy_impl
 
 /// A chain of the given policies, flattened (a chain given as a part contributes its parts).
+// clang-format off
 template <class... Ps>
     requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
 auto chain(Ps&&... policies) {
+    // clang-format on
     return detail::policy_impl::chain_of_tuple(
         std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
 }
@@ -186,17 +190,21 @@ auto chain(Ps&&... policies) {
 /// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
 /// is an elastic type; for two policies of your own write `elastic::chain(a, b)` or
 /// `using elastic::operator|;`.
+// clang-format off
 template <class A, class B>
     requires restart_policy<std::remove_cvref_t<A>> && restart_policy<std::remove_cvref_t<B>>
 auto operator|(A&& a, B&& b) {
     return chain(std::forward<A>(a), std::forward<B>(b));
 }
+// clang-format on
 
 /// A planned policy that may be absent (a flag not given): absent, it answers restart with no
 /// reason, no delay and nothing to count.
+// clang-format off
 template <class P>
     requires planned_restart_policy<P>
 class optional_policy {
+    // clang-format on
 public:
     optional_policy() = default;
     explicit optional_policy(std::optional<P> policy) : policy_(std::move(policy)) {}
@@ -226,12 +234,14 @@ private:
 /// Calls forward to the held policy, whose awaitable it returns as is.
 class any_restart_policy {
 public:
+    // clang-format off
     template <class P>
         // The same_as test first: it short-cuts the check of restart_policy<any_restart_policy>,
         // which would ask for this very constructor again (clang recurses).
         requires(!std::same_as<std::remove_cvref_t<P>, any_restart_policy>) && restart_policy<std::remove_cvref_t<P>>
     any_restart_policy(P&& policy)  // NOLINT(google-explicit-constructor): a policy is one
         : impl_(std::make_unique<model<std::remove_cvref_t<P>>>(std::forward<P>(policy))) {}
+    // clang-format on
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) { return impl_->call(failure); }
 

@@ -36,9 +36,7 @@ struct group_failure {
     std::chrono::steady_clock::time_point failed{};
 
     /// How long the group ran healthy before the first failure.
-    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept {
-        return failed - started;
-    }
+    [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept { return failed - started; }
 
     /// The workers that failed on their own (never those the agent stopped).
     [[nodiscard]] std::vector<const worker_failure*> failures() const {
@@ -81,9 +79,7 @@ struct restart_decision {
 
     [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
 
-    static restart_decision restart_because(std::string why) {
-        return {action::restart, std::move(why)};
-    }
+    static restart_decision restart_because(std::string why) { return {action::restart, std::move(why)}; }
     static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
 };
 

@@ -60,7 +60,9 @@ public:
                 {}};
     }
     template <class = void>  // a template: compiled only where it is called
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
+        co_return;
+    }
     void commit(const group_failure&) { early_ = pending_; }
 
     template <class = void>  // a template: compiled only where it is called

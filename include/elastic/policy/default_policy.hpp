@@ -36,7 +36,8 @@ template <policy_clock Clock = steady_policy_clock>
     if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
     optional_policy<basic_backoff<Clock>> delay;
     if (settings.backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock, std::move(uniform)));
+        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock,
+                                                                           std::move(uniform)));
     }
     if (settings.window) {
         basic_restart_window<Clock> window(*settings.window, clock);

@@ -41,16 +41,21 @@ public:
         const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
         const bool listed = set_.contains(status);
         if (mode_ == mode::restart_listed) {
-            if (listed) return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
-            return {restart_decision::stop_because(
-                        fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
-                    {}};
+            if (listed)
+                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
+            return {
+                restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
+                {}};
         }
-        if (listed) return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())), {}};
+        if (listed)
+            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())),
+                    {}};
         return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
     }
     template <class = void>  // a template: compiled only where it is called
-    asio::awaitable<void> wait(std::chrono::steady_clock::duration) { co_return; }
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
+        co_return;
+    }
     void commit(const group_failure&) {}
 
     template <class = void>  // a template: compiled only where it is called

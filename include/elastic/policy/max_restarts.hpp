@@ -23,8 +23,7 @@ public:
     /// `n` >= 0 restarts allowed in the job.
     explicit max_restarts(int n) : budget_(n) {
         if (n < 0) {
-            throw std::invalid_argument(
-                fmt::format("max_restarts({}): the budget must be 0 or more", n));
+            throw std::invalid_argument(fmt::format("max_restarts({}): the budget must be 0 or more", n));
         }
     }
 
@@ -34,9 +33,8 @@ public:
     template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
         if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(
-                fmt::format("restart {} of {} (--max-restarts={})", failure.restarts + 1, budget_,
-                            budget_));
+            co_return restart_decision::restart_because(fmt::format("restart {} of {} (--max-restarts={})",
+                                                                    failure.restarts + 1, budget_, budget_));
         }
         co_return restart_decision::stop_because(
             budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")

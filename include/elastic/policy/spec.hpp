@@ -39,7 +39,8 @@ namespace detail::policy_impl {
     const char* space = spaced ? " " : "";
     const auto ms = duration_cast<milliseconds>(d).count();
     if (ms < 0) return "-" + duration_text(-d, spaced);
-    if (ms == 0 && d.count() != 0) return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms == 0 && d.count() != 0)
+        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
     if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
     if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
     if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
@@ -165,12 +166,14 @@ struct window_spec {
 /// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
 /// since workers are often started by a wrapper script.
 struct exit_code_set {
-    std::bitset<256> codes;    ///< exit codes 0..255
-    bool any_signal = false;   ///< every death by signal
-    std::bitset<65> signals;   ///< signals 1..64 by number
+    std::bitset<256> codes;   ///< exit codes 0..255
+    bool any_signal = false;  ///< every death by signal
+    std::bitset<65> signals;  ///< signals 1..64 by number
 
     [[nodiscard]] bool contains(const exit_status& status) const noexcept {
-        if (status.signaled()) return any_signal || (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
+        if (status.signaled())
+            return any_signal ||
+                   (status.value >= 1 && status.value <= 64 && signals.test(static_cast<std::size_t>(status.value)));
         if (status.value < 0 || status.value > 255) return false;
         if (codes.test(static_cast<std::size_t>(status.value))) return true;
         const int n = status.value - 128;
@@ -260,8 +263,8 @@ struct crash_guard_spec {
     if (parts.size() == 2) {
         const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
-            throw usage_error{fmt::format("{}: N after ':' must be an integer from 1 to 1000000",
-                                          detail::text::show(name, text))};
+            throw usage_error{
+                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::text::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }
@@ -271,11 +274,11 @@ struct crash_guard_spec {
 /// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
 /// what make_default_policy builds the default policy from (launch_config::restarts()).
 struct restart_settings {
-    int max_restarts = 0;                          ///< --max-restarts
-    std::optional<backoff_spec> backoff;           ///< --restart-backoff
-    std::optional<window_spec> window;             ///< --restart-window
-    std::optional<exit_code_set> on_exit;          ///< --restart-on-exit
-    std::optional<crash_guard_spec> crash_guard;   ///< --restart-crash-guard
+    int max_restarts = 0;                         ///< --max-restarts
+    std::optional<backoff_spec> backoff;          ///< --restart-backoff
+    std::optional<window_spec> window;            ///< --restart-window
+    std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
     friend bool operator==(const restart_settings&, const restart_settings&) = default;
 };
 

@@ -26,8 +26,9 @@ class basic_restart_window {
 public:
     explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
         if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
-            throw std::invalid_argument(fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0",
-                                                    spec_.restarts, duration_flag_text(spec_.period)));
+            throw std::invalid_argument(
+                fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0", spec_.restarts,
+                            duration_flag_text(spec_.period)));
         }
     }
     /// restart_window(5, 1h).

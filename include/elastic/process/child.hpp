@@ -139,10 +139,10 @@ public:
     asio::awaitable<process_exit> wait() {
         if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
         while (!check_exit()) {
-            if (reaped_) throw process_error("cannot wait for pid " + std::to_string(pid_) +
-                                             ": it was reaped before its exit was observed");
-            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read,
-                                       asio::use_awaitable);
+            if (reaped_)
+                throw process_error("cannot wait for pid " + std::to_string(pid_) +
+                                    ": it was reaped before its exit was observed");
+            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
         }
         co_return *status_;
     }
@@ -153,8 +153,8 @@ public:
         if (pid_ <= 0 || reaped_ || check_exit()) return false;
         if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
         if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to pid " +
-                            std::to_string(pid_) + ": " + detail::errno_string(errno));
+        throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
+                            detail::errno_string(errno));
     }
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
@@ -164,8 +164,8 @@ public:
         if (pid_ <= 0 || reaped_) return false;
         if (::kill(-pid_, sig) == 0) return true;
         if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to process group " +
-                            std::to_string(pid_) + ": " + detail::errno_string(errno));
+        throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
+                            detail::errno_string(errno));
     }
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
@@ -200,8 +200,7 @@ public:
 private:
     friend class detail::child_process_factory;
 
-    child_process(asio::posix::stream_descriptor pidfd, pid_t pid,
-                  std::optional<asio::posix::stream_descriptor> in,
+    child_process(asio::posix::stream_descriptor pidfd, pid_t pid, std::optional<asio::posix::stream_descriptor> in,
                   std::optional<asio::posix::stream_descriptor> out,
                   std::optional<asio::posix::stream_descriptor> err) noexcept
         : pid_(pid),
@@ -211,8 +210,7 @@ private:
           stdout_(std::move(out)),
           stderr_(std::move(err)) {}
 
-    static std::optional<asio::posix::stream_descriptor> take(
-        std::optional<asio::posix::stream_descriptor>& slot) {
+    static std::optional<asio::posix::stream_descriptor> take(std::optional<asio::posix::stream_descriptor>& slot) {
         std::optional<asio::posix::stream_descriptor> out;
         out.swap(slot);
         return out;
@@ -251,8 +249,7 @@ public:
                               std::optional<asio::posix::stream_descriptor> in,
                               std::optional<asio::posix::stream_descriptor> out,
                               std::optional<asio::posix::stream_descriptor> err) {
-        return child_process(std::move(pidfd), pid, std::move(in), std::move(out),
-                             std::move(err));
+        return child_process(std::move(pidfd), pid, std::move(in), std::move(out), std::move(err));
     }
 };
 

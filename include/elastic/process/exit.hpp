@@ -50,7 +50,9 @@ struct exit_status {
         return code == CLD_EXITED ? from_exit_code(status_or_signal)
                                   : from_signal(status_or_signal, code == CLD_DUMPED);
     }
-    static exit_status from_siginfo(const siginfo_t& info) noexcept { return from_siginfo(info.si_code, info.si_status); }
+    static exit_status from_siginfo(const siginfo_t& info) noexcept {
+        return from_siginfo(info.si_code, info.si_status);
+    }
 
     /// The process called exit (or returned from main).
     [[nodiscard]] constexpr bool exited() const noexcept { return how == kind::exited; }
@@ -91,8 +93,8 @@ struct exit_status {
 /// (its pidfd became readable), on both clocks: `steady_time` orders failures within one agent,
 /// `system_time` is what a failure report prints and compares across hosts.
 struct process_exit {
-    pid_t pid = 0;         ///< the process id
-    exit_status status;    ///< how it ended
+    pid_t pid = 0;                                        ///< the process id
+    exit_status status;                                   ///< how it ended
     std::chrono::steady_clock::time_point steady_time{};  ///< when seen, monotonic
     std::chrono::system_clock::time_point system_time{};  ///< when seen, wall clock
 

@@ -53,8 +53,7 @@ public:
         event.events = EPOLLIN;
         event.data.u64 = token;
         if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
-            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " +
-                                errno_string(errno));
+            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " + errno_string(errno));
         }
         tokens_.push_back({token, pidfd});
     }
@@ -80,8 +79,7 @@ public:
             if (n < 0 && errno != EINTR) {
                 throw process_error("cannot wait on an epoll instance: " + errno_string(errno));
             }
-            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read,
-                                       asio::use_awaitable);
+            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
         }
     }
 
@@ -131,8 +129,7 @@ struct group_member {
 /// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
 /// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
 /// recycled between the scan and pidfd_open is not mistaken for a member.
-inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids,
-                                               const std::vector<pid_t>& skip) {
+inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
     std::vector<group_member> out;
     if (pgids.empty()) return out;
     DIR* proc = ::opendir("/proc");
@@ -198,11 +195,11 @@ enum class stop_outcome {
 /// "exited", "killed", ... for logs.
 inline const char* to_string(stop_outcome outcome) noexcept {
     switch (outcome) {
-    case stop_outcome::already_exited: return "already exited";
-    case stop_outcome::exited: return "exited";
-    case stop_outcome::signaled: return "ended by the stop signal";
-    case stop_outcome::killed: return "killed after the grace period";
-    case stop_outcome::unkillable: return "not reaped after SIGKILL";
+        case stop_outcome::already_exited: return "already exited";
+        case stop_outcome::exited: return "exited";
+        case stop_outcome::signaled: return "ended by the stop signal";
+        case stop_outcome::killed: return "killed after the grace period";
+        case stop_outcome::unkillable: return "not reaped after SIGKILL";
     }
     return "unknown";
 }
@@ -231,7 +228,7 @@ struct stop_result {
 
 /// The time limits of `stop`.
 struct stop_options {
-    int signal = SIGTERM;  ///< sent first to each group (torchrun: SIGTERM, or the signal it got)
+    int signal = SIGTERM;                     ///< sent first to each group (torchrun: SIGTERM, or the signal it got)
     std::chrono::milliseconds grace{30'000};  ///< --shutdown-timeout: one deadline for all groups
     std::chrono::milliseconds kill_timeout{10'000};  ///< how long to await deaths after SIGKILL
 };
@@ -239,17 +236,15 @@ struct stop_options {
 namespace detail {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
-inline asio::awaitable<void> await_exits(exit_set& set,
-                                         std::span<child_process* const> children) {
+inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
     while (set.size() > 0) {
         const std::size_t token = co_await set.next();
         if (token < children.size()) children[token]->check_exit();
     }
 }
 
-inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
-                                                  std::span<child_process* const> children,
-                                                  std::chrono::milliseconds timeout) {
+inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_process* const> children,
+                                                    std::chrono::milliseconds timeout) {
     using namespace asio::experimental::awaitable_operators;
     if (set.size() == 0) co_return;
     asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
@@ -269,8 +264,7 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set,
 /// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
 /// Workers already reaped are reported `already_exited` and not signalled (their group id is
 /// no longer reserved).
-inline asio::awaitable<stop_result> stop(std::span<child_process* const> children,
-                                         stop_options options = {}) {
+inline asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop_options options = {}) {
     auto executor = co_await asio::this_coro::executor;
     stop_result result;
     result.workers.resize(children.size());
@@ -351,9 +345,8 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         }
         co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
         for (std::size_t token : set.pending()) {
-            result.unkillable.push_back(token < children.size()
-                                            ? children[token]->pid()
-                                            : members[token - children.size()].pid);
+            result.unkillable.push_back(token < children.size() ? children[token]->pid()
+                                                                : members[token - children.size()].pid);
         }
     }
 
@@ -381,8 +374,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 }
 
 /// `stop` for workers held by value (a std::vector<child_process>, say).
-inline asio::awaitable<stop_result> stop(std::span<child_process> children,
-                                         stop_options options = {}) {
+inline asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
     const auto pointers = detail::addresses(children);
     co_return co_await stop(std::span<child_process* const>(pointers), options);
 }

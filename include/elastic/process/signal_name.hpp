@@ -72,9 +72,9 @@ inline std::string signal_name(int signal_number) {
 /// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
 /// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
 /// BUS, ...) are the agent's own.
-inline constexpr std::array<int, 16> forwardable_signal_numbers{
-    SIGHUP,  SIGINT,    SIGQUIT, SIGTERM,  SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU,
-    SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH, SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
+inline constexpr std::array<int, 16> forwardable_signal_numbers{SIGHUP,  SIGINT,  SIGQUIT, SIGTERM,   SIGUSR1, SIGUSR2,
+                                                                SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH,
+                                                                SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
 
 /// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
 [[nodiscard]] inline std::string signal_to_string(int number) {
@@ -87,8 +87,7 @@ inline constexpr std::array<int, 16> forwardable_signal_numbers{
 /// torchrun's message for a worker killed by a signal (its ProcessFailure's):
 /// `Signal 9 (SIGKILL) received by PID 1234`.
 inline std::string signal_message(int signal_number, long pid) {
-    return fmt::format("Signal {} ({}) received by PID {}", signal_number,
-                       signal_name(signal_number), pid);
+    return fmt::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
 }
 
 }  // namespace elastic::inline v0

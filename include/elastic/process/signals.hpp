@@ -35,8 +35,7 @@ class signal_events {
 public:
     /// Catches `signals` (by default the forwarded ones).
     explicit signal_events(const asio::any_io_executor& executor,
-                           std::initializer_list<int> signals = {SIGINT, SIGTERM, SIGHUP,
-                                                                  SIGQUIT})
+                           std::initializer_list<int> signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
         : set_(executor) {
         prepare_agent_signals();
         for (int sig : signals) set_.add(sig);

@@ -104,8 +104,8 @@ struct child_plan {
     const char* path;
     char* const* argv;
     char* const* envp;
-    const char* cwd;     // nullptr: keep the agent's
-    int stdio_fds[3];    // -1: inherit; else a descriptor above 2 to dup onto 0, 1, 2
+    const char* cwd;   // nullptr: keep the agent's
+    int stdio_fds[3];  // -1: inherit; else a descriptor above 2 to dup onto 0, 1, 2
     bool new_session;
     pid_t parent;
     int error_fd;        // above 2, close-on-exec
@@ -184,45 +184,38 @@ struct child_plan {
 
 /// The path execve will get: `program` itself if it has a slash, else the first executable
 /// regular file named `program` in the PATH of the child's environment.
-inline std::string find_executable(const std::string& program,
-                                   const std::vector<std::string>& env) {
+inline std::string find_executable(const std::string& program, const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
     std::string path_var(default_search_path);  // execvp's, when the environment has no PATH
     for (const auto& entry : env) {
         if (entry.rfind("PATH=", 0) == 0) path_var = entry.substr(5);
     }
     if (auto result = search_path(program, path_var); !result.found.empty()) return std::move(result.found);
-    throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" +
-                          path_var + " (give a path, or set PATH in the worker's environment)",
+    throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" + path_var +
+                          " (give a path, or set PATH in the worker's environment)",
                       ENOENT);
 }
 
 inline std::string describe_failure(const child_failure& failure, const spawn_options& options,
                                     const std::string& path) {
     const char* name = ::strerrorname_np(failure.error);
-    const std::string why =
-        errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
+    const std::string why = errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
     switch (failure.step) {
-    case child_step::exec: {
-        std::string text = "cannot execute '" + path + "'";
-        if (path != options.program) text += " (found for '" + options.program + "')";
-        text += ": " + why;
-        if (failure.error == EACCES) text += "; it must be an executable file (chmod +x)";
-        if (failure.error == ENOENT) text += "; check the path (or the #! interpreter)";
-        if (failure.error == ENOEXEC) text += "; it is neither a binary nor a #! script";
-        return text;
-    }
-    case child_step::chdir:
-        return "cannot start '" + options.program + "' in working directory '" + options.cwd +
-               "': " + why;
-    case child_step::stdio:
-        return "cannot connect the standard streams of '" + options.program + "': " + why;
-    case child_step::group:
-        return "cannot give '" + options.program + "' its own process group: " + why;
-    case child_step::pdeathsig:
-        return "cannot set the parent-death signal for '" + options.program + "': " + why;
-    case child_step::close_fds:
-        return "cannot close the agent's descriptors in '" + options.program + "': " + why;
+        case child_step::exec: {
+            std::string text = "cannot execute '" + path + "'";
+            if (path != options.program) text += " (found for '" + options.program + "')";
+            text += ": " + why;
+            if (failure.error == EACCES) text += "; it must be an executable file (chmod +x)";
+            if (failure.error == ENOENT) text += "; check the path (or the #! interpreter)";
+            if (failure.error == ENOEXEC) text += "; it is neither a binary nor a #! script";
+            return text;
+        }
+        case child_step::chdir:
+            return "cannot start '" + options.program + "' in working directory '" + options.cwd + "': " + why;
+        case child_step::stdio: return "cannot connect the standard streams of '" + options.program + "': " + why;
+        case child_step::group: return "cannot give '" + options.program + "' its own process group: " + why;
+        case child_step::pdeathsig: return "cannot set the parent-death signal for '" + options.program + "': " + why;
+        case child_step::close_fds: return "cannot close the agent's descriptors in '" + options.program + "': " + why;
     }
     return "cannot start '" + options.program + "': " + why;
 }
@@ -236,29 +229,28 @@ struct stdio_ends {
 inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
     stdio_ends ends;
     switch (target.which()) {
-    case stdio::kind::inherit:
-        break;
-    case stdio::kind::pipe: {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) {
-            throw process_error("cannot create a pipe for a worker's standard stream: " +
-                                errno_string(errno) + " (raise the open-files limit)");
+        case stdio::kind::inherit: break;
+        case stdio::kind::pipe: {
+            int fds[2];
+            if (::pipe2(fds, O_CLOEXEC) != 0) {
+                throw process_error("cannot create a pipe for a worker's standard stream: " + errno_string(errno) +
+                                    " (raise the open-files limit)");
+            }
+            ends.child = owned_fd(child_reads ? fds[0] : fds[1]);
+            ends.parent = owned_fd(child_reads ? fds[1] : fds[0]);
+            break;
         }
-        ends.child = owned_fd(child_reads ? fds[0] : fds[1]);
-        ends.parent = owned_fd(child_reads ? fds[1] : fds[0]);
-        break;
-    }
-    case stdio::kind::null:
-        ends.child = owned_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
-        if (!ends.child) throw process_error("cannot open /dev/null: " + errno_string(errno));
-        break;
-    case stdio::kind::descriptor:
-        ends.child = owned_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
-        if (!ends.child) {
-            throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
-                                " for a worker's standard stream: " + errno_string(errno));
-        }
-        break;
+        case stdio::kind::null:
+            ends.child = owned_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+            if (!ends.child) throw process_error("cannot open /dev/null: " + errno_string(errno));
+            break;
+        case stdio::kind::descriptor:
+            ends.child = owned_fd(::fcntl(target.fd(), F_DUPFD_CLOEXEC, 3));
+            if (!ends.child) {
+                throw process_error("cannot use descriptor " + std::to_string(target.fd()) +
+                                    " for a worker's standard stream: " + errno_string(errno));
+            }
+            break;
     }
     ends.child = raise_above_stdio(std::move(ends.child));
     return ends;
@@ -270,8 +262,7 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
     watcher::instance().remove(pid);
     if (pidfd >= 0) {
         siginfo_t info{};
-        while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
-               errno == EINTR) {
+        while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 && errno == EINTR) {
         }
     } else {
         while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -296,8 +287,7 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
 /// a small agent), so it is a plain function, not a coroutine.
 inline child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
     if (options.program.empty()) {
-        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)",
-                          EINVAL);
+        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
     }
     detail::prepare_agent_signals();
     const std::vector<std::string> env = options.env ? *options.env : detail::environ_entries();
@@ -356,8 +346,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     };
     detail::spawner::instance().run(job);
     if (pid < 0) {
-        throw spawn_error("cannot fork to start '" + options.program +
-                              "': " + detail::errno_string(fork_errno) +
+        throw spawn_error("cannot fork to start '" + options.program + "': " + detail::errno_string(fork_errno) +
                               " (check the process limit, ulimit -u, and free memory)",
                           fork_errno);
     }
@@ -381,8 +370,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     if (!pidfd) {
         const int e = errno;
         detail::discard_child(pid, -1);
-        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
-                              detail::errno_string(e) + " (needs Linux 5.3 or later)",
+        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " + detail::errno_string(e) +
+                              " (needs Linux 5.3 or later)",
                           e);
     }
 
@@ -413,8 +402,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         auto out_pipe = adopt(out.parent);
         auto err_pipe = adopt(err.parent);
         auto pid_stream = adopt(pidfd);
-        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
-                                                   std::move(out_pipe), std::move(err_pipe));
+        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe), std::move(out_pipe),
+                                                   std::move(err_pipe));
     } catch (...) {
         detail::discard_child(pid, pidfd ? pidfd.get() : -1);
         throw;

@@ -51,9 +51,7 @@ inline std::string errno_string(int err) { return std::system_category().message
 
 /// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
 /// for C++, hence the raw system call.
-inline int pidfd_open(pid_t pid) noexcept {
-    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U));
-}
+inline int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
 
 /// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
 inline int pidfd_send_signal(int pidfd, int sig) noexcept {
@@ -69,8 +67,7 @@ inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
 inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
     info = siginfo_t{};
     for (;;) {
-        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info,
-                                WEXITED | WNOHANG | WNOWAIT);
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT);
         if (rc == 0) return info.si_pid != 0;
         if (errno != EINTR) return false;
     }
@@ -123,8 +120,7 @@ inline rlim_t& original_open_files_soft_limit() noexcept {
 inline rlim_t raise_open_files_limit() noexcept {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
-    if (original_open_files_soft_limit() == RLIM_INFINITY)
-        original_open_files_soft_limit() = limit.rlim_cur;
+    if (original_open_files_soft_limit() == RLIM_INFINITY) original_open_files_soft_limit() = limit.rlim_cur;
     if (limit.rlim_cur < limit.rlim_max) {
         const rlim_t before = limit.rlim_cur;
         limit.rlim_cur = limit.rlim_max;
@@ -140,8 +136,7 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
     const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
     if (moved < 0) {
         throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
-                            " above 2 for a child: " + errno_string(errno) +
-                            " (raise the open-files limit)");
+                            " above 2 for a child: " + errno_string(errno) + " (raise the open-files limit)");
     }
     return owned_fd(moved);
 }

@@ -57,20 +57,19 @@ inline constexpr std::size_t watcher_capacity = 8192;
 /// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
 /// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
 /// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
-[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity,
-                                      unsigned char* buffer, std::size_t buffer_size,
-                                      int max_fd) noexcept {
+[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity, unsigned char* buffer,
+                                      std::size_t buffer_size, int max_fd) noexcept {
     // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
     // watcher before it has done its job, and no terminal hangup reaches it.
     ::setsid();
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM,
-                    SIGTSTP, SIGTTIN, SIGTTOU}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGTSTP, SIGTTIN, SIGTTOU}) {
         ::sigaction(sig, &ignore, nullptr);
     }
     ::prctl(PR_SET_NAME, "elastic-watch", 0, 0, 0);
-    if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */ }
+    if (::chdir("/") != 0) { /* keep going: only a mount point stays pinned */
+    }
     // Keep nothing but the socket: not the agent's sockets (a port would stay bound), not its
     // stdout (a reader of the agent's output would never see EOF).
     if (::close_range(0, static_cast<unsigned>(read_end - 1), 0) != 0 ||
@@ -190,8 +189,7 @@ private:
         auto job = [&] {
             pid = ::fork();
             if (pid == 0) {
-                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(),
-                             max_fd);
+                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
             }
             if (pid < 0) fork_errno = errno;
         };
@@ -214,8 +212,7 @@ private:
             if (n == static_cast<ssize_t>(sizeof record)) return true;
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
-            throw process_error("cannot write to the watcher socket: " +
-                                errno_string(n < 0 ? errno : EIO));
+            throw process_error("cannot write to the watcher socket: " + errno_string(n < 0 ? errno : EIO));
         }
     }
 

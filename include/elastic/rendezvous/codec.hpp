@@ -107,8 +107,8 @@ inline bool is_address_literal(const std::string& text) {
 }
 
 inline std::string encode(const node_info& i) {
-    nlohmann::json j{{"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc},
-                     {"pid", i.pid}};
+    nlohmann::json j{
+        {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
     if (i.node_rank) j["node_rank"] = *i.node_rank;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
@@ -147,7 +147,8 @@ inline node_info decode_node(std::string_view text) {
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
 inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
     if (!list.is_array()) throw invalid_value("'successors' is not a list");
-    if (list.size() > 16) throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
+    if (list.size() > 16)
+        throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
     std::vector<store_successor> out;
     for (const auto& x : list) {
         if (!x.is_object()) throw invalid_value("a successor is not a JSON object");

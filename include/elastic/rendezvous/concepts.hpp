@@ -34,24 +34,24 @@ struct node_info {
 
 /// Where the rendezvous store may move when its host is lost: an idle store server of a member.
 struct store_successor {
-    std::string id;            ///< the member's lease name
-    std::string addr;          ///< its address
-    std::uint16_t port = 0;    ///< its idle server's port
+    std::string id;          ///< the member's lease name
+    std::string addr;        ///< its address
+    std::uint16_t port = 0;  ///< its idle server's port
 };
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
 struct rendezvous_round {
-    int number = 0;             ///< the round (0, 1, ...)
-    int restart_count = 0;      ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
-    int group_rank = 0;         ///< this node's GROUP_RANK
-    int group_world_size = 1;   ///< nodes in the round: GROUP_WORLD_SIZE
-    int rank_base = 0;          ///< the global rank of this node's local rank 0
-    int world_size = 1;         ///< workers in the round: WORLD_SIZE
-    std::int64_t epoch = 0;     ///< lease losses the round's completer had accounted for
+    int number = 0;                           ///< the round (0, 1, ...)
+    int restart_count = 0;                    ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;                       ///< this node's GROUP_RANK
+    int group_world_size = 1;                 ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;                        ///< the global rank of this node's local rank 0
+    int world_size = 1;                       ///< workers in the round: WORLD_SIZE
+    std::int64_t epoch = 0;                   ///< lease losses the round's completer had accounted for
     std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
-    bool host_in_round = false;  ///< the store's host is a member of this round
-    std::string master_addr;    ///< MASTER_ADDR: group rank 0's workers' store
-    std::uint16_t master_port = 0;  ///< MASTER_PORT
+    bool host_in_round = false;               ///< the store's host is a member of this round
+    std::string master_addr;                  ///< MASTER_ADDR: group rank 0's workers' store
+    std::uint16_t master_port = 0;            ///< MASTER_PORT
     /// Group rank 0 only: every member's interface addresses (literals; a member that published
     /// none: its host and advertised address, names or literals), for its workers' store to
     /// accept connections from the round's nodes alone (empty on the other nodes).
@@ -83,9 +83,9 @@ struct job_decision {
 struct barrier_result {
     enum class kind { complete, aborted, timed_out };
     kind how = kind::complete;
-    std::vector<int> missing;         ///< timed_out: the group ranks that did not finish
+    std::vector<int> missing;                ///< timed_out: the group ranks that did not finish
     std::vector<std::string> missing_hosts;  ///< timed_out: their hosts (same order)
-    std::optional<abort_notice> abort;  ///< aborted: why
+    std::optional<abort_notice> abort;       ///< aborted: why
 };
 
 /*
@@ -134,7 +134,8 @@ concept agent_rendezvous = rendezvous<R> && requires(R& r, const R& cr, node_inf
     { r.keep_membership() } -> std::same_as<asio::awaitable<void>>;
     { r.recover(reason, info) } -> std::same_as<asio::awaitable<std::string>>;
     { cr.restart_count() } -> std::convertible_to<int>;
-    { r.stop() } noexcept;
+    { r.stop() }
+    noexcept;
 };
 
 }  // namespace elastic::inline v0

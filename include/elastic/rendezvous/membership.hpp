@@ -38,9 +38,9 @@ inline std::string describe_node_id(std::string_view id) {
 struct membership_log {
     explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
     std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
-    std::int64_t epoch = 0;                  ///< the last loss seen (the group's __epoch)
-    std::optional<std::string> store_lost;   ///< why the lease connection ended
-    async_signal wake;                       ///< notified at each change: wakes every waiter
+    std::int64_t epoch = 0;                                  ///< the last loss seen (the group's __epoch)
+    std::optional<std::string> store_lost;                   ///< why the lease connection ended
+    async_signal wake;                                       ///< notified at each change: wakes every waiter
 
     void changed() { wake.notify(); }
     /// Completes at the next change; throws operation_aborted once cancelled (so no loop

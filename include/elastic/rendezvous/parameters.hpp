@@ -41,9 +41,9 @@ enum class rendezvous_backend {
 /// The name of a backend as written on the command line.
 [[nodiscard]] constexpr std::string_view to_string(rendezvous_backend backend) noexcept {
     switch (backend) {
-    case rendezvous_backend::static_: return "static";
-    case rendezvous_backend::c10d: return "c10d";
-    case rendezvous_backend::etcd_v3: return "etcd-v3";
+        case rendezvous_backend::static_: return "static";
+        case rendezvous_backend::c10d: return "c10d";
+        case rendezvous_backend::etcd_v3: return "etcd-v3";
     }
     return "?";
 }
@@ -52,9 +52,9 @@ enum class rendezvous_backend {
 /// static backend's endpoint is --master-addr:--master-port).
 [[nodiscard]] constexpr std::uint16_t default_rendezvous_port(rendezvous_backend backend) noexcept {
     switch (backend) {
-    case rendezvous_backend::static_: return 29500;
-    case rendezvous_backend::c10d: return 29400;
-    case rendezvous_backend::etcd_v3: return 2379;
+        case rendezvous_backend::static_: return 29500;
+        case rendezvous_backend::c10d: return 29400;
+        case rendezvous_backend::etcd_v3: return 2379;
     }
     return 0;
 }
@@ -62,11 +62,11 @@ enum class rendezvous_backend {
 /// Settings of the rendezvous from `--rdzv-conf key=value,...`, with torchrun's defaults. Which
 /// keys a backend reads is in docs/cli.md; a key the chosen backend does not read is an error.
 struct rendezvous_settings {
-    std::chrono::milliseconds join_timeout = 600s;       ///< c10d, etcd-v3: a round must form within
-    std::chrono::milliseconds last_call_timeout = 30s;   ///< c10d, etcd-v3: wait for more after min
-    std::chrono::milliseconds close_timeout = 30s;       ///< c10d, etcd-v3: closing the rendezvous
-    std::chrono::milliseconds read_timeout = 60s;        ///< c10d, etcd-v3: connect and each request
-    std::chrono::milliseconds timeout = 900s;            ///< static: all nodes must arrive within
+    std::chrono::milliseconds join_timeout = 600s;      ///< c10d, etcd-v3: a round must form within
+    std::chrono::milliseconds last_call_timeout = 30s;  ///< c10d, etcd-v3: wait for more after min
+    std::chrono::milliseconds close_timeout = 30s;      ///< c10d, etcd-v3: closing the rendezvous
+    std::chrono::milliseconds read_timeout = 60s;       ///< c10d, etcd-v3: connect and each request
+    std::chrono::milliseconds timeout = 900s;           ///< static: all nodes must arrive within
     std::optional<bool> is_host;  ///< c10d: host the store here; unset: when the endpoint is this host
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
     /// waits for the other nodes; unset: 300 s (torchrun's fixed value).
@@ -110,11 +110,11 @@ struct rendezvous_parameters {
     /// single node binds the workers' store there only when it was given: two one-node jobs on
     /// a host would otherwise collide on the static backend's 29500.
     bool port_given = false;
-    std::string run_id = "none";          ///< --rdzv-id: the job id, namespaces store keys
-    node_range nnodes;                    ///< --nnodes
-    std::optional<int> node_rank;         ///< --node-rank; static: rank 0 hosts the store
-    std::optional<std::string> local_addr; ///< --local-addr: the address this node advertises
-    rendezvous_settings settings;         ///< --rdzv-conf
+    std::string run_id = "none";            ///< --rdzv-id: the job id, namespaces store keys
+    node_range nnodes;                      ///< --nnodes
+    std::optional<int> node_rank;           ///< --node-rank; static: rank 0 hosts the store
+    std::optional<std::string> local_addr;  ///< --local-addr: the address this node advertises
+    rendezvous_settings settings;           ///< --rdzv-conf
     friend bool operator==(const rendezvous_parameters&, const rendezvous_parameters&) = default;
 };
 

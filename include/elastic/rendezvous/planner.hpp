@@ -29,7 +29,7 @@ namespace detail::rdzv {
 /// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
 /// when it fits the round and nobody before took it.
 inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
-                                                                     bool strict = true) {
+                                                                      bool strict = true) {
     const int n = static_cast<int>(nodes.size());
     std::vector<int> rank(nodes.size(), -1);
     std::vector<int> owner(nodes.size(), -1);
@@ -39,7 +39,8 @@ inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std:
         if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
         if (*given < 0 || *given >= n) {
             return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
-                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1, n);
+                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1,
+                               n);
         }
         auto& o = owner[static_cast<std::size_t>(*given)];
         if (o >= 0) {
@@ -99,10 +100,10 @@ inline constexpr std::size_t max_successors = 3;
 
 /// A round decided from its members (in arrival order): what its completer writes.
 struct round_plan {
-    std::vector<int> group_rank;  ///< each member's group rank, in arrival order
-    std::vector<int> rank_base;   ///< by group rank: the global rank of its local rank 0
-    int world_size = 0;           ///< the round's workers (every member's nproc)
-    std::size_t master = 0;       ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
+    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;              ///< the round's workers (every member's nproc)
+    std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
     std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
     bool host_in = false;            ///< the store's host is a member
     /// Where the store moves if its host is lost: the first members by group rank that have
@@ -142,10 +143,10 @@ inline std::variant<round_plan, std::string> plan_round(const std::vector<node_i
 
 /// What decides a round's completion besides its arrivals.
 struct round_rules {
-    int nnodes = 1;      ///< MAX: the MAX-th arrival completes the round
+    int nnodes = 1;        ///< MAX: the MAX-th arrival completes the round
     bool elastic = false;  ///< MIN < MAX
-    int needed = 1;      ///< the nodes a round needs: MIN, or after the store moved a majority
-    int target = 0;      ///< after the store moved: the arrival that seals the round (0: none)
+    int needed = 1;        ///< the nodes a round needs: MIN, or after the store moved a majority
+    int target = 0;        ///< after the store moved: the arrival that seals the round (0: none)
 };
 
 /// What a node does once it arrived at a round as the `arrival`-th (the round's counter after

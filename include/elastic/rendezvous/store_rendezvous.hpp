@@ -104,11 +104,13 @@ public:
     /// Holds this node's lease (name `me.id`) on `lease`, a connection used for nothing else,
     /// and counts the node as registered. Call once, before the first round; then run
     /// keep_membership() for as long as the node is in the job.
+    // clang-format off
     asio::awaitable<void> start_liveness(Store& lease, node_info me)
         requires requires(Store& s, std::string k, std::string v) {
             { s.hold_lease(k, v) } -> std::same_as<asio::awaitable<void>>;
         }
     {
+        // clang-format on
         auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
@@ -392,8 +394,9 @@ public:
             std::vector<std::string> keys{key(r, fmt::format("done/{}", g))};
             if (co_await store_->check(std::move(keys))) continue;
             result.missing.push_back(g);
-            result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size() ? hosts[static_cast<std::size_t>(g)]
-                                                                                     : std::string("?"));
+            result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size()
+                                               ? hosts[static_cast<std::size_t>(g)]
+                                               : std::string("?"));
         }
         co_return result;
     }
@@ -619,10 +622,12 @@ private:
         }
         const auto size_key = key(r, "size");
         const auto size_text = co_await store_->get(size_key);
-        const int size = checked(size_key, size_text, "this node takes the round for one that lost a node while forming",
+        const int size = checked(size_key, size_text,
+                                 "this node takes the round for one that lost a node while forming",
                                  [&](std::string_view v) {
                                      return static_cast<int>(detail::rdzv::decode_count(v, 0, options_.nnodes));
-                                 }).value_or(0);
+                                 })
+                             .value_or(0);
         if (size > 0) {
             // A standby that outlives the store's host moves with the members: it needs the
             // round's successors and the majority rule (move_to) as they do.
@@ -661,14 +666,15 @@ private:
         phase_ = phase::idle;
         const auto notice = co_await wait_for_abort();  // round r is the current round
         if (notice.what == abort_notice::kind::closed) {
-            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})", notice.reason));
+            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})",
+                                                notice.reason));
         }
         if (notice.what == abort_notice::kind::failure) {
             const auto decision = co_await await_decision();
             if (!decision.restart) {
-                throw rendezvous_closed(fmt::format(
-                    "the job ended while this node waited as a standby (it stopped after a failure: {})",
-                    notice.reason));
+                throw rendezvous_closed(
+                    fmt::format("the job ended while this node waited as a standby (it stopped after a failure: {})",
+                                notice.reason));
             }
         }
     }
@@ -767,7 +773,8 @@ private:
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
         const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
-        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes)) co_await complete(s, r, *joined);
+        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes))
+            co_await complete(s, r, *joined);
     }
 
     // Reads the k nodes' infos (one multi_get), leaves out nodes whose lease is gone (one check),
@@ -788,13 +795,12 @@ private:
         std::vector<bool> valid;
         arrived.reserve(values.size());
         for (std::size_t i = 0; i < values.size(); ++i) {
-            auto node = checked(keys[i], values[i], "this arrival is left out of the round",
-                                [&](std::string_view v) {
-                                    auto n = detail::rdzv::decode_node(v);
-                                    if (members_ && n.id.empty())
-                                        throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
-                                    return n;
-                                });
+            auto node = checked(keys[i], values[i], "this arrival is left out of the round", [&](std::string_view v) {
+                auto n = detail::rdzv::decode_node(v);
+                if (members_ && n.id.empty())
+                    throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
+                return n;
+            });
             valid.push_back(node.has_value());
             arrived.push_back(node ? std::move(*node) : node_info{});
         }
@@ -861,17 +867,16 @@ private:
                 for (int j = 0; j < n; ++j) {
                     const int g = plan.group_rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
-                    auto assignment =
-                        nlohmann::json{{"group_rank", g},
-                                       {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
-                                       {"world_size", plan.world_size},
-                                       {"size", n},
-                                       {"epoch", epoch},
-                                       {"master_addr", master.store_addr},
-                                       {"master_port", master.store_port},
-                                       {"restarts", restarts},
-                                       {"host_in", plan.host_in},
-                                       {"successors", successors}};
+                    auto assignment = nlohmann::json{{"group_rank", g},
+                                                     {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
+                                                     {"world_size", plan.world_size},
+                                                     {"size", n},
+                                                     {"epoch", epoch},
+                                                     {"master_addr", master.store_addr},
+                                                     {"master_port", master.store_port},
+                                                     {"restarts", restarts},
+                                                     {"host_in", plan.host_in},
+                                                     {"successors", successors}};
                     if (g == 0) assignment["peers"] = peers;
                     out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
@@ -928,7 +933,7 @@ private:
                                         [](std::string_view v) {
                                             return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
                                         });
-        co_return first_kept && *first_kept > r;
+        co_return first_kept&&* first_kept > r;
     }
 
     // Round r was aborted and deleted while this node was away from it: the job went on
@@ -983,27 +988,27 @@ private:
     // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
     // decision slot.
     asio::awaitable<void> collect_round(Store& s, int q) {
-        std::vector<std::string> names{"count", "successors", "hosts", "size", "last_call_over", "done_count",
-                                       "all_done"};
+        std::vector<std::string> names{"count",          "successors", "hosts",   "size",
+                                       "last_call_over", "done_count", "all_done"};
         const auto manifest_key = key(q, "manifest");
         std::vector<std::string> probe{manifest_key};
         if (co_await s.check(std::move(probe))) {
             const auto value = co_await s.get(manifest_key);
-            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
-                                          [&](std::string_view v) {
-                                              const auto j = detail::rdzv::parse_object(v);
-                                              const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
-                                              const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
-                                              const auto ids = j.find("ids");
-                                              if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
-                                                  throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
-                                              std::vector<std::string> out;
-                                              for (const auto& id : *ids) {
-                                                  if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
-                                                  out.push_back(id.get<std::string>());
-                                              }
-                                              return std::tuple{k, n, std::move(out)};
-                                          });
+            const auto manifest = checked(
+                manifest_key, value, "only the round's fixed keys are deleted", [&](std::string_view v) {
+                    const auto j = detail::rdzv::parse_object(v);
+                    const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
+                    const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
+                    const auto ids = j.find("ids");
+                    if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
+                        throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
+                    std::vector<std::string> out;
+                    for (const auto& id : *ids) {
+                        if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
+                        out.push_back(id.get<std::string>());
+                    }
+                    return std::tuple{k, n, std::move(out)};
+                });
             if (manifest) {
                 const auto& [k, n, ids] = *manifest;
                 for (int i = 1; i <= k; ++i) {
@@ -1081,11 +1086,11 @@ private:
     int group_rank_ = -1;
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
-    bool admission_ = false;  ///< the last round ended to admit a node
-    bool rediscover_ = false; ///< this node was dropped and rejoined: read the job's round again
-    bool host_in_round_ = false;                 ///< the store's host was a member of the last round
-    std::vector<store_successor> successors_;    ///< the last round's successors
-    int quorum_ = 0;  ///< after the store moved: the majority the next round needs (0: none)
+    bool admission_ = false;                   ///< the last round ended to admit a node
+    bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
+    bool host_in_round_ = false;               ///< the store's host was a member of the last round
+    std::vector<store_successor> successors_;  ///< the last round's successors
+    int quorum_ = 0;                           ///< after the store moved: the majority the next round needs (0: none)
     int target_ = 0;  ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 

@@ -96,8 +96,7 @@ inline bool interface_holds(const asio::ip::address& wanted) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return false;
     bool found = false;
-    for (auto* i = list; i != nullptr && !found; i = i->ifa_next)
-        found = address_of(i->ifa_addr) == wanted;
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) found = address_of(i->ifa_addr) == wanted;
     ::freeifaddrs(list);
     return found;
 }
@@ -242,8 +241,8 @@ inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
     }
     if (from_env) {
         if (from_env->empty())
-            throw usage_error{fmt::format("{} is set but empty; give it the job's secret, or unset it",
-                                          rendezvous_secret_variable)};
+            throw usage_error{
+                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
         conf.secret = std::move(*from_env);
     }
 }
@@ -467,8 +466,9 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}",
-                                               current_host_, current_port_, e.what()));
+            throw rendezvous_error(
+                fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}", current_host_,
+                            current_port_, e.what()));
         }
         co_return true;
     }
@@ -579,8 +579,8 @@ private:
     std::unique_ptr<tcp_store_server> server_;
     std::unique_ptr<tcp_store_client> client_;
     std::unique_ptr<tcp_store_client> watcher_;
-    std::unique_ptr<tcp_store_client> lease_;  ///< holds this node's lease; observes losses
-    std::unique_ptr<tcp_store_server> backup_;  ///< idle until the job's store moves here
+    std::unique_ptr<tcp_store_client> lease_;                 ///< holds this node's lease; observes losses
+    std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old
@@ -611,8 +611,7 @@ private:
         const std::string theirs = co_await client_->get(k);
         long long interval_ms = 0;
         int attempts = 0;
-        if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 ||
-            attempts <= 0) {
+        if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 || attempts <= 0) {
             throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
                                                "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
                                                "uses --rdzv-id '{}' on this store",
@@ -671,7 +670,7 @@ private:
     }
 
     store_client_options client_options(std::string host, std::uint16_t port,
-                                         std::chrono::milliseconds connect_timeout) const {
+                                        std::chrono::milliseconds connect_timeout) const {
         store_client_options options;
         options.host = std::move(host);
         options.port = port;
@@ -687,7 +686,7 @@ private:
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
-    std::string current_host_;       ///< where the rendezvous store is reached now
+    std::string current_host_;  ///< where the rendezvous store is reached now
     std::uint16_t current_port_ = 0;
 
     static std::string make_node_id(const std::string& host, long pid) {

@@ -129,8 +129,7 @@ inline std::string python_json(const nlohmann::ordered_json& value) {
 
 // torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
 inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
-                           int exitcode, std::chrono::system_clock::time_point when,
-                           const worker_event_context& ctx) {
+                           int exitcode, std::chrono::system_clock::time_point when, const worker_event_context& ctx) {
     using json = nlohmann::ordered_json;
     json md = json::object();
     md["group_world_size"] = ctx.group_world_size;
@@ -187,8 +186,7 @@ inline event worker_status_event(const worker_failure& f, const worker_event_con
         raw_error = R"({"message": "<NONE>"})";
     }
     return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.returncode(), failure_display_time(f),
-                                         ctx);
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f), ctx);
 }
 
 /// The `torchelastic.worker.status.SUCCEEDED` event for one worker of a group that succeeded
@@ -210,8 +208,7 @@ public:
     explicit event_log(const std::string& path)
         : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
         if (fd_ < 0) {
-            throw report_error(
-                fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
+            throw report_error(fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
         }
     }
 

@@ -39,12 +39,9 @@ struct event_destination {
     /// The option's text: `null`, `console`, `file:PATH`.
     [[nodiscard]] std::string to_string() const {
         switch (what) {
-        case kind::console:
-            return "console";
-        case kind::file:
-            return "file:" + path;
-        case kind::null:
-            break;
+            case kind::console: return "console";
+            case kind::file: return "file:" + path;
+            case kind::null: break;
         }
         return "null";
     }

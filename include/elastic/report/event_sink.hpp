@@ -35,17 +35,11 @@ public:
     /// A sink for `destination`. A file is opened (created, appended) now: throws report_error
     /// naming the path and the reason when it cannot be. `console_fd` is where `console` writes
     /// (stderr, as torch's StreamHandler).
-    explicit event_sink(event_destination destination, int console_fd = 2)
-        : destination_(std::move(destination)) {
+    explicit event_sink(event_destination destination, int console_fd = 2) : destination_(std::move(destination)) {
         switch (destination_.what) {
-        case event_destination::kind::console:
-            log_.emplace(event_log::to_descriptor(console_fd));
-            break;
-        case event_destination::kind::file:
-            log_.emplace(event_log(destination_.path));
-            break;
-        case event_destination::kind::null:
-            break;
+            case event_destination::kind::console: log_.emplace(event_log::to_descriptor(console_fd)); break;
+            case event_destination::kind::file: log_.emplace(event_log(destination_.path)); break;
+            case event_destination::kind::null: break;
         }
     }
 
@@ -63,10 +57,10 @@ public:
         try {
             using namespace std::chrono;
             e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
-            e.metadata["monotonic_ns"] =
-                static_cast<std::int64_t>(duration_cast<nanoseconds>(steady.time_since_epoch()).count());
-            e.metadata["since_start_ns"] =
-                static_cast<std::int64_t>(duration_cast<nanoseconds>(steady - origin_).count());
+            e.metadata["monotonic_ns"] = static_cast<std::int64_t>(
+                duration_cast<nanoseconds>(steady.time_since_epoch()).count());
+            e.metadata["since_start_ns"] = static_cast<std::int64_t>(
+                duration_cast<nanoseconds>(steady - origin_).count());
             return log_->record(e);
         } catch (...) {
             return false;

@@ -18,7 +18,6 @@
 #include <string_view>
 #include <utility>
 
-
 #include <fmt/format.h>
 
 namespace elastic::inline v0 {
@@ -71,16 +70,15 @@ inline std::string failure_headline(const worker_failure& f) {
     if (f.status.signaled()) {
         return signal_message(f.status.signal(), f.pid);
     }
-    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid,
-                       f.global_rank, f.local_rank, f.status.code());
+    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid, f.global_rank, f.local_rank,
+                       f.status.code());
 }
 
 /// The stderr tail as a report shows it: a heading line, then the lines indented by two.
 inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     std::string out;
     if (tail.total_lines == tail.lines.size()) {
-        out = fmt::format("stderr ({} line{}):", tail.lines.size(),
-                          tail.lines.size() == 1 ? "" : "s");
+        out = fmt::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
     } else {
         out = fmt::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
     }
@@ -151,8 +149,7 @@ inline std::chrono::steady_clock::time_point failure_time(const worker_failure& 
         }
         if (latest < f.observed_system) {
             const auto earlier_by = f.observed_system - latest;
-            return f.observed_steady -
-                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(earlier_by);
+            return f.observed_steady - std::chrono::duration_cast<std::chrono::steady_clock::duration>(earlier_by);
         }
     }
     return f.observed_steady;
@@ -160,8 +157,7 @@ inline std::chrono::steady_clock::time_point failure_time(const worker_failure& 
 
 /// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
 /// (as torchrun shows), else when the agent observed the exit.
-inline std::chrono::system_clock::time_point failure_display_time(
-    const worker_failure& f) noexcept {
+inline std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         return *f.error_file.content.timestamp;
     }
@@ -211,9 +207,8 @@ inline std::optional<int> launcher_exit_code(std::span<const worker_failure> fai
 /// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
 /// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
 inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
-    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                       f.status.returncode(), f.local_rank, f.pid,
-                       detail::report::valid_utf8(entrypoint));
+    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
+                       f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
 
 }  // namespace elastic::inline v0

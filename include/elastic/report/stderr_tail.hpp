@@ -44,10 +44,8 @@ public:
     /// 2 KiB per line: any human-written message fits; a megabyte of base64 does not.
     static constexpr std::size_t default_max_line_bytes = 2048;
 
-    explicit stderr_tail(std::size_t max_lines = default_max_lines,
-                         std::size_t max_line_bytes = default_max_line_bytes)
-        : max_lines_(max_lines == 0 ? 1 : max_lines),
-          max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
+    explicit stderr_tail(std::size_t max_lines = default_max_lines, std::size_t max_line_bytes = default_max_line_bytes)
+        : max_lines_(max_lines == 0 ? 1 : max_lines), max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
 
     /// Feed the next chunk of the stream.
     void feed(std::string_view chunk) {

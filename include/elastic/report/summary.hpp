@@ -32,16 +32,15 @@ namespace detail::report {
 
 /// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
 inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
-    const std::time_t secs =
-        std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
+    const std::time_t secs = std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
     std::tm tm{};
     if (utc) {
         ::gmtime_r(&secs, &tm);
     } else {
         ::localtime_r(&secs, &tm);
     }
-    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1,
-                       tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                       tm.tm_min, tm.tm_sec);
 }
 
 /// `text` with every line after the first indented by two spaces, as torchrun indents a
@@ -59,21 +58,18 @@ inline std::string indent_continuation(std::string_view text) {
 }
 
 inline std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
-    const std::string error_file =
-        f.error_file.status == error_file_status::absent || f.error_file.path.empty()
-            ? std::string("<N/A>")
-            : valid_utf8(f.error_file.path);
-    return fmt::format(
-        "[{}]:\n"
-        "  time      : {}\n"
-        "  host      : {}\n"
-        "  rank      : {} (local_rank: {})\n"
-        "  exitcode  : {} (pid: {})\n"
-        "  error_file: {}\n"
-        "  traceback : {}",
-        idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
-        f.local_rank, f.status.returncode(), f.pid, error_file,
-        indent_continuation(valid_utf8(failure_traceback(f))));
+    const std::string error_file = f.error_file.status == error_file_status::absent || f.error_file.path.empty()
+                                       ? std::string("<N/A>")
+                                       : valid_utf8(f.error_file.path);
+    return fmt::format("[{}]:\n"
+                       "  time      : {}\n"
+                       "  host      : {}\n"
+                       "  rank      : {} (local_rank: {})\n"
+                       "  exitcode  : {} (pid: {})\n"
+                       "  error_file: {}\n"
+                       "  traceback : {}",
+                       idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank, f.local_rank,
+                       f.status.returncode(), f.pid, error_file, indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
 inline std::size_t widest_line(std::string_view text) {
@@ -106,9 +102,8 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
     const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-        return failures[a].global_rank < failures[b].global_rank;
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return failures[a].global_rank < failures[b].global_rank; });
     const auto root = root_cause(failures);
 
     std::size_t width = detail::report::code_points(title);
@@ -119,9 +114,8 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
     for (const std::size_t i : order) {
         const auto& f = failures[i];
         if (f.state == failure_state::stopped_by_agent) {
-            std::string line =
-                fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                            f.local_rank, f.status.returncode(), f.pid);
+            std::string line = fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
+                                           f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;

@@ -65,8 +65,7 @@ inline nonce random_nonce() {
 }
 
 /// HMAC-SHA256(secret, label || client nonce || server nonce).
-inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client,
-                       const nonce& server) {
+inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client, const nonce& server) {
     std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
     auto* p = input.data();
     for (const char c : label) *p++ = static_cast<unsigned char>(c);
@@ -74,8 +73,8 @@ inline mac compute_mac(std::string_view secret, std::string_view label, const no
     for (const auto b : server) *p++ = b;
     mac out{};
     unsigned int len = 0;
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(),
-             input.size(), out.data(), &len) == nullptr ||
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(), input.size(), out.data(),
+             &len) == nullptr ||
         len != out.size())
         throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
                           "failed)");
@@ -132,8 +131,7 @@ inline void put_header(std::string& out) {
 }
 
 inline bool same_mac(const mac& expected, std::string_view got) {
-    return got.size() == expected.size() &&
-           CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
+    return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
 }
 
 }  // namespace detail
@@ -145,8 +143,7 @@ public:
     /// `secret` must not be empty. `server_nonce` is injectable for tests and fuzzing.
     server_handshake(std::string secret, const nonce& server_nonce)
         : secret_(std::move(secret)), server_nonce_(server_nonce) {}
-    explicit server_handshake(std::string secret)
-        : server_handshake(std::move(secret), random_nonce()) {}
+    explicit server_handshake(std::string secret) : server_handshake(std::move(secret), random_nonce()) {}
 
     /// Consumes the next message from the front of `in`, appending the reply to `out`.
     step feed(std::string_view in, std::string& out) {
@@ -168,8 +165,7 @@ public:
             }
             case phase::proof: {
                 if (in.size() < client_proof_size) return {status::need_more, client_proof_size, {}};
-                const auto expected =
-                    compute_mac(secret_, client_label, client_nonce_, server_nonce_);
+                const auto expected = compute_mac(secret_, client_label, client_nonce_, server_nonce_);
                 if (!detail::same_mac(expected, in.substr(0, client_proof_size))) {
                     phase_ = phase::failed;
                     return {status::refused, 0,
@@ -199,8 +195,7 @@ private:
         const auto first = static_cast<unsigned char>(in[0]);
         if (match >= magic.size())
             return fmt::format("its handshake has version {}, this server speaks {}",
-                               static_cast<unsigned>(static_cast<unsigned char>(in[match])),
-                               version);
+                               static_cast<unsigned>(static_cast<unsigned char>(in[match])), version);
         // 00 CE ...: the current dialect's VALIDATE; 00 anything else: a legacy SET.
         if (first == 0x00 && (in.size() == 1 || in[1] == '\xCE'))
             return fmt::format("it sent a TCPStore request (bytes {}) without authenticating; "
@@ -229,8 +224,7 @@ public:
     /// `secret` must not be empty. `client_nonce` is injectable for tests and fuzzing.
     client_handshake(std::string secret, const nonce& client_nonce)
         : secret_(std::move(secret)), client_nonce_(client_nonce) {}
-    explicit client_handshake(std::string secret)
-        : client_handshake(std::move(secret), random_nonce()) {}
+    explicit client_handshake(std::string secret) : client_handshake(std::move(secret), random_nonce()) {}
 
     /// Appends the hello to `out`.
     void start(std::string& out) const {
@@ -249,21 +243,16 @@ public:
                             match >= magic.size()
                                 ? fmt::format("it answered with handshake version {}, this "
                                               "client speaks {}",
-                                              static_cast<unsigned>(
-                                                  static_cast<unsigned char>(in[match])),
-                                              version)
+                                              static_cast<unsigned>(static_cast<unsigned char>(in[match])), version)
                                 : fmt::format("it answered the authentication handshake with "
                                               "bytes {}: it is not an elastic store with a "
                                               "secret",
                                               detail::hex(in))};
                 }
-                if (in.size() < server_challenge_size)
-                    return {status::need_more, server_challenge_size, {}};
+                if (in.size() < server_challenge_size) return {status::need_more, server_challenge_size, {}};
                 const auto server_nonce = detail::get_nonce(in.substr(magic.size() + 1));
-                const auto expected =
-                    compute_mac(secret_, server_label, client_nonce_, server_nonce);
-                if (!detail::same_mac(expected,
-                                      in.substr(magic.size() + 1 + nonce_size, mac_size))) {
+                const auto expected = compute_mac(secret_, server_label, client_nonce_, server_nonce);
+                if (!detail::same_mac(expected, in.substr(magic.size() + 1 + nonce_size, mac_size))) {
                     phase_ = phase::failed;
                     return {status::refused, 0,
                             "its proof does not verify: the server was given another secret "

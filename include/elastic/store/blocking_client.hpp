@@ -25,8 +25,7 @@ namespace elastic::inline v0 {
 /// object per thread, or a mutex around it.
 class blocking_store_client {
 public:
-    explicit blocking_store_client(store_client_options options)
-        : client_(ctx_.get_executor(), std::move(options)) {}
+    explicit blocking_store_client(store_client_options options) : client_(ctx_.get_executor(), std::move(options)) {}
 
     blocking_store_client(const blocking_store_client&) = delete;
     blocking_store_client& operator=(const blocking_store_client&) = delete;
@@ -35,13 +34,9 @@ public:
     void connect() { run(client_.connect()); }
     void close() noexcept { client_.close(); }
 
-    void set(std::string key, std::string value) {
-        run(client_.set(std::move(key), std::move(value)));
-    }
+    void set(std::string key, std::string value) { run(client_.set(std::move(key), std::move(value))); }
     std::string get(std::string key) { return run(client_.get(std::move(key))); }
-    std::int64_t add(std::string key, std::int64_t delta) {
-        return run(client_.add(std::move(key), delta));
-    }
+    std::int64_t add(std::string key, std::int64_t delta) { return run(client_.add(std::move(key), delta)); }
     std::string compare_set(std::string key, std::string expected, std::string desired) {
         return run(client_.compare_set(std::move(key), std::move(expected), std::move(desired)));
     }
@@ -58,15 +53,11 @@ public:
     void multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         run(client_.multi_set(std::move(keys), std::move(values)));
     }
-    void append(std::string key, std::string value) {
-        run(client_.append(std::move(key), std::move(value)));
-    }
+    void append(std::string key, std::string value) { run(client_.append(std::move(key), std::move(value))); }
 
     [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return client_.timeout(); }
     void set_timeout(std::chrono::milliseconds t) noexcept { client_.set_timeout(t); }
-    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept {
-        return client_.dialect();
-    }
+    [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return client_.dialect(); }
     [[nodiscard]] std::string address() const { return client_.address(); }
 
     /// The asynchronous client underneath (to co_spawn on `context()` yourself).

@@ -101,19 +101,21 @@ struct store_client_options {
 class tcp_store_client {
 public:
     tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
-        : executor_(executor), options_(std::move(options)), rng_(std::random_device{}()),
-          lock_(executor), leases_(executor), heartbeat_timer_(executor) {
+        : executor_(executor),
+          options_(std::move(options)),
+          rng_(std::random_device{}()),
+          lock_(executor),
+          leases_(executor),
+          heartbeat_timer_(executor) {
         if (options_.dialect != client_dialect::detect)
-            dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current
-                                                                   : wire::dialect::legacy;
+            dialect_ = options_.dialect == client_dialect::current ? wire::dialect::current : wire::dialect::legacy;
         if (options_.secret && options_.secret->empty())
             throw store_error("store_client_options::secret is empty: give the store's secret, "
                               "or no secret (std::nullopt) for a store without authentication");
         if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format(
-                "store_client_options: lease_heartbeat_interval {} ms and "
-                "lease_missed_heartbeats {} must both be positive",
-                options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
+            throw store_error(fmt::format("store_client_options: lease_heartbeat_interval {} ms and "
+                                          "lease_missed_heartbeats {} must both be positive",
+                                          options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
     }
 
     tcp_store_client(const tcp_store_client&) = delete;
@@ -142,8 +144,7 @@ public:
 
     /// "host:port" of the server, as error messages name it.
     [[nodiscard]] std::string address() const {
-        if (options_.host.find(':') != std::string::npos)
-            return fmt::format("[{}]:{}", options_.host, options_.port);
+        if (options_.host.find(':') != std::string::npos) return fmt::format("[{}]:{}", options_.host, options_.port);
         return fmt::format("{}:{}", options_.host, options_.port);
     }
 
@@ -192,8 +193,7 @@ public:
 
     /// PyTorch's compare_set: returns `desired` on success, otherwise the current value (or
     /// `expected` when the key is absent and `expected` is not empty).
-    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
-                                             std::string desired) {
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired) {
         auto lock = co_await acquire();
         co_await ensure_connected();
         const auto k = wire_key(key);
@@ -208,9 +208,7 @@ public:
     }
 
     /// Waits until every key exists; store_timeout after `timeout()`.
-    asio::awaitable<void> wait(std::vector<std::string> keys) {
-        co_await wait(std::move(keys), options_.timeout);
-    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) { co_await wait(std::move(keys), options_.timeout); }
 
     /// Waits until every key exists; store_timeout after `timeout`. The connection stays
     /// usable: the current dialect cancels the wait (CANCEL_WAIT), the legacy one reconnects
@@ -277,15 +275,13 @@ public:
             co_await flush(std::string_view("GET"), keys.front());
         }
         out.reserve(keys.size());
-        for (const auto& k : keys)
-            out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
+        for (const auto& k : keys) out.push_back(co_await read_bytes(std::string_view("MULTI_GET"), k));
         co_return out;
     }
 
     /// Writes every pair (store_error when the sizes differ). The legacy dialect pipelines one
     /// SET per pair.
-    asio::awaitable<void> multi_set(std::vector<std::string> keys,
-                                    std::vector<std::string> values) {
+    asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
             throw store_error(fmt::format("multi_set needs as many values as keys, got {} keys "
                                           "and {} values",
@@ -312,8 +308,7 @@ public:
             }
             co_await flush(std::string_view("SET"), keys.front());
         }
-        for (std::size_t i = 0; i < keys.size(); ++i)
-            track_lease(keys[i].substr(options_.key_prefix.size()), keys[i]);
+        for (std::size_t i = 0; i < keys.size(); ++i) track_lease(keys[i].substr(options_.key_prefix.size()), keys[i]);
     }
 
     /// Appends `value` to `key` (creates it). PyTorch 1.13 servers lack APPEND and close the
@@ -352,10 +347,9 @@ public:
         const auto k = wire_key(key);
         const auto parts = parse_lease_key(k);
         if (!parts || parts->name.empty() || parts->reserved())
-            throw store_error(fmt::format(
-                "hold_lease('{}'): not a lease key; use lease_key(group, name): "
-                "<group>/{}<name>, with a name neither empty nor starting with '__'",
-                key, lease_marker));
+            throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name): "
+                                          "<group>/{}<name>, with a name neither empty nor starting with '__'",
+                                          key, lease_marker));
         auto lock = co_await acquire();
         co_await ensure_connected();
         begin(wire::op::set);
@@ -372,9 +366,7 @@ public:
 
     /// Ends the lease at `key` without a loss (DELETE_KEY, as `delete_key` of a lease key
     /// does); whether the key existed.
-    asio::awaitable<bool> release_lease(std::string key) {
-        co_return co_await delete_key(std::move(key));
-    }
+    asio::awaitable<bool> release_lease(std::string key) { co_return co_await delete_key(std::move(key)); }
 
     /// The lease keys this client holds now.
     [[nodiscard]] const std::vector<std::string>& leases() const noexcept { return leases_.keys(); }
@@ -443,8 +435,7 @@ private:
     asio::awaitable<void> beat(std::shared_ptr<bool> alive) {
         const auto conn = conn_;
         if (rbeg_ != rend_) {
-            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(),
-                             rend_ - rbeg_));
+            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(), rend_ - rbeg_));
             co_return;
         }
         std::string out;
@@ -456,8 +447,7 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)),
-                tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)), tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
@@ -467,8 +457,7 @@ private:
             disarm();
             co_return;
         }
-        if (conn->expired)
-            drop(silent_server_message());
+        if (conn->expired) drop(silent_server_message());
         else if (ec)
             drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
                              "or died, or it ended this connection (see its log)",
@@ -484,8 +473,7 @@ private:
                            "heartbeats of {} ms): the server is hung, stopped or unreachable "
                            "(store_client_options::lease_heartbeat_interval, "
                            "lease_missed_heartbeats)",
-                           address(), heartbeat_deadline().count(),
-                           options_.lease_missed_heartbeats,
+                           address(), heartbeat_deadline().count(), options_.lease_missed_heartbeats,
                            options_.lease_heartbeat_interval.count());
     }
 
@@ -586,15 +574,13 @@ private:
                     drop();
                 }
             }
-            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff,
-                                                       options_.max_backoff, rng_);
+            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff, rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
                     "server (the agent, or rank 0) running and is MASTER_ADDR/MASTER_PORT right? "
                     "(store_client_options::connect_timeout)",
-                    address(), attempt, attempt == 1 ? "" : "s", options_.connect_timeout.count(),
-                    last.message(),
+                    address(), attempt, attempt == 1 ? "" : "s", options_.connect_timeout.count(), last.message(),
                     options_.dialect == client_dialect::current
                         ? " (current dialect forced: a PyTorch <= 2.1 server resets the "
                           "VALIDATE handshake; use client_dialect::detect or legacy)"
@@ -616,8 +602,9 @@ private:
                 endpoints.emplace_back(address, options_.port);
             } else {
                 asio::ip::tcp::resolver resolver(executor_);
-                const auto [rec, results] = co_await resolver.async_resolve(
-                    options_.host, std::to_string(options_.port), tuple_awaitable);
+                const auto [rec, results] = co_await resolver.async_resolve(options_.host,
+                                                                            std::to_string(options_.port),
+                                                                            tuple_awaitable);
                 if (rec) co_return rec;
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
@@ -625,8 +612,7 @@ private:
         conn_ = std::make_shared<detail::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
-        const auto [ec, ep] =
-            co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
         (void)ep;
         const bool expired = conn_->expired;
         disarm();
@@ -649,9 +635,7 @@ private:
         arm_deadline(deadline);
         for (;;) {
             if (!wbuf_.empty()) {
-                const auto [wec, n] = co_await asio::async_write(conn_->socket,
-                                                                 asio::buffer(wbuf_),
-                                                                 tuple_awaitable);
+                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
                 (void)n;
                 wbuf_.clear();
                 if (wec) co_return auth_io_failed(hs, wec);
@@ -661,11 +645,11 @@ private:
             if (s.status == store_auth::status::refused) {
                 disarm();
                 drop();
-                throw store_auth_error(fmt::format(
-                    "the store at {} failed the authentication handshake: {}; give every agent "
-                    "and the store the same secret (store_client_options::secret, "
-                    "store_server_options::secret)",
-                    address(), s.reason));
+                throw store_auth_error(
+                    fmt::format("the store at {} failed the authentication handshake: {}; give every agent "
+                                "and the store the same secret (store_client_options::secret, "
+                                "store_server_options::secret)",
+                                address(), s.reason));
             }
             if (s.status == store_auth::status::need_more) {
                 if (const auto ec = co_await fill(s.size)) co_return auth_io_failed(hs, ec);
@@ -685,27 +669,24 @@ private:
         disarm();
         drop();
         if (expired) return make_error_code(asio::error::timed_out);
-        if (ec != asio::error::eof && ec != asio::error::connection_reset &&
-            ec != asio::error::broken_pipe)
-            return ec;
+        if (ec != asio::error::eof && ec != asio::error::connection_reset && ec != asio::error::broken_pipe) return ec;
         if (hs.proof_sent())
-            throw store_auth_error(fmt::format(
-                "the store at {} refused this client's secret (it closed the connection after "
-                "the proof: {}); give the client the store's secret "
-                "(store_client_options::secret = store_server_options::secret)",
-                address(), ec.message()));
-        throw store_auth_error(fmt::format(
-            "the store at {} closed the connection during the authentication handshake ({}): it "
-            "has no secret (store_server_options::secret), or it is not an elastic store; give "
-            "the server the same secret, or the client none",
-            address(), ec.message()));
+            throw store_auth_error(
+                fmt::format("the store at {} refused this client's secret (it closed the connection after "
+                            "the proof: {}); give the client the store's secret "
+                            "(store_client_options::secret = store_server_options::secret)",
+                            address(), ec.message()));
+        throw store_auth_error(
+            fmt::format("the store at {} closed the connection during the authentication handshake ({}): it "
+                        "has no secret (store_server_options::secret), or it is not an elastic store; give "
+                        "the server the same secret, or the client none",
+                        address(), ec.message()));
     }
 
     // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
     // dialect. A reset, an EOF or no echo within the limit is returned as an error.
     asio::awaitable<std::error_code> handshake(clock::time_point deadline) {
-        const auto limit =
-            dialect_ ? deadline : std::min(deadline, clock::now() + options_.detect_timeout);
+        const auto limit = dialect_ ? deadline : std::min(deadline, clock::now() + options_.detect_timeout);
         const auto nonce = static_cast<std::uint32_t>(::getpid());
         wbuf_.clear();
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::validate));
@@ -713,8 +694,7 @@ private:
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
         wire::put_u32(wbuf_, nonce);
         arm_deadline(limit);
-        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
-                                                         tuple_awaitable);
+        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
         (void)n;
         std::error_code ec = wec;
         if (!ec) ec = co_await fill(4);
@@ -738,24 +718,19 @@ private:
         const bool timed_out = conn_ && conn_->expired;
         const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
         if (timed_out) {
-            auto message = fmt::format(
-                "the store at {} did not answer {} within {} ms; the server is stuck or "
-                "overloaded (store_client_options::timeout)",
-                address(), about, options_.timeout.count());
+            auto message = fmt::format("the store at {} did not answer {} within {} ms; the server is stuck or "
+                                       "overloaded (store_client_options::timeout)",
+                                       address(), about, options_.timeout.count());
             drop(message);
             throw store_timeout(message);
         }
         std::string message;
-        if (ec == asio::error::eof || ec == asio::error::connection_reset ||
-            ec == asio::error::broken_pipe)
-            message = fmt::format(
-                "the store at {} closed the connection during {} ({}): the server stopped, or "
-                "rejected the request (ADD on a non-numeric value, a write to a lease key it "
-                "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
-                address(), about, ec.message());
-        else
-            message = fmt::format("the store at {}: {} failed: {}", address(), about,
-                                  ec.message());
+        if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe)
+            message = fmt::format("the store at {} closed the connection during {} ({}): the server stopped, or "
+                                  "rejected the request (ADD on a non-numeric value, a write to a lease key it "
+                                  "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
+                                  address(), about, ec.message());
+        else message = fmt::format("the store at {}: {} failed: {}", address(), about, ec.message());
         drop(message);
         throw store_error(message);
     }
@@ -768,8 +743,7 @@ private:
 
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
         if (conn_->expired) fail(what, key, asio::error::timed_out);
-        const auto [ec, n] =
-            co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
         (void)n;
         if (ec) fail(what, key, ec);
     }
@@ -789,8 +763,9 @@ private:
             }
             if (rbuf_.size() - rend_ < 4096 && rbuf_.size() < 64 * 1024) rbuf_.resize(64 * 1024);
             if (conn_->expired) co_return make_error_code(asio::error::timed_out);
-            const auto [ec, got] = co_await conn_->socket.async_read_some(
-                asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_), tuple_awaitable);
+            const auto [ec, got] = co_await conn_->socket.async_read_some(asio::buffer(rbuf_.data() + rend_,
+                                                                                       rbuf_.size() - rend_),
+                                                                          tuple_awaitable);
             rend_ += got;
             if (ec && rend_ - rbeg_ < n) co_return ec;
         }
@@ -817,8 +792,7 @@ private:
 
     asio::awaitable<std::string> read_bytes(std::string_view what, std::string_view key) {
         const auto len = co_await read_u64(what, key);
-        if (len > max_reply_value)
-            throw_protocol(what, key, fmt::format("a value of {} bytes", len));
+        if (len > max_reply_value) throw_protocol(what, key, fmt::format("a value of {} bytes", len));
         const auto n = static_cast<std::size_t>(len);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
         std::string v(rbuf_.data() + rbeg_, n);
@@ -826,8 +800,7 @@ private:
         co_return v;
     }
 
-    [[noreturn]] void throw_protocol(std::string_view what, std::string_view key,
-                                     std::string_view got) {
+    [[noreturn]] void throw_protocol(std::string_view what, std::string_view key, std::string_view got) {
         auto message = fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
                                    "server of the expected dialect, or a desynchronised stream",
                                    address(), what, key, got);
@@ -846,8 +819,8 @@ private:
     // number the CHECKs sent plus one. CHECK number i (from 1) is surely unanswered while fewer
     // than i zeros have come; one that stays so past the heartbeat deadline means a silent
     // server, as for an idle heartbeat.
-    asio::awaitable<void> wait_locked(std::vector<std::string> keys,
-                                      std::chrono::milliseconds timeout, std::string_view what) {
+    asio::awaitable<void> wait_locked(std::vector<std::string> keys, std::chrono::milliseconds timeout,
+                                      std::string_view what) {
         co_await ensure_connected();
         req_.operation = wire::op::wait;
         req_.keys.clear();
@@ -863,8 +836,7 @@ private:
         const auto next_deadline = [&] {
             auto d = wait_deadline;
             if (!leases_.empty()) d = std::min(d, next_beat);
-            if (checks_sent.size() > zeros)
-                d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
+            if (checks_sent.size() > zeros) d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
             return d;
         };
         arm_deadline(next_deadline());
@@ -873,8 +845,7 @@ private:
             const auto ec = co_await fill(1);
             if (!ec) {
                 const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
-                if (byte != stop)
-                    throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+                if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
                 if (++zeros == checks_sent.size() + 1) {
                     disarm();
                     co_return;
@@ -887,8 +858,7 @@ private:
             if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
                 auto message = silent_server_message();
                 drop(message);
-                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys),
-                                              message));
+                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys), message));
             }
             if (!leases_.empty() && now >= next_beat) {
                 wbuf_.clear();
@@ -905,8 +875,7 @@ private:
         const auto message = fmt::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
             "{} has not; store_client_options::timeout or the wait's timeout)",
-            what, address(), describe_keys(keys), timeout.count(),
-            keys.size() == 1 ? "it" : "them");
+            what, address(), describe_keys(keys), timeout.count(), keys.size() == 1 ? "it" : "them");
         if (*dialect_ == wire::dialect::legacy) {
             drop(message);
             throw store_timeout(message);

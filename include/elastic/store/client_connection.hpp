@@ -59,14 +59,13 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 // The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
 // `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
 inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
-                                                 std::chrono::milliseconds max,
-                                                 std::minstd_rand& rng) {
+                                                 std::chrono::milliseconds max, std::minstd_rand& rng) {
     auto d = initial;
     for (int i = 1; i < attempt && d < max; ++i) d *= 2;
     d = std::min(d, max);
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    return std::chrono::milliseconds(
-        static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) * jitter(rng)));
+    return std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
+                                                                                 jitter(rng)));
 }
 
 }  // namespace elastic::inline v0::detail

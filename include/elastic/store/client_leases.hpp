@@ -51,9 +51,7 @@ inline void encode_heartbeat(wire::dialect dialect, std::string& out) {
     }
 }
 
-inline std::size_t heartbeat_reply_size(wire::dialect dialect) {
-    return dialect == wire::dialect::current ? 4 : 1;
-}
+inline std::size_t heartbeat_reply_size(wire::dialect dialect) { return dialect == wire::dialect::current ? 4 : 1; }
 
 inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
     if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
@@ -92,12 +90,10 @@ public:
     asio::awaitable<store_connection_loss> next_loss(std::shared_ptr<bool> alive) {
         while (!loss_) {
             co_await lost_.wait();
-            if (!*alive) throw std::system_error(asio::error::operation_aborted,
-                                                 "store client destroyed");
+            if (!*alive) throw std::system_error(asio::error::operation_aborted, "store client destroyed");
             const auto cs = co_await asio::this_coro::cancellation_state;
             if (!loss_ && cs.cancelled() != asio::cancellation_type::none)
-                throw std::system_error(asio::error::operation_aborted,
-                                        "connection_lost() cancelled");
+                throw std::system_error(asio::error::operation_aborted, "connection_lost() cancelled");
         }
         auto loss = std::move(*loss_);
         loss_.reset();

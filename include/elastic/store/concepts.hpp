@@ -38,9 +38,8 @@ namespace elastic::inline v0 {
  * store_error.
  */
 template <class S>
-concept store = requires(S& s, const S& cs, std::string key, std::string value,
-                         std::vector<std::string> keys, std::int64_t delta,
-                         std::chrono::milliseconds timeout) {
+concept store = requires(S& s, const S& cs, std::string key, std::string value, std::vector<std::string> keys,
+                         std::int64_t delta, std::chrono::milliseconds timeout) {
     { s.set(key, value) } -> std::same_as<asio::awaitable<void>>;
     { s.get(key) } -> std::same_as<asio::awaitable<std::string>>;
     { s.add(key, delta) } -> std::same_as<asio::awaitable<std::int64_t>>;
@@ -60,6 +59,7 @@ concept store = requires(S& s, const S& cs, std::string key, std::string value,
  *   multi_set(keys, values)   -> awaitable<void>   each like set; store_error on size mismatch
  *   append(key, value)        -> awaitable<void>   concatenate or create; wakes waiters
  */
+// clang-format off
 template <class S>
 concept multi_key_store =
     store<S> && requires(S& s, std::string key, std::string value, std::vector<std::string> keys,
@@ -67,6 +67,7 @@ concept multi_key_store =
         { s.multi_get(keys) } -> std::same_as<asio::awaitable<std::vector<std::string>>>;
         { s.multi_set(keys, values) } -> std::same_as<asio::awaitable<void>>;
         { s.append(key, value) } -> std::same_as<asio::awaitable<void>>;
-    };
+    // clang-format on
+};
 
 }  // namespace elastic::inline v0

@@ -24,9 +24,7 @@ namespace elastic::inline v0::detail {
 // Heterogeneous lookup: find a std::string key with a std::string_view, no temporary string.
 struct store_string_hash {
     using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept {
-        return std::hash<std::string_view>{}(s);
-    }
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
 
 /// Someone waiting for keys to exist. The engine calls `on_ready` exactly once, when the last
@@ -92,16 +90,19 @@ public:
 
     /// Sets `key` to `value` (overwrites) and wakes its waiters.
     void set(std::string_view key, std::string_view value) {
-        write(key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
     }
     /// Sets `key`, taking the value's storage.
     void set(std::string_view key, std::string&& value) {
-        write(key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
     }
 
     /// Appends to `key`'s value, creating it when absent; wakes its waiters.
     void append(std::string_view key, std::string_view value) {
-        write(key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
+        write(
+            key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
     }
 
     /// Adds `delta` to the decimal integer at `key` (absent counts as 0), stores the result as
@@ -119,7 +120,8 @@ public:
         char digits[24];
         const auto res = std::to_chars(digits, digits + sizeof digits, sum);
         const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
-        write(key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
         return sum;
     }
 
@@ -129,15 +131,15 @@ public:
     /// Returns the value now stored (or `expected` in the second case); the view is valid until
     /// the next write or as long as the arguments. Creating a key wakes its waiters (the libuv
     /// server does; 1.13 did not).
-    std::string_view compare_set(std::string_view key, std::string_view expected,
-                                 std::string_view desired) {
+    std::string_view compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
         const auto it = table_.find(key);
         if (it == table_.end()) {
             if (!expected.empty()) return expected;
         } else if (it->second != expected) {
             return it->second;
         }
-        write(key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
+        write(
+            key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
         return *find(key);
     }
 
@@ -186,9 +188,7 @@ public:
     }
     /// What one awaited key is counted as (the engine keeps it twice: in its index and in the
     /// waiter's own list, for cancel).
-    static constexpr std::size_t awaited_bytes(std::size_t key_size) {
-        return 2 * key_size + entry_overhead;
-    }
+    static constexpr std::size_t awaited_bytes(std::size_t key_size) { return 2 * key_size + entry_overhead; }
 
     /// Calls `f(key, value)` for every entry.
     template <class F>
@@ -269,10 +269,8 @@ public:
         std::string out;
         for (const char c : key.substr(0, 200)) {
             const auto u = static_cast<unsigned char>(c);
-            if (u >= 0x20 && u < 0x7f && u != '\\')
-                out.push_back(c);
-            else
-                out += fmt::format("\\x{:02x}", u);
+            if (u >= 0x20 && u < 0x7f && u != '\\') out.push_back(c);
+            else out += fmt::format("\\x{:02x}", u);
         }
         if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
         return out;
@@ -338,9 +336,9 @@ private:
     std::unordered_map<std::string, std::string, store_string_hash, std::equal_to<>> table_;
     std::unordered_map<std::string, waiter_list, store_string_hash, std::equal_to<>> waiters_;
     std::unordered_map<std::string, watcher_list, store_string_hash, std::equal_to<>> watchers_;
-    std::size_t table_bytes_ = 0;   // entry_bytes of every key and value
-    std::size_t waiter_bytes_ = 0;  // awaited_bytes of every registration not yet consumed
-    std::size_t watcher_bytes_ = 0; // watched keys and their registrations
+    std::size_t table_bytes_ = 0;    // entry_bytes of every key and value
+    std::size_t waiter_bytes_ = 0;   // awaited_bytes of every registration not yet consumed
+    std::size_t watcher_bytes_ = 0;  // watched keys and their registrations
 
     static constexpr std::size_t entry_overhead = 64;
 };

@@ -44,9 +44,7 @@ inline std::string lease_key(std::string_view group, std::string_view name) {
 
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) {
-    return detail::lease_space(group).append("__epoch");
-}
+inline std::string lease_epoch_key(std::string_view group) { return detail::lease_space(group).append("__epoch"); }
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.

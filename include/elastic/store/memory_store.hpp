@@ -30,14 +30,12 @@ class memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
     explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
-        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()),
-          timeout_(timeout) {}
+        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
 
     /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
     /// server uses the same keys and waiters in process, without a loopback connection. The
     /// engine must outlive the store; use both on the engine's thread.
-    explicit memory_store(detail::store_engine& engine,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit memory_store(detail::store_engine& engine, std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
@@ -63,20 +61,15 @@ public:
     }
 
     /// Adds `delta` to the decimal counter at `key`; store_error when it holds something else.
-    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
-        co_return engine_->add(key, delta);
-    }
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) { co_return engine_->add(key, delta); }
 
     /// PyTorch's compare_set (see the `store` concept); creating a key wakes its waiters.
-    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
-                                             std::string desired) {
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired) {
         co_return std::string(engine_->compare_set(key, expected, desired));
     }
 
     /// Waits up to timeout() until every key exists.
-    asio::awaitable<void> wait(std::vector<std::string> keys) {
-        co_await wait_for(std::move(keys), timeout_);
-    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) { co_await wait_for(std::move(keys), timeout_); }
 
     /// Waits up to `timeout` until every key exists; store_timeout after that.
     asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
@@ -90,9 +83,7 @@ public:
     asio::awaitable<bool> delete_key(std::string key) { co_return engine_->erase(key); }
 
     /// The number of keys.
-    asio::awaitable<std::int64_t> num_keys() {
-        co_return static_cast<std::int64_t>(engine_->size());
-    }
+    asio::awaitable<std::int64_t> num_keys() { co_return static_cast<std::int64_t>(engine_->size()); }
 
     /// Waits (up to timeout()) for every key, then returns their values in order.
     asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys) {
@@ -107,8 +98,7 @@ public:
     }
 
     /// Sets each key to the value at the same position.
-    asio::awaitable<void> multi_set(std::vector<std::string> keys,
-                                    std::vector<std::string> values) {
+    asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
             throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
                                           "and {} values",
@@ -139,23 +129,19 @@ private:
         bool done = false;
     };
 
-    asio::awaitable<void> wait_for(std::vector<std::string> keys,
-                                   std::chrono::milliseconds timeout) {
+    asio::awaitable<void> wait_for(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
         timed_waiter w(co_await asio::this_coro::executor);
         if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
-        const auto [ec] =
-            co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
         if (w.done) co_return;
         engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_->find(k))
-                names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
-        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}",
-                                        timeout.count(), names));
+            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}", timeout.count(), names));
     }
 
     std::unique_ptr<detail::store_engine> owned_;  // null when viewing another's engine

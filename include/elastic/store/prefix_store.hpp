@@ -42,29 +42,21 @@ public:
     std::chrono::milliseconds timeout() const { return inner_->timeout(); }
     void set_timeout(std::chrono::milliseconds t) { inner_->set_timeout(t); }
 
-    asio::awaitable<void> set(std::string key, std::string value) {
-        return inner_->set(join(key), std::move(value));
-    }
+    asio::awaitable<void> set(std::string key, std::string value) { return inner_->set(join(key), std::move(value)); }
     asio::awaitable<std::string> get(std::string key) { return inner_->get(join(key)); }
-    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) {
-        return inner_->add(join(key), delta);
-    }
-    asio::awaitable<std::string> compare_set(std::string key, std::string expected,
-                                             std::string desired) {
+    asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) { return inner_->add(join(key), delta); }
+    asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired) {
         return inner_->compare_set(join(key), std::move(expected), std::move(desired));
     }
-    asio::awaitable<void> wait(std::vector<std::string> keys) {
-        return inner_->wait(join_all(std::move(keys)));
-    }
+    asio::awaitable<void> wait(std::vector<std::string> keys) { return inner_->wait(join_all(std::move(keys))); }
     asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
         return inner_->wait(join_all(std::move(keys)), timeout);
     }
-    asio::awaitable<bool> check(std::vector<std::string> keys) {
-        return inner_->check(join_all(std::move(keys)));
-    }
+    asio::awaitable<bool> check(std::vector<std::string> keys) { return inner_->check(join_all(std::move(keys))); }
     asio::awaitable<bool> delete_key(std::string key) { return inner_->delete_key(join(key)); }
     asio::awaitable<std::int64_t> num_keys() { return inner_->num_keys(); }
 
+    // clang-format off
     asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys)
         requires multi_key_store<Inner>
     {
@@ -80,6 +72,7 @@ public:
     {
         return inner_->append(join(key), std::move(value));
     }
+    // clang-format on
 
 private:
     std::vector<std::string> join_all(std::vector<std::string> keys) const {

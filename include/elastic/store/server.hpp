@@ -35,30 +35,29 @@ namespace elastic::inline v0 {
 class tcp_store_server {
 public:
     /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
-    explicit tcp_store_server(const asio::any_io_executor& executor,
-                              store_server_options options = {})
+    explicit tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
         : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
         if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format(
-                "store_server_options: lease_heartbeat_interval {} ms and "
-                "lease_missed_heartbeats {} must both be positive",
-                o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+            throw store_error(fmt::format("store_server_options: lease_heartbeat_interval {} ms and "
+                                          "lease_missed_heartbeats {} must both be positive",
+                                          o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
         // A client that reads everything must never be cut off: its queue holds what reading
         // stops at plus one reply, or a WATCH_KEY notification of two values.
         const std::size_t notification = 25 + o.limits.max_key_size + 2 * o.limits.max_value_size;
         if (o.max_queued_output < o.max_pending_output + std::max(o.max_reply_size, notification))
-            throw store_error(fmt::format(
-                "store_server_options: max_queued_output {} is less than max_pending_output {} "
-                "plus the largest reply ({}) or notification ({})",
-                o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
+            throw store_error(
+                fmt::format("store_server_options: max_queued_output {} is less than max_pending_output {} "
+                            "plus the largest reply ({}) or notification ({})",
+                            o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
         if (o.secret && o.secret->empty())
             throw store_error("store_server_options::secret is empty: give the job's secret, or "
                               "no secret (std::nullopt) for a store without authentication");
         if (o.secret && o.auth_timeout.count() <= 0)
             throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
-                                          "positive", o.auth_timeout.count()));
+                                          "positive",
+                                          o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -67,8 +66,7 @@ public:
                 ep = {address, o.port};
             } else {
                 asio::ip::tcp::resolver resolver(executor);
-                const auto results = resolver.resolve(o.host, std::to_string(o.port),
-                                                      asio::ip::resolver_base::passive);
+                const auto results = resolver.resolve(o.host, std::to_string(o.port), asio::ip::resolver_base::passive);
                 ep = results.begin()->endpoint();
             }
             acc.open(ep.protocol());

@@ -52,15 +52,12 @@ inline bool shed_unused(store_server_core& core, std::string_view why) {
     const auto now = std::chrono::steady_clock::now();
     store_connection* victim = nullptr;
     for (auto* c : core.connections)
-        if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened()))
-            victim = c;
+        if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened())) victim = c;
     if (!victim) return false;
-    victim->expire(fmt::format(
-        "{}: it has completed no request in the {} ms since it connected, and a new client "
-        "is served in its place (store_server_options::shed_unused_after)",
-        why,
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened())
-            .count()));
+    victim->expire(fmt::format("{}: it has completed no request in the {} ms since it connected, and a new client "
+                               "is served in its place (store_server_options::shed_unused_after)",
+                               why,
+                               std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened()).count()));
     return true;
 }
 
@@ -71,14 +68,12 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
     while (!core->stopped) {
         auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
         if (ec == asio::error::operation_aborted || core->stopped) break;
-        if (ec == asio::error::no_descriptors ||
-            ec == std::errc::too_many_files_open_in_system) {
+        if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
             // Out of descriptors. The kernel says so before it looks at the queue, so
             // first see whether a client is waiting at all; if none, wait for one (stop()
             // closes the acceptor, which ends the wait), without a retry loop.
             if (!client_waiting(core->acceptor)) {
-                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
-                                                   tuple_awaitable);
+                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read, tuple_awaitable);
                 continue;
             }
             // A client waits: close an unused connection for it, or take it with the
@@ -88,11 +83,10 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
                 core->release_descriptor();
                 auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
                 if (!ec2) {
-                    core->log(fmt::format(
-                        "refusing connection from {}: the process is out of file "
-                        "descriptors ({}) and no connection can make room; raise `ulimit "
-                        "-n` or lower store_server_options::max_connections",
-                        format_peer(refused), ec.message()));
+                    core->log(fmt::format("refusing connection from {}: the process is out of file "
+                                          "descriptors ({}) and no connection can make room; raise `ulimit "
+                                          "-n` or lower store_server_options::max_connections",
+                                          format_peer(refused), ec.message()));
                     std::error_code ignored;
                     refused.close(ignored);
                 }
@@ -100,8 +94,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
                 core->reserve_descriptor();
                 if (!ec2 || ec2 == asio::error::operation_aborted) continue;
             }
-            core->log(fmt::format("cannot accept: {}; waiting until a connection closes",
-                                  ec.message()));
+            core->log(fmt::format("cannot accept: {}; waiting until a connection closes", ec.message()));
             co_await core->resume_accept.wait();
             continue;
         }
@@ -124,8 +117,8 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
         // Connections already closed (shed a moment ago) leave the set when their coroutine
         // runs: they do not count, or each new client would shed one more.
         if (core->connections.size() >= core->options.max_connections &&
-            static_cast<std::size_t>(std::ranges::count_if(
-                core->connections, [](const auto* c) { return c->is_open(); })) >=
+            static_cast<std::size_t>(std::ranges::count_if(core->connections,
+                                                           [](const auto* c) { return c->is_open(); })) >=
                 core->options.max_connections &&
             !shed_unused(*core, "max_connections is reached")) {
             core->log(fmt::format("refusing connection from {}: {} connections reach the "
@@ -136,8 +129,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
         }
         auto conn = std::make_shared<store_connection>(core, std::move(socket));
         core->connections.insert(conn.get());
-        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)),
-                       asio::detached);
+        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)), asio::detached);
     }
     stop_server(*core);
 }

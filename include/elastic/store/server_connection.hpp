@@ -43,11 +43,14 @@ namespace elastic::inline v0::detail {
 class store_connection : public std::enable_shared_from_this<store_connection> {
 public:
     store_connection(std::shared_ptr<store_server_core> core, asio::ip::tcp::socket socket)
-        : core_(std::move(core)), socket_(std::move(socket)), timer_(socket_.get_executor()),
-          peer_(format_peer(socket_)), watcher_(*this), opened_(clock::now()),
+        : core_(std::move(core)),
+          socket_(std::move(socket)),
+          timer_(socket_.get_executor()),
+          peer_(format_peer(socket_)),
+          watcher_(*this),
+          opened_(clock::now()),
           last_heard_(opened_) {
-        if (core_->options.secret)
-            auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
+        if (core_->options.secret) auth_ = std::make_unique<store_auth::server_handshake>(*core_->options.secret);
     }
 
     store_connection(const store_connection&) = delete;
@@ -83,8 +86,8 @@ public:
     // one byte each must not let a flood hold every slot.
     bool unused_since(std::chrono::steady_clock::time_point now,
                       std::chrono::steady_clock::duration after) const noexcept {
-        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() &&
-               socket_.is_open() && now - opened_ >= after;
+        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() && socket_.is_open() &&
+               now - opened_ >= after;
     }
     std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
     bool is_open() const noexcept { return socket_.is_open(); }
@@ -118,8 +121,7 @@ private:
         explicit key_watcher(store_connection& c) : conn(c) {}
         void on_change(store_change change, std::string_view key, std::string_view old_value,
                        std::string_view new_value) override {
-            if (!conn.room_to_push(1 + 3 * 8 + key.size() + old_value.size() + new_value.size()))
-                return;
+            if (!conn.room_to_push(1 + 3 * 8 + key.size() + old_value.size() + new_value.size())) return;
             wire::put_u8(conn.out_, static_cast<std::uint8_t>(change));
             wire::put_bytes(conn.out_, key);
             wire::put_bytes(conn.out_, old_value);
@@ -147,8 +149,7 @@ private:
                 wbuf_.swap(out_);
                 write_since_ = clock::now();
                 schedule();
-                const auto [ec, n] =
-                    co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
+                const auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
                 (void)n;
                 write_since_.reset();
                 wbuf_.clear();
@@ -165,16 +166,15 @@ private:
                 // operation, not a race of two: nothing to outlive the other.
                 if (!out_.empty()) continue;  // pushed while the last write was in flight
                 in_readiness_wait_ = true;
-                const auto [ec] = co_await socket_.async_wait(
-                    asio::ip::tcp::socket::wait_read, tuple_awaitable);
+                const auto [ec] = co_await socket_.async_wait(asio::ip::tcp::socket::wait_read, tuple_awaitable);
                 in_readiness_wait_ = false;
                 if (!socket_.is_open()) co_return;
                 if (ec == asio::error::operation_aborted) continue;  // woken: flush
                 if (ec) co_return;
             }
             if (!socket_.is_open() || !reserve()) co_return;
-            const auto [ec, n] = co_await socket_.async_read_some(
-                asio::buffer(buf_ + end_, cap_ - end_), tuple_awaitable);
+            const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
+                                                                  tuple_awaitable);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
             last_heard_ = clock::now();  // the only per-read cost of the deadlines
@@ -244,8 +244,7 @@ private:
                               "notifications are queued for it, and {} more would pass "
                               "store_server_options::max_queued_output ({})",
                               queued, n, o.max_queued_output);
-        else if (auto full = no_memory_for(output_growth(n), "its next notification");
-                 !full.empty())
+        else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
             why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
                               "and {}",
                               queued, full);
@@ -261,8 +260,7 @@ private:
     bool reserve() {
         const std::size_t have = end_ - begin_;
         std::size_t want = 4096;
-        if (needed_ > have)
-            want = std::max(want, std::min(needed_ - have, have));
+        if (needed_ > have) want = std::max(want, std::min(needed_ - have, have));
         if (cap_ - end_ >= want) return true;
         if (begin_ > 0) {
             std::memmove(buf_, buf_ + begin_, have);
@@ -271,8 +269,7 @@ private:
             if (cap_ - end_ >= want) return true;
         }
         const std::size_t cap = std::max(cap_ * 2, have + want);
-        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty())
-            return fail(why);
+        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty()) return fail(why);
         char* bigger = new char[cap];
         if (have) std::memcpy(bigger, buf_, have);
         delete[] buf_;
@@ -306,8 +303,7 @@ private:
                     needed_ = data.size() + 1;
                     break;
                 }
-                dialect_ = d == wire::detection::current ? wire::dialect::current
-                                                         : wire::dialect::legacy;
+                dialect_ = d == wire::detection::current ? wire::dialect::current : wire::dialect::legacy;
             }
             auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
             if (r.status == wire::parse_status::need_more) {
@@ -333,10 +329,8 @@ private:
         }
         // The request timeout runs from the first byte of the request at the head of the
         // buffer: restarted by every request that completes, stopped when none is begun.
-        if (begin_ == end_ || end_ - begin_ >= needed_)
-            partial_since_.reset();
-        else if (completed || !partial_since_)
-            partial_since_ = clock::now();
+        if (begin_ == end_ || end_ - begin_ >= needed_) partial_since_.reset();
+        else if (completed || !partial_since_) partial_since_ = clock::now();
         return true;
     }
 
@@ -350,8 +344,7 @@ private:
     // ---- authentication ----------------------------------------------------------------------
 
     bool refuse(std::string_view reason) {
-        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_,
-                               reason));
+        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
         auth_.reset();  // said once
         return false;
     }
@@ -412,8 +405,7 @@ private:
 
     // Nothing to wait for on this connection's behalf (the idle timeout's subject).
     bool idle() const noexcept {
-        return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() &&
-               !write_since_;
+        return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() && !write_since_;
     }
 
     // Arms the timer for the next deadline unless it is armed for an earlier one already.
@@ -441,11 +433,10 @@ private:
             return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
         };
         if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
-            close_reason_ = fmt::format(
-                "silent for {} ms ({} missed heartbeats of {} ms; "
-                "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-                ms(now - last_heard_), o.lease_missed_heartbeats,
-                o.lease_heartbeat_interval.count());
+            close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
+                                        "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                                        ms(now - last_heard_), o.lease_missed_heartbeats,
+                                        o.lease_heartbeat_interval.count());
             core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
             close();
             return;
@@ -456,21 +447,16 @@ private:
                                       "ms (store_server_options::auth_timeout)",
                                       o.auth_timeout.count()));
         }
-        if (o.request_timeout.count() > 0 && partial_since_ &&
-            now >= *partial_since_ + o.request_timeout)
-            return expire(fmt::format(
-                "a request begun {} ms ago is still incomplete ({} of at least {} bytes "
-                "arrived; store_server_options::request_timeout is {} ms)",
-                ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
-        if (o.request_timeout.count() > 0 && write_since_ &&
-            now >= *write_since_ + o.request_timeout)
-            return expire(fmt::format(
-                "it has not taken a reply of {} bytes in {} ms (store_server_options::"
-                "request_timeout)",
-                wbuf_.size(), ms(now - *write_since_)));
+        if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
+            return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                                      "arrived; store_server_options::request_timeout is {} ms)",
+                                      ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+        if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
+            return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                                      "request_timeout)",
+                                      wbuf_.size(), ms(now - *write_since_)));
         if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
-            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)",
-                                      ms(now - last_heard_)));
+            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
         schedule();
     }
 
@@ -481,39 +467,29 @@ private:
         switch (r.operation) {
             case op::validate:
                 if (r.nonce != wire::validate_magic)
-                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}",
-                                            r.nonce, wire::validate_magic));
+                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
+                                            wire::validate_magic));
                 return true;
-            case op::ping:
-                wire::put_u32(out_, r.nonce);
-                return true;
+            case op::ping: wire::put_u32(out_, r.nonce); return true;
             case op::set:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
-                    return fail(why);
-                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
-                    return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET");
-                    !why.empty())
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET"); !why.empty())
                     return fail(why);
                 engine.set(r.key, r.value);
                 if (parse_lease_key(r.key)) bind_lease(r.key);
                 return true;
             case op::compare_set: {
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty())
-                    return fail(why);
+                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
                 // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
                 // bound only by the CAS that wins; one that would not write only reads.
                 const auto* before = engine.find(r.key);
                 const bool writes = before ? *before == r.expected : r.expected.empty();
-                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty())
-                    return fail(why);
-                const std::size_t reply =
-                    8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
-                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty())
-                    return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty()) return fail(why);
+                const std::size_t reply = 8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
+                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty()) return fail(why);
                 if (writes)
-                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) +
-                                                     output_growth(reply),
+                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) + output_growth(reply),
                                                  "COMPARE_SET");
                         !why.empty())
                         return fail(why);
@@ -524,16 +500,13 @@ private:
             case op::get: {
                 // Missing: an empty value, like the libuv server (clients WAIT first anyway).
                 const auto* v = engine.find(r.key);
-                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty())
-                    return fail(why);
+                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty()) return fail(why);
                 wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
                 return true;
             }
             case op::add:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
-                    return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty())
-                    return fail(why);
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
+                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty()) return fail(why);
                 try {
                     wire::put_i64(out_, engine.add(r.key, r.number));
                 } catch (const store_error& e) {
@@ -541,9 +514,8 @@ private:
                 }
                 return true;
             case op::check:
-                wire::put_u8(out_, static_cast<std::uint8_t>(
-                                       engine.check(r.keys) ? wire::check_response::ready
-                                                            : wire::check_response::not_ready));
+                wire::put_u8(out_, static_cast<std::uint8_t>(engine.check(r.keys) ? wire::check_response::ready
+                                                                                  : wire::check_response::not_ready));
                 return true;
             case op::wait: {
                 if (waits_.size() >= core_->options.max_waits_per_connection)
@@ -557,51 +529,41 @@ private:
                 w.self = std::prev(waits_.end());
                 if (engine.wait(w, r.keys)) {
                     waits_.pop_back();
-                    wire::put_u8(out_,
-                                 static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
                 }
                 return true;
             }
-            case op::num_keys:
-                wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                return true;
+            case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
             case op::watch_key:
                 if (watches_ >= core_->options.max_waits_per_connection)
                     return fail(fmt::format("{} keys watched on one connection reach the limit "
                                             "(store_server_options::max_waits_per_connection)",
                                             watches_));
-                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()),
-                                             "WATCH_KEY");
-                    !why.empty())
+                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
                     return fail(why);
                 if (engine.watch(watcher_, r.key)) ++watches_;
                 watching_ = true;
-                wire::put_u8(out_, static_cast<std::uint8_t>(
-                                       wire::watch_response::key_callback_registered));
+                wire::put_u8(out_, static_cast<std::uint8_t>(wire::watch_response::key_callback_registered));
                 return true;
             case op::delete_key:
                 if (const auto parts = parse_lease_key(r.key)) {
                     if (parts->reserved() || parts->name.empty())
                         return fail(store_lease_table::refusal(r.operation, r.key, true));
-                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty())
-                        return fail(why);
+                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
                     release_lease(r.key);
                 }
                 wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
                 return true;
             case op::append:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty())
-                    return fail(why);
+                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
                 if (const auto* v = engine.find(r.key);
                     v && v->size() + r.value.size() > core_->options.limits.max_value_size)
                     return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
                                             "bytes, over the limit of {} "
                                             "(wire::limits::max_value_size)",
-                                            r.value.size(), store_engine::printable(r.key),
-                                            v->size() + r.value.size(),
+                                            r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
                                             core_->options.limits.max_value_size));
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND");
-                    !why.empty())
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
                     return fail(why);
                 engine.append(r.key, r.value);
                 return true;
@@ -613,8 +575,7 @@ private:
                     const auto* v = engine.find(k);
                     reply += 8 + (v ? v->size() : 0);
                 }
-                if (auto why = no_room_for_reply(
-                        reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
+                if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
                     !why.empty())
                     return fail(why);
                 for (const auto k : r.keys) {
@@ -629,12 +590,10 @@ private:
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty())
                         return fail(why);
-                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty())
-                        return fail(why);
+                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty()) return fail(why);
                     growth += engine.growth(r.keys[i], r.values[i].size());
                 }
-                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty())
-                    return fail(why);
+                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty()) return fail(why);
                 for (std::size_t i = 0; i < r.keys.size(); ++i) {
                     engine.set(r.keys[i], r.values[i]);
                     if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
@@ -650,21 +609,17 @@ private:
                 return true;
             case op::list_keys: {
                 std::size_t reply = 8;
-                engine.for_each(
-                    [&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
-                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty())
-                    return fail(why);
+                engine.for_each([&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
+                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty()) return fail(why);
                 wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                engine.for_each(
-                    [&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
                 return true;
             }
             case op::queue_push:
             case op::queue_pop:
             case op::queue_len:
             case op::barrier:
-                return fail(fmt::format("{} is not supported by this server (docs/store.md)",
-                                        wire::name(r.operation)));
+                return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
         }
         return fail("unreachable opcode");
     }
@@ -715,8 +670,8 @@ private:
             core_->leases.unbind(key);
             if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
             try {
-                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key,
-                                          peer_, why, [&](std::string_view line) { core_->log(line); });
+                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
+                                          [&](std::string_view line) { core_->log(line); });
             } catch (...) {
                 // Out of memory while writing the loss: the key is gone either way.
             }
@@ -739,19 +694,19 @@ private:
     std::list<pending_wait> waits_;
     key_watcher watcher_;
     bool watching_ = false;
-    bool in_readiness_wait_ = false;  // the loop awaits readability (wake() may cancel it)
-    std::size_t watches_ = 0;  // keys watched
+    bool in_readiness_wait_ = false;   // the loop awaits readability (wake() may cancel it)
+    std::size_t watches_ = 0;          // keys watched
     std::vector<std::string> leases_;  // lease keys this connection holds
     clock::time_point opened_;
-    clock::time_point last_heard_;                // the last read (or the lease's binding)
+    clock::time_point last_heard_;                    // the last read (or the lease's binding)
     std::optional<clock::time_point> partial_since_;  // the head request's first byte
     std::optional<clock::time_point> write_since_;    // the write in flight's start
     clock::time_point timer_at_{};
     std::uint64_t timer_generation_ = 0;
     bool timer_armed_ = false;
-    std::uint64_t requests_ = 0;   // requests run
-    std::size_t accounted_ = 0;    // bytes of this connection in core_->buffered
-    std::string close_reason_;  // why the server ended the connection, for the lease log
+    std::uint64_t requests_ = 0;                          // requests run
+    std::size_t accounted_ = 0;                           // bytes of this connection in core_->buffered
+    std::string close_reason_;                            // why the server ended the connection, for the lease log
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 

@@ -134,10 +134,8 @@ struct store_server_core {
     }
 
     void log(std::string_view line) const {
-        if (options.log)
-            options.log(line);
-        else
-            fmt::print(stderr, "elastic-store: {}\n", line);
+        if (options.log) options.log(line);
+        else fmt::print(stderr, "elastic-store: {}\n", line);
     }
 
     // How long a leasing connection may stay silent.

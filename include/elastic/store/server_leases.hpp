@@ -76,8 +76,8 @@ public:
     // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
     // `records_kept`: store_server_options::lease_lost_records_kept; `log` takes a line.
     template <class Log>
-    void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key,
-                     std::string_view holder, std::string_view why, const Log& log) {
+    void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key, std::string_view holder,
+                     std::string_view why, const Log& log) {
         const auto parts = parse_lease_key(key);
         if (!parts) return;
         engine.erase(key);
@@ -97,8 +97,7 @@ public:
         // next by push), and a new observer starts at the epoch. Older ones than this go.
         const auto kept = std::max<std::int64_t>(records_kept, 1);
         if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}",
-                        store_engine::printable(key), holder, why,
+        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}", store_engine::printable(key), holder, why,
                         store_engine::printable(space), epoch));
     }
 

@@ -70,15 +70,15 @@ enum class watch_response : std::uint8_t {
 };
 
 namespace detail {
-inline constexpr std::array<op, 13> legacy_ops{
-    op::set,      op::compare_set, op::get,       op::add,       op::check,
-    op::wait,     op::num_keys,    op::watch_key, op::delete_key, op::append,
-    op::multi_get, op::multi_set,  op::cancel_wait};
-inline constexpr std::array<op, 19> current_ops{
-    op::validate,   op::set,        op::compare_set, op::get,       op::add,
-    op::check,      op::wait,       op::num_keys,    op::delete_key, op::append,
-    op::multi_get,  op::multi_set,  op::cancel_wait, op::ping,      op::queue_push,
-    op::queue_pop,  op::queue_len,  op::list_keys,   op::barrier};
+inline constexpr std::array<op, 13> legacy_ops{op::set,        op::compare_set, op::get,       op::add,
+                                               op::check,      op::wait,        op::num_keys,  op::watch_key,
+                                               op::delete_key, op::append,      op::multi_get, op::multi_set,
+                                               op::cancel_wait};
+inline constexpr std::array<op, 19> current_ops{op::validate,    op::set,       op::compare_set, op::get,
+                                                op::add,         op::check,     op::wait,        op::num_keys,
+                                                op::delete_key,  op::append,    op::multi_get,   op::multi_set,
+                                                op::cancel_wait, op::ping,      op::queue_push,  op::queue_pop,
+                                                op::queue_len,   op::list_keys, op::barrier};
 }  // namespace detail
 
 /// The operation a byte means in `d`, or nothing for a byte the dialect does not define.
@@ -104,21 +104,21 @@ constexpr std::optional<std::uint8_t> to_byte(dialect d, op o) noexcept {
 
 /// PyTorch's upper-case name of an operation (for logs).
 constexpr std::string_view name(op o) noexcept {
-    constexpr std::array<std::string_view, 20> names{
-        "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",        "CHECK",
-        "WAIT",       "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY", "APPEND",    "MULTI_GET",
-        "MULTI_SET",  "CANCEL_WAIT", "PING",       "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
-        "LIST_KEYS",  "BARRIER"};
+    constexpr std::array<std::string_view, 20> names{"VALIDATE",  "SET",         "COMPARE_SET", "GET",
+                                                     "ADD",       "CHECK",       "WAIT",        "GETNUMKEYS",
+                                                     "WATCH_KEY", "DELETE_KEY",  "APPEND",      "MULTI_GET",
+                                                     "MULTI_SET", "CANCEL_WAIT", "PING",        "QUEUE_PUSH",
+                                                     "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS",   "BARRIER"};
     return names[static_cast<std::size_t>(o)];
 }
 
 /// Size limits a parser enforces (documented in docs/store.md). A request beyond one is
 /// malformed: the server closes that connection and logs why.
 struct limits {
-    std::size_t max_key_size = 64 * 1024;                ///< bytes in one key
-    std::size_t max_value_size = 16 * 1024 * 1024;      ///< bytes in one value
-    std::size_t max_keys_per_request = 128 * 1024;      ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
-    std::size_t max_request_size = 64 * 1024 * 1024;    ///< bytes of one whole request
+    std::size_t max_key_size = 64 * 1024;             ///< bytes in one key
+    std::size_t max_value_size = 16 * 1024 * 1024;    ///< bytes in one value
+    std::size_t max_keys_per_request = 128 * 1024;    ///< n of CHECK/WAIT/MULTI_GET/MULTI_SET
+    std::size_t max_request_size = 64 * 1024 * 1024;  ///< bytes of one whole request
 };
 
 // ---- primitive encodings -------------------------------------------------------------------
@@ -131,8 +131,7 @@ template <class T>
 inline void put_le(std::string& out, T v) {
     char bytes[sizeof(T)];
     for (std::size_t i = 0; i < sizeof(T); ++i)
-        bytes[i] = static_cast<char>(
-            static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
+        bytes[i] = static_cast<char>(static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i)));
     out.append(bytes, sizeof(T));
 }
 
@@ -141,9 +140,7 @@ inline void put_u32(std::string& out, std::uint32_t v) { put_le(out, v); }
 /// Appends a u64 (lengths, counts).
 inline void put_u64(std::string& out, std::uint64_t v) { put_le(out, v); }
 /// Appends an i64 (ADD delta and result, GETNUMKEYS, DELETE_KEY's count): two's complement LE.
-inline void put_i64(std::string& out, std::int64_t v) {
-    put_le(out, static_cast<std::uint64_t>(v));
-}
+inline void put_i64(std::string& out, std::int64_t v) { put_le(out, static_cast<std::uint64_t>(v)); }
 /// Appends a key or value: u64 length, then the raw bytes.
 inline void put_bytes(std::string& out, std::string_view s) {
     put_u64(out, s.size());
@@ -187,10 +184,10 @@ struct request {
     op operation = op::num_keys;
     /// SET, COMPARE_SET, GET, ADD, WATCH_KEY, DELETE_KEY, APPEND, QUEUE_*, BARRIER
     std::string_view key;
-    std::string_view value;         ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
-    std::string_view expected;      ///< COMPARE_SET's expected value
-    std::int64_t number = 0;        ///< ADD's delta, BARRIER's world size
-    std::uint32_t nonce = 0;        ///< VALIDATE's magic, PING's nonce
+    std::string_view value;                ///< SET, APPEND, QUEUE_PUSH; COMPARE_SET's desired value
+    std::string_view expected;             ///< COMPARE_SET's expected value
+    std::int64_t number = 0;               ///< ADD's delta, BARRIER's world size
+    std::uint32_t nonce = 0;               ///< VALIDATE's magic, PING's nonce
     std::vector<std::string_view> keys;    ///< CHECK, WAIT, MULTI_GET, MULTI_SET
     std::vector<std::string_view> values;  ///< MULTI_SET (same length as keys)
 };
@@ -253,8 +250,7 @@ public:
         const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
         if (len > max)
             return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
-                                    is_key ? "key" : "value", len, max,
-                                    is_key ? "max_key_size" : "max_value_size"));
+                                    is_key ? "key" : "value", len, max, is_key ? "max_key_size" : "max_value_size"));
         const auto n = static_cast<std::size_t>(len);
         if (pos_ + n > lim_.max_request_size)
             return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
@@ -297,8 +293,7 @@ private:
 /// Incremental: call again with more bytes after `need_more`; nothing is consumed until
 /// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
 /// the reason string when malformed), whatever the input.
-inline parse_result parse_request(dialect d, std::string_view in, request& out,
-                                  const limits& lim = {}) {
+inline parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim = {}) {
     detail::request_reader r{in, lim};
     const char* p = nullptr;
     if (!r.fixed(1, p)) return std::move(r).result(false);
@@ -318,28 +313,18 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
     bool ok = true;
     switch (*o) {
         case op::validate:
-        case op::ping:
-            ok = r.u32(out.nonce);
-            break;
+        case op::ping: ok = r.u32(out.nonce); break;
         case op::set:
         case op::append:
-        case op::queue_push:
-            ok = r.str(out.key, true) && r.str(out.value, false);
-            break;
-        case op::compare_set:
-            ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false);
-            break;
+        case op::queue_push: ok = r.str(out.key, true) && r.str(out.value, false); break;
+        case op::compare_set: ok = r.str(out.key, true) && r.str(out.expected, false) && r.str(out.value, false); break;
         case op::get:
         case op::watch_key:
         case op::delete_key:
         case op::queue_pop:
-        case op::queue_len:
-            ok = r.str(out.key, true);
-            break;
+        case op::queue_len: ok = r.str(out.key, true); break;
         case op::add:
-        case op::barrier:
-            ok = r.str(out.key, true) && r.i64(out.number);
-            break;
+        case op::barrier: ok = r.str(out.key, true) && r.i64(out.number); break;
         case op::check:
         case op::wait:
         case op::multi_get:
@@ -361,8 +346,7 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
         }
         case op::num_keys:
         case op::cancel_wait:
-        case op::list_keys:
-            break;
+        case op::list_keys: break;
     }
     return std::move(r).result(ok);
 }
@@ -372,15 +356,12 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out,
 inline void encode_request(dialect d, const request& req, std::string& out) {
     const auto byte = to_byte(d, req.operation);
     if (!byte)
-        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect",
-                                                name(req.operation),
+        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect", name(req.operation),
                                                 d == dialect::legacy ? "legacy" : "current"));
     put_u8(out, *byte);
     switch (req.operation) {
         case op::validate:
-        case op::ping:
-            put_u32(out, req.nonce);
-            break;
+        case op::ping: put_u32(out, req.nonce); break;
         case op::set:
         case op::append:
         case op::queue_push:
@@ -396,9 +377,7 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
         case op::watch_key:
         case op::delete_key:
         case op::queue_pop:
-        case op::queue_len:
-            put_bytes(out, req.key);
-            break;
+        case op::queue_len: put_bytes(out, req.key); break;
         case op::add:
         case op::barrier:
             put_bytes(out, req.key);
@@ -412,9 +391,9 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
             break;
         case op::multi_set:
             if (req.keys.size() != req.values.size())
-                throw std::invalid_argument(fmt::format(
-                    "MULTI_SET needs as many values as keys, got {} keys and {} values",
-                    req.keys.size(), req.values.size()));
+                throw std::invalid_argument(
+                    fmt::format("MULTI_SET needs as many values as keys, got {} keys and {} values", req.keys.size(),
+                                req.values.size()));
             put_u64(out, req.keys.size());
             for (std::size_t i = 0; i < req.keys.size(); ++i) {
                 put_bytes(out, req.keys[i]);
@@ -423,8 +402,7 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
             break;
         case op::num_keys:
         case op::cancel_wait:
-        case op::list_keys:
-            break;
+        case op::list_keys: break;
     }
 }
 
