@@ -14389,6 +14389,14 @@ struct worker_routes {
 
 namespace detail::logs {
 
+/// Where the temporary log tree goes: $TMPDIR, $TEMP or $TMP (the first set), else /tmp.
+inline std::string temp_base(const environment& env) {
+    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
+    }
+    return "/tmp";
+}
+
 inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
     std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
     if (::mkdtemp(pattern.data()) == nullptr) {
@@ -15037,6 +15045,99 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/agent_events.hpp ----
+// ---- begin elastic/agent/plan.hpp ----
+// What the agent settles before anything starts: the checks of its worker_spec and
+// rendezvous_parameters (a usage_error naming what is wrong or not implemented yet), and where
+// the workers' store goes (store_plan).
+
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0::detail::agent {
+
+/// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
+struct store_plan {
+    std::string bind_host;
+    std::uint16_t port = 0;  ///< 0: a port the kernel chooses, anew for each attempt
+    std::string master_addr;
+};
+
+inline store_plan plan_store(const rendezvous_parameters& c) {
+    const auto& endpoint = c.endpoint;
+    store_plan plan;
+    if (uses_node_rendezvous(c)) {
+        // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
+        // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
+        // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
+        const auto where = advertise(c);
+        plan.bind_host = where.bind_host;
+        plan.master_addr = where.addr;
+        return plan;
+    }
+    // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
+    // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
+    // c10d: the endpoint's port (0 under --standalone).
+    plan.port = c.port_given ? endpoint.port.value_or(0) : 0;
+    if (rdzv::is_loopback(endpoint.host)) {
+        // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
+        // advertise the literal.
+        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.master_addr = plan.bind_host;
+    } else {
+        // A name or address of this host: listen where it resolves to on this node (a name
+        // resolving to none of this node's addresses: every interface, as TCPStore does).
+        plan.bind_host = rdzv::bind_address_for(endpoint.host);
+        plan.master_addr = endpoint.host;
+    }
+    if (c.local_addr) plan.master_addr = *c.local_addr;
+    return plan;
+}
+
+inline std::string nnodes_text(const node_range& n) {
+    return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
+}
+
+/// Refuses, before anything starts, what this agent does not implement yet (a later issue
+/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
+inline void check_supported(const rendezvous_parameters& c) {
+    const auto refuse = [](std::string_view what, std::string_view why) {
+        throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
+    };
+    if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
+        throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
+                                      "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
+                                      nnodes_text(c.nnodes), c.nnodes.max)};
+    }
+    if (c.backend == rendezvous_backend::c10d && c.settings.is_host && !*c.settings.is_host &&
+        c.endpoint.port.value_or(0) == 0) {
+        throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
+                                      "join; give the port the hosting agent listens on",
+                                      to_string(c.endpoint))};
+    }
+    if (c.backend == rendezvous_backend::etcd_v3) {
+        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
+    }
+}
+
+/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
+/// and a grace the agent can use, else a usage_error naming the field.
+inline void check_spec(const worker_spec& w) {
+    if (w.nproc_per_node < 1) {
+        throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
+    }
+    if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
+        throw usage_error{
+            fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+    }
+}
+
+}  // namespace elastic::inline v0::detail::agent
+// ---- end elastic/agent/plan.hpp ----
 // ---- begin elastic/agent/worker_output.hpp ----
 // worker_output: one worker's standard output and error for one attempt — its routes, its log
 // files, its pipes, and the relays that copy them to the tail, the files and the console.
@@ -15416,99 +15517,6 @@ namespace elastic::inline v0 {
 
 namespace detail::agent {
 
-/// How the agent hosts the workers' store: where it binds and what MASTER_ADDR says.
-struct store_plan {
-    std::string bind_host;
-    std::uint16_t port = 0;  ///< 0: a port the kernel chooses, anew for each attempt
-    std::string master_addr;
-};
-
-inline store_plan plan_store(const rendezvous_parameters& c) {
-    const auto& endpoint = c.endpoint;
-    store_plan plan;
-    if (uses_node_rendezvous(c)) {
-        // Several nodes: each hosts a fresh workers' store per attempt on a port the kernel picks
-        // and advertises it; the round names group rank 0's as MASTER_ADDR:MASTER_PORT
-        // (docs/rendezvous.md). The rendezvous endpoint's port is the rendezvous store's.
-        const auto where = advertise(c);
-        plan.bind_host = where.bind_host;
-        plan.master_addr = where.addr;
-        return plan;
-    }
-    // Static: only a port given explicitly (--master-port or --rdzv-endpoint) is bound; torchrun's
-    // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
-    // c10d: the endpoint's port (0 under --standalone).
-    plan.port = c.port_given ? endpoint.port.value_or(0) : 0;
-    if (rdzv::is_loopback(endpoint.host)) {
-        // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
-        // advertise the literal.
-        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
-        plan.master_addr = plan.bind_host;
-    } else {
-        // A name or address of this host: listen where it resolves to on this node (a name
-        // resolving to none of this node's addresses: every interface, as TCPStore does).
-        plan.bind_host = rdzv::bind_address_for(endpoint.host);
-        plan.master_addr = endpoint.host;
-    }
-    if (c.local_addr) plan.master_addr = *c.local_addr;
-    return plan;
-}
-
-inline std::string nnodes_text(const node_range& n) {
-    return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
-}
-
-/// Refuses, before anything starts, what this agent does not implement yet (a later issue
-/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
-inline void check_supported(const rendezvous_parameters& c) {
-    const auto refuse = [](std::string_view what, std::string_view why) {
-        throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
-    };
-    if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
-        throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
-                                      "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
-                                      nnodes_text(c.nnodes), c.nnodes.max)};
-    }
-    if (c.backend == rendezvous_backend::c10d && c.settings.is_host && !*c.settings.is_host &&
-        c.endpoint.port.value_or(0) == 0) {
-        throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
-                                      "join; give the port the hosting agent listens on",
-                                      to_string(c.endpoint))};
-    }
-    if (c.backend == rendezvous_backend::etcd_v3) {
-        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
-    }
-}
-
-/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
-/// and a grace the agent can use, else a usage_error naming the field.
-inline void check_spec(const worker_spec& w) {
-    if (w.nproc_per_node < 1) {
-        throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
-    }
-    if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
-        throw usage_error{
-            fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
-    }
-}
-
-inline std::string temp_base(const environment& env) {
-    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
-        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
-    }
-    return "/tmp";
-}
-
-/// mkdtemp(3) under `parent` with `prefix`; throws agent_error.
-inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-        throw agent_error(fmt::format("cannot create a directory like {}: {} (set TMPDIR to a writable directory)",
-                                      pattern, std::generic_category().message(errno)));
-    }
-    return pattern;
-}
-
 /// How an attempt ended.
 struct attempt_outcome {
     enum class kind { succeeded, failed, signaled, aborted };  ///< aborted: by another node
@@ -15525,12 +15533,13 @@ struct store_lost {
 
 }  // namespace detail::agent
 
-/// One node's agent (the single-node case): for each attempt it hosts a fresh store
-/// for the workers on a port of its own (so no key of an earlier attempt is ever visible),
-/// starts `--nproc-per-node` workers with torchrun's environment, and awaits — as events, with
-/// no polling — the first failure, the end of all workers, or a signal. A failure stops the
-/// group (its signal, then SIGKILL after `--shutdown-timeout`) and the restart policy decides.
-/// A signal is forwarded to the group, the grace is awaited, and run() returns 128 + N.
+/// One node's agent, in a job of one node or many: for each attempt it hosts a fresh store for
+/// the workers on a port of its own (so no key of an earlier attempt is ever visible), joins the
+/// round, starts `--nproc-per-node` workers with torchrun's environment, and awaits — as events,
+/// with no polling — the first failure, the end of all workers, the round's abort, or a signal.
+/// A failure stops the group (its signal, then SIGKILL after `--shutdown-timeout`) and the node
+/// that reported it first decides with its restart policy. A signal is forwarded to the group,
+/// the grace is awaited, and run() returns 128 + N.
 ///
 /// Use it from one thread (the io_context's); run() once.
 class local_agent {
@@ -15933,7 +15942,7 @@ private:
     /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
     /// workers see.
     std::filesystem::path attempt_dir(int attempt) {
-        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
+        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::logs::temp_base(env_));
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty())

@@ -7,6 +7,7 @@
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/output.hpp"
+#include "elastic/agent/plan.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
 #include "elastic/agent/worker_environment.hpp"

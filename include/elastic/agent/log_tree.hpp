@@ -6,6 +6,7 @@
 #include "elastic/error.hpp"
 #include "elastic/agent/spec.hpp"
 #include "elastic/process/sys.hpp"
+#include "elastic/usage_error.hpp"
 
 #include <fmt/format.h>
 
@@ -151,6 +152,14 @@ struct worker_routes {
 }
 
 namespace detail::logs {
+
+/// Where the temporary log tree goes: $TMPDIR, $TEMP or $TMP (the first set), else /tmp.
+inline std::string temp_base(const environment& env) {
+    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
+    }
+    return "/tmp";
+}
 
 inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
     std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
