@@ -2,6 +2,13 @@
 // elasticrun: a failure, a restart, an error file, the log tree and event log, a 2-node round.
 #include "agent_support.hpp"
 
+#include "elastic/agent.hpp"
+#include "elastic/policy.hpp"
+#include "elastic/run.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -10,8 +17,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace test_custom_agent {
@@ -41,6 +50,17 @@ agent_support::result run(std::vector<std::string> args, const std::map<std::str
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+/// The example's line for attempt `n`, "custom-agent: attempt N on port P: KIND", as {P, KIND}.
+std::pair<int, std::string> attempt_line(const std::string& err, int n) {
+    const auto head = fmt::format("custom-agent: attempt {} on port ", n);
+    const auto at = err.find(head);
+    if (at == std::string::npos) return {-1, ""};
+    const auto line = err.substr(at + head.size(), err.find('\n', at) - at - head.size());
+    const auto colon = line.find(": ");
+    if (colon == std::string::npos) return {-1, ""};
+    return {std::stoi(line.substr(0, colon)), line.substr(colon + 2)};
+}
+
 std::string read_file(const std::filesystem::path& path) {
     std::ifstream in(path);
     std::ostringstream all;
@@ -57,22 +77,33 @@ TEST_CASE("custom agent: a worker asking to retry (75) is restarted by the examp
                  worker_env(dir, "a0r1:running+exit75;a0:hang;*:running"));
     INFO(r.err);
     CHECK(r.code == 0);
-    CHECK(has(r.err, "custom-agent: attempt 0 on port "));
-    CHECK(has(r.err, ": failed\n"));
+    const auto first = attempt_line(r.err, 0);
+    CHECK(first.first > 0);
+    CHECK(first.second == "failed");
     CHECK(has(r.err, "worker group failed (local_rank 1 exited with code 75); retry 1 of 3 asked for: restarting "
                      "the worker group"));
-    CHECK(has(r.err, "custom-agent: attempt 1 on port "));
-    CHECK(has(r.err, ": succeeded\ncustom-agent: the job ends with 0\n"));
+    const auto second = attempt_line(r.err, 1);
+    CHECK(second.first > 0);
+    CHECK(second.second == "succeeded");
+    CHECK(has(r.err, "custom-agent: the job ends with 0\n"));
     // The log tree, per attempt and local rank, as elasticrun writes it.
     std::vector<std::filesystem::path> runs;
     for (const auto& entry : std::filesystem::directory_iterator(logs)) runs.push_back(entry.path());
     REQUIRE(runs.size() == 1);
     CHECK(has(read_file(runs[0] / "attempt_0" / "1" / "stdout.log"), "running 0 1 "));
     CHECK(has(read_file(runs[0] / "attempt_1" / "0" / "stdout.log"), "running 1 0 "));
-    // The event log: the restart, then the job's success.
-    const auto event_lines = read_file(events);
-    CHECK(has(event_lines, "\"restart\""));
-    CHECK(has(event_lines, "SUCCEEDED"));
+    // The event log: the policy's decision to restart, then the job's success.
+    int restarts = 0;
+    int successes = 0;
+    std::istringstream lines(read_file(events));
+    for (std::string line; std::getline(lines, line);) {
+        const auto record = nlohmann::json::parse(line);
+        const auto metadata = record.dump();
+        if (has(metadata, "\"action\":\"restart\"")) ++restarts;
+        if (has(metadata, "SUCCEEDED")) ++successes;
+    }
+    CHECK(restarts == 1);
+    CHECK(successes >= 1);
 }
 
 TEST_CASE("custom agent: another failure stops the job with the root cause's code, the summary and the error file") {
@@ -86,6 +117,8 @@ TEST_CASE("custom agent: another failure stops the job with the root cause's cod
     CHECK(has(r.err, "worker group failed (local_rank 0 exited with code 3); no retry asked for, or 3 done: stopping"));
     CHECK(has(r.err, "Root Cause (first observed failure):"));
     CHECK(has(r.err, "custom-agent: the job ends with 3\n"));
+    CHECK(attempt_line(r.err, 0).second == "failed");
+    CHECK(attempt_line(r.err, 1).first == -1);  // no retry: 3 is not 75
     REQUIRE(std::filesystem::exists(error_file));
     const auto document = nlohmann::json::parse(read_file(error_file));
     CHECK(document["message"]["errorCode"] == 3);
@@ -114,8 +147,9 @@ TEST_CASE("custom agent: two nodes over c10d: a failure on one restarts both, an
         CHECK(codes[i] == 0);
         CHECK(has(err, "restarting every node's worker group (job-wide restart 1)"));
         CHECK(has(err, "custom-agent: the job ends with 0\n"));
-        decided += has(err, ": failed\n") ? 1 : 0;
-        followed += has(err, ": follows\n") ? 1 : 0;
+        decided += attempt_line(err, 0).second == "failed" ? 1 : 0;
+        followed += attempt_line(err, 0).second == "follows" ? 1 : 0;
+        CHECK(attempt_line(err, 1).second == "succeeded");
     }
     CHECK(decided == 1);
     CHECK(followed == 1);
@@ -131,6 +165,65 @@ TEST_CASE("custom agent: two nodes over c10d: a failure on one restarts both, an
         nodes_seen.push_back(e.at("RDZV_TEST_NODE"));
     }
     CHECK(nodes_seen[0] != nodes_seen[1]);
+}
+
+/// A loop that breaks the steps' rules, one way per `mode`.
+struct misusing_loop {
+    int mode = 0;
+
+    template <class Job>
+    asio::awaitable<int> operator()(Job& job) const {
+        auto step = co_await job.attempt();  // rank 0 exits 3: a failed step
+        auto policy = elastic::max_restarts(0);
+        if (mode == 0) (void)co_await job.finish(step);
+        if (mode == 1) (void)co_await job.attempt();
+        if (mode == 2) {
+            const auto stopped = co_await job.decide(step, policy);
+            CHECK(stopped == std::optional<int>(3));
+            (void)co_await job.decide(step, policy);
+        }
+        if (mode == 3) {
+            auto made_up = step;
+            made_up.attempt_id = 7;
+            (void)co_await job.decide(made_up, policy);
+        }
+        co_return 0;
+    }
+};
+
+TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error naming the rule (in-process)") {
+    temp_dir dir;
+    const auto env_map = worker_env(dir, "r0:exit3;*:hang");
+    const elastic::environment env(env_map.begin(), env_map.end());
+    elastic::worker_spec workers;
+    workers.program.target = agent_support::worker();
+    workers.nproc_per_node = 2;
+    const std::vector<std::pair<int, std::string>> cases{
+        {0, "job::finish() is for a step that succeeded, and this one failed"},
+        {1, "job::attempt() while attempt 1's step is not concluded"},
+        {2, "job::decide() on a step that is not the open one (attempt 1 of 1, none open)"},
+        {3, "job::decide() on a step that is not the open one (attempt 7 of 1)"},
+    };
+    for (const auto& [mode, expected] : cases) {
+        CAPTURE(mode);
+        asio::io_context io;
+        elastic::local_agent agent(io.get_executor(), workers, elastic::rendezvous_parameters{},
+                                   elastic::agent_options{}, env, "agent-test");
+        misusing_loop loop{mode};
+        std::string error = "none";
+        asio::co_spawn(io, agent.run_loop(loop), [&](std::exception_ptr e, int) {
+            if (!e) return;
+            try {
+                std::rethrow_exception(e);
+            } catch (const elastic::agent_error& failure) {
+                error = failure.what();
+            } catch (const std::exception& other) {
+                error = std::string("not an agent_error: ") + other.what();
+            }
+        });
+        io.run();
+        CHECK(has(error, expected));
+    }
 }
 
 }  // namespace test_custom_agent

@@ -131,15 +131,17 @@ public:
     /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several.
     template <restart_policy Policy>
     asio::awaitable<int> run(Policy& policy) {
-        co_return co_await run_loop([&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); });
+        auto loop = [&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); };
+        co_return co_await run_loop(loop);
     }
 
-    /// The same with a loop of the caller's: `loop(job)` is awaited once, with the job joined,
-    /// and returns the exit code; it goes through the job with job<R>'s steps (see policy_loop,
-    /// the loop run() uses, and examples/custom_agent.cpp). It is instantiated for both
-    /// rendezvous models, so `loop` takes `auto& job`.
+    /// The same with a loop of the caller's (an agent_loop): `loop(job)` is awaited once, with
+    /// the job joined, and returns the exit code; it goes through the job with job<R>'s steps
+    /// (see policy_loop, the loop run() uses, and examples/custom_agent.cpp). It is called with
+    /// both rendezvous models, so its call is a template whose return type is written out,
+    /// `asio::awaitable<int>` (not deduced). `loop` must outlive the awaitable.
     template <class Loop>
-    asio::awaitable<int> run_loop(Loop loop) {
+    asio::awaitable<int> run_loop(Loop& loop) {
         if (several_) {
             tcp_rendezvous rdzv(executor_, params_, [this](std::string_view line) { log_.warning(line); });
             co_return co_await run_loop(loop, rdzv);
@@ -148,9 +150,11 @@ public:
         co_return co_await run_loop(loop, rdzv);
     }
 
-    /// The same over a rendezvous of the caller's, which must describe the job the constructor's
-    /// rendezvous_parameters describe (one node: single_node_rendezvous). It joins `rdzv`, keeps
-    /// its membership for as long as `loop` runs, and stops it before returning.
+    /// The same over a rendezvous of the caller's. The constructor's rendezvous_parameters still
+    /// decide what the agent does as one node or several (the log lines, the workers' store's
+    /// address and allow-list, the node's name), so they must describe the same job: one node
+    /// for single_node_rendezvous, several (uses_node_rendezvous) for any other model. It joins
+    /// `rdzv`, keeps its membership for as long as `loop` runs, and stops it before returning.
     template <class Loop, agent_rendezvous R>
     asio::awaitable<int> run_loop(Loop& loop, R& rdzv) {
         using namespace asio::experimental::awaitable_operators;
@@ -203,9 +207,10 @@ public:
             again,      ///< the membership changed, or the rendezvous store was recovered: attempt() again
         };
         kind how = kind::again;
-        int signal = 0;            ///< signaled
-        group_failure failure;     ///< failed; follows, when a worker of this node failed too
-        bool own_failure = false;  ///< `failure` holds this node's failed group
+        int signal = 0;                ///< signaled
+        group_failure failure;         ///< failed; follows, when a worker of this node failed too
+        bool own_failure = false;      ///< `failure` holds this node's failed group
+        std::uint64_t attempt_id = 0;  ///< set by job::attempt(); the conclusions check it
 
         /// The kind in one word ("succeeded", "failed", "follows", "signaled", "again").
         [[nodiscard]] static std::string_view name(kind k) noexcept {
@@ -222,27 +227,47 @@ public:
         /// Joins the next round, starts the workers, supervises them to the first failure, the
         /// end of every worker, the round's abort or a signal, and stops and closes the group.
         /// A failure here is reported to every node (failed: this node's report came first).
-        asio::awaitable<step> attempt() { return agent_.attempt_step(rdzv_, signals_); }
+        /// The step must be concluded (unless it is `again`) before the next attempt().
+        asio::awaitable<step> attempt() {
+            if (open_) {
+                throw agent_error(fmt::format("job::attempt() while attempt {}'s step is not concluded: finish, "
+                                              "decide, follow or interrupted comes first (the agent's loop is wrong)",
+                                              attempts_));
+            }
+            auto s = co_await agent_.attempt_step(rdzv_, signals_);
+            s.attempt_id = ++attempts_;
+            open_ = s.how != step::kind::again;
+            co_return s;
+        }
 
-        /// succeeded: the exit barrier. The job's exit code (0; 128 + N for a signal meanwhile),
-        /// or nullopt when the job goes on with another attempt (the round was aborted after
-        /// all, and the job restarts).
-        asio::awaitable<std::optional<int>> finish(step& s) { return agent_.finish_step(rdzv_, signals_, s); }
+        /// succeeded: the exit barrier. The job's exit code (0, or 128 + N for a signal
+        /// meanwhile), or — when the round was aborted after all — what follow() returns.
+        asio::awaitable<std::optional<int>> finish(step& s) {
+            conclude(s, "finish");
+            co_return co_await agent_.finish_step(rdzv_, signals_, s);
+        }
 
         /// failed: asks `policy` (raced with the signals) and publishes its answer as the job's.
         /// The exit code when the job stops (the root cause's; 128 + N for a signal meanwhile),
         /// nullopt when it restarts.
         template <restart_policy P>
         asio::awaitable<std::optional<int>> decide(step& s, P& policy) {
-            return agent_.decide_step(rdzv_, signals_, s, policy);
+            conclude(s, "decide");
+            co_return co_await agent_.decide_step(rdzv_, signals_, s, policy);
         }
 
         /// follows: the deciding node's answer, as decide() returns it.
-        asio::awaitable<std::optional<int>> follow(step& s) { return agent_.follow_step(rdzv_, signals_, s); }
+        asio::awaitable<std::optional<int>> follow(step& s) {
+            conclude(s, "follow");
+            co_return co_await agent_.follow_step(rdzv_, signals_, s);
+        }
 
         /// signaled: tells the other nodes (the job stops, or re-forms without this node under
         /// elastic membership) and returns 128 + N.
-        asio::awaitable<int> interrupted(const step& s) { return agent_.interrupted_step(rdzv_, s); }
+        asio::awaitable<int> interrupted(const step& s) {
+            conclude(s, "interrupted");
+            co_return co_await agent_.interrupted_step(rdzv_, s);
+        }
 
         /// Job-wide restarts so far (the workers' TORCHELASTIC_RESTART_COUNT).
         [[nodiscard]] int restart_count() const { return rdzv_.restart_count(); }
@@ -252,9 +277,22 @@ public:
     private:
         friend class local_agent;
         job(local_agent& agent, R& rdzv, asio::signal_set& signals) : agent_(agent), rdzv_(rdzv), signals_(signals) {}
+
+        // Each attempt is concluded once, by the step its kind names (checked by the agent).
+        void conclude(const step& s, std::string_view call) {
+            if (!open_ || s.attempt_id != attempts_) {
+                throw agent_error(fmt::format("job::{}() on a step that is not the open one (attempt {} of {}{}): "
+                                              "each attempt is concluded once (the agent's loop is wrong)",
+                                              call, s.attempt_id, attempts_, open_ ? "" : ", none open"));
+            }
+            open_ = false;
+        }
+
         local_agent& agent_;
         R& rdzv_;
         asio::signal_set& signals_;
+        std::uint64_t attempts_ = 0;  ///< attempt() calls so far
+        bool open_ = false;           ///< the last attempt's step awaits its conclusion
     };
 
     /// The loop run(policy) runs: attempts until the job succeeds, stops or this agent is
@@ -349,6 +387,7 @@ private:
         auto result = std::get<0>(barrier).take();
         if (result.how != barrier_result::kind::aborted) {
             if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
+            round_store_.reset();  // every node is done: no worker needs group rank 0's store
             events_.final_success(rdzv.restart_count(), host_);
             co_await rdzv.leave();
             remove_run_dir();
@@ -528,8 +567,10 @@ private:
             workers_peers_ = peers;
             options.accept_peer = [peers](const asio::ip::address& a) { return peers->accepts(a); };
         }
-        // The previous round's workers' store (group rank 0) goes first: it may hold the port.
-        round_store_.reset();
+        // A fixed port: the previous round's workers' store (group rank 0) goes first, as it
+        // holds the port. Else it goes after the new one is bound, so the new one never gets
+        // the old port back (a late worker of the old round would reach the new store).
+        if (store_.port != 0) round_store_.reset();
         std::unique_ptr<tcp_store_server> server;
         try {
             server = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -538,6 +579,7 @@ private:
             throw agent_error(fmt::format("cannot host the workers' store: {}", e.what()));
         }
         master_port_ = server->port();
+        round_store_.reset();
         if (const auto sig = co_await join_round(rdzv, *server, signals)) {
             server->stop();
             attempt_outcome interrupted;
@@ -571,13 +613,15 @@ private:
         log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
                               store_.master_addr, master_port_));
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
-        auto first = co_await (watch_job(rdzv, group) || signals.async_wait(asio::use_awaitable));
+        // Settled: `||` waits for one side to succeed, so a supervision error must not wait for a
+        // signal; it is rethrown here (the group, dropped, kills what still runs).
+        auto first = co_await (detail::settle(watch_job(rdzv, group)) || signals.async_wait(asio::use_awaitable));
         if (first.index() == 1) {
             outcome.how = kind::signaled;
             outcome.signal = std::get<1>(first);
-        } else if (std::get<0>(first) == aborted_by_job) {
+        } else if (const auto i = std::get<0>(first).take(); i == aborted_by_job) {
             outcome.how = kind::aborted;
-        } else if (const auto i = std::get<0>(first); i < group.size()) {
+        } else if (i < group.size()) {
             outcome.how = kind::failed;
             first_failure = i;
         }
@@ -770,8 +814,8 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::size_t> watch_job(R& rdzv, worker_group& group) {
         using namespace asio::experimental::awaitable_operators;
-        auto first = co_await (group.watch() || watch_abort(rdzv));
-        if (first.index() == 0) co_return std::get<0>(first);
+        auto first = co_await (detail::settle(group.watch()) || watch_abort(rdzv));
+        if (first.index() == 0) co_return std::get<0>(first).take();
         auto ended = std::get<1>(std::move(first));
         if (auto* notice = std::get_if<abort_notice>(&ended)) {
             last_abort_ = std::move(*notice);
@@ -867,7 +911,8 @@ private:
 /*
  * agent_loop: a loop of the caller's over a running job (local_agent::run_loop).
  *   asio::awaitable<int> operator()(local_agent::job<R>& job);
- * for both rendezvous models the agent may choose (a generic lambda taking `auto& job`): it is
+ * for both rendezvous models the agent may choose (a template call whose return type is written
+ * out, e.g. `template <class Job> asio::awaitable<int> operator()(Job& job)`): it is
  * awaited once, with the job joined, and returns the agent's exit code.
  */
 template <class L>

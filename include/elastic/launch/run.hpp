@@ -95,7 +95,7 @@ int run_agent(const launch_config& config, How how, const environment& env, std:
         if constexpr (restart_policy<How>) {
             return agent.run(how);
         } else {
-            return agent.run_loop(std::move(how));
+            return agent.run_loop(how);
         }
     };
     asio::co_spawn(context, job(), [&](std::exception_ptr e, int c) {
@@ -183,6 +183,18 @@ int run(int argc, const char* const* argv, Policy policy) {
     return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
 #endif
 }
+
+#if defined(ELASTIC_SEPARATE_COMPILATION) && !defined(ELASTIC_IMPL_SOURCE)
+/// A loop of the caller's needs the agent compiled in the caller's file: say so, instead of
+/// "constraints not satisfied" against the policy overload.
+template <class Loop>
+requires(!restart_policy<Loop>) int run(int, const char* const*, Loop) {
+    static_assert(sizeof(Loop) == 0,
+                  "elastic::run(argc, argv, loop): a custom agent loop compiles the agent in this file; build it "
+                  "without ELASTIC_SEPARATE_COMPILATION (docs/agent.md, \"Your own loop\")");
+    return 0;
+}
+#endif
 
 #if defined(ELASTIC_SEPARATE_COMPILATION)
 /// torchrun's command line with the default policy, make_default_policy(config): built from

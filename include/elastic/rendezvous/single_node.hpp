@@ -58,9 +58,10 @@ public:
         co_return;
     }
 
-    /// The decision this node made for the round (waits until cancelled if it made none).
+    /// The decision this node made for the round. It is the only node: with none made there is
+    /// nothing to await, and rendezvous_error says so.
     asio::awaitable<job_decision> await_decision() {
-        if (!decision_) co_await forever();
+        if (!decision_) throw rendezvous_error("no decision to await: one node decides its own rounds");
         co_return *decision_;
     }
 
