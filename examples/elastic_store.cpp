@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     options.request_timeout = std::chrono::milliseconds(request_timeout_ms);
     options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
     // One descriptor per client: take the hard limit, not the shell's soft 1024.
-    const auto open_files = elastic::detail::raise_open_files_limit();
+    const auto open_files = elastic::detail::process::raise_open_files_limit();
     if (open_files != 0 && options.max_connections + 16 > open_files)
         fmt::print(stderr,
                    "elastic-store: the open-files limit ({}) is below --max-connections ({}); "

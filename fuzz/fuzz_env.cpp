@@ -57,15 +57,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         fuzz_env::check(!error.variables().empty());
     }
 
-    (void)elastic::detail::env_impl::slurm_first_host(input);
+    (void)elastic::detail::slurm_first_host(input);
     for (int node = 0; node < 4; ++node) {
-        if (const auto count = elastic::detail::env_impl::slurm_tasks_on_node(input, node)) {
+        if (const auto count = elastic::detail::slurm_tasks_on_node(input, node)) {
             fuzz_env::check(*count >= 0);
         }
     }
 
     fuzz_env::string_sink escaped;
-    elastic::detail::crash::json_escape(escaped, input.data(), input.size());
+    elastic::detail::json_escape(escaped, input.data(), input.size());
     for (const char c : escaped.text) fuzz_env::check(c >= 0x20 && c < 0x7f);  // ensure_ascii
     const auto parsed = nlohmann::json::parse("\"" + escaped.text + "\"", nullptr, false);
     fuzz_env::check(parsed.is_string());

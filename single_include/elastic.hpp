@@ -187,7 +187,7 @@ struct worker_env {
     [[nodiscard]] static worker_env from_process();
 };
 
-namespace detail::env_impl {
+namespace detail {
 
 // Reads variables through a lookup and knows how to complain about them. Every message names
 // the variable, its value and the rule, because the person reading it usually did not write the
@@ -597,11 +597,11 @@ inline worker_env read_environment(const env_reader& reader) {
     return out;
 }
 
-}  // namespace detail::env_impl
+}  // namespace detail
 
 template <class Map>
 worker_env worker_env::from(const Map& variables) {
-    const detail::env_impl::env_reader reader(
+    const detail::env_reader reader(
         [](const void* context, const char* name) -> std::optional<std::string> {
             const auto& map = *static_cast<const Map*>(context);
             const auto it = map.find(std::string(name));
@@ -609,18 +609,18 @@ worker_env worker_env::from(const Map& variables) {
             return it->second;
         },
         &variables);
-    return detail::env_impl::read_environment(reader);
+    return detail::read_environment(reader);
 }
 
 inline worker_env worker_env::from_process() {
-    const detail::env_impl::env_reader reader(
+    const detail::env_reader reader(
         [](const void*, const char* name) -> std::optional<std::string> {
             const char* value = std::getenv(name);
             if (value == nullptr) return std::nullopt;
             return std::string(value);
         },
         nullptr);
-    return detail::env_impl::read_environment(reader);
+    return detail::read_environment(reader);
 }
 
 /// The worker's environment, read from the process environment at the first call and kept.
@@ -656,7 +656,7 @@ inline worker_env worker_env::from_process() {
 #include <unistd.h>
 #include <unwind.h>
 
-namespace elastic::inline v0::detail::crash {
+namespace elastic::inline v0::detail {
 
 // A bounded character sink over a caller's buffer: no allocation, so the signal handler can use
 // it. Output past the end is dropped and remembered (`truncated`).
@@ -979,7 +979,7 @@ inline int capture_backtrace(void** frames, int capacity) noexcept {
     return capacity - state.second;
 }
 
-}  // namespace elastic::inline v0::detail::crash
+}  // namespace elastic::inline v0::detail
 // ---- end elastic/detail/backtrace.hpp ----
 
 #include <atomic>
@@ -1013,7 +1013,7 @@ namespace elastic::inline v0 {
 /// without an exception ends in SIGABRT, as it would without `record`.
 inline constexpr int uncaught_exception_exit_code = 1;
 
-namespace detail::crash {
+namespace detail {
 
 inline constexpr int record_max_frames = 128;
 
@@ -1272,7 +1272,7 @@ inline void restore_default_action(int signal_number) noexcept {
     ::sigaction(signal_number, &action, nullptr);
 }
 
-inline const char* signal_name(int signal_number) noexcept {
+inline const char* fatal_signal_name(int signal_number) noexcept {
     switch (signal_number) {
         case SIGSEGV: return "SIGSEGV";
         case SIGBUS: return "SIGBUS";
@@ -1331,7 +1331,7 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
             text.put_hex(reinterpret_cast<std::uintptr_t>(info->si_addr));
         }
         crash_report report;
-        report.type = signal_name(signal_number);
+        report.type = fatal_signal_name(signal_number);
         report.what = text.data();
         report.frames = frames;
         report.frame_count = count;
@@ -1419,21 +1419,21 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
     std::_Exit(uncaught_exception_exit_code);
 }
 
-}  // namespace detail::crash
+}  // namespace detail
 
 /// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
 /// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
 /// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it
 /// yourself when you cannot wrap main (e.g. in a library's init); calling it again does nothing.
 inline void install_error_handlers() {
-    auto& state = detail::crash::record_storage;
+    auto& state = detail::record_storage;
     if (state.installed.exchange(true)) return;
     if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
         path != nullptr && path[0] != '\0' && std::strlen(path) < sizeof(state.error_file)) {
         std::strcpy(state.error_file, path);
         state.has_error_file = true;
     }
-    std::set_terminate(detail::crash::on_terminate);
+    std::set_terminate(detail::on_terminate);
 
     // A stack overflow leaves no stack to run a handler on: give this thread an alternate one,
     // unless someone (ASan does) already did.
@@ -1445,9 +1445,9 @@ inline void install_error_handlers() {
         alternate.ss_flags = 0;
         (void)::sigaltstack(&alternate, nullptr);
     }
-    for (const int signal_number : detail::crash::record_fatal_signals) {
+    for (const int signal_number : detail::record_fatal_signals) {
         struct sigaction action {};
-        action.sa_sigaction = detail::crash::on_fatal_signal;
+        action.sa_sigaction = detail::on_fatal_signal;
         action.sa_flags = SA_SIGINFO | SA_ONSTACK;
         sigemptyset(&action.sa_mask);
         ::sigaction(signal_number, &action, nullptr);
@@ -2005,7 +2005,7 @@ private:
 #include <random>
 #include <system_error>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
 // may run after the client or the connection is gone.
@@ -2058,7 +2058,7 @@ inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milli
                                                                                  jitter(rng)));
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store
 // ---- end elastic/store/client_connection.hpp ----
 // ---- begin elastic/store/client_dialect.hpp ----
 // client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
@@ -2525,7 +2525,7 @@ struct store_connection_loss {
     std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
 };
 
-namespace detail {
+namespace detail::store {
 
 // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
 // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
@@ -2596,7 +2596,7 @@ private:
     async_signal lost_;
 };
 
-}  // namespace detail
+}  // namespace detail::store
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/client_leases.hpp ----
@@ -2698,7 +2698,7 @@ namespace elastic::inline v0 {
 /// The segment that marks a lease key: at the start of a wire key or right after a '/'.
 inline constexpr std::string_view lease_marker = "__lease__/";
 
-namespace detail {
+namespace detail::store {
 
 inline std::string lease_space(std::string_view group) {
     std::string out(group);
@@ -2707,22 +2707,24 @@ inline std::string lease_space(std::string_view group) {
     return out;
 }
 
-}  // namespace detail
+}  // namespace detail::store
 
 /// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
 /// not be empty nor start with "__" (hold_lease and the server refuse such names).
 inline std::string lease_key(std::string_view group, std::string_view name) {
-    return detail::lease_space(group).append(name);
+    return detail::store::lease_space(group).append(name);
 }
 
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) { return detail::lease_space(group).append("__epoch"); }
+inline std::string lease_epoch_key(std::string_view group) {
+    return detail::store::lease_space(group).append("__epoch");
+}
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
 inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
-    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
+    return detail::store::lease_space(group).append("__lost/").append(std::to_string(epoch));
 }
 
 /// A wire key split at its lease marker.
@@ -3092,7 +3094,7 @@ public:
         req_.value = value;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        detail::encode_heartbeat(*dialect_, wbuf_);
+        detail::store::encode_heartbeat(*dialect_, wbuf_);
         co_await flush(std::string_view("SET"), k);
         co_await read_heartbeat(std::string_view("SET"), k);
         leases_.add(std::move(key));
@@ -3122,9 +3124,9 @@ private:
     }
 
     asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
-        const auto n = detail::heartbeat_reply_size(*dialect_);
+        const auto n = detail::store::heartbeat_reply_size(*dialect_);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
-        if (!detail::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
+        if (!detail::store::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
             throw_protocol(what, key, "a wrong heartbeat reply");
         rbeg_ += n;
     }
@@ -3174,7 +3176,7 @@ private:
             co_return;
         }
         std::string out;
-        detail::encode_heartbeat(*dialect_, out);
+        detail::store::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
         auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
         (void)n;
@@ -3182,13 +3184,14 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)), tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::store::heartbeat_reply_size(*dialect_)),
+                tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
         }
         if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
-        if (!ec && detail::heartbeat_reply_ok(*dialect_, reply.data())) {
+        if (!ec && detail::store::heartbeat_reply_ok(*dialect_, reply.data())) {
             disarm();
             co_return;
         }
@@ -3309,7 +3312,8 @@ private:
                     drop();
                 }
             }
-            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff, rng_);
+            const auto delay = detail::store::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff,
+                                                              rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
@@ -3344,7 +3348,7 @@ private:
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
         }
-        conn_ = std::make_shared<detail::store_client_connection>(executor_);
+        conn_ = std::make_shared<detail::store::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
         const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
@@ -3649,7 +3653,7 @@ private:
     asio::any_io_executor executor_;
     store_client_options options_;
     std::optional<wire::dialect> dialect_;
-    std::shared_ptr<detail::store_client_connection> conn_;
+    std::shared_ptr<detail::store::store_client_connection> conn_;
     std::minstd_rand rng_;
     wire::request req_;
     std::string wbuf_;
@@ -3658,7 +3662,7 @@ private:
     std::size_t rend_ = 0;
     detail::async_mutex lock_;  // one request at a time (acquire())
     // Leases: the keys held on conn_ and the latched loss for connection_lost(); the heartbeat.
-    detail::store_client_leases leases_;
+    detail::store::store_client_leases leases_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;
@@ -3780,7 +3784,7 @@ private:
 #include <utility>
 #include <vector>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // Heterogeneous lookup: find a std::string key with a std::string_view, no temporary string.
 struct store_string_hash {
@@ -4104,7 +4108,7 @@ private:
     static constexpr std::size_t entry_overhead = 64;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store
 // ---- end elastic/store/engine.hpp ----
 // ---- begin elastic/store/memory_store.hpp ----
 // memory_store: the store concept over the shared engine, in process (unit tests, one-node jobs).
@@ -4134,12 +4138,13 @@ class memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
     explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
-        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
+        : owned_(std::make_unique<detail::store::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
 
     /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
     /// server uses the same keys and waiters in process, without a loopback connection. The
     /// engine must outlive the store; use both on the engine's thread.
-    explicit memory_store(detail::store_engine& engine, std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit memory_store(detail::store::store_engine& engine,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
@@ -4218,12 +4223,12 @@ public:
     }
 
     /// The engine (shared semantics; the server exposes the same).
-    detail::store_engine& engine() noexcept { return *engine_; }
+    detail::store::store_engine& engine() noexcept { return *engine_; }
 
 private:
     // One timer is both the deadline and the wake-up: on_ready cancels it. `done` is the truth,
     // so a deadline that expires in the same turn as the write still counts as success.
-    struct timed_waiter final : detail::store_waiter {
+    struct timed_waiter final : detail::store::store_waiter {
         explicit timed_waiter(const asio::any_io_executor& ex) : timer(ex) {}
         void on_ready() override {
             done = true;
@@ -4244,12 +4249,12 @@ private:
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store::store_engine::printable(k);
         throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}", timeout.count(), names));
     }
 
-    std::unique_ptr<detail::store_engine> owned_;  // null when viewing another's engine
-    detail::store_engine* engine_;
+    std::unique_ptr<detail::store::store_engine> owned_;  // null when viewing another's engine
+    detail::store::store_engine* engine_;
     std::chrono::milliseconds timeout_;
 };
 
@@ -4359,7 +4364,7 @@ private:
 
 // ---- begin elastic/store/server_core.hpp ----
 // What a tcp_store_server is given (store_server_options) and the state it shares with its
-// connections (detail::store_server_core).
+// connections (detail::store::store_server_core).
 
 // ---- begin elastic/store/server_leases.hpp ----
 // The server's leases (docs/store.md, "Leases"): which connection holds each lease key, which
@@ -4376,7 +4381,7 @@ private:
 #include <string_view>
 #include <unordered_map>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 class store_connection;
 
@@ -4465,7 +4470,7 @@ private:
     std::uint64_t lost_ = 0;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store
 // ---- end elastic/store/server_leases.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -4563,7 +4568,7 @@ struct store_server_options {
     std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
 };
 
-namespace detail {
+namespace detail::store {
 
 class store_connection;
 
@@ -4623,7 +4628,7 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
     return fmt::format("{}:{}", ep.address().to_string(), ep.port());
 }
 
-}  // namespace detail
+}  // namespace detail::store
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/server_core.hpp ----
@@ -4652,7 +4657,7 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
 #include <utility>
 #include <vector>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
 // WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
@@ -5327,7 +5332,7 @@ private:
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store
 // ---- end elastic/store/server_connection.hpp ----
 
 #include <asio/awaitable.hpp>
@@ -5349,7 +5354,7 @@ private:
 
 #include <poll.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // Whether a client waits in the listening socket's queue (never blocks).
 inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
@@ -5458,7 +5463,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
     stop_server(*core);
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store
 // ---- end elastic/store/server_accept.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -5488,7 +5493,7 @@ class tcp_store_server {
 public:
     /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
     explicit tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
-        : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
+        : core_(std::make_shared<detail::store::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
         if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
@@ -5544,18 +5549,18 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, detail::accept_loop(core_), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, detail::store::accept_loop(core_), asio::detached); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
     /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
     /// outlive the server object.
-    asio::awaitable<void> run() { return detail::accept_loop(core_); }
+    asio::awaitable<void> run() { return detail::store::accept_loop(core_); }
 
     /// Stops accepting and closes every connection (their waits are dropped).
-    void stop() noexcept { detail::stop_server(*core_); }
+    void stop() noexcept { detail::store::stop_server(*core_); }
 
     /// The key table the connections share (for an embedding agent and for tests).
-    detail::store_engine& engine() noexcept { return core_->engine; }
+    detail::store::store_engine& engine() noexcept { return core_->engine; }
 
     /// The number of open connections.
     std::size_t connections() const noexcept { return core_->connections.size(); }
@@ -5569,7 +5574,7 @@ public:
     std::uint64_t leases_lost() const noexcept { return core_->leases.lost(); }
 
 private:
-    std::shared_ptr<detail::store_server_core> core_;
+    std::shared_ptr<detail::store::store_server_core> core_;
 };
 
 }  // namespace elastic::inline v0
@@ -5855,7 +5860,7 @@ ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint6
 }  // namespace dist
 #endif  // definitions
 
-namespace detail {
+namespace detail::worker {
 
 // The process-wide group of elastic::dist's free functions, built on first use.
 struct dist_world {
@@ -5877,7 +5882,7 @@ decltype(auto) with_dist_world(F&& f) {
     return std::forward<F>(f)(*s.world);
 }
 
-}  // namespace detail
+}  // namespace detail::worker
 
 namespace dist {
 
@@ -5894,15 +5899,15 @@ inline int get_node_rank() { return env().node_rank; }
 
 /// Waits for every rank (see group::barrier).
 inline void barrier() {
-    elastic::detail::with_dist_world([](group& g) { g.barrier(); });
+    elastic::detail::worker::with_dist_world([](group& g) { g.barrier(); });
 }
 /// `root`'s bytes on every rank (see group::broadcast).
 inline std::string broadcast(std::string bytes, int root = 0) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
+    return elastic::detail::worker::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
 }
 /// Every rank's bytes, by rank (see group::all_gather).
 inline std::vector<std::string> all_gather(std::string bytes) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
+    return elastic::detail::worker::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
 }
 /// A scalar combined over every rank (see group::all_reduce).
 // clang-format off
@@ -5910,11 +5915,11 @@ template <class T>
     requires std::is_arithmetic_v<T>
 T all_reduce(T value, reduce_op op = reduce_op::sum) {
     // clang-format on
-    return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
+    return elastic::detail::worker::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
 }
 /// How long the process-wide group's collectives wait for the other ranks (default 30 min).
 inline void set_timeout(std::chrono::milliseconds t) {
-    elastic::detail::with_dist_world([&](group& g) { g.set_timeout(t); });
+    elastic::detail::worker::with_dist_world([&](group& g) { g.set_timeout(t); });
 }
 
 }  // namespace dist
@@ -5982,19 +5987,19 @@ namespace elastic::inline v0 {
 /// glibc's `kill -l` does ("SIGRTMIN+3", "SIGRTMAX-2"). Numbers that are no signal (0, 32 and 33,
 /// which glibc keeps for itself, negatives, anything past SIGRTMAX) give "<N/A>", torchrun's
 /// placeholder, instead of failing.
-namespace detail {
+namespace detail::process {
 // Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
 inline constexpr std::string_view standard_signal_names[] = {
     "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
     "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
     "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
     "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
-}  // namespace detail
+}  // namespace detail::process
 
 inline std::string signal_name(int signal_number) {
-    constexpr int standard_count = static_cast<int>(std::size(detail::standard_signal_names));
+    constexpr int standard_count = static_cast<int>(std::size(detail::process::standard_signal_names));
     if (signal_number >= 1 && signal_number < standard_count) {
-        return std::string(detail::standard_signal_names[signal_number]);
+        return std::string(detail::process::standard_signal_names[signal_number]);
     }
     // SIGRTMIN/SIGRTMAX are glibc function calls (34 and 64 here: NPTL keeps 32 and 33).
     const int rt_min = SIGRTMIN;
@@ -6178,7 +6183,7 @@ struct process_exit {
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::process {
 
 /// Owns one file descriptor; closes it on destruction. Move-only.
 class owned_fd {
@@ -6301,7 +6306,7 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
     return owned_fd(moved);
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::process
 // ---- end elastic/process/sys.hpp ----
 // ---- begin elastic/process/watcher.hpp ----
 // Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
@@ -6317,7 +6322,7 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
 
 #include <pthread.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::process {
 
 /// Runs callables on a dedicated thread that lives as long as the process.
 ///
@@ -6393,7 +6398,7 @@ private:
     bool done_ = false;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::process
 // ---- end elastic/process/spawner.hpp ----
 
 #include <algorithm>
@@ -6413,7 +6418,7 @@ private:
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::process {
 
 // Why a watcher process: PR_SET_PDEATHSIG kills the worker when the agent dies, but it is not
 // inherited, so a worker's own children (wrapper scripts, data-loader processes) would survive an
@@ -6624,7 +6629,7 @@ private:
     std::vector<pid_t> groups_;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::process
 // ---- end elastic/process/watcher.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -6644,7 +6649,7 @@ private:
 
 namespace elastic::inline v0 {
 
-namespace detail {
+namespace detail::process {
 
 /// Children whose child_process was destroyed while they still ran: they were sent SIGKILL and
 /// are reaped here, without blocking anyone, at the next spawn or destruction.
@@ -6691,7 +6696,7 @@ private:
 
 class child_process_factory;
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// One worker process started by `spawn` (spawn.hpp): the leader of its own process group (and by
 /// default its own session), whose exit is an awaitable event on its pidfd.
@@ -6749,7 +6754,7 @@ public:
         if (status_) return true;
         if (pid_ <= 0 || reaped_) return false;
         siginfo_t info;
-        if (!detail::peek_exit(pidfd_.native_handle(), info)) return false;
+        if (!detail::process::peek_exit(pidfd_.native_handle(), info)) return false;
         status_ = process_exit::from_siginfo(info);
         return true;
     }
@@ -6771,10 +6776,10 @@ public:
     /// it has already exited (a zombie would accept the signal and ignore it).
     bool signal(int sig) {
         if (pid_ <= 0 || reaped_ || check_exit()) return false;
-        if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
+        if (detail::process::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
         if (errno == ESRCH) return false;
         throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
-                            detail::errno_string(errno));
+                            detail::process::errno_string(errno));
     }
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
@@ -6785,7 +6790,7 @@ public:
         if (::kill(-pid_, sig) == 0) return true;
         if (errno == ESRCH) return false;
         throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
-                            detail::errno_string(errno));
+                            detail::process::errno_string(errno));
     }
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
@@ -6797,8 +6802,8 @@ public:
                                 ": it is still running (await wait() or stop() it first)");
         }
         ::kill(-pid_, SIGKILL);
-        detail::watcher::instance().remove(pid_);  // before the reap frees the group id
-        detail::reap_now(pidfd_.native_handle());
+        detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
+        detail::process::reap_now(pidfd_.native_handle());
         reaped_ = true;
         asio::error_code ignored;
         pidfd_.close(ignored);
@@ -6818,7 +6823,7 @@ public:
     [[nodiscard]] asio::any_io_executor get_executor() noexcept { return pidfd_.get_executor(); }
 
 private:
-    friend class detail::child_process_factory;
+    friend class detail::process::child_process_factory;
 
     child_process(asio::posix::stream_descriptor pidfd, pid_t pid, std::optional<asio::posix::stream_descriptor> in,
                   std::optional<asio::posix::stream_descriptor> out,
@@ -6843,7 +6848,7 @@ private:
                 reap();
             } else {
                 ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
-                detail::graveyard::instance().bury(pid_, detail::owned_fd(pidfd_.release()));
+                detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
             }
         } catch (...) {
             // Out of memory in the graveyard: the zombie stays, the group is already killed.
@@ -6860,7 +6865,7 @@ private:
     std::optional<asio::posix::stream_descriptor> stderr_;
 };
 
-namespace detail {
+namespace detail::process {
 
 /// The one place that builds child_process objects (spawn.hpp).
 class child_process_factory {
@@ -6873,7 +6878,7 @@ public:
     }
 };
 
-}  // namespace detail
+}  // namespace detail::process
 
 }  // namespace elastic::inline v0
 // ---- end elastic/process/child.hpp ----
@@ -6908,7 +6913,7 @@ public:
 
 namespace elastic::inline v0 {
 
-namespace detail {
+namespace detail::process {
 
 /// Many pidfds awaited as one event source: a private epoll instance (level-triggered) holding
 /// them, itself awaited as one descriptor by Asio. Each exit is seen when it happens, not when
@@ -7032,13 +7037,13 @@ inline std::vector<child_process*> addresses(std::span<child_process> children) 
     return out;
 }
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// Waits until one of `children` that has not exited yet exits, and returns its index (its
 /// status() is then set). Returns `children.size()` at once if none is left running. Exit
 /// times are exact for all of them: the waits run side by side. Cancellable.
 inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
-    detail::exit_set set(co_await asio::this_coro::executor);
+    detail::process::exit_set set(co_await asio::this_coro::executor);
     for (std::size_t i = 0; i < children.size(); ++i) {
         if (children[i]->reaped() || children[i]->status()) continue;
         if (children[i]->check_exit()) co_return i;
@@ -7053,7 +7058,7 @@ inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> chi
 
 /// `wait_any` for workers held by value (a std::vector<child_process>, say).
 inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
-    const auto pointers = detail::addresses(children);
+    const auto pointers = detail::process::addresses(children);
     co_return co_await wait_any(std::span<child_process* const>(pointers));
 }
 
@@ -7107,7 +7112,7 @@ struct stop_options {
     std::chrono::milliseconds kill_timeout{10'000};  ///< how long to await deaths after SIGKILL
 };
 
-namespace detail {
+namespace detail::process {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
 inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
@@ -7125,7 +7130,7 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<chi
     co_await (await_exits(set, children) || timer.async_wait(asio::use_awaitable));
 }
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// Stops a group of workers as torchrun's `PContext.close` does, without its faults:
 ///   1. sends `options.signal` to every worker's process group (its descendants included);
@@ -7147,7 +7152,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
     std::vector<pid_t> pgids;
     std::vector<pid_t> leaders;
     // Descendants still there when the grace ran out, held by the pidfds taken at stop time.
-    std::vector<detail::group_member> outlived;
+    std::vector<detail::process::group_member> outlived;
 
     // 1. The stop signal, to every group whose leader is still unreaped (so its id is ours).
     for (std::size_t i = 0; i < children.size(); ++i) {
@@ -7166,17 +7171,17 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 
     // 2. The grace period: workers and the other members of their groups, one deadline.
     {
-        detail::exit_set set(executor);
+        detail::process::exit_set set(executor);
         for (std::size_t i = 0; i < children.size(); ++i) {
             if (!children[i]->reaped() && !children[i]->check_exit()) {
                 set.add(children[i]->native_pidfd(), i);
             }
         }
-        auto members = detail::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders);
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), children.size() + m);
         }
-        co_await detail::await_exits_or_timeout(set, children, options.grace);
+        co_await detail::process::await_exits_or_timeout(set, children, options.grace);
         for (std::size_t token : set.pending()) {
             if (token < children.size()) {
                 outlived_grace[token] = true;
@@ -7193,7 +7198,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         if (!child->reaped()) child->signal_group(SIGKILL);
     }
     {
-        detail::exit_set set(executor);
+        detail::process::exit_set set(executor);
         for (std::size_t i = 0; i < children.size(); ++i) {
             if (!children[i]->reaped() && !children[i]->check_exit()) {
                 set.add(children[i]->native_pidfd(), i);
@@ -7203,10 +7208,10 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         // outlived the grace are awaited by the pidfds held since: a scan passes over a process
         // whose main thread is already a zombie while its other threads still exit, and a pidfd
         // reads as ended only once every thread has.
-        auto members = detail::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders);
         for (auto& held : outlived) {
             if (std::none_of(members.begin(), members.end(),
-                             [&](const detail::group_member& m) { return m.pid == held.pid; })) {
+                             [&](const detail::process::group_member& m) { return m.pid == held.pid; })) {
                 members.push_back(std::move(held));
             }
         }
@@ -7217,7 +7222,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
                 killed.push_back(members[m].pid);
             }
         }
-        co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
+        co_await detail::process::await_exits_or_timeout(set, children, options.kill_timeout);
         for (std::size_t token : set.pending()) {
             result.unkillable.push_back(token < children.size() ? children[token]->pid()
                                                                 : members[token - children.size()].pid);
@@ -7249,7 +7254,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 
 /// `stop` for workers held by value (a std::vector<child_process>, say).
 inline asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
-    const auto pointers = detail::addresses(children);
+    const auto pointers = detail::process::addresses(children);
     co_return co_await stop(std::span<child_process* const>(pointers), options);
 }
 
@@ -7284,7 +7289,7 @@ inline constexpr std::array<int, 4> forwarded_signals{SIGINT, SIGTERM, SIGHUP, S
 /// `spawn` calls it too): SIGPIPE ignored, so writing to a dead worker's pipe is an EPIPE error
 /// rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
 /// reap the workers itself and their exit status would be lost.
-inline void prepare_agent_signals() noexcept { detail::prepare_agent_signals(); }
+inline void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
 
 /// Signals delivered to the agent, one `co_await next()` at a time (Asio's signal_set: a
 /// handler that writes to a self-pipe, so the wait is an ordinary event).
@@ -7456,7 +7461,7 @@ struct spawn_options {
     process_isolation isolation = process_isolation::session;
 };
 
-namespace detail {
+namespace detail::process {
 
 /// The agent's environment as "NAME=value" entries (the caller must not race setenv).
 inline std::vector<std::string> environ_entries() {
@@ -7647,7 +7652,7 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
     }
 }
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// Starts `options.program` and returns the running child, bound to `executor`.
 ///
@@ -7666,9 +7671,9 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     if (options.program.empty()) {
         throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
     }
-    detail::prepare_agent_signals();
-    const std::vector<std::string> env = options.env ? *options.env : detail::environ_entries();
-    const std::string path = detail::find_executable(options.program, env);
+    detail::process::prepare_agent_signals();
+    const std::vector<std::string> env = options.env ? *options.env : detail::process::environ_entries();
+    const std::string path = detail::process::find_executable(options.program, env);
 
     std::vector<std::string> arg_strings;
     arg_strings.reserve(options.args.size() + 1);
@@ -7682,27 +7687,28 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     for (auto& entry : env_strings) envp.push_back(entry.data());
     envp.push_back(nullptr);
 
-    detail::stdio_ends in = detail::open_stdio(options.in, true);
-    detail::stdio_ends out = detail::open_stdio(options.out, false);
-    detail::stdio_ends err = detail::open_stdio(options.err, false);
+    detail::process::stdio_ends in = detail::process::open_stdio(options.in, true);
+    detail::process::stdio_ends out = detail::process::open_stdio(options.out, false);
+    detail::process::stdio_ends err = detail::process::open_stdio(options.err, false);
 
     int error_pipe[2];
     if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
         throw process_error("cannot create the exec-status pipe for '" + options.program +
-                            "': " + detail::errno_string(errno) + " (raise the open-files limit)");
+                            "': " + detail::process::errno_string(errno) + " (raise the open-files limit)");
     }
-    detail::owned_fd error_read(error_pipe[0]);
-    detail::owned_fd error_write = detail::raise_above_stdio(detail::owned_fd(error_pipe[1]));
+    detail::process::owned_fd error_read(error_pipe[0]);
+    detail::process::owned_fd error_write = detail::process::raise_above_stdio(
+        detail::process::owned_fd(error_pipe[1]));
 
-    detail::watcher::instance().ensure_started();  // before any worker can be orphaned
-    detail::graveyard::instance().sweep();
+    detail::process::watcher::instance().ensure_started();  // before any worker can be orphaned
+    detail::process::graveyard::instance().sweep();
 
     rlimit limit{};
     int max_fd = 1024;
     if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
         max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
     }
-    const detail::child_plan plan{
+    const detail::process::child_plan plan{
         path.c_str(),
         argv.data(),
         envp.data(),
@@ -7712,18 +7718,19 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         ::getpid(),
         error_write.get(),
         max_fd,
-        detail::original_open_files_soft_limit(),
+        detail::process::original_open_files_soft_limit(),
     };
     pid_t pid = -1;
     int fork_errno = 0;
     auto job = [&] {
-        const pid_t forked = detail::vfork_child(plan);
+        const pid_t forked = detail::process::vfork_child(plan);
         if (forked < 0) fork_errno = errno;
         pid = forked;
     };
-    detail::spawner::instance().run(job);
+    detail::process::spawner::instance().run(job);
     if (pid < 0) {
-        throw spawn_error("cannot fork to start '" + options.program + "': " + detail::errno_string(fork_errno) +
+        throw spawn_error("cannot fork to start '" + options.program +
+                              "': " + detail::process::errno_string(fork_errno) +
                               " (check the process limit, ulimit -u, and free memory)",
                           fork_errno);
     }
@@ -7734,7 +7741,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 
     // The child exists: from here on, any failure kills and reaps it.
     try {
-        detail::watcher::instance().add(pid);
+        detail::process::watcher::instance().add(pid);
     } catch (...) {
         ::kill(pid, SIGKILL);
         while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -7743,31 +7750,31 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     }
     // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
     // prepare_agent_signals), so it cannot have been recycled.
-    detail::owned_fd pidfd(detail::pidfd_open(pid));
+    detail::process::owned_fd pidfd(detail::process::pidfd_open(pid));
     if (!pidfd) {
         const int e = errno;
-        detail::discard_child(pid, -1);
-        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " + detail::errno_string(e) +
-                              " (needs Linux 5.3 or later)",
+        detail::process::discard_child(pid, -1);
+        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
+                              detail::process::errno_string(e) + " (needs Linux 5.3 or later)",
                           e);
     }
 
-    detail::child_failure failure{};
+    detail::process::child_failure failure{};
     ssize_t n = 0;
     do {
         n = ::read(error_read.get(), &failure, sizeof failure);
     } while (n < 0 && errno == EINTR);
     if (n != 0) {
         if (n != static_cast<ssize_t>(sizeof failure)) {
-            failure = {detail::child_step::exec, n < 0 ? errno : EIO};
+            failure = {detail::process::child_step::exec, n < 0 ? errno : EIO};
         }
-        detail::discard_child(pid, pidfd.get());
-        throw spawn_error(detail::describe_failure(failure, options, path), failure.error);
+        detail::process::discard_child(pid, pidfd.get());
+        throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error);
     }
 
     // Hand the descriptors to Asio; assign() takes ownership only once it succeeds, so on
     // failure each one is still closed by its owned_fd, and the child is not left behind.
-    const auto adopt = [&](detail::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
+    const auto adopt = [&](detail::process::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
         if (!fd) return std::nullopt;
         asio::posix::stream_descriptor stream(executor);
         stream.assign(fd.get());
@@ -7779,10 +7786,10 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         auto out_pipe = adopt(out.parent);
         auto err_pipe = adopt(err.parent);
         auto pid_stream = adopt(pidfd);
-        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe), std::move(out_pipe),
-                                                   std::move(err_pipe));
+        return detail::process::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
+                                                            std::move(out_pipe), std::move(err_pipe));
     } catch (...) {
-        detail::discard_child(pid, pidfd ? pidfd.get() : -1);
+        detail::process::discard_child(pid, pidfd ? pidfd.get() : -1);
         throw;
     }
 }
@@ -9080,7 +9087,7 @@ inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
     string_sink sink{out};
     const auto quoted = [&](const std::string& text) {
         out.push_back('"');
-        crash::json_escape(sink, text.data(), text.size());
+        detail::json_escape(sink, text.data(), text.size());
         out.push_back('"');
     };
     if (value.is_object()) {
@@ -9798,7 +9805,7 @@ private:
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 /// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
 /// out of range. The rendezvous reports it (naming the key) and ignores it.
@@ -10034,7 +10041,7 @@ inline std::string guard_value(const std::string& run_id) {
     return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
 }
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/codec.hpp ----
@@ -10060,7 +10067,7 @@ inline std::string guard_value(const std::string& run_id) {
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 /// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
 inline std::string describe_node_id(std::string_view id) {
@@ -10097,7 +10104,7 @@ struct membership_log {
     }
 };
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/membership.hpp ----
@@ -10242,7 +10249,7 @@ struct rendezvous_parameters {
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 /// The group rank of each node (by arrival order) or a message naming the conflict.
 /// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
@@ -10432,7 +10439,7 @@ inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept
     return m;
 }
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/planner.hpp ----
@@ -10631,8 +10638,8 @@ public:
         }
     {
         // clang-format on
-        auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
-        co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
+        auto log = std::make_shared<detail::rendezvous::membership_log>(co_await asio::this_coro::executor);
+        co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rendezvous::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
         log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
@@ -10650,7 +10657,7 @@ public:
         store_ = &store;
         watcher_ = &watcher;
         options_.hosts_store = hosts_it;
-        const auto moved = detail::rdzv::after_store_moved(size_, host_in_round_);
+        const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
         target_ = moved.target;
         phase_ = phase::idle;
@@ -10693,7 +10700,7 @@ public:
                     }
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
-                    if (name.empty() || name.size() > detail::rdzv::max_id) {
+                    if (name.empty() || name.size() > detail::rendezvous::max_id) {
                         // Not a lease name the server wrote: the loss is counted, nobody is named.
                         ignored(k, name, "not a lease name", "no member is taken for lost by it");
                         name.clear();
@@ -10754,18 +10761,18 @@ public:
             const int r = round_;
             phase_ = phase::forming;
             const auto arrival = co_await store_->add(key(r, "count"), 1);
-            const auto step = detail::rdzv::on_arrival(arrival, rules());
-            if (step == detail::rdzv::arrival_step::late) {
+            const auto step = detail::rendezvous::on_arrival(arrival, rules());
+            if (step == detail::rendezvous::arrival_step::late) {
                 co_await late(r, me);
                 continue;
             }
             me.hosts_store = options_.hosts_store;
-            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
-            if (step == detail::rdzv::arrival_step::complete) {
+            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rendezvous::encode(me));
+            if (step == detail::rendezvous::arrival_step::complete) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
-            } else if (step == detail::rdzv::arrival_step::seal) {
+            } else if (step == detail::rendezvous::arrival_step::seal) {
                 co_await seal(*store_, r);
-            } else if (step == detail::rdzv::arrival_step::try_seal) {
+            } else if (step == detail::rendezvous::arrival_step::try_seal) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -10829,7 +10836,7 @@ public:
             if (!count) co_await store_->set(job_key("restarts"), std::to_string(restarts_));
             (void)co_await store_->add(job_key("restarts"), 1);
         }
-        const auto value = detail::rdzv::encode(decision);
+        const auto value = detail::rendezvous::encode(decision);
         for (int slot = 0;; ++slot) {
             if (slot == max_slots) throw rendezvous_error(too_many_invalid(round_, "decision"));
             const auto k = slot_key(round_, "decision", slot);
@@ -10855,7 +10862,7 @@ public:
             if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
-                                    [](std::string_view v) { return detail::rdzv::decode_decision(v); });
+                                    [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
             if (!decision) continue;
             if (decision->restart) {
                 const auto count = co_await job_restarts(*store_);
@@ -10907,7 +10914,7 @@ public:
         result.how = barrier_result::kind::timed_out;
         std::vector<std::string> hosts;
         try {
-            hosts = detail::rdzv::decode_hosts(co_await store_->get(key(r, "hosts")));
+            hosts = detail::rendezvous::decode_hosts(co_await store_->get(key(r, "hosts")));
         } catch (const std::exception&) {
         }
         for (int g = 0; g < size_; ++g) {
@@ -10958,7 +10965,7 @@ private:
     [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
 
     // What decides the next round's completion besides its arrivals (the planner's input).
-    [[nodiscard]] detail::rdzv::round_rules rules() const noexcept {
+    [[nodiscard]] detail::rendezvous::round_rules rules() const noexcept {
         return {options_.nnodes, options_.elastic(), needed(), target_};
     }
 
@@ -10988,7 +10995,7 @@ private:
     void ignored(std::string_view k, std::string_view value, std::string_view why, std::string_view then) {
         if (!warned_.insert(fmt::format("{}\n{}", k, value)).second) return;
         const auto line = fmt::format("ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}",
-                                      k, detail::rdzv::shown(value), why, then);
+                                      k, detail::rendezvous::shown(value), why, then);
         if (options_.warn) options_.warn(line);
         else say(line);
     }
@@ -10999,7 +11006,7 @@ private:
         -> std::optional<decltype(decode(value))> {
         try {
             return decode(value);
-        } catch (const detail::rdzv::invalid_value& e) {
+        } catch (const detail::rendezvous::invalid_value& e) {
             ignored(k, value, e.what(), then);
         } catch (const nlohmann::json::exception& e) {
             ignored(k, value, e.what(), then);
@@ -11010,14 +11017,14 @@ private:
     std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
         const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
         return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
-                       [&](std::string_view v) { return detail::rdzv::decode_abort(v, size); });
+                       [&](std::string_view v) { return detail::rendezvous::decode_abort(v, size); });
     }
 
     // Writes `mine` as round r's abort unless a valid abort is there first; returns the abort
     // that stands and whether it is this node's. An invalid value found in a slot is reported
     // and skipped: the abort goes to the next slot, where the watchers that saw it wait.
     asio::awaitable<std::pair<abort_notice, bool>> abort_round(Store& s, int r, abort_notice mine) {
-        const auto value = detail::rdzv::encode(mine);
+        const auto value = detail::rendezvous::encode(mine);
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
             const auto got = co_await s.compare_set(k, std::string{}, value);
@@ -11046,7 +11053,7 @@ private:
         if (!co_await s.check(std::move(keys))) co_return 0;
         const auto value = co_await s.get(k);
         co_return checked(k, value, "the job keeps the restart count it knows", [](std::string_view v) {
-            return static_cast<int>(detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max()));
+            return static_cast<int>(detail::rendezvous::decode_count(v, 0, std::numeric_limits<int>::max()));
         });
     }
 
@@ -11056,7 +11063,7 @@ private:
         const auto k = lease_epoch_key(lease_group());
         const auto value = co_await s.get(k);
         co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
-            return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+            return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
         }).value_or(known);
     }
 
@@ -11091,8 +11098,8 @@ private:
     }
 
     asio::awaitable<void> guard() {
-        const auto k = detail::rdzv::torchrun_key(options_.run_id);
-        const auto mine = detail::rdzv::guard_value(options_.run_id);
+        const auto k = detail::rendezvous::torchrun_key(options_.run_id);
+        const auto mine = detail::rendezvous::guard_value(options_.run_id);
         const auto got = co_await store_->compare_set(k, std::string{}, mine);
         if (got != mine) {
             throw rendezvous_error(fmt::format(
@@ -11145,7 +11152,7 @@ private:
         const int size = checked(size_key, size_text,
                                  "this node takes the round for one that lost a node while forming",
                                  [&](std::string_view v) {
-                                     return static_cast<int>(detail::rdzv::decode_count(v, 0, options_.nnodes));
+                                     return static_cast<int>(detail::rendezvous::decode_count(v, 0, options_.nnodes));
                                  })
                              .value_or(0);
         if (size > 0) {
@@ -11155,7 +11162,9 @@ private:
             const auto moves_text = co_await store_->get(moves_key);
             size_ = size;
             if (auto moves = checked(moves_key, moves_text, "this node knows no successor of the store's host",
-                                     [](std::string_view v) { return detail::rdzv::decode_round_successors(v); })) {
+                                     [](std::string_view v) {
+                                         return detail::rendezvous::decode_round_successors(v);
+                                     })) {
                 host_in_round_ = moves->first;
                 successors_ = std::move(moves->second);
             } else {
@@ -11207,7 +11216,7 @@ private:
         const auto mine = key(r, fmt::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
-        if (detail::rdzv::has_last_call(arrival, rules())) {
+        if (detail::rendezvous::has_last_call(arrival, rules())) {
             last_call = clock::now() + options_.last_call_timeout;
         }
         for (;;) {
@@ -11231,7 +11240,7 @@ private:
             }
             if (clock::now() < join_deadline) continue;
             auto joined = co_await store_->add(key(r, "count"), 0);
-            if (joined >= detail::rdzv::seal_increment) joined -= detail::rdzv::seal_increment;
+            if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
             if (quorum_ > 0) {
                 throw rendezvous_error(fmt::format(
@@ -11254,8 +11263,8 @@ private:
         }
         const auto value = co_await store_->get(mine);
         try {
-            co_return detail::rdzv::decode_assignment(value, options_.nnodes);
-        } catch (const detail::rdzv::invalid_value& e) {
+            co_return detail::rendezvous::decode_assignment(value, options_.nnodes);
+        } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
             ignored(mine, value, e.what(), "this node has no assignment in this round");
             throw rendezvous_error(fmt::format(
@@ -11272,9 +11281,9 @@ private:
     asio::awaitable<void> complete_if_all_live(Store& s, int r) {
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
-        if (!detail::rdzv::may_seal_when_all_live(count, rules())) co_return;
+        if (!detail::rendezvous::may_seal_when_all_live(count, rules())) co_return;
         if (count < co_await live_nodes(s)) co_return;
-        if (!detail::rdzv::quick_round(r, admission_, target_)) {
+        if (!detail::rendezvous::quick_round(r, admission_, target_)) {
             std::vector<std::string> over{key(r, "last_call_over")};
             if (!co_await s.check(std::move(over))) co_return;
         }
@@ -11292,8 +11301,8 @@ private:
     // Seals round r (no arrival after this joins it); the one node whose seal came first
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
-        const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
-        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes))
+        const auto sealed = co_await s.add(key(r, "count"), detail::rendezvous::seal_increment);
+        if (const auto joined = detail::rendezvous::sealed_arrivals(sealed, options_.nnodes))
             co_await complete(s, r, *joined);
     }
 
@@ -11316,9 +11325,9 @@ private:
         arrived.reserve(values.size());
         for (std::size_t i = 0; i < values.size(); ++i) {
             auto node = checked(keys[i], values[i], "this arrival is left out of the round", [&](std::string_view v) {
-                auto n = detail::rdzv::decode_node(v);
+                auto n = detail::rendezvous::decode_node(v);
                 if (members_ && n.id.empty())
-                    throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
+                    throw detail::rendezvous::invalid_value("it names no lease (every agent holds one)");
                 return n;
             });
             valid.push_back(node.has_value());
@@ -11371,13 +11380,13 @@ private:
             std::vector<node_info> nodes;
             for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
             const int n = static_cast<int>(nodes.size());
-            auto planned = detail::rdzv::plan_round(nodes, !options_.elastic());
+            auto planned = detail::rendezvous::plan_round(nodes, !options_.elastic());
             if (const auto* message = std::get_if<std::string>(&planned)) {
                 tell_all(nlohmann::json{{"error", *message}}.dump());
             } else {
-                const auto& plan = std::get<detail::rdzv::round_plan>(planned);
+                const auto& plan = std::get<detail::rendezvous::round_plan>(planned);
                 const auto& master = nodes[plan.master];
-                const auto successors = detail::rdzv::encode_successors(plan.successors);
+                const auto successors = detail::rendezvous::encode_successors(plan.successors);
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
@@ -11451,7 +11460,8 @@ private:
         const auto value = co_await s.get(mark);
         const auto first_kept = checked(mark, value, "this node takes its round for one not deleted yet",
                                         [](std::string_view v) {
-                                            return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
+                                            return detail::rendezvous::decode_count(v, 0,
+                                                                                    std::numeric_limits<int>::max());
                                         });
         co_return first_kept&&* first_kept > r;
     }
@@ -11495,7 +11505,7 @@ private:
         if (co_await s.check(std::move(mark_key))) {
             const auto value = co_await s.get(mark);
             from = checked(mark, value, "only the oldest round kept is deleted", [&](std::string_view v) {
-                       return static_cast<int>(detail::rdzv::decode_count(v, 0, upto + 1));
+                       return static_cast<int>(detail::rendezvous::decode_count(v, 0, upto + 1));
                    }).value_or(upto);
         }
         // Bounded work: a round is deleted by the next completer at the latest, so only a gap
@@ -11516,15 +11526,15 @@ private:
             const auto value = co_await s.get(manifest_key);
             const auto manifest = checked(
                 manifest_key, value, "only the round's fixed keys are deleted", [&](std::string_view v) {
-                    const auto j = detail::rdzv::parse_object(v);
-                    const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
-                    const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
+                    const auto j = detail::rendezvous::parse_object(v);
+                    const int k = detail::rendezvous::field_small(j, "k", 0, options_.nnodes);
+                    const int n = detail::rendezvous::field_small(j, "n", 0, options_.nnodes);
                     const auto ids = j.find("ids");
                     if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
-                        throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
+                        throw detail::rendezvous::invalid_value("'ids' is not a list of the arrivals");
                     std::vector<std::string> out;
                     for (const auto& id : *ids) {
-                        if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
+                        if (!id.is_string()) throw detail::rendezvous::invalid_value("an id is not a string");
                         out.push_back(id.get<std::string>());
                     }
                     return std::tuple{k, n, std::move(out)};
@@ -11566,7 +11576,7 @@ private:
         lost.what = abort_notice::kind::membership;
         lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
                                   "silent)",
-                                  detail::rdzv::describe_node_id(name));
+                                  detail::rendezvous::describe_node_id(name));
         (void)co_await abort_round(s, r, std::move(lost));
     }
 
@@ -11597,7 +11607,7 @@ private:
     Store* watcher_;
     Store* lease_ = nullptr;
     store_rendezvous_options options_;
-    std::shared_ptr<detail::rdzv::membership_log> members_;
+    std::shared_ptr<detail::rendezvous::membership_log> members_;
     std::string id_;
     std::set<std::string> warned_;  ///< key and value of every invalid value reported
     phase phase_ = phase::idle;
@@ -11736,7 +11746,7 @@ namespace detail {
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 inline bool is_loopback(std::string_view host) {
     if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
@@ -11890,7 +11900,7 @@ inline std::string bind_address_for(std::string_view host) {
     return owned.empty() ? std::string("0.0.0.0") : owned;
 }
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 /// The environment variable that hands an agent the job's secret itself (for schedulers that
 /// inject secrets as variables); `--rdzv-conf secret_file=PATH` names a file instead.
@@ -11944,7 +11954,7 @@ inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
     if (p.nnodes.max > 1) return true;
     if (p.backend != rendezvous_backend::c10d) return false;
     if (p.settings.is_host) return !*p.settings.is_host;
-    return !detail::rdzv::is_this_host(p.endpoint.host);
+    return !detail::rendezvous::is_this_host(p.endpoint.host);
 }
 
 /// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
@@ -11957,12 +11967,12 @@ struct advertised_address {
 
 [[nodiscard]] inline advertised_address advertise(const rendezvous_parameters& p) {
     if (p.local_addr) {
-        const auto lit = detail::rdzv::literal_for(*p.local_addr);
-        return {detail::rdzv::bind_address_for(lit), lit};
+        const auto lit = detail::rendezvous::literal_for(*p.local_addr);
+        return {detail::rendezvous::bind_address_for(lit), lit};
     }
-    if (detail::rdzv::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
+    if (detail::rendezvous::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
     const auto fqdn = host_fqdn();
-    return {detail::rdzv::bind_address_for(fqdn), fqdn};
+    return {detail::rendezvous::bind_address_for(fqdn), fqdn};
 }
 
 /// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
@@ -11986,7 +11996,7 @@ public:
     /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
     asio::awaitable<void> start() {
         const auto endpoint = params_.endpoint;
-        const auto host = detail::rdzv::literal_for(endpoint.host);
+        const auto host = detail::rendezvous::literal_for(endpoint.host);
         const std::uint16_t port = endpoint.port.value_or(0);
         const bool is_static = params_.backend == rendezvous_backend::static_;
         const auto join_timeout = is_static ? params_.settings.timeout : params_.settings.join_timeout;
@@ -12000,12 +12010,12 @@ public:
             want_host = *params_.settings.is_host;
             explicit_host = true;
         } else {
-            want_host = detail::rdzv::is_this_host(endpoint.host);
+            want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
         if (want_host) {
             // A name: the address it resolves to on this node, not every interface.
-            const auto bind_host = detail::rdzv::bind_address_for(host);
+            const auto bind_host = detail::rendezvous::bind_address_for(host);
             auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -12105,7 +12115,7 @@ public:
         std::string tried;
         for (const auto& next : successors) {
             const bool mine = next.id == node_id_ && backup_;
-            auto options = client_options(detail::rdzv::literal_for(next.addr), next.port, patience);
+            auto options = client_options(detail::rendezvous::literal_for(next.addr), next.port, patience);
             auto client = std::make_unique<tcp_store_client>(executor_, options);
             try {
                 co_await client->connect();
@@ -12716,7 +12726,7 @@ static_assert(policy_clock<manual_policy_clock>);
 
 namespace elastic::inline v0 {
 
-namespace detail::text {
+namespace detail {
 
 [[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
     const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -12775,7 +12785,7 @@ namespace detail::text {
     return value;
 }
 
-}  // namespace detail::text
+}  // namespace detail
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/text.hpp ----
@@ -12794,7 +12804,7 @@ namespace detail::text {
 
 namespace elastic::inline v0 {
 
-namespace detail::policy_impl {
+namespace detail::policy {
 
 /// "1.5" from 1500 (thousandths), trailing zeros dropped.
 [[nodiscard]] inline std::string thousandths(long long value) {
@@ -12817,17 +12827,17 @@ namespace detail::policy_impl {
     return fmt::format("{}{}s", thousandths(ms), space);
 }
 
-}  // namespace detail::policy_impl
+}  // namespace detail::policy
 
 /// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
 /// parse_duration() reads it back exactly (to the millisecond).
 [[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
-    return detail::policy_impl::duration_text(d, false);
+    return detail::policy::duration_text(d, false);
 }
 
 /// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
 [[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
-    return detail::policy_impl::duration_text(d, true);
+    return detail::policy::duration_text(d, true);
 }
 
 /// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
@@ -12835,14 +12845,14 @@ namespace detail::policy_impl {
 /// names the option or variable in the usage_error.
 [[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
                                                               bool allow_zero = false) {
-    const auto word = detail::text::trim(text);
+    const auto word = detail::trim(text);
     std::size_t unit_at = 0;
     while (unit_at < word.size() &&
            (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
         ++unit_at;
     }
     const auto number = word.substr(0, unit_at);
-    const auto unit = detail::text::lower(detail::text::trim(word.substr(unit_at)));
+    const auto unit = detail::lower(detail::trim(word.substr(unit_at)));
     double value = -1;
     const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
                                            std::chars_format::fixed);
@@ -12859,7 +12869,7 @@ namespace detail::policy_impl {
     if (!ok) {
         throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
                                       "counts seconds)",
-                                      detail::text::show(name, text), allow_zero ? "" : "above 0 ")};
+                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -12889,19 +12899,18 @@ struct backoff_spec {
 
 /// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
 [[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, ':');
+    const auto parts = detail::split(text, ':');
     if (parts.size() < 2 || parts.size() > 3) {
         throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::text::show(name, text))};
+                                      detail::show(name, text))};
     }
     backoff_spec spec;
     spec.initial = parse_duration(parts[0], name);
     spec.cap = parse_duration(parts[1], name);
     if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
     if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
-                                      detail::text::show(name, text), duration_flag_text(spec.cap),
-                                      duration_flag_text(spec.initial))};
+        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
+                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
     }
     return spec;
 }
@@ -12919,15 +12928,15 @@ struct window_spec {
 
 /// Parses N/PERIOD (N >= 1).
 [[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, '/');
+    const auto parts = detail::split(text, '/');
     if (parts.size() != 2) {
-        throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
-                                      detail::text::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
     }
-    const auto n = detail::text::to_integer(detail::text::trim(parts[0]));
+    const auto n = detail::to_integer(detail::trim(parts[0]));
     if (!n || *n < 1 || *n > 1'000'000) {
         throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::text::show(name, text))};
+                                      detail::show(name, text))};
     }
     return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
 }
@@ -12978,9 +12987,9 @@ struct exit_code_set {
 /// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
 [[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
     exit_code_set set;
-    for (const auto raw : detail::text::split(text, ',')) {
-        const auto item = detail::text::trim(raw);
-        const auto word = detail::text::lower(item);
+    for (const auto raw : detail::split(text, ',')) {
+        const auto item = detail::trim(raw);
+        const auto word = detail::lower(item);
         if (word == "signals" || word == "signal") {
             set.any_signal = true;
             continue;
@@ -12989,20 +12998,19 @@ struct exit_code_set {
             const int found = signal_number(word);
             if (found == 0 || found > 64) {
                 throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::text::show(name, text), item)};
+                                              detail::show(name, text), item)};
             }
             set.signals.set(static_cast<std::size_t>(found));
             continue;
         }
         const auto dash = item.find('-', 1);
-        const auto first = detail::text::to_integer(detail::text::trim(item.substr(0, dash)));
-        const auto last = dash == std::string_view::npos
-                              ? first
-                              : detail::text::to_integer(detail::text::trim(item.substr(dash + 1)));
+        const auto first = detail::to_integer(detail::trim(item.substr(0, dash)));
+        const auto last = dash == std::string_view::npos ? first
+                                                         : detail::to_integer(detail::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
             throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
                                           "a signal name",
-                                          detail::text::show(name, text), item)};
+                                          detail::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
     }
@@ -13024,17 +13032,17 @@ struct crash_guard_spec {
 
 /// Parses T or T:N (N >= 1).
 [[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, ':');
+    const auto parts = detail::split(text, ':');
     if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::text::show(name, text))};
+        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
     }
     crash_guard_spec spec;
     spec.within = parse_duration(parts[0], name);
     if (parts.size() == 2) {
-        const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
+        const auto n = detail::to_integer(detail::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
             throw usage_error{
-                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::text::show(name, text))};
+                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }
@@ -13102,7 +13110,7 @@ concept planned_restart_policy =
     };
 // clang-format on
 
-namespace detail::policy_impl {
+namespace detail::policy {
 
 /// A planned policy called alone: plan, wait, count. A cancelled wait counts nothing.
 template <class P>
@@ -13115,7 +13123,7 @@ asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& fa
     co_return std::move(plan.decision);
 }
 
-}  // namespace detail::policy_impl
+}  // namespace detail::policy
 
 /// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
 /// and nothing after it is asked); when all answer restart the delays add up and the reasons are
@@ -13203,7 +13211,7 @@ private:
     std::tuple<Parts...> parts_;
 };
 
-namespace detail::policy_impl {
+namespace detail::policy {
 
 template <class T>
 struct is_chain : std::false_type {};
@@ -13229,7 +13237,7 @@ policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
     return policy_chain<Ps...>(std::move(parts));
 }
 
-}  // namespace detail::policy_impl
+}  // namespace detail::policy
 
 /// A chain of the given policies, flattened (a chain given as a part contributes its parts).
 // clang-format off
@@ -13237,8 +13245,7 @@ template <class... Ps>
     requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
 auto chain(Ps&&... policies) {
     // clang-format on
-    return detail::policy_impl::chain_of_tuple(
-        std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
+    return detail::policy::chain_of_tuple(std::tuple_cat(detail::policy::parts_of(std::forward<Ps>(policies))...));
 }
 
 /// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
@@ -13277,7 +13284,7 @@ public:
         if (policy_) policy_->commit(failure);
     }
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:
@@ -13396,7 +13403,7 @@ public:
     void commit(const group_failure&) { in_a_row_ = pending_; }
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:
@@ -13471,7 +13478,7 @@ public:
     void commit(const group_failure&) { times_.push_back(clock_.now()); }
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:
@@ -13549,7 +13556,7 @@ public:
 
     template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:
@@ -13642,7 +13649,7 @@ public:
 
     template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:
@@ -14023,7 +14030,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
 namespace detail::agent {
 
 [[nodiscard]] inline bool valid_module_name(std::string_view name) {
-    for (const auto part : detail::text::split(name, '.')) {
+    for (const auto part : detail::split(name, '.')) {
         if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
             !std::all_of(part.begin(), part.end(),
                          [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {
@@ -14388,7 +14395,7 @@ struct worker_routes {
     return out;
 }
 
-namespace detail::logs {
+namespace detail::agent {
 
 /// Where the temporary log tree goes: $TMPDIR, $TEMP or $TMP (the first set), else /tmp.
 inline std::string temp_base(const environment& env) {
@@ -14408,7 +14415,7 @@ inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, 
     return pattern;
 }
 
-}  // namespace detail::logs
+}  // namespace detail::agent
 
 /// One agent's log tree, torchrun's layout:
 ///
@@ -14448,9 +14455,9 @@ public:
                 }
                 base_ = *log_dir_;
             } else {
-                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
+                base_ = detail::agent::make_temp_dir(temp_parent_, "torchelastic_");
             }
-            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
+            run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
         }
         const auto name = fmt::format("attempt_{}", attempt);
         std::filesystem::path dir = run_dir_ / name;
@@ -14490,8 +14497,8 @@ private:
 };
 
 /// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
-[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
-    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
+[[nodiscard]] inline detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
+    detail::process::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
     if (!fd) {
         throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
     }
@@ -15084,15 +15091,15 @@ inline store_plan plan_store(const rendezvous_parameters& c) {
     // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
     // c10d: the endpoint's port (0 under --standalone).
     plan.port = c.port_given ? endpoint.port.value_or(0) : 0;
-    if (rdzv::is_loopback(endpoint.host)) {
+    if (rendezvous::is_loopback(endpoint.host)) {
         // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
         // advertise the literal.
-        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.bind_host = rendezvous::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
         plan.master_addr = plan.bind_host;
     } else {
         // A name or address of this host: listen where it resolves to on this node (a name
         // resolving to none of this node's addresses: every interface, as TCPStore does).
-        plan.bind_host = rdzv::bind_address_for(endpoint.host);
+        plan.bind_host = rendezvous::bind_address_for(endpoint.host);
         plan.master_addr = endpoint.host;
     }
     if (c.local_addr) plan.master_addr = *c.local_addr;
@@ -15234,8 +15241,8 @@ private:
 
     worker_routes routes_;
     std::string prefix_;
-    detail::owned_fd out_file_;
-    detail::owned_fd err_file_;
+    detail::process::owned_fd out_file_;
+    detail::process::owned_fd err_file_;
     std::optional<asio::posix::stream_descriptor> out_pipe_;
     std::optional<asio::posix::stream_descriptor> err_pipe_;
 };
@@ -15608,7 +15615,7 @@ public:
         prepare_agent_signals();
         // The stores this agent hosts hold a descriptor per client; workers get the old limit
         // back when they are spawned.
-        detail::raise_open_files_limit();
+        detail::process::raise_open_files_limit();
         for (const int s : spec_.signals_to_handle) signals.add(s);
         if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
 
@@ -15968,7 +15975,7 @@ private:
         }
         log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
                                "(--rdzv-conf exit_barrier_timeout); exiting anyway",
-                               missing, detail::text::seconds_text(exit_barrier_timeout())));
+                               missing, detail::seconds_text(exit_barrier_timeout())));
     }
 
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
@@ -15982,7 +15989,7 @@ private:
     /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
     /// workers see.
     std::filesystem::path attempt_dir(int attempt) {
-        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::logs::temp_base(env_));
+        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty())
@@ -16008,7 +16015,7 @@ private:
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
-            auto peers = std::make_shared<detail::rdzv::peer_list>();
+            auto peers = std::make_shared<detail::rendezvous::peer_list>();
             workers_peers_ = peers;
             options.accept_peer = [peers](const asio::ip::address& a) { return peers->accepts(a); };
         }
@@ -16103,7 +16110,7 @@ private:
     asio::awaitable<void> stop_on_signal(worker_group& group, int sig) {
         events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
-                                 signal_to_string(sig), detail::text::seconds_text(spec_.shutdown_timeout)));
+                                 signal_to_string(sig), detail::seconds_text(spec_.shutdown_timeout)));
         (void)co_await group.stop(sig);
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
     }
@@ -16129,7 +16136,7 @@ private:
         if (host_.empty()) {
             if (params_.local_addr) {
                 host_ = *params_.local_addr;
-            } else if (detail::rdzv::is_loopback(params_.endpoint.host)) {
+            } else if (detail::rendezvous::is_loopback(params_.endpoint.host)) {
                 host_ = host_name();
             } else {
                 host_ = host_fqdn();
@@ -16189,7 +16196,7 @@ private:
     /// literal (what every member publishes), else a name (a member that published no
     /// addresses), resolved without blocking the agent's event loop. A name that resolves to
     /// nothing is logged; the workers of that member may then be refused.
-    asio::awaitable<void> allow_peers(detail::rdzv::peer_list& list, const std::vector<std::string>& peers) {
+    asio::awaitable<void> allow_peers(detail::rendezvous::peer_list& list, const std::vector<std::string>& peers) {
         std::error_code ec;
         for (const auto& peer : peers) {
             const auto literal = asio::ip::make_address(peer, ec);
@@ -16223,7 +16230,7 @@ private:
         me.store_port = server.port();
         me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
-        if (several_) me.addrs = detail::rdzv::interface_addresses();
+        if (several_) me.addrs = detail::rendezvous::interface_addresses();
         auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
                                 signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) co_return std::get<1>(joined);
@@ -16331,14 +16338,14 @@ private:
         }
     }
 
-    bool several_ = false;                                    ///< a job of several nodes (uses_node_rendezvous)
-    std::unique_ptr<tcp_store_server> round_store_;           ///< group rank 0: the round's workers' store
-    std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
-    std::optional<rendezvous_round> round_;                   ///< the current round
-    std::optional<std::string> advertised_addr_;              ///< what this node's info says of its store
-    std::optional<detail::agent::store_lost> store_lost_;     ///< the store was lost while the workers ran
-    std::optional<abort_notice> last_abort_;                  ///< why the current round was aborted
-    bool abort_won_ = false;                                  ///< this node's abort() was the first
+    bool several_ = false;                                          ///< a job of several nodes (uses_node_rendezvous)
+    std::unique_ptr<tcp_store_server> round_store_;                 ///< group rank 0: the round's workers' store
+    std::shared_ptr<detail::rendezvous::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
+    std::optional<rendezvous_round> round_;                         ///< the current round
+    std::optional<std::string> advertised_addr_;                    ///< what this node's info says of its store
+    std::optional<detail::agent::store_lost> store_lost_;           ///< the store was lost while the workers ran
+    std::optional<abort_notice> last_abort_;                        ///< why the current round was aborted
+    bool abort_won_ = false;                                        ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
     worker_spec spec_;
@@ -16409,21 +16416,21 @@ namespace elastic::inline v0 {
 
 using namespace std::chrono_literals;
 
-namespace detail::launch_impl {
-using detail::text::lower;
-using detail::text::show;
-using detail::text::split;
-using detail::text::to_integer;
-using detail::text::trim;
-}  // namespace detail::launch_impl
+namespace detail::launch {
+using detail::lower;
+using detail::show;
+using detail::split;
+using detail::to_integer;
+using detail::trim;
+}  // namespace detail::launch
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
 [[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX) {
-    const auto value = detail::launch_impl::to_integer(text);
+    const auto value = detail::launch::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
                                          : fmt::format("an integer from {} to {}", min, max);
-        throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(name, text), rule)};
+        throw usage_error{fmt::format("{}: must be {}", detail::launch::show(name, text), rule)};
     }
     return static_cast<int>(*value);
 }
@@ -16432,7 +16439,7 @@ using detail::text::trim;
 /// held to the millisecond.
 [[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
                                                              bool allow_zero) {
-    const auto trimmed = detail::launch_impl::trim(text);
+    const auto trimmed = detail::launch::trim(text);
     double seconds = -1;
     const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
                                            std::chars_format::fixed);
@@ -16440,7 +16447,7 @@ using detail::text::trim;
                     std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
     if (!ok) {
         throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
-                                      detail::launch_impl::show(name, text), allow_zero ? ">= 0" : "> 0")};
+                                      detail::launch::show(name, text), allow_zero ? ">= 0" : "> 0")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -16448,7 +16455,7 @@ using detail::text::trim;
 /// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
 /// in any case.
 [[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
         return true;
     }
@@ -16456,15 +16463,15 @@ using detail::text::trim;
         return false;
     }
     throw usage_error{
-        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
+        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
 }
 
 /// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
 [[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
-    const auto value = detail::launch_impl::to_integer(text);
+    const auto value = detail::launch::to_integer(text);
     if (!value) {
         throw usage_error{
-            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch_impl::show(name, text))};
+            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch::show(name, text))};
     }
     return *value != 0;
 }
@@ -16473,14 +16480,14 @@ using detail::text::trim;
 [[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{
-            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
+            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
     };
-    const auto pieces = detail::launch_impl::split(text, ':');
+    const auto pieces = detail::launch::split(text, ':');
     if (pieces.size() > 2) {
         throw fail("too many ':'");
     }
-    const auto min = detail::launch_impl::to_integer(pieces.front());
-    const auto max = pieces.size() == 2 ? detail::launch_impl::to_integer(pieces.back()) : min;
+    const auto min = detail::launch::to_integer(pieces.front());
+    const auto max = pieces.size() == 2 ? detail::launch::to_integer(pieces.back()) : min;
     if (!min || !max) {
         throw fail("not an integer");
     }
@@ -16496,7 +16503,7 @@ using detail::text::trim;
     return node_range{static_cast<int>(*min), static_cast<int>(*max)};
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
 /// an IPv6 zone.
@@ -16507,14 +16514,14 @@ namespace detail::launch_impl {
     });
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
 [[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
-    const auto host = detail::launch_impl::trim(text);
-    if (!detail::launch_impl::valid_host(host)) {
+    const auto host = detail::launch::trim(text);
+    if (!detail::launch::valid_host(host)) {
         throw usage_error{
-            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
+            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch::show(name, text))};
     }
     return std::string{host};
 }
@@ -16524,9 +16531,9 @@ namespace detail::launch_impl {
 [[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
-                                       detail::launch_impl::show(name, text), why)};
+                                       detail::launch::show(name, text), why)};
     };
-    const auto endpoint = detail::launch_impl::trim(text);
+    const auto endpoint = detail::launch::trim(text);
     if (endpoint.empty()) {
         throw fail("empty");
     }
@@ -16547,7 +16554,7 @@ namespace detail::launch_impl {
             port_text = rest.substr(1);
             has_port = true;
         }
-        if (result.host.find(':') == std::string::npos || !detail::launch_impl::valid_host(result.host)) {
+        if (result.host.find(':') == std::string::npos || !detail::launch::valid_host(result.host)) {
             throw fail("the bracketed part is not an IPv6 address");
         }
     } else {
@@ -16560,13 +16567,13 @@ namespace detail::launch_impl {
             port_text = endpoint.substr(colon + 1);
             has_port = true;
         }
-        if (!detail::launch_impl::valid_host(result.host)) {
+        if (!detail::launch::valid_host(result.host)) {
             throw fail("bad host name");
         }
     }
     if (has_port) {
-        const auto port = detail::launch_impl::to_integer(port_text);
-        if (!port || *port < 0 || *port > 65535 || detail::launch_impl::trim(port_text) != port_text) {
+        const auto port = detail::launch::to_integer(port_text);
+        if (!port || *port < 0 || *port > 65535 || detail::launch::trim(port_text) != port_text) {
             throw fail("the port must be an integer from 0 to 65535");
         }
         result.port = static_cast<std::uint16_t>(*port);
@@ -16577,7 +16584,7 @@ namespace detail::launch_impl {
 /// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
 /// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
 [[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::trim(text);
+    const auto word = detail::launch::trim(text);
     if (word == "static") {
         return rendezvous_backend::static_;
     }
@@ -16591,13 +16598,13 @@ namespace detail::launch_impl {
         throw usage_error{
             fmt::format("{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
                         "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-                        detail::launch_impl::show(name, text))};
+                        detail::launch::show(name, text))};
     }
-    throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
-                                  detail::launch_impl::show(name, text))};
+    throw usage_error{
+        fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)", detail::launch::show(name, text))};
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// What one `--rdzv-conf` key is, and which backends read it.
 struct rdzv_key {
@@ -16643,7 +16650,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return out;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
 /// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
@@ -16651,16 +16658,16 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 [[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
                                                                    rendezvous_backend backend) {
     rendezvous_settings settings;
-    if (detail::launch_impl::trim(text).empty()) {
+    if (detail::launch::trim(text).empty()) {
         return settings;
     }
-    const auto whole = detail::launch_impl::show(name, text);
+    const auto whole = detail::launch::show(name, text);
     std::set<std::string, std::less<>> seen;
-    for (const auto item : detail::launch_impl::split(text, ',')) {
+    for (const auto item : detail::launch::split(text, ',')) {
         const auto equals = item.find('=');
-        const auto key = detail::launch_impl::trim(item.substr(0, equals));
+        const auto key = detail::launch::trim(item.substr(0, equals));
         const auto value = equals == std::string_view::npos ? std::string_view{}
-                                                            : detail::launch_impl::trim(item.substr(equals + 1));
+                                                            : detail::launch::trim(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -16677,15 +16684,15 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             throw usage_error{
                 fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
         }
-        const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
-                                        [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
-        if (known == detail::launch_impl::rdzv_keys.end()) {
+        const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
+                                        [&](const detail::launch::rdzv_key& k) { return k.key == key; });
+        if (known == detail::launch::rdzv_keys.end()) {
             throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
-                                          to_string(backend), detail::launch_impl::keys_of(backend))};
+                                          to_string(backend), detail::launch::keys_of(backend))};
         }
-        if (!detail::launch_impl::reads_key(*known, backend)) {
+        if (!detail::launch::reads_key(*known, backend)) {
             throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                          to_string(backend), key, detail::launch_impl::keys_of(backend))};
+                                          to_string(backend), key, detail::launch::keys_of(backend))};
         }
         if (key == "join_timeout") {
             settings.join_timeout = parse_seconds(value, what, false);
@@ -16706,7 +16713,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "workers_store_peers") {
-            const auto peers = detail::launch_impl::lower(value);
+            const auto peers = detail::launch::lower(value);
             if (peers != "members" && peers != "any") {
                 throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
                                               "addresses only) or any (every peer, for NAT between the nodes)",
@@ -16716,7 +16723,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         } else if (key == "secret_file") {
             settings.secret_file = std::string(value);
         } else if (key == "store_type") {
-            const auto type = detail::launch_impl::lower(value);
+            const auto type = detail::launch::lower(value);
             if (type == "file") {
                 throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
                                               "backend uses a TCP store (store_type=tcp)",
@@ -16730,7 +16737,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             // store server is its own, so the value is checked and has nothing to change.
             (void)parse_boolean(value, what);
         } else if (key == "protocol") {
-            const auto protocol = detail::launch_impl::lower(value);
+            const auto protocol = detail::launch::lower(value);
             if (protocol == "https") {
                 throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
             }
@@ -16748,34 +16755,33 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     const auto fail = [&]() {
         return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
                                        "LOCAL_RANK:N,... such as 0:3,1:2",
-                                       detail::launch_impl::show(name, text))};
+                                       detail::launch::show(name, text))};
     };
     const auto streams_of = [&](std::string_view digit) {
-        const auto value = detail::launch_impl::to_integer(digit);
-        if (!value || *value < 0 || *value > 3 || detail::launch_impl::trim(digit) != digit) {
+        const auto value = detail::launch::to_integer(digit);
+        if (!value || *value < 0 || *value > 3 || detail::launch::trim(digit) != digit) {
             throw fail();
         }
         return static_cast<std_streams>(*value);
     };
     stream_selection selection;
-    const auto trimmed = detail::launch_impl::trim(text);
+    const auto trimmed = detail::launch::trim(text);
     if (trimmed.find(':') == std::string_view::npos) {
         selection.every_rank = streams_of(trimmed);
         return selection;
     }
-    for (const auto item : detail::launch_impl::split(trimmed, ',')) {
+    for (const auto item : detail::launch::split(trimmed, ',')) {
         const auto colon = item.find(':');
         if (colon == std::string_view::npos) {
             throw fail();
         }
-        const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
+        const auto rank = detail::launch::to_integer(item.substr(0, colon));
         if (!rank || *rank < 0 || *rank > INT_MAX ||
-            detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+            detail::launch::trim(item.substr(0, colon)) != item.substr(0, colon)) {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{
-                fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
+            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch::show(name, text), *rank)};
         }
     }
     return selection;
@@ -16784,14 +16790,14 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 /// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
 [[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
     std::set<int> ranks;
-    if (detail::launch_impl::trim(text).empty()) {
+    if (detail::launch::trim(text).empty()) {
         return ranks;
     }
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        const auto rank = detail::launch_impl::to_integer(item);
+    for (const auto item : detail::launch::split(text, ',')) {
+        const auto rank = detail::launch::to_integer(item);
         if (!rank || *rank < 0 || *rank > INT_MAX) {
             throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
-                                          detail::launch_impl::show(name, text), item)};
+                                          detail::launch::show(name, text), item)};
         }
         ranks.insert(static_cast<int>(*rank));
     }
@@ -16802,8 +16808,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
     std::vector<int> numbers;
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        auto word = detail::launch_impl::lower(detail::launch_impl::trim(item));
+    for (const auto item : detail::launch::split(text, ',')) {
+        auto word = detail::launch::lower(detail::launch::trim(item));
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
@@ -16815,7 +16821,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
                                      word == "sigtrap" || word == "sigsys" || word == "sigpipe";
             throw usage_error{
                 fmt::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                            detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
+                            detail::launch::show(name, text), detail::launch::trim(item),
                             untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
@@ -16827,14 +16833,14 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 
 /// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "debug") return log_level::debug;
     if (word == "info") return log_level::info;
     if (word == "warning" || word == "warn") return log_level::warning;
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
     throw usage_error{
-        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
+        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch::show(name, text))};
 }
 
 }  // namespace elastic::inline v0
@@ -16972,7 +16978,7 @@ inline void use_standalone(launch_config& config) {
     config.master_port.reset();
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 [[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
@@ -16985,13 +16991,13 @@ namespace detail::launch_impl {
     return out;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
 /// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
 [[nodiscard]] inline std::string describe(const launch_config& config) {
-    using detail::text::seconds_text;
-    using detail::launch_impl::streams_text;
+    using detail::seconds_text;
+    using detail::launch::streams_text;
     std::string command = config.program.target;
     for (const auto& arg : config.program.args) {
         command += " " + arg;
@@ -17054,7 +17060,7 @@ namespace detail::launch_impl {
     return out;
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
 inline void check_prefix_template(std::string_view text) {
@@ -17114,9 +17120,9 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
 /// names the PET_ variable instead when that is where the value came from.
@@ -17256,9 +17262,9 @@ inline void validate(const launch_config& c, const environment& env, const optio
     (void)resolve_program(c.program, env);
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
-inline void launch_config::validate(const environment& env) const { detail::launch_impl::validate(*this, env, {}); }
+inline void launch_config::validate(const environment& env) const { detail::launch::validate(*this, env, {}); }
 
 }  // namespace elastic::inline v0
 // ---- end elastic/launch/config.hpp ----
@@ -17303,7 +17309,7 @@ struct gpu_count {
     std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
 };
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
 /// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
@@ -17380,23 +17386,23 @@ namespace detail::launch_impl {
     return count;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
 /// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
 [[nodiscard]] inline gpu_count count_gpus(const environment& env) {
     if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
-        return {detail::launch_impl::count_visible_devices(*visible),
-                detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
+        return {detail::launch::count_visible_devices(*visible),
+                detail::launch::show("CUDA_VISIBLE_DEVICES", *visible)};
     }
-    const auto listed = detail::launch_impl::run_nvidia_smi(env);
+    const auto listed = detail::launch::run_nvidia_smi(env);
     return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
 }
 
 /// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
 /// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
 [[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
-    const auto word = detail::launch_impl::trim(text);
+    const auto word = detail::launch::trim(text);
     if (word == "cpu") {
         return count_cpus();
     }
@@ -17409,12 +17415,12 @@ namespace detail::launch_impl {
             return count_cpus();
         }
         throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
-                                      detail::launch_impl::show(name, text), gpus.source)};
+                                      detail::launch::show(name, text), gpus.source)};
     }
-    const auto count = detail::launch_impl::to_integer(word);
+    const auto count = detail::launch::to_integer(word);
     if (!count || *count < 1 || *count > 1'000'000) {
         throw usage_error{
-            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
+            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch::show(name, text))};
     }
     return static_cast<int>(*count);
 }
@@ -17463,7 +17469,7 @@ using launch_parse_result = std::variant<launch_config, help_request>;
 [[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv,
                                                                    const environment& env);
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// How far elastic goes with an option (docs/cli.md has the same three states per option).
 enum class option_state {
@@ -17663,34 +17669,33 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     out += '\n';
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// The --help text: usage, the program, every option by group with its spellings, default and
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
     std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
-    detail::launch_impl::wrap(
-        out,
-        "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
-        "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-        "environment.",
-        0, width);
+    detail::launch::wrap(out,
+                         "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
+                         "underscored spellings), the same PET_* variables (the command line wins), the same worker "
+                         "environment.",
+                         0, width);
     out += "\nThe program and its arguments (after all options):\n";
-    detail::launch_impl::wrap(
+    detail::launch::wrap(
         out,
         "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
         "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
         "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
         "before a program whose name starts with '-'.",
         2, width);
-    for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
-        out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
-        for (const auto& spec : detail::launch_impl::option_specs) {
+    for (int group = 0; group < static_cast<int>(detail::launch::option_groups.size()); ++group) {
+        out += fmt::format("\n{}:\n", detail::launch::option_groups[static_cast<std::size_t>(group)]);
+        for (const auto& spec : detail::launch::option_specs) {
             if (spec.group != group) {
                 continue;
             }
-            out += "  " + detail::launch_impl::spellings(spec);
+            out += "  " + detail::launch::spellings(spec);
             if (!spec.flag) {
                 out += fmt::format(" {}", spec.metavar);
             }
@@ -17701,18 +17706,18 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
                 facts = fmt::format("default: {}", spec.fallback);
             }
             if (spec.has_env) {
-                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch_impl::env_name(spec));
+                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch::env_name(spec));
             }
             if (!facts.empty()) {
                 help += fmt::format(" [{}]", facts);
             }
-            detail::launch_impl::wrap(out, help, 6, width);
+            detail::launch::wrap(out, help, 6, width);
         }
     }
     out += "\nOther:\n  -h, --help\n";
-    detail::launch_impl::wrap(out, "Show this help and exit.", 6, width);
+    detail::launch::wrap(out, "Show this help and exit.", 6, width);
     out += "  --version\n";
-    detail::launch_impl::wrap(out, "Show elastic's version and exit.", 6, width);
+    detail::launch::wrap(out, "Show elastic's version and exit.", 6, width);
     out += "\nEnvironment variables also read:\n";
     constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
         {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
@@ -17725,10 +17730,10 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     }};
     for (const auto& [name, text] : variables) {
         out += fmt::format("  {}\n", name);
-        detail::launch_impl::wrap(out, text, 6, width);
+        detail::launch::wrap(out, text, 6, width);
     }
     out += "\n";
-    detail::launch_impl::wrap(
+    detail::launch::wrap(
         out,
         "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
         "line and exits with status 2 before any worker starts.",
@@ -17738,7 +17743,7 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 
 #if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
 struct raw_option {
@@ -17772,11 +17777,11 @@ inline void unmark(std::string& text) {
     return message;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
                                                      std::string_view program_name) {
-    using detail::launch_impl::option_specs;
+    using detail::launch::option_specs;
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
     app.set_help_flag();
@@ -17793,7 +17798,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     for (auto& arg : args) {
         if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
-            arg += detail::launch_impl::empty_mark;
+            arg += detail::launch::empty_mark;
         }
     }
     std::reverse(args.begin(), args.end());
@@ -17802,7 +17807,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     } catch (const CLI::CallForVersion& e) {
         return help_request{std::string{e.what()} + "\n"};
     } catch (const CLI::ParseError& e) {
-        throw usage_error{detail::launch_impl::describe_parse_error(e)};
+        throw usage_error{detail::launch::describe_parse_error(e)};
     }
     const auto index_of = [&](std::string_view dest) {
         for (std::size_t i = 0; i < option_specs.size(); ++i) {
@@ -17819,7 +17824,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     // ---- the program and its arguments: everything from the first positional on ----
     auto rest = app.remaining();
     for (auto& arg : rest) {
-        detail::launch_impl::unmark(arg);
+        detail::launch::unmark(arg);
     }
     bool after_marker = false;
     if (!rest.empty() && rest.front() == "--") {
@@ -17836,20 +17841,20 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
 
     // ---- each option's text: the command line, else PET_<DEST> ----
-    detail::launch_impl::option_labels labels;  // messages name the PET_ variable a value came from
-    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
+    detail::launch::option_labels labels;  // messages name the PET_ variable a value came from
+    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch::raw_option> {
         const auto i = index_of(dest);
         const auto& spec = option_specs[i];
         if (options[i]->count() > 0 && !options[i]->results().empty()) {
             auto text = options[i]->results().back();
-            detail::launch_impl::unmark(text);
-            return detail::launch_impl::raw_option{text, std::string{detail::launch_impl::long_name(spec)}, false};
+            detail::launch::unmark(text);
+            return detail::launch::raw_option{text, std::string{detail::launch::long_name(spec)}, false};
         }
         if (spec.has_env) {
-            const auto name = detail::launch_impl::env_name(spec);
+            const auto name = detail::launch::env_name(spec);
             if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
                 labels.from_env.insert_or_assign(std::string{dest}, name);
-                return detail::launch_impl::raw_option{*value, name, true};
+                return detail::launch::raw_option{*value, name, true};
             }
         }
         return std::nullopt;
@@ -17868,21 +17873,21 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
 
     // ---- refused and compatibility-only options first: they change how the rest reads ----
     for (const auto& spec : option_specs) {
-        if (spec.state != detail::launch_impl::option_state::refused) {
+        if (spec.state != detail::launch::option_state::refused) {
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
+        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch::trim(value->text).empty())) {
             continue;
         }
         throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
-                                      detail::launch_impl::show(value->name, value->text), spec.help)};
+                                      detail::launch::show(value->name, value->text), spec.help)};
     }
     if (const auto method = raw("start_method")) {
-        const auto word = detail::launch_impl::trim(method->text);
+        const auto word = detail::launch::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver",
-                                          detail::launch_impl::show(method->name, method->text))};
+            throw usage_error{
+                fmt::format("{}: must be spawn, fork or forkserver", detail::launch::show(method->name, method->text))};
         }
     }
 
@@ -17910,8 +17915,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("role")) {
         config.role = v->text;
-        if (detail::launch_impl::trim(config.role).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        if (detail::launch::trim(config.role).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
     }
     config.virtual_local_rank = flag("virtual_local_rank");
@@ -17923,16 +17928,16 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             if (on_command_line(dest)) {
                 throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
                                               "localhost:0 under a random id",
-                                              detail::launch_impl::long_name(option_specs[index_of(dest)]))};
+                                              detail::launch::long_name(option_specs[index_of(dest)]))};
             }
         }
-        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch_impl::trim(v->text) != "c10d") {
+        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch::trim(v->text) != "c10d") {
             throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
-                                          detail::launch_impl::show(v->name, v->text))};
+                                          detail::launch::show(v->name, v->text))};
         }
         if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
             throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
-                                          detail::launch_impl::show(v->name, v->text))};
+                                          detail::launch::show(v->name, v->text))};
         }
         use_standalone(config);
     } else {
@@ -17942,13 +17947,13 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (const auto v = raw("rdzv_backend")) {
             config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
         }
-        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch_impl::trim(v->text).empty()) {
+        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch::trim(v->text).empty()) {
             config.rdzv_endpoint = parse_host_port(v->text, v->name);
         }
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;
-            if (detail::launch_impl::trim(config.rdzv_id).empty()) {
-                throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+            if (detail::launch::trim(config.rdzv_id).empty()) {
+                throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
             }
         }
     }
@@ -18003,8 +18008,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
 
     // ---- output and logs ----
     if (const auto v = raw("log_dir")) {
-        if (detail::launch_impl::trim(v->text).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        if (detail::launch::trim(v->text).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
         config.log_dir = std::filesystem::path{v->text};
     }
@@ -18027,13 +18032,13 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("event_log_handler")) {
         const auto destination = event_destination::parse(v->text);
         if (!destination) {
-            throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(v->name, v->text),
-                                          event_destination::accepted)};
+            throw usage_error{
+                fmt::format("{}: must be {}", detail::launch::show(v->name, v->text), event_destination::accepted)};
         }
         config.event_log_handler = *destination;
     }
 
-    detail::launch_impl::validate(config, env, labels);
+    detail::launch::validate(config, env, labels);
     return config;
 }
 
@@ -18097,7 +18102,7 @@ namespace elastic::inline v0 {
 
 #if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
-namespace detail::agent {
+namespace detail::launch {
 
 inline std::string launcher_name(int argc, const char* const* argv) {
     std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
@@ -18110,7 +18115,7 @@ inline std::string launcher_name(int argc, const char* const* argv) {
 /// Writes the agent's own failure into $TORCHELASTIC_ERROR_FILE (when set), as torchrun's
 /// @record on main does for an exception, with errorCode = the exit code; a failure to write
 /// is one more line on stderr.
-inline void record_agent_exception(std::string_view name, const agent_exception& e) {
+inline void record_agent_exception(std::string_view name, const agent::agent_exception& e) {
     const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (path == nullptr || *path == '\0') return;
     try {
@@ -18131,7 +18136,7 @@ int guarded(std::string_view name, Body&& body) {
     try {
         return body();
     } catch (...) {
-        const auto e = classify_exception(std::current_exception());
+        const auto e = agent::classify_exception(std::current_exception());
         std::fputs(fmt::format("{}: error: {}\n", name, e.what).c_str(), stderr);
         if (e.exit_code != exit_codes::usage) record_agent_exception(name, e);
         return e.exit_code;
@@ -18190,7 +18195,7 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
     });
 }
 
-}  // namespace detail::agent
+}  // namespace detail::launch
 
 /// torchrun's command line under a loop of the caller's (docs/agent.md, "Your own loop"):
 /// `loop(job)` is awaited with the job joined and returns the exit code; it is made of the
@@ -18200,17 +18205,17 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
 /// file: this overload is not there under ELASTIC_SEPARATE_COMPILATION.
 template <agent_loop Loop>
 int run(int argc, const char* const* argv, Loop loop) {
-    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
+    return detail::launch::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
 }
 
 #endif  // definitions
 
 #if defined(ELASTIC_SEPARATE_COMPILATION)
-namespace detail::agent {
+namespace detail::launch {
 // Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
 int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name);
 int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
-}  // namespace detail::agent
+}  // namespace detail::launch
 #endif
 
 /// Runs one node's job as configured, under `policy`, on an io_context of its own (this
@@ -18223,9 +18228,9 @@ template <restart_policy Policy>
 int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
         std::string name = "elasticrun") {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
-    return detail::agent::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
+    return detail::launch::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
 #else
-    return detail::agent::run_agent(config, std::move(policy), env, std::move(name));
+    return detail::launch::run_agent(config, std::move(policy), env, std::move(name));
 #endif
 }
 
@@ -18239,9 +18244,9 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
 template <restart_policy Policy>
 int run(int argc, const char* const* argv, Policy policy) {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
-    return detail::agent::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
+    return detail::launch::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
 #else
-    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+    return detail::launch::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
 #endif
 }
 
@@ -18267,8 +18272,8 @@ int run(int argc, const char* const* argv);
 /// file which includes this header but never calls it does not compile the whole agent.
 template <int = 0>
 int run(int argc, const char* const* argv) {
-    return detail::agent::run_command_line(argc, argv,
-                                           [](const launch_config& config) { return make_default_policy(config); });
+    return detail::launch::run_command_line(argc, argv,
+                                            [](const launch_config& config) { return make_default_policy(config); });
 }
 #endif
 
@@ -18304,7 +18309,7 @@ int run(int argc, const char* const* argv) {
 
 namespace elastic::inline v0 {
 
-namespace detail::agent {
+namespace detail::launch {
 
 int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name) {
     return run_agent(config, std::move(policy), env, std::move(name));
@@ -18314,11 +18319,11 @@ int run_command_line_any_policy(int argc, const char* const* argv, any_restart_p
     return run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
 }
 
-}  // namespace detail::agent
+}  // namespace detail::launch
 
 int run(int argc, const char* const* argv) {
-    return detail::agent::run_command_line(argc, argv,
-                                           [](const launch_config& config) { return make_default_policy(config); });
+    return detail::launch::run_command_line(argc, argv,
+                                            [](const launch_config& config) { return make_default_policy(config); });
 }
 
 }  // namespace elastic::inline v0

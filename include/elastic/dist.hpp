@@ -274,7 +274,7 @@ ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint6
 }  // namespace dist
 #endif  // definitions
 
-namespace detail {
+namespace detail::worker {
 
 // The process-wide group of elastic::dist's free functions, built on first use.
 struct dist_world {
@@ -296,7 +296,7 @@ decltype(auto) with_dist_world(F&& f) {
     return std::forward<F>(f)(*s.world);
 }
 
-}  // namespace detail
+}  // namespace detail::worker
 
 namespace dist {
 
@@ -313,15 +313,15 @@ inline int get_node_rank() { return env().node_rank; }
 
 /// Waits for every rank (see group::barrier).
 inline void barrier() {
-    elastic::detail::with_dist_world([](group& g) { g.barrier(); });
+    elastic::detail::worker::with_dist_world([](group& g) { g.barrier(); });
 }
 /// `root`'s bytes on every rank (see group::broadcast).
 inline std::string broadcast(std::string bytes, int root = 0) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
+    return elastic::detail::worker::with_dist_world([&](group& g) { return g.broadcast(std::move(bytes), root); });
 }
 /// Every rank's bytes, by rank (see group::all_gather).
 inline std::vector<std::string> all_gather(std::string bytes) {
-    return elastic::detail::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
+    return elastic::detail::worker::with_dist_world([&](group& g) { return g.all_gather(std::move(bytes)); });
 }
 /// A scalar combined over every rank (see group::all_reduce).
 // clang-format off
@@ -329,11 +329,11 @@ template <class T>
     requires std::is_arithmetic_v<T>
 T all_reduce(T value, reduce_op op = reduce_op::sum) {
     // clang-format on
-    return elastic::detail::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
+    return elastic::detail::worker::with_dist_world([&](group& g) { return g.all_reduce(value, op); });
 }
 /// How long the process-wide group's collectives wait for the other ranks (default 30 min).
 inline void set_timeout(std::chrono::milliseconds t) {
-    elastic::detail::with_dist_world([&](group& g) { g.set_timeout(t); });
+    elastic::detail::worker::with_dist_world([&](group& g) { g.set_timeout(t); });
 }
 
 }  // namespace dist

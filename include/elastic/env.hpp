@@ -90,7 +90,7 @@ struct worker_env {
     [[nodiscard]] static worker_env from_process();
 };
 
-namespace detail::env_impl {
+namespace detail {
 
 // Reads variables through a lookup and knows how to complain about them. Every message names
 // the variable, its value and the rule, because the person reading it usually did not write the
@@ -500,11 +500,11 @@ inline worker_env read_environment(const env_reader& reader) {
     return out;
 }
 
-}  // namespace detail::env_impl
+}  // namespace detail
 
 template <class Map>
 worker_env worker_env::from(const Map& variables) {
-    const detail::env_impl::env_reader reader(
+    const detail::env_reader reader(
         [](const void* context, const char* name) -> std::optional<std::string> {
             const auto& map = *static_cast<const Map*>(context);
             const auto it = map.find(std::string(name));
@@ -512,18 +512,18 @@ worker_env worker_env::from(const Map& variables) {
             return it->second;
         },
         &variables);
-    return detail::env_impl::read_environment(reader);
+    return detail::read_environment(reader);
 }
 
 inline worker_env worker_env::from_process() {
-    const detail::env_impl::env_reader reader(
+    const detail::env_reader reader(
         [](const void*, const char* name) -> std::optional<std::string> {
             const char* value = std::getenv(name);
             if (value == nullptr) return std::nullopt;
             return std::string(value);
         },
         nullptr);
-    return detail::env_impl::read_environment(reader);
+    return detail::read_environment(reader);
 }
 
 /// The worker's environment, read from the process environment at the first call and kept.

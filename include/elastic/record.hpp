@@ -36,7 +36,7 @@ namespace elastic::inline v0 {
 /// without an exception ends in SIGABRT, as it would without `record`.
 inline constexpr int uncaught_exception_exit_code = 1;
 
-namespace detail::crash {
+namespace detail {
 
 inline constexpr int record_max_frames = 128;
 
@@ -295,7 +295,7 @@ inline void restore_default_action(int signal_number) noexcept {
     ::sigaction(signal_number, &action, nullptr);
 }
 
-inline const char* signal_name(int signal_number) noexcept {
+inline const char* fatal_signal_name(int signal_number) noexcept {
     switch (signal_number) {
         case SIGSEGV: return "SIGSEGV";
         case SIGBUS: return "SIGBUS";
@@ -354,7 +354,7 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
             text.put_hex(reinterpret_cast<std::uintptr_t>(info->si_addr));
         }
         crash_report report;
-        report.type = signal_name(signal_number);
+        report.type = fatal_signal_name(signal_number);
         report.what = text.data();
         report.frames = frames;
         report.frame_count = count;
@@ -442,21 +442,21 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
     std::_Exit(uncaught_exception_exit_code);
 }
 
-}  // namespace detail::crash
+}  // namespace detail
 
 /// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
 /// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
 /// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it
 /// yourself when you cannot wrap main (e.g. in a library's init); calling it again does nothing.
 inline void install_error_handlers() {
-    auto& state = detail::crash::record_storage;
+    auto& state = detail::record_storage;
     if (state.installed.exchange(true)) return;
     if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
         path != nullptr && path[0] != '\0' && std::strlen(path) < sizeof(state.error_file)) {
         std::strcpy(state.error_file, path);
         state.has_error_file = true;
     }
-    std::set_terminate(detail::crash::on_terminate);
+    std::set_terminate(detail::on_terminate);
 
     // A stack overflow leaves no stack to run a handler on: give this thread an alternate one,
     // unless someone (ASan does) already did.
@@ -468,9 +468,9 @@ inline void install_error_handlers() {
         alternate.ss_flags = 0;
         (void)::sigaltstack(&alternate, nullptr);
     }
-    for (const int signal_number : detail::crash::record_fatal_signals) {
+    for (const int signal_number : detail::record_fatal_signals) {
         struct sigaction action {};
-        action.sa_sigaction = detail::crash::on_fatal_signal;
+        action.sa_sigaction = detail::on_fatal_signal;
         action.sa_flags = SA_SIGINFO | SA_ONSTACK;
         sigemptyset(&action.sa_mask);
         ::sigaction(signal_number, &action, nullptr);

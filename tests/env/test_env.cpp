@@ -361,8 +361,8 @@ TEST_CASE("env: env_error is an elastic::error") {
 }
 
 TEST_CASE("env: Slurm hostlists and tasks-per-node lists") {
-    using elastic::detail::env_impl::slurm_first_host;
-    using elastic::detail::env_impl::slurm_tasks_on_node;
+    using elastic::detail::slurm_first_host;
+    using elastic::detail::slurm_tasks_on_node;
     CHECK(slurm_first_host("node1") == "node1");
     CHECK(slurm_first_host("node1,node2") == "node1");
     CHECK(slurm_first_host("gpu[07-09,12],cpu1") == "gpu07");

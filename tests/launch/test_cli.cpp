@@ -225,8 +225,8 @@ TEST_CASE("launch: every option of torchrun's table is registered, in every spel
                                                "--virtual-local-rank",
                                                "--virtual_local_rank"};
     std::set<std::string> registered;
-    for (const auto& spec : elastic::detail::launch_impl::option_specs) {
-        for (const auto name : elastic::detail::launch_impl::split(spec.names, ',')) {
+    for (const auto& spec : elastic::detail::launch::option_specs) {
+        for (const auto name : elastic::detail::launch::split(spec.names, ',')) {
             registered.emplace(name);
         }
     }
@@ -688,15 +688,15 @@ TEST_CASE("launch: --help is the golden text, and -h/--version return text inste
     REQUIRE(std::holds_alternative<elastic::help_request>(version));
     CHECK(std::get<elastic::help_request>(version).text.find(elastic::version_string) != std::string::npos);
     // Every line fits in 100 columns, and every option and PET_ variable is in it.
-    for (const auto line : elastic::detail::launch_impl::split(text, '\n')) {
+    for (const auto line : elastic::detail::launch::split(text, '\n')) {
         CHECK_MESSAGE(line.size() <= 100, line);
     }
-    for (const auto& spec : elastic::detail::launch_impl::option_specs) {
-        for (const auto name : elastic::detail::launch_impl::split(spec.names, ',')) {
+    for (const auto& spec : elastic::detail::launch::option_specs) {
+        for (const auto name : elastic::detail::launch::split(spec.names, ',')) {
             CHECK_MESSAGE(text.find(name) != std::string::npos, name);
         }
         if (spec.has_env) {
-            CHECK(text.find(elastic::detail::launch_impl::env_name(spec)) != std::string::npos);
+            CHECK(text.find(elastic::detail::launch::env_name(spec)) != std::string::npos);
         }
     }
 }

@@ -51,7 +51,7 @@ TEST_CASE("launch: --nnodes N and MIN:MAX") {
     for (const char* bad : {"3:2", "0", "0:1", "-1:2", "1:", ":2", "", "a", "1:2:3", "1.5", "99999999999"}) {
         CAPTURE(bad);
         const auto message = error_of([&] { (void)elastic::parse_node_range(bad, "--nnodes"); });
-        CHECK(message.find(elastic::detail::launch_impl::show("--nnodes", bad)) == 0);
+        CHECK(message.find(elastic::detail::launch::show("--nnodes", bad)) == 0);
         CHECK(message.find("MIN:MAX") != std::string::npos);
     }
 }

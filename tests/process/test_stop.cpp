@@ -220,7 +220,7 @@ TEST_CASE("process: a killed watcher is replaced and learns every group") {
 
 TEST_CASE("process: the wait after SIGKILL is bounded and reports what is left") {
     using namespace test_stop;
-    using elastic::detail::exit_set;
+    using elastic::detail::process::exit_set;
     asio::io_context io;
     std::vector<elastic::child_process> workers;
     workers.push_back(ready_worker(io, {"sleep"}));
@@ -231,8 +231,8 @@ TEST_CASE("process: the wait after SIGKILL is bounded and reports what is left")
         exit_set set(co_await asio::this_coro::executor);
         set.add(workers[0].native_pidfd(), 0);
         set.add(workers[1].native_pidfd(), 1);
-        const auto pointers = elastic::detail::addresses(workers);
-        co_await elastic::detail::await_exits_or_timeout(set, pointers, std::chrono::milliseconds(100));
+        const auto pointers = elastic::detail::process::addresses(workers);
+        co_await elastic::detail::process::await_exits_or_timeout(set, pointers, std::chrono::milliseconds(100));
         co_return set.pending();
     }());
     CHECK(pending == std::vector<std::size_t>{1});

@@ -34,7 +34,7 @@ asio::awaitable<std::string> read_line(asio::posix::stream_descriptor& pipe, std
 }
 
 void kill_watcher() {
-    const pid_t watcher = elastic::detail::watcher::instance().ensure_started();
+    const pid_t watcher = elastic::detail::process::watcher::instance().ensure_started();
     const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, watcher, 0U));
     if (pidfd < 0 || ::kill(watcher, SIGKILL) != 0) throw std::runtime_error("cannot kill the watcher");
     pollfd p{pidfd, POLLIN, 0};
@@ -61,7 +61,7 @@ asio::awaitable<void> run(std::string worker, int count, bool restart_watcher,
         std::printf("worker %d %s\n", static_cast<int>(out.back().pid()), grandchild.c_str());
         if (i == 0 && restart_watcher) kill_watcher();
     }
-    std::printf("watcher %d\n", static_cast<int>(elastic::detail::watcher::instance().ensure_started()));
+    std::printf("watcher %d\n", static_cast<int>(elastic::detail::process::watcher::instance().ensure_started()));
     std::printf("ready\n");
     std::fflush(stdout);
 }

@@ -87,7 +87,7 @@ std::string escape(const std::string& text) {
         std::string* s;
         void put(char c) { s->push_back(c); }
     } to{&out};
-    elastic::detail::crash::json_escape(to, text.data(), text.size());
+    elastic::detail::json_escape(to, text.data(), text.size());
     return out;
 }
 

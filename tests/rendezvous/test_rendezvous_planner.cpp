@@ -17,14 +17,14 @@
 namespace test_rendezvous_planner {
 
 using elastic::node_info;
-namespace rdzv = elastic::detail::rdzv;
+namespace rdzv = elastic::detail::rendezvous;
 
 node_info info(int i, int nproc = 1) { return rendezvous_support::test_node(i, nproc); }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 TEST_CASE("planner: group ranks honour --node-rank, keep survivors' order, then arrival order") {
-    using elastic::detail::rdzv::assign_group_ranks;
+    using elastic::detail::rendezvous::assign_group_ranks;
     std::vector<node_info> nodes{info(0), info(1), info(2), info(3)};
     CHECK(std::get<0>(assign_group_ranks(nodes)) == std::vector<int>{0, 1, 2, 3});
     nodes[0].node_rank = 3;

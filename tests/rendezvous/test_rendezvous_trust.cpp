@@ -132,8 +132,8 @@ std::vector<std::vector<int>> worlds(const std::string& out) {
 }
 
 TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never writes") {
-    using elastic::detail::rdzv::invalid_value;
-    namespace rdzv = elastic::detail::rdzv;
+    using elastic::detail::rendezvous::invalid_value;
+    namespace rdzv = elastic::detail::rendezvous;
     CHECK_THROWS_AS(rdzv::decode_abort("{not json", 2), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_abort("[1,2]", 2), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":5,"host":"h","reason":"r","kind":"failure"})", 2),
@@ -197,11 +197,11 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
 }
 
 TEST_CASE("rendezvous trust: the workers' store accepts loopback and the round's members, no one else") {
-    elastic::detail::rdzv::peer_list peers;
+    elastic::detail::rendezvous::peer_list peers;
     CHECK(peers.accepts(asio::ip::make_address("127.0.0.1")));
     CHECK(peers.accepts(asio::ip::make_address("::1")));
     CHECK_FALSE(peers.accepts(asio::ip::make_address("192.0.2.7")));
-    for (const auto& a : elastic::detail::rdzv::resolve_all("192.0.2.7")) peers.allowed.push_back(a);
+    for (const auto& a : elastic::detail::rendezvous::resolve_all("192.0.2.7")) peers.allowed.push_back(a);
     CHECK(peers.accepts(asio::ip::make_address("192.0.2.7")));
     CHECK(peers.accepts(asio::ip::make_address("::ffff:192.0.2.7")));  // through a dual-stack listener
     CHECK_FALSE(peers.accepts(asio::ip::make_address("192.0.2.8")));
@@ -210,7 +210,7 @@ TEST_CASE("rendezvous trust: the workers' store accepts loopback and the round's
 
 TEST_CASE("rendezvous trust: group rank 0's allow-list is the members' published literals, each once; names only "
           "for a member that published none") {
-    namespace rdzv = elastic::detail::rdzv;
+    namespace rdzv = elastic::detail::rendezvous;
     elastic::node_info multi;  // two NICs; its name resolves to neither of them
     multi.host = "multi.invalid";
     multi.store_addr = "multi.invalid";
@@ -447,7 +447,7 @@ std::vector<std::string> listening(pid_t pid) {
 /// The addresses `name` resolves to on this machine.
 std::set<std::string> resolved(const std::string& name) {
     std::set<std::string> out;
-    for (const auto& a : elastic::detail::rdzv::resolve_all(name)) out.insert(a.to_string());
+    for (const auto& a : elastic::detail::rendezvous::resolve_all(name)) out.insert(a.to_string());
     return out;
 }
 
@@ -456,8 +456,8 @@ TEST_CASE("rendezvous trust: a host name endpoint binds the address the name res
     // rendezvous store, the workers' stores and the spare stores.
     const auto name = elastic::host_name();
     REQUIRE_FALSE(name.empty());
-    REQUIRE_FALSE(elastic::detail::rdzv::is_loopback(name));
-    const auto chosen = elastic::detail::rdzv::owned_address(name);
+    REQUIRE_FALSE(elastic::detail::rendezvous::is_loopback(name));
+    const auto chosen = elastic::detail::rendezvous::owned_address(name);
     INFO("host name " << name << " resolves here to " << chosen);
     REQUIRE_FALSE(chosen.empty());
     CHECK(resolved(name).count(chosen) == 1);

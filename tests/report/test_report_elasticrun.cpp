@@ -334,7 +334,7 @@ TEST_CASE("report: a rendezvous error exits 250 and writes the agent's error fil
     temp_dir dir;
     const auto agent_file = dir.path() / "agent_error.json";
     REQUIRE(::setenv("TORCHELASTIC_ERROR_FILE", agent_file.c_str(), 1) == 0);  // this case's own process
-    CHECK(elastic::detail::agent::guarded("elasticrun", []() -> int {
+    CHECK(elastic::detail::launch::guarded("elasticrun", []() -> int {
               throw elastic::rendezvous_error("no quorum: 1 of 2 nodes joined round 0 of run job7 within 600 s");
           }) == elastic::exit_codes::rendezvous);
     auto file = read_json_file(agent_file);
@@ -343,12 +343,12 @@ TEST_CASE("report: a rendezvous error exits 250 and writes the agent's error fil
           "elastic::rendezvous_error: no quorum: 1 of 2 nodes joined round 0 of run job7 within 600 s");
     CHECK(file["message"]["extraInfo"]["timestamp"].is_string());
 
-    CHECK(elastic::detail::agent::guarded("elasticrun", []() -> int { throw elastic::agent_error("cannot bind"); }) ==
+    CHECK(elastic::detail::launch::guarded("elasticrun", []() -> int { throw elastic::agent_error("cannot bind"); }) ==
           elastic::exit_codes::internal);
     CHECK(read_json_file(agent_file)["message"]["message"] == "elastic::agent_error: cannot bind");
-    CHECK(elastic::detail::agent::guarded("elasticrun", []() -> int { throw 42; }) == elastic::exit_codes::internal);
+    CHECK(elastic::detail::launch::guarded("elasticrun", []() -> int { throw 42; }) == elastic::exit_codes::internal);
     std::filesystem::remove(agent_file);
-    CHECK(elastic::detail::agent::guarded("elasticrun", []() -> int { throw elastic::usage_error("--bogus"); }) == 2);
+    CHECK(elastic::detail::launch::guarded("elasticrun", []() -> int { throw elastic::usage_error("--bogus"); }) == 2);
     CHECK_FALSE(std::filesystem::exists(agent_file));  // torch's @record never sees argparse's exit
     ::unsetenv("TORCHELASTIC_ERROR_FILE");
 

@@ -62,7 +62,7 @@ std::vector<std::string> ks(A&&... a) {
 }
 
 // A waiter for engine tests: counts its wake-ups.
-struct counting_waiter final : elastic::detail::store_waiter {
+struct counting_waiter final : elastic::detail::store::store_waiter {
     void on_ready() override { ++woken; }
     int woken = 0;
 };
@@ -213,7 +213,7 @@ TEST_CASE("store: encode_request writes what parse_request reads") {
 }
 
 TEST_CASE("store: engine semantics follow PyTorch's libuv server") {
-    elastic::detail::store_engine e;
+    elastic::detail::store::store_engine e;
     CHECK(e.add("cnt", 5) == 5);
     CHECK(e.add("cnt", -2) == 3);
     CHECK(*e.find("cnt") == "3");  // decimal ASCII like std::to_string
@@ -239,7 +239,7 @@ TEST_CASE("store: engine semantics follow PyTorch's libuv server") {
 }
 
 TEST_CASE("store: engine waiters are woken by the write that creates their last key") {
-    elastic::detail::store_engine e;
+    elastic::detail::store::store_engine e;
     counting_waiter w;
     const std::vector<std::string> keys{"a", "b", "a"};
     CHECK_FALSE(e.wait(w, keys));

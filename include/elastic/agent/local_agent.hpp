@@ -163,7 +163,7 @@ public:
         prepare_agent_signals();
         // The stores this agent hosts hold a descriptor per client; workers get the old limit
         // back when they are spawned.
-        detail::raise_open_files_limit();
+        detail::process::raise_open_files_limit();
         for (const int s : spec_.signals_to_handle) signals.add(s);
         if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
 
@@ -523,7 +523,7 @@ private:
         }
         log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
                                "(--rdzv-conf exit_barrier_timeout); exiting anyway",
-                               missing, detail::text::seconds_text(exit_barrier_timeout())));
+                               missing, detail::seconds_text(exit_barrier_timeout())));
     }
 
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
@@ -537,7 +537,7 @@ private:
     /// directory is never wiped. Empty with --log-dir=/dev/null. `attempt`: the restart count the
     /// workers see.
     std::filesystem::path attempt_dir(int attempt) {
-        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::logs::temp_base(env_));
+        if (!logs_) logs_.emplace(spec_.log_dir, params_.run_id, detail::agent::temp_base(env_));
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty())
@@ -563,7 +563,7 @@ private:
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
-            auto peers = std::make_shared<detail::rdzv::peer_list>();
+            auto peers = std::make_shared<detail::rendezvous::peer_list>();
             workers_peers_ = peers;
             options.accept_peer = [peers](const asio::ip::address& a) { return peers->accepts(a); };
         }
@@ -658,7 +658,7 @@ private:
     asio::awaitable<void> stop_on_signal(worker_group& group, int sig) {
         events_.received_signal(sig);
         log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
-                                 signal_to_string(sig), detail::text::seconds_text(spec_.shutdown_timeout)));
+                                 signal_to_string(sig), detail::seconds_text(spec_.shutdown_timeout)));
         (void)co_await group.stop(sig);
         log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
     }
@@ -684,7 +684,7 @@ private:
         if (host_.empty()) {
             if (params_.local_addr) {
                 host_ = *params_.local_addr;
-            } else if (detail::rdzv::is_loopback(params_.endpoint.host)) {
+            } else if (detail::rendezvous::is_loopback(params_.endpoint.host)) {
                 host_ = host_name();
             } else {
                 host_ = host_fqdn();
@@ -744,7 +744,7 @@ private:
     /// literal (what every member publishes), else a name (a member that published no
     /// addresses), resolved without blocking the agent's event loop. A name that resolves to
     /// nothing is logged; the workers of that member may then be refused.
-    asio::awaitable<void> allow_peers(detail::rdzv::peer_list& list, const std::vector<std::string>& peers) {
+    asio::awaitable<void> allow_peers(detail::rendezvous::peer_list& list, const std::vector<std::string>& peers) {
         std::error_code ec;
         for (const auto& peer : peers) {
             const auto literal = asio::ip::make_address(peer, ec);
@@ -778,7 +778,7 @@ private:
         me.store_port = server.port();
         me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
-        if (several_) me.addrs = detail::rdzv::interface_addresses();
+        if (several_) me.addrs = detail::rendezvous::interface_addresses();
         auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
                                 signals.async_wait(asio::use_awaitable));
         if (joined.index() == 1) co_return std::get<1>(joined);
@@ -886,14 +886,14 @@ private:
         }
     }
 
-    bool several_ = false;                                    ///< a job of several nodes (uses_node_rendezvous)
-    std::unique_ptr<tcp_store_server> round_store_;           ///< group rank 0: the round's workers' store
-    std::shared_ptr<detail::rdzv::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
-    std::optional<rendezvous_round> round_;                   ///< the current round
-    std::optional<std::string> advertised_addr_;              ///< what this node's info says of its store
-    std::optional<detail::agent::store_lost> store_lost_;     ///< the store was lost while the workers ran
-    std::optional<abort_notice> last_abort_;                  ///< why the current round was aborted
-    bool abort_won_ = false;                                  ///< this node's abort() was the first
+    bool several_ = false;                                          ///< a job of several nodes (uses_node_rendezvous)
+    std::unique_ptr<tcp_store_server> round_store_;                 ///< group rank 0: the round's workers' store
+    std::shared_ptr<detail::rendezvous::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
+    std::optional<rendezvous_round> round_;                         ///< the current round
+    std::optional<std::string> advertised_addr_;                    ///< what this node's info says of its store
+    std::optional<detail::agent::store_lost> store_lost_;           ///< the store was lost while the workers ran
+    std::optional<abort_notice> last_abort_;                        ///< why the current round was aborted
+    bool abort_won_ = false;                                        ///< this node's abort() was the first
 
     asio::any_io_executor executor_;
     worker_spec spec_;

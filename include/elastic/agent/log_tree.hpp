@@ -151,7 +151,7 @@ struct worker_routes {
     return out;
 }
 
-namespace detail::logs {
+namespace detail::agent {
 
 /// Where the temporary log tree goes: $TMPDIR, $TEMP or $TMP (the first set), else /tmp.
 inline std::string temp_base(const environment& env) {
@@ -171,7 +171,7 @@ inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, 
     return pattern;
 }
 
-}  // namespace detail::logs
+}  // namespace detail::agent
 
 /// One agent's log tree, torchrun's layout:
 ///
@@ -211,9 +211,9 @@ public:
                 }
                 base_ = *log_dir_;
             } else {
-                base_ = detail::logs::make_temp_dir(temp_parent_, "torchelastic_");
+                base_ = detail::agent::make_temp_dir(temp_parent_, "torchelastic_");
             }
-            run_dir_ = detail::logs::make_temp_dir(base_, run_id_ + "_");
+            run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
         }
         const auto name = fmt::format("attempt_{}", attempt);
         std::filesystem::path dir = run_dir_ / name;
@@ -253,8 +253,8 @@ private:
 };
 
 /// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
-[[nodiscard]] inline detail::owned_fd open_log_file(const std::filesystem::path& path) {
-    detail::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
+[[nodiscard]] inline detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
+    detail::process::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
     if (!fd) {
         throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
     }

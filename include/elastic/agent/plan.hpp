@@ -41,15 +41,15 @@ inline store_plan plan_store(const rendezvous_parameters& c) {
     // default 29500 would make two jobs on one host collide, and one node needs no agreed port.
     // c10d: the endpoint's port (0 under --standalone).
     plan.port = c.port_given ? endpoint.port.value_or(0) : 0;
-    if (rdzv::is_loopback(endpoint.host)) {
+    if (rendezvous::is_loopback(endpoint.host)) {
         // "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: bind and
         // advertise the literal.
-        plan.bind_host = rdzv::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
+        plan.bind_host = rendezvous::is_ip_literal(endpoint.host) ? endpoint.host : std::string("127.0.0.1");
         plan.master_addr = plan.bind_host;
     } else {
         // A name or address of this host: listen where it resolves to on this node (a name
         // resolving to none of this node's addresses: every interface, as TCPStore does).
-        plan.bind_host = rdzv::bind_address_for(endpoint.host);
+        plan.bind_host = rendezvous::bind_address_for(endpoint.host);
         plan.master_addr = endpoint.host;
     }
     if (c.local_addr) plan.master_addr = *c.local_addr;

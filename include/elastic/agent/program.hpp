@@ -152,7 +152,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
 namespace detail::agent {
 
 [[nodiscard]] inline bool valid_module_name(std::string_view name) {
-    for (const auto part : detail::text::split(name, '.')) {
+    for (const auto part : detail::split(name, '.')) {
         if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
             !std::all_of(part.begin(), part.end(),
                          [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; })) {

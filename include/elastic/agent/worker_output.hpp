@@ -101,8 +101,8 @@ private:
 
     worker_routes routes_;
     std::string prefix_;
-    detail::owned_fd out_file_;
-    detail::owned_fd err_file_;
+    detail::process::owned_fd out_file_;
+    detail::process::owned_fd err_file_;
     std::optional<asio::posix::stream_descriptor> out_pipe_;
     std::optional<asio::posix::stream_descriptor> err_pipe_;
 };

@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <unwind.h>
 
-namespace elastic::inline v0::detail::crash {
+namespace elastic::inline v0::detail {
 
 // A bounded character sink over a caller's buffer: no allocation, so the signal handler can use
 // it. Output past the end is dropped and remembered (`truncated`).
@@ -341,4 +341,4 @@ inline int capture_backtrace(void** frames, int capacity) noexcept {
     return capacity - state.second;
 }
 
-}  // namespace elastic::inline v0::detail::crash
+}  // namespace elastic::inline v0::detail

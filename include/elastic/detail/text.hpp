@@ -18,7 +18,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::text {
+namespace detail {
 
 [[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
     const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -77,6 +77,6 @@ namespace detail::text {
     return value;
 }
 
-}  // namespace detail::text
+}  // namespace detail
 
 }  // namespace elastic::inline v0

@@ -27,7 +27,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::agent {
+namespace detail::launch {
 
 int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name) {
     return run_agent(config, std::move(policy), env, std::move(name));
@@ -37,11 +37,11 @@ int run_command_line_any_policy(int argc, const char* const* argv, any_restart_p
     return run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
 }
 
-}  // namespace detail::agent
+}  // namespace detail::launch
 
 int run(int argc, const char* const* argv) {
-    return detail::agent::run_command_line(argc, argv,
-                                           [](const launch_config& config) { return make_default_policy(config); });
+    return detail::launch::run_command_line(argc, argv,
+                                            [](const launch_config& config) { return make_default_policy(config); });
 }
 
 }  // namespace elastic::inline v0

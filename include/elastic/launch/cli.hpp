@@ -50,7 +50,7 @@ using launch_parse_result = std::variant<launch_config, help_request>;
 [[nodiscard]] ELASTIC_DECL launch_parse_result parse_launch_config(int argc, const char* const* argv,
                                                                    const environment& env);
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// How far elastic goes with an option (docs/cli.md has the same three states per option).
 enum class option_state {
@@ -250,34 +250,33 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     out += '\n';
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// The --help text: usage, the program, every option by group with its spellings, default and
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
     std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
-    detail::launch_impl::wrap(
-        out,
-        "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
-        "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-        "environment.",
-        0, width);
+    detail::launch::wrap(out,
+                         "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
+                         "underscored spellings), the same PET_* variables (the command line wins), the same worker "
+                         "environment.",
+                         0, width);
     out += "\nThe program and its arguments (after all options):\n";
-    detail::launch_impl::wrap(
+    detail::launch::wrap(
         out,
         "An executable runs directly; a .py script runs as $PYTHON_EXEC -u script.py; with -m a Python "
         "module runs as $PYTHON_EXEC -u -m module. Everything after the program goes to every worker "
         "untouched (even --help), except that ${local_rank} becomes the worker's local rank. Use -- "
         "before a program whose name starts with '-'.",
         2, width);
-    for (int group = 0; group < static_cast<int>(detail::launch_impl::option_groups.size()); ++group) {
-        out += fmt::format("\n{}:\n", detail::launch_impl::option_groups[static_cast<std::size_t>(group)]);
-        for (const auto& spec : detail::launch_impl::option_specs) {
+    for (int group = 0; group < static_cast<int>(detail::launch::option_groups.size()); ++group) {
+        out += fmt::format("\n{}:\n", detail::launch::option_groups[static_cast<std::size_t>(group)]);
+        for (const auto& spec : detail::launch::option_specs) {
             if (spec.group != group) {
                 continue;
             }
-            out += "  " + detail::launch_impl::spellings(spec);
+            out += "  " + detail::launch::spellings(spec);
             if (!spec.flag) {
                 out += fmt::format(" {}", spec.metavar);
             }
@@ -288,18 +287,18 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
                 facts = fmt::format("default: {}", spec.fallback);
             }
             if (spec.has_env) {
-                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch_impl::env_name(spec));
+                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch::env_name(spec));
             }
             if (!facts.empty()) {
                 help += fmt::format(" [{}]", facts);
             }
-            detail::launch_impl::wrap(out, help, 6, width);
+            detail::launch::wrap(out, help, 6, width);
         }
     }
     out += "\nOther:\n  -h, --help\n";
-    detail::launch_impl::wrap(out, "Show this help and exit.", 6, width);
+    detail::launch::wrap(out, "Show this help and exit.", 6, width);
     out += "  --version\n";
-    detail::launch_impl::wrap(out, "Show elastic's version and exit.", 6, width);
+    detail::launch::wrap(out, "Show elastic's version and exit.", 6, width);
     out += "\nEnvironment variables also read:\n";
     constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
         {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
@@ -312,10 +311,10 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     }};
     for (const auto& [name, text] : variables) {
         out += fmt::format("  {}\n", name);
-        detail::launch_impl::wrap(out, text, 6, width);
+        detail::launch::wrap(out, text, 6, width);
     }
     out += "\n";
-    detail::launch_impl::wrap(
+    detail::launch::wrap(
         out,
         "Bad input (an unknown option, a malformed value, a program that cannot run) is reported on one "
         "line and exits with status 2 before any worker starts.",
@@ -325,7 +324,7 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 
 #if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// One option's text and where it came from, for messages ("--nnodes" or "PET_NNODES").
 struct raw_option {
@@ -359,11 +358,11 @@ inline void unmark(std::string& text) {
     return message;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
                                                      std::string_view program_name) {
-    using detail::launch_impl::option_specs;
+    using detail::launch::option_specs;
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
     app.set_help_flag();
@@ -380,7 +379,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     for (auto& arg : args) {
         if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
-            arg += detail::launch_impl::empty_mark;
+            arg += detail::launch::empty_mark;
         }
     }
     std::reverse(args.begin(), args.end());
@@ -389,7 +388,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     } catch (const CLI::CallForVersion& e) {
         return help_request{std::string{e.what()} + "\n"};
     } catch (const CLI::ParseError& e) {
-        throw usage_error{detail::launch_impl::describe_parse_error(e)};
+        throw usage_error{detail::launch::describe_parse_error(e)};
     }
     const auto index_of = [&](std::string_view dest) {
         for (std::size_t i = 0; i < option_specs.size(); ++i) {
@@ -406,7 +405,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     // ---- the program and its arguments: everything from the first positional on ----
     auto rest = app.remaining();
     for (auto& arg : rest) {
-        detail::launch_impl::unmark(arg);
+        detail::launch::unmark(arg);
     }
     bool after_marker = false;
     if (!rest.empty() && rest.front() == "--") {
@@ -423,20 +422,20 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
 
     // ---- each option's text: the command line, else PET_<DEST> ----
-    detail::launch_impl::option_labels labels;  // messages name the PET_ variable a value came from
-    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch_impl::raw_option> {
+    detail::launch::option_labels labels;  // messages name the PET_ variable a value came from
+    const auto raw = [&](std::string_view dest) -> std::optional<detail::launch::raw_option> {
         const auto i = index_of(dest);
         const auto& spec = option_specs[i];
         if (options[i]->count() > 0 && !options[i]->results().empty()) {
             auto text = options[i]->results().back();
-            detail::launch_impl::unmark(text);
-            return detail::launch_impl::raw_option{text, std::string{detail::launch_impl::long_name(spec)}, false};
+            detail::launch::unmark(text);
+            return detail::launch::raw_option{text, std::string{detail::launch::long_name(spec)}, false};
         }
         if (spec.has_env) {
-            const auto name = detail::launch_impl::env_name(spec);
+            const auto name = detail::launch::env_name(spec);
             if (const auto* value = detail::find_variable(env, name); value != nullptr && !value->empty()) {
                 labels.from_env.insert_or_assign(std::string{dest}, name);
-                return detail::launch_impl::raw_option{*value, name, true};
+                return detail::launch::raw_option{*value, name, true};
             }
         }
         return std::nullopt;
@@ -455,21 +454,21 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
 
     // ---- refused and compatibility-only options first: they change how the rest reads ----
     for (const auto& spec : option_specs) {
-        if (spec.state != detail::launch_impl::option_state::refused) {
+        if (spec.state != detail::launch::option_state::refused) {
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch_impl::trim(value->text).empty())) {
+        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch::trim(value->text).empty())) {
             continue;
         }
         throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
-                                      detail::launch_impl::show(value->name, value->text), spec.help)};
+                                      detail::launch::show(value->name, value->text), spec.help)};
     }
     if (const auto method = raw("start_method")) {
-        const auto word = detail::launch_impl::trim(method->text);
+        const auto word = detail::launch::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{fmt::format("{}: must be spawn, fork or forkserver",
-                                          detail::launch_impl::show(method->name, method->text))};
+            throw usage_error{
+                fmt::format("{}: must be spawn, fork or forkserver", detail::launch::show(method->name, method->text))};
         }
     }
 
@@ -497,8 +496,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("role")) {
         config.role = v->text;
-        if (detail::launch_impl::trim(config.role).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        if (detail::launch::trim(config.role).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
     }
     config.virtual_local_rank = flag("virtual_local_rank");
@@ -510,16 +509,16 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             if (on_command_line(dest)) {
                 throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
                                               "localhost:0 under a random id",
-                                              detail::launch_impl::long_name(option_specs[index_of(dest)]))};
+                                              detail::launch::long_name(option_specs[index_of(dest)]))};
             }
         }
-        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch_impl::trim(v->text) != "c10d") {
+        if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch::trim(v->text) != "c10d") {
             throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
-                                          detail::launch_impl::show(v->name, v->text))};
+                                          detail::launch::show(v->name, v->text))};
         }
         if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
             throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
-                                          detail::launch_impl::show(v->name, v->text))};
+                                          detail::launch::show(v->name, v->text))};
         }
         use_standalone(config);
     } else {
@@ -529,13 +528,13 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (const auto v = raw("rdzv_backend")) {
             config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
         }
-        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch_impl::trim(v->text).empty()) {
+        if (const auto v = raw("rdzv_endpoint"); v && !detail::launch::trim(v->text).empty()) {
             config.rdzv_endpoint = parse_host_port(v->text, v->name);
         }
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;
-            if (detail::launch_impl::trim(config.rdzv_id).empty()) {
-                throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+            if (detail::launch::trim(config.rdzv_id).empty()) {
+                throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
             }
         }
     }
@@ -590,8 +589,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
 
     // ---- output and logs ----
     if (const auto v = raw("log_dir")) {
-        if (detail::launch_impl::trim(v->text).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch_impl::show(v->name, v->text))};
+        if (detail::launch::trim(v->text).empty()) {
+            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
         config.log_dir = std::filesystem::path{v->text};
     }
@@ -614,13 +613,13 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("event_log_handler")) {
         const auto destination = event_destination::parse(v->text);
         if (!destination) {
-            throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(v->name, v->text),
-                                          event_destination::accepted)};
+            throw usage_error{
+                fmt::format("{}: must be {}", detail::launch::show(v->name, v->text), event_destination::accepted)};
         }
         config.event_log_handler = *destination;
     }
 
-    detail::launch_impl::validate(config, env, labels);
+    detail::launch::validate(config, env, labels);
     return config;
 }
 

@@ -142,7 +142,7 @@ inline void use_standalone(launch_config& config) {
     config.master_port.reset();
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 [[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
@@ -155,13 +155,13 @@ namespace detail::launch_impl {
     return out;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
 /// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
 [[nodiscard]] inline std::string describe(const launch_config& config) {
-    using detail::text::seconds_text;
-    using detail::launch_impl::streams_text;
+    using detail::seconds_text;
+    using detail::launch::streams_text;
     std::string command = config.program.target;
     for (const auto& arg : config.program.args) {
         command += " " + arg;
@@ -224,7 +224,7 @@ namespace detail::launch_impl {
     return out;
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
 inline void check_prefix_template(std::string_view text) {
@@ -284,9 +284,9 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
 /// names the PET_ variable instead when that is where the value came from.
@@ -426,8 +426,8 @@ inline void validate(const launch_config& c, const environment& env, const optio
     (void)resolve_program(c.program, env);
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
-inline void launch_config::validate(const environment& env) const { detail::launch_impl::validate(*this, env, {}); }
+inline void launch_config::validate(const environment& env) const { detail::launch::validate(*this, env, {}); }
 
 }  // namespace elastic::inline v0

@@ -43,7 +43,7 @@ struct gpu_count {
     std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
 };
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
 /// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
@@ -120,23 +120,23 @@ namespace detail::launch_impl {
     return count;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
 /// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
 [[nodiscard]] inline gpu_count count_gpus(const environment& env) {
     if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
-        return {detail::launch_impl::count_visible_devices(*visible),
-                detail::launch_impl::show("CUDA_VISIBLE_DEVICES", *visible)};
+        return {detail::launch::count_visible_devices(*visible),
+                detail::launch::show("CUDA_VISIBLE_DEVICES", *visible)};
     }
-    const auto listed = detail::launch_impl::run_nvidia_smi(env);
+    const auto listed = detail::launch::run_nvidia_smi(env);
     return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
 }
 
 /// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
 /// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
 [[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
-    const auto word = detail::launch_impl::trim(text);
+    const auto word = detail::launch::trim(text);
     if (word == "cpu") {
         return count_cpus();
     }
@@ -149,12 +149,12 @@ namespace detail::launch_impl {
             return count_cpus();
         }
         throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
-                                      detail::launch_impl::show(name, text), gpus.source)};
+                                      detail::launch::show(name, text), gpus.source)};
     }
-    const auto count = detail::launch_impl::to_integer(word);
+    const auto count = detail::launch::to_integer(word);
     if (!count || *count < 1 || *count > 1'000'000) {
         throw usage_error{
-            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch_impl::show(name, text))};
+            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch::show(name, text))};
     }
     return static_cast<int>(*count);
 }

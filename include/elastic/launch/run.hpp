@@ -36,7 +36,7 @@ namespace elastic::inline v0 {
 
 #if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
 
-namespace detail::agent {
+namespace detail::launch {
 
 inline std::string launcher_name(int argc, const char* const* argv) {
     std::string_view name = argc > 0 && argv[0] != nullptr && argv[0][0] != '\0' ? argv[0] : "elasticrun";
@@ -49,7 +49,7 @@ inline std::string launcher_name(int argc, const char* const* argv) {
 /// Writes the agent's own failure into $TORCHELASTIC_ERROR_FILE (when set), as torchrun's
 /// @record on main does for an exception, with errorCode = the exit code; a failure to write
 /// is one more line on stderr.
-inline void record_agent_exception(std::string_view name, const agent_exception& e) {
+inline void record_agent_exception(std::string_view name, const agent::agent_exception& e) {
     const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (path == nullptr || *path == '\0') return;
     try {
@@ -70,7 +70,7 @@ int guarded(std::string_view name, Body&& body) {
     try {
         return body();
     } catch (...) {
-        const auto e = classify_exception(std::current_exception());
+        const auto e = agent::classify_exception(std::current_exception());
         std::fputs(fmt::format("{}: error: {}\n", name, e.what).c_str(), stderr);
         if (e.exit_code != exit_codes::usage) record_agent_exception(name, e);
         return e.exit_code;
@@ -129,7 +129,7 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
     });
 }
 
-}  // namespace detail::agent
+}  // namespace detail::launch
 
 /// torchrun's command line under a loop of the caller's (docs/agent.md, "Your own loop"):
 /// `loop(job)` is awaited with the job joined and returns the exit code; it is made of the
@@ -139,17 +139,17 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
 /// file: this overload is not there under ELASTIC_SEPARATE_COMPILATION.
 template <agent_loop Loop>
 int run(int argc, const char* const* argv, Loop loop) {
-    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
+    return detail::launch::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
 }
 
 #endif  // definitions
 
 #if defined(ELASTIC_SEPARATE_COMPILATION)
-namespace detail::agent {
+namespace detail::launch {
 // Compiled once, in elastic/impl/src.hpp's file: the agent under a type-erased policy.
 int run_any_policy(const launch_config& config, any_restart_policy policy, const environment& env, std::string name);
 int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy);
-}  // namespace detail::agent
+}  // namespace detail::launch
 #endif
 
 /// Runs one node's job as configured, under `policy`, on an io_context of its own (this
@@ -162,9 +162,9 @@ template <restart_policy Policy>
 int run(const launch_config& config, Policy policy, const environment& env = current_environment(),
         std::string name = "elasticrun") {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
-    return detail::agent::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
+    return detail::launch::run_any_policy(config, any_restart_policy(std::move(policy)), env, std::move(name));
 #else
-    return detail::agent::run_agent(config, std::move(policy), env, std::move(name));
+    return detail::launch::run_agent(config, std::move(policy), env, std::move(name));
 #endif
 }
 
@@ -178,9 +178,9 @@ int run(const launch_config& config, Policy policy, const environment& env = cur
 template <restart_policy Policy>
 int run(int argc, const char* const* argv, Policy policy) {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
-    return detail::agent::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
+    return detail::launch::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
 #else
-    return detail::agent::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+    return detail::launch::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
 #endif
 }
 
@@ -206,8 +206,8 @@ int run(int argc, const char* const* argv);
 /// file which includes this header but never calls it does not compile the whole agent.
 template <int = 0>
 int run(int argc, const char* const* argv) {
-    return detail::agent::run_command_line(argc, argv,
-                                           [](const launch_config& config) { return make_default_policy(config); });
+    return detail::launch::run_command_line(argc, argv,
+                                            [](const launch_config& config) { return make_default_policy(config); });
 }
 #endif
 

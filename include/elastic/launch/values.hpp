@@ -32,21 +32,21 @@ namespace elastic::inline v0 {
 
 using namespace std::chrono_literals;
 
-namespace detail::launch_impl {
-using detail::text::lower;
-using detail::text::show;
-using detail::text::split;
-using detail::text::to_integer;
-using detail::text::trim;
-}  // namespace detail::launch_impl
+namespace detail::launch {
+using detail::lower;
+using detail::show;
+using detail::split;
+using detail::to_integer;
+using detail::trim;
+}  // namespace detail::launch
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
 [[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX) {
-    const auto value = detail::launch_impl::to_integer(text);
+    const auto value = detail::launch::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
                                          : fmt::format("an integer from {} to {}", min, max);
-        throw usage_error{fmt::format("{}: must be {}", detail::launch_impl::show(name, text), rule)};
+        throw usage_error{fmt::format("{}: must be {}", detail::launch::show(name, text), rule)};
     }
     return static_cast<int>(*value);
 }
@@ -55,7 +55,7 @@ using detail::text::trim;
 /// held to the millisecond.
 [[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
                                                              bool allow_zero) {
-    const auto trimmed = detail::launch_impl::trim(text);
+    const auto trimmed = detail::launch::trim(text);
     double seconds = -1;
     const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
                                            std::chars_format::fixed);
@@ -63,7 +63,7 @@ using detail::text::trim;
                     std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
     if (!ok) {
         throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
-                                      detail::launch_impl::show(name, text), allow_zero ? ">= 0" : "> 0")};
+                                      detail::launch::show(name, text), allow_zero ? ">= 0" : "> 0")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -71,7 +71,7 @@ using detail::text::trim;
 /// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
 /// in any case.
 [[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
         return true;
     }
@@ -79,15 +79,15 @@ using detail::text::trim;
         return false;
     }
     throw usage_error{
-        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch_impl::show(name, text))};
+        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
 }
 
 /// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
 [[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
-    const auto value = detail::launch_impl::to_integer(text);
+    const auto value = detail::launch::to_integer(text);
     if (!value) {
         throw usage_error{
-            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch_impl::show(name, text))};
+            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch::show(name, text))};
     }
     return *value != 0;
 }
@@ -96,14 +96,14 @@ using detail::text::trim;
 [[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{
-            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch_impl::show(name, text), why)};
+            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
     };
-    const auto pieces = detail::launch_impl::split(text, ':');
+    const auto pieces = detail::launch::split(text, ':');
     if (pieces.size() > 2) {
         throw fail("too many ':'");
     }
-    const auto min = detail::launch_impl::to_integer(pieces.front());
-    const auto max = pieces.size() == 2 ? detail::launch_impl::to_integer(pieces.back()) : min;
+    const auto min = detail::launch::to_integer(pieces.front());
+    const auto max = pieces.size() == 2 ? detail::launch::to_integer(pieces.back()) : min;
     if (!min || !max) {
         throw fail("not an integer");
     }
@@ -119,7 +119,7 @@ using detail::text::trim;
     return node_range{static_cast<int>(*min), static_cast<int>(*max)};
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
 /// an IPv6 zone.
@@ -130,14 +130,14 @@ namespace detail::launch_impl {
     });
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
 [[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
-    const auto host = detail::launch_impl::trim(text);
-    if (!detail::launch_impl::valid_host(host)) {
+    const auto host = detail::launch::trim(text);
+    if (!detail::launch::valid_host(host)) {
         throw usage_error{
-            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch_impl::show(name, text))};
+            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch::show(name, text))};
     }
     return std::string{host};
 }
@@ -147,9 +147,9 @@ namespace detail::launch_impl {
 [[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
-                                       detail::launch_impl::show(name, text), why)};
+                                       detail::launch::show(name, text), why)};
     };
-    const auto endpoint = detail::launch_impl::trim(text);
+    const auto endpoint = detail::launch::trim(text);
     if (endpoint.empty()) {
         throw fail("empty");
     }
@@ -170,7 +170,7 @@ namespace detail::launch_impl {
             port_text = rest.substr(1);
             has_port = true;
         }
-        if (result.host.find(':') == std::string::npos || !detail::launch_impl::valid_host(result.host)) {
+        if (result.host.find(':') == std::string::npos || !detail::launch::valid_host(result.host)) {
             throw fail("the bracketed part is not an IPv6 address");
         }
     } else {
@@ -183,13 +183,13 @@ namespace detail::launch_impl {
             port_text = endpoint.substr(colon + 1);
             has_port = true;
         }
-        if (!detail::launch_impl::valid_host(result.host)) {
+        if (!detail::launch::valid_host(result.host)) {
             throw fail("bad host name");
         }
     }
     if (has_port) {
-        const auto port = detail::launch_impl::to_integer(port_text);
-        if (!port || *port < 0 || *port > 65535 || detail::launch_impl::trim(port_text) != port_text) {
+        const auto port = detail::launch::to_integer(port_text);
+        if (!port || *port < 0 || *port > 65535 || detail::launch::trim(port_text) != port_text) {
             throw fail("the port must be an integer from 0 to 65535");
         }
         result.port = static_cast<std::uint16_t>(*port);
@@ -200,7 +200,7 @@ namespace detail::launch_impl {
 /// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
 /// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
 [[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::trim(text);
+    const auto word = detail::launch::trim(text);
     if (word == "static") {
         return rendezvous_backend::static_;
     }
@@ -214,13 +214,13 @@ namespace detail::launch_impl {
         throw usage_error{
             fmt::format("{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
                         "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-                        detail::launch_impl::show(name, text))};
+                        detail::launch::show(name, text))};
     }
-    throw usage_error{fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
-                                  detail::launch_impl::show(name, text))};
+    throw usage_error{
+        fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)", detail::launch::show(name, text))};
 }
 
-namespace detail::launch_impl {
+namespace detail::launch {
 
 /// What one `--rdzv-conf` key is, and which backends read it.
 struct rdzv_key {
@@ -266,7 +266,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return out;
 }
 
-}  // namespace detail::launch_impl
+}  // namespace detail::launch
 
 /// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
 /// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
@@ -274,16 +274,16 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 [[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
                                                                    rendezvous_backend backend) {
     rendezvous_settings settings;
-    if (detail::launch_impl::trim(text).empty()) {
+    if (detail::launch::trim(text).empty()) {
         return settings;
     }
-    const auto whole = detail::launch_impl::show(name, text);
+    const auto whole = detail::launch::show(name, text);
     std::set<std::string, std::less<>> seen;
-    for (const auto item : detail::launch_impl::split(text, ',')) {
+    for (const auto item : detail::launch::split(text, ',')) {
         const auto equals = item.find('=');
-        const auto key = detail::launch_impl::trim(item.substr(0, equals));
+        const auto key = detail::launch::trim(item.substr(0, equals));
         const auto value = equals == std::string_view::npos ? std::string_view{}
-                                                            : detail::launch_impl::trim(item.substr(equals + 1));
+                                                            : detail::launch::trim(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -300,15 +300,15 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             throw usage_error{
                 fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
         }
-        const auto known = std::find_if(detail::launch_impl::rdzv_keys.begin(), detail::launch_impl::rdzv_keys.end(),
-                                        [&](const detail::launch_impl::rdzv_key& k) { return k.key == key; });
-        if (known == detail::launch_impl::rdzv_keys.end()) {
+        const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
+                                        [&](const detail::launch::rdzv_key& k) { return k.key == key; });
+        if (known == detail::launch::rdzv_keys.end()) {
             throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
-                                          to_string(backend), detail::launch_impl::keys_of(backend))};
+                                          to_string(backend), detail::launch::keys_of(backend))};
         }
-        if (!detail::launch_impl::reads_key(*known, backend)) {
+        if (!detail::launch::reads_key(*known, backend)) {
             throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                          to_string(backend), key, detail::launch_impl::keys_of(backend))};
+                                          to_string(backend), key, detail::launch::keys_of(backend))};
         }
         if (key == "join_timeout") {
             settings.join_timeout = parse_seconds(value, what, false);
@@ -329,7 +329,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         } else if (key == "is_host") {
             settings.is_host = parse_boolean(value, what);
         } else if (key == "workers_store_peers") {
-            const auto peers = detail::launch_impl::lower(value);
+            const auto peers = detail::launch::lower(value);
             if (peers != "members" && peers != "any") {
                 throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
                                               "addresses only) or any (every peer, for NAT between the nodes)",
@@ -339,7 +339,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
         } else if (key == "secret_file") {
             settings.secret_file = std::string(value);
         } else if (key == "store_type") {
-            const auto type = detail::launch_impl::lower(value);
+            const auto type = detail::launch::lower(value);
             if (type == "file") {
                 throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
                                               "backend uses a TCP store (store_type=tcp)",
@@ -353,7 +353,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
             // store server is its own, so the value is checked and has nothing to change.
             (void)parse_boolean(value, what);
         } else if (key == "protocol") {
-            const auto protocol = detail::launch_impl::lower(value);
+            const auto protocol = detail::launch::lower(value);
             if (protocol == "https") {
                 throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
             }
@@ -371,34 +371,33 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     const auto fail = [&]() {
         return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
                                        "LOCAL_RANK:N,... such as 0:3,1:2",
-                                       detail::launch_impl::show(name, text))};
+                                       detail::launch::show(name, text))};
     };
     const auto streams_of = [&](std::string_view digit) {
-        const auto value = detail::launch_impl::to_integer(digit);
-        if (!value || *value < 0 || *value > 3 || detail::launch_impl::trim(digit) != digit) {
+        const auto value = detail::launch::to_integer(digit);
+        if (!value || *value < 0 || *value > 3 || detail::launch::trim(digit) != digit) {
             throw fail();
         }
         return static_cast<std_streams>(*value);
     };
     stream_selection selection;
-    const auto trimmed = detail::launch_impl::trim(text);
+    const auto trimmed = detail::launch::trim(text);
     if (trimmed.find(':') == std::string_view::npos) {
         selection.every_rank = streams_of(trimmed);
         return selection;
     }
-    for (const auto item : detail::launch_impl::split(trimmed, ',')) {
+    for (const auto item : detail::launch::split(trimmed, ',')) {
         const auto colon = item.find(':');
         if (colon == std::string_view::npos) {
             throw fail();
         }
-        const auto rank = detail::launch_impl::to_integer(item.substr(0, colon));
+        const auto rank = detail::launch::to_integer(item.substr(0, colon));
         if (!rank || *rank < 0 || *rank > INT_MAX ||
-            detail::launch_impl::trim(item.substr(0, colon)) != item.substr(0, colon)) {
+            detail::launch::trim(item.substr(0, colon)) != item.substr(0, colon)) {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{
-                fmt::format("{}: local rank {} given twice", detail::launch_impl::show(name, text), *rank)};
+            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch::show(name, text), *rank)};
         }
     }
     return selection;
@@ -407,14 +406,14 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 /// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
 [[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
     std::set<int> ranks;
-    if (detail::launch_impl::trim(text).empty()) {
+    if (detail::launch::trim(text).empty()) {
         return ranks;
     }
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        const auto rank = detail::launch_impl::to_integer(item);
+    for (const auto item : detail::launch::split(text, ',')) {
+        const auto rank = detail::launch::to_integer(item);
         if (!rank || *rank < 0 || *rank > INT_MAX) {
             throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
-                                          detail::launch_impl::show(name, text), item)};
+                                          detail::launch::show(name, text), item)};
         }
         ranks.insert(static_cast<int>(*rank));
     }
@@ -425,8 +424,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
     std::vector<int> numbers;
-    for (const auto item : detail::launch_impl::split(text, ',')) {
-        auto word = detail::launch_impl::lower(detail::launch_impl::trim(item));
+    for (const auto item : detail::launch::split(text, ',')) {
+        auto word = detail::launch::lower(detail::launch::trim(item));
         if (word.rfind("sig", 0) != 0) {
             word = "sig" + word;
         }
@@ -438,7 +437,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
                                      word == "sigtrap" || word == "sigsys" || word == "sigpipe";
             throw usage_error{
                 fmt::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                            detail::launch_impl::show(name, text), detail::launch_impl::trim(item),
+                            detail::launch::show(name, text), detail::launch::trim(item),
                             untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
@@ -450,14 +449,14 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 
 /// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
 [[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
-    const auto word = detail::launch_impl::lower(detail::launch_impl::trim(text));
+    const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "debug") return log_level::debug;
     if (word == "info") return log_level::info;
     if (word == "warning" || word == "warn") return log_level::warning;
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
     throw usage_error{
-        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch_impl::show(name, text))};
+        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch::show(name, text))};
 }
 
 }  // namespace elastic::inline v0

@@ -82,7 +82,7 @@ public:
     void commit(const group_failure&) { in_a_row_ = pending_; }
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:

@@ -48,7 +48,7 @@ concept planned_restart_policy =
     };
 // clang-format on
 
-namespace detail::policy_impl {
+namespace detail::policy {
 
 /// A planned policy called alone: plan, wait, count. A cancelled wait counts nothing.
 template <class P>
@@ -61,7 +61,7 @@ asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& fa
     co_return std::move(plan.decision);
 }
 
-}  // namespace detail::policy_impl
+}  // namespace detail::policy
 
 /// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
 /// and nothing after it is asked); when all answer restart the delays add up and the reasons are
@@ -149,7 +149,7 @@ private:
     std::tuple<Parts...> parts_;
 };
 
-namespace detail::policy_impl {
+namespace detail::policy {
 
 template <class T>
 struct is_chain : std::false_type {};
@@ -175,7 +175,7 @@ policy_chain<Ps...> chain_of_tuple(std::tuple<Ps...>&& parts) {
     return policy_chain<Ps...>(std::move(parts));
 }
 
-}  // namespace detail::policy_impl
+}  // namespace detail::policy
 
 /// A chain of the given policies, flattened (a chain given as a part contributes its parts).
 // clang-format off
@@ -183,8 +183,7 @@ template <class... Ps>
     requires(sizeof...(Ps) > 0 && (restart_policy<std::remove_cvref_t<Ps>> && ...))
 auto chain(Ps&&... policies) {
     // clang-format on
-    return detail::policy_impl::chain_of_tuple(
-        std::tuple_cat(detail::policy_impl::parts_of(std::forward<Ps>(policies))...));
+    return detail::policy::chain_of_tuple(std::tuple_cat(detail::policy::parts_of(std::forward<Ps>(policies))...));
 }
 
 /// `a | b`: chain(a, b) (see policy_chain). Found by argument-dependent lookup when either side
@@ -223,7 +222,7 @@ public:
         if (policy_) policy_->commit(failure);
     }
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:

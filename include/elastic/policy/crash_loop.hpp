@@ -67,7 +67,7 @@ public:
 
     template <class = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:

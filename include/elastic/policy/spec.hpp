@@ -24,7 +24,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::policy_impl {
+namespace detail::policy {
 
 /// "1.5" from 1500 (thousandths), trailing zeros dropped.
 [[nodiscard]] inline std::string thousandths(long long value) {
@@ -47,17 +47,17 @@ namespace detail::policy_impl {
     return fmt::format("{}{}s", thousandths(ms), space);
 }
 
-}  // namespace detail::policy_impl
+}  // namespace detail::policy
 
 /// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
 /// parse_duration() reads it back exactly (to the millisecond).
 [[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
-    return detail::policy_impl::duration_text(d, false);
+    return detail::policy::duration_text(d, false);
 }
 
 /// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
 [[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
-    return detail::policy_impl::duration_text(d, true);
+    return detail::policy::duration_text(d, true);
 }
 
 /// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
@@ -65,14 +65,14 @@ namespace detail::policy_impl {
 /// names the option or variable in the usage_error.
 [[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
                                                               bool allow_zero = false) {
-    const auto word = detail::text::trim(text);
+    const auto word = detail::trim(text);
     std::size_t unit_at = 0;
     while (unit_at < word.size() &&
            (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
         ++unit_at;
     }
     const auto number = word.substr(0, unit_at);
-    const auto unit = detail::text::lower(detail::text::trim(word.substr(unit_at)));
+    const auto unit = detail::lower(detail::trim(word.substr(unit_at)));
     double value = -1;
     const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
                                            std::chars_format::fixed);
@@ -89,7 +89,7 @@ namespace detail::policy_impl {
     if (!ok) {
         throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
                                       "counts seconds)",
-                                      detail::text::show(name, text), allow_zero ? "" : "above 0 ")};
+                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -119,19 +119,18 @@ struct backoff_spec {
 
 /// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
 [[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, ':');
+    const auto parts = detail::split(text, ':');
     if (parts.size() < 2 || parts.size() > 3) {
         throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::text::show(name, text))};
+                                      detail::show(name, text))};
     }
     backoff_spec spec;
     spec.initial = parse_duration(parts[0], name);
     spec.cap = parse_duration(parts[1], name);
     if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
     if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})",
-                                      detail::text::show(name, text), duration_flag_text(spec.cap),
-                                      duration_flag_text(spec.initial))};
+        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
+                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
     }
     return spec;
 }
@@ -149,15 +148,15 @@ struct window_spec {
 
 /// Parses N/PERIOD (N >= 1).
 [[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, '/');
+    const auto parts = detail::split(text, '/');
     if (parts.size() != 2) {
-        throw usage_error{fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
-                                      detail::text::show(name, text))};
+        throw usage_error{
+            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
     }
-    const auto n = detail::text::to_integer(detail::text::trim(parts[0]));
+    const auto n = detail::to_integer(detail::trim(parts[0]));
     if (!n || *n < 1 || *n > 1'000'000) {
         throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::text::show(name, text))};
+                                      detail::show(name, text))};
     }
     return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
 }
@@ -208,9 +207,9 @@ struct exit_code_set {
 /// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
 [[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
     exit_code_set set;
-    for (const auto raw : detail::text::split(text, ',')) {
-        const auto item = detail::text::trim(raw);
-        const auto word = detail::text::lower(item);
+    for (const auto raw : detail::split(text, ',')) {
+        const auto item = detail::trim(raw);
+        const auto word = detail::lower(item);
         if (word == "signals" || word == "signal") {
             set.any_signal = true;
             continue;
@@ -219,20 +218,19 @@ struct exit_code_set {
             const int found = signal_number(word);
             if (found == 0 || found > 64) {
                 throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::text::show(name, text), item)};
+                                              detail::show(name, text), item)};
             }
             set.signals.set(static_cast<std::size_t>(found));
             continue;
         }
         const auto dash = item.find('-', 1);
-        const auto first = detail::text::to_integer(detail::text::trim(item.substr(0, dash)));
-        const auto last = dash == std::string_view::npos
-                              ? first
-                              : detail::text::to_integer(detail::text::trim(item.substr(dash + 1)));
+        const auto first = detail::to_integer(detail::trim(item.substr(0, dash)));
+        const auto last = dash == std::string_view::npos ? first
+                                                         : detail::to_integer(detail::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
             throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
                                           "a signal name",
-                                          detail::text::show(name, text), item)};
+                                          detail::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
     }
@@ -254,17 +252,17 @@ struct crash_guard_spec {
 
 /// Parses T or T:N (N >= 1).
 [[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::text::split(text, ':');
+    const auto parts = detail::split(text, ':');
     if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::text::show(name, text))};
+        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
     }
     crash_guard_spec spec;
     spec.within = parse_duration(parts[0], name);
     if (parts.size() == 2) {
-        const auto n = detail::text::to_integer(detail::text::trim(parts[1]));
+        const auto n = detail::to_integer(detail::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
             throw usage_error{
-                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::text::show(name, text))};
+                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }

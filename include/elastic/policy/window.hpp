@@ -60,7 +60,7 @@ public:
     void commit(const group_failure&) { times_.push_back(clock_.now()); }
 
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
-        return detail::policy_impl::run_planned(*this, failure);
+        return detail::policy::run_planned(*this, failure);
     }
 
 private:

@@ -24,7 +24,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail {
+namespace detail::process {
 
 /// Children whose child_process was destroyed while they still ran: they were sent SIGKILL and
 /// are reaped here, without blocking anyone, at the next spawn or destruction.
@@ -71,7 +71,7 @@ private:
 
 class child_process_factory;
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// One worker process started by `spawn` (spawn.hpp): the leader of its own process group (and by
 /// default its own session), whose exit is an awaitable event on its pidfd.
@@ -129,7 +129,7 @@ public:
         if (status_) return true;
         if (pid_ <= 0 || reaped_) return false;
         siginfo_t info;
-        if (!detail::peek_exit(pidfd_.native_handle(), info)) return false;
+        if (!detail::process::peek_exit(pidfd_.native_handle(), info)) return false;
         status_ = process_exit::from_siginfo(info);
         return true;
     }
@@ -151,10 +151,10 @@ public:
     /// it has already exited (a zombie would accept the signal and ignore it).
     bool signal(int sig) {
         if (pid_ <= 0 || reaped_ || check_exit()) return false;
-        if (detail::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
+        if (detail::process::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
         if (errno == ESRCH) return false;
         throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
-                            detail::errno_string(errno));
+                            detail::process::errno_string(errno));
     }
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
@@ -165,7 +165,7 @@ public:
         if (::kill(-pid_, sig) == 0) return true;
         if (errno == ESRCH) return false;
         throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
-                            detail::errno_string(errno));
+                            detail::process::errno_string(errno));
     }
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
@@ -177,8 +177,8 @@ public:
                                 ": it is still running (await wait() or stop() it first)");
         }
         ::kill(-pid_, SIGKILL);
-        detail::watcher::instance().remove(pid_);  // before the reap frees the group id
-        detail::reap_now(pidfd_.native_handle());
+        detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
+        detail::process::reap_now(pidfd_.native_handle());
         reaped_ = true;
         asio::error_code ignored;
         pidfd_.close(ignored);
@@ -198,7 +198,7 @@ public:
     [[nodiscard]] asio::any_io_executor get_executor() noexcept { return pidfd_.get_executor(); }
 
 private:
-    friend class detail::child_process_factory;
+    friend class detail::process::child_process_factory;
 
     child_process(asio::posix::stream_descriptor pidfd, pid_t pid, std::optional<asio::posix::stream_descriptor> in,
                   std::optional<asio::posix::stream_descriptor> out,
@@ -223,7 +223,7 @@ private:
                 reap();
             } else {
                 ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
-                detail::graveyard::instance().bury(pid_, detail::owned_fd(pidfd_.release()));
+                detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
             }
         } catch (...) {
             // Out of memory in the graveyard: the zombie stays, the group is already killed.
@@ -240,7 +240,7 @@ private:
     std::optional<asio::posix::stream_descriptor> stderr_;
 };
 
-namespace detail {
+namespace detail::process {
 
 /// The one place that builds child_process objects (spawn.hpp).
 class child_process_factory {
@@ -253,6 +253,6 @@ public:
     }
 };
 
-}  // namespace detail
+}  // namespace detail::process
 
 }  // namespace elastic::inline v0

@@ -34,7 +34,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail {
+namespace detail::process {
 
 /// Many pidfds awaited as one event source: a private epoll instance (level-triggered) holding
 /// them, itself awaited as one descriptor by Asio. Each exit is seen when it happens, not when
@@ -158,13 +158,13 @@ inline std::vector<child_process*> addresses(std::span<child_process> children) 
     return out;
 }
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// Waits until one of `children` that has not exited yet exits, and returns its index (its
 /// status() is then set). Returns `children.size()` at once if none is left running. Exit
 /// times are exact for all of them: the waits run side by side. Cancellable.
 inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
-    detail::exit_set set(co_await asio::this_coro::executor);
+    detail::process::exit_set set(co_await asio::this_coro::executor);
     for (std::size_t i = 0; i < children.size(); ++i) {
         if (children[i]->reaped() || children[i]->status()) continue;
         if (children[i]->check_exit()) co_return i;
@@ -179,7 +179,7 @@ inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> chi
 
 /// `wait_any` for workers held by value (a std::vector<child_process>, say).
 inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
-    const auto pointers = detail::addresses(children);
+    const auto pointers = detail::process::addresses(children);
     co_return co_await wait_any(std::span<child_process* const>(pointers));
 }
 
@@ -233,7 +233,7 @@ struct stop_options {
     std::chrono::milliseconds kill_timeout{10'000};  ///< how long to await deaths after SIGKILL
 };
 
-namespace detail {
+namespace detail::process {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
 inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
@@ -251,7 +251,7 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<chi
     co_await (await_exits(set, children) || timer.async_wait(asio::use_awaitable));
 }
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// Stops a group of workers as torchrun's `PContext.close` does, without its faults:
 ///   1. sends `options.signal` to every worker's process group (its descendants included);
@@ -273,7 +273,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
     std::vector<pid_t> pgids;
     std::vector<pid_t> leaders;
     // Descendants still there when the grace ran out, held by the pidfds taken at stop time.
-    std::vector<detail::group_member> outlived;
+    std::vector<detail::process::group_member> outlived;
 
     // 1. The stop signal, to every group whose leader is still unreaped (so its id is ours).
     for (std::size_t i = 0; i < children.size(); ++i) {
@@ -292,17 +292,17 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 
     // 2. The grace period: workers and the other members of their groups, one deadline.
     {
-        detail::exit_set set(executor);
+        detail::process::exit_set set(executor);
         for (std::size_t i = 0; i < children.size(); ++i) {
             if (!children[i]->reaped() && !children[i]->check_exit()) {
                 set.add(children[i]->native_pidfd(), i);
             }
         }
-        auto members = detail::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders);
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), children.size() + m);
         }
-        co_await detail::await_exits_or_timeout(set, children, options.grace);
+        co_await detail::process::await_exits_or_timeout(set, children, options.grace);
         for (std::size_t token : set.pending()) {
             if (token < children.size()) {
                 outlived_grace[token] = true;
@@ -319,7 +319,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         if (!child->reaped()) child->signal_group(SIGKILL);
     }
     {
-        detail::exit_set set(executor);
+        detail::process::exit_set set(executor);
         for (std::size_t i = 0; i < children.size(); ++i) {
             if (!children[i]->reaped() && !children[i]->check_exit()) {
                 set.add(children[i]->native_pidfd(), i);
@@ -329,10 +329,10 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
         // outlived the grace are awaited by the pidfds held since: a scan passes over a process
         // whose main thread is already a zombie while its other threads still exit, and a pidfd
         // reads as ended only once every thread has.
-        auto members = detail::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders);
         for (auto& held : outlived) {
             if (std::none_of(members.begin(), members.end(),
-                             [&](const detail::group_member& m) { return m.pid == held.pid; })) {
+                             [&](const detail::process::group_member& m) { return m.pid == held.pid; })) {
                 members.push_back(std::move(held));
             }
         }
@@ -343,7 +343,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
                 killed.push_back(members[m].pid);
             }
         }
-        co_await detail::await_exits_or_timeout(set, children, options.kill_timeout);
+        co_await detail::process::await_exits_or_timeout(set, children, options.kill_timeout);
         for (std::size_t token : set.pending()) {
             result.unkillable.push_back(token < children.size() ? children[token]->pid()
                                                                 : members[token - children.size()].pid);
@@ -375,7 +375,7 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 
 /// `stop` for workers held by value (a std::vector<child_process>, say).
 inline asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
-    const auto pointers = detail::addresses(children);
+    const auto pointers = detail::process::addresses(children);
     co_return co_await stop(std::span<child_process* const>(pointers), options);
 }
 

@@ -21,19 +21,19 @@ namespace elastic::inline v0 {
 /// glibc's `kill -l` does ("SIGRTMIN+3", "SIGRTMAX-2"). Numbers that are no signal (0, 32 and 33,
 /// which glibc keeps for itself, negatives, anything past SIGRTMAX) give "<N/A>", torchrun's
 /// placeholder, instead of failing.
-namespace detail {
+namespace detail::process {
 // Indexed by number; Linux x86-64/arm64 numbering (the only platform elastic supports).
 inline constexpr std::string_view standard_signal_names[] = {
     "",          "SIGHUP",  "SIGINT",    "SIGQUIT", "SIGILL",   "SIGTRAP", "SIGABRT", "SIGBUS",
     "SIGFPE",    "SIGKILL", "SIGUSR1",   "SIGSEGV", "SIGUSR2",  "SIGPIPE", "SIGALRM", "SIGTERM",
     "SIGSTKFLT", "SIGCHLD", "SIGCONT",   "SIGSTOP", "SIGTSTP",  "SIGTTIN", "SIGTTOU", "SIGURG",
     "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
-}  // namespace detail
+}  // namespace detail::process
 
 inline std::string signal_name(int signal_number) {
-    constexpr int standard_count = static_cast<int>(std::size(detail::standard_signal_names));
+    constexpr int standard_count = static_cast<int>(std::size(detail::process::standard_signal_names));
     if (signal_number >= 1 && signal_number < standard_count) {
-        return std::string(detail::standard_signal_names[signal_number]);
+        return std::string(detail::process::standard_signal_names[signal_number]);
     }
     // SIGRTMIN/SIGRTMAX are glibc function calls (34 and 64 here: NPTL keeps 32 and 33).
     const int rt_min = SIGRTMIN;

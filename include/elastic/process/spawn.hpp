@@ -79,7 +79,7 @@ struct spawn_options {
     process_isolation isolation = process_isolation::session;
 };
 
-namespace detail {
+namespace detail::process {
 
 /// The agent's environment as "NAME=value" entries (the caller must not race setenv).
 inline std::vector<std::string> environ_entries() {
@@ -270,7 +270,7 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
     }
 }
 
-}  // namespace detail
+}  // namespace detail::process
 
 /// Starts `options.program` and returns the running child, bound to `executor`.
 ///
@@ -289,9 +289,9 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     if (options.program.empty()) {
         throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
     }
-    detail::prepare_agent_signals();
-    const std::vector<std::string> env = options.env ? *options.env : detail::environ_entries();
-    const std::string path = detail::find_executable(options.program, env);
+    detail::process::prepare_agent_signals();
+    const std::vector<std::string> env = options.env ? *options.env : detail::process::environ_entries();
+    const std::string path = detail::process::find_executable(options.program, env);
 
     std::vector<std::string> arg_strings;
     arg_strings.reserve(options.args.size() + 1);
@@ -305,27 +305,28 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     for (auto& entry : env_strings) envp.push_back(entry.data());
     envp.push_back(nullptr);
 
-    detail::stdio_ends in = detail::open_stdio(options.in, true);
-    detail::stdio_ends out = detail::open_stdio(options.out, false);
-    detail::stdio_ends err = detail::open_stdio(options.err, false);
+    detail::process::stdio_ends in = detail::process::open_stdio(options.in, true);
+    detail::process::stdio_ends out = detail::process::open_stdio(options.out, false);
+    detail::process::stdio_ends err = detail::process::open_stdio(options.err, false);
 
     int error_pipe[2];
     if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
         throw process_error("cannot create the exec-status pipe for '" + options.program +
-                            "': " + detail::errno_string(errno) + " (raise the open-files limit)");
+                            "': " + detail::process::errno_string(errno) + " (raise the open-files limit)");
     }
-    detail::owned_fd error_read(error_pipe[0]);
-    detail::owned_fd error_write = detail::raise_above_stdio(detail::owned_fd(error_pipe[1]));
+    detail::process::owned_fd error_read(error_pipe[0]);
+    detail::process::owned_fd error_write = detail::process::raise_above_stdio(
+        detail::process::owned_fd(error_pipe[1]));
 
-    detail::watcher::instance().ensure_started();  // before any worker can be orphaned
-    detail::graveyard::instance().sweep();
+    detail::process::watcher::instance().ensure_started();  // before any worker can be orphaned
+    detail::process::graveyard::instance().sweep();
 
     rlimit limit{};
     int max_fd = 1024;
     if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
         max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
     }
-    const detail::child_plan plan{
+    const detail::process::child_plan plan{
         path.c_str(),
         argv.data(),
         envp.data(),
@@ -335,18 +336,19 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         ::getpid(),
         error_write.get(),
         max_fd,
-        detail::original_open_files_soft_limit(),
+        detail::process::original_open_files_soft_limit(),
     };
     pid_t pid = -1;
     int fork_errno = 0;
     auto job = [&] {
-        const pid_t forked = detail::vfork_child(plan);
+        const pid_t forked = detail::process::vfork_child(plan);
         if (forked < 0) fork_errno = errno;
         pid = forked;
     };
-    detail::spawner::instance().run(job);
+    detail::process::spawner::instance().run(job);
     if (pid < 0) {
-        throw spawn_error("cannot fork to start '" + options.program + "': " + detail::errno_string(fork_errno) +
+        throw spawn_error("cannot fork to start '" + options.program +
+                              "': " + detail::process::errno_string(fork_errno) +
                               " (check the process limit, ulimit -u, and free memory)",
                           fork_errno);
     }
@@ -357,7 +359,7 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 
     // The child exists: from here on, any failure kills and reaps it.
     try {
-        detail::watcher::instance().add(pid);
+        detail::process::watcher::instance().add(pid);
     } catch (...) {
         ::kill(pid, SIGKILL);
         while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -366,31 +368,31 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
     }
     // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
     // prepare_agent_signals), so it cannot have been recycled.
-    detail::owned_fd pidfd(detail::pidfd_open(pid));
+    detail::process::owned_fd pidfd(detail::process::pidfd_open(pid));
     if (!pidfd) {
         const int e = errno;
-        detail::discard_child(pid, -1);
-        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " + detail::errno_string(e) +
-                              " (needs Linux 5.3 or later)",
+        detail::process::discard_child(pid, -1);
+        throw spawn_error("cannot open a pidfd for pid " + std::to_string(pid) + ": " +
+                              detail::process::errno_string(e) + " (needs Linux 5.3 or later)",
                           e);
     }
 
-    detail::child_failure failure{};
+    detail::process::child_failure failure{};
     ssize_t n = 0;
     do {
         n = ::read(error_read.get(), &failure, sizeof failure);
     } while (n < 0 && errno == EINTR);
     if (n != 0) {
         if (n != static_cast<ssize_t>(sizeof failure)) {
-            failure = {detail::child_step::exec, n < 0 ? errno : EIO};
+            failure = {detail::process::child_step::exec, n < 0 ? errno : EIO};
         }
-        detail::discard_child(pid, pidfd.get());
-        throw spawn_error(detail::describe_failure(failure, options, path), failure.error);
+        detail::process::discard_child(pid, pidfd.get());
+        throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error);
     }
 
     // Hand the descriptors to Asio; assign() takes ownership only once it succeeds, so on
     // failure each one is still closed by its owned_fd, and the child is not left behind.
-    const auto adopt = [&](detail::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
+    const auto adopt = [&](detail::process::owned_fd& fd) -> std::optional<asio::posix::stream_descriptor> {
         if (!fd) return std::nullopt;
         asio::posix::stream_descriptor stream(executor);
         stream.assign(fd.get());
@@ -402,10 +404,10 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
         auto out_pipe = adopt(out.parent);
         auto err_pipe = adopt(err.parent);
         auto pid_stream = adopt(pidfd);
-        return detail::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe), std::move(out_pipe),
-                                                   std::move(err_pipe));
+        return detail::process::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
+                                                            std::move(out_pipe), std::move(err_pipe));
     } catch (...) {
-        detail::discard_child(pid, pidfd ? pidfd.get() : -1);
+        detail::process::discard_child(pid, pidfd ? pidfd.get() : -1);
         throw;
     }
 }

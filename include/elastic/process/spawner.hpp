@@ -12,7 +12,7 @@
 
 #include <pthread.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::process {
 
 /// Runs callables on a dedicated thread that lives as long as the process.
 ///
@@ -88,4 +88,4 @@ private:
     bool done_ = false;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::process

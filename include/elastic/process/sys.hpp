@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::process {
 
 /// Owns one file descriptor; closes it on destruction. Move-only.
 class owned_fd {
@@ -141,4 +141,4 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
     return owned_fd(moved);
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::process

@@ -23,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::process {
 
 // Why a watcher process: PR_SET_PDEATHSIG kills the worker when the agent dies, but it is not
 // inherited, so a worker's own children (wrapper scripts, data-loader processes) would survive an
@@ -234,4 +234,4 @@ private:
     std::vector<pid_t> groups_;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::process

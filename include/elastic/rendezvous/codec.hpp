@@ -26,7 +26,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 /// A store value that is not what the rendezvous wrote there: bad JSON, a wrong type, a value
 /// out of range. The rendezvous reports it (naming the key) and ignores it.
@@ -262,6 +262,6 @@ inline std::string guard_value(const std::string& run_id) {
     return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
 }
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0

@@ -22,7 +22,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 /// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
 inline std::string describe_node_id(std::string_view id) {
@@ -59,6 +59,6 @@ struct membership_log {
     }
 };
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0

@@ -21,7 +21,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 /// The group rank of each node (by arrival order) or a message naming the conflict.
 /// `--node-rank` first; the rest keep their previous order (stable), newcomers by arrival.
@@ -211,6 +211,6 @@ inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept
     return m;
 }
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0

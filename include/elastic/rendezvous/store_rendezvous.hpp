@@ -111,8 +111,8 @@ public:
         }
     {
         // clang-format on
-        auto log = std::make_shared<detail::rdzv::membership_log>(co_await asio::this_coro::executor);
-        co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rdzv::encode(me));
+        auto log = std::make_shared<detail::rendezvous::membership_log>(co_await asio::this_coro::executor);
+        co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rendezvous::encode(me));
         (void)co_await lease.add(job_key("registered"), 1);
         log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
@@ -130,7 +130,7 @@ public:
         store_ = &store;
         watcher_ = &watcher;
         options_.hosts_store = hosts_it;
-        const auto moved = detail::rdzv::after_store_moved(size_, host_in_round_);
+        const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
         target_ = moved.target;
         phase_ = phase::idle;
@@ -173,7 +173,7 @@ public:
                     }
                     co_await wait_long(*lease, k);
                     auto name = co_await lease->get(k);
-                    if (name.empty() || name.size() > detail::rdzv::max_id) {
+                    if (name.empty() || name.size() > detail::rendezvous::max_id) {
                         // Not a lease name the server wrote: the loss is counted, nobody is named.
                         ignored(k, name, "not a lease name", "no member is taken for lost by it");
                         name.clear();
@@ -234,18 +234,18 @@ public:
             const int r = round_;
             phase_ = phase::forming;
             const auto arrival = co_await store_->add(key(r, "count"), 1);
-            const auto step = detail::rdzv::on_arrival(arrival, rules());
-            if (step == detail::rdzv::arrival_step::late) {
+            const auto step = detail::rendezvous::on_arrival(arrival, rules());
+            if (step == detail::rendezvous::arrival_step::late) {
                 co_await late(r, me);
                 continue;
             }
             me.hosts_store = options_.hosts_store;
-            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rdzv::encode(me));
-            if (step == detail::rdzv::arrival_step::complete) {
+            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rendezvous::encode(me));
+            if (step == detail::rendezvous::arrival_step::complete) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
-            } else if (step == detail::rdzv::arrival_step::seal) {
+            } else if (step == detail::rendezvous::arrival_step::seal) {
                 co_await seal(*store_, r);
-            } else if (step == detail::rdzv::arrival_step::try_seal) {
+            } else if (step == detail::rendezvous::arrival_step::try_seal) {
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
@@ -309,7 +309,7 @@ public:
             if (!count) co_await store_->set(job_key("restarts"), std::to_string(restarts_));
             (void)co_await store_->add(job_key("restarts"), 1);
         }
-        const auto value = detail::rdzv::encode(decision);
+        const auto value = detail::rendezvous::encode(decision);
         for (int slot = 0;; ++slot) {
             if (slot == max_slots) throw rendezvous_error(too_many_invalid(round_, "decision"));
             const auto k = slot_key(round_, "decision", slot);
@@ -335,7 +335,7 @@ public:
             if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
-                                    [](std::string_view v) { return detail::rdzv::decode_decision(v); });
+                                    [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
             if (!decision) continue;
             if (decision->restart) {
                 const auto count = co_await job_restarts(*store_);
@@ -387,7 +387,7 @@ public:
         result.how = barrier_result::kind::timed_out;
         std::vector<std::string> hosts;
         try {
-            hosts = detail::rdzv::decode_hosts(co_await store_->get(key(r, "hosts")));
+            hosts = detail::rendezvous::decode_hosts(co_await store_->get(key(r, "hosts")));
         } catch (const std::exception&) {
         }
         for (int g = 0; g < size_; ++g) {
@@ -438,7 +438,7 @@ private:
     [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
 
     // What decides the next round's completion besides its arrivals (the planner's input).
-    [[nodiscard]] detail::rdzv::round_rules rules() const noexcept {
+    [[nodiscard]] detail::rendezvous::round_rules rules() const noexcept {
         return {options_.nnodes, options_.elastic(), needed(), target_};
     }
 
@@ -468,7 +468,7 @@ private:
     void ignored(std::string_view k, std::string_view value, std::string_view why, std::string_view then) {
         if (!warned_.insert(fmt::format("{}\n{}", k, value)).second) return;
         const auto line = fmt::format("ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}",
-                                      k, detail::rdzv::shown(value), why, then);
+                                      k, detail::rendezvous::shown(value), why, then);
         if (options_.warn) options_.warn(line);
         else say(line);
     }
@@ -479,7 +479,7 @@ private:
         -> std::optional<decltype(decode(value))> {
         try {
             return decode(value);
-        } catch (const detail::rdzv::invalid_value& e) {
+        } catch (const detail::rendezvous::invalid_value& e) {
             ignored(k, value, e.what(), then);
         } catch (const nlohmann::json::exception& e) {
             ignored(k, value, e.what(), then);
@@ -490,14 +490,14 @@ private:
     std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
         const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
         return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
-                       [&](std::string_view v) { return detail::rdzv::decode_abort(v, size); });
+                       [&](std::string_view v) { return detail::rendezvous::decode_abort(v, size); });
     }
 
     // Writes `mine` as round r's abort unless a valid abort is there first; returns the abort
     // that stands and whether it is this node's. An invalid value found in a slot is reported
     // and skipped: the abort goes to the next slot, where the watchers that saw it wait.
     asio::awaitable<std::pair<abort_notice, bool>> abort_round(Store& s, int r, abort_notice mine) {
-        const auto value = detail::rdzv::encode(mine);
+        const auto value = detail::rendezvous::encode(mine);
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
             const auto got = co_await s.compare_set(k, std::string{}, value);
@@ -526,7 +526,7 @@ private:
         if (!co_await s.check(std::move(keys))) co_return 0;
         const auto value = co_await s.get(k);
         co_return checked(k, value, "the job keeps the restart count it knows", [](std::string_view v) {
-            return static_cast<int>(detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max()));
+            return static_cast<int>(detail::rendezvous::decode_count(v, 0, std::numeric_limits<int>::max()));
         });
     }
 
@@ -536,7 +536,7 @@ private:
         const auto k = lease_epoch_key(lease_group());
         const auto value = co_await s.get(k);
         co_return checked(k, value, "the job keeps the loss count it knows", [](std::string_view v) {
-            return detail::rdzv::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+            return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
         }).value_or(known);
     }
 
@@ -571,8 +571,8 @@ private:
     }
 
     asio::awaitable<void> guard() {
-        const auto k = detail::rdzv::torchrun_key(options_.run_id);
-        const auto mine = detail::rdzv::guard_value(options_.run_id);
+        const auto k = detail::rendezvous::torchrun_key(options_.run_id);
+        const auto mine = detail::rendezvous::guard_value(options_.run_id);
         const auto got = co_await store_->compare_set(k, std::string{}, mine);
         if (got != mine) {
             throw rendezvous_error(fmt::format(
@@ -625,7 +625,7 @@ private:
         const int size = checked(size_key, size_text,
                                  "this node takes the round for one that lost a node while forming",
                                  [&](std::string_view v) {
-                                     return static_cast<int>(detail::rdzv::decode_count(v, 0, options_.nnodes));
+                                     return static_cast<int>(detail::rendezvous::decode_count(v, 0, options_.nnodes));
                                  })
                              .value_or(0);
         if (size > 0) {
@@ -635,7 +635,9 @@ private:
             const auto moves_text = co_await store_->get(moves_key);
             size_ = size;
             if (auto moves = checked(moves_key, moves_text, "this node knows no successor of the store's host",
-                                     [](std::string_view v) { return detail::rdzv::decode_round_successors(v); })) {
+                                     [](std::string_view v) {
+                                         return detail::rendezvous::decode_round_successors(v);
+                                     })) {
                 host_in_round_ = moves->first;
                 successors_ = std::move(moves->second);
             } else {
@@ -687,7 +689,7 @@ private:
         const auto mine = key(r, fmt::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
-        if (detail::rdzv::has_last_call(arrival, rules())) {
+        if (detail::rendezvous::has_last_call(arrival, rules())) {
             last_call = clock::now() + options_.last_call_timeout;
         }
         for (;;) {
@@ -711,7 +713,7 @@ private:
             }
             if (clock::now() < join_deadline) continue;
             auto joined = co_await store_->add(key(r, "count"), 0);
-            if (joined >= detail::rdzv::seal_increment) joined -= detail::rdzv::seal_increment;
+            if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
             if (quorum_ > 0) {
                 throw rendezvous_error(fmt::format(
@@ -734,8 +736,8 @@ private:
         }
         const auto value = co_await store_->get(mine);
         try {
-            co_return detail::rdzv::decode_assignment(value, options_.nnodes);
-        } catch (const detail::rdzv::invalid_value& e) {
+            co_return detail::rendezvous::decode_assignment(value, options_.nnodes);
+        } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
             ignored(mine, value, e.what(), "this node has no assignment in this round");
             throw rendezvous_error(fmt::format(
@@ -752,9 +754,9 @@ private:
     asio::awaitable<void> complete_if_all_live(Store& s, int r) {
         if (!members_) co_return;
         const auto count = co_await s.add(key(r, "count"), 0);
-        if (!detail::rdzv::may_seal_when_all_live(count, rules())) co_return;
+        if (!detail::rendezvous::may_seal_when_all_live(count, rules())) co_return;
         if (count < co_await live_nodes(s)) co_return;
-        if (!detail::rdzv::quick_round(r, admission_, target_)) {
+        if (!detail::rendezvous::quick_round(r, admission_, target_)) {
             std::vector<std::string> over{key(r, "last_call_over")};
             if (!co_await s.check(std::move(over))) co_return;
         }
@@ -772,8 +774,8 @@ private:
     // Seals round r (no arrival after this joins it); the one node whose seal came first
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
-        const auto sealed = co_await s.add(key(r, "count"), detail::rdzv::seal_increment);
-        if (const auto joined = detail::rdzv::sealed_arrivals(sealed, options_.nnodes))
+        const auto sealed = co_await s.add(key(r, "count"), detail::rendezvous::seal_increment);
+        if (const auto joined = detail::rendezvous::sealed_arrivals(sealed, options_.nnodes))
             co_await complete(s, r, *joined);
     }
 
@@ -796,9 +798,9 @@ private:
         arrived.reserve(values.size());
         for (std::size_t i = 0; i < values.size(); ++i) {
             auto node = checked(keys[i], values[i], "this arrival is left out of the round", [&](std::string_view v) {
-                auto n = detail::rdzv::decode_node(v);
+                auto n = detail::rendezvous::decode_node(v);
                 if (members_ && n.id.empty())
-                    throw detail::rdzv::invalid_value("it names no lease (every agent holds one)");
+                    throw detail::rendezvous::invalid_value("it names no lease (every agent holds one)");
                 return n;
             });
             valid.push_back(node.has_value());
@@ -851,13 +853,13 @@ private:
             std::vector<node_info> nodes;
             for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
             const int n = static_cast<int>(nodes.size());
-            auto planned = detail::rdzv::plan_round(nodes, !options_.elastic());
+            auto planned = detail::rendezvous::plan_round(nodes, !options_.elastic());
             if (const auto* message = std::get_if<std::string>(&planned)) {
                 tell_all(nlohmann::json{{"error", *message}}.dump());
             } else {
-                const auto& plan = std::get<detail::rdzv::round_plan>(planned);
+                const auto& plan = std::get<detail::rendezvous::round_plan>(planned);
                 const auto& master = nodes[plan.master];
-                const auto successors = detail::rdzv::encode_successors(plan.successors);
+                const auto successors = detail::rendezvous::encode_successors(plan.successors);
                 tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
                                                   "to the rendezvous store ended)"}}
                              .dump());
@@ -931,7 +933,8 @@ private:
         const auto value = co_await s.get(mark);
         const auto first_kept = checked(mark, value, "this node takes its round for one not deleted yet",
                                         [](std::string_view v) {
-                                            return detail::rdzv::decode_count(v, 0, std::numeric_limits<int>::max());
+                                            return detail::rendezvous::decode_count(v, 0,
+                                                                                    std::numeric_limits<int>::max());
                                         });
         co_return first_kept&&* first_kept > r;
     }
@@ -975,7 +978,7 @@ private:
         if (co_await s.check(std::move(mark_key))) {
             const auto value = co_await s.get(mark);
             from = checked(mark, value, "only the oldest round kept is deleted", [&](std::string_view v) {
-                       return static_cast<int>(detail::rdzv::decode_count(v, 0, upto + 1));
+                       return static_cast<int>(detail::rendezvous::decode_count(v, 0, upto + 1));
                    }).value_or(upto);
         }
         // Bounded work: a round is deleted by the next completer at the latest, so only a gap
@@ -996,15 +999,15 @@ private:
             const auto value = co_await s.get(manifest_key);
             const auto manifest = checked(
                 manifest_key, value, "only the round's fixed keys are deleted", [&](std::string_view v) {
-                    const auto j = detail::rdzv::parse_object(v);
-                    const int k = detail::rdzv::field_small(j, "k", 0, options_.nnodes);
-                    const int n = detail::rdzv::field_small(j, "n", 0, options_.nnodes);
+                    const auto j = detail::rendezvous::parse_object(v);
+                    const int k = detail::rendezvous::field_small(j, "k", 0, options_.nnodes);
+                    const int n = detail::rendezvous::field_small(j, "n", 0, options_.nnodes);
                     const auto ids = j.find("ids");
                     if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
-                        throw detail::rdzv::invalid_value("'ids' is not a list of the arrivals");
+                        throw detail::rendezvous::invalid_value("'ids' is not a list of the arrivals");
                     std::vector<std::string> out;
                     for (const auto& id : *ids) {
-                        if (!id.is_string()) throw detail::rdzv::invalid_value("an id is not a string");
+                        if (!id.is_string()) throw detail::rendezvous::invalid_value("an id is not a string");
                         out.push_back(id.get<std::string>());
                     }
                     return std::tuple{k, n, std::move(out)};
@@ -1046,7 +1049,7 @@ private:
         lost.what = abort_notice::kind::membership;
         lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
                                   "silent)",
-                                  detail::rdzv::describe_node_id(name));
+                                  detail::rendezvous::describe_node_id(name));
         (void)co_await abort_round(s, r, std::move(lost));
     }
 
@@ -1077,7 +1080,7 @@ private:
     Store* watcher_;
     Store* lease_ = nullptr;
     store_rendezvous_options options_;
-    std::shared_ptr<detail::rdzv::membership_log> members_;
+    std::shared_ptr<detail::rendezvous::membership_log> members_;
     std::string id_;
     std::set<std::string> warned_;  ///< key and value of every invalid value reported
     phase phase_ = phase::idle;

@@ -45,7 +45,7 @@
 
 namespace elastic::inline v0 {
 
-namespace detail::rdzv {
+namespace detail::rendezvous {
 
 inline bool is_loopback(std::string_view host) {
     if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
@@ -199,7 +199,7 @@ inline std::string bind_address_for(std::string_view host) {
     return owned.empty() ? std::string("0.0.0.0") : owned;
 }
 
-}  // namespace detail::rdzv
+}  // namespace detail::rendezvous
 
 /// The environment variable that hands an agent the job's secret itself (for schedulers that
 /// inject secrets as variables); `--rdzv-conf secret_file=PATH` names a file instead.
@@ -253,7 +253,7 @@ inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
     if (p.nnodes.max > 1) return true;
     if (p.backend != rendezvous_backend::c10d) return false;
     if (p.settings.is_host) return !*p.settings.is_host;
-    return !detail::rdzv::is_this_host(p.endpoint.host);
+    return !detail::rendezvous::is_this_host(p.endpoint.host);
 }
 
 /// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
@@ -266,12 +266,12 @@ struct advertised_address {
 
 [[nodiscard]] inline advertised_address advertise(const rendezvous_parameters& p) {
     if (p.local_addr) {
-        const auto lit = detail::rdzv::literal_for(*p.local_addr);
-        return {detail::rdzv::bind_address_for(lit), lit};
+        const auto lit = detail::rendezvous::literal_for(*p.local_addr);
+        return {detail::rendezvous::bind_address_for(lit), lit};
     }
-    if (detail::rdzv::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
+    if (detail::rendezvous::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
     const auto fqdn = host_fqdn();
-    return {detail::rdzv::bind_address_for(fqdn), fqdn};
+    return {detail::rendezvous::bind_address_for(fqdn), fqdn};
 }
 
 /// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
@@ -295,7 +295,7 @@ public:
     /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
     asio::awaitable<void> start() {
         const auto endpoint = params_.endpoint;
-        const auto host = detail::rdzv::literal_for(endpoint.host);
+        const auto host = detail::rendezvous::literal_for(endpoint.host);
         const std::uint16_t port = endpoint.port.value_or(0);
         const bool is_static = params_.backend == rendezvous_backend::static_;
         const auto join_timeout = is_static ? params_.settings.timeout : params_.settings.join_timeout;
@@ -309,12 +309,12 @@ public:
             want_host = *params_.settings.is_host;
             explicit_host = true;
         } else {
-            want_host = detail::rdzv::is_this_host(endpoint.host);
+            want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
         if (want_host) {
             // A name: the address it resolves to on this node, not every interface.
-            const auto bind_host = detail::rdzv::bind_address_for(host);
+            const auto bind_host = detail::rendezvous::bind_address_for(host);
             auto options = server_options(bind_host, port);
             try {
                 server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
@@ -414,7 +414,7 @@ public:
         std::string tried;
         for (const auto& next : successors) {
             const bool mine = next.id == node_id_ && backup_;
-            auto options = client_options(detail::rdzv::literal_for(next.addr), next.port, patience);
+            auto options = client_options(detail::rendezvous::literal_for(next.addr), next.port, patience);
             auto client = std::make_unique<tcp_store_client>(executor_, options);
             try {
                 co_await client->connect();

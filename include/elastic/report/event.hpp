@@ -93,7 +93,7 @@ inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
     string_sink sink{out};
     const auto quoted = [&](const std::string& text) {
         out.push_back('"');
-        crash::json_escape(sink, text.data(), text.size());
+        detail::json_escape(sink, text.data(), text.size());
         out.push_back('"');
     };
     if (value.is_object()) {

@@ -357,7 +357,7 @@ public:
         req_.value = value;
         wbuf_.clear();
         wire::encode_request(*dialect_, req_, wbuf_);
-        detail::encode_heartbeat(*dialect_, wbuf_);
+        detail::store::encode_heartbeat(*dialect_, wbuf_);
         co_await flush(std::string_view("SET"), k);
         co_await read_heartbeat(std::string_view("SET"), k);
         leases_.add(std::move(key));
@@ -387,9 +387,9 @@ private:
     }
 
     asio::awaitable<void> read_heartbeat(std::string_view what, std::string_view key) {
-        const auto n = detail::heartbeat_reply_size(*dialect_);
+        const auto n = detail::store::heartbeat_reply_size(*dialect_);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
-        if (!detail::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
+        if (!detail::store::heartbeat_reply_ok(*dialect_, rbuf_.data() + rbeg_))
             throw_protocol(what, key, "a wrong heartbeat reply");
         rbeg_ += n;
     }
@@ -439,7 +439,7 @@ private:
             co_return;
         }
         std::string out;
-        detail::encode_heartbeat(*dialect_, out);
+        detail::store::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
         auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
         (void)n;
@@ -447,13 +447,14 @@ private:
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
-                conn->socket, asio::buffer(reply.data(), detail::heartbeat_reply_size(*dialect_)), tuple_awaitable);
+                conn->socket, asio::buffer(reply.data(), detail::store::heartbeat_reply_size(*dialect_)),
+                tuple_awaitable);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
         }
         if (conn != conn_) co_return;  // closed meanwhile (close()): already reported
-        if (!ec && detail::heartbeat_reply_ok(*dialect_, reply.data())) {
+        if (!ec && detail::store::heartbeat_reply_ok(*dialect_, reply.data())) {
             disarm();
             co_return;
         }
@@ -574,7 +575,8 @@ private:
                     drop();
                 }
             }
-            const auto delay = detail::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff, rng_);
+            const auto delay = detail::store::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff,
+                                                              rng_);
             if (clock::now() + delay >= deadline) {
                 throw store_error(fmt::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
@@ -609,7 +611,7 @@ private:
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
         }
-        conn_ = std::make_shared<detail::store_client_connection>(executor_);
+        conn_ = std::make_shared<detail::store::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
         const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
@@ -914,7 +916,7 @@ private:
     asio::any_io_executor executor_;
     store_client_options options_;
     std::optional<wire::dialect> dialect_;
-    std::shared_ptr<detail::store_client_connection> conn_;
+    std::shared_ptr<detail::store::store_client_connection> conn_;
     std::minstd_rand rng_;
     wire::request req_;
     std::string wbuf_;
@@ -923,7 +925,7 @@ private:
     std::size_t rend_ = 0;
     detail::async_mutex lock_;  // one request at a time (acquire())
     // Leases: the keys held on conn_ and the latched loss for connection_lost(); the heartbeat.
-    detail::store_client_leases leases_;
+    detail::store::store_client_leases leases_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;

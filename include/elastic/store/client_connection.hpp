@@ -15,7 +15,7 @@
 #include <random>
 #include <system_error>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // One TCP connection and its deadline timer. Shared with the timer's handler (weakly), which
 // may run after the client or the connection is gone.
@@ -68,4 +68,4 @@ inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milli
                                                                                  jitter(rng)));
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store

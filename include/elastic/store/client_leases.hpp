@@ -35,7 +35,7 @@ struct store_connection_loss {
     std::vector<std::string> leases;  ///< the keys that were held, as given to hold_lease
 };
 
-namespace detail {
+namespace detail::store {
 
 // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
 // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
@@ -106,6 +106,6 @@ private:
     async_signal lost_;
 };
 
-}  // namespace detail
+}  // namespace detail::store
 
 }  // namespace elastic::inline v0

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // Heterogeneous lookup: find a std::string key with a std::string_view, no temporary string.
 struct store_string_hash {
@@ -343,4 +343,4 @@ private:
     static constexpr std::size_t entry_overhead = 64;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store

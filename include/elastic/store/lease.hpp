@@ -25,7 +25,7 @@ namespace elastic::inline v0 {
 /// The segment that marks a lease key: at the start of a wire key or right after a '/'.
 inline constexpr std::string_view lease_marker = "__lease__/";
 
-namespace detail {
+namespace detail::store {
 
 inline std::string lease_space(std::string_view group) {
     std::string out(group);
@@ -34,22 +34,24 @@ inline std::string lease_space(std::string_view group) {
     return out;
 }
 
-}  // namespace detail
+}  // namespace detail::store
 
 /// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
 /// not be empty nor start with "__" (hold_lease and the server refuse such names).
 inline std::string lease_key(std::string_view group, std::string_view name) {
-    return detail::lease_space(group).append(name);
+    return detail::store::lease_space(group).append(name);
 }
 
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) { return detail::lease_space(group).append("__epoch"); }
+inline std::string lease_epoch_key(std::string_view group) {
+    return detail::store::lease_space(group).append("__epoch");
+}
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
 inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
-    return detail::lease_space(group).append("__lost/").append(std::to_string(epoch));
+    return detail::store::lease_space(group).append("__lost/").append(std::to_string(epoch));
 }
 
 /// A wire key split at its lease marker.

@@ -30,12 +30,13 @@ class memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
     explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
-        : owned_(std::make_unique<detail::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
+        : owned_(std::make_unique<detail::store::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
 
     /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
     /// server uses the same keys and waiters in process, without a loopback connection. The
     /// engine must outlive the store; use both on the engine's thread.
-    explicit memory_store(detail::store_engine& engine, std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit memory_store(detail::store::store_engine& engine,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
@@ -114,12 +115,12 @@ public:
     }
 
     /// The engine (shared semantics; the server exposes the same).
-    detail::store_engine& engine() noexcept { return *engine_; }
+    detail::store::store_engine& engine() noexcept { return *engine_; }
 
 private:
     // One timer is both the deadline and the wake-up: on_ready cancels it. `done` is the truth,
     // so a deadline that expires in the same turn as the write still counts as success.
-    struct timed_waiter final : detail::store_waiter {
+    struct timed_waiter final : detail::store::store_waiter {
         explicit timed_waiter(const asio::any_io_executor& ex) : timer(ex) {}
         void on_ready() override {
             done = true;
@@ -140,12 +141,12 @@ private:
             throw std::system_error(ec, "store wait cancelled");
         std::string names;
         for (const auto& k : keys)
-            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store_engine::printable(k);
+            if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store::store_engine::printable(k);
         throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}", timeout.count(), names));
     }
 
-    std::unique_ptr<detail::store_engine> owned_;  // null when viewing another's engine
-    detail::store_engine* engine_;
+    std::unique_ptr<detail::store::store_engine> owned_;  // null when viewing another's engine
+    detail::store::store_engine* engine_;
     std::chrono::milliseconds timeout_;
 };
 

@@ -36,7 +36,7 @@ class tcp_store_server {
 public:
     /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
     explicit tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
-        : core_(std::make_shared<detail::store_server_core>(executor, std::move(options))) {
+        : core_(std::make_shared<detail::store::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
         if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
@@ -92,18 +92,18 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, detail::accept_loop(core_), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, detail::store::accept_loop(core_), asio::detached); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
     /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
     /// outlive the server object.
-    asio::awaitable<void> run() { return detail::accept_loop(core_); }
+    asio::awaitable<void> run() { return detail::store::accept_loop(core_); }
 
     /// Stops accepting and closes every connection (their waits are dropped).
-    void stop() noexcept { detail::stop_server(*core_); }
+    void stop() noexcept { detail::store::stop_server(*core_); }
 
     /// The key table the connections share (for an embedding agent and for tests).
-    detail::store_engine& engine() noexcept { return core_->engine; }
+    detail::store::store_engine& engine() noexcept { return core_->engine; }
 
     /// The number of open connections.
     std::size_t connections() const noexcept { return core_->connections.size(); }
@@ -117,7 +117,7 @@ public:
     std::uint64_t leases_lost() const noexcept { return core_->leases.lost(); }
 
 private:
-    std::shared_ptr<detail::store_server_core> core_;
+    std::shared_ptr<detail::store::store_server_core> core_;
 };
 
 }  // namespace elastic::inline v0

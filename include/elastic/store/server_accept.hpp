@@ -25,7 +25,7 @@
 
 #include <poll.h>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // Whether a client waits in the listening socket's queue (never blocks).
 inline bool client_waiting(asio::ip::tcp::acceptor& acceptor) noexcept {
@@ -134,4 +134,4 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
     stop_server(*core);
 }
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store

@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
 // WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
@@ -710,4 +710,4 @@ private:
     std::unique_ptr<store_auth::server_handshake> auth_;  // until authenticated (with a secret)
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store

@@ -1,5 +1,5 @@
 // What a tcp_store_server is given (store_server_options) and the state it shares with its
-// connections (detail::store_server_core).
+// connections (detail::store::store_server_core).
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -103,7 +103,7 @@ struct store_server_options {
     std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
 };
 
-namespace detail {
+namespace detail::store {
 
 class store_connection;
 
@@ -163,6 +163,6 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
     return fmt::format("{}:{}", ep.address().to_string(), ep.port());
 }
 
-}  // namespace detail
+}  // namespace detail::store
 
 }  // namespace elastic::inline v0

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <unordered_map>
 
-namespace elastic::inline v0::detail {
+namespace elastic::inline v0::detail::store {
 
 class store_connection;
 
@@ -107,4 +107,4 @@ private:
     std::uint64_t lost_ = 0;
 };
 
-}  // namespace elastic::inline v0::detail
+}  // namespace elastic::inline v0::detail::store
