@@ -1,4 +1,4 @@
-// What the rendezvous trusts (issue 17): invalid control values written into a running job's
+// What the rendezvous trusts: invalid control values written into a running job's
 // store by another client are reported and ignored, the rendezvous store's keys do not grow
 // over restarts, and a host name endpoint binds that name's address, never 0.0.0.0.
 #include "agent_support.hpp"
