@@ -204,7 +204,9 @@ TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error na
         {2, "job::decide() on a step that is not the open one (attempt 1 of 1, none open)"},
         {3, "job::decide() on a step that is not the open one (attempt 7 of 1)"},
     };
-    for (const auto& [mode, expected] : cases) {
+    for (const auto& each : cases) {
+        const int mode = each.first;  // a structured binding cannot be captured by CAPTURE's lambda in clang 14
+        const auto& expected = each.second;
         CAPTURE(mode);
         asio::io_context io;
         elastic::local_agent agent(io.get_executor(), workers, elastic::rendezvous_parameters{},
