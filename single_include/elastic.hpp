@@ -1495,6 +1495,10 @@ int record(Entry&& entry, Args&&... args) {
 // that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
 // that may throw with `||`. The waits sleep on steady_timers that never expire by themselves;
 // cancelling the timer is the wake-up.
+//
+// The classes are templates over an unused parameter, used through their aliases: g++ compiles
+// every non-template inline coroutine in every file that sees it, a template's only where it
+// is used (docs/building.md, "Compile time").
 
 
 #include <asio/any_io_executor.hpp>
@@ -1511,19 +1515,30 @@ int record(Entry&& entry, Args&&... args) {
 #include <list>
 #include <optional>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
 namespace elastic::inline v0::detail {
 
+/// asio::use_awaitable, and as_tuple of it, named through a template parameter. An operation
+/// completed with them depends on `Defer`, so g++ compiles the operation's coroutine only where
+/// the template that awaits it is used; with asio::use_awaitable it would compile it wherever
+/// the template is seen (docs/building.md, "Compile time").
+template <class Defer>
+inline constexpr asio::use_awaitable_t<> use_awaitable{};
+template <class Defer>
+inline constexpr asio::experimental::as_tuple_t<asio::use_awaitable_t<>> as_tuple_awaitable{};
+
 /// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
 /// its own timer; unlock() hands the lock over by marking the first waiter granted and
 /// cancelling its timer. Use it on one thread.
-class async_mutex {
+template <class Defer = void>
+class basic_async_mutex {
 public:
-    explicit async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
-    async_mutex(const async_mutex&) = delete;
-    async_mutex& operator=(const async_mutex&) = delete;
+    explicit basic_async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
+    basic_async_mutex(const basic_async_mutex&) = delete;
+    basic_async_mutex& operator=(const basic_async_mutex&) = delete;
 
     /// Takes the lock, in turn. A waiter cancelled while queued leaves the queue and throws
     /// operation_aborted with `cancelled` as its message.
@@ -1533,7 +1548,7 @@ public:
         w.timer.expires_at(asio::steady_timer::time_point::max());
         queue_.push_back(&w);
         const auto it = std::prev(queue_.end());
-        co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await w.timer.async_wait(as_tuple_awaitable<Defer>);
         if (!w.granted) {  // cancelled by our caller while queued
             queue_.erase(it);
             throw std::system_error(asio::error::operation_aborted, cancelled);
@@ -1572,13 +1587,15 @@ private:
     bool locked_ = false;
     std::list<waiter*> queue_;
 };
+using async_mutex = basic_async_mutex<>;
 
 /// Wakes every coroutine that waits on it at each notify(); a waiter then checks what it
 /// waits for and waits again if need be. A notify() with nobody waiting is lost. Use it on one
 /// thread.
-class async_signal {
+template <class Defer = void>
+class basic_async_signal {
 public:
-    explicit async_signal(const asio::any_io_executor& executor)
+    explicit basic_async_signal(const asio::any_io_executor& executor)
         : timer_(executor, asio::steady_timer::time_point::max()) {}
 
     /// Wakes every current waiter.
@@ -1587,19 +1604,19 @@ public:
     /// Completes at the next notify(), when the signal is destroyed, or when the caller is
     /// cancelled (it cannot tell which: check the cancellation state or what it waits for). It
     /// touches nothing of the signal once woken, so the signal may be gone by then.
-    asio::awaitable<void> wait() {
-        (void)co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    }
+    asio::awaitable<void> wait() { (void)co_await timer_.async_wait(as_tuple_awaitable<Defer>); }
 
 private:
     asio::steady_timer timer_;
 };
+using async_signal = basic_async_signal<>;
 
 /// Counts running tasks and lets one coroutine await the moment none is left (an event: the
 /// last `done()` cancels the timer the waiter sleeps on; nothing polls).
-class task_latch {
+template <class Defer = void>
+class basic_task_latch {
 public:
-    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+    explicit basic_task_latch(const asio::any_io_executor& executor) : timer_(executor) {
         timer_.expires_at(asio::steady_timer::time_point::max());
     }
     void add() noexcept { ++count_; }
@@ -1616,7 +1633,7 @@ public:
     /// One latch per attempt's streams.
     asio::awaitable<void> wait() {
         if (count_ == 0) co_return;
-        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await timer_.async_wait(as_tuple_awaitable<Defer>);
     }
 
 private:
@@ -1624,6 +1641,7 @@ private:
     std::size_t count_ = 0;
     std::uint64_t progress_ = 0;
 };
+using task_latch = basic_task_latch<>;
 
 /// An operation's value or the exception it ended with. The agent races rendezvous and policy
 /// operations against its signals with `||`; an exception escaping one side of `||` left the
@@ -1640,22 +1658,19 @@ struct settled {
     }
 };
 
+/// Runs `op` to its end and returns its value or its exception (settled<std::monostate> for
+/// awaitable<void>).
 template <class T>
-asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
-    settled<T> out;
+auto settle(asio::awaitable<T> op)
+    -> asio::awaitable<settled<std::conditional_t<std::is_void_v<T>, std::monostate, T>>> {
+    settled<std::conditional_t<std::is_void_v<T>, std::monostate, T>> out;
     try {
-        out.value.emplace(co_await std::move(op));
-    } catch (...) {
-        out.error = std::current_exception();
-    }
-    co_return out;
-}
-
-inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
-    settled<std::monostate> out;
-    try {
-        co_await std::move(op);
-        out.value.emplace();
+        if constexpr (std::is_void_v<T>) {
+            co_await std::move(op);
+            out.value.emplace();
+        } else {
+            out.value.emplace(co_await std::move(op));
+        }
     } catch (...) {
         out.error = std::current_exception();
     }
@@ -2550,9 +2565,10 @@ inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
 
 // The lease keys a client holds on its connection, and the loss of that connection: reported
 // once, to whoever awaits (or next awaits) next_loss(). Use it on the client's thread.
-class store_client_leases {
+template <class Defer = void>
+class basic_store_client_leases {
 public:
-    explicit store_client_leases(const asio::any_io_executor& executor) : lost_(executor) {}
+    explicit basic_store_client_leases(const asio::any_io_executor& executor) : lost_(executor) {}
 
     [[nodiscard]] const std::vector<std::string>& keys() const noexcept { return keys_; }
     [[nodiscard]] bool empty() const noexcept { return keys_.empty(); }
@@ -2595,6 +2611,7 @@ private:
     std::optional<store_connection_loss> loss_;
     async_signal lost_;
 };
+using store_client_leases = basic_store_client_leases<>;
 
 }  // namespace detail::store
 
@@ -2835,9 +2852,10 @@ struct store_client_options {
 ///
 /// Errors: store_error naming host:port for a vanished, refusing or misbehaving server;
 /// store_timeout when a wait (or the wait inside get) or a reply misses its deadline.
-class tcp_store_client {
+template <class Defer = void>
+class basic_tcp_store_client {
 public:
-    tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
+    basic_tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor),
           options_(std::move(options)),
           rng_(std::random_device{}()),
@@ -2855,11 +2873,11 @@ public:
                                           options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
     }
 
-    tcp_store_client(const tcp_store_client&) = delete;
-    tcp_store_client& operator=(const tcp_store_client&) = delete;
+    basic_tcp_store_client(const basic_tcp_store_client&) = delete;
+    basic_tcp_store_client& operator=(const basic_tcp_store_client&) = delete;
 
     // The heartbeat coroutine may still be suspended: it sees *alive_ false and leaves.
-    ~tcp_store_client() {
+    ~basic_tcp_store_client() {
         *alive_ = false;
         leases_.clear();
         drop();
@@ -3117,7 +3135,6 @@ public:
 
 private:
     using clock = std::chrono::steady_clock;
-    static constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 
     std::chrono::milliseconds heartbeat_deadline() const {
         return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
@@ -3154,7 +3171,7 @@ private:
     asio::awaitable<void> heartbeat(std::shared_ptr<bool> alive) {
         for (;;) {
             heartbeat_timer_.expires_after(options_.lease_heartbeat_interval);
-            co_await heartbeat_timer_.async_wait(tuple_awaitable);
+            co_await heartbeat_timer_.async_wait(detail::as_tuple_awaitable<Defer>);
             if (!*alive) co_return;
             if (leases_.empty()) {
                 heartbeat_running_ = false;
@@ -3178,14 +3195,14 @@ private:
         std::string out;
         detail::store::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
-        auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
+        auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), detail::as_tuple_awaitable<Defer>);
         (void)n;
         if (!*alive) co_return;
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
                 conn->socket, asio::buffer(reply.data(), detail::store::heartbeat_reply_size(*dialect_)),
-                tuple_awaitable);
+                detail::as_tuple_awaitable<Defer>);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
@@ -3220,7 +3237,7 @@ private:
     // operation's deadline.
     class lock_guard {
     public:
-        explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
+        explicit lock_guard(basic_tcp_store_client* c) noexcept : client_(c) {}
         lock_guard(lock_guard&& o) noexcept : client_(std::exchange(o.client_, nullptr)) {}
         lock_guard& operator=(lock_guard&&) = delete;
         ~lock_guard() {
@@ -3228,7 +3245,7 @@ private:
         }
 
     private:
-        tcp_store_client* client_;
+        basic_tcp_store_client* client_;
     };
 
     asio::awaitable<lock_guard> acquire() {
@@ -3328,7 +3345,7 @@ private:
             if (options_.on_retry) options_.on_retry({attempt, last, delay});
             asio::steady_timer t(executor_);
             t.expires_after(delay);
-            co_await t.async_wait(tuple_awaitable);
+            co_await t.async_wait(detail::as_tuple_awaitable<Defer>);
         }
     }
 
@@ -3343,7 +3360,7 @@ private:
                 asio::ip::tcp::resolver resolver(executor_);
                 const auto [rec, results] = co_await resolver.async_resolve(options_.host,
                                                                             std::to_string(options_.port),
-                                                                            tuple_awaitable);
+                                                                            detail::as_tuple_awaitable<Defer>);
                 if (rec) co_return rec;
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
@@ -3351,7 +3368,7 @@ private:
         conn_ = std::make_shared<detail::store::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
-        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, detail::as_tuple_awaitable<Defer>);
         (void)ep;
         const bool expired = conn_->expired;
         disarm();
@@ -3374,7 +3391,8 @@ private:
         arm_deadline(deadline);
         for (;;) {
             if (!wbuf_.empty()) {
-                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                                 detail::as_tuple_awaitable<Defer>);
                 (void)n;
                 wbuf_.clear();
                 if (wec) co_return auth_io_failed(hs, wec);
@@ -3433,7 +3451,8 @@ private:
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
         wire::put_u32(wbuf_, nonce);
         arm_deadline(limit);
-        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                         detail::as_tuple_awaitable<Defer>);
         (void)n;
         std::error_code ec = wec;
         if (!ec) ec = co_await fill(4);
@@ -3482,7 +3501,8 @@ private:
 
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
         if (conn_->expired) fail(what, key, asio::error::timed_out);
-        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                        detail::as_tuple_awaitable<Defer>);
         (void)n;
         if (ec) fail(what, key, ec);
     }
@@ -3504,7 +3524,7 @@ private:
             if (conn_->expired) co_return make_error_code(asio::error::timed_out);
             const auto [ec, got] = co_await conn_->socket.async_read_some(asio::buffer(rbuf_.data() + rend_,
                                                                                        rbuf_.size() - rend_),
-                                                                          tuple_awaitable);
+                                                                          detail::as_tuple_awaitable<Defer>);
             rend_ += got;
             if (ec && rend_ - rbeg_ < n) co_return ec;
         }
@@ -3667,6 +3687,7 @@ private:
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;
 };
+using tcp_store_client = basic_tcp_store_client<>;
 
 static_assert(store<tcp_store_client>);
 static_assert(multi_key_store<tcp_store_client>);
@@ -3691,12 +3712,14 @@ namespace elastic::inline v0 {
 /// timeouts as tcp_store_client, each call returning when its operation is done. It owns its
 /// io_context, so nothing runs between calls (no thread, no CPU). Not thread-safe: one
 /// object per thread, or a mutex around it.
-class blocking_store_client {
+template <class Defer = void>
+class basic_blocking_store_client {
 public:
-    explicit blocking_store_client(store_client_options options) : client_(ctx_.get_executor(), std::move(options)) {}
+    explicit basic_blocking_store_client(store_client_options options)
+        : client_(ctx_.get_executor(), std::move(options)) {}
 
-    blocking_store_client(const blocking_store_client&) = delete;
-    blocking_store_client& operator=(const blocking_store_client&) = delete;
+    basic_blocking_store_client(const basic_blocking_store_client&) = delete;
+    basic_blocking_store_client& operator=(const basic_blocking_store_client&) = delete;
 
     /// Connects now (otherwise the first operation does).
     void connect() { run(client_.connect()); }
@@ -3762,6 +3785,7 @@ private:
     asio::io_context ctx_{1};
     tcp_store_client client_;
 };
+using blocking_store_client = basic_blocking_store_client<>;
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/blocking_client.hpp ----
@@ -4134,17 +4158,18 @@ namespace elastic::inline v0 {
 
 /// An in-memory store with exactly the TCP server's semantics (both front the same engine).
 /// Use it from coroutines on one thread; it must outlive every operation awaited on it.
-class memory_store {
+template <class Defer = void>
+class basic_memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
-    explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit basic_memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : owned_(std::make_unique<detail::store::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
 
     /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
     /// server uses the same keys and waiters in process, without a loopback connection. The
     /// engine must outlive the store; use both on the engine's thread.
-    explicit memory_store(detail::store::store_engine& engine,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit basic_memory_store(detail::store::store_engine& engine,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
@@ -4242,7 +4267,7 @@ private:
         timed_waiter w(co_await asio::this_coro::executor);
         if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
-        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec] = co_await w.timer.async_wait(detail::as_tuple_awaitable<Defer>);
         if (w.done) co_return;
         engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
@@ -4257,6 +4282,7 @@ private:
     detail::store::store_engine* engine_;
     std::chrono::milliseconds timeout_;
 };
+using memory_store = basic_memory_store<>;
 
 static_assert(store<memory_store>);
 static_assert(multi_key_store<memory_store>);
@@ -4680,6 +4706,7 @@ public:
 
     ~store_connection() { delete[] buf_; }
 
+    template <class Defer = void>
     static asio::awaitable<void> serve(std::shared_ptr<store_connection> self) {
         // Whatever ends the loop — including a throw (out of memory, a throwing log sink, the
         // random source failing) — the connection must leave the engine and the server's set:
@@ -4760,8 +4787,8 @@ private:
         wake();
     }
 
+    template <class Defer = void>
     asio::awaitable<void> loop() {
-        constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
         for (;;) {
             // After a malformed request the replies to the requests before it still go out.
             const bool ok = process();
@@ -4771,7 +4798,8 @@ private:
                 wbuf_.swap(out_);
                 write_since_ = clock::now();
                 schedule();
-                const auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
+                const auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(wbuf_),
+                                                                detail::as_tuple_awaitable<Defer>);
                 (void)n;
                 write_since_.reset();
                 wbuf_.clear();
@@ -4788,7 +4816,8 @@ private:
                 // operation, not a race of two: nothing to outlive the other.
                 if (!out_.empty()) continue;  // pushed while the last write was in flight
                 in_readiness_wait_ = true;
-                const auto [ec] = co_await socket_.async_wait(asio::ip::tcp::socket::wait_read, tuple_awaitable);
+                const auto [ec] = co_await socket_.async_wait(asio::ip::tcp::socket::wait_read,
+                                                              detail::as_tuple_awaitable<Defer>);
                 in_readiness_wait_ = false;
                 if (!socket_.is_open()) co_return;
                 if (ec == asio::error::operation_aborted) continue;  // woken: flush
@@ -4796,7 +4825,7 @@ private:
             }
             if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
-                                                                  tuple_awaitable);
+                                                                  detail::as_tuple_awaitable<Defer>);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
             last_heard_ = clock::now();  // the only per-read cost of the deadlines
@@ -5392,17 +5421,18 @@ inline bool shed_unused(store_server_core& core, std::string_view why) {
 
 // Accepts connections until the server stops, each served by a coroutine of its own; out of
 // descriptors or at max_connections, makes room or refuses the newcomer plainly.
-inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
-    constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+template <class Defer = void>
+asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
     while (!core->stopped) {
-        auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
+        auto [ec, socket] = co_await core->acceptor.async_accept(detail::as_tuple_awaitable<Defer>);
         if (ec == asio::error::operation_aborted || core->stopped) break;
         if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
             // Out of descriptors. The kernel says so before it looks at the queue, so
             // first see whether a client is waiting at all; if none, wait for one (stop()
             // closes the acceptor, which ends the wait), without a retry loop.
             if (!client_waiting(core->acceptor)) {
-                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read, tuple_awaitable);
+                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                   detail::as_tuple_awaitable<Defer>);
                 continue;
             }
             // A client waits: close an unused connection for it, or take it with the
@@ -5410,7 +5440,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
             if (shed_unused(*core, "the process is out of file descriptors")) continue;
             if (core->spare_fd >= 0) {
                 core->release_descriptor();
-                auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
+                auto [ec2, refused] = co_await core->acceptor.async_accept(detail::as_tuple_awaitable<Defer>);
                 if (!ec2) {
                     core->log(fmt::format("refusing connection from {}: the process is out of file "
                                           "descriptors ({}) and no connection can make room; raise `ulimit "
@@ -5489,10 +5519,11 @@ namespace elastic::inline v0 {
 /// from its first bytes, over one key table. Bind in the constructor; serve with `start()` (or
 /// `co_await run()`); stop with `stop()`, the destructor, or by cancelling `run()`. Use it on one
 /// thread (run the io_context on one thread).
-class tcp_store_server {
+template <class Defer = void>
+class basic_tcp_store_server {
 public:
     /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
-    explicit tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
+    explicit basic_tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
         : core_(std::make_shared<detail::store::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
@@ -5538,10 +5569,10 @@ public:
         }
     }
 
-    tcp_store_server(const tcp_store_server&) = delete;
-    tcp_store_server& operator=(const tcp_store_server&) = delete;
+    basic_tcp_store_server(const basic_tcp_store_server&) = delete;
+    basic_tcp_store_server& operator=(const basic_tcp_store_server&) = delete;
 
-    ~tcp_store_server() { stop(); }
+    ~basic_tcp_store_server() { stop(); }
 
     /// The bound address and port.
     asio::ip::tcp::endpoint local_endpoint() const { return core_->acceptor.local_endpoint(); }
@@ -5576,6 +5607,7 @@ public:
 private:
     std::shared_ptr<detail::store::store_server_core> core_;
 };
+using tcp_store_server = basic_tcp_store_server<>;
 
 }  // namespace elastic::inline v0
 // ---- end elastic/store/server.hpp ----
@@ -5632,7 +5664,8 @@ private:
     std::vector<int> missing_;
 };
 
-class blocking_store_client;  // elastic/store/blocking_client.hpp
+template <class>
+class basic_blocking_store_client;  // elastic/store/blocking_client.hpp
 
 namespace dist {
 
@@ -5744,9 +5777,9 @@ private:
     ELASTIC_DECL dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing);
 
     group_options options_;
-    std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
-    std::uint64_t next_ = 0;                         // collectives started by this rank
-    std::vector<std::string> written_;               // keys written since the last full synchronisation
+    std::unique_ptr<basic_blocking_store_client<void>> client_;  // null for a world of 1
+    std::uint64_t next_ = 0;                                     // collectives started by this rank
+    std::vector<std::string> written_;                           // keys written since the last full synchronisation
 };
 
 }  // namespace dist
@@ -6761,13 +6794,14 @@ public:
 
     /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
     /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
+    template <class Defer = void>
     asio::awaitable<process_exit> wait() {
         if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
         while (!check_exit()) {
             if (reaped_)
                 throw process_error("cannot wait for pid " + std::to_string(pid_) +
                                     ": it was reaped before its exit was observed");
-            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
+            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read, detail::use_awaitable<Defer>);
         }
         co_return *status_;
     }
@@ -6941,6 +6975,7 @@ public:
     [[nodiscard]] std::size_t size() const noexcept { return tokens_.size(); }
 
     /// The token of one process that exited (removed from the set). Cancellable.
+    template <class Defer = void>
     asio::awaitable<std::size_t> next() {
         for (;;) {
             epoll_event event{};
@@ -6958,7 +6993,7 @@ public:
             if (n < 0 && errno != EINTR) {
                 throw process_error("cannot wait on an epoll instance: " + errno_string(errno));
             }
-            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
+            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read, detail::use_awaitable<Defer>);
         }
     }
 
@@ -7042,7 +7077,8 @@ inline std::vector<child_process*> addresses(std::span<child_process> children) 
 /// Waits until one of `children` that has not exited yet exits, and returns its index (its
 /// status() is then set). Returns `children.size()` at once if none is left running. Exit
 /// times are exact for all of them: the waits run side by side. Cancellable.
-inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
+template <class Defer = void>
+asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
     detail::process::exit_set set(co_await asio::this_coro::executor);
     for (std::size_t i = 0; i < children.size(); ++i) {
         if (children[i]->reaped() || children[i]->status()) continue;
@@ -7057,7 +7093,8 @@ inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> chi
 }
 
 /// `wait_any` for workers held by value (a std::vector<child_process>, say).
-inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
+template <class Defer = void>
+asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
     const auto pointers = detail::process::addresses(children);
     co_return co_await wait_any(std::span<child_process* const>(pointers));
 }
@@ -7115,19 +7152,21 @@ struct stop_options {
 namespace detail::process {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
-inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
+template <class Defer = void>
+asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
     while (set.size() > 0) {
         const std::size_t token = co_await set.next();
         if (token < children.size()) children[token]->check_exit();
     }
 }
 
-inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_process* const> children,
-                                                    std::chrono::milliseconds timeout) {
+template <class Defer = void>
+asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_process* const> children,
+                                             std::chrono::milliseconds timeout) {
     using namespace asio::experimental::awaitable_operators;
     if (set.size() == 0) co_return;
     asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
-    co_await (await_exits(set, children) || timer.async_wait(asio::use_awaitable));
+    co_await (await_exits(set, children) || timer.async_wait(detail::use_awaitable<Defer>));
 }
 
 }  // namespace detail::process
@@ -7143,7 +7182,8 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<chi
 /// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
 /// Workers already reaped are reported `already_exited` and not signalled (their group id is
 /// no longer reserved).
-inline asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop_options options = {}) {
+template <class Defer = void>
+asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop_options options = {}) {
     auto executor = co_await asio::this_coro::executor;
     stop_result result;
     result.workers.resize(children.size());
@@ -7253,13 +7293,15 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 }
 
 /// `stop` for workers held by value (a std::vector<child_process>, say).
-inline asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
+template <class Defer = void>
+asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
     const auto pointers = detail::process::addresses(children);
     co_return co_await stop(std::span<child_process* const>(pointers), options);
 }
 
 /// `stop` for one worker.
-inline asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
+template <class Defer = void>
+asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
     child_process* const one[] = {&child};
     co_return co_await stop(std::span<child_process* const>(one), options);
 }
@@ -7309,7 +7351,10 @@ public:
 
     /// The next signal received (signals that arrive while nobody waits are queued by Asio).
     /// Cancellable; throws asio::system_error(operation_aborted) when cancelled.
-    asio::awaitable<int> next() { co_return co_await set_.async_wait(asio::use_awaitable); }
+    template <class Defer = void>
+    asio::awaitable<int> next() {
+        co_return co_await set_.async_wait(detail::use_awaitable<Defer>);
+    }
 
     /// Cancels a pending `next`.
     void cancel() {
@@ -10080,8 +10125,9 @@ inline std::string describe_node_id(std::string_view id) {
 
 /// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
 /// "Elastic membership"), shared by the monitor and whoever waits for a change.
-struct membership_log {
-    explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
+template <class Defer = void>
+struct basic_membership_log {
+    explicit basic_membership_log(const asio::any_io_executor& executor) : wake(executor) {}
     std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
     std::int64_t epoch = 0;                                  ///< the last loss seen (the group's __epoch)
     std::optional<std::string> store_lost;                   ///< why the lease connection ended
@@ -10103,6 +10149,7 @@ struct membership_log {
         co_return *store_lost;
     }
 };
+using membership_log = basic_membership_log<>;
 
 }  // namespace detail::rendezvous
 
@@ -10464,7 +10511,8 @@ namespace elastic::inline v0 {
 /// its own workers' store as MASTER_ADDR:MASTER_PORT; no other node can abort a round, so this
 /// node's abort always wins and its decision is the job's; the exit barrier is already complete.
 /// There is no shared store to lose. The restart count is the decisions to restart so far.
-class single_node_rendezvous {
+template <class Defer = void>
+class basic_single_node_rendezvous {
 public:
     asio::awaitable<void> join(node_info) { co_return; }
 
@@ -10522,13 +10570,14 @@ public:
 private:
     static asio::awaitable<void> forever() {
         asio::steady_timer never(co_await asio::this_coro::executor, asio::steady_timer::time_point::max());
-        co_await never.async_wait(asio::use_awaitable);
+        co_await never.async_wait(detail::use_awaitable<Defer>);
     }
 
     int rounds_ = 0;
     int restarts_ = 0;
     std::optional<job_decision> decision_;
 };
+using single_node_rendezvous = basic_single_node_rendezvous<>;
 
 static_assert(agent_rendezvous<single_node_rendezvous>);
 
@@ -10730,8 +10779,7 @@ public:
         if (members_->store_lost) co_return true;
         auto log = members_;
         asio::steady_timer timer(co_await asio::this_coro::executor, within);
-        auto which = co_await (log->until_store_lost() ||
-                               timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        auto which = co_await (log->until_store_lost() || timer.async_wait(detail::as_tuple_awaitable<Store>));
         co_return which.index() == 0;
     }
 
@@ -10939,8 +10987,7 @@ public:
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         for (;;) {
             if (co_await live_nodes(*store_) <= 1) co_return;
-            auto which = co_await (members_->next() ||
-                                   timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            auto which = co_await (members_->next() || timer.async_wait(detail::as_tuple_awaitable<Store>));
             if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
         }
     }
@@ -11983,15 +12030,16 @@ struct advertised_address {
 /// this host (is_host rule, or --rdzv-conf is_host) hosts at the endpoint (port 29400 by
 /// default); if binding fails under the heuristic (another agent here hosts already), it
 /// connects instead, as torchrun does.
-class tcp_rendezvous {
+template <class Defer = void>
+class basic_tcp_rendezvous {
 public:
     using log_function = std::function<void(std::string_view)>;
 
-    tcp_rendezvous(asio::any_io_executor executor, rendezvous_parameters parameters, log_function log = {})
+    basic_tcp_rendezvous(asio::any_io_executor executor, rendezvous_parameters parameters, log_function log = {})
         : executor_(std::move(executor)), params_(std::move(parameters)), log_(std::move(log)) {}
 
-    tcp_rendezvous(const tcp_rendezvous&) = delete;
-    tcp_rendezvous& operator=(const tcp_rendezvous&) = delete;
+    basic_tcp_rendezvous(const basic_tcp_rendezvous&) = delete;
+    basic_tcp_rendezvous& operator=(const basic_tcp_rendezvous&) = delete;
 
     /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
     asio::awaitable<void> start() {
@@ -12195,7 +12243,7 @@ public:
     /// mid-request: it is dropped, and the next use reconnects.
     asio::awaitable<abort_notice> wait_for_abort() {
         struct drop_unless_answered {
-            tcp_rendezvous* self;
+            basic_tcp_rendezvous* self;
             bool answered = false;
             ~drop_unless_answered() {
                 if (!answered) self->reset_watcher();
@@ -12395,6 +12443,7 @@ private:
         return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
     }
 };
+using tcp_rendezvous = basic_tcp_rendezvous<>;
 
 static_assert(agent_rendezvous<tcp_rendezvous>);
 
@@ -12541,7 +12590,7 @@ public:
     /// The budget.
     [[nodiscard]] int budget() const noexcept { return budget_; }
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
         if (failure.restarts < budget_) {
             co_return restart_decision::restart_because(fmt::format("restart {} of {} (--max-restarts={})",
@@ -12610,11 +12659,11 @@ struct steady_policy_clock {
     }
 
     /// Static in substance: the timer lives in the coroutine frame, not in the clock.
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
         if (d <= std::chrono::steady_clock::duration::zero()) co_return;
         asio::steady_timer timer(co_await asio::this_coro::executor, d);
-        co_await timer.async_wait(asio::use_awaitable);
+        co_await timer.async_wait(detail::use_awaitable<Defer>);
     }
 };
 
@@ -12640,7 +12689,7 @@ public:
 
     [[nodiscard]] time_point now() const noexcept { return state_->now; }
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(duration d) const {
         const auto shared = state_;  // the clock object may go before the sleep ends
         shared->requested.push_back(d);
@@ -12654,7 +12703,7 @@ public:
             ~unlist() { std::erase(s->sleepers, me); }
         } guard{shared.get(), &me};
         asio::error_code ignored;  // woken or cancelled: `woken` tells which
-        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        co_await timer.async_wait(asio::redirect_error(detail::use_awaitable<Defer>, ignored));
         if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
     }
 
@@ -13548,13 +13597,13 @@ public:
                     {}};
         return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
     }
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
         co_return;
     }
     void commit(const group_failure&) {}
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy::run_planned(*this, failure);
     }
@@ -13641,13 +13690,13 @@ public:
                                                               duration_words(spec_.within), spec_.flag())),
                 {}};
     }
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
         co_return;
     }
     void commit(const group_failure&) { early_ = pending_; }
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy::run_planned(*this, failure);
     }
@@ -13846,14 +13895,15 @@ struct stream_copies {
 /// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
 /// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
 /// so a slow console slows the worker (its pipe fills) and nothing is dropped.
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
+template <class Defer = void>
+asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
     std::unique_ptr<line_relay> console;
     if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
     // 64 KiB: a full pipe's worth in one read.
     auto buffer = std::make_unique<char[]>(65536);
     for (;;) {
         const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
-                                                           asio::experimental::as_tuple(asio::use_awaitable));
+                                                           detail::as_tuple_awaitable<Defer>);
         if (n > 0) {
             const std::string_view chunk(buffer.get(), n);
             if (copies.tail != nullptr) copies.tail->feed(chunk);
@@ -13868,7 +13918,8 @@ inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, 
 
 /// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
 /// no copy).
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+template <class Defer = void>
+asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
     co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
 }
 
@@ -15172,7 +15223,8 @@ namespace elastic::inline v0 {
 /// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
 /// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
 /// start() after the spawn runs one relay per pipe.
-class worker_output {
+template <class Defer = void>
+class basic_worker_output {
 public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
@@ -15246,6 +15298,7 @@ private:
     std::optional<asio::posix::stream_descriptor> out_pipe_;
     std::optional<asio::posix::stream_descriptor> err_pipe_;
 };
+using worker_output = basic_worker_output<>;
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/worker_output.hpp ----
@@ -15319,11 +15372,12 @@ struct attempt_state {
 /// drained) before the next attempt; failure() is what the restart policy is given. Dropping the
 /// group kills whatever still runs (SIGKILL to each worker's process group), so no path — an
 /// exception included — leaves a worker behind. Use from the executor's thread.
-class worker_group {
+template <class Defer = void>
+class basic_worker_group {
 public:
     /// `spec`, `command`, `events` and `log` must outlive the group.
-    worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
-                 agent_events& events, const agent_log& log)
+    basic_worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
+                       agent_events& events, const agent_log& log)
         : executor_(std::move(executor)),
           spec_(&spec),
           command_(&command),
@@ -15331,8 +15385,8 @@ public:
           log_(&log),
           state_(std::make_shared<detail::agent::attempt_state>(executor_, attempt_size(spec))) {}
 
-    worker_group(const worker_group&) = delete;
-    worker_group& operator=(const worker_group&) = delete;
+    basic_worker_group(const basic_worker_group&) = delete;
+    basic_worker_group& operator=(const basic_worker_group&) = delete;
 
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
     /// contract. A worker that cannot be started (its program vanished since validation) stops
@@ -15414,8 +15468,7 @@ public:
         for (int round = 0; relays.count() != 0; ++round) {
             const auto seen = relays.progress();
             bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() ||
-                                   bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            auto which = co_await (relays.wait() || bound.async_wait(detail::as_tuple_awaitable<Defer>));
             if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
             log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
                                       "that left the group?); {}; closing it",
@@ -15484,6 +15537,7 @@ private:
     std::chrono::steady_clock::time_point started_{};
     int restarts_ = 0;
 };
+using worker_group = basic_worker_group<>;
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/worker_group.hpp ----
@@ -15550,7 +15604,8 @@ struct store_lost {
 /// the grace is awaited, and run() returns 128 + N.
 ///
 /// Use it from one thread (the io_context's); run() once.
-class local_agent {
+template <class Defer = void>
+class basic_local_agent {
 public:
     /// `workers`: what runs on this node; `rendezvous`: how this node meets the others (one
     /// node: nnodes 1, and the endpoint's port is the workers' store's when given); `options`:
@@ -15558,8 +15613,8 @@ public:
     /// inherits. Throws usage_error for what is not implemented yet and for a program that
     /// cannot run. launch_config gives all three: `local_agent(ex, c.workers(), c.rendezvous(),
     /// c.agent(), env)`.
-    local_agent(asio::any_io_executor executor, worker_spec workers, rendezvous_parameters rendezvous,
-                const agent_options& options, environment env, std::string name = "elasticrun")
+    basic_local_agent(asio::any_io_executor executor, worker_spec workers, rendezvous_parameters rendezvous,
+                      const agent_options& options, environment env, std::string name = "elasticrun")
         : executor_(std::move(executor)),
           spec_(std::move(workers)),
           params_(std::move(rendezvous)),
@@ -15621,7 +15676,7 @@ public:
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
-        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
+        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(detail::use_awaitable<Defer>));
         if (joined.index() == 1) {
             rdzv.stop();
             co_return 128 + std::get<1>(joined);
@@ -15723,12 +15778,13 @@ public:
 
         /// Job-wide restarts so far (the workers' TORCHELASTIC_RESTART_COUNT).
         [[nodiscard]] int restart_count() const { return rdzv_.restart_count(); }
-        [[nodiscard]] local_agent& agent() noexcept { return agent_; }
+        [[nodiscard]] basic_local_agent& agent() noexcept { return agent_; }
         [[nodiscard]] R& rendezvous() noexcept { return rdzv_; }
 
     private:
-        friend class local_agent;
-        job(local_agent& agent, R& rdzv, asio::signal_set& signals) : agent_(agent), rdzv_(rdzv), signals_(signals) {}
+        friend class basic_local_agent;
+        job(basic_local_agent& agent, R& rdzv, asio::signal_set& signals)
+            : agent_(agent), rdzv_(rdzv), signals_(signals) {}
 
         // Each attempt is concluded once, by the step its kind names (checked by the agent).
         void conclude(const step& s, std::string_view call) {
@@ -15740,7 +15796,7 @@ public:
             open_ = false;
         }
 
-        local_agent& agent_;
+        basic_local_agent& agent_;
         R& rdzv_;
         asio::signal_set& signals_;
         std::uint64_t attempts_ = 0;  ///< attempt() calls so far
@@ -15827,7 +15883,7 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::succeeded, "finish");
         auto barrier = co_await (detail::settle(rdzv.finish(exit_barrier_timeout())) ||
-                                 signals.async_wait(asio::use_awaitable));
+                                 signals.async_wait(detail::use_awaitable<Defer>));
         if (barrier.index() == 1) {
             co_await abort_for_signal(rdzv, std::get<1>(barrier));
             co_return 128 + std::get<1>(barrier);
@@ -15861,7 +15917,7 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
-        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
+        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(detail::use_awaitable<Defer>));
         if (decided.index() == 1) {
             const int sig = std::get<1>(decided);
             events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -15901,7 +15957,8 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
-        auto followed = co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+        auto followed = co_await (detail::settle(rdzv.await_decision()) ||
+                                  signals.async_wait(detail::use_awaitable<Defer>));
         if (followed.index() == 1) co_return 128 + std::get<1>(followed);
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
@@ -15933,7 +15990,7 @@ private:
     }
 
     /// A job<R> step called on a step of another kind: the caller's loop is wrong.
-    static void expect(const step& s, step::kind want, std::string_view call) {
+    static void expect(const step& s, typename step::kind want, std::string_view call) {
         if (s.how == want) return;
         throw agent_error(fmt::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
                                       call, step::name(want), step::name(s.how)));
@@ -16067,7 +16124,8 @@ private:
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
         // Settled: `||` waits for one side to succeed, so a supervision error must not wait for a
         // signal; it is rethrown here (the group, dropped, kills what still runs).
-        auto first = co_await (detail::settle(watch_job(rdzv, group)) || signals.async_wait(asio::use_awaitable));
+        auto first = co_await (detail::settle(watch_job(rdzv, group)) ||
+                               signals.async_wait(detail::use_awaitable<Defer>));
         if (first.index() == 1) {
             outcome.how = kind::signaled;
             outcome.signal = std::get<1>(first);
@@ -16090,7 +16148,7 @@ private:
                 // forwarded and wins.
                 co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
                 events_.stopping_group();
-                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
+                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(detail::use_awaitable<Defer>));
                 if (stopped.index() == 1) {
                     outcome.how = kind::signaled;
                     outcome.signal = std::get<1>(stopped);
@@ -16206,8 +16264,7 @@ private:
             (void)asio::ip::make_address(peer, ec);
             if (!ec) continue;
             asio::ip::tcp::resolver resolver(executor_);
-            auto [error, found] = co_await resolver.async_resolve(peer, "",
-                                                                  asio::experimental::as_tuple(asio::use_awaitable));
+            auto [error, found] = co_await resolver.async_resolve(peer, "", detail::as_tuple_awaitable<Defer>);
             if (error) {
                 log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
                                          "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
@@ -16232,7 +16289,7 @@ private:
         if (round_) me.previous_rank = round_->group_rank;
         if (several_) me.addrs = detail::rendezvous::interface_addresses();
         auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
-                                signals.async_wait(asio::use_awaitable));
+                                signals.async_wait(detail::use_awaitable<Defer>));
         if (joined.index() == 1) co_return std::get<1>(joined);
         round_ = std::get<0>(joined).take();
         store_.master_addr = round_->master_addr;
@@ -16359,6 +16416,7 @@ private:
     agent_events events_;           ///< --event-log-handler
     std::optional<log_tree> logs_;  ///< made at the first attempt
 };
+using local_agent = basic_local_agent<>;
 
 /*
  * agent_loop: a loop of the caller's over a running job (local_agent::run_loop).

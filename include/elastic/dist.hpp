@@ -46,7 +46,8 @@ private:
     std::vector<int> missing_;
 };
 
-class blocking_store_client;  // elastic/store/blocking_client.hpp
+template <class>
+class basic_blocking_store_client;  // elastic/store/blocking_client.hpp
 
 namespace dist {
 
@@ -158,9 +159,9 @@ private:
     ELASTIC_DECL dist_timeout timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing);
 
     group_options options_;
-    std::unique_ptr<blocking_store_client> client_;  // null for a world of 1
-    std::uint64_t next_ = 0;                         // collectives started by this rank
-    std::vector<std::string> written_;               // keys written since the last full synchronisation
+    std::unique_ptr<basic_blocking_store_client<void>> client_;  // null for a world of 1
+    std::uint64_t next_ = 0;                                     // collectives started by this rank
+    std::vector<std::string> written_;                           // keys written since the last full synchronisation
 };
 
 }  // namespace dist

@@ -98,7 +98,8 @@ struct store_lost {
 /// the grace is awaited, and run() returns 128 + N.
 ///
 /// Use it from one thread (the io_context's); run() once.
-class local_agent {
+template <class Defer = void>
+class basic_local_agent {
 public:
     /// `workers`: what runs on this node; `rendezvous`: how this node meets the others (one
     /// node: nnodes 1, and the endpoint's port is the workers' store's when given); `options`:
@@ -106,8 +107,8 @@ public:
     /// inherits. Throws usage_error for what is not implemented yet and for a program that
     /// cannot run. launch_config gives all three: `local_agent(ex, c.workers(), c.rendezvous(),
     /// c.agent(), env)`.
-    local_agent(asio::any_io_executor executor, worker_spec workers, rendezvous_parameters rendezvous,
-                const agent_options& options, environment env, std::string name = "elasticrun")
+    basic_local_agent(asio::any_io_executor executor, worker_spec workers, rendezvous_parameters rendezvous,
+                      const agent_options& options, environment env, std::string name = "elasticrun")
         : executor_(std::move(executor)),
           spec_(std::move(workers)),
           params_(std::move(rendezvous)),
@@ -169,7 +170,7 @@ public:
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
-        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(asio::use_awaitable));
+        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(detail::use_awaitable<Defer>));
         if (joined.index() == 1) {
             rdzv.stop();
             co_return 128 + std::get<1>(joined);
@@ -271,12 +272,13 @@ public:
 
         /// Job-wide restarts so far (the workers' TORCHELASTIC_RESTART_COUNT).
         [[nodiscard]] int restart_count() const { return rdzv_.restart_count(); }
-        [[nodiscard]] local_agent& agent() noexcept { return agent_; }
+        [[nodiscard]] basic_local_agent& agent() noexcept { return agent_; }
         [[nodiscard]] R& rendezvous() noexcept { return rdzv_; }
 
     private:
-        friend class local_agent;
-        job(local_agent& agent, R& rdzv, asio::signal_set& signals) : agent_(agent), rdzv_(rdzv), signals_(signals) {}
+        friend class basic_local_agent;
+        job(basic_local_agent& agent, R& rdzv, asio::signal_set& signals)
+            : agent_(agent), rdzv_(rdzv), signals_(signals) {}
 
         // Each attempt is concluded once, by the step its kind names (checked by the agent).
         void conclude(const step& s, std::string_view call) {
@@ -288,7 +290,7 @@ public:
             open_ = false;
         }
 
-        local_agent& agent_;
+        basic_local_agent& agent_;
         R& rdzv_;
         asio::signal_set& signals_;
         std::uint64_t attempts_ = 0;  ///< attempt() calls so far
@@ -375,7 +377,7 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::succeeded, "finish");
         auto barrier = co_await (detail::settle(rdzv.finish(exit_barrier_timeout())) ||
-                                 signals.async_wait(asio::use_awaitable));
+                                 signals.async_wait(detail::use_awaitable<Defer>));
         if (barrier.index() == 1) {
             co_await abort_for_signal(rdzv, std::get<1>(barrier));
             co_return 128 + std::get<1>(barrier);
@@ -409,7 +411,7 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
-        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(asio::use_awaitable));
+        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(detail::use_awaitable<Defer>));
         if (decided.index() == 1) {
             const int sig = std::get<1>(decided);
             events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -449,7 +451,8 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
-        auto followed = co_await (detail::settle(rdzv.await_decision()) || signals.async_wait(asio::use_awaitable));
+        auto followed = co_await (detail::settle(rdzv.await_decision()) ||
+                                  signals.async_wait(detail::use_awaitable<Defer>));
         if (followed.index() == 1) co_return 128 + std::get<1>(followed);
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
@@ -481,7 +484,7 @@ private:
     }
 
     /// A job<R> step called on a step of another kind: the caller's loop is wrong.
-    static void expect(const step& s, step::kind want, std::string_view call) {
+    static void expect(const step& s, typename step::kind want, std::string_view call) {
         if (s.how == want) return;
         throw agent_error(fmt::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
                                       call, step::name(want), step::name(s.how)));
@@ -615,7 +618,8 @@ private:
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
         // Settled: `||` waits for one side to succeed, so a supervision error must not wait for a
         // signal; it is rethrown here (the group, dropped, kills what still runs).
-        auto first = co_await (detail::settle(watch_job(rdzv, group)) || signals.async_wait(asio::use_awaitable));
+        auto first = co_await (detail::settle(watch_job(rdzv, group)) ||
+                               signals.async_wait(detail::use_awaitable<Defer>));
         if (first.index() == 1) {
             outcome.how = kind::signaled;
             outcome.signal = std::get<1>(first);
@@ -638,7 +642,7 @@ private:
                 // forwarded and wins.
                 co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
                 events_.stopping_group();
-                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(asio::use_awaitable));
+                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(detail::use_awaitable<Defer>));
                 if (stopped.index() == 1) {
                     outcome.how = kind::signaled;
                     outcome.signal = std::get<1>(stopped);
@@ -754,8 +758,7 @@ private:
             (void)asio::ip::make_address(peer, ec);
             if (!ec) continue;
             asio::ip::tcp::resolver resolver(executor_);
-            auto [error, found] = co_await resolver.async_resolve(peer, "",
-                                                                  asio::experimental::as_tuple(asio::use_awaitable));
+            auto [error, found] = co_await resolver.async_resolve(peer, "", detail::as_tuple_awaitable<Defer>);
             if (error) {
                 log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
                                          "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
@@ -780,7 +783,7 @@ private:
         if (round_) me.previous_rank = round_->group_rank;
         if (several_) me.addrs = detail::rendezvous::interface_addresses();
         auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
-                                signals.async_wait(asio::use_awaitable));
+                                signals.async_wait(detail::use_awaitable<Defer>));
         if (joined.index() == 1) co_return std::get<1>(joined);
         round_ = std::get<0>(joined).take();
         store_.master_addr = round_->master_addr;
@@ -907,6 +910,7 @@ private:
     agent_events events_;           ///< --event-log-handler
     std::optional<log_tree> logs_;  ///< made at the first attempt
 };
+using local_agent = basic_local_agent<>;
 
 /*
  * agent_loop: a loop of the caller's over a running job (local_agent::run_loop).

@@ -131,14 +131,15 @@ struct stream_copies {
 /// every chunk as `copies` says. Always has a read pending, so a worker never blocks on a full
 /// pipe while the agent is idle; writes to the file and the console are plain blocking writes,
 /// so a slow console slows the worker (its pipe fills) and nothing is dropped.
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
+template <class Defer = void>
+asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
     std::unique_ptr<line_relay> console;
     if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
     // 64 KiB: a full pipe's worth in one read.
     auto buffer = std::make_unique<char[]>(65536);
     for (;;) {
         const auto [ec, n] = co_await pipe.async_read_some(asio::buffer(buffer.get(), 65536),
-                                                           asio::experimental::as_tuple(asio::use_awaitable));
+                                                           detail::as_tuple_awaitable<Defer>);
         if (n > 0) {
             const std::string_view chunk(buffer.get(), n);
             if (copies.tail != nullptr) copies.tail->feed(chunk);
@@ -153,7 +154,8 @@ inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, 
 
 /// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
 /// no copy).
-inline asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
+template <class Defer = void>
+asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
     co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/agent/output.hpp"
@@ -85,11 +86,12 @@ struct attempt_state {
 /// drained) before the next attempt; failure() is what the restart policy is given. Dropping the
 /// group kills whatever still runs (SIGKILL to each worker's process group), so no path — an
 /// exception included — leaves a worker behind. Use from the executor's thread.
-class worker_group {
+template <class Defer = void>
+class basic_worker_group {
 public:
     /// `spec`, `command`, `events` and `log` must outlive the group.
-    worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
-                 agent_events& events, const agent_log& log)
+    basic_worker_group(asio::any_io_executor executor, const worker_spec& spec, const worker_command& command,
+                       agent_events& events, const agent_log& log)
         : executor_(std::move(executor)),
           spec_(&spec),
           command_(&command),
@@ -97,8 +99,8 @@ public:
           log_(&log),
           state_(std::make_shared<detail::agent::attempt_state>(executor_, attempt_size(spec))) {}
 
-    worker_group(const worker_group&) = delete;
-    worker_group& operator=(const worker_group&) = delete;
+    basic_worker_group(const basic_worker_group&) = delete;
+    basic_worker_group& operator=(const basic_worker_group&) = delete;
 
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
     /// contract. A worker that cannot be started (its program vanished since validation) stops
@@ -180,8 +182,7 @@ public:
         for (int round = 0; relays.count() != 0; ++round) {
             const auto seen = relays.progress();
             bound.expires_after(std::chrono::seconds(2));
-            auto which = co_await (relays.wait() ||
-                                   bound.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            auto which = co_await (relays.wait() || bound.async_wait(detail::as_tuple_awaitable<Defer>));
             if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
             log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
                                       "that left the group?); {}; closing it",
@@ -250,5 +251,6 @@ private:
     std::chrono::steady_clock::time_point started_{};
     int restarts_ = 0;
 };
+using worker_group = basic_worker_group<>;
 
 }  // namespace elastic::inline v0

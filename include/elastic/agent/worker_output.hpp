@@ -32,7 +32,8 @@ namespace elastic::inline v0 {
 /// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
 /// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
 /// start() after the spawn runs one relay per pipe.
-class worker_output {
+template <class Defer = void>
+class basic_worker_output {
 public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
@@ -106,5 +107,6 @@ private:
     std::optional<asio::posix::stream_descriptor> out_pipe_;
     std::optional<asio::posix::stream_descriptor> err_pipe_;
 };
+using worker_output = basic_worker_output<>;
 
 }  // namespace elastic::inline v0

@@ -2,6 +2,10 @@
 // that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
 // that may throw with `||`. The waits sleep on steady_timers that never expire by themselves;
 // cancelling the timer is the wake-up.
+//
+// The classes are templates over an unused parameter, used through their aliases: g++ compiles
+// every non-template inline coroutine in every file that sees it, a template's only where it
+// is used (docs/building.md, "Compile time").
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -20,19 +24,30 @@
 #include <list>
 #include <optional>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
 namespace elastic::inline v0::detail {
 
+/// asio::use_awaitable, and as_tuple of it, named through a template parameter. An operation
+/// completed with them depends on `Defer`, so g++ compiles the operation's coroutine only where
+/// the template that awaits it is used; with asio::use_awaitable it would compile it wherever
+/// the template is seen (docs/building.md, "Compile time").
+template <class Defer>
+inline constexpr asio::use_awaitable_t<> use_awaitable{};
+template <class Defer>
+inline constexpr asio::experimental::as_tuple_t<asio::use_awaitable_t<>> as_tuple_awaitable{};
+
 /// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
 /// its own timer; unlock() hands the lock over by marking the first waiter granted and
 /// cancelling its timer. Use it on one thread.
-class async_mutex {
+template <class Defer = void>
+class basic_async_mutex {
 public:
-    explicit async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
-    async_mutex(const async_mutex&) = delete;
-    async_mutex& operator=(const async_mutex&) = delete;
+    explicit basic_async_mutex(const asio::any_io_executor& executor) : executor_(executor) {}
+    basic_async_mutex(const basic_async_mutex&) = delete;
+    basic_async_mutex& operator=(const basic_async_mutex&) = delete;
 
     /// Takes the lock, in turn. A waiter cancelled while queued leaves the queue and throws
     /// operation_aborted with `cancelled` as its message.
@@ -42,7 +57,7 @@ public:
         w.timer.expires_at(asio::steady_timer::time_point::max());
         queue_.push_back(&w);
         const auto it = std::prev(queue_.end());
-        co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await w.timer.async_wait(as_tuple_awaitable<Defer>);
         if (!w.granted) {  // cancelled by our caller while queued
             queue_.erase(it);
             throw std::system_error(asio::error::operation_aborted, cancelled);
@@ -81,13 +96,15 @@ private:
     bool locked_ = false;
     std::list<waiter*> queue_;
 };
+using async_mutex = basic_async_mutex<>;
 
 /// Wakes every coroutine that waits on it at each notify(); a waiter then checks what it
 /// waits for and waits again if need be. A notify() with nobody waiting is lost. Use it on one
 /// thread.
-class async_signal {
+template <class Defer = void>
+class basic_async_signal {
 public:
-    explicit async_signal(const asio::any_io_executor& executor)
+    explicit basic_async_signal(const asio::any_io_executor& executor)
         : timer_(executor, asio::steady_timer::time_point::max()) {}
 
     /// Wakes every current waiter.
@@ -96,19 +113,19 @@ public:
     /// Completes at the next notify(), when the signal is destroyed, or when the caller is
     /// cancelled (it cannot tell which: check the cancellation state or what it waits for). It
     /// touches nothing of the signal once woken, so the signal may be gone by then.
-    asio::awaitable<void> wait() {
-        (void)co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    }
+    asio::awaitable<void> wait() { (void)co_await timer_.async_wait(as_tuple_awaitable<Defer>); }
 
 private:
     asio::steady_timer timer_;
 };
+using async_signal = basic_async_signal<>;
 
 /// Counts running tasks and lets one coroutine await the moment none is left (an event: the
 /// last `done()` cancels the timer the waiter sleeps on; nothing polls).
-class task_latch {
+template <class Defer = void>
+class basic_task_latch {
 public:
-    explicit task_latch(const asio::any_io_executor& executor) : timer_(executor) {
+    explicit basic_task_latch(const asio::any_io_executor& executor) : timer_(executor) {
         timer_.expires_at(asio::steady_timer::time_point::max());
     }
     void add() noexcept { ++count_; }
@@ -125,7 +142,7 @@ public:
     /// One latch per attempt's streams.
     asio::awaitable<void> wait() {
         if (count_ == 0) co_return;
-        co_await timer_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        co_await timer_.async_wait(as_tuple_awaitable<Defer>);
     }
 
 private:
@@ -133,6 +150,7 @@ private:
     std::size_t count_ = 0;
     std::uint64_t progress_ = 0;
 };
+using task_latch = basic_task_latch<>;
 
 /// An operation's value or the exception it ended with. The agent races rendezvous and policy
 /// operations against its signals with `||`; an exception escaping one side of `||` left the
@@ -149,22 +167,19 @@ struct settled {
     }
 };
 
+/// Runs `op` to its end and returns its value or its exception (settled<std::monostate> for
+/// awaitable<void>).
 template <class T>
-asio::awaitable<settled<T>> settle(asio::awaitable<T> op) {
-    settled<T> out;
+auto settle(asio::awaitable<T> op)
+    -> asio::awaitable<settled<std::conditional_t<std::is_void_v<T>, std::monostate, T>>> {
+    settled<std::conditional_t<std::is_void_v<T>, std::monostate, T>> out;
     try {
-        out.value.emplace(co_await std::move(op));
-    } catch (...) {
-        out.error = std::current_exception();
-    }
-    co_return out;
-}
-
-inline asio::awaitable<settled<std::monostate>> settle(asio::awaitable<void> op) {
-    settled<std::monostate> out;
-    try {
-        co_await std::move(op);
-        out.value.emplace();
+        if constexpr (std::is_void_v<T>) {
+            co_await std::move(op);
+            out.value.emplace();
+        } else {
+            out.value.emplace(co_await std::move(op));
+        }
     } catch (...) {
         out.error = std::current_exception();
     }

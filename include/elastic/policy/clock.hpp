@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 
 #include <asio/awaitable.hpp>
 #include <asio/error.hpp>
@@ -47,11 +48,11 @@ struct steady_policy_clock {
     }
 
     /// Static in substance: the timer lives in the coroutine frame, not in the clock.
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
         if (d <= std::chrono::steady_clock::duration::zero()) co_return;
         asio::steady_timer timer(co_await asio::this_coro::executor, d);
-        co_await timer.async_wait(asio::use_awaitable);
+        co_await timer.async_wait(detail::use_awaitable<Defer>);
     }
 };
 
@@ -77,7 +78,7 @@ public:
 
     [[nodiscard]] time_point now() const noexcept { return state_->now; }
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> sleep(duration d) const {
         const auto shared = state_;  // the clock object may go before the sleep ends
         shared->requested.push_back(d);
@@ -91,7 +92,7 @@ public:
             ~unlist() { std::erase(s->sleepers, me); }
         } guard{shared.get(), &me};
         asio::error_code ignored;  // woken or cancelled: `woken` tells which
-        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+        co_await timer.async_wait(asio::redirect_error(detail::use_awaitable<Defer>, ignored));
         if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
     }
 

@@ -59,13 +59,13 @@ public:
                                                               duration_words(spec_.within), spec_.flag())),
                 {}};
     }
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
         co_return;
     }
     void commit(const group_failure&) { early_ = pending_; }
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy::run_planned(*this, failure);
     }

@@ -52,13 +52,13 @@ public:
                     {}};
         return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
     }
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
         co_return;
     }
     void commit(const group_failure&) {}
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) {
         return detail::policy::run_planned(*this, failure);
     }

@@ -30,7 +30,7 @@ public:
     /// The budget.
     [[nodiscard]] int budget() const noexcept { return budget_; }
 
-    template <class = void>  // a template: compiled only where it is called
+    template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
         if (failure.restarts < budget_) {
             co_return restart_decision::restart_because(fmt::format("restart {} of {} (--max-restarts={})",

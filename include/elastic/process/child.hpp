@@ -2,6 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/exit.hpp"
 #include "elastic/process/sys.hpp"
@@ -136,13 +137,14 @@ public:
 
     /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
     /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
+    template <class Defer = void>
     asio::awaitable<process_exit> wait() {
         if (pid_ <= 0) throw process_error("cannot wait for a moved-from child_process");
         while (!check_exit()) {
             if (reaped_)
                 throw process_error("cannot wait for pid " + std::to_string(pid_) +
                                     ": it was reaped before its exit was observed");
-            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
+            co_await pidfd_.async_wait(asio::posix::descriptor_base::wait_read, detail::use_awaitable<Defer>);
         }
         co_return *status_;
     }

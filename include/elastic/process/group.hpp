@@ -2,6 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/exit.hpp"
@@ -62,6 +63,7 @@ public:
     [[nodiscard]] std::size_t size() const noexcept { return tokens_.size(); }
 
     /// The token of one process that exited (removed from the set). Cancellable.
+    template <class Defer = void>
     asio::awaitable<std::size_t> next() {
         for (;;) {
             epoll_event event{};
@@ -79,7 +81,7 @@ public:
             if (n < 0 && errno != EINTR) {
                 throw process_error("cannot wait on an epoll instance: " + errno_string(errno));
             }
-            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
+            co_await epoll_.async_wait(asio::posix::descriptor_base::wait_read, detail::use_awaitable<Defer>);
         }
     }
 
@@ -163,7 +165,8 @@ inline std::vector<child_process*> addresses(std::span<child_process> children) 
 /// Waits until one of `children` that has not exited yet exits, and returns its index (its
 /// status() is then set). Returns `children.size()` at once if none is left running. Exit
 /// times are exact for all of them: the waits run side by side. Cancellable.
-inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
+template <class Defer = void>
+asio::awaitable<std::size_t> wait_any(std::span<child_process* const> children) {
     detail::process::exit_set set(co_await asio::this_coro::executor);
     for (std::size_t i = 0; i < children.size(); ++i) {
         if (children[i]->reaped() || children[i]->status()) continue;
@@ -178,7 +181,8 @@ inline asio::awaitable<std::size_t> wait_any(std::span<child_process* const> chi
 }
 
 /// `wait_any` for workers held by value (a std::vector<child_process>, say).
-inline asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
+template <class Defer = void>
+asio::awaitable<std::size_t> wait_any(std::span<child_process> children) {
     const auto pointers = detail::process::addresses(children);
     co_return co_await wait_any(std::span<child_process* const>(pointers));
 }
@@ -236,19 +240,21 @@ struct stop_options {
 namespace detail::process {
 
 // Awaits every process in `set`; each child's exit is recorded the moment it is seen.
-inline asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
+template <class Defer = void>
+asio::awaitable<void> await_exits(exit_set& set, std::span<child_process* const> children) {
     while (set.size() > 0) {
         const std::size_t token = co_await set.next();
         if (token < children.size()) children[token]->check_exit();
     }
 }
 
-inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_process* const> children,
-                                                    std::chrono::milliseconds timeout) {
+template <class Defer = void>
+asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_process* const> children,
+                                             std::chrono::milliseconds timeout) {
     using namespace asio::experimental::awaitable_operators;
     if (set.size() == 0) co_return;
     asio::steady_timer timer(co_await asio::this_coro::executor, timeout);
-    co_await (await_exits(set, children) || timer.async_wait(asio::use_awaitable));
+    co_await (await_exits(set, children) || timer.async_wait(detail::use_awaitable<Defer>));
 }
 
 }  // namespace detail::process
@@ -264,7 +270,8 @@ inline asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<chi
 /// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
 /// Workers already reaped are reported `already_exited` and not signalled (their group id is
 /// no longer reserved).
-inline asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop_options options = {}) {
+template <class Defer = void>
+asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop_options options = {}) {
     auto executor = co_await asio::this_coro::executor;
     stop_result result;
     result.workers.resize(children.size());
@@ -374,13 +381,15 @@ inline asio::awaitable<stop_result> stop(std::span<child_process* const> childre
 }
 
 /// `stop` for workers held by value (a std::vector<child_process>, say).
-inline asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
+template <class Defer = void>
+asio::awaitable<stop_result> stop(std::span<child_process> children, stop_options options = {}) {
     const auto pointers = detail::process::addresses(children);
     co_return co_await stop(std::span<child_process* const>(pointers), options);
 }
 
 /// `stop` for one worker.
-inline asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
+template <class Defer = void>
+asio::awaitable<stop_result> stop(child_process& child, stop_options options = {}) {
     child_process* const one[] = {&child};
     co_return co_await stop(std::span<child_process* const>(one), options);
 }

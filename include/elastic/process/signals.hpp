@@ -2,6 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/process/sys.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -43,7 +44,10 @@ public:
 
     /// The next signal received (signals that arrive while nobody waits are queued by Asio).
     /// Cancellable; throws asio::system_error(operation_aborted) when cancelled.
-    asio::awaitable<int> next() { co_return co_await set_.async_wait(asio::use_awaitable); }
+    template <class Defer = void>
+    asio::awaitable<int> next() {
+        co_return co_await set_.async_wait(detail::use_awaitable<Defer>);
+    }
 
     /// Cancels a pending `next`.
     void cancel() {

@@ -35,8 +35,9 @@ inline std::string describe_node_id(std::string_view id) {
 
 /// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
 /// "Elastic membership"), shared by the monitor and whoever waits for a change.
-struct membership_log {
-    explicit membership_log(const asio::any_io_executor& executor) : wake(executor) {}
+template <class Defer = void>
+struct basic_membership_log {
+    explicit basic_membership_log(const asio::any_io_executor& executor) : wake(executor) {}
     std::vector<std::pair<std::int64_t, std::string>> lost;  ///< (epoch, lease name), in order
     std::int64_t epoch = 0;                                  ///< the last loss seen (the group's __epoch)
     std::optional<std::string> store_lost;                   ///< why the lease connection ended
@@ -58,6 +59,7 @@ struct membership_log {
         co_return *store_lost;
     }
 };
+using membership_log = basic_membership_log<>;
 
 }  // namespace detail::rendezvous
 

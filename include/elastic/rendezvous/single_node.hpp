@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 #include "elastic/rendezvous/error.hpp"
 
@@ -22,7 +23,8 @@ namespace elastic::inline v0 {
 /// its own workers' store as MASTER_ADDR:MASTER_PORT; no other node can abort a round, so this
 /// node's abort always wins and its decision is the job's; the exit barrier is already complete.
 /// There is no shared store to lose. The restart count is the decisions to restart so far.
-class single_node_rendezvous {
+template <class Defer = void>
+class basic_single_node_rendezvous {
 public:
     asio::awaitable<void> join(node_info) { co_return; }
 
@@ -80,13 +82,14 @@ public:
 private:
     static asio::awaitable<void> forever() {
         asio::steady_timer never(co_await asio::this_coro::executor, asio::steady_timer::time_point::max());
-        co_await never.async_wait(asio::use_awaitable);
+        co_await never.async_wait(detail::use_awaitable<Defer>);
     }
 
     int rounds_ = 0;
     int restarts_ = 0;
     std::optional<job_decision> decision_;
 };
+using single_node_rendezvous = basic_single_node_rendezvous<>;
 
 static_assert(agent_rendezvous<single_node_rendezvous>);
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/rendezvous/codec.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 #include "elastic/rendezvous/error.hpp"
@@ -203,8 +204,7 @@ public:
         if (members_->store_lost) co_return true;
         auto log = members_;
         asio::steady_timer timer(co_await asio::this_coro::executor, within);
-        auto which = co_await (log->until_store_lost() ||
-                               timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+        auto which = co_await (log->until_store_lost() || timer.async_wait(detail::as_tuple_awaitable<Store>));
         co_return which.index() == 0;
     }
 
@@ -412,8 +412,7 @@ public:
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         for (;;) {
             if (co_await live_nodes(*store_) <= 1) co_return;
-            auto which = co_await (members_->next() ||
-                                   timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
+            auto which = co_await (members_->next() || timer.async_wait(detail::as_tuple_awaitable<Store>));
             if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
         }
     }

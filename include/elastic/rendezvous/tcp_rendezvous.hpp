@@ -282,15 +282,16 @@ struct advertised_address {
 /// this host (is_host rule, or --rdzv-conf is_host) hosts at the endpoint (port 29400 by
 /// default); if binding fails under the heuristic (another agent here hosts already), it
 /// connects instead, as torchrun does.
-class tcp_rendezvous {
+template <class Defer = void>
+class basic_tcp_rendezvous {
 public:
     using log_function = std::function<void(std::string_view)>;
 
-    tcp_rendezvous(asio::any_io_executor executor, rendezvous_parameters parameters, log_function log = {})
+    basic_tcp_rendezvous(asio::any_io_executor executor, rendezvous_parameters parameters, log_function log = {})
         : executor_(std::move(executor)), params_(std::move(parameters)), log_(std::move(log)) {}
 
-    tcp_rendezvous(const tcp_rendezvous&) = delete;
-    tcp_rendezvous& operator=(const tcp_rendezvous&) = delete;
+    basic_tcp_rendezvous(const basic_tcp_rendezvous&) = delete;
+    basic_tcp_rendezvous& operator=(const basic_tcp_rendezvous&) = delete;
 
     /// Hosts or connects. rendezvous_error when the store can be neither hosted nor reached.
     asio::awaitable<void> start() {
@@ -494,7 +495,7 @@ public:
     /// mid-request: it is dropped, and the next use reconnects.
     asio::awaitable<abort_notice> wait_for_abort() {
         struct drop_unless_answered {
-            tcp_rendezvous* self;
+            basic_tcp_rendezvous* self;
             bool answered = false;
             ~drop_unless_answered() {
                 if (!answered) self->reset_watcher();
@@ -694,6 +695,7 @@ private:
         return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
     }
 };
+using tcp_rendezvous = basic_tcp_rendezvous<>;
 
 static_assert(agent_rendezvous<tcp_rendezvous>);
 

@@ -23,12 +23,14 @@ namespace elastic::inline v0 {
 /// timeouts as tcp_store_client, each call returning when its operation is done. It owns its
 /// io_context, so nothing runs between calls (no thread, no CPU). Not thread-safe: one
 /// object per thread, or a mutex around it.
-class blocking_store_client {
+template <class Defer = void>
+class basic_blocking_store_client {
 public:
-    explicit blocking_store_client(store_client_options options) : client_(ctx_.get_executor(), std::move(options)) {}
+    explicit basic_blocking_store_client(store_client_options options)
+        : client_(ctx_.get_executor(), std::move(options)) {}
 
-    blocking_store_client(const blocking_store_client&) = delete;
-    blocking_store_client& operator=(const blocking_store_client&) = delete;
+    basic_blocking_store_client(const basic_blocking_store_client&) = delete;
+    basic_blocking_store_client& operator=(const basic_blocking_store_client&) = delete;
 
     /// Connects now (otherwise the first operation does).
     void connect() { run(client_.connect()); }
@@ -94,5 +96,6 @@ private:
     asio::io_context ctx_{1};
     tcp_store_client client_;
 };
+using blocking_store_client = basic_blocking_store_client<>;
 
 }  // namespace elastic::inline v0

@@ -98,9 +98,10 @@ struct store_client_options {
 ///
 /// Errors: store_error naming host:port for a vanished, refusing or misbehaving server;
 /// store_timeout when a wait (or the wait inside get) or a reply misses its deadline.
-class tcp_store_client {
+template <class Defer = void>
+class basic_tcp_store_client {
 public:
-    tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
+    basic_tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor),
           options_(std::move(options)),
           rng_(std::random_device{}()),
@@ -118,11 +119,11 @@ public:
                                           options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
     }
 
-    tcp_store_client(const tcp_store_client&) = delete;
-    tcp_store_client& operator=(const tcp_store_client&) = delete;
+    basic_tcp_store_client(const basic_tcp_store_client&) = delete;
+    basic_tcp_store_client& operator=(const basic_tcp_store_client&) = delete;
 
     // The heartbeat coroutine may still be suspended: it sees *alive_ false and leaves.
-    ~tcp_store_client() {
+    ~basic_tcp_store_client() {
         *alive_ = false;
         leases_.clear();
         drop();
@@ -380,7 +381,6 @@ public:
 
 private:
     using clock = std::chrono::steady_clock;
-    static constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
 
     std::chrono::milliseconds heartbeat_deadline() const {
         return options_.lease_heartbeat_interval * options_.lease_missed_heartbeats;
@@ -417,7 +417,7 @@ private:
     asio::awaitable<void> heartbeat(std::shared_ptr<bool> alive) {
         for (;;) {
             heartbeat_timer_.expires_after(options_.lease_heartbeat_interval);
-            co_await heartbeat_timer_.async_wait(tuple_awaitable);
+            co_await heartbeat_timer_.async_wait(detail::as_tuple_awaitable<Defer>);
             if (!*alive) co_return;
             if (leases_.empty()) {
                 heartbeat_running_ = false;
@@ -441,14 +441,14 @@ private:
         std::string out;
         detail::store::encode_heartbeat(*dialect_, out);
         arm_deadline(clock::now() + heartbeat_deadline());
-        auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), tuple_awaitable);
+        auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(out), detail::as_tuple_awaitable<Defer>);
         (void)n;
         if (!*alive) co_return;
         std::array<char, 4> reply{};
         if (!ec) {
             const auto [rec, got] = co_await asio::async_read(
                 conn->socket, asio::buffer(reply.data(), detail::store::heartbeat_reply_size(*dialect_)),
-                tuple_awaitable);
+                detail::as_tuple_awaitable<Defer>);
             (void)got;
             if (!*alive) co_return;
             ec = rec;
@@ -483,7 +483,7 @@ private:
     // operation's deadline.
     class lock_guard {
     public:
-        explicit lock_guard(tcp_store_client* c) noexcept : client_(c) {}
+        explicit lock_guard(basic_tcp_store_client* c) noexcept : client_(c) {}
         lock_guard(lock_guard&& o) noexcept : client_(std::exchange(o.client_, nullptr)) {}
         lock_guard& operator=(lock_guard&&) = delete;
         ~lock_guard() {
@@ -491,7 +491,7 @@ private:
         }
 
     private:
-        tcp_store_client* client_;
+        basic_tcp_store_client* client_;
     };
 
     asio::awaitable<lock_guard> acquire() {
@@ -591,7 +591,7 @@ private:
             if (options_.on_retry) options_.on_retry({attempt, last, delay});
             asio::steady_timer t(executor_);
             t.expires_after(delay);
-            co_await t.async_wait(tuple_awaitable);
+            co_await t.async_wait(detail::as_tuple_awaitable<Defer>);
         }
     }
 
@@ -606,7 +606,7 @@ private:
                 asio::ip::tcp::resolver resolver(executor_);
                 const auto [rec, results] = co_await resolver.async_resolve(options_.host,
                                                                             std::to_string(options_.port),
-                                                                            tuple_awaitable);
+                                                                            detail::as_tuple_awaitable<Defer>);
                 if (rec) co_return rec;
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
@@ -614,7 +614,7 @@ private:
         conn_ = std::make_shared<detail::store::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
-        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, tuple_awaitable);
+        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, detail::as_tuple_awaitable<Defer>);
         (void)ep;
         const bool expired = conn_->expired;
         disarm();
@@ -637,7 +637,8 @@ private:
         arm_deadline(deadline);
         for (;;) {
             if (!wbuf_.empty()) {
-                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                                 detail::as_tuple_awaitable<Defer>);
                 (void)n;
                 wbuf_.clear();
                 if (wec) co_return auth_io_failed(hs, wec);
@@ -696,7 +697,8 @@ private:
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
         wire::put_u32(wbuf_, nonce);
         arm_deadline(limit);
-        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                         detail::as_tuple_awaitable<Defer>);
         (void)n;
         std::error_code ec = wec;
         if (!ec) ec = co_await fill(4);
@@ -745,7 +747,8 @@ private:
 
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
         if (conn_->expired) fail(what, key, asio::error::timed_out);
-        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_), tuple_awaitable);
+        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                                                        detail::as_tuple_awaitable<Defer>);
         (void)n;
         if (ec) fail(what, key, ec);
     }
@@ -767,7 +770,7 @@ private:
             if (conn_->expired) co_return make_error_code(asio::error::timed_out);
             const auto [ec, got] = co_await conn_->socket.async_read_some(asio::buffer(rbuf_.data() + rend_,
                                                                                        rbuf_.size() - rend_),
-                                                                          tuple_awaitable);
+                                                                          detail::as_tuple_awaitable<Defer>);
             rend_ += got;
             if (ec && rend_ - rbeg_ < n) co_return ec;
         }
@@ -930,6 +933,7 @@ private:
     asio::steady_timer heartbeat_timer_;
     bool heartbeat_running_ = false;
 };
+using tcp_store_client = basic_tcp_store_client<>;
 
 static_assert(store<tcp_store_client>);
 static_assert(multi_key_store<tcp_store_client>);

@@ -60,9 +60,10 @@ inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
 
 // The lease keys a client holds on its connection, and the loss of that connection: reported
 // once, to whoever awaits (or next awaits) next_loss(). Use it on the client's thread.
-class store_client_leases {
+template <class Defer = void>
+class basic_store_client_leases {
 public:
-    explicit store_client_leases(const asio::any_io_executor& executor) : lost_(executor) {}
+    explicit basic_store_client_leases(const asio::any_io_executor& executor) : lost_(executor) {}
 
     [[nodiscard]] const std::vector<std::string>& keys() const noexcept { return keys_; }
     [[nodiscard]] bool empty() const noexcept { return keys_.empty(); }
@@ -105,6 +106,7 @@ private:
     std::optional<store_connection_loss> loss_;
     async_signal lost_;
 };
+using store_client_leases = basic_store_client_leases<>;
 
 }  // namespace detail::store
 

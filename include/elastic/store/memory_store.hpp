@@ -2,6 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/store/concepts.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
@@ -26,17 +27,18 @@ namespace elastic::inline v0 {
 
 /// An in-memory store with exactly the TCP server's semantics (both front the same engine).
 /// Use it from coroutines on one thread; it must outlive every operation awaited on it.
-class memory_store {
+template <class Defer = void>
+class basic_memory_store {
 public:
     /// A store whose get/wait without a timeout wait up to `timeout` (PyTorch's default 300 s).
-    explicit memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit basic_memory_store(std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : owned_(std::make_unique<detail::store::store_engine>()), engine_(owned_.get()), timeout_(timeout) {}
 
     /// A view of an existing engine, e.g. `tcp_store_server::engine()`: the agent that hosts the
     /// server uses the same keys and waiters in process, without a loopback connection. The
     /// engine must outlive the store; use both on the engine's thread.
-    explicit memory_store(detail::store::store_engine& engine,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(300))
+    explicit basic_memory_store(detail::store::store_engine& engine,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(300))
         : engine_(&engine), timeout_(timeout) {}
 
     /// The default timeout of get, multi_get and wait(keys).
@@ -134,7 +136,7 @@ private:
         timed_waiter w(co_await asio::this_coro::executor);
         if (engine_->wait(w, keys)) co_return;
         w.timer.expires_after(timeout);
-        const auto [ec] = co_await w.timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        const auto [ec] = co_await w.timer.async_wait(detail::as_tuple_awaitable<Defer>);
         if (w.done) co_return;
         engine_->cancel(w);
         if (ec == asio::error::operation_aborted)  // our own caller cancelled us
@@ -149,6 +151,7 @@ private:
     detail::store::store_engine* engine_;
     std::chrono::milliseconds timeout_;
 };
+using memory_store = basic_memory_store<>;
 
 static_assert(store<memory_store>);
 static_assert(multi_key_store<memory_store>);

@@ -32,10 +32,11 @@ namespace elastic::inline v0 {
 /// from its first bytes, over one key table. Bind in the constructor; serve with `start()` (or
 /// `co_await run()`); stop with `stop()`, the destructor, or by cancelling `run()`. Use it on one
 /// thread (run the io_context on one thread).
-class tcp_store_server {
+template <class Defer = void>
+class basic_tcp_store_server {
 public:
     /// Binds and listens on `options.host`:`options.port`; throws store_error when it cannot.
-    explicit tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
+    explicit basic_tcp_store_server(const asio::any_io_executor& executor, store_server_options options = {})
         : core_(std::make_shared<detail::store::store_server_core>(executor, std::move(options))) {
         auto& o = core_->options;
         auto& acc = core_->acceptor;
@@ -81,10 +82,10 @@ public:
         }
     }
 
-    tcp_store_server(const tcp_store_server&) = delete;
-    tcp_store_server& operator=(const tcp_store_server&) = delete;
+    basic_tcp_store_server(const basic_tcp_store_server&) = delete;
+    basic_tcp_store_server& operator=(const basic_tcp_store_server&) = delete;
 
-    ~tcp_store_server() { stop(); }
+    ~basic_tcp_store_server() { stop(); }
 
     /// The bound address and port.
     asio::ip::tcp::endpoint local_endpoint() const { return core_->acceptor.local_endpoint(); }
@@ -119,5 +120,6 @@ public:
 private:
     std::shared_ptr<detail::store::store_server_core> core_;
 };
+using tcp_store_server = basic_tcp_store_server<>;
 
 }  // namespace elastic::inline v0

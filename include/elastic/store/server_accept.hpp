@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/store/server_connection.hpp"
 #include "elastic/store/server_core.hpp"
 
@@ -63,17 +64,18 @@ inline bool shed_unused(store_server_core& core, std::string_view why) {
 
 // Accepts connections until the server stops, each served by a coroutine of its own; out of
 // descriptors or at max_connections, makes room or refuses the newcomer plainly.
-inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
-    constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+template <class Defer = void>
+asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
     while (!core->stopped) {
-        auto [ec, socket] = co_await core->acceptor.async_accept(tuple_awaitable);
+        auto [ec, socket] = co_await core->acceptor.async_accept(detail::as_tuple_awaitable<Defer>);
         if (ec == asio::error::operation_aborted || core->stopped) break;
         if (ec == asio::error::no_descriptors || ec == std::errc::too_many_files_open_in_system) {
             // Out of descriptors. The kernel says so before it looks at the queue, so
             // first see whether a client is waiting at all; if none, wait for one (stop()
             // closes the acceptor, which ends the wait), without a retry loop.
             if (!client_waiting(core->acceptor)) {
-                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read, tuple_awaitable);
+                co_await core->acceptor.async_wait(asio::ip::tcp::acceptor::wait_read,
+                                                   detail::as_tuple_awaitable<Defer>);
                 continue;
             }
             // A client waits: close an unused connection for it, or take it with the
@@ -81,7 +83,7 @@ inline asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core
             if (shed_unused(*core, "the process is out of file descriptors")) continue;
             if (core->spare_fd >= 0) {
                 core->release_descriptor();
-                auto [ec2, refused] = co_await core->acceptor.async_accept(tuple_awaitable);
+                auto [ec2, refused] = co_await core->acceptor.async_accept(detail::as_tuple_awaitable<Defer>);
                 if (!ec2) {
                     core->log(fmt::format("refusing connection from {}: the process is out of file "
                                           "descriptors ({}) and no connection can make room; raise `ulimit "

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/store/auth.hpp"
 #include "elastic/store/engine.hpp"
 #include "elastic/store/errors.hpp"
@@ -58,6 +59,7 @@ public:
 
     ~store_connection() { delete[] buf_; }
 
+    template <class Defer = void>
     static asio::awaitable<void> serve(std::shared_ptr<store_connection> self) {
         // Whatever ends the loop — including a throw (out of memory, a throwing log sink, the
         // random source failing) — the connection must leave the engine and the server's set:
@@ -138,8 +140,8 @@ private:
         wake();
     }
 
+    template <class Defer = void>
     asio::awaitable<void> loop() {
-        constexpr auto tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
         for (;;) {
             // After a malformed request the replies to the requests before it still go out.
             const bool ok = process();
@@ -149,7 +151,8 @@ private:
                 wbuf_.swap(out_);
                 write_since_ = clock::now();
                 schedule();
-                const auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(wbuf_), tuple_awaitable);
+                const auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(wbuf_),
+                                                                detail::as_tuple_awaitable<Defer>);
                 (void)n;
                 write_since_.reset();
                 wbuf_.clear();
@@ -166,7 +169,8 @@ private:
                 // operation, not a race of two: nothing to outlive the other.
                 if (!out_.empty()) continue;  // pushed while the last write was in flight
                 in_readiness_wait_ = true;
-                const auto [ec] = co_await socket_.async_wait(asio::ip::tcp::socket::wait_read, tuple_awaitable);
+                const auto [ec] = co_await socket_.async_wait(asio::ip::tcp::socket::wait_read,
+                                                              detail::as_tuple_awaitable<Defer>);
                 in_readiness_wait_ = false;
                 if (!socket_.is_open()) co_return;
                 if (ec == asio::error::operation_aborted) continue;  // woken: flush
@@ -174,7 +178,7 @@ private:
             }
             if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
-                                                                  tuple_awaitable);
+                                                                  detail::as_tuple_awaitable<Defer>);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
             last_heard_ = clock::now();  // the only per-read cost of the deadlines
