@@ -38,7 +38,7 @@ CASES = [
     ("elastic/record.hpp (a worker)", '#include <elastic/record.hpp>\nint main() { return 0; }\n', [], None, False),
     ("elastic/dist.hpp", DIST, [], 2.0, False),
     ("elastic/dist.hpp, separate", DIST, SEPARATE, 2.0, True),
-    # At its budget's edge (1.9 s on the build machine): met, but not with the margin CI needs.
+    # Met (1.5 s on the build machine), but not with the margin the noise of a shared machine needs.
     ("elastic/policy.hpp", '#include <elastic/policy.hpp>\nint main() { return 0; }\n', [], 2.0, False),
     ("elastic/store.hpp", '#include <elastic/store.hpp>\nint main() { return 0; }\n', [], None, False),
     ("a custom launcher: elastic/run.hpp + a policy", LAUNCHER, [], 6.0, False),
