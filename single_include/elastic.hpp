@@ -15593,6 +15593,12 @@ struct store_lost {
     std::string reason;
 };
 
+/// A loop over the job `Job` (local_agent::run_loop; the agent_loop concept is both models).
+template <class Loop, class Job>
+concept loop_over = requires(Loop& loop, Job& job) {
+    { loop(job) } -> std::same_as<asio::awaitable<int>>;
+};
+
 }  // namespace detail::agent
 
 /// One node's agent, in a job of one node or many: for each attempt it hosts a fresh store for
@@ -15631,79 +15637,6 @@ public:
         events_ = agent_events(spec_, params_, options.event_log_handler);
     }
 
-    /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
-    /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
-    /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
-    /// itself cannot go on (workers are stopped first). The loop is policy_loop(job, policy)
-    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several.
-    template <restart_policy Policy>
-    asio::awaitable<int> run(Policy& policy) {
-        auto loop = [&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); };
-        co_return co_await run_loop(loop);
-    }
-
-    /// The same with a loop of the caller's (an agent_loop): `loop(job)` is awaited once, with
-    /// the job joined, and returns the exit code; it goes through the job with job<R>'s steps
-    /// (see policy_loop, the loop run() uses, and examples/custom_agent.cpp). It is called with
-    /// both rendezvous models, so its call is a template whose return type is written out,
-    /// `asio::awaitable<int>` (not deduced). `loop` must outlive the awaitable.
-    template <class Loop>
-    asio::awaitable<int> run_loop(Loop& loop) {
-        if (several_) {
-            tcp_rendezvous rdzv(executor_, params_, [this](std::string_view line) { log_.warning(line); });
-            co_return co_await run_loop(loop, rdzv);
-        }
-        single_node_rendezvous rdzv;
-        co_return co_await run_loop(loop, rdzv);
-    }
-
-    /// The same over a rendezvous of the caller's. The constructor's rendezvous_parameters still
-    /// decide what the agent does as one node or several (the log lines, the workers' store's
-    /// address and allow-list, the node's name), so they must describe the same job: one node
-    /// for single_node_rendezvous, several (uses_node_rendezvous) for any other model. It joins
-    /// `rdzv`, keeps its membership for as long as `loop` runs, and stops it before returning.
-    template <class Loop, agent_rendezvous R>
-    asio::awaitable<int> run_loop(Loop& loop, R& rdzv) {
-        using namespace asio::experimental::awaitable_operators;
-        // Installed first: a signal during start-up or a restart is handled like any other.
-        asio::signal_set signals(executor_);
-        prepare_agent_signals();
-        // The stores this agent hosts hold a descriptor per client; workers get the old limit
-        // back when they are spawned.
-        detail::process::raise_open_files_limit();
-        for (const int s : spec_.signals_to_handle) signals.add(s);
-        if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
-
-        // Hosts or reaches the job's store, then holds this node's liveness there.
-        const auto me = this_node();
-        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(detail::use_awaitable<Defer>));
-        if (joined.index() == 1) {
-            rdzv.stop();
-            co_return 128 + std::get<1>(joined);
-        }
-        try {
-            (void)std::get<0>(joined).take();
-        } catch (...) {
-            rdzv.stop();
-            throw;
-        }
-        // The loop, beside the observer of the job's membership (lost nodes), which runs for as
-        // long as this node is in the job.
-        job<R> j(*this, rdzv, signals);
-        auto both = co_await (detail::settle(loop(j)) || rdzv.keep_membership());
-        rdzv.stop();
-        round_store_.reset();
-        if (both.index() == 1) throw agent_error("the membership observer ended on its own");
-        auto& rounds = std::get<0>(both);
-        if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
-        try {
-            co_return rounds.take();
-        } catch (const rendezvous_closed& e) {
-            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
-            co_return 0;
-        }
-    }
-
     /// What one attempt came to; each kind names the job<R> step that concludes it.
     struct step {
         enum class kind {
@@ -15728,7 +15661,9 @@ public:
 
     /// One node's part in a running job, over the rendezvous `R`: the steps a loop is made of.
     /// Each awaits the agent's signals too (a signal ends the step early, as the step says).
-    template <agent_rendezvous R>
+    /// `R` is an agent_rendezvous (run_loop's constraint; clang 14 crashes on a constrained
+    /// member template named in another member's requires-clause).
+    template <class R>
     class job {
     public:
         /// Joins the next round, starts the workers, supervises them to the first failure, the
@@ -15744,6 +15679,7 @@ public:
             auto s = co_await agent_.attempt_step(rdzv_, signals_);
             s.attempt_id = ++attempts_;
             open_ = s.how != step::kind::again;
+            open_how_ = s.how;
             co_return s;
         }
 
@@ -15799,9 +15735,98 @@ public:
         basic_local_agent& agent_;
         R& rdzv_;
         asio::signal_set& signals_;
-        std::uint64_t attempts_ = 0;  ///< attempt() calls so far
-        bool open_ = false;           ///< the last attempt's step awaits its conclusion
+        std::uint64_t attempts_ = 0;                        ///< attempt() calls so far
+        bool open_ = false;                                 ///< the last attempt's step awaits its conclusion
+        typename step::kind open_how_ = step::kind::again;  ///< that step's kind
     };
+
+    /// Runs the job to its end and returns elasticrun's exit code: 0 when every worker
+    /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
+    /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
+    /// itself cannot go on (workers are stopped first). The loop is policy_loop(job, policy)
+    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several.
+    template <restart_policy Policy>
+    asio::awaitable<int> run(Policy& policy) {
+        auto loop = [&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); };
+        co_return co_await run_loop(loop);
+    }
+
+    /// The same with a loop of the caller's (an agent_loop): `loop(job)` is awaited once, with
+    /// the job joined, and returns the exit code; it goes through the job with job<R>'s steps
+    /// (see policy_loop, the loop run() uses, and examples/custom_agent.cpp). It is called with
+    /// both rendezvous models, so its call is a template whose return type is written out,
+    /// `asio::awaitable<int>` (not deduced). `loop` must outlive the awaitable. A loop that
+    /// returns with an attempt's step not concluded gets agent_error.
+    // clang-format off
+    template <class Loop>
+        requires detail::agent::loop_over<Loop, job<single_node_rendezvous>> &&
+                 detail::agent::loop_over<Loop, job<tcp_rendezvous>>
+    asio::awaitable<int> run_loop(Loop& loop) {
+        // clang-format on
+        if (several_) {
+            tcp_rendezvous rdzv(executor_, params_, [this](std::string_view line) { log_.warning(line); });
+            co_return co_await run_loop(loop, rdzv);
+        }
+        single_node_rendezvous rdzv;
+        co_return co_await run_loop(loop, rdzv);
+    }
+
+    /// The same over a rendezvous of the caller's. The constructor's rendezvous_parameters still
+    /// decide what the agent does as one node or several (the log lines, the workers' store's
+    /// address and allow-list, the node's name), so they must describe the same job: one node
+    /// for single_node_rendezvous, several (uses_node_rendezvous) for any other model. It joins
+    /// `rdzv`, keeps its membership for as long as `loop` runs, and stops it before returning.
+    // clang-format off
+    template <class Loop, agent_rendezvous R>
+        requires detail::agent::loop_over<Loop, job<R>>
+    asio::awaitable<int> run_loop(Loop& loop, R& rdzv) {
+        // clang-format on
+        using namespace asio::experimental::awaitable_operators;
+        // Installed first: a signal during start-up or a restart is handled like any other.
+        asio::signal_set signals(executor_);
+        prepare_agent_signals();
+        // The stores this agent hosts hold a descriptor per client; workers get the old limit
+        // back when they are spawned.
+        detail::process::raise_open_files_limit();
+        for (const int s : spec_.signals_to_handle) signals.add(s);
+        if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
+
+        // Hosts or reaches the job's store, then holds this node's liveness there.
+        const auto me = this_node();
+        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(detail::use_awaitable<Defer>));
+        if (joined.index() == 1) {
+            rdzv.stop();
+            co_return 128 + std::get<1>(joined);
+        }
+        try {
+            (void)std::get<0>(joined).take();
+        } catch (...) {
+            rdzv.stop();
+            throw;
+        }
+        // The loop, beside the observer of the job's membership (lost nodes), which runs for as
+        // long as this node is in the job.
+        job<R> j(*this, rdzv, signals);
+        auto both = co_await (detail::settle(loop(j)) || rdzv.keep_membership());
+        rdzv.stop();
+        round_store_.reset();
+        if (both.index() == 1) throw agent_error("the membership observer ended on its own");
+        auto& rounds = std::get<0>(both);
+        if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
+        try {
+            const int code = rounds.take();
+            if (j.open_) {
+                throw agent_error(fmt::format("the agent's loop returned {} with attempt {}'s step ({}) not "
+                                              "concluded: finish, decide, follow or interrupted comes first "
+                                              "(the agent's loop is wrong)",
+                                              code, j.attempts_, step::name(j.open_how_)));
+            }
+            co_return code;
+        } catch (const rendezvous_closed& e) {
+            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
+            co_return 0;
+        }
+    }
 
     /// The loop run(policy) runs: attempts until the job succeeds, stops or this agent is
     /// signalled; a failure here that reached the others first is decided by `policy`.
@@ -16427,10 +16452,8 @@ using local_agent = basic_local_agent<>;
  */
 template <class L>
 concept agent_loop = std::move_constructible<L> &&
-    requires(L& loop, local_agent::job<single_node_rendezvous>& one, local_agent::job<tcp_rendezvous>& many) {
-    { loop(one) } -> std::same_as<asio::awaitable<int>>;
-    { loop(many) } -> std::same_as<asio::awaitable<int>>;
-};
+    detail::agent::loop_over<L, local_agent::job<single_node_rendezvous>> &&
+    detail::agent::loop_over<L, local_agent::job<tcp_rendezvous>>;
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----

@@ -187,9 +187,22 @@ struct misusing_loop {
             made_up.attempt_id = 7;
             (void)co_await job.decide(made_up, policy);
         }
+        // mode 4: returns with the failed step not concluded
         co_return 0;
     }
 };
+
+/// What local_agent::run_loop accepts: a loop over either rendezvous model's job.
+template <class L>
+concept runnable_loop = requires(elastic::local_agent& agent, L& loop) {
+    agent.run_loop(loop);
+};
+struct not_a_loop {
+    int operator()(int) const { return 0; }
+};
+static_assert(runnable_loop<misusing_loop>);
+static_assert(!runnable_loop<not_a_loop>);
+static_assert(!runnable_loop<int>);
 
 TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error naming the rule (in-process)") {
     temp_dir dir;
@@ -203,6 +216,7 @@ TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error na
         {1, "job::attempt() while attempt 1's step is not concluded"},
         {2, "job::decide() on a step that is not the open one (attempt 1 of 1, none open)"},
         {3, "job::decide() on a step that is not the open one (attempt 7 of 1)"},
+        {4, "the agent's loop returned 0 with attempt 1's step (failed) not concluded"},
     };
     for (const auto& each : cases) {
         const int mode = each.first;  // a structured binding cannot be captured by CAPTURE's lambda in clang 14
