@@ -54,6 +54,14 @@
 #else
 #define ELASTIC_DECL inline
 #endif
+// ELASTIC_DETAIL_BODIES: 1 where those definitions are compiled (every file header-only, the one
+// file of ELASTIC_IMPL_SOURCE otherwise); the headers guard them, and what only they include,
+// with it.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#define ELASTIC_DETAIL_BODIES 1
+#else
+#define ELASTIC_DETAIL_BODIES 0
+#endif
 #if defined(ELASTIC_IMPL_SOURCE)
 #define ELASTIC_DETAIL_IMPL_SOURCE_SEEN 1  // the definitions were not skipped (elastic/impl/src.hpp checks)
 #endif
@@ -1503,6 +1511,7 @@ int record(Entry&& entry, Args&&... args) {
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/detached.hpp>
 #include <asio/error.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
@@ -1529,6 +1538,10 @@ template <class Defer>
 inline constexpr asio::use_awaitable_t<> use_awaitable{};
 template <class Defer>
 inline constexpr asio::experimental::as_tuple_t<asio::use_awaitable_t<>> as_tuple_awaitable{};
+/// asio::detached, named the same way: a co_spawn completed with it compiles its entry point
+/// only where the spawning template is used.
+template <class Defer>
+inline constexpr asio::detached_t detached{};
 
 /// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
 /// its own timer; unlock() hands the lock over by marking the first waiter granted and
@@ -3161,7 +3174,7 @@ private:
     void start_heartbeat() {
         if (heartbeat_running_) return;
         heartbeat_running_ = true;
-        asio::co_spawn(executor_, heartbeat(alive_), asio::detached);
+        asio::co_spawn(executor_, heartbeat(alive_), detail::detached<Defer>);
     }
 
     // Every interval while leases are held: one heartbeat when the connection is idle. A busy
@@ -5488,7 +5501,7 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
         }
         auto conn = std::make_shared<store_connection>(core, std::move(socket));
         core->connections.insert(conn.get());
-        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)), asio::detached);
+        asio::co_spawn(core->executor, store_connection::serve<Defer>(std::move(conn)), detail::detached<Defer>);
     }
     stop_server(*core);
 }
@@ -5580,7 +5593,7 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, detail::store::accept_loop(core_), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, detail::store::accept_loop<Defer>(core_), detail::detached<Defer>); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
     /// stops the server). The coroutine owns the server's shared state, not `this`, so it may
@@ -5628,7 +5641,7 @@ static_assert(store<prefix_store<prefix_store<memory_store>>>);
 
 // The store client only where group's members are compiled: with ELASTIC_SEPARATE_COMPILATION,
 // in elastic/impl/src.hpp's file alone, so a worker's files parse none of Asio.
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 #endif
 
 #include <fmt/format.h>
@@ -5786,7 +5799,7 @@ private:
 
 // group's members, out of the class so that ELASTIC_SEPARATE_COMPILATION can leave them (and the
 // store client) to elastic/impl/src.hpp's file.
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 namespace dist {
 
 ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
@@ -8476,7 +8489,10 @@ inline std::string failure_log_line(const worker_failure& f, std::string_view en
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json_fwd.hpp>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
 
 namespace elastic::inline v0 {
 
@@ -8496,7 +8512,37 @@ public:
 ///   torchrun writes no file at all, gets one in @record's nested format: message = the
 ///   failure's headline ("Signal 9 (SIGKILL) received by PID 1234"), py_callstack = what the
 ///   summary shows as its traceback (the stderr tail), timestamp = the failure's time.
-inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
+ELASTIC_DECL nlohmann::ordered_json agent_error_document(const worker_failure& root);
+
+/// The agent's error file when the agent itself failed and no worker's failure explains it (a
+/// rendezvous error, an internal error): @record's nested format, as torch's @record on
+/// torchrun's main writes it for an exception (`message` = "<type>: <what>", `py_callstack`,
+/// `timestamp` in whole seconds), plus `errorCode` = elasticrun's exit code (torch's @record
+/// sets none here; an outer launcher reads it as this process's code).
+ELASTIC_DECL nlohmann::ordered_json agent_exception_document(
+    std::string_view type, std::string_view what, int exit_code,
+    std::chrono::system_clock::time_point when = std::chrono::system_clock::now());
+
+/// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
+/// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
+/// new one, never a part. Throws report_error naming the path and the reason.
+ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_view contents);
+
+/// Write the root cause into the error file at `path` (agent_error_document, replacing any file
+/// there atomically). Throws report_error when the file cannot be written.
+ELASTIC_DECL void write_agent_error_file(const std::string& path, const worker_failure& root);
+
+/// Write the root cause into $TORCHELASTIC_ERROR_FILE, as torchrun's own main does. Returns
+/// false, writing nothing, when the variable is unset or empty (no outer launcher asked).
+ELASTIC_DECL bool write_agent_error_file(const worker_failure& root);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
     const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
@@ -8522,14 +8568,9 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     return doc;
 }
 
-/// The agent's error file when the agent itself failed and no worker's failure explains it (a
-/// rendezvous error, an internal error): @record's nested format, as torch's @record on
-/// torchrun's main writes it for an exception (`message` = "<type>: <what>", `py_callstack`,
-/// `timestamp` in whole seconds), plus `errorCode` = elasticrun's exit code (torch's @record
-/// sets none here; an outer launcher reads it as this process's code).
-inline nlohmann::ordered_json agent_exception_document(
-    std::string_view type, std::string_view what, int exit_code,
-    std::chrono::system_clock::time_point when = std::chrono::system_clock::now()) {
+ELASTIC_DECL nlohmann::ordered_json agent_exception_document(std::string_view type, std::string_view what,
+                                                             int exit_code,
+                                                             std::chrono::system_clock::time_point when) {
     using json = nlohmann::ordered_json;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
     const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
@@ -8545,10 +8586,7 @@ inline nlohmann::ordered_json agent_exception_document(
     return doc;
 }
 
-/// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
-/// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
-/// new one, never a part. Throws report_error naming the path and the reason.
-inline void write_file_atomically(const std::string& path, std::string_view contents) {
+ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_view contents) {
     const auto slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -8605,15 +8643,11 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
     }
 }
 
-/// Write the root cause into the error file at `path` (agent_error_document, replacing any file
-/// there atomically). Throws report_error when the file cannot be written.
-inline void write_agent_error_file(const std::string& path, const worker_failure& root) {
+ELASTIC_DECL void write_agent_error_file(const std::string& path, const worker_failure& root) {
     write_file_atomically(path, agent_error_document(root).dump());
 }
 
-/// Write the root cause into $TORCHELASTIC_ERROR_FILE, as torchrun's own main does. Returns
-/// false, writing nothing, when the variable is unset or empty (no outer launcher asked).
-inline bool write_agent_error_file(const worker_failure& root) {
+ELASTIC_DECL bool write_agent_error_file(const worker_failure& root) {
     const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (path == nullptr || *path == '\0') {
         return false;
@@ -8623,6 +8657,8 @@ inline bool write_agent_error_file(const worker_failure& root) {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/agent_error_file.hpp ----
 // ---- begin elastic/report/error_file.hpp ----
 // Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
@@ -8647,7 +8683,25 @@ inline bool write_agent_error_file(const worker_failure& root) {
 #include <unistd.h>
 
 #include <fmt/format.h>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
+
+namespace elastic::inline v0 {
+
+/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
+/// defect, including running out of memory, comes back as status malformed with the reason.
+ELASTIC_DECL error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept;
+
+/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
+/// An empty path or no file there gives status absent. Anything that is not a readable regular
+/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
+/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
+ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
 
 namespace elastic::inline v0 {
 
@@ -8955,9 +9009,7 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
 
 }  // namespace detail::report
 
-/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
-/// defect, including running out of memory, comes back as status malformed with the reason.
-inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
+ELASTIC_DECL error_file_read parse_error_file(std::string_view bytes, std::string path) noexcept {
     try {
         return detail::report::parse_error_text(bytes, std::move(path));
     } catch (const std::exception& e) {
@@ -8972,11 +9024,7 @@ inline error_file_read parse_error_file(std::string_view bytes, std::string path
     return r;
 }
 
-/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
-/// An empty path or no file there gives status absent. Anything that is not a readable regular
-/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
-/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
-inline error_file_read read_error_file(const std::string& path) noexcept {
+ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
     try {
         error_file_read r;
         r.path = path;
@@ -9040,6 +9088,8 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/error_file.hpp ----
 // ---- begin elastic/report/event.hpp ----
 // Events in torchelastic's shape (torch.distributed.elastic.events.Event), the per-worker status
@@ -9049,21 +9099,116 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <concepts>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
 
 namespace elastic::inline v0 {
 
 /// Who produced an event (torch's EventSource).
 enum class event_source { agent, worker };
+
+/// One metadata value of an event: null, a boolean, an integer, a floating-point number or a
+/// string, what torch's Event metadata may hold. Made implicitly from any of them (an integer
+/// of at most 64 bits that fits in std::int64_t), so `m["pid"] = 42` and `m["state"] = "FAILED"`
+/// read as they would with a JSON object.
+class event_value {
+public:
+    using storage = std::variant<std::nullptr_t, bool, std::int64_t, double, std::string>;
+
+    event_value() noexcept = default;
+    event_value(std::nullptr_t) noexcept {}
+    event_value(bool b) noexcept : value_(b) {}
+    // clang-format off
+    template <std::integral I>
+        requires(!std::same_as<I, bool> && (std::signed_integral<I> || sizeof(I) < sizeof(std::int64_t)))
+    event_value(I i) noexcept : value_(static_cast<std::int64_t>(i)) {}
+    // clang-format on
+    event_value(double d) noexcept : value_(d) {}
+    event_value(std::string s) noexcept : value_(std::move(s)) {}
+    event_value(std::string_view s) : value_(std::string(s)) {}
+    event_value(const char* s) : value_(std::string(s)) {}
+
+    [[nodiscard]] bool is_null() const noexcept { return std::holds_alternative<std::nullptr_t>(value_); }
+    [[nodiscard]] bool is_bool() const noexcept { return std::holds_alternative<bool>(value_); }
+    [[nodiscard]] bool is_integer() const noexcept { return std::holds_alternative<std::int64_t>(value_); }
+    [[nodiscard]] bool is_float() const noexcept { return std::holds_alternative<double>(value_); }
+    [[nodiscard]] bool is_string() const noexcept { return std::holds_alternative<std::string>(value_); }
+
+    /// The value as `T` (bool, std::int64_t, double or std::string); std::bad_variant_access
+    /// when it holds another type.
+    template <class T>
+    [[nodiscard]] const T& get() const {
+        return std::get<T>(value_);
+    }
+    [[nodiscard]] const storage& value() const noexcept { return value_; }
+
+    /// Equal when both hold the same type and value (1 and 1.0 differ).
+    friend bool operator==(const event_value&, const event_value&) = default;
+
+private:
+    storage value_;
+};
+
+/// An event's metadata: keys in the order they were first set, each with an event_value.
+class event_metadata {
+public:
+    using entry = std::pair<std::string, event_value>;
+    using const_iterator = std::vector<entry>::const_iterator;
+
+    /// The value at `key`; a new null one, last, when there is none.
+    event_value& operator[](std::string_view key) {
+        for (auto& e : entries_) {
+            if (e.first == key) return e.second;
+        }
+        return entries_.emplace_back(std::string(key), event_value{}).second;
+    }
+    /// The value at `key`; std::out_of_range when there is none.
+    [[nodiscard]] const event_value& operator[](std::string_view key) const {
+        if (const auto* v = find(key)) return *v;
+        throw std::out_of_range("event metadata has no key \"" + std::string(key) + "\"");
+    }
+    /// The value at `key`, or null when there is none.
+    [[nodiscard]] const event_value* find(std::string_view key) const noexcept {
+        for (const auto& e : entries_) {
+            if (e.first == key) return &e.second;
+        }
+        return nullptr;
+    }
+    [[nodiscard]] bool contains(std::string_view key) const noexcept { return find(key) != nullptr; }
+    /// Removes `key`; whether it was there.
+    bool erase(std::string_view key) noexcept {
+        for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+            if (it->first == key) {
+                entries_.erase(it);
+                return true;
+            }
+        }
+        return false;
+    }
+    [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+    [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+    [[nodiscard]] const_iterator begin() const noexcept { return entries_.begin(); }
+    [[nodiscard]] const_iterator end() const noexcept { return entries_.end(); }
+
+    friend bool operator==(const event_metadata&, const event_metadata&) = default;
+
+private:
+    std::vector<entry> entries_;
+};
 
 /// One event, serialised as torch's Event.serialize() does:
 /// `{"name": ..., "source": "AGENT"|"WORKER", "timestamp": <ms>, "metadata": {...}}`, so torch's
@@ -9073,18 +9218,11 @@ struct event {
     event_source source = event_source::agent;
     /// Milliseconds since the epoch (torch documents this and leaves it 0; we set it).
     std::int64_t timestamp = 0;
-    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+    event_metadata metadata;
 
-    /// One line of JSON (no newline). Text is made valid UTF-8 first, so this never throws on
-    /// what a worker wrote.
-    std::string serialize() const {
-        nlohmann::ordered_json j;
-        j["name"] = name;
-        j["source"] = source == event_source::agent ? "AGENT" : "WORKER";
-        j["timestamp"] = timestamp;
-        j["metadata"] = metadata;
-        return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-    }
+    /// One line of JSON (no newline). Bytes that are not UTF-8 become U+FFFD, so this never
+    /// throws on what a worker wrote. A floating-point value that is not finite is written null.
+    ELASTIC_DECL std::string serialize() const;
 };
 
 /// What a worker status event says beyond the failure itself: the agent's view of the run.
@@ -9118,88 +9256,6 @@ struct worker_status_subject {
     std::string role;
 };
 
-namespace detail::report {
-
-struct string_sink {
-    std::string& text;
-    void put(char c) { text.push_back(c); }
-};
-
-// What Python's json.dumps(value) writes, byte for byte, for what torch builds its status events
-// from: separators ", " and ": ", non-ASCII as \uXXXX (ensure_ascii), keys in their order.
-// Numbers, booleans and null are spelt alike in both.
-inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
-    string_sink sink{out};
-    const auto quoted = [&](const std::string& text) {
-        out.push_back('"');
-        detail::json_escape(sink, text.data(), text.size());
-        out.push_back('"');
-    };
-    if (value.is_object()) {
-        out.push_back('{');
-        bool first = true;
-        for (auto it = value.begin(); it != value.end(); ++it) {
-            if (!first) out += ", ";
-            first = false;
-            quoted(it.key());
-            out += ": ";
-            python_json(out, it.value());
-        }
-        out.push_back('}');
-    } else if (value.is_array()) {
-        out.push_back('[');
-        for (std::size_t i = 0; i < value.size(); ++i) {
-            if (i != 0) out += ", ";
-            python_json(out, value[i]);
-        }
-        out.push_back(']');
-    } else if (value.is_string()) {
-        quoted(value.get_ref<const std::string&>());
-    } else {
-        out += value.dump();
-    }
-}
-
-inline std::string python_json(const nlohmann::ordered_json& value) {
-    std::string out;
-    python_json(out, value);
-    return out;
-}
-
-// torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
-inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
-                           int exitcode, std::chrono::system_clock::time_point when, const worker_event_context& ctx) {
-    using json = nlohmann::ordered_json;
-    json md = json::object();
-    md["group_world_size"] = ctx.group_world_size;
-    md["entry_point"] = ctx.entry_point;
-    md["local_rank"] = json::array({w.local_rank});
-    md["role_rank"] = json::array({w.global_rank});
-    md["role_world_size"] = json::array({ctx.role_world_size});
-
-    event e;
-    e.name = "torchelastic.worker.status." + std::string(state);
-    e.source = event_source::worker;
-    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
-    auto& m = e.metadata;
-    m["run_id"] = ctx.run_id;
-    m["global_rank"] = w.global_rank;
-    m["group_rank"] = ctx.group_rank;
-    m["worker_id"] = std::to_string(w.pid);
-    m["role"] = w.role;
-    m["hostname"] = ctx.hostname;
-    m["state"] = std::string(state);
-    m["total_run_time"] = ctx.total_run_time;
-    m["rdzv_backend"] = ctx.rdzv_backend;
-    m["raw_error"] = std::move(raw_error);
-    m["metadata"] = python_json(md);  // torch: json.dumps(md)
-    m["agent_restarts"] = ctx.agent_restarts;
-    m["exitcode"] = exitcode;
-    return e;
-}
-
-}  // namespace detail::report
-
 /// The `torchelastic.worker.status.<STATE>` event for one worker of a failed group, with torch
 /// 1.13's metadata keys (agent/server/api.py, _construct_event): run_id, global_rank, group_rank,
 /// worker_id (the pid, as a string), role, hostname, state, total_run_time, rdzv_backend,
@@ -9210,31 +9266,13 @@ inline event worker_status(std::string_view state, const worker_status_subject& 
 /// agent_restarts. Both JSON texts are written byte for byte as torch's json.dumps writes them
 /// (", " and ": ", \uXXXX escapes). Additions: "exitcode" (torch's numbering) and the event's timestamp, the
 /// failure's time in milliseconds.
-inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
-    using json = nlohmann::ordered_json;
-    // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
-    json raw_error = nullptr;
-    if (f.state == failure_state::stopped_by_agent) {
-        raw_error = nullptr;
-    } else if (f.error_file.parsed()) {
-        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
-                                                                              : json());
-    } else if (f.error_file.status == error_file_status::malformed) {
-        raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
-    } else {
-        raw_error = R"({"message": "<NONE>"})";
-    }
-    return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.returncode(), failure_display_time(f), ctx);
-}
+ELASTIC_DECL event worker_status_event(const worker_failure& f, const worker_event_context& ctx);
 
 /// The `torchelastic.worker.status.SUCCEEDED` event for one worker of a group that succeeded
 /// (torch records one per worker at the end of a successful run): the same keys, raw_error
 /// null, exitcode 0, stamped `when` (the agent's end of the run).
-inline event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
-                                    std::chrono::system_clock::time_point when) {
-    return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
-}
+ELASTIC_DECL event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
+                                          std::chrono::system_clock::time_point when);
 
 /// An append-only log of events, one JSON line each. Each line goes out in one write(2) on a file
 /// opened with O_APPEND, so several agents sharing the file (one per node on a shared file
@@ -9306,6 +9344,137 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+namespace detail::report {
+
+struct string_sink {
+    std::string& text;
+    void put(char c) { text.push_back(c); }
+};
+
+// What Python's json.dumps(value) writes, byte for byte, for what torch builds its status events
+// from: separators ", " and ": ", non-ASCII as \uXXXX (ensure_ascii), keys in their order.
+// Numbers, booleans and null are spelt alike in both.
+inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
+    string_sink sink{out};
+    const auto quoted = [&](const std::string& text) {
+        out.push_back('"');
+        detail::json_escape(sink, text.data(), text.size());
+        out.push_back('"');
+    };
+    if (value.is_object()) {
+        out.push_back('{');
+        bool first = true;
+        for (auto it = value.begin(); it != value.end(); ++it) {
+            if (!first) out += ", ";
+            first = false;
+            quoted(it.key());
+            out += ": ";
+            python_json(out, it.value());
+        }
+        out.push_back('}');
+    } else if (value.is_array()) {
+        out.push_back('[');
+        for (std::size_t i = 0; i < value.size(); ++i) {
+            if (i != 0) out += ", ";
+            python_json(out, value[i]);
+        }
+        out.push_back(']');
+    } else if (value.is_string()) {
+        quoted(value.get_ref<const std::string&>());
+    } else {
+        out += value.dump();
+    }
+}
+
+inline std::string python_json(const nlohmann::ordered_json& value) {
+    std::string out;
+    python_json(out, value);
+    return out;
+}
+
+// torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
+inline event worker_status(std::string_view state, const worker_status_subject& w, event_value raw_error, int exitcode,
+                           std::chrono::system_clock::time_point when, const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    json md = json::object();
+    md["group_world_size"] = ctx.group_world_size;
+    md["entry_point"] = ctx.entry_point;
+    md["local_rank"] = json::array({w.local_rank});
+    md["role_rank"] = json::array({w.global_rank});
+    md["role_world_size"] = json::array({ctx.role_world_size});
+
+    event e;
+    e.name = "torchelastic.worker.status." + std::string(state);
+    e.source = event_source::worker;
+    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
+    auto& m = e.metadata;
+    m["run_id"] = ctx.run_id;
+    m["global_rank"] = w.global_rank;
+    m["group_rank"] = ctx.group_rank;
+    m["worker_id"] = std::to_string(w.pid);
+    m["role"] = w.role;
+    m["hostname"] = ctx.hostname;
+    m["state"] = std::string(state);
+    m["total_run_time"] = ctx.total_run_time;
+    m["rdzv_backend"] = ctx.rdzv_backend;
+    m["raw_error"] = std::move(raw_error);
+    m["metadata"] = python_json(md);  // torch: json.dumps(md)
+    m["agent_restarts"] = ctx.agent_restarts;
+    m["exitcode"] = exitcode;
+    return e;
+}
+
+// The metadata as a JSON object, in its order.
+inline nlohmann::ordered_json to_json(const event_metadata& metadata) {
+    auto out = nlohmann::ordered_json::object();
+    for (const auto& entry : metadata) {
+        std::visit([&out, &entry](const auto& v) { out[entry.first] = v; }, entry.second.value());
+    }
+    return out;
+}
+
+}  // namespace detail::report
+
+ELASTIC_DECL std::string event::serialize() const {
+    nlohmann::ordered_json j;
+    j["name"] = name;
+    j["source"] = source == event_source::agent ? "AGENT" : "WORKER";
+    j["timestamp"] = timestamp;
+    j["metadata"] = detail::report::to_json(metadata);
+    return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+ELASTIC_DECL event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
+    event_value raw_error;
+    if (f.state == failure_state::stopped_by_agent) {
+        raw_error = nullptr;
+    } else if (f.error_file.parsed()) {
+        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
+                                                                              : json());
+    } else if (f.error_file.status == error_file_status::malformed) {
+        raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
+    } else {
+        raw_error = R"({"message": "<NONE>"})";
+    }
+    return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f), ctx);
+}
+
+ELASTIC_DECL event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
+                                          std::chrono::system_clock::time_point when) {
+    return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/event.hpp ----
 // ---- begin elastic/report/event_destination.hpp ----
 // event_destination: the value of --event-log-handler (null, console, or file:PATH), parsed
@@ -9833,7 +10002,9 @@ private:
 
 #include <asio/ip/address.hpp>
 #include <fmt/format.h>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
 
 #include <algorithm>
 #include <charconv>
@@ -9845,6 +10016,7 @@ private:
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -9869,6 +10041,95 @@ inline std::string shown(std::string_view value, std::size_t limit = 120) {
     if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
     return out;
 }
+
+/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
+/// of a few lines, a node's workers and ranks as counted in int.
+inline constexpr std::size_t max_host = 255;
+inline constexpr std::size_t max_id = 512;
+inline constexpr std::size_t max_reason = 4096;
+inline constexpr int max_nproc = 1 << 20;
+inline constexpr int max_nodes = 1 << 20;
+inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
+
+/// What collect() deletes once no node can need a round any more: its arrivals (`k`), its size
+/// (`n`) and its members' lease names.
+struct round_manifest {
+    int k = 0;
+    int n = 0;
+    std::vector<std::string> ids;
+};
+
+/// Whether `text` is an IPv4 or IPv6 address literal.
+inline bool is_address_literal(const std::string& text) {
+    std::error_code ec;
+    (void)asio::ip::make_address(text, ec);
+    return !ec;
+}
+
+// Each decoder reads a value any client of the store may have written: invalid_value (never
+// another exception) when it is not what the rendezvous writes there. The JSON code is compiled
+// where ELASTIC_DETAIL_BODIES says (with ELASTIC_SEPARATE_COMPILATION, in one file only).
+
+/// A node's info, as an arrival writes it.
+ELASTIC_DECL std::string encode(const node_info& i);
+/// A node's info (an arrival).
+ELASTIC_DECL node_info decode_node(std::string_view text);
+/// A node's assignment, as the completer writes it (with `peers` for group rank 0 only).
+ELASTIC_DECL std::string encode(const rendezvous_round& r);
+/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
+/// nothing when the round lost a node while forming and everyone rejoins the next one;
+/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
+ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes);
+/// The assignment every arrival gets when the round lost a node while forming.
+ELASTIC_DECL std::string encode_retry();
+/// The assignment every arrival gets when the round failed: `message` says why.
+ELASTIC_DECL std::string encode_round_error(std::string_view message);
+/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
+ELASTIC_DECL std::string encode_round_successors(bool host_in, const std::vector<store_successor>& successors);
+ELASTIC_DECL std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text);
+/// `<round>/hosts`: each group rank's host.
+ELASTIC_DECL std::string encode_hosts(const std::vector<std::string>& hosts);
+ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text);
+/// `<round>/manifest`; decoded with at most `nnodes` arrivals.
+ELASTIC_DECL std::string encode(const round_manifest& m);
+ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes);
+ELASTIC_DECL std::string encode(const abort_notice& a);
+/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
+/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
+ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size);
+ELASTIC_DECL std::string encode(const job_decision& d);
+/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
+ELASTIC_DECL job_decision decode_decision(std::string_view text);
+
+/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
+/// unless it is a whole number within [lo, hi].
+inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
+    std::int64_t v = 0;
+    const auto* end = text.data() + text.size();
+    const auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
+    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    return v;
+}
+
+/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
+inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
+
+/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
+/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
+inline std::string guard_value(const std::string& run_id) {
+    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
+}
+
+}  // namespace detail::rendezvous
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::rendezvous {
+
+namespace codec {
 
 inline nlohmann::json parse_object(std::string_view text) {
     auto j = nlohmann::json::parse(text, nullptr, false);
@@ -9914,58 +10175,15 @@ inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<
     return it->get<bool>();
 }
 
-/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
-/// of a few lines, a node's workers and ranks as counted in int.
-inline constexpr std::size_t max_host = 255;
-inline constexpr std::size_t max_id = 512;
-inline constexpr std::size_t max_reason = 4096;
-inline constexpr int max_nproc = 1 << 20;
-inline constexpr int max_nodes = 1 << 20;
-inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
-
-/// Whether `text` is an IPv4 or IPv6 address literal.
-inline bool is_address_literal(const std::string& text) {
-    std::error_code ec;
-    (void)asio::ip::make_address(text, ec);
-    return !ec;
-}
-
-inline std::string encode(const node_info& i) {
-    nlohmann::json j{
-        {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
-    if (i.node_rank) j["node_rank"] = *i.node_rank;
-    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
-    if (!i.id.empty()) j["id"] = i.id;
-    if (i.backup_port != 0) j["backup"] = i.backup_port;
-    if (i.hosts_store) j["hosts_store"] = true;
-    if (!i.addrs.empty()) j["addrs"] = i.addrs;
-    return j.dump();
-}
-
-/// A node's info (an arrival); invalid_value when it is not one.
-inline node_info decode_node(std::string_view text) {
-    const auto j = parse_object(text);
-    node_info i;
-    i.host = field_string(j, "host", max_host);
-    i.store_addr = field_string(j, "addr", max_host, 1);
-    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
-    i.nproc = field_small(j, "nproc", 1, max_nproc);
-    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
-    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
-    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
-    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
-    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
-    i.hosts_store = field_bool(j, "hosts_store", false);
-    if (const auto it = j.find("addrs"); it != j.end()) {
-        if (!it->is_array() || it->size() > max_addrs)
-            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
-        for (const auto& a : *it) {
-            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
-                throw invalid_value("an entry of 'addrs' is not an IP address literal");
-            i.addrs.push_back(a.get<std::string>());
-        }
+/// `decode()`, with any exception of the JSON library as invalid_value (the checks above leave
+/// none, but a decoder's promise should not rest on that).
+template <class Decode>
+auto decoded(Decode decode) -> decltype(decode()) {
+    try {
+        return decode();
+    } catch (const nlohmann::json::exception& e) {
+        throw invalid_value(e.what());
     }
-    return i;
 }
 
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
@@ -9982,57 +10200,167 @@ inline std::vector<store_successor> decode_successors(const nlohmann::json& list
     return out;
 }
 
-/// The successors a completer names, as decode_successors reads them.
 inline nlohmann::json encode_successors(const std::vector<store_successor>& successors) {
     auto out = nlohmann::json::array();
     for (const auto& x : successors) out.push_back({{"id", x.id}, {"addr", x.addr}, {"port", x.port}});
     return out;
 }
 
-/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
-inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
-    const auto j = parse_object(text);
-    const bool host_in = field_bool(j, "host_in");
-    const auto it = j.find("successors");
-    if (it == j.end()) throw invalid_value("no 'successors'");
-    return {host_in, decode_successors(*it)};
-}
-
-/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
-/// nothing when the round lost a node while forming and everyone rejoins the next one;
-/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
-inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
-    const auto j = parse_object(text);
-    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
-    if (j.contains("retry")) return std::nullopt;
-    rendezvous_round r;
-    r.group_world_size = field_small(j, "size", 1, nnodes);
-    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
-    r.host_in_round = field_bool(j, "host_in", false);
-    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
-    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
-    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
-    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
-    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
-    r.master_addr = field_string(j, "master_addr", max_host, 1);
-    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
-    if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
-            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
-        for (const auto& p : *it) {
-            if (!p.is_string() || p.get<std::string>().size() > max_host)
-                throw invalid_value("a peer is not a host name or address");
-            r.peers.push_back(p.get<std::string>());
-        }
+/// A list of at most `max` strings of at most max_host bytes each.
+inline std::vector<std::string> string_list(const nlohmann::json& list, std::size_t max, const char* what) {
+    if (!list.is_array() || list.size() > max)
+        throw invalid_value(fmt::format("'{}' is not a list of at most {} entries", what, max));
+    std::vector<std::string> out;
+    for (const auto& x : list) {
+        if (!x.is_string() || x.get_ref<const std::string&>().size() > max_host)
+            throw invalid_value(fmt::format("an entry of '{}' is not a host name or address", what));
+        out.push_back(x.get<std::string>());
     }
-    return r;
+    return out;
 }
 
-inline std::vector<std::string> decode_hosts(const std::string& text) {
-    return nlohmann::json::parse(text).get<std::vector<std::string>>();
+}  // namespace codec
+
+ELASTIC_DECL std::string encode(const node_info& i) {
+    nlohmann::json j{
+        {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
+    if (i.node_rank) j["node_rank"] = *i.node_rank;
+    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    if (!i.id.empty()) j["id"] = i.id;
+    if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.hosts_store) j["hosts_store"] = true;
+    if (!i.addrs.empty()) j["addrs"] = i.addrs;
+    return j.dump();
 }
 
-inline std::string encode(const abort_notice& a) {
+ELASTIC_DECL node_info decode_node(std::string_view text) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        node_info i;
+        i.host = field_string(j, "host", max_host);
+        i.store_addr = field_string(j, "addr", max_host, 1);
+        i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
+        i.nproc = field_small(j, "nproc", 1, max_nproc);
+        i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
+        if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
+        if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
+        if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+        if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+        i.hosts_store = field_bool(j, "hosts_store", false);
+        if (const auto it = j.find("addrs"); it != j.end()) {
+            if (!it->is_array() || it->size() > max_addrs)
+                throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+            for (const auto& a : *it) {
+                if (!a.is_string() || a.get<std::string>().size() > max_host ||
+                    !is_address_literal(a.get<std::string>()))
+                    throw invalid_value("an entry of 'addrs' is not an IP address literal");
+                i.addrs.push_back(a.get<std::string>());
+            }
+        }
+        return i;
+    });
+}
+
+ELASTIC_DECL std::string encode(const rendezvous_round& r) {
+    auto j = nlohmann::json{{"group_rank", r.group_rank},
+                            {"rank_base", r.rank_base},
+                            {"world_size", r.world_size},
+                            {"size", r.group_world_size},
+                            {"epoch", r.epoch},
+                            {"master_addr", r.master_addr},
+                            {"master_port", r.master_port},
+                            {"restarts", r.restart_count},
+                            {"host_in", r.host_in_round},
+                            {"successors", codec::encode_successors(r.successors)}};
+    if (r.group_rank == 0) j["peers"] = r.peers;
+    return j.dump();
+}
+
+ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
+    return codec::decoded([&]() -> std::optional<rendezvous_round> {
+        using namespace codec;
+        const auto j = parse_object(text);
+        if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
+        if (j.contains("retry")) return std::nullopt;
+        rendezvous_round r;
+        r.group_world_size = field_small(j, "size", 1, nnodes);
+        r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
+        r.host_in_round = field_bool(j, "host_in", false);
+        if (const auto it = j.find("successors"); it != j.end()) r.successors = decode_successors(*it);
+        r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
+        r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
+        r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
+        r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+        r.master_addr = field_string(j, "master_addr", max_host, 1);
+        r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
+        if (const auto it = j.find("peers"); it != j.end()) {
+            if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
+                throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node",
+                                                max_addrs + 2));
+            for (const auto& p : *it) {
+                if (!p.is_string() || p.get<std::string>().size() > max_host)
+                    throw invalid_value("a peer is not a host name or address");
+                r.peers.push_back(p.get<std::string>());
+            }
+        }
+        return r;
+    });
+}
+
+ELASTIC_DECL std::string encode_retry() { return nlohmann::json{{"retry", true}}.dump(); }
+
+ELASTIC_DECL std::string encode_round_error(std::string_view message) {
+    return nlohmann::json{{"error", std::string(message)}}.dump();
+}
+
+ELASTIC_DECL std::string encode_round_successors(bool host_in, const std::vector<store_successor>& successors) {
+    return nlohmann::json{{"host_in", host_in}, {"successors", codec::encode_successors(successors)}}.dump();
+}
+
+ELASTIC_DECL std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
+    return codec::decoded([&] {
+        const auto j = codec::parse_object(text);
+        const bool host_in = codec::field_bool(j, "host_in");
+        const auto it = j.find("successors");
+        if (it == j.end()) throw invalid_value("no 'successors'");
+        return std::pair{host_in, codec::decode_successors(*it)};
+    });
+}
+
+ELASTIC_DECL std::string encode_hosts(const std::vector<std::string>& hosts) { return nlohmann::json(hosts).dump(); }
+
+ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text) {
+    return codec::decoded([&] {
+        const auto j = nlohmann::json::parse(text, nullptr, false);
+        if (j.is_discarded()) throw invalid_value("not JSON");
+        return codec::string_list(j, static_cast<std::size_t>(max_nodes), "hosts");
+    });
+}
+
+ELASTIC_DECL std::string encode(const round_manifest& m) {
+    return nlohmann::json{{"k", m.k}, {"n", m.n}, {"ids", m.ids}}.dump();
+}
+
+ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        round_manifest m;
+        m.k = field_small(j, "k", 0, nnodes);
+        m.n = field_small(j, "n", 0, nnodes);
+        const auto ids = j.find("ids");
+        if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(m.k))
+            throw invalid_value("'ids' is not a list of the arrivals");
+        for (const auto& id : *ids) {
+            if (!id.is_string()) throw invalid_value("an id is not a string");
+            m.ids.push_back(id.get<std::string>());
+        }
+        return m;
+    });
+}
+
+ELASTIC_DECL std::string encode(const abort_notice& a) {
     const char* what = a.what == abort_notice::kind::membership ? "membership"
                        : a.what == abort_notice::kind::closed   ? "closed"
                                                                 : "failure";
@@ -10041,54 +10369,38 @@ inline std::string encode(const abort_notice& a) {
     return j.dump();
 }
 
-/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
-/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
-inline abort_notice decode_abort(std::string_view text, int size) {
-    const auto j = parse_object(text);
-    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
-                   field_string(j, "reason", max_reason)};
-    const auto what = field_string(j, "kind", 16);
-    if (what == "membership") a.what = abort_notice::kind::membership;
-    else if (what == "closed") a.what = abort_notice::kind::closed;
-    else if (what == "failure") a.what = abort_notice::kind::failure;
-    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
-    a.admission = field_bool(j, "admission", false);
-    return a;
+ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
+                       field_string(j, "reason", max_reason)};
+        const auto what = field_string(j, "kind", 16);
+        if (what == "membership") a.what = abort_notice::kind::membership;
+        else if (what == "closed") a.what = abort_notice::kind::closed;
+        else if (what == "failure") a.what = abort_notice::kind::failure;
+        else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+        a.admission = field_bool(j, "admission", false);
+        return a;
+    });
 }
 
-inline std::string encode(const job_decision& d) {
+ELASTIC_DECL std::string encode(const job_decision& d) {
     return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
 }
 
-/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
-inline job_decision decode_decision(std::string_view text) {
-    const auto j = parse_object(text);
-    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
+ELASTIC_DECL job_decision decode_decision(std::string_view text) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        return job_decision{field_bool(j, "restart"), field_small(j, "exit_code", 0, 255),
+                            field_string(j, "reason", max_reason)};
+    });
 }
 
-/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
-/// unless it is a whole number within [lo, hi].
-inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
-    std::int64_t v = 0;
-    const auto* end = text.data() + text.size();
-    const auto [p, ec] = std::from_chars(text.data(), end, v);
-    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
-    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
-    return v;
-}
+}  // namespace elastic::inline v0::detail::rendezvous
 
-/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
-inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
-
-/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
-/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
-inline std::string guard_value(const std::string& run_id) {
-    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
-}
-
-}  // namespace detail::rendezvous
-
-}  // namespace elastic::inline v0
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/rendezvous/codec.hpp ----
 // ---- begin elastic/rendezvous/membership.hpp ----
 // What a node learns of the job's membership from its lease connection: the lease losses in
@@ -10595,7 +10907,6 @@ static_assert(agent_rendezvous<single_node_rendezvous>);
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -11055,8 +11366,6 @@ private:
             return decode(value);
         } catch (const detail::rendezvous::invalid_value& e) {
             ignored(k, value, e.what(), then);
-        } catch (const nlohmann::json::exception& e) {
-            ignored(k, value, e.what(), then);
         }
         return std::nullopt;
     }
@@ -11420,7 +11729,7 @@ private:
             // A node was lost while the round formed and too few are left: everyone goes on to
             // the next round (where the join timeout may end the wait); a late node finds
             // size 0 and moves on too.
-            tell_all(nlohmann::json{{"retry", true}}.dump());
+            tell_all(detail::rendezvous::encode_retry());
             out_keys.push_back(key(r, "size"));
             out_values.push_back("0");
         } else {
@@ -11429,32 +11738,32 @@ private:
             const int n = static_cast<int>(nodes.size());
             auto planned = detail::rendezvous::plan_round(nodes, !options_.elastic());
             if (const auto* message = std::get_if<std::string>(&planned)) {
-                tell_all(nlohmann::json{{"error", *message}}.dump());
+                tell_all(detail::rendezvous::encode_round_error(*message));
             } else {
                 const auto& plan = std::get<detail::rendezvous::round_plan>(planned);
                 const auto& master = nodes[plan.master];
-                const auto successors = detail::rendezvous::encode_successors(plan.successors);
-                tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
-                                                  "to the rendezvous store ended)"}}
-                             .dump());
-                // Group rank 0 hosts the workers' store: it accepts the members' addresses only
-                // (O(N) bytes in that one assignment).
-                const nlohmann::json peers = plan.peers;
+                tell_all(detail::rendezvous::encode_round_error(
+                    "this node was lost while the round formed (its agent's connection to the rendezvous store "
+                    "ended)"));
+                rendezvous_round assignment;
+                assignment.world_size = plan.world_size;
+                assignment.group_world_size = n;
+                assignment.epoch = epoch;
+                assignment.master_addr = master.store_addr;
+                assignment.master_port = master.store_port;
+                assignment.restart_count = restarts;
+                assignment.host_in_round = plan.host_in;
+                assignment.successors = plan.successors;
                 for (int j = 0; j < n; ++j) {
                     const int g = plan.group_rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
-                    auto assignment = nlohmann::json{{"group_rank", g},
-                                                     {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
-                                                     {"world_size", plan.world_size},
-                                                     {"size", n},
-                                                     {"epoch", epoch},
-                                                     {"master_addr", master.store_addr},
-                                                     {"master_port", master.store_port},
-                                                     {"restarts", restarts},
-                                                     {"host_in", plan.host_in},
-                                                     {"successors", successors}};
-                    if (g == 0) assignment["peers"] = peers;
-                    out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
+                    assignment.group_rank = g;
+                    assignment.rank_base = plan.rank_base[static_cast<std::size_t>(g)];
+                    // Group rank 0 hosts the workers' store: it accepts the members' addresses
+                    // only (O(N) bytes in that one assignment).
+                    if (g == 0) assignment.peers = plan.peers;
+                    out_values[static_cast<std::size_t>(arrival - 1)] = detail::rendezvous::encode(assignment);
+                    assignment.peers.clear();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
                         out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
                         out_values.push_back(std::to_string(g));
@@ -11462,9 +11771,9 @@ private:
                 }
                 // For the standbys (they get no assignment): where the store may move.
                 out_keys.push_back(key(r, "successors"));
-                out_values.push_back(nlohmann::json{{"host_in", plan.host_in}, {"successors", successors}}.dump());
+                out_values.push_back(detail::rendezvous::encode_round_successors(plan.host_in, plan.successors));
                 out_keys.push_back(key(r, "hosts"));
-                out_values.push_back(nlohmann::json(plan.hosts).dump());
+                out_values.push_back(detail::rendezvous::encode_hosts(plan.hosts));
                 out_keys.push_back(key(r, "size"));
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));
@@ -11477,7 +11786,7 @@ private:
         }
         // What collect() deletes once no node can need this round any more.
         out_keys.push_back(key(r, "manifest"));
-        out_values.push_back(nlohmann::json{{"k", k}, {"n", size}, {"ids", members}}.dump());
+        out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members}));
         if constexpr (multi_key_store<Store>) {
             co_await s.multi_set(std::move(out_keys), std::move(out_values));
         } else {
@@ -11571,21 +11880,10 @@ private:
         std::vector<std::string> probe{manifest_key};
         if (co_await s.check(std::move(probe))) {
             const auto value = co_await s.get(manifest_key);
-            const auto manifest = checked(
-                manifest_key, value, "only the round's fixed keys are deleted", [&](std::string_view v) {
-                    const auto j = detail::rendezvous::parse_object(v);
-                    const int k = detail::rendezvous::field_small(j, "k", 0, options_.nnodes);
-                    const int n = detail::rendezvous::field_small(j, "n", 0, options_.nnodes);
-                    const auto ids = j.find("ids");
-                    if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
-                        throw detail::rendezvous::invalid_value("'ids' is not a list of the arrivals");
-                    std::vector<std::string> out;
-                    for (const auto& id : *ids) {
-                        if (!id.is_string()) throw detail::rendezvous::invalid_value("an id is not a string");
-                        out.push_back(id.get<std::string>());
-                    }
-                    return std::tuple{k, n, std::move(out)};
-                });
+            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
+                                          [&](std::string_view v) {
+                                              return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                          });
             if (manifest) {
                 const auto& [k, n, ids] = *manifest;
                 for (int i = 1; i <= k; ++i) {
@@ -14717,7 +15015,6 @@ struct attempt_settings {
 // ---- end elastic/agent/worker_environment.hpp ----
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -14826,7 +15123,7 @@ public:
         stop_began_ = std::chrono::steady_clock::time_point::max();
         node_ = node;
         if (!enabled()) return;
-        record_agent("elastic.rendezvous.done", [&](json& m) {
+        record_agent("elastic.rendezvous.done", [&](event_metadata& m) {
             m["restart_count"] = restarts;
             m["group_rank"] = node.group_rank;
             m["group_world_size"] = node.group_world_size;
@@ -14847,7 +15144,7 @@ public:
         }
         if (!enabled()) return;
         record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-                      [&](json& m) {
+                      [&](event_metadata& m) {
                           m["restart_count"] = restarts;
                           m["local_rank"] = a.local_rank;
                           m["global_rank"] = a.global_rank;
@@ -14883,17 +15180,19 @@ public:
                 const char* state = observed.steady_time >= stop_began ? "TERMINATED"
                                     : s.success()                      ? "SUCCEEDED"
                                                                        : "FAILED";
-                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
-                    m["restart_count"] = restarts;
-                    m["local_rank"] = who.local_rank;
-                    m["global_rank"] = who.global_rank;
-                    m["pid"] = static_cast<long>(w->pid());
-                    m["state"] = state;
-                    m["exitcode"] = s.returncode();
-                    m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
-                    m["core_dumped"] = s.core_dumped;
-                });
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time,
+                              [&](event_metadata& m) {
+                                  m["restart_count"] = restarts;
+                                  m["local_rank"] = who.local_rank;
+                                  m["global_rank"] = who.global_rank;
+                                  m["pid"] = static_cast<long>(w->pid());
+                                  m["state"] = state;
+                                  m["exitcode"] = s.returncode();
+                                  m["exit_status"] = s.shell_code();
+                                  m["signal"] = s.signaled() ? event_value(signal_name(s.signal()))
+                                                             : event_value(nullptr);
+                                  m["core_dumped"] = s.core_dumped;
+                              });
             }
         } catch (...) {
         }
@@ -14907,7 +15206,7 @@ public:
                                           root != nullptr ? failure_headline(*root) : "no worker failed on its own",
                                           decided.reason);
             if (!enabled()) return;
-            record_agent("elastic.policy.decision", [&](json& m) {
+            record_agent("elastic.policy.decision", [&](event_metadata& m) {
                 m["restart_count"] = failure.restarts;
                 m["action"] = decided.restart() ? "restart" : "stop";
                 m["reason"] = decided.reason;
@@ -14932,7 +15231,7 @@ public:
     void decision_interrupted(int restarts, int signal) noexcept {
         received_signal(signal);
         if (!enabled()) return;
-        record_agent("elastic.policy.decision", [&](json& m) {
+        record_agent("elastic.policy.decision", [&](event_metadata& m) {
             m["restart_count"] = restarts;
             m["action"] = "interrupted";
             m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
@@ -14951,7 +15250,7 @@ public:
     /// The group starts again; `restarts` is the new restart count.
     void restart(int restarts) noexcept {
         if (!enabled()) return;
-        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
+        record_agent("elastic.agent.restart", [&](event_metadata& m) { m["restart_count"] = restarts; });
     }
 
     /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
@@ -14995,7 +15294,7 @@ public:
             reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
         } catch (...) {
         }
-        record_agent("elastic.agent.shutdown", [&](json& m) {
+        record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
             m["exit_code"] = exit_code;
             m["reason"] = reason;
         });
@@ -15006,7 +15305,7 @@ public:
         if (!enabled()) return;
         try {
             const auto e = detail::agent::classify_exception(failure);
-            record_agent("elastic.agent.shutdown", [&](json& m) {
+            record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
                 m["exit_code"] = e.exit_code;
                 m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
                               : e.exit_code == exit_codes::usage    ? "usage error"
@@ -15019,8 +15318,6 @@ public:
     }
 
 private:
-    using json = nlohmann::ordered_json;
-
     struct started_worker {
         long pid = 0;
         int local_rank = -1;
@@ -15056,8 +15353,8 @@ private:
         return out;
     }
 
-    json common() const {
-        json m = json::object();
+    event_metadata common() const {
+        event_metadata m;
         m["run_id"] = run_id_;
         m["role"] = role_;
         m["hostname"] = hostname_;
@@ -17511,7 +17808,7 @@ namespace detail::launch {
 
 // CLI11 only where the parser is compiled: with ELASTIC_SEPARATE_COMPILATION, in
 // elastic/impl/src.hpp's file alone (docs/building.md).
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 #include <CLI/CLI.hpp>
 #endif
 #include <fmt/format.h>
@@ -17822,7 +18119,7 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     return out;
 }
 
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 
 namespace detail::launch {
 
@@ -18163,7 +18460,7 @@ template <policy_clock Clock = steady_policy_clock>
 
 // The agent itself only where run() is compiled: with ELASTIC_SEPARATE_COMPILATION, in
 // elastic/impl/src.hpp's file alone, so a custom launcher's main() parses none of it.
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -18181,7 +18478,7 @@ template <policy_clock Clock = steady_policy_clock>
 
 namespace elastic::inline v0 {
 
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 
 namespace detail::launch {
 

@@ -8,7 +8,7 @@
 #include "elastic/store/errors.hpp"
 // The store client only where group's members are compiled: with ELASTIC_SEPARATE_COMPILATION,
 // in elastic/impl/src.hpp's file alone, so a worker's files parse none of Asio.
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 #include "elastic/store/blocking_client.hpp"
 #include "elastic/store/client.hpp"
 #endif
@@ -168,7 +168,7 @@ private:
 
 // group's members, out of the class so that ELASTIC_SEPARATE_COMPILATION can leave them (and the
 // store client) to elastic/impl/src.hpp's file.
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 namespace dist {
 
 ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {

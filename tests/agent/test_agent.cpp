@@ -10,6 +10,7 @@
 #include "elastic/policy.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "idle_cpu.hpp"
 

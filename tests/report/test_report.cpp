@@ -6,12 +6,17 @@
 #include "report_support.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <climits>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <sys/stat.h>
@@ -699,6 +704,49 @@ TEST_CASE("report: worker status events carry torch's metadata") {
     CHECK(parsed["source"] == "AGENT");
     CHECK(parsed["timestamp"] == 0);
     CHECK(parsed["metadata"].is_object());
+}
+
+TEST_CASE("report: event metadata keeps its order and holds only JSON scalars") {
+    elastic::event e;
+    e.name = "elastic.test";
+    auto& m = e.metadata;
+    m["b"] = true;
+    m["i"] = std::int64_t{-7};
+    m["port"] = std::uint16_t{29500};
+    m["f"] = 0.5;
+    m["s"] = std::string("text");
+    m["n"] = nullptr;
+    m["i"] = 8;  // setting a key again keeps its place
+    CHECK(m.size() == 6);
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : m) keys.push_back(key);
+    CHECK(keys == std::vector<std::string>{"b", "i", "port", "f", "s", "n"});
+    CHECK(m["i"].get<std::int64_t>() == 8);
+    CHECK(m["port"] == 29500);
+    CHECK(m["f"].is_float());
+    CHECK_FALSE(m["f"] == 0);  // 0.5 is no integer, and 1.0 would not be 1 either
+    CHECK(m.find("missing") == nullptr);
+
+    const auto& fixed = e.metadata;
+    CHECK_THROWS_AS((void)fixed["missing"], std::out_of_range);
+    CHECK_THROWS_AS((void)fixed["s"].get<bool>(), std::bad_variant_access);
+    CHECK(m.erase("b"));
+    CHECK_FALSE(m.erase("b"));
+    m["inf"] = std::numeric_limits<double>::infinity();
+    m["bytes"] = "a\xff\n";
+
+    const auto parsed = nlohmann::ordered_json::parse(e.serialize());
+    const auto& md = parsed["metadata"];
+    std::vector<std::string> written;
+    for (auto it = md.begin(); it != md.end(); ++it) written.push_back(it.key());
+    CHECK(written == std::vector<std::string>{"i", "port", "f", "s", "n", "inf", "bytes"});
+    CHECK(md["i"] == 8);
+    CHECK(md["port"] == 29500);
+    CHECK(md["f"] == 0.5);
+    CHECK(md["s"] == "text");
+    CHECK(md["n"].is_null());
+    CHECK(md["inf"].is_null());               // JSON has no infinity
+    CHECK(md["bytes"] == "a\xef\xbf\xbd\n");  // U+FFFD for the byte that is not UTF-8
 }
 
 TEST_CASE("report: the event log appends one line per event") {

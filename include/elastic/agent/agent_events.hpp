@@ -20,7 +20,6 @@
 #include "elastic/process/signal_name.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -129,7 +128,7 @@ public:
         stop_began_ = std::chrono::steady_clock::time_point::max();
         node_ = node;
         if (!enabled()) return;
-        record_agent("elastic.rendezvous.done", [&](json& m) {
+        record_agent("elastic.rendezvous.done", [&](event_metadata& m) {
             m["restart_count"] = restarts;
             m["group_rank"] = node.group_rank;
             m["group_world_size"] = node.group_world_size;
@@ -150,7 +149,7 @@ public:
         }
         if (!enabled()) return;
         record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-                      [&](json& m) {
+                      [&](event_metadata& m) {
                           m["restart_count"] = restarts;
                           m["local_rank"] = a.local_rank;
                           m["global_rank"] = a.global_rank;
@@ -186,17 +185,19 @@ public:
                 const char* state = observed.steady_time >= stop_began ? "TERMINATED"
                                     : s.success()                      ? "SUCCEEDED"
                                                                        : "FAILED";
-                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](json& m) {
-                    m["restart_count"] = restarts;
-                    m["local_rank"] = who.local_rank;
-                    m["global_rank"] = who.global_rank;
-                    m["pid"] = static_cast<long>(w->pid());
-                    m["state"] = state;
-                    m["exitcode"] = s.returncode();
-                    m["exit_status"] = s.shell_code();
-                    m["signal"] = s.signaled() ? json(signal_name(s.signal())) : json(nullptr);
-                    m["core_dumped"] = s.core_dumped;
-                });
+                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time,
+                              [&](event_metadata& m) {
+                                  m["restart_count"] = restarts;
+                                  m["local_rank"] = who.local_rank;
+                                  m["global_rank"] = who.global_rank;
+                                  m["pid"] = static_cast<long>(w->pid());
+                                  m["state"] = state;
+                                  m["exitcode"] = s.returncode();
+                                  m["exit_status"] = s.shell_code();
+                                  m["signal"] = s.signaled() ? event_value(signal_name(s.signal()))
+                                                             : event_value(nullptr);
+                                  m["core_dumped"] = s.core_dumped;
+                              });
             }
         } catch (...) {
         }
@@ -210,7 +211,7 @@ public:
                                           root != nullptr ? failure_headline(*root) : "no worker failed on its own",
                                           decided.reason);
             if (!enabled()) return;
-            record_agent("elastic.policy.decision", [&](json& m) {
+            record_agent("elastic.policy.decision", [&](event_metadata& m) {
                 m["restart_count"] = failure.restarts;
                 m["action"] = decided.restart() ? "restart" : "stop";
                 m["reason"] = decided.reason;
@@ -235,7 +236,7 @@ public:
     void decision_interrupted(int restarts, int signal) noexcept {
         received_signal(signal);
         if (!enabled()) return;
-        record_agent("elastic.policy.decision", [&](json& m) {
+        record_agent("elastic.policy.decision", [&](event_metadata& m) {
             m["restart_count"] = restarts;
             m["action"] = "interrupted";
             m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
@@ -254,7 +255,7 @@ public:
     /// The group starts again; `restarts` is the new restart count.
     void restart(int restarts) noexcept {
         if (!enabled()) return;
-        record_agent("elastic.agent.restart", [&](json& m) { m["restart_count"] = restarts; });
+        record_agent("elastic.agent.restart", [&](event_metadata& m) { m["restart_count"] = restarts; });
     }
 
     /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
@@ -298,7 +299,7 @@ public:
             reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
         } catch (...) {
         }
-        record_agent("elastic.agent.shutdown", [&](json& m) {
+        record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
             m["exit_code"] = exit_code;
             m["reason"] = reason;
         });
@@ -309,7 +310,7 @@ public:
         if (!enabled()) return;
         try {
             const auto e = detail::agent::classify_exception(failure);
-            record_agent("elastic.agent.shutdown", [&](json& m) {
+            record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
                 m["exit_code"] = e.exit_code;
                 m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
                               : e.exit_code == exit_codes::usage    ? "usage error"
@@ -322,8 +323,6 @@ public:
     }
 
 private:
-    using json = nlohmann::ordered_json;
-
     struct started_worker {
         long pid = 0;
         int local_rank = -1;
@@ -359,8 +358,8 @@ private:
         return out;
     }
 
-    json common() const {
-        json m = json::object();
+    event_metadata common() const {
+        event_metadata m;
         m["run_id"] = run_id_;
         m["role"] = role_;
         m["hostname"] = hostname_;

@@ -35,6 +35,14 @@
 #else
 #define ELASTIC_DECL inline
 #endif
+// ELASTIC_DETAIL_BODIES: 1 where those definitions are compiled (every file header-only, the one
+// file of ELASTIC_IMPL_SOURCE otherwise); the headers guard them, and what only they include,
+// with it.
+#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#define ELASTIC_DETAIL_BODIES 1
+#else
+#define ELASTIC_DETAIL_BODIES 0
+#endif
 #if defined(ELASTIC_IMPL_SOURCE)
 #define ELASTIC_DETAIL_IMPL_SOURCE_SEEN 1  // the definitions were not skipped (elastic/impl/src.hpp checks)
 #endif

@@ -12,6 +12,7 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/detached.hpp>
 #include <asio/error.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
@@ -38,6 +39,10 @@ template <class Defer>
 inline constexpr asio::use_awaitable_t<> use_awaitable{};
 template <class Defer>
 inline constexpr asio::experimental::as_tuple_t<asio::use_awaitable_t<>> as_tuple_awaitable{};
+/// asio::detached, named the same way: a co_spawn completed with it compiles its entry point
+/// only where the spawning template is used.
+template <class Defer>
+inline constexpr asio::detached_t detached{};
 
 /// A FIFO lock for coroutines, taken without suspension when free. A queued waiter sleeps on
 /// its own timer; unlock() hands the lock over by marking the first waiter granted and

@@ -11,7 +11,7 @@
 
 // CLI11 only where the parser is compiled: with ELASTIC_SEPARATE_COMPILATION, in
 // elastic/impl/src.hpp's file alone (docs/building.md).
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 #include <CLI/CLI.hpp>
 #endif
 #include <fmt/format.h>
@@ -322,7 +322,7 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     return out;
 }
 
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 
 namespace detail::launch {
 

@@ -9,7 +9,7 @@
 #include "elastic/policy/concepts.hpp"
 // The agent itself only where run() is compiled: with ELASTIC_SEPARATE_COMPILATION, in
 // elastic/impl/src.hpp's file alone, so a custom launcher's main() parses none of it.
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 #include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/local_agent.hpp"
 #include "elastic/launch/cli.hpp"
@@ -34,7 +34,7 @@
 
 namespace elastic::inline v0 {
 
-#if !defined(ELASTIC_SEPARATE_COMPILATION) || defined(ELASTIC_IMPL_SOURCE)
+#if ELASTIC_DETAIL_BODIES
 
 namespace detail::launch {
 

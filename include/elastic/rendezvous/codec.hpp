@@ -9,7 +9,9 @@
 
 #include <asio/ip/address.hpp>
 #include <fmt/format.h>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
 
 #include <algorithm>
 #include <charconv>
@@ -21,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -45,6 +48,95 @@ inline std::string shown(std::string_view value, std::size_t limit = 120) {
     if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
     return out;
 }
+
+/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
+/// of a few lines, a node's workers and ranks as counted in int.
+inline constexpr std::size_t max_host = 255;
+inline constexpr std::size_t max_id = 512;
+inline constexpr std::size_t max_reason = 4096;
+inline constexpr int max_nproc = 1 << 20;
+inline constexpr int max_nodes = 1 << 20;
+inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
+
+/// What collect() deletes once no node can need a round any more: its arrivals (`k`), its size
+/// (`n`) and its members' lease names.
+struct round_manifest {
+    int k = 0;
+    int n = 0;
+    std::vector<std::string> ids;
+};
+
+/// Whether `text` is an IPv4 or IPv6 address literal.
+inline bool is_address_literal(const std::string& text) {
+    std::error_code ec;
+    (void)asio::ip::make_address(text, ec);
+    return !ec;
+}
+
+// Each decoder reads a value any client of the store may have written: invalid_value (never
+// another exception) when it is not what the rendezvous writes there. The JSON code is compiled
+// where ELASTIC_DETAIL_BODIES says (with ELASTIC_SEPARATE_COMPILATION, in one file only).
+
+/// A node's info, as an arrival writes it.
+ELASTIC_DECL std::string encode(const node_info& i);
+/// A node's info (an arrival).
+ELASTIC_DECL node_info decode_node(std::string_view text);
+/// A node's assignment, as the completer writes it (with `peers` for group rank 0 only).
+ELASTIC_DECL std::string encode(const rendezvous_round& r);
+/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
+/// nothing when the round lost a node while forming and everyone rejoins the next one;
+/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
+ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes);
+/// The assignment every arrival gets when the round lost a node while forming.
+ELASTIC_DECL std::string encode_retry();
+/// The assignment every arrival gets when the round failed: `message` says why.
+ELASTIC_DECL std::string encode_round_error(std::string_view message);
+/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
+ELASTIC_DECL std::string encode_round_successors(bool host_in, const std::vector<store_successor>& successors);
+ELASTIC_DECL std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text);
+/// `<round>/hosts`: each group rank's host.
+ELASTIC_DECL std::string encode_hosts(const std::vector<std::string>& hosts);
+ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text);
+/// `<round>/manifest`; decoded with at most `nnodes` arrivals.
+ELASTIC_DECL std::string encode(const round_manifest& m);
+ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes);
+ELASTIC_DECL std::string encode(const abort_notice& a);
+/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
+/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
+ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size);
+ELASTIC_DECL std::string encode(const job_decision& d);
+/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
+ELASTIC_DECL job_decision decode_decision(std::string_view text);
+
+/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
+/// unless it is a whole number within [lo, hi].
+inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
+    std::int64_t v = 0;
+    const auto* end = text.data() + text.size();
+    const auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
+    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    return v;
+}
+
+/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
+inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
+
+/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
+/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
+inline std::string guard_value(const std::string& run_id) {
+    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
+}
+
+}  // namespace detail::rendezvous
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::rendezvous {
+
+namespace codec {
 
 inline nlohmann::json parse_object(std::string_view text) {
     auto j = nlohmann::json::parse(text, nullptr, false);
@@ -90,58 +182,15 @@ inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<
     return it->get<bool>();
 }
 
-/// Bounds of what a node may say of itself: names and addresses as DNS allows them, a reason
-/// of a few lines, a node's workers and ranks as counted in int.
-inline constexpr std::size_t max_host = 255;
-inline constexpr std::size_t max_id = 512;
-inline constexpr std::size_t max_reason = 4096;
-inline constexpr int max_nproc = 1 << 20;
-inline constexpr int max_nodes = 1 << 20;
-inline constexpr std::size_t max_addrs = 64;  ///< interface addresses one node publishes
-
-/// Whether `text` is an IPv4 or IPv6 address literal.
-inline bool is_address_literal(const std::string& text) {
-    std::error_code ec;
-    (void)asio::ip::make_address(text, ec);
-    return !ec;
-}
-
-inline std::string encode(const node_info& i) {
-    nlohmann::json j{
-        {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
-    if (i.node_rank) j["node_rank"] = *i.node_rank;
-    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
-    if (!i.id.empty()) j["id"] = i.id;
-    if (i.backup_port != 0) j["backup"] = i.backup_port;
-    if (i.hosts_store) j["hosts_store"] = true;
-    if (!i.addrs.empty()) j["addrs"] = i.addrs;
-    return j.dump();
-}
-
-/// A node's info (an arrival); invalid_value when it is not one.
-inline node_info decode_node(std::string_view text) {
-    const auto j = parse_object(text);
-    node_info i;
-    i.host = field_string(j, "host", max_host);
-    i.store_addr = field_string(j, "addr", max_host, 1);
-    i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
-    i.nproc = field_small(j, "nproc", 1, max_nproc);
-    i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
-    if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
-    if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
-    if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
-    if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
-    i.hosts_store = field_bool(j, "hosts_store", false);
-    if (const auto it = j.find("addrs"); it != j.end()) {
-        if (!it->is_array() || it->size() > max_addrs)
-            throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
-        for (const auto& a : *it) {
-            if (!a.is_string() || a.get<std::string>().size() > max_host || !is_address_literal(a.get<std::string>()))
-                throw invalid_value("an entry of 'addrs' is not an IP address literal");
-            i.addrs.push_back(a.get<std::string>());
-        }
+/// `decode()`, with any exception of the JSON library as invalid_value (the checks above leave
+/// none, but a decoder's promise should not rest on that).
+template <class Decode>
+auto decoded(Decode decode) -> decltype(decode()) {
+    try {
+        return decode();
+    } catch (const nlohmann::json::exception& e) {
+        throw invalid_value(e.what());
     }
-    return i;
 }
 
 /// The successors a completer named: [{"id", "addr", "port"}, ...] (at most 3 are written).
@@ -158,57 +207,167 @@ inline std::vector<store_successor> decode_successors(const nlohmann::json& list
     return out;
 }
 
-/// The successors a completer names, as decode_successors reads them.
 inline nlohmann::json encode_successors(const std::vector<store_successor>& successors) {
     auto out = nlohmann::json::array();
     for (const auto& x : successors) out.push_back({{"id", x.id}, {"addr", x.addr}, {"port", x.port}});
     return out;
 }
 
-/// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
-inline std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
-    const auto j = parse_object(text);
-    const bool host_in = field_bool(j, "host_in");
-    const auto it = j.find("successors");
-    if (it == j.end()) throw invalid_value("no 'successors'");
-    return {host_in, decode_successors(*it)};
-}
-
-/// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
-/// nothing when the round lost a node while forming and everyone rejoins the next one;
-/// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
-inline std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
-    const auto j = parse_object(text);
-    if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
-    if (j.contains("retry")) return std::nullopt;
-    rendezvous_round r;
-    r.group_world_size = field_small(j, "size", 1, nnodes);
-    r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
-    r.host_in_round = field_bool(j, "host_in", false);
-    if (j.contains("successors")) r.successors = decode_successors(j["successors"]);
-    r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
-    r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
-    r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
-    r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
-    r.master_addr = field_string(j, "master_addr", max_host, 1);
-    r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
-    if (const auto it = j.find("peers"); it != j.end()) {
-        if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
-            throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node", max_addrs + 2));
-        for (const auto& p : *it) {
-            if (!p.is_string() || p.get<std::string>().size() > max_host)
-                throw invalid_value("a peer is not a host name or address");
-            r.peers.push_back(p.get<std::string>());
-        }
+/// A list of at most `max` strings of at most max_host bytes each.
+inline std::vector<std::string> string_list(const nlohmann::json& list, std::size_t max, const char* what) {
+    if (!list.is_array() || list.size() > max)
+        throw invalid_value(fmt::format("'{}' is not a list of at most {} entries", what, max));
+    std::vector<std::string> out;
+    for (const auto& x : list) {
+        if (!x.is_string() || x.get_ref<const std::string&>().size() > max_host)
+            throw invalid_value(fmt::format("an entry of '{}' is not a host name or address", what));
+        out.push_back(x.get<std::string>());
     }
-    return r;
+    return out;
 }
 
-inline std::vector<std::string> decode_hosts(const std::string& text) {
-    return nlohmann::json::parse(text).get<std::vector<std::string>>();
+}  // namespace codec
+
+ELASTIC_DECL std::string encode(const node_info& i) {
+    nlohmann::json j{
+        {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
+    if (i.node_rank) j["node_rank"] = *i.node_rank;
+    if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    if (!i.id.empty()) j["id"] = i.id;
+    if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.hosts_store) j["hosts_store"] = true;
+    if (!i.addrs.empty()) j["addrs"] = i.addrs;
+    return j.dump();
 }
 
-inline std::string encode(const abort_notice& a) {
+ELASTIC_DECL node_info decode_node(std::string_view text) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        node_info i;
+        i.host = field_string(j, "host", max_host);
+        i.store_addr = field_string(j, "addr", max_host, 1);
+        i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
+        i.nproc = field_small(j, "nproc", 1, max_nproc);
+        i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
+        if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
+        if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
+        if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+        if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+        i.hosts_store = field_bool(j, "hosts_store", false);
+        if (const auto it = j.find("addrs"); it != j.end()) {
+            if (!it->is_array() || it->size() > max_addrs)
+                throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+            for (const auto& a : *it) {
+                if (!a.is_string() || a.get<std::string>().size() > max_host ||
+                    !is_address_literal(a.get<std::string>()))
+                    throw invalid_value("an entry of 'addrs' is not an IP address literal");
+                i.addrs.push_back(a.get<std::string>());
+            }
+        }
+        return i;
+    });
+}
+
+ELASTIC_DECL std::string encode(const rendezvous_round& r) {
+    auto j = nlohmann::json{{"group_rank", r.group_rank},
+                            {"rank_base", r.rank_base},
+                            {"world_size", r.world_size},
+                            {"size", r.group_world_size},
+                            {"epoch", r.epoch},
+                            {"master_addr", r.master_addr},
+                            {"master_port", r.master_port},
+                            {"restarts", r.restart_count},
+                            {"host_in", r.host_in_round},
+                            {"successors", codec::encode_successors(r.successors)}};
+    if (r.group_rank == 0) j["peers"] = r.peers;
+    return j.dump();
+}
+
+ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
+    return codec::decoded([&]() -> std::optional<rendezvous_round> {
+        using namespace codec;
+        const auto j = parse_object(text);
+        if (j.contains("error")) throw rendezvous_error(field_string(j, "error", max_reason));
+        if (j.contains("retry")) return std::nullopt;
+        rendezvous_round r;
+        r.group_world_size = field_small(j, "size", 1, nnodes);
+        r.epoch = field_int(j, "epoch", 0, std::numeric_limits<std::int64_t>::max());
+        r.host_in_round = field_bool(j, "host_in", false);
+        if (const auto it = j.find("successors"); it != j.end()) r.successors = decode_successors(*it);
+        r.restart_count = field_small(j, "restarts", 0, std::numeric_limits<int>::max());
+        r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
+        r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
+        r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+        r.master_addr = field_string(j, "master_addr", max_host, 1);
+        r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
+        if (const auto it = j.find("peers"); it != j.end()) {
+            if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
+                throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node",
+                                                max_addrs + 2));
+            for (const auto& p : *it) {
+                if (!p.is_string() || p.get<std::string>().size() > max_host)
+                    throw invalid_value("a peer is not a host name or address");
+                r.peers.push_back(p.get<std::string>());
+            }
+        }
+        return r;
+    });
+}
+
+ELASTIC_DECL std::string encode_retry() { return nlohmann::json{{"retry", true}}.dump(); }
+
+ELASTIC_DECL std::string encode_round_error(std::string_view message) {
+    return nlohmann::json{{"error", std::string(message)}}.dump();
+}
+
+ELASTIC_DECL std::string encode_round_successors(bool host_in, const std::vector<store_successor>& successors) {
+    return nlohmann::json{{"host_in", host_in}, {"successors", codec::encode_successors(successors)}}.dump();
+}
+
+ELASTIC_DECL std::pair<bool, std::vector<store_successor>> decode_round_successors(std::string_view text) {
+    return codec::decoded([&] {
+        const auto j = codec::parse_object(text);
+        const bool host_in = codec::field_bool(j, "host_in");
+        const auto it = j.find("successors");
+        if (it == j.end()) throw invalid_value("no 'successors'");
+        return std::pair{host_in, codec::decode_successors(*it)};
+    });
+}
+
+ELASTIC_DECL std::string encode_hosts(const std::vector<std::string>& hosts) { return nlohmann::json(hosts).dump(); }
+
+ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text) {
+    return codec::decoded([&] {
+        const auto j = nlohmann::json::parse(text, nullptr, false);
+        if (j.is_discarded()) throw invalid_value("not JSON");
+        return codec::string_list(j, static_cast<std::size_t>(max_nodes), "hosts");
+    });
+}
+
+ELASTIC_DECL std::string encode(const round_manifest& m) {
+    return nlohmann::json{{"k", m.k}, {"n", m.n}, {"ids", m.ids}}.dump();
+}
+
+ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        round_manifest m;
+        m.k = field_small(j, "k", 0, nnodes);
+        m.n = field_small(j, "n", 0, nnodes);
+        const auto ids = j.find("ids");
+        if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(m.k))
+            throw invalid_value("'ids' is not a list of the arrivals");
+        for (const auto& id : *ids) {
+            if (!id.is_string()) throw invalid_value("an id is not a string");
+            m.ids.push_back(id.get<std::string>());
+        }
+        return m;
+    });
+}
+
+ELASTIC_DECL std::string encode(const abort_notice& a) {
     const char* what = a.what == abort_notice::kind::membership ? "membership"
                        : a.what == abort_notice::kind::closed   ? "closed"
                                                                 : "failure";
@@ -217,51 +376,35 @@ inline std::string encode(const abort_notice& a) {
     return j.dump();
 }
 
-/// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
-/// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
-inline abort_notice decode_abort(std::string_view text, int size) {
-    const auto j = parse_object(text);
-    abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
-                   field_string(j, "reason", max_reason)};
-    const auto what = field_string(j, "kind", 16);
-    if (what == "membership") a.what = abort_notice::kind::membership;
-    else if (what == "closed") a.what = abort_notice::kind::closed;
-    else if (what == "failure") a.what = abort_notice::kind::failure;
-    else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
-    a.admission = field_bool(j, "admission", false);
-    return a;
+ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        abort_notice a{field_small(j, "group_rank", -1, size - 1), field_string(j, "host", max_host),
+                       field_string(j, "reason", max_reason)};
+        const auto what = field_string(j, "kind", 16);
+        if (what == "membership") a.what = abort_notice::kind::membership;
+        else if (what == "closed") a.what = abort_notice::kind::closed;
+        else if (what == "failure") a.what = abort_notice::kind::failure;
+        else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+        a.admission = field_bool(j, "admission", false);
+        return a;
+    });
 }
 
-inline std::string encode(const job_decision& d) {
+ELASTIC_DECL std::string encode(const job_decision& d) {
     return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
 }
 
-/// A decision after an aborted round; invalid_value when it is none (an exit code is 0..255).
-inline job_decision decode_decision(std::string_view text) {
-    const auto j = parse_object(text);
-    return {field_bool(j, "restart"), field_small(j, "exit_code", 0, 255), field_string(j, "reason", max_reason)};
+ELASTIC_DECL job_decision decode_decision(std::string_view text) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        return job_decision{field_bool(j, "restart"), field_small(j, "exit_code", 0, 255),
+                            field_string(j, "reason", max_reason)};
+    });
 }
 
-/// A counter the rendezvous keeps as decimal text (`__epoch`, `<round>/size`): invalid_value
-/// unless it is a whole number within [lo, hi].
-inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::int64_t hi) {
-    std::int64_t v = 0;
-    const auto* end = text.data() + text.size();
-    const auto [p, ec] = std::from_chars(text.data(), end, v);
-    if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
-    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
-    return v;
-}
+}  // namespace elastic::inline v0::detail::rendezvous
 
-/// What a torchrun agent's C10dRendezvousBackend keeps its pickled state under.
-inline std::string torchrun_key(const std::string& run_id) { return "torch.rendezvous." + run_id; }
-
-/// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
-/// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
-inline std::string guard_value(const std::string& run_id) {
-    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
-}
-
-}  // namespace detail::rendezvous
-
-}  // namespace elastic::inline v0
+#endif  // ELASTIC_DETAIL_BODIES

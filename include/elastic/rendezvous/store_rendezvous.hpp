@@ -20,7 +20,6 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -480,8 +479,6 @@ private:
             return decode(value);
         } catch (const detail::rendezvous::invalid_value& e) {
             ignored(k, value, e.what(), then);
-        } catch (const nlohmann::json::exception& e) {
-            ignored(k, value, e.what(), then);
         }
         return std::nullopt;
     }
@@ -845,7 +842,7 @@ private:
             // A node was lost while the round formed and too few are left: everyone goes on to
             // the next round (where the join timeout may end the wait); a late node finds
             // size 0 and moves on too.
-            tell_all(nlohmann::json{{"retry", true}}.dump());
+            tell_all(detail::rendezvous::encode_retry());
             out_keys.push_back(key(r, "size"));
             out_values.push_back("0");
         } else {
@@ -854,32 +851,32 @@ private:
             const int n = static_cast<int>(nodes.size());
             auto planned = detail::rendezvous::plan_round(nodes, !options_.elastic());
             if (const auto* message = std::get_if<std::string>(&planned)) {
-                tell_all(nlohmann::json{{"error", *message}}.dump());
+                tell_all(detail::rendezvous::encode_round_error(*message));
             } else {
                 const auto& plan = std::get<detail::rendezvous::round_plan>(planned);
                 const auto& master = nodes[plan.master];
-                const auto successors = detail::rendezvous::encode_successors(plan.successors);
-                tell_all(nlohmann::json{{"error", "this node was lost while the round formed (its agent's connection "
-                                                  "to the rendezvous store ended)"}}
-                             .dump());
-                // Group rank 0 hosts the workers' store: it accepts the members' addresses only
-                // (O(N) bytes in that one assignment).
-                const nlohmann::json peers = plan.peers;
+                tell_all(detail::rendezvous::encode_round_error(
+                    "this node was lost while the round formed (its agent's connection to the rendezvous store "
+                    "ended)"));
+                rendezvous_round assignment;
+                assignment.world_size = plan.world_size;
+                assignment.group_world_size = n;
+                assignment.epoch = epoch;
+                assignment.master_addr = master.store_addr;
+                assignment.master_port = master.store_port;
+                assignment.restart_count = restarts;
+                assignment.host_in_round = plan.host_in;
+                assignment.successors = plan.successors;
                 for (int j = 0; j < n; ++j) {
                     const int g = plan.group_rank[static_cast<std::size_t>(j)];
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
-                    auto assignment = nlohmann::json{{"group_rank", g},
-                                                     {"rank_base", plan.rank_base[static_cast<std::size_t>(g)]},
-                                                     {"world_size", plan.world_size},
-                                                     {"size", n},
-                                                     {"epoch", epoch},
-                                                     {"master_addr", master.store_addr},
-                                                     {"master_port", master.store_port},
-                                                     {"restarts", restarts},
-                                                     {"host_in", plan.host_in},
-                                                     {"successors", successors}};
-                    if (g == 0) assignment["peers"] = peers;
-                    out_values[static_cast<std::size_t>(arrival - 1)] = assignment.dump();
+                    assignment.group_rank = g;
+                    assignment.rank_base = plan.rank_base[static_cast<std::size_t>(g)];
+                    // Group rank 0 hosts the workers' store: it accepts the members' addresses
+                    // only (O(N) bytes in that one assignment).
+                    if (g == 0) assignment.peers = plan.peers;
+                    out_values[static_cast<std::size_t>(arrival - 1)] = detail::rendezvous::encode(assignment);
+                    assignment.peers.clear();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
                         out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
                         out_values.push_back(std::to_string(g));
@@ -887,9 +884,9 @@ private:
                 }
                 // For the standbys (they get no assignment): where the store may move.
                 out_keys.push_back(key(r, "successors"));
-                out_values.push_back(nlohmann::json{{"host_in", plan.host_in}, {"successors", successors}}.dump());
+                out_values.push_back(detail::rendezvous::encode_round_successors(plan.host_in, plan.successors));
                 out_keys.push_back(key(r, "hosts"));
-                out_values.push_back(nlohmann::json(plan.hosts).dump());
+                out_values.push_back(detail::rendezvous::encode_hosts(plan.hosts));
                 out_keys.push_back(key(r, "size"));
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));
@@ -902,7 +899,7 @@ private:
         }
         // What collect() deletes once no node can need this round any more.
         out_keys.push_back(key(r, "manifest"));
-        out_values.push_back(nlohmann::json{{"k", k}, {"n", size}, {"ids", members}}.dump());
+        out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members}));
         if constexpr (multi_key_store<Store>) {
             co_await s.multi_set(std::move(out_keys), std::move(out_values));
         } else {
@@ -996,21 +993,10 @@ private:
         std::vector<std::string> probe{manifest_key};
         if (co_await s.check(std::move(probe))) {
             const auto value = co_await s.get(manifest_key);
-            const auto manifest = checked(
-                manifest_key, value, "only the round's fixed keys are deleted", [&](std::string_view v) {
-                    const auto j = detail::rendezvous::parse_object(v);
-                    const int k = detail::rendezvous::field_small(j, "k", 0, options_.nnodes);
-                    const int n = detail::rendezvous::field_small(j, "n", 0, options_.nnodes);
-                    const auto ids = j.find("ids");
-                    if (ids == j.end() || !ids->is_array() || ids->size() > static_cast<std::size_t>(k))
-                        throw detail::rendezvous::invalid_value("'ids' is not a list of the arrivals");
-                    std::vector<std::string> out;
-                    for (const auto& id : *ids) {
-                        if (!id.is_string()) throw detail::rendezvous::invalid_value("an id is not a string");
-                        out.push_back(id.get<std::string>());
-                    }
-                    return std::tuple{k, n, std::move(out)};
-                });
+            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
+                                          [&](std::string_view v) {
+                                              return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                          });
             if (manifest) {
                 const auto& [k, n, ids] = *manifest;
                 for (int i = 1; i <= k; ++i) {

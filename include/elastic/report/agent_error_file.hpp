@@ -19,7 +19,10 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json_fwd.hpp>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
 
 namespace elastic::inline v0 {
 
@@ -39,7 +42,37 @@ public:
 ///   torchrun writes no file at all, gets one in @record's nested format: message = the
 ///   failure's headline ("Signal 9 (SIGKILL) received by PID 1234"), py_callstack = what the
 ///   summary shows as its traceback (the stderr tail), timestamp = the failure's time.
-inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
+ELASTIC_DECL nlohmann::ordered_json agent_error_document(const worker_failure& root);
+
+/// The agent's error file when the agent itself failed and no worker's failure explains it (a
+/// rendezvous error, an internal error): @record's nested format, as torch's @record on
+/// torchrun's main writes it for an exception (`message` = "<type>: <what>", `py_callstack`,
+/// `timestamp` in whole seconds), plus `errorCode` = elasticrun's exit code (torch's @record
+/// sets none here; an outer launcher reads it as this process's code).
+ELASTIC_DECL nlohmann::ordered_json agent_exception_document(
+    std::string_view type, std::string_view what, int exit_code,
+    std::chrono::system_clock::time_point when = std::chrono::system_clock::now());
+
+/// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
+/// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
+/// new one, never a part. Throws report_error naming the path and the reason.
+ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_view contents);
+
+/// Write the root cause into the error file at `path` (agent_error_document, replacing any file
+/// there atomically). Throws report_error when the file cannot be written.
+ELASTIC_DECL void write_agent_error_file(const std::string& path, const worker_failure& root);
+
+/// Write the root cause into $TORCHELASTIC_ERROR_FILE, as torchrun's own main does. Returns
+/// false, writing nothing, when the variable is unset or empty (no outer launcher asked).
+ELASTIC_DECL bool write_agent_error_file(const worker_failure& root);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     using json = nlohmann::ordered_json;
     const int error_code = root.status.returncode();
     if (root.error_file.parsed()) {
@@ -65,14 +98,9 @@ inline nlohmann::ordered_json agent_error_document(const worker_failure& root) {
     return doc;
 }
 
-/// The agent's error file when the agent itself failed and no worker's failure explains it (a
-/// rendezvous error, an internal error): @record's nested format, as torch's @record on
-/// torchrun's main writes it for an exception (`message` = "<type>: <what>", `py_callstack`,
-/// `timestamp` in whole seconds), plus `errorCode` = elasticrun's exit code (torch's @record
-/// sets none here; an outer launcher reads it as this process's code).
-inline nlohmann::ordered_json agent_exception_document(
-    std::string_view type, std::string_view what, int exit_code,
-    std::chrono::system_clock::time_point when = std::chrono::system_clock::now()) {
+ELASTIC_DECL nlohmann::ordered_json agent_exception_document(std::string_view type, std::string_view what,
+                                                             int exit_code,
+                                                             std::chrono::system_clock::time_point when) {
     using json = nlohmann::ordered_json;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
     const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
@@ -88,10 +116,7 @@ inline nlohmann::ordered_json agent_exception_document(
     return doc;
 }
 
-/// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
-/// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
-/// new one, never a part. Throws report_error naming the path and the reason.
-inline void write_file_atomically(const std::string& path, std::string_view contents) {
+ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_view contents) {
     const auto slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -148,15 +173,11 @@ inline void write_file_atomically(const std::string& path, std::string_view cont
     }
 }
 
-/// Write the root cause into the error file at `path` (agent_error_document, replacing any file
-/// there atomically). Throws report_error when the file cannot be written.
-inline void write_agent_error_file(const std::string& path, const worker_failure& root) {
+ELASTIC_DECL void write_agent_error_file(const std::string& path, const worker_failure& root) {
     write_file_atomically(path, agent_error_document(root).dump());
 }
 
-/// Write the root cause into $TORCHELASTIC_ERROR_FILE, as torchrun's own main does. Returns
-/// false, writing nothing, when the variable is unset or empty (no outer launcher asked).
-inline bool write_agent_error_file(const worker_failure& root) {
+ELASTIC_DECL bool write_agent_error_file(const worker_failure& root) {
     const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (path == nullptr || *path == '\0') {
         return false;
@@ -166,3 +187,5 @@ inline bool write_agent_error_file(const worker_failure& root) {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

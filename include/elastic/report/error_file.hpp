@@ -24,7 +24,25 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
+
+namespace elastic::inline v0 {
+
+/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
+/// defect, including running out of memory, comes back as status malformed with the reason.
+ELASTIC_DECL error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept;
+
+/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
+/// An empty path or no file there gives status absent. Anything that is not a readable regular
+/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
+/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
+ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
 
 namespace elastic::inline v0 {
 
@@ -332,9 +350,7 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
 
 }  // namespace detail::report
 
-/// Parse the bytes of an error file (`path` is only recorded in the result). Never throws: every
-/// defect, including running out of memory, comes back as status malformed with the reason.
-inline error_file_read parse_error_file(std::string_view bytes, std::string path = {}) noexcept {
+ELASTIC_DECL error_file_read parse_error_file(std::string_view bytes, std::string path) noexcept {
     try {
         return detail::report::parse_error_text(bytes, std::move(path));
     } catch (const std::exception& e) {
@@ -349,11 +365,7 @@ inline error_file_read parse_error_file(std::string_view bytes, std::string path
     return r;
 }
 
-/// Read the error file at `path` (what the agent set as the worker's TORCHELASTIC_ERROR_FILE).
-/// An empty path or no file there gives status absent. Anything that is not a readable regular
-/// file of at most max_error_file_bytes holding one of the two formats gives status malformed
-/// with the reason. Never throws and never blocks: a FIFO is opened non-blocking and rejected.
-inline error_file_read read_error_file(const std::string& path) noexcept {
+ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
     try {
         error_file_read r;
         r.path = path;
@@ -417,3 +429,5 @@ inline error_file_read read_error_file(const std::string& path) noexcept {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -10,21 +10,116 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <concepts>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
+#endif
 
 namespace elastic::inline v0 {
 
 /// Who produced an event (torch's EventSource).
 enum class event_source { agent, worker };
+
+/// One metadata value of an event: null, a boolean, an integer, a floating-point number or a
+/// string, what torch's Event metadata may hold. Made implicitly from any of them (an integer
+/// of at most 64 bits that fits in std::int64_t), so `m["pid"] = 42` and `m["state"] = "FAILED"`
+/// read as they would with a JSON object.
+class event_value {
+public:
+    using storage = std::variant<std::nullptr_t, bool, std::int64_t, double, std::string>;
+
+    event_value() noexcept = default;
+    event_value(std::nullptr_t) noexcept {}
+    event_value(bool b) noexcept : value_(b) {}
+    // clang-format off
+    template <std::integral I>
+        requires(!std::same_as<I, bool> && (std::signed_integral<I> || sizeof(I) < sizeof(std::int64_t)))
+    event_value(I i) noexcept : value_(static_cast<std::int64_t>(i)) {}
+    // clang-format on
+    event_value(double d) noexcept : value_(d) {}
+    event_value(std::string s) noexcept : value_(std::move(s)) {}
+    event_value(std::string_view s) : value_(std::string(s)) {}
+    event_value(const char* s) : value_(std::string(s)) {}
+
+    [[nodiscard]] bool is_null() const noexcept { return std::holds_alternative<std::nullptr_t>(value_); }
+    [[nodiscard]] bool is_bool() const noexcept { return std::holds_alternative<bool>(value_); }
+    [[nodiscard]] bool is_integer() const noexcept { return std::holds_alternative<std::int64_t>(value_); }
+    [[nodiscard]] bool is_float() const noexcept { return std::holds_alternative<double>(value_); }
+    [[nodiscard]] bool is_string() const noexcept { return std::holds_alternative<std::string>(value_); }
+
+    /// The value as `T` (bool, std::int64_t, double or std::string); std::bad_variant_access
+    /// when it holds another type.
+    template <class T>
+    [[nodiscard]] const T& get() const {
+        return std::get<T>(value_);
+    }
+    [[nodiscard]] const storage& value() const noexcept { return value_; }
+
+    /// Equal when both hold the same type and value (1 and 1.0 differ).
+    friend bool operator==(const event_value&, const event_value&) = default;
+
+private:
+    storage value_;
+};
+
+/// An event's metadata: keys in the order they were first set, each with an event_value.
+class event_metadata {
+public:
+    using entry = std::pair<std::string, event_value>;
+    using const_iterator = std::vector<entry>::const_iterator;
+
+    /// The value at `key`; a new null one, last, when there is none.
+    event_value& operator[](std::string_view key) {
+        for (auto& e : entries_) {
+            if (e.first == key) return e.second;
+        }
+        return entries_.emplace_back(std::string(key), event_value{}).second;
+    }
+    /// The value at `key`; std::out_of_range when there is none.
+    [[nodiscard]] const event_value& operator[](std::string_view key) const {
+        if (const auto* v = find(key)) return *v;
+        throw std::out_of_range("event metadata has no key \"" + std::string(key) + "\"");
+    }
+    /// The value at `key`, or null when there is none.
+    [[nodiscard]] const event_value* find(std::string_view key) const noexcept {
+        for (const auto& e : entries_) {
+            if (e.first == key) return &e.second;
+        }
+        return nullptr;
+    }
+    [[nodiscard]] bool contains(std::string_view key) const noexcept { return find(key) != nullptr; }
+    /// Removes `key`; whether it was there.
+    bool erase(std::string_view key) noexcept {
+        for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+            if (it->first == key) {
+                entries_.erase(it);
+                return true;
+            }
+        }
+        return false;
+    }
+    [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+    [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+    [[nodiscard]] const_iterator begin() const noexcept { return entries_.begin(); }
+    [[nodiscard]] const_iterator end() const noexcept { return entries_.end(); }
+
+    friend bool operator==(const event_metadata&, const event_metadata&) = default;
+
+private:
+    std::vector<entry> entries_;
+};
 
 /// One event, serialised as torch's Event.serialize() does:
 /// `{"name": ..., "source": "AGENT"|"WORKER", "timestamp": <ms>, "metadata": {...}}`, so torch's
@@ -34,18 +129,11 @@ struct event {
     event_source source = event_source::agent;
     /// Milliseconds since the epoch (torch documents this and leaves it 0; we set it).
     std::int64_t timestamp = 0;
-    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+    event_metadata metadata;
 
-    /// One line of JSON (no newline). Text is made valid UTF-8 first, so this never throws on
-    /// what a worker wrote.
-    std::string serialize() const {
-        nlohmann::ordered_json j;
-        j["name"] = name;
-        j["source"] = source == event_source::agent ? "AGENT" : "WORKER";
-        j["timestamp"] = timestamp;
-        j["metadata"] = metadata;
-        return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-    }
+    /// One line of JSON (no newline). Bytes that are not UTF-8 become U+FFFD, so this never
+    /// throws on what a worker wrote. A floating-point value that is not finite is written null.
+    ELASTIC_DECL std::string serialize() const;
 };
 
 /// What a worker status event says beyond the failure itself: the agent's view of the run.
@@ -79,88 +167,6 @@ struct worker_status_subject {
     std::string role;
 };
 
-namespace detail::report {
-
-struct string_sink {
-    std::string& text;
-    void put(char c) { text.push_back(c); }
-};
-
-// What Python's json.dumps(value) writes, byte for byte, for what torch builds its status events
-// from: separators ", " and ": ", non-ASCII as \uXXXX (ensure_ascii), keys in their order.
-// Numbers, booleans and null are spelt alike in both.
-inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
-    string_sink sink{out};
-    const auto quoted = [&](const std::string& text) {
-        out.push_back('"');
-        detail::json_escape(sink, text.data(), text.size());
-        out.push_back('"');
-    };
-    if (value.is_object()) {
-        out.push_back('{');
-        bool first = true;
-        for (auto it = value.begin(); it != value.end(); ++it) {
-            if (!first) out += ", ";
-            first = false;
-            quoted(it.key());
-            out += ": ";
-            python_json(out, it.value());
-        }
-        out.push_back('}');
-    } else if (value.is_array()) {
-        out.push_back('[');
-        for (std::size_t i = 0; i < value.size(); ++i) {
-            if (i != 0) out += ", ";
-            python_json(out, value[i]);
-        }
-        out.push_back(']');
-    } else if (value.is_string()) {
-        quoted(value.get_ref<const std::string&>());
-    } else {
-        out += value.dump();
-    }
-}
-
-inline std::string python_json(const nlohmann::ordered_json& value) {
-    std::string out;
-    python_json(out, value);
-    return out;
-}
-
-// torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
-inline event worker_status(std::string_view state, const worker_status_subject& w, nlohmann::ordered_json raw_error,
-                           int exitcode, std::chrono::system_clock::time_point when, const worker_event_context& ctx) {
-    using json = nlohmann::ordered_json;
-    json md = json::object();
-    md["group_world_size"] = ctx.group_world_size;
-    md["entry_point"] = ctx.entry_point;
-    md["local_rank"] = json::array({w.local_rank});
-    md["role_rank"] = json::array({w.global_rank});
-    md["role_world_size"] = json::array({ctx.role_world_size});
-
-    event e;
-    e.name = "torchelastic.worker.status." + std::string(state);
-    e.source = event_source::worker;
-    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
-    auto& m = e.metadata;
-    m["run_id"] = ctx.run_id;
-    m["global_rank"] = w.global_rank;
-    m["group_rank"] = ctx.group_rank;
-    m["worker_id"] = std::to_string(w.pid);
-    m["role"] = w.role;
-    m["hostname"] = ctx.hostname;
-    m["state"] = std::string(state);
-    m["total_run_time"] = ctx.total_run_time;
-    m["rdzv_backend"] = ctx.rdzv_backend;
-    m["raw_error"] = std::move(raw_error);
-    m["metadata"] = python_json(md);  // torch: json.dumps(md)
-    m["agent_restarts"] = ctx.agent_restarts;
-    m["exitcode"] = exitcode;
-    return e;
-}
-
-}  // namespace detail::report
-
 /// The `torchelastic.worker.status.<STATE>` event for one worker of a failed group, with torch
 /// 1.13's metadata keys (agent/server/api.py, _construct_event): run_id, global_rank, group_rank,
 /// worker_id (the pid, as a string), role, hostname, state, total_run_time, rdzv_backend,
@@ -171,31 +177,13 @@ inline event worker_status(std::string_view state, const worker_status_subject& 
 /// agent_restarts. Both JSON texts are written byte for byte as torch's json.dumps writes them
 /// (", " and ": ", \uXXXX escapes). Additions: "exitcode" (torch's numbering) and the event's timestamp, the
 /// failure's time in milliseconds.
-inline event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
-    using json = nlohmann::ordered_json;
-    // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
-    json raw_error = nullptr;
-    if (f.state == failure_state::stopped_by_agent) {
-        raw_error = nullptr;
-    } else if (f.error_file.parsed()) {
-        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
-                                                                              : json());
-    } else if (f.error_file.status == error_file_status::malformed) {
-        raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
-    } else {
-        raw_error = R"({"message": "<NONE>"})";
-    }
-    return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
-                                         std::move(raw_error), f.status.returncode(), failure_display_time(f), ctx);
-}
+ELASTIC_DECL event worker_status_event(const worker_failure& f, const worker_event_context& ctx);
 
 /// The `torchelastic.worker.status.SUCCEEDED` event for one worker of a group that succeeded
 /// (torch records one per worker at the end of a successful run): the same keys, raw_error
 /// null, exitcode 0, stamped `when` (the agent's end of the run).
-inline event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
-                                    std::chrono::system_clock::time_point when) {
-    return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
-}
+ELASTIC_DECL event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
+                                          std::chrono::system_clock::time_point when);
 
 /// An append-only log of events, one JSON line each. Each line goes out in one write(2) on a file
 /// opened with O_APPEND, so several agents sharing the file (one per node on a shared file
@@ -267,3 +255,134 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+namespace detail::report {
+
+struct string_sink {
+    std::string& text;
+    void put(char c) { text.push_back(c); }
+};
+
+// What Python's json.dumps(value) writes, byte for byte, for what torch builds its status events
+// from: separators ", " and ": ", non-ASCII as \uXXXX (ensure_ascii), keys in their order.
+// Numbers, booleans and null are spelt alike in both.
+inline void python_json(std::string& out, const nlohmann::ordered_json& value) {
+    string_sink sink{out};
+    const auto quoted = [&](const std::string& text) {
+        out.push_back('"');
+        detail::json_escape(sink, text.data(), text.size());
+        out.push_back('"');
+    };
+    if (value.is_object()) {
+        out.push_back('{');
+        bool first = true;
+        for (auto it = value.begin(); it != value.end(); ++it) {
+            if (!first) out += ", ";
+            first = false;
+            quoted(it.key());
+            out += ": ";
+            python_json(out, it.value());
+        }
+        out.push_back('}');
+    } else if (value.is_array()) {
+        out.push_back('[');
+        for (std::size_t i = 0; i < value.size(); ++i) {
+            if (i != 0) out += ", ";
+            python_json(out, value[i]);
+        }
+        out.push_back(']');
+    } else if (value.is_string()) {
+        quoted(value.get_ref<const std::string&>());
+    } else {
+        out += value.dump();
+    }
+}
+
+inline std::string python_json(const nlohmann::ordered_json& value) {
+    std::string out;
+    python_json(out, value);
+    return out;
+}
+
+// torch 1.13's _construct_event for a worker, with our two additions (exitcode, timestamp).
+inline event worker_status(std::string_view state, const worker_status_subject& w, event_value raw_error, int exitcode,
+                           std::chrono::system_clock::time_point when, const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    json md = json::object();
+    md["group_world_size"] = ctx.group_world_size;
+    md["entry_point"] = ctx.entry_point;
+    md["local_rank"] = json::array({w.local_rank});
+    md["role_rank"] = json::array({w.global_rank});
+    md["role_world_size"] = json::array({ctx.role_world_size});
+
+    event e;
+    e.name = "torchelastic.worker.status." + std::string(state);
+    e.source = event_source::worker;
+    e.timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
+    auto& m = e.metadata;
+    m["run_id"] = ctx.run_id;
+    m["global_rank"] = w.global_rank;
+    m["group_rank"] = ctx.group_rank;
+    m["worker_id"] = std::to_string(w.pid);
+    m["role"] = w.role;
+    m["hostname"] = ctx.hostname;
+    m["state"] = std::string(state);
+    m["total_run_time"] = ctx.total_run_time;
+    m["rdzv_backend"] = ctx.rdzv_backend;
+    m["raw_error"] = std::move(raw_error);
+    m["metadata"] = python_json(md);  // torch: json.dumps(md)
+    m["agent_restarts"] = ctx.agent_restarts;
+    m["exitcode"] = exitcode;
+    return e;
+}
+
+// The metadata as a JSON object, in its order.
+inline nlohmann::ordered_json to_json(const event_metadata& metadata) {
+    auto out = nlohmann::ordered_json::object();
+    for (const auto& entry : metadata) {
+        std::visit([&out, &entry](const auto& v) { out[entry.first] = v; }, entry.second.value());
+    }
+    return out;
+}
+
+}  // namespace detail::report
+
+ELASTIC_DECL std::string event::serialize() const {
+    nlohmann::ordered_json j;
+    j["name"] = name;
+    j["source"] = source == event_source::agent ? "AGENT" : "WORKER";
+    j["timestamp"] = timestamp;
+    j["metadata"] = detail::report::to_json(metadata);
+    return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+ELASTIC_DECL event worker_status_event(const worker_failure& f, const worker_event_context& ctx) {
+    using json = nlohmann::ordered_json;
+    // torch: json.dumps(failure.error_file_data) for a failure, None for a terminated worker.
+    event_value raw_error;
+    if (f.state == failure_state::stopped_by_agent) {
+        raw_error = nullptr;
+    } else if (f.error_file.parsed()) {
+        raw_error = detail::report::python_json(f.error_file.content.document ? *f.error_file.content.document
+                                                                              : json());
+    } else if (f.error_file.status == error_file_status::malformed) {
+        raw_error = detail::report::python_json(json{{"message", "Malformed error file: " + f.error_file.problem}});
+    } else {
+        raw_error = R"({"message": "<NONE>"})";
+    }
+    return detail::report::worker_status(worker_event_state(f), {f.pid, f.local_rank, f.global_rank, f.role},
+                                         std::move(raw_error), f.status.returncode(), failure_display_time(f), ctx);
+}
+
+ELASTIC_DECL event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
+                                          std::chrono::system_clock::time_point when) {
+    return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -407,7 +407,7 @@ private:
     void start_heartbeat() {
         if (heartbeat_running_) return;
         heartbeat_running_ = true;
-        asio::co_spawn(executor_, heartbeat(alive_), asio::detached);
+        asio::co_spawn(executor_, heartbeat(alive_), detail::detached<Defer>);
     }
 
     // Every interval while leases are held: one heartbeat when the connection is idle. A busy

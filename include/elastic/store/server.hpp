@@ -93,7 +93,7 @@ public:
     std::uint16_t port() const { return local_endpoint().port(); }
 
     /// Serves in the background on the executor (the agent's usual way).
-    void start() { asio::co_spawn(core_->executor, detail::store::accept_loop(core_), asio::detached); }
+    void start() { asio::co_spawn(core_->executor, detail::store::accept_loop<Defer>(core_), detail::detached<Defer>); }
 
     /// Accepts and serves until stop() or until the awaiting coroutine is cancelled (which also
     /// stops the server). The coroutine owns the server's shared state, not `this`, so it may

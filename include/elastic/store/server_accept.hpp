@@ -131,7 +131,7 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
         }
         auto conn = std::make_shared<store_connection>(core, std::move(socket));
         core->connections.insert(conn.get());
-        asio::co_spawn(core->executor, store_connection::serve(std::move(conn)), asio::detached);
+        asio::co_spawn(core->executor, store_connection::serve<Defer>(std::move(conn)), detail::detached<Defer>);
     }
     stop_server(*core);
 }
