@@ -44,7 +44,7 @@ CASES = [
     ("a custom launcher: elastic/run.hpp + a policy", LAUNCHER, [], 6.0, False),
     ("a custom launcher, separate", LAUNCHER, SEPARATE, 6.0, True),
     ("the single header, a trivial file", SINGLE, [], 4.0, False),
-    ("the single header, a trivial file, separate", SINGLE, SEPARATE, 4.0, False),
+    ("the single header, a trivial file, separate", SINGLE, SEPARATE, 4.0, True),
 ]
 
 

@@ -1777,30 +1777,10 @@ using nonce = std::array<unsigned char, nonce_size>;
 using mac = std::array<unsigned char, mac_size>;
 
 /// A fresh nonce from OpenSSL's CSPRNG; store_error when it has no entropy.
-inline nonce random_nonce() {
-    nonce n{};
-    if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
-        throw store_error("the store's authentication cannot draw a random nonce (OpenSSL "
-                          "RAND_bytes failed): the system has no entropy source");
-    return n;
-}
+ELASTIC_DECL nonce random_nonce();
 
 /// HMAC-SHA256(secret, label || client nonce || server nonce).
-inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client, const nonce& server) {
-    std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
-    auto* p = input.data();
-    for (const char c : label) *p++ = static_cast<unsigned char>(c);
-    for (const auto b : client) *p++ = b;
-    for (const auto b : server) *p++ = b;
-    mac out{};
-    unsigned int len = 0;
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(), input.size(), out.data(),
-             &len) == nullptr ||
-        len != out.size())
-        throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
-                          "failed)");
-    return out;
-}
+ELASTIC_DECL mac compute_mac(std::string_view secret, std::string_view label, const nonce& client, const nonce& server);
 
 /// What one `feed` did.
 enum class status : std::uint8_t {
@@ -1817,43 +1797,19 @@ struct step {
 
 namespace detail {
 
-inline std::string hex(std::string_view bytes, std::size_t at_most = 8) {
-    std::string out;
-    for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
-        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
-    if (bytes.size() > at_most) out += " ...";
-    return out;
-}
+ELASTIC_DECL std::string hex(std::string_view bytes, std::size_t at_most = 8);
 
 // How many leading bytes of `in` match magic + version: all available ones, or the index of
 // the first that differs.
-inline std::size_t matching_prefix(std::string_view in) {
-    const std::size_t n = std::min(in.size(), magic.size() + 1);
-    for (std::size_t i = 0; i < n; ++i) {
-        const char want = i < magic.size() ? magic[i] : static_cast<char>(version);
-        if (in[i] != want) return i;
-    }
-    return n;
-}
+ELASTIC_DECL std::size_t matching_prefix(std::string_view in);
 
-inline void put_nonce(std::string& out, const nonce& n) {
-    out.append(reinterpret_cast<const char*>(n.data()), n.size());
-}
+ELASTIC_DECL void put_nonce(std::string& out, const nonce& n);
 
-inline nonce get_nonce(std::string_view in) {
-    nonce n{};
-    for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<unsigned char>(in[i]);
-    return n;
-}
+ELASTIC_DECL nonce get_nonce(std::string_view in);
 
-inline void put_header(std::string& out) {
-    out.append(magic.data(), magic.size());
-    out.push_back(static_cast<char>(version));
-}
+ELASTIC_DECL void put_header(std::string& out);
 
-inline bool same_mac(const mac& expected, std::string_view got) {
-    return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
-}
+ELASTIC_DECL bool same_mac(const mac& expected, std::string_view got);
 
 }  // namespace detail
 
@@ -2016,6 +1972,81 @@ private:
 };
 
 }  // namespace elastic::inline v0::store_auth
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::store_auth {
+
+ELASTIC_DECL nonce random_nonce() {
+    nonce n{};
+    if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
+        throw store_error("the store's authentication cannot draw a random nonce (OpenSSL "
+                          "RAND_bytes failed): the system has no entropy source");
+    return n;
+}
+
+ELASTIC_DECL mac compute_mac(std::string_view secret, std::string_view label, const nonce& client,
+                             const nonce& server) {
+    std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
+    auto* p = input.data();
+    for (const char c : label) *p++ = static_cast<unsigned char>(c);
+    for (const auto b : client) *p++ = b;
+    for (const auto b : server) *p++ = b;
+    mac out{};
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(), input.size(), out.data(),
+             &len) == nullptr ||
+        len != out.size())
+        throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
+                          "failed)");
+    return out;
+}
+
+}  // namespace elastic::inline v0::store_auth
+
+namespace elastic::inline v0::store_auth {
+namespace detail {
+
+ELASTIC_DECL std::string hex(std::string_view bytes, std::size_t at_most) {
+    std::string out;
+    for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
+        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
+    if (bytes.size() > at_most) out += " ...";
+    return out;
+}
+
+ELASTIC_DECL std::size_t matching_prefix(std::string_view in) {
+    const std::size_t n = std::min(in.size(), magic.size() + 1);
+    for (std::size_t i = 0; i < n; ++i) {
+        const char want = i < magic.size() ? magic[i] : static_cast<char>(version);
+        if (in[i] != want) return i;
+    }
+    return n;
+}
+
+ELASTIC_DECL void put_nonce(std::string& out, const nonce& n) {
+    out.append(reinterpret_cast<const char*>(n.data()), n.size());
+}
+
+ELASTIC_DECL nonce get_nonce(std::string_view in) {
+    nonce n{};
+    for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<unsigned char>(in[i]);
+    return n;
+}
+
+ELASTIC_DECL void put_header(std::string& out) {
+    out.append(magic.data(), magic.size());
+    out.push_back(static_cast<char>(version));
+}
+
+ELASTIC_DECL bool same_mac(const mac& expected, std::string_view got) {
+    return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
+}
+
+}  // namespace detail
+}  // namespace elastic::inline v0::store_auth
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/auth.hpp ----
 // ---- begin elastic/store/client_connection.hpp ----
 // One connection of a tcp_store_client: its socket and the deadline every operation on it has,
@@ -2076,8 +2107,17 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 
 // The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
 // `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
-inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
-                                                 std::chrono::milliseconds max, std::minstd_rand& rng) {
+ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                       std::chrono::milliseconds max, std::minstd_rand& rng);
+
+}  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                       std::chrono::milliseconds max, std::minstd_rand& rng) {
     auto d = initial;
     for (int i = 1; i < attempt && d < max; ++i) d *= 2;
     d = std::min(d, max);
@@ -2087,6 +2127,8 @@ inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milli
 }
 
 }  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/client_connection.hpp ----
 // ---- begin elastic/store/client_dialect.hpp ----
 // client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
@@ -2409,7 +2451,19 @@ private:
 /// Incremental: call again with more bytes after `need_more`; nothing is consumed until
 /// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
 /// the reason string when malformed), whatever the input.
-inline parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim = {}) {
+ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim = {});
+
+/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
+/// when `d` has no opcode for the operation.
+ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out);
+
+}  // namespace elastic::inline v0::wire
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::wire {
+
+ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim) {
     detail::request_reader r{in, lim};
     const char* p = nullptr;
     if (!r.fixed(1, p)) return std::move(r).result(false);
@@ -2467,9 +2521,7 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out, 
     return std::move(r).result(ok);
 }
 
-/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
-/// when `d` has no opcode for the operation.
-inline void encode_request(dialect d, const request& req, std::string& out) {
+ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out) {
     const auto byte = to_byte(d, req.operation);
     if (!byte)
         throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect", name(req.operation),
@@ -2523,6 +2575,8 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 }
 
 }  // namespace elastic::inline v0::wire
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/wire.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -2557,24 +2611,13 @@ namespace detail::store {
 
 // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
 // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
-inline std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+ELASTIC_DECL std::uint32_t heartbeat_nonce();
 
-inline void encode_heartbeat(wire::dialect dialect, std::string& out) {
-    if (dialect == wire::dialect::current) {
-        wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
-        wire::put_u32(out, heartbeat_nonce());
-    } else {
-        wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
-        wire::put_u64(out, 0);
-    }
-}
+ELASTIC_DECL void encode_heartbeat(wire::dialect dialect, std::string& out);
 
-inline std::size_t heartbeat_reply_size(wire::dialect dialect) { return dialect == wire::dialect::current ? 4 : 1; }
+ELASTIC_DECL std::size_t heartbeat_reply_size(wire::dialect dialect);
 
-inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
-    if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
-    return static_cast<std::uint8_t>(*p) == static_cast<std::uint8_t>(wire::check_response::ready);
-}
+ELASTIC_DECL bool heartbeat_reply_ok(wire::dialect dialect, const char* p);
 
 // The lease keys a client holds on its connection, and the loss of that connection: reported
 // once, to whoever awaits (or next awaits) next_loss(). Use it on the client's thread.
@@ -2629,6 +2672,37 @@ using store_client_leases = basic_store_client_leases<>;
 }  // namespace detail::store
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+
+ELASTIC_DECL void encode_heartbeat(wire::dialect dialect, std::string& out) {
+    if (dialect == wire::dialect::current) {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
+        wire::put_u32(out, heartbeat_nonce());
+    } else {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
+        wire::put_u64(out, 0);
+    }
+}
+
+ELASTIC_DECL std::size_t heartbeat_reply_size(wire::dialect dialect) {
+    return dialect == wire::dialect::current ? 4 : 1;
+}
+
+ELASTIC_DECL bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
+    if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
+    return static_cast<std::uint8_t>(*p) == static_cast<std::uint8_t>(wire::check_response::ready);
+}
+
+}  // namespace detail::store
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/client_leases.hpp ----
 // ---- begin elastic/store/concepts.hpp ----
 // The store concepts: what every store model provides (store) and the batch operations some add
@@ -2730,32 +2804,21 @@ inline constexpr std::string_view lease_marker = "__lease__/";
 
 namespace detail::store {
 
-inline std::string lease_space(std::string_view group) {
-    std::string out(group);
-    if (!out.empty() && out.back() != '/') out.push_back('/');
-    out.append(lease_marker);
-    return out;
-}
+ELASTIC_DECL std::string lease_space(std::string_view group);
 
 }  // namespace detail::store
 
 /// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
 /// not be empty nor start with "__" (hold_lease and the server refuse such names).
-inline std::string lease_key(std::string_view group, std::string_view name) {
-    return detail::store::lease_space(group).append(name);
-}
+ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name);
 
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) {
-    return detail::store::lease_space(group).append("__epoch");
-}
+ELASTIC_DECL std::string lease_epoch_key(std::string_view group);
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
-inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
-    return detail::store::lease_space(group).append("__lost/").append(std::to_string(epoch));
-}
+ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch);
 
 /// A wire key split at its lease marker.
 struct lease_key_parts {
@@ -2767,7 +2830,40 @@ struct lease_key_parts {
 
 /// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
 /// when `key` is an ordinary key.
-inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
+ELASTIC_DECL std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL std::string lease_space(std::string_view group) {
+    std::string out(group);
+    if (!out.empty() && out.back() != '/') out.push_back('/');
+    out.append(lease_marker);
+    return out;
+}
+
+}  // namespace detail::store
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name) {
+    return detail::store::lease_space(group).append(name);
+}
+
+ELASTIC_DECL std::string lease_epoch_key(std::string_view group) {
+    return detail::store::lease_space(group).append("__epoch");
+}
+
+ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
+    return detail::store::lease_space(group).append("__lost/").append(std::to_string(epoch));
+}
+
+ELASTIC_DECL std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
     for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
          pos = key.find(lease_marker, pos + 1)) {
         if (pos == 0 || key[pos - 1] == '/') {
@@ -2779,6 +2875,8 @@ inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noex
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/lease.hpp ----
 
 #include <asio/awaitable.hpp>
@@ -4659,7 +4757,18 @@ struct store_server_core {
     bool stopped = false;
 };
 
-inline std::string format_peer(const asio::ip::tcp::socket& s) {
+ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s);
+
+}  // namespace detail::store
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
     const auto ep = s.remote_endpoint(ec);
     if (ec) return "unknown peer";
@@ -4668,8 +4777,9 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
 }
 
 }  // namespace detail::store
-
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/server_core.hpp ----
 
 #include <asio/awaitable.hpp>
@@ -6042,7 +6152,33 @@ inline constexpr std::string_view standard_signal_names[] = {
     "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
 }  // namespace detail::process
 
-inline std::string signal_name(int signal_number) {
+ELASTIC_DECL std::string signal_name(int signal_number);
+
+/// The number of the signal that signal_name() spells `name`, in any case ("SIGTERM",
+/// "sigrtmin+3"), or 0.
+[[nodiscard]] ELASTIC_DECL int signal_number(std::string_view name);
+
+/// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
+/// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
+/// BUS, ...) are the agent's own.
+inline constexpr std::array<int, 16> forwardable_signal_numbers{SIGHUP,  SIGINT,  SIGQUIT, SIGTERM,   SIGUSR1, SIGUSR2,
+                                                                SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH,
+                                                                SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
+
+/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
+[[nodiscard]] ELASTIC_DECL std::string signal_to_string(int number);
+
+/// torchrun's message for a worker killed by a signal (its ProcessFailure's):
+/// `Signal 9 (SIGKILL) received by PID 1234`.
+ELASTIC_DECL std::string signal_message(int signal_number, long pid);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string signal_name(int signal_number) {
     constexpr int standard_count = static_cast<int>(std::size(detail::process::standard_signal_names));
     if (signal_number >= 1 && signal_number < standard_count) {
         return std::string(detail::process::standard_signal_names[signal_number]);
@@ -6066,9 +6202,7 @@ inline std::string signal_name(int signal_number) {
     return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
-/// The number of the signal that signal_name() spells `name`, in any case ("SIGTERM",
-/// "sigrtmin+3"), or 0.
-[[nodiscard]] inline int signal_number(std::string_view name) {
+[[nodiscard]] ELASTIC_DECL int signal_number(std::string_view name) {
     const auto same = [](std::string_view a, std::string_view b) {
         return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
                    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
@@ -6081,28 +6215,20 @@ inline std::string signal_name(int signal_number) {
     return 0;
 }
 
-/// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
-/// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
-/// BUS, ...) are the agent's own.
-inline constexpr std::array<int, 16> forwardable_signal_numbers{SIGHUP,  SIGINT,  SIGQUIT, SIGTERM,   SIGUSR1, SIGUSR2,
-                                                                SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH,
-                                                                SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
-
-/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
-[[nodiscard]] inline std::string signal_to_string(int number) {
+[[nodiscard]] ELASTIC_DECL std::string signal_to_string(int number) {
     for (const int s : forwardable_signal_numbers) {
         if (s == number) return signal_name(number);
     }
     return std::to_string(number);
 }
 
-/// torchrun's message for a worker killed by a signal (its ProcessFailure's):
-/// `Signal 9 (SIGKILL) received by PID 1234`.
-inline std::string signal_message(int signal_number, long pid) {
+ELASTIC_DECL std::string signal_message(int signal_number, long pid) {
     return fmt::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/signal_name.hpp ----
 
 #include <chrono>
@@ -6258,16 +6384,14 @@ private:
 };
 
 /// `strerror` text for an errno value, thread-safe.
-inline std::string errno_string(int err) { return std::system_category().message(err); }
+ELASTIC_DECL std::string errno_string(int err);
 
 /// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
 /// for C++, hence the raw system call.
-inline int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
+ELASTIC_DECL int pidfd_open(pid_t pid) noexcept;
 
 /// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
-inline int pidfd_send_signal(int pidfd, int sig) noexcept {
-    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
-}
+ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept;
 
 /// waitid's P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
 inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
@@ -6275,7 +6399,45 @@ inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
 /// Whether the process behind `pidfd` (our child) has exited, leaving it a zombie (WNOWAIT) so its
 /// pid, and so its process-group id, cannot be reused while we may still signal the group.
 /// Returns true and fills `info` when it has.
-inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
+ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
+
+/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
+ELASTIC_DECL bool reap_now(int pidfd) noexcept;
+
+/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
+/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
+/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
+/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
+ELASTIC_DECL void prepare_agent_signals() noexcept;
+
+/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
+/// until it is called): what a worker gets back, so it sees the limit its user set.
+ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
+/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
+/// the hard one. Idempotent; returns the soft limit now in force.
+ELASTIC_DECL rlim_t raise_open_files_limit() noexcept;
+
+/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
+/// a descriptor it still needs when the agent runs with one of its standard streams closed.
+ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd);
+
+}  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL std::string errno_string(int err) { return std::system_category().message(err); }
+
+ELASTIC_DECL int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
+
+ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
+}
+
+ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept {
     info = siginfo_t{};
     for (;;) {
         const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT);
@@ -6284,8 +6446,7 @@ inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
     }
 }
 
-/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
-inline bool reap_now(int pidfd) noexcept {
+ELASTIC_DECL bool reap_now(int pidfd) noexcept {
     siginfo_t info{};
     for (;;) {
         const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
@@ -6294,11 +6455,7 @@ inline bool reap_now(int pidfd) noexcept {
     }
 }
 
-/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
-/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
-/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
-/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
-inline void prepare_agent_signals() noexcept {
+ELASTIC_DECL void prepare_agent_signals() noexcept {
     struct sigaction current {};
     if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
         (current.sa_flags & SA_SIGINFO) == 0) {
@@ -6318,17 +6475,12 @@ inline void prepare_agent_signals() noexcept {
     }
 }
 
-/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
-/// until it is called): what a worker gets back, so it sees the limit its user set.
-inline rlim_t& original_open_files_soft_limit() noexcept {
+ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept {
     static rlim_t soft = RLIM_INFINITY;
     return soft;
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
-/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
-/// the hard one. Idempotent; returns the soft limit now in force.
-inline rlim_t raise_open_files_limit() noexcept {
+ELASTIC_DECL rlim_t raise_open_files_limit() noexcept {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
     if (original_open_files_soft_limit() == RLIM_INFINITY) original_open_files_soft_limit() = limit.rlim_cur;
@@ -6340,9 +6492,7 @@ inline rlim_t raise_open_files_limit() noexcept {
     return limit.rlim_cur;
 }
 
-/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
-/// a descriptor it still needs when the agent runs with one of its standard streams closed.
-inline owned_fd raise_above_stdio(owned_fd fd) {
+ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd) {
     if (!fd || fd.get() > 2) return fd;
     const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
     if (moved < 0) {
@@ -6353,6 +6503,8 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
 }
 
 }  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/sys.hpp ----
 // ---- begin elastic/process/watcher.hpp ----
 // Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
@@ -7028,24 +7180,7 @@ private:
 
 /// The process-group id in /proc/<pid>/stat; -1 if the process is gone or already dead (a zombie
 /// whose reaper has not come by yet: dead is what stop waits for).
-inline pid_t read_pgid(pid_t pid) {
-    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-    owned_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return -1;
-    char buffer[1024];
-    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
-    if (n <= 0) return -1;
-    buffer[n] = '\0';
-    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, skip to the last ')'.
-    const char* p = std::strrchr(buffer, ')');
-    if (p == nullptr) return -1;
-    char state = 0;
-    long ppid = 0;
-    long pgrp = 0;
-    if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
-    if (state == 'Z' || state == 'X') return -1;
-    return static_cast<pid_t>(pgrp);
-}
+ELASTIC_DECL pid_t read_pgid(pid_t pid);
 
 /// A process found in a group, held by a pidfd so its number cannot be recycled under us.
 struct group_member {
@@ -7056,34 +7191,10 @@ struct group_member {
 /// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
 /// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
 /// recycled between the scan and pidfd_open is not mistaken for a member.
-inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
-    std::vector<group_member> out;
-    if (pgids.empty()) return out;
-    DIR* proc = ::opendir("/proc");
-    if (proc == nullptr) return out;
-    while (const dirent* entry = ::readdir(proc)) {
-        char* end = nullptr;
-        const long value = std::strtol(entry->d_name, &end, 10);
-        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
-        const auto pid = static_cast<pid_t>(value);
-        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
-        const pid_t pgid = read_pgid(pid);
-        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
-        owned_fd pidfd(pidfd_open(pid));
-        if (!pidfd || read_pgid(pid) != pgid) continue;
-        out.push_back({pid, std::move(pidfd)});
-    }
-    ::closedir(proc);
-    return out;
-}
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip);
 
 /// Pointers to each of `children`, for the overloads that take workers by value.
-inline std::vector<child_process*> addresses(std::span<child_process> children) {
-    std::vector<child_process*> out;
-    out.reserve(children.size());
-    for (auto& child : children) out.push_back(&child);
-    return out;
-}
+ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> children);
 
 }  // namespace detail::process
 
@@ -7320,6 +7431,63 @@ asio::awaitable<stop_result> stop(child_process& child, stop_options options = {
 }
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL pid_t read_pgid(pid_t pid) {
+    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+    owned_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return -1;
+    char buffer[1024];
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
+    if (n <= 0) return -1;
+    buffer[n] = '\0';
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, skip to the last ')'.
+    const char* p = std::strrchr(buffer, ')');
+    if (p == nullptr) return -1;
+    char state = 0;
+    long ppid = 0;
+    long pgrp = 0;
+    if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
+    if (state == 'Z' || state == 'X') return -1;
+    return static_cast<pid_t>(pgrp);
+}
+
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
+    std::vector<group_member> out;
+    if (pgids.empty()) return out;
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return out;
+    while (const dirent* entry = ::readdir(proc)) {
+        char* end = nullptr;
+        const long value = std::strtol(entry->d_name, &end, 10);
+        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
+        const auto pid = static_cast<pid_t>(value);
+        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
+        const pid_t pgid = read_pgid(pid);
+        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
+        owned_fd pidfd(pidfd_open(pid));
+        if (!pidfd || read_pgid(pid) != pgid) continue;
+        out.push_back({pid, std::move(pidfd)});
+    }
+    ::closedir(proc);
+    return out;
+}
+
+ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> children) {
+    std::vector<child_process*> out;
+    out.reserve(children.size());
+    for (auto& child : children) out.push_back(&child);
+    return out;
+}
+
+}  // namespace detail::process
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/group.hpp ----
 // ---- begin elastic/process/signals.hpp ----
 // The signals the agent receives, as awaitable events; the agent's process-wide dispositions.
@@ -7344,7 +7512,7 @@ inline constexpr std::array<int, 4> forwarded_signals{SIGINT, SIGTERM, SIGHUP, S
 /// `spawn` calls it too): SIGPIPE ignored, so writing to a dead worker's pipe is an EPIPE error
 /// rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
 /// reap the workers itself and their exit status would be lost.
-inline void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
+ELASTIC_DECL void prepare_agent_signals() noexcept;
 
 /// Signals delivered to the agent, one `co_await next()` at a time (Asio's signal_set: a
 /// handler that writes to a self-pipe, so the wait is an ordinary event).
@@ -7380,6 +7548,16 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/signals.hpp ----
 // ---- begin elastic/process/spawn.hpp ----
 // spawn: start a worker program in its own process group, tied to the agent's life.
@@ -7400,19 +7578,7 @@ namespace elastic::inline v0::detail {
 /// What stat(2)/access(2) say of a path the launcher wants to run or read.
 enum class file_check { ok, missing, directory, not_executable, not_readable };
 
-[[nodiscard]] inline file_check check_file(const std::string& path, int access_mode) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        return file_check::missing;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        return file_check::directory;
-    }
-    if (::access(path.c_str(), access_mode) != 0) {
-        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
-    }
-    return file_check::ok;
-}
+[[nodiscard]] ELASTIC_DECL file_check check_file(const std::string& path, int access_mode);
 
 /// execvp's search path when PATH is unset (glibc >= 2.24: the current directory is no longer in it).
 inline constexpr std::string_view default_search_path = "/bin:/usr/bin";
@@ -7426,7 +7592,29 @@ struct path_search_result {
 
 /// Searches each directory of `search_path` in order, as execvp(3) does; an empty entry is the
 /// current directory (returned as `./name`). `name` must not contain a slash.
-[[nodiscard]] inline path_search_result search_path(std::string_view name, std::string_view search_path) {
+[[nodiscard]] ELASTIC_DECL path_search_result search_path(std::string_view name, std::string_view search_path);
+
+}  // namespace elastic::inline v0::detail
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail {
+
+[[nodiscard]] ELASTIC_DECL file_check check_file(const std::string& path, int access_mode) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        return file_check::missing;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        return file_check::directory;
+    }
+    if (::access(path.c_str(), access_mode) != 0) {
+        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
+    }
+    return file_check::ok;
+}
+
+[[nodiscard]] ELASTIC_DECL path_search_result search_path(std::string_view name, std::string_view search_path) {
     path_search_result result;
     for (;;) {
         const auto colon = search_path.find(':');
@@ -7447,6 +7635,8 @@ struct path_search_result {
 }
 
 }  // namespace elastic::inline v0::detail
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/detail/path_search.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -7522,13 +7712,7 @@ struct spawn_options {
 namespace detail::process {
 
 /// The agent's environment as "NAME=value" entries (the caller must not race setenv).
-inline std::vector<std::string> environ_entries() {
-    std::vector<std::string> out;
-    for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
-        out.emplace_back(*entry);
-    }
-    return out;
-}
+ELASTIC_DECL std::vector<std::string> environ_entries();
 
 /// The steps of the child's set-up, reported back with errno when one fails.
 enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
@@ -7624,7 +7808,55 @@ struct child_plan {
 
 /// The path execve will get: `program` itself if it has a slash, else the first executable
 /// regular file named `program` in the PATH of the child's environment.
-inline std::string find_executable(const std::string& program, const std::vector<std::string>& env) {
+ELASTIC_DECL std::string find_executable(const std::string& program, const std::vector<std::string>& env);
+
+ELASTIC_DECL std::string describe_failure(const child_failure& failure, const spawn_options& options,
+                                          const std::string& path);
+
+// One standard stream: the descriptor the child gets, and the caller's end of a pipe.
+struct stdio_ends {
+    owned_fd child;
+    owned_fd parent;
+};
+
+ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads);
+
+// Kills and reaps a child that exists but will not be handed to the caller.
+ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept;
+
+}  // namespace detail::process
+
+/// Starts `options.program` and returns the running child, bound to `executor`.
+///
+/// The child leads its own session (or process group); its signal dispositions are reset to the
+/// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
+/// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
+/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
+///
+/// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
+/// when it cannot be: a missing program, a file without execute permission, a bad working
+/// directory — the caller never sees a child that silently exits 127.
+///
+/// Blocks the calling thread for the fork and the exec handshake (well under a millisecond for
+/// a small agent), so it is a plain function, not a coroutine.
+ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const spawn_options& options);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL std::vector<std::string> environ_entries() {
+    std::vector<std::string> out;
+    for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
+        out.emplace_back(*entry);
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string find_executable(const std::string& program, const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
     std::string path_var(default_search_path);  // execvp's, when the environment has no PATH
     for (const auto& entry : env) {
@@ -7636,8 +7868,8 @@ inline std::string find_executable(const std::string& program, const std::vector
                       ENOENT);
 }
 
-inline std::string describe_failure(const child_failure& failure, const spawn_options& options,
-                                    const std::string& path) {
+ELASTIC_DECL std::string describe_failure(const child_failure& failure, const spawn_options& options,
+                                          const std::string& path) {
     const char* name = ::strerrorname_np(failure.error);
     const std::string why = errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
     switch (failure.step) {
@@ -7660,13 +7892,7 @@ inline std::string describe_failure(const child_failure& failure, const spawn_op
     return "cannot start '" + options.program + "': " + why;
 }
 
-// One standard stream: the descriptor the child gets, and the caller's end of a pipe.
-struct stdio_ends {
-    owned_fd child;
-    owned_fd parent;
-};
-
-inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
+ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads) {
     stdio_ends ends;
     switch (target.which()) {
         case stdio::kind::inherit: break;
@@ -7696,8 +7922,7 @@ inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
     return ends;
 }
 
-// Kills and reaps a child that exists but will not be handed to the caller.
-inline void discard_child(pid_t pid, int pidfd) noexcept {
+ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept {
     ::kill(pid, SIGKILL);
     watcher::instance().remove(pid);
     if (pidfd >= 0) {
@@ -7711,21 +7936,11 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
 }
 
 }  // namespace detail::process
+}  // namespace elastic::inline v0
 
-/// Starts `options.program` and returns the running child, bound to `executor`.
-///
-/// The child leads its own session (or process group); its signal dispositions are reset to the
-/// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
-/// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
-/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
-///
-/// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
-/// when it cannot be: a missing program, a file without execute permission, a bad working
-/// directory — the caller never sees a child that silently exits 127.
-///
-/// Blocks the calling thread for the fork and the exec handshake (well under a millisecond for
-/// a small agent), so it is a plain function, not a coroutine.
-inline child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
+namespace elastic::inline v0 {
+
+ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
     if (options.program.empty()) {
         throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
     }
@@ -7853,6 +8068,8 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/spawn.hpp ----
 // ---- end elastic/process.hpp ----
 // ---- begin elastic/report.hpp ----
@@ -8009,7 +8226,31 @@ namespace elastic::inline v0::detail::report {
 
 /// Length of the well-formed UTF-8 sequence at the start of `s` (1..4), or 0 when the first byte
 /// does not begin one (stray continuation, overlong form, surrogate, past U+10FFFF, cut short).
-inline std::size_t utf8_sequence_length(std::string_view s) noexcept {
+ELASTIC_DECL std::size_t utf8_sequence_length(std::string_view s) noexcept;
+
+/// `s` with every byte that is not part of well-formed UTF-8 replaced by U+FFFD (what Python's
+/// errors="replace" does), so the text can go into JSON and onto a terminal unchanged otherwise.
+ELASTIC_DECL std::string valid_utf8(std::string_view s);
+
+/// The length of `s` in code points (Python's len() of the decoded text, which is how torchrun
+/// measures the summary's width). Bytes outside well-formed UTF-8 count one each.
+ELASTIC_DECL std::size_t code_points(std::string_view s) noexcept;
+
+/// The longest prefix of `s` of at most `max_bytes` bytes that does not end inside a UTF-8
+/// sequence (so truncating never manufactures an invalid byte).
+ELASTIC_DECL std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept;
+
+/// `s` without a UTF-8 sequence cut short at its end (what remains when a byte stream is cut at
+/// an arbitrary byte); anything else, valid or not, is left alone.
+ELASTIC_DECL std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept;
+
+}  // namespace elastic::inline v0::detail::report
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::report {
+
+ELASTIC_DECL std::size_t utf8_sequence_length(std::string_view s) noexcept {
     if (s.empty()) {
         return 0;
     }
@@ -8060,9 +8301,7 @@ inline std::size_t utf8_sequence_length(std::string_view s) noexcept {
     return n;
 }
 
-/// `s` with every byte that is not part of well-formed UTF-8 replaced by U+FFFD (what Python's
-/// errors="replace" does), so the text can go into JSON and onto a terminal unchanged otherwise.
-inline std::string valid_utf8(std::string_view s) {
+ELASTIC_DECL std::string valid_utf8(std::string_view s) {
     std::string out;
     out.reserve(s.size());
     while (!s.empty()) {
@@ -8078,9 +8317,7 @@ inline std::string valid_utf8(std::string_view s) {
     return out;
 }
 
-/// The length of `s` in code points (Python's len() of the decoded text, which is how torchrun
-/// measures the summary's width). Bytes outside well-formed UTF-8 count one each.
-inline std::size_t code_points(std::string_view s) noexcept {
+ELASTIC_DECL std::size_t code_points(std::string_view s) noexcept {
     std::size_t count = 0;
     while (!s.empty()) {
         const std::size_t n = utf8_sequence_length(s);
@@ -8090,9 +8327,7 @@ inline std::size_t code_points(std::string_view s) noexcept {
     return count;
 }
 
-/// The longest prefix of `s` of at most `max_bytes` bytes that does not end inside a UTF-8
-/// sequence (so truncating never manufactures an invalid byte).
-inline std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
+ELASTIC_DECL std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
     if (s.size() <= max_bytes) {
         return s;
     }
@@ -8106,9 +8341,7 @@ inline std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) n
     return s.substr(0, end);
 }
 
-/// `s` without a UTF-8 sequence cut short at its end (what remains when a byte stream is cut at
-/// an arbitrary byte); anything else, valid or not, is left alone.
-inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept {
+ELASTIC_DECL std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept {
     for (std::size_t i = 1; i <= 3 && i <= s.size(); ++i) {
         const auto b = static_cast<unsigned char>(s[s.size() - i]);
         if ((b & 0xC0) == 0x80) {
@@ -8128,6 +8361,8 @@ inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcep
 }
 
 }  // namespace elastic::inline v0::detail::report
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/text.hpp ----
 
 #include <cstddef>
@@ -8326,7 +8561,59 @@ inline constexpr const char* no_traceback_hint =
 /// The one-line description of a failure: the error file's message when it has one, else
 /// "Signal 9 (SIGKILL) received by PID 1234", else
 /// "Process 1234 (rank: 3, local_rank: 1) exited with code 3".
-inline std::string failure_headline(const worker_failure& f) {
+ELASTIC_DECL std::string failure_headline(const worker_failure& f);
+
+/// The stderr tail as a report shows it: a heading line, then the lines indented by two.
+ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail);
+
+/// What the summary prints after "traceback :" (multi-line; the summary indents continuation
+/// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
+/// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
+/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would
+/// print (the signal message, or its hint) improved by the tail of the worker's stderr when there
+/// is one. A malformed file is named as such first.
+ELASTIC_DECL std::string failure_traceback(const worker_failure& f);
+
+/// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
+/// the agent's observation of the exit, unless the worker's error file proves the error happened
+/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as the last instant
+/// of that second (t+1 s minus one clock tick): it moves a failure earlier only when that second
+/// ended before the agent saw the exit. The file's wall-clock time is related to the steady
+/// clock through the same failure's pair of observation stamps (the worker runs on the agent's
+/// host, so both read the same wall clock).
+ELASTIC_DECL std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept;
+
+/// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
+/// (as torchrun shows), else when the agent observed the exit.
+ELASTIC_DECL std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept;
+
+/// The index of the root cause among `failures`: the earliest failure_time() among those in
+/// state failed, the lowest global rank on a tie. Workers stopped by the agent are never chosen;
+/// nullopt when there is no failed worker.
+ELASTIC_DECL std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept;
+
+/// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
+/// killed it (the shell's convention), and at least 1 (a failure never reads as success).
+constexpr int launcher_exit_code(const worker_failure& f) noexcept {
+    const int code = f.status.shell_code();
+    return code == 0 ? 1 : code;
+}
+
+/// The exit code for a group's failures: the root cause's (see the overload); nullopt when no
+/// worker failed (the caller decides, e.g. 0, or 128+N for a signal the agent itself received).
+ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept;
+
+/// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
+/// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
+ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
     if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
         return f.error_file.content.message;
     }
@@ -8337,8 +8624,7 @@ inline std::string failure_headline(const worker_failure& f) {
                        f.status.code());
 }
 
-/// The stderr tail as a report shows it: a heading line, then the lines indented by two.
-inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
+ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     std::string out;
     if (tail.total_lines == tail.lines.size()) {
         out = fmt::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
@@ -8352,13 +8638,7 @@ inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     return out;
 }
 
-/// What the summary prints after "traceback :" (multi-line; the summary indents continuation
-/// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
-/// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
-/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would
-/// print (the signal message, or its hint) improved by the tail of the worker's stderr when there
-/// is one. A malformed file is named as such first.
-inline std::string failure_traceback(const worker_failure& f) {
+ELASTIC_DECL std::string failure_traceback(const worker_failure& f) {
     const auto& ef = f.error_file;
     if (ef.parsed()) {
         const auto& c = ef.content;
@@ -8397,14 +8677,7 @@ inline std::string failure_traceback(const worker_failure& f) {
     return out;
 }
 
-/// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
-/// the agent's observation of the exit, unless the worker's error file proves the error happened
-/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as the last instant
-/// of that second (t+1 s minus one clock tick): it moves a failure earlier only when that second
-/// ended before the agent saw the exit. The file's wall-clock time is related to the steady
-/// clock through the same failure's pair of observation stamps (the worker runs on the agent's
-/// host, so both read the same wall clock).
-inline std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
+ELASTIC_DECL std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         auto latest = *f.error_file.content.timestamp;
         if (f.error_file.content.timestamp_whole_seconds) {
@@ -8418,19 +8691,14 @@ inline std::chrono::steady_clock::time_point failure_time(const worker_failure& 
     return f.observed_steady;
 }
 
-/// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
-/// (as torchrun shows), else when the agent observed the exit.
-inline std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept {
+ELASTIC_DECL std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         return *f.error_file.content.timestamp;
     }
     return f.observed_system;
 }
 
-/// The index of the root cause among `failures`: the earliest failure_time() among those in
-/// state failed, the lowest global rank on a tie. Workers stopped by the agent are never chosen;
-/// nullopt when there is no failed worker.
-inline std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept {
+ELASTIC_DECL std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept {
     std::optional<std::size_t> best;
     for (std::size_t i = 0; i < failures.size(); ++i) {
         const auto& f = failures[i];
@@ -8451,30 +8719,21 @@ inline std::optional<std::size_t> root_cause(std::span<const worker_failure> fai
     return best;
 }
 
-/// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
-/// killed it (the shell's convention), and at least 1 (a failure never reads as success).
-constexpr int launcher_exit_code(const worker_failure& f) noexcept {
-    const int code = f.status.shell_code();
-    return code == 0 ? 1 : code;
-}
-
-/// The exit code for a group's failures: the root cause's (see the overload); nullopt when no
-/// worker failed (the caller decides, e.g. 0, or 128+N for a signal the agent itself received).
-inline std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept {
+ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept {
     if (const auto root = root_cause(failures)) {
         return launcher_exit_code(failures[*root]);
     }
     return std::nullopt;
 }
 
-/// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
-/// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
-inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
+ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
                        f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/failure.hpp ----
 
 #include <cerrno>
@@ -9674,7 +9933,38 @@ struct summary_options {
 namespace detail::report {
 
 /// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
-inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
+ELASTIC_DECL std::string summary_time(std::chrono::system_clock::time_point t, bool utc);
+
+/// `text` with every line after the first indented by two spaces, as torchrun indents a
+/// traceback (a trailing newline therefore leaves a line of two spaces, as in torchrun).
+ELASTIC_DECL std::string indent_continuation(std::string_view text);
+
+ELASTIC_DECL std::string failure_block(std::size_t idx, const worker_failure& f, bool utc);
+
+ELASTIC_DECL std::size_t widest_line(std::string_view text);
+
+}  // namespace detail::report
+
+/// The summary of a group's failure in torchrun's layout: for failures torchrun
+/// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
+/// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
+///
+/// Failed workers are listed in global-rank order, numbered by that order; the root cause
+/// (root_cause()) is shown under "Root Cause (first observed failure):", the others under
+/// "Failures:". One addition to torchrun's layout, present only when some worker was stopped by
+/// the agent: a section "Stopped by the agent (not failures):" between those two, one line per
+/// such worker (torchrun lists them nowhere, or, newest, as failures).
+ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
+                                        const summary_options& options = {});
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::report {
+
+ELASTIC_DECL std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
     const std::time_t secs = std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
     std::tm tm{};
     if (utc) {
@@ -9686,9 +9976,7 @@ inline std::string summary_time(std::chrono::system_clock::time_point t, bool ut
                        tm.tm_min, tm.tm_sec);
 }
 
-/// `text` with every line after the first indented by two spaces, as torchrun indents a
-/// traceback (a trailing newline therefore leaves a line of two spaces, as in torchrun).
-inline std::string indent_continuation(std::string_view text) {
+ELASTIC_DECL std::string indent_continuation(std::string_view text) {
     std::string out;
     out.reserve(text.size() + 16);
     for (const char c : text) {
@@ -9700,7 +9988,7 @@ inline std::string indent_continuation(std::string_view text) {
     return out;
 }
 
-inline std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
+ELASTIC_DECL std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
     const std::string error_file = f.error_file.status == error_file_status::absent || f.error_file.path.empty()
                                        ? std::string("<N/A>")
                                        : valid_utf8(f.error_file.path);
@@ -9715,7 +10003,7 @@ inline std::string failure_block(std::size_t idx, const worker_failure& f, bool 
                        f.status.returncode(), f.pid, error_file, indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
-inline std::size_t widest_line(std::string_view text) {
+ELASTIC_DECL std::size_t widest_line(std::string_view text) {
     std::size_t widest = 0;
     std::size_t start = 0;
     while (start <= text.size()) {
@@ -9730,18 +10018,12 @@ inline std::size_t widest_line(std::string_view text) {
 }
 
 }  // namespace detail::report
+}  // namespace elastic::inline v0
 
-/// The summary of a group's failure in torchrun's layout: for failures torchrun
-/// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
-/// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
-///
-/// Failed workers are listed in global-rank order, numbered by that order; the root cause
-/// (root_cause()) is shown under "Root Cause (first observed failure):", the others under
-/// "Failures:". One addition to torchrun's layout, present only when some worker was stopped by
-/// the agent: a section "Stopped by the agent (not failures):" between those two, one line per
-/// such worker (torchrun lists them nowhere, or, newest, as failures).
-inline std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
-                                  const summary_options& options = {}) {
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
+                                        const summary_options& options) {
     const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -9804,6 +10086,8 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/summary.hpp ----
 // ---- end elastic/report.hpp ----
 // ---- begin elastic/rendezvous.hpp ----
@@ -10427,13 +10711,7 @@ namespace elastic::inline v0 {
 namespace detail::rendezvous {
 
 /// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
-inline std::string describe_node_id(std::string_view id) {
-    const auto last = id.rfind(':');
-    if (last == std::string_view::npos || last == 0) return std::string(id);
-    const auto mid = id.rfind(':', last - 1);
-    if (mid == std::string_view::npos) return std::string(id);
-    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
-}
+ELASTIC_DECL std::string describe_node_id(std::string_view id);
 
 /// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
 /// "Elastic membership"), shared by the monitor and whoever waits for a change.
@@ -10466,6 +10744,24 @@ using membership_log = basic_membership_log<>;
 }  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::rendezvous {
+
+ELASTIC_DECL std::string describe_node_id(std::string_view id) {
+    const auto last = id.rfind(':');
+    if (last == std::string_view::npos || last == 0) return std::string(id);
+    const auto mid = id.rfind(':', last - 1);
+    if (mid == std::string_view::npos) return std::string(id);
+    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+}
+
+}  // namespace detail::rendezvous
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/rendezvous/membership.hpp ----
 // ---- begin elastic/rendezvous/parameters.hpp ----
 // What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
@@ -10558,14 +10854,7 @@ struct rendezvous_settings {
 };
 
 /// `host:port` as it would be written again (IPv6 in brackets).
-[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
-    const bool v6 = endpoint.host.find(':') != std::string::npos;
-    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
-    if (endpoint.port) {
-        out += fmt::format(":{}", *endpoint.port);
-    }
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string to_string(const host_port& endpoint);
 
 /// Everything a rendezvous over TCP (tcp_rendezvous) takes, defaults applied.
 struct rendezvous_parameters {
@@ -10587,6 +10876,23 @@ struct rendezvous_parameters {
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string to_string(const host_port& endpoint) {
+    const bool v6 = endpoint.host.find(':') != std::string::npos;
+    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    if (endpoint.port) {
+        out += fmt::format(":{}", *endpoint.port);
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/rendezvous/parameters.hpp ----
 // ---- begin elastic/rendezvous/planner.hpp ----
 // The round planner: what a round is, decided from its members alone (docs/rendezvous.md):
@@ -10615,8 +10921,98 @@ namespace detail::rendezvous {
 /// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
 /// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
 /// when it fits the round and nobody before took it.
-inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
-                                                                      bool strict = true) {
+ELASTIC_DECL std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                            bool strict = true);
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+ELASTIC_DECL std::vector<std::string> peers_of(const std::vector<node_info>& nodes);
+
+/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
+inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
+
+/// At most this many successors (idle servers of members) are named for the store.
+inline constexpr std::size_t max_successors = 3;
+
+/// A round decided from its members (in arrival order): what its completer writes.
+struct round_plan {
+    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;              ///< the round's workers (every member's nproc)
+    std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
+    std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
+    bool host_in = false;            ///< the store's host is a member
+    /// Where the store moves if its host is lost: the first members by group rank that have
+    /// an idle server and do not host it now (docs/rendezvous.md).
+    std::vector<store_successor> successors;
+    std::vector<std::string> peers;  ///< peers_of(members), for group rank 0
+};
+
+/// The round `nodes` (its members, in arrival order) form, or a message naming why they form
+/// none (assign_group_ranks: a --node-rank conflict under `strict`).
+ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict);
+
+/// What decides a round's completion besides its arrivals.
+struct round_rules {
+    int nnodes = 1;        ///< MAX: the MAX-th arrival completes the round
+    bool elastic = false;  ///< MIN < MAX
+    int needed = 1;        ///< the nodes a round needs: MIN, or after the store moved a majority
+    int target = 0;        ///< after the store moved: the arrival that seals the round (0: none)
+};
+
+/// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
+/// its add; a sealed round's counter holds seal_increment more).
+enum class arrival_step {
+    late,      ///< past MAX, or the round is sealed: the node is late for it
+    complete,  ///< the MAX-th arrival: it completes the round with every arrival
+    seal,      ///< the target arrival after the store moved: it seals the round
+    try_seal,  ///< elastic, at least the nodes needed: it seals once every live node joined
+    wait,      ///< it waits for its assignment
+};
+
+ELASTIC_DECL arrival_step on_arrival(std::int64_t arrival, const round_rules& rules);
+
+/// Whether the `arrival`-th node's wait has a last call (after which it seals the round, or
+/// marks the last call over for the live nodes still to come).
+ELASTIC_DECL bool has_last_call(std::int64_t arrival, const round_rules& rules);
+
+/// A seal's add returned `sealed`: the arrivals the sealer completes the round with, or nothing
+/// when another seal came first or the MAX-th arrival completes the round.
+ELASTIC_DECL std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes);
+
+/// Whether a round whose counter reads `count` may be sealed once every live node joined: not
+/// sealed, short of MAX (that arrival completes it), and with the nodes needed.
+ELASTIC_DECL bool may_seal_when_all_live(std::int64_t count, const round_rules& rules);
+
+/// Whether round r completes as soon as every live node joined: not the job's first round
+/// (nodes are still starting), nor one that admits new nodes (others may be starting with
+/// them: torchrun's last call lets a batch of new nodes in with one restart), nor the first
+/// after the store moved.
+ELASTIC_DECL bool quick_round(int r, bool admission, int target) noexcept;
+
+/// The rules of the first round after the store moved, from the last round's size and whether
+/// the store's lost host was among its members: a majority of them (`quorum`), and the arrival
+/// that seals the round at once (every other member of the last round; at least the quorum).
+struct moved_round {
+    int quorum = 1;
+    int target = 1;
+};
+
+ELASTIC_DECL moved_round after_store_moved(int last_size, bool host_in_round) noexcept;
+
+}  // namespace detail::rendezvous
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::rendezvous {
+
+ELASTIC_DECL std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                            bool strict) {
     const int n = static_cast<int>(nodes.size());
     std::vector<int> rank(nodes.size(), -1);
     std::vector<int> owner(nodes.size(), -1);
@@ -10658,11 +11054,7 @@ inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std:
     return rank;
 }
 
-/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
-/// interface addresses and its advertised address when that is a literal; for a node that
-/// published none, its host and advertised address (names, resolved by group rank 0). Each
-/// once, in order.
-inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+ELASTIC_DECL std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
     std::vector<std::string> out;
     auto add = [&](const std::string& p) {
         if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
@@ -10679,29 +11071,7 @@ inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
     return out;
 }
 
-/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
-inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
-
-/// At most this many successors (idle servers of members) are named for the store.
-inline constexpr std::size_t max_successors = 3;
-
-/// A round decided from its members (in arrival order): what its completer writes.
-struct round_plan {
-    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
-    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
-    int world_size = 0;              ///< the round's workers (every member's nproc)
-    std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
-    std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
-    bool host_in = false;            ///< the store's host is a member
-    /// Where the store moves if its host is lost: the first members by group rank that have
-    /// an idle server and do not host it now (docs/rendezvous.md).
-    std::vector<store_successor> successors;
-    std::vector<std::string> peers;  ///< peers_of(members), for group rank 0
-};
-
-/// The round `nodes` (its members, in arrival order) form, or a message naming why they form
-/// none (assign_group_ranks: a --node-rank conflict under `strict`).
-inline std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict) {
+ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict) {
     if (nodes.empty()) return std::string("a round needs at least one node");
     auto assigned = assign_group_ranks(nodes, strict);
     if (auto* message = std::get_if<std::string>(&assigned)) return std::move(*message);
@@ -10728,25 +11098,7 @@ inline std::variant<round_plan, std::string> plan_round(const std::vector<node_i
     return plan;
 }
 
-/// What decides a round's completion besides its arrivals.
-struct round_rules {
-    int nnodes = 1;        ///< MAX: the MAX-th arrival completes the round
-    bool elastic = false;  ///< MIN < MAX
-    int needed = 1;        ///< the nodes a round needs: MIN, or after the store moved a majority
-    int target = 0;        ///< after the store moved: the arrival that seals the round (0: none)
-};
-
-/// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
-/// its add; a sealed round's counter holds seal_increment more).
-enum class arrival_step {
-    late,      ///< past MAX, or the round is sealed: the node is late for it
-    complete,  ///< the MAX-th arrival: it completes the round with every arrival
-    seal,      ///< the target arrival after the store moved: it seals the round
-    try_seal,  ///< elastic, at least the nodes needed: it seals once every live node joined
-    wait,      ///< it waits for its assignment
-};
-
-inline arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
+ELASTIC_DECL arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
     if (arrival > rules.nnodes) return arrival_step::late;
     if (arrival == rules.nnodes) return arrival_step::complete;
     if (rules.target > 0 && arrival == rules.target) return arrival_step::seal;
@@ -10754,42 +11106,24 @@ inline arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
     return arrival_step::wait;
 }
 
-/// Whether the `arrival`-th node's wait has a last call (after which it seals the round, or
-/// marks the last call over for the live nodes still to come).
-inline bool has_last_call(std::int64_t arrival, const round_rules& rules) {
+ELASTIC_DECL bool has_last_call(std::int64_t arrival, const round_rules& rules) {
     return (rules.elastic || rules.target > 0) && arrival >= rules.needed;
 }
 
-/// A seal's add returned `sealed`: the arrivals the sealer completes the round with, or nothing
-/// when another seal came first or the MAX-th arrival completes the round.
-inline std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes) {
+ELASTIC_DECL std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes) {
     if (sealed < seal_increment || sealed >= 2 * seal_increment) return std::nullopt;
     const auto joined = sealed - seal_increment;
     if (joined >= nnodes || joined < 1) return std::nullopt;
     return static_cast<int>(joined);
 }
 
-/// Whether a round whose counter reads `count` may be sealed once every live node joined: not
-/// sealed, short of MAX (that arrival completes it), and with the nodes needed.
-inline bool may_seal_when_all_live(std::int64_t count, const round_rules& rules) {
+ELASTIC_DECL bool may_seal_when_all_live(std::int64_t count, const round_rules& rules) {
     return count < seal_increment && count < rules.nnodes && count >= rules.needed;
 }
 
-/// Whether round r completes as soon as every live node joined: not the job's first round
-/// (nodes are still starting), nor one that admits new nodes (others may be starting with
-/// them: torchrun's last call lets a batch of new nodes in with one restart), nor the first
-/// after the store moved.
-inline bool quick_round(int r, bool admission, int target) noexcept { return r > 0 && !admission && target == 0; }
+ELASTIC_DECL bool quick_round(int r, bool admission, int target) noexcept { return r > 0 && !admission && target == 0; }
 
-/// The rules of the first round after the store moved, from the last round's size and whether
-/// the store's lost host was among its members: a majority of them (`quorum`), and the arrival
-/// that seals the round at once (every other member of the last round; at least the quorum).
-struct moved_round {
-    int quorum = 1;
-    int target = 1;
-};
-
-inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept {
+ELASTIC_DECL moved_round after_store_moved(int last_size, bool host_in_round) noexcept {
     const int before = std::max(last_size, 1);
     moved_round m;
     m.quorum = before / 2 + 1;
@@ -10799,8 +11133,9 @@ inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept
 }
 
 }  // namespace detail::rendezvous
-
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/rendezvous/planner.hpp ----
 // ---- begin elastic/rendezvous/single_node.hpp ----
 // single_node_rendezvous: the rendezvous of a job that is one node — the trivial model of
@@ -12093,18 +12428,9 @@ namespace elastic::inline v0 {
 
 namespace detail::rendezvous {
 
-inline bool is_loopback(std::string_view host) {
-    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
-    std::error_code ec;
-    const auto address = asio::ip::make_address(std::string(host), ec);
-    return !ec && address.is_loopback();
-}
+ELASTIC_DECL bool is_loopback(std::string_view host);
 
-inline bool is_ip_literal(std::string_view host) {
-    std::error_code ec;
-    (void)asio::ip::make_address(std::string(host), ec);
-    return !ec;
-}
+ELASTIC_DECL bool is_ip_literal(std::string_view host);
 
 /// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
@@ -12112,113 +12438,31 @@ inline bool is_ip_literal(std::string_view host) {
 inline bool interface_holds(const asio::ip::address& wanted);
 
 /// The address in a socket address (getifaddrs, getaddrinfo), or none for another family.
-inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
-    if (sa == nullptr) return std::nullopt;
-    if (sa->sa_family == AF_INET) {
-        const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
-        return asio::ip::address(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
-    }
-    if (sa->sa_family == AF_INET6) {
-        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
-        asio::ip::address_v6::bytes_type bytes;
-        std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-        return asio::ip::address(asio::ip::address_v6(bytes));
-    }
-    return std::nullopt;
-}
+ELASTIC_DECL std::optional<asio::ip::address> address_of(const sockaddr* sa);
 
-inline bool is_this_host(std::string_view host) {
-    if (is_loopback(host)) return true;
-    if (host == host_name()) return true;
-    if (host == host_fqdn()) return true;
-    std::error_code ec;
-    const auto wanted = asio::ip::make_address(std::string(host), ec);
-    if (ec) return false;
-    return interface_holds(wanted);
-}
+ELASTIC_DECL bool is_this_host(std::string_view host);
 
 /// Whether one of this host's interfaces holds `wanted`.
-inline bool interface_holds(const asio::ip::address& wanted) {
-    ifaddrs* list = nullptr;
-    if (::getifaddrs(&list) != 0) return false;
-    bool found = false;
-    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) found = address_of(i->ifa_addr) == wanted;
-    ::freeifaddrs(list);
-    return found;
-}
+ELASTIC_DECL bool interface_holds(const asio::ip::address& wanted);
 
 /// The literal addresses of this host's interfaces that another node's traffic may come from:
 /// no loopback, no link-local IPv6 (it needs a zone to mean anything), each once, at most
 /// max_addrs. Published in the node's arrival info (node_info::addrs).
-inline std::vector<std::string> interface_addresses() {
-    std::vector<std::string> out;
-    ifaddrs* list = nullptr;
-    if (::getifaddrs(&list) != 0) return out;
-    for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
-        if (i->ifa_addr == nullptr) continue;
-        const auto found = address_of(i->ifa_addr);
-        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
-        const auto& a = *found;
-        if (a.is_loopback() || a.is_unspecified()) continue;
-        auto text = a.to_string();
-        if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
-    }
-    ::freeifaddrs(list);
-    return out;
-}
+ELASTIC_DECL std::vector<std::string> interface_addresses();
 
 /// "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: use the literal.
-inline std::string literal_for(std::string_view host) {
-    if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
-    return std::string(host);
-}
+ELASTIC_DECL std::string literal_for(std::string_view host);
 
 /// The address a server named `host` binds on this node: an IP literal as given (a loopback
 /// name: 127.0.0.1); a name: the first address it resolves to, in the resolver's order
 /// (getaddrinfo, RFC 6724 as /etc/gai.conf tunes it), that this node owns — a loopback address
 /// or one an interface holds; IPv6 link-local addresses are passed over (they need a scope).
 /// Empty when the name resolves to no address of this node.
-inline std::string owned_address(std::string_view host) {
-    const auto literal = literal_for(host);
-    if (is_ip_literal(literal)) return literal;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* list = nullptr;
-    if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
-    std::string chosen;
-    for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
-        const auto found = address_of(i->ai_addr);
-        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
-        if (found->is_loopback() || interface_holds(*found)) chosen = found->to_string();
-    }
-    ::freeaddrinfo(list);
-    return chosen;
-}
+ELASTIC_DECL std::string owned_address(std::string_view host);
 
 /// Every address `host` names (an IP literal: itself; a name: what getaddrinfo gives), IPv4
 /// addresses mapped into IPv6 given as IPv4. Empty when it resolves to nothing.
-inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
-    std::vector<asio::ip::address> out;
-    std::error_code ec;
-    auto literal = asio::ip::make_address(std::string(host), ec);
-    if (!ec) {
-        out.push_back(literal);
-    } else {
-        addrinfo hints{};
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* list = nullptr;
-        if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
-        for (auto* i = list; i != nullptr; i = i->ai_next)
-            if (const auto a = address_of(i->ai_addr)) out.push_back(*a);
-        ::freeaddrinfo(list);
-    }
-    for (auto& a : out) {
-        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
-    }
-    return out;
-}
+ELASTIC_DECL std::vector<asio::ip::address> resolve_all(std::string_view host);
 
 /// Which peers the workers' store of a round accepts: loopback (this node's workers), and the
 /// addresses of the round's members (filled once the round is known; empty before).
@@ -12240,10 +12484,7 @@ struct peer_list {
 
 /// Where a server for `host` listens: owned_address(host), else every interface ("0.0.0.0"),
 /// which only a name that resolves to no address of this node comes to.
-inline std::string bind_address_for(std::string_view host) {
-    auto owned = owned_address(host);
-    return owned.empty() ? std::string("0.0.0.0") : owned;
-}
+ELASTIC_DECL std::string bind_address_for(std::string_view host);
 
 }  // namespace detail::rendezvous
 
@@ -12256,51 +12497,12 @@ inline constexpr std::string_view rendezvous_secret_variable = "ELASTIC_RDZV_SEC
 /// variable from `env` either way, so workers (which inherit `env`) never see the secret.
 /// usage_error for an unreadable file or an empty secret; `warn` hears about a file that its
 /// group or others may read.
-inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
-                                   const std::function<void(std::string_view)>& warn) {
-    std::optional<std::string> from_env;
-    if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
-        from_env = it->second;
-        env.erase(it);
-    }
-    if (conf.secret) return;
-    if (conf.secret_file) {
-        const auto& path = *conf.secret_file;
-        std::ifstream in(path, std::ios::binary);
-        if (!in)
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
-                                          "file holding the job's secret",
-                                          path, std::error_code(errno, std::generic_category()).message())};
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-        if (text.empty())
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
-                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
-                                          path, path)};
-        struct stat st {};
-        if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
-                             "(mode {:04o}); chmod 600 it",
-                             path, static_cast<unsigned>(st.st_mode & 07777)));
-        conf.secret = std::move(text);
-        return;
-    }
-    if (from_env) {
-        if (from_env->empty())
-            throw usage_error{
-                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
-        conf.secret = std::move(*from_env);
-    }
-}
+ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
+                                         const std::function<void(std::string_view)>& warn);
 
 /// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
 /// single-node path: more than one node, or a c10d store another agent hosts.
-[[nodiscard]] inline bool uses_node_rendezvous(const rendezvous_parameters& p) {
-    if (p.nnodes.max > 1) return true;
-    if (p.backend != rendezvous_backend::c10d) return false;
-    if (p.settings.is_host) return !*p.settings.is_host;
-    return !detail::rendezvous::is_this_host(p.endpoint.host);
-}
+[[nodiscard]] ELASTIC_DECL bool uses_node_rendezvous(const rendezvous_parameters& p);
 
 /// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
 /// --local-addr when given; 127.0.0.1 when the rendezvous endpoint is a loopback address
@@ -12310,15 +12512,7 @@ struct advertised_address {
     std::string addr;
 };
 
-[[nodiscard]] inline advertised_address advertise(const rendezvous_parameters& p) {
-    if (p.local_addr) {
-        const auto lit = detail::rendezvous::literal_for(*p.local_addr);
-        return {detail::rendezvous::bind_address_for(lit), lit};
-    }
-    if (detail::rendezvous::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
-    const auto fqdn = host_fqdn();
-    return {detail::rendezvous::bind_address_for(fqdn), fqdn};
-}
+[[nodiscard]] ELASTIC_DECL advertised_address advertise(const rendezvous_parameters& p);
 
 /// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
 /// it; then `rendezvous()` is the store_rendezvous every round goes through.
@@ -12746,6 +12940,188 @@ using tcp_rendezvous = basic_tcp_rendezvous<>;
 static_assert(agent_rendezvous<tcp_rendezvous>);
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::rendezvous {
+
+ELASTIC_DECL bool is_loopback(std::string_view host) {
+    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+    std::error_code ec;
+    const auto address = asio::ip::make_address(std::string(host), ec);
+    return !ec && address.is_loopback();
+}
+
+ELASTIC_DECL bool is_ip_literal(std::string_view host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(std::string(host), ec);
+    return !ec;
+}
+
+ELASTIC_DECL std::optional<asio::ip::address> address_of(const sockaddr* sa) {
+    if (sa == nullptr) return std::nullopt;
+    if (sa->sa_family == AF_INET) {
+        const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
+        return asio::ip::address(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
+    }
+    if (sa->sa_family == AF_INET6) {
+        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
+        asio::ip::address_v6::bytes_type bytes;
+        std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+        return asio::ip::address(asio::ip::address_v6(bytes));
+    }
+    return std::nullopt;
+}
+
+ELASTIC_DECL bool is_this_host(std::string_view host) {
+    if (is_loopback(host)) return true;
+    if (host == host_name()) return true;
+    if (host == host_fqdn()) return true;
+    std::error_code ec;
+    const auto wanted = asio::ip::make_address(std::string(host), ec);
+    if (ec) return false;
+    return interface_holds(wanted);
+}
+
+ELASTIC_DECL bool interface_holds(const asio::ip::address& wanted) {
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) found = address_of(i->ifa_addr) == wanted;
+    ::freeifaddrs(list);
+    return found;
+}
+
+ELASTIC_DECL std::vector<std::string> interface_addresses() {
+    std::vector<std::string> out;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return out;
+    for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        const auto found = address_of(i->ifa_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        const auto& a = *found;
+        if (a.is_loopback() || a.is_unspecified()) continue;
+        auto text = a.to_string();
+        if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
+    }
+    ::freeifaddrs(list);
+    return out;
+}
+
+ELASTIC_DECL std::string literal_for(std::string_view host) {
+    if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
+    return std::string(host);
+}
+
+ELASTIC_DECL std::string owned_address(std::string_view host) {
+    const auto literal = literal_for(host);
+    if (is_ip_literal(literal)) return literal;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
+    std::string chosen;
+    for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
+        const auto found = address_of(i->ai_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        if (found->is_loopback() || interface_holds(*found)) chosen = found->to_string();
+    }
+    ::freeaddrinfo(list);
+    return chosen;
+}
+
+ELASTIC_DECL std::vector<asio::ip::address> resolve_all(std::string_view host) {
+    std::vector<asio::ip::address> out;
+    std::error_code ec;
+    auto literal = asio::ip::make_address(std::string(host), ec);
+    if (!ec) {
+        out.push_back(literal);
+    } else {
+        addrinfo hints{};
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* list = nullptr;
+        if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
+        for (auto* i = list; i != nullptr; i = i->ai_next)
+            if (const auto a = address_of(i->ai_addr)) out.push_back(*a);
+        ::freeaddrinfo(list);
+    }
+    for (auto& a : out) {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string bind_address_for(std::string_view host) {
+    auto owned = owned_address(host);
+    return owned.empty() ? std::string("0.0.0.0") : owned;
+}
+
+}  // namespace detail::rendezvous
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
+                                         const std::function<void(std::string_view)>& warn) {
+    std::optional<std::string> from_env;
+    if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
+        from_env = it->second;
+        env.erase(it);
+    }
+    if (conf.secret) return;
+    if (conf.secret_file) {
+        const auto& path = *conf.secret_file;
+        std::ifstream in(path, std::ios::binary);
+        if (!in)
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
+                                          "file holding the job's secret",
+                                          path, std::error_code(errno, std::generic_category()).message())};
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+        if (text.empty())
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
+                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
+                                          path, path)};
+        struct stat st {};
+        if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
+                             "(mode {:04o}); chmod 600 it",
+                             path, static_cast<unsigned>(st.st_mode & 07777)));
+        conf.secret = std::move(text);
+        return;
+    }
+    if (from_env) {
+        if (from_env->empty())
+            throw usage_error{
+                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
+        conf.secret = std::move(*from_env);
+    }
+}
+
+[[nodiscard]] ELASTIC_DECL bool uses_node_rendezvous(const rendezvous_parameters& p) {
+    if (p.nnodes.max > 1) return true;
+    if (p.backend != rendezvous_backend::c10d) return false;
+    if (p.settings.is_host) return !*p.settings.is_host;
+    return !detail::rendezvous::is_this_host(p.endpoint.host);
+}
+
+[[nodiscard]] ELASTIC_DECL advertised_address advertise(const rendezvous_parameters& p) {
+    if (p.local_addr) {
+        const auto lit = detail::rendezvous::literal_for(*p.local_addr);
+        return {detail::rendezvous::bind_address_for(lit), lit};
+    }
+    if (detail::rendezvous::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
+    const auto fqdn = host_fqdn();
+    return {detail::rendezvous::bind_address_for(fqdn), fqdn};
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/rendezvous/tcp_rendezvous.hpp ----
 // ---- end elastic/rendezvous.hpp ----
 // ---- begin elastic/policy.hpp ----
@@ -13154,72 +13530,24 @@ namespace elastic::inline v0 {
 namespace detail::policy {
 
 /// "1.5" from 1500 (thousandths), trailing zeros dropped.
-[[nodiscard]] inline std::string thousandths(long long value) {
-    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
-    while (out.back() == '0') out.pop_back();
-    if (out.back() == '.') out.pop_back();
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string thousandths(long long value);
 
-[[nodiscard]] inline std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
-    using namespace std::chrono;
-    const char* space = spaced ? " " : "";
-    const auto ms = duration_cast<milliseconds>(d).count();
-    if (ms < 0) return "-" + duration_text(-d, spaced);
-    if (ms == 0 && d.count() != 0)
-        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
-    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
-    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
-    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
-    return fmt::format("{}{}s", thousandths(ms), space);
-}
+[[nodiscard]] ELASTIC_DECL std::string duration_text(std::chrono::nanoseconds d, bool spaced);
 
 }  // namespace detail::policy
 
 /// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
 /// parse_duration() reads it back exactly (to the millisecond).
-[[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
-    return detail::policy::duration_text(d, false);
-}
+[[nodiscard]] ELASTIC_DECL std::string duration_flag_text(std::chrono::nanoseconds d);
 
 /// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
-[[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
-    return detail::policy::duration_text(d, true);
-}
+[[nodiscard]] ELASTIC_DECL std::string duration_words(std::chrono::nanoseconds d);
 
 /// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
 /// seconds, as torchrun's options count. At most 1e9 seconds; held to the millisecond. `name`
 /// names the option or variable in the usage_error.
-[[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
-                                                              bool allow_zero = false) {
-    const auto word = detail::trim(text);
-    std::size_t unit_at = 0;
-    while (unit_at < word.size() &&
-           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
-        ++unit_at;
-    }
-    const auto number = word.substr(0, unit_at);
-    const auto unit = detail::lower(detail::trim(word.substr(unit_at)));
-    double value = -1;
-    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
-                                           std::chars_format::fixed);
-    double scale = 0;
-    if (unit.empty() || unit == "s") scale = 1;
-    else if (unit == "ms") scale = 0.001;
-    else if (unit == "m" || unit == "min") scale = 60;
-    else if (unit == "h") scale = 3600;
-    const double seconds = value * scale;
-    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
-    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
-                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
-                    (allow_zero || std::llround(seconds * 1000.0) > 0);
-    if (!ok) {
-        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
-                                      "counts seconds)",
-                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
-    }
-    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
-}
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
+                                                                    bool allow_zero = false);
 
 /// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
 /// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
@@ -13245,22 +13573,7 @@ struct backoff_spec {
 };
 
 /// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
-[[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::split(text, ':');
-    if (parts.size() < 2 || parts.size() > 3) {
-        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::show(name, text))};
-    }
-    backoff_spec spec;
-    spec.initial = parse_duration(parts[0], name);
-    spec.cap = parse_duration(parts[1], name);
-    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
-    if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
-                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
-    }
-    return spec;
-}
+[[nodiscard]] ELASTIC_DECL backoff_spec parse_backoff_spec(std::string_view text, std::string_view name);
 
 /// --restart-window=N/PERIOD: at most N restarts within any PERIOD (a sliding window).
 struct window_spec {
@@ -13274,19 +13587,7 @@ struct window_spec {
 };
 
 /// Parses N/PERIOD (N >= 1).
-[[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::split(text, '/');
-    if (parts.size() != 2) {
-        throw usage_error{
-            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
-    }
-    const auto n = detail::to_integer(detail::trim(parts[0]));
-    if (!n || *n < 1 || *n > 1'000'000) {
-        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::show(name, text))};
-    }
-    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
-}
+[[nodiscard]] ELASTIC_DECL window_spec parse_window_spec(std::string_view text, std::string_view name);
 
 /// A class of worker endings: exit codes, and deaths by signal. `signals` (any signal) and a
 /// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
@@ -13332,7 +13633,138 @@ struct exit_code_set {
 
 /// Parses a comma-separated set: exit codes (`3`), ranges (`3-5`), `signals` (any death by a
 /// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
-[[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL exit_code_set parse_exit_code_set(std::string_view text, std::string_view name);
+
+/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
+/// N, only the N-th such start in a row stops the job).
+struct crash_guard_spec {
+    std::chrono::milliseconds within{10000};
+    int in_a_row = 1;
+
+    [[nodiscard]] std::string flag() const {
+        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
+                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+    }
+    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
+};
+
+/// Parses T or T:N (N >= 1).
+[[nodiscard]] ELASTIC_DECL crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name);
+
+/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
+/// what make_default_policy builds the default policy from (launch_config::restarts()).
+struct restart_settings {
+    int max_restarts = 0;                         ///< --max-restarts
+    std::optional<backoff_spec> backoff;          ///< --restart-backoff
+    std::optional<window_spec> window;            ///< --restart-window
+    std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
+    friend bool operator==(const restart_settings&, const restart_settings&) = default;
+};
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::policy {
+
+[[nodiscard]] ELASTIC_DECL std::string thousandths(long long value) {
+    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
+    while (out.back() == '0') out.pop_back();
+    if (out.back() == '.') out.pop_back();
+    return out;
+}
+
+[[nodiscard]] ELASTIC_DECL std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
+    using namespace std::chrono;
+    const char* space = spaced ? " " : "";
+    const auto ms = duration_cast<milliseconds>(d).count();
+    if (ms < 0) return "-" + duration_text(-d, spaced);
+    if (ms == 0 && d.count() != 0)
+        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
+    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
+    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
+    return fmt::format("{}{}s", thousandths(ms), space);
+}
+
+}  // namespace detail::policy
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string duration_flag_text(std::chrono::nanoseconds d) {
+    return detail::policy::duration_text(d, false);
+}
+
+[[nodiscard]] ELASTIC_DECL std::string duration_words(std::chrono::nanoseconds d) {
+    return detail::policy::duration_text(d, true);
+}
+
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
+                                                                    bool allow_zero) {
+    const auto word = detail::trim(text);
+    std::size_t unit_at = 0;
+    while (unit_at < word.size() &&
+           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
+        ++unit_at;
+    }
+    const auto number = word.substr(0, unit_at);
+    const auto unit = detail::lower(detail::trim(word.substr(unit_at)));
+    double value = -1;
+    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
+                                           std::chars_format::fixed);
+    double scale = 0;
+    if (unit.empty() || unit == "s") scale = 1;
+    else if (unit == "ms") scale = 0.001;
+    else if (unit == "m" || unit == "min") scale = 60;
+    else if (unit == "h") scale = 3600;
+    const double seconds = value * scale;
+    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
+    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
+                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
+                    (allow_zero || std::llround(seconds * 1000.0) > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
+                                      "counts seconds)",
+                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+[[nodiscard]] ELASTIC_DECL backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::split(text, ':');
+    if (parts.size() < 2 || parts.size() > 3) {
+        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
+                                      detail::show(name, text))};
+    }
+    backoff_spec spec;
+    spec.initial = parse_duration(parts[0], name);
+    spec.cap = parse_duration(parts[1], name);
+    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
+    if (spec.cap < spec.initial) {
+        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
+                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
+    }
+    return spec;
+}
+
+[[nodiscard]] ELASTIC_DECL window_spec parse_window_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::split(text, '/');
+    if (parts.size() != 2) {
+        throw usage_error{
+            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
+    }
+    const auto n = detail::to_integer(detail::trim(parts[0]));
+    if (!n || *n < 1 || *n > 1'000'000) {
+        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
+                                      detail::show(name, text))};
+    }
+    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
+}
+
+[[nodiscard]] ELASTIC_DECL exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
     exit_code_set set;
     for (const auto raw : detail::split(text, ',')) {
         const auto item = detail::trim(raw);
@@ -13364,21 +13796,7 @@ struct exit_code_set {
     return set;
 }
 
-/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
-/// N, only the N-th such start in a row stops the job).
-struct crash_guard_spec {
-    std::chrono::milliseconds within{10000};
-    int in_a_row = 1;
-
-    [[nodiscard]] std::string flag() const {
-        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
-                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
-    }
-    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
-};
-
-/// Parses T or T:N (N >= 1).
-[[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, ':');
     if (parts.size() > 2) {
         throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
@@ -13396,18 +13814,9 @@ struct crash_guard_spec {
     return spec;
 }
 
-/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
-/// what make_default_policy builds the default policy from (launch_config::restarts()).
-struct restart_settings {
-    int max_restarts = 0;                         ///< --max-restarts
-    std::optional<backoff_spec> backoff;          ///< --restart-backoff
-    std::optional<window_spec> window;            ///< --restart-window
-    std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
-    std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
-    friend bool operator==(const restart_settings&, const restart_settings&) = default;
-};
-
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/policy/spec.hpp ----
 // ---- begin elastic/policy/combinators.hpp ----
 // Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
@@ -13694,11 +14103,7 @@ namespace elastic::inline v0 {
 using uniform_source = std::function<double()>;
 
 /// A uniform_source over std::mt19937_64 seeded from std::random_device.
-[[nodiscard]] inline uniform_source random_uniform_source() {
-    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
-        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
-    };
-}
+[[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source();
 
 /// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
 ///     min(cap, initial * factor^k) * (1 - jitter * u),   u uniform in [0, 1),
@@ -13767,6 +14172,20 @@ using backoff = basic_backoff<>;
 static_assert(planned_restart_policy<backoff>);
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source() {
+    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
+        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+    };
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/policy/backoff.hpp ----
 // ---- begin elastic/policy/window.hpp ----
 // restart_window: at most N restarts within any period, a sliding window
@@ -13914,22 +14333,38 @@ private:
 static_assert(planned_restart_policy<exit_code_policy>);
 
 /// Restart only when the root cause's ending is in `set`; stop at once otherwise.
-[[nodiscard]] inline exit_code_policy restart_on_exit(exit_code_set set) {
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(exit_code_set set);
+/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(std::string_view text);
+/// Stop at once when the root cause's ending is in `set`; otherwise restart.
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(exit_code_set set);
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(std::string_view text);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(exit_code_set set) {
     return {std::move(set), exit_code_policy::mode::restart_listed};
 }
-/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
-[[nodiscard]] inline exit_code_policy restart_on_exit(std::string_view text) {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(std::string_view text) {
     return restart_on_exit(parse_exit_code_set(text, "restart_on_exit"));
 }
-/// Stop at once when the root cause's ending is in `set`; otherwise restart.
-[[nodiscard]] inline exit_code_policy stop_on_exit(exit_code_set set) {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(exit_code_set set) {
     return {std::move(set), exit_code_policy::mode::stop_listed};
 }
-[[nodiscard]] inline exit_code_policy stop_on_exit(std::string_view text) {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(std::string_view text) {
     return stop_on_exit(parse_exit_code_set(text, "stop_on_exit"));
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/policy/exit_codes.hpp ----
 // ---- begin elastic/policy/crash_loop.hpp ----
 // crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
@@ -14277,7 +14712,36 @@ struct worker_command {
 /// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
 /// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
 /// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
-[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
+[[nodiscard]] ELASTIC_DECL std::string substitute_local_rank(std::string_view arg, int local_rank);
+
+/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
+/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
+/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
+/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
+[[nodiscard]] ELASTIC_DECL std::string find_executable(std::string_view name, const environment& env,
+                                                       std::string_view role);
+
+/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
+[[nodiscard]] ELASTIC_DECL program_kind effective_kind(const worker_program& program);
+
+namespace detail::agent {
+
+[[nodiscard]] ELASTIC_DECL bool valid_module_name(std::string_view name);
+
+}  // namespace detail::agent
+
+/// Resolves a program to the command the workers run, checking on the way that it can run: the
+/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
+/// module name is a dotted Python name. Throws usage_error naming what is wrong.
+[[nodiscard]] ELASTIC_DECL worker_command resolve_program(const worker_program& program, const environment& env);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string substitute_local_rank(std::string_view arg, int local_rank) {
     const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
     const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
     const auto value = fmt::format("{}", local_rank);
@@ -14322,7 +14786,7 @@ struct worker_command {
     return out;
 }
 
-inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
+ELASTIC_DECL std::vector<std::string> worker_command::argv_for(int local_rank) const {
     std::vector<std::string> out;
     out.reserve(argv.size());
     for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -14331,11 +14795,8 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     return out;
 }
 
-/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
-/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
-/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
-/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
-[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
+[[nodiscard]] ELASTIC_DECL std::string find_executable(std::string_view name, const environment& env,
+                                                       std::string_view role) {
     if (name.empty()) {
         throw usage_error{fmt::format("{}: the name is empty", role)};
     }
@@ -14366,8 +14827,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
 }
 
-/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
-[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
+[[nodiscard]] ELASTIC_DECL program_kind effective_kind(const worker_program& program) {
     if (program.kind != program_kind::automatic) {
         return program.kind;
     }
@@ -14376,9 +14836,12 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
                                                                           : program_kind::executable;
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::agent {
 
-[[nodiscard]] inline bool valid_module_name(std::string_view name) {
+[[nodiscard]] ELASTIC_DECL bool valid_module_name(std::string_view name) {
     for (const auto part : detail::split(name, '.')) {
         if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
             !std::all_of(part.begin(), part.end(),
@@ -14390,11 +14853,11 @@ namespace detail::agent {
 }
 
 }  // namespace detail::agent
+}  // namespace elastic::inline v0
 
-/// Resolves a program to the command the workers run, checking on the way that it can run: the
-/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
-/// module name is a dotted Python name. Throws usage_error naming what is wrong.
-[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL worker_command resolve_program(const worker_program& program, const environment& env) {
     worker_command command;
     command.kind = effective_kind(program);
     if (program.target.empty()) {
@@ -14437,6 +14900,8 @@ namespace detail::agent {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/program.hpp ----
 
 #include <chrono>
@@ -14652,117 +15117,24 @@ struct worker_routes {
 /// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
 /// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
 /// sends it to the console unprefixed instead), a tee'd one to the console only.
-[[nodiscard]] inline worker_routes route_streams(const worker_spec& config, int local_rank) {
-    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
-    const unsigned tee = bits(config.tee.for_rank(local_rank));
-    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
-    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
-    const auto route = [&](std_streams which) {
-        const unsigned bit = bits(which);
-        stream_route r;
-        r.file = (redirected & bit) != 0 && !config.logs_disabled();
-        if (!shown) {
-            r.console = console_copy::none;
-        } else if ((tee & bit) != 0) {
-            r.console = console_copy::prefixed;
-        } else if ((redirected & bit) != 0) {
-            r.console = console_copy::none;
-        } else {
-            r.console = console_copy::raw;
-        }
-        return r;
-    };
-    return {route(std_streams::out), route(std_streams::err)};
-}
+[[nodiscard]] ELASTIC_DECL worker_routes route_streams(const worker_spec& config, int local_rank);
 
 /// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
-[[nodiscard]] inline bool writes_log_files(const worker_spec& config) {
-    for (int i = 0; i < config.nproc_per_node; ++i) {
-        const auto r = route_streams(config, i);
-        if (r.out.file || r.err.file) return true;
-    }
-    return false;
-}
+[[nodiscard]] ELASTIC_DECL bool writes_log_files(const worker_spec& config);
 
 /// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
 /// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
 /// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
 /// anything else stays as written.
-[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name, int local_rank,
-                                                   int rank) {
-    const auto value = [&](std::string_view name) -> std::optional<std::string> {
-        if (name == "role_name") return std::string(role_name);
-        if (name == "local_rank") return fmt::format("{}", local_rank);
-        if (name == "rank") return fmt::format("{}", rank);
-        return std::nullopt;
-    };
-    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
-    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
-    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
-    std::string out;
-    std::size_t i = 0;
-    while (i < templ.size()) {
-        const char c = templ[i];
-        if (c != '$' || i + 1 >= templ.size()) {
-            out += c;
-            ++i;
-            continue;
-        }
-        if (templ[i + 1] == '$') {
-            out += '$';
-            i += 2;
-            continue;
-        }
-        if (templ[i + 1] == '{') {
-            const auto close = templ.find('}', i + 2);
-            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
-            const bool identifier = !name.empty() && starts_id(name.front()) &&
-                                    std::all_of(name.begin(), name.end(), in_id);
-            if (identifier) {
-                if (const auto v = value(name)) {
-                    out += *v;
-                    i = close + 1;
-                    continue;
-                }
-            }
-            out += c;
-            ++i;
-            continue;
-        }
-        if (starts_id(templ[i + 1])) {
-            std::size_t end = i + 2;
-            while (end < templ.size() && in_id(templ[end])) ++end;
-            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
-                out += *v;
-                i = end;
-                continue;
-            }
-        }
-        out += c;
-        ++i;
-    }
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                         int local_rank, int rank);
 
 namespace detail::agent {
 
 /// Where the temporary log tree goes: $TMPDIR, $TEMP or $TMP (the first set), else /tmp.
-inline std::string temp_base(const environment& env) {
-    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
-        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
-    }
-    return "/tmp";
-}
+ELASTIC_DECL std::string temp_base(const environment& env);
 
-inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
-                                    std::generic_category().message(errno),
-                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
-    }
-    return pattern;
-}
+ELASTIC_DECL std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix);
 
 }  // namespace detail::agent
 
@@ -14846,7 +15218,129 @@ private:
 };
 
 /// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
-[[nodiscard]] inline detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
+[[nodiscard]] ELASTIC_DECL detail::process::owned_fd open_log_file(const std::filesystem::path& path);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL worker_routes route_streams(const worker_spec& config, int local_rank) {
+    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
+    const unsigned tee = bits(config.tee.for_rank(local_rank));
+    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
+    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
+    const auto route = [&](std_streams which) {
+        const unsigned bit = bits(which);
+        stream_route r;
+        r.file = (redirected & bit) != 0 && !config.logs_disabled();
+        if (!shown) {
+            r.console = console_copy::none;
+        } else if ((tee & bit) != 0) {
+            r.console = console_copy::prefixed;
+        } else if ((redirected & bit) != 0) {
+            r.console = console_copy::none;
+        } else {
+            r.console = console_copy::raw;
+        }
+        return r;
+    };
+    return {route(std_streams::out), route(std_streams::err)};
+}
+
+[[nodiscard]] ELASTIC_DECL bool writes_log_files(const worker_spec& config) {
+    for (int i = 0; i < config.nproc_per_node; ++i) {
+        const auto r = route_streams(config, i);
+        if (r.out.file || r.err.file) return true;
+    }
+    return false;
+}
+
+[[nodiscard]] ELASTIC_DECL std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                         int local_rank, int rank) {
+    const auto value = [&](std::string_view name) -> std::optional<std::string> {
+        if (name == "role_name") return std::string(role_name);
+        if (name == "local_rank") return fmt::format("{}", local_rank);
+        if (name == "rank") return fmt::format("{}", rank);
+        return std::nullopt;
+    };
+    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
+    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
+    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
+    std::string out;
+    std::size_t i = 0;
+    while (i < templ.size()) {
+        const char c = templ[i];
+        if (c != '$' || i + 1 >= templ.size()) {
+            out += c;
+            ++i;
+            continue;
+        }
+        if (templ[i + 1] == '$') {
+            out += '$';
+            i += 2;
+            continue;
+        }
+        if (templ[i + 1] == '{') {
+            const auto close = templ.find('}', i + 2);
+            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
+            const bool identifier = !name.empty() && starts_id(name.front()) &&
+                                    std::all_of(name.begin(), name.end(), in_id);
+            if (identifier) {
+                if (const auto v = value(name)) {
+                    out += *v;
+                    i = close + 1;
+                    continue;
+                }
+            }
+            out += c;
+            ++i;
+            continue;
+        }
+        if (starts_id(templ[i + 1])) {
+            std::size_t end = i + 2;
+            while (end < templ.size() && in_id(templ[end])) ++end;
+            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
+                out += *v;
+                i = end;
+                continue;
+            }
+        }
+        out += c;
+        ++i;
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::agent {
+
+ELASTIC_DECL std::string temp_base(const environment& env) {
+    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
+    }
+    return "/tmp";
+}
+
+ELASTIC_DECL std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
+                                    std::generic_category().message(errno),
+                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+    }
+    return pattern;
+}
+
+}  // namespace detail::agent
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
     detail::process::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
     if (!fd) {
         throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
@@ -14855,6 +15349,8 @@ private:
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/log_tree.hpp ----
 // ---- begin elastic/agent/agent_events.hpp ----
 // agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
@@ -14898,44 +15394,19 @@ struct attempt_settings {
 
 /// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
 /// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
-[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank = 0,
-                                                     int group_world_size = 1) {
-    worker_assignment a;
-    a.local_rank = local_rank;
-    a.local_world_size = nproc_per_node;
-    a.group_rank = group_rank;
-    a.group_world_size = group_world_size;
-    a.global_rank = group_rank * nproc_per_node + local_rank;
-    a.role_rank = a.global_rank;
-    a.world_size = group_world_size * nproc_per_node;
-    a.role_world_size = a.world_size;
-    return a;
-}
+[[nodiscard]] ELASTIC_DECL worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank = 0,
+                                                           int group_world_size = 1);
 
 /// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
-[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
-    std::string out;
-    for (const int s : signals) {
-        out += (out.empty() ? "" : ",") + signal_to_string(s);
-    }
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string signals_text(const std::vector<int>& signals);
 
 /// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
 /// not set and more than one worker runs on the node (each would otherwise start one OpenMP
 /// thread per core), and says so with omp_warning().
-[[nodiscard]] inline bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
-    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
-}
+[[nodiscard]] ELASTIC_DECL bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env);
 
 /// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
-[[nodiscard]] inline std::string omp_warning() {
-    return "\n*****************************************\n"
-           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
-           "avoid your system being overloaded, please further tune the variable for optimal "
-           "performance in your application as needed. \n"
-           "*****************************************";
-}
+[[nodiscard]] ELASTIC_DECL std::string omp_warning();
 
 /// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
 /// torchrun's `os.environ.copy()`), then the contract:
@@ -14948,8 +15419,54 @@ struct attempt_settings {
 /// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
 /// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
 /// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
-[[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
-                                                    const worker_assignment& a, const attempt_settings& attempt) {
+[[nodiscard]] ELASTIC_DECL environment worker_environment(const worker_spec& config, const environment& agent_env,
+                                                          const worker_assignment& a, const attempt_settings& attempt);
+
+/// An environment as execve's "NAME=value" entries.
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> environment_entries(const environment& env);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank,
+                                                           int group_world_size) {
+    worker_assignment a;
+    a.local_rank = local_rank;
+    a.local_world_size = nproc_per_node;
+    a.group_rank = group_rank;
+    a.group_world_size = group_world_size;
+    a.global_rank = group_rank * nproc_per_node + local_rank;
+    a.role_rank = a.global_rank;
+    a.world_size = group_world_size * nproc_per_node;
+    a.role_world_size = a.world_size;
+    return a;
+}
+
+[[nodiscard]] ELASTIC_DECL std::string signals_text(const std::vector<int>& signals) {
+    std::string out;
+    for (const int s : signals) {
+        out += (out.empty() ? "" : ",") + signal_to_string(s);
+    }
+    return out;
+}
+
+[[nodiscard]] ELASTIC_DECL bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
+    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
+}
+
+[[nodiscard]] ELASTIC_DECL std::string omp_warning() {
+    return "\n*****************************************\n"
+           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+           "avoid your system being overloaded, please further tune the variable for optimal "
+           "performance in your application as needed. \n"
+           "*****************************************";
+}
+
+[[nodiscard]] ELASTIC_DECL environment worker_environment(const worker_spec& config, const environment& agent_env,
+                                                          const worker_assignment& a, const attempt_settings& attempt) {
     environment env = agent_env;
     const auto set = [&](std::string name, std::string value) {
         env.insert_or_assign(std::move(name), std::move(value));
@@ -15001,8 +15518,7 @@ struct attempt_settings {
     return env;
 }
 
-/// An environment as execve's "NAME=value" entries.
-[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> environment_entries(const environment& env) {
     std::vector<std::string> out;
     out.reserve(env.size());
     for (const auto& [name, value] : env) {
@@ -15012,6 +15528,8 @@ struct attempt_settings {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/worker_environment.hpp ----
 
 #include <fmt/format.h>
@@ -15043,36 +15561,11 @@ struct agent_exception {
     std::string what;
 };
 
-inline std::string readable_type_name(const std::type_info& type) {
-    int status = 0;
-    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
-    std::string name = readable != nullptr ? readable : type.name();
-    std::free(readable);
-    // The versioned inline namespace is an implementation detail: elastic::agent_error.
-    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
-        name.erase(at, 4);
-    }
-    return name;
-}
+ELASTIC_DECL std::string readable_type_name(const std::type_info& type);
 
 /// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
 /// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
-inline agent_exception classify_exception(const std::exception_ptr& failure) {
-    agent_exception out;
-    try {
-        std::rethrow_exception(failure);
-    } catch (const usage_error& e) {
-        out = {exit_codes::usage, "elastic::usage_error", e.what()};
-    } catch (const rendezvous_error& e) {
-        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
-    } catch (const std::exception& e) {
-        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
-    } catch (...) {
-        out = {exit_codes::internal, "<unknown exception>",
-               "an exception that is not a std::exception carries no message"};
-    }
-    return out;
-}
+ELASTIC_DECL agent_exception classify_exception(const std::exception_ptr& failure);
 
 }  // namespace detail::agent
 
@@ -15400,6 +15893,45 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::agent {
+
+ELASTIC_DECL std::string readable_type_name(const std::type_info& type) {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+    std::string name = readable != nullptr ? readable : type.name();
+    std::free(readable);
+    // The versioned inline namespace is an implementation detail: elastic::agent_error.
+    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
+        name.erase(at, 4);
+    }
+    return name;
+}
+
+ELASTIC_DECL agent_exception classify_exception(const std::exception_ptr& failure) {
+    agent_exception out;
+    try {
+        std::rethrow_exception(failure);
+    } catch (const usage_error& e) {
+        out = {exit_codes::usage, "elastic::usage_error", e.what()};
+    } catch (const rendezvous_error& e) {
+        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
+    } catch (const std::exception& e) {
+        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
+    } catch (...) {
+        out = {exit_codes::internal, "<unknown exception>",
+               "an exception that is not a std::exception carries no message"};
+    }
+    return out;
+}
+
+}  // namespace detail::agent
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/agent_events.hpp ----
 // ---- begin elastic/agent/plan.hpp ----
 // What the agent settles before anything starts: the checks of its worker_spec and
@@ -15423,7 +15955,25 @@ struct store_plan {
     std::string master_addr;
 };
 
-inline store_plan plan_store(const rendezvous_parameters& c) {
+ELASTIC_DECL store_plan plan_store(const rendezvous_parameters& c);
+
+ELASTIC_DECL std::string nnodes_text(const node_range& n);
+
+/// Refuses, before anything starts, what this agent does not implement yet (a later issue
+/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
+ELASTIC_DECL void check_supported(const rendezvous_parameters& c);
+
+/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
+/// and a grace the agent can use, else a usage_error naming the field.
+ELASTIC_DECL void check_spec(const worker_spec& w);
+
+}  // namespace elastic::inline v0::detail::agent
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::agent {
+
+ELASTIC_DECL store_plan plan_store(const rendezvous_parameters& c) {
     const auto& endpoint = c.endpoint;
     store_plan plan;
     if (uses_node_rendezvous(c)) {
@@ -15454,13 +16004,11 @@ inline store_plan plan_store(const rendezvous_parameters& c) {
     return plan;
 }
 
-inline std::string nnodes_text(const node_range& n) {
+ELASTIC_DECL std::string nnodes_text(const node_range& n) {
     return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
 }
 
-/// Refuses, before anything starts, what this agent does not implement yet (a later issue
-/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
-inline void check_supported(const rendezvous_parameters& c) {
+ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
@@ -15480,9 +16028,7 @@ inline void check_supported(const rendezvous_parameters& c) {
     }
 }
 
-/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
-/// and a grace the agent can use, else a usage_error naming the field.
-inline void check_spec(const worker_spec& w) {
+ELASTIC_DECL void check_spec(const worker_spec& w) {
     if (w.nproc_per_node < 1) {
         throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
     }
@@ -15493,6 +16039,8 @@ inline void check_spec(const worker_spec& w) {
 }
 
 }  // namespace elastic::inline v0::detail::agent
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/plan.hpp ----
 // ---- begin elastic/agent/worker_output.hpp ----
 // worker_output: one worker's standard output and error for one attempt — its routes, its log
@@ -16803,7 +17351,101 @@ using detail::trim;
 }  // namespace detail::launch
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
-[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX) {
+[[nodiscard]] ELASTIC_DECL int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX);
+
+/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
+/// held to the millisecond.
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                                   bool allow_zero);
+
+/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
+/// in any case.
+[[nodiscard]] ELASTIC_DECL bool parse_boolean(std::string_view text, std::string_view name);
+
+/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
+[[nodiscard]] ELASTIC_DECL bool parse_flag_variable(std::string_view text, std::string_view name);
+
+/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
+[[nodiscard]] ELASTIC_DECL node_range parse_node_range(std::string_view text, std::string_view name);
+
+namespace detail::launch {
+
+/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
+/// an IPv6 zone.
+[[nodiscard]] ELASTIC_DECL bool valid_host(std::string_view host) noexcept;
+
+}  // namespace detail::launch
+
+/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
+[[nodiscard]] ELASTIC_DECL std::string parse_host(std::string_view text, std::string_view name);
+
+/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
+/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
+[[nodiscard]] ELASTIC_DECL host_port parse_host_port(std::string_view text, std::string_view name);
+
+/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
+/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
+[[nodiscard]] ELASTIC_DECL rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name);
+
+namespace detail::launch {
+
+/// What one `--rdzv-conf` key is, and which backends read it.
+struct rdzv_key {
+    std::string_view key;
+    bool static_;
+    bool c10d;
+    bool etcd_v3;
+};
+inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
+    {"join_timeout", false, true, true},
+    {"last_call_timeout", false, true, true},
+    {"close_timeout", false, true, true},
+    {"read_timeout", false, true, true},
+    {"timeout", true, false, false},
+    {"is_host", false, true, false},
+    {"store_type", false, true, false},
+    {"use_libuv", false, true, false},
+    {"protocol", false, false, true},
+    {"exit_barrier_timeout", true, true, true},
+    {"keep_alive_interval", false, true, false},
+    {"keep_alive_max_attempt", false, true, false},
+    {"secret_file", true, true, false},
+    {"workers_store_peers", false, true, false},
+}};
+
+[[nodiscard]] ELASTIC_DECL bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept;
+
+[[nodiscard]] ELASTIC_DECL std::string keys_of(rendezvous_backend backend);
+
+}  // namespace detail::launch
+
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
+/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
+/// and a key given twice are errors; the value is everything after the first `=`.
+[[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                         rendezvous_backend backend);
+
+/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
+/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
+[[nodiscard]] ELASTIC_DECL stream_selection parse_stream_selection(std::string_view text, std::string_view name);
+
+/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
+[[nodiscard]] ELASTIC_DECL std::set<int> parse_local_ranks(std::string_view text, std::string_view name);
+
+/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
+/// case are optional). Duplicates are dropped; order is kept.
+[[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name);
+
+/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
+[[nodiscard]] ELASTIC_DECL log_level parse_log_level(std::string_view text, std::string_view name);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL int parse_integer(std::string_view text, std::string_view name, int min, int max) {
     const auto value = detail::launch::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
@@ -16813,10 +17455,8 @@ using detail::trim;
     return static_cast<int>(*value);
 }
 
-/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
-/// held to the millisecond.
-[[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
-                                                             bool allow_zero) {
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                                   bool allow_zero) {
     const auto trimmed = detail::launch::trim(text);
     double seconds = -1;
     const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
@@ -16830,9 +17470,7 @@ using detail::trim;
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
 
-/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
-/// in any case.
-[[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL bool parse_boolean(std::string_view text, std::string_view name) {
     const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
         return true;
@@ -16844,8 +17482,7 @@ using detail::trim;
         fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
 }
 
-/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
-[[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL bool parse_flag_variable(std::string_view text, std::string_view name) {
     const auto value = detail::launch::to_integer(text);
     if (!value) {
         throw usage_error{
@@ -16854,8 +17491,7 @@ using detail::trim;
     return *value != 0;
 }
 
-/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
-[[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{
             fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
@@ -16881,11 +17517,12 @@ using detail::trim;
     return node_range{static_cast<int>(*min), static_cast<int>(*max)};
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
-/// an IPv6 zone.
-[[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
+[[nodiscard]] ELASTIC_DECL bool valid_host(std::string_view host) noexcept {
     return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' || c == '-' ||
                c == '%';
@@ -16893,9 +17530,11 @@ namespace detail::launch {
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
-[[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string parse_host(std::string_view text, std::string_view name) {
     const auto host = detail::launch::trim(text);
     if (!detail::launch::valid_host(host)) {
         throw usage_error{
@@ -16904,9 +17543,7 @@ namespace detail::launch {
     return std::string{host};
 }
 
-/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
-/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
-[[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
                                        detail::launch::show(name, text), why)};
@@ -16959,9 +17596,7 @@ namespace detail::launch {
     return result;
 }
 
-/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
-/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
-[[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
     const auto word = detail::launch::trim(text);
     if (word == "static") {
         return rendezvous_backend::static_;
@@ -16982,33 +17617,12 @@ namespace detail::launch {
         fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)", detail::launch::show(name, text))};
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// What one `--rdzv-conf` key is, and which backends read it.
-struct rdzv_key {
-    std::string_view key;
-    bool static_;
-    bool c10d;
-    bool etcd_v3;
-};
-inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
-    {"join_timeout", false, true, true},
-    {"last_call_timeout", false, true, true},
-    {"close_timeout", false, true, true},
-    {"read_timeout", false, true, true},
-    {"timeout", true, false, false},
-    {"is_host", false, true, false},
-    {"store_type", false, true, false},
-    {"use_libuv", false, true, false},
-    {"protocol", false, false, true},
-    {"exit_barrier_timeout", true, true, true},
-    {"keep_alive_interval", false, true, false},
-    {"keep_alive_max_attempt", false, true, false},
-    {"secret_file", true, true, false},
-    {"workers_store_peers", false, true, false},
-}};
-
-[[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
+[[nodiscard]] ELASTIC_DECL bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
     switch (backend) {
         case rendezvous_backend::static_: return k.static_;
         case rendezvous_backend::c10d: return k.c10d;
@@ -17017,7 +17631,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return false;
 }
 
-[[nodiscard]] inline std::string keys_of(rendezvous_backend backend) {
+[[nodiscard]] ELASTIC_DECL std::string keys_of(rendezvous_backend backend) {
     std::string out;
     for (const auto& k : rdzv_keys) {
         if (reads_key(k, backend)) {
@@ -17029,12 +17643,12 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
-/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
-/// and a key given twice are errors; the value is everything after the first `=`.
-[[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                   rendezvous_backend backend) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                         rendezvous_backend backend) {
     rendezvous_settings settings;
     if (detail::launch::trim(text).empty()) {
         return settings;
@@ -17127,9 +17741,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return settings;
 }
 
-/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
-/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
-[[nodiscard]] inline stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
     const auto fail = [&]() {
         return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
                                        "LOCAL_RANK:N,... such as 0:3,1:2",
@@ -17165,8 +17777,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return selection;
 }
 
-/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
-[[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
     std::set<int> ranks;
     if (detail::launch::trim(text).empty()) {
         return ranks;
@@ -17182,9 +17793,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return ranks;
 }
 
-/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
-/// case are optional). Duplicates are dropped; order is kept.
-[[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name) {
     std::vector<int> numbers;
     for (const auto item : detail::launch::split(text, ',')) {
         auto word = detail::launch::lower(detail::launch::trim(item));
@@ -17209,8 +17818,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return numbers;
 }
 
-/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
-[[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL log_level parse_log_level(std::string_view text, std::string_view name) {
     const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "debug") return log_level::debug;
     if (word == "info") return log_level::info;
@@ -17222,6 +17830,8 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/launch/values.hpp ----
 
 #include <fmt/format.h>
@@ -17335,7 +17945,65 @@ struct launch_config : worker_spec, agent_options {
 };
 
 /// A random run id in UUID version 4 form (`--standalone` uses one, as torchrun does).
-[[nodiscard]] inline std::string random_run_id() {
+[[nodiscard]] ELASTIC_DECL std::string random_run_id();
+
+/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
+/// free local port (localhost:0), under a fresh random run id.
+ELASTIC_DECL void use_standalone(launch_config& config);
+
+namespace detail::launch {
+
+[[nodiscard]] ELASTIC_DECL std::string streams_text(const stream_selection& selection);
+
+}  // namespace detail::launch
+
+/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
+/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
+[[nodiscard]] ELASTIC_DECL std::string describe(const launch_config& config);
+
+namespace detail::launch {
+
+/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
+ELASTIC_DECL void check_prefix_template(std::string_view text);
+
+ELASTIC_DECL void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                                    std::string_view nproc_option);
+
+ELASTIC_DECL void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                                std::string_view nproc_option);
+
+}  // namespace detail::launch
+
+namespace detail::launch {
+
+/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
+/// names the PET_ variable instead when that is where the value came from.
+struct option_labels {
+    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
+
+    [[nodiscard]] std::string operator()(std::string_view dest) const {
+        if (const auto it = from_env.find(dest); it != from_env.end()) {
+            return it->second;
+        }
+        std::string out = "--";
+        for (const char c : dest) {
+            out += c == '_' ? '-' : c;
+        }
+        return out;
+    }
+};
+
+ELASTIC_DECL void validate(const launch_config& c, const environment& env, const option_labels& label);
+
+}  // namespace detail::launch
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string random_run_id() {
     std::random_device device;
     std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
     std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
@@ -17345,9 +18013,7 @@ struct launch_config : worker_spec, agent_options {
                        low >> 48, low & 0xFFFFFFFFFFFFULL);
 }
 
-/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
-/// free local port (localhost:0), under a fresh random run id.
-inline void use_standalone(launch_config& config) {
+ELASTIC_DECL void use_standalone(launch_config& config) {
     config.rdzv_backend = rendezvous_backend::c10d;
     config.rdzv_endpoint = host_port{"localhost", std::uint16_t{0}};
     config.rdzv_id = random_run_id();
@@ -17356,9 +18022,12 @@ inline void use_standalone(launch_config& config) {
     config.master_port.reset();
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-[[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
+[[nodiscard]] ELASTIC_DECL std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
         return fmt::format("{}", static_cast<int>(selection.every_rank));
     }
@@ -17370,10 +18039,11 @@ namespace detail::launch {
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
-/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
-[[nodiscard]] inline std::string describe(const launch_config& config) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string describe(const launch_config& config) {
     using detail::seconds_text;
     using detail::launch::streams_text;
     std::string command = config.program.target;
@@ -17438,10 +18108,12 @@ namespace detail::launch {
     return out;
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
-inline void check_prefix_template(std::string_view text) {
+ELASTIC_DECL void check_prefix_template(std::string_view text) {
     static constexpr std::string_view known[] = {"role_name", "local_rank", "rank"};
     for (std::size_t i = 0; i + 1 < text.size(); ++i) {
         if (text[i] != '$') {
@@ -17470,8 +18142,8 @@ inline void check_prefix_template(std::string_view text) {
     }
 }
 
-inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
-                              std::string_view nproc_option) {
+ELASTIC_DECL void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                                    std::string_view nproc_option) {
     for (const int rank : ranks) {
         if (rank < 0 || rank >= nproc) {
             throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
@@ -17481,8 +18153,8 @@ inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string
     }
 }
 
-inline void check_streams(const stream_selection& selection, int nproc, std::string_view option,
-                          std::string_view nproc_option) {
+ELASTIC_DECL void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                                std::string_view nproc_option) {
     std::set<int> ranks;
     for (const auto& [rank, streams] : selection.per_rank) {
         ranks.insert(rank);
@@ -17498,28 +18170,7 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
 
-}  // namespace detail::launch
-
-namespace detail::launch {
-
-/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
-/// names the PET_ variable instead when that is where the value came from.
-struct option_labels {
-    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
-
-    [[nodiscard]] std::string operator()(std::string_view dest) const {
-        if (const auto it = from_env.find(dest); it != from_env.end()) {
-            return it->second;
-        }
-        std::string out = "--";
-        for (const char c : dest) {
-            out += c == '_' ? '-' : c;
-        }
-        return out;
-    }
-};
-
-inline void validate(const launch_config& c, const environment& env, const option_labels& label) {
+ELASTIC_DECL void validate(const launch_config& c, const environment& env, const option_labels& label) {
     const auto nnodes_text = [&] {
         return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
                                             : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
@@ -17641,10 +18292,15 @@ inline void validate(const launch_config& c, const environment& env, const optio
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-inline void launch_config::validate(const environment& env) const { detail::launch::validate(*this, env, {}); }
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void launch_config::validate(const environment& env) const { detail::launch::validate(*this, env, {}); }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/launch/config.hpp ----
 // ---- begin elastic/launch/nproc.hpp ----
 // `--nproc-per-node`: a count, or `cpu` / `gpu` / `auto` resolved from this machine.
@@ -17668,7 +18324,42 @@ namespace elastic::inline v0 {
 
 /// The CPUs this process may run on (its affinity mask, so `taskset` and cgroup cpusets count;
 /// torchrun's os.cpu_count() counts the whole machine), at least 1.
-[[nodiscard]] inline int count_cpus() noexcept {
+[[nodiscard]] ELASTIC_DECL int count_cpus() noexcept;
+
+/// How the GPUs were counted, for messages.
+struct gpu_count {
+    int count = 0;
+    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
+};
+
+namespace detail::launch {
+
+/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
+/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
+[[nodiscard]] ELASTIC_DECL int count_visible_devices(std::string_view value);
+
+/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
+/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
+[[nodiscard]] ELASTIC_DECL std::optional<int> run_nvidia_smi(const environment& env);
+
+}  // namespace detail::launch
+
+/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
+/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
+[[nodiscard]] ELASTIC_DECL gpu_count count_gpus(const environment& env);
+
+/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
+/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
+[[nodiscard]] ELASTIC_DECL int resolve_nproc_per_node(std::string_view text, std::string_view name,
+                                                      const environment& env);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL int count_cpus() noexcept {
     cpu_set_t set;
     CPU_ZERO(&set);
     if (::sched_getaffinity(0, sizeof set, &set) == 0) {
@@ -17681,17 +18372,12 @@ namespace elastic::inline v0 {
     return hardware > 0 ? static_cast<int>(hardware) : 1;
 }
 
-/// How the GPUs were counted, for messages.
-struct gpu_count {
-    int count = 0;
-    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
-};
+}  // namespace elastic::inline v0
 
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
-/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
-[[nodiscard]] inline int count_visible_devices(std::string_view value) {
+[[nodiscard]] ELASTIC_DECL int count_visible_devices(std::string_view value) {
     int count = 0;
     if (trim(value).empty()) {
         return 0;
@@ -17708,9 +18394,7 @@ namespace detail::launch {
     return count;
 }
 
-/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
-/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
-[[nodiscard]] inline std::optional<int> run_nvidia_smi(const environment& env) {
+[[nodiscard]] ELASTIC_DECL std::optional<int> run_nvidia_smi(const environment& env) {
     std::string path;
     try {
         path = elastic::find_executable("nvidia-smi", env, "nvidia-smi");
@@ -17765,10 +18449,11 @@ namespace detail::launch {
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
-/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
-[[nodiscard]] inline gpu_count count_gpus(const environment& env) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL gpu_count count_gpus(const environment& env) {
     if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
         return {detail::launch::count_visible_devices(*visible),
                 detail::launch::show("CUDA_VISIBLE_DEVICES", *visible)};
@@ -17777,9 +18462,8 @@ namespace detail::launch {
     return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
 }
 
-/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
-/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
-[[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
+[[nodiscard]] ELASTIC_DECL int resolve_nproc_per_node(std::string_view text, std::string_view name,
+                                                      const environment& env) {
     const auto word = detail::launch::trim(text);
     if (word == "cpu") {
         return count_cpus();
@@ -17804,6 +18488,8 @@ namespace detail::launch {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/launch/nproc.hpp ----
 
 // CLI11 only where the parser is compiled: with ELASTIC_SEPARATE_COMPILATION, in

@@ -48,36 +48,11 @@ struct agent_exception {
     std::string what;
 };
 
-inline std::string readable_type_name(const std::type_info& type) {
-    int status = 0;
-    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
-    std::string name = readable != nullptr ? readable : type.name();
-    std::free(readable);
-    // The versioned inline namespace is an implementation detail: elastic::agent_error.
-    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
-        name.erase(at, 4);
-    }
-    return name;
-}
+ELASTIC_DECL std::string readable_type_name(const std::type_info& type);
 
 /// usage_error: 2; rendezvous_error: exit_codes::rendezvous; anything else (agent_error, a
 /// store or process error, std::bad_alloc, a non-std exception): exit_codes::internal.
-inline agent_exception classify_exception(const std::exception_ptr& failure) {
-    agent_exception out;
-    try {
-        std::rethrow_exception(failure);
-    } catch (const usage_error& e) {
-        out = {exit_codes::usage, "elastic::usage_error", e.what()};
-    } catch (const rendezvous_error& e) {
-        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
-    } catch (const std::exception& e) {
-        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
-    } catch (...) {
-        out = {exit_codes::internal, "<unknown exception>",
-               "an exception that is not a std::exception carries no message"};
-    }
-    return out;
-}
+ELASTIC_DECL agent_exception classify_exception(const std::exception_ptr& failure);
 
 }  // namespace detail::agent
 
@@ -405,3 +380,42 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::agent {
+
+ELASTIC_DECL std::string readable_type_name(const std::type_info& type) {
+    int status = 0;
+    char* readable = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+    std::string name = readable != nullptr ? readable : type.name();
+    std::free(readable);
+    // The versioned inline namespace is an implementation detail: elastic::agent_error.
+    for (auto at = name.find("::v0::"); at != std::string::npos; at = name.find("::v0::")) {
+        name.erase(at, 4);
+    }
+    return name;
+}
+
+ELASTIC_DECL agent_exception classify_exception(const std::exception_ptr& failure) {
+    agent_exception out;
+    try {
+        std::rethrow_exception(failure);
+    } catch (const usage_error& e) {
+        out = {exit_codes::usage, "elastic::usage_error", e.what()};
+    } catch (const rendezvous_error& e) {
+        out = {exit_codes::rendezvous, readable_type_name(typeid(e)), e.what()};
+    } catch (const std::exception& e) {
+        out = {exit_codes::internal, readable_type_name(typeid(e)), e.what()};
+    } catch (...) {
+        out = {exit_codes::internal, "<unknown exception>",
+               "an exception that is not a std::exception carries no message"};
+    }
+    return out;
+}
+
+}  // namespace detail::agent
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -59,117 +59,24 @@ struct worker_routes {
 /// rank outside `--local-ranks-filter` reaches the console in no case (files are unaffected). With
 /// `--log-dir /dev/null` no stream has a file: a redirected-only stream then goes nowhere (torchrun
 /// sends it to the console unprefixed instead), a tee'd one to the console only.
-[[nodiscard]] inline worker_routes route_streams(const worker_spec& config, int local_rank) {
-    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
-    const unsigned tee = bits(config.tee.for_rank(local_rank));
-    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
-    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
-    const auto route = [&](std_streams which) {
-        const unsigned bit = bits(which);
-        stream_route r;
-        r.file = (redirected & bit) != 0 && !config.logs_disabled();
-        if (!shown) {
-            r.console = console_copy::none;
-        } else if ((tee & bit) != 0) {
-            r.console = console_copy::prefixed;
-        } else if ((redirected & bit) != 0) {
-            r.console = console_copy::none;
-        } else {
-            r.console = console_copy::raw;
-        }
-        return r;
-    };
-    return {route(std_streams::out), route(std_streams::err)};
-}
+[[nodiscard]] ELASTIC_DECL worker_routes route_streams(const worker_spec& config, int local_rank);
 
 /// Whether any stream of any local rank has a file (-r/-t name one; the tree is not /dev/null).
-[[nodiscard]] inline bool writes_log_files(const worker_spec& config) {
-    for (int i = 0; i < config.nproc_per_node; ++i) {
-        const auto r = route_streams(config, i);
-        if (r.out.file || r.err.file) return true;
-    }
-    return false;
-}
+[[nodiscard]] ELASTIC_DECL bool writes_log_files(const worker_spec& config);
 
 /// The console prefix of one worker: `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE` (default
 /// `[${role_name}${local_rank}]:`) with Python's `string.Template.safe_substitute` rules, as
 /// torchrun applies it: `${name}` and `$name` for role_name, local_rank, rank; `$$` is one `$`;
 /// anything else stays as written.
-[[nodiscard]] inline std::string format_log_prefix(std::string_view templ, std::string_view role_name, int local_rank,
-                                                   int rank) {
-    const auto value = [&](std::string_view name) -> std::optional<std::string> {
-        if (name == "role_name") return std::string(role_name);
-        if (name == "local_rank") return fmt::format("{}", local_rank);
-        if (name == "rank") return fmt::format("{}", rank);
-        return std::nullopt;
-    };
-    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
-    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
-    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
-    std::string out;
-    std::size_t i = 0;
-    while (i < templ.size()) {
-        const char c = templ[i];
-        if (c != '$' || i + 1 >= templ.size()) {
-            out += c;
-            ++i;
-            continue;
-        }
-        if (templ[i + 1] == '$') {
-            out += '$';
-            i += 2;
-            continue;
-        }
-        if (templ[i + 1] == '{') {
-            const auto close = templ.find('}', i + 2);
-            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
-            const bool identifier = !name.empty() && starts_id(name.front()) &&
-                                    std::all_of(name.begin(), name.end(), in_id);
-            if (identifier) {
-                if (const auto v = value(name)) {
-                    out += *v;
-                    i = close + 1;
-                    continue;
-                }
-            }
-            out += c;
-            ++i;
-            continue;
-        }
-        if (starts_id(templ[i + 1])) {
-            std::size_t end = i + 2;
-            while (end < templ.size() && in_id(templ[end])) ++end;
-            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
-                out += *v;
-                i = end;
-                continue;
-            }
-        }
-        out += c;
-        ++i;
-    }
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                         int local_rank, int rank);
 
 namespace detail::agent {
 
 /// Where the temporary log tree goes: $TMPDIR, $TEMP or $TMP (the first set), else /tmp.
-inline std::string temp_base(const environment& env) {
-    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
-        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
-    }
-    return "/tmp";
-}
+ELASTIC_DECL std::string temp_base(const environment& env);
 
-inline std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
-                                    std::generic_category().message(errno),
-                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
-    }
-    return pattern;
-}
+ELASTIC_DECL std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix);
 
 }  // namespace detail::agent
 
@@ -253,7 +160,129 @@ private:
 };
 
 /// Opens (creates, truncates) one log file of the tree for the agent's writes. Throws log_error.
-[[nodiscard]] inline detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
+[[nodiscard]] ELASTIC_DECL detail::process::owned_fd open_log_file(const std::filesystem::path& path);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL worker_routes route_streams(const worker_spec& config, int local_rank) {
+    const auto bits = [](std_streams s) { return static_cast<unsigned>(s); };
+    const unsigned tee = bits(config.tee.for_rank(local_rank));
+    const unsigned redirected = bits(config.redirects.for_rank(local_rank)) | tee;
+    const bool shown = config.local_ranks_filter.empty() || config.local_ranks_filter.count(local_rank) != 0;
+    const auto route = [&](std_streams which) {
+        const unsigned bit = bits(which);
+        stream_route r;
+        r.file = (redirected & bit) != 0 && !config.logs_disabled();
+        if (!shown) {
+            r.console = console_copy::none;
+        } else if ((tee & bit) != 0) {
+            r.console = console_copy::prefixed;
+        } else if ((redirected & bit) != 0) {
+            r.console = console_copy::none;
+        } else {
+            r.console = console_copy::raw;
+        }
+        return r;
+    };
+    return {route(std_streams::out), route(std_streams::err)};
+}
+
+[[nodiscard]] ELASTIC_DECL bool writes_log_files(const worker_spec& config) {
+    for (int i = 0; i < config.nproc_per_node; ++i) {
+        const auto r = route_streams(config, i);
+        if (r.out.file || r.err.file) return true;
+    }
+    return false;
+}
+
+[[nodiscard]] ELASTIC_DECL std::string format_log_prefix(std::string_view templ, std::string_view role_name,
+                                                         int local_rank, int rank) {
+    const auto value = [&](std::string_view name) -> std::optional<std::string> {
+        if (name == "role_name") return std::string(role_name);
+        if (name == "local_rank") return fmt::format("{}", local_rank);
+        if (name == "rank") return fmt::format("{}", rank);
+        return std::nullopt;
+    };
+    // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
+    const auto starts_id = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
+    const auto in_id = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)) != 0; };
+    std::string out;
+    std::size_t i = 0;
+    while (i < templ.size()) {
+        const char c = templ[i];
+        if (c != '$' || i + 1 >= templ.size()) {
+            out += c;
+            ++i;
+            continue;
+        }
+        if (templ[i + 1] == '$') {
+            out += '$';
+            i += 2;
+            continue;
+        }
+        if (templ[i + 1] == '{') {
+            const auto close = templ.find('}', i + 2);
+            const auto name = close == std::string_view::npos ? std::string_view{} : templ.substr(i + 2, close - i - 2);
+            const bool identifier = !name.empty() && starts_id(name.front()) &&
+                                    std::all_of(name.begin(), name.end(), in_id);
+            if (identifier) {
+                if (const auto v = value(name)) {
+                    out += *v;
+                    i = close + 1;
+                    continue;
+                }
+            }
+            out += c;
+            ++i;
+            continue;
+        }
+        if (starts_id(templ[i + 1])) {
+            std::size_t end = i + 2;
+            while (end < templ.size() && in_id(templ[end])) ++end;
+            if (const auto v = value(templ.substr(i + 1, end - i - 1))) {
+                out += *v;
+                i = end;
+                continue;
+            }
+        }
+        out += c;
+        ++i;
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::agent {
+
+ELASTIC_DECL std::string temp_base(const environment& env) {
+    for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+        if (const auto it = env.find(name); it != env.end() && !it->second.empty()) return it->second;
+    }
+    return "/tmp";
+}
+
+ELASTIC_DECL std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
+    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
+                                    std::generic_category().message(errno),
+                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+    }
+    return pattern;
+}
+
+}  // namespace detail::agent
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
     detail::process::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
     if (!fd) {
         throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
@@ -262,3 +291,5 @@ private:
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -25,7 +25,25 @@ struct store_plan {
     std::string master_addr;
 };
 
-inline store_plan plan_store(const rendezvous_parameters& c) {
+ELASTIC_DECL store_plan plan_store(const rendezvous_parameters& c);
+
+ELASTIC_DECL std::string nnodes_text(const node_range& n);
+
+/// Refuses, before anything starts, what this agent does not implement yet (a later issue
+/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
+ELASTIC_DECL void check_supported(const rendezvous_parameters& c);
+
+/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
+/// and a grace the agent can use, else a usage_error naming the field.
+ELASTIC_DECL void check_spec(const worker_spec& w);
+
+}  // namespace elastic::inline v0::detail::agent
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::agent {
+
+ELASTIC_DECL store_plan plan_store(const rendezvous_parameters& c) {
     const auto& endpoint = c.endpoint;
     store_plan plan;
     if (uses_node_rendezvous(c)) {
@@ -56,13 +74,11 @@ inline store_plan plan_store(const rendezvous_parameters& c) {
     return plan;
 }
 
-inline std::string nnodes_text(const node_range& n) {
+ELASTIC_DECL std::string nnodes_text(const node_range& n) {
     return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
 }
 
-/// Refuses, before anything starts, what this agent does not implement yet (a later issue
-/// does): a usage_error (exit 2) saying so. Never parse-and-ignore.
-inline void check_supported(const rendezvous_parameters& c) {
+ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
     const auto refuse = [](std::string_view what, std::string_view why) {
         throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
     };
@@ -82,9 +98,7 @@ inline void check_supported(const rendezvous_parameters& c) {
     }
 }
 
-/// A worker_spec filled in C++ (the command line's are validated already): a count of workers
-/// and a grace the agent can use, else a usage_error naming the field.
-inline void check_spec(const worker_spec& w) {
+ELASTIC_DECL void check_spec(const worker_spec& w) {
     if (w.nproc_per_node < 1) {
         throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
     }
@@ -95,3 +109,5 @@ inline void check_spec(const worker_spec& w) {
 }
 
 }  // namespace elastic::inline v0::detail::agent
+
+#endif  // ELASTIC_DETAIL_BODIES

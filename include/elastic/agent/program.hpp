@@ -50,7 +50,36 @@ struct worker_command {
 /// `string.Template(arg).safe_substitute(local_rank=N)` that torchrun uses: `${local_rank}` and
 /// `$local_rank` (not followed by an identifier character) become N, `$$` becomes `$`, anything
 /// else (other names, `${LOCAL_RANK}`, a lone `$`) is left as it is.
-[[nodiscard]] inline std::string substitute_local_rank(std::string_view arg, int local_rank) {
+[[nodiscard]] ELASTIC_DECL std::string substitute_local_rank(std::string_view arg, int local_rank);
+
+/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
+/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
+/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
+/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
+[[nodiscard]] ELASTIC_DECL std::string find_executable(std::string_view name, const environment& env,
+                                                       std::string_view role);
+
+/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
+[[nodiscard]] ELASTIC_DECL program_kind effective_kind(const worker_program& program);
+
+namespace detail::agent {
+
+[[nodiscard]] ELASTIC_DECL bool valid_module_name(std::string_view name);
+
+}  // namespace detail::agent
+
+/// Resolves a program to the command the workers run, checking on the way that it can run: the
+/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
+/// module name is a dotted Python name. Throws usage_error naming what is wrong.
+[[nodiscard]] ELASTIC_DECL worker_command resolve_program(const worker_program& program, const environment& env);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string substitute_local_rank(std::string_view arg, int local_rank) {
     const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
     const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
     const auto value = fmt::format("{}", local_rank);
@@ -95,7 +124,7 @@ struct worker_command {
     return out;
 }
 
-inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
+ELASTIC_DECL std::vector<std::string> worker_command::argv_for(int local_rank) const {
     std::vector<std::string> out;
     out.reserve(argv.size());
     for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -104,11 +133,8 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     return out;
 }
 
-/// Finds an executable as execvp(3) would: a name with a `/` is taken as it is; otherwise each
-/// directory of `PATH` from `env` is tried in order (an empty entry is the current directory; no
-/// `PATH` means glibc's default `/bin:/usr/bin`). `role` names the thing in errors ("program",
-/// "PYTHON_EXEC"). Throws usage_error if it is missing, a directory, or not executable.
-[[nodiscard]] inline std::string find_executable(std::string_view name, const environment& env, std::string_view role) {
+[[nodiscard]] ELASTIC_DECL std::string find_executable(std::string_view name, const environment& env,
+                                                       std::string_view role) {
     if (name.empty()) {
         throw usage_error{fmt::format("{}: the name is empty", role)};
     }
@@ -139,8 +165,7 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
     throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
 }
 
-/// The kind a program runs as: `automatic` becomes python_script for a `.py` target, else executable.
-[[nodiscard]] inline program_kind effective_kind(const worker_program& program) {
+[[nodiscard]] ELASTIC_DECL program_kind effective_kind(const worker_program& program) {
     if (program.kind != program_kind::automatic) {
         return program.kind;
     }
@@ -149,9 +174,12 @@ inline std::vector<std::string> worker_command::argv_for(int local_rank) const {
                                                                           : program_kind::executable;
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::agent {
 
-[[nodiscard]] inline bool valid_module_name(std::string_view name) {
+[[nodiscard]] ELASTIC_DECL bool valid_module_name(std::string_view name) {
     for (const auto part : detail::split(name, '.')) {
         if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front())) != 0 ||
             !std::all_of(part.begin(), part.end(),
@@ -163,11 +191,11 @@ namespace detail::agent {
 }
 
 }  // namespace detail::agent
+}  // namespace elastic::inline v0
 
-/// Resolves a program to the command the workers run, checking on the way that it can run: the
-/// executable (or the interpreter) exists and is executable, a script exists and is readable, a
-/// module name is a dotted Python name. Throws usage_error naming what is wrong.
-[[nodiscard]] inline worker_command resolve_program(const worker_program& program, const environment& env) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL worker_command resolve_program(const worker_program& program, const environment& env) {
     worker_command command;
     command.kind = effective_kind(program);
     if (program.target.empty()) {
@@ -210,3 +238,5 @@ namespace detail::agent {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

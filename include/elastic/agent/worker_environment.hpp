@@ -39,44 +39,19 @@ struct attempt_settings {
 
 /// The ranks of local worker `local_rank` on a node that is `group_rank` of `group_world_size`
 /// nodes with `nproc_per_node` workers each (homogeneous, as torchrun supports).
-[[nodiscard]] inline worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank = 0,
-                                                     int group_world_size = 1) {
-    worker_assignment a;
-    a.local_rank = local_rank;
-    a.local_world_size = nproc_per_node;
-    a.group_rank = group_rank;
-    a.group_world_size = group_world_size;
-    a.global_rank = group_rank * nproc_per_node + local_rank;
-    a.role_rank = a.global_rank;
-    a.world_size = group_world_size * nproc_per_node;
-    a.role_world_size = a.world_size;
-    return a;
-}
+[[nodiscard]] ELASTIC_DECL worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank = 0,
+                                                           int group_world_size = 1);
 
 /// torchrun's `--signals-to-handle` text, as it exports TORCHELASTIC_SIGNALS_TO_HANDLE.
-[[nodiscard]] inline std::string signals_text(const std::vector<int>& signals) {
-    std::string out;
-    for (const int s : signals) {
-        out += (out.empty() ? "" : ",") + signal_to_string(s);
-    }
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string signals_text(const std::vector<int>& signals);
 
 /// Whether the agent sets OMP_NUM_THREADS=1 for its workers: torchrun does when the variable is
 /// not set and more than one worker runs on the node (each would otherwise start one OpenMP
 /// thread per core), and says so with omp_warning().
-[[nodiscard]] inline bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
-    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
-}
+[[nodiscard]] ELASTIC_DECL bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env);
 
 /// torchrun's warning when it sets OMP_NUM_THREADS (run.py), word for word.
-[[nodiscard]] inline std::string omp_warning() {
-    return "\n*****************************************\n"
-           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
-           "avoid your system being overloaded, please further tune the variable for optimal "
-           "performance in your application as needed. \n"
-           "*****************************************";
-}
+[[nodiscard]] ELASTIC_DECL std::string omp_warning();
 
 /// The environment of one worker: the agent's environment (`agent_env`, inherited whole, as
 /// torchrun's `os.environ.copy()`), then the contract:
@@ -89,8 +64,54 @@ struct attempt_settings {
 /// PyTorch 1.13 reads the second name, newer ones the first), TORCHELASTIC_SIGNALS_TO_HANDLE,
 /// OMP_NUM_THREADS=1 under sets_omp_num_threads(), and with --virtual-local-rank LOCAL_RANK=0
 /// and CUDA_VISIBLE_DEVICES narrowed to the worker's own device.
-[[nodiscard]] inline environment worker_environment(const worker_spec& config, const environment& agent_env,
-                                                    const worker_assignment& a, const attempt_settings& attempt) {
+[[nodiscard]] ELASTIC_DECL environment worker_environment(const worker_spec& config, const environment& agent_env,
+                                                          const worker_assignment& a, const attempt_settings& attempt);
+
+/// An environment as execve's "NAME=value" entries.
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> environment_entries(const environment& env);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL worker_assignment assign_worker(int local_rank, int nproc_per_node, int group_rank,
+                                                           int group_world_size) {
+    worker_assignment a;
+    a.local_rank = local_rank;
+    a.local_world_size = nproc_per_node;
+    a.group_rank = group_rank;
+    a.group_world_size = group_world_size;
+    a.global_rank = group_rank * nproc_per_node + local_rank;
+    a.role_rank = a.global_rank;
+    a.world_size = group_world_size * nproc_per_node;
+    a.role_world_size = a.world_size;
+    return a;
+}
+
+[[nodiscard]] ELASTIC_DECL std::string signals_text(const std::vector<int>& signals) {
+    std::string out;
+    for (const int s : signals) {
+        out += (out.empty() ? "" : ",") + signal_to_string(s);
+    }
+    return out;
+}
+
+[[nodiscard]] ELASTIC_DECL bool sets_omp_num_threads(const worker_spec& config, const environment& agent_env) {
+    return config.nproc_per_node > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
+}
+
+[[nodiscard]] ELASTIC_DECL std::string omp_warning() {
+    return "\n*****************************************\n"
+           "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to "
+           "avoid your system being overloaded, please further tune the variable for optimal "
+           "performance in your application as needed. \n"
+           "*****************************************";
+}
+
+[[nodiscard]] ELASTIC_DECL environment worker_environment(const worker_spec& config, const environment& agent_env,
+                                                          const worker_assignment& a, const attempt_settings& attempt) {
     environment env = agent_env;
     const auto set = [&](std::string name, std::string value) {
         env.insert_or_assign(std::move(name), std::move(value));
@@ -142,8 +163,7 @@ struct attempt_settings {
     return env;
 }
 
-/// An environment as execve's "NAME=value" entries.
-[[nodiscard]] inline std::vector<std::string> environment_entries(const environment& env) {
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> environment_entries(const environment& env) {
     std::vector<std::string> out;
     out.reserve(env.size());
     for (const auto& [name, value] : env) {
@@ -153,3 +173,5 @@ struct attempt_settings {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -15,19 +15,7 @@ namespace elastic::inline v0::detail {
 /// What stat(2)/access(2) say of a path the launcher wants to run or read.
 enum class file_check { ok, missing, directory, not_executable, not_readable };
 
-[[nodiscard]] inline file_check check_file(const std::string& path, int access_mode) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        return file_check::missing;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        return file_check::directory;
-    }
-    if (::access(path.c_str(), access_mode) != 0) {
-        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
-    }
-    return file_check::ok;
-}
+[[nodiscard]] ELASTIC_DECL file_check check_file(const std::string& path, int access_mode);
 
 /// execvp's search path when PATH is unset (glibc >= 2.24: the current directory is no longer in it).
 inline constexpr std::string_view default_search_path = "/bin:/usr/bin";
@@ -41,7 +29,29 @@ struct path_search_result {
 
 /// Searches each directory of `search_path` in order, as execvp(3) does; an empty entry is the
 /// current directory (returned as `./name`). `name` must not contain a slash.
-[[nodiscard]] inline path_search_result search_path(std::string_view name, std::string_view search_path) {
+[[nodiscard]] ELASTIC_DECL path_search_result search_path(std::string_view name, std::string_view search_path);
+
+}  // namespace elastic::inline v0::detail
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail {
+
+[[nodiscard]] ELASTIC_DECL file_check check_file(const std::string& path, int access_mode) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        return file_check::missing;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        return file_check::directory;
+    }
+    if (::access(path.c_str(), access_mode) != 0) {
+        return access_mode == X_OK ? file_check::not_executable : file_check::not_readable;
+    }
+    return file_check::ok;
+}
+
+[[nodiscard]] ELASTIC_DECL path_search_result search_path(std::string_view name, std::string_view search_path) {
     path_search_result result;
     for (;;) {
         const auto colon = search_path.find(':');
@@ -62,3 +72,5 @@ struct path_search_result {
 }
 
 }  // namespace elastic::inline v0::detail
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -121,7 +121,65 @@ struct launch_config : worker_spec, agent_options {
 };
 
 /// A random run id in UUID version 4 form (`--standalone` uses one, as torchrun does).
-[[nodiscard]] inline std::string random_run_id() {
+[[nodiscard]] ELASTIC_DECL std::string random_run_id();
+
+/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
+/// free local port (localhost:0), under a fresh random run id.
+ELASTIC_DECL void use_standalone(launch_config& config);
+
+namespace detail::launch {
+
+[[nodiscard]] ELASTIC_DECL std::string streams_text(const stream_selection& selection);
+
+}  // namespace detail::launch
+
+/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
+/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
+[[nodiscard]] ELASTIC_DECL std::string describe(const launch_config& config);
+
+namespace detail::launch {
+
+/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
+ELASTIC_DECL void check_prefix_template(std::string_view text);
+
+ELASTIC_DECL void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                                    std::string_view nproc_option);
+
+ELASTIC_DECL void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                                std::string_view nproc_option);
+
+}  // namespace detail::launch
+
+namespace detail::launch {
+
+/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
+/// names the PET_ variable instead when that is where the value came from.
+struct option_labels {
+    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
+
+    [[nodiscard]] std::string operator()(std::string_view dest) const {
+        if (const auto it = from_env.find(dest); it != from_env.end()) {
+            return it->second;
+        }
+        std::string out = "--";
+        for (const char c : dest) {
+            out += c == '_' ? '-' : c;
+        }
+        return out;
+    }
+};
+
+ELASTIC_DECL void validate(const launch_config& c, const environment& env, const option_labels& label);
+
+}  // namespace detail::launch
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string random_run_id() {
     std::random_device device;
     std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
     std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
@@ -131,9 +189,7 @@ struct launch_config : worker_spec, agent_options {
                        low >> 48, low & 0xFFFFFFFFFFFFULL);
 }
 
-/// `--standalone`, as torchrun (newest): a single node whose c10d rendezvous store listens on a
-/// free local port (localhost:0), under a fresh random run id.
-inline void use_standalone(launch_config& config) {
+ELASTIC_DECL void use_standalone(launch_config& config) {
     config.rdzv_backend = rendezvous_backend::c10d;
     config.rdzv_endpoint = host_port{"localhost", std::uint16_t{0}};
     config.rdzv_id = random_run_id();
@@ -142,9 +198,12 @@ inline void use_standalone(launch_config& config) {
     config.master_port.reset();
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-[[nodiscard]] inline std::string streams_text(const stream_selection& selection) {
+[[nodiscard]] ELASTIC_DECL std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
         return fmt::format("{}", static_cast<int>(selection.every_rank));
     }
@@ -156,10 +215,11 @@ namespace detail::launch {
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// The startup banner, in the layout of torchrun's "Starting elastic_operator with launch
-/// configs:" log (one `  name : value` line per setting), with elastic's additional settings.
-[[nodiscard]] inline std::string describe(const launch_config& config) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string describe(const launch_config& config) {
     using detail::seconds_text;
     using detail::launch::streams_text;
     std::string command = config.program.target;
@@ -224,10 +284,12 @@ namespace detail::launch {
     return out;
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// The `${name}` / `$name` placeholders of a prefix template must be ones the agent fills.
-inline void check_prefix_template(std::string_view text) {
+ELASTIC_DECL void check_prefix_template(std::string_view text) {
     static constexpr std::string_view known[] = {"role_name", "local_rank", "rank"};
     for (std::size_t i = 0; i + 1 < text.size(); ++i) {
         if (text[i] != '$') {
@@ -256,8 +318,8 @@ inline void check_prefix_template(std::string_view text) {
     }
 }
 
-inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
-                              std::string_view nproc_option) {
+ELASTIC_DECL void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string_view option,
+                                    std::string_view nproc_option) {
     for (const int rank : ranks) {
         if (rank < 0 || rank >= nproc) {
             throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
@@ -267,8 +329,8 @@ inline void check_ranks_exist(const std::set<int>& ranks, int nproc, std::string
     }
 }
 
-inline void check_streams(const stream_selection& selection, int nproc, std::string_view option,
-                          std::string_view nproc_option) {
+ELASTIC_DECL void check_streams(const stream_selection& selection, int nproc, std::string_view option,
+                                std::string_view nproc_option) {
     std::set<int> ranks;
     for (const auto& [rank, streams] : selection.per_rank) {
         ranks.insert(rank);
@@ -284,28 +346,7 @@ inline void check_streams(const stream_selection& selection, int nproc, std::str
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
 
-}  // namespace detail::launch
-
-namespace detail::launch {
-
-/// How validate() names an option in its messages: `--nnodes` by default; the command-line parser
-/// names the PET_ variable instead when that is where the value came from.
-struct option_labels {
-    std::map<std::string, std::string, std::less<>> from_env;  ///< dest -> PET_ variable
-
-    [[nodiscard]] std::string operator()(std::string_view dest) const {
-        if (const auto it = from_env.find(dest); it != from_env.end()) {
-            return it->second;
-        }
-        std::string out = "--";
-        for (const char c : dest) {
-            out += c == '_' ? '-' : c;
-        }
-        return out;
-    }
-};
-
-inline void validate(const launch_config& c, const environment& env, const option_labels& label) {
+ELASTIC_DECL void validate(const launch_config& c, const environment& env, const option_labels& label) {
     const auto nnodes_text = [&] {
         return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
                                             : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
@@ -427,7 +468,12 @@ inline void validate(const launch_config& c, const environment& env, const optio
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-inline void launch_config::validate(const environment& env) const { detail::launch::validate(*this, env, {}); }
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void launch_config::validate(const environment& env) const { detail::launch::validate(*this, env, {}); }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -24,7 +24,42 @@ namespace elastic::inline v0 {
 
 /// The CPUs this process may run on (its affinity mask, so `taskset` and cgroup cpusets count;
 /// torchrun's os.cpu_count() counts the whole machine), at least 1.
-[[nodiscard]] inline int count_cpus() noexcept {
+[[nodiscard]] ELASTIC_DECL int count_cpus() noexcept;
+
+/// How the GPUs were counted, for messages.
+struct gpu_count {
+    int count = 0;
+    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
+};
+
+namespace detail::launch {
+
+/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
+/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
+[[nodiscard]] ELASTIC_DECL int count_visible_devices(std::string_view value);
+
+/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
+/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
+[[nodiscard]] ELASTIC_DECL std::optional<int> run_nvidia_smi(const environment& env);
+
+}  // namespace detail::launch
+
+/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
+/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
+[[nodiscard]] ELASTIC_DECL gpu_count count_gpus(const environment& env);
+
+/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
+/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
+[[nodiscard]] ELASTIC_DECL int resolve_nproc_per_node(std::string_view text, std::string_view name,
+                                                      const environment& env);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL int count_cpus() noexcept {
     cpu_set_t set;
     CPU_ZERO(&set);
     if (::sched_getaffinity(0, sizeof set, &set) == 0) {
@@ -37,17 +72,12 @@ namespace elastic::inline v0 {
     return hardware > 0 ? static_cast<int>(hardware) : 1;
 }
 
-/// How the GPUs were counted, for messages.
-struct gpu_count {
-    int count = 0;
-    std::string source;  ///< e.g. "CUDA_VISIBLE_DEVICES=0,1" or "nvidia-smi -L"
-};
+}  // namespace elastic::inline v0
 
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// CUDA's reading of CUDA_VISIBLE_DEVICES: entries are device indices or GPU-/MIG- UUIDs, and the
-/// first invalid entry hides it and every later one (so "-1" or "" hides all devices).
-[[nodiscard]] inline int count_visible_devices(std::string_view value) {
+[[nodiscard]] ELASTIC_DECL int count_visible_devices(std::string_view value) {
     int count = 0;
     if (trim(value).empty()) {
         return 0;
@@ -64,9 +94,7 @@ namespace detail::launch {
     return count;
 }
 
-/// Runs `nvidia-smi -L` (found on env's PATH) and counts its "GPU n: ..." lines; nothing when it
-/// is missing or fails. posix_spawn, not fork: safe in a threaded agent.
-[[nodiscard]] inline std::optional<int> run_nvidia_smi(const environment& env) {
+[[nodiscard]] ELASTIC_DECL std::optional<int> run_nvidia_smi(const environment& env) {
     std::string path;
     try {
         path = elastic::find_executable("nvidia-smi", env, "nvidia-smi");
@@ -121,10 +149,11 @@ namespace detail::launch {
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// The GPUs visible to workers: CUDA_VISIBLE_DEVICES when it is set (the devices it lists, as CUDA
-/// reads it), else the lines of `nvidia-smi -L`; 0 when neither finds any.
-[[nodiscard]] inline gpu_count count_gpus(const environment& env) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL gpu_count count_gpus(const environment& env) {
     if (const auto* visible = detail::find_variable(env, "CUDA_VISIBLE_DEVICES")) {
         return {detail::launch::count_visible_devices(*visible),
                 detail::launch::show("CUDA_VISIBLE_DEVICES", *visible)};
@@ -133,9 +162,8 @@ namespace detail::launch {
     return {listed.value_or(0), listed ? "nvidia-smi -L" : "nvidia-smi -L (not found or failed)"};
 }
 
-/// `--nproc-per-node`: a positive integer, `cpu` (count_cpus()), `gpu` (count_gpus(); an error
-/// when there are none), or `auto` (the GPUs if there are any, else the CPUs).
-[[nodiscard]] inline int resolve_nproc_per_node(std::string_view text, std::string_view name, const environment& env) {
+[[nodiscard]] ELASTIC_DECL int resolve_nproc_per_node(std::string_view text, std::string_view name,
+                                                      const environment& env) {
     const auto word = detail::launch::trim(text);
     if (word == "cpu") {
         return count_cpus();
@@ -160,3 +188,5 @@ namespace detail::launch {
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -41,7 +41,101 @@ using detail::trim;
 }  // namespace detail::launch
 
 /// An integer in [min, max]; `name` and `text` appear in the error.
-[[nodiscard]] inline int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX) {
+[[nodiscard]] ELASTIC_DECL int parse_integer(std::string_view text, std::string_view name, int min, int max = INT_MAX);
+
+/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
+/// held to the millisecond.
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                                   bool allow_zero);
+
+/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
+/// in any case.
+[[nodiscard]] ELASTIC_DECL bool parse_boolean(std::string_view text, std::string_view name);
+
+/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
+[[nodiscard]] ELASTIC_DECL bool parse_flag_variable(std::string_view text, std::string_view name);
+
+/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
+[[nodiscard]] ELASTIC_DECL node_range parse_node_range(std::string_view text, std::string_view name);
+
+namespace detail::launch {
+
+/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
+/// an IPv6 zone.
+[[nodiscard]] ELASTIC_DECL bool valid_host(std::string_view host) noexcept;
+
+}  // namespace detail::launch
+
+/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
+[[nodiscard]] ELASTIC_DECL std::string parse_host(std::string_view text, std::string_view name);
+
+/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
+/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
+[[nodiscard]] ELASTIC_DECL host_port parse_host_port(std::string_view text, std::string_view name);
+
+/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
+/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
+[[nodiscard]] ELASTIC_DECL rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name);
+
+namespace detail::launch {
+
+/// What one `--rdzv-conf` key is, and which backends read it.
+struct rdzv_key {
+    std::string_view key;
+    bool static_;
+    bool c10d;
+    bool etcd_v3;
+};
+inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
+    {"join_timeout", false, true, true},
+    {"last_call_timeout", false, true, true},
+    {"close_timeout", false, true, true},
+    {"read_timeout", false, true, true},
+    {"timeout", true, false, false},
+    {"is_host", false, true, false},
+    {"store_type", false, true, false},
+    {"use_libuv", false, true, false},
+    {"protocol", false, false, true},
+    {"exit_barrier_timeout", true, true, true},
+    {"keep_alive_interval", false, true, false},
+    {"keep_alive_max_attempt", false, true, false},
+    {"secret_file", true, true, false},
+    {"workers_store_peers", false, true, false},
+}};
+
+[[nodiscard]] ELASTIC_DECL bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept;
+
+[[nodiscard]] ELASTIC_DECL std::string keys_of(rendezvous_backend backend);
+
+}  // namespace detail::launch
+
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
+/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
+/// and a key given twice are errors; the value is everything after the first `=`.
+[[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                         rendezvous_backend backend);
+
+/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
+/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
+[[nodiscard]] ELASTIC_DECL stream_selection parse_stream_selection(std::string_view text, std::string_view name);
+
+/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
+[[nodiscard]] ELASTIC_DECL std::set<int> parse_local_ranks(std::string_view text, std::string_view name);
+
+/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
+/// case are optional). Duplicates are dropped; order is kept.
+[[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name);
+
+/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
+[[nodiscard]] ELASTIC_DECL log_level parse_log_level(std::string_view text, std::string_view name);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL int parse_integer(std::string_view text, std::string_view name, int min, int max) {
     const auto value = detail::launch::to_integer(text);
     if (!value || *value < min || *value > max) {
         const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
@@ -51,10 +145,8 @@ using detail::trim;
     return static_cast<int>(*value);
 }
 
-/// A duration in seconds, decimals allowed (`0.5`), at least 0 (or above 0 unless `allow_zero`),
-/// held to the millisecond.
-[[nodiscard]] inline std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
-                                                             bool allow_zero) {
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_seconds(std::string_view text, std::string_view name,
+                                                                   bool allow_zero) {
     const auto trimmed = detail::launch::trim(text);
     double seconds = -1;
     const auto [end, ec] = std::from_chars(trimmed.data(), trimmed.data() + trimmed.size(), seconds,
@@ -68,9 +160,7 @@ using detail::trim;
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
 
-/// A boolean word as torchrun's rendezvous parameters read it: 1/true/t/yes/y or 0/false/f/no/n,
-/// in any case.
-[[nodiscard]] inline bool parse_boolean(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL bool parse_boolean(std::string_view text, std::string_view name) {
     const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "1" || word == "true" || word == "t" || word == "yes" || word == "y") {
         return true;
@@ -82,8 +172,7 @@ using detail::trim;
         fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
 }
 
-/// A PET_* flag variable, read as torchrun does (`bool(int(value))`): an integer, non-zero is on.
-[[nodiscard]] inline bool parse_flag_variable(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL bool parse_flag_variable(std::string_view text, std::string_view name) {
     const auto value = detail::launch::to_integer(text);
     if (!value) {
         throw usage_error{
@@ -92,8 +181,7 @@ using detail::trim;
     return *value != 0;
 }
 
-/// `--nnodes`: `N` or `MIN:MAX` with 0 < MIN <= MAX.
-[[nodiscard]] inline node_range parse_node_range(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{
             fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
@@ -119,11 +207,12 @@ using detail::trim;
     return node_range{static_cast<int>(*min), static_cast<int>(*max)};
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// Host names, IPv4 addresses and (unbracketed) IPv6 addresses: torchrun's `[\w.:-]+`, plus `%` for
-/// an IPv6 zone.
-[[nodiscard]] inline bool valid_host(std::string_view host) noexcept {
+[[nodiscard]] ELASTIC_DECL bool valid_host(std::string_view host) noexcept {
     return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' || c == '-' ||
                c == '%';
@@ -131,9 +220,11 @@ namespace detail::launch {
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// A host name or address (`--master-addr`, `--local-addr`): letters, digits, `_ . : - %`.
-[[nodiscard]] inline std::string parse_host(std::string_view text, std::string_view name) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string parse_host(std::string_view text, std::string_view name) {
     const auto host = detail::launch::trim(text);
     if (!detail::launch::valid_host(host)) {
         throw usage_error{
@@ -142,9 +233,7 @@ namespace detail::launch {
     return std::string{host};
 }
 
-/// `host`, `host:port`, `[ipv6]` or `[ipv6]:port` with a port from 0 to 65535. An IPv6 address
-/// must be in brackets: torchrun would split `::1` into host `:` and port 1, we refuse it.
-[[nodiscard]] inline host_port parse_host_port(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
                                        detail::launch::show(name, text), why)};
@@ -197,9 +286,7 @@ namespace detail::launch {
     return result;
 }
 
-/// `--rdzv-backend`. torchrun's etcd backends (`etcd`, `etcd-v2`) use etcd's v2 API, which etcd 3.6
-/// removed; elastic speaks the v3 API as `etcd-v3`, and says so instead of failing later.
-[[nodiscard]] inline rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL rendezvous_backend parse_rendezvous_backend(std::string_view text, std::string_view name) {
     const auto word = detail::launch::trim(text);
     if (word == "static") {
         return rendezvous_backend::static_;
@@ -220,33 +307,12 @@ namespace detail::launch {
         fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)", detail::launch::show(name, text))};
 }
 
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
 namespace detail::launch {
 
-/// What one `--rdzv-conf` key is, and which backends read it.
-struct rdzv_key {
-    std::string_view key;
-    bool static_;
-    bool c10d;
-    bool etcd_v3;
-};
-inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
-    {"join_timeout", false, true, true},
-    {"last_call_timeout", false, true, true},
-    {"close_timeout", false, true, true},
-    {"read_timeout", false, true, true},
-    {"timeout", true, false, false},
-    {"is_host", false, true, false},
-    {"store_type", false, true, false},
-    {"use_libuv", false, true, false},
-    {"protocol", false, false, true},
-    {"exit_barrier_timeout", true, true, true},
-    {"keep_alive_interval", false, true, false},
-    {"keep_alive_max_attempt", false, true, false},
-    {"secret_file", true, true, false},
-    {"workers_store_peers", false, true, false},
-}};
-
-[[nodiscard]] inline bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
+[[nodiscard]] ELASTIC_DECL bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept {
     switch (backend) {
         case rendezvous_backend::static_: return k.static_;
         case rendezvous_backend::c10d: return k.c10d;
@@ -255,7 +321,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return false;
 }
 
-[[nodiscard]] inline std::string keys_of(rendezvous_backend backend) {
+[[nodiscard]] ELASTIC_DECL std::string keys_of(rendezvous_backend backend) {
     std::string out;
     for (const auto& k : rdzv_keys) {
         if (reads_key(k, backend)) {
@@ -267,12 +333,12 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 }
 
 }  // namespace detail::launch
+}  // namespace elastic::inline v0
 
-/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
-/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
-/// and a key given twice are errors; the value is everything after the first `=`.
-[[nodiscard]] inline rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                   rendezvous_backend backend) {
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
+                                                                         rendezvous_backend backend) {
     rendezvous_settings settings;
     if (detail::launch::trim(text).empty()) {
         return settings;
@@ -365,9 +431,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return settings;
 }
 
-/// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
-/// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
-[[nodiscard]] inline stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
     const auto fail = [&]() {
         return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
                                        "LOCAL_RANK:N,... such as 0:3,1:2",
@@ -403,8 +467,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return selection;
 }
 
-/// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
-[[nodiscard]] inline std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL std::set<int> parse_local_ranks(std::string_view text, std::string_view name) {
     std::set<int> ranks;
     if (detail::launch::trim(text).empty()) {
         return ranks;
@@ -420,9 +483,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return ranks;
 }
 
-/// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
-/// case are optional). Duplicates are dropped; order is kept.
-[[nodiscard]] inline std::vector<int> parse_signals(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name) {
     std::vector<int> numbers;
     for (const auto item : detail::launch::split(text, ',')) {
         auto word = detail::launch::lower(detail::launch::trim(item));
@@ -447,8 +508,7 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     return numbers;
 }
 
-/// `LOGLEVEL`: DEBUG, INFO, WARNING (or WARN), ERROR, CRITICAL (or FATAL), in any case.
-[[nodiscard]] inline log_level parse_log_level(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL log_level parse_log_level(std::string_view text, std::string_view name) {
     const auto word = detail::launch::lower(detail::launch::trim(text));
     if (word == "debug") return log_level::debug;
     if (word == "info") return log_level::info;
@@ -460,3 +520,5 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -26,11 +26,7 @@ namespace elastic::inline v0 {
 using uniform_source = std::function<double()>;
 
 /// A uniform_source over std::mt19937_64 seeded from std::random_device.
-[[nodiscard]] inline uniform_source random_uniform_source() {
-    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
-        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
-    };
-}
+[[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source();
 
 /// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
 ///     min(cap, initial * factor^k) * (1 - jitter * u),   u uniform in [0, 1),
@@ -99,3 +95,17 @@ using backoff = basic_backoff<>;
 static_assert(planned_restart_policy<backoff>);
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source() {
+    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
+        return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+    };
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

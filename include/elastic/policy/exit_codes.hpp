@@ -71,19 +71,35 @@ private:
 static_assert(planned_restart_policy<exit_code_policy>);
 
 /// Restart only when the root cause's ending is in `set`; stop at once otherwise.
-[[nodiscard]] inline exit_code_policy restart_on_exit(exit_code_set set) {
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(exit_code_set set);
+/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(std::string_view text);
+/// Stop at once when the root cause's ending is in `set`; otherwise restart.
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(exit_code_set set);
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(std::string_view text);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(exit_code_set set) {
     return {std::move(set), exit_code_policy::mode::restart_listed};
 }
-/// restart_on_exit(parse_exit_code_set(text)): `restart_on_exit("75,signals")`.
-[[nodiscard]] inline exit_code_policy restart_on_exit(std::string_view text) {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy restart_on_exit(std::string_view text) {
     return restart_on_exit(parse_exit_code_set(text, "restart_on_exit"));
 }
-/// Stop at once when the root cause's ending is in `set`; otherwise restart.
-[[nodiscard]] inline exit_code_policy stop_on_exit(exit_code_set set) {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(exit_code_set set) {
     return {std::move(set), exit_code_policy::mode::stop_listed};
 }
-[[nodiscard]] inline exit_code_policy stop_on_exit(std::string_view text) {
+
+[[nodiscard]] ELASTIC_DECL exit_code_policy stop_on_exit(std::string_view text) {
     return stop_on_exit(parse_exit_code_set(text, "stop_on_exit"));
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -27,72 +27,24 @@ namespace elastic::inline v0 {
 namespace detail::policy {
 
 /// "1.5" from 1500 (thousandths), trailing zeros dropped.
-[[nodiscard]] inline std::string thousandths(long long value) {
-    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
-    while (out.back() == '0') out.pop_back();
-    if (out.back() == '.') out.pop_back();
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string thousandths(long long value);
 
-[[nodiscard]] inline std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
-    using namespace std::chrono;
-    const char* space = spaced ? " " : "";
-    const auto ms = duration_cast<milliseconds>(d).count();
-    if (ms < 0) return "-" + duration_text(-d, spaced);
-    if (ms == 0 && d.count() != 0)
-        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
-    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
-    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
-    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
-    return fmt::format("{}{}s", thousandths(ms), space);
-}
+[[nodiscard]] ELASTIC_DECL std::string duration_text(std::chrono::nanoseconds d, bool spaced);
 
 }  // namespace detail::policy
 
 /// A duration as the restart flags write it, without a space: "500ms", "1.5s", "2min", "1h".
 /// parse_duration() reads it back exactly (to the millisecond).
-[[nodiscard]] inline std::string duration_flag_text(std::chrono::nanoseconds d) {
-    return detail::policy::duration_text(d, false);
-}
+[[nodiscard]] ELASTIC_DECL std::string duration_flag_text(std::chrono::nanoseconds d);
 
 /// A duration as reasons write it: "500 ms", "1.5 s", "2 min", "1 h" (to the millisecond).
-[[nodiscard]] inline std::string duration_words(std::chrono::nanoseconds d) {
-    return detail::policy::duration_text(d, true);
-}
+[[nodiscard]] ELASTIC_DECL std::string duration_words(std::chrono::nanoseconds d);
 
 /// A duration: a number (decimals allowed) and a unit, ms, s, m or min, h; a bare number is
 /// seconds, as torchrun's options count. At most 1e9 seconds; held to the millisecond. `name`
 /// names the option or variable in the usage_error.
-[[nodiscard]] inline std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
-                                                              bool allow_zero = false) {
-    const auto word = detail::trim(text);
-    std::size_t unit_at = 0;
-    while (unit_at < word.size() &&
-           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
-        ++unit_at;
-    }
-    const auto number = word.substr(0, unit_at);
-    const auto unit = detail::lower(detail::trim(word.substr(unit_at)));
-    double value = -1;
-    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
-                                           std::chars_format::fixed);
-    double scale = 0;
-    if (unit.empty() || unit == "s") scale = 1;
-    else if (unit == "ms") scale = 0.001;
-    else if (unit == "m" || unit == "min") scale = 60;
-    else if (unit == "h") scale = 3600;
-    const double seconds = value * scale;
-    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
-    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
-                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
-                    (allow_zero || std::llround(seconds * 1000.0) > 0);
-    if (!ok) {
-        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
-                                      "counts seconds)",
-                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
-    }
-    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
-}
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
+                                                                    bool allow_zero = false);
 
 /// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
 /// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
@@ -118,22 +70,7 @@ struct backoff_spec {
 };
 
 /// Parses INITIAL:CAP[:RESET] (durations as parse_duration reads them; INITIAL <= CAP).
-[[nodiscard]] inline backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::split(text, ':');
-    if (parts.size() < 2 || parts.size() > 3) {
-        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::show(name, text))};
-    }
-    backoff_spec spec;
-    spec.initial = parse_duration(parts[0], name);
-    spec.cap = parse_duration(parts[1], name);
-    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
-    if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
-                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
-    }
-    return spec;
-}
+[[nodiscard]] ELASTIC_DECL backoff_spec parse_backoff_spec(std::string_view text, std::string_view name);
 
 /// --restart-window=N/PERIOD: at most N restarts within any PERIOD (a sliding window).
 struct window_spec {
@@ -147,19 +84,7 @@ struct window_spec {
 };
 
 /// Parses N/PERIOD (N >= 1).
-[[nodiscard]] inline window_spec parse_window_spec(std::string_view text, std::string_view name) {
-    const auto parts = detail::split(text, '/');
-    if (parts.size() != 2) {
-        throw usage_error{
-            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
-    }
-    const auto n = detail::to_integer(detail::trim(parts[0]));
-    if (!n || *n < 1 || *n > 1'000'000) {
-        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::show(name, text))};
-    }
-    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
-}
+[[nodiscard]] ELASTIC_DECL window_spec parse_window_spec(std::string_view text, std::string_view name);
 
 /// A class of worker endings: exit codes, and deaths by signal. `signals` (any signal) and a
 /// named signal also match the exit code 128+N a shell reports for a child killed by signal N,
@@ -205,7 +130,138 @@ struct exit_code_set {
 
 /// Parses a comma-separated set: exit codes (`3`), ranges (`3-5`), `signals` (any death by a
 /// signal, or exit code 129-192) and signal names (`SIGKILL`, case-insensitive; also 128+9=137).
-[[nodiscard]] inline exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL exit_code_set parse_exit_code_set(std::string_view text, std::string_view name);
+
+/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
+/// N, only the N-th such start in a row stops the job).
+struct crash_guard_spec {
+    std::chrono::milliseconds within{10000};
+    int in_a_row = 1;
+
+    [[nodiscard]] std::string flag() const {
+        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
+                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+    }
+    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
+};
+
+/// Parses T or T:N (N >= 1).
+[[nodiscard]] ELASTIC_DECL crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name);
+
+/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
+/// what make_default_policy builds the default policy from (launch_config::restarts()).
+struct restart_settings {
+    int max_restarts = 0;                         ///< --max-restarts
+    std::optional<backoff_spec> backoff;          ///< --restart-backoff
+    std::optional<window_spec> window;            ///< --restart-window
+    std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
+    std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
+    friend bool operator==(const restart_settings&, const restart_settings&) = default;
+};
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::policy {
+
+[[nodiscard]] ELASTIC_DECL std::string thousandths(long long value) {
+    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
+    while (out.back() == '0') out.pop_back();
+    if (out.back() == '.') out.pop_back();
+    return out;
+}
+
+[[nodiscard]] ELASTIC_DECL std::string duration_text(std::chrono::nanoseconds d, bool spaced) {
+    using namespace std::chrono;
+    const char* space = spaced ? " " : "";
+    const auto ms = duration_cast<milliseconds>(d).count();
+    if (ms < 0) return "-" + duration_text(-d, spaced);
+    if (ms == 0 && d.count() != 0)
+        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
+    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
+    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
+    return fmt::format("{}{}s", thousandths(ms), space);
+}
+
+}  // namespace detail::policy
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string duration_flag_text(std::chrono::nanoseconds d) {
+    return detail::policy::duration_text(d, false);
+}
+
+[[nodiscard]] ELASTIC_DECL std::string duration_words(std::chrono::nanoseconds d) {
+    return detail::policy::duration_text(d, true);
+}
+
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
+                                                                    bool allow_zero) {
+    const auto word = detail::trim(text);
+    std::size_t unit_at = 0;
+    while (unit_at < word.size() &&
+           (std::isdigit(static_cast<unsigned char>(word[unit_at])) != 0 || word[unit_at] == '.')) {
+        ++unit_at;
+    }
+    const auto number = word.substr(0, unit_at);
+    const auto unit = detail::lower(detail::trim(word.substr(unit_at)));
+    double value = -1;
+    const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
+                                           std::chars_format::fixed);
+    double scale = 0;
+    if (unit.empty() || unit == "s") scale = 1;
+    else if (unit == "ms") scale = 0.001;
+    else if (unit == "m" || unit == "min") scale = 60;
+    else if (unit == "h") scale = 3600;
+    const double seconds = value * scale;
+    // Above 0 is judged after rounding to the millisecond: "0.1ms" would be a zero delay.
+    const bool ok = !number.empty() && ec == std::errc{} && end == number.data() + number.size() && scale > 0 &&
+                    std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
+                    (allow_zero || std::llround(seconds * 1000.0) > 0);
+    if (!ok) {
+        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
+                                      "counts seconds)",
+                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
+    }
+    return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
+}
+
+[[nodiscard]] ELASTIC_DECL backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::split(text, ':');
+    if (parts.size() < 2 || parts.size() > 3) {
+        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
+                                      detail::show(name, text))};
+    }
+    backoff_spec spec;
+    spec.initial = parse_duration(parts[0], name);
+    spec.cap = parse_duration(parts[1], name);
+    if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
+    if (spec.cap < spec.initial) {
+        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
+                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
+    }
+    return spec;
+}
+
+[[nodiscard]] ELASTIC_DECL window_spec parse_window_spec(std::string_view text, std::string_view name) {
+    const auto parts = detail::split(text, '/');
+    if (parts.size() != 2) {
+        throw usage_error{
+            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
+    }
+    const auto n = detail::to_integer(detail::trim(parts[0]));
+    if (!n || *n < 1 || *n > 1'000'000) {
+        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
+                                      detail::show(name, text))};
+    }
+    return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
+}
+
+[[nodiscard]] ELASTIC_DECL exit_code_set parse_exit_code_set(std::string_view text, std::string_view name) {
     exit_code_set set;
     for (const auto raw : detail::split(text, ',')) {
         const auto item = detail::trim(raw);
@@ -237,21 +293,7 @@ struct exit_code_set {
     return set;
 }
 
-/// --restart-crash-guard=T[:N]: a group that fails within T of its start is not restarted (with
-/// N, only the N-th such start in a row stops the job).
-struct crash_guard_spec {
-    std::chrono::milliseconds within{10000};
-    int in_a_row = 1;
-
-    [[nodiscard]] std::string flag() const {
-        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
-                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
-    }
-    friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
-};
-
-/// Parses T or T:N (N >= 1).
-[[nodiscard]] inline crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
+[[nodiscard]] ELASTIC_DECL crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, ':');
     if (parts.size() > 2) {
         throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
@@ -269,15 +311,6 @@ struct crash_guard_spec {
     return spec;
 }
 
-/// The restart settings of a job, as `--max-restarts` and the `--restart-*` options give them:
-/// what make_default_policy builds the default policy from (launch_config::restarts()).
-struct restart_settings {
-    int max_restarts = 0;                         ///< --max-restarts
-    std::optional<backoff_spec> backoff;          ///< --restart-backoff
-    std::optional<window_spec> window;            ///< --restart-window
-    std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
-    std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
-    friend bool operator==(const restart_settings&, const restart_settings&) = default;
-};
-
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

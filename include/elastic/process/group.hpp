@@ -103,24 +103,7 @@ private:
 
 /// The process-group id in /proc/<pid>/stat; -1 if the process is gone or already dead (a zombie
 /// whose reaper has not come by yet: dead is what stop waits for).
-inline pid_t read_pgid(pid_t pid) {
-    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-    owned_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return -1;
-    char buffer[1024];
-    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
-    if (n <= 0) return -1;
-    buffer[n] = '\0';
-    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, skip to the last ')'.
-    const char* p = std::strrchr(buffer, ')');
-    if (p == nullptr) return -1;
-    char state = 0;
-    long ppid = 0;
-    long pgrp = 0;
-    if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
-    if (state == 'Z' || state == 'X') return -1;
-    return static_cast<pid_t>(pgrp);
-}
+ELASTIC_DECL pid_t read_pgid(pid_t pid);
 
 /// A process found in a group, held by a pidfd so its number cannot be recycled under us.
 struct group_member {
@@ -131,34 +114,10 @@ struct group_member {
 /// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
 /// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
 /// recycled between the scan and pidfd_open is not mistaken for a member.
-inline std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
-    std::vector<group_member> out;
-    if (pgids.empty()) return out;
-    DIR* proc = ::opendir("/proc");
-    if (proc == nullptr) return out;
-    while (const dirent* entry = ::readdir(proc)) {
-        char* end = nullptr;
-        const long value = std::strtol(entry->d_name, &end, 10);
-        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
-        const auto pid = static_cast<pid_t>(value);
-        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
-        const pid_t pgid = read_pgid(pid);
-        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
-        owned_fd pidfd(pidfd_open(pid));
-        if (!pidfd || read_pgid(pid) != pgid) continue;
-        out.push_back({pid, std::move(pidfd)});
-    }
-    ::closedir(proc);
-    return out;
-}
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip);
 
 /// Pointers to each of `children`, for the overloads that take workers by value.
-inline std::vector<child_process*> addresses(std::span<child_process> children) {
-    std::vector<child_process*> out;
-    out.reserve(children.size());
-    for (auto& child : children) out.push_back(&child);
-    return out;
-}
+ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> children);
 
 }  // namespace detail::process
 
@@ -395,3 +354,60 @@ asio::awaitable<stop_result> stop(child_process& child, stop_options options = {
 }
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL pid_t read_pgid(pid_t pid) {
+    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+    owned_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return -1;
+    char buffer[1024];
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
+    if (n <= 0) return -1;
+    buffer[n] = '\0';
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, skip to the last ')'.
+    const char* p = std::strrchr(buffer, ')');
+    if (p == nullptr) return -1;
+    char state = 0;
+    long ppid = 0;
+    long pgrp = 0;
+    if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
+    if (state == 'Z' || state == 'X') return -1;
+    return static_cast<pid_t>(pgrp);
+}
+
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
+    std::vector<group_member> out;
+    if (pgids.empty()) return out;
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return out;
+    while (const dirent* entry = ::readdir(proc)) {
+        char* end = nullptr;
+        const long value = std::strtol(entry->d_name, &end, 10);
+        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
+        const auto pid = static_cast<pid_t>(value);
+        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
+        const pid_t pgid = read_pgid(pid);
+        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
+        owned_fd pidfd(pidfd_open(pid));
+        if (!pidfd || read_pgid(pid) != pgid) continue;
+        out.push_back({pid, std::move(pidfd)});
+    }
+    ::closedir(proc);
+    return out;
+}
+
+ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> children) {
+    std::vector<child_process*> out;
+    out.reserve(children.size());
+    for (auto& child : children) out.push_back(&child);
+    return out;
+}
+
+}  // namespace detail::process
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

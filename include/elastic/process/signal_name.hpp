@@ -30,7 +30,33 @@ inline constexpr std::string_view standard_signal_names[] = {
     "SIGXCPU",   "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO",   "SIGPWR",  "SIGSYS"};
 }  // namespace detail::process
 
-inline std::string signal_name(int signal_number) {
+ELASTIC_DECL std::string signal_name(int signal_number);
+
+/// The number of the signal that signal_name() spells `name`, in any case ("SIGTERM",
+/// "sigrtmin+3"), or 0.
+[[nodiscard]] ELASTIC_DECL int signal_number(std::string_view name);
+
+/// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
+/// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
+/// BUS, ...) are the agent's own.
+inline constexpr std::array<int, 16> forwardable_signal_numbers{SIGHUP,  SIGINT,  SIGQUIT, SIGTERM,   SIGUSR1, SIGUSR2,
+                                                                SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH,
+                                                                SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
+
+/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
+[[nodiscard]] ELASTIC_DECL std::string signal_to_string(int number);
+
+/// torchrun's message for a worker killed by a signal (its ProcessFailure's):
+/// `Signal 9 (SIGKILL) received by PID 1234`.
+ELASTIC_DECL std::string signal_message(int signal_number, long pid);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string signal_name(int signal_number) {
     constexpr int standard_count = static_cast<int>(std::size(detail::process::standard_signal_names));
     if (signal_number >= 1 && signal_number < standard_count) {
         return std::string(detail::process::standard_signal_names[signal_number]);
@@ -54,9 +80,7 @@ inline std::string signal_name(int signal_number) {
     return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
-/// The number of the signal that signal_name() spells `name`, in any case ("SIGTERM",
-/// "sigrtmin+3"), or 0.
-[[nodiscard]] inline int signal_number(std::string_view name) {
+[[nodiscard]] ELASTIC_DECL int signal_number(std::string_view name) {
     const auto same = [](std::string_view a, std::string_view b) {
         return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
                    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
@@ -69,25 +93,17 @@ inline std::string signal_name(int signal_number) {
     return 0;
 }
 
-/// Signals an agent can trap and forward to its workers (`--signals-to-handle`). SIGKILL and
-/// SIGSTOP cannot be trapped, SIGCHLD is how the agent learns of exits, and fault signals (SEGV,
-/// BUS, ...) are the agent's own.
-inline constexpr std::array<int, 16> forwardable_signal_numbers{SIGHUP,  SIGINT,  SIGQUIT, SIGTERM,   SIGUSR1, SIGUSR2,
-                                                                SIGALRM, SIGXCPU, SIGXFSZ, SIGVTALRM, SIGPROF, SIGWINCH,
-                                                                SIGURG,  SIGCONT, SIGTSTP, SIGPWR};
-
-/// The name of a signal as `--signals-to-handle` writes it (`SIGTERM`), or its number.
-[[nodiscard]] inline std::string signal_to_string(int number) {
+[[nodiscard]] ELASTIC_DECL std::string signal_to_string(int number) {
     for (const int s : forwardable_signal_numbers) {
         if (s == number) return signal_name(number);
     }
     return std::to_string(number);
 }
 
-/// torchrun's message for a worker killed by a signal (its ProcessFailure's):
-/// `Signal 9 (SIGKILL) received by PID 1234`.
-inline std::string signal_message(int signal_number, long pid) {
+ELASTIC_DECL std::string signal_message(int signal_number, long pid) {
     return fmt::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

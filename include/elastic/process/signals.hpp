@@ -24,7 +24,7 @@ inline constexpr std::array<int, 4> forwarded_signals{SIGINT, SIGTERM, SIGHUP, S
 /// `spawn` calls it too): SIGPIPE ignored, so writing to a dead worker's pipe is an EPIPE error
 /// rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
 /// reap the workers itself and their exit status would be lost.
-inline void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
+ELASTIC_DECL void prepare_agent_signals() noexcept;
 
 /// Signals delivered to the agent, one `co_await next()` at a time (Asio's signal_set: a
 /// handler that writes to a self-pipe, so the wait is an ordinary event).
@@ -60,3 +60,13 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

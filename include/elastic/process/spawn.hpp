@@ -82,13 +82,7 @@ struct spawn_options {
 namespace detail::process {
 
 /// The agent's environment as "NAME=value" entries (the caller must not race setenv).
-inline std::vector<std::string> environ_entries() {
-    std::vector<std::string> out;
-    for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
-        out.emplace_back(*entry);
-    }
-    return out;
-}
+ELASTIC_DECL std::vector<std::string> environ_entries();
 
 /// The steps of the child's set-up, reported back with errno when one fails.
 enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
@@ -184,7 +178,55 @@ struct child_plan {
 
 /// The path execve will get: `program` itself if it has a slash, else the first executable
 /// regular file named `program` in the PATH of the child's environment.
-inline std::string find_executable(const std::string& program, const std::vector<std::string>& env) {
+ELASTIC_DECL std::string find_executable(const std::string& program, const std::vector<std::string>& env);
+
+ELASTIC_DECL std::string describe_failure(const child_failure& failure, const spawn_options& options,
+                                          const std::string& path);
+
+// One standard stream: the descriptor the child gets, and the caller's end of a pipe.
+struct stdio_ends {
+    owned_fd child;
+    owned_fd parent;
+};
+
+ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads);
+
+// Kills and reaps a child that exists but will not be handed to the caller.
+ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept;
+
+}  // namespace detail::process
+
+/// Starts `options.program` and returns the running child, bound to `executor`.
+///
+/// The child leads its own session (or process group); its signal dispositions are reset to the
+/// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
+/// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
+/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
+///
+/// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
+/// when it cannot be: a missing program, a file without execute permission, a bad working
+/// directory — the caller never sees a child that silently exits 127.
+///
+/// Blocks the calling thread for the fork and the exec handshake (well under a millisecond for
+/// a small agent), so it is a plain function, not a coroutine.
+ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const spawn_options& options);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL std::vector<std::string> environ_entries() {
+    std::vector<std::string> out;
+    for (char** entry = ::environ; entry != nullptr && *entry != nullptr; ++entry) {
+        out.emplace_back(*entry);
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string find_executable(const std::string& program, const std::vector<std::string>& env) {
     if (program.find('/') != std::string::npos) return program;
     std::string path_var(default_search_path);  // execvp's, when the environment has no PATH
     for (const auto& entry : env) {
@@ -196,8 +238,8 @@ inline std::string find_executable(const std::string& program, const std::vector
                       ENOENT);
 }
 
-inline std::string describe_failure(const child_failure& failure, const spawn_options& options,
-                                    const std::string& path) {
+ELASTIC_DECL std::string describe_failure(const child_failure& failure, const spawn_options& options,
+                                          const std::string& path) {
     const char* name = ::strerrorname_np(failure.error);
     const std::string why = errno_string(failure.error) + " (" + (name != nullptr ? name : "errno") + ")";
     switch (failure.step) {
@@ -220,13 +262,7 @@ inline std::string describe_failure(const child_failure& failure, const spawn_op
     return "cannot start '" + options.program + "': " + why;
 }
 
-// One standard stream: the descriptor the child gets, and the caller's end of a pipe.
-struct stdio_ends {
-    owned_fd child;
-    owned_fd parent;
-};
-
-inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
+ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads) {
     stdio_ends ends;
     switch (target.which()) {
         case stdio::kind::inherit: break;
@@ -256,8 +292,7 @@ inline stdio_ends open_stdio(const stdio& target, bool child_reads) {
     return ends;
 }
 
-// Kills and reaps a child that exists but will not be handed to the caller.
-inline void discard_child(pid_t pid, int pidfd) noexcept {
+ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept {
     ::kill(pid, SIGKILL);
     watcher::instance().remove(pid);
     if (pidfd >= 0) {
@@ -271,21 +306,11 @@ inline void discard_child(pid_t pid, int pidfd) noexcept {
 }
 
 }  // namespace detail::process
+}  // namespace elastic::inline v0
 
-/// Starts `options.program` and returns the running child, bound to `executor`.
-///
-/// The child leads its own session (or process group); its signal dispositions are reset to the
-/// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
-/// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
-/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
-///
-/// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
-/// when it cannot be: a missing program, a file without execute permission, a bad working
-/// directory — the caller never sees a child that silently exits 127.
-///
-/// Blocks the calling thread for the fork and the exec handshake (well under a millisecond for
-/// a small agent), so it is a plain function, not a coroutine.
-inline child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
+namespace elastic::inline v0 {
+
+ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
     if (options.program.empty()) {
         throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
     }
@@ -413,3 +438,5 @@ inline child_process spawn(const asio::any_io_executor& executor, const spawn_op
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -47,16 +47,14 @@ private:
 };
 
 /// `strerror` text for an errno value, thread-safe.
-inline std::string errno_string(int err) { return std::system_category().message(err); }
+ELASTIC_DECL std::string errno_string(int err);
 
 /// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
 /// for C++, hence the raw system call.
-inline int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
+ELASTIC_DECL int pidfd_open(pid_t pid) noexcept;
 
 /// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
-inline int pidfd_send_signal(int pidfd, int sig) noexcept {
-    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
-}
+ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept;
 
 /// waitid's P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
 inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
@@ -64,7 +62,45 @@ inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
 /// Whether the process behind `pidfd` (our child) has exited, leaving it a zombie (WNOWAIT) so its
 /// pid, and so its process-group id, cannot be reused while we may still signal the group.
 /// Returns true and fills `info` when it has.
-inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
+ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
+
+/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
+ELASTIC_DECL bool reap_now(int pidfd) noexcept;
+
+/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
+/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
+/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
+/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
+ELASTIC_DECL void prepare_agent_signals() noexcept;
+
+/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
+/// until it is called): what a worker gets back, so it sees the limit its user set.
+ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
+/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
+/// the hard one. Idempotent; returns the soft limit now in force.
+ELASTIC_DECL rlim_t raise_open_files_limit() noexcept;
+
+/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
+/// a descriptor it still needs when the agent runs with one of its standard streams closed.
+ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd);
+
+}  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL std::string errno_string(int err) { return std::system_category().message(err); }
+
+ELASTIC_DECL int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
+
+ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
+}
+
+ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept {
     info = siginfo_t{};
     for (;;) {
         const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT);
@@ -73,8 +109,7 @@ inline bool peek_exit(int pidfd, siginfo_t& info) noexcept {
     }
 }
 
-/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
-inline bool reap_now(int pidfd) noexcept {
+ELASTIC_DECL bool reap_now(int pidfd) noexcept {
     siginfo_t info{};
     for (;;) {
         const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
@@ -83,11 +118,7 @@ inline bool reap_now(int pidfd) noexcept {
     }
 }
 
-/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
-/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
-/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
-/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
-inline void prepare_agent_signals() noexcept {
+ELASTIC_DECL void prepare_agent_signals() noexcept {
     struct sigaction current {};
     if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
         (current.sa_flags & SA_SIGINFO) == 0) {
@@ -107,17 +138,12 @@ inline void prepare_agent_signals() noexcept {
     }
 }
 
-/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
-/// until it is called): what a worker gets back, so it sees the limit its user set.
-inline rlim_t& original_open_files_soft_limit() noexcept {
+ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept {
     static rlim_t soft = RLIM_INFINITY;
     return soft;
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
-/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
-/// the hard one. Idempotent; returns the soft limit now in force.
-inline rlim_t raise_open_files_limit() noexcept {
+ELASTIC_DECL rlim_t raise_open_files_limit() noexcept {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
     if (original_open_files_soft_limit() == RLIM_INFINITY) original_open_files_soft_limit() = limit.rlim_cur;
@@ -129,9 +155,7 @@ inline rlim_t raise_open_files_limit() noexcept {
     return limit.rlim_cur;
 }
 
-/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
-/// a descriptor it still needs when the agent runs with one of its standard streams closed.
-inline owned_fd raise_above_stdio(owned_fd fd) {
+ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd) {
     if (!fd || fd.get() > 2) return fd;
     const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
     if (moved < 0) {
@@ -142,3 +166,5 @@ inline owned_fd raise_above_stdio(owned_fd fd) {
 }
 
 }  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES

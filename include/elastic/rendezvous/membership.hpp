@@ -25,13 +25,7 @@ namespace elastic::inline v0 {
 namespace detail::rendezvous {
 
 /// A lease name as a person reads it: "host (pid N)" from "host:pid:tag".
-inline std::string describe_node_id(std::string_view id) {
-    const auto last = id.rfind(':');
-    if (last == std::string_view::npos || last == 0) return std::string(id);
-    const auto mid = id.rfind(':', last - 1);
-    if (mid == std::string_view::npos) return std::string(id);
-    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
-}
+ELASTIC_DECL std::string describe_node_id(std::string_view id);
 
 /// What the node's lease connection learnt of the job's membership (docs/rendezvous.md,
 /// "Elastic membership"), shared by the monitor and whoever waits for a change.
@@ -64,3 +58,21 @@ using membership_log = basic_membership_log<>;
 }  // namespace detail::rendezvous
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::rendezvous {
+
+ELASTIC_DECL std::string describe_node_id(std::string_view id) {
+    const auto last = id.rfind(':');
+    if (last == std::string_view::npos || last == 0) return std::string(id);
+    const auto mid = id.rfind(':', last - 1);
+    if (mid == std::string_view::npos) return std::string(id);
+    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+}
+
+}  // namespace detail::rendezvous
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

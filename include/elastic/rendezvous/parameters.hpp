@@ -90,14 +90,7 @@ struct rendezvous_settings {
 };
 
 /// `host:port` as it would be written again (IPv6 in brackets).
-[[nodiscard]] inline std::string to_string(const host_port& endpoint) {
-    const bool v6 = endpoint.host.find(':') != std::string::npos;
-    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
-    if (endpoint.port) {
-        out += fmt::format(":{}", *endpoint.port);
-    }
-    return out;
-}
+[[nodiscard]] ELASTIC_DECL std::string to_string(const host_port& endpoint);
 
 /// Everything a rendezvous over TCP (tcp_rendezvous) takes, defaults applied.
 struct rendezvous_parameters {
@@ -119,3 +112,20 @@ struct rendezvous_parameters {
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL std::string to_string(const host_port& endpoint) {
+    const bool v6 = endpoint.host.find(':') != std::string::npos;
+    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    if (endpoint.port) {
+        out += fmt::format(":{}", *endpoint.port);
+    }
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

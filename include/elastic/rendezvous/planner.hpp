@@ -28,8 +28,98 @@ namespace detail::rendezvous {
 /// `strict` (fixed membership): a --node-rank outside the round or given twice is an error;
 /// otherwise (elastic membership, where the round's size varies) it is a preference, honoured
 /// when it fits the round and nobody before took it.
-inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
-                                                                      bool strict = true) {
+ELASTIC_DECL std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                            bool strict = true);
+
+/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
+/// interface addresses and its advertised address when that is a literal; for a node that
+/// published none, its host and advertised address (names, resolved by group rank 0). Each
+/// once, in order.
+ELASTIC_DECL std::vector<std::string> peers_of(const std::vector<node_info>& nodes);
+
+/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
+inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
+
+/// At most this many successors (idle servers of members) are named for the store.
+inline constexpr std::size_t max_successors = 3;
+
+/// A round decided from its members (in arrival order): what its completer writes.
+struct round_plan {
+    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;              ///< the round's workers (every member's nproc)
+    std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
+    std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
+    bool host_in = false;            ///< the store's host is a member
+    /// Where the store moves if its host is lost: the first members by group rank that have
+    /// an idle server and do not host it now (docs/rendezvous.md).
+    std::vector<store_successor> successors;
+    std::vector<std::string> peers;  ///< peers_of(members), for group rank 0
+};
+
+/// The round `nodes` (its members, in arrival order) form, or a message naming why they form
+/// none (assign_group_ranks: a --node-rank conflict under `strict`).
+ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict);
+
+/// What decides a round's completion besides its arrivals.
+struct round_rules {
+    int nnodes = 1;        ///< MAX: the MAX-th arrival completes the round
+    bool elastic = false;  ///< MIN < MAX
+    int needed = 1;        ///< the nodes a round needs: MIN, or after the store moved a majority
+    int target = 0;        ///< after the store moved: the arrival that seals the round (0: none)
+};
+
+/// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
+/// its add; a sealed round's counter holds seal_increment more).
+enum class arrival_step {
+    late,      ///< past MAX, or the round is sealed: the node is late for it
+    complete,  ///< the MAX-th arrival: it completes the round with every arrival
+    seal,      ///< the target arrival after the store moved: it seals the round
+    try_seal,  ///< elastic, at least the nodes needed: it seals once every live node joined
+    wait,      ///< it waits for its assignment
+};
+
+ELASTIC_DECL arrival_step on_arrival(std::int64_t arrival, const round_rules& rules);
+
+/// Whether the `arrival`-th node's wait has a last call (after which it seals the round, or
+/// marks the last call over for the live nodes still to come).
+ELASTIC_DECL bool has_last_call(std::int64_t arrival, const round_rules& rules);
+
+/// A seal's add returned `sealed`: the arrivals the sealer completes the round with, or nothing
+/// when another seal came first or the MAX-th arrival completes the round.
+ELASTIC_DECL std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes);
+
+/// Whether a round whose counter reads `count` may be sealed once every live node joined: not
+/// sealed, short of MAX (that arrival completes it), and with the nodes needed.
+ELASTIC_DECL bool may_seal_when_all_live(std::int64_t count, const round_rules& rules);
+
+/// Whether round r completes as soon as every live node joined: not the job's first round
+/// (nodes are still starting), nor one that admits new nodes (others may be starting with
+/// them: torchrun's last call lets a batch of new nodes in with one restart), nor the first
+/// after the store moved.
+ELASTIC_DECL bool quick_round(int r, bool admission, int target) noexcept;
+
+/// The rules of the first round after the store moved, from the last round's size and whether
+/// the store's lost host was among its members: a majority of them (`quorum`), and the arrival
+/// that seals the round at once (every other member of the last round; at least the quorum).
+struct moved_round {
+    int quorum = 1;
+    int target = 1;
+};
+
+ELASTIC_DECL moved_round after_store_moved(int last_size, bool host_in_round) noexcept;
+
+}  // namespace detail::rendezvous
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::rendezvous {
+
+ELASTIC_DECL std::variant<std::vector<int>, std::string> assign_group_ranks(const std::vector<node_info>& nodes,
+                                                                            bool strict) {
     const int n = static_cast<int>(nodes.size());
     std::vector<int> rank(nodes.size(), -1);
     std::vector<int> owner(nodes.size(), -1);
@@ -71,11 +161,7 @@ inline std::variant<std::vector<int>, std::string> assign_group_ranks(const std:
     return rank;
 }
 
-/// Where the round's nodes connect to group rank 0's workers' store from: each node's published
-/// interface addresses and its advertised address when that is a literal; for a node that
-/// published none, its host and advertised address (names, resolved by group rank 0). Each
-/// once, in order.
-inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
+ELASTIC_DECL std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
     std::vector<std::string> out;
     auto add = [&](const std::string& p) {
         if (!p.empty() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
@@ -92,29 +178,7 @@ inline std::vector<std::string> peers_of(const std::vector<node_info>& nodes) {
     return out;
 }
 
-/// Added to a round's arrival counter to seal it: an arrival that reads at least this is late.
-inline constexpr std::int64_t seal_increment = std::int64_t{1} << 32;
-
-/// At most this many successors (idle servers of members) are named for the store.
-inline constexpr std::size_t max_successors = 3;
-
-/// A round decided from its members (in arrival order): what its completer writes.
-struct round_plan {
-    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
-    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
-    int world_size = 0;              ///< the round's workers (every member's nproc)
-    std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
-    std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
-    bool host_in = false;            ///< the store's host is a member
-    /// Where the store moves if its host is lost: the first members by group rank that have
-    /// an idle server and do not host it now (docs/rendezvous.md).
-    std::vector<store_successor> successors;
-    std::vector<std::string> peers;  ///< peers_of(members), for group rank 0
-};
-
-/// The round `nodes` (its members, in arrival order) form, or a message naming why they form
-/// none (assign_group_ranks: a --node-rank conflict under `strict`).
-inline std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict) {
+ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<node_info>& nodes, bool strict) {
     if (nodes.empty()) return std::string("a round needs at least one node");
     auto assigned = assign_group_ranks(nodes, strict);
     if (auto* message = std::get_if<std::string>(&assigned)) return std::move(*message);
@@ -141,25 +205,7 @@ inline std::variant<round_plan, std::string> plan_round(const std::vector<node_i
     return plan;
 }
 
-/// What decides a round's completion besides its arrivals.
-struct round_rules {
-    int nnodes = 1;        ///< MAX: the MAX-th arrival completes the round
-    bool elastic = false;  ///< MIN < MAX
-    int needed = 1;        ///< the nodes a round needs: MIN, or after the store moved a majority
-    int target = 0;        ///< after the store moved: the arrival that seals the round (0: none)
-};
-
-/// What a node does once it arrived at a round as the `arrival`-th (the round's counter after
-/// its add; a sealed round's counter holds seal_increment more).
-enum class arrival_step {
-    late,      ///< past MAX, or the round is sealed: the node is late for it
-    complete,  ///< the MAX-th arrival: it completes the round with every arrival
-    seal,      ///< the target arrival after the store moved: it seals the round
-    try_seal,  ///< elastic, at least the nodes needed: it seals once every live node joined
-    wait,      ///< it waits for its assignment
-};
-
-inline arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
+ELASTIC_DECL arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
     if (arrival > rules.nnodes) return arrival_step::late;
     if (arrival == rules.nnodes) return arrival_step::complete;
     if (rules.target > 0 && arrival == rules.target) return arrival_step::seal;
@@ -167,42 +213,24 @@ inline arrival_step on_arrival(std::int64_t arrival, const round_rules& rules) {
     return arrival_step::wait;
 }
 
-/// Whether the `arrival`-th node's wait has a last call (after which it seals the round, or
-/// marks the last call over for the live nodes still to come).
-inline bool has_last_call(std::int64_t arrival, const round_rules& rules) {
+ELASTIC_DECL bool has_last_call(std::int64_t arrival, const round_rules& rules) {
     return (rules.elastic || rules.target > 0) && arrival >= rules.needed;
 }
 
-/// A seal's add returned `sealed`: the arrivals the sealer completes the round with, or nothing
-/// when another seal came first or the MAX-th arrival completes the round.
-inline std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes) {
+ELASTIC_DECL std::optional<int> sealed_arrivals(std::int64_t sealed, int nnodes) {
     if (sealed < seal_increment || sealed >= 2 * seal_increment) return std::nullopt;
     const auto joined = sealed - seal_increment;
     if (joined >= nnodes || joined < 1) return std::nullopt;
     return static_cast<int>(joined);
 }
 
-/// Whether a round whose counter reads `count` may be sealed once every live node joined: not
-/// sealed, short of MAX (that arrival completes it), and with the nodes needed.
-inline bool may_seal_when_all_live(std::int64_t count, const round_rules& rules) {
+ELASTIC_DECL bool may_seal_when_all_live(std::int64_t count, const round_rules& rules) {
     return count < seal_increment && count < rules.nnodes && count >= rules.needed;
 }
 
-/// Whether round r completes as soon as every live node joined: not the job's first round
-/// (nodes are still starting), nor one that admits new nodes (others may be starting with
-/// them: torchrun's last call lets a batch of new nodes in with one restart), nor the first
-/// after the store moved.
-inline bool quick_round(int r, bool admission, int target) noexcept { return r > 0 && !admission && target == 0; }
+ELASTIC_DECL bool quick_round(int r, bool admission, int target) noexcept { return r > 0 && !admission && target == 0; }
 
-/// The rules of the first round after the store moved, from the last round's size and whether
-/// the store's lost host was among its members: a majority of them (`quorum`), and the arrival
-/// that seals the round at once (every other member of the last round; at least the quorum).
-struct moved_round {
-    int quorum = 1;
-    int target = 1;
-};
-
-inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept {
+ELASTIC_DECL moved_round after_store_moved(int last_size, bool host_in_round) noexcept {
     const int before = std::max(last_size, 1);
     moved_round m;
     m.quorum = before / 2 + 1;
@@ -212,5 +240,6 @@ inline moved_round after_store_moved(int last_size, bool host_in_round) noexcept
 }
 
 }  // namespace detail::rendezvous
-
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

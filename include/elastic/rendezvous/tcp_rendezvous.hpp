@@ -47,18 +47,9 @@ namespace elastic::inline v0 {
 
 namespace detail::rendezvous {
 
-inline bool is_loopback(std::string_view host) {
-    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
-    std::error_code ec;
-    const auto address = asio::ip::make_address(std::string(host), ec);
-    return !ec && address.is_loopback();
-}
+ELASTIC_DECL bool is_loopback(std::string_view host);
 
-inline bool is_ip_literal(std::string_view host) {
-    std::error_code ec;
-    (void)asio::ip::make_address(std::string(host), ec);
-    return !ec;
-}
+ELASTIC_DECL bool is_ip_literal(std::string_view host);
 
 /// torchrun's is_host heuristic, widened to every address of every local
 /// interface (torchrun misses secondary NICs): `host` is localhost, a loopback address, this
@@ -66,113 +57,31 @@ inline bool is_ip_literal(std::string_view host) {
 inline bool interface_holds(const asio::ip::address& wanted);
 
 /// The address in a socket address (getifaddrs, getaddrinfo), or none for another family.
-inline std::optional<asio::ip::address> address_of(const sockaddr* sa) {
-    if (sa == nullptr) return std::nullopt;
-    if (sa->sa_family == AF_INET) {
-        const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
-        return asio::ip::address(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
-    }
-    if (sa->sa_family == AF_INET6) {
-        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
-        asio::ip::address_v6::bytes_type bytes;
-        std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
-        return asio::ip::address(asio::ip::address_v6(bytes));
-    }
-    return std::nullopt;
-}
+ELASTIC_DECL std::optional<asio::ip::address> address_of(const sockaddr* sa);
 
-inline bool is_this_host(std::string_view host) {
-    if (is_loopback(host)) return true;
-    if (host == host_name()) return true;
-    if (host == host_fqdn()) return true;
-    std::error_code ec;
-    const auto wanted = asio::ip::make_address(std::string(host), ec);
-    if (ec) return false;
-    return interface_holds(wanted);
-}
+ELASTIC_DECL bool is_this_host(std::string_view host);
 
 /// Whether one of this host's interfaces holds `wanted`.
-inline bool interface_holds(const asio::ip::address& wanted) {
-    ifaddrs* list = nullptr;
-    if (::getifaddrs(&list) != 0) return false;
-    bool found = false;
-    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) found = address_of(i->ifa_addr) == wanted;
-    ::freeifaddrs(list);
-    return found;
-}
+ELASTIC_DECL bool interface_holds(const asio::ip::address& wanted);
 
 /// The literal addresses of this host's interfaces that another node's traffic may come from:
 /// no loopback, no link-local IPv6 (it needs a zone to mean anything), each once, at most
 /// max_addrs. Published in the node's arrival info (node_info::addrs).
-inline std::vector<std::string> interface_addresses() {
-    std::vector<std::string> out;
-    ifaddrs* list = nullptr;
-    if (::getifaddrs(&list) != 0) return out;
-    for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
-        if (i->ifa_addr == nullptr) continue;
-        const auto found = address_of(i->ifa_addr);
-        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
-        const auto& a = *found;
-        if (a.is_loopback() || a.is_unspecified()) continue;
-        auto text = a.to_string();
-        if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
-    }
-    ::freeifaddrs(list);
-    return out;
-}
+ELASTIC_DECL std::vector<std::string> interface_addresses();
 
 /// "localhost" may resolve to ::1 for one process and 127.0.0.1 for another: use the literal.
-inline std::string literal_for(std::string_view host) {
-    if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
-    return std::string(host);
-}
+ELASTIC_DECL std::string literal_for(std::string_view host);
 
 /// The address a server named `host` binds on this node: an IP literal as given (a loopback
 /// name: 127.0.0.1); a name: the first address it resolves to, in the resolver's order
 /// (getaddrinfo, RFC 6724 as /etc/gai.conf tunes it), that this node owns — a loopback address
 /// or one an interface holds; IPv6 link-local addresses are passed over (they need a scope).
 /// Empty when the name resolves to no address of this node.
-inline std::string owned_address(std::string_view host) {
-    const auto literal = literal_for(host);
-    if (is_ip_literal(literal)) return literal;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* list = nullptr;
-    if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
-    std::string chosen;
-    for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
-        const auto found = address_of(i->ai_addr);
-        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
-        if (found->is_loopback() || interface_holds(*found)) chosen = found->to_string();
-    }
-    ::freeaddrinfo(list);
-    return chosen;
-}
+ELASTIC_DECL std::string owned_address(std::string_view host);
 
 /// Every address `host` names (an IP literal: itself; a name: what getaddrinfo gives), IPv4
 /// addresses mapped into IPv6 given as IPv4. Empty when it resolves to nothing.
-inline std::vector<asio::ip::address> resolve_all(std::string_view host) {
-    std::vector<asio::ip::address> out;
-    std::error_code ec;
-    auto literal = asio::ip::make_address(std::string(host), ec);
-    if (!ec) {
-        out.push_back(literal);
-    } else {
-        addrinfo hints{};
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* list = nullptr;
-        if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
-        for (auto* i = list; i != nullptr; i = i->ai_next)
-            if (const auto a = address_of(i->ai_addr)) out.push_back(*a);
-        ::freeaddrinfo(list);
-    }
-    for (auto& a : out) {
-        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
-    }
-    return out;
-}
+ELASTIC_DECL std::vector<asio::ip::address> resolve_all(std::string_view host);
 
 /// Which peers the workers' store of a round accepts: loopback (this node's workers), and the
 /// addresses of the round's members (filled once the round is known; empty before).
@@ -194,10 +103,7 @@ struct peer_list {
 
 /// Where a server for `host` listens: owned_address(host), else every interface ("0.0.0.0"),
 /// which only a name that resolves to no address of this node comes to.
-inline std::string bind_address_for(std::string_view host) {
-    auto owned = owned_address(host);
-    return owned.empty() ? std::string("0.0.0.0") : owned;
-}
+ELASTIC_DECL std::string bind_address_for(std::string_view host);
 
 }  // namespace detail::rendezvous
 
@@ -210,51 +116,12 @@ inline constexpr std::string_view rendezvous_secret_variable = "ELASTIC_RDZV_SEC
 /// variable from `env` either way, so workers (which inherit `env`) never see the secret.
 /// usage_error for an unreadable file or an empty secret; `warn` hears about a file that its
 /// group or others may read.
-inline void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
-                                   const std::function<void(std::string_view)>& warn) {
-    std::optional<std::string> from_env;
-    if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
-        from_env = it->second;
-        env.erase(it);
-    }
-    if (conf.secret) return;
-    if (conf.secret_file) {
-        const auto& path = *conf.secret_file;
-        std::ifstream in(path, std::ios::binary);
-        if (!in)
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
-                                          "file holding the job's secret",
-                                          path, std::error_code(errno, std::generic_category()).message())};
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-        if (text.empty())
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
-                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
-                                          path, path)};
-        struct stat st {};
-        if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
-                             "(mode {:04o}); chmod 600 it",
-                             path, static_cast<unsigned>(st.st_mode & 07777)));
-        conf.secret = std::move(text);
-        return;
-    }
-    if (from_env) {
-        if (from_env->empty())
-            throw usage_error{
-                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
-        conf.secret = std::move(*from_env);
-    }
-}
+ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
+                                         const std::function<void(std::string_view)>& warn);
 
 /// Whether the agent runs the multi-node rendezvous (tcp_rendezvous) rather than the
 /// single-node path: more than one node, or a c10d store another agent hosts.
-[[nodiscard]] inline bool uses_node_rendezvous(const rendezvous_parameters& p) {
-    if (p.nnodes.max > 1) return true;
-    if (p.backend != rendezvous_backend::c10d) return false;
-    if (p.settings.is_host) return !*p.settings.is_host;
-    return !detail::rendezvous::is_this_host(p.endpoint.host);
-}
+[[nodiscard]] ELASTIC_DECL bool uses_node_rendezvous(const rendezvous_parameters& p);
 
 /// Where this node's workers' store listens and what the other nodes are told (MASTER_ADDR):
 /// --local-addr when given; 127.0.0.1 when the rendezvous endpoint is a loopback address
@@ -264,15 +131,7 @@ struct advertised_address {
     std::string addr;
 };
 
-[[nodiscard]] inline advertised_address advertise(const rendezvous_parameters& p) {
-    if (p.local_addr) {
-        const auto lit = detail::rendezvous::literal_for(*p.local_addr);
-        return {detail::rendezvous::bind_address_for(lit), lit};
-    }
-    if (detail::rendezvous::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
-    const auto fqdn = host_fqdn();
-    return {detail::rendezvous::bind_address_for(fqdn), fqdn};
-}
+[[nodiscard]] ELASTIC_DECL advertised_address advertise(const rendezvous_parameters& p);
 
 /// The static and c10d backends over TCP. `start()` hosts the rendezvous store or connects to
 /// it; then `rendezvous()` is the store_rendezvous every round goes through.
@@ -700,3 +559,185 @@ using tcp_rendezvous = basic_tcp_rendezvous<>;
 static_assert(agent_rendezvous<tcp_rendezvous>);
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::rendezvous {
+
+ELASTIC_DECL bool is_loopback(std::string_view host) {
+    if (host == "localhost" || host == "localhost.localdomain" || host == "ip6-localhost") return true;
+    std::error_code ec;
+    const auto address = asio::ip::make_address(std::string(host), ec);
+    return !ec && address.is_loopback();
+}
+
+ELASTIC_DECL bool is_ip_literal(std::string_view host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(std::string(host), ec);
+    return !ec;
+}
+
+ELASTIC_DECL std::optional<asio::ip::address> address_of(const sockaddr* sa) {
+    if (sa == nullptr) return std::nullopt;
+    if (sa->sa_family == AF_INET) {
+        const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
+        return asio::ip::address(asio::ip::address_v4(ntohl(v4->sin_addr.s_addr)));
+    }
+    if (sa->sa_family == AF_INET6) {
+        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
+        asio::ip::address_v6::bytes_type bytes;
+        std::copy(std::begin(v6->sin6_addr.s6_addr), std::end(v6->sin6_addr.s6_addr), bytes.begin());
+        return asio::ip::address(asio::ip::address_v6(bytes));
+    }
+    return std::nullopt;
+}
+
+ELASTIC_DECL bool is_this_host(std::string_view host) {
+    if (is_loopback(host)) return true;
+    if (host == host_name()) return true;
+    if (host == host_fqdn()) return true;
+    std::error_code ec;
+    const auto wanted = asio::ip::make_address(std::string(host), ec);
+    if (ec) return false;
+    return interface_holds(wanted);
+}
+
+ELASTIC_DECL bool interface_holds(const asio::ip::address& wanted) {
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (auto* i = list; i != nullptr && !found; i = i->ifa_next) found = address_of(i->ifa_addr) == wanted;
+    ::freeifaddrs(list);
+    return found;
+}
+
+ELASTIC_DECL std::vector<std::string> interface_addresses() {
+    std::vector<std::string> out;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return out;
+    for (auto* i = list; i != nullptr && out.size() < max_addrs; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        const auto found = address_of(i->ifa_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        const auto& a = *found;
+        if (a.is_loopback() || a.is_unspecified()) continue;
+        auto text = a.to_string();
+        if (std::find(out.begin(), out.end(), text) == out.end()) out.push_back(std::move(text));
+    }
+    ::freeifaddrs(list);
+    return out;
+}
+
+ELASTIC_DECL std::string literal_for(std::string_view host) {
+    if (is_loopback(host) && !is_ip_literal(host)) return "127.0.0.1";
+    return std::string(host);
+}
+
+ELASTIC_DECL std::string owned_address(std::string_view host) {
+    const auto literal = literal_for(host);
+    if (is_ip_literal(literal)) return literal;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (::getaddrinfo(literal.c_str(), nullptr, &hints, &list) != 0) return {};
+    std::string chosen;
+    for (auto* i = list; i != nullptr && chosen.empty(); i = i->ai_next) {
+        const auto found = address_of(i->ai_addr);
+        if (!found || (found->is_v6() && found->to_v6().is_link_local())) continue;
+        if (found->is_loopback() || interface_holds(*found)) chosen = found->to_string();
+    }
+    ::freeaddrinfo(list);
+    return chosen;
+}
+
+ELASTIC_DECL std::vector<asio::ip::address> resolve_all(std::string_view host) {
+    std::vector<asio::ip::address> out;
+    std::error_code ec;
+    auto literal = asio::ip::make_address(std::string(host), ec);
+    if (!ec) {
+        out.push_back(literal);
+    } else {
+        addrinfo hints{};
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* list = nullptr;
+        if (::getaddrinfo(std::string(host).c_str(), nullptr, &hints, &list) != 0) return out;
+        for (auto* i = list; i != nullptr; i = i->ai_next)
+            if (const auto a = address_of(i->ai_addr)) out.push_back(*a);
+        ::freeaddrinfo(list);
+    }
+    for (auto& a : out) {
+        if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string bind_address_for(std::string_view host) {
+    auto owned = owned_address(host);
+    return owned.empty() ? std::string("0.0.0.0") : owned;
+}
+
+}  // namespace detail::rendezvous
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment& env,
+                                         const std::function<void(std::string_view)>& warn) {
+    std::optional<std::string> from_env;
+    if (const auto it = env.find(rendezvous_secret_variable); it != env.end()) {
+        from_env = it->second;
+        env.erase(it);
+    }
+    if (conf.secret) return;
+    if (conf.secret_file) {
+        const auto& path = *conf.secret_file;
+        std::ifstream in(path, std::ios::binary);
+        if (!in)
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
+                                          "file holding the job's secret",
+                                          path, std::error_code(errno, std::generic_category()).message())};
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+        if (text.empty())
+            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
+                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
+                                          path, path)};
+        struct stat st {};
+        if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
+                             "(mode {:04o}); chmod 600 it",
+                             path, static_cast<unsigned>(st.st_mode & 07777)));
+        conf.secret = std::move(text);
+        return;
+    }
+    if (from_env) {
+        if (from_env->empty())
+            throw usage_error{
+                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
+        conf.secret = std::move(*from_env);
+    }
+}
+
+[[nodiscard]] ELASTIC_DECL bool uses_node_rendezvous(const rendezvous_parameters& p) {
+    if (p.nnodes.max > 1) return true;
+    if (p.backend != rendezvous_backend::c10d) return false;
+    if (p.settings.is_host) return !*p.settings.is_host;
+    return !detail::rendezvous::is_this_host(p.endpoint.host);
+}
+
+[[nodiscard]] ELASTIC_DECL advertised_address advertise(const rendezvous_parameters& p) {
+    if (p.local_addr) {
+        const auto lit = detail::rendezvous::literal_for(*p.local_addr);
+        return {detail::rendezvous::bind_address_for(lit), lit};
+    }
+    if (detail::rendezvous::is_loopback(p.endpoint.host)) return {"127.0.0.1", "127.0.0.1"};
+    const auto fqdn = host_fqdn();
+    return {detail::rendezvous::bind_address_for(fqdn), fqdn};
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -63,7 +63,59 @@ inline constexpr const char* no_traceback_hint =
 /// The one-line description of a failure: the error file's message when it has one, else
 /// "Signal 9 (SIGKILL) received by PID 1234", else
 /// "Process 1234 (rank: 3, local_rank: 1) exited with code 3".
-inline std::string failure_headline(const worker_failure& f) {
+ELASTIC_DECL std::string failure_headline(const worker_failure& f);
+
+/// The stderr tail as a report shows it: a heading line, then the lines indented by two.
+ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail);
+
+/// What the summary prints after "traceback :" (multi-line; the summary indents continuation
+/// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
+/// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
+/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would
+/// print (the signal message, or its hint) improved by the tail of the worker's stderr when there
+/// is one. A malformed file is named as such first.
+ELASTIC_DECL std::string failure_traceback(const worker_failure& f);
+
+/// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
+/// the agent's observation of the exit, unless the worker's error file proves the error happened
+/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as the last instant
+/// of that second (t+1 s minus one clock tick): it moves a failure earlier only when that second
+/// ended before the agent saw the exit. The file's wall-clock time is related to the steady
+/// clock through the same failure's pair of observation stamps (the worker runs on the agent's
+/// host, so both read the same wall clock).
+ELASTIC_DECL std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept;
+
+/// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
+/// (as torchrun shows), else when the agent observed the exit.
+ELASTIC_DECL std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept;
+
+/// The index of the root cause among `failures`: the earliest failure_time() among those in
+/// state failed, the lowest global rank on a tie. Workers stopped by the agent are never chosen;
+/// nullopt when there is no failed worker.
+ELASTIC_DECL std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept;
+
+/// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
+/// killed it (the shell's convention), and at least 1 (a failure never reads as success).
+constexpr int launcher_exit_code(const worker_failure& f) noexcept {
+    const int code = f.status.shell_code();
+    return code == 0 ? 1 : code;
+}
+
+/// The exit code for a group's failures: the root cause's (see the overload); nullopt when no
+/// worker failed (the caller decides, e.g. 0, or 128+N for a signal the agent itself received).
+ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept;
+
+/// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
+/// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
+ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint);
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
     if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
         return f.error_file.content.message;
     }
@@ -74,8 +126,7 @@ inline std::string failure_headline(const worker_failure& f) {
                        f.status.code());
 }
 
-/// The stderr tail as a report shows it: a heading line, then the lines indented by two.
-inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
+ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     std::string out;
     if (tail.total_lines == tail.lines.size()) {
         out = fmt::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
@@ -89,13 +140,7 @@ inline std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     return out;
 }
 
-/// What the summary prints after "traceback :" (multi-line; the summary indents continuation
-/// lines). With a well-formed error file: torchrun's choice (py_callstack, else the message, else
-/// "<N/A>"), with the message put first when the callstack does not contain it (a C++ backtrace
-/// from elastic::record; a Python traceback always ends with it). Without one, what torchrun would
-/// print (the signal message, or its hint) improved by the tail of the worker's stderr when there
-/// is one. A malformed file is named as such first.
-inline std::string failure_traceback(const worker_failure& f) {
+ELASTIC_DECL std::string failure_traceback(const worker_failure& f) {
     const auto& ef = f.error_file;
     if (ef.parsed()) {
         const auto& c = ef.content;
@@ -134,14 +179,7 @@ inline std::string failure_traceback(const worker_failure& f) {
     return out;
 }
 
-/// The instant used to order failures, on the agent's steady clock (see docs/failure-report.md):
-/// the agent's observation of the exit, unless the worker's error file proves the error happened
-/// earlier. A whole-second file timestamp t stands for [t, t+1), so it counts as the last instant
-/// of that second (t+1 s minus one clock tick): it moves a failure earlier only when that second
-/// ended before the agent saw the exit. The file's wall-clock time is related to the steady
-/// clock through the same failure's pair of observation stamps (the worker runs on the agent's
-/// host, so both read the same wall clock).
-inline std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
+ELASTIC_DECL std::chrono::steady_clock::time_point failure_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         auto latest = *f.error_file.content.timestamp;
         if (f.error_file.content.timestamp_whole_seconds) {
@@ -155,19 +193,14 @@ inline std::chrono::steady_clock::time_point failure_time(const worker_failure& 
     return f.observed_steady;
 }
 
-/// The wall-clock time a report shows for a failure: the error file's timestamp when it has one
-/// (as torchrun shows), else when the agent observed the exit.
-inline std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept {
+ELASTIC_DECL std::chrono::system_clock::time_point failure_display_time(const worker_failure& f) noexcept {
     if (f.error_file.parsed() && f.error_file.content.timestamp) {
         return *f.error_file.content.timestamp;
     }
     return f.observed_system;
 }
 
-/// The index of the root cause among `failures`: the earliest failure_time() among those in
-/// state failed, the lowest global rank on a tie. Workers stopped by the agent are never chosen;
-/// nullopt when there is no failed worker.
-inline std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept {
+ELASTIC_DECL std::optional<std::size_t> root_cause(std::span<const worker_failure> failures) noexcept {
     std::optional<std::size_t> best;
     for (std::size_t i = 0; i < failures.size(); ++i) {
         const auto& f = failures[i];
@@ -188,27 +221,18 @@ inline std::optional<std::size_t> root_cause(std::span<const worker_failure> fai
     return best;
 }
 
-/// The exit code elasticrun ends with for a failure: the worker's own code, 128+N when signal N
-/// killed it (the shell's convention), and at least 1 (a failure never reads as success).
-constexpr int launcher_exit_code(const worker_failure& f) noexcept {
-    const int code = f.status.shell_code();
-    return code == 0 ? 1 : code;
-}
-
-/// The exit code for a group's failures: the root cause's (see the overload); nullopt when no
-/// worker failed (the caller decides, e.g. 0, or 128+N for a signal the agent itself received).
-inline std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept {
+ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failure> failures) noexcept {
     if (const auto root = root_cause(failures)) {
         return launcher_exit_code(failures[*root]);
     }
     return std::nullopt;
 }
 
-/// torchrun's log line when a group fails (multiprocessing/api.py, logged at error level for the
-/// first failure): `failed (exitcode: -9) local_rank: 1 (pid: 4201) of binary: train.py`.
-inline std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
+ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
                        f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

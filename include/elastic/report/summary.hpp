@@ -31,7 +31,38 @@ struct summary_options {
 namespace detail::report {
 
 /// "YYYY-MM-DD_HH:MM:SS", Python's datetime.fromtimestamp(t).isoformat(sep="_") for whole t.
-inline std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
+ELASTIC_DECL std::string summary_time(std::chrono::system_clock::time_point t, bool utc);
+
+/// `text` with every line after the first indented by two spaces, as torchrun indents a
+/// traceback (a trailing newline therefore leaves a line of two spaces, as in torchrun).
+ELASTIC_DECL std::string indent_continuation(std::string_view text);
+
+ELASTIC_DECL std::string failure_block(std::size_t idx, const worker_failure& f, bool utc);
+
+ELASTIC_DECL std::size_t widest_line(std::string_view text);
+
+}  // namespace detail::report
+
+/// The summary of a group's failure in torchrun's layout: for failures torchrun
+/// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
+/// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
+///
+/// Failed workers are listed in global-rank order, numbered by that order; the root cause
+/// (root_cause()) is shown under "Root Cause (first observed failure):", the others under
+/// "Failures:". One addition to torchrun's layout, present only when some worker was stopped by
+/// the agent: a section "Stopped by the agent (not failures):" between those two, one line per
+/// such worker (torchrun lists them nowhere, or, newest, as failures).
+ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
+                                        const summary_options& options = {});
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::report {
+
+ELASTIC_DECL std::string summary_time(std::chrono::system_clock::time_point t, bool utc) {
     const std::time_t secs = std::chrono::system_clock::to_time_t(std::chrono::floor<std::chrono::seconds>(t));
     std::tm tm{};
     if (utc) {
@@ -43,9 +74,7 @@ inline std::string summary_time(std::chrono::system_clock::time_point t, bool ut
                        tm.tm_min, tm.tm_sec);
 }
 
-/// `text` with every line after the first indented by two spaces, as torchrun indents a
-/// traceback (a trailing newline therefore leaves a line of two spaces, as in torchrun).
-inline std::string indent_continuation(std::string_view text) {
+ELASTIC_DECL std::string indent_continuation(std::string_view text) {
     std::string out;
     out.reserve(text.size() + 16);
     for (const char c : text) {
@@ -57,7 +86,7 @@ inline std::string indent_continuation(std::string_view text) {
     return out;
 }
 
-inline std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
+ELASTIC_DECL std::string failure_block(std::size_t idx, const worker_failure& f, bool utc) {
     const std::string error_file = f.error_file.status == error_file_status::absent || f.error_file.path.empty()
                                        ? std::string("<N/A>")
                                        : valid_utf8(f.error_file.path);
@@ -72,7 +101,7 @@ inline std::string failure_block(std::size_t idx, const worker_failure& f, bool 
                        f.status.returncode(), f.pid, error_file, indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
-inline std::size_t widest_line(std::string_view text) {
+ELASTIC_DECL std::size_t widest_line(std::string_view text) {
     std::size_t widest = 0;
     std::size_t start = 0;
     while (start <= text.size()) {
@@ -87,18 +116,12 @@ inline std::size_t widest_line(std::string_view text) {
 }
 
 }  // namespace detail::report
+}  // namespace elastic::inline v0
 
-/// The summary of a group's failure in torchrun's layout: for failures torchrun
-/// can express, byte for byte its ChildFailedError message (docs/failure-report.md lists the
-/// deliberate differences). It starts with a newline and has no trailing newline. `name` is the entrypoint's name (the title is "<name> FAILED").
-///
-/// Failed workers are listed in global-rank order, numbered by that order; the root cause
-/// (root_cause()) is shown under "Root Cause (first observed failure):", the others under
-/// "Failures:". One addition to torchrun's layout, present only when some worker was stopped by
-/// the agent: a section "Stopped by the agent (not failures):" between those two, one line per
-/// such worker (torchrun lists them nowhere, or, newest, as failures).
-inline std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
-                                  const summary_options& options = {}) {
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
+                                        const summary_options& options) {
     const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -161,3 +184,5 @@ inline std::string format_summary(std::string_view name, std::span<const worker_
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -12,7 +12,31 @@ namespace elastic::inline v0::detail::report {
 
 /// Length of the well-formed UTF-8 sequence at the start of `s` (1..4), or 0 when the first byte
 /// does not begin one (stray continuation, overlong form, surrogate, past U+10FFFF, cut short).
-inline std::size_t utf8_sequence_length(std::string_view s) noexcept {
+ELASTIC_DECL std::size_t utf8_sequence_length(std::string_view s) noexcept;
+
+/// `s` with every byte that is not part of well-formed UTF-8 replaced by U+FFFD (what Python's
+/// errors="replace" does), so the text can go into JSON and onto a terminal unchanged otherwise.
+ELASTIC_DECL std::string valid_utf8(std::string_view s);
+
+/// The length of `s` in code points (Python's len() of the decoded text, which is how torchrun
+/// measures the summary's width). Bytes outside well-formed UTF-8 count one each.
+ELASTIC_DECL std::size_t code_points(std::string_view s) noexcept;
+
+/// The longest prefix of `s` of at most `max_bytes` bytes that does not end inside a UTF-8
+/// sequence (so truncating never manufactures an invalid byte).
+ELASTIC_DECL std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept;
+
+/// `s` without a UTF-8 sequence cut short at its end (what remains when a byte stream is cut at
+/// an arbitrary byte); anything else, valid or not, is left alone.
+ELASTIC_DECL std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept;
+
+}  // namespace elastic::inline v0::detail::report
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::report {
+
+ELASTIC_DECL std::size_t utf8_sequence_length(std::string_view s) noexcept {
     if (s.empty()) {
         return 0;
     }
@@ -63,9 +87,7 @@ inline std::size_t utf8_sequence_length(std::string_view s) noexcept {
     return n;
 }
 
-/// `s` with every byte that is not part of well-formed UTF-8 replaced by U+FFFD (what Python's
-/// errors="replace" does), so the text can go into JSON and onto a terminal unchanged otherwise.
-inline std::string valid_utf8(std::string_view s) {
+ELASTIC_DECL std::string valid_utf8(std::string_view s) {
     std::string out;
     out.reserve(s.size());
     while (!s.empty()) {
@@ -81,9 +103,7 @@ inline std::string valid_utf8(std::string_view s) {
     return out;
 }
 
-/// The length of `s` in code points (Python's len() of the decoded text, which is how torchrun
-/// measures the summary's width). Bytes outside well-formed UTF-8 count one each.
-inline std::size_t code_points(std::string_view s) noexcept {
+ELASTIC_DECL std::size_t code_points(std::string_view s) noexcept {
     std::size_t count = 0;
     while (!s.empty()) {
         const std::size_t n = utf8_sequence_length(s);
@@ -93,9 +113,7 @@ inline std::size_t code_points(std::string_view s) noexcept {
     return count;
 }
 
-/// The longest prefix of `s` of at most `max_bytes` bytes that does not end inside a UTF-8
-/// sequence (so truncating never manufactures an invalid byte).
-inline std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
+ELASTIC_DECL std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
     if (s.size() <= max_bytes) {
         return s;
     }
@@ -109,9 +127,7 @@ inline std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) n
     return s.substr(0, end);
 }
 
-/// `s` without a UTF-8 sequence cut short at its end (what remains when a byte stream is cut at
-/// an arbitrary byte); anything else, valid or not, is left alone.
-inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept {
+ELASTIC_DECL std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcept {
     for (std::size_t i = 1; i <= 3 && i <= s.size(); ++i) {
         const auto b = static_cast<unsigned char>(s[s.size() - i]);
         if ((b & 0xC0) == 0x80) {
@@ -131,3 +147,5 @@ inline std::string_view utf8_incomplete_tail_trimmed(std::string_view s) noexcep
 }
 
 }  // namespace elastic::inline v0::detail::report
+
+#endif  // ELASTIC_DETAIL_BODIES

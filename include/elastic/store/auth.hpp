@@ -56,30 +56,10 @@ using nonce = std::array<unsigned char, nonce_size>;
 using mac = std::array<unsigned char, mac_size>;
 
 /// A fresh nonce from OpenSSL's CSPRNG; store_error when it has no entropy.
-inline nonce random_nonce() {
-    nonce n{};
-    if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
-        throw store_error("the store's authentication cannot draw a random nonce (OpenSSL "
-                          "RAND_bytes failed): the system has no entropy source");
-    return n;
-}
+ELASTIC_DECL nonce random_nonce();
 
 /// HMAC-SHA256(secret, label || client nonce || server nonce).
-inline mac compute_mac(std::string_view secret, std::string_view label, const nonce& client, const nonce& server) {
-    std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
-    auto* p = input.data();
-    for (const char c : label) *p++ = static_cast<unsigned char>(c);
-    for (const auto b : client) *p++ = b;
-    for (const auto b : server) *p++ = b;
-    mac out{};
-    unsigned int len = 0;
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(), input.size(), out.data(),
-             &len) == nullptr ||
-        len != out.size())
-        throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
-                          "failed)");
-    return out;
-}
+ELASTIC_DECL mac compute_mac(std::string_view secret, std::string_view label, const nonce& client, const nonce& server);
 
 /// What one `feed` did.
 enum class status : std::uint8_t {
@@ -96,43 +76,19 @@ struct step {
 
 namespace detail {
 
-inline std::string hex(std::string_view bytes, std::size_t at_most = 8) {
-    std::string out;
-    for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
-        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
-    if (bytes.size() > at_most) out += " ...";
-    return out;
-}
+ELASTIC_DECL std::string hex(std::string_view bytes, std::size_t at_most = 8);
 
 // How many leading bytes of `in` match magic + version: all available ones, or the index of
 // the first that differs.
-inline std::size_t matching_prefix(std::string_view in) {
-    const std::size_t n = std::min(in.size(), magic.size() + 1);
-    for (std::size_t i = 0; i < n; ++i) {
-        const char want = i < magic.size() ? magic[i] : static_cast<char>(version);
-        if (in[i] != want) return i;
-    }
-    return n;
-}
+ELASTIC_DECL std::size_t matching_prefix(std::string_view in);
 
-inline void put_nonce(std::string& out, const nonce& n) {
-    out.append(reinterpret_cast<const char*>(n.data()), n.size());
-}
+ELASTIC_DECL void put_nonce(std::string& out, const nonce& n);
 
-inline nonce get_nonce(std::string_view in) {
-    nonce n{};
-    for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<unsigned char>(in[i]);
-    return n;
-}
+ELASTIC_DECL nonce get_nonce(std::string_view in);
 
-inline void put_header(std::string& out) {
-    out.append(magic.data(), magic.size());
-    out.push_back(static_cast<char>(version));
-}
+ELASTIC_DECL void put_header(std::string& out);
 
-inline bool same_mac(const mac& expected, std::string_view got) {
-    return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
-}
+ELASTIC_DECL bool same_mac(const mac& expected, std::string_view got);
 
 }  // namespace detail
 
@@ -295,3 +251,78 @@ private:
 };
 
 }  // namespace elastic::inline v0::store_auth
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::store_auth {
+
+ELASTIC_DECL nonce random_nonce() {
+    nonce n{};
+    if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
+        throw store_error("the store's authentication cannot draw a random nonce (OpenSSL "
+                          "RAND_bytes failed): the system has no entropy source");
+    return n;
+}
+
+ELASTIC_DECL mac compute_mac(std::string_view secret, std::string_view label, const nonce& client,
+                             const nonce& server) {
+    std::array<unsigned char, server_label.size() + 2 * nonce_size> input{};
+    auto* p = input.data();
+    for (const char c : label) *p++ = static_cast<unsigned char>(c);
+    for (const auto b : client) *p++ = b;
+    for (const auto b : server) *p++ = b;
+    mac out{};
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), input.data(), input.size(), out.data(),
+             &len) == nullptr ||
+        len != out.size())
+        throw store_error("the store's authentication cannot compute HMAC-SHA256 (OpenSSL HMAC "
+                          "failed)");
+    return out;
+}
+
+}  // namespace elastic::inline v0::store_auth
+
+namespace elastic::inline v0::store_auth {
+namespace detail {
+
+ELASTIC_DECL std::string hex(std::string_view bytes, std::size_t at_most) {
+    std::string out;
+    for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
+        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
+    if (bytes.size() > at_most) out += " ...";
+    return out;
+}
+
+ELASTIC_DECL std::size_t matching_prefix(std::string_view in) {
+    const std::size_t n = std::min(in.size(), magic.size() + 1);
+    for (std::size_t i = 0; i < n; ++i) {
+        const char want = i < magic.size() ? magic[i] : static_cast<char>(version);
+        if (in[i] != want) return i;
+    }
+    return n;
+}
+
+ELASTIC_DECL void put_nonce(std::string& out, const nonce& n) {
+    out.append(reinterpret_cast<const char*>(n.data()), n.size());
+}
+
+ELASTIC_DECL nonce get_nonce(std::string_view in) {
+    nonce n{};
+    for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<unsigned char>(in[i]);
+    return n;
+}
+
+ELASTIC_DECL void put_header(std::string& out) {
+    out.append(magic.data(), magic.size());
+    out.push_back(static_cast<char>(version));
+}
+
+ELASTIC_DECL bool same_mac(const mac& expected, std::string_view got) {
+    return got.size() == expected.size() && CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
+}
+
+}  // namespace detail
+}  // namespace elastic::inline v0::store_auth
+
+#endif  // ELASTIC_DETAIL_BODIES

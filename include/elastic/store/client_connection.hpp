@@ -58,8 +58,17 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 
 // The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
 // `max`, multiplied by a random factor in [0.5, 1] so many clients do not retry in lockstep.
-inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
-                                                 std::chrono::milliseconds max, std::minstd_rand& rng) {
+ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                       std::chrono::milliseconds max, std::minstd_rand& rng);
+
+}  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milliseconds initial,
+                                                       std::chrono::milliseconds max, std::minstd_rand& rng) {
     auto d = initial;
     for (int i = 1; i < attempt && d < max; ++i) d *= 2;
     d = std::min(d, max);
@@ -69,3 +78,5 @@ inline std::chrono::milliseconds connect_backoff(int attempt, std::chrono::milli
 }
 
 }  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -39,24 +39,13 @@ namespace detail::store {
 
 // A request whose reply proves the server is there: PING (u32 nonce echoed) in the current
 // dialect, an empty CHECK (READY) in the legacy one, which has no PING.
-inline std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+ELASTIC_DECL std::uint32_t heartbeat_nonce();
 
-inline void encode_heartbeat(wire::dialect dialect, std::string& out) {
-    if (dialect == wire::dialect::current) {
-        wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
-        wire::put_u32(out, heartbeat_nonce());
-    } else {
-        wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
-        wire::put_u64(out, 0);
-    }
-}
+ELASTIC_DECL void encode_heartbeat(wire::dialect dialect, std::string& out);
 
-inline std::size_t heartbeat_reply_size(wire::dialect dialect) { return dialect == wire::dialect::current ? 4 : 1; }
+ELASTIC_DECL std::size_t heartbeat_reply_size(wire::dialect dialect);
 
-inline bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
-    if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
-    return static_cast<std::uint8_t>(*p) == static_cast<std::uint8_t>(wire::check_response::ready);
-}
+ELASTIC_DECL bool heartbeat_reply_ok(wire::dialect dialect, const char* p);
 
 // The lease keys a client holds on its connection, and the loss of that connection: reported
 // once, to whoever awaits (or next awaits) next_loss(). Use it on the client's thread.
@@ -111,3 +100,34 @@ using store_client_leases = basic_store_client_leases<>;
 }  // namespace detail::store
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL std::uint32_t heartbeat_nonce() { return static_cast<std::uint32_t>(::getpid()); }
+
+ELASTIC_DECL void encode_heartbeat(wire::dialect dialect, std::string& out) {
+    if (dialect == wire::dialect::current) {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::current, wire::op::ping));
+        wire::put_u32(out, heartbeat_nonce());
+    } else {
+        wire::put_u8(out, *wire::to_byte(wire::dialect::legacy, wire::op::check));
+        wire::put_u64(out, 0);
+    }
+}
+
+ELASTIC_DECL std::size_t heartbeat_reply_size(wire::dialect dialect) {
+    return dialect == wire::dialect::current ? 4 : 1;
+}
+
+ELASTIC_DECL bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
+    if (dialect == wire::dialect::current) return wire::get_le<std::uint32_t>(p) == heartbeat_nonce();
+    return static_cast<std::uint8_t>(*p) == static_cast<std::uint8_t>(wire::check_response::ready);
+}
+
+}  // namespace detail::store
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -27,32 +27,21 @@ inline constexpr std::string_view lease_marker = "__lease__/";
 
 namespace detail::store {
 
-inline std::string lease_space(std::string_view group) {
-    std::string out(group);
-    if (!out.empty() && out.back() != '/') out.push_back('/');
-    out.append(lease_marker);
-    return out;
-}
+ELASTIC_DECL std::string lease_space(std::string_view group);
 
 }  // namespace detail::store
 
 /// The key of lease `name` in `group` ("" for none): `<group>/__lease__/<name>`. `name` must
 /// not be empty nor start with "__" (hold_lease and the server refuse such names).
-inline std::string lease_key(std::string_view group, std::string_view name) {
-    return detail::store::lease_space(group).append(name);
-}
+ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name);
 
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
-inline std::string lease_epoch_key(std::string_view group) {
-    return detail::store::lease_space(group).append("__epoch");
-}
+ELASTIC_DECL std::string lease_epoch_key(std::string_view group);
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
-inline std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
-    return detail::store::lease_space(group).append("__lost/").append(std::to_string(epoch));
-}
+ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch);
 
 /// A wire key split at its lease marker.
 struct lease_key_parts {
@@ -64,7 +53,40 @@ struct lease_key_parts {
 
 /// Splits `key` at its first lease marker (one at the start or right after a '/'), or nothing
 /// when `key` is an ordinary key.
-inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
+ELASTIC_DECL std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL std::string lease_space(std::string_view group) {
+    std::string out(group);
+    if (!out.empty() && out.back() != '/') out.push_back('/');
+    out.append(lease_marker);
+    return out;
+}
+
+}  // namespace detail::store
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name) {
+    return detail::store::lease_space(group).append(name);
+}
+
+ELASTIC_DECL std::string lease_epoch_key(std::string_view group) {
+    return detail::store::lease_space(group).append("__epoch");
+}
+
+ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
+    return detail::store::lease_space(group).append("__lost/").append(std::to_string(epoch));
+}
+
+ELASTIC_DECL std::optional<lease_key_parts> parse_lease_key(std::string_view key) noexcept {
     for (std::size_t pos = key.find(lease_marker); pos != std::string_view::npos;
          pos = key.find(lease_marker, pos + 1)) {
         if (pos == 0 || key[pos - 1] == '/') {
@@ -76,3 +98,5 @@ inline std::optional<lease_key_parts> parse_lease_key(std::string_view key) noex
 }
 
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -155,7 +155,18 @@ struct store_server_core {
     bool stopped = false;
 };
 
-inline std::string format_peer(const asio::ip::tcp::socket& s) {
+ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s);
+
+}  // namespace detail::store
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
     const auto ep = s.remote_endpoint(ec);
     if (ec) return "unknown peer";
@@ -164,5 +175,6 @@ inline std::string format_peer(const asio::ip::tcp::socket& s) {
 }
 
 }  // namespace detail::store
-
 }  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

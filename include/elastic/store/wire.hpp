@@ -293,7 +293,19 @@ private:
 /// Incremental: call again with more bytes after `need_more`; nothing is consumed until
 /// `complete`. Never reads past `in`, never allocates beyond the reused vectors of `out` (and
 /// the reason string when malformed), whatever the input.
-inline parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim = {}) {
+ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim = {});
+
+/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
+/// when `d` has no opcode for the operation.
+ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out);
+
+}  // namespace elastic::inline v0::wire
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::wire {
+
+ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request& out, const limits& lim) {
     detail::request_reader r{in, lim};
     const char* p = nullptr;
     if (!r.fixed(1, p)) return std::move(r).result(false);
@@ -351,9 +363,7 @@ inline parse_result parse_request(dialect d, std::string_view in, request& out, 
     return std::move(r).result(ok);
 }
 
-/// Appends the bytes of `req` in dialect `d` (for clients and tests). Throws std::invalid_argument
-/// when `d` has no opcode for the operation.
-inline void encode_request(dialect d, const request& req, std::string& out) {
+ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out) {
     const auto byte = to_byte(d, req.operation);
     if (!byte)
         throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect", name(req.operation),
@@ -407,3 +417,5 @@ inline void encode_request(dialect d, const request& req, std::string& out) {
 }
 
 }  // namespace elastic::inline v0::wire
+
+#endif  // ELASTIC_DETAIL_BODIES
