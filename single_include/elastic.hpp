@@ -2077,32 +2077,12 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 
     // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
     // `expired` set, so the operation reports a timeout instead of hanging.
-    void arm_deadline(std::chrono::steady_clock::time_point deadline) {
-        expired = false;
-        const auto armed = ++generation;
-        timer.expires_at(deadline);
-        timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
-            if (ec) return;
-            const auto conn = weak.lock();
-            if (!conn || conn->generation != armed) return;
-            conn->expired = true;
-            std::error_code ignored;
-            conn->socket.cancel(ignored);
-        });
-    }
+    ELASTIC_DECL void arm_deadline(std::chrono::steady_clock::time_point deadline);
 
-    void disarm() noexcept {
-        ++generation;
-        timer.cancel();
-    }
+    ELASTIC_DECL void disarm() noexcept;
 
     // Shuts the socket down and closes it; the deadline lapses.
-    void close() noexcept {
-        std::error_code ignored;
-        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        socket.close(ignored);
-        disarm();
-    }
+    ELASTIC_DECL void close() noexcept;
 };
 
 // The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
@@ -2124,6 +2104,36 @@ ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono:
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
     return std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
                                                                                  jitter(rng)));
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL void store_client_connection::arm_deadline(std::chrono::steady_clock::time_point deadline) {
+    expired = false;
+    const auto armed = ++generation;
+    timer.expires_at(deadline);
+    timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+        if (ec) return;
+        const auto conn = weak.lock();
+        if (!conn || conn->generation != armed) return;
+        conn->expired = true;
+        std::error_code ignored;
+        conn->socket.cancel(ignored);
+    });
+}
+
+ELASTIC_DECL void store_client_connection::disarm() noexcept {
+    ++generation;
+    timer.cancel();
+}
+
+ELASTIC_DECL void store_client_connection::close() noexcept {
+    std::error_code ignored;
+    socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+    disarm();
 }
 
 }  // namespace elastic::inline v0::detail::store
@@ -3983,47 +3993,21 @@ public:
     store_engine& operator=(const store_engine&) = delete;
 
     /// The value of `key`, or null when absent. Valid until the next write.
-    const std::string* find(std::string_view key) const {
-        const auto it = table_.find(key);
-        return it == table_.end() ? nullptr : &it->second;
-    }
+    ELASTIC_DECL const std::string* find(std::string_view key) const;
 
     /// Sets `key` to `value` (overwrites) and wakes its waiters.
-    void set(std::string_view key, std::string_view value) {
-        write(
-            key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
-    }
+    ELASTIC_DECL void set(std::string_view key, std::string_view value);
     /// Sets `key`, taking the value's storage.
-    void set(std::string_view key, std::string&& value) {
-        write(
-            key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
-    }
+    ELASTIC_DECL void set(std::string_view key, std::string&& value);
 
     /// Appends to `key`'s value, creating it when absent; wakes its waiters.
-    void append(std::string_view key, std::string_view value) {
-        write(
-            key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
-    }
+    ELASTIC_DECL void append(std::string_view key, std::string_view value);
 
     /// Adds `delta` to the decimal integer at `key` (absent counts as 0), stores the result as
     /// decimal ASCII like PyTorch (`std::to_string`), wakes waiters and returns it. Throws
     /// store_error, leaving the value as it was, when the value is not a decimal int64 or the sum
     /// overflows.
-    std::int64_t add(std::string_view key, std::int64_t delta) {
-        std::int64_t current = 0;
-        if (const auto* v = find(key)) current = parse_int(key, *v);
-        std::int64_t sum = 0;
-        if (__builtin_add_overflow(current, delta, &sum))
-            throw store_error(fmt::format("ADD {} to key '{}' holding {} overflows a 64-bit "
-                                          "integer",
-                                          delta, printable(key), current));
-        char digits[24];
-        const auto res = std::to_chars(digits, digits + sizeof digits, sum);
-        const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
-        write(
-            key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
-        return sum;
-    }
+    ELASTIC_DECL std::int64_t add(std::string_view key, std::int64_t delta);
 
     /// PyTorch's compare-and-set: absent and `expected` empty -> create with `desired`; absent
     /// and `expected` non-empty -> write nothing, return `expected`; present and equal to
@@ -4031,32 +4015,11 @@ public:
     /// Returns the value now stored (or `expected` in the second case); the view is valid until
     /// the next write or as long as the arguments. Creating a key wakes its waiters (the libuv
     /// server does; 1.13 did not).
-    std::string_view compare_set(std::string_view key, std::string_view expected, std::string_view desired) {
-        const auto it = table_.find(key);
-        if (it == table_.end()) {
-            if (!expected.empty()) return expected;
-        } else if (it->second != expected) {
-            return it->second;
-        }
-        write(
-            key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
-        return *find(key);
-    }
+    ELASTIC_DECL std::string_view compare_set(std::string_view key, std::string_view expected,
+                                              std::string_view desired);
 
     /// Removes `key`; true when it existed. Waiters are untouched (they wait for missing keys).
-    bool erase(std::string_view key) {
-        const auto it = table_.find(key);
-        if (it == table_.end()) return false;
-        table_bytes_ -= entry_bytes(it->first.size(), it->second.size());
-        if (const auto w = watchers_.find(key); w != watchers_.end()) {
-            const std::string old = std::move(it->second);
-            table_.erase(it);
-            for (auto* watcher : w->second) watcher->on_change(store_change::deleted, key, old, {});
-            return true;
-        }
-        table_.erase(it);
-        return true;
-    }
+    ELASTIC_DECL bool erase(std::string_view key);
 
     /// Whether every key exists.
     template <std::ranges::input_range R>
@@ -4076,11 +4039,7 @@ public:
     std::size_t bytes() const noexcept { return table_bytes_ + waiter_bytes_ + watcher_bytes_; }
 
     /// Bytes that writing `value_size` bytes under `key` would add (0 when it would not grow).
-    std::size_t growth(std::string_view key, std::size_t value_size) const {
-        const auto* v = find(key);
-        if (!v) return entry_bytes(key.size(), value_size);
-        return value_size > v->size() ? value_size - v->size() : 0;
-    }
+    ELASTIC_DECL std::size_t growth(std::string_view key, std::size_t value_size) const;
 
     /// What one entry of `key_size` and `value_size` bytes is counted as.
     static constexpr std::size_t entry_bytes(std::size_t key_size, std::size_t value_size) {
@@ -4116,35 +4075,14 @@ public:
 
     /// Forgets `w` wherever it is registered (a timeout, CANCEL_WAIT, a closed connection).
     /// Harmless when it is not registered.
-    void cancel(store_waiter& w) noexcept {
-        for (const auto& k : w.keys_) {
-            const auto it = waiters_.find(std::string_view(k));
-            if (it == waiters_.end()) continue;
-            auto& list = it->second;
-            waiter_bytes_ -= std::erase(list, &w) * awaited_bytes(k.size());
-            if (list.empty()) waiters_.erase(it);
-        }
-        w.keys_.clear();
-        w.pending_ = 0;
-    }
+    ELASTIC_DECL void cancel(store_waiter& w) noexcept;
 
     /// The number of keys someone waits for (for tests and metrics).
     std::size_t awaited_keys() const noexcept { return waiters_.size(); }
 
     /// Tells `w` of every later change of `key` until `unwatch`. Watching a key twice is
     /// watching it once. Returns whether this registered anything new.
-    bool watch(store_watcher& w, std::string_view key) {
-        auto it = watchers_.find(key);
-        if (it == watchers_.end()) {
-            it = watchers_.emplace(std::string(key), watcher_list{}).first;
-            watcher_bytes_ += entry_bytes(key.size(), 0);
-        } else if (std::ranges::find(it->second, &w) != it->second.end()) {
-            return false;
-        }
-        it->second.push_back(&w);
-        watcher_bytes_ += sizeof(store_watcher*);
-        return true;
-    }
+    ELASTIC_DECL bool watch(store_watcher& w, std::string_view key);
 
     /// What watching `key` may add (for a memory limit checked before the call).
     static constexpr std::size_t watch_bytes(std::size_t key_size) {
@@ -4152,45 +4090,16 @@ public:
     }
 
     /// Stops every watch of `w`.
-    void unwatch(store_watcher& w) noexcept {
-        for (auto it = watchers_.begin(); it != watchers_.end();) {
-            watcher_bytes_ -= std::erase(it->second, &w) * sizeof(store_watcher*);
-            if (it->second.empty()) {
-                watcher_bytes_ -= entry_bytes(it->first.size(), 0);
-                it = watchers_.erase(it);
-            } else {
-                it = std::next(it);
-            }
-        }
-    }
+    ELASTIC_DECL void unwatch(store_watcher& w) noexcept;
 
     /// A key shown in a message: printable ASCII as is, other bytes as \xNN, long keys cut.
-    static std::string printable(std::string_view key) {
-        std::string out;
-        for (const char c : key.substr(0, 200)) {
-            const auto u = static_cast<unsigned char>(c);
-            if (u >= 0x20 && u < 0x7f && u != '\\') out.push_back(c);
-            else out += fmt::format("\\x{:02x}", u);
-        }
-        if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
-        return out;
-    }
+    static ELASTIC_DECL std::string printable(std::string_view key);
 
 private:
     using waiter_list = std::vector<store_waiter*>;
     using watcher_list = std::vector<store_watcher*>;
 
-    static std::int64_t parse_int(std::string_view key, const std::string& v) {
-        std::int64_t n = 0;
-        const auto* first = v.data();
-        const auto* last = v.data() + v.size();
-        const auto res = std::from_chars(first, last, n);
-        if (v.empty() || res.ec != std::errc{} || res.ptr != last)
-            throw store_error(fmt::format("ADD on key '{}' whose value '{}' is not a decimal "
-                                          "64-bit integer; ADD needs a counter written by ADD",
-                                          printable(key), printable(v)));
-        return n;
-    }
+    static ELASTIC_DECL std::int64_t parse_int(std::string_view key, const std::string& v);
 
     // Applies `mutate(value, created)` to the entry of `key` (creating it), then tells watchers
     // and wakes waiters. Waiters only exist for keys that were absent, so only a creation can
@@ -4217,21 +4126,7 @@ private:
         if (created) wake(key);
     }
 
-    void wake(std::string_view key) {
-        const auto it = waiters_.find(key);
-        if (it == waiters_.end()) return;
-        waiter_list list = std::move(it->second);
-        waiters_.erase(it);
-        waiter_bytes_ -= list.size() * awaited_bytes(key.size());
-        for (auto* w : list) {
-            // A waiter listed twice under this key (WAIT [k, k]) counts twice; it is ready at
-            // its last registration, after which no list holds it any more.
-            if (--w->pending_ == 0) {
-                w->keys_.clear();
-                w->on_ready();
-            }
-        }
-    }
+    ELASTIC_DECL void wake(std::string_view key);
 
     std::unordered_map<std::string, std::string, store_string_hash, std::equal_to<>> table_;
     std::unordered_map<std::string, waiter_list, store_string_hash, std::equal_to<>> waiters_;
@@ -4244,6 +4139,159 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL const std::string* store_engine::find(std::string_view key) const {
+    const auto it = table_.find(key);
+    return it == table_.end() ? nullptr : &it->second;
+}
+
+ELASTIC_DECL void store_engine::set(std::string_view key, std::string_view value) {
+    write(
+        key, [&](std::string& v, bool) { v.assign(value); }, store_change::updated);
+}
+
+ELASTIC_DECL void store_engine::set(std::string_view key, std::string&& value) {
+    write(
+        key, [&](std::string& v, bool) { v = std::move(value); }, store_change::updated);
+}
+
+ELASTIC_DECL void store_engine::append(std::string_view key, std::string_view value) {
+    write(
+        key, [&](std::string& v, bool) { v.append(value); }, store_change::appended);
+}
+
+ELASTIC_DECL std::int64_t store_engine::add(std::string_view key, std::int64_t delta) {
+    std::int64_t current = 0;
+    if (const auto* v = find(key)) current = parse_int(key, *v);
+    std::int64_t sum = 0;
+    if (__builtin_add_overflow(current, delta, &sum))
+        throw store_error(fmt::format("ADD {} to key '{}' holding {} overflows a 64-bit "
+                                      "integer",
+                                      delta, printable(key), current));
+    char digits[24];
+    const auto res = std::to_chars(digits, digits + sizeof digits, sum);
+    const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
+    write(
+        key, [&](std::string& v, bool) { v.assign(text); }, store_change::updated);
+    return sum;
+}
+
+ELASTIC_DECL std::string_view store_engine::compare_set(std::string_view key, std::string_view expected,
+                                                        std::string_view desired) {
+    const auto it = table_.find(key);
+    if (it == table_.end()) {
+        if (!expected.empty()) return expected;
+    } else if (it->second != expected) {
+        return it->second;
+    }
+    write(
+        key, [&](std::string& v, bool) { v.assign(desired); }, store_change::updated);
+    return *find(key);
+}
+
+ELASTIC_DECL bool store_engine::erase(std::string_view key) {
+    const auto it = table_.find(key);
+    if (it == table_.end()) return false;
+    table_bytes_ -= entry_bytes(it->first.size(), it->second.size());
+    if (const auto w = watchers_.find(key); w != watchers_.end()) {
+        const std::string old = std::move(it->second);
+        table_.erase(it);
+        for (auto* watcher : w->second) watcher->on_change(store_change::deleted, key, old, {});
+        return true;
+    }
+    table_.erase(it);
+    return true;
+}
+
+ELASTIC_DECL std::size_t store_engine::growth(std::string_view key, std::size_t value_size) const {
+    const auto* v = find(key);
+    if (!v) return entry_bytes(key.size(), value_size);
+    return value_size > v->size() ? value_size - v->size() : 0;
+}
+
+ELASTIC_DECL void store_engine::cancel(store_waiter& w) noexcept {
+    for (const auto& k : w.keys_) {
+        const auto it = waiters_.find(std::string_view(k));
+        if (it == waiters_.end()) continue;
+        auto& list = it->second;
+        waiter_bytes_ -= std::erase(list, &w) * awaited_bytes(k.size());
+        if (list.empty()) waiters_.erase(it);
+    }
+    w.keys_.clear();
+    w.pending_ = 0;
+}
+
+ELASTIC_DECL bool store_engine::watch(store_watcher& w, std::string_view key) {
+    auto it = watchers_.find(key);
+    if (it == watchers_.end()) {
+        it = watchers_.emplace(std::string(key), watcher_list{}).first;
+        watcher_bytes_ += entry_bytes(key.size(), 0);
+    } else if (std::ranges::find(it->second, &w) != it->second.end()) {
+        return false;
+    }
+    it->second.push_back(&w);
+    watcher_bytes_ += sizeof(store_watcher*);
+    return true;
+}
+
+ELASTIC_DECL void store_engine::unwatch(store_watcher& w) noexcept {
+    for (auto it = watchers_.begin(); it != watchers_.end();) {
+        watcher_bytes_ -= std::erase(it->second, &w) * sizeof(store_watcher*);
+        if (it->second.empty()) {
+            watcher_bytes_ -= entry_bytes(it->first.size(), 0);
+            it = watchers_.erase(it);
+        } else {
+            it = std::next(it);
+        }
+    }
+}
+
+ELASTIC_DECL std::string store_engine::printable(std::string_view key) {
+    std::string out;
+    for (const char c : key.substr(0, 200)) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f && u != '\\') out.push_back(c);
+        else out += fmt::format("\\x{:02x}", u);
+    }
+    if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
+    return out;
+}
+
+ELASTIC_DECL std::int64_t store_engine::parse_int(std::string_view key, const std::string& v) {
+    std::int64_t n = 0;
+    const auto* first = v.data();
+    const auto* last = v.data() + v.size();
+    const auto res = std::from_chars(first, last, n);
+    if (v.empty() || res.ec != std::errc{} || res.ptr != last)
+        throw store_error(fmt::format("ADD on key '{}' whose value '{}' is not a decimal "
+                                      "64-bit integer; ADD needs a counter written by ADD",
+                                      printable(key), printable(v)));
+    return n;
+}
+
+ELASTIC_DECL void store_engine::wake(std::string_view key) {
+    const auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    waiter_list list = std::move(it->second);
+    waiters_.erase(it);
+    waiter_bytes_ -= list.size() * awaited_bytes(key.size());
+    for (auto* w : list) {
+        // A waiter listed twice under this key (WAIT [k, k]) counts twice; it is ready at
+        // its last registration, after which no list holds it any more.
+        if (--w->pending_ == 0) {
+            w->keys_.clear();
+            w->on_ready();
+        }
+    }
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/engine.hpp ----
 // ---- begin elastic/store/memory_store.hpp ----
 // memory_store: the store concept over the shared engine, in process (unit tests, one-node jobs).
@@ -4527,46 +4575,16 @@ public:
     // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
     // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
     // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
-    static std::string refusal(wire::op o, std::string_view key, bool binds) {
-        const auto parts = parse_lease_key(key);
-        if (!parts) return {};
-        if (parts->reserved())
-            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
-                               "(names after '{}' starting with '__' are read-only; "
-                               "docs/store.md, Leases)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (parts->name.empty())
-            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
-                               "is <group>/{}<name>, name not empty)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (!binds)
-            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
-                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
-                               wire::name(o), store_engine::printable(key));
-        return {};
-    }
+    static ELASTIC_DECL std::string refusal(wire::op o, std::string_view key, bool binds);
 
     // The connection that holds the lease at `key`, or null.
-    store_connection* holder(std::string_view key) const {
-        const auto it = holders_.find(key);
-        return it == holders_.end() ? nullptr : it->second;
-    }
+    ELASTIC_DECL store_connection* holder(std::string_view key) const;
 
     // `key` now belongs to `c`; false when it was bound already.
-    bool bind(std::string_view key, store_connection* c) {
-        if (holders_.find(key) != holders_.end()) return false;
-        holders_.emplace(std::string(key), c);
-        return true;
-    }
+    ELASTIC_DECL bool bind(std::string_view key, store_connection* c);
 
     // `key` is bound no more (released or lost); the connection that held it, or null.
-    store_connection* unbind(std::string_view key) noexcept {
-        const auto it = holders_.find(key);
-        if (it == holders_.end()) return nullptr;
-        auto* c = it->second;
-        holders_.erase(it);
-        return c;
-    }
+    ELASTIC_DECL store_connection* unbind(std::string_view key) noexcept;
 
     // The number of leases held now, and lost since the start.
     std::size_t size() const noexcept { return holders_.size(); }
@@ -4608,6 +4626,52 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL std::string store_lease_table::refusal(wire::op o, std::string_view key, bool binds) {
+    const auto parts = parse_lease_key(key);
+    if (!parts) return {};
+    if (parts->reserved())
+        return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
+                           "(names after '{}' starting with '__' are read-only; "
+                           "docs/store.md, Leases)",
+                           wire::name(o), store_engine::printable(key), lease_marker);
+    if (parts->name.empty())
+        return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                           "is <group>/{}<name>, name not empty)",
+                           wire::name(o), store_engine::printable(key), lease_marker);
+    if (!binds)
+        return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                           "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                           wire::name(o), store_engine::printable(key));
+    return {};
+}
+
+ELASTIC_DECL store_connection* store_lease_table::holder(std::string_view key) const {
+    const auto it = holders_.find(key);
+    return it == holders_.end() ? nullptr : it->second;
+}
+
+ELASTIC_DECL bool store_lease_table::bind(std::string_view key, store_connection* c) {
+    if (holders_.find(key) != holders_.end()) return false;
+    holders_.emplace(std::string(key), c);
+    return true;
+}
+
+ELASTIC_DECL store_connection* store_lease_table::unbind(std::string_view key) noexcept {
+    const auto it = holders_.find(key);
+    if (it == holders_.end()) return nullptr;
+    auto* c = it->second;
+    holders_.erase(it);
+    return c;
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/server_leases.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -4730,15 +4794,9 @@ struct store_server_core {
     void reserve_descriptor() noexcept {
         if (spare_fd < 0) spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    void release_descriptor() noexcept {
-        if (spare_fd >= 0) ::close(spare_fd);
-        spare_fd = -1;
-    }
+    ELASTIC_DECL void release_descriptor() noexcept;
 
-    void log(std::string_view line) const {
-        if (options.log) options.log(line);
-        else fmt::print(stderr, "elastic-store: {}\n", line);
-    }
+    ELASTIC_DECL void log(std::string_view line) const;
 
     // How long a leasing connection may stay silent.
     std::chrono::steady_clock::duration lease_timeout() const {
@@ -4774,6 +4832,22 @@ ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s) {
     if (ec) return "unknown peer";
     if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
     return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+}
+
+}  // namespace detail::store
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL void store_server_core::release_descriptor() noexcept {
+    if (spare_fd >= 0) ::close(spare_fd);
+    spare_fd = -1;
+}
+
+ELASTIC_DECL void store_server_core::log(std::string_view line) const {
+    if (options.log) options.log(line);
+    else fmt::print(stderr, "elastic-store: {}\n", line);
 }
 
 }  // namespace detail::store
@@ -4844,33 +4918,20 @@ public:
         self->finish();
     }
 
-    void close() noexcept {
-        std::error_code ignored;
-        socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        socket_.close(ignored);
-        timer_.cancel();
-    }
+    ELASTIC_DECL void close() noexcept;
 
     // Whether the server may close this connection to serve a new client (out of descriptors
     // or at max_connections): it has never sent a request nor begun one, holds nothing, and
     // has been open at least `after`.
     // A connection that is authenticating or part-way through its first request counts too:
     // one byte each must not let a flood hold every slot.
-    bool unused_since(std::chrono::steady_clock::time_point now,
-                      std::chrono::steady_clock::duration after) const noexcept {
-        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() && socket_.is_open() &&
-               now - opened_ >= after;
-    }
+    ELASTIC_DECL bool unused_since(std::chrono::steady_clock::time_point now,
+                                   std::chrono::steady_clock::duration after) const noexcept;
     std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
     bool is_open() const noexcept { return socket_.is_open(); }
 
     // Closes the connection for the reason given (logged, and kept for the lease log).
-    void expire(std::string reason) {
-        if (!socket_.is_open()) return;
-        core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
-        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
-        close();
-    }
+    ELASTIC_DECL void expire(std::string reason);
 
     // `key` was released (DELETE_KEY by its holder): it is no longer this connection's to lose.
     void forget_lease(std::string_view key) noexcept { std::erase(leases_, key); }
@@ -4904,11 +4965,7 @@ private:
         store_connection& conn;
     };
 
-    void wait_ready(std::list<pending_wait>::iterator it) {
-        wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
-        waits_.erase(it);
-        wake();
-    }
+    ELASTIC_DECL void wait_ready(std::list<pending_wait>::iterator it);
 
     template <class Defer = void>
     asio::awaitable<void> loop() {
@@ -4958,170 +5015,41 @@ private:
     // A reply was queued from outside the loop (a WAIT answered, a watched key changed): end
     // the loop's readiness wait so it writes it. Outside that wait the loop finds out_ full on
     // its own; cancelling then would cancel a write.
-    void wake() noexcept {
-        if (!in_readiness_wait_) return;
-        std::error_code ignored;
-        socket_.cancel(ignored);
-    }
+    ELASTIC_DECL void wake() noexcept;
 
     // ---- memory ------------------------------------------------------------------------------
 
     // Tells the server how many bytes this connection's buffers hold now.
-    void account() noexcept {
-        const std::size_t now = cap_ + out_.capacity() + wbuf_.capacity();
-        core_->buffered += now;
-        core_->buffered -= accounted_;
-        accounted_ = now;
-    }
+    ELASTIC_DECL void account() noexcept;
 
     // Why `n` more bytes for `what` would pass the server's memory limit; empty when they fit.
-    std::string no_memory_for(std::size_t n, std::string_view what) const {
-        const auto& o = core_->options;
-        const std::size_t held = core_->held();
-        if (n <= o.max_memory && held <= o.max_memory - n) return {};
-        return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
-                           "(store_server_options::max_memory); the store is full",
-                           what, n, held, o.max_memory);
-    }
+    ELASTIC_DECL std::string no_memory_for(std::size_t n, std::string_view what) const;
 
     // What appending `n` bytes to `out_` allocates: std::string grows its capacity by doubling,
     // so a queue of 32 MiB that takes 2 MiB more takes 32 MiB more of memory.
-    std::size_t output_growth(std::size_t n) const noexcept {
-        const std::size_t need = out_.size() + n;
-        if (need <= out_.capacity()) return 0;
-        return std::max(need, 2 * out_.capacity()) - out_.capacity();
-    }
+    ELASTIC_DECL std::size_t output_growth(std::size_t n) const noexcept;
 
     // Why a reply of `n` bytes to `what` cannot be queued; empty when it can.
-    std::string no_room_for_reply(std::size_t n, std::string_view what) const {
-        const auto& o = core_->options;
-        if (n > o.max_reply_size)
-            return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
-                               "(store_server_options::max_reply_size); ask for fewer keys",
-                               what, n, o.max_reply_size);
-        if (out_.size() + n > o.max_queued_output)
-            return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
-                               "more (store_server_options::max_queued_output)",
-                               out_.size(), what, n);
-        return no_memory_for(output_growth(n), what);
-    }
+    ELASTIC_DECL std::string no_room_for_reply(std::size_t n, std::string_view what) const;
 
     // Whether a notification of `n` bytes may be queued; if not, the client, which is not
     // reading what it is sent, is disconnected.
-    bool room_to_push(std::size_t n) {
-        if (!socket_.is_open()) return false;
-        const auto& o = core_->options;
-        const std::size_t queued = out_.size() + wbuf_.size();
-        std::string why;
-        if (queued + n > o.max_queued_output)
-            why = fmt::format("it does not read what it is sent: {} bytes of replies and "
-                              "notifications are queued for it, and {} more would pass "
-                              "store_server_options::max_queued_output ({})",
-                              queued, n, o.max_queued_output);
-        else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
-            why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
-                              "and {}",
-                              queued, full);
-        if (why.empty()) return true;
-        expire(std::move(why));
-        return false;
-    }
+    ELASTIC_DECL bool room_to_push(std::size_t n);
 
     // Makes room for the next read; false (logged) when the server's memory limit forbids it.
     // The buffer grows with the bytes that arrive, at most doubling, never to the size a
     // request's header announces: a client that announces 16 MiB and sends 10 bytes holds
     // 4 KiB, not 16 MiB.
-    bool reserve() {
-        const std::size_t have = end_ - begin_;
-        std::size_t want = 4096;
-        if (needed_ > have) want = std::max(want, std::min(needed_ - have, have));
-        if (cap_ - end_ >= want) return true;
-        if (begin_ > 0) {
-            std::memmove(buf_, buf_ + begin_, have);
-            begin_ = 0;
-            end_ = have;
-            if (cap_ - end_ >= want) return true;
-        }
-        const std::size_t cap = std::max(cap_ * 2, have + want);
-        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty()) return fail(why);
-        char* bigger = new char[cap];
-        if (have) std::memcpy(bigger, buf_, have);
-        delete[] buf_;
-        buf_ = bigger;
-        cap_ = cap;
-        account();
-        return true;
-    }
+    ELASTIC_DECL bool reserve();
 
     // Runs every complete request in the buffer; false closes the connection.
-    bool process() {
-        bool completed = false;  // a request ran: a partial one after it is a new one
-        while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
-            const std::string_view data(buf_ + begin_, end_ - begin_);
-            if (data.empty() || data.size() < needed_) break;
-            if (auth_) {  // the handshake comes before anything else
-                const auto s = auth_->feed(data, out_);
-                if (s.status == store_auth::status::refused) return refuse(s.reason);
-                if (s.status == store_auth::status::need_more) {
-                    needed_ = s.size;
-                    break;
-                }
-                begin_ += s.size;
-                needed_ = 0;
-                if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
-                continue;
-            }
-            if (!dialect_) {
-                const auto d = wire::detect_dialect(data);
-                if (d == wire::detection::need_more) {
-                    needed_ = data.size() + 1;
-                    break;
-                }
-                dialect_ = d == wire::detection::current ? wire::dialect::current : wire::dialect::legacy;
-            }
-            auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
-            if (r.status == wire::parse_status::need_more) {
-                needed_ = r.size;
-                break;
-            }
-            if (r.status == wire::parse_status::malformed) return fail(r.reason);
-            needed_ = 0;
-            if (!execute()) return false;
-            ++requests_;
-            completed = true;
-            begin_ += r.size;
-            if (core_->options.on_request) core_->options.on_request(req_.operation);
-        }
-        if (begin_ == end_) {
-            begin_ = end_ = 0;
-            // A huge request grew the buffer: give the memory back once it is consumed.
-            if (cap_ > 1024 * 1024) {
-                delete[] buf_;
-                buf_ = nullptr;
-                cap_ = 0;
-            }
-        }
-        // The request timeout runs from the first byte of the request at the head of the
-        // buffer: restarted by every request that completes, stopped when none is begun.
-        if (begin_ == end_ || end_ - begin_ >= needed_) partial_since_.reset();
-        else if (completed || !partial_since_) partial_since_ = clock::now();
-        return true;
-    }
+    ELASTIC_DECL bool process();
 
-    bool fail(std::string_view reason) {
-        core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
-                               dialect_ == wire::dialect::current ? "current" : "legacy", reason));
-        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
-        return false;
-    }
+    ELASTIC_DECL bool fail(std::string_view reason);
 
     // ---- authentication ----------------------------------------------------------------------
 
-    bool refuse(std::string_view reason) {
-        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
-        auth_.reset();  // said once
-        return false;
-    }
+    ELASTIC_DECL bool refuse(std::string_view reason);
 
     // ---- leases ------------------------------------------------------------------------------
 
@@ -5129,24 +5057,11 @@ private:
     // connection holds that lease, or empty. Only the holder writes its lease: otherwise any
     // client could take a node's lease and drop it at will (a loss the job acts on), and a
     // holder that reconnects holds a lease under a new name anyway (its old one was lost).
-    std::string lease_held_elsewhere(wire::op o, std::string_view key) const {
-        const auto* holder = core_->leases.holder(key);
-        if (!holder || holder == this) return {};
-        return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
-                           "holder writes or deletes it; docs/store.md, Leases)",
-                           wire::name(o), store_engine::printable(key), holder->peer());
-    }
+    ELASTIC_DECL std::string lease_held_elsewhere(wire::op o, std::string_view key) const;
 
     // The key now belongs to this connection (the write has been done; lease_held_elsewhere
     // refused it before if another connection held it).
-    void bind_lease(std::string_view key) {
-        if (!core_->leases.bind(key, this)) return;  // this connection's already
-        leases_.emplace_back(key);
-        const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
-        if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
-        last_heard_ = clock::now();
-        schedule();
-    }
+    ELASTIC_DECL void bind_lease(std::string_view key);
 
     // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
     // behalf, released it).
@@ -5183,274 +5098,19 @@ private:
     }
 
     // Arms the timer for the next deadline unless it is armed for an earlier one already.
-    void schedule() {
-        if (!socket_.is_open()) return;
-        const auto at = next_deadline();
-        if (!at || (timer_armed_ && timer_at_ <= *at)) return;
-        timer_armed_ = true;
-        timer_at_ = *at;
-        const auto generation = ++timer_generation_;  // a re-arm cancels the wait before it
-        timer_.expires_at(*at);
-        timer_.async_wait([weak = weak_from_this(), generation](const std::error_code& ec) {
-            const auto self = weak.lock();
-            if (!self || self->timer_generation_ != generation) return;
-            self->timer_armed_ = false;
-            if (!ec) self->deadline_passed();
-        });
-    }
+    ELASTIC_DECL void schedule();
 
-    void deadline_passed() {
-        if (!socket_.is_open()) return;
-        const auto now = clock::now();
-        const auto& o = core_->options;
-        const auto ms = [](clock::duration d) {
-            return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-        };
-        if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
-            close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
-                                        "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-                                        ms(now - last_heard_), o.lease_missed_heartbeats,
-                                        o.lease_heartbeat_interval.count());
-            core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
-            close();
-            return;
-        }
-        if (auth_ && now >= opened_ + o.auth_timeout) {
-            auth_.reset();  // said once
-            return expire(fmt::format("authentication failed: no complete handshake within {} "
-                                      "ms (store_server_options::auth_timeout)",
-                                      o.auth_timeout.count()));
-        }
-        if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
-            return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
-                                      "arrived; store_server_options::request_timeout is {} ms)",
-                                      ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
-        if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
-            return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
-                                      "request_timeout)",
-                                      wbuf_.size(), ms(now - *write_since_)));
-        if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
-            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
-        schedule();
-    }
+    ELASTIC_DECL void deadline_passed();
 
-    bool execute() {
-        using wire::op;
-        auto& engine = core_->engine;
-        auto& r = req_;
-        switch (r.operation) {
-            case op::validate:
-                if (r.nonce != wire::validate_magic)
-                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
-                                            wire::validate_magic));
-                return true;
-            case op::ping: wire::put_u32(out_, r.nonce); return true;
-            case op::set:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
-                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET"); !why.empty())
-                    return fail(why);
-                engine.set(r.key, r.value);
-                if (parse_lease_key(r.key)) bind_lease(r.key);
-                return true;
-            case op::compare_set: {
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
-                // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
-                // bound only by the CAS that wins; one that would not write only reads.
-                const auto* before = engine.find(r.key);
-                const bool writes = before ? *before == r.expected : r.expected.empty();
-                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty()) return fail(why);
-                const std::size_t reply = 8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
-                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty()) return fail(why);
-                if (writes)
-                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) + output_growth(reply),
-                                                 "COMPARE_SET");
-                        !why.empty())
-                        return fail(why);
-                wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
-                if (writes && parse_lease_key(r.key)) bind_lease(r.key);
-                return true;
-            }
-            case op::get: {
-                // Missing: an empty value, like the libuv server (clients WAIT first anyway).
-                const auto* v = engine.find(r.key);
-                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty()) return fail(why);
-                wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
-                return true;
-            }
-            case op::add:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty()) return fail(why);
-                try {
-                    wire::put_i64(out_, engine.add(r.key, r.number));
-                } catch (const store_error& e) {
-                    return fail(e.what());
-                }
-                return true;
-            case op::check:
-                wire::put_u8(out_, static_cast<std::uint8_t>(engine.check(r.keys) ? wire::check_response::ready
-                                                                                  : wire::check_response::not_ready));
-                return true;
-            case op::wait: {
-                if (waits_.size() >= core_->options.max_waits_per_connection)
-                    return fail(fmt::format("{} WAITs pending on one connection reach the limit "
-                                            "(store_server_options::max_waits_per_connection)",
-                                            waits_.size()));
-                std::size_t awaited = 0;
-                for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
-                if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
-                auto& w = waits_.emplace_back(*this);
-                w.self = std::prev(waits_.end());
-                if (engine.wait(w, r.keys)) {
-                    waits_.pop_back();
-                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
-                }
-                return true;
-            }
-            case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
-            case op::watch_key:
-                if (watches_ >= core_->options.max_waits_per_connection)
-                    return fail(fmt::format("{} keys watched on one connection reach the limit "
-                                            "(store_server_options::max_waits_per_connection)",
-                                            watches_));
-                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
-                    return fail(why);
-                if (engine.watch(watcher_, r.key)) ++watches_;
-                watching_ = true;
-                wire::put_u8(out_, static_cast<std::uint8_t>(wire::watch_response::key_callback_registered));
-                return true;
-            case op::delete_key:
-                if (const auto parts = parse_lease_key(r.key)) {
-                    if (parts->reserved() || parts->name.empty())
-                        return fail(store_lease_table::refusal(r.operation, r.key, true));
-                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
-                    release_lease(r.key);
-                }
-                wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
-                return true;
-            case op::append:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
-                if (const auto* v = engine.find(r.key);
-                    v && v->size() + r.value.size() > core_->options.limits.max_value_size)
-                    return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
-                                            "bytes, over the limit of {} "
-                                            "(wire::limits::max_value_size)",
-                                            r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
-                                            core_->options.limits.max_value_size));
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
-                    return fail(why);
-                engine.append(r.key, r.value);
-                return true;
-            case op::multi_get: {
-                // The reply's size is known before it is built: a request naming one large
-                // value many times is refused, not answered with gigabytes.
-                std::size_t reply = 0;
-                for (const auto k : r.keys) {
-                    const auto* v = engine.find(k);
-                    reply += 8 + (v ? v->size() : 0);
-                }
-                if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
-                    !why.empty())
-                    return fail(why);
-                for (const auto k : r.keys) {
-                    const auto* v = engine.find(k);
-                    wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
-                }
-                return true;
-            }
-            case op::multi_set: {
-                // All or nothing: a refused lease key refuses the whole request.
-                std::size_t growth = 0;
-                for (std::size_t i = 0; i < r.keys.size(); ++i) {
-                    if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty())
-                        return fail(why);
-                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty()) return fail(why);
-                    growth += engine.growth(r.keys[i], r.values[i].size());
-                }
-                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty()) return fail(why);
-                for (std::size_t i = 0; i < r.keys.size(); ++i) {
-                    engine.set(r.keys[i], r.values[i]);
-                    if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
-                }
-                return true;
-            }
-            case op::cancel_wait:
-                // Any STOP_WAITING already queued stays in front of this reply: a client that
-                // raced reads 0x00 then 0x01, as PyTorch's client expects (it reads a second byte
-                // after a 0x00).
-                cancel_waits();
-                wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
-                return true;
-            case op::list_keys: {
-                std::size_t reply = 8;
-                engine.for_each([&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
-                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty()) return fail(why);
-                wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
-                return true;
-            }
-            case op::queue_push:
-            case op::queue_pop:
-            case op::queue_len:
-            case op::barrier:
-                return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
-        }
-        return fail("unreachable opcode");
-    }
+    ELASTIC_DECL bool execute();
 
-    void cancel_waits() noexcept {
-        for (auto& w : waits_) core_->engine.cancel(w);
-        waits_.clear();
-    }
+    ELASTIC_DECL void cancel_waits() noexcept;
 
     // The coroutine has ended: forget every registration, lose the leases (unless the whole
     // server is stopping) and leave the server's set.
-    void finish() noexcept {
-        if (auth_ && auth_->challenged() && !core_->stopped) {
-            try {
-                core_->log(fmt::format("connection from {} closed during the authentication "
-                                       "handshake, after this server's challenge: the client "
-                                       "did not accept this server's proof (it has another "
-                                       "secret) or left",
-                                       peer_));
-            } catch (...) {
-                // Out of memory for a log line: the connection ends either way.
-            }
-        }
-        cancel_waits();
-        if (watching_) core_->engine.unwatch(watcher_);
-        watching_ = false;
-        close();
-        lose_leases();
-        delete[] buf_;
-        buf_ = nullptr;
-        cap_ = begin_ = end_ = 0;
-        out_ = std::string();
-        wbuf_ = std::string();
-        core_->buffered -= accounted_;
-        accounted_ = 0;
-        core_->connections.erase(this);
-        core_->resume_accept.notify();
-    }
+    ELASTIC_DECL void finish() noexcept;
 
-    void lose_leases() noexcept {
-        auto leases = std::move(leases_);
-        leases_.clear();
-        if (leases.empty()) return;
-        const std::string why = !close_reason_.empty() ? close_reason_
-                                : core_->stopped       ? std::string("the server stopped")
-                                                       : std::string("the connection closed");
-        for (const auto& key : leases) {
-            core_->leases.unbind(key);
-            if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
-            try {
-                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
-                                          [&](std::string_view line) { core_->log(line); });
-            } catch (...) {
-                // Out of memory while writing the loss: the key is gone either way.
-            }
-        }
-    }
+    ELASTIC_DECL void lose_leases() noexcept;
 
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
@@ -5485,6 +5145,468 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL void store_connection::close() noexcept {
+    std::error_code ignored;
+    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    timer_.cancel();
+}
+
+ELASTIC_DECL bool store_connection::unused_since(std::chrono::steady_clock::time_point now,
+                                                 std::chrono::steady_clock::duration after) const noexcept {
+    return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() && socket_.is_open() &&
+           now - opened_ >= after;
+}
+
+ELASTIC_DECL void store_connection::expire(std::string reason) {
+    if (!socket_.is_open()) return;
+    core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
+    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    close();
+}
+
+ELASTIC_DECL void store_connection::wait_ready(std::list<pending_wait>::iterator it) {
+    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+    waits_.erase(it);
+    wake();
+}
+
+ELASTIC_DECL void store_connection::wake() noexcept {
+    if (!in_readiness_wait_) return;
+    std::error_code ignored;
+    socket_.cancel(ignored);
+}
+
+ELASTIC_DECL void store_connection::account() noexcept {
+    const std::size_t now = cap_ + out_.capacity() + wbuf_.capacity();
+    core_->buffered += now;
+    core_->buffered -= accounted_;
+    accounted_ = now;
+}
+
+ELASTIC_DECL std::string store_connection::no_memory_for(std::size_t n, std::string_view what) const {
+    const auto& o = core_->options;
+    const std::size_t held = core_->held();
+    if (n <= o.max_memory && held <= o.max_memory - n) return {};
+    return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
+                       "(store_server_options::max_memory); the store is full",
+                       what, n, held, o.max_memory);
+}
+
+ELASTIC_DECL std::size_t store_connection::output_growth(std::size_t n) const noexcept {
+    const std::size_t need = out_.size() + n;
+    if (need <= out_.capacity()) return 0;
+    return std::max(need, 2 * out_.capacity()) - out_.capacity();
+}
+
+ELASTIC_DECL std::string store_connection::no_room_for_reply(std::size_t n, std::string_view what) const {
+    const auto& o = core_->options;
+    if (n > o.max_reply_size)
+        return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
+                           "(store_server_options::max_reply_size); ask for fewer keys",
+                           what, n, o.max_reply_size);
+    if (out_.size() + n > o.max_queued_output)
+        return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
+                           "more (store_server_options::max_queued_output)",
+                           out_.size(), what, n);
+    return no_memory_for(output_growth(n), what);
+}
+
+ELASTIC_DECL bool store_connection::room_to_push(std::size_t n) {
+    if (!socket_.is_open()) return false;
+    const auto& o = core_->options;
+    const std::size_t queued = out_.size() + wbuf_.size();
+    std::string why;
+    if (queued + n > o.max_queued_output)
+        why = fmt::format("it does not read what it is sent: {} bytes of replies and "
+                          "notifications are queued for it, and {} more would pass "
+                          "store_server_options::max_queued_output ({})",
+                          queued, n, o.max_queued_output);
+    else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
+        why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
+                          "and {}",
+                          queued, full);
+    if (why.empty()) return true;
+    expire(std::move(why));
+    return false;
+}
+
+ELASTIC_DECL bool store_connection::reserve() {
+    const std::size_t have = end_ - begin_;
+    std::size_t want = 4096;
+    if (needed_ > have) want = std::max(want, std::min(needed_ - have, have));
+    if (cap_ - end_ >= want) return true;
+    if (begin_ > 0) {
+        std::memmove(buf_, buf_ + begin_, have);
+        begin_ = 0;
+        end_ = have;
+        if (cap_ - end_ >= want) return true;
+    }
+    const std::size_t cap = std::max(cap_ * 2, have + want);
+    if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty()) return fail(why);
+    char* bigger = new char[cap];
+    if (have) std::memcpy(bigger, buf_, have);
+    delete[] buf_;
+    buf_ = bigger;
+    cap_ = cap;
+    account();
+    return true;
+}
+
+ELASTIC_DECL bool store_connection::process() {
+    bool completed = false;  // a request ran: a partial one after it is a new one
+    while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
+        const std::string_view data(buf_ + begin_, end_ - begin_);
+        if (data.empty() || data.size() < needed_) break;
+        if (auth_) {  // the handshake comes before anything else
+            const auto s = auth_->feed(data, out_);
+            if (s.status == store_auth::status::refused) return refuse(s.reason);
+            if (s.status == store_auth::status::need_more) {
+                needed_ = s.size;
+                break;
+            }
+            begin_ += s.size;
+            needed_ = 0;
+            if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
+            continue;
+        }
+        if (!dialect_) {
+            const auto d = wire::detect_dialect(data);
+            if (d == wire::detection::need_more) {
+                needed_ = data.size() + 1;
+                break;
+            }
+            dialect_ = d == wire::detection::current ? wire::dialect::current : wire::dialect::legacy;
+        }
+        auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
+        if (r.status == wire::parse_status::need_more) {
+            needed_ = r.size;
+            break;
+        }
+        if (r.status == wire::parse_status::malformed) return fail(r.reason);
+        needed_ = 0;
+        if (!execute()) return false;
+        ++requests_;
+        completed = true;
+        begin_ += r.size;
+        if (core_->options.on_request) core_->options.on_request(req_.operation);
+    }
+    if (begin_ == end_) {
+        begin_ = end_ = 0;
+        // A huge request grew the buffer: give the memory back once it is consumed.
+        if (cap_ > 1024 * 1024) {
+            delete[] buf_;
+            buf_ = nullptr;
+            cap_ = 0;
+        }
+    }
+    // The request timeout runs from the first byte of the request at the head of the
+    // buffer: restarted by every request that completes, stopped when none is begun.
+    if (begin_ == end_ || end_ - begin_ >= needed_) partial_since_.reset();
+    else if (completed || !partial_since_) partial_since_ = clock::now();
+    return true;
+}
+
+ELASTIC_DECL bool store_connection::fail(std::string_view reason) {
+    core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
+                           dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    return false;
+}
+
+ELASTIC_DECL bool store_connection::refuse(std::string_view reason) {
+    core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
+    auth_.reset();  // said once
+    return false;
+}
+
+ELASTIC_DECL std::string store_connection::lease_held_elsewhere(wire::op o, std::string_view key) const {
+    const auto* holder = core_->leases.holder(key);
+    if (!holder || holder == this) return {};
+    return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
+                       "holder writes or deletes it; docs/store.md, Leases)",
+                       wire::name(o), store_engine::printable(key), holder->peer());
+}
+
+ELASTIC_DECL void store_connection::bind_lease(std::string_view key) {
+    if (!core_->leases.bind(key, this)) return;  // this connection's already
+    leases_.emplace_back(key);
+    const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
+    if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
+    last_heard_ = clock::now();
+    schedule();
+}
+
+ELASTIC_DECL void store_connection::schedule() {
+    if (!socket_.is_open()) return;
+    const auto at = next_deadline();
+    if (!at || (timer_armed_ && timer_at_ <= *at)) return;
+    timer_armed_ = true;
+    timer_at_ = *at;
+    const auto generation = ++timer_generation_;  // a re-arm cancels the wait before it
+    timer_.expires_at(*at);
+    timer_.async_wait([weak = weak_from_this(), generation](const std::error_code& ec) {
+        const auto self = weak.lock();
+        if (!self || self->timer_generation_ != generation) return;
+        self->timer_armed_ = false;
+        if (!ec) self->deadline_passed();
+    });
+}
+
+ELASTIC_DECL void store_connection::deadline_passed() {
+    if (!socket_.is_open()) return;
+    const auto now = clock::now();
+    const auto& o = core_->options;
+    const auto ms = [](clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
+        close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
+                                    "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                                    ms(now - last_heard_), o.lease_missed_heartbeats,
+                                    o.lease_heartbeat_interval.count());
+        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+        close();
+        return;
+    }
+    if (auth_ && now >= opened_ + o.auth_timeout) {
+        auth_.reset();  // said once
+        return expire(fmt::format("authentication failed: no complete handshake within {} "
+                                  "ms (store_server_options::auth_timeout)",
+                                  o.auth_timeout.count()));
+    }
+    if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
+        return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                                  "arrived; store_server_options::request_timeout is {} ms)",
+                                  ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+    if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
+        return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                                  "request_timeout)",
+                                  wbuf_.size(), ms(now - *write_since_)));
+    if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
+        return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
+    schedule();
+}
+
+ELASTIC_DECL bool store_connection::execute() {
+    using wire::op;
+    auto& engine = core_->engine;
+    auto& r = req_;
+    switch (r.operation) {
+        case op::validate:
+            if (r.nonce != wire::validate_magic)
+                return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
+                                        wire::validate_magic));
+            return true;
+        case op::ping: wire::put_u32(out_, r.nonce); return true;
+        case op::set:
+            if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
+            if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
+            if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET"); !why.empty()) return fail(why);
+            engine.set(r.key, r.value);
+            if (parse_lease_key(r.key)) bind_lease(r.key);
+            return true;
+        case op::compare_set: {
+            if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
+            // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
+            // bound only by the CAS that wins; one that would not write only reads.
+            const auto* before = engine.find(r.key);
+            const bool writes = before ? *before == r.expected : r.expected.empty();
+            if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty()) return fail(why);
+            const std::size_t reply = 8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
+            if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty()) return fail(why);
+            if (writes)
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) + output_growth(reply),
+                                             "COMPARE_SET");
+                    !why.empty())
+                    return fail(why);
+            wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
+            if (writes && parse_lease_key(r.key)) bind_lease(r.key);
+            return true;
+        }
+        case op::get: {
+            // Missing: an empty value, like the libuv server (clients WAIT first anyway).
+            const auto* v = engine.find(r.key);
+            if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty()) return fail(why);
+            wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
+            return true;
+        }
+        case op::add:
+            if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
+            if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty()) return fail(why);
+            try {
+                wire::put_i64(out_, engine.add(r.key, r.number));
+            } catch (const store_error& e) {
+                return fail(e.what());
+            }
+            return true;
+        case op::check:
+            wire::put_u8(out_, static_cast<std::uint8_t>(engine.check(r.keys) ? wire::check_response::ready
+                                                                              : wire::check_response::not_ready));
+            return true;
+        case op::wait: {
+            if (waits_.size() >= core_->options.max_waits_per_connection)
+                return fail(fmt::format("{} WAITs pending on one connection reach the limit "
+                                        "(store_server_options::max_waits_per_connection)",
+                                        waits_.size()));
+            std::size_t awaited = 0;
+            for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
+            if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
+            auto& w = waits_.emplace_back(*this);
+            w.self = std::prev(waits_.end());
+            if (engine.wait(w, r.keys)) {
+                waits_.pop_back();
+                wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+            }
+            return true;
+        }
+        case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
+        case op::watch_key:
+            if (watches_ >= core_->options.max_waits_per_connection)
+                return fail(fmt::format("{} keys watched on one connection reach the limit "
+                                        "(store_server_options::max_waits_per_connection)",
+                                        watches_));
+            if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
+                return fail(why);
+            if (engine.watch(watcher_, r.key)) ++watches_;
+            watching_ = true;
+            wire::put_u8(out_, static_cast<std::uint8_t>(wire::watch_response::key_callback_registered));
+            return true;
+        case op::delete_key:
+            if (const auto parts = parse_lease_key(r.key)) {
+                if (parts->reserved() || parts->name.empty())
+                    return fail(store_lease_table::refusal(r.operation, r.key, true));
+                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
+                release_lease(r.key);
+            }
+            wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
+            return true;
+        case op::append:
+            if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
+            if (const auto* v = engine.find(r.key);
+                v && v->size() + r.value.size() > core_->options.limits.max_value_size)
+                return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
+                                        "bytes, over the limit of {} "
+                                        "(wire::limits::max_value_size)",
+                                        r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
+                                        core_->options.limits.max_value_size));
+            if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
+                return fail(why);
+            engine.append(r.key, r.value);
+            return true;
+        case op::multi_get: {
+            // The reply's size is known before it is built: a request naming one large
+            // value many times is refused, not answered with gigabytes.
+            std::size_t reply = 0;
+            for (const auto k : r.keys) {
+                const auto* v = engine.find(k);
+                reply += 8 + (v ? v->size() : 0);
+            }
+            if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size())); !why.empty())
+                return fail(why);
+            for (const auto k : r.keys) {
+                const auto* v = engine.find(k);
+                wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
+            }
+            return true;
+        }
+        case op::multi_set: {
+            // All or nothing: a refused lease key refuses the whole request.
+            std::size_t growth = 0;
+            for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty()) return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty()) return fail(why);
+                growth += engine.growth(r.keys[i], r.values[i].size());
+            }
+            if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty()) return fail(why);
+            for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                engine.set(r.keys[i], r.values[i]);
+                if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
+            }
+            return true;
+        }
+        case op::cancel_wait:
+            // Any STOP_WAITING already queued stays in front of this reply: a client that
+            // raced reads 0x00 then 0x01, as PyTorch's client expects (it reads a second byte
+            // after a 0x00).
+            cancel_waits();
+            wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
+            return true;
+        case op::list_keys: {
+            std::size_t reply = 8;
+            engine.for_each([&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
+            if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty()) return fail(why);
+            wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
+            engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+            return true;
+        }
+        case op::queue_push:
+        case op::queue_pop:
+        case op::queue_len:
+        case op::barrier:
+            return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
+    }
+    return fail("unreachable opcode");
+}
+
+ELASTIC_DECL void store_connection::cancel_waits() noexcept {
+    for (auto& w : waits_) core_->engine.cancel(w);
+    waits_.clear();
+}
+
+ELASTIC_DECL void store_connection::finish() noexcept {
+    if (auth_ && auth_->challenged() && !core_->stopped) {
+        try {
+            core_->log(fmt::format("connection from {} closed during the authentication "
+                                   "handshake, after this server's challenge: the client "
+                                   "did not accept this server's proof (it has another "
+                                   "secret) or left",
+                                   peer_));
+        } catch (...) {
+            // Out of memory for a log line: the connection ends either way.
+        }
+    }
+    cancel_waits();
+    if (watching_) core_->engine.unwatch(watcher_);
+    watching_ = false;
+    close();
+    lose_leases();
+    delete[] buf_;
+    buf_ = nullptr;
+    cap_ = begin_ = end_ = 0;
+    out_ = std::string();
+    wbuf_ = std::string();
+    core_->buffered -= accounted_;
+    accounted_ = 0;
+    core_->connections.erase(this);
+    core_->resume_accept.notify();
+}
+
+ELASTIC_DECL void store_connection::lose_leases() noexcept {
+    auto leases = std::move(leases_);
+    leases_.clear();
+    if (leases.empty()) return;
+    const std::string why = !close_reason_.empty() ? close_reason_
+                            : core_->stopped       ? std::string("the server stopped")
+                                                   : std::string("the connection closed");
+    for (const auto& key : leases) {
+        core_->leases.unbind(key);
+        if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
+        try {
+            core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
+                                      [&](std::string_view line) { core_->log(line); });
+        } catch (...) {
+            // Out of memory while writing the loss: the key is gone either way.
+        }
+    }
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/server_connection.hpp ----
 
 #include <asio/awaitable.hpp>
@@ -6540,10 +6662,7 @@ namespace elastic::inline v0::detail::process {
 /// static destruction at exit.
 class spawner {
 public:
-    static spawner& instance() {
-        static spawner* const self = new spawner();  // leaked on purpose, see above
-        return *self;
-    }
+    static ELASTIC_DECL spawner& instance();
 
     /// Runs `f()` on the spawner thread and returns when it has returned. Callers are serialized.
     template <class F>
@@ -6577,16 +6696,7 @@ private:
         ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     }
 
-    void loop() {
-        std::unique_lock lock(mutex_);
-        for (;;) {
-            cv_.wait(lock, [this] { return job_ != nullptr; });
-            job_(arg_);
-            job_ = nullptr;
-            done_ = true;
-            cv_.notify_all();
-        }
-    }
+    ELASTIC_DECL void loop();
 
     std::mutex callers_;
     std::mutex mutex_;
@@ -6597,6 +6707,30 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL spawner& spawner::instance() {
+    static spawner* const self = new spawner();  // leaked on purpose, see above
+    return *self;
+}
+
+ELASTIC_DECL void spawner::loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+        cv_.wait(lock, [this] { return job_ != nullptr; });
+        job_(arg_);
+        job_ = nullptr;
+        done_ = true;
+        cv_.notify_all();
+    }
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/spawner.hpp ----
 
 #include <algorithm>
@@ -6710,49 +6844,17 @@ inline constexpr std::size_t watcher_capacity = 8192;
 /// restarts it (re-registering every live group) if someone killed it.
 class watcher {
 public:
-    static watcher& instance() {
-        static watcher* const self = new watcher();  // leaked: used until the very end
-        return *self;
-    }
+    static ELASTIC_DECL watcher& instance();
 
     /// Starts the watcher if it is not running; returns its pid.
-    pid_t ensure_started() {
-        std::lock_guard lock(mutex_);
-        if (pid_ <= 0) start_locked();
-        return pid_;
-    }
+    ELASTIC_DECL pid_t ensure_started();
 
     /// Registers a worker's process group: it is SIGKILLed if the agent dies.
-    void add(pid_t pgid) {
-        std::lock_guard lock(mutex_);
-        if (groups_.size() >= watcher_capacity) {
-            throw process_error("cannot watch process group " + std::to_string(pgid) + ": " +
-                                std::to_string(watcher_capacity) +
-                                " worker process groups are already registered (stop some first)");
-        }
-        groups_.push_back(pgid);
-        try {
-            send_locked(watcher_add, pgid);
-        } catch (...) {
-            groups_.pop_back();  // the caller kills and reaps the child: forget its id now
-            throw;
-        }
-    }
+    ELASTIC_DECL void add(pid_t pgid);
 
     /// Retires a group. Call it before reaping the group's leader, whose zombie keeps the id
     /// reserved until then.
-    void remove(pid_t pgid) noexcept {
-        std::lock_guard lock(mutex_);
-        const auto it = std::find(groups_.begin(), groups_.end(), pgid);
-        if (it == groups_.end()) return;
-        groups_.erase(it);
-        try {
-            send_locked(watcher_remove, pgid);
-        } catch (...) {
-            // The watcher cannot be told; keeping a stale id is the lesser harm, because the
-            // group's leader is still unreaped when this is called.
-        }
-    }
+    ELASTIC_DECL void remove(pid_t pgid) noexcept;
 
     watcher(const watcher&) = delete;
     watcher& operator=(const watcher&) = delete;
@@ -6760,66 +6862,13 @@ public:
 private:
     watcher() = default;
 
-    void start_locked() {
-        int fds[2];
-        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-            throw process_error("cannot create the watcher socket: " + errno_string(errno) +
-                                " (raise the open-files limit)");
-        }
-        owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
-        owned_fd write_end(fds[1]);
-        // Everything the child touches is allocated here, before the fork.
-        std::vector<pid_t> table(watcher_capacity, 0);
-        std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
-        rlimit limit{};
-        int max_fd = 1024;
-        if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-            max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
-        }
-        pid_t pid = -1;
-        int fork_errno = 0;
-        const int rfd = read_end.get();
-        auto job = [&] {
-            pid = ::fork();
-            if (pid == 0) {
-                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
-            }
-            if (pid < 0) fork_errno = errno;
-        };
-        spawner::instance().run(job);
-        if (pid < 0) {
-            throw process_error("cannot fork the watcher process: " + errno_string(fork_errno) +
-                                " (check the process limit, ulimit -u)");
-        }
-        pid_ = pid;
-        write_end_ = std::move(write_end);
-        for (pid_t group : groups_) write_locked(watcher_add, group);
-    }
+    ELASTIC_DECL void start_locked();
 
     // Returns false if the watcher is gone (EPIPE). MSG_NOSIGNAL: no SIGPIPE, whatever the
     // agent's disposition.
-    bool write_locked(std::int32_t op, pid_t pgid) {
-        const watcher_record record{op, static_cast<std::int32_t>(pgid)};
-        for (;;) {
-            const ssize_t n = ::send(write_end_.get(), &record, sizeof record, MSG_NOSIGNAL);
-            if (n == static_cast<ssize_t>(sizeof record)) return true;
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
-            throw process_error("cannot write to the watcher socket: " + errno_string(n < 0 ? errno : EIO));
-        }
-    }
+    ELASTIC_DECL bool write_locked(std::int32_t op, pid_t pgid);
 
-    void send_locked(std::int32_t op, pid_t pgid) {
-        if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
-        else if (!write_locked(op, pgid)) {
-            // Someone killed the watcher: reap it and start another, which learns every live
-            // group. (Only the next record notices; the restart re-sends every group.)
-            write_end_.reset();
-            ::waitpid(pid_, nullptr, 0);
-            pid_ = -1;
-            start_locked();
-        }
-    }
+    ELASTIC_DECL void send_locked(std::int32_t op, pid_t pgid);
 
     std::mutex mutex_;
     owned_fd write_end_;
@@ -6828,6 +6877,113 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL watcher& watcher::instance() {
+    static watcher* const self = new watcher();  // leaked: used until the very end
+    return *self;
+}
+
+ELASTIC_DECL pid_t watcher::ensure_started() {
+    std::lock_guard lock(mutex_);
+    if (pid_ <= 0) start_locked();
+    return pid_;
+}
+
+ELASTIC_DECL void watcher::add(pid_t pgid) {
+    std::lock_guard lock(mutex_);
+    if (groups_.size() >= watcher_capacity) {
+        throw process_error("cannot watch process group " + std::to_string(pgid) + ": " +
+                            std::to_string(watcher_capacity) +
+                            " worker process groups are already registered (stop some first)");
+    }
+    groups_.push_back(pgid);
+    try {
+        send_locked(watcher_add, pgid);
+    } catch (...) {
+        groups_.pop_back();  // the caller kills and reaps the child: forget its id now
+        throw;
+    }
+}
+
+ELASTIC_DECL void watcher::remove(pid_t pgid) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = std::find(groups_.begin(), groups_.end(), pgid);
+    if (it == groups_.end()) return;
+    groups_.erase(it);
+    try {
+        send_locked(watcher_remove, pgid);
+    } catch (...) {
+        // The watcher cannot be told; keeping a stale id is the lesser harm, because the
+        // group's leader is still unreaped when this is called.
+    }
+}
+
+ELASTIC_DECL void watcher::start_locked() {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+        throw process_error("cannot create the watcher socket: " + errno_string(errno) +
+                            " (raise the open-files limit)");
+    }
+    owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
+    owned_fd write_end(fds[1]);
+    // Everything the child touches is allocated here, before the fork.
+    std::vector<pid_t> table(watcher_capacity, 0);
+    std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
+    rlimit limit{};
+    int max_fd = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+        max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+    }
+    pid_t pid = -1;
+    int fork_errno = 0;
+    const int rfd = read_end.get();
+    auto job = [&] {
+        pid = ::fork();
+        if (pid == 0) {
+            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
+        }
+        if (pid < 0) fork_errno = errno;
+    };
+    spawner::instance().run(job);
+    if (pid < 0) {
+        throw process_error("cannot fork the watcher process: " + errno_string(fork_errno) +
+                            " (check the process limit, ulimit -u)");
+    }
+    pid_ = pid;
+    write_end_ = std::move(write_end);
+    for (pid_t group : groups_) write_locked(watcher_add, group);
+}
+
+ELASTIC_DECL bool watcher::write_locked(std::int32_t op, pid_t pgid) {
+    const watcher_record record{op, static_cast<std::int32_t>(pgid)};
+    for (;;) {
+        const ssize_t n = ::send(write_end_.get(), &record, sizeof record, MSG_NOSIGNAL);
+        if (n == static_cast<ssize_t>(sizeof record)) return true;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
+        throw process_error("cannot write to the watcher socket: " + errno_string(n < 0 ? errno : EIO));
+    }
+}
+
+ELASTIC_DECL void watcher::send_locked(std::int32_t op, pid_t pgid) {
+    if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
+    else if (!write_locked(op, pgid)) {
+        // Someone killed the watcher: reap it and start another, which learns every live
+        // group. (Only the next record notices; the restart re-sends every group.)
+        write_end_.reset();
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        start_locked();
+    }
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/watcher.hpp ----
 
 #include <asio/any_io_executor.hpp>
@@ -6853,21 +7009,11 @@ namespace detail::process {
 /// are reaped here, without blocking anyone, at the next spawn or destruction.
 class graveyard {
 public:
-    static graveyard& instance() {
-        static graveyard* const self = new graveyard();  // leaked: see spawner
-        return *self;
-    }
+    static ELASTIC_DECL graveyard& instance();
 
-    void bury(pid_t pid, owned_fd pidfd) {
-        std::lock_guard lock(mutex_);
-        graves_.push_back({pid, std::move(pidfd)});
-        sweep_locked();
-    }
+    ELASTIC_DECL void bury(pid_t pid, owned_fd pidfd);
 
-    void sweep() {
-        std::lock_guard lock(mutex_);
-        sweep_locked();
-    }
+    ELASTIC_DECL void sweep();
 
 private:
     struct grave {
@@ -6875,18 +7021,7 @@ private:
         owned_fd pidfd;
     };
 
-    void sweep_locked() noexcept {
-        for (auto it = graves_.begin(); it != graves_.end();) {
-            siginfo_t info;
-            if (peek_exit(it->pidfd.get(), info)) {
-                watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
-                reap_now(it->pidfd.get());
-                it = graves_.erase(it);
-            } else {
-                ++it;
-            }
-        }
-    }
+    ELASTIC_DECL void sweep_locked() noexcept;
 
     std::mutex mutex_;
     std::list<grave> graves_;
@@ -6918,19 +7053,7 @@ public:
           stdout_(std::move(other.stdout_)),
           stderr_(std::move(other.stderr_)) {}
 
-    child_process& operator=(child_process&& other) noexcept {
-        if (this != &other) {
-            abandon();
-            pid_ = std::exchange(other.pid_, -1);
-            reaped_ = std::exchange(other.reaped_, true);
-            pidfd_ = std::move(other.pidfd_);
-            status_ = std::move(other.status_);
-            stdin_ = std::move(other.stdin_);
-            stdout_ = std::move(other.stdout_);
-            stderr_ = std::move(other.stderr_);
-        }
-        return *this;
-    }
+    ELASTIC_DECL child_process& operator=(child_process&& other) noexcept;
 
     child_process(const child_process&) = delete;
     child_process& operator=(const child_process&) = delete;
@@ -6948,14 +7071,7 @@ public:
     [[nodiscard]] bool reaped() const noexcept { return reaped_; }
 
     /// Without waiting: records the exit if it has happened. Returns whether it has.
-    bool check_exit() {
-        if (status_) return true;
-        if (pid_ <= 0 || reaped_) return false;
-        siginfo_t info;
-        if (!detail::process::peek_exit(pidfd_.native_handle(), info)) return false;
-        status_ = process_exit::from_siginfo(info);
-        return true;
-    }
+    ELASTIC_DECL bool check_exit();
 
     /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
     /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
@@ -6973,40 +7089,16 @@ public:
 
     /// Sends `sig` to the leader only, through its pidfd (never a recycled pid). Returns false if
     /// it has already exited (a zombie would accept the signal and ignore it).
-    bool signal(int sig) {
-        if (pid_ <= 0 || reaped_ || check_exit()) return false;
-        if (detail::process::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
-        if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
-                            detail::process::errno_string(errno));
-    }
+    ELASTIC_DECL bool signal(int sig);
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
     /// it). Safe against pid reuse because the leader is not reaped yet. Returns false if no
     /// process is left in the group, or the leader was already reaped.
-    bool signal_group(int sig) {
-        if (pid_ <= 0 || reaped_) return false;
-        if (::kill(-pid_, sig) == 0) return true;
-        if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
-                            detail::process::errno_string(errno));
-    }
+    ELASTIC_DECL bool signal_group(int sig);
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
     /// retires the group from the watcher, and reaps the leader. Throws if it is still running.
-    void reap() {
-        if (pid_ <= 0 || reaped_) return;
-        if (!check_exit()) {
-            throw process_error("cannot reap pid " + std::to_string(pid_) +
-                                ": it is still running (await wait() or stop() it first)");
-        }
-        ::kill(-pid_, SIGKILL);
-        detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
-        detail::process::reap_now(pidfd_.native_handle());
-        reaped_ = true;
-        asio::error_code ignored;
-        pidfd_.close(ignored);
-    }
+    ELASTIC_DECL void reap();
 
     /// The write end of the worker's stdin pipe, when spawned with `stdio::pipe()` for stdin.
     std::optional<asio::posix::stream_descriptor> take_stdin() { return take(stdin_); }
@@ -7034,26 +7126,10 @@ private:
           stdout_(std::move(out)),
           stderr_(std::move(err)) {}
 
-    static std::optional<asio::posix::stream_descriptor> take(std::optional<asio::posix::stream_descriptor>& slot) {
-        std::optional<asio::posix::stream_descriptor> out;
-        out.swap(slot);
-        return out;
-    }
+    static ELASTIC_DECL std::optional<asio::posix::stream_descriptor> take(
+        std::optional<asio::posix::stream_descriptor>& slot);
 
-    void abandon() noexcept {
-        if (pid_ <= 0 || reaped_) return;
-        try {
-            if (check_exit()) {
-                reap();
-            } else {
-                ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
-                detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
-            }
-        } catch (...) {
-            // Out of memory in the graveyard: the zombie stays, the group is already killed.
-        }
-        reaped_ = true;
-    }
+    ELASTIC_DECL void abandon() noexcept;
 
     pid_t pid_ = -1;
     bool reaped_ = true;
@@ -7080,6 +7156,124 @@ public:
 }  // namespace detail::process
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL child_process& child_process::operator=(child_process&& other) noexcept {
+    if (this != &other) {
+        abandon();
+        pid_ = std::exchange(other.pid_, -1);
+        reaped_ = std::exchange(other.reaped_, true);
+        pidfd_ = std::move(other.pidfd_);
+        status_ = std::move(other.status_);
+        stdin_ = std::move(other.stdin_);
+        stdout_ = std::move(other.stdout_);
+        stderr_ = std::move(other.stderr_);
+    }
+    return *this;
+}
+
+ELASTIC_DECL bool child_process::check_exit() {
+    if (status_) return true;
+    if (pid_ <= 0 || reaped_) return false;
+    siginfo_t info;
+    if (!detail::process::peek_exit(pidfd_.native_handle(), info)) return false;
+    status_ = process_exit::from_siginfo(info);
+    return true;
+}
+
+ELASTIC_DECL bool child_process::signal(int sig) {
+    if (pid_ <= 0 || reaped_ || check_exit()) return false;
+    if (detail::process::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
+    if (errno == ESRCH) return false;
+    throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
+                        detail::process::errno_string(errno));
+}
+
+ELASTIC_DECL bool child_process::signal_group(int sig) {
+    if (pid_ <= 0 || reaped_) return false;
+    if (::kill(-pid_, sig) == 0) return true;
+    if (errno == ESRCH) return false;
+    throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
+                        detail::process::errno_string(errno));
+}
+
+ELASTIC_DECL void child_process::reap() {
+    if (pid_ <= 0 || reaped_) return;
+    if (!check_exit()) {
+        throw process_error("cannot reap pid " + std::to_string(pid_) +
+                            ": it is still running (await wait() or stop() it first)");
+    }
+    ::kill(-pid_, SIGKILL);
+    detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
+    detail::process::reap_now(pidfd_.native_handle());
+    reaped_ = true;
+    asio::error_code ignored;
+    pidfd_.close(ignored);
+}
+
+ELASTIC_DECL std::optional<asio::posix::stream_descriptor> child_process::take(
+    std::optional<asio::posix::stream_descriptor>& slot) {
+    std::optional<asio::posix::stream_descriptor> out;
+    out.swap(slot);
+    return out;
+}
+
+ELASTIC_DECL void child_process::abandon() noexcept {
+    if (pid_ <= 0 || reaped_) return;
+    try {
+        if (check_exit()) {
+            reap();
+        } else {
+            ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
+            detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
+        }
+    } catch (...) {
+        // Out of memory in the graveyard: the zombie stays, the group is already killed.
+    }
+    reaped_ = true;
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL graveyard& graveyard::instance() {
+    static graveyard* const self = new graveyard();  // leaked: see spawner
+    return *self;
+}
+
+ELASTIC_DECL void graveyard::bury(pid_t pid, owned_fd pidfd) {
+    std::lock_guard lock(mutex_);
+    graves_.push_back({pid, std::move(pidfd)});
+    sweep_locked();
+}
+
+ELASTIC_DECL void graveyard::sweep() {
+    std::lock_guard lock(mutex_);
+    sweep_locked();
+}
+
+ELASTIC_DECL void graveyard::sweep_locked() noexcept {
+    for (auto it = graves_.begin(); it != graves_.end();) {
+        siginfo_t info;
+        if (peek_exit(it->pidfd.get(), info)) {
+            watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
+            reap_now(it->pidfd.get());
+            it = graves_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+}  // namespace detail::process
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/child.hpp ----
 // ---- begin elastic/process/group.hpp ----
 // Groups of workers: await the first exit among many, and stop them all (signal, grace, SIGKILL).
@@ -7126,15 +7320,7 @@ public:
     }
 
     /// Watches `pidfd` (borrowed: it must outlive the watch); `token` names it in `next`.
-    void add(int pidfd, std::size_t token) {
-        epoll_event event{};
-        event.events = EPOLLIN;
-        event.data.u64 = token;
-        if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
-            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " + errno_string(errno));
-        }
-        tokens_.push_back({token, pidfd});
-    }
+    ELASTIC_DECL void add(int pidfd, std::size_t token);
 
     /// How many watched processes have not been reported by `next` yet.
     [[nodiscard]] std::size_t size() const noexcept { return tokens_.size(); }
@@ -7163,11 +7349,7 @@ public:
     }
 
     /// The tokens not reported yet.
-    [[nodiscard]] std::vector<std::size_t> pending() const {
-        std::vector<std::size_t> out;
-        for (const auto& e : tokens_) out.push_back(e.token);
-        return out;
-    }
+    [[nodiscard]] ELASTIC_DECL std::vector<std::size_t> pending() const;
 
 private:
     struct entry {
@@ -7487,6 +7669,28 @@ ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> chil
 }  // namespace detail::process
 }  // namespace elastic::inline v0
 
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL void exit_set::add(int pidfd, std::size_t token) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = token;
+    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
+        throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " + errno_string(errno));
+    }
+    tokens_.push_back({token, pidfd});
+}
+
+ELASTIC_DECL std::vector<std::size_t> exit_set::pending() const {
+    std::vector<std::size_t> out;
+    for (const auto& e : tokens_) out.push_back(e.token);
+    return out;
+}
+
+}  // namespace detail::process
+}  // namespace elastic::inline v0
+
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/group.hpp ----
 // ---- begin elastic/process/signals.hpp ----
@@ -7538,10 +7742,7 @@ public:
     }
 
     /// Cancels a pending `next`.
-    void cancel() {
-        asio::error_code ignored;
-        set_.cancel(ignored);
-    }
+    ELASTIC_DECL void cancel();
 
 private:
     asio::signal_set set_;
@@ -7554,6 +7755,15 @@ private:
 namespace elastic::inline v0 {
 
 ELASTIC_DECL void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void signal_events::cancel() {
+    asio::error_code ignored;
+    set_.cancel(ignored);
+}
 
 }  // namespace elastic::inline v0
 
@@ -8408,92 +8618,23 @@ public:
         : max_lines_(max_lines == 0 ? 1 : max_lines), max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
 
     /// Feed the next chunk of the stream.
-    void feed(std::string_view chunk) {
-        total_bytes_ += chunk.size();
-        for (const char c : chunk) {
-            if (pending_cr_) {
-                pending_cr_ = false;
-                if (c == '\n') {
-                    end_line();
-                    continue;
-                }
-                restart_line();
-            }
-            if (c == '\n') {
-                end_line();
-            } else if (c == '\r') {
-                pending_cr_ = true;
-            } else if (current_.size() < max_line_bytes_) {
-                current_ += c;
-            } else {
-                ++cut_bytes_;
-            }
-        }
-    }
+    ELASTIC_DECL void feed(std::string_view chunk);
 
     /// The tail as it stands, including the line still being written.
-    stderr_tail_snapshot snapshot() const {
-        stderr_tail_snapshot s;
-        s.lines.assign(lines_.begin(), lines_.end());
-        s.total_lines = total_lines_;
-        s.total_bytes = total_bytes_;
-        if (!current_.empty() || cut_bytes_ > 0) {
-            s.lines.push_back(finish(current_, cut_bytes_));
-            ++s.total_lines;
-            if (s.lines.size() > max_lines_) {
-                s.lines.erase(s.lines.begin());
-            }
-        }
-        return s;
-    }
+    ELASTIC_DECL stderr_tail_snapshot snapshot() const;
 
     /// Forget everything (a new attempt of the same worker).
-    void clear() {
-        lines_.clear();
-        current_.clear();
-        cut_bytes_ = 0;
-        pending_cr_ = false;
-        total_lines_ = 0;
-        total_bytes_ = 0;
-    }
+    ELASTIC_DECL void clear();
 
     std::size_t max_lines() const noexcept { return max_lines_; }
     std::size_t max_line_bytes() const noexcept { return max_line_bytes_; }
 
 private:
-    std::string finish(std::string_view line, std::uint64_t cut) const {
-        // Cutting at max_line_bytes_ may have split a UTF-8 sequence: drop its first bytes too
-        // rather than show them as U+FFFD.
-        std::string_view kept = line;
-        if (cut > 0) {
-            const std::string_view whole = detail::report::utf8_incomplete_tail_trimmed(line);
-            cut += kept.size() - whole.size();
-            kept = whole;
-        }
-        std::string out = detail::report::valid_utf8(kept);
-        if (cut > 0) {
-            out += " [... ";
-            out += std::to_string(cut);
-            out += " more bytes]";
-        }
-        return out;
-    }
+    ELASTIC_DECL std::string finish(std::string_view line, std::uint64_t cut) const;
 
-    void end_line() {
-        std::string line = finish(current_, cut_bytes_);
-        current_.clear();
-        cut_bytes_ = 0;
-        ++total_lines_;
-        lines_.push_back(std::move(line));
-        if (lines_.size() > max_lines_) {
-            lines_.pop_front();
-        }
-    }
+    ELASTIC_DECL void end_line();
 
-    void restart_line() {
-        current_.clear();
-        cut_bytes_ = 0;
-    }
+    ELASTIC_DECL void restart_line();
 
     std::size_t max_lines_;
     std::size_t max_line_bytes_;
@@ -8506,6 +8647,95 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void stderr_tail::feed(std::string_view chunk) {
+    total_bytes_ += chunk.size();
+    for (const char c : chunk) {
+        if (pending_cr_) {
+            pending_cr_ = false;
+            if (c == '\n') {
+                end_line();
+                continue;
+            }
+            restart_line();
+        }
+        if (c == '\n') {
+            end_line();
+        } else if (c == '\r') {
+            pending_cr_ = true;
+        } else if (current_.size() < max_line_bytes_) {
+            current_ += c;
+        } else {
+            ++cut_bytes_;
+        }
+    }
+}
+
+ELASTIC_DECL stderr_tail_snapshot stderr_tail::snapshot() const {
+    stderr_tail_snapshot s;
+    s.lines.assign(lines_.begin(), lines_.end());
+    s.total_lines = total_lines_;
+    s.total_bytes = total_bytes_;
+    if (!current_.empty() || cut_bytes_ > 0) {
+        s.lines.push_back(finish(current_, cut_bytes_));
+        ++s.total_lines;
+        if (s.lines.size() > max_lines_) {
+            s.lines.erase(s.lines.begin());
+        }
+    }
+    return s;
+}
+
+ELASTIC_DECL void stderr_tail::clear() {
+    lines_.clear();
+    current_.clear();
+    cut_bytes_ = 0;
+    pending_cr_ = false;
+    total_lines_ = 0;
+    total_bytes_ = 0;
+}
+
+ELASTIC_DECL std::string stderr_tail::finish(std::string_view line, std::uint64_t cut) const {
+    // Cutting at max_line_bytes_ may have split a UTF-8 sequence: drop its first bytes too
+    // rather than show them as U+FFFD.
+    std::string_view kept = line;
+    if (cut > 0) {
+        const std::string_view whole = detail::report::utf8_incomplete_tail_trimmed(line);
+        cut += kept.size() - whole.size();
+        kept = whole;
+    }
+    std::string out = detail::report::valid_utf8(kept);
+    if (cut > 0) {
+        out += " [... ";
+        out += std::to_string(cut);
+        out += " more bytes]";
+    }
+    return out;
+}
+
+ELASTIC_DECL void stderr_tail::end_line() {
+    std::string line = finish(current_, cut_bytes_);
+    current_.clear();
+    cut_bytes_ = 0;
+    ++total_lines_;
+    lines_.push_back(std::move(line));
+    if (lines_.size() > max_lines_) {
+        lines_.pop_front();
+    }
+}
+
+ELASTIC_DECL void stderr_tail::restart_line() {
+    current_.clear();
+    cut_bytes_ = 0;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/stderr_tail.hpp ----
 
 #include <chrono>
@@ -9553,50 +9783,19 @@ public:
 
     event_log(event_log&& other) noexcept
         : fd_(std::exchange(other.fd_, -1)), owned_(std::exchange(other.owned_, false)) {}
-    event_log& operator=(event_log&& other) noexcept {
-        if (this != &other) {
-            close();
-            fd_ = std::exchange(other.fd_, -1);
-            owned_ = std::exchange(other.owned_, false);
-        }
-        return *this;
-    }
+    ELASTIC_DECL event_log& operator=(event_log&& other) noexcept;
     event_log(const event_log&) = delete;
     event_log& operator=(const event_log&) = delete;
     ~event_log() { close(); }
 
     /// Append one event. Returns false (and loses only this event) when it cannot be written
     /// whole.
-    bool record(const event& e) noexcept {
-        try {
-            std::string line = e.serialize();
-            line += '\n';
-            std::string_view rest = line;
-            while (!rest.empty()) {
-                const ssize_t n = ::write(fd_, rest.data(), rest.size());
-                if (n < 0) {
-                    if (errno == EINTR) {
-                        continue;
-                    }
-                    return false;
-                }
-                rest.remove_prefix(static_cast<std::size_t>(n));
-            }
-            return true;
-        } catch (...) {
-            return false;
-        }
-    }
+    ELASTIC_DECL bool record(const event& e) noexcept;
 
 private:
     explicit event_log(int fd) noexcept : fd_(fd), owned_(false) {}
 
-    void close() noexcept {
-        if (owned_ && fd_ >= 0) {
-            ::close(fd_);
-        }
-        fd_ = -1;
-    }
+    ELASTIC_DECL void close() noexcept;
 
     int fd_ = -1;
     bool owned_ = false;
@@ -9733,6 +9932,47 @@ ELASTIC_DECL event worker_succeeded_event(const worker_status_subject& w, const 
 
 }  // namespace elastic::inline v0
 
+namespace elastic::inline v0 {
+
+ELASTIC_DECL event_log& event_log::operator=(event_log&& other) noexcept {
+    if (this != &other) {
+        close();
+        fd_ = std::exchange(other.fd_, -1);
+        owned_ = std::exchange(other.owned_, false);
+    }
+    return *this;
+}
+
+ELASTIC_DECL bool event_log::record(const event& e) noexcept {
+    try {
+        std::string line = e.serialize();
+        line += '\n';
+        std::string_view rest = line;
+        while (!rest.empty()) {
+            const ssize_t n = ::write(fd_, rest.data(), rest.size());
+            if (n < 0) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                return false;
+            }
+            rest.remove_prefix(static_cast<std::size_t>(n));
+        }
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+ELASTIC_DECL void event_log::close() noexcept {
+    if (owned_ && fd_ >= 0) {
+        ::close(fd_);
+    }
+    fd_ = -1;
+}
+
+}  // namespace elastic::inline v0
+
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/event.hpp ----
 // ---- begin elastic/report/event_destination.hpp ----
@@ -9837,21 +10077,8 @@ public:
 
     /// Stamps `e` with the instant (`steady`, `wall`) and writes it. Returns false when nothing
     /// was written (null sink, or a failed write that loses this event only).
-    bool record(event e, std::chrono::steady_clock::time_point steady,
-                std::chrono::system_clock::time_point wall) noexcept {
-        if (!log_) return false;
-        try {
-            using namespace std::chrono;
-            e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
-            e.metadata["monotonic_ns"] = static_cast<std::int64_t>(
-                duration_cast<nanoseconds>(steady.time_since_epoch()).count());
-            e.metadata["since_start_ns"] = static_cast<std::int64_t>(
-                duration_cast<nanoseconds>(steady - origin_).count());
-            return log_->record(e);
-        } catch (...) {
-            return false;
-        }
-    }
+    ELASTIC_DECL bool record(event e, std::chrono::steady_clock::time_point steady,
+                             std::chrono::system_clock::time_point wall) noexcept;
 
     /// Stamps `e` with now and writes it.
     bool record(event e) noexcept {
@@ -9865,6 +10092,29 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL bool event_sink::record(event e, std::chrono::steady_clock::time_point steady,
+                                     std::chrono::system_clock::time_point wall) noexcept {
+    if (!log_) return false;
+    try {
+        using namespace std::chrono;
+        e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
+        e.metadata["monotonic_ns"] = static_cast<std::int64_t>(
+            duration_cast<nanoseconds>(steady.time_since_epoch()).count());
+        e.metadata["since_start_ns"] = static_cast<std::int64_t>(duration_cast<nanoseconds>(steady - origin_).count());
+        return log_->record(e);
+    } catch (...) {
+        return false;
+    }
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/event_sink.hpp ----
 // ---- begin elastic/report/exit_codes.hpp ----
 // elasticrun's exit codes (docs/exit-codes.md): the root cause's code on a worker failure, and
@@ -15164,50 +15414,10 @@ public:
     /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
     /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
     /// Throws log_error.
-    std::filesystem::path make_attempt(int attempt, int local_world_size) {
-        if (disabled()) return {};
-        if (run_dir_.empty()) {
-            if (log_dir_) {
-                std::error_code ec;
-                std::filesystem::create_directories(*log_dir_, ec);
-                if (ec || !std::filesystem::is_directory(*log_dir_)) {
-                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
-                                                ec ? ec.message() : std::string("not a directory")));
-                }
-                base_ = *log_dir_;
-            } else {
-                base_ = detail::agent::make_temp_dir(temp_parent_, "torchelastic_");
-            }
-            run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
-        }
-        const auto name = fmt::format("attempt_{}", attempt);
-        std::filesystem::path dir = run_dir_ / name;
-        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
-        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
-            if (errno != EEXIST) {
-                throw log_error(fmt::format("cannot create {}: {}", dir.string(),
-                                            std::generic_category().message(errno)));
-            }
-            dir = run_dir_ / fmt::format("{}.{}", name, k);
-        }
-        for (int i = 0; i < local_world_size; ++i) {
-            const auto rank_dir = dir / fmt::format("{}", i);
-            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-                throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
-                                            std::generic_category().message(errno)));
-            }
-        }
-        return dir;
-    }
+    ELASTIC_DECL std::filesystem::path make_attempt(int attempt, int local_world_size);
 
     /// Removes the temporary base with everything in it (nothing when --log-dir was given).
-    void remove_temporary() noexcept {
-        if (!temporary() || base_.empty()) return;
-        std::error_code ignored;
-        std::filesystem::remove_all(base_, ignored);
-        base_.clear();
-        run_dir_.clear();
-    }
+    ELASTIC_DECL void remove_temporary() noexcept;
 
 private:
     std::optional<std::filesystem::path> log_dir_;
@@ -15346,6 +15556,53 @@ namespace elastic::inline v0 {
         throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
     }
     return fd;
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::filesystem::path log_tree::make_attempt(int attempt, int local_world_size) {
+    if (disabled()) return {};
+    if (run_dir_.empty()) {
+        if (log_dir_) {
+            std::error_code ec;
+            std::filesystem::create_directories(*log_dir_, ec);
+            if (ec || !std::filesystem::is_directory(*log_dir_)) {
+                throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                            ec ? ec.message() : std::string("not a directory")));
+            }
+            base_ = *log_dir_;
+        } else {
+            base_ = detail::agent::make_temp_dir(temp_parent_, "torchelastic_");
+        }
+        run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
+    }
+    const auto name = fmt::format("attempt_{}", attempt);
+    std::filesystem::path dir = run_dir_ / name;
+    // mkdir(2) is the test and the claim at once: an existing directory is never reused.
+    for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
+        if (errno != EEXIST) {
+            throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+        }
+        dir = run_dir_ / fmt::format("{}.{}", name, k);
+    }
+    for (int i = 0; i < local_world_size; ++i) {
+        const auto rank_dir = dir / fmt::format("{}", i);
+        if (::mkdir(rank_dir.c_str(), 0777) != 0) {
+            throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
+                                        std::generic_category().message(errno)));
+        }
+    }
+    return dir;
+}
+
+ELASTIC_DECL void log_tree::remove_temporary() noexcept {
+    if (!temporary() || base_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(base_, ignored);
+    base_.clear();
+    run_dir_.clear();
 }
 
 }  // namespace elastic::inline v0
@@ -15610,40 +15867,11 @@ public:
 
     /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
     /// store its workers use. Also forgets the previous attempt's workers.
-    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
-                         std::uint16_t master_port) noexcept {
-        started_.clear();
-        stop_began_ = std::chrono::steady_clock::time_point::max();
-        node_ = node;
-        if (!enabled()) return;
-        record_agent("elastic.rendezvous.done", [&](event_metadata& m) {
-            m["restart_count"] = restarts;
-            m["group_rank"] = node.group_rank;
-            m["group_world_size"] = node.group_world_size;
-            m["local_world_size"] = node.local_world_size;
-            m["world_size"] = node.world_size;
-            m["rdzv_backend"] = rdzv_backend_;
-            m["master_addr"] = std::string(master_addr);
-            m["master_port"] = master_port;
-        });
-    }
+    ELASTIC_DECL void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
+                                      std::uint16_t master_port) noexcept;
 
     /// A worker runs.
-    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
-        try {
-            started_.push_back({pid, a.local_rank, a.global_rank});
-        } catch (...) {
-            return;
-        }
-        if (!enabled()) return;
-        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-                      [&](event_metadata& m) {
-                          m["restart_count"] = restarts;
-                          m["local_rank"] = a.local_rank;
-                          m["global_rank"] = a.global_rank;
-                          m["pid"] = pid;
-                      });
-    }
+    ELASTIC_DECL void worker_started(int restarts, const worker_assignment& a, long pid) noexcept;
 
     /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
     /// observed from now on are the agent's doing. The first call of an attempt counts.
@@ -15655,160 +15883,36 @@ public:
     /// the agent observed it. An exit observed before stopping_group() is the worker's own:
     /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
     /// summary counts them.
-    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
-        if (!enabled()) return;
-        const auto stop_began = stop_began_;
-        try {
-            std::vector<const child_process*> ended;
-            for (const auto& w : workers) {
-                if (w.status()) ended.push_back(&w);
-            }
-            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
-                return a->status()->steady_time < b->status()->steady_time;
-            });
-            for (const auto* w : ended) {
-                const auto& observed = *w->status();
-                const auto& s = observed.status;
-                const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = observed.steady_time >= stop_began ? "TERMINATED"
-                                    : s.success()                      ? "SUCCEEDED"
-                                                                       : "FAILED";
-                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time,
-                              [&](event_metadata& m) {
-                                  m["restart_count"] = restarts;
-                                  m["local_rank"] = who.local_rank;
-                                  m["global_rank"] = who.global_rank;
-                                  m["pid"] = static_cast<long>(w->pid());
-                                  m["state"] = state;
-                                  m["exitcode"] = s.returncode();
-                                  m["exit_status"] = s.shell_code();
-                                  m["signal"] = s.signaled() ? event_value(signal_name(s.signal()))
-                                                             : event_value(nullptr);
-                                  m["core_dumped"] = s.core_dumped;
-                              });
-            }
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void workers_exited(int restarts, std::span<const child_process> workers) noexcept;
 
     /// The restart policy answered after a failed attempt.
-    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
-        try {
-            const auto* root = failure.root_cause();
-            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
-                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
-                                          decided.reason);
-            if (!enabled()) return;
-            record_agent("elastic.policy.decision", [&](event_metadata& m) {
-                m["restart_count"] = failure.restarts;
-                m["action"] = decided.restart() ? "restart" : "stop";
-                m["reason"] = decided.reason;
-                m["failed_global_ranks"] = join(failure.failed_global_ranks());
-                m["healthy_for_ms"] = static_cast<std::int64_t>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
-                if (root != nullptr) {
-                    m["root_cause_global_rank"] = root->global_rank;
-                    m["root_cause_local_rank"] = root->local_rank;
-                    m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.returncode();
-                    m["root_cause"] = failure_headline(*root);
-                } else {
-                    m["root_cause"] = nullptr;
-                }
-            });
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void decision(const group_failure& failure, const restart_decision& decided) noexcept;
 
     /// The agent received `signal` while the policy was deciding: no decision.
-    void decision_interrupted(int restarts, int signal) noexcept {
-        received_signal(signal);
-        if (!enabled()) return;
-        record_agent("elastic.policy.decision", [&](event_metadata& m) {
-            m["restart_count"] = restarts;
-            m["action"] = "interrupted";
-            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
-        });
-    }
+    ELASTIC_DECL void decision_interrupted(int restarts, int signal) noexcept;
 
     /// The agent received `signal` and stops the group; the shutdown event says so.
-    void received_signal(int signal) noexcept {
-        stopping_group();
-        try {
-            pending_reason_ = fmt::format("received {}", signal_name(signal));
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void received_signal(int signal) noexcept;
 
     /// The group starts again; `restarts` is the new restart count.
-    void restart(int restarts) noexcept {
-        if (!enabled()) return;
-        record_agent("elastic.agent.restart", [&](event_metadata& m) { m["restart_count"] = restarts; });
-    }
+    ELASTIC_DECL void restart(int restarts) noexcept;
 
     /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
     /// the group fails for good, stamped now (torch records them at the end of the run; its
     /// total_run_time counts whole seconds since the agent started).
-    void final_status(const group_failure& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(failure.restarts,
-                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
-            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void final_status(const group_failure& failure) noexcept;
 
     /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
     /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
     /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
     /// failure reports carry it (empty: the host name).
-    void final_success(int restarts, std::string_view host) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
-            auto workers = started_;
-            std::stable_sort(workers.begin(), workers.end(), [](const started_worker& a, const started_worker& b) {
-                return a.local_rank < b.local_rank;
-            });
-            const auto now = std::chrono::system_clock::now();
-            for (const auto& w : workers) {
-                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
-            }
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void final_success(int restarts, std::string_view host) noexcept;
 
     /// The agent ends with `exit_code`.
-    void shutdown(int exit_code) noexcept {
-        if (!enabled()) return;
-        std::string reason;
-        try {
-            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
-        } catch (...) {
-        }
-        record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
-            m["exit_code"] = exit_code;
-            m["reason"] = reason;
-        });
-    }
+    ELASTIC_DECL void shutdown(int exit_code) noexcept;
 
     /// The agent ends because `failure` escaped it (a rendezvous or internal error).
-    void shutdown(const std::exception_ptr& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto e = detail::agent::classify_exception(failure);
-            record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
-                m["exit_code"] = e.exit_code;
-                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
-                              : e.exit_code == exit_codes::usage    ? "usage error"
-                                                                    : "internal error";
-                m["error_type"] = e.type;
-                m["message"] = e.what;
-            });
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void shutdown(const std::exception_ptr& failure) noexcept;
 
 private:
     struct started_worker {
@@ -15818,20 +15922,7 @@ private:
     };
 
     // What every worker status event of this node says about the run.
-    worker_event_context status_context(int restarts, std::string hostname) const {
-        worker_event_context ctx;
-        ctx.run_id = run_id_;
-        ctx.entry_point = entry_point_;
-        ctx.rdzv_backend = rdzv_backend_;
-        ctx.agent_restarts = restarts;
-        ctx.total_run_time =
-            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
-        ctx.hostname = std::move(hostname);
-        ctx.group_rank = node_.group_rank;
-        ctx.group_world_size = node_.group_world_size;
-        ctx.role_world_size = node_.role_world_size;
-        return ctx;
-    }
+    ELASTIC_DECL worker_event_context status_context(int restarts, std::string hostname) const;
 
     started_worker find_started(long pid) const {
         for (const auto& s : started_) {
@@ -15840,19 +15931,9 @@ private:
         return {pid, -1, -1};
     }
 
-    static std::string join(const std::vector<int>& values) {
-        std::string out;
-        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
-        return out;
-    }
+    static ELASTIC_DECL std::string join(const std::vector<int>& values);
 
-    event_metadata common() const {
-        event_metadata m;
-        m["run_id"] = run_id_;
-        m["role"] = role_;
-        m["hostname"] = hostname_;
-        return m;
-    }
+    ELASTIC_DECL event_metadata common() const;
 
     template <class Fill>
     void record_agent(std::string name, Fill fill) noexcept {
@@ -15929,6 +16010,212 @@ ELASTIC_DECL agent_exception classify_exception(const std::exception_ptr& failur
 }
 
 }  // namespace detail::agent
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void agent_events::rendezvous_done(int restarts, const worker_assignment& node,
+                                                std::string_view master_addr, std::uint16_t master_port) noexcept {
+    started_.clear();
+    stop_began_ = std::chrono::steady_clock::time_point::max();
+    node_ = node;
+    if (!enabled()) return;
+    record_agent("elastic.rendezvous.done", [&](event_metadata& m) {
+        m["restart_count"] = restarts;
+        m["group_rank"] = node.group_rank;
+        m["group_world_size"] = node.group_world_size;
+        m["local_world_size"] = node.local_world_size;
+        m["world_size"] = node.world_size;
+        m["rdzv_backend"] = rdzv_backend_;
+        m["master_addr"] = std::string(master_addr);
+        m["master_port"] = master_port;
+    });
+}
+
+ELASTIC_DECL void agent_events::worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
+    try {
+        started_.push_back({pid, a.local_rank, a.global_rank});
+    } catch (...) {
+        return;
+    }
+    if (!enabled()) return;
+    record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+                  [&](event_metadata& m) {
+                      m["restart_count"] = restarts;
+                      m["local_rank"] = a.local_rank;
+                      m["global_rank"] = a.global_rank;
+                      m["pid"] = pid;
+                  });
+}
+
+ELASTIC_DECL void agent_events::workers_exited(int restarts, std::span<const child_process> workers) noexcept {
+    if (!enabled()) return;
+    const auto stop_began = stop_began_;
+    try {
+        std::vector<const child_process*> ended;
+        for (const auto& w : workers) {
+            if (w.status()) ended.push_back(&w);
+        }
+        std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
+            return a->status()->steady_time < b->status()->steady_time;
+        });
+        for (const auto* w : ended) {
+            const auto& observed = *w->status();
+            const auto& s = observed.status;
+            const auto who = find_started(static_cast<long>(w->pid()));
+            const char* state = observed.steady_time >= stop_began ? "TERMINATED"
+                                : s.success()                      ? "SUCCEEDED"
+                                                                   : "FAILED";
+            record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](event_metadata& m) {
+                m["restart_count"] = restarts;
+                m["local_rank"] = who.local_rank;
+                m["global_rank"] = who.global_rank;
+                m["pid"] = static_cast<long>(w->pid());
+                m["state"] = state;
+                m["exitcode"] = s.returncode();
+                m["exit_status"] = s.shell_code();
+                m["signal"] = s.signaled() ? event_value(signal_name(s.signal())) : event_value(nullptr);
+                m["core_dumped"] = s.core_dumped;
+            });
+        }
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::decision(const group_failure& failure, const restart_decision& decided) noexcept {
+    try {
+        const auto* root = failure.root_cause();
+        pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
+                                      root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                      decided.reason);
+        if (!enabled()) return;
+        record_agent("elastic.policy.decision", [&](event_metadata& m) {
+            m["restart_count"] = failure.restarts;
+            m["action"] = decided.restart() ? "restart" : "stop";
+            m["reason"] = decided.reason;
+            m["failed_global_ranks"] = join(failure.failed_global_ranks());
+            m["healthy_for_ms"] = static_cast<std::int64_t>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
+            if (root != nullptr) {
+                m["root_cause_global_rank"] = root->global_rank;
+                m["root_cause_local_rank"] = root->local_rank;
+                m["root_cause_pid"] = root->pid;
+                m["root_cause_exitcode"] = root->status.returncode();
+                m["root_cause"] = failure_headline(*root);
+            } else {
+                m["root_cause"] = nullptr;
+            }
+        });
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::decision_interrupted(int restarts, int signal) noexcept {
+    received_signal(signal);
+    if (!enabled()) return;
+    record_agent("elastic.policy.decision", [&](event_metadata& m) {
+        m["restart_count"] = restarts;
+        m["action"] = "interrupted";
+        m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+    });
+}
+
+ELASTIC_DECL void agent_events::received_signal(int signal) noexcept {
+    stopping_group();
+    try {
+        pending_reason_ = fmt::format("received {}", signal_name(signal));
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::restart(int restarts) noexcept {
+    if (!enabled()) return;
+    record_agent("elastic.agent.restart", [&](event_metadata& m) { m["restart_count"] = restarts; });
+}
+
+ELASTIC_DECL void agent_events::final_status(const group_failure& failure) noexcept {
+    if (!enabled()) return;
+    try {
+        const auto ctx = status_context(failure.restarts,
+                                        failure.workers.empty() ? hostname_ : failure.workers.front().host);
+        for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::final_success(int restarts, std::string_view host) noexcept {
+    if (!enabled()) return;
+    try {
+        const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
+        auto workers = started_;
+        std::stable_sort(workers.begin(), workers.end(),
+                         [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+        const auto now = std::chrono::system_clock::now();
+        for (const auto& w : workers) {
+            sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
+        }
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::shutdown(int exit_code) noexcept {
+    if (!enabled()) return;
+    std::string reason;
+    try {
+        reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
+    } catch (...) {
+    }
+    record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
+        m["exit_code"] = exit_code;
+        m["reason"] = reason;
+    });
+}
+
+ELASTIC_DECL void agent_events::shutdown(const std::exception_ptr& failure) noexcept {
+    if (!enabled()) return;
+    try {
+        const auto e = detail::agent::classify_exception(failure);
+        record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
+            m["exit_code"] = e.exit_code;
+            m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
+                          : e.exit_code == exit_codes::usage    ? "usage error"
+                                                                : "internal error";
+            m["error_type"] = e.type;
+            m["message"] = e.what;
+        });
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL worker_event_context agent_events::status_context(int restarts, std::string hostname) const {
+    worker_event_context ctx;
+    ctx.run_id = run_id_;
+    ctx.entry_point = entry_point_;
+    ctx.rdzv_backend = rdzv_backend_;
+    ctx.agent_restarts = restarts;
+    ctx.total_run_time =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
+    ctx.hostname = std::move(hostname);
+    ctx.group_rank = node_.group_rank;
+    ctx.group_world_size = node_.group_world_size;
+    ctx.role_world_size = node_.role_world_size;
+    return ctx;
+}
+
+ELASTIC_DECL std::string agent_events::join(const std::vector<int>& values) {
+    std::string out;
+    for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+    return out;
+}
+
+ELASTIC_DECL event_metadata agent_events::common() const {
+    event_metadata m;
+    m["run_id"] = run_id_;
+    m["role"] = role_;
+    m["hostname"] = hostname_;
+    return m;
+}
+
 }  // namespace elastic::inline v0
 
 #endif  // ELASTIC_DETAIL_BODIES

@@ -97,40 +97,11 @@ public:
 
     /// The attempt's round is settled: this node's rank among `group_world_size` nodes and the
     /// store its workers use. Also forgets the previous attempt's workers.
-    void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
-                         std::uint16_t master_port) noexcept {
-        started_.clear();
-        stop_began_ = std::chrono::steady_clock::time_point::max();
-        node_ = node;
-        if (!enabled()) return;
-        record_agent("elastic.rendezvous.done", [&](event_metadata& m) {
-            m["restart_count"] = restarts;
-            m["group_rank"] = node.group_rank;
-            m["group_world_size"] = node.group_world_size;
-            m["local_world_size"] = node.local_world_size;
-            m["world_size"] = node.world_size;
-            m["rdzv_backend"] = rdzv_backend_;
-            m["master_addr"] = std::string(master_addr);
-            m["master_port"] = master_port;
-        });
-    }
+    ELASTIC_DECL void rendezvous_done(int restarts, const worker_assignment& node, std::string_view master_addr,
+                                      std::uint16_t master_port) noexcept;
 
     /// A worker runs.
-    void worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
-        try {
-            started_.push_back({pid, a.local_rank, a.global_rank});
-        } catch (...) {
-            return;
-        }
-        if (!enabled()) return;
-        record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
-                      [&](event_metadata& m) {
-                          m["restart_count"] = restarts;
-                          m["local_rank"] = a.local_rank;
-                          m["global_rank"] = a.global_rank;
-                          m["pid"] = pid;
-                      });
-    }
+    ELASTIC_DECL void worker_started(int restarts, const worker_assignment& a, long pid) noexcept;
 
     /// The agent begins stopping the attempt's group (after a failure, or on a signal): exits
     /// observed from now on are the agent's doing. The first call of an attempt counts.
@@ -142,160 +113,36 @@ public:
     /// the agent observed it. An exit observed before stopping_group() is the worker's own:
     /// SUCCEEDED or FAILED; a later one is TERMINATED (the agent ended it), as the failure
     /// summary counts them.
-    void workers_exited(int restarts, std::span<const child_process> workers) noexcept {
-        if (!enabled()) return;
-        const auto stop_began = stop_began_;
-        try {
-            std::vector<const child_process*> ended;
-            for (const auto& w : workers) {
-                if (w.status()) ended.push_back(&w);
-            }
-            std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
-                return a->status()->steady_time < b->status()->steady_time;
-            });
-            for (const auto* w : ended) {
-                const auto& observed = *w->status();
-                const auto& s = observed.status;
-                const auto who = find_started(static_cast<long>(w->pid()));
-                const char* state = observed.steady_time >= stop_began ? "TERMINATED"
-                                    : s.success()                      ? "SUCCEEDED"
-                                                                       : "FAILED";
-                record_worker("elastic.worker.exited", observed.steady_time, observed.system_time,
-                              [&](event_metadata& m) {
-                                  m["restart_count"] = restarts;
-                                  m["local_rank"] = who.local_rank;
-                                  m["global_rank"] = who.global_rank;
-                                  m["pid"] = static_cast<long>(w->pid());
-                                  m["state"] = state;
-                                  m["exitcode"] = s.returncode();
-                                  m["exit_status"] = s.shell_code();
-                                  m["signal"] = s.signaled() ? event_value(signal_name(s.signal()))
-                                                             : event_value(nullptr);
-                                  m["core_dumped"] = s.core_dumped;
-                              });
-            }
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void workers_exited(int restarts, std::span<const child_process> workers) noexcept;
 
     /// The restart policy answered after a failed attempt.
-    void decision(const group_failure& failure, const restart_decision& decided) noexcept {
-        try {
-            const auto* root = failure.root_cause();
-            pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
-                                          root != nullptr ? failure_headline(*root) : "no worker failed on its own",
-                                          decided.reason);
-            if (!enabled()) return;
-            record_agent("elastic.policy.decision", [&](event_metadata& m) {
-                m["restart_count"] = failure.restarts;
-                m["action"] = decided.restart() ? "restart" : "stop";
-                m["reason"] = decided.reason;
-                m["failed_global_ranks"] = join(failure.failed_global_ranks());
-                m["healthy_for_ms"] = static_cast<std::int64_t>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
-                if (root != nullptr) {
-                    m["root_cause_global_rank"] = root->global_rank;
-                    m["root_cause_local_rank"] = root->local_rank;
-                    m["root_cause_pid"] = root->pid;
-                    m["root_cause_exitcode"] = root->status.returncode();
-                    m["root_cause"] = failure_headline(*root);
-                } else {
-                    m["root_cause"] = nullptr;
-                }
-            });
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void decision(const group_failure& failure, const restart_decision& decided) noexcept;
 
     /// The agent received `signal` while the policy was deciding: no decision.
-    void decision_interrupted(int restarts, int signal) noexcept {
-        received_signal(signal);
-        if (!enabled()) return;
-        record_agent("elastic.policy.decision", [&](event_metadata& m) {
-            m["restart_count"] = restarts;
-            m["action"] = "interrupted";
-            m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
-        });
-    }
+    ELASTIC_DECL void decision_interrupted(int restarts, int signal) noexcept;
 
     /// The agent received `signal` and stops the group; the shutdown event says so.
-    void received_signal(int signal) noexcept {
-        stopping_group();
-        try {
-            pending_reason_ = fmt::format("received {}", signal_name(signal));
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void received_signal(int signal) noexcept;
 
     /// The group starts again; `restarts` is the new restart count.
-    void restart(int restarts) noexcept {
-        if (!enabled()) return;
-        record_agent("elastic.agent.restart", [&](event_metadata& m) { m["restart_count"] = restarts; });
-    }
+    ELASTIC_DECL void restart(int restarts) noexcept;
 
     /// torch's torchelastic.worker.status.<STATE> event for each failed or stopped worker when
     /// the group fails for good, stamped now (torch records them at the end of the run; its
     /// total_run_time counts whole seconds since the agent started).
-    void final_status(const group_failure& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(failure.restarts,
-                                            failure.workers.empty() ? hostname_ : failure.workers.front().host);
-            for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void final_status(const group_failure& failure) noexcept;
 
     /// torch's torchelastic.worker.status.SUCCEEDED event for each worker of the attempt when
     /// the group succeeded (torch 1.13 records one per worker, in local rank order, at the end
     /// of a successful run), stamped now. `host`: the node's fully qualified name, as the
     /// failure reports carry it (empty: the host name).
-    void final_success(int restarts, std::string_view host) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
-            auto workers = started_;
-            std::stable_sort(workers.begin(), workers.end(), [](const started_worker& a, const started_worker& b) {
-                return a.local_rank < b.local_rank;
-            });
-            const auto now = std::chrono::system_clock::now();
-            for (const auto& w : workers) {
-                sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
-            }
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void final_success(int restarts, std::string_view host) noexcept;
 
     /// The agent ends with `exit_code`.
-    void shutdown(int exit_code) noexcept {
-        if (!enabled()) return;
-        std::string reason;
-        try {
-            reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
-        } catch (...) {
-        }
-        record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
-            m["exit_code"] = exit_code;
-            m["reason"] = reason;
-        });
-    }
+    ELASTIC_DECL void shutdown(int exit_code) noexcept;
 
     /// The agent ends because `failure` escaped it (a rendezvous or internal error).
-    void shutdown(const std::exception_ptr& failure) noexcept {
-        if (!enabled()) return;
-        try {
-            const auto e = detail::agent::classify_exception(failure);
-            record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
-                m["exit_code"] = e.exit_code;
-                m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
-                              : e.exit_code == exit_codes::usage    ? "usage error"
-                                                                    : "internal error";
-                m["error_type"] = e.type;
-                m["message"] = e.what;
-            });
-        } catch (...) {
-        }
-    }
+    ELASTIC_DECL void shutdown(const std::exception_ptr& failure) noexcept;
 
 private:
     struct started_worker {
@@ -305,20 +152,7 @@ private:
     };
 
     // What every worker status event of this node says about the run.
-    worker_event_context status_context(int restarts, std::string hostname) const {
-        worker_event_context ctx;
-        ctx.run_id = run_id_;
-        ctx.entry_point = entry_point_;
-        ctx.rdzv_backend = rdzv_backend_;
-        ctx.agent_restarts = restarts;
-        ctx.total_run_time =
-            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
-        ctx.hostname = std::move(hostname);
-        ctx.group_rank = node_.group_rank;
-        ctx.group_world_size = node_.group_world_size;
-        ctx.role_world_size = node_.role_world_size;
-        return ctx;
-    }
+    ELASTIC_DECL worker_event_context status_context(int restarts, std::string hostname) const;
 
     started_worker find_started(long pid) const {
         for (const auto& s : started_) {
@@ -327,19 +161,9 @@ private:
         return {pid, -1, -1};
     }
 
-    static std::string join(const std::vector<int>& values) {
-        std::string out;
-        for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
-        return out;
-    }
+    static ELASTIC_DECL std::string join(const std::vector<int>& values);
 
-    event_metadata common() const {
-        event_metadata m;
-        m["run_id"] = run_id_;
-        m["role"] = role_;
-        m["hostname"] = hostname_;
-        return m;
-    }
+    ELASTIC_DECL event_metadata common() const;
 
     template <class Fill>
     void record_agent(std::string name, Fill fill) noexcept {
@@ -416,6 +240,212 @@ ELASTIC_DECL agent_exception classify_exception(const std::exception_ptr& failur
 }
 
 }  // namespace detail::agent
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void agent_events::rendezvous_done(int restarts, const worker_assignment& node,
+                                                std::string_view master_addr, std::uint16_t master_port) noexcept {
+    started_.clear();
+    stop_began_ = std::chrono::steady_clock::time_point::max();
+    node_ = node;
+    if (!enabled()) return;
+    record_agent("elastic.rendezvous.done", [&](event_metadata& m) {
+        m["restart_count"] = restarts;
+        m["group_rank"] = node.group_rank;
+        m["group_world_size"] = node.group_world_size;
+        m["local_world_size"] = node.local_world_size;
+        m["world_size"] = node.world_size;
+        m["rdzv_backend"] = rdzv_backend_;
+        m["master_addr"] = std::string(master_addr);
+        m["master_port"] = master_port;
+    });
+}
+
+ELASTIC_DECL void agent_events::worker_started(int restarts, const worker_assignment& a, long pid) noexcept {
+    try {
+        started_.push_back({pid, a.local_rank, a.global_rank});
+    } catch (...) {
+        return;
+    }
+    if (!enabled()) return;
+    record_worker("elastic.worker.started", std::chrono::steady_clock::now(), std::chrono::system_clock::now(),
+                  [&](event_metadata& m) {
+                      m["restart_count"] = restarts;
+                      m["local_rank"] = a.local_rank;
+                      m["global_rank"] = a.global_rank;
+                      m["pid"] = pid;
+                  });
+}
+
+ELASTIC_DECL void agent_events::workers_exited(int restarts, std::span<const child_process> workers) noexcept {
+    if (!enabled()) return;
+    const auto stop_began = stop_began_;
+    try {
+        std::vector<const child_process*> ended;
+        for (const auto& w : workers) {
+            if (w.status()) ended.push_back(&w);
+        }
+        std::stable_sort(ended.begin(), ended.end(), [](const child_process* a, const child_process* b) {
+            return a->status()->steady_time < b->status()->steady_time;
+        });
+        for (const auto* w : ended) {
+            const auto& observed = *w->status();
+            const auto& s = observed.status;
+            const auto who = find_started(static_cast<long>(w->pid()));
+            const char* state = observed.steady_time >= stop_began ? "TERMINATED"
+                                : s.success()                      ? "SUCCEEDED"
+                                                                   : "FAILED";
+            record_worker("elastic.worker.exited", observed.steady_time, observed.system_time, [&](event_metadata& m) {
+                m["restart_count"] = restarts;
+                m["local_rank"] = who.local_rank;
+                m["global_rank"] = who.global_rank;
+                m["pid"] = static_cast<long>(w->pid());
+                m["state"] = state;
+                m["exitcode"] = s.returncode();
+                m["exit_status"] = s.shell_code();
+                m["signal"] = s.signaled() ? event_value(signal_name(s.signal())) : event_value(nullptr);
+                m["core_dumped"] = s.core_dumped;
+            });
+        }
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::decision(const group_failure& failure, const restart_decision& decided) noexcept {
+    try {
+        const auto* root = failure.root_cause();
+        pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
+                                      root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                      decided.reason);
+        if (!enabled()) return;
+        record_agent("elastic.policy.decision", [&](event_metadata& m) {
+            m["restart_count"] = failure.restarts;
+            m["action"] = decided.restart() ? "restart" : "stop";
+            m["reason"] = decided.reason;
+            m["failed_global_ranks"] = join(failure.failed_global_ranks());
+            m["healthy_for_ms"] = static_cast<std::int64_t>(
+                std::chrono::duration_cast<std::chrono::milliseconds>(failure.healthy_for()).count());
+            if (root != nullptr) {
+                m["root_cause_global_rank"] = root->global_rank;
+                m["root_cause_local_rank"] = root->local_rank;
+                m["root_cause_pid"] = root->pid;
+                m["root_cause_exitcode"] = root->status.returncode();
+                m["root_cause"] = failure_headline(*root);
+            } else {
+                m["root_cause"] = nullptr;
+            }
+        });
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::decision_interrupted(int restarts, int signal) noexcept {
+    received_signal(signal);
+    if (!enabled()) return;
+    record_agent("elastic.policy.decision", [&](event_metadata& m) {
+        m["restart_count"] = restarts;
+        m["action"] = "interrupted";
+        m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+    });
+}
+
+ELASTIC_DECL void agent_events::received_signal(int signal) noexcept {
+    stopping_group();
+    try {
+        pending_reason_ = fmt::format("received {}", signal_name(signal));
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::restart(int restarts) noexcept {
+    if (!enabled()) return;
+    record_agent("elastic.agent.restart", [&](event_metadata& m) { m["restart_count"] = restarts; });
+}
+
+ELASTIC_DECL void agent_events::final_status(const group_failure& failure) noexcept {
+    if (!enabled()) return;
+    try {
+        const auto ctx = status_context(failure.restarts,
+                                        failure.workers.empty() ? hostname_ : failure.workers.front().host);
+        for (const auto& f : failure.workers) sink_.record(worker_status_event(f, ctx));
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::final_success(int restarts, std::string_view host) noexcept {
+    if (!enabled()) return;
+    try {
+        const auto ctx = status_context(restarts, host.empty() ? hostname_ : std::string(host));
+        auto workers = started_;
+        std::stable_sort(workers.begin(), workers.end(),
+                         [](const started_worker& a, const started_worker& b) { return a.local_rank < b.local_rank; });
+        const auto now = std::chrono::system_clock::now();
+        for (const auto& w : workers) {
+            sink_.record(worker_succeeded_event({w.pid, w.local_rank, w.global_rank, role_}, ctx, now));
+        }
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL void agent_events::shutdown(int exit_code) noexcept {
+    if (!enabled()) return;
+    std::string reason;
+    try {
+        reason = exit_code == 0 ? std::string("every worker succeeded") : pending_reason_;
+    } catch (...) {
+    }
+    record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
+        m["exit_code"] = exit_code;
+        m["reason"] = reason;
+    });
+}
+
+ELASTIC_DECL void agent_events::shutdown(const std::exception_ptr& failure) noexcept {
+    if (!enabled()) return;
+    try {
+        const auto e = detail::agent::classify_exception(failure);
+        record_agent("elastic.agent.shutdown", [&](event_metadata& m) {
+            m["exit_code"] = e.exit_code;
+            m["reason"] = e.exit_code == exit_codes::rendezvous ? "rendezvous error"
+                          : e.exit_code == exit_codes::usage    ? "usage error"
+                                                                : "internal error";
+            m["error_type"] = e.type;
+            m["message"] = e.what;
+        });
+    } catch (...) {
+    }
+}
+
+ELASTIC_DECL worker_event_context agent_events::status_context(int restarts, std::string hostname) const {
+    worker_event_context ctx;
+    ctx.run_id = run_id_;
+    ctx.entry_point = entry_point_;
+    ctx.rdzv_backend = rdzv_backend_;
+    ctx.agent_restarts = restarts;
+    ctx.total_run_time =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - sink_.origin()).count();
+    ctx.hostname = std::move(hostname);
+    ctx.group_rank = node_.group_rank;
+    ctx.group_world_size = node_.group_world_size;
+    ctx.role_world_size = node_.role_world_size;
+    return ctx;
+}
+
+ELASTIC_DECL std::string agent_events::join(const std::vector<int>& values) {
+    std::string out;
+    for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+    return out;
+}
+
+ELASTIC_DECL event_metadata agent_events::common() const {
+    event_metadata m;
+    m["run_id"] = run_id_;
+    m["role"] = role_;
+    m["hostname"] = hostname_;
+    return m;
+}
+
 }  // namespace elastic::inline v0
 
 #endif  // ELASTIC_DETAIL_BODIES

@@ -106,50 +106,10 @@ public:
     /// Makes `attempt_<attempt>/` with one directory per local rank and returns its path (empty
     /// when disabled). `attempt` is the restart count the workers see (TORCHELASTIC_RESTART_COUNT).
     /// Throws log_error.
-    std::filesystem::path make_attempt(int attempt, int local_world_size) {
-        if (disabled()) return {};
-        if (run_dir_.empty()) {
-            if (log_dir_) {
-                std::error_code ec;
-                std::filesystem::create_directories(*log_dir_, ec);
-                if (ec || !std::filesystem::is_directory(*log_dir_)) {
-                    throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
-                                                ec ? ec.message() : std::string("not a directory")));
-                }
-                base_ = *log_dir_;
-            } else {
-                base_ = detail::agent::make_temp_dir(temp_parent_, "torchelastic_");
-            }
-            run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
-        }
-        const auto name = fmt::format("attempt_{}", attempt);
-        std::filesystem::path dir = run_dir_ / name;
-        // mkdir(2) is the test and the claim at once: an existing directory is never reused.
-        for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
-            if (errno != EEXIST) {
-                throw log_error(fmt::format("cannot create {}: {}", dir.string(),
-                                            std::generic_category().message(errno)));
-            }
-            dir = run_dir_ / fmt::format("{}.{}", name, k);
-        }
-        for (int i = 0; i < local_world_size; ++i) {
-            const auto rank_dir = dir / fmt::format("{}", i);
-            if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-                throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
-                                            std::generic_category().message(errno)));
-            }
-        }
-        return dir;
-    }
+    ELASTIC_DECL std::filesystem::path make_attempt(int attempt, int local_world_size);
 
     /// Removes the temporary base with everything in it (nothing when --log-dir was given).
-    void remove_temporary() noexcept {
-        if (!temporary() || base_.empty()) return;
-        std::error_code ignored;
-        std::filesystem::remove_all(base_, ignored);
-        base_.clear();
-        run_dir_.clear();
-    }
+    ELASTIC_DECL void remove_temporary() noexcept;
 
 private:
     std::optional<std::filesystem::path> log_dir_;
@@ -288,6 +248,53 @@ namespace elastic::inline v0 {
         throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
     }
     return fd;
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::filesystem::path log_tree::make_attempt(int attempt, int local_world_size) {
+    if (disabled()) return {};
+    if (run_dir_.empty()) {
+        if (log_dir_) {
+            std::error_code ec;
+            std::filesystem::create_directories(*log_dir_, ec);
+            if (ec || !std::filesystem::is_directory(*log_dir_)) {
+                throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                            ec ? ec.message() : std::string("not a directory")));
+            }
+            base_ = *log_dir_;
+        } else {
+            base_ = detail::agent::make_temp_dir(temp_parent_, "torchelastic_");
+        }
+        run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
+    }
+    const auto name = fmt::format("attempt_{}", attempt);
+    std::filesystem::path dir = run_dir_ / name;
+    // mkdir(2) is the test and the claim at once: an existing directory is never reused.
+    for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
+        if (errno != EEXIST) {
+            throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+        }
+        dir = run_dir_ / fmt::format("{}.{}", name, k);
+    }
+    for (int i = 0; i < local_world_size; ++i) {
+        const auto rank_dir = dir / fmt::format("{}", i);
+        if (::mkdir(rank_dir.c_str(), 0777) != 0) {
+            throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
+                                        std::generic_category().message(errno)));
+        }
+    }
+    return dir;
+}
+
+ELASTIC_DECL void log_tree::remove_temporary() noexcept {
+    if (!temporary() || base_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(base_, ignored);
+    base_.clear();
+    run_dir_.clear();
 }
 
 }  // namespace elastic::inline v0

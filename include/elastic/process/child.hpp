@@ -31,21 +31,11 @@ namespace detail::process {
 /// are reaped here, without blocking anyone, at the next spawn or destruction.
 class graveyard {
 public:
-    static graveyard& instance() {
-        static graveyard* const self = new graveyard();  // leaked: see spawner
-        return *self;
-    }
+    static ELASTIC_DECL graveyard& instance();
 
-    void bury(pid_t pid, owned_fd pidfd) {
-        std::lock_guard lock(mutex_);
-        graves_.push_back({pid, std::move(pidfd)});
-        sweep_locked();
-    }
+    ELASTIC_DECL void bury(pid_t pid, owned_fd pidfd);
 
-    void sweep() {
-        std::lock_guard lock(mutex_);
-        sweep_locked();
-    }
+    ELASTIC_DECL void sweep();
 
 private:
     struct grave {
@@ -53,18 +43,7 @@ private:
         owned_fd pidfd;
     };
 
-    void sweep_locked() noexcept {
-        for (auto it = graves_.begin(); it != graves_.end();) {
-            siginfo_t info;
-            if (peek_exit(it->pidfd.get(), info)) {
-                watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
-                reap_now(it->pidfd.get());
-                it = graves_.erase(it);
-            } else {
-                ++it;
-            }
-        }
-    }
+    ELASTIC_DECL void sweep_locked() noexcept;
 
     std::mutex mutex_;
     std::list<grave> graves_;
@@ -96,19 +75,7 @@ public:
           stdout_(std::move(other.stdout_)),
           stderr_(std::move(other.stderr_)) {}
 
-    child_process& operator=(child_process&& other) noexcept {
-        if (this != &other) {
-            abandon();
-            pid_ = std::exchange(other.pid_, -1);
-            reaped_ = std::exchange(other.reaped_, true);
-            pidfd_ = std::move(other.pidfd_);
-            status_ = std::move(other.status_);
-            stdin_ = std::move(other.stdin_);
-            stdout_ = std::move(other.stdout_);
-            stderr_ = std::move(other.stderr_);
-        }
-        return *this;
-    }
+    ELASTIC_DECL child_process& operator=(child_process&& other) noexcept;
 
     child_process(const child_process&) = delete;
     child_process& operator=(const child_process&) = delete;
@@ -126,14 +93,7 @@ public:
     [[nodiscard]] bool reaped() const noexcept { return reaped_; }
 
     /// Without waiting: records the exit if it has happened. Returns whether it has.
-    bool check_exit() {
-        if (status_) return true;
-        if (pid_ <= 0 || reaped_) return false;
-        siginfo_t info;
-        if (!detail::process::peek_exit(pidfd_.native_handle(), info)) return false;
-        status_ = process_exit::from_siginfo(info);
-        return true;
-    }
+    ELASTIC_DECL bool check_exit();
 
     /// Awaits the exit (an event on the pidfd: no polling, no SIGCHLD handler) and returns it.
     /// Returns at once if it was already observed. Cancellable (Asio per-operation cancellation).
@@ -151,40 +111,16 @@ public:
 
     /// Sends `sig` to the leader only, through its pidfd (never a recycled pid). Returns false if
     /// it has already exited (a zombie would accept the signal and ignore it).
-    bool signal(int sig) {
-        if (pid_ <= 0 || reaped_ || check_exit()) return false;
-        if (detail::process::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
-        if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
-                            detail::process::errno_string(errno));
-    }
+    ELASTIC_DECL bool signal(int sig);
 
     /// Sends `sig` to the whole process group (the worker and the descendants that stayed in
     /// it). Safe against pid reuse because the leader is not reaped yet. Returns false if no
     /// process is left in the group, or the leader was already reaped.
-    bool signal_group(int sig) {
-        if (pid_ <= 0 || reaped_) return false;
-        if (::kill(-pid_, sig) == 0) return true;
-        if (errno == ESRCH) return false;
-        throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
-                            detail::process::errno_string(errno));
-    }
+    ELASTIC_DECL bool signal_group(int sig);
 
     /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
     /// retires the group from the watcher, and reaps the leader. Throws if it is still running.
-    void reap() {
-        if (pid_ <= 0 || reaped_) return;
-        if (!check_exit()) {
-            throw process_error("cannot reap pid " + std::to_string(pid_) +
-                                ": it is still running (await wait() or stop() it first)");
-        }
-        ::kill(-pid_, SIGKILL);
-        detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
-        detail::process::reap_now(pidfd_.native_handle());
-        reaped_ = true;
-        asio::error_code ignored;
-        pidfd_.close(ignored);
-    }
+    ELASTIC_DECL void reap();
 
     /// The write end of the worker's stdin pipe, when spawned with `stdio::pipe()` for stdin.
     std::optional<asio::posix::stream_descriptor> take_stdin() { return take(stdin_); }
@@ -212,26 +148,10 @@ private:
           stdout_(std::move(out)),
           stderr_(std::move(err)) {}
 
-    static std::optional<asio::posix::stream_descriptor> take(std::optional<asio::posix::stream_descriptor>& slot) {
-        std::optional<asio::posix::stream_descriptor> out;
-        out.swap(slot);
-        return out;
-    }
+    static ELASTIC_DECL std::optional<asio::posix::stream_descriptor> take(
+        std::optional<asio::posix::stream_descriptor>& slot);
 
-    void abandon() noexcept {
-        if (pid_ <= 0 || reaped_) return;
-        try {
-            if (check_exit()) {
-                reap();
-            } else {
-                ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
-                detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
-            }
-        } catch (...) {
-            // Out of memory in the graveyard: the zombie stays, the group is already killed.
-        }
-        reaped_ = true;
-    }
+    ELASTIC_DECL void abandon() noexcept;
 
     pid_t pid_ = -1;
     bool reaped_ = true;
@@ -258,3 +178,121 @@ public:
 }  // namespace detail::process
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL child_process& child_process::operator=(child_process&& other) noexcept {
+    if (this != &other) {
+        abandon();
+        pid_ = std::exchange(other.pid_, -1);
+        reaped_ = std::exchange(other.reaped_, true);
+        pidfd_ = std::move(other.pidfd_);
+        status_ = std::move(other.status_);
+        stdin_ = std::move(other.stdin_);
+        stdout_ = std::move(other.stdout_);
+        stderr_ = std::move(other.stderr_);
+    }
+    return *this;
+}
+
+ELASTIC_DECL bool child_process::check_exit() {
+    if (status_) return true;
+    if (pid_ <= 0 || reaped_) return false;
+    siginfo_t info;
+    if (!detail::process::peek_exit(pidfd_.native_handle(), info)) return false;
+    status_ = process_exit::from_siginfo(info);
+    return true;
+}
+
+ELASTIC_DECL bool child_process::signal(int sig) {
+    if (pid_ <= 0 || reaped_ || check_exit()) return false;
+    if (detail::process::pidfd_send_signal(pidfd_.native_handle(), sig) == 0) return true;
+    if (errno == ESRCH) return false;
+    throw process_error("cannot send " + signal_name(sig) + " to pid " + std::to_string(pid_) + ": " +
+                        detail::process::errno_string(errno));
+}
+
+ELASTIC_DECL bool child_process::signal_group(int sig) {
+    if (pid_ <= 0 || reaped_) return false;
+    if (::kill(-pid_, sig) == 0) return true;
+    if (errno == ESRCH) return false;
+    throw process_error("cannot send " + signal_name(sig) + " to process group " + std::to_string(pid_) + ": " +
+                        detail::process::errno_string(errno));
+}
+
+ELASTIC_DECL void child_process::reap() {
+    if (pid_ <= 0 || reaped_) return;
+    if (!check_exit()) {
+        throw process_error("cannot reap pid " + std::to_string(pid_) +
+                            ": it is still running (await wait() or stop() it first)");
+    }
+    ::kill(-pid_, SIGKILL);
+    detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
+    detail::process::reap_now(pidfd_.native_handle());
+    reaped_ = true;
+    asio::error_code ignored;
+    pidfd_.close(ignored);
+}
+
+ELASTIC_DECL std::optional<asio::posix::stream_descriptor> child_process::take(
+    std::optional<asio::posix::stream_descriptor>& slot) {
+    std::optional<asio::posix::stream_descriptor> out;
+    out.swap(slot);
+    return out;
+}
+
+ELASTIC_DECL void child_process::abandon() noexcept {
+    if (pid_ <= 0 || reaped_) return;
+    try {
+        if (check_exit()) {
+            reap();
+        } else {
+            ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
+            detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
+        }
+    } catch (...) {
+        // Out of memory in the graveyard: the zombie stays, the group is already killed.
+    }
+    reaped_ = true;
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL graveyard& graveyard::instance() {
+    static graveyard* const self = new graveyard();  // leaked: see spawner
+    return *self;
+}
+
+ELASTIC_DECL void graveyard::bury(pid_t pid, owned_fd pidfd) {
+    std::lock_guard lock(mutex_);
+    graves_.push_back({pid, std::move(pidfd)});
+    sweep_locked();
+}
+
+ELASTIC_DECL void graveyard::sweep() {
+    std::lock_guard lock(mutex_);
+    sweep_locked();
+}
+
+ELASTIC_DECL void graveyard::sweep_locked() noexcept {
+    for (auto it = graves_.begin(); it != graves_.end();) {
+        siginfo_t info;
+        if (peek_exit(it->pidfd.get(), info)) {
+            watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
+            reap_now(it->pidfd.get());
+            it = graves_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+}  // namespace detail::process
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -49,15 +49,7 @@ public:
     }
 
     /// Watches `pidfd` (borrowed: it must outlive the watch); `token` names it in `next`.
-    void add(int pidfd, std::size_t token) {
-        epoll_event event{};
-        event.events = EPOLLIN;
-        event.data.u64 = token;
-        if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
-            throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " + errno_string(errno));
-        }
-        tokens_.push_back({token, pidfd});
-    }
+    ELASTIC_DECL void add(int pidfd, std::size_t token);
 
     /// How many watched processes have not been reported by `next` yet.
     [[nodiscard]] std::size_t size() const noexcept { return tokens_.size(); }
@@ -86,11 +78,7 @@ public:
     }
 
     /// The tokens not reported yet.
-    [[nodiscard]] std::vector<std::size_t> pending() const {
-        std::vector<std::size_t> out;
-        for (const auto& e : tokens_) out.push_back(e.token);
-        return out;
-    }
+    [[nodiscard]] ELASTIC_DECL std::vector<std::size_t> pending() const;
 
 private:
     struct entry {
@@ -404,6 +392,28 @@ ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> chil
     std::vector<child_process*> out;
     out.reserve(children.size());
     for (auto& child : children) out.push_back(&child);
+    return out;
+}
+
+}  // namespace detail::process
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::process {
+
+ELASTIC_DECL void exit_set::add(int pidfd, std::size_t token) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = token;
+    if (::epoll_ctl(epoll_.native_handle(), EPOLL_CTL_ADD, pidfd, &event) != 0) {
+        throw process_error("cannot watch pidfd " + std::to_string(pidfd) + ": " + errno_string(errno));
+    }
+    tokens_.push_back({token, pidfd});
+}
+
+ELASTIC_DECL std::vector<std::size_t> exit_set::pending() const {
+    std::vector<std::size_t> out;
+    for (const auto& e : tokens_) out.push_back(e.token);
     return out;
 }
 

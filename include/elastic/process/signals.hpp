@@ -50,10 +50,7 @@ public:
     }
 
     /// Cancels a pending `next`.
-    void cancel() {
-        asio::error_code ignored;
-        set_.cancel(ignored);
-    }
+    ELASTIC_DECL void cancel();
 
 private:
     asio::signal_set set_;
@@ -66,6 +63,15 @@ private:
 namespace elastic::inline v0 {
 
 ELASTIC_DECL void prepare_agent_signals() noexcept { detail::process::prepare_agent_signals(); }
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void signal_events::cancel() {
+    asio::error_code ignored;
+    set_.cancel(ignored);
+}
 
 }  // namespace elastic::inline v0
 

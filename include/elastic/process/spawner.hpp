@@ -32,10 +32,7 @@ namespace elastic::inline v0::detail::process {
 /// static destruction at exit.
 class spawner {
 public:
-    static spawner& instance() {
-        static spawner* const self = new spawner();  // leaked on purpose, see above
-        return *self;
-    }
+    static ELASTIC_DECL spawner& instance();
 
     /// Runs `f()` on the spawner thread and returns when it has returned. Callers are serialized.
     template <class F>
@@ -69,16 +66,7 @@ private:
         ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     }
 
-    void loop() {
-        std::unique_lock lock(mutex_);
-        for (;;) {
-            cv_.wait(lock, [this] { return job_ != nullptr; });
-            job_(arg_);
-            job_ = nullptr;
-            done_ = true;
-            cv_.notify_all();
-        }
-    }
+    ELASTIC_DECL void loop();
 
     std::mutex callers_;
     std::mutex mutex_;
@@ -89,3 +77,27 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL spawner& spawner::instance() {
+    static spawner* const self = new spawner();  // leaked on purpose, see above
+    return *self;
+}
+
+ELASTIC_DECL void spawner::loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+        cv_.wait(lock, [this] { return job_ != nullptr; });
+        job_(arg_);
+        job_ = nullptr;
+        done_ = true;
+        cv_.notify_all();
+    }
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -117,49 +117,17 @@ inline constexpr std::size_t watcher_capacity = 8192;
 /// restarts it (re-registering every live group) if someone killed it.
 class watcher {
 public:
-    static watcher& instance() {
-        static watcher* const self = new watcher();  // leaked: used until the very end
-        return *self;
-    }
+    static ELASTIC_DECL watcher& instance();
 
     /// Starts the watcher if it is not running; returns its pid.
-    pid_t ensure_started() {
-        std::lock_guard lock(mutex_);
-        if (pid_ <= 0) start_locked();
-        return pid_;
-    }
+    ELASTIC_DECL pid_t ensure_started();
 
     /// Registers a worker's process group: it is SIGKILLed if the agent dies.
-    void add(pid_t pgid) {
-        std::lock_guard lock(mutex_);
-        if (groups_.size() >= watcher_capacity) {
-            throw process_error("cannot watch process group " + std::to_string(pgid) + ": " +
-                                std::to_string(watcher_capacity) +
-                                " worker process groups are already registered (stop some first)");
-        }
-        groups_.push_back(pgid);
-        try {
-            send_locked(watcher_add, pgid);
-        } catch (...) {
-            groups_.pop_back();  // the caller kills and reaps the child: forget its id now
-            throw;
-        }
-    }
+    ELASTIC_DECL void add(pid_t pgid);
 
     /// Retires a group. Call it before reaping the group's leader, whose zombie keeps the id
     /// reserved until then.
-    void remove(pid_t pgid) noexcept {
-        std::lock_guard lock(mutex_);
-        const auto it = std::find(groups_.begin(), groups_.end(), pgid);
-        if (it == groups_.end()) return;
-        groups_.erase(it);
-        try {
-            send_locked(watcher_remove, pgid);
-        } catch (...) {
-            // The watcher cannot be told; keeping a stale id is the lesser harm, because the
-            // group's leader is still unreaped when this is called.
-        }
-    }
+    ELASTIC_DECL void remove(pid_t pgid) noexcept;
 
     watcher(const watcher&) = delete;
     watcher& operator=(const watcher&) = delete;
@@ -167,66 +135,13 @@ public:
 private:
     watcher() = default;
 
-    void start_locked() {
-        int fds[2];
-        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-            throw process_error("cannot create the watcher socket: " + errno_string(errno) +
-                                " (raise the open-files limit)");
-        }
-        owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
-        owned_fd write_end(fds[1]);
-        // Everything the child touches is allocated here, before the fork.
-        std::vector<pid_t> table(watcher_capacity, 0);
-        std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
-        rlimit limit{};
-        int max_fd = 1024;
-        if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-            max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
-        }
-        pid_t pid = -1;
-        int fork_errno = 0;
-        const int rfd = read_end.get();
-        auto job = [&] {
-            pid = ::fork();
-            if (pid == 0) {
-                watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
-            }
-            if (pid < 0) fork_errno = errno;
-        };
-        spawner::instance().run(job);
-        if (pid < 0) {
-            throw process_error("cannot fork the watcher process: " + errno_string(fork_errno) +
-                                " (check the process limit, ulimit -u)");
-        }
-        pid_ = pid;
-        write_end_ = std::move(write_end);
-        for (pid_t group : groups_) write_locked(watcher_add, group);
-    }
+    ELASTIC_DECL void start_locked();
 
     // Returns false if the watcher is gone (EPIPE). MSG_NOSIGNAL: no SIGPIPE, whatever the
     // agent's disposition.
-    bool write_locked(std::int32_t op, pid_t pgid) {
-        const watcher_record record{op, static_cast<std::int32_t>(pgid)};
-        for (;;) {
-            const ssize_t n = ::send(write_end_.get(), &record, sizeof record, MSG_NOSIGNAL);
-            if (n == static_cast<ssize_t>(sizeof record)) return true;
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
-            throw process_error("cannot write to the watcher socket: " + errno_string(n < 0 ? errno : EIO));
-        }
-    }
+    ELASTIC_DECL bool write_locked(std::int32_t op, pid_t pgid);
 
-    void send_locked(std::int32_t op, pid_t pgid) {
-        if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
-        else if (!write_locked(op, pgid)) {
-            // Someone killed the watcher: reap it and start another, which learns every live
-            // group. (Only the next record notices; the restart re-sends every group.)
-            write_end_.reset();
-            ::waitpid(pid_, nullptr, 0);
-            pid_ = -1;
-            start_locked();
-        }
-    }
+    ELASTIC_DECL void send_locked(std::int32_t op, pid_t pgid);
 
     std::mutex mutex_;
     owned_fd write_end_;
@@ -235,3 +150,110 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL watcher& watcher::instance() {
+    static watcher* const self = new watcher();  // leaked: used until the very end
+    return *self;
+}
+
+ELASTIC_DECL pid_t watcher::ensure_started() {
+    std::lock_guard lock(mutex_);
+    if (pid_ <= 0) start_locked();
+    return pid_;
+}
+
+ELASTIC_DECL void watcher::add(pid_t pgid) {
+    std::lock_guard lock(mutex_);
+    if (groups_.size() >= watcher_capacity) {
+        throw process_error("cannot watch process group " + std::to_string(pgid) + ": " +
+                            std::to_string(watcher_capacity) +
+                            " worker process groups are already registered (stop some first)");
+    }
+    groups_.push_back(pgid);
+    try {
+        send_locked(watcher_add, pgid);
+    } catch (...) {
+        groups_.pop_back();  // the caller kills and reaps the child: forget its id now
+        throw;
+    }
+}
+
+ELASTIC_DECL void watcher::remove(pid_t pgid) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = std::find(groups_.begin(), groups_.end(), pgid);
+    if (it == groups_.end()) return;
+    groups_.erase(it);
+    try {
+        send_locked(watcher_remove, pgid);
+    } catch (...) {
+        // The watcher cannot be told; keeping a stale id is the lesser harm, because the
+        // group's leader is still unreaped when this is called.
+    }
+}
+
+ELASTIC_DECL void watcher::start_locked() {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+        throw process_error("cannot create the watcher socket: " + errno_string(errno) +
+                            " (raise the open-files limit)");
+    }
+    owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
+    owned_fd write_end(fds[1]);
+    // Everything the child touches is allocated here, before the fork.
+    std::vector<pid_t> table(watcher_capacity, 0);
+    std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
+    rlimit limit{};
+    int max_fd = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+        max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+    }
+    pid_t pid = -1;
+    int fork_errno = 0;
+    const int rfd = read_end.get();
+    auto job = [&] {
+        pid = ::fork();
+        if (pid == 0) {
+            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
+        }
+        if (pid < 0) fork_errno = errno;
+    };
+    spawner::instance().run(job);
+    if (pid < 0) {
+        throw process_error("cannot fork the watcher process: " + errno_string(fork_errno) +
+                            " (check the process limit, ulimit -u)");
+    }
+    pid_ = pid;
+    write_end_ = std::move(write_end);
+    for (pid_t group : groups_) write_locked(watcher_add, group);
+}
+
+ELASTIC_DECL bool watcher::write_locked(std::int32_t op, pid_t pgid) {
+    const watcher_record record{op, static_cast<std::int32_t>(pgid)};
+    for (;;) {
+        const ssize_t n = ::send(write_end_.get(), &record, sizeof record, MSG_NOSIGNAL);
+        if (n == static_cast<ssize_t>(sizeof record)) return true;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
+        throw process_error("cannot write to the watcher socket: " + errno_string(n < 0 ? errno : EIO));
+    }
+}
+
+ELASTIC_DECL void watcher::send_locked(std::int32_t op, pid_t pgid) {
+    if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
+    else if (!write_locked(op, pgid)) {
+        // Someone killed the watcher: reap it and start another, which learns every live
+        // group. (Only the next record notices; the restart re-sends every group.)
+        write_end_.reset();
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        start_locked();
+    }
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES

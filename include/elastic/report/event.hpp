@@ -205,50 +205,19 @@ public:
 
     event_log(event_log&& other) noexcept
         : fd_(std::exchange(other.fd_, -1)), owned_(std::exchange(other.owned_, false)) {}
-    event_log& operator=(event_log&& other) noexcept {
-        if (this != &other) {
-            close();
-            fd_ = std::exchange(other.fd_, -1);
-            owned_ = std::exchange(other.owned_, false);
-        }
-        return *this;
-    }
+    ELASTIC_DECL event_log& operator=(event_log&& other) noexcept;
     event_log(const event_log&) = delete;
     event_log& operator=(const event_log&) = delete;
     ~event_log() { close(); }
 
     /// Append one event. Returns false (and loses only this event) when it cannot be written
     /// whole.
-    bool record(const event& e) noexcept {
-        try {
-            std::string line = e.serialize();
-            line += '\n';
-            std::string_view rest = line;
-            while (!rest.empty()) {
-                const ssize_t n = ::write(fd_, rest.data(), rest.size());
-                if (n < 0) {
-                    if (errno == EINTR) {
-                        continue;
-                    }
-                    return false;
-                }
-                rest.remove_prefix(static_cast<std::size_t>(n));
-            }
-            return true;
-        } catch (...) {
-            return false;
-        }
-    }
+    ELASTIC_DECL bool record(const event& e) noexcept;
 
 private:
     explicit event_log(int fd) noexcept : fd_(fd), owned_(false) {}
 
-    void close() noexcept {
-        if (owned_ && fd_ >= 0) {
-            ::close(fd_);
-        }
-        fd_ = -1;
-    }
+    ELASTIC_DECL void close() noexcept;
 
     int fd_ = -1;
     bool owned_ = false;
@@ -381,6 +350,47 @@ ELASTIC_DECL event worker_status_event(const worker_failure& f, const worker_eve
 ELASTIC_DECL event worker_succeeded_event(const worker_status_subject& w, const worker_event_context& ctx,
                                           std::chrono::system_clock::time_point when) {
     return detail::report::worker_status("SUCCEEDED", w, nullptr, 0, when, ctx);
+}
+
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL event_log& event_log::operator=(event_log&& other) noexcept {
+    if (this != &other) {
+        close();
+        fd_ = std::exchange(other.fd_, -1);
+        owned_ = std::exchange(other.owned_, false);
+    }
+    return *this;
+}
+
+ELASTIC_DECL bool event_log::record(const event& e) noexcept {
+    try {
+        std::string line = e.serialize();
+        line += '\n';
+        std::string_view rest = line;
+        while (!rest.empty()) {
+            const ssize_t n = ::write(fd_, rest.data(), rest.size());
+            if (n < 0) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                return false;
+            }
+            rest.remove_prefix(static_cast<std::size_t>(n));
+        }
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+ELASTIC_DECL void event_log::close() noexcept {
+    if (owned_ && fd_ >= 0) {
+        ::close(fd_);
+    }
+    fd_ = -1;
 }
 
 }  // namespace elastic::inline v0

@@ -51,21 +51,8 @@ public:
 
     /// Stamps `e` with the instant (`steady`, `wall`) and writes it. Returns false when nothing
     /// was written (null sink, or a failed write that loses this event only).
-    bool record(event e, std::chrono::steady_clock::time_point steady,
-                std::chrono::system_clock::time_point wall) noexcept {
-        if (!log_) return false;
-        try {
-            using namespace std::chrono;
-            e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
-            e.metadata["monotonic_ns"] = static_cast<std::int64_t>(
-                duration_cast<nanoseconds>(steady.time_since_epoch()).count());
-            e.metadata["since_start_ns"] = static_cast<std::int64_t>(
-                duration_cast<nanoseconds>(steady - origin_).count());
-            return log_->record(e);
-        } catch (...) {
-            return false;
-        }
-    }
+    ELASTIC_DECL bool record(event e, std::chrono::steady_clock::time_point steady,
+                             std::chrono::system_clock::time_point wall) noexcept;
 
     /// Stamps `e` with now and writes it.
     bool record(event e) noexcept {
@@ -79,3 +66,26 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL bool event_sink::record(event e, std::chrono::steady_clock::time_point steady,
+                                     std::chrono::system_clock::time_point wall) noexcept {
+    if (!log_) return false;
+    try {
+        using namespace std::chrono;
+        e.timestamp = duration_cast<milliseconds>(wall.time_since_epoch()).count();
+        e.metadata["monotonic_ns"] = static_cast<std::int64_t>(
+            duration_cast<nanoseconds>(steady.time_since_epoch()).count());
+        e.metadata["since_start_ns"] = static_cast<std::int64_t>(duration_cast<nanoseconds>(steady - origin_).count());
+        return log_->record(e);
+    } catch (...) {
+        return false;
+    }
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -48,92 +48,23 @@ public:
         : max_lines_(max_lines == 0 ? 1 : max_lines), max_line_bytes_(max_line_bytes < 16 ? 16 : max_line_bytes) {}
 
     /// Feed the next chunk of the stream.
-    void feed(std::string_view chunk) {
-        total_bytes_ += chunk.size();
-        for (const char c : chunk) {
-            if (pending_cr_) {
-                pending_cr_ = false;
-                if (c == '\n') {
-                    end_line();
-                    continue;
-                }
-                restart_line();
-            }
-            if (c == '\n') {
-                end_line();
-            } else if (c == '\r') {
-                pending_cr_ = true;
-            } else if (current_.size() < max_line_bytes_) {
-                current_ += c;
-            } else {
-                ++cut_bytes_;
-            }
-        }
-    }
+    ELASTIC_DECL void feed(std::string_view chunk);
 
     /// The tail as it stands, including the line still being written.
-    stderr_tail_snapshot snapshot() const {
-        stderr_tail_snapshot s;
-        s.lines.assign(lines_.begin(), lines_.end());
-        s.total_lines = total_lines_;
-        s.total_bytes = total_bytes_;
-        if (!current_.empty() || cut_bytes_ > 0) {
-            s.lines.push_back(finish(current_, cut_bytes_));
-            ++s.total_lines;
-            if (s.lines.size() > max_lines_) {
-                s.lines.erase(s.lines.begin());
-            }
-        }
-        return s;
-    }
+    ELASTIC_DECL stderr_tail_snapshot snapshot() const;
 
     /// Forget everything (a new attempt of the same worker).
-    void clear() {
-        lines_.clear();
-        current_.clear();
-        cut_bytes_ = 0;
-        pending_cr_ = false;
-        total_lines_ = 0;
-        total_bytes_ = 0;
-    }
+    ELASTIC_DECL void clear();
 
     std::size_t max_lines() const noexcept { return max_lines_; }
     std::size_t max_line_bytes() const noexcept { return max_line_bytes_; }
 
 private:
-    std::string finish(std::string_view line, std::uint64_t cut) const {
-        // Cutting at max_line_bytes_ may have split a UTF-8 sequence: drop its first bytes too
-        // rather than show them as U+FFFD.
-        std::string_view kept = line;
-        if (cut > 0) {
-            const std::string_view whole = detail::report::utf8_incomplete_tail_trimmed(line);
-            cut += kept.size() - whole.size();
-            kept = whole;
-        }
-        std::string out = detail::report::valid_utf8(kept);
-        if (cut > 0) {
-            out += " [... ";
-            out += std::to_string(cut);
-            out += " more bytes]";
-        }
-        return out;
-    }
+    ELASTIC_DECL std::string finish(std::string_view line, std::uint64_t cut) const;
 
-    void end_line() {
-        std::string line = finish(current_, cut_bytes_);
-        current_.clear();
-        cut_bytes_ = 0;
-        ++total_lines_;
-        lines_.push_back(std::move(line));
-        if (lines_.size() > max_lines_) {
-            lines_.pop_front();
-        }
-    }
+    ELASTIC_DECL void end_line();
 
-    void restart_line() {
-        current_.clear();
-        cut_bytes_ = 0;
-    }
+    ELASTIC_DECL void restart_line();
 
     std::size_t max_lines_;
     std::size_t max_line_bytes_;
@@ -146,3 +77,92 @@ private:
 };
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL void stderr_tail::feed(std::string_view chunk) {
+    total_bytes_ += chunk.size();
+    for (const char c : chunk) {
+        if (pending_cr_) {
+            pending_cr_ = false;
+            if (c == '\n') {
+                end_line();
+                continue;
+            }
+            restart_line();
+        }
+        if (c == '\n') {
+            end_line();
+        } else if (c == '\r') {
+            pending_cr_ = true;
+        } else if (current_.size() < max_line_bytes_) {
+            current_ += c;
+        } else {
+            ++cut_bytes_;
+        }
+    }
+}
+
+ELASTIC_DECL stderr_tail_snapshot stderr_tail::snapshot() const {
+    stderr_tail_snapshot s;
+    s.lines.assign(lines_.begin(), lines_.end());
+    s.total_lines = total_lines_;
+    s.total_bytes = total_bytes_;
+    if (!current_.empty() || cut_bytes_ > 0) {
+        s.lines.push_back(finish(current_, cut_bytes_));
+        ++s.total_lines;
+        if (s.lines.size() > max_lines_) {
+            s.lines.erase(s.lines.begin());
+        }
+    }
+    return s;
+}
+
+ELASTIC_DECL void stderr_tail::clear() {
+    lines_.clear();
+    current_.clear();
+    cut_bytes_ = 0;
+    pending_cr_ = false;
+    total_lines_ = 0;
+    total_bytes_ = 0;
+}
+
+ELASTIC_DECL std::string stderr_tail::finish(std::string_view line, std::uint64_t cut) const {
+    // Cutting at max_line_bytes_ may have split a UTF-8 sequence: drop its first bytes too
+    // rather than show them as U+FFFD.
+    std::string_view kept = line;
+    if (cut > 0) {
+        const std::string_view whole = detail::report::utf8_incomplete_tail_trimmed(line);
+        cut += kept.size() - whole.size();
+        kept = whole;
+    }
+    std::string out = detail::report::valid_utf8(kept);
+    if (cut > 0) {
+        out += " [... ";
+        out += std::to_string(cut);
+        out += " more bytes]";
+    }
+    return out;
+}
+
+ELASTIC_DECL void stderr_tail::end_line() {
+    std::string line = finish(current_, cut_bytes_);
+    current_.clear();
+    cut_bytes_ = 0;
+    ++total_lines_;
+    lines_.push_back(std::move(line));
+    if (lines_.size() > max_lines_) {
+        lines_.pop_front();
+    }
+}
+
+ELASTIC_DECL void stderr_tail::restart_line() {
+    current_.clear();
+    cut_bytes_ = 0;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

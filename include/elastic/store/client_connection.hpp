@@ -28,32 +28,12 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 
     // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
     // `expired` set, so the operation reports a timeout instead of hanging.
-    void arm_deadline(std::chrono::steady_clock::time_point deadline) {
-        expired = false;
-        const auto armed = ++generation;
-        timer.expires_at(deadline);
-        timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
-            if (ec) return;
-            const auto conn = weak.lock();
-            if (!conn || conn->generation != armed) return;
-            conn->expired = true;
-            std::error_code ignored;
-            conn->socket.cancel(ignored);
-        });
-    }
+    ELASTIC_DECL void arm_deadline(std::chrono::steady_clock::time_point deadline);
 
-    void disarm() noexcept {
-        ++generation;
-        timer.cancel();
-    }
+    ELASTIC_DECL void disarm() noexcept;
 
     // Shuts the socket down and closes it; the deadline lapses.
-    void close() noexcept {
-        std::error_code ignored;
-        socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        socket.close(ignored);
-        disarm();
-    }
+    ELASTIC_DECL void close() noexcept;
 };
 
 // The delay after failed connection attempt `attempt` (from 1): `initial`, doubled up to
@@ -75,6 +55,36 @@ ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono:
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
     return std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(static_cast<double>(d.count()) *
                                                                                  jitter(rng)));
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL void store_client_connection::arm_deadline(std::chrono::steady_clock::time_point deadline) {
+    expired = false;
+    const auto armed = ++generation;
+    timer.expires_at(deadline);
+    timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+        if (ec) return;
+        const auto conn = weak.lock();
+        if (!conn || conn->generation != armed) return;
+        conn->expired = true;
+        std::error_code ignored;
+        conn->socket.cancel(ignored);
+    });
+}
+
+ELASTIC_DECL void store_client_connection::disarm() noexcept {
+    ++generation;
+    timer.cancel();
+}
+
+ELASTIC_DECL void store_client_connection::close() noexcept {
+    std::error_code ignored;
+    socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+    disarm();
 }
 
 }  // namespace elastic::inline v0::detail::store

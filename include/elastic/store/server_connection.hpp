@@ -74,33 +74,20 @@ public:
         self->finish();
     }
 
-    void close() noexcept {
-        std::error_code ignored;
-        socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        socket_.close(ignored);
-        timer_.cancel();
-    }
+    ELASTIC_DECL void close() noexcept;
 
     // Whether the server may close this connection to serve a new client (out of descriptors
     // or at max_connections): it has never sent a request nor begun one, holds nothing, and
     // has been open at least `after`.
     // A connection that is authenticating or part-way through its first request counts too:
     // one byte each must not let a flood hold every slot.
-    bool unused_since(std::chrono::steady_clock::time_point now,
-                      std::chrono::steady_clock::duration after) const noexcept {
-        return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() && socket_.is_open() &&
-               now - opened_ >= after;
-    }
+    ELASTIC_DECL bool unused_since(std::chrono::steady_clock::time_point now,
+                                   std::chrono::steady_clock::duration after) const noexcept;
     std::chrono::steady_clock::time_point opened() const noexcept { return opened_; }
     bool is_open() const noexcept { return socket_.is_open(); }
 
     // Closes the connection for the reason given (logged, and kept for the lease log).
-    void expire(std::string reason) {
-        if (!socket_.is_open()) return;
-        core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
-        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
-        close();
-    }
+    ELASTIC_DECL void expire(std::string reason);
 
     // `key` was released (DELETE_KEY by its holder): it is no longer this connection's to lose.
     void forget_lease(std::string_view key) noexcept { std::erase(leases_, key); }
@@ -134,11 +121,7 @@ private:
         store_connection& conn;
     };
 
-    void wait_ready(std::list<pending_wait>::iterator it) {
-        wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
-        waits_.erase(it);
-        wake();
-    }
+    ELASTIC_DECL void wait_ready(std::list<pending_wait>::iterator it);
 
     template <class Defer = void>
     asio::awaitable<void> loop() {
@@ -188,170 +171,41 @@ private:
     // A reply was queued from outside the loop (a WAIT answered, a watched key changed): end
     // the loop's readiness wait so it writes it. Outside that wait the loop finds out_ full on
     // its own; cancelling then would cancel a write.
-    void wake() noexcept {
-        if (!in_readiness_wait_) return;
-        std::error_code ignored;
-        socket_.cancel(ignored);
-    }
+    ELASTIC_DECL void wake() noexcept;
 
     // ---- memory ------------------------------------------------------------------------------
 
     // Tells the server how many bytes this connection's buffers hold now.
-    void account() noexcept {
-        const std::size_t now = cap_ + out_.capacity() + wbuf_.capacity();
-        core_->buffered += now;
-        core_->buffered -= accounted_;
-        accounted_ = now;
-    }
+    ELASTIC_DECL void account() noexcept;
 
     // Why `n` more bytes for `what` would pass the server's memory limit; empty when they fit.
-    std::string no_memory_for(std::size_t n, std::string_view what) const {
-        const auto& o = core_->options;
-        const std::size_t held = core_->held();
-        if (n <= o.max_memory && held <= o.max_memory - n) return {};
-        return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
-                           "(store_server_options::max_memory); the store is full",
-                           what, n, held, o.max_memory);
-    }
+    ELASTIC_DECL std::string no_memory_for(std::size_t n, std::string_view what) const;
 
     // What appending `n` bytes to `out_` allocates: std::string grows its capacity by doubling,
     // so a queue of 32 MiB that takes 2 MiB more takes 32 MiB more of memory.
-    std::size_t output_growth(std::size_t n) const noexcept {
-        const std::size_t need = out_.size() + n;
-        if (need <= out_.capacity()) return 0;
-        return std::max(need, 2 * out_.capacity()) - out_.capacity();
-    }
+    ELASTIC_DECL std::size_t output_growth(std::size_t n) const noexcept;
 
     // Why a reply of `n` bytes to `what` cannot be queued; empty when it can.
-    std::string no_room_for_reply(std::size_t n, std::string_view what) const {
-        const auto& o = core_->options;
-        if (n > o.max_reply_size)
-            return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
-                               "(store_server_options::max_reply_size); ask for fewer keys",
-                               what, n, o.max_reply_size);
-        if (out_.size() + n > o.max_queued_output)
-            return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
-                               "more (store_server_options::max_queued_output)",
-                               out_.size(), what, n);
-        return no_memory_for(output_growth(n), what);
-    }
+    ELASTIC_DECL std::string no_room_for_reply(std::size_t n, std::string_view what) const;
 
     // Whether a notification of `n` bytes may be queued; if not, the client, which is not
     // reading what it is sent, is disconnected.
-    bool room_to_push(std::size_t n) {
-        if (!socket_.is_open()) return false;
-        const auto& o = core_->options;
-        const std::size_t queued = out_.size() + wbuf_.size();
-        std::string why;
-        if (queued + n > o.max_queued_output)
-            why = fmt::format("it does not read what it is sent: {} bytes of replies and "
-                              "notifications are queued for it, and {} more would pass "
-                              "store_server_options::max_queued_output ({})",
-                              queued, n, o.max_queued_output);
-        else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
-            why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
-                              "and {}",
-                              queued, full);
-        if (why.empty()) return true;
-        expire(std::move(why));
-        return false;
-    }
+    ELASTIC_DECL bool room_to_push(std::size_t n);
 
     // Makes room for the next read; false (logged) when the server's memory limit forbids it.
     // The buffer grows with the bytes that arrive, at most doubling, never to the size a
     // request's header announces: a client that announces 16 MiB and sends 10 bytes holds
     // 4 KiB, not 16 MiB.
-    bool reserve() {
-        const std::size_t have = end_ - begin_;
-        std::size_t want = 4096;
-        if (needed_ > have) want = std::max(want, std::min(needed_ - have, have));
-        if (cap_ - end_ >= want) return true;
-        if (begin_ > 0) {
-            std::memmove(buf_, buf_ + begin_, have);
-            begin_ = 0;
-            end_ = have;
-            if (cap_ - end_ >= want) return true;
-        }
-        const std::size_t cap = std::max(cap_ * 2, have + want);
-        if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty()) return fail(why);
-        char* bigger = new char[cap];
-        if (have) std::memcpy(bigger, buf_, have);
-        delete[] buf_;
-        buf_ = bigger;
-        cap_ = cap;
-        account();
-        return true;
-    }
+    ELASTIC_DECL bool reserve();
 
     // Runs every complete request in the buffer; false closes the connection.
-    bool process() {
-        bool completed = false;  // a request ran: a partial one after it is a new one
-        while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
-            const std::string_view data(buf_ + begin_, end_ - begin_);
-            if (data.empty() || data.size() < needed_) break;
-            if (auth_) {  // the handshake comes before anything else
-                const auto s = auth_->feed(data, out_);
-                if (s.status == store_auth::status::refused) return refuse(s.reason);
-                if (s.status == store_auth::status::need_more) {
-                    needed_ = s.size;
-                    break;
-                }
-                begin_ += s.size;
-                needed_ = 0;
-                if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
-                continue;
-            }
-            if (!dialect_) {
-                const auto d = wire::detect_dialect(data);
-                if (d == wire::detection::need_more) {
-                    needed_ = data.size() + 1;
-                    break;
-                }
-                dialect_ = d == wire::detection::current ? wire::dialect::current : wire::dialect::legacy;
-            }
-            auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
-            if (r.status == wire::parse_status::need_more) {
-                needed_ = r.size;
-                break;
-            }
-            if (r.status == wire::parse_status::malformed) return fail(r.reason);
-            needed_ = 0;
-            if (!execute()) return false;
-            ++requests_;
-            completed = true;
-            begin_ += r.size;
-            if (core_->options.on_request) core_->options.on_request(req_.operation);
-        }
-        if (begin_ == end_) {
-            begin_ = end_ = 0;
-            // A huge request grew the buffer: give the memory back once it is consumed.
-            if (cap_ > 1024 * 1024) {
-                delete[] buf_;
-                buf_ = nullptr;
-                cap_ = 0;
-            }
-        }
-        // The request timeout runs from the first byte of the request at the head of the
-        // buffer: restarted by every request that completes, stopped when none is begun.
-        if (begin_ == end_ || end_ - begin_ >= needed_) partial_since_.reset();
-        else if (completed || !partial_since_) partial_since_ = clock::now();
-        return true;
-    }
+    ELASTIC_DECL bool process();
 
-    bool fail(std::string_view reason) {
-        core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
-                               dialect_ == wire::dialect::current ? "current" : "legacy", reason));
-        if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
-        return false;
-    }
+    ELASTIC_DECL bool fail(std::string_view reason);
 
     // ---- authentication ----------------------------------------------------------------------
 
-    bool refuse(std::string_view reason) {
-        core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
-        auth_.reset();  // said once
-        return false;
-    }
+    ELASTIC_DECL bool refuse(std::string_view reason);
 
     // ---- leases ------------------------------------------------------------------------------
 
@@ -359,24 +213,11 @@ private:
     // connection holds that lease, or empty. Only the holder writes its lease: otherwise any
     // client could take a node's lease and drop it at will (a loss the job acts on), and a
     // holder that reconnects holds a lease under a new name anyway (its old one was lost).
-    std::string lease_held_elsewhere(wire::op o, std::string_view key) const {
-        const auto* holder = core_->leases.holder(key);
-        if (!holder || holder == this) return {};
-        return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
-                           "holder writes or deletes it; docs/store.md, Leases)",
-                           wire::name(o), store_engine::printable(key), holder->peer());
-    }
+    ELASTIC_DECL std::string lease_held_elsewhere(wire::op o, std::string_view key) const;
 
     // The key now belongs to this connection (the write has been done; lease_held_elsewhere
     // refused it before if another connection held it).
-    void bind_lease(std::string_view key) {
-        if (!core_->leases.bind(key, this)) return;  // this connection's already
-        leases_.emplace_back(key);
-        const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
-        if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
-        last_heard_ = clock::now();
-        schedule();
-    }
+    ELASTIC_DECL void bind_lease(std::string_view key);
 
     // DELETE_KEY of a lease key: the lease ends without a loss (its holder, or someone on its
     // behalf, released it).
@@ -413,274 +254,19 @@ private:
     }
 
     // Arms the timer for the next deadline unless it is armed for an earlier one already.
-    void schedule() {
-        if (!socket_.is_open()) return;
-        const auto at = next_deadline();
-        if (!at || (timer_armed_ && timer_at_ <= *at)) return;
-        timer_armed_ = true;
-        timer_at_ = *at;
-        const auto generation = ++timer_generation_;  // a re-arm cancels the wait before it
-        timer_.expires_at(*at);
-        timer_.async_wait([weak = weak_from_this(), generation](const std::error_code& ec) {
-            const auto self = weak.lock();
-            if (!self || self->timer_generation_ != generation) return;
-            self->timer_armed_ = false;
-            if (!ec) self->deadline_passed();
-        });
-    }
+    ELASTIC_DECL void schedule();
 
-    void deadline_passed() {
-        if (!socket_.is_open()) return;
-        const auto now = clock::now();
-        const auto& o = core_->options;
-        const auto ms = [](clock::duration d) {
-            return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-        };
-        if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
-            close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
-                                        "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-                                        ms(now - last_heard_), o.lease_missed_heartbeats,
-                                        o.lease_heartbeat_interval.count());
-            core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
-            close();
-            return;
-        }
-        if (auth_ && now >= opened_ + o.auth_timeout) {
-            auth_.reset();  // said once
-            return expire(fmt::format("authentication failed: no complete handshake within {} "
-                                      "ms (store_server_options::auth_timeout)",
-                                      o.auth_timeout.count()));
-        }
-        if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
-            return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
-                                      "arrived; store_server_options::request_timeout is {} ms)",
-                                      ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
-        if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
-            return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
-                                      "request_timeout)",
-                                      wbuf_.size(), ms(now - *write_since_)));
-        if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
-            return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
-        schedule();
-    }
+    ELASTIC_DECL void deadline_passed();
 
-    bool execute() {
-        using wire::op;
-        auto& engine = core_->engine;
-        auto& r = req_;
-        switch (r.operation) {
-            case op::validate:
-                if (r.nonce != wire::validate_magic)
-                    return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
-                                            wire::validate_magic));
-                return true;
-            case op::ping: wire::put_u32(out_, r.nonce); return true;
-            case op::set:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
-                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET"); !why.empty())
-                    return fail(why);
-                engine.set(r.key, r.value);
-                if (parse_lease_key(r.key)) bind_lease(r.key);
-                return true;
-            case op::compare_set: {
-                if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
-                // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
-                // bound only by the CAS that wins; one that would not write only reads.
-                const auto* before = engine.find(r.key);
-                const bool writes = before ? *before == r.expected : r.expected.empty();
-                if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty()) return fail(why);
-                const std::size_t reply = 8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
-                if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty()) return fail(why);
-                if (writes)
-                    if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) + output_growth(reply),
-                                                 "COMPARE_SET");
-                        !why.empty())
-                        return fail(why);
-                wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
-                if (writes && parse_lease_key(r.key)) bind_lease(r.key);
-                return true;
-            }
-            case op::get: {
-                // Missing: an empty value, like the libuv server (clients WAIT first anyway).
-                const auto* v = engine.find(r.key);
-                if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty()) return fail(why);
-                wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
-                return true;
-            }
-            case op::add:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
-                if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty()) return fail(why);
-                try {
-                    wire::put_i64(out_, engine.add(r.key, r.number));
-                } catch (const store_error& e) {
-                    return fail(e.what());
-                }
-                return true;
-            case op::check:
-                wire::put_u8(out_, static_cast<std::uint8_t>(engine.check(r.keys) ? wire::check_response::ready
-                                                                                  : wire::check_response::not_ready));
-                return true;
-            case op::wait: {
-                if (waits_.size() >= core_->options.max_waits_per_connection)
-                    return fail(fmt::format("{} WAITs pending on one connection reach the limit "
-                                            "(store_server_options::max_waits_per_connection)",
-                                            waits_.size()));
-                std::size_t awaited = 0;
-                for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
-                if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
-                auto& w = waits_.emplace_back(*this);
-                w.self = std::prev(waits_.end());
-                if (engine.wait(w, r.keys)) {
-                    waits_.pop_back();
-                    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
-                }
-                return true;
-            }
-            case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
-            case op::watch_key:
-                if (watches_ >= core_->options.max_waits_per_connection)
-                    return fail(fmt::format("{} keys watched on one connection reach the limit "
-                                            "(store_server_options::max_waits_per_connection)",
-                                            watches_));
-                if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
-                    return fail(why);
-                if (engine.watch(watcher_, r.key)) ++watches_;
-                watching_ = true;
-                wire::put_u8(out_, static_cast<std::uint8_t>(wire::watch_response::key_callback_registered));
-                return true;
-            case op::delete_key:
-                if (const auto parts = parse_lease_key(r.key)) {
-                    if (parts->reserved() || parts->name.empty())
-                        return fail(store_lease_table::refusal(r.operation, r.key, true));
-                    if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
-                    release_lease(r.key);
-                }
-                wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
-                return true;
-            case op::append:
-                if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
-                if (const auto* v = engine.find(r.key);
-                    v && v->size() + r.value.size() > core_->options.limits.max_value_size)
-                    return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
-                                            "bytes, over the limit of {} "
-                                            "(wire::limits::max_value_size)",
-                                            r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
-                                            core_->options.limits.max_value_size));
-                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
-                    return fail(why);
-                engine.append(r.key, r.value);
-                return true;
-            case op::multi_get: {
-                // The reply's size is known before it is built: a request naming one large
-                // value many times is refused, not answered with gigabytes.
-                std::size_t reply = 0;
-                for (const auto k : r.keys) {
-                    const auto* v = engine.find(k);
-                    reply += 8 + (v ? v->size() : 0);
-                }
-                if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size()));
-                    !why.empty())
-                    return fail(why);
-                for (const auto k : r.keys) {
-                    const auto* v = engine.find(k);
-                    wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
-                }
-                return true;
-            }
-            case op::multi_set: {
-                // All or nothing: a refused lease key refuses the whole request.
-                std::size_t growth = 0;
-                for (std::size_t i = 0; i < r.keys.size(); ++i) {
-                    if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty())
-                        return fail(why);
-                    if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty()) return fail(why);
-                    growth += engine.growth(r.keys[i], r.values[i].size());
-                }
-                if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty()) return fail(why);
-                for (std::size_t i = 0; i < r.keys.size(); ++i) {
-                    engine.set(r.keys[i], r.values[i]);
-                    if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
-                }
-                return true;
-            }
-            case op::cancel_wait:
-                // Any STOP_WAITING already queued stays in front of this reply: a client that
-                // raced reads 0x00 then 0x01, as PyTorch's client expects (it reads a second byte
-                // after a 0x00).
-                cancel_waits();
-                wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
-                return true;
-            case op::list_keys: {
-                std::size_t reply = 8;
-                engine.for_each([&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
-                if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty()) return fail(why);
-                wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
-                engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
-                return true;
-            }
-            case op::queue_push:
-            case op::queue_pop:
-            case op::queue_len:
-            case op::barrier:
-                return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
-        }
-        return fail("unreachable opcode");
-    }
+    ELASTIC_DECL bool execute();
 
-    void cancel_waits() noexcept {
-        for (auto& w : waits_) core_->engine.cancel(w);
-        waits_.clear();
-    }
+    ELASTIC_DECL void cancel_waits() noexcept;
 
     // The coroutine has ended: forget every registration, lose the leases (unless the whole
     // server is stopping) and leave the server's set.
-    void finish() noexcept {
-        if (auth_ && auth_->challenged() && !core_->stopped) {
-            try {
-                core_->log(fmt::format("connection from {} closed during the authentication "
-                                       "handshake, after this server's challenge: the client "
-                                       "did not accept this server's proof (it has another "
-                                       "secret) or left",
-                                       peer_));
-            } catch (...) {
-                // Out of memory for a log line: the connection ends either way.
-            }
-        }
-        cancel_waits();
-        if (watching_) core_->engine.unwatch(watcher_);
-        watching_ = false;
-        close();
-        lose_leases();
-        delete[] buf_;
-        buf_ = nullptr;
-        cap_ = begin_ = end_ = 0;
-        out_ = std::string();
-        wbuf_ = std::string();
-        core_->buffered -= accounted_;
-        accounted_ = 0;
-        core_->connections.erase(this);
-        core_->resume_accept.notify();
-    }
+    ELASTIC_DECL void finish() noexcept;
 
-    void lose_leases() noexcept {
-        auto leases = std::move(leases_);
-        leases_.clear();
-        if (leases.empty()) return;
-        const std::string why = !close_reason_.empty() ? close_reason_
-                                : core_->stopped       ? std::string("the server stopped")
-                                                       : std::string("the connection closed");
-        for (const auto& key : leases) {
-            core_->leases.unbind(key);
-            if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
-            try {
-                core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
-                                          [&](std::string_view line) { core_->log(line); });
-            } catch (...) {
-                // Out of memory while writing the loss: the key is gone either way.
-            }
-        }
-    }
+    ELASTIC_DECL void lose_leases() noexcept;
 
     std::shared_ptr<store_server_core> core_;
     asio::ip::tcp::socket socket_;
@@ -715,3 +301,465 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL void store_connection::close() noexcept {
+    std::error_code ignored;
+    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    timer_.cancel();
+}
+
+ELASTIC_DECL bool store_connection::unused_since(std::chrono::steady_clock::time_point now,
+                                                 std::chrono::steady_clock::duration after) const noexcept {
+    return requests_ == 0 && waits_.empty() && !watching_ && leases_.empty() && socket_.is_open() &&
+           now - opened_ >= after;
+}
+
+ELASTIC_DECL void store_connection::expire(std::string reason) {
+    if (!socket_.is_open()) return;
+    core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
+    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    close();
+}
+
+ELASTIC_DECL void store_connection::wait_ready(std::list<pending_wait>::iterator it) {
+    wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+    waits_.erase(it);
+    wake();
+}
+
+ELASTIC_DECL void store_connection::wake() noexcept {
+    if (!in_readiness_wait_) return;
+    std::error_code ignored;
+    socket_.cancel(ignored);
+}
+
+ELASTIC_DECL void store_connection::account() noexcept {
+    const std::size_t now = cap_ + out_.capacity() + wbuf_.capacity();
+    core_->buffered += now;
+    core_->buffered -= accounted_;
+    accounted_ = now;
+}
+
+ELASTIC_DECL std::string store_connection::no_memory_for(std::size_t n, std::string_view what) const {
+    const auto& o = core_->options;
+    const std::size_t held = core_->held();
+    if (n <= o.max_memory && held <= o.max_memory - n) return {};
+    return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
+                       "(store_server_options::max_memory); the store is full",
+                       what, n, held, o.max_memory);
+}
+
+ELASTIC_DECL std::size_t store_connection::output_growth(std::size_t n) const noexcept {
+    const std::size_t need = out_.size() + n;
+    if (need <= out_.capacity()) return 0;
+    return std::max(need, 2 * out_.capacity()) - out_.capacity();
+}
+
+ELASTIC_DECL std::string store_connection::no_room_for_reply(std::size_t n, std::string_view what) const {
+    const auto& o = core_->options;
+    if (n > o.max_reply_size)
+        return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
+                           "(store_server_options::max_reply_size); ask for fewer keys",
+                           what, n, o.max_reply_size);
+    if (out_.size() + n > o.max_queued_output)
+        return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
+                           "more (store_server_options::max_queued_output)",
+                           out_.size(), what, n);
+    return no_memory_for(output_growth(n), what);
+}
+
+ELASTIC_DECL bool store_connection::room_to_push(std::size_t n) {
+    if (!socket_.is_open()) return false;
+    const auto& o = core_->options;
+    const std::size_t queued = out_.size() + wbuf_.size();
+    std::string why;
+    if (queued + n > o.max_queued_output)
+        why = fmt::format("it does not read what it is sent: {} bytes of replies and "
+                          "notifications are queued for it, and {} more would pass "
+                          "store_server_options::max_queued_output ({})",
+                          queued, n, o.max_queued_output);
+    else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
+        why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
+                          "and {}",
+                          queued, full);
+    if (why.empty()) return true;
+    expire(std::move(why));
+    return false;
+}
+
+ELASTIC_DECL bool store_connection::reserve() {
+    const std::size_t have = end_ - begin_;
+    std::size_t want = 4096;
+    if (needed_ > have) want = std::max(want, std::min(needed_ - have, have));
+    if (cap_ - end_ >= want) return true;
+    if (begin_ > 0) {
+        std::memmove(buf_, buf_ + begin_, have);
+        begin_ = 0;
+        end_ = have;
+        if (cap_ - end_ >= want) return true;
+    }
+    const std::size_t cap = std::max(cap_ * 2, have + want);
+    if (auto why = no_memory_for(cap - cap_, "a request being read"); !why.empty()) return fail(why);
+    char* bigger = new char[cap];
+    if (have) std::memcpy(bigger, buf_, have);
+    delete[] buf_;
+    buf_ = bigger;
+    cap_ = cap;
+    account();
+    return true;
+}
+
+ELASTIC_DECL bool store_connection::process() {
+    bool completed = false;  // a request ran: a partial one after it is a new one
+    while (out_.size() < core_->options.max_pending_output && socket_.is_open()) {
+        const std::string_view data(buf_ + begin_, end_ - begin_);
+        if (data.empty() || data.size() < needed_) break;
+        if (auth_) {  // the handshake comes before anything else
+            const auto s = auth_->feed(data, out_);
+            if (s.status == store_auth::status::refused) return refuse(s.reason);
+            if (s.status == store_auth::status::need_more) {
+                needed_ = s.size;
+                break;
+            }
+            begin_ += s.size;
+            needed_ = 0;
+            if (auth_->done()) auth_.reset();  // its deadline (schedule()) lapses
+            continue;
+        }
+        if (!dialect_) {
+            const auto d = wire::detect_dialect(data);
+            if (d == wire::detection::need_more) {
+                needed_ = data.size() + 1;
+                break;
+            }
+            dialect_ = d == wire::detection::current ? wire::dialect::current : wire::dialect::legacy;
+        }
+        auto r = wire::parse_request(*dialect_, data, req_, core_->options.limits);
+        if (r.status == wire::parse_status::need_more) {
+            needed_ = r.size;
+            break;
+        }
+        if (r.status == wire::parse_status::malformed) return fail(r.reason);
+        needed_ = 0;
+        if (!execute()) return false;
+        ++requests_;
+        completed = true;
+        begin_ += r.size;
+        if (core_->options.on_request) core_->options.on_request(req_.operation);
+    }
+    if (begin_ == end_) {
+        begin_ = end_ = 0;
+        // A huge request grew the buffer: give the memory back once it is consumed.
+        if (cap_ > 1024 * 1024) {
+            delete[] buf_;
+            buf_ = nullptr;
+            cap_ = 0;
+        }
+    }
+    // The request timeout runs from the first byte of the request at the head of the
+    // buffer: restarted by every request that completes, stopped when none is begun.
+    if (begin_ == end_ || end_ - begin_ >= needed_) partial_since_.reset();
+    else if (completed || !partial_since_) partial_since_ = clock::now();
+    return true;
+}
+
+ELASTIC_DECL bool store_connection::fail(std::string_view reason) {
+    core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
+                           dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    return false;
+}
+
+ELASTIC_DECL bool store_connection::refuse(std::string_view reason) {
+    core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
+    auth_.reset();  // said once
+    return false;
+}
+
+ELASTIC_DECL std::string store_connection::lease_held_elsewhere(wire::op o, std::string_view key) const {
+    const auto* holder = core_->leases.holder(key);
+    if (!holder || holder == this) return {};
+    return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
+                       "holder writes or deletes it; docs/store.md, Leases)",
+                       wire::name(o), store_engine::printable(key), holder->peer());
+}
+
+ELASTIC_DECL void store_connection::bind_lease(std::string_view key) {
+    if (!core_->leases.bind(key, this)) return;  // this connection's already
+    leases_.emplace_back(key);
+    const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
+    if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
+    last_heard_ = clock::now();
+    schedule();
+}
+
+ELASTIC_DECL void store_connection::schedule() {
+    if (!socket_.is_open()) return;
+    const auto at = next_deadline();
+    if (!at || (timer_armed_ && timer_at_ <= *at)) return;
+    timer_armed_ = true;
+    timer_at_ = *at;
+    const auto generation = ++timer_generation_;  // a re-arm cancels the wait before it
+    timer_.expires_at(*at);
+    timer_.async_wait([weak = weak_from_this(), generation](const std::error_code& ec) {
+        const auto self = weak.lock();
+        if (!self || self->timer_generation_ != generation) return;
+        self->timer_armed_ = false;
+        if (!ec) self->deadline_passed();
+    });
+}
+
+ELASTIC_DECL void store_connection::deadline_passed() {
+    if (!socket_.is_open()) return;
+    const auto now = clock::now();
+    const auto& o = core_->options;
+    const auto ms = [](clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
+        close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
+                                    "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                                    ms(now - last_heard_), o.lease_missed_heartbeats,
+                                    o.lease_heartbeat_interval.count());
+        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+        close();
+        return;
+    }
+    if (auth_ && now >= opened_ + o.auth_timeout) {
+        auth_.reset();  // said once
+        return expire(fmt::format("authentication failed: no complete handshake within {} "
+                                  "ms (store_server_options::auth_timeout)",
+                                  o.auth_timeout.count()));
+    }
+    if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
+        return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                                  "arrived; store_server_options::request_timeout is {} ms)",
+                                  ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+    if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
+        return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                                  "request_timeout)",
+                                  wbuf_.size(), ms(now - *write_since_)));
+    if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
+        return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
+    schedule();
+}
+
+ELASTIC_DECL bool store_connection::execute() {
+    using wire::op;
+    auto& engine = core_->engine;
+    auto& r = req_;
+    switch (r.operation) {
+        case op::validate:
+            if (r.nonce != wire::validate_magic)
+                return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
+                                        wire::validate_magic));
+            return true;
+        case op::ping: wire::put_u32(out_, r.nonce); return true;
+        case op::set:
+            if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
+            if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
+            if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "SET"); !why.empty()) return fail(why);
+            engine.set(r.key, r.value);
+            if (parse_lease_key(r.key)) bind_lease(r.key);
+            return true;
+        case op::compare_set: {
+            if (auto why = store_lease_table::refusal(r.operation, r.key, true); !why.empty()) return fail(why);
+            // Whether this CAS writes (PyTorch's rules), known before it runs: a lease is
+            // bound only by the CAS that wins; one that would not write only reads.
+            const auto* before = engine.find(r.key);
+            const bool writes = before ? *before == r.expected : r.expected.empty();
+            if (auto why = lease_held_elsewhere(r.operation, r.key); writes && !why.empty()) return fail(why);
+            const std::size_t reply = 8 + std::max(r.value.size(), before ? before->size() : r.expected.size());
+            if (auto why = no_room_for_reply(reply, "COMPARE_SET"); !why.empty()) return fail(why);
+            if (writes)
+                if (auto why = no_memory_for(engine.growth(r.key, r.value.size()) + output_growth(reply),
+                                             "COMPARE_SET");
+                    !why.empty())
+                    return fail(why);
+            wire::put_bytes(out_, engine.compare_set(r.key, r.expected, r.value));
+            if (writes && parse_lease_key(r.key)) bind_lease(r.key);
+            return true;
+        }
+        case op::get: {
+            // Missing: an empty value, like the libuv server (clients WAIT first anyway).
+            const auto* v = engine.find(r.key);
+            if (auto why = no_room_for_reply(8 + (v ? v->size() : 0), "GET"); !why.empty()) return fail(why);
+            wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
+            return true;
+        }
+        case op::add:
+            if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
+            if (auto why = no_memory_for(engine.growth(r.key, 20), "ADD"); !why.empty()) return fail(why);
+            try {
+                wire::put_i64(out_, engine.add(r.key, r.number));
+            } catch (const store_error& e) {
+                return fail(e.what());
+            }
+            return true;
+        case op::check:
+            wire::put_u8(out_, static_cast<std::uint8_t>(engine.check(r.keys) ? wire::check_response::ready
+                                                                              : wire::check_response::not_ready));
+            return true;
+        case op::wait: {
+            if (waits_.size() >= core_->options.max_waits_per_connection)
+                return fail(fmt::format("{} WAITs pending on one connection reach the limit "
+                                        "(store_server_options::max_waits_per_connection)",
+                                        waits_.size()));
+            std::size_t awaited = 0;
+            for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
+            if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
+            auto& w = waits_.emplace_back(*this);
+            w.self = std::prev(waits_.end());
+            if (engine.wait(w, r.keys)) {
+                waits_.pop_back();
+                wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::stop_waiting));
+            }
+            return true;
+        }
+        case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
+        case op::watch_key:
+            if (watches_ >= core_->options.max_waits_per_connection)
+                return fail(fmt::format("{} keys watched on one connection reach the limit "
+                                        "(store_server_options::max_waits_per_connection)",
+                                        watches_));
+            if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
+                return fail(why);
+            if (engine.watch(watcher_, r.key)) ++watches_;
+            watching_ = true;
+            wire::put_u8(out_, static_cast<std::uint8_t>(wire::watch_response::key_callback_registered));
+            return true;
+        case op::delete_key:
+            if (const auto parts = parse_lease_key(r.key)) {
+                if (parts->reserved() || parts->name.empty())
+                    return fail(store_lease_table::refusal(r.operation, r.key, true));
+                if (auto why = lease_held_elsewhere(r.operation, r.key); !why.empty()) return fail(why);
+                release_lease(r.key);
+            }
+            wire::put_i64(out_, engine.erase(r.key) ? 1 : 0);
+            return true;
+        case op::append:
+            if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
+            if (const auto* v = engine.find(r.key);
+                v && v->size() + r.value.size() > core_->options.limits.max_value_size)
+                return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
+                                        "bytes, over the limit of {} "
+                                        "(wire::limits::max_value_size)",
+                                        r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
+                                        core_->options.limits.max_value_size));
+            if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
+                return fail(why);
+            engine.append(r.key, r.value);
+            return true;
+        case op::multi_get: {
+            // The reply's size is known before it is built: a request naming one large
+            // value many times is refused, not answered with gigabytes.
+            std::size_t reply = 0;
+            for (const auto k : r.keys) {
+                const auto* v = engine.find(k);
+                reply += 8 + (v ? v->size() : 0);
+            }
+            if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size())); !why.empty())
+                return fail(why);
+            for (const auto k : r.keys) {
+                const auto* v = engine.find(k);
+                wire::put_bytes(out_, v ? std::string_view(*v) : std::string_view{});
+            }
+            return true;
+        }
+        case op::multi_set: {
+            // All or nothing: a refused lease key refuses the whole request.
+            std::size_t growth = 0;
+            for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                if (auto why = store_lease_table::refusal(r.operation, r.keys[i], true); !why.empty()) return fail(why);
+                if (auto why = lease_held_elsewhere(r.operation, r.keys[i]); !why.empty()) return fail(why);
+                growth += engine.growth(r.keys[i], r.values[i].size());
+            }
+            if (auto why = no_memory_for(growth, "MULTI_SET"); !why.empty()) return fail(why);
+            for (std::size_t i = 0; i < r.keys.size(); ++i) {
+                engine.set(r.keys[i], r.values[i]);
+                if (parse_lease_key(r.keys[i])) bind_lease(r.keys[i]);
+            }
+            return true;
+        }
+        case op::cancel_wait:
+            // Any STOP_WAITING already queued stays in front of this reply: a client that
+            // raced reads 0x00 then 0x01, as PyTorch's client expects (it reads a second byte
+            // after a 0x00).
+            cancel_waits();
+            wire::put_u8(out_, static_cast<std::uint8_t>(wire::wait_response::wait_canceled));
+            return true;
+        case op::list_keys: {
+            std::size_t reply = 8;
+            engine.for_each([&](std::string_view k, std::string_view) { reply += 8 + k.size(); });
+            if (auto why = no_room_for_reply(reply, "LIST_KEYS"); !why.empty()) return fail(why);
+            wire::put_i64(out_, static_cast<std::int64_t>(engine.size()));
+            engine.for_each([&](std::string_view k, std::string_view) { wire::put_bytes(out_, k); });
+            return true;
+        }
+        case op::queue_push:
+        case op::queue_pop:
+        case op::queue_len:
+        case op::barrier:
+            return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
+    }
+    return fail("unreachable opcode");
+}
+
+ELASTIC_DECL void store_connection::cancel_waits() noexcept {
+    for (auto& w : waits_) core_->engine.cancel(w);
+    waits_.clear();
+}
+
+ELASTIC_DECL void store_connection::finish() noexcept {
+    if (auth_ && auth_->challenged() && !core_->stopped) {
+        try {
+            core_->log(fmt::format("connection from {} closed during the authentication "
+                                   "handshake, after this server's challenge: the client "
+                                   "did not accept this server's proof (it has another "
+                                   "secret) or left",
+                                   peer_));
+        } catch (...) {
+            // Out of memory for a log line: the connection ends either way.
+        }
+    }
+    cancel_waits();
+    if (watching_) core_->engine.unwatch(watcher_);
+    watching_ = false;
+    close();
+    lose_leases();
+    delete[] buf_;
+    buf_ = nullptr;
+    cap_ = begin_ = end_ = 0;
+    out_ = std::string();
+    wbuf_ = std::string();
+    core_->buffered -= accounted_;
+    accounted_ = 0;
+    core_->connections.erase(this);
+    core_->resume_accept.notify();
+}
+
+ELASTIC_DECL void store_connection::lose_leases() noexcept {
+    auto leases = std::move(leases_);
+    leases_.clear();
+    if (leases.empty()) return;
+    const std::string why = !close_reason_.empty() ? close_reason_
+                            : core_->stopped       ? std::string("the server stopped")
+                                                   : std::string("the connection closed");
+    for (const auto& key : leases) {
+        core_->leases.unbind(key);
+        if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
+        try {
+            core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
+                                      [&](std::string_view line) { core_->log(line); });
+        } catch (...) {
+            // Out of memory while writing the loss: the key is gone either way.
+        }
+    }
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES

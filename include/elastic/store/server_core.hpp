@@ -128,15 +128,9 @@ struct store_server_core {
     void reserve_descriptor() noexcept {
         if (spare_fd < 0) spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    void release_descriptor() noexcept {
-        if (spare_fd >= 0) ::close(spare_fd);
-        spare_fd = -1;
-    }
+    ELASTIC_DECL void release_descriptor() noexcept;
 
-    void log(std::string_view line) const {
-        if (options.log) options.log(line);
-        else fmt::print(stderr, "elastic-store: {}\n", line);
-    }
+    ELASTIC_DECL void log(std::string_view line) const;
 
     // How long a leasing connection may stay silent.
     std::chrono::steady_clock::duration lease_timeout() const {
@@ -172,6 +166,22 @@ ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s) {
     if (ec) return "unknown peer";
     if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
     return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+}
+
+}  // namespace detail::store
+}  // namespace elastic::inline v0
+
+namespace elastic::inline v0 {
+namespace detail::store {
+
+ELASTIC_DECL void store_server_core::release_descriptor() noexcept {
+    if (spare_fd >= 0) ::close(spare_fd);
+    spare_fd = -1;
+}
+
+ELASTIC_DECL void store_server_core::log(std::string_view line) const {
+    if (options.log) options.log(line);
+    else fmt::print(stderr, "elastic-store: {}\n", line);
 }
 
 }  // namespace detail::store

@@ -27,46 +27,16 @@ public:
     // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
     // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
     // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
-    static std::string refusal(wire::op o, std::string_view key, bool binds) {
-        const auto parts = parse_lease_key(key);
-        if (!parts) return {};
-        if (parts->reserved())
-            return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
-                               "(names after '{}' starting with '__' are read-only; "
-                               "docs/store.md, Leases)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (parts->name.empty())
-            return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
-                               "is <group>/{}<name>, name not empty)",
-                               wire::name(o), store_engine::printable(key), lease_marker);
-        if (!binds)
-            return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
-                               "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
-                               wire::name(o), store_engine::printable(key));
-        return {};
-    }
+    static ELASTIC_DECL std::string refusal(wire::op o, std::string_view key, bool binds);
 
     // The connection that holds the lease at `key`, or null.
-    store_connection* holder(std::string_view key) const {
-        const auto it = holders_.find(key);
-        return it == holders_.end() ? nullptr : it->second;
-    }
+    ELASTIC_DECL store_connection* holder(std::string_view key) const;
 
     // `key` now belongs to `c`; false when it was bound already.
-    bool bind(std::string_view key, store_connection* c) {
-        if (holders_.find(key) != holders_.end()) return false;
-        holders_.emplace(std::string(key), c);
-        return true;
-    }
+    ELASTIC_DECL bool bind(std::string_view key, store_connection* c);
 
     // `key` is bound no more (released or lost); the connection that held it, or null.
-    store_connection* unbind(std::string_view key) noexcept {
-        const auto it = holders_.find(key);
-        if (it == holders_.end()) return nullptr;
-        auto* c = it->second;
-        holders_.erase(it);
-        return c;
-    }
+    ELASTIC_DECL store_connection* unbind(std::string_view key) noexcept;
 
     // The number of leases held now, and lost since the start.
     std::size_t size() const noexcept { return holders_.size(); }
@@ -108,3 +78,49 @@ private:
 };
 
 }  // namespace elastic::inline v0::detail::store
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::store {
+
+ELASTIC_DECL std::string store_lease_table::refusal(wire::op o, std::string_view key, bool binds) {
+    const auto parts = parse_lease_key(key);
+    if (!parts) return {};
+    if (parts->reserved())
+        return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
+                           "(names after '{}' starting with '__' are read-only; "
+                           "docs/store.md, Leases)",
+                           wire::name(o), store_engine::printable(key), lease_marker);
+    if (parts->name.empty())
+        return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                           "is <group>/{}<name>, name not empty)",
+                           wire::name(o), store_engine::printable(key), lease_marker);
+    if (!binds)
+        return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                           "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                           wire::name(o), store_engine::printable(key));
+    return {};
+}
+
+ELASTIC_DECL store_connection* store_lease_table::holder(std::string_view key) const {
+    const auto it = holders_.find(key);
+    return it == holders_.end() ? nullptr : it->second;
+}
+
+ELASTIC_DECL bool store_lease_table::bind(std::string_view key, store_connection* c) {
+    if (holders_.find(key) != holders_.end()) return false;
+    holders_.emplace(std::string(key), c);
+    return true;
+}
+
+ELASTIC_DECL store_connection* store_lease_table::unbind(std::string_view key) noexcept {
+    const auto it = holders_.find(key);
+    if (it == holders_.end()) return nullptr;
+    auto* c = it->second;
+    holders_.erase(it);
+    return c;
+}
+
+}  // namespace elastic::inline v0::detail::store
+
+#endif  // ELASTIC_DETAIL_BODIES
