@@ -314,7 +314,7 @@ TEST_CASE("agent: with healthy workers running, the agent uses no CPU, and two j
     CHECK(second.wait() == 128 + SIGTERM);
 }
 
-TEST_CASE("agent: the agent takes the hard open-files limit for its stores; workers get the user's") {
+TEST_CASE("agent: the agent takes the hard open-files limit for its stores, workers get the user's") {
     rlimit limit{};
     REQUIRE(::getrlimit(RLIMIT_NOFILE, &limit) == 0);
     if (limit.rlim_max <= 512) {

@@ -458,7 +458,7 @@ TEST_CASE("launch: rendezvous options: elastic ranges, endpoints, IPv6, backends
           std::string::npos);
 }
 
-TEST_CASE("launch: shutdown timeout falls back on TORCH_ELASTIC_SHUTDOWN_TIMEOUT; LOGLEVEL and the prefix template") {
+TEST_CASE("launch: shutdown timeout falls back on TORCH_ELASTIC_SHUTDOWN_TIMEOUT, LOGLEVEL and the prefix template") {
     fixture f;
     auto env = f.env;
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "120";

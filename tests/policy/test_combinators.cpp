@@ -137,7 +137,7 @@ elastic::backoff_spec no_jitter(std::chrono::milliseconds initial, std::chrono::
     return spec;
 }
 
-TEST_CASE("policy: the manual clock wakes a sleep only when advanced to its deadline; cancellation throws") {
+TEST_CASE("policy: the manual clock wakes a sleep only when advanced to its deadline, cancellation throws") {
     manual_policy_clock clock;
     asio::io_context context;
     bool woke = false;
@@ -353,7 +353,7 @@ struct user_part {
     }
 };
 
-TEST_CASE("policy: a | b asks in order; the first stop wins; reasons join; delays add up") {
+TEST_CASE("policy: a | b asks in order, the first stop wins, reasons join, delays add up") {
     manual_policy_clock clock;
     using backoff_m = elastic::basic_backoff<manual_policy_clock>;
     auto policy = elastic::max_restarts(2) | backoff_m(no_jitter(1s, 1min), clock);

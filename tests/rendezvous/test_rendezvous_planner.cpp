@@ -62,7 +62,7 @@ TEST_CASE("planner: under elastic membership a --node-rank is a preference, hono
     CHECK(std::get<0>(assign_group_ranks(nodes, false)) == std::vector<int>{1, 0, 2});
 }
 
-TEST_CASE("planner: the rest keep their previous order, stable among equals; newcomers follow in arrival order") {
+TEST_CASE("planner: the rest keep their previous order, stable among equals, newcomers follow in arrival order") {
     std::vector<node_info> nodes{info(0), info(1), info(2), info(3), info(4)};
     nodes[1].previous_rank = 1;
     nodes[3].previous_rank = 0;

@@ -208,7 +208,7 @@ TEST_CASE("rendezvous trust: the workers' store accepts loopback and the round's
     CHECK_FALSE(peers.accepts(asio::ip::make_address("2001:db8::8")));
 }
 
-TEST_CASE("rendezvous trust: group rank 0's allow-list is the members' published literals, each once; names only "
+TEST_CASE("rendezvous trust: group rank 0's allow-list is the members' published literals, each once, names only "
           "for a member that published none") {
     namespace rdzv = elastic::detail::rendezvous;
     elastic::node_info multi;  // two NICs; its name resolves to neither of them
@@ -261,7 +261,7 @@ TEST_CASE("rendezvous trust: --rdzv-conf workers_store_peers is members (the def
 }
 
 TEST_CASE("rendezvous trust: an invalid abort, decision and restart count written into a running 2-agent job are "
-          "reported and ignored; a real failure still restarts the job") {
+          "reported and ignored, and a real failure still restarts the job") {
     job j("trust-abort", "2");
     // Attempt 0: both workers run until the test kills one; attempt 1: both succeed.
     const std::string rules = "a0:hang;*:world+exit0";

@@ -125,7 +125,7 @@ asio::awaitable<std::uint16_t> server_port(child_process& server) {
     co_return static_cast<std::uint16_t>(std::stoi(l));
 }
 
-TEST_CASE("store: lease keys are <group>/__lease__/<name>; the parser finds the marker") {
+TEST_CASE("store: lease keys are <group>/__lease__/<name>, the parser finds the marker") {
     CHECK(elastic::lease_key("", "n1") == "__lease__/n1");
     CHECK(elastic::lease_key("job", "n1") == "job/__lease__/n1");
     CHECK(elastic::lease_key("job/", "n1") == "job/__lease__/n1");

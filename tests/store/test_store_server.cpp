@@ -305,7 +305,7 @@ TEST_CASE("store: a connection beyond max_connections is closed, the others carr
     CHECK(f.logged("refusing connection from 127.0.0.1:"));
 }
 
-TEST_CASE("store: accept_peer refuses a peer before reading from it; the accepted ones are served") {
+TEST_CASE("store: accept_peer refuses a peer before reading from it, the accepted ones are served") {
     std::vector<std::string> asked;
     bool refuse = true;
     elastic::store_server_options o;
