@@ -14,6 +14,7 @@
 //     store    connect to MASTER_ADDR:MASTER_PORT; fail (exit 99) if a key "stale/<r>" written
 //              by an earlier attempt (its value: that attempt) is visible; then set "stale/<rank>"
 //     waitfor<r> wait until rank r has done its "store" step (its key exists)
+//     go       wait until the file $AGENT_WORKER_DIR/go exists (the test's word to go on)
 //     stderr   write three lines to stderr, the last without its newline
 //     running  print "running <attempt> <rank> <CLOCK_MONOTONIC ns>"
 //     exit<N>  exit with code N                 sig<N>  raise signal N (default action)
@@ -37,6 +38,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <sys/inotify.h>
 
 #include <unistd.h>
 
@@ -100,6 +103,21 @@ void write_file(const std::string& name, const std::string& text) {
     std::rename((path + ".tmp").c_str(), path.c_str());  // whole or absent for the reader
 }
 
+// Waits (inotify, no polling) until $AGENT_WORKER_DIR/go exists.
+void wait_for_go() {
+    const auto dir = var("AGENT_WORKER_DIR", ".");
+    const int fd = ::inotify_init1(IN_CLOEXEC);
+    if (fd < 0 || ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_MOVED_TO) < 0) {
+        say(2, fmt::format("agent-worker: cannot watch {}: {}\n", dir, std::strerror(errno)));
+        std::exit(98);
+    }
+    alignas(inotify_event) char buffer[4096];
+    while (::access((dir + "/go").c_str(), F_OK) != 0) {
+        if (::read(fd, buffer, sizeof buffer) < 0 && errno != EINTR) std::exit(98);
+    }
+    ::close(fd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,6 +174,8 @@ int main(int argc, char** argv) {
             options.port = static_cast<std::uint16_t>(std::stoi(var("MASTER_PORT", "0")));
             elastic::blocking_store_client client(options);
             client.wait({fmt::format("stale/{}", step.substr(7))});
+        } else if (step == "go") {
+            wait_for_go();
         } else if (step == "stderr") {
             say(2, fmt::format("line 1 from rank {}\nline 2 from rank {}\n", rank, rank));
             say(2, fmt::format("last words of rank {}", rank));

@@ -228,6 +228,33 @@ TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node"
     CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
 }
 
+TEST_CASE("rendezvous agents: a node that finished and left is no lost member, the others run to their end") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) {
+        auto args = c10d_args(port, 2, 1, "finished");
+        args.push_back(fmt::format("--node-rank={}", node));
+        // A short join timeout bounds the wrong outcome (node 0 re-forming a round alone).
+        args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=1,join_timeout=5,is_host={}", node == 0));
+        j.start(with_worker(args), node_env(dir, "r0:running+go;r1:running", node));
+    }
+    // Node 1's worker succeeds at once; node 1 waits 1 s at the exit barrier for node 0, names
+    // it, and leaves with 0.
+    const int code1 = j.agents[1]->wait();
+    INFO(j.agents[1]->err());
+    CHECK(code1 == 0);
+    CHECK(j.agents[1]->err().find("did not finish within 1 s") != std::string::npos);
+    // Only now does node 0's worker finish: it was never stopped, and node 0 ends with 0.
+    std::ofstream(dir.path() / "go") << "go\n";
+    const int code0 = j.agents[0]->wait();
+    INFO(j.agents[0]->err());
+    CHECK(code0 == 0);
+    CHECK(j.agents[0]->err().find("left after its workers succeeded") != std::string::npos);
+    CHECK(j.agents[0]->err().find("was lost") == std::string::npos);
+    CHECK(launched::count_lines(j.agents[0]->out(), "running 0 0 ") == 1);  // one run of its worker
+}
+
 TEST_CASE("rendezvous agents: a join timeout ends the lone agent with exit 250 and names how many joined") {
     temp_dir dir;
     const int port = free_port();
@@ -328,7 +355,7 @@ TEST_CASE("rendezvous agents: the job's secret comes from secret_file or ELASTIC
                     elastic::usage_error);
 }
 
-TEST_CASE("rendezvous agents: a job with a secret completes; strangers at its rendezvous port are refused") {
+TEST_CASE("rendezvous agents: a job with a secret completes, strangers at its rendezvous port are refused") {
     temp_dir dir;
     const int port = free_port();
     const auto secret_file = write_secret(dir, "secret", "correct horse battery staple");
@@ -372,7 +399,7 @@ TEST_CASE("rendezvous agents: a job with a secret completes; strangers at its re
     CHECK(log.find("after this server's challenge") != std::string::npos);
 }
 
-TEST_CASE("rendezvous agents: an agent with the wrong secret exits 250 naming the secret; the job goes on") {
+TEST_CASE("rendezvous agents: an agent with the wrong secret exits 250 naming the secret, the job goes on") {
     temp_dir dir;
     const int port = free_port();
     const auto secret_file = write_secret(dir, "secret", "right");

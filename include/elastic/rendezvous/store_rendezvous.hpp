@@ -1026,10 +1026,26 @@ private:
         }
     }
 
-    // Aborts round r when lease `name` was one of its members.
+    // Aborts round r when lease `name` was one of its members and had not finished. A member
+    // whose workers all succeeded (it marked done/<g> before its exit barrier) is finished: its
+    // leaving, when its barrier times out or its agent ends, is no loss, and the others run to
+    // their own end.
     asio::awaitable<void> on_member_loss(Store& s, int r, std::string name) {
-        std::vector<std::string> member{key(r, "member/" + name)};
+        const auto member_key = key(r, "member/" + name);
+        std::vector<std::string> member{member_key};
         if (!co_await s.check(std::move(member))) co_return;
+        const auto value = co_await s.get(member_key);
+        const auto g = checked(member_key, value, "the node is taken for lost", [&](std::string_view v) {
+            return detail::rendezvous::decode_count(v, 0, std::max(size_, 1) - 1);
+        });
+        if (g) {
+            std::vector<std::string> done{key(r, fmt::format("done/{}", *g))};
+            if (co_await s.check(std::move(done))) {
+                say(fmt::format("node {} (group_rank {}) left after its workers succeeded; this node's workers go on",
+                                detail::rendezvous::describe_node_id(name), *g));
+                co_return;
+            }
+        }
         abort_notice lost;
         lost.what = abort_notice::kind::membership;
         lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
