@@ -1,7 +1,9 @@
 // What the rendezvous trusts: invalid control values written into a running job's
 // store by another client are reported and ignored, the rendezvous store's keys do not grow
-// over restarts, and a host name endpoint binds that name's address, never 0.0.0.0.
+// over restarts, a host name endpoint binds that name's address, never 0.0.0.0, and an
+// endpoint where PyTorch's TCPStore listens is refused at once.
 #include "agent_support.hpp"
+#include "client_support.hpp"
 
 #include <elastic/usage_error.hpp>
 #include <elastic/launch/values.hpp>
@@ -721,6 +723,51 @@ TEST_CASE("rendezvous trust: a node that comes to a round's abort or decision af
     // It rejoins where the job is, the last completed round (which holds no arrival in this
     // store, so it completes it alone), not round 1.
     CHECK(rejoined_at == 3);
+}
+
+TEST_CASE("rendezvous trust: an agent pointed at PyTorch's own TCPStore says at once that it is no elastic store") {
+    // PyTorch 1.13's TCPStore (Debian's), as a torchrun agent or a finished job's workers leave
+    // one on a port: it keeps no leases, so nothing there would ever count this node's loss.
+    asio::io_context ctx;
+    auto server = client_support::torch_server::start(ctx);
+    temp_dir dir;
+    auto args = [&](const std::string& id) {
+        return std::vector<std::string>{"--rdzv-backend=c10d",
+                                        fmt::format("--rdzv-endpoint=127.0.0.1:{}", server.port),
+                                        fmt::format("--rdzv-id={}", id),
+                                        "--nnodes=1:2",
+                                        "--nproc-per-node=1",
+                                        agent_support::worker()};
+    };
+    auto env = agent_support::clean_environment();
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = "*:env";
+    SUBCASE("an empty store") {
+        const auto r = agent_support::run(args("plain"), env);
+        INFO(r.err);
+        CHECK(r.code == 250);
+        CHECK(has(r.err, fmt::format("the rendezvous store at 127.0.0.1:{}: it keeps no leases, so it is no "
+                                     "elastic store: a PyTorch TCPStore",
+                                     server.port)));
+    }
+    SUBCASE("a store that holds a torchrun agent's state for the run") {
+        const auto [out, code] = client_support::python(
+            ctx, fmt::format("import datetime\n"
+                             "import torch.distributed as d\n"
+                             "s = d.TCPStore('127.0.0.1', {}, None, False, datetime.timedelta(seconds=30))\n"
+                             "s.set('torch.rendezvous.pickled', 'gASVAAAAAAAAAAB9lC4=')\n",
+                             server.port));
+        INFO(out);
+        REQUIRE(code == 0);
+        const auto r = agent_support::run(args("pickled"), env);
+        INFO(r.err);
+        CHECK(r.code == 250);
+        CHECK(has(r.err, "the store already holds torchrun's rendezvous state for run 'pickled'"));
+    }
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "env.0.0"));  // no worker started
+    const auto [rest, status] = server.stop(ctx);
+    INFO(rest);
+    CHECK(client_support::exit_code(status) == 0);
 }
 
 }  // namespace test_rendezvous_trust

@@ -113,6 +113,18 @@ public:
         // clang-format on
         auto log = std::make_shared<detail::rendezvous::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rendezvous::encode(me));
+        // A store that keeps leases counts their losses from the first lease it binds: no
+        // counter now means a store that does not (PyTorch's TCPStore), where every wait for a
+        // loss would wait for ever. Said at once, before anything else is written there.
+        if (std::vector<std::string> epoch{lease_epoch_key(lease_group())}; !co_await lease.check(std::move(epoch))) {
+            std::vector<std::string> torchrun{detail::rendezvous::torchrun_key(options_.run_id)};
+            if (options_.torchrun_guard && co_await lease.check(std::move(torchrun)))
+                throw rendezvous_error(torchrun_state_message());
+            throw rendezvous_error(
+                "it keeps no leases, so it is no elastic store: a PyTorch TCPStore (one a torchrun agent "
+                "hosts, or one a finished job's workers left on this port) or another program listens there; point "
+                "--rdzv-endpoint at the port an elasticrun agent hosts its store on, or free this one");
+        }
         (void)co_await lease.add(job_key("registered"), 1);
         log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
@@ -570,13 +582,15 @@ private:
         const auto k = detail::rendezvous::torchrun_key(options_.run_id);
         const auto mine = detail::rendezvous::guard_value(options_.run_id);
         const auto got = co_await store_->compare_set(k, std::string{}, mine);
-        if (got != mine) {
-            throw rendezvous_error(fmt::format(
-                "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
-                "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
-                "with elasticrun, or give this job another --rdzv-id",
-                options_.run_id, k));
-        }
+        if (got != mine) throw rendezvous_error(torchrun_state_message());
+    }
+
+    [[nodiscard]] std::string torchrun_state_message() const {
+        return fmt::format(
+            "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
+            "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
+            "with elasticrun, or give this job another --rdzv-id",
+            options_.run_id, detail::rendezvous::torchrun_key(options_.run_id));
     }
 
     // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_lost_error

@@ -250,6 +250,9 @@ public:
             co_await rdzv_->start_liveness(*lease_, me);
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
+        } catch (const rendezvous_error& e) {  // a store that is no elastic store
+            throw rendezvous_error(fmt::format("the rendezvous store at {}:{}: {}", current_host_, current_port_,
+                                               e.what()));
         }
     }
 
