@@ -11585,6 +11585,18 @@ public:
         // clang-format on
         auto log = std::make_shared<detail::rendezvous::membership_log>(co_await asio::this_coro::executor);
         co_await lease.hold_lease(lease_key(lease_group(), me.id), detail::rendezvous::encode(me));
+        // A store that keeps leases counts their losses from the first lease it binds: no
+        // counter now means a store that does not (PyTorch's TCPStore), where every wait for a
+        // loss would wait for ever. Said at once, before anything else is written there.
+        if (std::vector<std::string> epoch{lease_epoch_key(lease_group())}; !co_await lease.check(std::move(epoch))) {
+            std::vector<std::string> torchrun{detail::rendezvous::torchrun_key(options_.run_id)};
+            if (options_.torchrun_guard && co_await lease.check(std::move(torchrun)))
+                throw rendezvous_error(torchrun_state_message());
+            throw rendezvous_error(
+                "it keeps no leases, so it is no elastic store: a PyTorch TCPStore (one a torchrun agent "
+                "hosts, or one a finished job's workers left on this port) or another program listens there; point "
+                "--rdzv-endpoint at the port an elasticrun agent hosts its store on, or free this one");
+        }
         (void)co_await lease.add(job_key("registered"), 1);
         log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
@@ -12042,13 +12054,15 @@ private:
         const auto k = detail::rendezvous::torchrun_key(options_.run_id);
         const auto mine = detail::rendezvous::guard_value(options_.run_id);
         const auto got = co_await store_->compare_set(k, std::string{}, mine);
-        if (got != mine) {
-            throw rendezvous_error(fmt::format(
-                "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
-                "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
-                "with elasticrun, or give this job another --rdzv-id",
-                options_.run_id, k));
-        }
+        if (got != mine) throw rendezvous_error(torchrun_state_message());
+    }
+
+    [[nodiscard]] std::string torchrun_state_message() const {
+        return fmt::format(
+            "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
+            "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
+            "with elasticrun, or give this job another --rdzv-id",
+            options_.run_id, detail::rendezvous::torchrun_key(options_.run_id));
     }
 
     // Runs `op`, a request or wait on `s`; with liveness, a lost store ends it with store_lost_error
@@ -12897,6 +12911,9 @@ public:
             co_await rdzv_->start_liveness(*lease_, me);
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
+        } catch (const rendezvous_error& e) {  // a store that is no elastic store
+            throw rendezvous_error(fmt::format("the rendezvous store at {}:{}: {}", current_host_, current_port_,
+                                               e.what()));
         }
     }
 
@@ -14781,6 +14798,7 @@ template <policy_clock Clock = steady_policy_clock>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14793,23 +14811,32 @@ namespace elastic::inline v0 {
 
 namespace detail::agent {
 
+/// What write_all could not write: the bytes left and the errno that stopped it (0 and 0: all
+/// of it written).
+struct write_shortfall {
+    std::size_t unwritten = 0;
+    int error = 0;
+};
+
 /// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
-/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
-/// closed terminal must not stop the supervision of the workers).
-inline void write_all(int fd, std::string_view text) noexcept {
+/// descriptor is non-blocking and full, so nothing is lost; stops at any other error and says
+/// what was left (a closed terminal must not stop the supervision of the workers, and a full
+/// disk is the caller's to report).
+inline write_shortfall write_all(int fd, std::string_view text) noexcept {
     while (!text.empty()) {
         const ssize_t n = ::write(fd, text.data(), text.size());
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 pollfd p{fd, POLLOUT, 0};
-                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
+                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return {text.size(), errno};
                 continue;
             }
-            return;
+            return {text.size(), errno};
         }
         text.remove_prefix(static_cast<std::size_t>(n));
     }
+    return {};
 }
 
 }  // namespace detail::agent
@@ -14881,10 +14908,29 @@ private:
     std::string out_;
 };
 
+/// The writes to one log file: what could not be written, and why (docs/logs.md, "When a log
+/// file cannot be written"). The relay goes on writing after a failure (space may come back) and
+/// counts each byte it could not write.
+struct log_file_writes {
+    std::string name;              ///< for messages: "local_rank 1's stdout log file /path"
+    std::uint64_t lost_bytes = 0;  ///< bytes of the stream that are not in the file
+    int first_error = 0;           ///< errno of the first failed write; 0: none failed
+    std::function<void(const log_file_writes&)> first_failure;  ///< called once, at the first
+
+    void lost(const detail::agent::write_shortfall& w) {
+        if (w.unwritten == 0) return;
+        lost_bytes += w.unwritten;
+        if (first_error != 0) return;
+        first_error = w.error != 0 ? w.error : EIO;
+        if (first_failure) first_failure(*this);
+    }
+};
+
 /// Where the bytes of one worker stream are copied (any subset).
 struct stream_copies {
     stderr_tail* tail = nullptr;             ///< fed every byte: the failure report's tail (stderr only)
     int file_fd = -1;                        ///< every byte as written: the stream's log file
+    log_file_writes* file_writes = nullptr;  ///< told of every byte the file did not take
     int console_fd = -1;                     ///< whole lines after `prefix`: the agent's stdout or stderr
     std::string prefix;                      ///< the rank's console prefix; empty for a raw copy
     detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
@@ -14906,7 +14952,10 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
         if (n > 0) {
             const std::string_view chunk(buffer.get(), n);
             if (copies.tail != nullptr) copies.tail->feed(chunk);
-            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
+            if (copies.file_fd >= 0) {
+                const auto shortfall = detail::agent::write_all(copies.file_fd, chunk);
+                if (copies.file_writes != nullptr) copies.file_writes->lost(shortfall);
+            }
             if (console) console->feed(chunk);
             if (copies.progress != nullptr) copies.progress->progressed();
         }
@@ -14919,7 +14968,7 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
 /// no copy).
 template <class Defer = void>
 asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
+    co_await relay_stream(pipe, stream_copies{&tail, -1, nullptr, out_fd, {}, nullptr});
 }
 
 }  // namespace elastic::inline v0
@@ -16354,7 +16403,9 @@ ELASTIC_DECL void check_spec(const worker_spec& w) {
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <fmt/format.h>
 
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -16368,9 +16419,9 @@ namespace elastic::inline v0 {
 /// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
 /// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
 /// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
-/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
-/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
-/// start() after the spawn runs one relay per pipe.
+/// unprefixed and to no file (the worker sees the terminal, as under torchrun), /dev/null when it
+/// goes nowhere, and a pipe otherwise: every byte of a log file is written by the agent, which
+/// so sees every write that fails. start() after the spawn runs one relay per pipe.
 template <class Defer = void>
 class basic_worker_output {
 public:
@@ -16381,13 +16432,16 @@ public:
                  spawn_options& how) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
-        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
-        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
+        const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
+            const auto path = rank_dir / fmt::format("{}.log", stream);
+            fd = open_log_file(path);
+            writes.name = fmt::format("local_rank {}'s {} log file {}", index, stream, path.string());
+        };
+        if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
+        if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
         if (routes_.out.console == console_copy::raw && !out_file_) {
             how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && out_file_) {
-            how.out = stdio::descriptor(out_file_.get());
-        } else if (routes_.out.console == console_copy::none) {
+        } else if (routes_.out.console == console_copy::none && !out_file_) {
             how.out = stdio::null();
         } else {
             how.out = stdio::pipe();
@@ -16396,9 +16450,19 @@ public:
     }
 
     /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
-    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
+    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`). The
+    /// first failed write to a log file is a warning on `log` (a copy: the relays may outlive
+    /// the agent's own).
     void start(child_process& child, const asio::any_io_executor& executor, detail::task_latch& relays,
-               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
+               const std::shared_ptr<void>& keep_alive, stderr_tail& tail, const agent_log& log) {
+        for (auto* writes : {&out_writes_, &err_writes_}) {
+            writes->first_failure = [log](const log_file_writes& w) {
+                log.warning(fmt::format("cannot write {}: {}; what the worker writes to it from now on is lost "
+                                        "until writes succeed again (the console copy and the failure report are "
+                                        "not affected); free space on that file system, or move --log-dir",
+                                        w.name, std::strerror(w.first_error)));
+            };
+        }
         out_pipe_ = child.take_stdout();
         err_pipe_ = child.take_stderr();
         const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
@@ -16407,11 +16471,13 @@ public:
         };
         if (out_pipe_) {
             run(executor, relays, keep_alive, *out_pipe_,
-                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
+                stream_copies{nullptr, out_file_.get(), &out_writes_, console_fd(routes_.out, 1), prefix(routes_.out),
+                              &relays});
         }
         if (err_pipe_) {
             run(executor, relays, keep_alive, *err_pipe_,
-                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
+                stream_copies{&tail, err_file_.get(), &err_writes_, console_fd(routes_.err, 2), prefix(routes_.err),
+                              &relays});
         }
     }
 
@@ -16424,6 +16490,9 @@ public:
     }
 
     [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
+    /// The writes to the stdout and stderr log files (lost_bytes 0: complete, or no file).
+    [[nodiscard]] const log_file_writes& stdout_writes() const noexcept { return out_writes_; }
+    [[nodiscard]] const log_file_writes& stderr_writes() const noexcept { return err_writes_; }
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
@@ -16443,6 +16512,8 @@ private:
     std::string prefix_;
     detail::process::owned_fd out_file_;
     detail::process::owned_fd err_file_;
+    log_file_writes out_writes_;
+    log_file_writes err_writes_;
     std::optional<asio::posix::stream_descriptor> out_pipe_;
     std::optional<asio::posix::stream_descriptor> err_pipe_;
 };
@@ -16467,6 +16538,7 @@ using worker_output = basic_worker_output<>;
 #include <chrono>
 #include <csignal>
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -16566,7 +16638,7 @@ public:
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
             }
-            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail);
+            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail, *log_);
         }
         started_ = std::chrono::steady_clock::now();
         if (spawn_failure) {
@@ -16625,6 +16697,23 @@ public:
             for (auto& slot : state_->slots) slot.output.close();
             co_await relays.wait();
         }
+        for (const auto& line : incomplete_logs())
+            log_->error(fmt::format("{} is incomplete: {}", line.first, line.second));
+    }
+
+    /// After close(): each log file of the attempt that misses bytes of its stream, with how
+    /// many and why ({"local_rank 1's stdout log file PATH", "9437184 bytes not written (No
+    /// space left on device)"}).
+    [[nodiscard]] std::vector<std::pair<std::string, std::string>> incomplete_logs() const {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto& slot : state_->slots) {
+            for (const auto* w : {&slot.output.stdout_writes(), &slot.output.stderr_writes()}) {
+                if (w->lost_bytes == 0) continue;
+                out.emplace_back(w->name, fmt::format("{} bytes not written ({})", w->lost_bytes,
+                                                      std::strerror(w->first_error)));
+            }
+        }
+        return out;
     }
 
     /// The group's failure for the restart policy, after stop(): every worker that did not
@@ -17070,6 +17159,7 @@ private:
             if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
             round_store_.reset();  // every node is done: no worker needs group rank 0's store
             events_.final_success(rdzv.restart_count(), host_);
+            report_incomplete_logs();
             co_await rdzv.leave();
             remove_run_dir();
             co_return 0;
@@ -17185,6 +17275,7 @@ private:
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
         log_.always(format_summary(spec_.program.target, failure.workers));
+        report_incomplete_logs();
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -17196,6 +17287,17 @@ private:
             return launcher_exit_code(*root);
         }
         return 1;
+    }
+
+    /// At the job's end on this node: the log files that miss bytes (docs/logs.md, "When a log
+    /// file cannot be written"). The exit code stays the workers'.
+    void report_incomplete_logs() const {
+        if (incomplete_logs_.empty()) return;
+        std::string lines;
+        for (const auto& line : incomplete_logs_) lines += "\n  " + line;
+        log_.error(fmt::format("{} of this node's log files {} incomplete (writes to them failed; the exit code is "
+                               "the workers' all the same):{}",
+                               incomplete_logs_.size(), incomplete_logs_.size() == 1 ? "is" : "are", lines));
     }
 
     void log_barrier_timeout(const barrier_result& result) {
@@ -17333,6 +17435,7 @@ private:
             }
         }
         co_await group.close();
+        for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
         co_return outcome;
@@ -17576,6 +17679,7 @@ private:
     std::optional<detail::agent::store_lost> store_lost_;           ///< the store was lost while the workers ran
     std::optional<abort_notice> last_abort_;                        ///< why the current round was aborted
     bool abort_won_ = false;                                        ///< this node's abort() was the first
+    std::vector<std::string> incomplete_logs_;                      ///< log files that miss bytes, and why
 
     asio::any_io_executor executor_;
     worker_spec spec_;

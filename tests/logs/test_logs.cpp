@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -298,6 +299,50 @@ TEST_CASE("logs: 100 000 lines per stream as fast as a worker writes: files and 
         // The files hold the bytes as written, the last line without its newline.
         CHECK(slurp(dir / "stdout.log") == flood_file("out", rank, count));
         CHECK(slurp(dir / "stderr.log") == flood_file("err", rank, count));
+    }
+}
+
+TEST_CASE("logs: a full file system under --log-dir is a warning at once and a line at the end, the console "
+          "and the exit code untouched") {
+    // --log-dir on a 256 KiB tmpfs of a mount namespace of its own (unshare: a user namespace
+    // maps the test's user to root there), for 4 streams of 410 KB each: the files fill up.
+    temp_dir tmp;
+    const auto logs = tmp.path() / "logs";
+    fs::create_directories(logs);
+    constexpr int count = 10000;
+    const std::vector<std::string> script{"-Urm",        "sh",
+                                          "-c",          "mount -t tmpfs -o size=256k tmpfs \"$0\" && exec \"$@\"",
+                                          logs.string(), agent_support::elasticrun()};
+    for (const auto* mode : {"--tee=3", "--redirects=3"}) {
+        CAPTURE(mode);
+        auto args = script;
+        for (const auto& a :
+             {std::string("--nproc-per-node=2"), std::string(mode), std::string("--log-dir"), logs.string(),
+              std::string("--rdzv-id=full"), flood(), std::string("flood"), std::to_string(count)})
+            args.push_back(a);
+        auto r = agent_support::run(args, env_in(tmp), "/usr/bin/unshare");
+        INFO(r.err);
+        CHECK(r.code == 0);  // the workers' code: they succeeded
+        if (std::string(mode) == "--tee=3") check_flood_console(r.out, "out", 2, count);  // whole on the console
+        // At once: the first failed write of a file, named with its path and errno.
+        const auto first = r.err.find("cannot write local_rank ");
+        REQUIRE(first != std::string::npos);
+        CHECK(r.err.find("No space left on device; what the worker writes to it from now on is lost", first) !=
+              std::string::npos);
+        // At the end of the attempt and of the job: every incomplete file and the bytes it lost.
+        const auto end = r.err.find("of this node's log files are incomplete (writes to them failed; the exit code "
+                                    "is the workers' all the same):");
+        REQUIRE(end != std::string::npos);
+        CHECK(first < end);
+        std::uint64_t lost = 0;
+        const std::regex line(R"(local_rank [01]'s std(out|err) log file \S+ is incomplete: ([0-9]+) bytes not )"
+                              R"(written \(No space left on device\))");
+        for (std::sregex_iterator it(r.err.begin(), r.err.end(), line), none; it != none; ++it)
+            lost += std::stoull((*it)[2].str());
+        // 4 streams of flood_file's size, 256 KiB of tmpfs: at least the difference is lost.
+        const auto written = 4 * flood_file("out", 0, count).size();
+        CHECK(lost >= written - 256 * 1024);
+        CHECK(lost <= written);
     }
 }
 

@@ -228,8 +228,9 @@ struct result {
     std::string err;
 };
 
-inline result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
-    launched l(args, env);
+inline result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+                  const std::string& program = elasticrun()) {
+    launched l(args, env, program);
     result r;
     r.code = l.wait();
     r.out = l.out();

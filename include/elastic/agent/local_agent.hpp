@@ -416,6 +416,7 @@ private:
             if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
             round_store_.reset();  // every node is done: no worker needs group rank 0's store
             events_.final_success(rdzv.restart_count(), host_);
+            report_incomplete_logs();
             co_await rdzv.leave();
             remove_run_dir();
             co_return 0;
@@ -531,6 +532,7 @@ private:
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
         log_.always(format_summary(spec_.program.target, failure.workers));
+        report_incomplete_logs();
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -542,6 +544,17 @@ private:
             return launcher_exit_code(*root);
         }
         return 1;
+    }
+
+    /// At the job's end on this node: the log files that miss bytes (docs/logs.md, "When a log
+    /// file cannot be written"). The exit code stays the workers'.
+    void report_incomplete_logs() const {
+        if (incomplete_logs_.empty()) return;
+        std::string lines;
+        for (const auto& line : incomplete_logs_) lines += "\n  " + line;
+        log_.error(fmt::format("{} of this node's log files {} incomplete (writes to them failed; the exit code is "
+                               "the workers' all the same):{}",
+                               incomplete_logs_.size(), incomplete_logs_.size() == 1 ? "is" : "are", lines));
     }
 
     void log_barrier_timeout(const barrier_result& result) {
@@ -679,6 +692,7 @@ private:
             }
         }
         co_await group.close();
+        for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
         co_return outcome;
@@ -922,6 +936,7 @@ private:
     std::optional<detail::agent::store_lost> store_lost_;           ///< the store was lost while the workers ran
     std::optional<abort_notice> last_abort_;                        ///< why the current round was aborted
     bool abort_won_ = false;                                        ///< this node's abort() was the first
+    std::vector<std::string> incomplete_logs_;                      ///< log files that miss bytes, and why
 
     asio::any_io_executor executor_;
     worker_spec spec_;

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,23 +31,32 @@ namespace elastic::inline v0 {
 
 namespace detail::agent {
 
+/// What write_all could not write: the bytes left and the errno that stopped it (0 and 0: all
+/// of it written).
+struct write_shortfall {
+    std::size_t unwritten = 0;
+    int error = 0;
+};
+
 /// Writes all of `text` to `fd`, retrying short writes and EINTR, and waiting (poll) when the
-/// descriptor is non-blocking and full, so nothing is lost; gives up silently on other errors (a
-/// closed terminal must not stop the supervision of the workers).
-inline void write_all(int fd, std::string_view text) noexcept {
+/// descriptor is non-blocking and full, so nothing is lost; stops at any other error and says
+/// what was left (a closed terminal must not stop the supervision of the workers, and a full
+/// disk is the caller's to report).
+inline write_shortfall write_all(int fd, std::string_view text) noexcept {
     while (!text.empty()) {
         const ssize_t n = ::write(fd, text.data(), text.size());
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 pollfd p{fd, POLLOUT, 0};
-                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return;
+                if (::poll(&p, 1, -1) < 0 && errno != EINTR) return {text.size(), errno};
                 continue;
             }
-            return;
+            return {text.size(), errno};
         }
         text.remove_prefix(static_cast<std::size_t>(n));
     }
+    return {};
 }
 
 }  // namespace detail::agent
@@ -118,10 +128,29 @@ private:
     std::string out_;
 };
 
+/// The writes to one log file: what could not be written, and why (docs/logs.md, "When a log
+/// file cannot be written"). The relay goes on writing after a failure (space may come back) and
+/// counts each byte it could not write.
+struct log_file_writes {
+    std::string name;              ///< for messages: "local_rank 1's stdout log file /path"
+    std::uint64_t lost_bytes = 0;  ///< bytes of the stream that are not in the file
+    int first_error = 0;           ///< errno of the first failed write; 0: none failed
+    std::function<void(const log_file_writes&)> first_failure;  ///< called once, at the first
+
+    void lost(const detail::agent::write_shortfall& w) {
+        if (w.unwritten == 0) return;
+        lost_bytes += w.unwritten;
+        if (first_error != 0) return;
+        first_error = w.error != 0 ? w.error : EIO;
+        if (first_failure) first_failure(*this);
+    }
+};
+
 /// Where the bytes of one worker stream are copied (any subset).
 struct stream_copies {
     stderr_tail* tail = nullptr;             ///< fed every byte: the failure report's tail (stderr only)
     int file_fd = -1;                        ///< every byte as written: the stream's log file
+    log_file_writes* file_writes = nullptr;  ///< told of every byte the file did not take
     int console_fd = -1;                     ///< whole lines after `prefix`: the agent's stdout or stderr
     std::string prefix;                      ///< the rank's console prefix; empty for a raw copy
     detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
@@ -143,7 +172,10 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
         if (n > 0) {
             const std::string_view chunk(buffer.get(), n);
             if (copies.tail != nullptr) copies.tail->feed(chunk);
-            if (copies.file_fd >= 0) detail::agent::write_all(copies.file_fd, chunk);
+            if (copies.file_fd >= 0) {
+                const auto shortfall = detail::agent::write_all(copies.file_fd, chunk);
+                if (copies.file_writes != nullptr) copies.file_writes->lost(shortfall);
+            }
             if (console) console->feed(chunk);
             if (copies.progress != nullptr) copies.progress->progressed();
         }
@@ -156,7 +188,7 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
 /// no copy).
 template <class Defer = void>
 asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    co_await relay_stream(pipe, stream_copies{&tail, -1, out_fd, {}, nullptr});
+    co_await relay_stream(pipe, stream_copies{&tail, -1, nullptr, out_fd, {}, nullptr});
 }
 
 }  // namespace elastic::inline v0

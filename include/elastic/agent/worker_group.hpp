@@ -33,6 +33,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -132,7 +133,7 @@ public:
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
             }
-            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail);
+            slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail, *log_);
         }
         started_ = std::chrono::steady_clock::now();
         if (spawn_failure) {
@@ -191,6 +192,23 @@ public:
             for (auto& slot : state_->slots) slot.output.close();
             co_await relays.wait();
         }
+        for (const auto& line : incomplete_logs())
+            log_->error(fmt::format("{} is incomplete: {}", line.first, line.second));
+    }
+
+    /// After close(): each log file of the attempt that misses bytes of its stream, with how
+    /// many and why ({"local_rank 1's stdout log file PATH", "9437184 bytes not written (No
+    /// space left on device)"}).
+    [[nodiscard]] std::vector<std::pair<std::string, std::string>> incomplete_logs() const {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto& slot : state_->slots) {
+            for (const auto* w : {&slot.output.stdout_writes(), &slot.output.stderr_writes()}) {
+                if (w->lost_bytes == 0) continue;
+                out.emplace_back(w->name, fmt::format("{} bytes not written ({})", w->lost_bytes,
+                                                      std::strerror(w->first_error)));
+            }
+        }
+        return out;
     }
 
     /// The group's failure for the restart policy, after stop(): every worker that did not

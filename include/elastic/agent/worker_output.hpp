@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/agent/agent_log.hpp"
 #include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/spec.hpp"
@@ -15,7 +16,9 @@
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <fmt/format.h>
 
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -29,9 +32,9 @@ namespace elastic::inline v0 {
 /// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
 /// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
 /// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
-/// unprefixed and to no file (the worker sees the terminal, as under torchrun), the log file
-/// itself when it goes to the file only, /dev/null when it goes nowhere, and a pipe otherwise.
-/// start() after the spawn runs one relay per pipe.
+/// unprefixed and to no file (the worker sees the terminal, as under torchrun), /dev/null when it
+/// goes nowhere, and a pipe otherwise: every byte of a log file is written by the agent, which
+/// so sees every write that fails. start() after the spawn runs one relay per pipe.
 template <class Defer = void>
 class basic_worker_output {
 public:
@@ -42,13 +45,16 @@ public:
                  spawn_options& how) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
-        if (routes_.out.file && !rank_dir.empty()) out_file_ = open_log_file(rank_dir / "stdout.log");
-        if (routes_.err.file && !rank_dir.empty()) err_file_ = open_log_file(rank_dir / "stderr.log");
+        const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
+            const auto path = rank_dir / fmt::format("{}.log", stream);
+            fd = open_log_file(path);
+            writes.name = fmt::format("local_rank {}'s {} log file {}", index, stream, path.string());
+        };
+        if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
+        if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
         if (routes_.out.console == console_copy::raw && !out_file_) {
             how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && out_file_) {
-            how.out = stdio::descriptor(out_file_.get());
-        } else if (routes_.out.console == console_copy::none) {
+        } else if (routes_.out.console == console_copy::none && !out_file_) {
             how.out = stdio::null();
         } else {
             how.out = stdio::pipe();
@@ -57,9 +63,19 @@ public:
     }
 
     /// Takes the pipes from `child` and starts their relays on `executor`, each counted by
-    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`).
+    /// `relays` and holding `keep_alive` (which must own this object, `tail` and `relays`). The
+    /// first failed write to a log file is a warning on `log` (a copy: the relays may outlive
+    /// the agent's own).
     void start(child_process& child, const asio::any_io_executor& executor, detail::task_latch& relays,
-               const std::shared_ptr<void>& keep_alive, stderr_tail& tail) {
+               const std::shared_ptr<void>& keep_alive, stderr_tail& tail, const agent_log& log) {
+        for (auto* writes : {&out_writes_, &err_writes_}) {
+            writes->first_failure = [log](const log_file_writes& w) {
+                log.warning(fmt::format("cannot write {}: {}; what the worker writes to it from now on is lost "
+                                        "until writes succeed again (the console copy and the failure report are "
+                                        "not affected); free space on that file system, or move --log-dir",
+                                        w.name, std::strerror(w.first_error)));
+            };
+        }
         out_pipe_ = child.take_stdout();
         err_pipe_ = child.take_stderr();
         const auto console_fd = [](const stream_route& r, int fd) { return r.console == console_copy::none ? -1 : fd; };
@@ -68,11 +84,13 @@ public:
         };
         if (out_pipe_) {
             run(executor, relays, keep_alive, *out_pipe_,
-                stream_copies{nullptr, out_file_.get(), console_fd(routes_.out, 1), prefix(routes_.out), &relays});
+                stream_copies{nullptr, out_file_.get(), &out_writes_, console_fd(routes_.out, 1), prefix(routes_.out),
+                              &relays});
         }
         if (err_pipe_) {
             run(executor, relays, keep_alive, *err_pipe_,
-                stream_copies{&tail, err_file_.get(), console_fd(routes_.err, 2), prefix(routes_.err), &relays});
+                stream_copies{&tail, err_file_.get(), &err_writes_, console_fd(routes_.err, 2), prefix(routes_.err),
+                              &relays});
         }
     }
 
@@ -85,6 +103,9 @@ public:
     }
 
     [[nodiscard]] const worker_routes& routes() const noexcept { return routes_; }
+    /// The writes to the stdout and stderr log files (lost_bytes 0: complete, or no file).
+    [[nodiscard]] const log_file_writes& stdout_writes() const noexcept { return out_writes_; }
+    [[nodiscard]] const log_file_writes& stderr_writes() const noexcept { return err_writes_; }
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
@@ -104,6 +125,8 @@ private:
     std::string prefix_;
     detail::process::owned_fd out_file_;
     detail::process::owned_fd err_file_;
+    log_file_writes out_writes_;
+    log_file_writes err_writes_;
     std::optional<asio::posix::stream_descriptor> out_pipe_;
     std::optional<asio::posix::stream_descriptor> err_pipe_;
 };
