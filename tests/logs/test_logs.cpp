@@ -304,15 +304,19 @@ TEST_CASE("logs: 100 000 lines per stream as fast as a worker writes: files and 
 
 TEST_CASE("logs: a full file system under --log-dir is a warning at once and a line at the end, the console "
           "and the exit code untouched") {
-    // --log-dir on a 256 KiB tmpfs of a mount namespace of its own (unshare: a user namespace
-    // maps the test's user to root there), for 4 streams of 410 KB each: the files fill up.
+    // --log-dir on a 256 KiB tmpfs of a mount namespace of its own (unshare; as another user than
+    // root, in a user namespace that maps the user to root there), for 4 streams of 410 KB each:
+    // the files fill up.
     temp_dir tmp;
     const auto logs = tmp.path() / "logs";
     fs::create_directories(logs);
     constexpr int count = 10000;
-    const std::vector<std::string> script{"-Urm",        "sh",
-                                          "-c",          "mount -t tmpfs -o size=256k tmpfs \"$0\" && exec \"$@\"",
-                                          logs.string(), agent_support::elasticrun()};
+    const std::vector<std::string> script{::geteuid() == 0 ? "-m" : "-Urm",
+                                          "sh",
+                                          "-c",
+                                          "mount -t tmpfs -o size=256k tmpfs \"$0\" && exec \"$@\"",
+                                          logs.string(),
+                                          agent_support::elasticrun()};
     for (const auto* mode : {"--tee=3", "--redirects=3"}) {
         CAPTURE(mode);
         auto args = script;
