@@ -6579,11 +6579,15 @@ ELASTIC_DECL bool reap_now(int pidfd) noexcept {
 
 ELASTIC_DECL void prepare_agent_signals() noexcept {
     struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
-        (current.sa_flags & SA_SIGINFO) == 0) {
-        struct sigaction ignore {};
-        ignore.sa_handler = SIG_IGN;
-        ::sigaction(SIGPIPE, &ignore, nullptr);
+    // SIGPIPE: a dead worker's pipe is EPIPE. SIGXFSZ: a log file past `ulimit -f` is EFBIG,
+    // reported as a failed log write, not the agent's death.
+    for (const int sig : {SIGPIPE, SIGXFSZ}) {
+        if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+            (current.sa_flags & SA_SIGINFO) == 0) {
+            struct sigaction ignore {};
+            ignore.sa_handler = SIG_IGN;
+            ::sigaction(sig, &ignore, nullptr);
+        }
     }
     if (::sigaction(SIGCHLD, nullptr, &current) == 0 &&
         ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN)) {
@@ -7714,7 +7718,8 @@ inline constexpr std::array<int, 4> forwarded_signals{SIGINT, SIGTERM, SIGHUP, S
 
 /// Makes the agent's process-wide signal dispositions fit for supervising children (idempotent;
 /// `spawn` calls it too): SIGPIPE ignored, so writing to a dead worker's pipe is an EPIPE error
-/// rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
+/// rather than the agent's death; SIGXFSZ ignored, so a log file past the file-size limit is an
+/// EFBIG write error (reported) rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
 /// reap the workers itself and their exit status would be lost.
 ELASTIC_DECL void prepare_agent_signals() noexcept;
 
@@ -12912,8 +12917,8 @@ public:
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
         } catch (const rendezvous_error& e) {  // a store that is no elastic store
-            throw rendezvous_error(fmt::format("the rendezvous store at {}:{}: {}", current_host_, current_port_,
-                                               e.what()));
+            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}",
+                                               to_string(host_port{current_host_, current_port_}), e.what()));
         }
     }
 
@@ -12958,6 +12963,9 @@ public:
                 throw rendezvous_error(
                     fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
                                 next.port, e.what()));
+            } catch (const rendezvous_error& e) {  // no elastic store there (the port was taken): the next one
+                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                continue;
             }
             co_return fmt::format("{}:{}{}", next.addr, next.port, mine ? " (this node)" : "");
         }
@@ -12993,6 +13001,8 @@ public:
             throw rendezvous_error(
                 fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}", current_host_,
                             current_port_, e.what()));
+        } catch (const rendezvous_error&) {
+            co_return false;  // what answers there now is no elastic store: the job's store is lost
         }
         co_return true;
     }
@@ -17047,6 +17057,7 @@ public:
         auto both = co_await (detail::settle(loop(j)) || rdzv.keep_membership());
         rdzv.stop();
         round_store_.reset();
+        report_incomplete_logs();  // however the loop ended
         if (both.index() == 1) throw agent_error("the membership observer ended on its own");
         auto& rounds = std::get<0>(both);
         if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
@@ -17159,7 +17170,6 @@ private:
             if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
             round_store_.reset();  // every node is done: no worker needs group rank 0's store
             events_.final_success(rdzv.restart_count(), host_);
-            report_incomplete_logs();
             co_await rdzv.leave();
             remove_run_dir();
             co_return 0;
@@ -17275,7 +17285,6 @@ private:
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
         log_.always(format_summary(spec_.program.target, failure.workers));
-        report_incomplete_logs();
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -17289,8 +17298,8 @@ private:
         return 1;
     }
 
-    /// At the job's end on this node: the log files that miss bytes (docs/logs.md, "When a log
-    /// file cannot be written"). The exit code stays the workers'.
+    /// At the end of the agent's loop, however it ended (after the failure summary): the log
+    /// files that miss bytes (docs/logs.md, "When a log file cannot be written").
     void report_incomplete_logs() const {
         if (incomplete_logs_.empty()) return;
         std::string lines;

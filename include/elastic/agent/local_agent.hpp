@@ -304,6 +304,7 @@ public:
         auto both = co_await (detail::settle(loop(j)) || rdzv.keep_membership());
         rdzv.stop();
         round_store_.reset();
+        report_incomplete_logs();  // however the loop ended
         if (both.index() == 1) throw agent_error("the membership observer ended on its own");
         auto& rounds = std::get<0>(both);
         if (const auto lost = store_loss(rounds.error)) throw rendezvous_error(*lost);
@@ -416,7 +417,6 @@ private:
             if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
             round_store_.reset();  // every node is done: no worker needs group rank 0's store
             events_.final_success(rdzv.restart_count(), host_);
-            report_incomplete_logs();
             co_await rdzv.leave();
             remove_run_dir();
             co_return 0;
@@ -532,7 +532,6 @@ private:
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
         log_.always(format_summary(spec_.program.target, failure.workers));
-        report_incomplete_logs();
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -546,8 +545,8 @@ private:
         return 1;
     }
 
-    /// At the job's end on this node: the log files that miss bytes (docs/logs.md, "When a log
-    /// file cannot be written"). The exit code stays the workers'.
+    /// At the end of the agent's loop, however it ended (after the failure summary): the log
+    /// files that miss bytes (docs/logs.md, "When a log file cannot be written").
     void report_incomplete_logs() const {
         if (incomplete_logs_.empty()) return;
         std::string lines;

@@ -22,7 +22,8 @@ inline constexpr std::array<int, 4> forwarded_signals{SIGINT, SIGTERM, SIGHUP, S
 
 /// Makes the agent's process-wide signal dispositions fit for supervising children (idempotent;
 /// `spawn` calls it too): SIGPIPE ignored, so writing to a dead worker's pipe is an EPIPE error
-/// rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
+/// rather than the agent's death; SIGXFSZ ignored, so a log file past the file-size limit is an
+/// EFBIG write error (reported) rather than the agent's death; SIGCHLD not ignored (nor SA_NOCLDWAIT), or the kernel would
 /// reap the workers itself and their exit status would be lost.
 ELASTIC_DECL void prepare_agent_signals() noexcept;
 

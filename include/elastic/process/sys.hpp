@@ -120,11 +120,15 @@ ELASTIC_DECL bool reap_now(int pidfd) noexcept {
 
 ELASTIC_DECL void prepare_agent_signals() noexcept {
     struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
-        (current.sa_flags & SA_SIGINFO) == 0) {
-        struct sigaction ignore {};
-        ignore.sa_handler = SIG_IGN;
-        ::sigaction(SIGPIPE, &ignore, nullptr);
+    // SIGPIPE: a dead worker's pipe is EPIPE. SIGXFSZ: a log file past `ulimit -f` is EFBIG,
+    // reported as a failed log write, not the agent's death.
+    for (const int sig : {SIGPIPE, SIGXFSZ}) {
+        if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+            (current.sa_flags & SA_SIGINFO) == 0) {
+            struct sigaction ignore {};
+            ignore.sa_handler = SIG_IGN;
+            ::sigaction(sig, &ignore, nullptr);
+        }
     }
     if (::sigaction(SIGCHLD, nullptr, &current) == 0 &&
         ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN)) {

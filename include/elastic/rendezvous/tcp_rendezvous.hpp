@@ -251,8 +251,8 @@ public:
         } catch (const store_error& e) {
             throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
         } catch (const rendezvous_error& e) {  // a store that is no elastic store
-            throw rendezvous_error(fmt::format("the rendezvous store at {}:{}: {}", current_host_, current_port_,
-                                               e.what()));
+            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}",
+                                               to_string(host_port{current_host_, current_port_}), e.what()));
         }
     }
 
@@ -297,6 +297,9 @@ public:
                 throw rendezvous_error(
                     fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
                                 next.port, e.what()));
+            } catch (const rendezvous_error& e) {  // no elastic store there (the port was taken): the next one
+                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                continue;
             }
             co_return fmt::format("{}:{}{}", next.addr, next.port, mine ? " (this node)" : "");
         }
@@ -332,6 +335,8 @@ public:
             throw rendezvous_error(
                 fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}", current_host_,
                             current_port_, e.what()));
+        } catch (const rendezvous_error&) {
+            co_return false;  // what answers there now is no elastic store: the job's store is lost
         }
         co_return true;
     }
