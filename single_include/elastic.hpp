@@ -16840,6 +16840,32 @@ struct store_lost {
     std::string reason;
 };
 
+/// The signals the agent handles, raced with its other waits (`||`) without losing one. A
+/// signal_set wait that completes with a signal in the same turn as the other side of a race
+/// is dropped by the race with its result; here the signal is kept when it arrives and only
+/// take() consumes it, so the next wait completes with it at once.
+template <class Defer = void>
+class signal_inbox {
+public:
+    explicit signal_inbox(const asio::any_io_executor& executor) : set_(executor) {}
+
+    void add(int sig) { set_.add(sig); }
+
+    /// The next signal (one received before and not taken: at once). It stays received until
+    /// take().
+    asio::awaitable<int> next() {
+        if (!received_) received_ = co_await set_.async_wait(detail::use_awaitable<Defer>);
+        co_return *received_;
+    }
+
+    /// The received signal, consumed: call it once next() won its race.
+    int take() noexcept { return std::exchange(received_, std::nullopt).value_or(0); }
+
+private:
+    asio::signal_set set_;
+    std::optional<int> received_;
+};
+
 /// A loop over the job `Job` (local_agent::run_loop; the agent_loop concept is both models).
 template <class Loop, class Job>
 concept loop_over = requires(Loop& loop, Job& job) {
@@ -16966,7 +16992,7 @@ public:
 
     private:
         friend class basic_local_agent;
-        job(basic_local_agent& agent, R& rdzv, asio::signal_set& signals)
+        job(basic_local_agent& agent, R& rdzv, detail::agent::signal_inbox<Defer>& signals)
             : agent_(agent), rdzv_(rdzv), signals_(signals) {}
 
         // Each attempt is concluded once, by the step its kind names (checked by the agent).
@@ -16981,7 +17007,7 @@ public:
 
         basic_local_agent& agent_;
         R& rdzv_;
-        asio::signal_set& signals_;
+        detail::agent::signal_inbox<Defer>& signals_;
         std::uint64_t attempts_ = 0;                        ///< attempt() calls so far
         bool open_ = false;                                 ///< the last attempt's step awaits its conclusion
         typename step::kind open_how_ = step::kind::again;  ///< that step's kind
@@ -17030,7 +17056,7 @@ public:
         // clang-format on
         using namespace asio::experimental::awaitable_operators;
         // Installed first: a signal during start-up or a restart is handled like any other.
-        asio::signal_set signals(executor_);
+        detail::agent::signal_inbox<Defer> signals(executor_);
         prepare_agent_signals();
         // The stores this agent hosts hold a descriptor per client; workers get the old limit
         // back when they are spawned.
@@ -17040,10 +17066,10 @@ public:
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
-        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.async_wait(detail::use_awaitable<Defer>));
+        auto joined = co_await (detail::settle(rdzv.join(me)) || signals.next());
         if (joined.index() == 1) {
             rdzv.stop();
-            co_return 128 + std::get<1>(joined);
+            co_return 128 + signals.take();
         }
         try {
             (void)std::get<0>(joined).take();
@@ -17108,7 +17134,7 @@ private:
 
     /// job<R>::attempt().
     template <agent_rendezvous R>
-    asio::awaitable<step> attempt_step(R& rdzv, asio::signal_set& signals) {
+    asio::awaitable<step> attempt_step(R& rdzv, detail::agent::signal_inbox<Defer>& signals) {
         abort_won_ = false;
         last_abort_.reset();
         store_lost_.reset();
@@ -17152,14 +17178,14 @@ private:
 
     /// job<R>::finish(): the exit barrier.
     template <agent_rendezvous R>
-    asio::awaitable<std::optional<int>> finish_step(R& rdzv, asio::signal_set& signals, step& s) {
+    asio::awaitable<std::optional<int>> finish_step(R& rdzv, detail::agent::signal_inbox<Defer>& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::succeeded, "finish");
-        auto barrier = co_await (detail::settle(rdzv.finish(exit_barrier_timeout())) ||
-                                 signals.async_wait(detail::use_awaitable<Defer>));
+        auto barrier = co_await (detail::settle(rdzv.finish(exit_barrier_timeout())) || signals.next());
         if (barrier.index() == 1) {
-            co_await abort_for_signal(rdzv, std::get<1>(barrier));
-            co_return 128 + std::get<1>(barrier);
+            const int sig = signals.take();
+            co_await abort_for_signal(rdzv, sig);
+            co_return 128 + sig;
         }
         if (const auto why = store_loss(std::get<0>(barrier).error)) {
             co_await recover(rdzv, *why);
@@ -17186,13 +17212,14 @@ private:
 
     /// job<R>::decide().
     template <agent_rendezvous R, restart_policy P>
-    asio::awaitable<std::optional<int>> decide_step(R& rdzv, asio::signal_set& signals, step& s, P& policy) {
+    asio::awaitable<std::optional<int>> decide_step(R& rdzv, detail::agent::signal_inbox<Defer>& signals, step& s,
+                                                    P& policy) {
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
-        auto decided = co_await (detail::settle(policy(s.failure)) || signals.async_wait(detail::use_awaitable<Defer>));
+        auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
         if (decided.index() == 1) {
-            const int sig = std::get<1>(decided);
+            const int sig = signals.take();
             events_.decision_interrupted(rdzv.restart_count(), sig);
             log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
                                      "exiting with {}",
@@ -17213,7 +17240,7 @@ private:
 
     /// job<R>::follow().
     template <agent_rendezvous R>
-    asio::awaitable<std::optional<int>> follow_step(R& rdzv, asio::signal_set& signals, step& s) {
+    asio::awaitable<std::optional<int>> follow_step(R& rdzv, detail::agent::signal_inbox<Defer>& signals, step& s) {
         expect(s, step::kind::follows, "follow");
         co_return co_await await_decision(rdzv, signals, s);
     }
@@ -17228,11 +17255,10 @@ private:
 
     /// Another node decides the aborted round: its decision, awaited with the signals.
     template <agent_rendezvous R>
-    asio::awaitable<std::optional<int>> await_decision(R& rdzv, asio::signal_set& signals, step& s) {
+    asio::awaitable<std::optional<int>> await_decision(R& rdzv, detail::agent::signal_inbox<Defer>& signals, step& s) {
         using namespace asio::experimental::awaitable_operators;
-        auto followed = co_await (detail::settle(rdzv.await_decision()) ||
-                                  signals.async_wait(detail::use_awaitable<Defer>));
-        if (followed.index() == 1) co_return 128 + std::get<1>(followed);
+        auto followed = co_await (detail::settle(rdzv.await_decision()) || signals.next());
+        if (followed.index() == 1) co_return 128 + signals.take();
         if (const auto why = store_loss(std::get<0>(followed).error)) {
             co_await recover(rdzv, *why);
             co_return std::nullopt;
@@ -17342,7 +17368,7 @@ private:
     /// supervised until the first failure, the end of every worker, the round's abort or a
     /// signal, then the group stopped and closed.
     template <agent_rendezvous R>
-    asio::awaitable<attempt_outcome> run_attempt(R& rdzv, asio::signal_set& signals) {
+    asio::awaitable<attempt_outcome> run_attempt(R& rdzv, detail::agent::signal_inbox<Defer>& signals) {
         using namespace asio::experimental::awaitable_operators;
         const int n = spec_.nproc_per_node;
 
@@ -17408,11 +17434,10 @@ private:
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
         // Settled: `||` waits for one side to succeed, so a supervision error must not wait for a
         // signal; it is rethrown here (the group, dropped, kills what still runs).
-        auto first = co_await (detail::settle(watch_job(rdzv, group)) ||
-                               signals.async_wait(detail::use_awaitable<Defer>));
+        auto first = co_await (detail::settle(watch_job(rdzv, group)) || signals.next());
         if (first.index() == 1) {
             outcome.how = kind::signaled;
-            outcome.signal = std::get<1>(first);
+            outcome.signal = signals.take();
         } else if (const auto i = std::get<0>(first).take(); i == aborted_by_job) {
             outcome.how = kind::aborted;
         } else if (i < group.size()) {
@@ -17432,10 +17457,10 @@ private:
                 // forwarded and wins.
                 co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
                 events_.stopping_group();
-                auto stopped = co_await (group.stop(SIGTERM) || signals.async_wait(detail::use_awaitable<Defer>));
+                auto stopped = co_await (group.stop(SIGTERM) || signals.next());
                 if (stopped.index() == 1) {
                     outcome.how = kind::signaled;
-                    outcome.signal = std::get<1>(stopped);
+                    outcome.signal = signals.take();
                     co_await stop_on_signal(group, outcome.signal);
                 } else {
                     outcome.failure = group.failure(*first_failure, host_);
@@ -17564,7 +17589,8 @@ private:
     /// Joins this attempt's round with the fresh workers' store `server`; sets the workers'
     /// MASTER_ADDR/PORT and this node's ranks. Returns a signal received meanwhile.
     template <agent_rendezvous R>
-    asio::awaitable<std::optional<int>> join_round(R& rdzv, tcp_store_server& server, asio::signal_set& signals) {
+    asio::awaitable<std::optional<int>> join_round(R& rdzv, tcp_store_server& server,
+                                                   detail::agent::signal_inbox<Defer>& signals) {
         using namespace asio::experimental::awaitable_operators;
         node_info me = this_node();
         if (!advertised_addr_) advertised_addr_ = store_.master_addr;
@@ -17573,9 +17599,8 @@ private:
         me.node_rank = params_.node_rank;
         if (round_) me.previous_rank = round_->group_rank;
         if (several_) me.addrs = detail::rendezvous::interface_addresses();
-        auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) ||
-                                signals.async_wait(detail::use_awaitable<Defer>));
-        if (joined.index() == 1) co_return std::get<1>(joined);
+        auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) || signals.next());
+        if (joined.index() == 1) co_return signals.take();
         round_ = std::get<0>(joined).take();
         store_.master_addr = round_->master_addr;
         master_port_ = round_->master_port;

@@ -15,10 +15,12 @@
 #include "idle_cpu.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <exception>
@@ -531,6 +533,45 @@ struct waiting_policy {
     }
 };
 static_assert(elastic::restart_policy<waiting_policy>);
+
+TEST_CASE("agent: a signal that arrives as the other side of a race wins is kept for the next wait") {
+    // The agent races every wait with its signals (`||`); a signal_set wait that completed in
+    // the same turn as the winner lost its signal with it, and an agent told to stop at that
+    // moment (another node's abort arriving with the SIGTERM) never stopped.
+    asio::io_context io;
+    elastic::detail::agent::signal_inbox<> signals(io.get_executor());
+    signals.add(SIGUSR2);
+    std::vector<int> seen;
+    bool done = false;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            for (int round = 0; round < 50; ++round) {
+                ::raise(SIGUSR2);
+                // A timer due now: it completes in the same turn as the signal's wait, or first.
+                asio::steady_timer now(io, std::chrono::steady_clock::now());
+                auto first = co_await (now.async_wait(asio::use_awaitable) || signals.next());
+                if (first.index() == 1) {
+                    seen.push_back(signals.take());
+                    continue;
+                }
+                // The timer won: the signal is still there, and the next wait has it at once.
+                asio::steady_timer guard(io, std::chrono::minutes(1));  // turns a loss into a failure only
+                auto second = co_await (signals.next() || guard.async_wait(asio::use_awaitable));
+                REQUIRE(second.index() == 0);
+                seen.push_back(signals.take());
+            }
+            done = true;
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    io.run();
+    CHECK(done);
+    CHECK(seen.size() == 50);
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int sig) { return sig == SIGUSR2; }));
+}
 
 TEST_CASE("agent: a signal while the policy decides ends the agent with 128+N (in-process, custom policy)") {
     temp_dir dir;
