@@ -751,23 +751,23 @@ TEST_CASE("rendezvous trust: an agent pointed at PyTorch's own TCPStore says at 
                                      server.port)));
     }
     SUBCASE("a store that holds a torchrun agent's state for the run") {
-        const auto [out, code] = client_support::python(
+        const auto seeded = client_support::python(
             ctx, fmt::format("import datetime\n"
                              "import torch.distributed as d\n"
                              "s = d.TCPStore('127.0.0.1', {}, None, False, datetime.timedelta(seconds=30))\n"
                              "s.set('torch.rendezvous.pickled', 'gASVAAAAAAAAAAB9lC4=')\n",
                              server.port));
-        INFO(out);
-        REQUIRE(code == 0);
+        INFO(seeded.first);
+        REQUIRE(seeded.second == 0);
         const auto r = agent_support::run(args("pickled"), env);
         INFO(r.err);
         CHECK(r.code == 250);
         CHECK(has(r.err, "the store already holds torchrun's rendezvous state for run 'pickled'"));
     }
     CHECK_FALSE(std::filesystem::exists(dir.path() / "env.0.0"));  // no worker started
-    const auto [rest, status] = server.stop(ctx);
-    INFO(rest);
-    CHECK(client_support::exit_code(status) == 0);
+    const auto stopped = server.stop(ctx);
+    INFO(stopped.first);
+    CHECK(client_support::exit_code(stopped.second) == 0);
 }
 
 }  // namespace test_rendezvous_trust
