@@ -6209,6 +6209,12 @@ inline void set_timeout(std::chrono::milliseconds t) {
 // ---- begin elastic/process/child.hpp ----
 // child_process: one spawned worker — its pidfd, its exit as an awaitable event, its pipes.
 
+// ---- begin elastic/process/cgroup.hpp ----
+// Internals: a cgroup (v2) per worker, so whatever a worker starts ends with it.
+
+// ---- begin elastic/process/sys.hpp ----
+// Internals of the process layer: an owning descriptor and the Linux calls glibc 2.36 lacks.
+
 // ---- begin elastic/process/error.hpp ----
 // The process layer's exceptions: process_error, and spawn_error with the errno of a failed spawn.
 
@@ -6239,6 +6245,460 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/process/error.hpp ----
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail::process {
+
+/// Owns one file descriptor; closes it on destruction. Move-only.
+class owned_fd {
+public:
+    owned_fd() noexcept = default;
+    explicit owned_fd(int fd) noexcept : fd_(fd) {}
+    owned_fd(owned_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+    owned_fd& operator=(owned_fd&& other) noexcept {
+        if (this != &other) reset(std::exchange(other.fd_, -1));
+        return *this;
+    }
+    owned_fd(const owned_fd&) = delete;
+    owned_fd& operator=(const owned_fd&) = delete;
+    ~owned_fd() { reset(); }
+
+    [[nodiscard]] int get() const noexcept { return fd_; }
+    [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+    int release() noexcept { return std::exchange(fd_, -1); }
+    void reset(int fd = -1) noexcept {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = fd;
+    }
+
+private:
+    int fd_ = -1;
+};
+
+/// `strerror` text for an errno value, thread-safe.
+ELASTIC_DECL std::string errno_string(int err);
+
+/// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
+/// for C++, hence the raw system call.
+ELASTIC_DECL int pidfd_open(pid_t pid) noexcept;
+
+/// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
+ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept;
+
+/// waitid's P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
+inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
+
+/// Whether the process behind `pidfd` (our child) has exited, leaving it a zombie (WNOWAIT) so its
+/// pid, and so its process-group id, cannot be reused while we may still signal the group.
+/// Returns true and fills `info` when it has.
+ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
+
+/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
+ELASTIC_DECL bool reap_now(int pidfd) noexcept;
+
+/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
+/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
+/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
+/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
+ELASTIC_DECL void prepare_agent_signals() noexcept;
+
+/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
+/// until it is called): what a worker gets back, so it sees the limit its user set.
+ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept;
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
+/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
+/// the hard one. Idempotent; returns the soft limit now in force.
+ELASTIC_DECL rlim_t raise_open_files_limit() noexcept;
+
+/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
+/// a descriptor it still needs when the agent runs with one of its standard streams closed.
+ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd);
+
+}  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL std::string errno_string(int err) { return std::system_category().message(err); }
+
+ELASTIC_DECL int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
+
+ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept {
+    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
+}
+
+ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept {
+    info = siginfo_t{};
+    for (;;) {
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT);
+        if (rc == 0) return info.si_pid != 0;
+        if (errno != EINTR) return false;
+    }
+}
+
+ELASTIC_DECL bool reap_now(int pidfd) noexcept {
+    siginfo_t info{};
+    for (;;) {
+        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
+        if (rc == 0) return info.si_pid != 0;
+        if (errno != EINTR) return errno == ECHILD;  // already reaped: nothing left to do
+    }
+}
+
+ELASTIC_DECL void prepare_agent_signals() noexcept {
+    struct sigaction current {};
+    // SIGPIPE: a dead worker's pipe is EPIPE. SIGXFSZ: a log file past `ulimit -f` is EFBIG,
+    // reported as a failed log write, not the agent's death.
+    for (const int sig : {SIGPIPE, SIGXFSZ}) {
+        if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+            (current.sa_flags & SA_SIGINFO) == 0) {
+            struct sigaction ignore {};
+            ignore.sa_handler = SIG_IGN;
+            ::sigaction(sig, &ignore, nullptr);
+        }
+    }
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 &&
+        ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN)) {
+        struct sigaction deflt {};
+        deflt.sa_handler = SIG_DFL;
+        ::sigaction(SIGCHLD, &deflt, nullptr);
+    }
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && (current.sa_flags & SA_NOCLDWAIT) != 0) {
+        current.sa_flags &= ~SA_NOCLDWAIT;  // same effect as SIG_IGN on our children's status
+        ::sigaction(SIGCHLD, &current, nullptr);
+    }
+}
+
+ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept {
+    static rlim_t soft = RLIM_INFINITY;
+    return soft;
+}
+
+ELASTIC_DECL rlim_t raise_open_files_limit() noexcept {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+    if (original_open_files_soft_limit() == RLIM_INFINITY) original_open_files_soft_limit() = limit.rlim_cur;
+    if (limit.rlim_cur < limit.rlim_max) {
+        const rlim_t before = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return before;
+    }
+    return limit.rlim_cur;
+}
+
+ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd) {
+    if (!fd || fd.get() > 2) return fd;
+    const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
+    if (moved < 0) {
+        throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
+                            " above 2 for a child: " + errno_string(errno) + " (raise the open-files limit)");
+    }
+    return owned_fd(moved);
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/process/sys.hpp ----
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail::process {
+
+// Why cgroups: a worker's process group holds what the worker starts, until a descendant calls
+// setsid or setpgid (a daemon, a double fork, some MPI and data-loading helpers). Such a process
+// survives any signal sent to the group. A cgroup holds every descendant whatever it does, and
+// writing "1" to its cgroup.kill (Linux 5.14) SIGKILLs all of them at once.
+//
+// The layout: the agent makes one directory in its own cgroup of the v2 hierarchy,
+// "elastic.<agent pid>", and one per worker in it, "w<n>". The child moves itself into its
+// cgroup between fork and exec (by writing "0" to the cgroup.procs opened for it), so it has no
+// descendant outside it. When the worker is reaped its cgroup is killed and removed: what the
+// worker left running ends with it. When the agent dies, the watcher process kills and removes
+// the agent's directory (watcher.hpp).
+//
+// When there is none — no cgroup2 mount, a cgroup the agent may not write (an unprivileged user
+// without a delegated cgroup), a kernel without cgroup.kill — workers are contained by their
+// process group alone, and `cgroups::reason()` says why.
+
+/// The name of the cgroup.kill file, and what the kernel wants written to it.
+inline constexpr const char* cgroup_kill_file = "cgroup.kill";
+
+/// Async-signal-safe. SIGKILLs every process in the cgroup at `dir_fd` and its descendants.
+inline bool cgroup_kill_at(int dir_fd) noexcept {
+    const int fd = ::openat(dir_fd, cgroup_kill_file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool ok = ::write(fd, "1", 1) == 1;
+    ::close(fd);
+    return ok;
+}
+
+/// Async-signal-safe. Removes the cgroup `name` in the directory `parent_fd` and every cgroup
+/// below it, deepest first (a cgroup directory is removed with rmdir, and only once it has no
+/// child cgroup and no process). Returns false if one could not be removed yet (EBUSY: a
+/// process is still exiting), true once `name` is gone.
+inline bool cgroup_remove_tree(int parent_fd, const char* name, int depth) noexcept {
+    if (::unlinkat(parent_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT) return true;
+    if (depth <= 0 || (errno != EBUSY && errno != ENOTEMPTY)) return false;
+    const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT;
+    alignas(8) char buffer[2048];
+    for (;;) {
+        const ssize_t n = ::getdents64(fd, buffer, sizeof buffer);
+        if (n <= 0) break;
+        for (ssize_t at = 0; at < n;) {
+            const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+            at += entry->d_reclen;
+            const char* child = entry->d_name;
+            if (entry->d_type != DT_DIR || std::strcmp(child, ".") == 0 || std::strcmp(child, "..") == 0) continue;
+            cgroup_remove_tree(fd, child, depth - 1);
+        }
+    }
+    ::close(fd);
+    return ::unlinkat(parent_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT;
+}
+
+/// One worker's cgroup, before the spawn hands it to its child_process.
+struct worker_cgroup {
+    std::string path;  ///< the directory
+    owned_fd procs;    ///< its cgroup.procs, open for writing (above 2, close-on-exec)
+};
+
+/// The agent's cgroup directory and the workers' cgroups in it. Thread-safe.
+class cgroups {
+public:
+    static ELASTIC_DECL cgroups& instance();
+
+    /// The agent's directory ("…/elastic.<pid>"), made on first use; empty when there is none.
+    ELASTIC_DECL std::string root();
+
+    /// Why there is no root (empty while there is one, or before the first use).
+    ELASTIC_DECL std::string reason();
+
+    /// The reason, the first time it is asked for after it was set; then empty (for a log line
+    /// said once per agent).
+    ELASTIC_DECL std::string reason_once();
+
+    /// A new cgroup for one worker; nullopt when there is no root, or it cannot be made.
+    ELASTIC_DECL std::optional<worker_cgroup> make();
+
+    /// Gives up on cgroups for the rest of the agent's life, with the reason (a child could
+    /// not move itself into its cgroup).
+    ELASTIC_DECL void disable(std::string why);
+
+    /// Kills what is left in a worker's cgroup and removes it, now or, while its processes are
+    /// still exiting, at a later sweep.
+    ELASTIC_DECL void retire(const std::string& path) noexcept;
+
+    /// Removes the retired cgroups whose processes have exited since.
+    ELASTIC_DECL void sweep() noexcept;
+
+    cgroups(const cgroups&) = delete;
+    cgroups& operator=(const cgroups&) = delete;
+
+private:
+    cgroups() = default;
+
+    ELASTIC_DECL void probe_locked();
+    ELASTIC_DECL void sweep_locked() noexcept;
+
+    std::mutex mutex_;
+    bool probed_ = false;
+    std::string root_;
+    std::string reason_;
+    bool reported_ = false;
+    std::uint64_t next_ = 0;
+    std::vector<std::string> pending_;
+};
+
+/// This process's cgroup in the v2 hierarchy as a directory ("<cgroup2 mount><path>"), read
+/// from /proc/self/mountinfo and /proc/self/cgroup; empty, with `why` set, when there is none.
+ELASTIC_DECL std::string own_cgroup2_dir(std::string& why);
+
+}  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <fstream>
+#include <sstream>
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL std::string own_cgroup2_dir(std::string& why) {
+    std::string relative;
+    {
+        std::ifstream file("/proc/self/cgroup");
+        std::string line;
+        while (std::getline(file, line)) {
+            if (line.rfind("0::", 0) == 0) relative = line.substr(3);
+        }
+    }
+    if (relative.empty() || relative.front() != '/') {
+        why = "this process has no cgroup in a v2 hierarchy (/proc/self/cgroup has no \"0::\" line)";
+        return {};
+    }
+    // mountinfo: "id parent major:minor root mount-point options... - fstype source options".
+    std::ifstream file("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(file, line)) {
+        const auto dash = line.find(" - ");
+        if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+        std::istringstream fields(line.substr(0, dash));
+        std::string id, parent, device, root, mount_point;
+        if (!(fields >> id >> parent >> device >> root >> mount_point)) continue;
+        // A mount of a subtree (a container's namespace shows "/" for its own cgroup) sees
+        // the paths below its root.
+        if (root != "/" && relative.rfind(root, 0) == 0) relative = relative.substr(root.size());
+        if (relative.empty()) relative = "/";
+        return mount_point + (relative == "/" ? "" : relative);
+    }
+    why = "no cgroup2 file system is mounted";
+    return {};
+}
+
+ELASTIC_DECL cgroups& cgroups::instance() {
+    static cgroups* const self = new cgroups();  // leaked: used until the very end
+    return *self;
+}
+
+ELASTIC_DECL void cgroups::probe_locked() {
+    if (probed_) return;
+    probed_ = true;
+    std::string why;
+    const std::string own = own_cgroup2_dir(why);
+    if (own.empty()) {
+        reason_ = why;
+        return;
+    }
+    std::string dir = own + "/elastic." + std::to_string(::getpid());
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        reason_ = "cannot make the cgroup " + dir + ": " + errno_string(errno) +
+                  (errno == EACCES || errno == EPERM || errno == EROFS
+                       ? " (the agent's cgroup is not delegated to this user)"
+                       : "");
+        return;
+    }
+    // Asked of the new directory: the root cgroup has no cgroup.kill of its own.
+    struct stat st {};
+    if (::stat((dir + "/" + cgroup_kill_file).c_str(), &st) != 0) {
+        reason_ = "the cgroup " + dir + " has no " + cgroup_kill_file + " (it needs Linux 5.14)";
+        ::rmdir(dir.c_str());
+        return;
+    }
+    root_ = std::move(dir);
+}
+
+ELASTIC_DECL std::string cgroups::root() {
+    std::lock_guard lock(mutex_);
+    probe_locked();
+    return root_;
+}
+
+ELASTIC_DECL std::string cgroups::reason() {
+    std::lock_guard lock(mutex_);
+    return reason_;
+}
+
+ELASTIC_DECL std::string cgroups::reason_once() {
+    std::lock_guard lock(mutex_);
+    if (reason_.empty() || reported_) return {};
+    reported_ = true;
+    return reason_;
+}
+
+ELASTIC_DECL std::optional<worker_cgroup> cgroups::make() {
+    std::lock_guard lock(mutex_);
+    probe_locked();
+    sweep_locked();
+    if (root_.empty()) return std::nullopt;
+    worker_cgroup made;
+    made.path = root_ + "/w" + std::to_string(next_++);
+    if (::mkdir(made.path.c_str(), 0755) != 0) {
+        reason_ = "cannot make the cgroup " + made.path + ": " + errno_string(errno);
+        return std::nullopt;
+    }
+    made.procs = owned_fd(::open((made.path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+    if (!made.procs) {
+        reason_ = "cannot open " + made.path + "/cgroup.procs: " + errno_string(errno);
+        ::rmdir(made.path.c_str());
+        return std::nullopt;
+    }
+    made.procs = raise_above_stdio(std::move(made.procs));
+    return made;
+}
+
+ELASTIC_DECL void cgroups::disable(std::string why) {
+    std::lock_guard lock(mutex_);
+    if (root_.empty()) return;
+    reason_ = std::move(why);
+    pending_.push_back(std::move(root_));
+    root_.clear();
+    sweep_locked();
+}
+
+ELASTIC_DECL void cgroups::retire(const std::string& path) noexcept {
+    if (path.empty()) return;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        cgroup_kill_at(fd);
+        ::close(fd);
+    }
+    std::lock_guard lock(mutex_);
+    try {
+        pending_.push_back(path);
+    } catch (...) {
+        return;  // out of memory: the directory stays until the agent exits (the watcher)
+    }
+    sweep_locked();
+}
+
+ELASTIC_DECL void cgroups::sweep() noexcept {
+    std::lock_guard lock(mutex_);
+    sweep_locked();
+}
+
+ELASTIC_DECL void cgroups::sweep_locked() noexcept {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+        const auto slash = it->rfind('/');
+        const std::string parent = it->substr(0, slash);
+        const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        const bool gone = fd < 0 ? errno == ENOENT : cgroup_remove_tree(fd, it->c_str() + slash + 1, 8);
+        if (fd >= 0) ::close(fd);
+        it = gone ? pending_.erase(it) : it + 1;
+    }
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/process/cgroup.hpp ----
 // ---- begin elastic/process/exit.hpp ----
 // How a process ended (exit_status: its code or signal, its numbers and its description) and
 // when the agent saw it end (process_exit: the status with the pid and two timestamps).
@@ -6459,179 +6919,6 @@ struct process_exit {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/process/exit.hpp ----
-// ---- begin elastic/process/sys.hpp ----
-// Internals of the process layer: an owning descriptor and the Linux calls glibc 2.36 lacks.
-
-
-#include <cerrno>
-#include <csignal>
-#include <cstring>
-#include <string>
-#include <system_error>
-#include <utility>
-
-#include <fcntl.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-namespace elastic::inline v0::detail::process {
-
-/// Owns one file descriptor; closes it on destruction. Move-only.
-class owned_fd {
-public:
-    owned_fd() noexcept = default;
-    explicit owned_fd(int fd) noexcept : fd_(fd) {}
-    owned_fd(owned_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-    owned_fd& operator=(owned_fd&& other) noexcept {
-        if (this != &other) reset(std::exchange(other.fd_, -1));
-        return *this;
-    }
-    owned_fd(const owned_fd&) = delete;
-    owned_fd& operator=(const owned_fd&) = delete;
-    ~owned_fd() { reset(); }
-
-    [[nodiscard]] int get() const noexcept { return fd_; }
-    [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-    int release() noexcept { return std::exchange(fd_, -1); }
-    void reset(int fd = -1) noexcept {
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = fd;
-    }
-
-private:
-    int fd_ = -1;
-};
-
-/// `strerror` text for an errno value, thread-safe.
-ELASTIC_DECL std::string errno_string(int err);
-
-/// A pidfd for `pid` (always close-on-exec). glibc 2.36's <sys/pidfd.h> has no extern "C" guard
-/// for C++, hence the raw system call.
-ELASTIC_DECL int pidfd_open(pid_t pid) noexcept;
-
-/// Signals the process behind a pidfd: unlike kill(pid), it cannot hit a recycled pid.
-ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept;
-
-/// waitid's P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
-inline constexpr idtype_t p_pidfd = static_cast<idtype_t>(3);
-
-/// Whether the process behind `pidfd` (our child) has exited, leaving it a zombie (WNOWAIT) so its
-/// pid, and so its process-group id, cannot be reused while we may still signal the group.
-/// Returns true and fills `info` when it has.
-ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
-
-/// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
-ELASTIC_DECL bool reap_now(int pidfd) noexcept;
-
-/// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
-/// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
-/// EPIPE error instead of the agent's death; and SIGCHLD not ignored, because with SIGCHLD set to
-/// SIG_IGN the kernel reaps children itself and their exit status is lost to waitid.
-ELASTIC_DECL void prepare_agent_signals() noexcept;
-
-/// The soft open-files limit the process had before raise_open_files_limit (RLIM_INFINITY
-/// until it is called): what a worker gets back, so it sees the limit its user set.
-ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept;
-
-/// Raises the soft RLIMIT_NOFILE to the hard limit: a store host holds one descriptor per
-/// client, and a job of many nodes and workers passes a default soft limit of 1024 long before
-/// the hard one. Idempotent; returns the soft limit now in force.
-ELASTIC_DECL rlim_t raise_open_files_limit() noexcept;
-
-/// Moves `fd` to a number above 2 (close-on-exec), so a child's dup2 onto 0, 1, 2 cannot clobber
-/// a descriptor it still needs when the agent runs with one of its standard streams closed.
-ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd);
-
-}  // namespace elastic::inline v0::detail::process
-
-#if ELASTIC_DETAIL_BODIES
-
-namespace elastic::inline v0::detail::process {
-
-ELASTIC_DECL std::string errno_string(int err) { return std::system_category().message(err); }
-
-ELASTIC_DECL int pidfd_open(pid_t pid) noexcept { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
-
-ELASTIC_DECL int pidfd_send_signal(int pidfd, int sig) noexcept {
-    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0U));
-}
-
-ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept {
-    info = siginfo_t{};
-    for (;;) {
-        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT);
-        if (rc == 0) return info.si_pid != 0;
-        if (errno != EINTR) return false;
-    }
-}
-
-ELASTIC_DECL bool reap_now(int pidfd) noexcept {
-    siginfo_t info{};
-    for (;;) {
-        const int rc = ::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
-        if (rc == 0) return info.si_pid != 0;
-        if (errno != EINTR) return errno == ECHILD;  // already reaped: nothing left to do
-    }
-}
-
-ELASTIC_DECL void prepare_agent_signals() noexcept {
-    struct sigaction current {};
-    // SIGPIPE: a dead worker's pipe is EPIPE. SIGXFSZ: a log file past `ulimit -f` is EFBIG,
-    // reported as a failed log write, not the agent's death.
-    for (const int sig : {SIGPIPE, SIGXFSZ}) {
-        if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
-            (current.sa_flags & SA_SIGINFO) == 0) {
-            struct sigaction ignore {};
-            ignore.sa_handler = SIG_IGN;
-            ::sigaction(sig, &ignore, nullptr);
-        }
-    }
-    if (::sigaction(SIGCHLD, nullptr, &current) == 0 &&
-        ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN)) {
-        struct sigaction deflt {};
-        deflt.sa_handler = SIG_DFL;
-        ::sigaction(SIGCHLD, &deflt, nullptr);
-    }
-    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && (current.sa_flags & SA_NOCLDWAIT) != 0) {
-        current.sa_flags &= ~SA_NOCLDWAIT;  // same effect as SIG_IGN on our children's status
-        ::sigaction(SIGCHLD, &current, nullptr);
-    }
-}
-
-ELASTIC_DECL rlim_t& original_open_files_soft_limit() noexcept {
-    static rlim_t soft = RLIM_INFINITY;
-    return soft;
-}
-
-ELASTIC_DECL rlim_t raise_open_files_limit() noexcept {
-    rlimit limit{};
-    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
-    if (original_open_files_soft_limit() == RLIM_INFINITY) original_open_files_soft_limit() = limit.rlim_cur;
-    if (limit.rlim_cur < limit.rlim_max) {
-        const rlim_t before = limit.rlim_cur;
-        limit.rlim_cur = limit.rlim_max;
-        if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return before;
-    }
-    return limit.rlim_cur;
-}
-
-ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd) {
-    if (!fd || fd.get() > 2) return fd;
-    const int moved = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3);
-    if (moved < 0) {
-        throw process_error("cannot move descriptor " + std::to_string(fd.get()) +
-                            " above 2 for a child: " + errno_string(errno) + " (raise the open-files limit)");
-    }
-    return owned_fd(moved);
-}
-
-}  // namespace elastic::inline v0::detail::process
-
-#endif  // ELASTIC_DETAIL_BODIES
-// ---- end elastic/process/sys.hpp ----
 // ---- begin elastic/process/watcher.hpp ----
 // Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
 
@@ -6752,6 +7039,7 @@ ELASTIC_DECL void spawner::loop() {
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
@@ -6767,8 +7055,11 @@ namespace elastic::inline v0::detail::process {
 // pipe: send(MSG_NOSIGNAL) reports a dead watcher as EPIPE whatever the agent's SIGPIPE
 // disposition is.)
 //
-// Limits, on purpose: a descendant that leaves its worker's process group (setsid, setpgid) is out
-// of reach; and a group id is removed before the agent reaps the group's leader (whose zombie
+// Where the agent has a cgroup directory (cgroup.hpp), the watcher also kills it and everything
+// below it on EOF, and removes the directories: that reaches the descendants that left their
+// worker's process group (setsid, setpgid). Without one, those are out of reach.
+//
+// Limits, on purpose: a group id is removed before the agent reaps the group's leader (whose zombie
 // keeps the id reserved until then), so the watcher never holds an id that the kernel may hand
 // to an unrelated process — except in the instant between the agent's death and the watcher's
 // kill, when init may reap a leader whose number then has to be reused at once, a full wrap of
@@ -6788,8 +7079,10 @@ inline constexpr std::size_t watcher_capacity = 8192;
 /// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
 /// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
 /// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
+/// `cgroup_parent` and `cgroup_name` name the agent's cgroup directory (nullptr: none).
 [[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity, unsigned char* buffer,
-                                      std::size_t buffer_size, int max_fd) noexcept {
+                                      std::size_t buffer_size, int max_fd, const char* cgroup_parent,
+                                      const char* cgroup_name) noexcept {
     // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
     // watcher before it has done its job, and no terminal hangup reaches it.
     ::setsid();
@@ -6840,6 +7133,20 @@ inline constexpr std::size_t watcher_capacity = 8192;
     }
     for (std::size_t i = 0; i < capacity; ++i) {
         if (table[i] > 0) ::kill(-table[i], SIGKILL);
+    }
+    const int parent = cgroup_parent == nullptr ? -1 : ::open(cgroup_parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (parent >= 0) {
+        const int dir = ::openat(parent, cgroup_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir >= 0) {
+            cgroup_kill_at(dir);
+            ::close(dir);
+        }
+        // The killed processes leave their cgroups within microseconds, unless one sleeps
+        // uninterruptibly: try for 5 s, then leave the empty directories to the system.
+        const timespec pause{0, 10'000'000};
+        for (int attempt = 0; attempt < 500 && !cgroup_remove_tree(parent, cgroup_name, 8); ++attempt) {
+            ::nanosleep(&pause, nullptr);
+        }
     }
     ::_exit(0);
 }
@@ -6937,6 +7244,9 @@ ELASTIC_DECL void watcher::start_locked() {
     // Everything the child touches is allocated here, before the fork.
     std::vector<pid_t> table(watcher_capacity, 0);
     std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
+    const std::string cgroup = cgroups::instance().root();
+    const std::string cgroup_parent = cgroup.substr(0, cgroup.rfind('/'));
+    const std::string cgroup_name = cgroup.substr(cgroup.rfind('/') + 1);
     rlimit limit{};
     int max_fd = 1024;
     if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
@@ -6948,7 +7258,8 @@ ELASTIC_DECL void watcher::start_locked() {
     auto job = [&] {
         pid = ::fork();
         if (pid == 0) {
-            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
+            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd,
+                         cgroup.empty() ? nullptr : cgroup_parent.c_str(), cgroup_name.c_str());
         }
         if (pid < 0) fork_errno = errno;
     };
@@ -7055,7 +7366,8 @@ public:
           status_(std::move(other.status_)),
           stdin_(std::move(other.stdin_)),
           stdout_(std::move(other.stdout_)),
-          stderr_(std::move(other.stderr_)) {}
+          stderr_(std::move(other.stderr_)),
+          cgroup_(std::move(other.cgroup_)) {}
 
     ELASTIC_DECL child_process& operator=(child_process&& other) noexcept;
 
@@ -7073,6 +7385,10 @@ public:
     [[nodiscard]] const std::optional<process_exit>& status() const noexcept { return status_; }
     /// Whether the leader has been reaped: its pid is free, the group can no longer be signalled.
     [[nodiscard]] bool reaped() const noexcept { return reaped_; }
+
+    /// The worker's own cgroup directory (spawn_options::own_cgroup), killed and removed when it
+    /// is reaped; empty when its process group alone contains it.
+    [[nodiscard]] const std::string& cgroup() const noexcept { return cgroup_; }
 
     /// Without waiting: records the exit if it has happened. Returns whether it has.
     ELASTIC_DECL bool check_exit();
@@ -7100,8 +7416,9 @@ public:
     /// process is left in the group, or the leader was already reaped.
     ELASTIC_DECL bool signal_group(int sig);
 
-    /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
-    /// retires the group from the watcher, and reaps the leader. Throws if it is still running.
+    /// Releases an exited worker: SIGKILLs whatever is left in its group and its cgroup (the
+    /// worker is over, and so is what it started), retires the group from the watcher, and reaps
+    /// the leader. Throws if it is still running.
     ELASTIC_DECL void reap();
 
     /// The write end of the worker's stdin pipe, when spawned with `stdio::pipe()` for stdin.
@@ -7121,14 +7438,15 @@ private:
     friend class detail::process::child_process_factory;
 
     child_process(asio::posix::stream_descriptor pidfd, pid_t pid, std::optional<asio::posix::stream_descriptor> in,
-                  std::optional<asio::posix::stream_descriptor> out,
-                  std::optional<asio::posix::stream_descriptor> err) noexcept
+                  std::optional<asio::posix::stream_descriptor> out, std::optional<asio::posix::stream_descriptor> err,
+                  std::string cgroup) noexcept
         : pid_(pid),
           reaped_(false),
           pidfd_(std::move(pidfd)),
           stdin_(std::move(in)),
           stdout_(std::move(out)),
-          stderr_(std::move(err)) {}
+          stderr_(std::move(err)),
+          cgroup_(std::move(cgroup)) {}
 
     static ELASTIC_DECL std::optional<asio::posix::stream_descriptor> take(
         std::optional<asio::posix::stream_descriptor>& slot);
@@ -7142,6 +7460,7 @@ private:
     std::optional<asio::posix::stream_descriptor> stdin_;
     std::optional<asio::posix::stream_descriptor> stdout_;
     std::optional<asio::posix::stream_descriptor> stderr_;
+    std::string cgroup_;
 };
 
 namespace detail::process {
@@ -7152,8 +7471,8 @@ public:
     static child_process make(asio::posix::stream_descriptor pidfd, pid_t pid,
                               std::optional<asio::posix::stream_descriptor> in,
                               std::optional<asio::posix::stream_descriptor> out,
-                              std::optional<asio::posix::stream_descriptor> err) {
-        return child_process(std::move(pidfd), pid, std::move(in), std::move(out), std::move(err));
+                              std::optional<asio::posix::stream_descriptor> err, std::string cgroup) {
+        return child_process(std::move(pidfd), pid, std::move(in), std::move(out), std::move(err), std::move(cgroup));
     }
 };
 
@@ -7175,6 +7494,7 @@ ELASTIC_DECL child_process& child_process::operator=(child_process&& other) noex
         stdin_ = std::move(other.stdin_);
         stdout_ = std::move(other.stdout_);
         stderr_ = std::move(other.stderr_);
+        cgroup_ = std::move(other.cgroup_);
     }
     return *this;
 }
@@ -7211,6 +7531,7 @@ ELASTIC_DECL void child_process::reap() {
                             ": it is still running (await wait() or stop() it first)");
     }
     ::kill(-pid_, SIGKILL);
+    detail::process::cgroups::instance().retire(std::exchange(cgroup_, {}));
     detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
     detail::process::reap_now(pidfd_.native_handle());
     reaped_ = true;
@@ -7232,6 +7553,7 @@ ELASTIC_DECL void child_process::abandon() noexcept {
             reap();
         } else {
             ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
+            detail::process::cgroups::instance().retire(std::exchange(cgroup_, {}));
             detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
         }
     } catch (...) {
@@ -7922,6 +8244,10 @@ struct spawn_options {
     stdio out = stdio::inherit();  ///< stdout
     stdio err = stdio::inherit();  ///< stderr
     process_isolation isolation = process_isolation::session;
+    /// Whether the child gets a cgroup of its own (cgroup.hpp), so that whatever it starts —
+    /// a daemon that left its process group included — is killed when it is reaped, and when
+    /// the agent dies. Where the agent can make none, the process group alone contains it.
+    bool own_cgroup = true;
 };
 
 namespace detail::process {
@@ -7930,7 +8256,7 @@ namespace detail::process {
 ELASTIC_DECL std::vector<std::string> environ_entries();
 
 /// The steps of the child's set-up, reported back with errno when one fails.
-enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
+enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec, cgroup };
 
 /// What the child writes to the close-on-exec error pipe before _exit(127).
 struct child_failure {
@@ -7950,6 +8276,7 @@ struct child_plan {
     int error_fd;        // above 2, close-on-exec
     int max_fd;          // for the close loop if close_range is missing
     rlim_t nofile_soft;  // the soft open-files limit to give the child; RLIM_INFINITY: keep
+    int cgroup_procs;    // above 2, close-on-exec: the cgroup.procs to join; -1: stay in the agent's
 };
 
 /// The child between vfork and exec. Only async-signal-safe calls: the agent is multithreaded,
@@ -7968,6 +8295,8 @@ struct child_plan {
     for (int sig = 1; sig < NSIG; ++sig) {
         if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &deflt, nullptr);  // EINVAL ok
     }
+    // First the cgroup, before anything can start a descendant that would stay outside it.
+    if (plan.cgroup_procs >= 0 && ::write(plan.cgroup_procs, "0", 1) != 1) fail(child_step::cgroup);
     if (plan.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(child_step::group);
     // Forked by the spawner thread, which lives as long as the agent: this fires when the
     // agent dies. If it died before the prctl, we were reparented already: give up now.
@@ -8103,6 +8432,7 @@ ELASTIC_DECL std::string describe_failure(const child_failure& failure, const sp
         case child_step::group: return "cannot give '" + options.program + "' its own process group: " + why;
         case child_step::pdeathsig: return "cannot set the parent-death signal for '" + options.program + "': " + why;
         case child_step::close_fds: return "cannot close the agent's descriptors in '" + options.program + "': " + why;
+        case child_step::cgroup: return "cannot move '" + options.program + "' into its own cgroup: " + why;
     }
     return "cannot start '" + options.program + "': " + why;
 }
@@ -8190,6 +8520,15 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
 
     detail::process::watcher::instance().ensure_started();  // before any worker can be orphaned
     detail::process::graveyard::instance().sweep();
+    std::optional<detail::process::worker_cgroup> cgroup;
+    if (options.own_cgroup) cgroup = detail::process::cgroups::instance().make();
+    // Whatever happens from here on, a cgroup no child_process took is removed.
+    struct cgroup_guard {
+        std::optional<detail::process::worker_cgroup>& cgroup;
+        ~cgroup_guard() {
+            if (cgroup) detail::process::cgroups::instance().retire(cgroup->path);
+        }
+    } cgroup_cleanup{cgroup};
 
     rlimit limit{};
     int max_fd = 1024;
@@ -8207,6 +8546,7 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         error_write.get(),
         max_fd,
         detail::process::original_open_files_soft_limit(),
+        cgroup ? cgroup->procs.get() : -1,
     };
     pid_t pid = -1;
     int fork_errno = 0;
@@ -8257,6 +8597,14 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
             failure = {detail::process::child_step::exec, n < 0 ? errno : EIO};
         }
         detail::process::discard_child(pid, pidfd.get());
+        if (failure.step == detail::process::child_step::cgroup) {
+            // The agent could make the cgroup but not move a process into it (a cgroup it
+            // does not own, say). Containment by process group is what is left: go on with
+            // that, for this worker and every later one; cgroups::reason() says why.
+            detail::process::cgroups::instance().disable(detail::process::describe_failure(failure, options, path) +
+                                                         " (" + cgroup->path + ")");
+            return spawn(executor, options);
+        }
         throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error);
     }
 
@@ -8274,8 +8622,11 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         auto out_pipe = adopt(out.parent);
         auto err_pipe = adopt(err.parent);
         auto pid_stream = adopt(pidfd);
+        std::string cgroup_path = cgroup ? std::move(cgroup->path) : std::string();
+        cgroup.reset();
         return detail::process::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
-                                                            std::move(out_pipe), std::move(err_pipe));
+                                                            std::move(out_pipe), std::move(err_pipe),
+                                                            std::move(cgroup_path));
     } catch (...) {
         detail::process::discard_child(pid, pidfd ? pidfd.get() : -1);
         throw;
@@ -16651,6 +17002,11 @@ public:
             slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail, *log_);
         }
         started_ = std::chrono::steady_clock::now();
+        if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
+            log_->info(fmt::format("workers are contained by their process groups only, not by cgroups: {}; a "
+                                   "daemon a worker starts can outlive it",
+                                   why));
+        }
         if (spawn_failure) {
             co_await stop(SIGTERM);
             co_await close();

@@ -2,6 +2,7 @@
 // The agent end to end: the real elasticrun (agent-elasticrun) starting agent-worker processes
 // whose behaviour AGENT_WORKER_DO chooses; and the agent in-process under a custom policy.
 #include "agent_support.hpp"
+#include "process_support.hpp"
 
 #include "elastic/agent.hpp"
 #include "elastic/env.hpp"
@@ -29,6 +30,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -268,6 +270,42 @@ TEST_CASE("agent: a signal to the agent is forwarded to every worker and elastic
         for (int rank = 0; rank < 3; ++rank) {
             CHECK(agent.out().find(fmt::format("got {} {}\n", rank, c.sig)) != std::string::npos);
         }
+    }
+}
+
+TEST_CASE("agent: a daemon a worker started ends when the worker ends, and when the agent is SIGKILLed") {
+    // process-worker daemon: fork, setsid, fork — the daemon leaves the worker's process group
+    // and session, and says "grandchild <pid>". Only the worker's cgroup reaches it.
+    if (const std::string why = process_support::cgroup_unavailable(); !why.empty()) {
+        MESSAGE("skipped: no cgroup for workers: " << why);
+        return;
+    }
+    const auto daemons = [](const std::string& out) {
+        std::vector<pid_t> pids;
+        std::istringstream in(out);
+        for (std::string line; std::getline(in, line);) {
+            if (line.rfind("grandchild ", 0) == 0) pids.push_back(static_cast<pid_t>(std::stoi(line.substr(11))));
+        }
+        return pids;
+    };
+    const auto env = agent_support::clean_environment();
+    SUBCASE("the workers exit 0") {
+        launched agent({"--nproc-per-node=2", process_support::worker_program(), "daemon", "exit"}, env);
+        CHECK(agent.wait() == 0);
+        INFO(agent.err());
+        const auto pids = daemons(agent.out());
+        REQUIRE(pids.size() == 2);
+        CHECK(process_support::await_deaths(pids, std::chrono::seconds(60)).empty());
+    }
+    SUBCASE("the agent is SIGKILLed") {
+        launched agent({"--nproc-per-node=2", process_support::worker_program(), "daemon"}, env);
+        REQUIRE(agent.read_lines("ready", 2));
+        const auto pids = daemons(agent.out());
+        REQUIRE(pids.size() == 2);
+        for (pid_t pid : pids) CHECK(process_support::alive(pid));
+        agent.signal(SIGKILL);
+        CHECK(agent.wait() == 128 + SIGKILL);
+        CHECK(process_support::await_deaths(pids, std::chrono::seconds(60)).empty());
     }
 }
 

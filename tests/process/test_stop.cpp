@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ elastic::child_process ready_worker(asio::io_context& io, std::vector<std::strin
 bool exited_now(pid_t pid) {
     // Held by a pidfd, a dead process reads as readable at once; ESRCH means reaped already.
     return process_support::await_deaths({pid}, std::chrono::milliseconds(0)).empty();
+}
+
+/// Whether this process can give each worker a cgroup (as root here; an unprivileged user
+/// needs a delegated cgroup). The daemon tests need it: nothing else reaches a daemon.
+bool cgroups_available() {
+    const std::string why = process_support::cgroup_unavailable();
+    if (why.empty()) return true;
+    MESSAGE("skipped: no cgroup for workers: " << why);
+    return false;
 }
 
 elastic::stop_options quick(std::chrono::milliseconds grace) {
@@ -155,13 +165,15 @@ TEST_CASE("process: wait_any reports exits as they happen") {
 namespace test_stop {
 
 /// Starts the agent program with 3 workers, SIGKILLs it once all are running, and checks that
-/// every worker, every grandchild and the watcher are gone.
-void agent_killed_leaves_nothing(bool restart_watcher) {
+/// every worker, every grandchild and the watcher are gone. `mode` is "restart-watcher",
+/// "daemon" or empty (process_agent.cpp).
+void agent_killed_leaves_nothing(const std::string& mode) {
+    const bool restart_watcher = mode == "restart-watcher";
     asio::io_context io;
     elastic::spawn_options options;
     options.program = process_support::agent_program();
     options.args = {process_support::worker_program(), "3"};
-    if (restart_watcher) options.args.push_back("restart-watcher");
+    if (!mode.empty()) options.args.push_back(mode);
     options.out = elastic::stdio::pipe();
     auto agent = elastic::spawn(io.get_executor(), options);
     auto out = agent.take_stdout();
@@ -210,12 +222,51 @@ void agent_killed_leaves_nothing(bool restart_watcher) {
 
 }  // namespace test_stop
 
-TEST_CASE("process: nothing survives an agent killed with SIGKILL") { test_stop::agent_killed_leaves_nothing(false); }
+TEST_CASE("process: nothing survives an agent killed with SIGKILL") { test_stop::agent_killed_leaves_nothing(""); }
 
 TEST_CASE("process: a killed watcher is replaced and learns every group") {
     // The first worker was registered with a watcher that then died: its grandchild must still
     // be killed, so the replacement must have been told about it.
-    test_stop::agent_killed_leaves_nothing(true);
+    test_stop::agent_killed_leaves_nothing("restart-watcher");
+}
+
+TEST_CASE("process: a daemon a worker started ends when the agent is killed with SIGKILL") {
+    // The daemons left their workers' process groups and sessions: only their cgroups reach them.
+    if (!test_stop::cgroups_available()) return;
+    test_stop::agent_killed_leaves_nothing("daemon");
+}
+
+TEST_CASE("process: a daemon a worker started ends when the worker is reaped") {
+    using namespace test_stop;
+    if (!cgroups_available()) return;
+    asio::io_context io;
+    pid_t daemon = 0;
+    auto child = ready_worker(io, {"daemon", "exit"}, &daemon);
+    REQUIRE(daemon > 0);
+    const std::string cgroup = child.cgroup();
+    REQUIRE_FALSE(cgroup.empty());
+    CHECK(std::filesystem::is_directory(cgroup));
+    CHECK(run(io, child.wait()).status.code() == 0);
+    CHECK(process_support::alive(daemon));  // the worker is gone, what it started is not yet
+    child.reap();
+    CHECK(child.cgroup().empty());
+    CHECK(process_support::await_deaths({daemon}, std::chrono::seconds(60)).empty());
+}
+
+TEST_CASE("process: stopping a worker ends the daemon it started") {
+    using namespace test_stop;
+    if (!cgroups_available()) return;
+    asio::io_context io;
+    pid_t daemon = 0;
+    std::vector<elastic::child_process> workers;
+    workers.push_back(ready_worker(io, {"daemon"}, &daemon));
+    REQUIRE(daemon > 0);
+    const auto result = run(io, elastic::stop(workers, quick(std::chrono::seconds(60))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
+    CHECK(result.clean());
+    CHECK(workers[0].reaped());
+    CHECK(process_support::await_deaths({daemon}, std::chrono::seconds(60)).empty());
 }
 
 TEST_CASE("process: the wait after SIGKILL is bounded and reports what is left") {

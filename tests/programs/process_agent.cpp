@@ -1,9 +1,11 @@
 // An agent for the process-layer tests: spawns workers that fork grandchildren, reports every pid,
 // then waits for the test to SIGKILL it.
-//   process-agent WORKER_PROGRAM COUNT [restart-watcher]
+//   process-agent WORKER_PROGRAM COUNT [restart-watcher | daemon]
 // prints "worker <pid> grandchild <pid>" per worker, "watcher <pid>", then "ready".
 // With restart-watcher, the watcher is SIGKILLed after the first worker (its death awaited, and
 // reported as "old-watcher <pid>"), so the next spawn must start another that learns every group.
+// With daemon, each worker's "grandchild" is a daemon that left the worker's process group
+// (process-worker daemon).
 #include "elastic/process.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -44,13 +46,13 @@ void kill_watcher() {
     std::printf("old-watcher %d\n", static_cast<int>(watcher));
 }
 
-asio::awaitable<void> run(std::string worker, int count, bool restart_watcher,
+asio::awaitable<void> run(std::string worker, int count, bool restart_watcher, bool daemon,
                           std::vector<elastic::child_process>& out) {
     auto executor = co_await asio::this_coro::executor;
     for (int i = 0; i < count; ++i) {
         elastic::spawn_options options;
         options.program = worker;
-        options.args = {"fork-grandchild"};
+        options.args = {daemon ? "daemon" : "fork-grandchild"};
         options.out = elastic::stdio::pipe();
         out.push_back(elastic::spawn(executor, options));
         auto pipe = out.back().take_stdout();
@@ -70,7 +72,7 @@ asio::awaitable<void> run(std::string worker, int count, bool restart_watcher,
 
 int main(int argc, char** argv) {
     if (argc != 3 && argc != 4) {
-        std::fprintf(stderr, "usage: process-agent WORKER_PROGRAM COUNT [restart-watcher]\n");
+        std::fprintf(stderr, "usage: process-agent WORKER_PROGRAM COUNT [restart-watcher | daemon]\n");
         return 2;
     }
     try {
@@ -78,7 +80,8 @@ int main(int argc, char** argv) {
         std::vector<elastic::child_process> workers;
         auto done = asio::co_spawn(io,
                                    run(argv[1], std::atoi(argv[2]),
-                                       argc == 4 && std::string(argv[3]) == "restart-watcher", workers),
+                                       argc == 4 && std::string(argv[3]) == "restart-watcher",
+                                       argc == 4 && std::string(argv[3]) == "daemon", workers),
                                    asio::use_future);
         io.run();
         done.get();

@@ -8,6 +8,9 @@
 //   process-worker fork-grandchild [ignore-term]
 //                                    fork a grandchild that waits forever (ignoring SIGTERM if
 //                                    asked), print "grandchild <pid>" and "ready", wait forever
+//   process-worker daemon [exit]     start a daemon (fork, setsid, fork: it leaves the worker's
+//                                    process group and session), print "grandchild <pid>" with
+//                                    the daemon's pid and "ready", then wait forever (or exit 0)
 //   process-worker fds               print the open descriptors, e.g. "0 1 2"
 //   process-worker sigstate          print "blocked <hex> ignored <hex>" from /proc/self/status
 //   process-worker env NAME          print $NAME or "(unset)"
@@ -15,7 +18,9 @@
 //   process-worker stderr TEXT       print TEXT on stderr and "out" on stdout
 //   process-worker cat               copy stdin to stdout until EOF
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
@@ -90,6 +95,46 @@ int main(int argc, char** argv) {
         set_disposition(SIGTERM, SIG_DFL);
         say("grandchild " + std::to_string(pid));
         say("ready");
+        wait_forever();
+    }
+    if (mode == "daemon") {
+        int fds[2];
+        if (::pipe(fds) != 0) {
+            std::perror("pipe");
+            return 3;
+        }
+        const pid_t middle = ::fork();
+        if (middle < 0) {
+            std::perror("fork");
+            return 3;
+        }
+        if (middle == 0) {
+            ::setsid();
+            const pid_t daemon = ::fork();
+            if (daemon == 0) {
+                ::close(fds[0]);
+                const int null = ::open("/dev/null", O_RDWR);
+                ::dup2(null, 0);
+                ::dup2(null, 1);  // nor keep the worker's stdout pipe open
+                ::dup2(null, 2);
+                const pid_t self = ::getpid();
+                if (::write(fds[1], &self, sizeof self) != sizeof self) ::_exit(3);
+                ::close(fds[1]);
+                wait_forever();
+            }
+            ::_exit(daemon < 0 ? 3 : 0);
+        }
+        ::close(fds[1]);
+        pid_t daemon = 0;
+        if (::read(fds[0], &daemon, sizeof daemon) != sizeof daemon) {
+            std::fprintf(stderr, "the daemon did not report its pid\n");
+            return 3;
+        }
+        int status = 0;
+        ::waitpid(middle, &status, 0);
+        say("grandchild " + std::to_string(daemon));
+        say("ready");
+        if (arg == "exit") return 0;
         wait_forever();
     }
     if (mode == "fds") {

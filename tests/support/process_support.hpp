@@ -13,6 +13,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -34,6 +35,20 @@ inline std::string worker_program() { return ELASTIC_TEST_PROGRAM_DIR "/process-
 /// The agent program (tests/programs/process_agent.cpp).
 inline std::string agent_program() { return ELASTIC_TEST_PROGRAM_DIR "/process-agent"; }
 #endif
+
+/// Why workers cannot get cgroups of their own here, or empty if they can: the same probe the
+/// agent makes (a directory in this process's v2 cgroup, with a cgroup.kill), without keeping
+/// anything. The daemon tests need cgroups: nothing else reaches a daemon.
+inline std::string cgroup_unavailable() {
+    std::string why;
+    const std::string own = elastic::detail::process::own_cgroup2_dir(why);
+    if (own.empty()) return why;
+    const std::string dir = own + "/elastic.probe." + std::to_string(::getpid());
+    if (::mkdir(dir.c_str(), 0755) != 0) return "cannot make " + dir + ": " + std::strerror(errno);
+    const bool kill = ::access((dir + "/cgroup.kill").c_str(), F_OK) == 0;
+    ::rmdir(dir.c_str());
+    return kill ? std::string() : dir + " has no cgroup.kill";
+}
 
 /// Runs `task` on `io` until it completes; returns its result (or rethrows).
 template <class T>

@@ -14,6 +14,7 @@
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/error.hpp"
 #include "elastic/policy/concepts.hpp"
+#include "elastic/process/cgroup.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/group.hpp"
 #include "elastic/process/spawn.hpp"
@@ -136,6 +137,11 @@ public:
             slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail, *log_);
         }
         started_ = std::chrono::steady_clock::now();
+        if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
+            log_->info(fmt::format("workers are contained by their process groups only, not by cgroups: {}; a "
+                                   "daemon a worker starts can outlive it",
+                                   why));
+        }
         if (spawn_failure) {
             co_await stop(SIGTERM);
             co_await close();

@@ -3,6 +3,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/coro.hpp"
+#include "elastic/process/cgroup.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/exit.hpp"
 #include "elastic/process/sys.hpp"
@@ -73,7 +74,8 @@ public:
           status_(std::move(other.status_)),
           stdin_(std::move(other.stdin_)),
           stdout_(std::move(other.stdout_)),
-          stderr_(std::move(other.stderr_)) {}
+          stderr_(std::move(other.stderr_)),
+          cgroup_(std::move(other.cgroup_)) {}
 
     ELASTIC_DECL child_process& operator=(child_process&& other) noexcept;
 
@@ -91,6 +93,10 @@ public:
     [[nodiscard]] const std::optional<process_exit>& status() const noexcept { return status_; }
     /// Whether the leader has been reaped: its pid is free, the group can no longer be signalled.
     [[nodiscard]] bool reaped() const noexcept { return reaped_; }
+
+    /// The worker's own cgroup directory (spawn_options::own_cgroup), killed and removed when it
+    /// is reaped; empty when its process group alone contains it.
+    [[nodiscard]] const std::string& cgroup() const noexcept { return cgroup_; }
 
     /// Without waiting: records the exit if it has happened. Returns whether it has.
     ELASTIC_DECL bool check_exit();
@@ -118,8 +124,9 @@ public:
     /// process is left in the group, or the leader was already reaped.
     ELASTIC_DECL bool signal_group(int sig);
 
-    /// Releases an exited worker: SIGKILLs whatever is left in its group (the group is over),
-    /// retires the group from the watcher, and reaps the leader. Throws if it is still running.
+    /// Releases an exited worker: SIGKILLs whatever is left in its group and its cgroup (the
+    /// worker is over, and so is what it started), retires the group from the watcher, and reaps
+    /// the leader. Throws if it is still running.
     ELASTIC_DECL void reap();
 
     /// The write end of the worker's stdin pipe, when spawned with `stdio::pipe()` for stdin.
@@ -139,14 +146,15 @@ private:
     friend class detail::process::child_process_factory;
 
     child_process(asio::posix::stream_descriptor pidfd, pid_t pid, std::optional<asio::posix::stream_descriptor> in,
-                  std::optional<asio::posix::stream_descriptor> out,
-                  std::optional<asio::posix::stream_descriptor> err) noexcept
+                  std::optional<asio::posix::stream_descriptor> out, std::optional<asio::posix::stream_descriptor> err,
+                  std::string cgroup) noexcept
         : pid_(pid),
           reaped_(false),
           pidfd_(std::move(pidfd)),
           stdin_(std::move(in)),
           stdout_(std::move(out)),
-          stderr_(std::move(err)) {}
+          stderr_(std::move(err)),
+          cgroup_(std::move(cgroup)) {}
 
     static ELASTIC_DECL std::optional<asio::posix::stream_descriptor> take(
         std::optional<asio::posix::stream_descriptor>& slot);
@@ -160,6 +168,7 @@ private:
     std::optional<asio::posix::stream_descriptor> stdin_;
     std::optional<asio::posix::stream_descriptor> stdout_;
     std::optional<asio::posix::stream_descriptor> stderr_;
+    std::string cgroup_;
 };
 
 namespace detail::process {
@@ -170,8 +179,8 @@ public:
     static child_process make(asio::posix::stream_descriptor pidfd, pid_t pid,
                               std::optional<asio::posix::stream_descriptor> in,
                               std::optional<asio::posix::stream_descriptor> out,
-                              std::optional<asio::posix::stream_descriptor> err) {
-        return child_process(std::move(pidfd), pid, std::move(in), std::move(out), std::move(err));
+                              std::optional<asio::posix::stream_descriptor> err, std::string cgroup) {
+        return child_process(std::move(pidfd), pid, std::move(in), std::move(out), std::move(err), std::move(cgroup));
     }
 };
 
@@ -193,6 +202,7 @@ ELASTIC_DECL child_process& child_process::operator=(child_process&& other) noex
         stdin_ = std::move(other.stdin_);
         stdout_ = std::move(other.stdout_);
         stderr_ = std::move(other.stderr_);
+        cgroup_ = std::move(other.cgroup_);
     }
     return *this;
 }
@@ -229,6 +239,7 @@ ELASTIC_DECL void child_process::reap() {
                             ": it is still running (await wait() or stop() it first)");
     }
     ::kill(-pid_, SIGKILL);
+    detail::process::cgroups::instance().retire(std::exchange(cgroup_, {}));
     detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
     detail::process::reap_now(pidfd_.native_handle());
     reaped_ = true;
@@ -250,6 +261,7 @@ ELASTIC_DECL void child_process::abandon() noexcept {
             reap();
         } else {
             ::kill(-pid_, SIGKILL);  // the leader is unreaped: the group id is still ours
+            detail::process::cgroups::instance().retire(std::exchange(cgroup_, {}));
             detail::process::graveyard::instance().bury(pid_, detail::process::owned_fd(pidfd_.release()));
         }
     } catch (...) {

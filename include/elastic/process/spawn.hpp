@@ -3,6 +3,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/path_search.hpp"
+#include "elastic/process/cgroup.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/spawner.hpp"
@@ -77,6 +78,10 @@ struct spawn_options {
     stdio out = stdio::inherit();  ///< stdout
     stdio err = stdio::inherit();  ///< stderr
     process_isolation isolation = process_isolation::session;
+    /// Whether the child gets a cgroup of its own (cgroup.hpp), so that whatever it starts —
+    /// a daemon that left its process group included — is killed when it is reaped, and when
+    /// the agent dies. Where the agent can make none, the process group alone contains it.
+    bool own_cgroup = true;
 };
 
 namespace detail::process {
@@ -85,7 +90,7 @@ namespace detail::process {
 ELASTIC_DECL std::vector<std::string> environ_entries();
 
 /// The steps of the child's set-up, reported back with errno when one fails.
-enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec };
+enum class child_step : std::int32_t { group = 1, pdeathsig, stdio, chdir, close_fds, exec, cgroup };
 
 /// What the child writes to the close-on-exec error pipe before _exit(127).
 struct child_failure {
@@ -105,6 +110,7 @@ struct child_plan {
     int error_fd;        // above 2, close-on-exec
     int max_fd;          // for the close loop if close_range is missing
     rlim_t nofile_soft;  // the soft open-files limit to give the child; RLIM_INFINITY: keep
+    int cgroup_procs;    // above 2, close-on-exec: the cgroup.procs to join; -1: stay in the agent's
 };
 
 /// The child between vfork and exec. Only async-signal-safe calls: the agent is multithreaded,
@@ -123,6 +129,8 @@ struct child_plan {
     for (int sig = 1; sig < NSIG; ++sig) {
         if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &deflt, nullptr);  // EINVAL ok
     }
+    // First the cgroup, before anything can start a descendant that would stay outside it.
+    if (plan.cgroup_procs >= 0 && ::write(plan.cgroup_procs, "0", 1) != 1) fail(child_step::cgroup);
     if (plan.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(child_step::group);
     // Forked by the spawner thread, which lives as long as the agent: this fires when the
     // agent dies. If it died before the prctl, we were reparented already: give up now.
@@ -258,6 +266,7 @@ ELASTIC_DECL std::string describe_failure(const child_failure& failure, const sp
         case child_step::group: return "cannot give '" + options.program + "' its own process group: " + why;
         case child_step::pdeathsig: return "cannot set the parent-death signal for '" + options.program + "': " + why;
         case child_step::close_fds: return "cannot close the agent's descriptors in '" + options.program + "': " + why;
+        case child_step::cgroup: return "cannot move '" + options.program + "' into its own cgroup: " + why;
     }
     return "cannot start '" + options.program + "': " + why;
 }
@@ -345,6 +354,15 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
 
     detail::process::watcher::instance().ensure_started();  // before any worker can be orphaned
     detail::process::graveyard::instance().sweep();
+    std::optional<detail::process::worker_cgroup> cgroup;
+    if (options.own_cgroup) cgroup = detail::process::cgroups::instance().make();
+    // Whatever happens from here on, a cgroup no child_process took is removed.
+    struct cgroup_guard {
+        std::optional<detail::process::worker_cgroup>& cgroup;
+        ~cgroup_guard() {
+            if (cgroup) detail::process::cgroups::instance().retire(cgroup->path);
+        }
+    } cgroup_cleanup{cgroup};
 
     rlimit limit{};
     int max_fd = 1024;
@@ -362,6 +380,7 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         error_write.get(),
         max_fd,
         detail::process::original_open_files_soft_limit(),
+        cgroup ? cgroup->procs.get() : -1,
     };
     pid_t pid = -1;
     int fork_errno = 0;
@@ -412,6 +431,14 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
             failure = {detail::process::child_step::exec, n < 0 ? errno : EIO};
         }
         detail::process::discard_child(pid, pidfd.get());
+        if (failure.step == detail::process::child_step::cgroup) {
+            // The agent could make the cgroup but not move a process into it (a cgroup it
+            // does not own, say). Containment by process group is what is left: go on with
+            // that, for this worker and every later one; cgroups::reason() says why.
+            detail::process::cgroups::instance().disable(detail::process::describe_failure(failure, options, path) +
+                                                         " (" + cgroup->path + ")");
+            return spawn(executor, options);
+        }
         throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error);
     }
 
@@ -429,8 +456,11 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         auto out_pipe = adopt(out.parent);
         auto err_pipe = adopt(err.parent);
         auto pid_stream = adopt(pidfd);
+        std::string cgroup_path = cgroup ? std::move(cgroup->path) : std::string();
+        cgroup.reset();
         return detail::process::child_process_factory::make(std::move(*pid_stream), pid, std::move(in_pipe),
-                                                            std::move(out_pipe), std::move(err_pipe));
+                                                            std::move(out_pipe), std::move(err_pipe),
+                                                            std::move(cgroup_path));
     } catch (...) {
         detail::process::discard_child(pid, pidfd ? pidfd.get() : -1);
         throw;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/process/cgroup.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/spawner.hpp"
 #include "elastic/process/sys.hpp"
@@ -21,6 +22,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
@@ -36,8 +38,11 @@ namespace elastic::inline v0::detail::process {
 // pipe: send(MSG_NOSIGNAL) reports a dead watcher as EPIPE whatever the agent's SIGPIPE
 // disposition is.)
 //
-// Limits, on purpose: a descendant that leaves its worker's process group (setsid, setpgid) is out
-// of reach; and a group id is removed before the agent reaps the group's leader (whose zombie
+// Where the agent has a cgroup directory (cgroup.hpp), the watcher also kills it and everything
+// below it on EOF, and removes the directories: that reaches the descendants that left their
+// worker's process group (setsid, setpgid). Without one, those are out of reach.
+//
+// Limits, on purpose: a group id is removed before the agent reaps the group's leader (whose zombie
 // keeps the id reserved until then), so the watcher never holds an id that the kernel may hand
 // to an unrelated process — except in the instant between the agent's death and the watcher's
 // kill, when init may reap a leader whose number then has to be reused at once, a full wrap of
@@ -57,8 +62,10 @@ inline constexpr std::size_t watcher_capacity = 8192;
 /// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
 /// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
 /// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
+/// `cgroup_parent` and `cgroup_name` name the agent's cgroup directory (nullptr: none).
 [[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity, unsigned char* buffer,
-                                      std::size_t buffer_size, int max_fd) noexcept {
+                                      std::size_t buffer_size, int max_fd, const char* cgroup_parent,
+                                      const char* cgroup_name) noexcept {
     // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
     // watcher before it has done its job, and no terminal hangup reaches it.
     ::setsid();
@@ -109,6 +116,20 @@ inline constexpr std::size_t watcher_capacity = 8192;
     }
     for (std::size_t i = 0; i < capacity; ++i) {
         if (table[i] > 0) ::kill(-table[i], SIGKILL);
+    }
+    const int parent = cgroup_parent == nullptr ? -1 : ::open(cgroup_parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (parent >= 0) {
+        const int dir = ::openat(parent, cgroup_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir >= 0) {
+            cgroup_kill_at(dir);
+            ::close(dir);
+        }
+        // The killed processes leave their cgroups within microseconds, unless one sleeps
+        // uninterruptibly: try for 5 s, then leave the empty directories to the system.
+        const timespec pause{0, 10'000'000};
+        for (int attempt = 0; attempt < 500 && !cgroup_remove_tree(parent, cgroup_name, 8); ++attempt) {
+            ::nanosleep(&pause, nullptr);
+        }
     }
     ::_exit(0);
 }
@@ -206,6 +227,9 @@ ELASTIC_DECL void watcher::start_locked() {
     // Everything the child touches is allocated here, before the fork.
     std::vector<pid_t> table(watcher_capacity, 0);
     std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
+    const std::string cgroup = cgroups::instance().root();
+    const std::string cgroup_parent = cgroup.substr(0, cgroup.rfind('/'));
+    const std::string cgroup_name = cgroup.substr(cgroup.rfind('/') + 1);
     rlimit limit{};
     int max_fd = 1024;
     if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
@@ -217,7 +241,8 @@ ELASTIC_DECL void watcher::start_locked() {
     auto job = [&] {
         pid = ::fork();
         if (pid == 0) {
-            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd);
+            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd,
+                         cgroup.empty() ? nullptr : cgroup_parent.c_str(), cgroup_name.c_str());
         }
         if (pid < 0) fork_errno = errno;
     };
