@@ -175,6 +175,7 @@ void agent_killed_leaves_nothing(const std::string& mode) {
     options.args = {process_support::worker_program(), "3"};
     if (!mode.empty()) options.args.push_back(mode);
     options.out = elastic::stdio::pipe();
+    options.own_cgroup = false;  // killing the agent's cgroup would do the watcher's job for it
     auto agent = elastic::spawn(io.get_executor(), options);
     auto out = agent.take_stdout();
     std::string buffer;
@@ -211,13 +212,25 @@ void agent_killed_leaves_nothing(const std::string& mode) {
 
     CHECK(agent.signal(SIGKILL));
     CHECK(run(io, agent.wait()).status.signal() == SIGKILL);
-    agent.reap();
     // Workers die by their parent-death signal, grandchildren by the watcher, which then exits.
+    // Awaited before the agent is reaped: reaping kills the agent's process group, which the
+    // watcher left (own session), but the workers did too.
     std::vector<pid_t> all = descendants;
     all.push_back(watcher);
     const auto survivors = process_support::await_deaths(all, std::chrono::seconds(60));
     CHECK(survivors.empty());
     for (pid_t pid : all) CHECK_FALSE(process_support::alive(pid));
+    if (mode == "daemon") {
+        // The watcher removed the agent's cgroup directory before it exited.
+        std::string why;
+        const std::string own = elastic::detail::process::own_cgroup2_dir(why);
+        REQUIRE_FALSE(own.empty());
+        const std::string prefix = "elastic." + std::to_string(agent.pid()) + ".";
+        for (const auto& entry : std::filesystem::directory_iterator(own)) {
+            CHECK(entry.path().filename().string().rfind(prefix, 0) != 0);
+        }
+    }
+    agent.reap();
 }
 
 }  // namespace test_stop
@@ -251,6 +264,62 @@ TEST_CASE("process: a daemon a worker started ends when the worker is reaped") {
     child.reap();
     CHECK(child.cgroup().empty());
     CHECK(process_support::await_deaths({daemon}, std::chrono::seconds(60)).empty());
+    // Its cgroup is removed at the reap or, while the daemon was still exiting, at a sweep.
+    elastic::detail::process::cgroups::instance().sweep();
+    CHECK_FALSE(std::filesystem::exists(cgroup));
+}
+
+TEST_CASE("process: without its own cgroup, a worker's daemon outlives it (own_cgroup = false)") {
+    using namespace test_stop;
+    asio::io_context io;
+    elastic::spawn_options options;
+    options.program = process_support::worker_program();
+    options.args = {"daemon", "exit"};
+    options.out = elastic::stdio::pipe();
+    options.own_cgroup = false;
+    auto child = elastic::spawn(io.get_executor(), options);
+    CHECK(child.cgroup().empty());
+    auto out = child.take_stdout();
+    std::string buffer;
+    const std::string line = run(io, read_line(*out, buffer));
+    REQUIRE(line.rfind("grandchild ", 0) == 0);
+    const auto daemon = static_cast<pid_t>(std::stoi(line.substr(11)));
+    CHECK(run(io, child.wait()).status.code() == 0);
+    child.reap();
+    CHECK(process_support::alive(daemon));  // what the option is for: it was left behind
+    ::kill(daemon, SIGKILL);
+    CHECK(process_support::await_deaths({daemon}, std::chrono::seconds(60)).empty());
+}
+
+TEST_CASE("process: the agent's cgroup directory is read from mountinfo and /proc/self/cgroup") {
+    using elastic::detail::process::cgroup2_dir_from;
+    const std::string hybrid =
+        "24 30 0:22 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755\n"
+        "25 24 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev shared:10 - cgroup2 cgroup2 rw,nsdelegate\n"
+        "26 24 0:24 / /sys/fs/cgroup/memory rw shared:11 - cgroup cgroup rw,memory\n";
+    const std::string unified = "30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
+    // A container's view: the mount's root is the container's cgroup.
+    const std::string subtree = "40 1 0:26 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+    std::string why;
+    CHECK(cgroup2_dir_from(hybrid, "1:name=systemd:/\n0::/user.slice/s.scope\n", why) ==
+          "/sys/fs/cgroup/unified/user.slice/s.scope");
+    CHECK(cgroup2_dir_from(unified, "0::/\n", why) == "/sys/fs/cgroup");
+    CHECK(cgroup2_dir_from(subtree, "0::/kubepods/pod1/c\n", why) == "/sys/fs/cgroup/c");
+    CHECK(cgroup2_dir_from(subtree, "0::/kubepods/pod1\n", why) == "/sys/fs/cgroup");
+    CHECK(cgroup2_dir_from("50 1 0:26 / /mnt/my\\040cg rw - cgroup2 none rw\n", "0::/a\n", why) == "/mnt/my cg/a");
+    // Not under the mount's root: a sibling whose name only starts the same, and "/..".
+    why.clear();
+    CHECK(cgroup2_dir_from(subtree, "0::/kubepods/pod12/c\n", why).empty());
+    CHECK(why.find("no cgroup2 mount shows") != std::string::npos);
+    why.clear();
+    CHECK(cgroup2_dir_from(unified, "0::/../other\n", why).empty());
+    CHECK(why.find("outside what its cgroup namespace shows") != std::string::npos);
+    why.clear();
+    CHECK(cgroup2_dir_from(hybrid.substr(0, hybrid.find('\n') + 1), "0::/\n", why).empty());
+    CHECK(why == "no cgroup2 file system is mounted");
+    why.clear();
+    CHECK(cgroup2_dir_from(unified, "1:name=systemd:/\n", why).empty());
+    CHECK(why.find("no cgroup in a v2 hierarchy") != std::string::npos);
 }
 
 TEST_CASE("process: stopping a worker ends the daemon it started") {

@@ -53,6 +53,8 @@ asio::awaitable<void> run(std::string worker, int count, bool restart_watcher, b
         elastic::spawn_options options;
         options.program = worker;
         options.args = {daemon ? "daemon" : "fork-grandchild"};
+        // Only the daemons need cgroups; the others test the watcher's process-group table.
+        options.own_cgroup = daemon;
         options.out = elastic::stdio::pipe();
         out.push_back(elastic::spawn(executor, options));
         auto pipe = out.back().take_stdout();

@@ -138,8 +138,8 @@ public:
         }
         started_ = std::chrono::steady_clock::now();
         if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
-            log_->info(fmt::format("workers are contained by their process groups only, not by cgroups: {}; a "
-                                   "daemon a worker starts can outlive it",
+            log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: {}; "
+                                   "a daemon a worker starts can outlive it",
                                    why));
         }
         if (spawn_failure) {

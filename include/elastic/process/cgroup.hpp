@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <dirent.h>
@@ -26,7 +27,8 @@ namespace elastic::inline v0::detail::process {
 // writing "1" to its cgroup.kill (Linux 5.14) SIGKILLs all of them at once.
 //
 // The layout: the agent makes one directory in its own cgroup of the v2 hierarchy,
-// "elastic.<agent pid>", and one per worker in it, "w<n>". The child moves itself into its
+// "elastic.<agent pid>.<random>" (mkdir is exclusive: two agents with one pid in different pid
+// namespaces never share one), and one per worker in it, "w<n>". The child moves itself into its
 // cgroup between fork and exec (by writing "0" to the cgroup.procs opened for it), so it has no
 // descendant outside it. When the worker is reaped its cgroup is killed and removed: what the
 // worker left running ends with it. When the agent dies, the watcher process kills and removes
@@ -84,17 +86,19 @@ class cgroups {
 public:
     static ELASTIC_DECL cgroups& instance();
 
-    /// The agent's directory ("…/elastic.<pid>"), made on first use; empty when there is none.
+    /// The agent's directory ("…/elastic.<pid>.<random>"), made on first use; empty when there
+    /// is none. It stays the agent's after disable(): workers made before still live in it.
     ELASTIC_DECL std::string root();
 
-    /// Why there is no root (empty while there is one, or before the first use).
+    /// Why the last worker got no cgroup of its own (empty while each one got one).
     ELASTIC_DECL std::string reason();
 
     /// The reason, the first time it is asked for after it was set; then empty (for a log line
     /// said once per agent).
     ELASTIC_DECL std::string reason_once();
 
-    /// A new cgroup for one worker; nullopt when there is no root, or it cannot be made.
+    /// A new cgroup for one worker; nullopt when there is no root, cgroups were disabled, or
+    /// it cannot be made (reason() says why).
     ELASTIC_DECL std::optional<worker_cgroup> make();
 
     /// Gives up on cgroups for the rest of the agent's life, with the reason (a child could
@@ -105,7 +109,8 @@ public:
     /// still exiting, at a later sweep.
     ELASTIC_DECL void retire(const std::string& path) noexcept;
 
-    /// Removes the retired cgroups whose processes have exited since.
+    /// Kills the retired cgroups again (idempotent) and removes those whose processes have
+    /// exited since.
     ELASTIC_DECL void sweep() noexcept;
 
     cgroups(const cgroups&) = delete;
@@ -115,10 +120,12 @@ private:
     cgroups() = default;
 
     ELASTIC_DECL void probe_locked();
+    ELASTIC_DECL void set_reason_locked(std::string why);
     ELASTIC_DECL void sweep_locked() noexcept;
 
     std::mutex mutex_;
     bool probed_ = false;
+    bool enabled_ = false;
     std::string root_;
     std::string reason_;
     bool reported_ = false;
@@ -126,48 +133,120 @@ private:
     std::vector<std::string> pending_;
 };
 
-/// This process's cgroup in the v2 hierarchy as a directory ("<cgroup2 mount><path>"), read
-/// from /proc/self/mountinfo and /proc/self/cgroup; empty, with `why` set, when there is none.
+/// A process's cgroup in the v2 hierarchy as a directory ("<cgroup2 mount><path>"), from the
+/// texts of its /proc/<pid>/mountinfo and /proc/<pid>/cgroup: the cgroup2 mount whose root is
+/// the cgroup or one of its ancestors (octal escapes such as \040 decoded). Empty, with `why`
+/// set, when there is none — a root of "/.." (a cgroup namespace entered without a remount)
+/// included.
+ELASTIC_DECL std::string cgroup2_dir_from(std::string_view mountinfo, std::string_view proc_cgroup, std::string& why);
+
+/// This process's cgroup directory (cgroup2_dir_from on its own files), checked: its
+/// cgroup.procs lists this process. Empty, with `why` set, when there is none.
 ELASTIC_DECL std::string own_cgroup2_dir(std::string& why);
 
 }  // namespace elastic::inline v0::detail::process
 
 #if ELASTIC_DETAIL_BODIES
 
+#include <algorithm>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace elastic::inline v0::detail::process {
 
-ELASTIC_DECL std::string own_cgroup2_dir(std::string& why) {
-    std::string relative;
-    {
-        std::ifstream file("/proc/self/cgroup");
-        std::string line;
-        while (std::getline(file, line)) {
-            if (line.rfind("0::", 0) == 0) relative = line.substr(3);
+namespace cgroup_detail {
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+inline std::string unescape(std::string_view field) {
+    std::string out;
+    for (std::size_t i = 0; i < field.size(); ++i) {
+        if (field[i] == '\\' && i + 3 < field.size() && field[i + 1] >= '0' && field[i + 1] <= '3' &&
+            field[i + 2] >= '0' && field[i + 2] <= '7' && field[i + 3] >= '0' && field[i + 3] <= '7') {
+            out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
+            i += 3;
+        } else {
+            out += field[i];
         }
     }
-    if (relative.empty() || relative.front() != '/') {
-        why = "this process has no cgroup in a v2 hierarchy (/proc/self/cgroup has no \"0::\" line)";
+    return out;
+}
+
+inline std::vector<std::string_view> words(std::string_view line) {
+    std::vector<std::string_view> out;
+    std::size_t at = 0;
+    while (at < line.size()) {
+        const auto end = line.find(' ', at);
+        const auto stop = end == std::string_view::npos ? line.size() : end;
+        if (stop > at) out.push_back(line.substr(at, stop - at));
+        at = stop + 1;
+    }
+    return out;
+}
+
+}  // namespace cgroup_detail
+
+ELASTIC_DECL std::string cgroup2_dir_from(std::string_view mountinfo, std::string_view proc_cgroup, std::string& why) {
+    std::string path;
+    for (std::size_t at = 0; at < proc_cgroup.size();) {
+        const auto end = std::min(proc_cgroup.find('\n', at), proc_cgroup.size());
+        const auto line = proc_cgroup.substr(at, end - at);
+        if (line.substr(0, 3) == "0::") path = std::string(line.substr(3));
+        at = end + 1;
+    }
+    if (path.empty() || path.front() != '/') {
+        why = "this process has no cgroup in a v2 hierarchy (/proc/self/cgroup has no \"0::/\" line)";
         return {};
     }
-    // mountinfo: "id parent major:minor root mount-point options... - fstype source options".
-    std::ifstream file("/proc/self/mountinfo");
-    std::string line;
-    while (std::getline(file, line)) {
-        const auto dash = line.find(" - ");
-        if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
-        std::istringstream fields(line.substr(0, dash));
-        std::string id, parent, device, root, mount_point;
-        if (!(fields >> id >> parent >> device >> root >> mount_point)) continue;
-        // A mount of a subtree (a container's namespace shows "/" for its own cgroup) sees
-        // the paths below its root.
-        if (root != "/" && relative.rfind(root, 0) == 0) relative = relative.substr(root.size());
-        if (relative.empty()) relative = "/";
-        return mount_point + (relative == "/" ? "" : relative);
+    if (path.find("/..") != std::string::npos || path.find("(deleted)") != std::string::npos) {
+        why = "this process's cgroup " + path + " lies outside what its cgroup namespace shows";
+        return {};
     }
-    why = "no cgroup2 file system is mounted";
+    bool mounted = false;
+    for (std::size_t at = 0; at < mountinfo.size();) {
+        const auto end = std::min(mountinfo.find('\n', at), mountinfo.size());
+        const auto line = mountinfo.substr(at, end - at);
+        at = end + 1;
+        // "id parent major:minor root mount-point options [optional...] - fstype source options"
+        const auto fields = cgroup_detail::words(line);
+        const auto dash = std::find(fields.begin(), fields.end(), std::string_view("-"));
+        if (fields.size() < 5 || dash == fields.end() || dash + 1 == fields.end() || *(dash + 1) != "cgroup2") {
+            continue;
+        }
+        mounted = true;
+        const std::string root = cgroup_detail::unescape(fields[3]);
+        const std::string mount_point = cgroup_detail::unescape(fields[4]);
+        std::string below;  // the cgroup's path under this mount's root
+        if (root == "/") {
+            below = path;
+        } else if (path == root) {
+            below = "/";
+        } else if (path.size() > root.size() && path.compare(0, root.size(), root) == 0 && path[root.size()] == '/') {
+            below = path.substr(root.size());
+        } else {
+            continue;  // a mount of another subtree (or of "/..")
+        }
+        return mount_point + (below == "/" ? std::string() : below);
+    }
+    why = mounted ? "no cgroup2 mount shows this process's cgroup " + path : "no cgroup2 file system is mounted";
+    return {};
+}
+
+ELASTIC_DECL std::string own_cgroup2_dir(std::string& why) {
+    const auto slurp = [](const char* name) {
+        std::ifstream file(name);
+        std::ostringstream text;
+        text << file.rdbuf();
+        return text.str();
+    };
+    const std::string dir = cgroup2_dir_from(slurp("/proc/self/mountinfo"), slurp("/proc/self/cgroup"), why);
+    if (dir.empty()) return dir;
+    std::ifstream procs(dir + "/cgroup.procs");
+    const pid_t self = ::getpid();
+    for (long pid = 0; procs >> pid;) {
+        if (pid == self) return dir;
+    }
+    why = "the cgroup " + dir + " does not list this process (a cgroup namespace or a mount of another one?)";
     return {};
 }
 
@@ -185,12 +264,19 @@ ELASTIC_DECL void cgroups::probe_locked() {
         reason_ = why;
         return;
     }
-    std::string dir = own + "/elastic." + std::to_string(::getpid());
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-        reason_ = "cannot make the cgroup " + dir + ": " + errno_string(errno) +
-                  (errno == EACCES || errno == EPERM || errno == EROFS
-                       ? " (the agent's cgroup is not delegated to this user)"
-                       : "");
+    // Exclusive: another agent with this pid (in another pid namespace), or a dead one's
+    // leftover, has its own directory.
+    std::random_device random;
+    std::string dir;
+    for (int attempt = 0;; ++attempt) {
+        dir = own + "/elastic." + std::to_string(::getpid()) + "." + std::to_string(random() % 1000000);
+        if (::mkdir(dir.c_str(), 0755) == 0) break;
+        const int e = errno;
+        if (e == EEXIST && attempt < 16) continue;
+        reason_ = "cannot make the cgroup " + dir + ": " + errno_string(e) +
+                  (e == EROFS                  ? " (the cgroup file system is mounted read-only)"
+                   : e == EACCES || e == EPERM ? " (the agent's cgroup is not delegated to this user)"
+                                               : "");
         return;
     }
     // Asked of the new directory: the root cgroup has no cgroup.kill of its own.
@@ -201,6 +287,7 @@ ELASTIC_DECL void cgroups::probe_locked() {
         return;
     }
     root_ = std::move(dir);
+    enabled_ = true;
 }
 
 ELASTIC_DECL std::string cgroups::root() {
@@ -214,6 +301,12 @@ ELASTIC_DECL std::string cgroups::reason() {
     return reason_;
 }
 
+ELASTIC_DECL void cgroups::set_reason_locked(std::string why) {
+    if (why == reason_) return;
+    reason_ = std::move(why);
+    reported_ = false;  // a new reason is said again, once
+}
+
 ELASTIC_DECL std::string cgroups::reason_once() {
     std::lock_guard lock(mutex_);
     if (reason_.empty() || reported_) return {};
@@ -225,16 +318,16 @@ ELASTIC_DECL std::optional<worker_cgroup> cgroups::make() {
     std::lock_guard lock(mutex_);
     probe_locked();
     sweep_locked();
-    if (root_.empty()) return std::nullopt;
+    if (!enabled_) return std::nullopt;
     worker_cgroup made;
     made.path = root_ + "/w" + std::to_string(next_++);
     if (::mkdir(made.path.c_str(), 0755) != 0) {
-        reason_ = "cannot make the cgroup " + made.path + ": " + errno_string(errno);
+        set_reason_locked("cannot make the cgroup " + made.path + ": " + errno_string(errno));
         return std::nullopt;
     }
     made.procs = owned_fd(::open((made.path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
     if (!made.procs) {
-        reason_ = "cannot open " + made.path + "/cgroup.procs: " + errno_string(errno);
+        set_reason_locked("cannot open " + made.path + "/cgroup.procs: " + errno_string(errno));
         ::rmdir(made.path.c_str());
         return std::nullopt;
     }
@@ -243,12 +336,10 @@ ELASTIC_DECL std::optional<worker_cgroup> cgroups::make() {
 }
 
 ELASTIC_DECL void cgroups::disable(std::string why) {
+    // The root stays: workers made before may live in it, and the watcher removes it at the end.
     std::lock_guard lock(mutex_);
-    if (root_.empty()) return;
-    reason_ = std::move(why);
-    pending_.push_back(std::move(root_));
-    root_.clear();
-    sweep_locked();
+    enabled_ = false;
+    set_reason_locked(std::move(why));
 }
 
 ELASTIC_DECL void cgroups::retire(const std::string& path) noexcept {
@@ -274,6 +365,11 @@ ELASTIC_DECL void cgroups::sweep() noexcept {
 
 ELASTIC_DECL void cgroups::sweep_locked() noexcept {
     for (auto it = pending_.begin(); it != pending_.end();) {
+        // Killed again first: retire() may have failed to open it (out of descriptors, say).
+        if (const int dir = ::open(it->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+            cgroup_kill_at(dir);
+            ::close(dir);
+        }
         const auto slash = it->rfind('/');
         const std::string parent = it->substr(0, slash);
         const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -121,6 +121,8 @@ struct child_plan {
         [[maybe_unused]] const ssize_t n = ::write(plan.error_fd, &failure, sizeof failure);
         ::_exit(127);
     };
+    // First the cgroup, before anything can start a descendant that would stay outside it.
+    if (plan.cgroup_procs >= 0 && ::write(plan.cgroup_procs, "0", 1) != 1) fail(child_step::cgroup);
     // Every signal is blocked here (inherited from the spawner thread). Reset every disposition:
     // handled ones would reset at exec anyway, but ignored ones (the agent ignores SIGPIPE)
     // would be inherited by the worker.
@@ -129,8 +131,6 @@ struct child_plan {
     for (int sig = 1; sig < NSIG; ++sig) {
         if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &deflt, nullptr);  // EINVAL ok
     }
-    // First the cgroup, before anything can start a descendant that would stay outside it.
-    if (plan.cgroup_procs >= 0 && ::write(plan.cgroup_procs, "0", 1) != 1) fail(child_step::cgroup);
     if (plan.new_session ? ::setsid() < 0 : ::setpgid(0, 0) != 0) fail(child_step::group);
     // Forked by the spawner thread, which lives as long as the agent: this fires when the
     // agent dies. If it died before the prctl, we were reparented already: give up now.
@@ -209,7 +209,9 @@ ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept;
 /// The child leads its own session (or process group); its signal dispositions are reset to the
 /// defaults and its signal mask emptied; every descriptor above 2 is closed; it gets SIGKILL when
 /// the agent dies (PR_SET_PDEATHSIG, from the spawner thread, spawner.hpp), and its process group
-/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed.
+/// gets SIGKILL from the watcher process (watcher.hpp) even if the agent was SIGKILLed. With
+/// `options.own_cgroup`, where the agent can make one, it also runs in a cgroup of its own
+/// (cgroup.hpp), killed with everything in it when the child is reaped or the agent dies.
 ///
 /// Returns once the program has been executed. Throws spawn_error, with errno's text and value,
 /// when it cannot be: a missing program, a file without execute permission, a bad working

@@ -125,9 +125,11 @@ inline constexpr std::size_t watcher_capacity = 8192;
             ::close(dir);
         }
         // The killed processes leave their cgroups within microseconds, unless one sleeps
-        // uninterruptibly: try for 5 s, then leave the empty directories to the system.
-        const timespec pause{0, 10'000'000};
-        for (int attempt = 0; attempt < 500 && !cgroup_remove_tree(parent, cgroup_name, 8); ++attempt) {
+        // uninterruptibly (a device driver finishing a DMA, a dead network file system): try
+        // every 10 ms for a second, then every second for 10 minutes — the watcher has nothing
+        // else to do — then leave the directories to the system.
+        for (int attempt = 0; attempt < 700 && !cgroup_remove_tree(parent, cgroup_name, 8); ++attempt) {
+            const timespec pause{attempt < 100 ? 0 : 1, attempt < 100 ? 10'000'000 : 0};
             ::nanosleep(&pause, nullptr);
         }
     }
