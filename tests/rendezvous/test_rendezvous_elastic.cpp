@@ -670,6 +670,50 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "rendezvous elastic: in a fixed-size job, an agent stopped past its keep-alive rejoins when it runs again, and the "
+    "job goes on") {
+    // --nnodes=2: no majority or successor matters here; the store lived all along, so the
+    // dropped agent must not take its dropped connection for the store's loss (it exited 250).
+    job j("stopped-fixed");
+    j.nnodes = "2";
+    const std::string rules = "*:world+trap";
+    for (int node = 0; node < 2; ++node) j.start(rules, node == 0);
+    for (int node = 0; node < 2; ++node) {
+        await_lines(j[node], "world 2 ");
+        await_lines(j[node], "ready ");
+    }
+    const int stopped = 1;
+    REQUIRE(::kill(j[stopped].pid(), SIGSTOP) == 0);
+    // The store hears no heartbeat from it: the host takes it for lost and waits for two nodes.
+    await_stderr(j[0], "membership changed:");
+    REQUIRE(::kill(j[stopped].pid(), SIGCONT) == 0);
+    // It finds its connection dropped, the store still there: it rejoins, and the two go on.
+    for (int node = 0; node < 2; ++node) {
+        await_lines(j[node], "world 2 ", 2);
+        await_lines(j[node], "ready ", 2);
+    }
+    std::set<int> ranks;
+    for (int node = 0; node < 2; ++node) {
+        const auto last = worlds(j[node].out(), 2).back();
+        ranks.insert(last.rank);
+        CHECK(last.attempt == 0);                 // a membership restart spends no restart
+        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
+    }
+    CHECK(ranks == std::set<int>{0, 1});
+    for (int node = 0; node < 2; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+    }
+    const auto line = line_with(j[stopped].err(), "dropped this node's connection");
+    CAPTURE(j[stopped].err());
+    CHECK(has(line, "rejoining the job"));
+    CHECK_FALSE(has(j[stopped].err(), "lost the rendezvous store"));
+}
+
+TEST_CASE(
     "rendezvous elastic: an agent dropped while round 0 forms rejoins it, and the round leaves out its former self") {
     job j("dropped-forming");
     j.nnodes = "2:3";
