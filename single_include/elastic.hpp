@@ -13501,13 +13501,15 @@ public:
 
     /// The rendezvous store was lost (`reason`; this node's workers are stopped already). Only the
     /// end of the lease connection is the store's loss: an error on one request alone throws
-    /// rendezvous_error(reason). Elastic membership over c10d: a store that still answers
-    /// dropped this node (no heartbeat in time), which rejoins it; a store that does not answer
-    /// moves to the first successor that does, and the next round needs a majority of the last.
-    /// Returns one line saying which; rendezvous_error when the job cannot go on.
+    /// rendezvous_error(reason). Over c10d, a store that still answers dropped this node (no
+    /// heartbeat in time), which rejoins it, whatever --nnodes says: the others re-form and
+    /// wait for it. With elastic membership, a store that does not answer moves to the first
+    /// successor that does, and the next round needs a majority of the last. Returns one line
+    /// saying which; rendezvous_error when the job cannot go on.
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
-        const bool elastic_membership = params_.nnodes.min < params_.nnodes.max;  // c10d only
-        if (!elastic_membership || !rdzv_) throw rendezvous_error(std::move(reason));
+        const bool is_static = params_.backend == rendezvous_backend::static_;
+        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
+        if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
         // Only a store that does not answer moves (so an overloaded node never splits the job).
         if (co_await rejoin_store(me)) {
@@ -13516,6 +13518,7 @@ public:
                                   "starved of CPU?); reconnected, rejoining the job",
                                   store_endpoint());
         }
+        if (!elastic_membership) throw rendezvous_error(std::move(reason));
         const int before = rdzv_->last_round_size();
         std::string where;
         try {
