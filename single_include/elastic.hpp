@@ -10875,6 +10875,9 @@ struct abort_notice {
     std::string reason;   ///< one line: which local rank, which exit code or signal; which node
     kind what = kind::failure;
     bool admission = false;  ///< membership: a node waits to join (the next round then takes a last call)
+    /// The reporting node's lease name (node_info::id), filled in by the rendezvous: a failure's
+    /// reporter decides the round, and the others take the decision over when it is gone.
+    std::string node{};
 };
 
 /// What the job does after an aborted round, decided by the node that aborted it.
@@ -10882,6 +10885,9 @@ struct job_decision {
     bool restart = false;  ///< true: every node rejoins the next round
     int exit_code = 1;     ///< when stopping: the code every node exits with (the root cause's)
     std::string reason;    ///< the policy's reason
+    /// A restart taken over from a deciding node that was lost before it decided: the nodes
+    /// re-form without it, as after any node loss (a membership restart, not counted).
+    bool regroup = false;
 };
 
 /// How a node's exit barrier ended.
@@ -10899,8 +10905,12 @@ struct barrier_result {
  *   wait_for_abort()               -> awaitable<abort_notice>      the current round's abort
  *                                                                  (push; cancellable)
  *   abort(abort_notice)            -> awaitable<bool>   report a failure; true: this node won
- *   decide(job_decision)           -> awaitable<void>   the winner publishes restart/stop
- *   await_decision()               -> awaitable<job_decision>
+ *   decide(job_decision)           -> awaitable<job_decision>  the winner publishes restart/
+ *                                                       stop; returns the decision that stands
+ *                                                       (another node's takeover, when this one
+ *                                                       was taken for lost meanwhile)
+ *   await_decision()               -> awaitable<job_decision>  the decision; taken over (a
+ *                                                       regroup) when the decider is gone
  *   finish(timeout)                -> awaitable<barrier_result>  this node is done; exit barrier
  *   leave()                        -> awaitable<void>   this node is leaving the job for good
  * Waiting is by store notification, never by polling.
@@ -10911,7 +10921,7 @@ concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_dec
     { r.next_round(info) } -> std::same_as<asio::awaitable<rendezvous_round>>;
     { r.wait_for_abort() } -> std::same_as<asio::awaitable<abort_notice>>;
     { r.abort(notice) } -> std::same_as<asio::awaitable<bool>>;
-    { r.decide(decision) } -> std::same_as<asio::awaitable<void>>;
+    { r.decide(decision) } -> std::same_as<asio::awaitable<job_decision>>;
     { r.await_decision() } -> std::same_as<asio::awaitable<job_decision>>;
     { r.finish(timeout) } -> std::same_as<asio::awaitable<barrier_result>>;
     { r.leave() } -> std::same_as<asio::awaitable<void>>;
@@ -11356,6 +11366,7 @@ ELASTIC_DECL std::string encode(const abort_notice& a) {
                                                                 : "failure";
     nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
     if (a.admission) j["admission"] = true;
+    if (!a.node.empty()) j["node"] = a.node;
     return j.dump();
 }
 
@@ -11371,20 +11382,26 @@ ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
         else if (what == "failure") a.what = abort_notice::kind::failure;
         else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
         a.admission = field_bool(j, "admission", false);
+        if (j.contains("node")) a.node = field_string(j, "node", max_id, 1);
         return a;
     });
 }
 
 ELASTIC_DECL std::string encode(const job_decision& d) {
-    return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
+    nlohmann::json j{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}};
+    if (d.regroup) j["regroup"] = true;
+    return j.dump();
 }
 
 ELASTIC_DECL job_decision decode_decision(std::string_view text) {
     return codec::decoded([&] {
         using namespace codec;
         const auto j = parse_object(text);
-        return job_decision{field_bool(j, "restart"), field_small(j, "exit_code", 0, 255),
-                            field_string(j, "reason", max_reason)};
+        job_decision d{field_bool(j, "restart"), field_small(j, "exit_code", 0, 255),
+                       field_string(j, "reason", max_reason)};
+        d.regroup = field_bool(j, "regroup", false);
+        if (d.regroup && !d.restart) throw invalid_value("a regroup that is no restart");
+        return d;
     });
 }
 
@@ -11895,10 +11912,10 @@ public:
 
     asio::awaitable<bool> abort(abort_notice) { co_return true; }
 
-    asio::awaitable<void> decide(job_decision decision) {
+    asio::awaitable<job_decision> decide(job_decision decision) {
         if (decision.restart) ++restarts_;
         decision_ = std::move(decision);
-        co_return;
+        co_return *decision_;
     }
 
     /// The decision this node made for the round. It is the only node: with none made there is
@@ -12172,6 +12189,7 @@ public:
             ++round_;
             const int r = round_;
             phase_ = phase::forming;
+            standing_.reset();
             const auto arrival = co_await store_->add(key(r, "count"), 1);
             const auto step = detail::rendezvous::on_arrival(arrival, rules());
             if (step == detail::rendezvous::arrival_step::late) {
@@ -12226,6 +12244,7 @@ public:
             const auto value = co_await watcher_->get(k);
             if (auto notice = valid_abort(k, value)) {
                 admission_ = notice->admission;
+                standing_ = *notice;
                 co_return std::move(*notice);
             }
         }
@@ -12236,11 +12255,14 @@ public:
     asio::awaitable<bool> abort(abort_notice notice) {
         auto [standing, won] = co_await abort_round(*store_, round_, std::move(notice));
         admission_ = standing.admission;
+        standing_ = std::move(standing);
         co_return won;
     }
 
-    /// Publishes what the job does after the aborted round (the winner of abort() calls it).
-    asio::awaitable<void> decide(job_decision decision) {
+    /// Publishes what the job does after the aborted round (the winner of abort() calls it), and
+    /// returns the decision that stands: this one, or the regroup of a node that took the
+    /// decision over because this one was taken for lost meanwhile (await_decision()).
+    asio::awaitable<job_decision> decide(job_decision decision) {
         if (decision.restart) {
             // The job's count, repaired first if a broken client wrote something else there (an
             // ADD of a value that is no number would end this connection).
@@ -12254,29 +12276,43 @@ public:
             const auto k = slot_key(round_, "decision", slot);
             const auto got = co_await store_->compare_set(k, std::string{}, value);
             if (got == value) break;
-            // Only this node decides the round: whatever is there was written by another client.
-            ignored(k, got, "only the node whose abort won decides, and this node is that one",
-                    "the decision goes to the next slot");
+            auto theirs = checked(k, got, "the decision goes to the next slot",
+                                  [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
+            if (theirs && theirs->regroup) {
+                // This node was taken for lost (its lease ended while it decided) and another
+                // node took the decision over: the regroup stands, and spends no restart.
+                if (decision.restart) (void)co_await store_->add(job_key("restarts"), -1);
+                co_return std::move(*theirs);
+            }
+            // Only this node decides the round, or another one's regroup once it is taken for
+            // lost: whatever else is there was written by another client.
+            if (theirs) {
+                ignored(k, got, "only the node whose abort won decides, and this node is that one",
+                        "the decision goes to the next slot");
+            }
         }
         if (decision.restart) ++restarts_;
+        co_return decision;
     }
 
     /// The decision for the aborted round (awaited by push). A value that is no valid decision,
     /// or a restart the job's `restarts` count does not back (the decider adds 1 to it before it
     /// publishes; with max_restarts, past the budget), is reported and ignored: the wait goes on
-    /// at the next slot.
+    /// at the next slot. With liveness the wait lasts only while the decider (the failure's
+    /// reporter) holds its lease: once it is gone, this node takes the decision over, a regroup
+    /// (job_decision::regroup) that every node reads alike.
     asio::awaitable<job_decision> await_decision() {
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "decision", slot);
             if (co_await round_collected(*store_, r)) co_return missed_decision(r);
-            co_await wait_interruptible(*store_, k, std::nullopt);
+            co_await await_decider(k);
             if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
                                     [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
             if (!decision) continue;
-            if (decision->restart) {
+            if (decision->restart && !decision->regroup) {
                 const auto count = co_await job_restarts(*store_);
                 const bool backed = count && *count > restarts_ &&
                                     (!options_.max_restarts || *count <= *options_.max_restarts);
@@ -12423,16 +12459,85 @@ private:
         return std::nullopt;
     }
 
+    // With liveness every agent holds a lease, and its notices name it (the decider's liveness
+    // bounds the wait for a decision): a notice that names none is no agent's.
     std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
         const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
         return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
-                       [&](std::string_view v) { return detail::rendezvous::decode_abort(v, size); });
+                       [&](std::string_view v) {
+                           auto notice = detail::rendezvous::decode_abort(v, size);
+                           if (members_ && notice.node.empty())
+                               throw detail::rendezvous::invalid_value("it names no lease (every agent holds one)");
+                           return notice;
+                       });
+    }
+
+    // Waits until the decision key `k` holds a value. With liveness, only while the node that
+    // has to write it (the standing failure's reporter) lives: once it is gone — its lease lost,
+    // or one it never held — this node writes a regroup there first-come (compare-and-set), so
+    // every node reads the same decision whoever took it over.
+    asio::awaitable<void> await_decider(const std::string& k) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!members_ || !standing_ || standing_->what != abort_notice::kind::failure) {
+            co_await wait_interruptible(*store_, k, std::nullopt);
+            co_return;
+        }
+        const auto decider = standing_->node;
+        for (;;) {
+            auto log = members_;
+            const auto seen = log->lost.size();  // taken before the check: a later loss ends the wait
+            if (auto gone = co_await decider_gone(decider)) {
+                job_decision regroup;
+                regroup.restart = true;
+                regroup.exit_code = 0;
+                regroup.reason = std::move(*gone);
+                regroup.regroup = true;
+                (void)co_await unless_lost(*store_,
+                                           store_->compare_set(k, std::string{}, detail::rendezvous::encode(regroup)));
+                co_return;
+            }
+            auto which = co_await (unless_lost(*store_, wait_long(*store_, k)) || loss_after(log, seen, decider));
+            if (which.index() == 0) co_return;
+            // The wait was cancelled mid-request: the connection's next request reconnects.
+            if constexpr (requires { store_->close(); }) store_->close();
+        }
+    }
+
+    // Why the decider `decider` (a lease name) can no longer decide, or nothing while it can.
+    asio::awaitable<std::optional<std::string>> decider_gone(const std::string& decider) {
+        const auto who = detail::rendezvous::describe_node_id(decider);
+        if (decider == id_) {
+            co_return fmt::format("the failure notice names this node ({}) as its reporter, but this node reported "
+                                  "no failure; it takes the decision over and the nodes re-form",
+                                  who);
+        }
+        std::vector<std::string> lease{lease_key(lease_group(), decider)};
+        if (co_await unless_lost(*store_, store_->check(std::move(lease)))) co_return std::nullopt;
+        co_return fmt::format("the reporting node, {}, was lost before it decided; the others took the decision over "
+                              "and re-form without it",
+                              who);
+    }
+
+    // Completes once `log` records a loss after its first `seen` that names `decider` or nobody
+    // (a record the store erased), or the lease connection ends.
+    static asio::awaitable<void> loss_after(std::shared_ptr<detail::rendezvous::membership_log> log, std::size_t seen,
+                                            std::string decider) {
+        for (;;) {
+            if (log->store_lost) co_return;
+            for (auto i = seen; i < log->lost.size(); ++i) {
+                const auto& name = log->lost[i].second;
+                if (name.empty() || name == decider) co_return;
+            }
+            seen = log->lost.size();
+            co_await log->next();
+        }
     }
 
     // Writes `mine` as round r's abort unless a valid abort is there first; returns the abort
     // that stands and whether it is this node's. An invalid value found in a slot is reported
     // and skipped: the abort goes to the next slot, where the watchers that saw it wait.
     asio::awaitable<std::pair<abort_notice, bool>> abort_round(Store& s, int r, abort_notice mine) {
+        if (mine.node.empty()) mine.node = id_;
         const auto value = detail::rendezvous::encode(mine);
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
@@ -13033,6 +13138,7 @@ private:
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
     bool admission_ = false;                   ///< the last round ended to admit a node
+    std::optional<abort_notice> standing_;     ///< the current round's abort, once seen
     bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
@@ -13491,7 +13597,9 @@ public:
     }
 
     asio::awaitable<bool> abort(abort_notice notice) { co_return co_await rdzv_->abort(std::move(notice)); }
-    asio::awaitable<void> decide(job_decision decision) { co_await rdzv_->decide(std::move(decision)); }
+    asio::awaitable<job_decision> decide(job_decision decision) {
+        co_return co_await rdzv_->decide(std::move(decision));
+    }
     asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         co_return co_await rdzv_->finish(timeout);
@@ -17686,15 +17794,16 @@ private:
             // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
             const job_decision stop_now{false, 128 + sig,
                                         fmt::format("the deciding node received {}", signal_to_string(sig))};
-            co_await rdzv.decide(stop_now);
+            (void)co_await rdzv.decide(stop_now);  // this node exits on the signal whatever stands
             co_return 128 + sig;
         }
         const auto d = std::get<0>(decided).take();
         events_.decision(s.failure, d);
         const auto* root = s.failure.root_cause();
         const job_decision decision{d.restart(), root ? launcher_exit_code(*root) : 1, d.reason};
-        co_await rdzv.decide(decision);
-        co_return co_await conclude(rdzv, s, decision);
+        // What stands: this decision, or another node's regroup when this one was taken for lost.
+        const auto standing = co_await rdzv.decide(decision);
+        co_return co_await conclude(rdzv, s, standing);
     }
 
     /// job<R>::follow().
@@ -17731,6 +17840,12 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
         const auto what = failed_what(s);
+        if (decision.regroup) {
+            log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
+                                     "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                     spec_.role, what, decision.reason, rdzv.restart_count()));
+            co_return std::nullopt;
+        }
         if (decision.restart) {
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
                                      several_
@@ -18157,7 +18272,7 @@ private:
                 const job_decision stop_now{false, 128 + sig,
                                             fmt::format("group_rank {} ({}) received {}", round_->group_rank, host_,
                                                         signal_to_string(sig))};
-                co_await rdzv.decide(stop_now);
+                (void)co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
             // The store is gone already: nobody is left to tell.

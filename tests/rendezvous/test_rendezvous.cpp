@@ -1,6 +1,7 @@
 // The rendezvous core: rounds over the in-memory store and over the real TCP
 // store, store operations per node (counted), aborts and job-wide restarts, the exit barrier,
 // the torchrun guard.
+#include <elastic/rendezvous/codec.hpp>
 #include <elastic/rendezvous/concepts.hpp>
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
@@ -263,6 +264,41 @@ TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, 
         CHECK(second[i].restart_count == 1);
         CHECK(second[i].group_rank == first[i].group_rank);  // stable
     }
+}
+
+TEST_CASE("rendezvous: a decider that finds another node's regroup in its decision's place follows it and spends "
+          "no restart") {
+    cluster c(2);
+    (void)c.round();
+    std::optional<elastic::job_decision> standing;
+    std::optional<elastic::job_decision> followed;
+    spawn_support::spawn_errors errors;
+    asio::co_spawn(
+        c.ctx,
+        [&]() -> asio::awaitable<void> {
+            const elastic::abort_notice a{1, "node1", "local_rank 0 exited with 3"};
+            REQUIRE(co_await c.nodes[1]->abort(a));
+            // Node 0 took the decision over while node 1 was taken for lost.
+            elastic::job_decision regroup{true, 0, "the reporting node was lost before it decided"};
+            regroup.regroup = true;
+            co_await c.memory.set(c.nodes[0]->key("decision"), elastic::detail::rendezvous::encode(regroup));
+            const elastic::job_decision mine{true, 3, "1/2 restarts left"};
+            standing = co_await c.nodes[1]->decide(mine);
+            (void)co_await c.nodes[0]->wait_for_abort();
+            followed = co_await c.nodes[0]->await_decision();
+        },
+        errors.handler());
+    c.ctx.run();
+    c.ctx.restart();
+    errors.check();
+    REQUIRE(standing);
+    CHECK(standing->regroup);
+    CHECK(standing->reason == "the reporting node was lost before it decided");
+    REQUIRE(followed);
+    CHECK(followed->regroup);
+    for (const auto& node : c.nodes) CHECK(node->restart_count() == 0);
+    const auto next = c.round();
+    for (const auto& r : next) CHECK(r.restart_count == 0);  // the job's count was given back
 }
 
 TEST_CASE("rendezvous: the exit barrier completes when all finish, and names the missing node on timeout") {

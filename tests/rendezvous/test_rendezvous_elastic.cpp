@@ -1,4 +1,4 @@
-// Elastic membership (issue 12) with real elasticrun agents on loopback, c10d, --nnodes=MIN:MAX:
+// Elastic membership with real elasticrun agents on loopback, c10d, --nnodes=MIN:MAX:
 // a member lost, group rank 0 lost, the store's host lost, scale-up, a standby, below MIN, a leave.
 #include "agent_support.hpp"
 
@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -751,6 +752,47 @@ TEST_CASE(
     const auto line = line_with(j[dropped].err(), "dropped this node's connection");
     CAPTURE(j[dropped].err());
     CHECK(has(line, "rejoining the job"));
+}
+
+TEST_CASE("rendezvous elastic: the node that must decide after a failure is killed before it decides: the other "
+          "takes the decision over, and a replacement node completes the next round") {
+    job j("decider");
+    j.nnodes = "2";
+    // Node 1's worker fails; its agent wins the abort and waits out a backoff longer than the
+    // case before it would decide. Node 0's workers wait for the test's word, in every round.
+    j.start("*:world+go", true, "", {"--node-rank=0"});
+    j.start("*:world+exit3", false, "", {"--node-rank=1", "--max-restarts=3", "--restart-backoff=1h:1h"});
+    await_lines(j[0], "world 2 ");
+    {
+        // The failure's abort is in the store: node 1 is deciding (a push, not a poll).
+        elastic::store_client_options options;
+        options.port = static_cast<std::uint16_t>(j.port);
+        options.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        elastic::blocking_store_client peek(options);
+        peek.wait({"elastic.rendezvous.decider/0/abort"});
+    }
+    j[1].signal(SIGKILL);
+    CHECK(j[1].wait() == 128 + SIGKILL);
+    // Node 0 takes the decision over (it used to wait for ever) and re-forms; a fixed-size job
+    // then waits for a second node, as after any node loss.
+    await_stderr(j[0], "was lost before it decided");
+    j.start("*:world+exit0", false);
+    await_lines(j[0], "world 2 ", 2);
+    std::ofstream(j.dir.path() / "go") << "go\n";
+    const int code = j[0].wait();
+    INFO("stdout:\n" << j[0].out());
+    INFO("stderr:\n" << j[0].err());
+    CHECK(code == 0);
+    const auto lines = worlds(j[0].out(), 2);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[1].attempt == 0);  // the takeover is a membership restart
+    const auto line = line_with(j[0].err(), "was lost before it decided");
+    CAPTURE(line);
+    CHECK(has(line, "reported: local_rank 0 (rank 1) exited with code 3; the reporting node, "));
+    CHECK(has(line,
+              fmt::format(" (pid {}), was lost before it decided; the others took the decision over", j[1].pid())));
+    CHECK(has(line, "restarting every node's worker group (a membership restart"));
+    CHECK(j[2].wait() == 0);
 }
 
 }  // namespace test_rendezvous_elastic

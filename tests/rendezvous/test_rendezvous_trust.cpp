@@ -155,6 +155,22 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK_THROWS_AS(rdzv::decode_decision(R"({"restart":false,"exit_code":18446744073709551615,"reason":""})"),
                     invalid_value);
     CHECK(rdzv::decode_decision(R"({"restart":false,"exit_code":7,"reason":"x"})").exit_code == 7);
+    // A regroup is a restart; the reporter's lease name is a string of at most max_id bytes.
+    CHECK_THROWS_AS(rdzv::decode_decision(R"({"restart":false,"exit_code":0,"reason":"","regroup":true})"),
+                    invalid_value);
+    CHECK(rdzv::decode_decision(R"({"restart":true,"exit_code":0,"reason":"","regroup":true})").regroup);
+    CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":0,"host":"h","reason":"r","kind":"failure","node":7})", 2),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":0,"host":"h","reason":"r","kind":"failure","node":""})", 2),
+                    invalid_value);
+    {
+        elastic::abort_notice a{0, "h", "r"};
+        a.node = "h:12:t";
+        CHECK(rdzv::decode_abort(rdzv::encode(a), 2).node == "h:12:t");
+        elastic::job_decision d{true, 0, "r"};
+        d.regroup = true;
+        CHECK(rdzv::decode_decision(rdzv::encode(d)).regroup);
+    }
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":0,"nproc":1,"pid":1})"), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":-3,"pid":1})"), invalid_value);
     // Interface addresses: literals only, at most max_addrs.
@@ -304,6 +320,55 @@ TEST_CASE("rendezvous trust: an invalid abort, decision and restart count writte
     }
     // The node that decided found the restart count invalid and wrote its own before adding 1.
     CHECK(has(j[1].err(), fmt::format("key '{}' holds '-5'", j.key("restarts"))));
+}
+
+TEST_CASE("rendezvous trust: a failure notice that names no lease is ignored, one whose reporter holds no lease "
+          "is taken over, and the job re-forms instead of waiting for ever for its decision") {
+    job j("trust-decider", "2");
+    // Every attempt's workers wait for the test's word: the takeover's restart is a membership
+    // restart, so the attempt stays 0.
+    const std::string rules = "*:world+go";
+    j.start(rules);
+    j.start(rules);
+    for (int node = 0; node < 2; ++node) REQUIRE(j[node].read_lines("world ", 1));
+    const auto abort_key = j.key("0/abort");
+    const auto ghost_key = j.key("0/abort/1");
+    {
+        auto c = j.client();
+        // Written by no agent: every agent's notice names its lease.
+        c->set(abort_key, R"({"group_rank":1,"host":"x","reason":"forged","kind":"failure"})");
+        for (int node = 0; node < 2; ++node) {
+            CAPTURE(node);
+            await_stderr(j[node], fmt::format("key '{}' holds", abort_key));
+        }
+        // A reporter whose lease is gone (or never was): nobody would ever decide the round.
+        c->set(ghost_key, R"({"group_rank":1,"host":"x","reason":"ghost","kind":"failure","node":"x:1:ghost"})");
+    }
+    for (int node = 0; node < 2; ++node) {
+        CAPTURE(node);
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        REQUIRE(j[node].read_lines("world ", 2));
+    }
+    std::ofstream(j.dir.path() / "go") << "go\n";
+    for (int node = 0; node < 2; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+        const auto lines = worlds(j[node].out());
+        REQUIRE(lines.size() == 2);
+        for (const auto& w : lines) {
+            CHECK(w[0] == 2);
+            CHECK(w[4] == 0);  // a regroup spends no restart
+        }
+        const auto& err = j[node].err();
+        CHECK(has(err, "(it names no lease (every agent holds one)); it does not abort the round"));
+        CHECK(has(err, "the reporting node, x (pid 1), was lost before it decided; the others took the decision "
+                       "over and re-form without it"));
+        CHECK(has(err, "a membership restart: TORCHELASTIC_RESTART_COUNT stays 0"));
+    }
 }
 
 TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MASTER_ADDR) is left out of "

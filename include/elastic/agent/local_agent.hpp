@@ -474,15 +474,16 @@ private:
             // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
             const job_decision stop_now{false, 128 + sig,
                                         fmt::format("the deciding node received {}", signal_to_string(sig))};
-            co_await rdzv.decide(stop_now);
+            (void)co_await rdzv.decide(stop_now);  // this node exits on the signal whatever stands
             co_return 128 + sig;
         }
         const auto d = std::get<0>(decided).take();
         events_.decision(s.failure, d);
         const auto* root = s.failure.root_cause();
         const job_decision decision{d.restart(), root ? launcher_exit_code(*root) : 1, d.reason};
-        co_await rdzv.decide(decision);
-        co_return co_await conclude(rdzv, s, decision);
+        // What stands: this decision, or another node's regroup when this one was taken for lost.
+        const auto standing = co_await rdzv.decide(decision);
+        co_return co_await conclude(rdzv, s, standing);
     }
 
     /// job<R>::follow().
@@ -519,6 +520,12 @@ private:
     template <agent_rendezvous R>
     asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
         const auto what = failed_what(s);
+        if (decision.regroup) {
+            log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
+                                     "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                     spec_.role, what, decision.reason, rdzv.restart_count()));
+            co_return std::nullopt;
+        }
         if (decision.restart) {
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
                                      several_
@@ -945,7 +952,7 @@ private:
                 const job_decision stop_now{false, 128 + sig,
                                             fmt::format("group_rank {} ({}) received {}", round_->group_rank, host_,
                                                         signal_to_string(sig))};
-                co_await rdzv.decide(stop_now);
+                (void)co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
             // The store is gone already: nobody is left to tell.

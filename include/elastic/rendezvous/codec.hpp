@@ -373,6 +373,7 @@ ELASTIC_DECL std::string encode(const abort_notice& a) {
                                                                 : "failure";
     nlohmann::json j{{"group_rank", a.group_rank}, {"host", a.host}, {"reason", a.reason}, {"kind", what}};
     if (a.admission) j["admission"] = true;
+    if (!a.node.empty()) j["node"] = a.node;
     return j.dump();
 }
 
@@ -388,20 +389,26 @@ ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
         else if (what == "failure") a.what = abort_notice::kind::failure;
         else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
         a.admission = field_bool(j, "admission", false);
+        if (j.contains("node")) a.node = field_string(j, "node", max_id, 1);
         return a;
     });
 }
 
 ELASTIC_DECL std::string encode(const job_decision& d) {
-    return nlohmann::json{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}}.dump();
+    nlohmann::json j{{"restart", d.restart}, {"exit_code", d.exit_code}, {"reason", d.reason}};
+    if (d.regroup) j["regroup"] = true;
+    return j.dump();
 }
 
 ELASTIC_DECL job_decision decode_decision(std::string_view text) {
     return codec::decoded([&] {
         using namespace codec;
         const auto j = parse_object(text);
-        return job_decision{field_bool(j, "restart"), field_small(j, "exit_code", 0, 255),
-                            field_string(j, "reason", max_reason)};
+        job_decision d{field_bool(j, "restart"), field_small(j, "exit_code", 0, 255),
+                       field_string(j, "reason", max_reason)};
+        d.regroup = field_bool(j, "regroup", false);
+        if (d.regroup && !d.restart) throw invalid_value("a regroup that is no restart");
+        return d;
     });
 }
 

@@ -70,6 +70,9 @@ struct abort_notice {
     std::string reason;   ///< one line: which local rank, which exit code or signal; which node
     kind what = kind::failure;
     bool admission = false;  ///< membership: a node waits to join (the next round then takes a last call)
+    /// The reporting node's lease name (node_info::id), filled in by the rendezvous: a failure's
+    /// reporter decides the round, and the others take the decision over when it is gone.
+    std::string node{};
 };
 
 /// What the job does after an aborted round, decided by the node that aborted it.
@@ -77,6 +80,9 @@ struct job_decision {
     bool restart = false;  ///< true: every node rejoins the next round
     int exit_code = 1;     ///< when stopping: the code every node exits with (the root cause's)
     std::string reason;    ///< the policy's reason
+    /// A restart taken over from a deciding node that was lost before it decided: the nodes
+    /// re-form without it, as after any node loss (a membership restart, not counted).
+    bool regroup = false;
 };
 
 /// How a node's exit barrier ended.
@@ -94,8 +100,12 @@ struct barrier_result {
  *   wait_for_abort()               -> awaitable<abort_notice>      the current round's abort
  *                                                                  (push; cancellable)
  *   abort(abort_notice)            -> awaitable<bool>   report a failure; true: this node won
- *   decide(job_decision)           -> awaitable<void>   the winner publishes restart/stop
- *   await_decision()               -> awaitable<job_decision>
+ *   decide(job_decision)           -> awaitable<job_decision>  the winner publishes restart/
+ *                                                       stop; returns the decision that stands
+ *                                                       (another node's takeover, when this one
+ *                                                       was taken for lost meanwhile)
+ *   await_decision()               -> awaitable<job_decision>  the decision; taken over (a
+ *                                                       regroup) when the decider is gone
  *   finish(timeout)                -> awaitable<barrier_result>  this node is done; exit barrier
  *   leave()                        -> awaitable<void>   this node is leaving the job for good
  * Waiting is by store notification, never by polling.
@@ -106,7 +116,7 @@ concept rendezvous = requires(R& r, node_info info, abort_notice notice, job_dec
     { r.next_round(info) } -> std::same_as<asio::awaitable<rendezvous_round>>;
     { r.wait_for_abort() } -> std::same_as<asio::awaitable<abort_notice>>;
     { r.abort(notice) } -> std::same_as<asio::awaitable<bool>>;
-    { r.decide(decision) } -> std::same_as<asio::awaitable<void>>;
+    { r.decide(decision) } -> std::same_as<asio::awaitable<job_decision>>;
     { r.await_decision() } -> std::same_as<asio::awaitable<job_decision>>;
     { r.finish(timeout) } -> std::same_as<asio::awaitable<barrier_result>>;
     { r.leave() } -> std::same_as<asio::awaitable<void>>;

@@ -54,10 +54,10 @@ public:
 
     asio::awaitable<bool> abort(abort_notice) { co_return true; }
 
-    asio::awaitable<void> decide(job_decision decision) {
+    asio::awaitable<job_decision> decide(job_decision decision) {
         if (decision.restart) ++restarts_;
         decision_ = std::move(decision);
-        co_return;
+        co_return *decision_;
     }
 
     /// The decision this node made for the round. It is the only node: with none made there is

@@ -244,6 +244,7 @@ public:
             ++round_;
             const int r = round_;
             phase_ = phase::forming;
+            standing_.reset();
             const auto arrival = co_await store_->add(key(r, "count"), 1);
             const auto step = detail::rendezvous::on_arrival(arrival, rules());
             if (step == detail::rendezvous::arrival_step::late) {
@@ -298,6 +299,7 @@ public:
             const auto value = co_await watcher_->get(k);
             if (auto notice = valid_abort(k, value)) {
                 admission_ = notice->admission;
+                standing_ = *notice;
                 co_return std::move(*notice);
             }
         }
@@ -308,11 +310,14 @@ public:
     asio::awaitable<bool> abort(abort_notice notice) {
         auto [standing, won] = co_await abort_round(*store_, round_, std::move(notice));
         admission_ = standing.admission;
+        standing_ = std::move(standing);
         co_return won;
     }
 
-    /// Publishes what the job does after the aborted round (the winner of abort() calls it).
-    asio::awaitable<void> decide(job_decision decision) {
+    /// Publishes what the job does after the aborted round (the winner of abort() calls it), and
+    /// returns the decision that stands: this one, or the regroup of a node that took the
+    /// decision over because this one was taken for lost meanwhile (await_decision()).
+    asio::awaitable<job_decision> decide(job_decision decision) {
         if (decision.restart) {
             // The job's count, repaired first if a broken client wrote something else there (an
             // ADD of a value that is no number would end this connection).
@@ -326,29 +331,43 @@ public:
             const auto k = slot_key(round_, "decision", slot);
             const auto got = co_await store_->compare_set(k, std::string{}, value);
             if (got == value) break;
-            // Only this node decides the round: whatever is there was written by another client.
-            ignored(k, got, "only the node whose abort won decides, and this node is that one",
-                    "the decision goes to the next slot");
+            auto theirs = checked(k, got, "the decision goes to the next slot",
+                                  [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
+            if (theirs && theirs->regroup) {
+                // This node was taken for lost (its lease ended while it decided) and another
+                // node took the decision over: the regroup stands, and spends no restart.
+                if (decision.restart) (void)co_await store_->add(job_key("restarts"), -1);
+                co_return std::move(*theirs);
+            }
+            // Only this node decides the round, or another one's regroup once it is taken for
+            // lost: whatever else is there was written by another client.
+            if (theirs) {
+                ignored(k, got, "only the node whose abort won decides, and this node is that one",
+                        "the decision goes to the next slot");
+            }
         }
         if (decision.restart) ++restarts_;
+        co_return decision;
     }
 
     /// The decision for the aborted round (awaited by push). A value that is no valid decision,
     /// or a restart the job's `restarts` count does not back (the decider adds 1 to it before it
     /// publishes; with max_restarts, past the budget), is reported and ignored: the wait goes on
-    /// at the next slot.
+    /// at the next slot. With liveness the wait lasts only while the decider (the failure's
+    /// reporter) holds its lease: once it is gone, this node takes the decision over, a regroup
+    /// (job_decision::regroup) that every node reads alike.
     asio::awaitable<job_decision> await_decision() {
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "decision", slot);
             if (co_await round_collected(*store_, r)) co_return missed_decision(r);
-            co_await wait_interruptible(*store_, k, std::nullopt);
+            co_await await_decider(k);
             if (co_await round_collected(*store_, r)) co_return missed_decision(r);
             const auto value = co_await store_->get(k);
             auto decision = checked(k, value, "the decision goes on at the next slot",
                                     [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
             if (!decision) continue;
-            if (decision->restart) {
+            if (decision->restart && !decision->regroup) {
                 const auto count = co_await job_restarts(*store_);
                 const bool backed = count && *count > restarts_ &&
                                     (!options_.max_restarts || *count <= *options_.max_restarts);
@@ -495,16 +514,85 @@ private:
         return std::nullopt;
     }
 
+    // With liveness every agent holds a lease, and its notices name it (the decider's liveness
+    // bounds the wait for a decision): a notice that names none is no agent's.
     std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
         const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
         return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
-                       [&](std::string_view v) { return detail::rendezvous::decode_abort(v, size); });
+                       [&](std::string_view v) {
+                           auto notice = detail::rendezvous::decode_abort(v, size);
+                           if (members_ && notice.node.empty())
+                               throw detail::rendezvous::invalid_value("it names no lease (every agent holds one)");
+                           return notice;
+                       });
+    }
+
+    // Waits until the decision key `k` holds a value. With liveness, only while the node that
+    // has to write it (the standing failure's reporter) lives: once it is gone — its lease lost,
+    // or one it never held — this node writes a regroup there first-come (compare-and-set), so
+    // every node reads the same decision whoever took it over.
+    asio::awaitable<void> await_decider(const std::string& k) {
+        using namespace asio::experimental::awaitable_operators;
+        if (!members_ || !standing_ || standing_->what != abort_notice::kind::failure) {
+            co_await wait_interruptible(*store_, k, std::nullopt);
+            co_return;
+        }
+        const auto decider = standing_->node;
+        for (;;) {
+            auto log = members_;
+            const auto seen = log->lost.size();  // taken before the check: a later loss ends the wait
+            if (auto gone = co_await decider_gone(decider)) {
+                job_decision regroup;
+                regroup.restart = true;
+                regroup.exit_code = 0;
+                regroup.reason = std::move(*gone);
+                regroup.regroup = true;
+                (void)co_await unless_lost(*store_,
+                                           store_->compare_set(k, std::string{}, detail::rendezvous::encode(regroup)));
+                co_return;
+            }
+            auto which = co_await (unless_lost(*store_, wait_long(*store_, k)) || loss_after(log, seen, decider));
+            if (which.index() == 0) co_return;
+            // The wait was cancelled mid-request: the connection's next request reconnects.
+            if constexpr (requires { store_->close(); }) store_->close();
+        }
+    }
+
+    // Why the decider `decider` (a lease name) can no longer decide, or nothing while it can.
+    asio::awaitable<std::optional<std::string>> decider_gone(const std::string& decider) {
+        const auto who = detail::rendezvous::describe_node_id(decider);
+        if (decider == id_) {
+            co_return fmt::format("the failure notice names this node ({}) as its reporter, but this node reported "
+                                  "no failure; it takes the decision over and the nodes re-form",
+                                  who);
+        }
+        std::vector<std::string> lease{lease_key(lease_group(), decider)};
+        if (co_await unless_lost(*store_, store_->check(std::move(lease)))) co_return std::nullopt;
+        co_return fmt::format("the reporting node, {}, was lost before it decided; the others took the decision over "
+                              "and re-form without it",
+                              who);
+    }
+
+    // Completes once `log` records a loss after its first `seen` that names `decider` or nobody
+    // (a record the store erased), or the lease connection ends.
+    static asio::awaitable<void> loss_after(std::shared_ptr<detail::rendezvous::membership_log> log, std::size_t seen,
+                                            std::string decider) {
+        for (;;) {
+            if (log->store_lost) co_return;
+            for (auto i = seen; i < log->lost.size(); ++i) {
+                const auto& name = log->lost[i].second;
+                if (name.empty() || name == decider) co_return;
+            }
+            seen = log->lost.size();
+            co_await log->next();
+        }
     }
 
     // Writes `mine` as round r's abort unless a valid abort is there first; returns the abort
     // that stands and whether it is this node's. An invalid value found in a slot is reported
     // and skipped: the abort goes to the next slot, where the watchers that saw it wait.
     asio::awaitable<std::pair<abort_notice, bool>> abort_round(Store& s, int r, abort_notice mine) {
+        if (mine.node.empty()) mine.node = id_;
         const auto value = detail::rendezvous::encode(mine);
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
@@ -1105,6 +1193,7 @@ private:
     int size_ = 0;
     std::int64_t running_epoch_ = 0;
     bool admission_ = false;                   ///< the last round ended to admit a node
+    std::optional<abort_notice> standing_;     ///< the current round's abort, once seen
     bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors

@@ -374,7 +374,9 @@ public:
     }
 
     asio::awaitable<bool> abort(abort_notice notice) { co_return co_await rdzv_->abort(std::move(notice)); }
-    asio::awaitable<void> decide(job_decision decision) { co_await rdzv_->decide(std::move(decision)); }
+    asio::awaitable<job_decision> decide(job_decision decision) {
+        co_return co_await rdzv_->decide(std::move(decision));
+    }
     asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         co_return co_await rdzv_->finish(timeout);
