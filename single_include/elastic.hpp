@@ -11165,6 +11165,14 @@ inline std::string field_string(const nlohmann::json& j, const char* name, std::
     return v;
 }
 
+/// A lease name: 1..max_id bytes, not the server's own ("__epoch", "__lost/<n>": a key that
+/// always exists would pass for a lease that is held).
+inline std::string lease_name(const nlohmann::json& j, const char* name) {
+    auto v = field_string(j, name, max_id, 1);
+    if (v.rfind("__", 0) == 0) throw invalid_value(fmt::format("'{}' is the store's own name, no lease", name));
+    return v;
+}
+
 inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
     const auto it = j.find(name);
     if (it == j.end()) {
@@ -11245,7 +11253,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
         if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
-        if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+        if (j.contains("id")) i.id = lease_name(j, "id");
         if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
         i.hosts_store = field_bool(j, "hosts_store", false);
         if (const auto it = j.find("addrs"); it != j.end()) {
@@ -11382,7 +11390,7 @@ ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
         else if (what == "failure") a.what = abort_notice::kind::failure;
         else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
         a.admission = field_bool(j, "admission", false);
-        if (j.contains("node")) a.node = field_string(j, "node", max_id, 1);
+        if (j.contains("node")) a.node = lease_name(j, "node");
         return a;
     });
 }
@@ -12263,12 +12271,20 @@ public:
     /// returns the decision that stands: this one, or the regroup of a node that took the
     /// decision over because this one was taken for lost meanwhile (await_decision()).
     asio::awaitable<job_decision> decide(job_decision decision) {
+        // Taken over already (this node was taken for lost): follow the regroup, count nothing.
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(round_, "decision", slot);
+            std::vector<std::string> keys{k};
+            if (!co_await store_->check(std::move(keys))) break;
+            if (auto taken = co_await standing_regroup(k, co_await store_->get(k))) co_return std::move(*taken);
+        }
+        std::optional<std::int64_t> added;
         if (decision.restart) {
             // The job's count, repaired first if a broken client wrote something else there (an
             // ADD of a value that is no number would end this connection).
             const auto count = co_await job_restarts(*store_);
             if (!count) co_await store_->set(job_key("restarts"), std::to_string(restarts_));
-            (void)co_await store_->add(job_key("restarts"), 1);
+            added = co_await store_->add(job_key("restarts"), 1);
         }
         const auto value = detail::rendezvous::encode(decision);
         for (int slot = 0;; ++slot) {
@@ -12276,19 +12292,11 @@ public:
             const auto k = slot_key(round_, "decision", slot);
             const auto got = co_await store_->compare_set(k, std::string{}, value);
             if (got == value) break;
-            auto theirs = checked(k, got, "the decision goes to the next slot",
-                                  [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
-            if (theirs && theirs->regroup) {
-                // This node was taken for lost (its lease ended while it decided) and another
-                // node took the decision over: the regroup stands, and spends no restart.
-                if (decision.restart) (void)co_await store_->add(job_key("restarts"), -1);
-                co_return std::move(*theirs);
-            }
-            // Only this node decides the round, or another one's regroup once it is taken for
-            // lost: whatever else is there was written by another client.
-            if (theirs) {
-                ignored(k, got, "only the node whose abort won decides, and this node is that one",
-                        "the decision goes to the next slot");
+            if (auto taken = co_await standing_regroup(k, got)) {
+                // Taken over while this node decided: the restart it counted is given back
+                // (once: the node that took over gives back the same one).
+                if (added) (void)co_await give_back(*store_, *added);
+                co_return std::move(*taken);
             }
         }
         if (decision.restart) ++restarts_;
@@ -12312,6 +12320,11 @@ public:
             auto decision = checked(k, value, "the decision goes on at the next slot",
                                     [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
             if (!decision) continue;
+            if (decision->regroup && members_ && standing_ && !co_await decider_gone(standing_->node)) {
+                ignored(k, value, "a regroup, but the node that reported the failure still holds its lease",
+                        "the decision goes on at the next slot");
+                continue;
+            }
             if (decision->restart && !decision->regroup) {
                 const auto count = co_await job_restarts(*store_);
                 const bool backed = count && *count > restarts_ &&
@@ -12492,6 +12505,8 @@ private:
                 regroup.exit_code = 0;
                 regroup.reason = std::move(*gone);
                 regroup.regroup = true;
+                // A restart the decider counted before it was lost is given back first.
+                (void)co_await unless_lost(*store_, give_back(*store_, restarts_ + 1));
                 (void)co_await unless_lost(*store_,
                                            store_->compare_set(k, std::string{}, detail::rendezvous::encode(regroup)));
                 co_return;
@@ -12501,6 +12516,29 @@ private:
             // The wait was cancelled mid-request: the connection's next request reconnects.
             if constexpr (requires { store_->close(); }) store_->close();
         }
+    }
+
+    // The regroup `value` at decision key `k` when it stands: another node took this node's
+    // decision over because this node's lease is gone (anything else there is reported).
+    asio::awaitable<std::optional<job_decision>> standing_regroup(const std::string& k, const std::string& value) {
+        auto theirs = checked(k, value, "the decision goes to the next slot",
+                              [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
+        if (!theirs) co_return std::nullopt;
+        if (theirs->regroup) {
+            std::vector<std::string> lease{lease_key(lease_group(), id_)};
+            if (!members_ || !co_await store_->check(std::move(lease))) co_return theirs;
+        }
+        ignored(k, value,
+                theirs->regroup ? "a regroup, but this node, which decides, still holds its lease"
+                                : "only the node whose abort won decides, and this node is that one",
+                "the decision goes to the next slot");
+        co_return std::nullopt;
+    }
+
+    // Sets the job's restart count back from `counted` to one less, if it still reads `counted`
+    // (a restart the decider counted before its decision was taken over).
+    asio::awaitable<std::string> give_back(Store& s, std::int64_t counted) {
+        co_return co_await s.compare_set(job_key("restarts"), std::to_string(counted), std::to_string(counted - 1));
     }
 
     // Why the decider `decider` (a lease name) can no longer decide, or nothing while it can.
@@ -12825,6 +12863,9 @@ private:
     // Reads the k nodes' infos (one multi_get), leaves out nodes whose lease is gone (one check),
     // assigns ranks, writes every assignment (one multi_set).
     asio::awaitable<void> complete(Store& s, int r, int k) {
+        // With liveness the completer claims the round first: a node that found it lost has
+        // voided the round (void_orphaned), and then this one writes nothing and retries.
+        if (members_ && co_await s.compare_set(key(r, "completer"), std::string{}, id_) != id_) co_return;
         std::vector<std::string> keys;
         keys.reserve(static_cast<std::size_t>(k));
         for (int i = 1; i <= k; ++i) keys.push_back(key(r, fmt::format("info/{}", i)));
@@ -13034,8 +13075,8 @@ private:
     // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
     // decision slot.
     asio::awaitable<void> collect_round(Store& s, int q) {
-        std::vector<std::string> names{"count",          "successors", "hosts",   "size",
-                                       "last_call_over", "done_count", "all_done"};
+        std::vector<std::string> names{"count",          "successors", "hosts",    "size",
+                                       "last_call_over", "done_count", "all_done", "completer"};
         const auto manifest_key = key(q, "manifest");
         std::vector<std::string> probe{manifest_key};
         if (co_await s.check(std::move(probe))) {
@@ -13068,10 +13109,52 @@ private:
         if (name == id_) co_return;
         if (phase_ == phase::running && epoch > running_epoch_ && !name.empty()) {
             co_await on_member_loss(s, round_, name);
-        } else if (phase_ == phase::forming && options_.elastic()) {
-            co_await complete_if_all_live(s, round_);
+        } else if (phase_ == phase::forming) {
+            if (options_.elastic()) co_await complete_if_all_live(s, round_);
+            co_await void_orphaned(s, round_);
         }
     }
+
+    // A full round (MAX arrivals, or sealed) whose completer was lost before it completed would
+    // wait for the join timeout with every live node in it ("2 of the 1 nodes needed"). Each
+    // loss while a round forms checks for one: when the round has no size yet and its completer
+    // holds no lease (or has not claimed it), the first node to claim it voids the round — every
+    // arrival is told to retry — and the live nodes form the next one. A completer that was only
+    // slow finds the claim taken and retries with them.
+    asio::awaitable<void> void_orphaned(Store& s, int r) {
+        const auto count = co_await s.add(key(r, "count"), 0);
+        int k = options_.nnodes;
+        if (count >= detail::rendezvous::seal_increment) {
+            const auto joined = detail::rendezvous::sealed_arrivals(count, options_.nnodes);
+            if (!joined) co_return;
+            k = *joined;
+        } else if (count < options_.nnodes) {
+            co_return;  // not full: arrivals or the last call complete it
+        }
+        if (std::vector<std::string> size{key(r, "size")}; co_await s.check(std::move(size))) co_return;
+        const auto claim = key(r, "completer");
+        std::string holder;
+        if (std::vector<std::string> claimed{claim}; co_await s.check(std::move(claimed))) {
+            holder = co_await s.get(claim);
+            if (holder.rfind(void_mark, 0) == 0) co_return;
+            std::vector<std::string> lease{lease_key(lease_group(), holder)};
+            if (co_await s.check(std::move(lease))) co_return;  // it lives: it completes the round
+        }
+        const auto mine = std::string(void_mark) + id_;
+        if (co_await s.compare_set(claim, holder, mine) != mine) co_return;  // another node was first
+        say(fmt::format("round {} of run '{}' was full, but its completer ({}) was lost before it completed the "
+                        "round; the round is void and the live nodes form the next one",
+                        r, options_.run_id,
+                        holder.empty() ? std::string("its last arrival")
+                                       : detail::rendezvous::describe_node_id(holder)));
+        // Never over an assignment: one there is the completer's, written with the size.
+        const auto retry = detail::rendezvous::encode_retry();
+        for (int i = 1; i <= k; ++i) (void)co_await s.compare_set(key(r, fmt::format("assign/{}", i)), "", retry);
+        (void)co_await s.compare_set(key(r, "size"), "", "0");
+    }
+
+    // The claim of a voided round (void_orphaned) starts with this; a completer's is its lease name.
+    static constexpr std::string_view void_mark = "void:";
 
     // Aborts round r when lease `name` was one of its members and had not finished. A member
     // whose workers all succeeded (it marked done/<g> before its exit barrier) is finished: its
@@ -17798,11 +17881,11 @@ private:
             co_return 128 + sig;
         }
         const auto d = std::get<0>(decided).take();
-        events_.decision(s.failure, d);
         const auto* root = s.failure.root_cause();
         const job_decision decision{d.restart(), root ? launcher_exit_code(*root) : 1, d.reason};
         // What stands: this decision, or another node's regroup when this one was taken for lost.
         const auto standing = co_await rdzv.decide(decision);
+        if (!standing.regroup) events_.decision(s.failure, d);
         co_return co_await conclude(rdzv, s, standing);
     }
 

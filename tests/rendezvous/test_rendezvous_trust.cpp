@@ -20,6 +20,9 @@
 #include <asio/co_spawn.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <doctest/doctest.h>
 
@@ -33,6 +36,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -162,6 +166,12 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":0,"host":"h","reason":"r","kind":"failure","node":7})", 2),
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":0,"host":"h","reason":"r","kind":"failure","node":""})", 2),
+                    invalid_value);
+    // The server's own names are no lease: "__epoch" always exists, and would pass for one held.
+    CHECK_THROWS_AS(rdzv::decode_abort(R"({"group_rank":0,"host":"h","reason":"r","kind":"failure","node":"__epoch"})",
+                                       2),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"id":"__lost/1"})"),
                     invalid_value);
     {
         elastic::abort_notice a{0, "h", "r"};
@@ -629,6 +639,163 @@ TEST_CASE("rendezvous trust: an observer behind the store's kept loss records co
     CHECK(has(warnings[0], "missed 7 lease losses of run 'pruned'"));
     CHECK(has(warnings[0], "__lost/1 to "));
     CHECK(has(warnings[0], "__lost/7)"));
+}
+
+TEST_CASE("rendezvous trust: a full round whose completer was lost before it completed is voided, and the live "
+          "node forms the next one instead of waiting for the join timeout") {
+    // --nnodes=1:2: a and a second node arrive in round 0, which is full; the second is its
+    // completer and dies before it completes the round (before or after its info is written).
+    for (const bool wrote_info : {false, true}) {
+        CAPTURE(wrote_info);
+        asio::io_context ctx;
+        elastic::store_server_options so;
+        so.host = "127.0.0.1";
+        so.log = [](std::string_view) {};
+        elastic::tcp_store_server server(ctx.get_executor(), so);
+        server.start();
+        auto client = [&] {
+            elastic::store_client_options o;
+            o.port = server.port();
+            o.dialect = elastic::client_dialect::current;
+            o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+            return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
+        };
+        std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
+        for (int i = 0; i < 5; ++i) c.push_back(client());
+        std::vector<std::string> said;
+        elastic::store_rendezvous_options o;
+        o.run_id = "orphan";
+        o.nnodes = 2;
+        o.min_nodes = 1;
+        o.hosts_store = true;
+        o.join_timeout = std::chrono::minutes(10);
+        o.last_call_timeout = std::chrono::minutes(10);  // only the void completes a round in time
+        o.log = [&](std::string_view line) { said.emplace_back(line); };
+        elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
+        auto node = [](const std::string& id) {
+            elastic::node_info n;
+            n.host = id;
+            n.store_addr = "127.0.0.1";
+            n.store_port = 1;
+            n.pid = 1;
+            n.id = id;
+            return n;
+        };
+        std::optional<elastic::rendezvous_round> round;
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                using namespace asio::experimental::awaitable_operators;
+                co_await a.start_liveness(*c[2], node("a"));
+                // The second node: its lease, its registration, and then its arrival (the MAX-th).
+                auto& ghost = *c[3];
+                auto& ghost_lease = *c[4];
+                co_await ghost_lease.hold_lease(elastic::lease_key(a.lease_group(), "ghost"), "x");
+                (void)co_await ghost.add(a.job_key("registered"), 1);
+                auto arrive = [&]() -> asio::awaitable<void> {
+                    std::vector<std::string> first{a.key(0, "info/1")};
+                    co_await ghost.wait(std::move(first), std::chrono::seconds(120));
+                    CHECK(co_await ghost.add(a.key(0, "count"), 1) == 2);
+                    if (wrote_info)
+                        co_await ghost.set(a.key(0, "info/2"), elastic::detail::rendezvous::encode(node("ghost")));
+                    ghost_lease.close();  // it dies before it completes the round
+                    co_await asio::steady_timer(co_await asio::this_coro::executor, std::chrono::hours(1))
+                        .async_wait(asio::use_awaitable);
+                };
+                auto which = co_await (a.keep_membership() || a.next_round(node("a")) || arrive());
+                REQUIRE(which.index() == 1);
+                round = std::get<1>(std::move(which));
+                for (auto& each : c) each->close();
+                server.stop();
+            },
+            [](std::exception_ptr e) {
+                if (e) std::rethrow_exception(e);
+            });
+        ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+        REQUIRE(round);
+        CHECK(round->number == 1);
+        CHECK(round->group_world_size == 1);
+        CHECK(round->group_rank == 0);
+        const auto line = std::find_if(said.begin(), said.end(), [](const std::string& l) {
+            return has(l, "round 0 of run 'orphan' was full, but its completer");
+        });
+        REQUIRE(line != said.end());
+        CHECK(has(*line, "was lost before it completed the round; the round is void and the live nodes form the "
+                         "next one"));
+    }
+}
+
+TEST_CASE("rendezvous trust: a regroup written while the node that decides still holds its lease is ignored by "
+          "every node, and its real decision is followed") {
+    asio::io_context ctx;
+    elastic::store_server_options so;
+    so.host = "127.0.0.1";
+    so.log = [](std::string_view) {};
+    elastic::tcp_store_server server(ctx.get_executor(), so);
+    server.start();
+    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
+    for (int i = 0; i < 7; ++i) {
+        elastic::store_client_options o;
+        o.port = server.port();
+        o.dialect = elastic::client_dialect::current;
+        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        c.push_back(std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o));
+    }
+    std::vector<std::string> warnings;
+    elastic::store_rendezvous_options o;
+    o.run_id = "forged-regroup";
+    o.nnodes = 2;
+    o.warn = [&](std::string_view line) { warnings.emplace_back(line); };
+    elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> b(*c[2], *c[3], o);
+    auto node = [](const std::string& id) {
+        elastic::node_info n;
+        n.host = id;
+        n.store_addr = "127.0.0.1";
+        n.store_port = 1;
+        n.pid = 1;
+        n.id = id;
+        return n;
+    };
+    std::optional<elastic::job_decision> followed;
+    std::optional<elastic::job_decision> standing;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await a.start_liveness(*c[4], node("a"));
+            co_await b.start_liveness(*c[5], node("b"));
+            (void)co_await (a.next_round(node("a")) && b.next_round(node("b")));
+            elastic::abort_notice notice{1, "b", "local_rank 0 exited with 3"};
+            REQUIRE(co_await b.abort(notice));
+            elastic::job_decision forged{true, 0, "forged"};
+            forged.regroup = true;
+            co_await c[6]->set(a.key(0, "decision"), elastic::detail::rendezvous::encode(forged));
+            const elastic::job_decision stop{false, 3, "no restart left"};
+            auto follow = [&]() -> asio::awaitable<void> {
+                (void)co_await a.wait_for_abort();
+                followed = co_await a.await_decision();
+            };
+            auto decide = [&]() -> asio::awaitable<void> { standing = co_await b.decide(stop); };
+            co_await (follow() && decide());
+            for (auto& each : c) each->close();
+            server.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(followed);
+    REQUIRE(standing);
+    CHECK_FALSE(followed->restart);
+    CHECK(followed->exit_code == 3);
+    CHECK_FALSE(standing->regroup);
+    CHECK(standing->exit_code == 3);
+    const auto said = [&](const std::string& part) {
+        return std::any_of(warnings.begin(), warnings.end(), [&](const std::string& w) { return has(w, part); });
+    };
+    CHECK(said("(a regroup, but the node that reported the failure still holds its lease)"));
+    CHECK(said("(a regroup, but this node, which decides, still holds its lease)"));
 }
 
 TEST_CASE("rendezvous trust: once the lease connection ended, the rendezvous ends its waits with store_lost_error") {

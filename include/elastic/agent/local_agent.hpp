@@ -478,11 +478,11 @@ private:
             co_return 128 + sig;
         }
         const auto d = std::get<0>(decided).take();
-        events_.decision(s.failure, d);
         const auto* root = s.failure.root_cause();
         const job_decision decision{d.restart(), root ? launcher_exit_code(*root) : 1, d.reason};
         // What stands: this decision, or another node's regroup when this one was taken for lost.
         const auto standing = co_await rdzv.decide(decision);
+        if (!standing.regroup) events_.decision(s.failure, d);
         co_return co_await conclude(rdzv, s, standing);
     }
 

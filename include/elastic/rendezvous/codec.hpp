@@ -172,6 +172,14 @@ inline std::string field_string(const nlohmann::json& j, const char* name, std::
     return v;
 }
 
+/// A lease name: 1..max_id bytes, not the server's own ("__epoch", "__lost/<n>": a key that
+/// always exists would pass for a lease that is held).
+inline std::string lease_name(const nlohmann::json& j, const char* name) {
+    auto v = field_string(j, name, max_id, 1);
+    if (v.rfind("__", 0) == 0) throw invalid_value(fmt::format("'{}' is the store's own name, no lease", name));
+    return v;
+}
+
 inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<bool> absent = std::nullopt) {
     const auto it = j.find(name);
     if (it == j.end()) {
@@ -252,7 +260,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
         if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
-        if (j.contains("id")) i.id = field_string(j, "id", max_id, 1);
+        if (j.contains("id")) i.id = lease_name(j, "id");
         if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
         i.hosts_store = field_bool(j, "hosts_store", false);
         if (const auto it = j.find("addrs"); it != j.end()) {
@@ -389,7 +397,7 @@ ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
         else if (what == "failure") a.what = abort_notice::kind::failure;
         else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
         a.admission = field_bool(j, "admission", false);
-        if (j.contains("node")) a.node = field_string(j, "node", max_id, 1);
+        if (j.contains("node")) a.node = lease_name(j, "node");
         return a;
     });
 }
