@@ -34,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -135,6 +136,45 @@ std::vector<std::vector<int>> worlds(const std::string& out) {
         lines.push_back(w);
     }
     return lines;
+}
+
+/// A store server on loopback (`tune` adjusts its options) and `n` clients of it (`c`), on one
+/// io_context: the in-process cases' real store.
+struct loopback_store {
+    explicit loopback_store(int n, const std::function<void(elastic::store_server_options&)>& tune = {})
+        : server(ctx.get_executor(), server_options(tune)) {
+        server.start();
+        for (int i = 0; i < n; ++i) c.push_back(client());
+    }
+    static elastic::store_server_options server_options(
+        const std::function<void(elastic::store_server_options&)>& tune) {
+        elastic::store_server_options so;
+        so.host = "127.0.0.1";
+        so.log = [](std::string_view) {};
+        if (tune) tune(so);
+        return so;
+    }
+    [[nodiscard]] std::unique_ptr<elastic::tcp_store_client> client() {
+        elastic::store_client_options o;
+        o.port = server.port();
+        o.dialect = elastic::client_dialect::current;
+        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
+        return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
+    }
+    asio::io_context ctx;
+    elastic::tcp_store_server server;
+    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
+};
+
+/// A node whose host and lease name are `id` (pid 1, a store port nobody dials).
+elastic::node_info lease_node(const std::string& id) {
+    elastic::node_info n;
+    n.host = id;
+    n.store_addr = "127.0.0.1";
+    n.store_port = 1;
+    n.pid = 1;
+    n.id = id;
+    return n;
 }
 
 TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never writes") {
@@ -565,22 +605,11 @@ TEST_CASE("rendezvous trust: an observer behind the store's kept loss records co
           "sees a member's loss") {
     // The server keeps 4 records; 10 losses of leases no member holds, then member b's loss,
     // all before member a's observer reads any: records 1..7 are gone when it starts.
-    asio::io_context ctx;
-    elastic::store_server_options so;
-    so.host = "127.0.0.1";
-    so.lease_lost_records_kept = 4;
-    so.log = [](std::string_view) {};
-    elastic::tcp_store_server server(ctx.get_executor(), so);
-    server.start();
-    auto client = [&] {
-        elastic::store_client_options o;
-        o.port = server.port();
-        o.dialect = elastic::client_dialect::current;
-        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
-        return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
-    };
-    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
-    for (int i = 0; i < 7; ++i) c.push_back(client());
+    loopback_store net(7, [](elastic::store_server_options& so) { so.lease_lost_records_kept = 4; });
+    auto& ctx = net.ctx;
+    auto& server = net.server;
+    auto& c = net.c;
+    auto client = [&] { return net.client(); };
     auto& observer = *c[6];
     std::vector<std::string> warnings;
     elastic::store_rendezvous_options o;
@@ -589,15 +618,7 @@ TEST_CASE("rendezvous trust: an observer behind the store's kept loss records co
     o.warn = [&](std::string_view line) { warnings.emplace_back(line); };
     elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
     elastic::store_rendezvous<elastic::tcp_store_client> b(*c[2], *c[3], o);
-    auto node = [](const std::string& id) {
-        elastic::node_info n;
-        n.host = id;
-        n.store_addr = "127.0.0.1";
-        n.store_port = 1;
-        n.pid = 1;
-        n.id = id;
-        return n;
-    };
+    const auto node = lease_node;
     std::string reason;
     bool finished = false;
     asio::co_spawn(
@@ -647,21 +668,10 @@ TEST_CASE("rendezvous trust: a full round whose completer was lost before it com
     // completer and dies before it completes the round (before or after its info is written).
     for (const bool wrote_info : {false, true}) {
         CAPTURE(wrote_info);
-        asio::io_context ctx;
-        elastic::store_server_options so;
-        so.host = "127.0.0.1";
-        so.log = [](std::string_view) {};
-        elastic::tcp_store_server server(ctx.get_executor(), so);
-        server.start();
-        auto client = [&] {
-            elastic::store_client_options o;
-            o.port = server.port();
-            o.dialect = elastic::client_dialect::current;
-            o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
-            return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
-        };
-        std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
-        for (int i = 0; i < 5; ++i) c.push_back(client());
+        loopback_store net(5);
+        auto& ctx = net.ctx;
+        auto& server = net.server;
+        auto& c = net.c;
         std::vector<std::string> said;
         elastic::store_rendezvous_options o;
         o.run_id = "orphan";
@@ -672,15 +682,7 @@ TEST_CASE("rendezvous trust: a full round whose completer was lost before it com
         o.last_call_timeout = std::chrono::minutes(10);  // only the void completes a round in time
         o.log = [&](std::string_view line) { said.emplace_back(line); };
         elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
-        auto node = [](const std::string& id) {
-            elastic::node_info n;
-            n.host = id;
-            n.store_addr = "127.0.0.1";
-            n.store_port = 1;
-            n.pid = 1;
-            n.id = id;
-            return n;
-        };
+        const auto node = lease_node;
         std::optional<elastic::rendezvous_round> round;
         asio::co_spawn(
             ctx,
@@ -727,20 +729,10 @@ TEST_CASE("rendezvous trust: a full round whose completer was lost before it com
 
 TEST_CASE("rendezvous trust: a regroup written while the node that decides still holds its lease is ignored by "
           "every node, and its real decision is followed") {
-    asio::io_context ctx;
-    elastic::store_server_options so;
-    so.host = "127.0.0.1";
-    so.log = [](std::string_view) {};
-    elastic::tcp_store_server server(ctx.get_executor(), so);
-    server.start();
-    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
-    for (int i = 0; i < 7; ++i) {
-        elastic::store_client_options o;
-        o.port = server.port();
-        o.dialect = elastic::client_dialect::current;
-        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
-        c.push_back(std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o));
-    }
+    loopback_store net(7);
+    auto& ctx = net.ctx;
+    auto& server = net.server;
+    auto& c = net.c;
     std::vector<std::string> warnings;
     elastic::store_rendezvous_options o;
     o.run_id = "forged-regroup";
@@ -748,15 +740,7 @@ TEST_CASE("rendezvous trust: a regroup written while the node that decides still
     o.warn = [&](std::string_view line) { warnings.emplace_back(line); };
     elastic::store_rendezvous<elastic::tcp_store_client> a(*c[0], *c[1], o);
     elastic::store_rendezvous<elastic::tcp_store_client> b(*c[2], *c[3], o);
-    auto node = [](const std::string& id) {
-        elastic::node_info n;
-        n.host = id;
-        n.store_addr = "127.0.0.1";
-        n.store_port = 1;
-        n.pid = 1;
-        n.id = id;
-        return n;
-    };
+    const auto node = lease_node;
     std::optional<elastic::job_decision> followed;
     std::optional<elastic::job_decision> standing;
     asio::co_spawn(
@@ -799,20 +783,10 @@ TEST_CASE("rendezvous trust: a regroup written while the node that decides still
 }
 
 TEST_CASE("rendezvous trust: once the lease connection ended, the rendezvous ends its waits with store_lost_error") {
-    asio::io_context ctx;
-    elastic::store_server_options so;
-    so.host = "127.0.0.1";
-    so.log = [](std::string_view) {};
-    elastic::tcp_store_server server(ctx.get_executor(), so);
-    server.start();
-    std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
-    for (int i = 0; i < 3; ++i) {
-        elastic::store_client_options o;
-        o.port = server.port();
-        o.dialect = elastic::client_dialect::current;
-        o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
-        c.push_back(std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o));
-    }
+    loopback_store net(3);
+    auto& ctx = net.ctx;
+    auto& server = net.server;
+    auto& c = net.c;
     elastic::store_rendezvous_options o;
     o.run_id = "lost";
     o.nnodes = 1;
