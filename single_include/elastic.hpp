@@ -12278,13 +12278,18 @@ public:
             if (!co_await store_->check(std::move(keys))) break;
             if (auto taken = co_await standing_regroup(k, co_await store_->get(k))) co_return std::move(*taken);
         }
-        std::optional<std::int64_t> added;
+        bool counted = false;
         if (decision.restart) {
             // The job's count, repaired first if a broken client wrote something else there (an
             // ADD of a value that is no number would end this connection).
             const auto count = co_await job_restarts(*store_);
             if (!count) co_await store_->set(job_key("restarts"), std::to_string(restarts_));
-            added = co_await store_->add(job_key("restarts"), 1);
+            // The round's token says whether this restart was counted (give_back()): a node
+            // that took the decision over first has set it, and then nothing is counted.
+            if (co_await store_->compare_set(key(round_, "counted"), std::string{}, "added") == "added") {
+                (void)co_await store_->add(job_key("restarts"), 1);
+                counted = true;
+            }
         }
         const auto value = detail::rendezvous::encode(decision);
         for (int slot = 0;; ++slot) {
@@ -12294,8 +12299,8 @@ public:
             if (got == value) break;
             if (auto taken = co_await standing_regroup(k, got)) {
                 // Taken over while this node decided: the restart it counted is given back
-                // (once: the node that took over gives back the same one).
-                if (added) (void)co_await give_back(*store_, *added);
+                // (once: the node that took over may have given it back already).
+                if (counted) co_await give_back(*store_);
                 co_return std::move(*taken);
             }
         }
@@ -12505,10 +12510,10 @@ private:
                 regroup.exit_code = 0;
                 regroup.reason = std::move(*gone);
                 regroup.regroup = true;
-                // A restart the decider counted before it was lost is given back first.
-                (void)co_await unless_lost(*store_, give_back(*store_, restarts_ + 1));
-                (void)co_await unless_lost(*store_,
-                                           store_->compare_set(k, std::string{}, detail::rendezvous::encode(regroup)));
+                const auto value = detail::rendezvous::encode(regroup);
+                // The regroup stands: a restart the decider counted before it was lost is given back.
+                if (co_await unless_lost(*store_, store_->compare_set(k, std::string{}, value)) == value)
+                    co_await unless_lost(*store_, give_back(*store_));
                 co_return;
             }
             auto which = co_await (unless_lost(*store_, wait_long(*store_, k)) || loss_after(log, seen, decider));
@@ -12535,10 +12540,15 @@ private:
         co_return std::nullopt;
     }
 
-    // Sets the job's restart count back from `counted` to one less, if it still reads `counted`
-    // (a restart the decider counted before its decision was taken over).
-    asio::awaitable<std::string> give_back(Store& s, std::int64_t counted) {
-        co_return co_await s.compare_set(job_key("restarts"), std::to_string(counted), std::to_string(counted - 1));
+    // A regroup stands in the current round: the restart its decider counted, if any, is given
+    // back, once. The round's `counted` token reads "added" once the decider counted it; the
+    // first node to turn it into "given:<its lease>" (or to write that first, so that the
+    // decider counts nothing) is the one that subtracts 1, if it was added.
+    asio::awaitable<void> give_back(Store& s) {
+        const auto k = key(round_, "counted");
+        const auto mine = "given:" + id_;
+        if (co_await s.compare_set(k, std::string{}, mine) != "added") co_return;
+        if (co_await s.compare_set(k, "added", mine) == mine) (void)co_await s.add(job_key("restarts"), -1);
     }
 
     // Why the decider `decider` (a lease name) can no longer decide, or nothing while it can.
@@ -12985,6 +12995,12 @@ private:
                 size = n;
             }
         }
+        if (members_) {
+            // Still this round's completer? A node taken for lost meanwhile (its lease gone:
+            // stopped past its keep-alive) may have seen the round voided, and writes nothing.
+            std::vector<std::string> own{lease_key(lease_group(), id_)};
+            if (!co_await s.check(std::move(own)) || co_await s.get(key(r, "completer")) != id_) co_return;
+        }
         // What collect() deletes once no node can need this round any more.
         out_keys.push_back(key(r, "manifest"));
         out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members}));
@@ -13075,8 +13091,8 @@ private:
     // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
     // decision slot.
     asio::awaitable<void> collect_round(Store& s, int q) {
-        std::vector<std::string> names{"count",          "successors", "hosts",    "size",
-                                       "last_call_over", "done_count", "all_done", "completer"};
+        std::vector<std::string> names{"count",      "successors", "hosts",     "size",   "last_call_over",
+                                       "done_count", "all_done",   "completer", "counted"};
         const auto manifest_key = key(q, "manifest");
         std::vector<std::string> probe{manifest_key};
         if (co_await s.check(std::move(probe))) {
@@ -13123,22 +13139,20 @@ private:
     // slow finds the claim taken and retries with them.
     asio::awaitable<void> void_orphaned(Store& s, int r) {
         const auto count = co_await s.add(key(r, "count"), 0);
-        int k = options_.nnodes;
-        if (count >= detail::rendezvous::seal_increment) {
-            const auto joined = detail::rendezvous::sealed_arrivals(count, options_.nnodes);
-            if (!joined) co_return;
-            k = *joined;
-        } else if (count < options_.nnodes) {
+        if (count < detail::rendezvous::seal_increment && count < options_.nnodes)
             co_return;  // not full: arrivals or the last call complete it
-        }
+        // Arrivals (late ones and repeated seals included); a retry where nobody waits is harmless.
+        const int k = static_cast<int>(std::min<std::int64_t>(count % detail::rendezvous::seal_increment,
+                                                              options_.nnodes));
         if (std::vector<std::string> size{key(r, "size")}; co_await s.check(std::move(size))) co_return;
         const auto claim = key(r, "completer");
         std::string holder;
         if (std::vector<std::string> claimed{claim}; co_await s.check(std::move(claimed))) {
             holder = co_await s.get(claim);
             if (holder.rfind(void_mark, 0) == 0) co_return;
+            // It lives: it completes the round (a server's own name is no lease: "__epoch" exists).
             std::vector<std::string> lease{lease_key(lease_group(), holder)};
-            if (co_await s.check(std::move(lease))) co_return;  // it lives: it completes the round
+            if (holder.rfind("__", 0) != 0 && co_await s.check(std::move(lease))) co_return;
         }
         const auto mine = std::string(void_mark) + id_;
         if (co_await s.compare_set(claim, holder, mine) != mine) co_return;  // another node was first
@@ -13151,6 +13165,9 @@ private:
         const auto retry = detail::rendezvous::encode_retry();
         for (int i = 1; i <= k; ++i) (void)co_await s.compare_set(key(r, fmt::format("assign/{}", i)), "", retry);
         (void)co_await s.compare_set(key(r, "size"), "", "0");
+        // So that collect() deletes its keys like a completed round's.
+        (void)co_await s.compare_set(key(r, "manifest"), "",
+                                     detail::rendezvous::encode(detail::rendezvous::round_manifest{k, 0, {}}));
     }
 
     // The claim of a voided round (void_orphaned) starts with this; a completer's is its lease name.

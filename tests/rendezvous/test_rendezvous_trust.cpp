@@ -665,9 +665,10 @@ TEST_CASE("rendezvous trust: an observer behind the store's kept loss records co
 TEST_CASE("rendezvous trust: a full round whose completer was lost before it completed is voided, and the live "
           "node forms the next one instead of waiting for the join timeout") {
     // --nnodes=1:2: a and a second node arrive in round 0, which is full; the second is its
-    // completer and dies before it completes the round (before or after its info is written).
-    for (const bool wrote_info : {false, true}) {
-        CAPTURE(wrote_info);
+    // completer and dies before it completes the round: before its info is written, after it,
+    // or after it also claimed the round.
+    for (const int got_to : {0, 1, 2}) {
+        CAPTURE(got_to);
         loopback_store net(5);
         auto& ctx = net.ctx;
         auto& server = net.server;
@@ -698,8 +699,9 @@ TEST_CASE("rendezvous trust: a full round whose completer was lost before it com
                     std::vector<std::string> first{a.key(0, "info/1")};
                     co_await ghost.wait(std::move(first), std::chrono::seconds(120));
                     CHECK(co_await ghost.add(a.key(0, "count"), 1) == 2);
-                    if (wrote_info)
+                    if (got_to >= 1)
                         co_await ghost.set(a.key(0, "info/2"), elastic::detail::rendezvous::encode(node("ghost")));
+                    if (got_to >= 2) CHECK(co_await ghost.compare_set(a.key(0, "completer"), "", "ghost") == "ghost");
                     ghost_lease.close();  // it dies before it completes the round
                     co_await asio::steady_timer(co_await asio::this_coro::executor, std::chrono::hours(1))
                         .async_wait(asio::use_awaitable);
@@ -724,6 +726,7 @@ TEST_CASE("rendezvous trust: a full round whose completer was lost before it com
         REQUIRE(line != said.end());
         CHECK(has(*line, "was lost before it completed the round; the round is void and the live nodes form the "
                          "next one"));
+        CHECK(has(*line, got_to >= 2 ? "its completer (ghost)" : "its completer (its last arrival)"));
     }
 }
 
