@@ -12271,13 +12271,6 @@ public:
     /// returns the decision that stands: this one, or the regroup of a node that took the
     /// decision over because this one was taken for lost meanwhile (await_decision()).
     asio::awaitable<job_decision> decide(job_decision decision) {
-        // Taken over already (this node was taken for lost): follow the regroup, count nothing.
-        for (int slot = 0; slot < max_slots; ++slot) {
-            const auto k = slot_key(round_, "decision", slot);
-            std::vector<std::string> keys{k};
-            if (!co_await store_->check(std::move(keys))) break;
-            if (auto taken = co_await standing_regroup(k, co_await store_->get(k))) co_return std::move(*taken);
-        }
         bool counted = false;
         if (decision.restart) {
             // The job's count, repaired first if a broken client wrote something else there (an
@@ -12529,10 +12522,7 @@ private:
         auto theirs = checked(k, value, "the decision goes to the next slot",
                               [](std::string_view v) { return detail::rendezvous::decode_decision(v); });
         if (!theirs) co_return std::nullopt;
-        if (theirs->regroup) {
-            std::vector<std::string> lease{lease_key(lease_group(), id_)};
-            if (!members_ || !co_await store_->check(std::move(lease))) co_return theirs;
-        }
+        if (theirs->regroup && (!members_ || !co_await holds_lease(*store_, id_))) co_return theirs;
         ignored(k, value,
                 theirs->regroup ? "a regroup, but this node, which decides, still holds its lease"
                                 : "only the node whose abort won decides, and this node is that one",
@@ -12551,6 +12541,14 @@ private:
         if (co_await s.compare_set(k, "added", mine) == mine) (void)co_await s.add(job_key("restarts"), -1);
     }
 
+    // Whether the lease `name` of this job is held now (the store's record). A server's own name
+    // is no lease: "__epoch" always exists, and would pass for a lease that is held.
+    asio::awaitable<bool> holds_lease(Store& s, const std::string& name) {
+        if (name.empty() || name.rfind("__", 0) == 0) co_return false;
+        std::vector<std::string> lease{lease_key(lease_group(), name)};
+        co_return co_await s.check(std::move(lease));
+    }
+
     // Why the decider `decider` (a lease name) can no longer decide, or nothing while it can.
     asio::awaitable<std::optional<std::string>> decider_gone(const std::string& decider) {
         const auto who = detail::rendezvous::describe_node_id(decider);
@@ -12559,8 +12557,7 @@ private:
                                   "no failure; it takes the decision over and the nodes re-form",
                                   who);
         }
-        std::vector<std::string> lease{lease_key(lease_group(), decider)};
-        if (co_await unless_lost(*store_, store_->check(std::move(lease)))) co_return std::nullopt;
+        if (co_await unless_lost(*store_, holds_lease(*store_, decider))) co_return std::nullopt;
         co_return fmt::format("the reporting node, {}, was lost before it decided; the others took the decision over "
                               "and re-form without it",
                               who);
@@ -12921,8 +12918,7 @@ private:
                 // One at a time only when some lease is gone (a rare round).
                 const auto was = std::exchange(in, {});
                 for (const int i : was) {
-                    std::vector<std::string> lease{lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id)};
-                    if (co_await s.check(std::move(lease))) in.push_back(i);
+                    if (co_await holds_lease(s, arrived[static_cast<std::size_t>(i)].id)) in.push_back(i);
                 }
             }
         }
@@ -12998,8 +12994,7 @@ private:
         if (members_) {
             // Still this round's completer? A node taken for lost meanwhile (its lease gone:
             // stopped past its keep-alive) may have seen the round voided, and writes nothing.
-            std::vector<std::string> own{lease_key(lease_group(), id_)};
-            if (!co_await s.check(std::move(own)) || co_await s.get(key(r, "completer")) != id_) co_return;
+            if (!co_await holds_lease(s, id_) || co_await s.get(key(r, "completer")) != id_) co_return;
         }
         // What collect() deletes once no node can need this round any more.
         out_keys.push_back(key(r, "manifest"));
@@ -13150,9 +13145,7 @@ private:
         if (std::vector<std::string> claimed{claim}; co_await s.check(std::move(claimed))) {
             holder = co_await s.get(claim);
             if (holder.rfind(void_mark, 0) == 0) co_return;
-            // It lives: it completes the round (a server's own name is no lease: "__epoch" exists).
-            std::vector<std::string> lease{lease_key(lease_group(), holder)};
-            if (holder.rfind("__", 0) != 0 && co_await s.check(std::move(lease))) co_return;
+            if (co_await holds_lease(s, holder)) co_return;  // it lives: it completes the round
         }
         const auto mine = std::string(void_mark) + id_;
         if (co_await s.compare_set(claim, holder, mine) != mine) co_return;  // another node was first
