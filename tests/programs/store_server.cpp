@@ -3,6 +3,8 @@
 //   --open-files N        the process's open-files limit, soft and hard (as `ulimit -n N`)
 //   --max-memory BYTES    store_server_options::max_memory
 //   --shed-unused-after-ms N
+//   --lease-heartbeat-ms N, --lease-missed N   store_server_options::lease_heartbeat_interval,
+//                         lease_missed_heartbeats
 #include <elastic/store/server.hpp>
 
 #include <asio/io_context.hpp>
@@ -30,6 +32,10 @@ int main(int argc, char** argv) {
             options.max_memory = value;
         } else if (flag == "--shed-unused-after-ms") {
             options.shed_unused_after = std::chrono::milliseconds(value);
+        } else if (flag == "--lease-heartbeat-ms") {
+            options.lease_heartbeat_interval = std::chrono::milliseconds(value);
+        } else if (flag == "--lease-missed") {
+            options.lease_missed_heartbeats = static_cast<unsigned>(value);
         } else {
             fmt::print(stderr, "store-server: unknown option {}\n", flag);
             return 2;

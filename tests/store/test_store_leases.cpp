@@ -27,6 +27,7 @@
 #include <csignal>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/wait.h>
@@ -478,6 +479,91 @@ TEST_CASE("store: the client notices a stopped (silent) server through connectio
     CHECK(loss->reason.find("did not answer a heartbeat within 150 ms (3 missed heartbeats of "
                             "50 ms)") != std::string::npos);
     CHECK(loss->leases == std::vector<std::string>{"job/__lease__/me"});
+}
+
+TEST_CASE("store: a server stopped past its lease deadline keeps the leases whose holders spoke meanwhile, and "
+          "the holder keeps its connection") {
+    // The server drops a lease after 5 x 200 ms of silence; the holder waits 10 s for a
+    // heartbeat reply. The server is stopped for 2 s (the fault's length, not a wait for an
+    // event): the holder's heartbeats wait in the server's socket, and the server's lease
+    // deadline is long past when it runs again. The silence was the server's, not the holder's:
+    // what waits unread is read before an overdue deadline is judged.
+    asio::io_context ctx;
+    bool held = false;
+    std::string epoch;
+    store_support::run(ctx, [&]() -> asio::awaitable<void> {
+        auto args = server_args();
+        for (const char* a : {"--lease-heartbeat-ms", "200", "--lease-missed", "5"}) args.emplace_back(a);
+        child_process server(ctx, args);
+        elastic::store_client_options o;
+        o.port = co_await server_port(server);
+        o.lease_heartbeat_interval = 200ms;
+        o.lease_missed_heartbeats = 50;
+        elastic::tcp_store_client holder(ctx.get_executor(), o);
+        co_await holder.hold_lease(elastic::lease_key("job", "me"), "1");
+        server.signal(SIGSTOP);
+        asio::steady_timer stopped(ctx, std::chrono::seconds(2));
+        co_await stopped.async_wait(asio::use_awaitable);
+        server.signal(SIGCONT);
+        // A new client's first reply comes after the server ran its overdue deadlines.
+        elastic::tcp_store_client observer(ctx.get_executor(), o);
+        std::vector<std::string> lease{elastic::lease_key("job", "me")};
+        held = co_await observer.check(std::move(lease));
+        epoch = co_await observer.get(elastic::lease_epoch_key("job"));
+        // The holder's connection lives (a closed one would have cleared its leases).
+        CHECK(co_await holder.add("n", 1) == 1);
+        CHECK(holder.leases().size() == 1);
+        server.signal(SIGTERM);
+        (void)server.wait_status();
+    }());
+    CHECK(held);
+    CHECK(epoch == "0");
+}
+
+TEST_CASE("store: a server whose own process stalled past the lease deadline drops no lease, the holder in the "
+          "same process included") {
+    // The store's host agent holds its lease on its own server, in its own process: when that
+    // process is stopped neither side runs, and on waking the server's lease timer is long
+    // overdue with nothing heard. The loop is blocked for 1 s (the stall's length) against a
+    // 3 x 50 ms deadline; the silence was the process's, not the holder's.
+    fixture f(50ms, 3);
+    std::size_t held = 0;
+    f.run([&]() -> asio::awaitable<void> {
+        elastic::tcp_store_client holder(f.ctx.get_executor(), f.client_options(50ms, 3));
+        co_await holder.hold_lease(elastic::lease_key("job", "host"), "1");
+        // Blocked while nothing is in flight; on waking, every overdue timer (the server's lease
+        // deadline among them) runs before any read.
+        asio::post(f.ctx, [] { std::this_thread::sleep_for(std::chrono::seconds(1)); });
+        asio::steady_timer after(f.ctx, std::chrono::milliseconds(1));
+        co_await after.async_wait(asio::use_awaitable);
+        CHECK(co_await holder.add("n", 1) == 1);
+        CHECK(co_await holder.add("n", 1) == 2);
+        held = holder.leases().size();
+    }());
+    CHECK(held == 1);
+    CHECK(f.server->leases_lost() == 0);
+    CHECK_FALSE(f.logged("silent for"));
+    CHECK(f.logged("the store did not run for"));
+}
+
+TEST_CASE("store: a client whose own process stalled past an operation's deadline, with the server in that "
+          "process, takes the reply") {
+    // The store's host agent is a client of its own server. The request goes out, then the
+    // process is blocked for 1 s (the stall's length) against a 200 ms deadline: on waking, the
+    // server reads the request and replies, and only then is the client's overdue deadline
+    // handled. The delay was the process's own: the reply is taken, not reported as a timeout.
+    fixture f(50ms, 3);
+    std::int64_t added = 0;
+    f.run([&]() -> asio::awaitable<void> {
+        auto o = f.client_options();
+        o.timeout = 200ms;
+        elastic::tcp_store_client client(f.ctx.get_executor(), o);
+        CHECK(co_await client.add("n", 1) == 1);  // connected
+        // Runs after the request was written (a write is tried at once when it starts).
+        asio::post(f.ctx, [] { std::this_thread::sleep_for(std::chrono::seconds(1)); });
+        added = co_await client.add("n", 1);
+    }());
+    CHECK(added == 2);
 }
 
 TEST_CASE("store: a lease holder blocked in a long WAIT keeps its lease (heartbeat CHECKs)") {

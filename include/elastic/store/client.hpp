@@ -524,7 +524,7 @@ private:
         rbeg_ = rend_ = 0;
     }
 
-    void arm_deadline(clock::time_point deadline) { conn_->arm_deadline(deadline); }
+    void arm_deadline(clock::time_point deadline, bool may_extend = true) { conn_->arm_deadline(deadline, may_extend); }
 
     // Every request, even one without a reply, is bounded by `timeout` (its write too).
     void arm() { arm_deadline(clock::now() + options_.timeout); }
@@ -621,6 +621,17 @@ private:
         if (ec) {
             drop();
             co_return expired ? make_error_code(asio::error::timed_out) : ec;
+        }
+        std::error_code local_error;
+        std::error_code remote_error;
+        const auto local = conn_->socket.local_endpoint(local_error);
+        const auto remote = conn_->socket.remote_endpoint(remote_error);
+        if (!local_error && !remote_error && local == remote) {
+            // Connected to itself: the kernel drew the server's port as this socket's own
+            // (TCP's simultaneous open, possible when that port is in the ephemeral range and
+            // nothing listens there). No server answered.
+            drop();
+            co_return make_error_code(asio::error::connection_refused);
         }
         std::error_code ignored;
         conn_->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
@@ -844,7 +855,13 @@ private:
             if (checks_sent.size() > zeros) d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
             return d;
         };
-        arm_deadline(next_deadline());
+        // A heartbeat's send time is a schedule, not a deadline to forgive: after a stall it
+        // is sent at once, never a span later.
+        const auto arm_next = [&] {
+            const auto d = next_deadline();
+            arm_deadline(d, leases_.empty() || d != next_beat);
+        };
+        arm_next();
         co_await flush(std::string_view("WAIT"), first_of(keys));
         for (;;) {
             const auto ec = co_await fill(1);
@@ -871,11 +888,11 @@ private:
                 wire::put_u64(wbuf_, 0);
                 checks_sent.push_back(now);
                 next_beat = now + interval;
-                arm_deadline(next_deadline());
+                arm_next();
                 co_await flush(std::string_view("CHECK (heartbeat)"), first_of(keys));
                 continue;
             }
-            arm_deadline(next_deadline());
+            arm_next();
         }
         const auto message = fmt::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "

@@ -28,7 +28,14 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 
     // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
     // `expired` set, so the operation reports a timeout instead of hanging.
-    ELASTIC_DECL void arm_deadline(std::chrono::steady_clock::time_point deadline);
+    // `may_extend`: false for a deadline that only schedules something (a heartbeat's send
+    // time), which must never move later.
+    ELASTIC_DECL void arm_deadline(std::chrono::steady_clock::time_point deadline, bool may_extend = true);
+
+    // The timer of one arm: at `deadline`, unless the peer's bytes wait unread, which is this
+    // process's delay (stopped, or starved of CPU), not the peer's: then once more after `span`.
+    ELASTIC_DECL void watch(std::chrono::steady_clock::time_point deadline, std::uint64_t armed,
+                            std::chrono::steady_clock::duration span, bool may_extend);
 
     ELASTIC_DECL void disarm() noexcept;
 
@@ -61,14 +68,33 @@ ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono:
 
 namespace elastic::inline v0::detail::store {
 
-ELASTIC_DECL void store_client_connection::arm_deadline(std::chrono::steady_clock::time_point deadline) {
+ELASTIC_DECL void store_client_connection::arm_deadline(std::chrono::steady_clock::time_point deadline,
+                                                        bool may_extend) {
     expired = false;
     const auto armed = ++generation;
+    watch(deadline, armed, deadline - std::chrono::steady_clock::now(), may_extend);
+}
+
+ELASTIC_DECL void store_client_connection::watch(std::chrono::steady_clock::time_point deadline, std::uint64_t armed,
+                                                 std::chrono::steady_clock::duration span, bool may_extend) {
     timer.expires_at(deadline);
-    timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+    timer.async_wait([weak = weak_from_this(), armed, span, may_extend](const std::error_code& ec) {
         if (ec) return;
         const auto conn = weak.lock();
         if (!conn || conn->generation != armed) return;
+        // Not the peer's delay but this process's: the peer's bytes wait unread, or the timer
+        // ran long after its time (this process was stopped, or starved of CPU, and could not
+        // have read a reply). Once per arm, one more span.
+        const auto now = std::chrono::steady_clock::now();
+        const auto late = now - conn->timer.expiry();
+        std::error_code unread;
+        const bool spoke = conn->socket.is_open() && conn->socket.available(unread) > 0 && !unread;
+        const bool stalled = late >
+                             std::max<std::chrono::steady_clock::duration>(span / 4, std::chrono::milliseconds(100));
+        if (may_extend && (spoke || stalled)) {
+            conn->watch(now + span, armed, span, false);
+            return;
+        }
         conn->expired = true;
         std::error_code ignored;
         conn->socket.cancel(ignored);

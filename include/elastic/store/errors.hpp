@@ -4,6 +4,10 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/error.hpp"
 
+#include <string>
+#include <system_error>
+#include <utility>
+
 namespace elastic::inline v0 {
 
 /// A store operation failed: bad input (ADD on a non-numeric value, mismatched sizes), a broken
@@ -11,6 +15,17 @@ namespace elastic::inline v0 {
 class store_error : public error {
 public:
     using error::error;
+};
+
+/// A server cannot listen where it was told; `code()` says why (`errc::address_in_use`: another
+/// program holds the port; `errc::permission_denied`: a port below 1024; ...).
+class store_listen_error : public store_error {
+public:
+    store_listen_error(const std::string& message, std::error_code code) : store_error(message), code_(code) {}
+    [[nodiscard]] std::error_code code() const noexcept { return code_; }
+
+private:
+    std::error_code code_;
 };
 
 /// A `wait` (or a `get`, which waits for its key) did not see its keys before the deadline.

@@ -76,9 +76,10 @@ public:
             acc.bind(ep);
             acc.listen(asio::socket_base::max_listen_connections);
         } catch (const std::system_error& e) {
-            throw store_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
-                                          "picks a free one) or address",
-                                          o.host, o.port, e.code().message()));
+            throw store_listen_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
+                                                 "picks a free one) or address",
+                                                 o.host, o.port, e.code().message()),
+                                     e.code());
         }
     }
 

@@ -165,6 +165,7 @@ private:
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
             last_heard_ = clock::now();  // the only per-read cost of the deadlines
+            forgiven_ = false;
         }
     }
 
@@ -289,6 +290,7 @@ private:
     std::vector<std::string> leases_;  // lease keys this connection holds
     clock::time_point opened_;
     clock::time_point last_heard_;                    // the last read (or the lease's binding)
+    bool forgiven_ = false;                           // a lease window given for a stall, since the last read
     std::optional<clock::time_point> partial_since_;  // the head request's first byte
     std::optional<clock::time_point> write_since_;    // the write in flight's start
     clock::time_point timer_at_{};
@@ -520,6 +522,31 @@ ELASTIC_DECL void store_connection::deadline_passed() {
     const auto& o = core_->options;
     const auto ms = [](clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
     if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
+        // The silence may be this process's own, not the client's: its bytes wait unread, or
+        // this timer ran long after its time (the server was stopped, or starved of CPU, and a
+        // holder in the same process, the store's host agent, could not speak either). The
+        // lease's silence is then counted from now: one more window, once per read, so that
+        // neither a loop that keeps running late nor a client that sends but takes no replies
+        // (the server cannot read while it cannot write) keeps a lease for ever.
+        if (!forgiven_) {
+            std::error_code unread;
+            const bool spoke = socket_.available(unread) > 0 && !unread;
+            const auto late = now - timer_at_;
+            const bool stalled = late >
+                                 std::max<clock::duration>(o.lease_heartbeat_interval, std::chrono::milliseconds(100));
+            if (spoke || stalled) {
+                forgiven_ = true;
+                if (stalled && now - core_->stall_said > core_->lease_timeout()) {  // once per stall
+                    core_->stall_said = now;
+                    core_->log(fmt::format("the store did not run for {} ms (its process was stopped, or starved of "
+                                           "CPU): the leases' silence is counted from now, not from before",
+                                           ms(late)));
+                }
+                last_heard_ = now;
+                schedule();
+                return;
+            }
+        }
         close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
                                     "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
                                     ms(now - last_heard_), o.lease_missed_heartbeats,

@@ -147,6 +147,8 @@ struct store_server_core {
     std::size_t buffered = 0;  // bytes in the connections' input and output buffers
     int spare_fd = -1;         // reserve_descriptor()
     bool stopped = false;
+    // When the server last said it had not run for a while (said once per stall, not per lease).
+    std::chrono::steady_clock::time_point stall_said{};
 };
 
 ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s);
