@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -124,6 +125,76 @@ TEST_CASE("rendezvous agents: c10d with 2, 4 and 8 agents gives every worker con
         }
         check_job_env(envs_of(dir, 0, nnodes * nproc), nnodes, nproc, 0);
     }
+}
+
+/// A socket bound to 127.0.0.1:port that never listens: the port is taken, and nothing serves it.
+class held_port {
+public:
+    explicit held_port(int port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+        REQUIRE(fd_ >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    }
+    held_port(const held_port&) = delete;
+    held_port& operator=(const held_port&) = delete;
+    ~held_port() { release(); }
+    void release() {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+    }
+
+private:
+    int fd_;
+};
+
+TEST_CASE("rendezvous agents: the endpoint's port held by a program that does not listen, the agents here bind and "
+          "dial in turn, and one hosts once the port is free") {
+    temp_dir dir;
+    const int port = free_port();
+    held_port holder(port);
+    job j;
+    for (int node = 0; node < 2; ++node) {
+        j.start(with_worker(c10d_args(port, 2, 1, "held")), node_env(dir, "*:env", node));
+    }
+    // Both agents find the port taken and nothing serving it.
+    for (auto& a : j.agents) {
+        REQUIRE(a->read_err_until([](const std::string& err) {
+            return err.find("and nothing accepts connections there: this agent binds it again") != std::string::npos;
+        }));
+    }
+    holder.release();
+    j.wait_all();
+    int hosts = 0;
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+        if (j.agents[i]->err().find("this agent hosts it after all") != std::string::npos) ++hosts;
+    }
+    CHECK(hosts == 1);
+    check_job_env(envs_of(dir, 0, 2), 2, 1, 0);
+}
+
+TEST_CASE("rendezvous agents: the endpoint's port held for good by a program that does not listen, every agent "
+          "names it and exits at the join timeout, with no worker started") {
+    temp_dir dir;
+    const int port = free_port();
+    held_port holder(port);
+    auto args = c10d_args(port, 2, 1, "held");
+    args.push_back("--rdzv-conf=join_timeout=3");
+    job j;
+    for (int node = 0; node < 2; ++node) j.start(with_worker(args), node_env(dir, "*:env", node));
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        const auto& err = j.agents[i]->err();
+        INFO(err);
+        CHECK(j.codes[i] == 250);
+        CHECK(err.find(fmt::format("a program on this host holds port {} without listening on it", port)) !=
+              std::string::npos);
+    }
+    CHECK(envs_of(dir, 0, 2).empty());
 }
 
 TEST_CASE("rendezvous agents: static honours --node-rank, and --nnodes=2:2 with a long last call starts at once") {

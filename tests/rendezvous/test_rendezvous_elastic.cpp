@@ -664,7 +664,7 @@ TEST_CASE(
         // or its own dropped connection (then only the rejoin line below): whichever is read first.
         if (node != stopped) CHECK(has(j[node].err(), "membership changed:"));
     }
-    const auto line = line_with(j[stopped].err(), "dropped this node's connection");
+    const auto line = line_with(j[stopped].err(), "lease connection to the rendezvous store at");
     CAPTURE(j[stopped].err());
     CHECK(has(line, "rejoining the job"));
     CHECK(worlds(j[stopped].out(), 2).empty());
@@ -708,7 +708,7 @@ TEST_CASE(
         INFO("stderr:\n" << j[node].err());
         CHECK(code == 0);
     }
-    const auto line = line_with(j[stopped].err(), "dropped this node's connection");
+    const auto line = line_with(j[stopped].err(), "lease connection to the rendezvous store at");
     CAPTURE(j[stopped].err());
     CHECK(has(line, "rejoining the job"));
     CHECK_FALSE(has(j[stopped].err(), "lost the rendezvous store"));
@@ -749,7 +749,7 @@ TEST_CASE(
         CHECK_FALSE(has(j[node].err(), "exit barrier"));
     }
     CHECK(ranks == std::set<int>{0, 1});
-    const auto line = line_with(j[dropped].err(), "dropped this node's connection");
+    const auto line = line_with(j[dropped].err(), "lease connection to the rendezvous store at");
     CAPTURE(j[dropped].err());
     CHECK(has(line, "rejoining the job"));
 }

@@ -885,6 +885,84 @@ TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret end
     CHECK(has(error, "give every agent the same secret"));
 }
 
+TEST_CASE("rendezvous trust: when every member of a running round was dropped with its lease, the nodes that "
+          "rejoin abort it by the store's record and form the next round, fixed or elastic") {
+    // What a store host stopped past the keep-alive leaves: round 0 runs, every member's lease
+    // is gone, and the agents rejoin under new lease names. No member is left to see a loss,
+    // so the round is full of nodes nobody runs: before, a fixed job's rejoiners took it for
+    // another job's round and exited, and an elastic job's waited beside it as standbys.
+    for (const int min_nodes : {2, 1}) {
+        CAPTURE(min_nodes);
+        loopback_store net(13);
+        auto& ctx = net.ctx;
+        auto& c = net.c;
+        std::vector<std::string> said;
+        elastic::store_rendezvous_options o;
+        o.run_id = "dropped-all";
+        o.nnodes = 2;
+        o.min_nodes = min_nodes;
+        o.hosts_store = true;
+        o.join_timeout = std::chrono::minutes(10);
+        o.last_call_timeout = std::chrono::minutes(10);  // rounds complete at MAX = 2 arrivals
+        o.log = [&](std::string_view line) { said.emplace_back(line); };
+        elastic::store_rendezvous<elastic::tcp_store_client> x1(*c[0], *c[1], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> y1(*c[3], *c[4], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> x2(*c[6], *c[7], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> y2(*c[9], *c[10], o);
+        const auto node = lease_node;
+        int first = -1;
+        std::optional<elastic::rendezvous_round> a;
+        std::optional<elastic::rendezvous_round> b;
+        std::string aborted;  // round 0's abort notice
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                using namespace asio::experimental::awaitable_operators;
+                co_await x1.start_liveness(*c[2], node("x1"));
+                co_await y1.start_liveness(*c[5], node("y1"));
+                auto formed = co_await (x1.keep_membership() || y1.keep_membership() ||
+                                        (x1.next_round(node("x1")) && y1.next_round(node("y1"))));
+                REQUIRE(formed.index() == 2);
+                first = std::get<0>(std::get<2>(formed)).number;
+                // Both dropped with their leases; the store records both losses.
+                c[2]->close();
+                c[5]->close();
+                std::vector<std::string> lost{elastic::lease_lost_key(x1.lease_group(), 1),
+                                              elastic::lease_lost_key(x1.lease_group(), 2)};
+                co_await c[12]->wait(std::move(lost), std::chrono::seconds(120));
+                // Both rejoin under new lease names.
+                co_await x2.start_liveness(*c[8], node("x2"));
+                co_await y2.start_liveness(*c[11], node("y2"));
+                auto again = co_await (x2.keep_membership() || y2.keep_membership() ||
+                                       (x2.next_round(node("x2")) && y2.next_round(node("y2"))));
+                REQUIRE(again.index() == 2);
+                a = std::get<0>(std::get<2>(again));
+                b = std::get<1>(std::get<2>(again));
+                aborted = co_await c[12]->get(x2.key(0, "abort"));
+                for (auto& each : c) each->close();
+                net.server.stop();
+            },
+            [](std::exception_ptr e) {
+                if (e) std::rethrow_exception(e);
+            });
+        ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+        std::string log;
+        for (const auto& line : said) log += line + "\n";
+        INFO(log);
+        CHECK(first == 0);
+        REQUIRE(a);
+        REQUIRE(b);
+        CHECK(a->number == 1);
+        CHECK(b->number == 1);
+        CHECK(a->group_world_size == 2);
+        CHECK(a->group_rank != b->group_rank);
+        INFO(aborted);
+        CHECK(has(aborted, "was lost (its agent's connection to the rendezvous store ended or went silent)"));
+        CHECK((has(aborted, "node x1") || has(aborted, "node y1")));
+        CHECK_FALSE(has(log, "waits as a standby"));
+    }
+}
+
 TEST_CASE("rendezvous trust: a node that comes to a round's abort or decision after the round was collected "
           "rejoins instead of waiting for ever") {
     // A member slow to stop its workers after round 0 was aborted comes back when later rounds

@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
+#include <cstdint>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <random>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -32,19 +35,36 @@ extern "C" char** environ;
 namespace agent_support {
 
 /// The launcher under test: examples/elasticrun.cpp built with the tests (agent-elasticrun).
-/// A port that was free a moment ago (bound on 127.0.0.1 with port 0, then released): agents
-/// that must not host, or a store restarted on the same port, need a real port number.
+/// A port that was free a moment ago, drawn below the kernel's ephemeral range: agents that
+/// must not host, or a store restarted on the same port, need a real port number, and a port
+/// from the ephemeral range (what binding port 0 gives) can be drawn meanwhile as the local
+/// port of any test's outgoing connection, which keeps it from the agent that should host.
+/// Where the ephemeral range leaves no room below it, the kernel's choice (port 0) it is.
 inline int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    ::close(fd);
-    return ntohs(a.sin_port);
+    int ephemeral_low = 32768;
+    if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> ephemeral_low;
+    const int low = 10000;
+    const bool below = ephemeral_low > low + 1000;
+    static std::minstd_rand rng{static_cast<std::minstd_rand::result_type>(
+        std::random_device{}() ^ static_cast<unsigned>(::getpid()) ^
+        static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()))};
+    std::uniform_int_distribution<int> pick(low, std::max(low, ephemeral_low - 1));
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        const int port = below ? pick(rng) : 0;
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(fd >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        socklen_t len = sizeof a;
+        const bool named = bound && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+        ::close(fd);
+        if (named) return ntohs(a.sin_port);
+    }
+    FAIL("no free port below " << ephemeral_low << " in 1000 draws");
+    return 0;
 }
 
 inline std::string elasticrun() { return ELASTIC_TEST_PROGRAM_DIR "/agent-elasticrun"; }
@@ -158,6 +178,14 @@ public:
     bool read_until(const std::function<bool(const std::string&)>& done) {
         while (!done(out_)) {
             if (!pump()) return done(out_);
+        }
+        return true;
+    }
+
+    /// Reads both pipes until `done(stderr so far)` holds or both pipes end.
+    bool read_err_until(const std::function<bool(const std::string&)>& done) {
+        while (!done(err_)) {
+            if (!pump()) return done(err_);
         }
         return true;
     }

@@ -780,6 +780,7 @@ private:
                 successors_.clear();
             }
         }
+        if (size > 0 && members_ && !co_await aborted(*store_, r)) co_await abort_if_member_lost(*store_, r);
         if (!co_await aborted(*store_, r)) {
             if (size < options_.nnodes) {
                 abort_notice waiting;
@@ -1210,6 +1211,32 @@ private:
                                      detail::rendezvous::encode(detail::rendezvous::round_manifest{k, 0, {}}));
     }
 
+    // Round r runs, and this node arrived after it formed. Its members are the store's record
+    // (the round's manifest): one whose lease is gone and that had not finished is lost, and
+    // the round is aborted for it (on_member_loss). The members abort on their own when they
+    // see the loss; this covers the nodes that cannot see it — each one dropped with its lease
+    // (every member, when the store's host was stopped past the keep-alive), which rejoins
+    // under a new lease name and would otherwise wait beside a round nobody runs.
+    asio::awaitable<void> abort_if_member_lost(Store& s, int r) {
+        const auto manifest_key = key(r, "manifest");
+        std::vector<std::string> probe{manifest_key};
+        if (!co_await s.check(std::move(probe))) co_return;
+        const auto value = co_await s.get(manifest_key);
+        const auto manifest = checked(manifest_key, value, "this node takes the round's members for live",
+                                      [&](std::string_view v) {
+                                          return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                      });
+        if (!manifest) co_return;
+        std::vector<std::string> leases;
+        for (const auto& id : manifest->ids) leases.push_back(lease_key(lease_group(), id));
+        if (leases.empty() || co_await s.check(std::move(leases))) co_return;  // every lease held
+        for (const auto& id : manifest->ids) {
+            if (co_await holds_lease(s, id)) continue;
+            co_await on_member_loss(s, r, id, false);
+            if (co_await aborted(s, r)) co_return;
+        }
+    }
+
     // The claim of a voided round (void_orphaned) starts with this; a completer's is its lease name.
     static constexpr std::string_view void_mark = "void:";
 
@@ -1217,7 +1244,7 @@ private:
     // whose workers all succeeded (it marked done/<g> before its exit barrier) is finished: its
     // leaving, when its barrier times out or its agent ends, is no loss, and the others run to
     // their own end.
-    asio::awaitable<void> on_member_loss(Store& s, int r, std::string name) {
+    asio::awaitable<void> on_member_loss(Store& s, int r, std::string name, bool member_here = true) {
         const auto member_key = key(r, "member/" + name);
         std::vector<std::string> member{member_key};
         if (!co_await s.check(std::move(member))) co_return;
@@ -1228,8 +1255,9 @@ private:
         if (g) {
             std::vector<std::string> done{key(r, fmt::format("done/{}", *g))};
             if (co_await s.check(std::move(done))) {
-                say(fmt::format("node {} (group_rank {}) left after its workers succeeded; this node's workers go on",
-                                detail::rendezvous::describe_node_id(name), *g));
+                say(fmt::format("node {} (group_rank {}) left after its workers succeeded{}",
+                                detail::rendezvous::describe_node_id(name), *g,
+                                member_here ? "; this node's workers go on" : ""));
                 co_return;
             }
         }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/coro.hpp"
 #include "elastic/detail/host_name.hpp"
 #include "elastic/rendezvous/codec.hpp"
 #include "elastic/rendezvous/parameters.hpp"
@@ -15,7 +16,11 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -140,7 +145,8 @@ struct advertised_address {
 /// others connect (retrying until the `timeout` key, 900 s). c10d: the agent whose endpoint is
 /// this host (is_host rule, or --rdzv-conf is_host) hosts at the endpoint (port 29400 by
 /// default); if binding fails under the heuristic (another agent here hosts already), it
-/// connects instead, as torchrun does.
+/// connects instead, as torchrun does, and while nothing accepts connections there it binds
+/// again until the join timeout (a port held by a program that does not listen).
 template <class Defer = void>
 class basic_tcp_rendezvous {
 public:
@@ -172,29 +178,27 @@ public:
             want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
+        const auto deadline = std::chrono::steady_clock::now() + join_timeout;
         if (want_host) {
             // A name: the address it resolves to on this node, not every interface.
             const auto bind_host = detail::rendezvous::bind_address_for(host);
-            auto options = server_options(bind_host, port);
-            try {
-                server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
-                // The job's keep-alive is in the store before anyone can connect (an agent that
-                // read it a moment too early would heartbeat by its own values: agree_keep_alive).
-                server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
-                server_->start();
-                // Reach it where it listens (the name may resolve to another address first).
-                connect_host = bind_host == "0.0.0.0" ? std::string("127.0.0.1") : bind_host;
-            } catch (const store_error& e) {
-                if (explicit_host) {
-                    throw rendezvous_error(fmt::format(
-                        "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), e.what(),
-                        is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
-                                  : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
-                }
+            // Reach it where it listens (the name may resolve to another address first).
+            const auto listening = bind_host == "0.0.0.0" ? std::string("127.0.0.1") : bind_host;
+            const auto refused = try_host(bind_host, port);
+            if (!refused) {
+                connect_host = listening;
+            } else if (explicit_host) {
+                throw rendezvous_error(fmt::format(
+                    "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), refused->why,
+                    is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
+                              : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
+            } else if (!refused->port_taken) {
                 if (log_) {
-                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host; joining it",
-                                     to_string(endpoint)));
+                    log_(fmt::format("cannot host the rendezvous store at {} ({}); joining the agent that does",
+                                     to_string(endpoint), refused->why));
                 }
+            } else if (co_await host_or_join(bind_host, probe_address(host, listening), port, deadline, refused->why)) {
+                connect_host = listening;
             }
         }
         current_host_ = connect_host;
@@ -398,9 +402,12 @@ public:
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
         // Only a store that does not answer moves (so an overloaded node never splits the job).
         if (co_await rejoin_store(me)) {
-            co_return fmt::format("the rendezvous store at {} dropped this node's connection (it heard no heartbeat "
-                                  "within keep_alive_interval x keep_alive_max_attempt: was this agent stopped or "
-                                  "starved of CPU?); reconnected, rejoining the job",
+            // Either side may have ended it: the store heard no heartbeat from this agent (stopped
+            // or starved of CPU), or this agent heard none from the store (its host was stopped).
+            co_return fmt::format("this node's lease connection to the rendezvous store at {} ended (the store heard "
+                                  "no heartbeat from this agent within keep_alive_interval x keep_alive_max_attempt, "
+                                  "or this agent none from the store: one of them was stopped or starved of CPU), "
+                                  "and the store answers again: reconnected, rejoining the job",
                                   store_endpoint());
         }
         if (!elastic_membership) throw rendezvous_error(std::move(reason));
@@ -510,6 +517,109 @@ private:
     [[nodiscard]] std::string keep_alive_text() const {
         return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
                            params_.settings.keep_alive_max_attempt);
+    }
+
+    // Why this agent could not host the store: the server's message, and whether the port is
+    // taken (then normally another agent here hosts; see host_or_join).
+    struct host_refusal {
+        std::string why;
+        bool port_taken = false;
+    };
+
+    // Hosts the store at bind_host:port (nullopt), or says why not.
+    std::optional<host_refusal> try_host(const std::string& bind_host, std::uint16_t port) {
+        try {
+            server_ = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
+            // The job's keep-alive is in the store before anyone can connect (an agent that
+            // read it a moment too early would heartbeat by its own values: agree_keep_alive).
+            server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+            server_->start();
+            return std::nullopt;
+        } catch (const store_listen_error& e) {
+            server_.reset();
+            // Asio's own system category: compare with its code, not std::errc.
+            return host_refusal{e.what(), e.code() == asio::error::address_in_use};
+        } catch (const store_error& e) {
+            server_.reset();
+            return host_refusal{e.what(), false};
+        }
+    }
+
+    // The address a joining agent dials, to probe whether anything accepts there: the endpoint's
+    // host when it is an address, else where this agent would have listened.
+    static std::string probe_address(const std::string& host, const std::string& listening) {
+        std::error_code ec;
+        (void)asio::ip::make_address(host, ec);
+        return ec ? listening : host;
+    }
+
+    // The endpoint is this host's but its port is taken: normally another agent here hosts the
+    // store, and this one joins it. A port held by something that does not listen (a client's
+    // connection that drew it as its local port) would leave every agent here dialling nothing
+    // until join_timeout: so while nothing accepts a connection at `probe`, this one binds
+    // again, every 100 ms, until one of the two works. True when it hosts. Whatever accepts is
+    // joined and judged by the client (a foreign program, a store that does not answer: their
+    // errors).
+    asio::awaitable<bool> host_or_join(const std::string& bind_host, const std::string& probe, std::uint16_t port,
+                                       std::chrono::steady_clock::time_point deadline, std::string refused) {
+        const auto endpoint = to_string(params_.endpoint);
+        for (bool told = false;;) {
+            if (co_await accepts(probe, port)) {
+                if (log_) {
+                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host ({}); "
+                                     "joining it",
+                                     endpoint, refused));
+                }
+                co_return false;
+            }
+            if (auto again = try_host(bind_host, port); !again) {
+                if (log_) log_(fmt::format("the rendezvous store at {}: this agent hosts it after all", endpoint));
+                co_return true;
+            } else if (!again->port_taken) {
+                throw rendezvous_error(fmt::format("cannot host the rendezvous store at {}: {}", endpoint, again->why));
+            } else {
+                refused = std::move(again->why);
+            }
+            if (std::chrono::steady_clock::now() >= deadline) {
+                throw rendezvous_error(fmt::format(
+                    "cannot host the rendezvous store at {} ({}), and nothing accepts connections there within the "
+                    "join timeout: a program on this host holds port {} without listening on it (`ss -tanp 'sport = "
+                    ":{}'` names it); stop it or choose another --rdzv-endpoint port",
+                    endpoint, refused, port, port));
+            }
+            if (log_ && !told) {
+                told = true;
+                log_(fmt::format("cannot host the rendezvous store at {} ({}), and nothing accepts connections "
+                                 "there: this agent binds it again every 100 ms until it hosts or another agent "
+                                 "does, for at most the join timeout",
+                                 endpoint, refused));
+            }
+            asio::steady_timer pause(executor_, std::chrono::milliseconds(100));
+            co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
+        }
+    }
+
+    // Whether something accepts a TCP connection at address:port (this host's: refused at once
+    // when nothing listens; a full backlog that answers nothing within 1 s counts as a
+    // listener). A connection to itself (its local port drawn equal to `port`: TCP's
+    // simultaneous open) is nothing accepting.
+    asio::awaitable<bool> accepts(const std::string& address, std::uint16_t port) {
+        using namespace asio::experimental::awaitable_operators;
+        std::error_code ec;
+        const auto ip = asio::ip::make_address(address, ec);
+        if (ec) co_return true;  // not a literal: the client resolves and judges it
+        asio::ip::tcp::socket socket(executor_);
+        asio::steady_timer limit(executor_, std::chrono::seconds(1));
+        auto which = co_await (socket.async_connect({ip, port}, detail::as_tuple_awaitable<Defer>) ||
+                               limit.async_wait(detail::as_tuple_awaitable<Defer>));
+        if (which.index() == 1) co_return true;
+        const auto [connect_error] = std::get<0>(which);
+        if (connect_error) co_return false;
+        std::error_code local_error;
+        std::error_code remote_error;
+        const auto local = socket.local_endpoint(local_error);
+        const auto remote = socket.remote_endpoint(remote_error);
+        co_return local_error || remote_error || local != remote;
     }
 
     // An agent whose secret the store refuses cannot take part: say which endpoint and option.

@@ -17,8 +17,9 @@ public:
     using error::error;
 };
 
-/// A server cannot listen where it was told; `code()` says why (`errc::address_in_use`: another
-/// program holds the port; `errc::permission_denied`: a port below 1024; ...).
+/// A server cannot listen where it was told; `code()` says why, as Asio reported it
+/// (`asio::error::address_in_use`: another program holds the port; `access_denied`: a port below
+/// 1024 without the privilege; ...).
 class store_listen_error : public store_error {
 public:
     store_listen_error(const std::string& message, std::error_code code) : store_error(message), code_(code) {}
