@@ -667,6 +667,32 @@ TEST_CASE("agent: a worker_spec filled in C++ with no workers or a negative grac
     CHECK(refused(workers) == "accepted");
 }
 
+TEST_CASE("agent: rendezvous_parameters with an empty run id, or one with a '__lease__' segment, are refused") {
+    asio::io_context io;
+    elastic::worker_spec workers;
+    workers.program.target = agent_support::worker();
+    const auto refused = [&](const std::string& run_id) {
+        elastic::rendezvous_parameters rendezvous;
+        rendezvous.run_id = run_id;
+        try {
+            elastic::local_agent agent(io.get_executor(), workers, rendezvous, elastic::agent_options{},
+                                       elastic::current_environment(), "agent-test");
+        } catch (const elastic::usage_error& e) {
+            return std::string(e.what());
+        }
+        return std::string("accepted");
+    };
+    CHECK(refused("").find("--rdzv-id: must not be empty") != std::string::npos);
+    for (const std::string id : {"__lease__", "a/__lease__", "__lease__/b", "a/__lease__/b"}) {
+        CAPTURE(id);
+        CHECK(refused(id).find("a path segment '__lease__' is reserved") != std::string::npos);
+    }
+    for (const std::string id : {"job42", "a__lease__", "__lease__x/b", "a/x__lease__/b"}) {
+        CAPTURE(id);
+        CHECK(refused(id) == "accepted");
+    }
+}
+
 TEST_CASE("agent: a local_agent from a worker_spec and rendezvous_parameters, without the command line") {
     temp_dir dir;
     // Attempt 0: rank 1 writes its environment and fails with 4 (rank 0 may be stopped before it

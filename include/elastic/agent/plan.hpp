@@ -93,6 +93,16 @@ ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
                                       "join; give the port the hosting agent listens on",
                                       to_string(c.endpoint))};
     }
+    if (c.run_id.empty()) {
+        throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
+    }
+    if (fmt::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
+        // The store keeps leases under <group>/__lease__/: an id with such a segment would put
+        // the job's own keys where the store reads lease names.
+        throw usage_error{fmt::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
+                                      "store's leases; choose an id without one",
+                                      c.run_id)};
+    }
     if (c.backend == rendezvous_backend::etcd_v3) {
         refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
