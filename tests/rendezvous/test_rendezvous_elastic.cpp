@@ -671,6 +671,49 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "rendezvous elastic: with two of three agents stopped past the keep-alive (--nnodes=1:3), the store's host never "
+    "trains alone, and the three re-form when they run again") {
+    // Two stopped agents cannot be told from two cut off by the network, which would move the
+    // store and train as a majority of their own: the host, MIN (1) on its own but no majority
+    // of the last round's 3, must not train meanwhile.
+    job j("silent-majority");
+    j.nnodes = "1:3";
+    j.loglevel = "INFO";
+    const std::string rules = "*:world+trap";
+    for (int node = 0; node < 3; ++node) j.start(rules, node == 0, "last_call_timeout=1");
+    for (int node = 0; node < 3; ++node) {
+        await_lines(j[node], "world 3 ");
+        await_lines(j[node], "ready ");
+    }
+    for (const int node : {1, 2}) REQUIRE(::kill(j[node].pid(), SIGSTOP) == 0);
+    // The store hears no heartbeat from either: the host takes both for lost, and finds no
+    // majority of the last round to go on with.
+    await_stderr(j[0], "so the next rounds need 2 nodes");
+    CHECK(worlds(j[0].out(), 1).empty());
+    for (const int node : {1, 2}) REQUIRE(::kill(j[node].pid(), SIGCONT) == 0);
+    // They find their connections dropped, the store still there: they rejoin, and the three go on.
+    for (int node = 0; node < 3; ++node) await_lines(j[node], "world 3 ", 2);
+    std::set<int> ranks;
+    for (int node = 0; node < 3; ++node) {
+        await_lines(j[node], "ready ", static_cast<int>(worlds(j[node].out()).size()));
+        const auto last = worlds(j[node].out(), 3).back();
+        ranks.insert(last.rank);
+        CHECK(last.attempt == 0);                 // membership restarts spend no restart
+        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2});
+    for (int node = 0; node < 3; ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+    }
+    // The host never ran a world of its own.
+    CHECK(worlds(j[0].out(), 1).empty());
+}
+
+TEST_CASE(
     "rendezvous elastic: in a fixed-size job, an agent stopped past its keep-alive rejoins when it runs again, and the "
     "job goes on") {
     // --nnodes=2: no majority or successor matters here; the store lived all along, so the

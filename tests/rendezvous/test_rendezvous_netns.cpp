@@ -379,16 +379,16 @@ struct partitioned_job {
     }
 };
 
-TEST_CASE(
-    "rendezvous netns: a partition ends the cut-off agent with 250, the store's host goes on alone (--nnodes=1:2)") {
+TEST_CASE("rendezvous netns: a partition of --nnodes=1:2 ends both agents with 250: neither half is a majority") {
     const auto ip = usable_ip();
     if (!ip) return;
     temp_dir dir;
     two_hosts net(*ip);  // before the agents: they die before the namespaces go
     net.create();
-    // Round of two: both workers hang. Round of one (after the cut): A's worker ends the job.
-    // join_timeout: what B waits for a majority after the cut (below), and the margin for the
-    // first round to form while the machine is busy.
+    // Round of two: both workers hang. A round of one, which neither side may form, would end
+    // the job at once.
+    // join_timeout: what each side waits for a majority after the cut (below), and the margin
+    // for the first round to form while the machine is busy.
     partitioned_job job(net, dir, "1:2", "w2:world+hang;w1:world+exit0", join_timeout_s);
     net.cut();
 
@@ -410,23 +410,76 @@ TEST_CASE(
     CHECK(launched::count_lines(job.b.out(), "world ") == 1);
     CHECK(still_there(job.b_worker.pid).empty());
 
-    // A's store counts B's lease lost; A re-forms alone (1 >= MIN): a membership restart, which
-    // keeps the attempt (TORCHELASTIC_RESTART_COUNT) and changes the world.
-    CHECK(code_a == 0);
+    // A's store counts B's lease lost, and silent: B may be training on the far side of a cut,
+    // so A, MIN on its own but no majority of the last round, never trains alone either.
+    CHECK(code_a == 250);
     CHECK(job.a.err().find("membership changed:") != std::string::npos);
-    const auto a_lines = world_lines(job.a.out());
-    REQUIRE(a_lines.size() == 2);
-    const auto& alone = a_lines[1];
-    CHECK(alone.world == 1);
-    CHECK(alone.group_world == 1);
-    CHECK(alone.rank == 0);
-    CHECK(alone.group_rank == 0);
-    CHECK(alone.attempt == a_lines[0].attempt);
-    CHECK(alone.node == "A");
-    CHECK(alone.pid != job.a_worker.pid);
+    CHECK(job.a.err().find("a member went silent since") != std::string::npos);
+    CHECK(job.a.err().find("joined within the join timeout") != std::string::npos);
+    CHECK(launched::count_lines(job.a.out(), "world ") == 1);
     CHECK(still_there(job.a_worker.pid).empty());
 
     // No worker outlives its agent on either side of the cut.
+    CHECK(workers_left(net, net.ns_a()).empty());
+    CHECK(workers_left(net, net.ns_b()).empty());
+}
+
+TEST_CASE("rendezvous netns: a partition leaves the store's host with a minority (--nnodes=1:3, A | B C): the "
+          "majority moves the store and trains, the host never trains again") {
+    // Before the split-brain rule both sides trained: A alone (1 >= MIN) on the store it hosts,
+    // B and C as a world of 2 on a successor.
+    const auto ip = usable_ip();
+    if (!ip) return;
+    temp_dir dir;
+    two_hosts net(*ip);
+    net.create();
+    const std::string rules = "w3:world+hang;w2:world+exit0;w1:world+exit0";
+    launched a(net.exec_in(net.ns_a(), agent_support::elasticrun(),
+                           agent_args(net, "1:3", net.addr_a(), true, join_timeout_s)),
+               node_env(dir, rules, "A"), net.ip());
+    launched b(net.exec_in(net.ns_b(), agent_support::elasticrun(),
+                           agent_args(net, "1:3", net.addr_b(), false, join_timeout_s)),
+               node_env(dir, rules, "B"), net.ip());
+    launched c(net.exec_in(net.ns_b(), agent_support::elasticrun(),
+                           agent_args(net, "1:3", net.addr_b(), false, join_timeout_s)),
+               node_env(dir, rules, "C"), net.ip());
+    for (auto* agent : {&a, &b, &c}) {
+        const bool runs = agent->read_lines("world 3 ", 1);
+        INFO("stderr:\n" << agent->err());
+        REQUIRE(runs);
+    }
+    const auto a_worker = world_lines(a.out()).front();
+    net.cut();
+
+    const int code_b = b.wait();
+    const int code_c = c.wait();
+    const int code_a = a.wait();
+    INFO("agent A's stderr:\n" << a.err());
+    INFO("agent B's stderr:\n" << b.err());
+    INFO("agent C's stderr:\n" << c.err());
+    INFO("agent A's stdout:\n" << a.out());
+    INFO("agent B's stdout:\n" << b.out());
+    INFO("agent C's stdout:\n" << c.out());
+
+    // B and C move to a successor, 2 of the last round's 3: a majority, a world of 2.
+    CHECK(code_b == 0);
+    CHECK(code_c == 0);
+    const auto b_lines = world_lines(b.out());
+    const auto c_lines = world_lines(c.out());
+    REQUIRE(b_lines.size() == 2);
+    REQUIRE(c_lines.size() == 2);
+    CHECK(b_lines[1].world == 2);
+    CHECK(c_lines[1].world == 2);
+    CHECK(b_lines[1].rank + c_lines[1].rank == 1);
+    CHECK(b.err().find("lost the rendezvous store") != std::string::npos);
+
+    // A keeps the store and counts both leases lost, silently: no majority, no world of its own.
+    CHECK(code_a == 250);
+    CHECK(a.err().find("a member went silent since") != std::string::npos);
+    CHECK(a.err().find("joined within the join timeout") != std::string::npos);
+    CHECK(launched::count_lines(a.out(), "world ") == 1);
+    CHECK(still_there(a_worker.pid).empty());
+
     CHECK(workers_left(net, net.ns_a()).empty());
     CHECK(workers_left(net, net.ns_b()).empty());
 }

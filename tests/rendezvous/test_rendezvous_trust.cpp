@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <utility>
 #include <map>
 #include <memory>
 #include <optional>
@@ -258,6 +259,19 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_count("-1", 0, 10), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_count("7x", 0, 10), invalid_value);
+    // A retry may name the last round's size whose majority the next rounds need (1..nnodes).
+    CHECK(rdzv::decode_retry_majority(rdzv::encode_retry(), 4) == 0);
+    CHECK(rdzv::decode_retry_majority(rdzv::encode_retry(3), 4) == 3);
+    CHECK_FALSE(rdzv::decode_assignment(rdzv::encode_retry(3), 4));
+    CHECK(rdzv::decode_retry_majority(R"({"size":2})", 4) == 0);  // no retry: nothing needed
+    CHECK_THROWS_AS(rdzv::decode_retry_majority(R"({"retry":true,"majority_of":5})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_retry_majority(R"({"retry":true,"majority_of":0})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_retry_majority(R"({"retry":true,"majority_of":"3"})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_retry_majority("garbage", 4), invalid_value);
+    // A manifest records the silent losses at its completion, or nothing (-1).
+    CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5}), 4).silent == 5);
+    CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}}), 4).silent == -1);
+    CHECK_THROWS_AS(rdzv::decode_manifest(R"({"k":1,"n":1,"ids":["a"],"silent":-2})", 4), invalid_value);
     CHECK(rdzv::decode_count("7", 0, 10) == 7);
     // What is shown of a value: printable, truncated.
     CHECK(rdzv::shown(std::string("a\x01") + std::string(500, 'b')).size() < 200);
@@ -960,6 +974,104 @@ TEST_CASE("rendezvous trust: when every member of a running round was dropped wi
         CHECK(has(aborted, "was lost (its agent's connection to the rendezvous store ended or went silent)"));
         CHECK((has(aborted, "node x1") || has(aborted, "node y1")));
         CHECK_FALSE(has(log, "waits as a standby"));
+    }
+}
+
+TEST_CASE("rendezvous trust: after members went silent, a round with no majority of the last one is not formed, its "
+          "node is told the majority it needs, and a majority forms the next; closed losses impose nothing") {
+    // Three nodes, --nnodes=1:3; y and z are lost. Silent (the store's count says so, as a cut
+    // or a stall would leave it): x alone is MIN but no majority of 3, so round 1 is not formed,
+    // and x waits until a second node, y2, joins. Closed (killed agents): x goes on alone.
+    for (const bool silent : {true, false}) {
+        CAPTURE(silent);
+        loopback_store net(13);
+        auto& ctx = net.ctx;
+        auto& c = net.c;
+        std::vector<std::string> said;
+        std::function<void()> on_told;
+        elastic::store_rendezvous_options o;
+        o.run_id = "silent-majority";
+        o.nnodes = 3;
+        o.min_nodes = 1;
+        o.hosts_store = true;
+        o.join_timeout = std::chrono::minutes(10);
+        o.last_call_timeout = std::chrono::minutes(10);  // round 0 completes at MAX = 3 arrivals
+        o.log = [&](std::string_view line) {
+            said.emplace_back(line);
+            if (on_told && line.find("so the next rounds need 2 nodes") != std::string_view::npos)
+                std::exchange(on_told, nullptr)();
+        };
+        elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> z(*c[6], *c[7], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> y2(*c[9], *c[10], o);
+        const auto node = lease_node;
+        bool formed = false;
+        std::optional<elastic::rendezvous_round> a;
+        std::optional<elastic::rendezvous_round> b;
+        const auto rethrow = [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        };
+        const auto end_when_done = [&] {  // whichever of x and y2 is formed last ends the case
+            if (!a || (silent && !b)) return;
+            for (auto& each : c) each->close();
+            net.server.stop();
+        };
+        on_told = [&] {
+            // Told, x waits for a majority: y2 joins (a new node, or y rejoining) and makes one.
+            asio::co_spawn(
+                ctx,
+                [&]() -> asio::awaitable<void> {
+                    using namespace asio::experimental::awaitable_operators;
+                    co_await y2.start_liveness(*c[11], node("y2"));
+                    auto joined = co_await (y2.keep_membership() || y2.next_round(node("y2")));
+                    REQUIRE(joined.index() == 1);
+                    b = std::get<1>(joined);
+                    end_when_done();
+                },
+                rethrow);
+        };
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                using namespace asio::experimental::awaitable_operators;
+                co_await x.start_liveness(*c[2], node("x"));
+                co_await y.start_liveness(*c[5], node("y"));
+                co_await z.start_liveness(*c[8], node("z"));
+                auto first = co_await (x.keep_membership() || y.keep_membership() || z.keep_membership() ||
+                                       (x.next_round(node("x")) && y.next_round(node("y")) && z.next_round(node("z"))));
+                REQUIRE(first.index() == 3);
+                formed = std::get<0>(std::get<3>(first)).group_world_size == 3;
+                if (silent) net.server.engine().set("/" + elastic::lease_silent_key(x.lease_group()), "2");
+                c[5]->close();
+                c[8]->close();
+                std::vector<std::string> lost{elastic::lease_lost_key(x.lease_group(), 1),
+                                              elastic::lease_lost_key(x.lease_group(), 2)};
+                co_await c[12]->wait(std::move(lost), std::chrono::seconds(120));
+                auto again = co_await (x.keep_membership() || x.next_round(node("x")));
+                REQUIRE(again.index() == 1);
+                a = std::get<1>(again);
+                end_when_done();
+            },
+            rethrow);
+        ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+        std::string log;
+        for (const auto& line : said) log += line + "\n";
+        INFO(log);
+        CHECK(formed);
+        REQUIRE(a);
+        if (silent) {
+            REQUIRE(b);
+            CHECK(a->group_world_size == 2);
+            CHECK(b->group_world_size == 2);
+            CHECK(a->number == b->number);
+            CHECK(a->group_rank != b->group_rank);
+            CHECK(has(log, "too few nodes joined for a majority of the last round's 3 after a member went silent"));
+        } else {
+            CHECK_FALSE(b);
+            CHECK(a->group_world_size == 1);
+            CHECK_FALSE(has(log, "majority"));
+        }
     }
 }
 

@@ -169,6 +169,7 @@ TEST_CASE("store: a killed lease holder loses its lease at once and wakes the ep
         holder.signal(SIGKILL);
         lost_name = co_await observer.get(elastic::lease_lost_key("job", epoch + 1));
         CHECK(co_await observer.get(elastic::lease_epoch_key("job")) == "1");
+        CHECK(co_await observer.get(elastic::lease_silent_key("job")) == "0");  // it closed: no silence
         CHECK_FALSE(co_await observer.check(keys));
         holder_exit = co_await holder.line();  // EOF: the holder printed nothing more
         const int status = holder.wait_status();
@@ -194,14 +195,58 @@ TEST_CASE("store: a silent lease holder loses its lease after the missed heartbe
         elastic::tcp_store_client observer(f.ctx.get_executor(), f.client_options());
         lost = co_await observer.get(elastic::lease_lost_key("g", 1));
         CHECK(co_await observer.get(elastic::lease_epoch_key("g")) == "1");
+        CHECK(co_await observer.get(elastic::lease_silent_key("g")) == "1");
         closed = co_await quiet.closed_by_peer();
     }());
     CHECK(lost == "quiet");
+    CHECK(f.logged("lost (silent): silent for"));
     CHECK(closed);
     CHECK_FALSE(f.value("/g/__lease__/quiet"));
     CHECK(f.logged("silent for"));
     CHECK(f.logged("3 missed heartbeats of 50 ms"));
     CHECK(f.logged("lease '/g/__lease__/quiet' of 127.0.0.1:"));
+}
+
+TEST_CASE("store: a holder that closes its connection while the server does not run is lost silently") {
+    // A store host stopped past the keep-alive: its holders give up on its silence and close
+    // their connections, which it reads only when it runs again, its deadlines for them overdue.
+    // Their losses are silent (they may be alive), not deaths. Two holders: one closes with
+    // nothing unread, one after a heartbeat it sent during the stall, which is read first.
+    // A deadline of 5 x 200 ms, a stall of 3 s: only the stall can end these leases.
+    fixture f(200ms, 5);
+    std::string silent;
+    std::string epoch;
+    f.run([&]() -> asio::awaitable<void> {
+        auto first = co_await raw_client::connect(f.port());
+        auto second = co_await raw_client::connect(f.port());
+        // Legacy SETs of "/g/__lease__/one" and "/g/__lease__/two" = "x".
+        co_await first.send_hex("00 10 00x7 2f 67 2f 5f 5f 6c 65 61 73 65 5f 5f 2f 6f 6e 65 01 00x7 78");
+        co_await second.send_hex("00 10 00x7 2f 67 2f 5f 5f 6c 65 61 73 65 5f 5f 2f 74 77 6f 01 00x7 78");
+        elastic::tcp_store_client observer(f.ctx.get_executor(), f.client_options());
+        std::vector<std::string> held{elastic::lease_key("g", "one"), elastic::lease_key("g", "two")};
+        co_await observer.wait(std::move(held), std::chrono::seconds(60));
+        // The loop does not run for 3 s; meanwhile the first holder closes, and the second
+        // sends a CHECK of no keys (legacy op 4), then closes.
+        asio::post(f.ctx, [&] {
+            first.close();
+            second.send_hex_now("04 00x8");
+            second.close();
+            std::this_thread::sleep_for(std::chrono::seconds(3));
+        });
+        (void)co_await observer.get(elastic::lease_lost_key("g", 2));
+        epoch = co_await observer.get(elastic::lease_epoch_key("g"));
+        silent = co_await observer.get(elastic::lease_silent_key("g"));
+    }());
+    std::size_t stalled = 0;
+    for (const auto& line : f.logs) {
+        if (line.find("lost (silent): the connection closed while the server did not run") != std::string::npos)
+            ++stalled;
+    }
+    CHECK(stalled == 2);
+    CHECK_FALSE(f.logged("silent for"));
+    CHECK(epoch == "2");
+    CHECK(silent == "2");
+    CHECK(f.server->leases_lost() == 2);
 }
 
 TEST_CASE("store: a heartbeating client keeps its lease across many intervals") {

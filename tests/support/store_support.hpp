@@ -121,6 +121,16 @@ public:
         co_await asio::async_write(socket_, asio::buffer(bytes), asio::use_awaitable);
     }
 
+    /// Writes the bytes of a hex transcript at once, outside any coroutine (a loopback socket
+    /// takes a few bytes without blocking).
+    void send_hex_now(std::string_view h) { asio::write(socket_, asio::buffer(unhex(h))); }
+
+    /// Closes the connection (the server reads EOF).
+    void close() {
+        std::error_code ignored;
+        socket_.close(ignored);
+    }
+
     /// Reads exactly n bytes (throws on EOF).
     asio::awaitable<std::string> read(std::size_t n) {
         std::string out(n, '\0');

@@ -64,6 +64,8 @@ struct round_manifest {
     int k = 0;
     int n = 0;
     std::vector<std::string> ids;
+    /// The lease group's silent-loss count (`__silent`) when the round completed; -1: not read.
+    std::int64_t silent = -1;
 };
 
 /// Whether `text` is an IPv4 or IPv6 address literal.
@@ -87,8 +89,13 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r);
 /// nothing when the round lost a node while forming and everyone rejoins the next one;
 /// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
 ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes);
-/// The assignment every arrival gets when the round lost a node while forming.
-ELASTIC_DECL std::string encode_retry();
+/// The assignment every arrival gets when the round lost a node while forming; `majority_of`
+/// (when above 0): too few joined after a member went silent, and the rounds that follow need a
+/// majority of the last round's `majority_of` nodes.
+ELASTIC_DECL std::string encode_retry(int majority_of = 0);
+/// The `majority_of` of a retry (0 when it names none, or `text` is no retry); invalid_value
+/// when it is outside 1..nnodes.
+ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes);
 /// The assignment every arrival gets when the round failed: `message` says why.
 ELASTIC_DECL std::string encode_round_error(std::string_view message);
 /// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
@@ -323,7 +330,20 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
     });
 }
 
-ELASTIC_DECL std::string encode_retry() { return nlohmann::json{{"retry", true}}.dump(); }
+ELASTIC_DECL std::string encode_retry(int majority_of) {
+    nlohmann::json j{{"retry", true}};
+    if (majority_of > 0) j["majority_of"] = majority_of;
+    return j.dump();
+}
+
+ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        if (!j.contains("retry") || !j.contains("majority_of")) return 0;
+        return field_small(j, "majority_of", 1, nnodes);
+    });
+}
 
 ELASTIC_DECL std::string encode_round_error(std::string_view message) {
     return nlohmann::json{{"error", std::string(message)}}.dump();
@@ -354,7 +374,9 @@ ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text) {
 }
 
 ELASTIC_DECL std::string encode(const round_manifest& m) {
-    return nlohmann::json{{"k", m.k}, {"n", m.n}, {"ids", m.ids}}.dump();
+    nlohmann::json j{{"k", m.k}, {"n", m.n}, {"ids", m.ids}};
+    if (m.silent >= 0) j["silent"] = m.silent;
+    return j.dump();
 }
 
 ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
@@ -371,6 +393,7 @@ ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
             if (!id.is_string()) throw invalid_value("an id is not a string");
             m.ids.push_back(id.get<std::string>());
         }
+        if (j.contains("silent")) m.silent = field_int(j, "silent", 0, std::numeric_limits<std::int64_t>::max());
         return m;
     });
 }

@@ -271,6 +271,8 @@ public:
             host_in_round_ = round.host_in_round;
             successors_ = round.successors;
             quorum_ = 0;
+            quorum_after_silence_ = false;
+            majority_of_ = 0;
             target_ = 0;
             phase_ = phase::running;
             // Losses this node saw after the completer's epoch but before it ran: a member may
@@ -851,6 +853,14 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (quorum_ > 0 && quorum_after_silence_) {
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {}: {} of the {} nodes needed (a majority of the {} nodes of the "
+                    "last round: a member went silent since, cut off by the network, stopped, or on a machine that "
+                    "died, which the store cannot tell apart, and a part cut off from the others never goes on "
+                    "alone; --nnodes={}:{}) joined within the join timeout ({} s)",
+                    options_.run_id, r, joined, needed(), majority_of_, options_.min(), options_.nnodes, seconds));
+            }
             if (quorum_ > 0) {
                 throw rendezvous_error(fmt::format(
                     "rendezvous of run '{}' round {} (after the rendezvous store was lost and moved): {} of the {} "
@@ -872,7 +882,9 @@ private:
         }
         const auto value = co_await store_->get(mine);
         try {
-            co_return detail::rendezvous::decode_assignment(value, options_.nnodes);
+            auto assigned = detail::rendezvous::decode_assignment(value, options_.nnodes);
+            if (!assigned) heed_majority(r, mine, value);
+            co_return assigned;
         } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
             ignored(mine, value, e.what(), "this node has no assignment in this round");
@@ -955,11 +967,13 @@ private:
         // epoch is read first: a loss after it reaches every member as a later epoch (and
         // aborts the round when the lost node is in it).
         std::int64_t epoch = 0;
-        std::vector<int> in;  // arrival indexes (0-based) of the round's members
+        std::int64_t silent = -1;  // the silent losses so far: read before the leases, like the epoch
+        std::vector<int> in;       // arrival indexes (0-based) of the round's members
         for (int i = 0; i < k; ++i)
             if (valid[static_cast<std::size_t>(i)]) in.push_back(i);
         if (members_) {
             epoch = co_await read_epoch(s, members_->epoch);
+            silent = co_await silent_losses(s);
             std::vector<std::string> leases;
             for (const int i : in) leases.push_back(lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id));
             if (!leases.empty() && !co_await s.check(std::move(leases))) {
@@ -980,11 +994,16 @@ private:
                 out_values.push_back(value);
             }
         };
-        if (static_cast<int>(in.size()) < needed()) {
+        // After a member went silent the round needs a majority of the last one (no majority:
+        // everyone is told so with the retry, and waits for one from then on).
+        const int majority_of = static_cast<int>(in.size()) >= needed()
+                                    ? co_await silent_majority(s, static_cast<int>(in.size()), silent)
+                                    : 0;
+        if (static_cast<int>(in.size()) < needed() || majority_of > 0) {
             // A node was lost while the round formed and too few are left: everyone goes on to
             // the next round (where the join timeout may end the wait); a late node finds
             // size 0 and moves on too.
-            tell_all(detail::rendezvous::encode_retry());
+            tell_all(detail::rendezvous::encode_retry(majority_of));
             out_keys.push_back(key(r, "size"));
             out_values.push_back("0");
         } else {
@@ -1046,7 +1065,7 @@ private:
         }
         // What collect() deletes once no node can need this round any more.
         out_keys.push_back(key(r, "manifest"));
-        out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members}));
+        out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members, silent}));
         if constexpr (multi_key_store<Store>) {
             co_await s.multi_set(std::move(out_keys), std::move(out_values));
         } else {
@@ -1145,7 +1164,9 @@ private:
                                               return detail::rendezvous::decode_manifest(v, options_.nnodes);
                                           });
             if (manifest) {
-                const auto& [k, n, ids] = *manifest;
+                const int k = manifest->k;
+                const int n = manifest->n;
+                const auto& ids = manifest->ids;
                 for (int i = 1; i <= k; ++i) {
                     names.push_back(fmt::format("info/{}", i));
                     names.push_back(fmt::format("assign/{}", i));
@@ -1237,6 +1258,67 @@ private:
         }
     }
 
+    // The lease group's silent losses so far (the server's `__silent`), or -1 when the store
+    // keeps no such count or it holds no count (reported).
+    asio::awaitable<std::int64_t> silent_losses(Store& s) {
+        const auto k = lease_silent_key(lease_group());
+        std::vector<std::string> probe{k};
+        if (!co_await s.check(std::move(probe))) co_return -1;
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, "the round is formed as if no lease had gone silent", [](std::string_view v) {
+            return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+        }).value_or(-1);
+    }
+
+    // The split-brain rule. A member lost by closing its connection (its agent killed) is gone;
+    // one that went silent may be alive on the far side of a network cut, where the others move
+    // the store and form a round of their own with a majority of the last round. So a round
+    // formed after a silent loss (`silent`, the count now, above the one the last completed
+    // round recorded) also needs a majority of the last round, on the store's side too, and no
+    // two parts of a job ever train at once. Returns the last round's size when `joined` is no
+    // majority of it after such a loss, else 0. Stores and rounds that recorded no count (-1)
+    // impose nothing.
+    asio::awaitable<int> silent_majority(Store& s, int joined, std::int64_t silent) {
+        if (!options_.elastic() || silent <= 0) co_return 0;
+        const auto rk = job_key("round");
+        std::vector<std::string> round_probe{rk};
+        if (!co_await s.check(std::move(round_probe))) co_return 0;  // no round completed yet
+        const auto round_text = co_await s.get(rk);
+        const auto last = checked(
+            rk, round_text, "the round is formed as if no lease had gone silent", [](std::string_view v) {
+                return static_cast<int>(detail::rendezvous::decode_count(v, 0, std::numeric_limits<int>::max()));
+            });
+        if (!last) co_return 0;
+        const auto mk = key(*last, "manifest");
+        std::vector<std::string> manifest_probe{mk};
+        if (!co_await s.check(std::move(manifest_probe))) co_return 0;  // round 0 forms: none completed
+        const auto manifest_text = co_await s.get(mk);
+        const auto manifest = checked(mk, manifest_text, "the round is formed as if no lease had gone silent",
+                                      [&](std::string_view v) {
+                                          return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                      });
+        if (!manifest || manifest->n <= 0 || manifest->silent < 0) co_return 0;
+        if (silent <= manifest->silent || 2 * joined > manifest->n) co_return 0;
+        co_return manifest->n;
+    }
+
+    // Round r's retry `value` at `k`: when it names the last round's size because too few
+    // joined after a silent loss, this node needs that majority in the rounds that follow.
+    void heed_majority(int r, std::string_view k, std::string_view value) {
+        const auto majority_of = checked(k, value, "the next round needs the nodes it needed", [&](std::string_view v) {
+                                     return detail::rendezvous::decode_retry_majority(v, options_.nnodes);
+                                 }).value_or(0);
+        if (majority_of <= 0 || majority_of / 2 + 1 <= quorum_) return;
+        quorum_ = majority_of / 2 + 1;
+        quorum_after_silence_ = true;
+        majority_of_ = majority_of;
+        say(fmt::format("round {} of run '{}': too few nodes joined for a majority of the last round's {} after a "
+                        "member went silent (cut off by the network, stopped, or on a machine that died: the store "
+                        "cannot tell which); this part of the job may be cut off from the rest, so the next rounds "
+                        "need {} nodes, up to the join timeout",
+                        r, options_.run_id, majority_of, quorum_));
+    }
+
     // The claim of a voided round (void_orphaned) starts with this; a completer's is its lease name.
     static constexpr std::string_view void_mark = "void:";
 
@@ -1310,8 +1392,10 @@ private:
     bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
-    int quorum_ = 0;                           ///< after the store moved: the majority the next round needs (0: none)
-    int target_ = 0;  ///< after the store moved: the round completes at once at this many (0: MAX)
+    int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
+    bool quorum_after_silence_ = false;  ///< quorum_ comes from a retry after a silent loss (not a store move)
+    int majority_of_ = 0;                ///< that retry's last round size
+    int target_ = 0;                     ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 
 }  // namespace elastic::inline v0

@@ -12,10 +12,11 @@
 
 // A lease is a key bound to the connection that set it: when that connection closes, or stays
 // silent longer than the server's heartbeat deadline, the server deletes the key and records the
-// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
+// loss in keys next to it, so observers are woken by push (docs/store.md, "Leases"):
 //
 //   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
 //   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
+//   <group>/__lease__/__silent     decimal count of those losses that were silent ("0" likewise)
 //   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
 //
 // An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
@@ -38,6 +39,14 @@ ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name
 /// The loss counter of `group`: `<group>/__lease__/__epoch` (decimal, "0" when the first lease
 /// of the group is bound, +1 per lost lease).
 ELASTIC_DECL std::string lease_epoch_key(std::string_view group);
+
+/// The silent-loss counter of `group`: `<group>/__lease__/__silent` (decimal, "0" when the
+/// first lease of the group is bound, +1 per lease lost without word from its holder's side: its
+/// heartbeat deadline passed, its bytes stopped mid-request or mid-reply, or its connection ended
+/// while the server itself had not run for a while, so the holder may have given up on the
+/// server's silence). A holder that was killed closes its connection at once; one cut off by the
+/// network, stopped, or on a machine that died goes silent: the counter tells the two apart.
+ELASTIC_DECL std::string lease_silent_key(std::string_view group);
 
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
@@ -80,6 +89,10 @@ ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name
 
 ELASTIC_DECL std::string lease_epoch_key(std::string_view group) {
     return detail::store::lease_space(group).append("__epoch");
+}
+
+ELASTIC_DECL std::string lease_silent_key(std::string_view group) {
+    return detail::store::lease_space(group).append("__silent");
 }
 
 ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch) {

@@ -164,7 +164,11 @@ private:
                                                                   detail::as_tuple_awaitable<Defer>);
             if (ec) co_return;  // EOF, reset or stop(): the client is gone
             end_ += n;
-            last_heard_ = clock::now();  // the only per-read cost of the deadlines
+            const auto now = clock::now();  // the only per-read cost of the deadlines
+            // Bytes read after a gap longer than the lease deadline: it would have closed the
+            // connection had this process run meanwhile (docs/store.md, "Silent or not").
+            if (!leases_.empty() && now - last_heard_ > core_->lease_timeout() + stall_threshold()) stalled_at_ = now;
+            last_heard_ = now;
             forgiven_ = false;
         }
     }
@@ -249,6 +253,12 @@ private:
         return at;
     }
 
+    // How late a deadline must be handled to show that this process did not run meanwhile
+    // (stopped, or starved of CPU): a heartbeat interval, at least 100 ms.
+    clock::duration stall_threshold() const {
+        return std::max<clock::duration>(core_->options.lease_heartbeat_interval, std::chrono::milliseconds(100));
+    }
+
     // Nothing to wait for on this connection's behalf (the idle timeout's subject).
     bool idle() const noexcept {
         return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() && !write_since_;
@@ -291,6 +301,8 @@ private:
     clock::time_point opened_;
     clock::time_point last_heard_;                    // the last read (or the lease's binding)
     bool forgiven_ = false;                           // a lease window given for a stall, since the last read
+    bool silent_ = false;                             // closed for the client's silence (a silent lease loss)
+    std::optional<clock::time_point> stalled_at_;     // when this process was last found not to have run
     std::optional<clock::time_point> partial_since_;  // the head request's first byte
     std::optional<clock::time_point> write_since_;    // the write in flight's start
     clock::time_point timer_at_{};
@@ -494,8 +506,10 @@ ELASTIC_DECL std::string store_connection::lease_held_elsewhere(wire::op o, std:
 ELASTIC_DECL void store_connection::bind_lease(std::string_view key) {
     if (!core_->leases.bind(key, this)) return;  // this connection's already
     leases_.emplace_back(key);
-    const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
-    if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
+    const std::string space(parse_lease_key(key)->space);
+    for (const auto* counter : {"__epoch", "__silent"}) {
+        if (!core_->engine.find(space + counter)) core_->engine.set(space + counter, std::string_view("0"));
+    }
     last_heard_ = clock::now();
     schedule();
 }
@@ -532,10 +546,10 @@ ELASTIC_DECL void store_connection::deadline_passed() {
             std::error_code unread;
             const bool spoke = socket_.available(unread) > 0 && !unread;
             const auto late = now - timer_at_;
-            const bool stalled = late >
-                                 std::max<clock::duration>(o.lease_heartbeat_interval, std::chrono::milliseconds(100));
+            const bool stalled = late > stall_threshold();
             if (spoke || stalled) {
                 forgiven_ = true;
+                if (stalled) stalled_at_ = now;
                 if (stalled && now - core_->stall_said > core_->lease_timeout()) {  // once per stall
                     core_->stall_said = now;
                     core_->log(fmt::format("the store did not run for {} ms (its process was stopped, or starved of "
@@ -547,6 +561,7 @@ ELASTIC_DECL void store_connection::deadline_passed() {
                 return;
             }
         }
+        silent_ = true;
         close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
                                     "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
                                     ms(now - last_heard_), o.lease_missed_heartbeats,
@@ -561,14 +576,20 @@ ELASTIC_DECL void store_connection::deadline_passed() {
                                   "ms (store_server_options::auth_timeout)",
                                   o.auth_timeout.count()));
     }
-    if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
+    // A client whose bytes stop mid-request or mid-reply went silent too (a cut-off link
+    // leaves a write unacknowledged).
+    if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout) {
+        silent_ = true;
         return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
                                   "arrived; store_server_options::request_timeout is {} ms)",
                                   ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
-    if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
+    }
+    if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout) {
+        silent_ = true;
         return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
                                   "request_timeout)",
                                   wbuf_.size(), ms(now - *write_since_)));
+    }
     if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
         return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
     schedule();
@@ -772,14 +793,26 @@ ELASTIC_DECL void store_connection::lose_leases() noexcept {
     auto leases = std::move(leases_);
     leases_.clear();
     if (leases.empty()) return;
+    // A connection that ended while its deadline was overdue and not yet handled ended while
+    // this process did not run: its holder may have given up on the server's silence (a store
+    // host stopped past the keep-alive), so the loss counts as silent, not as a death.
+    // So does one that ended soon after such a stall was found: the holder's bytes sent during
+    // the stall, read first, moved its deadline, and its end may be read after the deadline ran.
+    const auto now = clock::now();
+    const bool stalled = (timer_armed_ && now - timer_at_ > stall_threshold()) ||
+                         (stalled_at_ && now - *stalled_at_ <= core_->lease_timeout());
+    const bool silent = silent_ || stalled;
     const std::string why = !close_reason_.empty() ? close_reason_
                             : core_->stopped       ? std::string("the server stopped")
-                                                   : std::string("the connection closed");
+                            : stalled
+                                ? std::string("the connection closed while the server did not run (its process was "
+                                              "stopped or starved of CPU)")
+                                : std::string("the connection closed");
     for (const auto& key : leases) {
         core_->leases.unbind(key);
         if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
         try {
-            core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
+            core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why, silent,
                                       [&](std::string_view line) { core_->log(line); });
         } catch (...) {
             // Out of memory while writing the loss: the key is gone either way.

@@ -26,7 +26,7 @@ class store_lease_table {
 public:
     // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
     // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
-    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
+    // holder's, set whole); nobody writes the server's own names (__epoch, __silent, __lost/<n>).
     static ELASTIC_DECL std::string refusal(wire::op o, std::string_view key, bool binds);
 
     // The connection that holds the lease at `key`, or null.
@@ -42,12 +42,13 @@ public:
     std::size_t size() const noexcept { return holders_.size(); }
     std::uint64_t lost() const noexcept { return lost_; }
 
-    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
-    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
-    // `records_kept`: store_server_options::lease_lost_records_kept; `log` takes a line.
+    // A lease ends without its holder: delete the key, count the loss in the group's epoch (and
+    // a silent one in __silent) and name the lost lease under __lost/<epoch>, whose creation
+    // wakes the observers by push. `records_kept`: store_server_options::lease_lost_records_kept;
+    // `log` takes a line.
     template <class Log>
     void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key, std::string_view holder,
-                     std::string_view why, const Log& log) {
+                     std::string_view why, bool silent, const Log& log) {
         const auto parts = parse_lease_key(key);
         if (!parts) return;
         engine.erase(key);
@@ -62,13 +63,21 @@ public:
             return;
         }
         ++lost_;
+        // Counted before the record that wakes the observers, so that they read it with the loss.
+        if (silent) {
+            try {
+                (void)engine.add(space + "__silent", 1);
+            } catch (const store_error&) {
+                engine.set(space + "__silent", std::string_view("1"));  // spoiled in-process: counts again
+            }
+        }
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
         // The records do not pile up: an observer reads each one as it comes (it waits for the
         // next by push), and a new observer starts at the epoch. Older ones than this go.
         const auto kept = std::max<std::int64_t>(records_kept, 1);
         if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}", store_engine::printable(key), holder, why,
-                        store_engine::printable(space), epoch));
+        log(fmt::format("lease '{}' of {} lost{}: {}; {}__epoch is now {}", store_engine::printable(key), holder,
+                        silent ? " (silent)" : "", why, store_engine::printable(space), epoch));
     }
 
 private:
