@@ -169,6 +169,33 @@ world_line ended_in_one_world(job& j, int node, int world) {
     return lines[0];
 }
 
+/// Ends a job whose every agent runs, last, a worker in a world of `world` (one per node, rule
+/// "trap"): each such worker's "ready" line is awaited and it gets SIGUSR1, which ends it with 0.
+/// Checks their ranks are 0..world-1, that no restart was spent (attempt 0: membership restarts
+/// only), and that every agent exits 0.
+void end_job_in_world(job& j, int world) {
+    std::set<int> ranks;
+    for (int node = 0; node < j.size(); ++node) {
+        CAPTURE(node);
+        await_lines(j[node], "ready ", static_cast<int>(worlds(j[node].out()).size()));
+        const auto lines = worlds(j[node].out(), world);
+        REQUIRE_FALSE(lines.empty());
+        ranks.insert(lines.back().rank);
+        CHECK(lines.back().attempt == 0);
+        REQUIRE(::kill(lines.back().pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
+    }
+    std::set<int> expected;
+    for (int r = 0; r < world; ++r) expected.insert(r);
+    CHECK(ranks == expected);
+    for (int node = 0; node < j.size(); ++node) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 0);
+    }
+}
+
 /// The checks shared by the node-loss cases once the survivors have exited: one world line each
 /// in the smaller world, distinct ranks 0..n-1 that match the group ranks (one worker per node),
 /// the same attempt 0 (a membership restart is no failure restart), the survivors' warning
@@ -642,28 +669,11 @@ TEST_CASE(
     }
     REQUIRE(::kill(j[stopped].pid(), SIGCONT) == 0);
     // It finds its connection dropped, the store still there: it rejoins, and the three go on.
-    for (int node = 0; node < 3; ++node) {
-        await_lines(j[node], "world 3 ", 2);
-        await_lines(j[node], "ready ", node == stopped ? 2 : 3);
-    }
-    std::set<int> ranks;
-    for (int node = 0; node < 3; ++node) {
-        const auto last = worlds(j[node].out(), 3).back();
-        ranks.insert(last.rank);
-        CHECK(last.attempt == 0);
-        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
-    }
-    CHECK(ranks == std::set<int>{0, 1, 2});
-    for (int node = 0; node < 3; ++node) {
-        CAPTURE(node);
-        const int code = j[node].wait();
-        INFO("stdout:\n" << j[node].out());
-        INFO("stderr:\n" << j[node].err());
-        CHECK(code == 0);
-        // The stopped node may first see the others' abort of its round (a membership change)
-        // or its own dropped connection (then only the rejoin line below): whichever is read first.
-        if (node != stopped) CHECK(has(j[node].err(), "membership changed:"));
-    }
+    for (int node = 0; node < 3; ++node) await_lines(j[node], "world 3 ", 2);
+    end_job_in_world(j, 3);
+    // The stopped node may first see the others' abort of its round (a membership change) or its
+    // own dropped connection (then only the rejoin line below): whichever is read first.
+    for (const int node : {0, 1}) CHECK(has(j[node].err(), "membership changed:"));
     const auto line = line_with(j[stopped].err(), "lease connection to the rendezvous store at");
     CAPTURE(j[stopped].err());
     CHECK(has(line, "rejoining the job"));
@@ -693,24 +703,31 @@ TEST_CASE(
     for (const int node : {1, 2}) REQUIRE(::kill(j[node].pid(), SIGCONT) == 0);
     // They find their connections dropped, the store still there: they rejoin, and the three go on.
     for (int node = 0; node < 3; ++node) await_lines(j[node], "world 3 ", 2);
-    std::set<int> ranks;
-    for (int node = 0; node < 3; ++node) {
-        await_lines(j[node], "ready ", static_cast<int>(worlds(j[node].out()).size()));
-        const auto last = worlds(j[node].out(), 3).back();
-        ranks.insert(last.rank);
-        CHECK(last.attempt == 0);                 // membership restarts spend no restart
-        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
-    }
-    CHECK(ranks == std::set<int>{0, 1, 2});
-    for (int node = 0; node < 3; ++node) {
-        CAPTURE(node);
-        const int code = j[node].wait();
-        INFO("stdout:\n" << j[node].out());
-        INFO("stderr:\n" << j[node].err());
-        CHECK(code == 0);
-    }
+    end_job_in_world(j, 3);
     // The host never ran a world of its own.
     CHECK(worlds(j[0].out(), 1).empty());
+}
+
+TEST_CASE("rendezvous elastic: with two of three agents killed (--nnodes=1:3), the store's host goes on alone: "
+          "closed connections impose no majority") {
+    // The counterpart of the stopped case: a killed agent's connection closes at once, which no
+    // network cut does, so the store knows these two are gone and the host goes on at MIN.
+    job j("killed-majority");
+    j.nnodes = "1:3";
+    const std::string rules = "w3:world+hang;w2:world+hang;w1:world+exit0";
+    for (int node = 0; node < 3; ++node) j.start(rules, node == 0, "last_call_timeout=1");
+    for (int node = 0; node < 3; ++node) await_lines(j[node], "world 3 ");
+    for (const int node : {1, 2}) j[node].signal(SIGKILL);
+    for (const int node : {1, 2}) CHECK(j[node].wait() == 128 + SIGKILL);
+    const int code = j[0].wait();
+    INFO("stdout:\n" << j[0].out());
+    INFO("stderr:\n" << j[0].err());
+    CHECK(code == 0);
+    const auto alone = worlds(j[0].out(), 1);
+    REQUIRE(alone.size() == 1);
+    CHECK(alone[0].rank == 0);
+    CHECK(alone[0].attempt == 0);
+    CHECK_FALSE(has(j[0].err(), "majority"));
 }
 
 TEST_CASE(
@@ -732,25 +749,8 @@ TEST_CASE(
     await_stderr(j[0], "membership changed:");
     REQUIRE(::kill(j[stopped].pid(), SIGCONT) == 0);
     // It finds its connection dropped, the store still there: it rejoins, and the two go on.
-    for (int node = 0; node < 2; ++node) {
-        await_lines(j[node], "world 2 ", 2);
-        await_lines(j[node], "ready ", 2);
-    }
-    std::set<int> ranks;
-    for (int node = 0; node < 2; ++node) {
-        const auto last = worlds(j[node].out(), 2).back();
-        ranks.insert(last.rank);
-        CHECK(last.attempt == 0);                 // a membership restart spends no restart
-        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
-    }
-    CHECK(ranks == std::set<int>{0, 1});
-    for (int node = 0; node < 2; ++node) {
-        CAPTURE(node);
-        const int code = j[node].wait();
-        INFO("stdout:\n" << j[node].out());
-        INFO("stderr:\n" << j[node].err());
-        CHECK(code == 0);
-    }
+    for (int node = 0; node < 2; ++node) await_lines(j[node], "world 2 ", 2);
+    end_job_in_world(j, 2);
     const auto line = line_with(j[stopped].err(), "lease connection to the rendezvous store at");
     CAPTURE(j[stopped].err());
     CHECK(has(line, "rejoining the job"));

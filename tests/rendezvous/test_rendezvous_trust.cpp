@@ -530,8 +530,8 @@ TEST_CASE("rendezvous trust: the rendezvous store's key count stays flat over 50
         CHECK(c->check({j.key("48/count"), j.key("49/decision"), j.key("50/assign/2")}));
     }
     // The bound does not depend on the number of restarts: about a dozen job-wide keys (the
-    // torchrun guard, keep_alive, registered, round, restarts, collected, two leases and their
-    // epoch) and 14 per kept round of 2 nodes (count, 2 infos, 2 assignments, 2 members,
+    // torchrun guard, keep_alive, registered, round, last_round, restarts, collected, two leases
+    // and their epoch and silent-loss count) and 14 per kept round of 2 nodes (count, 2 infos, 2 assignments, 2 members,
     // successors, hosts, size, manifest, abort, decision) for 3 rounds. Without collection the
     // 51 rounds leave about 700.
     MESSAGE("keys in the rendezvous store after 50 restarts: " << keys);
@@ -1042,7 +1042,7 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
                                        (x.next_round(node("x")) && y.next_round(node("y")) && z.next_round(node("z"))));
                 REQUIRE(first.index() == 3);
                 formed = std::get<0>(std::get<3>(first)).group_world_size == 3;
-                if (silent) net.server.engine().set("/" + elastic::lease_silent_key(x.lease_group()), "2");
+                if (silent) net.server.engine().set("/" + elastic::lease_silent_key(x.lease_group()), std::string("2"));
                 c[5]->close();
                 c[8]->close();
                 std::vector<std::string> lost{elastic::lease_lost_key(x.lease_group(), 1),

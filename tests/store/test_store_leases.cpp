@@ -212,8 +212,9 @@ TEST_CASE("store: a holder that closes its connection while the server does not 
     // their connections, which it reads only when it runs again, its deadlines for them overdue.
     // Their losses are silent (they may be alive), not deaths. Two holders: one closes with
     // nothing unread, one after a heartbeat it sent during the stall, which is read first.
-    // A deadline of 5 x 200 ms, a stall of 3 s: only the stall can end these leases.
-    fixture f(200ms, 5);
+    // A deadline of 16 x 250 ms (4 s, ample for the setup on a busy machine), a stall of 5 s:
+    // only the stall can end these leases.
+    fixture f(250ms, 16);
     std::string silent;
     std::string epoch;
     f.run([&]() -> asio::awaitable<void> {
@@ -225,13 +226,13 @@ TEST_CASE("store: a holder that closes its connection while the server does not 
         elastic::tcp_store_client observer(f.ctx.get_executor(), f.client_options());
         std::vector<std::string> held{elastic::lease_key("g", "one"), elastic::lease_key("g", "two")};
         co_await observer.wait(std::move(held), std::chrono::seconds(60));
-        // The loop does not run for 3 s; meanwhile the first holder closes, and the second
+        // The loop does not run for 5 s; meanwhile the first holder closes, and the second
         // sends a CHECK of no keys (legacy op 4), then closes.
         asio::post(f.ctx, [&] {
             first.close();
             second.send_hex_now("04 00x8");
             second.close();
-            std::this_thread::sleep_for(std::chrono::seconds(3));
+            std::this_thread::sleep_for(std::chrono::seconds(5));
         });
         (void)co_await observer.get(elastic::lease_lost_key("g", 2));
         epoch = co_await observer.get(elastic::lease_epoch_key("g"));

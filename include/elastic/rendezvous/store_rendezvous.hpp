@@ -144,6 +144,8 @@ public:
         options_.hosts_store = hosts_it;
         const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
+        quorum_after_silence_ = false;
+        majority_of_ = 0;
         target_ = moved.target;
         phase_ = phase::idle;
     }
@@ -1052,6 +1054,15 @@ private:
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));
                 out_values.push_back(std::to_string(r));
+                // The last formed round's members and silent-loss count, for the split-brain
+                // rule (silent_majority): a job key, so no collection of old rounds removes it.
+                std::vector<std::string> ids;
+                for (const auto& node : nodes) {
+                    if (!node.id.empty()) ids.push_back(node.id);
+                }
+                out_keys.push_back(job_key("last_round"));
+                out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, n, std::move(ids),
+                                                                                                   silent}));
                 for (const auto& node : nodes) {
                     if (!node.id.empty()) members.push_back(node.id);
                 }
@@ -1065,7 +1076,7 @@ private:
         }
         // What collect() deletes once no node can need this round any more.
         out_keys.push_back(key(r, "manifest"));
-        out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members, silent}));
+        out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, size, members}));
         if constexpr (multi_key_store<Store>) {
             co_await s.multi_set(std::move(out_keys), std::move(out_values));
         } else {
@@ -1273,33 +1284,30 @@ private:
     // The split-brain rule. A member lost by closing its connection (its agent killed) is gone;
     // one that went silent may be alive on the far side of a network cut, where the others move
     // the store and form a round of their own with a majority of the last round. So a round
-    // formed after a silent loss (`silent`, the count now, above the one the last completed
-    // round recorded) also needs a majority of the last round, on the store's side too, and no
-    // two parts of a job ever train at once. Returns the last round's size when `joined` is no
-    // majority of it after such a loss, else 0. Stores and rounds that recorded no count (-1)
-    // impose nothing.
+    // formed after a silent loss (`silent`, the count now, above the one the last formed round
+    // recorded in the job's `last_round`) also needs a majority of the last round, on the
+    // store's side too. Returns the last round's size when `joined` is no majority of it after
+    // such a loss, else 0. A store that keeps no count (-1) imposes nothing, and neither does a
+    // last round that recorded none (reported).
     asio::awaitable<int> silent_majority(Store& s, int joined, std::int64_t silent) {
         if (!options_.elastic() || silent <= 0) co_return 0;
-        const auto rk = job_key("round");
-        std::vector<std::string> round_probe{rk};
-        if (!co_await s.check(std::move(round_probe))) co_return 0;  // no round completed yet
-        const auto round_text = co_await s.get(rk);
-        const auto last = checked(
-            rk, round_text, "the round is formed as if no lease had gone silent", [](std::string_view v) {
-                return static_cast<int>(detail::rendezvous::decode_count(v, 0, std::numeric_limits<int>::max()));
-            });
-        if (!last) co_return 0;
-        const auto mk = key(*last, "manifest");
-        std::vector<std::string> manifest_probe{mk};
-        if (!co_await s.check(std::move(manifest_probe))) co_return 0;  // round 0 forms: none completed
-        const auto manifest_text = co_await s.get(mk);
-        const auto manifest = checked(mk, manifest_text, "the round is formed as if no lease had gone silent",
-                                      [&](std::string_view v) {
-                                          return detail::rendezvous::decode_manifest(v, options_.nnodes);
-                                      });
-        if (!manifest || manifest->n <= 0 || manifest->silent < 0) co_return 0;
-        if (silent <= manifest->silent || 2 * joined > manifest->n) co_return 0;
-        co_return manifest->n;
+        const auto lk = job_key("last_round");
+        std::vector<std::string> probe{lk};
+        if (!co_await s.check(std::move(probe))) co_return 0;  // no round formed yet
+        const auto text = co_await s.get(lk);
+        const auto last = checked(lk, text, "the round is formed as if no lease had gone silent",
+                                  [&](std::string_view v) {
+                                      return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                  });
+        if (!last || last->n <= 0) co_return 0;
+        if (last->silent < 0) {
+            // Formed by an agent that kept no count (an older elasticrun): say that the rule is off.
+            ignored(lk, text, "it records no silent-loss count (an agent of an older version formed that round)",
+                    "the round is formed as if no lease had gone silent");
+            co_return 0;
+        }
+        if (silent <= last->silent || 2 * joined > last->n) co_return 0;
+        co_return last->n;
     }
 
     // Round r's retry `value` at `k`: when it names the last round's size because too few

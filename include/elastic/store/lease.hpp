@@ -1,5 +1,5 @@
 // Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
-// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
+// observer reads (`__epoch`, `__silent`, `__lost/<n>`) and the parser the server and the client share.
 #pragma once
 
 #include "elastic/detail/config.hpp"
@@ -56,7 +56,7 @@ ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epo
 struct lease_key_parts {
     std::string_view space;  ///< everything up to and including "__lease__/"
     std::string_view name;   ///< what follows (may be empty: a malformed lease key)
-    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
+    /// The name is the server's (starts with "__": `__epoch`, `__silent`, `__lost/<n>`).
     [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
 };
 

@@ -36,6 +36,9 @@
 #include <utility>
 #include <vector>
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+
 namespace elastic::inline v0::detail::store {
 
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
@@ -162,7 +165,12 @@ private:
             if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
                                                                   detail::as_tuple_awaitable<Defer>);
-            if (ec) co_return;  // EOF, reset or stop(): the client is gone
+            if (ec) {  // EOF, reset or stop(): the client is gone
+                // Replies it never acknowledged: it ended while this server's bytes did not reach
+                // it (a one-way cut: it gave up on a server it could no longer hear). Silent.
+                if (!leases_.empty() && unacknowledged() > 0) silent_ = true;
+                co_return;
+            }
             end_ += n;
             const auto now = clock::now();  // the only per-read cost of the deadlines
             // Bytes read after a gap longer than the lease deadline: it would have closed the
@@ -251,6 +259,13 @@ private:
         // Half a handshake must not hold a connection: it has auth_timeout from the accept.
         if (auth_) consider(opened_ + o.auth_timeout);
         return at;
+    }
+
+    // Bytes this server sent that the client's side has not acknowledged yet (Linux SIOCOUTQ).
+    std::size_t unacknowledged() noexcept {
+        int pending = 0;
+        if (!socket_.is_open() || ::ioctl(socket_.native_handle(), SIOCOUTQ, &pending) != 0 || pending < 0) return 0;
+        return static_cast<std::size_t>(pending);
     }
 
     // How late a deadline must be handled to show that this process did not run meanwhile
@@ -798,8 +813,10 @@ ELASTIC_DECL void store_connection::lose_leases() noexcept {
     // host stopped past the keep-alive), so the loss counts as silent, not as a death.
     // So does one that ended soon after such a stall was found: the holder's bytes sent during
     // the stall, read first, moved its deadline, and its end may be read after the deadline ran.
+    // (The lease deadline itself, not the timer's: the timer is a periodic check, and a loop
+    // merely late for it must not make a killed holder's loss look silent.)
     const auto now = clock::now();
-    const bool stalled = (timer_armed_ && now - timer_at_ > stall_threshold()) ||
+    const bool stalled = now - (last_heard_ + core_->lease_timeout()) > stall_threshold() ||
                          (stalled_at_ && now - *stalled_at_ <= core_->lease_timeout());
     const bool silent = silent_ || stalled;
     const std::string why = !close_reason_.empty() ? close_reason_

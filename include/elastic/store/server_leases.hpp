@@ -67,8 +67,11 @@ public:
         if (silent) {
             try {
                 (void)engine.add(space + "__silent", 1);
-            } catch (const store_error&) {
-                engine.set(space + "__silent", std::string_view("1"));  // spoiled in-process: counts again
+            } catch (...) {
+                // Spoiled in process (memory_store over engine()), or out of memory: the loss is
+                // still recorded below; the count stays as it is (never lowered).
+                log(fmt::format("lease '{}' of {} lost silently, but {}__silent cannot count it",
+                                store_engine::printable(key), holder, store_engine::printable(space)));
             }
         }
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
