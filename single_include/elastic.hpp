@@ -1701,6 +1701,10 @@ auto settle(asio::awaitable<T> op)
 // The store layer's exceptions: store_error, store_timeout and store_auth_error.
 
 
+#include <string>
+#include <system_error>
+#include <utility>
+
 namespace elastic::inline v0 {
 
 /// A store operation failed: bad input (ADD on a non-numeric value, mismatched sizes), a broken
@@ -1708,6 +1712,18 @@ namespace elastic::inline v0 {
 class store_error : public error {
 public:
     using error::error;
+};
+
+/// A server cannot listen where it was told; `code()` says why, as Asio reported it
+/// (`asio::error::address_in_use`: another program holds the port; `access_denied`: a port below
+/// 1024 without the privilege; ...).
+class store_listen_error : public store_error {
+public:
+    store_listen_error(const std::string& message, std::error_code code) : store_error(message), code_(code) {}
+    [[nodiscard]] std::error_code code() const noexcept { return code_; }
+
+private:
+    std::error_code code_;
 };
 
 /// A `wait` (or a `get`, which waits for its key) did not see its keys before the deadline.
@@ -2077,7 +2093,14 @@ struct store_client_connection : std::enable_shared_from_this<store_client_conne
 
     // Arms the connection's deadline: when it passes, pending socket I/O is cancelled and
     // `expired` set, so the operation reports a timeout instead of hanging.
-    ELASTIC_DECL void arm_deadline(std::chrono::steady_clock::time_point deadline);
+    // `may_extend`: false for a deadline that only schedules something (a heartbeat's send
+    // time), which must never move later.
+    ELASTIC_DECL void arm_deadline(std::chrono::steady_clock::time_point deadline, bool may_extend = true);
+
+    // The timer of one arm: at `deadline`, unless the peer's bytes wait unread, which is this
+    // process's delay (stopped, or starved of CPU), not the peer's: then once more after `span`.
+    ELASTIC_DECL void watch(std::chrono::steady_clock::time_point deadline, std::uint64_t armed,
+                            std::chrono::steady_clock::duration span, bool may_extend);
 
     ELASTIC_DECL void disarm() noexcept;
 
@@ -2110,14 +2133,33 @@ ELASTIC_DECL std::chrono::milliseconds connect_backoff(int attempt, std::chrono:
 
 namespace elastic::inline v0::detail::store {
 
-ELASTIC_DECL void store_client_connection::arm_deadline(std::chrono::steady_clock::time_point deadline) {
+ELASTIC_DECL void store_client_connection::arm_deadline(std::chrono::steady_clock::time_point deadline,
+                                                        bool may_extend) {
     expired = false;
     const auto armed = ++generation;
+    watch(deadline, armed, deadline - std::chrono::steady_clock::now(), may_extend);
+}
+
+ELASTIC_DECL void store_client_connection::watch(std::chrono::steady_clock::time_point deadline, std::uint64_t armed,
+                                                 std::chrono::steady_clock::duration span, bool may_extend) {
     timer.expires_at(deadline);
-    timer.async_wait([weak = weak_from_this(), armed](const std::error_code& ec) {
+    timer.async_wait([weak = weak_from_this(), armed, span, may_extend](const std::error_code& ec) {
         if (ec) return;
         const auto conn = weak.lock();
         if (!conn || conn->generation != armed) return;
+        // Not the peer's delay but this process's: the peer's bytes wait unread, or the timer
+        // ran long after its time (this process was stopped, or starved of CPU, and could not
+        // have read a reply). Once per arm, one more span.
+        const auto now = std::chrono::steady_clock::now();
+        const auto late = now - conn->timer.expiry();
+        std::error_code unread;
+        const bool spoke = conn->socket.is_open() && conn->socket.available(unread) > 0 && !unread;
+        const bool stalled = late >
+                             std::max<std::chrono::steady_clock::duration>(span / 4, std::chrono::milliseconds(100));
+        if (may_extend && (spoke || stalled)) {
+            conn->watch(now + span, armed, span, false);
+            return;
+        }
         conn->expired = true;
         std::error_code ignored;
         conn->socket.cancel(ignored);
@@ -2788,7 +2830,7 @@ concept multi_key_store =
 // ---- end elastic/store/concepts.hpp ----
 // ---- begin elastic/store/lease.hpp ----
 // Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
-// observer reads (`__epoch`, `__lost/<n>`) and the parser the server and the client share.
+// observer reads (`__epoch`, `__silent`, `__lost/<n>`) and the parser the server and the client share.
 
 
 #include <cstddef>
@@ -2799,10 +2841,11 @@ concept multi_key_store =
 
 // A lease is a key bound to the connection that set it: when that connection closes, or stays
 // silent longer than the server's heartbeat deadline, the server deletes the key and records the
-// loss in two keys next to it, so observers are woken by push (docs/store.md, "Leases"):
+// loss in keys next to it, so observers are woken by push (docs/store.md, "Leases"):
 //
 //   <group>/__lease__/<name>       the lease itself; its value is whatever the holder set
 //   <group>/__lease__/__epoch      decimal count of losses in the group ("0" once a lease exists)
+//   <group>/__lease__/__silent     decimal count of those losses that were silent ("0" likewise)
 //   <group>/__lease__/__lost/<n>   the name of the n-th lost lease (n = 1, 2, ...)
 //
 // An observer that has read epoch e waits for `__lost/<e+1>`: one WAIT, answered by the loss.
@@ -2826,6 +2869,14 @@ ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name
 /// of the group is bound, +1 per lost lease).
 ELASTIC_DECL std::string lease_epoch_key(std::string_view group);
 
+/// The silent-loss counter of `group`: `<group>/__lease__/__silent` (decimal, "0" when the
+/// first lease of the group is bound, +1 per lease lost without word from its holder's side: its
+/// heartbeat deadline passed, its bytes stopped mid-request or mid-reply, or its connection ended
+/// while the server itself had not run for a while, so the holder may have given up on the
+/// server's silence). A holder that was killed closes its connection at once; one cut off by the
+/// network, stopped, or on a machine that died goes silent: the counter tells the two apart.
+ELASTIC_DECL std::string lease_silent_key(std::string_view group);
+
 /// The key that names the `epoch`-th lost lease of `group`: `<group>/__lease__/__lost/<epoch>`.
 /// Waiting for `lease_lost_key(group, e + 1)` after reading epoch e wakes at the next loss.
 ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch);
@@ -2834,7 +2885,7 @@ ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epo
 struct lease_key_parts {
     std::string_view space;  ///< everything up to and including "__lease__/"
     std::string_view name;   ///< what follows (may be empty: a malformed lease key)
-    /// The name is the server's (starts with "__": `__epoch`, `__lost/<n>`).
+    /// The name is the server's (starts with "__": `__epoch`, `__silent`, `__lost/<n>`).
     [[nodiscard]] bool reserved() const noexcept { return name.substr(0, 2) == "__"; }
 };
 
@@ -2867,6 +2918,10 @@ ELASTIC_DECL std::string lease_key(std::string_view group, std::string_view name
 
 ELASTIC_DECL std::string lease_epoch_key(std::string_view group) {
     return detail::store::lease_space(group).append("__epoch");
+}
+
+ELASTIC_DECL std::string lease_silent_key(std::string_view group) {
+    return detail::store::lease_space(group).append("__silent");
 }
 
 ELASTIC_DECL std::string lease_lost_key(std::string_view group, std::int64_t epoch) {
@@ -3399,7 +3454,7 @@ private:
         rbeg_ = rend_ = 0;
     }
 
-    void arm_deadline(clock::time_point deadline) { conn_->arm_deadline(deadline); }
+    void arm_deadline(clock::time_point deadline, bool may_extend = true) { conn_->arm_deadline(deadline, may_extend); }
 
     // Every request, even one without a reply, is bounded by `timeout` (its write too).
     void arm() { arm_deadline(clock::now() + options_.timeout); }
@@ -3496,6 +3551,17 @@ private:
         if (ec) {
             drop();
             co_return expired ? make_error_code(asio::error::timed_out) : ec;
+        }
+        std::error_code local_error;
+        std::error_code remote_error;
+        const auto local = conn_->socket.local_endpoint(local_error);
+        const auto remote = conn_->socket.remote_endpoint(remote_error);
+        if (!local_error && !remote_error && local == remote) {
+            // Connected to itself: the kernel drew the server's port as this socket's own
+            // (TCP's simultaneous open, possible when that port is in the ephemeral range and
+            // nothing listens there). No server answered.
+            drop();
+            co_return make_error_code(asio::error::connection_refused);
         }
         std::error_code ignored;
         conn_->socket.set_option(asio::ip::tcp::no_delay(true), ignored);
@@ -3719,7 +3785,13 @@ private:
             if (checks_sent.size() > zeros) d = std::min(d, checks_sent[zeros] + heartbeat_deadline());
             return d;
         };
-        arm_deadline(next_deadline());
+        // A heartbeat's send time is a schedule, not a deadline to forgive: after a stall it
+        // is sent at once, never a span later.
+        const auto arm_next = [&] {
+            const auto d = next_deadline();
+            arm_deadline(d, leases_.empty() || d != next_beat);
+        };
+        arm_next();
         co_await flush(std::string_view("WAIT"), first_of(keys));
         for (;;) {
             const auto ec = co_await fill(1);
@@ -3746,11 +3818,11 @@ private:
                 wire::put_u64(wbuf_, 0);
                 checks_sent.push_back(now);
                 next_beat = now + interval;
-                arm_deadline(next_deadline());
+                arm_next();
                 co_await flush(std::string_view("CHECK (heartbeat)"), first_of(keys));
                 continue;
             }
-            arm_deadline(next_deadline());
+            arm_next();
         }
         const auto message = fmt::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
@@ -4574,7 +4646,7 @@ class store_lease_table {
 public:
     // Why a write to a lease key is refused, or empty when it is allowed. `binds`: SET,
     // MULTI_SET and COMPARE_SET bind a lease; ADD and APPEND cannot (a lease's value is the
-    // holder's, set whole); nobody writes the server's own names (__epoch, __lost/<n>).
+    // holder's, set whole); nobody writes the server's own names (__epoch, __silent, __lost/<n>).
     static ELASTIC_DECL std::string refusal(wire::op o, std::string_view key, bool binds);
 
     // The connection that holds the lease at `key`, or null.
@@ -4590,12 +4662,13 @@ public:
     std::size_t size() const noexcept { return holders_.size(); }
     std::uint64_t lost() const noexcept { return lost_; }
 
-    // A lease ends without its holder: delete the key, count the loss in the group's epoch and
-    // name the lost lease under __lost/<epoch>, whose creation wakes the observers by push.
-    // `records_kept`: store_server_options::lease_lost_records_kept; `log` takes a line.
+    // A lease ends without its holder: delete the key, count the loss in the group's epoch (and
+    // a silent one in __silent) and name the lost lease under __lost/<epoch>, whose creation
+    // wakes the observers by push. `records_kept`: store_server_options::lease_lost_records_kept;
+    // `log` takes a line.
     template <class Log>
     void record_loss(store_engine& engine, std::int64_t records_kept, std::string_view key, std::string_view holder,
-                     std::string_view why, const Log& log) {
+                     std::string_view why, bool silent, const Log& log) {
         const auto parts = parse_lease_key(key);
         if (!parts) return;
         engine.erase(key);
@@ -4610,13 +4683,24 @@ public:
             return;
         }
         ++lost_;
+        // Counted before the record that wakes the observers, so that they read it with the loss.
+        if (silent) {
+            try {
+                (void)engine.add(space + "__silent", 1);
+            } catch (...) {
+                // Spoiled in process (memory_store over engine()), or out of memory: the loss is
+                // still recorded below; the count stays as it is (never lowered).
+                log(fmt::format("lease '{}' of {} lost silently, but {}__silent cannot count it",
+                                store_engine::printable(key), holder, store_engine::printable(space)));
+            }
+        }
         engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
         // The records do not pile up: an observer reads each one as it comes (it waits for the
         // next by push), and a new observer starts at the epoch. Older ones than this go.
         const auto kept = std::max<std::int64_t>(records_kept, 1);
         if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost: {}; {}__epoch is now {}", store_engine::printable(key), holder, why,
-                        store_engine::printable(space), epoch));
+        log(fmt::format("lease '{}' of {} lost{}: {}; {}__epoch is now {}", store_engine::printable(key), holder,
+                        silent ? " (silent)" : "", why, store_engine::printable(space), epoch));
     }
 
 private:
@@ -4813,6 +4897,8 @@ struct store_server_core {
     std::size_t buffered = 0;  // bytes in the connections' input and output buffers
     int spare_fd = -1;         // reserve_descriptor()
     bool stopped = false;
+    // When the server last said it had not run for a while (said once per stall, not per lease).
+    std::chrono::steady_clock::time_point stall_said{};
 };
 
 ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s);
@@ -4879,6 +4965,9 @@ ELASTIC_DECL void store_server_core::log(std::string_view line) const {
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 
 namespace elastic::inline v0::detail::store {
 
@@ -5006,9 +5095,19 @@ private:
             if (!socket_.is_open() || !reserve()) co_return;
             const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
                                                                   detail::as_tuple_awaitable<Defer>);
-            if (ec) co_return;  // EOF, reset or stop(): the client is gone
+            if (ec) {  // EOF, reset or stop(): the client is gone
+                // Replies it never acknowledged: it ended while this server's bytes did not reach
+                // it (a one-way cut: it gave up on a server it could no longer hear). Silent.
+                if (!leases_.empty() && unacknowledged() > 0) silent_ = true;
+                co_return;
+            }
             end_ += n;
-            last_heard_ = clock::now();  // the only per-read cost of the deadlines
+            const auto now = clock::now();  // the only per-read cost of the deadlines
+            // Bytes read after a gap longer than the lease deadline: it would have closed the
+            // connection had this process run meanwhile (docs/store.md, "Silent or not").
+            if (!leases_.empty() && now - last_heard_ > core_->lease_timeout() + stall_threshold()) stalled_at_ = now;
+            last_heard_ = now;
+            forgiven_ = false;
         }
     }
 
@@ -5092,6 +5191,19 @@ private:
         return at;
     }
 
+    // Bytes this server sent that the client's side has not acknowledged yet (Linux SIOCOUTQ).
+    std::size_t unacknowledged() noexcept {
+        int pending = 0;
+        if (!socket_.is_open() || ::ioctl(socket_.native_handle(), SIOCOUTQ, &pending) != 0 || pending < 0) return 0;
+        return static_cast<std::size_t>(pending);
+    }
+
+    // How late a deadline must be handled to show that this process did not run meanwhile
+    // (stopped, or starved of CPU): a heartbeat interval, at least 100 ms.
+    clock::duration stall_threshold() const {
+        return std::max<clock::duration>(core_->options.lease_heartbeat_interval, std::chrono::milliseconds(100));
+    }
+
     // Nothing to wait for on this connection's behalf (the idle timeout's subject).
     bool idle() const noexcept {
         return begin_ == end_ && waits_.empty() && !watching_ && leases_.empty() && !write_since_;
@@ -5133,6 +5245,9 @@ private:
     std::vector<std::string> leases_;  // lease keys this connection holds
     clock::time_point opened_;
     clock::time_point last_heard_;                    // the last read (or the lease's binding)
+    bool forgiven_ = false;                           // a lease window given for a stall, since the last read
+    bool silent_ = false;                             // closed for the client's silence (a silent lease loss)
+    std::optional<clock::time_point> stalled_at_;     // when this process was last found not to have run
     std::optional<clock::time_point> partial_since_;  // the head request's first byte
     std::optional<clock::time_point> write_since_;    // the write in flight's start
     clock::time_point timer_at_{};
@@ -5336,8 +5451,10 @@ ELASTIC_DECL std::string store_connection::lease_held_elsewhere(wire::op o, std:
 ELASTIC_DECL void store_connection::bind_lease(std::string_view key) {
     if (!core_->leases.bind(key, this)) return;  // this connection's already
     leases_.emplace_back(key);
-    const auto epoch = std::string(parse_lease_key(key)->space) + "__epoch";
-    if (!core_->engine.find(epoch)) core_->engine.set(epoch, std::string_view("0"));
+    const std::string space(parse_lease_key(key)->space);
+    for (const auto* counter : {"__epoch", "__silent"}) {
+        if (!core_->engine.find(space + counter)) core_->engine.set(space + counter, std::string_view("0"));
+    }
     last_heard_ = clock::now();
     schedule();
 }
@@ -5364,6 +5481,32 @@ ELASTIC_DECL void store_connection::deadline_passed() {
     const auto& o = core_->options;
     const auto ms = [](clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
     if (!leases_.empty() && now >= last_heard_ + core_->lease_timeout()) {
+        // The silence may be this process's own, not the client's: its bytes wait unread, or
+        // this timer ran long after its time (the server was stopped, or starved of CPU, and a
+        // holder in the same process, the store's host agent, could not speak either). The
+        // lease's silence is then counted from now: one more window, once per read, so that
+        // neither a loop that keeps running late nor a client that sends but takes no replies
+        // (the server cannot read while it cannot write) keeps a lease for ever.
+        if (!forgiven_) {
+            std::error_code unread;
+            const bool spoke = socket_.available(unread) > 0 && !unread;
+            const auto late = now - timer_at_;
+            const bool stalled = late > stall_threshold();
+            if (spoke || stalled) {
+                forgiven_ = true;
+                if (stalled) stalled_at_ = now;
+                if (stalled && now - core_->stall_said > core_->lease_timeout()) {  // once per stall
+                    core_->stall_said = now;
+                    core_->log(fmt::format("the store did not run for {} ms (its process was stopped, or starved of "
+                                           "CPU): the leases' silence is counted from now, not from before",
+                                           ms(late)));
+                }
+                last_heard_ = now;
+                schedule();
+                return;
+            }
+        }
+        silent_ = true;
         close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
                                     "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
                                     ms(now - last_heard_), o.lease_missed_heartbeats,
@@ -5378,14 +5521,20 @@ ELASTIC_DECL void store_connection::deadline_passed() {
                                   "ms (store_server_options::auth_timeout)",
                                   o.auth_timeout.count()));
     }
-    if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout)
+    // A client whose bytes stop mid-request or mid-reply went silent too (a cut-off link
+    // leaves a write unacknowledged).
+    if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout) {
+        silent_ = true;
         return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
                                   "arrived; store_server_options::request_timeout is {} ms)",
                                   ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
-    if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout)
+    }
+    if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout) {
+        silent_ = true;
         return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
                                   "request_timeout)",
                                   wbuf_.size(), ms(now - *write_since_)));
+    }
     if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
         return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
     schedule();
@@ -5589,14 +5738,28 @@ ELASTIC_DECL void store_connection::lose_leases() noexcept {
     auto leases = std::move(leases_);
     leases_.clear();
     if (leases.empty()) return;
+    // A connection that ended while its deadline was overdue and not yet handled ended while
+    // this process did not run: its holder may have given up on the server's silence (a store
+    // host stopped past the keep-alive), so the loss counts as silent, not as a death.
+    // So does one that ended soon after such a stall was found: the holder's bytes sent during
+    // the stall, read first, moved its deadline, and its end may be read after the deadline ran.
+    // (The lease deadline itself, not the timer's: the timer is a periodic check, and a loop
+    // merely late for it must not make a killed holder's loss look silent.)
+    const auto now = clock::now();
+    const bool stalled = now - (last_heard_ + core_->lease_timeout()) > stall_threshold() ||
+                         (stalled_at_ && now - *stalled_at_ <= core_->lease_timeout());
+    const bool silent = silent_ || stalled;
     const std::string why = !close_reason_.empty() ? close_reason_
                             : core_->stopped       ? std::string("the server stopped")
-                                                   : std::string("the connection closed");
+                            : stalled
+                                ? std::string("the connection closed while the server did not run (its process was "
+                                              "stopped or starved of CPU)")
+                                : std::string("the connection closed");
     for (const auto& key : leases) {
         core_->leases.unbind(key);
         if (core_->stopped) continue;  // the store goes away with its keys: nobody to tell
         try {
-            core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why,
+            core_->leases.record_loss(core_->engine, core_->options.lease_lost_records_kept, key, peer_, why, silent,
                                       [&](std::string_view line) { core_->log(line); });
         } catch (...) {
             // Out of memory while writing the loss: the key is gone either way.
@@ -5808,9 +5971,10 @@ public:
             acc.bind(ep);
             acc.listen(asio::socket_base::max_listen_connections);
         } catch (const std::system_error& e) {
-            throw store_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
-                                          "picks a free one) or address",
-                                          o.host, o.port, e.code().message()));
+            throw store_listen_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
+                                                 "picks a free one) or address",
+                                                 o.host, o.port, e.code().message()),
+                                     e.code());
         }
     }
 
@@ -11057,6 +11221,8 @@ struct round_manifest {
     int k = 0;
     int n = 0;
     std::vector<std::string> ids;
+    /// The lease group's silent-loss count (`__silent`) when the round completed; -1: not read.
+    std::int64_t silent = -1;
 };
 
 /// Whether `text` is an IPv4 or IPv6 address literal.
@@ -11080,8 +11246,13 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r);
 /// nothing when the round lost a node while forming and everyone rejoins the next one;
 /// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
 ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes);
-/// The assignment every arrival gets when the round lost a node while forming.
-ELASTIC_DECL std::string encode_retry();
+/// The assignment every arrival gets when the round lost a node while forming; `majority_of`
+/// (when above 0): too few joined after a member went silent, and the rounds that follow need a
+/// majority of the last round's `majority_of` nodes.
+ELASTIC_DECL std::string encode_retry(int majority_of = 0);
+/// The `majority_of` of a retry (0 when it names none, or `text` is no retry); invalid_value
+/// when it is outside 1..nnodes.
+ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes);
 /// The assignment every arrival gets when the round failed: `message` says why.
 ELASTIC_DECL std::string encode_round_error(std::string_view message);
 /// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
@@ -11316,7 +11487,20 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
     });
 }
 
-ELASTIC_DECL std::string encode_retry() { return nlohmann::json{{"retry", true}}.dump(); }
+ELASTIC_DECL std::string encode_retry(int majority_of) {
+    nlohmann::json j{{"retry", true}};
+    if (majority_of > 0) j["majority_of"] = majority_of;
+    return j.dump();
+}
+
+ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        if (!j.contains("retry") || !j.contains("majority_of")) return 0;
+        return field_small(j, "majority_of", 1, nnodes);
+    });
+}
 
 ELASTIC_DECL std::string encode_round_error(std::string_view message) {
     return nlohmann::json{{"error", std::string(message)}}.dump();
@@ -11347,7 +11531,9 @@ ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text) {
 }
 
 ELASTIC_DECL std::string encode(const round_manifest& m) {
-    return nlohmann::json{{"k", m.k}, {"n", m.n}, {"ids", m.ids}}.dump();
+    nlohmann::json j{{"k", m.k}, {"n", m.n}, {"ids", m.ids}};
+    if (m.silent >= 0) j["silent"] = m.silent;
+    return j.dump();
 }
 
 ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
@@ -11364,6 +11550,7 @@ ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
             if (!id.is_string()) throw invalid_value("an id is not a string");
             m.ids.push_back(id.get<std::string>());
         }
+        if (j.contains("silent")) m.silent = field_int(j, "silent", 0, std::numeric_limits<std::int64_t>::max());
         return m;
     });
 }
@@ -12097,6 +12284,8 @@ public:
         options_.hosts_store = hosts_it;
         const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
+        quorum_after_silence_ = false;
+        majority_of_ = 0;
         target_ = moved.target;
         phase_ = phase::idle;
     }
@@ -12224,6 +12413,8 @@ public:
             host_in_round_ = round.host_in_round;
             successors_ = round.successors;
             quorum_ = 0;
+            quorum_after_silence_ = false;
+            majority_of_ = 0;
             target_ = 0;
             phase_ = phase::running;
             // Losses this node saw after the completer's epoch but before it ran: a member may
@@ -12733,6 +12924,7 @@ private:
                 successors_.clear();
             }
         }
+        if (size > 0 && members_ && !co_await aborted(*store_, r)) co_await abort_if_member_lost(*store_, r);
         if (!co_await aborted(*store_, r)) {
             if (size < options_.nnodes) {
                 abort_notice waiting;
@@ -12803,6 +12995,14 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (quorum_ > 0 && quorum_after_silence_) {
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {}: {} of the {} nodes needed (a majority of the {} nodes of the "
+                    "last round: a member went silent since, cut off by the network, stopped, or on a machine that "
+                    "died, which the store cannot tell apart, and a part cut off from the others never goes on "
+                    "alone; --nnodes={}:{}) joined within the join timeout ({} s)",
+                    options_.run_id, r, joined, needed(), majority_of_, options_.min(), options_.nnodes, seconds));
+            }
             if (quorum_ > 0) {
                 throw rendezvous_error(fmt::format(
                     "rendezvous of run '{}' round {} (after the rendezvous store was lost and moved): {} of the {} "
@@ -12824,7 +13024,9 @@ private:
         }
         const auto value = co_await store_->get(mine);
         try {
-            co_return detail::rendezvous::decode_assignment(value, options_.nnodes);
+            auto assigned = detail::rendezvous::decode_assignment(value, options_.nnodes);
+            if (!assigned) heed_majority(r, mine, value);
+            co_return assigned;
         } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
             ignored(mine, value, e.what(), "this node has no assignment in this round");
@@ -12907,11 +13109,13 @@ private:
         // epoch is read first: a loss after it reaches every member as a later epoch (and
         // aborts the round when the lost node is in it).
         std::int64_t epoch = 0;
-        std::vector<int> in;  // arrival indexes (0-based) of the round's members
+        std::int64_t silent = -1;  // the silent losses so far: read before the leases, like the epoch
+        std::vector<int> in;       // arrival indexes (0-based) of the round's members
         for (int i = 0; i < k; ++i)
             if (valid[static_cast<std::size_t>(i)]) in.push_back(i);
         if (members_) {
             epoch = co_await read_epoch(s, members_->epoch);
+            silent = co_await silent_losses(s);
             std::vector<std::string> leases;
             for (const int i : in) leases.push_back(lease_key(lease_group(), arrived[static_cast<std::size_t>(i)].id));
             if (!leases.empty() && !co_await s.check(std::move(leases))) {
@@ -12932,11 +13136,16 @@ private:
                 out_values.push_back(value);
             }
         };
-        if (static_cast<int>(in.size()) < needed()) {
+        // After a member went silent the round needs a majority of the last one (no majority:
+        // everyone is told so with the retry, and waits for one from then on).
+        const int majority_of = static_cast<int>(in.size()) >= needed()
+                                    ? co_await silent_majority(s, static_cast<int>(in.size()), silent)
+                                    : 0;
+        if (static_cast<int>(in.size()) < needed() || majority_of > 0) {
             // A node was lost while the round formed and too few are left: everyone goes on to
             // the next round (where the join timeout may end the wait); a late node finds
             // size 0 and moves on too.
-            tell_all(detail::rendezvous::encode_retry());
+            tell_all(detail::rendezvous::encode_retry(majority_of));
             out_keys.push_back(key(r, "size"));
             out_values.push_back("0");
         } else {
@@ -12985,6 +13194,15 @@ private:
                 out_values.push_back(std::to_string(n));
                 out_keys.push_back(job_key("round"));
                 out_values.push_back(std::to_string(r));
+                // The last formed round's members and silent-loss count, for the split-brain
+                // rule (silent_majority): a job key, so no collection of old rounds removes it.
+                std::vector<std::string> ids;
+                for (const auto& node : nodes) {
+                    if (!node.id.empty()) ids.push_back(node.id);
+                }
+                out_keys.push_back(job_key("last_round"));
+                out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, n, std::move(ids),
+                                                                                                   silent}));
                 for (const auto& node : nodes) {
                     if (!node.id.empty()) members.push_back(node.id);
                 }
@@ -13097,7 +13315,9 @@ private:
                                               return detail::rendezvous::decode_manifest(v, options_.nnodes);
                                           });
             if (manifest) {
-                const auto& [k, n, ids] = *manifest;
+                const int k = manifest->k;
+                const int n = manifest->n;
+                const auto& ids = manifest->ids;
                 for (int i = 1; i <= k; ++i) {
                     names.push_back(fmt::format("info/{}", i));
                     names.push_back(fmt::format("assign/{}", i));
@@ -13163,6 +13383,90 @@ private:
                                      detail::rendezvous::encode(detail::rendezvous::round_manifest{k, 0, {}}));
     }
 
+    // Round r runs, and this node arrived after it formed. Its members are the store's record
+    // (the round's manifest): one whose lease is gone and that had not finished is lost, and
+    // the round is aborted for it (on_member_loss). The members abort on their own when they
+    // see the loss; this covers the nodes that cannot see it — each one dropped with its lease
+    // (every member, when the store's host was stopped past the keep-alive), which rejoins
+    // under a new lease name and would otherwise wait beside a round nobody runs.
+    asio::awaitable<void> abort_if_member_lost(Store& s, int r) {
+        const auto manifest_key = key(r, "manifest");
+        std::vector<std::string> probe{manifest_key};
+        if (!co_await s.check(std::move(probe))) co_return;
+        const auto value = co_await s.get(manifest_key);
+        const auto manifest = checked(manifest_key, value, "this node takes the round's members for live",
+                                      [&](std::string_view v) {
+                                          return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                      });
+        if (!manifest) co_return;
+        std::vector<std::string> leases;
+        for (const auto& id : manifest->ids) leases.push_back(lease_key(lease_group(), id));
+        if (leases.empty() || co_await s.check(std::move(leases))) co_return;  // every lease held
+        for (const auto& id : manifest->ids) {
+            if (co_await holds_lease(s, id)) continue;
+            co_await on_member_loss(s, r, id, false);
+            if (co_await aborted(s, r)) co_return;
+        }
+    }
+
+    // The lease group's silent losses so far (the server's `__silent`), or -1 when the store
+    // keeps no such count or it holds no count (reported).
+    asio::awaitable<std::int64_t> silent_losses(Store& s) {
+        const auto k = lease_silent_key(lease_group());
+        std::vector<std::string> probe{k};
+        if (!co_await s.check(std::move(probe))) co_return -1;
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, "the round is formed as if no lease had gone silent", [](std::string_view v) {
+            return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+        }).value_or(-1);
+    }
+
+    // The split-brain rule. A member lost by closing its connection (its agent killed) is gone;
+    // one that went silent may be alive on the far side of a network cut, where the others move
+    // the store and form a round of their own with a majority of the last round. So a round
+    // formed after a silent loss (`silent`, the count now, above the one the last formed round
+    // recorded in the job's `last_round`) also needs a majority of the last round, on the
+    // store's side too. Returns the last round's size when `joined` is no majority of it after
+    // such a loss, else 0. A store that keeps no count (-1) imposes nothing, and neither does a
+    // last round that recorded none (reported).
+    asio::awaitable<int> silent_majority(Store& s, int joined, std::int64_t silent) {
+        if (!options_.elastic() || silent <= 0) co_return 0;
+        const auto lk = job_key("last_round");
+        std::vector<std::string> probe{lk};
+        if (!co_await s.check(std::move(probe))) co_return 0;  // no round formed yet
+        const auto text = co_await s.get(lk);
+        const auto last = checked(lk, text, "the round is formed as if no lease had gone silent",
+                                  [&](std::string_view v) {
+                                      return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                  });
+        if (!last || last->n <= 0) co_return 0;
+        if (last->silent < 0) {
+            // Formed by an agent that kept no count (an older elasticrun): say that the rule is off.
+            ignored(lk, text, "it records no silent-loss count (an agent of an older version formed that round)",
+                    "the round is formed as if no lease had gone silent");
+            co_return 0;
+        }
+        if (silent <= last->silent || 2 * joined > last->n) co_return 0;
+        co_return last->n;
+    }
+
+    // Round r's retry `value` at `k`: when it names the last round's size because too few
+    // joined after a silent loss, this node needs that majority in the rounds that follow.
+    void heed_majority(int r, std::string_view k, std::string_view value) {
+        const auto majority_of = checked(k, value, "the next round needs the nodes it needed", [&](std::string_view v) {
+                                     return detail::rendezvous::decode_retry_majority(v, options_.nnodes);
+                                 }).value_or(0);
+        if (majority_of <= 0 || majority_of / 2 + 1 <= quorum_) return;
+        quorum_ = majority_of / 2 + 1;
+        quorum_after_silence_ = true;
+        majority_of_ = majority_of;
+        say(fmt::format("round {} of run '{}': too few nodes joined for a majority of the last round's {} after a "
+                        "member went silent (cut off by the network, stopped, or on a machine that died: the store "
+                        "cannot tell which); this part of the job may be cut off from the rest, so the next rounds "
+                        "need {} nodes, up to the join timeout",
+                        r, options_.run_id, majority_of, quorum_));
+    }
+
     // The claim of a voided round (void_orphaned) starts with this; a completer's is its lease name.
     static constexpr std::string_view void_mark = "void:";
 
@@ -13170,7 +13474,7 @@ private:
     // whose workers all succeeded (it marked done/<g> before its exit barrier) is finished: its
     // leaving, when its barrier times out or its agent ends, is no loss, and the others run to
     // their own end.
-    asio::awaitable<void> on_member_loss(Store& s, int r, std::string name) {
+    asio::awaitable<void> on_member_loss(Store& s, int r, std::string name, bool member_here = true) {
         const auto member_key = key(r, "member/" + name);
         std::vector<std::string> member{member_key};
         if (!co_await s.check(std::move(member))) co_return;
@@ -13181,8 +13485,9 @@ private:
         if (g) {
             std::vector<std::string> done{key(r, fmt::format("done/{}", *g))};
             if (co_await s.check(std::move(done))) {
-                say(fmt::format("node {} (group_rank {}) left after its workers succeeded; this node's workers go on",
-                                detail::rendezvous::describe_node_id(name), *g));
+                say(fmt::format("node {} (group_rank {}) left after its workers succeeded{}",
+                                detail::rendezvous::describe_node_id(name), *g,
+                                member_here ? "; this node's workers go on" : ""));
                 co_return;
             }
         }
@@ -13235,8 +13540,10 @@ private:
     bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
-    int quorum_ = 0;                           ///< after the store moved: the majority the next round needs (0: none)
-    int target_ = 0;  ///< after the store moved: the round completes at once at this many (0: MAX)
+    int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
+    bool quorum_after_silence_ = false;  ///< quorum_ comes from a retry after a silent loss (not a store move)
+    int majority_of_ = 0;                ///< that retry's last round size
+    int target_ = 0;                     ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 
 }  // namespace elastic::inline v0
@@ -13331,7 +13638,11 @@ namespace detail {
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13456,7 +13767,8 @@ struct advertised_address {
 /// others connect (retrying until the `timeout` key, 900 s). c10d: the agent whose endpoint is
 /// this host (is_host rule, or --rdzv-conf is_host) hosts at the endpoint (port 29400 by
 /// default); if binding fails under the heuristic (another agent here hosts already), it
-/// connects instead, as torchrun does.
+/// connects instead, as torchrun does, and while nothing accepts connections there it binds
+/// again until the join timeout (a port held by a program that does not listen).
 template <class Defer = void>
 class basic_tcp_rendezvous {
 public:
@@ -13488,29 +13800,27 @@ public:
             want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
+        const auto deadline = std::chrono::steady_clock::now() + join_timeout;
         if (want_host) {
             // A name: the address it resolves to on this node, not every interface.
             const auto bind_host = detail::rendezvous::bind_address_for(host);
-            auto options = server_options(bind_host, port);
-            try {
-                server_ = std::make_unique<tcp_store_server>(executor_, std::move(options));
-                // The job's keep-alive is in the store before anyone can connect (an agent that
-                // read it a moment too early would heartbeat by its own values: agree_keep_alive).
-                server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
-                server_->start();
-                // Reach it where it listens (the name may resolve to another address first).
-                connect_host = bind_host == "0.0.0.0" ? std::string("127.0.0.1") : bind_host;
-            } catch (const store_error& e) {
-                if (explicit_host) {
-                    throw rendezvous_error(fmt::format(
-                        "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), e.what(),
-                        is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
-                                  : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
-                }
+            // Reach it where it listens (the name may resolve to another address first).
+            const auto listening = bind_host == "0.0.0.0" ? std::string("127.0.0.1") : bind_host;
+            const auto refused = try_host(bind_host, port);
+            if (!refused) {
+                connect_host = listening;
+            } else if (explicit_host) {
+                throw rendezvous_error(fmt::format(
+                    "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), refused->why,
+                    is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
+                              : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
+            } else if (!refused->port_taken) {
                 if (log_) {
-                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host; joining it",
-                                     to_string(endpoint)));
+                    log_(fmt::format("cannot host the rendezvous store at {} ({}); joining the agent that does",
+                                     to_string(endpoint), refused->why));
                 }
+            } else if (co_await host_or_join(bind_host, probe_address(host, listening), port, deadline, refused->why)) {
+                connect_host = listening;
             }
         }
         current_host_ = connect_host;
@@ -13714,9 +14024,12 @@ public:
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
         // Only a store that does not answer moves (so an overloaded node never splits the job).
         if (co_await rejoin_store(me)) {
-            co_return fmt::format("the rendezvous store at {} dropped this node's connection (it heard no heartbeat "
-                                  "within keep_alive_interval x keep_alive_max_attempt: was this agent stopped or "
-                                  "starved of CPU?); reconnected, rejoining the job",
+            // Either side may have ended it: the store heard no heartbeat from this agent (stopped
+            // or starved of CPU), or this agent heard none from the store (its host was stopped).
+            co_return fmt::format("this node's lease connection to the rendezvous store at {} ended (the store heard "
+                                  "no heartbeat from this agent within keep_alive_interval x keep_alive_max_attempt, "
+                                  "or this agent none from the store: one of them was stopped or starved of CPU), "
+                                  "and the store answers again: reconnected, rejoining the job",
                                   store_endpoint());
         }
         if (!elastic_membership) throw rendezvous_error(std::move(reason));
@@ -13826,6 +14139,109 @@ private:
     [[nodiscard]] std::string keep_alive_text() const {
         return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
                            params_.settings.keep_alive_max_attempt);
+    }
+
+    // Why this agent could not host the store: the server's message, and whether the port is
+    // taken (then normally another agent here hosts; see host_or_join).
+    struct host_refusal {
+        std::string why;
+        bool port_taken = false;
+    };
+
+    // Hosts the store at bind_host:port (nullopt), or says why not.
+    std::optional<host_refusal> try_host(const std::string& bind_host, std::uint16_t port) {
+        try {
+            server_ = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
+            // The job's keep-alive is in the store before anyone can connect (an agent that
+            // read it a moment too early would heartbeat by its own values: agree_keep_alive).
+            server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+            server_->start();
+            return std::nullopt;
+        } catch (const store_listen_error& e) {
+            server_.reset();
+            // Asio's own system category: compare with its code, not std::errc.
+            return host_refusal{e.what(), e.code() == asio::error::address_in_use};
+        } catch (const store_error& e) {
+            server_.reset();
+            return host_refusal{e.what(), false};
+        }
+    }
+
+    // The address a joining agent dials, to probe whether anything accepts there: the endpoint's
+    // host when it is an address, else where this agent would have listened.
+    static std::string probe_address(const std::string& host, const std::string& listening) {
+        std::error_code ec;
+        (void)asio::ip::make_address(host, ec);
+        return ec ? listening : host;
+    }
+
+    // The endpoint is this host's but its port is taken: normally another agent here hosts the
+    // store, and this one joins it. A port held by something that does not listen (a client's
+    // connection that drew it as its local port) would leave every agent here dialling nothing
+    // until join_timeout: so while nothing accepts a connection at `probe`, this one binds
+    // again, every 100 ms, until one of the two works. True when it hosts. Whatever accepts is
+    // joined and judged by the client (a foreign program, a store that does not answer: their
+    // errors).
+    asio::awaitable<bool> host_or_join(const std::string& bind_host, const std::string& probe, std::uint16_t port,
+                                       std::chrono::steady_clock::time_point deadline, std::string refused) {
+        const auto endpoint = to_string(params_.endpoint);
+        for (bool told = false;;) {
+            if (co_await accepts(probe, port)) {
+                if (log_) {
+                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host ({}); "
+                                     "joining it",
+                                     endpoint, refused));
+                }
+                co_return false;
+            }
+            if (auto again = try_host(bind_host, port); !again) {
+                if (log_) log_(fmt::format("the rendezvous store at {}: this agent hosts it after all", endpoint));
+                co_return true;
+            } else if (!again->port_taken) {
+                throw rendezvous_error(fmt::format("cannot host the rendezvous store at {}: {}", endpoint, again->why));
+            } else {
+                refused = std::move(again->why);
+            }
+            if (std::chrono::steady_clock::now() >= deadline) {
+                throw rendezvous_error(fmt::format(
+                    "cannot host the rendezvous store at {} ({}), and nothing accepts connections there within the "
+                    "join timeout: a program on this host holds port {} without listening on it (`ss -tanp 'sport = "
+                    ":{}'` names it); stop it or choose another --rdzv-endpoint port",
+                    endpoint, refused, port, port));
+            }
+            if (log_ && !told) {
+                told = true;
+                log_(fmt::format("cannot host the rendezvous store at {} ({}), and nothing accepts connections "
+                                 "there: this agent binds it again every 100 ms until it hosts or another agent "
+                                 "does, for at most the join timeout",
+                                 endpoint, refused));
+            }
+            asio::steady_timer pause(executor_, std::chrono::milliseconds(100));
+            co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
+        }
+    }
+
+    // Whether something accepts a TCP connection at address:port (this host's: refused at once
+    // when nothing listens; a full backlog that answers nothing within 1 s counts as a
+    // listener). A connection to itself (its local port drawn equal to `port`: TCP's
+    // simultaneous open) is nothing accepting.
+    asio::awaitable<bool> accepts(const std::string& address, std::uint16_t port) {
+        using namespace asio::experimental::awaitable_operators;
+        std::error_code ec;
+        const auto ip = asio::ip::make_address(address, ec);
+        if (ec) co_return true;  // not a literal: the client resolves and judges it
+        asio::ip::tcp::socket socket(executor_);
+        asio::steady_timer limit(executor_, std::chrono::seconds(1));
+        auto which = co_await (socket.async_connect({ip, port}, detail::as_tuple_awaitable<Defer>) ||
+                               limit.async_wait(detail::as_tuple_awaitable<Defer>));
+        if (which.index() == 1) co_return true;
+        const auto [connect_error] = std::get<0>(which);
+        if (connect_error) co_return false;
+        std::error_code local_error;
+        std::error_code remote_error;
+        const auto local = socket.local_endpoint(local_error);
+        const auto remote = socket.remote_endpoint(remote_error);
+        co_return local_error || remote_error || local != remote;
     }
 
     // An agent whose secret the store refuses cannot take part: say which endpoint and option.
@@ -17039,6 +17455,16 @@ ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
         throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
                                       "join; give the port the hosting agent listens on",
                                       to_string(c.endpoint))};
+    }
+    if (c.run_id.empty()) {
+        throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
+    }
+    if (fmt::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
+        // The store keeps leases under <group>/__lease__/: an id with such a segment would put
+        // the job's own keys where the store reads lease names.
+        throw usage_error{fmt::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
+                                      "store's leases; choose an id without one",
+                                      c.run_id)};
     }
     if (c.backend == rendezvous_backend::etcd_v3) {
         refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
