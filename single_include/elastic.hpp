@@ -4966,8 +4966,9 @@ ELASTIC_DECL void store_server_core::log(std::string_view line) const {
 #include <utility>
 #include <vector>
 
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 namespace elastic::inline v0::detail::store {
 
@@ -5096,9 +5097,11 @@ private:
             const auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_ + end_, cap_ - end_),
                                                                   detail::as_tuple_awaitable<Defer>);
             if (ec) {  // EOF, reset or stop(): the client is gone
-                // Replies it never acknowledged: it ended while this server's bytes did not reach
-                // it (a one-way cut: it gave up on a server it could no longer hear). Silent.
-                if (!leases_.empty() && unacknowledged() > 0) silent_ = true;
+                // Replies it has not acknowledged for so long that they were sent again: it ended
+                // while this server's bytes did not reach it (a one-way cut: it gave up on a
+                // server it could no longer hear). Silent. (A reply merely in flight — a push to
+                // a holder killed a moment ago — has not been retransmitted yet.)
+                if (!leases_.empty() && unheard()) silent_ = true;
                 co_return;
             }
             end_ += n;
@@ -5191,11 +5194,14 @@ private:
         return at;
     }
 
-    // Bytes this server sent that the client's side has not acknowledged yet (Linux SIOCOUTQ).
-    std::size_t unacknowledged() noexcept {
-        int pending = 0;
-        if (!socket_.is_open() || ::ioctl(socket_.native_handle(), SIOCOUTQ, &pending) != 0 || pending < 0) return 0;
-        return static_cast<std::size_t>(pending);
+    // Whether bytes this server sent wait unacknowledged past a retransmission (Linux TCP_INFO):
+    // the client's side has not heard this server for at least a retransmission timeout.
+    bool unheard() noexcept {
+        ::tcp_info info{};
+        ::socklen_t size = sizeof info;
+        if (!socket_.is_open() || ::getsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &size) != 0)
+            return false;
+        return info.tcpi_unacked > 0 && (info.tcpi_retransmits > 0 || info.tcpi_backoff > 0);
     }
 
     // How late a deadline must be handled to show that this process did not run meanwhile

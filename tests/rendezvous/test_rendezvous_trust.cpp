@@ -978,7 +978,7 @@ TEST_CASE("rendezvous trust: when every member of a running round was dropped wi
 }
 
 TEST_CASE("rendezvous trust: after members went silent, a round with no majority of the last one is not formed, its "
-          "node is told the majority it needs, and a majority forms the next; closed losses impose nothing") {
+          "node is told the majority it needs, and a majority forms the next, closed losses impose nothing") {
     // Three nodes, --nnodes=1:3; y and z are lost. Silent (the store's count says so, as a cut
     // or a stall would leave it): x alone is MIN but no majority of 3, so round 1 is not formed,
     // and x waits until a second node, y2, joins. Closed (killed agents): x goes on alone.
