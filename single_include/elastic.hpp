@@ -12290,7 +12290,6 @@ public:
         options_.hosts_store = hosts_it;
         const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
-        quorum_after_silence_ = false;
         majority_of_ = 0;
         target_ = moved.target;
         phase_ = phase::idle;
@@ -12419,7 +12418,6 @@ public:
             host_in_round_ = round.host_in_round;
             successors_ = round.successors;
             quorum_ = 0;
-            quorum_after_silence_ = false;
             majority_of_ = 0;
             target_ = 0;
             phase_ = phase::running;
@@ -12665,6 +12663,17 @@ private:
             ignored(k, value, e.what(), then);
         }
         return std::nullopt;
+    }
+
+    // The value at `k` decoded, or nothing when the key is absent or its value is not valid
+    // (reported, `then` saying what this node does instead).
+    template <class Decode>
+    auto read_checked(Store& s, std::string k, std::string_view then, Decode decode)
+        -> asio::awaitable<std::optional<decltype(decode(std::string_view{}))>> {
+        std::vector<std::string> probe{k};
+        if (!co_await s.check(std::move(probe))) co_return std::nullopt;
+        const auto value = co_await s.get(k);
+        co_return checked(k, value, then, std::move(decode));
     }
 
     // With liveness every agent holds a lease, and its notices name it (the decider's liveness
@@ -13001,7 +13010,7 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
-            if (quorum_ > 0 && quorum_after_silence_) {
+            if (quorum_ > 0 && majority_of_ > 0) {
                 throw rendezvous_error(fmt::format(
                     "rendezvous of run '{}' round {}: {} of the {} nodes needed (a majority of the {} nodes of the "
                     "last round: a member went silent since, cut off by the network, stopped, or on a machine that "
@@ -13246,15 +13255,9 @@ private:
     asio::awaitable<bool> round_collected(Store& s, int r) { co_return co_await unless_lost(s, read_collected(s, r)); }
 
     asio::awaitable<bool> read_collected(Store& s, int r) {
-        const auto mark = job_key("collected");
-        std::vector<std::string> keys{mark};
-        if (!co_await s.check(std::move(keys))) co_return false;
-        const auto value = co_await s.get(mark);
-        const auto first_kept = checked(mark, value, "this node takes its round for one not deleted yet",
-                                        [](std::string_view v) {
-                                            return detail::rendezvous::decode_count(v, 0,
-                                                                                    std::numeric_limits<int>::max());
-                                        });
+        const auto first_kept = co_await read_checked(
+            s, job_key("collected"), "this node takes its round for one not deleted yet",
+            [](std::string_view v) { return detail::rendezvous::decode_count(v, 0, std::numeric_limits<int>::max()); });
         co_return first_kept&&* first_kept > r;
     }
 
@@ -13312,27 +13315,19 @@ private:
     asio::awaitable<void> collect_round(Store& s, int q) {
         std::vector<std::string> names{"count",      "successors", "hosts",     "size",   "last_call_over",
                                        "done_count", "all_done",   "completer", "counted"};
-        const auto manifest_key = key(q, "manifest");
-        std::vector<std::string> probe{manifest_key};
-        if (co_await s.check(std::move(probe))) {
-            const auto value = co_await s.get(manifest_key);
-            const auto manifest = checked(manifest_key, value, "only the round's fixed keys are deleted",
-                                          [&](std::string_view v) {
-                                              return detail::rendezvous::decode_manifest(v, options_.nnodes);
-                                          });
-            if (manifest) {
-                const int k = manifest->k;
-                const int n = manifest->n;
-                const auto& ids = manifest->ids;
-                for (int i = 1; i <= k; ++i) {
-                    names.push_back(fmt::format("info/{}", i));
-                    names.push_back(fmt::format("assign/{}", i));
-                }
-                for (int g = 0; g < n; ++g) names.push_back(fmt::format("done/{}", g));
-                for (const auto& id : ids) names.push_back("member/" + id);
+        const auto manifest = co_await read_checked(s, key(q, "manifest"), "only the round's fixed keys are deleted",
+                                                    [&](std::string_view v) {
+                                                        return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                                    });
+        if (manifest) {
+            for (int i = 1; i <= manifest->k; ++i) {
+                names.push_back(fmt::format("info/{}", i));
+                names.push_back(fmt::format("assign/{}", i));
             }
-            names.emplace_back("manifest");
+            for (int g = 0; g < manifest->n; ++g) names.push_back(fmt::format("done/{}", g));
+            for (const auto& id : manifest->ids) names.push_back("member/" + id);
         }
+        names.emplace_back("manifest");
         for (const auto& name : names) (void)co_await s.delete_key(key(q, name));
         for (const char* name : {"abort", "decision"}) {
             for (int slot = 0; slot < max_slots; ++slot) {
@@ -13396,14 +13391,11 @@ private:
     // (every member, when the store's host was stopped past the keep-alive), which rejoins
     // under a new lease name and would otherwise wait beside a round nobody runs.
     asio::awaitable<void> abort_if_member_lost(Store& s, int r) {
-        const auto manifest_key = key(r, "manifest");
-        std::vector<std::string> probe{manifest_key};
-        if (!co_await s.check(std::move(probe))) co_return;
-        const auto value = co_await s.get(manifest_key);
-        const auto manifest = checked(manifest_key, value, "this node takes the round's members for live",
-                                      [&](std::string_view v) {
-                                          return detail::rendezvous::decode_manifest(v, options_.nnodes);
-                                      });
+        const auto manifest = co_await read_checked(s, key(r, "manifest"),
+                                                    "this node takes the round's members for live",
+                                                    [&](std::string_view v) {
+                                                        return detail::rendezvous::decode_manifest(v, options_.nnodes);
+                                                    });
         if (!manifest) co_return;
         std::vector<std::string> leases;
         for (const auto& id : manifest->ids) leases.push_back(lease_key(lease_group(), id));
@@ -13418,13 +13410,12 @@ private:
     // The lease group's silent losses so far (the server's `__silent`), or -1 when the store
     // keeps no such count or it holds no count (reported).
     asio::awaitable<std::int64_t> silent_losses(Store& s) {
-        const auto k = lease_silent_key(lease_group());
-        std::vector<std::string> probe{k};
-        if (!co_await s.check(std::move(probe))) co_return -1;
-        const auto value = co_await s.get(k);
-        co_return checked(k, value, "the round is formed as if no lease had gone silent", [](std::string_view v) {
-            return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
-        }).value_or(-1);
+        const auto silent = co_await read_checked(
+            s, lease_silent_key(lease_group()), "the round is formed as if no lease had gone silent",
+            [](std::string_view v) {
+                return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+            });
+        co_return silent.value_or(-1);
     }
 
     // The split-brain rule. A member lost by closing its connection (its agent killed) is gone;
@@ -13437,21 +13428,17 @@ private:
     // last round that recorded none (reported).
     asio::awaitable<int> silent_majority(Store& s, int joined, std::int64_t silent) {
         if (!options_.elastic() || silent <= 0) co_return 0;
-        const auto lk = job_key("last_round");
-        std::vector<std::string> probe{lk};
-        if (!co_await s.check(std::move(probe))) co_return 0;  // no round formed yet
-        const auto text = co_await s.get(lk);
-        const auto last = checked(lk, text, "the round is formed as if no lease had gone silent",
-                                  [&](std::string_view v) {
-                                      return detail::rendezvous::decode_manifest(v, options_.nnodes);
-                                  });
-        if (!last || last->n <= 0) co_return 0;
-        if (last->silent < 0) {
-            // Formed by an agent that kept no count (an older elasticrun): say that the rule is off.
-            ignored(lk, text, "it records no silent-loss count (an agent of an older version formed that round)",
-                    "the round is formed as if no lease had gone silent");
-            co_return 0;
-        }
+        // A round formed by an agent that kept no count (an older elasticrun) turns the rule off, said once.
+        const auto last = co_await read_checked(
+            s, job_key("last_round"), "the round is formed as if no lease had gone silent", [&](std::string_view v) {
+                auto m = detail::rendezvous::decode_manifest(v, options_.nnodes);
+                if (m.n > 0 && m.silent < 0) {
+                    throw detail::rendezvous::invalid_value(
+                        "it records no silent-loss count (an agent of an older version formed that round)");
+                }
+                return m;
+            });
+        if (!last || last->n <= 0) co_return 0;  // no round formed yet
         if (silent <= last->silent || 2 * joined > last->n) co_return 0;
         co_return last->n;
     }
@@ -13464,7 +13451,6 @@ private:
                                  }).value_or(0);
         if (majority_of <= 0 || majority_of / 2 + 1 <= quorum_) return;
         quorum_ = majority_of / 2 + 1;
-        quorum_after_silence_ = true;
         majority_of_ = majority_of;
         say(fmt::format("round {} of run '{}': too few nodes joined for a majority of the last round's {} after a "
                         "member went silent (cut off by the network, stopped, or on a machine that died: the store "
@@ -13547,9 +13533,8 @@ private:
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
-    bool quorum_after_silence_ = false;  ///< quorum_ comes from a retry after a silent loss (not a store move)
-    int majority_of_ = 0;                ///< that retry's last round size
-    int target_ = 0;                     ///< after the store moved: the round completes at once at this many (0: MAX)
+    int majority_of_ = 0;  ///< > 0: quorum_ comes from a retry after a silent loss (not a store move), of this size
+    int target_ = 0;       ///< after the store moved: the round completes at once at this many (0: MAX)
 };
 
 }  // namespace elastic::inline v0
