@@ -1,0 +1,580 @@
+#!/usr/bin/env python3
+"""The chaos harness: real elasticrun agents on loopback, a seeded random schedule of faults, and
+the invariants a job must keep whatever happens to it.
+
+  chaos.py --elasticrun PATH --worker PATH [--schedules K] [--seed S] [--agents MAX]
+           [--duration SECONDS] [--workdir DIR] [--keep]
+
+Schedule s (seed S+s) starts N agents (3 <= N <= MAX) of one job, `--nnodes=2:N`, one worker each
+(tests/programs/chaos_worker.cpp: a step is an all_gather over elastic::dist that needs every
+rank, logged with its group, world, rank and CLOCK_MONOTONIC time). For `--duration` seconds it
+injects, at random moments (mid-round included), one fault after another:
+
+  kill    SIGKILL of an agent; a new agent takes its place 0.5-3 s later
+  host    the same, for the agent that hosts the rendezvous store (listens on the endpoint)
+  stop    SIGSTOP of an agent for 0.3-6 s (around the 3 s lease timeout), then SIGCONT
+  crash   SIGKILL of a worker
+  leave   SIGTERM of an agent (it leaves the job); a new agent joins 0.5-3 s later
+  cut     (--netns only) an agent's link down for 1-8 s: it is cut off from every other, the
+          store's host included, or is the host cut off from the job
+
+With --netns (root and iproute2's `ip`), each agent runs in a network namespace of its own, its
+"machine", joined to the others through a bridge in one more namespace; the job is
+`--nnodes=1:N`, so a part cut off alone could form a group by itself, which the majority rule
+must stop. A replacement agent starts on its predecessor's machine (its address). The harness
+removes its namespaces when it ends, and any left by an earlier run that was killed.
+
+Then it checks:
+  1. no worker saw a wrong gather (ranks not 0..world-1), and each group's logged ranks are
+     distinct and inside its world, its world one size;
+  2. never two groups of the job trained at once: no two groups each log two steps inside the
+     other's span of steps;
+  3. within a bound after the last fault, the job trains again (a step logged after it) or every
+     agent has exited, each with a documented code (0, 250, or 143 after its SIGTERM);
+  4. no agent hangs: SIGTERM ends each one still running, within a bound;
+  5. nothing is left behind: no process of the schedule (found by a variable in its environment)
+     outlives its agents.
+
+A failing schedule prints its seed: `--seed SEED --schedules 1` replays it (the faults' order,
+targets and delays; the kernel's timing is not under the seed's control). Exits 1 when any
+schedule broke an invariant. bench/chaos/bench_chaos.py runs thousands and prints the figures.
+"""
+import argparse
+import ctypes
+import dataclasses
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+JOIN_TIMEOUT = 20  # s: a part below MIN exits 250 this long after it lost the others
+LEASE = (1, 3)  # keep_alive_interval, keep_alive_max_attempt: a lease lasts 3 s
+RECOVER_BOUND = JOIN_TIMEOUT + 40  # s after the last fault: trains again, or every agent exited
+TERM_BOUND = 40  # s for an agent to end after SIGTERM
+DOCUMENTED = {0, 250}  # an agent's own end (docs/exit-codes.md); 143 only after our SIGTERM
+
+
+def free_port():
+    """A port below the ephemeral range: nothing dials out from it meanwhile."""
+    lo = 20000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except OSError:
+        pass
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(10000, max(10001, lo - 1))
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def die_with_harness():
+    """In the agent before it runs: SIGKILL when the harness dies (a timeout's SIGKILL, ^C), so that
+    no job outlives it; the agent's death watcher then stops its workers."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def now():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def children(pid):
+    """The direct children of pid (the agent's workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def marked(mark):
+    """Processes whose environment carries CHAOS_MARK=mark."""
+    needle = f"CHAOS_MARK={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def listens(pid, port):
+    """Whether process pid holds a listening TCP socket on port, in its own network namespace."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(cols[9])
+        except OSError:
+            continue
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+class Machines:
+    """Network namespaces as machines: slot i is `<prefix>-<i>` with address 10.201.0.<i+1>,
+    its veth's other end on a bridge in namespace `<prefix>-hub`. cut(i)/mend(i) take that end
+    down and up. remove() kills whatever runs in them and deletes them."""
+
+    def __init__(self, ip, slots):
+        self.ip = ip
+        self.prefix = f"elchaos{os.getpid()}"
+        self.hub = f"{self.prefix}-hub"
+        self.slots = slots
+        self.made = []
+        try:
+            self.sh("netns", "add", self.hub)
+            self.made.append(self.hub)
+            self.sh("-n", self.hub, "link", "add", "br0", "type", "bridge")
+            self.sh("-n", self.hub, "link", "set", "br0", "up")
+            for i in range(slots):
+                ns = self.ns(i)
+                self.sh("netns", "add", ns)
+                self.made.append(ns)
+                self.sh("-n", self.hub, "link", "add", f"h{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+                self.sh("-n", self.hub, "link", "set", f"h{i}", "master", "br0", "up")
+                self.sh("-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+                self.sh("-n", ns, "link", "set", "eth0", "up")
+                self.sh("-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.remove()
+            raise
+
+    def sh(self, *args):
+        r = subprocess.run([self.ip, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{self.ip} {' '.join(args)}: {r.stdout.strip()}")
+        return r.stdout
+
+    def ns(self, i):
+        return f"{self.prefix}-{i}"
+
+    @staticmethod
+    def addr(i):
+        return f"10.201.0.{i + 1}"
+
+    def cut(self, i):
+        self.sh("-n", self.hub, "link", "set", f"h{i}", "down")
+
+    def mend(self, i):
+        self.sh("-n", self.hub, "link", "set", f"h{i}", "up")
+
+    def remove(self):
+        remove_namespaces(self.ip, self.made)
+        self.made = []
+
+
+def remove_namespaces(ip, names):
+    for ns in names:
+        r = subprocess.run([ip, "netns", "pids", ns], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for pid in r.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        subprocess.run([ip, "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def remove_stale_namespaces(ip):
+    """Namespaces of an earlier harness that was killed before it could remove them."""
+    r = subprocess.run([ip, "netns", "list"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    stale = []
+    for line in r.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        owner = name[len("elchaos"):].split("-")[0] if name.startswith("elchaos") else ""
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            stale.append(name)
+    remove_namespaces(ip, stale)
+
+
+def netns_usable():
+    """iproute2's ip when this process may make namespaces, else None and why."""
+    ip = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.access(p, os.X_OK)), None)
+    if ip is None:
+        return None, "iproute2's `ip` is not installed"
+    if os.geteuid() != 0:
+        return None, "network namespaces need root"
+    return ip, ""
+
+
+@dataclasses.dataclass
+class Agent:
+    index: int
+    slot: int  # its machine (--netns), else its place in the job
+    proc: subprocess.Popen
+    termed: bool = False  # we sent SIGTERM
+    killed: bool = False  # we sent SIGKILL
+    stopped: bool = False
+
+
+@dataclasses.dataclass
+class Outcome:
+    seed: int
+    agents: int
+    faults: list
+    violations: list
+    recovered_s: float | None  # last fault -> a step logged after it
+    steps: int
+    groups: int
+
+
+class Schedule:
+    def __init__(self, args, seed, workdir):
+        self.args = args
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.dir = os.path.join(workdir, f"schedule-{seed}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.log = os.path.join(self.dir, "steps.log")
+        self.mark = f"chaos-{os.getpid()}-{seed}"
+        self.port = free_port()
+        self.n = self.rng.randint(3, max(3, args.agents))
+        self.machines = Machines(args.ip, self.n) if args.netns else None
+        self.agents = []
+        self.faults = []  # (monotonic ns at its end, text)
+        self.violations = []
+
+    def spawn(self, slot):
+        index = len(self.agents)
+        env = dict(os.environ)
+        env.update(CHAOS_LOG=self.log, CHAOS_MARK=self.mark, CHAOS_STEP_MS="50", CHAOS_TIMEOUT_MS="8000")
+        conf = (f"join_timeout={JOIN_TIMEOUT},last_call_timeout=1,keep_alive_interval={LEASE[0]},"
+                f"keep_alive_max_attempt={LEASE[1]}")
+        host = Machines.addr(0) if self.machines else "127.0.0.1"
+        cmd = [self.args.elasticrun, f"--nnodes={1 if self.machines else 2}:{self.n}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id=chaos-{self.seed}",
+               f"--rdzv-conf={conf}", "--max-restarts=100000", "--monitor-interval=0.1", self.args.worker]
+        if self.machines:
+            cmd[1:1] = [f"--local-addr={Machines.addr(slot)}"]
+            cmd = [self.args.ip, "netns", "exec", self.machines.ns(slot)] + cmd  # ip execs the agent: same pid
+        out = open(os.path.join(self.dir, f"agent{index}.log"), "wb")
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_harness)
+        out.close()
+        self.agents.append(Agent(index, slot, proc))
+
+    def live(self):
+        return [a for a in self.agents if a.proc.poll() is None]
+
+    def fault(self):
+        live = [a for a in self.live() if not a.stopped]
+        if not live:
+            return None
+        kind = self.rng.choice(["kill", "host", "stop", "crash", "leave"] + (["cut"] * 2 if self.machines else []))
+        target = self.rng.choice(live)
+        if kind == "host":
+            hosting = [a for a in live if listens(a.proc.pid, self.port)]
+            if hosting:
+                target = hosting[0]
+            else:
+                kind = "kill"
+        text = f"{kind} agent{target.index}"
+        # The fault's moment: its signal, or the SIGCONT that ends a stop. A replacement agent's
+        # arrival is no fault: the job may train again before it or with it.
+        if kind in ("kill", "host", "leave"):
+            target.killed = kind != "leave"
+            target.termed = kind == "leave"
+            target.proc.send_signal(signal.SIGTERM if kind == "leave" else signal.SIGKILL)
+            self.faults.append((now(), text))
+            self.pause(self.rng.uniform(0.5, 3))
+            self.spawn(target.slot)
+        elif kind == "stop":
+            target.stopped = True
+            target.proc.send_signal(signal.SIGSTOP)
+            self.pause(self.rng.uniform(0.3, 6))
+            target.proc.send_signal(signal.SIGCONT)
+            target.stopped = False
+            self.faults.append((now(), text))
+        elif kind == "cut":
+            self.machines.cut(target.slot)
+            self.pause(self.rng.uniform(1, 8))
+            self.machines.mend(target.slot)
+            self.faults.append((now(), text))
+        elif kind == "crash":
+            workers = children(target.proc.pid)
+            if workers:
+                os.kill(self.rng.choice(sorted(workers)), signal.SIGKILL)
+            self.faults.append((now(), text if workers else f"crash agent{target.index} (no worker yet)"))
+        return text
+
+    def pause(self, seconds):
+        time.sleep(seconds)  # the schedule's own clock: a fault's duration, not a synchronisation
+
+    def steps(self):
+        lines = []
+        try:
+            with open(self.log) as f:
+                for line in f:
+                    lines.append(line.split())
+        except FileNotFoundError:
+            pass
+        return lines
+
+    def run(self):
+        try:
+            return self.run_faults()
+        finally:
+            if self.machines:
+                for a in self.agents:
+                    if a.proc.poll() is None:
+                        a.proc.kill()
+                        a.proc.wait()
+                self.machines.remove()
+
+    def run_faults(self):
+        for slot in range(self.n):
+            self.spawn(slot)
+        end = time.monotonic() + self.args.duration
+        self.pause(self.rng.uniform(1, 3))
+        while time.monotonic() < end:
+            if self.fault() is None:
+                break
+            self.pause(self.rng.uniform(0.2, 3))
+        last_fault = self.faults[-1][0] if self.faults else now()
+        recovered = self.await_recovery(last_fault)
+        self.end_agents()
+        self.check_leftovers()
+        self.check_log()
+        lines = [s for s in self.steps() if s and s[0] == "step"]
+        return Outcome(self.seed, self.n, [t for _, t in self.faults], self.violations, recovered, len(lines),
+                       len({s[1] for s in lines}))
+
+    def await_recovery(self, last_fault):
+        deadline = time.monotonic() + RECOVER_BOUND
+        while time.monotonic() < deadline:
+            trained = self.trained_after(last_fault)
+            if trained is not None:
+                return (trained - last_fault) / 1e9
+            if not self.live():
+                break
+            time.sleep(0.1)  # polling the shared log; no event announces a step
+        for a in self.agents:
+            code = a.proc.poll()
+            if code is None:
+                continue
+            if a.killed or (a.termed and code in (128 + signal.SIGTERM, 0)):
+                continue
+            if code not in DOCUMENTED:
+                self.violations.append(f"agent{a.index} exited {code}: no documented end for a job under faults "
+                                       f"(see {self.dir}/agent{a.index}.log)")
+        if self.live():
+            self.violations.append(f"the job did not train again within {RECOVER_BOUND} s of the last fault, "
+                                   f"and {len(self.live())} agents still run")
+        return None
+
+    def trained_after(self, t):
+        """When a group that went on to train three steps after t took its first step after t."""
+        after = {}  # group -> {step: first ns}
+        for s in self.steps():
+            if s and s[0] == "step" and len(s) == 7 and int(s[5]) > t:
+                steps = after.setdefault(s[1], {})
+                steps[int(s[4])] = min(steps.get(int(s[4]), int(s[5])), int(s[5]))
+        firsts = [min(steps.values()) for steps in after.values() if len(steps) >= 3]
+        return min(firsts) if firsts else None
+
+    def end_agents(self):
+        for a in self.live():
+            a.termed = True
+            a.proc.send_signal(signal.SIGTERM)
+        for a in self.agents:
+            try:
+                code = a.proc.wait(timeout=TERM_BOUND)
+            except subprocess.TimeoutExpired:
+                self.violations.append(f"agent{a.index} still runs {TERM_BOUND} s after SIGTERM (a hang)")
+                a.proc.kill()
+                a.proc.wait()
+                continue
+            if not a.killed and code not in DOCUMENTED | {128 + signal.SIGTERM}:
+                self.violations.append(f"agent{a.index} exited {code} (see {self.dir}/agent{a.index}.log)")
+
+    def check_leftovers(self):
+        # A SIGKILLed agent's death watcher stops its workers: give it the time a stop takes.
+        deadline = time.monotonic() + 30
+        left = marked(self.mark)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling /proc: no event announces another process's end
+            left = marked(self.mark)
+        if left:
+            self.violations.append(f"processes left behind: {left}")
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def check_log(self):
+        self.violations += check_steps(self.steps())
+
+
+def check_steps(lines):
+    """The violations of invariants 1 and 2 in the workers' log lines (each a list of fields)."""
+    violations = []
+    groups = {}  # group -> {"world": set, "ranks": {step: set}, "times": [ns]}
+    for s in lines:
+        if not s:
+            continue
+        if s[0] == "bad":
+            violations.append(f"a worker saw a wrong gather: {' '.join(s)}")
+            continue
+        if s[0] != "step" or len(s) != 7:
+            violations.append(f"an unreadable log line: {' '.join(s)}")
+            continue
+        group, world, rank, step, ns = s[1], int(s[2]), int(s[3]), int(s[4]), int(s[5])
+        g = groups.setdefault(group, {"world": set(), "ranks": {}, "times": []})
+        g["world"].add(world)
+        if not 0 <= rank < world:
+            violations.append(f"group {group}: rank {rank} outside its world of {world}")
+        seen = g["ranks"].setdefault(step, set())
+        if rank in seen:
+            violations.append(f"group {group}: two workers with rank {rank} at step {step}")
+        seen.add(rank)
+        g["times"].append(ns)
+    for group, g in groups.items():
+        if len(g["world"]) != 1:
+            violations.append(f"group {group}: worlds {sorted(g['world'])}")
+    spans = {k: (min(g["times"]), max(g["times"])) for k, g in groups.items()}
+    names = sorted(spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (a0, a1), (b0, b1) = spans[a], spans[b]
+            a_in_b = sum(1 for t in groups[a]["times"] if b0 < t < b1)
+            b_in_a = sum(1 for t in groups[b]["times"] if a0 < t < a1)
+            # Two steps of each (every rank logs each step) inside the other's span: both trained.
+            if a_in_b >= 2 * max(groups[a]["world"]) and b_in_a >= 2 * max(groups[b]["world"]):
+                violations.append(f"groups {a} and {b} trained at the same time")
+    return violations
+
+
+def self_test():
+    """The checks fire on logs that break them, and stay quiet on one that does not."""
+    def steps(group, world, first_ns, count, gap=100):
+        return [["step", group, str(world), str(r), str(k), str(first_ns + k * gap + r), "1"]
+                for k in range(count) for r in range(world)]
+    cases = [
+        ("two groups one after the other", steps("a", 2, 0, 10) + steps("b", 3, 2000, 10), None),
+        ("two groups at once", steps("a", 2, 0, 10) + steps("b", 2, 450, 10), "trained at the same time"),
+        ("a last step of the old group after the new one's first",
+         steps("a", 2, 0, 10) + steps("b", 2, 950, 10), None),
+        ("two workers with one rank", steps("a", 2, 0, 3) + [["step", "a", "2", "1", "1", "105", "9"]],
+         "two workers with rank 1"),
+        ("a rank outside the world", [["step", "a", "2", "2", "0", "1", "1"]], "outside its world"),
+        ("two worlds in one group", steps("a", 2, 0, 2) + [["step", "a", "3", "2", "5", "1000", "1"]],
+         "worlds [2, 3]"),
+        ("a wrong gather", [["bad", "a", "0", "rank", "1", "sent", "'0'"]], "wrong gather"),
+    ]
+    failed = 0
+    for name, lines, expected in cases:
+        got = check_steps(lines)
+        ok = (not got) if expected is None else any(expected in v for v in got)
+        print(f"self-test: {name}: {'ok' if ok else 'WRONG'} ({'; '.join(got) or 'no violation'})")
+        failed += not ok
+    return 1 if failed else 0
+
+
+def run_schedules(args):
+    if args.netns:
+        remove_stale_namespaces(args.ip)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="elastic-chaos-")
+    outcomes = []
+    for i in range(args.schedules):
+        seed = args.seed + i
+        schedule = Schedule(args, seed, workdir)
+        outcome = schedule.run()
+        outcomes.append(outcome)
+        status = "ok" if not outcome.violations else "VIOLATED"
+        recovered = "-" if outcome.recovered_s is None else f"{outcome.recovered_s:.2f} s"
+        print(f"schedule seed={seed} agents={outcome.agents} groups={outcome.groups} steps={outcome.steps} "
+              f"trained again after {recovered}: {status}\n  faults: {', '.join(outcome.faults) or 'none'}",
+              flush=True)
+        if outcome.violations:
+            for v in outcome.violations:
+                print(f"  violated: {v}")
+            print(f"  replay: {sys.argv[0]} --seed {seed} --schedules 1 (logs in {schedule.dir})", flush=True)
+        elif not args.keep:
+            shutil.rmtree(schedule.dir, ignore_errors=True)
+    if not args.keep and not args.workdir and all(not o.violations for o in outcomes):
+        shutil.rmtree(workdir, ignore_errors=True)
+    return outcomes
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--elasticrun")
+    p.add_argument("--worker", help="the chaos-worker program")
+    p.add_argument("--schedules", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--agents", type=int, default=5, help="at most this many agents (at least 3)")
+    p.add_argument("--duration", type=float, default=15, help="seconds of faults per schedule")
+    p.add_argument("--workdir", help="keep each schedule's logs here")
+    p.add_argument("--keep", action="store_true", help="keep the logs of schedules that passed")
+    p.add_argument("--self-test", action="store_true", help="check the checks on made-up logs, run nothing")
+    p.add_argument("--netns", action="store_true",
+                   help="each agent on a machine of its own (a network namespace), with link cuts; "
+                        "exits 77 (skipped) when this process cannot make namespaces")
+    return p
+
+
+def main():
+    args = parser().parse_args()
+    if args.self_test:
+        return self_test()
+    args.ip = None
+    if args.netns:
+        args.ip, why = netns_usable()
+        if args.ip is None:
+            print(f"chaos: skipped: {why}")
+            return 77
+    for flag, path in (("--elasticrun", args.elasticrun), ("--worker", args.worker)):
+        if path is None or not os.access(path, os.X_OK):
+            print(f"chaos: {flag} {path or '(missing)'}: no program to run there", file=sys.stderr)
+            return 2
+    outcomes = run_schedules(args)
+    bad = [o for o in outcomes if o.violations]
+    times = [o.recovered_s for o in outcomes if o.recovered_s is not None]
+    print(f"chaos: {len(outcomes)} schedules, {len(bad)} violated"
+          + (f", trained again after the last fault in median {statistics.median(times):.2f} s, "
+             f"max {max(times):.2f} s" if times else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
