@@ -3,7 +3,7 @@
 as many schedules as asked, and the figures docs/rendezvous.md reports.
 
   /usr/bin/python3 bench/chaos/bench_chaos.py --build build/dev [--schedules 1000] [--seed 1]
-        [--agents 8] [--duration 30] [--workdir DIR] [--netns]
+        [--agents 8] [--duration 30] [--workdir DIR] [--netns] [--newcomers-after-move]
 
 Prints one line per schedule as it ends (its seed replays it with tests/chaos/chaos.py), then:
 schedules run, faults injected by kind, invariant violations (the goal is 0) with their seeds,
@@ -31,6 +31,8 @@ def main():
     p.add_argument("--duration", type=float, default=30)
     p.add_argument("--workdir")
     p.add_argument("--netns", action="store_true", help="agents on machines of their own, with link cuts (root)")
+    p.add_argument("--newcomers-after-move", action="store_true",
+                   help="replacement agents after the store's host was hit too (the known limit)")
     args = p.parse_args()
     programs = os.path.join(args.build, "test-programs")
     run_args = chaos.parser().parse_args([
@@ -38,7 +40,7 @@ def main():
         "--worker", os.path.join(programs, "chaos-worker"),
         "--schedules", str(args.schedules), "--seed", str(args.seed), "--agents", str(args.agents),
         "--duration", str(args.duration)] + (["--workdir", args.workdir] if args.workdir else [])
-        + (["--netns"] if args.netns else []))
+        + (["--netns"] if args.netns else []) + (["--newcomers-after-move"] if args.newcomers_after_move else []))
     run_args.ip = None
     if args.netns:
         run_args.ip, why = chaos.netns_usable()
