@@ -2,7 +2,8 @@
 # The whole test suite, every stage CI runs (README's second command; .ci/run calls it).
 #   1. every C++ file follows .clang-format (tools/check_format.sh),
 #      single_include/elastic.hpp matches what tools/amalgamate.py makes now, no header
-#      includes one from a layer above its own (tools/check_layers.py), and the single header
+#      includes one from a layer above its own (tools/check_layers.py), every docs/ link and path
+#      resolves (tools/check_docs.py), and the single header
 #      alone builds a launcher with docs/building.md's compile line (tools/check_vendoring.sh),
 #      and the compile-time budgets that are met hold (bench/compile_time.py --check)
 #   2. g++, -Werror with every warning, the multi-header tree: header checks, tests, examples,
@@ -58,6 +59,7 @@ stage_header() {
   tools/check_format.sh
   python3 tools/amalgamate.py --check
   python3 tools/check_layers.py
+  python3 tools/check_docs.py
   tools/check_vendoring.sh
   python3 bench/compile_time.py --check --checked-only --runs 2
 }
