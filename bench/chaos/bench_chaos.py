@@ -5,10 +5,12 @@ as many schedules as asked, and the figures docs/rendezvous.md reports.
   /usr/bin/python3 bench/chaos/bench_chaos.py --build build/dev [--schedules 1000] [--seed 1]
         [--agents 8] [--duration 30] [--workdir DIR] [--netns] [--newcomers-after-move]
 
-Prints one line per schedule as it ends (its seed replays it with tests/chaos/chaos.py), then:
+Prints one line per schedule as it ends (a failing one with the command that replays it), then:
 schedules run, faults injected by kind, invariant violations (the goal is 0) with their seeds,
-and the time from the last fault to the first step trained after it (median, 90th percentile,
-max) over the schedules that trained again.
+how many schedules trained again and how many ended with every agent exited (too few nodes left:
+no newcomer replaces an agent once the store's host was hit), and the time from the last fault to
+the first step of a group that trained on after it (median, 90th percentile, max).
+docs/rendezvous.md ("Benchmark: chaos") has the measured table.
 """
 import argparse
 import collections
@@ -56,12 +58,14 @@ def main():
     bad = [o for o in outcomes if o.violations]
     times = sorted(o.recovered_s for o in outcomes if o.recovered_s is not None)
     print()
-    print("| schedules | agents | faults | violations | trained again | last fault → training, median | p90 | max |")
-    print("|---|---|---|---|---|---|---|---|")
+    ended = sum(1 for o in outcomes if o.recovered_s is None)
+    print("| schedules | agents | faults | violations | trained again | every agent ended | last fault → training, "
+          "median | p90 | max |")
+    print("|---|---|---|---|---|---|---|---|---|")
     p90 = times[min(len(times) - 1, int(0.9 * len(times)))] if times else None
     fmt = (lambda t: "-" if t is None else f"{t:.2f} s")
     print(f"| {len(outcomes)} | 3–{args.agents} | {sum(kinds.values())} "
-          f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}) | {len(bad)} | {len(times)} | "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}) | {len(bad)} | {len(times)} | {ended} | "
           f"{fmt(statistics.median(times) if times else None)} | {fmt(p90)} | {fmt(times[-1] if times else None)} |")
     for o in bad:
         print(f"violated: seed {o.seed}: {'; '.join(o.violations)}")

@@ -62,6 +62,8 @@ JOIN_TIMEOUT = 20  # s: a part below MIN exits 250 this long after it lost the o
 LEASE = (1, 3)  # keep_alive_interval, keep_alive_max_attempt: a lease lasts 3 s
 RECOVER_BOUND = JOIN_TIMEOUT + 40  # s after the last fault: trains again, or every agent exited
 TERM_BOUND = 40  # s for an agent to end after SIGTERM
+ORPHAN_BOUND_NS = 3 * 10**9  # a SIGKILLed agent's workers are gone by then (their own timeout: 8 s)
+LEFTOVER_BOUND = 5  # s after the last agent ended
 DOCUMENTED = {0, 250}  # an agent's own end (docs/exit-codes.md); 143 only after our SIGTERM
 
 
@@ -73,6 +75,10 @@ def free_port():
             lo = int(f.read().split()[0])
     except OSError:
         pass
+    if lo <= 10002:  # no room below the range: the kernel's pick
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randint(10000, max(10001, lo - 1))
@@ -100,8 +106,9 @@ def now():
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def children(pid):
-    """The direct children of pid (the agent's workers)."""
+def children(pid, exe=None):
+    """The direct children of pid; with exe, only those running that program (the agent's workers,
+    not its death watcher)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -112,8 +119,14 @@ def children(pid):
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid:
-            found.append(int(entry))
+        if int(fields[1]) != pid:
+            continue
+        try:
+            if exe is not None and os.path.realpath(f"/proc/{entry}/exe") != os.path.realpath(exe):
+                continue
+        except OSError:
+            continue
+        found.append(int(entry))
     return found
 
 
@@ -149,10 +162,19 @@ def listens(pid, port):
                         inodes.add(cols[9])
         except OSError:
             continue
+    if not inodes:
+        return False
     try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes for fd in os.listdir(f"/proc/{pid}/fd"))
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
+    for fd in fds:
+        try:  # a descriptor closed during the scan is no listener
+            if os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class Machines:
@@ -238,6 +260,11 @@ def netns_usable():
         return None, "iproute2's `ip` is not installed"
     if os.geteuid() != 0:
         return None, "network namespaces need root"
+    probe = f"elchaos{os.getpid()}-probe"
+    r = subprocess.run([ip, "netns", "add", probe], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        return None, f"`ip netns add` failed: {r.stdout.strip()}"
+    subprocess.run([ip, "netns", "del", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return ip, ""
 
 
@@ -257,9 +284,10 @@ class Outcome:
     agents: int
     faults: list
     violations: list
-    recovered_s: float | None  # last fault -> a step logged after it
+    recovered_s: float | None  # last fault -> a group's first step after it
     steps: int
     groups: int
+    ended: str = ""  # every agent exited before the job trained again: their codes
 
 
 class Schedule:
@@ -268,7 +296,8 @@ class Schedule:
         self.seed = seed
         self.rng = random.Random(seed)
         self.dir = os.path.join(workdir, f"schedule-{seed}")
-        os.makedirs(self.dir, exist_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)  # an earlier run's log would be checked again
+        os.makedirs(self.dir)
         self.log = os.path.join(self.dir, "steps.log")
         self.mark = f"chaos-{os.getpid()}-{seed}"
         self.port = free_port()
@@ -278,6 +307,8 @@ class Schedule:
         self.store_moved = False  # a fault hit the agent that hosts the store at the endpoint
         self.faults = []  # (monotonic ns at its end, text)
         self.violations = []
+        self.orphans = []  # (deadline ns, pid): a SIGKILLed agent's workers, gone by then
+        self.ended = ""
 
     def spawn(self, slot):
         index = len(self.agents)
@@ -292,10 +323,9 @@ class Schedule:
         if self.machines:
             cmd[1:1] = [f"--local-addr={Machines.addr(slot)}"]
             cmd = [self.args.ip, "netns", "exec", self.machines.ns(slot)] + cmd  # ip execs the agent: same pid
-        out = open(os.path.join(self.dir, f"agent{index}.log"), "wb")
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_harness)
-        out.close()
+        with open(os.path.join(self.dir, f"agent{index}.log"), "wb") as out:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=die_with_harness)
         self.agents.append(Agent(index, slot, proc))
 
     def live(self):
@@ -323,10 +353,16 @@ class Schedule:
         # The fault's moment: its signal, or the SIGCONT that ends a stop. A replacement agent's
         # arrival is no fault: the job may train again before it or with it.
         if kind in ("kill", "host", "leave"):
+            if target.proc.poll() is not None:  # it ended on its own: its code counts
+                return text + " (it had already exited)"
+            workers = children(target.proc.pid, self.args.worker)
             target.killed = kind != "leave"
             target.termed = kind == "leave"
             target.proc.send_signal(signal.SIGTERM if kind == "leave" else signal.SIGKILL)
             self.faults.append((now(), text))
+            if target.killed:
+                # Its death watcher stops its workers at once; their own timeout would take 8 s.
+                self.orphans += [(now() + ORPHAN_BOUND_NS, pid) for pid in workers]
             self.pause(self.rng.uniform(0.5, 3))
             if not self.store_moved or self.args.newcomers_after_move:
                 self.spawn(target.slot)
@@ -343,14 +379,32 @@ class Schedule:
             self.machines.mend(target.slot)
             self.faults.append((now(), text))
         elif kind == "crash":
-            workers = children(target.proc.pid)
+            workers = children(target.proc.pid, self.args.worker)
             if workers:
-                os.kill(self.rng.choice(sorted(workers)), signal.SIGKILL)
+                try:
+                    os.kill(self.rng.choice(sorted(workers)), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.faults.append((now(), text if workers else f"crash agent{target.index} (no worker yet)"))
         return text
 
     def pause(self, seconds):
         time.sleep(seconds)  # the schedule's own clock: a fault's duration, not a synchronisation
+        self.check_orphans()
+
+    def check_orphans(self):
+        """A SIGKILLed agent's workers still alive ORPHAN_BOUND after the kill escaped it."""
+        t = now()
+        due = [(d, pid) for d, pid in self.orphans if d <= t]
+        self.orphans = [(d, pid) for d, pid in self.orphans if d > t]
+        left = set(marked(self.mark)) if due else set()
+        for _, pid in due:
+            if pid in left:
+                self.violations.append(f"worker {pid} outlived its SIGKILLed agent by {ORPHAN_BOUND_NS / 1e9:.0f} s")
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def steps(self):
         lines = []
@@ -365,13 +419,21 @@ class Schedule:
     def run(self):
         try:
             return self.run_faults()
+        except Exception as e:  # noqa: BLE001 - a harness error is this schedule's failure, with its seed
+            self.violations.append(f"the harness failed: {type(e).__name__}: {e}")
+            return self.outcome(None)
         finally:
+            for a in self.agents:
+                if a.proc.poll() is None:
+                    a.proc.kill()
+                    a.proc.wait()
             if self.machines:
-                for a in self.agents:
-                    if a.proc.poll() is None:
-                        a.proc.kill()
-                        a.proc.wait()
                 self.machines.remove()
+
+    def outcome(self, recovered):
+        lines = [s for s in self.steps() if len(s) == 7 and s[0] == "step"]
+        return Outcome(self.seed, self.n, [t for _, t in self.faults], self.violations, recovered, len(lines),
+                       len({s[1] for s in lines}), self.ended)
 
     def run_faults(self):
         for slot in range(self.n):
@@ -387,40 +449,52 @@ class Schedule:
         self.end_agents()
         self.check_leftovers()
         self.check_log()
-        lines = [s for s in self.steps() if s and s[0] == "step"]
-        return Outcome(self.seed, self.n, [t for _, t in self.faults], self.violations, recovered, len(lines),
-                       len({s[1] for s in lines}))
+        return self.outcome(recovered)
+
+    def agent_code_ok(self, a, code):
+        """An agent's exit code is one the docs name for how it ended."""
+        if a.killed:
+            return True
+        if a.termed:
+            # 143 once its handlers are in place; before that (a SIGTERM right after its start) the
+            # signal's default action ends it.
+            return code in DOCUMENTED | {128 + signal.SIGTERM, -signal.SIGTERM}
+        return code in DOCUMENTED
 
     def await_recovery(self, last_fault):
         deadline = time.monotonic() + RECOVER_BOUND
+        recovered = None
         while time.monotonic() < deadline:
+            self.check_orphans()
             trained = self.trained_after(last_fault)
             if trained is not None:
-                return (trained - last_fault) / 1e9
+                recovered = (trained - last_fault) / 1e9
+                break
             if not self.live():
                 break
             time.sleep(0.1)  # polling the shared log; no event announces a step
         for a in self.agents:
             code = a.proc.poll()
-            if code is None:
-                continue
-            if a.killed or (a.termed and code in (128 + signal.SIGTERM, 0)):
-                continue
-            if code not in DOCUMENTED:
+            if code is not None and not self.agent_code_ok(a, code):
                 self.violations.append(f"agent{a.index} exited {code}: no documented end for a job under faults "
                                        f"(see {self.dir}/agent{a.index}.log)")
-        if self.live():
+        if recovered is None and self.live():
             self.violations.append(f"the job did not train again within {RECOVER_BOUND} s of the last fault, "
                                    f"and {len(self.live())} agents still run")
-        return None
+        elif recovered is None:
+            self.ended = ", ".join(f"agent{a.index} {a.proc.returncode}" for a in self.agents if not a.killed)
+        return recovered
 
     def trained_after(self, t):
         """When a group that went on to train three steps after t took its first step after t."""
         after = {}  # group -> {step: first ns}
         for s in self.steps():
-            if s and s[0] == "step" and len(s) == 7 and int(s[5]) > t:
-                steps = after.setdefault(s[1], {})
-                steps[int(s[4])] = min(steps.get(int(s[4]), int(s[5])), int(s[5]))
+            try:
+                if len(s) == 7 and s[0] == "step" and int(s[5]) > t:
+                    steps = after.setdefault(s[1], {})
+                    steps[int(s[4])] = min(steps.get(int(s[4]), int(s[5])), int(s[5]))
+            except ValueError:
+                continue  # check_steps reports it
         firsts = [min(steps.values()) for steps in after.values() if len(steps) >= 3]
         return min(firsts) if firsts else None
 
@@ -428,26 +502,29 @@ class Schedule:
         for a in self.live():
             a.termed = True
             a.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_BOUND  # one bound for all: they end side by side
         for a in self.agents:
             try:
-                code = a.proc.wait(timeout=TERM_BOUND)
+                code = a.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.violations.append(f"agent{a.index} still runs {TERM_BOUND} s after SIGTERM (a hang)")
+                self.violations.append(f"agent{a.index} still ran {TERM_BOUND} s after SIGTERM (a hang; see "
+                                       f"{self.dir}/agent{a.index}.log)")
                 a.proc.kill()
                 a.proc.wait()
                 continue
-            if not a.killed and code not in DOCUMENTED | {128 + signal.SIGTERM}:
+            if not self.agent_code_ok(a, code):
                 self.violations.append(f"agent{a.index} exited {code} (see {self.dir}/agent{a.index}.log)")
 
     def check_leftovers(self):
-        # A SIGKILLed agent's death watcher stops its workers: give it the time a stop takes.
-        deadline = time.monotonic() + 30
+        # Every agent has ended: whatever of the schedule still runs, once a worker's stop (its
+        # SIGTERM, then SIGKILL after the agent's shutdown timeout) is over, escaped it.
+        deadline = time.monotonic() + LEFTOVER_BOUND
         left = marked(self.mark)
         while left and time.monotonic() < deadline:
             time.sleep(0.1)  # polling /proc: no event announces another process's end
             left = marked(self.mark)
         if left:
-            self.violations.append(f"processes left behind: {left}")
+            self.violations.append(f"processes left behind {LEFTOVER_BOUND} s after the last agent ended: {left}")
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -468,10 +545,15 @@ def check_steps(lines):
         if s[0] == "bad":
             violations.append(f"a worker saw a wrong gather: {' '.join(s)}")
             continue
-        if s[0] != "step" or len(s) != 7:
+        if s[0] == "error":
+            continue  # a worker whose store went away with its agent: the agent's business
+        try:
+            if s[0] != "step" or len(s) != 7:
+                raise ValueError
+            group, world, rank, step, ns = s[1], int(s[2]), int(s[3]), int(s[4]), int(s[5])
+        except ValueError:
             violations.append(f"an unreadable log line: {' '.join(s)}")
             continue
-        group, world, rank, step, ns = s[1], int(s[2]), int(s[3]), int(s[4]), int(s[5])
         g = groups.setdefault(group, {"world": set(), "ranks": {}, "times": []})
         g["world"].add(world)
         if not 0 <= rank < world:
@@ -505,8 +587,11 @@ def self_test():
     cases = [
         ("two groups one after the other", steps("a", 2, 0, 10) + steps("b", 3, 2000, 10), None),
         ("two groups at once", steps("a", 2, 0, 10) + steps("b", 2, 450, 10), "trained at the same time"),
-        ("a last step of the old group after the new one's first",
-         steps("a", 2, 0, 10) + steps("b", 2, 950, 10), None),
+        ("one step of the old group after the new one's first",
+         steps("a", 2, 0, 10) + steps("b", 2, 850, 10), None),
+        ("two steps of the old group after the new one's first",
+         steps("a", 2, 0, 10) + steps("b", 2, 760, 10), "trained at the same time"),
+        ("a half-written line", steps("a", 2, 0, 2) + [["step", "a", "2", "1", "1x"]], "unreadable"),
         ("two workers with one rank", steps("a", 2, 0, 3) + [["step", "a", "2", "1", "1", "105", "9"]],
          "two workers with rank 1"),
         ("a rank outside the world", [["step", "a", "2", "2", "0", "1", "1"]], "outside its world"),
@@ -530,18 +615,27 @@ def run_schedules(args):
     outcomes = []
     for i in range(args.schedules):
         seed = args.seed + i
+        print(f"schedule seed={seed}: starting", flush=True)
         schedule = Schedule(args, seed, workdir)
         outcome = schedule.run()
         outcomes.append(outcome)
         status = "ok" if not outcome.violations else "VIOLATED"
-        recovered = "-" if outcome.recovered_s is None else f"{outcome.recovered_s:.2f} s"
-        print(f"schedule seed={seed} agents={outcome.agents} groups={outcome.groups} steps={outcome.steps} "
-              f"trained again after {recovered}: {status}\n  faults: {', '.join(outcome.faults) or 'none'}",
-              flush=True)
+        if outcome.recovered_s is not None:
+            end = f"trained again {outcome.recovered_s:.2f} s after the last fault"
+        else:
+            end = f"every agent ended ({outcome.ended})"
+        print(f"schedule seed={seed} agents={outcome.agents} groups={outcome.groups} steps={outcome.steps}, "
+              f"{end}: {status}\n  faults: {', '.join(outcome.faults) or 'none'}", flush=True)
         if outcome.violations:
             for v in outcome.violations:
                 print(f"  violated: {v}")
-            print(f"  replay: {sys.argv[0]} --seed {seed} --schedules 1 (logs in {schedule.dir})", flush=True)
+            replay = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos.py"),
+                      "--elasticrun", args.elasticrun, "--worker", args.worker, "--seed", str(seed),
+                      "--schedules", "1", "--agents", str(args.agents), "--duration", str(args.duration)]
+            replay += ["--netns"] if args.netns else []
+            replay += ["--newcomers-after-move"] if args.newcomers_after_move else []
+            print(f"  replay (the same faults, targets and delays; the kernel's timing may differ): "
+                  f"python3 {' '.join(replay)}\n  logs: {schedule.dir}", flush=True)
         elif not args.keep:
             shutil.rmtree(schedule.dir, ignore_errors=True)
     if not args.keep and not args.workdir and all(not o.violations for o in outcomes):
@@ -569,7 +663,14 @@ def parser():
     return p
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
+    # SIGTERM (a CTest timeout, pkill) unwinds like ^C, so that each schedule's finally removes
+    # its agents and namespaces.
+    signal.signal(signal.SIGTERM, interrupted)
     args = parser().parse_args()
     if args.self_test:
         return self_test()

@@ -4,8 +4,8 @@
 # fault exits non-zero, which the harness reports); the ThreadSanitizer flavour builds only the
 # concurrent test files. COST starts them first: they mostly wait, and would otherwise end the run
 # alone.
-if(TARGET test-chaos-worker AND TARGET test-agent-elasticrun AND NOT ELASTIC_TEST_TAG)
-  find_program(ELASTIC_PYTHON NAMES python3 REQUIRED)
+find_program(ELASTIC_PYTHON NAMES python3)
+if(TARGET test-chaos-worker AND TARGET test-agent-elasticrun AND NOT ELASTIC_TEST_TAG AND ELASTIC_PYTHON)
   set(chaos "${CMAKE_CURRENT_LIST_DIR}/chaos.py")
   set(programs --elasticrun "${ELASTIC_TEST_PROGRAM_DIR}/agent-elasticrun"
                --worker "${ELASTIC_TEST_PROGRAM_DIR}/chaos-worker")
@@ -18,7 +18,7 @@ if(TARGET test-chaos-worker AND TARGET test-agent-elasticrun AND NOT ELASTIC_TES
   add_test(NAME "${name}" COMMAND ${ELASTIC_PYTHON} "${chaos}" ${programs} --netns
     --schedules 2 --seed 1 --agents 5 --duration 12 --workdir "${CMAKE_BINARY_DIR}/chaos/netns")
   set_tests_properties("${name}" PROPERTIES LABELS chaos TIMEOUT 600 SKIP_RETURN_CODE 77 COST 10000)
-  set(name "chaos: the checks of the harness fire on made-up logs that break each invariant")
+  set(name "chaos: the log checks of the harness fire on made-up logs that break them")
   add_test(NAME "${name}" COMMAND ${ELASTIC_PYTHON} "${chaos}" --self-test)
   set_tests_properties("${name}" PROPERTIES LABELS chaos)
 endif()

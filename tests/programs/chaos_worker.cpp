@@ -5,10 +5,11 @@
 //   step <group> <world> <rank> <step> <CLOCK_MONOTONIC ns> <pid>
 // <group> names this worker group: rank 0's pid and clock at its start, broadcast to the others.
 // Two groups whose steps interleave in time are two groups training the same job at once.
-// A gather that is not the ranks 0..world-1 appends "bad <group> <rank> <what>" and exits 1.
-// A collective that times out (a peer gone, CHAOS_TIMEOUT_MS, default 20000) exits 3, as a
-// trainer ends when its collective library times out. CHAOS_STEP_MS (default 100) apart;
-// CHAOS_STEPS steps (default: no end), then exit 0.
+// Each rank gathers "<group>:<step>:<rank>"; a gather in which an entry names another group or
+// step, or slot r another rank, appends "bad <group> <rank> <what>" and exits 1. A collective
+// that times out (a peer gone, CHAOS_TIMEOUT_MS, default 20000) exits 3, as a trainer ends when
+// its collective library times out; another error appends "error <rank> <what>" and exits 5.
+// CHAOS_STEP_MS (default 100) apart; CHAOS_STEPS steps (default: no end), then exit 0.
 #include <elastic/dist.hpp>
 #include <elastic/env.hpp>
 
@@ -71,20 +72,23 @@ int main() {
     }
     const auto steps = number("CHAOS_STEPS", -1);
     const auto step_ms = number("CHAOS_STEP_MS", 100);
-    dist::set_timeout(std::chrono::milliseconds(number("CHAOS_TIMEOUT_MS", 20000)));
+    const auto timeout_ms = number("CHAOS_TIMEOUT_MS", 20000);
+    int rank = -1;
     try {
-        const int rank = dist::get_global_rank();
+        dist::set_timeout(std::chrono::milliseconds(timeout_ms));
+        rank = dist::get_global_rank();
         const int world = dist::get_world_size();
         const auto group = dist::broadcast(rank == 0 ? fmt::format("{}.{}", ::getpid(), now_ns()) : std::string(), 0);
         for (long long step = 0; steps < 0 || step < steps; ++step) {
-            const auto ranks = dist::all_gather(std::to_string(rank));
+            const auto got = dist::all_gather(fmt::format("{}:{}:{}", group, step, rank));
             std::string wrong;
-            if (static_cast<int>(ranks.size()) != world)
-                wrong = fmt::format("{} ranks in a world of {}", ranks.size(), world);
+            if (static_cast<int>(got.size()) != world) {
+                wrong = fmt::format("{} entries in a world of {}", got.size(), world);
+            }
             for (int r = 0; wrong.empty() && r < world; ++r) {
-                if (ranks[static_cast<std::size_t>(r)] != std::to_string(r)) {
-                    wrong = fmt::format("rank {} sent '{}'", r, ranks[static_cast<std::size_t>(r)]);
-                }
+                const auto& entry = got[static_cast<std::size_t>(r)];
+                if (entry != fmt::format("{}:{}:{}", group, step, r))
+                    wrong = fmt::format("slot {} holds '{}'", r, entry);
             }
             if (!wrong.empty()) {
                 append(fd, fmt::format("bad {} {} {}\n", group, rank, wrong));
@@ -98,6 +102,11 @@ int main() {
         return 3;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "chaos-worker: %s\n", e.what());
+        std::string what = e.what();
+        for (auto& c : what) {
+            if (c == '\n') c = ' ';
+        }
+        append(fd, fmt::format("error {} {}\n", rank, what));
         return 5;
     }
     return 0;
