@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic 0.1.0 — single-header distribution.
 // GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;
 // edit the headers under include/ and run the tool again.
@@ -9,6 +10,7 @@
 //       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread
 //   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,
 //   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.
+// Licence: MIT (the LICENSE file beside the sources; keep this notice with the file).
 //
 #pragma once
 #define ELASTIC_AMALGAMATED 1

@@ -3,7 +3,9 @@
 
 Deterministic: the output depends only on the headers' bytes. Project headers (those under
 include/, named as "elastic/..." or <elastic/...>) are inlined once, at their first inclusion;
-`#pragma once` is dropped; system and third-party includes are kept where they stand.
+`#pragma once` is dropped; system and third-party includes are kept where they stand. Every
+header's first line is its licence (`// SPDX-License-Identifier: MIT`, LICENSE): one without it
+stops the tool; the single header carries the line once, at its top.
 
     tools/amalgamate.py                     # writes single_include/elastic.hpp
     tools/amalgamate.py --output FILE       # writes FILE instead
@@ -20,6 +22,7 @@ DEFAULT_OUT = os.path.join(ROOT, "single_include", "elastic.hpp")
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
+SPDX = "// SPDX-License-Identifier: MIT\n"
 IF_RE = re.compile(r"^\s*#\s*if(?:n?def)?\b")
 ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
 VERSION_RE = re.compile(r'^#define ELASTIC_VERSION_STRING "([^"]+)"', re.M)
@@ -43,22 +46,25 @@ def inline(name, seen, out):
     out.append(f"// ---- begin {name} ----\n")
     depth = 0  # preprocessor conditionals open at this line of this file
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if PRAGMA_ONCE_RE.match(line):
-                continue
-            depth += 1 if IF_RE.match(line) else -1 if ENDIF_RE.match(line) else 0
-            m = INCLUDE_RE.match(line)
-            if m and project_path(m.group(1)) is not None:
-                # Only the first inclusion is kept: one inside #if would vanish from the single
-                # header whenever the condition is false, for every later includer too.
-                if depth > 0 and m.group(1) not in seen:
-                    sys.exit(f"amalgamate: {path} includes {m.group(1)} inside #if before anything "
-                             "includes it unconditionally; include it earlier from include/elastic.hpp")
-                inline(m.group(1), seen, out)
-                continue
-            if m and (m.group(1) == "elastic.hpp" or m.group(1).startswith("elastic/")):
-                sys.exit(f"amalgamate: {path} includes {m.group(1)}, which does not exist")
-            out.append(line if line.endswith("\n") else line + "\n")
+        lines = f.readlines()
+    if not lines or lines[0] != SPDX:
+        sys.exit(f"amalgamate: {path} does not start with '{SPDX.strip()}' (LICENSE)")
+    for line in lines[1:]:
+        if PRAGMA_ONCE_RE.match(line):
+            continue
+        depth += 1 if IF_RE.match(line) else -1 if ENDIF_RE.match(line) else 0
+        m = INCLUDE_RE.match(line)
+        if m and project_path(m.group(1)) is not None:
+            # Only the first inclusion is kept: one inside #if would vanish from the single
+            # header whenever the condition is false, for every later includer too.
+            if depth > 0 and m.group(1) not in seen:
+                sys.exit(f"amalgamate: {path} includes {m.group(1)} inside #if before anything "
+                         "includes it unconditionally; include it earlier from include/elastic.hpp")
+            inline(m.group(1), seen, out)
+            continue
+        if m and (m.group(1) == "elastic.hpp" or m.group(1).startswith("elastic/")):
+            sys.exit(f"amalgamate: {path} includes {m.group(1)}, which does not exist")
+        out.append(line if line.endswith("\n") else line + "\n")
     out.append(f"// ---- end {name} ----\n")
 
 
@@ -86,6 +92,7 @@ def generate():
         sys.exit("amalgamate: include/elastic.hpp does not reach " + ", ".join(missing) +
                  " (include it from its layer's umbrella header)")
     banner = (
+        SPDX +
         "// elastic " + version + " — single-header distribution.\n"
         "// GENERATED FILE — DO NOT EDIT. Made by tools/amalgamate.py from include/elastic.hpp;\n"
         "// edit the headers under include/ and run the tool again.\n"
@@ -97,6 +104,7 @@ def generate():
         "//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread\n"
         "//   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,\n"
         "//   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.\n"
+        "// Licence: MIT (the LICENSE file beside the sources; keep this notice with the file).\n"
         "//\n"
         "#pragma once\n"
         "#define ELASTIC_AMALGAMATED 1\n"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The agent layer: one node's agent (local_agent), the worker environment contract, the
 // workers' output (log tree, relays, prefixes), and the agent's log.
 #pragma once

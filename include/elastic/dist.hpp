@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::dist: composer-style collectives for native C++ workers (barrier, broadcast,
 // all_gather, all_reduce of scalars, rank and size helpers) over the job's TCP store.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::env(): the worker's typed, validated view of the environment contract (torchrun's
 // variables, composer's NODE_RANK, Slurm and Open MPI fallbacks), read once.
 #pragma once

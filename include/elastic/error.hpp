@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::error, the base of every exception the library throws.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The launch layer — launch configuration: torchrun's command line and PET_* variables.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The restart-policy layer: the restart_policy concept, group_failure / restart_decision,
 // max_restarts(n), the built-in policies and combinators, and make_default_policy(settings).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The process layer — worker processes: spawn, await exits through pidfds, signal and stop groups.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::record(main): torchelastic error files for uncaught exceptions, std::terminate and
 // fatal signals, with a C++ backtrace taken where the exception was thrown.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The rendezvous layer: how the agents of a job agree on a round (docs/rendezvous.md).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The report layer: worker failures, error files, the root cause, the failure summary in
 // torchrun's layout, the agent's own error file, elasticrun's exit codes and the event log
 // with its destinations.

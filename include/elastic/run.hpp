@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/launch/run.hpp).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The store layer: the store concepts, the in-memory and prefix models, the wire codec, the TCP
 // server and the TCP client (PyTorch's TCPStore protocol, both dialects), and leases.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
 // layers which read variables take instead of the process environment.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The library's version: elastic::version and elastic::version_string.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // agent_events: the agent's event log (--event-log-handler) — one event per agent step (round,
 // worker started, worker exited, policy decision, restart, final worker status, shutdown) —
 // and how an exception that ends the agent maps to elasticrun's exit code.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // agent_log: the agent's own messages, one format with a level and a time (torchrun's newest
 // layout), filtered by LOGLEVEL.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // local_agent: one node's agent — hosts the workers' store, runs the worker group with
 // torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
 // asks the restart policy, and ends with torchrun's failure summary and the root cause's code.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // log_tree: torchrun's per-rank log tree (<log_dir>/<run_id>_XXXXXX/attempt_<n>/<local_rank>/), the
 // route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
 #pragma once

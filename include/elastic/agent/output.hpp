@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The agent's copies of a worker's streams: read from a pipe as chunks arrive, fed to the report's
 // stderr_tail, written byte for byte to a log file, and to the console one whole line at a time,
 // each line after the rank's prefix when asked.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What the agent settles before anything starts: the checks of its worker_spec and
 // rendezvous_parameters (a usage_error naming what is wrong or not implemented yet), and where
 // the workers' store goes (store_plan).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What each worker runs: the program (executable, Python script or module), its resolution on
 // PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
 #pragma once

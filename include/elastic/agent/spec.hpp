@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What the agent takes: worker_spec (the workers of one node: program, count, role, how they
 // are stopped, where their output goes) and agent_options (the agent's own log level and event
 // log). The launch layer makes both from the command line (launch_config::workers(),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The environment the agent gives each worker: torchrun's worker contract, name for
 // name and meaning for meaning, on top of the agent's own environment.
 #pragma once

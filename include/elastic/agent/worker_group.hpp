@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // worker_group: one attempt's workers on one node — started together with torchrun's
 // environment and their output routed, watched for the first failure, stopped (a signal, then
 // SIGKILL after the grace), their output drained, and their failure collected for the policy.

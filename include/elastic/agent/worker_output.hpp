@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // worker_output: one worker's standard output and error for one attempt — its routes, its log
 // files, its pipes, and the relays that copy them to the tail, the files and the console.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Backtraces for elastic::record: capture with the unwinder, name frames from the executable's own
 // ELF symbol table (so no -rdynamic is needed) or dladdr(3), with async-signal-safe code paths.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Library version, feature macros and the configuration every elastic header starts from.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock, a signal
 // that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
 // that may throw with `||`. The waits sleep on steady_timers that never expire by themselves;

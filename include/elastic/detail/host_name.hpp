@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // This host's name: host_name() as gethostname() gives it (no DNS), host_fqdn() fully qualified
 // as Python's socket.getfqdn() finds it (may ask DNS).
 #pragma once

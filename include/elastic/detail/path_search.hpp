@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The one PATH search of the library (execvp's rules), shared by the process layer's spawn and
 // the launcher's program validation; each wraps the result in its own error.
 #pragma once

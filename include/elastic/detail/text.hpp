@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
 // `name=value` as error messages show it, and a duration in seconds.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The definitions that ELASTIC_SEPARATE_COMPILATION leaves out of the headers: elastic::run's
 // agent, the command-line parser and elastic::dist::group's members (with the store client). In
 // a program built with ELASTIC_SEPARATE_COMPILATION, exactly one file compiles them:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // torchrun's command line for elastic: every option in dashed and underscored spelling, PET_*
 // variables as defaults, --help, and parse_launch_config() that turns them into a launch_config.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::launch_config: everything an agent needs to launch and supervise one node's workers,
 // as a plain struct (filled by the command line or by a custom launcher) with validate().
 #pragma once

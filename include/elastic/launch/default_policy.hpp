@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // make_default_policy(config): the default policy (policy/default_policy.hpp) from a parsed
 // command line.
 #pragma once

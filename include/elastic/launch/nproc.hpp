@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // `--nproc-per-node`: a count, or `cpu` / `gpu` / `auto` resolved from this machine.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
 // on an io_context, a restart policy of the caller's choosing, and the exit code.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The typed values of torchrun's options (node ranges, endpoints, stream selections, rendezvous
 // settings, signal lists, durations) and the parsers of their text forms.
 #pragma once

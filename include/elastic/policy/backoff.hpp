@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // backoff: wait before each restart, exponentially longer for failures in a row, capped, with
 // jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
 #pragma once

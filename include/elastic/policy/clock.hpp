@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
 // asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
 // built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
 #pragma once

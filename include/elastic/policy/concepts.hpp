@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The restart_policy concept: a coroutine awaited with a worker group's failure that answers
 // restart (after whatever delay it awaits itself) or stop, with a reason in words.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // crash_loop_guard: a group that fails within T of its start is not restarted — a start-up crash
 // loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
 #pragma once

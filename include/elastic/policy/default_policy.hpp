@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // make_default_policy(settings): the restart policy elasticrun runs under, built from
 // --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
 #pragma once

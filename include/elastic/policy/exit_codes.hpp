@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Exit-code classes: restart only when the root cause ended in a retryable way (a named set of
 // exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
 #pragma once

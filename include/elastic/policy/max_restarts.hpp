@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The settings of the built-in restart policies as values: durations in words, backoff_spec,
 // window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
 // (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard), and

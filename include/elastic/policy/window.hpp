@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // restart_window: at most N restarts within any period, a sliding window
 // (--restart-window=N/PERIOD).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Internals: a cgroup (v2) per worker, so whatever a worker starts ends with it.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // child_process: one spawned worker — its pidfd, its exit as an awaitable event, its pipes.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The process layer's exceptions: process_error, and spawn_error with the errno of a failed spawn.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // How a process ended (exit_status: its code or signal, its numbers and its description) and
 // when the agent saw it end (process_exit: the status with the pid and two timestamps).
 #pragma once

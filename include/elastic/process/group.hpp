@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Groups of workers: await the first exit among many, and stop them all (signal, grace, SIGKILL).
 #pragma once
 

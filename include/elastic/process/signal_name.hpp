@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Names of Linux signals (the one table), the signals an agent can forward, and torchrun's
 // "Signal N (SIGNAME) received by PID p" message.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The signals the agent receives, as awaitable events; the agent's process-wide dispositions.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // spawn: start a worker program in its own process group, tied to the agent's life.
 #pragma once
 

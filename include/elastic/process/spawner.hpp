@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Internals: the one thread that forks every child, so PR_SET_PDEATHSIG means "the agent died".
 #pragma once
 

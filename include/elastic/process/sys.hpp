@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Internals of the process layer: an owning descriptor and the Linux calls glibc 2.36 lacks.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The rendezvous's store values (docs/rendezvous.md, "What the agents trust"): how a node's
 // info, an assignment, an abort notice and a decision are written, and how each is read back
 // and checked, since any client of the store may have written it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The rendezvous concept: how one node's agent joins a round of the job, learns its ranks and
 // the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
 #pragma once

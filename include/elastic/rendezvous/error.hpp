@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elastic::rendezvous_error: the nodes of a job could not agree on a round (a timeout, a store
 // that vanished, a rendezvous owned by another launcher). elasticrun exits with its own code.
 // elastic::store_lost_error: the rendezvous store itself is gone (a store_error).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What a node learns of the job's membership from its lease connection: the lease losses in
 // order, and whether the store itself was lost (docs/rendezvous.md, "Elastic membership").
 #pragma once

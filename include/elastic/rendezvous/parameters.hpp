@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What a rendezvous takes: the backend, the endpoint, the job's id, how many nodes, and the
 // settings of `--rdzv-conf` (rendezvous_parameters). The launch layer makes one from the command
 // line (launch_config::rendezvous()); a custom launcher may fill one itself.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The round planner: what a round is, decided from its members alone (docs/rendezvous.md):
 // group ranks, rank bases, the world size, the master, where the store may move and who may
 // reach group rank 0's workers' store; and what an arrival or a seal of a round leads to.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // single_node_rendezvous: the rendezvous of a job that is one node — the trivial model of
 // agent_rendezvous, so the agent runs one loop for one node and many.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // store_rendezvous: the fixed-membership rendezvous over any `store` model (docs/rendezvous.md):
 // per-node keys, O(1) store operations per node per round, waiting by store notification.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
 // is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
 #pragma once

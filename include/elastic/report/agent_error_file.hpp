@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The agent's own error file: the root cause written into $TORCHELASTIC_ERROR_FILE with errorCode,
 // as torchrun's @record-decorated main does, so an outer launcher or scheduler sees it.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Reading torchelastic error files: both JSON shapes PyTorch reads (and elastic::record writes),
 // with every way a file can be broken reported as "malformed", never thrown.
 #pragma once

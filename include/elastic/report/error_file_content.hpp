@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What reading a torchelastic error file gives: error_file_format, error_file_status,
 // error_file_content and error_file_read, and the limits the reader applies. Only the types:
 // the reader itself (and the full JSON library) is in elastic/report/error_file.hpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Events in torchelastic's shape (torch.distributed.elastic.events.Event), the per-worker status
 // event the agent records when a group ends, and an append-only JSON-lines event log.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // event_destination: the value of --event-log-handler (null, console, or file:PATH), parsed
 // and printed; kept apart from the event sink so the launch configuration stays light.
 #pragma once

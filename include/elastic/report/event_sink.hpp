@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Where the agent's events go (--event-log-handler: null, console, or file:PATH) and
 // event_sink, which stamps each event with the agent's clocks and writes it as one JSON line.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // elasticrun's exit codes (docs/exit-codes.md): the root cause's code on a worker failure, and
 // fixed codes for a usage error, a rendezvous error and the agent's own failure.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // worker_failure: one worker's end as the agent saw it, what a report says about it, the root
 // cause of a group's failure (the earliest), and elasticrun's exit code.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // stderr_tail: the last lines a worker wrote to stderr, kept in a bounded ring for its failure
 // report.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The failure summary elasticrun prints when a group fails, in torchrun's layout
 // (ChildFailedError's message).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Text hygiene for what workers write: UTF-8 repair and display width, so reports and JSON never
 // carry invalid bytes.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
 // job secret, as two pure state machines (client and server) that consume bytes and produce
 // bytes, so they can be tested and fuzzed without sockets. Byte layout in docs/store.md.

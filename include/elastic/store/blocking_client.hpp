@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // blocking_store_client: tcp_store_client behind plain blocking calls, for worker code that is
 // not asynchronous (each call runs a private io_context until the operation is done).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // tcp_store_client: a client of PyTorch's TCPStore protocol (both dialects) that models the
 // `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
 // kept alive by heartbeats, and a lost connection reported as an event.

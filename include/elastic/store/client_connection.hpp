@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // One connection of a tcp_store_client: its socket and the deadline every operation on it has,
 // and the backoff between connection attempts.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // client_dialect: which wire dialect a TCP store client speaks, apart from the client itself so
 // that options naming it (elastic::dist::group_options) need not parse the client.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The leases of a tcp_store_client (docs/store-client.md, "Leases"): the keys it holds on its
 // connection, the heartbeat that keeps them alive on the wire, and the loss of the connection
 // that held them, latched until someone awaits it.

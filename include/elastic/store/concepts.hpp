@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The store concepts: what every store model provides (store) and the batch operations some add
 // (multi_key_store).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The store's semantics in one place: the key table, waiters woken by push, and watchers. The
 // in-memory store and the TCP server are both front-ends to this engine.
 #pragma once

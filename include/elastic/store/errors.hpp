@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The store layer's exceptions: store_error, store_timeout and store_auth_error.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Leases in the TCP store: the reserved key namespace `<group>/__lease__/<name>`, the keys an
 // observer reads (`__epoch`, `__silent`, `__lost/<n>`) and the parser the server and the client share.
 #pragma once

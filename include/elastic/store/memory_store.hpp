@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // memory_store: the store concept over the shared engine, in process (unit tests, one-node jobs).
 #pragma once
 

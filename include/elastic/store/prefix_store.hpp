@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // prefix_store: a view of another store whose keys all start with "<prefix>/" (PyTorch's
 // PrefixStore).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // tcp_store_server: PyTorch's TCPStore server protocol, both dialects per connection, one
 // coroutine per connection on one io_context, waits answered by push, leases bound to
 // connections.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The accept loop of a tcp_store_server: who is let in (max_connections, accept_peer, out of
 // descriptors), the connection shed for a newcomer, and the server's stop.
 #pragma once

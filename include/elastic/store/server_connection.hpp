@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // One connection of a tcp_store_server: reads its requests, runs them on the key table (the
 // request dispatch), writes the replies in order; its memory, its deadlines, its leases.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // What a tcp_store_server is given (store_server_options) and the state it shares with its
 // connections (detail::store::store_server_core).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The server's leases (docs/store.md, "Leases"): which connection holds each lease key, which
 // writes to lease keys are refused, and how a lost lease is recorded in the key table.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // The c10d TCPStore wire codec: opcode tables of both dialects, primitive encodings, dialect
 // detection and an incremental request parser shared by the server and the client.
 #pragma once
