@@ -30,10 +30,8 @@ using agent_support::temp_dir;
 
 std::string custom_agent() { return ELASTIC_TEST_PROGRAM_DIR "/agent-custom-agent"; }
 
-std::map<std::string, std::string> worker_env(const temp_dir& dir, const std::string& rules) {
-    auto env = agent_support::clean_environment();
-    env["AGENT_WORKER_DIR"] = dir.str();
-    env["AGENT_WORKER_DO"] = rules;
+std::map<std::string, std::string> quiet_worker_env(const temp_dir& dir, const std::string& rules) {
+    auto env = agent_support::worker_env(dir, rules);
     env["LOGLEVEL"] = "WARNING";
     return env;
 }
@@ -74,7 +72,7 @@ TEST_CASE("custom agent: a worker asking to retry (75) is restarted by the examp
     const auto events = dir.path() / "events.jsonl";
     auto r = run({"--nproc-per-node=2", "--log-dir=" + logs.string(), "--redirects=3", "--rdzv-id=custom",
                   "--event-log-handler=file:" + events.string()},
-                 worker_env(dir, "a0r1:running+exit75;a0:hang;*:running"));
+                 quiet_worker_env(dir, "a0r1:running+exit75;a0:hang;*:running"));
     INFO(r.err);
     CHECK(r.code == 0);
     const auto first = attempt_line(r.err, 0);
@@ -108,7 +106,7 @@ TEST_CASE("custom agent: a worker asking to retry (75) is restarted by the examp
 
 TEST_CASE("custom agent: another failure stops the job with the root cause's code, the summary and the error file") {
     temp_dir dir;
-    auto env = worker_env(dir, "r0:running+exit3;*:hang");
+    auto env = quiet_worker_env(dir, "r0:running+exit3;*:hang");
     const auto error_file = dir.path() / "agent_error.json";
     env["TORCHELASTIC_ERROR_FILE"] = error_file.string();
     auto r = run({"--nproc-per-node=2"}, env);
@@ -130,7 +128,7 @@ TEST_CASE("custom agent: two nodes over c10d: a failure on one restarts both, an
     const int port = agent_support::free_port();
     std::vector<std::unique_ptr<launched>> nodes;
     for (int node = 0; node < 2; ++node) {
-        auto env = worker_env(dir, "a0r1:exit75;a0:hang;*:env");
+        auto env = quiet_worker_env(dir, "a0r1:exit75;a0:hang;*:env");
         env["RDZV_TEST_NODE"] = std::to_string(node);
         nodes.push_back(std::make_unique<launched>(
             std::vector<std::string>{"--rdzv-backend=c10d", fmt::format("--rdzv-endpoint=127.0.0.1:{}", port),
@@ -206,7 +204,7 @@ static_assert(!runnable_loop<int>);
 
 TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error naming the rule (in-process)") {
     temp_dir dir;
-    const auto env_map = worker_env(dir, "r0:exit3;*:hang");
+    const auto env_map = quiet_worker_env(dir, "r0:exit3;*:hang");
     const elastic::environment env(env_map.begin(), env_map.end());
     elastic::worker_spec workers;
     workers.program.target = agent_support::worker();

@@ -24,12 +24,7 @@ using agent_support::temp_dir;
 std::string policy_elasticrun() { return agent_support::elasticrun(); }
 std::string custom_launcher() { return ELASTIC_TEST_PROGRAM_DIR "/policy-custom-launcher"; }
 
-std::map<std::string, std::string> worker_env(const temp_dir& dir, const std::string& rules) {
-    auto env = agent_support::clean_environment();
-    env["AGENT_WORKER_DIR"] = dir.str();
-    env["AGENT_WORKER_DO"] = rules;
-    return env;
-}
+using agent_support::worker_env;
 
 agent_support::result run(const std::string& launcher, std::vector<std::string> args,
                           const std::map<std::string, std::string>& env) {

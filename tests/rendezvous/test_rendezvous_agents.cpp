@@ -53,10 +53,7 @@ struct job {
     }
 };
 
-std::vector<std::string> with_worker(std::vector<std::string> args) {
-    args.push_back(agent_support::worker());
-    return args;
-}
+using agent_support::with_worker;
 
 std::vector<std::string> c10d_args(int port, int nnodes, int nproc, const std::string& id) {
     return {"--rdzv-backend=c10d", fmt::format("--rdzv-endpoint=127.0.0.1:{}", port), fmt::format("--rdzv-id={}", id),

@@ -84,7 +84,7 @@ std::unique_ptr<launched> start_agent(int port, bool is_host, const temp_dir& di
         "--rdzv-id=ddp-elastic",
         "--nnodes=2:3",
         "--nproc-per-node=1",
-        fmt::format("--rdzv-conf=last_call_timeout=1,keep_alive_interval=0.2,keep_alive_max_attempt=5,is_host={}",
+        fmt::format("--rdzv-conf=last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=10,is_host={}",
                     is_host ? "true" : "false"),
         ELASTIC_TEST_SOURCE_DIR "/tests/agent/ddp_elastic_worker.py",
         "--checkpoint",

@@ -111,9 +111,13 @@ bool ended(pid_t pid) {
 /// own workers before it exits).
 bool reaped(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
 
-/// Short leases, so a lost or silent node shows within about a second; every agent of a job uses
-/// the same values (the spec asks for it).
-constexpr const char* keep_alive = "keep_alive_interval=0.2,keep_alive_max_attempt=5";
+/// Every agent of a job uses the same keep-alive (the spec asks for it). A killed agent's
+/// connection closes at once, so the tests that kill agents do not wait for a lease to run out:
+/// their leases are long enough (5 s of silence) that a machine starved by other tests never
+/// drops a live agent. The tests that stop an agent with SIGSTOP wait for its lease to end, and
+/// take the short ones (2 s).
+constexpr const char* keep_alive = "keep_alive_interval=0.5,keep_alive_max_attempt=10";
+constexpr const char* short_keep_alive = "keep_alive_interval=0.2,keep_alive_max_attempt=10";
 
 /// One job: agents started one by one; agent i runs with RDZV_TEST_NODE=i.
 struct job {
@@ -558,12 +562,13 @@ TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves wit
 
 TEST_CASE("rendezvous elastic: an agent given another keep-alive than the store's host heartbeats by the host's") {
     job j("keepalive");
-    // The host drops a lease after 0.2 s x 5 of silence; the second agent was told to heartbeat
-    // every 2 s. Heartbeating by its own value, it would be dropped a second into the workers'
-    // three seconds of work (a membership restart: a second world line, or a world of 1).
+    // The host drops a lease after 0.5 s x 4 of silence; the second agent was told to heartbeat
+    // every 3 s. Heartbeating by its own value, it would be dropped two seconds into the
+    // workers' three seconds of work (a membership restart: a second world line, or a world of 1).
     const std::string rules = "*:world+sleep3000+exit0";
+    j.keep = "keep_alive_interval=0.5,keep_alive_max_attempt=4";
     j.start(rules, true, "last_call_timeout=0.5");
-    j.keep = "keep_alive_interval=2,keep_alive_max_attempt=3";
+    j.keep = "keep_alive_interval=3,keep_alive_max_attempt=3";
     j.start(rules, false, "last_call_timeout=0.5");
     for (int node = 0; node < 2; ++node) {
         (void)ended_in_one_world(j, node, 2);
@@ -574,8 +579,8 @@ TEST_CASE("rendezvous elastic: an agent given another keep-alive than the store'
     const auto line = line_with(j[1].err(), "keep-alive:");
     CAPTURE(line);
     CHECK(line.rfind('W', 0) == 0);
-    CHECK(has(line, "keep_alive_interval=2 s, keep_alive_max_attempt=3"));
-    CHECK(has(line, "uses 0.2 s x 5"));
+    CHECK(has(line, "keep_alive_interval=3 s, keep_alive_max_attempt=3"));
+    CHECK(has(line, "uses 0.5 s x 4"));
     CHECK_FALSE(has(j[0].err(), "keep-alive:"));
 }
 
@@ -653,6 +658,7 @@ TEST_CASE(
 TEST_CASE(
     "rendezvous elastic: an agent stopped past its keep-alive is dropped, the others go on, and it rejoins when it runs again") {
     job j("stopped");
+    j.keep = short_keep_alive;
     j.nnodes = "2:3";
     const std::string rules = "*:world+trap";
     for (int node = 0; node < 3; ++node) j.start(rules, node == 0, "last_call_timeout=1");
@@ -687,6 +693,7 @@ TEST_CASE(
     // store and train as a majority of their own: the host, MIN (1) on its own but no majority
     // of the last round's 3, must not train meanwhile.
     job j("silent-majority");
+    j.keep = short_keep_alive;
     j.nnodes = "1:3";
     j.loglevel = "INFO";
     const std::string rules = "*:world+trap";
@@ -736,6 +743,7 @@ TEST_CASE(
     // --nnodes=2: no majority or successor matters here; the store lived all along, so the
     // dropped agent must not take its dropped connection for the store's loss (it exited 250).
     job j("stopped-fixed");
+    j.keep = short_keep_alive;
     j.nnodes = "2";
     const std::string rules = "*:world+trap";
     for (int node = 0; node < 2; ++node) j.start(rules, node == 0);
@@ -760,6 +768,7 @@ TEST_CASE(
 TEST_CASE(
     "rendezvous elastic: an agent dropped while round 0 forms rejoins it, and the round leaves out its former self") {
     job j("dropped-forming");
+    j.keep = short_keep_alive;
     j.nnodes = "2:3";
     // A last call longer than the case: round 0 completes only at MAX = 3 arrivals. The
     // dropped node's first arrival stays among them, so its second one completes the round;

@@ -290,7 +290,7 @@ std::vector<std::string> agent_args(const two_hosts& net, const std::string& nno
             "--rdzv-id=netns",
             fmt::format("--nnodes={}", nnodes),
             "--nproc-per-node=1",
-            fmt::format("--rdzv-conf=keep_alive_interval=0.2,keep_alive_max_attempt=5,join_timeout={},"
+            fmt::format("--rdzv-conf=keep_alive_interval=0.2,keep_alive_max_attempt=10,join_timeout={},"
                         "last_call_timeout=3600,is_host={}",
                         join_timeout, host),
             fmt::format("--local-addr={}", own_addr),

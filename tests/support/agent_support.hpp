@@ -284,4 +284,30 @@ inline std::vector<std::string> read_lines_of(const std::filesystem::path& path)
     return lines;
 }
 
+/// The environment of an agent-worker run: a clean environment, the directory the workers write
+/// into and the rules (AGENT_WORKER_DO) that choose what each does.
+inline std::map<std::string, std::string> worker_env(const temp_dir& dir, const std::string& rules) {
+    auto env = clean_environment();
+    env["AGENT_WORKER_DIR"] = dir.str();
+    env["AGENT_WORKER_DO"] = rules;
+    return env;
+}
+
+/// The launcher's arguments followed by agent-worker and the worker's own arguments.
+inline std::vector<std::string> with_worker(std::vector<std::string> args,
+                                            const std::vector<std::string>& worker_args = {}) {
+    args.push_back(worker());
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
+    return args;
+}
+
+/// How many files in DIR have a name starting with PREFIX.
+inline int count_files(const std::filesystem::path& dir, const std::string& prefix) {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+    }
+    return n;
+}
+
 }  // namespace agent_support
