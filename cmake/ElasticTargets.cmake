@@ -67,7 +67,10 @@ function(elastic_program target)
 endfunction()
 
 # One translation unit per header under include/, including only that header (twice, to prove
-# the include guard), so a header that leans on another's includes fails to build.
+# the include guard), so a header that leans on another's includes fails to build. They are
+# checked, not compiled (cmake/syntax_only.sh adds -fsyntax-only): the front end parses and
+# instantiates all the same, every warning it gives holds, and no code is emitted, which takes
+# about a third off the time of 100-odd files.
 function(elastic_add_header_checks)
   file(GLOB_RECURSE headers CONFIGURE_DEPENDS RELATIVE "${PROJECT_SOURCE_DIR}/include"
        "${PROJECT_SOURCE_DIR}/include/*.hpp")
@@ -81,7 +84,8 @@ function(elastic_add_header_checks)
   add_library(elastic_header_checks OBJECT ${sources})
   target_link_libraries(elastic_header_checks PRIVATE elastic)
   target_compile_options(elastic_header_checks PRIVATE ${ELASTIC_WARNING_FLAGS})
-  set_target_properties(elastic_header_checks PROPERTIES CXX_EXTENSIONS OFF)
+  set_target_properties(elastic_header_checks PROPERTIES CXX_EXTENSIONS OFF
+    CXX_COMPILER_LAUNCHER "${PROJECT_SOURCE_DIR}/cmake/syntax_only.sh")
   # The headers that ELASTIC_SEPARATE_COMPILATION changes, alone in that mode too.
   set(sources "")
   foreach(h elastic/run.hpp elastic/launch/run.hpp elastic/launch/cli.hpp elastic/dist.hpp)
@@ -94,5 +98,6 @@ function(elastic_add_header_checks)
   target_link_libraries(elastic_header_checks_separate PRIVATE elastic)
   target_compile_definitions(elastic_header_checks_separate PRIVATE ELASTIC_SEPARATE_COMPILATION=1)
   target_compile_options(elastic_header_checks_separate PRIVATE ${ELASTIC_WARNING_FLAGS})
-  set_target_properties(elastic_header_checks_separate PROPERTIES CXX_EXTENSIONS OFF)
+  set_target_properties(elastic_header_checks_separate PROPERTIES CXX_EXTENSIONS OFF
+    CXX_COMPILER_LAUNCHER "${PROJECT_SOURCE_DIR}/cmake/syntax_only.sh")
 endfunction()

@@ -8,15 +8,20 @@
 #      and the compile-time budgets that are met hold (bench/compile_time.py --check)
 #   2. g++, -Werror with every warning, the multi-header tree: header checks, tests, examples,
 #      find_package / add_subdirectory / single-header consumers
-#   3. clang++, ASan+UBSan, the suite built against single_include/ with include/ off the path
+#   3. clang++, ASan+UBSan, the suite built against single_include/ with include/ off the path,
+#      examples and test programs in separate compilation mode (the gcc stage builds them
+#      header-only)
 #   4. clang++, ThreadSanitizer, the test files tagged "concurrent"
-#   5. clang++ libFuzzer targets, each run for ELASTIC_FUZZ_SECONDS (default 30)
-# ELASTIC_STAGES="gcc asan" runs a subset; build trees live under build/ci-*.
+#   5. clang++ libFuzzer targets, each run for ELASTIC_FUZZ_SECONDS (default 30), one per core at a time
+# ELASTIC_STAGES="gcc asan" runs a subset; ELASTIC_JOBS sets the build's parallelism (default
+# nproc) and ELASTIC_TEST_JOBS ctest's (default twice that); build trees live under build/ci-*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 stages=${ELASTIC_STAGES:-"header gcc asan tsan fuzz"}
 jobs=${ELASTIC_JOBS:-$(nproc)}
+# Tests mostly wait on processes, sockets and timers: ctest at -j nproc leaves half the CPU idle.
+test_jobs=${ELASTIC_TEST_JOBS:-$((2 * jobs))}
 fuzz_seconds=${ELASTIC_FUZZ_SECONDS:-30}
 
 t_all=$(date +%s)
@@ -42,7 +47,7 @@ failed_total=0
 run_ctest() {  # run_ctest DIR [ARGS...]: run, and add its counts to the run's totals
   local dir=$1; shift
   local rc=0
-  (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600 "$@") 2>&1 \
+  (cd "$dir" && ctest -j "$test_jobs" --output-on-failure --timeout 600 "$@") 2>&1 \
     | tee "$dir/ctest.log" || rc=$?
   local line
   line=$(grep -E "tests passed, [0-9]+ tests? failed out of [0-9]+" "$dir/ctest.log" | tail -n 1)
@@ -76,7 +81,7 @@ stage_asan() {
   local dir=build/ci-asan
   mkdir -p build
   configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_SINGLE_HEADER=ON \
-    -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_SANITIZE=address,undefined
+    -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_SANITIZE=address,undefined -DELASTIC_PROGRAMS_COMPILED=ON
   cmake --build $dir -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_ctest $dir
@@ -86,7 +91,8 @@ stage_tsan() {
   local dir=build/ci-tsan
   mkdir -p build
   configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_HEADER_CHECKS=OFF \
-    -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_SANITIZE=thread -DELASTIC_TEST_TAG=concurrent
+    -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_SANITIZE=thread -DELASTIC_TEST_TAG=concurrent \
+    -DELASTIC_PROGRAMS_COMPILED=ON
   if [[ ! -f $dir/build.ninja ]] || ! grep -q elastic_tests $dir/build.ninja; then
     echo "no test file is tagged concurrent"; return 0
   fi
@@ -102,17 +108,34 @@ stage_fuzz() {
     -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_FUZZ=ON \
     -DELASTIC_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
   cmake --build $dir -j "$jobs"
-  for bin in $dir/fuzz/fuzz_*; do
-    local name=${bin##*/fuzz_}
-    local corpus=$dir/corpus/$name
-    mkdir -p "$corpus"
-    local seeds=()
-    [[ -d fuzz/corpus/$name ]] && seeds=(fuzz/corpus/$name)
-    echo "fuzzing $name for ${fuzz_seconds}s"
-    "$bin" -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus" "${seeds[@]}" \
-      2>"$dir/$name.log" || { tail -60 "$dir/$name.log"; return 1; }
-    grep -E "stat::number_of_executed_units" "$dir/$name.log" || true
+  # One fuzzer per core at a time: each is a single process bound by its own time limit.
+  local bins=("$dir"/fuzz/fuzz_*) i
+  for ((i = 0; i < ${#bins[@]}; i += jobs)); do
+    local batch=("${bins[@]:i:jobs}") pids=() bin
+    for bin in "${batch[@]}"; do
+      fuzz_one "$dir" "$bin" & pids+=($!)
+    done
+    local k rc=0
+    for k in "${!pids[@]}"; do
+      wait "${pids[k]}" || rc=1
+    done
+    ((rc == 0)) || return 1
   done
+}
+
+fuzz_one() {  # fuzz_one DIR BIN: run one fuzzer for fuzz_seconds, seeded from fuzz/corpus/NAME
+  local dir=$1 bin=$2
+  local name=${bin##*/fuzz_}
+  local corpus=$dir/corpus/$name
+  mkdir -p "$corpus"
+  local seeds=()
+  [[ -d fuzz/corpus/$name ]] && seeds=(fuzz/corpus/$name)
+  echo "fuzzing $name for ${fuzz_seconds}s"
+  if ! "$bin" -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus" "${seeds[@]}" \
+      2>"$dir/$name.log"; then
+    echo "fuzzer $name failed:"; tail -60 "$dir/$name.log"; return 1
+  fi
+  echo "$name: $(grep -E "stat::number_of_executed_units" "$dir/$name.log" || true)"
 }
 
 stage deps stage_deps
