@@ -12543,7 +12543,8 @@ public:
 
     /// This node's workers all succeeded: marks it done and waits (push) until every node of
     /// the round is, the round is aborted, or `timeout` passes (then names the nodes missing).
-    /// The last node to finish closes the job (standbys then exit).
+    /// The last node to finish closes the job (standbys then exit). A zero `timeout` marks the
+    /// node done and does not wait.
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         using namespace asio::experimental::awaitable_operators;
         const int r = round_;
@@ -12556,8 +12557,9 @@ public:
             closed.what = abort_notice::kind::closed;
             if (co_await abort(closed)) co_await store_->set(key(r, "all_done"), "1");
         }
-        auto which = co_await (wait_all_done(timeout) || wait_for_abort());
         barrier_result result;
+        if (timeout <= std::chrono::milliseconds::zero()) co_return result;  // exit_barrier_timeout=0: no wait
+        auto which = co_await (wait_all_done(timeout) || wait_for_abort());
         if (which.index() == 1) {
             auto notice = std::get<1>(std::move(which));
             if (notice.what == abort_notice::kind::closed) co_return result;
@@ -18946,11 +18948,14 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 
 }  // namespace detail::launch
 
-/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
-/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
-/// and a key given twice are errors; the value is everything after the first `=`.
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. An empty key or value and
+/// a key given twice are errors; the value is everything after the first `=`; quotes a shell
+/// left around the whole text or a value are removed. A key the backend does not read is an
+/// error when `warnings` is null; otherwise, as torchrun does, it is ignored, and a line saying
+/// so is appended to `warnings` (as is one for removed quotes).
 [[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                         rendezvous_backend backend);
+                                                                         rendezvous_backend backend,
+                                                                         std::vector<std::string>* warnings = nullptr);
 
 /// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
 /// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
@@ -19175,18 +19180,30 @@ namespace detail::launch {
 namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                         rendezvous_backend backend) {
+                                                                         rendezvous_backend backend,
+                                                                         std::vector<std::string>* warnings) {
     rendezvous_settings settings;
-    if (detail::launch::trim(text).empty()) {
+    const auto whole = detail::launch::show(name, text);
+    // A script that quotes the value twice ("'join_timeout=5,...'") passes the quotes on.
+    bool unquoted = false;
+    const auto unquote = [&](std::string_view t) {
+        t = detail::launch::trim(t);
+        if (t.size() >= 2 && (t.front() == '\'' || t.front() == '"') && t.back() == t.front()) {
+            unquoted = true;
+            return detail::launch::trim(t.substr(1, t.size() - 2));
+        }
+        return t;
+    };
+    text = unquote(text);
+    if (text.empty()) {
         return settings;
     }
-    const auto whole = detail::launch::show(name, text);
     std::set<std::string, std::less<>> seen;
+    std::vector<std::string> ignored;
     for (const auto item : detail::launch::split(text, ',')) {
         const auto equals = item.find('=');
         const auto key = detail::launch::trim(item.substr(0, equals));
-        const auto value = equals == std::string_view::npos ? std::string_view{}
-                                                            : detail::launch::trim(item.substr(equals + 1));
+        const auto value = equals == std::string_view::npos ? std::string_view{} : unquote(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -19205,18 +19222,18 @@ namespace elastic::inline v0 {
         }
         const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
                                         [&](const detail::launch::rdzv_key& k) { return k.key == key; });
-        if (known == detail::launch::rdzv_keys.end()) {
-            throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
-                                          to_string(backend), detail::launch::keys_of(backend))};
-        }
-        if (!detail::launch::reads_key(*known, backend)) {
-            throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                          to_string(backend), key, detail::launch::keys_of(backend))};
+        if (known == detail::launch::rdzv_keys.end() || !detail::launch::reads_key(*known, backend)) {
+            if (warnings == nullptr) {
+                throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                              to_string(backend), key, detail::launch::keys_of(backend))};
+            }
+            ignored.emplace_back(key);
+            continue;
         }
         if (key == "join_timeout") {
             settings.join_timeout = parse_seconds(value, what, false);
         } else if (key == "last_call_timeout") {
-            settings.last_call_timeout = parse_seconds(value, what, false);
+            settings.last_call_timeout = parse_seconds(value, what, true);  // 0: close the round at MIN
         } else if (key == "close_timeout") {
             settings.close_timeout = parse_seconds(value, what, false);
         } else if (key == "read_timeout") {
@@ -19224,7 +19241,7 @@ namespace elastic::inline v0 {
         } else if (key == "timeout") {
             settings.timeout = parse_seconds(value, what, false);
         } else if (key == "exit_barrier_timeout") {
-            settings.exit_barrier_timeout = parse_seconds(value, what, false);
+            settings.exit_barrier_timeout = parse_seconds(value, what, true);  // 0: do not wait
         } else if (key == "keep_alive_interval") {
             settings.keep_alive_interval = parse_seconds(value, what, false);
         } else if (key == "keep_alive_max_attempt") {
@@ -19264,6 +19281,17 @@ namespace elastic::inline v0 {
                 throw usage_error{fmt::format("{}: protocol must be http", whole)};
             }
         }
+    }
+    if (warnings != nullptr && unquoted) {
+        warnings->push_back(fmt::format("{}: the quotes around its value were removed (a script quoted it twice); "
+                                        "read as {}",
+                                        name, text));
+    }
+    if (warnings != nullptr && !ignored.empty()) {
+        warnings->push_back(fmt::format("{}: the {} backend does not read {} '{}'; ignored, as torchrun does (it "
+                                        "reads: {})",
+                                        name, to_string(backend), ignored.size() == 1 ? "the key" : "the keys",
+                                        fmt::join(ignored, "', '"), detail::launch::keys_of(backend)));
     }
     return settings;
 }
@@ -19413,6 +19441,11 @@ struct launch_config : worker_spec, agent_options {
     std::optional<crash_guard_spec> restart_crash_guard;    ///< --restart-crash-guard
     std::chrono::milliseconds monitor_interval = 100ms;     ///< --monitor-interval: accepted, see docs/cli.md
     std::chrono::milliseconds exit_barrier_timeout = 300s;  ///< not an option in torchrun either (hard-coded 300 s)
+
+    /// What the command line asked that elastic accepts as torchrun does while it would do it
+    /// differently (a --rdzv-conf key the backend does not read, quotes a shell left): one line
+    /// each, which the agent logs as warnings when it starts.
+    std::vector<std::string> warnings;
 
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
@@ -19769,10 +19802,13 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     };
     const auto conf = label("rdzv_conf");
     non_negative(c.rdzv_conf.join_timeout, conf + " join_timeout", false);
-    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", false);
+    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", true);  // 0: the round closes at MIN
     non_negative(c.rdzv_conf.close_timeout, conf + " close_timeout", false);
     non_negative(c.rdzv_conf.read_timeout, conf + " read_timeout", false);
     non_negative(c.rdzv_conf.timeout, conf + " timeout", false);
+    if (c.rdzv_conf.exit_barrier_timeout) {
+        non_negative(*c.rdzv_conf.exit_barrier_timeout, conf + " exit_barrier_timeout", true);  // 0: no wait
+    }
     if (c.max_restarts < 0) {
         throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
     }
@@ -20134,7 +20170,7 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
      "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
-     "itself). A key the backend does not read is an error."},
+     "itself). A key the backend does not read is ignored with a warning."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
      "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
      "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
@@ -20197,8 +20233,9 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      option_state::implemented, 5,
      "Where the agent's events go, one JSON line each (torch's Event): null, none; console, stderr; "
      "file:PATH, appended to PATH."},
-    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
-     "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
+    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "default", option_state::compatibility, 6,
+     "torchrun's LogsSpecs plugin for the log layout: only default, torchrun's own layout, which is elastic's; "
+     "elastic has no Python plugins to load another."},
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
      option_state::refused, 7,
      "NUMA binding of each worker."},
@@ -20368,6 +20405,51 @@ inline void unmark(std::string& text) {
     return message;
 }
 
+/// argparse's abbreviations, as torchrun takes them: a long option may be given by any prefix
+/// that names one option alone ("--nproc=2" is --nproc-per-node=2); a prefix of several is
+/// refused naming them. Only the launcher's own options are read: the scan stops at "--" and
+/// at the program, the first argument that is neither an option nor an option's value.
+inline void expand_abbreviations(std::vector<std::string>& args) {
+    struct known {
+        std::string_view spelling;
+        const option_spec* spec;  // null: --version
+    };
+    std::vector<known> spellings{{"--version", nullptr}};
+    for (const auto& spec : option_specs) {
+        for (const auto name : detail::split(spec.names, ',')) spellings.push_back({name, &spec});
+    }
+    const auto takes_value = [](const known& k) { return k.spec != nullptr && !k.spec->flag; };
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        auto& arg = args[i];
+        if (arg == "--" || arg.size() < 2 || arg.front() != '-') return;
+        const bool long_option = arg[1] == '-';
+        const auto equals = long_option ? arg.find('=') : std::string::npos;
+        const std::string name = arg.substr(0, equals);
+        const auto exact = std::find_if(spellings.begin(), spellings.end(),
+                                        [&](const known& k) { return k.spelling == name; });
+        if (exact != spellings.end()) {
+            if (takes_value(*exact) && equals == std::string::npos) ++i;  // its value
+            continue;
+        }
+        if (!long_option) continue;         // -r3, -t3, or unknown: CLI11 reads or refuses it
+        std::vector<const known*> matches;  // one per option, whichever spelling matched
+        for (const auto& k : spellings) {
+            if (k.spelling.rfind("--", 0) != 0 || k.spelling.rfind(name, 0) != 0) continue;
+            if (std::none_of(matches.begin(), matches.end(), [&](const known* m) { return m->spec == k.spec; })) {
+                matches.push_back(&k);
+            }
+        }
+        if (matches.size() > 1) {
+            std::vector<std::string_view> names;
+            for (const auto* m : matches) names.push_back(m->spec ? long_name(*m->spec) : m->spelling);
+            throw usage_error{fmt::format("ambiguous option: {} could match {}", name, fmt::join(names, ", "))};
+        }
+        if (matches.empty()) continue;  // unknown: CLI11 refuses it
+        arg = std::string{matches.front()->spelling} + arg.substr(name.size());
+        if (takes_value(*matches.front()) && equals == std::string::npos) ++i;
+    }
+}
+
 }  // namespace detail::launch
 
 ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
@@ -20387,6 +20469,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             options[i] = app.add_option(names)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
         }
     }
+    detail::launch::expand_abbreviations(args);
     for (auto& arg : args) {
         if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
             arg += detail::launch::empty_mark;
@@ -20474,6 +20557,11 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
                                       detail::launch::show(value->name, value->text), spec.help)};
     }
+    if (const auto specs = raw("logs_specs"); specs && detail::launch::trim(specs->text) != "default") {
+        throw usage_error{fmt::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
+                                      "and loads no Python LogsSpecs plugin",
+                                      detail::launch::show(specs->name, specs->text))};
+    }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
@@ -20549,7 +20637,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         }
     }
     if (const auto v = raw("rdzv_conf")) {
-        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend);
+        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend, &config.warnings);
     }
     if (const auto v = raw("node_rank")) {
         config.node_rank = parse_integer(v->text, v->name, 0);
@@ -20746,6 +20834,7 @@ int run_agent(const launch_config& config, How how, const environment& env, std:
         while (!banner.empty() && banner.back() == '\n') banner.pop_back();
         agent.log().info(banner);
     }
+    for (const auto& line : config.warnings) agent.log().warning(line);
     std::optional<int> code;
     std::exception_ptr failure;
     auto job = [&] {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -203,6 +204,31 @@ TEST_CASE("agent: options not implemented yet are refused in every spelling, nev
             CHECK(count_files(dir.path(), "env.") == 0);
         }
     }
+}
+
+TEST_CASE("agent: what torchrun accepts leniently runs, and the agent says what it ignored or changed") {
+    temp_dir dir;
+    // An abbreviated option, a key c10d does not read, quotes a script left, and zero for the
+    // exit barrier: the job runs, and each leniency is one warning line.
+    auto r = agent_support::run(with_worker({"--standalone", "--nproc=2", "--max_r=1", "--logs-specs=default",
+                                             "--rdzv-conf='timeout=5,exit_barrier_timeout=0'"}),
+                                worker_env(dir, "*:env"));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(count_files(dir.path(), "env.0.") == 2);
+    CHECK(agent_support::read_env_file(dir.path() / "env.0.1").at("TORCHELASTIC_MAX_RESTARTS") == "1");
+    std::vector<std::string> warnings;
+    std::istringstream lines(r.err);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind('W', 0) == 0 && line.find("--rdzv-conf") != std::string::npos) warnings.push_back(line);
+    }
+    REQUIRE(warnings.size() == 2);
+    CHECK(warnings[0].find("--rdzv-conf: the quotes around its value were removed") != std::string::npos);
+    CHECK(warnings[1].find("the c10d backend does not read the key 'timeout'; ignored") != std::string::npos);
+
+    r = agent_support::run(with_worker({"--no=1"}), worker_env(dir, "*:env"));
+    CHECK(r.code == 2);
+    CHECK(r.err.find("ambiguous option: --no could match --no-python, --node-rank") != std::string::npos);
 }
 
 }  // namespace test_agent_options

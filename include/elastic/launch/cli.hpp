@@ -125,7 +125,7 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
      "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
-     "itself). A key the backend does not read is an error."},
+     "itself). A key the backend does not read is ignored with a warning."},
     {"--standalone", "standalone", true, true, "", "off", option_state::implemented, 2,
      "Single-node job: c10d rendezvous on localhost:0 (a free port) under a random run id, --nnodes=1. "
      "Conflicting --rdzv-backend/--rdzv-endpoint/--rdzv-id/--nnodes on the command line are errors."},
@@ -188,8 +188,9 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      option_state::implemented, 5,
      "Where the agent's events go, one JSON line each (torch's Event): null, none; console, stderr; "
      "file:PATH, appended to PATH."},
-    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "", option_state::refused, 7,
-     "A Python LogsSpecs plugin for the log layout; elastic has no plugins."},
+    {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "default", option_state::compatibility, 6,
+     "torchrun's LogsSpecs plugin for the log layout: only default, torchrun's own layout, which is elastic's; "
+     "elastic has no Python plugins to load another."},
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
      option_state::refused, 7,
      "NUMA binding of each worker."},
@@ -359,6 +360,51 @@ inline void unmark(std::string& text) {
     return message;
 }
 
+/// argparse's abbreviations, as torchrun takes them: a long option may be given by any prefix
+/// that names one option alone ("--nproc=2" is --nproc-per-node=2); a prefix of several is
+/// refused naming them. Only the launcher's own options are read: the scan stops at "--" and
+/// at the program, the first argument that is neither an option nor an option's value.
+inline void expand_abbreviations(std::vector<std::string>& args) {
+    struct known {
+        std::string_view spelling;
+        const option_spec* spec;  // null: --version
+    };
+    std::vector<known> spellings{{"--version", nullptr}};
+    for (const auto& spec : option_specs) {
+        for (const auto name : detail::split(spec.names, ',')) spellings.push_back({name, &spec});
+    }
+    const auto takes_value = [](const known& k) { return k.spec != nullptr && !k.spec->flag; };
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        auto& arg = args[i];
+        if (arg == "--" || arg.size() < 2 || arg.front() != '-') return;
+        const bool long_option = arg[1] == '-';
+        const auto equals = long_option ? arg.find('=') : std::string::npos;
+        const std::string name = arg.substr(0, equals);
+        const auto exact = std::find_if(spellings.begin(), spellings.end(),
+                                        [&](const known& k) { return k.spelling == name; });
+        if (exact != spellings.end()) {
+            if (takes_value(*exact) && equals == std::string::npos) ++i;  // its value
+            continue;
+        }
+        if (!long_option) continue;         // -r3, -t3, or unknown: CLI11 reads or refuses it
+        std::vector<const known*> matches;  // one per option, whichever spelling matched
+        for (const auto& k : spellings) {
+            if (k.spelling.rfind("--", 0) != 0 || k.spelling.rfind(name, 0) != 0) continue;
+            if (std::none_of(matches.begin(), matches.end(), [&](const known* m) { return m->spec == k.spec; })) {
+                matches.push_back(&k);
+            }
+        }
+        if (matches.size() > 1) {
+            std::vector<std::string_view> names;
+            for (const auto* m : matches) names.push_back(m->spec ? long_name(*m->spec) : m->spelling);
+            throw usage_error{fmt::format("ambiguous option: {} could match {}", name, fmt::join(names, ", "))};
+        }
+        if (matches.empty()) continue;  // unknown: CLI11 refuses it
+        arg = std::string{matches.front()->spelling} + arg.substr(name.size());
+        if (takes_value(*matches.front()) && equals == std::string::npos) ++i;
+    }
+}
+
 }  // namespace detail::launch
 
 ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> args, const environment& env,
@@ -378,6 +424,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             options[i] = app.add_option(names)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
         }
     }
+    detail::launch::expand_abbreviations(args);
     for (auto& arg : args) {
         if (arg.size() > 2 && arg.rfind("--", 0) == 0 && arg.back() == '=') {
             arg += detail::launch::empty_mark;
@@ -465,6 +512,11 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
                                       detail::launch::show(value->name, value->text), spec.help)};
     }
+    if (const auto specs = raw("logs_specs"); specs && detail::launch::trim(specs->text) != "default") {
+        throw usage_error{fmt::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
+                                      "and loads no Python LogsSpecs plugin",
+                                      detail::launch::show(specs->name, specs->text))};
+    }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
@@ -540,7 +592,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         }
     }
     if (const auto v = raw("rdzv_conf")) {
-        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend);
+        config.rdzv_conf = parse_rendezvous_settings(v->text, v->name, config.rdzv_backend, &config.warnings);
     }
     if (const auto v = raw("node_rank")) {
         config.node_rank = parse_integer(v->text, v->name, 0);

@@ -64,6 +64,11 @@ struct launch_config : worker_spec, agent_options {
     std::chrono::milliseconds monitor_interval = 100ms;     ///< --monitor-interval: accepted, see docs/cli.md
     std::chrono::milliseconds exit_barrier_timeout = 300s;  ///< not an option in torchrun either (hard-coded 300 s)
 
+    /// What the command line asked that elastic accepts as torchrun does while it would do it
+    /// differently (a --rdzv-conf key the backend does not read, quotes a shell left): one line
+    /// each, which the agent logs as warnings when it starts.
+    std::vector<std::string> warnings;
+
     /// The endpoint the rendezvous uses, defaults applied: for static, --rdzv-endpoint or else
     /// --master-addr:--master-port (127.0.0.1:29500); for c10d and etcd-v3, --rdzv-endpoint with
     /// host `localhost` and port 29400 / 2379 when absent.
@@ -419,10 +424,13 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     };
     const auto conf = label("rdzv_conf");
     non_negative(c.rdzv_conf.join_timeout, conf + " join_timeout", false);
-    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", false);
+    non_negative(c.rdzv_conf.last_call_timeout, conf + " last_call_timeout", true);  // 0: the round closes at MIN
     non_negative(c.rdzv_conf.close_timeout, conf + " close_timeout", false);
     non_negative(c.rdzv_conf.read_timeout, conf + " read_timeout", false);
     non_negative(c.rdzv_conf.timeout, conf + " timeout", false);
+    if (c.rdzv_conf.exit_barrier_timeout) {
+        non_negative(*c.rdzv_conf.exit_barrier_timeout, conf + " exit_barrier_timeout", true);  // 0: no wait
+    }
     if (c.max_restarts < 0) {
         throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
     }

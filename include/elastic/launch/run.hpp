@@ -90,6 +90,7 @@ int run_agent(const launch_config& config, How how, const environment& env, std:
         while (!banner.empty() && banner.back() == '\n') banner.pop_back();
         agent.log().info(banner);
     }
+    for (const auto& line : config.warnings) agent.log().warning(line);
     std::optional<int> code;
     std::exception_ptr failure;
     auto job = [&] {

@@ -110,11 +110,14 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 
 }  // namespace detail::launch
 
-/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. Every key must be one the
-/// backend reads (a key it would ignore is an error, not a silent no-op); an empty key or value
-/// and a key given twice are errors; the value is everything after the first `=`.
+/// `--rdzv-conf k1=v1,k2=v2` for `backend`, over torchrun's defaults. An empty key or value and
+/// a key given twice are errors; the value is everything after the first `=`; quotes a shell
+/// left around the whole text or a value are removed. A key the backend does not read is an
+/// error when `warnings` is null; otherwise, as torchrun does, it is ignored, and a line saying
+/// so is appended to `warnings` (as is one for removed quotes).
 [[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                         rendezvous_backend backend);
+                                                                         rendezvous_backend backend,
+                                                                         std::vector<std::string>* warnings = nullptr);
 
 /// `--redirects` / `--tee`: `0`..`3` for every local rank, or `lr:v,lr:v` per local rank
 /// (torchrun's regex allows one-digit local ranks only; any non-negative rank is accepted here).
@@ -339,18 +342,30 @@ namespace detail::launch {
 namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL rendezvous_settings parse_rendezvous_settings(std::string_view text, std::string_view name,
-                                                                         rendezvous_backend backend) {
+                                                                         rendezvous_backend backend,
+                                                                         std::vector<std::string>* warnings) {
     rendezvous_settings settings;
-    if (detail::launch::trim(text).empty()) {
+    const auto whole = detail::launch::show(name, text);
+    // A script that quotes the value twice ("'join_timeout=5,...'") passes the quotes on.
+    bool unquoted = false;
+    const auto unquote = [&](std::string_view t) {
+        t = detail::launch::trim(t);
+        if (t.size() >= 2 && (t.front() == '\'' || t.front() == '"') && t.back() == t.front()) {
+            unquoted = true;
+            return detail::launch::trim(t.substr(1, t.size() - 2));
+        }
+        return t;
+    };
+    text = unquote(text);
+    if (text.empty()) {
         return settings;
     }
-    const auto whole = detail::launch::show(name, text);
     std::set<std::string, std::less<>> seen;
+    std::vector<std::string> ignored;
     for (const auto item : detail::launch::split(text, ',')) {
         const auto equals = item.find('=');
         const auto key = detail::launch::trim(item.substr(0, equals));
-        const auto value = equals == std::string_view::npos ? std::string_view{}
-                                                            : detail::launch::trim(item.substr(equals + 1));
+        const auto value = equals == std::string_view::npos ? std::string_view{} : unquote(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
             throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
                                           whole, item)};
@@ -369,18 +384,18 @@ namespace elastic::inline v0 {
         }
         const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
                                         [&](const detail::launch::rdzv_key& k) { return k.key == key; });
-        if (known == detail::launch::rdzv_keys.end()) {
-            throw usage_error{fmt::format("{}: unknown key '{}' (the {} backend reads: {})", whole, key,
-                                          to_string(backend), detail::launch::keys_of(backend))};
-        }
-        if (!detail::launch::reads_key(*known, backend)) {
-            throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                          to_string(backend), key, detail::launch::keys_of(backend))};
+        if (known == detail::launch::rdzv_keys.end() || !detail::launch::reads_key(*known, backend)) {
+            if (warnings == nullptr) {
+                throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                              to_string(backend), key, detail::launch::keys_of(backend))};
+            }
+            ignored.emplace_back(key);
+            continue;
         }
         if (key == "join_timeout") {
             settings.join_timeout = parse_seconds(value, what, false);
         } else if (key == "last_call_timeout") {
-            settings.last_call_timeout = parse_seconds(value, what, false);
+            settings.last_call_timeout = parse_seconds(value, what, true);  // 0: close the round at MIN
         } else if (key == "close_timeout") {
             settings.close_timeout = parse_seconds(value, what, false);
         } else if (key == "read_timeout") {
@@ -388,7 +403,7 @@ namespace elastic::inline v0 {
         } else if (key == "timeout") {
             settings.timeout = parse_seconds(value, what, false);
         } else if (key == "exit_barrier_timeout") {
-            settings.exit_barrier_timeout = parse_seconds(value, what, false);
+            settings.exit_barrier_timeout = parse_seconds(value, what, true);  // 0: do not wait
         } else if (key == "keep_alive_interval") {
             settings.keep_alive_interval = parse_seconds(value, what, false);
         } else if (key == "keep_alive_max_attempt") {
@@ -428,6 +443,17 @@ namespace elastic::inline v0 {
                 throw usage_error{fmt::format("{}: protocol must be http", whole)};
             }
         }
+    }
+    if (warnings != nullptr && unquoted) {
+        warnings->push_back(fmt::format("{}: the quotes around its value were removed (a script quoted it twice); "
+                                        "read as {}",
+                                        name, text));
+    }
+    if (warnings != nullptr && !ignored.empty()) {
+        warnings->push_back(fmt::format("{}: the {} backend does not read {} '{}'; ignored, as torchrun does (it "
+                                        "reads: {})",
+                                        name, to_string(backend), ignored.size() == 1 ? "the key" : "the keys",
+                                        fmt::join(ignored, "', '"), detail::launch::keys_of(backend)));
     }
     return settings;
 }

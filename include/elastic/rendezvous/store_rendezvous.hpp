@@ -396,7 +396,8 @@ public:
 
     /// This node's workers all succeeded: marks it done and waits (push) until every node of
     /// the round is, the round is aborted, or `timeout` passes (then names the nodes missing).
-    /// The last node to finish closes the job (standbys then exit).
+    /// The last node to finish closes the job (standbys then exit). A zero `timeout` marks the
+    /// node done and does not wait.
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         using namespace asio::experimental::awaitable_operators;
         const int r = round_;
@@ -409,8 +410,9 @@ public:
             closed.what = abort_notice::kind::closed;
             if (co_await abort(closed)) co_await store_->set(key(r, "all_done"), "1");
         }
-        auto which = co_await (wait_all_done(timeout) || wait_for_abort());
         barrier_result result;
+        if (timeout <= std::chrono::milliseconds::zero()) co_return result;  // exit_barrier_timeout=0: no wait
+        auto which = co_await (wait_all_done(timeout) || wait_for_abort());
         if (which.index() == 1) {
             auto notice = std::get<1>(std::move(which));
             if (notice.what == abort_notice::kind::closed) co_return result;
