@@ -18396,9 +18396,33 @@ private:
         return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
+    /// A Python worker that failed on a missing module most often ran under another Python than
+    /// the one the user installed it for: says which interpreter ran and how to choose one.
+    std::optional<std::string> python_module_hint(const group_failure& failure) const {
+        if (command_.kind != program_kind::python_script && command_.kind != program_kind::python_module) {
+            return std::nullopt;
+        }
+        static constexpr std::string_view marker = "ModuleNotFoundError: No module named ";
+        for (const auto& w : failure.workers) {
+            for (const auto& line : w.stderr_tail.lines) {
+                const auto at = line.find(marker);
+                if (at == std::string::npos) continue;
+                const auto python_exec = env_.find("PYTHON_EXEC");
+                const bool chosen = python_exec != env_.end() && !python_exec->second.empty();
+                return fmt::format("the workers ran with {} ({}) and it has no module {}: set PYTHON_EXEC to the "
+                                   "Python that has it (such as /usr/bin/python3 for Debian's packages)",
+                                   command_.path,
+                                   chosen ? "PYTHON_EXEC" : "PYTHON_EXEC unset: the first python3 on PATH",
+                                   line.substr(at + marker.size()));
+            }
+        }
+        return std::nullopt;
+    }
+
     int finish_failed(const group_failure& failure) {
         events_.final_status(failure);
         log_.always(format_summary(spec_.program.target, failure.workers));
+        if (const auto hint = python_module_hint(failure)) log_.warning(*hint);
         if (const auto* root = failure.root_cause()) {
             if (const auto it = env_.find("TORCHELASTIC_ERROR_FILE"); it != env_.end() && !it->second.empty()) {
                 try {
@@ -20182,8 +20206,10 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "Address this node advertises to the others (and as MASTER_ADDR when it hosts the workers' store)."},
     {"--master-addr,--master_addr", "master_addr", false, true, "ADDR", "127.0.0.1", option_state::implemented, 3,
      "Address of node 0, which hosts the store."},
-    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500", option_state::implemented, 3,
-     "Port of that store; 0 picks a free one (single node only)."},
+    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500; one node: a free port",
+     option_state::implemented, 3,
+     "Port of that store; 0 picks a free one (single node only). One node without it binds a free port "
+     "(torchrun: 29500), so two jobs on a machine never collide."},
     {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
      "Restarts of the worker group allowed after failures before the job fails."},
     {"--restart-backoff,--restart_backoff", "restart_backoff", false, true, "INITIAL:CAP[:RESET]", "none",

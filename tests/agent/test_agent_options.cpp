@@ -231,4 +231,30 @@ TEST_CASE("agent: what torchrun accepts leniently runs, and the agent says what 
     CHECK(r.err.find("ambiguous option: --no could match --no-python, --node-rank") != std::string::npos);
 }
 
+TEST_CASE("agent: a Python worker without its module: the agent names the interpreter that ran and PYTHON_EXEC") {
+    temp_dir dir;
+    const auto script = dir.path() / "needs_module.py";
+    std::ofstream(script) << "import elastic_test_no_such_module\n";
+    auto env = worker_env(dir, "");
+    env.erase("PYTHON_EXEC");
+    auto r = agent_support::run({script.string()}, env);
+    INFO(r.err);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("ModuleNotFoundError") != std::string::npos);
+    CHECK(r.err.find("(PYTHON_EXEC unset: the first python3 on PATH) and it has no module "
+                     "'elastic_test_no_such_module': set PYTHON_EXEC") != std::string::npos);
+
+    env["PYTHON_EXEC"] = ELASTIC_TORCH_PYTHON;
+    r = agent_support::run({script.string()}, env);
+    CHECK(r.code == 1);
+    CHECK(r.err.find(fmt::format("the workers ran with {} (PYTHON_EXEC) and it has no module", ELASTIC_TORCH_PYTHON)) !=
+          std::string::npos);
+
+    // Any other failure of a Python worker gets no such line.
+    std::ofstream(script, std::ios::trunc) << "raise SystemExit(3)\n";
+    r = agent_support::run({script.string()}, env);
+    CHECK(r.code == 3);
+    CHECK(r.err.find("PYTHON_EXEC") == std::string::npos);
+}
+
 }  // namespace test_agent_options

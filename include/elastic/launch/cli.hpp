@@ -137,8 +137,10 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "Address this node advertises to the others (and as MASTER_ADDR when it hosts the workers' store)."},
     {"--master-addr,--master_addr", "master_addr", false, true, "ADDR", "127.0.0.1", option_state::implemented, 3,
      "Address of node 0, which hosts the store."},
-    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500", option_state::implemented, 3,
-     "Port of that store; 0 picks a free one (single node only)."},
+    {"--master-port,--master_port", "master_port", false, true, "PORT", "29500; one node: a free port",
+     option_state::implemented, 3,
+     "Port of that store; 0 picks a free one (single node only). One node without it binds a free port "
+     "(torchrun: 29500), so two jobs on a machine never collide."},
     {"--max-restarts,--max_restarts", "max_restarts", false, true, "N", "0", option_state::implemented, 4,
      "Restarts of the worker group allowed after failures before the job fails."},
     {"--restart-backoff,--restart_backoff", "restart_backoff", false, true, "INITIAL:CAP[:RESET]", "none",
