@@ -20884,10 +20884,29 @@ int run_agent(const launch_config& config, How how, const environment& env, std:
     return code.value_or(exit_codes::internal);
 }
 
+/// Who decides restarts: the built-in policy made from --max-restarts and the --restart-*
+/// options, or a policy or loop set in the launcher's code, which reads none of them.
+enum class restarts_by { options, code };
+
+/// With the restart policy set in code, the restart options are accepted and not read: a
+/// warning says so, rather than a budget the user believes in and nothing enforces.
+inline void warn_unread_restart_options(launch_config& config) {
+    std::vector<std::string> given;
+    if (config.max_restarts != 0) given.push_back(fmt::format("--max-restarts={}", config.max_restarts));
+    if (config.restart_backoff) given.push_back(config.restart_backoff->flag());
+    if (config.restart_window) given.push_back(config.restart_window->flag());
+    if (config.restart_on_exit) given.push_back("--restart-on-exit=" + config.restart_on_exit->to_string());
+    if (config.restart_crash_guard) given.push_back(config.restart_crash_guard->flag());
+    if (given.empty()) return;
+    config.warnings.push_back(fmt::format("{}: not read: this launcher's restart policy is set in its code and decides "
+                                          "restarts itself (docs/policies.md)",
+                                          fmt::join(given, ", ")));
+}
+
 /// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under
 /// make_policy(config) (a policy or an agent_loop) and turns errors into an exit code.
 template <class MakePolicy>
-int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy) {
+int run_command_line(int argc, const char* const* argv, restarts_by who, MakePolicy&& make_policy) {
     const auto name = launcher_name(argc, argv);
     return guarded(name, [&] {
         const auto env = current_environment();
@@ -20896,7 +20915,8 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
             std::fputs(help->text.c_str(), stdout);
             return 0;
         }
-        const auto& config = std::get<launch_config>(parsed);
+        auto& config = std::get<launch_config>(parsed);
+        if (who == restarts_by::code) warn_unread_restart_options(config);
         return run_agent(config, make_policy(config), env, name);
     });
 }
@@ -20911,7 +20931,8 @@ int run_command_line(int argc, const char* const* argv, MakePolicy&& make_policy
 /// file: this overload is not there under ELASTIC_SEPARATE_COMPILATION.
 template <agent_loop Loop>
 int run(int argc, const char* const* argv, Loop loop) {
-    return detail::launch::run_command_line(argc, argv, [&](const launch_config&) { return std::move(loop); });
+    return detail::launch::run_command_line(argc, argv, detail::launch::restarts_by::code,
+                                            [&](const launch_config&) { return std::move(loop); });
 }
 
 #endif  // definitions
@@ -20952,7 +20973,8 @@ int run(int argc, const char* const* argv, Policy policy) {
 #if defined(ELASTIC_SEPARATE_COMPILATION)
     return detail::launch::run_command_line_any_policy(argc, argv, any_restart_policy(std::move(policy)));
 #else
-    return detail::launch::run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+    return detail::launch::run_command_line(argc, argv, detail::launch::restarts_by::code,
+                                            [&](const launch_config&) { return std::move(policy); });
 #endif
 }
 
@@ -20978,7 +21000,7 @@ int run(int argc, const char* const* argv);
 /// file which includes this header but never calls it does not compile the whole agent.
 template <int = 0>
 int run(int argc, const char* const* argv) {
-    return detail::launch::run_command_line(argc, argv,
+    return detail::launch::run_command_line(argc, argv, detail::launch::restarts_by::options,
                                             [](const launch_config& config) { return make_default_policy(config); });
 }
 #endif
@@ -21022,13 +21044,13 @@ int run_any_policy(const launch_config& config, any_restart_policy policy, const
 }
 
 int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy) {
-    return run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+    return run_command_line(argc, argv, restarts_by::code, [&](const launch_config&) { return std::move(policy); });
 }
 
 }  // namespace detail::launch
 
 int run(int argc, const char* const* argv) {
-    return detail::launch::run_command_line(argc, argv,
+    return detail::launch::run_command_line(argc, argv, detail::launch::restarts_by::options,
                                             [](const launch_config& config) { return make_default_policy(config); });
 }
 

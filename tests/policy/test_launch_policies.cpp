@@ -159,6 +159,14 @@ TEST_CASE("policy: the custom-policy example restarts through its own coroutine,
               std::string::npos);
         CHECK(r.err.find("settled") == std::string::npos);
     }
+    SUBCASE("restart options on its command line are not read, and it says so") {
+        auto r = run(custom_launcher(), {"--max-restarts=5", "--restart-backoff=1:2"},
+                     worker_env(dir, "*:running+exit2"));
+        CHECK(r.code == 2);
+        CHECK(r.err.find("--max-restarts=5, --restart-backoff=1") != std::string::npos);
+        CHECK(r.err.find(": not read: this launcher's restart policy is set in its code") != std::string::npos);
+        CHECK(start_times(r.out).size() == 1);
+    }
 }
 
 }  // namespace test_launch_policies

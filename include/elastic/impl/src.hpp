@@ -35,13 +35,13 @@ int run_any_policy(const launch_config& config, any_restart_policy policy, const
 }
 
 int run_command_line_any_policy(int argc, const char* const* argv, any_restart_policy policy) {
-    return run_command_line(argc, argv, [&](const launch_config&) { return std::move(policy); });
+    return run_command_line(argc, argv, restarts_by::code, [&](const launch_config&) { return std::move(policy); });
 }
 
 }  // namespace detail::launch
 
 int run(int argc, const char* const* argv) {
-    return detail::launch::run_command_line(argc, argv,
+    return detail::launch::run_command_line(argc, argv, detail::launch::restarts_by::options,
                                             [](const launch_config& config) { return make_default_policy(config); });
 }
 
