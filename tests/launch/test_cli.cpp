@@ -878,7 +878,7 @@ TEST_CASE("launch: torchrun 1.13's own parser reads the same command lines the s
 }
 
 TEST_CASE(
-    "launch: a unique prefix of a long option is that option, as argparse takes it; an ambiguous one is refused") {
+    "launch: a unique prefix of a long option is that option, as argparse takes it, and an ambiguous one is refused") {
     fixture f;
     CHECK(parse({"--nproc=2", f.program}, f.env).nproc_per_node == 2);
     CHECK(parse({"--nproc", "3", f.program}, f.env).nproc_per_node == 3);
@@ -928,7 +928,8 @@ TEST_CASE("launch: --rdzv-conf keys the backend does not read are ignored with a
     CHECK(usage_error_of({"--rdzv-conf=rank=1", f.program}, f.env).find("--node-rank") != std::string::npos);
 }
 
-TEST_CASE("launch: zero where torchrun allows it: no last call, no wait at the exit barrier; --logs-specs=default") {
+TEST_CASE(
+    "launch: zero where torchrun allows it (no last call, no wait at the exit barrier), and --logs-specs=default") {
     fixture f;
     const auto c = parse({"--rdzv-backend=c10d", "--rdzv-conf=last_call_timeout=0,exit_barrier_timeout=0",
                           "--logs-specs=default", f.program},
