@@ -109,15 +109,14 @@ stage_fuzz() {
     -DELASTIC_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
   cmake --build $dir -j "$jobs"
   # One fuzzer per core at a time: each is a single process bound by its own time limit.
-  local bins=("$dir"/fuzz/fuzz_*) i
+  local bins=("$dir"/fuzz/fuzz_*) i bin pid
   for ((i = 0; i < ${#bins[@]}; i += jobs)); do
-    local batch=("${bins[@]:i:jobs}") pids=() bin
-    for bin in "${batch[@]}"; do
+    local pids=() rc=0
+    for bin in "${bins[@]:i:jobs}"; do
       fuzz_one "$dir" "$bin" & pids+=($!)
     done
-    local k rc=0
-    for k in "${!pids[@]}"; do
-      wait "${pids[k]}" || rc=1
+    for pid in "${pids[@]}"; do
+      wait "$pid" || rc=1
     done
     ((rc == 0)) || return 1
   done
