@@ -10347,9 +10347,10 @@ struct worker_event_context {
     std::string run_id;
     int group_rank = 0;
     int group_world_size = 1;
-    /// The world size of the worker's role; torchrun's command line has one role, so this is the
-    /// world size and a worker's role rank is its global rank.
+    /// The world size of the worker's role (ROLE_WORLD_SIZE), and what its role rank adds to its
+    /// global rank (ROLE_RANK - RANK: the same for every worker of a node).
     int role_world_size = 1;
+    int role_rank_offset = 0;
     std::string entry_point;
     std::string rdzv_backend;
     /// Whole seconds since the agent started running workers (torch's total_run_time).
@@ -10491,7 +10492,7 @@ inline event worker_status(std::string_view state, const worker_status_subject& 
     md["group_world_size"] = ctx.group_world_size;
     md["entry_point"] = ctx.entry_point;
     md["local_rank"] = json::array({w.local_rank});
-    md["role_rank"] = json::array({w.global_rank});
+    md["role_rank"] = json::array({w.global_rank + ctx.role_rank_offset});
     md["role_world_size"] = json::array({ctx.role_world_size});
 
     event e;
@@ -10998,6 +10999,7 @@ struct node_info {
     std::string store_addr;            ///< where its fresh workers' store for this round listens
     std::uint16_t store_port = 0;      ///< that store's port
     int nproc = 1;                     ///< its workers (--nproc-per-node)
+    std::string role = "default";      ///< its workers' role (--role): ROLE_RANK counts within a role
     std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
     long pid = 0;                      ///< the agent's process id, for messages
@@ -11018,12 +11020,16 @@ struct store_successor {
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
 struct rendezvous_round {
-    int number = 0;                           ///< the round (0, 1, ...)
-    int restart_count = 0;                    ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
-    int group_rank = 0;                       ///< this node's GROUP_RANK
-    int group_world_size = 1;                 ///< nodes in the round: GROUP_WORLD_SIZE
-    int rank_base = 0;                        ///< the global rank of this node's local rank 0
-    int world_size = 1;                       ///< workers in the round: WORLD_SIZE
+    int number = 0;            ///< the round (0, 1, ...)
+    int restart_count = 0;     ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;        ///< this node's GROUP_RANK
+    int group_world_size = 1;  ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;         ///< the global rank of this node's local rank 0
+    int world_size = 1;        ///< workers in the round: WORLD_SIZE
+    /// ROLE_RANK of this node's local rank 0: the workers of this node's role on the nodes of
+    /// lower group rank (equal to rank_base when every node has the same role).
+    int role_rank_base = 0;
+    int role_world_size = 1;                  ///< workers of this node's role: ROLE_WORLD_SIZE
     std::int64_t epoch = 0;                   ///< lease losses the round's completer had accounted for
     std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
     bool host_in_round = false;               ///< the store's host is a member of this round
@@ -11412,6 +11418,7 @@ ELASTIC_DECL std::string encode(const node_info& i) {
     nlohmann::json j{
         {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
     if (i.node_rank) j["node_rank"] = *i.node_rank;
+    if (i.role != "default") j["role"] = i.role;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
@@ -11429,6 +11436,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.store_addr = field_string(j, "addr", max_host, 1);
         i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
         i.nproc = field_small(j, "nproc", 1, max_nproc);
+        if (j.contains("role")) i.role = field_string(j, "role", max_host, 1);
         i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
         if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
@@ -11453,6 +11461,8 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
     auto j = nlohmann::json{{"group_rank", r.group_rank},
                             {"rank_base", r.rank_base},
                             {"world_size", r.world_size},
+                            {"role_rank_base", r.role_rank_base},
+                            {"role_world_size", r.role_world_size},
                             {"size", r.group_world_size},
                             {"epoch", r.epoch},
                             {"master_addr", r.master_addr},
@@ -11479,6 +11489,11 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
         r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
         r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
         r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+        // A completer that predates roles sent neither: one role, the whole world.
+        r.role_world_size = j.contains("role_world_size") ? field_small(j, "role_world_size", 1, r.world_size)
+                                                          : r.world_size;
+        r.role_rank_base = j.contains("role_rank_base") ? field_small(j, "role_rank_base", 0, r.role_world_size - 1)
+                                                        : r.rank_base;
         r.master_addr = field_string(j, "master_addr", max_host, 1);
         r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
         if (const auto it = j.find("peers"); it != j.end()) {
@@ -11832,6 +11847,8 @@ namespace elastic::inline v0 {
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11864,9 +11881,13 @@ inline constexpr std::size_t max_successors = 3;
 
 /// A round decided from its members (in arrival order): what its completer writes.
 struct round_plan {
-    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
-    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
-    int world_size = 0;              ///< the round's workers (every member's nproc)
+    std::vector<int> group_rank;  ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;   ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;           ///< the round's workers (every member's nproc)
+    /// By group rank: the ROLE_RANK of its local rank 0 (its role's workers on lower group
+    /// ranks) and its role's workers in the round, as torchrun counts them.
+    std::vector<int> role_rank_base;
+    std::vector<int> role_world_size;
     std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
     std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
     bool host_in = false;            ///< the store's host is a member
@@ -12013,6 +12034,15 @@ ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<
         plan.world_size += node.nproc;
         plan.hosts.push_back(node.host);
     }
+    std::map<std::string, int, std::less<>> role_workers;
+    plan.role_rank_base.reserve(n);
+    for (std::size_t g = 0; g < n; ++g) {
+        int& seen = role_workers[nodes[by_rank[g]].role];
+        plan.role_rank_base.push_back(seen);
+        seen += nodes[by_rank[g]].nproc;
+    }
+    plan.role_world_size.reserve(n);
+    for (std::size_t g = 0; g < n; ++g) plan.role_world_size.push_back(role_workers[nodes[by_rank[g]].role]);
     plan.master = by_rank[0];
     for (std::size_t g = 0; g < n; ++g) {
         const auto& node = nodes[by_rank[g]];
@@ -12100,6 +12130,8 @@ public:
         round.group_world_size = 1;
         round.rank_base = 0;
         round.world_size = me.nproc;
+        round.role_rank_base = 0;
+        round.role_world_size = me.nproc;
         round.host_in_round = true;
         round.master_addr = std::move(me.store_addr);
         round.master_port = me.store_port;
@@ -13194,6 +13226,8 @@ private:
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
                     assignment.group_rank = g;
                     assignment.rank_base = plan.rank_base[static_cast<std::size_t>(g)];
+                    assignment.role_rank_base = plan.role_rank_base[static_cast<std::size_t>(g)];
+                    assignment.role_world_size = plan.role_world_size[static_cast<std::size_t>(g)];
                     // Group rank 0 hosts the workers' store: it accepts the members' addresses
                     // only (O(N) bytes in that one assignment).
                     if (g == 0) assignment.peers = plan.peers;
@@ -16773,7 +16807,7 @@ namespace elastic::inline v0 {
 struct worker_assignment {
     int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
     int global_rank = 0;       ///< RANK
-    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
+    int role_rank = 0;         ///< ROLE_RANK: rank among the job's workers of the same --role
     int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
     int world_size = 1;        ///< WORLD_SIZE
     int role_world_size = 1;   ///< ROLE_WORLD_SIZE
@@ -17340,6 +17374,7 @@ ELASTIC_DECL worker_event_context agent_events::status_context(int restarts, std
     ctx.group_rank = node_.group_rank;
     ctx.group_world_size = node_.group_world_size;
     ctx.role_world_size = node_.role_world_size;
+    ctx.role_rank_offset = node_.role_rank - node_.global_rank;
     return ctx;
 }
 
@@ -18606,6 +18641,7 @@ private:
         node_info me;
         if (several_) me.host = node_host();
         me.nproc = spec_.nproc_per_node;
+        me.role = spec_.role;
         me.pid = static_cast<long>(::getpid());
         return me;
     }
@@ -18734,9 +18770,9 @@ private:
         a.group_rank = round_->group_rank;
         a.group_world_size = round_->group_world_size;
         a.global_rank = round_->rank_base + i;
-        a.role_rank = a.global_rank;
+        a.role_rank = round_->role_rank_base + i;
         a.world_size = round_->world_size;
-        a.role_world_size = a.world_size;
+        a.role_world_size = round_->role_world_size;
         return a;
     }
 

@@ -124,6 +124,43 @@ TEST_CASE("rendezvous agents: c10d with 2, 4 and 8 agents gives every worker con
     }
 }
 
+TEST_CASE("rendezvous agents: with a --role per agent, ROLE_RANK and ROLE_WORLD_SIZE count within each role") {
+    // Three agents of two workers: two trainers, one reader, in whatever group ranks they get.
+    const std::vector<std::string> roles{"trainer", "reader", "trainer"};
+    const int nproc = 2;
+    const int world = static_cast<int>(roles.size()) * nproc;
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (std::size_t node = 0; node < roles.size(); ++node) {
+        auto args = c10d_args(port, static_cast<int>(roles.size()), nproc, "roles");
+        args.push_back("--role=" + roles[node]);
+        j.start(with_worker(args), node_env(dir, "*:env", static_cast<int>(node)));
+    }
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+    }
+    const auto envs = envs_of(dir, 0, world);
+    REQUIRE(static_cast<int>(envs.size()) == world);
+    // torchrun's rule: a worker's role rank is the number of workers of its role with a lower
+    // global rank; the role's world size, how many there are.
+    std::map<std::string, int> seen;
+    std::map<std::string, int> role_size{{"trainer", 4}, {"reader", 2}};
+    for (const auto& [rank, e] : envs) {  // by global rank
+        CAPTURE(rank);
+        const std::string& role = e.at("ROLE_NAME");
+        REQUIRE(role_size.count(role) == 1);
+        CHECK(e.at("ROLE_RANK") == std::to_string(seen[role]++));
+        CHECK(e.at("ROLE_WORLD_SIZE") == std::to_string(role_size[role]));
+        CHECK(e.at("WORLD_SIZE") == std::to_string(world));
+        // A node's workers share a role.
+        CHECK(role == roles.at(static_cast<std::size_t>(std::stoi(e.at("RDZV_TEST_NODE")))));
+    }
+    CHECK(seen == role_size);
+}
+
 /// A socket bound to 127.0.0.1:port that never listens: the port is taken, and nothing serves it.
 class held_port {
 public:

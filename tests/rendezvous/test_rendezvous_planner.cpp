@@ -89,6 +89,29 @@ TEST_CASE("planner: a round's rank bases, world size, master and hosts follow th
     CHECK(plan.successors.empty());  // nobody has an idle server
 }
 
+TEST_CASE("planner: role ranks count within each role, by group rank, as torchrun counts them") {
+    // Group ranks 0..3 in arrival order: trainer (2 workers), reader (1), trainer (3), reader (2).
+    std::vector<node_info> nodes{info(0, 2), info(1, 1), info(2, 3), info(3, 2)};
+    nodes[0].role = "trainer";
+    nodes[1].role = "reader";
+    nodes[2].role = "trainer";
+    nodes[3].role = "reader";
+    const auto planned = rdzv::plan_round(nodes, false);
+    REQUIRE(std::holds_alternative<rdzv::round_plan>(planned));
+    const auto& plan = std::get<rdzv::round_plan>(planned);
+    REQUIRE(plan.group_rank == std::vector<int>{0, 1, 2, 3});
+    CHECK(plan.rank_base == std::vector<int>{0, 2, 3, 6});
+    CHECK(plan.role_rank_base == std::vector<int>{0, 0, 2, 1});
+    CHECK(plan.role_world_size == std::vector<int>{5, 3, 5, 3});
+    // One role: role ranks are the global ranks.
+    for (auto& n : nodes) n.role = "default";
+    const auto same_planned = rdzv::plan_round(nodes, false);
+    REQUIRE(std::holds_alternative<rdzv::round_plan>(same_planned));
+    const auto& same = std::get<rdzv::round_plan>(same_planned);
+    CHECK(same.role_rank_base == same.rank_base);
+    CHECK(same.role_world_size == std::vector<int>(4, same.world_size));
+}
+
 TEST_CASE("planner: a conflict or no node plans no round, and says why") {
     std::vector<node_info> nodes{info(0), info(1)};
     nodes[0].node_rank = 0;

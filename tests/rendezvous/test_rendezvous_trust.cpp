@@ -246,6 +246,40 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
         n.addrs = {"10.0.0.1", "2001:db8::1"};
         CHECK(rdzv::decode_node(rdzv::encode(n)).addrs == n.addrs);
     }
+    {
+        // A role travels when it is not the default; an empty one is refused.
+        elastic::node_info n;
+        n.host = "h";
+        n.store_addr = "a";
+        n.store_port = 1;
+        n.pid = 1;
+        CHECK(rdzv::encode(n).find("role") == std::string::npos);
+        CHECK(rdzv::decode_node(rdzv::encode(n)).role == "default");
+        n.role = "reader";
+        CHECK(rdzv::decode_node(rdzv::encode(n)).role == "reader");
+        CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"role":""})"),
+                        invalid_value);
+        CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"role":7})"),
+                        invalid_value);
+    }
+    {
+        // Role ranks: within the world; absent (an older completer), the global ones.
+        const std::string base = R"({"size":2,"epoch":0,"restarts":0,"group_rank":1,"rank_base":2,)"
+                                 R"("world_size":4,"master_addr":"a","master_port":1)";
+        const auto old = rdzv::decode_assignment(base + "}", 2);
+        REQUIRE(old);
+        CHECK(old->role_rank_base == 2);
+        CHECK(old->role_world_size == 4);
+        const auto roles = rdzv::decode_assignment(base + R"(,"role_rank_base":0,"role_world_size":2})", 2);
+        REQUIRE(roles);
+        CHECK(roles->role_rank_base == 0);
+        CHECK(roles->role_world_size == 2);
+        CHECK_THROWS_AS(rdzv::decode_assignment(base + R"(,"role_rank_base":0,"role_world_size":5})", 2),
+                        invalid_value);
+        CHECK_THROWS_AS(rdzv::decode_assignment(base + R"(,"role_rank_base":2,"role_world_size":2})", 2),
+                        invalid_value);
+        CHECK(rdzv::decode_assignment(rdzv::encode(*roles), 2)->role_world_size == 2);
+    }
     CHECK_THROWS_AS(rdzv::decode_round_successors(R"({"host_in":true,"successors":[{"id":"x","addr":"a"}]})"),
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_round_successors("garbage"), invalid_value);

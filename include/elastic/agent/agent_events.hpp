@@ -430,6 +430,7 @@ ELASTIC_DECL worker_event_context agent_events::status_context(int restarts, std
     ctx.group_rank = node_.group_rank;
     ctx.group_world_size = node_.group_world_size;
     ctx.role_world_size = node_.role_world_size;
+    ctx.role_rank_offset = node_.role_rank - node_.global_rank;
     return ctx;
 }
 

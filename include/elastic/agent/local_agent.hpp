@@ -773,6 +773,7 @@ private:
         node_info me;
         if (several_) me.host = node_host();
         me.nproc = spec_.nproc_per_node;
+        me.role = spec_.role;
         me.pid = static_cast<long>(::getpid());
         return me;
     }
@@ -901,9 +902,9 @@ private:
         a.group_rank = round_->group_rank;
         a.group_world_size = round_->group_world_size;
         a.global_rank = round_->rank_base + i;
-        a.role_rank = a.global_rank;
+        a.role_rank = round_->role_rank_base + i;
         a.world_size = round_->world_size;
-        a.role_world_size = a.world_size;
+        a.role_world_size = round_->role_world_size;
         return a;
     }
 

@@ -21,7 +21,7 @@ namespace elastic::inline v0 {
 struct worker_assignment {
     int local_rank = 0;        ///< LOCAL_RANK (0 for every worker with --virtual-local-rank)
     int global_rank = 0;       ///< RANK
-    int role_rank = 0;         ///< ROLE_RANK (one role per command line: the global rank)
+    int role_rank = 0;         ///< ROLE_RANK: rank among the job's workers of the same --role
     int local_world_size = 1;  ///< LOCAL_WORLD_SIZE (--nproc-per-node)
     int world_size = 1;        ///< WORLD_SIZE
     int role_world_size = 1;   ///< ROLE_WORLD_SIZE

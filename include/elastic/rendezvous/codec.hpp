@@ -248,6 +248,7 @@ ELASTIC_DECL std::string encode(const node_info& i) {
     nlohmann::json j{
         {"host", i.host}, {"addr", i.store_addr}, {"port", i.store_port}, {"nproc", i.nproc}, {"pid", i.pid}};
     if (i.node_rank) j["node_rank"] = *i.node_rank;
+    if (i.role != "default") j["role"] = i.role;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
@@ -265,6 +266,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.store_addr = field_string(j, "addr", max_host, 1);
         i.store_port = static_cast<std::uint16_t>(field_int(j, "port", 1, 65535));
         i.nproc = field_small(j, "nproc", 1, max_nproc);
+        if (j.contains("role")) i.role = field_string(j, "role", max_host, 1);
         i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
         if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
@@ -289,6 +291,8 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
     auto j = nlohmann::json{{"group_rank", r.group_rank},
                             {"rank_base", r.rank_base},
                             {"world_size", r.world_size},
+                            {"role_rank_base", r.role_rank_base},
+                            {"role_world_size", r.role_world_size},
                             {"size", r.group_world_size},
                             {"epoch", r.epoch},
                             {"master_addr", r.master_addr},
@@ -315,6 +319,11 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
         r.group_rank = field_small(j, "group_rank", 0, r.group_world_size - 1);
         r.world_size = field_small(j, "world_size", r.group_world_size, std::numeric_limits<int>::max());
         r.rank_base = field_small(j, "rank_base", 0, r.world_size - 1);
+        // A completer that predates roles sent neither: one role, the whole world.
+        r.role_world_size = j.contains("role_world_size") ? field_small(j, "role_world_size", 1, r.world_size)
+                                                          : r.world_size;
+        r.role_rank_base = j.contains("role_rank_base") ? field_small(j, "role_rank_base", 0, r.role_world_size - 1)
+                                                        : r.rank_base;
         r.master_addr = field_string(j, "master_addr", max_host, 1);
         r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
         if (const auto it = j.find("peers"); it != j.end()) {

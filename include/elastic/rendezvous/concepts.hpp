@@ -22,6 +22,7 @@ struct node_info {
     std::string store_addr;            ///< where its fresh workers' store for this round listens
     std::uint16_t store_port = 0;      ///< that store's port
     int nproc = 1;                     ///< its workers (--nproc-per-node)
+    std::string role = "default";      ///< its workers' role (--role): ROLE_RANK counts within a role
     std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
     long pid = 0;                      ///< the agent's process id, for messages
@@ -42,12 +43,16 @@ struct store_successor {
 
 /// One completed round, as every node sees it (equal everywhere but group_rank and rank_base).
 struct rendezvous_round {
-    int number = 0;                           ///< the round (0, 1, ...)
-    int restart_count = 0;                    ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
-    int group_rank = 0;                       ///< this node's GROUP_RANK
-    int group_world_size = 1;                 ///< nodes in the round: GROUP_WORLD_SIZE
-    int rank_base = 0;                        ///< the global rank of this node's local rank 0
-    int world_size = 1;                       ///< workers in the round: WORLD_SIZE
+    int number = 0;            ///< the round (0, 1, ...)
+    int restart_count = 0;     ///< job-wide restarts before this round: TORCHELASTIC_RESTART_COUNT
+    int group_rank = 0;        ///< this node's GROUP_RANK
+    int group_world_size = 1;  ///< nodes in the round: GROUP_WORLD_SIZE
+    int rank_base = 0;         ///< the global rank of this node's local rank 0
+    int world_size = 1;        ///< workers in the round: WORLD_SIZE
+    /// ROLE_RANK of this node's local rank 0: the workers of this node's role on the nodes of
+    /// lower group rank (equal to rank_base when every node has the same role).
+    int role_rank_base = 0;
+    int role_world_size = 1;                  ///< workers of this node's role: ROLE_WORLD_SIZE
     std::int64_t epoch = 0;                   ///< lease losses the round's completer had accounted for
     std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
     bool host_in_round = false;               ///< the store's host is a member of this round

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -46,9 +48,13 @@ inline constexpr std::size_t max_successors = 3;
 
 /// A round decided from its members (in arrival order): what its completer writes.
 struct round_plan {
-    std::vector<int> group_rank;     ///< each member's group rank, in arrival order
-    std::vector<int> rank_base;      ///< by group rank: the global rank of its local rank 0
-    int world_size = 0;              ///< the round's workers (every member's nproc)
+    std::vector<int> group_rank;  ///< each member's group rank, in arrival order
+    std::vector<int> rank_base;   ///< by group rank: the global rank of its local rank 0
+    int world_size = 0;           ///< the round's workers (every member's nproc)
+    /// By group rank: the ROLE_RANK of its local rank 0 (its role's workers on lower group
+    /// ranks) and its role's workers in the round, as torchrun counts them.
+    std::vector<int> role_rank_base;
+    std::vector<int> role_world_size;
     std::size_t master = 0;          ///< the member (arrival order) of group rank 0: MASTER_ADDR/PORT
     std::vector<std::string> hosts;  ///< by group rank: each member's host, for messages
     bool host_in = false;            ///< the store's host is a member
@@ -195,6 +201,15 @@ ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<
         plan.world_size += node.nproc;
         plan.hosts.push_back(node.host);
     }
+    std::map<std::string, int, std::less<>> role_workers;
+    plan.role_rank_base.reserve(n);
+    for (std::size_t g = 0; g < n; ++g) {
+        int& seen = role_workers[nodes[by_rank[g]].role];
+        plan.role_rank_base.push_back(seen);
+        seen += nodes[by_rank[g]].nproc;
+    }
+    plan.role_world_size.reserve(n);
+    for (std::size_t g = 0; g < n; ++g) plan.role_world_size.push_back(role_workers[nodes[by_rank[g]].role]);
     plan.master = by_rank[0];
     for (std::size_t g = 0; g < n; ++g) {
         const auto& node = nodes[by_rank[g]];

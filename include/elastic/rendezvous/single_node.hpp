@@ -40,6 +40,8 @@ public:
         round.group_world_size = 1;
         round.rank_base = 0;
         round.world_size = me.nproc;
+        round.role_rank_base = 0;
+        round.role_world_size = me.nproc;
         round.host_in_round = true;
         round.master_addr = std::move(me.store_addr);
         round.master_port = me.store_port;

@@ -1047,6 +1047,8 @@ private:
                     const int arrival = in[static_cast<std::size_t>(j)] + 1;
                     assignment.group_rank = g;
                     assignment.rank_base = plan.rank_base[static_cast<std::size_t>(g)];
+                    assignment.role_rank_base = plan.role_rank_base[static_cast<std::size_t>(g)];
+                    assignment.role_world_size = plan.role_world_size[static_cast<std::size_t>(g)];
                     // Group rank 0 hosts the workers' store: it accepts the members' addresses
                     // only (O(N) bytes in that one assignment).
                     if (g == 0) assignment.peers = plan.peers;

@@ -142,9 +142,10 @@ struct worker_event_context {
     std::string run_id;
     int group_rank = 0;
     int group_world_size = 1;
-    /// The world size of the worker's role; torchrun's command line has one role, so this is the
-    /// world size and a worker's role rank is its global rank.
+    /// The world size of the worker's role (ROLE_WORLD_SIZE), and what its role rank adds to its
+    /// global rank (ROLE_RANK - RANK: the same for every worker of a node).
     int role_world_size = 1;
+    int role_rank_offset = 0;
     std::string entry_point;
     std::string rdzv_backend;
     /// Whole seconds since the agent started running workers (torch's total_run_time).
@@ -286,7 +287,7 @@ inline event worker_status(std::string_view state, const worker_status_subject& 
     md["group_world_size"] = ctx.group_world_size;
     md["entry_point"] = ctx.entry_point;
     md["local_rank"] = json::array({w.local_rank});
-    md["role_rank"] = json::array({w.global_rank});
+    md["role_rank"] = json::array({w.global_rank + ctx.role_rank_offset});
     md["role_world_size"] = json::array({ctx.role_world_size});
 
     event e;
