@@ -6406,13 +6406,20 @@ public:
 /// caller sees why, not a child that exits 127.
 class spawn_error : public process_error {
 public:
-    spawn_error(const std::string& message, int code) : process_error(message), code_(code) {}
+    spawn_error(const std::string& message, int code, bool program_fault = false)
+        : process_error(message), code_(code), program_fault_(program_fault) {}
 
     /// The errno value of the failed step.
     [[nodiscard]] int code() const noexcept { return code_; }
 
+    /// The program itself cannot run: not found, not executable, neither a binary nor a #!
+    /// script, a #! interpreter that does not exist. The user's to fix, not the machine's
+    /// (false for a failure of fork, descriptors, memory or cgroups).
+    [[nodiscard]] bool program_fault() const noexcept { return program_fault_; }
+
 private:
     int code_;
+    bool program_fault_;
 };
 
 }  // namespace elastic::inline v0
@@ -8681,7 +8688,7 @@ ELASTIC_DECL std::string find_executable(const std::string& program, const std::
     if (auto result = search_path(program, path_var); !result.found.empty()) return std::move(result.found);
     throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" + path_var +
                           " (give a path, or set PATH in the worker's environment)",
-                      ENOENT);
+                      ENOENT, true);
 }
 
 ELASTIC_DECL std::string describe_failure(const child_failure& failure, const spawn_options& options,
@@ -8759,7 +8766,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
     if (options.program.empty()) {
-        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
+        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL, true);
     }
     detail::process::prepare_agent_signals();
     const std::vector<std::string> env = options.env ? *options.env : detail::process::environ_entries();
@@ -8877,7 +8884,11 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
                                                          " (" + cgroup->path + ")");
             return spawn(executor, options);
         }
-        throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error);
+        // execve's refusals that are the program's: a resource the machine lacks (memory,
+        // descriptors) is not.
+        const bool program_fault = failure.step == detail::process::child_step::exec && failure.error != ENOMEM &&
+                                   failure.error != EAGAIN && failure.error != EMFILE && failure.error != ENFILE;
+        throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error, program_fault);
     }
 
     // Hand the descriptors to Asio; assign() takes ownership only once it succeeds, so on
@@ -17730,13 +17741,15 @@ public:
     basic_worker_group& operator=(const basic_worker_group&) = delete;
 
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
-    /// contract. A worker that cannot be started (its program vanished since validation) stops
-    /// the ones started and throws agent_error.
+    /// contract. A worker that cannot be started stops the ones started and throws: usage_error
+    /// when its program cannot run (not executable, neither a binary nor a #! script, a missing
+    /// #! interpreter), agent_error otherwise.
     asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
         restarts_ = attempt.told.restart_count;
         auto& slots = state_->slots;
         workers_.reserve(slots.size());
         std::optional<std::string> spawn_failure;
+        bool program_fault = false;
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
@@ -17755,6 +17768,10 @@ public:
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
+            } catch (const spawn_error& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                program_fault = e.program_fault();
+                break;
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
@@ -17770,6 +17787,8 @@ public:
         if (spawn_failure) {
             co_await stop(SIGTERM);
             co_await close();
+            // A program that cannot run is the command line's to fix: a usage error (exit 2).
+            if (program_fault) throw usage_error(*spawn_failure);
             throw agent_error(*spawn_failure);
         }
     }

@@ -63,6 +63,30 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         CHECK(r.err.find("no-such-program does not exist") != std::string::npos);
         CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     }
+    {
+        // Executable files that execve refuses: bytes that are neither a binary nor a #! script,
+        // and a script whose #! interpreter does not exist. The command line's fault: exit 2,
+        // one line naming the file and why, and the rest of the group stopped.
+        const auto garbage = dir.path() / "garbage";
+        const auto orphan_script = dir.path() / "orphan-script";
+        {
+            std::ofstream(garbage, std::ios::binary) << std::string("\x7f\x01\x02 not an ELF\n\xff\xfe", 17);
+            std::ofstream(orphan_script) << "#!/no/such/interpreter\necho hi\n";
+        }
+        for (const auto& p : {garbage, orphan_script}) {
+            std::filesystem::permissions(p, std::filesystem::perms::owner_all);
+        }
+        const std::vector<std::pair<std::filesystem::path, std::string>> refused{
+            {garbage, "neither a binary nor a #! script"}, {orphan_script, "check the path (or the #! interpreter)"}};
+        for (const auto& [program, why] : refused) {
+            CAPTURE(program);
+            auto r = agent_support::run({"--nproc-per-node=2", program.string()}, worker_env(dir, "*:env"));
+            CHECK(r.code == 2);
+            CHECK(r.err.find("cannot execute '" + program.string() + "'") != std::string::npos);
+            CHECK(r.err.find(why) != std::string::npos);
+            CHECK(r.err.find("internal") == std::string::npos);
+        }
+    }
     CHECK(count_files(dir.path(), "env.") == 0);
 }
 

@@ -106,13 +106,15 @@ public:
     basic_worker_group& operator=(const basic_worker_group&) = delete;
 
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
-    /// contract. A worker that cannot be started (its program vanished since validation) stops
-    /// the ones started and throws agent_error.
+    /// contract. A worker that cannot be started stops the ones started and throws: usage_error
+    /// when its program cannot run (not executable, neither a binary nor a #! script, a missing
+    /// #! interpreter), agent_error otherwise.
     asio::awaitable<void> start(const group_attempt& attempt, const environment& env) {
         restarts_ = attempt.told.restart_count;
         auto& slots = state_->slots;
         workers_.reserve(slots.size());
         std::optional<std::string> spawn_failure;
+        bool program_fault = false;
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
@@ -131,6 +133,10 @@ public:
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
+            } catch (const spawn_error& e) {
+                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                program_fault = e.program_fault();
+                break;
             } catch (const std::exception& e) {
                 spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
                 break;
@@ -146,6 +152,8 @@ public:
         if (spawn_failure) {
             co_await stop(SIGTERM);
             co_await close();
+            // A program that cannot run is the command line's to fix: a usage error (exit 2).
+            if (program_fault) throw usage_error(*spawn_failure);
             throw agent_error(*spawn_failure);
         }
     }

@@ -20,13 +20,20 @@ public:
 /// caller sees why, not a child that exits 127.
 class spawn_error : public process_error {
 public:
-    spawn_error(const std::string& message, int code) : process_error(message), code_(code) {}
+    spawn_error(const std::string& message, int code, bool program_fault = false)
+        : process_error(message), code_(code), program_fault_(program_fault) {}
 
     /// The errno value of the failed step.
     [[nodiscard]] int code() const noexcept { return code_; }
 
+    /// The program itself cannot run: not found, not executable, neither a binary nor a #!
+    /// script, a #! interpreter that does not exist. The user's to fix, not the machine's
+    /// (false for a failure of fork, descriptors, memory or cgroups).
+    [[nodiscard]] bool program_fault() const noexcept { return program_fault_; }
+
 private:
     int code_;
+    bool program_fault_;
 };
 
 }  // namespace elastic::inline v0

@@ -246,7 +246,7 @@ ELASTIC_DECL std::string find_executable(const std::string& program, const std::
     if (auto result = search_path(program, path_var); !result.found.empty()) return std::move(result.found);
     throw spawn_error("cannot spawn '" + program + "': no executable file of that name in PATH=" + path_var +
                           " (give a path, or set PATH in the worker's environment)",
-                      ENOENT);
+                      ENOENT, true);
 }
 
 ELASTIC_DECL std::string describe_failure(const child_failure& failure, const spawn_options& options,
@@ -324,7 +324,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const spawn_options& options) {
     if (options.program.empty()) {
-        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL);
+        throw spawn_error("cannot spawn a worker: the program is empty (give a path or a name)", EINVAL, true);
     }
     detail::process::prepare_agent_signals();
     const std::vector<std::string> env = options.env ? *options.env : detail::process::environ_entries();
@@ -442,7 +442,11 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
                                                          " (" + cgroup->path + ")");
             return spawn(executor, options);
         }
-        throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error);
+        // execve's refusals that are the program's: a resource the machine lacks (memory,
+        // descriptors) is not.
+        const bool program_fault = failure.step == detail::process::child_step::exec && failure.error != ENOMEM &&
+                                   failure.error != EAGAIN && failure.error != EMFILE && failure.error != ENFILE;
+        throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error, program_fault);
     }
 
     // Hand the descriptors to Asio; assign() takes ownership only once it succeeds, so on
