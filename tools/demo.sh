@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 tools/install-deps.sh build
 cmake -S . -B build/demo -G Ninja -DCMAKE_BUILD_TYPE=Release -DELASTIC_BUILD_TESTS=OFF \
   -DELASTIC_HEADER_CHECKS=OFF >/dev/null
-cmake --build build/demo -j "$(nproc)" --target example-elasticrun example-trainer
+cmake --build build/demo -j "$(nproc)" --target elasticrun example-trainer
 bin=build/demo/bin
 if (($#)); then
   args=("$@")

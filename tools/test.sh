@@ -91,8 +91,8 @@ stage_tsan() {
   local dir=build/ci-tsan
   mkdir -p build
   configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_HEADER_CHECKS=OFF \
-    -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_SANITIZE=thread -DELASTIC_TEST_TAG=concurrent \
-    -DELASTIC_PROGRAMS_COMPILED=ON
+    -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_BUILD_PROGRAMS=OFF -DELASTIC_SANITIZE=thread \
+    -DELASTIC_TEST_TAG=concurrent -DELASTIC_PROGRAMS_COMPILED=ON
   if [[ ! -f $dir/build.ninja ]] || ! grep -q elastic_tests $dir/build.ninja; then
     echo "no test file is tagged concurrent"; return 0
   fi
@@ -104,7 +104,7 @@ stage_fuzz() {
   local dir=build/ci-fuzz
   if ! compgen -G "fuzz/fuzz_*.cpp" >/dev/null; then echo "no fuzz targets"; return 0; fi
   mkdir -p build
-  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_BUILD_TESTS=OFF \
+  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_BUILD_TESTS=OFF -DELASTIC_BUILD_PROGRAMS=OFF \
     -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_FUZZ=ON \
     -DELASTIC_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
   cmake --build $dir -j "$jobs"

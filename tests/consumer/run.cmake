@@ -1,4 +1,4 @@
-# cmake -DMODE=find_package|add_subdirectory|single_header -DSOURCE_DIR=... -DWORK_DIR=...
+# cmake -DMODE=add_subdirectory|single_header -DSOURCE_DIR=... -DWORK_DIR=...
 #       -DCXX=... -DGENERATOR=... -P run.cmake
 # Builds tests/consumer the way a user would and runs the program it made.
 function(run)
@@ -15,19 +15,15 @@ set(consumer "${SOURCE_DIR}/tests/consumer")
 # (a Release build of the compiled library alone takes minutes here).
 set(common -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=)
 
-if(MODE STREQUAL "find_package" OR MODE STREQUAL "single_header")
-  # Install the library as a package would, tests and examples off.
+if(MODE STREQUAL "single_header")
+  # Install the headers and the package alone, nothing compiled. (The full install, programs
+  # and find_package(elastic) with elastic::elastic, is docs/quickstart.md's, which
+  # tools/check_quickstart.sh runs.)
   run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/lib" ${common}
-      -DELASTIC_BUILD_TESTS=OFF -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_HEADER_CHECKS=OFF
-      -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
+      -DELASTIC_DEVELOPER=OFF -DELASTIC_BUILD_PROGRAMS=OFF -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
   run(${CMAKE_COMMAND} --install "${WORK_DIR}/lib")
-  if(MODE STREQUAL "find_package")
-    set(consumer_mode find_package)
-  else()
-    set(consumer_mode find_package_single)
-  endif()
   run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common}
-      -DELASTIC_CONSUMER_MODE=${consumer_mode} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+      -DELASTIC_CONSUMER_MODE=find_package_single -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 elseif(MODE STREQUAL "add_subdirectory")
   run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common}
       -DELASTIC_CONSUMER_MODE=add_subdirectory -DELASTIC_SOURCE_DIR=${SOURCE_DIR})
