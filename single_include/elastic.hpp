@@ -14542,6 +14542,7 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
 #include <algorithm>
 #include <chrono>
 #include <concepts>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -14549,6 +14550,20 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
 #include <vector>
 
 namespace elastic::inline v0 {
+
+/// What a policy answers.
+struct restart_decision {
+    enum class action { restart, stop };
+
+    action what = action::stop;
+    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
+    std::string reason;
+
+    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
+
+    static restart_decision restart_because(std::string why) { return {action::restart, std::move(why)}; }
+    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
+};
 
 /// A worker group's failure, as a restart policy sees it.
 ///
@@ -14566,6 +14581,11 @@ struct group_failure {
     std::chrono::steady_clock::time_point started{};
     /// When the agent saw the first failure (the end of the healthy period).
     std::chrono::steady_clock::time_point failed{};
+    /// Set by the agent for the policy's call: a policy that has decided to restart and is about
+    /// to wait before it answers (a backoff) calls it first, with its reason and the wait, so
+    /// the log says "restarting ... in 1.8 s" as the wait starts rather than after it. The
+    /// built-in chain and models call it; a policy of your own may. Empty: nobody listens.
+    std::function<void(const restart_decision&, std::chrono::steady_clock::duration)> before_delay;
 
     /// How long the group ran healthy before the first failure.
     [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept { return failed - started; }
@@ -14601,20 +14621,6 @@ struct group_failure {
     }
 };
 
-/// What a policy answers.
-struct restart_decision {
-    enum class action { restart, stop };
-
-    action what = action::stop;
-    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
-    std::string reason;
-
-    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
-
-    static restart_decision restart_because(std::string why) { return {action::restart, std::move(why)}; }
-    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
-};
-
 /*
  * restart_policy: what a model must provide and what it promises.
  *
@@ -14641,193 +14647,6 @@ concept restart_policy = std::move_constructible<P> && requires(P& p, const grou
 // ---- begin elastic/policy/max_restarts.hpp ----
 // max_restarts(n): the default restart policy, torchrun's --max-restarts budget.
 
-
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
-
-#include <stdexcept>
-#include <string>
-
-namespace elastic::inline v0 {
-
-/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
-/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
-///
-/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
-/// than a counter of its own, so a copy of the policy, or one built again after a membership
-/// change, answers the same.
-class max_restarts {
-public:
-    /// `n` >= 0 restarts allowed in the job.
-    explicit max_restarts(int n) : budget_(n) {
-        if (n < 0) {
-            throw std::invalid_argument(fmt::format("max_restarts({}): the budget must be 0 or more", n));
-        }
-    }
-
-    /// The budget.
-    [[nodiscard]] int budget() const noexcept { return budget_; }
-
-    template <class Defer = void>  // a template: compiled only where it is called
-    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
-        if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(fmt::format("restart {} of {} (--max-restarts={})",
-                                                                    failure.restarts + 1, budget_, budget_));
-        }
-        co_return restart_decision::stop_because(
-            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
-                         : fmt::format("the restart budget is spent: {} of {} restarts made "
-                                       "(--max-restarts={})",
-                                       failure.restarts, budget_, budget_));
-    }
-
-private:
-    int budget_;
-};
-
-static_assert(restart_policy<max_restarts>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/max_restarts.hpp ----
-// ---- begin elastic/policy/clock.hpp ----
-// Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
-// asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
-
-
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/system_error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <concepts>
-#include <cstddef>
-#include <memory>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-/*
- * policy_clock: where a restart policy reads the time and how it waits.
- *
- *   std::chrono::steady_clock::time_point now() const;
- *   asio::awaitable<void> sleep(std::chrono::steady_clock::duration) const;
- *
- * - now() is on the steady clock's scale, the scale of group_failure::started / failed.
- * - sleep() completes after the duration (at once for zero or less) on the awaiting coroutine's
- *   executor, and is cancellable like an Asio timer: a cancelled sleep throws
- *   asio::system_error(operation_aborted), so an agent racing the policy against a signal is
- *   never held up by a backoff.
- * - Copies share one time: a policy holds its clock by value.
- */
-template <class C>
-concept policy_clock = std::copy_constructible<C> && requires(const C& c, std::chrono::steady_clock::duration d) {
-    { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
-    { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
-};
-
-/// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
-struct steady_policy_clock {
-    [[nodiscard]] std::chrono::steady_clock::time_point now() const noexcept {
-        return std::chrono::steady_clock::now();
-    }
-
-    /// Static in substance: the timer lives in the coroutine frame, not in the clock.
-    template <class Defer = void>  // a template: compiled only where it is called
-    asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
-        if (d <= std::chrono::steady_clock::duration::zero()) co_return;
-        asio::steady_timer timer(co_await asio::this_coro::executor, d);
-        co_await timer.async_wait(detail::use_awaitable<Defer>);
-    }
-};
-
-static_assert(policy_clock<steady_policy_clock>);
-
-/// A clock for tests: now() stands still until advance(); a sleep completes when advance() has
-/// moved the time to or past its deadline. Nothing sleeps for real. Copies share the time.
-///
-/// A pending sleep is an asio::steady_timer set to expire never; advance() cancels the timers
-/// whose deadline has come, marking them woken, so the coroutine resumes on its own executor
-/// through the ordinary completion path (and a real cancellation, unmarked, still throws).
-class manual_policy_clock {
-public:
-    using time_point = std::chrono::steady_clock::time_point;
-    using duration = std::chrono::steady_clock::duration;
-
-    /// Time starts at `start`: by default one day past the steady clock's epoch, so that
-    /// `now() - window` never goes below the epoch.
-    explicit manual_policy_clock(time_point start = time_point{} + std::chrono::hours(24))
-        : state_(std::make_shared<state>()) {
-        state_->now = start;
-    }
-
-    [[nodiscard]] time_point now() const noexcept { return state_->now; }
-
-    template <class Defer = void>  // a template: compiled only where it is called
-    asio::awaitable<void> sleep(duration d) const {
-        const auto shared = state_;  // the clock object may go before the sleep ends
-        shared->requested.push_back(d);
-        if (d <= duration::zero()) co_return;
-        asio::steady_timer timer(co_await asio::this_coro::executor, time_point::max());
-        sleeper me{shared->now + d, &timer, false};
-        shared->sleepers.push_back(&me);
-        struct unlist {
-            state* s;
-            sleeper* me;
-            ~unlist() { std::erase(s->sleepers, me); }
-        } guard{shared.get(), &me};
-        asio::error_code ignored;  // woken or cancelled: `woken` tells which
-        co_await timer.async_wait(asio::redirect_error(detail::use_awaitable<Defer>, ignored));
-        if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
-    }
-
-    /// Moves the time forward by `d` and wakes every sleep whose deadline has come (they resume
-    /// when their io_context next runs handlers).
-    void advance(duration d) {
-        state_->now += d;
-        for (auto* s : state_->sleepers) {
-            if (!s->woken && s->deadline <= state_->now) {
-                s->woken = true;
-                s->timer->cancel();
-            }
-        }
-    }
-
-    /// Sleeps begun and not finished.
-    [[nodiscard]] std::size_t sleeping() const noexcept { return state_->sleepers.size(); }
-
-    /// The deadline of the earliest pending sleep, or time_point::max() when none.
-    [[nodiscard]] time_point next_deadline() const noexcept {
-        time_point next = time_point::max();
-        for (const auto* s : state_->sleepers) next = std::min(next, s->deadline);
-        return next;
-    }
-
-    /// Every duration sleep() was called with, in order (zero ones included).
-    [[nodiscard]] const std::vector<duration>& sleeps() const noexcept { return state_->requested; }
-
-private:
-    struct sleeper {
-        time_point deadline;
-        asio::steady_timer* timer;
-        bool woken;
-    };
-    struct state {
-        time_point now{};
-        std::vector<sleeper*> sleepers;
-        std::vector<duration> requested;
-    };
-    std::shared_ptr<state> state_;
-};
-
-static_assert(policy_clock<manual_policy_clock>);
-
-}  // namespace elastic::inline v0
-// ---- end elastic/policy/clock.hpp ----
 // ---- begin elastic/policy/spec.hpp ----
 // The settings of the built-in restart policies as values: durations in words, backoff_spec,
 // window_spec, exit_code_set and crash_guard_spec, with the parsers of their command-line forms
@@ -14953,6 +14772,28 @@ namespace detail::policy {
 [[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
                                                                     bool allow_zero = false);
 
+/// How a built-in policy cites itself in its reasons: as the C++ call that made it (the
+/// default: "max_restarts(3)", for a launcher whose policy is set in its code), or as the
+/// command-line option (the policy elasticrun builds from its options: "--max-restarts=3"). So
+/// a log line never names an option nobody passed.
+enum class policy_naming { code, command_line };
+
+/// The naming a built-in policy carries (its base class).
+class named_policy {
+public:
+    [[nodiscard]] policy_naming naming() const noexcept { return naming_; }
+    /// Cite the command-line option instead of the C++ call (make_default_policy does).
+    void name_by(policy_naming naming) noexcept { naming_ = naming; }
+
+protected:
+    [[nodiscard]] std::string cite(std::string code, std::string flag) const {
+        return naming_ == policy_naming::code ? std::move(code) : std::move(flag);
+    }
+
+private:
+    policy_naming naming_ = policy_naming::code;
+};
+
 /// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
 /// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
 struct backoff_spec {
@@ -14973,6 +14814,14 @@ struct backoff_spec {
         if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
         return out;
     }
+    /// The C++ form: "backoff(1s, 1min)", or the spec when it is not the defaults but for the
+    /// two durations ("backoff(backoff_spec{1s, 1min, 30min, 1.5, 0.1})").
+    [[nodiscard]] std::string code() const {
+        const backoff_spec plain{initial, cap};
+        if (*this == plain) return fmt::format("backoff({}, {})", duration_flag_text(initial), duration_flag_text(cap));
+        return fmt::format("backoff(backoff_spec{{{}, {}, {}, {}, {}}})", duration_flag_text(initial),
+                           duration_flag_text(cap), duration_flag_text(reset_after), factor, jitter);
+    }
     friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
 };
 
@@ -14986,6 +14835,9 @@ struct window_spec {
 
     [[nodiscard]] std::string flag() const {
         return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
+    }
+    [[nodiscard]] std::string code() const {
+        return fmt::format("restart_window({}, {})", restarts, duration_flag_text(period));
     }
     friend bool operator==(const window_spec&, const window_spec&) = default;
 };
@@ -15048,6 +14900,10 @@ struct crash_guard_spec {
     [[nodiscard]] std::string flag() const {
         return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
                              : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+    }
+    [[nodiscard]] std::string code() const {
+        return in_a_row == 1 ? fmt::format("crash_loop_guard({})", duration_flag_text(within))
+                             : fmt::format("crash_loop_guard({}, {})", duration_flag_text(within), in_a_row);
     }
     friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
 };
@@ -15222,6 +15078,193 @@ namespace elastic::inline v0 {
 
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/policy/spec.hpp ----
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// torchrun's restart budget: restart the group at once while fewer than `n` restarts have
+/// been made in the job, then stop. `--max-restarts` builds it (default 0: never restart).
+///
+/// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
+/// than a counter of its own, so a copy of the policy, or one built again after a membership
+/// change, answers the same.
+class max_restarts : public named_policy {
+public:
+    /// `n` >= 0 restarts allowed in the job.
+    explicit max_restarts(int n) : budget_(n) {
+        if (n < 0) {
+            throw std::invalid_argument(fmt::format("max_restarts({}): the budget must be 0 or more", n));
+        }
+    }
+
+    /// The budget.
+    [[nodiscard]] int budget() const noexcept { return budget_; }
+
+    template <class Defer = void>  // a template: compiled only where it is called
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
+        const auto named = cite(fmt::format("max_restarts({})", budget_), fmt::format("--max-restarts={}", budget_));
+        if (failure.restarts < budget_) {
+            co_return restart_decision::restart_because(fmt::format("restart {} of {} ({})", failure.restarts + 1,
+                                                                    budget_, named));
+        }
+        co_return restart_decision::stop_because(
+            budget_ == 0 ? fmt::format("no restarts allowed ({})", named)
+                         : fmt::format("the restart budget is spent: {} of {} restarts made ({})", failure.restarts,
+                                       budget_, named));
+    }
+
+private:
+    int budget_;
+};
+
+static_assert(restart_policy<max_restarts>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/max_restarts.hpp ----
+// ---- begin elastic/policy/clock.hpp ----
+// Time for restart policies: the policy_clock concept, steady_policy_clock (steady_clock and an
+// asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
+
+
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/system_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/*
+ * policy_clock: where a restart policy reads the time and how it waits.
+ *
+ *   std::chrono::steady_clock::time_point now() const;
+ *   asio::awaitable<void> sleep(std::chrono::steady_clock::duration) const;
+ *
+ * - now() is on the steady clock's scale, the scale of group_failure::started / failed.
+ * - sleep() completes after the duration (at once for zero or less) on the awaiting coroutine's
+ *   executor, and is cancellable like an Asio timer: a cancelled sleep throws
+ *   asio::system_error(operation_aborted), so an agent racing the policy against a signal is
+ *   never held up by a backoff.
+ * - Copies share one time: a policy holds its clock by value.
+ */
+template <class C>
+concept policy_clock = std::copy_constructible<C> && requires(const C& c, std::chrono::steady_clock::duration d) {
+    { c.now() } -> std::same_as<std::chrono::steady_clock::time_point>;
+    { c.sleep(d) } -> std::same_as<asio::awaitable<void>>;
+};
+
+/// The production clock: std::chrono::steady_clock, and an asio::steady_timer to wait.
+struct steady_policy_clock {
+    [[nodiscard]] std::chrono::steady_clock::time_point now() const noexcept {
+        return std::chrono::steady_clock::now();
+    }
+
+    /// Static in substance: the timer lives in the coroutine frame, not in the clock.
+    template <class Defer = void>  // a template: compiled only where it is called
+    asio::awaitable<void> sleep(std::chrono::steady_clock::duration d) const {
+        if (d <= std::chrono::steady_clock::duration::zero()) co_return;
+        asio::steady_timer timer(co_await asio::this_coro::executor, d);
+        co_await timer.async_wait(detail::use_awaitable<Defer>);
+    }
+};
+
+static_assert(policy_clock<steady_policy_clock>);
+
+/// A clock for tests: now() stands still until advance(); a sleep completes when advance() has
+/// moved the time to or past its deadline. Nothing sleeps for real. Copies share the time.
+///
+/// A pending sleep is an asio::steady_timer set to expire never; advance() cancels the timers
+/// whose deadline has come, marking them woken, so the coroutine resumes on its own executor
+/// through the ordinary completion path (and a real cancellation, unmarked, still throws).
+class manual_policy_clock {
+public:
+    using time_point = std::chrono::steady_clock::time_point;
+    using duration = std::chrono::steady_clock::duration;
+
+    /// Time starts at `start`: by default one day past the steady clock's epoch, so that
+    /// `now() - window` never goes below the epoch.
+    explicit manual_policy_clock(time_point start = time_point{} + std::chrono::hours(24))
+        : state_(std::make_shared<state>()) {
+        state_->now = start;
+    }
+
+    [[nodiscard]] time_point now() const noexcept { return state_->now; }
+
+    template <class Defer = void>  // a template: compiled only where it is called
+    asio::awaitable<void> sleep(duration d) const {
+        const auto shared = state_;  // the clock object may go before the sleep ends
+        shared->requested.push_back(d);
+        if (d <= duration::zero()) co_return;
+        asio::steady_timer timer(co_await asio::this_coro::executor, time_point::max());
+        sleeper me{shared->now + d, &timer, false};
+        shared->sleepers.push_back(&me);
+        struct unlist {
+            state* s;
+            sleeper* me;
+            ~unlist() { std::erase(s->sleepers, me); }
+        } guard{shared.get(), &me};
+        asio::error_code ignored;  // woken or cancelled: `woken` tells which
+        co_await timer.async_wait(asio::redirect_error(detail::use_awaitable<Defer>, ignored));
+        if (!me.woken) throw asio::system_error(asio::error::operation_aborted);
+    }
+
+    /// Moves the time forward by `d` and wakes every sleep whose deadline has come (they resume
+    /// when their io_context next runs handlers).
+    void advance(duration d) {
+        state_->now += d;
+        for (auto* s : state_->sleepers) {
+            if (!s->woken && s->deadline <= state_->now) {
+                s->woken = true;
+                s->timer->cancel();
+            }
+        }
+    }
+
+    /// Sleeps begun and not finished.
+    [[nodiscard]] std::size_t sleeping() const noexcept { return state_->sleepers.size(); }
+
+    /// The deadline of the earliest pending sleep, or time_point::max() when none.
+    [[nodiscard]] time_point next_deadline() const noexcept {
+        time_point next = time_point::max();
+        for (const auto* s : state_->sleepers) next = std::min(next, s->deadline);
+        return next;
+    }
+
+    /// Every duration sleep() was called with, in order (zero ones included).
+    [[nodiscard]] const std::vector<duration>& sleeps() const noexcept { return state_->requested; }
+
+private:
+    struct sleeper {
+        time_point deadline;
+        asio::steady_timer* timer;
+        bool woken;
+    };
+    struct state {
+        time_point now{};
+        std::vector<sleeper*> sleepers;
+        std::vector<duration> requested;
+    };
+    std::shared_ptr<state> state_;
+};
+
+static_assert(policy_clock<manual_policy_clock>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/clock.hpp ----
 // ---- begin elastic/policy/combinators.hpp ----
 // Composing restart policies: `a | b` (policy_chain), the planned_restart_policy protocol of the
 // built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
@@ -15277,7 +15320,10 @@ template <class P>
 asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& failure) {
     auto plan = policy.plan(failure);
     if (plan.decision.restart()) {
-        if (plan.delay > std::chrono::steady_clock::duration::zero()) co_await policy.wait(plan.delay);
+        if (plan.delay > std::chrono::steady_clock::duration::zero()) {
+            if (failure.before_delay) failure.before_delay(plan.decision, plan.delay);
+            co_await policy.wait(plan.delay);
+        }
         policy.commit(failure);
     }
     co_return std::move(plan.decision);
@@ -15288,8 +15334,8 @@ asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& fa
 /// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
 /// and nothing after it is asked); when all answer restart the delays add up and the reasons are
 /// joined with "; ". Planned parts (the built-in models) only plan while the chain asks: their
-/// delays are awaited after the last part has said restart, then every planned part counts the
-/// restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
+/// delays are awaited after the last part has said restart (announced first, once, through
+/// group_failure::before_delay), then every planned part counts the restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
 /// that happen. Any other part is awaited in its turn (it may wait for whatever it likes).
 template <class... Parts>
 class policy_chain {
@@ -15303,9 +15349,13 @@ public:
         progress p;
         auto stop = co_await consult<0>(failure, p);
         if (stop) co_return std::move(*stop);
+        auto decision = restart_decision::restart_because(std::move(p.reason));
+        std::chrono::steady_clock::duration total{};
+        for (const auto d : p.delays) total += d;
+        if (total > total.zero() && failure.before_delay) failure.before_delay(decision, total);
         co_await wait_all<0>(p);
         commit_all<0>(failure);
-        co_return restart_decision::restart_because(std::move(p.reason));
+        co_return decision;
     }
 
     /// The parts, for inspection (a test's, or a launcher's log).
@@ -15515,7 +15565,7 @@ using uniform_source = std::function<double()>;
 /// `reset_after` or longer starts over at k = 0. It always answers restart: pair it with a
 /// budget (`max_restarts(5) | backoff(1s, 1min)`).
 template <policy_clock Clock = steady_policy_clock>
-class basic_backoff {
+class basic_backoff : public named_policy {
 public:
     explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
         : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
@@ -15552,7 +15602,7 @@ public:
         pending_ = k + 1;
         std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
         if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
-        why += fmt::format("; {})", spec_.flag());
+        why += fmt::format("; {})", named());
         return {restart_decision::restart_because(std::move(why)), delay};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
@@ -15563,6 +15613,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return this->cite(spec_.code(), spec_.flag()); }
+
     backoff_spec spec_;
     Clock clock_;
     uniform_source uniform_;
@@ -15610,7 +15663,7 @@ namespace elastic::inline v0 {
 /// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
 /// were. Unlike max_restarts, a job that fails rarely runs for ever.
 template <policy_clock Clock = steady_policy_clock>
-class basic_restart_window {
+class basic_restart_window : public named_policy {
 public:
     explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
         if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
@@ -15636,12 +15689,11 @@ public:
             const auto since = clock_.now() - times_.front();
             return {restart_decision::stop_because(fmt::format(
                         "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
-                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
+                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), named())),
                     {}};
         }
         return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
-                                                              spec_.restarts, duration_words(spec_.period),
-                                                              spec_.flag())),
+                                                              spec_.restarts, duration_words(spec_.period), named())),
                 {}};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
@@ -15652,6 +15704,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return this->cite(spec_.code(), spec_.flag()); }
+
     void forget_old() {
         const auto now = clock_.now();
         while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
@@ -15685,7 +15740,7 @@ namespace elastic::inline v0 {
 /// Judges the root cause (the first worker to fail, by time: the others usually fail because of
 /// it) against a set of endings. `restart_on_exit(set)`: restart only when it is in the set;
 /// `stop_on_exit(set)`: stop when it is. With no worker failed on its own, it restarts.
-class exit_code_policy {
+class exit_code_policy : public named_policy {
 public:
     enum class mode { restart_listed, stop_listed };
 
@@ -15693,11 +15748,15 @@ public:
 
     [[nodiscard]] const exit_code_set& set() const noexcept { return set_; }
     [[nodiscard]] mode which() const noexcept { return mode_; }
-    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no flag and
-    /// shows its C++ form.
+    /// The C++ form (`restart_on_exit("1,3-5,signals")`).
+    [[nodiscard]] std::string code() const {
+        return fmt::format("{}(\"{}\")", mode_ == mode::restart_listed ? "restart_on_exit" : "stop_on_exit",
+                           set_.to_string());
+    }
+    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no option
+    /// and shows its C++ form.
     [[nodiscard]] std::string flag() const {
-        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string())
-                                             : fmt::format("stop_on_exit({})", set_.to_string());
+        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string()) : code();
     }
 
     restart_plan plan(const group_failure& failure) {
@@ -15708,15 +15767,15 @@ public:
         const bool listed = set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed)
-                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
-            return {
-                restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
-                {}};
+                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, named())), {}};
+            return {restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending,
+                                                               named())),
+                    {}};
         }
         if (listed)
-            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())),
+            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, named())),
                     {}};
-        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
+        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, named())), {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
@@ -15730,6 +15789,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return cite(code(), flag()); }
+
     exit_code_set set_;
     mode mode_;
 };
@@ -15787,7 +15849,7 @@ namespace elastic::inline v0 {
 /// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
 /// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
 /// A group that ran longer restarts and clears the count.
-class crash_loop_guard {
+class crash_loop_guard : public named_policy {
 public:
     explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
         if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
@@ -15815,16 +15877,16 @@ public:
                         spec_.in_a_row == 1
                             ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
                                           "not retried ({})",
-                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
+                                          duration_words(ran), duration_words(spec_.within), named())
                             : fmt::format("the group failed {} after its start: {} starts in a row failed within "
                                           "the crash-loop guard of {}: not retried ({})",
-                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
+                                          duration_words(ran), pending_, duration_words(spec_.within), named())),
                     {}};
         }
         return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
                                                               "within {} ({})",
                                                               duration_words(ran), pending_, spec_.in_a_row - 1,
-                                                              duration_words(spec_.within), spec_.flag())),
+                                                              duration_words(spec_.within), named())),
                 {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
@@ -15839,6 +15901,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return cite(spec_.code(), spec_.flag()); }
+
     crash_guard_spec spec_;
     int early_ = 0;
     int pending_ = 0;
@@ -15871,24 +15936,31 @@ namespace elastic::inline v0 {
 template <policy_clock Clock = steady_policy_clock>
 [[nodiscard]] any_restart_policy make_default_policy(const restart_settings& settings, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
+    // Built from the command line: every part's reasons cite its option.
+    const auto by_option = [](auto policy) {
+        policy.name_by(policy_naming::command_line);
+        return policy;
+    };
     optional_policy<exit_code_policy> exits;
-    if (settings.on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*settings.on_exit));
+    if (settings.on_exit) exits = optional_policy<exit_code_policy>(by_option(restart_on_exit(*settings.on_exit)));
     optional_policy<crash_loop_guard> guard;
-    if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
+    if (settings.crash_guard) {
+        guard = optional_policy<crash_loop_guard>(by_option(crash_loop_guard(*settings.crash_guard)));
+    }
     optional_policy<basic_backoff<Clock>> delay;
     if (settings.backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock,
-                                                                           std::move(uniform)));
+        delay = optional_policy<basic_backoff<Clock>>(by_option(basic_backoff<Clock>(*settings.backoff, clock,
+                                                                                     std::move(uniform))));
     }
+    const auto budget = by_option(max_restarts(settings.max_restarts));
     if (settings.window) {
-        basic_restart_window<Clock> window(*settings.window, clock);
+        auto window = by_option(basic_restart_window<Clock>(*settings.window, clock));
         if (settings.max_restarts == 0) {
             return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
         }
-        return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(window),
-                     std::move(delay));
+        return chain(std::move(exits), std::move(guard), budget, std::move(window), std::move(delay));
     }
-    return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(delay));
+    return chain(std::move(exits), std::move(guard), budget, std::move(delay));
 }
 
 }  // namespace elastic::inline v0
@@ -18352,7 +18424,17 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
+        // A policy about to wait before its restart (a backoff) says so first: the restart line
+        // is logged as the wait starts, "restarting ... in 1.8 s", and not again after it.
+        bool announced = false;
+        s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
+            announced = true;
+            log_.warning(fmt::format("[{}] {}; {}: {} in {}", spec_.role, failed_what(s), d.reason,
+                                     several_ ? "restarting every node's worker group" : "restarting the worker group",
+                                     duration_words(delay)));
+        };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
+        s.failure.before_delay = nullptr;
         if (decided.index() == 1) {
             const int sig = signals.take();
             events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -18371,7 +18453,7 @@ private:
         // What stands: this decision, or another node's regroup when this one was taken for lost.
         const auto standing = co_await rdzv.decide(decision);
         if (!standing.regroup) events_.decision(s.failure, d);
-        co_return co_await conclude(rdzv, s, standing);
+        co_return co_await conclude(rdzv, s, standing, announced && standing.restart && !standing.regroup);
     }
 
     /// job<R>::follow().
@@ -18405,8 +18487,10 @@ private:
 
     /// The job's decision for the aborted round, acted on: a restart (nullopt), or a stop with
     /// this node's failure report (when its workers failed) and the job's exit code.
+    /// `announced`: the restart line was logged already, as the policy's wait began.
     template <agent_rendezvous R>
-    asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
+    asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision,
+                                                 bool announced = false) {
         const auto what = failed_what(s);
         if (decision.regroup) {
             log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
@@ -18415,6 +18499,10 @@ private:
             co_return std::nullopt;
         }
         if (decision.restart) {
+            if (announced) {
+                events_.restart(rdzv.restart_count());
+                co_return std::nullopt;
+            }
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
                                      several_
                                          ? fmt::format("restarting every node's worker group (job-wide restart {})",

@@ -199,7 +199,7 @@ TEST_CASE("policy: backoff doubles its delay for failures in a row, up to the ca
     CHECK(waited == std::vector<duration>{1s, 2s, 4s, 5s, 5s});
     CHECK(clock.sleeps() == waited);
     const auto [d, took] = decide_advancing(policy, exited(clock, 1, 2s, 5), clock);
-    CHECK(d.reason == "after 5 s backoff (failure 6 in a row; --restart-backoff=1s:5s)");
+    CHECK(d.reason == "after 5 s backoff (failure 6 in a row; backoff(backoff_spec{1s, 5s, 10min, 2, 0}))");
     CHECK(took == 5s);
 }
 
@@ -214,11 +214,13 @@ TEST_CASE("policy: backoff starts over after a healthy period, and jitter only s
     CHECK(decide_advancing(policy, exited(clock, 1, 1s), clock).second == 1800ms);
     const auto [third, took] = decide_advancing(policy, exited(clock, 1, 1s), clock);
     CHECK(took == 3600ms);
-    CHECK(third.reason == "after 3.6 s backoff (failure 3 in a row; --restart-backoff=1s:1min)");
+    CHECK(third.reason == "after 3.6 s backoff (failure 3 in a row; backoff(backoff_spec{1s, 1min, 10min, 2, 0.2}))");
     // Ten minutes healthy: back to the first delay, and the reason says why.
     const auto [reset, took_reset] = decide_advancing(policy, exited(clock, 1, 10min), clock);
     CHECK(took_reset == 900ms);
-    CHECK(reset.reason == "after 900 ms backoff (failure 1 in a row, after 10 min healthy; --restart-backoff=1s:1min)");
+    CHECK(
+        reset.reason ==
+        "after 900 ms backoff (failure 1 in a row, after 10 min healthy; backoff(backoff_spec{1s, 1min, 10min, 2, 0.2}))");
     CHECK(policy.in_a_row() == 1);
     // u = 0: the full delay; the cap holds even with jitter.
     elastic::basic_backoff<manual_policy_clock> full(spec, clock, fixed(0.0));
@@ -251,21 +253,21 @@ TEST_CASE("policy: restart_window allows N restarts within any period, then stop
     elastic::basic_restart_window<manual_policy_clock> policy(2, 1h, clock);
     auto d = decide_now(policy, exited(clock, 1));
     CHECK(d.restart());
-    CHECK(d.reason == "restart 1 of 2 within 1 h (--restart-window=2/1h)");
+    CHECK(d.reason == "restart 1 of 2 within 1 h (restart_window(2, 1h))");
     clock.advance(20min);
     CHECK(decide_now(policy, exited(clock, 1)).restart());
     clock.advance(20min);
     d = decide_now(policy, exited(clock, 1));
     CHECK(!d.restart());
     CHECK(d.reason ==
-          "the restart window is spent: 2 restarts within the last 1 h, the first 40 min ago (--restart-window=2/1h)");
+          "the restart window is spent: 2 restarts within the last 1 h, the first 40 min ago (restart_window(2, 1h))");
     CHECK(policy.recent() == 2);
     // The window slides: an hour after the first restart, one is allowed again.
     clock.advance(20min);
     CHECK(policy.recent() == 1);
     d = decide_now(policy, exited(clock, 1));
     CHECK(d.restart());
-    CHECK(d.reason == "restart 2 of 2 within 1 h (--restart-window=2/1h)");
+    CHECK(d.reason == "restart 2 of 2 within 1 h (restart_window(2, 1h))");
     CHECK(!decide_now(policy, exited(clock, 1)).restart());
     CHECK_THROWS_AS(elastic::basic_restart_window<manual_policy_clock>(0, 1h, clock), std::invalid_argument);
 }
@@ -275,14 +277,14 @@ TEST_CASE("policy: restart_on_exit restarts on its set (codes, ranges, signals, 
     auto policy = elastic::restart_on_exit("1,75-78,signals");
     auto d = decide_now(policy, exited(clock, 76));
     CHECK(d.restart());
-    CHECK(d.reason == "local_rank 0 exited with code 76: retryable (--restart-on-exit=1,75-78,signals)");
+    CHECK(d.reason == "local_rank 0 exited with code 76: retryable (restart_on_exit(\"1,75-78,signals\"))");
     d = decide_now(policy, exited(clock, 2));
     CHECK(!d.restart());
     CHECK(d.reason ==
-          "local_rank 0 exited with code 2: not retryable, stopping at once (--restart-on-exit=1,75-78,signals)");
+          "local_rank 0 exited with code 2: not retryable, stopping at once (restart_on_exit(\"1,75-78,signals\"))");
     d = decide_now(policy, failure_of(clock, elastic::exit_status::from_signal(9)));
     CHECK(d.restart());
-    CHECK(d.reason == "local_rank 0 killed by signal 9 (SIGKILL): retryable (--restart-on-exit=1,75-78,signals)");
+    CHECK(d.reason == "local_rank 0 killed by signal 9 (SIGKILL): retryable (restart_on_exit(\"1,75-78,signals\"))");
     CHECK(decide_now(policy, exited(clock, 137)).restart());  // a shell's report of SIGKILL
     CHECK(!decide_now(policy, exited(clock, 128)).restart());
     CHECK(!decide_now(policy, exited(clock, 200)).restart());
@@ -310,7 +312,8 @@ TEST_CASE("policy: restart_on_exit restarts on its set (codes, ranges, signals, 
     auto fatal = elastic::stop_on_exit("2,SIGSEGV");
     d = decide_now(fatal, failure_of(clock, elastic::exit_status::from_signal(11)));
     CHECK(!d.restart());
-    CHECK(d.reason == "local_rank 0 killed by signal 11 (SIGSEGV): fatal, stopping at once (stop_on_exit(2,SIGSEGV))");
+    CHECK(d.reason ==
+          "local_rank 0 killed by signal 11 (SIGSEGV): fatal, stopping at once (stop_on_exit(\"2,SIGSEGV\"))");
     CHECK(decide_now(fatal, exited(clock, 1)).restart());
 }
 
@@ -320,7 +323,7 @@ TEST_CASE("policy: crash_loop_guard stops a group that fails within T of its sta
     auto d = decide_now(guard, exited(clock, 1, 5s));
     CHECK(!d.restart());
     CHECK(d.reason == "the group failed 5 s after its start, within the crash-loop guard of 30 s: not retried "
-                      "(--restart-crash-guard=30s)");
+                      "(crash_loop_guard(30s))");
     d = decide_now(guard, exited(clock, 1, 30s));
     CHECK(d.restart());
     CHECK(d.reason == "ran 30 s, past the crash-loop guard of 30 s");
@@ -333,12 +336,12 @@ TEST_CASE("policy: crash_loop_guard stops a group that fails within T of its sta
     CHECK(decide_now(three, exited(clock, 1, 1s)).restart());
     d = decide_now(three, exited(clock, 1, 2s));
     CHECK(d.restart());
-    CHECK(d.reason == "failed 2 s after its start: 2 of 2 allowed in a row within 30 s (--restart-crash-guard=30s:3)");
+    CHECK(d.reason == "failed 2 s after its start: 2 of 2 allowed in a row within 30 s (crash_loop_guard(30s, 3))");
     d = decide_now(three, exited(clock, 1, 1500ms));
     CHECK(!d.restart());
     CHECK(d.reason ==
           "the group failed 1.5 s after its start: 3 starts in a row failed within the crash-loop guard of 30 s: "
-          "not retried (--restart-crash-guard=30s:3)");
+          "not retried (crash_loop_guard(30s, 3))");
     CHECK_THROWS_AS(elastic::crash_loop_guard(0ms), std::invalid_argument);
 }
 
@@ -353,6 +356,49 @@ struct user_part {
     }
 };
 
+TEST_CASE("policy: a chain announces its restart and whole wait once, through before_delay, as the wait starts") {
+    manual_policy_clock clock;
+    using backoff_m = elastic::basic_backoff<manual_policy_clock>;
+    auto policy = elastic::max_restarts(3) | backoff_m(no_jitter(1s, 1min), clock) |
+                  elastic::basic_restart_window<manual_policy_clock>(5, 1h, clock) |
+                  backoff_m(no_jitter(2s, 1min), clock);
+    std::vector<std::pair<std::string, duration>> heard;
+    std::size_t sleeps_when_heard = 0;
+    auto failure = exited(clock, 1, 1s, 0);
+    failure.before_delay = [&](const restart_decision& d, duration wait) {
+        CHECK(d.restart());
+        heard.emplace_back(d.reason, wait);
+        sleeps_when_heard = clock.sleeps().size();
+    };
+    const auto sleeps_before = clock.sleeps().size();
+    auto [d, took] = decide_advancing(policy, failure, clock);
+    CHECK(d.restart());
+    CHECK(took == 3s);
+    REQUIRE(heard.size() == 1);
+    CHECK(heard[0].first == d.reason);          // the reason it answers with
+    CHECK(heard[0].second == 3s);               // both backoffs: 1 s + 2 s
+    CHECK(sleeps_when_heard == sleeps_before);  // heard before any wait began
+
+    // No wait, or a stop: nothing announced.
+    heard.clear();
+    auto budget_only = elastic::max_restarts(1) | elastic::restart_on_exit("1");
+    failure.restarts = 0;
+    CHECK(decide_now(budget_only, failure).restart());
+    failure.restarts = 1;
+    CHECK(!decide_now(budget_only, failure).restart());
+    failure.restarts = 3;  // the chain's budget is spent: it stops before any backoff
+    CHECK(!decide_now(policy, failure).restart());
+    CHECK(heard.empty());
+
+    // A planned model alone announces its own wait.
+    backoff_m alone(no_jitter(4s, 1min), clock);
+    failure.restarts = 0;
+    std::tie(d, took) = decide_advancing(alone, failure, clock);
+    REQUIRE(heard.size() == 1);
+    CHECK(heard[0].second == 4s);
+    CHECK(took == 4s);
+}
+
 TEST_CASE("policy: a | b asks in order, the first stop wins, reasons join, delays add up") {
     manual_policy_clock clock;
     using backoff_m = elastic::basic_backoff<manual_policy_clock>;
@@ -360,24 +406,26 @@ TEST_CASE("policy: a | b asks in order, the first stop wins, reasons join, delay
     static_assert(elastic::restart_policy<decltype(policy)>);
     auto [d, took] = decide_advancing(policy, exited(clock, 1, 1s, 0), clock);
     CHECK(d.restart());
-    CHECK(d.reason ==
-          "restart 1 of 2 (--max-restarts=2); after 1 s backoff (failure 1 in a row; --restart-backoff=1s:1min)");
+    CHECK(
+        d.reason ==
+        "restart 1 of 2 (max_restarts(2)); after 1 s backoff (failure 1 in a row; backoff(backoff_spec{1s, 1min, 10min, 2, 0}))");
     CHECK(took == 1s);
     std::tie(d, took) = decide_advancing(policy, exited(clock, 1, 1s, 1), clock);
-    CHECK(d.reason ==
-          "restart 2 of 2 (--max-restarts=2); after 2 s backoff (failure 2 in a row; --restart-backoff=1s:1min)");
+    CHECK(
+        d.reason ==
+        "restart 2 of 2 (max_restarts(2)); after 2 s backoff (failure 2 in a row; backoff(backoff_spec{1s, 1min, 10min, 2, 0}))");
     CHECK(took == 2s);
     const auto sleeps_before = clock.sleeps().size();
     d = decide_now(policy, exited(clock, 1, 1s, 2));
     CHECK(!d.restart());
-    CHECK(d.reason == "the restart budget is spent: 2 of 2 restarts made (--max-restarts=2)");
+    CHECK(d.reason == "the restart budget is spent: 2 of 2 restarts made (max_restarts(2))");
     CHECK(clock.sleeps().size() == sleeps_before);  // the budget stopped it before any backoff
 
     // A later stop costs no earlier backoff and counts nothing in it.
     auto late_stop = backoff_m(no_jitter(1s, 1min), clock) | elastic::max_restarts(0);
     d = decide_now(late_stop, exited(clock, 1));
     CHECK(!d.restart());
-    CHECK(d.reason == "no restarts allowed (--max-restarts=0)");
+    CHECK(d.reason == "no restarts allowed (max_restarts(0))");
     CHECK(std::get<0>(late_stop.parts()).in_a_row() == 0);
 
     // Budgets count only restarts the whole chain makes.
@@ -411,8 +459,8 @@ TEST_CASE("policy: chains flatten, take a user's coroutine in its turn, and eras
     CHECK(took == 4s);
     CHECK(calls == 1);
     CHECK(d.reason ==
-          "local_rank 0 exited with code 1: retryable (--restart-on-exit=1); the operator agreed; after 1 s backoff "
-          "(failure 1 in a row; --restart-backoff=1s:1min)");
+          "local_rank 0 exited with code 1: retryable (restart_on_exit(\"1\")); the operator agreed; after 1 s backoff "
+          "(failure 1 in a row; backoff(backoff_spec{1s, 1min, 10min, 2, 0}))");
     // A stop before the user's part: the user is not asked.
     CHECK(!decide_now(with_user, exited(clock, 2)).restart());
     CHECK(calls == 1);

@@ -61,15 +61,17 @@ TEST_CASE("policy: elasticrun --restart-backoff restarts a failing worker after 
                  worker_env(dir, "a3:running;*:running+exit1"));
     INFO(r.err);
     CHECK(r.code == 0);
-    // The agent's log names each restart with its reason: budget, then backoff, failure 1, 2, 3.
+    // The agent's log names each restart with its reason (budget, then backoff, failure 1, 2,
+    // 3) and its wait, logged as the wait starts; the reasons cite the options given.
     const std::regex reason(
-        R"(restart (\d) of 3 \(--max-restarts=3\); after (\d+) ms backoff \(failure (\d) in a row; --restart-backoff=100ms:10s\): restarting)");
+        R"(restart (\d) of 3 \(--max-restarts=3\); after (\d+) ms backoff \(failure (\d) in a row; --restart-backoff=100ms:10s\): restarting the worker group in (\d+) ms)");
     std::vector<int> delays_ms;
     int n = 0;
     for (auto it = std::sregex_iterator(r.err.begin(), r.err.end(), reason); it != std::sregex_iterator(); ++it) {
         ++n;
         CHECK((*it)[1].str() == std::to_string(n));
         CHECK((*it)[3].str() == std::to_string(n));
+        CHECK((*it)[4].str() == (*it)[2].str());
         delays_ms.push_back(std::stoi((*it)[2].str()));
     }
     REQUIRE(delays_ms.size() == 3);
@@ -137,8 +139,16 @@ TEST_CASE("policy: the custom-policy example restarts through its own coroutine,
         CHECK(r.code == 0);
         CHECK(agent_support::launched::count_lines(r.out, "running 0 1 ") == 1);
         CHECK(agent_support::launched::count_lines(r.out, "running 1 ") == 2);
-        CHECK(r.err.find("local_rank 1 exited with code 1: retryable (--restart-on-exit=1,signals); settled 500 ms, "
-                         "no hold file; restart 1 of 3 (--max-restarts=3); after ") != std::string::npos);
+        // Its built-in parts cite themselves as its code wrote them, not as options nobody gave;
+        // the backoff's wait is announced as it starts, and the restart is not logged twice.
+        CHECK(r.err.find("local_rank 1 exited with code 1: retryable (restart_on_exit(\"1,signals\")); settled 500 ms, "
+                         "no hold file; restart 1 of 3 (max_restarts(3)); after ") != std::string::npos);
+        CHECK(r.err.find("(failure 1 in a row; backoff(1s, 1min)): restarting the worker group in ") !=
+              std::string::npos);
+        CHECK(r.err.find("--") == std::string::npos);
+        const auto once = r.err.find("restarting the worker group");
+        CHECK(once != std::string::npos);
+        CHECK(r.err.find("restarting the worker group", once + 1) == std::string::npos);
     }
     SUBCASE("the hold file stops it") {
         auto env = worker_env(dir, "*:running+exit1");
@@ -155,7 +165,7 @@ TEST_CASE("policy: the custom-policy example restarts through its own coroutine,
     SUBCASE("an exit code outside its set stops before its timer") {
         auto r = run(custom_launcher(), {}, worker_env(dir, "*:running+exit2"));
         CHECK(r.code == 2);
-        CHECK(r.err.find("exited with code 2: not retryable, stopping at once (--restart-on-exit=1,signals)") !=
+        CHECK(r.err.find("exited with code 2: not retryable, stopping at once (restart_on_exit(\"1,signals\"))") !=
               std::string::npos);
         CHECK(r.err.find("settled") == std::string::npos);
     }

@@ -49,23 +49,32 @@ TEST_CASE("policy: max_restarts(n) restarts n times, then stops, with the reason
     failure.restarts = 0;
     auto d = decide(policy, failure);
     CHECK(d.restart());
-    CHECK(d.reason == "restart 1 of 2 (--max-restarts=2)");
+    CHECK(d.reason == "restart 1 of 2 (max_restarts(2))");
     failure.restarts = 1;
     d = decide(policy, failure);
     CHECK(d.restart());
-    CHECK(d.reason == "restart 2 of 2 (--max-restarts=2)");
+    CHECK(d.reason == "restart 2 of 2 (max_restarts(2))");
     failure.restarts = 2;
     d = decide(policy, failure);
     CHECK(!d.restart());
-    CHECK(d.reason == "the restart budget is spent: 2 of 2 restarts made (--max-restarts=2)");
+    CHECK(d.reason == "the restart budget is spent: 2 of 2 restarts made (max_restarts(2))");
 }
 
 TEST_CASE("policy: max_restarts(0), torchrun's default, never restarts, and a negative budget is refused") {
     elastic::max_restarts policy(0);
     const auto d = decide(policy, elastic::group_failure{});
     CHECK(!d.restart());
-    CHECK(d.reason == "no restarts allowed (--max-restarts=0)");
+    CHECK(d.reason == "no restarts allowed (max_restarts(0))");
     CHECK_THROWS_AS(elastic::max_restarts(-1), std::invalid_argument);
+}
+
+TEST_CASE("policy: a built-in policy cites its C++ call, or the option when built from the command line") {
+    elastic::max_restarts policy(2);
+    CHECK(policy.naming() == elastic::policy_naming::code);
+    elastic::group_failure failure;
+    CHECK(decide(policy, failure).reason == "restart 1 of 2 (max_restarts(2))");
+    policy.name_by(elastic::policy_naming::command_line);
+    CHECK(decide(policy, failure).reason == "restart 1 of 2 (--max-restarts=2)");
 }
 
 TEST_CASE("policy: group_failure answers which ranks failed, the root cause and the healthy time") {

@@ -21,6 +21,7 @@
 #include "elastic/detail/text.hpp"
 #include "elastic/rendezvous/parameters.hpp"
 #include "elastic/policy/concepts.hpp"
+#include "elastic/policy/spec.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/group.hpp"
@@ -465,7 +466,17 @@ private:
         using namespace asio::experimental::awaitable_operators;
         expect(s, step::kind::failed, "decide");
         s.failure.restarts = rdzv.restart_count();
+        // A policy about to wait before its restart (a backoff) says so first: the restart line
+        // is logged as the wait starts, "restarting ... in 1.8 s", and not again after it.
+        bool announced = false;
+        s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
+            announced = true;
+            log_.warning(fmt::format("[{}] {}; {}: {} in {}", spec_.role, failed_what(s), d.reason,
+                                     several_ ? "restarting every node's worker group" : "restarting the worker group",
+                                     duration_words(delay)));
+        };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
+        s.failure.before_delay = nullptr;
         if (decided.index() == 1) {
             const int sig = signals.take();
             events_.decision_interrupted(rdzv.restart_count(), sig);
@@ -484,7 +495,7 @@ private:
         // What stands: this decision, or another node's regroup when this one was taken for lost.
         const auto standing = co_await rdzv.decide(decision);
         if (!standing.regroup) events_.decision(s.failure, d);
-        co_return co_await conclude(rdzv, s, standing);
+        co_return co_await conclude(rdzv, s, standing, announced && standing.restart && !standing.regroup);
     }
 
     /// job<R>::follow().
@@ -518,8 +529,10 @@ private:
 
     /// The job's decision for the aborted round, acted on: a restart (nullopt), or a stop with
     /// this node's failure report (when its workers failed) and the job's exit code.
+    /// `announced`: the restart line was logged already, as the policy's wait began.
     template <agent_rendezvous R>
-    asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision) {
+    asio::awaitable<std::optional<int>> conclude(R& rdzv, const step& s, const job_decision& decision,
+                                                 bool announced = false) {
         const auto what = failed_what(s);
         if (decision.regroup) {
             log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
@@ -528,6 +541,10 @@ private:
             co_return std::nullopt;
         }
         if (decision.restart) {
+            if (announced) {
+                events_.restart(rdzv.restart_count());
+                co_return std::nullopt;
+            }
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
                                      several_
                                          ? fmt::format("restarting every node's worker group (job-wide restart {})",

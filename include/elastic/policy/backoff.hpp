@@ -35,7 +35,7 @@ using uniform_source = std::function<double()>;
 /// `reset_after` or longer starts over at k = 0. It always answers restart: pair it with a
 /// budget (`max_restarts(5) | backoff(1s, 1min)`).
 template <policy_clock Clock = steady_policy_clock>
-class basic_backoff {
+class basic_backoff : public named_policy {
 public:
     explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
         : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
@@ -72,7 +72,7 @@ public:
         pending_ = k + 1;
         std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
         if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
-        why += fmt::format("; {})", spec_.flag());
+        why += fmt::format("; {})", named());
         return {restart_decision::restart_because(std::move(why)), delay};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
@@ -83,6 +83,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return this->cite(spec_.code(), spec_.flag()); }
+
     backoff_spec spec_;
     Clock clock_;
     uniform_source uniform_;

@@ -56,7 +56,10 @@ template <class P>
 asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& failure) {
     auto plan = policy.plan(failure);
     if (plan.decision.restart()) {
-        if (plan.delay > std::chrono::steady_clock::duration::zero()) co_await policy.wait(plan.delay);
+        if (plan.delay > std::chrono::steady_clock::duration::zero()) {
+            if (failure.before_delay) failure.before_delay(plan.decision, plan.delay);
+            co_await policy.wait(plan.delay);
+        }
         policy.commit(failure);
     }
     co_return std::move(plan.decision);
@@ -67,8 +70,8 @@ asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& fa
 /// `a | b | c`: every part is consulted in order; the first to answer stop decides (its reason,
 /// and nothing after it is asked); when all answer restart the delays add up and the reasons are
 /// joined with "; ". Planned parts (the built-in models) only plan while the chain asks: their
-/// delays are awaited after the last part has said restart, then every planned part counts the
-/// restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
+/// delays are awaited after the last part has said restart (announced first, once, through
+/// group_failure::before_delay), then every planned part counts the restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
 /// that happen. Any other part is awaited in its turn (it may wait for whatever it likes).
 template <class... Parts>
 class policy_chain {
@@ -82,9 +85,13 @@ public:
         progress p;
         auto stop = co_await consult<0>(failure, p);
         if (stop) co_return std::move(*stop);
+        auto decision = restart_decision::restart_because(std::move(p.reason));
+        std::chrono::steady_clock::duration total{};
+        for (const auto d : p.delays) total += d;
+        if (total > total.zero() && failure.before_delay) failure.before_delay(decision, total);
         co_await wait_all<0>(p);
         commit_all<0>(failure);
-        co_return restart_decision::restart_because(std::move(p.reason));
+        co_return decision;
     }
 
     /// The parts, for inspection (a test's, or a launcher's log).

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <concepts>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +19,20 @@
 #include <vector>
 
 namespace elastic::inline v0 {
+
+/// What a policy answers.
+struct restart_decision {
+    enum class action { restart, stop };
+
+    action what = action::stop;
+    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
+    std::string reason;
+
+    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
+
+    static restart_decision restart_because(std::string why) { return {action::restart, std::move(why)}; }
+    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
+};
 
 /// A worker group's failure, as a restart policy sees it.
 ///
@@ -35,6 +50,11 @@ struct group_failure {
     std::chrono::steady_clock::time_point started{};
     /// When the agent saw the first failure (the end of the healthy period).
     std::chrono::steady_clock::time_point failed{};
+    /// Set by the agent for the policy's call: a policy that has decided to restart and is about
+    /// to wait before it answers (a backoff) calls it first, with its reason and the wait, so
+    /// the log says "restarting ... in 1.8 s" as the wait starts rather than after it. The
+    /// built-in chain and models call it; a policy of your own may. Empty: nobody listens.
+    std::function<void(const restart_decision&, std::chrono::steady_clock::duration)> before_delay;
 
     /// How long the group ran healthy before the first failure.
     [[nodiscard]] std::chrono::steady_clock::duration healthy_for() const noexcept { return failed - started; }
@@ -68,20 +88,6 @@ struct group_failure {
         std::sort(out.begin(), out.end());
         return out;
     }
-};
-
-/// What a policy answers.
-struct restart_decision {
-    enum class action { restart, stop };
-
-    action what = action::stop;
-    /// Why, in words, for the agent's log ("restart 1 of 3 (--max-restarts=3)").
-    std::string reason;
-
-    [[nodiscard]] bool restart() const noexcept { return what == action::restart; }
-
-    static restart_decision restart_because(std::string why) { return {action::restart, std::move(why)}; }
-    static restart_decision stop_because(std::string why) { return {action::stop, std::move(why)}; }
 };
 
 /*

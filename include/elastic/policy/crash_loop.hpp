@@ -20,7 +20,7 @@ namespace elastic::inline v0 {
 /// Stops the job when the group failed within `within` of its start (group_failure::healthy_for,
 /// every attempt's own start), or, with `in_a_row` = N > 1, when the N-th attempt in a row did.
 /// A group that ran longer restarts and clears the count.
-class crash_loop_guard {
+class crash_loop_guard : public named_policy {
 public:
     explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
         if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
@@ -48,16 +48,16 @@ public:
                         spec_.in_a_row == 1
                             ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
                                           "not retried ({})",
-                                          duration_words(ran), duration_words(spec_.within), spec_.flag())
+                                          duration_words(ran), duration_words(spec_.within), named())
                             : fmt::format("the group failed {} after its start: {} starts in a row failed within "
                                           "the crash-loop guard of {}: not retried ({})",
-                                          duration_words(ran), pending_, duration_words(spec_.within), spec_.flag())),
+                                          duration_words(ran), pending_, duration_words(spec_.within), named())),
                     {}};
         }
         return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
                                                               "within {} ({})",
                                                               duration_words(ran), pending_, spec_.in_a_row - 1,
-                                                              duration_words(spec_.within), spec_.flag())),
+                                                              duration_words(spec_.within), named())),
                 {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
@@ -72,6 +72,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return cite(spec_.code(), spec_.flag()); }
+
     crash_guard_spec spec_;
     int early_ = 0;
     int pending_ = 0;

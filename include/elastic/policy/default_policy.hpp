@@ -31,24 +31,31 @@ namespace elastic::inline v0 {
 template <policy_clock Clock = steady_policy_clock>
 [[nodiscard]] any_restart_policy make_default_policy(const restart_settings& settings, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
+    // Built from the command line: every part's reasons cite its option.
+    const auto by_option = [](auto policy) {
+        policy.name_by(policy_naming::command_line);
+        return policy;
+    };
     optional_policy<exit_code_policy> exits;
-    if (settings.on_exit) exits = optional_policy<exit_code_policy>(restart_on_exit(*settings.on_exit));
+    if (settings.on_exit) exits = optional_policy<exit_code_policy>(by_option(restart_on_exit(*settings.on_exit)));
     optional_policy<crash_loop_guard> guard;
-    if (settings.crash_guard) guard = optional_policy<crash_loop_guard>(crash_loop_guard(*settings.crash_guard));
+    if (settings.crash_guard) {
+        guard = optional_policy<crash_loop_guard>(by_option(crash_loop_guard(*settings.crash_guard)));
+    }
     optional_policy<basic_backoff<Clock>> delay;
     if (settings.backoff) {
-        delay = optional_policy<basic_backoff<Clock>>(basic_backoff<Clock>(*settings.backoff, clock,
-                                                                           std::move(uniform)));
+        delay = optional_policy<basic_backoff<Clock>>(by_option(basic_backoff<Clock>(*settings.backoff, clock,
+                                                                                     std::move(uniform))));
     }
+    const auto budget = by_option(max_restarts(settings.max_restarts));
     if (settings.window) {
-        basic_restart_window<Clock> window(*settings.window, clock);
+        auto window = by_option(basic_restart_window<Clock>(*settings.window, clock));
         if (settings.max_restarts == 0) {
             return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
         }
-        return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(window),
-                     std::move(delay));
+        return chain(std::move(exits), std::move(guard), budget, std::move(window), std::move(delay));
     }
-    return chain(std::move(exits), std::move(guard), max_restarts(settings.max_restarts), std::move(delay));
+    return chain(std::move(exits), std::move(guard), budget, std::move(delay));
 }
 
 }  // namespace elastic::inline v0

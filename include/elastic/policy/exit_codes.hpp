@@ -20,7 +20,7 @@ namespace elastic::inline v0 {
 /// Judges the root cause (the first worker to fail, by time: the others usually fail because of
 /// it) against a set of endings. `restart_on_exit(set)`: restart only when it is in the set;
 /// `stop_on_exit(set)`: stop when it is. With no worker failed on its own, it restarts.
-class exit_code_policy {
+class exit_code_policy : public named_policy {
 public:
     enum class mode { restart_listed, stop_listed };
 
@@ -28,11 +28,15 @@ public:
 
     [[nodiscard]] const exit_code_set& set() const noexcept { return set_; }
     [[nodiscard]] mode which() const noexcept { return mode_; }
-    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no flag and
-    /// shows its C++ form.
+    /// The C++ form (`restart_on_exit("1,3-5,signals")`).
+    [[nodiscard]] std::string code() const {
+        return fmt::format("{}(\"{}\")", mode_ == mode::restart_listed ? "restart_on_exit" : "stop_on_exit",
+                           set_.to_string());
+    }
+    /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no option
+    /// and shows its C++ form.
     [[nodiscard]] std::string flag() const {
-        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string())
-                                             : fmt::format("stop_on_exit({})", set_.to_string());
+        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string()) : code();
     }
 
     restart_plan plan(const group_failure& failure) {
@@ -43,15 +47,15 @@ public:
         const bool listed = set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed)
-                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, flag())), {}};
-            return {
-                restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending, flag())),
-                {}};
+                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, named())), {}};
+            return {restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending,
+                                                               named())),
+                    {}};
         }
         if (listed)
-            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, flag())),
+            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, named())),
                     {}};
-        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, flag())), {}};
+        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, named())), {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
@@ -65,6 +69,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return cite(code(), flag()); }
+
     exit_code_set set_;
     mode mode_;
 };

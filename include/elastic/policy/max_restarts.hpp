@@ -4,6 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/policy/concepts.hpp"
+#include "elastic/policy/spec.hpp"
 
 #include <asio/awaitable.hpp>
 #include <fmt/format.h>
@@ -19,7 +20,7 @@ namespace elastic::inline v0 {
 /// It counts with `group_failure::restarts` (the job's count, which the agent keeps) rather
 /// than a counter of its own, so a copy of the policy, or one built again after a membership
 /// change, answers the same.
-class max_restarts {
+class max_restarts : public named_policy {
 public:
     /// `n` >= 0 restarts allowed in the job.
     explicit max_restarts(int n) : budget_(n) {
@@ -33,15 +34,15 @@ public:
 
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
+        const auto named = cite(fmt::format("max_restarts({})", budget_), fmt::format("--max-restarts={}", budget_));
         if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(fmt::format("restart {} of {} (--max-restarts={})",
-                                                                    failure.restarts + 1, budget_, budget_));
+            co_return restart_decision::restart_because(fmt::format("restart {} of {} ({})", failure.restarts + 1,
+                                                                    budget_, named));
         }
         co_return restart_decision::stop_because(
-            budget_ == 0 ? std::string("no restarts allowed (--max-restarts=0)")
-                         : fmt::format("the restart budget is spent: {} of {} restarts made "
-                                       "(--max-restarts={})",
-                                       failure.restarts, budget_, budget_));
+            budget_ == 0 ? fmt::format("no restarts allowed ({})", named)
+                         : fmt::format("the restart budget is spent: {} of {} restarts made ({})", failure.restarts,
+                                       budget_, named));
     }
 
 private:

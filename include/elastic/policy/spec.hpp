@@ -47,6 +47,28 @@ namespace detail::policy {
 [[nodiscard]] ELASTIC_DECL std::chrono::milliseconds parse_duration(std::string_view text, std::string_view name,
                                                                     bool allow_zero = false);
 
+/// How a built-in policy cites itself in its reasons: as the C++ call that made it (the
+/// default: "max_restarts(3)", for a launcher whose policy is set in its code), or as the
+/// command-line option (the policy elasticrun builds from its options: "--max-restarts=3"). So
+/// a log line never names an option nobody passed.
+enum class policy_naming { code, command_line };
+
+/// The naming a built-in policy carries (its base class).
+class named_policy {
+public:
+    [[nodiscard]] policy_naming naming() const noexcept { return naming_; }
+    /// Cite the command-line option instead of the C++ call (make_default_policy does).
+    void name_by(policy_naming naming) noexcept { naming_ = naming; }
+
+protected:
+    [[nodiscard]] std::string cite(std::string code, std::string flag) const {
+        return naming_ == policy_naming::code ? std::move(code) : std::move(flag);
+    }
+
+private:
+    policy_naming naming_ = policy_naming::code;
+};
+
 /// --restart-backoff=INITIAL:CAP[:RESET]: wait INITIAL before the first restart, doubling for
 /// each failure in a row up to CAP; a group that ran healthy for RESET starts over at INITIAL.
 struct backoff_spec {
@@ -67,6 +89,14 @@ struct backoff_spec {
         if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
         return out;
     }
+    /// The C++ form: "backoff(1s, 1min)", or the spec when it is not the defaults but for the
+    /// two durations ("backoff(backoff_spec{1s, 1min, 30min, 1.5, 0.1})").
+    [[nodiscard]] std::string code() const {
+        const backoff_spec plain{initial, cap};
+        if (*this == plain) return fmt::format("backoff({}, {})", duration_flag_text(initial), duration_flag_text(cap));
+        return fmt::format("backoff(backoff_spec{{{}, {}, {}, {}, {}}})", duration_flag_text(initial),
+                           duration_flag_text(cap), duration_flag_text(reset_after), factor, jitter);
+    }
     friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
 };
 
@@ -80,6 +110,9 @@ struct window_spec {
 
     [[nodiscard]] std::string flag() const {
         return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
+    }
+    [[nodiscard]] std::string code() const {
+        return fmt::format("restart_window({}, {})", restarts, duration_flag_text(period));
     }
     friend bool operator==(const window_spec&, const window_spec&) = default;
 };
@@ -142,6 +175,10 @@ struct crash_guard_spec {
     [[nodiscard]] std::string flag() const {
         return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
                              : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+    }
+    [[nodiscard]] std::string code() const {
+        return in_a_row == 1 ? fmt::format("crash_loop_guard({})", duration_flag_text(within))
+                             : fmt::format("crash_loop_guard({}, {})", duration_flag_text(within), in_a_row);
     }
     friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
 };

@@ -23,7 +23,7 @@ namespace elastic::inline v0 {
 /// (as the clock counts, restarts being timed when they happen, after any backoff); stop once N
 /// were. Unlike max_restarts, a job that fails rarely runs for ever.
 template <policy_clock Clock = steady_policy_clock>
-class basic_restart_window {
+class basic_restart_window : public named_policy {
 public:
     explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
         if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
@@ -49,12 +49,11 @@ public:
             const auto since = clock_.now() - times_.front();
             return {restart_decision::stop_because(fmt::format(
                         "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
-                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), spec_.flag())),
+                        made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), named())),
                     {}};
         }
         return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
-                                                              spec_.restarts, duration_words(spec_.period),
-                                                              spec_.flag())),
+                                                              spec_.restarts, duration_words(spec_.period), named())),
                 {}};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
@@ -65,6 +64,9 @@ public:
     }
 
 private:
+    /// How reasons cite this policy (named_policy).
+    [[nodiscard]] std::string named() const { return this->cite(spec_.code(), spec_.flag()); }
+
     void forget_old() {
         const auto now = clock_.now();
         while (!times_.empty() && now - times_.front() >= spec_.period) times_.pop_front();
