@@ -15988,6 +15988,7 @@ template <policy_clock Clock = steady_policy_clock>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -15996,6 +15997,7 @@ template <policy_clock Clock = steady_policy_clock>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <poll.h>
 #include <unistd.h>
@@ -16049,6 +16051,10 @@ public:
     explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
         : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
 
+    /// Copy only the lines (or pieces of a cut line) that contain one of `filters`; none: every
+    /// line (the default).
+    void only_lines_with(std::vector<std::string> filters) { filters_ = std::move(filters); }
+
     /// The next chunk of the stream.
     void feed(std::string_view chunk) {
         pending_.append(chunk);
@@ -16061,14 +16067,11 @@ public:
                 if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
                 if (pending_[end] == '\n') ++end;
             }
-            out_ += prefix_;
-            out_.append(pending_, start, end - start);
+            add(std::string_view(pending_).substr(start, end - start), {});
             start = end;
         }
         while (pending_.size() - start >= max_line_bytes_) {
-            out_ += prefix_;
-            out_.append(pending_, start, max_line_bytes_);
-            out_ += '\n';
+            add(std::string_view(pending_).substr(start, max_line_bytes_), "\n");
             start += max_line_bytes_;
         }
         pending_.erase(0, start);
@@ -16078,9 +16081,7 @@ public:
     /// Writes what is left (the stream ended mid-line), ended with `\n`.
     void flush() {
         if (pending_.empty()) return;
-        out_ += prefix_;
-        out_ += pending_;
-        out_ += '\n';
+        add(pending_, "\n");
         pending_.clear();
         write_out();
     }
@@ -16088,6 +16089,18 @@ public:
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
+    /// One line (with its end, or `end` after it) into the pending write, if it passes the filters.
+    void add(std::string_view line, std::string_view end) {
+        if (!filters_.empty() && std::none_of(filters_.begin(), filters_.end(), [&](const std::string& f) {
+                return line.find(f) != std::string_view::npos;
+            })) {
+            return;
+        }
+        out_ += prefix_;
+        out_ += line;
+        out_ += end;
+    }
+
     void write_out() {
         if (out_.empty()) return;
         detail::agent::write_all(out_fd_, out_);
@@ -16097,6 +16110,7 @@ private:
     int out_fd_;
     std::string prefix_;
     std::size_t max_line_bytes_;
+    std::vector<std::string> filters_;
     std::string pending_;
     std::string out_;
 };
@@ -16127,6 +16141,11 @@ struct stream_copies {
     int console_fd = -1;                     ///< whole lines after `prefix`: the agent's stdout or stderr
     std::string prefix;                      ///< the rank's console prefix; empty for a raw copy
     detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
+    /// The lines that contain one of `filters`, after `filtered_prefix`: the attempt's
+    /// filtered_stdout.log or filtered_stderr.log, shared by the ranks (-1: no copy).
+    int filtered_fd = -1;
+    std::vector<std::string> filters;
+    std::string filtered_prefix;
 };
 
 /// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
@@ -16137,6 +16156,11 @@ template <class Defer = void>
 asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
     std::unique_ptr<line_relay> console;
     if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
+    std::unique_ptr<line_relay> filtered;
+    if (copies.filtered_fd >= 0 && !copies.filters.empty()) {
+        filtered = std::make_unique<line_relay>(copies.filtered_fd, std::move(copies.filtered_prefix));
+        filtered->only_lines_with(std::move(copies.filters));
+    }
     // 64 KiB: a full pipe's worth in one read.
     auto buffer = std::make_unique<char[]>(65536);
     for (;;) {
@@ -16150,18 +16174,23 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
                 if (copies.file_writes != nullptr) copies.file_writes->lost(shortfall);
             }
             if (console) console->feed(chunk);
+            if (filtered) filtered->feed(chunk);
             if (copies.progress != nullptr) copies.progress->progressed();
         }
         if (ec) break;
     }
     if (console) console->flush();
+    if (filtered) filtered->flush();
 }
 
 /// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
 /// no copy).
 template <class Defer = void>
 asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    co_await relay_stream(pipe, stream_copies{&tail, -1, nullptr, out_fd, {}, nullptr});
+    stream_copies copies;
+    copies.tail = &tail;
+    copies.console_fd = out_fd;
+    co_await relay_stream(pipe, std::move(copies));
 }
 
 }  // namespace elastic::inline v0
@@ -16467,6 +16496,11 @@ struct worker_spec {
     stream_selection redirects;        ///< streams that go to files only
     stream_selection tee;              ///< streams that go to files and the console
     std::set<int> local_ranks_filter;  ///< local ranks whose output reaches the console; empty: all
+    /// --duplicate-stdout-filters / --duplicate-stderr-filters: a line of a tee'd stream that
+    /// contains any of these is also copied, after the rank's prefix, to the attempt's
+    /// filtered_stdout.log / filtered_stderr.log (every rank's lines in one file).
+    std::vector<std::string> duplicate_stdout_filters;
+    std::vector<std::string> duplicate_stderr_filters;
     /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
 
@@ -17617,6 +17651,7 @@ ELASTIC_DECL void check_spec(const worker_spec& w) {
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -17631,11 +17666,23 @@ class basic_worker_output {
 public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
-    /// and `how.err`. Throws log_error.
+    /// and `how.err`. Throws log_error. `filtered_out` and `filtered_err`: the attempt's
+    /// filtered_stdout.log and filtered_stderr.log (-1: none), which get this worker's lines
+    /// that match config's duplicate filters when it tees that stream; they must outlive the
+    /// relays.
     void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
-                 spawn_options& how) {
+                 spawn_options& how, int filtered_out = -1, int filtered_err = -1) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
+        const auto tees = [&](std_streams which) {
+            return (static_cast<unsigned>(config.tee.for_rank(index)) & static_cast<unsigned>(which)) != 0;
+        };
+        out_filters_ = filtered_out >= 0 && tees(std_streams::out) ? config.duplicate_stdout_filters
+                                                                   : std::vector<std::string>{};
+        err_filters_ = filtered_err >= 0 && tees(std_streams::err) ? config.duplicate_stderr_filters
+                                                                   : std::vector<std::string>{};
+        filtered_out_ = out_filters_.empty() ? -1 : filtered_out;
+        filtered_err_ = err_filters_.empty() ? -1 : filtered_err;
         const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
             const auto path = rank_dir / fmt::format("{}.log", stream);
             fd = open_log_file(path);
@@ -17643,9 +17690,9 @@ public:
         };
         if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
         if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
-        if (routes_.out.console == console_copy::raw && !out_file_) {
+        if (routes_.out.console == console_copy::raw && !out_file_ && filtered_out_ < 0) {
             how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && !out_file_) {
+        } else if (routes_.out.console == console_copy::none && !out_file_ && filtered_out_ < 0) {
             how.out = stdio::null();
         } else {
             how.out = stdio::pipe();
@@ -17676,12 +17723,12 @@ public:
         if (out_pipe_) {
             run(executor, relays, keep_alive, *out_pipe_,
                 stream_copies{nullptr, out_file_.get(), &out_writes_, console_fd(routes_.out, 1), prefix(routes_.out),
-                              &relays});
+                              &relays, filtered_out_, out_filters_, prefix_});
         }
         if (err_pipe_) {
             run(executor, relays, keep_alive, *err_pipe_,
                 stream_copies{&tail, err_file_.get(), &err_writes_, console_fd(routes_.err, 2), prefix(routes_.err),
-                              &relays});
+                              &relays, filtered_err_, err_filters_, prefix_});
         }
     }
 
@@ -17714,6 +17761,10 @@ private:
 
     worker_routes routes_;
     std::string prefix_;
+    int filtered_out_ = -1;
+    int filtered_err_ = -1;
+    std::vector<std::string> out_filters_;
+    std::vector<std::string> err_filters_;
     detail::process::owned_fd out_file_;
     detail::process::owned_fd err_file_;
     log_file_writes out_writes_;
@@ -17787,6 +17838,10 @@ struct attempt_state {
     attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
     std::vector<worker_slot> slots;
     detail::task_latch relays;
+    /// The attempt's filtered_stdout.log and filtered_stderr.log (--duplicate-*-filters), which
+    /// every rank's relays write: held here, with the relays.
+    detail::process::owned_fd filtered_out;
+    detail::process::owned_fd filtered_err;
 };
 
 }  // namespace detail::agent
@@ -17822,6 +17877,16 @@ public:
         workers_.reserve(slots.size());
         std::optional<std::string> spawn_failure;
         bool program_fault = false;
+        if (!attempt.dir.empty()) {
+            // Opened whenever filters are given, as torchrun does: an empty file says that no
+            // line matched (or that no rank tees the stream; the launcher warns of that).
+            if (!spec_->duplicate_stdout_filters.empty()) {
+                state_->filtered_out = open_log_file(attempt.dir / "filtered_stdout.log");
+            }
+            if (!spec_->duplicate_stderr_filters.empty()) {
+                state_->filtered_err = open_log_file(attempt.dir / "filtered_stderr.log");
+            }
+        }
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
@@ -17837,7 +17902,8 @@ public:
             how.args.assign(argv.begin() + 1, argv.end());
             how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
             try {
-                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how,
+                                    state_->filtered_out.get(), state_->filtered_err.get());
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const spawn_error& e) {
@@ -19131,6 +19197,11 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 /// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
 [[nodiscard]] ELASTIC_DECL std::set<int> parse_local_ranks(std::string_view text, std::string_view name);
 
+/// `--duplicate-stdout-filters` / `--duplicate-stderr-filters`: comma-separated substrings, `,,`
+/// standing for a comma inside one (`a,,b,c` is `a,b` and `c`); empty items are dropped. A
+/// filter is matched as written: spaces count. Nothing to refuse: every text is a filter list.
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> parse_duplicate_filters(std::string_view text);
+
 /// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name);
@@ -19513,6 +19584,23 @@ namespace elastic::inline v0 {
         ranks.insert(static_cast<int>(*rank));
     }
     return ranks;
+}
+
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> parse_duplicate_filters(std::string_view text) {
+    std::vector<std::string> filters;
+    std::string item;
+    for (std::size_t i = 0; i <= text.size(); ++i) {
+        if (i < text.size() && text[i] != ',') {
+            item += text[i];
+        } else if (i + 1 < text.size() && text[i + 1] == ',') {
+            item += ',';  // ",," is a comma inside the item
+            ++i;
+        } else {
+            if (!item.empty()) filters.push_back(std::move(item));
+            item.clear();
+        }
+    }
+    return filters;
 }
 
 [[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name) {
@@ -20236,6 +20324,7 @@ namespace elastic::inline v0 {
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -20285,7 +20374,8 @@ struct option_spec {
     std::string_view help;
 };
 
-inline constexpr std::array<std::string_view, 8> option_groups{{
+/// --help's sections, by option_spec::group (-1: an option --help does not list).
+inline constexpr std::array<std::string_view, 7> option_groups{{
     "How the program runs",
     "Workers on this node",
     "Nodes and rendezvous",
@@ -20293,7 +20383,6 @@ inline constexpr std::array<std::string_view, 8> option_groups{{
     "Failures, restarts and shutdown",
     "Output and logs",
     "Accepted for torchrun compatibility (they matter only to Python function workers)",
-    "Not implemented yet (refused when given)",
 }};
 
 // clang-format off
@@ -20405,15 +20494,19 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "default", option_state::compatibility, 6,
      "torchrun's LogsSpecs plugin for the log layout: only default, torchrun's own layout, which is elastic's; "
      "elastic has no Python plugins to load another."},
+    // Not in --help (docs/cli.md says why); refused with the way to bind instead.
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
-     option_state::refused, 7,
-     "NUMA binding of each worker."},
+     option_state::refused, -1,
+     "elastic does not bind workers to NUMA nodes: torchrun binds each near its GPU. Start the program "
+     "under numactl, whose arguments may name ${local_rank}: elasticrun ... numactl --cpunodebind=${local_rank} "
+     "--membind=${local_rank} ./trainer"},
     {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
-     "", option_state::refused, 7,
-     "Copy matching tee'd stdout lines to filtered_stdout.log."},
+     "none", option_state::implemented, 5,
+     "Also copy each line of a tee'd (-t) stdout that contains one of these texts (,, is a comma inside one) "
+     "to the attempt's filtered_stdout.log, every rank's lines in one file."},
     {"--duplicate-stderr-filters,--duplicate_stderr_filters", "duplicate_stderr_filters", false, true, "TEXT,...",
-     "", option_state::refused, 7,
-     "Copy matching tee'd stderr lines to filtered_stderr.log."},
+     "none", option_state::implemented, 5,
+     "The same for tee'd stderr, into filtered_stderr.log."},
     {"-h,--help", "help", true, false, "", "", option_state::implemented, -1, "Show this help and exit."},
 }};
 // clang-format on
@@ -20720,11 +20813,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch::trim(value->text).empty())) {
-            continue;
-        }
-        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
-                                      detail::launch::show(value->name, value->text), spec.help)};
+        if (!value) continue;
+        throw usage_error{fmt::format("{}: {}", detail::launch::show(value->name, value->text), spec.help)};
     }
     if (const auto specs = raw("logs_specs"); specs && detail::launch::trim(specs->text) != "default") {
         throw usage_error{fmt::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
@@ -20870,6 +20960,10 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
+    if (const auto v = raw("duplicate_stdout_filters"))
+        config.duplicate_stdout_filters = parse_duplicate_filters(v->text);
+    if (const auto v = raw("duplicate_stderr_filters"))
+        config.duplicate_stderr_filters = parse_duplicate_filters(v->text);
     if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
         t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
@@ -20887,6 +20981,24 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
 
     detail::launch::validate(config, env, labels);
+    // Duplicate filters read tee'd streams only, as torchrun's do: say so when none is.
+    for (const auto& [filters, stream, name] :
+         {std::tuple{&config.duplicate_stdout_filters, std_streams::out, "stdout"},
+          std::tuple{&config.duplicate_stderr_filters, std_streams::err, "stderr"}}) {
+        if (filters->empty()) continue;
+        bool teed = false;
+        for (int r = 0; r < config.nproc_per_node && !teed; ++r) {
+            teed = (static_cast<unsigned>(config.tee.for_rank(r)) & static_cast<unsigned>(stream)) != 0;
+        }
+        if (!teed) {
+            config.warnings.push_back(fmt::format(
+                "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; add -t {}",
+                name, name, name, stream == std_streams::out ? 1 : 2));
+        } else if (config.logs_disabled()) {
+            config.warnings.push_back(fmt::format(
+                "--duplicate-{}-filters: --log-dir=/dev/null writes no files, filtered_{}.log included", name, name));
+        }
+    }
     return config;
 }
 

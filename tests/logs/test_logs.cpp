@@ -53,12 +53,13 @@ std::vector<std::string> sorted_lines(const std::string& text) {
 }
 
 /// What a line_relay writes, read back from a pipe.
-std::string relayed(const std::vector<std::string>& chunks, const std::string& prefix,
-                    std::size_t max_line = 64 * 1024) {
+std::string relayed(const std::vector<std::string>& chunks, const std::string& prefix, std::size_t max_line = 64 * 1024,
+                    std::vector<std::string> filters = {}) {
     int fds[2];
     REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
     {
         elastic::line_relay relay(fds[1], prefix, max_line);
+        relay.only_lines_with(std::move(filters));
         for (const auto& c : chunks) relay.feed(c);
         relay.flush();
     }
@@ -167,6 +168,23 @@ TEST_CASE("logs: the console relay writes whole lines, each after the prefix (go
     CHECK(relayed({"abcdefghij", "klm\nxy"}, "> ", 4) == "> abcd\n> efgh\n> ijklm\n> xy\n");
     CHECK(relayed({}, "[x]:").empty());
     CHECK(relayed({"", "\n"}, "[x]:") == "[x]:\n");
+}
+
+TEST_CASE("logs: duplicate filters keep the lines holding one of their texts, and ,, is a comma inside one") {
+    using elastic::parse_duplicate_filters;
+    CHECK(parse_duplicate_filters("loss,step") == std::vector<std::string>{"loss", "step"});
+    CHECK(parse_duplicate_filters("a,,b,c") == std::vector<std::string>{"a,b", "c"});
+    CHECK(parse_duplicate_filters(",,x,,") == std::vector<std::string>{",x,"});
+    CHECK(parse_duplicate_filters(" spaced ,") == std::vector<std::string>{" spaced "});
+    CHECK(parse_duplicate_filters("").empty());
+    CHECK(parse_duplicate_filters(",").empty());
+    // Lines cut across chunks are matched whole; a \r-ended piece is a line; the partial last
+    // line is matched too.
+    const std::vector<std::string> chunks{"loss 1.5\nacc", "uracy 0.1\nlo", "ss 0.9\rnoise\nfinal loss"};
+    CHECK(relayed(chunks, "[t0]:", 64 * 1024, {"loss"}) == "[t0]:loss 1.5\n[t0]:loss 0.9\r[t0]:final loss\n");
+    CHECK(relayed(chunks, "", 64 * 1024, {"curacy", "nois"}) == "accuracy 0.1\nnoise\n");
+    CHECK(relayed(chunks, "", 64 * 1024, {"absent"}).empty());
+    CHECK(relayed({"x,y\nxy\n"}, "", 64 * 1024, parse_duplicate_filters("x,,y")) == "x,y\n");
 }
 
 TEST_CASE("logs: the tree never wipes an attempt and is made lazily, /dev/null makes nothing") {
@@ -433,6 +451,30 @@ TEST_CASE("logs: console prefixes and the per-rank filter and the template (gold
         CHECK(r.out.find("from 1") == std::string::npos);
         CHECK(slurp(only_dir(logs, "f_") / "attempt_0" / "1" / "stderr.log") == "warning from 1\n");
         CHECK_FALSE(fs::exists(only_dir(logs, "f_") / "attempt_0" / "1" / "stdout.log"));
+    }
+    SUBCASE("--duplicate-*-filters: matching tee'd lines of every rank in one file per attempt") {
+        const auto logs = tmp.path() / "l";
+        // Ranks 0 and 1 tee stdout, rank 2 only redirects it; the console shows rank 0 alone.
+        auto r = agent_support::run({"--nproc-per-node=3", "-t", "0:1,1:1", "-r", "2:1", "--local-ranks-filter=0",
+                                     "--duplicate-stdout-filters=hello from 1,partial,zz,,z",
+                                     "--duplicate_stderr_filters=warning", "--log-dir", logs.string(), "--rdzv-id=d",
+                                     flood(), "say"},
+                                    env_in(tmp));
+        INFO(r.err);
+        REQUIRE(r.code == 0);
+        const auto attempt = only_dir(logs, "d_") / "attempt_0";
+        CHECK(sorted_lines(slurp(attempt / "filtered_stdout.log")) ==
+              std::vector<std::string>{"[default0]:partial 0", "[default1]:hello from 1", "[default1]:partial 1"});
+        // No rank tees stderr: the file is there and empty, and the agent said why.
+        CHECK(fs::exists(attempt / "filtered_stderr.log"));
+        CHECK(slurp(attempt / "filtered_stderr.log").empty());
+        CHECK(r.err.find("--duplicate-stderr-filters: no local rank tees its stderr (-t), so filtered_stderr.log "
+                         "stays empty; add -t 2") != std::string::npos);
+        CHECK(r.err.find("--duplicate-stdout-filters:") == std::string::npos);
+        // The rest of the routes as without filters.
+        CHECK(slurp(attempt / "2" / "stdout.log") == "hello from 2\nsecond line\npartial 2");
+        CHECK(r.out.find("[default0]:hello from 0\n") != std::string::npos);
+        CHECK(r.out.find("from 1") == std::string::npos);
     }
     SUBCASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE and a two-digit local rank in -t") {
         auto env = env_in(tmp);

@@ -16,6 +16,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <poll.h>
 #include <unistd.h>
@@ -77,6 +79,10 @@ public:
     explicit line_relay(int out_fd, std::string prefix = {}, std::size_t max_line_bytes = default_max_line_bytes)
         : out_fd_(out_fd), prefix_(std::move(prefix)), max_line_bytes_(max_line_bytes == 0 ? 1 : max_line_bytes) {}
 
+    /// Copy only the lines (or pieces of a cut line) that contain one of `filters`; none: every
+    /// line (the default).
+    void only_lines_with(std::vector<std::string> filters) { filters_ = std::move(filters); }
+
     /// The next chunk of the stream.
     void feed(std::string_view chunk) {
         pending_.append(chunk);
@@ -89,14 +95,11 @@ public:
                 if (end == pending_.size()) break;  // "\r\n" split across chunks: wait for the next byte
                 if (pending_[end] == '\n') ++end;
             }
-            out_ += prefix_;
-            out_.append(pending_, start, end - start);
+            add(std::string_view(pending_).substr(start, end - start), {});
             start = end;
         }
         while (pending_.size() - start >= max_line_bytes_) {
-            out_ += prefix_;
-            out_.append(pending_, start, max_line_bytes_);
-            out_ += '\n';
+            add(std::string_view(pending_).substr(start, max_line_bytes_), "\n");
             start += max_line_bytes_;
         }
         pending_.erase(0, start);
@@ -106,9 +109,7 @@ public:
     /// Writes what is left (the stream ended mid-line), ended with `\n`.
     void flush() {
         if (pending_.empty()) return;
-        out_ += prefix_;
-        out_ += pending_;
-        out_ += '\n';
+        add(pending_, "\n");
         pending_.clear();
         write_out();
     }
@@ -116,6 +117,18 @@ public:
     [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
 
 private:
+    /// One line (with its end, or `end` after it) into the pending write, if it passes the filters.
+    void add(std::string_view line, std::string_view end) {
+        if (!filters_.empty() && std::none_of(filters_.begin(), filters_.end(), [&](const std::string& f) {
+                return line.find(f) != std::string_view::npos;
+            })) {
+            return;
+        }
+        out_ += prefix_;
+        out_ += line;
+        out_ += end;
+    }
+
     void write_out() {
         if (out_.empty()) return;
         detail::agent::write_all(out_fd_, out_);
@@ -125,6 +138,7 @@ private:
     int out_fd_;
     std::string prefix_;
     std::size_t max_line_bytes_;
+    std::vector<std::string> filters_;
     std::string pending_;
     std::string out_;
 };
@@ -155,6 +169,11 @@ struct stream_copies {
     int console_fd = -1;                     ///< whole lines after `prefix`: the agent's stdout or stderr
     std::string prefix;                      ///< the rank's console prefix; empty for a raw copy
     detail::task_latch* progress = nullptr;  ///< told of every chunk (detail::task_latch::progressed)
+    /// The lines that contain one of `filters`, after `filtered_prefix`: the attempt's
+    /// filtered_stdout.log or filtered_stderr.log, shared by the ranks (-1: no copy).
+    int filtered_fd = -1;
+    std::vector<std::string> filters;
+    std::string filtered_prefix;
 };
 
 /// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
@@ -165,6 +184,11 @@ template <class Defer = void>
 asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_copies copies) {
     std::unique_ptr<line_relay> console;
     if (copies.console_fd >= 0) console = std::make_unique<line_relay>(copies.console_fd, std::move(copies.prefix));
+    std::unique_ptr<line_relay> filtered;
+    if (copies.filtered_fd >= 0 && !copies.filters.empty()) {
+        filtered = std::make_unique<line_relay>(copies.filtered_fd, std::move(copies.filtered_prefix));
+        filtered->only_lines_with(std::move(copies.filters));
+    }
     // 64 KiB: a full pipe's worth in one read.
     auto buffer = std::make_unique<char[]>(65536);
     for (;;) {
@@ -178,18 +202,23 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
                 if (copies.file_writes != nullptr) copies.file_writes->lost(shortfall);
             }
             if (console) console->feed(chunk);
+            if (filtered) filtered->feed(chunk);
             if (copies.progress != nullptr) copies.progress->progressed();
         }
         if (ec) break;
     }
     if (console) console->flush();
+    if (filtered) filtered->flush();
 }
 
 /// The stderr relay of before the log tree: `tail` fed, whole lines copied raw to `out_fd` (-1:
 /// no copy).
 template <class Defer = void>
 asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_tail& tail, int out_fd) {
-    co_await relay_stream(pipe, stream_copies{&tail, -1, nullptr, out_fd, {}, nullptr});
+    stream_copies copies;
+    copies.tail = &tail;
+    copies.console_fd = out_fd;
+    co_await relay_stream(pipe, std::move(copies));
 }
 
 }  // namespace elastic::inline v0

@@ -64,6 +64,11 @@ struct worker_spec {
     stream_selection redirects;        ///< streams that go to files only
     stream_selection tee;              ///< streams that go to files and the console
     std::set<int> local_ranks_filter;  ///< local ranks whose output reaches the console; empty: all
+    /// --duplicate-stdout-filters / --duplicate-stderr-filters: a line of a tee'd stream that
+    /// contains any of these is also copied, after the rank's prefix, to the attempt's
+    /// filtered_stdout.log / filtered_stderr.log (every rank's lines in one file).
+    std::vector<std::string> duplicate_stdout_filters;
+    std::vector<std::string> duplicate_stderr_filters;
     /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
 

@@ -80,6 +80,10 @@ struct attempt_state {
     attempt_state(const asio::any_io_executor& executor, std::size_t workers) : slots(workers), relays(executor) {}
     std::vector<worker_slot> slots;
     detail::task_latch relays;
+    /// The attempt's filtered_stdout.log and filtered_stderr.log (--duplicate-*-filters), which
+    /// every rank's relays write: held here, with the relays.
+    detail::process::owned_fd filtered_out;
+    detail::process::owned_fd filtered_err;
 };
 
 }  // namespace detail::agent
@@ -115,6 +119,16 @@ public:
         workers_.reserve(slots.size());
         std::optional<std::string> spawn_failure;
         bool program_fault = false;
+        if (!attempt.dir.empty()) {
+            // Opened whenever filters are given, as torchrun does: an empty file says that no
+            // line matched (or that no rank tees the stream; the launcher warns of that).
+            if (!spec_->duplicate_stdout_filters.empty()) {
+                state_->filtered_out = open_log_file(attempt.dir / "filtered_stdout.log");
+            }
+            if (!spec_->duplicate_stderr_filters.empty()) {
+                state_->filtered_err = open_log_file(attempt.dir / "filtered_stderr.log");
+            }
+        }
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
@@ -130,7 +144,8 @@ public:
             how.args.assign(argv.begin() + 1, argv.end());
             how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
             try {
-                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how);
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how,
+                                    state_->filtered_out.get(), state_->filtered_err.get());
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const spawn_error& e) {

@@ -27,6 +27,7 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -41,11 +42,23 @@ class basic_worker_output {
 public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
-    /// and `how.err`. Throws log_error.
+    /// and `how.err`. Throws log_error. `filtered_out` and `filtered_err`: the attempt's
+    /// filtered_stdout.log and filtered_stderr.log (-1: none), which get this worker's lines
+    /// that match config's duplicate filters when it tees that stream; they must outlive the
+    /// relays.
     void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
-                 spawn_options& how) {
+                 spawn_options& how, int filtered_out = -1, int filtered_err = -1) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
+        const auto tees = [&](std_streams which) {
+            return (static_cast<unsigned>(config.tee.for_rank(index)) & static_cast<unsigned>(which)) != 0;
+        };
+        out_filters_ = filtered_out >= 0 && tees(std_streams::out) ? config.duplicate_stdout_filters
+                                                                   : std::vector<std::string>{};
+        err_filters_ = filtered_err >= 0 && tees(std_streams::err) ? config.duplicate_stderr_filters
+                                                                   : std::vector<std::string>{};
+        filtered_out_ = out_filters_.empty() ? -1 : filtered_out;
+        filtered_err_ = err_filters_.empty() ? -1 : filtered_err;
         const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
             const auto path = rank_dir / fmt::format("{}.log", stream);
             fd = open_log_file(path);
@@ -53,9 +66,9 @@ public:
         };
         if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
         if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
-        if (routes_.out.console == console_copy::raw && !out_file_) {
+        if (routes_.out.console == console_copy::raw && !out_file_ && filtered_out_ < 0) {
             how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && !out_file_) {
+        } else if (routes_.out.console == console_copy::none && !out_file_ && filtered_out_ < 0) {
             how.out = stdio::null();
         } else {
             how.out = stdio::pipe();
@@ -86,12 +99,12 @@ public:
         if (out_pipe_) {
             run(executor, relays, keep_alive, *out_pipe_,
                 stream_copies{nullptr, out_file_.get(), &out_writes_, console_fd(routes_.out, 1), prefix(routes_.out),
-                              &relays});
+                              &relays, filtered_out_, out_filters_, prefix_});
         }
         if (err_pipe_) {
             run(executor, relays, keep_alive, *err_pipe_,
                 stream_copies{&tail, err_file_.get(), &err_writes_, console_fd(routes_.err, 2), prefix(routes_.err),
-                              &relays});
+                              &relays, filtered_err_, err_filters_, prefix_});
         }
     }
 
@@ -124,6 +137,10 @@ private:
 
     worker_routes routes_;
     std::string prefix_;
+    int filtered_out_ = -1;
+    int filtered_err_ = -1;
+    std::vector<std::string> out_filters_;
+    std::vector<std::string> err_filters_;
     detail::process::owned_fd out_file_;
     detail::process::owned_fd err_file_;
     log_file_writes out_writes_;

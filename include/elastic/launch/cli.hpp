@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -73,7 +74,8 @@ struct option_spec {
     std::string_view help;
 };
 
-inline constexpr std::array<std::string_view, 8> option_groups{{
+/// --help's sections, by option_spec::group (-1: an option --help does not list).
+inline constexpr std::array<std::string_view, 7> option_groups{{
     "How the program runs",
     "Workers on this node",
     "Nodes and rendezvous",
@@ -81,7 +83,6 @@ inline constexpr std::array<std::string_view, 8> option_groups{{
     "Failures, restarts and shutdown",
     "Output and logs",
     "Accepted for torchrun compatibility (they matter only to Python function workers)",
-    "Not implemented yet (refused when given)",
 }};
 
 // clang-format off
@@ -193,15 +194,19 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--logs-specs,--logs_specs", "logs_specs", false, false, "NAME", "default", option_state::compatibility, 6,
      "torchrun's LogsSpecs plugin for the log layout: only default, torchrun's own layout, which is elastic's; "
      "elastic has no Python plugins to load another."},
+    // Not in --help (docs/cli.md says why); refused with the way to bind instead.
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
-     option_state::refused, 7,
-     "NUMA binding of each worker."},
+     option_state::refused, -1,
+     "elastic does not bind workers to NUMA nodes: torchrun binds each near its GPU. Start the program "
+     "under numactl, whose arguments may name ${local_rank}: elasticrun ... numactl --cpunodebind=${local_rank} "
+     "--membind=${local_rank} ./trainer"},
     {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
-     "", option_state::refused, 7,
-     "Copy matching tee'd stdout lines to filtered_stdout.log."},
+     "none", option_state::implemented, 5,
+     "Also copy each line of a tee'd (-t) stdout that contains one of these texts (,, is a comma inside one) "
+     "to the attempt's filtered_stdout.log, every rank's lines in one file."},
     {"--duplicate-stderr-filters,--duplicate_stderr_filters", "duplicate_stderr_filters", false, true, "TEXT,...",
-     "", option_state::refused, 7,
-     "Copy matching tee'd stderr lines to filtered_stderr.log."},
+     "none", option_state::implemented, 5,
+     "The same for tee'd stderr, into filtered_stderr.log."},
     {"-h,--help", "help", true, false, "", "", option_state::implemented, -1, "Show this help and exit."},
 }};
 // clang-format on
@@ -508,11 +513,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             continue;
         }
         const auto value = raw(spec.dest);
-        if (!value || (spec.dest.rfind("duplicate_", 0) == 0 && detail::launch::trim(value->text).empty())) {
-            continue;
-        }
-        throw usage_error{fmt::format("{}: not implemented by elastic yet ({})",
-                                      detail::launch::show(value->name, value->text), spec.help)};
+        if (!value) continue;
+        throw usage_error{fmt::format("{}: {}", detail::launch::show(value->name, value->text), spec.help)};
     }
     if (const auto specs = raw("logs_specs"); specs && detail::launch::trim(specs->text) != "default") {
         throw usage_error{fmt::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
@@ -658,6 +660,10 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("local_ranks_filter")) {
         config.local_ranks_filter = parse_local_ranks(v->text, v->name);
     }
+    if (const auto v = raw("duplicate_stdout_filters"))
+        config.duplicate_stdout_filters = parse_duplicate_filters(v->text);
+    if (const auto v = raw("duplicate_stderr_filters"))
+        config.duplicate_stderr_filters = parse_duplicate_filters(v->text);
     if (const auto* t = detail::find_variable(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
         t != nullptr && !t->empty()) {
         config.log_line_prefix_template = *t;
@@ -675,6 +681,24 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
 
     detail::launch::validate(config, env, labels);
+    // Duplicate filters read tee'd streams only, as torchrun's do: say so when none is.
+    for (const auto& [filters, stream, name] :
+         {std::tuple{&config.duplicate_stdout_filters, std_streams::out, "stdout"},
+          std::tuple{&config.duplicate_stderr_filters, std_streams::err, "stderr"}}) {
+        if (filters->empty()) continue;
+        bool teed = false;
+        for (int r = 0; r < config.nproc_per_node && !teed; ++r) {
+            teed = (static_cast<unsigned>(config.tee.for_rank(r)) & static_cast<unsigned>(stream)) != 0;
+        }
+        if (!teed) {
+            config.warnings.push_back(fmt::format(
+                "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; add -t {}",
+                name, name, name, stream == std_streams::out ? 1 : 2));
+        } else if (config.logs_disabled()) {
+            config.warnings.push_back(fmt::format(
+                "--duplicate-{}-filters: --log-dir=/dev/null writes no files, filtered_{}.log included", name, name));
+        }
+    }
     return config;
 }
 

@@ -126,6 +126,11 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
 /// `--local-ranks-filter`: comma-separated local ranks; empty means every rank.
 [[nodiscard]] ELASTIC_DECL std::set<int> parse_local_ranks(std::string_view text, std::string_view name);
 
+/// `--duplicate-stdout-filters` / `--duplicate-stderr-filters`: comma-separated substrings, `,,`
+/// standing for a comma inside one (`a,,b,c` is `a,b` and `c`); empty items are dropped. A
+/// filter is matched as written: spaces count. Nothing to refuse: every text is a filter list.
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> parse_duplicate_filters(std::string_view text);
+
 /// `--signals-to-handle`: comma-separated signal names (`SIGTERM,SIGUSR1`; the `SIG` prefix and the
 /// case are optional). Duplicates are dropped; order is kept.
 [[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name);
@@ -508,6 +513,23 @@ namespace elastic::inline v0 {
         ranks.insert(static_cast<int>(*rank));
     }
     return ranks;
+}
+
+[[nodiscard]] ELASTIC_DECL std::vector<std::string> parse_duplicate_filters(std::string_view text) {
+    std::vector<std::string> filters;
+    std::string item;
+    for (std::size_t i = 0; i <= text.size(); ++i) {
+        if (i < text.size() && text[i] != ',') {
+            item += text[i];
+        } else if (i + 1 < text.size() && text[i + 1] == ',') {
+            item += ',';  // ",," is a comma inside the item
+            ++i;
+        } else {
+            if (!item.empty()) filters.push_back(std::move(item));
+            item.clear();
+        }
+    }
+    return filters;
 }
 
 [[nodiscard]] ELASTIC_DECL std::vector<int> parse_signals(std::string_view text, std::string_view name) {
