@@ -7,7 +7,8 @@
 #      alone builds a launcher with docs/building.md's compile line (tools/check_vendoring.sh),
 #      and the compile-time budgets that are met hold (bench/compile_time.py --check)
 #   2. g++, -Werror with every warning, the multi-header tree: header checks, tests, examples,
-#      find_package / add_subdirectory / single-header consumers
+#      docs/quickstart.md run step by step (tools/check_quickstart.sh), add_subdirectory and
+#      single-header consumers
 #   3. clang++, ASan+UBSan, the suite built against single_include/ with include/ off the path,
 #      examples and test programs in separate compilation mode (the gcc stage builds them
 #      header-only)
@@ -72,7 +73,7 @@ stage_header() {
 stage_gcc() {
   local dir=build/ci-gcc
   mkdir -p build
-  configure $dir -DCMAKE_CXX_COMPILER=g++ -DELASTIC_CONSUMER_TESTS=ON
+  configure $dir -DCMAKE_CXX_COMPILER=g++ -DELASTIC_CONSUMER_TESTS=ON -DELASTIC_LIBTORCH_EXAMPLE=ON
   cmake --build $dir -j "$jobs"
   run_ctest $dir
 }
