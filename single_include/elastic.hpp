@@ -8872,7 +8872,8 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         n = ::read(error_read.get(), &failure, sizeof failure);
     } while (n < 0 && errno == EINTR);
     if (n != 0) {
-        if (n != static_cast<ssize_t>(sizeof failure)) {
+        const bool reported = n == static_cast<ssize_t>(sizeof failure);  // by the child, whole
+        if (!reported) {
             failure = {detail::process::child_step::exec, n < 0 ? errno : EIO};
         }
         detail::process::discard_child(pid, pidfd.get());
@@ -8884,10 +8885,13 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
                                                          " (" + cgroup->path + ")");
             return spawn(executor, options);
         }
-        // execve's refusals that are the program's: a resource the machine lacks (memory,
-        // descriptors) is not.
-        const bool program_fault = failure.step == detail::process::child_step::exec && failure.error != ENOMEM &&
-                                   failure.error != EAGAIN && failure.error != EMFILE && failure.error != ENFILE;
+        // execve's refusals that are the program's own (its path, its mode, its format, its #!
+        // interpreter); any other errno (memory, descriptors, a busy text file, I/O, the
+        // agent's own read of the report) is not.
+        const int e = failure.error;
+        const bool program_fault = reported && failure.step == detail::process::child_step::exec &&
+                                   (e == ENOENT || e == EACCES || e == ENOEXEC || e == ENOTDIR || e == ELOOP ||
+                                    e == ENAMETOOLONG || e == ELIBBAD || e == EISDIR);
         throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error, program_fault);
     }
 
@@ -11038,9 +11042,10 @@ struct rendezvous_round {
     int rank_base = 0;         ///< the global rank of this node's local rank 0
     int world_size = 1;        ///< workers in the round: WORLD_SIZE
     /// ROLE_RANK of this node's local rank 0: the workers of this node's role on the nodes of
-    /// lower group rank (equal to rank_base when every node has the same role).
-    int role_rank_base = 0;
-    int role_world_size = 1;                  ///< workers of this node's role: ROLE_WORLD_SIZE
+    /// lower group rank (equal to rank_base when every node has the same role). -1: the
+    /// rendezvous knows no roles, and the agent uses rank_base.
+    int role_rank_base = -1;
+    int role_world_size = -1;                 ///< workers of this node's role: ROLE_WORLD_SIZE; -1: world_size
     std::int64_t epoch = 0;                   ///< lease losses the round's completer had accounted for
     std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
     bool host_in_round = false;               ///< the store's host is a member of this round
@@ -11472,8 +11477,6 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
     auto j = nlohmann::json{{"group_rank", r.group_rank},
                             {"rank_base", r.rank_base},
                             {"world_size", r.world_size},
-                            {"role_rank_base", r.role_rank_base},
-                            {"role_world_size", r.role_world_size},
                             {"size", r.group_world_size},
                             {"epoch", r.epoch},
                             {"master_addr", r.master_addr},
@@ -11481,6 +11484,8 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
                             {"restarts", r.restart_count},
                             {"host_in", r.host_in_round},
                             {"successors", codec::encode_successors(r.successors)}};
+    if (r.role_rank_base >= 0) j["role_rank_base"] = r.role_rank_base;
+    if (r.role_world_size >= 0) j["role_world_size"] = r.role_world_size;
     if (r.group_rank == 0) j["peers"] = r.peers;
     return j.dump();
 }
@@ -15387,12 +15392,23 @@ private:
                 p.delays[I] = plan.delay;
                 p.add(plan.decision.reason);
             } else {
-                auto decision = co_await part(failure);
+                // The chain announces the restart, once, with every part's reason: a part is
+                // not to announce one of its own (a chain inside an any_restart_policy would).
+                // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
+                const group_failure quiet = unannounced(failure);
+                auto decision = co_await part(quiet);
                 if (!decision.restart()) co_return std::move(decision);
                 p.add(decision.reason);
             }
             co_return co_await consult<I + 1>(failure, p);
         }
+    }
+
+    /// `failure` without its before_delay, for a part that is not planned.
+    static group_failure unannounced(const group_failure& failure) {
+        group_failure copy = failure;
+        copy.before_delay = nullptr;
+        return copy;
     }
 
     template <std::size_t I>
@@ -16036,6 +16052,24 @@ inline write_shortfall write_all(int fd, std::string_view text) noexcept {
 
 }  // namespace detail::agent
 
+/// The writes to one log file: what could not be written, and why (docs/logs.md, "When a log
+/// file cannot be written"). The relay goes on writing after a failure (space may come back) and
+/// counts each byte it could not write.
+struct log_file_writes {
+    std::string name;              ///< for messages: "local_rank 1's stdout log file /path"
+    std::uint64_t lost_bytes = 0;  ///< bytes of the stream that are not in the file
+    int first_error = 0;           ///< errno of the first failed write; 0: none failed
+    std::function<void(const log_file_writes&)> first_failure;  ///< called once, at the first
+
+    void lost(const detail::agent::write_shortfall& w) {
+        if (w.unwritten == 0) return;
+        lost_bytes += w.unwritten;
+        if (first_error != 0) return;
+        first_error = w.error != 0 ? w.error : EIO;
+        if (first_failure) first_failure(*this);
+    }
+};
+
 /// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
 /// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
 /// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
@@ -16054,6 +16088,9 @@ public:
     /// Copy only the lines (or pieces of a cut line) that contain one of `filters`; none: every
     /// line (the default).
     void only_lines_with(std::vector<std::string> filters) { filters_ = std::move(filters); }
+    /// Tell `writes` of every byte the descriptor did not take (a log file's; the console's are
+    /// not counted). Must outlive the relay.
+    void report_to(log_file_writes* writes) noexcept { writes_ = writes; }
 
     /// The next chunk of the stream.
     void feed(std::string_view chunk) {
@@ -16103,7 +16140,8 @@ private:
 
     void write_out() {
         if (out_.empty()) return;
-        detail::agent::write_all(out_fd_, out_);
+        const auto shortfall = detail::agent::write_all(out_fd_, out_);
+        if (writes_ != nullptr) writes_->lost(shortfall);
         out_.clear();
     }
 
@@ -16111,26 +16149,9 @@ private:
     std::string prefix_;
     std::size_t max_line_bytes_;
     std::vector<std::string> filters_;
+    log_file_writes* writes_ = nullptr;
     std::string pending_;
     std::string out_;
-};
-
-/// The writes to one log file: what could not be written, and why (docs/logs.md, "When a log
-/// file cannot be written"). The relay goes on writing after a failure (space may come back) and
-/// counts each byte it could not write.
-struct log_file_writes {
-    std::string name;              ///< for messages: "local_rank 1's stdout log file /path"
-    std::uint64_t lost_bytes = 0;  ///< bytes of the stream that are not in the file
-    int first_error = 0;           ///< errno of the first failed write; 0: none failed
-    std::function<void(const log_file_writes&)> first_failure;  ///< called once, at the first
-
-    void lost(const detail::agent::write_shortfall& w) {
-        if (w.unwritten == 0) return;
-        lost_bytes += w.unwritten;
-        if (first_error != 0) return;
-        first_error = w.error != 0 ? w.error : EIO;
-        if (first_failure) first_failure(*this);
-    }
 };
 
 /// Where the bytes of one worker stream are copied (any subset).
@@ -16146,6 +16167,7 @@ struct stream_copies {
     int filtered_fd = -1;
     std::vector<std::string> filters;
     std::string filtered_prefix;
+    log_file_writes* filtered_writes = nullptr;  ///< told of every byte that file did not take
 };
 
 /// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
@@ -16160,6 +16182,7 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
     if (copies.filtered_fd >= 0 && !copies.filters.empty()) {
         filtered = std::make_unique<line_relay>(copies.filtered_fd, std::move(copies.filtered_prefix));
         filtered->only_lines_with(std::move(copies.filters));
+        filtered->report_to(copies.filtered_writes);
     }
     // 64 KiB: a full pipe's worth in one read.
     auto buffer = std::make_unique<char[]>(65536);
@@ -17655,6 +17678,15 @@ ELASTIC_DECL void check_spec(const worker_spec& w) {
 
 namespace elastic::inline v0 {
 
+/// An attempt's filtered_stdout.log and filtered_stderr.log (--duplicate-*-filters), shared by
+/// its workers: the descriptors (-1: none) and the record of their lost writes.
+struct filtered_logs {
+    int out_fd = -1;
+    int err_fd = -1;
+    log_file_writes* out_writes = nullptr;
+    log_file_writes* err_writes = nullptr;
+};
+
 /// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
 /// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
 /// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
@@ -17666,23 +17698,23 @@ class basic_worker_output {
 public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
-    /// and `how.err`. Throws log_error. `filtered_out` and `filtered_err`: the attempt's
-    /// filtered_stdout.log and filtered_stderr.log (-1: none), which get this worker's lines
-    /// that match config's duplicate filters when it tees that stream; they must outlive the
-    /// relays.
+    /// and `how.err`. Throws log_error. `filtered`: the attempt's filtered logs, which get this
+    /// worker's lines that match config's duplicate filters when it tees that stream; they must
+    /// outlive the relays.
     void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
-                 spawn_options& how, int filtered_out = -1, int filtered_err = -1) {
+                 spawn_options& how, const filtered_logs& filtered = {}) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
         const auto tees = [&](std_streams which) {
             return (static_cast<unsigned>(config.tee.for_rank(index)) & static_cast<unsigned>(which)) != 0;
         };
-        out_filters_ = filtered_out >= 0 && tees(std_streams::out) ? config.duplicate_stdout_filters
-                                                                   : std::vector<std::string>{};
-        err_filters_ = filtered_err >= 0 && tees(std_streams::err) ? config.duplicate_stderr_filters
-                                                                   : std::vector<std::string>{};
-        filtered_out_ = out_filters_.empty() ? -1 : filtered_out;
-        filtered_err_ = err_filters_.empty() ? -1 : filtered_err;
+        filtered_ = filtered;
+        out_filters_ = filtered.out_fd >= 0 && tees(std_streams::out) ? config.duplicate_stdout_filters
+                                                                      : std::vector<std::string>{};
+        err_filters_ = filtered.err_fd >= 0 && tees(std_streams::err) ? config.duplicate_stderr_filters
+                                                                      : std::vector<std::string>{};
+        if (out_filters_.empty()) filtered_.out_fd = -1;
+        if (err_filters_.empty()) filtered_.err_fd = -1;
         const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
             const auto path = rank_dir / fmt::format("{}.log", stream);
             fd = open_log_file(path);
@@ -17690,9 +17722,9 @@ public:
         };
         if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
         if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
-        if (routes_.out.console == console_copy::raw && !out_file_ && filtered_out_ < 0) {
+        if (routes_.out.console == console_copy::raw && !out_file_ && filtered_.out_fd < 0) {
             how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && !out_file_ && filtered_out_ < 0) {
+        } else if (routes_.out.console == console_copy::none && !out_file_ && filtered_.out_fd < 0) {
             how.out = stdio::null();
         } else {
             how.out = stdio::pipe();
@@ -17723,12 +17755,12 @@ public:
         if (out_pipe_) {
             run(executor, relays, keep_alive, *out_pipe_,
                 stream_copies{nullptr, out_file_.get(), &out_writes_, console_fd(routes_.out, 1), prefix(routes_.out),
-                              &relays, filtered_out_, out_filters_, prefix_});
+                              &relays, filtered_.out_fd, out_filters_, prefix_, filtered_.out_writes});
         }
         if (err_pipe_) {
             run(executor, relays, keep_alive, *err_pipe_,
                 stream_copies{&tail, err_file_.get(), &err_writes_, console_fd(routes_.err, 2), prefix(routes_.err),
-                              &relays, filtered_err_, err_filters_, prefix_});
+                              &relays, filtered_.err_fd, err_filters_, prefix_, filtered_.err_writes});
         }
     }
 
@@ -17761,8 +17793,7 @@ private:
 
     worker_routes routes_;
     std::string prefix_;
-    int filtered_out_ = -1;
-    int filtered_err_ = -1;
+    filtered_logs filtered_;
     std::vector<std::string> out_filters_;
     std::vector<std::string> err_filters_;
     detail::process::owned_fd out_file_;
@@ -17842,6 +17873,8 @@ struct attempt_state {
     /// every rank's relays write: held here, with the relays.
     detail::process::owned_fd filtered_out;
     detail::process::owned_fd filtered_err;
+    log_file_writes filtered_out_writes;
+    log_file_writes filtered_err_writes;
 };
 
 }  // namespace detail::agent
@@ -17880,13 +17913,26 @@ public:
         if (!attempt.dir.empty()) {
             // Opened whenever filters are given, as torchrun does: an empty file says that no
             // line matched (or that no rank tees the stream; the launcher warns of that).
+            const auto open = [&](const char* name, detail::process::owned_fd& fd, log_file_writes& writes) {
+                const auto path = attempt.dir / name;
+                fd = open_log_file(path);
+                writes.name = fmt::format("the filtered log file {}", path.string());
+                writes.first_failure = [log = *log_](const log_file_writes& w) {
+                    log.warning(fmt::format("cannot write {}: {}; matching lines are lost from it until writes "
+                                            "succeed again (the workers' own log files and the console are not "
+                                            "affected); free space on that file system, or move --log-dir",
+                                            w.name, std::strerror(w.first_error)));
+                };
+            };
             if (!spec_->duplicate_stdout_filters.empty()) {
-                state_->filtered_out = open_log_file(attempt.dir / "filtered_stdout.log");
+                open("filtered_stdout.log", state_->filtered_out, state_->filtered_out_writes);
             }
             if (!spec_->duplicate_stderr_filters.empty()) {
-                state_->filtered_err = open_log_file(attempt.dir / "filtered_stderr.log");
+                open("filtered_stderr.log", state_->filtered_err, state_->filtered_err_writes);
             }
         }
+        const filtered_logs filtered{state_->filtered_out.get(), state_->filtered_err.get(),
+                                     &state_->filtered_out_writes, &state_->filtered_err_writes};
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
@@ -17902,8 +17948,7 @@ public:
             how.args.assign(argv.begin() + 1, argv.end());
             how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
             try {
-                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how,
-                                    state_->filtered_out.get(), state_->filtered_err.get());
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how, filtered);
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const spawn_error& e) {
@@ -18492,12 +18537,15 @@ private:
         s.failure.restarts = rdzv.restart_count();
         // A policy about to wait before its restart (a backoff) says so first: the restart line
         // is logged as the wait starts, "restarting ... in 1.8 s", and not again after it.
-        bool announced = false;
+        std::optional<std::string> announced;  // the reason announced
         s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
-            announced = true;
-            log_.warning(fmt::format("[{}] {}; {}: {} in {}", spec_.role, failed_what(s), d.reason,
+            announced = d.reason;
+            // Several nodes: the restart this decision makes is the job's next one.
+            log_.warning(fmt::format("[{}] {}; {}: {} in {}{}", spec_.role, failed_what(s), d.reason,
                                      several_ ? "restarting every node's worker group" : "restarting the worker group",
-                                     duration_words(delay)));
+                                     duration_words(delay),
+                                     several_ ? fmt::format(" (job-wide restart {})", rdzv.restart_count() + 1)
+                                              : std::string()));
         };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
         s.failure.before_delay = nullptr;
@@ -18519,7 +18567,10 @@ private:
         // What stands: this decision, or another node's regroup when this one was taken for lost.
         const auto standing = co_await rdzv.decide(decision);
         if (!standing.regroup) events_.decision(s.failure, d);
-        co_return co_await conclude(rdzv, s, standing, announced && standing.restart && !standing.regroup);
+        // Announced already, unless what stands says something else (another node's decision, or
+        // a policy that announced a restart and then answered otherwise).
+        const bool said = announced && standing.restart && !standing.regroup && *announced == standing.reason;
+        co_return co_await conclude(rdzv, s, standing, said);
     }
 
     /// job<R>::follow().
@@ -18923,6 +18974,19 @@ private:
         auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) || signals.next());
         if (joined.index() == 1) co_return signals.take();
         round_ = std::get<0>(joined).take();
+        // This node's ranks must lie inside the round's worlds: an assignment that says
+        // otherwise was not written by an agent of this job (elastic::env() would refuse the
+        // workers' RANK or ROLE_RANK).
+        const int role_base = round_->role_rank_base >= 0 ? round_->role_rank_base : round_->rank_base;
+        const int role_size = round_->role_world_size >= 0 ? round_->role_world_size : round_->world_size;
+        if (static_cast<long long>(round_->rank_base) + spec_.nproc_per_node > round_->world_size ||
+            static_cast<long long>(role_base) + spec_.nproc_per_node > role_size || role_size > round_->world_size) {
+            throw rendezvous_error(fmt::format(
+                "rendezvous round {}: the assignment gives this node's {} workers ranks {}.. of {} and role ranks "
+                "{}.. of {}, beyond the round: a client that is no agent of this job writes into the rendezvous "
+                "store; give the job a store of its own",
+                round_->number, spec_.nproc_per_node, round_->rank_base, round_->world_size, role_base, role_size));
+        }
         store_.master_addr = round_->master_addr;
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
@@ -18943,9 +19007,10 @@ private:
         a.group_rank = round_->group_rank;
         a.group_world_size = round_->group_world_size;
         a.global_rank = round_->rank_base + i;
-        a.role_rank = round_->role_rank_base + i;
+        // A rendezvous that knows no roles (-1): one role, the global ranks.
+        a.role_rank = (round_->role_rank_base >= 0 ? round_->role_rank_base : round_->rank_base) + i;
         a.world_size = round_->world_size;
-        a.role_world_size = round_->role_world_size;
+        a.role_world_size = round_->role_world_size >= 0 ? round_->role_world_size : round_->world_size;
         return a;
     }
 
@@ -20003,6 +20068,10 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     if (c.role.empty()) {
         throw usage_error{fmt::format("{}: must not be empty", label("role"))};
     }
+    // The rendezvous carries the role to the other nodes in at most 255 bytes.
+    if (c.role.size() > 255) {
+        throw usage_error{fmt::format("{}: {} bytes, at most 255", label("role"), c.role.size())};
+    }
     if (c.rdzv_id.empty()) {
         throw usage_error{
             fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
@@ -20498,8 +20567,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
      option_state::refused, -1,
      "elastic does not bind workers to NUMA nodes: torchrun binds each near its GPU. Start the program "
-     "under numactl, whose arguments may name ${local_rank}: elasticrun ... numactl --cpunodebind=${local_rank} "
-     "--membind=${local_rank} ./trainer"},
+     "under numactl, whose arguments may name ${local_rank} (quoted, so the shell leaves it): elasticrun ... "
+     "numactl '--cpunodebind=${local_rank}' '--membind=${local_rank}' ./trainer"},
     {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
      "none", option_state::implemented, 5,
      "Also copy each line of a tee'd (-t) stdout that contains one of these texts (,, is a comma inside one) "
@@ -20991,9 +21060,18 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             teed = (static_cast<unsigned>(config.tee.for_rank(r)) & static_cast<unsigned>(stream)) != 0;
         }
         if (!teed) {
+            // -t 1 with stderr filters wants -t 3, not -t 2 (which would drop the stdout tee).
+            bool other_teed = false;
+            for (int r = 0; r < config.nproc_per_node && !other_teed; ++r) {
+                other_teed = config.tee.for_rank(r) != std_streams::none;
+            }
             config.warnings.push_back(fmt::format(
-                "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; add -t {}",
-                name, name, name, stream == std_streams::out ? 1 : 2));
+                "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; tee it "
+                "(-t {})",
+                name, name, name,
+                other_teed                   ? 3
+                : stream == std_streams::out ? 1
+                                             : 2));
         } else if (config.logs_disabled()) {
             config.warnings.push_back(fmt::format(
                 "--duplicate-{}-filters: --log-dir=/dev/null writes no files, filtered_{}.log included", name, name));
@@ -21087,7 +21165,7 @@ inline void record_agent_exception(std::string_view name, const agent::agent_exc
 }
 
 /// Runs `body` and turns the launcher's errors into a message on stderr and an exit code
-/// (docs/exit-codes.md): usage_error 2 (nothing was started); rendezvous_error
+/// (docs/exit-codes.md): usage_error 2 (nothing was started, or a worker program that cannot run stopped its attempt); rendezvous_error
 /// exit_codes::rendezvous; anything else exit_codes::internal. The last two are also written
 /// into the agent's own error file ($TORCHELASTIC_ERROR_FILE) with their errorCode; a usage
 /// error is not (torchrun's @record does not see argparse's SystemExit either).

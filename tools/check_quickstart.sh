@@ -72,6 +72,8 @@ EOF
 script=$work/script.sh
 {
     echo "set -euo pipefail"
+    # Whatever a step left running (a node of a failed two-node step) dies with the script.
+    echo 'trap '"'"'jobs=$(jobs -p); [[ -z $jobs ]] || { kill $jobs 2>/dev/null; wait; }'"'"' EXIT'
     echo "export HOME='$work/home'"
     echo "cd '$work'"
 } >"$script"
@@ -102,7 +104,7 @@ for step in "$work"/steps/*.*; do
         last_out=$work/out.$runs
         echo "exec >'$last_out' 2>&1" >>"$script"
         while IFS= read -r line; do
-            [[ -n $line ]] && printf 'echo "+ %s"\n%s\n' "${line//\"/\\\"}" "$line" >>"$script"
+            [[ -n $line ]] && printf 'echo %q\n%s\n' "+ $line" "$line" >>"$script"
         done <"$step"
         echo "exec >>'$work/out.all' 2>&1" >>"$script"
         ;;
@@ -112,7 +114,7 @@ for step in "$work"/steps/*.*; do
         echo "exec >'$last_out' 2>&1" >>"$script"
         echo "pids=()" >>"$script"
         while IFS= read -r line; do
-            [[ -n $line ]] && printf 'echo "+ %s &"\n( %s ) & pids+=($!)\n' "${line//\"/\\\"}" "$line" >>"$script"
+            [[ -n $line ]] && printf 'echo %q\n( %s ) & pids+=($!)\n' "+ $line &" "$line" >>"$script"
         done <"$step"
         # The first to fail stops the others, which would otherwise wait for it to join.
         echo 'for p in "${pids[@]}"; do wait -n || { kill "${pids[@]}" 2>/dev/null; exit 1; }; done' >>"$script"
@@ -129,6 +131,21 @@ for step in "$work"/steps/*.*; do
     esac
 done
 ((runs > 0)) || fail "the page runs nothing"
+# What the page installed is what it ran: the launcher on PATH is the one under $HOME/.local,
+# and the trainer's build found the package there (not one of the system's).
+cat >>"$script" <<'EOF'
+[[ $(command -v elasticrun) == "$HOME/.local/bin/elasticrun" ]] || {
+    echo "check_quickstart: elasticrun on PATH is $(command -v elasticrun), not the installed one"; exit 1; }
+[[ -x $HOME/.local/bin/elastic-store && -f $HOME/.local/lib/cmake/elastic/elasticConfig.cmake ]] || {
+    echo "check_quickstart: the install has no bin/elastic-store or lib/cmake/elastic/"; exit 1; }
+found=0
+while IFS= read -r cache; do
+    grep -qx "elastic_DIR:PATH=$HOME/.local/lib/cmake/elastic" "$cache" || {
+        echo "check_quickstart: $cache found elastic elsewhere: $(grep '^elastic_DIR' "$cache")"; exit 1; }
+    found=1
+done < <(find . -path ./elastic -prune -o -name CMakeCache.txt -print)
+((found)) || { echo "check_quickstart: no project of the page used find_package(elastic)"; exit 1; }
+EOF
 
 echo "check_quickstart: running docs/quickstart.md in $work"
 rc=0

@@ -46,6 +46,7 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         {{"--local-ranks-filter=3"}, "--local-ranks-filter"},
         {{"--event-log-handler=syslog"}, "--event-log-handler"},
         {{"--start-method=thread"}, "--start-method"},
+        {{"--role=" + std::string(256, 'r')}, "--role"},  // the rendezvous carries at most 255 bytes
     };
     temp_dir dir;
     for (const auto& c : cases) {

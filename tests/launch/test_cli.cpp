@@ -164,7 +164,7 @@ struct refused_case {
 std::vector<refused_case> refused_cases() {
     return {
         {{"--logs-specs", "--logs_specs"}, "", "my_specs", "not implemented"},
-        {{"--numa-binding", "--numa_binding"}, "", "node", "numactl --cpunodebind=${local_rank}"},
+        {{"--numa-binding", "--numa_binding"}, "", "node", "numactl '--cpunodebind=${local_rank}'"},
     };
 }
 

@@ -469,12 +469,21 @@ TEST_CASE("logs: console prefixes and the per-rank filter and the template (gold
         CHECK(fs::exists(attempt / "filtered_stderr.log"));
         CHECK(slurp(attempt / "filtered_stderr.log").empty());
         CHECK(r.err.find("--duplicate-stderr-filters: no local rank tees its stderr (-t), so filtered_stderr.log "
-                         "stays empty; add -t 2") != std::string::npos);
+                         "stays empty; tee it (-t 3)") != std::string::npos);
         CHECK(r.err.find("--duplicate-stdout-filters:") == std::string::npos);
         // The rest of the routes as without filters.
         CHECK(slurp(attempt / "2" / "stdout.log") == "hello from 2\nsecond line\npartial 2");
         CHECK(r.out.find("[default0]:hello from 0\n") != std::string::npos);
         CHECK(r.out.find("from 1") == std::string::npos);
+
+        // Rank 1 tees stderr too: its matching line is copied, and nobody is warned.
+        r = agent_support::run({"--nproc-per-node=2", "-t", "1:3", "--duplicate-stderr-filters=from 1,absent",
+                                "--log-dir", logs.string(), "--rdzv-id=e", flood(), "say"},
+                               env_in(tmp));
+        REQUIRE(r.code == 0);
+        CHECK(slurp(only_dir(logs, "e_") / "attempt_0" / "filtered_stderr.log") == "[default1]:warning from 1\n");
+        CHECK_FALSE(fs::exists(only_dir(logs, "e_") / "attempt_0" / "filtered_stdout.log"));
+        CHECK(r.err.find("--duplicate") == std::string::npos);
     }
     SUBCASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE and a two-digit local rank in -t") {
         auto env = env_in(tmp);

@@ -34,7 +34,7 @@ extern "C" char** environ;
 
 namespace agent_support {
 
-/// The launcher under test: examples/elasticrun.cpp built with the tests (agent-elasticrun).
+/// The launcher under test: src/elasticrun.cpp built with the tests (agent-elasticrun).
 /// A port that was free a moment ago, drawn below the kernel's ephemeral range: agents that
 /// must not host, or a store restarted on the same port, need a real port number, and a port
 /// from the ephemeral range (what binding port 0 gives) can be drawn meanwhile as the local

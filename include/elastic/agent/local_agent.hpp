@@ -468,12 +468,15 @@ private:
         s.failure.restarts = rdzv.restart_count();
         // A policy about to wait before its restart (a backoff) says so first: the restart line
         // is logged as the wait starts, "restarting ... in 1.8 s", and not again after it.
-        bool announced = false;
+        std::optional<std::string> announced;  // the reason announced
         s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
-            announced = true;
-            log_.warning(fmt::format("[{}] {}; {}: {} in {}", spec_.role, failed_what(s), d.reason,
+            announced = d.reason;
+            // Several nodes: the restart this decision makes is the job's next one.
+            log_.warning(fmt::format("[{}] {}; {}: {} in {}{}", spec_.role, failed_what(s), d.reason,
                                      several_ ? "restarting every node's worker group" : "restarting the worker group",
-                                     duration_words(delay)));
+                                     duration_words(delay),
+                                     several_ ? fmt::format(" (job-wide restart {})", rdzv.restart_count() + 1)
+                                              : std::string()));
         };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
         s.failure.before_delay = nullptr;
@@ -495,7 +498,10 @@ private:
         // What stands: this decision, or another node's regroup when this one was taken for lost.
         const auto standing = co_await rdzv.decide(decision);
         if (!standing.regroup) events_.decision(s.failure, d);
-        co_return co_await conclude(rdzv, s, standing, announced && standing.restart && !standing.regroup);
+        // Announced already, unless what stands says something else (another node's decision, or
+        // a policy that announced a restart and then answered otherwise).
+        const bool said = announced && standing.restart && !standing.regroup && *announced == standing.reason;
+        co_return co_await conclude(rdzv, s, standing, said);
     }
 
     /// job<R>::follow().
@@ -899,6 +905,19 @@ private:
         auto joined = co_await (detail::settle(rdzv.next_round(std::move(me))) || signals.next());
         if (joined.index() == 1) co_return signals.take();
         round_ = std::get<0>(joined).take();
+        // This node's ranks must lie inside the round's worlds: an assignment that says
+        // otherwise was not written by an agent of this job (elastic::env() would refuse the
+        // workers' RANK or ROLE_RANK).
+        const int role_base = round_->role_rank_base >= 0 ? round_->role_rank_base : round_->rank_base;
+        const int role_size = round_->role_world_size >= 0 ? round_->role_world_size : round_->world_size;
+        if (static_cast<long long>(round_->rank_base) + spec_.nproc_per_node > round_->world_size ||
+            static_cast<long long>(role_base) + spec_.nproc_per_node > role_size || role_size > round_->world_size) {
+            throw rendezvous_error(fmt::format(
+                "rendezvous round {}: the assignment gives this node's {} workers ranks {}.. of {} and role ranks "
+                "{}.. of {}, beyond the round: a client that is no agent of this job writes into the rendezvous "
+                "store; give the job a store of its own",
+                round_->number, spec_.nproc_per_node, round_->rank_base, round_->world_size, role_base, role_size));
+        }
         store_.master_addr = round_->master_addr;
         master_port_ = round_->master_port;
         // Only group rank 0's store serves the workers; the others' close at once.
@@ -919,9 +938,10 @@ private:
         a.group_rank = round_->group_rank;
         a.group_world_size = round_->group_world_size;
         a.global_rank = round_->rank_base + i;
-        a.role_rank = round_->role_rank_base + i;
+        // A rendezvous that knows no roles (-1): one role, the global ranks.
+        a.role_rank = (round_->role_rank_base >= 0 ? round_->role_rank_base : round_->rank_base) + i;
         a.world_size = round_->world_size;
-        a.role_world_size = round_->role_world_size;
+        a.role_world_size = round_->role_world_size >= 0 ? round_->role_world_size : round_->world_size;
         return a;
     }
 

@@ -64,6 +64,24 @@ inline write_shortfall write_all(int fd, std::string_view text) noexcept {
 
 }  // namespace detail::agent
 
+/// The writes to one log file: what could not be written, and why (docs/logs.md, "When a log
+/// file cannot be written"). The relay goes on writing after a failure (space may come back) and
+/// counts each byte it could not write.
+struct log_file_writes {
+    std::string name;              ///< for messages: "local_rank 1's stdout log file /path"
+    std::uint64_t lost_bytes = 0;  ///< bytes of the stream that are not in the file
+    int first_error = 0;           ///< errno of the first failed write; 0: none failed
+    std::function<void(const log_file_writes&)> first_failure;  ///< called once, at the first
+
+    void lost(const detail::agent::write_shortfall& w) {
+        if (w.unwritten == 0) return;
+        lost_bytes += w.unwritten;
+        if (first_error != 0) return;
+        first_error = w.error != 0 ? w.error : EIO;
+        if (first_failure) first_failure(*this);
+    }
+};
+
 /// Line-buffered copy of one stream to a shared descriptor (the agent's stdout or stderr;
 /// docs/logs.md, "The console"). Every complete line — ended by `\n`, `\r\n`, or a lone `\r`
 /// (a progress bar redrawing itself) — is written after `prefix` (may be empty), and all the
@@ -82,6 +100,9 @@ public:
     /// Copy only the lines (or pieces of a cut line) that contain one of `filters`; none: every
     /// line (the default).
     void only_lines_with(std::vector<std::string> filters) { filters_ = std::move(filters); }
+    /// Tell `writes` of every byte the descriptor did not take (a log file's; the console's are
+    /// not counted). Must outlive the relay.
+    void report_to(log_file_writes* writes) noexcept { writes_ = writes; }
 
     /// The next chunk of the stream.
     void feed(std::string_view chunk) {
@@ -131,7 +152,8 @@ private:
 
     void write_out() {
         if (out_.empty()) return;
-        detail::agent::write_all(out_fd_, out_);
+        const auto shortfall = detail::agent::write_all(out_fd_, out_);
+        if (writes_ != nullptr) writes_->lost(shortfall);
         out_.clear();
     }
 
@@ -139,26 +161,9 @@ private:
     std::string prefix_;
     std::size_t max_line_bytes_;
     std::vector<std::string> filters_;
+    log_file_writes* writes_ = nullptr;
     std::string pending_;
     std::string out_;
-};
-
-/// The writes to one log file: what could not be written, and why (docs/logs.md, "When a log
-/// file cannot be written"). The relay goes on writing after a failure (space may come back) and
-/// counts each byte it could not write.
-struct log_file_writes {
-    std::string name;              ///< for messages: "local_rank 1's stdout log file /path"
-    std::uint64_t lost_bytes = 0;  ///< bytes of the stream that are not in the file
-    int first_error = 0;           ///< errno of the first failed write; 0: none failed
-    std::function<void(const log_file_writes&)> first_failure;  ///< called once, at the first
-
-    void lost(const detail::agent::write_shortfall& w) {
-        if (w.unwritten == 0) return;
-        lost_bytes += w.unwritten;
-        if (first_error != 0) return;
-        first_error = w.error != 0 ? w.error : EIO;
-        if (first_failure) first_failure(*this);
-    }
 };
 
 /// Where the bytes of one worker stream are copied (any subset).
@@ -174,6 +179,7 @@ struct stream_copies {
     int filtered_fd = -1;
     std::vector<std::string> filters;
     std::string filtered_prefix;
+    log_file_writes* filtered_writes = nullptr;  ///< told of every byte that file did not take
 };
 
 /// Reads `pipe` until end of file (or until it is closed or the read is cancelled) and copies
@@ -188,6 +194,7 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stream_
     if (copies.filtered_fd >= 0 && !copies.filters.empty()) {
         filtered = std::make_unique<line_relay>(copies.filtered_fd, std::move(copies.filtered_prefix));
         filtered->only_lines_with(std::move(copies.filters));
+        filtered->report_to(copies.filtered_writes);
     }
     // 64 KiB: a full pipe's worth in one read.
     auto buffer = std::make_unique<char[]>(65536);

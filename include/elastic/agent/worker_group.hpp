@@ -84,6 +84,8 @@ struct attempt_state {
     /// every rank's relays write: held here, with the relays.
     detail::process::owned_fd filtered_out;
     detail::process::owned_fd filtered_err;
+    log_file_writes filtered_out_writes;
+    log_file_writes filtered_err_writes;
 };
 
 }  // namespace detail::agent
@@ -122,13 +124,26 @@ public:
         if (!attempt.dir.empty()) {
             // Opened whenever filters are given, as torchrun does: an empty file says that no
             // line matched (or that no rank tees the stream; the launcher warns of that).
+            const auto open = [&](const char* name, detail::process::owned_fd& fd, log_file_writes& writes) {
+                const auto path = attempt.dir / name;
+                fd = open_log_file(path);
+                writes.name = fmt::format("the filtered log file {}", path.string());
+                writes.first_failure = [log = *log_](const log_file_writes& w) {
+                    log.warning(fmt::format("cannot write {}: {}; matching lines are lost from it until writes "
+                                            "succeed again (the workers' own log files and the console are not "
+                                            "affected); free space on that file system, or move --log-dir",
+                                            w.name, std::strerror(w.first_error)));
+                };
+            };
             if (!spec_->duplicate_stdout_filters.empty()) {
-                state_->filtered_out = open_log_file(attempt.dir / "filtered_stdout.log");
+                open("filtered_stdout.log", state_->filtered_out, state_->filtered_out_writes);
             }
             if (!spec_->duplicate_stderr_filters.empty()) {
-                state_->filtered_err = open_log_file(attempt.dir / "filtered_stderr.log");
+                open("filtered_stderr.log", state_->filtered_err, state_->filtered_err_writes);
             }
         }
+        const filtered_logs filtered{state_->filtered_out.get(), state_->filtered_err.get(),
+                                     &state_->filtered_out_writes, &state_->filtered_err_writes};
         for (std::size_t i = 0; i < slots.size(); ++i) {
             const int local_rank = static_cast<int>(i);
             auto& slot = slots[i];
@@ -144,8 +159,7 @@ public:
             how.args.assign(argv.begin() + 1, argv.end());
             how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
             try {
-                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how,
-                                    state_->filtered_out.get(), state_->filtered_err.get());
+                slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how, filtered);
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const spawn_error& e) {

@@ -31,6 +31,15 @@
 
 namespace elastic::inline v0 {
 
+/// An attempt's filtered_stdout.log and filtered_stderr.log (--duplicate-*-filters), shared by
+/// its workers: the descriptors (-1: none) and the record of their lost writes.
+struct filtered_logs {
+    int out_fd = -1;
+    int err_fd = -1;
+    log_file_writes* out_writes = nullptr;
+    log_file_writes* err_writes = nullptr;
+};
+
 /// One worker's output in one attempt (docs/logs.md). prepare() before the spawn decides, per
 /// stream, what the child gets: stderr is always a pipe (the failure report's tail needs every
 /// byte, whatever -r/-t say); stdout is the agent's own stdout when it goes to the console
@@ -42,23 +51,23 @@ class basic_worker_output {
 public:
     /// `index`: the worker's local rank (its slot, also under --virtual-local-rank); `rank_dir`:
     /// `attempt_<n>/<index>/`, empty when the tree is disabled. Opens the files; sets `how.out`
-    /// and `how.err`. Throws log_error. `filtered_out` and `filtered_err`: the attempt's
-    /// filtered_stdout.log and filtered_stderr.log (-1: none), which get this worker's lines
-    /// that match config's duplicate filters when it tees that stream; they must outlive the
-    /// relays.
+    /// and `how.err`. Throws log_error. `filtered`: the attempt's filtered logs, which get this
+    /// worker's lines that match config's duplicate filters when it tees that stream; they must
+    /// outlive the relays.
     void prepare(const worker_spec& config, int index, int global_rank, const std::filesystem::path& rank_dir,
-                 spawn_options& how, int filtered_out = -1, int filtered_err = -1) {
+                 spawn_options& how, const filtered_logs& filtered = {}) {
         routes_ = route_streams(config, index);
         prefix_ = format_log_prefix(config.log_line_prefix_template, config.role, index, global_rank);
         const auto tees = [&](std_streams which) {
             return (static_cast<unsigned>(config.tee.for_rank(index)) & static_cast<unsigned>(which)) != 0;
         };
-        out_filters_ = filtered_out >= 0 && tees(std_streams::out) ? config.duplicate_stdout_filters
-                                                                   : std::vector<std::string>{};
-        err_filters_ = filtered_err >= 0 && tees(std_streams::err) ? config.duplicate_stderr_filters
-                                                                   : std::vector<std::string>{};
-        filtered_out_ = out_filters_.empty() ? -1 : filtered_out;
-        filtered_err_ = err_filters_.empty() ? -1 : filtered_err;
+        filtered_ = filtered;
+        out_filters_ = filtered.out_fd >= 0 && tees(std_streams::out) ? config.duplicate_stdout_filters
+                                                                      : std::vector<std::string>{};
+        err_filters_ = filtered.err_fd >= 0 && tees(std_streams::err) ? config.duplicate_stderr_filters
+                                                                      : std::vector<std::string>{};
+        if (out_filters_.empty()) filtered_.out_fd = -1;
+        if (err_filters_.empty()) filtered_.err_fd = -1;
         const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
             const auto path = rank_dir / fmt::format("{}.log", stream);
             fd = open_log_file(path);
@@ -66,9 +75,9 @@ public:
         };
         if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
         if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
-        if (routes_.out.console == console_copy::raw && !out_file_ && filtered_out_ < 0) {
+        if (routes_.out.console == console_copy::raw && !out_file_ && filtered_.out_fd < 0) {
             how.out = stdio::inherit();
-        } else if (routes_.out.console == console_copy::none && !out_file_ && filtered_out_ < 0) {
+        } else if (routes_.out.console == console_copy::none && !out_file_ && filtered_.out_fd < 0) {
             how.out = stdio::null();
         } else {
             how.out = stdio::pipe();
@@ -99,12 +108,12 @@ public:
         if (out_pipe_) {
             run(executor, relays, keep_alive, *out_pipe_,
                 stream_copies{nullptr, out_file_.get(), &out_writes_, console_fd(routes_.out, 1), prefix(routes_.out),
-                              &relays, filtered_out_, out_filters_, prefix_});
+                              &relays, filtered_.out_fd, out_filters_, prefix_, filtered_.out_writes});
         }
         if (err_pipe_) {
             run(executor, relays, keep_alive, *err_pipe_,
                 stream_copies{&tail, err_file_.get(), &err_writes_, console_fd(routes_.err, 2), prefix(routes_.err),
-                              &relays, filtered_err_, err_filters_, prefix_});
+                              &relays, filtered_.err_fd, err_filters_, prefix_, filtered_.err_writes});
         }
     }
 
@@ -137,8 +146,7 @@ private:
 
     worker_routes routes_;
     std::string prefix_;
-    int filtered_out_ = -1;
-    int filtered_err_ = -1;
+    filtered_logs filtered_;
     std::vector<std::string> out_filters_;
     std::vector<std::string> err_filters_;
     detail::process::owned_fd out_file_;

@@ -198,8 +198,8 @@ inline constexpr std::array<option_spec, 35> option_specs{{
     {"--numa-binding,--numa_binding", "numa_binding", false, false, "node|socket|exclusive|core-complex", "",
      option_state::refused, -1,
      "elastic does not bind workers to NUMA nodes: torchrun binds each near its GPU. Start the program "
-     "under numactl, whose arguments may name ${local_rank}: elasticrun ... numactl --cpunodebind=${local_rank} "
-     "--membind=${local_rank} ./trainer"},
+     "under numactl, whose arguments may name ${local_rank} (quoted, so the shell leaves it): elasticrun ... "
+     "numactl '--cpunodebind=${local_rank}' '--membind=${local_rank}' ./trainer"},
     {"--duplicate-stdout-filters,--duplicate_stdout_filters", "duplicate_stdout_filters", false, true, "TEXT,...",
      "none", option_state::implemented, 5,
      "Also copy each line of a tee'd (-t) stdout that contains one of these texts (,, is a comma inside one) "
@@ -691,9 +691,18 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             teed = (static_cast<unsigned>(config.tee.for_rank(r)) & static_cast<unsigned>(stream)) != 0;
         }
         if (!teed) {
+            // -t 1 with stderr filters wants -t 3, not -t 2 (which would drop the stdout tee).
+            bool other_teed = false;
+            for (int r = 0; r < config.nproc_per_node && !other_teed; ++r) {
+                other_teed = config.tee.for_rank(r) != std_streams::none;
+            }
             config.warnings.push_back(fmt::format(
-                "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; add -t {}",
-                name, name, name, stream == std_streams::out ? 1 : 2));
+                "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; tee it "
+                "(-t {})",
+                name, name, name,
+                other_teed                   ? 3
+                : stream == std_streams::out ? 1
+                                             : 2));
         } else if (config.logs_disabled()) {
             config.warnings.push_back(fmt::format(
                 "--duplicate-{}-filters: --log-dir=/dev/null writes no files, filtered_{}.log included", name, name));

@@ -370,6 +370,10 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     if (c.role.empty()) {
         throw usage_error{fmt::format("{}: must not be empty", label("role"))};
     }
+    // The rendezvous carries the role to the other nodes in at most 255 bytes.
+    if (c.role.size() > 255) {
+        throw usage_error{fmt::format("{}: {} bytes, at most 255", label("role"), c.role.size())};
+    }
     if (c.rdzv_id.empty()) {
         throw usage_error{
             fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};

@@ -62,7 +62,7 @@ inline void record_agent_exception(std::string_view name, const agent::agent_exc
 }
 
 /// Runs `body` and turns the launcher's errors into a message on stderr and an exit code
-/// (docs/exit-codes.md): usage_error 2 (nothing was started); rendezvous_error
+/// (docs/exit-codes.md): usage_error 2 (nothing was started, or a worker program that cannot run stopped its attempt); rendezvous_error
 /// exit_codes::rendezvous; anything else exit_codes::internal. The last two are also written
 /// into the agent's own error file ($TORCHELASTIC_ERROR_FILE) with their errorCode; a usage
 /// error is not (torchrun's @record does not see argparse's SystemExit either).

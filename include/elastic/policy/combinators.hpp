@@ -123,12 +123,23 @@ private:
                 p.delays[I] = plan.delay;
                 p.add(plan.decision.reason);
             } else {
-                auto decision = co_await part(failure);
+                // The chain announces the restart, once, with every part's reason: a part is
+                // not to announce one of its own (a chain inside an any_restart_policy would).
+                // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
+                const group_failure quiet = unannounced(failure);
+                auto decision = co_await part(quiet);
                 if (!decision.restart()) co_return std::move(decision);
                 p.add(decision.reason);
             }
             co_return co_await consult<I + 1>(failure, p);
         }
+    }
+
+    /// `failure` without its before_delay, for a part that is not planned.
+    static group_failure unannounced(const group_failure& failure) {
+        group_failure copy = failure;
+        copy.before_delay = nullptr;
+        return copy;
     }
 
     template <std::size_t I>

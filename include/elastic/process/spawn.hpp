@@ -430,7 +430,8 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         n = ::read(error_read.get(), &failure, sizeof failure);
     } while (n < 0 && errno == EINTR);
     if (n != 0) {
-        if (n != static_cast<ssize_t>(sizeof failure)) {
+        const bool reported = n == static_cast<ssize_t>(sizeof failure);  // by the child, whole
+        if (!reported) {
             failure = {detail::process::child_step::exec, n < 0 ? errno : EIO};
         }
         detail::process::discard_child(pid, pidfd.get());
@@ -442,10 +443,13 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
                                                          " (" + cgroup->path + ")");
             return spawn(executor, options);
         }
-        // execve's refusals that are the program's: a resource the machine lacks (memory,
-        // descriptors) is not.
-        const bool program_fault = failure.step == detail::process::child_step::exec && failure.error != ENOMEM &&
-                                   failure.error != EAGAIN && failure.error != EMFILE && failure.error != ENFILE;
+        // execve's refusals that are the program's own (its path, its mode, its format, its #!
+        // interpreter); any other errno (memory, descriptors, a busy text file, I/O, the
+        // agent's own read of the report) is not.
+        const int e = failure.error;
+        const bool program_fault = reported && failure.step == detail::process::child_step::exec &&
+                                   (e == ENOENT || e == EACCES || e == ENOEXEC || e == ENOTDIR || e == ELOOP ||
+                                    e == ENAMETOOLONG || e == ELIBBAD || e == EISDIR);
         throw spawn_error(detail::process::describe_failure(failure, options, path), failure.error, program_fault);
     }
 

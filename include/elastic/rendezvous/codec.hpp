@@ -291,8 +291,6 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
     auto j = nlohmann::json{{"group_rank", r.group_rank},
                             {"rank_base", r.rank_base},
                             {"world_size", r.world_size},
-                            {"role_rank_base", r.role_rank_base},
-                            {"role_world_size", r.role_world_size},
                             {"size", r.group_world_size},
                             {"epoch", r.epoch},
                             {"master_addr", r.master_addr},
@@ -300,6 +298,8 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
                             {"restarts", r.restart_count},
                             {"host_in", r.host_in_round},
                             {"successors", codec::encode_successors(r.successors)}};
+    if (r.role_rank_base >= 0) j["role_rank_base"] = r.role_rank_base;
+    if (r.role_world_size >= 0) j["role_world_size"] = r.role_world_size;
     if (r.group_rank == 0) j["peers"] = r.peers;
     return j.dump();
 }

@@ -50,9 +50,10 @@ struct rendezvous_round {
     int rank_base = 0;         ///< the global rank of this node's local rank 0
     int world_size = 1;        ///< workers in the round: WORLD_SIZE
     /// ROLE_RANK of this node's local rank 0: the workers of this node's role on the nodes of
-    /// lower group rank (equal to rank_base when every node has the same role).
-    int role_rank_base = 0;
-    int role_world_size = 1;                  ///< workers of this node's role: ROLE_WORLD_SIZE
+    /// lower group rank (equal to rank_base when every node has the same role). -1: the
+    /// rendezvous knows no roles, and the agent uses rank_base.
+    int role_rank_base = -1;
+    int role_world_size = -1;                 ///< workers of this node's role: ROLE_WORLD_SIZE; -1: world_size
     std::int64_t epoch = 0;                   ///< lease losses the round's completer had accounted for
     std::vector<store_successor> successors;  ///< where the store moves if its host is lost, in order
     bool host_in_round = false;               ///< the store's host is a member of this round
