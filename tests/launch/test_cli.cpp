@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <optional>
 #include <chrono>
 #include <csignal>
@@ -952,6 +954,50 @@ TEST_CASE(
     CHECK(usage_error_of({"--rdzv-backend=c10d", "--rdzv-conf=join_timeout=0", f.program}, f.env)
               .find("join_timeout=0") != std::string::npos);
     CHECK(usage_error_of({"--logs_specs=mine", f.program}, f.env).find("--logs-specs=mine: not implemented") == 0);
+}
+
+TEST_CASE("launch: docs/cli.md states of every option as the launcher has them: no refusal it does not make") {
+    // The table of "## Every option": | `--a`, `--b` (note) | PET_ | state | ... |
+    std::ifstream in(ELASTIC_TEST_SOURCE_DIR "/docs/cli.md");
+    REQUIRE(in);
+    std::map<std::string, std::string> documented;  // every spelling in a row's first cell -> state
+    bool in_table = false;
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("## ", 0) == 0) in_table = line == "## Every option";
+        if (!in_table || line.rfind("| `", 0) != 0) continue;
+        std::vector<std::string> cells;
+        for (std::size_t at = 1; at < line.size();) {
+            const auto end = line.find(" |", at);
+            if (end == std::string::npos) break;
+            cells.push_back(line.substr(at + 1, end - at - 1));
+            at = end + 2;
+        }
+        REQUIRE(cells.size() >= 3);
+        const std::string state = cells[2].substr(0, cells[2].find_first_of(", "));
+        for (std::size_t at = cells[0].find('`'); at != std::string::npos; at = cells[0].find('`', at)) {
+            const auto end = cells[0].find('`', at + 1);
+            REQUIRE(end != std::string::npos);
+            documented[cells[0].substr(at + 1, end - at - 1)] = state;
+            at = end + 1;
+        }
+    }
+    using elastic::detail::launch::option_state;
+    int checked = 0;
+    for (const auto& spec : elastic::detail::launch::option_specs) {
+        const auto names = elastic::detail::launch::split(spec.names, ',');
+        if (std::find(names.begin(), names.end(), "--help") != names.end()) continue;
+        const auto row = std::find_if(names.begin(), names.end(),
+                                      [&](std::string_view n) { return documented.count(std::string(n)) != 0; });
+        CAPTURE(spec.names);
+        REQUIRE_MESSAGE(row != names.end(), "docs/cli.md has no row for it");
+        const auto& state = documented.at(std::string(*row));
+        const char* want = spec.state == option_state::implemented     ? "config"
+                           : spec.state == option_state::compatibility ? "compat"
+                                                                       : "refused";
+        CHECK(state == want);
+        ++checked;
+    }
+    CHECK(checked == static_cast<int>(elastic::detail::launch::option_specs.size()) - 1);
 }
 
 }  // namespace test_cli
