@@ -79,12 +79,13 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         }
         const std::vector<std::pair<std::filesystem::path, std::string>> refused{
             {garbage, "neither a binary nor a #! script"}, {orphan_script, "check the path (or the #! interpreter)"}};
-        for (const auto& [program, why] : refused) {
+        for (const auto& entry : refused) {
+            const std::string program = entry.first.string();  // not a structured binding: CAPTURE's lambda
             CAPTURE(program);
-            auto r = agent_support::run({"--nproc-per-node=2", program.string()}, worker_env(dir, "*:env"));
+            auto r = agent_support::run({"--nproc-per-node=2", program}, worker_env(dir, "*:env"));
             CHECK(r.code == 2);
-            CHECK(r.err.find("cannot execute '" + program.string() + "'") != std::string::npos);
-            CHECK(r.err.find(why) != std::string::npos);
+            CHECK(r.err.find("cannot execute '" + program + "'") != std::string::npos);
+            CHECK(r.err.find(entry.second) != std::string::npos);
             CHECK(r.err.find("internal") == std::string::npos);
         }
     }

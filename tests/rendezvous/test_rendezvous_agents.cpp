@@ -148,7 +148,9 @@ TEST_CASE("rendezvous agents: with a --role per agent, ROLE_RANK and ROLE_WORLD_
     // global rank; the role's world size, how many there are.
     std::map<std::string, int> seen;
     std::map<std::string, int> role_size{{"trainer", 4}, {"reader", 2}};
-    for (const auto& [rank, e] : envs) {  // by global rank
+    for (const auto& entry : envs) {   // by global rank
+        const int rank = entry.first;  // not a structured binding: CAPTURE's lambda
+        const auto& e = entry.second;
         CAPTURE(rank);
         const std::string& role = e.at("ROLE_NAME");
         REQUIRE(role_size.count(role) == 1);
