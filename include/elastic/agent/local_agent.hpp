@@ -472,11 +472,8 @@ private:
         s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
             announced = d.reason;
             // Several nodes: the restart this decision makes is the job's next one.
-            log_.warning(fmt::format("[{}] {}; {}: {} in {}{}", spec_.role, failed_what(s), d.reason,
-                                     several_ ? "restarting every node's worker group" : "restarting the worker group",
-                                     duration_words(delay),
-                                     several_ ? fmt::format(" (job-wide restart {})", rdzv.restart_count() + 1)
-                                              : std::string()));
+            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, failed_what(s), d.reason,
+                                     restarting(rdzv.restart_count() + 1, delay)));
         };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
         s.failure.before_delay = nullptr;
@@ -552,10 +549,7 @@ private:
                 co_return std::nullopt;
             }
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                                     several_
-                                         ? fmt::format("restarting every node's worker group (job-wide restart {})",
-                                                       rdzv.restart_count())
-                                         : std::string("restarting the worker group")));
+                                     restarting(rdzv.restart_count())));
             events_.restart(rdzv.restart_count());
             co_return std::nullopt;
         }
@@ -564,6 +558,15 @@ private:
         if (s.own_failure) (void)finish_failed(s.failure);
         co_await rdzv.leave();
         co_return decision.exit_code;
+    }
+
+    /// The restart line's action: "restarting the worker group", or on several nodes "restarting
+    /// every node's worker group (job-wide restart N)"; with `delay`, "... in 1.8 s" before N.
+    std::string restarting(int job_restart, std::optional<std::chrono::steady_clock::duration> delay = {}) const {
+        std::string out = several_ ? "restarting every node's worker group" : "restarting the worker group";
+        if (delay) out += " in " + duration_words(*delay);
+        if (several_) out += fmt::format(" (job-wide restart {})", job_restart);
+        return out;
     }
 
     /// A job<R> step called on a step of another kind: the caller's loop is wrong.
@@ -908,8 +911,8 @@ private:
         // This node's ranks must lie inside the round's worlds: an assignment that says
         // otherwise was not written by an agent of this job (elastic::env() would refuse the
         // workers' RANK or ROLE_RANK).
-        const int role_base = round_->role_rank_base >= 0 ? round_->role_rank_base : round_->rank_base;
-        const int role_size = round_->role_world_size >= 0 ? round_->role_world_size : round_->world_size;
+        const int role_base = round_->role_base();
+        const int role_size = round_->role_size();
         if (static_cast<long long>(round_->rank_base) + spec_.nproc_per_node > round_->world_size ||
             static_cast<long long>(role_base) + spec_.nproc_per_node > role_size || role_size > round_->world_size) {
             throw rendezvous_error(fmt::format(
@@ -938,10 +941,9 @@ private:
         a.group_rank = round_->group_rank;
         a.group_world_size = round_->group_world_size;
         a.global_rank = round_->rank_base + i;
-        // A rendezvous that knows no roles (-1): one role, the global ranks.
-        a.role_rank = (round_->role_rank_base >= 0 ? round_->role_rank_base : round_->rank_base) + i;
+        a.role_rank = round_->role_base() + i;
         a.world_size = round_->world_size;
-        a.role_world_size = round_->role_world_size >= 0 ? round_->role_world_size : round_->world_size;
+        a.role_world_size = round_->role_size();
         return a;
     }
 

@@ -71,8 +71,9 @@ asio::awaitable<restart_decision> run_planned(P& policy, const group_failure& fa
 /// and nothing after it is asked); when all answer restart the delays add up and the reasons are
 /// joined with "; ". Planned parts (the built-in models) only plan while the chain asks: their
 /// delays are awaited after the last part has said restart (announced first, once, through
-/// group_failure::before_delay), then every planned part counts the restart. So a later stop never costs an earlier backoff, and a budget counts only restarts
-/// that happen. Any other part is awaited in its turn (it may wait for whatever it likes).
+/// group_failure::before_delay), then every planned part counts the restart. So a later stop
+/// never costs an earlier backoff, and a budget counts only restarts that happen. Any other part
+/// is awaited in its turn (it may wait for whatever it likes).
 template <class... Parts>
 class policy_chain {
     static_assert(sizeof...(Parts) > 0, "a policy_chain needs a part");

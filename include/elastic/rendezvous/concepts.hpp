@@ -63,6 +63,11 @@ struct rendezvous_round {
     /// none: its host and advertised address, names or literals), for its workers' store to
     /// accept connections from the round's nodes alone (empty on the other nodes).
     std::vector<std::string> peers;
+
+    /// ROLE_RANK of local rank 0 and ROLE_WORLD_SIZE, the global ones when the rendezvous knows no
+    /// roles (-1).
+    [[nodiscard]] int role_base() const noexcept { return role_rank_base >= 0 ? role_rank_base : rank_base; }
+    [[nodiscard]] int role_size() const noexcept { return role_world_size >= 0 ? role_world_size : world_size; }
 };
 
 /// Why a round ended early, or that the job ended: the first notice written wins (compare-and-set).
