@@ -38,10 +38,16 @@ stage() {  # stage NAME COMMAND...: run, time and record one stage
 }
 has() { [[ " $stages " == *" $1 "* ]]; }
 
-configure() {  # configure DIR ARGS...
-  local dir=$1; shift
-  cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "$@" >"$dir.configure.log" 2>&1 \
-    || { cat "$dir.configure.log"; return 1; }
+# Debug info is most of what a -O0 compile emits (the agent's file: an 83 MB object). A failure
+# here is read from the test's output and the sanitizers' stack traces, which need file and line,
+# not variables: the gcc stage builds without debug info, the clang stages with line tables only
+# (up to a third off each compile; docs/building.md, "Keeping CI under its budget").
+no_debug_info=-g0
+line_tables=-gline-tables-only
+configure() {  # configure DIR DEBUG_FLAGS ARGS...
+  local dir=$1 debug=$2; shift 2
+  cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$debug" \
+    "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
 }
 passed_total=0
 failed_total=0
@@ -73,7 +79,7 @@ stage_header() {
 stage_gcc() {
   local dir=build/ci-gcc
   mkdir -p build
-  configure $dir -DCMAKE_CXX_COMPILER=g++ -DELASTIC_CONSUMER_TESTS=ON -DELASTIC_LIBTORCH_EXAMPLE=ON
+  configure $dir $no_debug_info -DCMAKE_CXX_COMPILER=g++ -DELASTIC_CONSUMER_TESTS=ON -DELASTIC_LIBTORCH_EXAMPLE=ON
   cmake --build $dir -j "$jobs"
   run_ctest $dir
 }
@@ -81,7 +87,7 @@ stage_gcc() {
 stage_asan() {
   local dir=build/ci-asan
   mkdir -p build
-  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_SINGLE_HEADER=ON \
+  configure $dir $line_tables -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_SINGLE_HEADER=ON \
     -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_SANITIZE=address,undefined -DELASTIC_PROGRAMS_COMPILED=ON
   cmake --build $dir -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
@@ -91,7 +97,7 @@ stage_asan() {
 stage_tsan() {
   local dir=build/ci-tsan
   mkdir -p build
-  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_HEADER_CHECKS=OFF \
+  configure $dir $line_tables -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_HEADER_CHECKS=OFF \
     -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_BUILD_PROGRAMS=OFF -DELASTIC_SANITIZE=thread \
     -DELASTIC_TEST_TAG=concurrent -DELASTIC_PROGRAMS_COMPILED=ON
   if [[ ! -f $dir/build.ninja ]] || ! grep -q elastic_tests $dir/build.ninja; then
@@ -105,9 +111,10 @@ stage_fuzz() {
   local dir=build/ci-fuzz
   if ! compgen -G "fuzz/fuzz_*.cpp" >/dev/null; then echo "no fuzz targets"; return 0; fi
   mkdir -p build
-  configure $dir -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_BUILD_TESTS=OFF -DELASTIC_BUILD_PROGRAMS=OFF \
+  configure $dir $line_tables -DCMAKE_CXX_COMPILER=clang++ -DELASTIC_BUILD_TESTS=OFF -DELASTIC_BUILD_PROGRAMS=OFF \
     -DELASTIC_BUILD_EXAMPLES=OFF -DELASTIC_HEADER_CHECKS=OFF -DELASTIC_FUZZ=ON \
-    -DELASTIC_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DELASTIC_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $line_tables -DNDEBUG"
   cmake --build $dir -j "$jobs"
   # One fuzzer per core at a time: each is a single process bound by its own time limit.
   local bins=("$dir"/fuzz/fuzz_*) i bin pid
