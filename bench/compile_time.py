@@ -34,6 +34,8 @@ LAUNCHER = ('#include <elastic/run.hpp>\n#include <elastic/policy.hpp>\n'
             'int main(int argc, char** argv) {\n'
             '    return elastic::run(argc, argv, elastic::max_restarts(3));\n}\n')
 SINGLE = '#include <elastic.hpp>\nint main() { return 0; }\n'
+SINGLE_WORKER = ('#define ELASTIC_NO_LAUNCHER\n#include <elastic.hpp>\n'
+                 'int main() { return elastic::env().rank; }\n')
 REFERENCE = ('#include <asio.hpp>\n#include <fmt/format.h>\n#include <string>\n#include <vector>\n'
              'int main() { return 0; }\n')
 # The reference unit's user CPU on the machine where the budgets were set. Derived, not measured
@@ -57,6 +59,8 @@ CASES = [
     ("a custom launcher, separate", LAUNCHER, SEPARATE, 6.0, True),
     ("the single header, a trivial file", SINGLE, [], 4.0, False),
     ("the single header, a trivial file, separate", SINGLE, SEPARATE, 4.0, True),
+    ("the single header, a worker (ELASTIC_NO_LAUNCHER)", SINGLE_WORKER, [], None, False),
+    ("the single header, a worker (ELASTIC_NO_LAUNCHER), separate", SINGLE_WORKER, SEPARATE, None, False),
 ]
 
 
@@ -98,7 +102,7 @@ def main() -> int:
                 continue
             source = pathlib.Path(tmp) / "case.cpp"
             source.write_text(text)
-            single = text.startswith("#include <elastic.hpp>")
+            single = "#include <elastic.hpp>" in text
             include = ["-I" + str(ROOT / ("single_include" if single else "include")), *flags]
             best = None
             peak = 0

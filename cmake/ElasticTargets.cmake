@@ -81,6 +81,18 @@ function(elastic_add_header_checks)
     file(CONFIGURE OUTPUT "${src}" CONTENT "#include <${h}>\n#include <${h}>\n")
     list(APPEND sources "${src}")
   endforeach()
+  # The umbrella without its launcher part, as a worker includes it: builds, and no CLI11
+  # (CLI/CLI.hpp defines CLI11_VERSION).
+  set(src "${CMAKE_BINARY_DIR}/header_checks/no_launcher_elastic_hpp.cpp")
+  file(CONFIGURE OUTPUT "${src}" CONTENT [=[
+#define ELASTIC_NO_LAUNCHER
+#include <elastic.hpp>
+#include <elastic.hpp>
+#ifdef CLI11_VERSION
+#error "CLI11 reaches a file that defines ELASTIC_NO_LAUNCHER"
+#endif
+]=])
+  list(APPEND sources "${src}")
   add_library(elastic_header_checks OBJECT ${sources})
   target_link_libraries(elastic_header_checks PRIVATE elastic)
   target_compile_options(elastic_header_checks PRIVATE ${ELASTIC_WARNING_FLAGS})

@@ -22,8 +22,15 @@
 #include "elastic/rendezvous.hpp"
 #include "elastic/policy.hpp"
 #include "elastic/agent.hpp"
+
+// The launcher: torchrun's command line (CLI11), the launch configuration and elastic::run. A
+// file that only works (env(), record, dist) or runs an agent loop of its own may define
+// ELASTIC_NO_LAUNCHER before including this header: it then needs no CLI11 and does not parse it.
+// (The one file that defines ELASTIC_IMPL_SOURCE must not.)
+#ifndef ELASTIC_NO_LAUNCHER
 #include "elastic/launch.hpp"
 #include "elastic/run.hpp"
+#endif
 
 // The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
 #include "elastic/impl/src.hpp"

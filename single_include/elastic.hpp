@@ -8,6 +8,8 @@
 //   and OpenSSL's headers; LINK fmt and OpenSSL's libcrypto: -lfmt -lcrypto -pthread.
 //   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev):
 //       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread
+//   A worker may #define ELASTIC_NO_LAUNCHER before including this file: it leaves out the
+//   command line and elastic::run, and then needs no CLI11.
 //   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,
 //   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.
 // Licence: MIT (the LICENSE file beside the sources; keep this notice with the file).
@@ -19138,6 +19140,12 @@ concept agent_loop = std::move_constructible<L> &&
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----
 // ---- end elastic/agent.hpp ----
+
+// The launcher: torchrun's command line (CLI11), the launch configuration and elastic::run. A
+// file that only works (env(), record, dist) or runs an agent loop of its own may define
+// ELASTIC_NO_LAUNCHER before including this header: it then needs no CLI11 and does not parse it.
+// (The one file that defines ELASTIC_IMPL_SOURCE must not.)
+#ifndef ELASTIC_NO_LAUNCHER
 // ---- begin elastic/launch.hpp ----
 // The launch layer — launch configuration: torchrun's command line and PET_* variables.
 
@@ -21353,6 +21361,7 @@ int run(int argc, const char* const* argv) {
 // elastic::run(argc, argv[, policy]): the launcher in one call (see elastic/launch/run.hpp).
 
 // ---- end elastic/run.hpp ----
+#endif
 
 // The definitions ELASTIC_SEPARATE_COMPILATION compiles in one file (nothing when header-only).
 // ---- begin elastic/impl/src.hpp ----
@@ -21366,12 +21375,17 @@ int run(int argc, const char* const* argv) {
 // (the elastic::compiled CMake target is that file). Without ELASTIC_SEPARATE_COMPILATION this
 // header adds nothing: every definition is already inline in the headers.
 
+#ifndef ELASTIC_NO_LAUNCHER
+#endif
 
 #include <string>
 #include <utility>
 
 #if defined(ELASTIC_IMPL_SOURCE) && !defined(ELASTIC_DETAIL_IMPL_SOURCE_SEEN)
 #error "ELASTIC_IMPL_SOURCE must be defined before the first elastic header of the file"
+#endif
+#if defined(ELASTIC_IMPL_SOURCE) && defined(ELASTIC_NO_LAUNCHER)
+#error "the file that defines ELASTIC_IMPL_SOURCE compiles the launcher: it must not define ELASTIC_NO_LAUNCHER"
 #endif
 
 #if defined(ELASTIC_SEPARATE_COMPILATION) && defined(ELASTIC_IMPL_SOURCE)

@@ -7,6 +7,12 @@ include/, named as "elastic/..." or <elastic/...>) are inlined once, at their fi
 header's first line is its licence (`// SPDX-License-Identifier: MIT`, LICENSE): one without it
 stops the tool; the single header carries the line once, at its top.
 
+A header whose first inclusion sits inside a preprocessor conditional would vanish for every later
+includer whenever the condition is false, so the tool refuses it, with one exception: the
+launcher guard, `#ifndef ELASTIC_NO_LAUNCHER` (the command line and elastic::run, which a
+worker-only file leaves out). A header first inlined inside that guard may later be included
+only inside the same guard.
+
     tools/amalgamate.py                     # writes single_include/elastic.hpp
     tools/amalgamate.py --output FILE       # writes FILE instead
     tools/amalgamate.py --check             # exit 1 if the committed file is stale
@@ -24,7 +30,9 @@ INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\b")
 SPDX = "// SPDX-License-Identifier: MIT\n"
 IF_RE = re.compile(r"^\s*#\s*if(?:n?def)?\b")
+ELSE_RE = re.compile(r"^\s*#\s*(?:else|elif)\b")
 ENDIF_RE = re.compile(r"^\s*#\s*endif\b")
+LAUNCHER_GUARD_RE = re.compile(r"^\s*#\s*ifndef\s+ELASTIC_NO_LAUNCHER\s*$")
 VERSION_RE = re.compile(r'^#define ELASTIC_VERSION_STRING "([^"]+)"', re.M)
 
 
@@ -36,15 +44,21 @@ def project_path(name):
     return path if os.path.isfile(path) else None
 
 
-def inline(name, seen, out):
+def inline(name, seen, out, launcher_only, guarded=False):
+    """Append header `name` to `out` unless already seen. `guarded`: this inclusion sits inside
+    the launcher guard; a header first inlined so is recorded in `launcher_only`."""
     path = project_path(name)
     if path is None:
         sys.exit(f"amalgamate: {name} is not a header under include/")
     if name in seen:
         return
     seen.add(name)
+    if guarded:
+        launcher_only.add(name)
     out.append(f"// ---- begin {name} ----\n")
-    depth = 0  # preprocessor conditionals open at this line of this file
+    # The preprocessor conditionals open at this line of this file: "launcher" for the then
+    # branch of the launcher guard, "other" for anything else (the guard's #else included).
+    conditionals = []
     with open(path, encoding="utf-8") as f:
         lines = f.readlines()
     if not lines or lines[0] != SPDX:
@@ -52,15 +66,26 @@ def inline(name, seen, out):
     for line in lines[1:]:
         if PRAGMA_ONCE_RE.match(line):
             continue
-        depth += 1 if IF_RE.match(line) else -1 if ENDIF_RE.match(line) else 0
+        if IF_RE.match(line):
+            conditionals.append("launcher" if LAUNCHER_GUARD_RE.match(line) else "other")
+        elif ELSE_RE.match(line) and conditionals:
+            conditionals[-1] = "other"
+        elif ENDIF_RE.match(line) and conditionals:
+            conditionals.pop()
         m = INCLUDE_RE.match(line)
         if m and project_path(m.group(1)) is not None:
+            inner = m.group(1)
+            in_guard = guarded or "launcher" in conditionals
             # Only the first inclusion is kept: one inside #if would vanish from the single
             # header whenever the condition is false, for every later includer too.
-            if depth > 0 and m.group(1) not in seen:
-                sys.exit(f"amalgamate: {path} includes {m.group(1)} inside #if before anything "
+            if "other" in conditionals and inner not in seen:
+                sys.exit(f"amalgamate: {path} includes {inner} inside #if before anything "
                          "includes it unconditionally; include it earlier from include/elastic.hpp")
-            inline(m.group(1), seen, out)
+            if inner in launcher_only and not in_guard:
+                sys.exit(f"amalgamate: {path} includes {inner} outside #ifndef "
+                         "ELASTIC_NO_LAUNCHER, but its first inclusion is inside that guard: "
+                         "the single header would lack it when ELASTIC_NO_LAUNCHER is defined")
+            inline(inner, seen, out, launcher_only, in_guard)
             continue
         if m and (m.group(1) == "elastic.hpp" or m.group(1).startswith("elastic/")):
             sys.exit(f"amalgamate: {path} includes {m.group(1)}, which does not exist")
@@ -86,7 +111,7 @@ def generate():
         version = VERSION_RE.search(f.read()).group(1)
     body = []
     seen = set()
-    inline("elastic.hpp", seen, body)
+    inline("elastic.hpp", seen, body, set())
     missing = unreachable(seen)
     if missing:
         sys.exit("amalgamate: include/elastic.hpp does not reach " + ", ".join(missing) +
@@ -102,6 +127,8 @@ def generate():
         "//   and OpenSSL's headers; LINK fmt and OpenSSL's libcrypto: -lfmt -lcrypto -pthread.\n"
         "//   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev):\n"
         "//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread\n"
+        "//   A worker may #define ELASTIC_NO_LAUNCHER before including this file: it leaves out the\n"
+        "//   command line and elastic::run, and then needs no CLI11.\n"
         "//   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,\n"
         "//   and in exactly one of them also ELASTIC_IMPL_SOURCE before including this file.\n"
         "// Licence: MIT (the LICENSE file beside the sources; keep this notice with the file).\n"

@@ -4,7 +4,8 @@
 # ("Vendoring the single header") and the compile line given there, run exactly as written for
 # the launcher and with the worker's file and name for the worker (read from the document, so the
 # two cannot drift apart). The launcher must answer --version, and run the worker on two ranks
-# that agree on their sum.
+# that agree on their sum. The worker defines ELASTIC_NO_LAUNCHER: no CLI11 header may reach its
+# compile (the preprocessor's dependency list, with the line's flags, says which headers do).
 #
 #     tools/check_vendoring.sh [CXX]     # CXX replaces the line's g++ (default: the line as is)
 set -euo pipefail
@@ -37,6 +38,17 @@ rc=0
 wait "$launcher_pid" || rc=1
 wait "$worker_pid" || rc=1
 ((rc == 0)) || { echo "check_vendoring: a compile line failed" >&2; exit 1; }
+grep -q '^#define ELASTIC_NO_LAUNCHER' worker.cpp \
+    || { echo "check_vendoring: the worker does not define ELASTIC_NO_LAUNCHER" >&2; exit 1; }
+# The line up to its source file, then -M: every header the worker's compile opens.
+deps=$(eval "${worker_line%% worker.cpp *} -M worker.cpp")
+if grep -q '/CLI/' <<<"$deps"; then
+    echo "check_vendoring: CLI11 reaches a worker that defines ELASTIC_NO_LAUNCHER:" >&2
+    grep -o '[^ ]*/CLI/[^ ]*' <<<"$deps" | head -5 >&2
+    exit 1
+fi
+grep -q 'elastic\.hpp' <<<"$deps" || { echo "check_vendoring: -M listed no elastic.hpp" >&2; exit 1; }
+echo "check_vendoring: no CLI11 header reaches the worker"
 out=$(./main --version)
 [[ $out == "main (elastic) "* ]] || { echo "check_vendoring: ./main --version printed '$out'" >&2; exit 1; }
 echo "check_vendoring: $out"

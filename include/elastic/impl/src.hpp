@@ -11,17 +11,22 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/launch/run.hpp"
 #include "elastic/dist.hpp"
+#include "elastic/policy/combinators.hpp"
+#ifndef ELASTIC_NO_LAUNCHER
 #include "elastic/launch/cli.hpp"
 #include "elastic/launch/default_policy.hpp"
-#include "elastic/policy/combinators.hpp"
+#include "elastic/launch/run.hpp"
+#endif
 
 #include <string>
 #include <utility>
 
 #if defined(ELASTIC_IMPL_SOURCE) && !defined(ELASTIC_DETAIL_IMPL_SOURCE_SEEN)
 #error "ELASTIC_IMPL_SOURCE must be defined before the first elastic header of the file"
+#endif
+#if defined(ELASTIC_IMPL_SOURCE) && defined(ELASTIC_NO_LAUNCHER)
+#error "the file that defines ELASTIC_IMPL_SOURCE compiles the launcher: it must not define ELASTIC_NO_LAUNCHER"
 #endif
 
 #if defined(ELASTIC_SEPARATE_COMPILATION) && defined(ELASTIC_IMPL_SOURCE)
