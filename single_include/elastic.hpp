@@ -18039,16 +18039,20 @@ public:
 
     /// After close(): each log file of the attempt that misses bytes of its stream, with how
     /// many and why ({"local_rank 1's stdout log file PATH", "9437184 bytes not written (No
-    /// space left on device)"}).
+    /// space left on device)"}); the filtered files last.
     [[nodiscard]] std::vector<std::pair<std::string, std::string>> incomplete_logs() const {
         std::vector<std::pair<std::string, std::string>> out;
+        const auto add = [&out](const log_file_writes& w) {
+            if (w.lost_bytes == 0) return;
+            out.emplace_back(w.name,
+                             fmt::format("{} bytes not written ({})", w.lost_bytes, std::strerror(w.first_error)));
+        };
         for (const auto& slot : state_->slots) {
-            for (const auto* w : {&slot.output.stdout_writes(), &slot.output.stderr_writes()}) {
-                if (w->lost_bytes == 0) continue;
-                out.emplace_back(w->name, fmt::format("{} bytes not written ({})", w->lost_bytes,
-                                                      std::strerror(w->first_error)));
-            }
+            add(slot.output.stdout_writes());
+            add(slot.output.stderr_writes());
         }
+        add(state_->filtered_out_writes);
+        add(state_->filtered_err_writes);
         return out;
     }
 

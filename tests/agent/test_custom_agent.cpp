@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -237,6 +238,97 @@ TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error na
         });
         io.run();
         CHECK(has(error, expected));
+    }
+}
+
+/// single_node_rendezvous whose rounds `forge` rewrites: an assignment no agent of the job wrote,
+/// as a client that writes into the rendezvous store could make one.
+struct forging_rendezvous : elastic::single_node_rendezvous {
+    std::function<void(elastic::rendezvous_round&)> forge;
+
+    asio::awaitable<elastic::rendezvous_round> next_round(elastic::node_info me) {
+        auto round = co_await elastic::single_node_rendezvous::next_round(std::move(me));
+        forge(round);
+        co_return round;
+    }
+};
+static_assert(elastic::agent_rendezvous<forging_rendezvous>);
+
+/// One attempt, which must succeed, then the exit barrier.
+struct attempt_once_loop {
+    template <class Job>
+    asio::awaitable<int> operator()(Job& job) const {
+        auto step = co_await job.attempt();
+        REQUIRE(std::string(step.name(step.how)) == "succeeded");
+        const std::optional<int> code = co_await job.finish(step);
+        co_return code.value_or(-1);
+    }
+};
+
+TEST_CASE("custom agent: an assignment beyond the round's worlds is refused before a worker starts (in-process)") {
+    elastic::worker_spec workers;
+    workers.program.target = agent_support::worker();
+    workers.nproc_per_node = 2;
+    struct forgery {
+        std::string what;
+        std::function<void(elastic::rendezvous_round&)> forge;
+        std::string expected;  // empty: the round is the agent's own, and the job succeeds
+    };
+    const std::vector<forgery> cases{
+        {"none", [](elastic::rendezvous_round&) {}, ""},
+        {"rank base", [](elastic::rendezvous_round& r) { r.rank_base = 1; }, "ranks 1.. of 2 and role ranks 0.. of 2"},
+        {"world size", [](elastic::rendezvous_round& r) { r.world_size = 1; },
+         "ranks 0.. of 1 and role ranks 0.. of 2"},
+        {"role rank base", [](elastic::rendezvous_round& r) { r.role_rank_base = 1; },
+         "ranks 0.. of 2 and role ranks 1.. of 2"},
+        {"role world size", [](elastic::rendezvous_round& r) { r.role_world_size = 3; },
+         "ranks 0.. of 2 and role ranks 0.. of 3"},
+        {"no role fields", [](elastic::rendezvous_round& r) { r.role_rank_base = r.role_world_size = -1; }, ""},
+    };
+    for (const auto& each : cases) {
+        CAPTURE(each.what);
+        temp_dir dir;
+        const auto env_map = quiet_worker_env(dir, "*:env");
+        const elastic::environment env(env_map.begin(), env_map.end());
+        asio::io_context io;
+        elastic::local_agent agent(io.get_executor(), workers, elastic::rendezvous_parameters{},
+                                   elastic::agent_options{}, env, "agent-test");
+        forging_rendezvous rdzv;
+        rdzv.forge = each.forge;
+        attempt_once_loop loop;
+        std::string error = "none";
+        int code = -1;
+        asio::co_spawn(io, agent.run_loop(loop, rdzv), [&](std::exception_ptr e, int c) {
+            code = c;
+            if (!e) return;
+            try {
+                std::rethrow_exception(e);
+            } catch (const elastic::rendezvous_error& failure) {
+                error = failure.what();
+            } catch (const std::exception& other) {
+                error = std::string("not a rendezvous_error: ") + other.what();
+            }
+        });
+        io.run();
+        const bool started = std::filesystem::exists(dir.path() / "env.0.0");
+        if (each.expected.empty()) {
+            CHECK(error == "none");
+            CHECK(code == 0);
+            REQUIRE(started);
+            for (int rank = 0; rank < 2; ++rank) {
+                CAPTURE(rank);
+                // Without the role fields (an older completer), the role is the whole world.
+                const auto e = agent_support::read_env_file(dir.path() / fmt::format("env.0.{}", rank));
+                CHECK(e.at("RANK") == std::to_string(rank));
+                CHECK(e.at("ROLE_RANK") == std::to_string(rank));
+                CHECK(e.at("ROLE_WORLD_SIZE") == "2");
+            }
+            continue;
+        }
+        CHECK(has(error, "rendezvous round 0: the assignment gives this node's 2 workers " + each.expected +
+                             ", beyond the round: a client that is no agent of this job writes into the rendezvous "
+                             "store; give the job a store of its own"));
+        CHECK_FALSE(started);
     }
 }
 

@@ -348,17 +348,21 @@ TEST_CASE("logs: a full file system under --log-dir is a warning at once and a l
                                                                             << ")");
         return;
     }
-    for (const auto* mode : {"--tee=3", "--redirects=3"}) {
+    // The third adds attempt_0/filtered_stdout.log, which every stdout line of both ranks matches.
+    for (const std::string mode : {"--tee=3", "--redirects=3", "--tee=3 --duplicate-stdout-filters=out"}) {
         CAPTURE(mode);
+        const bool filtered = mode.find("filters") != std::string::npos;
         auto args = script;
-        for (const auto& a :
-             {std::string("--nproc-per-node=2"), std::string(mode), std::string("--log-dir"), logs.string(),
-              std::string("--rdzv-id=full"), flood(), std::string("flood"), std::to_string(count)})
+        args.push_back("--nproc-per-node=2");
+        args.push_back(mode.substr(0, mode.find(' ')));
+        if (filtered) args.push_back(mode.substr(mode.find(' ') + 1));
+        for (const auto& a : {std::string("--log-dir"), logs.string(), std::string("--rdzv-id=full"), flood(),
+                              std::string("flood"), std::to_string(count)})
             args.push_back(a);
         auto r = agent_support::run(args, env_in(tmp), "/usr/bin/unshare");
         INFO(r.err);
         CHECK(r.code == 0);  // the workers' code: they succeeded
-        if (std::string(mode) == "--tee=3") check_flood_console(r.out, "out", 2, count);  // whole on the console
+        if (mode.rfind("--tee=3", 0) == 0) check_flood_console(r.out, "out", 2, count);  // whole on the console
         // At once: the first failed write of a file, named with its path and errno.
         const auto first = r.err.find("cannot write local_rank ");
         REQUIRE(first != std::string::npos);
@@ -376,8 +380,13 @@ TEST_CASE("logs: a full file system under --log-dir is a warning at once and a l
             lost += std::stoull((*it)[2].str());
         std::uint64_t kept = 0;
         int files = 0;
-        const std::regex size_line(R"(size ([0-9]+) \S+\.log)");
+        std::uint64_t filtered_kept = 0;
+        const std::regex size_line(R"(size ([0-9]+) (\S+)\.log)");
         for (std::sregex_iterator it(r.err.begin(), r.err.end(), size_line), none; it != none; ++it) {
+            if ((*it)[2].str().ends_with("/filtered_stdout")) {
+                filtered_kept = std::stoull((*it)[1].str());
+                continue;
+            }
             kept += std::stoull((*it)[1].str());
             ++files;
         }
@@ -385,6 +394,23 @@ TEST_CASE("logs: a full file system under --log-dir is a warning at once and a l
         CHECK(lost > 0);
         // Every byte of the 4 streams is either in its file or counted as lost.
         CHECK(kept + lost == 4 * flood_file("out", 0, count).size());
+        if (!filtered) continue;
+        // The filtered file: a warning at its first failed write, and its loss in the summary.
+        const auto filtered_first = r.err.find("cannot write the filtered log file ");
+        REQUIRE(filtered_first != std::string::npos);
+        CHECK(r.err.find("filtered_stdout.log: No space left on device; matching lines are lost from it until writes "
+                         "succeed again",
+                         filtered_first) != std::string::npos);
+        const std::regex filtered_line(R"(the filtered log file \S+/filtered_stdout\.log is incomplete: ([0-9]+) )"
+                                       R"(bytes not written \(No space left on device\))");
+        std::smatch m;
+        REQUIRE(std::regex_search(r.err, m, filtered_line));
+        const std::uint64_t filtered_lost = std::stoull(m[1].str());
+        CHECK(filtered_lost > 0);
+        // Both ranks' stdout lines, each after its "[defaultN]:" prefix, the last one ended by the agent.
+        const std::uint64_t per_rank = flood_file("out", 0, count).size() + 1 +
+                                       (count + 1) * std::string("[default0]:").size();
+        CHECK(filtered_kept + filtered_lost == 2 * per_rank);
     }
 }
 
