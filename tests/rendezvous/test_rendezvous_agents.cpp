@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <csignal>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -311,7 +312,7 @@ TEST_CASE("rendezvous agents: with no restart left, every node stops with the ro
     }
 }
 
-TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node") {
+TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node, and the store's host stays for it") {
     temp_dir dir;
     const int port = free_port();
     job j;
@@ -319,20 +320,26 @@ TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node"
         auto args = c10d_args(port, 2, 1, "barrier");
         args.push_back(fmt::format("--node-rank={}", node));
         args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=1,close_timeout=1,is_host={}", node == 0));
-        j.start(with_worker(args), node_env(dir, "r1:hang", node));
+        j.start(with_worker(args), node_env(dir, "r1:running+go;r0:running", node));
     }
-    // Node 0 (the store's host) finishes, waits 1 s for node 1, names it, waits 1 s more for it
-    // to leave (close_timeout), and exits 0; node 1 then loses the store and stops its worker.
-    const int code0 = j.agents[0]->wait();
-    INFO(j.agents[0]->err());
-    CHECK(code0 == 0);
+    // Node 0 (the store's host) finishes, waits 1 s for node 1 and names it; then, past
+    // close_timeout, it keeps the store for node 1, which is still working.
+    REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
+        return err.find("it stays until they finish or leave") != std::string::npos;
+    }));
     CHECK(j.agents[0]->err().find("exit barrier: this node's workers succeeded, but group_rank 1 (") !=
           std::string::npos);
     CHECK(j.agents[0]->err().find("did not finish within 1 s") != std::string::npos);
-    const int code1 = j.agents[1]->wait();
-    INFO(j.agents[1]->err());
-    CHECK(code1 != 0);
-    CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
+    CHECK(j.agents[0]->err().find("which 1 other node of the job still uses") != std::string::npos);
+    // Node 1's worker finishes; node 1 leaves with 0, and node 0 with it.
+    std::ofstream(dir.path() / "go") << "go\n";
+    for (std::size_t node = 0; node < 2; ++node) {
+        CAPTURE(node);
+        const int code = j.agents[node]->wait();
+        INFO(j.agents[node]->err());
+        CHECK(code == 0);
+        CHECK(j.agents[node]->err().find("lost the rendezvous store") == std::string::npos);
+    }
 }
 
 TEST_CASE("rendezvous agents: a node that finished and left is no lost member, the others run to their end") {
@@ -360,6 +367,113 @@ TEST_CASE("rendezvous agents: a node that finished and left is no lost member, t
     CHECK(j.agents[0]->err().find("left after its workers succeeded") != std::string::npos);
     CHECK(j.agents[0]->err().find("was lost") == std::string::npos);
     CHECK(launched::count_lines(j.agents[0]->out(), "running 0 0 ") == 1);  // one run of its worker
+}
+
+TEST_CASE("rendezvous agents: with exit_barrier_timeout=0 a finished node leaves at once, the store's host last, and "
+          "the others run to their end") {
+    // first: the node whose worker succeeds at once (node 0 hosts the store).
+    for (const int first : {1, 0}) {
+        CAPTURE(first);
+        temp_dir dir;
+        const int port = free_port();
+        job j;
+        const int other = 1 - first;
+        for (int node = 0; node < 2; ++node) {
+            auto args = c10d_args(port, 2, 1, "nobarrier");
+            args.push_back(fmt::format("--node-rank={}", node));
+            args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=0,join_timeout=5,is_host={}", node == 0));
+            j.start(with_worker(args), node_env(dir, fmt::format("r{}:running+go;r{}:running", other, first), node));
+        }
+        if (first == 1) {
+            // No wait at the barrier: node 1 leaves with 0 while node 0's worker still runs.
+            const int code = j.agents[1]->wait();
+            INFO(j.agents[1]->err());
+            CHECK(code == 0);
+            CHECK(j.agents[1]->err().find("did not finish within") == std::string::npos);
+        } else {
+            // The store's host does not take the store away from a node still working: it says
+            // so and waits for node 1 to leave.
+            REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
+                return err.find("it stays until they finish or leave") != std::string::npos;
+            }));
+        }
+        std::ofstream(dir.path() / "go") << "go\n";
+        for (int node = 0; node < 2; ++node) {
+            CAPTURE(node);
+            const int code = j.agents[static_cast<std::size_t>(node)]->wait();
+            INFO(j.agents[static_cast<std::size_t>(node)]->err());
+            CHECK(code == 0);
+            CHECK(j.agents[static_cast<std::size_t>(node)]->err().find("was lost") == std::string::npos);
+            CHECK(j.agents[static_cast<std::size_t>(node)]->err().find("lost the rendezvous store") ==
+                  std::string::npos);
+        }
+        CHECK(launched::count_lines(j.agents[static_cast<std::size_t>(other)]->out(),
+                                    fmt::format("running 0 {} ", other)) == 1);  // one run of its worker
+    }
+}
+
+TEST_CASE("rendezvous agents: SIGTERM ends a store's host that stays for a node still working") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    for (int node = 0; node < 2; ++node) {
+        auto args = c10d_args(port, 2, 1, "staying");
+        args.push_back(fmt::format("--node-rank={}", node));
+        args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=0,is_host={}", node == 0));
+        j.start(with_worker(args), node_env(dir, "r1:running+go;r0:running", node));
+    }
+    REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
+        return err.find("it stays until they finish or leave") != std::string::npos;
+    }));
+    j.agents[0]->signal(SIGTERM);
+    const int code0 = j.agents[0]->wait();
+    INFO(j.agents[0]->err());
+    CHECK(code0 == 128 + SIGTERM);
+    CHECK(j.agents[0]->err().find("this node's workers succeeded; SIGTERM received while leaving the job (the "
+                                  "rendezvous store hosted here may still serve other nodes): stopping") !=
+          std::string::npos);
+    // Node 1, still working, loses the store (a fixed-size job cannot move it) and stops.
+    const int code1 = j.agents[1]->wait();
+    INFO(j.agents[1]->err());
+    CHECK(code1 != 0);
+    CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
+}
+
+TEST_CASE("rendezvous agents: a failure after the store's host finished re-forms the others without it") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    // Node 0 hosts the store and its worker succeeds at once; node 1's fails on the word go,
+    // node 2's runs until stopped; in the next attempt both succeed.
+    const std::vector<std::string> rules{"*:running", "a0:running+go+exit3;*:running", "a0:hang;*:running"};
+    for (int node = 0; node < 3; ++node) {
+        auto args = c10d_args(port, 3, 1, "reform");
+        args[3] = "--nnodes=2:3";
+        args.push_back(fmt::format("--node-rank={}", node));
+        args.push_back("--max-restarts=1");
+        args.push_back(fmt::format(
+            "--rdzv-conf=exit_barrier_timeout=0,close_timeout=2,last_call_timeout=1,join_timeout=30,is_host={}",
+            node == 0));
+        j.start(with_worker(args), node_env(dir, rules[static_cast<std::size_t>(node)], node));
+    }
+    REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
+        return err.find("which 2 other nodes of the job still use: it stays until they finish or leave") !=
+               std::string::npos;
+    }));
+    std::ofstream(dir.path() / "go") << "go\n";
+    // The failure's abort ends the host's stay: it leaves after close_timeout, so its live lease
+    // does not hold back the round the two others form without it.
+    j.wait_all();
+    for (std::size_t node = 0; node < 3; ++node) {
+        CAPTURE(node);
+        INFO(j.agents[node]->err());
+        CHECK(j.codes[node] == 0);
+    }
+    for (std::size_t node = 1; node < 3; ++node) {
+        CAPTURE(node);
+        CHECK(launched::count_lines(j.agents[node]->out(), "running 1 ") == 1);  // attempt 1, world 2
+    }
+    CHECK(launched::count_lines(j.agents[0]->out(), "running 1 ") == 0);
 }
 
 TEST_CASE("rendezvous agents: a join timeout ends the lone agent with exit 250 and names how many joined") {

@@ -445,8 +445,18 @@ private:
             if (result.how == barrier_result::kind::timed_out) log_barrier_timeout(result);
             round_store_.reset();  // every node is done: no worker needs group rank 0's store
             events_.final_success(rdzv.restart_count(), host_);
-            co_await rdzv.leave();
+            // The store's host may stay for nodes still working, for as long as they are: a
+            // signal ends that.
+            auto left = co_await (detail::settle(rdzv.leave()) || signals.next());
             remove_run_dir();
+            if (left.index() == 1) {
+                const int sig = signals.take();
+                log_.warning(fmt::format("[{}] this node's workers succeeded; {} received while leaving the job (the "
+                                         "rendezvous store hosted here may still serve other nodes): stopping",
+                                         spec_.role, signal_to_string(sig)));
+                co_return 128 + sig;
+            }
+            std::get<0>(left).take();
             co_return 0;
         }
         last_abort_ = result.abort;

@@ -246,6 +246,7 @@ public:
             ++round_;
             const int r = round_;
             phase_ = phase::forming;
+            finished_ = false;
             standing_.reset();
             const auto arrival = co_await store_->add(key(r, "count"), 1);
             const auto step = detail::rendezvous::on_arrival(arrival, rules());
@@ -401,6 +402,7 @@ public:
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         using namespace asio::experimental::awaitable_operators;
         const int r = round_;
+        finished_ = true;
         co_await store_->set(key(r, fmt::format("done/{}", group_rank_)), "1");
         const auto done = co_await store_->add(key(r, "done_count"), 1);
         if (done >= size_) {
@@ -416,6 +418,7 @@ public:
         if (which.index() == 1) {
             auto notice = std::get<1>(std::move(which));
             if (notice.what == abort_notice::kind::closed) co_return result;
+            finished_ = false;  // the node follows the round's abort: it is not done
             result.how = barrier_result::kind::aborted;
             result.abort = std::move(notice);
             co_return result;
@@ -441,11 +444,37 @@ public:
 
     /// This node leaves the job for good. The store's host waits (up to close_timeout) until
     /// every other node's lease is gone, so nobody loses the store while reading the job's last
-    /// keys (without liveness it cannot tell, and returns at once).
+    /// keys (without liveness it cannot tell, and returns at once). A host whose workers
+    /// succeeded first stays, without a deadline, for as long as another node is live and the
+    /// round has no abort (closed, failed or re-forming): taking the store away would fail a
+    /// node still working. Each of those nodes ends the wait by leaving, or by losing its lease.
     asio::awaitable<void> leave() {
         using namespace asio::experimental::awaitable_operators;
         phase_ = phase::leaving;
         if (round_ < 0 || !options_.hosts_store || !members_ || members_->store_lost) co_return;
+        if (finished_) {
+            // The round's abort key ends the stay: the closed notice (every node finished), or
+            // a failure or membership change, after which the others re-form without this node
+            // (its live lease must not hold their rounds back) and the close below applies.
+            const auto round_abort = key(round_, "abort");
+            bool said = false;
+            while (!members_->store_lost) {
+                const auto seen = members_->lost.size();
+                const auto others = co_await live_nodes(*store_) - 1;
+                if (others <= 0) co_return;
+                // (Not a braced list: g++ 12 cannot keep an initializer_list in a coroutine frame.)
+                if (co_await store_->check(std::vector<std::string>(1, round_abort))) break;
+                if (!said) {
+                    say(staying_line(others));
+                    said = true;
+                }
+                if (members_->lost.size() != seen) continue;  // a loss while reading: count again
+                // Woken by a loss or the abort key; re-read at each close_timeout all the same,
+                // so no wake-up missed between the reads and the wait can hold the host.
+                auto which = co_await (members_->next() || wait_for(*store_, round_abort, options_.close_timeout));
+                if (which.index() == 1 && std::get<1>(which)) break;
+            }
+        }
         const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         for (;;) {
@@ -453,6 +482,14 @@ public:
             auto which = co_await (members_->next() || timer.async_wait(detail::as_tuple_awaitable<Store>));
             if (which.index() == 1) co_return;  // someone vanished without a trace: stop anyway
         }
+    }
+
+    /// leave()'s line when the finished host stays for `others` nodes still working.
+    [[nodiscard]] static std::string staying_line(std::int64_t others) {
+        const bool one = others == 1;
+        return fmt::format("this node's workers succeeded, and it hosts the rendezvous store, which {} other node{} of "
+                           "the job still use{}: it stays until they finish or leave",
+                           others, one ? "" : "s", one ? "s" : "");
     }
 
     /// The store key of `name` in the current round.
@@ -1382,6 +1419,7 @@ private:
     std::set<std::string> warned_;  ///< key and value of every invalid value reported
     phase phase_ = phase::idle;
     int round_ = -1;
+    bool finished_ = false;  ///< this node's workers succeeded in round_ (finish() was called)
     int restarts_ = 0;
     int group_rank_ = -1;
     int size_ = 0;
