@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -21,6 +22,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -166,6 +168,20 @@ TEST_CASE("custom agent: two nodes over c10d: a failure on one restarts both, an
     CHECK(nodes_seen[0] != nodes_seen[1]);
 }
 
+/// What an in-process run's exception says: "none", the text of an `Error`, or "not a NAME: ..."
+/// for any other exception.
+template <class Error>
+std::string error_text(std::exception_ptr e, std::string_view name) {
+    if (!e) return "none";
+    try {
+        std::rethrow_exception(e);
+    } catch (const Error& failure) {
+        return failure.what();
+    } catch (const std::exception& other) {
+        return fmt::format("not {}: {}", name, other.what());
+    }
+}
+
 /// A loop that breaks the steps' rules, one way per `mode`.
 struct misusing_loop {
     int mode = 0;
@@ -227,14 +243,7 @@ TEST_CASE("custom agent: a loop that breaks the steps' rules gets agent_error na
         misusing_loop loop{mode};
         std::string error = "none";
         asio::co_spawn(io, agent.run_loop(loop), [&](std::exception_ptr e, int) {
-            if (!e) return;
-            try {
-                std::rethrow_exception(e);
-            } catch (const elastic::agent_error& failure) {
-                error = failure.what();
-            } catch (const std::exception& other) {
-                error = std::string("not an agent_error: ") + other.what();
-            }
+            error = error_text<elastic::agent_error>(e, "an agent_error");
         });
         io.run();
         CHECK(has(error, expected));
@@ -300,14 +309,7 @@ TEST_CASE("custom agent: an assignment beyond the round's worlds is refused befo
         int code = -1;
         asio::co_spawn(io, agent.run_loop(loop, rdzv), [&](std::exception_ptr e, int c) {
             code = c;
-            if (!e) return;
-            try {
-                std::rethrow_exception(e);
-            } catch (const elastic::rendezvous_error& failure) {
-                error = failure.what();
-            } catch (const std::exception& other) {
-                error = std::string("not a rendezvous_error: ") + other.what();
-            }
+            error = error_text<elastic::rendezvous_error>(e, "a rendezvous_error");
         });
         io.run();
         const bool started = std::filesystem::exists(dir.path() / "env.0.0");

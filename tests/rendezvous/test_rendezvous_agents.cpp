@@ -61,6 +61,25 @@ std::vector<std::string> c10d_args(int port, int nnodes, int nproc, const std::s
             fmt::format("--nnodes={}", nnodes), fmt::format("--nproc-per-node={}", nproc)};
 }
 
+/// Starts a two-node c10d job `id` on `port` in `j`: node 0 hosts the store, each node gets
+/// `--rdzv-conf=<conf>,is_host=...` and its workers run `rules`.
+void start_pair(job& j, const temp_dir& dir, int port, const std::string& id, const std::string& conf,
+                const std::string& rules) {
+    for (int node = 0; node < 2; ++node) {
+        auto args = c10d_args(port, 2, 1, id);
+        args.push_back(fmt::format("--node-rank={}", node));
+        args.push_back(fmt::format("--rdzv-conf={},is_host={}", conf, node == 0));
+        j.start(with_worker(args), node_env(dir, rules, node));
+    }
+}
+
+/// Reads `host`'s stderr until it says it stays for nodes still working; false if it ended first.
+bool says_it_stays(launched& host) {
+    return host.read_err_until([](const std::string& err) {
+        return err.find("it stays until they finish or leave") != std::string::npos;
+    });
+}
+
 /// Every env.<attempt>.<rank> file of one attempt, by rank.
 std::map<int, std::map<std::string, std::string>> envs_of(const temp_dir& dir, int attempt, int world) {
     std::map<int, std::map<std::string, std::string>> out;
@@ -316,17 +335,10 @@ TEST_CASE("rendezvous agents: the exit barrier's timeout names the missing node,
     temp_dir dir;
     const int port = free_port();
     job j;
-    for (int node = 0; node < 2; ++node) {
-        auto args = c10d_args(port, 2, 1, "barrier");
-        args.push_back(fmt::format("--node-rank={}", node));
-        args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=1,close_timeout=1,is_host={}", node == 0));
-        j.start(with_worker(args), node_env(dir, "r1:running+go;r0:running", node));
-    }
+    start_pair(j, dir, port, "barrier", "exit_barrier_timeout=1,close_timeout=1", "r1:running+go;r0:running");
     // Node 0 (the store's host) finishes, waits 1 s for node 1 and names it; then, past
     // close_timeout, it keeps the store for node 1, which is still working.
-    REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
-        return err.find("it stays until they finish or leave") != std::string::npos;
-    }));
+    REQUIRE(says_it_stays(*j.agents[0]));
     CHECK(j.agents[0]->err().find("exit barrier: this node's workers succeeded, but group_rank 1 (") !=
           std::string::npos);
     CHECK(j.agents[0]->err().find("did not finish within 1 s") != std::string::npos);
@@ -346,13 +358,8 @@ TEST_CASE("rendezvous agents: a node that finished and left is no lost member, t
     temp_dir dir;
     const int port = free_port();
     job j;
-    for (int node = 0; node < 2; ++node) {
-        auto args = c10d_args(port, 2, 1, "finished");
-        args.push_back(fmt::format("--node-rank={}", node));
-        // A short join timeout bounds the wrong outcome (node 0 re-forming a round alone).
-        args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=1,join_timeout=5,is_host={}", node == 0));
-        j.start(with_worker(args), node_env(dir, "r0:running+go;r1:running", node));
-    }
+    // A short join timeout bounds the wrong outcome (node 0 re-forming a round alone).
+    start_pair(j, dir, port, "finished", "exit_barrier_timeout=1,join_timeout=5", "r0:running+go;r1:running");
     // Node 1's worker succeeds at once; node 1 waits 1 s at the exit barrier for node 0, names
     // it, and leaves with 0.
     const int code1 = j.agents[1]->wait();
@@ -378,12 +385,8 @@ TEST_CASE("rendezvous agents: with exit_barrier_timeout=0 a finished node leaves
         const int port = free_port();
         job j;
         const int other = 1 - first;
-        for (int node = 0; node < 2; ++node) {
-            auto args = c10d_args(port, 2, 1, "nobarrier");
-            args.push_back(fmt::format("--node-rank={}", node));
-            args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=0,join_timeout=5,is_host={}", node == 0));
-            j.start(with_worker(args), node_env(dir, fmt::format("r{}:running+go;r{}:running", other, first), node));
-        }
+        start_pair(j, dir, port, "nobarrier", "exit_barrier_timeout=0,join_timeout=5",
+                   fmt::format("r{}:running+go;r{}:running", other, first));
         if (first == 1) {
             // No wait at the barrier: node 1 leaves with 0 while node 0's worker still runs.
             const int code = j.agents[1]->wait();
@@ -393,19 +396,15 @@ TEST_CASE("rendezvous agents: with exit_barrier_timeout=0 a finished node leaves
         } else {
             // The store's host does not take the store away from a node still working: it says
             // so and waits for node 1 to leave.
-            REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
-                return err.find("it stays until they finish or leave") != std::string::npos;
-            }));
+            REQUIRE(says_it_stays(*j.agents[0]));
         }
         std::ofstream(dir.path() / "go") << "go\n";
-        for (int node = 0; node < 2; ++node) {
-            CAPTURE(node);
-            const int code = j.agents[static_cast<std::size_t>(node)]->wait();
-            INFO(j.agents[static_cast<std::size_t>(node)]->err());
+        for (auto& agent : j.agents) {
+            const int code = agent->wait();
+            INFO(agent->err());
             CHECK(code == 0);
-            CHECK(j.agents[static_cast<std::size_t>(node)]->err().find("was lost") == std::string::npos);
-            CHECK(j.agents[static_cast<std::size_t>(node)]->err().find("lost the rendezvous store") ==
-                  std::string::npos);
+            CHECK(agent->err().find("was lost") == std::string::npos);
+            CHECK(agent->err().find("lost the rendezvous store") == std::string::npos);
         }
         CHECK(launched::count_lines(j.agents[static_cast<std::size_t>(other)]->out(),
                                     fmt::format("running 0 {} ", other)) == 1);  // one run of its worker
@@ -416,15 +415,8 @@ TEST_CASE("rendezvous agents: SIGTERM ends a store's host that stays for a node 
     temp_dir dir;
     const int port = free_port();
     job j;
-    for (int node = 0; node < 2; ++node) {
-        auto args = c10d_args(port, 2, 1, "staying");
-        args.push_back(fmt::format("--node-rank={}", node));
-        args.push_back(fmt::format("--rdzv-conf=exit_barrier_timeout=0,is_host={}", node == 0));
-        j.start(with_worker(args), node_env(dir, "r1:running+go;r0:running", node));
-    }
-    REQUIRE(j.agents[0]->read_err_until([](const std::string& err) {
-        return err.find("it stays until they finish or leave") != std::string::npos;
-    }));
+    start_pair(j, dir, port, "staying", "exit_barrier_timeout=0", "r1:running+go;r0:running");
+    REQUIRE(says_it_stays(*j.agents[0]));
     j.agents[0]->signal(SIGTERM);
     const int code0 = j.agents[0]->wait();
     INFO(j.agents[0]->err());
