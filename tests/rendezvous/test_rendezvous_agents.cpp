@@ -431,6 +431,20 @@ TEST_CASE("rendezvous agents: SIGTERM ends a store's host that stays for a node 
     CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
 }
 
+TEST_CASE("rendezvous agents: a store's host staying for a node ends when that node is killed") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    start_pair(j, dir, port, "killed", "exit_barrier_timeout=0", "r1:running+go;r0:running");
+    REQUIRE(says_it_stays(*j.agents[0]));
+    // The node it stays for dies without a word: its lease ends (keep-alive), and with it the stay.
+    j.agents[1]->signal(SIGKILL);
+    CHECK(j.agents[1]->wait() == 128 + SIGKILL);
+    const int code0 = j.agents[0]->wait();
+    INFO(j.agents[0]->err());
+    CHECK(code0 == 0);
+}
+
 TEST_CASE("rendezvous agents: a failure after the store's host finished re-forms the others without it") {
     temp_dir dir;
     const int port = free_port();
