@@ -6931,6 +6931,7 @@ ELASTIC_DECL std::optional<worker_cgroup> cgroups::make() {
 ELASTIC_DECL void cgroups::disable(std::string why) {
     // The root stays: workers made before may live in it, and the watcher removes it at the end.
     std::lock_guard lock(mutex_);
+    probed_ = true;  // before the first probe: none is made
     enabled_ = false;
     set_reason_locked(std::move(why));
 }
@@ -7196,6 +7197,206 @@ struct process_exit {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/process/exit.hpp ----
+// ---- begin elastic/process/reaper.hpp ----
+// Internals: where no cgroup contains a worker, the agent adopts what it leaves behind (child
+// subreaper) and kills it when the worker is reaped.
+
+// ---- begin elastic/process/proc.hpp ----
+// Internals: async-signal-safe readers of /proc — a process's parent, session and start time,
+// its children — for finding what a worker left behind where there is no cgroup (reaper.hpp).
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail::process {
+
+// Everything here runs in the watcher after fork (watcher.hpp) as well as in the agent: plain
+// system calls, buffers on the stack, no allocation, no locale, no stdio.
+
+/// What /proc/<pid>/stat says of one process: the fields the sweeps need.
+struct proc_stat {
+    char state = '?';              ///< 'Z' for a zombie
+    pid_t ppid = 0;                ///< its parent (after an orphaning: the reaper that adopted it)
+    pid_t pgrp = 0;                ///< its process group
+    pid_t session = 0;             ///< its session id
+    std::uint64_t start_time = 0;  ///< clock ticks after boot: with the pid, names one process
+};
+
+/// "<prefix><n><suffix>" into `out`, NUL-terminated; false if it does not fit.
+inline bool proc_path(char* out, std::size_t size, const char* prefix, long n, const char* suffix) noexcept {
+    std::size_t at = 0;
+    const auto put = [&](char c) {
+        if (at + 1 >= size) return false;
+        out[at++] = c;
+        return true;
+    };
+    for (const char* p = prefix; *p != '\0'; ++p) {
+        if (!put(*p)) return false;
+    }
+    char digits[24];
+    std::size_t count = 0;
+    unsigned long value = n < 0 ? 0UL : static_cast<unsigned long>(n);
+    do {
+        digits[count++] = static_cast<char>('0' + value % 10);
+        value /= 10;
+    } while (value != 0 && count < sizeof digits);
+    while (count > 0) {
+        if (!put(digits[--count])) return false;
+    }
+    for (const char* p = suffix; *p != '\0'; ++p) {
+        if (!put(*p)) return false;
+    }
+    out[at] = '\0';
+    return true;
+}
+
+/// Reads /proc/<pid>/stat. False if the process is gone (or was reaped) or the file is unreadable.
+inline bool read_proc_stat(pid_t pid, proc_stat& out) noexcept {
+    char path[48];
+    if (pid <= 0 || !proc_path(path, sizeof path, "/proc/", pid, "/stat")) return false;
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char text[1024];
+    std::size_t have = 0;
+    for (;;) {
+        const ssize_t n = ::read(fd, text + have, sizeof text - 1 - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        have += static_cast<std::size_t>(n);
+        if (have == sizeof text - 1) break;
+    }
+    ::close(fd);
+    text[have] = '\0';
+    // "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    // stime cutime cstime priority nice threads itrealvalue starttime ...": comm may hold any
+    // byte, ')' included, so the fields start after the last ')'.
+    std::size_t close = have;
+    for (std::size_t i = 0; i < have; ++i) {
+        if (text[i] == ')') close = i;
+    }
+    if (close + 2 >= have) return false;
+    // Fields from the state on (the 3rd), separated by one space each.
+    std::size_t at = close + 2;
+    out.state = text[at];
+    for (int field = 4; field <= 22; ++field) {
+        while (at < have && text[at] != ' ') ++at;
+        if (at >= have) return false;
+        ++at;
+        if (field != 4 && field != 5 && field != 6 && field != 22) continue;
+        std::uint64_t value = 0;
+        for (; at < have && text[at] >= '0' && text[at] <= '9'; ++at) {
+            value = value * 10 + static_cast<std::uint64_t>(text[at] - '0');
+        }
+        if (field == 4) out.ppid = static_cast<pid_t>(value);
+        if (field == 5) out.pgrp = static_cast<pid_t>(value);
+        if (field == 6) out.session = static_cast<pid_t>(value);
+        if (field == 22) out.start_time = value;
+    }
+    return true;
+}
+
+/// Closes a descriptor when it goes out of scope (an exception of a callback included).
+struct proc_fd {
+    int fd;
+    ~proc_fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+/// Calls `f(pid)` for each decimal number in the file at `path` (space or newline separated).
+/// False if the file cannot be opened.
+template <class F>
+bool for_each_number_in(const char* path, F&& f) noexcept(noexcept(f(pid_t{}))) {
+    const proc_fd file{::open(path, O_RDONLY | O_CLOEXEC)};
+    if (file.fd < 0) return false;
+    const int fd = file.fd;
+    char text[512];
+    long value = 0;
+    bool in_number = false;
+    for (;;) {
+        const ssize_t n = ::read(fd, text, sizeof text);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (ssize_t i = 0; i < n; ++i) {
+            if (text[i] >= '0' && text[i] <= '9') {
+                value = value * 10 + (text[i] - '0');
+                in_number = true;
+            } else {
+                if (in_number) f(static_cast<pid_t>(value));
+                value = 0;
+                in_number = false;
+            }
+        }
+    }
+    if (in_number) f(static_cast<pid_t>(value));
+    return true;
+}
+
+/// Calls `f(pid)` for each numeric entry of the directory at `path` (/proc, /proc/<pid>/task).
+/// False if it cannot be opened.
+template <class F>
+bool for_each_numeric_entry(const char* path, F&& f) noexcept(noexcept(f(pid_t{}))) {
+    const proc_fd dir{::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (dir.fd < 0) return false;
+    const int fd = dir.fd;
+    alignas(8) char buffer[4096];
+    for (;;) {
+        const long n = ::syscall(SYS_getdents64, fd, buffer, sizeof buffer);
+        if (n <= 0) break;
+        for (long at = 0; at < n;) {
+            // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+            unsigned short reclen = 0;
+            std::memcpy(&reclen, buffer + at + 16, sizeof reclen);
+            const char* name = buffer + at + 19;
+            at += reclen;
+            long value = 0;
+            bool numeric = *name != '\0';
+            for (const char* p = name; *p != '\0'; ++p) {
+                if (*p < '0' || *p > '9') {
+                    numeric = false;
+                    break;
+                }
+                value = value * 10 + (*p - '0');
+            }
+            if (numeric) f(static_cast<pid_t>(value));
+        }
+    }
+    return true;
+}
+
+/// Calls `f(child)` for each child of `pid`, read from every thread's
+/// /proc/<pid>/task/<tid>/children (a child's parent is one thread). Where the kernel has no
+/// such files (built without CONFIG_PROC_CHILDREN), every process in /proc whose parent is `pid`.
+/// Nothing when `pid` is gone. A snapshot: a child forked meanwhile may be missed, so callers
+/// repeat until they find none. If `f` throws, the exception leaves (with the descriptors closed).
+template <class F>
+void for_each_child(pid_t pid, F&& f) noexcept(noexcept(f(pid_t{}))) {
+    char task_dir[48];
+    if (!proc_path(task_dir, sizeof task_dir, "/proc/", pid, "/task/")) return;
+    bool any_file = false;
+    const bool exists = for_each_numeric_entry(task_dir, [&](pid_t tid) {
+        char children[96];
+        if (proc_path(children, sizeof children, task_dir, tid, "/children") && for_each_number_in(children, f)) {
+            any_file = true;
+        }
+    });
+    if (!exists || any_file) return;
+    for_each_numeric_entry("/proc", [&](pid_t candidate) {
+        proc_stat stat;
+        if (read_proc_stat(candidate, stat) && stat.ppid == pid) f(candidate);
+    });
+}
+
+}  // namespace elastic::inline v0::detail::process
+// ---- end elastic/process/proc.hpp ----
 // ---- begin elastic/process/watcher.hpp ----
 // Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
 
@@ -7312,6 +7513,7 @@ ELASTIC_DECL void spawner::loop() {
 #include <vector>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -7334,7 +7536,12 @@ namespace elastic::inline v0::detail::process {
 //
 // Where the agent has a cgroup directory (cgroup.hpp), the watcher also kills it and everything
 // below it on EOF, and removes the directories: that reaches the descendants that left their
-// worker's process group (setsid, setpgid). Without one, those are out of reach.
+// worker's process group (setsid, setpgid). Where it has none, the agent is the child subreaper
+// of its workers (reaper.hpp) and tells the watcher which workers to follow: every 100 ms the
+// watcher walks their trees and the agent's adopted children, and remembers each process that
+// left its worker's session (pid and start time); on EOF it kills those, and every process in a
+// followed worker's session or a remembered one's. What leaves a session and is orphaned within
+// one walk of the agent's death is not seen.
 //
 // Limits, on purpose: a group id is removed before the agent reaps the group's leader (whose zombie
 // keeps the id reserved until then), so the watcher never holds an id that the kernel may hand
@@ -7344,22 +7551,183 @@ namespace elastic::inline v0::detail::process {
 
 /// One record on the watcher socket: 8 bytes, each sent whole by one send.
 struct watcher_record {
-    std::int32_t op;    ///< watcher_add or watcher_remove
-    std::int32_t pgid;  ///< the process group
+    std::int32_t op;    ///< watcher_add, watcher_remove, watcher_contain or watcher_sync
+    std::int32_t pgid;  ///< the process group (a worker's pid)
 };
 inline constexpr std::int32_t watcher_add = 1;
-inline constexpr std::int32_t watcher_remove = 2;
+inline constexpr std::int32_t watcher_remove = 2;  ///< of the group, and of the session if contained
+/// A worker without a cgroup whose descendants the watcher follows (reaper.hpp): its session
+/// (its pid) and whatever in its tree leaves it.
+inline constexpr std::int32_t watcher_contain = 3;
+/// Follow now, then answer with the record's number (in `pgid`): what the agent's descendants
+/// are now is known.
+inline constexpr std::int32_t watcher_sync = 4;
+/// A worker spawned with own_cgroup = false: what it leaves in its session is left alone.
+inline constexpr std::int32_t watcher_exempt = 5;
 
 /// How many worker process groups may be registered at once.
 inline constexpr std::size_t watcher_capacity = 8192;
 
+/// How many processes that left a contained worker's session the watcher remembers.
+inline constexpr std::size_t watcher_stray_capacity = 4096;
+
+/// How often the watcher follows contained workers' trees, while there are any.
+inline constexpr int watcher_follow_ms = 100;
+
+/// A process that left a contained worker's session: its pid and start time (together, one
+/// process, whatever happens to the number later).
+struct watcher_stray {
+    pid_t pid;
+    std::uint64_t start_time;
+};
+
+/// Everything the watcher works with, allocated by the agent before the fork.
+struct watcher_plan {
+    int read_end;
+    pid_t* groups;          ///< watcher_capacity entries, 0 = free
+    pid_t* sessions;        ///< watcher_capacity entries, the first `session_count` used
+    watcher_stray* strays;  ///< watcher_stray_capacity entries
+    pid_t* queue;           ///< watcher_capacity entries, for walking trees
+    pid_t* exempt;          ///< watcher_stray_capacity entries, a ring
+    unsigned char* buffer;  ///< for records
+    std::size_t buffer_size;
+    int max_fd;
+    pid_t agent;                ///< the agent's pid
+    pid_t agent_session;        ///< the agent's session: its own children, not a worker's
+    const char* cgroup_parent;  ///< nullptr: no cgroup directory
+    const char* cgroup_name;
+};
+
+/// The watcher's record of what contained workers left or may leave behind (all async-signal-safe).
+struct watcher_follow {
+    const watcher_plan& plan;
+    std::size_t session_count = 0;
+    std::size_t stray_count = 0;
+    std::size_t exempt_next = 0;
+    bool any_exempt = false;  // then a process that started its own session is not ours to guess
+
+    [[nodiscard]] bool contained(pid_t session) const noexcept {
+        for (std::size_t i = 0; i < session_count; ++i) {
+            if (plan.sessions[i] == session) return true;
+        }
+        return false;
+    }
+    [[nodiscard]] bool group(pid_t pgid) const noexcept {
+        for (std::size_t i = 0; i < watcher_capacity; ++i) {
+            if (plan.groups[i] == pgid) return true;
+        }
+        return false;
+    }
+    [[nodiscard]] bool stray(pid_t pid) const noexcept {
+        for (std::size_t i = 0; i < stray_count; ++i) {
+            if (plan.strays[i].pid == pid) return true;
+        }
+        return false;
+    }
+    [[nodiscard]] bool exempted(pid_t session) const noexcept {
+        for (std::size_t i = 0; i < watcher_stray_capacity; ++i) {
+            if (plan.exempt[i] == session) return true;
+        }
+        return false;
+    }
+    void exempt(pid_t session) noexcept {
+        any_exempt = true;
+        plan.exempt[exempt_next] = session;
+        exempt_next = (exempt_next + 1) % watcher_stray_capacity;
+    }
+    /// A worker just registered was, for a walk, an unknown child of the agent: not a stray.
+    void forget(pid_t pid) noexcept {
+        for (std::size_t i = 0; i < stray_count; ++i) {
+            if (plan.strays[i].pid == pid) {
+                plan.strays[i] = plan.strays[--stray_count];
+                return;
+            }
+        }
+    }
+    void contain(pid_t session) noexcept {
+        if (!contained(session) && session_count < watcher_capacity) plan.sessions[session_count++] = session;
+    }
+    void release(pid_t session) noexcept {
+        for (std::size_t i = 0; i < session_count; ++i) {
+            if (plan.sessions[i] == session) {
+                plan.sessions[i] = plan.sessions[--session_count];
+                return;
+            }
+        }
+    }
+
+    /// Walks every contained worker's tree, and the trees of the agent's adopted children (what
+    /// a worker left when its parent died), and records each process outside a contained
+    /// session: those are out of reach of the session sweep below. Forgets strays that ended.
+    void scan(bool agent_alive) noexcept {
+        std::size_t kept = 0;
+        for (std::size_t i = 0; i < stray_count; ++i) {
+            proc_stat now;
+            if (read_proc_stat(plan.strays[i].pid, now) && now.start_time == plan.strays[i].start_time) {
+                plan.strays[kept++] = plan.strays[i];
+            }
+        }
+        stray_count = kept;
+        if (session_count == 0) return;
+        std::size_t queued = 0;
+        for (std::size_t i = 0; i < session_count && queued < watcher_capacity; ++i) {
+            plan.queue[queued++] = plan.sessions[i];
+        }
+        const pid_t self = ::getpid();
+        if (agent_alive)
+            for_each_child(plan.agent, [&](pid_t child) {
+                proc_stat stat;
+                if (child == self || group(child) || !read_proc_stat(child, stat)) return;
+                // The agent's own children, and an uncontained worker's orphans, are not ours; nor,
+                // once there are such workers, a process that started a session of its own.
+                if (stat.session == plan.agent_session || exempted(stat.session)) return;
+                if (any_exempt && !contained(stat.session)) return;
+                if (queued < watcher_capacity) plan.queue[queued++] = child;
+            });
+        for (std::size_t at = 0; at < queued; ++at) {
+            for_each_child(plan.queue[at], [&](pid_t child) {
+                if (queued < watcher_capacity) plan.queue[queued++] = child;
+            });
+        }
+        for (std::size_t at = 0; at < queued; ++at) {
+            const pid_t pid = plan.queue[at];
+            proc_stat stat;
+            if (contained(pid) || stray(pid) || !read_proc_stat(pid, stat) || contained(stat.session)) continue;
+            if (stray_count < watcher_stray_capacity) plan.strays[stray_count++] = {pid, stat.start_time};
+        }
+    }
+
+    /// SIGKILLs every stray still the same process, then every process in a contained session
+    /// or a stray's (twice: a process forking while the first pass ran).
+    void kill_all() noexcept {
+        for (std::size_t i = 0; i < stray_count; ++i) {
+            // Through a pidfd opened before the start time is checked: the process checked is
+            // the one signalled, even if the number is reused meanwhile.
+            const int pidfd = pidfd_open(plan.strays[i].pid);
+            if (pidfd < 0) continue;
+            proc_stat now;
+            if (read_proc_stat(plan.strays[i].pid, now) && now.start_time == plan.strays[i].start_time) {
+                pidfd_send_signal(pidfd, SIGKILL);
+            }
+            ::close(pidfd);
+        }
+        if (session_count == 0 && stray_count == 0) return;
+        for (int pass = 0; pass < 2; ++pass) {
+            for_each_numeric_entry("/proc", [&](pid_t pid) {
+                proc_stat stat;
+                if (read_proc_stat(pid, stat) && (contained(stat.session) || stray(stat.session))) {
+                    ::kill(pid, SIGKILL);
+                }
+            });
+        }
+    }
+};
+
 /// The watcher's whole life, in the forked child. Only async-signal-safe calls: the agent is
 /// multithreaded, so after fork any lock (malloc's included) may be held by a thread that no
-/// longer exists here. `table` and `buffer` were allocated by the parent before the fork.
-/// `cgroup_parent` and `cgroup_name` name the agent's cgroup directory (nullptr: none).
-[[noreturn]] inline void watcher_main(int read_end, pid_t* table, std::size_t capacity, unsigned char* buffer,
-                                      std::size_t buffer_size, int max_fd, const char* cgroup_parent,
-                                      const char* cgroup_name) noexcept {
+/// longer exists here. Everything in `plan` was allocated by the parent before the fork.
+[[noreturn]] inline void watcher_main(const watcher_plan& plan) noexcept {
+    const int read_end = plan.read_end;
     // Own session: a Ctrl-C or a kill aimed at the agent's process group must not end the
     // watcher before it has done its job, and no terminal hangup reaches it.
     ::setsid();
@@ -7375,45 +7743,82 @@ inline constexpr std::size_t watcher_capacity = 8192;
     // stdout (a reader of the agent's output would never see EOF).
     if (::close_range(0, static_cast<unsigned>(read_end - 1), 0) != 0 ||
         ::close_range(static_cast<unsigned>(read_end + 1), ~0U, 0) != 0) {
-        for (int fd = 0; fd < max_fd; ++fd) {
+        for (int fd = 0; fd < plan.max_fd; ++fd) {
             if (fd != read_end) ::close(fd);
         }
     }
+    watcher_follow follow{plan};
     std::size_t have = 0;
+    const auto now_ms = [] {
+        timespec t{};
+        ::clock_gettime(CLOCK_MONOTONIC, &t);
+        return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
+    };
+    std::int64_t last_walk = now_ms();
     for (;;) {
-        const ssize_t n = ::read(read_end, buffer + have, buffer_size - have);
+        if (follow.session_count > 0) {
+            // Contained workers without cgroups: follow their trees every watcher_follow_ms,
+            // however often records arrive.
+            const std::int64_t left = last_walk + watcher_follow_ms - now_ms();
+            if (left <= 0) {
+                follow.scan(true);
+                last_walk = now_ms();
+                continue;
+            }
+            pollfd ready{read_end, POLLIN, 0};
+            const int n = ::poll(&ready, 1, static_cast<int>(left));
+            if (n < 0 && errno == EINTR) continue;
+            if (n == 0) continue;
+        }
+        const ssize_t n = ::read(read_end, plan.buffer + have, plan.buffer_size - have);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;  // EOF: the agent is gone (or the socket broke, same verdict)
         have += static_cast<std::size_t>(n);
         std::size_t used = 0;
         for (; have - used >= sizeof(watcher_record); used += sizeof(watcher_record)) {
             watcher_record record;
-            std::memcpy(&record, buffer + used, sizeof record);
+            std::memcpy(&record, plan.buffer + used, sizeof record);
             if (record.op == watcher_add) {
-                for (std::size_t i = 0; i < capacity; ++i) {
-                    if (table[i] == 0) {
-                        table[i] = record.pgid;
+                for (std::size_t i = 0; i < watcher_capacity; ++i) {
+                    if (plan.groups[i] == 0) {
+                        plan.groups[i] = record.pgid;
                         break;
                     }
                 }
+                follow.forget(record.pgid);
             } else if (record.op == watcher_remove) {
-                for (std::size_t i = 0; i < capacity; ++i) {
-                    if (table[i] == record.pgid) {
-                        table[i] = 0;
+                for (std::size_t i = 0; i < watcher_capacity; ++i) {
+                    if (plan.groups[i] == record.pgid) {
+                        plan.groups[i] = 0;
                         break;
                     }
                 }
+                follow.release(record.pgid);
+            } else if (record.op == watcher_contain) {
+                follow.contain(record.pgid);
+            } else if (record.op == watcher_exempt) {
+                follow.exempt(record.pgid);
+                follow.forget(record.pgid);
+            } else if (record.op == watcher_sync) {
+                follow.scan(true);
+                last_walk = now_ms();
+                ::send(read_end, &record.pgid, sizeof record.pgid, MSG_NOSIGNAL);
             }
         }
-        std::memmove(buffer, buffer + used, have - used);
+        std::memmove(plan.buffer, plan.buffer + used, have - used);
         have -= used;
     }
-    for (std::size_t i = 0; i < capacity; ++i) {
-        if (table[i] > 0) ::kill(-table[i], SIGKILL);
+    // Strays first, while the workers' trees still hold them: killing the groups orphans them.
+    // (Not the agent's children: its pid may name another process once it is reaped.)
+    follow.scan(false);
+    for (std::size_t i = 0; i < watcher_capacity; ++i) {
+        if (plan.groups[i] > 0) ::kill(-plan.groups[i], SIGKILL);
     }
-    const int parent = cgroup_parent == nullptr ? -1 : ::open(cgroup_parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    follow.kill_all();
+    const int parent = plan.cgroup_parent == nullptr ? -1
+                                                     : ::open(plan.cgroup_parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (parent >= 0) {
-        const int dir = ::openat(parent, cgroup_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        const int dir = ::openat(parent, plan.cgroup_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dir >= 0) {
             cgroup_kill_at(dir);
             ::close(dir);
@@ -7422,7 +7827,7 @@ inline constexpr std::size_t watcher_capacity = 8192;
         // uninterruptibly (a device driver finishing a DMA, a dead network file system): try
         // every 10 ms for a second, then every second for 10 minutes — the watcher has nothing
         // else to do — then leave the directories to the system.
-        for (int attempt = 0; attempt < 700 && !cgroup_remove_tree(parent, cgroup_name, 8); ++attempt) {
+        for (int attempt = 0; attempt < 700 && !cgroup_remove_tree(parent, plan.cgroup_name, 8); ++attempt) {
             const timespec pause{attempt < 100 ? 0 : 1, attempt < 100 ? 10'000'000 : 0};
             ::nanosleep(&pause, nullptr);
         }
@@ -7446,6 +7851,21 @@ public:
     /// reserved until then.
     ELASTIC_DECL void remove(pid_t pgid) noexcept;
 
+    /// Follows a registered worker that has no cgroup (reaper.hpp): when the agent dies, every
+    /// process in its session, and every one seen in its tree outside it, is SIGKILLed too.
+    ELASTIC_DECL void contain(pid_t pgid);
+
+    /// A registered worker spawned with own_cgroup = false: what it leaves in its session is
+    /// not followed (the last watcher_stray_capacity such workers).
+    ELASTIC_DECL void exempt(pid_t pgid);
+
+    /// Has the watcher walk the contained workers' trees now, and waits (up to `timeout_ms`)
+    /// until it has. False if it did not answer in time.
+    ELASTIC_DECL bool sync(int timeout_ms);
+
+    /// Whether `pid` is a registered group (a spawned child not yet reaped), or the watcher.
+    ELASTIC_DECL bool watching(pid_t pid);
+
     watcher(const watcher&) = delete;
     watcher& operator=(const watcher&) = delete;
 
@@ -7453,6 +7873,7 @@ private:
     watcher() = default;
 
     ELASTIC_DECL void start_locked();
+    ELASTIC_DECL void restart_locked();
 
     // Returns false if the watcher is gone (EPIPE). MSG_NOSIGNAL: no SIGPIPE, whatever the
     // agent's disposition.
@@ -7464,6 +7885,9 @@ private:
     owned_fd write_end_;
     pid_t pid_ = -1;
     std::vector<pid_t> groups_;
+    std::vector<pid_t> contained_;  // a subset of groups_
+    std::vector<pid_t> exempt_;     // the newest last, at most watcher_stray_capacity
+    std::uint32_t syncs_ = 0;
 };
 
 }  // namespace elastic::inline v0::detail::process
@@ -7504,12 +7928,60 @@ ELASTIC_DECL void watcher::remove(pid_t pgid) noexcept {
     const auto it = std::find(groups_.begin(), groups_.end(), pgid);
     if (it == groups_.end()) return;
     groups_.erase(it);
+    std::erase(contained_, pgid);
     try {
         send_locked(watcher_remove, pgid);
     } catch (...) {
         // The watcher cannot be told; keeping a stale id is the lesser harm, because the
         // group's leader is still unreaped when this is called.
     }
+}
+
+ELASTIC_DECL void watcher::contain(pid_t pgid) {
+    std::lock_guard lock(mutex_);
+    if (std::find(groups_.begin(), groups_.end(), pgid) == groups_.end()) return;
+    contained_.push_back(pgid);
+    send_locked(watcher_contain, pgid);
+}
+
+ELASTIC_DECL void watcher::exempt(pid_t pgid) {
+    std::lock_guard lock(mutex_);
+    if (exempt_.size() >= watcher_stray_capacity) exempt_.erase(exempt_.begin());
+    exempt_.push_back(pgid);
+    send_locked(watcher_exempt, pgid);
+}
+
+ELASTIC_DECL bool watcher::sync(int timeout_ms) {
+    std::lock_guard lock(mutex_);
+    if (pid_ <= 0) start_locked();
+    const auto number = static_cast<std::int32_t>(++syncs_ & 0x7fffffffU);
+    if (!write_locked(watcher_sync, number)) {
+        restart_locked();
+        if (!write_locked(watcher_sync, number)) return false;
+    }
+    // Answers come in order; one to an earlier sync that timed out is read and skipped.
+    timespec start{};
+    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        timespec now{};
+        ::clock_gettime(CLOCK_MONOTONIC, &now);
+        const auto spent = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
+        if (spent >= timeout_ms) return false;
+        pollfd ready{write_end_.get(), POLLIN, 0};
+        const int n = ::poll(&ready, 1, static_cast<int>(timeout_ms - spent));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        std::int32_t answer = 0;
+        if (::recv(write_end_.get(), &answer, sizeof answer, MSG_WAITALL) != static_cast<ssize_t>(sizeof answer)) {
+            return false;
+        }
+        if (answer == number) return true;
+    }
+}
+
+ELASTIC_DECL bool watcher::watching(pid_t pid) {
+    std::lock_guard lock(mutex_);
+    return pid == pid_ || std::find(groups_.begin(), groups_.end(), pid) != groups_.end();
 }
 
 ELASTIC_DECL void watcher::start_locked() {
@@ -7521,7 +7993,11 @@ ELASTIC_DECL void watcher::start_locked() {
     owned_fd read_end = raise_above_stdio(owned_fd(fds[0]));
     owned_fd write_end(fds[1]);
     // Everything the child touches is allocated here, before the fork.
-    std::vector<pid_t> table(watcher_capacity, 0);
+    std::vector<pid_t> groups(watcher_capacity, 0);
+    std::vector<pid_t> sessions(watcher_capacity, 0);
+    std::vector<watcher_stray> strays(watcher_stray_capacity, watcher_stray{0, 0});
+    std::vector<pid_t> queue(watcher_capacity, 0);
+    std::vector<pid_t> exempt(watcher_stray_capacity, 0);
     std::vector<unsigned char> buffer(sizeof(watcher_record) * 512);
     const std::string cgroup = cgroups::instance().root();
     const std::string cgroup_parent = cgroup.substr(0, cgroup.rfind('/'));
@@ -7531,15 +8007,16 @@ ELASTIC_DECL void watcher::start_locked() {
     if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
         max_fd = static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
     }
+    const watcher_plan plan{read_end.get(),     groups.data(), sessions.data(),
+                            strays.data(),      queue.data(),  exempt.data(),
+                            buffer.data(),      buffer.size(), max_fd,
+                            ::getpid(),         ::getsid(0),   cgroup.empty() ? nullptr : cgroup_parent.c_str(),
+                            cgroup_name.c_str()};
     pid_t pid = -1;
     int fork_errno = 0;
-    const int rfd = read_end.get();
     auto job = [&] {
         pid = ::fork();
-        if (pid == 0) {
-            watcher_main(rfd, table.data(), table.size(), buffer.data(), buffer.size(), max_fd,
-                         cgroup.empty() ? nullptr : cgroup_parent.c_str(), cgroup_name.c_str());
-        }
+        if (pid == 0) watcher_main(plan);
         if (pid < 0) fork_errno = errno;
     };
     spawner::instance().run(job);
@@ -7550,6 +8027,8 @@ ELASTIC_DECL void watcher::start_locked() {
     pid_ = pid;
     write_end_ = std::move(write_end);
     for (pid_t group : groups_) write_locked(watcher_add, group);
+    for (pid_t group : contained_) write_locked(watcher_contain, group);
+    for (pid_t group : exempt_) write_locked(watcher_exempt, group);
 }
 
 ELASTIC_DECL bool watcher::write_locked(std::int32_t op, pid_t pgid) {
@@ -7566,19 +8045,279 @@ ELASTIC_DECL bool watcher::write_locked(std::int32_t op, pid_t pgid) {
 ELASTIC_DECL void watcher::send_locked(std::int32_t op, pid_t pgid) {
     if (pid_ <= 0) start_locked();  // start_locked registers groups_, op already applied
     else if (!write_locked(op, pgid)) {
-        // Someone killed the watcher: reap it and start another, which learns every live
-        // group. (Only the next record notices; the restart re-sends every group.)
-        write_end_.reset();
-        ::waitpid(pid_, nullptr, 0);
-        pid_ = -1;
-        start_locked();
+        restart_locked();  // only the next record notices; the restart re-sends every group
     }
+}
+
+ELASTIC_DECL void watcher::restart_locked() {
+    // Someone killed the watcher: reap it and start another, which learns every live group.
+    write_end_.reset();
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    start_locked();
 }
 
 }  // namespace elastic::inline v0::detail::process
 
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/watcher.hpp ----
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace elastic::inline v0::detail::process {
+
+// Why: a descendant that calls setsid or setpgid leaves its worker's process group, and without
+// a cgroup (cgroup.hpp) nothing the agent signals reaches it. As child subreaper
+// (PR_SET_CHILD_SUBREAPER), the agent becomes the parent of every orphan among its descendants
+// instead of init: the daemon whose parent exited, the children of a worker that exited. Those
+// are the agent's children, so the agent can find them (/proc/<agent>/task/*/children), and their
+// pids cannot be reused until the agent reaps them.
+//
+// Which worker an adopted process came from: the one whose session or process group it is in (a
+// worker leads a session, or with process_isolation::process_group a group, whose id is its pid).
+// One that started a session of its own cannot be told apart: it is taken for a contained
+// worker's and killed when the last contained worker is reaped — unless the agent has also
+// spawned workers with own_cgroup = false, whose daemons it might be: then it is left alone.
+// Adopted processes of the agent's own session and group, and of an own_cgroup = false worker's
+// session or group (the last 4096 such workers), are left alone too: the first are children the
+// agent's own code started (and are never reaped here), the others not ours to end (though
+// reaped here once they exit: nobody else can).
+//
+// When the agent dies, the subreaper dies with it; the watcher (watcher.hpp) follows the same
+// workers from outside.
+
+/// The agent's adoption of orphans, for workers without a cgroup. Thread-safe.
+class subreaper {
+public:
+    static ELASTIC_DECL subreaper& instance();
+
+    /// Makes this process the child subreaper (once). False, with reason() set, where the
+    /// kernel refuses (it cannot: the call exists since Linux 3.4 and needs no privilege).
+    ELASTIC_DECL bool enable() noexcept;
+
+    /// Whether this process adopts orphans.
+    ELASTIC_DECL bool enabled() noexcept;
+
+    /// Why enable() failed; empty otherwise.
+    ELASTIC_DECL std::string reason();
+
+    /// Held by spawn from before the fork until the child is registered (add, exempt, or the
+    /// watcher's table): meanwhile the new child is nobody's, and no sweep may touch it.
+    [[nodiscard]] ELASTIC_DECL std::unique_lock<std::recursive_mutex> registering();
+
+    /// A worker this process contains without a cgroup: what it leaves behind is killed when
+    /// it is reaped.
+    ELASTIC_DECL void add(pid_t worker);
+
+    /// A worker spawned with own_cgroup = false: what it leaves in its session or group is not
+    /// ours to kill.
+    ELASTIC_DECL void exempt(pid_t worker);
+
+    /// The worker is being reaped (its process group was killed): SIGKILLs every adopted process
+    /// of its session or group, with its descendants, and, when it was the last contained worker,
+    /// every adopted process that names no worker (above); waits (up to a second) for the adopted
+    /// ones to end and reaps them. Nothing for a worker not added.
+    ELASTIC_DECL void release(pid_t worker) noexcept;
+
+    /// Reaps adopted processes that have exited (a daemon that ended on its own is a zombie
+    /// until then).
+    ELASTIC_DECL void sweep() noexcept;
+
+    subreaper(const subreaper&) = delete;
+    subreaper& operator=(const subreaper&) = delete;
+
+private:
+    subreaper() = default;
+
+    enum class owner { agent, live, exempt, released, target, unknown };
+    ELASTIC_DECL owner owner_of_locked(const proc_stat& stat, pid_t own_session, pid_t own_group, pid_t target) const;
+
+    // One pass: kills the adopted processes `release` names (none when `target` is 0 and
+    // `everything` is false) and their trees, awaits and reaps them and the adopted zombies;
+    // returns how many live ones it found to kill.
+    ELASTIC_DECL std::size_t pass_locked(pid_t target, bool everything) noexcept;
+
+    std::recursive_mutex mutex_;  // recursive: spawn holds it and may discard a child (release)
+    bool tried_ = false;
+    bool enabled_ = false;
+    std::string reason_;
+    std::vector<pid_t> live_;      // contained workers not yet released
+    std::vector<pid_t> released_;  // contained workers released, the newest last
+    std::vector<pid_t> exempt_;    // uncontained workers, the newest last
+};
+
+/// How many released and uncontained workers are remembered, each.
+inline constexpr std::size_t subreaper_memory = 4096;
+
+/// How many processes one pass walks below the adopted ones it kills.
+inline constexpr std::size_t subreaper_tree_limit = 65536;
+
+}  // namespace elastic::inline v0::detail::process
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <algorithm>
+#include <csignal>
+#include <ctime>
+
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail::process {
+
+ELASTIC_DECL subreaper& subreaper::instance() {
+    static subreaper* const self = new subreaper();  // leaked: used until the very end
+    return *self;
+}
+
+ELASTIC_DECL bool subreaper::enable() noexcept {
+    std::lock_guard lock(mutex_);
+    if (tried_) return enabled_;
+    tried_ = true;
+    if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0) {
+        enabled_ = true;
+    } else {
+        try {
+            reason_ = "cannot become the child subreaper: " + errno_string(errno);
+        } catch (...) {
+        }
+    }
+    return enabled_;
+}
+
+ELASTIC_DECL bool subreaper::enabled() noexcept {
+    std::lock_guard lock(mutex_);
+    return enabled_;
+}
+
+ELASTIC_DECL std::string subreaper::reason() {
+    std::lock_guard lock(mutex_);
+    return reason_;
+}
+
+ELASTIC_DECL std::unique_lock<std::recursive_mutex> subreaper::registering() {
+    return std::unique_lock<std::recursive_mutex>(mutex_);
+}
+
+ELASTIC_DECL void subreaper::add(pid_t worker) {
+    std::lock_guard lock(mutex_);
+    if (enabled_) live_.push_back(worker);
+}
+
+ELASTIC_DECL void subreaper::exempt(pid_t worker) {
+    std::lock_guard lock(mutex_);
+    if (exempt_.size() >= subreaper_memory) exempt_.erase(exempt_.begin());
+    exempt_.push_back(worker);
+}
+
+ELASTIC_DECL void subreaper::release(pid_t worker) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = std::find(live_.begin(), live_.end(), worker);
+    if (it == live_.end()) return;
+    live_.erase(it);
+    try {
+        if (released_.size() >= subreaper_memory) released_.erase(released_.begin());
+        released_.push_back(worker);
+    } catch (...) {
+        // Out of memory: its stragglers name no worker now, and go with the last one.
+    }
+    const bool everything = live_.empty();
+    // Repeated until a pass finds nothing to kill: a process may fork while a pass reads the
+    // tree, and what a killed process leaves is adopted in turn. Bounded: a fork bomb outruns
+    // any sweep (the watcher's session sweep and the system's limits are left for it).
+    for (int pass = 0; pass < 16 && pass_locked(worker, everything) > 0; ++pass) {
+    }
+}
+
+ELASTIC_DECL void subreaper::sweep() noexcept {
+    std::lock_guard lock(mutex_);
+    if (enabled_) pass_locked(0, false);
+}
+
+ELASTIC_DECL subreaper::owner subreaper::owner_of_locked(const proc_stat& stat, pid_t own_session, pid_t own_group,
+                                                         pid_t target) const {
+    const auto in = [&](const std::vector<pid_t>& workers) {
+        return std::find(workers.begin(), workers.end(), stat.session) != workers.end() ||
+               std::find(workers.begin(), workers.end(), stat.pgrp) != workers.end();
+    };
+    if (target > 0 && (stat.session == target || stat.pgrp == target)) return owner::target;
+    if (in(live_)) return owner::live;
+    if (in(exempt_)) return owner::exempt;
+    if (in(released_)) return owner::released;
+    if (stat.session == own_session || stat.pgrp == own_group) return owner::agent;
+    if (watcher::instance().watching(stat.session) || watcher::instance().watching(stat.pgrp)) {
+        return owner::live;  // a spawned child's, registered a moment ago
+    }
+    return owner::unknown;
+}
+
+ELASTIC_DECL std::size_t subreaper::pass_locked(pid_t target, bool everything) noexcept {
+    const pid_t self = ::getpid();
+    const pid_t own_session = ::getsid(0);
+    const pid_t own_group = ::getpgrp();
+    auto& spawned = watcher::instance();
+    std::vector<pid_t> roots;  // adopted, to kill: our children, so their numbers stay theirs
+    std::vector<pid_t> tree;
+    std::vector<pid_t> zombies;
+    try {
+        for_each_child(self, [&](pid_t child) {
+            proc_stat stat;
+            if (!read_proc_stat(child, stat) || spawned.watching(child)) return;
+            const owner who = owner_of_locked(stat, own_session, own_group, target);
+            const bool ours = who == owner::target || who == owner::released ||
+                              (who == owner::unknown && everything && exempt_.empty());
+            if (stat.state == 'Z') {
+                // Nobody else can reap an adopted process; the agent's own code reaps its own.
+                if (who != owner::agent && (who != owner::unknown || exempt_.empty())) zombies.push_back(child);
+            } else if (ours) {
+                roots.push_back(child);
+            }
+        });
+        // Each one is sent SIGSTOP before its children are read, so that most cannot fork or
+        // reap meanwhile (the stop takes effect a moment later; the next pass finds what a
+        // fork in that moment made).
+        tree = roots;
+        for (std::size_t at = 0; at < tree.size(); ++at) {
+            ::kill(tree[at], SIGSTOP);
+            if (tree.size() < subreaper_tree_limit) {
+                for_each_child(tree[at], [&](pid_t child) { tree.push_back(child); });
+            }
+        }
+    } catch (...) {
+        // Out of memory: kill what was found; the next pass or the watcher does the rest.
+    }
+    for (pid_t pid : tree) ::kill(pid, SIGKILL);
+    // The roots are our children: await their deaths (a second at most in all: one in
+    // uninterruptible sleep is reaped by a later pass), then reap them with the zombies.
+    timespec start{};
+    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    for (pid_t pid : roots) {
+        const int pidfd = pidfd_open(pid);
+        if (pidfd < 0) continue;
+        for (;;) {
+            timespec now{};
+            ::clock_gettime(CLOCK_MONOTONIC, &now);
+            const auto spent = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
+            pollfd dead{pidfd, POLLIN, 0};
+            if (spent >= 1000 || ::poll(&dead, 1, static_cast<int>(1000 - spent)) >= 0 || errno != EINTR) break;
+        }
+        ::close(pidfd);
+        ::waitpid(pid, nullptr, WNOHANG);
+    }
+    for (pid_t pid : zombies) ::waitpid(pid, nullptr, WNOHANG);
+    return roots.size();
+}
+
+}  // namespace elastic::inline v0::detail::process
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/process/reaper.hpp ----
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -7811,7 +8550,8 @@ ELASTIC_DECL void child_process::reap() {
     }
     ::kill(-pid_, SIGKILL);
     detail::process::cgroups::instance().retire(std::exchange(cgroup_, {}));
-    detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
+    detail::process::watcher::instance().remove(pid_);     // before the reap frees the group id
+    detail::process::subreaper::instance().release(pid_);  // what it left (no cgroup)
     detail::process::reap_now(pidfd_.native_handle());
     reaped_ = true;
     asio::error_code ignored;
@@ -7867,6 +8607,7 @@ ELASTIC_DECL void graveyard::sweep_locked() noexcept {
         siginfo_t info;
         if (peek_exit(it->pidfd.get(), info)) {
             watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
+            subreaper::instance().release(it->pid);
             reap_now(it->pidfd.get());
             it = graves_.erase(it);
         } else {
@@ -8525,7 +9266,9 @@ struct spawn_options {
     process_isolation isolation = process_isolation::session;
     /// Whether the child gets a cgroup of its own (cgroup.hpp), so that whatever it starts —
     /// a daemon that left its process group included — is killed when it is reaped, and when
-    /// the agent dies. Where the agent can make none, the process group alone contains it.
+    /// the agent dies. Where the agent can make none, the agent adopts what the child leaves
+    /// behind (it becomes the child subreaper) and kills it when the child is reaped, and the
+    /// watcher follows the child's tree for the agent's death (docs/process.md).
     bool own_cgroup = true;
 };
 
@@ -8751,6 +9494,7 @@ ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads) {
 ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept {
     ::kill(pid, SIGKILL);
     watcher::instance().remove(pid);
+    subreaper::instance().release(pid);
     if (pidfd >= 0) {
         siginfo_t info{};
         while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 && errno == EINTR) {
@@ -8801,8 +9545,12 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
 
     detail::process::watcher::instance().ensure_started();  // before any worker can be orphaned
     detail::process::graveyard::instance().sweep();
+    detail::process::subreaper::instance().sweep();
     std::optional<detail::process::worker_cgroup> cgroup;
     if (options.own_cgroup) cgroup = detail::process::cgroups::instance().make();
+    // No cgroup: the agent adopts the orphans among its descendants (reaper.hpp), before the
+    // child can leave any.
+    const bool adopt_orphans = options.own_cgroup && !cgroup && detail::process::subreaper::instance().enable();
     // Whatever happens from here on, a cgroup no child_process took is removed.
     struct cgroup_guard {
         std::optional<detail::process::worker_cgroup>& cgroup;
@@ -8831,6 +9579,9 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
     };
     pid_t pid = -1;
     int fork_errno = 0;
+    // Until the child is registered it is an unknown child of the agent: no sweep may take it
+    // for an orphan meanwhile.
+    auto registering = detail::process::subreaper::instance().registering();
     auto job = [&] {
         const pid_t forked = detail::process::vfork_child(plan);
         if (forked < 0) fork_errno = errno;
@@ -8857,6 +9608,19 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         }
         throw;
     }
+    try {
+        if (adopt_orphans) {
+            detail::process::watcher::instance().contain(pid);
+            detail::process::subreaper::instance().add(pid);
+        } else if (!options.own_cgroup) {
+            detail::process::watcher::instance().exempt(pid);
+            detail::process::subreaper::instance().exempt(pid);
+        }
+    } catch (...) {
+        detail::process::discard_child(pid, -1);
+        throw;
+    }
+    registering.unlock();
     // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
     // prepare_agent_signals), so it cannot have been recycled.
     detail::process::owned_fd pidfd(detail::process::pidfd_open(pid));
@@ -18009,9 +18773,15 @@ public:
         }
         started_ = std::chrono::steady_clock::now();
         if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
-            log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: {}; "
-                                   "a daemon a worker starts can outlive it",
-                                   why));
+            if (detail::process::subreaper::instance().enabled()) {
+                log_->info(fmt::format("workers get no cgroup of their own: {}; this agent adopts what they leave "
+                                       "behind (child subreaper) and ends it with them",
+                                       why));
+            } else {
+                log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: "
+                                       "{}; a daemon a worker starts can outlive it",
+                                       why));
+            }
         }
         if (spawn_failure) {
             co_await stop(SIGTERM);

@@ -2,6 +2,7 @@
 // SIGKILLed with workers running, and the CPU cost of waiting.
 // test-tags: concurrent
 #include "elastic/process/group.hpp"
+#include "elastic/process/proc.hpp"
 #include "elastic/process/spawn.hpp"
 
 #include "process_support.hpp"
@@ -166,7 +167,7 @@ namespace test_stop {
 
 /// Starts the agent program with 3 workers, SIGKILLs it once all are running, and checks that
 /// every worker, every grandchild and the watcher are gone. `mode` is "restart-watcher",
-/// "daemon" or empty (process_agent.cpp).
+/// "daemon", "adopted" or empty (process_agent.cpp).
 void agent_killed_leaves_nothing(const std::string& mode) {
     const bool restart_watcher = mode == "restart-watcher";
     asio::io_context io;
@@ -247,6 +248,111 @@ TEST_CASE("process: a daemon a worker started ends when the agent is killed with
     // The daemons left their workers' process groups and sessions: only their cgroups reach them.
     if (!test_stop::cgroups_available()) return;
     test_stop::agent_killed_leaves_nothing("daemon");
+}
+
+TEST_CASE("process: without cgroups, a daemon a worker started ends when the agent is killed with SIGKILL") {
+    // The agent can make no cgroup (process-agent disables them): it adopts orphans as child
+    // subreaper, and the watcher, which followed the workers' trees, kills the daemons.
+    test_stop::agent_killed_leaves_nothing("adopted");
+}
+
+TEST_CASE("process: without cgroups, what a worker left ends when the worker is reaped") {
+    using process_support::run;
+    // Worker A starts a daemon (it leaves A's session) and runs on; worker B starts a child that
+    // leaves B's process group but not its session, and exits. The agent, child subreaper, has
+    // adopted both. Reaping B ends B's child (B's session) and not A's daemon, which names no
+    // worker while A runs; reaping A, the last, ends the daemon.
+    asio::io_context io;
+    elastic::spawn_options options;
+    options.program = process_support::agent_program();
+    options.args = {process_support::worker_program(), "2", "adopted-exit"};
+    options.in = elastic::stdio::pipe();
+    options.out = elastic::stdio::pipe();
+    auto agent = elastic::spawn(io.get_executor(), options);
+    auto out = agent.take_stdout();
+    auto in = agent.take_stdin();
+    std::string buffer;
+    std::vector<pid_t> workers;
+    std::vector<pid_t> left;  // what each worker started
+    std::vector<pid_t> reaped;
+    pid_t watcher = 0;
+    for (;;) {
+        const std::string line = run(io, process_support::read_line(*out, buffer));
+        REQUIRE_FALSE(line.empty());
+        if (line == "ready") break;
+        std::istringstream words(line);
+        std::string what;
+        long pid = 0;
+        words >> what >> pid;
+        if (what == "worker") {
+            std::string label;
+            long grandchild = 0;
+            words >> label >> grandchild;
+            REQUIRE(label == "grandchild");
+            workers.push_back(static_cast<pid_t>(pid));
+            left.push_back(static_cast<pid_t>(grandchild));
+        } else if (what == "reaped") {
+            REQUIRE(left.size() == 2);
+            reaped.push_back(static_cast<pid_t>(pid));
+            // Killed and awaited before the agent said so: the death is there to see at once.
+            if (reaped.size() == 1) {
+                CHECK(pid == workers[1]);
+                CHECK(process_support::await_deaths({left[1]}, std::chrono::milliseconds(0)).empty());
+                CHECK(process_support::alive(left[0]));
+                REQUIRE(::write(in->native_handle(), "go\n", 3) == 3);  // now A may go
+            } else {
+                CHECK(pid == workers[0]);
+                CHECK(process_support::await_deaths({left[0]}, std::chrono::milliseconds(0)).empty());
+            }
+        } else if (what == "watcher") {
+            watcher = static_cast<pid_t>(pid);
+        }
+    }
+    CHECK(reaped.size() == 2);
+    REQUIRE(watcher > 0);
+    CHECK(agent.signal(SIGKILL));
+    CHECK(run(io, agent.wait()).status.signal() == SIGKILL);
+    CHECK(process_support::await_deaths({watcher}, std::chrono::seconds(60)).empty());
+    agent.reap();
+}
+
+TEST_CASE("process: /proc is read for a process's parent, session, start time and children") {
+    using namespace elastic::detail::process;
+    using process_support::run;
+    proc_stat self;
+    REQUIRE(read_proc_stat(::getpid(), self));
+    CHECK(self.state == 'R');
+    CHECK(self.ppid == ::getppid());
+    CHECK(self.session == ::getsid(0));
+    CHECK(self.pgrp == ::getpgrp());
+    CHECK(self.start_time > 0);
+    CHECK_FALSE(read_proc_stat(0, self));
+    CHECK_FALSE(read_proc_stat(-1, self));
+
+    asio::io_context io;
+    auto child = test_stop::ready_worker(io, {"sleep"});
+    proc_stat stat;
+    REQUIRE(read_proc_stat(child.pid(), stat));
+    CHECK(stat.ppid == ::getpid());
+    CHECK(stat.session == child.pid());  // a worker runs in a session of its own
+    CHECK(stat.pgrp == child.pid());
+    std::vector<pid_t> children;
+    for_each_child(::getpid(), [&](pid_t pid) { children.push_back(pid); });
+    CHECK(std::find(children.begin(), children.end(), child.pid()) != children.end());
+    std::vector<pid_t> none;
+    for_each_child(child.pid(), [&](pid_t pid) { none.push_back(pid); });
+    CHECK(none.empty());
+    CHECK(child.signal(SIGKILL));
+    CHECK(run(io, child.wait()).status.signal() == SIGKILL);
+    REQUIRE(read_proc_stat(child.pid(), stat));
+    CHECK(stat.state == 'Z');  // unreaped: the number is still ours
+    child.reap();
+    CHECK_FALSE(read_proc_stat(child.pid(), stat));
+
+    char path[16];
+    CHECK_FALSE(proc_path(path, sizeof path, "/proc/", 1234567890, "/stat"));  // does not fit
+    REQUIRE(proc_path(path, sizeof path, "/proc/", 42, "/stat"));
+    CHECK(std::string(path) == "/proc/42/stat");
 }
 
 TEST_CASE("process: a daemon a worker started ends when the worker is reaped") {

@@ -11,6 +11,10 @@
 //   process-worker daemon [exit]     start a daemon (fork, setsid, fork: it leaves the worker's
 //                                    process group and session), print "grandchild <pid>" with
 //                                    the daemon's pid and "ready", then wait forever (or exit 0)
+//   process-worker setpgid-child [exit]
+//                                    fork a child that moves to a process group of its own (it
+//                                    stays in the worker's session), print "grandchild <pid>" and
+//                                    "ready", then wait forever (or exit 0)
 //   process-worker fds               print the open descriptors, e.g. "0 1 2"
 //   process-worker sigstate          print "blocked <hex> ignored <hex>" from /proc/self/status
 //   process-worker env NAME          print $NAME or "(unset)"
@@ -133,6 +137,26 @@ int main(int argc, char** argv) {
         int status = 0;
         ::waitpid(middle, &status, 0);
         say("grandchild " + std::to_string(daemon));
+        say("ready");
+        if (arg == "exit") return 0;
+        wait_forever();
+    }
+    if (mode == "setpgid-child") {
+        const pid_t child = ::fork();
+        if (child < 0) {
+            std::perror("fork");
+            return 3;
+        }
+        if (child == 0) {
+            ::setpgid(0, 0);
+            const int null = ::open("/dev/null", O_RDWR);
+            ::dup2(null, 0);
+            ::dup2(null, 1);  // nor keep the worker's stdout pipe open
+            ::dup2(null, 2);
+            wait_forever();
+        }
+        ::setpgid(child, child);  // both sides, so that it has moved before anyone is told
+        say("grandchild " + std::to_string(child));
         say("ready");
         if (arg == "exit") return 0;
         wait_forever();

@@ -18,6 +18,7 @@
 #include "elastic/process/cgroup.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/group.hpp"
+#include "elastic/process/reaper.hpp"
 #include "elastic/process/spawn.hpp"
 #include "elastic/report/error_file.hpp"
 #include "elastic/report/failure.hpp"
@@ -174,9 +175,15 @@ public:
         }
         started_ = std::chrono::steady_clock::now();
         if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
-            log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: {}; "
-                                   "a daemon a worker starts can outlive it",
-                                   why));
+            if (detail::process::subreaper::instance().enabled()) {
+                log_->info(fmt::format("workers get no cgroup of their own: {}; this agent adopts what they leave "
+                                       "behind (child subreaper) and ends it with them",
+                                       why));
+            } else {
+                log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: "
+                                       "{}; a daemon a worker starts can outlive it",
+                                       why));
+            }
         }
         if (spawn_failure) {
             co_await stop(SIGTERM);

@@ -339,6 +339,7 @@ ELASTIC_DECL std::optional<worker_cgroup> cgroups::make() {
 ELASTIC_DECL void cgroups::disable(std::string why) {
     // The root stays: workers made before may live in it, and the watcher removes it at the end.
     std::lock_guard lock(mutex_);
+    probed_ = true;  // before the first probe: none is made
     enabled_ = false;
     set_reason_locked(std::move(why));
 }

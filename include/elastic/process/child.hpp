@@ -7,6 +7,7 @@
 #include "elastic/process/cgroup.hpp"
 #include "elastic/process/error.hpp"
 #include "elastic/process/exit.hpp"
+#include "elastic/process/reaper.hpp"
 #include "elastic/process/sys.hpp"
 #include "elastic/process/watcher.hpp"
 
@@ -241,7 +242,8 @@ ELASTIC_DECL void child_process::reap() {
     }
     ::kill(-pid_, SIGKILL);
     detail::process::cgroups::instance().retire(std::exchange(cgroup_, {}));
-    detail::process::watcher::instance().remove(pid_);  // before the reap frees the group id
+    detail::process::watcher::instance().remove(pid_);     // before the reap frees the group id
+    detail::process::subreaper::instance().release(pid_);  // what it left (no cgroup)
     detail::process::reap_now(pidfd_.native_handle());
     reaped_ = true;
     asio::error_code ignored;
@@ -297,6 +299,7 @@ ELASTIC_DECL void graveyard::sweep_locked() noexcept {
         siginfo_t info;
         if (peek_exit(it->pidfd.get(), info)) {
             watcher::instance().remove(it->pid);  // before the reap, which frees the pgid
+            subreaper::instance().release(it->pid);
             reap_now(it->pidfd.get());
             it = graves_.erase(it);
         } else {

@@ -7,6 +7,7 @@
 #include "elastic/process/cgroup.hpp"
 #include "elastic/process/child.hpp"
 #include "elastic/process/error.hpp"
+#include "elastic/process/reaper.hpp"
 #include "elastic/process/spawner.hpp"
 #include "elastic/process/sys.hpp"
 #include "elastic/process/watcher.hpp"
@@ -81,7 +82,9 @@ struct spawn_options {
     process_isolation isolation = process_isolation::session;
     /// Whether the child gets a cgroup of its own (cgroup.hpp), so that whatever it starts —
     /// a daemon that left its process group included — is killed when it is reaped, and when
-    /// the agent dies. Where the agent can make none, the process group alone contains it.
+    /// the agent dies. Where the agent can make none, the agent adopts what the child leaves
+    /// behind (it becomes the child subreaper) and kills it when the child is reaped, and the
+    /// watcher follows the child's tree for the agent's death (docs/process.md).
     bool own_cgroup = true;
 };
 
@@ -307,6 +310,7 @@ ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads) {
 ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept {
     ::kill(pid, SIGKILL);
     watcher::instance().remove(pid);
+    subreaper::instance().release(pid);
     if (pidfd >= 0) {
         siginfo_t info{};
         while (::waitid(p_pidfd, static_cast<id_t>(pidfd), &info, WEXITED) != 0 && errno == EINTR) {
@@ -357,8 +361,12 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
 
     detail::process::watcher::instance().ensure_started();  // before any worker can be orphaned
     detail::process::graveyard::instance().sweep();
+    detail::process::subreaper::instance().sweep();
     std::optional<detail::process::worker_cgroup> cgroup;
     if (options.own_cgroup) cgroup = detail::process::cgroups::instance().make();
+    // No cgroup: the agent adopts the orphans among its descendants (reaper.hpp), before the
+    // child can leave any.
+    const bool adopt_orphans = options.own_cgroup && !cgroup && detail::process::subreaper::instance().enable();
     // Whatever happens from here on, a cgroup no child_process took is removed.
     struct cgroup_guard {
         std::optional<detail::process::worker_cgroup>& cgroup;
@@ -387,6 +395,9 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
     };
     pid_t pid = -1;
     int fork_errno = 0;
+    // Until the child is registered it is an unknown child of the agent: no sweep may take it
+    // for an orphan meanwhile.
+    auto registering = detail::process::subreaper::instance().registering();
     auto job = [&] {
         const pid_t forked = detail::process::vfork_child(plan);
         if (forked < 0) fork_errno = errno;
@@ -413,6 +424,19 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         }
         throw;
     }
+    try {
+        if (adopt_orphans) {
+            detail::process::watcher::instance().contain(pid);
+            detail::process::subreaper::instance().add(pid);
+        } else if (!options.own_cgroup) {
+            detail::process::watcher::instance().exempt(pid);
+            detail::process::subreaper::instance().exempt(pid);
+        }
+    } catch (...) {
+        detail::process::discard_child(pid, -1);
+        throw;
+    }
+    registering.unlock();
     // Safe after fork: the pid is our unreaped child (SIGCHLD is not ignored, see
     // prepare_agent_signals), so it cannot have been recycled.
     detail::process::owned_fd pidfd(detail::process::pidfd_open(pid));
