@@ -6429,19 +6429,42 @@ private:
 
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <system_error>
 #include <utility>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
+
+/// Async-signal-safe: the monotonic clock, in milliseconds.
+inline std::int64_t monotonic_ms() noexcept {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
+}
+
+/// Async-signal-safe: waits until `fd` is readable (a pidfd: its process ended) or the
+/// monotonic_ms() `deadline` passes, through EINTR. True when it is readable.
+inline bool readable_by(int fd, std::int64_t deadline) noexcept {
+    for (;;) {
+        const std::int64_t left = deadline - monotonic_ms();
+        if (left <= 0) return false;
+        pollfd ready{fd, POLLIN, 0};
+        const int n = ::poll(&ready, 1, static_cast<int>(left));
+        if (n < 0 && errno == EINTR) continue;
+        return n > 0;
+    }
+}
 
 /// Owns one file descriptor; closes it on destruction. Move-only.
 class owned_fd {
@@ -7749,20 +7772,15 @@ struct watcher_follow {
     }
     watcher_follow follow{plan};
     std::size_t have = 0;
-    const auto now_ms = [] {
-        timespec t{};
-        ::clock_gettime(CLOCK_MONOTONIC, &t);
-        return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
-    };
-    std::int64_t last_walk = now_ms();
+    std::int64_t last_walk = monotonic_ms();
     for (;;) {
         if (follow.session_count > 0) {
             // Contained workers without cgroups: follow their trees every watcher_follow_ms,
             // however often records arrive.
-            const std::int64_t left = last_walk + watcher_follow_ms - now_ms();
+            const std::int64_t left = last_walk + watcher_follow_ms - monotonic_ms();
             if (left <= 0) {
                 follow.scan(true);
-                last_walk = now_ms();
+                last_walk = monotonic_ms();
                 continue;
             }
             pollfd ready{read_end, POLLIN, 0};
@@ -7801,7 +7819,7 @@ struct watcher_follow {
                 follow.forget(record.pgid);
             } else if (record.op == watcher_sync) {
                 follow.scan(true);
-                last_walk = now_ms();
+                last_walk = monotonic_ms();
                 ::send(read_end, &record.pgid, sizeof record.pgid, MSG_NOSIGNAL);
             }
         }
@@ -7960,17 +7978,9 @@ ELASTIC_DECL bool watcher::sync(int timeout_ms) {
         if (!write_locked(watcher_sync, number)) return false;
     }
     // Answers come in order; one to an earlier sync that timed out is read and skipped.
-    timespec start{};
-    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    const std::int64_t deadline = monotonic_ms() + timeout_ms;
     for (;;) {
-        timespec now{};
-        ::clock_gettime(CLOCK_MONOTONIC, &now);
-        const auto spent = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
-        if (spent >= timeout_ms) return false;
-        pollfd ready{write_end_.get(), POLLIN, 0};
-        const int n = ::poll(&ready, 1, static_cast<int>(timeout_ms - spent));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
+        if (!readable_by(write_end_.get(), deadline)) return false;
         std::int32_t answer = 0;
         if (::recv(write_end_.get(), &answer, sizeof answer, MSG_WAITALL) != static_cast<ssize_t>(sizeof answer)) {
             return false;
@@ -8162,9 +8172,7 @@ inline constexpr std::size_t subreaper_tree_limit = 65536;
 
 #include <algorithm>
 #include <csignal>
-#include <ctime>
 
-#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8295,18 +8303,11 @@ ELASTIC_DECL std::size_t subreaper::pass_locked(pid_t target, bool everything) n
     for (pid_t pid : tree) ::kill(pid, SIGKILL);
     // The roots are our children: await their deaths (a second at most in all: one in
     // uninterruptible sleep is reaped by a later pass), then reap them with the zombies.
-    timespec start{};
-    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    const std::int64_t deadline = monotonic_ms() + 1000;
     for (pid_t pid : roots) {
         const int pidfd = pidfd_open(pid);
         if (pidfd < 0) continue;
-        for (;;) {
-            timespec now{};
-            ::clock_gettime(CLOCK_MONOTONIC, &now);
-            const auto spent = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
-            pollfd dead{pidfd, POLLIN, 0};
-            if (spent >= 1000 || ::poll(&dead, 1, static_cast<int>(1000 - spent)) >= 0 || errno != EINTR) break;
-        }
+        (void)readable_by(pidfd, deadline);
         ::close(pidfd);
         ::waitpid(pid, nullptr, WNOHANG);
     }

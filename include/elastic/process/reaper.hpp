@@ -107,9 +107,7 @@ inline constexpr std::size_t subreaper_tree_limit = 65536;
 
 #include <algorithm>
 #include <csignal>
-#include <ctime>
 
-#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -240,18 +238,11 @@ ELASTIC_DECL std::size_t subreaper::pass_locked(pid_t target, bool everything) n
     for (pid_t pid : tree) ::kill(pid, SIGKILL);
     // The roots are our children: await their deaths (a second at most in all: one in
     // uninterruptible sleep is reaped by a later pass), then reap them with the zombies.
-    timespec start{};
-    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    const std::int64_t deadline = monotonic_ms() + 1000;
     for (pid_t pid : roots) {
         const int pidfd = pidfd_open(pid);
         if (pidfd < 0) continue;
-        for (;;) {
-            timespec now{};
-            ::clock_gettime(CLOCK_MONOTONIC, &now);
-            const auto spent = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
-            pollfd dead{pidfd, POLLIN, 0};
-            if (spent >= 1000 || ::poll(&dead, 1, static_cast<int>(1000 - spent)) >= 0 || errno != EINTR) break;
-        }
+        (void)readable_by(pidfd, deadline);
         ::close(pidfd);
         ::waitpid(pid, nullptr, WNOHANG);
     }

@@ -7,19 +7,42 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <system_error>
 #include <utility>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
+
+/// Async-signal-safe: the monotonic clock, in milliseconds.
+inline std::int64_t monotonic_ms() noexcept {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
+}
+
+/// Async-signal-safe: waits until `fd` is readable (a pidfd: its process ended) or the
+/// monotonic_ms() `deadline` passes, through EINTR. True when it is readable.
+inline bool readable_by(int fd, std::int64_t deadline) noexcept {
+    for (;;) {
+        const std::int64_t left = deadline - monotonic_ms();
+        if (left <= 0) return false;
+        pollfd ready{fd, POLLIN, 0};
+        const int n = ::poll(&ready, 1, static_cast<int>(left));
+        if (n < 0 && errno == EINTR) continue;
+        return n > 0;
+    }
+}
 
 /// Owns one file descriptor; closes it on destruction. Move-only.
 class owned_fd {

@@ -256,20 +256,15 @@ struct watcher_follow {
     }
     watcher_follow follow{plan};
     std::size_t have = 0;
-    const auto now_ms = [] {
-        timespec t{};
-        ::clock_gettime(CLOCK_MONOTONIC, &t);
-        return static_cast<std::int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
-    };
-    std::int64_t last_walk = now_ms();
+    std::int64_t last_walk = monotonic_ms();
     for (;;) {
         if (follow.session_count > 0) {
             // Contained workers without cgroups: follow their trees every watcher_follow_ms,
             // however often records arrive.
-            const std::int64_t left = last_walk + watcher_follow_ms - now_ms();
+            const std::int64_t left = last_walk + watcher_follow_ms - monotonic_ms();
             if (left <= 0) {
                 follow.scan(true);
-                last_walk = now_ms();
+                last_walk = monotonic_ms();
                 continue;
             }
             pollfd ready{read_end, POLLIN, 0};
@@ -308,7 +303,7 @@ struct watcher_follow {
                 follow.forget(record.pgid);
             } else if (record.op == watcher_sync) {
                 follow.scan(true);
-                last_walk = now_ms();
+                last_walk = monotonic_ms();
                 ::send(read_end, &record.pgid, sizeof record.pgid, MSG_NOSIGNAL);
             }
         }
@@ -467,17 +462,9 @@ ELASTIC_DECL bool watcher::sync(int timeout_ms) {
         if (!write_locked(watcher_sync, number)) return false;
     }
     // Answers come in order; one to an earlier sync that timed out is read and skipped.
-    timespec start{};
-    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    const std::int64_t deadline = monotonic_ms() + timeout_ms;
     for (;;) {
-        timespec now{};
-        ::clock_gettime(CLOCK_MONOTONIC, &now);
-        const auto spent = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
-        if (spent >= timeout_ms) return false;
-        pollfd ready{write_end_.get(), POLLIN, 0};
-        const int n = ::poll(&ready, 1, static_cast<int>(timeout_ms - spent));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
+        if (!readable_by(write_end_.get(), deadline)) return false;
         std::int32_t answer = 0;
         if (::recv(write_end_.get(), &answer, sizeof answer, MSG_WAITALL) != static_cast<ssize_t>(sizeof answer)) {
             return false;
