@@ -11787,6 +11787,7 @@ struct node_info {
     long pid = 0;                      ///< the agent's process id, for messages
     std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
     std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
+    bool backup_listed = false;        ///< that server listens at a --rdzv-endpoint list's entry
     bool hosts_store = false;          ///< it hosts the rendezvous store now
     /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
     /// connections to group rank 0's workers' store may come from.
@@ -12210,6 +12211,7 @@ ELASTIC_DECL std::string encode(const node_info& i) {
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.backup_listed) j["listed"] = true;
     if (i.hosts_store) j["hosts_store"] = true;
     if (!i.addrs.empty()) j["addrs"] = i.addrs;
     return j.dump();
@@ -12230,6 +12232,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
         if (j.contains("id")) i.id = lease_name(j, "id");
         if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+        i.backup_listed = field_bool(j, "listed", false);
         i.hosts_store = field_bool(j, "hosts_store", false);
         if (const auto it = j.find("addrs"); it != j.end()) {
             if (!it->is_array() || it->size() > max_addrs)
@@ -12505,6 +12508,7 @@ ELASTIC_DECL std::string describe_node_id(std::string_view id) {
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -12596,6 +12600,10 @@ struct rendezvous_parameters {
     /// single node binds the workers' store there only when it was given: two one-node jobs on
     /// a host would otherwise collide on the static backend's 29500.
     bool port_given = false;
+    /// c10d: the endpoints after the first in a --rdzv-endpoint list, ports defaulted: members'
+    /// hosts whose idle store servers listen there, where the job's store may move and where a
+    /// newcomer looks for it before it hosts or dials `endpoint` (docs/rendezvous.md).
+    std::vector<host_port> successor_endpoints;
     std::string run_id = "none";            ///< --rdzv-id: the job id, namespaces store keys
     node_range nnodes;                      ///< --nnodes
     std::optional<int> node_rank;           ///< --node-rank; static: rank 0 hosts the store
@@ -12832,11 +12840,17 @@ ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<
     plan.role_world_size.reserve(n);
     for (std::size_t g = 0; g < n; ++g) plan.role_world_size.push_back(role_workers[nodes[by_rank[g]].role]);
     plan.master = by_rank[0];
-    for (std::size_t g = 0; g < n; ++g) {
-        const auto& node = nodes[by_rank[g]];
-        if (node.hosts_store) plan.host_in = true;
-        if (node.hosts_store || node.backup_port == 0 || plan.successors.size() >= max_successors) continue;
-        plan.successors.push_back({node.id, node.store_addr, node.backup_port});
+    // Members whose idle server listens at a --rdzv-endpoint list's entry first: a newcomer
+    // looks for a moved store there.
+    for (const bool listed : {true, false}) {
+        for (std::size_t g = 0; g < n; ++g) {
+            const auto& node = nodes[by_rank[g]];
+            if (node.hosts_store) plan.host_in = true;
+            if (node.hosts_store || node.backup_port == 0 || node.backup_listed != listed ||
+                plan.successors.size() >= max_successors)
+                continue;
+            plan.successors.push_back({node.id, node.store_addr, node.backup_port});
+        }
     }
     plan.peers = peers_of(nodes);
     return plan;
@@ -14656,6 +14670,12 @@ public:
         }
         std::string connect_host = host;
         const auto deadline = std::chrono::steady_clock::now() + join_timeout;
+        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
+        std::optional<found_store> moved;
+        if (elastic_membership) moved = co_await find_moved_store();
+        if (moved) {
+            want_host = false;  // the job lives on elsewhere: a store here would split it
+        }
         if (want_host) {
             // A name: the address it resolves to on this node, not every interface.
             const auto bind_host = detail::rendezvous::bind_address_for(host);
@@ -14678,12 +14698,16 @@ public:
                 connect_host = listening;
             }
         }
-        current_host_ = connect_host;
-        current_port_ = server_ ? server_->port() : port;
-        const auto options = client_options(current_host_, current_port_, join_timeout);
-        client_ = std::make_unique<tcp_store_client>(executor_, options);
-        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
-        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        if (moved) {
+            adopt(std::move(moved->client), moved->options);
+        } else {
+            current_host_ = connect_host;
+            current_port_ = server_ ? server_->port() : port;
+            const auto options = client_options(current_host_, current_port_, join_timeout);
+            client_ = std::make_unique<tcp_store_client>(executor_, options);
+            watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+            lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        }
         try {
             co_await client_->connect();
         } catch (const store_auth_error& e) {
@@ -14708,10 +14732,7 @@ public:
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
-        if (!is_static && params_.nnodes.min < params_.nnodes.max && !server_) {
-            backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(params_).bind_host, 0));
-            backup_->start();
-        }
+        if (elastic_membership && !server_) start_backup();
         if (!params_.settings.secret && log_) {
             log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
                              "and steer this job; give every agent the job's secret (--rdzv-conf "
@@ -14836,6 +14857,7 @@ public:
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         me.id = node_id_;
         me.backup_port = backup_port();
+        me.backup_listed = backup_ && backup_listed_;
         co_return co_await rdzv_->next_round(std::move(me));
     }
 
@@ -14939,6 +14961,165 @@ private:
     std::unique_ptr<tcp_store_client> lease_;                 ///< holds this node's lease; observes losses
     std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
+    bool backup_listed_ = false;                              ///< backup_ listens at a --rdzv-endpoint list's entry
+
+    // The first --rdzv-endpoint list entry (after the first endpoint) that names an address of
+    // this node where it advertises itself: its idle store listens there.
+    [[nodiscard]] std::optional<host_port> listed_endpoint() const {
+        const auto bind = advertise(params_).bind_host;
+        for (const auto& next : params_.successor_endpoints) {
+            const auto owned = detail::rendezvous::owned_address(next.host);
+            if (!owned.empty() && owned == bind) return next;
+        }
+        return std::nullopt;
+    }
+
+    // This node's idle store server, where the job's store may move: at its --rdzv-endpoint list
+    // entry when it has one (where a newcomer looks), else on a free port.
+    void start_backup() {
+        const auto bind = advertise(params_).bind_host;
+        if (const auto listed = listed_endpoint()) {
+            try {
+                auto server = std::make_unique<tcp_store_server>(
+                    executor_, server_options(bind, listed->port.value_or(default_rendezvous_port(params_.backend))));
+                // Should the job's store move here, a newcomer reads the job's keep-alive.
+                server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+                server->start();
+                backup_ = std::move(server);
+                backup_listed_ = true;
+                return;
+            } catch (const store_error& e) {
+                if (log_) {
+                    log_(fmt::format("this node's idle store cannot listen at {} from the --rdzv-endpoint list ({}): "
+                                     "it takes a free port, where an agent started later does not look for the job",
+                                     to_string(*listed), e.what()));
+                }
+            }
+        }
+        backup_ = std::make_unique<tcp_store_server>(executor_, server_options(bind, 0));
+        backup_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+        backup_->start();
+    }
+
+    // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
+    struct found_store {
+        std::unique_ptr<tcp_store_client> client;
+        store_client_options options;
+    };
+
+    // Whether something accepts a connection at `next` (each address a name resolves to).
+    asio::awaitable<bool> anything_at(const host_port& next) {
+        const auto address = detail::rendezvous::literal_for(next.host);
+        if (detail::rendezvous::is_ip_literal(address)) co_return co_await accepts(address, next.port.value_or(0));
+        for (const auto& a : detail::rendezvous::resolve_all(address)) {
+            if (co_await accepts(a.to_string(), next.port.value_or(0))) co_return true;
+        }
+        co_return false;
+    }
+
+    // A store at `next` that holds the job's registrations, connected; nullopt when nothing
+    // answers there or what answers holds none. Every step is bounded by the keep-alive.
+    asio::awaitable<std::optional<found_store>> probe_job(const host_port& next) {
+        const auto port = next.port.value_or(default_rendezvous_port(params_.backend));
+        host_port where = next;  // (g++ 12: no braced temporary inside a co_await expression)
+        where.port = port;
+        if (!co_await anything_at(where)) co_return std::nullopt;
+        auto options = client_options(detail::rendezvous::literal_for(next.host), port, keep_alive_deadline());
+        options.timeout = keep_alive_deadline();
+        auto client = std::make_unique<tcp_store_client>(executor_, options);
+        try {
+            co_await client->connect();
+            std::vector<std::string> keys{job_key("registered")};
+            if (co_await client->check(std::move(keys))) co_return found_store{std::move(client), options};
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(to_string(where), e));
+        } catch (const store_error& e) {
+            if (log_) {
+                log_(fmt::format("the --rdzv-endpoint list names {}, which answers but is no store this node can "
+                                 "use ({}); looking on",
+                                 to_string(where), e.what()));
+            }
+        }
+        client->close();
+        co_return std::nullopt;
+    }
+
+    // The job's store may have moved to a member's idle server (its host was lost). A store at
+    // the first endpoint that holds the job's registrations is the job's: nothing to find.
+    // Else a store at one of the list's later entries that holds them and a formed round (the
+    // moved members' first round there, awaited for the time they take to notice the loss and
+    // form it) is the job's, and this node joins it there, as any node joins a running job,
+    // rather than host or dial the first endpoint, where a fresh store would start a second
+    // group of the job. Registrations without a round past that time (a minority that moved
+    // and could not form one) or a store that ends meanwhile: the search goes on.
+    asio::awaitable<std::optional<found_store>> find_moved_store() {
+        if (auto live = co_await probe_job(params_.endpoint)) {
+            live->client->close();
+            co_return std::nullopt;
+        }
+        const auto slice = keep_alive_deadline();
+        for (const auto& next : params_.successor_endpoints) {
+            if (next == params_.endpoint) continue;
+            auto found = co_await probe_job(next);
+            if (!found) continue;
+            const auto where = to_string(host_port{next.host, found->options.port});
+            auto& client = *found->client;
+            const auto deadline = std::chrono::steady_clock::now() + params_.settings.last_call_timeout + slice;
+            bool formed = false;
+            try {
+                for (bool told = false;;) {
+                    std::vector<std::string> keys{job_key("last_round")};
+                    if (co_await client.check(keys)) {
+                        formed = true;
+                        break;
+                    }
+                    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now());
+                    if (left.count() <= 0) break;
+                    if (!told && log_) {
+                        told = true;
+                        log_(fmt::format("the job's nodes registered at {} from the --rdzv-endpoint list: this node "
+                                         "waits up to {} s for them to form a round there",
+                                         where, seconds(left)));
+                    }
+                    try {
+                        co_await client.wait(std::move(keys), std::min(left, slice));
+                    } catch (const store_timeout&) {
+                    }
+                }
+            } catch (const store_error& e) {
+                if (log_) {
+                    log_(fmt::format("the job's rendezvous store at {} ended before this node found a round there "
+                                     "({}); looking on",
+                                     where, e.what()));
+                }
+                client.close();
+                continue;
+            }
+            if (!formed) {
+                if (log_) {
+                    log_(fmt::format("{} holds registrations of the job but no round it formed (nodes that moved "
+                                     "there without a majority): looking on",
+                                     where));
+                }
+                client.close();
+                continue;
+            }
+            if (log_) {
+                log_(fmt::format("the job's rendezvous store moved to {} from the --rdzv-endpoint list: this node "
+                                 "joins it there instead of at {}",
+                                 where, to_string(params_.endpoint)));
+            }
+            client.set_timeout(params_.settings.read_timeout);
+            found->options.timeout = params_.settings.read_timeout;
+            co_return std::move(found);
+        }
+        co_return std::nullopt;
+    }
+
+    [[nodiscard]] std::string job_key(std::string_view name) const {
+        return store_rendezvous<tcp_store_client>::job_key(params_.run_id, name);
+    }
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old
     // ones are closed but kept until the end (a coroutine may still be unwinding from them).
@@ -20586,6 +20767,7 @@ struct launch_config : worker_spec, agent_options {
     node_range nnodes;                                              ///< --nnodes
     rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
     std::optional<host_port> rdzv_endpoint;    ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::vector<host_port> rdzv_successors;    ///< c10d: the endpoints after the first in a --rdzv-endpoint list
     std::string rdzv_id = "none";              ///< --rdzv-id: the job id, namespaces store keys
     rendezvous_settings rdzv_conf;             ///< --rdzv-conf
     std::optional<int> node_rank;              ///< --node-rank; honoured by every backend when set
@@ -20631,6 +20813,10 @@ struct launch_config : worker_spec, agent_options {
         rendezvous_parameters p;
         p.backend = rdzv_backend;
         p.endpoint = rendezvous_endpoint();
+        for (auto next : rdzv_successors) {
+            if (!next.port) next.port = default_rendezvous_port(rdzv_backend);
+            p.successor_endpoints.push_back(std::move(next));
+        }
         p.port_given = rdzv_backend != rendezvous_backend::static_ || master_port || rdzv_endpoint;
         p.run_id = rdzv_id;
         p.nnodes = nnodes;
@@ -20801,7 +20987,9 @@ namespace elastic::inline v0 {
     line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
     line("run_id", config.rdzv_id);
     line("rdzv_backend", to_string(config.rdzv_backend));
-    line("rdzv_endpoint", to_string(config.rendezvous_endpoint()));
+    auto endpoints = to_string(config.rendezvous_endpoint());
+    for (const auto& next : config.rendezvous().successor_endpoints) endpoints += "," + to_string(next);
+    line("rdzv_endpoint", endpoints);
     line("rdzv_configs", rdzv_conf);
     line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
     line("local_addr", config.local_addr.value_or("(this host's name)"));
@@ -20950,6 +21138,24 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
         if (is_static && !c.rdzv_endpoint->port) {
             throw usage_error{
                 fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+        }
+    }
+    if (!c.rdzv_successors.empty() && c.rdzv_backend != rendezvous_backend::c10d) {
+        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend only (where its store may "
+                                      "move); the {} backend takes one endpoint",
+                                      label("rdzv_endpoint"), to_string(c.rdzv_backend))};
+    }
+    for (const auto& next : c.rdzv_successors) {
+        if (!valid_host(next.host)) {
+            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), to_string(next)))};
+        }
+        if (next.port == 0) {
+            throw usage_error{fmt::format("{}: port 0 picks a free port that other nodes cannot know",
+                                          show(label("rdzv_endpoint"), to_string(next)))};
+        }
+        if (next.host == "0.0.0.0" || next.host == "::" || next.host == "0") {
+            throw usage_error{fmt::format("{}: names no host (every address); name the member's host",
+                                          show(label("rdzv_endpoint"), to_string(next)))};
         }
     }
     const auto endpoint = c.rendezvous_endpoint();
@@ -21320,10 +21526,12 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "Rendezvous implementation: static (fixed membership, node 0 hosts the store at --master-addr), c10d "
      "(elastic, a TCP store hosted by one agent at --rdzv-endpoint) or etcd-v3 (elastic, an etcd server's "
      "v3 API). torchrun's etcd and etcd-v2 use etcd's removed v2 API and are refused."},
-    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT]", "", option_state::implemented,
-     2,
+    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT][,...]", "",
+     option_state::implemented, 2,
      "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
-     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port."},
+     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port. c10d takes a list: the "
+     "store starts at the first; the agent on each other host listed keeps its idle store there, where the "
+     "store may move and where a new agent looks for the job first."},
     {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
      "Job id shared by every node of the job; it namespaces the rendezvous."},
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
@@ -21794,7 +22002,32 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
         }
         if (const auto v = raw("rdzv_endpoint"); v && !detail::launch::trim(v->text).empty()) {
-            config.rdzv_endpoint = parse_host_port(v->text, v->name);
+            // c10d takes a list: the store's endpoint first, then where it may move (validate()
+            // refuses a list for the other backends).
+            std::string_view remaining = v->text;
+            for (bool first = true;; first = false) {
+                const auto comma = remaining.find(',');
+                const auto one = remaining.substr(0, comma);
+                if (detail::launch::trim(one).empty()) {
+                    throw usage_error{
+                        fmt::format("{}: an empty endpoint in the list (want host[:port],host[:port],...)",
+                                    detail::launch::show(v->name, v->text))};
+                }
+                auto endpoint = parse_host_port(one, v->name);
+                if (first) {
+                    config.rdzv_endpoint = std::move(endpoint);
+                } else {
+                    config.rdzv_successors.push_back(std::move(endpoint));
+                }
+                if (comma == std::string_view::npos) break;
+                remaining.remove_prefix(comma + 1);
+            }
+            if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max) {
+                config.warnings.push_back(fmt::format(
+                    "{}: with a fixed --nnodes the rendezvous store never moves, so only the first endpoint is "
+                    "used (a list names where an elastic job's store may move)",
+                    detail::launch::show(v->name, v->text)));
+            }
         }
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;

@@ -465,6 +465,26 @@ TEST_CASE("launch: rendezvous options: elastic ranges, endpoints, IPv6, backends
           std::string::npos);
     CHECK(usage_error_of({"--rdzv-endpoint=h:1", "--master-port=2", f.program}, f.env).find("give one") !=
           std::string::npos);
+    // c10d takes a list: the store's endpoint, then where it may move (ports defaulted), as
+    // PET_RDZV_ENDPOINT too.
+    const auto listed = parse({"--nnodes=2:3", "--rdzv-backend=c10d", "--rdzv-endpoint=a:1,[::1],c", f.program}, f.env);
+    CHECK(listed.rendezvous_endpoint() == elastic::host_port{"a", 1});
+    const auto params = listed.rendezvous();
+    CHECK(params.endpoint == elastic::host_port{"a", 1});
+    CHECK(params.successor_endpoints ==
+          std::vector<elastic::host_port>{elastic::host_port{"::1", 29400}, elastic::host_port{"c", 29400}});
+    env = f.env;
+    env["PET_RDZV_ENDPOINT"] = "a:1,b:2";
+    CHECK(parse({"--nnodes=2:3", "--rdzv-backend=c10d", f.program}, env).rendezvous().successor_endpoints ==
+          std::vector<elastic::host_port>{elastic::host_port{"b", 2}});
+    CHECK(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=a:1", f.program}, f.env)
+              .rendezvous()
+              .successor_endpoints.empty());
+    CHECK(listed.warnings.empty());
+    // A fixed --nnodes: the store never moves, and the list is said to be unused.
+    const auto fixed = parse({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=a:1,b:2", f.program}, f.env);
+    REQUIRE(fixed.warnings.size() == 1);
+    CHECK(fixed.warnings[0].find("only the first endpoint is used") != std::string::npos);
 }
 
 TEST_CASE("launch: shutdown timeout falls back on TORCH_ELASTIC_SHUTDOWN_TIMEOUT, LOGLEVEL and the prefix template") {
@@ -548,6 +568,14 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
         {{"--rdzv-endpoint=[::1", p}, "]"},
         {{"--rdzv-endpoint=h:x", p}, "--rdzv-endpoint=h:x"},
         {{"--rdzv-endpoint=h", p}, "needs a port"},  // static
+        {{"--rdzv-endpoint=h:1,g:2", p}, "c10d backend only"},
+        {{"--rdzv-backend=etcd-v3", "--rdzv-endpoint=h:1,g:2", p}, "c10d backend only"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,,g:2", p}, "an empty endpoint"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,", p}, "an empty endpoint"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,g:x", p}, "g:x"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,g:0", p}, "port 0"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,bad_host!", p}, "bad host name"},
+        {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,0.0.0.0:2", p}, "names no host"},
         {{"--rdzv-backend=c10d", "--nnodes=2", "--rdzv-endpoint=h:0", p}, "port 0"},
         {{"--rdzv-conf=timeout", p}, "--rdzv-conf=timeout"},
         {{"--rdzv-conf=timeout=", p}, "key=value"},

@@ -130,6 +130,7 @@ struct job {
     int nproc = 1;
     std::string loglevel = "WARNING";  // for the agents started from then on
     std::string keep = keep_alive;     // the keep-alive keys of the agents started from then on
+    std::string endpoint;              // --rdzv-endpoint; empty: 127.0.0.1:<port>
     std::vector<std::unique_ptr<launched>> agents;
 
     /// Starts the next agent. `host`: is_host=true (it hosts the rendezvous store), else
@@ -138,7 +139,8 @@ struct job {
                     const std::vector<std::string>& extra = {}) {
         const int node = static_cast<int>(agents.size());
         std::vector<std::string> args{"--rdzv-backend=c10d",
-                                      fmt::format("--rdzv-endpoint=127.0.0.1:{}", port),
+                                      endpoint.empty() ? fmt::format("--rdzv-endpoint=127.0.0.1:{}", port)
+                                                       : fmt::format("--rdzv-endpoint={}", endpoint),
                                       fmt::format("--rdzv-id={}", id),
                                       fmt::format("--nnodes={}", nnodes),
                                       fmt::format("--nproc-per-node={}", nproc),
@@ -173,13 +175,16 @@ world_line ended_in_one_world(job& j, int node, int world) {
     return lines[0];
 }
 
-/// Ends a job whose every agent runs, last, a worker in a world of `world` (one per node, rule
-/// "trap"): each such worker's "ready" line is awaited and it gets SIGUSR1, which ends it with 0.
-/// Checks their ranks are 0..world-1, that no restart was spent (attempt 0: membership restarts
-/// only), and that every agent exits 0.
-void end_job_in_world(job& j, int world) {
+/// Ends a job whose every agent (or those of `nodes`) runs, last, a worker in a world of `world`
+/// (one per node, rule "trap"): each such worker's "ready" line is awaited and it gets SIGUSR1,
+/// which ends it with 0. Checks their ranks are 0..world-1, that no restart was spent (attempt 0:
+/// membership restarts only), and that every such agent exits 0.
+void end_job_in_world(job& j, int world, std::vector<int> nodes = {}) {
+    if (nodes.empty()) {
+        for (int node = 0; node < j.size(); ++node) nodes.push_back(node);
+    }
     std::set<int> ranks;
-    for (int node = 0; node < j.size(); ++node) {
+    for (const int node : nodes) {
         CAPTURE(node);
         await_lines(j[node], "ready ", static_cast<int>(worlds(j[node].out()).size()));
         const auto lines = worlds(j[node].out(), world);
@@ -191,7 +196,7 @@ void end_job_in_world(job& j, int world) {
     std::set<int> expected;
     for (int r = 0; r < world; ++r) expected.insert(r);
     CHECK(ranks == expected);
-    for (int node = 0; node < j.size(); ++node) {
+    for (const int node : nodes) {
         CAPTURE(node);
         const int code = j[node].wait();
         INFO("stdout:\n" << j[node].out());
@@ -558,6 +563,51 @@ TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves wit
         CHECK(code == 0);
     }
     for (const auto& w : last) CHECK(reaped(w.pid));
+}
+
+TEST_CASE("rendezvous elastic: an agent started after the store's host was lost finds where the store moved "
+          "through the --rdzv-endpoint list") {
+    job j("listed");
+    j.nnodes = "2:3";
+    const int moved_port = free_port();
+    j.endpoint = fmt::format("127.0.0.1:{},127.0.0.2:{},127.0.0.3:{}", j.port, moved_port, free_port());
+    const std::string rules = "*:world+trap";
+    const std::string conf = "join_timeout=120";
+    // Node ranks fix the group ranks, so the first listed successor is node 1's idle store.
+    j.start(rules, true, conf, {"--local-addr=127.0.0.1", "--node-rank=0"});
+    j.start(rules, false, conf, {"--local-addr=127.0.0.2", "--node-rank=1"});
+    j.start(rules, false, conf, {"--local-addr=127.0.0.3", "--node-rank=2"});
+    for (const int node : {0, 1, 2}) await_lines(j[node], "world 3 ");
+
+    // The store's host is lost: the others move to the first listed member's idle store, which
+    // listens at its entry of the list.
+    const auto hosts_worker = worlds(j[0].out(), 3).at(0).pid;
+    j[0].signal(SIGKILL);
+    CHECK(ended(hosts_worker));
+    CHECK(j[0].wait() == 128 + SIGKILL);
+    for (const int node : {1, 2}) {
+        await_lines(j[node], "world 2 ");
+        CHECK(has(j[node].err(), fmt::format("the job's rendezvous moves to 127.0.0.2:{}", moved_port)));
+    }
+
+    // The lost host's agent started again, as before (it would host a fresh store at the first
+    // endpoint, and wait there for nodes that never come): it finds the job at the list's
+    // second entry and is admitted into a world of 3.
+    j.loglevel = "INFO";
+    auto& again = j.start(rules, true, conf, {"--local-addr=127.0.0.1"});
+    await_lines(again, "world 3 ");
+    for (const int node : {1, 2}) await_lines(j[node], "world 3 ", 2);
+    CHECK(has(again.err(), fmt::format("the job's rendezvous store moved to 127.0.0.2:{}", moved_port)));
+    // And no store at the first endpoint: a second group of the job could have met there.
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(probe >= 0);
+    sockaddr_in first{};
+    first.sin_family = AF_INET;
+    first.sin_port = htons(static_cast<std::uint16_t>(j.port));
+    first.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(::connect(probe, reinterpret_cast<const sockaddr*>(&first), sizeof first) == -1);
+    ::close(probe);
+    end_job_in_world(j, 3, {1, 2, 3});
 }
 
 TEST_CASE("rendezvous elastic: an agent given another keep-alive than the store's host heartbeats by the host's") {

@@ -1,6 +1,7 @@
 // The round planner: what a round is from its members alone (group ranks, rank bases, the
 // world size, the master, the store's successors, the peers) and what an arrival or a seal
 // leads to. Pure functions: no store, no coroutines.
+#include <elastic/rendezvous/codec.hpp>
 #include <elastic/rendezvous/concepts.hpp>
 #include <elastic/rendezvous/planner.hpp>
 
@@ -146,6 +147,31 @@ TEST_CASE("planner: successors are the first members by group rank with an idle 
     CHECK(plan.successors[1].id == "id2");
     CHECK(plan.successors[2].id == "id1");
     CHECK(plan.master == 5);
+}
+
+TEST_CASE("planner: members whose idle server listens at a --rdzv-endpoint list's entry are successors first") {
+    std::vector<node_info> nodes;
+    for (int i = 0; i < 5; ++i) {
+        auto n = info(i);
+        n.id = "id" + std::to_string(i);
+        n.backup_port = static_cast<std::uint16_t>(2000 + i);
+        n.previous_rank = i;
+        nodes.push_back(n);
+    }
+    nodes[0].hosts_store = true;
+    nodes[0].backup_port = 0;
+    nodes[4].backup_listed = true;
+    nodes[2].backup_listed = true;
+    const auto planned = rdzv::plan_round(nodes, false);
+    REQUIRE(std::holds_alternative<rdzv::round_plan>(planned));
+    const auto& plan = std::get<rdzv::round_plan>(planned);
+    REQUIRE(plan.successors.size() == rdzv::max_successors);
+    CHECK(plan.successors[0].id == "id2");  // listed, by group rank
+    CHECK(plan.successors[1].id == "id4");
+    CHECK(plan.successors[2].id == "id1");  // then the others
+    // The flag travels in the node's record.
+    CHECK(rdzv::decode_node(rdzv::encode(nodes[4])).backup_listed);
+    CHECK_FALSE(rdzv::decode_node(rdzv::encode(nodes[1])).backup_listed);
 }
 
 TEST_CASE("planner: what an arrival does, fixed and elastic membership, and after the store moved") {

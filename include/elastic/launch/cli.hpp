@@ -112,10 +112,12 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      "Rendezvous implementation: static (fixed membership, node 0 hosts the store at --master-addr), c10d "
      "(elastic, a TCP store hosted by one agent at --rdzv-endpoint) or etcd-v3 (elastic, an etcd server's "
      "v3 API). torchrun's etcd and etcd-v2 use etcd's removed v2 API and are refused."},
-    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT]", "", option_state::implemented,
-     2,
+    {"--rdzv-endpoint,--rdzv_endpoint", "rdzv_endpoint", false, true, "HOST[:PORT][,...]", "",
+     option_state::implemented, 2,
      "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
-     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port."},
+     "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port. c10d takes a list: the "
+     "store starts at the first; the agent on each other host listed keeps its idle store there, where the "
+     "store may move and where a new agent looks for the job first."},
     {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
      "Job id shared by every node of the job; it namespaces the rendezvous."},
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
@@ -586,7 +588,32 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             config.rdzv_backend = parse_rendezvous_backend(v->text, v->name);
         }
         if (const auto v = raw("rdzv_endpoint"); v && !detail::launch::trim(v->text).empty()) {
-            config.rdzv_endpoint = parse_host_port(v->text, v->name);
+            // c10d takes a list: the store's endpoint first, then where it may move (validate()
+            // refuses a list for the other backends).
+            std::string_view remaining = v->text;
+            for (bool first = true;; first = false) {
+                const auto comma = remaining.find(',');
+                const auto one = remaining.substr(0, comma);
+                if (detail::launch::trim(one).empty()) {
+                    throw usage_error{
+                        fmt::format("{}: an empty endpoint in the list (want host[:port],host[:port],...)",
+                                    detail::launch::show(v->name, v->text))};
+                }
+                auto endpoint = parse_host_port(one, v->name);
+                if (first) {
+                    config.rdzv_endpoint = std::move(endpoint);
+                } else {
+                    config.rdzv_successors.push_back(std::move(endpoint));
+                }
+                if (comma == std::string_view::npos) break;
+                remaining.remove_prefix(comma + 1);
+            }
+            if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max) {
+                config.warnings.push_back(fmt::format(
+                    "{}: with a fixed --nnodes the rendezvous store never moves, so only the first endpoint is "
+                    "used (a list names where an elastic job's store may move)",
+                    detail::launch::show(v->name, v->text)));
+            }
         }
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;

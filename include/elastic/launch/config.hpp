@@ -49,6 +49,7 @@ struct launch_config : worker_spec, agent_options {
     node_range nnodes;                                              ///< --nnodes
     rendezvous_backend rdzv_backend = rendezvous_backend::static_;  ///< --rdzv-backend
     std::optional<host_port> rdzv_endpoint;    ///< --rdzv-endpoint; unset: see rendezvous_endpoint()
+    std::vector<host_port> rdzv_successors;    ///< c10d: the endpoints after the first in a --rdzv-endpoint list
     std::string rdzv_id = "none";              ///< --rdzv-id: the job id, namespaces store keys
     rendezvous_settings rdzv_conf;             ///< --rdzv-conf
     std::optional<int> node_rank;              ///< --node-rank; honoured by every backend when set
@@ -94,6 +95,10 @@ struct launch_config : worker_spec, agent_options {
         rendezvous_parameters p;
         p.backend = rdzv_backend;
         p.endpoint = rendezvous_endpoint();
+        for (auto next : rdzv_successors) {
+            if (!next.port) next.port = default_rendezvous_port(rdzv_backend);
+            p.successor_endpoints.push_back(std::move(next));
+        }
         p.port_given = rdzv_backend != rendezvous_backend::static_ || master_port || rdzv_endpoint;
         p.run_id = rdzv_id;
         p.nnodes = nnodes;
@@ -264,7 +269,9 @@ namespace elastic::inline v0 {
     line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
     line("run_id", config.rdzv_id);
     line("rdzv_backend", to_string(config.rdzv_backend));
-    line("rdzv_endpoint", to_string(config.rendezvous_endpoint()));
+    auto endpoints = to_string(config.rendezvous_endpoint());
+    for (const auto& next : config.rendezvous().successor_endpoints) endpoints += "," + to_string(next);
+    line("rdzv_endpoint", endpoints);
     line("rdzv_configs", rdzv_conf);
     line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
     line("local_addr", config.local_addr.value_or("(this host's name)"));
@@ -413,6 +420,24 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
         if (is_static && !c.rdzv_endpoint->port) {
             throw usage_error{
                 fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+        }
+    }
+    if (!c.rdzv_successors.empty() && c.rdzv_backend != rendezvous_backend::c10d) {
+        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend only (where its store may "
+                                      "move); the {} backend takes one endpoint",
+                                      label("rdzv_endpoint"), to_string(c.rdzv_backend))};
+    }
+    for (const auto& next : c.rdzv_successors) {
+        if (!valid_host(next.host)) {
+            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), to_string(next)))};
+        }
+        if (next.port == 0) {
+            throw usage_error{fmt::format("{}: port 0 picks a free port that other nodes cannot know",
+                                          show(label("rdzv_endpoint"), to_string(next)))};
+        }
+        if (next.host == "0.0.0.0" || next.host == "::" || next.host == "0") {
+            throw usage_error{fmt::format("{}: names no host (every address); name the member's host",
+                                          show(label("rdzv_endpoint"), to_string(next)))};
         }
     }
     const auto endpoint = c.rendezvous_endpoint();

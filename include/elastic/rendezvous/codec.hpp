@@ -252,6 +252,7 @@ ELASTIC_DECL std::string encode(const node_info& i) {
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
+    if (i.backup_listed) j["listed"] = true;
     if (i.hosts_store) j["hosts_store"] = true;
     if (!i.addrs.empty()) j["addrs"] = i.addrs;
     return j.dump();
@@ -272,6 +273,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
         if (j.contains("id")) i.id = lease_name(j, "id");
         if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
+        i.backup_listed = field_bool(j, "listed", false);
         i.hosts_store = field_bool(j, "hosts_store", false);
         if (const auto it = j.find("addrs"); it != j.end()) {
             if (!it->is_array() || it->size() > max_addrs)

@@ -28,6 +28,7 @@ struct node_info {
     long pid = 0;                      ///< the agent's process id, for messages
     std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
     std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
+    bool backup_listed = false;        ///< that server listens at a --rdzv-endpoint list's entry
     bool hosts_store = false;          ///< it hosts the rendezvous store now
     /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
     /// connections to group rank 0's workers' store may come from.

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -104,6 +105,10 @@ struct rendezvous_parameters {
     /// single node binds the workers' store there only when it was given: two one-node jobs on
     /// a host would otherwise collide on the static backend's 29500.
     bool port_given = false;
+    /// c10d: the endpoints after the first in a --rdzv-endpoint list, ports defaulted: members'
+    /// hosts whose idle store servers listen there, where the job's store may move and where a
+    /// newcomer looks for it before it hosts or dials `endpoint` (docs/rendezvous.md).
+    std::vector<host_port> successor_endpoints;
     std::string run_id = "none";            ///< --rdzv-id: the job id, namespaces store keys
     node_range nnodes;                      ///< --nnodes
     std::optional<int> node_rank;           ///< --node-rank; static: rank 0 hosts the store

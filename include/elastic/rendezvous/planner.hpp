@@ -211,11 +211,17 @@ ELASTIC_DECL std::variant<round_plan, std::string> plan_round(const std::vector<
     plan.role_world_size.reserve(n);
     for (std::size_t g = 0; g < n; ++g) plan.role_world_size.push_back(role_workers[nodes[by_rank[g]].role]);
     plan.master = by_rank[0];
-    for (std::size_t g = 0; g < n; ++g) {
-        const auto& node = nodes[by_rank[g]];
-        if (node.hosts_store) plan.host_in = true;
-        if (node.hosts_store || node.backup_port == 0 || plan.successors.size() >= max_successors) continue;
-        plan.successors.push_back({node.id, node.store_addr, node.backup_port});
+    // Members whose idle server listens at a --rdzv-endpoint list's entry first: a newcomer
+    // looks for a moved store there.
+    for (const bool listed : {true, false}) {
+        for (std::size_t g = 0; g < n; ++g) {
+            const auto& node = nodes[by_rank[g]];
+            if (node.hosts_store) plan.host_in = true;
+            if (node.hosts_store || node.backup_port == 0 || node.backup_listed != listed ||
+                plan.successors.size() >= max_successors)
+                continue;
+            plan.successors.push_back({node.id, node.store_addr, node.backup_port});
+        }
     }
     plan.peers = peers_of(nodes);
     return plan;

@@ -180,6 +180,12 @@ public:
         }
         std::string connect_host = host;
         const auto deadline = std::chrono::steady_clock::now() + join_timeout;
+        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
+        std::optional<found_store> moved;
+        if (elastic_membership) moved = co_await find_moved_store();
+        if (moved) {
+            want_host = false;  // the job lives on elsewhere: a store here would split it
+        }
         if (want_host) {
             // A name: the address it resolves to on this node, not every interface.
             const auto bind_host = detail::rendezvous::bind_address_for(host);
@@ -202,12 +208,16 @@ public:
                 connect_host = listening;
             }
         }
-        current_host_ = connect_host;
-        current_port_ = server_ ? server_->port() : port;
-        const auto options = client_options(current_host_, current_port_, join_timeout);
-        client_ = std::make_unique<tcp_store_client>(executor_, options);
-        watcher_ = std::make_unique<tcp_store_client>(executor_, options);
-        lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        if (moved) {
+            adopt(std::move(moved->client), moved->options);
+        } else {
+            current_host_ = connect_host;
+            current_port_ = server_ ? server_->port() : port;
+            const auto options = client_options(current_host_, current_port_, join_timeout);
+            client_ = std::make_unique<tcp_store_client>(executor_, options);
+            watcher_ = std::make_unique<tcp_store_client>(executor_, options);
+            lease_ = std::make_unique<tcp_store_client>(executor_, options);
+        }
         try {
             co_await client_->connect();
         } catch (const store_auth_error& e) {
@@ -232,10 +242,7 @@ public:
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
-        if (!is_static && params_.nnodes.min < params_.nnodes.max && !server_) {
-            backup_ = std::make_unique<tcp_store_server>(executor_, server_options(advertise(params_).bind_host, 0));
-            backup_->start();
-        }
+        if (elastic_membership && !server_) start_backup();
         if (!params_.settings.secret && log_) {
             log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
                              "and steer this job; give every agent the job's secret (--rdzv-conf "
@@ -360,6 +367,7 @@ public:
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         me.id = node_id_;
         me.backup_port = backup_port();
+        me.backup_listed = backup_ && backup_listed_;
         co_return co_await rdzv_->next_round(std::move(me));
     }
 
@@ -463,6 +471,165 @@ private:
     std::unique_ptr<tcp_store_client> lease_;                 ///< holds this node's lease; observes losses
     std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
+    bool backup_listed_ = false;                              ///< backup_ listens at a --rdzv-endpoint list's entry
+
+    // The first --rdzv-endpoint list entry (after the first endpoint) that names an address of
+    // this node where it advertises itself: its idle store listens there.
+    [[nodiscard]] std::optional<host_port> listed_endpoint() const {
+        const auto bind = advertise(params_).bind_host;
+        for (const auto& next : params_.successor_endpoints) {
+            const auto owned = detail::rendezvous::owned_address(next.host);
+            if (!owned.empty() && owned == bind) return next;
+        }
+        return std::nullopt;
+    }
+
+    // This node's idle store server, where the job's store may move: at its --rdzv-endpoint list
+    // entry when it has one (where a newcomer looks), else on a free port.
+    void start_backup() {
+        const auto bind = advertise(params_).bind_host;
+        if (const auto listed = listed_endpoint()) {
+            try {
+                auto server = std::make_unique<tcp_store_server>(
+                    executor_, server_options(bind, listed->port.value_or(default_rendezvous_port(params_.backend))));
+                // Should the job's store move here, a newcomer reads the job's keep-alive.
+                server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+                server->start();
+                backup_ = std::move(server);
+                backup_listed_ = true;
+                return;
+            } catch (const store_error& e) {
+                if (log_) {
+                    log_(fmt::format("this node's idle store cannot listen at {} from the --rdzv-endpoint list ({}): "
+                                     "it takes a free port, where an agent started later does not look for the job",
+                                     to_string(*listed), e.what()));
+                }
+            }
+        }
+        backup_ = std::make_unique<tcp_store_server>(executor_, server_options(bind, 0));
+        backup_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+        backup_->start();
+    }
+
+    // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
+    struct found_store {
+        std::unique_ptr<tcp_store_client> client;
+        store_client_options options;
+    };
+
+    // Whether something accepts a connection at `next` (each address a name resolves to).
+    asio::awaitable<bool> anything_at(const host_port& next) {
+        const auto address = detail::rendezvous::literal_for(next.host);
+        if (detail::rendezvous::is_ip_literal(address)) co_return co_await accepts(address, next.port.value_or(0));
+        for (const auto& a : detail::rendezvous::resolve_all(address)) {
+            if (co_await accepts(a.to_string(), next.port.value_or(0))) co_return true;
+        }
+        co_return false;
+    }
+
+    // A store at `next` that holds the job's registrations, connected; nullopt when nothing
+    // answers there or what answers holds none. Every step is bounded by the keep-alive.
+    asio::awaitable<std::optional<found_store>> probe_job(const host_port& next) {
+        const auto port = next.port.value_or(default_rendezvous_port(params_.backend));
+        host_port where = next;  // (g++ 12: no braced temporary inside a co_await expression)
+        where.port = port;
+        if (!co_await anything_at(where)) co_return std::nullopt;
+        auto options = client_options(detail::rendezvous::literal_for(next.host), port, keep_alive_deadline());
+        options.timeout = keep_alive_deadline();
+        auto client = std::make_unique<tcp_store_client>(executor_, options);
+        try {
+            co_await client->connect();
+            std::vector<std::string> keys{job_key("registered")};
+            if (co_await client->check(std::move(keys))) co_return found_store{std::move(client), options};
+        } catch (const store_auth_error& e) {
+            throw rendezvous_error(secret_refused(to_string(where), e));
+        } catch (const store_error& e) {
+            if (log_) {
+                log_(fmt::format("the --rdzv-endpoint list names {}, which answers but is no store this node can "
+                                 "use ({}); looking on",
+                                 to_string(where), e.what()));
+            }
+        }
+        client->close();
+        co_return std::nullopt;
+    }
+
+    // The job's store may have moved to a member's idle server (its host was lost). A store at
+    // the first endpoint that holds the job's registrations is the job's: nothing to find.
+    // Else a store at one of the list's later entries that holds them and a formed round (the
+    // moved members' first round there, awaited for the time they take to notice the loss and
+    // form it) is the job's, and this node joins it there, as any node joins a running job,
+    // rather than host or dial the first endpoint, where a fresh store would start a second
+    // group of the job. Registrations without a round past that time (a minority that moved
+    // and could not form one) or a store that ends meanwhile: the search goes on.
+    asio::awaitable<std::optional<found_store>> find_moved_store() {
+        if (auto live = co_await probe_job(params_.endpoint)) {
+            live->client->close();
+            co_return std::nullopt;
+        }
+        const auto slice = keep_alive_deadline();
+        for (const auto& next : params_.successor_endpoints) {
+            if (next == params_.endpoint) continue;
+            auto found = co_await probe_job(next);
+            if (!found) continue;
+            const auto where = to_string(host_port{next.host, found->options.port});
+            auto& client = *found->client;
+            const auto deadline = std::chrono::steady_clock::now() + params_.settings.last_call_timeout + slice;
+            bool formed = false;
+            try {
+                for (bool told = false;;) {
+                    std::vector<std::string> keys{job_key("last_round")};
+                    if (co_await client.check(keys)) {
+                        formed = true;
+                        break;
+                    }
+                    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now());
+                    if (left.count() <= 0) break;
+                    if (!told && log_) {
+                        told = true;
+                        log_(fmt::format("the job's nodes registered at {} from the --rdzv-endpoint list: this node "
+                                         "waits up to {} s for them to form a round there",
+                                         where, seconds(left)));
+                    }
+                    try {
+                        co_await client.wait(std::move(keys), std::min(left, slice));
+                    } catch (const store_timeout&) {
+                    }
+                }
+            } catch (const store_error& e) {
+                if (log_) {
+                    log_(fmt::format("the job's rendezvous store at {} ended before this node found a round there "
+                                     "({}); looking on",
+                                     where, e.what()));
+                }
+                client.close();
+                continue;
+            }
+            if (!formed) {
+                if (log_) {
+                    log_(fmt::format("{} holds registrations of the job but no round it formed (nodes that moved "
+                                     "there without a majority): looking on",
+                                     where));
+                }
+                client.close();
+                continue;
+            }
+            if (log_) {
+                log_(fmt::format("the job's rendezvous store moved to {} from the --rdzv-endpoint list: this node "
+                                 "joins it there instead of at {}",
+                                 where, to_string(params_.endpoint)));
+            }
+            client.set_timeout(params_.settings.read_timeout);
+            found->options.timeout = params_.settings.read_timeout;
+            co_return std::move(found);
+        }
+        co_return std::nullopt;
+    }
+
+    [[nodiscard]] std::string job_key(std::string_view name) const {
+        return store_rendezvous<tcp_store_client>::job_key(params_.run_id, name);
+    }
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old
     // ones are closed but kept until the end (a coroutine may still be unwinding from them).
