@@ -14975,17 +14975,13 @@ private:
     }
 
     // This node's idle store server, where the job's store may move: at its --rdzv-endpoint list
-    // entry when it has one (where a newcomer looks), else on a free port.
+    // entry when it has one (where a newcomer looks), else on a free port. It holds the job's
+    // keep-alive, which a newcomer reads should the job's store move here.
     void start_backup() {
         const auto bind = advertise(params_).bind_host;
         if (const auto listed = listed_endpoint()) {
             try {
-                auto server = std::make_unique<tcp_store_server>(
-                    executor_, server_options(bind, listed->port.value_or(default_rendezvous_port(params_.backend))));
-                // Should the job's store move here, a newcomer reads the job's keep-alive.
-                server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
-                server->start();
-                backup_ = std::move(server);
+                backup_ = serve_job(bind, listed->port.value_or(default_rendezvous_port(params_.backend)));
                 backup_listed_ = true;
                 return;
             } catch (const store_error& e) {
@@ -14996,9 +14992,17 @@ private:
                 }
             }
         }
-        backup_ = std::make_unique<tcp_store_server>(executor_, server_options(bind, 0));
-        backup_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
-        backup_->start();
+        backup_ = serve_job(bind, 0);
+    }
+
+    // A started store server at bind_host:port that holds the job's keep-alive before anyone can
+    // connect (an agent that read it a moment too early would heartbeat by its own values:
+    // agree_keep_alive). store_error when it cannot listen.
+    std::unique_ptr<tcp_store_server> serve_job(const std::string& bind_host, std::uint16_t port) {
+        auto server = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
+        server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+        server->start();
+        return server;
     }
 
     // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
@@ -15169,9 +15173,7 @@ private:
         lease_ = std::make_unique<tcp_store_client>(executor_, client_options(current_host_, current_port_, patience));
     }
 
-    [[nodiscard]] std::string keep_alive_key() const {
-        return store_rendezvous<tcp_store_client>::job_key(params_.run_id, "keep_alive");
-    }
+    [[nodiscard]] std::string keep_alive_key() const { return job_key("keep_alive"); }
     [[nodiscard]] std::string keep_alive_text() const {
         return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
                            params_.settings.keep_alive_max_attempt);
@@ -15187,11 +15189,7 @@ private:
     // Hosts the store at bind_host:port (nullopt), or says why not.
     std::optional<host_refusal> try_host(const std::string& bind_host, std::uint16_t port) {
         try {
-            server_ = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
-            // The job's keep-alive is in the store before anyone can connect (an agent that
-            // read it a moment too early would heartbeat by its own values: agree_keep_alive).
-            server_->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
-            server_->start();
+            server_ = serve_job(bind_host, port);
             return std::nullopt;
         } catch (const store_listen_error& e) {
             server_.reset();
