@@ -22,6 +22,7 @@
 //     hang     print "ready <rank> <attempt> <pid>", then wait forever (signals act by default)
 //     trap     handle HUP INT QUIT TERM USR1 USR2; print "ready ..."; on a signal print
 //              "got <rank> <signal number>" and exit 0
+//     trapgo   trap, but on the signal first wait for the "go" file (a worker slow to stop)
 //     ignore   ignore SIGTERM; print "ready ..."; wait forever (only SIGKILL ends it)
 //   Without a matching rule, or after the last step: exit 0.
 // Every line goes out in one write(2), so lines of different workers never mix.
@@ -199,7 +200,7 @@ int main(int argc, char** argv) {
         } else if (step == "hang") {
             ready();
             for (;;) ::pause();
-        } else if (step == "trap") {
+        } else if (step == "trap" || step == "trapgo") {
             sigset_t block;
             sigset_t old;
             sigemptyset(&block);
@@ -210,6 +211,7 @@ int main(int argc, char** argv) {
             ::sigprocmask(SIG_BLOCK, &block, &old);
             ready();
             while (received == 0) ::sigsuspend(&old);
+            if (step == "trapgo") wait_for_go();
             say(1, fmt::format("got {} {}\n", rank, static_cast<int>(received)));
             return 0;
         } else if (step == "ignore") {

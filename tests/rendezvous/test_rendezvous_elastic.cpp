@@ -567,7 +567,13 @@ TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves wit
 
 TEST_CASE("rendezvous elastic: an agent started after the store's host was lost finds where the store moved "
           "through the --rdzv-endpoint list") {
-    job j("listed");
+    // At once: while the others still stop their workers before they move the store (their
+    // workers hold on until the test says go), the lost host's port is free, and the listed
+    // stores are idle but marked as a formed round's members'.
+    bool at_once = false;
+    SUBCASE("started after the others moved") {}
+    SUBCASE("started while the others still stop their workers, before they moved") { at_once = true; }
+    job j(at_once ? "listednow" : "listed");
     j.nnodes = "2:3";
     const int moved_port = free_port();
     j.endpoint = fmt::format("127.0.0.1:{},127.0.0.2:{},127.0.0.3:{}", j.port, moved_port, free_port());
@@ -575,8 +581,12 @@ TEST_CASE("rendezvous elastic: an agent started after the store's host was lost 
     const std::string conf = "join_timeout=120";
     // Node ranks fix the group ranks, so the first listed successor is node 1's idle store.
     j.start(rules, true, conf, {"--local-addr=127.0.0.1", "--node-rank=0"});
-    j.start(rules, false, conf, {"--local-addr=127.0.0.2", "--node-rank=1"});
-    j.start(rules, false, conf, {"--local-addr=127.0.0.3", "--node-rank=2"});
+    for (const int node : {1, 2}) {
+        std::vector<std::string> extra{fmt::format("--local-addr=127.0.0.{}", node + 1),
+                                       fmt::format("--node-rank={}", node)};
+        if (at_once) extra.emplace_back("--shutdown-timeout=600");  // no SIGKILL: the test says go
+        j.start(at_once ? "*:world+trapgo" : rules, false, conf, extra);
+    }
     for (const int node : {0, 1, 2}) await_lines(j[node], "world 3 ");
 
     // The store's host is lost: the others move to the first listed member's idle store, which
@@ -585,18 +595,28 @@ TEST_CASE("rendezvous elastic: an agent started after the store's host was lost 
     j[0].signal(SIGKILL);
     CHECK(ended(hosts_worker));
     CHECK(j[0].wait() == 128 + SIGKILL);
-    for (const int node : {1, 2}) {
-        await_lines(j[node], "world 2 ");
-        CHECK(has(j[node].err(), fmt::format("the job's rendezvous moves to 127.0.0.2:{}", moved_port)));
-    }
-
     // The lost host's agent started again, as before (it would host a fresh store at the first
     // endpoint, and wait there for nodes that never come): it finds the job at the list's
     // second entry and is admitted into a world of 3.
     j.loglevel = "INFO";
-    auto& again = j.start(rules, true, conf, {"--local-addr=127.0.0.1"});
+    // Started at once, it finds the first entry empty and the listed idle stores marked, and
+    // waits for the move (the others' round of 2 may then end before its workers start: the
+    // newcomer's admission aborts it, so only the end is awaited).
+    if (at_once) {
+        j.start(rules, true, conf, {"--local-addr=127.0.0.1"});
+        await_stderr(j[3], "the members are moving the store; this node looks again until the join timeout");
+        std::ofstream(j.dir.str() + "/go").put('\n');  // the others' workers stop, and they move
+    }
+    if (!at_once) {
+        for (const int node : {1, 2}) await_lines(j[node], "world 2 ");
+        j.start(rules, true, conf, {"--local-addr=127.0.0.1"});
+    }
+    auto& again = j[3];
     await_lines(again, "world 3 ");
-    for (const int node : {1, 2}) await_lines(j[node], "world 3 ", 2);
+    for (const int node : {1, 2}) {
+        await_lines(j[node], "world 3 ", 2);
+        CHECK(has(j[node].err(), fmt::format("the job's rendezvous moves to 127.0.0.2:{}", moved_port)));
+    }
     CHECK(has(again.err(), fmt::format("the job's rendezvous store moved to 127.0.0.2:{}", moved_port)));
     // And no store at the first endpoint: a second group of the job could have met there.
     const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

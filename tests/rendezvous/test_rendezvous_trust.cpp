@@ -17,9 +17,11 @@
 #include <elastic/store/memory_store.hpp>
 #include <elastic/store/server.hpp>
 
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -932,6 +934,275 @@ TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret end
     CHECK(has(error,
               fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret", port)));
     CHECK(has(error, "give every agent the same secret"));
+}
+
+TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when it holds the job's registrations and "
+          "a round, a marked one is awaited, never before a live first endpoint, and one refusing the secret ends "
+          "the start") {
+    // The listed store (a member's idle one, on 127.0.0.2) and, in some cases, the first
+    // endpoint's store hold what the case seeds.
+    asio::io_context ctx;
+    const auto seeded = [](elastic::tcp_store_server& server, const std::string& run, const std::string& name) {
+        server.engine().set(elastic::store_client_options{}.key_prefix +
+                                elastic::store_rendezvous<elastic::tcp_store_client>::job_key(run, name),
+                            std::string("1"));
+    };
+    const auto server_options = [](const std::string& host, const std::optional<std::string>& secret) {
+        elastic::store_server_options so;
+        so.host = host;
+        so.secret = secret;
+        so.log = [](std::string_view) {};
+        return so;
+    };
+    std::optional<std::string> listed_secret;
+    std::string run = "listed";
+    bool seed_registered = true;
+    bool seed_round = false;
+    bool seed_mark = false;
+    std::string mark_names = "127.0.0.1";  // the first endpoint the mark names
+    bool first_holds_job = false;
+    bool first_silent = false;  // something listens at the first endpoint and never answers
+    bool move_later = false;    // the round appears at the listed store while the agent waits
+    SUBCASE("registrations without a round, unmarked: passed over once the movers' time is out") { run = "unmarked"; }
+    SUBCASE("registrations without a round, marked: the members may still be moving; it waits, never hosts, and "
+            "ends at the join timeout") {
+        run = "stale";
+        seed_mark = true;
+    }
+    SUBCASE("registrations and a round: joined") {
+        run = "moved";
+        seed_round = true;
+    }
+    SUBCASE("the first endpoint holds the job too: the first endpoint wins") {
+        run = "first";
+        seed_round = true;
+        first_holds_job = true;
+    }
+    SUBCASE("only a formed round's member's idle store, the first endpoint lost: it waits for the move, no fresh "
+            "store, and ends at the join timeout naming what it saw") {
+        run = "marked";
+        seed_registered = false;
+        seed_mark = true;
+    }
+    SUBCASE("a marked idle store, then the move completes there: it waits, then joins the moved store") {
+        run = "late";
+        seed_registered = false;
+        seed_mark = true;
+        move_later = true;
+    }
+    SUBCASE("a mark of a job on another first endpoint: not this job's, the agent hosts at once") {
+        run = "other";
+        seed_registered = false;
+        seed_mark = true;
+        mark_names = "127.0.0.3";
+    }
+    SUBCASE("a first endpoint that accepts but never answers, a marked idle store: its host may be stopped, it "
+            "waits for the move and ends at the join timeout naming what it saw") {
+        run = "silent";
+        seed_registered = false;
+        seed_mark = true;
+        first_silent = true;
+    }
+    SUBCASE("a first endpoint that accepts but never answers, no mark: the usual start says what is wrong") {
+        run = "unanswered";
+        seed_registered = false;
+        first_silent = true;
+    }
+    SUBCASE("a store refusing this node's secret: the start ends, naming it") {
+        run = "secret";
+        listed_secret = "two";
+    }
+    elastic::tcp_store_server listed(ctx.get_executor(), server_options("127.0.0.2", listed_secret));
+    listed.start();
+    const auto listed_port = listed.port();
+    std::unique_ptr<elastic::tcp_store_server> first;
+    asio::ip::tcp::acceptor silent(ctx);
+    std::uint16_t first_port = static_cast<std::uint16_t>(free_port());
+    if (first_holds_job) {
+        first = std::make_unique<elastic::tcp_store_server>(ctx.get_executor(), server_options("127.0.0.1", {}));
+        first->start();
+        seeded(*first, run, "registered");
+        first_port = first->port();
+    }
+    if (first_silent) {  // listens, never accepts: the kernel completes connections, nothing answers
+        const asio::ip::tcp::endpoint at(asio::ip::make_address("127.0.0.1"), 0);
+        silent.open(at.protocol());
+        silent.bind(at);
+        silent.listen();
+        first_port = silent.local_endpoint().port();
+    }
+    if (seed_registered) seeded(listed, run, "registered");
+    if (seed_round) seeded(listed, run, "last_round");
+    if (seed_mark) seeded(listed, run, fmt::format("formed@{}:{}", mark_names, first_port));
+    elastic::rendezvous_parameters parameters;
+    parameters.backend = elastic::rendezvous_backend::c10d;
+    parameters.endpoint = elastic::host_port{"127.0.0.1", first_port};
+    parameters.successor_endpoints = {elastic::host_port{"127.0.0.2", listed_port}};
+    parameters.run_id = run;
+    parameters.nnodes = elastic::node_range{1, 2};
+    parameters.settings.is_host = !first_holds_job && !first_silent;  // would host the first endpoint's store
+    parameters.settings.last_call_timeout = std::chrono::milliseconds(200);
+    parameters.settings.keep_alive_interval = std::chrono::milliseconds(100);
+    parameters.settings.keep_alive_max_attempt = 3;
+    parameters.settings.join_timeout = std::chrono::seconds(run == "late" ? 60 : 1);
+    parameters.settings.read_timeout = std::chrono::seconds(1);  // the silent first endpoint's bound
+    if (listed_secret) parameters.settings.secret = "one";
+    std::vector<std::string> log;
+    bool waiting = false;  // the agent said it waits for a move
+    asio::steady_timer moved(ctx);
+    elastic::tcp_rendezvous agent(ctx.get_executor(), parameters, [&](std::string_view line) {
+        log.emplace_back(line);
+        if (has(log.back(), "this node looks again until the join timeout")) {
+            waiting = true;
+            moved.cancel();
+        }
+    });
+    std::string error;
+    bool started = false;
+    if (move_later) {  // once it waits, the members complete their move to the listed store
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                moved.expires_at(asio::steady_timer::time_point::max());
+                (void)co_await moved.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                seeded(listed, run, "registered");
+                seeded(listed, run, "last_round");
+            },
+            [](std::exception_ptr e) {
+                if (e) std::rethrow_exception(e);
+            });
+    }
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            try {
+                co_await agent.start();
+                started = true;
+            } catch (const std::exception& e) {  // a rendezvous_error, or the silent store's timeout
+                error = e.what();
+            }
+            moved.cancel();
+            agent.stop();
+            listed.stop();
+            if (first) first->stop();
+            if (silent.is_open()) silent.close();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    std::string said;
+    for (const auto& line : log) said += line + "\n";
+    INFO(said);
+    INFO(error);
+    const auto listed_at = fmt::format("127.0.0.2:{}", listed_port);
+    const auto first_at = fmt::format("127.0.0.1:{}", first_port);
+    if (run == "unmarked" || run == "other") {
+        REQUIRE(started);
+        CHECK(agent.hosts_store());  // it looked on, found nothing, and hosts as told
+        CHECK(agent.store_endpoint() == first_at);
+        CHECK_FALSE(waiting);
+        if (run == "unmarked") {
+            CHECK(has(said, fmt::format("the job's nodes registered at {} from the --rdzv-endpoint list", listed_at)));
+            CHECK(has(said, fmt::format("{} holds registrations of the job but no round it formed", listed_at)));
+        }
+    } else if (run == "moved" || run == "late") {
+        REQUIRE(started);
+        CHECK_FALSE(agent.hosts_store());  // is_host=true, but the job lives on elsewhere
+        CHECK(agent.store_endpoint() == listed_at);
+        CHECK(has(said,
+                  fmt::format("the job's rendezvous store moved to {} from the --rdzv-endpoint list", listed_at)));
+        CHECK(waiting == (run == "late"));
+    } else if (run == "marked" || run == "stale" || run == "silent") {
+        CHECK_FALSE(started);
+        CHECK_FALSE(agent.hosts_store());
+        CHECK(waiting);
+        CHECK(has(said, "the members are moving the store"));
+        const auto seen = run == "silent" ? "something accepts connections but gives no store's answer"
+                                          : "nothing answers";
+        CHECK(has(error, fmt::format("the job ran with its rendezvous store at {}, where {}, and the "
+                                     "--rdzv-endpoint list's stores at {} are marked",
+                                     first_at, seen, listed_at)));
+        CHECK(has(error, "within the join timeout (1 s)"));
+        if (run == "stale") {
+            CHECK(has(said, fmt::format("{} holds registrations of the job but no round it formed", listed_at)));
+        }
+    } else if (run == "first") {
+        REQUIRE(started);
+        CHECK(agent.store_endpoint() == first_at);
+        CHECK_FALSE(has(said, "moved to"));
+    } else if (run == "unanswered") {
+        CHECK_FALSE(started);  // the usual dial: nothing there answers as a store
+        CHECK_FALSE(waiting);
+        CHECK_FALSE(has(error, "the job ran with"));
+        CHECK(has(said, fmt::format("{} from the --rdzv-endpoint list answers but is no store", first_at)));
+        CHECK_FALSE(error.empty());
+    } else {
+        CHECK_FALSE(started);
+        CHECK(has(error,
+                  fmt::format("the rendezvous store at {} and this node do not share the job's secret", listed_at)));
+    }
+}
+
+TEST_CASE("rendezvous trust: a member of a formed round marks its idle store with the job and its first endpoint") {
+    asio::io_context ctx;
+    const auto port = static_cast<std::uint16_t>(free_port());
+    elastic::rendezvous_parameters parameters;
+    parameters.backend = elastic::rendezvous_backend::c10d;
+    parameters.endpoint = elastic::host_port{"127.0.0.1", port};
+    parameters.run_id = "mark";
+    parameters.nnodes = elastic::node_range{1, 2};
+    parameters.settings.is_host = true;  // the store's host has no idle store: it joins no round here
+    parameters.settings.last_call_timeout = std::chrono::milliseconds(100);
+    elastic::tcp_rendezvous host(ctx.get_executor(), parameters, [](std::string_view) {});
+    parameters.settings.is_host = false;
+    elastic::tcp_rendezvous member(ctx.get_executor(), parameters, [](std::string_view) {});
+    elastic::node_info me;
+    me.host = "me";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = static_cast<long>(::getpid());
+    const auto key = [&](const std::string& name) {
+        return elastic::store_rendezvous<elastic::tcp_store_client>::job_key("mark", name);
+    };
+    std::uint16_t idle_port = 0;
+    std::optional<bool> before;
+    std::optional<bool> after;
+    std::optional<bool> other;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            co_await host.start();
+            co_await member.join(me);
+            idle_port = member.backup_port();
+            if (idle_port != 0) {
+                elastic::store_client_options o;
+                o.host = "127.0.0.1";
+                o.port = idle_port;
+                elastic::tcp_store_client idle(ctx.get_executor(), o);
+                co_await idle.connect();
+                std::vector<std::string> keys{key(fmt::format("formed@127.0.0.1:{}", port))};
+                before = co_await idle.check(keys);
+                (void)co_await member.next_round(me);
+                after = co_await idle.check(keys);
+                std::vector<std::string> elsewhere{key(fmt::format("formed@127.0.0.3:{}", port))};
+                other = co_await idle.check(std::move(elsewhere));
+                idle.close();
+            }
+            member.stop();
+            host.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(idle_port != 0);               // an elastic job's member keeps an idle store
+    REQUIRE(before);
+    REQUIRE(after);
+    REQUIRE(other);
+    CHECK_FALSE(*before);  // an idle store is unmarked until its node is in a formed round
+    CHECK(*after);
+    CHECK_FALSE(*other);  // the mark names this job's first endpoint only
 }
 
 TEST_CASE("rendezvous trust: when every member of a running round was dropped with its lease, the nodes that "

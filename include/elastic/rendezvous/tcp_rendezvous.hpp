@@ -32,6 +32,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -179,10 +180,11 @@ public:
             want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
-        const auto deadline = std::chrono::steady_clock::now() + join_timeout;
         const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
         std::optional<found_store> moved;
-        if (elastic_membership) moved = co_await find_moved_store();
+        if (elastic_membership) moved = co_await find_moved_store(join_timeout);
+        // Taken after the search: a wait there for a move in progress leaves the host its time.
+        const auto deadline = std::chrono::steady_clock::now() + join_timeout;
         if (moved) {
             want_host = false;  // the job lives on elsewhere: a store here would split it
         }
@@ -247,7 +249,8 @@ public:
             log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
                              "and steer this job; give every agent the job's secret (--rdzv-conf "
                              "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
-                             to_string(endpoint), current_port_,
+                             moved ? fmt::format("{}:{}", current_host_, current_port_) : to_string(endpoint),
+                             current_port_,
                              backup_ ? fmt::format(", and this node's idle store on port {}", backup_->port())
                                      : std::string(),
                              rendezvous_secret_variable));
@@ -368,7 +371,13 @@ public:
         me.id = node_id_;
         me.backup_port = backup_port();
         me.backup_listed = backup_ && backup_listed_;
-        co_return co_await rdzv_->next_round(std::move(me));
+        auto round = co_await rdzv_->next_round(std::move(me));
+        // Marks this node's idle store as a formed round's member's: an agent that starts while
+        // the job's store is lost and not moved yet finds the mark and waits for the move
+        // (find_moved_store) instead of hosting a fresh store at the first endpoint.
+        if (backup_)
+            backup_->engine().set(store_client_options{}.key_prefix + mark_key(), std::to_string(round.number));
+        co_return round;
     }
 
     /// The round's abort. Cancelled (the workers ended first), its connection is left
@@ -472,6 +481,7 @@ private:
     std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
     bool backup_listed_ = false;                              ///< backup_ listens at a --rdzv-endpoint list's entry
+    std::map<std::string, std::vector<asio::ip::address>> resolved_;  ///< names looked up by this search
 
     // The first --rdzv-endpoint list entry (after the first endpoint) that names an address of
     // this node where it advertises itself: its idle store listens there.
@@ -521,64 +531,140 @@ private:
         store_client_options options;
     };
 
-    // Whether something accepts a connection at `next` (each address a name resolves to).
+    // Whether something accepts a connection at `next` (each address a name resolves to; a name
+    // is resolved once per search: the search may look many times).
     asio::awaitable<bool> anything_at(const host_port& next) {
         const auto address = detail::rendezvous::literal_for(next.host);
         if (detail::rendezvous::is_ip_literal(address)) co_return co_await accepts(address, next.port.value_or(0));
-        for (const auto& a : detail::rendezvous::resolve_all(address)) {
+        auto known = resolved_.find(address);
+        if (known == resolved_.end())
+            known = resolved_.emplace(address, detail::rendezvous::resolve_all(address)).first;
+        for (const auto& a : known->second) {
             if (co_await accepts(a.to_string(), next.port.value_or(0))) co_return true;
         }
         co_return false;
     }
 
-    // A store at `next` that holds the job's registrations, connected; nullopt when nothing
-    // answers there or what answers holds none. Every step is bounded by the keep-alive.
-    asio::awaitable<std::optional<found_store>> probe_job(const host_port& next) {
+    // What a look at one --rdzv-endpoint entry found.
+    struct look_result {
+        enum class what { nothing, store, unusable } answer = what::nothing;  // unusable: accepts, no store reply
+        bool marked = false;               // a store marked as a formed round's member's idle one (mark_key)
+        std::optional<found_store> found;  // a store holding the job's registrations, connected
+    };
+
+    // The mark a member leaves in its idle store once a round formed: it names the job and the
+    // first endpoint as this node spells it, so another job's idle store (another endpoint, or
+    // the same run id by default) never looks like this one's.
+    [[nodiscard]] std::string mark_key() const {
+        host_port first = params_.endpoint;
+        first.port = first.port.value_or(default_rendezvous_port(params_.backend));
+        return job_key("formed@" + to_string(first));
+    }
+
+    // Looks at `next`: whether anything answers there, and as what. Every step is bounded by the
+    // keep-alive; a store refusing this node's secret ends the start.
+    asio::awaitable<look_result> probe_at(const host_port& next, bool quiet) {
+        look_result result;
         const auto port = next.port.value_or(default_rendezvous_port(params_.backend));
         host_port where = next;  // (g++ 12: no braced temporary inside a co_await expression)
         where.port = port;
-        if (!co_await anything_at(where)) co_return std::nullopt;
+        if (!co_await anything_at(where)) co_return result;
+        result.answer = look_result::what::unusable;
         auto options = client_options(detail::rendezvous::literal_for(next.host), port, keep_alive_deadline());
         options.timeout = keep_alive_deadline();
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
             co_await client->connect();
+            std::vector<std::string> mark{mark_key()};
+            result.marked = co_await client->check(std::move(mark));
+            result.answer = look_result::what::store;
             std::vector<std::string> keys{job_key("registered")};
-            if (co_await client->check(std::move(keys))) co_return found_store{std::move(client), options};
+            if (co_await client->check(std::move(keys))) {
+                result.found = found_store{std::move(client), options};
+                co_return result;
+            }
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(to_string(where), e));
         } catch (const store_error& e) {
-            if (log_) {
-                log_(fmt::format("the --rdzv-endpoint list names {}, which answers but is no store this node can "
-                                 "use ({}); looking on",
+            if (log_ && !quiet) {
+                log_(fmt::format("{} from the --rdzv-endpoint list answers but is no store this node can use ({})",
                                  to_string(where), e.what()));
             }
         }
         client->close();
-        co_return std::nullopt;
+        co_return result;
     }
 
     // The job's store may have moved to a member's idle server (its host was lost). A store at
-    // the first endpoint that holds the job's registrations is the job's: nothing to find.
-    // Else a store at one of the list's later entries that holds them and a formed round (the
-    // moved members' first round there, awaited for the time they take to notice the loss and
-    // form it) is the job's, and this node joins it there, as any node joins a running job,
-    // rather than host or dial the first endpoint, where a fresh store would start a second
-    // group of the job. Registrations without a round past that time (a minority that moved
-    // and could not form one) or a store that ends meanwhile: the search goes on.
-    asio::awaitable<std::optional<found_store>> find_moved_store() {
-        if (auto live = co_await probe_job(params_.endpoint)) {
-            live->client->close();
-            co_return std::nullopt;
+    // the first endpoint that holds the job's registrations is the job's: nothing to find. Else
+    // a listed store that holds the job is joined (search_list). When none does but a listed
+    // member's idle store is marked as a formed round's (the job ran, its store at the first
+    // endpoint is lost or silent, and the members are moving it: they, too, call a store that
+    // gives no answer within the keep-alive lost), this node looks again, a pass over the list
+    // and 200 ms, until the join timeout has passed, rather than host a fresh store there (or
+    // dial one that may soon be) and start a second group of the job.
+    asio::awaitable<std::optional<found_store>> find_moved_store(std::chrono::milliseconds join_timeout) {
+        resolved_.clear();
+        const auto give_up = std::chrono::steady_clock::now() + join_timeout;
+        for (bool quiet = false;; quiet = true) {
+            auto first = co_await probe_at(params_.endpoint, quiet);
+            if (first.found) {
+                first.found->client->close();
+                co_return std::nullopt;
+            }
+            std::vector<std::string> marked;
+            if (auto found = co_await search_list(marked, quiet, give_up)) co_return found;
+            if (marked.empty()) co_return std::nullopt;
+            const auto seen = fmt::format(
+                "the job ran with its rendezvous store at {}, where {}, and the --rdzv-endpoint list's stores at {} "
+                "are marked as members' of a formed round but none holds the job's registrations and a round",
+                to_string(params_.endpoint),
+                first.answer == look_result::what::store ? "a store without the job answers"
+                : first.answer == look_result::what::unusable
+                    ? "something accepts connections but gives no store's answer"
+                    : "nothing answers",
+                fmt::join(marked, ", "));
+            if (!quiet && log_) {
+                log_(fmt::format("{}: the store's host was likely lost and the members are moving the store; this "
+                                 "node looks again until the join timeout ({} s) has passed",
+                                 seen, seconds(join_timeout)));
+            }
+            if (std::chrono::steady_clock::now() >= give_up) {
+                throw rendezvous_error(
+                    fmt::format("{} within the join timeout ({} s): the store did not move to a listed member's "
+                                "store (its members may have ended, or moved it to an unlisted one); start this "
+                                "agent with --rdzv-endpoint naming a live member's store, or restart the job",
+                                seen, seconds(join_timeout)));
+            }
+            asio::steady_timer pause(executor_, std::chrono::milliseconds(200));
+            co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
         }
+    }
+
+    // The first of the list's later entries whose store holds the job's registrations and a
+    // round formed there (the moved members' first round there, awaited for the time they take
+    // to notice the loss and form it), connected. Registrations without a round past that time
+    // (a minority that moved and could not form one, or a majority still moving) or a store that
+    // ends meanwhile: the next. `marked` gets the marked stores that hold no formed round.
+    asio::awaitable<std::optional<found_store>> search_list(std::vector<std::string>& marked, bool quiet,
+                                                            std::chrono::steady_clock::time_point give_up) {
         const auto slice = keep_alive_deadline();
         for (const auto& next : params_.successor_endpoints) {
             if (next == params_.endpoint) continue;
-            auto found = co_await probe_job(next);
-            if (!found) continue;
+            auto look = co_await probe_at(next, quiet);
+            auto& found = look.found;
+            if (!found) {
+                if (look.marked) {
+                    host_port at = next;
+                    at.port = next.port.value_or(default_rendezvous_port(params_.backend));
+                    marked.push_back(to_string(at));
+                }
+                continue;
+            }
             const auto where = to_string(host_port{next.host, found->options.port});
             auto& client = *found->client;
-            const auto deadline = std::chrono::steady_clock::now() + params_.settings.last_call_timeout + slice;
+            const auto deadline = std::min(give_up, std::chrono::steady_clock::now() +
+                                                        params_.settings.last_call_timeout + slice);
             bool formed = false;
             try {
                 for (bool told = false;;) {
@@ -590,7 +676,7 @@ private:
                     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                         deadline - std::chrono::steady_clock::now());
                     if (left.count() <= 0) break;
-                    if (!told && log_) {
+                    if (!told && !quiet && log_) {
                         told = true;
                         log_(fmt::format("the job's nodes registered at {} from the --rdzv-endpoint list: this node "
                                          "waits up to {} s for them to form a round there",
@@ -602,7 +688,7 @@ private:
                     }
                 }
             } catch (const store_error& e) {
-                if (log_) {
+                if (log_ && !quiet) {
                     log_(fmt::format("the job's rendezvous store at {} ended before this node found a round there "
                                      "({}); looking on",
                                      where, e.what()));
@@ -611,7 +697,8 @@ private:
                 continue;
             }
             if (!formed) {
-                if (log_) {
+                if (look.marked) marked.push_back(where);
+                if (log_ && !quiet) {
                     log_(fmt::format("{} holds registrations of the job but no round it formed (nodes that moved "
                                      "there without a majority): looking on",
                                      where));
