@@ -15027,8 +15027,11 @@ private:
         const auto address = detail::rendezvous::literal_for(next.host);
         if (detail::rendezvous::is_ip_literal(address)) co_return co_await accepts(address, next.port.value_or(0));
         auto known = resolved_.find(address);
-        if (known == resolved_.end())
-            known = resolved_.emplace(address, detail::rendezvous::resolve_all(address)).first;
+        if (known == resolved_.end()) {
+            auto addresses = detail::rendezvous::resolve_all(address);
+            if (addresses.empty()) co_return false;  // not kept: the next look asks again
+            known = resolved_.emplace(address, std::move(addresses)).first;
+        }
         for (const auto& a : known->second) {
             if (co_await accepts(a.to_string(), next.port.value_or(0))) co_return true;
         }
@@ -15043,12 +15046,15 @@ private:
     };
 
     // The mark a member leaves in its idle store once a round formed: it names the job and the
-    // first endpoint as this node spells it, so another job's idle store (another endpoint, or
-    // the same run id by default) never looks like this one's.
+    // first endpoint as this node spells it (in lower case), so another job's idle store
+    // (another endpoint, or the same run id by default) never looks like this one's.
     [[nodiscard]] std::string mark_key() const {
         host_port first = params_.endpoint;
         first.port = first.port.value_or(default_rendezvous_port(params_.backend));
-        return job_key("formed@" + to_string(first));
+        std::string text = to_string(first);
+        std::transform(text.begin(), text.end(), text.begin(),
+                       [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; });
+        return job_key("formed@" + text);
     }
 
     // Looks at `next`: whether anything answers there, and as what. Every step is bounded by the
@@ -15092,39 +15098,45 @@ private:
     // endpoint is lost or silent, and the members are moving it: they, too, call a store that
     // gives no answer within the keep-alive lost), this node looks again, a pass over the list
     // and 200 ms, until the join timeout has passed, rather than host a fresh store there (or
-    // dial one that may soon be) and start a second group of the job.
+    // dial one that may soon be) and start a second group of the job. Once a mark was seen, the
+    // search never ends in a fresh store: a listed store that stops answering, or loses its
+    // mark, may be where the job moves next.
     asio::awaitable<std::optional<found_store>> find_moved_store(std::chrono::milliseconds join_timeout) {
         resolved_.clear();
         const auto give_up = std::chrono::steady_clock::now() + join_timeout;
+        bool ran = false;  // a mark seen in this search
         for (bool quiet = false;; quiet = true) {
             auto first = co_await probe_at(params_.endpoint, quiet);
             if (first.found) {
                 first.found->client->close();
                 co_return std::nullopt;
             }
-            std::vector<std::string> marked;
-            if (auto found = co_await search_list(marked, quiet, give_up)) co_return found;
-            if (marked.empty()) co_return std::nullopt;
+            std::vector<std::string> pending;
+            if (auto found = co_await search_list(pending, ran, quiet, give_up)) co_return found;
+            if (!ran) co_return std::nullopt;
             const auto seen = fmt::format(
-                "the job ran with its rendezvous store at {}, where {}, and the --rdzv-endpoint list's stores at {} "
-                "are marked as members' of a formed round but none holds the job's registrations and a round",
+                "the job ran (a member's idle store in the --rdzv-endpoint list is marked as a formed round's) with "
+                "its rendezvous store at {}, where {}; no listed store holds the job's registrations and a round "
+                "({})",
                 to_string(params_.endpoint),
                 first.answer == look_result::what::store ? "a store without the job answers"
                 : first.answer == look_result::what::unusable
-                    ? "something accepts connections but gives no store's answer"
+                    ? "nothing gives a store's answer in time (a host down or stopped)"
                     : "nothing answers",
-                fmt::join(marked, ", "));
+                pending.empty() ? std::string("none is marked or silent now")
+                                : fmt::format("{}", fmt::join(pending, "; ")));
             if (!quiet && log_) {
                 log_(fmt::format("{}: the store's host was likely lost and the members are moving the store; this "
                                  "node looks again until the join timeout ({} s) has passed",
                                  seen, seconds(join_timeout)));
             }
             if (std::chrono::steady_clock::now() >= give_up) {
-                throw rendezvous_error(
-                    fmt::format("{} within the join timeout ({} s): the store did not move to a listed member's "
-                                "store (its members may have ended, or moved it to an unlisted one); start this "
-                                "agent with --rdzv-endpoint naming a live member's store, or restart the job",
-                                seen, seconds(join_timeout)));
+                throw rendezvous_error(fmt::format(
+                    "{}, still after the join timeout ({} s): the job did not move to a listed member's store that a "
+                    "new node can join (its members may have ended, moved it to an unlisted store, or moved without "
+                    "a majority of the last round); start this agent with --rdzv-endpoint naming a live member's "
+                    "store, or restart the job",
+                    seen, seconds(join_timeout)));
             }
             asio::steady_timer pause(executor_, std::chrono::milliseconds(200));
             co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
@@ -15133,21 +15145,25 @@ private:
 
     // The first of the list's later entries whose store holds the job's registrations and a
     // round formed there (the moved members' first round there, awaited for the time they take
-    // to notice the loss and form it), connected. Registrations without a round past that time
-    // (a minority that moved and could not form one, or a majority still moving) or a store that
-    // ends meanwhile: the next. `marked` gets the marked stores that hold no formed round.
-    asio::awaitable<std::optional<found_store>> search_list(std::vector<std::string>& marked, bool quiet,
+    // to notice the loss and form it, within the search's `give_up`), connected. Registrations
+    // without a round past that time (a minority that moved and could not form one, or a
+    // majority still moving) or a store that ends meanwhile: the next. `ran` turns true at a
+    // marked store; `pending` gets the entries that may hold the job soon: marked stores
+    // without a formed round, and those that give no store's answer in time.
+    asio::awaitable<std::optional<found_store>> search_list(std::vector<std::string>& pending, bool& ran, bool quiet,
                                                             std::chrono::steady_clock::time_point give_up) {
         const auto slice = keep_alive_deadline();
         for (const auto& next : params_.successor_endpoints) {
             if (next == params_.endpoint) continue;
             auto look = co_await probe_at(next, quiet);
+            ran = ran || look.marked;
             auto& found = look.found;
             if (!found) {
-                if (look.marked) {
-                    host_port at = next;
-                    at.port = next.port.value_or(default_rendezvous_port(params_.backend));
-                    marked.push_back(to_string(at));
+                host_port at = next;
+                at.port = next.port.value_or(default_rendezvous_port(params_.backend));
+                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", to_string(at)));
+                if (look.answer == look_result::what::unusable) {
+                    pending.push_back(fmt::format("{}: no store's answer in time", to_string(at)));
                 }
                 continue;
             }
@@ -15187,7 +15203,7 @@ private:
                 continue;
             }
             if (!formed) {
-                if (look.marked) marked.push_back(where);
+                if (look.marked) pending.push_back(fmt::format("{}: registrations without a round", where));
                 if (log_ && !quiet) {
                     log_(fmt::format("{} holds registrations of the job but no round it formed (nodes that moved "
                                      "there without a majority): looking on",

@@ -963,6 +963,7 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
     bool first_holds_job = false;
     bool first_silent = false;  // something listens at the first endpoint and never answers
     bool move_later = false;    // the round appears at the listed store while the agent waits
+    bool lose_mark = false;     // the listed store's mark goes away while the agent waits
     SUBCASE("registrations without a round, unmarked: passed over once the movers' time is out") { run = "unmarked"; }
     SUBCASE("registrations without a round, marked: the members may still be moving; it waits, never hosts, and "
             "ends at the join timeout") {
@@ -989,6 +990,13 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
         seed_registered = false;
         seed_mark = true;
         move_later = true;
+    }
+    SUBCASE("a marked idle store whose mark goes away while it waits: once seen, a mark keeps it from a fresh "
+            "store for the whole search") {
+        run = "lost";
+        seed_registered = false;
+        seed_mark = true;
+        lose_mark = true;
     }
     SUBCASE("a mark of a job on another first endpoint: not this job's, the agent hosts at once") {
         run = "other";
@@ -1059,12 +1067,19 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
     });
     std::string error;
     bool started = false;
-    if (move_later) {  // once it waits, the members complete their move to the listed store
+    if (move_later || lose_mark) {  // once it waits: the members' move completes, or the mark goes
         asio::co_spawn(
             ctx,
             [&]() -> asio::awaitable<void> {
                 moved.expires_at(asio::steady_timer::time_point::max());
                 (void)co_await moved.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                if (!waiting) co_return;  // it ended first
+                if (lose_mark) {
+                    listed.engine().erase(elastic::store_client_options{}.key_prefix +
+                                          elastic::store_rendezvous<elastic::tcp_store_client>::job_key(
+                                              run, fmt::format("formed@{}:{}", mark_names, first_port)));
+                    co_return;
+                }
                 seeded(listed, run, "registered");
                 seeded(listed, run, "last_round");
             },
@@ -1113,17 +1128,25 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
         CHECK(has(said,
                   fmt::format("the job's rendezvous store moved to {} from the --rdzv-endpoint list", listed_at)));
         CHECK(waiting == (run == "late"));
+    } else if (run == "lost") {
+        CHECK_FALSE(started);
+        CHECK_FALSE(agent.hosts_store());
+        CHECK(waiting);
+        CHECK(has(error, "no listed store holds the job's registrations and a round (none is marked or silent now)"));
+        CHECK(has(error, "still after the join timeout (1 s)"));
     } else if (run == "marked" || run == "stale" || run == "silent") {
         CHECK_FALSE(started);
         CHECK_FALSE(agent.hosts_store());
         CHECK(waiting);
         CHECK(has(said, "the members are moving the store"));
-        const auto seen = run == "silent" ? "something accepts connections but gives no store's answer"
+        const auto seen = run == "silent" ? "nothing gives a store's answer in time (a host down or stopped)"
                                           : "nothing answers";
-        CHECK(has(error, fmt::format("the job ran with its rendezvous store at {}, where {}, and the "
-                                     "--rdzv-endpoint list's stores at {} are marked",
-                                     first_at, seen, listed_at)));
-        CHECK(has(error, "within the join timeout (1 s)"));
+        const auto state = run == "stale" ? "registrations without a round" : "a marked idle store";
+        CHECK(has(error, fmt::format("the job ran (a member's idle store in the --rdzv-endpoint list is marked as a "
+                                     "formed round's) with its rendezvous store at {}, where {}; no listed store "
+                                     "holds the job's registrations and a round ({}: {})",
+                                     first_at, seen, listed_at, state)));
+        CHECK(has(error, "still after the join timeout (1 s)"));
         if (run == "stale") {
             CHECK(has(said, fmt::format("{} holds registrations of the job but no round it formed", listed_at)));
         }
