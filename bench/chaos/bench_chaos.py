@@ -3,12 +3,12 @@
 as many schedules as asked, and the figures docs/rendezvous.md reports.
 
   /usr/bin/python3 bench/chaos/bench_chaos.py --build build/dev [--schedules 1000] [--seed 1]
-        [--agents 8] [--duration 30] [--workdir DIR] [--netns] [--newcomers-after-move]
+        [--agents 8] [--duration 30] [--workdir DIR] [--netns] [--no-list]
 
 Prints one line per schedule as it ends (a failing one with the command that replays it), then:
 schedules run, faults injected by kind, invariant violations (the goal is 0) with their seeds,
-how many schedules trained again and how many ended with every agent exited (too few nodes left:
-no newcomer replaces an agent once the store's host was hit), and the time from the last fault to
+how many schedules trained again and how many ended with every agent exited (too few nodes left
+at the end of the faults), and the time from the last fault to
 the first step of a group that trained on after it (median, 90th percentile, max).
 docs/rendezvous.md ("Benchmark: chaos") has the measured table.
 """
@@ -33,8 +33,8 @@ def main():
     p.add_argument("--duration", type=float, default=30)
     p.add_argument("--workdir")
     p.add_argument("--netns", action="store_true", help="agents on machines of their own, with link cuts (root)")
-    p.add_argument("--newcomers-after-move", action="store_true",
-                   help="replacement agents after the store's host was hit too (the known limit)")
+    p.add_argument("--no-list", action="store_true",
+                   help="the first endpoint only, no --rdzv-endpoint list (the known limit without one)")
     args = p.parse_args()
     programs = os.path.join(args.build, "test-programs")
     run_args = chaos.parser().parse_args([
@@ -42,7 +42,7 @@ def main():
         "--worker", os.path.join(programs, "chaos-worker"),
         "--schedules", str(args.schedules), "--seed", str(args.seed), "--agents", str(args.agents),
         "--duration", str(args.duration)] + (["--workdir", args.workdir] if args.workdir else [])
-        + (["--netns"] if args.netns else []) + (["--newcomers-after-move"] if args.newcomers_after_move else []))
+        + (["--netns"] if args.netns else []) + (["--no-list"] if args.no_list else []))
     run_args.ip = None
     if args.netns:
         run_args.ip, why = chaos.netns_usable()

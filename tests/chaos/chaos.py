@@ -18,10 +18,12 @@ injects, at random moments (mid-round included), one fault after another:
   cut     (--netns only) an agent's link down for 1-8 s: it is cut off from every other, the
           store's host included, or is the host cut off from the job
 
-A new agent dials the endpoint; once a fault has hit the agent that hosts the store there, the
-store may have moved to a successor, which a newcomer cannot find yet: it would host a fresh store
-at the endpoint and start the job a second time. So after such a fault no new agent starts,
-unless --newcomers-after-move asks for exactly that (the benchmark's view of the known limit).
+Each agent has an address of its own (127.0.0.<slot+1> on loopback, its machine's with --netns)
+and is given the list of every slot's address as --rdzv-endpoint, the first slot's first: its
+idle store listens at its entry, the store moves to a listed member when its host is lost, and a
+replacement agent (on its predecessor's address) finds the job where it moved. --no-list gives the
+first endpoint only, the benchmark's view of the limit without a list: a newcomer started after
+the store moved hosts a fresh store at the endpoint, and may start the job a second time.
 
 With --netns (root and iproute2's `ip`), each agent runs in a network namespace of its own, its
 "machine", joined to the others through a bridge in one more namespace; the job is
@@ -58,9 +60,10 @@ import sys
 import tempfile
 import time
 
-JOIN_TIMEOUT = 20  # s: a part below MIN exits 250 this long after it lost the others
+JOIN_TIMEOUT = 20  # s: a part below MIN exits 250 this long after it lost the others (a newcomer
+# that waits for a move that never completes: its search, then one round, so twice this long)
 LEASE = (1, 3)  # keep_alive_interval, keep_alive_max_attempt: a lease lasts 3 s
-RECOVER_BOUND = JOIN_TIMEOUT + 40  # s after the last fault: trains again, or every agent exited
+RECOVER_BOUND = 2 * JOIN_TIMEOUT + 20  # s after the last fault: trains again, or every agent exited
 TERM_BOUND = 40  # s for an agent to end after SIGTERM
 ORPHAN_BOUND_NS = 3 * 10**9  # a SIGKILLed agent's workers are gone by then (their own timeout: 8 s)
 LEFTOVER_BOUND = 5  # s after the last agent ended
@@ -150,16 +153,24 @@ def marked(mark):
     return found
 
 
-def listens(pid, port):
-    """Whether process pid holds a listening TCP socket on port, in its own network namespace."""
+def proc_address(ipv4):
+    """An IPv4 address as /proc/net/tcp spells it (the 32-bit value in host order, in hex)."""
+    return "".join(f"{int(octet):02X}" for octet in reversed(ipv4.split(".")))
+
+
+def listens(pid, port, address=None):
+    """Whether process pid holds a listening TCP socket on port (and IPv4 address, if given), in
+    its own network namespace."""
     inodes = set()
+    want = proc_address(address) if address else None
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}") as f:
                 next(f)
                 for line in f:
                     cols = line.split()
-                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    local, local_port = cols[1].rsplit(":", 1)
+                    if cols[3] == "0A" and int(local_port, 16) == port and want in (None, local):
                         inodes.add(cols[9])
         except OSError:
             continue
@@ -303,7 +314,7 @@ class Schedule:
         self.n = self.rng.randint(3, max(3, args.agents))
         self.machines = Machines(args.ip, self.n) if args.netns else None
         self.agents = []
-        self.store_moved = False  # a fault hit the agent that hosts the store at the endpoint
+        self.store_moved = False  # a fault hit the agent that hosts the store at the first endpoint
         self.faults = []  # (monotonic ns at its end, text)
         self.violations = []
         self.orphans = []  # (deadline ns, pid): a SIGKILLed agent's workers, gone by then
@@ -315,17 +326,22 @@ class Schedule:
         env.update(CHAOS_LOG=self.log, CHAOS_MARK=self.mark, CHAOS_STEP_MS="50", CHAOS_TIMEOUT_MS="8000")
         conf = (f"join_timeout={JOIN_TIMEOUT},last_call_timeout=1,keep_alive_interval={LEASE[0]},"
                 f"keep_alive_max_attempt={LEASE[1]}")
-        host = Machines.addr(0) if self.machines else "127.0.0.1"
+        listed = range(1 if self.args.no_list else self.n)
+        endpoint = ",".join(f"{self.addr(i)}:{self.port}" for i in listed)
         cmd = [self.args.elasticrun, f"--nnodes={1 if self.machines else 2}:{self.n}", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id=chaos-{self.seed}",
-               f"--rdzv-conf={conf}", "--max-restarts=100000", "--monitor-interval=0.1", self.args.worker]
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id=chaos-{self.seed}",
+               f"--local-addr={self.addr(slot)}", f"--rdzv-conf={conf}", "--max-restarts=100000",
+               "--monitor-interval=0.1", self.args.worker]
         if self.machines:
-            cmd[1:1] = [f"--local-addr={Machines.addr(slot)}"]
             cmd = [self.args.ip, "netns", "exec", self.machines.ns(slot)] + cmd  # ip execs the agent: same pid
         with open(os.path.join(self.dir, f"agent{index}.log"), "wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=die_with_harness)
         self.agents.append(Agent(index, slot, proc))
+
+    def addr(self, slot):
+        """Slot `slot`'s address: its machine's, or one of its own on loopback."""
+        return Machines.addr(slot) if self.machines else f"127.0.0.{slot + 1}"
 
     def live(self):
         return [a for a in self.agents if a.proc.poll() is None]
@@ -336,9 +352,11 @@ class Schedule:
             return None
         kinds = ["kill"] * 3 + ["stop"] * 2 + ["crash"] * 2 + ["leave"] * 2 + ["host"] + (["cut"] * 3 if self.machines else [])
         kind = self.rng.choice(kinds)
-        # Only a "host" fault aims at the store's host: once it is hit no newcomer starts (below),
-        # and the job drains, so the other faults keep it for the end of a schedule.
-        hosting = [a for a in live if listens(a.proc.pid, self.port)]
+        # Only a "host" fault aims at the store's host at the first endpoint (no idle store
+        # listens there: the first entry is no member's). Once it is hit the store may move to a
+        # member, which the harness cannot tell apart from the idle stores; a store at the first
+        # endpoint after that is a fresh one (the job started again there once it had ended).
+        hosting = [a for a in live if listens(a.proc.pid, self.port, self.addr(0))]
         others = [a for a in live if self.store_moved or a not in hosting]
         target = self.rng.choice(others or live)
         if kind == "host":
@@ -348,9 +366,8 @@ class Schedule:
                 kind = "kill"
         text = f"{kind} agent{target.index}"
         if kind != "crash" and target in hosting and not self.store_moved:
-            # The store may move now, and a newcomer cannot find a moved store yet: it dials the
-            # endpoint, hosts a fresh store there and starts the job again beside the moved one
-            # (docs/rendezvous.md, "The store's host: the store moves", Limits).
+            # The store may move now: a newcomer finds it through the list (without one, it would
+            # host a fresh store at the endpoint and may start the job again beside the moved one).
             self.store_moved = True
             text += " (the store's host)"
         # The fault's moment: its signal, or the SIGCONT that ends a stop. A replacement agent's
@@ -367,8 +384,7 @@ class Schedule:
                 # Its death watcher stops its workers at once; their own timeout would take 8 s.
                 self.orphans += [(now() + ORPHAN_BOUND_NS, pid) for pid in workers]
             self.pause(self.rng.uniform(0.5, 3))
-            if not self.store_moved or self.args.newcomers_after_move:
-                self.spawn(target.slot)
+            self.spawn(target.slot)
         elif kind == "stop":
             target.proc.send_signal(signal.SIGSTOP)
             self.pause(self.rng.uniform(0.3, 6))
@@ -637,7 +653,7 @@ def run_schedules(args):
                       "--elasticrun", args.elasticrun, "--worker", args.worker, "--seed", str(seed),
                       "--schedules", "1", "--agents", str(args.agents), "--duration", str(args.duration)]
             replay += ["--netns"] if args.netns else []
-            replay += ["--newcomers-after-move"] if args.newcomers_after_move else []
+            replay += ["--no-list"] if args.no_list else []
             print(f"  replay (the same faults, targets and delays; the kernel's timing may differ): "
                   f"python3 {' '.join(replay)}\n  logs: {schedule.dir}", flush=True)
         elif not args.keep:
@@ -658,9 +674,9 @@ def parser():
     p.add_argument("--workdir", help="keep each schedule's logs here")
     p.add_argument("--keep", action="store_true", help="keep the logs of schedules that passed")
     p.add_argument("--self-test", action="store_true", help="check the checks on made-up logs, run nothing")
-    p.add_argument("--newcomers-after-move", action="store_true",
-                   help="start replacement agents after a fault hit the store's host too (a known limit: "
-                        "they start the job again beside the moved store)")
+    p.add_argument("--no-list", action="store_true",
+                   help="give the agents the first endpoint only, no --rdzv-endpoint list (a known limit: a "
+                        "newcomer after the store moved may start the job again beside the moved store)")
     p.add_argument("--netns", action="store_true",
                    help="each agent on a machine of its own (a network namespace), with link cuts; "
                         "exits 77 (skipped) when this process cannot make namespaces")
