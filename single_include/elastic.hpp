@@ -14421,6 +14421,88 @@ private:
 // tcp_rendezvous: the static and c10d backends — who hosts the rendezvous store (torchrun's
 // is_host rule, bind-or-join), the clients that reach it, and the store_rendezvous over them.
 
+// ---- begin elastic/detail/text.hpp ----
+// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
+// `name=value` as error messages show it, and a duration in seconds.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+namespace detail {
+
+[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
+    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!text.empty() && is_space(text.front())) {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && is_space(text.back())) {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+[[nodiscard]] inline std::string lower(std::string_view text) {
+    std::string out{text};
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
+    return out;
+}
+
+/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
+[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
+    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
+    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+}
+
+/// Splits on `sep`; "" gives one empty piece.
+[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
+    std::vector<std::string_view> pieces;
+    for (;;) {
+        const auto at = text.find(sep);
+        pieces.push_back(text.substr(0, at));
+        if (at == std::string_view::npos) {
+            return pieces;
+        }
+        text.remove_prefix(at + 1);
+    }
+}
+
+/// A duration as a number of seconds, as the options take it: `30`, `0.5`.
+[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
+    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
+                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+}
+
+/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
+[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
+    text = trim(text);
+    if (!text.empty() && text.front() == '+') {
+        text.remove_prefix(1);
+    }
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+}  // namespace detail
+
+}  // namespace elastic::inline v0
+// ---- end elastic/detail/text.hpp ----
 // ---- begin elastic/usage_error.hpp ----
 // elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
 // layers which read variables take instead of the process environment.
@@ -14991,7 +15073,7 @@ private:
         const auto bind = advertise(params_).bind_host;
         if (const auto listed = listed_endpoint()) {
             try {
-                backup_ = serve_job(bind, listed->port.value_or(default_rendezvous_port(params_.backend)));
+                backup_ = serve_job(bind, *with_port(*listed).port);
                 backup_listed_ = true;
                 return;
             } catch (const store_error& e) {
@@ -15049,21 +15131,21 @@ private:
     // first endpoint as this node spells it (in lower case), so another job's idle store
     // (another endpoint, or the same run id by default) never looks like this one's.
     [[nodiscard]] std::string mark_key() const {
-        host_port first = params_.endpoint;
-        first.port = first.port.value_or(default_rendezvous_port(params_.backend));
-        std::string text = to_string(first);
-        std::transform(text.begin(), text.end(), text.begin(),
-                       [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; });
-        return job_key("formed@" + text);
+        return job_key("formed@" + detail::lower(to_string(with_port(params_.endpoint))));
+    }
+
+    // `entry` with the backend's default port when it names none.
+    [[nodiscard]] host_port with_port(host_port entry) const {
+        entry.port = entry.port.value_or(default_rendezvous_port(params_.backend));
+        return entry;
     }
 
     // Looks at `next`: whether anything answers there, and as what. Every step is bounded by the
     // keep-alive; a store refusing this node's secret ends the start.
     asio::awaitable<look_result> probe_at(const host_port& next, bool quiet) {
         look_result result;
-        const auto port = next.port.value_or(default_rendezvous_port(params_.backend));
-        host_port where = next;  // (g++ 12: no braced temporary inside a co_await expression)
-        where.port = port;
+        const auto where = with_port(next);  // (g++ 12: no braced temporary inside a co_await expression)
+        const auto port = *where.port;
         if (!co_await anything_at(where)) co_return result;
         result.answer = look_result::what::unusable;
         auto options = client_options(detail::rendezvous::literal_for(next.host), port, keep_alive_deadline());
@@ -15159,11 +15241,10 @@ private:
             ran = ran || look.marked;
             auto& found = look.found;
             if (!found) {
-                host_port at = next;
-                at.port = next.port.value_or(default_rendezvous_port(params_.backend));
-                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", to_string(at)));
+                const auto at = to_string(with_port(next));
+                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", at));
                 if (look.answer == look_result::what::unusable) {
-                    pending.push_back(fmt::format("{}: no store's answer in time", to_string(at)));
+                    pending.push_back(fmt::format("{}: no store's answer in time", at));
                 }
                 continue;
             }
@@ -15750,88 +15831,6 @@ concept restart_policy = std::move_constructible<P> && requires(P& p, const grou
 // (--restart-backoff, --restart-window, --restart-on-exit, --restart-crash-guard), and
 // restart_settings, all of them together (what make_default_policy takes).
 
-// ---- begin elastic/detail/text.hpp ----
-// Small text helpers for the parsers of every layer: trim, lower, split, a whole integer,
-// `name=value` as error messages show it, and a duration in seconds.
-
-
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <chrono>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
-
-namespace elastic::inline v0 {
-
-namespace detail {
-
-[[nodiscard]] inline std::string_view trim(std::string_view text) noexcept {
-    const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-    while (!text.empty() && is_space(text.front())) {
-        text.remove_prefix(1);
-    }
-    while (!text.empty() && is_space(text.back())) {
-        text.remove_suffix(1);
-    }
-    return text;
-}
-
-[[nodiscard]] inline std::string lower(std::string_view text) {
-    std::string out{text};
-    std::transform(out.begin(), out.end(), out.begin(),
-                   [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); });
-    return out;
-}
-
-/// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
-[[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
-    const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
-}
-
-/// Splits on `sep`; "" gives one empty piece.
-[[nodiscard]] inline std::vector<std::string_view> split(std::string_view text, char sep) {
-    std::vector<std::string_view> pieces;
-    for (;;) {
-        const auto at = text.find(sep);
-        pieces.push_back(text.substr(0, at));
-        if (at == std::string_view::npos) {
-            return pieces;
-        }
-        text.remove_prefix(at + 1);
-    }
-}
-
-/// A duration as a number of seconds, as the options take it: `30`, `0.5`.
-[[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
-    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
-                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
-}
-
-/// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
-[[nodiscard]] inline std::optional<long long> to_integer(std::string_view text) noexcept {
-    text = trim(text);
-    if (!text.empty() && text.front() == '+') {
-        text.remove_prefix(1);
-    }
-    long long value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-        return std::nullopt;
-    }
-    return value;
-}
-
-}  // namespace detail
-
-}  // namespace elastic::inline v0
-// ---- end elastic/detail/text.hpp ----
 
 #include <fmt/format.h>
 

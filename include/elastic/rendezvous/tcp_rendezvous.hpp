@@ -6,6 +6,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/coro.hpp"
 #include "elastic/detail/host_name.hpp"
+#include "elastic/detail/text.hpp"
 #include "elastic/rendezvous/codec.hpp"
 #include "elastic/rendezvous/parameters.hpp"
 #include "elastic/usage_error.hpp"
@@ -501,7 +502,7 @@ private:
         const auto bind = advertise(params_).bind_host;
         if (const auto listed = listed_endpoint()) {
             try {
-                backup_ = serve_job(bind, listed->port.value_or(default_rendezvous_port(params_.backend)));
+                backup_ = serve_job(bind, *with_port(*listed).port);
                 backup_listed_ = true;
                 return;
             } catch (const store_error& e) {
@@ -559,21 +560,21 @@ private:
     // first endpoint as this node spells it (in lower case), so another job's idle store
     // (another endpoint, or the same run id by default) never looks like this one's.
     [[nodiscard]] std::string mark_key() const {
-        host_port first = params_.endpoint;
-        first.port = first.port.value_or(default_rendezvous_port(params_.backend));
-        std::string text = to_string(first);
-        std::transform(text.begin(), text.end(), text.begin(),
-                       [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; });
-        return job_key("formed@" + text);
+        return job_key("formed@" + detail::lower(to_string(with_port(params_.endpoint))));
+    }
+
+    // `entry` with the backend's default port when it names none.
+    [[nodiscard]] host_port with_port(host_port entry) const {
+        entry.port = entry.port.value_or(default_rendezvous_port(params_.backend));
+        return entry;
     }
 
     // Looks at `next`: whether anything answers there, and as what. Every step is bounded by the
     // keep-alive; a store refusing this node's secret ends the start.
     asio::awaitable<look_result> probe_at(const host_port& next, bool quiet) {
         look_result result;
-        const auto port = next.port.value_or(default_rendezvous_port(params_.backend));
-        host_port where = next;  // (g++ 12: no braced temporary inside a co_await expression)
-        where.port = port;
+        const auto where = with_port(next);  // (g++ 12: no braced temporary inside a co_await expression)
+        const auto port = *where.port;
         if (!co_await anything_at(where)) co_return result;
         result.answer = look_result::what::unusable;
         auto options = client_options(detail::rendezvous::literal_for(next.host), port, keep_alive_deadline());
@@ -669,11 +670,10 @@ private:
             ran = ran || look.marked;
             auto& found = look.found;
             if (!found) {
-                host_port at = next;
-                at.port = next.port.value_or(default_rendezvous_port(params_.backend));
-                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", to_string(at)));
+                const auto at = to_string(with_port(next));
+                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", at));
                 if (look.answer == look_result::what::unusable) {
-                    pending.push_back(fmt::format("{}: no store's answer in time", to_string(at)));
+                    pending.push_back(fmt::format("{}: no store's answer in time", at));
                 }
                 continue;
             }
