@@ -15,6 +15,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -330,6 +331,54 @@ TEST_CASE("store_client: a server that stops during a wait is a store_error, not
         const auto after = co_await error_of([&]() -> asio::awaitable<void> { (void)co_await c.num_keys(); });
         CHECK(after.find(fmt::format("cannot connect to the store at {}", c.address())) != std::string::npos);
     }());
+}
+
+TEST_CASE("store_client: close() during a wait ends it with a store_error, and the next call reconnects") {
+    std::optional<fixture> holder;
+    elastic::store_server_options so;
+    tcp_store_client* cp = nullptr;
+    int waits = 0;
+    so.on_request = [&](elastic::wire::op o) {
+        // Once the first WAIT is registered, the client's owner closes it (from another
+        // coroutine of the same loop: posted, not from inside the server's handler).
+        if (o == elastic::wire::op::wait && ++waits == 1) asio::post(holder->ctx, [&] { cp->close(); });
+    };
+    holder.emplace(so);
+    auto& f = *holder;
+    tcp_store_client c(f.ctx.get_executor(), f.client_options());
+    cp = &c;
+    f.run([&]() -> asio::awaitable<void> {
+        co_await c.set("k", "v");
+        const auto during = co_await error_of([&]() -> asio::awaitable<void> { co_await c.wait(ks("never"), 1h); });
+        CHECK(during.find(fmt::format("the store at {}: WAIT '/never' ended: this client was closed", c.address())) !=
+              std::string::npos);
+        co_await c.set("never", "now");
+        co_await c.wait(ks("never"), 1h);
+        CHECK(co_await c.get("k") == "v");
+    }());
+    CHECK(waits == 3);  // the first, the second, and get's own WAIT before its GET
+}
+
+TEST_CASE("store_client: close() while connecting ends the call at once, with no retry and no dialect guessed") {
+    // A listener that accepts and never answers: the client is connected, in its handshake (it
+    // detects the dialect), when its owner closes it.
+    asio::io_context ctx;
+    asio::ip::tcp::acceptor silent(ctx, {asio::ip::make_address("127.0.0.1"), 0});
+    asio::ip::tcp::socket accepted(ctx);
+    store_client_options o;
+    o.port = silent.local_endpoint().port();
+    int retries = 0;
+    o.on_retry = [&](const elastic::store_connect_attempt&) { ++retries; };
+    tcp_store_client c(ctx.get_executor(), o);
+    silent.async_accept(accepted, [&](std::error_code ec) {
+        CHECK_FALSE(ec);
+        c.close();
+    });
+    const auto message = store_support::run(ctx, error_of([&]() -> asio::awaitable<void> { co_await c.connect(); }));
+    CHECK(message.find(fmt::format("the store at {}: connect ended: this client was closed", c.address())) !=
+          std::string::npos);
+    CHECK(retries == 0);
+    CHECK_FALSE(c.dialect().has_value());  // an abort is no answer of a PyTorch 1.13 server
 }
 
 TEST_CASE("store_client: ADD on a non-numeric value fails and the next call reconnects") {

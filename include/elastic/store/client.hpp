@@ -139,7 +139,10 @@ public:
 
     /// Closes the connection; the next operation reconnects. Leases held end with it
     /// (connection_lost() reports "close() was called").
-    void close() noexcept { drop("close() was called"); }
+    void close() noexcept {
+        ++closes_;
+        drop("close() was called");
+    }
 
     /// The dialect in use: chosen by options, or known after `detect` has connected.
     [[nodiscard]] std::optional<wire::dialect> dialect() const noexcept { return dialect_; }
@@ -527,6 +530,10 @@ private:
 
     void arm_deadline(clock::time_point deadline, bool may_extend = true) { conn_->arm_deadline(deadline, may_extend); }
 
+    // Whether the running request's deadline fired. A connection close() dropped while the
+    // request was suspended (conn_ empty) did not expire: it was closed.
+    [[nodiscard]] bool expired() const noexcept { return conn_ && conn_->expired; }
+
     // Every request, even one without a reply, is bounded by `timeout` (its write too).
     void arm() { arm_deadline(clock::now() + options_.timeout); }
 
@@ -557,11 +564,18 @@ private:
         const auto deadline = clock::now() + options_.connect_timeout;
         std::error_code last;
         std::vector<asio::ip::tcp::endpoint> endpoints;
+        // close() while connecting ends the call (no retries, no dialect guessed from the abort).
+        const auto closes = closes_;
+        const auto still_open = [&] {
+            if (closes_ != closes) closed("connect");
+        };
         for (int attempt = 1;; ++attempt) {
             last = co_await connect_once(endpoints, deadline);
+            still_open();
             if (!last) {
                 if (dialect_ == wire::dialect::legacy) co_return;
                 last = co_await handshake(deadline);
+                still_open();
                 if (!last) {
                     dialect_ = wire::dialect::current;
                     co_return;
@@ -572,6 +586,7 @@ private:
                     // key) or waits for more bytes; either way it is legacy.
                     dialect_ = wire::dialect::legacy;
                     last = co_await connect_once(endpoints, deadline);
+                    still_open();
                     if (!last) co_return;
                     drop();
                 }
@@ -593,6 +608,7 @@ private:
             asio::steady_timer t(executor_);
             t.expires_after(delay);
             co_await t.async_wait(detail::as_tuple_awaitable<Defer>);
+            still_open();
         }
     }
 
@@ -612,16 +628,19 @@ private:
                 for (const auto& r : results) endpoints.push_back(r.endpoint());
             }
         }
-        conn_ = std::make_shared<detail::store::store_client_connection>(executor_);
+        // The connection is held here too: close() meanwhile must not free the socket under the
+        // pending connect (which touches it when it completes).
+        const auto conn = conn_ = std::make_shared<detail::store::store_client_connection>(executor_);
         rbeg_ = rend_ = 0;
         arm_deadline(deadline);
-        const auto [ec, ep] = co_await asio::async_connect(conn_->socket, endpoints, detail::as_tuple_awaitable<Defer>);
+        const auto [ec, ep] = co_await asio::async_connect(conn->socket, endpoints, detail::as_tuple_awaitable<Defer>);
         (void)ep;
-        const bool expired = conn_->expired;
+        if (conn != conn_) co_return make_error_code(asio::error::operation_aborted);  // close() meanwhile
+        const bool timed_out = expired();
         disarm();
         if (ec) {
             drop();
-            co_return expired ? make_error_code(asio::error::timed_out) : ec;
+            co_return timed_out ? make_error_code(asio::error::timed_out) : ec;
         }
         std::error_code local_error;
         std::error_code remote_error;
@@ -649,10 +668,12 @@ private:
         arm_deadline(deadline);
         for (;;) {
             if (!wbuf_.empty()) {
-                const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+                const auto conn = conn_;  // held: see connect_once
+                const auto [wec, n] = co_await asio::async_write(conn->socket, asio::buffer(wbuf_),
                                                                  detail::as_tuple_awaitable<Defer>);
                 (void)n;
                 wbuf_.clear();
+                if (conn != conn_) co_return make_error_code(asio::error::operation_aborted);
                 if (wec) co_return auth_io_failed(hs, wec);
             }
             if (hs.done()) break;
@@ -680,10 +701,10 @@ private:
     // the secret, or it has none and refused the handshake as an unknown request): thrown.
     // Anything else (a timeout) is returned, to be retried until connect_timeout.
     std::error_code auth_io_failed(const store_auth::client_handshake& hs, std::error_code ec) {
-        const bool expired = conn_->expired;
+        const bool timed_out = expired();
         disarm();
         drop();
-        if (expired) return make_error_code(asio::error::timed_out);
+        if (timed_out) return make_error_code(asio::error::timed_out);
         if (ec != asio::error::eof && ec != asio::error::connection_reset && ec != asio::error::broken_pipe) return ec;
         if (hs.proof_sent())
             throw store_auth_error(
@@ -709,15 +730,17 @@ private:
         wire::put_u8(wbuf_, *wire::to_byte(wire::dialect::current, wire::op::ping));
         wire::put_u32(wbuf_, nonce);
         arm_deadline(limit);
-        const auto [wec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+        const auto conn = conn_;  // held: see connect_once
+        const auto [wec, n] = co_await asio::async_write(conn->socket, asio::buffer(wbuf_),
                                                          detail::as_tuple_awaitable<Defer>);
         (void)n;
+        if (conn != conn_) co_return make_error_code(asio::error::operation_aborted);
         std::error_code ec = wec;
         if (!ec) ec = co_await fill(4);
         if (ec) {
-            const bool expired = conn_->expired;
+            const bool timed_out = expired();
             disarm();
-            co_return expired ? make_error_code(asio::error::timed_out) : ec;
+            co_return timed_out ? make_error_code(asio::error::timed_out) : ec;
         }
         disarm();
         const auto echo = wire::get_le<std::uint32_t>(rbuf_.data() + rbeg_);
@@ -731,8 +754,9 @@ private:
 
     // ---- I/O ---------------------------------------------------------------------------------
     [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
-        const bool timed_out = conn_ && conn_->expired;
+        const bool timed_out = expired();
         const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+        if (!conn_) closed(about);
         if (timed_out) {
             auto message = fmt::format("the store at {} did not answer {} within {} ms; the server is stuck or "
                                        "overloaded (store_client_options::timeout)",
@@ -758,11 +782,20 @@ private:
     }
 
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
-        if (conn_->expired) fail(what, key, asio::error::timed_out);
-        const auto [ec, n] = co_await asio::async_write(conn_->socket, asio::buffer(wbuf_),
+        const auto conn = conn_;  // held: see connect_once
+        if (!conn || conn->expired) fail(what, key, asio::error::timed_out);
+        const auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(wbuf_),
                                                         detail::as_tuple_awaitable<Defer>);
         (void)n;
+        if (conn != conn_) fail(what, key, asio::error::operation_aborted);  // close() meanwhile
         if (ec) fail(what, key, ec);
+    }
+
+    // close() ended the request `about` (conn_ dropped while it was suspended).
+    [[noreturn]] void closed(std::string_view about) const {
+        throw store_error(fmt::format("the store at {}: {} ended: this client was closed (close() was called during "
+                                      "the request)",
+                                      address(), about));
     }
 
     // Makes n bytes available at rbuf_[rbeg_, ...). An error code, not an exception, so WAIT
@@ -779,10 +812,14 @@ private:
                 if (rbuf_.size() < n) rbuf_.resize(std::max(n, rbuf_.size() * 2));
             }
             if (rbuf_.size() - rend_ < 4096 && rbuf_.size() < 64 * 1024) rbuf_.resize(64 * 1024);
-            if (conn_->expired) co_return make_error_code(asio::error::timed_out);
-            const auto [ec, got] = co_await conn_->socket.async_read_some(asio::buffer(rbuf_.data() + rend_,
-                                                                                       rbuf_.size() - rend_),
-                                                                          detail::as_tuple_awaitable<Defer>);
+            const auto conn = conn_;  // held: see connect_once
+            if (!conn) co_return make_error_code(asio::error::operation_aborted);
+            if (conn->expired) co_return make_error_code(asio::error::timed_out);
+            const auto [ec, got] = co_await conn->socket.async_read_some(asio::buffer(rbuf_.data() + rend_,
+                                                                                      rbuf_.size() - rend_),
+                                                                         detail::as_tuple_awaitable<Defer>);
+            // close() while the read was suspended: the buffer was reset with the connection.
+            if (conn != conn_) co_return make_error_code(asio::error::operation_aborted);
             rend_ += got;
             if (ec && rend_ - rbeg_ < n) co_return ec;
         }
@@ -875,7 +912,7 @@ private:
                 }
                 continue;
             }
-            if (!conn_->expired) fail("WAIT", first_of(keys), ec);
+            if (!expired()) fail("WAIT", first_of(keys), ec);
             const auto now = clock::now();
             if (now >= wait_deadline) break;
             if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
@@ -938,6 +975,7 @@ private:
     store_client_options options_;
     std::optional<wire::dialect> dialect_;
     std::shared_ptr<detail::store::store_client_connection> conn_;
+    std::uint64_t closes_ = 0;  // close() calls: one while connecting ends the connect (open())
     std::minstd_rand rng_;
     wire::request req_;
     std::string wbuf_;
