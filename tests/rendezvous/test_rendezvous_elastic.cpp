@@ -175,6 +175,37 @@ world_line ended_in_one_world(job& j, int node, int world) {
     return lines[0];
 }
 
+/// Whether `out` has the ready line of worker `pid` ("ready <rank> <attempt> <pid>").
+bool said_ready(const std::string& out, pid_t pid) {
+    const auto tail = fmt::format(" {}", pid);
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("ready ", 0) == 0 && line.size() > tail.size() &&
+            line.compare(line.size() - tail.size(), tail.size(), tail) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/// Reads the agent's pipes until the worker of its last world line of size `world` said
+/// "ready" (its signal handlers are in place); returns that line. By the line's pid, not by a
+/// count of ready lines: a worker that a membership change stops between its world line and
+/// its ready line never says ready, and a later world of the same size replaces it.
+world_line await_ready(launched& agent, int world) {
+    world_line last;
+    const bool seen = agent.read_until([&](const std::string& out) {
+        const auto lines = worlds(out, world);
+        if (lines.empty()) return false;
+        last = lines.back();
+        return said_ready(out, last.pid);
+    });
+    INFO("stdout:\n" << agent.out());
+    INFO("stderr:\n" << agent.err());
+    REQUIRE_MESSAGE(seen, "expected the ready line of the worker of the last world " << world << " line");
+    return last;
+}
+
 /// Ends a job whose every agent (or those of `nodes`) runs, last, a worker in a world of `world`
 /// (one per node, rule "trap"): each such worker's "ready" line is awaited and it gets SIGUSR1,
 /// which ends it with 0. Checks their ranks are 0..world-1, that no restart was spent (attempt 0:
@@ -186,12 +217,10 @@ void end_job_in_world(job& j, int world, std::vector<int> nodes = {}) {
     std::set<int> ranks;
     for (const int node : nodes) {
         CAPTURE(node);
-        await_lines(j[node], "ready ", static_cast<int>(worlds(j[node].out()).size()));
-        const auto lines = worlds(j[node].out(), world);
-        REQUIRE_FALSE(lines.empty());
-        ranks.insert(lines.back().rank);
-        CHECK(lines.back().attempt == 0);
-        REQUIRE(::kill(lines.back().pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
+        const auto last = await_ready(j[node], world);
+        ranks.insert(last.rank);
+        CHECK(last.attempt == 0);
+        REQUIRE(::kill(last.pid, SIGUSR1) == 0);  // the job's end: every worker exits 0
     }
     std::set<int> expected;
     for (int r = 0; r < world; ++r) expected.insert(r);
@@ -533,24 +562,12 @@ TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves wit
     std::set<int> ranks;
     std::vector<world_line> last;
     for (const int node : {1, 2, 3, 4}) {
-        auto& a = j[node];
-        const auto w = worlds(a.out(), 4).back();
+        const auto w = await_ready(j[node], 4);  // the worker traps its signals before it says ready
         CHECK(w.node == node);
         CHECK(w.group_world == 4);
         CHECK(w.attempt == 0);
         ranks.insert(w.rank);
         last.push_back(w);
-        // The worker traps its signals before it says ready (with its pid).
-        const auto ready = fmt::format(" {}\n", w.pid);
-        const bool seen = a.read_until([&](const std::string& out) {
-            std::istringstream in(out);
-            for (std::string line; std::getline(in, line);) {
-                if (line.rfind("ready ", 0) == 0 && has(line + "\n", ready)) return true;
-            }
-            return false;
-        });
-        INFO("stdout:\n" << a.out());
-        REQUIRE(seen);
     }
     CHECK(ranks == std::set<int>{0, 1, 2, 3});
     CHECK(has(standby.err(), "the job's rendezvous moves to"));
