@@ -15,8 +15,12 @@
 #include "spawn_support.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <map>
@@ -97,6 +101,8 @@ struct cluster {
             o.nnodes = n;
             o.join_timeout = 60s;
             o.hosts_store = i == 0;
+            o.last_call_timeout = 1s;  // (fixed membership: only the grace for a missing info)
+            o.log = [this](std::string_view line) { logs.emplace_back(line); };
             nodes.push_back(std::make_unique<elastic::store_rendezvous<counting_store<elastic::memory_store>>>(
                 *views[static_cast<std::size_t>(i)], *views[static_cast<std::size_t>(i)], o));
         }
@@ -128,6 +134,7 @@ struct cluster {
     std::vector<std::unique_ptr<counting_store<elastic::memory_store>>> views;
     std::vector<std::unique_ptr<elastic::store_rendezvous<counting_store<elastic::memory_store>>>> nodes;
     std::vector<std::optional<int>> ranks;
+    std::vector<std::string> logs;  ///< every node's log lines
 };
 
 void check_consistent(const std::vector<rendezvous_round>& rounds, const std::vector<int>& nprocs) {
@@ -208,12 +215,133 @@ TEST_CASE("rendezvous: store operations per node do not grow with the number of 
     CHECK(*t8.begin() == *t32.begin());
     CHECK(t8.count(*t8.begin()) == 7);  // every node but the completer
     CHECK(t32.count(*t32.begin()) == 31);
-    // compare_set (guard) + add + set + wait + get; the completer adds multi_get + multi_set.
+    // compare_set (guard) + add + set + wait + get; the completer adds wait (for every info, a
+    // bounded one), multi_get and multi_set.
     CHECK(*t8.begin() == 6);
-    CHECK(*t8.rbegin() == 9);
+    CHECK(*t8.rbegin() == 10);
     CHECK(*s8.begin() == 4);
-    CHECK(*s32.rbegin() == 7);
+    CHECK(*s32.rbegin() == 8);
     MESSAGE("ops per node at N=8: ", *t8.begin(), "..", *t8.rbegin(), ", at N=32: ", *t32.begin(), "..", *t32.rbegin());
+}
+
+TEST_CASE("rendezvous: an arrival that counts itself but writes no info is left out after a grace, and the nodes "
+          "form the next round") {
+    cluster c(3);
+    // A client that is no agent takes arrival 1 of round 0 and never writes its info: the third
+    // node is late there, and the completer would read the missing info for good.
+    spawn_support::spawn_errors errors;
+    asio::co_spawn(
+        c.ctx, [&]() -> asio::awaitable<void> { (void)co_await c.memory.add("elastic.rendezvous.job/0/count", 1); },
+        errors.handler());
+    const auto rounds = c.round();
+    errors.check();
+    check_consistent(rounds, {1, 1, 1});
+    for (const auto& r : rounds) CHECK(r.number == 1);
+    const auto hole = std::count_if(c.logs.begin(), c.logs.end(), [](const std::string& line) {
+        return line.find("round 0 of run 'job': arrival 1 counted itself but wrote no node info within 1000 ms") !=
+               std::string::npos;
+    });
+    CHECK(hole == 1);  // by the completer, once
+}
+
+/// A store that holds back `set` of round 0's info keys until release().
+template <class S>
+class held_store : public counting_store<S> {
+public:
+    // Each hold ends after a minute at most: a regression fails the test's checks, never hangs it.
+    held_store(S& inner, const asio::any_io_executor& ex)
+        : counting_store<S>(inner), gate_(ex, std::chrono::minutes(1)), entered_(ex, std::chrono::minutes(1)) {}
+    asio::awaitable<void> set(std::string k, std::string v) {
+        if (!released_ && k.find("/0/info/") != std::string::npos) {
+            held_ = true;
+            entered_.cancel();
+            co_await gate_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        }
+        co_await counting_store<S>::set(std::move(k), std::move(v));
+    }
+    /// Completes once a set is held back (its ADD came first).
+    asio::awaitable<void> await_held() {
+        if (!held_) co_await entered_.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    }
+    void release() {
+        released_ = true;
+        gate_.cancel();
+    }
+
+private:
+    asio::steady_timer gate_;
+    asio::steady_timer entered_;
+    bool held_ = false;
+    bool released_ = false;
+};
+
+TEST_CASE("rendezvous: an agent whose info comes after the completer's grace is left out, and joins as a late node") {
+    // 2:3: node 0's info is held until the completer (arrival 3 = MAX) reported it missing; the
+    // round forms with nodes 1 and 2, and node 0, told it was left out, arrives late and is
+    // admitted: every node ends in round 1 of 3.
+    asio::io_context ctx;
+    elastic::memory_store memory;
+    held_store<elastic::memory_store> held(memory, ctx.get_executor());
+    std::vector<std::unique_ptr<counting_store<elastic::memory_store>>> views;
+    std::vector<std::unique_ptr<elastic::store_rendezvous<counting_store<elastic::memory_store>>>> rest;
+    std::vector<std::string> logs;
+    const auto options = [&](bool host) {
+        elastic::store_rendezvous_options o;
+        o.run_id = "job";
+        o.nnodes = 3;
+        o.min_nodes = 2;
+        o.join_timeout = 60s;
+        o.last_call_timeout = 1s;  // and so the grace for a missing info
+        o.hosts_store = host;
+        o.log = [&](std::string_view line) {
+            logs.emplace_back(line);
+            if (line.find("counted itself but wrote no node info") != std::string::npos) held.release();
+        };
+        return o;
+    };
+    elastic::store_rendezvous<held_store<elastic::memory_store>> late_node(held, held, options(true));
+    for (int i = 1; i < 3; ++i) {
+        views.push_back(std::make_unique<counting_store<elastic::memory_store>>(memory));
+        rest.push_back(std::make_unique<elastic::store_rendezvous<counting_store<elastic::memory_store>>>(
+            *views.back(), *views.back(), options(false)));
+    }
+    std::vector<rendezvous_round> first(2);
+    std::vector<rendezvous_round> second(3);
+    std::vector<elastic::abort_notice> notices(2);
+    spawn_support::spawn_errors errors;
+    asio::co_spawn(
+        ctx, [&]() -> asio::awaitable<void> { second[0] = co_await late_node.next_round(info(0)); }, errors.handler());
+    for (std::size_t i = 0; i < 2; ++i) {
+        asio::co_spawn(
+            ctx,
+            [&, i]() -> asio::awaitable<void> {
+                co_await held.await_held();  // node 0 is arrival 1, not the completer
+                first[i] = co_await rest[i]->next_round(info(static_cast<int>(i) + 1));
+                notices[i] = co_await rest[i]->wait_for_abort();  // node 0's admission
+                second[i + 1] = co_await rest[i]->next_round(info(static_cast<int>(i) + 1));
+            },
+            errors.handler());
+    }
+    ctx.run();
+    errors.check();
+    for (const auto& r : first) {
+        CHECK(r.number == 0);
+        CHECK(r.group_world_size == 2);
+    }
+    for (const auto& n : notices) {
+        CHECK(n.admission);
+        CHECK(n.reason.find("is waiting to join") != std::string::npos);
+    }
+    for (const auto& r : second) {
+        CHECK(r.number == 1);
+        CHECK(r.group_world_size == 3);
+    }
+    const auto said = [&](const std::string& text) {
+        return std::count_if(logs.begin(), logs.end(),
+                             [&](const std::string& line) { return line.find(text) != std::string::npos; });
+    };
+    CHECK(said("round 0 of run 'job': arrival 1 counted itself but wrote no node info within 1000 ms") == 1);
+    CHECK(said("round 0 of run 'job' formed without this node") == 1);
 }
 
 TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, the restart count is job-wide") {

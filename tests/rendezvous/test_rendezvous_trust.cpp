@@ -471,24 +471,20 @@ TEST_CASE("rendezvous trust: a failure notice that names no lease is ignored, on
     }
 }
 
-TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MASTER_ADDR) is left out of "
-          "the round") {
-    job j("trust-arrival", "2:3");
-    // Attempt 1: every worker also uses the workers' store ("store"), which accepts them.
-    const std::string rules = "a0:hang;*:env+store+world+exit0";
+/// Two agents, --nnodes=2:3, one restart allowed: attempt 0 hangs until a worker is killed, then
+/// round 1 forms, into which `forge` (a client of the store, as any program could open) writes
+/// first. Checks that both agents end 0 in one world of 2 (whatever the client wrote was no
+/// member) at attempt 1, and returns whether either agent's stderr holds `reported`.
+bool round_one_forged(job& j, const std::string& rules,
+                      const std::function<void(elastic::blocking_store_client&)>& forge, const std::string& reported) {
     const std::vector<std::string> extra{"--max-restarts=1", "--rdzv-conf=last_call_timeout=0.2"};
     j.start(rules, extra);
     j.start(rules, extra);
     (void)ready_worker(j[0]);
     const pid_t victim = ready_worker(j[1]);
-    {
-        // Round 1 forms after the restart: a client arrives first, as a node of its own.
-        auto c = j.client();
-        REQUIRE(c->add(j.key("1/count"), 1) == 1);
-        c->set(j.key("1/info/1"), R"({"host":"evil","addr":"10.9.9.9","port":4242,"nproc":1,"pid":4242})");
-    }
+    forge(*j.client());
     REQUIRE(::kill(victim, SIGKILL) == 0);
-    bool reported = false;
+    bool seen = false;
     for (int node = 0; node < 2; ++node) {
         CAPTURE(node);
         const int code = j[node].wait();
@@ -497,11 +493,25 @@ TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MAS
         CHECK(code == 0);
         const auto lines = worlds(j[node].out());
         REQUIRE(lines.size() == 1);
-        CHECK(lines[0][0] == 2);  // the forged node was no member
+        CHECK(lines[0][0] == 2);
         CHECK(lines[0][4] == 1);
-        reported = reported ||
-                   has(j[node].err(), fmt::format("key '{}' holds '{{\"host\":\"evil\"", j.key("1/info/1")));
+        seen = seen || has(j[node].err(), reported);
     }
+    return seen;
+}
+
+TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MASTER_ADDR) is left out of "
+          "the round") {
+    job j("trust-arrival", "2:3");
+    // Attempt 1: every worker also uses the workers' store ("store"), which accepts them. In
+    // round 1, a client arrives first, as a node of its own.
+    const bool reported = round_one_forged(
+        j, "a0:hang;*:env+store+world+exit0",
+        [&](elastic::blocking_store_client& c) {
+            REQUIRE(c.add(j.key("1/count"), 1) == 1);
+            c.set(j.key("1/info/1"), R"({"host":"evil","addr":"10.9.9.9","port":4242,"nproc":1,"pid":4242})");
+        },
+        fmt::format("key '{}' holds '{{\"host\":\"evil\"", j.key("1/info/1")));
     CHECK(reported);  // by the node that completed the round
     // The workers were never sent to the forged MASTER_ADDR.
     for (int rank = 0; rank < 2; ++rank) {
@@ -509,6 +519,21 @@ TEST_CASE("rendezvous trust: a forged arrival (it names no lease and another MAS
         REQUIRE(env.count("MASTER_ADDR") == 1);
         CHECK(env.at("MASTER_ADDR") == "127.0.0.1");
     }
+}
+
+TEST_CASE("rendezvous trust: an arrival that counts itself but never writes its info does not hold the round: it "
+          "is left out after a grace") {
+    job j("trust-hole", "2:3");
+    // In round 1 a client takes the first arrival and writes nothing. The agents are arrivals 2
+    // and 3. Either the first of them, finding as many arrivals as live nodes, seals the round
+    // with the hole and itself (one node, below MIN: every arrival retries, and the other
+    // agent, late, is admitted to the next round), or the second completes it at MAX, without
+    // the hole. Both read the hole's info, which would hold the round for good.
+    const bool reported = round_one_forged(
+        j, "a0:hang;*:world+exit0",
+        [&](elastic::blocking_store_client& c) { REQUIRE(c.add(j.key("1/count"), 1) == 1); },
+        "round 1 of run 'trust-hole': arrival 1 counted itself but wrote no node info within 1000 ms");
+    CHECK(reported);  // by the node that completed the round
 }
 
 TEST_CASE("rendezvous trust: a standby that reads garbage successors reports them, waits, and exits 0 when the job "

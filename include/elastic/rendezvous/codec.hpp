@@ -97,6 +97,11 @@ ELASTIC_DECL std::string encode_retry(int majority_of = 0);
 /// The `majority_of` of a retry (0 when it names none, or `text` is no retry); invalid_value
 /// when it is outside 1..nnodes.
 ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes);
+/// The assignment of an arrival the round left out because it wrote no info in time: a retry
+/// (an older agent retries the next round) that tells this one the round formed without it.
+ELASTIC_DECL std::string encode_left_out();
+/// Whether an assignment is encode_left_out()'s (false for anything else, valid or not).
+ELASTIC_DECL bool is_left_out(std::string_view text);
 /// The assignment every arrival gets when the round failed: `message` says why.
 ELASTIC_DECL std::string encode_round_error(std::string_view message);
 /// `<round>/successors`, for a standby: whether the store's host was a member, and the list.
@@ -355,6 +360,15 @@ ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes) {
         if (!j.contains("retry") || !j.contains("majority_of")) return 0;
         return field_small(j, "majority_of", 1, nnodes);
     });
+}
+
+ELASTIC_DECL std::string encode_left_out() { return nlohmann::json{{"retry", true}, {"left_out", true}}.dump(); }
+
+ELASTIC_DECL bool is_left_out(std::string_view text) {
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object() || !j.contains("retry")) return false;
+    const auto it = j.find("left_out");
+    return it != j.end() && it->is_boolean() && it->get<bool>();
 }
 
 ELASTIC_DECL std::string encode_round_error(std::string_view message) {

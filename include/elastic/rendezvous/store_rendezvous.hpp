@@ -264,6 +264,15 @@ public:
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
+            if (!assigned && std::exchange(left_out_, false)) {
+                // The round formed without this node (its info came after the completer's
+                // grace): it arrives late there, as a newcomer does, and goes on from there.
+                say(fmt::format("round {} of run '{}' formed without this node (its node info reached the store "
+                                "after the completer stopped waiting for it); it joins as a late node",
+                                r, options_.run_id));
+                co_await late(r, me);
+                continue;
+            }
             if (!assigned) continue;  // the round lost a node while forming: the next one
             auto round = *assigned;
             round.number = r;
@@ -934,7 +943,10 @@ private:
         const auto value = co_await store_->get(mine);
         try {
             auto assigned = detail::rendezvous::decode_assignment(value, options_.nnodes);
-            if (!assigned) heed_majority(r, mine, value);
+            if (!assigned) {
+                heed_majority(r, mine, value);
+                left_out_ = detail::rendezvous::is_left_out(value);
+            }
             co_return assigned;
         } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
@@ -970,6 +982,47 @@ private:
         co_return registered - lost;
     }
 
+    // The infos of round r's arrivals (`keys`, in arrival order). An arrival counts itself (its
+    // ADD) before it writes its info (its SET): a client that counts itself and never writes (no
+    // agent, or an agent lost between the two) would hold the completer's read, and the round,
+    // for good. One wait for them all, up to a grace (the last call, within 1..10 s); past it
+    // each missing info is reported and read as a hole (`holes`: true, value empty), which the
+    // round leaves out.
+    asio::awaitable<std::vector<std::string>> arrival_infos(Store& s, int r, const std::vector<std::string>& keys,
+                                                            std::vector<bool>& holes) {
+        using std::chrono::milliseconds;
+        const auto grace = std::clamp(std::chrono::duration_cast<milliseconds>(options_.last_call_timeout),
+                                      milliseconds(1000), milliseconds(10000));
+        holes.assign(keys.size(), false);
+        std::vector<std::string> present = keys;
+        if (!co_await wait_keys(s, keys, grace)) {
+            present.clear();
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                std::vector<std::string> one{keys[i]};
+                if (co_await s.check(std::move(one))) {
+                    present.push_back(keys[i]);
+                    continue;
+                }
+                holes[i] = true;
+                say(fmt::format("round {} of run '{}': arrival {} counted itself but wrote no node info within {} "
+                                "ms (a client that is no agent of this job, or an agent lost between the two); the "
+                                "round goes on without it",
+                                r, options_.run_id, i + 1, grace.count()));
+            }
+        }
+        std::vector<std::string> got;
+        if constexpr (multi_key_store<Store>) {
+            if (!present.empty()) got = co_await s.multi_get(present);
+        } else {
+            for (const auto& k : present) got.push_back(co_await s.get(k));
+        }
+        std::vector<std::string> values(keys.size());
+        for (std::size_t i = 0, j = 0; i < keys.size(); ++i) {
+            if (!holes[i]) values[i] = std::move(got.at(j++));
+        }
+        co_return values;
+    }
+
     // Seals round r (no arrival after this joins it); the one node whose seal came first
     // completes it with the nodes that had arrived.
     asio::awaitable<void> seal(Store& s, int r) {
@@ -987,18 +1040,20 @@ private:
         std::vector<std::string> keys;
         keys.reserve(static_cast<std::size_t>(k));
         for (int i = 1; i <= k; ++i) keys.push_back(key(r, fmt::format("info/{}", i)));
-        std::vector<std::string> values;
-        if constexpr (multi_key_store<Store>) {
-            values = co_await s.multi_get(keys);
-        } else {
-            for (auto& key_i : keys) values.push_back(co_await s.get(key_i));
-        }
+        std::vector<bool> holes;
+        const auto values = co_await arrival_infos(s, r, keys, holes);
         // An arrival whose info is not valid (a client that is no agent: bad JSON, a value out
-        // of range, or, with liveness, no lease name) is reported and left out of the round.
+        // of range, or, with liveness, no lease name) is reported and left out of the round,
+        // as is one that wrote no info in time (a hole, reported by arrival_infos).
         std::vector<node_info> arrived;
         std::vector<bool> valid;
         arrived.reserve(values.size());
         for (std::size_t i = 0; i < values.size(); ++i) {
+            if (holes[i]) {
+                valid.push_back(false);
+                arrived.emplace_back();
+                continue;
+            }
             auto node = checked(keys[i], values[i], "this arrival is left out of the round", [&](std::string_view v) {
                 auto n = detail::rendezvous::decode_node(v);
                 if (members_ && n.id.empty())
@@ -1070,6 +1125,13 @@ private:
                 tell_all(detail::rendezvous::encode_round_error(
                     "this node was lost while the round formed (its agent's connection to the rendezvous store "
                     "ended)"));
+                // A hole's writer, should it be an agent after all (one slower than the grace),
+                // arrives late at this round: a round that formed without it (left_out_).
+                for (int i = 0; i < k; ++i) {
+                    if (holes[static_cast<std::size_t>(i)]) {
+                        out_values[static_cast<std::size_t>(i)] = detail::rendezvous::encode_left_out();
+                    }
+                }
                 rendezvous_round assignment;
                 assignment.world_size = plan.world_size;
                 assignment.group_world_size = n;
@@ -1388,9 +1450,14 @@ private:
     }
 
     static asio::awaitable<bool> wait_for(Store& s, std::string k, std::chrono::milliseconds timeout) {
+        std::vector<std::string> keys{std::move(k)};
+        co_return co_await wait_keys(s, std::move(keys), timeout);
+    }
+
+    // Whether every key of `keys` exists within `timeout`.
+    static asio::awaitable<bool> wait_keys(Store& s, std::vector<std::string> keys, std::chrono::milliseconds timeout) {
         bool timed_out = false;
         try {
-            std::vector<std::string> keys{k};
             co_await s.wait(std::move(keys), timeout);
         } catch (const store_timeout&) {
             timed_out = true;
@@ -1427,6 +1494,7 @@ private:
     bool admission_ = false;                   ///< the last round ended to admit a node
     std::optional<abort_notice> standing_;     ///< the current round's abort, once seen
     bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
+    bool left_out_ = false;                    ///< the last round formed without this node (a hole: info too late)
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
