@@ -13946,6 +13946,25 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (joined >= needed()) {
+                // Enough arrivals, and still no round: say what it waited for (not "N of the N
+                // nodes needed joined").
+                std::string why =
+                    "arrivals were left out before it formed (their leases ended, or they wrote no node info)";
+                if (members_) {
+                    const auto live = co_await live_nodes(*store_);
+                    if (live > joined) {
+                        why = fmt::format("it waits for every live node of the job, and {} of the {} registered and "
+                                          "live never arrived (an agent still stopping its workers, or stopped "
+                                          "within its keep-alive)",
+                                          live - joined, live);
+                    }
+                }
+                throw rendezvous_error(fmt::format(
+                    "rendezvous of run '{}' round {}: {} nodes arrived ({} needed, --nnodes={}:{}), yet the round did "
+                    "not form within the join timeout ({} s): {}; restart the job, or raise --rdzv-conf join_timeout",
+                    options_.run_id, r, joined, needed(), options_.min(), options_.nnodes, seconds, why));
+            }
             if (quorum_ > 0 && majority_of_ > 0) {
                 throw rendezvous_error(fmt::format(
                     "rendezvous of run '{}' round {}: {} of the {} nodes needed (a majority of the {} nodes of the "

@@ -1435,6 +1435,57 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
     }
 }
 
+TEST_CASE("rendezvous trust: a round with the nodes it needs that waits out the join timeout for a live node says "
+          "so, not \"N of the N needed joined\"") {
+    // 2:3, three registered and live nodes; z keeps its lease but never arrives (an agent still
+    // stopping its workers, say). x and y are MIN, and the round waits for z up to the join timeout.
+    loopback_store net(9);
+    auto& c = net.c;
+    elastic::store_rendezvous_options o;
+    o.run_id = "waits-for-live";
+    o.nnodes = 3;
+    o.min_nodes = 2;
+    o.hosts_store = true;
+    o.join_timeout = std::chrono::seconds(2);
+    o.last_call_timeout = std::chrono::milliseconds(500);
+    elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> z(*c[6], *c[7], o);
+    std::vector<std::string> ended;
+    const auto arrive = [&](elastic::store_rendezvous<elastic::tcp_store_client>& node,
+                            std::string id) -> asio::awaitable<void> {
+        try {
+            (void)co_await node.next_round(lease_node(id));
+            ended.emplace_back("formed");
+        } catch (const elastic::rendezvous_error& e) {
+            ended.emplace_back(e.what());
+        }
+    };
+    asio::co_spawn(
+        net.ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await x.start_liveness(*c[2], lease_node("x"));
+            co_await y.start_liveness(*c[5], lease_node("y"));
+            co_await z.start_liveness(*c[8], lease_node("z"));
+            co_await (x.keep_membership() || y.keep_membership() || z.keep_membership() ||
+                      (arrive(x, "x") && arrive(y, "y")));
+            for (auto& each : c) each->close();
+            net.server.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    net.ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    REQUIRE(ended.size() == 2);
+    for (const auto& message : ended) {
+        CAPTURE(message);
+        CHECK(has(message, "rendezvous of run 'waits-for-live' round 0: 2 nodes arrived (2 needed, --nnodes=2:3), "
+                           "yet the round did not form within the join timeout (2 s): it waits for every live node "
+                           "of the job, and 1 of the 3 registered and live never arrived"));
+    }
+}
+
 TEST_CASE("rendezvous trust: a node that comes to a round's abort or decision after the round was collected "
           "rejoins instead of waiting for ever") {
     // A member slow to stop its workers after round 0 was aborted comes back when later rounds
