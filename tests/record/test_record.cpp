@@ -34,9 +34,15 @@ struct failure {
 failure run(const env_support::temp_dir& dir, const std::string& mode) {
     failure f;
     const std::string error_file = dir / (mode + "/attempt_0/0/error.json");
-    f.before = static_cast<std::int64_t>(std::time(nullptr));
+    // The clock record.hpp reads (time() may read a coarser one, a tick behind at a second's edge).
+    const auto now = [] {
+        timespec t{};
+        ::clock_gettime(CLOCK_REALTIME, &t);
+        return static_cast<std::int64_t>(t.tv_sec);
+    };
+    f.before = now();
     f.child = env_support::run_child(child_program, {mode}, {{"TORCHELASTIC_ERROR_FILE", error_file}}, dir.path());
-    f.after = static_cast<std::int64_t>(std::time(nullptr));
+    f.after = now();
     f.raw = env_support::read_file(error_file);
     if (!f.raw.empty()) f.file = nlohmann::json::parse(f.raw);
     // Written as a temporary and renamed: nothing else is left beside it.
