@@ -582,6 +582,43 @@ TEST_CASE("rendezvous elastic: a standby outlives the store's host: it moves wit
     for (const auto& w : last) CHECK(reaped(w.pid));
 }
 
+TEST_CASE("rendezvous elastic: a standby makes no majority: with the store's host and a member killed "
+          "(--nnodes=1:3), the last member and the standby that follow the store never train") {
+    // The last member cannot tell the two killed from two cut off by the network, who would
+    // keep the store and could go on as a majority of their own. It moves the store, and the
+    // standby follows: two nodes, but one member of the last round's three (the standby waits
+    // for the members' first round there), so they never form a round, and both end.
+    job j("standbyminority");
+    j.nnodes = "1:3";
+    const std::string rules = "*:world+trap";
+    const std::string conf = "last_call_timeout=1,join_timeout=8";
+    for (int node = 0; node < 3; ++node) j.start(rules, node == 0, conf);
+    std::map<int, world_line> first;
+    for (int node = 0; node < 3; ++node) {
+        await_lines(j[node], "world 3 ");
+        first[node] = worlds(j[node].out(), 3).at(0);
+    }
+    auto& standby = j.start(rules, false, conf);  // node 3
+    await_stderr(standby, "waits as a standby");
+    for (const int node : {0, 2}) j[node].signal(SIGKILL);
+    for (const int node : {0, 2}) CHECK(j[node].wait() == 128 + SIGKILL);
+    for (const int node : {1, 3}) {
+        CAPTURE(node);
+        const int code = j[node].wait();
+        INFO("stdout:\n" << j[node].out());
+        INFO("stderr:\n" << j[node].err());
+        CHECK(code == 250);
+        CHECK(worlds(j[node].out()).size() == (node == 1 ? 1U : 0U));
+        // The standby waits for the member's first round there; it ends at its own join timeout,
+        // or when that store ends with the member (at the member's join timeout), whichever is first.
+        CHECK((has(j[node].err(), "no majority of the last round's 3 members") ||
+               (node == 3 && has(j[node].err(), "the job cannot move it"))));
+    }
+    CHECK(has(j[1].err(), "no majority of the last round's 3 members"));
+    CHECK(has(j[1].err(), "the job's rendezvous moves to"));
+    CHECK(reaped(first[1].pid));
+}
+
 TEST_CASE("rendezvous elastic: an agent started after the store's host was lost finds where the store moved "
           "through the --rdzv-endpoint list") {
     // At once: while the others still stop their workers before they move the store (their

@@ -308,6 +308,32 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5}), 4).silent == 5);
     CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}}), 4).silent == -1);
     CHECK_THROWS_AS(rdzv::decode_manifest(R"({"k":1,"n":1,"ids":["a"],"silent":-2})", 4), invalid_value);
+    // ... and its number, whose members the majority rule counts (-1: not recorded).
+    CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5, 7}), 4).round == 7);
+    CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5}), 4).round == -1);
+    CHECK_THROWS_AS(rdzv::decode_manifest(R"({"k":1,"n":1,"ids":["a"],"silent":0,"round":-1})", 4), invalid_value);
+    // Where a moved job came from: a round and its size (1..nnodes).
+    const auto from = rdzv::decode_moved_from(rdzv::encode(rdzv::moved_from{6, 3}), 4);
+    CHECK(from.round == 6);
+    CHECK(from.size == 3);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":6,"size":5})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":6,"size":0})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":-1,"size":2})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"size":2})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from("[6,3]", 4), invalid_value);
+    // An arrival's member_of is a round number; and it round-trips.
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"member_of":-1})"),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"member_of":"2"})"),
+                    invalid_value);
+    {
+        elastic::node_info n = lease_node("m");
+        n.previous_rank = 1;
+        n.member_of = 4;
+        const auto back = rdzv::decode_node(rdzv::encode(n));
+        CHECK(back.member_of == std::optional<int>(4));
+        CHECK(back.previous_rank == std::optional<int>(1));
+    }
     CHECK(rdzv::decode_count("7", 0, 10) == 7);
     // What is shown of a value: printable, truncated.
     CHECK(rdzv::shown(std::string("a\x01") + std::string(500, 'b')).size() < 200);
@@ -1331,14 +1357,17 @@ TEST_CASE("rendezvous trust: when every member of a running round was dropped wi
     }
 }
 
-TEST_CASE("rendezvous trust: after members went silent, a round with no majority of the last one is not formed, its "
-          "node is told the majority it needs, and a majority forms the next, closed losses impose nothing") {
+TEST_CASE("rendezvous trust: after members went silent, a round with no majority of the last one's members is not "
+          "formed, its node is told the majority it needs, a newcomer does not make one, a rejoined member does, "
+          "closed losses impose nothing") {
     // Three nodes, --nnodes=1:3; y and z are lost. Silent (the store's count says so, as a cut
-    // or a stall would leave it): x alone is MIN but no majority of 3, so round 1 is not formed,
-    // and x waits until a second node, y2, joins. Closed (killed agents): x goes on alone.
+    // or a stall would leave it): x alone is MIN but no majority of 3, so round 1 is not formed.
+    // A newcomer, s, joins: x and s are 2 nodes but 1 member of the last round, so round 2 is not
+    // formed either. Then y rejoins (y2: a new lease, y's group rank and round): x and y2 are 2
+    // of the 3 members, and round 3 forms with the three. Closed (killed agents): x goes on alone.
     for (const bool silent : {true, false}) {
         CAPTURE(silent);
-        loopback_store net(13);
+        loopback_store net(17);
         auto& ctx = net.ctx;
         auto& c = net.c;
         std::vector<std::string> said;
@@ -1349,8 +1378,9 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
         o.min_nodes = 1;
         o.hosts_store = true;
         o.join_timeout = std::chrono::minutes(10);
-        // Round 0 completes at MAX = 3 arrivals (all three arrive within milliseconds); the round
-        // that admits y2 takes this last call.
+        // Round 0 completes at MAX = 3 arrivals (all three arrive within milliseconds), as does
+        // round 3 (x, s and y2); a node between rounds refused for want of a majority waits this
+        // long (the grace).
         o.last_call_timeout = std::chrono::seconds(3);
         o.log = [&](std::string_view line) {
             said.emplace_back(line);
@@ -1361,26 +1391,49 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
         elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
         elastic::store_rendezvous<elastic::tcp_store_client> z(*c[6], *c[7], o);
         elastic::store_rendezvous<elastic::tcp_store_client> y2(*c[9], *c[10], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> s(*c[13], *c[14], o);
         const auto node = lease_node;
         bool formed = false;
+        int y_rank = -1;
         std::optional<elastic::rendezvous_round> a;
         std::optional<elastic::rendezvous_round> b;
+        std::optional<elastic::rendezvous_round> newcomer;
+        std::optional<std::string> round_two;  // round 2's size: "0" when it was not formed
         const auto rethrow = [](std::exception_ptr e) {
             if (e) std::rethrow_exception(e);
         };
-        const auto end_when_done = [&] {  // whichever of x and y2 is formed last ends the case
-            if (!a || (silent && !b)) return;
+        const auto end_when_done = [&] {  // whichever of x, s and y2 is formed last ends the case
+            if (!a || (silent && (!b || !newcomer))) return;
             for (auto& each : c) each->close();
             net.server.stop();
         };
         on_told = [&] {
-            // Told, x waits for a majority: y2 joins (a new node, or y rejoining) and makes one.
+            // Told, x waits for a majority. A newcomer joins: no member, no majority (round 2's
+            // size is "0"). Then y rejoins and makes one.
             asio::co_spawn(
                 ctx,
                 [&]() -> asio::awaitable<void> {
                     using namespace asio::experimental::awaitable_operators;
-                    co_await y2.start_liveness(*c[11], node("y2"));
-                    auto joined = co_await (y2.keep_membership() || y2.next_round(node("y2")));
+                    co_await s.start_liveness(*c[15], node("s"));
+                    auto joined = co_await (s.keep_membership() || s.next_round(node("s")));
+                    REQUIRE(joined.index() == 1);
+                    newcomer = std::get<1>(joined);
+                    end_when_done();
+                },
+                rethrow);
+            asio::co_spawn(
+                ctx,
+                [&]() -> asio::awaitable<void> {
+                    using namespace asio::experimental::awaitable_operators;
+                    const auto size_key = fmt::format("elastic.rendezvous.{}/2/size", o.run_id);
+                    std::vector<std::string> size{size_key};
+                    co_await c[16]->wait(std::move(size), std::chrono::seconds(120));
+                    round_two = co_await c[16]->get(size_key);
+                    auto rejoined = node("y2");
+                    rejoined.previous_rank = y_rank;
+                    rejoined.member_of = 0;
+                    co_await y2.start_liveness(*c[11], rejoined);
+                    auto joined = co_await (y2.keep_membership() || y2.next_round(rejoined));
                     REQUIRE(joined.index() == 1);
                     b = std::get<1>(joined);
                     end_when_done();
@@ -1395,6 +1448,7 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
                                    (x.next_round(node("x")) && y.next_round(node("y")) && z.next_round(node("z"))));
             REQUIRE(first.index() == 2);
             formed = std::get<0>(std::get<2>(first)).group_world_size == 3;
+            y_rank = std::get<1>(std::get<2>(first)).group_rank;
             if (silent) net.server.engine().set("/" + elastic::lease_silent_key(x.lease_group()), std::string("2"));
             c[5]->close();
             c[8]->close();
@@ -1422,11 +1476,15 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
         REQUIRE(a);
         if (silent) {
             REQUIRE(b);
-            CHECK(a->group_world_size == 2);
-            CHECK(b->group_world_size == 2);
-            CHECK(a->number == b->number);
-            CHECK(a->group_rank != b->group_rank);
-            CHECK(has(log, "too few nodes joined for a majority of the last round's 3 after a member went silent"));
+            REQUIRE(newcomer);
+            CHECK(round_two == std::optional<std::string>("0"));  // x and the newcomer: no majority
+            CHECK(a->number == 3);
+            for (const auto* r : {&*a, &*b, &*newcomer}) {
+                CHECK(r->group_world_size == 3);
+                CHECK(r->number == a->number);
+            }
+            CHECK(std::set<int>{a->group_rank, b->group_rank, newcomer->group_rank} == std::set<int>{0, 1, 2});
+            CHECK(has(log, "too few of the last round's 3 members joined for a majority after a member went silent"));
         } else {
             CHECK_FALSE(b);
             CHECK(a->group_world_size == 1);

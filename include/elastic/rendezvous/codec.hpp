@@ -67,6 +67,15 @@ struct round_manifest {
     std::vector<std::string> ids;
     /// The lease group's silent-loss count (`__silent`) when the round completed; -1: not read.
     std::int64_t silent = -1;
+    /// The round's number (-1: not recorded), whose members the majority rule counts.
+    int round = -1;
+};
+
+/// `<run>/moved_from` in a store the job moved to: the last round its movers were members of,
+/// and its size, until a round forms there (the majority rule counts that round's members).
+struct moved_from {
+    int round = 0;
+    int size = 0;
 };
 
 /// Whether `text` is an IPv4 or IPv6 address literal.
@@ -113,6 +122,8 @@ ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text);
 /// `<round>/manifest`; decoded with at most `nnodes` arrivals.
 ELASTIC_DECL std::string encode(const round_manifest& m);
 ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes);
+ELASTIC_DECL std::string encode(const moved_from& m);
+ELASTIC_DECL moved_from decode_moved_from(std::string_view text, int nnodes);
 ELASTIC_DECL std::string encode(const abort_notice& a);
 /// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
 /// of `size` nodes (-1: a node that is no member, a standby or a lost node's observer).
@@ -255,6 +266,7 @@ ELASTIC_DECL std::string encode(const node_info& i) {
     if (i.node_rank) j["node_rank"] = *i.node_rank;
     if (i.role != "default") j["role"] = i.role;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
+    if (i.member_of) j["member_of"] = *i.member_of;
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
     if (i.backup_listed) j["listed"] = true;
@@ -276,6 +288,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.pid = static_cast<long>(field_int(j, "pid", 1, std::numeric_limits<std::int32_t>::max()));
         if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
+        if (j.contains("member_of")) i.member_of = field_small(j, "member_of", 0, std::numeric_limits<int>::max());
         if (j.contains("id")) i.id = lease_name(j, "id");
         if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
         i.backup_listed = field_bool(j, "listed", false);
@@ -402,7 +415,23 @@ ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text) {
 ELASTIC_DECL std::string encode(const round_manifest& m) {
     nlohmann::json j{{"k", m.k}, {"n", m.n}, {"ids", m.ids}};
     if (m.silent >= 0) j["silent"] = m.silent;
+    if (m.round >= 0) j["round"] = m.round;
     return j.dump();
+}
+
+ELASTIC_DECL std::string encode(const moved_from& m) {
+    return nlohmann::json{{"round", m.round}, {"size", m.size}}.dump();
+}
+
+ELASTIC_DECL moved_from decode_moved_from(std::string_view text, int nnodes) {
+    return codec::decoded([&] {
+        using namespace codec;
+        const auto j = parse_object(text);
+        moved_from m;
+        m.round = field_small(j, "round", 0, std::numeric_limits<int>::max());
+        m.size = field_small(j, "size", 1, nnodes);
+        return m;
+    });
 }
 
 ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
@@ -420,6 +449,7 @@ ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
             m.ids.push_back(id.get<std::string>());
         }
         if (j.contains("silent")) m.silent = field_int(j, "silent", 0, std::numeric_limits<std::int64_t>::max());
+        if (j.contains("round")) m.round = field_small(j, "round", 0, std::numeric_limits<int>::max());
         return m;
     });
 }

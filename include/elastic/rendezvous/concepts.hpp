@@ -25,6 +25,7 @@ struct node_info {
     std::string role = "default";      ///< its workers' role (--role): ROLE_RANK counts within a role
     std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
+    std::optional<int> member_of;      ///< the round it held previous_rank in (the majority rule counts members)
     long pid = 0;                      ///< the agent's process id, for messages
     std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
     std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there

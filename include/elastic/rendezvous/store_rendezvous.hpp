@@ -126,6 +126,7 @@ public:
                 "hosts, or one a finished job's workers left on this port) or another program listens there; point "
                 "--rdzv-endpoint at the port an elasticrun agent hosts its store on, or free this one");
         }
+        if (std::exchange(moved_, false) && known_round_ >= 0) co_await record_moved_from(lease);
         (void)co_await lease.add(job_key("registered"), 1);
         log->epoch = co_await read_epoch(lease, 0);
         lease_ = &lease;
@@ -145,9 +146,13 @@ public:
         options_.hosts_store = hosts_it;
         const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
-        majority_of_ = 0;
+        majority_of_ = std::max(size_, 1);
         target_ = moved.target;
         phase_ = phase::idle;
+        moved_ = true;
+        // No member of the last round this node knows (a standby that follows): its arrival
+        // must not take a member's place in the movers' first round (member_majority).
+        await_movers_ = member_round_ < 0 || member_round_ != known_round_;
     }
 
     /// This node reconnected to the same store (which had dropped it): new connections; then
@@ -233,14 +238,22 @@ public:
     /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
     /// this node waited as a standby; store_lost_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
-        const auto started = std::chrono::steady_clock::now();
+        auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
+        if (!me.member_of && member_round_ >= 0 && me.previous_rank == group_rank_) me.member_of = member_round_;
         if (round_ < 0 || rediscover_) {
             if (round_ < 0 && options_.torchrun_guard) co_await guard();
             // A node joining a running job starts at its last completed round (0 for a new job),
             // arrives late there and is admitted from it.
             round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
             rediscover_ = false;
+        }
+        if (std::exchange(await_movers_, false)) {
+            // Followed the store as no member of the last round: the members that moved it form
+            // their first round there without this node, which then arrives late and is admitted.
+            if (!co_await wait_interruptible(*watcher_, job_key("last_round"), options_.join_timeout)) {
+                throw majority_error(round_ + 1);
+            }
         }
         for (;;) {
             ++round_;
@@ -252,6 +265,7 @@ public:
             const auto step = detail::rendezvous::on_arrival(arrival, rules());
             if (step == detail::rendezvous::arrival_step::late) {
                 co_await late(r, me);
+                started = std::chrono::steady_clock::now();  // a standby's wait is no join
                 continue;
             }
             me.hosts_store = options_.hosts_store;
@@ -271,7 +285,15 @@ public:
                                 "after the completer stopped waiting for it); it joins as a late node",
                                 r, options_.run_id));
                 co_await late(r, me);
+                started = std::chrono::steady_clock::now();
                 continue;
+            }
+            if (!assigned && std::exchange(paced_, false)) {
+                // No majority of the last round's members arrived, and as many arrivals may
+                // come again at once (newcomers, standbys): the next round waits a grace first,
+                // and none starts past the join timeout.
+                if (std::chrono::steady_clock::now() - started >= options_.join_timeout) throw majority_error(r);
+                co_await unless_lost(*watcher_, pause(arrival_grace()));
             }
             if (!assigned) continue;  // the round lost a node while forming: the next one
             auto round = *assigned;
@@ -279,6 +301,10 @@ public:
             restarts_ = round.restart_count;
             group_rank_ = round.group_rank;
             size_ = round.group_world_size;
+            member_round_ = r;
+            known_round_ = r;
+            known_size_ = round.group_world_size;
+            told_majority_ = false;
             running_epoch_ = round.epoch;
             host_in_round_ = round.host_in_round;
             successors_ = round.successors;
@@ -826,6 +852,8 @@ private:
                                  })
                              .value_or(0);
         if (size > 0) {
+            known_round_ = r;
+            known_size_ = size;
             // A standby that outlives the store's host moves with the members: it needs the
             // round's successors and the majority rule (move_to) as they do.
             const auto moves_key = key(r, "successors");
@@ -913,6 +941,7 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+            if (quorum_ > 0) throw majority_error(r);
             if (joined >= needed()) {
                 // Enough arrivals, and still no round: say what it waited for (not "N of the N
                 // nodes needed joined").
@@ -931,22 +960,6 @@ private:
                     "rendezvous of run '{}' round {}: {} nodes arrived ({} needed, --nnodes={}:{}), yet the round did "
                     "not form within the join timeout ({} s): {}; restart the job, or raise --rdzv-conf join_timeout",
                     options_.run_id, r, joined, needed(), options_.min(), options_.nnodes, seconds, why));
-            }
-            if (quorum_ > 0 && majority_of_ > 0) {
-                throw rendezvous_error(fmt::format(
-                    "rendezvous of run '{}' round {}: {} of the {} nodes needed (a majority of the {} nodes of the "
-                    "last round: a member went silent since, cut off by the network, stopped, or on a machine that "
-                    "died, which the store cannot tell apart, and a part cut off from the others never goes on "
-                    "alone; --nnodes={}:{}) joined within the join timeout ({} s)",
-                    options_.run_id, r, joined, needed(), majority_of_, options_.min(), options_.nnodes, seconds));
-            }
-            if (quorum_ > 0) {
-                throw rendezvous_error(fmt::format(
-                    "rendezvous of run '{}' round {} (after the rendezvous store was lost and moved): {} of the {} "
-                    "nodes needed (a majority of the {} nodes of the last round, so that a part cut off from the "
-                    "others never goes on alone; --nnodes={}:{}) joined within the join timeout ({} s)",
-                    options_.run_id, r, joined, needed(), std::max(size_, 1), options_.min(), options_.nnodes,
-                    seconds));
             }
             if (options_.elastic()) {
                 throw rendezvous_error(fmt::format(
@@ -1009,9 +1022,7 @@ private:
     // round leaves out.
     asio::awaitable<std::vector<std::string>> arrival_infos(Store& s, int r, const std::vector<std::string>& keys,
                                                             std::vector<bool>& holes) {
-        using std::chrono::milliseconds;
-        const auto grace = std::clamp(std::chrono::duration_cast<milliseconds>(options_.last_call_timeout),
-                                      milliseconds(1000), milliseconds(10000));
+        const auto grace = arrival_grace();
         holes.assign(keys.size(), false);
         std::vector<std::string> present = keys;
         if (!co_await wait_keys(s, keys, grace)) {
@@ -1122,7 +1133,7 @@ private:
         // After a member went silent the round needs a majority of the last one (no majority:
         // everyone is told so with the retry, and waits for one from then on).
         const int majority_of = static_cast<int>(in.size()) >= needed()
-                                    ? co_await silent_majority(s, static_cast<int>(in.size()), silent)
+                                    ? co_await member_majority(s, arrived, in, silent)
                                     : 0;
         if (static_cast<int>(in.size()) < needed() || majority_of > 0) {
             // A node was lost while the round formed and too few are left: everyone goes on to
@@ -1187,14 +1198,14 @@ private:
                 out_keys.push_back(job_key("round"));
                 out_values.push_back(std::to_string(r));
                 // The last formed round's members and silent-loss count, for the split-brain
-                // rule (silent_majority): a job key, so no collection of old rounds removes it.
+                // rule (member_majority): a job key, so no collection of old rounds removes it.
                 std::vector<std::string> ids;
                 for (const auto& node : nodes) {
                     if (!node.id.empty()) ids.push_back(node.id);
                 }
                 out_keys.push_back(job_key("last_round"));
                 out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, n, std::move(ids),
-                                                                                                   silent}));
+                                                                                                   silent, r}));
                 for (const auto& node : nodes) {
                     if (!node.id.empty()) members.push_back(node.id);
                 }
@@ -1397,14 +1408,20 @@ private:
 
     // The split-brain rule. A member lost by closing its connection (its agent killed) is gone;
     // one that went silent may be alive on the far side of a network cut, where the others move
-    // the store and form a round of their own with a majority of the last round. So a round
-    // formed after a silent loss (`silent`, the count now, above the one the last formed round
-    // recorded in the job's `last_round`) also needs a majority of the last round, on the
-    // store's side too. Returns the last round's size when `joined` is no majority of it after
-    // such a loss, else 0. A store that keeps no count (-1) imposes nothing, and neither does a
-    // last round that recorded none (reported).
-    asio::awaitable<int> silent_majority(Store& s, int joined, std::int64_t silent) {
-        if (!options_.elastic() || silent <= 0) co_return 0;
+    // the store and form a round of their own with a majority of the last round. So two kinds
+    // of round need a majority of the members of the round before them, counted among the
+    // arrivals that say they were members of it (`member_of`, each group rank once), never
+    // newcomers or standbys:
+    // - a round formed after a silent loss (`silent`, the count now, above the one the last
+    //   formed round recorded in the job's `last_round`), on the store's side;
+    // - the first round in a store the job moved to (`moved_from`, written by the first mover).
+    // Returns the size of that round when the arrivals `in` hold no majority of its members,
+    // else 0. A store that keeps no silent count (-1) imposes the first rule on nothing, and
+    // neither does a last round that recorded none (reported); a last round that recorded no
+    // number (an older agent formed it) has its majority counted among all arrivals.
+    asio::awaitable<int> member_majority(Store& s, const std::vector<node_info>& arrived, const std::vector<int>& in,
+                                         std::int64_t silent) {
+        if (!options_.elastic()) co_return 0;
         // A round formed by an agent that kept no count (an older elasticrun) turns the rule off, said once.
         const auto last = co_await read_checked(
             s, job_key("last_round"), "the round is formed as if no lease had gone silent", [&](std::string_view v) {
@@ -1415,9 +1432,35 @@ private:
                 }
                 return m;
             });
-        if (!last || last->n <= 0) co_return 0;  // no round formed yet
-        if (silent <= last->silent || 2 * joined > last->n) co_return 0;
-        co_return last->n;
+        int of_round = -1;
+        int of_size = 0;
+        if (!last || last->n <= 0) {
+            // No round formed in this store yet: one the job moved to counts the movers' round.
+            const auto moved = co_await read_checked(
+                s, job_key("moved_from"), "the round is formed without the movers' majority rule",
+                [&](std::string_view v) { return detail::rendezvous::decode_moved_from(v, options_.nnodes); });
+            if (!moved) co_return 0;
+            of_round = moved->round;
+            of_size = moved->size;
+        } else {
+            if (silent <= 0 || silent <= last->silent) co_return 0;
+            of_round = last->round;
+            of_size = last->n;
+        }
+        int members = 0;
+        if (of_round < 0) {
+            members = static_cast<int>(in.size());
+        } else {
+            std::set<int> ranks;
+            for (const int i : in) {
+                const auto& node = arrived[static_cast<std::size_t>(i)];
+                if (node.member_of == of_round && node.previous_rank && *node.previous_rank < of_size) {
+                    ranks.insert(*node.previous_rank);
+                }
+            }
+            members = static_cast<int>(ranks.size());
+        }
+        co_return 2 * members > of_size ? 0 : of_size;
     }
 
     // Round r's retry `value` at `k`: when it names the last round's size because too few
@@ -1426,14 +1469,65 @@ private:
         const auto majority_of = checked(k, value, "the next round needs the nodes it needed", [&](std::string_view v) {
                                      return detail::rendezvous::decode_retry_majority(v, options_.nnodes);
                                  }).value_or(0);
-        if (majority_of <= 0 || majority_of / 2 + 1 <= quorum_) return;
-        quorum_ = majority_of / 2 + 1;
-        majority_of_ = majority_of;
-        say(fmt::format("round {} of run '{}': too few nodes joined for a majority of the last round's {} after a "
+        if (majority_of <= 0) return;
+        paced_ = true;
+        quorum_ = std::max(quorum_, majority_of / 2 + 1);
+        majority_of_ = std::max(majority_of_, majority_of);
+        if (std::exchange(told_majority_, true)) return;
+        say(fmt::format("round {} of run '{}': too few of the last round's {} members joined for a majority after a "
                         "member went silent (cut off by the network, stopped, or on a machine that died: the store "
-                        "cannot tell which); this part of the job may be cut off from the rest, so the next rounds "
-                        "need {} nodes, up to the join timeout",
-                        r, options_.run_id, majority_of, quorum_));
+                        "cannot tell which) or the store moved; newcomers and standbys do not count toward it. This "
+                        "part of the job may be cut off from the rest, so the next rounds need {} nodes, {} of them "
+                        "its members, up to the join timeout",
+                        r, options_.run_id, majority_of_, quorum_, quorum_));
+    }
+
+    // Records in the store the job moved to where it came from: the last round this node knows
+    // (a mover's, or the full round a standby waited beside) and its size. The highest round
+    // wins: a node that had not read the newest round's assignment when the store was lost
+    // knows an older one (a few compare_sets at most, once per move).
+    asio::awaitable<void> record_moved_from(Store& lease) {
+        const auto k = job_key("moved_from");
+        const auto mine = detail::rendezvous::encode(detail::rendezvous::moved_from{known_round_, known_size_});
+        for (int attempt = 0; attempt < 8; ++attempt) {
+            std::string current;
+            std::vector<std::string> probe{k};
+            if (co_await lease.check(std::move(probe))) current = co_await lease.get(k);
+            if (!current.empty()) {
+                const auto theirs = checked(k, current, "this node records its own", [&](std::string_view v) {
+                    return detail::rendezvous::decode_moved_from(v, options_.nnodes);
+                });
+                if (theirs && theirs->round >= known_round_) co_return;
+            }
+            if (co_await lease.compare_set(k, current, mine) == mine) co_return;
+        }
+    }
+
+    // Completes after `d` (a timer: never a store operation).
+    static asio::awaitable<void> pause(std::chrono::milliseconds d) {
+        asio::steady_timer timer(co_await asio::this_coro::executor, d);
+        co_await timer.async_wait(detail::as_tuple_awaitable<Store>);
+    }
+
+    // The end of a wait for a majority of the last round's members (quorum_, majority_of_).
+    [[nodiscard]] rendezvous_error majority_error(int r) const {
+        return rendezvous_error(fmt::format(
+            "rendezvous of run '{}' round {}: no majority of the last round's {} members ({} of them; newcomers and "
+            "standbys do not count) joined within the join timeout ({} s): a member went silent since (cut off by "
+            "the network, stopped, or on a machine that died, which the store cannot tell apart) or the store "
+            "moved, and a part cut off from the others never goes on alone (--nnodes={}:{}); restart the job once "
+            "its nodes reach each other",
+            options_.run_id, r, std::max(majority_of_, 1), quorum_,
+            std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count(), options_.min(),
+            options_.nnodes));
+    }
+
+    // How long a completer waits for an arrival's info, and a node between rounds that found no
+    // majority: the last call, within 1..10 s.
+    [[nodiscard]] std::chrono::milliseconds arrival_grace() const {
+        using std::chrono::milliseconds;
+        return std::clamp(std::chrono::duration_cast<milliseconds>(options_.last_call_timeout), milliseconds(1000),
+                          milliseconds(10000));
     }
 
     // The claim of a voided round (void_orphaned) starts with this; a completer's is its lease name.
@@ -1517,8 +1611,15 @@ private:
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
-    int majority_of_ = 0;  ///< > 0: quorum_ comes from a retry after a silent loss (not a store move), of this size
-    int target_ = 0;       ///< after the store moved: the round completes at once at this many (0: MAX)
+    int majority_of_ = 0;    ///< the last round's size whose majority quorum_ is (a move, or a retry that named it)
+    int target_ = 0;         ///< after the store moved: the round completes at once at this many (0: MAX)
+    int member_round_ = -1;  ///< the last round this node was a member of (-1: none yet)
+    int known_round_ = -1;   ///< the last formed round this node knows of (as a member or a standby)
+    int known_size_ = 0;     ///< its size
+    bool moved_ = false;     ///< move_to() was called: start_liveness() records where the job came from
+    bool paced_ = false;     ///< the last round was retried for want of a majority of members
+    bool told_majority_ = false;  ///< the majority this node waits for was said (once per wait)
+    bool await_movers_ = false;   ///< moved as no member: the next round waits for the movers' first
 };
 
 }  // namespace elastic::inline v0
