@@ -13214,6 +13214,7 @@ public:
         target_ = moved.target;
         phase_ = phase::idle;
         moved_ = true;
+        told_majority_ = false;
         // No member of the last round this node knows (a standby that follows): its arrival
         // must not take a member's place in the movers' first round (member_majority).
         await_movers_ = member_round_ < 0 || member_round_ != known_round_;
@@ -13305,19 +13306,24 @@ public:
         auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
         if (!me.member_of && member_round_ >= 0 && me.previous_rank == group_rank_) me.member_of = member_round_;
+        if (await_movers_) {
+            // Followed the store as no member of the last round: the members that moved it form
+            // their first round there without this node, which then arrives late at it (the
+            // job's round, read below) and is admitted. Kept until then: a wait the store's
+            // loss ends is taken up again at the next store.
+            if (!co_await wait_interruptible(*watcher_, job_key("last_round"), options_.join_timeout)) {
+                throw majority_error(round_ + 1);
+            }
+            await_movers_ = false;
+            rediscover_ = true;
+            started = std::chrono::steady_clock::now();
+        }
         if (round_ < 0 || rediscover_) {
             if (round_ < 0 && options_.torchrun_guard) co_await guard();
             // A node joining a running job starts at its last completed round (0 for a new job),
             // arrives late there and is admitted from it.
             round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
             rediscover_ = false;
-        }
-        if (std::exchange(await_movers_, false)) {
-            // Followed the store as no member of the last round: the members that moved it form
-            // their first round there without this node, which then arrives late and is admitted.
-            if (!co_await wait_interruptible(*watcher_, job_key("last_round"), options_.join_timeout)) {
-                throw majority_error(round_ + 1);
-            }
         }
         for (;;) {
             ++round_;
@@ -13328,8 +13334,8 @@ public:
             const auto arrival = co_await store_->add(key(r, "count"), 1);
             const auto step = detail::rendezvous::on_arrival(arrival, rules());
             if (step == detail::rendezvous::arrival_step::late) {
-                co_await late(r, me);
-                started = std::chrono::steady_clock::now();  // a standby's wait is no join
+                // A standby's wait beside a formed round is no join: the join timeout starts again.
+                if (co_await late(r, me)) started = std::chrono::steady_clock::now();
                 continue;
             }
             me.hosts_store = options_.hosts_store;
@@ -13348,8 +13354,7 @@ public:
                 say(fmt::format("round {} of run '{}' formed without this node (its node info reached the store "
                                 "after the completer stopped waiting for it); it joins as a late node",
                                 r, options_.run_id));
-                co_await late(r, me);
-                started = std::chrono::steady_clock::now();
+                if (co_await late(r, me)) started = std::chrono::steady_clock::now();
                 continue;
             }
             if (!assigned && std::exchange(paced_, false)) {
@@ -13898,8 +13903,9 @@ private:
 
     // A node arrived after round r was complete (or sealed): it aborts a round running with
     // fewer than MAX nodes so that it may join the next, or waits as a standby for a full
-    // one; either way it goes on with the round after r, or ends with the job.
-    asio::awaitable<void> late(int r, node_info me) {
+    // one; either way it goes on with the round after r, or ends with the job. Returns
+    // whether round r had formed (a refused round has no members to wait beside).
+    asio::awaitable<bool> late(int r, node_info me) {
         if (!co_await wait_interruptible(*store_, key(r, "size"), options_.join_timeout)) {
             throw rendezvous_error(fmt::format(
                 "round {} of run '{}' already has its {} nodes, and stays incomplete for the join timeout ({} s): "
@@ -13969,6 +13975,7 @@ private:
                                 notice.reason));
             }
         }
+        co_return size > 0;
     }
 
     // Waits for this node's assignment in round r: the last-call timer (arrivals from MIN on,
@@ -13991,7 +13998,10 @@ private:
             if (co_await wait_interruptible(*watcher_, mine, left)) break;
             if (last_call && clock::now() >= *last_call) {
                 last_call.reset();
-                if (!members_) {
+                if (!members_ || target_ > 0) {
+                    // After the store moved, the movers stopped their workers before they came:
+                    // the last call after a majority of them seals the round (a standby that
+                    // followed registers, and waits for this round before it arrives).
                     co_await seal(*store_, r);
                 } else {
                     // The last call is over; the round still waits for nodes that live and
@@ -14005,7 +14015,7 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
-            if (quorum_ > 0) throw majority_error(r);
+            if (quorum_ > 0 && joined < needed()) throw majority_error(r);
             if (joined >= needed()) {
                 // Enough arrivals, and still no round: say what it waited for (not "N of the N
                 // nodes needed joined").
@@ -14486,18 +14496,25 @@ private:
     asio::awaitable<int> member_majority(Store& s, const std::vector<node_info>& arrived, const std::vector<int>& in,
                                          std::int64_t silent) {
         if (!options_.elastic()) co_return 0;
+        std::vector<std::string> formed{job_key("last_round")};
+        const bool any_formed = co_await s.check(std::move(formed));
         // A round formed by an agent that kept no count (an older elasticrun) turns the rule off, said once.
-        const auto last = co_await read_checked(
-            s, job_key("last_round"), "the round is formed as if no lease had gone silent", [&](std::string_view v) {
-                auto m = detail::rendezvous::decode_manifest(v, options_.nnodes);
-                if (m.n > 0 && m.silent < 0) {
-                    throw detail::rendezvous::invalid_value(
-                        "it records no silent-loss count (an agent of an older version formed that round)");
-                }
-                return m;
-            });
+        std::optional<detail::rendezvous::round_manifest> last;
+        if (any_formed) {
+            last = co_await read_checked(
+                s, job_key("last_round"), "the round is formed as if no lease had gone silent",
+                [&](std::string_view v) {
+                    auto m = detail::rendezvous::decode_manifest(v, options_.nnodes);
+                    if (m.n > 0 && m.silent < 0) {
+                        throw detail::rendezvous::invalid_value(
+                            "it records no silent-loss count (an agent of an older version formed that round)");
+                    }
+                    return m;
+                });
+        }
         int of_round = -1;
         int of_size = 0;
+        if (any_formed && !last) co_return 0;  // an invalid record (reported): the rule is off
         if (!last || last->n <= 0) {
             // No round formed in this store yet: one the job moved to counts the movers' round.
             const auto moved = co_await read_checked(
