@@ -1424,7 +1424,8 @@ private:
     // newcomers or standbys:
     // - a round formed after a silent loss (`silent`, the count now, above the one the last
     //   formed round recorded in the job's `last_round`), on the store's side;
-    // - the first round in a store the job moved to (`moved_from`, written by the first mover).
+    // - the first round in a store the job moved to (`moved_from`, the highest round its movers
+    //   knew: record_moved_from).
     // Returns the size of that round when the arrivals `in` hold no majority of its members,
     // else 0. A store that keeps no silent count (-1) imposes the first rule on nothing, and
     // neither does a last round that recorded none (reported); a last round that recorded no
@@ -1432,21 +1433,23 @@ private:
     asio::awaitable<int> member_majority(Store& s, const std::vector<node_info>& arrived, const std::vector<int>& in,
                                          std::int64_t silent) {
         if (!options_.elastic()) co_return 0;
-        std::vector<std::string> formed{job_key("last_round")};
+        const auto last_key = job_key("last_round");
+        std::vector<std::string> formed{last_key};
         const bool any_formed = co_await s.check(std::move(formed));
         // A round formed by an agent that kept no count (an older elasticrun) turns the rule off, said once.
         std::optional<detail::rendezvous::round_manifest> last;
         if (any_formed) {
-            last = co_await read_checked(
-                s, job_key("last_round"), "the round is formed as if no lease had gone silent",
-                [&](std::string_view v) {
-                    auto m = detail::rendezvous::decode_manifest(v, options_.nnodes);
-                    if (m.n > 0 && m.silent < 0) {
-                        throw detail::rendezvous::invalid_value(
-                            "it records no silent-loss count (an agent of an older version formed that round)");
-                    }
-                    return m;
-                });
+            const auto value = co_await s.get(last_key);
+            last = checked(last_key, value, "the round is formed as if no lease had gone silent",
+                           [&](std::string_view v) {
+                               auto m = detail::rendezvous::decode_manifest(v, options_.nnodes);
+                               if (m.n > 0 && m.silent < 0) {
+                                   throw detail::rendezvous::invalid_value(
+                                       "it records no silent-loss count (an agent of an older version formed that "
+                                       "round)");
+                               }
+                               return m;
+                           });
         }
         int of_round = -1;
         int of_size = 0;
@@ -1506,17 +1509,17 @@ private:
     asio::awaitable<void> record_moved_from(Store& lease) {
         const auto k = job_key("moved_from");
         const auto mine = detail::rendezvous::encode(detail::rendezvous::moved_from{known_round_, known_size_});
+        // compare_set answers with the value it found when it does not write: one request
+        // when this node is first, one more per record it replaces.
+        std::string expected;
         for (int attempt = 0; attempt < 8; ++attempt) {
-            std::string current;
-            std::vector<std::string> probe{k};
-            if (co_await lease.check(std::move(probe))) current = co_await lease.get(k);
-            if (!current.empty()) {
-                const auto theirs = checked(k, current, "this node records its own", [&](std::string_view v) {
-                    return detail::rendezvous::decode_moved_from(v, options_.nnodes);
-                });
-                if (theirs && theirs->round >= known_round_) co_return;
-            }
-            if (co_await lease.compare_set(k, current, mine) == mine) co_return;
+            auto found = co_await lease.compare_set(k, expected, mine);
+            if (found == mine) co_return;
+            const auto theirs = checked(k, found, "this node records its own", [&](std::string_view v) {
+                return detail::rendezvous::decode_moved_from(v, options_.nnodes);
+            });
+            if (theirs && theirs->round >= known_round_) co_return;
+            expected = std::move(found);
         }
     }
 
