@@ -17,6 +17,7 @@
 // The worker's collectives, after the store: dist.hpp includes the store client only where
 // its definitions are compiled, and the single header keeps a header's first inclusion only.
 #include "elastic/dist.hpp"
+#include "elastic/dist/json.hpp"
 #include "elastic/process.hpp"
 #include "elastic/report.hpp"
 #include "elastic/rendezvous.hpp"

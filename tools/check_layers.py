@@ -9,7 +9,7 @@ Layers, lowest first (docs/architecture.md):
     process     process/
     store       store/                    (base, process)
     report      report/                   (base, process)
-    worker      dist.hpp                  (base, store)
+    worker      dist.hpp, dist/           (base, store)
     rendezvous  rendezvous/               (base, process, store, report)
     policy      policy/                   (base, process, store, report, rendezvous)
     agent       agent/                    (everything below)
@@ -78,6 +78,8 @@ def layer_of(relative: str) -> str:
         raise SystemExit(f"check_layers: {relative} has no layer: add it to TOP in tools/check_layers.py")
     if parts[0] == "detail":
         return "base"
+    if parts[0] == "dist":
+        return "worker"
     if parts[0] == "impl":
         return "all"
     if parts[0] in FOLDERS:
