@@ -157,6 +157,23 @@ TEST_CASE("dist: a rank that never arrives fails the others with its rank named"
     }
 }
 
+TEST_CASE("dist: a rank that dies after a collective fails the others' next one with its rank named") {
+    job j;
+    const auto results = j.run("dies", 3, {}, 0, "300");
+    REQUIRE(results.size() == 3);
+    CHECK(results.at(2).code == 9);
+    CHECK(results.at(2).output == "rank 2 exits\n");
+    for (const int rank : {0, 1}) {
+        const auto& r = results.at(rank);
+        CAPTURE(r.output);
+        CHECK(r.code == 3);
+        CHECK(r.output.starts_with(fmt::format("rank {} missing: 2\n", rank)));
+        CHECK(r.output.find(fmt::format("elastic::dist::all_gather #1 on rank {} of 3: rank 2 did not arrive within "
+                                        "300 ms",
+                                        rank)) != std::string::npos);
+    }
+}
+
 TEST_CASE("dist: initialize joins every rank, and names MASTER_ADDR:MASTER_PORT when the store is not there") {
     job j;
     expect_outputs(j.run("initialize", 2, {}, 0, "60000"), 2,

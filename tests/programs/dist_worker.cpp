@@ -344,13 +344,27 @@ int mismatch() {
     return 0;
 }
 
-int barrier_once(std::chrono::milliseconds timeout, bool large_reduce = false) {
+// One collective that some rank will not reach within `timeout`: a barrier; an all_reduce large
+// enough for rank 0 to combine (the others wait for its result); or, in `dies`, an all_gather
+// after a barrier that every rank passed and after which the last rank exits.
+enum class once { barrier, large_reduce, dies };
+
+int barrier_once(std::chrono::milliseconds timeout, once what = once::barrier) {
     dist::set_timeout(timeout);
     try {
-        if (large_reduce) {
-            // Beyond 256 KiB: rank 0 combines, the others wait for its result.
+        if (what == once::large_reduce) {
             std::vector<double> v(100000, 1.0);
             dist::all_reduce(v);
+        } else if (what == once::dies) {
+            dist::set_timeout(std::chrono::minutes(1));  // however slowly the ranks start
+            dist::barrier();
+            dist::set_timeout(timeout);
+            if (dist::get_global_rank() == dist::get_world_size() - 1) {
+                fmt::print("rank {} exits\n", dist::get_global_rank());
+                std::fflush(stdout);
+                std::_Exit(9);
+            }
+            (void)dist::all_gather(std::string("after"));
         } else {
             dist::barrier();
         }
@@ -393,7 +407,7 @@ int main(int argc, char** argv) {
     if (argc < 2) {
         std::fprintf(
             stderr,
-            "usage: %s barriers|broadcast|gather|barrier-once|reduce-once|single|collectives|mismatch|rooted|initialize [ms]\n",
+            "usage: %s barriers|broadcast|gather|barrier-once|reduce-once|dies|single|collectives|mismatch|rooted|initialize [ms]\n",
             argv[0]);
         return 2;
     }
@@ -406,7 +420,8 @@ int main(int argc, char** argv) {
         if (scenario == "broadcast") return broadcast();
         if (scenario == "gather") return gather();
         if (scenario == "barrier-once") return barrier_once(timeout);
-        if (scenario == "reduce-once") return barrier_once(timeout, true);
+        if (scenario == "reduce-once") return barrier_once(timeout, once::large_reduce);
+        if (scenario == "dies") return barrier_once(timeout, once::dies);
         if (scenario == "single") return single();
         if (scenario == "collectives") return collectives();
         if (scenario == "mismatch") return mismatch();

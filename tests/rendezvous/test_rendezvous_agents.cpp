@@ -144,6 +144,27 @@ TEST_CASE("rendezvous agents: c10d with 2, 4 and 8 agents gives every worker con
     }
 }
 
+TEST_CASE("rendezvous agents: a node that waits for the others says how many joined and how long it still waits") {
+    temp_dir dir;
+    const int port = free_port();
+    job j;
+    j.start(with_worker(c10d_args(port, 2, 1, "progress")), node_env(dir, "*:env", 0));
+    // Alone, it is not silent until its join timeout: the line comes 5 s in (read as it comes).
+    const bool said = j.agents[0]->read_err_until([](const std::string& err) {
+        return err.find("round 0 of run 'progress': 1 of the 2 nodes needed (--nnodes=2) joined; waiting up to ") !=
+               std::string::npos;
+    });
+    INFO(j.agents[0]->err());
+    REQUIRE(said);
+    CHECK(j.agents[0]->err().find("(the join timeout) for the rest") != std::string::npos);
+    j.start(with_worker(c10d_args(port, 2, 1, "progress")), node_env(dir, "*:env", 1));
+    j.wait_all();
+    for (std::size_t i = 0; i < j.agents.size(); ++i) {
+        INFO(j.agents[i]->err());
+        CHECK(j.codes[i] == 0);
+    }
+}
+
 TEST_CASE("rendezvous agents: with a --role per agent, ROLE_RANK and ROLE_WORLD_SIZE count within each role") {
     // Three agents of two workers: two trainers, one reader, in whatever group ranks they get.
     const std::vector<std::string> roles{"trainer", "reader", "trainer"};

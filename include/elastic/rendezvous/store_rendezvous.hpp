@@ -925,13 +925,21 @@ private:
         if (detail::rendezvous::has_last_call(arrival, rules())) {
             last_call = clock::now() + options_.last_call_timeout;
         }
+        // A node that waits for others is never silent until its join timeout: a line says how
+        // far the round got, 5 s in, then every 5 s for the first minute and every 30 s after.
+        auto next_progress = started + std::chrono::seconds(5);
         for (;;) {
             const auto now = clock::now();
-            auto until = join_deadline;
+            auto until = std::min(join_deadline, next_progress);
             if (last_call && *last_call < until) until = *last_call;
             const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - now),
                                        std::chrono::milliseconds(1));
             if (co_await wait_interruptible(*watcher_, mine, left)) break;
+            if (const auto t = clock::now(); t >= next_progress && t < join_deadline) {
+                co_await say_progress(r, join_deadline, last_call);
+                next_progress = t + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
+                                                                           : std::chrono::seconds(30));
+            }
             if (last_call && clock::now() >= *last_call) {
                 last_call.reset();
                 if (!members_ || target_ > 0) {
@@ -997,6 +1005,38 @@ private:
                 "rendezvous of run '{}' round {}: this node's assignment ('{}') is not valid ({}): a client that is "
                 "no agent of this job writes into the rendezvous store; give the job a store of its own",
                 options_.run_id, r, mine, e.what()));
+        }
+    }
+
+    // The line await_assignment says while it waits: how many joined, of how many, for how long
+    // still, and in an elastic job which live nodes the round still waits for.
+    asio::awaitable<void> say_progress(int r, std::chrono::steady_clock::time_point deadline,
+                                       std::optional<std::chrono::steady_clock::time_point> last_call) {
+        auto joined = co_await store_->add(key(r, "count"), 0);
+        if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
+        const auto until = [](std::chrono::steady_clock::time_point t) {
+            const auto left = std::max<std::int64_t>(
+                0, std::chrono::ceil<std::chrono::seconds>(t - std::chrono::steady_clock::now()).count());
+            return left >= 60 ? fmt::format("{}m{:02}s", left / 60, left % 60) : fmt::format("{}s", left);
+        };
+        const auto within = until(deadline);
+        const auto nnodes = options_.elastic() ? fmt::format("--nnodes={}:{}", options_.min(), options_.nnodes)
+                                               : fmt::format("--nnodes={}", options_.nnodes);
+        if (joined < needed()) {
+            say(fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the join "
+                            "timeout) for the rest",
+                            r, options_.run_id, joined, needed(), nnodes, within));
+            co_return;
+        }
+        const auto live = members_ ? co_await live_nodes(*store_) : joined;
+        if (live > joined) {
+            say(fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for the "
+                            "{} other live node{} of the job (stopping {} workers?), or {} loss",
+                            r, options_.run_id, joined, nnodes, within, live - joined, live - joined == 1 ? "" : "s",
+                            live - joined == 1 ? "its" : "their", live - joined == 1 ? "its" : "their"));
+        } else {
+            say(fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call{}", r,
+                            options_.run_id, joined, nnodes, last_call ? ", in " + until(*last_call) : std::string()));
         }
     }
 
