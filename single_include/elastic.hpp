@@ -6345,8 +6345,8 @@ T reader::read() {
         if (!s.empty()) bytes(s.data(), s.size() * sizeof(C));
         return s;
     } else if constexpr (detail::is_pair_v<T>) {
-        auto a = read<typename T::first_type>();
-        auto b = read<typename T::second_type>();
+        auto a = read<std::remove_cv_t<typename T::first_type>>();
+        auto b = read<std::remove_cv_t<typename T::second_type>>();
         return T(std::move(a), std::move(b));
     } else if constexpr (detail::is_optional_v<T>) {
         std::uint8_t has = 0;
@@ -6358,14 +6358,16 @@ T reader::read() {
         // Read in order into the tuple's elements (braced initialisation sequences the reads).
         return [this]<std::size_t... I>(std::index_sequence<I...>) {
             // this-> for clang, which otherwise takes the capture for unused
-            return T{this->template read<std::tuple_element_t<I, T>>()...};
+            return T{this->template read<std::remove_cv_t<std::tuple_element_t<I, T>>>()...};
         }
         (std::make_index_sequence<std::tuple_size_v<T>>{});
     } else if constexpr (detail::is_array_v<T>) {
+        using E = typename T::value_type;
         T a{};
-        if constexpr (detail::bulk<typename T::value_type>) bytes(a.data(), sizeof(T));
+        if constexpr (std::tuple_size_v<T> == 0) return a;  // nothing written (data() may be null)
+        else if constexpr (detail::bulk<E>) bytes(a.data(), std::tuple_size_v<T> * sizeof(E));
         else
-            for (auto& e : a) e = read<typename T::value_type>();
+            for (auto& e : a) e = read<E>();
         return a;
     } else if constexpr (requires { typename T::key_type; }) {  // map
         using K = typename T::key_type;
@@ -6697,22 +6699,23 @@ public:
     T broadcast(const T& value, int root = 0) {
         check_rank(root, "broadcast root");
         if (options_.world_size == 1) return value;
-        auto bytes = options_.rank == root ? or_abandon("broadcast", part::root, root, [&] { return encode(value); })
-                                           : std::string();
-        return decode<T>(broadcast(std::move(bytes), root));
+        auto bytes = options_.rank == root
+                         ? or_abandon("broadcast", part::root, root, [&] { return dist::encode(value); })
+                         : std::string();
+        return dist::decode<T>(broadcast(std::move(bytes), root));
     }
     /// Every rank's value, indexed by rank.
     template <serializable T>
     std::vector<T> all_gather(const T& value) {
         if (options_.world_size == 1) return std::vector<T>(1, value);
-        return decode_all<T>(all_gather(or_abandon("all_gather", part::own, 0, [&] { return encode(value); })));
+        return decode_all<T>(all_gather(or_abandon("all_gather", part::own, 0, [&] { return dist::encode(value); })));
     }
     /// Every rank's value on `root`, indexed by rank; empty elsewhere.
     template <serializable T>
     std::vector<T> gather(const T& value, int root = 0) {
         check_rank(root, "gather root");
         const auto p = options_.rank == root ? part::none : part::own;
-        return decode_all<T>(gather(or_abandon("gather", p, root, [&] { return encode(value); }), root));
+        return decode_all<T>(gather(or_abandon("gather", p, root, [&] { return dist::encode(value); }), root));
     }
     /// `root`'s values[r] on rank r.
     template <serializable T>
@@ -6723,10 +6726,10 @@ public:
             parts = or_abandon("scatter", part::others, root, [&] {
                 std::vector<std::string> encoded;
                 encoded.reserve(values.size());
-                for (const auto& v : values) encoded.push_back(encode(v));
+                for (const auto& v : values) encoded.push_back(dist::encode(v));
                 return encoded;
             });
-        return decode<T>(scatter(std::move(parts), root));
+        return dist::decode<T>(scatter(std::move(parts), root));
     }
 
     /// Combines every rank's `data` element by element with `op`, in place; every rank ends with
@@ -6736,7 +6739,8 @@ public:
     /// read back from it.
     template <reducible T>
     void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-        (void)or_abandon("all_reduce", options_.world_size == 1 ? part::none : part::own, 0, [&] {
+        const auto who = options_.world_size == 1 ? part::none : options_.rank == 0 ? part::reducer : part::own;
+        (void)or_abandon("all_reduce", who, 0, [&] {
             check_op<T>(op);
             return 0;
         });
@@ -6834,9 +6838,10 @@ private:
     }
 
     // Which keys of a collective a rank that cannot take part fills with its error: its own
-    // (all_gather, a gather's sender, all_reduce), the root's (a broadcast's root), every other
-    // rank's (a scatter's root), or none (a gather's root: nobody waits for it).
-    enum class part : std::uint8_t { own, root, others, none };
+    // (all_gather, a gather's sender, all_reduce), its own and the result (all_reduce's rank 0,
+    // whose result the others may wait for), the root's (a broadcast's root), every other rank's
+    // (a scatter's root), or none (a gather's root: nobody waits for it).
+    enum class part : std::uint8_t { own, reducer, root, others, none };
 
     // make()'s result; if it throws, the rest of the group hears of it (abandon) and the
     // exception goes on.
@@ -6857,7 +6862,7 @@ private:
     static std::vector<T> decode_all(const std::vector<std::string>& parts) {
         std::vector<T> out;
         out.reserve(parts.size());
-        for (const auto& p : parts) out.push_back(decode<T>(p));
+        for (const auto& p : parts) out.push_back(dist::decode<T>(p));
         return out;
     }
 
@@ -7028,6 +7033,9 @@ ELASTIC_DECL void group::abandon(std::string_view what, part p, int root, std::s
                                          options_.rank, why);
         if (p == part::root) {
             put_error(fmt::format("{}/{}/root", options_.key_namespace, n), message);
+        } else if (p == part::reducer) {
+            put_error(keys_of(n)[static_cast<std::size_t>(options_.rank)], message);
+            put_error(fmt::format("{}/{}/result", options_.key_namespace, n), message);
         } else {
             const auto keys = keys_of(n);
             for (int r = 0; r < options_.world_size; ++r)
@@ -15220,7 +15228,7 @@ private:
         }
         // A node that waits for others is never silent until its join timeout: a line says how
         // far the round got, 5 s in, then every 5 s for the first minute and every 30 s after.
-        auto next_progress = started + std::chrono::seconds(5);
+        auto next_progress = std::max(started, clock::now()) + std::chrono::seconds(5);
         for (;;) {
             const auto now = clock::now();
             auto until = std::min(join_deadline, next_progress);
@@ -15230,8 +15238,8 @@ private:
             if (co_await wait_interruptible(*watcher_, mine, left)) break;
             if (const auto t = clock::now(); t >= next_progress && t < join_deadline) {
                 co_await say_progress(r, join_deadline, last_call);
-                next_progress = t + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
-                                                                           : std::chrono::seconds(30));
+                next_progress = clock::now() + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
+                                                                                      : std::chrono::seconds(30));
             }
             if (last_call && clock::now() >= *last_call) {
                 last_call.reset();
@@ -15302,9 +15310,23 @@ private:
     }
 
     // The line await_assignment says while it waits: how many joined, of how many, for how long
-    // still, and in an elastic job which live nodes the round still waits for.
+    // still, and in an elastic job which live nodes the round still waits for. Best effort: a
+    // store too busy to answer within the read timeout costs the line, not the wait (a lost
+    // store ends it, as it ends the wait).
     asio::awaitable<void> say_progress(int r, std::chrono::steady_clock::time_point deadline,
                                        std::optional<std::chrono::steady_clock::time_point> last_call) {
+        if (!options_.log) co_return;
+        std::string line;
+        try {
+            line = co_await unless_lost(*store_, progress_line(r, deadline, last_call));
+        } catch (const store_timeout&) {
+            // the next line, then
+        }
+        if (!line.empty()) say(line);
+    }
+
+    asio::awaitable<std::string> progress_line(int r, std::chrono::steady_clock::time_point deadline,
+                                               std::optional<std::chrono::steady_clock::time_point> last_call) {
         auto joined = co_await store_->add(key(r, "count"), 0);
         if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
         const auto until = [](std::chrono::steady_clock::time_point t) {
@@ -15316,21 +15338,27 @@ private:
         const auto nnodes = options_.elastic() ? fmt::format("--nnodes={}:{}", options_.min(), options_.nnodes)
                                                : fmt::format("--nnodes={}", options_.nnodes);
         if (joined < needed()) {
-            say(fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the join "
-                            "timeout) for the rest",
-                            r, options_.run_id, joined, needed(), nnodes, within));
-            co_return;
+            co_return fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the "
+                                  "join timeout) for the rest",
+                                  r, options_.run_id, joined, needed(), nnodes, within);
         }
-        const auto live = members_ ? co_await live_nodes(*store_) : joined;
+        if (last_call) {
+            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call, in {}",
+                                  r, options_.run_id, joined, nnodes, until(*last_call));
+        }
+        // After a move the last call seals the round whoever lives; otherwise it waits for every
+        // live node of the job.
+        const auto live = members_ && target_ == 0 ? co_await live_nodes(*store_) : joined;
         if (live > joined) {
-            say(fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for the "
-                            "{} other live node{} of the job (stopping {} workers?), or {} loss",
-                            r, options_.run_id, joined, nnodes, within, live - joined, live - joined == 1 ? "" : "s",
-                            live - joined == 1 ? "its" : "their", live - joined == 1 ? "its" : "their"));
-        } else {
-            say(fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call{}", r,
-                            options_.run_id, joined, nnodes, last_call ? ", in " + until(*last_call) : std::string()));
+            const auto others = live - joined;
+            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) "
+                                  "for the {} other live node{} of the job (stopping {} workers?), or {} loss",
+                                  r, options_.run_id, joined, nnodes, within, others, others == 1 ? "" : "s",
+                                  others == 1 ? "its" : "their", others == 1 ? "its" : "their");
         }
+        co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for "
+                              "the round to form",
+                              r, options_.run_id, joined, nnodes, within);
     }
 
     // Elastic rounds: complete once every live node joined (at least the nodes needed) — at

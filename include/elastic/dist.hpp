@@ -192,22 +192,23 @@ public:
     T broadcast(const T& value, int root = 0) {
         check_rank(root, "broadcast root");
         if (options_.world_size == 1) return value;
-        auto bytes = options_.rank == root ? or_abandon("broadcast", part::root, root, [&] { return encode(value); })
-                                           : std::string();
-        return decode<T>(broadcast(std::move(bytes), root));
+        auto bytes = options_.rank == root
+                         ? or_abandon("broadcast", part::root, root, [&] { return dist::encode(value); })
+                         : std::string();
+        return dist::decode<T>(broadcast(std::move(bytes), root));
     }
     /// Every rank's value, indexed by rank.
     template <serializable T>
     std::vector<T> all_gather(const T& value) {
         if (options_.world_size == 1) return std::vector<T>(1, value);
-        return decode_all<T>(all_gather(or_abandon("all_gather", part::own, 0, [&] { return encode(value); })));
+        return decode_all<T>(all_gather(or_abandon("all_gather", part::own, 0, [&] { return dist::encode(value); })));
     }
     /// Every rank's value on `root`, indexed by rank; empty elsewhere.
     template <serializable T>
     std::vector<T> gather(const T& value, int root = 0) {
         check_rank(root, "gather root");
         const auto p = options_.rank == root ? part::none : part::own;
-        return decode_all<T>(gather(or_abandon("gather", p, root, [&] { return encode(value); }), root));
+        return decode_all<T>(gather(or_abandon("gather", p, root, [&] { return dist::encode(value); }), root));
     }
     /// `root`'s values[r] on rank r.
     template <serializable T>
@@ -218,10 +219,10 @@ public:
             parts = or_abandon("scatter", part::others, root, [&] {
                 std::vector<std::string> encoded;
                 encoded.reserve(values.size());
-                for (const auto& v : values) encoded.push_back(encode(v));
+                for (const auto& v : values) encoded.push_back(dist::encode(v));
                 return encoded;
             });
-        return decode<T>(scatter(std::move(parts), root));
+        return dist::decode<T>(scatter(std::move(parts), root));
     }
 
     /// Combines every rank's `data` element by element with `op`, in place; every rank ends with
@@ -231,7 +232,8 @@ public:
     /// read back from it.
     template <reducible T>
     void all_reduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-        (void)or_abandon("all_reduce", options_.world_size == 1 ? part::none : part::own, 0, [&] {
+        const auto who = options_.world_size == 1 ? part::none : options_.rank == 0 ? part::reducer : part::own;
+        (void)or_abandon("all_reduce", who, 0, [&] {
             check_op<T>(op);
             return 0;
         });
@@ -329,9 +331,10 @@ private:
     }
 
     // Which keys of a collective a rank that cannot take part fills with its error: its own
-    // (all_gather, a gather's sender, all_reduce), the root's (a broadcast's root), every other
-    // rank's (a scatter's root), or none (a gather's root: nobody waits for it).
-    enum class part : std::uint8_t { own, root, others, none };
+    // (all_gather, a gather's sender, all_reduce), its own and the result (all_reduce's rank 0,
+    // whose result the others may wait for), the root's (a broadcast's root), every other rank's
+    // (a scatter's root), or none (a gather's root: nobody waits for it).
+    enum class part : std::uint8_t { own, reducer, root, others, none };
 
     // make()'s result; if it throws, the rest of the group hears of it (abandon) and the
     // exception goes on.
@@ -352,7 +355,7 @@ private:
     static std::vector<T> decode_all(const std::vector<std::string>& parts) {
         std::vector<T> out;
         out.reserve(parts.size());
-        for (const auto& p : parts) out.push_back(decode<T>(p));
+        for (const auto& p : parts) out.push_back(dist::decode<T>(p));
         return out;
     }
 
@@ -523,6 +526,9 @@ ELASTIC_DECL void group::abandon(std::string_view what, part p, int root, std::s
                                          options_.rank, why);
         if (p == part::root) {
             put_error(fmt::format("{}/{}/root", options_.key_namespace, n), message);
+        } else if (p == part::reducer) {
+            put_error(keys_of(n)[static_cast<std::size_t>(options_.rank)], message);
+            put_error(fmt::format("{}/{}/result", options_.key_namespace, n), message);
         } else {
             const auto keys = keys_of(n);
             for (int r = 0; r < options_.world_size; ++r)

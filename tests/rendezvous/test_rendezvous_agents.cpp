@@ -148,7 +148,9 @@ TEST_CASE("rendezvous agents: a node that waits for the others says how many joi
     temp_dir dir;
     const int port = free_port();
     job j;
-    j.start(with_worker(c10d_args(port, 2, 1, "progress")), node_env(dir, "*:env", 0));
+    auto args = c10d_args(port, 2, 1, "progress");
+    args.push_back("--rdzv-conf=join_timeout=60");  // a regression fails within a minute, not ten
+    j.start(with_worker(args), node_env(dir, "*:env", 0));
     // Alone, it is not silent until its join timeout: the line comes 5 s in (read as it comes).
     const bool said = j.agents[0]->read_err_until([](const std::string& err) {
         return err.find("round 0 of run 'progress': 1 of the 2 nodes needed (--nnodes=2) joined; waiting up to ") !=
@@ -157,7 +159,7 @@ TEST_CASE("rendezvous agents: a node that waits for the others says how many joi
     INFO(j.agents[0]->err());
     REQUIRE(said);
     CHECK(j.agents[0]->err().find("(the join timeout) for the rest") != std::string::npos);
-    j.start(with_worker(c10d_args(port, 2, 1, "progress")), node_env(dir, "*:env", 1));
+    j.start(with_worker(args), node_env(dir, "*:env", 1));
     j.wait_all();
     for (std::size_t i = 0; i < j.agents.size(); ++i) {
         INFO(j.agents[i]->err());

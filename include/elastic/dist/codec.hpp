@@ -260,8 +260,8 @@ T reader::read() {
         if (!s.empty()) bytes(s.data(), s.size() * sizeof(C));
         return s;
     } else if constexpr (detail::is_pair_v<T>) {
-        auto a = read<typename T::first_type>();
-        auto b = read<typename T::second_type>();
+        auto a = read<std::remove_cv_t<typename T::first_type>>();
+        auto b = read<std::remove_cv_t<typename T::second_type>>();
         return T(std::move(a), std::move(b));
     } else if constexpr (detail::is_optional_v<T>) {
         std::uint8_t has = 0;
@@ -273,14 +273,16 @@ T reader::read() {
         // Read in order into the tuple's elements (braced initialisation sequences the reads).
         return [this]<std::size_t... I>(std::index_sequence<I...>) {
             // this-> for clang, which otherwise takes the capture for unused
-            return T{this->template read<std::tuple_element_t<I, T>>()...};
+            return T{this->template read<std::remove_cv_t<std::tuple_element_t<I, T>>>()...};
         }
         (std::make_index_sequence<std::tuple_size_v<T>>{});
     } else if constexpr (detail::is_array_v<T>) {
+        using E = typename T::value_type;
         T a{};
-        if constexpr (detail::bulk<typename T::value_type>) bytes(a.data(), sizeof(T));
+        if constexpr (std::tuple_size_v<T> == 0) return a;  // nothing written (data() may be null)
+        else if constexpr (detail::bulk<E>) bytes(a.data(), std::tuple_size_v<T> * sizeof(E));
         else
-            for (auto& e : a) e = read<typename T::value_type>();
+            for (auto& e : a) e = read<E>();
         return a;
     } else if constexpr (requires { typename T::key_type; }) {  // map
         using K = typename T::key_type;

@@ -927,7 +927,7 @@ private:
         }
         // A node that waits for others is never silent until its join timeout: a line says how
         // far the round got, 5 s in, then every 5 s for the first minute and every 30 s after.
-        auto next_progress = started + std::chrono::seconds(5);
+        auto next_progress = std::max(started, clock::now()) + std::chrono::seconds(5);
         for (;;) {
             const auto now = clock::now();
             auto until = std::min(join_deadline, next_progress);
@@ -937,8 +937,8 @@ private:
             if (co_await wait_interruptible(*watcher_, mine, left)) break;
             if (const auto t = clock::now(); t >= next_progress && t < join_deadline) {
                 co_await say_progress(r, join_deadline, last_call);
-                next_progress = t + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
-                                                                           : std::chrono::seconds(30));
+                next_progress = clock::now() + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
+                                                                                      : std::chrono::seconds(30));
             }
             if (last_call && clock::now() >= *last_call) {
                 last_call.reset();
@@ -1009,9 +1009,23 @@ private:
     }
 
     // The line await_assignment says while it waits: how many joined, of how many, for how long
-    // still, and in an elastic job which live nodes the round still waits for.
+    // still, and in an elastic job which live nodes the round still waits for. Best effort: a
+    // store too busy to answer within the read timeout costs the line, not the wait (a lost
+    // store ends it, as it ends the wait).
     asio::awaitable<void> say_progress(int r, std::chrono::steady_clock::time_point deadline,
                                        std::optional<std::chrono::steady_clock::time_point> last_call) {
+        if (!options_.log) co_return;
+        std::string line;
+        try {
+            line = co_await unless_lost(*store_, progress_line(r, deadline, last_call));
+        } catch (const store_timeout&) {
+            // the next line, then
+        }
+        if (!line.empty()) say(line);
+    }
+
+    asio::awaitable<std::string> progress_line(int r, std::chrono::steady_clock::time_point deadline,
+                                               std::optional<std::chrono::steady_clock::time_point> last_call) {
         auto joined = co_await store_->add(key(r, "count"), 0);
         if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
         const auto until = [](std::chrono::steady_clock::time_point t) {
@@ -1023,21 +1037,27 @@ private:
         const auto nnodes = options_.elastic() ? fmt::format("--nnodes={}:{}", options_.min(), options_.nnodes)
                                                : fmt::format("--nnodes={}", options_.nnodes);
         if (joined < needed()) {
-            say(fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the join "
-                            "timeout) for the rest",
-                            r, options_.run_id, joined, needed(), nnodes, within));
-            co_return;
+            co_return fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the "
+                                  "join timeout) for the rest",
+                                  r, options_.run_id, joined, needed(), nnodes, within);
         }
-        const auto live = members_ ? co_await live_nodes(*store_) : joined;
+        if (last_call) {
+            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call, in {}",
+                                  r, options_.run_id, joined, nnodes, until(*last_call));
+        }
+        // After a move the last call seals the round whoever lives; otherwise it waits for every
+        // live node of the job.
+        const auto live = members_ && target_ == 0 ? co_await live_nodes(*store_) : joined;
         if (live > joined) {
-            say(fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for the "
-                            "{} other live node{} of the job (stopping {} workers?), or {} loss",
-                            r, options_.run_id, joined, nnodes, within, live - joined, live - joined == 1 ? "" : "s",
-                            live - joined == 1 ? "its" : "their", live - joined == 1 ? "its" : "their"));
-        } else {
-            say(fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call{}", r,
-                            options_.run_id, joined, nnodes, last_call ? ", in " + until(*last_call) : std::string()));
+            const auto others = live - joined;
+            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) "
+                                  "for the {} other live node{} of the job (stopping {} workers?), or {} loss",
+                                  r, options_.run_id, joined, nnodes, within, others, others == 1 ? "" : "s",
+                                  others == 1 ? "its" : "their", others == 1 ? "its" : "their");
         }
+        co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for "
+                              "the round to form",
+                              r, options_.run_id, joined, nnodes, within);
     }
 
     // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
