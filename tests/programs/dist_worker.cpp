@@ -1,6 +1,7 @@
 // A native worker using elastic::dist from its environment (RANK, WORLD_SIZE, MASTER_ADDR, ...):
 // `dist-worker <scenario> [timeout_ms]`. Prints what it saw; exits 0 when every rank's view
 // checked out, 1 on a wrong value, 3 on dist_timeout (after printing the missing ranks).
+#include <elastic/detail/text.hpp>
 #include <elastic/dist.hpp>
 #include <elastic/dist/json.hpp>
 
@@ -375,16 +376,7 @@ void sync_started() {
     elastic::blocking_store_client up(o);
     up.set(fmt::format("started/{}", e.rank), "1");
     std::vector<std::string> keys;
-    std::string rank;
-    for (const char* c = started;; ++c) {
-        if (*c == ',' || *c == '\0') {
-            keys.push_back("started/" + rank);
-            rank.clear();
-            if (*c == '\0') break;
-        } else {
-            rank += *c;
-        }
-    }
+    for (const auto rank : elastic::detail::split(started, ',')) keys.push_back(fmt::format("started/{}", rank));
     up.wait(keys, std::chrono::minutes(1));
 }
 
