@@ -1,23 +1,33 @@
 // trainer: a small native trainer for elasticrun — reads its place in the job from
 // elastic::env(), synchronises through elastic::dist over the store the agent hosts, and runs a
 // few "steps" whose global loss every rank agrees on. Under elastic::record, any exception
-// leaves torchelastic's error file for the agent's failure summary.
+// leaves torchelastic's error file for the agent's failure summary. Each step is a heartbeat
+// (elastic::progress) and its collectives a section, so `elasticrun --watchdog=...` finds a rank
+// that hangs, says where, and shows its stacks.
 //
 //     elasticrun --standalone --nproc-per-node=4 ./bin/trainer --steps=5
 //
 // TRAINER_FAIL=<rank>:<step> makes that rank throw at that step during the first attempt
-// (TORCHELASTIC_RESTART_COUNT=0), to watch a restart with --max-restarts=1.
+// (TORCHELASTIC_RESTART_COUNT=0), to watch a restart with --max-restarts=1. TRAINER_HANG=<rank>:<step>
+// makes that rank stop inside its "allreduce" section instead, to watch the watchdog:
+//
+//     TRAINER_HANG=1:3 elasticrun --standalone --nproc-per-node=2 --max-restarts=1
+//         --watchdog=beat=1min,section:allreduce=5s ./bin/trainer   (one command line)
 #include <elastic/dist.hpp>
 #include <elastic/env.hpp>
 #include <elastic/record.hpp>
+#include <elastic/watchdog.hpp>
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace {
 
@@ -42,6 +52,11 @@ int train(int argc, char** argv) {
     if (const char* spec = std::getenv("TRAINER_FAIL"); spec != nullptr && env.restart_count == 0) {
         std::sscanf(spec, "%d:%d", &fail_rank, &fail_step);
     }
+    int hang_rank = -1;
+    int hang_step = -1;
+    if (const char* spec = std::getenv("TRAINER_HANG"); spec != nullptr && env.restart_count == 0) {
+        std::sscanf(spec, "%d:%d", &hang_rank, &hang_step);
+    }
 
     // Every rank starts from the same "model": rank 0's seed, broadcast.
     const auto seed = std::stoi(elastic::dist::broadcast(env.rank == 0 ? "42" : ""));
@@ -50,11 +65,19 @@ int train(int argc, char** argv) {
         if (env.rank == fail_rank && step == fail_step) {
             throw std::runtime_error(fmt::format("rank {} fails at step {} (TRAINER_FAIL)", env.rank, step));
         }
+        elastic::progress(static_cast<std::uint64_t>(step));  // a heartbeat that says how far it got
         // A rank's "gradient" depends on its data (its rank); the all_reduce averages them.
         const double gradient = (weight - (env.rank + 1)) * 0.5;
-        const double mean = elastic::dist::all_reduce(gradient) / env.world_size;
-        weight -= mean;
-        const double loss = elastic::dist::all_reduce((weight - (env.rank + 1)) * (weight - (env.rank + 1)));
+        double loss = 0;
+        {
+            const elastic::section collective("allreduce");
+            if (env.rank == hang_rank && step == hang_step) {
+                for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // TRAINER_HANG
+            }
+            const double mean = elastic::dist::all_reduce(gradient) / env.world_size;
+            weight -= mean;
+            loss = elastic::dist::all_reduce((weight - (env.rank + 1)) * (weight - (env.rank + 1)));
+        }
         if (env.rank == 0) say(fmt::format("step {}: weight {:.6f} loss {:.6f}", step, weight, loss));
     }
     // Every rank ends with the same weight: all_gather proves it.

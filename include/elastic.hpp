@@ -11,6 +11,7 @@
 // Worker side.
 #include "elastic/env.hpp"
 #include "elastic/record.hpp"
+#include "elastic/watchdog.hpp"
 
 // Layers (each of these includes the public headers of its folder).
 #include "elastic/store.hpp"

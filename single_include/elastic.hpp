@@ -656,8 +656,11 @@ inline worker_env worker_env::from_process() {
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
+
+#include <cxxabi.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -665,6 +668,7 @@ inline worker_env worker_env::from_process() {
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 #include <unwind.h>
 
@@ -980,6 +984,36 @@ inline _Unwind_Reason_Code backtrace_step(_Unwind_Context* context, void* argume
     return _URC_NO_REASON;
 }
 
+// The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
+inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol, bool demangle) {
+    out.put("  #");
+    out.put_unsigned(static_cast<std::uintmax_t>(index));
+    out.put(' ');
+    out.put_hex(pc);
+    out.put(" in ");
+    if (symbol.function == nullptr) {
+        out.put("??");
+    } else {
+        char* readable = nullptr;
+        if (demangle) {
+            int status = 0;
+            readable = abi::__cxa_demangle(symbol.function, nullptr, nullptr, &status);
+        }
+        out.put(readable != nullptr ? readable : symbol.function);
+        std::free(readable);
+        out.put('+');
+        out.put_hex(symbol.function_offset);
+    }
+    if (symbol.object != nullptr && symbol.object[0] != '\0') {
+        out.put(" (");
+        out.put(symbol.object);
+        out.put('+');
+        out.put_hex(symbol.object_offset);
+        out.put(')');
+    }
+    out.put('\n');
+}
+
 /// Captures the calling thread's stack (innermost first; frame 0 is this function). It calls the
 /// unwinder every C++ program already links (libgcc_s) directly: glibc's backtrace(3) would
 /// dlopen it on first use, which costs ~0.2 ms at start-up (to warm it) or is unsafe in a signal
@@ -991,8 +1025,500 @@ inline int capture_backtrace(void** frames, int capacity) noexcept {
     return capacity - state.second;
 }
 
+/// In a signal handler's backtrace (`frames`, from capture_backtrace), the index of the frame of
+/// the interrupted instruction (the handler and the kernel's trampoline come before it), or -1
+/// when it is not found or unknown on this architecture. `context` is the handler's third
+/// argument.
+inline int interrupted_frame(void* const* frames, int count, void* context) noexcept {
+    std::uintptr_t interrupted = 0;
+#if defined(__x86_64__)
+    interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+    interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
+#else
+    (void)context;
+#endif
+    for (int i = 0; i < count && interrupted != 0; ++i) {
+        if (reinterpret_cast<std::uintptr_t>(frames[i]) == interrupted) return i;
+    }
+    return -1;
+}
+
 }  // namespace elastic::inline v0::detail
 // ---- end elastic/detail/backtrace.hpp ----
+// ---- begin elastic/watchdog.hpp ----
+// The worker's side of the watchdog: heartbeat(), progress(step) and scoped sections, which
+// the agent watches for hangs (elasticrun --watchdog). One atomic add or store into a page
+// shared with the agent per call: no system call, no lock. Without --watchdog (or outside
+// elasticrun) every call does nothing.
+
+// ---- begin elastic/detail/stack_dump.hpp ----
+// The watchdog's stack dump: on a chosen signal, a worker writes the backtrace of every one of
+// its threads to a file, then counts the dump in its watchdog page, so the agent that found it
+// hung knows what it was doing before stopping it. Async-signal-safe throughout.
+
+// ---- begin elastic/detail/watchdog_slot.hpp ----
+// The watchdog's shared page: what a worker publishes (heartbeats, its step, the section it is
+// in, its stack dumps) and the agent reads, one page per worker, in a file both map. The
+// layout is the contract between elastic/watchdog.hpp (and the Python module the agent puts on
+// the workers' path) and the agent: fixed offsets, little-endian 64-bit counters.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0::detail::watchdog {
+
+/// The variables elasticrun sets when --watchdog is given (docs/watchdog.md).
+inline constexpr const char* file_variable = "ELASTIC_WATCHDOG_FILE";      ///< the worker's page
+inline constexpr const char* stacks_variable = "ELASTIC_WATCHDOG_STACKS";  ///< where stacks go
+inline constexpr const char* signal_variable = "ELASTIC_WATCHDOG_SIGNAL";  ///< the dump signal
+
+inline constexpr std::uint32_t page_magic = 0x44574c45;  // "ELWD" read as little-endian bytes
+inline constexpr std::uint32_t page_version = 1;
+inline constexpr std::size_t page_size = 4096;
+inline constexpr std::size_t section_capacity = 64;  // bytes of a section's name, NUL-padded
+
+/// The page. The agent writes magic and version when it creates the file; everything else is
+/// the worker's. Counters only grow; `section_seq` is odd while the name is being written (a
+/// sequence lock: the reader retries, and gives up on a writer that never finishes).
+struct page {
+    std::uint32_t magic;
+    std::uint32_t version;
+    std::uint64_t beats;        ///< heartbeat() calls
+    std::uint64_t progress;     ///< the last progress value + 1; 0: never set
+    std::uint64_t section_seq;  ///< changes at every section entry and exit
+    std::uint64_t dumps;        ///< stack dumps completed (the agent awaits the next one)
+    std::uint64_t attached;     ///< the worker's pid once it mapped the page
+    char section[section_capacity];
+    std::uint64_t counts_dumps;  ///< 1: the worker counts its dumps in `dumps` (native workers)
+};
+static_assert(sizeof(page) <= page_size);
+static_assert(offsetof(page, beats) == 8 && offsetof(page, progress) == 16 && offsetof(page, section_seq) == 24 &&
+              offsetof(page, dumps) == 32 && offsetof(page, attached) == 40 && offsetof(page, section) == 48 &&
+              offsetof(page, counts_dumps) == 112);
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
+
+/// A counter of the page, atomically (the page is shared with another process).
+[[nodiscard]] inline std::atomic_ref<std::uint64_t> counter(std::uint64_t& field) noexcept {
+    return std::atomic_ref<std::uint64_t>(field);
+}
+
+/// Writes the section name under the sequence lock (the worker side).
+inline void write_section(page& p, std::string_view name) noexcept {
+    auto seq = counter(p.section_seq);
+    const auto start = seq.load(std::memory_order_relaxed);
+    seq.store(start | 1U, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    const auto size = name.size() < section_capacity ? name.size() : section_capacity;
+    for (std::size_t i = 0; i < section_capacity; ++i) {
+        std::atomic_ref<char>(p.section[i]).store(i < size ? name[i] : '\0', std::memory_order_relaxed);
+    }
+    seq.store((start | 1U) + 1, std::memory_order_release);
+}
+
+/// What the agent reads of a page at one instant.
+struct page_snapshot {
+    std::uint64_t beats = 0;
+    std::uint64_t progress = 0;
+    std::uint64_t section_seq = 0;
+    std::uint64_t dumps = 0;
+    std::uint64_t attached = 0;
+    bool counts_dumps = false;
+    std::string section;  ///< printable ASCII only; empty outside sections
+    bool torn = false;    ///< the name was being rewritten at every try: `section` is stale
+};
+
+/// Reads a page the agent does not trust: any bytes at all are a valid snapshot; a name's
+/// bytes outside printable ASCII become '?'.
+[[nodiscard]] inline page_snapshot read_page(page& p) {
+    page_snapshot s;
+    s.beats = counter(p.beats).load(std::memory_order_relaxed);
+    s.progress = counter(p.progress).load(std::memory_order_relaxed);
+    s.dumps = counter(p.dumps).load(std::memory_order_acquire);
+    s.attached = counter(p.attached).load(std::memory_order_relaxed);
+    s.counts_dumps = counter(p.counts_dumps).load(std::memory_order_relaxed) == 1;
+    char name[section_capacity];
+    for (int attempt = 0; attempt < 8; ++attempt) {
+        const auto before = counter(p.section_seq).load(std::memory_order_acquire);
+        for (std::size_t i = 0; i < section_capacity; ++i) {
+            name[i] = std::atomic_ref<char>(p.section[i]).load(std::memory_order_relaxed);
+        }
+        std::atomic_thread_fence(std::memory_order_acquire);
+        const auto after = counter(p.section_seq).load(std::memory_order_relaxed);
+        s.section_seq = after;
+        s.torn = (before & 1U) != 0 || before != after;
+        if (!s.torn) break;
+    }
+    std::size_t size = 0;
+    while (size < section_capacity && name[size] != '\0') ++size;
+    s.section.assign(name, size);
+    for (auto& c : s.section) {
+        if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    return s;
+}
+
+}  // namespace elastic::inline v0::detail::watchdog
+// ---- end elastic/detail/watchdog_slot.hpp ----
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+inline constexpr int stack_dump_max_frames = 96;
+inline constexpr int stack_dump_max_threads = 512;
+
+// Set once by install_stack_dump, read by the handler.
+struct stack_dump_state {
+    std::atomic<bool> installed{false};
+    int signal = 0;
+    char path[4096] = {};
+    std::atomic<watchdog::page*> page{nullptr};  // where dumps are counted; null: not counted
+    std::atomic<long> coordinator{0};            // the thread writing the dump, 0 when none
+    std::atomic<long> target{0};                 // the thread asked to add its stack
+    std::atomic<bool> target_done{false};
+    int fd = -1;
+    char buffer[32 * 1024] = {};  // one thread's text at a time (the coordinator serializes)
+};
+
+inline stack_dump_state stack_dump_storage{};
+
+inline long stack_dump_tid() noexcept { return ::syscall(SYS_gettid); }
+
+inline void write_all(int fd, const char* data, std::size_t size) noexcept {
+    while (size > 0) {
+        const ssize_t n = ::write(fd, data, size);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        data += n;
+        size -= static_cast<std::size_t>(n);
+    }
+}
+
+// Reads /proc/self/task/<tid>/<leaf> into `out` (at most size-1 bytes, NUL-terminated);
+// returns the length, 0 on any failure.
+inline std::size_t read_task_file(long tid, const char* leaf, char* out, std::size_t size) noexcept {
+    char path[96];
+    fixed_writer p(path, sizeof(path));
+    p.put("/proc/self/task/");
+    p.put_unsigned(static_cast<std::uintmax_t>(tid));
+    p.put('/');
+    p.put(leaf);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    std::size_t length = 0;
+    while (length + 1 < size) {
+        const ssize_t n = ::read(fd, out + length, size - 1 - length);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        length += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    out[length] = '\0';
+    return length;
+}
+
+// "Thread 4242 (name)" followed by ":\n" or a reason.
+inline void put_thread_heading(fixed_writer& out, long tid) noexcept {
+    char name[32];
+    auto length = read_task_file(tid, "comm", name, sizeof(name));
+    while (length > 0 && (name[length - 1] == '\n' || name[length - 1] == '\0')) name[--length] = '\0';
+    out.put("Thread ");
+    out.put_unsigned(static_cast<std::uintmax_t>(tid));
+    if (length > 0) {
+        out.put(" (");
+        out.put(name, length);
+        out.put(')');
+    }
+}
+
+// Whether thread `tid` blocks `sig` (its SigBlk mask): asking it would be in vain.
+inline bool thread_blocks(long tid, int sig) noexcept {
+    char status[4096];
+    const auto length = read_task_file(tid, "status", status, sizeof(status));
+    const char* line = nullptr;
+    for (std::size_t i = 0; i + 7 < length; ++i) {
+        if ((i == 0 || status[i - 1] == '\n') && std::strncmp(status + i, "SigBlk:", 7) == 0) {
+            line = status + i + 7;
+            break;
+        }
+    }
+    if (line == nullptr) return false;
+    while (*line == ' ' || *line == '\t') ++line;
+    std::uint64_t mask = 0;
+    for (; *line != '\0' && *line != '\n'; ++line) {
+        const char c = *line;
+        const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (digit < 0) return false;
+        mask = (mask << 4) | static_cast<std::uint64_t>(digit);  // the low 64 signals are enough
+    }
+    return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1U) != 0;
+}
+
+// The calling thread's stack, from inside the handler, appended to the dump.
+inline void dump_this_thread(void* context) noexcept {
+    auto& state = stack_dump_storage;
+    void* frames[stack_dump_max_frames];
+    const int count = capture_backtrace(frames, stack_dump_max_frames);
+    const int interrupted = interrupted_frame(frames, count, context);
+    const int first = interrupted >= 0 ? interrupted : 0;
+    fixed_writer out(state.buffer, sizeof(state.buffer));
+    put_thread_heading(out, stack_dump_tid());
+    out.put(":\n");
+    for (int i = first; i < count; ++i) {
+        const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
+        const auto lookup = i == interrupted || pc == 0 ? pc : pc - 1;
+        put_frame(out, i - first, pc, symbolize(pc, lookup), false);
+    }
+    if (out.truncated()) out.put("  ... (truncated)\n");
+    out.put('\n');
+    write_all(state.fd, out.data(), out.size());
+}
+
+// Waits up to `ms` for another thread to add its stack.
+inline bool await_target(int ms) noexcept {
+    auto& state = stack_dump_storage;
+    for (int waited = 0; waited < ms * 10; ++waited) {
+        if (state.target_done.load(std::memory_order_acquire)) return true;
+        struct timespec tenth {
+            0, 100000
+        };
+        ::nanosleep(&tenth, nullptr);
+    }
+    return state.target_done.load(std::memory_order_acquire);
+}
+
+inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
+    const int saved_errno = errno;
+    auto& state = stack_dump_storage;
+    const long me = stack_dump_tid();
+    long none = 0;
+    if (state.target.load(std::memory_order_acquire) == me) {
+        // Asked by the coordinator: add this thread's stack.
+        dump_this_thread(context);
+        state.target.store(0, std::memory_order_relaxed);
+        state.target_done.store(true, std::memory_order_release);
+    } else if (state.coordinator.compare_exchange_strong(none, me)) {
+        state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (state.fd >= 0) {
+            {
+                fixed_writer head(state.buffer, sizeof(state.buffer));
+                head.put("Stacks of process ");
+                head.put_unsigned(static_cast<std::uintmax_t>(::getpid()));
+                head.put(", every thread, the one that took the signal first (most recent call first):\n\n");
+                write_all(state.fd, head.data(), head.size());
+            }
+            dump_this_thread(context);
+            // Then every other thread, one at a time: a thread the signal reaches adds its own.
+            const int dir = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            alignas(8) char entries[4096];
+            int threads = 0;
+            for (;;) {
+                const long n = dir < 0 ? -1 : ::syscall(SYS_getdents64, dir, entries, sizeof(entries));
+                if (n <= 0) break;
+                for (long at = 0; at < n;) {
+                    struct linux_dirent64 {
+                        std::uint64_t d_ino;
+                        std::int64_t d_off;
+                        unsigned short d_reclen;
+                        unsigned char d_type;
+                        char d_name[1];
+                    };
+                    const auto* e = reinterpret_cast<const linux_dirent64*>(entries + at);
+                    at += e->d_reclen;
+                    const long tid = std::atol(e->d_name);
+                    if (tid <= 0 || tid == me || ++threads > stack_dump_max_threads) continue;
+                    fixed_writer line(state.buffer, sizeof(state.buffer));
+                    if (thread_blocks(tid, sig)) {
+                        put_thread_heading(line, tid);
+                        line.put(": blocks the signal, no stack\n\n");
+                        write_all(state.fd, line.data(), line.size());
+                        continue;
+                    }
+                    state.target_done.store(false, std::memory_order_relaxed);
+                    state.target.store(tid, std::memory_order_release);
+                    if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
+                        state.target.store(0, std::memory_order_relaxed);
+                        continue;  // it ended meanwhile
+                    }
+                    if (!await_target(300)) {
+                        state.target.store(0, std::memory_order_relaxed);
+                        // It may still answer late: wait for it rather than share the buffer.
+                        if (!await_target(300)) {
+                            put_thread_heading(line, tid);
+                            line.put(": did not answer within 0.6 s, no stack\n\n");
+                            write_all(state.fd, line.data(), line.size());
+                            break;  // its late answer would race the next one's: stop here
+                        }
+                    }
+                }
+            }
+            if (dir >= 0) ::close(dir);
+            ::close(state.fd);
+            state.fd = -1;
+        }
+        if (auto* page = state.page.load(std::memory_order_acquire); page != nullptr) {
+            watchdog::counter(page->dumps).fetch_add(1, std::memory_order_release);
+        }
+        state.coordinator.store(0, std::memory_order_release);
+    }
+    errno = saved_errno;
+}
+
+/// Installs the stack dump: on `sig`, every thread's backtrace goes to `path` (replaced), and
+/// the dump is counted in `page` when given. The handler is installed once per process; a later
+/// call only adds the page. False when the path does not fit or the handler cannot be set.
+inline bool install_stack_dump(int sig, const char* path, watchdog::page* page) noexcept {
+    auto& state = stack_dump_storage;
+    if (sig <= 0 || sig >= NSIG || path == nullptr || std::strlen(path) >= sizeof(state.path)) return false;
+    if (state.installed.exchange(true)) {
+        if (page != nullptr && state.signal == sig) {
+            state.page.store(page, std::memory_order_release);
+            watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
+        }
+        return true;
+    }
+    std::strcpy(state.path, path);
+    state.signal = sig;
+    if (page != nullptr) {
+        state.page.store(page, std::memory_order_release);
+        watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
+    }
+    struct sigaction action {};
+    action.sa_sigaction = on_dump_signal;
+    action.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    return ::sigaction(sig, &action, nullptr) == 0;
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/stack_dump.hpp ----
+
+#include <atomic>
+#include <charconv>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+namespace detail::watchdog {
+
+/// Maps the page named by ELASTIC_WATCHDOG_FILE and installs the stack dump on
+/// ELASTIC_WATCHDOG_SIGNAL; null when the variables are absent or the page is not one the
+/// agent made (wrong size or magic): the calls then do nothing.
+inline page* attach() noexcept {
+    const char* file = std::getenv(file_variable);
+    if (file == nullptr || file[0] == '\0') return nullptr;
+    const int fd = ::open(file, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    void* mapped = MAP_FAILED;
+    if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(page_size)) {
+        mapped = ::mmap(nullptr, page_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    ::close(fd);
+    if (mapped == MAP_FAILED) return nullptr;
+    auto* p = static_cast<page*>(mapped);
+    if (p->magic != page_magic || p->version != page_version) {
+        ::munmap(mapped, page_size);
+        return nullptr;
+    }
+    counter(p->attached).store(static_cast<std::uint64_t>(::getpid()), std::memory_order_relaxed);
+    const char* stacks = std::getenv(stacks_variable);
+    const char* sig = std::getenv(signal_variable);
+    int number = 0;
+    if (stacks != nullptr && stacks[0] != '\0' && sig != nullptr) {
+        const auto* end = sig + std::strlen(sig);
+        if (std::from_chars(sig, end, number).ptr != end) number = 0;
+    }
+    if (number > 0) (void)install_stack_dump(number, stacks, p);
+    return p;
+}
+
+/// The page, attached at the first call (thread-safe); null when not watched.
+inline page* current() noexcept {
+    static page* const attached = attach();
+    return attached;
+}
+
+}  // namespace detail::watchdog
+
+/// True when an agent watches this worker (elasticrun --watchdog).
+[[nodiscard]] inline bool watched() noexcept { return detail::watchdog::current() != nullptr; }
+
+/// A sign of life: the agent restarts its clock for "between heartbeats" (`--watchdog
+/// beat=...`). Call it from the loop that must not stall, e.g. once per step. Any thread.
+inline void heartbeat() noexcept {
+    if (auto* p = detail::watchdog::current()) {
+        detail::watchdog::counter(p->beats).fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+/// The work done so far (a step, a sample count): shown by the agent when a rank hangs, and a
+/// sign of life like heartbeat(). Values should grow; the agent keeps the largest.
+inline void progress(std::uint64_t done) noexcept {
+    if (auto* p = detail::watchdog::current()) {
+        detail::watchdog::counter(p->progress).store(done + 1, std::memory_order_relaxed);
+        detail::watchdog::counter(p->beats).fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+/// A named part of the work ("data", "forward", "allreduce", "checkpoint") while the object
+/// lives. The agent reports the section a hung rank was in, and gives a section the time
+/// limit `--watchdog section:NAME=...` (or `section=...` for every section) in place of the
+/// heartbeat limit. Sections nest: leaving one restores the name of the one around it. The
+/// page holds one name per process, so a section entered by another thread replaces it until
+/// one of them ends. Names longer than 63 bytes are cut.
+class section {
+public:
+    explicit section(std::string_view name) noexcept : page_(detail::watchdog::current()) {
+        if (page_ == nullptr) return;
+        for (std::size_t i = 0; i < sizeof(outer_); ++i) {
+            outer_[i] = std::atomic_ref<char>(page_->section[i]).load(std::memory_order_relaxed);
+        }
+        detail::watchdog::write_section(*page_, name);
+    }
+    ~section() {
+        if (page_ == nullptr) return;
+        std::size_t size = 0;
+        while (size < sizeof(outer_) && outer_[size] != '\0') ++size;
+        detail::watchdog::write_section(*page_, std::string_view(outer_, size));
+    }
+    section(const section&) = delete;
+    section& operator=(const section&) = delete;
+
+private:
+    detail::watchdog::page* page_;
+    char outer_[detail::watchdog::section_capacity] = {};
+};
+
+}  // namespace elastic::inline v0
+// ---- end elastic/watchdog.hpp ----
 
 #include <atomic>
 #include <cerrno>
@@ -1171,36 +1697,6 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
     }
 }
 
-// The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
-inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol, bool demangle) {
-    out.put("  #");
-    out.put_unsigned(static_cast<std::uintmax_t>(index));
-    out.put(' ');
-    out.put_hex(pc);
-    out.put(" in ");
-    if (symbol.function == nullptr) {
-        out.put("??");
-    } else {
-        char* readable = nullptr;
-        if (demangle) {
-            int status = 0;
-            readable = abi::__cxa_demangle(symbol.function, nullptr, nullptr, &status);
-        }
-        out.put(readable != nullptr ? readable : symbol.function);
-        std::free(readable);
-        out.put('+');
-        out.put_hex(symbol.function_offset);
-    }
-    if (symbol.object != nullptr && symbol.object[0] != '\0') {
-        out.put(" (");
-        out.put(symbol.object);
-        out.put('+');
-        out.put_hex(symbol.object_offset);
-        out.put(')');
-    }
-    out.put('\n');
-}
-
 struct crash_report {
     const char* type = nullptr;  // "std::runtime_error", "SIGSEGV", ...
     const char* what = nullptr;  // what(), or the signal's description
@@ -1316,21 +1812,7 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         void* frames[record_max_frames];
         const int count = capture_backtrace(frames, record_max_frames);
         // Frames above the interrupted instruction are this handler and the kernel's trampoline.
-        std::uintptr_t interrupted = 0;
-#if defined(__x86_64__)
-        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
-#elif defined(__aarch64__)
-        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
-#else
-        (void)context;
-#endif
-        int first = 0;
-        for (int i = 0; i < count && interrupted != 0; ++i) {
-            if (reinterpret_cast<std::uintptr_t>(frames[i]) == interrupted) {
-                first = i;
-                break;
-            }
-        }
+        const int first = interrupted_frame(frames, count, context);
         char what[160];
         fixed_writer text(what, sizeof(what));
         text.put(signal_description(signal_number));
@@ -1348,7 +1830,8 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         report.frames = frames;
         report.frame_count = count;
         report.first_frame = first;
-        report.exact_frame = interrupted != 0 ? first : -1;
+        report.exact_frame = first >= 0 ? first : -1;
+        if (report.first_frame < 0) report.first_frame = 0;
         write_report(report);
         record_storage.phase.store(2);
     }
@@ -1434,7 +1917,8 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
 }  // namespace detail
 
 /// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
-/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
+/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack, and under
+/// elasticrun --watchdog the dump of every thread's stack on the watchdog's signal. Reads
 /// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it
 /// yourself when you cannot wrap main (e.g. in a library's init); calling it again does nothing.
 inline void install_error_handlers() {
@@ -1464,6 +1948,8 @@ inline void install_error_handlers() {
         sigemptyset(&action.sa_mask);
         ::sigaction(signal_number, &action, nullptr);
     }
+    // Under elasticrun --watchdog: the page, and the stack dump on the watchdog's signal.
+    (void)detail::watchdog::current();
 }
 
 /// Runs a worker's main under torchelastic's error reporting and returns what it returns (0 for a
@@ -11425,6 +11911,7 @@ ELASTIC_DECL void stderr_tail::restart_line() {
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -11444,6 +11931,29 @@ enum class failure_state {
     stopped_by_agent,
 };
 
+/// What the agent's watchdog saw of a worker it found hung (and then stopped).
+struct hang_report {
+    /// Why, in words: "no heartbeat for 31.2 s (--watchdog beat=30s)".
+    std::string reason;
+    /// The section it was in ("allreduce"); empty when none.
+    std::string section;
+    /// The last value it passed to progress(); nullopt when it never did.
+    std::optional<std::uint64_t> progress;
+    /// How long it had shown no sign of life (or, for a section's limit, had been in the
+    /// section) when the watchdog fired.
+    std::chrono::milliseconds silent{};
+    /// Its threads' stacks as it wrote them on the dump signal; empty when it wrote none.
+    std::string stacks;
+
+    /// The failure's one-line description: "hung: <reason>; in section "x"; at step 12".
+    [[nodiscard]] std::string headline() const {
+        auto out = fmt::format("hung: {}", reason);
+        if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
+        if (progress) out += fmt::format("; progress {}", *progress);
+        return out;
+    }
+};
+
 /// One worker's end, as the agent observed it: everything a failure report says about it.
 struct worker_failure {
     int local_rank = 0;
@@ -11461,6 +11971,10 @@ struct worker_failure {
     /// The last lines of the worker's stderr (empty when it was not captured).
     stderr_tail_snapshot stderr_tail;
     failure_state state = failure_state::failed;
+    /// Set when the agent's watchdog found it hung and stopped it (a failure of kind "hang"):
+    /// then state is failed, the observation stamps are the detection's, and its status is how
+    /// it ended when stopped.
+    std::optional<hang_report> hang;
 
     /// Stamp both observation clocks with "now"; the agent calls it when the exit arrives.
     void observe_now() noexcept {
@@ -11529,6 +12043,7 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 namespace elastic::inline v0 {
 
 ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
+    if (f.hang) return f.hang->headline();
     if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
         return f.error_file.content.message;
     }
@@ -11555,6 +12070,12 @@ ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
 
 ELASTIC_DECL std::string failure_traceback(const worker_failure& f) {
     const auto& ef = f.error_file;
+    if (f.hang && !ef.parsed()) {
+        // No error file (no log directory): the stacks the agent kept, else the stderr tail.
+        if (!f.hang->stacks.empty()) return f.hang->headline() + "\n" + f.hang->stacks;
+        if (!f.stderr_tail.empty()) return f.hang->headline() + "\n" + stderr_tail_text(f.stderr_tail);
+        return f.hang->headline();
+    }
     if (ef.parsed()) {
         const auto& c = ef.content;
         if (c.format == error_file_format::flat) {
@@ -11642,6 +12163,11 @@ ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failur
 }
 
 ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
+    if (f.hang) {
+        return fmt::format("failed ({}; then exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                           detail::report::valid_utf8(f.hang->headline()), f.status.returncode(), f.local_rank, f.pid,
+                           detail::report::valid_utf8(entrypoint));
+    }
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
                        f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
@@ -11700,6 +12226,12 @@ ELASTIC_DECL nlohmann::ordered_json agent_exception_document(
 /// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
 /// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
 /// new one, never a part. Throws report_error naming the path and the reason.
+/// The error file the agent writes for a worker its watchdog found hung: the hang's headline
+/// as the message, and the headline followed by the worker's stacks as the callstack, stamped
+/// `when` (the detection).
+ELASTIC_DECL nlohmann::ordered_json hang_error_document(const hang_report& hang,
+                                                        std::chrono::system_clock::time_point when);
+
 ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_view contents);
 
 /// Write the root cause into the error file at `path` (agent_error_document, replacing any file
@@ -11755,6 +12287,24 @@ ELASTIC_DECL nlohmann::ordered_json agent_exception_document(std::string_view ty
     inner["message"] = message;
     inner["extraInfo"] = std::move(extra);
     inner["errorCode"] = exit_code;
+    json doc = json::object();
+    doc["message"] = std::move(inner);
+    return doc;
+}
+
+ELASTIC_DECL nlohmann::ordered_json hang_error_document(const hang_report& hang,
+                                                        std::chrono::system_clock::time_point when) {
+    using json = nlohmann::ordered_json;
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+    const std::string message = detail::report::valid_utf8(hang.headline());
+    json extra = json::object();
+    extra["py_callstack"] = hang.stacks.empty()
+                                ? message + "\n(no stacks: the worker wrote none on the watchdog's signal)"
+                                : message + "\n" + detail::report::valid_utf8(hang.stacks);
+    extra["timestamp"] = std::to_string(seconds);
+    json inner = json::object();
+    inner["message"] = message;
+    inner["extraInfo"] = std::move(extra);
     json doc = json::object();
     doc["message"] = std::move(inner);
     return doc;
@@ -18904,6 +19454,489 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_
 // log). The launch layer makes both from the command line (launch_config::workers(),
 // launch_config::agent()); a custom launcher may fill them itself.
 
+// ---- begin elastic/agent/watchdog.hpp ----
+// The agent's watchdog: the time limits of --watchdog (before the first sign of life, between
+// heartbeats, inside sections), the shared pages the workers write, and the rule that finds a
+// worker hung. worker_group runs it beside the watch for exits.
+
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+/// --watchdog: how long a worker may show no sign of life (heartbeat(), progress(), entering
+/// or leaving a section) before the agent takes it for hung, captures its stacks and stops the
+/// group (docs/watchdog.md). Unset limits are not watched; no limit at all: no watchdog.
+struct watchdog_settings {
+    /// From the worker's start to its first sign of life (`first=`).
+    std::optional<std::chrono::milliseconds> first;
+    /// Between signs of life, outside sections that have a limit of their own (`beat=`).
+    std::optional<std::chrono::milliseconds> beat;
+    /// Inside any section without a limit of its own (`section=`).
+    std::optional<std::chrono::milliseconds> section;
+    /// Inside the section of that name (`section:NAME=`).
+    std::map<std::string, std::chrono::milliseconds, std::less<>> sections;
+    /// The signal that asks a hung worker for its stacks (`signal=`).
+    int signal = SIGUSR2;
+    /// How long the agent waits for the stacks before stopping the group (`dump=`).
+    std::chrono::milliseconds dump = std::chrono::seconds(5);
+
+    [[nodiscard]] bool enabled() const noexcept { return first || beat || section || !sections.empty(); }
+
+    /// The limit inside section `name`, and the key that sets it ("section:save", "section").
+    [[nodiscard]] std::optional<std::pair<std::chrono::milliseconds, std::string>> section_limit(
+        std::string_view name) const {
+        if (const auto it = sections.find(name); it != sections.end()) {
+            return std::pair{it->second, fmt::format("section:{}", name)};
+        }
+        if (section) return std::pair{*section, std::string("section")};
+        return std::nullopt;
+    }
+
+    /// The shortest limit (the agent looks at the pages several times within it).
+    [[nodiscard]] std::optional<std::chrono::milliseconds> shortest() const {
+        std::optional<std::chrono::milliseconds> out;
+        const auto take = [&out](std::chrono::milliseconds d) { out = out ? std::min(*out, d) : d; };
+        if (first) take(*first);
+        if (beat) take(*beat);
+        if (section) take(*section);
+        for (const auto& [name, d] : sections) take(d);
+        return out;
+    }
+
+    /// The option's text, parse_watchdog() reads it back: "first=5min,beat=30s,section:save=10min".
+    [[nodiscard]] std::string to_string() const {
+        std::string out;
+        const auto add = [&out](const std::string& item) { out += (out.empty() ? "" : ",") + item; };
+        if (first) add("first=" + duration_flag_text(*first));
+        if (beat) add("beat=" + duration_flag_text(*beat));
+        if (section) add("section=" + duration_flag_text(*section));
+        for (const auto& [name, d] : sections) add(fmt::format("section:{}={}", name, duration_flag_text(d)));
+        if (signal != SIGUSR2) add("signal=" + signal_name(signal));
+        if (dump != std::chrono::seconds(5)) add("dump=" + duration_flag_text(dump));
+        return out;
+    }
+    friend bool operator==(const watchdog_settings&, const watchdog_settings&) = default;
+};
+
+/// Parses --watchdog's KEY=VALUE list (`first=5min,beat=30s,section=10min,section:save=1h,
+/// signal=SIGUSR2,dump=5s`); throws usage_error naming `name` and the item.
+[[nodiscard]] ELASTIC_DECL watchdog_settings parse_watchdog(std::string_view text, std::string_view name);
+
+namespace detail::agent {
+
+/// The source of the Python module the agent puts on its workers' PYTHONPATH
+/// (`import elastic_watchdog`): the same page and signal as elastic/watchdog.hpp.
+inline constexpr std::string_view python_watchdog_module =
+    R"py("""elastic_watchdog: heartbeats, progress and sections for elasticrun --watchdog.
+
+Outside elasticrun --watchdog every call does nothing. See docs/watchdog.md.
+"""
+import faulthandler as _faulthandler
+import mmap as _mmap
+import os as _os
+import struct as _struct
+
+_page = None
+_beats = 0
+_stacks = None
+
+
+def _attach():
+    global _page, _stacks
+    path = _os.environ.get("ELASTIC_WATCHDOG_FILE")
+    if not path:
+        return
+    try:
+        fd = _os.open(path, _os.O_RDWR)
+        try:
+            page = _mmap.mmap(fd, 4096)
+        finally:
+            _os.close(fd)
+    except (OSError, ValueError):
+        return
+    if _struct.unpack_from("<II", page, 0) != (0x44574C45, 1):
+        return
+    _struct.pack_into("<Q", page, 40, _os.getpid())
+    _page = page
+    stacks = _os.environ.get("ELASTIC_WATCHDOG_STACKS")
+    sig = _os.environ.get("ELASTIC_WATCHDOG_SIGNAL", "")
+    if stacks and sig.isdigit():
+        try:
+            _stacks = open(stacks, "w")
+            _faulthandler.register(int(sig), file=_stacks, all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            _stacks = None
+
+
+def watched():
+    """True when an agent watches this worker."""
+    return _page is not None
+
+
+def heartbeat():
+    """A sign of life."""
+    global _beats
+    if _page is not None:
+        _beats += 1
+        _struct.pack_into("<Q", _page, 8, _beats)
+
+
+def progress(done):
+    """The work done so far (a step): reported with a hang; also a sign of life."""
+    if _page is not None:
+        _struct.pack_into("<Q", _page, 16, int(done) + 1)
+        heartbeat()
+
+
+def _write_section(name):
+    seq = _struct.unpack_from("<Q", _page, 24)[0]
+    _struct.pack_into("<Q", _page, 24, seq | 1)
+    _page[48:112] = name[:64].ljust(64, b"\0")
+    _struct.pack_into("<Q", _page, 24, (seq | 1) + 1)
+
+
+class section:
+    """`with elastic_watchdog.section("allreduce"):` names what the worker is doing."""
+
+    def __init__(self, name):
+        self._name = str(name).encode("utf-8", "replace")
+        self._outer = b""
+
+    def __enter__(self):
+        if _page is not None:
+            self._outer = bytes(_page[48:112]).split(b"\0", 1)[0]
+            _write_section(self._name)
+        return self
+
+    def __exit__(self, *exc):
+        if _page is not None:
+            _write_section(self._outer)
+        return False
+
+
+_attach()
+)py";
+
+/// The stacks a worker wrote from its signal handler, where nothing may allocate, name C++
+/// functions by their mangled names: "in _Z32agent_stepv+0x9" becomes "in agent_step()+0x9".
+[[nodiscard]] inline std::string demangle_frames(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (;;) {
+        const auto at = text.find(" in _Z");
+        if (at == std::string_view::npos) break;
+        out.append(text.substr(0, at + 4));
+        text.remove_prefix(at + 4);
+        const auto end = std::min(text.find_first_of("+ \n"), text.size());
+        const std::string mangled(text.substr(0, end));
+        int status = 0;
+        char* readable = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+        out += readable != nullptr && status == 0 ? readable : mangled;
+        std::free(readable);
+        text.remove_prefix(end);
+    }
+    out.append(text);
+    return out;
+}
+
+/// One attempt's pages: a private directory (mode 0700) under /dev/shm (else the temporary
+/// directory) holding each worker's page file, where its stacks go, and the Python module.
+/// Removed, with everything in it, when the object goes.
+class watchdog_pages {
+public:
+    /// Throws std::system_error naming the path that could not be made.
+    explicit watchdog_pages(std::size_t workers) {
+        std::error_code ec;
+        auto base = std::filesystem::path("/dev/shm");
+        if (!std::filesystem::is_directory(base, ec) || ::access(base.c_str(), W_OK) != 0) {
+            base = std::filesystem::temp_directory_path();
+        }
+        std::random_device random;
+        for (int attempt = 0;; ++attempt) {
+            dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), random());
+            if (std::filesystem::create_directory(dir_, ec)) break;
+            if (ec || attempt == 8) {
+                throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),
+                                        "cannot create " + dir_.string());
+            }
+        }
+        std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, ec);
+        try {
+            pages_.resize(workers, nullptr);
+            for (std::size_t i = 0; i < workers; ++i) pages_[i] = create_page(page_path(i));
+            std::filesystem::create_directory(dir_ / "python");
+            const auto module = dir_ / "python" / "elastic_watchdog.py";
+            const int fd = ::open(module.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + module.string());
+            const auto n = ::write(fd, python_watchdog_module.data(), python_watchdog_module.size());
+            const int error = errno;
+            ::close(fd);
+            if (n != static_cast<ssize_t>(python_watchdog_module.size())) {
+                throw std::system_error(n < 0 ? error : ENOSPC, std::generic_category(),
+                                        "cannot write " + module.string());
+            }
+        } catch (...) {
+            release();
+            throw;
+        }
+    }
+    ~watchdog_pages() { release(); }
+    watchdog_pages(const watchdog_pages&) = delete;
+    watchdog_pages& operator=(const watchdog_pages&) = delete;
+
+    [[nodiscard]] std::size_t size() const noexcept { return pages_.size(); }
+    [[nodiscard]] detail::watchdog::page& page(std::size_t i) noexcept { return *pages_[i]; }
+    [[nodiscard]] std::filesystem::path page_path(std::size_t i) const { return dir_ / fmt::format("{}.page", i); }
+    [[nodiscard]] std::filesystem::path stacks_path(std::size_t i) const { return dir_ / fmt::format("{}.stacks", i); }
+
+    /// What worker `i` is told, added to (or, for PYTHONPATH, put in front of) `env`.
+    void tell(std::size_t i, int signal, std::map<std::string, std::string, std::less<>>& env) const {
+        env[detail::watchdog::file_variable] = page_path(i).string();
+        env[detail::watchdog::stacks_variable] = stacks_path(i).string();
+        env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
+        const auto python = (dir_ / "python").string();
+        auto& path = env["PYTHONPATH"];
+        path = path.empty() ? python : python + ":" + path;
+    }
+
+    /// The stacks worker `i` wrote, at most `limit` bytes (the rest cut with a note); empty
+    /// when it wrote none.
+    [[nodiscard]] std::string stacks(std::size_t i, std::size_t limit = 256 * 1024) const {
+        std::string out;
+        const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) return out;
+        out.resize(limit);
+        std::size_t got = 0;
+        while (got < limit) {
+            const auto n = ::read(fd, out.data() + got, limit - got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += static_cast<std::size_t>(n);
+        }
+        char more = 0;
+        const bool cut = got == limit && ::read(fd, &more, 1) == 1;
+        ::close(fd);
+        out.resize(got);
+        if (cut) out += fmt::format("\n... (cut at {} KiB)\n", limit / 1024);
+        return demangle_frames(out);
+    }
+
+    /// The size of worker `i`'s stacks file (-1: none yet).
+    [[nodiscard]] long long stacks_size(std::size_t i) const {
+        std::error_code ec;
+        const auto size = std::filesystem::file_size(stacks_path(i), ec);
+        return ec ? -1 : static_cast<long long>(size);
+    }
+
+private:
+    static detail::watchdog::page* create_page(const std::filesystem::path& path) {
+        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path.string());
+        void* mapped = MAP_FAILED;
+        if (::ftruncate(fd, static_cast<off_t>(detail::watchdog::page_size)) == 0) {
+            mapped = ::mmap(nullptr, detail::watchdog::page_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        }
+        const int error = errno;
+        ::close(fd);
+        if (mapped == MAP_FAILED)
+            throw std::system_error(error, std::generic_category(), "cannot map " + path.string());
+        auto* p = static_cast<detail::watchdog::page*>(mapped);
+        p->magic = detail::watchdog::page_magic;
+        p->version = detail::watchdog::page_version;
+        return p;
+    }
+
+    void release() noexcept {
+        for (auto* p : pages_) {
+            if (p != nullptr) ::munmap(p, detail::watchdog::page_size);
+        }
+        pages_.clear();
+        std::error_code ec;
+        if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+    }
+
+    std::filesystem::path dir_;
+    std::vector<detail::watchdog::page*> pages_;
+};
+
+/// A measured duration as a hang's reason shows it: to the tenth of a second (cut, not
+/// rounded up) from 1 s on, to the millisecond below ("31.2 s", "302 ms").
+[[nodiscard]] inline std::string measured_words(std::chrono::steady_clock::duration d) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+    if (ms < 1000) return duration_words(std::chrono::milliseconds(ms));
+    return duration_words(std::chrono::milliseconds(ms / 100 * 100));
+}
+
+/// What the agent knows of one worker's page over time.
+struct rank_watch {
+    detail::watchdog::page_snapshot last;
+    bool alive = false;  ///< a sign of life was seen
+    std::chrono::steady_clock::time_point last_sign{};
+    std::chrono::steady_clock::time_point section_since{};
+    std::optional<std::uint64_t> progress;  ///< the largest progress value seen
+
+    /// Takes a new reading at `now`: any change of counters or section is a sign of life.
+    void update(const detail::watchdog::page_snapshot& s, std::chrono::steady_clock::time_point now) {
+        const bool changed = s.beats != last.beats || s.progress != last.progress || s.section_seq != last.section_seq;
+        if (changed) {
+            alive = true;
+            last_sign = now;
+        }
+        if (s.section_seq != last.section_seq && !s.torn) section_since = now;
+        if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
+        auto previous = std::move(last);
+        last = s;
+        if (s.torn) {
+            // The name could not be read whole: keep the previous one and its clock.
+            last.section_seq = previous.section_seq;
+            last.section = std::move(previous.section);
+        }
+    }
+
+    /// Why the worker counts as hung at `now` (it started at `started`), or nullopt.
+    [[nodiscard]] std::optional<hang_report> hung(const watchdog_settings& w,
+                                                  std::chrono::steady_clock::time_point started,
+                                                  std::chrono::steady_clock::time_point now) const {
+        using std::chrono::duration_cast;
+        using std::chrono::milliseconds;
+        const auto report = [&](std::string reason, std::chrono::steady_clock::duration silent) {
+            hang_report r;
+            r.reason = std::move(reason);
+            r.section = last.section;
+            r.progress = progress;
+            r.silent = duration_cast<milliseconds>(silent);
+            return r;
+        };
+        if (!alive) {
+            if (w.first && now - started > *w.first) {
+                return report(fmt::format("no sign of life for {} since it started (--watchdog first={})",
+                                          measured_words(now - started), duration_flag_text(*w.first)),
+                              now - started);
+            }
+            return std::nullopt;
+        }
+        if (!last.section.empty()) {
+            if (const auto limit = w.section_limit(last.section)) {
+                if (now - section_since > limit->first) {
+                    return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", last.section,
+                                              measured_words(now - section_since), limit->second,
+                                              duration_flag_text(limit->first)),
+                                  now - section_since);
+                }
+                return std::nullopt;
+            }
+        }
+        if (w.beat && now - last_sign > *w.beat) {
+            return report(fmt::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
+                                      duration_flag_text(*w.beat)),
+                          now - last_sign);
+        }
+        return std::nullopt;
+    }
+};
+
+/// How often the agent reads the pages: a tenth of the shortest limit, within [10 ms, 1 s].
+[[nodiscard]] inline std::chrono::milliseconds watchdog_interval(const watchdog_settings& w) {
+    const auto shortest = w.shortest().value_or(std::chrono::seconds(10));
+    return std::clamp<std::chrono::milliseconds>(shortest / 10, std::chrono::milliseconds(10), std::chrono::seconds(1));
+}
+
+}  // namespace detail::agent
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+[[nodiscard]] ELASTIC_DECL watchdog_settings parse_watchdog(std::string_view text, std::string_view name) {
+    watchdog_settings w;
+    const auto bad = [&](std::string_view item, const std::string& why) {
+        return usage_error(fmt::format("{}={}: '{}' {} (want KEY=VALUE items: first=5min, beat=30s, section=10min, "
+                                       "section:NAME=1h, signal=SIGUSR2, dump=5s)",
+                                       name, text, item, why));
+    };
+    std::string_view rest = text;
+    bool any = false;
+    while (!rest.empty() || !any) {
+        const auto comma = rest.find(',');
+        const auto item = detail::trim(rest.substr(0, comma));
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        any = true;
+        if (item.empty()) throw bad(item, "is empty");
+        const auto eq = item.find('=');
+        if (eq == std::string_view::npos) throw bad(item, "has no '='");
+        const auto key = detail::trim(item.substr(0, eq));
+        const auto value = detail::trim(item.substr(eq + 1));
+        const auto duration = [&] {
+            try {
+                return parse_duration(value, fmt::format("{} {}", name, key), key == "dump");
+            } catch (const usage_error& e) {
+                throw bad(item, fmt::format("is not a duration ({})", e.what()));
+            }
+        };
+        if (key == "first") {
+            w.first = duration();
+        } else if (key == "beat") {
+            w.beat = duration();
+        } else if (key == "section") {
+            w.section = duration();
+        } else if (key.rfind("section:", 0) == 0) {
+            const auto section = key.substr(8);
+            if (section.empty() || section.size() >= detail::watchdog::section_capacity) {
+                throw bad(item, fmt::format("names no section, or one longer than {} bytes",
+                                            detail::watchdog::section_capacity - 1));
+            }
+            w.sections[std::string(section)] = duration();
+        } else if (key == "signal") {
+            std::string word(value);
+            for (auto& c : word) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+            if (word.rfind("SIG", 0) != 0) word = "SIG" + word;
+            const int number = signal_number(word);
+            if (number == 0 || number == SIGKILL || number == SIGSTOP || number == SIGCHLD || number == SIGSEGV ||
+                number == SIGBUS || number == SIGFPE || number == SIGILL || number == SIGABRT) {
+                throw bad(item, "is not a signal a worker can catch to write its stacks");
+            }
+            w.signal = number;
+        } else if (key == "dump") {
+            w.dump = duration();
+        } else {
+            throw bad(item, fmt::format("has an unknown key '{}'", key));
+        }
+    }
+    if (!w.enabled()) throw bad(text, "sets no limit (give first=, beat=, section= or section:NAME=)");
+    return w;
+}
+
+}  // namespace elastic::inline v0
+
+#endif
+// ---- end elastic/agent/watchdog.hpp ----
 // ---- begin elastic/agent/program.hpp ----
 // What each worker runs: the program (executable, Python script or module), its resolution on
 // PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
@@ -19206,6 +20239,8 @@ struct worker_spec {
     std::vector<std::string> duplicate_stderr_filters;
     /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+    /// --watchdog: the hang detection's limits; none set (the default): no watchdog.
+    watchdog_settings watchdog;
 
     /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
     [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
@@ -20512,6 +21547,7 @@ using worker_output = basic_worker_output<>;
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -20611,6 +21647,16 @@ public:
                 open("filtered_stderr.log", state_->filtered_err, state_->filtered_err_writes);
             }
         }
+        if (spec_->watchdog.enabled()) {
+            try {
+                pages_ = std::make_unique<detail::agent::watchdog_pages>(slots.size());
+            } catch (const std::system_error& e) {
+                throw agent_error(fmt::format("cannot set up --watchdog: {}; free space in /dev/shm (or the "
+                                              "temporary directory), or run without --watchdog",
+                                              e.what()));
+            }
+            watches_.assign(slots.size(), {});
+        }
         const filtered_logs filtered{state_->filtered_out.get(), state_->filtered_err.get(),
                                      &state_->filtered_out_writes, &state_->filtered_err_writes};
         for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -20626,7 +21672,9 @@ public:
             how.program = command_->path;
             auto argv = command_->argv_for(local_rank);
             how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
+            auto worker_env = worker_environment(*spec_, env, slot.assignment, told);
+            if (pages_) pages_->tell(i, spec_->watchdog.signal, worker_env);
+            how.env = environment_entries(worker_env);
             try {
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how, filtered);
                 workers_.push_back(elastic::spawn(executor_, how));
@@ -20662,13 +21710,32 @@ public:
         }
     }
 
-    /// The index of the first worker that fails, or size() once every worker exited 0.
+    /// The index of the first worker that fails, or size() once every worker exited 0. With
+    /// --watchdog, workers found hung count as failing: every worker hung at that reading (a
+    /// rank stuck in a collective holds the others in it too), each asked for its stacks (the
+    /// watchdog's signal, then up to `dump` for them); the index is the one silent longest,
+    /// and they are still running.
     asio::awaitable<std::size_t> watch() {
-        for (;;) {
-            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
-            if (i >= workers_.size()) co_return workers_.size();
-            if (!workers_[i].status()->status.success()) co_return i;
-        }
+        using namespace asio::experimental::awaitable_operators;
+        if (!pages_) co_return co_await watch_exits();
+        const auto first = co_await (watch_exits() || watch_hangs());
+        if (first.index() == 0) co_return std::get<0>(first);
+        co_await capture_stacks();
+        co_return std::get<1>(first);
+    }
+
+    /// The workers found hung, and what the watchdog saw of each, once watch() found them.
+    [[nodiscard]] std::vector<std::pair<std::size_t, hang_report>> hangs() const {
+        std::vector<std::pair<std::size_t, hang_report>> out;
+        for (const auto& h : hung_) out.emplace_back(h.index, h.report);
+        return out;
+    }
+
+    /// Worker `i`'s failure in one line for the other nodes ("exited with code 3", "hung: ...").
+    [[nodiscard]] std::string describe_failure(std::size_t i) const {
+        if (const auto* h = hung(i)) return h->report.headline();
+        const auto& status = workers_.at(i).status();
+        return status ? status->status.describe() : std::string("is still running");
     }
 
     /// Stops every worker: `sig` to each process group, SIGKILL after spec.shutdown_timeout.
@@ -20681,6 +21748,7 @@ public:
         }
         auto result = co_await elastic::stop(std::span<child_process>(workers_),
                                              {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
+        if (!hung_.empty() && !hang_recorded_) record_hangs();
         if (!result.unkillable.empty()) {
             std::string pids;
             for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
@@ -20743,10 +21811,11 @@ public:
         failure.started = started_;
         failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
                                                                              : started_;
+        if (!hung_.empty()) failure.failed = hang_found_;
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->status.success())) continue;
+            if (!status || (before && status->status.success() && hung(i) == nullptr)) continue;
             const auto& slot = state_->slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -20762,6 +21831,14 @@ public:
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
             f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            if (const auto* h = hung(i)) {
+                // Hung: the failure is the hang, dated from when the worker went silent (or
+                // entered its section), so the one silent longest is the root cause.
+                f.state = failure_state::failed;
+                f.hang = h->report;
+                f.observed_steady = h->since;
+                f.observed_system = hang_found_system_ - (hang_found_ - h->since);
+            }
             failure.workers.push_back(std::move(f));
         }
         return failure;
@@ -20776,6 +21853,133 @@ public:
     [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
 
 private:
+    asio::awaitable<std::size_t> watch_exits() {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (i >= workers_.size()) co_return workers_.size();
+            if (!workers_[i].status()->status.success()) co_return i;
+        }
+    }
+
+    /// Reads the pages every watchdog_interval until a worker is hung.
+    asio::awaitable<std::size_t> watch_hangs() {
+        const auto& w = spec_->watchdog;
+        asio::steady_timer timer(executor_);
+        const auto interval = detail::agent::watchdog_interval(w);
+        for (;;) {
+            timer.expires_after(interval);
+            co_await timer.async_wait(detail::use_awaitable<Defer>);
+            const auto now = std::chrono::steady_clock::now();
+            for (std::size_t i = 0; i < workers_.size(); ++i) {
+                if (workers_[i].status()) continue;
+                auto& watch = watches_[i];
+                watch.update(detail::watchdog::read_page(pages_->page(i)), now);
+                auto found = watch.hung(w, started_, now);
+                // An exit not yet seen by the other watch is that watch's to report.
+                if (!found || workers_[i].check_exit()) continue;
+                const auto since = now - found->silent;
+                hung_.push_back({i, std::move(*found), since});
+            }
+            if (hung_.empty()) continue;
+            hang_found_ = now;
+            hang_found_system_ = std::chrono::system_clock::now();
+            const auto longest = std::min_element(hung_.begin(), hung_.end(),
+                                                  [](const auto& a, const auto& b) { return a.since < b.since; });
+            co_return longest->index;
+        }
+    }
+
+    struct hung_worker {
+        std::size_t index = 0;
+        hang_report report;
+        std::chrono::steady_clock::time_point since{};  ///< silent (or in its section) since
+    };
+
+    [[nodiscard]] const hung_worker* hung(std::size_t i) const noexcept {
+        for (const auto& h : hung_) {
+            if (h.index == i) return &h;
+        }
+        return nullptr;
+    }
+
+    /// Asks each hung worker for its stacks and waits up to the watchdog's `dump` for them: a
+    /// worker that counts its dumps (elastic/watchdog.hpp) says when it is done; otherwise
+    /// (Python's faulthandler) its stacks file is done once it stops growing for 100 ms.
+    asio::awaitable<void> capture_stacks() {
+        const auto& w = spec_->watchdog;
+        const bool ask = w.dump.count() > 0;
+        struct asked {
+            std::size_t index;
+            std::uint64_t dumps;
+            long long size = -1;
+            int still = 0;
+            bool done = false;
+        };
+        std::vector<asked> waiting;
+        for (const auto& h : hung_) {
+            const auto& a = state_->slots[h.index].assignment;
+            log_->error(
+                fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank,
+                            workers_[h.index].pid(), h.report.headline(),
+                            ask ? fmt::format("; asking it for its stacks ({}, up to {}), then stopping the group",
+                                              signal_name(w.signal), duration_words(w.dump))
+                                : "; stopping the group (dump=0: no stacks)"));
+            if (!ask) continue;
+            const auto before = detail::watchdog::read_page(pages_->page(h.index)).dumps;
+            try {
+                if (workers_[h.index].signal(w.signal)) waiting.push_back({h.index, before});
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
+            }
+        }
+        asio::steady_timer timer(executor_);
+        const auto deadline = std::chrono::steady_clock::now() + w.dump;
+        const auto pending = [&waiting] {
+            return std::any_of(waiting.begin(), waiting.end(), [](const asked& x) { return !x.done; });
+        };
+        while (pending() && std::chrono::steady_clock::now() < deadline) {
+            timer.expires_after(std::chrono::milliseconds(20));
+            co_await timer.async_wait(detail::use_awaitable<Defer>);
+            for (auto& x : waiting) {
+                if (x.done) continue;
+                const auto page = detail::watchdog::read_page(pages_->page(x.index));
+                if (workers_[x.index].check_exit() || (page.counts_dumps && page.dumps != x.dumps)) {
+                    x.done = true;
+                    continue;
+                }
+                if (page.counts_dumps) continue;
+                const auto grown = pages_->stacks_size(x.index);
+                x.still = grown > 0 && grown == x.size ? x.still + 1 : 0;
+                x.size = grown;
+                x.done = x.still >= 5;
+            }
+        }
+        for (const auto& x : waiting) {
+            if (x.done) continue;
+            log_->warning(fmt::format("local_rank {} wrote no complete stacks within {} (a native worker needs "
+                                      "elastic::record or elastic/watchdog.hpp, a Python one `import "
+                                      "elastic_watchdog`)",
+                                      state_->slots[x.index].assignment.local_rank, duration_words(w.dump)));
+        }
+    }
+
+    /// After the stop: the hung workers' stacks are read, and each one's error file written with
+    /// its hang (over anything it wrote while being stopped: the hang is why it was stopped).
+    void record_hangs() {
+        hang_recorded_ = true;
+        for (auto& h : hung_) {
+            h.report.stacks = pages_->stacks(h.index);
+            const auto& slot = state_->slots[h.index];
+            if (slot.error_file.empty()) continue;
+            try {
+                write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot write the error file of hung local_rank {}: {}",
+                                          slot.assignment.local_rank, e.what()));
+            }
+        }
+    }
+
     static std::size_t attempt_size(const worker_spec& spec) {
         return spec.nproc_per_node > 0 ? static_cast<std::size_t>(spec.nproc_per_node) : 0;
     }
@@ -20787,6 +21991,12 @@ private:
     const agent_log* log_;
     // Shared with the stream relays, which may outlive the group if its owner unwinds.
     std::shared_ptr<detail::agent::attempt_state> state_;
+    std::unique_ptr<detail::agent::watchdog_pages> pages_;  // --watchdog; outlives the workers
+    std::vector<detail::agent::rank_watch> watches_;
+    std::vector<hung_worker> hung_;
+    std::chrono::steady_clock::time_point hang_found_{};
+    std::chrono::system_clock::time_point hang_found_system_{};
+    bool hang_recorded_ = false;
     std::vector<child_process> workers_;  // after state_: destroyed (killed) first
     std::vector<bool> exited_before_;
     std::chrono::steady_clock::time_point started_{};
@@ -21355,6 +22565,7 @@ private:
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
+        if (root->hang) return fmt::format("local_rank {} {}", root->local_rank, root->hang->headline());
         return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
@@ -21529,7 +22740,9 @@ private:
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
                 // forwarded and wins.
-                co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
+                // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
+                const auto what = group.describe_failure(*first_failure);
+                co_await report_failure(rdzv, what, group.assignment(*first_failure));
                 events_.stopping_group();
                 auto stopped = co_await (group.stop(SIGTERM) || signals.next());
                 if (stopped.index() == 1) {
@@ -21750,12 +22963,11 @@ private:
 
     /// A local worker failed: abort the round for every node (first reporter wins).
     template <agent_rendezvous R>
-    asio::awaitable<void> report_failure(R& rdzv, const child_process& worker, const worker_assignment& a) {
-        const auto& status = worker.status()->status;
+    asio::awaitable<void> report_failure(R& rdzv, const std::string& what, const worker_assignment& a) {
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, what);
         abort_won_ = co_await rdzv.abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
@@ -22688,6 +23900,7 @@ namespace elastic::inline v0 {
     if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
     if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
+    if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
     line("signals_to_handle", signals);
@@ -23188,7 +24401,7 @@ inline constexpr std::array<std::string_view, 7> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 35> option_specs{{
+inline constexpr std::array<option_spec, 36> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -23265,6 +24478,10 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      option_state::implemented, 4,
      "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
      "N-th such start in a row stops the job. Example: 30s."},
+    {"--watchdog", "watchdog", false, true, "KEY=VALUE,...", "none", option_state::implemented, 4,
+     "Find hung workers: first=5min (from start to the first heartbeat), beat=30s (between heartbeats), "
+     "section=10min and section:NAME=1h (inside sections); signal=SIGUSR2 asks a hung worker for its stacks, "
+     "dump=5s waits for them. A hung worker fails the group like a crash (docs/watchdog.md)."},
     {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
      "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
      "Grace period between the stop signal sent to the workers and SIGKILL."},
@@ -23759,6 +24976,9 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("restart_crash_guard")) {
         config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
+    }
+    if (const auto v = raw("watchdog")) {
+        config.watchdog = parse_watchdog(v->text, v->name);
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);

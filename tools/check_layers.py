@@ -5,7 +5,7 @@
 
 Layers, lowest first (docs/architecture.md):
 
-    base        error.hpp, usage_error.hpp, version.hpp, env.hpp, record.hpp, detail/
+    base        error.hpp, usage_error.hpp, version.hpp, env.hpp, record.hpp, watchdog.hpp, detail/
     process     process/
     store       store/                    (base, process)
     report      report/                   (base, process)
@@ -50,6 +50,7 @@ TOP = {
     "version.hpp": "base",
     "env.hpp": "base",
     "record.hpp": "base",
+    "watchdog.hpp": "base",
     "dist.hpp": "worker",
     "run.hpp": "launch",
 }

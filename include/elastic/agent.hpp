@@ -11,6 +11,7 @@
 #include "elastic/agent/plan.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
+#include "elastic/agent/watchdog.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/agent/worker_group.hpp"
 #include "elastic/agent/worker_output.hpp"

@@ -5,6 +5,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/backtrace.hpp"
+#include "elastic/watchdog.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -183,36 +184,6 @@ inline void put_type_name(fixed_writer& out, const char* name) noexcept {
     }
 }
 
-// The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
-inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol, bool demangle) {
-    out.put("  #");
-    out.put_unsigned(static_cast<std::uintmax_t>(index));
-    out.put(' ');
-    out.put_hex(pc);
-    out.put(" in ");
-    if (symbol.function == nullptr) {
-        out.put("??");
-    } else {
-        char* readable = nullptr;
-        if (demangle) {
-            int status = 0;
-            readable = abi::__cxa_demangle(symbol.function, nullptr, nullptr, &status);
-        }
-        out.put(readable != nullptr ? readable : symbol.function);
-        std::free(readable);
-        out.put('+');
-        out.put_hex(symbol.function_offset);
-    }
-    if (symbol.object != nullptr && symbol.object[0] != '\0') {
-        out.put(" (");
-        out.put(symbol.object);
-        out.put('+');
-        out.put_hex(symbol.object_offset);
-        out.put(')');
-    }
-    out.put('\n');
-}
-
 struct crash_report {
     const char* type = nullptr;  // "std::runtime_error", "SIGSEGV", ...
     const char* what = nullptr;  // what(), or the signal's description
@@ -328,21 +299,7 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         void* frames[record_max_frames];
         const int count = capture_backtrace(frames, record_max_frames);
         // Frames above the interrupted instruction are this handler and the kernel's trampoline.
-        std::uintptr_t interrupted = 0;
-#if defined(__x86_64__)
-        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
-#elif defined(__aarch64__)
-        interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
-#else
-        (void)context;
-#endif
-        int first = 0;
-        for (int i = 0; i < count && interrupted != 0; ++i) {
-            if (reinterpret_cast<std::uintptr_t>(frames[i]) == interrupted) {
-                first = i;
-                break;
-            }
-        }
+        const int first = interrupted_frame(frames, count, context);
         char what[160];
         fixed_writer text(what, sizeof(what));
         text.put(signal_description(signal_number));
@@ -360,7 +317,8 @@ inline void on_fatal_signal(int signal_number, siginfo_t* info, void* context) n
         report.frames = frames;
         report.frame_count = count;
         report.first_frame = first;
-        report.exact_frame = interrupted != 0 ? first : -1;
+        report.exact_frame = first >= 0 ? first : -1;
+        if (report.first_frame < 0) report.first_frame = 0;
         write_report(report);
         record_storage.phase.store(2);
     }
@@ -446,7 +404,8 @@ inline int first_frame_after_throw(void* const* frames, int count) noexcept {
 }  // namespace detail
 
 /// Installs what `record` relies on, once per process: the terminate handler and the fatal-signal
-/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack. Reads
+/// handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) on an alternate stack, and under
+/// elasticrun --watchdog the dump of every thread's stack on the watchdog's signal. Reads
 /// TORCHELASTIC_ERROR_FILE now. Costs a few system calls; symbols are only read at a crash. Call it
 /// yourself when you cannot wrap main (e.g. in a library's init); calling it again does nothing.
 inline void install_error_handlers() {
@@ -476,6 +435,8 @@ inline void install_error_handlers() {
         sigemptyset(&action.sa_mask);
         ::sigaction(signal_number, &action, nullptr);
     }
+    // Under elasticrun --watchdog: the page, and the stack dump on the watchdog's signal.
+    (void)detail::watchdog::current();
 }
 
 /// Runs a worker's main under torchelastic's error reporting and returns what it returns (0 for a

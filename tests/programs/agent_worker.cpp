@@ -24,18 +24,29 @@
 //              "got <rank> <signal number>" and exit 0
 //     trapgo   trap, but on the signal first wait for the "go" file (a worker slow to stop)
 //     ignore   ignore SIGTERM; print "ready ..."; wait forever (only SIGKILL ends it)
+//   watchdog (elastic/watchdog.hpp, elasticrun --watchdog):
+//     record   install elastic::record's handlers (the stack dump on the watchdog's signal)
+//     beat<N>  progress(0) .. progress(N-1): N heartbeats
+//     enter<S> enter section S (until leave)         leave  leave the innermost section
+//     thread   start a thread that waits forever in agent_worker_helper_thread()
+//     stuck    print "ready ...", then wait forever in agent_worker_stuck_in_collective()
 //   Without a matching rule, or after the last step: exit 0.
 // Every line goes out in one write(2), so lines of different workers never mix.
+#include "elastic/record.hpp"
 #include "elastic/store/blocking_client.hpp"
+#include "elastic/watchdog.hpp"
 
 #include <fmt/format.h>
 
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
+#include <thread>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +56,14 @@
 #include <unistd.h>
 
 extern "C" char** environ;
+
+// Named functions (outside the anonymous namespace) the watchdog tests find in the stacks.
+[[gnu::noinline]] void agent_worker_stuck_in_collective() {
+    for (;;) ::pause();
+}
+[[gnu::noinline]] void agent_worker_helper_thread() {
+    for (;;) ::pause();
+}
 
 namespace {
 
@@ -136,6 +155,7 @@ int main(int argc, char** argv) {
             break;
         }
     }
+    std::vector<std::unique_ptr<elastic::section>> sections;
     for (const auto& step : steps) {
         if (step == "env") {
             std::string text;
@@ -200,6 +220,20 @@ int main(int argc, char** argv) {
         } else if (step == "hang") {
             ready();
             for (;;) ::pause();
+        } else if (step == "record") {
+            elastic::install_error_handlers();
+        } else if (step.rfind("beat", 0) == 0) {
+            const long n = std::atol(step.c_str() + 4);
+            for (long i = 0; i < n; ++i) elastic::progress(static_cast<std::uint64_t>(i));
+        } else if (step.rfind("enter", 0) == 0) {
+            sections.push_back(std::make_unique<elastic::section>(step.substr(5)));
+        } else if (step == "leave") {
+            if (!sections.empty()) sections.pop_back();
+        } else if (step == "thread") {
+            std::thread(agent_worker_helper_thread).detach();
+        } else if (step == "stuck") {
+            ready();
+            agent_worker_stuck_in_collective();
         } else if (step == "trap" || step == "trapgo") {
             sigset_t block;
             sigset_t old;

@@ -596,6 +596,7 @@ private:
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
+        if (root->hang) return fmt::format("local_rank {} {}", root->local_rank, root->hang->headline());
         return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
@@ -770,7 +771,9 @@ private:
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
                 // forwarded and wins.
-                co_await report_failure(rdzv, group.workers()[*first_failure], group.assignment(*first_failure));
+                // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
+                const auto what = group.describe_failure(*first_failure);
+                co_await report_failure(rdzv, what, group.assignment(*first_failure));
                 events_.stopping_group();
                 auto stopped = co_await (group.stop(SIGTERM) || signals.next());
                 if (stopped.index() == 1) {
@@ -991,12 +994,11 @@ private:
 
     /// A local worker failed: abort the round for every node (first reporter wins).
     template <agent_rendezvous R>
-    asio::awaitable<void> report_failure(R& rdzv, const child_process& worker, const worker_assignment& a) {
-        const auto& status = worker.status()->status;
+    asio::awaitable<void> report_failure(R& rdzv, const std::string& what, const worker_assignment& a) {
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, status.describe());
+        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, what);
         abort_won_ = co_await rdzv.abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {

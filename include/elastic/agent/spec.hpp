@@ -5,6 +5,7 @@
 // launch_config::agent()); a custom launcher may fill them itself.
 #pragma once
 
+#include "elastic/agent/watchdog.hpp"
 #include "elastic/detail/config.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/report/event_destination.hpp"
@@ -71,6 +72,8 @@ struct worker_spec {
     std::vector<std::string> duplicate_stderr_filters;
     /// The prefix of each relayed line (`${role_name}`, `${local_rank}`, `${rank}`).
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+    /// --watchdog: the hang detection's limits; none set (the default): no watchdog.
+    watchdog_settings watchdog;
 
     /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
     [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }

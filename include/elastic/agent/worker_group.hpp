@@ -11,6 +11,7 @@
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
+#include "elastic/agent/watchdog.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/agent/worker_output.hpp"
 #include "elastic/error.hpp"
@@ -20,6 +21,7 @@
 #include "elastic/process/group.hpp"
 #include "elastic/process/reaper.hpp"
 #include "elastic/process/spawn.hpp"
+#include "elastic/report/agent_error_file.hpp"
 #include "elastic/report/error_file.hpp"
 #include "elastic/report/failure.hpp"
 #include "elastic/report/stderr_tail.hpp"
@@ -44,6 +46,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -143,6 +146,16 @@ public:
                 open("filtered_stderr.log", state_->filtered_err, state_->filtered_err_writes);
             }
         }
+        if (spec_->watchdog.enabled()) {
+            try {
+                pages_ = std::make_unique<detail::agent::watchdog_pages>(slots.size());
+            } catch (const std::system_error& e) {
+                throw agent_error(fmt::format("cannot set up --watchdog: {}; free space in /dev/shm (or the "
+                                              "temporary directory), or run without --watchdog",
+                                              e.what()));
+            }
+            watches_.assign(slots.size(), {});
+        }
         const filtered_logs filtered{state_->filtered_out.get(), state_->filtered_err.get(),
                                      &state_->filtered_out_writes, &state_->filtered_err_writes};
         for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -158,7 +171,9 @@ public:
             how.program = command_->path;
             auto argv = command_->argv_for(local_rank);
             how.args.assign(argv.begin() + 1, argv.end());
-            how.env = environment_entries(worker_environment(*spec_, env, slot.assignment, told));
+            auto worker_env = worker_environment(*spec_, env, slot.assignment, told);
+            if (pages_) pages_->tell(i, spec_->watchdog.signal, worker_env);
+            how.env = environment_entries(worker_env);
             try {
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how, filtered);
                 workers_.push_back(elastic::spawn(executor_, how));
@@ -194,13 +209,32 @@ public:
         }
     }
 
-    /// The index of the first worker that fails, or size() once every worker exited 0.
+    /// The index of the first worker that fails, or size() once every worker exited 0. With
+    /// --watchdog, workers found hung count as failing: every worker hung at that reading (a
+    /// rank stuck in a collective holds the others in it too), each asked for its stacks (the
+    /// watchdog's signal, then up to `dump` for them); the index is the one silent longest,
+    /// and they are still running.
     asio::awaitable<std::size_t> watch() {
-        for (;;) {
-            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
-            if (i >= workers_.size()) co_return workers_.size();
-            if (!workers_[i].status()->status.success()) co_return i;
-        }
+        using namespace asio::experimental::awaitable_operators;
+        if (!pages_) co_return co_await watch_exits();
+        const auto first = co_await (watch_exits() || watch_hangs());
+        if (first.index() == 0) co_return std::get<0>(first);
+        co_await capture_stacks();
+        co_return std::get<1>(first);
+    }
+
+    /// The workers found hung, and what the watchdog saw of each, once watch() found them.
+    [[nodiscard]] std::vector<std::pair<std::size_t, hang_report>> hangs() const {
+        std::vector<std::pair<std::size_t, hang_report>> out;
+        for (const auto& h : hung_) out.emplace_back(h.index, h.report);
+        return out;
+    }
+
+    /// Worker `i`'s failure in one line for the other nodes ("exited with code 3", "hung: ...").
+    [[nodiscard]] std::string describe_failure(std::size_t i) const {
+        if (const auto* h = hung(i)) return h->report.headline();
+        const auto& status = workers_.at(i).status();
+        return status ? status->status.describe() : std::string("is still running");
     }
 
     /// Stops every worker: `sig` to each process group, SIGKILL after spec.shutdown_timeout.
@@ -213,6 +247,7 @@ public:
         }
         auto result = co_await elastic::stop(std::span<child_process>(workers_),
                                              {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
+        if (!hung_.empty() && !hang_recorded_) record_hangs();
         if (!result.unkillable.empty()) {
             std::string pids;
             for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
@@ -275,10 +310,11 @@ public:
         failure.started = started_;
         failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
                                                                              : started_;
+        if (!hung_.empty()) failure.failed = hang_found_;
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->status.success())) continue;
+            if (!status || (before && status->status.success() && hung(i) == nullptr)) continue;
             const auto& slot = state_->slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -294,6 +330,14 @@ public:
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
             f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            if (const auto* h = hung(i)) {
+                // Hung: the failure is the hang, dated from when the worker went silent (or
+                // entered its section), so the one silent longest is the root cause.
+                f.state = failure_state::failed;
+                f.hang = h->report;
+                f.observed_steady = h->since;
+                f.observed_system = hang_found_system_ - (hang_found_ - h->since);
+            }
             failure.workers.push_back(std::move(f));
         }
         return failure;
@@ -308,6 +352,133 @@ public:
     [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
 
 private:
+    asio::awaitable<std::size_t> watch_exits() {
+        for (;;) {
+            const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (i >= workers_.size()) co_return workers_.size();
+            if (!workers_[i].status()->status.success()) co_return i;
+        }
+    }
+
+    /// Reads the pages every watchdog_interval until a worker is hung.
+    asio::awaitable<std::size_t> watch_hangs() {
+        const auto& w = spec_->watchdog;
+        asio::steady_timer timer(executor_);
+        const auto interval = detail::agent::watchdog_interval(w);
+        for (;;) {
+            timer.expires_after(interval);
+            co_await timer.async_wait(detail::use_awaitable<Defer>);
+            const auto now = std::chrono::steady_clock::now();
+            for (std::size_t i = 0; i < workers_.size(); ++i) {
+                if (workers_[i].status()) continue;
+                auto& watch = watches_[i];
+                watch.update(detail::watchdog::read_page(pages_->page(i)), now);
+                auto found = watch.hung(w, started_, now);
+                // An exit not yet seen by the other watch is that watch's to report.
+                if (!found || workers_[i].check_exit()) continue;
+                const auto since = now - found->silent;
+                hung_.push_back({i, std::move(*found), since});
+            }
+            if (hung_.empty()) continue;
+            hang_found_ = now;
+            hang_found_system_ = std::chrono::system_clock::now();
+            const auto longest = std::min_element(hung_.begin(), hung_.end(),
+                                                  [](const auto& a, const auto& b) { return a.since < b.since; });
+            co_return longest->index;
+        }
+    }
+
+    struct hung_worker {
+        std::size_t index = 0;
+        hang_report report;
+        std::chrono::steady_clock::time_point since{};  ///< silent (or in its section) since
+    };
+
+    [[nodiscard]] const hung_worker* hung(std::size_t i) const noexcept {
+        for (const auto& h : hung_) {
+            if (h.index == i) return &h;
+        }
+        return nullptr;
+    }
+
+    /// Asks each hung worker for its stacks and waits up to the watchdog's `dump` for them: a
+    /// worker that counts its dumps (elastic/watchdog.hpp) says when it is done; otherwise
+    /// (Python's faulthandler) its stacks file is done once it stops growing for 100 ms.
+    asio::awaitable<void> capture_stacks() {
+        const auto& w = spec_->watchdog;
+        const bool ask = w.dump.count() > 0;
+        struct asked {
+            std::size_t index;
+            std::uint64_t dumps;
+            long long size = -1;
+            int still = 0;
+            bool done = false;
+        };
+        std::vector<asked> waiting;
+        for (const auto& h : hung_) {
+            const auto& a = state_->slots[h.index].assignment;
+            log_->error(
+                fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank,
+                            workers_[h.index].pid(), h.report.headline(),
+                            ask ? fmt::format("; asking it for its stacks ({}, up to {}), then stopping the group",
+                                              signal_name(w.signal), duration_words(w.dump))
+                                : "; stopping the group (dump=0: no stacks)"));
+            if (!ask) continue;
+            const auto before = detail::watchdog::read_page(pages_->page(h.index)).dumps;
+            try {
+                if (workers_[h.index].signal(w.signal)) waiting.push_back({h.index, before});
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
+            }
+        }
+        asio::steady_timer timer(executor_);
+        const auto deadline = std::chrono::steady_clock::now() + w.dump;
+        const auto pending = [&waiting] {
+            return std::any_of(waiting.begin(), waiting.end(), [](const asked& x) { return !x.done; });
+        };
+        while (pending() && std::chrono::steady_clock::now() < deadline) {
+            timer.expires_after(std::chrono::milliseconds(20));
+            co_await timer.async_wait(detail::use_awaitable<Defer>);
+            for (auto& x : waiting) {
+                if (x.done) continue;
+                const auto page = detail::watchdog::read_page(pages_->page(x.index));
+                if (workers_[x.index].check_exit() || (page.counts_dumps && page.dumps != x.dumps)) {
+                    x.done = true;
+                    continue;
+                }
+                if (page.counts_dumps) continue;
+                const auto grown = pages_->stacks_size(x.index);
+                x.still = grown > 0 && grown == x.size ? x.still + 1 : 0;
+                x.size = grown;
+                x.done = x.still >= 5;
+            }
+        }
+        for (const auto& x : waiting) {
+            if (x.done) continue;
+            log_->warning(fmt::format("local_rank {} wrote no complete stacks within {} (a native worker needs "
+                                      "elastic::record or elastic/watchdog.hpp, a Python one `import "
+                                      "elastic_watchdog`)",
+                                      state_->slots[x.index].assignment.local_rank, duration_words(w.dump)));
+        }
+    }
+
+    /// After the stop: the hung workers' stacks are read, and each one's error file written with
+    /// its hang (over anything it wrote while being stopped: the hang is why it was stopped).
+    void record_hangs() {
+        hang_recorded_ = true;
+        for (auto& h : hung_) {
+            h.report.stacks = pages_->stacks(h.index);
+            const auto& slot = state_->slots[h.index];
+            if (slot.error_file.empty()) continue;
+            try {
+                write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot write the error file of hung local_rank {}: {}",
+                                          slot.assignment.local_rank, e.what()));
+            }
+        }
+    }
+
     static std::size_t attempt_size(const worker_spec& spec) {
         return spec.nproc_per_node > 0 ? static_cast<std::size_t>(spec.nproc_per_node) : 0;
     }
@@ -319,6 +490,12 @@ private:
     const agent_log* log_;
     // Shared with the stream relays, which may outlive the group if its owner unwinds.
     std::shared_ptr<detail::agent::attempt_state> state_;
+    std::unique_ptr<detail::agent::watchdog_pages> pages_;  // --watchdog; outlives the workers
+    std::vector<detail::agent::rank_watch> watches_;
+    std::vector<hung_worker> hung_;
+    std::chrono::steady_clock::time_point hang_found_{};
+    std::chrono::system_clock::time_point hang_found_system_{};
+    bool hang_recorded_ = false;
     std::vector<child_process> workers_;  // after state_: destroyed (killed) first
     std::vector<bool> exited_before_;
     std::chrono::steady_clock::time_point started_{};

@@ -7,8 +7,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
+
+#include <cxxabi.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -16,6 +19,7 @@
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 #include <unwind.h>
 
@@ -331,6 +335,36 @@ inline _Unwind_Reason_Code backtrace_step(_Unwind_Context* context, void* argume
     return _URC_NO_REASON;
 }
 
+// The human form of a frame, one line: "  #3 0x55d0c0de1234 in f(int)+0x1c (/bin/prog+0x1234)".
+inline void put_frame(fixed_writer& out, int index, std::uintptr_t pc, const frame_symbol& symbol, bool demangle) {
+    out.put("  #");
+    out.put_unsigned(static_cast<std::uintmax_t>(index));
+    out.put(' ');
+    out.put_hex(pc);
+    out.put(" in ");
+    if (symbol.function == nullptr) {
+        out.put("??");
+    } else {
+        char* readable = nullptr;
+        if (demangle) {
+            int status = 0;
+            readable = abi::__cxa_demangle(symbol.function, nullptr, nullptr, &status);
+        }
+        out.put(readable != nullptr ? readable : symbol.function);
+        std::free(readable);
+        out.put('+');
+        out.put_hex(symbol.function_offset);
+    }
+    if (symbol.object != nullptr && symbol.object[0] != '\0') {
+        out.put(" (");
+        out.put(symbol.object);
+        out.put('+');
+        out.put_hex(symbol.object_offset);
+        out.put(')');
+    }
+    out.put('\n');
+}
+
 /// Captures the calling thread's stack (innermost first; frame 0 is this function). It calls the
 /// unwinder every C++ program already links (libgcc_s) directly: glibc's backtrace(3) would
 /// dlopen it on first use, which costs ~0.2 ms at start-up (to warm it) or is unsafe in a signal
@@ -340,6 +374,25 @@ inline int capture_backtrace(void** frames, int capacity) noexcept {
     std::pair<void**, int> state{frames, capacity};
     _Unwind_Backtrace(backtrace_step, &state);
     return capacity - state.second;
+}
+
+/// In a signal handler's backtrace (`frames`, from capture_backtrace), the index of the frame of
+/// the interrupted instruction (the handler and the kernel's trampoline come before it), or -1
+/// when it is not found or unknown on this architecture. `context` is the handler's third
+/// argument.
+inline int interrupted_frame(void* const* frames, int count, void* context) noexcept {
+    std::uintptr_t interrupted = 0;
+#if defined(__x86_64__)
+    interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+    interrupted = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.pc);
+#else
+    (void)context;
+#endif
+    for (int i = 0; i < count && interrupted != 0; ++i) {
+        if (reinterpret_cast<std::uintptr_t>(frames[i]) == interrupted) return i;
+    }
+    return -1;
 }
 
 }  // namespace elastic::inline v0::detail

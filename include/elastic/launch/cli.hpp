@@ -86,7 +86,7 @@ inline constexpr std::array<std::string_view, 7> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 35> option_specs{{
+inline constexpr std::array<option_spec, 36> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -163,6 +163,10 @@ inline constexpr std::array<option_spec, 35> option_specs{{
      option_state::implemented, 4,
      "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
      "N-th such start in a row stops the job. Example: 30s."},
+    {"--watchdog", "watchdog", false, true, "KEY=VALUE,...", "none", option_state::implemented, 4,
+     "Find hung workers: first=5min (from start to the first heartbeat), beat=30s (between heartbeats), "
+     "section=10min and section:NAME=1h (inside sections); signal=SIGUSR2 asks a hung worker for its stacks, "
+     "dump=5s waits for them. A hung worker fails the group like a crash (docs/watchdog.md)."},
     {"--shutdown-timeout,--shutdown_timeout", "shutdown_timeout", false, true, "SECONDS",
      "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30", option_state::implemented, 4,
      "Grace period between the stop signal sent to the workers and SIGKILL."},
@@ -657,6 +661,9 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("restart_crash_guard")) {
         config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
+    }
+    if (const auto v = raw("watchdog")) {
+        config.watchdog = parse_watchdog(v->text, v->name);
     }
     if (const auto v = raw("shutdown_timeout")) {
         config.shutdown_timeout = parse_seconds(v->text, v->name, true);

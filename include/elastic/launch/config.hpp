@@ -282,6 +282,7 @@ namespace elastic::inline v0 {
     if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
     if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
+    if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
     line("signals_to_handle", signals);

@@ -57,6 +57,12 @@ ELASTIC_DECL nlohmann::ordered_json agent_exception_document(
 /// Replace the file at `path` with `contents` atomically: a temporary file in the same directory,
 /// written, flushed to disk and renamed over `path`, so a reader sees the old file or the whole
 /// new one, never a part. Throws report_error naming the path and the reason.
+/// The error file the agent writes for a worker its watchdog found hung: the hang's headline
+/// as the message, and the headline followed by the worker's stacks as the callstack, stamped
+/// `when` (the detection).
+ELASTIC_DECL nlohmann::ordered_json hang_error_document(const hang_report& hang,
+                                                        std::chrono::system_clock::time_point when);
+
 ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_view contents);
 
 /// Write the root cause into the error file at `path` (agent_error_document, replacing any file
@@ -112,6 +118,24 @@ ELASTIC_DECL nlohmann::ordered_json agent_exception_document(std::string_view ty
     inner["message"] = message;
     inner["extraInfo"] = std::move(extra);
     inner["errorCode"] = exit_code;
+    json doc = json::object();
+    doc["message"] = std::move(inner);
+    return doc;
+}
+
+ELASTIC_DECL nlohmann::ordered_json hang_error_document(const hang_report& hang,
+                                                        std::chrono::system_clock::time_point when) {
+    using json = nlohmann::ordered_json;
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+    const std::string message = detail::report::valid_utf8(hang.headline());
+    json extra = json::object();
+    extra["py_callstack"] = hang.stacks.empty()
+                                ? message + "\n(no stacks: the worker wrote none on the watchdog's signal)"
+                                : message + "\n" + detail::report::valid_utf8(hang.stacks);
+    extra["timestamp"] = std::to_string(seconds);
+    json inner = json::object();
+    inner["message"] = message;
+    inner["extraInfo"] = std::move(extra);
     json doc = json::object();
     doc["message"] = std::move(inner);
     return doc;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,6 +33,29 @@ enum class failure_state {
     stopped_by_agent,
 };
 
+/// What the agent's watchdog saw of a worker it found hung (and then stopped).
+struct hang_report {
+    /// Why, in words: "no heartbeat for 31.2 s (--watchdog beat=30s)".
+    std::string reason;
+    /// The section it was in ("allreduce"); empty when none.
+    std::string section;
+    /// The last value it passed to progress(); nullopt when it never did.
+    std::optional<std::uint64_t> progress;
+    /// How long it had shown no sign of life (or, for a section's limit, had been in the
+    /// section) when the watchdog fired.
+    std::chrono::milliseconds silent{};
+    /// Its threads' stacks as it wrote them on the dump signal; empty when it wrote none.
+    std::string stacks;
+
+    /// The failure's one-line description: "hung: <reason>; in section "x"; at step 12".
+    [[nodiscard]] std::string headline() const {
+        auto out = fmt::format("hung: {}", reason);
+        if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
+        if (progress) out += fmt::format("; progress {}", *progress);
+        return out;
+    }
+};
+
 /// One worker's end, as the agent observed it: everything a failure report says about it.
 struct worker_failure {
     int local_rank = 0;
@@ -49,6 +73,10 @@ struct worker_failure {
     /// The last lines of the worker's stderr (empty when it was not captured).
     stderr_tail_snapshot stderr_tail;
     failure_state state = failure_state::failed;
+    /// Set when the agent's watchdog found it hung and stopped it (a failure of kind "hang"):
+    /// then state is failed, the observation stamps are the detection's, and its status is how
+    /// it ended when stopped.
+    std::optional<hang_report> hang;
 
     /// Stamp both observation clocks with "now"; the agent calls it when the exit arrives.
     void observe_now() noexcept {
@@ -117,6 +145,7 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 namespace elastic::inline v0 {
 
 ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
+    if (f.hang) return f.hang->headline();
     if (f.error_file.parsed() && !f.error_file.content.message.empty()) {
         return f.error_file.content.message;
     }
@@ -143,6 +172,12 @@ ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
 
 ELASTIC_DECL std::string failure_traceback(const worker_failure& f) {
     const auto& ef = f.error_file;
+    if (f.hang && !ef.parsed()) {
+        // No error file (no log directory): the stacks the agent kept, else the stderr tail.
+        if (!f.hang->stacks.empty()) return f.hang->headline() + "\n" + f.hang->stacks;
+        if (!f.stderr_tail.empty()) return f.hang->headline() + "\n" + stderr_tail_text(f.stderr_tail);
+        return f.hang->headline();
+    }
     if (ef.parsed()) {
         const auto& c = ef.content;
         if (c.format == error_file_format::flat) {
@@ -230,6 +265,11 @@ ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failur
 }
 
 ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
+    if (f.hang) {
+        return fmt::format("failed ({}; then exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                           detail::report::valid_utf8(f.hang->headline()), f.status.returncode(), f.local_rank, f.pid,
+                           detail::report::valid_utf8(entrypoint));
+    }
     return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
                        f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }

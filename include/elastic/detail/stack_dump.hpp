@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: MIT
+// The watchdog's stack dump: on a chosen signal, a worker writes the backtrace of every one of
+// its threads to a file, then counts the dump in its watchdog page, so the agent that found it
+// hung knows what it was doing before stopping it. Async-signal-safe throughout.
+#pragma once
+
+#include "elastic/detail/backtrace.hpp"
+#include "elastic/detail/watchdog_slot.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+inline constexpr int stack_dump_max_frames = 96;
+inline constexpr int stack_dump_max_threads = 512;
+
+// Set once by install_stack_dump, read by the handler.
+struct stack_dump_state {
+    std::atomic<bool> installed{false};
+    int signal = 0;
+    char path[4096] = {};
+    std::atomic<watchdog::page*> page{nullptr};  // where dumps are counted; null: not counted
+    std::atomic<long> coordinator{0};            // the thread writing the dump, 0 when none
+    std::atomic<long> target{0};                 // the thread asked to add its stack
+    std::atomic<bool> target_done{false};
+    int fd = -1;
+    char buffer[32 * 1024] = {};  // one thread's text at a time (the coordinator serializes)
+};
+
+inline stack_dump_state stack_dump_storage{};
+
+inline long stack_dump_tid() noexcept { return ::syscall(SYS_gettid); }
+
+inline void write_all(int fd, const char* data, std::size_t size) noexcept {
+    while (size > 0) {
+        const ssize_t n = ::write(fd, data, size);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        data += n;
+        size -= static_cast<std::size_t>(n);
+    }
+}
+
+// Reads /proc/self/task/<tid>/<leaf> into `out` (at most size-1 bytes, NUL-terminated);
+// returns the length, 0 on any failure.
+inline std::size_t read_task_file(long tid, const char* leaf, char* out, std::size_t size) noexcept {
+    char path[96];
+    fixed_writer p(path, sizeof(path));
+    p.put("/proc/self/task/");
+    p.put_unsigned(static_cast<std::uintmax_t>(tid));
+    p.put('/');
+    p.put(leaf);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    std::size_t length = 0;
+    while (length + 1 < size) {
+        const ssize_t n = ::read(fd, out + length, size - 1 - length);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        length += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    out[length] = '\0';
+    return length;
+}
+
+// "Thread 4242 (name)" followed by ":\n" or a reason.
+inline void put_thread_heading(fixed_writer& out, long tid) noexcept {
+    char name[32];
+    auto length = read_task_file(tid, "comm", name, sizeof(name));
+    while (length > 0 && (name[length - 1] == '\n' || name[length - 1] == '\0')) name[--length] = '\0';
+    out.put("Thread ");
+    out.put_unsigned(static_cast<std::uintmax_t>(tid));
+    if (length > 0) {
+        out.put(" (");
+        out.put(name, length);
+        out.put(')');
+    }
+}
+
+// Whether thread `tid` blocks `sig` (its SigBlk mask): asking it would be in vain.
+inline bool thread_blocks(long tid, int sig) noexcept {
+    char status[4096];
+    const auto length = read_task_file(tid, "status", status, sizeof(status));
+    const char* line = nullptr;
+    for (std::size_t i = 0; i + 7 < length; ++i) {
+        if ((i == 0 || status[i - 1] == '\n') && std::strncmp(status + i, "SigBlk:", 7) == 0) {
+            line = status + i + 7;
+            break;
+        }
+    }
+    if (line == nullptr) return false;
+    while (*line == ' ' || *line == '\t') ++line;
+    std::uint64_t mask = 0;
+    for (; *line != '\0' && *line != '\n'; ++line) {
+        const char c = *line;
+        const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (digit < 0) return false;
+        mask = (mask << 4) | static_cast<std::uint64_t>(digit);  // the low 64 signals are enough
+    }
+    return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1U) != 0;
+}
+
+// The calling thread's stack, from inside the handler, appended to the dump.
+inline void dump_this_thread(void* context) noexcept {
+    auto& state = stack_dump_storage;
+    void* frames[stack_dump_max_frames];
+    const int count = capture_backtrace(frames, stack_dump_max_frames);
+    const int interrupted = interrupted_frame(frames, count, context);
+    const int first = interrupted >= 0 ? interrupted : 0;
+    fixed_writer out(state.buffer, sizeof(state.buffer));
+    put_thread_heading(out, stack_dump_tid());
+    out.put(":\n");
+    for (int i = first; i < count; ++i) {
+        const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
+        const auto lookup = i == interrupted || pc == 0 ? pc : pc - 1;
+        put_frame(out, i - first, pc, symbolize(pc, lookup), false);
+    }
+    if (out.truncated()) out.put("  ... (truncated)\n");
+    out.put('\n');
+    write_all(state.fd, out.data(), out.size());
+}
+
+// Waits up to `ms` for another thread to add its stack.
+inline bool await_target(int ms) noexcept {
+    auto& state = stack_dump_storage;
+    for (int waited = 0; waited < ms * 10; ++waited) {
+        if (state.target_done.load(std::memory_order_acquire)) return true;
+        struct timespec tenth {
+            0, 100000
+        };
+        ::nanosleep(&tenth, nullptr);
+    }
+    return state.target_done.load(std::memory_order_acquire);
+}
+
+inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
+    const int saved_errno = errno;
+    auto& state = stack_dump_storage;
+    const long me = stack_dump_tid();
+    long none = 0;
+    if (state.target.load(std::memory_order_acquire) == me) {
+        // Asked by the coordinator: add this thread's stack.
+        dump_this_thread(context);
+        state.target.store(0, std::memory_order_relaxed);
+        state.target_done.store(true, std::memory_order_release);
+    } else if (state.coordinator.compare_exchange_strong(none, me)) {
+        state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (state.fd >= 0) {
+            {
+                fixed_writer head(state.buffer, sizeof(state.buffer));
+                head.put("Stacks of process ");
+                head.put_unsigned(static_cast<std::uintmax_t>(::getpid()));
+                head.put(", every thread, the one that took the signal first (most recent call first):\n\n");
+                write_all(state.fd, head.data(), head.size());
+            }
+            dump_this_thread(context);
+            // Then every other thread, one at a time: a thread the signal reaches adds its own.
+            const int dir = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            alignas(8) char entries[4096];
+            int threads = 0;
+            for (;;) {
+                const long n = dir < 0 ? -1 : ::syscall(SYS_getdents64, dir, entries, sizeof(entries));
+                if (n <= 0) break;
+                for (long at = 0; at < n;) {
+                    struct linux_dirent64 {
+                        std::uint64_t d_ino;
+                        std::int64_t d_off;
+                        unsigned short d_reclen;
+                        unsigned char d_type;
+                        char d_name[1];
+                    };
+                    const auto* e = reinterpret_cast<const linux_dirent64*>(entries + at);
+                    at += e->d_reclen;
+                    const long tid = std::atol(e->d_name);
+                    if (tid <= 0 || tid == me || ++threads > stack_dump_max_threads) continue;
+                    fixed_writer line(state.buffer, sizeof(state.buffer));
+                    if (thread_blocks(tid, sig)) {
+                        put_thread_heading(line, tid);
+                        line.put(": blocks the signal, no stack\n\n");
+                        write_all(state.fd, line.data(), line.size());
+                        continue;
+                    }
+                    state.target_done.store(false, std::memory_order_relaxed);
+                    state.target.store(tid, std::memory_order_release);
+                    if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
+                        state.target.store(0, std::memory_order_relaxed);
+                        continue;  // it ended meanwhile
+                    }
+                    if (!await_target(300)) {
+                        state.target.store(0, std::memory_order_relaxed);
+                        // It may still answer late: wait for it rather than share the buffer.
+                        if (!await_target(300)) {
+                            put_thread_heading(line, tid);
+                            line.put(": did not answer within 0.6 s, no stack\n\n");
+                            write_all(state.fd, line.data(), line.size());
+                            break;  // its late answer would race the next one's: stop here
+                        }
+                    }
+                }
+            }
+            if (dir >= 0) ::close(dir);
+            ::close(state.fd);
+            state.fd = -1;
+        }
+        if (auto* page = state.page.load(std::memory_order_acquire); page != nullptr) {
+            watchdog::counter(page->dumps).fetch_add(1, std::memory_order_release);
+        }
+        state.coordinator.store(0, std::memory_order_release);
+    }
+    errno = saved_errno;
+}
+
+/// Installs the stack dump: on `sig`, every thread's backtrace goes to `path` (replaced), and
+/// the dump is counted in `page` when given. The handler is installed once per process; a later
+/// call only adds the page. False when the path does not fit or the handler cannot be set.
+inline bool install_stack_dump(int sig, const char* path, watchdog::page* page) noexcept {
+    auto& state = stack_dump_storage;
+    if (sig <= 0 || sig >= NSIG || path == nullptr || std::strlen(path) >= sizeof(state.path)) return false;
+    if (state.installed.exchange(true)) {
+        if (page != nullptr && state.signal == sig) {
+            state.page.store(page, std::memory_order_release);
+            watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
+        }
+        return true;
+    }
+    std::strcpy(state.path, path);
+    state.signal = sig;
+    if (page != nullptr) {
+        state.page.store(page, std::memory_order_release);
+        watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
+    }
+    struct sigaction action {};
+    action.sa_sigaction = on_dump_signal;
+    action.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    return ::sigaction(sig, &action, nullptr) == 0;
+}
+
+}  // namespace elastic::inline v0::detail
