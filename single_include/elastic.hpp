@@ -1185,17 +1185,22 @@ namespace elastic::inline v0::detail {
 inline constexpr int stack_dump_max_frames = 96;
 inline constexpr int stack_dump_max_threads = 512;
 
-// Set once by install_stack_dump, read by the handler.
+// Set once by install_stack_dump, read by the handler. A process dumps at most once (the agent
+// asks a hung worker once, then stops it): a thread that answers a request late can never start
+// a second dump over the first.
 struct stack_dump_state {
     std::atomic<bool> installed{false};
     int signal = 0;
     char path[4096] = {};
     std::atomic<watchdog::page*> page{nullptr};  // where dumps are counted; null: not counted
-    std::atomic<long> coordinator{0};            // the thread writing the dump, 0 when none
-    std::atomic<long> target{0};                 // the thread asked to add its stack
+    std::atomic<long> coordinator{0};            // the thread that dumps; never reset
+    // The thread asked to add its stack: its tid while asked, -1 once it has claimed the
+    // request (it then writes), 0 when none is asked.
+    std::atomic<long> target{0};
     std::atomic<bool> target_done{false};
     int fd = -1;
-    char buffer[32 * 1024] = {};  // one thread's text at a time (the coordinator serializes)
+    char buffer[32 * 1024] = {};  // the answering thread's text (one at a time)
+    char heading[512] = {};       // the coordinator's own lines
 };
 
 inline stack_dump_state stack_dump_storage{};
@@ -1292,7 +1297,7 @@ inline void dump_this_thread(void* context) noexcept {
     write_all(state.fd, out.data(), out.size());
 }
 
-// Waits up to `ms` for another thread to add its stack.
+// Waits up to `ms` for the asked thread to finish its stack.
 inline bool await_target(int ms) noexcept {
     auto& state = stack_dump_storage;
     for (int waited = 0; waited < ms * 10; ++waited) {
@@ -1305,21 +1310,59 @@ inline bool await_target(int ms) noexcept {
     return state.target_done.load(std::memory_order_acquire);
 }
 
-inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
+inline void put_coordinator_line(long tid, const char* what) noexcept {
+    auto& state = stack_dump_storage;
+    fixed_writer line(state.heading, sizeof(state.heading));
+    put_thread_heading(line, tid);
+    line.put(what);
+    write_all(state.fd, line.data(), line.size());
+}
+
+// Asks thread `tid` for its stack and waits for it. False when the dump must end here: the
+// thread claimed the request and did not finish, so it may still write.
+inline bool ask_thread(long tid, int sig) noexcept {
+    auto& state = stack_dump_storage;
+    if (thread_blocks(tid, sig)) {
+        put_coordinator_line(tid, ": blocks the signal, no stack\n\n");
+        return true;
+    }
+    state.target_done.store(false, std::memory_order_relaxed);
+    state.target.store(tid, std::memory_order_release);
+    if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
+        state.target.store(0, std::memory_order_relaxed);
+        return true;  // it ended meanwhile
+    }
+    if (await_target(300)) return true;
+    long asked = tid;
+    if (state.target.compare_exchange_strong(asked, 0)) {
+        // Never claimed: when the signal reaches it at last, it finds itself not asked.
+        put_coordinator_line(tid, ": did not answer within 0.3 s, no stack\n\n");
+        return true;
+    }
+    // Claimed and writing: give it more time, else stop the dump (it would race the next one).
+    if (await_target(1000)) return true;
+    return false;
+}
+
+inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     const int saved_errno = errno;
     auto& state = stack_dump_storage;
     const long me = stack_dump_tid();
+    long asked = me;
+    const bool from_us = info != nullptr && info->si_code == SI_TKILL && info->si_pid == ::getpid();
     long none = 0;
-    if (state.target.load(std::memory_order_acquire) == me) {
-        // Asked by the coordinator: add this thread's stack.
+    if (state.target.compare_exchange_strong(asked, -1)) {
+        // Asked by the coordinator, and still asked: add this thread's stack.
         dump_this_thread(context);
         state.target.store(0, std::memory_order_relaxed);
         state.target_done.store(true, std::memory_order_release);
-    } else if (state.coordinator.compare_exchange_strong(none, me)) {
-        state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    } else if (!from_us && state.coordinator.compare_exchange_strong(none, me)) {
+        // The first request from outside (the agent): this thread writes the dump.
+        state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        bool whole = true;
         if (state.fd >= 0) {
             {
-                fixed_writer head(state.buffer, sizeof(state.buffer));
+                fixed_writer head(state.heading, sizeof(state.heading));
                 head.put("Stacks of process ");
                 head.put_unsigned(static_cast<std::uintmax_t>(::getpid()));
                 head.put(", every thread, the one that took the signal first (most recent call first):\n\n");
@@ -1330,10 +1373,10 @@ inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
             const int dir = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             alignas(8) char entries[4096];
             int threads = 0;
-            for (;;) {
-                const long n = dir < 0 ? -1 : ::syscall(SYS_getdents64, dir, entries, sizeof(entries));
+            while (whole && dir >= 0) {
+                const long n = ::syscall(SYS_getdents64, dir, entries, sizeof(entries));
                 if (n <= 0) break;
-                for (long at = 0; at < n;) {
+                for (long at = 0; at < n && whole;) {
                     struct linux_dirent64 {
                         std::uint64_t d_ino;
                         std::int64_t d_off;
@@ -1344,40 +1387,26 @@ inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
                     const auto* e = reinterpret_cast<const linux_dirent64*>(entries + at);
                     at += e->d_reclen;
                     const long tid = std::atol(e->d_name);
-                    if (tid <= 0 || tid == me || ++threads > stack_dump_max_threads) continue;
-                    fixed_writer line(state.buffer, sizeof(state.buffer));
-                    if (thread_blocks(tid, sig)) {
-                        put_thread_heading(line, tid);
-                        line.put(": blocks the signal, no stack\n\n");
-                        write_all(state.fd, line.data(), line.size());
-                        continue;
+                    if (tid <= 0 || tid == me) continue;
+                    if (++threads > stack_dump_max_threads) {
+                        put_coordinator_line(tid, ": and the threads after it: too many, no stacks\n");
+                        whole = false;
+                        break;
                     }
-                    state.target_done.store(false, std::memory_order_relaxed);
-                    state.target.store(tid, std::memory_order_release);
-                    if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
-                        state.target.store(0, std::memory_order_relaxed);
-                        continue;  // it ended meanwhile
-                    }
-                    if (!await_target(300)) {
-                        state.target.store(0, std::memory_order_relaxed);
-                        // It may still answer late: wait for it rather than share the buffer.
-                        if (!await_target(300)) {
-                            put_thread_heading(line, tid);
-                            line.put(": did not answer within 0.6 s, no stack\n\n");
-                            write_all(state.fd, line.data(), line.size());
-                            break;  // its late answer would race the next one's: stop here
-                        }
+                    if (!ask_thread(tid, sig)) {
+                        put_coordinator_line(tid, ": still writing its stack after 1.3 s; the dump ends here\n");
+                        whole = false;
                     }
                 }
             }
             if (dir >= 0) ::close(dir);
-            ::close(state.fd);
-            state.fd = -1;
+            // A thread still writing keeps the descriptor: closing it could hand its number to
+            // another file while that thread writes. One descriptor, once per process.
+            if (whole) ::close(state.fd);
         }
         if (auto* page = state.page.load(std::memory_order_acquire); page != nullptr) {
             watchdog::counter(page->dumps).fetch_add(1, std::memory_order_release);
         }
-        state.coordinator.store(0, std::memory_order_release);
     }
     errno = saved_errno;
 }
@@ -1420,6 +1449,7 @@ inline bool install_stack_dump(int sig, const char* path, watchdog::page* page) 
 #include <string_view>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1444,11 +1474,14 @@ inline page* attach() noexcept {
     ::close(fd);
     if (mapped == MAP_FAILED) return nullptr;
     auto* p = static_cast<page*>(mapped);
-    if (p->magic != page_magic || p->version != page_version) {
+    // The page is this process's alone: not one made by something else, not one another process
+    // (a child started with the same environment) holds already.
+    std::uint64_t owner = 0;
+    if (p->magic != page_magic || p->version != page_version ||
+        !counter(p->attached).compare_exchange_strong(owner, static_cast<std::uint64_t>(::getpid()))) {
         ::munmap(mapped, page_size);
         return nullptr;
     }
-    counter(p->attached).store(static_cast<std::uint64_t>(::getpid()), std::memory_order_relaxed);
     const char* stacks = std::getenv(stacks_variable);
     const char* sig = std::getenv(signal_variable);
     int number = 0;
@@ -1460,10 +1493,21 @@ inline page* attach() noexcept {
     return p;
 }
 
-/// The page, attached at the first call (thread-safe); null when not watched.
+inline std::atomic<page*> attached_page{nullptr};
+
+/// The page, attached at the first call (thread-safe); null when not watched, and in a child
+/// forked after the attach (its heartbeats must not keep a hung parent looking alive).
 inline page* current() noexcept {
-    static page* const attached = attach();
-    return attached;
+    static const bool once = [] {
+        attached_page.store(attach(), std::memory_order_release);
+        ::pthread_atfork(nullptr, nullptr, [] {
+            attached_page.store(nullptr, std::memory_order_relaxed);
+            stack_dump_storage.page.store(nullptr, std::memory_order_relaxed);
+        });
+        return true;
+    }();
+    (void)once;
+    return attached_page.load(std::memory_order_acquire);
 }
 
 }  // namespace detail::watchdog
@@ -17857,6 +17901,7 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <concepts>
 #include <functional>
 #include <optional>
@@ -17897,6 +17942,9 @@ struct group_failure {
     std::chrono::steady_clock::time_point started{};
     /// When the agent saw the first failure (the end of the healthy period).
     std::chrono::steady_clock::time_point failed{};
+    /// The largest elastic::progress() value this node's workers reported during the attempt
+    /// (read through --watchdog's pages); nullopt when none did, or without --watchdog.
+    std::optional<std::uint64_t> progress;
     /// Set by the agent for the policy's call: a policy that has decided to restart and is about
     /// to wait before it answers (a backoff) calls it first, with its reason and the wait, so
     /// the log says "restarting ... in 1.8 s" as the wait starts rather than after it. The
@@ -18086,6 +18134,8 @@ struct exit_code_set {
     std::bitset<256> codes;   ///< exit codes 0..255
     bool any_signal = false;  ///< every death by signal
     std::bitset<65> signals;  ///< signals 1..64 by number
+    /// A worker the watchdog found hung (--watchdog), however it then ended: `hang`.
+    bool hang = false;
 
     [[nodiscard]] bool contains(const exit_status& status) const noexcept {
         if (status.signaled())
@@ -18109,6 +18159,7 @@ struct exit_code_set {
             add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
             c = last;
         }
+        if (hang) add("hang");
         if (any_signal) {
             add("signals");
         } else {
@@ -18153,6 +18204,7 @@ struct restart_settings {
     std::optional<window_spec> window;            ///< --restart-window
     std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
     std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
+    std::optional<int> no_progress;               ///< --restart-no-progress
     friend bool operator==(const restart_settings&, const restart_settings&) = default;
 };
 
@@ -18267,6 +18319,10 @@ namespace elastic::inline v0 {
             set.any_signal = true;
             continue;
         }
+        if (word == "hang" || word == "hangs") {
+            set.hang = true;
+            continue;
+        }
         if (word.rfind("sig", 0) == 0) {
             const int found = signal_number(word);
             if (found == 0 || found > 64) {
@@ -18281,8 +18337,8 @@ namespace elastic::inline v0 {
         const auto last = dash == std::string_view::npos ? first
                                                          : detail::to_integer(detail::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
-            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
-                                          "a signal name",
+            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals', "
+                                          "a signal name or 'hang'",
                                           detail::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
@@ -19009,8 +19065,10 @@ public:
         const auto* root = failure.root_cause();
         if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
         const auto& status = root->status;
-        const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
-        const bool listed = set_.contains(status);
+        // A hang is its own kind of ending: only `hang` matches it, not how the stop ended it.
+        const std::string ending = fmt::format("local_rank {} {}", root->local_rank,
+                                               root->hang ? root->hang->headline() : status.describe());
+        const bool listed = root->hang ? set_.hang : set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed)
                 return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, named())), {}};
@@ -19159,6 +19217,90 @@ static_assert(planned_restart_policy<crash_loop_guard>);
 
 }  // namespace elastic::inline v0
 // ---- end elastic/policy/crash_loop.hpp ----
+// ---- begin elastic/policy/no_progress.hpp ----
+// no_progress: a job whose restarts no longer move it forward is stopped — N failed attempts in
+// a row that did not take the workers' progress (elastic::progress, read by --watchdog) past the
+// best any earlier attempt reached (--restart-no-progress=N).
+
+
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace elastic::inline v0 {
+
+/// Stops the job at the `n`-th failed attempt in a row whose progress (group_failure::progress:
+/// the largest elastic::progress() value this node's workers reported) is not above the best of
+/// every earlier attempt. An attempt that reported none made none. An attempt that went further
+/// restarts and clears the count.
+class no_progress : public named_policy {
+public:
+    explicit no_progress(int n) : n_(n) {
+        if (n_ < 1) throw std::invalid_argument(fmt::format("no_progress({}): want N >= 1", n_));
+    }
+
+    [[nodiscard]] int limit() const noexcept { return n_; }
+
+    restart_plan plan(const group_failure& failure) {
+        const auto& got = failure.progress;
+        const bool advanced = got && (!best_ || *got > *best_);
+        pending_best_ = advanced ? got : best_;
+        pending_ = advanced ? 0 : stalled_ + 1;
+        const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
+        const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
+        if (advanced) {
+            return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
+                                                                  best_ ? fmt::format("{}", *best_) : "nothing",
+                                                                  named())),
+                    {}};
+        }
+        if (pending_ >= n_) {
+            return {
+                restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
+                                                           "stopping ({})",
+                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
+                {}};
+        }
+        return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
+                                                              "allowed ({})",
+                                                              reached, best, pending_, n_ - 1, named())),
+                {}};
+    }
+    template <class Defer = void>  // a template: compiled only where it is called
+    asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
+        co_return;
+    }
+    void commit(const group_failure&) {
+        stalled_ = pending_;
+        best_ = pending_best_;
+    }
+
+    template <class Defer = void>  // a template: compiled only where it is called
+    asio::awaitable<restart_decision> operator()(const group_failure& failure) {
+        return detail::policy::run_planned(*this, failure);
+    }
+
+private:
+    [[nodiscard]] std::string named() const {
+        return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
+    }
+
+    int n_;
+    int stalled_ = 0;
+    int pending_ = 0;
+    std::optional<std::uint64_t> best_;
+    std::optional<std::uint64_t> pending_best_;
+};
+
+static_assert(planned_restart_policy<no_progress>);
+
+}  // namespace elastic::inline v0
+// ---- end elastic/policy/no_progress.hpp ----
 // ---- begin elastic/policy/default_policy.hpp ----
 // make_default_policy(settings): the restart policy elasticrun runs under, built from
 // --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
@@ -19172,7 +19314,8 @@ namespace elastic::inline v0 {
 /// The default policy, in this order (the first to say stop wins; docs/policies.md):
 ///
 ///     restart_on_exit(--restart-on-exit) | crash_loop_guard(--restart-crash-guard)
-///       | max_restarts(--max-restarts) | restart_window(--restart-window) | backoff(--restart-backoff)
+///       | no_progress(--restart-no-progress) | max_restarts(--max-restarts)
+///       | restart_window(--restart-window) | backoff(--restart-backoff)
 ///
 /// each part present only when its option is given, except max_restarts: always there, unless
 /// --restart-window is given with --max-restarts left at 0, where the window is the budget (a
@@ -19193,6 +19336,8 @@ template <policy_clock Clock = steady_policy_clock>
     if (settings.crash_guard) {
         guard = optional_policy<crash_loop_guard>(by_option(crash_loop_guard(*settings.crash_guard)));
     }
+    optional_policy<no_progress> stalls;
+    if (settings.no_progress) stalls = optional_policy<no_progress>(by_option(no_progress(*settings.no_progress)));
     optional_policy<basic_backoff<Clock>> delay;
     if (settings.backoff) {
         delay = optional_policy<basic_backoff<Clock>>(by_option(basic_backoff<Clock>(*settings.backoff, clock,
@@ -19202,11 +19347,12 @@ template <policy_clock Clock = steady_policy_clock>
     if (settings.window) {
         auto window = by_option(basic_restart_window<Clock>(*settings.window, clock));
         if (settings.max_restarts == 0) {
-            return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
+            return chain(std::move(exits), std::move(guard), std::move(stalls), std::move(window), std::move(delay));
         }
-        return chain(std::move(exits), std::move(guard), budget, std::move(window), std::move(delay));
+        return chain(std::move(exits), std::move(guard), std::move(stalls), budget, std::move(window),
+                     std::move(delay));
     }
-    return chain(std::move(exits), std::move(guard), budget, std::move(delay));
+    return chain(std::move(exits), std::move(guard), std::move(stalls), budget, std::move(delay));
 }
 
 }  // namespace elastic::inline v0
@@ -19483,7 +19629,7 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_
 
 #include <cxxabi.h>
 #include <fcntl.h>
-#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
@@ -19581,16 +19727,25 @@ def _attach():
         return
     if _struct.unpack_from("<II", page, 0) != (0x44574C45, 1):
         return
+    if _struct.unpack_from("<Q", page, 40)[0] not in (0, _os.getpid()):
+        return  # another process (the worker this one was started by) holds the page
     _struct.pack_into("<Q", page, 40, _os.getpid())
     _page = page
+    _os.register_at_fork(after_in_child=_detach)
     stacks = _os.environ.get("ELASTIC_WATCHDOG_STACKS")
     sig = _os.environ.get("ELASTIC_WATCHDOG_SIGNAL", "")
     if stacks and sig.isdigit():
         try:
             _stacks = open(stacks, "w")
             _faulthandler.register(int(sig), file=_stacks, all_threads=True)
+            _struct.pack_into("<Q", page, 112, 0)  # faulthandler owns the signal: no dump count
         except (OSError, ValueError, RuntimeError):
             _stacks = None
+
+
+def _detach():
+    global _page
+    _page = None
 
 
 def watched():
@@ -19666,7 +19821,8 @@ _attach()
 
 /// One attempt's pages: a private directory (mode 0700) under /dev/shm (else the temporary
 /// directory) holding each worker's page file, where its stacks go, and the Python module.
-/// Removed, with everything in it, when the object goes.
+/// Removed, with everything in it, when the object goes. The agent reads the pages with
+/// pread(2), never through a mapping: a worker that truncates its file cannot fault the agent.
 class watchdog_pages {
 public:
     /// Throws std::system_error naming the path that could not be made.
@@ -19687,8 +19843,7 @@ public:
         }
         std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, ec);
         try {
-            pages_.resize(workers, nullptr);
-            for (std::size_t i = 0; i < workers; ++i) pages_[i] = create_page(page_path(i));
+            for (std::size_t i = 0; i < workers; ++i) fds_.push_back(create_page(page_path(i)));
             std::filesystem::create_directory(dir_ / "python");
             const auto module = dir_ / "python" / "elastic_watchdog.py";
             const int fd = ::open(module.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -19709,8 +19864,21 @@ public:
     watchdog_pages(const watchdog_pages&) = delete;
     watchdog_pages& operator=(const watchdog_pages&) = delete;
 
-    [[nodiscard]] std::size_t size() const noexcept { return pages_.size(); }
-    [[nodiscard]] detail::watchdog::page& page(std::size_t i) noexcept { return *pages_[i]; }
+    [[nodiscard]] std::size_t size() const noexcept { return fds_.size(); }
+
+    /// Worker `i`'s page as it is now: two reads that agree (the name and its sequence), or the
+    /// last one marked torn after a few tries; nullopt when the file no longer holds a page.
+    [[nodiscard]] std::optional<detail::watchdog::page_snapshot> read(std::size_t i) const {
+        detail::watchdog::page a{};
+        detail::watchdog::page b{};
+        for (int attempt = 0; attempt < 4; ++attempt) {
+            if (!read_into(fds_[i], a) || !read_into(fds_[i], b)) return std::nullopt;
+            if (a.section_seq == b.section_seq && std::memcmp(a.section, b.section, sizeof a.section) == 0) break;
+        }
+        auto s = detail::watchdog::read_page(b);
+        if (a.section_seq != b.section_seq || std::memcmp(a.section, b.section, sizeof a.section) != 0) s.torn = true;
+        return s;
+    }
     [[nodiscard]] std::filesystem::path page_path(std::size_t i) const { return dir_ / fmt::format("{}.page", i); }
     [[nodiscard]] std::filesystem::path stacks_path(std::size_t i) const { return dir_ / fmt::format("{}.stacks", i); }
 
@@ -19728,8 +19896,14 @@ public:
     /// when it wrote none.
     [[nodiscard]] std::string stacks(std::size_t i, std::size_t limit = 256 * 1024) const {
         std::string out;
-        const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        // The worker made the file: not a link, and nothing (a FIFO) that could block a read.
+        const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0) return out;
+        struct stat st {};
+        if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            ::close(fd);
+            return out;
+        }
         out.resize(limit);
         std::size_t got = 0;
         while (got < limit) {
@@ -19754,34 +19928,35 @@ public:
     }
 
 private:
-    static detail::watchdog::page* create_page(const std::filesystem::path& path) {
+    static int create_page(const std::filesystem::path& path) {
         const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path.string());
-        void* mapped = MAP_FAILED;
-        if (::ftruncate(fd, static_cast<off_t>(detail::watchdog::page_size)) == 0) {
-            mapped = ::mmap(nullptr, detail::watchdog::page_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        alignas(detail::watchdog::page) char bytes[detail::watchdog::page_size] = {};
+        detail::watchdog::page header{};
+        header.magic = detail::watchdog::page_magic;
+        header.version = detail::watchdog::page_version;
+        std::memcpy(bytes, &header, sizeof header);
+        if (::pwrite(fd, bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+            const int error = errno != 0 ? errno : ENOSPC;
+            ::close(fd);
+            throw std::system_error(error, std::generic_category(), "cannot write " + path.string());
         }
-        const int error = errno;
-        ::close(fd);
-        if (mapped == MAP_FAILED)
-            throw std::system_error(error, std::generic_category(), "cannot map " + path.string());
-        auto* p = static_cast<detail::watchdog::page*>(mapped);
-        p->magic = detail::watchdog::page_magic;
-        p->version = detail::watchdog::page_version;
-        return p;
+        return fd;
+    }
+
+    static bool read_into(int fd, detail::watchdog::page& p) noexcept {
+        return ::pread(fd, &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p);
     }
 
     void release() noexcept {
-        for (auto* p : pages_) {
-            if (p != nullptr) ::munmap(p, detail::watchdog::page_size);
-        }
-        pages_.clear();
+        for (const int fd : fds_) ::close(fd);
+        fds_.clear();
         std::error_code ec;
         if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
     }
 
     std::filesystem::path dir_;
-    std::vector<detail::watchdog::page*> pages_;
+    std::vector<int> fds_;
 };
 
 /// A measured duration as a hang's reason shows it: to the tenth of a second (cut, not
@@ -19794,28 +19969,29 @@ private:
 
 /// What the agent knows of one worker's page over time.
 struct rank_watch {
-    detail::watchdog::page_snapshot last;
-    bool alive = false;  ///< a sign of life was seen
+    detail::watchdog::page_snapshot seen;  ///< the last reading, as read (torn or not)
+    std::string section;                   ///< the last name read whole; empty: none
+    std::uint64_t section_seq = 0;         ///< the sequence that name was read at
+    bool alive = false;                    ///< a sign of life was seen
     std::chrono::steady_clock::time_point last_sign{};
     std::chrono::steady_clock::time_point section_since{};
     std::optional<std::uint64_t> progress;  ///< the largest progress value seen
 
-    /// Takes a new reading at `now`: any change of counters or section is a sign of life.
+    /// Takes a new reading at `now`: a change of any counter, the section's sequence included,
+    /// is a sign of life; a sequence that stays where it is (even odd, a writer stopped midway)
+    /// is none.
     void update(const detail::watchdog::page_snapshot& s, std::chrono::steady_clock::time_point now) {
-        const bool changed = s.beats != last.beats || s.progress != last.progress || s.section_seq != last.section_seq;
-        if (changed) {
+        if (s.beats != seen.beats || s.progress != seen.progress || s.section_seq != seen.section_seq) {
             alive = true;
             last_sign = now;
         }
-        if (s.section_seq != last.section_seq && !s.torn) section_since = now;
-        if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
-        auto previous = std::move(last);
-        last = s;
-        if (s.torn) {
-            // The name could not be read whole: keep the previous one and its clock.
-            last.section_seq = previous.section_seq;
-            last.section = std::move(previous.section);
+        if (!s.torn && s.section_seq != section_seq) {
+            section_seq = s.section_seq;
+            section = s.section;
+            section_since = now;
         }
+        if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
+        seen = s;
     }
 
     /// Why the worker counts as hung at `now` (it started at `started`), or nullopt.
@@ -19827,7 +20003,7 @@ struct rank_watch {
         const auto report = [&](std::string reason, std::chrono::steady_clock::duration silent) {
             hang_report r;
             r.reason = std::move(reason);
-            r.section = last.section;
+            r.section = section;
             r.progress = progress;
             r.silent = duration_cast<milliseconds>(silent);
             return r;
@@ -19840,10 +20016,10 @@ struct rank_watch {
             }
             return std::nullopt;
         }
-        if (!last.section.empty()) {
-            if (const auto limit = w.section_limit(last.section)) {
+        if (!section.empty()) {
+            if (const auto limit = w.section_limit(section)) {
                 if (now - section_since > limit->first) {
-                    return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", last.section,
+                    return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", section,
                                               measured_words(now - section_since), limit->second,
                                               duration_flag_text(limit->first)),
                                   now - section_since);
@@ -21536,6 +21712,7 @@ using worker_output = basic_worker_output<>;
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstddef>
@@ -21812,10 +21989,18 @@ public:
         failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
                                                                              : started_;
         if (!hung_.empty()) failure.failed = hang_found_;
+        for (std::size_t i = 0; pages_ && i < pages_->size(); ++i) {
+            // The last reading, and the page as the worker left it.
+            auto reached = watches_[i].progress;
+            const auto now = pages_->read(i);
+            if (now && now->progress != 0) reached = std::max(reached.value_or(0), now->progress - 1);
+            if (reached) failure.progress = std::max(failure.progress.value_or(0), *reached);
+        }
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->status.success() && hung(i) == nullptr)) continue;
+            if (!status && hung(i) == nullptr) continue;
+            if (status && before && status->status.success() && hung(i) == nullptr) continue;
             const auto& slot = state_->slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -21823,14 +22008,18 @@ public:
             f.role = spec_->role;
             f.pid = static_cast<long>(workers_[i].pid());
             f.host = host;
-            f.status = status->status;
-            f.observed_steady = status->steady_time;
-            f.observed_system = status->system_time;
+            // A hung worker still present after SIGKILL (stuck in the kernel) has no exit: it is
+            // reported as SIGKILL's, the signal it got.
+            f.status = status ? status->status : exit_status::from_signal(SIGKILL);
+            if (status) {
+                f.observed_steady = status->steady_time;
+                f.observed_system = status->system_time;
+            }
             f.error_file = read_error_file(slot.error_file);
             f.stderr_tail = slot.tail.snapshot();
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            f.state = (before && !f.status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
             if (const auto* h = hung(i)) {
                 // Hung: the failure is the hang, dated from when the worker went silent (or
                 // entered its section), so the one silent longest is the root cause.
@@ -21873,7 +22062,7 @@ private:
             for (std::size_t i = 0; i < workers_.size(); ++i) {
                 if (workers_[i].status()) continue;
                 auto& watch = watches_[i];
-                watch.update(detail::watchdog::read_page(pages_->page(i)), now);
+                if (const auto page = pages_->read(i)) watch.update(*page, now);
                 auto found = watch.hung(w, started_, now);
                 // An exit not yet seen by the other watch is that watch's to report.
                 if (!found || workers_[i].check_exit()) continue;
@@ -21918,16 +22107,32 @@ private:
         std::vector<asked> waiting;
         for (const auto& h : hung_) {
             const auto& a = state_->slots[h.index].assignment;
-            log_->error(
-                fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank,
-                            workers_[h.index].pid(), h.report.headline(),
-                            ask ? fmt::format("; asking it for its stacks ({}, up to {}), then stopping the group",
-                                              signal_name(w.signal), duration_words(w.dump))
-                                : "; stopping the group (dump=0: no stacks)"));
-            if (!ask) continue;
-            const auto before = detail::watchdog::read_page(pages_->page(h.index)).dumps;
+            auto& worker = workers_[h.index];
+            const auto page = pages_->read(h.index);
+            // The process that attached the page is the one with a handler: the worker itself,
+            // or a process of its group it started (a wrapper script's program). One that never
+            // attached has none: the signal would only end it.
+            const auto holder = page ? static_cast<pid_t>(page->attached) : pid_t{0};
+            const bool own = holder == worker.pid();
+            const bool in_group = holder > 0 && !own && ::getpgid(holder) == worker.pid();
+            std::string plan = "; stopping the group (dump=0: no stacks)";
+            if (ask && (own || in_group)) {
+                plan = fmt::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
+                                   own ? std::string("it") : fmt::format("pid {} of its process group", holder),
+                                   signal_name(w.signal), duration_words(w.dump));
+            } else if (ask && !page) {
+                plan = "; its watchdog page was cut short (by the worker?), so whether it can give its stacks is "
+                       "unknown: stopping the group";
+            } else if (ask) {
+                plan = "; it never attached its watchdog page (no elastic::record, elastic/watchdog.hpp or "
+                       "elastic_watchdog), so it has no stacks to give: stopping the group";
+            }
+            log_->error(fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank, worker.pid(),
+                                    h.report.headline(), plan));
+            if (!ask || !(own || in_group)) continue;
             try {
-                if (workers_[h.index].signal(w.signal)) waiting.push_back({h.index, before});
+                const bool sent = own ? worker.signal(w.signal) : ::kill(holder, w.signal) == 0;
+                if (sent) waiting.push_back({h.index, page->dumps});
             } catch (const std::exception& e) {
                 log_->warning(fmt::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
             }
@@ -21942,12 +22147,13 @@ private:
             co_await timer.async_wait(detail::use_awaitable<Defer>);
             for (auto& x : waiting) {
                 if (x.done) continue;
-                const auto page = detail::watchdog::read_page(pages_->page(x.index));
-                if (workers_[x.index].check_exit() || (page.counts_dumps && page.dumps != x.dumps)) {
+                const auto page = pages_->read(x.index);
+                const bool counts = page && page->counts_dumps;
+                if (workers_[x.index].check_exit() || (counts && page->dumps != x.dumps)) {
                     x.done = true;
                     continue;
                 }
-                if (page.counts_dumps) continue;
+                if (counts) continue;
                 const auto grown = pages_->stacks_size(x.index);
                 x.still = grown > 0 && grown == x.size ? x.still + 1 : 0;
                 x.size = grown;
@@ -21970,7 +22176,11 @@ private:
         for (auto& h : hung_) {
             h.report.stacks = pages_->stacks(h.index);
             const auto& slot = state_->slots[h.index];
-            if (slot.error_file.empty()) continue;
+            // One that failed on its own meanwhile (a collective's timeout) keeps its error file.
+            const auto& status = workers_[h.index].status();
+            const bool failed_alone = h.index < exited_before_.size() && exited_before_[h.index] && status &&
+                                      !status->status.success();
+            if (slot.error_file.empty() || failed_alone) continue;
             try {
                 write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
             } catch (const std::exception& e) {
@@ -23680,6 +23890,7 @@ struct launch_config : worker_spec, agent_options {
     std::optional<window_spec> restart_window;              ///< --restart-window
     std::optional<exit_code_set> restart_on_exit;           ///< --restart-on-exit
     std::optional<crash_guard_spec> restart_crash_guard;    ///< --restart-crash-guard
+    std::optional<int> restart_no_progress;                 ///< --restart-no-progress
     std::chrono::milliseconds monitor_interval = 100ms;     ///< --monitor-interval: accepted, see docs/cli.md
     std::chrono::milliseconds exit_barrier_timeout = 300s;  ///< not an option in torchrun either (hard-coded 300 s)
 
@@ -23735,7 +23946,8 @@ struct launch_config : worker_spec, agent_options {
 
     /// --max-restarts and the --restart-* options, as the policy layer takes them.
     [[nodiscard]] restart_settings restarts() const {
-        return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
+        return restart_settings{max_restarts,    restart_backoff,     restart_window,
+                                restart_on_exit, restart_crash_guard, restart_no_progress};
     }
 
     /// The global world size when `nodes` nodes take part.
@@ -23900,6 +24112,7 @@ namespace elastic::inline v0 {
     if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
     if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
+    if (config.restart_no_progress) line("restart_no_progress", fmt::format("{}", *config.restart_no_progress));
     if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
@@ -24094,6 +24307,14 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     }
     if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
         throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+    }
+    if (c.restart_no_progress && *c.restart_no_progress < 1) {
+        throw usage_error{fmt::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
+    }
+    if (c.restart_no_progress && !c.watchdog.enabled()) {
+        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
+                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
+                                      *c.restart_no_progress)};
     }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
@@ -24401,7 +24622,7 @@ inline constexpr std::array<std::string_view, 7> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 36> option_specs{{
+inline constexpr std::array<option_spec, 37> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -24473,11 +24694,15 @@ inline constexpr std::array<option_spec, 36> option_specs{{
     {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
      option_state::implemented, 4,
      "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
-     "and ranges (1,75-78), signals (any signal, or exit code 128+N) and signal names (SIGKILL)."},
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N), signal names (SIGKILL) and hang (a worker --watchdog found hung)."},
     {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
      option_state::implemented, 4,
      "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
      "N-th such start in a row stops the job. Example: 30s."},
+    {"--restart-no-progress,--restart_no_progress", "restart_no_progress", false, true, "N", "none",
+     option_state::implemented, 4,
+     "Stop after N failed attempts in a row that did not take the workers' progress (elastic::progress, "
+     "read with --watchdog) past the best earlier attempts reached."},
     {"--watchdog", "watchdog", false, true, "KEY=VALUE,...", "none", option_state::implemented, 4,
      "Find hung workers: first=5min (from start to the first heartbeat), beat=30s (between heartbeats), "
      "section=10min and section:NAME=1h (inside sections); signal=SIGUSR2 asks a hung worker for its stacks, "
@@ -24977,6 +25202,9 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("restart_crash_guard")) {
         config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
     }
+    if (const auto v = raw("restart_no_progress")) {
+        config.restart_no_progress = parse_integer(v->text, v->name, 1);
+    }
     if (const auto v = raw("watchdog")) {
         config.watchdog = parse_watchdog(v->text, v->name);
     }
@@ -25210,6 +25438,8 @@ inline void warn_unread_restart_options(launch_config& config) {
     if (config.restart_window) given.push_back(config.restart_window->flag());
     if (config.restart_on_exit) given.push_back("--restart-on-exit=" + config.restart_on_exit->to_string());
     if (config.restart_crash_guard) given.push_back(config.restart_crash_guard->flag());
+    if (config.restart_no_progress)
+        given.push_back(fmt::format("--restart-no-progress={}", *config.restart_no_progress));
     if (given.empty()) return;
     config.warnings.push_back(fmt::format("{}: not read: this launcher's restart policy is set in its code and decides "
                                           "restarts itself (docs/policies.md)",

@@ -13,4 +13,5 @@
 #include "elastic/policy/window.hpp"
 #include "elastic/policy/exit_codes.hpp"
 #include "elastic/policy/crash_loop.hpp"
+#include "elastic/policy/no_progress.hpp"
 #include "elastic/policy/default_policy.hpp"

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,11 +42,14 @@ inline page* attach() noexcept {
     ::close(fd);
     if (mapped == MAP_FAILED) return nullptr;
     auto* p = static_cast<page*>(mapped);
-    if (p->magic != page_magic || p->version != page_version) {
+    // The page is this process's alone: not one made by something else, not one another process
+    // (a child started with the same environment) holds already.
+    std::uint64_t owner = 0;
+    if (p->magic != page_magic || p->version != page_version ||
+        !counter(p->attached).compare_exchange_strong(owner, static_cast<std::uint64_t>(::getpid()))) {
         ::munmap(mapped, page_size);
         return nullptr;
     }
-    counter(p->attached).store(static_cast<std::uint64_t>(::getpid()), std::memory_order_relaxed);
     const char* stacks = std::getenv(stacks_variable);
     const char* sig = std::getenv(signal_variable);
     int number = 0;
@@ -57,10 +61,21 @@ inline page* attach() noexcept {
     return p;
 }
 
-/// The page, attached at the first call (thread-safe); null when not watched.
+inline std::atomic<page*> attached_page{nullptr};
+
+/// The page, attached at the first call (thread-safe); null when not watched, and in a child
+/// forked after the attach (its heartbeats must not keep a hung parent looking alive).
 inline page* current() noexcept {
-    static page* const attached = attach();
-    return attached;
+    static const bool once = [] {
+        attached_page.store(attach(), std::memory_order_release);
+        ::pthread_atfork(nullptr, nullptr, [] {
+            attached_page.store(nullptr, std::memory_order_relaxed);
+            stack_dump_storage.page.store(nullptr, std::memory_order_relaxed);
+        });
+        return true;
+    }();
+    (void)once;
+    return attached_page.load(std::memory_order_acquire);
 }
 
 }  // namespace detail::watchdog

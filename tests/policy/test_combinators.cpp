@@ -315,6 +315,44 @@ TEST_CASE("policy: restart_on_exit restarts on its set (codes, ranges, signals, 
     CHECK(d.reason ==
           "local_rank 0 killed by signal 11 (SIGSEGV): fatal, stopping at once (stop_on_exit(\"2,SIGSEGV\"))");
     CHECK(decide_now(fatal, exited(clock, 1)).restart());
+
+    // A hang is its own ending: `hang` matches it, not the signal that then stopped the worker.
+    auto hung = failure_of(clock, elastic::exit_status::from_signal(15));
+    hung.workers.front().hang = elastic::hang_report{"no heartbeat for 31 s (--watchdog beat=30s)", "", 12, 31s, ""};
+    d = decide_now(named, hung);
+    CHECK(!d.restart());
+    CHECK(d.reason == "local_rank 0 hung: no heartbeat for 31 s (--watchdog beat=30s); progress 12: not retryable, "
+                      "stopping at once (restart_on_exit(\"SIGUSR1,SIGTERM\"))");
+    auto on_hang = elastic::restart_on_exit("hang");
+    CHECK(decide_now(on_hang, hung).restart());
+    CHECK(!decide_now(on_hang, failure_of(clock, elastic::exit_status::from_signal(15))).restart());
+    auto stop_hang = elastic::stop_on_exit("hang");
+    CHECK(!decide_now(stop_hang, hung).restart());
+}
+
+TEST_CASE("policy: no_progress stops at the N-th failure in a row that did not pass the best progress") {
+    manual_policy_clock clock;
+    auto policy = elastic::no_progress(2);
+    const auto at = [&](std::optional<std::uint64_t> progress) {
+        auto f = exited(clock, 1);
+        f.progress = progress;
+        return f;
+    };
+    auto d = decide_now(policy, at(std::nullopt));  // none reported: no progress
+    CHECK(d.restart());
+    CHECK(d.reason == "no progress reported (none reported before): 1 of 1 attempts in a row without progress "
+                      "allowed (no_progress(2))");
+    d = decide_now(policy, at(10));
+    CHECK(d.restart());
+    CHECK(d.reason == "progress 10, past nothing (no_progress(2))");
+    CHECK(decide_now(policy, at(10)).restart());  // not past 10: one
+    CHECK(decide_now(policy, at(11)).restart());  // past: the count starts over
+    CHECK(decide_now(policy, at(3)).restart());   // one
+    d = decide_now(policy, at(11));               // two
+    CHECK(!d.restart());
+    CHECK(d.reason == "progress 11 (the best so far is 11): 2 failed attempts in a row made no progress, stopping "
+                      "(no_progress(2))");
+    CHECK_THROWS_AS(elastic::no_progress(0), std::invalid_argument);
 }
 
 TEST_CASE("policy: crash_loop_guard stops a group that fails within T of its start") {
@@ -583,6 +621,8 @@ TEST_CASE("policy: durations and the --restart-* values parse, print back, and r
     CHECK(set.to_string() == "1,75-78,SIGKILL");
     CHECK(elastic::parse_exit_code_set(set.to_string(), "x") == set);
     CHECK(elastic::parse_exit_code_set("signals,SIGKILL", "x").to_string() == "signals");
+    CHECK(elastic::parse_exit_code_set("HANG,3", "x").to_string() == "3,hang");
+    CHECK(elastic::parse_exit_code_set("hang", "x").hang);
     for (const char* bad : {"", "0", "256", "5-3", "SIGNOPE", "1,,2", "x"}) {
         CHECK_THROWS_AS((void)elastic::parse_exit_code_set(bad, "--restart-on-exit"), elastic::usage_error);
     }

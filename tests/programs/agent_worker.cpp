@@ -29,6 +29,9 @@
 //     beat<N>  progress(0) .. progress(N-1): N heartbeats
 //     enter<S> enter section S (until leave)         leave  leave the innermost section
 //     thread   start a thread that waits forever in agent_worker_helper_thread()
+//     threads<N> start N such threads       blocker  one that blocks SIGUSR2 first
+//     truncate cut $ELASTIC_WATCHDOG_FILE to 0 bytes (a hostile worker)
+//     fifo     put a FIFO where $ELASTIC_WATCHDOG_STACKS goes (a hostile worker)
 //     stuck    print "ready ...", then wait forever in agent_worker_stuck_in_collective()
 //   Without a matching rule, or after the last step: exit 0.
 // Every line goes out in one write(2), so lines of different workers never mix.
@@ -52,7 +55,9 @@
 #include <vector>
 
 #include <sys/inotify.h>
+#include <sys/stat.h>
 
+#include <pthread.h>
 #include <unistd.h>
 
 extern "C" char** environ;
@@ -231,6 +236,22 @@ int main(int argc, char** argv) {
             if (!sections.empty()) sections.pop_back();
         } else if (step == "thread") {
             std::thread(agent_worker_helper_thread).detach();
+        } else if (step.rfind("threads", 0) == 0) {
+            for (long n = std::atol(step.c_str() + 7); n > 0; --n) std::thread(agent_worker_helper_thread).detach();
+        } else if (step == "blocker") {
+            std::thread([] {
+                sigset_t usr2;
+                sigemptyset(&usr2);
+                sigaddset(&usr2, SIGUSR2);
+                ::pthread_sigmask(SIG_BLOCK, &usr2, nullptr);
+                agent_worker_helper_thread();
+            }).detach();
+        } else if (step == "truncate") {
+            if (::truncate(var("ELASTIC_WATCHDOG_FILE").c_str(), 0) != 0) return 98;
+        } else if (step == "fifo") {
+            const auto path = var("ELASTIC_WATCHDOG_STACKS");
+            ::unlink(path.c_str());
+            if (::mkfifo(path.c_str(), 0600) != 0) return 98;
         } else if (step == "stuck") {
             ready();
             agent_worker_stuck_in_collective();

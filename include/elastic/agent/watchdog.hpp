@@ -35,7 +35,7 @@
 
 #include <cxxabi.h>
 #include <fcntl.h>
-#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace elastic::inline v0 {
@@ -133,16 +133,25 @@ def _attach():
         return
     if _struct.unpack_from("<II", page, 0) != (0x44574C45, 1):
         return
+    if _struct.unpack_from("<Q", page, 40)[0] not in (0, _os.getpid()):
+        return  # another process (the worker this one was started by) holds the page
     _struct.pack_into("<Q", page, 40, _os.getpid())
     _page = page
+    _os.register_at_fork(after_in_child=_detach)
     stacks = _os.environ.get("ELASTIC_WATCHDOG_STACKS")
     sig = _os.environ.get("ELASTIC_WATCHDOG_SIGNAL", "")
     if stacks and sig.isdigit():
         try:
             _stacks = open(stacks, "w")
             _faulthandler.register(int(sig), file=_stacks, all_threads=True)
+            _struct.pack_into("<Q", page, 112, 0)  # faulthandler owns the signal: no dump count
         except (OSError, ValueError, RuntimeError):
             _stacks = None
+
+
+def _detach():
+    global _page
+    _page = None
 
 
 def watched():
@@ -218,7 +227,8 @@ _attach()
 
 /// One attempt's pages: a private directory (mode 0700) under /dev/shm (else the temporary
 /// directory) holding each worker's page file, where its stacks go, and the Python module.
-/// Removed, with everything in it, when the object goes.
+/// Removed, with everything in it, when the object goes. The agent reads the pages with
+/// pread(2), never through a mapping: a worker that truncates its file cannot fault the agent.
 class watchdog_pages {
 public:
     /// Throws std::system_error naming the path that could not be made.
@@ -239,8 +249,7 @@ public:
         }
         std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, ec);
         try {
-            pages_.resize(workers, nullptr);
-            for (std::size_t i = 0; i < workers; ++i) pages_[i] = create_page(page_path(i));
+            for (std::size_t i = 0; i < workers; ++i) fds_.push_back(create_page(page_path(i)));
             std::filesystem::create_directory(dir_ / "python");
             const auto module = dir_ / "python" / "elastic_watchdog.py";
             const int fd = ::open(module.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -261,8 +270,21 @@ public:
     watchdog_pages(const watchdog_pages&) = delete;
     watchdog_pages& operator=(const watchdog_pages&) = delete;
 
-    [[nodiscard]] std::size_t size() const noexcept { return pages_.size(); }
-    [[nodiscard]] detail::watchdog::page& page(std::size_t i) noexcept { return *pages_[i]; }
+    [[nodiscard]] std::size_t size() const noexcept { return fds_.size(); }
+
+    /// Worker `i`'s page as it is now: two reads that agree (the name and its sequence), or the
+    /// last one marked torn after a few tries; nullopt when the file no longer holds a page.
+    [[nodiscard]] std::optional<detail::watchdog::page_snapshot> read(std::size_t i) const {
+        detail::watchdog::page a{};
+        detail::watchdog::page b{};
+        for (int attempt = 0; attempt < 4; ++attempt) {
+            if (!read_into(fds_[i], a) || !read_into(fds_[i], b)) return std::nullopt;
+            if (a.section_seq == b.section_seq && std::memcmp(a.section, b.section, sizeof a.section) == 0) break;
+        }
+        auto s = detail::watchdog::read_page(b);
+        if (a.section_seq != b.section_seq || std::memcmp(a.section, b.section, sizeof a.section) != 0) s.torn = true;
+        return s;
+    }
     [[nodiscard]] std::filesystem::path page_path(std::size_t i) const { return dir_ / fmt::format("{}.page", i); }
     [[nodiscard]] std::filesystem::path stacks_path(std::size_t i) const { return dir_ / fmt::format("{}.stacks", i); }
 
@@ -280,8 +302,14 @@ public:
     /// when it wrote none.
     [[nodiscard]] std::string stacks(std::size_t i, std::size_t limit = 256 * 1024) const {
         std::string out;
-        const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        // The worker made the file: not a link, and nothing (a FIFO) that could block a read.
+        const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0) return out;
+        struct stat st {};
+        if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            ::close(fd);
+            return out;
+        }
         out.resize(limit);
         std::size_t got = 0;
         while (got < limit) {
@@ -306,34 +334,35 @@ public:
     }
 
 private:
-    static detail::watchdog::page* create_page(const std::filesystem::path& path) {
+    static int create_page(const std::filesystem::path& path) {
         const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path.string());
-        void* mapped = MAP_FAILED;
-        if (::ftruncate(fd, static_cast<off_t>(detail::watchdog::page_size)) == 0) {
-            mapped = ::mmap(nullptr, detail::watchdog::page_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        alignas(detail::watchdog::page) char bytes[detail::watchdog::page_size] = {};
+        detail::watchdog::page header{};
+        header.magic = detail::watchdog::page_magic;
+        header.version = detail::watchdog::page_version;
+        std::memcpy(bytes, &header, sizeof header);
+        if (::pwrite(fd, bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+            const int error = errno != 0 ? errno : ENOSPC;
+            ::close(fd);
+            throw std::system_error(error, std::generic_category(), "cannot write " + path.string());
         }
-        const int error = errno;
-        ::close(fd);
-        if (mapped == MAP_FAILED)
-            throw std::system_error(error, std::generic_category(), "cannot map " + path.string());
-        auto* p = static_cast<detail::watchdog::page*>(mapped);
-        p->magic = detail::watchdog::page_magic;
-        p->version = detail::watchdog::page_version;
-        return p;
+        return fd;
+    }
+
+    static bool read_into(int fd, detail::watchdog::page& p) noexcept {
+        return ::pread(fd, &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p);
     }
 
     void release() noexcept {
-        for (auto* p : pages_) {
-            if (p != nullptr) ::munmap(p, detail::watchdog::page_size);
-        }
-        pages_.clear();
+        for (const int fd : fds_) ::close(fd);
+        fds_.clear();
         std::error_code ec;
         if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
     }
 
     std::filesystem::path dir_;
-    std::vector<detail::watchdog::page*> pages_;
+    std::vector<int> fds_;
 };
 
 /// A measured duration as a hang's reason shows it: to the tenth of a second (cut, not
@@ -346,28 +375,29 @@ private:
 
 /// What the agent knows of one worker's page over time.
 struct rank_watch {
-    detail::watchdog::page_snapshot last;
-    bool alive = false;  ///< a sign of life was seen
+    detail::watchdog::page_snapshot seen;  ///< the last reading, as read (torn or not)
+    std::string section;                   ///< the last name read whole; empty: none
+    std::uint64_t section_seq = 0;         ///< the sequence that name was read at
+    bool alive = false;                    ///< a sign of life was seen
     std::chrono::steady_clock::time_point last_sign{};
     std::chrono::steady_clock::time_point section_since{};
     std::optional<std::uint64_t> progress;  ///< the largest progress value seen
 
-    /// Takes a new reading at `now`: any change of counters or section is a sign of life.
+    /// Takes a new reading at `now`: a change of any counter, the section's sequence included,
+    /// is a sign of life; a sequence that stays where it is (even odd, a writer stopped midway)
+    /// is none.
     void update(const detail::watchdog::page_snapshot& s, std::chrono::steady_clock::time_point now) {
-        const bool changed = s.beats != last.beats || s.progress != last.progress || s.section_seq != last.section_seq;
-        if (changed) {
+        if (s.beats != seen.beats || s.progress != seen.progress || s.section_seq != seen.section_seq) {
             alive = true;
             last_sign = now;
         }
-        if (s.section_seq != last.section_seq && !s.torn) section_since = now;
-        if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
-        auto previous = std::move(last);
-        last = s;
-        if (s.torn) {
-            // The name could not be read whole: keep the previous one and its clock.
-            last.section_seq = previous.section_seq;
-            last.section = std::move(previous.section);
+        if (!s.torn && s.section_seq != section_seq) {
+            section_seq = s.section_seq;
+            section = s.section;
+            section_since = now;
         }
+        if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
+        seen = s;
     }
 
     /// Why the worker counts as hung at `now` (it started at `started`), or nullopt.
@@ -379,7 +409,7 @@ struct rank_watch {
         const auto report = [&](std::string reason, std::chrono::steady_clock::duration silent) {
             hang_report r;
             r.reason = std::move(reason);
-            r.section = last.section;
+            r.section = section;
             r.progress = progress;
             r.silent = duration_cast<milliseconds>(silent);
             return r;
@@ -392,10 +422,10 @@ struct rank_watch {
             }
             return std::nullopt;
         }
-        if (!last.section.empty()) {
-            if (const auto limit = w.section_limit(last.section)) {
+        if (!section.empty()) {
+            if (const auto limit = w.section_limit(section)) {
                 if (now - section_since > limit->first) {
-                    return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", last.section,
+                    return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", section,
                                               measured_words(now - section_since), limit->second,
                                               duration_flag_text(limit->first)),
                                   now - section_since);

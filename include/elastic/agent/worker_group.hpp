@@ -35,6 +35,7 @@
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstddef>
@@ -311,10 +312,18 @@ public:
         failure.failed = first < workers_.size() && workers_[first].status() ? workers_[first].status()->steady_time
                                                                              : started_;
         if (!hung_.empty()) failure.failed = hang_found_;
+        for (std::size_t i = 0; pages_ && i < pages_->size(); ++i) {
+            // The last reading, and the page as the worker left it.
+            auto reached = watches_[i].progress;
+            const auto now = pages_->read(i);
+            if (now && now->progress != 0) reached = std::max(reached.value_or(0), now->progress - 1);
+            if (reached) failure.progress = std::max(failure.progress.value_or(0), *reached);
+        }
         for (std::size_t i = 0; i < workers_.size(); ++i) {
             const auto& status = workers_[i].status();
             const bool before = i < exited_before_.size() && exited_before_[i];
-            if (!status || (before && status->status.success() && hung(i) == nullptr)) continue;
+            if (!status && hung(i) == nullptr) continue;
+            if (status && before && status->status.success() && hung(i) == nullptr) continue;
             const auto& slot = state_->slots[i];
             worker_failure f;
             f.local_rank = slot.assignment.local_rank;
@@ -322,14 +331,18 @@ public:
             f.role = spec_->role;
             f.pid = static_cast<long>(workers_[i].pid());
             f.host = host;
-            f.status = status->status;
-            f.observed_steady = status->steady_time;
-            f.observed_system = status->system_time;
+            // A hung worker still present after SIGKILL (stuck in the kernel) has no exit: it is
+            // reported as SIGKILL's, the signal it got.
+            f.status = status ? status->status : exit_status::from_signal(SIGKILL);
+            if (status) {
+                f.observed_steady = status->steady_time;
+                f.observed_system = status->system_time;
+            }
             f.error_file = read_error_file(slot.error_file);
             f.stderr_tail = slot.tail.snapshot();
             // Failed: exited unsuccessfully before the agent sent the stop signal. Anything
             // that ended after it was ended by the agent, whatever its exit code.
-            f.state = (before && !status->status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
+            f.state = (before && !f.status.success()) ? failure_state::failed : failure_state::stopped_by_agent;
             if (const auto* h = hung(i)) {
                 // Hung: the failure is the hang, dated from when the worker went silent (or
                 // entered its section), so the one silent longest is the root cause.
@@ -372,7 +385,7 @@ private:
             for (std::size_t i = 0; i < workers_.size(); ++i) {
                 if (workers_[i].status()) continue;
                 auto& watch = watches_[i];
-                watch.update(detail::watchdog::read_page(pages_->page(i)), now);
+                if (const auto page = pages_->read(i)) watch.update(*page, now);
                 auto found = watch.hung(w, started_, now);
                 // An exit not yet seen by the other watch is that watch's to report.
                 if (!found || workers_[i].check_exit()) continue;
@@ -417,16 +430,32 @@ private:
         std::vector<asked> waiting;
         for (const auto& h : hung_) {
             const auto& a = state_->slots[h.index].assignment;
-            log_->error(
-                fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank,
-                            workers_[h.index].pid(), h.report.headline(),
-                            ask ? fmt::format("; asking it for its stacks ({}, up to {}), then stopping the group",
-                                              signal_name(w.signal), duration_words(w.dump))
-                                : "; stopping the group (dump=0: no stacks)"));
-            if (!ask) continue;
-            const auto before = detail::watchdog::read_page(pages_->page(h.index)).dumps;
+            auto& worker = workers_[h.index];
+            const auto page = pages_->read(h.index);
+            // The process that attached the page is the one with a handler: the worker itself,
+            // or a process of its group it started (a wrapper script's program). One that never
+            // attached has none: the signal would only end it.
+            const auto holder = page ? static_cast<pid_t>(page->attached) : pid_t{0};
+            const bool own = holder == worker.pid();
+            const bool in_group = holder > 0 && !own && ::getpgid(holder) == worker.pid();
+            std::string plan = "; stopping the group (dump=0: no stacks)";
+            if (ask && (own || in_group)) {
+                plan = fmt::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
+                                   own ? std::string("it") : fmt::format("pid {} of its process group", holder),
+                                   signal_name(w.signal), duration_words(w.dump));
+            } else if (ask && !page) {
+                plan = "; its watchdog page was cut short (by the worker?), so whether it can give its stacks is "
+                       "unknown: stopping the group";
+            } else if (ask) {
+                plan = "; it never attached its watchdog page (no elastic::record, elastic/watchdog.hpp or "
+                       "elastic_watchdog), so it has no stacks to give: stopping the group";
+            }
+            log_->error(fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank, worker.pid(),
+                                    h.report.headline(), plan));
+            if (!ask || !(own || in_group)) continue;
             try {
-                if (workers_[h.index].signal(w.signal)) waiting.push_back({h.index, before});
+                const bool sent = own ? worker.signal(w.signal) : ::kill(holder, w.signal) == 0;
+                if (sent) waiting.push_back({h.index, page->dumps});
             } catch (const std::exception& e) {
                 log_->warning(fmt::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
             }
@@ -441,12 +470,13 @@ private:
             co_await timer.async_wait(detail::use_awaitable<Defer>);
             for (auto& x : waiting) {
                 if (x.done) continue;
-                const auto page = detail::watchdog::read_page(pages_->page(x.index));
-                if (workers_[x.index].check_exit() || (page.counts_dumps && page.dumps != x.dumps)) {
+                const auto page = pages_->read(x.index);
+                const bool counts = page && page->counts_dumps;
+                if (workers_[x.index].check_exit() || (counts && page->dumps != x.dumps)) {
                     x.done = true;
                     continue;
                 }
-                if (page.counts_dumps) continue;
+                if (counts) continue;
                 const auto grown = pages_->stacks_size(x.index);
                 x.still = grown > 0 && grown == x.size ? x.still + 1 : 0;
                 x.size = grown;
@@ -469,7 +499,11 @@ private:
         for (auto& h : hung_) {
             h.report.stacks = pages_->stacks(h.index);
             const auto& slot = state_->slots[h.index];
-            if (slot.error_file.empty()) continue;
+            // One that failed on its own meanwhile (a collective's timeout) keeps its error file.
+            const auto& status = workers_[h.index].status();
+            const bool failed_alone = h.index < exited_before_.size() && exited_before_[h.index] && status &&
+                                      !status->status.success();
+            if (slot.error_file.empty() || failed_alone) continue;
             try {
                 write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
             } catch (const std::exception& e) {

@@ -27,17 +27,22 @@ namespace elastic::inline v0::detail {
 inline constexpr int stack_dump_max_frames = 96;
 inline constexpr int stack_dump_max_threads = 512;
 
-// Set once by install_stack_dump, read by the handler.
+// Set once by install_stack_dump, read by the handler. A process dumps at most once (the agent
+// asks a hung worker once, then stops it): a thread that answers a request late can never start
+// a second dump over the first.
 struct stack_dump_state {
     std::atomic<bool> installed{false};
     int signal = 0;
     char path[4096] = {};
     std::atomic<watchdog::page*> page{nullptr};  // where dumps are counted; null: not counted
-    std::atomic<long> coordinator{0};            // the thread writing the dump, 0 when none
-    std::atomic<long> target{0};                 // the thread asked to add its stack
+    std::atomic<long> coordinator{0};            // the thread that dumps; never reset
+    // The thread asked to add its stack: its tid while asked, -1 once it has claimed the
+    // request (it then writes), 0 when none is asked.
+    std::atomic<long> target{0};
     std::atomic<bool> target_done{false};
     int fd = -1;
-    char buffer[32 * 1024] = {};  // one thread's text at a time (the coordinator serializes)
+    char buffer[32 * 1024] = {};  // the answering thread's text (one at a time)
+    char heading[512] = {};       // the coordinator's own lines
 };
 
 inline stack_dump_state stack_dump_storage{};
@@ -134,7 +139,7 @@ inline void dump_this_thread(void* context) noexcept {
     write_all(state.fd, out.data(), out.size());
 }
 
-// Waits up to `ms` for another thread to add its stack.
+// Waits up to `ms` for the asked thread to finish its stack.
 inline bool await_target(int ms) noexcept {
     auto& state = stack_dump_storage;
     for (int waited = 0; waited < ms * 10; ++waited) {
@@ -147,21 +152,59 @@ inline bool await_target(int ms) noexcept {
     return state.target_done.load(std::memory_order_acquire);
 }
 
-inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
+inline void put_coordinator_line(long tid, const char* what) noexcept {
+    auto& state = stack_dump_storage;
+    fixed_writer line(state.heading, sizeof(state.heading));
+    put_thread_heading(line, tid);
+    line.put(what);
+    write_all(state.fd, line.data(), line.size());
+}
+
+// Asks thread `tid` for its stack and waits for it. False when the dump must end here: the
+// thread claimed the request and did not finish, so it may still write.
+inline bool ask_thread(long tid, int sig) noexcept {
+    auto& state = stack_dump_storage;
+    if (thread_blocks(tid, sig)) {
+        put_coordinator_line(tid, ": blocks the signal, no stack\n\n");
+        return true;
+    }
+    state.target_done.store(false, std::memory_order_relaxed);
+    state.target.store(tid, std::memory_order_release);
+    if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
+        state.target.store(0, std::memory_order_relaxed);
+        return true;  // it ended meanwhile
+    }
+    if (await_target(300)) return true;
+    long asked = tid;
+    if (state.target.compare_exchange_strong(asked, 0)) {
+        // Never claimed: when the signal reaches it at last, it finds itself not asked.
+        put_coordinator_line(tid, ": did not answer within 0.3 s, no stack\n\n");
+        return true;
+    }
+    // Claimed and writing: give it more time, else stop the dump (it would race the next one).
+    if (await_target(1000)) return true;
+    return false;
+}
+
+inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     const int saved_errno = errno;
     auto& state = stack_dump_storage;
     const long me = stack_dump_tid();
+    long asked = me;
+    const bool from_us = info != nullptr && info->si_code == SI_TKILL && info->si_pid == ::getpid();
     long none = 0;
-    if (state.target.load(std::memory_order_acquire) == me) {
-        // Asked by the coordinator: add this thread's stack.
+    if (state.target.compare_exchange_strong(asked, -1)) {
+        // Asked by the coordinator, and still asked: add this thread's stack.
         dump_this_thread(context);
         state.target.store(0, std::memory_order_relaxed);
         state.target_done.store(true, std::memory_order_release);
-    } else if (state.coordinator.compare_exchange_strong(none, me)) {
-        state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    } else if (!from_us && state.coordinator.compare_exchange_strong(none, me)) {
+        // The first request from outside (the agent): this thread writes the dump.
+        state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        bool whole = true;
         if (state.fd >= 0) {
             {
-                fixed_writer head(state.buffer, sizeof(state.buffer));
+                fixed_writer head(state.heading, sizeof(state.heading));
                 head.put("Stacks of process ");
                 head.put_unsigned(static_cast<std::uintmax_t>(::getpid()));
                 head.put(", every thread, the one that took the signal first (most recent call first):\n\n");
@@ -172,10 +215,10 @@ inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
             const int dir = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             alignas(8) char entries[4096];
             int threads = 0;
-            for (;;) {
-                const long n = dir < 0 ? -1 : ::syscall(SYS_getdents64, dir, entries, sizeof(entries));
+            while (whole && dir >= 0) {
+                const long n = ::syscall(SYS_getdents64, dir, entries, sizeof(entries));
                 if (n <= 0) break;
-                for (long at = 0; at < n;) {
+                for (long at = 0; at < n && whole;) {
                     struct linux_dirent64 {
                         std::uint64_t d_ino;
                         std::int64_t d_off;
@@ -186,40 +229,26 @@ inline void on_dump_signal(int sig, siginfo_t*, void* context) noexcept {
                     const auto* e = reinterpret_cast<const linux_dirent64*>(entries + at);
                     at += e->d_reclen;
                     const long tid = std::atol(e->d_name);
-                    if (tid <= 0 || tid == me || ++threads > stack_dump_max_threads) continue;
-                    fixed_writer line(state.buffer, sizeof(state.buffer));
-                    if (thread_blocks(tid, sig)) {
-                        put_thread_heading(line, tid);
-                        line.put(": blocks the signal, no stack\n\n");
-                        write_all(state.fd, line.data(), line.size());
-                        continue;
+                    if (tid <= 0 || tid == me) continue;
+                    if (++threads > stack_dump_max_threads) {
+                        put_coordinator_line(tid, ": and the threads after it: too many, no stacks\n");
+                        whole = false;
+                        break;
                     }
-                    state.target_done.store(false, std::memory_order_relaxed);
-                    state.target.store(tid, std::memory_order_release);
-                    if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
-                        state.target.store(0, std::memory_order_relaxed);
-                        continue;  // it ended meanwhile
-                    }
-                    if (!await_target(300)) {
-                        state.target.store(0, std::memory_order_relaxed);
-                        // It may still answer late: wait for it rather than share the buffer.
-                        if (!await_target(300)) {
-                            put_thread_heading(line, tid);
-                            line.put(": did not answer within 0.6 s, no stack\n\n");
-                            write_all(state.fd, line.data(), line.size());
-                            break;  // its late answer would race the next one's: stop here
-                        }
+                    if (!ask_thread(tid, sig)) {
+                        put_coordinator_line(tid, ": still writing its stack after 1.3 s; the dump ends here\n");
+                        whole = false;
                     }
                 }
             }
             if (dir >= 0) ::close(dir);
-            ::close(state.fd);
-            state.fd = -1;
+            // A thread still writing keeps the descriptor: closing it could hand its number to
+            // another file while that thread writes. One descriptor, once per process.
+            if (whole) ::close(state.fd);
         }
         if (auto* page = state.page.load(std::memory_order_acquire); page != nullptr) {
             watchdog::counter(page->dumps).fetch_add(1, std::memory_order_release);
         }
-        state.coordinator.store(0, std::memory_order_release);
     }
     errno = saved_errno;
 }

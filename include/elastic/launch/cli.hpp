@@ -86,7 +86,7 @@ inline constexpr std::array<std::string_view, 7> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 36> option_specs{{
+inline constexpr std::array<option_spec, 37> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -158,11 +158,15 @@ inline constexpr std::array<option_spec, 36> option_specs{{
     {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
      option_state::implemented, 4,
      "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
-     "and ranges (1,75-78), signals (any signal, or exit code 128+N) and signal names (SIGKILL)."},
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N), signal names (SIGKILL) and hang (a worker --watchdog found hung)."},
     {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
      option_state::implemented, 4,
      "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
      "N-th such start in a row stops the job. Example: 30s."},
+    {"--restart-no-progress,--restart_no_progress", "restart_no_progress", false, true, "N", "none",
+     option_state::implemented, 4,
+     "Stop after N failed attempts in a row that did not take the workers' progress (elastic::progress, "
+     "read with --watchdog) past the best earlier attempts reached."},
     {"--watchdog", "watchdog", false, true, "KEY=VALUE,...", "none", option_state::implemented, 4,
      "Find hung workers: first=5min (from start to the first heartbeat), beat=30s (between heartbeats), "
      "section=10min and section:NAME=1h (inside sections); signal=SIGUSR2 asks a hung worker for its stacks, "
@@ -661,6 +665,9 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     }
     if (const auto v = raw("restart_crash_guard")) {
         config.restart_crash_guard = parse_crash_guard_spec(v->text, v->name);
+    }
+    if (const auto v = raw("restart_no_progress")) {
+        config.restart_no_progress = parse_integer(v->text, v->name, 1);
     }
     if (const auto v = raw("watchdog")) {
         config.watchdog = parse_watchdog(v->text, v->name);

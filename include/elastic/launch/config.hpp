@@ -62,6 +62,7 @@ struct launch_config : worker_spec, agent_options {
     std::optional<window_spec> restart_window;              ///< --restart-window
     std::optional<exit_code_set> restart_on_exit;           ///< --restart-on-exit
     std::optional<crash_guard_spec> restart_crash_guard;    ///< --restart-crash-guard
+    std::optional<int> restart_no_progress;                 ///< --restart-no-progress
     std::chrono::milliseconds monitor_interval = 100ms;     ///< --monitor-interval: accepted, see docs/cli.md
     std::chrono::milliseconds exit_barrier_timeout = 300s;  ///< not an option in torchrun either (hard-coded 300 s)
 
@@ -117,7 +118,8 @@ struct launch_config : worker_spec, agent_options {
 
     /// --max-restarts and the --restart-* options, as the policy layer takes them.
     [[nodiscard]] restart_settings restarts() const {
-        return restart_settings{max_restarts, restart_backoff, restart_window, restart_on_exit, restart_crash_guard};
+        return restart_settings{max_restarts,    restart_backoff,     restart_window,
+                                restart_on_exit, restart_crash_guard, restart_no_progress};
     }
 
     /// The global world size when `nodes` nodes take part.
@@ -282,6 +284,7 @@ namespace elastic::inline v0 {
     if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
     if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
+    if (config.restart_no_progress) line("restart_no_progress", fmt::format("{}", *config.restart_no_progress));
     if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
@@ -476,6 +479,14 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     }
     if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
         throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+    }
+    if (c.restart_no_progress && *c.restart_no_progress < 1) {
+        throw usage_error{fmt::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
+    }
+    if (c.restart_no_progress && !c.watchdog.enabled()) {
+        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
+                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
+                                      *c.restart_no_progress)};
     }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);

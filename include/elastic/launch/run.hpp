@@ -127,6 +127,8 @@ inline void warn_unread_restart_options(launch_config& config) {
     if (config.restart_window) given.push_back(config.restart_window->flag());
     if (config.restart_on_exit) given.push_back("--restart-on-exit=" + config.restart_on_exit->to_string());
     if (config.restart_crash_guard) given.push_back(config.restart_crash_guard->flag());
+    if (config.restart_no_progress)
+        given.push_back(fmt::format("--restart-no-progress={}", *config.restart_no_progress));
     if (given.empty()) return;
     config.warnings.push_back(fmt::format("{}: not read: this launcher's restart policy is set in its code and decides "
                                           "restarts itself (docs/policies.md)",

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <concepts>
 #include <functional>
 #include <optional>
@@ -50,6 +51,9 @@ struct group_failure {
     std::chrono::steady_clock::time_point started{};
     /// When the agent saw the first failure (the end of the healthy period).
     std::chrono::steady_clock::time_point failed{};
+    /// The largest elastic::progress() value this node's workers reported during the attempt
+    /// (read through --watchdog's pages); nullopt when none did, or without --watchdog.
+    std::optional<std::uint64_t> progress;
     /// Set by the agent for the policy's call: a policy that has decided to restart and is about
     /// to wait before it answers (a backoff) calls it first, with its reason and the wait, so
     /// the log says "restarting ... in 1.8 s" as the wait starts rather than after it. The

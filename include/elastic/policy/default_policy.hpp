@@ -8,6 +8,7 @@
 #include "elastic/policy/clock.hpp"
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/crash_loop.hpp"
+#include "elastic/policy/no_progress.hpp"
 #include "elastic/policy/exit_codes.hpp"
 #include "elastic/policy/max_restarts.hpp"
 #include "elastic/policy/spec.hpp"
@@ -21,7 +22,8 @@ namespace elastic::inline v0 {
 /// The default policy, in this order (the first to say stop wins; docs/policies.md):
 ///
 ///     restart_on_exit(--restart-on-exit) | crash_loop_guard(--restart-crash-guard)
-///       | max_restarts(--max-restarts) | restart_window(--restart-window) | backoff(--restart-backoff)
+///       | no_progress(--restart-no-progress) | max_restarts(--max-restarts)
+///       | restart_window(--restart-window) | backoff(--restart-backoff)
 ///
 /// each part present only when its option is given, except max_restarts: always there, unless
 /// --restart-window is given with --max-restarts left at 0, where the window is the budget (a
@@ -42,6 +44,8 @@ template <policy_clock Clock = steady_policy_clock>
     if (settings.crash_guard) {
         guard = optional_policy<crash_loop_guard>(by_option(crash_loop_guard(*settings.crash_guard)));
     }
+    optional_policy<no_progress> stalls;
+    if (settings.no_progress) stalls = optional_policy<no_progress>(by_option(no_progress(*settings.no_progress)));
     optional_policy<basic_backoff<Clock>> delay;
     if (settings.backoff) {
         delay = optional_policy<basic_backoff<Clock>>(by_option(basic_backoff<Clock>(*settings.backoff, clock,
@@ -51,11 +55,12 @@ template <policy_clock Clock = steady_policy_clock>
     if (settings.window) {
         auto window = by_option(basic_restart_window<Clock>(*settings.window, clock));
         if (settings.max_restarts == 0) {
-            return chain(std::move(exits), std::move(guard), std::move(window), std::move(delay));
+            return chain(std::move(exits), std::move(guard), std::move(stalls), std::move(window), std::move(delay));
         }
-        return chain(std::move(exits), std::move(guard), budget, std::move(window), std::move(delay));
+        return chain(std::move(exits), std::move(guard), std::move(stalls), budget, std::move(window),
+                     std::move(delay));
     }
-    return chain(std::move(exits), std::move(guard), budget, std::move(delay));
+    return chain(std::move(exits), std::move(guard), std::move(stalls), budget, std::move(delay));
 }
 
 }  // namespace elastic::inline v0

@@ -43,8 +43,10 @@ public:
         const auto* root = failure.root_cause();
         if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
         const auto& status = root->status;
-        const std::string ending = fmt::format("local_rank {} {}", root->local_rank, status.describe());
-        const bool listed = set_.contains(status);
+        // A hang is its own kind of ending: only `hang` matches it, not how the stop ended it.
+        const std::string ending = fmt::format("local_rank {} {}", root->local_rank,
+                                               root->hang ? root->hang->headline() : status.describe());
+        const bool listed = root->hang ? set_.hang : set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed)
                 return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, named())), {}};

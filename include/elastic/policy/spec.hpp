@@ -127,6 +127,8 @@ struct exit_code_set {
     std::bitset<256> codes;   ///< exit codes 0..255
     bool any_signal = false;  ///< every death by signal
     std::bitset<65> signals;  ///< signals 1..64 by number
+    /// A worker the watchdog found hung (--watchdog), however it then ended: `hang`.
+    bool hang = false;
 
     [[nodiscard]] bool contains(const exit_status& status) const noexcept {
         if (status.signaled())
@@ -150,6 +152,7 @@ struct exit_code_set {
             add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
             c = last;
         }
+        if (hang) add("hang");
         if (any_signal) {
             add("signals");
         } else {
@@ -194,6 +197,7 @@ struct restart_settings {
     std::optional<window_spec> window;            ///< --restart-window
     std::optional<exit_code_set> on_exit;         ///< --restart-on-exit
     std::optional<crash_guard_spec> crash_guard;  ///< --restart-crash-guard
+    std::optional<int> no_progress;               ///< --restart-no-progress
     friend bool operator==(const restart_settings&, const restart_settings&) = default;
 };
 
@@ -308,6 +312,10 @@ namespace elastic::inline v0 {
             set.any_signal = true;
             continue;
         }
+        if (word == "hang" || word == "hangs") {
+            set.hang = true;
+            continue;
+        }
         if (word.rfind("sig", 0) == 0) {
             const int found = signal_number(word);
             if (found == 0 || found > 64) {
@@ -322,8 +330,8 @@ namespace elastic::inline v0 {
         const auto last = dash == std::string_view::npos ? first
                                                          : detail::to_integer(detail::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
-            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals' or "
-                                          "a signal name",
+            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals', "
+                                          "a signal name or 'hang'",
                                           detail::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
