@@ -1048,9 +1048,9 @@ inline int interrupted_frame(void* const* frames, int count, void* context) noex
 // ---- end elastic/detail/backtrace.hpp ----
 // ---- begin elastic/watchdog.hpp ----
 // The worker's side of the watchdog: heartbeat(), progress(step) and scoped sections, which
-// the agent watches for hangs (elasticrun --watchdog). One atomic add or store into a page
-// shared with the agent per call: no system call, no lock. Without --watchdog (or outside
-// elasticrun) every call does nothing.
+// the agent watches for hangs (elasticrun --watchdog). A heartbeat is one atomic add into a page
+// shared with the agent: no system call, no lock; a section also takes an uncontended lock.
+// Without --watchdog (or outside elasticrun) every call does nothing.
 
 // ---- begin elastic/detail/stack_dump.hpp ----
 // The watchdog's stack dump: on a chosen signal, a worker writes the backtrace of every one of
@@ -1076,6 +1076,7 @@ namespace elastic::inline v0::detail::watchdog {
 inline constexpr const char* file_variable = "ELASTIC_WATCHDOG_FILE";      ///< the worker's page
 inline constexpr const char* stacks_variable = "ELASTIC_WATCHDOG_STACKS";  ///< where stacks go
 inline constexpr const char* signal_variable = "ELASTIC_WATCHDOG_SIGNAL";  ///< the dump signal
+inline constexpr const char* agent_variable = "ELASTIC_WATCHDOG_AGENT";    ///< the agent's pid
 
 inline constexpr std::uint32_t page_magic = 0x44574c45;  // "ELWD" read as little-endian bytes
 inline constexpr std::uint32_t page_version = 1;
@@ -1088,13 +1089,15 @@ inline constexpr std::size_t section_capacity = 64;  // bytes of a section's nam
 struct page {
     std::uint32_t magic;
     std::uint32_t version;
-    std::uint64_t beats;        ///< heartbeat() calls
-    std::uint64_t progress;     ///< the last progress value + 1; 0: never set
-    std::uint64_t section_seq;  ///< changes at every section entry and exit
-    std::uint64_t dumps;        ///< stack dumps completed (the agent awaits the next one)
-    std::uint64_t attached;     ///< the worker's pid once it mapped the page
-    char section[section_capacity];
-    std::uint64_t counts_dumps;  ///< 1: the worker counts its dumps in `dumps` (native workers)
+    std::uint64_t beats;                          ///< heartbeat() calls
+    std::uint64_t progress;                       ///< the last progress value + 1; 0: never set
+    std::uint64_t section_seq;                    ///< changes at every section entry and exit
+    std::uint64_t dumps;                          ///< stack dumps completed (the agent awaits the next one)
+    std::uint64_t attached;                       ///< the worker's pid once it mapped the page
+    std::uint64_t section[section_capacity / 8];  ///< the name's bytes, NUL-padded
+    /// The worker's handler of the dump signal: 0 none, 1 one that counts its dumps in `dumps`
+    /// (native), 2 one that does not (Python's faulthandler).
+    std::uint64_t counts_dumps;
 };
 static_assert(sizeof(page) <= page_size);
 static_assert(offsetof(page, beats) == 8 && offsetof(page, progress) == 16 && offsetof(page, section_seq) == 24 &&
@@ -1107,15 +1110,25 @@ static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
     return std::atomic_ref<std::uint64_t>(field);
 }
 
-/// Writes the section name under the sequence lock (the worker side).
+/// Writes the section name under the sequence lock (the worker side). Writers take the lock by
+/// moving the sequence from even to odd, so two threads never interleave their bytes.
 inline void write_section(page& p, std::string_view name) noexcept {
     auto seq = counter(p.section_seq);
-    const auto start = seq.load(std::memory_order_relaxed);
-    seq.store(start | 1U, std::memory_order_relaxed);
+    auto start = seq.load(std::memory_order_relaxed);
+    for (int spins = 0;; ++spins) {
+        if ((start & 1U) == 0 && seq.compare_exchange_weak(start, start | 1U, std::memory_order_acquire)) break;
+        if ((start & 1U) != 0) {
+            if (spins > 1'000'000) return;  // a writer that died midway (a fork): give up, bounded
+            start = seq.load(std::memory_order_relaxed);
+        }
+    }
     std::atomic_thread_fence(std::memory_order_release);
-    const auto size = name.size() < section_capacity ? name.size() : section_capacity;
-    for (std::size_t i = 0; i < section_capacity; ++i) {
-        std::atomic_ref<char>(p.section[i]).store(i < size ? name[i] : '\0', std::memory_order_relaxed);
+    char bytes[section_capacity] = {};
+    std::memcpy(bytes, name.data(), name.size() < section_capacity ? name.size() : section_capacity);
+    for (std::size_t w = 0; w < section_capacity / 8; ++w) {
+        std::uint64_t word = 0;
+        std::memcpy(&word, bytes + w * 8, 8);
+        counter(p.section[w]).store(word, std::memory_order_relaxed);
     }
     seq.store((start | 1U) + 1, std::memory_order_release);
 }
@@ -1127,9 +1140,9 @@ struct page_snapshot {
     std::uint64_t section_seq = 0;
     std::uint64_t dumps = 0;
     std::uint64_t attached = 0;
-    bool counts_dumps = false;
-    std::string section;  ///< printable ASCII only; empty outside sections
-    bool torn = false;    ///< the name was being rewritten at every try: `section` is stale
+    std::uint64_t handler = 0;  ///< counts_dumps: 0 none, 1 counting (native), 2 not (Python)
+    std::string section;        ///< printable ASCII only; empty outside sections
+    bool torn = false;          ///< the name was being rewritten at every try: `section` is stale
 };
 
 /// Reads a page the agent does not trust: any bytes at all are a valid snapshot; a name's
@@ -1140,12 +1153,13 @@ struct page_snapshot {
     s.progress = counter(p.progress).load(std::memory_order_relaxed);
     s.dumps = counter(p.dumps).load(std::memory_order_acquire);
     s.attached = counter(p.attached).load(std::memory_order_relaxed);
-    s.counts_dumps = counter(p.counts_dumps).load(std::memory_order_relaxed) == 1;
+    s.handler = counter(p.counts_dumps).load(std::memory_order_relaxed);
     char name[section_capacity];
     for (int attempt = 0; attempt < 8; ++attempt) {
         const auto before = counter(p.section_seq).load(std::memory_order_acquire);
-        for (std::size_t i = 0; i < section_capacity; ++i) {
-            name[i] = std::atomic_ref<char>(p.section[i]).load(std::memory_order_relaxed);
+        for (std::size_t w = 0; w < section_capacity / 8; ++w) {
+            const auto word = counter(p.section[w]).load(std::memory_order_relaxed);
+            std::memcpy(name + w * 8, &word, 8);
         }
         std::atomic_thread_fence(std::memory_order_acquire);
         const auto after = counter(p.section_seq).load(std::memory_order_relaxed);
@@ -1165,6 +1179,7 @@ struct page_snapshot {
 }  // namespace elastic::inline v0::detail::watchdog
 // ---- end elastic/detail/watchdog_slot.hpp ----
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -1191,6 +1206,9 @@ inline constexpr int stack_dump_max_threads = 512;
 struct stack_dump_state {
     std::atomic<bool> installed{false};
     int signal = 0;
+    pid_t agent = 0;               // the only sender that starts a dump
+    struct sigaction previous {};  // the program's own action for the signal, for other senders
+    long long deadline_ms = 0;     // the dump's end (CLOCK_MONOTONIC, ms)
     char path[4096] = {};
     std::atomic<watchdog::page*> page{nullptr};  // where dumps are counted; null: not counted
     std::atomic<long> coordinator{0};            // the thread that dumps; never reset
@@ -1297,17 +1315,34 @@ inline void dump_this_thread(void* context) noexcept {
     write_all(state.fd, out.data(), out.size());
 }
 
-// Waits up to `ms` for the asked thread to finish its stack.
+inline long long monotonic_ms() noexcept {
+    struct timespec now {};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<long long>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
+
+// Waits up to `ms` (never past the dump's deadline) for the asked thread to finish its stack.
 inline bool await_target(int ms) noexcept {
     auto& state = stack_dump_storage;
-    for (int waited = 0; waited < ms * 10; ++waited) {
+    const long long end = std::min(monotonic_ms() + ms, state.deadline_ms);
+    const struct timespec tenth = {0, 100000};
+    while (monotonic_ms() < end) {
         if (state.target_done.load(std::memory_order_acquire)) return true;
-        struct timespec tenth {
-            0, 100000
-        };
         ::nanosleep(&tenth, nullptr);
     }
     return state.target_done.load(std::memory_order_acquire);
+}
+
+// Whether thread `tid` sleeps in the kernel uninterruptibly (state D): it cannot answer.
+inline bool thread_in_d_state(long tid) noexcept {
+    char stat[512];
+    const auto length = read_task_file(tid, "stat", stat, sizeof(stat));
+    // "tid (comm) S ...": the state follows the last ')'.
+    std::size_t close = 0;
+    for (std::size_t i = 0; i < length; ++i) {
+        if (stat[i] == ')') close = i;
+    }
+    return close != 0 && close + 2 < length && stat[close + 2] == 'D';
 }
 
 inline void put_coordinator_line(long tid, const char* what) noexcept {
@@ -1326,6 +1361,14 @@ inline bool ask_thread(long tid, int sig) noexcept {
         put_coordinator_line(tid, ": blocks the signal, no stack\n\n");
         return true;
     }
+    if (thread_in_d_state(tid)) {
+        put_coordinator_line(tid, ": in uninterruptible sleep (state D, in the kernel), no stack\n\n");
+        return true;
+    }
+    if (monotonic_ms() >= state.deadline_ms) {
+        put_coordinator_line(tid, ": and the threads after it: the dump's 3 s are spent, no stacks\n");
+        return false;
+    }
     state.target_done.store(false, std::memory_order_relaxed);
     state.target.store(tid, std::memory_order_release);
     if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
@@ -1341,6 +1384,7 @@ inline bool ask_thread(long tid, int sig) noexcept {
     }
     // Claimed and writing: give it more time, else stop the dump (it would race the next one).
     if (await_target(1000)) return true;
+    put_coordinator_line(tid, ": still writing its stack; the dump ends here\n");
     return false;
 }
 
@@ -1349,15 +1393,29 @@ inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     auto& state = stack_dump_storage;
     const long me = stack_dump_tid();
     long asked = me;
+    // Only the agent starts a dump; any other sender gets the program's own action.
+    const bool from_agent = info != nullptr && info->si_code == SI_USER && info->si_pid == state.agent;
     const bool from_us = info != nullptr && info->si_code == SI_TKILL && info->si_pid == ::getpid();
     long none = 0;
-    if (state.target.compare_exchange_strong(asked, -1)) {
+    if (!from_agent && !from_us) {
+        const auto& old = state.previous;
+        if ((old.sa_flags & SA_SIGINFO) != 0 && old.sa_sigaction != nullptr) {
+            old.sa_sigaction(sig, info, context);
+        } else if (old.sa_handler == SIG_DFL) {
+            // As without this handler: the default action (SIGUSR1/2 end the process).
+            ::sigaction(sig, &old, nullptr);
+            ::raise(sig);
+        } else if (old.sa_handler != SIG_IGN && old.sa_handler != nullptr) {
+            old.sa_handler(sig);
+        }
+    } else if (state.target.compare_exchange_strong(asked, -1)) {
         // Asked by the coordinator, and still asked: add this thread's stack.
         dump_this_thread(context);
         state.target.store(0, std::memory_order_relaxed);
         state.target_done.store(true, std::memory_order_release);
-    } else if (!from_us && state.coordinator.compare_exchange_strong(none, me)) {
-        // The first request from outside (the agent): this thread writes the dump.
+    } else if (from_agent && state.coordinator.compare_exchange_strong(none, me)) {
+        // The agent's request: this thread writes the dump, within 3 s.
+        state.deadline_ms = monotonic_ms() + 3000;
         state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
         bool whole = true;
         if (state.fd >= 0) {
@@ -1393,10 +1451,7 @@ inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
                         whole = false;
                         break;
                     }
-                    if (!ask_thread(tid, sig)) {
-                        put_coordinator_line(tid, ": still writing its stack after 1.3 s; the dump ends here\n");
-                        whole = false;
-                    }
+                    if (!ask_thread(tid, sig)) whole = false;
                 }
             }
             if (dir >= 0) ::close(dir);
@@ -1411,41 +1466,40 @@ inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     errno = saved_errno;
 }
 
-/// Installs the stack dump: on `sig`, every thread's backtrace goes to `path` (replaced), and
-/// the dump is counted in `page` when given. The handler is installed once per process; a later
-/// call only adds the page. False when the path does not fit or the handler cannot be set.
-inline bool install_stack_dump(int sig, const char* path, watchdog::page* page) noexcept {
+/// Installs the stack dump: on `sig` sent by process `agent`, every thread's backtrace goes to
+/// `path` (replaced), once per process, and the page says so (`counts_dumps` 1) and counts the
+/// dump. The program's own action for `sig` is kept for every other sender. Later calls do
+/// nothing. False when the path does not fit or the handler cannot be set.
+inline bool install_stack_dump(int sig, const char* path, pid_t agent, watchdog::page* page) noexcept {
     auto& state = stack_dump_storage;
     if (sig <= 0 || sig >= NSIG || path == nullptr || std::strlen(path) >= sizeof(state.path)) return false;
-    if (state.installed.exchange(true)) {
-        if (page != nullptr && state.signal == sig) {
-            state.page.store(page, std::memory_order_release);
-            watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
-        }
-        return true;
-    }
+    if (state.installed.exchange(true)) return state.signal == sig;
     std::strcpy(state.path, path);
     state.signal = sig;
-    if (page != nullptr) {
-        state.page.store(page, std::memory_order_release);
-        watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
-    }
+    state.agent = agent;
     struct sigaction action {};
     action.sa_sigaction = on_dump_signal;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&action.sa_mask);
-    return ::sigaction(sig, &action, nullptr) == 0;
+    if (::sigaction(sig, &action, &state.previous) != 0) return false;
+    if (page != nullptr) {
+        state.page.store(page, std::memory_order_release);
+        watchdog::counter(page->counts_dumps).store(1, std::memory_order_release);
+    }
+    return true;
 }
 
 }  // namespace elastic::inline v0::detail
 // ---- end elastic/detail/stack_dump.hpp ----
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 
 #include <fcntl.h>
@@ -1476,20 +1530,27 @@ inline page* attach() noexcept {
     auto* p = static_cast<page*>(mapped);
     // The page is this process's alone: not one made by something else, not one another process
     // (a child started with the same environment) holds already.
+    const auto me = static_cast<std::uint64_t>(::getpid());
     std::uint64_t owner = 0;
     if (p->magic != page_magic || p->version != page_version ||
-        !counter(p->attached).compare_exchange_strong(owner, static_cast<std::uint64_t>(::getpid()))) {
+        (!counter(p->attached).compare_exchange_strong(owner, me) && owner != me)) {
         ::munmap(mapped, page_size);
         return nullptr;
     }
+    const auto number_of = [](const char* text) {
+        long value = 0;
+        if (text == nullptr) return value;
+        const auto* end = text + std::strlen(text);
+        if (std::from_chars(text, end, value).ptr != end) value = 0;
+        return value;
+    };
     const char* stacks = std::getenv(stacks_variable);
-    const char* sig = std::getenv(signal_variable);
-    int number = 0;
-    if (stacks != nullptr && stacks[0] != '\0' && sig != nullptr) {
-        const auto* end = sig + std::strlen(sig);
-        if (std::from_chars(sig, end, number).ptr != end) number = 0;
+    const long sig = number_of(std::getenv(signal_variable));
+    const long agent = number_of(std::getenv(agent_variable));
+    // The handler first, then the page says it has one (the agent signals only then).
+    if (stacks != nullptr && stacks[0] != '\0' && sig > 0 && sig < NSIG && agent > 0) {
+        (void)install_stack_dump(static_cast<int>(sig), stacks, static_cast<pid_t>(agent), p);
     }
-    if (number > 0) (void)install_stack_dump(number, stacks, p);
     return p;
 }
 
@@ -1503,6 +1564,7 @@ inline page* current() noexcept {
         ::pthread_atfork(nullptr, nullptr, [] {
             attached_page.store(nullptr, std::memory_order_relaxed);
             stack_dump_storage.page.store(nullptr, std::memory_order_relaxed);
+            stack_dump_storage.coordinator.store(-2, std::memory_order_relaxed);  // never dumps
         });
         return true;
     }();
@@ -1532,33 +1594,66 @@ inline void progress(std::uint64_t done) noexcept {
     }
 }
 
+namespace detail::watchdog {
+
+/// The live sections of the process, newest last; the page shows the newest one still alive.
+struct section_node {
+    section_node* prev = nullptr;
+    section_node* next = nullptr;
+    char name[section_capacity] = {};
+    std::size_t size = 0;
+};
+
+struct live_sections {
+    std::mutex lock;
+    section_node* newest = nullptr;
+};
+
+inline live_sections& sections() noexcept {
+    static live_sections all;
+    return all;
+}
+
+}  // namespace detail::watchdog
+
 /// A named part of the work ("data", "forward", "allreduce", "checkpoint") while the object
 /// lives. The agent reports the section a hung rank was in, and gives a section the time
 /// limit `--watchdog section:NAME=...` (or `section=...` for every section) in place of the
-/// heartbeat limit. Sections nest: leaving one restores the name of the one around it. The
-/// page holds one name per process, so a section entered by another thread replaces it until
-/// one of them ends. Names longer than 63 bytes are cut.
+/// heartbeat limit. The page shows one name per process: the section entered last among those
+/// still alive, whatever the threads (leaving one shows the newest remaining one). Names longer
+/// than 63 bytes are cut.
 class section {
 public:
     explicit section(std::string_view name) noexcept : page_(detail::watchdog::current()) {
         if (page_ == nullptr) return;
-        for (std::size_t i = 0; i < sizeof(outer_); ++i) {
-            outer_[i] = std::atomic_ref<char>(page_->section[i]).load(std::memory_order_relaxed);
-        }
-        detail::watchdog::write_section(*page_, name);
+        node_.size = std::min(name.size(), sizeof(node_.name) - 1);
+        std::memcpy(node_.name, name.data(), node_.size);
+        auto& all = detail::watchdog::sections();
+        const std::lock_guard<std::mutex> hold(all.lock);
+        node_.prev = all.newest;
+        if (all.newest != nullptr) all.newest->next = &node_;
+        all.newest = &node_;
+        detail::watchdog::write_section(*page_, std::string_view(node_.name, node_.size));
     }
     ~section() {
-        if (page_ == nullptr) return;
-        std::size_t size = 0;
-        while (size < sizeof(outer_) && outer_[size] != '\0') ++size;
-        detail::watchdog::write_section(*page_, std::string_view(outer_, size));
+        // Nothing in a child forked after the attach: the page and the list are its parent's
+        // (and the list's lock may have been held by a thread the child does not have).
+        if (page_ == nullptr || detail::watchdog::current() != page_) return;
+        auto& all = detail::watchdog::sections();
+        const std::lock_guard<std::mutex> hold(all.lock);
+        if (node_.prev != nullptr) node_.prev->next = node_.next;
+        if (node_.next != nullptr) node_.next->prev = node_.prev;
+        if (all.newest == &node_) all.newest = node_.prev;
+        const auto* shown = all.newest;
+        detail::watchdog::write_section(*page_, shown != nullptr ? std::string_view(shown->name, shown->size)
+                                                                 : std::string_view());
     }
     section(const section&) = delete;
     section& operator=(const section&) = delete;
 
 private:
     detail::watchdog::page* page_;
-    char outer_[detail::watchdog::section_capacity] = {};
+    detail::watchdog::section_node node_;
 };
 
 }  // namespace elastic::inline v0
@@ -19646,7 +19741,8 @@ struct watchdog_settings {
     std::optional<std::chrono::milliseconds> section;
     /// Inside the section of that name (`section:NAME=`).
     std::map<std::string, std::chrono::milliseconds, std::less<>> sections;
-    /// The signal that asks a hung worker for its stacks (`signal=`).
+    /// The signal that asks a hung worker for its stacks (`signal=`): SIGUSR1, SIGUSR2 or a
+    /// real-time signal, and not one of --signals-to-handle.
     int signal = SIGUSR2;
     /// How long the agent waits for the stacks before stopping the group (`dump=`).
     std::chrono::milliseconds dump = std::chrono::seconds(5);
@@ -19738,7 +19834,7 @@ def _attach():
         try:
             _stacks = open(stacks, "w")
             _faulthandler.register(int(sig), file=_stacks, all_threads=True)
-            _struct.pack_into("<Q", page, 112, 0)  # faulthandler owns the signal: no dump count
+            _struct.pack_into("<Q", page, 112, 2)  # a handler that does not count its dumps
         except (OSError, ValueError, RuntimeError):
             _stacks = None
 
@@ -19764,14 +19860,14 @@ def heartbeat():
 def progress(done):
     """The work done so far (a step): reported with a hang; also a sign of life."""
     if _page is not None:
-        _struct.pack_into("<Q", _page, 16, int(done) + 1)
+        _struct.pack_into("<Q", _page, 16, (int(done) + 1) & 0xFFFFFFFFFFFFFFFF)
         heartbeat()
 
 
 def _write_section(name):
     seq = _struct.unpack_from("<Q", _page, 24)[0]
     _struct.pack_into("<Q", _page, 24, seq | 1)
-    _page[48:112] = name[:64].ljust(64, b"\0")
+    _page[48:112] = name[:63].ljust(64, b"\0")
     _struct.pack_into("<Q", _page, 24, (seq | 1) + 1)
 
 
@@ -19887,6 +19983,7 @@ public:
         env[detail::watchdog::file_variable] = page_path(i).string();
         env[detail::watchdog::stacks_variable] = stacks_path(i).string();
         env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
+        env[detail::watchdog::agent_variable] = fmt::format("{}", ::getpid());
         const auto python = (dir_ / "python").string();
         auto& path = env["PYTHONPATH"];
         path = path.empty() ? python : python + ":" + path;
@@ -20094,9 +20191,10 @@ namespace elastic::inline v0 {
             for (auto& c : word) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
             if (word.rfind("SIG", 0) != 0) word = "SIG" + word;
             const int number = signal_number(word);
-            if (number == 0 || number == SIGKILL || number == SIGSTOP || number == SIGCHLD || number == SIGSEGV ||
-                number == SIGBUS || number == SIGFPE || number == SIGILL || number == SIGABRT) {
-                throw bad(item, "is not a signal a worker can catch to write its stacks");
+            // One with no other meaning: not a stop signal, not one the kernel or a terminal sends.
+            if (number != SIGUSR1 && number != SIGUSR2 && !(number >= SIGRTMIN && number <= SIGRTMAX)) {
+                throw bad(item, "is not a signal for stacks: want SIGUSR1, SIGUSR2 or a real-time signal "
+                                "(SIGRTMIN+N)");
             }
             w.signal = number;
         } else if (key == "dump") {
@@ -21889,16 +21987,13 @@ public:
 
     /// The index of the first worker that fails, or size() once every worker exited 0. With
     /// --watchdog, workers found hung count as failing: every worker hung at that reading (a
-    /// rank stuck in a collective holds the others in it too), each asked for its stacks (the
-    /// watchdog's signal, then up to `dump` for them); the index is the one silent longest,
-    /// and they are still running.
+    /// rank stuck in a collective holds the others in it too); the index is the one silent
+    /// longest, and they are still running: await capture_stacks() before stop().
     asio::awaitable<std::size_t> watch() {
         using namespace asio::experimental::awaitable_operators;
         if (!pages_) co_return co_await watch_exits();
         const auto first = co_await (watch_exits() || watch_hangs());
-        if (first.index() == 0) co_return std::get<0>(first);
-        co_await capture_stacks();
-        co_return std::get<1>(first);
+        co_return first.index() == 0 ? std::get<0>(first) : std::get<1>(first);
     }
 
     /// The workers found hung, and what the watchdog saw of each, once watch() found them.
@@ -22091,7 +22186,8 @@ private:
         return nullptr;
     }
 
-    /// Asks each hung worker for its stacks and waits up to the watchdog's `dump` for them: a
+public:
+    /// After watch() found workers hung (else nothing): asks each for its stacks and waits up to the watchdog's `dump` for them: a
     /// worker that counts its dumps (elastic/watchdog.hpp) says when it is done; otherwise
     /// (Python's faulthandler) its stacks file is done once it stops growing for 100 ms.
     asio::awaitable<void> capture_stacks() {
@@ -22115,21 +22211,29 @@ private:
             const auto holder = page ? static_cast<pid_t>(page->attached) : pid_t{0};
             const bool own = holder == worker.pid();
             const bool in_group = holder > 0 && !own && ::getpgid(holder) == worker.pid();
+            const bool handles = page && (page->handler == 1 || page->handler == 2);
             std::string plan = "; stopping the group (dump=0: no stacks)";
-            if (ask && (own || in_group)) {
+            if (ask && (own || in_group) && handles) {
                 plan = fmt::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
                                    own ? std::string("it") : fmt::format("pid {} of its process group", holder),
                                    signal_name(w.signal), duration_words(w.dump));
             } else if (ask && !page) {
                 plan = "; its watchdog page was cut short (by the worker?), so whether it can give its stacks is "
                        "unknown: stopping the group";
+            } else if (ask && (own || in_group)) {
+                plan = "; it has no handler for the watchdog's signal (it was not set, or could not be), so it "
+                       "has no stacks to give: stopping the group";
+            } else if (ask && holder > 0) {
+                plan = fmt::format("; its watchdog page is held by pid {}, outside its process group: no stacks "
+                                   "asked for; stopping the group",
+                                   holder);
             } else if (ask) {
                 plan = "; it never attached its watchdog page (no elastic::record, elastic/watchdog.hpp or "
                        "elastic_watchdog), so it has no stacks to give: stopping the group";
             }
             log_->error(fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank, worker.pid(),
                                     h.report.headline(), plan));
-            if (!ask || !(own || in_group)) continue;
+            if (!ask || !(own || in_group) || !handles) continue;
             try {
                 const bool sent = own ? worker.signal(w.signal) : ::kill(holder, w.signal) == 0;
                 if (sent) waiting.push_back({h.index, page->dumps});
@@ -22148,7 +22252,7 @@ private:
             for (auto& x : waiting) {
                 if (x.done) continue;
                 const auto page = pages_->read(x.index);
-                const bool counts = page && page->counts_dumps;
+                const bool counts = page && page->handler == 1;
                 if (workers_[x.index].check_exit() || (counts && page->dumps != x.dumps)) {
                     x.done = true;
                     continue;
@@ -22169,6 +22273,7 @@ private:
         }
     }
 
+private:
     /// After the stop: the hung workers' stacks are read, and each one's error file written with
     /// its hang (over anything it wrote while being stopped: the hang is why it was stopped).
     void record_hangs() {
@@ -22178,8 +22283,7 @@ private:
             const auto& slot = state_->slots[h.index];
             // One that failed on its own meanwhile (a collective's timeout) keeps its error file.
             const auto& status = workers_[h.index].status();
-            const bool failed_alone = h.index < exited_before_.size() && exited_before_[h.index] && status &&
-                                      !status->status.success();
+            const bool failed_alone = status && !status->status.success() && status->steady_time < hang_found_;
             if (slot.error_file.empty() || failed_alone) continue;
             try {
                 write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
@@ -22950,6 +23054,8 @@ private:
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
                 // forwarded and wins.
+                // Hung workers first give their stacks (bounded by --watchdog dump=).
+                co_await group.capture_stacks();
                 // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
                 const auto what = group.describe_failure(*first_failure);
                 co_await report_failure(rdzv, what, group.assignment(*first_failure));
@@ -24311,13 +24417,15 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     if (c.restart_no_progress && *c.restart_no_progress < 1) {
         throw usage_error{fmt::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
     }
-    if (c.restart_no_progress && !c.watchdog.enabled()) {
-        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
-                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
-                                      *c.restart_no_progress)};
-    }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
+    if (c.watchdog.enabled() && std::find(c.signals_to_handle.begin(), c.signals_to_handle.end(), c.watchdog.signal) !=
+                                    c.signals_to_handle.end()) {
+        throw usage_error{fmt::format("--watchdog signal={} is also in --signals-to-handle: the agent would forward "
+                                      "it as a stop and the workers take it for a request for stacks; choose "
+                                      "another (signal=SIGUSR1, or SIGRTMIN+N)",
+                                      signal_name(c.watchdog.signal))};
+    }
     if (c.signals_to_handle.empty()) {
         throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
     }
@@ -25317,6 +25425,11 @@ namespace elastic::inline v0 {
 template <policy_clock Clock = steady_policy_clock>
 [[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
+    if (config.restart_no_progress && !config.watchdog.enabled()) {
+        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
+                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
+                                      *config.restart_no_progress)};
+    }
     return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
 }
 

@@ -79,6 +79,32 @@ TEST_CASE("watchdog: a native worker hung in a section is found, its stacks kept
     CHECK(!fs::exists(run_dir.path() / "attempt_0" / "0" / "error.json"));
 }
 
+TEST_CASE("watchdog: a SIGUSR2 not from the agent reaches the program's own handler, the dump stays the agent's") {
+    temp_dir dir;
+    const auto logs = dir.path() / "logs";
+    auto r = agent_support::run(with_worker({"--nproc-per-node=1", "--log-dir=" + logs.string(),
+                                             "--watchdog=beat=300ms"}),
+                                worker_env(dir, "*:ownusr2+record+beat2+selfusr2+stuck"));
+    INFO(r.err);
+    INFO(r.out);
+    CHECK(r.code == 128 + SIGTERM);
+    CHECK(r.out.find("own usr2 0") != std::string::npos);
+    const auto run_dir = *fs::directory_iterator(logs);
+    const auto json = nlohmann::json::parse(slurp(run_dir.path() / "attempt_0" / "0" / "error.json"));
+    CHECK(json["message"]["extraInfo"]["py_callstack"].get<std::string>().find("agent_worker_stuck_in_collective()") !=
+          std::string::npos);
+}
+
+TEST_CASE("watchdog: sections left out of order leave none shown, so the heartbeat limit applies") {
+    temp_dir dir;
+    auto r = agent_support::run(with_worker({"--nproc-per-node=1", "--watchdog=beat=300ms,section=1h"}),
+                                worker_env(dir, "*:record+beat2+xsections+stuck"));
+    INFO(r.err);
+    CHECK(r.code == 128 + SIGTERM);
+    CHECK(r.err.find("hung: no heartbeat for ") != std::string::npos);
+    CHECK(r.err.find("in section") == std::string::npos);
+}
+
 TEST_CASE("watchdog: a dump of hundreds of threads, one that blocks the signal listed as such") {
     temp_dir dir;
     const auto logs = dir.path() / "logs";

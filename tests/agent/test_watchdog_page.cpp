@@ -53,7 +53,9 @@ TEST_CASE("watchdog: --watchdog's items parse, print back, and a bad item is nam
     CHECK(refused("beat").find("'beat' has no '='") != std::string::npos);
     CHECK(refused("beat=soon").find("is not a duration") != std::string::npos);
     CHECK(refused("beat=0").find("is not a duration") != std::string::npos);
-    CHECK(refused("signal=SIGKILL,beat=1s").find("a worker can catch") != std::string::npos);
+    CHECK(refused("signal=SIGKILL,beat=1s").find("is not a signal for stacks") != std::string::npos);
+    CHECK(refused("signal=SIGTERM,beat=1s").find("is not a signal for stacks") != std::string::npos);
+    CHECK(elastic::parse_watchdog("beat=1s,signal=SIGRTMIN+3", "x").signal == SIGRTMIN + 3);
     CHECK(refused("signal=SIGUSR2").find("sets no limit") != std::string::npos);
     CHECK(refused("beat=1s,,first=2s").find("is empty") != std::string::npos);
     CHECK(refused("").find("is empty") != std::string::npos);

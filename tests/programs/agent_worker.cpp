@@ -32,6 +32,9 @@
 //     threads<N> start N such threads       blocker  one that blocks SIGUSR2 first
 //     truncate cut $ELASTIC_WATCHDOG_FILE to 0 bytes (a hostile worker)
 //     fifo     put a FIFO where $ELASTIC_WATCHDOG_STACKS goes (a hostile worker)
+//     ownusr2  install a SIGUSR2 handler of the program's own that prints "own usr2 <rank>"
+//     selfusr2 send SIGUSR2 to itself (kill: not from the agent), then wait for "own usr2"
+//     xsections enter "data", enter "allreduce", leave "data", leave "allreduce" (out of order)
 //     stuck    print "ready ...", then wait forever in agent_worker_stuck_in_collective()
 //   Without a matching rule, or after the last step: exit 0.
 // Every line goes out in one write(2), so lines of different workers never mix.
@@ -44,6 +47,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -69,6 +73,17 @@ extern "C" char** environ;
 [[gnu::noinline]] void agent_worker_helper_thread() {
     for (;;) ::pause();
 }
+
+namespace {
+volatile std::sig_atomic_t own_usr2_seen = 0;
+int own_usr2_rank = 0;
+void on_own_usr2(int) {
+    char line[32];
+    const int n = std::snprintf(line, sizeof line, "own usr2 %d\n", own_usr2_rank);
+    if (n > 0) (void)!::write(1, line, static_cast<std::size_t>(n));
+    own_usr2_seen = 1;
+}
+}  // namespace
 
 namespace {
 
@@ -248,6 +263,17 @@ int main(int argc, char** argv) {
             }).detach();
         } else if (step == "truncate") {
             if (::truncate(var("ELASTIC_WATCHDOG_FILE").c_str(), 0) != 0) return 98;
+        } else if (step == "ownusr2") {
+            own_usr2_rank = std::atoi(rank.c_str());
+            std::signal(SIGUSR2, on_own_usr2);
+        } else if (step == "selfusr2") {
+            ::kill(::getpid(), SIGUSR2);
+            while (own_usr2_seen == 0) ::pause();
+        } else if (step == "xsections") {
+            auto data = std::make_unique<elastic::section>("data");
+            auto allreduce = std::make_unique<elastic::section>("allreduce");
+            data.reset();
+            allreduce.reset();
         } else if (step == "fifo") {
             const auto path = var("ELASTIC_WATCHDOG_STACKS");
             ::unlink(path.c_str());

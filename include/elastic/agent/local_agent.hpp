@@ -771,6 +771,8 @@ private:
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
                 // forwarded and wins.
+                // Hung workers first give their stacks (bounded by --watchdog dump=).
+                co_await group.capture_stacks();
                 // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
                 const auto what = group.describe_failure(*first_failure);
                 co_await report_failure(rdzv, what, group.assignment(*first_failure));

@@ -52,7 +52,8 @@ struct watchdog_settings {
     std::optional<std::chrono::milliseconds> section;
     /// Inside the section of that name (`section:NAME=`).
     std::map<std::string, std::chrono::milliseconds, std::less<>> sections;
-    /// The signal that asks a hung worker for its stacks (`signal=`).
+    /// The signal that asks a hung worker for its stacks (`signal=`): SIGUSR1, SIGUSR2 or a
+    /// real-time signal, and not one of --signals-to-handle.
     int signal = SIGUSR2;
     /// How long the agent waits for the stacks before stopping the group (`dump=`).
     std::chrono::milliseconds dump = std::chrono::seconds(5);
@@ -144,7 +145,7 @@ def _attach():
         try:
             _stacks = open(stacks, "w")
             _faulthandler.register(int(sig), file=_stacks, all_threads=True)
-            _struct.pack_into("<Q", page, 112, 0)  # faulthandler owns the signal: no dump count
+            _struct.pack_into("<Q", page, 112, 2)  # a handler that does not count its dumps
         except (OSError, ValueError, RuntimeError):
             _stacks = None
 
@@ -170,14 +171,14 @@ def heartbeat():
 def progress(done):
     """The work done so far (a step): reported with a hang; also a sign of life."""
     if _page is not None:
-        _struct.pack_into("<Q", _page, 16, int(done) + 1)
+        _struct.pack_into("<Q", _page, 16, (int(done) + 1) & 0xFFFFFFFFFFFFFFFF)
         heartbeat()
 
 
 def _write_section(name):
     seq = _struct.unpack_from("<Q", _page, 24)[0]
     _struct.pack_into("<Q", _page, 24, seq | 1)
-    _page[48:112] = name[:64].ljust(64, b"\0")
+    _page[48:112] = name[:63].ljust(64, b"\0")
     _struct.pack_into("<Q", _page, 24, (seq | 1) + 1)
 
 
@@ -293,6 +294,7 @@ public:
         env[detail::watchdog::file_variable] = page_path(i).string();
         env[detail::watchdog::stacks_variable] = stacks_path(i).string();
         env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
+        env[detail::watchdog::agent_variable] = fmt::format("{}", ::getpid());
         const auto python = (dir_ / "python").string();
         auto& path = env["PYTHONPATH"];
         path = path.empty() ? python : python + ":" + path;
@@ -500,9 +502,10 @@ namespace elastic::inline v0 {
             for (auto& c : word) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
             if (word.rfind("SIG", 0) != 0) word = "SIG" + word;
             const int number = signal_number(word);
-            if (number == 0 || number == SIGKILL || number == SIGSTOP || number == SIGCHLD || number == SIGSEGV ||
-                number == SIGBUS || number == SIGFPE || number == SIGILL || number == SIGABRT) {
-                throw bad(item, "is not a signal a worker can catch to write its stacks");
+            // One with no other meaning: not a stop signal, not one the kernel or a terminal sends.
+            if (number != SIGUSR1 && number != SIGUSR2 && !(number >= SIGRTMIN && number <= SIGRTMAX)) {
+                throw bad(item, "is not a signal for stacks: want SIGUSR1, SIGUSR2 or a real-time signal "
+                                "(SIGRTMIN+N)");
             }
             w.signal = number;
         } else if (key == "dump") {

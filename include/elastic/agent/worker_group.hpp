@@ -212,16 +212,13 @@ public:
 
     /// The index of the first worker that fails, or size() once every worker exited 0. With
     /// --watchdog, workers found hung count as failing: every worker hung at that reading (a
-    /// rank stuck in a collective holds the others in it too), each asked for its stacks (the
-    /// watchdog's signal, then up to `dump` for them); the index is the one silent longest,
-    /// and they are still running.
+    /// rank stuck in a collective holds the others in it too); the index is the one silent
+    /// longest, and they are still running: await capture_stacks() before stop().
     asio::awaitable<std::size_t> watch() {
         using namespace asio::experimental::awaitable_operators;
         if (!pages_) co_return co_await watch_exits();
         const auto first = co_await (watch_exits() || watch_hangs());
-        if (first.index() == 0) co_return std::get<0>(first);
-        co_await capture_stacks();
-        co_return std::get<1>(first);
+        co_return first.index() == 0 ? std::get<0>(first) : std::get<1>(first);
     }
 
     /// The workers found hung, and what the watchdog saw of each, once watch() found them.
@@ -414,7 +411,8 @@ private:
         return nullptr;
     }
 
-    /// Asks each hung worker for its stacks and waits up to the watchdog's `dump` for them: a
+public:
+    /// After watch() found workers hung (else nothing): asks each for its stacks and waits up to the watchdog's `dump` for them: a
     /// worker that counts its dumps (elastic/watchdog.hpp) says when it is done; otherwise
     /// (Python's faulthandler) its stacks file is done once it stops growing for 100 ms.
     asio::awaitable<void> capture_stacks() {
@@ -438,21 +436,29 @@ private:
             const auto holder = page ? static_cast<pid_t>(page->attached) : pid_t{0};
             const bool own = holder == worker.pid();
             const bool in_group = holder > 0 && !own && ::getpgid(holder) == worker.pid();
+            const bool handles = page && (page->handler == 1 || page->handler == 2);
             std::string plan = "; stopping the group (dump=0: no stacks)";
-            if (ask && (own || in_group)) {
+            if (ask && (own || in_group) && handles) {
                 plan = fmt::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
                                    own ? std::string("it") : fmt::format("pid {} of its process group", holder),
                                    signal_name(w.signal), duration_words(w.dump));
             } else if (ask && !page) {
                 plan = "; its watchdog page was cut short (by the worker?), so whether it can give its stacks is "
                        "unknown: stopping the group";
+            } else if (ask && (own || in_group)) {
+                plan = "; it has no handler for the watchdog's signal (it was not set, or could not be), so it "
+                       "has no stacks to give: stopping the group";
+            } else if (ask && holder > 0) {
+                plan = fmt::format("; its watchdog page is held by pid {}, outside its process group: no stacks "
+                                   "asked for; stopping the group",
+                                   holder);
             } else if (ask) {
                 plan = "; it never attached its watchdog page (no elastic::record, elastic/watchdog.hpp or "
                        "elastic_watchdog), so it has no stacks to give: stopping the group";
             }
             log_->error(fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank, worker.pid(),
                                     h.report.headline(), plan));
-            if (!ask || !(own || in_group)) continue;
+            if (!ask || !(own || in_group) || !handles) continue;
             try {
                 const bool sent = own ? worker.signal(w.signal) : ::kill(holder, w.signal) == 0;
                 if (sent) waiting.push_back({h.index, page->dumps});
@@ -471,7 +477,7 @@ private:
             for (auto& x : waiting) {
                 if (x.done) continue;
                 const auto page = pages_->read(x.index);
-                const bool counts = page && page->counts_dumps;
+                const bool counts = page && page->handler == 1;
                 if (workers_[x.index].check_exit() || (counts && page->dumps != x.dumps)) {
                     x.done = true;
                     continue;
@@ -492,6 +498,7 @@ private:
         }
     }
 
+private:
     /// After the stop: the hung workers' stacks are read, and each one's error file written with
     /// its hang (over anything it wrote while being stopped: the hang is why it was stopped).
     void record_hangs() {
@@ -501,8 +508,7 @@ private:
             const auto& slot = state_->slots[h.index];
             // One that failed on its own meanwhile (a collective's timeout) keeps its error file.
             const auto& status = workers_[h.index].status();
-            const bool failed_alone = h.index < exited_before_.size() && exited_before_[h.index] && status &&
-                                      !status->status.success();
+            const bool failed_alone = status && !status->status.success() && status->steady_time < hang_found_;
             if (slot.error_file.empty() || failed_alone) continue;
             try {
                 write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));

@@ -7,6 +7,7 @@
 #include "elastic/detail/backtrace.hpp"
 #include "elastic/detail/watchdog_slot.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -33,6 +34,9 @@ inline constexpr int stack_dump_max_threads = 512;
 struct stack_dump_state {
     std::atomic<bool> installed{false};
     int signal = 0;
+    pid_t agent = 0;               // the only sender that starts a dump
+    struct sigaction previous {};  // the program's own action for the signal, for other senders
+    long long deadline_ms = 0;     // the dump's end (CLOCK_MONOTONIC, ms)
     char path[4096] = {};
     std::atomic<watchdog::page*> page{nullptr};  // where dumps are counted; null: not counted
     std::atomic<long> coordinator{0};            // the thread that dumps; never reset
@@ -139,17 +143,34 @@ inline void dump_this_thread(void* context) noexcept {
     write_all(state.fd, out.data(), out.size());
 }
 
-// Waits up to `ms` for the asked thread to finish its stack.
+inline long long monotonic_ms() noexcept {
+    struct timespec now {};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<long long>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
+
+// Waits up to `ms` (never past the dump's deadline) for the asked thread to finish its stack.
 inline bool await_target(int ms) noexcept {
     auto& state = stack_dump_storage;
-    for (int waited = 0; waited < ms * 10; ++waited) {
+    const long long end = std::min(monotonic_ms() + ms, state.deadline_ms);
+    const struct timespec tenth = {0, 100000};
+    while (monotonic_ms() < end) {
         if (state.target_done.load(std::memory_order_acquire)) return true;
-        struct timespec tenth {
-            0, 100000
-        };
         ::nanosleep(&tenth, nullptr);
     }
     return state.target_done.load(std::memory_order_acquire);
+}
+
+// Whether thread `tid` sleeps in the kernel uninterruptibly (state D): it cannot answer.
+inline bool thread_in_d_state(long tid) noexcept {
+    char stat[512];
+    const auto length = read_task_file(tid, "stat", stat, sizeof(stat));
+    // "tid (comm) S ...": the state follows the last ')'.
+    std::size_t close = 0;
+    for (std::size_t i = 0; i < length; ++i) {
+        if (stat[i] == ')') close = i;
+    }
+    return close != 0 && close + 2 < length && stat[close + 2] == 'D';
 }
 
 inline void put_coordinator_line(long tid, const char* what) noexcept {
@@ -168,6 +189,14 @@ inline bool ask_thread(long tid, int sig) noexcept {
         put_coordinator_line(tid, ": blocks the signal, no stack\n\n");
         return true;
     }
+    if (thread_in_d_state(tid)) {
+        put_coordinator_line(tid, ": in uninterruptible sleep (state D, in the kernel), no stack\n\n");
+        return true;
+    }
+    if (monotonic_ms() >= state.deadline_ms) {
+        put_coordinator_line(tid, ": and the threads after it: the dump's 3 s are spent, no stacks\n");
+        return false;
+    }
     state.target_done.store(false, std::memory_order_relaxed);
     state.target.store(tid, std::memory_order_release);
     if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0) {
@@ -183,6 +212,7 @@ inline bool ask_thread(long tid, int sig) noexcept {
     }
     // Claimed and writing: give it more time, else stop the dump (it would race the next one).
     if (await_target(1000)) return true;
+    put_coordinator_line(tid, ": still writing its stack; the dump ends here\n");
     return false;
 }
 
@@ -191,15 +221,29 @@ inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     auto& state = stack_dump_storage;
     const long me = stack_dump_tid();
     long asked = me;
+    // Only the agent starts a dump; any other sender gets the program's own action.
+    const bool from_agent = info != nullptr && info->si_code == SI_USER && info->si_pid == state.agent;
     const bool from_us = info != nullptr && info->si_code == SI_TKILL && info->si_pid == ::getpid();
     long none = 0;
-    if (state.target.compare_exchange_strong(asked, -1)) {
+    if (!from_agent && !from_us) {
+        const auto& old = state.previous;
+        if ((old.sa_flags & SA_SIGINFO) != 0 && old.sa_sigaction != nullptr) {
+            old.sa_sigaction(sig, info, context);
+        } else if (old.sa_handler == SIG_DFL) {
+            // As without this handler: the default action (SIGUSR1/2 end the process).
+            ::sigaction(sig, &old, nullptr);
+            ::raise(sig);
+        } else if (old.sa_handler != SIG_IGN && old.sa_handler != nullptr) {
+            old.sa_handler(sig);
+        }
+    } else if (state.target.compare_exchange_strong(asked, -1)) {
         // Asked by the coordinator, and still asked: add this thread's stack.
         dump_this_thread(context);
         state.target.store(0, std::memory_order_relaxed);
         state.target_done.store(true, std::memory_order_release);
-    } else if (!from_us && state.coordinator.compare_exchange_strong(none, me)) {
-        // The first request from outside (the agent): this thread writes the dump.
+    } else if (from_agent && state.coordinator.compare_exchange_strong(none, me)) {
+        // The agent's request: this thread writes the dump, within 3 s.
+        state.deadline_ms = monotonic_ms() + 3000;
         state.fd = ::open(state.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
         bool whole = true;
         if (state.fd >= 0) {
@@ -235,10 +279,7 @@ inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
                         whole = false;
                         break;
                     }
-                    if (!ask_thread(tid, sig)) {
-                        put_coordinator_line(tid, ": still writing its stack after 1.3 s; the dump ends here\n");
-                        whole = false;
-                    }
+                    if (!ask_thread(tid, sig)) whole = false;
                 }
             }
             if (dir >= 0) ::close(dir);
@@ -253,30 +294,27 @@ inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     errno = saved_errno;
 }
 
-/// Installs the stack dump: on `sig`, every thread's backtrace goes to `path` (replaced), and
-/// the dump is counted in `page` when given. The handler is installed once per process; a later
-/// call only adds the page. False when the path does not fit or the handler cannot be set.
-inline bool install_stack_dump(int sig, const char* path, watchdog::page* page) noexcept {
+/// Installs the stack dump: on `sig` sent by process `agent`, every thread's backtrace goes to
+/// `path` (replaced), once per process, and the page says so (`counts_dumps` 1) and counts the
+/// dump. The program's own action for `sig` is kept for every other sender. Later calls do
+/// nothing. False when the path does not fit or the handler cannot be set.
+inline bool install_stack_dump(int sig, const char* path, pid_t agent, watchdog::page* page) noexcept {
     auto& state = stack_dump_storage;
     if (sig <= 0 || sig >= NSIG || path == nullptr || std::strlen(path) >= sizeof(state.path)) return false;
-    if (state.installed.exchange(true)) {
-        if (page != nullptr && state.signal == sig) {
-            state.page.store(page, std::memory_order_release);
-            watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
-        }
-        return true;
-    }
+    if (state.installed.exchange(true)) return state.signal == sig;
     std::strcpy(state.path, path);
     state.signal = sig;
-    if (page != nullptr) {
-        state.page.store(page, std::memory_order_release);
-        watchdog::counter(page->counts_dumps).store(1, std::memory_order_relaxed);
-    }
+    state.agent = agent;
     struct sigaction action {};
     action.sa_sigaction = on_dump_signal;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&action.sa_mask);
-    return ::sigaction(sig, &action, nullptr) == 0;
+    if (::sigaction(sig, &action, &state.previous) != 0) return false;
+    if (page != nullptr) {
+        state.page.store(page, std::memory_order_release);
+        watchdog::counter(page->counts_dumps).store(1, std::memory_order_release);
+    }
+    return true;
 }
 
 }  // namespace elastic::inline v0::detail

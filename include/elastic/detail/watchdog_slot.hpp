@@ -18,6 +18,7 @@ namespace elastic::inline v0::detail::watchdog {
 inline constexpr const char* file_variable = "ELASTIC_WATCHDOG_FILE";      ///< the worker's page
 inline constexpr const char* stacks_variable = "ELASTIC_WATCHDOG_STACKS";  ///< where stacks go
 inline constexpr const char* signal_variable = "ELASTIC_WATCHDOG_SIGNAL";  ///< the dump signal
+inline constexpr const char* agent_variable = "ELASTIC_WATCHDOG_AGENT";    ///< the agent's pid
 
 inline constexpr std::uint32_t page_magic = 0x44574c45;  // "ELWD" read as little-endian bytes
 inline constexpr std::uint32_t page_version = 1;
@@ -30,13 +31,15 @@ inline constexpr std::size_t section_capacity = 64;  // bytes of a section's nam
 struct page {
     std::uint32_t magic;
     std::uint32_t version;
-    std::uint64_t beats;        ///< heartbeat() calls
-    std::uint64_t progress;     ///< the last progress value + 1; 0: never set
-    std::uint64_t section_seq;  ///< changes at every section entry and exit
-    std::uint64_t dumps;        ///< stack dumps completed (the agent awaits the next one)
-    std::uint64_t attached;     ///< the worker's pid once it mapped the page
-    char section[section_capacity];
-    std::uint64_t counts_dumps;  ///< 1: the worker counts its dumps in `dumps` (native workers)
+    std::uint64_t beats;                          ///< heartbeat() calls
+    std::uint64_t progress;                       ///< the last progress value + 1; 0: never set
+    std::uint64_t section_seq;                    ///< changes at every section entry and exit
+    std::uint64_t dumps;                          ///< stack dumps completed (the agent awaits the next one)
+    std::uint64_t attached;                       ///< the worker's pid once it mapped the page
+    std::uint64_t section[section_capacity / 8];  ///< the name's bytes, NUL-padded
+    /// The worker's handler of the dump signal: 0 none, 1 one that counts its dumps in `dumps`
+    /// (native), 2 one that does not (Python's faulthandler).
+    std::uint64_t counts_dumps;
 };
 static_assert(sizeof(page) <= page_size);
 static_assert(offsetof(page, beats) == 8 && offsetof(page, progress) == 16 && offsetof(page, section_seq) == 24 &&
@@ -49,15 +52,25 @@ static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
     return std::atomic_ref<std::uint64_t>(field);
 }
 
-/// Writes the section name under the sequence lock (the worker side).
+/// Writes the section name under the sequence lock (the worker side). Writers take the lock by
+/// moving the sequence from even to odd, so two threads never interleave their bytes.
 inline void write_section(page& p, std::string_view name) noexcept {
     auto seq = counter(p.section_seq);
-    const auto start = seq.load(std::memory_order_relaxed);
-    seq.store(start | 1U, std::memory_order_relaxed);
+    auto start = seq.load(std::memory_order_relaxed);
+    for (int spins = 0;; ++spins) {
+        if ((start & 1U) == 0 && seq.compare_exchange_weak(start, start | 1U, std::memory_order_acquire)) break;
+        if ((start & 1U) != 0) {
+            if (spins > 1'000'000) return;  // a writer that died midway (a fork): give up, bounded
+            start = seq.load(std::memory_order_relaxed);
+        }
+    }
     std::atomic_thread_fence(std::memory_order_release);
-    const auto size = name.size() < section_capacity ? name.size() : section_capacity;
-    for (std::size_t i = 0; i < section_capacity; ++i) {
-        std::atomic_ref<char>(p.section[i]).store(i < size ? name[i] : '\0', std::memory_order_relaxed);
+    char bytes[section_capacity] = {};
+    std::memcpy(bytes, name.data(), name.size() < section_capacity ? name.size() : section_capacity);
+    for (std::size_t w = 0; w < section_capacity / 8; ++w) {
+        std::uint64_t word = 0;
+        std::memcpy(&word, bytes + w * 8, 8);
+        counter(p.section[w]).store(word, std::memory_order_relaxed);
     }
     seq.store((start | 1U) + 1, std::memory_order_release);
 }
@@ -69,9 +82,9 @@ struct page_snapshot {
     std::uint64_t section_seq = 0;
     std::uint64_t dumps = 0;
     std::uint64_t attached = 0;
-    bool counts_dumps = false;
-    std::string section;  ///< printable ASCII only; empty outside sections
-    bool torn = false;    ///< the name was being rewritten at every try: `section` is stale
+    std::uint64_t handler = 0;  ///< counts_dumps: 0 none, 1 counting (native), 2 not (Python)
+    std::string section;        ///< printable ASCII only; empty outside sections
+    bool torn = false;          ///< the name was being rewritten at every try: `section` is stale
 };
 
 /// Reads a page the agent does not trust: any bytes at all are a valid snapshot; a name's
@@ -82,12 +95,13 @@ struct page_snapshot {
     s.progress = counter(p.progress).load(std::memory_order_relaxed);
     s.dumps = counter(p.dumps).load(std::memory_order_acquire);
     s.attached = counter(p.attached).load(std::memory_order_relaxed);
-    s.counts_dumps = counter(p.counts_dumps).load(std::memory_order_relaxed) == 1;
+    s.handler = counter(p.counts_dumps).load(std::memory_order_relaxed);
     char name[section_capacity];
     for (int attempt = 0; attempt < 8; ++attempt) {
         const auto before = counter(p.section_seq).load(std::memory_order_acquire);
-        for (std::size_t i = 0; i < section_capacity; ++i) {
-            name[i] = std::atomic_ref<char>(p.section[i]).load(std::memory_order_relaxed);
+        for (std::size_t w = 0; w < section_capacity / 8; ++w) {
+            const auto word = counter(p.section[w]).load(std::memory_order_relaxed);
+            std::memcpy(name + w * 8, &word, 8);
         }
         std::atomic_thread_fence(std::memory_order_acquire);
         const auto after = counter(p.section_seq).load(std::memory_order_relaxed);

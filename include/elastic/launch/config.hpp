@@ -483,13 +483,15 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
     if (c.restart_no_progress && *c.restart_no_progress < 1) {
         throw usage_error{fmt::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
     }
-    if (c.restart_no_progress && !c.watchdog.enabled()) {
-        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
-                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
-                                      *c.restart_no_progress)};
-    }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
+    if (c.watchdog.enabled() && std::find(c.signals_to_handle.begin(), c.signals_to_handle.end(), c.watchdog.signal) !=
+                                    c.signals_to_handle.end()) {
+        throw usage_error{fmt::format("--watchdog signal={} is also in --signals-to-handle: the agent would forward "
+                                      "it as a stop and the workers take it for a request for stacks; choose "
+                                      "another (signal=SIGUSR1, or SIGRTMIN+N)",
+                                      signal_name(c.watchdog.signal))};
+    }
     if (c.signals_to_handle.empty()) {
         throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
     }

@@ -15,6 +15,11 @@ namespace elastic::inline v0 {
 template <policy_clock Clock = steady_policy_clock>
 [[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
+    if (config.restart_no_progress && !config.watchdog.enabled()) {
+        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
+                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
+                                      *config.restart_no_progress)};
+    }
     return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
 }
 
