@@ -12085,12 +12085,7 @@ struct hang_report {
     std::string stacks;
 
     /// The failure's one-line description: "hung: <reason>; in section "x"; at step 12".
-    [[nodiscard]] std::string headline() const {
-        auto out = fmt::format("hung: {}", reason);
-        if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
-        if (progress) out += fmt::format("; progress {}", *progress);
-        return out;
-    }
+    [[nodiscard]] ELASTIC_DECL std::string headline() const;
 };
 
 /// One worker's end, as the agent observed it: everything a failure report says about it.
@@ -12180,6 +12175,13 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 #if ELASTIC_DETAIL_BODIES
 
 namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string hang_report::headline() const {
+    auto out = fmt::format("hung: {}", reason);
+    if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
+    if (progress) out += fmt::format("; progress {}", *progress);
+    return out;
+}
 
 ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
     if (f.hang) return f.hang->headline();
@@ -19341,31 +19343,7 @@ public:
 
     [[nodiscard]] int limit() const noexcept { return n_; }
 
-    restart_plan plan(const group_failure& failure) {
-        const auto& got = failure.progress;
-        const bool advanced = got && (!best_ || *got > *best_);
-        pending_best_ = advanced ? got : best_;
-        pending_ = advanced ? 0 : stalled_ + 1;
-        const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
-        const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
-        if (advanced) {
-            return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
-                                                                  best_ ? fmt::format("{}", *best_) : "nothing",
-                                                                  named())),
-                    {}};
-        }
-        if (pending_ >= n_) {
-            return {
-                restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
-                                                           "stopping ({})",
-                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
-                {}};
-        }
-        return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
-                                                              "allowed ({})",
-                                                              reached, best, pending_, n_ - 1, named())),
-                {}};
-    }
+    ELASTIC_DECL restart_plan plan(const group_failure& failure);
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
         co_return;
@@ -19381,9 +19359,7 @@ public:
     }
 
 private:
-    [[nodiscard]] std::string named() const {
-        return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
-    }
+    [[nodiscard]] ELASTIC_DECL std::string named() const;
 
     int n_;
     int stalled_ = 0;
@@ -19395,6 +19371,42 @@ private:
 static_assert(planned_restart_policy<no_progress>);
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL restart_plan no_progress::plan(const group_failure& failure) {
+    const auto& got = failure.progress;
+    const bool advanced = got && (!best_ || *got > *best_);
+    pending_best_ = advanced ? got : best_;
+    pending_ = advanced ? 0 : stalled_ + 1;
+    const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
+    const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
+    if (advanced) {
+        return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
+                                                              best_ ? fmt::format("{}", *best_) : "nothing", named())),
+                {}};
+    }
+    if (pending_ >= n_) {
+        return {restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
+                                                           "stopping ({})",
+                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
+                {}};
+    }
+    return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
+                                                          "allowed ({})",
+                                                          reached, best, pending_, n_ - 1, named())),
+            {}};
+}
+
+ELASTIC_DECL std::string no_progress::named() const {
+    return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/policy/no_progress.hpp ----
 // ---- begin elastic/policy/default_policy.hpp ----
 // make_default_policy(settings): the restart policy elasticrun runs under, built from
@@ -19750,38 +19762,14 @@ struct watchdog_settings {
     [[nodiscard]] bool enabled() const noexcept { return first || beat || section || !sections.empty(); }
 
     /// The limit inside section `name`, and the key that sets it ("section:save", "section").
-    [[nodiscard]] std::optional<std::pair<std::chrono::milliseconds, std::string>> section_limit(
-        std::string_view name) const {
-        if (const auto it = sections.find(name); it != sections.end()) {
-            return std::pair{it->second, fmt::format("section:{}", name)};
-        }
-        if (section) return std::pair{*section, std::string("section")};
-        return std::nullopt;
-    }
+    [[nodiscard]] ELASTIC_DECL std::optional<std::pair<std::chrono::milliseconds, std::string>> section_limit(
+        std::string_view name) const;
 
     /// The shortest limit (the agent looks at the pages several times within it).
-    [[nodiscard]] std::optional<std::chrono::milliseconds> shortest() const {
-        std::optional<std::chrono::milliseconds> out;
-        const auto take = [&out](std::chrono::milliseconds d) { out = out ? std::min(*out, d) : d; };
-        if (first) take(*first);
-        if (beat) take(*beat);
-        if (section) take(*section);
-        for (const auto& [name, d] : sections) take(d);
-        return out;
-    }
+    [[nodiscard]] ELASTIC_DECL std::optional<std::chrono::milliseconds> shortest() const;
 
     /// The option's text, parse_watchdog() reads it back: "first=5min,beat=30s,section:save=10min".
-    [[nodiscard]] std::string to_string() const {
-        std::string out;
-        const auto add = [&out](const std::string& item) { out += (out.empty() ? "" : ",") + item; };
-        if (first) add("first=" + duration_flag_text(*first));
-        if (beat) add("beat=" + duration_flag_text(*beat));
-        if (section) add("section=" + duration_flag_text(*section));
-        for (const auto& [name, d] : sections) add(fmt::format("section:{}={}", name, duration_flag_text(d)));
-        if (signal != SIGUSR2) add("signal=" + signal_name(signal));
-        if (dump != std::chrono::seconds(5)) add("dump=" + duration_flag_text(dump));
-        return out;
-    }
+    [[nodiscard]] ELASTIC_DECL std::string to_string() const;
     friend bool operator==(const watchdog_settings&, const watchdog_settings&) = default;
 };
 
@@ -19895,7 +19883,119 @@ _attach()
 
 /// The stacks a worker wrote from its signal handler, where nothing may allocate, name C++
 /// functions by their mangled names: "in _Z32agent_stepv+0x9" becomes "in agent_step()+0x9".
-[[nodiscard]] inline std::string demangle_frames(std::string_view text) {
+[[nodiscard]] ELASTIC_DECL std::string demangle_frames(std::string_view text);
+
+/// One attempt's pages: a private directory (mode 0700) under /dev/shm (else the temporary
+/// directory) holding each worker's page file, where its stacks go, and the Python module.
+/// Removed, with everything in it, when the object goes. The agent reads the pages with
+/// pread(2), never through a mapping: a worker that truncates its file cannot fault the agent.
+class watchdog_pages {
+public:
+    /// Throws std::system_error naming the path that could not be made.
+    ELASTIC_DECL explicit watchdog_pages(std::size_t workers);
+    ~watchdog_pages() { release(); }
+    watchdog_pages(const watchdog_pages&) = delete;
+    watchdog_pages& operator=(const watchdog_pages&) = delete;
+
+    [[nodiscard]] std::size_t size() const noexcept { return fds_.size(); }
+
+    /// Worker `i`'s page as it is now: two reads that agree (the name and its sequence), or the
+    /// last one marked torn after a few tries; nullopt when the file no longer holds a page.
+    [[nodiscard]] ELASTIC_DECL std::optional<detail::watchdog::page_snapshot> read(std::size_t i) const;
+    [[nodiscard]] ELASTIC_DECL std::filesystem::path page_path(std::size_t i) const;
+    [[nodiscard]] ELASTIC_DECL std::filesystem::path stacks_path(std::size_t i) const;
+
+    /// What worker `i` is told, added to (or, for PYTHONPATH, put in front of) `env`.
+    ELASTIC_DECL void tell(std::size_t i, int signal, std::map<std::string, std::string, std::less<>>& env) const;
+
+    /// The stacks worker `i` wrote, at most `limit` bytes (the rest cut with a note); empty
+    /// when it wrote none.
+    [[nodiscard]] ELASTIC_DECL std::string stacks(std::size_t i, std::size_t limit = 256 * 1024) const;
+
+    /// The size of worker `i`'s stacks file (-1: none yet).
+    [[nodiscard]] ELASTIC_DECL long long stacks_size(std::size_t i) const;
+
+private:
+    ELASTIC_DECL static int create_page(const std::filesystem::path& path);
+
+    static bool read_into(int fd, detail::watchdog::page& p) noexcept {
+        return ::pread(fd, &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p);
+    }
+
+    ELASTIC_DECL void release() noexcept;
+
+    std::filesystem::path dir_;
+    std::vector<int> fds_;
+};
+
+/// A measured duration as a hang's reason shows it: to the tenth of a second (cut, not
+/// rounded up) from 1 s on, to the millisecond below ("31.2 s", "302 ms").
+[[nodiscard]] ELASTIC_DECL std::string measured_words(std::chrono::steady_clock::duration d);
+
+/// What the agent knows of one worker's page over time.
+struct rank_watch {
+    detail::watchdog::page_snapshot seen;  ///< the last reading, as read (torn or not)
+    std::string section;                   ///< the last name read whole; empty: none
+    std::uint64_t section_seq = 0;         ///< the sequence that name was read at
+    bool alive = false;                    ///< a sign of life was seen
+    std::chrono::steady_clock::time_point last_sign{};
+    std::chrono::steady_clock::time_point section_since{};
+    std::optional<std::uint64_t> progress;  ///< the largest progress value seen
+
+    /// Takes a new reading at `now`: a change of any counter, the section's sequence included,
+    /// is a sign of life; a sequence that stays where it is (even odd, a writer stopped midway)
+    /// is none.
+    ELASTIC_DECL void update(const detail::watchdog::page_snapshot& s, std::chrono::steady_clock::time_point now);
+
+    /// Why the worker counts as hung at `now` (it started at `started`), or nullopt.
+    [[nodiscard]] ELASTIC_DECL std::optional<hang_report> hung(const watchdog_settings& w,
+                                                               std::chrono::steady_clock::time_point started,
+                                                               std::chrono::steady_clock::time_point now) const;
+};
+
+/// How often the agent reads the pages: a tenth of the shortest limit, within [10 ms, 1 s].
+[[nodiscard]] ELASTIC_DECL std::chrono::milliseconds watchdog_interval(const watchdog_settings& w);
+
+}  // namespace detail::agent
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::optional<std::pair<std::chrono::milliseconds, std::string>> watchdog_settings::section_limit(
+    std::string_view name) const {
+    if (const auto it = sections.find(name); it != sections.end()) {
+        return std::pair{it->second, fmt::format("section:{}", name)};
+    }
+    if (section) return std::pair{*section, std::string("section")};
+    return std::nullopt;
+}
+
+ELASTIC_DECL std::optional<std::chrono::milliseconds> watchdog_settings::shortest() const {
+    std::optional<std::chrono::milliseconds> out;
+    const auto take = [&out](std::chrono::milliseconds d) { out = out ? std::min(*out, d) : d; };
+    if (first) take(*first);
+    if (beat) take(*beat);
+    if (section) take(*section);
+    for (const auto& [name, d] : sections) take(d);
+    return out;
+}
+
+ELASTIC_DECL std::string watchdog_settings::to_string() const {
+    std::string out;
+    const auto add = [&out](const std::string& item) { out += (out.empty() ? "" : ",") + item; };
+    if (first) add("first=" + duration_flag_text(*first));
+    if (beat) add("beat=" + duration_flag_text(*beat));
+    if (section) add("section=" + duration_flag_text(*section));
+    for (const auto& [name, d] : sections) add(fmt::format("section:{}={}", name, duration_flag_text(d)));
+    if (signal != SIGUSR2) add("signal=" + signal_name(signal));
+    if (dump != std::chrono::seconds(5)) add("dump=" + duration_flag_text(dump));
+    return out;
+}
+
+ELASTIC_DECL std::string detail::agent::demangle_frames(std::string_view text) {
     std::string out;
     out.reserve(text.size());
     for (;;) {
@@ -19915,237 +20015,191 @@ _attach()
     return out;
 }
 
-/// One attempt's pages: a private directory (mode 0700) under /dev/shm (else the temporary
-/// directory) holding each worker's page file, where its stacks go, and the Python module.
-/// Removed, with everything in it, when the object goes. The agent reads the pages with
-/// pread(2), never through a mapping: a worker that truncates its file cannot fault the agent.
-class watchdog_pages {
-public:
-    /// Throws std::system_error naming the path that could not be made.
-    explicit watchdog_pages(std::size_t workers) {
-        std::error_code ec;
-        auto base = std::filesystem::path("/dev/shm");
-        if (!std::filesystem::is_directory(base, ec) || ::access(base.c_str(), W_OK) != 0) {
-            base = std::filesystem::temp_directory_path();
-        }
-        std::random_device random;
-        for (int attempt = 0;; ++attempt) {
-            dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), random());
-            if (std::filesystem::create_directory(dir_, ec)) break;
-            if (ec || attempt == 8) {
-                throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),
-                                        "cannot create " + dir_.string());
-            }
-        }
-        std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, ec);
-        try {
-            for (std::size_t i = 0; i < workers; ++i) fds_.push_back(create_page(page_path(i)));
-            std::filesystem::create_directory(dir_ / "python");
-            const auto module = dir_ / "python" / "elastic_watchdog.py";
-            const int fd = ::open(module.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-            if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + module.string());
-            const auto n = ::write(fd, python_watchdog_module.data(), python_watchdog_module.size());
-            const int error = errno;
-            ::close(fd);
-            if (n != static_cast<ssize_t>(python_watchdog_module.size())) {
-                throw std::system_error(n < 0 ? error : ENOSPC, std::generic_category(),
-                                        "cannot write " + module.string());
-            }
-        } catch (...) {
-            release();
-            throw;
+ELASTIC_DECL detail::agent::watchdog_pages::watchdog_pages(std::size_t workers) {
+    std::error_code ec;
+    auto base = std::filesystem::path("/dev/shm");
+    if (!std::filesystem::is_directory(base, ec) || ::access(base.c_str(), W_OK) != 0) {
+        base = std::filesystem::temp_directory_path();
+    }
+    std::random_device random;
+    for (int attempt = 0;; ++attempt) {
+        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), random());
+        if (std::filesystem::create_directory(dir_, ec)) break;
+        if (ec || attempt == 8) {
+            throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),
+                                    "cannot create " + dir_.string());
         }
     }
-    ~watchdog_pages() { release(); }
-    watchdog_pages(const watchdog_pages&) = delete;
-    watchdog_pages& operator=(const watchdog_pages&) = delete;
-
-    [[nodiscard]] std::size_t size() const noexcept { return fds_.size(); }
-
-    /// Worker `i`'s page as it is now: two reads that agree (the name and its sequence), or the
-    /// last one marked torn after a few tries; nullopt when the file no longer holds a page.
-    [[nodiscard]] std::optional<detail::watchdog::page_snapshot> read(std::size_t i) const {
-        detail::watchdog::page a{};
-        detail::watchdog::page b{};
-        for (int attempt = 0; attempt < 4; ++attempt) {
-            if (!read_into(fds_[i], a) || !read_into(fds_[i], b)) return std::nullopt;
-            if (a.section_seq == b.section_seq && std::memcmp(a.section, b.section, sizeof a.section) == 0) break;
-        }
-        auto s = detail::watchdog::read_page(b);
-        if (a.section_seq != b.section_seq || std::memcmp(a.section, b.section, sizeof a.section) != 0) s.torn = true;
-        return s;
-    }
-    [[nodiscard]] std::filesystem::path page_path(std::size_t i) const { return dir_ / fmt::format("{}.page", i); }
-    [[nodiscard]] std::filesystem::path stacks_path(std::size_t i) const { return dir_ / fmt::format("{}.stacks", i); }
-
-    /// What worker `i` is told, added to (or, for PYTHONPATH, put in front of) `env`.
-    void tell(std::size_t i, int signal, std::map<std::string, std::string, std::less<>>& env) const {
-        env[detail::watchdog::file_variable] = page_path(i).string();
-        env[detail::watchdog::stacks_variable] = stacks_path(i).string();
-        env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
-        env[detail::watchdog::agent_variable] = fmt::format("{}", ::getpid());
-        const auto python = (dir_ / "python").string();
-        auto& path = env["PYTHONPATH"];
-        path = path.empty() ? python : python + ":" + path;
-    }
-
-    /// The stacks worker `i` wrote, at most `limit` bytes (the rest cut with a note); empty
-    /// when it wrote none.
-    [[nodiscard]] std::string stacks(std::size_t i, std::size_t limit = 256 * 1024) const {
-        std::string out;
-        // The worker made the file: not a link, and nothing (a FIFO) that could block a read.
-        const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        if (fd < 0) return out;
-        struct stat st {};
-        if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            ::close(fd);
-            return out;
-        }
-        out.resize(limit);
-        std::size_t got = 0;
-        while (got < limit) {
-            const auto n = ::read(fd, out.data() + got, limit - got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            got += static_cast<std::size_t>(n);
-        }
-        char more = 0;
-        const bool cut = got == limit && ::read(fd, &more, 1) == 1;
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, ec);
+    try {
+        for (std::size_t i = 0; i < workers; ++i) fds_.push_back(create_page(page_path(i)));
+        std::filesystem::create_directory(dir_ / "python");
+        const auto module = dir_ / "python" / "elastic_watchdog.py";
+        const int fd = ::open(module.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + module.string());
+        const auto n = ::write(fd, python_watchdog_module.data(), python_watchdog_module.size());
+        const int error = errno;
         ::close(fd);
-        out.resize(got);
-        if (cut) out += fmt::format("\n... (cut at {} KiB)\n", limit / 1024);
-        return demangle_frames(out);
-    }
-
-    /// The size of worker `i`'s stacks file (-1: none yet).
-    [[nodiscard]] long long stacks_size(std::size_t i) const {
-        std::error_code ec;
-        const auto size = std::filesystem::file_size(stacks_path(i), ec);
-        return ec ? -1 : static_cast<long long>(size);
-    }
-
-private:
-    static int create_page(const std::filesystem::path& path) {
-        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path.string());
-        alignas(detail::watchdog::page) char bytes[detail::watchdog::page_size] = {};
-        detail::watchdog::page header{};
-        header.magic = detail::watchdog::page_magic;
-        header.version = detail::watchdog::page_version;
-        std::memcpy(bytes, &header, sizeof header);
-        if (::pwrite(fd, bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
-            const int error = errno != 0 ? errno : ENOSPC;
-            ::close(fd);
-            throw std::system_error(error, std::generic_category(), "cannot write " + path.string());
+        if (n != static_cast<ssize_t>(python_watchdog_module.size())) {
+            throw std::system_error(n < 0 ? error : ENOSPC, std::generic_category(), "cannot write " + module.string());
         }
-        return fd;
+    } catch (...) {
+        release();
+        throw;
     }
+}
 
-    static bool read_into(int fd, detail::watchdog::page& p) noexcept {
-        return ::pread(fd, &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p);
+ELASTIC_DECL std::optional<detail::watchdog::page_snapshot> detail::agent::watchdog_pages::read(std::size_t i) const {
+    detail::watchdog::page a{};
+    detail::watchdog::page b{};
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        if (!read_into(fds_[i], a) || !read_into(fds_[i], b)) return std::nullopt;
+        if (a.section_seq == b.section_seq && std::memcmp(a.section, b.section, sizeof a.section) == 0) break;
     }
+    auto s = detail::watchdog::read_page(b);
+    if (a.section_seq != b.section_seq || std::memcmp(a.section, b.section, sizeof a.section) != 0) s.torn = true;
+    return s;
+}
 
-    void release() noexcept {
-        for (const int fd : fds_) ::close(fd);
-        fds_.clear();
-        std::error_code ec;
-        if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+ELASTIC_DECL std::filesystem::path detail::agent::watchdog_pages::page_path(std::size_t i) const {
+    return dir_ / fmt::format("{}.page", i);
+}
+
+ELASTIC_DECL std::filesystem::path detail::agent::watchdog_pages::stacks_path(std::size_t i) const {
+    return dir_ / fmt::format("{}.stacks", i);
+}
+
+ELASTIC_DECL void detail::agent::watchdog_pages::tell(std::size_t i, int signal,
+                                                      std::map<std::string, std::string, std::less<>>& env) const {
+    env[detail::watchdog::file_variable] = page_path(i).string();
+    env[detail::watchdog::stacks_variable] = stacks_path(i).string();
+    env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
+    env[detail::watchdog::agent_variable] = fmt::format("{}", ::getpid());
+    const auto python = (dir_ / "python").string();
+    auto& path = env["PYTHONPATH"];
+    path = path.empty() ? python : python + ":" + path;
+}
+
+ELASTIC_DECL std::string detail::agent::watchdog_pages::stacks(std::size_t i, std::size_t limit) const {
+    std::string out;
+    // The worker made the file: not a link, and nothing (a FIFO) that could block a read.
+    const int fd = ::open(stacks_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return out;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        return out;
     }
+    out.resize(limit);
+    std::size_t got = 0;
+    while (got < limit) {
+        const auto n = ::read(fd, out.data() + got, limit - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<std::size_t>(n);
+    }
+    char more = 0;
+    const bool cut = got == limit && ::read(fd, &more, 1) == 1;
+    ::close(fd);
+    out.resize(got);
+    if (cut) out += fmt::format("\n... (cut at {} KiB)\n", limit / 1024);
+    return demangle_frames(out);
+}
 
-    std::filesystem::path dir_;
-    std::vector<int> fds_;
-};
+ELASTIC_DECL long long detail::agent::watchdog_pages::stacks_size(std::size_t i) const {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(stacks_path(i), ec);
+    return ec ? -1 : static_cast<long long>(size);
+}
 
-/// A measured duration as a hang's reason shows it: to the tenth of a second (cut, not
-/// rounded up) from 1 s on, to the millisecond below ("31.2 s", "302 ms").
-[[nodiscard]] inline std::string measured_words(std::chrono::steady_clock::duration d) {
+ELASTIC_DECL int detail::agent::watchdog_pages::create_page(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path.string());
+    alignas(detail::watchdog::page) char bytes[detail::watchdog::page_size] = {};
+    detail::watchdog::page header{};
+    header.magic = detail::watchdog::page_magic;
+    header.version = detail::watchdog::page_version;
+    std::memcpy(bytes, &header, sizeof header);
+    if (::pwrite(fd, bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+        const int error = errno != 0 ? errno : ENOSPC;
+        ::close(fd);
+        throw std::system_error(error, std::generic_category(), "cannot write " + path.string());
+    }
+    return fd;
+}
+
+ELASTIC_DECL void detail::agent::watchdog_pages::release() noexcept {
+    for (const int fd : fds_) ::close(fd);
+    fds_.clear();
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+}
+
+ELASTIC_DECL std::string detail::agent::measured_words(std::chrono::steady_clock::duration d) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
     if (ms < 1000) return duration_words(std::chrono::milliseconds(ms));
     return duration_words(std::chrono::milliseconds(ms / 100 * 100));
 }
 
-/// What the agent knows of one worker's page over time.
-struct rank_watch {
-    detail::watchdog::page_snapshot seen;  ///< the last reading, as read (torn or not)
-    std::string section;                   ///< the last name read whole; empty: none
-    std::uint64_t section_seq = 0;         ///< the sequence that name was read at
-    bool alive = false;                    ///< a sign of life was seen
-    std::chrono::steady_clock::time_point last_sign{};
-    std::chrono::steady_clock::time_point section_since{};
-    std::optional<std::uint64_t> progress;  ///< the largest progress value seen
-
-    /// Takes a new reading at `now`: a change of any counter, the section's sequence included,
-    /// is a sign of life; a sequence that stays where it is (even odd, a writer stopped midway)
-    /// is none.
-    void update(const detail::watchdog::page_snapshot& s, std::chrono::steady_clock::time_point now) {
-        if (s.beats != seen.beats || s.progress != seen.progress || s.section_seq != seen.section_seq) {
-            alive = true;
-            last_sign = now;
-        }
-        if (!s.torn && s.section_seq != section_seq) {
-            section_seq = s.section_seq;
-            section = s.section;
-            section_since = now;
-        }
-        if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
-        seen = s;
+ELASTIC_DECL void detail::agent::rank_watch::update(const detail::watchdog::page_snapshot& s,
+                                                    std::chrono::steady_clock::time_point now) {
+    if (s.beats != seen.beats || s.progress != seen.progress || s.section_seq != seen.section_seq) {
+        alive = true;
+        last_sign = now;
     }
+    if (!s.torn && s.section_seq != section_seq) {
+        section_seq = s.section_seq;
+        section = s.section;
+        section_since = now;
+    }
+    if (s.progress != 0) progress = std::max(progress.value_or(0), s.progress - 1);
+    seen = s;
+}
 
-    /// Why the worker counts as hung at `now` (it started at `started`), or nullopt.
-    [[nodiscard]] std::optional<hang_report> hung(const watchdog_settings& w,
-                                                  std::chrono::steady_clock::time_point started,
-                                                  std::chrono::steady_clock::time_point now) const {
-        using std::chrono::duration_cast;
-        using std::chrono::milliseconds;
-        const auto report = [&](std::string reason, std::chrono::steady_clock::duration silent) {
-            hang_report r;
-            r.reason = std::move(reason);
-            r.section = section;
-            r.progress = progress;
-            r.silent = duration_cast<milliseconds>(silent);
-            return r;
-        };
-        if (!alive) {
-            if (w.first && now - started > *w.first) {
-                return report(fmt::format("no sign of life for {} since it started (--watchdog first={})",
-                                          measured_words(now - started), duration_flag_text(*w.first)),
-                              now - started);
-            }
-            return std::nullopt;
-        }
-        if (!section.empty()) {
-            if (const auto limit = w.section_limit(section)) {
-                if (now - section_since > limit->first) {
-                    return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", section,
-                                              measured_words(now - section_since), limit->second,
-                                              duration_flag_text(limit->first)),
-                                  now - section_since);
-                }
-                return std::nullopt;
-            }
-        }
-        if (w.beat && now - last_sign > *w.beat) {
-            return report(fmt::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
-                                      duration_flag_text(*w.beat)),
-                          now - last_sign);
+ELASTIC_DECL std::optional<hang_report> detail::agent::rank_watch::hung(
+    const watchdog_settings& w, std::chrono::steady_clock::time_point started,
+    std::chrono::steady_clock::time_point now) const {
+    using std::chrono::duration_cast;
+    using std::chrono::milliseconds;
+    const auto report = [&](std::string reason, std::chrono::steady_clock::duration silent) {
+        hang_report r;
+        r.reason = std::move(reason);
+        r.section = section;
+        r.progress = progress;
+        r.silent = duration_cast<milliseconds>(silent);
+        return r;
+    };
+    if (!alive) {
+        if (w.first && now - started > *w.first) {
+            return report(fmt::format("no sign of life for {} since it started (--watchdog first={})",
+                                      measured_words(now - started), duration_flag_text(*w.first)),
+                          now - started);
         }
         return std::nullopt;
     }
-};
+    if (!section.empty()) {
+        if (const auto limit = w.section_limit(section)) {
+            if (now - section_since > limit->first) {
+                return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", section,
+                                          measured_words(now - section_since), limit->second,
+                                          duration_flag_text(limit->first)),
+                              now - section_since);
+            }
+            return std::nullopt;
+        }
+    }
+    if (w.beat && now - last_sign > *w.beat) {
+        return report(fmt::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
+                                  duration_flag_text(*w.beat)),
+                      now - last_sign);
+    }
+    return std::nullopt;
+}
 
-/// How often the agent reads the pages: a tenth of the shortest limit, within [10 ms, 1 s].
-[[nodiscard]] inline std::chrono::milliseconds watchdog_interval(const watchdog_settings& w) {
+ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const watchdog_settings& w) {
     const auto shortest = w.shortest().value_or(std::chrono::seconds(10));
     return std::clamp<std::chrono::milliseconds>(shortest / 10, std::chrono::milliseconds(10), std::chrono::seconds(1));
 }
-
-}  // namespace detail::agent
-
-}  // namespace elastic::inline v0
-
-#if ELASTIC_DETAIL_BODIES
-
-namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL watchdog_settings parse_watchdog(std::string_view text, std::string_view name) {
     watchdog_settings w;

@@ -32,31 +32,7 @@ public:
 
     [[nodiscard]] int limit() const noexcept { return n_; }
 
-    restart_plan plan(const group_failure& failure) {
-        const auto& got = failure.progress;
-        const bool advanced = got && (!best_ || *got > *best_);
-        pending_best_ = advanced ? got : best_;
-        pending_ = advanced ? 0 : stalled_ + 1;
-        const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
-        const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
-        if (advanced) {
-            return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
-                                                                  best_ ? fmt::format("{}", *best_) : "nothing",
-                                                                  named())),
-                    {}};
-        }
-        if (pending_ >= n_) {
-            return {
-                restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
-                                                           "stopping ({})",
-                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
-                {}};
-        }
-        return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
-                                                              "allowed ({})",
-                                                              reached, best, pending_, n_ - 1, named())),
-                {}};
-    }
+    ELASTIC_DECL restart_plan plan(const group_failure& failure);
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
         co_return;
@@ -72,9 +48,7 @@ public:
     }
 
 private:
-    [[nodiscard]] std::string named() const {
-        return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
-    }
+    [[nodiscard]] ELASTIC_DECL std::string named() const;
 
     int n_;
     int stalled_ = 0;
@@ -86,3 +60,39 @@ private:
 static_assert(planned_restart_policy<no_progress>);
 
 }  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL restart_plan no_progress::plan(const group_failure& failure) {
+    const auto& got = failure.progress;
+    const bool advanced = got && (!best_ || *got > *best_);
+    pending_best_ = advanced ? got : best_;
+    pending_ = advanced ? 0 : stalled_ + 1;
+    const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
+    const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
+    if (advanced) {
+        return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
+                                                              best_ ? fmt::format("{}", *best_) : "nothing", named())),
+                {}};
+    }
+    if (pending_ >= n_) {
+        return {restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
+                                                           "stopping ({})",
+                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
+                {}};
+    }
+    return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
+                                                          "allowed ({})",
+                                                          reached, best, pending_, n_ - 1, named())),
+            {}};
+}
+
+ELASTIC_DECL std::string no_progress::named() const {
+    return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES

@@ -48,12 +48,7 @@ struct hang_report {
     std::string stacks;
 
     /// The failure's one-line description: "hung: <reason>; in section "x"; at step 12".
-    [[nodiscard]] std::string headline() const {
-        auto out = fmt::format("hung: {}", reason);
-        if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
-        if (progress) out += fmt::format("; progress {}", *progress);
-        return out;
-    }
+    [[nodiscard]] ELASTIC_DECL std::string headline() const;
 };
 
 /// One worker's end, as the agent observed it: everything a failure report says about it.
@@ -143,6 +138,13 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 #if ELASTIC_DETAIL_BODIES
 
 namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string hang_report::headline() const {
+    auto out = fmt::format("hung: {}", reason);
+    if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
+    if (progress) out += fmt::format("; progress {}", *progress);
+    return out;
+}
 
 ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
     if (f.hang) return f.hang->headline();
