@@ -1063,6 +1063,7 @@ inline int interrupted_frame(void* const* frames, int count, void* context) noex
 // layout is the contract between elastic/watchdog.hpp (and the Python module the agent puts on
 // the workers' path) and the agent: fixed offsets, little-endian 64-bit counters.
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -1124,7 +1125,7 @@ inline void write_section(page& p, std::string_view name) noexcept {
     }
     std::atomic_thread_fence(std::memory_order_release);
     char bytes[section_capacity] = {};
-    std::memcpy(bytes, name.data(), name.size() < section_capacity ? name.size() : section_capacity);
+    if (!name.empty()) std::memcpy(bytes, name.data(), std::min(name.size(), section_capacity));
     for (std::size_t w = 0; w < section_capacity / 8; ++w) {
         std::uint64_t word = 0;
         std::memcpy(&word, bytes + w * 8, 8);

@@ -5,6 +5,7 @@
 // the workers' path) and the agent: fixed offsets, little-endian 64-bit counters.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -66,7 +67,7 @@ inline void write_section(page& p, std::string_view name) noexcept {
     }
     std::atomic_thread_fence(std::memory_order_release);
     char bytes[section_capacity] = {};
-    std::memcpy(bytes, name.data(), name.size() < section_capacity ? name.size() : section_capacity);
+    if (!name.empty()) std::memcpy(bytes, name.data(), std::min(name.size(), section_capacity));
     for (std::size_t w = 0; w < section_capacity / 8; ++w) {
         std::uint64_t word = 0;
         std::memcpy(&word, bytes + w * 8, 8);
