@@ -143,7 +143,7 @@ public:
     explicit section(std::string_view name) noexcept : page_(detail::watchdog::current()) {
         if (page_ == nullptr) return;
         node_.size = std::min(name.size(), sizeof(node_.name) - 1);
-        std::memcpy(node_.name, name.data(), node_.size);
+        if (node_.size != 0) std::memcpy(node_.name, name.data(), node_.size);
         auto& all = detail::watchdog::sections();
         const std::lock_guard<std::mutex> hold(all.lock);
         node_.prev = all.newest;
