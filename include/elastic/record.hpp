@@ -58,8 +58,6 @@ struct record_state {
 
 inline record_state record_storage{};
 
-inline long current_tid() noexcept { return ::syscall(SYS_gettid); }
-
 // Buffered output to a file descriptor with write(2): unbounded, allocation-free, signal-safe.
 class fd_writer {
 public:

@@ -51,7 +51,7 @@ struct stack_dump_state {
 
 inline stack_dump_state stack_dump_storage{};
 
-inline long stack_dump_tid() noexcept { return ::syscall(SYS_gettid); }
+inline long current_tid() noexcept { return ::syscall(SYS_gettid); }
 
 inline void write_all(int fd, const char* data, std::size_t size) noexcept {
     while (size > 0) {
@@ -131,7 +131,7 @@ inline void dump_this_thread(void* context) noexcept {
     const int interrupted = interrupted_frame(frames, count, context);
     const int first = interrupted >= 0 ? interrupted : 0;
     fixed_writer out(state.buffer, sizeof(state.buffer));
-    put_thread_heading(out, stack_dump_tid());
+    put_thread_heading(out, current_tid());
     out.put(":\n");
     for (int i = first; i < count; ++i) {
         const auto pc = reinterpret_cast<std::uintptr_t>(frames[i]);
@@ -219,7 +219,7 @@ inline bool ask_thread(long tid, int sig) noexcept {
 inline void on_dump_signal(int sig, siginfo_t* info, void* context) noexcept {
     const int saved_errno = errno;
     auto& state = stack_dump_storage;
-    const long me = stack_dump_tid();
+    const long me = current_tid();
     long asked = me;
     // Only the agent starts a dump; any other sender gets the program's own action.
     const bool from_agent = info != nullptr && info->si_code == SI_USER && info->si_pid == state.agent;
