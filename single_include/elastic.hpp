@@ -12082,6 +12082,9 @@ struct hang_report {
     std::chrono::milliseconds silent{};
     /// Its threads' stacks as it wrote them on the dump signal; empty when it wrote none.
     std::string stacks;
+    /// Whether the agent asked it for its stacks (the watchdog's hangs; not a torch timer's
+    /// expiry, which only sends the signal the worker asked for).
+    bool stacks_asked = true;
 
     /// The failure's one-line description: "hung: <reason>; in section "x"; at step 12".
     [[nodiscard]] ELASTIC_DECL std::string headline() const;
@@ -12438,9 +12441,10 @@ ELASTIC_DECL nlohmann::ordered_json hang_error_document(const hang_report& hang,
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
     const std::string message = detail::report::valid_utf8(hang.headline());
     json extra = json::object();
-    extra["py_callstack"] = hang.stacks.empty()
-                                ? message + "\n(no stacks: the worker wrote none on the watchdog's signal)"
-                                : message + "\n" + detail::report::valid_utf8(hang.stacks);
+    const char* none = hang.stacks_asked ? "\n(no stacks: the worker wrote none on the watchdog's signal)"
+                                         : "\n(no stacks: a torch timer's expiry only sends the signal it asked for)";
+    extra["py_callstack"] = hang.stacks.empty() ? message + none
+                                                : message + "\n" + detail::report::valid_utf8(hang.stacks);
     extra["timestamp"] = std::to_string(seconds);
     json inner = json::object();
     inner["message"] = message;
@@ -18230,7 +18234,8 @@ struct exit_code_set {
     std::bitset<256> codes;   ///< exit codes 0..255
     bool any_signal = false;  ///< every death by signal
     std::bitset<65> signals;  ///< signals 1..64 by number
-    /// A worker the watchdog found hung (--watchdog), however it then ended: `hang`.
+    /// A worker the watchdog found hung (--watchdog), or that the signal of its own expired torch
+    /// file timer ended, however it then ended: `hang`.
     bool hang = false;
 
     [[nodiscard]] bool contains(const exit_status& status) const noexcept {
@@ -20568,6 +20573,13 @@ struct worker_spec {
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
     /// --watchdog: the hang detection's limits; none set (the default): no watchdog.
     watchdog_settings watchdog;
+    /// TORCHELASTIC_ENABLE_FILE_TIMER=1: the agent serves the requests of torch's
+    /// FileTimerClient (a FIFO the workers are told in TORCHELASTIC_TIMER_FILE) and signals a
+    /// worker whose scope expires (docs/watchdog.md, "torch's file timer").
+    bool file_timer = false;
+    /// TORCHELASTIC_TIMER_FILE: where that FIFO is made; empty: a fresh one in the temporary
+    /// directory.
+    std::filesystem::path file_timer_path;
 
     /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
     [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
@@ -20577,6 +20589,14 @@ struct worker_spec {
 struct agent_options {
     log_level agent_log_level = log_level::warning;  ///< what the agent logs (LOGLEVEL)
     event_destination event_log_handler;             ///< where its events go (--event-log-handler)
+    /// --metrics-port: where the agent serves /metrics (Prometheus text), /status (JSON) and
+    /// /health while it runs; unset: nowhere. Port 0: one the kernel picks (logged).
+    std::optional<std::uint16_t> metrics_port;
+    std::string metrics_host = "0.0.0.0";  ///< the address it listens on (--metrics-port=HOST:PORT)
+    /// TORCHELASTIC_HEALTH_CHECK_PORT: a port where any GET gets the agent's health.
+    std::optional<std::uint16_t> health_check_port;
+    /// Whether the agent keeps a status file that `elasticrun status` reads (docs/status.md).
+    bool status_file = true;
 };
 
 }  // namespace elastic::inline v0
@@ -20663,6 +20683,748 @@ private:
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/agent_log.hpp ----
+// ---- begin elastic/agent/file_timer.hpp ----
+// torch's file timer, served by the agent (TORCHELASTIC_ENABLE_FILE_TIMER=1): workers that use
+// torch.distributed.elastic.timer.FileTimerClient write one JSON line per request into a FIFO
+// (TORCHELASTIC_TIMER_FILE); the agent keeps the timers and sends a worker the signal it asked
+// for when one of its scopes expires. The requests are checked (a line that is not a request, a
+// pid that is not one of this node's workers, a table grown past its bound is reported and
+// ignored) and deadlines run on the steady clock from the moment a request arrives.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/buffer.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/system_error.hpp>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// One request of torch's FileTimerClient, one JSON line in the FIFO:
+/// {"version": 1, "pid": 4242, "scope_id": "train.py#31", "expiration_time": 1.7e9, "signal": 9}.
+struct file_timer_request {
+    long pid = 0;
+    std::string scope;
+    /// Seconds since the epoch (time.time()); negative: the scope is released.
+    double expiration_time = 0;
+    /// The signal to send when it expires; 0 or less: none (the expiry is only reported).
+    int signal = 0;
+};
+
+/// Reads one request line (without its newline): the request, or what is wrong with it.
+[[nodiscard]] ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(
+    std::string_view line);
+
+/// A scope that expired, and the signal it asked for (0: none).
+struct file_timer_expiry {
+    long pid = 0;
+    std::string scope;
+    int signal = 0;
+    /// From the request's arrival to its expiry.
+    std::chrono::milliseconds after{};
+};
+
+namespace detail::agent {
+
+/// The timers, keyed by (pid, scope) as torch keys them. Deadlines are steady: a request's
+/// expiration_time becomes "now + what was left" when it arrives, so a later jump of the wall
+/// clock neither fires nor delays it.
+class file_timer_table {
+public:
+    using clock = std::chrono::steady_clock;
+    static constexpr std::size_t max_timers = 16384;
+    static constexpr std::size_t max_per_pid = 1024;
+
+    /// Sets or releases a timer; the reason when it is refused (the table is full).
+    ELASTIC_DECL std::optional<std::string> apply(const file_timer_request& r, clock::time_point now,
+                                                  std::chrono::system_clock::time_point wall_now);
+
+    /// The earliest deadline, if any.
+    [[nodiscard]] ELASTIC_DECL std::optional<clock::time_point> next() const;
+
+    /// What expired by `now`. A pid with an expired scope that asks for a signal: its earliest
+    /// such scope, and the pid loses all its timers (torch clears a reaped worker's). Else each
+    /// expired scope of the pid (signal 0) is reported and removed, and its other timers stay
+    /// (torch drops them too, though it sends nothing).
+    ELASTIC_DECL std::vector<file_timer_expiry> expire(clock::time_point now);
+
+    /// Drops the timers of every pid `keep` refuses (workers of an earlier attempt).
+    ELASTIC_DECL void retain(const std::function<bool(long)>& keep);
+
+    [[nodiscard]] std::size_t size() const noexcept { return timers_.size(); }
+
+private:
+    struct entry {
+        clock::time_point deadline;
+        clock::time_point arrived;
+        int signal = 0;
+    };
+    std::map<std::pair<long, std::string>, entry, std::less<>> timers_;
+};
+
+/// Splits the FIFO's bytes into lines. A line longer than max_line (PIPE_BUF: a client's write
+/// is atomic up to it, so longer ones may interleave with other clients') is cut there and
+/// flagged, and the rest of it skipped to the next newline: memory stays bounded.
+class fifo_lines {
+public:
+    static constexpr std::size_t max_line = 4096;
+    struct line {
+        std::string text;
+        bool overlong = false;
+    };
+    [[nodiscard]] ELASTIC_DECL std::vector<line> add(std::string_view bytes);
+
+private:
+    std::string partial_;
+    bool skipping_ = false;
+};
+
+/// The FIFO made and opened for reading (non-blocking), and a writer held on it.
+struct opened_fifo {
+    int reader = -1;
+    int writer = -1;
+    std::filesystem::path path;
+    unsigned long long inode = 0;
+    unsigned long long device = 0;
+};
+
+/// Makes and opens the FIFO (see basic_file_timer_server); throws std::system_error.
+[[nodiscard]] ELASTIC_DECL opened_fifo open_timer_fifo(const std::filesystem::path& path);
+
+/// Closes the writer and removes the FIFO, if it is still the one made (same inode).
+ELASTIC_DECL void close_timer_fifo(const opened_fifo& fifo) noexcept;
+
+/// At most 120 bytes of a client's text, bytes outside printable ASCII as \xNN.
+[[nodiscard]] ELASTIC_DECL std::string quoted_excerpt(std::string_view text);
+
+}  // namespace detail::agent
+
+/// The FIFO and the timers behind it. It lives as long as the agent (a client whose FIFO has no
+/// reader fails its request), while serve() runs during each attempt's supervision.
+template <class Defer = void>
+class basic_file_timer_server {
+public:
+    /// Makes the FIFO (mode 0600) at `path`, or, when empty, at a fresh
+    /// `<temporary directory>/watchdog_timer_<random>` (torchrun's name), and opens it. An
+    /// existing FIFO of this user at `path` (a stale one) is replaced; anything else there is
+    /// refused. Throws std::system_error naming the path.
+    basic_file_timer_server(asio::any_io_executor executor, const std::filesystem::path& path)
+        : fifo_(executor), timer_(executor) {
+        made_ = detail::agent::open_timer_fifo(path);
+        try {
+            fifo_.assign(made_.reader);
+        } catch (...) {
+            ::close(made_.reader);
+            detail::agent::close_timer_fifo(made_);
+            throw;
+        }
+    }
+    ~basic_file_timer_server() {
+        asio::error_code ignored;
+        fifo_.close(ignored);
+        detail::agent::close_timer_fifo(made_);
+    }
+    basic_file_timer_server(const basic_file_timer_server&) = delete;
+    basic_file_timer_server& operator=(const basic_file_timer_server&) = delete;
+
+    /// The FIFO the workers are told (TORCHELASTIC_TIMER_FILE).
+    [[nodiscard]] const std::filesystem::path& path() const noexcept { return made_.path; }
+    /// The timers kept now.
+    [[nodiscard]] std::size_t timers() const noexcept { return table_.size(); }
+
+    /// Reads requests and fires expiries until cancelled, for one attempt's workers: the timers
+    /// of earlier attempts are dropped. `accepts(pid)`: whether a request of that pid is kept (a
+    /// pid of an earlier worker is ignored quietly, any other is reported and ignored; a release
+    /// is always applied); `expired(e)`: a scope expired (the caller sends the signal). Returns
+    /// only when the FIFO cannot be read, or expiries cannot be handled, with why.
+    asio::awaitable<std::string> serve(std::function<bool(long)> accepts,
+                                       std::function<void(const file_timer_expiry&)> expired, const agent_log& log) {
+        using namespace asio::experimental::awaitable_operators;
+        table_ = {};
+        armed_.reset();
+        reports_ = 0;
+        accepts_ = std::move(accepts);
+        expired_ = std::move(expired);
+        log_ = &log;
+        const auto ended = co_await (read_requests() || fire_expiries());
+        co_return ended.index() == 0 ? std::get<0>(ended) : std::get<1>(ended);
+    }
+
+private:
+    asio::awaitable<std::string> read_requests() {
+        std::array<char, 4096> chunk{};
+        for (;;) {
+            const auto [ec, n] = co_await fifo_.async_read_some(asio::buffer(chunk), detail::as_tuple_awaitable<Defer>);
+            // Aborted: the serve was cancelled (its watch() ended), not a fault of the FIFO.
+            if (ec == asio::error::operation_aborted) throw asio::system_error(ec);
+            if (ec) co_return fmt::format("cannot read {}: {}", made_.path.string(), ec.message());
+            for (const auto& line : lines_.add(std::string_view(chunk.data(), n))) take(line);
+            // Woken only when the earliest deadline came nearer (a flood of far-off timers costs
+            // no wake-ups).
+            if (const auto next = table_.next(); next && (!armed_ || *next < *armed_)) timer_.cancel();
+        }
+    }
+
+    /// Returns only when an expiry could not be handled, with why.
+    asio::awaitable<std::string> fire_expiries() {
+        for (;;) {
+            armed_ = table_.next();
+            timer_.expires_at(armed_.value_or(std::chrono::steady_clock::time_point::max()));
+            const auto [ec] = co_await timer_.async_wait(detail::as_tuple_awaitable<Defer>);
+            if (ec == asio::error::operation_aborted) {
+                const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+                // The serve ends; a cancel() of our own only re-arms.
+                if (state.cancelled() != asio::cancellation_type::none) throw asio::system_error(ec);
+            }
+            try {
+                for (const auto& e : table_.expire(std::chrono::steady_clock::now())) expired_(e);
+            } catch (const std::exception& e) {
+                co_return fmt::format("an expiry could not be handled: {}", e.what());
+            }
+        }
+    }
+
+    void take(const detail::agent::fifo_lines::line& line) {
+        if (line.overlong) {
+            report(fmt::format("a request longer than {} bytes (FileTimerClient writes at most PIPE_BUF): {}",
+                               detail::agent::fifo_lines::max_line, detail::agent::quoted_excerpt(line.text)));
+            return;
+        }
+        auto parsed = parse_file_timer_request(line.text);
+        if (const auto* why = std::get_if<std::string>(&parsed)) {
+            report(*why);
+            return;
+        }
+        const auto& r = std::get<file_timer_request>(parsed);
+        if (r.expiration_time < 0) {
+            // A release can only remove a timer: applied whoever sent it (a worker that released
+            // its scope and exited before the agent read the FIFO, typically).
+            (void)table_.apply(r, std::chrono::steady_clock::now(), std::chrono::system_clock::now());
+            return;
+        }
+        if (!accepts_(r.pid)) {
+            if (known_.count(r.pid) != 0) {
+                log_->debug(fmt::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
+                                        "running",
+                                        made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
+            } else {
+                report(fmt::format("a request for pid {} (scope '{}'), which is none of this node's workers nor "
+                                   "in a worker's process group",
+                                   r.pid, detail::agent::quoted_excerpt(r.scope)));
+            }
+            return;
+        }
+        if (known_.size() < 65536) known_.insert(r.pid);
+        if (const auto refused = table_.apply(r, std::chrono::steady_clock::now(), std::chrono::system_clock::now())) {
+            report(*refused);
+        }
+    }
+
+    /// The first reports are logged; past that they are counted, not logged (a flooding client
+    /// must not flood the agent's log).
+    void report(const std::string& what) {
+        ++reports_;
+        if (reports_ <= 20) {
+            log_->warning(fmt::format("torch file timer {}: ignored {}{}", made_.path.string(), what,
+                                      reports_ == 20 ? " (further ignored requests are not logged)" : ""));
+        }
+    }
+
+    asio::posix::stream_descriptor fifo_;
+    asio::steady_timer timer_;
+    detail::agent::opened_fifo made_;  ///< its writer is held so the reader never sees end of file
+    detail::agent::fifo_lines lines_;
+    detail::agent::file_timer_table table_;
+    std::optional<std::chrono::steady_clock::time_point> armed_;  ///< the deadline the timer waits for
+    std::set<long> known_;  ///< pids whose requests were accepted (bounded): later ones are not news
+    std::function<bool(long)> accepts_;
+    std::function<void(const file_timer_expiry&)> expired_;
+    const agent_log* log_ = nullptr;
+    std::size_t reports_ = 0;
+};
+
+using file_timer_server = basic_file_timer_server<>;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <random>
+#include <system_error>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(std::string_view line) {
+    const auto bad = [line](std::string_view why) {
+        return fmt::format("a request that {}: {}", why, detail::agent::quoted_excerpt(line));
+    };
+    const auto json = nlohmann::json::parse(line, nullptr, false);
+    if (json.is_discarded() || !json.is_object()) return bad("is not a JSON object");
+    const auto field = [&json](const char* name) -> const nlohmann::json* {
+        const auto it = json.find(name);
+        return it == json.end() ? nullptr : &*it;
+    };
+    const auto* pid = field("pid");
+    const auto* scope = field("scope_id");
+    const auto* expiration = field("expiration_time");
+    const auto* signal = field("signal");
+    if (pid == nullptr || scope == nullptr || expiration == nullptr || signal == nullptr) {
+        return bad("lacks one of pid, scope_id, expiration_time and signal");
+    }
+    file_timer_request r;
+    if (!pid->is_number_integer() || pid->get<long long>() <= 0 || pid->get<long long>() > 0x3fffffff) {
+        return bad("has no process id in pid");
+    }
+    r.pid = static_cast<long>(pid->get<long long>());
+    if (!scope->is_string()) return bad("has a scope_id that is not a string");
+    r.scope = scope->get<std::string>();
+    if (!expiration->is_number() || !std::isfinite(expiration->get<double>())) {
+        return bad("has an expiration_time that is not a number of seconds");
+    }
+    r.expiration_time = expiration->get<double>();
+    if (!signal->is_number_integer() || signal->get<long long>() > SIGRTMAX) {
+        return bad(fmt::format("has a signal that is not a signal number (at most {})", SIGRTMAX));
+    }
+    r.signal = static_cast<int>(std::max<long long>(signal->get<long long>(), 0));
+    return r;
+}
+
+ELASTIC_DECL std::optional<std::string> detail::agent::file_timer_table::apply(
+    const file_timer_request& r, clock::time_point now, std::chrono::system_clock::time_point wall_now) {
+    auto key = std::make_pair(r.pid, r.scope);
+    if (r.expiration_time < 0) {
+        timers_.erase(key);
+        return std::nullopt;
+    }
+    const auto it = timers_.find(key);
+    if (it == timers_.end()) {
+        if (timers_.size() >= max_timers) {
+            return fmt::format("scope '{}' of pid {}: {} timers are kept already (the most this agent keeps)",
+                               quoted_excerpt(r.scope), r.pid, max_timers);
+        }
+        const auto first = timers_.lower_bound(std::make_pair(r.pid, std::string()));
+        std::size_t of_pid = 0;
+        for (auto i = first; i != timers_.end() && i->first.first == r.pid && of_pid < max_per_pid; ++i) ++of_pid;
+        if (of_pid >= max_per_pid) {
+            return fmt::format("scope '{}' of pid {}: that pid holds {} timers already (the most one process may)",
+                               quoted_excerpt(r.scope), r.pid, max_per_pid);
+        }
+    }
+    // What was left when it arrived, capped at a year (a far-off deadline must not overflow).
+    const double wall = std::chrono::duration<double>(wall_now.time_since_epoch()).count();
+    const double left = std::clamp(r.expiration_time - wall, 0.0, 365.0 * 86400.0);
+    entry e;
+    e.arrived = now;
+    e.deadline = now + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(left));
+    e.signal = r.signal;
+    timers_.insert_or_assign(std::move(key), e);
+    return std::nullopt;
+}
+
+ELASTIC_DECL std::optional<std::chrono::steady_clock::time_point> detail::agent::file_timer_table::next() const {
+    std::optional<clock::time_point> out;
+    for (const auto& [key, e] : timers_) out = out ? std::min(*out, e.deadline) : e.deadline;
+    return out;
+}
+
+ELASTIC_DECL std::vector<file_timer_expiry> detail::agent::file_timer_table::expire(clock::time_point now) {
+    std::vector<file_timer_expiry> out;
+    auto it = timers_.begin();
+    while (it != timers_.end()) {
+        const long pid = it->first.first;
+        auto end = it;
+        const decltype(it) none = timers_.end();
+        auto chosen = none;  // the earliest expired with a signal, else the earliest expired
+        for (; end != timers_.end() && end->first.first == pid; ++end) {
+            const auto& e = end->second;
+            if (e.deadline > now) continue;
+            const bool better = chosen == none || (e.signal > 0 && chosen->second.signal <= 0) ||
+                                ((e.signal > 0) == (chosen->second.signal > 0) && e.deadline < chosen->second.deadline);
+            if (better) chosen = end;
+        }
+        if (chosen == none) {
+            it = end;
+            continue;
+        }
+        const auto report = [&out, pid](const auto& timer) {
+            file_timer_expiry x;
+            x.pid = pid;
+            x.scope = timer.first;
+            x.signal = timer.second.signal;
+            x.after = std::chrono::duration_cast<std::chrono::milliseconds>(timer.second.deadline -
+                                                                            timer.second.arrived);
+            out.push_back(std::move(x));
+        };
+        const bool reaped = chosen->second.signal > 0;
+        if (reaped) report(std::make_pair(chosen->first.second, chosen->second));
+        while (it != end) {
+            if (reaped || it->second.deadline <= now) {
+                if (!reaped) report(std::make_pair(it->first.second, it->second));
+                it = timers_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    return out;
+}
+
+ELASTIC_DECL void detail::agent::file_timer_table::retain(const std::function<bool(long)>& keep) {
+    std::erase_if(timers_, [&keep](const auto& kv) { return !keep(kv.first.first); });
+}
+
+ELASTIC_DECL std::vector<detail::agent::fifo_lines::line> detail::agent::fifo_lines::add(std::string_view bytes) {
+    std::vector<line> out;
+    while (!bytes.empty()) {
+        const auto nl = bytes.find('\n');
+        const auto piece = bytes.substr(0, nl);
+        if (!skipping_) {
+            const auto room = max_line - partial_.size();
+            partial_.append(piece.substr(0, room));
+            if (piece.size() > room) {
+                out.push_back({std::move(partial_), true});
+                partial_.clear();
+                skipping_ = true;
+            }
+        }
+        if (nl == std::string_view::npos) break;
+        if (!skipping_ && !partial_.empty()) out.push_back({std::move(partial_), false});
+        partial_.clear();
+        skipping_ = false;
+        bytes.remove_prefix(nl + 1);
+    }
+    return out;
+}
+
+ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std::filesystem::path& path) {
+    const auto fail = [](int error, const std::string& what) {
+        throw std::system_error(error, std::generic_category(), what);
+    };
+    opened_fifo f;
+    if (path.empty()) {
+        std::random_device random;
+        const auto dir = std::filesystem::temp_directory_path();
+        for (int attempt = 0;; ++attempt) {
+            f.path = dir / fmt::format("watchdog_timer_{:08x}{:08x}", random(), random());
+            if (::mkfifo(f.path.c_str(), 0600) == 0) break;
+            if (errno != EEXIST || attempt == 8) fail(errno, "cannot make the FIFO " + f.path.string());
+        }
+    } else {
+        f.path = path;
+        struct stat st {};
+        if (::lstat(path.c_str(), &st) == 0) {
+            if (!S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
+                fail(EEXIST, fmt::format("{} exists and is not a FIFO of this user; remove it, or name another "
+                                         "path in TORCHELASTIC_TIMER_FILE",
+                                         path.string()));
+            }
+            // A FIFO someone reads is another agent's, live: taking it would end that agent's timers.
+            if (const int probe = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW); probe >= 0) {
+                ::close(probe);
+                fail(EBUSY, fmt::format("{} is the FIFO of another agent that serves it now; give each agent its "
+                                        "own TORCHELASTIC_TIMER_FILE",
+                                        path.string()));
+            }
+            ::unlink(path.c_str());  // a stale FIFO, as torchrun replaces it
+        }
+        if (::mkfifo(path.c_str(), 0600) != 0) fail(errno, "cannot make the FIFO " + path.string());
+    }
+    f.reader = ::open(f.path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st {};
+    if (f.reader < 0 || ::fstat(f.reader, &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
+        const int error = f.reader < 0 ? errno : EINVAL;
+        if (f.reader >= 0) ::close(f.reader);
+        ::unlink(f.path.c_str());
+        fail(error, "cannot open the FIFO " + f.path.string());
+    }
+    f.inode = static_cast<unsigned long long>(st.st_ino);
+    f.device = static_cast<unsigned long long>(st.st_dev);
+    f.writer = ::open(f.path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+    if (f.writer < 0) {
+        const int error = errno;
+        ::close(f.reader);
+        ::unlink(f.path.c_str());
+        fail(error, "cannot open the FIFO " + f.path.string() + " for writing");
+    }
+    return f;
+}
+
+ELASTIC_DECL void detail::agent::close_timer_fifo(const opened_fifo& fifo) noexcept {
+    if (fifo.writer >= 0) ::close(fifo.writer);
+    struct stat st {};
+    if (!fifo.path.empty() && ::lstat(fifo.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) &&
+        static_cast<unsigned long long>(st.st_ino) == fifo.inode &&
+        static_cast<unsigned long long>(st.st_dev) == fifo.device) {
+        ::unlink(fifo.path.c_str());
+    }
+}
+
+ELASTIC_DECL std::string detail::agent::quoted_excerpt(std::string_view text) {
+    std::string out;
+    for (const char c : text.substr(0, 120)) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f) {
+            out += c;
+        } else {
+            out += fmt::format("\\x{:02x}", u);
+        }
+    }
+    if (text.size() > 120) out += "...";
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/agent/file_timer.hpp ----
+// ---- begin elastic/agent/http_endpoint.hpp ----
+// A small HTTP/1.1 endpoint for what the agent shows while it runs (--metrics-port: /metrics,
+// /status, /health; TORCHELASTIC_HEALTH_CHECK_PORT: the health check). GET and HEAD only, one
+// request per connection, and bounded against a hostile client: at most 16 connections at once,
+// 8 KiB of request head, 5 s to send it and read the answer.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/buffer.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read_until.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/write.hpp>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace elastic::inline v0 {
+
+/// What the endpoint answers to one GET.
+struct http_response {
+    int status = 200;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body;
+};
+
+namespace detail::agent {
+
+/// The request line's method and path ("GET", "/metrics"; the query cut), or an answer when the
+/// head is no request this endpoint serves (400, 405).
+struct http_request_line {
+    std::string method;
+    std::string path;
+    std::optional<http_response> refusal;
+};
+[[nodiscard]] ELASTIC_DECL http_request_line parse_http_request_line(std::string_view head);
+
+/// The whole answer: status line, headers (Connection: close), and the body unless `head_only`.
+[[nodiscard]] ELASTIC_DECL std::string http_answer(const http_response& r, bool head_only);
+
+}  // namespace detail::agent
+
+/// Listens on host:port and answers each GET with `handler(path)`. The listening socket is
+/// made by the constructor (errors are the caller's to report); serve() answers until it is
+/// cancelled. Connections still open when the endpoint goes are closed, and the handler is never
+/// called after that.
+template <class Defer = void>
+class basic_http_endpoint {
+public:
+    static constexpr std::size_t max_connections = 16;
+    static constexpr std::size_t max_head = 8192;
+    static constexpr std::chrono::seconds deadline{5};
+
+    /// Binds host:port (port 0: one the kernel picks). Throws std::system_error.
+    basic_http_endpoint(asio::any_io_executor executor, const std::string& host, std::uint16_t port,
+                        std::function<http_response(std::string_view path)> handler)
+        : executor_(executor), acceptor_(executor), shared_(std::make_shared<shared>()) {
+        shared_->handler = std::move(handler);
+        const asio::ip::tcp::endpoint at(asio::ip::make_address(host), port);
+        acceptor_.open(at.protocol());
+        acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true));
+        acceptor_.bind(at);
+        acceptor_.listen();
+    }
+    ~basic_http_endpoint() {
+        shared_->handler = nullptr;
+        for (auto* socket : shared_->open) {
+            asio::error_code ignored;
+            socket->close(ignored);
+        }
+    }
+    basic_http_endpoint(const basic_http_endpoint&) = delete;
+    basic_http_endpoint& operator=(const basic_http_endpoint&) = delete;
+
+    [[nodiscard]] std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+    /// Accepts and answers until cancelled.
+    asio::awaitable<void> serve() {
+        asio::steady_timer pause(executor_);
+        for (;;) {
+            auto [ec, socket] = co_await acceptor_.async_accept(detail::as_tuple_awaitable<Defer>);
+            if (ec == asio::error::operation_aborted) throw asio::system_error(ec);
+            if (ec) {
+                // Out of descriptors (or another transient error): wait rather than spin.
+                pause.expires_after(std::chrono::milliseconds(100));
+                co_await pause.async_wait(detail::use_awaitable<Defer>);
+                continue;
+            }
+            if (shared_->open.size() >= max_connections) continue;  // closed at once: a flood gets nothing
+            asio::co_spawn(executor_, answer(connection(shared_, std::move(socket))), detail::detached<Defer>);
+        }
+    }
+
+private:
+    struct shared {
+        std::function<http_response(std::string_view)> handler;
+        std::set<asio::ip::tcp::socket*> open;
+    };
+
+    /// One accepted connection, counted among the open ones from its accept to its end (a
+    /// coroutine frame dropped unrun ends it too).
+    struct connection {
+        std::shared_ptr<shared> state;
+        std::unique_ptr<asio::ip::tcp::socket> socket;
+        connection(std::shared_ptr<shared> s, asio::ip::tcp::socket&& accepted)
+            : state(std::move(s)), socket(std::make_unique<asio::ip::tcp::socket>(std::move(accepted))) {
+            state->open.insert(socket.get());
+        }
+        connection(connection&&) noexcept = default;
+        connection& operator=(connection&&) = delete;
+        ~connection() {
+            if (socket) state->open.erase(socket.get());
+        }
+    };
+
+    static asio::awaitable<void> answer(connection c) {
+        using namespace asio::experimental::awaitable_operators;
+        auto& state = c.state;
+        auto& socket = c.socket;
+        asio::steady_timer timer(socket->get_executor());
+        timer.expires_after(deadline);
+        std::string head;
+        auto read = co_await (asio::async_read_until(*socket, asio::dynamic_buffer(head, max_head), "\r\n\r\n",
+                                                     detail::as_tuple_awaitable<Defer>) ||
+                              timer.async_wait(detail::as_tuple_awaitable<Defer>));
+        if (read.index() == 1) co_return;  // too slow: closed without an answer
+        const auto [ec, n] = std::get<0>(read);
+        detail::agent::http_request_line request;
+        if (ec == asio::error::not_found) {
+            request.refusal = http_response{431, "text/plain; charset=utf-8", "request head too large\n"};
+        } else if (ec) {
+            co_return;  // gone, or closed by the endpoint's end
+        } else {
+            request = detail::agent::parse_http_request_line(std::string_view(head).substr(0, n));
+        }
+        http_response r;
+        if (request.refusal) {
+            r = std::move(*request.refusal);
+        } else if (!state->handler) {
+            co_return;
+        } else {
+            r = state->handler(request.path);
+        }
+        const auto text = detail::agent::http_answer(r, request.method == "HEAD");
+        (void)co_await (asio::async_write(*socket, asio::buffer(text), detail::as_tuple_awaitable<Defer>) ||
+                        timer.async_wait(detail::as_tuple_awaitable<Defer>));
+        asio::error_code ignored;
+        socket->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    }
+
+    asio::any_io_executor executor_;
+    asio::ip::tcp::acceptor acceptor_;
+    std::shared_ptr<shared> shared_;
+};
+
+using http_endpoint = basic_http_endpoint<>;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL detail::agent::http_request_line detail::agent::parse_http_request_line(std::string_view head) {
+    http_request_line out;
+    const auto end = head.find("\r\n");
+    const auto line = head.substr(0, end);
+    const auto a = line.find(' ');
+    const auto b = a == std::string_view::npos ? a : line.find(' ', a + 1);
+    if (a == std::string_view::npos || b == std::string_view::npos || line.substr(b + 1).rfind("HTTP/1.", 0) != 0) {
+        out.refusal = http_response{400, "text/plain; charset=utf-8", "not an HTTP/1.x request\n"};
+        return out;
+    }
+    out.method = std::string(line.substr(0, a));
+    const auto target = line.substr(a + 1, b - a - 1);
+    out.path = std::string(target.substr(0, target.find('?')));
+    if (out.method != "GET" && out.method != "HEAD") {
+        out.refusal = http_response{405, "text/plain; charset=utf-8", "only GET and HEAD are served\n"};
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string detail::agent::http_answer(const http_response& r, bool head_only) {
+    const char* reason = "OK";
+    switch (r.status) {
+        case 200: reason = "OK"; break;
+        case 400: reason = "Bad Request"; break;
+        case 404: reason = "Not Found"; break;
+        case 405: reason = "Method Not Allowed"; break;
+        case 431: reason = "Request Header Fields Too Large"; break;
+        case 503: reason = "Service Unavailable"; break;
+        default: reason = "Unknown"; break;
+    }
+    auto out = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
+                           r.status, reason, r.content_type, r.body.size(),
+                           r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
+    if (!head_only) out += r.body;
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/agent/http_endpoint.hpp ----
 // ---- begin elastic/agent/local_agent.hpp ----
 // local_agent: one node's agent — hosts the workers' store, runs the worker group with
 // torchrun's environment contract, supervises it by events, stops it on a failure or a signal,
@@ -21578,6 +22340,386 @@ ELASTIC_DECL event_metadata agent_events::common() const {
 
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/agent_events.hpp ----
+// ---- begin elastic/agent/status.hpp ----
+// What a running agent says of itself: agent_status (its job, round, workers and counters), as
+// JSON (the status file `elasticrun status` reads, and /status), as a table for people, and as
+// Prometheus text (/metrics).
+
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// One worker of the node, as the agent last saw it.
+struct rank_status {
+    int local_rank = 0;
+    int global_rank = 0;
+    long pid = 0;
+    /// "running", "succeeded", "failed", "stopped" (by the agent) or "hung".
+    std::string state;
+    /// How it ended ("exit 3", "SIGKILL"); empty while it runs.
+    std::string ended;
+    /// Seconds since its last sign of life (--watchdog; nullopt without, or before the first).
+    std::optional<double> heartbeat_age;
+    /// The section it is in (--watchdog); empty: none.
+    std::string section;
+    /// The largest value it passed to progress() (--watchdog).
+    std::optional<std::uint64_t> progress;
+};
+
+/// One agent: its job, its place in the current round, its workers and its counters.
+struct agent_status {
+    std::string run_id;
+    std::string node;  ///< this node's name in the rendezvous (host:pid when none is given)
+    std::string host;
+    std::string role = "default";
+    long pid = 0;
+    /// "joining" (waiting for its round), "running", "stopping", "deciding" (the restart policy
+    /// runs, a backoff included), "succeeded", "failed".
+    std::string state = "joining";
+    int round = -1;  ///< -1: none yet
+    int group_rank = -1;
+    int group_world_size = 0;  ///< nodes in the round
+    int world_size = 0;        ///< workers in the round
+    int restarts = 0;          ///< TORCHELASTIC_RESTART_COUNT of the current attempt
+    int max_restarts = 0;
+    std::string store;  ///< the workers' store, host:port
+    std::vector<rank_status> ranks;
+    // Counters over the agent's life.
+    std::uint64_t rounds_total = 0;          ///< rounds joined
+    std::uint64_t restarts_total = 0;        ///< groups started again
+    std::uint64_t hangs_total = 0;           ///< workers the watchdog found hung
+    std::uint64_t timer_expiries_total = 0;  ///< torch file timer scopes that expired
+    std::uint64_t store_requests_total = 0;  ///< requests the stores this agent hosts served
+    std::int64_t started_ms = 0;             ///< when the agent started, ms since the epoch
+    std::int64_t updated_ms = 0;             ///< when this was written, ms since the epoch
+};
+
+/// The status as one JSON object (version 1).
+[[nodiscard]] ELASTIC_DECL std::string status_json(const agent_status& s);
+
+/// Reads status_json()'s text back; nullopt when it is not one (a torn or foreign file).
+[[nodiscard]] ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text);
+
+/// A table for people: one block per agent (its job, round and state), a line per worker.
+/// `now_ms`: the reader's clock, for the age of each status.
+[[nodiscard]] ELASTIC_DECL std::string status_table(const std::vector<agent_status>& agents, std::int64_t now_ms);
+
+/// The status in Prometheus' text exposition format (version 0.0.4).
+[[nodiscard]] ELASTIC_DECL std::string prometheus_text(const agent_status& s);
+
+/// Where agents of this user on this machine keep their status files:
+/// $XDG_RUNTIME_DIR/elastic when that is set, else <temporary directory>/elastic-<uid>.
+[[nodiscard]] ELASTIC_DECL std::filesystem::path status_directory();
+
+/// The status of every agent of this user on this machine that still runs (their files in
+/// `dir`, status_directory() by default), oldest agent first. Files of agents that are gone, and
+/// files that are not status, are skipped.
+[[nodiscard]] ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir);
+
+namespace detail::agent {
+
+[[nodiscard]] inline std::int64_t unix_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+/// Makes status_directory() (mode 0700) when missing and checks that it is a directory of this
+/// user's, not a link, that nobody else may write; removes the files of agents that are gone.
+/// Throws std::runtime_error saying what is wrong.
+[[nodiscard]] ELASTIC_DECL std::filesystem::path prepare_status_directory();
+
+}  // namespace detail::agent
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string status_json(const agent_status& s) {
+    using json = nlohmann::ordered_json;
+    json ranks = json::array();
+    for (const auto& r : s.ranks) {
+        json o = json::object();
+        o["local_rank"] = r.local_rank;
+        o["rank"] = r.global_rank;
+        o["pid"] = r.pid;
+        o["state"] = r.state;
+        o["ended"] = r.ended;
+        o["heartbeat_age"] = r.heartbeat_age ? json(*r.heartbeat_age) : json(nullptr);
+        o["section"] = r.section;
+        o["progress"] = r.progress ? json(*r.progress) : json(nullptr);
+        ranks.push_back(std::move(o));
+    }
+    json o = json::object();
+    o["version"] = 1;
+    o["run_id"] = s.run_id;
+    o["node"] = s.node;
+    o["host"] = s.host;
+    o["role"] = s.role;
+    o["pid"] = s.pid;
+    o["state"] = s.state;
+    o["round"] = s.round;
+    o["group_rank"] = s.group_rank;
+    o["group_world_size"] = s.group_world_size;
+    o["world_size"] = s.world_size;
+    o["restarts"] = s.restarts;
+    o["max_restarts"] = s.max_restarts;
+    o["store"] = s.store;
+    o["ranks"] = std::move(ranks);
+    o["rounds_total"] = s.rounds_total;
+    o["restarts_total"] = s.restarts_total;
+    o["hangs_total"] = s.hangs_total;
+    o["timer_expiries_total"] = s.timer_expiries_total;
+    o["store_requests_total"] = s.store_requests_total;
+    o["started_ms"] = s.started_ms;
+    o["updated_ms"] = s.updated_ms;
+    // Invalid UTF-8 in a name (a run id is the user's) is replaced, never a throw.
+    return o.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text) {
+    const auto o = nlohmann::json::parse(text, nullptr, false);
+    if (o.is_discarded() || !o.is_object() || o.value("version", 0) != 1) return std::nullopt;
+    try {
+        agent_status s;
+        s.run_id = o.at("run_id").get<std::string>();
+        s.node = o.at("node").get<std::string>();
+        s.host = o.at("host").get<std::string>();
+        s.role = o.at("role").get<std::string>();
+        s.pid = o.at("pid").get<long>();
+        s.state = o.at("state").get<std::string>();
+        s.round = o.at("round").get<int>();
+        s.group_rank = o.at("group_rank").get<int>();
+        s.group_world_size = o.at("group_world_size").get<int>();
+        s.world_size = o.at("world_size").get<int>();
+        s.restarts = o.at("restarts").get<int>();
+        s.max_restarts = o.at("max_restarts").get<int>();
+        s.store = o.at("store").get<std::string>();
+        for (const auto& r : o.at("ranks")) {
+            rank_status x;
+            x.local_rank = r.at("local_rank").get<int>();
+            x.global_rank = r.at("rank").get<int>();
+            x.pid = r.at("pid").get<long>();
+            x.state = r.at("state").get<std::string>();
+            x.ended = r.at("ended").get<std::string>();
+            if (!r.at("heartbeat_age").is_null()) x.heartbeat_age = r.at("heartbeat_age").get<double>();
+            x.section = r.at("section").get<std::string>();
+            if (!r.at("progress").is_null()) x.progress = r.at("progress").get<std::uint64_t>();
+            s.ranks.push_back(std::move(x));
+        }
+        s.rounds_total = o.at("rounds_total").get<std::uint64_t>();
+        s.restarts_total = o.at("restarts_total").get<std::uint64_t>();
+        s.hangs_total = o.at("hangs_total").get<std::uint64_t>();
+        s.timer_expiries_total = o.at("timer_expiries_total").get<std::uint64_t>();
+        s.store_requests_total = o.at("store_requests_total").get<std::uint64_t>();
+        s.started_ms = o.at("started_ms").get<std::int64_t>();
+        s.updated_ms = o.at("updated_ms").get<std::int64_t>();
+        return s;
+    } catch (const nlohmann::json::exception&) {
+        return std::nullopt;
+    }
+}
+
+namespace detail::agent {
+
+/// "3.2s", "45s", "12m05s", "2h03m": an age for the table.
+inline std::string age_text(double seconds) {
+    if (seconds < 0) seconds = 0;
+    if (seconds < 10) return fmt::format("{:.1f}s", seconds);
+    const auto s = static_cast<long long>(seconds);
+    if (s < 60) return fmt::format("{}s", s);
+    if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+    return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+inline std::string label(std::string_view value) {
+    std::string out;
+    for (const char c : value) {
+        if (c == '\\') {
+            out += "\\\\";
+        } else if (c == '"') {
+            out += "\\\"";
+        } else if (c == '\n') {
+            out += "\\n";
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+}  // namespace detail::agent
+
+ELASTIC_DECL std::string status_table(const std::vector<agent_status>& agents, std::int64_t now_ms) {
+    std::string out;
+    for (const auto& a : agents) {
+        if (!out.empty()) out += "\n";
+        out += fmt::format("run {}  node {} (pid {}, host {})  {}", a.run_id, a.node, a.pid, a.host, a.state);
+        if (a.round >= 0) {
+            out += fmt::format("  round {}: node {} of {}, world {}", a.round, a.group_rank, a.group_world_size,
+                               a.world_size);
+        }
+        out += fmt::format("  restarts {}/{}", a.restarts, a.max_restarts);
+        out += fmt::format("  (as of {} ago)\n",
+                           detail::agent::age_text(static_cast<double>(now_ms - a.updated_ms) / 1000.0));
+        if (a.ranks.empty()) continue;
+        out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", "local", "rank", "pid", "state",
+                           "heartbeat", "progress", "section");
+        for (const auto& r : a.ranks) {
+            const auto state = r.ended.empty() ? r.state : fmt::format("{} ({})", r.state, r.ended);
+            out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", r.local_rank, r.global_rank, r.pid,
+                               state, r.heartbeat_age ? detail::agent::age_text(*r.heartbeat_age) + " ago" : "-",
+                               r.progress ? fmt::format("{}", *r.progress) : "-", r.section.empty() ? "-" : r.section);
+        }
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
+    using detail::agent::label;
+    std::string out;
+    const auto agent_labels = fmt::format("run_id=\"{}\",node=\"{}\",role=\"{}\"", label(s.run_id), label(s.node),
+                                          label(s.role));
+    const auto family = [&out](std::string_view name, std::string_view type, std::string_view help) {
+        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    };
+    family("elastic_agent_info", "gauge", "The agent: its job, node, role and state (always 1).");
+    out += fmt::format("elastic_agent_info{{{},state=\"{}\",host=\"{}\"}} 1\n", agent_labels, label(s.state),
+                       label(s.host));
+    struct one {
+        std::string_view name;
+        std::string_view type;
+        std::string_view help;
+        long long value;
+    };
+    const auto count = [](std::uint64_t n) { return static_cast<long long>(n); };
+    const one agent_metrics[] = {
+        {"elastic_agent_round", "gauge", "The rendezvous round this node is in (-1: none yet).", s.round},
+        {"elastic_agent_members", "gauge", "Nodes in the current round.", s.group_world_size},
+        {"elastic_agent_world_size", "gauge", "Workers in the current round.", s.world_size},
+        {"elastic_agent_restart_count", "gauge", "The current attempt's restart count.", s.restarts},
+        {"elastic_agent_rounds_total", "counter", "Rendezvous rounds this agent joined.", count(s.rounds_total)},
+        {"elastic_agent_restarts_total", "counter", "Times this agent started its worker group again.",
+         count(s.restarts_total)},
+        {"elastic_agent_hangs_total", "counter", "Workers the watchdog found hung.", count(s.hangs_total)},
+        {"elastic_agent_timer_expiries_total", "counter", "torch file timer scopes that expired.",
+         count(s.timer_expiries_total)},
+        {"elastic_store_requests_total", "counter", "Requests served by the stores this agent hosts.",
+         count(s.store_requests_total)},
+    };
+    for (const auto& m : agent_metrics) {
+        family(m.name, m.type, m.help);
+        out += fmt::format("{}{{{}}} {}\n", m.name, agent_labels, m.value);
+    }
+    const auto per_rank = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
+        family(name, type, help);
+        for (const auto& r : s.ranks) {
+            if (const auto v = value(r)) {
+                out += fmt::format("{}{{{},local_rank=\"{}\",rank=\"{}\"}} {}\n", name, agent_labels, r.local_rank,
+                                   r.global_rank, *v);
+            }
+        }
+    };
+    per_rank("elastic_worker_up", "gauge", "1 while the worker runs, else 0.",
+             [](const rank_status& r) -> std::optional<int> { return r.state == "running" ? 1 : 0; });
+    per_rank("elastic_worker_heartbeat_age_seconds", "gauge",
+             "Seconds since the worker's last sign of life (--watchdog).",
+             [](const rank_status& r) { return r.heartbeat_age; });
+    per_rank("elastic_worker_progress", "gauge", "The largest value the worker passed to progress() (--watchdog).",
+             [](const rank_status& r) { return r.progress; });
+    return out;
+}
+
+ELASTIC_DECL std::filesystem::path status_directory() {
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
+        return std::filesystem::path(runtime) / "elastic";
+    }
+    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+}
+
+namespace detail::agent {
+
+/// The pid a status file is named after ("4242.json"), or 0.
+inline long status_file_pid(const std::filesystem::path& file) {
+    if (file.extension() != ".json") return 0;
+    const auto stem = file.stem().string();
+    if (stem.empty() || stem.size() > 10 ||
+        !std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        return 0;
+    }
+    return std::stol(stem);
+}
+
+inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+}  // namespace detail::agent
+
+ELASTIC_DECL std::filesystem::path detail::agent::prepare_status_directory() {
+    const auto dir = status_directory();
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        throw std::runtime_error(fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno)));
+    }
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+        throw std::runtime_error(fmt::format("{} is not a directory of this user's that only it may write (a link, "
+                                             "or another user's?); remove it",
+                                             dir.string()));
+    }
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const long pid = status_file_pid(entry.path());
+        if (pid > 0 && process_gone(pid)) std::filesystem::remove(entry.path(), ec);
+    }
+    return dir;
+}
+
+ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir) {
+    std::vector<agent_status> out;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const long pid = detail::agent::status_file_pid(entry.path());
+        if (pid <= 0 || detail::agent::process_gone(pid)) continue;
+        struct stat st {};
+        if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) continue;
+        std::ifstream in(entry.path());
+        std::stringstream text;
+        text << in.rdbuf();
+        if (auto s = parse_status_json(text.str()); s && s->pid == pid) out.push_back(std::move(*s));
+    }
+    std::sort(out.begin(), out.end(), [](const agent_status& a, const agent_status& b) {
+        return a.started_ms != b.started_ms ? a.started_ms < b.started_ms : a.pid < b.pid;
+    });
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/agent/status.hpp ----
 // ---- begin elastic/agent/plan.hpp ----
 // What the agent settles before anything starts: the checks of its worker_spec and
 // rendezvous_parameters (a usage_error naming what is wrong or not implemented yet), and where
@@ -21944,6 +23086,10 @@ public:
     basic_worker_group(const basic_worker_group&) = delete;
     basic_worker_group& operator=(const basic_worker_group&) = delete;
 
+    /// Serves torch's file timer for this group's workers while watch() runs (they are told
+    /// its FIFO in TORCHELASTIC_TIMER_FILE): call before start(); `server` must outlive the group.
+    void serve_file_timers(basic_file_timer_server<Defer>& server) noexcept { timers_ = &server; }
+
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
     /// contract. A worker that cannot be started stops the ones started and throws: usage_error
     /// when its program cannot run (not executable, neither a binary nor a #! script, a missing
@@ -21975,6 +23121,7 @@ public:
                 open("filtered_stderr.log", state_->filtered_err, state_->filtered_err_writes);
             }
         }
+        timer_hits_.assign(slots.size(), std::nullopt);
         if (spec_->watchdog.enabled()) {
             try {
                 pages_ = std::make_unique<detail::agent::watchdog_pages>(slots.size());
@@ -22002,6 +23149,7 @@ public:
             how.args.assign(argv.begin() + 1, argv.end());
             auto worker_env = worker_environment(*spec_, env, slot.assignment, told);
             if (pages_) pages_->tell(i, spec_->watchdog.signal, worker_env);
+            if (timers_) worker_env.insert_or_assign("TORCHELASTIC_TIMER_FILE", timers_->path().string());
             how.env = environment_entries(worker_env);
             try {
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how, filtered);
@@ -22041,12 +23189,15 @@ public:
     /// The index of the first worker that fails, or size() once every worker exited 0. With
     /// --watchdog, workers found hung count as failing: every worker hung at that reading (a
     /// rank stuck in a collective holds the others in it too); the index is the one silent
-    /// longest, and they are still running: await capture_stacks() before stop().
+    /// longest, and they are still running: await capture_stacks() before stop(). With
+    /// serve_file_timers(), torch's file timer is served meanwhile.
     asio::awaitable<std::size_t> watch() {
         using namespace asio::experimental::awaitable_operators;
-        if (!pages_) co_return co_await watch_exits();
-        const auto first = co_await (watch_exits() || watch_hangs());
-        co_return first.index() == 0 ? std::get<0>(first) : std::get<1>(first);
+        if (timers_ == nullptr) co_return co_await supervise();
+        // Settled: `||` waits for one side to succeed, so a supervision error must not wait for
+        // the timer server, which never ends on its own.
+        auto first = co_await (detail::settle(supervise()) || serve_timers());
+        co_return std::get<0>(first).take();
     }
 
     /// The workers found hung, and what the watchdog saw of each, once watch() found them.
@@ -22059,6 +23210,7 @@ public:
     /// Worker `i`'s failure in one line for the other nodes ("exited with code 3", "hung: ...").
     [[nodiscard]] std::string describe_failure(std::size_t i) const {
         if (const auto* h = hung(i)) return h->report.headline();
+        if (const auto t = timer_hang(i)) return t->headline();
         const auto& status = workers_.at(i).status();
         return status ? status->status.describe() : std::string("is still running");
     }
@@ -22074,6 +23226,7 @@ public:
         auto result = co_await elastic::stop(std::span<child_process>(workers_),
                                              {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
         if (!hung_.empty() && !hang_recorded_) record_hangs();
+        record_timer_hangs();
         if (!result.unkillable.empty()) {
             std::string pids;
             for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
@@ -22175,11 +23328,52 @@ public:
                 f.hang = h->report;
                 f.observed_steady = h->since;
                 f.observed_system = hang_found_system_ - (hang_found_ - h->since);
+            } else if (auto t = timer_hang(i)) {
+                // Ended by the signal its own expired torch timer asked for: a hang too.
+                f.state = failure_state::failed;
+                f.hang = std::move(t);
             }
             failure.workers.push_back(std::move(f));
         }
         return failure;
     }
+
+    /// Each worker as last seen, for the agent's status: running or how it ended, and with
+    /// --watchdog its last sign of life, section and progress as the last reading found them.
+    [[nodiscard]] std::vector<rank_status> rank_statuses() const {
+        std::vector<rank_status> out;
+        const auto now = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            rank_status r;
+            const auto& a = assignment(i);
+            r.local_rank = a.local_rank;
+            r.global_rank = a.global_rank;
+            r.pid = static_cast<long>(workers_[i].pid());
+            const auto& status = workers_[i].status();
+            const bool before = i < exited_before_.size() && exited_before_[i];
+            if (hung(i) != nullptr) {
+                r.state = "hung";
+            } else if (!status) {
+                r.state = "running";
+            } else if (status->status.success()) {
+                r.state = "succeeded";
+            } else {
+                r.state = exited_before_.empty() || before ? "failed" : "stopped";
+            }
+            if (status) r.ended = status->status.describe();
+            if (i < watches_.size()) {
+                const auto& w = watches_[i];
+                if (w.alive) r.heartbeat_age = std::chrono::duration<double>(now - w.last_sign).count();
+                r.section = w.section;
+                r.progress = w.progress;
+            }
+            out.push_back(std::move(r));
+        }
+        return out;
+    }
+
+    /// How many torch timer scopes of this group's workers expired.
+    [[nodiscard]] std::size_t timer_expiries() const noexcept { return timer_expiries_; }
 
     /// The workers, in local-rank order (fewer than spec.nproc_per_node only while starting).
     [[nodiscard]] std::span<child_process> workers() noexcept { return workers_; }
@@ -22190,6 +23384,119 @@ public:
     [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
 
 private:
+    asio::awaitable<std::size_t> supervise() {
+        using namespace asio::experimental::awaitable_operators;
+        if (!pages_) co_return co_await watch_exits();
+        const auto first = co_await (watch_exits() || watch_hangs());
+        co_return first.index() == 0 ? std::get<0>(first) : std::get<1>(first);
+    }
+
+    /// Serves torch's file timer until watch() ends (it never ends first: when the server
+    /// fails, it says so and waits to be cancelled, and supervision goes on).
+    asio::awaitable<void> serve_timers() {
+        const auto why = co_await timers_->serve([this](long pid) { return timer_owner(pid).has_value(); },
+                                                 [this](const file_timer_expiry& e) { timer_expired(e); }, *log_);
+        log_->error(fmt::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
+                                "this attempt",
+                                why));
+        asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
+        co_await never.async_wait(detail::use_awaitable<Defer>);
+    }
+
+    /// The running worker that `pid` is, or whose process group it is in.
+    [[nodiscard]] std::optional<std::size_t> timer_owner(long pid) const {
+        if (pid <= 0 || pid == static_cast<long>(::getpid())) return std::nullopt;
+        const long group = static_cast<long>(::getpgid(static_cast<pid_t>(pid)));
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            const auto worker = static_cast<long>(workers_[i].pid());
+            if (!workers_[i].status() && (pid == worker || group == worker)) return i;
+        }
+        return std::nullopt;
+    }
+
+    /// A scope expired: the signal it asked for goes to the process that asked (torchrun's
+    /// FileTimerServer does the same); a worker it ends fails with the expiry as its hang.
+    void timer_expired(const file_timer_expiry& e) {
+        const auto i = timer_owner(e.pid);
+        const auto scope = detail::agent::quoted_excerpt(e.scope);
+        if (!i) {
+            log_->info(fmt::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
+                                   "here; nothing sent",
+                                   scope, e.pid));
+            return;
+        }
+        const auto& a = assignment(*i);
+        const bool worker = e.pid == static_cast<long>(workers_[*i].pid());
+        const auto who = worker ? fmt::format("local_rank {} (rank {}, pid {})", a.local_rank, a.global_rank, e.pid)
+                                : fmt::format("pid {} (in local_rank {}'s process group, rank {})", e.pid, a.local_rank,
+                                              a.global_rank);
+        const auto after = detail::agent::measured_words(e.after);
+        if (e.signal <= 0) {
+            log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); the "
+                                      "request asked for no signal, so nothing is sent",
+                                      who, scope, after));
+            return;
+        }
+        log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); sending "
+                                  "{}, the signal the request named (FileTimerClient)",
+                                  who, scope, after, signal_name(e.signal)));
+        ++timer_expiries_;
+        if (worker) {
+            timer_hits_[*i] = e;
+            (void)workers_[*i].signal(e.signal);  // by pidfd: never a recycled pid
+            return;
+        }
+        // A member of its process group: signalled through a pidfd taken, then checked still in
+        // the group, so a pid recycled meanwhile is never hit.
+        const int pidfd = detail::process::pidfd_open(static_cast<pid_t>(e.pid));
+        if (pidfd < 0) return;  // gone already
+        if (::getpgid(static_cast<pid_t>(e.pid)) == workers_[*i].pid()) {
+            (void)detail::process::pidfd_send_signal(pidfd, e.signal);
+        }
+        ::close(pidfd);
+    }
+
+    /// Worker `i`'s expired torch timer as its hang, once the signal sent for it ended it: it
+    /// died of that signal (or exited 128+signal) before the agent began to stop the group.
+    [[nodiscard]] std::optional<hang_report> timer_hang(std::size_t i) const {
+        if (i >= timer_hits_.size() || !timer_hits_[i] || i >= workers_.size()) return std::nullopt;
+        const auto& status = workers_[i].status();
+        const auto& e = *timer_hits_[i];
+        if (!status) return std::nullopt;
+        const auto& how = status->status;
+        const bool by_it = how.signaled() ? how.signal() == e.signal : how.code() == 128 + e.signal;
+        const bool before_stop = exited_before_.empty() || (i < exited_before_.size() && exited_before_[i]);
+        if (!by_it || !before_stop) return std::nullopt;
+        hang_report r;
+        r.reason = fmt::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
+                               "and the agent sent {}",
+                               detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
+                               signal_name(e.signal));
+        if (i < watches_.size()) r.progress = watches_[i].progress;
+        r.silent = e.after;
+        r.stacks_asked = false;
+        return r;
+    }
+
+    /// A worker its expired torch timer ended gets the expiry in its error file, unless it
+    /// wrote one of its own.
+    void record_timer_hangs() {
+        for (std::size_t i = 0; i < timer_hits_.size(); ++i) {
+            const auto& slot = state_->slots[i];
+            const auto t = timer_hang(i);
+            if (!t || hung(i) != nullptr || slot.error_file.empty() || std::filesystem::exists(slot.error_file)) {
+                continue;
+            }
+            const auto& status = workers_[i].status();
+            try {
+                write_file_atomically(slot.error_file, hang_error_document(*t, status->system_time).dump(4));
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
+                                          slot.assignment.local_rank, e.what()));
+            }
+        }
+    }
+
     asio::awaitable<std::size_t> watch_exits() {
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
@@ -22364,7 +23671,10 @@ private:
     std::chrono::steady_clock::time_point hang_found_{};
     std::chrono::system_clock::time_point hang_found_system_{};
     bool hang_recorded_ = false;
-    std::vector<child_process> workers_;  // after state_: destroyed (killed) first
+    basic_file_timer_server<Defer>* timers_ = nullptr;          ///< serve_file_timers()
+    std::size_t timer_expiries_ = 0;                            ///< scopes that expired with a signal
+    std::vector<std::optional<file_timer_expiry>> timer_hits_;  ///< per worker: the expiry sent to it
+    std::vector<child_process> workers_;                        // after state_: destroyed (killed) first
     std::vector<bool> exited_before_;
     std::chrono::steady_clock::time_point started_{};
     int restarts_ = 0;
@@ -22388,6 +23698,7 @@ using worker_group = basic_worker_group<>;
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -22484,6 +23795,7 @@ public:
           params_(std::move(rendezvous)),
           env_(std::move(env)),
           log_(std::move(name), options.agent_log_level) {
+        shown_ = options;
         detail::agent::check_spec(spec_);
         detail::agent::check_supported(params_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
@@ -22640,6 +23952,22 @@ public:
     asio::awaitable<int> run_loop(Loop& loop, R& rdzv) {
         // clang-format on
         using namespace asio::experimental::awaitable_operators;
+        // What the agent shows while it runs (the status file, --metrics-port, the health
+        // check) runs beside the loop, from before the first round until the end.
+        open_status();
+        auto ran = co_await (detail::settle(run_loop_inner(loop, rdzv)) || show_status());
+        close_status();
+        if (ran.index() == 1) throw agent_error("the status publisher ended on its own");
+        co_return std::get<0>(ran).take();
+    }
+
+private:
+    // clang-format off
+    template <class Loop, agent_rendezvous R>
+        requires detail::agent::loop_over<Loop, job<R>>
+    asio::awaitable<int> run_loop_inner(Loop& loop, R& rdzv) {
+        // clang-format on
+        using namespace asio::experimental::awaitable_operators;
         // Installed first: a signal during start-up or a restart is handled like any other.
         detail::agent::signal_inbox<Defer> signals(executor_);
         prepare_agent_signals();
@@ -22648,6 +23976,16 @@ public:
         detail::process::raise_open_files_limit();
         for (const int s : spec_.signals_to_handle) signals.add(s);
         if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
+        if (spec_.file_timer && !file_timers_) {
+            try {
+                file_timers_ = std::make_unique<file_timer_server>(executor_, spec_.file_timer_path);
+            } catch (const std::system_error& e) {
+                throw agent_error(fmt::format("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): {}",
+                                              e.what()));
+            }
+            log_.info(fmt::format("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)",
+                                  file_timers_->path().string()));
+        }
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
@@ -22687,6 +24025,7 @@ public:
         }
     }
 
+public:
     /// The loop run(policy) runs: attempts until the job succeeds, stops or this agent is
     /// signalled; a failure here that reached the others first is decided by `policy`.
     template <agent_rendezvous R, restart_policy P>
@@ -22892,11 +24231,13 @@ private:
         if (decision.restart) {
             if (announced) {
                 events_.restart(rdzv.restart_count());
+                ++status_.restarts_total;
                 co_return std::nullopt;
             }
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
                                      restarting(rdzv.restart_count())));
             events_.restart(rdzv.restart_count());
+            ++status_.restarts_total;
             co_return std::nullopt;
         }
         log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
@@ -23031,6 +24372,7 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
@@ -23051,6 +24393,7 @@ private:
         }
         master_port_ = server->port();
         round_store_.reset();
+        status_.state = "joining";
         if (const auto sig = co_await join_round(rdzv, *server, signals)) {
             server->stop();
             attempt_outcome interrupted;
@@ -23059,6 +24402,13 @@ private:
             co_return interrupted;
         }
         const int restarts = round_->restart_count;
+        ++status_.rounds_total;
+        status_.round = round_->number;
+        status_.group_rank = round_->group_rank;
+        status_.group_world_size = round_->group_world_size;
+        status_.world_size = round_->world_size;
+        status_.restarts = restarts;
+        status_.store = fmt::format("{}:{}", store_.master_addr, master_port_);
         events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Group rank 0's store serves every node's workers until the round ends (all nodes done,
@@ -23070,13 +24420,21 @@ private:
         attempt.dir = attempt_dir(restarts);
         for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
         worker_group group(executor_, spec_, command_, events_, log_);
+        if (file_timers_) group.serve_file_timers(*file_timers_);
         // A worker that cannot be started: the group has stopped the others already.
+        // The status reads the group while it lives (shown_group is cleared however this ends).
+        shown_group_ = &group;
+        struct unshow {
+            const worker_group** group;
+            ~unshow() { *group = nullptr; }
+        } unshow_group{&shown_group_};
         try {
             co_await group.start(attempt, env_);
         } catch (...) {
             server_ref.stop();
             throw;
         }
+        status_.state = "running";
 
         // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
@@ -23104,6 +24462,8 @@ private:
                 (void)co_await group.stop(SIGTERM);
                 break;
             case kind::failed: {
+                status_.state = "stopping";
+                status_.hangs_total += group.hangs().size();
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
                 // forwarded and wins.
@@ -23125,6 +24485,9 @@ private:
             }
         }
         co_await group.close();
+        status_.timer_expiries_total += group.timer_expiries();
+        status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
+        if (outcome.how != kind::succeeded) status_.state = "deciding";
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -23374,7 +24737,119 @@ private:
         }
     }
 
-    bool several_ = false;                                          ///< a job of several nodes (uses_node_rendezvous)
+    /// Fills the status's identity, makes the status file's directory and opens the endpoints
+    /// (a port that cannot be had is the command line's to fix: usage_error).
+    void open_status() {
+        status_.run_id = params_.run_id;
+        status_.role = spec_.role;
+        status_.pid = static_cast<long>(::getpid());
+        status_.host = host_name();
+        status_.node = several_ ? fmt::format("{}:{}", node_host(), status_.pid)
+                                : fmt::format("{}:{}", status_.host, status_.pid);
+        status_.max_restarts = spec_.max_restarts;
+        status_.started_ms = detail::agent::unix_ms();
+        if (shown_.status_file) {
+            try {
+                status_file_ = detail::agent::prepare_status_directory() / fmt::format("{}.json", status_.pid);
+            } catch (const std::exception& e) {
+                log_.warning(fmt::format("no status file for `elasticrun status`: {}", e.what()));
+            }
+        }
+        const auto open = [this](std::unique_ptr<http_endpoint>& endpoint, const std::string& host, std::uint16_t port,
+                                 std::string_view what, bool health_only) {
+            try {
+                endpoint = std::make_unique<http_endpoint>(executor_, host, port,
+                                                           [this, health_only](std::string_view path) {
+                                                               return answer(path, health_only);
+                                                           });
+            } catch (const std::system_error& e) {
+                throw usage_error{fmt::format("{}: cannot listen on {}:{}: {}; choose another port", what, host, port,
+                                              e.code().message())};
+            }
+            log_.info(fmt::format("{}: serving on {}:{}", what, host, endpoint->port()));
+        };
+        if (shown_.metrics_port) open(metrics_, shown_.metrics_host, *shown_.metrics_port, "--metrics-port", false);
+        if (shown_.health_check_port) {
+            open(health_, "0.0.0.0", *shown_.health_check_port, "TORCHELASTIC_HEALTH_CHECK_PORT", true);
+        }
+    }
+
+    void close_status() noexcept {
+        metrics_.reset();
+        health_.reset();
+        if (!status_file_.empty()) {
+            std::error_code ignored;
+            std::filesystem::remove(status_file_, ignored);
+            ::rmdir(status_file_.parent_path().c_str());  // when it was the last agent's (else it fails)
+        }
+    }
+
+    /// The status as of now.
+    const agent_status& refresh_status() {
+        if (shown_group_ != nullptr) status_.ranks = shown_group_->rank_statuses();
+        status_.store_requests_total = store_requests_->load(std::memory_order_relaxed);
+        status_.updated_ms = detail::agent::unix_ms();
+        return status_;
+    }
+
+    /// Writes the status file every second and serves the endpoints, until cancelled.
+    asio::awaitable<void> show_status() {
+        using namespace asio::experimental::awaitable_operators;
+        co_await (write_status() || serve(metrics_.get()) || serve(health_.get()));
+    }
+
+    asio::awaitable<void> write_status() {
+        asio::steady_timer tick(executor_);
+        bool warned = false;
+        for (;;) {
+            if (!status_file_.empty()) {
+                try {
+                    try {
+                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
+                    } catch (const std::exception&) {
+                        // The directory went with the last agent that used it: made again.
+                        status_file_ = detail::agent::prepare_status_directory() / status_file_.filename();
+                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
+                    }
+                    warned = false;
+                } catch (const std::exception& e) {
+                    if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
+                    warned = true;
+                }
+            }
+            tick.expires_after(std::chrono::seconds(1));
+            co_await tick.async_wait(detail::use_awaitable<Defer>);
+        }
+    }
+
+    asio::awaitable<void> serve(http_endpoint* endpoint) {
+        if (endpoint != nullptr) co_return co_await endpoint->serve();
+        asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
+        co_await never.async_wait(detail::use_awaitable<Defer>);
+    }
+
+    /// One GET: /metrics, /status, /health (the health check port answers every path with it).
+    http_response answer(std::string_view path, bool health_only) {
+        const auto& s = refresh_status();
+        if (health_only || path == "/health") {
+            return {200, "application/json", fmt::format("{{\"status\": \"ok\", \"state\": \"{}\"}}\n", s.state)};
+        }
+        if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", prometheus_text(s)};
+        if (path == "/status") return {200, "application/json", status_json(s) + "\n"};
+        if (path == "/") return {200, "text/plain; charset=utf-8", "elastic agent: /metrics /status /health\n"};
+        return {404, "text/plain; charset=utf-8", "not found: try /metrics, /status or /health\n"};
+    }
+
+    bool several_ = false;                       ///< a job of several nodes (uses_node_rendezvous)
+    agent_options shown_;                        ///< what the agent shows while it runs
+    agent_status status_;                        ///< what it shows of itself
+    const worker_group* shown_group_ = nullptr;  ///< the attempt's group, while it lives
+    std::filesystem::path status_file_;          ///< empty: none written
+    std::unique_ptr<http_endpoint> metrics_;     ///< --metrics-port
+    std::unique_ptr<http_endpoint> health_;      ///< TORCHELASTIC_HEALTH_CHECK_PORT
+    /// Requests the workers' stores this agent hosted served (shared with those stores).
+    std::shared_ptr<std::atomic<std::uint64_t>> store_requests_ = std::make_shared<std::atomic<std::uint64_t>>(0);
+    std::unique_ptr<file_timer_server> file_timers_;                ///< TORCHELASTIC_ENABLE_FILE_TIMER=1
     std::unique_ptr<tcp_store_server> round_store_;                 ///< group rank 0: the round's workers' store
     std::shared_ptr<detail::rendezvous::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;                         ///< the current round
@@ -24273,6 +25748,12 @@ namespace elastic::inline v0 {
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
     if (config.restart_no_progress) line("restart_no_progress", fmt::format("{}", *config.restart_no_progress));
     if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
+    if (config.metrics_port) line("metrics_port", fmt::format("{}:{}", config.metrics_host, *config.metrics_port));
+    if (config.health_check_port) line("health_check_port", fmt::format("{}", *config.health_check_port));
+    if (config.file_timer) {
+        line("file_timer", config.file_timer_path.empty() ? "(a new FIFO in the temporary directory)"
+                                                          : config.file_timer_path.string());
+    }
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
     line("signals_to_handle", signals);
@@ -24783,7 +26264,7 @@ inline constexpr std::array<std::string_view, 7> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 37> option_specs{{
+inline constexpr std::array<option_spec, 38> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -24855,7 +26336,7 @@ inline constexpr std::array<option_spec, 37> option_specs{{
     {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
      option_state::implemented, 4,
      "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
-     "and ranges (1,75-78), signals (any signal, or exit code 128+N), signal names (SIGKILL) and hang (a worker --watchdog found hung)."},
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N), signal names (SIGKILL) and hang (a worker --watchdog found hung, or its torch file timer ended)."},
     {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
      option_state::implemented, 4,
      "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
@@ -24878,6 +26359,10 @@ inline constexpr std::array<option_spec, 37> option_specs{{
      option_state::compatibility, 4,
      "Accepted and checked (>= 0) for compatibility: torchrun polls its workers at this interval; elastic "
      "learns of every exit the moment it happens, so it has nothing to poll."},
+    {"--metrics-port,--metrics_port", "metrics_port", false, true, "[HOST:]PORT", "none", option_state::implemented, 5,
+     "Serve /metrics (Prometheus text: restarts, rounds, members, heartbeat ages, hangs, store requests), "
+     "/status (JSON) and /health over HTTP on PORT (0: any free port), on every interface unless HOST is "
+     "given (docs/status.md)."},
     {"--log-dir,--log_dir", "log_dir", false, true, "DIR", "a new temporary directory", option_state::implemented,
      5,
      "Base directory of the log tree <run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
@@ -24972,11 +26457,13 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
-    std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
+    std::string out = fmt::format("usage: {} [options] program [args...]\n       {} status [--rdzv-id=ID] [--json]\n\n",
+                                  program_name, program_name);
     detail::launch::wrap(out,
                          "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
                          "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-                         "environment.",
+                         "environment. `status` shows what the agents of this user on this machine are doing "
+                         "(docs/status.md).",
                          0, width);
     out += "\nThe program and its arguments (after all options):\n";
     detail::launch::wrap(
@@ -25016,11 +26503,15 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     out += "  --version\n";
     detail::launch::wrap(out, "Show elastic's version and exit.", 6, width);
     out += "\nEnvironment variables also read:\n";
-    constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
+    constexpr std::array<std::pair<std::string_view, std::string_view>, 9> variables{{
         {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
         {"PATH", "Where a program named without a '/' is found, as execvp does."},
         {"CUDA_VISIBLE_DEVICES", "The GPUs --nproc-per-node=gpu|auto counts (else nvidia-smi -L)."},
         {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "Default of --shutdown-timeout."},
+        {"TORCHELASTIC_ENABLE_FILE_TIMER",
+         "1: serve torch's FileTimerClient; an expired scope gets its worker the signal it asked for."},
+        {"TORCHELASTIC_TIMER_FILE", "Where that FIFO is made (default a new one in the temporary directory)."},
+        {"TORCHELASTIC_HEALTH_CHECK_PORT", "A port where any HTTP GET gets the agent's health (docs/status.md)."},
         {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
          "Prefix of tee'd lines, with ${role_name}, ${local_rank}, ${rank} (default [${role_name}${local_rank}]:)."},
         {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
@@ -25375,6 +26866,38 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
     }
+    if (const auto* on = detail::find_variable(env, "TORCHELASTIC_ENABLE_FILE_TIMER"); on != nullptr && !on->empty()) {
+        if (*on == "1") {
+            config.file_timer = true;
+            if (const auto* path = detail::find_variable(env, "TORCHELASTIC_TIMER_FILE"); path != nullptr) {
+                config.file_timer_path = *path;
+            }
+        } else {
+            config.warnings.push_back(fmt::format("TORCHELASTIC_ENABLE_FILE_TIMER={} is not 1: torch's file timer is "
+                                                  "not served (as in torchrun); set it to 1 to serve it",
+                                                  *on));
+        }
+    }
+    if (const auto v = raw("metrics_port")) {
+        const auto text = detail::launch::trim(v->text);
+        const bool bare = !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+        const auto at = parse_host_port(bare ? fmt::format("0.0.0.0:{}", text) : std::string(text), v->name);
+        if (!at.port) {
+            throw usage_error{fmt::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
+        }
+        config.metrics_host = at.host;
+        config.metrics_port = *at.port;
+    }
+    if (const auto* port = detail::find_variable(env, "TORCHELASTIC_HEALTH_CHECK_PORT");
+        port != nullptr && !port->empty()) {
+        const auto n = detail::launch::to_integer(*port);
+        if (!n || *n < 0 || *n > 65535) {
+            throw usage_error{fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: the port must be an integer from 0 to "
+                                          "65535",
+                                          *port)};
+        }
+        config.health_check_port = static_cast<std::uint16_t>(*n);
+    }
     if (const auto v = raw("signals_to_handle")) {
         config.signals_to_handle = parse_signals(v->text, v->name);
     }
@@ -25492,6 +27015,88 @@ template <policy_clock Clock = steady_policy_clock>
 // elastic::run: a whole launcher in one call — the command line (or a launch_config), the agent
 // on an io_context, a restart policy of the caller's choosing, and the exit code.
 
+// ---- begin elastic/launch/status_command.hpp ----
+// `elasticrun status`: what the agents of this user on this machine say of their jobs, read
+// from their status files (docs/status.md), as a table or as JSON.
+
+
+#include <string>
+#include <string_view>
+
+namespace elastic::inline v0::detail::launch {
+
+/// `elasticrun status [--rdzv-id=ID] [--json]`; argv[0] is "status". Returns the exit code: 0
+/// when an agent was found, 1 when none runs (or none of run ID), 2 for bad arguments.
+[[nodiscard]] ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher);
+
+}  // namespace elastic::inline v0::detail::launch
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <vector>
+
+namespace elastic::inline v0::detail::launch {
+
+ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher) {
+    bool json = false;
+    std::optional<std::string> run_id;
+    const auto usage = fmt::format(
+        "usage: {} status [--rdzv-id=ID] [--json]\n\n"
+        "Shows the elasticrun agents of this user on this machine: each one's job, round, state and restarts,\n"
+        "and each worker's state, last heartbeat, progress and section (--watchdog).\n\n"
+        "  --rdzv-id=ID  only the agents of this run id\n"
+        "  --json        one JSON array of the agents' status objects (docs/status.md)\n",
+        launcher);
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (arg == "--json") {
+            json = true;
+        } else if (arg == "-h" || arg == "--help") {
+            std::fputs(usage.c_str(), stdout);
+            return 0;
+        } else if (arg.rfind("--rdzv-id=", 0) == 0 || arg.rfind("--rdzv_id=", 0) == 0) {
+            run_id = std::string(arg.substr(10));
+        } else if ((arg == "--rdzv-id" || arg == "--rdzv_id") && i + 1 < argc) {
+            run_id = argv[++i];
+        } else if (arg.rfind("--rdzv-endpoint", 0) == 0 || arg.rfind("--rdzv_endpoint", 0) == 0) {
+            std::fprintf(stderr,
+                         "%.*s status: %.*s: only the agents of this machine can be asked (their status files); "
+                         "run status on a node of the job, or scrape each agent's --metrics-port /status\n",
+                         static_cast<int>(launcher.size()), launcher.data(), static_cast<int>(arg.size()), arg.data());
+            return 2;
+        } else {
+            std::fprintf(stderr, "%.*s status: unknown argument '%.*s'\n%s", static_cast<int>(launcher.size()),
+                         launcher.data(), static_cast<int>(arg.size()), arg.data(), usage.c_str());
+            return 2;
+        }
+    }
+    const auto dir = status_directory();
+    auto agents = read_statuses(dir);
+    if (run_id) std::erase_if(agents, [&](const agent_status& a) { return a.run_id != *run_id; });
+    if (json) {
+        auto array = nlohmann::json::array();
+        for (const auto& a : agents) array.push_back(nlohmann::json::parse(status_json(a)));
+        std::fputs((array.dump(2) + "\n").c_str(), stdout);
+    } else if (!agents.empty()) {
+        std::fputs(status_table(agents, detail::agent::unix_ms()).c_str(), stdout);
+    }
+    if (agents.empty()) {
+        std::fprintf(stderr, "%.*s status: no agent%s of this user runs on this machine (status files in %s)\n",
+                     static_cast<int>(launcher.size()), launcher.data(),
+                     run_id ? fmt::format(" of run '{}'", *run_id).c_str() : "", dir.c_str());
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace elastic::inline v0::detail::launch
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/launch/status_command.hpp ----
 // The agent itself only where run() is compiled: with ELASTIC_SEPARATE_COMPILATION, in
 // elastic/impl/src.hpp's file alone, so a custom launcher's main() parses none of it.
 #if ELASTIC_DETAIL_BODIES
@@ -25618,6 +27223,9 @@ template <class MakePolicy>
 int run_command_line(int argc, const char* const* argv, restarts_by who, MakePolicy&& make_policy) {
     const auto name = launcher_name(argc, argv);
     return guarded(name, [&] {
+        // `elasticrun status ...`: what the agents on this machine say (a program named status
+        // runs as ./status).
+        if (argc >= 2 && std::string_view(argv[1]) == "status") return status_command(argc - 1, argv + 1, name);
         const auto env = current_environment();
         auto parsed = parse_launch_config(argc, argv, env);
         if (const auto* help = std::get_if<help_request>(&parsed)) {

@@ -36,6 +36,13 @@
 //     selfusr2 send SIGUSR2 to itself (kill: not from the agent), then wait for "own usr2"
 //     xsections enter "data", enter "allreduce", leave "data", leave "allreduce" (out of order)
 //     stuck    print "ready ...", then wait forever in agent_worker_stuck_in_collective()
+//   torch's file timer (TORCHELASTIC_TIMER_FILE), requests written as FileTimerClient does:
+//     ftset<S>_<ms>_<sig>  scope S expires in <ms> ms, then signal <sig> (0: none)
+//     ftrel<S>  release scope S
+//     ftjunk   write lines that are no requests: not JSON, 5000 bytes, a bad pid, a bad signal
+//     ftforeign ask for $AGENT_WORKER_VICTIM's pid to get SIGKILL at once (a hostile worker)
+//     ftchild  fork a child (same process group) whose own scope asks for SIGKILL in 100 ms;
+//              print "child killed <rank>" once it died of it (else exit 96)
 //   Without a matching rule, or after the last step: exit 0.
 // Every line goes out in one write(2), so lines of different workers never mix.
 #include "elastic/record.hpp"
@@ -58,8 +65,10 @@
 #include <string_view>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -86,6 +95,28 @@ void on_own_usr2(int) {
 }  // namespace
 
 namespace {
+
+// One line into torch's file timer FIFO, as FileTimerClient writes it (non-blocking open,
+// one write). False when the FIFO cannot be opened or written.
+bool timer_request(const std::string& line) {
+    const int fd = ::open(std::getenv("TORCHELASTIC_TIMER_FILE"), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    const auto n = ::write(fd, line.data(), line.size());
+    ::close(fd);
+    return n == static_cast<ssize_t>(line.size());
+}
+
+std::string timer_json(long pid, const std::string& scope, double expires, int sig) {
+    return fmt::format("{{\"version\": 1, \"pid\": {}, \"scope_id\": \"{}\", \"expiration_time\": {:.6f}, "
+                       "\"signal\": {}}}\n",
+                       pid, scope, expires, sig);
+}
+
+double wall_seconds() {
+    timespec t{};
+    ::clock_gettime(CLOCK_REALTIME, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
+}
 
 std::string var(const char* name, const char* fallback = "") {
     const char* v = std::getenv(name);
@@ -278,6 +309,44 @@ int main(int argc, char** argv) {
             const auto path = var("ELASTIC_WATCHDOG_STACKS");
             ::unlink(path.c_str());
             if (::mkfifo(path.c_str(), 0600) != 0) return 98;
+        } else if (step.rfind("ftset", 0) == 0) {
+            const auto fields = step.substr(5);
+            const auto a = fields.find('_');
+            const auto b = fields.find('_', a + 1);
+            const double ms = std::atof(fields.substr(a + 1, b - a - 1).c_str());
+            const int sig = std::atoi(fields.substr(b + 1).c_str());
+            if (!timer_request(timer_json(::getpid(), fields.substr(0, a), wall_seconds() + ms / 1000.0, sig))) {
+                return 97;
+            }
+        } else if (step.rfind("ftrel", 0) == 0) {
+            if (!timer_request(timer_json(::getpid(), step.substr(5), -1, 0))) return 97;
+        } else if (step == "ftjunk") {
+            const std::string lines[] = {
+                "not json at all\n",
+                std::string(5000, 'x') + "\n",
+                "{\"pid\": \"me\", \"scope_id\": \"s\", \"expiration_time\": 1, \"signal\": 9}\n",
+                timer_json(::getpid(), "badsignal", wall_seconds(), 4242),
+                std::string("\x01\xff{\n"),
+            };
+            for (const auto& line : lines) {
+                if (!timer_request(line)) return 97;
+            }
+        } else if (step == "ftchild") {
+            const pid_t child = ::fork();
+            if (child == 0) {
+                if (!timer_request(timer_json(::getpid(), "loader", wall_seconds() + 0.1, SIGKILL))) ::_exit(97);
+                for (;;) ::pause();
+            }
+            int status = 0;
+            if (child < 0 || ::waitpid(child, &status, 0) != child || !WIFSIGNALED(status) ||
+                WTERMSIG(status) != SIGKILL) {
+                return 96;
+            }
+            say(1, fmt::format("child killed {}\n", rank));
+        } else if (step == "ftforeign") {
+            if (!timer_request(timer_json(std::atol(var("AGENT_WORKER_VICTIM").c_str()), "foreign", 0, SIGKILL))) {
+                return 97;
+            }
         } else if (step == "stuck") {
             ready();
             agent_worker_stuck_in_collective();

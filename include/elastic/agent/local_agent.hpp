@@ -9,6 +9,8 @@
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/agent/log_tree.hpp"
 #include "elastic/agent/agent_events.hpp"
+#include "elastic/agent/http_endpoint.hpp"
+#include "elastic/agent/status.hpp"
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/plan.hpp"
 #include "elastic/agent/worker_output.hpp"
@@ -52,6 +54,7 @@
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -148,6 +151,7 @@ public:
           params_(std::move(rendezvous)),
           env_(std::move(env)),
           log_(std::move(name), options.agent_log_level) {
+        shown_ = options;
         detail::agent::check_spec(spec_);
         detail::agent::check_supported(params_);
         // Before anything reads env_: the workers inherit it, and must not inherit the secret.
@@ -304,6 +308,22 @@ public:
     asio::awaitable<int> run_loop(Loop& loop, R& rdzv) {
         // clang-format on
         using namespace asio::experimental::awaitable_operators;
+        // What the agent shows while it runs (the status file, --metrics-port, the health
+        // check) runs beside the loop, from before the first round until the end.
+        open_status();
+        auto ran = co_await (detail::settle(run_loop_inner(loop, rdzv)) || show_status());
+        close_status();
+        if (ran.index() == 1) throw agent_error("the status publisher ended on its own");
+        co_return std::get<0>(ran).take();
+    }
+
+private:
+    // clang-format off
+    template <class Loop, agent_rendezvous R>
+        requires detail::agent::loop_over<Loop, job<R>>
+    asio::awaitable<int> run_loop_inner(Loop& loop, R& rdzv) {
+        // clang-format on
+        using namespace asio::experimental::awaitable_operators;
         // Installed first: a signal during start-up or a restart is handled like any other.
         detail::agent::signal_inbox<Defer> signals(executor_);
         prepare_agent_signals();
@@ -312,6 +332,16 @@ public:
         detail::process::raise_open_files_limit();
         for (const int s : spec_.signals_to_handle) signals.add(s);
         if (sets_omp_num_threads(spec_, env_)) log_.warning(omp_warning());
+        if (spec_.file_timer && !file_timers_) {
+            try {
+                file_timers_ = std::make_unique<file_timer_server>(executor_, spec_.file_timer_path);
+            } catch (const std::system_error& e) {
+                throw agent_error(fmt::format("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): {}",
+                                              e.what()));
+            }
+            log_.info(fmt::format("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)",
+                                  file_timers_->path().string()));
+        }
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
         const auto me = this_node();
@@ -351,6 +381,7 @@ public:
         }
     }
 
+public:
     /// The loop run(policy) runs: attempts until the job succeeds, stops or this agent is
     /// signalled; a failure here that reached the others first is decided by `policy`.
     template <agent_rendezvous R, restart_policy P>
@@ -556,11 +587,13 @@ private:
         if (decision.restart) {
             if (announced) {
                 events_.restart(rdzv.restart_count());
+                ++status_.restarts_total;
                 co_return std::nullopt;
             }
             log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
                                      restarting(rdzv.restart_count())));
             events_.restart(rdzv.restart_count());
+            ++status_.restarts_total;
             co_return std::nullopt;
         }
         log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
@@ -695,6 +728,7 @@ private:
         options.host = store_.bind_host;
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).
@@ -715,6 +749,7 @@ private:
         }
         master_port_ = server->port();
         round_store_.reset();
+        status_.state = "joining";
         if (const auto sig = co_await join_round(rdzv, *server, signals)) {
             server->stop();
             attempt_outcome interrupted;
@@ -723,6 +758,13 @@ private:
             co_return interrupted;
         }
         const int restarts = round_->restart_count;
+        ++status_.rounds_total;
+        status_.round = round_->number;
+        status_.group_rank = round_->group_rank;
+        status_.group_world_size = round_->group_world_size;
+        status_.world_size = round_->world_size;
+        status_.restarts = restarts;
+        status_.store = fmt::format("{}:{}", store_.master_addr, master_port_);
         events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Group rank 0's store serves every node's workers until the round ends (all nodes done,
@@ -734,13 +776,21 @@ private:
         attempt.dir = attempt_dir(restarts);
         for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
         worker_group group(executor_, spec_, command_, events_, log_);
+        if (file_timers_) group.serve_file_timers(*file_timers_);
         // A worker that cannot be started: the group has stopped the others already.
+        // The status reads the group while it lives (shown_group is cleared however this ends).
+        shown_group_ = &group;
+        struct unshow {
+            const worker_group** group;
+            ~unshow() { *group = nullptr; }
+        } unshow_group{&shown_group_};
         try {
             co_await group.start(attempt, env_);
         } catch (...) {
             server_ref.stop();
             throw;
         }
+        status_.state = "running";
 
         // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
@@ -768,6 +818,8 @@ private:
                 (void)co_await group.stop(SIGTERM);
                 break;
             case kind::failed: {
+                status_.state = "stopping";
+                status_.hangs_total += group.hangs().size();
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
                 // forwarded and wins.
@@ -789,6 +841,9 @@ private:
             }
         }
         co_await group.close();
+        status_.timer_expiries_total += group.timer_expiries();
+        status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
+        if (outcome.how != kind::succeeded) status_.state = "deciding";
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -1038,7 +1093,119 @@ private:
         }
     }
 
-    bool several_ = false;                                          ///< a job of several nodes (uses_node_rendezvous)
+    /// Fills the status's identity, makes the status file's directory and opens the endpoints
+    /// (a port that cannot be had is the command line's to fix: usage_error).
+    void open_status() {
+        status_.run_id = params_.run_id;
+        status_.role = spec_.role;
+        status_.pid = static_cast<long>(::getpid());
+        status_.host = host_name();
+        status_.node = several_ ? fmt::format("{}:{}", node_host(), status_.pid)
+                                : fmt::format("{}:{}", status_.host, status_.pid);
+        status_.max_restarts = spec_.max_restarts;
+        status_.started_ms = detail::agent::unix_ms();
+        if (shown_.status_file) {
+            try {
+                status_file_ = detail::agent::prepare_status_directory() / fmt::format("{}.json", status_.pid);
+            } catch (const std::exception& e) {
+                log_.warning(fmt::format("no status file for `elasticrun status`: {}", e.what()));
+            }
+        }
+        const auto open = [this](std::unique_ptr<http_endpoint>& endpoint, const std::string& host, std::uint16_t port,
+                                 std::string_view what, bool health_only) {
+            try {
+                endpoint = std::make_unique<http_endpoint>(executor_, host, port,
+                                                           [this, health_only](std::string_view path) {
+                                                               return answer(path, health_only);
+                                                           });
+            } catch (const std::system_error& e) {
+                throw usage_error{fmt::format("{}: cannot listen on {}:{}: {}; choose another port", what, host, port,
+                                              e.code().message())};
+            }
+            log_.info(fmt::format("{}: serving on {}:{}", what, host, endpoint->port()));
+        };
+        if (shown_.metrics_port) open(metrics_, shown_.metrics_host, *shown_.metrics_port, "--metrics-port", false);
+        if (shown_.health_check_port) {
+            open(health_, "0.0.0.0", *shown_.health_check_port, "TORCHELASTIC_HEALTH_CHECK_PORT", true);
+        }
+    }
+
+    void close_status() noexcept {
+        metrics_.reset();
+        health_.reset();
+        if (!status_file_.empty()) {
+            std::error_code ignored;
+            std::filesystem::remove(status_file_, ignored);
+            ::rmdir(status_file_.parent_path().c_str());  // when it was the last agent's (else it fails)
+        }
+    }
+
+    /// The status as of now.
+    const agent_status& refresh_status() {
+        if (shown_group_ != nullptr) status_.ranks = shown_group_->rank_statuses();
+        status_.store_requests_total = store_requests_->load(std::memory_order_relaxed);
+        status_.updated_ms = detail::agent::unix_ms();
+        return status_;
+    }
+
+    /// Writes the status file every second and serves the endpoints, until cancelled.
+    asio::awaitable<void> show_status() {
+        using namespace asio::experimental::awaitable_operators;
+        co_await (write_status() || serve(metrics_.get()) || serve(health_.get()));
+    }
+
+    asio::awaitable<void> write_status() {
+        asio::steady_timer tick(executor_);
+        bool warned = false;
+        for (;;) {
+            if (!status_file_.empty()) {
+                try {
+                    try {
+                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
+                    } catch (const std::exception&) {
+                        // The directory went with the last agent that used it: made again.
+                        status_file_ = detail::agent::prepare_status_directory() / status_file_.filename();
+                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
+                    }
+                    warned = false;
+                } catch (const std::exception& e) {
+                    if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
+                    warned = true;
+                }
+            }
+            tick.expires_after(std::chrono::seconds(1));
+            co_await tick.async_wait(detail::use_awaitable<Defer>);
+        }
+    }
+
+    asio::awaitable<void> serve(http_endpoint* endpoint) {
+        if (endpoint != nullptr) co_return co_await endpoint->serve();
+        asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
+        co_await never.async_wait(detail::use_awaitable<Defer>);
+    }
+
+    /// One GET: /metrics, /status, /health (the health check port answers every path with it).
+    http_response answer(std::string_view path, bool health_only) {
+        const auto& s = refresh_status();
+        if (health_only || path == "/health") {
+            return {200, "application/json", fmt::format("{{\"status\": \"ok\", \"state\": \"{}\"}}\n", s.state)};
+        }
+        if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", prometheus_text(s)};
+        if (path == "/status") return {200, "application/json", status_json(s) + "\n"};
+        if (path == "/") return {200, "text/plain; charset=utf-8", "elastic agent: /metrics /status /health\n"};
+        return {404, "text/plain; charset=utf-8", "not found: try /metrics, /status or /health\n"};
+    }
+
+    bool several_ = false;                       ///< a job of several nodes (uses_node_rendezvous)
+    agent_options shown_;                        ///< what the agent shows while it runs
+    agent_status status_;                        ///< what it shows of itself
+    const worker_group* shown_group_ = nullptr;  ///< the attempt's group, while it lives
+    std::filesystem::path status_file_;          ///< empty: none written
+    std::unique_ptr<http_endpoint> metrics_;     ///< --metrics-port
+    std::unique_ptr<http_endpoint> health_;      ///< TORCHELASTIC_HEALTH_CHECK_PORT
+    /// Requests the workers' stores this agent hosted served (shared with those stores).
+    std::shared_ptr<std::atomic<std::uint64_t>> store_requests_ = std::make_shared<std::atomic<std::uint64_t>>(0);
+    std::unique_ptr<file_timer_server> file_timers_;                ///< TORCHELASTIC_ENABLE_FILE_TIMER=1
     std::unique_ptr<tcp_store_server> round_store_;                 ///< group rank 0: the round's workers' store
     std::shared_ptr<detail::rendezvous::peer_list> workers_peers_;  ///< who the attempt's workers' store accepts
     std::optional<rendezvous_round> round_;                         ///< the current round

@@ -74,6 +74,13 @@ struct worker_spec {
     std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
     /// --watchdog: the hang detection's limits; none set (the default): no watchdog.
     watchdog_settings watchdog;
+    /// TORCHELASTIC_ENABLE_FILE_TIMER=1: the agent serves the requests of torch's
+    /// FileTimerClient (a FIFO the workers are told in TORCHELASTIC_TIMER_FILE) and signals a
+    /// worker whose scope expires (docs/watchdog.md, "torch's file timer").
+    bool file_timer = false;
+    /// TORCHELASTIC_TIMER_FILE: where that FIFO is made; empty: a fresh one in the temporary
+    /// directory.
+    std::filesystem::path file_timer_path;
 
     /// True when log_dir is /dev/null: no stdout/stderr/error files are written.
     [[nodiscard]] bool logs_disabled() const { return log_dir && *log_dir == "/dev/null"; }
@@ -83,6 +90,14 @@ struct worker_spec {
 struct agent_options {
     log_level agent_log_level = log_level::warning;  ///< what the agent logs (LOGLEVEL)
     event_destination event_log_handler;             ///< where its events go (--event-log-handler)
+    /// --metrics-port: where the agent serves /metrics (Prometheus text), /status (JSON) and
+    /// /health while it runs; unset: nowhere. Port 0: one the kernel picks (logged).
+    std::optional<std::uint16_t> metrics_port;
+    std::string metrics_host = "0.0.0.0";  ///< the address it listens on (--metrics-port=HOST:PORT)
+    /// TORCHELASTIC_HEALTH_CHECK_PORT: a port where any GET gets the agent's health.
+    std::optional<std::uint16_t> health_check_port;
+    /// Whether the agent keeps a status file that `elasticrun status` reads (docs/status.md).
+    bool status_file = true;
 };
 
 }  // namespace elastic::inline v0

@@ -8,9 +8,11 @@
 #include "elastic/detail/coro.hpp"
 #include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/agent_log.hpp"
+#include "elastic/agent/file_timer.hpp"
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
+#include "elastic/agent/status.hpp"
 #include "elastic/agent/watchdog.hpp"
 #include "elastic/agent/worker_environment.hpp"
 #include "elastic/agent/worker_output.hpp"
@@ -116,6 +118,10 @@ public:
     basic_worker_group(const basic_worker_group&) = delete;
     basic_worker_group& operator=(const basic_worker_group&) = delete;
 
+    /// Serves torch's file timer for this group's workers while watch() runs (they are told
+    /// its FIFO in TORCHELASTIC_TIMER_FILE): call before start(); `server` must outlive the group.
+    void serve_file_timers(basic_file_timer_server<Defer>& server) noexcept { timers_ = &server; }
+
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
     /// contract. A worker that cannot be started stops the ones started and throws: usage_error
     /// when its program cannot run (not executable, neither a binary nor a #! script, a missing
@@ -147,6 +153,7 @@ public:
                 open("filtered_stderr.log", state_->filtered_err, state_->filtered_err_writes);
             }
         }
+        timer_hits_.assign(slots.size(), std::nullopt);
         if (spec_->watchdog.enabled()) {
             try {
                 pages_ = std::make_unique<detail::agent::watchdog_pages>(slots.size());
@@ -174,6 +181,7 @@ public:
             how.args.assign(argv.begin() + 1, argv.end());
             auto worker_env = worker_environment(*spec_, env, slot.assignment, told);
             if (pages_) pages_->tell(i, spec_->watchdog.signal, worker_env);
+            if (timers_) worker_env.insert_or_assign("TORCHELASTIC_TIMER_FILE", timers_->path().string());
             how.env = environment_entries(worker_env);
             try {
                 slot.output.prepare(*spec_, local_rank, slot.assignment.global_rank, rank_dir, how, filtered);
@@ -213,12 +221,15 @@ public:
     /// The index of the first worker that fails, or size() once every worker exited 0. With
     /// --watchdog, workers found hung count as failing: every worker hung at that reading (a
     /// rank stuck in a collective holds the others in it too); the index is the one silent
-    /// longest, and they are still running: await capture_stacks() before stop().
+    /// longest, and they are still running: await capture_stacks() before stop(). With
+    /// serve_file_timers(), torch's file timer is served meanwhile.
     asio::awaitable<std::size_t> watch() {
         using namespace asio::experimental::awaitable_operators;
-        if (!pages_) co_return co_await watch_exits();
-        const auto first = co_await (watch_exits() || watch_hangs());
-        co_return first.index() == 0 ? std::get<0>(first) : std::get<1>(first);
+        if (timers_ == nullptr) co_return co_await supervise();
+        // Settled: `||` waits for one side to succeed, so a supervision error must not wait for
+        // the timer server, which never ends on its own.
+        auto first = co_await (detail::settle(supervise()) || serve_timers());
+        co_return std::get<0>(first).take();
     }
 
     /// The workers found hung, and what the watchdog saw of each, once watch() found them.
@@ -231,6 +242,7 @@ public:
     /// Worker `i`'s failure in one line for the other nodes ("exited with code 3", "hung: ...").
     [[nodiscard]] std::string describe_failure(std::size_t i) const {
         if (const auto* h = hung(i)) return h->report.headline();
+        if (const auto t = timer_hang(i)) return t->headline();
         const auto& status = workers_.at(i).status();
         return status ? status->status.describe() : std::string("is still running");
     }
@@ -246,6 +258,7 @@ public:
         auto result = co_await elastic::stop(std::span<child_process>(workers_),
                                              {sig, spec_->shutdown_timeout, std::chrono::seconds(10)});
         if (!hung_.empty() && !hang_recorded_) record_hangs();
+        record_timer_hangs();
         if (!result.unkillable.empty()) {
             std::string pids;
             for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
@@ -347,11 +360,52 @@ public:
                 f.hang = h->report;
                 f.observed_steady = h->since;
                 f.observed_system = hang_found_system_ - (hang_found_ - h->since);
+            } else if (auto t = timer_hang(i)) {
+                // Ended by the signal its own expired torch timer asked for: a hang too.
+                f.state = failure_state::failed;
+                f.hang = std::move(t);
             }
             failure.workers.push_back(std::move(f));
         }
         return failure;
     }
+
+    /// Each worker as last seen, for the agent's status: running or how it ended, and with
+    /// --watchdog its last sign of life, section and progress as the last reading found them.
+    [[nodiscard]] std::vector<rank_status> rank_statuses() const {
+        std::vector<rank_status> out;
+        const auto now = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            rank_status r;
+            const auto& a = assignment(i);
+            r.local_rank = a.local_rank;
+            r.global_rank = a.global_rank;
+            r.pid = static_cast<long>(workers_[i].pid());
+            const auto& status = workers_[i].status();
+            const bool before = i < exited_before_.size() && exited_before_[i];
+            if (hung(i) != nullptr) {
+                r.state = "hung";
+            } else if (!status) {
+                r.state = "running";
+            } else if (status->status.success()) {
+                r.state = "succeeded";
+            } else {
+                r.state = exited_before_.empty() || before ? "failed" : "stopped";
+            }
+            if (status) r.ended = status->status.describe();
+            if (i < watches_.size()) {
+                const auto& w = watches_[i];
+                if (w.alive) r.heartbeat_age = std::chrono::duration<double>(now - w.last_sign).count();
+                r.section = w.section;
+                r.progress = w.progress;
+            }
+            out.push_back(std::move(r));
+        }
+        return out;
+    }
+
+    /// How many torch timer scopes of this group's workers expired.
+    [[nodiscard]] std::size_t timer_expiries() const noexcept { return timer_expiries_; }
 
     /// The workers, in local-rank order (fewer than spec.nproc_per_node only while starting).
     [[nodiscard]] std::span<child_process> workers() noexcept { return workers_; }
@@ -362,6 +416,119 @@ public:
     [[nodiscard]] std::chrono::steady_clock::time_point started() const noexcept { return started_; }
 
 private:
+    asio::awaitable<std::size_t> supervise() {
+        using namespace asio::experimental::awaitable_operators;
+        if (!pages_) co_return co_await watch_exits();
+        const auto first = co_await (watch_exits() || watch_hangs());
+        co_return first.index() == 0 ? std::get<0>(first) : std::get<1>(first);
+    }
+
+    /// Serves torch's file timer until watch() ends (it never ends first: when the server
+    /// fails, it says so and waits to be cancelled, and supervision goes on).
+    asio::awaitable<void> serve_timers() {
+        const auto why = co_await timers_->serve([this](long pid) { return timer_owner(pid).has_value(); },
+                                                 [this](const file_timer_expiry& e) { timer_expired(e); }, *log_);
+        log_->error(fmt::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
+                                "this attempt",
+                                why));
+        asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
+        co_await never.async_wait(detail::use_awaitable<Defer>);
+    }
+
+    /// The running worker that `pid` is, or whose process group it is in.
+    [[nodiscard]] std::optional<std::size_t> timer_owner(long pid) const {
+        if (pid <= 0 || pid == static_cast<long>(::getpid())) return std::nullopt;
+        const long group = static_cast<long>(::getpgid(static_cast<pid_t>(pid)));
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+            const auto worker = static_cast<long>(workers_[i].pid());
+            if (!workers_[i].status() && (pid == worker || group == worker)) return i;
+        }
+        return std::nullopt;
+    }
+
+    /// A scope expired: the signal it asked for goes to the process that asked (torchrun's
+    /// FileTimerServer does the same); a worker it ends fails with the expiry as its hang.
+    void timer_expired(const file_timer_expiry& e) {
+        const auto i = timer_owner(e.pid);
+        const auto scope = detail::agent::quoted_excerpt(e.scope);
+        if (!i) {
+            log_->info(fmt::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
+                                   "here; nothing sent",
+                                   scope, e.pid));
+            return;
+        }
+        const auto& a = assignment(*i);
+        const bool worker = e.pid == static_cast<long>(workers_[*i].pid());
+        const auto who = worker ? fmt::format("local_rank {} (rank {}, pid {})", a.local_rank, a.global_rank, e.pid)
+                                : fmt::format("pid {} (in local_rank {}'s process group, rank {})", e.pid, a.local_rank,
+                                              a.global_rank);
+        const auto after = detail::agent::measured_words(e.after);
+        if (e.signal <= 0) {
+            log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); the "
+                                      "request asked for no signal, so nothing is sent",
+                                      who, scope, after));
+            return;
+        }
+        log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); sending "
+                                  "{}, the signal the request named (FileTimerClient)",
+                                  who, scope, after, signal_name(e.signal)));
+        ++timer_expiries_;
+        if (worker) {
+            timer_hits_[*i] = e;
+            (void)workers_[*i].signal(e.signal);  // by pidfd: never a recycled pid
+            return;
+        }
+        // A member of its process group: signalled through a pidfd taken, then checked still in
+        // the group, so a pid recycled meanwhile is never hit.
+        const int pidfd = detail::process::pidfd_open(static_cast<pid_t>(e.pid));
+        if (pidfd < 0) return;  // gone already
+        if (::getpgid(static_cast<pid_t>(e.pid)) == workers_[*i].pid()) {
+            (void)detail::process::pidfd_send_signal(pidfd, e.signal);
+        }
+        ::close(pidfd);
+    }
+
+    /// Worker `i`'s expired torch timer as its hang, once the signal sent for it ended it: it
+    /// died of that signal (or exited 128+signal) before the agent began to stop the group.
+    [[nodiscard]] std::optional<hang_report> timer_hang(std::size_t i) const {
+        if (i >= timer_hits_.size() || !timer_hits_[i] || i >= workers_.size()) return std::nullopt;
+        const auto& status = workers_[i].status();
+        const auto& e = *timer_hits_[i];
+        if (!status) return std::nullopt;
+        const auto& how = status->status;
+        const bool by_it = how.signaled() ? how.signal() == e.signal : how.code() == 128 + e.signal;
+        const bool before_stop = exited_before_.empty() || (i < exited_before_.size() && exited_before_[i]);
+        if (!by_it || !before_stop) return std::nullopt;
+        hang_report r;
+        r.reason = fmt::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
+                               "and the agent sent {}",
+                               detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
+                               signal_name(e.signal));
+        if (i < watches_.size()) r.progress = watches_[i].progress;
+        r.silent = e.after;
+        r.stacks_asked = false;
+        return r;
+    }
+
+    /// A worker its expired torch timer ended gets the expiry in its error file, unless it
+    /// wrote one of its own.
+    void record_timer_hangs() {
+        for (std::size_t i = 0; i < timer_hits_.size(); ++i) {
+            const auto& slot = state_->slots[i];
+            const auto t = timer_hang(i);
+            if (!t || hung(i) != nullptr || slot.error_file.empty() || std::filesystem::exists(slot.error_file)) {
+                continue;
+            }
+            const auto& status = workers_[i].status();
+            try {
+                write_file_atomically(slot.error_file, hang_error_document(*t, status->system_time).dump(4));
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
+                                          slot.assignment.local_rank, e.what()));
+            }
+        }
+    }
+
     asio::awaitable<std::size_t> watch_exits() {
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
@@ -536,7 +703,10 @@ private:
     std::chrono::steady_clock::time_point hang_found_{};
     std::chrono::system_clock::time_point hang_found_system_{};
     bool hang_recorded_ = false;
-    std::vector<child_process> workers_;  // after state_: destroyed (killed) first
+    basic_file_timer_server<Defer>* timers_ = nullptr;          ///< serve_file_timers()
+    std::size_t timer_expiries_ = 0;                            ///< scopes that expired with a signal
+    std::vector<std::optional<file_timer_expiry>> timer_hits_;  ///< per worker: the expiry sent to it
+    std::vector<child_process> workers_;                        // after state_: destroyed (killed) first
     std::vector<bool> exited_before_;
     std::chrono::steady_clock::time_point started_{};
     int restarts_ = 0;

@@ -86,7 +86,7 @@ inline constexpr std::array<std::string_view, 7> option_groups{{
 }};
 
 // clang-format off
-inline constexpr std::array<option_spec, 37> option_specs{{
+inline constexpr std::array<option_spec, 38> option_specs{{
     {"-m,--module", "module", true, true, "", "off", option_state::implemented, 0,
      "Run the program as a Python module: $PYTHON_EXEC -u -m program args..."},
     {"--no-python,--no_python", "no_python", true, true, "", "off", option_state::implemented, 0,
@@ -158,7 +158,7 @@ inline constexpr std::array<option_spec, 37> option_specs{{
     {"--restart-on-exit,--restart_on_exit", "restart_on_exit", false, true, "CODES", "any",
      option_state::implemented, 4,
      "Restart only when the first worker to fail ended in this set, and stop at once otherwise: exit codes "
-     "and ranges (1,75-78), signals (any signal, or exit code 128+N), signal names (SIGKILL) and hang (a worker --watchdog found hung)."},
+     "and ranges (1,75-78), signals (any signal, or exit code 128+N), signal names (SIGKILL) and hang (a worker --watchdog found hung, or its torch file timer ended)."},
     {"--restart-crash-guard,--restart_crash_guard", "restart_crash_guard", false, true, "T[:N]", "none",
      option_state::implemented, 4,
      "A group that fails within T of its start is not restarted (a start-up crash loop); with :N, only the "
@@ -181,6 +181,10 @@ inline constexpr std::array<option_spec, 37> option_specs{{
      option_state::compatibility, 4,
      "Accepted and checked (>= 0) for compatibility: torchrun polls its workers at this interval; elastic "
      "learns of every exit the moment it happens, so it has nothing to poll."},
+    {"--metrics-port,--metrics_port", "metrics_port", false, true, "[HOST:]PORT", "none", option_state::implemented, 5,
+     "Serve /metrics (Prometheus text: restarts, rounds, members, heartbeat ages, hangs, store requests), "
+     "/status (JSON) and /health over HTTP on PORT (0: any free port), on every interface unless HOST is "
+     "given (docs/status.md)."},
     {"--log-dir,--log_dir", "log_dir", false, true, "DIR", "a new temporary directory", option_state::implemented,
      5,
      "Base directory of the log tree <run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
@@ -275,11 +279,13 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
-    std::string out = fmt::format("usage: {} [options] program [args...]\n\n", program_name);
+    std::string out = fmt::format("usage: {} [options] program [args...]\n       {} status [--rdzv-id=ID] [--json]\n\n",
+                                  program_name, program_name);
     detail::launch::wrap(out,
                          "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
                          "underscored spellings), the same PET_* variables (the command line wins), the same worker "
-                         "environment.",
+                         "environment. `status` shows what the agents of this user on this machine are doing "
+                         "(docs/status.md).",
                          0, width);
     out += "\nThe program and its arguments (after all options):\n";
     detail::launch::wrap(
@@ -319,11 +325,15 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
     out += "  --version\n";
     detail::launch::wrap(out, "Show elastic's version and exit.", 6, width);
     out += "\nEnvironment variables also read:\n";
-    constexpr std::array<std::pair<std::string_view, std::string_view>, 6> variables{{
+    constexpr std::array<std::pair<std::string_view, std::string_view>, 9> variables{{
         {"PYTHON_EXEC", "Interpreter for .py scripts and -m modules (default python3, found on PATH)."},
         {"PATH", "Where a program named without a '/' is found, as execvp does."},
         {"CUDA_VISIBLE_DEVICES", "The GPUs --nproc-per-node=gpu|auto counts (else nvidia-smi -L)."},
         {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "Default of --shutdown-timeout."},
+        {"TORCHELASTIC_ENABLE_FILE_TIMER",
+         "1: serve torch's FileTimerClient; an expired scope gets its worker the signal it asked for."},
+        {"TORCHELASTIC_TIMER_FILE", "Where that FIFO is made (default a new one in the temporary directory)."},
+        {"TORCHELASTIC_HEALTH_CHECK_PORT", "A port where any HTTP GET gets the agent's health (docs/status.md)."},
         {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
          "Prefix of tee'd lines, with ${role_name}, ${local_rank}, ${rank} (default [${role_name}${local_rank}]:)."},
         {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
@@ -677,6 +687,38 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     } else if (const auto* t = detail::find_variable(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
                t != nullptr && !t->empty()) {
         config.shutdown_timeout = parse_seconds(*t, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", true);
+    }
+    if (const auto* on = detail::find_variable(env, "TORCHELASTIC_ENABLE_FILE_TIMER"); on != nullptr && !on->empty()) {
+        if (*on == "1") {
+            config.file_timer = true;
+            if (const auto* path = detail::find_variable(env, "TORCHELASTIC_TIMER_FILE"); path != nullptr) {
+                config.file_timer_path = *path;
+            }
+        } else {
+            config.warnings.push_back(fmt::format("TORCHELASTIC_ENABLE_FILE_TIMER={} is not 1: torch's file timer is "
+                                                  "not served (as in torchrun); set it to 1 to serve it",
+                                                  *on));
+        }
+    }
+    if (const auto v = raw("metrics_port")) {
+        const auto text = detail::launch::trim(v->text);
+        const bool bare = !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+        const auto at = parse_host_port(bare ? fmt::format("0.0.0.0:{}", text) : std::string(text), v->name);
+        if (!at.port) {
+            throw usage_error{fmt::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
+        }
+        config.metrics_host = at.host;
+        config.metrics_port = *at.port;
+    }
+    if (const auto* port = detail::find_variable(env, "TORCHELASTIC_HEALTH_CHECK_PORT");
+        port != nullptr && !port->empty()) {
+        const auto n = detail::launch::to_integer(*port);
+        if (!n || *n < 0 || *n > 65535) {
+            throw usage_error{fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: the port must be an integer from 0 to "
+                                          "65535",
+                                          *port)};
+        }
+        config.health_check_port = static_cast<std::uint16_t>(*n);
     }
     if (const auto v = raw("signals_to_handle")) {
         config.signals_to_handle = parse_signals(v->text, v->name);

@@ -286,6 +286,12 @@ namespace elastic::inline v0 {
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
     if (config.restart_no_progress) line("restart_no_progress", fmt::format("{}", *config.restart_no_progress));
     if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
+    if (config.metrics_port) line("metrics_port", fmt::format("{}:{}", config.metrics_host, *config.metrics_port));
+    if (config.health_check_port) line("health_check_port", fmt::format("{}", *config.health_check_port));
+    if (config.file_timer) {
+        line("file_timer", config.file_timer_path.empty() ? "(a new FIFO in the temporary directory)"
+                                                          : config.file_timer_path.string());
+    }
     line("monitor_interval", seconds_text(config.monitor_interval) + " (unused: exits are events)");
     line("shutdown_timeout", seconds_text(config.shutdown_timeout));
     line("signals_to_handle", signals);

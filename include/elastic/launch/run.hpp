@@ -5,6 +5,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/config.hpp"
+#include "elastic/launch/status_command.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/concepts.hpp"
@@ -141,6 +142,9 @@ template <class MakePolicy>
 int run_command_line(int argc, const char* const* argv, restarts_by who, MakePolicy&& make_policy) {
     const auto name = launcher_name(argc, argv);
     return guarded(name, [&] {
+        // `elasticrun status ...`: what the agents on this machine say (a program named status
+        // runs as ./status).
+        if (argc >= 2 && std::string_view(argv[1]) == "status") return status_command(argc - 1, argv + 1, name);
         const auto env = current_environment();
         auto parsed = parse_launch_config(argc, argv, env);
         if (const auto* help = std::get_if<help_request>(&parsed)) {

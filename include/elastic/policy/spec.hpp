@@ -127,7 +127,8 @@ struct exit_code_set {
     std::bitset<256> codes;   ///< exit codes 0..255
     bool any_signal = false;  ///< every death by signal
     std::bitset<65> signals;  ///< signals 1..64 by number
-    /// A worker the watchdog found hung (--watchdog), however it then ended: `hang`.
+    /// A worker the watchdog found hung (--watchdog), or that the signal of its own expired torch
+    /// file timer ended, however it then ended: `hang`.
     bool hang = false;
 
     [[nodiscard]] bool contains(const exit_status& status) const noexcept {

@@ -129,9 +129,10 @@ ELASTIC_DECL nlohmann::ordered_json hang_error_document(const hang_report& hang,
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
     const std::string message = detail::report::valid_utf8(hang.headline());
     json extra = json::object();
-    extra["py_callstack"] = hang.stacks.empty()
-                                ? message + "\n(no stacks: the worker wrote none on the watchdog's signal)"
-                                : message + "\n" + detail::report::valid_utf8(hang.stacks);
+    const char* none = hang.stacks_asked ? "\n(no stacks: the worker wrote none on the watchdog's signal)"
+                                         : "\n(no stacks: a torch timer's expiry only sends the signal it asked for)";
+    extra["py_callstack"] = hang.stacks.empty() ? message + none
+                                                : message + "\n" + detail::report::valid_utf8(hang.stacks);
     extra["timestamp"] = std::to_string(seconds);
     json inner = json::object();
     inner["message"] = message;

@@ -46,6 +46,9 @@ struct hang_report {
     std::chrono::milliseconds silent{};
     /// Its threads' stacks as it wrote them on the dump signal; empty when it wrote none.
     std::string stacks;
+    /// Whether the agent asked it for its stacks (the watchdog's hangs; not a torch timer's
+    /// expiry, which only sends the signal the worker asked for).
+    bool stacks_asked = true;
 
     /// The failure's one-line description: "hung: <reason>; in section "x"; at step 12".
     [[nodiscard]] ELASTIC_DECL std::string headline() const;

@@ -1,0 +1,381 @@
+// SPDX-License-Identifier: MIT
+// What a running agent says of itself: agent_status (its job, round, workers and counters), as
+// JSON (the status file `elasticrun status` reads, and /status), as a table for people, and as
+// Prometheus text (/metrics).
+#pragma once
+
+#include "elastic/detail/config.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// One worker of the node, as the agent last saw it.
+struct rank_status {
+    int local_rank = 0;
+    int global_rank = 0;
+    long pid = 0;
+    /// "running", "succeeded", "failed", "stopped" (by the agent) or "hung".
+    std::string state;
+    /// How it ended ("exit 3", "SIGKILL"); empty while it runs.
+    std::string ended;
+    /// Seconds since its last sign of life (--watchdog; nullopt without, or before the first).
+    std::optional<double> heartbeat_age;
+    /// The section it is in (--watchdog); empty: none.
+    std::string section;
+    /// The largest value it passed to progress() (--watchdog).
+    std::optional<std::uint64_t> progress;
+};
+
+/// One agent: its job, its place in the current round, its workers and its counters.
+struct agent_status {
+    std::string run_id;
+    std::string node;  ///< this node's name in the rendezvous (host:pid when none is given)
+    std::string host;
+    std::string role = "default";
+    long pid = 0;
+    /// "joining" (waiting for its round), "running", "stopping", "deciding" (the restart policy
+    /// runs, a backoff included), "succeeded", "failed".
+    std::string state = "joining";
+    int round = -1;  ///< -1: none yet
+    int group_rank = -1;
+    int group_world_size = 0;  ///< nodes in the round
+    int world_size = 0;        ///< workers in the round
+    int restarts = 0;          ///< TORCHELASTIC_RESTART_COUNT of the current attempt
+    int max_restarts = 0;
+    std::string store;  ///< the workers' store, host:port
+    std::vector<rank_status> ranks;
+    // Counters over the agent's life.
+    std::uint64_t rounds_total = 0;          ///< rounds joined
+    std::uint64_t restarts_total = 0;        ///< groups started again
+    std::uint64_t hangs_total = 0;           ///< workers the watchdog found hung
+    std::uint64_t timer_expiries_total = 0;  ///< torch file timer scopes that expired
+    std::uint64_t store_requests_total = 0;  ///< requests the stores this agent hosts served
+    std::int64_t started_ms = 0;             ///< when the agent started, ms since the epoch
+    std::int64_t updated_ms = 0;             ///< when this was written, ms since the epoch
+};
+
+/// The status as one JSON object (version 1).
+[[nodiscard]] ELASTIC_DECL std::string status_json(const agent_status& s);
+
+/// Reads status_json()'s text back; nullopt when it is not one (a torn or foreign file).
+[[nodiscard]] ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text);
+
+/// A table for people: one block per agent (its job, round and state), a line per worker.
+/// `now_ms`: the reader's clock, for the age of each status.
+[[nodiscard]] ELASTIC_DECL std::string status_table(const std::vector<agent_status>& agents, std::int64_t now_ms);
+
+/// The status in Prometheus' text exposition format (version 0.0.4).
+[[nodiscard]] ELASTIC_DECL std::string prometheus_text(const agent_status& s);
+
+/// Where agents of this user on this machine keep their status files:
+/// $XDG_RUNTIME_DIR/elastic when that is set, else <temporary directory>/elastic-<uid>.
+[[nodiscard]] ELASTIC_DECL std::filesystem::path status_directory();
+
+/// The status of every agent of this user on this machine that still runs (their files in
+/// `dir`, status_directory() by default), oldest agent first. Files of agents that are gone, and
+/// files that are not status, are skipped.
+[[nodiscard]] ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir);
+
+namespace detail::agent {
+
+[[nodiscard]] inline std::int64_t unix_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+/// Makes status_directory() (mode 0700) when missing and checks that it is a directory of this
+/// user's, not a link, that nobody else may write; removes the files of agents that are gone.
+/// Throws std::runtime_error saying what is wrong.
+[[nodiscard]] ELASTIC_DECL std::filesystem::path prepare_status_directory();
+
+}  // namespace detail::agent
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string status_json(const agent_status& s) {
+    using json = nlohmann::ordered_json;
+    json ranks = json::array();
+    for (const auto& r : s.ranks) {
+        json o = json::object();
+        o["local_rank"] = r.local_rank;
+        o["rank"] = r.global_rank;
+        o["pid"] = r.pid;
+        o["state"] = r.state;
+        o["ended"] = r.ended;
+        o["heartbeat_age"] = r.heartbeat_age ? json(*r.heartbeat_age) : json(nullptr);
+        o["section"] = r.section;
+        o["progress"] = r.progress ? json(*r.progress) : json(nullptr);
+        ranks.push_back(std::move(o));
+    }
+    json o = json::object();
+    o["version"] = 1;
+    o["run_id"] = s.run_id;
+    o["node"] = s.node;
+    o["host"] = s.host;
+    o["role"] = s.role;
+    o["pid"] = s.pid;
+    o["state"] = s.state;
+    o["round"] = s.round;
+    o["group_rank"] = s.group_rank;
+    o["group_world_size"] = s.group_world_size;
+    o["world_size"] = s.world_size;
+    o["restarts"] = s.restarts;
+    o["max_restarts"] = s.max_restarts;
+    o["store"] = s.store;
+    o["ranks"] = std::move(ranks);
+    o["rounds_total"] = s.rounds_total;
+    o["restarts_total"] = s.restarts_total;
+    o["hangs_total"] = s.hangs_total;
+    o["timer_expiries_total"] = s.timer_expiries_total;
+    o["store_requests_total"] = s.store_requests_total;
+    o["started_ms"] = s.started_ms;
+    o["updated_ms"] = s.updated_ms;
+    // Invalid UTF-8 in a name (a run id is the user's) is replaced, never a throw.
+    return o.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text) {
+    const auto o = nlohmann::json::parse(text, nullptr, false);
+    if (o.is_discarded() || !o.is_object() || o.value("version", 0) != 1) return std::nullopt;
+    try {
+        agent_status s;
+        s.run_id = o.at("run_id").get<std::string>();
+        s.node = o.at("node").get<std::string>();
+        s.host = o.at("host").get<std::string>();
+        s.role = o.at("role").get<std::string>();
+        s.pid = o.at("pid").get<long>();
+        s.state = o.at("state").get<std::string>();
+        s.round = o.at("round").get<int>();
+        s.group_rank = o.at("group_rank").get<int>();
+        s.group_world_size = o.at("group_world_size").get<int>();
+        s.world_size = o.at("world_size").get<int>();
+        s.restarts = o.at("restarts").get<int>();
+        s.max_restarts = o.at("max_restarts").get<int>();
+        s.store = o.at("store").get<std::string>();
+        for (const auto& r : o.at("ranks")) {
+            rank_status x;
+            x.local_rank = r.at("local_rank").get<int>();
+            x.global_rank = r.at("rank").get<int>();
+            x.pid = r.at("pid").get<long>();
+            x.state = r.at("state").get<std::string>();
+            x.ended = r.at("ended").get<std::string>();
+            if (!r.at("heartbeat_age").is_null()) x.heartbeat_age = r.at("heartbeat_age").get<double>();
+            x.section = r.at("section").get<std::string>();
+            if (!r.at("progress").is_null()) x.progress = r.at("progress").get<std::uint64_t>();
+            s.ranks.push_back(std::move(x));
+        }
+        s.rounds_total = o.at("rounds_total").get<std::uint64_t>();
+        s.restarts_total = o.at("restarts_total").get<std::uint64_t>();
+        s.hangs_total = o.at("hangs_total").get<std::uint64_t>();
+        s.timer_expiries_total = o.at("timer_expiries_total").get<std::uint64_t>();
+        s.store_requests_total = o.at("store_requests_total").get<std::uint64_t>();
+        s.started_ms = o.at("started_ms").get<std::int64_t>();
+        s.updated_ms = o.at("updated_ms").get<std::int64_t>();
+        return s;
+    } catch (const nlohmann::json::exception&) {
+        return std::nullopt;
+    }
+}
+
+namespace detail::agent {
+
+/// "3.2s", "45s", "12m05s", "2h03m": an age for the table.
+inline std::string age_text(double seconds) {
+    if (seconds < 0) seconds = 0;
+    if (seconds < 10) return fmt::format("{:.1f}s", seconds);
+    const auto s = static_cast<long long>(seconds);
+    if (s < 60) return fmt::format("{}s", s);
+    if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+    return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+inline std::string label(std::string_view value) {
+    std::string out;
+    for (const char c : value) {
+        if (c == '\\') {
+            out += "\\\\";
+        } else if (c == '"') {
+            out += "\\\"";
+        } else if (c == '\n') {
+            out += "\\n";
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+}  // namespace detail::agent
+
+ELASTIC_DECL std::string status_table(const std::vector<agent_status>& agents, std::int64_t now_ms) {
+    std::string out;
+    for (const auto& a : agents) {
+        if (!out.empty()) out += "\n";
+        out += fmt::format("run {}  node {} (pid {}, host {})  {}", a.run_id, a.node, a.pid, a.host, a.state);
+        if (a.round >= 0) {
+            out += fmt::format("  round {}: node {} of {}, world {}", a.round, a.group_rank, a.group_world_size,
+                               a.world_size);
+        }
+        out += fmt::format("  restarts {}/{}", a.restarts, a.max_restarts);
+        out += fmt::format("  (as of {} ago)\n",
+                           detail::agent::age_text(static_cast<double>(now_ms - a.updated_ms) / 1000.0));
+        if (a.ranks.empty()) continue;
+        out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", "local", "rank", "pid", "state",
+                           "heartbeat", "progress", "section");
+        for (const auto& r : a.ranks) {
+            const auto state = r.ended.empty() ? r.state : fmt::format("{} ({})", r.state, r.ended);
+            out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", r.local_rank, r.global_rank, r.pid,
+                               state, r.heartbeat_age ? detail::agent::age_text(*r.heartbeat_age) + " ago" : "-",
+                               r.progress ? fmt::format("{}", *r.progress) : "-", r.section.empty() ? "-" : r.section);
+        }
+    }
+    return out;
+}
+
+ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
+    using detail::agent::label;
+    std::string out;
+    const auto agent_labels = fmt::format("run_id=\"{}\",node=\"{}\",role=\"{}\"", label(s.run_id), label(s.node),
+                                          label(s.role));
+    const auto family = [&out](std::string_view name, std::string_view type, std::string_view help) {
+        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    };
+    family("elastic_agent_info", "gauge", "The agent: its job, node, role and state (always 1).");
+    out += fmt::format("elastic_agent_info{{{},state=\"{}\",host=\"{}\"}} 1\n", agent_labels, label(s.state),
+                       label(s.host));
+    struct one {
+        std::string_view name;
+        std::string_view type;
+        std::string_view help;
+        long long value;
+    };
+    const auto count = [](std::uint64_t n) { return static_cast<long long>(n); };
+    const one agent_metrics[] = {
+        {"elastic_agent_round", "gauge", "The rendezvous round this node is in (-1: none yet).", s.round},
+        {"elastic_agent_members", "gauge", "Nodes in the current round.", s.group_world_size},
+        {"elastic_agent_world_size", "gauge", "Workers in the current round.", s.world_size},
+        {"elastic_agent_restart_count", "gauge", "The current attempt's restart count.", s.restarts},
+        {"elastic_agent_rounds_total", "counter", "Rendezvous rounds this agent joined.", count(s.rounds_total)},
+        {"elastic_agent_restarts_total", "counter", "Times this agent started its worker group again.",
+         count(s.restarts_total)},
+        {"elastic_agent_hangs_total", "counter", "Workers the watchdog found hung.", count(s.hangs_total)},
+        {"elastic_agent_timer_expiries_total", "counter", "torch file timer scopes that expired.",
+         count(s.timer_expiries_total)},
+        {"elastic_store_requests_total", "counter", "Requests served by the stores this agent hosts.",
+         count(s.store_requests_total)},
+    };
+    for (const auto& m : agent_metrics) {
+        family(m.name, m.type, m.help);
+        out += fmt::format("{}{{{}}} {}\n", m.name, agent_labels, m.value);
+    }
+    const auto per_rank = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
+        family(name, type, help);
+        for (const auto& r : s.ranks) {
+            if (const auto v = value(r)) {
+                out += fmt::format("{}{{{},local_rank=\"{}\",rank=\"{}\"}} {}\n", name, agent_labels, r.local_rank,
+                                   r.global_rank, *v);
+            }
+        }
+    };
+    per_rank("elastic_worker_up", "gauge", "1 while the worker runs, else 0.",
+             [](const rank_status& r) -> std::optional<int> { return r.state == "running" ? 1 : 0; });
+    per_rank("elastic_worker_heartbeat_age_seconds", "gauge",
+             "Seconds since the worker's last sign of life (--watchdog).",
+             [](const rank_status& r) { return r.heartbeat_age; });
+    per_rank("elastic_worker_progress", "gauge", "The largest value the worker passed to progress() (--watchdog).",
+             [](const rank_status& r) { return r.progress; });
+    return out;
+}
+
+ELASTIC_DECL std::filesystem::path status_directory() {
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
+        return std::filesystem::path(runtime) / "elastic";
+    }
+    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+}
+
+namespace detail::agent {
+
+/// The pid a status file is named after ("4242.json"), or 0.
+inline long status_file_pid(const std::filesystem::path& file) {
+    if (file.extension() != ".json") return 0;
+    const auto stem = file.stem().string();
+    if (stem.empty() || stem.size() > 10 ||
+        !std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        return 0;
+    }
+    return std::stol(stem);
+}
+
+inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+}  // namespace detail::agent
+
+ELASTIC_DECL std::filesystem::path detail::agent::prepare_status_directory() {
+    const auto dir = status_directory();
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        throw std::runtime_error(fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno)));
+    }
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+        throw std::runtime_error(fmt::format("{} is not a directory of this user's that only it may write (a link, "
+                                             "or another user's?); remove it",
+                                             dir.string()));
+    }
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const long pid = status_file_pid(entry.path());
+        if (pid > 0 && process_gone(pid)) std::filesystem::remove(entry.path(), ec);
+    }
+    return dir;
+}
+
+ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir) {
+    std::vector<agent_status> out;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const long pid = detail::agent::status_file_pid(entry.path());
+        if (pid <= 0 || detail::agent::process_gone(pid)) continue;
+        struct stat st {};
+        if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) continue;
+        std::ifstream in(entry.path());
+        std::stringstream text;
+        text << in.rdbuf();
+        if (auto s = parse_status_json(text.str()); s && s->pid == pid) out.push_back(std::move(*s));
+    }
+    std::sort(out.begin(), out.end(), [](const agent_status& a, const agent_status& b) {
+        return a.started_ms != b.started_ms ? a.started_ms < b.started_ms : a.pid < b.pid;
+    });
+    return out;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
