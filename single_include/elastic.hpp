@@ -17220,6 +17220,25 @@ public:
 
     asio::awaitable<void> keep_membership() { co_await rdzv_->keep_membership(); }
 
+    /// Publishes this node's status (an agent_status as JSON, docs/status.md) in the job's
+    /// store, where `elasticrun status --rdzv-endpoint` reads it: on a connection of its own
+    /// (a round's long wait never holds it), under `<job>/status/<i>`, `i` taken once per store
+    /// from the counter `<job>/status/count`. Nothing before join(). store_error when the
+    /// store cannot be reached (the rounds learn of a lost store by themselves).
+    asio::awaitable<void> publish_status(std::string json) {
+        if (!client_ || !rdzv_ || stopped_) co_return;
+        if (!status_client_ || status_host_ != current_host_ || status_port_ != current_port_) {
+            if (status_client_) status_client_->close();
+            status_client_ = std::make_unique<tcp_store_client>(executor_, client_options(current_host_, current_port_,
+                                                                                          std::chrono::seconds(5)));
+            status_host_ = current_host_;
+            status_port_ = current_port_;
+            status_index_.reset();
+        }
+        if (!status_index_) status_index_ = co_await status_client_->add(rdzv_->job_key("status/count"), 1) - 1;
+        co_await status_client_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+    }
+
     /// Joins the next round as `me`, with this node's lease name and idle store's port.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         me.id = node_id_;
@@ -17314,6 +17333,8 @@ public:
 
     /// Stops serving (after leave()).
     void stop() noexcept {
+        stopped_ = true;
+        if (status_client_) status_client_->close();
         if (lease_) lease_->close();
         if (watcher_) watcher_->close();
         if (client_) client_->close();
@@ -17793,6 +17814,11 @@ private:
     std::string node_id_;
     std::string current_host_;  ///< where the rendezvous store is reached now
     std::uint16_t current_port_ = 0;
+    std::unique_ptr<tcp_store_client> status_client_;  ///< publish_status()'s own connection
+    std::string status_host_;                          ///< the store status_client_ reaches
+    std::uint16_t status_port_ = 0;
+    std::optional<std::int64_t> status_index_;  ///< this node's status key there, once taken
+    bool stopped_ = false;                      ///< stop() ran: nothing is published any more
 
     static std::string make_node_id(const std::string& host, long pid) {
         std::random_device entropy;
@@ -20735,6 +20761,13 @@ struct file_timer_request {
 [[nodiscard]] ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(
     std::string_view line);
 
+/// Who sent a request, as the agent knows its workers.
+enum class file_timer_sender {
+    worker,        ///< a running worker, or a process of its process group
+    ended_worker,  ///< a worker that has ended (it wrote before its exit, the agent read after)
+    stranger,      ///< none of this node's workers
+};
+
 /// A scope that expired, and the signal it asked for (0: none).
 struct file_timer_expiry {
     long pid = 0;
@@ -20853,17 +20886,18 @@ public:
     [[nodiscard]] std::size_t timers() const noexcept { return table_.size(); }
 
     /// Reads requests and fires expiries until cancelled, for one attempt's workers: the timers
-    /// of earlier attempts are dropped. `accepts(pid)`: whether a request of that pid is kept (a
-    /// pid of an earlier worker is ignored quietly, any other is reported and ignored; a release
-    /// is always applied); `expired(e)`: a scope expired (the caller sends the signal). Returns
-    /// only when the FIFO cannot be read, or expiries cannot be handled, with why.
-    asio::awaitable<std::string> serve(std::function<bool(long)> accepts,
+    /// of earlier attempts are dropped. `sender(pid)`: who sent a request; only a running
+    /// worker's (or its process group's) is kept, an ended worker's is ignored quietly, any other
+    /// is reported and ignored; a release is always applied. `expired(e)`: a scope expired (the
+    /// caller sends the signal). Returns only when the FIFO cannot be read, or expiries cannot be
+    /// handled, with why.
+    asio::awaitable<std::string> serve(std::function<file_timer_sender(long)> sender,
                                        std::function<void(const file_timer_expiry&)> expired, const agent_log& log) {
         using namespace asio::experimental::awaitable_operators;
         table_ = {};
         armed_.reset();
         reports_ = 0;
-        accepts_ = std::move(accepts);
+        sender_ = std::move(sender);
         expired_ = std::move(expired);
         log_ = &log;
         const auto ended = co_await (read_requests() || fire_expiries());
@@ -20922,8 +20956,8 @@ private:
             (void)table_.apply(r, std::chrono::steady_clock::now(), std::chrono::system_clock::now());
             return;
         }
-        if (!accepts_(r.pid)) {
-            if (known_.count(r.pid) != 0) {
+        if (const auto who = sender_(r.pid); who != file_timer_sender::worker) {
+            if (who == file_timer_sender::ended_worker || known_.count(r.pid) != 0) {
                 log_->debug(fmt::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
                                         "running",
                                         made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
@@ -20957,7 +20991,7 @@ private:
     detail::agent::file_timer_table table_;
     std::optional<std::chrono::steady_clock::time_point> armed_;  ///< the deadline the timer waits for
     std::set<long> known_;  ///< pids whose requests were accepted (bounded): later ones are not news
-    std::function<bool(long)> accepts_;
+    std::function<file_timer_sender(long)> sender_;
     std::function<void(const file_timer_expiry&)> expired_;
     const agent_log* log_ = nullptr;
     std::size_t reports_ = 0;
@@ -21232,7 +21266,7 @@ ELASTIC_DECL std::string detail::agent::quoted_excerpt(std::string_view text) {
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <set>
+#include <list>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -21287,9 +21321,9 @@ public:
     }
     ~basic_http_endpoint() {
         shared_->handler = nullptr;
-        for (auto* socket : shared_->open) {
+        for (auto& entry : shared_->open) {
             asio::error_code ignored;
-            socket->close(ignored);
+            entry.first->close(ignored);
         }
     }
     basic_http_endpoint(const basic_http_endpoint&) = delete;
@@ -21309,7 +21343,7 @@ public:
                 co_await pause.async_wait(detail::use_awaitable<Defer>);
                 continue;
             }
-            if (shared_->open.size() >= max_connections) continue;  // closed at once: a flood gets nothing
+            if (shared_->open.size() >= max_connections && !shared_->evict_one()) continue;  // all busy answering
             asio::co_spawn(executor_, answer(connection(shared_, std::move(socket))), detail::detached<Defer>);
         }
     }
@@ -21317,7 +21351,27 @@ public:
 private:
     struct shared {
         std::function<http_response(std::string_view)> handler;
-        std::set<asio::ip::tcp::socket*> open;
+        /// Open connections, oldest first, each with whether its request head has come.
+        std::list<std::pair<asio::ip::tcp::socket*, bool>> open;
+
+        /// Full: the oldest connection that has not sent its head yet makes room (a client that
+        /// stalls cannot hold a place a real one needs). False when every one is being answered.
+        bool evict_one() {
+            for (auto& [socket, heard] : open) {
+                if (!heard) {
+                    asio::error_code ignored;
+                    socket->close(ignored);
+                    heard = true;  // closing: not evicted twice
+                    return true;
+                }
+            }
+            return false;
+        }
+        void heard(asio::ip::tcp::socket* socket) {
+            for (auto& entry : open) {
+                if (entry.first == socket) entry.second = true;
+            }
+        }
     };
 
     /// One accepted connection, counted among the open ones from its accept to its end (a
@@ -21327,12 +21381,12 @@ private:
         std::unique_ptr<asio::ip::tcp::socket> socket;
         connection(std::shared_ptr<shared> s, asio::ip::tcp::socket&& accepted)
             : state(std::move(s)), socket(std::make_unique<asio::ip::tcp::socket>(std::move(accepted))) {
-            state->open.insert(socket.get());
+            state->open.emplace_back(socket.get(), false);
         }
         connection(connection&&) noexcept = default;
         connection& operator=(connection&&) = delete;
         ~connection() {
-            if (socket) state->open.erase(socket.get());
+            if (socket) state->open.remove_if([this](const auto& entry) { return entry.first == socket.get(); });
         }
     };
 
@@ -21348,6 +21402,7 @@ private:
                               timer.async_wait(detail::as_tuple_awaitable<Defer>));
         if (read.index() == 1) co_return;  // too slow: closed without an answer
         const auto [ec, n] = std::get<0>(read);
+        state->heard(socket.get());
         detail::agent::http_request_line request;
         if (ec == asio::error::not_found) {
             request.refusal = http_response{431, "text/plain; charset=utf-8", "request head too large\n"};
@@ -22380,8 +22435,10 @@ struct agent_status {
     std::string host;
     std::string role = "default";
     long pid = 0;
-    /// "joining" (waiting for its round), "running", "stopping", "deciding" (the restart policy
-    /// runs, a backoff included), "succeeded", "failed".
+    /// "joining" (waiting for its round), "running", "stopping" (its group), "deciding" (after
+    /// a failed attempt: the restart policy, a backoff included, or the decision of the node that
+    /// decides), "finishing" (its workers succeeded: the exit barrier, then leaving); read from a
+    /// store, also "gone" (its lease is lost).
     std::string state = "joining";
     int round = -1;  ///< -1: none yet
     int group_rank = -1;
@@ -22418,10 +22475,17 @@ struct agent_status {
 /// $XDG_RUNTIME_DIR/elastic when that is set, else <temporary directory>/elastic-<uid>.
 [[nodiscard]] ELASTIC_DECL std::filesystem::path status_directory();
 
+/// Where `elasticrun status` looks: status_directory() and the other place an agent started
+/// with another environment would have used (an ssh login has XDG_RUNTIME_DIR, a batch job often
+/// not), each once.
+[[nodiscard]] ELASTIC_DECL std::vector<std::filesystem::path> status_directories();
+
 /// The status of every agent of this user on this machine that still runs (their files in
-/// `dir`, status_directory() by default), oldest agent first. Files of agents that are gone, and
-/// files that are not status, are skipped.
-[[nodiscard]] ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir);
+/// `dirs`), oldest agent first. Files of agents that are gone, and files that are not status, are
+/// skipped; a directory that is not this user's alone is not read, and `notes` (when given) says
+/// so.
+[[nodiscard]] ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::filesystem::path>& dirs,
+                                                                   std::vector<std::string>* notes = nullptr);
 
 namespace detail::agent {
 
@@ -22430,10 +22494,36 @@ namespace detail::agent {
         .count();
 }
 
-/// Makes status_directory() (mode 0700) when missing and checks that it is a directory of this
-/// user's, not a link, that nobody else may write; removes the files of agents that are gone.
-/// Throws std::runtime_error saying what is wrong.
-[[nodiscard]] ELASTIC_DECL std::filesystem::path prepare_status_directory();
+/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
+/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
+/// (ENOENT: it does not exist, with `why` empty).
+[[nodiscard]] ELASTIC_DECL int open_status_directory(const std::filesystem::path& dir, bool create, std::string& why);
+
+/// This agent's status file, `<status_directory()>/<pid>.json`. Its directory is opened once and
+/// checked, and every write goes through that descriptor (made aside, then renamed in), so a
+/// directory swapped in under the same path is never written into; no fsync (a write must never
+/// stall the agent's thread, and a lost one is replaced a second later). Files of agents that
+/// are gone are removed when it opens; its own, and the directory if it is then empty, when it
+/// closes.
+class status_file {
+public:
+    /// Throws std::runtime_error saying what is wrong with the directory.
+    ELASTIC_DECL explicit status_file(long pid);
+    ELASTIC_DECL ~status_file();
+    status_file(const status_file&) = delete;
+    status_file& operator=(const status_file&) = delete;
+
+    /// Replaces the file's content; throws std::runtime_error. A directory removed meanwhile (by
+    /// the last agent that used it) is made again.
+    ELASTIC_DECL void write(std::string_view text);
+
+private:
+    ELASTIC_DECL void open_directory();
+
+    std::filesystem::path dir_;
+    std::string name_;
+    int fd_ = -1;
+};
 
 }  // namespace detail::agent
 
@@ -22453,6 +22543,8 @@ namespace detail::agent {
 #include <sstream>
 #include <stdexcept>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22502,8 +22594,9 @@ ELASTIC_DECL std::string status_json(const agent_status& s) {
 
 ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text) {
     const auto o = nlohmann::json::parse(text, nullptr, false);
-    if (o.is_discarded() || !o.is_object() || o.value("version", 0) != 1) return std::nullopt;
+    if (o.is_discarded() || !o.is_object()) return std::nullopt;
     try {
+        if (o.at("version").get<int>() != 1) return std::nullopt;
         agent_status s;
         s.run_id = o.at("run_id").get<std::string>();
         s.node = o.at("node").get<std::string>();
@@ -22555,8 +22648,9 @@ inline std::string age_text(double seconds) {
     return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
 }
 
-/// A Prometheus label value: backslash, double quote and newline escaped.
-inline std::string label(std::string_view value) {
+/// A Prometheus label value: valid UTF-8, backslash, double quote and newline escaped.
+inline std::string label(std::string_view raw) {
+    const auto value = detail::report::valid_utf8(raw);
     std::string out;
     for (const char c : value) {
         if (c == '\\') {
@@ -22574,7 +22668,21 @@ inline std::string label(std::string_view value) {
 
 }  // namespace detail::agent
 
-ELASTIC_DECL std::string status_table(const std::vector<agent_status>& agents, std::int64_t now_ms) {
+ELASTIC_DECL std::string status_table(const std::vector<agent_status>& raw, std::int64_t now_ms) {
+    // Names come from files and stores others may write: no control character reaches a terminal.
+    const auto clean = [](std::string text) {
+        for (auto& c : text) {
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        }
+        return text;
+    };
+    std::vector<agent_status> agents = raw;
+    for (auto& a : agents) {
+        for (auto* text : {&a.run_id, &a.node, &a.host, &a.state, &a.store}) *text = clean(*text);
+        for (auto& r : a.ranks) {
+            for (auto* text : {&r.state, &r.ended, &r.section}) *text = clean(*text);
+        }
+    }
     std::string out;
     for (const auto& a : agents) {
         if (!out.empty()) out += "\n";
@@ -22644,8 +22752,8 @@ ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
             }
         }
     };
-    per_rank("elastic_worker_up", "gauge", "1 while the worker runs, else 0.",
-             [](const rank_status& r) -> std::optional<int> { return r.state == "running" ? 1 : 0; });
+    per_rank("elastic_worker_up", "gauge", "1 while the worker's process runs (hung or not), else 0.",
+             [](const rank_status& r) -> std::optional<int> { return r.state == "running" || r.state == "hung"; });
     per_rank("elastic_worker_heartbeat_age_seconds", "gauge",
              "Seconds since the worker's last sign of life (--watchdog).",
              [](const rank_status& r) { return r.heartbeat_age; });
@@ -22664,51 +22772,181 @@ ELASTIC_DECL std::filesystem::path status_directory() {
 namespace detail::agent {
 
 /// The pid a status file is named after ("4242.json"), or 0.
-inline long status_file_pid(const std::filesystem::path& file) {
-    if (file.extension() != ".json") return 0;
-    const auto stem = file.stem().string();
-    if (stem.empty() || stem.size() > 10 ||
-        !std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-        return 0;
+inline long status_file_pid(std::string_view name) {
+    if (name.size() < 6 || name.size() > 15 || name.substr(name.size() - 5) != ".json") return 0;
+    long pid = 0;
+    for (const char c : name.substr(0, name.size() - 5)) {
+        if (c < '0' || c > '9') return 0;
+        pid = pid * 10 + (c - '0');
     }
-    return std::stol(stem);
+    return pid <= 0x3fffffff ? pid : 0;
 }
 
-inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+/// Gone, or not this user's: a pid of another user (EPERM) is no agent of ours.
+inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
+
+/// When process `pid` started, in ms since the epoch (from /proc), or nullopt.
+inline std::optional<std::int64_t> process_started_ms(long pid) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text;
+    std::getline(stat, text);
+    const auto close = text.rfind(')');  // the command name may hold spaces and parentheses
+    if (close == std::string::npos) return std::nullopt;
+    std::istringstream fields(text.substr(close + 2));
+    std::string field;
+    for (int i = 3; i < 22 && fields >> field; ++i) {
+    }
+    unsigned long long ticks = 0;
+    if (!(fields >> ticks)) return std::nullopt;
+    std::ifstream boot("/proc/stat");
+    std::string key;
+    long long btime = -1;
+    while (boot >> key) {
+        if (key == "btime") {
+            boot >> btime;
+            break;
+        }
+    }
+    const long hz = ::sysconf(_SC_CLK_TCK);
+    if (btime < 0 || hz <= 0) return std::nullopt;
+    return btime * 1000 + static_cast<std::int64_t>(ticks * 1000 / static_cast<unsigned long long>(hz));
+}
+
+/// A status whose agent is not the process that now has its pid (the agent died and the pid
+/// was reused): its start is more than a minute from that process's.
+inline bool pid_reused(const agent_status& s) {
+    const auto started = process_started_ms(s.pid);
+    return started && (s.started_ms - *started > 60000 || *started - s.started_ms > 60000);
+}
 
 }  // namespace detail::agent
 
-ELASTIC_DECL std::filesystem::path detail::agent::prepare_status_directory() {
-    const auto dir = status_directory();
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw std::runtime_error(fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno)));
+ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::path& dir, bool create, std::string& why) {
+    why.clear();
+    if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
+        return -1;
+    }
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
+        return -1;
     }
     struct stat st {};
-    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
-        throw std::runtime_error(fmt::format("{} is not a directory of this user's that only it may write (a link, "
-                                             "or another user's?); remove it",
-                                             dir.string()));
+    if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+        ::close(fd);
+        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
+                          "remove it",
+                          dir.string());
+        return -1;
     }
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        const long pid = status_file_pid(entry.path());
-        if (pid > 0 && process_gone(pid)) std::filesystem::remove(entry.path(), ec);
-    }
-    return dir;
+    return fd;
 }
 
-ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir) {
+ELASTIC_DECL detail::agent::status_file::status_file(long pid)
+    : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
+    open_directory();
+    // Files of agents that died without removing theirs (SIGKILL).
+    if (DIR* d = ::fdopendir(::dup(fd_))) {
+        while (const dirent* e = ::readdir(d)) {
+            const long other = status_file_pid(e->d_name);
+            if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
+        }
+        ::closedir(d);
+    }
+}
+
+ELASTIC_DECL void detail::agent::status_file::open_directory() {
+    std::string why;
+    const int fd = open_status_directory(dir_, true, why);
+    if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+}
+
+ELASTIC_DECL detail::agent::status_file::~status_file() {
+    if (fd_ < 0) return;
+    ::unlinkat(fd_, name_.c_str(), 0);
+    ::unlinkat(fd_, (name_ + ".tmp").c_str(), 0);
+    // The directory too when this was the last agent's file; only if the path is still it.
+    struct stat mine {};
+    struct stat there {};
+    if (::fstat(fd_, &mine) == 0 && ::lstat(dir_.c_str(), &there) == 0 && mine.st_ino == there.st_ino &&
+        mine.st_dev == there.st_dev) {
+        ::rmdir(dir_.c_str());
+    }
+    ::close(fd_);
+}
+
+ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || st.st_nlink == 0) open_directory();  // removed under us
+    const auto tmp = name_ + ".tmp";
+    const int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const auto n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    const int error = errno;
+    ::close(fd);
+    if (done != text.size()) {
+        ::unlinkat(fd_, tmp.c_str(), 0);
+        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(error)));
+    }
+    if (::renameat(fd_, tmp.c_str(), fd_, name_.c_str()) != 0) {
+        throw std::runtime_error(fmt::format("cannot rename into {}: {}", (dir_ / name_).string(),
+                                             std::strerror(errno)));
+    }
+}
+
+ELASTIC_DECL std::vector<std::filesystem::path> status_directories() {
+    std::vector<std::filesystem::path> out{status_directory()};
+    const auto other = std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+    if (other != out.front()) out.push_back(other);
+    return out;
+}
+
+ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::filesystem::path>& dirs,
+                                                     std::vector<std::string>* notes) {
     std::vector<agent_status> out;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        const long pid = detail::agent::status_file_pid(entry.path());
-        if (pid <= 0 || detail::agent::process_gone(pid)) continue;
-        struct stat st {};
-        if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) continue;
-        std::ifstream in(entry.path());
-        std::stringstream text;
-        text << in.rdbuf();
-        if (auto s = parse_status_json(text.str()); s && s->pid == pid) out.push_back(std::move(*s));
+    for (const auto& dir : dirs) {
+        std::string why;
+        const int dfd = detail::agent::open_status_directory(dir, false, why);
+        if (dfd < 0) {
+            if (!why.empty() && notes != nullptr) notes->push_back(fmt::format("not read: {}", why));
+            continue;
+        }
+        DIR* d = ::fdopendir(dfd);
+        if (d == nullptr) {
+            ::close(dfd);
+            continue;
+        }
+        while (const dirent* e = ::readdir(d)) {
+            const long pid = detail::agent::status_file_pid(e->d_name);
+            if (pid <= 0 || detail::agent::process_gone(pid)) continue;
+            if (std::any_of(out.begin(), out.end(), [pid](const agent_status& a) { return a.pid == pid; })) continue;
+            // Opened without following a link or waiting on a FIFO; a regular file of this user's,
+            // read up to 1 MiB.
+            const int fd = ::openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            if (fd < 0) continue;
+            struct stat st {};
+            std::string text;
+            if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && st.st_size <= (1 << 20)) {
+                text.resize(static_cast<std::size_t>(st.st_size));
+                const auto n = ::read(fd, text.data(), text.size());
+                text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+            }
+            ::close(fd);
+            if (auto s = parse_status_json(text); s && s->pid == pid && !detail::agent::pid_reused(*s)) {
+                out.push_back(std::move(*s));
+            }
+        }
+        ::closedir(d);
     }
     std::sort(out.begin(), out.end(), [](const agent_status& a, const agent_status& b) {
         return a.started_ms != b.started_ms ? a.started_ms < b.started_ms : a.pid < b.pid;
@@ -23363,7 +23601,8 @@ public:
             if (status) r.ended = status->status.describe();
             if (i < watches_.size()) {
                 const auto& w = watches_[i];
-                if (w.alive) r.heartbeat_age = std::chrono::duration<double>(now - w.last_sign).count();
+                // Only while it runs: a finished worker's silence means nothing.
+                if (w.alive && !status) r.heartbeat_age = std::chrono::duration<double>(now - w.last_sign).count();
                 r.section = w.section;
                 r.progress = w.progress;
             }
@@ -23394,13 +23633,21 @@ private:
     /// Serves torch's file timer until watch() ends (it never ends first: when the server
     /// fails, it says so and waits to be cancelled, and supervision goes on).
     asio::awaitable<void> serve_timers() {
-        const auto why = co_await timers_->serve([this](long pid) { return timer_owner(pid).has_value(); },
+        const auto why = co_await timers_->serve([this](long pid) { return timer_sender(pid); },
                                                  [this](const file_timer_expiry& e) { timer_expired(e); }, *log_);
         log_->error(fmt::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
                                 "this attempt",
                                 why));
         asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
         co_await never.async_wait(detail::use_awaitable<Defer>);
+    }
+
+    [[nodiscard]] file_timer_sender timer_sender(long pid) const {
+        if (timer_owner(pid)) return file_timer_sender::worker;
+        for (const auto& worker : workers_) {
+            if (static_cast<long>(worker.pid()) == pid) return file_timer_sender::ended_worker;
+        }
+        return file_timer_sender::stranger;
     }
 
     /// The running worker that `pid` is, or whose process group it is in.
@@ -23955,7 +24202,7 @@ public:
         // What the agent shows while it runs (the status file, --metrics-port, the health
         // check) runs beside the loop, from before the first round until the end.
         open_status();
-        auto ran = co_await (detail::settle(run_loop_inner(loop, rdzv)) || show_status());
+        auto ran = co_await (detail::settle(run_loop_inner(loop, rdzv)) || show_status(rdzv));
         close_status();
         if (ran.index() == 1) throw agent_error("the status publisher ended on its own");
         co_return std::get<0>(ran).take();
@@ -24226,6 +24473,7 @@ private:
             log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
                                      "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
                                      spec_.role, what, decision.reason, rdzv.restart_count()));
+            ++status_.restarts_total;
             co_return std::nullopt;
         }
         if (decision.restart) {
@@ -24457,8 +24705,12 @@ private:
 
         switch (outcome.how) {
             case kind::succeeded: break;
-            case kind::signaled: co_await stop_on_signal(group, outcome.signal); break;
+            case kind::signaled:
+                status_.state = "stopping";
+                co_await stop_on_signal(group, outcome.signal);
+                break;
             case kind::aborted:  // another node's failure
+                status_.state = "stopping";
                 (void)co_await group.stop(SIGTERM);
                 break;
             case kind::failed: {
@@ -24485,9 +24737,9 @@ private:
             }
         }
         co_await group.close();
-        status_.timer_expiries_total += group.timer_expiries();
+        timer_expiries_ended_ += group.timer_expiries();
         status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
-        if (outcome.how != kind::succeeded) status_.state = "deciding";
+        status_.state = outcome.how == kind::succeeded ? "finishing" : "deciding";
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -24750,67 +25002,109 @@ private:
         status_.started_ms = detail::agent::unix_ms();
         if (shown_.status_file) {
             try {
-                status_file_ = detail::agent::prepare_status_directory() / fmt::format("{}.json", status_.pid);
+                status_file_ = std::make_unique<detail::agent::status_file>(status_.pid);
             } catch (const std::exception& e) {
                 log_.warning(fmt::format("no status file for `elasticrun status`: {}", e.what()));
             }
         }
         const auto open = [this](std::unique_ptr<http_endpoint>& endpoint, const std::string& host, std::uint16_t port,
-                                 std::string_view what, bool health_only) {
-            try {
-                endpoint = std::make_unique<http_endpoint>(executor_, host, port,
-                                                           [this, health_only](std::string_view path) {
-                                                               return answer(path, health_only);
-                                                           });
-            } catch (const std::system_error& e) {
-                throw usage_error{fmt::format("{}: cannot listen on {}:{}: {}; choose another port", what, host, port,
-                                              e.code().message())};
-            }
-            log_.info(fmt::format("{}: serving on {}:{}", what, host, endpoint->port()));
+                                 bool health_only) {
+            endpoint = std::make_unique<http_endpoint>(executor_, host, port,
+                                                       [this, health_only](std::string_view path) {
+                                                           return answer(path, health_only);
+                                                       });
         };
-        if (shown_.metrics_port) open(metrics_, shown_.metrics_host, *shown_.metrics_port, "--metrics-port", false);
+        if (shown_.metrics_port) {
+            try {
+                open(metrics_, shown_.metrics_host, *shown_.metrics_port, false);
+            } catch (const std::system_error& e) {
+                throw usage_error{fmt::format("--metrics-port: cannot listen on {}:{}: {}; choose another port",
+                                              shown_.metrics_host, *shown_.metrics_port, e.code().message())};
+            }
+            // Port 0 asked for any port: the one taken must be seen whatever the log level.
+            const auto line = fmt::format("--metrics-port: serving /metrics, /status and /health on {}:{}",
+                                          shown_.metrics_host, metrics_->port());
+            if (*shown_.metrics_port == 0) {
+                log_.warning(line);
+            } else {
+                log_.info(line);
+            }
+        }
         if (shown_.health_check_port) {
-            open(health_, "0.0.0.0", *shown_.health_check_port, "TORCHELASTIC_HEALTH_CHECK_PORT", true);
+            // torch's variable, inherited by every agent of a machine: a port another agent holds
+            // costs this one its health check, not its job.
+            try {
+                open(health_, "0.0.0.0", *shown_.health_check_port, true);
+                log_.info(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT: serving on 0.0.0.0:{}", health_->port()));
+            } catch (const std::system_error& e) {
+                log_.warning(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: cannot listen there ({}); this agent "
+                                         "answers no health check",
+                                         *shown_.health_check_port, e.code().message()));
+            }
         }
     }
 
     void close_status() noexcept {
         metrics_.reset();
         health_.reset();
-        if (!status_file_.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove(status_file_, ignored);
-            ::rmdir(status_file_.parent_path().c_str());  // when it was the last agent's (else it fails)
-        }
+        status_file_.reset();
     }
 
     /// The status as of now.
     const agent_status& refresh_status() {
         if (shown_group_ != nullptr) status_.ranks = shown_group_->rank_statuses();
+        status_.timer_expiries_total = timer_expiries_ended_ +
+                                       (shown_group_ != nullptr ? shown_group_->timer_expiries() : 0);
         status_.store_requests_total = store_requests_->load(std::memory_order_relaxed);
         status_.updated_ms = detail::agent::unix_ms();
         return status_;
     }
 
-    /// Writes the status file every second and serves the endpoints, until cancelled.
-    asio::awaitable<void> show_status() {
+    /// Writes the status file every second, publishes the status in the job's store (a
+    /// rendezvous that can), and serves the endpoints, until cancelled.
+    template <class R>
+    asio::awaitable<void> show_status(R& rdzv) {
         using namespace asio::experimental::awaitable_operators;
-        co_await (write_status() || serve(metrics_.get()) || serve(health_.get()));
+        co_await (write_status() || serve(metrics_.get()) || serve(health_.get()) || publish_status(rdzv));
+    }
+
+    /// Every 2 s, this node's status into the job's store, for `elasticrun status
+    /// --rdzv-endpoint`. A store that cannot be reached costs one line at INFO (the rounds
+    /// report a lost store themselves).
+    template <class R>
+    asio::awaitable<void> publish_status(R& rdzv) {
+        asio::steady_timer tick(executor_);
+        if constexpr (requires(R & r, std::string json) { r.publish_status(std::move(json)); }) {
+            bool told = false;
+            for (;;) {
+                tick.expires_after(std::chrono::seconds(2));
+                co_await tick.async_wait(detail::use_awaitable<Defer>);
+                if constexpr (requires(const R& r) { r.node_id(); }) {
+                    if (!rdzv.node_id().empty()) status_.node = rdzv.node_id();
+                }
+                try {
+                    auto json = status_json(refresh_status());
+                    co_await rdzv.publish_status(std::move(json));
+                    told = false;
+                } catch (const store_error& e) {
+                    if (!told)
+                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                    told = true;
+                }
+            }
+        } else {
+            tick.expires_at(asio::steady_timer::time_point::max());
+            co_await tick.async_wait(detail::use_awaitable<Defer>);
+        }
     }
 
     asio::awaitable<void> write_status() {
         asio::steady_timer tick(executor_);
         bool warned = false;
         for (;;) {
-            if (!status_file_.empty()) {
+            if (status_file_) {
                 try {
-                    try {
-                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
-                    } catch (const std::exception&) {
-                        // The directory went with the last agent that used it: made again.
-                        status_file_ = detail::agent::prepare_status_directory() / status_file_.filename();
-                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
-                    }
+                    status_file_->write(status_json(refresh_status()));
                     warned = false;
                 } catch (const std::exception& e) {
                     if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
@@ -24840,13 +25134,14 @@ private:
         return {404, "text/plain; charset=utf-8", "not found: try /metrics, /status or /health\n"};
     }
 
-    bool several_ = false;                       ///< a job of several nodes (uses_node_rendezvous)
-    agent_options shown_;                        ///< what the agent shows while it runs
-    agent_status status_;                        ///< what it shows of itself
-    const worker_group* shown_group_ = nullptr;  ///< the attempt's group, while it lives
-    std::filesystem::path status_file_;          ///< empty: none written
-    std::unique_ptr<http_endpoint> metrics_;     ///< --metrics-port
-    std::unique_ptr<http_endpoint> health_;      ///< TORCHELASTIC_HEALTH_CHECK_PORT
+    bool several_ = false;                                     ///< a job of several nodes (uses_node_rendezvous)
+    agent_options shown_;                                      ///< what the agent shows while it runs
+    agent_status status_;                                      ///< what it shows of itself
+    const worker_group* shown_group_ = nullptr;                ///< the attempt's group, while it lives
+    std::unique_ptr<detail::agent::status_file> status_file_;  ///< none: no status file
+    std::uint64_t timer_expiries_ended_ = 0;                   ///< of the attempts that ended
+    std::unique_ptr<http_endpoint> metrics_;                   ///< --metrics-port
+    std::unique_ptr<http_endpoint> health_;                    ///< TORCHELASTIC_HEALTH_CHECK_PORT
     /// Requests the workers' stores this agent hosted served (shared with those stores).
     std::shared_ptr<std::atomic<std::uint64_t>> store_requests_ = std::make_shared<std::atomic<std::uint64_t>>(0);
     std::unique_ptr<file_timer_server> file_timers_;                ///< TORCHELASTIC_ENABLE_FILE_TIMER=1
@@ -26192,6 +26487,9 @@ namespace elastic::inline v0 {
 // elastic/impl/src.hpp's file alone (docs/building.md).
 #if ELASTIC_DETAIL_BODIES
 #include <CLI/CLI.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #endif
 #include <fmt/format.h>
 
@@ -26885,18 +27183,26 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (!at.port) {
             throw usage_error{fmt::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
         }
+        in6_addr address{};
+        if (::inet_pton(AF_INET, at.host.c_str(), &address) != 1 &&
+            ::inet_pton(AF_INET6, at.host.c_str(), &address) != 1) {
+            throw usage_error{fmt::format("{}: HOST must be an address of this machine (such as 10.0.0.5), not a name",
+                                          detail::launch::show(v->name, v->text))};
+        }
         config.metrics_host = at.host;
         config.metrics_port = *at.port;
     }
     if (const auto* port = detail::find_variable(env, "TORCHELASTIC_HEALTH_CHECK_PORT");
         port != nullptr && !port->empty()) {
+        // torch's variable, read by other launchers too: a bad value costs the health check only.
         const auto n = detail::launch::to_integer(*port);
         if (!n || *n < 0 || *n > 65535) {
-            throw usage_error{fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: the port must be an integer from 0 to "
-                                          "65535",
-                                          *port)};
+            config.warnings.push_back(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: not a port from 0 to 65535; no "
+                                                  "health check is served",
+                                                  *port));
+        } else {
+            config.health_check_port = static_cast<std::uint16_t>(*n);
         }
-        config.health_check_port = static_cast<std::uint16_t>(*n);
     }
     if (const auto v = raw("signals_to_handle")) {
         config.signals_to_handle = parse_signals(v->text, v->name);
@@ -27025,31 +27331,69 @@ template <policy_clock Clock = steady_policy_clock>
 
 namespace elastic::inline v0::detail::launch {
 
-/// `elasticrun status [--rdzv-id=ID] [--json]`; argv[0] is "status". Returns the exit code: 0
-/// when an agent was found, 1 when none runs (or none of run ID), 2 for bad arguments.
+/// `elasticrun status [--rdzv-id=ID] [--json]` (this machine's agents) or `elasticrun status
+/// --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=...] [--json]` (every agent of the job,
+/// from its rendezvous store); argv[0] is "status". Returns the exit code: 0 when an agent was
+/// found, 1 when none was (or the store could not be read), 2 for bad arguments.
 [[nodiscard]] ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher);
 
 }  // namespace elastic::inline v0::detail::launch
 
 #if ELASTIC_DETAIL_BODIES
 
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <vector>
 
 namespace elastic::inline v0::detail::launch {
 
+/// Every agent's status the job's rendezvous store holds (publish_status()), in the order they
+/// first published. An agent whose lease the store no longer holds is shown "gone".
+inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_client& store, std::string run_id) {
+    using keys = store_rendezvous<tcp_store_client>;
+    std::vector<agent_status> out;
+    std::vector<std::string> count_key{keys::job_key(run_id, "status/count")};
+    if (!co_await store.check(std::move(count_key))) co_return out;
+    const auto count = co_await store.add(keys::job_key(run_id, "status/count"), 0);
+    // At most 100,000 agents are read (a forged counter must not make this run for ever).
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(count, 100000); ++i) {
+        const auto key = keys::job_key(run_id, fmt::format("status/{}", i));
+        std::vector<std::string> one{key};
+        if (!co_await store.check(std::move(one))) continue;  // counted, not yet written
+        std::vector<std::string> get{key};
+        auto values = co_await store.multi_get(std::move(get));
+        if (values.empty() || values.front().size() > (1u << 20)) continue;
+        auto s = parse_status_json(values.front());
+        if (!s) continue;
+        std::vector<std::string> lease{lease_key(keys::job_key(run_id, "nodes"), s->node)};
+        if (!co_await store.check(std::move(lease))) s->state = "gone";
+        out.push_back(std::move(*s));
+    }
+    co_return out;
+}
+
 ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher) {
     bool json = false;
     std::optional<std::string> run_id;
+    std::optional<std::string> endpoint;
+    std::optional<std::string> conf;
     const auto usage = fmt::format(
-        "usage: {} status [--rdzv-id=ID] [--json]\n\n"
-        "Shows the elasticrun agents of this user on this machine: each one's job, round, state and restarts,\n"
-        "and each worker's state, last heartbeat, progress and section (--watchdog).\n\n"
-        "  --rdzv-id=ID  only the agents of this run id\n"
-        "  --json        one JSON array of the agents' status objects (docs/status.md)\n",
+        "usage: {0} status [--rdzv-id=ID] [--json]\n"
+        "       {0} status --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=KEY=VALUE,...] [--json]\n\n"
+        "Shows the elasticrun agents of this user on this machine, or with --rdzv-endpoint every agent of the\n"
+        "job whose rendezvous store is there: each one's job, round, state and restarts, and each worker's\n"
+        "state, last heartbeat, progress and section (--watchdog).\n\n"
+        "  --rdzv-id=ID          only the agents of this run id (needed with --rdzv-endpoint)\n"
+        "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it\n"
+        "  --rdzv-conf=...       secret_file and read_timeout, as the agents were given them\n"
+        "                        (or the secret in $ELASTIC_RDZV_SECRET)\n"
+        "  --json                one JSON array of the agents' status objects (docs/status.md)\n",
         launcher);
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
@@ -27062,21 +27406,74 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             run_id = std::string(arg.substr(10));
         } else if ((arg == "--rdzv-id" || arg == "--rdzv_id") && i + 1 < argc) {
             run_id = argv[++i];
-        } else if (arg.rfind("--rdzv-endpoint", 0) == 0 || arg.rfind("--rdzv_endpoint", 0) == 0) {
-            std::fprintf(stderr,
-                         "%.*s status: %.*s: only the agents of this machine can be asked (their status files); "
-                         "run status on a node of the job, or scrape each agent's --metrics-port /status\n",
-                         static_cast<int>(launcher.size()), launcher.data(), static_cast<int>(arg.size()), arg.data());
-            return 2;
+        } else if (arg.rfind("--rdzv-endpoint=", 0) == 0 || arg.rfind("--rdzv_endpoint=", 0) == 0) {
+            endpoint = std::string(arg.substr(16));
+        } else if ((arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint") && i + 1 < argc) {
+            endpoint = argv[++i];
+        } else if (arg.rfind("--rdzv-conf=", 0) == 0 || arg.rfind("--rdzv_conf=", 0) == 0) {
+            conf = std::string(arg.substr(12));
+        } else if ((arg == "--rdzv-conf" || arg == "--rdzv_conf") && i + 1 < argc) {
+            conf = argv[++i];
         } else {
             std::fprintf(stderr, "%.*s status: unknown argument '%.*s'\n%s", static_cast<int>(launcher.size()),
                          launcher.data(), static_cast<int>(arg.size()), arg.data(), usage.c_str());
             return 2;
         }
     }
-    const auto dir = status_directory();
-    auto agents = read_statuses(dir);
-    if (run_id) std::erase_if(agents, [&](const agent_status& a) { return a.run_id != *run_id; });
+    const auto say = [launcher](const std::string& line) {
+        std::fprintf(stderr, "%.*s status: %s\n", static_cast<int>(launcher.size()), launcher.data(), line.c_str());
+    };
+    std::vector<agent_status> agents;
+    std::string where;
+    if (endpoint) {
+        if (!run_id) {
+            say("--rdzv-endpoint needs --rdzv-id: a store may hold several jobs");
+            return 2;
+        }
+        store_client_options options;
+        try {
+            const auto at = parse_host_port(*endpoint, "--rdzv-endpoint");
+            auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", rendezvous_backend::c10d)
+                                 : rendezvous_settings{};
+            auto env = current_environment();
+            load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
+            options.host = at.host;
+            options.port = at.port.value_or(default_rendezvous_port(rendezvous_backend::c10d));
+            options.secret = settings.secret;
+            options.timeout = settings.read_timeout;
+            options.connect_timeout = std::chrono::seconds(10);
+            options.dialect = client_dialect::current;
+        } catch (const usage_error& e) {
+            say(e.what());
+            return 2;
+        }
+        where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
+        asio::io_context io;
+        tcp_store_client store(io.get_executor(), options);
+        std::exception_ptr failed;
+        asio::co_spawn(io, read_job_statuses(store, *run_id), [&](std::exception_ptr e, std::vector<agent_status> got) {
+            failed = e;
+            agents = std::move(got);
+        });
+        io.run();
+        if (failed) {
+            try {
+                std::rethrow_exception(failed);
+            } catch (const std::exception& e) {
+                say(fmt::format("cannot read {}: {}", where, e.what()));
+                return 1;
+            }
+        }
+    } else {
+        const auto dirs = status_directories();
+        std::string places;
+        for (const auto& d : dirs) places += (places.empty() ? "" : ", ") + d.string();
+        where = fmt::format("this machine (status files in {})", places);
+        std::vector<std::string> notes;
+        agents = read_statuses(dirs, &notes);
+        for (const auto& note : notes) say(note);
+        if (run_id) std::erase_if(agents, [&](const agent_status& a) { return a.run_id != *run_id; });
+    }
     if (json) {
         auto array = nlohmann::json::array();
         for (const auto& a : agents) array.push_back(nlohmann::json::parse(status_json(a)));
@@ -27085,9 +27482,8 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         std::fputs(status_table(agents, detail::agent::unix_ms()).c_str(), stdout);
     }
     if (agents.empty()) {
-        std::fprintf(stderr, "%.*s status: no agent%s of this user runs on this machine (status files in %s)\n",
-                     static_cast<int>(launcher.size()), launcher.data(),
-                     run_id ? fmt::format(" of run '{}'", *run_id).c_str() : "", dir.c_str());
+        say(fmt::format("no agent{} {}", run_id ? fmt::format(" of run '{}'", *run_id) : std::string(),
+                        endpoint ? "published its status in " + where : "of this user runs on " + where));
         return 1;
     }
     return 0;

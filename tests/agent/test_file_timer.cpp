@@ -277,12 +277,16 @@ TEST_CASE("file timer: the server reads what clients write, ignores strangers an
         io,
         [&]() -> asio::awaitable<void> {
             using namespace asio::experimental::awaitable_operators;
-            auto r = co_await (server.serve([me](long pid) { return pid == me; },
-                                            [&](const elastic::file_timer_expiry& e) {
-                                                got.push_back(e);
-                                                if (e.scope == "z") done.cancel();
-                                            },
-                                            log) ||
+            auto r = co_await (server.serve(
+                                   [me](long pid) {
+                                       return pid == me ? elastic::file_timer_sender::worker
+                                                        : elastic::file_timer_sender::stranger;
+                                   },
+                                   [&](const elastic::file_timer_expiry& e) {
+                                       got.push_back(e);
+                                       if (e.scope == "z") done.cancel();
+                                   },
+                                   log) ||
                                done.async_wait(asio::experimental::as_tuple(asio::use_awaitable)));
             ended = r.index() == 0 ? std::get<0>(r) : std::string();
             guard.cancel();

@@ -17,12 +17,14 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <arpa/inet.h>
+#include <cerrno>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/inotify.h>
@@ -188,25 +190,30 @@ TEST_CASE("status: the endpoint answers GETs, refuses the rest, and a stalled or
     const auto port = endpoint.port();
     asio::co_spawn(io, endpoint.serve(), asio::detached);
     std::thread runner([&] { io.run(); });
-    // 16 connections that send nothing hold every place; the 17th is closed unanswered.
+    // 16 connections that send nothing fill every place; a real request still gets its answer:
+    // the oldest silent connection makes room.
+    const auto read_to_end = [](int fd) {
+        timeval limit{30, 0};  // a broken deadline fails the test, never hangs it
+        REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) == 0);
+        std::string got;
+        char buf[256];
+        for (;;) {
+            const auto n = ::recv(fd, buf, sizeof buf, 0);
+            if (n < 0 && errno == EAGAIN) FAIL("the endpoint kept a silent connection open past its deadline");
+            if (n <= 0) break;
+            got.append(buf, static_cast<std::size_t>(n));
+        }
+        return got;
+    };
     std::vector<int> idle;
     for (std::size_t i = 0; i < elastic::http_endpoint::max_connections; ++i) idle.push_back(connect_to(port));
-    CHECK(http_exchange(port, "GET /17th HTTP/1.1\r\n\r\n").empty());
-    // Each idle one is answered by its own close (5 s without a whole request head), never by
-    // an answer; read one to its end to see that.
-    std::string idle_answer;
-    char buf[256];
-    for (;;) {
-        const auto n = ::recv(idle.front(), buf, sizeof buf, 0);
-        if (n <= 0) break;
-        idle_answer.append(buf, static_cast<std::size_t>(n));
-    }
-    CHECK(idle_answer.empty());
-    for (const int fd : idle) ::close(fd);
-    // With the idle ones gone, requests are answered.
     const auto ok = http_exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     CHECK(ok.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
     CHECK(ok.find("\r\n\r\nyou asked /metrics\n") != std::string::npos);
+    CHECK(read_to_end(idle.front()).empty());  // the one evicted: closed, unanswered
+    // Another is closed by the deadline (5 s without a whole request head), never answered.
+    CHECK(read_to_end(idle.back()).empty());
+    for (const int fd : idle) ::close(fd);
     CHECK(http_exchange(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0) == 0);
     CHECK(http_exchange(port, "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0) == 0);
     CHECK(http_exchange(port, "GET /" + std::string(10000, 'a') + " HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 431", 0) == 0);
@@ -296,6 +303,45 @@ TEST_CASE("status: a running 2-agent job, as `elasticrun status`, /metrics and t
     CHECK(none.err.find("no agent of run 'nobody'") != std::string::npos);
     CHECK(agent_support::run({"status", "--bogus"}, status_env).code == 2);
 
+    // The whole job from its rendezvous store: each agent publishes there every 2 s.
+    nlohmann::json remote;
+    bool published = false;
+    const int rewrites = ::inotify_init1(IN_CLOEXEC);
+    REQUIRE(rewrites >= 0);
+    REQUIRE(::inotify_add_watch(rewrites, (runtime.path() / "elastic").c_str(), IN_MOVED_TO) >= 0);
+    for (int reading = 0; reading < 60 && !published; ++reading) {
+        auto r = agent_support::run({"status", "--json", fmt::format("--rdzv-endpoint=127.0.0.1:{}", store_port),
+                                     "--rdzv-id=statusjob"},
+                                    agent_support::clean_environment());
+        INFO(r.err);
+        if (r.code == 0) {
+            remote = nlohmann::json::parse(r.out);
+            published = remote.size() == 2;
+            for (const auto& a : remote) {
+                for (const auto& rank : a["ranks"]) published = published && rank["section"] == "allreduce";
+                published = published && a["ranks"].size() == 2 && a["state"] == "running";
+            }
+        } else {
+            REQUIRE(r.code == 1);  // nothing published yet
+        }
+        if (!published) REQUIRE(next_status_write(rewrites, std::chrono::seconds(30)));
+    }
+    ::close(rewrites);
+    INFO(remote.dump(2));
+    REQUIRE(published);
+    std::set<std::string> nodes;
+    for (const auto& a : remote) nodes.insert(a["node"].get<std::string>());
+    CHECK(nodes.size() == 2);
+    auto nobody = agent_support::run({"status", fmt::format("--rdzv-endpoint=127.0.0.1:{}", store_port),
+                                      "--rdzv-id=nobody"},
+                                     agent_support::clean_environment());
+    CHECK(nobody.code == 1);
+    CHECK(nobody.err.find("no agent of run 'nobody' published its status in the rendezvous store at 127.0.0.1:") !=
+          std::string::npos);
+    CHECK(agent_support::run({"status", fmt::format("--rdzv-endpoint=127.0.0.1:{}", store_port)},
+                             agent_support::clean_environment())
+              .code == 2);
+
     // /metrics through Python's own Prometheus parser.
     const std::string parse =
         "import sys, urllib.request\n"
@@ -322,8 +368,9 @@ TEST_CASE("status: a running 2-agent job, as `elasticrun status`, /metrics and t
     second.signal(SIGTERM);
     CHECK(first.wait() == 128 + SIGTERM);
     second.wait();
-    // Their status files went with them.
-    auto after = agent_support::run({"status", "--json"}, status_env);
+    // Their status files went with them, and the directory with the last one.
+    CHECK(!fs::exists(runtime.path() / "elastic"));
+    auto after = agent_support::run({"status", "--json", "--rdzv-id=statusjob"}, status_env);
     CHECK(after.code == 1);
     CHECK(after.out == "[]\n");
 }
@@ -333,11 +380,18 @@ TEST_CASE("status: a --metrics-port that cannot be had, or a bad health check po
     auto env = worker_env(dir, "*:env");
     auto r = agent_support::run(with_worker({"--metrics-port=nothost:x"}), env);
     CHECK(r.code == 2);
+    CHECK(r.err.find("must be an address of this machine") == std::string::npos);
+    r = agent_support::run(with_worker({"--metrics-port=localhost:9400"}), env);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("HOST must be an address of this machine (such as 10.0.0.5), not a name") != std::string::npos);
+    // torch's variable, which other launchers read too: a bad value costs the health check only.
     env["TORCHELASTIC_HEALTH_CHECK_PORT"] = "http";
     r = agent_support::run(with_worker({}), env);
-    CHECK(r.code == 2);
-    CHECK(r.err.find("TORCHELASTIC_HEALTH_CHECK_PORT=http: the port must be an integer") != std::string::npos);
+    CHECK(r.code == 0);
+    CHECK(r.err.find("TORCHELASTIC_HEALTH_CHECK_PORT=http: not a port from 0 to 65535; no health check is served") !=
+          std::string::npos);
     env.erase("TORCHELASTIC_HEALTH_CHECK_PORT");
+    fs::remove(dir.path() / "env.0.0");
     // A port already taken: the endpoint's own listening socket is the one in the way.
     asio::io_context io;
     elastic::http_endpoint taken(io.get_executor(), "127.0.0.1", 0,
@@ -346,6 +400,66 @@ TEST_CASE("status: a --metrics-port that cannot be had, or a bad health check po
     CHECK(r.code == 2);
     CHECK(r.err.find(fmt::format("--metrics-port: cannot listen on 127.0.0.1:{}", taken.port())) != std::string::npos);
     CHECK(!fs::exists(dir.path() / "env.0.0"));
+    // The same port through TORCHELASTIC_HEALTH_CHECK_PORT: warned, and the job runs.
+    env["TORCHELASTIC_HEALTH_CHECK_PORT"] = std::to_string(taken.port());
+    r = agent_support::run(with_worker({}), env);
+    CHECK(r.code == 0);
+    CHECK(r.err.find("answers no health check") != std::string::npos);
+}
+
+TEST_CASE("status: the reader trusts only this user's own directory and files, and never a bad one") {
+    temp_dir runtime;
+    const auto dir = runtime.path() / "elastic";
+    ::setenv("XDG_RUNTIME_DIR", runtime.str().c_str(), 1);
+    struct restore {
+        ~restore() { ::unsetenv("XDG_RUNTIME_DIR"); }
+    } restore_env;
+    // This process stands for a live agent: its pid names the files below.
+    const auto me = static_cast<long>(::getpid());
+    auto mine = sample();
+    mine.pid = me;
+    const auto started = elastic::detail::agent::process_started_ms(me);
+    REQUIRE(started);
+    mine.started_ms = *started;
+    {
+        elastic::detail::agent::status_file file(me);
+        file.write(elastic::status_json(mine));
+        std::vector<std::string> notes;
+        auto read = elastic::read_statuses({dir}, &notes);
+        REQUIRE(read.size() == 1);
+        CHECK(read[0].run_id == mine.run_id);
+        CHECK(notes.empty());
+        // Files that are not status, or not of a live pid, or lie about their pid: skipped.
+        std::ofstream(dir / "1.json") << elastic::status_json(mine);           // pid 1 is no agent of ours
+        std::ofstream(dir / "4294967295.json") << elastic::status_json(mine);  // no pid at all
+        std::ofstream(dir / "notes.txt") << "hello";
+        CHECK(elastic::read_statuses({dir}).size() == 1);
+        // A status of an agent that died, whose pid another process of ours has now: skipped.
+        auto dead = mine;
+        dead.started_ms -= 3600 * 1000;
+        file.write(elastic::status_json(dead));
+        CHECK(elastic::read_statuses({dir}).empty());
+        // A wrong-typed version is refused, not thrown.
+        CHECK(!elastic::parse_status_json("{\"version\": \"1\"}"));
+        file.write("{\"version\": \"1\"}");
+        CHECK(elastic::read_statuses({dir}).empty());
+        // A link or a FIFO in place of the file is never followed nor waited on.
+        fs::remove(dir / fmt::format("{}.json", me));
+        REQUIRE(::mkfifo((dir / fmt::format("{}.json", me)).c_str(), 0600) == 0);
+        CHECK(elastic::read_statuses({dir}).empty());
+        fs::remove(dir / fmt::format("{}.json", me));
+        fs::create_symlink("/dev/zero", dir / fmt::format("{}.json", me));
+        CHECK(elastic::read_statuses({dir}).empty());
+    }
+    // A directory others may write is not read, and the note says why.
+    fs::create_directories(dir);
+    fs::permissions(dir, fs::perms::all, fs::perm_options::replace);
+    std::vector<std::string> notes;
+    CHECK(elastic::read_statuses({dir}, &notes).empty());
+    REQUIRE(notes.size() == 1);
+    CHECK(notes[0].find("is not a directory of this user's that only it may write") != std::string::npos);
+    CHECK_THROWS_WITH_AS(elastic::detail::agent::status_file{me}, doctest::Contains("only it may write"),
+                         std::runtime_error);
 }
 
 }  // namespace test_status

@@ -54,6 +54,13 @@ struct file_timer_request {
 [[nodiscard]] ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(
     std::string_view line);
 
+/// Who sent a request, as the agent knows its workers.
+enum class file_timer_sender {
+    worker,        ///< a running worker, or a process of its process group
+    ended_worker,  ///< a worker that has ended (it wrote before its exit, the agent read after)
+    stranger,      ///< none of this node's workers
+};
+
 /// A scope that expired, and the signal it asked for (0: none).
 struct file_timer_expiry {
     long pid = 0;
@@ -172,17 +179,18 @@ public:
     [[nodiscard]] std::size_t timers() const noexcept { return table_.size(); }
 
     /// Reads requests and fires expiries until cancelled, for one attempt's workers: the timers
-    /// of earlier attempts are dropped. `accepts(pid)`: whether a request of that pid is kept (a
-    /// pid of an earlier worker is ignored quietly, any other is reported and ignored; a release
-    /// is always applied); `expired(e)`: a scope expired (the caller sends the signal). Returns
-    /// only when the FIFO cannot be read, or expiries cannot be handled, with why.
-    asio::awaitable<std::string> serve(std::function<bool(long)> accepts,
+    /// of earlier attempts are dropped. `sender(pid)`: who sent a request; only a running
+    /// worker's (or its process group's) is kept, an ended worker's is ignored quietly, any other
+    /// is reported and ignored; a release is always applied. `expired(e)`: a scope expired (the
+    /// caller sends the signal). Returns only when the FIFO cannot be read, or expiries cannot be
+    /// handled, with why.
+    asio::awaitable<std::string> serve(std::function<file_timer_sender(long)> sender,
                                        std::function<void(const file_timer_expiry&)> expired, const agent_log& log) {
         using namespace asio::experimental::awaitable_operators;
         table_ = {};
         armed_.reset();
         reports_ = 0;
-        accepts_ = std::move(accepts);
+        sender_ = std::move(sender);
         expired_ = std::move(expired);
         log_ = &log;
         const auto ended = co_await (read_requests() || fire_expiries());
@@ -241,8 +249,8 @@ private:
             (void)table_.apply(r, std::chrono::steady_clock::now(), std::chrono::system_clock::now());
             return;
         }
-        if (!accepts_(r.pid)) {
-            if (known_.count(r.pid) != 0) {
+        if (const auto who = sender_(r.pid); who != file_timer_sender::worker) {
+            if (who == file_timer_sender::ended_worker || known_.count(r.pid) != 0) {
                 log_->debug(fmt::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
                                         "running",
                                         made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
@@ -276,7 +284,7 @@ private:
     detail::agent::file_timer_table table_;
     std::optional<std::chrono::steady_clock::time_point> armed_;  ///< the deadline the timer waits for
     std::set<long> known_;  ///< pids whose requests were accepted (bounded): later ones are not news
-    std::function<bool(long)> accepts_;
+    std::function<file_timer_sender(long)> sender_;
     std::function<void(const file_timer_expiry&)> expired_;
     const agent_log* log_ = nullptr;
     std::size_t reports_ = 0;

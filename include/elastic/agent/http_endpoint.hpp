@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <set>
+#include <list>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -81,9 +81,9 @@ public:
     }
     ~basic_http_endpoint() {
         shared_->handler = nullptr;
-        for (auto* socket : shared_->open) {
+        for (auto& entry : shared_->open) {
             asio::error_code ignored;
-            socket->close(ignored);
+            entry.first->close(ignored);
         }
     }
     basic_http_endpoint(const basic_http_endpoint&) = delete;
@@ -103,7 +103,7 @@ public:
                 co_await pause.async_wait(detail::use_awaitable<Defer>);
                 continue;
             }
-            if (shared_->open.size() >= max_connections) continue;  // closed at once: a flood gets nothing
+            if (shared_->open.size() >= max_connections && !shared_->evict_one()) continue;  // all busy answering
             asio::co_spawn(executor_, answer(connection(shared_, std::move(socket))), detail::detached<Defer>);
         }
     }
@@ -111,7 +111,27 @@ public:
 private:
     struct shared {
         std::function<http_response(std::string_view)> handler;
-        std::set<asio::ip::tcp::socket*> open;
+        /// Open connections, oldest first, each with whether its request head has come.
+        std::list<std::pair<asio::ip::tcp::socket*, bool>> open;
+
+        /// Full: the oldest connection that has not sent its head yet makes room (a client that
+        /// stalls cannot hold a place a real one needs). False when every one is being answered.
+        bool evict_one() {
+            for (auto& [socket, heard] : open) {
+                if (!heard) {
+                    asio::error_code ignored;
+                    socket->close(ignored);
+                    heard = true;  // closing: not evicted twice
+                    return true;
+                }
+            }
+            return false;
+        }
+        void heard(asio::ip::tcp::socket* socket) {
+            for (auto& entry : open) {
+                if (entry.first == socket) entry.second = true;
+            }
+        }
     };
 
     /// One accepted connection, counted among the open ones from its accept to its end (a
@@ -121,12 +141,12 @@ private:
         std::unique_ptr<asio::ip::tcp::socket> socket;
         connection(std::shared_ptr<shared> s, asio::ip::tcp::socket&& accepted)
             : state(std::move(s)), socket(std::make_unique<asio::ip::tcp::socket>(std::move(accepted))) {
-            state->open.insert(socket.get());
+            state->open.emplace_back(socket.get(), false);
         }
         connection(connection&&) noexcept = default;
         connection& operator=(connection&&) = delete;
         ~connection() {
-            if (socket) state->open.erase(socket.get());
+            if (socket) state->open.remove_if([this](const auto& entry) { return entry.first == socket.get(); });
         }
     };
 
@@ -142,6 +162,7 @@ private:
                               timer.async_wait(detail::as_tuple_awaitable<Defer>));
         if (read.index() == 1) co_return;  // too slow: closed without an answer
         const auto [ec, n] = std::get<0>(read);
+        state->heard(socket.get());
         detail::agent::http_request_line request;
         if (ec == asio::error::not_found) {
             request.refusal = http_response{431, "text/plain; charset=utf-8", "request head too large\n"};

@@ -311,7 +311,7 @@ public:
         // What the agent shows while it runs (the status file, --metrics-port, the health
         // check) runs beside the loop, from before the first round until the end.
         open_status();
-        auto ran = co_await (detail::settle(run_loop_inner(loop, rdzv)) || show_status());
+        auto ran = co_await (detail::settle(run_loop_inner(loop, rdzv)) || show_status(rdzv));
         close_status();
         if (ran.index() == 1) throw agent_error("the status publisher ended on its own");
         co_return std::get<0>(ran).take();
@@ -582,6 +582,7 @@ private:
             log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
                                      "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
                                      spec_.role, what, decision.reason, rdzv.restart_count()));
+            ++status_.restarts_total;
             co_return std::nullopt;
         }
         if (decision.restart) {
@@ -813,8 +814,12 @@ private:
 
         switch (outcome.how) {
             case kind::succeeded: break;
-            case kind::signaled: co_await stop_on_signal(group, outcome.signal); break;
+            case kind::signaled:
+                status_.state = "stopping";
+                co_await stop_on_signal(group, outcome.signal);
+                break;
             case kind::aborted:  // another node's failure
+                status_.state = "stopping";
                 (void)co_await group.stop(SIGTERM);
                 break;
             case kind::failed: {
@@ -841,9 +846,9 @@ private:
             }
         }
         co_await group.close();
-        status_.timer_expiries_total += group.timer_expiries();
+        timer_expiries_ended_ += group.timer_expiries();
         status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
-        if (outcome.how != kind::succeeded) status_.state = "deciding";
+        status_.state = outcome.how == kind::succeeded ? "finishing" : "deciding";
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -1106,67 +1111,109 @@ private:
         status_.started_ms = detail::agent::unix_ms();
         if (shown_.status_file) {
             try {
-                status_file_ = detail::agent::prepare_status_directory() / fmt::format("{}.json", status_.pid);
+                status_file_ = std::make_unique<detail::agent::status_file>(status_.pid);
             } catch (const std::exception& e) {
                 log_.warning(fmt::format("no status file for `elasticrun status`: {}", e.what()));
             }
         }
         const auto open = [this](std::unique_ptr<http_endpoint>& endpoint, const std::string& host, std::uint16_t port,
-                                 std::string_view what, bool health_only) {
-            try {
-                endpoint = std::make_unique<http_endpoint>(executor_, host, port,
-                                                           [this, health_only](std::string_view path) {
-                                                               return answer(path, health_only);
-                                                           });
-            } catch (const std::system_error& e) {
-                throw usage_error{fmt::format("{}: cannot listen on {}:{}: {}; choose another port", what, host, port,
-                                              e.code().message())};
-            }
-            log_.info(fmt::format("{}: serving on {}:{}", what, host, endpoint->port()));
+                                 bool health_only) {
+            endpoint = std::make_unique<http_endpoint>(executor_, host, port,
+                                                       [this, health_only](std::string_view path) {
+                                                           return answer(path, health_only);
+                                                       });
         };
-        if (shown_.metrics_port) open(metrics_, shown_.metrics_host, *shown_.metrics_port, "--metrics-port", false);
+        if (shown_.metrics_port) {
+            try {
+                open(metrics_, shown_.metrics_host, *shown_.metrics_port, false);
+            } catch (const std::system_error& e) {
+                throw usage_error{fmt::format("--metrics-port: cannot listen on {}:{}: {}; choose another port",
+                                              shown_.metrics_host, *shown_.metrics_port, e.code().message())};
+            }
+            // Port 0 asked for any port: the one taken must be seen whatever the log level.
+            const auto line = fmt::format("--metrics-port: serving /metrics, /status and /health on {}:{}",
+                                          shown_.metrics_host, metrics_->port());
+            if (*shown_.metrics_port == 0) {
+                log_.warning(line);
+            } else {
+                log_.info(line);
+            }
+        }
         if (shown_.health_check_port) {
-            open(health_, "0.0.0.0", *shown_.health_check_port, "TORCHELASTIC_HEALTH_CHECK_PORT", true);
+            // torch's variable, inherited by every agent of a machine: a port another agent holds
+            // costs this one its health check, not its job.
+            try {
+                open(health_, "0.0.0.0", *shown_.health_check_port, true);
+                log_.info(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT: serving on 0.0.0.0:{}", health_->port()));
+            } catch (const std::system_error& e) {
+                log_.warning(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: cannot listen there ({}); this agent "
+                                         "answers no health check",
+                                         *shown_.health_check_port, e.code().message()));
+            }
         }
     }
 
     void close_status() noexcept {
         metrics_.reset();
         health_.reset();
-        if (!status_file_.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove(status_file_, ignored);
-            ::rmdir(status_file_.parent_path().c_str());  // when it was the last agent's (else it fails)
-        }
+        status_file_.reset();
     }
 
     /// The status as of now.
     const agent_status& refresh_status() {
         if (shown_group_ != nullptr) status_.ranks = shown_group_->rank_statuses();
+        status_.timer_expiries_total = timer_expiries_ended_ +
+                                       (shown_group_ != nullptr ? shown_group_->timer_expiries() : 0);
         status_.store_requests_total = store_requests_->load(std::memory_order_relaxed);
         status_.updated_ms = detail::agent::unix_ms();
         return status_;
     }
 
-    /// Writes the status file every second and serves the endpoints, until cancelled.
-    asio::awaitable<void> show_status() {
+    /// Writes the status file every second, publishes the status in the job's store (a
+    /// rendezvous that can), and serves the endpoints, until cancelled.
+    template <class R>
+    asio::awaitable<void> show_status(R& rdzv) {
         using namespace asio::experimental::awaitable_operators;
-        co_await (write_status() || serve(metrics_.get()) || serve(health_.get()));
+        co_await (write_status() || serve(metrics_.get()) || serve(health_.get()) || publish_status(rdzv));
+    }
+
+    /// Every 2 s, this node's status into the job's store, for `elasticrun status
+    /// --rdzv-endpoint`. A store that cannot be reached costs one line at INFO (the rounds
+    /// report a lost store themselves).
+    template <class R>
+    asio::awaitable<void> publish_status(R& rdzv) {
+        asio::steady_timer tick(executor_);
+        if constexpr (requires(R & r, std::string json) { r.publish_status(std::move(json)); }) {
+            bool told = false;
+            for (;;) {
+                tick.expires_after(std::chrono::seconds(2));
+                co_await tick.async_wait(detail::use_awaitable<Defer>);
+                if constexpr (requires(const R& r) { r.node_id(); }) {
+                    if (!rdzv.node_id().empty()) status_.node = rdzv.node_id();
+                }
+                try {
+                    auto json = status_json(refresh_status());
+                    co_await rdzv.publish_status(std::move(json));
+                    told = false;
+                } catch (const store_error& e) {
+                    if (!told)
+                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                    told = true;
+                }
+            }
+        } else {
+            tick.expires_at(asio::steady_timer::time_point::max());
+            co_await tick.async_wait(detail::use_awaitable<Defer>);
+        }
     }
 
     asio::awaitable<void> write_status() {
         asio::steady_timer tick(executor_);
         bool warned = false;
         for (;;) {
-            if (!status_file_.empty()) {
+            if (status_file_) {
                 try {
-                    try {
-                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
-                    } catch (const std::exception&) {
-                        // The directory went with the last agent that used it: made again.
-                        status_file_ = detail::agent::prepare_status_directory() / status_file_.filename();
-                        write_file_atomically(status_file_.string(), status_json(refresh_status()));
-                    }
+                    status_file_->write(status_json(refresh_status()));
                     warned = false;
                 } catch (const std::exception& e) {
                     if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
@@ -1196,13 +1243,14 @@ private:
         return {404, "text/plain; charset=utf-8", "not found: try /metrics, /status or /health\n"};
     }
 
-    bool several_ = false;                       ///< a job of several nodes (uses_node_rendezvous)
-    agent_options shown_;                        ///< what the agent shows while it runs
-    agent_status status_;                        ///< what it shows of itself
-    const worker_group* shown_group_ = nullptr;  ///< the attempt's group, while it lives
-    std::filesystem::path status_file_;          ///< empty: none written
-    std::unique_ptr<http_endpoint> metrics_;     ///< --metrics-port
-    std::unique_ptr<http_endpoint> health_;      ///< TORCHELASTIC_HEALTH_CHECK_PORT
+    bool several_ = false;                                     ///< a job of several nodes (uses_node_rendezvous)
+    agent_options shown_;                                      ///< what the agent shows while it runs
+    agent_status status_;                                      ///< what it shows of itself
+    const worker_group* shown_group_ = nullptr;                ///< the attempt's group, while it lives
+    std::unique_ptr<detail::agent::status_file> status_file_;  ///< none: no status file
+    std::uint64_t timer_expiries_ended_ = 0;                   ///< of the attempts that ended
+    std::unique_ptr<http_endpoint> metrics_;                   ///< --metrics-port
+    std::unique_ptr<http_endpoint> health_;                    ///< TORCHELASTIC_HEALTH_CHECK_PORT
     /// Requests the workers' stores this agent hosted served (shared with those stores).
     std::shared_ptr<std::atomic<std::uint64_t>> store_requests_ = std::make_shared<std::atomic<std::uint64_t>>(0);
     std::unique_ptr<file_timer_server> file_timers_;                ///< TORCHELASTIC_ENABLE_FILE_TIMER=1

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/report/text.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -40,8 +41,10 @@ struct agent_status {
     std::string host;
     std::string role = "default";
     long pid = 0;
-    /// "joining" (waiting for its round), "running", "stopping", "deciding" (the restart policy
-    /// runs, a backoff included), "succeeded", "failed".
+    /// "joining" (waiting for its round), "running", "stopping" (its group), "deciding" (after
+    /// a failed attempt: the restart policy, a backoff included, or the decision of the node that
+    /// decides), "finishing" (its workers succeeded: the exit barrier, then leaving); read from a
+    /// store, also "gone" (its lease is lost).
     std::string state = "joining";
     int round = -1;  ///< -1: none yet
     int group_rank = -1;
@@ -78,10 +81,17 @@ struct agent_status {
 /// $XDG_RUNTIME_DIR/elastic when that is set, else <temporary directory>/elastic-<uid>.
 [[nodiscard]] ELASTIC_DECL std::filesystem::path status_directory();
 
+/// Where `elasticrun status` looks: status_directory() and the other place an agent started
+/// with another environment would have used (an ssh login has XDG_RUNTIME_DIR, a batch job often
+/// not), each once.
+[[nodiscard]] ELASTIC_DECL std::vector<std::filesystem::path> status_directories();
+
 /// The status of every agent of this user on this machine that still runs (their files in
-/// `dir`, status_directory() by default), oldest agent first. Files of agents that are gone, and
-/// files that are not status, are skipped.
-[[nodiscard]] ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir);
+/// `dirs`), oldest agent first. Files of agents that are gone, and files that are not status, are
+/// skipped; a directory that is not this user's alone is not read, and `notes` (when given) says
+/// so.
+[[nodiscard]] ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::filesystem::path>& dirs,
+                                                                   std::vector<std::string>* notes = nullptr);
 
 namespace detail::agent {
 
@@ -90,10 +100,36 @@ namespace detail::agent {
         .count();
 }
 
-/// Makes status_directory() (mode 0700) when missing and checks that it is a directory of this
-/// user's, not a link, that nobody else may write; removes the files of agents that are gone.
-/// Throws std::runtime_error saying what is wrong.
-[[nodiscard]] ELASTIC_DECL std::filesystem::path prepare_status_directory();
+/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
+/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
+/// (ENOENT: it does not exist, with `why` empty).
+[[nodiscard]] ELASTIC_DECL int open_status_directory(const std::filesystem::path& dir, bool create, std::string& why);
+
+/// This agent's status file, `<status_directory()>/<pid>.json`. Its directory is opened once and
+/// checked, and every write goes through that descriptor (made aside, then renamed in), so a
+/// directory swapped in under the same path is never written into; no fsync (a write must never
+/// stall the agent's thread, and a lost one is replaced a second later). Files of agents that
+/// are gone are removed when it opens; its own, and the directory if it is then empty, when it
+/// closes.
+class status_file {
+public:
+    /// Throws std::runtime_error saying what is wrong with the directory.
+    ELASTIC_DECL explicit status_file(long pid);
+    ELASTIC_DECL ~status_file();
+    status_file(const status_file&) = delete;
+    status_file& operator=(const status_file&) = delete;
+
+    /// Replaces the file's content; throws std::runtime_error. A directory removed meanwhile (by
+    /// the last agent that used it) is made again.
+    ELASTIC_DECL void write(std::string_view text);
+
+private:
+    ELASTIC_DECL void open_directory();
+
+    std::filesystem::path dir_;
+    std::string name_;
+    int fd_ = -1;
+};
 
 }  // namespace detail::agent
 
@@ -113,6 +149,8 @@ namespace detail::agent {
 #include <sstream>
 #include <stdexcept>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,8 +200,9 @@ ELASTIC_DECL std::string status_json(const agent_status& s) {
 
 ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text) {
     const auto o = nlohmann::json::parse(text, nullptr, false);
-    if (o.is_discarded() || !o.is_object() || o.value("version", 0) != 1) return std::nullopt;
+    if (o.is_discarded() || !o.is_object()) return std::nullopt;
     try {
+        if (o.at("version").get<int>() != 1) return std::nullopt;
         agent_status s;
         s.run_id = o.at("run_id").get<std::string>();
         s.node = o.at("node").get<std::string>();
@@ -215,8 +254,9 @@ inline std::string age_text(double seconds) {
     return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
 }
 
-/// A Prometheus label value: backslash, double quote and newline escaped.
-inline std::string label(std::string_view value) {
+/// A Prometheus label value: valid UTF-8, backslash, double quote and newline escaped.
+inline std::string label(std::string_view raw) {
+    const auto value = detail::report::valid_utf8(raw);
     std::string out;
     for (const char c : value) {
         if (c == '\\') {
@@ -234,7 +274,21 @@ inline std::string label(std::string_view value) {
 
 }  // namespace detail::agent
 
-ELASTIC_DECL std::string status_table(const std::vector<agent_status>& agents, std::int64_t now_ms) {
+ELASTIC_DECL std::string status_table(const std::vector<agent_status>& raw, std::int64_t now_ms) {
+    // Names come from files and stores others may write: no control character reaches a terminal.
+    const auto clean = [](std::string text) {
+        for (auto& c : text) {
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        }
+        return text;
+    };
+    std::vector<agent_status> agents = raw;
+    for (auto& a : agents) {
+        for (auto* text : {&a.run_id, &a.node, &a.host, &a.state, &a.store}) *text = clean(*text);
+        for (auto& r : a.ranks) {
+            for (auto* text : {&r.state, &r.ended, &r.section}) *text = clean(*text);
+        }
+    }
     std::string out;
     for (const auto& a : agents) {
         if (!out.empty()) out += "\n";
@@ -304,8 +358,8 @@ ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
             }
         }
     };
-    per_rank("elastic_worker_up", "gauge", "1 while the worker runs, else 0.",
-             [](const rank_status& r) -> std::optional<int> { return r.state == "running" ? 1 : 0; });
+    per_rank("elastic_worker_up", "gauge", "1 while the worker's process runs (hung or not), else 0.",
+             [](const rank_status& r) -> std::optional<int> { return r.state == "running" || r.state == "hung"; });
     per_rank("elastic_worker_heartbeat_age_seconds", "gauge",
              "Seconds since the worker's last sign of life (--watchdog).",
              [](const rank_status& r) { return r.heartbeat_age; });
@@ -324,51 +378,181 @@ ELASTIC_DECL std::filesystem::path status_directory() {
 namespace detail::agent {
 
 /// The pid a status file is named after ("4242.json"), or 0.
-inline long status_file_pid(const std::filesystem::path& file) {
-    if (file.extension() != ".json") return 0;
-    const auto stem = file.stem().string();
-    if (stem.empty() || stem.size() > 10 ||
-        !std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-        return 0;
+inline long status_file_pid(std::string_view name) {
+    if (name.size() < 6 || name.size() > 15 || name.substr(name.size() - 5) != ".json") return 0;
+    long pid = 0;
+    for (const char c : name.substr(0, name.size() - 5)) {
+        if (c < '0' || c > '9') return 0;
+        pid = pid * 10 + (c - '0');
     }
-    return std::stol(stem);
+    return pid <= 0x3fffffff ? pid : 0;
 }
 
-inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+/// Gone, or not this user's: a pid of another user (EPERM) is no agent of ours.
+inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
+
+/// When process `pid` started, in ms since the epoch (from /proc), or nullopt.
+inline std::optional<std::int64_t> process_started_ms(long pid) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text;
+    std::getline(stat, text);
+    const auto close = text.rfind(')');  // the command name may hold spaces and parentheses
+    if (close == std::string::npos) return std::nullopt;
+    std::istringstream fields(text.substr(close + 2));
+    std::string field;
+    for (int i = 3; i < 22 && fields >> field; ++i) {
+    }
+    unsigned long long ticks = 0;
+    if (!(fields >> ticks)) return std::nullopt;
+    std::ifstream boot("/proc/stat");
+    std::string key;
+    long long btime = -1;
+    while (boot >> key) {
+        if (key == "btime") {
+            boot >> btime;
+            break;
+        }
+    }
+    const long hz = ::sysconf(_SC_CLK_TCK);
+    if (btime < 0 || hz <= 0) return std::nullopt;
+    return btime * 1000 + static_cast<std::int64_t>(ticks * 1000 / static_cast<unsigned long long>(hz));
+}
+
+/// A status whose agent is not the process that now has its pid (the agent died and the pid
+/// was reused): its start is more than a minute from that process's.
+inline bool pid_reused(const agent_status& s) {
+    const auto started = process_started_ms(s.pid);
+    return started && (s.started_ms - *started > 60000 || *started - s.started_ms > 60000);
+}
 
 }  // namespace detail::agent
 
-ELASTIC_DECL std::filesystem::path detail::agent::prepare_status_directory() {
-    const auto dir = status_directory();
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw std::runtime_error(fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno)));
+ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::path& dir, bool create, std::string& why) {
+    why.clear();
+    if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
+        return -1;
+    }
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
+        return -1;
     }
     struct stat st {};
-    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
-        throw std::runtime_error(fmt::format("{} is not a directory of this user's that only it may write (a link, "
-                                             "or another user's?); remove it",
-                                             dir.string()));
+    if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+        ::close(fd);
+        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
+                          "remove it",
+                          dir.string());
+        return -1;
     }
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        const long pid = status_file_pid(entry.path());
-        if (pid > 0 && process_gone(pid)) std::filesystem::remove(entry.path(), ec);
-    }
-    return dir;
+    return fd;
 }
 
-ELASTIC_DECL std::vector<agent_status> read_statuses(const std::filesystem::path& dir) {
+ELASTIC_DECL detail::agent::status_file::status_file(long pid)
+    : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
+    open_directory();
+    // Files of agents that died without removing theirs (SIGKILL).
+    if (DIR* d = ::fdopendir(::dup(fd_))) {
+        while (const dirent* e = ::readdir(d)) {
+            const long other = status_file_pid(e->d_name);
+            if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
+        }
+        ::closedir(d);
+    }
+}
+
+ELASTIC_DECL void detail::agent::status_file::open_directory() {
+    std::string why;
+    const int fd = open_status_directory(dir_, true, why);
+    if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+}
+
+ELASTIC_DECL detail::agent::status_file::~status_file() {
+    if (fd_ < 0) return;
+    ::unlinkat(fd_, name_.c_str(), 0);
+    ::unlinkat(fd_, (name_ + ".tmp").c_str(), 0);
+    // The directory too when this was the last agent's file; only if the path is still it.
+    struct stat mine {};
+    struct stat there {};
+    if (::fstat(fd_, &mine) == 0 && ::lstat(dir_.c_str(), &there) == 0 && mine.st_ino == there.st_ino &&
+        mine.st_dev == there.st_dev) {
+        ::rmdir(dir_.c_str());
+    }
+    ::close(fd_);
+}
+
+ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || st.st_nlink == 0) open_directory();  // removed under us
+    const auto tmp = name_ + ".tmp";
+    const int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const auto n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    const int error = errno;
+    ::close(fd);
+    if (done != text.size()) {
+        ::unlinkat(fd_, tmp.c_str(), 0);
+        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(error)));
+    }
+    if (::renameat(fd_, tmp.c_str(), fd_, name_.c_str()) != 0) {
+        throw std::runtime_error(fmt::format("cannot rename into {}: {}", (dir_ / name_).string(),
+                                             std::strerror(errno)));
+    }
+}
+
+ELASTIC_DECL std::vector<std::filesystem::path> status_directories() {
+    std::vector<std::filesystem::path> out{status_directory()};
+    const auto other = std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+    if (other != out.front()) out.push_back(other);
+    return out;
+}
+
+ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::filesystem::path>& dirs,
+                                                     std::vector<std::string>* notes) {
     std::vector<agent_status> out;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        const long pid = detail::agent::status_file_pid(entry.path());
-        if (pid <= 0 || detail::agent::process_gone(pid)) continue;
-        struct stat st {};
-        if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) continue;
-        std::ifstream in(entry.path());
-        std::stringstream text;
-        text << in.rdbuf();
-        if (auto s = parse_status_json(text.str()); s && s->pid == pid) out.push_back(std::move(*s));
+    for (const auto& dir : dirs) {
+        std::string why;
+        const int dfd = detail::agent::open_status_directory(dir, false, why);
+        if (dfd < 0) {
+            if (!why.empty() && notes != nullptr) notes->push_back(fmt::format("not read: {}", why));
+            continue;
+        }
+        DIR* d = ::fdopendir(dfd);
+        if (d == nullptr) {
+            ::close(dfd);
+            continue;
+        }
+        while (const dirent* e = ::readdir(d)) {
+            const long pid = detail::agent::status_file_pid(e->d_name);
+            if (pid <= 0 || detail::agent::process_gone(pid)) continue;
+            if (std::any_of(out.begin(), out.end(), [pid](const agent_status& a) { return a.pid == pid; })) continue;
+            // Opened without following a link or waiting on a FIFO; a regular file of this user's,
+            // read up to 1 MiB.
+            const int fd = ::openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            if (fd < 0) continue;
+            struct stat st {};
+            std::string text;
+            if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && st.st_size <= (1 << 20)) {
+                text.resize(static_cast<std::size_t>(st.st_size));
+                const auto n = ::read(fd, text.data(), text.size());
+                text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+            }
+            ::close(fd);
+            if (auto s = parse_status_json(text); s && s->pid == pid && !detail::agent::pid_reused(*s)) {
+                out.push_back(std::move(*s));
+            }
+        }
+        ::closedir(d);
     }
     std::sort(out.begin(), out.end(), [](const agent_status& a, const agent_status& b) {
         return a.started_ms != b.started_ms ? a.started_ms < b.started_ms : a.pid < b.pid;

@@ -395,7 +395,8 @@ public:
             if (status) r.ended = status->status.describe();
             if (i < watches_.size()) {
                 const auto& w = watches_[i];
-                if (w.alive) r.heartbeat_age = std::chrono::duration<double>(now - w.last_sign).count();
+                // Only while it runs: a finished worker's silence means nothing.
+                if (w.alive && !status) r.heartbeat_age = std::chrono::duration<double>(now - w.last_sign).count();
                 r.section = w.section;
                 r.progress = w.progress;
             }
@@ -426,13 +427,21 @@ private:
     /// Serves torch's file timer until watch() ends (it never ends first: when the server
     /// fails, it says so and waits to be cancelled, and supervision goes on).
     asio::awaitable<void> serve_timers() {
-        const auto why = co_await timers_->serve([this](long pid) { return timer_owner(pid).has_value(); },
+        const auto why = co_await timers_->serve([this](long pid) { return timer_sender(pid); },
                                                  [this](const file_timer_expiry& e) { timer_expired(e); }, *log_);
         log_->error(fmt::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
                                 "this attempt",
                                 why));
         asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
         co_await never.async_wait(detail::use_awaitable<Defer>);
+    }
+
+    [[nodiscard]] file_timer_sender timer_sender(long pid) const {
+        if (timer_owner(pid)) return file_timer_sender::worker;
+        for (const auto& worker : workers_) {
+            if (static_cast<long>(worker.pid()) == pid) return file_timer_sender::ended_worker;
+        }
+        return file_timer_sender::stranger;
     }
 
     /// The running worker that `pid` is, or whose process group it is in.

@@ -14,6 +14,9 @@
 // elastic/impl/src.hpp's file alone (docs/building.md).
 #if ELASTIC_DETAIL_BODIES
 #include <CLI/CLI.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #endif
 #include <fmt/format.h>
 
@@ -707,18 +710,26 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (!at.port) {
             throw usage_error{fmt::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
         }
+        in6_addr address{};
+        if (::inet_pton(AF_INET, at.host.c_str(), &address) != 1 &&
+            ::inet_pton(AF_INET6, at.host.c_str(), &address) != 1) {
+            throw usage_error{fmt::format("{}: HOST must be an address of this machine (such as 10.0.0.5), not a name",
+                                          detail::launch::show(v->name, v->text))};
+        }
         config.metrics_host = at.host;
         config.metrics_port = *at.port;
     }
     if (const auto* port = detail::find_variable(env, "TORCHELASTIC_HEALTH_CHECK_PORT");
         port != nullptr && !port->empty()) {
+        // torch's variable, read by other launchers too: a bad value costs the health check only.
         const auto n = detail::launch::to_integer(*port);
         if (!n || *n < 0 || *n > 65535) {
-            throw usage_error{fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: the port must be an integer from 0 to "
-                                          "65535",
-                                          *port)};
+            config.warnings.push_back(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: not a port from 0 to 65535; no "
+                                                  "health check is served",
+                                                  *port));
+        } else {
+            config.health_check_port = static_cast<std::uint16_t>(*n);
         }
-        config.health_check_port = static_cast<std::uint16_t>(*n);
     }
     if (const auto v = raw("signals_to_handle")) {
         config.signals_to_handle = parse_signals(v->text, v->name);

@@ -11,31 +11,73 @@
 
 namespace elastic::inline v0::detail::launch {
 
-/// `elasticrun status [--rdzv-id=ID] [--json]`; argv[0] is "status". Returns the exit code: 0
-/// when an agent was found, 1 when none runs (or none of run ID), 2 for bad arguments.
+/// `elasticrun status [--rdzv-id=ID] [--json]` (this machine's agents) or `elasticrun status
+/// --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=...] [--json]` (every agent of the job,
+/// from its rendezvous store); argv[0] is "status". Returns the exit code: 0 when an agent was
+/// found, 1 when none was (or the store could not be read), 2 for bad arguments.
 [[nodiscard]] ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher);
 
 }  // namespace elastic::inline v0::detail::launch
 
 #if ELASTIC_DETAIL_BODIES
 
+#include "elastic/launch/values.hpp"
+#include "elastic/rendezvous/tcp_rendezvous.hpp"
+#include "elastic/store/client.hpp"
+#include "elastic/store/lease.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <vector>
 
 namespace elastic::inline v0::detail::launch {
 
+/// Every agent's status the job's rendezvous store holds (publish_status()), in the order they
+/// first published. An agent whose lease the store no longer holds is shown "gone".
+inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_client& store, std::string run_id) {
+    using keys = store_rendezvous<tcp_store_client>;
+    std::vector<agent_status> out;
+    std::vector<std::string> count_key{keys::job_key(run_id, "status/count")};
+    if (!co_await store.check(std::move(count_key))) co_return out;
+    const auto count = co_await store.add(keys::job_key(run_id, "status/count"), 0);
+    // At most 100,000 agents are read (a forged counter must not make this run for ever).
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(count, 100000); ++i) {
+        const auto key = keys::job_key(run_id, fmt::format("status/{}", i));
+        std::vector<std::string> one{key};
+        if (!co_await store.check(std::move(one))) continue;  // counted, not yet written
+        std::vector<std::string> get{key};
+        auto values = co_await store.multi_get(std::move(get));
+        if (values.empty() || values.front().size() > (1u << 20)) continue;
+        auto s = parse_status_json(values.front());
+        if (!s) continue;
+        std::vector<std::string> lease{lease_key(keys::job_key(run_id, "nodes"), s->node)};
+        if (!co_await store.check(std::move(lease))) s->state = "gone";
+        out.push_back(std::move(*s));
+    }
+    co_return out;
+}
+
 ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher) {
     bool json = false;
     std::optional<std::string> run_id;
+    std::optional<std::string> endpoint;
+    std::optional<std::string> conf;
     const auto usage = fmt::format(
-        "usage: {} status [--rdzv-id=ID] [--json]\n\n"
-        "Shows the elasticrun agents of this user on this machine: each one's job, round, state and restarts,\n"
-        "and each worker's state, last heartbeat, progress and section (--watchdog).\n\n"
-        "  --rdzv-id=ID  only the agents of this run id\n"
-        "  --json        one JSON array of the agents' status objects (docs/status.md)\n",
+        "usage: {0} status [--rdzv-id=ID] [--json]\n"
+        "       {0} status --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=KEY=VALUE,...] [--json]\n\n"
+        "Shows the elasticrun agents of this user on this machine, or with --rdzv-endpoint every agent of the\n"
+        "job whose rendezvous store is there: each one's job, round, state and restarts, and each worker's\n"
+        "state, last heartbeat, progress and section (--watchdog).\n\n"
+        "  --rdzv-id=ID          only the agents of this run id (needed with --rdzv-endpoint)\n"
+        "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it\n"
+        "  --rdzv-conf=...       secret_file and read_timeout, as the agents were given them\n"
+        "                        (or the secret in $ELASTIC_RDZV_SECRET)\n"
+        "  --json                one JSON array of the agents' status objects (docs/status.md)\n",
         launcher);
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
@@ -48,21 +90,74 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             run_id = std::string(arg.substr(10));
         } else if ((arg == "--rdzv-id" || arg == "--rdzv_id") && i + 1 < argc) {
             run_id = argv[++i];
-        } else if (arg.rfind("--rdzv-endpoint", 0) == 0 || arg.rfind("--rdzv_endpoint", 0) == 0) {
-            std::fprintf(stderr,
-                         "%.*s status: %.*s: only the agents of this machine can be asked (their status files); "
-                         "run status on a node of the job, or scrape each agent's --metrics-port /status\n",
-                         static_cast<int>(launcher.size()), launcher.data(), static_cast<int>(arg.size()), arg.data());
-            return 2;
+        } else if (arg.rfind("--rdzv-endpoint=", 0) == 0 || arg.rfind("--rdzv_endpoint=", 0) == 0) {
+            endpoint = std::string(arg.substr(16));
+        } else if ((arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint") && i + 1 < argc) {
+            endpoint = argv[++i];
+        } else if (arg.rfind("--rdzv-conf=", 0) == 0 || arg.rfind("--rdzv_conf=", 0) == 0) {
+            conf = std::string(arg.substr(12));
+        } else if ((arg == "--rdzv-conf" || arg == "--rdzv_conf") && i + 1 < argc) {
+            conf = argv[++i];
         } else {
             std::fprintf(stderr, "%.*s status: unknown argument '%.*s'\n%s", static_cast<int>(launcher.size()),
                          launcher.data(), static_cast<int>(arg.size()), arg.data(), usage.c_str());
             return 2;
         }
     }
-    const auto dir = status_directory();
-    auto agents = read_statuses(dir);
-    if (run_id) std::erase_if(agents, [&](const agent_status& a) { return a.run_id != *run_id; });
+    const auto say = [launcher](const std::string& line) {
+        std::fprintf(stderr, "%.*s status: %s\n", static_cast<int>(launcher.size()), launcher.data(), line.c_str());
+    };
+    std::vector<agent_status> agents;
+    std::string where;
+    if (endpoint) {
+        if (!run_id) {
+            say("--rdzv-endpoint needs --rdzv-id: a store may hold several jobs");
+            return 2;
+        }
+        store_client_options options;
+        try {
+            const auto at = parse_host_port(*endpoint, "--rdzv-endpoint");
+            auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", rendezvous_backend::c10d)
+                                 : rendezvous_settings{};
+            auto env = current_environment();
+            load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
+            options.host = at.host;
+            options.port = at.port.value_or(default_rendezvous_port(rendezvous_backend::c10d));
+            options.secret = settings.secret;
+            options.timeout = settings.read_timeout;
+            options.connect_timeout = std::chrono::seconds(10);
+            options.dialect = client_dialect::current;
+        } catch (const usage_error& e) {
+            say(e.what());
+            return 2;
+        }
+        where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
+        asio::io_context io;
+        tcp_store_client store(io.get_executor(), options);
+        std::exception_ptr failed;
+        asio::co_spawn(io, read_job_statuses(store, *run_id), [&](std::exception_ptr e, std::vector<agent_status> got) {
+            failed = e;
+            agents = std::move(got);
+        });
+        io.run();
+        if (failed) {
+            try {
+                std::rethrow_exception(failed);
+            } catch (const std::exception& e) {
+                say(fmt::format("cannot read {}: {}", where, e.what()));
+                return 1;
+            }
+        }
+    } else {
+        const auto dirs = status_directories();
+        std::string places;
+        for (const auto& d : dirs) places += (places.empty() ? "" : ", ") + d.string();
+        where = fmt::format("this machine (status files in {})", places);
+        std::vector<std::string> notes;
+        agents = read_statuses(dirs, &notes);
+        for (const auto& note : notes) say(note);
+        if (run_id) std::erase_if(agents, [&](const agent_status& a) { return a.run_id != *run_id; });
+    }
     if (json) {
         auto array = nlohmann::json::array();
         for (const auto& a : agents) array.push_back(nlohmann::json::parse(status_json(a)));
@@ -71,9 +166,8 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         std::fputs(status_table(agents, detail::agent::unix_ms()).c_str(), stdout);
     }
     if (agents.empty()) {
-        std::fprintf(stderr, "%.*s status: no agent%s of this user runs on this machine (status files in %s)\n",
-                     static_cast<int>(launcher.size()), launcher.data(),
-                     run_id ? fmt::format(" of run '{}'", *run_id).c_str() : "", dir.c_str());
+        say(fmt::format("no agent{} {}", run_id ? fmt::format(" of run '{}'", *run_id) : std::string(),
+                        endpoint ? "published its status in " + where : "of this user runs on " + where));
         return 1;
     }
     return 0;

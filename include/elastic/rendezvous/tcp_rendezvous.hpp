@@ -367,6 +367,25 @@ public:
 
     asio::awaitable<void> keep_membership() { co_await rdzv_->keep_membership(); }
 
+    /// Publishes this node's status (an agent_status as JSON, docs/status.md) in the job's
+    /// store, where `elasticrun status --rdzv-endpoint` reads it: on a connection of its own
+    /// (a round's long wait never holds it), under `<job>/status/<i>`, `i` taken once per store
+    /// from the counter `<job>/status/count`. Nothing before join(). store_error when the
+    /// store cannot be reached (the rounds learn of a lost store by themselves).
+    asio::awaitable<void> publish_status(std::string json) {
+        if (!client_ || !rdzv_ || stopped_) co_return;
+        if (!status_client_ || status_host_ != current_host_ || status_port_ != current_port_) {
+            if (status_client_) status_client_->close();
+            status_client_ = std::make_unique<tcp_store_client>(executor_, client_options(current_host_, current_port_,
+                                                                                          std::chrono::seconds(5)));
+            status_host_ = current_host_;
+            status_port_ = current_port_;
+            status_index_.reset();
+        }
+        if (!status_index_) status_index_ = co_await status_client_->add(rdzv_->job_key("status/count"), 1) - 1;
+        co_await status_client_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+    }
+
     /// Joins the next round as `me`, with this node's lease name and idle store's port.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
         me.id = node_id_;
@@ -461,6 +480,8 @@ public:
 
     /// Stops serving (after leave()).
     void stop() noexcept {
+        stopped_ = true;
+        if (status_client_) status_client_->close();
         if (lease_) lease_->close();
         if (watcher_) watcher_->close();
         if (client_) client_->close();
@@ -940,6 +961,11 @@ private:
     std::string node_id_;
     std::string current_host_;  ///< where the rendezvous store is reached now
     std::uint16_t current_port_ = 0;
+    std::unique_ptr<tcp_store_client> status_client_;  ///< publish_status()'s own connection
+    std::string status_host_;                          ///< the store status_client_ reaches
+    std::uint16_t status_port_ = 0;
+    std::optional<std::int64_t> status_index_;  ///< this node's status key there, once taken
+    bool stopped_ = false;                      ///< stop() ran: nothing is published any more
 
     static std::string make_node_id(const std::string& host, long pid) {
         std::random_device entropy;
