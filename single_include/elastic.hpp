@@ -21358,7 +21358,9 @@ private:
         /// stalls cannot hold a place a real one needs). False when every one is being answered.
         bool evict_one() {
             for (auto& [socket, heard] : open) {
-                if (!heard) {
+                asio::error_code ec;
+                // Bytes waiting: a request that came, its coroutine not yet resumed.
+                if (!heard && socket->available(ec) == 0 && !ec) {
                     asio::error_code ignored;
                     socket->close(ignored);
                     heard = true;  // closing: not evicted twice
@@ -22447,6 +22449,12 @@ struct agent_status {
     int restarts = 0;          ///< TORCHELASTIC_RESTART_COUNT of the current attempt
     int max_restarts = 0;
     std::string store;  ///< the workers' store, host:port
+    /// This node's lease name in the rendezvous store (multi-node jobs; empty otherwise): a
+    /// reader of the store tells a live agent from a gone one by it.
+    std::string lease;
+    /// The agent process's start, in clock ticks after boot (/proc/<pid>/stat): a reader tells
+    /// the agent from a later process that got its pid. 0: unknown.
+    std::uint64_t start_ticks = 0;
     std::vector<rank_status> ranks;
     // Counters over the agent's life.
     std::uint64_t rounds_total = 0;          ///< rounds joined
@@ -22540,6 +22548,7 @@ private:
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -22580,6 +22589,8 @@ ELASTIC_DECL std::string status_json(const agent_status& s) {
     o["restarts"] = s.restarts;
     o["max_restarts"] = s.max_restarts;
     o["store"] = s.store;
+    o["lease"] = s.lease;
+    o["start_ticks"] = s.start_ticks;
     o["ranks"] = std::move(ranks);
     o["rounds_total"] = s.rounds_total;
     o["restarts_total"] = s.restarts_total;
@@ -22611,6 +22622,8 @@ ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text
         s.restarts = o.at("restarts").get<int>();
         s.max_restarts = o.at("max_restarts").get<int>();
         s.store = o.at("store").get<std::string>();
+        s.lease = o.at("lease").get<std::string>();
+        s.start_ticks = o.at("start_ticks").get<std::uint64_t>();
         for (const auto& r : o.at("ranks")) {
             rank_status x;
             x.local_rank = r.at("local_rank").get<int>();
@@ -22771,8 +22784,10 @@ ELASTIC_DECL std::filesystem::path status_directory() {
 
 namespace detail::agent {
 
-/// The pid a status file is named after ("4242.json"), or 0.
-inline long status_file_pid(std::string_view name) {
+/// The pid a status file is named after ("4242.json"; with `tmp`, also its leftover
+/// "4242.json.tmp"), or 0.
+inline long status_file_pid(std::string_view name, bool tmp = false) {
+    if (tmp && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") name.remove_suffix(4);
     if (name.size() < 6 || name.size() > 15 || name.substr(name.size() - 5) != ".json") return 0;
     long pid = 0;
     for (const char c : name.substr(0, name.size() - 5)) {
@@ -22785,38 +22800,26 @@ inline long status_file_pid(std::string_view name) {
 /// Gone, or not this user's: a pid of another user (EPERM) is no agent of ours.
 inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
 
-/// When process `pid` started, in ms since the epoch (from /proc), or nullopt.
-inline std::optional<std::int64_t> process_started_ms(long pid) {
+/// Process `pid`'s start in clock ticks after boot (field 22 of /proc/<pid>/stat), or 0.
+inline std::uint64_t process_start_ticks(long pid) {
     std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-    std::string text;
-    std::getline(stat, text);
-    const auto close = text.rfind(')');  // the command name may hold spaces and parentheses
-    if (close == std::string::npos) return std::nullopt;
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');  // the command name may hold spaces, parentheses, newlines
+    if (close == std::string::npos || close + 2 > text.size()) return 0;
     std::istringstream fields(text.substr(close + 2));
     std::string field;
     for (int i = 3; i < 22 && fields >> field; ++i) {
     }
-    unsigned long long ticks = 0;
-    if (!(fields >> ticks)) return std::nullopt;
-    std::ifstream boot("/proc/stat");
-    std::string key;
-    long long btime = -1;
-    while (boot >> key) {
-        if (key == "btime") {
-            boot >> btime;
-            break;
-        }
-    }
-    const long hz = ::sysconf(_SC_CLK_TCK);
-    if (btime < 0 || hz <= 0) return std::nullopt;
-    return btime * 1000 + static_cast<std::int64_t>(ticks * 1000 / static_cast<unsigned long long>(hz));
+    std::uint64_t ticks = 0;
+    return fields >> ticks ? ticks : 0;
 }
 
 /// A status whose agent is not the process that now has its pid (the agent died and the pid
-/// was reused): its start is more than a minute from that process's.
+/// was reused): the two started at different moments.
 inline bool pid_reused(const agent_status& s) {
-    const auto started = process_started_ms(s.pid);
-    return started && (s.started_ms - *started > 60000 || *started - s.started_ms > 60000);
+    if (s.start_ticks == 0) return false;
+    const auto now = process_start_ticks(s.pid);
+    return now != 0 && now != s.start_ticks;
 }
 
 }  // namespace detail::agent
@@ -22846,19 +22849,28 @@ ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::pat
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
     open_directory();
-    // Files of agents that died without removing theirs (SIGKILL).
-    if (DIR* d = ::fdopendir(::dup(fd_))) {
-        while (const dirent* e = ::readdir(d)) {
-            const long other = status_file_pid(e->d_name);
-            if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
-        }
-        ::closedir(d);
+    // Files of agents that died without removing theirs (SIGKILL), and their leftovers.
+    const int copy = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+    if (d == nullptr) {
+        if (copy >= 0) ::close(copy);
+        return;
     }
+    while (const dirent* e = ::readdir(d)) {
+        const long other = status_file_pid(e->d_name, true);
+        if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
+    }
+    ::closedir(d);
 }
 
 ELASTIC_DECL void detail::agent::status_file::open_directory() {
     std::string why;
-    const int fd = open_status_directory(dir_, true, why);
+    int fd = -1;
+    // Another agent may remove the directory (its last file gone) between the mkdir and the open.
+    for (int attempt = 0; attempt < 5 && fd < 0; ++attempt) {
+        fd = open_status_directory(dir_, true, why);
+        if (fd < 0 && !why.empty()) break;
+    }
     if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
@@ -22882,7 +22894,11 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || st.st_nlink == 0) open_directory();  // removed under us
     const auto tmp = name_ + ".tmp";
-    const int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ENOENT) {  // removed, on a file system that keeps its link count
+        open_directory();
+        fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    }
     if (fd < 0)
         throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
     std::size_t done = 0;
@@ -22905,9 +22921,17 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
 }
 
 ELASTIC_DECL std::vector<std::filesystem::path> status_directories() {
-    std::vector<std::filesystem::path> out{status_directory()};
-    const auto other = std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
-    if (other != out.front()) out.push_back(other);
+    std::vector<std::filesystem::path> out;
+    std::error_code ec;
+    // A TMPDIR that is no directory costs its place only.
+    const auto tmp = std::filesystem::temp_directory_path(ec);
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
+        out.push_back(std::filesystem::path(runtime) / "elastic");
+    }
+    if (!ec) {
+        const auto other = tmp / fmt::format("elastic-{}", ::geteuid());
+        if (out.empty() || other != out.front()) out.push_back(other);
+    }
     return out;
 }
 
@@ -24739,7 +24763,9 @@ private:
         co_await group.close();
         timer_expiries_ended_ += group.timer_expiries();
         status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
-        status_.state = outcome.how == kind::succeeded ? "finishing" : "deciding";
+        status_.state = outcome.how == kind::succeeded  ? "finishing"
+                        : outcome.how == kind::signaled ? "stopping"
+                                                        : "deciding";
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -25000,6 +25026,7 @@ private:
                                 : fmt::format("{}:{}", status_.host, status_.pid);
         status_.max_restarts = spec_.max_restarts;
         status_.started_ms = detail::agent::unix_ms();
+        status_.start_ticks = detail::agent::process_start_ticks(status_.pid);
         if (shown_.status_file) {
             try {
                 status_file_ = std::make_unique<detail::agent::status_file>(status_.pid);
@@ -25079,14 +25106,18 @@ private:
             for (;;) {
                 tick.expires_after(std::chrono::seconds(2));
                 co_await tick.async_wait(detail::use_awaitable<Defer>);
-                if constexpr (requires(const R& r) { r.node_id(); }) {
-                    if (!rdzv.node_id().empty()) status_.node = rdzv.node_id();
-                }
+                if constexpr (requires(const R& r) { r.node_id(); }) status_.lease = rdzv.node_id();
                 try {
                     auto json = status_json(refresh_status());
                     co_await rdzv.publish_status(std::move(json));
                     told = false;
-                } catch (const store_error& e) {
+                } catch (const asio::system_error& e) {
+                    if (e.code() == asio::error::operation_aborted) throw;  // cancelled: the agent ends
+                    if (!told)
+                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                    told = true;
+                } catch (const std::exception& e) {
+                    // Any failure costs the published status only (never the job): said once.
                     if (!told)
                         log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
@@ -27354,15 +27385,16 @@ namespace elastic::inline v0::detail::launch {
 namespace elastic::inline v0::detail::launch {
 
 /// Every agent's status the job's rendezvous store holds (publish_status()), in the order they
-/// first published. An agent whose lease the store no longer holds is shown "gone".
+/// first published. An agent whose lease the store no longer holds is shown "finished" when it
+/// was finishing, else "gone" (it died, was cut off, or ended on a failure or a signal).
 inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_client& store, std::string run_id) {
     using keys = store_rendezvous<tcp_store_client>;
     std::vector<agent_status> out;
     std::vector<std::string> count_key{keys::job_key(run_id, "status/count")};
     if (!co_await store.check(std::move(count_key))) co_return out;
-    const auto count = co_await store.add(keys::job_key(run_id, "status/count"), 0);
+    const auto count = detail::to_integer(co_await store.get(keys::job_key(run_id, "status/count"))).value_or(0);
     // At most 100,000 agents are read (a forged counter must not make this run for ever).
-    for (std::int64_t i = 0; i < std::min<std::int64_t>(count, 100000); ++i) {
+    for (long long i = 0; i < std::min<long long>(count, 100000); ++i) {
         const auto key = keys::job_key(run_id, fmt::format("status/{}", i));
         std::vector<std::string> one{key};
         if (!co_await store.check(std::move(one))) continue;  // counted, not yet written
@@ -27371,8 +27403,13 @@ inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_cl
         if (values.empty() || values.front().size() > (1u << 20)) continue;
         auto s = parse_status_json(values.front());
         if (!s) continue;
-        std::vector<std::string> lease{lease_key(keys::job_key(run_id, "nodes"), s->node)};
-        if (!co_await store.check(std::move(lease))) s->state = "gone";
+        // A lease name must be one an agent holds (host:pid:tag), not one of the store's own keys.
+        bool alive = !s->lease.empty() && s->lease.rfind("__", 0) != 0 && s->lease.find('/') == std::string::npos;
+        if (alive) {
+            std::vector<std::string> lease{lease_key(keys::job_key(run_id, "nodes"), s->lease)};
+            alive = co_await store.check(std::move(lease));
+        }
+        if (!alive) s->state = s->state == "finishing" ? "finished" : "gone";
         out.push_back(std::move(*s));
     }
     co_return out;
@@ -27383,6 +27420,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
     std::optional<std::string> run_id;
     std::optional<std::string> endpoint;
     std::optional<std::string> conf;
+    auto backend = rendezvous_backend::c10d;
     const auto usage = fmt::format(
         "usage: {0} status [--rdzv-id=ID] [--json]\n"
         "       {0} status --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=KEY=VALUE,...] [--json]\n\n"
@@ -27390,7 +27428,9 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         "job whose rendezvous store is there: each one's job, round, state and restarts, and each worker's\n"
         "state, last heartbeat, progress and section (--watchdog).\n\n"
         "  --rdzv-id=ID          only the agents of this run id (needed with --rdzv-endpoint)\n"
-        "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it\n"
+        "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it (a list: the\n"
+        "                        first entry that answers)\n"
+        "  --rdzv-backend=B      c10d (default) or static, as the agents were given it\n"
         "  --rdzv-conf=...       secret_file and read_timeout, as the agents were given them\n"
         "                        (or the secret in $ELASTIC_RDZV_SECRET)\n"
         "  --json                one JSON array of the agents' status objects (docs/status.md)\n",
@@ -27410,6 +27450,10 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             endpoint = std::string(arg.substr(16));
         } else if ((arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint") && i + 1 < argc) {
             endpoint = argv[++i];
+        } else if (arg == "--rdzv-backend=static" || arg == "--rdzv_backend=static") {
+            backend = rendezvous_backend::static_;
+        } else if (arg == "--rdzv-backend=c10d" || arg == "--rdzv_backend=c10d") {
+            backend = rendezvous_backend::c10d;
         } else if (arg.rfind("--rdzv-conf=", 0) == 0 || arg.rfind("--rdzv_conf=", 0) == 0) {
             conf = std::string(arg.substr(12));
         } else if ((arg == "--rdzv-conf" || arg == "--rdzv_conf") && i + 1 < argc) {
@@ -27430,39 +27474,54 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             say("--rdzv-endpoint needs --rdzv-id: a store may hold several jobs");
             return 2;
         }
-        store_client_options options;
+        // The agents' --rdzv-endpoint, a list included: the first entry that answers (the store
+        // may have moved to a later one).
+        std::vector<store_client_options> tries;
         try {
-            const auto at = parse_host_port(*endpoint, "--rdzv-endpoint");
-            auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", rendezvous_backend::c10d)
-                                 : rendezvous_settings{};
+            auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", backend) : rendezvous_settings{};
             auto env = current_environment();
             load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
-            options.host = at.host;
-            options.port = at.port.value_or(default_rendezvous_port(rendezvous_backend::c10d));
-            options.secret = settings.secret;
-            options.timeout = settings.read_timeout;
-            options.connect_timeout = std::chrono::seconds(10);
-            options.dialect = client_dialect::current;
+            for (const auto entry : detail::split(*endpoint, ',')) {
+                const auto at = parse_host_port(detail::trim(entry), "--rdzv-endpoint");
+                store_client_options options;
+                options.host = at.host;
+                options.port = at.port.value_or(default_rendezvous_port(backend));
+                options.secret = settings.secret;
+                options.timeout = settings.read_timeout;
+                options.connect_timeout = std::chrono::seconds(10);
+                options.dialect = client_dialect::current;
+                tries.push_back(std::move(options));
+            }
         } catch (const usage_error& e) {
             say(e.what());
             return 2;
         }
-        where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
-        asio::io_context io;
-        tcp_store_client store(io.get_executor(), options);
-        std::exception_ptr failed;
-        asio::co_spawn(io, read_job_statuses(store, *run_id), [&](std::exception_ptr e, std::vector<agent_status> got) {
-            failed = e;
-            agents = std::move(got);
-        });
-        io.run();
-        if (failed) {
+        std::string why;
+        bool read = false;
+        for (const auto& options : tries) {
+            where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
+            asio::io_context io;
+            tcp_store_client store(io.get_executor(), options);
+            std::exception_ptr failed;
+            asio::co_spawn(io, read_job_statuses(store, *run_id),
+                           [&](std::exception_ptr e, std::vector<agent_status> got) {
+                               failed = e;
+                               agents = std::move(got);
+                           });
+            io.run();
+            if (!failed) {
+                read = true;
+                break;
+            }
             try {
                 std::rethrow_exception(failed);
             } catch (const std::exception& e) {
-                say(fmt::format("cannot read {}: {}", where, e.what()));
-                return 1;
+                why += fmt::format("{}cannot read {}: {}", why.empty() ? "" : "; ", where, e.what());
             }
+        }
+        if (!read) {
+            say(why);
+            return 1;
         }
     } else {
         const auto dirs = status_directories();

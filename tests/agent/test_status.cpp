@@ -330,7 +330,10 @@ TEST_CASE("status: a running 2-agent job, as `elasticrun status`, /metrics and t
     INFO(remote.dump(2));
     REQUIRE(published);
     std::set<std::string> nodes;
-    for (const auto& a : remote) nodes.insert(a["node"].get<std::string>());
+    for (const auto& a : remote) {
+        nodes.insert(a["node"].get<std::string>());
+        CHECK(!a["lease"].get<std::string>().empty());
+    }
     CHECK(nodes.size() == 2);
     auto nobody = agent_support::run({"status", fmt::format("--rdzv-endpoint=127.0.0.1:{}", store_port),
                                       "--rdzv-id=nobody"},
@@ -364,12 +367,28 @@ TEST_CASE("status: a running 2-agent job, as `elasticrun status`, /metrics and t
     CHECK(metrics.out.find("gauge elastic_worker_heartbeat_age_seconds ") != std::string::npos);
     CHECK(metrics.out.find("health {\"status\": \"ok\", \"state\": \"running\"}") != std::string::npos);
 
+    // An agent killed outright: the store still holds what it last said, shown as gone once
+    // its lease is lost (the other agent's file, rewritten every second, paces the readings).
+    second.signal(SIGKILL);
+    CHECK(second.wait() == 128 + SIGKILL);
+    const int paced = ::inotify_init1(IN_CLOEXEC);
+    REQUIRE(paced >= 0);
+    REQUIRE(::inotify_add_watch(paced, (runtime.path() / "elastic").c_str(), IN_MOVED_TO) >= 0);
+    bool gone = false;
+    for (int reading = 0; reading < 60 && !gone; ++reading) {
+        auto r = agent_support::run({"status", "--json", fmt::format("--rdzv-endpoint=127.0.0.1:{}", store_port),
+                                     "--rdzv-id=statusjob"},
+                                    agent_support::clean_environment());
+        REQUIRE(r.code == 0);
+        for (const auto& a : nlohmann::json::parse(r.out)) gone = gone || a["state"] == "gone";
+        if (!gone) REQUIRE(next_status_write(paced, std::chrono::seconds(30)));
+    }
+    ::close(paced);
+    CHECK(gone);
     first.signal(SIGTERM);
-    second.signal(SIGTERM);
     CHECK(first.wait() == 128 + SIGTERM);
-    second.wait();
-    // Their status files went with them, and the directory with the last one.
-    CHECK(!fs::exists(runtime.path() / "elastic"));
+    // Its status file went with it; the killed one's stays behind, skipped (its pid is gone).
+    CHECK(!fs::exists(runtime.path() / "elastic" / fmt::format("{}.json", first.pid())));
     auto after = agent_support::run({"status", "--json", "--rdzv-id=statusjob"}, status_env);
     CHECK(after.code == 1);
     CHECK(after.out == "[]\n");
@@ -418,9 +437,8 @@ TEST_CASE("status: the reader trusts only this user's own directory and files, a
     const auto me = static_cast<long>(::getpid());
     auto mine = sample();
     mine.pid = me;
-    const auto started = elastic::detail::agent::process_started_ms(me);
-    REQUIRE(started);
-    mine.started_ms = *started;
+    mine.start_ticks = elastic::detail::agent::process_start_ticks(me);
+    REQUIRE(mine.start_ticks != 0);
     {
         elastic::detail::agent::status_file file(me);
         file.write(elastic::status_json(mine));
@@ -436,7 +454,7 @@ TEST_CASE("status: the reader trusts only this user's own directory and files, a
         CHECK(elastic::read_statuses({dir}).size() == 1);
         // A status of an agent that died, whose pid another process of ours has now: skipped.
         auto dead = mine;
-        dead.started_ms -= 3600 * 1000;
+        dead.start_ticks += 1;
         file.write(elastic::status_json(dead));
         CHECK(elastic::read_statuses({dir}).empty());
         // A wrong-typed version is refused, not thrown.

@@ -118,7 +118,9 @@ private:
         /// stalls cannot hold a place a real one needs). False when every one is being answered.
         bool evict_one() {
             for (auto& [socket, heard] : open) {
-                if (!heard) {
+                asio::error_code ec;
+                // Bytes waiting: a request that came, its coroutine not yet resumed.
+                if (!heard && socket->available(ec) == 0 && !ec) {
                     asio::error_code ignored;
                     socket->close(ignored);
                     heard = true;  // closing: not evicted twice

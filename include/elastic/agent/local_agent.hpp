@@ -848,7 +848,9 @@ private:
         co_await group.close();
         timer_expiries_ended_ += group.timer_expiries();
         status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
-        status_.state = outcome.how == kind::succeeded ? "finishing" : "deciding";
+        status_.state = outcome.how == kind::succeeded  ? "finishing"
+                        : outcome.how == kind::signaled ? "stopping"
+                                                        : "deciding";
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -1109,6 +1111,7 @@ private:
                                 : fmt::format("{}:{}", status_.host, status_.pid);
         status_.max_restarts = spec_.max_restarts;
         status_.started_ms = detail::agent::unix_ms();
+        status_.start_ticks = detail::agent::process_start_ticks(status_.pid);
         if (shown_.status_file) {
             try {
                 status_file_ = std::make_unique<detail::agent::status_file>(status_.pid);
@@ -1188,14 +1191,18 @@ private:
             for (;;) {
                 tick.expires_after(std::chrono::seconds(2));
                 co_await tick.async_wait(detail::use_awaitable<Defer>);
-                if constexpr (requires(const R& r) { r.node_id(); }) {
-                    if (!rdzv.node_id().empty()) status_.node = rdzv.node_id();
-                }
+                if constexpr (requires(const R& r) { r.node_id(); }) status_.lease = rdzv.node_id();
                 try {
                     auto json = status_json(refresh_status());
                     co_await rdzv.publish_status(std::move(json));
                     told = false;
-                } catch (const store_error& e) {
+                } catch (const asio::system_error& e) {
+                    if (e.code() == asio::error::operation_aborted) throw;  // cancelled: the agent ends
+                    if (!told)
+                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                    told = true;
+                } catch (const std::exception& e) {
+                    // Any failure costs the published status only (never the job): said once.
                     if (!told)
                         log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;

@@ -53,6 +53,12 @@ struct agent_status {
     int restarts = 0;          ///< TORCHELASTIC_RESTART_COUNT of the current attempt
     int max_restarts = 0;
     std::string store;  ///< the workers' store, host:port
+    /// This node's lease name in the rendezvous store (multi-node jobs; empty otherwise): a
+    /// reader of the store tells a live agent from a gone one by it.
+    std::string lease;
+    /// The agent process's start, in clock ticks after boot (/proc/<pid>/stat): a reader tells
+    /// the agent from a later process that got its pid. 0: unknown.
+    std::uint64_t start_ticks = 0;
     std::vector<rank_status> ranks;
     // Counters over the agent's life.
     std::uint64_t rounds_total = 0;          ///< rounds joined
@@ -146,6 +152,7 @@ private:
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -186,6 +193,8 @@ ELASTIC_DECL std::string status_json(const agent_status& s) {
     o["restarts"] = s.restarts;
     o["max_restarts"] = s.max_restarts;
     o["store"] = s.store;
+    o["lease"] = s.lease;
+    o["start_ticks"] = s.start_ticks;
     o["ranks"] = std::move(ranks);
     o["rounds_total"] = s.rounds_total;
     o["restarts_total"] = s.restarts_total;
@@ -217,6 +226,8 @@ ELASTIC_DECL std::optional<agent_status> parse_status_json(std::string_view text
         s.restarts = o.at("restarts").get<int>();
         s.max_restarts = o.at("max_restarts").get<int>();
         s.store = o.at("store").get<std::string>();
+        s.lease = o.at("lease").get<std::string>();
+        s.start_ticks = o.at("start_ticks").get<std::uint64_t>();
         for (const auto& r : o.at("ranks")) {
             rank_status x;
             x.local_rank = r.at("local_rank").get<int>();
@@ -377,8 +388,10 @@ ELASTIC_DECL std::filesystem::path status_directory() {
 
 namespace detail::agent {
 
-/// The pid a status file is named after ("4242.json"), or 0.
-inline long status_file_pid(std::string_view name) {
+/// The pid a status file is named after ("4242.json"; with `tmp`, also its leftover
+/// "4242.json.tmp"), or 0.
+inline long status_file_pid(std::string_view name, bool tmp = false) {
+    if (tmp && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") name.remove_suffix(4);
     if (name.size() < 6 || name.size() > 15 || name.substr(name.size() - 5) != ".json") return 0;
     long pid = 0;
     for (const char c : name.substr(0, name.size() - 5)) {
@@ -391,38 +404,26 @@ inline long status_file_pid(std::string_view name) {
 /// Gone, or not this user's: a pid of another user (EPERM) is no agent of ours.
 inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
 
-/// When process `pid` started, in ms since the epoch (from /proc), or nullopt.
-inline std::optional<std::int64_t> process_started_ms(long pid) {
+/// Process `pid`'s start in clock ticks after boot (field 22 of /proc/<pid>/stat), or 0.
+inline std::uint64_t process_start_ticks(long pid) {
     std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-    std::string text;
-    std::getline(stat, text);
-    const auto close = text.rfind(')');  // the command name may hold spaces and parentheses
-    if (close == std::string::npos) return std::nullopt;
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');  // the command name may hold spaces, parentheses, newlines
+    if (close == std::string::npos || close + 2 > text.size()) return 0;
     std::istringstream fields(text.substr(close + 2));
     std::string field;
     for (int i = 3; i < 22 && fields >> field; ++i) {
     }
-    unsigned long long ticks = 0;
-    if (!(fields >> ticks)) return std::nullopt;
-    std::ifstream boot("/proc/stat");
-    std::string key;
-    long long btime = -1;
-    while (boot >> key) {
-        if (key == "btime") {
-            boot >> btime;
-            break;
-        }
-    }
-    const long hz = ::sysconf(_SC_CLK_TCK);
-    if (btime < 0 || hz <= 0) return std::nullopt;
-    return btime * 1000 + static_cast<std::int64_t>(ticks * 1000 / static_cast<unsigned long long>(hz));
+    std::uint64_t ticks = 0;
+    return fields >> ticks ? ticks : 0;
 }
 
 /// A status whose agent is not the process that now has its pid (the agent died and the pid
-/// was reused): its start is more than a minute from that process's.
+/// was reused): the two started at different moments.
 inline bool pid_reused(const agent_status& s) {
-    const auto started = process_started_ms(s.pid);
-    return started && (s.started_ms - *started > 60000 || *started - s.started_ms > 60000);
+    if (s.start_ticks == 0) return false;
+    const auto now = process_start_ticks(s.pid);
+    return now != 0 && now != s.start_ticks;
 }
 
 }  // namespace detail::agent
@@ -452,19 +453,28 @@ ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::pat
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
     open_directory();
-    // Files of agents that died without removing theirs (SIGKILL).
-    if (DIR* d = ::fdopendir(::dup(fd_))) {
-        while (const dirent* e = ::readdir(d)) {
-            const long other = status_file_pid(e->d_name);
-            if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
-        }
-        ::closedir(d);
+    // Files of agents that died without removing theirs (SIGKILL), and their leftovers.
+    const int copy = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+    if (d == nullptr) {
+        if (copy >= 0) ::close(copy);
+        return;
     }
+    while (const dirent* e = ::readdir(d)) {
+        const long other = status_file_pid(e->d_name, true);
+        if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
+    }
+    ::closedir(d);
 }
 
 ELASTIC_DECL void detail::agent::status_file::open_directory() {
     std::string why;
-    const int fd = open_status_directory(dir_, true, why);
+    int fd = -1;
+    // Another agent may remove the directory (its last file gone) between the mkdir and the open.
+    for (int attempt = 0; attempt < 5 && fd < 0; ++attempt) {
+        fd = open_status_directory(dir_, true, why);
+        if (fd < 0 && !why.empty()) break;
+    }
     if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
@@ -488,7 +498,11 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || st.st_nlink == 0) open_directory();  // removed under us
     const auto tmp = name_ + ".tmp";
-    const int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ENOENT) {  // removed, on a file system that keeps its link count
+        open_directory();
+        fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    }
     if (fd < 0)
         throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
     std::size_t done = 0;
@@ -511,9 +525,17 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
 }
 
 ELASTIC_DECL std::vector<std::filesystem::path> status_directories() {
-    std::vector<std::filesystem::path> out{status_directory()};
-    const auto other = std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
-    if (other != out.front()) out.push_back(other);
+    std::vector<std::filesystem::path> out;
+    std::error_code ec;
+    // A TMPDIR that is no directory costs its place only.
+    const auto tmp = std::filesystem::temp_directory_path(ec);
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
+        out.push_back(std::filesystem::path(runtime) / "elastic");
+    }
+    if (!ec) {
+        const auto other = tmp / fmt::format("elastic-{}", ::geteuid());
+        if (out.empty() || other != out.front()) out.push_back(other);
+    }
     return out;
 }
 

@@ -38,15 +38,16 @@ namespace elastic::inline v0::detail::launch {
 namespace elastic::inline v0::detail::launch {
 
 /// Every agent's status the job's rendezvous store holds (publish_status()), in the order they
-/// first published. An agent whose lease the store no longer holds is shown "gone".
+/// first published. An agent whose lease the store no longer holds is shown "finished" when it
+/// was finishing, else "gone" (it died, was cut off, or ended on a failure or a signal).
 inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_client& store, std::string run_id) {
     using keys = store_rendezvous<tcp_store_client>;
     std::vector<agent_status> out;
     std::vector<std::string> count_key{keys::job_key(run_id, "status/count")};
     if (!co_await store.check(std::move(count_key))) co_return out;
-    const auto count = co_await store.add(keys::job_key(run_id, "status/count"), 0);
+    const auto count = detail::to_integer(co_await store.get(keys::job_key(run_id, "status/count"))).value_or(0);
     // At most 100,000 agents are read (a forged counter must not make this run for ever).
-    for (std::int64_t i = 0; i < std::min<std::int64_t>(count, 100000); ++i) {
+    for (long long i = 0; i < std::min<long long>(count, 100000); ++i) {
         const auto key = keys::job_key(run_id, fmt::format("status/{}", i));
         std::vector<std::string> one{key};
         if (!co_await store.check(std::move(one))) continue;  // counted, not yet written
@@ -55,8 +56,13 @@ inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_cl
         if (values.empty() || values.front().size() > (1u << 20)) continue;
         auto s = parse_status_json(values.front());
         if (!s) continue;
-        std::vector<std::string> lease{lease_key(keys::job_key(run_id, "nodes"), s->node)};
-        if (!co_await store.check(std::move(lease))) s->state = "gone";
+        // A lease name must be one an agent holds (host:pid:tag), not one of the store's own keys.
+        bool alive = !s->lease.empty() && s->lease.rfind("__", 0) != 0 && s->lease.find('/') == std::string::npos;
+        if (alive) {
+            std::vector<std::string> lease{lease_key(keys::job_key(run_id, "nodes"), s->lease)};
+            alive = co_await store.check(std::move(lease));
+        }
+        if (!alive) s->state = s->state == "finishing" ? "finished" : "gone";
         out.push_back(std::move(*s));
     }
     co_return out;
@@ -67,6 +73,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
     std::optional<std::string> run_id;
     std::optional<std::string> endpoint;
     std::optional<std::string> conf;
+    auto backend = rendezvous_backend::c10d;
     const auto usage = fmt::format(
         "usage: {0} status [--rdzv-id=ID] [--json]\n"
         "       {0} status --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=KEY=VALUE,...] [--json]\n\n"
@@ -74,7 +81,9 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         "job whose rendezvous store is there: each one's job, round, state and restarts, and each worker's\n"
         "state, last heartbeat, progress and section (--watchdog).\n\n"
         "  --rdzv-id=ID          only the agents of this run id (needed with --rdzv-endpoint)\n"
-        "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it\n"
+        "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it (a list: the\n"
+        "                        first entry that answers)\n"
+        "  --rdzv-backend=B      c10d (default) or static, as the agents were given it\n"
         "  --rdzv-conf=...       secret_file and read_timeout, as the agents were given them\n"
         "                        (or the secret in $ELASTIC_RDZV_SECRET)\n"
         "  --json                one JSON array of the agents' status objects (docs/status.md)\n",
@@ -94,6 +103,10 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             endpoint = std::string(arg.substr(16));
         } else if ((arg == "--rdzv-endpoint" || arg == "--rdzv_endpoint") && i + 1 < argc) {
             endpoint = argv[++i];
+        } else if (arg == "--rdzv-backend=static" || arg == "--rdzv_backend=static") {
+            backend = rendezvous_backend::static_;
+        } else if (arg == "--rdzv-backend=c10d" || arg == "--rdzv_backend=c10d") {
+            backend = rendezvous_backend::c10d;
         } else if (arg.rfind("--rdzv-conf=", 0) == 0 || arg.rfind("--rdzv_conf=", 0) == 0) {
             conf = std::string(arg.substr(12));
         } else if ((arg == "--rdzv-conf" || arg == "--rdzv_conf") && i + 1 < argc) {
@@ -114,39 +127,54 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             say("--rdzv-endpoint needs --rdzv-id: a store may hold several jobs");
             return 2;
         }
-        store_client_options options;
+        // The agents' --rdzv-endpoint, a list included: the first entry that answers (the store
+        // may have moved to a later one).
+        std::vector<store_client_options> tries;
         try {
-            const auto at = parse_host_port(*endpoint, "--rdzv-endpoint");
-            auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", rendezvous_backend::c10d)
-                                 : rendezvous_settings{};
+            auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", backend) : rendezvous_settings{};
             auto env = current_environment();
             load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
-            options.host = at.host;
-            options.port = at.port.value_or(default_rendezvous_port(rendezvous_backend::c10d));
-            options.secret = settings.secret;
-            options.timeout = settings.read_timeout;
-            options.connect_timeout = std::chrono::seconds(10);
-            options.dialect = client_dialect::current;
+            for (const auto entry : detail::split(*endpoint, ',')) {
+                const auto at = parse_host_port(detail::trim(entry), "--rdzv-endpoint");
+                store_client_options options;
+                options.host = at.host;
+                options.port = at.port.value_or(default_rendezvous_port(backend));
+                options.secret = settings.secret;
+                options.timeout = settings.read_timeout;
+                options.connect_timeout = std::chrono::seconds(10);
+                options.dialect = client_dialect::current;
+                tries.push_back(std::move(options));
+            }
         } catch (const usage_error& e) {
             say(e.what());
             return 2;
         }
-        where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
-        asio::io_context io;
-        tcp_store_client store(io.get_executor(), options);
-        std::exception_ptr failed;
-        asio::co_spawn(io, read_job_statuses(store, *run_id), [&](std::exception_ptr e, std::vector<agent_status> got) {
-            failed = e;
-            agents = std::move(got);
-        });
-        io.run();
-        if (failed) {
+        std::string why;
+        bool read = false;
+        for (const auto& options : tries) {
+            where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
+            asio::io_context io;
+            tcp_store_client store(io.get_executor(), options);
+            std::exception_ptr failed;
+            asio::co_spawn(io, read_job_statuses(store, *run_id),
+                           [&](std::exception_ptr e, std::vector<agent_status> got) {
+                               failed = e;
+                               agents = std::move(got);
+                           });
+            io.run();
+            if (!failed) {
+                read = true;
+                break;
+            }
             try {
                 std::rethrow_exception(failed);
             } catch (const std::exception& e) {
-                say(fmt::format("cannot read {}: {}", where, e.what()));
-                return 1;
+                why += fmt::format("{}cannot read {}: {}", why.empty() ? "" : "; ", where, e.what());
             }
+        }
+        if (!read) {
+            say(why);
+            return 1;
         }
     } else {
         const auto dirs = status_directories();
