@@ -101,6 +101,9 @@ struct agent_status {
 
 namespace detail::agent {
 
+/// Process `pid`'s start in clock ticks after boot (field 22 of /proc/<pid>/stat), or 0.
+[[nodiscard]] ELASTIC_DECL std::uint64_t process_start_ticks(long pid);
+
 [[nodiscard]] inline std::int64_t unix_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
@@ -404,8 +407,7 @@ inline long status_file_pid(std::string_view name, bool tmp = false) {
 /// Gone, or not this user's: a pid of another user (EPERM) is no agent of ours.
 inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
 
-/// Process `pid`'s start in clock ticks after boot (field 22 of /proc/<pid>/stat), or 0.
-inline std::uint64_t process_start_ticks(long pid) {
+ELASTIC_DECL std::uint64_t process_start_ticks(long pid) {
     std::ifstream stat(fmt::format("/proc/{}/stat", pid));
     std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
     const auto close = text.rfind(')');  // the command name may hold spaces, parentheses, newlines
