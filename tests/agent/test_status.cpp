@@ -251,8 +251,10 @@ TEST_CASE("status: a running 2-agent job, as `elasticrun status`, /metrics and t
     };
     auto env_first = env;
     env_first["TORCHELASTIC_HEALTH_CHECK_PORT"] = std::to_string(health_port);
-    launched first(common({fmt::format("--metrics-port=127.0.0.1:{}", metrics_port)}), env_first);
-    launched second(common({}), env);
+    // The first hosts the rendezvous store, so the one killed below is never its host.
+    launched first(common({fmt::format("--metrics-port=127.0.0.1:{}", metrics_port), "--rdzv-conf=is_host=true"}),
+                   env_first);
+    launched second(common({"--rdzv-conf=is_host=false"}), env);
     REQUIRE(first.read_lines("ready ", 2));
     REQUIRE(second.read_lines("ready ", 2));
 
