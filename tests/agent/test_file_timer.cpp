@@ -3,7 +3,6 @@
 // native workers writing requests as FileTimerClient does (and hostile ones that write junk or
 // name another process), and a Python worker using torch's own FileTimerClient.
 #include "agent_support.hpp"
-#include "test_files.hpp"
 
 #include "elastic/agent/file_timer.hpp"
 
@@ -21,6 +20,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +41,13 @@ using elastic::detail::agent::fifo_lines;
 using elastic::detail::agent::file_timer_table;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
 
 file_timer_request parsed(std::string_view line) {
     auto r = elastic::parse_file_timer_request(line);
@@ -211,7 +218,7 @@ TEST_CASE("file timer: the FIFO is made private, a stale one replaced, anything 
     std::ofstream(path) << "precious";
     CHECK_THROWS_WITH_AS((void)elastic::detail::agent::open_timer_fifo(path),
                          doctest::Contains("exists and is not a FIFO of this user"), std::system_error);
-    CHECK(test_files::read_file(path) == "precious");
+    CHECK(slurp(path) == "precious");
     CHECK_THROWS_AS((void)elastic::detail::agent::open_timer_fifo(dir.path() / "no" / "dir"), std::system_error);
     // None given: a fresh name in the temporary directory, torchrun's.
     auto fresh = elastic::detail::agent::open_timer_fifo({});
@@ -296,7 +303,7 @@ TEST_CASE("file timer: the server reads what clients write, ignores strangers an
     CHECK(got[1].scope == "z");
     CHECK(server.timers() == 1);  // "kept"
     ::close(log_fd);
-    const auto text = test_files::read_file(log_path);
+    const auto text = slurp(log_path);
     CHECK(text.find("ignored a request that is not a JSON object: garbage") != std::string::npos);
     CHECK(text.find(fmt::format("ignored a request for pid {} (scope 'stranger'), which is none of this node's "
                                 "workers",
@@ -361,7 +368,7 @@ TEST_CASE("file timer: an expired scope gets its worker the signal it asked for,
     CHECK(!fs::exists(told.at("TORCHELASTIC_TIMER_FILE")));
     // The error file the agent wrote for the worker its timer ended.
     const auto run_dir = *fs::directory_iterator(logs);
-    const auto json = nlohmann::json::parse(test_files::read_file(run_dir.path() / "attempt_0" / "0" / "error.json"));
+    const auto json = nlohmann::json::parse(slurp(run_dir.path() / "attempt_0" / "0" / "error.json"));
     CHECK(json["message"]["message"].get<std::string>().rfind("hung: torch timer scope 'train'", 0) == 0);
 }
 
@@ -389,7 +396,7 @@ TEST_CASE("file timer: TORCHELASTIC_TIMER_FILE names the FIFO, a file there is r
         CHECK(r.code != 0);
         CHECK(r.err.find("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): ") != std::string::npos);
         CHECK(r.err.find("exists and is not a FIFO of this user") != std::string::npos);
-        CHECK(test_files::read_file(path) == "keep me");
+        CHECK(slurp(path) == "keep me");
         CHECK(!fs::exists(dir.path() / "env.0.0"));
     }
     SUBCASE("a value other than 1 warns and serves nothing") {

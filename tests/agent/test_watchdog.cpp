@@ -4,7 +4,6 @@
 // under ThreadSanitizer: the stack dump's signals reach threads only at its interception
 // points; tests/agent/test_watchdog_page.cpp holds the concurrent parts.)
 #include "agent_support.hpp"
-#include "test_files.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -14,6 +13,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +24,13 @@ using agent_support::with_worker;
 using agent_support::worker_env;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
 
 TEST_CASE("watchdog: a healthy job runs to the end, its workers told where their pages are, nothing left") {
     temp_dir dir;
@@ -59,7 +66,7 @@ TEST_CASE("watchdog: a native worker hung in a section is found, its stacks kept
     CHECK(r.err.find("restart 1 of 1 (--max-restarts=1)") != std::string::npos);
     // The error file the agent wrote for it: the hang, then every thread's stack.
     const auto run_dir = *fs::directory_iterator(logs);
-    const auto text = test_files::read_file(run_dir.path() / "attempt_0" / "1" / "error.json");
+    const auto text = slurp(run_dir.path() / "attempt_0" / "1" / "error.json");
     REQUIRE(!text.empty());
     const auto json = nlohmann::json::parse(text);
     const auto message = json["message"]["message"].get<std::string>();
@@ -83,7 +90,7 @@ TEST_CASE("watchdog: a SIGUSR2 not from the agent reaches the program's own hand
     CHECK(r.code == 128 + SIGTERM);
     CHECK(r.out.find("own usr2 0") != std::string::npos);
     const auto run_dir = *fs::directory_iterator(logs);
-    const auto json = nlohmann::json::parse(test_files::read_file(run_dir.path() / "attempt_0" / "0" / "error.json"));
+    const auto json = nlohmann::json::parse(slurp(run_dir.path() / "attempt_0" / "0" / "error.json"));
     CHECK(json["message"]["extraInfo"]["py_callstack"].get<std::string>().find("agent_worker_stuck_in_collective()") !=
           std::string::npos);
 }
@@ -107,7 +114,7 @@ TEST_CASE("watchdog: a dump of hundreds of threads, one that blocks the signal l
     INFO(r.err);
     CHECK(r.code == 128 + SIGTERM);
     const auto run_dir = *fs::directory_iterator(logs);
-    const auto json = nlohmann::json::parse(test_files::read_file(run_dir.path() / "attempt_0" / "0" / "error.json"));
+    const auto json = nlohmann::json::parse(slurp(run_dir.path() / "attempt_0" / "0" / "error.json"));
     const auto stacks = json["message"]["extraInfo"]["py_callstack"].get<std::string>();
     std::size_t helpers = 0;
     for (auto at = stacks.find("agent_worker_helper_thread()"); at != std::string::npos;
@@ -221,7 +228,7 @@ TEST_CASE("watchdog: a Python worker's heartbeats, section and faulthandler stac
     CHECK(r.err.find("hung: in section \"allreduce\" for ") != std::string::npos);
     CHECK(r.err.find("progress 4") != std::string::npos);
     const auto run_dir = *fs::directory_iterator(logs);
-    const auto json = nlohmann::json::parse(test_files::read_file(run_dir.path() / "attempt_0" / "0" / "error.json"));
+    const auto json = nlohmann::json::parse(slurp(run_dir.path() / "attempt_0" / "0" / "error.json"));
     const auto stacks = json["message"]["extraInfo"]["py_callstack"].get<std::string>();
     CHECK(stacks.find("in stuck_in_python") != std::string::npos);
 }

@@ -60,7 +60,7 @@ private:
 
 /// The whole file, bytes as they are; empty when it cannot be opened (tests that care whether a
 /// file exists check that first).
-inline std::string read_file(const std::filesystem::path& path) {
+inline std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }

@@ -10,7 +10,6 @@
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/coro.hpp"
-#include "elastic/rendezvous/codec.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -141,6 +140,9 @@ struct opened_fifo {
 /// Closes the writer and removes the FIFO, if it is still the one made (same inode).
 ELASTIC_DECL void close_timer_fifo(const opened_fifo& fifo) noexcept;
 
+/// At most 120 bytes of a client's text, bytes outside printable ASCII as \xNN.
+[[nodiscard]] ELASTIC_DECL std::string quoted_excerpt(std::string_view text);
+
 }  // namespace detail::agent
 
 /// The FIFO and the timers behind it. It lives as long as the agent (a client whose FIFO has no
@@ -232,7 +234,7 @@ private:
     void take(const detail::agent::fifo_lines::line& line) {
         if (line.overlong) {
             report(fmt::format("a request longer than {} bytes (FileTimerClient writes at most PIPE_BUF): {}",
-                               detail::agent::fifo_lines::max_line, detail::rendezvous::shown(line.text)));
+                               detail::agent::fifo_lines::max_line, detail::agent::quoted_excerpt(line.text)));
             return;
         }
         auto parsed = parse_file_timer_request(line.text);
@@ -251,11 +253,11 @@ private:
             if (who == file_timer_sender::ended_worker || known_.count(r.pid) != 0) {
                 log_->debug(fmt::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
                                         "running",
-                                        made_.path.string(), detail::rendezvous::shown(r.scope), r.pid));
+                                        made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
             } else {
                 report(fmt::format("a request for pid {} (scope '{}'), which is none of this node's workers nor "
                                    "in a worker's process group",
-                                   r.pid, detail::rendezvous::shown(r.scope)));
+                                   r.pid, detail::agent::quoted_excerpt(r.scope)));
             }
             return;
         }
@@ -311,7 +313,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(std::string_view line) {
     const auto bad = [line](std::string_view why) {
-        return fmt::format("a request that {}: {}", why, detail::rendezvous::shown(line));
+        return fmt::format("a request that {}: {}", why, detail::agent::quoted_excerpt(line));
     };
     const auto json = nlohmann::json::parse(line, nullptr, false);
     if (json.is_discarded() || !json.is_object()) return bad("is not a JSON object");
@@ -355,14 +357,14 @@ ELASTIC_DECL std::optional<std::string> detail::agent::file_timer_table::apply(
     if (it == timers_.end()) {
         if (timers_.size() >= max_timers) {
             return fmt::format("scope '{}' of pid {}: {} timers are kept already (the most this agent keeps)",
-                               detail::rendezvous::shown(r.scope), r.pid, max_timers);
+                               quoted_excerpt(r.scope), r.pid, max_timers);
         }
         const auto first = timers_.lower_bound(std::make_pair(r.pid, std::string()));
         std::size_t of_pid = 0;
         for (auto i = first; i != timers_.end() && i->first.first == r.pid && of_pid < max_per_pid; ++i) ++of_pid;
         if (of_pid >= max_per_pid) {
             return fmt::format("scope '{}' of pid {}: that pid holds {} timers already (the most one process may)",
-                               detail::rendezvous::shown(r.scope), r.pid, max_per_pid);
+                               quoted_excerpt(r.scope), r.pid, max_per_pid);
         }
     }
     // What was left when it arrived, capped at a year (a far-off deadline must not overflow).
@@ -512,6 +514,20 @@ ELASTIC_DECL void detail::agent::close_timer_fifo(const opened_fifo& fifo) noexc
         static_cast<unsigned long long>(st.st_dev) == fifo.device) {
         ::unlink(fifo.path.c_str());
     }
+}
+
+ELASTIC_DECL std::string detail::agent::quoted_excerpt(std::string_view text) {
+    std::string out;
+    for (const char c : text.substr(0, 120)) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f) {
+            out += c;
+        } else {
+            out += fmt::format("\\x{:02x}", u);
+        }
+    }
+    if (text.size() > 120) out += "...";
+    return out;
 }
 
 }  // namespace elastic::inline v0

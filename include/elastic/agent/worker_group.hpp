@@ -459,7 +459,7 @@ private:
     /// FileTimerServer does the same); a worker it ends fails with the expiry as its hang.
     void timer_expired(const file_timer_expiry& e) {
         const auto i = timer_owner(e.pid);
-        const auto scope = detail::rendezvous::shown(e.scope);
+        const auto scope = detail::agent::quoted_excerpt(e.scope);
         if (!i) {
             log_->info(fmt::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
                                    "here; nothing sent",
@@ -511,7 +511,7 @@ private:
         hang_report r;
         r.reason = fmt::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
                                "and the agent sent {}",
-                               detail::rendezvous::shown(e.scope), detail::agent::measured_words(e.after),
+                               detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
                                signal_name(e.signal));
         if (i < watches_.size()) r.progress = watches_[i].progress;
         r.silent = e.after;
@@ -528,18 +528,13 @@ private:
             if (!t || hung(i) != nullptr || slot.error_file.empty() || std::filesystem::exists(slot.error_file)) {
                 continue;
             }
-            write_hang_file(slot, *t, workers_[i].status()->system_time,
-                            fmt::format("local_rank {} (its torch timer expired)", slot.assignment.local_rank));
-        }
-    }
-
-    /// Writes `hang` as the error file of `slot`'s worker; a failure costs a warning.
-    void write_hang_file(const detail::agent::worker_slot& slot, const hang_report& hang,
-                         std::chrono::system_clock::time_point when, const std::string& who) const {
-        try {
-            write_file_atomically(slot.error_file, hang_error_document(hang, when).dump(4));
-        } catch (const std::exception& e) {
-            log_->warning(fmt::format("cannot write the error file of {}: {}", who, e.what()));
+            const auto& status = workers_[i].status();
+            try {
+                write_file_atomically(slot.error_file, hang_error_document(*t, status->system_time).dump(4));
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
+                                          slot.assignment.local_rank, e.what()));
+            }
         }
     }
 
@@ -691,8 +686,12 @@ private:
             const auto& status = workers_[h.index].status();
             const bool failed_alone = status && !status->status.success() && status->steady_time < hang_found_;
             if (slot.error_file.empty() || failed_alone) continue;
-            write_hang_file(slot, h.report, hang_found_system_,
-                            fmt::format("hung local_rank {}", slot.assignment.local_rank));
+            try {
+                write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
+            } catch (const std::exception& e) {
+                log_->warning(fmt::format("cannot write the error file of hung local_rank {}: {}",
+                                          slot.assignment.local_rank, e.what()));
+            }
         }
     }
 
