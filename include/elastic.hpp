@@ -30,6 +30,8 @@
 // ELASTIC_NO_LAUNCHER before including this header: it then needs no CLI11 and does not parse it.
 // (The one file that defines ELASTIC_IMPL_SOURCE must not.)
 #ifndef ELASTIC_NO_LAUNCHER
+// The etcd-v3 backend: its client (HTTP, TLS) is compiled only where a launcher is.
+#include "elastic/rendezvous/etcd_rendezvous.hpp"
 #include "elastic/launch.hpp"
 #include "elastic/run.hpp"
 #endif

@@ -4,10 +4,12 @@
 // edit the headers under include/ and run the tool again.
 //
 // WHAT A PROGRAM USING THIS FILE NEEDS (docs/building.md, "Vendoring the single header"):
-//   C++20; on the include path: standalone Asio 1.22+, fmt, nlohmann/json, CLI11 (header-only)
-//   and OpenSSL's headers; LINK fmt and OpenSSL's libcrypto: -lfmt -lcrypto -pthread.
-//   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev):
-//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lcrypto -pthread
+//   C++20; on the include path: standalone Asio 1.22+, fmt, nlohmann/json, CLI11 (header-only),
+//   OpenSSL's and http-parser's headers; LINK fmt, OpenSSL and http-parser:
+//   -lfmt -lssl -lcrypto -lhttp_parser -pthread.
+//   On Debian 12 (libasio-dev libfmt-dev nlohmann-json3-dev libcli11-dev libssl-dev
+//   libhttp-parser-dev):
+//       g++ -std=c++20 -I<this file's directory> main.cpp -lfmt -lssl -lcrypto -lhttp_parser -pthread
 //   A worker may #define ELASTIC_NO_LAUNCHER before including this file: it leaves out the
 //   command line and elastic::run, and then needs no CLI11.
 //   Separate compilation: define ELASTIC_SEPARATE_COMPILATION in every file of the program,
@@ -14582,11 +14584,12 @@ struct rendezvous_settings {
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
     /// waits for the other nodes; unset: 300 s (torchrun's fixed value).
     std::optional<std::chrono::milliseconds> exit_barrier_timeout;
-    /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
-    /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
+    /// c10d, etcd-v3: how often an agent proves to the rendezvous store that it lives (its
+    /// lease's heartbeat, or its etcd lease's renewal); torchrun's name, elastic's default (torchrun: 5 s).
     std::chrono::milliseconds keep_alive_interval = 1s;
-    /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
-    /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
+    /// c10d, etcd-v3: heartbeats missed in a row before an agent counts as lost (the store's
+    /// verdict; etcd: its lease's TTL is interval x attempts) or an agent counts its store as
+    /// lost; torchrun's name, elastic's default (torchrun: 3).
     int keep_alive_max_attempt = 5;
     /// static, c10d: the file holding the job's secret, which authenticates every connection
     /// to the rendezvous store (docs/rendezvous.md, "Security"); elastic's own key.
@@ -14597,6 +14600,13 @@ struct rendezvous_settings {
     /// c10d: `workers_store_peers=any`: group rank 0's workers' store accepts every peer, not
     /// only the round's members' addresses (for NAT between the nodes); elastic's own key.
     bool workers_store_any_peer = false;
+    /// etcd-v3: `protocol=https`, TLS to every member (torchrun's key).
+    bool tls = false;
+    /// etcd-v3: `cacert`, `cert`, `key` (torchrun's keys): the PEM files of the CAs that sign the
+    /// members' certificates (unset: the system's), of this agent's client certificate, and of its key.
+    std::optional<std::string> cacert;
+    std::optional<std::string> cert;
+    std::optional<std::string> key;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 
@@ -15059,6 +15069,8 @@ struct store_rendezvous_options {
     /// The job's restart budget when every node's policy is --max-restarts (a restart decision
     /// past it is ignored); none: any count the job's `restarts` key backs is accepted.
     std::optional<int> max_restarts;
+    /// How a node's loss came about, as the membership restart's reason says it.
+    std::string loss_cause = "its agent's connection to the rendezvous store ended or went silent";
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -16631,9 +16643,8 @@ private:
         }
         abort_notice lost;
         lost.what = abort_notice::kind::membership;
-        lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
-                                  "silent)",
-                                  detail::rendezvous::describe_node_id(name));
+        lost.reason = fmt::format("node {} was lost ({})", detail::rendezvous::describe_node_id(name),
+                                  options_.loss_cause);
         (void)co_await abort_round(s, r, std::move(lost));
     }
 
@@ -17993,7 +18004,7 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
 }
 
 [[nodiscard]] ELASTIC_DECL bool uses_node_rendezvous(const rendezvous_parameters& p) {
-    if (p.nnodes.max > 1) return true;
+    if (p.nnodes.max > 1 || p.backend == rendezvous_backend::etcd_v3) return true;
     if (p.backend != rendezvous_backend::c10d) return false;
     if (p.settings.is_host) return !*p.settings.is_host;
     return !detail::rendezvous::is_this_host(p.endpoint.host);
@@ -23060,9 +23071,6 @@ ELASTIC_DECL std::string nnodes_text(const node_range& n) {
 }
 
 ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
-    const auto refuse = [](std::string_view what, std::string_view why) {
-        throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
-    };
     if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
         throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
                                       "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
@@ -23083,9 +23091,6 @@ ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
         throw usage_error{fmt::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
                                       "store's leases; choose an id without one",
                                       c.run_id)};
-    }
-    if (c.backend == rendezvous_backend::etcd_v3) {
-        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
 }
 
@@ -23993,7 +23998,20 @@ using worker_group = basic_worker_group<>;
 
 namespace elastic::inline v0 {
 
+// The etcd-v3 backend (rendezvous/etcd_rendezvous.hpp), declared only: its client is large, so
+// it is complete where the agent's loop is instantiated (the launcher, launch/run.hpp), and a
+// file that includes the agent without running one (a worker) does not compile it.
+template <class Defer>
+class basic_etcd_rendezvous;
+using etcd_rendezvous = basic_etcd_rendezvous<void>;
+
 namespace detail::agent {
+
+/// `T`, named through `Of` so that it is complete only where a template using it is instantiated.
+template <class Of, class T>
+struct dependent_on {
+    using type = T;
+};
 
 /// How an attempt ended.
 struct attempt_outcome {
@@ -24035,7 +24053,7 @@ private:
     std::optional<int> received_;
 };
 
-/// A loop over the job `Job` (local_agent::run_loop; the agent_loop concept is both models).
+/// A loop over the job `Job` (local_agent::run_loop; the agent_loop concept is every model).
 template <class Loop, class Job>
 concept loop_over = requires(Loop& loop, Job& job) {
     { loop(job) } -> std::same_as<asio::awaitable<int>>;
@@ -24187,7 +24205,8 @@ public:
     /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
     /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
     /// itself cannot go on (workers are stopped first). The loop is policy_loop(job, policy)
-    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several.
+    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several,
+    /// an etcd_rendezvous for etcd-v3.
     template <restart_policy Policy>
     asio::awaitable<int> run(Policy& policy) {
         auto loop = [&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); };
@@ -24197,15 +24216,24 @@ public:
     /// The same with a loop of the caller's (an agent_loop): `loop(job)` is awaited once, with
     /// the job joined, and returns the exit code; it goes through the job with job<R>'s steps
     /// (see policy_loop, the loop run() uses, and examples/custom_agent.cpp). It is called with
-    /// both rendezvous models, so its call is a template whose return type is written out,
+    /// every rendezvous model, so its call is a template whose return type is written out,
     /// `asio::awaitable<int>` (not deduced). `loop` must outlive the awaitable. A loop that
     /// returns with an attempt's step not concluded gets agent_error.
     // clang-format off
     template <class Loop>
         requires detail::agent::loop_over<Loop, job<single_node_rendezvous>> &&
-                 detail::agent::loop_over<Loop, job<tcp_rendezvous>>
+                 detail::agent::loop_over<Loop, job<tcp_rendezvous>> &&
+                 detail::agent::loop_over<Loop, job<etcd_rendezvous>>
     asio::awaitable<int> run_loop(Loop& loop) {
         // clang-format on
+        if (params_.backend == rendezvous_backend::etcd_v3) {
+            // Complete only where the loop is instantiated (the launcher includes it).
+            typename detail::agent::dependent_on<Loop, etcd_rendezvous>::type rdzv(executor_, params_,
+                                                                                   [this](std::string_view line) {
+                                                                                       log_.warning(line);
+                                                                                   });
+            co_return co_await run_loop(loop, rdzv);
+        }
         if (several_) {
             tcp_rendezvous rdzv(executor_, params_, [this](std::string_view line) { log_.warning(line); });
             co_return co_await run_loop(loop, rdzv);
@@ -25204,14 +25232,15 @@ using local_agent = basic_local_agent<>;
 /*
  * agent_loop: a loop of the caller's over a running job (local_agent::run_loop).
  *   asio::awaitable<int> operator()(local_agent::job<R>& job);
- * for both rendezvous models the agent may choose (a template call whose return type is written
+ * for every rendezvous model the agent may choose (a template call whose return type is written
  * out, e.g. `template <class Job> asio::awaitable<int> operator()(Job& job)`): it is
  * awaited once, with the job joined, and returns the agent's exit code.
  */
 template <class L>
 concept agent_loop = std::move_constructible<L> &&
     detail::agent::loop_over<L, local_agent::job<single_node_rendezvous>> &&
-    detail::agent::loop_over<L, local_agent::job<tcp_rendezvous>>;
+    detail::agent::loop_over<L, local_agent::job<tcp_rendezvous>> &&
+    detail::agent::loop_over<L, local_agent::job<etcd_rendezvous>>;
 
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/local_agent.hpp ----
@@ -25222,6 +25251,2338 @@ concept agent_loop = std::move_constructible<L> &&
 // ELASTIC_NO_LAUNCHER before including this header: it then needs no CLI11 and does not parse it.
 // (The one file that defines ELASTIC_IMPL_SOURCE must not.)
 #ifndef ELASTIC_NO_LAUNCHER
+// The etcd-v3 backend: its client (HTTP, TLS) is compiled only where a launcher is.
+// ---- begin elastic/rendezvous/etcd_rendezvous.hpp ----
+// etcd_rendezvous: the etcd-v3 backend — the job's rounds (store_rendezvous, c10d's semantics)
+// over an etcd cluster, each agent's liveness an etcd lease, every wait a watch.
+
+// ---- begin elastic/store/etcd_client.hpp ----
+// A client of etcd's v3 API through its JSON gateway (HTTP/1.1, TLS when asked): the calls a store
+// over etcd needs — range, put, delete, transactions, leases and watches — with failover across
+// the cluster's members. HTTP is parsed by the http-parser library, TLS is OpenSSL's (asio::ssl).
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// A member of an etcd cluster: where its client URL listens.
+struct etcd_endpoint {
+    std::string host;
+    std::uint16_t port = 2379;
+    friend bool operator==(const etcd_endpoint&, const etcd_endpoint&) = default;
+};
+
+/// How an etcd_client reaches the cluster.
+struct etcd_options {
+    /// The members, in the order they are tried: a request goes to the member that answered
+    /// last, and moves to the next one when that one fails.
+    std::vector<etcd_endpoint> endpoints;
+    bool tls = false;    ///< https (--rdzv-conf protocol=https)
+    std::string cacert;  ///< PEM file of the CAs that sign the members' certificates (empty: the system's)
+    std::string cert;    ///< PEM file of this client's certificate (empty: none)
+    std::string key;     ///< PEM file of its private key (with cert)
+    /// How long one request may take on one member (connect, send, answer), and how long a
+    /// watch may wait for its first answer (--rdzv-conf read_timeout).
+    std::chrono::milliseconds request_timeout{std::chrono::seconds(60)};
+    /// How long a connection to one member may take before the next member is tried.
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
+};
+
+/// An etcd request failed. `code()` is the gRPC status code the gateway answered with (0: no
+/// code — an answer that was not etcd's; 14: no member answered or a stream broke). The message
+/// names the member.
+class etcd_error : public store_error {
+public:
+    etcd_error(const std::string& message, int code, bool ambiguous = false)
+        : store_error(message), code_(code), ambiguous_(ambiguous) {}
+    [[nodiscard]] int code() const noexcept { return code_; }
+    /// The request was sent and no answer came: it may or may not have been applied.
+    [[nodiscard]] bool ambiguous() const noexcept { return ambiguous_; }
+    /// Asking again later may succeed: no member answered, or a watch's member went away
+    /// (code 14). Refusals (credentials, TLS, no v3 gateway, a bad request) are not.
+    [[nodiscard]] bool transient() const noexcept { return code_ == 14; }
+
+private:
+    int code_ = 0;
+    bool ambiguous_ = false;
+};
+
+/// No member of the cluster served the request within the request timeout: each was
+/// unreachable, refused the connection, had no quorum (no leader), or did not answer in time.
+/// The message says what each one did. Transient (code 14).
+class etcd_unavailable : public etcd_error {
+public:
+    using etcd_error::etcd_error;
+};
+
+/// A lease etcd granted: its id and the TTL it chose (at least what was asked, at least etcd's
+/// minimum).
+struct etcd_lease {
+    std::int64_t id = 0;
+    std::int64_t ttl = 0;
+};
+
+/// A key and its value as etcd keeps them.
+struct etcd_kv {
+    std::string key;
+    std::string value;
+    std::int64_t create_revision = 0;  ///< 0: the key does not exist
+    std::int64_t mod_revision = 0;
+    std::int64_t version = 0;
+    std::int64_t lease = 0;
+};
+
+/// One comparison of a transaction: `target(key) how number` (or `value(key) how value`). With
+/// `range_end`, every key in [key, range_end) must satisfy it (none there: a zero key does).
+struct etcd_compare {
+    enum class target { version_count, create, mod, value, lease };  /// version_count: etcd's VERSION
+    enum class result { equal, greater, less, not_equal };
+    std::string key;
+    target what = target::mod;
+    result how = result::equal;
+    std::int64_t number = 0;
+    std::string value;
+    std::string range_end;
+};
+
+/// One operation of a transaction (or a request of its own).
+struct etcd_request {
+    enum class kind { range, put, delete_range };
+    kind what = kind::range;
+    std::string key;
+    std::string value;        ///< put
+    std::string range_end;    ///< range, delete_range: [key, range_end); empty: key alone
+    std::int64_t lease = 0;   ///< put: the lease the key is bound to (0: none)
+    bool count_only = false;  ///< range: count, no key-values
+
+    static etcd_request range(std::string k, std::string end = {}) {
+        return {kind::range, std::move(k), {}, std::move(end), 0, false};
+    }
+    static etcd_request put(std::string k, std::string v, std::int64_t lease_id = 0) {
+        return {kind::put, std::move(k), std::move(v), {}, lease_id, false};
+    }
+    static etcd_request erase(std::string k, std::string end = {}) {
+        return {kind::delete_range, std::move(k), {}, std::move(end), 0, false};
+    }
+};
+
+/// What one operation returned: a range's key-values and count, or a delete's count.
+struct etcd_response {
+    std::vector<etcd_kv> kvs;
+    std::int64_t count = 0;
+};
+
+/// A transaction's outcome: which branch ran, the store's revision after it, each op's result.
+struct etcd_txn_result {
+    bool succeeded = false;
+    std::int64_t revision = 0;
+    std::vector<etcd_response> responses;
+};
+
+/// A range's outcome at the store's revision.
+struct etcd_range_result {
+    std::int64_t revision = 0;
+    std::vector<etcd_kv> kvs;
+    std::int64_t count = 0;
+};
+
+/// One change a watch reports.
+struct etcd_event {
+    bool deleted = false;         ///< a delete (a lease's expiry deletes its keys); else a put
+    etcd_kv kv;                   ///< the key as changed (a delete: the key and mod_revision)
+    std::optional<etcd_kv> prev;  ///< the key before, when the watch asked for it
+};
+
+/// One message of a watch stream.
+struct etcd_watch_batch {
+    std::int64_t revision = 0;          ///< the store's revision when it was sent
+    bool created = false;               ///< the watch now exists (the first message)
+    bool canceled = false;              ///< the watch ended (see compact_revision)
+    std::int64_t compact_revision = 0;  ///< canceled because its start was compacted away: re-read
+    std::string cancel_reason;
+    std::vector<etcd_event> events;
+};
+
+/// The first key after every key that starts with `prefix` (a range's end for a prefix).
+[[nodiscard]] ELASTIC_DECL std::string etcd_prefix_end(std::string_view prefix);
+
+namespace detail::etcd {
+struct watch_stream;
+struct client_state;
+}  // namespace detail::etcd
+
+/// A watch on etcd: one HTTP stream of its own. next() returns the stream's messages in order;
+/// destroying the watch closes the stream (that is how a watch is cancelled over the gateway).
+class etcd_watch {
+public:
+    /// No stream (next() throws): what a moved-from watch is.
+    etcd_watch() = default;
+    ELASTIC_DECL explicit etcd_watch(std::unique_ptr<detail::etcd::watch_stream> stream);
+    ELASTIC_DECL ~etcd_watch();
+    etcd_watch(etcd_watch&&) noexcept;
+    etcd_watch& operator=(etcd_watch&&) noexcept;
+
+    /// The next message; etcd_error when the stream ends or breaks (its member went away) or
+    /// sends what is not a watch message.
+    ELASTIC_DECL asio::awaitable<etcd_watch_batch> next();
+    /// The member the stream is on ("host:port").
+    [[nodiscard]] ELASTIC_DECL std::string endpoint() const;
+
+private:
+    std::unique_ptr<detail::etcd::watch_stream> stream_;
+};
+
+/// A client of an etcd cluster's v3 JSON gateway (etcd 3.4 and later). Each request goes to the
+/// member that answered last; a member that cannot be reached, refuses the connection, has no
+/// leader or does not answer in time is left for the next one, and the members are tried again,
+/// with a growing pause, until the request timeout; then etcd_unavailable says what each did.
+/// Idle connections are kept for the next request; every connection probes its peer (TCP
+/// keep-alive), so a member whose machine vanished is noticed within seconds. Use it on one
+/// thread (its executor's).
+class etcd_client {
+public:
+    ELASTIC_DECL etcd_client(asio::any_io_executor executor, etcd_options options);
+    ELASTIC_DECL ~etcd_client();
+    etcd_client(const etcd_client&) = delete;
+    etcd_client& operator=(const etcd_client&) = delete;
+
+    [[nodiscard]] ELASTIC_DECL const etcd_options& options() const noexcept;
+    /// The members as a list for messages ("http://h1:2379, http://h2:2379").
+    [[nodiscard]] ELASTIC_DECL std::string describe() const;
+
+    /// Checks that a member speaks the v3 API (its /version): etcd_error naming the problem when
+    /// it is too old (a v2-only server) or no etcd; etcd_unavailable when none answers.
+    ELASTIC_DECL asio::awaitable<std::string> server_version();
+
+    ELASTIC_DECL asio::awaitable<etcd_range_result> range(std::string key, std::string range_end = {},
+                                                          bool count_only = false);
+    /// Returns the store's revision after the put.
+    ELASTIC_DECL asio::awaitable<std::int64_t> put(std::string key, std::string value, std::int64_t lease = 0);
+    /// Returns how many keys were deleted.
+    ELASTIC_DECL asio::awaitable<std::int64_t> erase(std::string key, std::string range_end = {});
+    /// At most 128 operations per branch (etcd's default --max-txn-ops), no key put twice. A
+    /// transaction with comparisons is not sent again after a failure that leaves its fate
+    /// unknown: etcd_error::ambiguous() says so, and the caller reads what happened.
+    ELASTIC_DECL asio::awaitable<etcd_txn_result> txn(std::vector<etcd_compare> compare,
+                                                      std::vector<etcd_request> success,
+                                                      std::vector<etcd_request> failure = {});
+
+    /// Grants a lease of `ttl` seconds.
+    ELASTIC_DECL asio::awaitable<etcd_lease> lease_grant(std::int64_t ttl);
+    /// Renews lease `id`; returns its TTL in seconds, 0 when the lease is gone (expired or revoked).
+    /// `within` bounds the renewal (0: request_timeout): a renewal is worth only as much as it
+    /// is quick.
+    ELASTIC_DECL asio::awaitable<std::int64_t> lease_keepalive(std::int64_t id, std::chrono::milliseconds within = {});
+    /// Revokes lease `id` (its keys are deleted); a lease already gone is no error.
+    ELASTIC_DECL asio::awaitable<void> lease_revoke(std::int64_t id);
+
+    /// Watches [key, range_end) (empty: key alone) from `start_revision` (0: from now), with each
+    /// event's previous key-value when `prev_kv`. Returns once etcd confirmed the watch. A member
+    /// that loses its leader ends its watches (etcd's "require leader"), so a watch never waits
+    /// on a member cut off from the cluster.
+    ELASTIC_DECL asio::awaitable<etcd_watch> watch(std::string key, std::string range_end, std::int64_t start_revision,
+                                                   bool prev_kv = false);
+
+    /// Drops the idle connections (the next request opens a new one).
+    ELASTIC_DECL void close() noexcept;
+
+private:
+    std::unique_ptr<detail::etcd::client_state> state_;
+};
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+
+#include <asio/buffer.hpp>
+#include <asio/connect.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/ssl.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+#include <http_parser.h>
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <exception>
+#include <stdexcept>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL std::string etcd_prefix_end(std::string_view prefix) {
+    std::string end(prefix);
+    while (!end.empty()) {
+        auto& last = end.back();
+        if (static_cast<unsigned char>(last) != 0xff) {
+            last = static_cast<char>(static_cast<unsigned char>(last) + 1);
+            return end;
+        }
+        end.pop_back();
+    }
+    return std::string(1, '\0');  // every key: etcd's "\0" range end
+}
+
+namespace detail::etcd {
+
+using tcp = asio::ip::tcp;
+using clock = std::chrono::steady_clock;
+
+/// The largest answer kept: a unary answer's body, or one line of a watch stream. etcd's own
+/// request limit is 1.5 MiB per value; a range of a whole job's keys stays far below this.
+inline constexpr std::size_t max_body = 64u << 20;
+
+inline constexpr const char* no_quorum_advice =
+    "the cluster may have no quorum (too few of its members run, or they cannot reach each other): start the "
+    "members that are down (or the member is overloaded)";
+
+inline std::string base64(std::string_view bytes) {
+    std::string out(4 * ((bytes.size() + 2) / 3), '\0');
+    const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                  reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
+    out.resize(static_cast<std::size_t>(std::max(n, 0)));
+    return out;
+}
+
+inline std::string unbase64(std::string_view text) {
+    if (text.empty()) return {};
+    if (text.size() % 4 != 0) throw std::runtime_error("base64 text of a length that is no multiple of 4");
+    std::string out(3 * (text.size() / 4), '\0');
+    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                  reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
+    if (n < 0) throw std::runtime_error("invalid base64 text");
+    std::size_t pad = 0;
+    if (text.back() == '=') ++pad;
+    if (text.size() >= 2 && text[text.size() - 2] == '=') ++pad;
+    out.resize(static_cast<std::size_t>(n) - pad);
+    return out;
+}
+
+// etcd writes 64-bit numbers as strings, omits zeros, and future versions may write numbers.
+inline std::int64_t number(const nlohmann::json& j, const char* name) {
+    const auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return 0;
+    if (it->is_number_integer()) return it->get<std::int64_t>();
+    if (it->is_string()) {
+        const auto& s = it->get_ref<const std::string&>();
+        std::size_t used = 0;
+        const auto v = std::stoll(s, &used);
+        if (used != s.size()) throw std::runtime_error(fmt::format("'{}' is not a number: {}", name, s));
+        return v;
+    }
+    if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
+    throw std::runtime_error(fmt::format("'{}' is not a number", name));
+}
+
+inline std::string bytes(const nlohmann::json& j, const char* name) {
+    const auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return {};
+    return unbase64(it->get_ref<const std::string&>());
+}
+
+inline bool flag(const nlohmann::json& j, const char* name) {
+    const auto it = j.find(name);
+    return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+inline etcd_kv kv_of(const nlohmann::json& j) {
+    etcd_kv kv;
+    kv.key = bytes(j, "key");
+    kv.value = bytes(j, "value");
+    kv.create_revision = number(j, "create_revision");
+    kv.mod_revision = number(j, "mod_revision");
+    kv.version = number(j, "version");
+    kv.lease = number(j, "lease");
+    return kv;
+}
+
+inline std::vector<etcd_kv> kvs_of(const nlohmann::json& j) {
+    std::vector<etcd_kv> out;
+    if (const auto it = j.find("kvs"); it != j.end() && it->is_array()) {
+        for (const auto& kv : *it) out.push_back(kv_of(kv));
+    }
+    return out;
+}
+
+inline std::int64_t revision_of(const nlohmann::json& j) {
+    const auto it = j.find("header");
+    return it == j.end() ? 0 : number(*it, "revision");
+}
+
+inline nlohmann::json request_json(const etcd_request& r) {
+    nlohmann::json j;
+    j["key"] = base64(r.key);
+    switch (r.what) {
+        case etcd_request::kind::range:
+            if (!r.range_end.empty()) j["range_end"] = base64(r.range_end);
+            if (r.count_only) j["count_only"] = true;
+            return nlohmann::json{{"request_range", j}};
+        case etcd_request::kind::put:
+            j["value"] = base64(r.value);
+            if (r.lease != 0) j["lease"] = std::to_string(r.lease);
+            return nlohmann::json{{"request_put", j}};
+        case etcd_request::kind::delete_range:
+            if (!r.range_end.empty()) j["range_end"] = base64(r.range_end);
+            return nlohmann::json{{"request_delete_range", j}};
+    }
+    return j;
+}
+
+inline nlohmann::json compare_json(const etcd_compare& c) {
+    static constexpr const char* targets[] = {"VERSION", "CREATE", "MOD", "VALUE", "LEASE"};
+    static constexpr const char* results[] = {"EQUAL", "GREATER", "LESS", "NOT_EQUAL"};
+    nlohmann::json j;
+    j["key"] = base64(c.key);
+    if (!c.range_end.empty()) j["range_end"] = base64(c.range_end);
+    j["target"] = targets[static_cast<int>(c.what)];
+    j["result"] = results[static_cast<int>(c.how)];
+    switch (c.what) {
+        case etcd_compare::target::version_count: j["version"] = std::to_string(c.number); break;
+        case etcd_compare::target::create: j["create_revision"] = std::to_string(c.number); break;
+        case etcd_compare::target::mod: j["mod_revision"] = std::to_string(c.number); break;
+        case etcd_compare::target::value: j["value"] = base64(c.value); break;
+        case etcd_compare::target::lease: j["lease"] = std::to_string(c.number); break;
+    }
+    return j;
+}
+
+/// One connection to one member: TCP, or TLS over it. A plain connection uses the stream's
+/// lower layer only.
+struct connection {
+    connection(asio::any_io_executor ex, asio::ssl::context& ctx, std::size_t which, bool secure)
+        : stream(ex, ctx), member(which), tls(secure) {}
+
+    asio::ssl::stream<tcp::socket> stream;
+    std::size_t member;
+    bool tls;
+
+    tcp::socket& socket() { return stream.next_layer(); }
+    void close() noexcept {
+        std::error_code ignored;
+        socket().shutdown(tcp::socket::shutdown_both, ignored);
+        socket().close(ignored);
+    }
+};
+
+/// What went wrong on one member, for the message that lists them all.
+struct member_failure {
+    std::string what;
+    bool ambiguous = false;  ///< the request was sent whole, and its fate is unknown
+    bool retry = true;       ///< the member may serve it later (else: a refusal, e.g. TLS)
+    int code = 0;
+    bool silent = false;  ///< the member took the request and did not answer in time
+};
+
+class member_error : public std::runtime_error {
+public:
+    explicit member_error(member_failure f) : std::runtime_error(f.what), failure(std::move(f)) {}
+    member_failure failure;
+};
+
+inline bool cancelled(const std::system_error& e) { return e.code() == asio::error::operation_aborted; }
+
+/// Runs `op` and throws member_error(`what`) when `deadline` comes first.
+template <class T>
+asio::awaitable<T> before(clock::time_point deadline, asio::awaitable<T> op, std::string what, bool ambiguous,
+                          bool silent = false) {
+    using namespace asio::experimental::awaitable_operators;
+    asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+    auto raced = co_await (detail::settle(std::move(op)) || timer.async_wait(asio::use_awaitable));
+    if (raced.index() == 1) throw member_error({std::move(what), ambiguous, true, 0, silent});
+    if constexpr (std::is_void_v<T>) {
+        std::get<0>(raced).take();
+        co_return;
+    } else {
+        co_return std::get<0>(std::move(raced)).take();
+    }
+}
+
+/// An HTTP response read with http-parser: the status, the body (whole, or line by line for a
+/// stream) and whether the connection may be reused.
+struct response_parser {
+    http_parser parser{};
+    http_parser_settings settings{};
+    bool headers_done = false;
+    bool complete = false;
+    bool leftover = false;  ///< bytes came after the response: the connection is not reused
+    bool stream = false;    ///< deliver the body as lines (a watch): `lines`
+    bool got_bytes = false;
+    std::string body;  ///< the body so far (unary), or the part of a line not ended yet (stream)
+    std::deque<std::string> lines;
+    bool too_large = false;
+
+    explicit response_parser(bool streaming) : stream(streaming) {
+        http_parser_init(&parser, HTTP_RESPONSE);
+        parser.data = this;
+        http_parser_settings_init(&settings);
+        settings.on_headers_complete = [](http_parser* p) {
+            static_cast<response_parser*>(p->data)->headers_done = true;
+            return 0;
+        };
+        settings.on_body = [](http_parser* p, const char* at, std::size_t n) {
+            auto* self = static_cast<response_parser*>(p->data);
+            return self->take(std::string_view(at, n));
+        };
+        settings.on_message_complete = [](http_parser* p) {
+            auto* self = static_cast<response_parser*>(p->data);
+            self->complete = true;
+            http_parser_pause(p, 1);  // bytes after it belong to no request of ours
+            return 0;
+        };
+    }
+
+    int take(std::string_view chunk) {
+        if (!stream) {
+            if (body.size() + chunk.size() > max_body) {
+                too_large = true;
+                return 1;
+            }
+            body.append(chunk);
+            return 0;
+        }
+        for (;;) {
+            const auto nl = chunk.find('\n');
+            const auto part = chunk.substr(0, nl);
+            if (body.size() + part.size() > max_body) {
+                too_large = true;
+                return 1;
+            }
+            body.append(part);
+            if (nl == std::string_view::npos) return 0;
+            if (!body.empty()) lines.push_back(std::move(body));
+            body.clear();
+            chunk.remove_prefix(nl + 1);
+        }
+    }
+
+    /// Feeds bytes (none: the connection ended, which ends a response framed by it); a
+    /// description of the error when they are no HTTP response.
+    std::optional<std::string> feed(std::string_view data) {
+        if (!data.empty()) got_bytes = true;
+        if (complete) {
+            leftover = leftover || !data.empty();
+            return std::nullopt;
+        }
+        const auto used = http_parser_execute(&parser, &settings, data.empty() ? nullptr : data.data(), data.size());
+        const auto err = HTTP_PARSER_ERRNO(&parser);
+        if (too_large) return fmt::format("an answer over {} MiB", max_body >> 20);
+        if (err != HPE_OK && err != HPE_PAUSED) {
+            return fmt::format("not an HTTP answer ({})", http_errno_description(err));
+        }
+        if (complete && used < data.size()) leftover = true;
+        return std::nullopt;
+    }
+
+    [[nodiscard]] int status() const noexcept { return static_cast<int>(parser.status_code); }
+    [[nodiscard]] bool keep_alive() const noexcept { return !leftover && http_should_keep_alive(&parser) != 0; }
+};
+
+struct client_state {
+    client_state(asio::any_io_executor ex, etcd_options o)
+        : executor(std::move(ex)),
+          options(std::move(o)),
+          tls(asio::ssl::context::tls_client),
+          resolved(options.endpoints.size()) {}
+
+    asio::any_io_executor executor;
+    etcd_options options;
+    asio::ssl::context tls;
+    std::optional<std::string> tls_problem;  ///< the TLS files could not be loaded: why
+    std::size_t current = 0;                 ///< the member that answered last
+    std::vector<std::unique_ptr<connection>> idle;
+    /// Each member's addresses, resolved once (a name's resolution cannot be cancelled, and may
+    /// stall): cleared when a connection to them fails, so a moved member is found again.
+    std::vector<std::vector<tcp::endpoint>> resolved;
+
+    [[nodiscard]] std::string name(std::size_t member) const {
+        const auto& e = options.endpoints.at(member);
+        const bool v6 = e.host.find(':') != std::string::npos;
+        return fmt::format("{}://{}{}{}:{}", options.tls ? "https" : "http", v6 ? "[" : "", e.host, v6 ? "]" : "",
+                           e.port);
+    }
+    void move_on(std::size_t from) { current = (from + 1) % options.endpoints.size(); }
+};
+
+inline void set_up_tls(client_state& s) {
+    if (!s.options.tls) return;
+    try {
+        s.tls.set_verify_mode(asio::ssl::verify_peer);
+        if (s.options.cacert.empty()) s.tls.set_default_verify_paths();
+        else s.tls.load_verify_file(s.options.cacert);
+        if (!s.options.cert.empty()) s.tls.use_certificate_chain_file(s.options.cert);
+        if (!s.options.key.empty()) s.tls.use_private_key_file(s.options.key, asio::ssl::context::pem);
+    } catch (const std::system_error& e) {
+        s.tls_problem = fmt::format("cannot load the TLS files (cacert '{}', cert '{}', key '{}'): {}",
+                                    s.options.cacert, s.options.cert, s.options.key, e.what());
+    }
+}
+
+inline void check_tls(const client_state& s) {
+    if (s.tls_problem) throw etcd_error(fmt::format("etcd at {}: {}", s.name(s.current), *s.tls_problem), 16);
+}
+
+/// TCP keep-alive probes after 2 s of silence, every second, 3 unanswered end the connection;
+/// unacknowledged data ends it after 5 s. A watch would otherwise wait for ever on a member
+/// whose machine lost power (no reset ever comes).
+inline void probe_peer(tcp::socket& socket) {
+    std::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    socket.set_option(asio::socket_base::keep_alive(true), ignored);
+    const int fd = socket.native_handle();
+    const int idle = 2;
+    const int interval = 1;
+    const int count = 3;
+    const unsigned user_timeout = 5000;
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
+inline asio::awaitable<std::vector<tcp::endpoint>> addresses(client_state& s, std::size_t member,
+                                                             clock::time_point deadline) {
+    if (!s.resolved[member].empty()) co_return s.resolved[member];
+    const auto& e = s.options.endpoints.at(member);
+    std::error_code not_ip;
+    const auto literal = asio::ip::make_address(e.host, not_ip);
+    std::vector<tcp::endpoint> out;
+    if (!not_ip) {
+        out.emplace_back(literal, e.port);
+    } else {
+        tcp::resolver resolver(s.executor);
+        const auto found = co_await before(deadline,
+                                           resolver.async_resolve(e.host, std::to_string(e.port), asio::use_awaitable),
+                                           fmt::format("the name '{}' did not resolve in time", e.host), false);
+        for (const auto& r : found) out.push_back(r.endpoint());
+    }
+    s.resolved[member] = out;
+    co_return out;
+}
+
+inline asio::awaitable<std::unique_ptr<connection>> open(client_state& s, std::size_t member,
+                                                         clock::time_point deadline) {
+    const auto& e = s.options.endpoints.at(member);
+    auto c = std::make_unique<connection>(s.executor, s.tls, member, s.options.tls);
+    const auto connect_by = std::min(deadline, clock::now() + s.options.connect_timeout);
+    bool connected = false;
+    bool handshaking = false;
+    try {
+        const auto where = co_await addresses(s, member, connect_by);
+        co_await before(connect_by, asio::async_connect(c->socket(), where, asio::use_awaitable),
+                        fmt::format("no connection within {} ms", s.options.connect_timeout.count()), false);
+        connected = true;
+        probe_peer(c->socket());
+        if (s.options.tls) {
+            // The member's certificate must name the host it is reached at (a name or an IP
+            // address, RFC 2818); SNI tells a name-based server which certificate to show.
+            c->stream.set_verify_callback(asio::ssl::host_name_verification(e.host));
+            std::error_code not_ip;
+            (void)asio::ip::make_address(e.host, not_ip);
+            if (not_ip) SSL_set_tlsext_host_name(c->stream.native_handle(), e.host.c_str());
+            handshaking = true;
+            co_await before(connect_by, c->stream.async_handshake(asio::ssl::stream_base::client, asio::use_awaitable),
+                            "no TLS handshake within the connect timeout", false);
+        }
+    } catch (const member_error&) {
+        if (!connected) s.resolved[member].clear();
+        throw;
+    } catch (const std::system_error& err) {
+        if (cancelled(err)) throw;
+        if (!connected) s.resolved[member].clear();
+        const bool ssl = err.code().category() == asio::error::get_ssl_category() &&
+                         err.code() != asio::ssl::error::stream_truncated;
+        if (ssl) {
+            // A refusal of this member's: another member may show a certificate that verifies.
+            throw member_error({fmt::format("TLS handshake failed: {} — check --rdzv-conf cacert (the CA that signed "
+                                            "the members' certificates), cert and key",
+                                            err.what()),
+                                false, false, 16});
+        }
+        if (handshaking) {
+            // Ended mid-handshake: a member that does not speak TLS (it answers the hello with a
+            // plain HTTP error and closes), or one that is restarting.
+            throw member_error({fmt::format("the member ended the connection during the TLS handshake ({}): does it "
+                                            "serve https (protocol=https needs members started with --cert-file "
+                                            "and --key-file), or is it restarting?",
+                                            err.code().message()),
+                                false, true, 0});
+        }
+        throw member_error({fmt::format("cannot connect: {}", err.code().message()), false, true, 0});
+    }
+    co_return c;
+}
+
+inline asio::awaitable<void> write_all(connection& c, const std::string& bytes) {
+    if (c.tls) co_await asio::async_write(c.stream, asio::buffer(bytes), asio::use_awaitable);
+    else co_await asio::async_write(c.socket(), asio::buffer(bytes), asio::use_awaitable);
+}
+
+inline asio::awaitable<std::size_t> read_some(connection& c, asio::mutable_buffer b) {
+    if (c.tls) co_return co_await c.stream.async_read_some(b, asio::use_awaitable);
+    co_return co_await c.socket().async_read_some(b, asio::use_awaitable);
+}
+
+inline std::string http_request(const client_state& s, std::size_t member, std::string_view method,
+                                std::string_view path, std::string_view body, bool require_leader) {
+    const auto& e = s.options.endpoints.at(member);
+    return fmt::format("{} {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                       "Accept: application/json\r\n{}\r\n{}",
+                       method, path, e.host, e.port, body.size(),
+                       require_leader ? "Grpc-Metadata-hasleader: true\r\n" : "", body);
+}
+
+/// The response is complete.
+inline bool whole(const response_parser& p) { return p.complete; }
+/// A line of the stream is there, or the response ended.
+inline bool line_or_end(const response_parser& p) { return !p.lines.empty() || p.complete; }
+
+/// Reads until `done(parser)` or the end of the response; member_error on a broken connection,
+/// bytes that are no HTTP, or the deadline (`budget` names it in the message).
+inline asio::awaitable<void> read_response(connection& c, response_parser& p, clock::time_point deadline,
+                                           bool (*done)(const response_parser&), bool ambiguous,
+                                           std::string_view budget = "the read timeout") {
+    std::array<char, 16384> buffer{};
+    while (!done(p)) {
+        std::size_t n = 0;
+        bool ended = false;
+        try {
+            n = co_await before(deadline, read_some(c, asio::buffer(buffer)),
+                                fmt::format("no answer within {}", budget), ambiguous, true);
+        } catch (const member_error&) {
+            throw;
+        } catch (const std::system_error& e) {
+            if (cancelled(e)) throw;
+            ended = e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated;
+            if (!ended) {
+                throw member_error({fmt::format("the connection broke: {}", e.code().message()), ambiguous, true, 0});
+            }
+        }
+        if (ended) {
+            // The end of the connection ends a response it frames; any other is cut short.
+            if (auto bad = p.feed({}); !bad && done(p)) co_return;
+            throw member_error({"the connection was closed before the answer", ambiguous, true, 0});
+        }
+        if (auto bad = p.feed(std::string_view(buffer.data(), n))) throw member_error({*bad, ambiguous, true, 0});
+    }
+}
+
+/// The gRPC code and message of an etcd error body, if it is one: a unary answer's
+/// {"code":n,"message":"..."}, or a stream's {"error":{"grpc_code":n,"message":"..."}}.
+inline std::pair<int, std::string> error_of(std::string_view body) {
+    const auto j = nlohmann::json::parse(body, nullptr, false);
+    if (j.is_object()) {
+        const auto* e = &j;
+        if (const auto inner = j.find("error"); inner != j.end() && inner->is_object()) e = &*inner;
+        int code = 0;
+        for (const char* k : {"code", "grpc_code"}) {
+            if (const auto it = e->find(k); it != e->end() && it->is_number_integer()) code = it->get<int>();
+        }
+        std::string message;
+        for (const char* k : {"message", "error"}) {
+            if (const auto it = e->find(k); message.empty() && it != e->end() && it->is_string()) message = *it;
+        }
+        if (!message.empty() || code != 0) return {code, message};
+    }
+    std::string text(body.substr(0, 200));
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    return {0, text};
+}
+
+// gRPC codes: 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED (no leader, no quorum), 16 UNAUTHENTICATED,
+// 7 PERMISSION_DENIED.
+inline bool quorum_problem(int code, std::string_view message) {
+    return code == 14 || code == 4 || message.find("request timed out") != std::string_view::npos ||
+           message.find("no leader") != std::string_view::npos ||
+           message.find("leader changed") != std::string_view::npos;
+}
+
+struct watch_stream {
+    std::unique_ptr<connection> conn;
+    std::unique_ptr<response_parser> parser;
+    std::string member;
+};
+
+inline asio::awaitable<etcd_watch_batch> next_message(watch_stream& w) {
+    for (;;) {
+        if (!w.parser->lines.empty()) {
+            auto line = std::move(w.parser->lines.front());
+            w.parser->lines.pop_front();
+            const auto j = nlohmann::json::parse(line, nullptr, false);
+            if (!j.is_object())
+                throw etcd_error(fmt::format("etcd at {}: a watch message that is no JSON", w.member), 0);
+            if (j.contains("error")) {
+                const auto [code, message] = error_of(line);
+                // The member lost its leader, or is stopping: the watch goes on elsewhere.
+                throw etcd_error(fmt::format("etcd at {}: the watch ended: {}", w.member, message),
+                                 quorum_problem(code, message) || code == 0 ? 14 : code);
+            }
+            const auto r = j.find("result");
+            if (r == j.end() || !r->is_object()) {
+                throw etcd_error(fmt::format("etcd at {}: a watch message without a result", w.member), 0);
+            }
+            etcd_watch_batch b;
+            try {
+                b.revision = revision_of(*r);
+                b.created = flag(*r, "created");
+                b.canceled = flag(*r, "canceled");
+                b.compact_revision = number(*r, "compact_revision");
+                if (const auto it = r->find("cancel_reason"); it != r->end() && it->is_string()) b.cancel_reason = *it;
+                if (const auto events = r->find("events"); events != r->end() && events->is_array()) {
+                    for (const auto& e : *events) {
+                        etcd_event ev;
+                        if (const auto t = e.find("type"); t != e.end()) ev.deleted = *t == "DELETE" || *t == 1;
+                        if (const auto kv = e.find("kv"); kv != e.end()) ev.kv = kv_of(*kv);
+                        if (const auto kv = e.find("prev_kv"); kv != e.end()) ev.prev = kv_of(*kv);
+                        b.events.push_back(std::move(ev));
+                    }
+                }
+            } catch (const std::exception& e) {
+                throw etcd_error(fmt::format("etcd at {}: a watch message etcd would not send: {}", w.member, e.what()),
+                                 0);
+            }
+            co_return b;
+        }
+        if (w.parser->complete) throw etcd_error(fmt::format("etcd at {} ended the watch stream", w.member), 14);
+        try {
+            // A watch waits as long as its events take: the caller bounds it; the connection's
+            // keep-alive probes notice a member that vanished.
+            co_await read_response(*w.conn, *w.parser, clock::time_point::max(), line_or_end, false);
+        } catch (const member_error& e) {
+            throw etcd_error(fmt::format("etcd at {}: the watch stream broke: {}", w.member, e.what()), 14);
+        }
+    }
+}
+
+}  // namespace detail::etcd
+
+ELASTIC_DECL etcd_watch::etcd_watch(std::unique_ptr<detail::etcd::watch_stream> stream) : stream_(std::move(stream)) {}
+ELASTIC_DECL etcd_watch::~etcd_watch() {
+    if (stream_ && stream_->conn) stream_->conn->close();
+}
+ELASTIC_DECL etcd_watch::etcd_watch(etcd_watch&&) noexcept = default;
+ELASTIC_DECL etcd_watch& etcd_watch::operator=(etcd_watch&& other) noexcept {
+    if (this != &other) {
+        if (stream_ && stream_->conn) stream_->conn->close();
+        stream_ = std::move(other.stream_);
+    }
+    return *this;
+}
+
+ELASTIC_DECL asio::awaitable<etcd_watch_batch> etcd_watch::next() {
+    if (!stream_) throw etcd_error("the watch was moved from", 0);
+    co_return co_await detail::etcd::next_message(*stream_);
+}
+
+ELASTIC_DECL std::string etcd_watch::endpoint() const { return stream_ ? stream_->member : std::string(); }
+
+ELASTIC_DECL etcd_client::etcd_client(asio::any_io_executor executor, etcd_options options)
+    : state_(std::make_unique<detail::etcd::client_state>(std::move(executor), std::move(options))) {
+    if (state_->options.endpoints.empty()) throw store_error("etcd_client: no endpoint (give at least one member)");
+    detail::etcd::set_up_tls(*state_);
+}
+
+ELASTIC_DECL etcd_client::~etcd_client() { close(); }
+
+ELASTIC_DECL const etcd_options& etcd_client::options() const noexcept { return state_->options; }
+
+ELASTIC_DECL std::string etcd_client::describe() const {
+    std::string out;
+    for (std::size_t i = 0; i < state_->options.endpoints.size(); ++i) {
+        out += (i == 0 ? "" : ", ") + state_->name(i);
+    }
+    return out;
+}
+
+ELASTIC_DECL void etcd_client::close() noexcept {
+    for (auto& c : state_->idle) c->close();
+    state_->idle.clear();
+}
+
+namespace detail::etcd {
+
+/// One request on one member, on a pooled connection or a new one, answered by `deadline`.
+/// Returns the status and body; member_error when the member did not answer properly. A pooled
+/// connection the member had closed is replaced when nothing of the request can have been
+/// applied, or when `resend` allows it.
+inline asio::awaitable<std::pair<int, std::string>> exchange(client_state& s, std::size_t member,
+                                                             std::string_view method, std::string_view path,
+                                                             const std::string& body, clock::time_point deadline,
+                                                             bool resend, std::string_view budget) {
+    std::unique_ptr<connection> c;
+    bool reused = false;
+    for (auto it = s.idle.begin(); it != s.idle.end(); ++it) {
+        if ((*it)->member == member) {
+            c = std::move(*it);
+            s.idle.erase(it);
+            reused = true;
+            break;
+        }
+    }
+    for (;;) {
+        if (!c) c = co_await open(s, member, deadline);
+        const auto request = http_request(s, member, method, path, body, false);
+        try {
+            co_await before(deadline, write_all(*c, request), fmt::format("no room to send within {}", budget), false);
+        } catch (const std::system_error& e) {
+            if (cancelled(e)) throw;
+            if (reused) {  // the member closed an idle connection: nothing was sent
+                c.reset();
+                reused = false;
+                continue;
+            }
+            throw member_error({fmt::format("cannot send: {}", e.code().message()), false, true, 0});
+        }
+        response_parser p(false);
+        try {
+            co_await read_response(*c, p, deadline, whole, true, budget);
+        } catch (const member_error& e) {
+            // A pooled connection the member had closed: nothing came back at all.
+            if (reused && resend && !p.got_bytes && !e.failure.silent) {
+                c.reset();
+                reused = false;
+                continue;
+            }
+            throw;
+        }
+        if (p.keep_alive() && s.idle.size() < 8) s.idle.push_back(std::move(c));
+        co_return std::pair{p.status(), std::move(p.body)};
+    }
+}
+
+/// The request on the member that answered last, then on the others in turn, pass after pass
+/// with a growing pause, until `within` (0: the request timeout) ends. A request that was sent
+/// whole and got no answer (or an answer that it may still be applied) may have been applied: it
+/// goes to the next member only when `resend` (it means the same applied twice), else
+/// etcd_error(ambiguous) at once.
+inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, const nlohmann::json& request,
+                                            bool resend = true, std::chrono::milliseconds within = {}) {
+    check_tls(s);
+    const auto body = request.dump();
+    const auto members = s.options.endpoints.size();
+    const auto budget_ms = within.count() > 0 ? within : s.options.request_timeout;
+    const auto budget = within.count() > 0 ? fmt::format("{} ms", within.count()) : std::string("the read timeout");
+    const auto deadline = clock::now() + budget_ms;
+    // Each member gets a share of the time, so one that hangs leaves the others theirs.
+    const auto share = std::max<clock::duration>(budget_ms / static_cast<long>(members),
+                                                 std::chrono::milliseconds(200));
+    auto pause = std::chrono::milliseconds(50);
+    std::vector<std::string> seen(members);
+    bool quorum = false;
+    bool refused_everywhere = true;
+    for (;;) {
+        for (std::size_t attempt = 0; attempt < members; ++attempt) {
+            const auto member = (s.current + attempt) % members;
+            const auto now = clock::now();
+            if (now >= deadline) break;
+            const auto by = std::min(deadline, now + share);
+            member_failure failure;
+            try {
+                auto [status, text] = co_await exchange(s, member, "POST", path, body, by, resend, budget);
+                if (status >= 200 && status < 300) {
+                    auto j = nlohmann::json::parse(text, nullptr, false);
+                    if (!j.is_object()) {
+                        throw etcd_error(fmt::format("etcd at {}: {} answered what is no JSON object: {}",
+                                                     s.name(member), path, text.substr(0, 200)),
+                                         0);
+                    }
+                    s.current = member;
+                    co_return j;
+                }
+                const auto [code, message] = error_of(text);
+                if (status == 404 && code == 0) {
+                    throw etcd_error(fmt::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
+                                                 "later with its v3 JSON gateway (a v2-only etcd, or another server); "
+                                                 "run etcd 3.4 or later there",
+                                                 s.name(member), path, message),
+                                     12);
+                }
+                if (code == 16 || code == 7 || status == 401 || status == 403) {
+                    throw etcd_error(fmt::format("etcd at {} refused the request ({}): wrong or missing credentials; "
+                                                 "check --rdzv-conf cert and key (a client certificate the cluster's "
+                                                 "CA signed)",
+                                                 s.name(member), message),
+                                     code == 0 ? 16 : code);
+                }
+                if (quorum_problem(code, message) || status >= 500) {
+                    // The member may have proposed it before it gave up: it may still apply.
+                    failure = {fmt::format("{} (HTTP {})", message, status), true, true, code, false};
+                    quorum = quorum || quorum_problem(code, message);
+                } else {
+                    throw etcd_error(fmt::format("etcd at {} refused {}: {} (code {})", s.name(member), path, message,
+                                                 code),
+                                     code);
+                }
+            } catch (const member_error& e) {
+                failure = e.failure;
+            }
+            quorum = quorum || failure.silent;
+            if (failure.ambiguous && !resend) {
+                s.move_on(member);
+                std::string others;
+                for (std::size_t m = 0; m < members; ++m) {
+                    if (m != member && !seen[m].empty()) others += fmt::format("; {}: {}", s.name(m), seen[m]);
+                }
+                throw etcd_error(fmt::format("etcd at {} took the request and then: {} (it may still apply){}{}",
+                                             s.name(member), failure.what, others,
+                                             failure.silent || quorum ? fmt::format("; {}", no_quorum_advice)
+                                                                      : std::string()),
+                                 14, true);
+            }
+            refused_everywhere = refused_everywhere && !failure.retry;
+            seen[member] = failure.what;
+        }
+        if (refused_everywhere) {
+            // Every member refused us for good (TLS): asking again changes nothing.
+            std::string all;
+            for (std::size_t m = 0; m < members; ++m) all += fmt::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
+            throw etcd_error(fmt::format("no etcd member served {}: {}", path, all), 16);
+        }
+        const auto left = deadline - clock::now();
+        if (left <= clock::duration::zero()) break;
+        asio::steady_timer wait(s.executor, std::min<clock::duration>(pause, left));
+        co_await wait.async_wait(asio::use_awaitable);
+        pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+        refused_everywhere = true;
+    }
+    std::string tried;
+    for (std::size_t m = 0; m < members; ++m) {
+        if (!seen[m].empty()) tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(m), seen[m]);
+    }
+    const auto advice = quorum ? no_quorum_advice
+                               : "check that etcd runs there and that --rdzv-endpoint names its client URLs";
+    throw etcd_unavailable(fmt::format("no etcd member served {} within {}: {}; {}", path, budget, tried, advice), 14);
+}
+
+inline std::vector<etcd_response> responses_of(const nlohmann::json& j) {
+    std::vector<etcd_response> out;
+    if (const auto it = j.find("responses"); it != j.end() && it->is_array()) {
+        for (const auto& r : *it) {
+            etcd_response one;
+            if (const auto range = r.find("response_range"); range != r.end()) {
+                one.kvs = kvs_of(*range);
+                one.count = number(*range, "count");
+            } else if (const auto del = r.find("response_delete_range"); del != r.end()) {
+                one.count = number(*del, "deleted");
+            }
+            out.push_back(std::move(one));
+        }
+    }
+    return out;
+}
+
+template <class F>
+auto parsed(const client_state& s, std::string_view what, F f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const etcd_error&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw etcd_error(fmt::format("etcd at {}: an answer to {} etcd would not send: {}", s.name(s.current), what,
+                                     e.what()),
+                         0);
+    }
+}
+
+inline etcd_range_result range_of(const client_state& s, const nlohmann::json& j) {
+    return parsed(s, "a range", [&] {
+        etcd_range_result out;
+        out.revision = revision_of(j);
+        out.kvs = kvs_of(j);
+        out.count = number(j, "count");
+        return out;
+    });
+}
+
+inline etcd_txn_result txn_of(const client_state& s, const nlohmann::json& j) {
+    return parsed(s, "a transaction", [&] {
+        etcd_txn_result out;
+        out.succeeded = flag(j, "succeeded");
+        out.revision = revision_of(j);
+        out.responses = responses_of(j);
+        return out;
+    });
+}
+
+inline etcd_lease lease_of(const client_state& s, const nlohmann::json& j) {
+    return parsed(s, "a lease grant", [&] {
+        etcd_lease out{number(j, "ID"), number(j, "TTL")};
+        if (out.id == 0) throw std::runtime_error("no lease id");
+        return out;
+    });
+}
+
+inline std::int64_t keepalive_of(const client_state& s, const nlohmann::json& j) {
+    // The gateway answers a keep-alive as a stream of one message: {"result":{...,"TTL":"n"}}.
+    return parsed(s, "a lease keep-alive", [&] {
+        const auto r = j.find("result");
+        if (r == j.end()) throw std::runtime_error(j.dump().substr(0, 200));
+        return number(*r, "TTL");
+    });
+}
+
+inline std::string version_of(const client_state& s, std::size_t member, int status, const std::string& text) {
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    const auto server = j.is_object() ? j.value("etcdserver", std::string()) : std::string();
+    if (status != 200 || server.empty()) {
+        throw etcd_error(fmt::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
+                                     "--rdzv-endpoint",
+                                     s.name(member), status, text.substr(0, 120)),
+                         12);
+    }
+    const auto major = std::atoi(server.c_str());
+    const auto dot = server.find('.');
+    const auto minor = dot == std::string::npos ? 0 : std::atoi(server.c_str() + dot + 1);
+    if (major < 3 || (major == 3 && minor < 4)) {
+        throw etcd_error(fmt::format("etcd at {} is version {}, which has no v3 JSON gateway elastic can use "
+                                     "(a v2-only server, or older than 3.4): run etcd 3.4 or later",
+                                     s.name(member), server),
+                         12);
+    }
+    return server;
+}
+
+}  // namespace detail::etcd
+
+ELASTIC_DECL asio::awaitable<std::string> etcd_client::server_version() {
+    auto& s = *state_;
+    detail::etcd::check_tls(s);
+    std::string tried;
+    const auto members = s.options.endpoints.size();
+    for (std::size_t attempt = 0; attempt < members; ++attempt) {
+        const auto member = (s.current + attempt) % members;
+        std::string why;
+        try {
+            const auto by = detail::etcd::clock::now() + s.options.request_timeout;
+            const auto [status, text] = co_await detail::etcd::exchange(s, member, "GET", "/version", std::string(), by,
+                                                                        true, "the read timeout");
+            auto server = detail::etcd::version_of(s, member, status, text);
+            s.current = member;
+            co_return server;
+        } catch (const detail::etcd::member_error& e) {
+            why = e.what();
+        }
+        tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
+    }
+    throw etcd_unavailable(
+        fmt::format("no etcd member answered: {}; check that etcd runs there and that --rdzv-endpoint names its "
+                    "client URLs",
+                    tried),
+        14);
+}
+
+ELASTIC_DECL asio::awaitable<etcd_range_result> etcd_client::range(std::string key, std::string range_end,
+                                                                   bool count_only) {
+    auto r = etcd_request::range(std::move(key), std::move(range_end));
+    r.count_only = count_only;
+    const auto body = detail::etcd::request_json(r)["request_range"];
+    const auto j = co_await detail::etcd::call(*state_, "/v3/kv/range", body);
+    co_return detail::etcd::range_of(*state_, j);
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::put(std::string key, std::string value, std::int64_t lease) {
+    const auto body = detail::etcd::request_json(etcd_request::put(std::move(key), std::move(value),
+                                                                   lease))["request_put"];
+    const auto j = co_await detail::etcd::call(*state_, "/v3/kv/put", body);
+    co_return detail::etcd::revision_of(j);
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::erase(std::string key, std::string range_end) {
+    const auto body = detail::etcd::request_json(etcd_request::erase(std::move(key),
+                                                                     std::move(range_end)))["request_delete_range"];
+    const auto j = co_await detail::etcd::call(*state_, "/v3/kv/deleterange", body);
+    co_return detail::etcd::number(j, "deleted");
+}
+
+ELASTIC_DECL asio::awaitable<etcd_txn_result> etcd_client::txn(std::vector<etcd_compare> compare,
+                                                               std::vector<etcd_request> success,
+                                                               std::vector<etcd_request> failure) {
+    nlohmann::json body = nlohmann::json::object();
+    for (const auto& c : compare) body["compare"].push_back(detail::etcd::compare_json(c));
+    for (const auto& r : success) body["success"].push_back(detail::etcd::request_json(r));
+    for (const auto& r : failure) body["failure"].push_back(detail::etcd::request_json(r));
+    // Without a comparison, the same operations applied twice leave the same keys: such a
+    // transaction may go to the next member after a failure that leaves its fate unknown.
+    const bool resend = compare.empty();
+    const auto j = co_await detail::etcd::call(*state_, "/v3/kv/txn", body, resend);
+    co_return detail::etcd::txn_of(*state_, j);
+}
+
+ELASTIC_DECL asio::awaitable<etcd_lease> etcd_client::lease_grant(std::int64_t ttl) {
+    const nlohmann::json body{{"TTL", std::to_string(ttl)}};
+    const auto j = co_await detail::etcd::call(*state_, "/v3/lease/grant", body);
+    co_return detail::etcd::lease_of(*state_, j);
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::lease_keepalive(std::int64_t id,
+                                                                        std::chrono::milliseconds within) {
+    const nlohmann::json body{{"ID", std::to_string(id)}};
+    const auto j = co_await detail::etcd::call(*state_, "/v3/lease/keepalive", body, true, within);
+    co_return detail::etcd::keepalive_of(*state_, j);
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_client::lease_revoke(std::int64_t id) {
+    const nlohmann::json body{{"ID", std::to_string(id)}};
+    std::optional<etcd_error> failed;
+    try {
+        (void)co_await detail::etcd::call(*state_, "/v3/lease/revoke", body);
+    } catch (const etcd_error& e) {
+        if (e.code() != 5) failed = e;  // NOT_FOUND: gone already
+    }
+    if (failed) throw *failed;
+}
+
+ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std::string range_end,
+                                                            std::int64_t start_revision, bool prev_kv) {
+    auto& s = *state_;
+    detail::etcd::check_tls(s);
+    nlohmann::json create;
+    create["key"] = detail::etcd::base64(key);
+    if (!range_end.empty()) create["range_end"] = detail::etcd::base64(range_end);
+    if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+    if (prev_kv) create["prev_kv"] = true;
+    const auto body = nlohmann::json{{"create_request", create}}.dump();
+    std::string tried;
+    const auto members = s.options.endpoints.size();
+    for (std::size_t attempt = 0; attempt < members; ++attempt) {
+        const auto member = (s.current + attempt) % members;
+        std::string why;
+        try {
+            const auto deadline = detail::etcd::clock::now() + s.options.request_timeout;
+            auto w = std::make_unique<detail::etcd::watch_stream>();
+            w->member = s.name(member);
+            w->conn = co_await detail::etcd::open(s, member, deadline);
+            w->parser = std::make_unique<detail::etcd::response_parser>(true);
+            const auto request = detail::etcd::http_request(s, member, "POST", "/v3/watch", body, true);
+            co_await detail::etcd::before(deadline, detail::etcd::write_all(*w->conn, request),
+                                          "no room to send within the read timeout", false);
+            co_await detail::etcd::read_response(*w->conn, *w->parser, deadline, detail::etcd::line_or_end, false);
+            const int status = w->parser->status();
+            if (status != 200) {
+                const auto text = w->parser->lines.empty() ? w->parser->body : w->parser->lines.front();
+                const auto [code, message] = detail::etcd::error_of(text);
+                if (!detail::etcd::quorum_problem(code, message) && status < 500) {
+                    throw etcd_error(fmt::format("etcd at {} refused the watch: {} (HTTP {})", w->member, message,
+                                                 status),
+                                     code);
+                }
+                throw detail::etcd::member_error({fmt::format("{} (HTTP {})", message, status), false, true, code});
+            }
+            etcd_watch out(std::move(w));
+            auto first = co_await out.next();
+            if (!first.created) throw detail::etcd::member_error({"the watch was not created", false, true, 0});
+            s.current = member;
+            co_return out;
+        } catch (const detail::etcd::member_error& e) {
+            why = e.what();
+        } catch (const etcd_error& e) {
+            if (!e.transient()) throw;
+            why = e.what();
+        }
+        tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
+    }
+    throw etcd_unavailable(fmt::format("no etcd member served the watch: {}", tried), 14);
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/store/etcd_client.hpp ----
+// ---- begin elastic/store/etcd_store.hpp ----
+// etcd_store: the store concept over an etcd cluster's v3 API — every key under a prefix, waits
+// by watch, counters and compare-and-set by transaction, and leases that etcd keeps alive and
+// expires, with the loss records (`__epoch`, `__lost/<n>`) the store's leases promise.
+
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// How an etcd_store keeps its keys and leases.
+struct etcd_store_options {
+    /// Every key of the store is this prefix and the key in etcd.
+    std::string prefix = "/elastic/";
+    /// The default timeout of get and wait.
+    std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+    /// How often a held lease is renewed, and how many renewals may fail in a row before it is
+    /// taken for lost: etcd expires it after interval x max_attempt (at least 2 s, whole seconds).
+    std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(1)};
+    int keep_alive_max_attempt = 5;
+};
+
+namespace detail::etcd {
+struct lease_state;
+}  // namespace detail::etcd
+
+/// A store (store.hpp's concept, with multi_key_store's batch operations) over etcd: the key k
+/// is `prefix + k` in etcd. Waits are watches (push, no polling); `add`, `compare_set` and
+/// `append` are transactions that compare the key's revision, so concurrent writers never lose
+/// an update. Several etcd_store objects may share one etcd_client (one per coroutine that
+/// waits at the same time keeps the waits apart, as with a TCP store client).
+///
+/// Leases (hold_lease, the keys `<group>/__lease__/<name>`): the key is bound to an etcd lease
+/// of keep_alive_interval x keep_alive_max_attempt, renewed every keep_alive_interval. When
+/// etcd expires it (its holder died or was cut off) or its holder revokes it, etcd deletes the
+/// key, and the store holders of the group record the loss as the TCP store's server does:
+/// `__epoch` counts the losses and `__lost/<n>` names the n-th, written once by whichever holder
+/// sees it first (a transaction). `__silent` stays 0: etcd's quorum decides who holds a lease,
+/// so a holder cut off from it cannot go on beside the others. Once this store's own lease is
+/// lost (etcd says it expired, or no member renewed it in time), every operation of this store
+/// throws store_error saying so, and the waits in progress end with it.
+class etcd_store {
+public:
+    ELASTIC_DECL etcd_store(std::shared_ptr<etcd_client> client, etcd_store_options options = {});
+    ELASTIC_DECL ~etcd_store();
+    etcd_store(const etcd_store&) = delete;
+    etcd_store& operator=(const etcd_store&) = delete;
+
+    ELASTIC_DECL asio::awaitable<void> set(std::string key, std::string value);
+    ELASTIC_DECL asio::awaitable<std::string> get(std::string key);
+    ELASTIC_DECL asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta);
+    ELASTIC_DECL asio::awaitable<std::string> compare_set(std::string key, std::string expected, std::string desired);
+    ELASTIC_DECL asio::awaitable<void> wait(std::vector<std::string> keys);
+    ELASTIC_DECL asio::awaitable<void> wait(std::vector<std::string> keys, std::chrono::milliseconds timeout);
+    ELASTIC_DECL asio::awaitable<bool> check(std::vector<std::string> keys);
+    ELASTIC_DECL asio::awaitable<bool> delete_key(std::string key);
+    ELASTIC_DECL asio::awaitable<std::int64_t> num_keys();
+    ELASTIC_DECL asio::awaitable<std::vector<std::string>> multi_get(std::vector<std::string> keys);
+    ELASTIC_DECL asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values);
+    ELASTIC_DECL asio::awaitable<void> append(std::string key, std::string value);
+
+    [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return options_.timeout; }
+    void set_timeout(std::chrono::milliseconds t) noexcept { options_.timeout = t; }
+
+    /// Binds `key` (a lease key: lease_key(group, name)) to a new etcd lease of this store and
+    /// sets it to `value`; the lease is renewed until release_lease(), close() or its loss. One
+    /// lease per store. Creates the group's `__epoch` and `__silent` ("0") when absent.
+    ELASTIC_DECL asio::awaitable<void> hold_lease(std::string key, std::string value);
+    /// Revokes the held lease (etcd deletes its key; the group records the loss); false when
+    /// this store holds none.
+    ELASTIC_DECL asio::awaitable<bool> release_lease();
+    /// Why this store's lease was lost, or empty while it is held (or none is).
+    [[nodiscard]] ELASTIC_DECL std::string lease_lost() const;
+    /// The etcd lease id held (0: none).
+    [[nodiscard]] ELASTIC_DECL std::int64_t lease_id() const noexcept;
+
+    /// Stops renewing the lease (etcd expires it) and observing the group; idle connections
+    /// close. Operations started later still run.
+    ELASTIC_DECL void close() noexcept;
+
+    [[nodiscard]] etcd_client& client() noexcept { return *client_; }
+    [[nodiscard]] const etcd_store_options& options() const noexcept { return options_; }
+
+private:
+    [[nodiscard]] std::string full(const std::string& key) const { return options_.prefix + key; }
+    asio::awaitable<void> wait_until(std::vector<std::string> keys, std::chrono::milliseconds timeout);
+    /// The lease of this store's receipts (granted when first needed, renewed by a new grant).
+    asio::awaitable<std::int64_t> receipt_lease();
+    /// Replaces the value of `key` by `make(current)` (nothing: absent) in a transaction that
+    /// compares the key's revision; returns the value written. A transaction whose fate is
+    /// unknown is settled by this store's receipt, written in the same transaction.
+    asio::awaitable<std::string> replace(const std::string& key,
+                                         std::string (*make)(const std::optional<std::string>&, const std::string&),
+                                         std::string argument, bool keep_existing_unchanged);
+
+    std::shared_ptr<etcd_client> client_;
+    etcd_store_options options_;
+    std::shared_ptr<detail::etcd::lease_state> lease_;
+    std::string receipt_key_;  ///< "/.elastic-receipts/<random>": outside every store's prefix
+    std::uint64_t receipt_seq_ = 0;
+    std::int64_t receipt_lease_ = 0;
+    std::chrono::steady_clock::time_point receipt_granted_{};
+};
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+
+#include <asio/cancellation_type.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <map>
+#include <random>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace elastic::inline v0 {
+namespace detail::etcd {
+
+/// etcd refuses a transaction of more operations than --max-txn-ops (128 by default).
+inline constexpr std::size_t max_txn_ops = 128;
+/// The loss records a group keeps (`__lost/<n>`): older ones are erased as the TCP server does.
+inline constexpr std::int64_t lost_records_kept = 1024;
+/// A watch is read again from scratch this often, whatever its connection says.
+inline constexpr std::chrono::seconds rewatch{60};
+/// How long a receipt lives (a receipt settles a transaction whose answer was lost).
+inline constexpr std::int64_t receipt_ttl = 600;
+
+/// What a lease-holding store shares with its renewal and observer tasks.
+struct lease_state {
+    explicit lease_state(asio::any_io_executor ex) : wake(ex), changed(ex) {}
+    std::int64_t id = 0;
+    std::int64_t ttl = 0;  ///< seconds, as etcd granted it
+    std::string key;       ///< the lease key in etcd (prefixed)
+    std::string space;     ///< its group's lease space in etcd ("<prefix><group>/__lease__/")
+    std::string name;      ///< the lease's name
+    std::string lost;      ///< why it was lost (empty: held)
+    bool stopped = false;
+    asio::steady_timer wake;       ///< the renewal task's sleep; cancelled to stop
+    detail::async_signal changed;  ///< notified when the lease is lost or its store stops
+};
+
+inline std::optional<std::int64_t> decimal(std::string_view text) {
+    std::int64_t v = 0;
+    if (text.empty()) return std::nullopt;
+    const auto* first = text.data() + (text.front() == '+' ? 1 : 0);
+    const auto* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(first, last, v);
+    if (ec != std::errc{} || end != last) return std::nullopt;
+    return v;
+}
+
+/// Completes at the next change of `l`; throws operation_aborted once cancelled, so that no loop
+/// over it spins on a cancelled wait.
+inline asio::awaitable<void> next_change(std::shared_ptr<lease_state> l) {
+    co_await l->changed.wait();
+    const auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none) {
+        throw std::system_error(asio::error::operation_aborted, "lease wait cancelled");
+    }
+}
+
+/// Completes once the lease is lost.
+inline asio::awaitable<void> lost(std::shared_ptr<lease_state> l) {
+    while (l->lost.empty()) co_await next_change(l);
+}
+
+/// Completes once the lease is lost or its store stopped.
+inline asio::awaitable<void> ended(std::shared_ptr<lease_state> l) {
+    while (l->lost.empty() && !l->stopped) co_await next_change(l);
+}
+
+/// Runs `op`; once the lease `l` (when any) is lost, ends it with store_error saying so.
+template <class T>
+asio::awaitable<T> unless_lease_lost(const std::shared_ptr<lease_state>& l, asio::awaitable<T> op) {
+    using namespace asio::experimental::awaitable_operators;
+    if (!l) co_return co_await std::move(op);
+    if (!l->lost.empty()) throw store_error(l->lost);
+    auto raced = co_await (detail::settle(std::move(op)) || lost(l));
+    if (raced.index() == 1) throw store_error(l->lost);
+    if constexpr (std::is_void_v<T>) {
+        std::get<0>(raced).take();
+    } else {
+        co_return std::get<0>(std::move(raced)).take();
+    }
+}
+
+/// Runs `op` until the lease is lost or its store stopped; nothing when it ended that way.
+template <class T>
+asio::awaitable<std::optional<detail::settled<std::conditional_t<std::is_void_v<T>, std::monostate, T>>>> while_held(
+    std::shared_ptr<lease_state> l, asio::awaitable<T> op) {
+    using namespace asio::experimental::awaitable_operators;
+    auto raced = co_await (detail::settle(std::move(op)) || ended(l));
+    if (raced.index() == 1) co_return std::nullopt;
+    co_return std::get<0>(std::move(raced));
+}
+
+/// The next message of `w` within `d`, or nothing when none came (read the keys again).
+inline asio::awaitable<std::optional<etcd_watch_batch>> next_within(etcd_watch& w, std::chrono::milliseconds d) {
+    using namespace asio::experimental::awaitable_operators;
+    asio::steady_timer timer(co_await asio::this_coro::executor, d);
+    auto raced = co_await (detail::settle(w.next()) || timer.async_wait(asio::use_awaitable));
+    if (raced.index() == 1) co_return std::nullopt;
+    co_return std::get<0>(std::move(raced)).take();
+}
+
+inline void lose(lease_state& l, std::string why) {
+    if (!l.lost.empty()) return;
+    l.lost = std::move(why);
+    l.changed.notify();
+}
+
+/// Renews the lease every interval, each renewal bounded by the interval and by the lease's end
+/// (the last renewal etcd confirmed, counted from when it was sent, plus the TTL); records its
+/// loss when etcd says it is gone, or when no renewal succeeded before that end.
+inline asio::awaitable<void> keep_alive(std::shared_ptr<lease_state> l, std::shared_ptr<etcd_client> client,
+                                        std::chrono::milliseconds interval) {
+    auto ends = clock::now() + std::chrono::seconds(l->ttl);
+    while (!l->stopped && l->lost.empty()) {
+        l->wake.expires_after(interval);
+        std::error_code ec;
+        co_await l->wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (l->stopped) co_return;
+        const auto sent = clock::now();
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(ends - sent);
+        std::string failed;
+        std::int64_t ttl = -1;
+        if (left.count() > 0) {
+            const auto within = std::max(std::chrono::milliseconds(100), std::min(interval, left));
+            auto renewed = co_await while_held(l, client->lease_keepalive(l->id, within));
+            if (!renewed || l->stopped) co_return;
+            try {
+                ttl = renewed->take();
+            } catch (const std::exception& e) {
+                failed = e.what();
+            }
+        }
+        if (failed.empty() && ttl == 0) {
+            lose(*l, fmt::format("etcd expired this node's lease '{}' (id {}): no renewal reached it within its TTL "
+                                 "of {} s (this agent was stopped, starved of CPU, or cut off from etcd)",
+                                 l->name, l->id, l->ttl));
+            co_return;
+        }
+        if (failed.empty() && ttl > 0) {
+            ends = sent + std::chrono::seconds(ttl);
+            continue;
+        }
+        if (clock::now() >= ends) {
+            lose(*l, fmt::format("no etcd member renewed this node's lease '{}' within its TTL of {} s, so etcd has "
+                                 "expired it or cannot keep it{}{}",
+                                 l->name, l->ttl, failed.empty() ? "" : ": ", failed));
+            co_return;
+        }
+    }
+}
+
+/// Records the loss of lease `name` of the group at `space` unless it is held or recorded: one
+/// transaction that only one recorder wins (it compares the registration and the counter).
+inline asio::awaitable<void> record_loss(etcd_client& client, std::string space, std::string name) {
+    const auto held_key = space + "__held/" + name;
+    const auto epoch_key = space + "__epoch";
+    for (int attempt = 0; attempt < 64; ++attempt) {
+        std::vector<etcd_request> reads{etcd_request::range(held_key), etcd_request::range(space + name),
+                                        etcd_request::range(epoch_key)};
+        auto now = co_await client.txn({}, std::move(reads));
+        if (now.responses.size() != 3 || now.responses[0].kvs.empty()) co_return;  // not registered, or recorded
+        const auto& held = now.responses[0].kvs.front();
+        const auto& lease = now.responses[1].kvs;
+        if (!lease.empty() && std::to_string(lease.front().lease) == held.value) co_return;  // still held
+        std::int64_t epoch = 0;
+        std::int64_t epoch_mod = 0;
+        if (!now.responses[2].kvs.empty()) {
+            epoch = decimal(now.responses[2].kvs.front().value).value_or(0);
+            epoch_mod = now.responses[2].kvs.front().mod_revision;
+        }
+        std::vector<etcd_compare> guard{
+            {held_key, etcd_compare::target::mod, etcd_compare::result::equal, held.mod_revision, {}, {}},
+            {epoch_key, etcd_compare::target::mod, etcd_compare::result::equal, epoch_mod, {}, {}}};
+        std::vector<etcd_request> writes{etcd_request::erase(held_key),
+                                         etcd_request::put(epoch_key, std::to_string(epoch + 1)),
+                                         etcd_request::put(space + "__lost/" + std::to_string(epoch + 1), name)};
+        if (epoch + 1 > lost_records_kept) {
+            writes.push_back(etcd_request::erase(space + "__lost/" + std::to_string(epoch + 1 - lost_records_kept)));
+        }
+        bool done = false;
+        try {
+            done = (co_await client.txn(std::move(guard), std::move(writes))).succeeded;
+        } catch (const etcd_error& e) {
+            if (!e.ambiguous()) throw;  // applied or not: the next reading tells
+        }
+        if (done) co_return;
+    }
+}
+
+/// Every registration of the group whose lease is gone, recorded; returns the revision read.
+inline asio::awaitable<std::int64_t> record_all(etcd_client& client, const std::string& space) {
+    const auto held_space = space + "__held/";
+    auto held = co_await client.range(held_space, etcd_prefix_end(held_space));
+    for (const auto& kv : held.kvs) co_await record_loss(client, space, kv.key.substr(held_space.size()));
+    co_return held.revision;
+}
+
+/// Records the losses of the group from its registrations, then each deletion of a lease key
+/// (an expiry, a revoke) as it comes, for at most `rewatch`.
+inline asio::awaitable<void> observe_once(std::shared_ptr<lease_state> l, std::shared_ptr<etcd_client> client) {
+    const auto revision = co_await record_all(*client, l->space);
+    auto w = co_await client->watch(l->space, etcd_prefix_end(l->space), revision + 1);
+    for (;;) {
+        auto batch = co_await next_within(w, rewatch);
+        if (!batch || batch->canceled) co_return;
+        for (const auto& e : batch->events) {
+            if (!e.deleted) continue;
+            const auto name = e.kv.key.substr(l->space.size());
+            if (name.empty() || name.substr(0, 2) == "__") continue;
+            co_await record_loss(*client, l->space, name);
+        }
+    }
+}
+
+/// Observes the group's lease keys for as long as the lease is held (observe_once, again and
+/// again; a pause after a failure: a member went away, or the cluster has no quorum, and the
+/// renewal decides the lease's fate).
+inline asio::awaitable<void> observe(std::shared_ptr<lease_state> l, std::shared_ptr<etcd_client> client,
+                                     std::chrono::milliseconds retry) {
+    while (!l->stopped && l->lost.empty()) {
+        auto once = co_await while_held(l, observe_once(l, client));
+        if (!once) co_return;
+        bool failed = false;
+        try {
+            once->take();
+        } catch (const std::exception&) {
+            failed = true;
+        }
+        if (!failed) continue;
+        asio::steady_timer pause(co_await asio::this_coro::executor, retry);
+        if (!co_await while_held(l, pause.async_wait(asio::use_awaitable))) co_return;
+    }
+}
+
+inline std::string shown_keys(const std::vector<std::string>& keys) {
+    std::string out;
+    for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
+    if (keys.size() > 4) out += fmt::format(" and {} more", keys.size() - 4);
+    return out;
+}
+
+/// Which of `keys` (prefixed) exist, read in transactions of at most max_txn_ops ranges; the
+/// revision of the first read.
+inline asio::awaitable<std::pair<std::int64_t, std::vector<bool>>> existing(etcd_client& client,
+                                                                            const std::vector<std::string>& keys) {
+    std::int64_t revision = 0;
+    std::vector<bool> present;
+    for (std::size_t at = 0; at < keys.size(); at += max_txn_ops) {
+        std::vector<etcd_request> reads;
+        for (std::size_t i = at; i < keys.size() && i < at + max_txn_ops; ++i) {
+            auto r = etcd_request::range(keys[i]);
+            r.count_only = true;
+            reads.push_back(std::move(r));
+        }
+        auto got = co_await client.txn({}, std::move(reads));
+        if (revision == 0) revision = got.revision;
+        for (const auto& r : got.responses) present.push_back(r.count > 0);
+    }
+    co_return std::pair{revision, std::move(present)};
+}
+
+/// One round of a wait: the keys' presence, then a watch on the first missing one from the
+/// revision read, until it is put or `rewatch` passed (false: read every key again); true when
+/// every key exists.
+inline asio::awaitable<bool> wait_round(std::shared_ptr<etcd_client> c, std::vector<std::string> w) {
+    auto [revision, present] = co_await existing(*c, w);
+    const auto missing = std::find(present.begin(), present.end(), false);
+    if (missing == present.end()) co_return true;
+    const auto k = w[static_cast<std::size_t>(missing - present.begin())];
+    auto watch = co_await c->watch(k, {}, revision + 1);
+    for (;;) {
+        auto batch = co_await next_within(watch, rewatch);
+        if (!batch || batch->canceled) co_return false;
+        for (const auto& e : batch->events) {
+            if (!e.deleted && e.kv.key == k) co_return false;
+        }
+    }
+}
+
+inline std::string added(const std::optional<std::string>& current, const std::string& delta) {
+    std::int64_t value = 0;
+    if (current) {
+        const auto parsed = decimal(*current);
+        if (!parsed) throw store_error(fmt::format("the value is no decimal number ('{}')", current->substr(0, 64)));
+        value = *parsed;
+    }
+    return std::to_string(value + *decimal(delta));
+}
+
+inline std::string appended(const std::optional<std::string>& current, const std::string& suffix) {
+    return current.value_or(std::string()) + suffix;
+}
+
+inline std::string random_token() {
+    std::random_device entropy;
+    return fmt::format("{:08x}{:08x}", entropy(), entropy());
+}
+
+}  // namespace detail::etcd
+
+ELASTIC_DECL etcd_store::etcd_store(std::shared_ptr<etcd_client> client, etcd_store_options options)
+    : client_(std::move(client)),
+      options_(std::move(options)),
+      receipt_key_("/.elastic-receipts/" + detail::etcd::random_token()) {
+    if (!client_) throw store_error("etcd_store: no client");
+}
+
+ELASTIC_DECL etcd_store::~etcd_store() { close(); }
+
+ELASTIC_DECL void etcd_store::close() noexcept {
+    if (lease_) {
+        lease_->stopped = true;
+        lease_->wake.cancel();
+        lease_->changed.notify();
+    }
+}
+
+ELASTIC_DECL std::string etcd_store::lease_lost() const { return lease_ ? lease_->lost : std::string(); }
+ELASTIC_DECL std::int64_t etcd_store::lease_id() const noexcept { return lease_ ? lease_->id : 0; }
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::set(std::string key, std::string value) {
+    (void)co_await detail::etcd::unless_lease_lost(lease_, client_->put(full(key), std::move(value)));
+}
+
+ELASTIC_DECL asio::awaitable<std::string> etcd_store::get(std::string key) {
+    for (;;) {
+        std::vector<std::string> keys{key};
+        co_await wait(std::move(keys));
+        auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->range(full(key)));
+        if (!got.kvs.empty()) co_return std::move(got.kvs.front().value);
+        // Deleted between the wait and the read: wait again.
+    }
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::receipt_lease() {
+    const auto now = std::chrono::steady_clock::now();
+    if (receipt_lease_ == 0 || now - receipt_granted_ > std::chrono::seconds(detail::etcd::receipt_ttl / 2)) {
+        receipt_lease_ = (co_await client_->lease_grant(detail::etcd::receipt_ttl)).id;
+        receipt_granted_ = now;
+    }
+    co_return receipt_lease_;
+}
+
+ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string& key,
+                                                              std::string (*make)(const std::optional<std::string>&,
+                                                                                  const std::string&),
+                                                              std::string argument, bool keep_existing_unchanged) {
+    const auto k = full(key);
+    // Every attempt of this call carries the same receipt number: of attempts that compare the
+    // key's revision, one at most is applied, and its receipt says which value it wrote.
+    const auto seq = std::to_string(++receipt_seq_);
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    bool unsure = false;  // an attempt's fate is unknown: its receipt settles it
+    for (;;) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            throw store_error(fmt::format("'{}': etcd did not take the update within {} ms", key,
+                                          options_.timeout.count()));
+        }
+        if (unsure) {
+            auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_));
+            if (!receipt.kvs.empty()) {
+                const auto& text = receipt.kvs.front().value;
+                if (text.size() > seq.size() && text.compare(0, seq.size(), seq) == 0 && text[seq.size()] == ' ') {
+                    co_return text.substr(seq.size() + 1);
+                }
+            }
+        }
+        auto now = co_await detail::etcd::unless_lease_lost(lease_, client_->range(k));
+        std::optional<std::string> current;
+        etcd_compare guard{k, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}};
+        if (!now.kvs.empty()) {
+            current = now.kvs.front().value;
+            guard = {k, etcd_compare::target::mod, etcd_compare::result::equal, now.kvs.front().mod_revision, {}, {}};
+        }
+        if (current && keep_existing_unchanged && !unsure) {
+            (void)make(current, argument);  // checks it
+            co_return *current;
+        }
+        std::string next;
+        try {
+            next = make(current, argument);
+        } catch (const store_error& e) {
+            throw store_error(fmt::format("'{}': {}", key, e.what()));
+        }
+        const auto lease = co_await detail::etcd::unless_lease_lost(lease_, receipt_lease());
+        std::vector<etcd_compare> compare{guard};
+        std::vector<etcd_request> writes{etcd_request::put(k, next),
+                                         etcd_request::put(receipt_key_, seq + " " + next, lease)};
+        bool lease_gone = false;
+        try {
+            if ((co_await detail::etcd::unless_lease_lost(lease_, client_->txn(compare, writes))).succeeded) {
+                co_return next;
+            }
+            continue;  // another writer came first: read again
+        } catch (const etcd_error& e) {
+            if (e.code() == 5) lease_gone = true;  // the receipts' lease expired
+            else if (!e.ambiguous()) throw;
+            else unsure = true;
+        }
+        if (lease_gone) receipt_lease_ = 0;
+    }
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::add(std::string key, std::int64_t delta) {
+    // ADD of 0 reads the counter (creating it at 0): no write when it exists.
+    const auto value = co_await replace(key, detail::etcd::added, std::to_string(delta), delta == 0);
+    co_return *detail::etcd::decimal(value);
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::append(std::string key, std::string value) {
+    (void)co_await replace(key, detail::etcd::appended, std::move(value), false);
+}
+
+ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string key, std::string expected,
+                                                                  std::string desired) {
+    const auto k = full(key);
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (;;) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            throw store_error(fmt::format("compare_set('{}'): etcd did not take it within {} ms", key,
+                                          options_.timeout.count()));
+        }
+        std::vector<etcd_compare> compare;
+        if (expected.empty()) {
+            compare.push_back({k, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}});
+        } else {
+            compare.push_back({k, etcd_compare::target::value, etcd_compare::result::equal, 0, expected, {}});
+        }
+        std::vector<etcd_request> writes{etcd_request::put(k, desired)};
+        std::vector<etcd_request> reads{etcd_request::range(k)};
+        etcd_txn_result got;
+        bool unsure = false;
+        try {
+            got = co_await detail::etcd::unless_lease_lost(lease_, client_->txn(compare, writes, reads));
+        } catch (const etcd_error& e) {
+            if (!e.ambiguous()) throw;
+            unsure = true;  // applied or not, the next attempt reads what is there
+        }
+        if (unsure) continue;
+        if (got.succeeded) co_return desired;
+        const auto& now = got.responses.empty() ? std::vector<etcd_kv>{} : got.responses.front().kvs;
+        if (now.empty()) co_return expected;  // absent and a value was expected: PyTorch returns it
+        // Present: equal to an empty `expected` replaces it (compared on its value, not absence).
+        if (expected.empty() && now.front().value.empty()) {
+            std::vector<etcd_compare> same{
+                {k, etcd_compare::target::mod, etcd_compare::result::equal, now.front().mod_revision, {}, {}}};
+            std::vector<etcd_request> put{etcd_request::put(k, desired)};
+            bool done = false;
+            try {
+                done = (co_await detail::etcd::unless_lease_lost(lease_, client_->txn(same, put))).succeeded;
+            } catch (const etcd_error& e) {
+                if (!e.ambiguous()) throw;
+            }
+            if (done) co_return desired;
+            continue;
+        }
+        co_return now.front().value;
+    }
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::wait(std::vector<std::string> keys) {
+    co_await wait_until(std::move(keys), options_.timeout);
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::wait(std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+    co_await wait_until(std::move(keys), timeout);
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::wait_until(std::vector<std::string> keys,
+                                                          std::chrono::milliseconds timeout) {
+    using namespace asio::experimental::awaitable_operators;
+    std::vector<std::string> wanted;
+    wanted.reserve(keys.size());
+    for (const auto& k : keys) wanted.push_back(full(k));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(100);
+    std::string last_error;
+    for (;;) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            throw store_timeout(fmt::format("wait for {} timed out after {} ms{}", detail::etcd::shown_keys(keys),
+                                            timeout.count(), last_error.empty() ? "" : "; etcd: " + last_error));
+        }
+        asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+        auto raced = co_await (
+            detail::settle(detail::etcd::unless_lease_lost(lease_, detail::etcd::wait_round(client_, wanted))) ||
+            timer.async_wait(asio::use_awaitable));
+        if (raced.index() == 1) continue;  // the deadline: said above
+        bool done = false;
+        bool retry = false;
+        try {
+            done = std::get<0>(raced).take();
+        } catch (const etcd_error& e) {
+            if (!e.transient()) throw;
+            // No member answered, or the watch's member went away: ask again (another member),
+            // after a pause that grows.
+            last_error = e.what();
+            retry = true;
+        }
+        if (done) co_return;
+        if (retry) {
+            asio::steady_timer later(co_await asio::this_coro::executor,
+                                     std::min<std::chrono::steady_clock::duration>(
+                                         pause, std::max<std::chrono::steady_clock::duration>(
+                                                    deadline - std::chrono::steady_clock::now(), {})));
+            co_await later.async_wait(asio::use_awaitable);
+            pause = std::min(pause * 2, std::chrono::milliseconds(2000));
+        }
+    }
+}
+
+ELASTIC_DECL asio::awaitable<bool> etcd_store::check(std::vector<std::string> keys) {
+    std::vector<std::string> wanted;
+    for (const auto& k : keys) wanted.push_back(full(k));
+    auto got = co_await detail::etcd::unless_lease_lost(lease_, detail::etcd::existing(*client_, wanted));
+    co_return std::all_of(got.second.begin(), got.second.end(), [](bool b) { return b; });
+}
+
+ELASTIC_DECL asio::awaitable<bool> etcd_store::delete_key(std::string key) {
+    co_return co_await detail::etcd::unless_lease_lost(lease_, client_->erase(full(key))) > 0;
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::num_keys() {
+    auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->range(options_.prefix,
+                                                                               etcd_prefix_end(options_.prefix), true));
+    co_return got.count;
+}
+
+ELASTIC_DECL asio::awaitable<std::vector<std::string>> etcd_store::multi_get(std::vector<std::string> keys) {
+    for (;;) {
+        co_await wait(keys);
+        std::vector<std::string> out;
+        bool all = true;
+        for (std::size_t at = 0; at < keys.size() && all; at += detail::etcd::max_txn_ops) {
+            std::vector<etcd_request> reads;
+            for (std::size_t i = at; i < keys.size() && i < at + detail::etcd::max_txn_ops; ++i) {
+                reads.push_back(etcd_request::range(full(keys[i])));
+            }
+            auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->txn({}, std::move(reads)));
+            for (auto& r : got.responses) {
+                if (r.kvs.empty()) {
+                    all = false;  // deleted since the wait: wait again
+                    break;
+                }
+                out.push_back(std::move(r.kvs.front().value));
+            }
+        }
+        if (all && out.size() == keys.size()) co_return out;
+    }
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::multi_set(std::vector<std::string> keys,
+                                                         std::vector<std::string> values) {
+    if (keys.size() != values.size()) {
+        throw store_error(fmt::format("multi_set: {} keys and {} values", keys.size(), values.size()));
+    }
+    // etcd refuses a key put twice in one transaction: the last value of a key wins, as it would
+    // one set after another.
+    std::map<std::string, std::string> last;
+    std::vector<std::string> order;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        auto k = full(keys[i]);
+        if (last.find(k) == last.end()) order.push_back(k);
+        last[k] = std::move(values[i]);
+    }
+    for (std::size_t at = 0; at < order.size(); at += detail::etcd::max_txn_ops) {
+        std::vector<etcd_request> writes;
+        for (std::size_t i = at; i < order.size() && i < at + detail::etcd::max_txn_ops; ++i) {
+            writes.push_back(etcd_request::put(order[i], last[order[i]]));
+        }
+        // Puts alone: the client sends them again after a lost answer, harmlessly.
+        (void)co_await detail::etcd::unless_lease_lost(lease_, client_->txn({}, std::move(writes)));
+    }
+}
+
+ELASTIC_DECL asio::awaitable<void> etcd_store::hold_lease(std::string key, std::string value) {
+    const auto parts = parse_lease_key(key);
+    if (!parts || parts->name.empty() || parts->reserved()) {
+        throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name) with a name that "
+                                      "does not start with \"__\"",
+                                      key));
+    }
+    if (lease_ && lease_->lost.empty() && !lease_->stopped) {
+        throw store_error(fmt::format("hold_lease('{}'): this store holds a lease already", key));
+    }
+    const auto ttl_ms = options_.keep_alive_interval * std::max(1, options_.keep_alive_max_attempt);
+    const auto ttl = std::max<std::chrono::seconds>(std::chrono::seconds(2),
+                                                    std::chrono::ceil<std::chrono::seconds>(ttl_ms));
+    auto executor = co_await asio::this_coro::executor;
+    auto l = std::make_shared<detail::etcd::lease_state>(executor);
+    l->key = full(key);
+    l->space = full(std::string(parts->space));
+    l->name = std::string(parts->name);
+    const auto granted = co_await client_->lease_grant(ttl.count());
+    l->id = granted.id;
+    l->ttl = std::max<std::int64_t>(granted.ttl, 1);
+    // Renewed from now on: the registration below may take its time.
+    asio::co_spawn(executor, detail::etcd::keep_alive(l, client_, options_.keep_alive_interval), asio::detached);
+    const auto epoch_key = l->space + "__epoch";
+    const auto silent_key = l->space + "__silent";
+    const auto held_key = l->space + "__held/" + l->name;
+    std::vector<etcd_compare> absent{{epoch_key, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}}};
+    std::vector<etcd_request> first{etcd_request::put(epoch_key, "0"), etcd_request::put(silent_key, "0"),
+                                    etcd_request::put(l->key, value, l->id),
+                                    etcd_request::put(held_key, std::to_string(l->id))};
+    std::vector<etcd_request> later{etcd_request::put(l->key, value, l->id),
+                                    etcd_request::put(held_key, std::to_string(l->id))};
+    std::optional<std::string> failed;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+        bool again = false;
+        try {
+            (void)co_await detail::etcd::unless_lease_lost(l, client_->txn(absent, first, later));
+        } catch (const etcd_error& e) {
+            if (e.ambiguous()) again = true;  // puts of this new lease's keys: the same again is harmless
+            else failed = e.what();
+        } catch (const store_error& e) {
+            failed = e.what();
+        }
+        if (!again) break;
+        if (attempt == 7) failed = "etcd did not confirm the lease's registration";
+    }
+    if (failed) {
+        l->stopped = true;
+        l->wake.cancel();
+        l->changed.notify();
+        try {
+            co_await client_->lease_revoke(l->id);
+        } catch (const std::exception&) {
+            // It expires by itself.
+        }
+        throw store_error(fmt::format("hold_lease('{}'): {}", key, *failed));
+    }
+    lease_ = l;
+    asio::co_spawn(executor, detail::etcd::observe(l, client_, options_.keep_alive_interval), asio::detached);
+}
+
+ELASTIC_DECL asio::awaitable<bool> etcd_store::release_lease() {
+    if (!lease_ || lease_->stopped) co_return false;
+    auto l = lease_;
+    l->stopped = true;
+    l->wake.cancel();
+    l->changed.notify();
+    co_await client_->lease_revoke(l->id);
+    co_return true;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/store/etcd_store.hpp ----
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace elastic::inline v0 {
+
+/// The etcd client options of an etcd-v3 rendezvous: --rdzv-endpoint's members (the port
+/// defaulting to 2379), protocol, cacert, cert, key and read_timeout from --rdzv-conf.
+[[nodiscard]] ELASTIC_DECL etcd_options etcd_options_for(const rendezvous_parameters& p);
+
+/// The etcd-v3 backend (docs/rendezvous.md, "etcd"). Every agent is a client of the etcd
+/// cluster at --rdzv-endpoint (a list of its members); no agent hosts the rendezvous. The job's
+/// keys live under `/elastic/elastic.rendezvous.<run id>/` in etcd, and its rounds follow c10d's
+/// rules (store_rendezvous over an etcd_store). Each agent holds an etcd lease of
+/// keep_alive_interval x keep_alive_max_attempt: when the agent dies or is cut off from etcd,
+/// etcd expires it and the others go on without the node. The workers' store stays a TCP store
+/// that group rank 0's agent hosts each round, as with c10d.
+template <class Defer = void>
+class basic_etcd_rendezvous {
+public:
+    using log_function = std::function<void(std::string_view)>;
+    /// The prefix of every key of the rendezvous in etcd.
+    static constexpr std::string_view key_prefix = "/elastic/";
+
+    basic_etcd_rendezvous(asio::any_io_executor executor, rendezvous_parameters parameters, log_function log = {})
+        : executor_(std::move(executor)), params_(std::move(parameters)), log_(std::move(log)) {}
+
+    basic_etcd_rendezvous(const basic_etcd_rendezvous&) = delete;
+    basic_etcd_rendezvous& operator=(const basic_etcd_rendezvous&) = delete;
+
+    /// Reaches the cluster (one member that answers is enough) and checks it speaks the v3 API;
+    /// a job id left behind by agents that all died is cleared. rendezvous_error when no member
+    /// answers, the credentials are refused, or the server is no etcd 3.4 or later.
+    asio::awaitable<void> start() {
+        client_ = std::make_shared<etcd_client>(executor_, etcd_options_for(params_));
+        std::string failed;
+        try {
+            (void)co_await client_->server_version();
+            co_await clear_abandoned();
+        } catch (const store_error& e) {
+            failed = e.what();
+        }
+        if (!failed.empty()) {
+            throw rendezvous_error(fmt::format("cannot use the etcd cluster at {}: {}", client_->describe(), failed));
+        }
+        store_ = make_store();
+        watcher_ = make_store();
+        store_rendezvous_options o;
+        o.run_id = params_.run_id;
+        o.nnodes = params_.nnodes.max;
+        o.min_nodes = params_.nnodes.min;
+        o.join_timeout = params_.settings.join_timeout;
+        o.last_call_timeout = params_.settings.last_call_timeout;
+        o.close_timeout = params_.settings.close_timeout;
+        o.hosts_store = false;
+        // The keys live under elastic's own prefix in etcd: no torchrun agent writes there.
+        o.torchrun_guard = false;
+        o.log = log_;
+        o.loss_cause = "etcd ended its agent's lease: the agent died, left, or could not renew it in time";
+        rdzv_.emplace(*store_, *watcher_, std::move(o));
+    }
+
+    /// Holds this node's lease and counts it as registered; `me` describes the node (its id is
+    /// made here). After start().
+    asio::awaitable<void> start_liveness(node_info me) {
+        const auto failed = co_await hold_new_lease(std::move(me));
+        if (!failed.empty()) {
+            throw rendezvous_error(fmt::format("cannot hold this node's lease in the etcd cluster at {}: {}",
+                                               client_->describe(), failed));
+        }
+    }
+
+    /// How long an agent may stay silent before etcd expires its lease.
+    [[nodiscard]] std::chrono::milliseconds keep_alive_deadline() const {
+        return params_.settings.keep_alive_interval * params_.settings.keep_alive_max_attempt;
+    }
+
+    // ---- agent_rendezvous: what the agent's loop calls ----
+
+    /// start(), then start_liveness(me).
+    asio::awaitable<void> join(node_info me) {
+        co_await start();
+        co_await start_liveness(std::move(me));
+    }
+
+    asio::awaitable<void> keep_membership() { co_await rdzv_->keep_membership(); }
+
+    /// Publishes this node's status (docs/status.md) under `<job>/status/<i>`, as over c10d.
+    asio::awaitable<void> publish_status(std::string json) {
+        if (!client_ || !rdzv_ || stopped_) co_return;
+        if (!status_) status_ = make_store();
+        if (!status_index_) status_index_ = co_await status_->add(rdzv_->job_key("status/count"), 1) - 1;
+        co_await status_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+    }
+
+    asio::awaitable<rendezvous_round> next_round(node_info me) {
+        me.id = node_id_;
+        co_return co_await rdzv_->next_round(std::move(me));
+    }
+    asio::awaitable<abort_notice> wait_for_abort() { co_return co_await rdzv_->wait_for_abort(); }
+    asio::awaitable<bool> abort(abort_notice notice) { co_return co_await rdzv_->abort(std::move(notice)); }
+    asio::awaitable<job_decision> decide(job_decision decision) {
+        co_return co_await rdzv_->decide(std::move(decision));
+    }
+    asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
+    asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
+        co_return co_await rdzv_->finish(timeout);
+    }
+
+    /// Leaves the job: the rounds' leave, then this node's lease is revoked (the others see it
+    /// go at once). The last node to leave clears the job's keys, so that the id may be used
+    /// again. Errors of the last two steps are logged: the job's result stands.
+    asio::awaitable<void> leave() {
+        co_await rdzv_->leave();
+        std::string failed;
+        try {
+            if (lease_) (void)co_await lease_->release_lease();
+            co_await clear_abandoned();
+        } catch (const store_error& e) {
+            failed = e.what();
+        }
+        if (!failed.empty() && log_) {
+            log_(fmt::format("leaving the etcd rendezvous of run '{}': {} (etcd expires this node's lease within "
+                             "{} s, and the next job with this id clears what is left)",
+                             params_.run_id, failed,
+                             std::chrono::duration_cast<std::chrono::seconds>(keep_alive_deadline()).count()));
+        }
+    }
+
+    [[nodiscard]] int restart_count() const noexcept { return rdzv_ ? rdzv_->restart_count() : 0; }
+
+    /// This node's lease was lost (`reason`; its workers are stopped already). An error of one
+    /// request alone, with the lease still held, throws rendezvous_error(reason). Else the node
+    /// takes a new lease under a new name and rejoins the job at its next round (the others
+    /// re-formed without it); rendezvous_error when the cluster does not grant one.
+    asio::awaitable<std::string> recover(std::string reason, node_info me) {
+        if (!rdzv_) throw rendezvous_error(std::move(reason));
+        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
+        // The old lease goes at once when etcd answers (the others see the node go now, not
+        // after its TTL); it expires by itself when etcd does not.
+        if (lease_) {
+            lease_->close();
+            const auto old = lease_->lease_id();
+            try {
+                if (old != 0) co_await client_->lease_revoke(old);
+            } catch (const store_error&) {
+            }
+        }
+        // The stores of the generation before the last are done with: what used them has ended.
+        retired_.clear();
+        retired_.push_back(std::move(lease_));
+        if (watcher_) watcher_->close();
+        retired_.push_back(std::move(watcher_));
+        retired_.push_back(std::move(store_));
+        store_ = make_store();
+        watcher_ = make_store();
+        rdzv_->reconnected(*store_, *watcher_);
+        const auto failed = co_await hold_new_lease(std::move(me));
+        if (!failed.empty()) {
+            throw rendezvous_error(fmt::format("{}; the etcd cluster at {} grants this node no new lease: {}", reason,
+                                               client_->describe(), failed));
+        }
+        co_return fmt::format("{}; the etcd cluster at {} answers again: this node holds a new lease and rejoins the "
+                              "job",
+                              reason, client_->describe());
+    }
+
+    /// This node's lease name ("host:pid:tag"), after start_liveness().
+    [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
+    /// The rounds (after start()).
+    store_rendezvous<etcd_store>& rendezvous() { return *rdzv_; }
+    /// The client of the etcd cluster (after start()).
+    [[nodiscard]] etcd_client& client() { return *client_; }
+
+    /// Stops renewing the lease and closes the connections (after leave()).
+    void stop() noexcept {
+        stopped_ = true;
+        for (auto* s : {status_.get(), lease_.get(), watcher_.get(), store_.get()}) {
+            if (s) s->close();
+        }
+        for (auto& s : retired_) {
+            if (s) s->close();
+        }
+        if (client_) client_->close();
+    }
+
+private:
+    // A new name and a new lease store, its lease held and the node counted as registered:
+    // nothing, or why not.
+    asio::awaitable<std::string> hold_new_lease(node_info me) {
+        me.id = node_id_ = make_node_id(me.host, me.pid);
+        lease_ = make_store();
+        std::string failed;
+        try {
+            co_await rdzv_->start_liveness(*lease_, me);
+        } catch (const store_error& e) {
+            failed = e.what();
+        } catch (const rendezvous_error& e) {
+            failed = e.what();
+        }
+        co_return failed;
+    }
+
+    std::unique_ptr<etcd_store> make_store() const {
+        etcd_store_options o;
+        o.prefix = std::string(key_prefix);
+        o.timeout = params_.settings.join_timeout;
+        o.keep_alive_interval = params_.settings.keep_alive_interval;
+        o.keep_alive_max_attempt = params_.settings.keep_alive_max_attempt;
+        return std::make_unique<etcd_store>(client_, std::move(o));
+    }
+
+    // The job's keys when no node of it holds a lease: agents that all died left them (or the
+    // last one left), and a new job with the id starts clean. One transaction compares "no
+    // lease" over the lease names and deletes: a node whose lease exists keeps them.
+    asio::awaitable<void> clear_abandoned() {
+        const auto job = std::string(key_prefix) + store_rendezvous<etcd_store>::job_key(params_.run_id, "");
+        const auto space = std::string(key_prefix) +
+                           lease_key(store_rendezvous<etcd_store>::job_key(params_.run_id, "nodes"), "");
+        // Lease names never start with "__" (the store's own keys do): [space, space"__") and
+        // [space"_`", end) hold every name.
+        std::vector<etcd_compare> none{
+            {space, etcd_compare::target::version_count, etcd_compare::result::equal, 0, {}, space + "__"},
+            {space + "_`",
+             etcd_compare::target::version_count,
+             etcd_compare::result::equal,
+             0,
+             {},
+             etcd_prefix_end(space)}};
+        std::vector<etcd_request> clear{etcd_request::erase(job, etcd_prefix_end(job))};
+        (void)co_await client_->txn(std::move(none), std::move(clear));
+    }
+
+    static std::string make_node_id(const std::string& host, long pid) {
+        std::random_device entropy;
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+    }
+
+    asio::any_io_executor executor_;
+    rendezvous_parameters params_;
+    log_function log_;
+    std::shared_ptr<etcd_client> client_;
+    std::unique_ptr<etcd_store> store_;
+    std::unique_ptr<etcd_store> watcher_;
+    std::unique_ptr<etcd_store> lease_;
+    std::unique_ptr<etcd_store> status_;
+    std::vector<std::unique_ptr<etcd_store>> retired_;
+    std::optional<store_rendezvous<etcd_store>> rdzv_;
+    std::optional<std::int64_t> status_index_;
+    std::string node_id_;
+    bool stopped_ = false;
+};
+using etcd_rendezvous = basic_etcd_rendezvous<>;
+
+}  // namespace elastic::inline v0
+
+#if ELASTIC_DETAIL_BODIES
+
+namespace elastic::inline v0 {
+
+ELASTIC_DECL etcd_options etcd_options_for(const rendezvous_parameters& p) {
+    etcd_options o;
+    const auto port = [](const host_port& e) {
+        return e.port.value_or(default_rendezvous_port(rendezvous_backend::etcd_v3));
+    };
+    o.endpoints.push_back({p.endpoint.host, port(p.endpoint)});
+    for (const auto& next : p.successor_endpoints) o.endpoints.push_back({next.host, port(next)});
+    o.tls = p.settings.tls;
+    o.cacert = p.settings.cacert.value_or("");
+    o.cert = p.settings.cert.value_or("");
+    o.key = p.settings.key.value_or("");
+    o.request_timeout = p.settings.read_timeout;
+    // A member that does not take a connection within a heartbeat's budget is left for the next.
+    o.connect_timeout = std::min<std::chrono::milliseconds>(
+        p.settings.read_timeout,
+        std::max<std::chrono::milliseconds>(std::chrono::seconds(1), p.settings.keep_alive_interval * 2));
+    return o;
+}
+
+}  // namespace elastic::inline v0
+
+#endif  // ELASTIC_DETAIL_BODIES
+// ---- end elastic/rendezvous/etcd_rendezvous.hpp ----
 // ---- begin elastic/launch.hpp ----
 // The launch layer — launch configuration: torchrun's command line and PET_* variables.
 
@@ -25315,7 +27676,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 17> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -25326,10 +27687,13 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     {"use_libuv", false, true, false},
     {"protocol", false, false, true},
     {"exit_barrier_timeout", true, true, true},
-    {"keep_alive_interval", false, true, false},
-    {"keep_alive_max_attempt", false, true, false},
+    {"keep_alive_interval", false, true, true},
+    {"keep_alive_max_attempt", false, true, true},
     {"secret_file", true, true, false},
-    {"workers_store_peers", false, true, false},
+    {"workers_store_peers", false, true, true},
+    {"cacert", false, false, true},
+    {"cert", false, false, true},
+    {"key", false, false, true},
 }};
 
 [[nodiscard]] ELASTIC_DECL bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept;
@@ -25610,10 +27974,10 @@ namespace elastic::inline v0 {
         if (key == "rank") {
             throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
         }
-        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
-            key == "key") {
-            throw usage_error{
-                fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key") {
+            throw usage_error{fmt::format("{}: '{}' is not a key of elastic's: TLS to etcd takes protocol=https with "
+                                          "cacert, cert and key (torchrun's etcd keys)",
+                                          whole, key)};
         }
         const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
                                         [&](const detail::launch::rdzv_key& k) { return k.key == key; });
@@ -25669,13 +28033,24 @@ namespace elastic::inline v0 {
             (void)parse_boolean(value, what);
         } else if (key == "protocol") {
             const auto protocol = detail::launch::lower(value);
-            if (protocol == "https") {
-                throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
+            if (protocol != "http" && protocol != "https") {
+                throw usage_error{fmt::format("{}: protocol must be http or https", whole)};
             }
-            if (protocol != "http") {
-                throw usage_error{fmt::format("{}: protocol must be http", whole)};
-            }
+            settings.tls = protocol == "https";
+        } else if (key == "cacert") {
+            settings.cacert = std::string(value);
+        } else if (key == "cert") {
+            settings.cert = std::string(value);
+        } else if (key == "key") {
+            settings.key = std::string(value);
         }
+    }
+    if ((settings.cacert || settings.cert || settings.key) && !settings.tls) {
+        throw usage_error{fmt::format("{}: cacert, cert and key are for TLS to etcd: add protocol=https", whole)};
+    }
+    if (settings.key.has_value() != settings.cert.has_value()) {
+        throw usage_error{
+            fmt::format("{}: cert and key go together (a client certificate and its private key)", whole)};
     }
     if (warnings != nullptr && unquoted) {
         warnings->push_back(fmt::format("{}: the quotes around its value were removed (a script quoted it twice); "
@@ -26222,9 +28597,9 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
                 fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
         }
     }
-    if (!c.rdzv_successors.empty() && c.rdzv_backend != rendezvous_backend::c10d) {
-        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend only (where its store may "
-                                      "move); the {} backend takes one endpoint",
+    if (!c.rdzv_successors.empty() && c.rdzv_backend == rendezvous_backend::static_) {
+        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend (where its store may "
+                                      "move) and etcd-v3 (the cluster's members); the {} backend takes one endpoint",
                                       label("rdzv_endpoint"), to_string(c.rdzv_backend))};
     }
     for (const auto& next : c.rdzv_successors) {
@@ -26626,7 +29001,8 @@ inline constexpr std::array<option_spec, 38> option_specs{{
      "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
      "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port. c10d takes a list: the "
      "store starts at the first; the agent on each other host listed keeps its idle store there, where the "
-     "store may move and where a new agent looks for the job first."},
+     "store may move and where a new agent looks for the job first. etcd-v3 takes a list: the etcd cluster's "
+     "members."},
     {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
      "Job id shared by every node of the job; it namespaces the rendezvous."},
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
@@ -26634,7 +29010,9 @@ inline constexpr std::array<option_spec, 38> option_specs{{
      "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
      "(tcp), use_libuv (accepted, no effect), workers_store_peers (members: group rank 0's workers' store "
      "accepts the round's nodes' addresses only; any: every peer, for NAT between the nodes). etcd-v3: the "
-     "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
+     "four timeouts, keep_alive_interval and keep_alive_max_attempt (an agent's etcd lease lives their "
+     "product), workers_store_peers, protocol (http or https) and, for https, cacert, cert and key (PEM "
+     "files). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
      "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
      "itself). A key the backend does not read is ignored with a warning."},
@@ -27135,7 +29513,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 if (comma == std::string_view::npos) break;
                 remaining.remove_prefix(comma + 1);
             }
-            if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max) {
+            if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max &&
+                config.rdzv_backend == rendezvous_backend::c10d) {
                 config.warnings.push_back(fmt::format(
                     "{}: with a fixed --nnodes the rendezvous store never moves, so only the first endpoint is "
                     "used (a list names where an elastic job's store may move)",
@@ -27382,6 +29761,8 @@ namespace elastic::inline v0::detail::launch {
 
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <vector>
 
 namespace elastic::inline v0::detail::launch {
@@ -27389,8 +29770,9 @@ namespace elastic::inline v0::detail::launch {
 /// Every agent's status the job's rendezvous store holds (publish_status()), in the order they
 /// first published. An agent whose lease the store no longer holds is shown "finished" when it
 /// was finishing, else "gone" (it died, was cut off, or ended on a failure or a signal).
-inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_client& store, std::string run_id) {
-    using keys = store_rendezvous<tcp_store_client>;
+template <::elastic::store Store>
+asio::awaitable<std::vector<agent_status>> read_job_statuses(Store& store, std::string run_id) {
+    using keys = store_rendezvous<Store>;
     std::vector<agent_status> out;
     std::vector<std::string> count_key{keys::job_key(run_id, "status/count")};
     if (!co_await store.check(std::move(count_key))) co_return out;
@@ -27417,6 +29799,19 @@ inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_cl
     co_return out;
 }
 
+/// read_job_statuses on `store` run to its end on `io`: the agents into `agents`, or its error.
+template <class Store>
+std::exception_ptr read_statuses_with(asio::io_context& io, Store& store, const std::string& run_id,
+                                      std::vector<agent_status>& agents) {
+    std::exception_ptr failed;
+    asio::co_spawn(io, read_job_statuses(store, run_id), [&](std::exception_ptr e, std::vector<agent_status> got) {
+        failed = e;
+        agents = std::move(got);
+    });
+    io.run();
+    return failed;
+}
+
 ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher) {
     bool json = false;
     std::optional<std::string> run_id;
@@ -27432,9 +29827,10 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         "  --rdzv-id=ID          only the agents of this run id (needed with --rdzv-endpoint)\n"
         "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it (a list: the\n"
         "                        first entry that answers)\n"
-        "  --rdzv-backend=B      c10d (default) or static, as the agents were given it\n"
-        "  --rdzv-conf=...       secret_file and read_timeout, as the agents were given them\n"
-        "                        (or the secret in $ELASTIC_RDZV_SECRET)\n"
+        "  --rdzv-backend=B      c10d (default), static or etcd-v3, as the agents were given it\n"
+        "  --rdzv-conf=...       secret_file and read_timeout (etcd-v3: read_timeout, protocol, cacert,\n"
+        "                        cert, key), as the agents were given them (or the secret in\n"
+        "                        $ELASTIC_RDZV_SECRET)\n"
         "  --json                one JSON array of the agents' status objects (docs/status.md)\n",
         launcher);
     for (int i = 1; i < argc; ++i) {
@@ -27456,6 +29852,8 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             backend = rendezvous_backend::static_;
         } else if (arg == "--rdzv-backend=c10d" || arg == "--rdzv_backend=c10d") {
             backend = rendezvous_backend::c10d;
+        } else if (arg == "--rdzv-backend=etcd-v3" || arg == "--rdzv_backend=etcd-v3") {
+            backend = rendezvous_backend::etcd_v3;
         } else if (arg.rfind("--rdzv-conf=", 0) == 0 || arg.rfind("--rdzv_conf=", 0) == 0) {
             conf = std::string(arg.substr(12));
         } else if ((arg == "--rdzv-conf" || arg == "--rdzv_conf") && i + 1 < argc) {
@@ -27477,12 +29875,17 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             return 2;
         }
         // The agents' --rdzv-endpoint, a list included: the first entry that answers (the store
-        // may have moved to a later one).
+        // may have moved to a later one); etcd-v3: the cluster's members.
         std::vector<store_client_options> tries;
+        std::optional<etcd_options> etcd;
         try {
             auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", backend) : rendezvous_settings{};
             auto env = current_environment();
-            load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
+            if (backend != rendezvous_backend::etcd_v3) {
+                load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
+            }
+            rendezvous_parameters etcd_params;
+            etcd_params.settings = settings;
             for (const auto entry : detail::split(*endpoint, ',')) {
                 const auto at = parse_host_port(detail::trim(entry), "--rdzv-endpoint");
                 store_client_options options;
@@ -27493,24 +29896,38 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
                 options.connect_timeout = std::chrono::seconds(10);
                 options.dialect = client_dialect::current;
                 tries.push_back(std::move(options));
+                if (tries.size() == 1) etcd_params.endpoint = at;
+                else etcd_params.successor_endpoints.push_back(at);
             }
+            if (backend == rendezvous_backend::etcd_v3) etcd = etcd_options_for(etcd_params);
         } catch (const usage_error& e) {
             say(e.what());
             return 2;
         }
         std::string why;
         bool read = false;
+        if (etcd) {
+            asio::io_context io;
+            auto client = std::make_shared<etcd_client>(io.get_executor(), *etcd);
+            etcd_store_options options;
+            options.prefix = std::string(etcd_rendezvous::key_prefix);
+            options.timeout = etcd->request_timeout;
+            etcd_store store(client, options);
+            where = fmt::format("the etcd cluster at {}", client->describe());
+            const auto failed = read_statuses_with(io, store, *run_id, agents);
+            try {
+                if (failed) std::rethrow_exception(failed);
+                read = true;
+            } catch (const std::exception& e) {
+                why = fmt::format("cannot read {}: {}", where, e.what());
+            }
+            tries.clear();
+        }
         for (const auto& options : tries) {
             where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
             asio::io_context io;
             tcp_store_client store(io.get_executor(), options);
-            std::exception_ptr failed;
-            asio::co_spawn(io, read_job_statuses(store, *run_id),
-                           [&](std::exception_ptr e, std::vector<agent_status> got) {
-                               failed = e;
-                               agents = std::move(got);
-                           });
-            io.run();
+            const auto failed = read_statuses_with(io, store, *run_id, agents);
             if (!failed) {
                 read = true;
                 break;

@@ -7,7 +7,7 @@ set -euo pipefail
 what=${1:-test}
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev python3
-          libasio-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libssl-dev)
+          libasio-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev libssl-dev libhttp-parser-dev)
 if [[ $what == test ]]; then
   packages+=(python3-torch libtorch-dev libgloo-dev etcd-server etcd-client iproute2 procps clang-format-14
              python3-prometheus-client)

@@ -38,7 +38,6 @@ TEST_CASE("agent: bad input is one line naming it, exit code 2, no worker starte
         {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout"}, "--rdzv-conf"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=join_timeout=5,,x=1"}, "--rdzv-conf"},
         {{"--nnodes=1:2", "--rdzv-backend=static"}, "--nnodes=1:2"},
-        {{"--rdzv-backend=etcd-v3", "--rdzv-endpoint=localhost:2379"}, "not implemented yet"},
         {{"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=is_host=false"}, "port 0"},
         {{"--log-dir=/etc/passwd"}, "--log-dir"},
         {{"-r", "4"}, "--redirects"},
@@ -200,35 +199,6 @@ TEST_CASE("agent: every option of torchrun's table in its three spellings") {
         INFO(r.err);
         CHECK(r.code == 0);
         CHECK(r.out.find("rank 0") != std::string::npos);
-    }
-}
-
-TEST_CASE("agent: options not implemented yet are refused in every spelling, never ignored") {
-    const std::vector<std::pair<std::string, std::string>> refused{{"--rdzv-backend", "etcd-v3"}};
-    for (const auto& option : refused) {
-        const std::string dashed = option.first;
-        const std::string value = option.second;
-        for (int spelling = 0; spelling < 3; ++spelling) {
-            CAPTURE(dashed);
-            CAPTURE(spelling);
-            temp_dir dir;
-            auto env = worker_env(dir, "*:env");
-            std::string underscored = dashed;
-            std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
-            std::vector<std::string> args;
-            if (spelling < 2) {
-                args.push_back((spelling == 0 ? dashed : underscored) + "=" + value);
-            } else {
-                std::string pet = "PET_" + underscored.substr(2);
-                std::transform(pet.begin(), pet.end(), pet.begin(),
-                               [](char ch) { return static_cast<char>(std::toupper(ch)); });
-                env[pet] = value;
-            }
-            auto r = agent_support::run(with_worker(args), env);
-            CHECK(r.code == 2);
-            CHECK(r.err.find("not implemented yet") != std::string::npos);
-            CHECK(count_files(dir.path(), "env.") == 0);
-        }
     }
 }
 

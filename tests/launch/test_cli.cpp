@@ -568,8 +568,7 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
         {{"--rdzv-endpoint=[::1", p}, "]"},
         {{"--rdzv-endpoint=h:x", p}, "--rdzv-endpoint=h:x"},
         {{"--rdzv-endpoint=h", p}, "needs a port"},  // static
-        {{"--rdzv-endpoint=h:1,g:2", p}, "c10d backend only"},
-        {{"--rdzv-backend=etcd-v3", "--rdzv-endpoint=h:1,g:2", p}, "c10d backend only"},
+        {{"--rdzv-endpoint=h:1,g:2", p}, "the static backend takes one endpoint"},
         {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,,g:2", p}, "an empty endpoint"},
         {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,", p}, "an empty endpoint"},
         {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:1,g:x", p}, "g:x"},
@@ -586,7 +585,7 @@ TEST_CASE("launch: bad input is one line naming the option and value, exit statu
         {{"--rdzv-conf=rank=1", p}, "--node-rank"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=is_host=maybe", p}, "is_host"},
         {{"--rdzv-backend=c10d", "--rdzv-conf=store_type=file", p}, "store_type=file"},
-        {{"--rdzv-backend=etcd-v3", "--rdzv-conf=protocol=https", p}, "https"},
+        {{"--rdzv-backend=etcd-v3", "--rdzv-conf=protocol=gopher", p}, "http or https"},
         {{"--rdzv-backend=etcd-v3", "--rdzv-conf=ssl_cert=/c", p}, "TLS"},
         {{"--rdzv-id=", p}, "--rdzv-id"},
         {{"--max-restarts=-1", p}, "--max-restarts=-1"},

@@ -98,6 +98,16 @@ TEST_CASE("launch: --rdzv-conf is typed per backend") {
     CHECK(elastic::parse_rendezvous_settings("timeout=60", "--rdzv-conf", rendezvous_backend::static_).timeout == 60s);
     CHECK(elastic::parse_rendezvous_settings("protocol=http,join_timeout=9", "--rdzv-conf", rendezvous_backend::etcd_v3)
               .join_timeout == 9s);
+    const auto tls = elastic::parse_rendezvous_settings("protocol=HTTPS,cacert=/ca.pem,cert=/c.pem,key=/k.pem",
+                                                        "--rdzv-conf", rendezvous_backend::etcd_v3);
+    CHECK(tls.tls);
+    CHECK(tls.cacert == "/ca.pem");
+    CHECK(tls.cert == "/c.pem");
+    CHECK(tls.key == "/k.pem");
+    const auto etcd_keep = elastic::parse_rendezvous_settings("keep_alive_interval=2,keep_alive_max_attempt=4",
+                                                              "--rdzv-conf", rendezvous_backend::etcd_v3);
+    CHECK(etcd_keep.keep_alive_interval == 2s);
+    CHECK(etcd_keep.keep_alive_max_attempt == 4);
 }
 
 TEST_CASE("launch: --rdzv-conf errors name the key") {
@@ -116,9 +126,11 @@ TEST_CASE("launch: --rdzv-conf errors name the key") {
         {"store_type=file", rendezvous_backend::c10d, "not implemented"},
         {"store_type=redis", rendezvous_backend::c10d, "tcp"},
         {"use_libuv=perhaps", rendezvous_backend::c10d, "boolean"},
-        {"protocol=https", rendezvous_backend::etcd_v3, "not implemented yet"},
-        {"protocol=gopher", rendezvous_backend::etcd_v3, "http"},
-        {"cacert=/x", rendezvous_backend::etcd_v3, "TLS"},
+        {"protocol=gopher", rendezvous_backend::etcd_v3, "http or https"},
+        {"cacert=/x", rendezvous_backend::etcd_v3, "add protocol=https"},
+        {"protocol=https,cert=/c", rendezvous_backend::etcd_v3, "cert and key go together"},
+        {"protocol=https,ssl_cert=/c", rendezvous_backend::etcd_v3, "torchrun's etcd keys"},
+        {"protocol=https", rendezvous_backend::c10d, "does not read 'protocol'"},
         {"rank=0", rendezvous_backend::static_, "--node-rank"},
         {"mystery=1", rendezvous_backend::c10d, "does not read 'mystery'"},
     };

@@ -1,5 +1,6 @@
 // Two hosts in network namespaces this test creates itself, joined by a veth pair: a real
-// partition (the link cut) between the store's host and the other agent, with elastic membership.
+// partition (the link cut) between the store's host and the other agent, with elastic membership;
+// and an agent cut off from the etcd cluster of an etcd-v3 job.
 //
 // Needs root and iproute2's `ip` (CI runs as root). Without either, every case says so with a
 // doctest MESSAGE and asserts nothing else: namespaces cannot be made without CAP_SYS_ADMIN, and
@@ -8,6 +9,7 @@
 // removed by an RAII guard, also when a REQUIRE fails or something throws, and by a sentinel
 // process when the test process itself is killed (ctest's timeout).
 #include "agent_support.hpp"
+#include "etcd_support.hpp"
 
 #include <doctest/doctest.h>
 
@@ -511,6 +513,71 @@ TEST_CASE("rendezvous netns: a partition of a fixed job (--nnodes=2:2) ends both
     CHECK(job.a.err().find("1 of 2 nodes joined within the join timeout") != std::string::npos);
     CHECK(launched::count_lines(job.a.out(), "world ") == 1);
     CHECK(still_there(job.a_worker.pid).empty());
+
+    CHECK(workers_left(net, net.ns_a()).empty());
+    CHECK(workers_left(net, net.ns_b()).empty());
+}
+
+TEST_CASE("rendezvous netns: etcd-v3, an agent's link cut: etcd expires its lease, the other trains without it, the "
+          "cut-off agent stops its worker and ends with 250") {
+    const auto ip = usable_ip();
+    if (!ip) return;
+    temp_dir dir;
+    two_hosts net(*ip);  // before etcd and the agents: they die before the namespaces go
+    net.create();
+    // etcd on host A: B reaches it over the link, A on its own address.
+    etcd_support::options o;
+    o.host = net.addr_a();
+    o.wrapper = {*ip, "netns", "exec", net.ns_a()};
+    etcd_support::cluster etcd(1, o);
+    const auto args = [&](const std::string& own_addr) {
+        return std::vector<std::string>{
+            "--rdzv-backend=etcd-v3", "--rdzv-endpoint=" + etcd.endpoints(), "--rdzv-id=netns-etcd", "--nnodes=1:2",
+            "--nproc-per-node=1",
+            // Leases of 0.5 s x 6; each request to an unreachable etcd gives up after 2 s.
+            "--rdzv-conf=keep_alive_interval=0.5,keep_alive_max_attempt=6,read_timeout=2,join_timeout=60,"
+            "last_call_timeout=3600",
+            fmt::format("--local-addr={}", own_addr), agent_support::worker()};
+    };
+    const std::string rules = "w2:world+hang;w1:world+exit0";
+    launched a(net.exec_in(net.ns_a(), agent_support::elasticrun(), args(net.addr_a())), node_env(dir, rules, "A"),
+               net.ip());
+    launched b(net.exec_in(net.ns_b(), agent_support::elasticrun(), args(net.addr_b())), node_env(dir, rules, "B"),
+               net.ip());
+    {
+        const bool a_runs = a.read_lines("world 2 ", 1);
+        const bool b_runs = b.read_lines("world 2 ", 1);
+        INFO("agent A's stderr:\n" << a.err());
+        INFO("agent B's stderr:\n" << b.err());
+        REQUIRE(a_runs);
+        REQUIRE(b_runs);
+    }
+    const auto b_worker = world_lines(b.out()).front();
+    net.cut();
+
+    const int code_b = b.wait();
+    const int code_a = a.wait();
+    INFO("agent A's stderr:\n" << a.err());
+    INFO("agent B's stderr:\n" << b.err());
+    INFO("agent A's stdout:\n" << a.out());
+    INFO("agent B's stdout:\n" << b.out());
+
+    // A: B's lease expired in etcd; A re-forms alone (MIN is 1) and its worker succeeds.
+    CHECK(code_a == 0);
+    CHECK(a.err().find("membership changed:") != std::string::npos);
+    CHECK(a.err().find("etcd ended its agent's lease") != std::string::npos);
+    const auto a_worlds = world_lines(a.out());
+    REQUIRE(a_worlds.size() == 2);
+    CHECK(a_worlds[0].world == 2);
+    CHECK(a_worlds[1].world == 1);
+
+    // B: no renewal reaches etcd, so B takes its lease for lost, stops its worker, finds no
+    // member that grants it a new one, and ends: it never trains alone.
+    CHECK(code_b == 250);
+    CHECK(b.err().find("no etcd member renewed this node's lease") != std::string::npos);
+    CHECK(b.err().find("grants this node no new lease") != std::string::npos);
+    CHECK(launched::count_lines(b.out(), "world ") == 1);
+    CHECK(still_there(b_worker.pid).empty());
 
     CHECK(workers_left(net, net.ns_a()).empty());
     CHECK(workers_left(net, net.ns_b()).empty());

@@ -76,7 +76,20 @@
 
 namespace elastic::inline v0 {
 
+// The etcd-v3 backend (rendezvous/etcd_rendezvous.hpp), declared only: its client is large, so
+// it is complete where the agent's loop is instantiated (the launcher, launch/run.hpp), and a
+// file that includes the agent without running one (a worker) does not compile it.
+template <class Defer>
+class basic_etcd_rendezvous;
+using etcd_rendezvous = basic_etcd_rendezvous<void>;
+
 namespace detail::agent {
+
+/// `T`, named through `Of` so that it is complete only where a template using it is instantiated.
+template <class Of, class T>
+struct dependent_on {
+    using type = T;
+};
 
 /// How an attempt ended.
 struct attempt_outcome {
@@ -118,7 +131,7 @@ private:
     std::optional<int> received_;
 };
 
-/// A loop over the job `Job` (local_agent::run_loop; the agent_loop concept is both models).
+/// A loop over the job `Job` (local_agent::run_loop; the agent_loop concept is every model).
 template <class Loop, class Job>
 concept loop_over = requires(Loop& loop, Job& job) {
     { loop(job) } -> std::same_as<asio::awaitable<int>>;
@@ -270,7 +283,8 @@ public:
     /// succeeded; the root cause's code (128 + N for signal N) when the policy stops after a
     /// failure; 128 + N when the agent received signal N. Throws agent_error when the agent
     /// itself cannot go on (workers are stopped first). The loop is policy_loop(job, policy)
-    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several.
+    /// over a single_node_rendezvous for one node, a tcp_rendezvous (static or c10d) for several,
+    /// an etcd_rendezvous for etcd-v3.
     template <restart_policy Policy>
     asio::awaitable<int> run(Policy& policy) {
         auto loop = [&policy]<agent_rendezvous R>(job<R>& j) { return policy_loop(j, policy); };
@@ -280,15 +294,24 @@ public:
     /// The same with a loop of the caller's (an agent_loop): `loop(job)` is awaited once, with
     /// the job joined, and returns the exit code; it goes through the job with job<R>'s steps
     /// (see policy_loop, the loop run() uses, and examples/custom_agent.cpp). It is called with
-    /// both rendezvous models, so its call is a template whose return type is written out,
+    /// every rendezvous model, so its call is a template whose return type is written out,
     /// `asio::awaitable<int>` (not deduced). `loop` must outlive the awaitable. A loop that
     /// returns with an attempt's step not concluded gets agent_error.
     // clang-format off
     template <class Loop>
         requires detail::agent::loop_over<Loop, job<single_node_rendezvous>> &&
-                 detail::agent::loop_over<Loop, job<tcp_rendezvous>>
+                 detail::agent::loop_over<Loop, job<tcp_rendezvous>> &&
+                 detail::agent::loop_over<Loop, job<etcd_rendezvous>>
     asio::awaitable<int> run_loop(Loop& loop) {
         // clang-format on
+        if (params_.backend == rendezvous_backend::etcd_v3) {
+            // Complete only where the loop is instantiated (the launcher includes it).
+            typename detail::agent::dependent_on<Loop, etcd_rendezvous>::type rdzv(executor_, params_,
+                                                                                   [this](std::string_view line) {
+                                                                                       log_.warning(line);
+                                                                                   });
+            co_return co_await run_loop(loop, rdzv);
+        }
         if (several_) {
             tcp_rendezvous rdzv(executor_, params_, [this](std::string_view line) { log_.warning(line); });
             co_return co_await run_loop(loop, rdzv);
@@ -1287,13 +1310,14 @@ using local_agent = basic_local_agent<>;
 /*
  * agent_loop: a loop of the caller's over a running job (local_agent::run_loop).
  *   asio::awaitable<int> operator()(local_agent::job<R>& job);
- * for both rendezvous models the agent may choose (a template call whose return type is written
+ * for every rendezvous model the agent may choose (a template call whose return type is written
  * out, e.g. `template <class Job> asio::awaitable<int> operator()(Job& job)`): it is
  * awaited once, with the job joined, and returns the agent's exit code.
  */
 template <class L>
 concept agent_loop = std::move_constructible<L> &&
     detail::agent::loop_over<L, local_agent::job<single_node_rendezvous>> &&
-    detail::agent::loop_over<L, local_agent::job<tcp_rendezvous>>;
+    detail::agent::loop_over<L, local_agent::job<tcp_rendezvous>> &&
+    detail::agent::loop_over<L, local_agent::job<etcd_rendezvous>>;
 
 }  // namespace elastic::inline v0

@@ -80,9 +80,6 @@ ELASTIC_DECL std::string nnodes_text(const node_range& n) {
 }
 
 ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
-    const auto refuse = [](std::string_view what, std::string_view why) {
-        throw usage_error{fmt::format("{}: not implemented yet ({})", what, why)};
-    };
     if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
         throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
                                       "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
@@ -103,9 +100,6 @@ ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
         throw usage_error{fmt::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
                                       "store's leases; choose an id without one",
                                       c.run_id)};
-    }
-    if (c.backend == rendezvous_backend::etcd_v3) {
-        refuse("--rdzv-backend=etcd-v3", "the etcd rendezvous comes later; use c10d or static");
     }
 }
 

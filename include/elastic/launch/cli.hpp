@@ -120,7 +120,8 @@ inline constexpr std::array<option_spec, 38> option_specs{{
      "Where the rendezvous is: host[:port], an IPv6 address as [addr]:port. Default port 29400 for c10d, 2379 "
      "for etcd-v3; static: defaults to --master-addr:--master-port and needs a port. c10d takes a list: the "
      "store starts at the first; the agent on each other host listed keeps its idle store there, where the "
-     "store may move and where a new agent looks for the job first."},
+     "store may move and where a new agent looks for the job first. etcd-v3 takes a list: the etcd cluster's "
+     "members."},
     {"--rdzv-id,--rdzv_id", "rdzv_id", false, true, "ID", "none", option_state::implemented, 2,
      "Job id shared by every node of the job; it namespaces the rendezvous."},
     {"--rdzv-conf,--rdzv_conf", "rdzv_conf", false, true, "K=V,...", "", option_state::implemented, 2,
@@ -128,7 +129,9 @@ inline constexpr std::array<option_spec, 38> option_specs{{
      "(60), keep_alive_interval (1) in seconds, keep_alive_max_attempt (5), is_host (true/false), store_type "
      "(tcp), use_libuv (accepted, no effect), workers_store_peers (members: group rank 0's workers' store "
      "accepts the round's nodes' addresses only; any: every peer, for NAT between the nodes). etcd-v3: the "
-     "four timeouts and protocol (http). static: timeout (900). Every backend: exit_barrier_timeout (300), "
+     "four timeouts, keep_alive_interval and keep_alive_max_attempt (an agent's etcd lease lives their "
+     "product), workers_store_peers, protocol (http or https) and, for https, cacert, cert and key (PEM "
+     "files). static: timeout (900). Every backend: exit_barrier_timeout (300), "
      "how long a finished node waits for the others. static and c10d: secret_file (a file holding the job's "
      "secret, which authenticates the rendezvous store's connections; or ELASTIC_RDZV_SECRET holding the secret "
      "itself). A key the backend does not read is ignored with a warning."},
@@ -629,7 +632,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 if (comma == std::string_view::npos) break;
                 remaining.remove_prefix(comma + 1);
             }
-            if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max) {
+            if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max &&
+                config.rdzv_backend == rendezvous_backend::c10d) {
                 config.warnings.push_back(fmt::format(
                     "{}: with a fixed --nnodes the rendezvous store never moves, so only the first endpoint is "
                     "used (a list names where an elastic job's store may move)",

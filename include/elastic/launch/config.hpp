@@ -432,9 +432,9 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
                 fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
         }
     }
-    if (!c.rdzv_successors.empty() && c.rdzv_backend != rendezvous_backend::c10d) {
-        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend only (where its store may "
-                                      "move); the {} backend takes one endpoint",
+    if (!c.rdzv_successors.empty() && c.rdzv_backend == rendezvous_backend::static_) {
+        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend (where its store may "
+                                      "move) and etcd-v3 (the cluster's members); the {} backend takes one endpoint",
                                       label("rdzv_endpoint"), to_string(c.rdzv_backend))};
     }
     for (const auto& next : c.rdzv_successors) {

@@ -14,6 +14,7 @@
 #if ELASTIC_DETAIL_BODIES
 #include "elastic/agent/agent_events.hpp"
 #include "elastic/agent/local_agent.hpp"
+#include "elastic/rendezvous/etcd_rendezvous.hpp"
 #include "elastic/launch/cli.hpp"
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/launch/default_policy.hpp"

@@ -22,8 +22,12 @@ namespace elastic::inline v0::detail::launch {
 #if ELASTIC_DETAIL_BODIES
 
 #include "elastic/launch/values.hpp"
+#include "elastic/rendezvous/etcd_rendezvous.hpp"
 #include "elastic/rendezvous/tcp_rendezvous.hpp"
 #include "elastic/store/client.hpp"
+#include "elastic/store/concepts.hpp"
+#include "elastic/store/etcd_client.hpp"
+#include "elastic/store/etcd_store.hpp"
 #include "elastic/store/lease.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -33,6 +37,8 @@ namespace elastic::inline v0::detail::launch {
 
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <vector>
 
 namespace elastic::inline v0::detail::launch {
@@ -40,8 +46,9 @@ namespace elastic::inline v0::detail::launch {
 /// Every agent's status the job's rendezvous store holds (publish_status()), in the order they
 /// first published. An agent whose lease the store no longer holds is shown "finished" when it
 /// was finishing, else "gone" (it died, was cut off, or ended on a failure or a signal).
-inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_client& store, std::string run_id) {
-    using keys = store_rendezvous<tcp_store_client>;
+template <::elastic::store Store>
+asio::awaitable<std::vector<agent_status>> read_job_statuses(Store& store, std::string run_id) {
+    using keys = store_rendezvous<Store>;
     std::vector<agent_status> out;
     std::vector<std::string> count_key{keys::job_key(run_id, "status/count")};
     if (!co_await store.check(std::move(count_key))) co_return out;
@@ -68,6 +75,19 @@ inline asio::awaitable<std::vector<agent_status>> read_job_statuses(tcp_store_cl
     co_return out;
 }
 
+/// read_job_statuses on `store` run to its end on `io`: the agents into `agents`, or its error.
+template <class Store>
+std::exception_ptr read_statuses_with(asio::io_context& io, Store& store, const std::string& run_id,
+                                      std::vector<agent_status>& agents) {
+    std::exception_ptr failed;
+    asio::co_spawn(io, read_job_statuses(store, run_id), [&](std::exception_ptr e, std::vector<agent_status> got) {
+        failed = e;
+        agents = std::move(got);
+    });
+    io.run();
+    return failed;
+}
+
 ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_view launcher) {
     bool json = false;
     std::optional<std::string> run_id;
@@ -83,9 +103,10 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         "  --rdzv-id=ID          only the agents of this run id (needed with --rdzv-endpoint)\n"
         "  --rdzv-endpoint=H:P   the job's rendezvous store, as the agents were given it (a list: the\n"
         "                        first entry that answers)\n"
-        "  --rdzv-backend=B      c10d (default) or static, as the agents were given it\n"
-        "  --rdzv-conf=...       secret_file and read_timeout, as the agents were given them\n"
-        "                        (or the secret in $ELASTIC_RDZV_SECRET)\n"
+        "  --rdzv-backend=B      c10d (default), static or etcd-v3, as the agents were given it\n"
+        "  --rdzv-conf=...       secret_file and read_timeout (etcd-v3: read_timeout, protocol, cacert,\n"
+        "                        cert, key), as the agents were given them (or the secret in\n"
+        "                        $ELASTIC_RDZV_SECRET)\n"
         "  --json                one JSON array of the agents' status objects (docs/status.md)\n",
         launcher);
     for (int i = 1; i < argc; ++i) {
@@ -107,6 +128,8 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             backend = rendezvous_backend::static_;
         } else if (arg == "--rdzv-backend=c10d" || arg == "--rdzv_backend=c10d") {
             backend = rendezvous_backend::c10d;
+        } else if (arg == "--rdzv-backend=etcd-v3" || arg == "--rdzv_backend=etcd-v3") {
+            backend = rendezvous_backend::etcd_v3;
         } else if (arg.rfind("--rdzv-conf=", 0) == 0 || arg.rfind("--rdzv_conf=", 0) == 0) {
             conf = std::string(arg.substr(12));
         } else if ((arg == "--rdzv-conf" || arg == "--rdzv_conf") && i + 1 < argc) {
@@ -128,12 +151,17 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             return 2;
         }
         // The agents' --rdzv-endpoint, a list included: the first entry that answers (the store
-        // may have moved to a later one).
+        // may have moved to a later one); etcd-v3: the cluster's members.
         std::vector<store_client_options> tries;
+        std::optional<etcd_options> etcd;
         try {
             auto settings = conf ? parse_rendezvous_settings(*conf, "--rdzv-conf", backend) : rendezvous_settings{};
             auto env = current_environment();
-            load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
+            if (backend != rendezvous_backend::etcd_v3) {
+                load_rendezvous_secret(settings, env, [&](std::string_view line) { say(std::string(line)); });
+            }
+            rendezvous_parameters etcd_params;
+            etcd_params.settings = settings;
             for (const auto entry : detail::split(*endpoint, ',')) {
                 const auto at = parse_host_port(detail::trim(entry), "--rdzv-endpoint");
                 store_client_options options;
@@ -144,24 +172,38 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
                 options.connect_timeout = std::chrono::seconds(10);
                 options.dialect = client_dialect::current;
                 tries.push_back(std::move(options));
+                if (tries.size() == 1) etcd_params.endpoint = at;
+                else etcd_params.successor_endpoints.push_back(at);
             }
+            if (backend == rendezvous_backend::etcd_v3) etcd = etcd_options_for(etcd_params);
         } catch (const usage_error& e) {
             say(e.what());
             return 2;
         }
         std::string why;
         bool read = false;
+        if (etcd) {
+            asio::io_context io;
+            auto client = std::make_shared<etcd_client>(io.get_executor(), *etcd);
+            etcd_store_options options;
+            options.prefix = std::string(etcd_rendezvous::key_prefix);
+            options.timeout = etcd->request_timeout;
+            etcd_store store(client, options);
+            where = fmt::format("the etcd cluster at {}", client->describe());
+            const auto failed = read_statuses_with(io, store, *run_id, agents);
+            try {
+                if (failed) std::rethrow_exception(failed);
+                read = true;
+            } catch (const std::exception& e) {
+                why = fmt::format("cannot read {}: {}", where, e.what());
+            }
+            tries.clear();
+        }
         for (const auto& options : tries) {
             where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
             asio::io_context io;
             tcp_store_client store(io.get_executor(), options);
-            std::exception_ptr failed;
-            asio::co_spawn(io, read_job_statuses(store, *run_id),
-                           [&](std::exception_ptr e, std::vector<agent_status> got) {
-                               failed = e;
-                               agents = std::move(got);
-                           });
-            io.run();
+            const auto failed = read_statuses_with(io, store, *run_id, agents);
             if (!failed) {
                 read = true;
                 break;

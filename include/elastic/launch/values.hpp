@@ -87,7 +87,7 @@ struct rdzv_key {
     bool c10d;
     bool etcd_v3;
 };
-inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
+inline constexpr std::array<rdzv_key, 17> rdzv_keys{{
     {"join_timeout", false, true, true},
     {"last_call_timeout", false, true, true},
     {"close_timeout", false, true, true},
@@ -98,10 +98,13 @@ inline constexpr std::array<rdzv_key, 14> rdzv_keys{{
     {"use_libuv", false, true, false},
     {"protocol", false, false, true},
     {"exit_barrier_timeout", true, true, true},
-    {"keep_alive_interval", false, true, false},
-    {"keep_alive_max_attempt", false, true, false},
+    {"keep_alive_interval", false, true, true},
+    {"keep_alive_max_attempt", false, true, true},
     {"secret_file", true, true, false},
-    {"workers_store_peers", false, true, false},
+    {"workers_store_peers", false, true, true},
+    {"cacert", false, false, true},
+    {"cert", false, false, true},
+    {"key", false, false, true},
 }};
 
 [[nodiscard]] ELASTIC_DECL bool reads_key(const rdzv_key& k, rendezvous_backend backend) noexcept;
@@ -382,10 +385,10 @@ namespace elastic::inline v0 {
         if (key == "rank") {
             throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
         }
-        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key" || key == "cacert" || key == "cert" ||
-            key == "key") {
-            throw usage_error{
-                fmt::format("{}: TLS to the rendezvous server is not implemented yet ('{}')", whole, key)};
+        if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key") {
+            throw usage_error{fmt::format("{}: '{}' is not a key of elastic's: TLS to etcd takes protocol=https with "
+                                          "cacert, cert and key (torchrun's etcd keys)",
+                                          whole, key)};
         }
         const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
                                         [&](const detail::launch::rdzv_key& k) { return k.key == key; });
@@ -441,13 +444,24 @@ namespace elastic::inline v0 {
             (void)parse_boolean(value, what);
         } else if (key == "protocol") {
             const auto protocol = detail::launch::lower(value);
-            if (protocol == "https") {
-                throw usage_error{fmt::format("{}: protocol=https (TLS to etcd) is not implemented yet", whole)};
+            if (protocol != "http" && protocol != "https") {
+                throw usage_error{fmt::format("{}: protocol must be http or https", whole)};
             }
-            if (protocol != "http") {
-                throw usage_error{fmt::format("{}: protocol must be http", whole)};
-            }
+            settings.tls = protocol == "https";
+        } else if (key == "cacert") {
+            settings.cacert = std::string(value);
+        } else if (key == "cert") {
+            settings.cert = std::string(value);
+        } else if (key == "key") {
+            settings.key = std::string(value);
         }
+    }
+    if ((settings.cacert || settings.cert || settings.key) && !settings.tls) {
+        throw usage_error{fmt::format("{}: cacert, cert and key are for TLS to etcd: add protocol=https", whole)};
+    }
+    if (settings.key.has_value() != settings.cert.has_value()) {
+        throw usage_error{
+            fmt::format("{}: cert and key go together (a client certificate and its private key)", whole)};
     }
     if (warnings != nullptr && unquoted) {
         warnings->push_back(fmt::format("{}: the quotes around its value were removed (a script quoted it twice); "

@@ -73,11 +73,12 @@ struct rendezvous_settings {
     /// elastic's own key (torchrun hard-codes 300 s): how long a node whose workers succeeded
     /// waits for the other nodes; unset: 300 s (torchrun's fixed value).
     std::optional<std::chrono::milliseconds> exit_barrier_timeout;
-    /// c10d: how often an agent proves to the rendezvous store that it lives (its lease's
-    /// heartbeat); torchrun's name, elastic's default (torchrun: 5 s).
+    /// c10d, etcd-v3: how often an agent proves to the rendezvous store that it lives (its
+    /// lease's heartbeat, or its etcd lease's renewal); torchrun's name, elastic's default (torchrun: 5 s).
     std::chrono::milliseconds keep_alive_interval = 1s;
-    /// c10d: heartbeats missed in a row before an agent counts as lost (the store's verdict) or
-    /// an agent counts its store as lost; torchrun's name, elastic's default (torchrun: 3).
+    /// c10d, etcd-v3: heartbeats missed in a row before an agent counts as lost (the store's
+    /// verdict; etcd: its lease's TTL is interval x attempts) or an agent counts its store as
+    /// lost; torchrun's name, elastic's default (torchrun: 3).
     int keep_alive_max_attempt = 5;
     /// static, c10d: the file holding the job's secret, which authenticates every connection
     /// to the rendezvous store (docs/rendezvous.md, "Security"); elastic's own key.
@@ -88,6 +89,13 @@ struct rendezvous_settings {
     /// c10d: `workers_store_peers=any`: group rank 0's workers' store accepts every peer, not
     /// only the round's members' addresses (for NAT between the nodes); elastic's own key.
     bool workers_store_any_peer = false;
+    /// etcd-v3: `protocol=https`, TLS to every member (torchrun's key).
+    bool tls = false;
+    /// etcd-v3: `cacert`, `cert`, `key` (torchrun's keys): the PEM files of the CAs that sign the
+    /// members' certificates (unset: the system's), of this agent's client certificate, and of its key.
+    std::optional<std::string> cacert;
+    std::optional<std::string> cert;
+    std::optional<std::string> key;
     friend bool operator==(const rendezvous_settings&, const rendezvous_settings&) = default;
 };
 

@@ -64,6 +64,8 @@ struct store_rendezvous_options {
     /// The job's restart budget when every node's policy is --max-restarts (a restart decision
     /// past it is ignored); none: any count the job's `restarts` key backs is accepted.
     std::optional<int> max_restarts;
+    /// How a node's loss came about, as the membership restart's reason says it.
+    std::string loss_cause = "its agent's connection to the rendezvous store ended or went silent";
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -1636,9 +1638,8 @@ private:
         }
         abort_notice lost;
         lost.what = abort_notice::kind::membership;
-        lost.reason = fmt::format("node {} was lost (its agent's connection to the rendezvous store ended or went "
-                                  "silent)",
-                                  detail::rendezvous::describe_node_id(name));
+        lost.reason = fmt::format("node {} was lost ({})", detail::rendezvous::describe_node_id(name),
+                                  options_.loss_cause);
         (void)co_await abort_round(s, r, std::move(lost));
     }
 

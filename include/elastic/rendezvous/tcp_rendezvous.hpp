@@ -1140,7 +1140,7 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
 }
 
 [[nodiscard]] ELASTIC_DECL bool uses_node_rendezvous(const rendezvous_parameters& p) {
-    if (p.nnodes.max > 1) return true;
+    if (p.nnodes.max > 1 || p.backend == rendezvous_backend::etcd_v3) return true;
     if (p.backend != rendezvous_backend::c10d) return false;
     if (p.settings.is_host) return !*p.settings.is_host;
     return !detail::rendezvous::is_this_host(p.endpoint.host);
