@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The elastic membership benchmark: N elasticrun agents (processes) on this machine, c10d over
-loopback, `--nnodes=MIN:N`, one trivial worker each. Two figures:
+loopback (or etcd-v3 on a one-member etcd, --backend etcd-v3), `--nnodes=MIN:N`, one trivial
+worker each. Two figures:
 
   node loss   all N workers run; kill -9 one agent (not the store's host); the figure is the
               kill -> the last of the N-1 survivors' new workers running (world N-1); the first
@@ -41,6 +42,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import etcd_local  # noqa: E402
 
 
 def free_port():
@@ -233,6 +236,8 @@ def main():
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep every run's agents' stderr (the path and t0 on the wall clock go to stderr)")
     parser.add_argument("--loglevel", default="WARNING", help="the agents' LOGLEVEL (INFO shows the store's lease losses)")
+    parser.add_argument("--backend", default="c10d", choices=["c10d", "etcd-v3"],
+                        help="etcd-v3: the agents' rendezvous on a one-member etcd this script starts")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 2 pipes + a log file per agent here
@@ -245,8 +250,19 @@ def main():
     env["LOGLEVEL"] = args.loglevel
     env["AGENT_WORKER_DO"] = "*:running+world+hang"
 
+    etcd = etcd_local.LocalEtcd().__enter__() if args.backend == "etcd-v3" else None
+    runs = [0]
+
     def cmd_maker(n, port, conf):
+        runs[0] += 1
+        run_id = f"bench{runs[0]}"
+
         def cmd_for(is_host):
+            if etcd:
+                # No agent hosts anything; a job id per run (a killed run's keys wait for its leases).
+                return [elasticrun, "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={etcd.endpoint}", f"--rdzv-id={run_id}",
+                        f"--nnodes={min(args.min_nodes, n)}:{n}" if args.min_nodes < n else f"--nnodes={n}",
+                        "--nproc-per-node=1"] + (["--rdzv-conf=" + ",".join(conf)] if conf else []) + [worker]
             c = conf + [f"is_host={'true' if is_host else 'false'}"]
             return [elasticrun, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench",
                     f"--nnodes={min(args.min_nodes, n)}:{n}" if args.min_nodes < n else f"--nnodes={n}",
@@ -294,6 +310,8 @@ def main():
                   f"| {first:.1f} | {extra} | {len(values)} of {args.repeat} |", flush=True)
     print()
     print("load average after: %.2f %.2f %.2f" % os.getloadavg())
+    if etcd:
+        etcd.__exit__(None, None, None)
 
 
 if __name__ == "__main__":

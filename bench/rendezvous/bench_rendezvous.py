@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""The rendezvous benchmark: N elasticrun agents (processes) on this machine, c10d over loopback,
-one trivial worker each; the figure is the first agent's start -> every worker running.
+"""The rendezvous benchmark: N elasticrun agents (processes) on this machine, c10d over loopback
+(and etcd-v3 on a one-member etcd with --etcd-sizes), one trivial worker each; the figure is the
+first agent's start -> every worker running. For etcd-v3 it also counts the requests etcd served
+from the first agent's start to every worker running, per agent (its /metrics).
 
 "Running" is the moment a worker prints `running <attempt> <rank> <CLOCK_MONOTONIC ns>` (the
 agent-worker test program with AGENT_WORKER_DO=*:running+hang), read on the same monotonic
@@ -8,7 +10,7 @@ clock as this script's stamp taken just before the first agent is spawned. The t
 the agents themselves is part of the figure (and shown apart as "spawned").
 
   /usr/bin/python3 bench/rendezvous/bench_rendezvous.py --build build/bench [--sizes 2,8,64,256,1024]
-        [--repeat 3] [--torchrun-sizes 2,8]
+        [--repeat 3] [--torchrun-sizes 2,8] [--etcd-sizes 2,8,64,256]
 
 torchrun 1.13 runs as bench/agent/torchrun_patched.py (Debian's under Python 3.11 needs one
 function patched, PLATFORM.md) with --rdzv_backend=c10d, --no_python and the same worker.
@@ -24,6 +26,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import etcd_local  # noqa: E402
 
 
 def free_port():
@@ -40,10 +44,14 @@ class Agent:
         self.stdout = stdout
 
 
+RUNS = [0]
+
+
 def run_once(cmd_for, n, env):
     env = dict(env, AGENT_WORKER_DO="*:running+hang")
     port = free_port()
     procs = []
+    RUNS[0] += 1
     cmd = cmd_for(n, port)
     devnull = os.open(os.devnull, os.O_RDWR)
     # os.posix_spawn (vfork-like in glibc): subprocess.Popen costs ~10x more per process here,
@@ -97,6 +105,7 @@ def main():
     parser.add_argument("--sizes", default="2,8,64,256,1024")
     parser.add_argument("--torchrun-sizes", default="2,8")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--etcd-sizes", default="", help="etcd-v3 on a one-member etcd: these sizes too")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 3 pipes per agent here
@@ -120,18 +129,44 @@ def main():
                              f"--nnodes={n}", "--nproc_per_node=1", "--monitor_interval=0.1", "--no_python", worker],
             [int(s) for s in args.torchrun_sizes.split(",") if s])
 
-    print("| launcher | agents | median ms (start -> all running) | min ms | max ms | spawning the agents ms |")
-    print("|---|---|---|---|---|---|")
-    for name, (cmd, sizes) in launchers.items():
-        for n in sizes:
-            repeat = args.repeat
-            if name != "elasticrun" or n >= 1024:
-                repeat = 1
-            values = [run_once(cmd, n, env) for _ in range(repeat)]
-            totals = [v[0] for v in values]
-            spawn = statistics.median(v[1] for v in values)
-            print(f"| {name} | {n} | {statistics.median(totals):.1f} | {min(totals):.1f} | {max(totals):.1f} "
-                  f"| {spawn:.1f} |", flush=True)
+    etcd_sizes = [int(s) for s in args.etcd_sizes.split(",") if s]
+    etcd = etcd_local.LocalEtcd().__enter__() if etcd_sizes else None
+    if etcd:
+        # A job id per run: each run's agents are killed, and their keys wait for their leases.
+        launchers["elasticrun etcd-v3"] = (
+            lambda n, port: [elasticrun, "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={etcd.endpoint}",
+                             f"--rdzv-id=bench{RUNS[0]}", f"--nnodes={n}", "--nproc-per-node=1",
+                             "--rdzv-conf=keep_alive_interval=5", worker], etcd_sizes)
+
+    print("| launcher | agents | median ms (start -> all running) | min ms | max ms | spawning the agents ms "
+          "| etcd requests per agent |")
+    print("|---|---|---|---|---|---|---|")
+    try:
+        for name, (cmd, sizes) in launchers.items():
+            for n in sizes:
+                repeat = args.repeat
+                if not name.startswith("elasticrun") or n >= 1024:
+                    repeat = 1
+                values = []
+                requests = []
+                for _ in range(repeat):
+                    before = etcd.requests() if etcd and "etcd" in name else None
+                    values.append(run_once(cmd, n, env))
+                    if before is not None:
+                        after = etcd.requests()
+                        requests.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
+                totals = [v[0] for v in values]
+                spawn = statistics.median(v[1] for v in values)
+                per_agent = "–"
+                if requests:
+                    last = requests[-1]
+                    per_agent = f"{sum(last.values()) / n:.1f} (" + ", ".join(
+                        f"{k} {v / n:.1f}" for k, v in sorted(last.items(), key=lambda kv: -kv[1])) + ")"
+                print(f"| {name} | {n} | {statistics.median(totals):.1f} | {min(totals):.1f} | {max(totals):.1f} "
+                      f"| {spawn:.1f} | {per_agent} |", flush=True)
+    finally:
+        if etcd:
+            etcd.__exit__(None, None, None)
 
 
 if __name__ == "__main__":
