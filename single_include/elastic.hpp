@@ -23085,6 +23085,12 @@ ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
     if (c.run_id.empty()) {
         throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
     }
+    if (c.backend == rendezvous_backend::etcd_v3 && c.run_id.find('/') != std::string::npos) {
+        // A job's keys are deleted by prefix in etcd when it ends: "team" would take "team/x"'s.
+        throw usage_error{fmt::format("--rdzv-id={}: with etcd-v3 the id must not hold '/' (a job's keys are a "
+                                      "prefix of etcd's, cleared when it ends, and would hold another job's)",
+                                      c.run_id)};
+    }
     if (fmt::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
         // The store keeps leases under <group>/__lease__/: an id with such a segment would put
         // the job's own keys where the store reads lease names.
@@ -26194,8 +26200,9 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
     auto pause = std::chrono::milliseconds(50);
     std::vector<std::string> seen(members);
     bool quorum = false;
-    bool refused_everywhere = true;
     for (;;) {
+        // Every member of this pass refused for good (TLS): asking again changes nothing.
+        std::size_t refused = 0;
         for (std::size_t attempt = 0; attempt < members; ++attempt) {
             const auto member = (s.current + attempt) % members;
             const auto now = clock::now();
@@ -26204,8 +26211,8 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
             member_failure failure;
             try {
                 auto [status, text] = co_await exchange(s, member, "POST", path, body, by, resend, budget);
-                if (status >= 200 && status < 300) {
-                    auto j = nlohmann::json::parse(text, nullptr, false);
+                auto j = nlohmann::json::parse(text, nullptr, false);
+                if (status >= 200 && status < 300 && !(j.is_object() && j.contains("error"))) {
                     if (!j.is_object()) {
                         throw etcd_error(fmt::format("etcd at {}: {} answered what is no JSON object: {}",
                                                      s.name(member), path, text.substr(0, 200)),
@@ -26214,6 +26221,7 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                     s.current = member;
                     co_return j;
                 }
+                // An error, or a stream's error message under a 200 (a keep-alive's).
                 const auto [code, message] = error_of(text);
                 if (status == 404 && code == 0) {
                     throw etcd_error(fmt::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
@@ -26229,7 +26237,7 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                                                  s.name(member), message),
                                      code == 0 ? 16 : code);
                 }
-                if (quorum_problem(code, message) || status >= 500) {
+                if (quorum_problem(code, message) || status >= 500 || status < 300) {
                     // The member may have proposed it before it gave up: it may still apply.
                     failure = {fmt::format("{} (HTTP {})", message, status), true, true, code, false};
                     quorum = quorum || quorum_problem(code, message);
@@ -26254,11 +26262,10 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                                                                       : std::string()),
                                  14, true);
             }
-            refused_everywhere = refused_everywhere && !failure.retry;
+            if (!failure.retry) ++refused;
             seen[member] = failure.what;
         }
-        if (refused_everywhere) {
-            // Every member refused us for good (TLS): asking again changes nothing.
+        if (refused == members) {
             std::string all;
             for (std::size_t m = 0; m < members; ++m) all += fmt::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
             throw etcd_error(fmt::format("no etcd member served {}: {}", path, all), 16);
@@ -26268,7 +26275,6 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
         asio::steady_timer wait(s.executor, std::min<clock::duration>(pause, left));
         co_await wait.async_wait(asio::use_awaitable);
         pause = std::min(pause * 2, std::chrono::milliseconds(1000));
-        refused_everywhere = true;
     }
     std::string tried;
     for (std::size_t m = 0; m < members; ++m) {
@@ -26597,8 +26603,8 @@ public:
     /// The etcd lease id held (0: none).
     [[nodiscard]] ELASTIC_DECL std::int64_t lease_id() const noexcept;
 
-    /// Stops renewing the lease (etcd expires it) and observing the group; idle connections
-    /// close. Operations started later still run.
+    /// Stops renewing the lease (etcd expires it) and observing the group. Operations started
+    /// later still run.
     ELASTIC_DECL void close() noexcept;
 
     [[nodiscard]] etcd_client& client() noexcept { return *client_; }
@@ -26830,11 +26836,24 @@ inline asio::awaitable<void> record_loss(etcd_client& client, std::string space,
 }
 
 /// Every registration of the group whose lease is gone, recorded; returns the revision read.
+/// One read of the whole lease space: a transaction only for a registration whose lease key is
+/// missing or bound to another lease (none while every node lives).
 inline asio::awaitable<std::int64_t> record_all(etcd_client& client, const std::string& space) {
     const auto held_space = space + "__held/";
-    auto held = co_await client.range(held_space, etcd_prefix_end(held_space));
-    for (const auto& kv : held.kvs) co_await record_loss(client, space, kv.key.substr(held_space.size()));
-    co_return held.revision;
+    auto all = co_await client.range(space, etcd_prefix_end(space));
+    std::map<std::string, std::int64_t, std::less<>> leases;
+    std::vector<std::pair<std::string, std::string>> held;  // name, lease id registered
+    for (auto& kv : all.kvs) {
+        auto name = kv.key.substr(space.size());
+        if (name.rfind("__held/", 0) == 0) held.emplace_back(name.substr(7), std::move(kv.value));
+        else if (name.rfind("__", 0) != 0) leases.emplace(std::move(name), kv.lease);
+    }
+    for (const auto& [name, id] : held) {
+        const auto lease = leases.find(name);
+        if (lease != leases.end() && std::to_string(lease->second) == id) continue;  // held
+        co_await record_loss(client, space, name);
+    }
+    co_return all.revision;
 }
 
 /// Records the losses of the group from its registrations, then each deletion of a lease key
@@ -26999,7 +27018,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string&
                                           options_.timeout.count()));
         }
         if (unsure) {
-            auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_));
+            auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_ + "/" + seq));
             if (!receipt.kvs.empty()) {
                 const auto& text = receipt.kvs.front().value;
                 if (text.size() > seq.size() && text.compare(0, seq.size(), seq) == 0 && text[seq.size()] == ' ') {
@@ -27027,7 +27046,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string&
         const auto lease = co_await detail::etcd::unless_lease_lost(lease_, receipt_lease());
         std::vector<etcd_compare> compare{guard};
         std::vector<etcd_request> writes{etcd_request::put(k, next),
-                                         etcd_request::put(receipt_key_, seq + " " + next, lease)};
+                                         etcd_request::put(receipt_key_ + "/" + seq, seq + " " + next, lease)};
         bool lease_gone = false;
         try {
             if ((co_await detail::etcd::unless_lease_lost(lease_, client_->txn(compare, writes))).succeeded) {
@@ -27413,6 +27432,8 @@ public:
     /// go at once). The last node to leave clears the job's keys, so that the id may be used
     /// again. Errors of the last two steps are logged: the job's result stands.
     asio::awaitable<void> leave() {
+        // No status after this: the last node's clear below must be the last word on the job.
+        stopped_ = true;
         co_await rdzv_->leave();
         std::string failed;
         try {
@@ -27530,7 +27551,17 @@ private:
              {},
              etcd_prefix_end(space)}};
         std::vector<etcd_request> clear{etcd_request::erase(job, etcd_prefix_end(job))};
-        (void)co_await client_->txn(std::move(none), std::move(clear));
+        // Compare and delete: the same again is harmless, so a lost answer is asked again.
+        for (int attempt = 0;; ++attempt) {
+            bool lost_answer = false;
+            try {
+                (void)co_await client_->txn(none, clear);
+            } catch (const etcd_error& e) {
+                if (!e.ambiguous() || attempt == 4) throw;
+                lost_answer = true;
+            }
+            if (!lost_answer) break;
+        }
     }
 
     static std::string make_node_id(const std::string& host, long pid) {

@@ -242,6 +242,13 @@ TEST_CASE("rendezvous etcd: an agent that cannot reach etcd, or reaches a server
         CHECK(has(agent.err(), "cannot connect"));
     }
     {
+        job j(etcd, "team/exp1");  // a prefix of another job's keys: refused
+        j.nnodes = "1";
+        auto& agent = j.start("*:exit0");
+        CHECK(agent.wait() == 2);
+        CHECK(has(agent.err(), "with etcd-v3 the id must not hold '/'"));
+    }
+    {
         job j(etcd, "tls-to-plain");
         j.nnodes = "1";
         j.conf = fmt::format("{},protocol=https", keep_alive);

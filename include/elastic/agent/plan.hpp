@@ -94,6 +94,12 @@ ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
     if (c.run_id.empty()) {
         throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
     }
+    if (c.backend == rendezvous_backend::etcd_v3 && c.run_id.find('/') != std::string::npos) {
+        // A job's keys are deleted by prefix in etcd when it ends: "team" would take "team/x"'s.
+        throw usage_error{fmt::format("--rdzv-id={}: with etcd-v3 the id must not hold '/' (a job's keys are a "
+                                      "prefix of etcd's, cleared when it ends, and would hold another job's)",
+                                      c.run_id)};
+    }
     if (fmt::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
         // The store keeps leases under <group>/__lease__/: an id with such a segment would put
         // the job's own keys where the store reads lease names.

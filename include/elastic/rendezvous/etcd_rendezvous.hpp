@@ -136,6 +136,8 @@ public:
     /// go at once). The last node to leave clears the job's keys, so that the id may be used
     /// again. Errors of the last two steps are logged: the job's result stands.
     asio::awaitable<void> leave() {
+        // No status after this: the last node's clear below must be the last word on the job.
+        stopped_ = true;
         co_await rdzv_->leave();
         std::string failed;
         try {
@@ -253,7 +255,17 @@ private:
              {},
              etcd_prefix_end(space)}};
         std::vector<etcd_request> clear{etcd_request::erase(job, etcd_prefix_end(job))};
-        (void)co_await client_->txn(std::move(none), std::move(clear));
+        // Compare and delete: the same again is harmless, so a lost answer is asked again.
+        for (int attempt = 0;; ++attempt) {
+            bool lost_answer = false;
+            try {
+                (void)co_await client_->txn(none, clear);
+            } catch (const etcd_error& e) {
+                if (!e.ambiguous() || attempt == 4) throw;
+                lost_answer = true;
+            }
+            if (!lost_answer) break;
+        }
     }
 
     static std::string make_node_id(const std::string& host, long pid) {

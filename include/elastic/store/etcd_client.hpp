@@ -940,8 +940,9 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
     auto pause = std::chrono::milliseconds(50);
     std::vector<std::string> seen(members);
     bool quorum = false;
-    bool refused_everywhere = true;
     for (;;) {
+        // Every member of this pass refused for good (TLS): asking again changes nothing.
+        std::size_t refused = 0;
         for (std::size_t attempt = 0; attempt < members; ++attempt) {
             const auto member = (s.current + attempt) % members;
             const auto now = clock::now();
@@ -950,8 +951,8 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
             member_failure failure;
             try {
                 auto [status, text] = co_await exchange(s, member, "POST", path, body, by, resend, budget);
-                if (status >= 200 && status < 300) {
-                    auto j = nlohmann::json::parse(text, nullptr, false);
+                auto j = nlohmann::json::parse(text, nullptr, false);
+                if (status >= 200 && status < 300 && !(j.is_object() && j.contains("error"))) {
                     if (!j.is_object()) {
                         throw etcd_error(fmt::format("etcd at {}: {} answered what is no JSON object: {}",
                                                      s.name(member), path, text.substr(0, 200)),
@@ -960,6 +961,7 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                     s.current = member;
                     co_return j;
                 }
+                // An error, or a stream's error message under a 200 (a keep-alive's).
                 const auto [code, message] = error_of(text);
                 if (status == 404 && code == 0) {
                     throw etcd_error(fmt::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
@@ -975,7 +977,7 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                                                  s.name(member), message),
                                      code == 0 ? 16 : code);
                 }
-                if (quorum_problem(code, message) || status >= 500) {
+                if (quorum_problem(code, message) || status >= 500 || status < 300) {
                     // The member may have proposed it before it gave up: it may still apply.
                     failure = {fmt::format("{} (HTTP {})", message, status), true, true, code, false};
                     quorum = quorum || quorum_problem(code, message);
@@ -1000,11 +1002,10 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                                                                       : std::string()),
                                  14, true);
             }
-            refused_everywhere = refused_everywhere && !failure.retry;
+            if (!failure.retry) ++refused;
             seen[member] = failure.what;
         }
-        if (refused_everywhere) {
-            // Every member refused us for good (TLS): asking again changes nothing.
+        if (refused == members) {
             std::string all;
             for (std::size_t m = 0; m < members; ++m) all += fmt::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
             throw etcd_error(fmt::format("no etcd member served {}: {}", path, all), 16);
@@ -1014,7 +1015,6 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
         asio::steady_timer wait(s.executor, std::min<clock::duration>(pause, left));
         co_await wait.async_wait(asio::use_awaitable);
         pause = std::min(pause * 2, std::chrono::milliseconds(1000));
-        refused_everywhere = true;
     }
     std::string tried;
     for (std::size_t m = 0; m < members; ++m) {

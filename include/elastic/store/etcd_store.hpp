@@ -86,8 +86,8 @@ public:
     /// The etcd lease id held (0: none).
     [[nodiscard]] ELASTIC_DECL std::int64_t lease_id() const noexcept;
 
-    /// Stops renewing the lease (etcd expires it) and observing the group; idle connections
-    /// close. Operations started later still run.
+    /// Stops renewing the lease (etcd expires it) and observing the group. Operations started
+    /// later still run.
     ELASTIC_DECL void close() noexcept;
 
     [[nodiscard]] etcd_client& client() noexcept { return *client_; }
@@ -321,11 +321,24 @@ inline asio::awaitable<void> record_loss(etcd_client& client, std::string space,
 }
 
 /// Every registration of the group whose lease is gone, recorded; returns the revision read.
+/// One read of the whole lease space: a transaction only for a registration whose lease key is
+/// missing or bound to another lease (none while every node lives).
 inline asio::awaitable<std::int64_t> record_all(etcd_client& client, const std::string& space) {
     const auto held_space = space + "__held/";
-    auto held = co_await client.range(held_space, etcd_prefix_end(held_space));
-    for (const auto& kv : held.kvs) co_await record_loss(client, space, kv.key.substr(held_space.size()));
-    co_return held.revision;
+    auto all = co_await client.range(space, etcd_prefix_end(space));
+    std::map<std::string, std::int64_t, std::less<>> leases;
+    std::vector<std::pair<std::string, std::string>> held;  // name, lease id registered
+    for (auto& kv : all.kvs) {
+        auto name = kv.key.substr(space.size());
+        if (name.rfind("__held/", 0) == 0) held.emplace_back(name.substr(7), std::move(kv.value));
+        else if (name.rfind("__", 0) != 0) leases.emplace(std::move(name), kv.lease);
+    }
+    for (const auto& [name, id] : held) {
+        const auto lease = leases.find(name);
+        if (lease != leases.end() && std::to_string(lease->second) == id) continue;  // held
+        co_await record_loss(client, space, name);
+    }
+    co_return all.revision;
 }
 
 /// Records the losses of the group from its registrations, then each deletion of a lease key
@@ -490,7 +503,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string&
                                           options_.timeout.count()));
         }
         if (unsure) {
-            auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_));
+            auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_ + "/" + seq));
             if (!receipt.kvs.empty()) {
                 const auto& text = receipt.kvs.front().value;
                 if (text.size() > seq.size() && text.compare(0, seq.size(), seq) == 0 && text[seq.size()] == ' ') {
@@ -518,7 +531,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string&
         const auto lease = co_await detail::etcd::unless_lease_lost(lease_, receipt_lease());
         std::vector<etcd_compare> compare{guard};
         std::vector<etcd_request> writes{etcd_request::put(k, next),
-                                         etcd_request::put(receipt_key_, seq + " " + next, lease)};
+                                         etcd_request::put(receipt_key_ + "/" + seq, seq + " " + next, lease)};
         bool lease_gone = false;
         try {
             if ((co_await detail::etcd::unless_lease_lost(lease_, client_->txn(compare, writes))).succeeded) {
