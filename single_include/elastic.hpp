@@ -26649,7 +26649,6 @@ private:
 
 #include <algorithm>
 #include <charconv>
-#include <limits>
 #include <map>
 #include <random>
 #include <system_error>

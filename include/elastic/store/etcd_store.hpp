@@ -134,7 +134,6 @@ private:
 
 #include <algorithm>
 #include <charconv>
-#include <limits>
 #include <map>
 #include <random>
 #include <system_error>
