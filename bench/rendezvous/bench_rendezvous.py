@@ -2,7 +2,8 @@
 """The rendezvous benchmark: N elasticrun agents (processes) on this machine, c10d over loopback
 (and etcd-v3 on a one-member etcd with --etcd-sizes), one trivial worker each; the figure is the
 first agent's start -> every worker running. For etcd-v3 it also counts the requests etcd served
-from the first agent's start to every worker running, per agent (its /metrics).
+from the first agent's start to the agents' exit (SIGTERM once every worker runs), per agent (its
+/metrics).
 
 "Running" is the moment a worker prints `running <attempt> <rank> <CLOCK_MONOTONIC ns>` (the
 agent-worker test program with AGENT_WORKER_DO=*:running+hang), read on the same monotonic

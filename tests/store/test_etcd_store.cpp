@@ -18,10 +18,12 @@
 #include <asio/steady_timer.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -213,6 +215,74 @@ TEST_CASE("etcd store: the store's operations with c10d's semantics") {
     elastic::etcd_store other(client, {.prefix = "/other/"});
     CHECK(run(io, other.num_keys()) == 0);
     CHECK_FALSE(run(io, other.check(ks({"a"}))));
+}
+
+namespace test_etcd_store {
+
+asio::awaitable<void> add_ones(elastic::etcd_store& s, int times, std::vector<std::int64_t>& got) {
+    for (int i = 0; i < times; ++i) got.push_back(co_await s.add("crowd", 1));
+}
+
+}  // namespace test_etcd_store
+
+TEST_CASE(
+    "etcd store: a crowd adding 1 gets every number once, one transaction per add, a counter reads as its number") {
+    etcd_support::cluster etcd(1);
+    asio::io_context io;
+    constexpr int stores = 16;
+    constexpr int times = 4;
+    std::vector<std::unique_ptr<elastic::etcd_store>> crowd;
+    for (int i = 0; i < stores; ++i) {
+        crowd.push_back(std::make_unique<elastic::etcd_store>(
+            std::make_shared<elastic::etcd_client>(io.get_executor(), options_for(etcd))));
+    }
+    auto& s = *crowd.front();
+    CHECK(run(io, s.add("crowd", 0)) == 0);  // created (a compare-and-set of its own)
+    const auto txns = etcd.requests(0, "Txn");
+    const auto ranges = etcd.requests(0, "Range");
+    // Every store adds at once, each over its own connection: with a compare-and-set, all but
+    // one of each race would read and try again.
+    std::vector<std::int64_t> got;
+    int done = 0;
+    std::vector<std::string> errors;
+    for (auto& one : crowd) {
+        asio::co_spawn(io, add_ones(*one, times, got), [&](std::exception_ptr e) {
+            if (e) {
+                try {
+                    std::rethrow_exception(e);
+                } catch (const std::exception& x) {
+                    errors.emplace_back(x.what());
+                }
+            }
+            ++done;
+        });
+    }
+    io.restart();
+    while (done < stores) io.run_one();
+    CHECK(errors.empty());
+    std::sort(got.begin(), got.end());
+    std::vector<std::int64_t> every(stores * times);
+    std::iota(every.begin(), every.end(), 1);
+    CHECK(got == every);
+    CHECK(etcd.requests(0, "Txn") - txns == stores * times);
+    CHECK(etcd.requests(0, "Range") == ranges);
+    // Read, compared and replaced as its number.
+    CHECK(run(io, s.get("crowd")) == "64");
+    CHECK(run(io, s.multi_get(ks({"crowd"}))) == ks({"64"}));
+    CHECK(run(io, s.add("crowd", -4)) == 60);
+    CHECK(run(io, s.add("crowd", 1)) == 61);
+    CHECK(run(io, s.compare_set("crowd", "60", "no")) == "61");
+    CHECK(run(io, s.compare_set("crowd", "61", "done")) == "done");
+    CHECK(has(error_of(io, s.add("crowd", 1)), "no decimal number"));
+    // A number set as text is added to, and becomes a counter; a deleted counter starts again.
+    run(io, s.set("plain", "41"));
+    CHECK(run(io, s.add("plain", 1)) == 42);
+    CHECK(run(io, s.add("plain", 1)) == 43);
+    CHECK(run(io, s.get("plain")) == "43");
+    CHECK(run(io, s.delete_key("plain")));
+    CHECK(run(io, s.add("plain", 1)) == 1);
+    CHECK(run(io, s.add("plain", std::int64_t{1} << 32)) == (std::int64_t{1} << 32) + 1);
+    CHECK(run(io, s.add("plain", 1)) == (std::int64_t{1} << 32) + 2);
 }
 
 TEST_CASE("etcd store: a wait is woken by the write that makes its keys exist, and a timeout says which keys") {

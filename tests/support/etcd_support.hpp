@@ -514,6 +514,56 @@ public:
         return out;
     }
 
+    /// How many requests of gRPC method `method` ("Txn", "Range", "Put", ...) member i (plain
+    /// http) has started, from its /metrics (grpc_server_started_total): the JSON gateway's
+    /// requests count there too. Throws std::runtime_error when the member does not answer.
+    [[nodiscard]] long requests(int i, const std::string& method) const {
+        const auto& m = members_.at(static_cast<std::size_t>(i));
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) throw std::runtime_error(detail::errno_text("socket"));
+        std::string text;
+        try {
+            sockaddr_in address{};
+            address.sin_family = AF_INET;
+            address.sin_port = htons(m.client_port);
+            if (::inet_pton(AF_INET, m.host.c_str(), &address.sin_addr) != 1)
+                throw std::runtime_error("host " + m.host);
+            if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+                throw std::runtime_error(detail::errno_text("connect to " + m.name));
+            }
+            const std::string ask = "GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n";
+            if (::send(fd, ask.data(), ask.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(ask.size())) {
+                throw std::runtime_error(detail::errno_text("send to " + m.name));
+            }
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            for (;;) {  // HTTP/1.0: the member closes the connection after the answer
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now());
+                pollfd p{fd, POLLIN, 0};
+                if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
+                    throw std::runtime_error("no /metrics from " + m.name + " within 10 s");
+                }
+                char buffer[65536];
+                const auto n = ::recv(fd, buffer, sizeof buffer, 0);
+                if (n < 0) throw std::runtime_error(detail::errno_text("recv from " + m.name));
+                if (n == 0) break;
+                text.append(buffer, static_cast<std::size_t>(n));
+            }
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
+        ::close(fd);
+        const std::string line = "\ngrpc_server_started_total{grpc_method=\"" + method + "\",";
+        long total = 0;
+        for (auto at = text.find(line); at != std::string::npos; at = text.find(line, at + 1)) {
+            const auto end = text.find('\n', at + 1);
+            const auto space = text.rfind(' ', end);
+            total += std::strtol(text.c_str() + space + 1, nullptr, 10);
+        }
+        return total;
+    }
+
     /// SIGKILLs member i and reaps it (nothing when it does not run). When it was the leader,
     /// the others notice only after an election timeout (100 ms or so): a request sent to them
     /// meanwhile may be forwarded to the dead leader, lost, and time out (etcdctl: after 5 s).

@@ -106,26 +106,43 @@ struct etcd_request {
     enum class kind { range, put, delete_range };
     kind what = kind::range;
     std::string key;
-    std::string value;        ///< put
-    std::string range_end;    ///< range, delete_range: [key, range_end); empty: key alone
-    std::int64_t lease = 0;   ///< put: the lease the key is bound to (0: none)
-    bool count_only = false;  ///< range: count, no key-values
+    std::string value;          ///< put
+    std::string range_end;      ///< range, delete_range: [key, range_end); empty: key alone
+    std::int64_t lease = 0;     ///< put: the lease the key is bound to (0: none)
+    bool count_only = false;    ///< range: count, no key-values
+    std::int64_t revision = 0;  ///< range: as the store was at this revision (0: now)
+    bool ignore_value = false;  ///< put: keep the key's value (value empty); the key must exist
+    bool prev_kv = false;       ///< put: answer with the key as it was before
 
     static etcd_request range(std::string k, std::string end = {}) {
-        return {kind::range, std::move(k), {}, std::move(end), 0, false};
+        etcd_request r;
+        r.key = std::move(k);
+        r.range_end = std::move(end);
+        return r;
     }
     static etcd_request put(std::string k, std::string v, std::int64_t lease_id = 0) {
-        return {kind::put, std::move(k), std::move(v), {}, lease_id, false};
+        etcd_request r;
+        r.what = kind::put;
+        r.key = std::move(k);
+        r.value = std::move(v);
+        r.lease = lease_id;
+        return r;
     }
     static etcd_request erase(std::string k, std::string end = {}) {
-        return {kind::delete_range, std::move(k), {}, std::move(end), 0, false};
+        etcd_request r;
+        r.what = kind::delete_range;
+        r.key = std::move(k);
+        r.range_end = std::move(end);
+        return r;
     }
 };
 
-/// What one operation returned: a range's key-values and count, or a delete's count.
+/// What one operation returned: a range's key-values and count, a delete's count, or the key
+/// before a put that asked for it.
 struct etcd_response {
     std::vector<etcd_kv> kvs;
     std::int64_t count = 0;
+    std::optional<etcd_kv> prev;  ///< put with prev_kv: the key before (none: it did not exist)
 };
 
 /// A transaction's outcome: which branch ran, the store's revision after it, each op's result.
@@ -210,8 +227,10 @@ public:
     /// it is too old (a v2-only server) or no etcd; etcd_unavailable when none answers.
     ELASTIC_DECL asio::awaitable<std::string> server_version();
 
+    /// Reads [key, range_end) (empty: key alone) as the store is now, or as it was at
+    /// `revision` (etcd_error code 11 when compaction removed it).
     ELASTIC_DECL asio::awaitable<etcd_range_result> range(std::string key, std::string range_end = {},
-                                                          bool count_only = false);
+                                                          bool count_only = false, std::int64_t revision = 0);
     /// Returns the store's revision after the put.
     ELASTIC_DECL asio::awaitable<std::int64_t> put(std::string key, std::string value, std::int64_t lease = 0);
     /// Returns how many keys were deleted.
@@ -231,6 +250,11 @@ public:
     ELASTIC_DECL asio::awaitable<std::int64_t> lease_keepalive(std::int64_t id, std::chrono::milliseconds within = {});
     /// Revokes lease `id` (its keys are deleted); a lease already gone is no error.
     ELASTIC_DECL asio::awaitable<void> lease_revoke(std::int64_t id);
+    /// A lease of `ttl` seconds that this client's users share for keys that only need to
+    /// outlive a call: granted when first asked, granted again once half its TTL has gone or
+    /// after forget_shared_lease(id) (its user saw etcd say it is gone). Never renewed.
+    ELASTIC_DECL asio::awaitable<std::int64_t> shared_lease(std::int64_t ttl);
+    ELASTIC_DECL void forget_shared_lease(std::int64_t id) noexcept;
 
     /// Watches [key, range_end) (empty: key alone) from `start_revision` (0: from now), with each
     /// event's previous key-value when `prev_kv`. Returns once etcd confirmed the watch. A member
@@ -388,10 +412,13 @@ inline nlohmann::json request_json(const etcd_request& r) {
         case etcd_request::kind::range:
             if (!r.range_end.empty()) j["range_end"] = base64(r.range_end);
             if (r.count_only) j["count_only"] = true;
+            if (r.revision != 0) j["revision"] = std::to_string(r.revision);
             return nlohmann::json{{"request_range", j}};
         case etcd_request::kind::put:
             j["value"] = base64(r.value);
             if (r.lease != 0) j["lease"] = std::to_string(r.lease);
+            if (r.ignore_value) j["ignore_value"] = true;
+            if (r.prev_kv) j["prev_kv"] = true;
             return nlohmann::json{{"request_put", j}};
         case etcd_request::kind::delete_range:
             if (!r.range_end.empty()) j["range_end"] = base64(r.range_end);
@@ -559,8 +586,10 @@ struct client_state {
     asio::any_io_executor executor;
     etcd_options options;
     asio::ssl::context tls;
-    std::optional<std::string> tls_problem;  ///< the TLS files could not be loaded: why
-    std::size_t current = 0;                 ///< the member that answered last
+    std::optional<std::string> tls_problem;                      ///< the TLS files could not be loaded: why
+    std::size_t current = 0;                                     ///< the member that answered last
+    std::int64_t shared_lease = 0;                               ///< shared_lease(): its id (0: none yet)
+    std::chrono::steady_clock::time_point shared_lease_renew{};  ///< when to grant another
     std::vector<std::unique_ptr<connection>> idle;
     /// Each member's addresses, resolved once (a name's resolution cannot be cancelled, and may
     /// stall): cleared when a connection to them fails, so a moved member is found again.
@@ -1035,6 +1064,8 @@ inline std::vector<etcd_response> responses_of(const nlohmann::json& j) {
                 one.count = number(*range, "count");
             } else if (const auto del = r.find("response_delete_range"); del != r.end()) {
                 one.count = number(*del, "deleted");
+            } else if (const auto put = r.find("response_put"); put != r.end()) {
+                if (const auto prev = put->find("prev_kv"); prev != put->end()) one.prev = kv_of(*prev);
             }
             out.push_back(std::move(one));
         }
@@ -1143,9 +1174,10 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_client::server_version() {
 }
 
 ELASTIC_DECL asio::awaitable<etcd_range_result> etcd_client::range(std::string key, std::string range_end,
-                                                                   bool count_only) {
+                                                                   bool count_only, std::int64_t revision) {
     auto r = etcd_request::range(std::move(key), std::move(range_end));
     r.count_only = count_only;
+    r.revision = revision;
     const auto body = detail::etcd::request_json(r)["request_range"];
     const auto j = co_await detail::etcd::call(*state_, "/v3/kv/range", body);
     co_return detail::etcd::range_of(*state_, j);
@@ -1183,6 +1215,21 @@ ELASTIC_DECL asio::awaitable<etcd_lease> etcd_client::lease_grant(std::int64_t t
     const nlohmann::json body{{"TTL", std::to_string(ttl)}};
     const auto j = co_await detail::etcd::call(*state_, "/v3/lease/grant", body);
     co_return detail::etcd::lease_of(*state_, j);
+}
+
+ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::shared_lease(std::int64_t ttl) {
+    auto& s = *state_;
+    const auto now = std::chrono::steady_clock::now();
+    if (s.shared_lease == 0 || now >= s.shared_lease_renew) {
+        const auto granted = co_await lease_grant(ttl);
+        s.shared_lease = granted.id;
+        s.shared_lease_renew = now + std::chrono::seconds(granted.ttl / 2);
+    }
+    co_return s.shared_lease;
+}
+
+ELASTIC_DECL void etcd_client::forget_shared_lease(std::int64_t id) noexcept {
+    if (state_->shared_lease == id) state_->shared_lease = 0;
 }
 
 ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::lease_keepalive(std::int64_t id,

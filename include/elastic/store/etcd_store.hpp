@@ -96,22 +96,24 @@ public:
 private:
     [[nodiscard]] std::string full(const std::string& key) const { return options_.prefix + key; }
     asio::awaitable<void> wait_until(std::vector<std::string> keys, std::chrono::milliseconds timeout);
-    /// The lease of this store's receipts (granted when first needed, renewed by a new grant).
-    asio::awaitable<std::int64_t> receipt_lease();
     /// Replaces the value of `key` by `make(current)` (nothing: absent) in a transaction that
     /// compares the key's revision; returns the value written. A transaction whose fate is
-    /// unknown is settled by this store's receipt, written in the same transaction.
+    /// unknown is settled by this store's receipt, written in the same transaction. `counting`:
+    /// the value is a counter (written as one); `increment`: add 1 by a put that keeps the
+    /// value when the key holds a counter.
     asio::awaitable<std::string> replace(const std::string& key,
                                          std::string (*make)(const std::optional<std::string>&, const std::string&),
-                                         std::string argument, bool keep_existing_unchanged);
+                                         std::string argument, bool keep_existing_unchanged, bool counting,
+                                         bool increment);
+    /// The value a receipt of this store's call `seq` says the call wrote; nothing when there is
+    /// no receipt (the call did not apply). `increment`: the call may have raised a counter.
+    asio::awaitable<std::optional<std::string>> settled(const std::string& key, const std::string& seq, bool increment);
 
     std::shared_ptr<etcd_client> client_;
     etcd_store_options options_;
     std::shared_ptr<detail::etcd::lease_state> lease_;
     std::string receipt_key_;  ///< "/.elastic-receipts/<random>": outside every store's prefix
     std::uint64_t receipt_seq_ = 0;
-    std::int64_t receipt_lease_ = 0;
-    std::chrono::steady_clock::time_point receipt_granted_{};
 };
 
 }  // namespace elastic::inline v0
@@ -417,7 +419,8 @@ inline asio::awaitable<bool> wait_round(std::shared_ptr<etcd_client> c, std::vec
         auto batch = co_await next_within(watch, rewatch);
         if (!batch || batch->canceled) co_return false;
         for (const auto& e : batch->events) {
-            if (!e.deleted && e.kv.key == k) co_return false;
+            // The last key missing has come: every key has been there (ask again otherwise).
+            if (!e.deleted && e.kv.key == k) co_return std::find(missing + 1, present.end(), false) == present.end();
         }
     }
 }
@@ -434,6 +437,45 @@ inline std::string added(const std::optional<std::string>& current, const std::s
 
 inline std::string appended(const std::optional<std::string>& current, const std::string& suffix) {
     return current.value_or(std::string()) + suffix;
+}
+
+/// A counter (a key `add` wrote) is kept as this tag and an offset: its number is the offset
+/// plus the key's version, which etcd raises by one at every put. Adding 1 is then a put that
+/// keeps the value: one request that never loses a race to the other adders, where a
+/// compare-and-set would retry once per adder that came first (quadratic in a crowd).
+inline constexpr std::string_view counter_tag = "\x01counter ";
+/// Every value that starts with counter_tag lies strictly between these two.
+inline constexpr std::string_view counter_floor = "\x01counter";
+inline constexpr std::string_view counter_ceiling = "\x01counter!";
+
+/// The value of a counter whose next put will be its version `next_version`.
+inline std::string counter_text(std::int64_t value, std::int64_t next_version) {
+    return fmt::format("{}{}", counter_tag, value - next_version);
+}
+
+/// A key's value as the store's users see it: a counter's number, anything else as written.
+inline std::string shown_value(const etcd_kv& kv) {
+    if (kv.value.starts_with(counter_tag)) {
+        if (const auto offset = decimal(std::string_view(kv.value).substr(counter_tag.size()))) {
+            return std::to_string(*offset + kv.version);
+        }
+    }
+    return kv.value;
+}
+
+/// The comparisons that hold when `key` holds a counter.
+inline std::vector<etcd_compare> is_counter(const std::string& key) {
+    return {{key, etcd_compare::target::value, etcd_compare::result::greater, 0, std::string(counter_floor), {}},
+            {key, etcd_compare::target::value, etcd_compare::result::less, 0, std::string(counter_ceiling), {}}};
+}
+
+/// Revokes lease `id`; a failure leaves it to expire.
+inline asio::awaitable<void> revoke_quietly(std::shared_ptr<etcd_client> client, std::int64_t id) {
+    try {
+        co_await client->lease_revoke(id);
+    } catch (const std::exception&) {
+        // It expires by itself.
+    }
 }
 
 inline std::string random_token() {
@@ -469,31 +511,47 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::set(std::string key, std::string 
 
 ELASTIC_DECL asio::awaitable<std::string> etcd_store::get(std::string key) {
     for (;;) {
+        // Read first: a key that is there costs one request, not a wait and a read.
+        auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->range(full(key)));
+        if (!got.kvs.empty()) co_return detail::etcd::shown_value(got.kvs.front());
         std::vector<std::string> keys{key};
         co_await wait(std::move(keys));
-        auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->range(full(key)));
-        if (!got.kvs.empty()) co_return std::move(got.kvs.front().value);
-        // Deleted between the wait and the read: wait again.
     }
 }
 
-ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::receipt_lease() {
-    const auto now = std::chrono::steady_clock::now();
-    if (receipt_lease_ == 0 || now - receipt_granted_ > std::chrono::seconds(detail::etcd::receipt_ttl / 2)) {
-        receipt_lease_ = (co_await client_->lease_grant(detail::etcd::receipt_ttl)).id;
-        receipt_granted_ = now;
+ELASTIC_DECL asio::awaitable<std::optional<std::string>> etcd_store::settled(const std::string& key,
+                                                                             const std::string& seq, bool increment) {
+    auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_ + "/" + seq));
+    if (receipt.kvs.empty()) co_return std::nullopt;
+    const auto& text = receipt.kvs.front().value;
+    if (text.size() <= seq.size() || text.compare(0, seq.size(), seq) != 0 || text[seq.size()] != ' ') {
+        co_return std::nullopt;
     }
-    co_return receipt_lease_;
+    if (!increment || text.substr(seq.size() + 1) != "@") co_return text.substr(seq.size() + 1);
+    // An increment: the counter as it was at the receipt's revision (the same transaction).
+    etcd_range_result then;
+    try {
+        then = co_await detail::etcd::unless_lease_lost(lease_, client_->range(full(key), {}, false,
+                                                                               receipt.kvs.front().mod_revision));
+    } catch (const etcd_error& e) {
+        throw store_error(fmt::format("add('{}'): etcd took the update but its answer was lost, and the revision that "
+                                      "would tell the counter's value is gone ({}); the job's counters cannot be "
+                                      "trusted: start it again",
+                                      key, e.what()));
+    }
+    if (then.kvs.empty()) throw store_error(fmt::format("add('{}'): the counter was gone when it was added to", key));
+    co_return detail::etcd::shown_value(then.kvs.front());
 }
 
-ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string& key,
-                                                              std::string (*make)(const std::optional<std::string>&,
-                                                                                  const std::string&),
-                                                              std::string argument, bool keep_existing_unchanged) {
+ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
+    const std::string& key, std::string (*make)(const std::optional<std::string>&, const std::string&),
+    std::string argument, bool keep_existing_unchanged, bool counting, bool increment) {
+    using detail::etcd::receipt_ttl;
     const auto k = full(key);
     // Every attempt of this call carries the same receipt number: of attempts that compare the
     // key's revision, one at most is applied, and its receipt says which value it wrote.
     const auto seq = std::to_string(++receipt_seq_);
+    const auto receipt = receipt_key_ + "/" + seq;
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     bool unsure = false;  // an attempt's fate is unknown: its receipt settles it
     for (;;) {
@@ -502,22 +560,62 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string&
                                           options_.timeout.count()));
         }
         if (unsure) {
-            auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_ + "/" + seq));
-            if (!receipt.kvs.empty()) {
-                const auto& text = receipt.kvs.front().value;
-                if (text.size() > seq.size() && text.compare(0, seq.size(), seq) == 0 && text[seq.size()] == ' ') {
-                    co_return text.substr(seq.size() + 1);
+            if (auto done = co_await settled(key, seq, increment)) co_return std::move(*done);
+            unsure = false;
+        }
+        std::vector<etcd_kv> now;
+        std::int64_t lease = 0;  // the receipt's: shared by the client's stores, short-lived
+        bool lease_gone = false;
+        try {
+            if (increment) {
+                // One transaction: a counter is raised by a put that keeps its value (its
+                // version counts); anything else is read, for the compare-and-set below. It
+                // compares the receipt's absence too, so an earlier attempt that etcd applies
+                // late, or this one after it, cannot raise the counter twice.
+                lease = co_await detail::etcd::unless_lease_lost(lease_, client_->shared_lease(receipt_ttl));
+                auto raise = etcd_request::put(k, {});
+                raise.ignore_value = true;
+                raise.prev_kv = true;
+                auto compare = detail::etcd::is_counter(k);
+                compare.push_back({receipt, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}});
+                std::vector<etcd_request> writes{std::move(raise), etcd_request::put(receipt, seq + " @", lease)};
+                std::vector<etcd_request> reads{etcd_request::range(k), etcd_request::range(receipt)};
+                auto got = co_await detail::etcd::unless_lease_lost(lease_,
+                                                                    client_->txn(std::move(compare), std::move(writes),
+                                                                                 std::move(reads)));
+                if (got.responses.size() < (got.succeeded ? 1U : 2U)) {
+                    throw store_error(fmt::format("'{}': etcd answered too few operations", key));
                 }
+                if (!got.succeeded && !got.responses[1].kvs.empty()) {
+                    unsure = true;  // an earlier attempt was applied: its receipt says what it wrote
+                    continue;
+                }
+                if (got.succeeded) {
+                    auto& before = got.responses.front().prev;
+                    if (!before) throw store_error(fmt::format("'{}': etcd did not say what it added to", key));
+                    ++before->version;  // the value as this put left it
+                    co_return detail::etcd::shown_value(*before);
+                }
+                now = std::move(got.responses.front().kvs);
+            } else {
+                now = std::move((co_await detail::etcd::unless_lease_lost(lease_, client_->range(k))).kvs);
             }
+        } catch (const etcd_error& e) {
+            if (e.code() == 5) lease_gone = true;  // the receipts' lease expired
+            else if (!e.ambiguous()) throw;
+            else unsure = true;
         }
-        auto now = co_await detail::etcd::unless_lease_lost(lease_, client_->range(k));
+        if (lease_gone) client_->forget_shared_lease(lease);
+        if (lease_gone || unsure) continue;
         std::optional<std::string> current;
+        std::int64_t next_version = 1;
         etcd_compare guard{k, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}};
-        if (!now.kvs.empty()) {
-            current = now.kvs.front().value;
-            guard = {k, etcd_compare::target::mod, etcd_compare::result::equal, now.kvs.front().mod_revision, {}, {}};
+        if (!now.empty()) {
+            current = detail::etcd::shown_value(now.front());
+            next_version = now.front().version + 1;
+            guard = {k, etcd_compare::target::mod, etcd_compare::result::equal, now.front().mod_revision, {}, {}};
         }
-        if (current && keep_existing_unchanged && !unsure) {
+        if (current && keep_existing_unchanged) {
             (void)make(current, argument);  // checks it
             co_return *current;
         }
@@ -527,33 +625,33 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(const std::string&
         } catch (const store_error& e) {
             throw store_error(fmt::format("'{}': {}", key, e.what()));
         }
-        const auto lease = co_await detail::etcd::unless_lease_lost(lease_, receipt_lease());
-        std::vector<etcd_compare> compare{guard};
-        std::vector<etcd_request> writes{etcd_request::put(k, next),
-                                         etcd_request::put(receipt_key_ + "/" + seq, seq + " " + next, lease)};
-        bool lease_gone = false;
+        const auto stored = counting ? detail::etcd::counter_text(*detail::etcd::decimal(next), next_version) : next;
         try {
+            lease = co_await detail::etcd::unless_lease_lost(lease_, client_->shared_lease(receipt_ttl));
+            std::vector<etcd_compare> compare{guard};
+            std::vector<etcd_request> writes{etcd_request::put(k, stored),
+                                             etcd_request::put(receipt, seq + " " + next, lease)};
             if ((co_await detail::etcd::unless_lease_lost(lease_, client_->txn(compare, writes))).succeeded) {
                 co_return next;
             }
-            continue;  // another writer came first: read again
+            // Another writer came first: read again.
         } catch (const etcd_error& e) {
-            if (e.code() == 5) lease_gone = true;  // the receipts' lease expired
+            if (e.code() == 5) lease_gone = true;
             else if (!e.ambiguous()) throw;
             else unsure = true;
         }
-        if (lease_gone) receipt_lease_ = 0;
+        if (lease_gone) client_->forget_shared_lease(lease);
     }
 }
 
 ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::add(std::string key, std::int64_t delta) {
     // ADD of 0 reads the counter (creating it at 0): no write when it exists.
-    const auto value = co_await replace(key, detail::etcd::added, std::to_string(delta), delta == 0);
+    const auto value = co_await replace(key, detail::etcd::added, std::to_string(delta), delta == 0, true, delta == 1);
     co_return *detail::etcd::decimal(value);
 }
 
 ELASTIC_DECL asio::awaitable<void> etcd_store::append(std::string key, std::string value) {
-    (void)co_await replace(key, detail::etcd::appended, std::move(value), false);
+    (void)co_await replace(key, detail::etcd::appended, std::move(value), false, false, false);
 }
 
 ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string key, std::string expected,
@@ -585,8 +683,10 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string ke
         if (got.succeeded) co_return desired;
         const auto& now = got.responses.empty() ? std::vector<etcd_kv>{} : got.responses.front().kvs;
         if (now.empty()) co_return expected;  // absent and a value was expected: PyTorch returns it
-        // Present: equal to an empty `expected` replaces it (compared on its value, not absence).
-        if (expected.empty() && now.front().value.empty()) {
+        auto shown = detail::etcd::shown_value(now.front());
+        // Present and equal to `expected` as its users see it (a counter's number, or empty
+        // where an empty `expected` compared absence): replace it at the revision read.
+        if (shown == expected) {
             std::vector<etcd_compare> same{
                 {k, etcd_compare::target::mod, etcd_compare::result::equal, now.front().mod_revision, {}, {}}};
             std::vector<etcd_request> put{etcd_request::put(k, desired)};
@@ -599,7 +699,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string ke
             if (done) co_return desired;
             continue;
         }
-        co_return now.front().value;
+        co_return shown;
     }
 }
 
@@ -671,8 +771,9 @@ ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::num_keys() {
 }
 
 ELASTIC_DECL asio::awaitable<std::vector<std::string>> etcd_store::multi_get(std::vector<std::string> keys) {
-    for (;;) {
-        co_await wait(keys);
+    for (bool first = true;; first = false) {
+        // Read first: keys that are there cost one request per 128, not a wait and a read.
+        if (!first) co_await wait(keys);
         std::vector<std::string> out;
         bool all = true;
         for (std::size_t at = 0; at < keys.size() && all; at += detail::etcd::max_txn_ops) {
@@ -683,10 +784,10 @@ ELASTIC_DECL asio::awaitable<std::vector<std::string>> etcd_store::multi_get(std
             auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->txn({}, std::move(reads)));
             for (auto& r : got.responses) {
                 if (r.kvs.empty()) {
-                    all = false;  // deleted since the wait: wait again
+                    all = false;  // not there (yet, or deleted since the wait): wait
                     break;
                 }
-                out.push_back(std::move(r.kvs.front().value));
+                out.push_back(detail::etcd::shown_value(r.kvs.front()));
             }
         }
         if (all && out.size() == keys.size()) co_return out;
@@ -750,28 +851,32 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::hold_lease(std::string key, std::
     std::vector<etcd_request> later{etcd_request::put(l->key, value, l->id),
                                     etcd_request::put(held_key, std::to_string(l->id))};
     std::optional<std::string> failed;
-    for (int attempt = 0; attempt < 8; ++attempt) {
-        bool again = false;
-        try {
-            (void)co_await detail::etcd::unless_lease_lost(l, client_->txn(absent, first, later));
-        } catch (const etcd_error& e) {
-            if (e.ambiguous()) again = true;  // puts of this new lease's keys: the same again is harmless
-            else failed = e.what();
-        } catch (const store_error& e) {
-            failed = e.what();
+    std::exception_ptr interrupted;  // cancelled, or worse: the lease must not outlive this call
+    try {
+        for (int attempt = 0; attempt < 8; ++attempt) {
+            bool again = false;
+            try {
+                (void)co_await detail::etcd::unless_lease_lost(l, client_->txn(absent, first, later));
+            } catch (const etcd_error& e) {
+                if (e.ambiguous()) again = true;  // puts of this new lease's keys: the same again is harmless
+                else failed = e.what();
+            } catch (const store_error& e) {
+                failed = e.what();
+            }
+            if (!again) break;
+            if (attempt == 7) failed = "etcd did not confirm the lease's registration";
         }
-        if (!again) break;
-        if (attempt == 7) failed = "etcd did not confirm the lease's registration";
+    } catch (...) {
+        interrupted = std::current_exception();
     }
-    if (failed) {
+    if (failed || interrupted) {
+        // Nobody will release it: stop renewing and revoke it (a coroutine of its own, which a
+        // cancellation of this one does not reach; etcd expires it should that fail too).
         l->stopped = true;
         l->wake.cancel();
         l->changed.notify();
-        try {
-            co_await client_->lease_revoke(l->id);
-        } catch (const std::exception&) {
-            // It expires by itself.
-        }
+        asio::co_spawn(executor, detail::etcd::revoke_quietly(client_, l->id), asio::detached);
+        if (interrupted) std::rethrow_exception(interrupted);
         throw store_error(fmt::format("hold_lease('{}'): {}", key, *failed));
     }
     lease_ = l;
