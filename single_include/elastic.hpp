@@ -25973,6 +25973,19 @@ inline asio::awaitable<std::unique_ptr<connection>> open(client_state& s, std::s
     co_return c;
 }
 
+/// A TLS alert after the handshake: with TLS 1.3 a member that wants a client certificate, or
+/// does not trust the one it got, says so only when it reads the request.
+inline bool tls_alert(const std::system_error& e) {
+    return e.code().category() == asio::error::get_ssl_category() && e.code() != asio::ssl::error::stream_truncated;
+}
+
+inline member_error tls_refusal(const std::system_error& e) {
+    return member_error({fmt::format("the member refused this client over TLS: {} — check --rdzv-conf cert and key "
+                                     "(a client certificate signed by a CA the members trust) and cacert",
+                                     e.what()),
+                         false, false, 16});
+}
+
 inline asio::awaitable<void> write_all(connection& c, const std::string& bytes) {
     if (c.tls) co_await asio::async_write(c.stream, asio::buffer(bytes), asio::use_awaitable);
     else co_await asio::async_write(c.socket(), asio::buffer(bytes), asio::use_awaitable);
@@ -26013,6 +26026,7 @@ inline asio::awaitable<void> read_response(connection& c, response_parser& p, cl
             throw;
         } catch (const std::system_error& e) {
             if (cancelled(e)) throw;
+            if (tls_alert(e)) throw tls_refusal(e);
             ended = e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated;
             if (!ended) {
                 throw member_error({fmt::format("the connection broke: {}", e.code().message()), ambiguous, true, 0});
@@ -26186,6 +26200,7 @@ inline asio::awaitable<std::pair<int, std::string>> exchange(client_state& s, st
             co_await before(deadline, write_all(*c, request), fmt::format("no room to send within {}", budget), false);
         } catch (const std::system_error& e) {
             if (cancelled(e)) throw;
+            if (tls_alert(e)) throw tls_refusal(e);
             if (reused) {  // the member closed an idle connection: nothing was sent
                 c.reset();
                 reused = false;
