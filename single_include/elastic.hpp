@@ -25518,11 +25518,12 @@ public:
     ELASTIC_DECL void forget_shared_lease(std::int64_t id) noexcept;
 
     /// Watches [key, range_end) (empty: key alone) from `start_revision` (0: from now), with each
-    /// event's previous key-value when `prev_kv`. Returns once etcd confirmed the watch. A member
-    /// that loses its leader ends its watches (etcd's "require leader"), so a watch never waits
-    /// on a member cut off from the cluster.
+    /// event's previous key-value when `prev_kv`, deletions alone when `deletions_only` (etcd
+    /// leaves the puts out). Returns once etcd confirmed the watch. A member that loses its
+    /// leader ends its watches (etcd's "require leader"), so a watch never waits on a member cut
+    /// off from the cluster.
     ELASTIC_DECL asio::awaitable<etcd_watch> watch(std::string key, std::string range_end, std::int64_t start_revision,
-                                                   bool prev_kv = false);
+                                                   bool prev_kv = false, bool deletions_only = false);
 
     /// Drops the idle connections (the next request opens a new one).
     ELASTIC_DECL void close() noexcept;
@@ -25850,6 +25851,8 @@ struct client_state {
     std::size_t current = 0;                                     ///< the member that answered last
     std::int64_t shared_lease = 0;                               ///< shared_lease(): its id (0: none yet)
     std::chrono::steady_clock::time_point shared_lease_renew{};  ///< when to grant another
+    bool shared_lease_granting = false;                          ///< a grant is on its way...
+    asio::steady_timer shared_lease_granted{executor};           ///< ...and cancels this when done
     std::vector<std::unique_ptr<connection>> idle;
     /// Each member's addresses, resolved once (a name's resolution cannot be cancelled, and may
     /// stall): cleared when a connection to them fails, so a moved member is found again.
@@ -26494,12 +26497,27 @@ ELASTIC_DECL asio::awaitable<etcd_lease> etcd_client::lease_grant(std::int64_t t
 
 ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::shared_lease(std::int64_t ttl) {
     auto& s = *state_;
+    for (;;) {
+        const auto now = std::chrono::steady_clock::now();
+        if (s.shared_lease != 0 && now < s.shared_lease_renew) co_return s.shared_lease;
+        if (!s.shared_lease_granting) break;
+        // One grant at a time: the others wait for it (and ask again should it fail).
+        s.shared_lease_granted.expires_at(std::chrono::steady_clock::time_point::max());
+        (void)co_await s.shared_lease_granted.async_wait(detail::as_tuple_awaitable<void>);
+    }
+    s.shared_lease_granting = true;
     const auto now = std::chrono::steady_clock::now();
-    if (s.shared_lease == 0 || now >= s.shared_lease_renew) {
+    std::exception_ptr failed;
+    try {
         const auto granted = co_await lease_grant(ttl);
         s.shared_lease = granted.id;
         s.shared_lease_renew = now + std::chrono::seconds(granted.ttl / 2);
+    } catch (...) {
+        failed = std::current_exception();
     }
+    s.shared_lease_granting = false;
+    s.shared_lease_granted.cancel();
+    if (failed) std::rethrow_exception(failed);
     co_return s.shared_lease;
 }
 
@@ -26526,7 +26544,8 @@ ELASTIC_DECL asio::awaitable<void> etcd_client::lease_revoke(std::int64_t id) {
 }
 
 ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std::string range_end,
-                                                            std::int64_t start_revision, bool prev_kv) {
+                                                            std::int64_t start_revision, bool prev_kv,
+                                                            bool deletions_only) {
     auto& s = *state_;
     detail::etcd::check_tls(s);
     nlohmann::json create;
@@ -26534,6 +26553,7 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
     if (!range_end.empty()) create["range_end"] = detail::etcd::base64(range_end);
     if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
     if (prev_kv) create["prev_kv"] = true;
+    if (deletions_only) create["filters"] = nlohmann::json::array({"NOPUT"});
     const auto body = nlohmann::json{{"create_request", create}}.dump();
     std::string tried;
     const auto members = s.options.endpoints.size();
@@ -26684,9 +26704,10 @@ private:
                                          std::string (*make)(const std::optional<std::string>&, const std::string&),
                                          std::string argument, bool keep_existing_unchanged, bool counting,
                                          bool increment);
-    /// The value a receipt of this store's call `seq` says the call wrote; nothing when there is
-    /// no receipt (the call did not apply). `increment`: the call may have raised a counter.
-    asio::awaitable<std::optional<std::string>> settled(const std::string& key, const std::string& seq, bool increment);
+    /// The value that `receipt`, written by an attempt of this store's call `seq`, says the
+    /// call wrote. `increment`: the call may have raised a counter.
+    asio::awaitable<std::string> settled(const std::string& key, const std::string& seq, const etcd_kv& receipt,
+                                         bool increment);
 
     std::shared_ptr<etcd_client> client_;
     etcd_store_options options_;
@@ -26715,6 +26736,7 @@ private:
 #include <charconv>
 #include <map>
 #include <random>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -26898,11 +26920,27 @@ inline asio::awaitable<void> record_loss(etcd_client& client, std::string space,
     }
 }
 
+/// A read that counts the keys in [from, to).
+inline etcd_request counted(std::string from, std::string to) {
+    auto r = etcd_request::range(std::move(from), std::move(to));
+    r.count_only = true;
+    return r;
+}
+
 /// Every registration of the group whose lease is gone, recorded; returns the revision read.
-/// One read of the whole lease space: a transaction only for a registration whose lease key is
-/// missing or bound to another lease (none while every node lives).
+/// A count of the registrations and the lease keys first; when they differ, one read of the
+/// whole lease space, and a transaction for each registration whose lease key is missing or
+/// bound to another lease.
 inline asio::awaitable<std::int64_t> record_all(etcd_client& client, const std::string& space) {
     const auto held_space = space + "__held/";
+    // While every node lives, each registration has its lease key: three counts in one read
+    // tell so, and the space (two keys per node, read by every node) is read only otherwise.
+    std::vector<etcd_request> counts{counted(space, space + "__"), counted(space + "_`", etcd_prefix_end(space)),
+                                     counted(held_space, etcd_prefix_end(held_space))};
+    const auto now = co_await client.txn({}, std::move(counts));
+    if (now.responses.size() == 3 && now.responses[0].count + now.responses[1].count == now.responses[2].count) {
+        co_return now.revision;
+    }
     auto all = co_await client.range(space, etcd_prefix_end(space));
     std::map<std::string, std::int64_t, std::less<>> leases;
     std::vector<std::pair<std::string, std::string>> held;  // name, lease id registered
@@ -26923,7 +26961,8 @@ inline asio::awaitable<std::int64_t> record_all(etcd_client& client, const std::
 /// (an expiry, a revoke) as it comes, for at most `rewatch`.
 inline asio::awaitable<void> observe_once(std::shared_ptr<lease_state> l, std::shared_ptr<etcd_client> client) {
     const auto revision = co_await record_all(*client, l->space);
-    auto w = co_await client->watch(l->space, etcd_prefix_end(l->space), revision + 1);
+    // Deletions alone: every node's registration is a put the others need not hear of.
+    auto w = co_await client->watch(l->space, etcd_prefix_end(l->space), revision + 1, false, true);
     for (;;) {
         auto batch = co_await next_within(w, rewatch);
         if (!batch || batch->canceled) co_return;
@@ -26996,45 +27035,44 @@ inline asio::awaitable<bool> wait_round(std::shared_ptr<etcd_client> c, std::vec
         auto batch = co_await next_within(watch, rewatch);
         if (!batch || batch->canceled) co_return false;
         for (const auto& e : batch->events) {
-            // The last key missing has come: every key has been there (ask again otherwise).
-            if (!e.deleted && e.kv.key == k) co_return std::find(missing + 1, present.end(), false) == present.end();
+            // A wait for one key ends with its put; with several, all are read again (the
+            // others may have gone since: a wait is for every key there at once).
+            if (!e.deleted && e.kv.key == k) co_return w.size() == 1;
         }
     }
-}
-
-inline std::string added(const std::optional<std::string>& current, const std::string& delta) {
-    std::int64_t value = 0;
-    if (current) {
-        const auto parsed = decimal(*current);
-        if (!parsed) throw store_error(fmt::format("the value is no decimal number ('{}')", current->substr(0, 64)));
-        value = *parsed;
-    }
-    return std::to_string(value + *decimal(delta));
-}
-
-inline std::string appended(const std::optional<std::string>& current, const std::string& suffix) {
-    return current.value_or(std::string()) + suffix;
 }
 
 /// A counter (a key `add` wrote) is kept as this tag and an offset: its number is the offset
 /// plus the key's version, which etcd raises by one at every put. Adding 1 is then a put that
 /// keeps the value: one request that never loses a race to the other adders, where a
 /// compare-and-set would retry once per adder that came first (quadratic in a crowd).
-inline constexpr std::string_view counter_tag = "\x01counter ";
+inline constexpr std::string_view counter_tag = "\x01"
+                                                "counter ";
 /// Every value that starts with counter_tag lies strictly between these two.
-inline constexpr std::string_view counter_floor = "\x01counter";
-inline constexpr std::string_view counter_ceiling = "\x01counter!";
+inline constexpr std::string_view counter_floor = "\x01"
+                                                  "counter";
+inline constexpr std::string_view counter_ceiling = "\x01"
+                                                    "counter!";
+
+/// a + b and a - b as two's complement wraps them (a counter added past its range wraps, as
+/// PyTorch's store's does; never undefined behaviour).
+inline std::int64_t wrapped_sum(std::int64_t a, std::int64_t b) {
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+}
+inline std::int64_t wrapped_difference(std::int64_t a, std::int64_t b) {
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) - static_cast<std::uint64_t>(b));
+}
 
 /// The value of a counter whose next put will be its version `next_version`.
 inline std::string counter_text(std::int64_t value, std::int64_t next_version) {
-    return fmt::format("{}{}", counter_tag, value - next_version);
+    return fmt::format("{}{}", counter_tag, wrapped_difference(value, next_version));
 }
 
 /// A key's value as the store's users see it: a counter's number, anything else as written.
 inline std::string shown_value(const etcd_kv& kv) {
     if (kv.value.starts_with(counter_tag)) {
         if (const auto offset = decimal(std::string_view(kv.value).substr(counter_tag.size()))) {
-            return std::to_string(*offset + kv.version);
+            return std::to_string(wrapped_sum(*offset, kv.version));
         }
     }
     return kv.value;
@@ -27044,6 +27082,32 @@ inline std::string shown_value(const etcd_kv& kv) {
 inline std::vector<etcd_compare> is_counter(const std::string& key) {
     return {{key, etcd_compare::target::value, etcd_compare::result::greater, 0, std::string(counter_floor), {}},
             {key, etcd_compare::target::value, etcd_compare::result::less, 0, std::string(counter_ceiling), {}}};
+}
+
+inline std::string added(const std::optional<std::string>& current, const std::string& delta) {
+    std::int64_t value = 0;
+    if (current) {
+        const auto parsed = decimal(*current);
+        if (!parsed) throw store_error(fmt::format("the value is no decimal number ('{}')", current->substr(0, 64)));
+        value = *parsed;
+    }
+    return std::to_string(wrapped_sum(value, *decimal(delta)));
+}
+
+/// Refuses a value that would read as a counter.
+inline void check_plain(std::string_view key, std::string_view value) {
+    if (value.starts_with(counter_tag)) {
+        throw store_error(fmt::format("'{}': a value that starts with \\x01counter is kept for the store's counters",
+                                      key));
+    }
+}
+
+inline std::string appended(const std::optional<std::string>& current, const std::string& suffix) {
+    auto out = current.value_or(std::string()) + suffix;
+    if (out.starts_with(counter_tag)) {
+        throw store_error("the value would start with \\x01counter, which is kept for the store's counters");
+    }
+    return out;
 }
 
 /// Revokes lease `id`; a failure leaves it to expire.
@@ -27083,6 +27147,7 @@ ELASTIC_DECL std::string etcd_store::lease_lost() const { return lease_ ? lease_
 ELASTIC_DECL std::int64_t etcd_store::lease_id() const noexcept { return lease_ ? lease_->id : 0; }
 
 ELASTIC_DECL asio::awaitable<void> etcd_store::set(std::string key, std::string value) {
+    detail::etcd::check_plain(key, value);
     (void)co_await detail::etcd::unless_lease_lost(lease_, client_->put(full(key), std::move(value)));
 }
 
@@ -27096,23 +27161,22 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::get(std::string key) {
     }
 }
 
-ELASTIC_DECL asio::awaitable<std::optional<std::string>> etcd_store::settled(const std::string& key,
-                                                                             const std::string& seq, bool increment) {
-    auto receipt = co_await detail::etcd::unless_lease_lost(lease_, client_->range(receipt_key_ + "/" + seq));
-    if (receipt.kvs.empty()) co_return std::nullopt;
-    const auto& text = receipt.kvs.front().value;
+ELASTIC_DECL asio::awaitable<std::string> etcd_store::settled(const std::string& key, const std::string& seq,
+                                                              const etcd_kv& receipt, bool increment) {
+    const auto& text = receipt.value;
     if (text.size() <= seq.size() || text.compare(0, seq.size(), seq) != 0 || text[seq.size()] != ' ') {
-        co_return std::nullopt;
+        throw store_error(fmt::format("'{}': the update's receipt in etcd holds what this store never writes", key));
     }
     if (!increment || text.substr(seq.size() + 1) != "@") co_return text.substr(seq.size() + 1);
     // An increment: the counter as it was at the receipt's revision (the same transaction).
     etcd_range_result then;
     try {
-        then = co_await detail::etcd::unless_lease_lost(lease_, client_->range(full(key), {}, false,
-                                                                               receipt.kvs.front().mod_revision));
+        then = co_await detail::etcd::unless_lease_lost(lease_,
+                                                        client_->range(full(key), {}, false, receipt.mod_revision));
     } catch (const etcd_error& e) {
-        throw store_error(fmt::format("add('{}'): etcd took the update but its answer was lost, and the revision that "
-                                      "would tell the counter's value is gone ({}); the job's counters cannot be "
+        if (e.code() != 11) throw;
+        throw store_error(fmt::format("add('{}'): etcd took the update but its answer was lost, and compaction removed "
+                                      "the revision that tells the counter's value ({}); the job's counters cannot be "
                                       "trusted: start it again",
                                       key, e.what()));
     }
@@ -27124,37 +27188,56 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
     const std::string& key, std::string (*make)(const std::optional<std::string>&, const std::string&),
     std::string argument, bool keep_existing_unchanged, bool counting, bool increment) {
     using detail::etcd::receipt_ttl;
+    using clock = std::chrono::steady_clock;
     const auto k = full(key);
-    // Every attempt of this call carries the same receipt number: of attempts that compare the
-    // key's revision, one at most is applied, and its receipt says which value it wrote.
+    // Every attempt of this call writes the same receipt and compares its absence: one attempt
+    // at most is applied, also when etcd applies an attempt whose answer was lost after a later
+    // one was sent, and the receipt says what it wrote.
     const auto seq = std::to_string(++receipt_seq_);
     const auto receipt = receipt_key_ + "/" + seq;
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    bool unsure = false;  // an attempt's fate is unknown: its receipt settles it
+    const etcd_compare no_receipt{receipt, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}};
+    const auto deadline = clock::now() + options_.timeout;
+    // When the first attempt whose answer was lost was sent. Its receipt lives at least half the
+    // receipts' TTL (the shared lease is replaced at half its TTL); after that, an absent
+    // receipt no longer proves the attempt was not applied.
+    const auto receipt_lives = std::chrono::seconds(receipt_ttl / 2 - 60);
+    std::optional<clock::time_point> unsure_since;
+    std::optional<std::vector<etcd_kv>> read;  // the key as the last failed attempt read it
     for (;;) {
-        if (std::chrono::steady_clock::now() >= deadline) {
+        if (clock::now() >= deadline) {
             throw store_error(fmt::format("'{}': etcd did not take the update within {} ms", key,
                                           options_.timeout.count()));
         }
-        if (unsure) {
-            if (auto done = co_await settled(key, seq, increment)) co_return std::move(*done);
-            unsure = false;
+        if (unsure_since && clock::now() - *unsure_since > receipt_lives) {
+            throw store_error(fmt::format("'{}': etcd's answer to an update was lost over {} s ago and no member "
+                                          "answered since: whether it was applied can no longer be told; check the "
+                                          "etcd cluster and start the job again",
+                                          key, receipt_lives.count()));
         }
-        std::vector<etcd_kv> now;
+        const auto sent = clock::now();
         std::int64_t lease = 0;  // the receipt's: shared by the client's stores, short-lived
         bool lease_gone = false;
+        bool lost = false;
         try {
-            if (increment) {
+            if (!read && unsure_since) {
+                // The key and the receipt in one read: the receipt says whether an attempt was applied.
+                std::vector<etcd_request> both{etcd_request::range(k), etcd_request::range(receipt)};
+                auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->txn({}, std::move(both)));
+                if (got.responses.size() != 2) throw store_error(fmt::format("'{}': etcd answered too few reads", key));
+                if (!got.responses[1].kvs.empty()) {
+                    co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
+                }
+                read = std::move(got.responses[0].kvs);
+            }
+            if (!read && increment) {
                 // One transaction: a counter is raised by a put that keeps its value (its
-                // version counts); anything else is read, for the compare-and-set below. It
-                // compares the receipt's absence too, so an earlier attempt that etcd applies
-                // late, or this one after it, cannot raise the counter twice.
+                // version counts); anything else is read, for the compare-and-set below.
                 lease = co_await detail::etcd::unless_lease_lost(lease_, client_->shared_lease(receipt_ttl));
                 auto raise = etcd_request::put(k, {});
                 raise.ignore_value = true;
                 raise.prev_kv = true;
                 auto compare = detail::etcd::is_counter(k);
-                compare.push_back({receipt, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}});
+                compare.push_back(no_receipt);
                 std::vector<etcd_request> writes{std::move(raise), etcd_request::put(receipt, seq + " @", lease)};
                 std::vector<etcd_request> reads{etcd_request::range(k), etcd_request::range(receipt)};
                 auto got = co_await detail::etcd::unless_lease_lost(lease_,
@@ -27163,35 +27246,42 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                 if (got.responses.size() < (got.succeeded ? 1U : 2U)) {
                     throw store_error(fmt::format("'{}': etcd answered too few operations", key));
                 }
-                if (!got.succeeded && !got.responses[1].kvs.empty()) {
-                    unsure = true;  // an earlier attempt was applied: its receipt says what it wrote
-                    continue;
-                }
                 if (got.succeeded) {
                     auto& before = got.responses.front().prev;
                     if (!before) throw store_error(fmt::format("'{}': etcd did not say what it added to", key));
                     ++before->version;  // the value as this put left it
-                    co_return detail::etcd::shown_value(*before);
+                    auto value = detail::etcd::shown_value(*before);
+                    if (!detail::etcd::decimal(value)) {
+                        throw store_error(fmt::format("'{}': the value is no counter", key));
+                    }
+                    co_return value;
                 }
-                now = std::move(got.responses.front().kvs);
-            } else {
-                now = std::move((co_await detail::etcd::unless_lease_lost(lease_, client_->range(k))).kvs);
+                if (!got.responses[1].kvs.empty()) {
+                    co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
+                }
+                read = std::move(got.responses[0].kvs);
             }
+            if (!read) read = std::move((co_await detail::etcd::unless_lease_lost(lease_, client_->range(k))).kvs);
         } catch (const etcd_error& e) {
             if (e.code() == 5) lease_gone = true;  // the receipts' lease expired
             else if (!e.ambiguous()) throw;
-            else unsure = true;
+            else lost = true;
         }
         if (lease_gone) client_->forget_shared_lease(lease);
-        if (lease_gone || unsure) continue;
+        if (lost && !unsure_since) unsure_since = sent;
+        if (lease_gone || lost) {
+            read.reset();
+            continue;
+        }
         std::optional<std::string> current;
         std::int64_t next_version = 1;
         etcd_compare guard{k, etcd_compare::target::create, etcd_compare::result::equal, 0, {}, {}};
-        if (!now.empty()) {
-            current = detail::etcd::shown_value(now.front());
-            next_version = now.front().version + 1;
-            guard = {k, etcd_compare::target::mod, etcd_compare::result::equal, now.front().mod_revision, {}, {}};
+        if (!read->empty()) {
+            current = detail::etcd::shown_value(read->front());
+            next_version = read->front().version + 1;
+            guard = {k, etcd_compare::target::mod, etcd_compare::result::equal, read->front().mod_revision, {}, {}};
         }
+        read.reset();
         if (current && keep_existing_unchanged) {
             (void)make(current, argument);  // checks it
             co_return *current;
@@ -27203,28 +27293,40 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
             throw store_error(fmt::format("'{}': {}", key, e.what()));
         }
         const auto stored = counting ? detail::etcd::counter_text(*detail::etcd::decimal(next), next_version) : next;
+        const auto cas_sent = clock::now();
         try {
             lease = co_await detail::etcd::unless_lease_lost(lease_, client_->shared_lease(receipt_ttl));
-            std::vector<etcd_compare> compare{guard};
+            std::vector<etcd_compare> compare{guard, no_receipt};
             std::vector<etcd_request> writes{etcd_request::put(k, stored),
                                              etcd_request::put(receipt, seq + " " + next, lease)};
-            if ((co_await detail::etcd::unless_lease_lost(lease_, client_->txn(compare, writes))).succeeded) {
-                co_return next;
+            std::vector<etcd_request> reads{etcd_request::range(k), etcd_request::range(receipt)};
+            auto got = co_await detail::etcd::unless_lease_lost(lease_,
+                                                                client_->txn(std::move(compare), std::move(writes),
+                                                                             std::move(reads)));
+            if (got.succeeded) co_return next;
+            if (got.responses.size() != 2) throw store_error(fmt::format("'{}': etcd answered too few reads", key));
+            if (!got.responses[1].kvs.empty()) {
+                co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
             }
-            // Another writer came first: read again.
+            // Another writer came first: again with what it wrote (an increment: by the
+            // one-request way, the key most likely a counter now).
+            if (!increment) read = std::move(got.responses[0].kvs);
         } catch (const etcd_error& e) {
             if (e.code() == 5) lease_gone = true;
             else if (!e.ambiguous()) throw;
-            else unsure = true;
+            else lost = true;
         }
         if (lease_gone) client_->forget_shared_lease(lease);
+        if (lost && !unsure_since) unsure_since = cas_sent;
     }
 }
 
 ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::add(std::string key, std::int64_t delta) {
     // ADD of 0 reads the counter (creating it at 0): no write when it exists.
     const auto value = co_await replace(key, detail::etcd::added, std::to_string(delta), delta == 0, true, delta == 1);
-    co_return *detail::etcd::decimal(value);
+    const auto number = detail::etcd::decimal(value);
+    if (!number) throw store_error(fmt::format("add('{}'): the value is no decimal number", key));
+    co_return *number;
 }
 
 ELASTIC_DECL asio::awaitable<void> etcd_store::append(std::string key, std::string value) {
@@ -27233,6 +27335,7 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::append(std::string key, std::stri
 
 ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string key, std::string expected,
                                                                   std::string desired) {
+    detail::etcd::check_plain(key, desired);
     const auto k = full(key);
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (;;) {
@@ -27381,6 +27484,7 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::multi_set(std::vector<std::string
     std::map<std::string, std::string> last;
     std::vector<std::string> order;
     for (std::size_t i = 0; i < keys.size(); ++i) {
+        detail::etcd::check_plain(keys[i], values[i]);
         auto k = full(keys[i]);
         if (last.find(k) == last.end()) order.push_back(k);
         last[k] = std::move(values[i]);

@@ -22,7 +22,9 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -65,6 +67,20 @@ std::uint16_t closed_port() {
     return ntohs(a.sin_port);
 }
 
+/// A socket listening on a free loopback port (`port`).
+int listening_socket(std::uint16_t& port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 16) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+    return fd;
+}
+
 /// A server on a loopback port that answers every connection with `answer` (then keeps the
 /// connection open until the client closes it, or closes at once with `close_after`); an empty
 /// answer says nothing at all. One thread, accepting until destroyed.
@@ -72,15 +88,7 @@ class fake_server {
 public:
     explicit fake_server(std::string answer, bool close_after = false)
         : answer_(std::move(answer)), close_after_(close_after) {
-        fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-        REQUIRE(::listen(fd_, 16) == 0);
-        socklen_t len = sizeof a;
-        REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-        port_ = ntohs(a.sin_port);
+        fd_ = listening_socket(port_);
         thread_ = std::thread([this] { serve(); });
     }
     ~fake_server() {
@@ -152,6 +160,109 @@ inline void run(asio::io_context& io, asio::awaitable<void> a) {
     while (!done) io.run_one();
     if (error) std::rethrow_exception(error);
 }
+
+/// A proxy to an etcd member that loses the answer to the first transaction that compares: it
+/// reads it, closes the client's connection unanswered, and sends it to etcd later, just before
+/// the next transaction that compares — an answer lost on the way and a request etcd applies
+/// late, the worst order for a client that tries again. Everything else is passed on. One
+/// thread, one client connection at a time (the tests' stores use one).
+class late_proxy {
+public:
+    explicit late_proxy(std::uint16_t upstream) : upstream_(upstream) {
+        fd_ = listening_socket(port_);
+        thread_ = std::thread([this] { serve(); });
+    }
+    ~late_proxy() {
+        ::shutdown(fd_, SHUT_RDWR);
+        thread_.join();
+        ::close(fd_);
+    }
+    late_proxy(const late_proxy&) = delete;
+    late_proxy& operator=(const late_proxy&) = delete;
+
+    [[nodiscard]] std::uint16_t port() const { return port_; }
+    /// The lost transaction was sent to etcd, and what etcd answered it.
+    [[nodiscard]] std::string late_answer() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return late_answer_;
+    }
+
+private:
+    /// One HTTP message with a Content-Length body from `fd`; empty when the peer closed.
+    static std::string read_message(int fd) {
+        std::string in;
+        char buf[65536];
+        for (;;) {
+            const auto head_end = in.find("\r\n\r\n");
+            if (head_end != std::string::npos) {
+                std::size_t length = 0;
+                const auto at = in.find("Content-Length: ");
+                if (at != std::string::npos && at < head_end) length = std::stoul(in.substr(at + 16));
+                if (in.size() >= head_end + 4 + length) return in.substr(0, head_end + 4 + length);
+            }
+            const auto n = ::recv(fd, buf, sizeof buf, 0);
+            if (n <= 0) return {};
+            in.append(buf, static_cast<std::size_t>(n));
+        }
+    }
+    static void send_all(int fd, const std::string& bytes) {
+        std::size_t sent = 0;
+        while (sent < bytes.size()) {
+            const auto n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+            if (n <= 0) return;
+            sent += static_cast<std::size_t>(n);
+        }
+    }
+    /// Sends `request` to etcd on a connection of its own; returns the answer.
+    std::string forward(const std::string& request) const {
+        const int up = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(upstream_);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        std::string answer;
+        if (::connect(up, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+            send_all(up, request);
+            answer = read_message(up);
+        }
+        ::close(up);
+        return answer;
+    }
+    void serve() {
+        std::string held;
+        bool done = false;
+        for (;;) {
+            const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            if (c < 0) return;
+            for (;;) {
+                const auto request = read_message(c);
+                if (request.empty()) break;
+                const bool compares = request.rfind("POST /v3/kv/txn ", 0) == 0 &&
+                                      request.find("\"compare\"") != std::string::npos;
+                if (compares && !done && held.empty()) {
+                    held = request;  // lost: the client hears nothing
+                    break;
+                }
+                if (compares && !held.empty()) {
+                    auto late = forward(held);
+                    held.clear();
+                    done = true;
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    late_answer_ = std::move(late);
+                }
+                send_all(c, forward(request));
+            }
+            ::close(c);
+        }
+    }
+
+    std::uint16_t upstream_;
+    int fd_ = -1;
+    std::uint16_t port_ = 0;
+    std::thread thread_;
+    mutable std::mutex mutex_;
+    std::string late_answer_;
+};
 
 /// The message of the store_error `a` ends with (fails the case when it ends otherwise).
 template <class T>
@@ -283,6 +394,44 @@ TEST_CASE(
     CHECK(run(io, s.add("plain", 1)) == 1);
     CHECK(run(io, s.add("plain", std::int64_t{1} << 32)) == (std::int64_t{1} << 32) + 1);
     CHECK(run(io, s.add("plain", 1)) == (std::int64_t{1} << 32) + 2);
+    // Past the range a counter wraps (as PyTorch's store's does), never undefined behaviour.
+    const auto top = std::numeric_limits<std::int64_t>::max();
+    CHECK(run(io, s.add("edge", top)) == top);
+    CHECK(run(io, s.add("edge", 1)) == std::numeric_limits<std::int64_t>::min());
+    CHECK(run(io, s.add("edge", -1)) == top);
+    // A value that would read as a counter is refused, not misread.
+    CHECK(has(error_of(io, s.set("fake", std::string("\x01"
+                                                     "counter 5"))),
+              "kept for the store's counters"));
+    CHECK_FALSE(run(io, s.check(ks({"fake"}))));
+}
+
+TEST_CASE(
+    "etcd store: an update whose answer is lost and that etcd applies late, after a retry was sent, counts once") {
+    etcd_support::cluster etcd(1);
+    asio::io_context io;
+    elastic::etcd_store direct(std::make_shared<elastic::etcd_client>(io.get_executor(), options_for(etcd)));
+    // Adding 1 (one transaction that raises the counter), adding 2 (a compare-and-set) and an
+    // append, each through a proxy that loses the call's first transaction and applies it late.
+    for (const std::int64_t delta : {1, 2, 0}) {
+        CAPTURE(delta);
+        const auto key = fmt::format("n{}", delta);
+        CHECK(run(io, direct.add(key, 10)) == 10);
+        late_proxy proxy(etcd.members().front().client_port);
+        auto o = options_for(etcd);
+        o.endpoints = {{"127.0.0.1", proxy.port()}};
+        elastic::etcd_store s(std::make_shared<elastic::etcd_client>(io.get_executor(), o));
+        if (delta == 0) {
+            run(io, direct.set(key, "ab"));
+            run(io, s.append(key, "cd"));
+            CHECK(run(io, direct.get(key)) == "abcd");
+        } else {
+            CHECK(run(io, s.add(key, delta)) == 10 + delta);
+            CHECK(run(io, direct.get(key)) == std::to_string(10 + delta));
+        }
+        // The lost transaction did reach etcd, late, and etcd applied it.
+        CHECK(has(proxy.late_answer(), "\"succeeded\":true"));
+    }
 }
 
 TEST_CASE("etcd store: a wait is woken by the write that makes its keys exist, and a timeout says which keys") {

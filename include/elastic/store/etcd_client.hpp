@@ -257,11 +257,12 @@ public:
     ELASTIC_DECL void forget_shared_lease(std::int64_t id) noexcept;
 
     /// Watches [key, range_end) (empty: key alone) from `start_revision` (0: from now), with each
-    /// event's previous key-value when `prev_kv`. Returns once etcd confirmed the watch. A member
-    /// that loses its leader ends its watches (etcd's "require leader"), so a watch never waits
-    /// on a member cut off from the cluster.
+    /// event's previous key-value when `prev_kv`, deletions alone when `deletions_only` (etcd
+    /// leaves the puts out). Returns once etcd confirmed the watch. A member that loses its
+    /// leader ends its watches (etcd's "require leader"), so a watch never waits on a member cut
+    /// off from the cluster.
     ELASTIC_DECL asio::awaitable<etcd_watch> watch(std::string key, std::string range_end, std::int64_t start_revision,
-                                                   bool prev_kv = false);
+                                                   bool prev_kv = false, bool deletions_only = false);
 
     /// Drops the idle connections (the next request opens a new one).
     ELASTIC_DECL void close() noexcept;
@@ -590,6 +591,8 @@ struct client_state {
     std::size_t current = 0;                                     ///< the member that answered last
     std::int64_t shared_lease = 0;                               ///< shared_lease(): its id (0: none yet)
     std::chrono::steady_clock::time_point shared_lease_renew{};  ///< when to grant another
+    bool shared_lease_granting = false;                          ///< a grant is on its way...
+    asio::steady_timer shared_lease_granted{executor};           ///< ...and cancels this when done
     std::vector<std::unique_ptr<connection>> idle;
     /// Each member's addresses, resolved once (a name's resolution cannot be cancelled, and may
     /// stall): cleared when a connection to them fails, so a moved member is found again.
@@ -1234,12 +1237,27 @@ ELASTIC_DECL asio::awaitable<etcd_lease> etcd_client::lease_grant(std::int64_t t
 
 ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::shared_lease(std::int64_t ttl) {
     auto& s = *state_;
+    for (;;) {
+        const auto now = std::chrono::steady_clock::now();
+        if (s.shared_lease != 0 && now < s.shared_lease_renew) co_return s.shared_lease;
+        if (!s.shared_lease_granting) break;
+        // One grant at a time: the others wait for it (and ask again should it fail).
+        s.shared_lease_granted.expires_at(std::chrono::steady_clock::time_point::max());
+        (void)co_await s.shared_lease_granted.async_wait(detail::as_tuple_awaitable<void>);
+    }
+    s.shared_lease_granting = true;
     const auto now = std::chrono::steady_clock::now();
-    if (s.shared_lease == 0 || now >= s.shared_lease_renew) {
+    std::exception_ptr failed;
+    try {
         const auto granted = co_await lease_grant(ttl);
         s.shared_lease = granted.id;
         s.shared_lease_renew = now + std::chrono::seconds(granted.ttl / 2);
+    } catch (...) {
+        failed = std::current_exception();
     }
+    s.shared_lease_granting = false;
+    s.shared_lease_granted.cancel();
+    if (failed) std::rethrow_exception(failed);
     co_return s.shared_lease;
 }
 
@@ -1266,7 +1284,8 @@ ELASTIC_DECL asio::awaitable<void> etcd_client::lease_revoke(std::int64_t id) {
 }
 
 ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std::string range_end,
-                                                            std::int64_t start_revision, bool prev_kv) {
+                                                            std::int64_t start_revision, bool prev_kv,
+                                                            bool deletions_only) {
     auto& s = *state_;
     detail::etcd::check_tls(s);
     nlohmann::json create;
@@ -1274,6 +1293,7 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
     if (!range_end.empty()) create["range_end"] = detail::etcd::base64(range_end);
     if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
     if (prev_kv) create["prev_kv"] = true;
+    if (deletions_only) create["filters"] = nlohmann::json::array({"NOPUT"});
     const auto body = nlohmann::json{{"create_request", create}}.dump();
     std::string tried;
     const auto members = s.options.endpoints.size();
