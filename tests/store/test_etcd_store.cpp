@@ -33,6 +33,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 namespace test_etcd_store {
@@ -205,6 +206,12 @@ private:
             in.append(buf, static_cast<std::size_t>(n));
         }
     }
+    /// Bounds every blocking call on `fd` (10 s): a peer that never answers ends the exchange.
+    static void bounded(int fd) {
+        timeval limit{10, 0};
+        (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    }
     static void send_all(int fd, const std::string& bytes) {
         std::size_t sent = 0;
         while (sent < bytes.size()) {
@@ -216,6 +223,7 @@ private:
     /// Sends `request` to etcd on a connection of its own; returns the answer.
     std::string forward(const std::string& request) const {
         const int up = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bounded(up);
         sockaddr_in a{};
         a.sin_family = AF_INET;
         a.sin_port = htons(upstream_);
@@ -234,6 +242,7 @@ private:
         for (;;) {
             const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
             if (c < 0) return;
+            bounded(c);
             for (;;) {
                 const auto request = read_message(c);
                 if (request.empty()) break;
@@ -330,8 +339,8 @@ TEST_CASE("etcd store: the store's operations with c10d's semantics") {
 
 namespace test_etcd_store {
 
-asio::awaitable<void> add_ones(elastic::etcd_store& s, int times, std::vector<std::int64_t>& got) {
-    for (int i = 0; i < times; ++i) got.push_back(co_await s.add("crowd", 1));
+asio::awaitable<void> add_ones(elastic::etcd_store& s, const char* key, int times, std::vector<std::int64_t>& got) {
+    for (int i = 0; i < times; ++i) got.push_back(co_await s.add(key, 1));
 }
 
 }  // namespace test_etcd_store
@@ -357,7 +366,7 @@ TEST_CASE(
     int done = 0;
     std::vector<std::string> errors;
     for (auto& one : crowd) {
-        asio::co_spawn(io, add_ones(*one, times, got), [&](std::exception_ptr e) {
+        asio::co_spawn(io, add_ones(*one, "crowd", times, got), [&](std::exception_ptr e) {
             if (e) {
                 try {
                     std::rethrow_exception(e);
@@ -377,6 +386,23 @@ TEST_CASE(
     CHECK(got == every);
     CHECK(etcd.requests(0, "Txn") - txns == stores * times);
     CHECK(etcd.requests(0, "Range") == ranges);
+    // Stores of one client share their receipts' lease: one grant, however many ask at once.
+    const auto grants = etcd.requests(0, "LeaseGrant");
+    auto one_client = std::make_shared<elastic::etcd_client>(io.get_executor(), options_for(etcd));
+    std::vector<std::unique_ptr<elastic::etcd_store>> sharing;
+    for (int i = 0; i < 8; ++i) sharing.push_back(std::make_unique<elastic::etcd_store>(one_client));
+    std::vector<std::int64_t> more;
+    done = 0;
+    for (auto& one : sharing) {
+        asio::co_spawn(io, add_ones(*one, "shared", 1, more), [&](std::exception_ptr e) {
+            CHECK(e == nullptr);
+            ++done;
+        });
+    }
+    io.restart();
+    while (done < 8) io.run_one();
+    CHECK(more.size() == 8);
+    CHECK(etcd.requests(0, "LeaseGrant") - grants == 1);
     // Read, compared and replaced as its number.
     CHECK(run(io, s.get("crowd")) == "64");
     CHECK(run(io, s.multi_get(ks({"crowd"}))) == ks({"64"}));

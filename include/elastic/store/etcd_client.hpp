@@ -1241,11 +1241,12 @@ ELASTIC_DECL asio::awaitable<std::int64_t> etcd_client::shared_lease(std::int64_
         const auto now = std::chrono::steady_clock::now();
         if (s.shared_lease != 0 && now < s.shared_lease_renew) co_return s.shared_lease;
         if (!s.shared_lease_granting) break;
-        // One grant at a time: the others wait for it (and ask again should it fail).
-        s.shared_lease_granted.expires_at(std::chrono::steady_clock::time_point::max());
+        // One grant at a time: the others wait for it (and ask again should it fail). Only the
+        // granter sets the timer: setting it would cancel the waits already on it.
         (void)co_await s.shared_lease_granted.async_wait(detail::as_tuple_awaitable<void>);
     }
     s.shared_lease_granting = true;
+    s.shared_lease_granted.expires_at(std::chrono::steady_clock::time_point::max());
     const auto now = std::chrono::steady_clock::now();
     std::exception_ptr failed;
     try {

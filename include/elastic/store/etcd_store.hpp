@@ -497,9 +497,9 @@ inline std::string added(const std::optional<std::string>& current, const std::s
     return std::to_string(wrapped_sum(value, *decimal(delta)));
 }
 
-/// Refuses a value that would read as a counter.
+/// Refuses a value that would read as a counter, or pass for one (anything from counter_floor).
 inline void check_plain(std::string_view key, std::string_view value) {
-    if (value.starts_with(counter_tag)) {
+    if (value.starts_with(counter_floor)) {
         throw store_error(fmt::format("'{}': a value that starts with \\x01counter is kept for the store's counters",
                                       key));
     }
@@ -507,10 +507,25 @@ inline void check_plain(std::string_view key, std::string_view value) {
 
 inline std::string appended(const std::optional<std::string>& current, const std::string& suffix) {
     auto out = current.value_or(std::string()) + suffix;
-    if (out.starts_with(counter_tag)) {
+    if (out.starts_with(counter_floor)) {
         throw store_error("the value would start with \\x01counter, which is kept for the store's counters");
     }
     return out;
+}
+
+/// The error of an update whose receipt may be gone: whether it was applied cannot be told.
+inline store_error receipt_gone(const std::string& key) {
+    return store_error(fmt::format("'{}': etcd's answer to an update was lost and its receipt may have expired since: "
+                                   "whether it was applied can no longer be told; check the etcd cluster (and the "
+                                   "clocks of suspended machines) and start the job again",
+                                   key));
+}
+
+/// The error of an update that ends while an attempt's fate is unknown: it may have been applied.
+inline store_error maybe_applied(const std::string& key, std::string_view why) {
+    return store_error(fmt::format("'{}': {}; an earlier attempt's answer was lost, so the update may have been "
+                                   "applied",
+                                   key, why));
 }
 
 /// Revokes lease `id`; a failure leaves it to expire.
@@ -602,21 +617,18 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
     const auto deadline = clock::now() + options_.timeout;
     // When the first attempt whose answer was lost was sent. Its receipt lives at least half the
     // receipts' TTL (the shared lease is replaced at half its TTL); after that, an absent
-    // receipt no longer proves the attempt was not applied.
-    const auto receipt_lives = std::chrono::seconds(receipt_ttl / 2 - 60);
+    // receipt no longer proves the attempt was not applied. A read that says "absent" is
+    // trusted only when it returned within that time (less a margin).
+    const auto receipt_lives = std::chrono::seconds(receipt_ttl / 2 - 30);
     std::optional<clock::time_point> unsure_since;
     std::optional<std::vector<etcd_kv>> read;  // the key as the last failed attempt read it
     for (;;) {
         if (clock::now() >= deadline) {
-            throw store_error(fmt::format("'{}': etcd did not take the update within {} ms", key,
-                                          options_.timeout.count()));
+            const auto why = fmt::format("etcd did not take the update within {} ms", options_.timeout.count());
+            if (unsure_since) throw detail::etcd::maybe_applied(key, why);
+            throw store_error(fmt::format("'{}': {}", key, why));
         }
-        if (unsure_since && clock::now() - *unsure_since > receipt_lives) {
-            throw store_error(fmt::format("'{}': etcd's answer to an update was lost over {} s ago and no member "
-                                          "answered since: whether it was applied can no longer be told; check the "
-                                          "etcd cluster and start the job again",
-                                          key, receipt_lives.count()));
-        }
+        if (unsure_since && clock::now() - *unsure_since > receipt_lives) throw detail::etcd::receipt_gone(key);
         const auto sent = clock::now();
         std::int64_t lease = 0;  // the receipt's: shared by the client's stores, short-lived
         bool lease_gone = false;
@@ -630,6 +642,8 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                 if (!got.responses[1].kvs.empty()) {
                     co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
                 }
+                // "No receipt" proves nothing once the receipt may have expired.
+                if (clock::now() - *unsure_since > receipt_lives) throw detail::etcd::receipt_gone(key);
                 read = std::move(got.responses[0].kvs);
             }
             if (!read && increment) {
@@ -667,10 +681,14 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
             if (!read) read = std::move((co_await detail::etcd::unless_lease_lost(lease_, client_->range(k))).kvs);
         } catch (const etcd_error& e) {
             if (e.code() == 5) lease_gone = true;  // the receipts' lease expired
+            else if (!e.ambiguous() && unsure_since) throw detail::etcd::maybe_applied(key, e.what());
             else if (!e.ambiguous()) throw;
             else lost = true;
         }
         if (lease_gone) client_->forget_shared_lease(lease);
+        // The receipts' lease died before its time (a suspended host, a revoke): an earlier
+        // attempt's receipt died with it.
+        if (lease_gone && unsure_since) throw detail::etcd::receipt_gone(key);
         if (lost && !unsure_since) unsure_since = sent;
         if (lease_gone || lost) {
             read.reset();
@@ -716,10 +734,12 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
             if (!increment) read = std::move(got.responses[0].kvs);
         } catch (const etcd_error& e) {
             if (e.code() == 5) lease_gone = true;
+            else if (!e.ambiguous() && unsure_since) throw detail::etcd::maybe_applied(key, e.what());
             else if (!e.ambiguous()) throw;
             else lost = true;
         }
         if (lease_gone) client_->forget_shared_lease(lease);
+        if (lease_gone && unsure_since) throw detail::etcd::receipt_gone(key);
         if (lost && !unsure_since) unsure_since = cas_sent;
     }
 }
