@@ -26040,7 +26040,9 @@ inline asio::awaitable<void> read_response(connection& c, response_parser& p, cl
             if (auto bad = p.feed({}); !bad && done(p)) co_return;
             throw member_error({"the connection was closed before the answer", ambiguous, true, 0});
         }
-        if (auto bad = p.feed(std::string_view(buffer.data(), n))) throw member_error({*bad, ambiguous, true, 0});
+        // Bytes that are no HTTP, or an answer over the bound: a member that sends them will not
+        // answer better if asked again within this call (it is left for the others).
+        if (auto bad = p.feed(std::string_view(buffer.data(), n))) throw member_error({*bad, ambiguous, false, 0});
     }
 }
 
