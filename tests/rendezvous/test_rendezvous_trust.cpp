@@ -312,6 +312,41 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5, 7}), 4).round == 7);
     CHECK(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5}), 4).round == -1);
     CHECK_THROWS_AS(rdzv::decode_manifest(R"({"k":1,"n":1,"ids":["a"],"silent":0,"round":-1})", 4), invalid_value);
+    // ... the members' lease names by rank, and the round before as the split-brain rule needs it.
+    {
+        rdzv::round_manifest m{2, 2, {"a", "b"}, 5, 7};
+        m.by_rank = {"b", "a"};
+        m.prior = rdzv::round_manifest::prior_round{6, 3, {2}, {{0, 1}, {1, 0}}};
+        const auto back = rdzv::decode_manifest(rdzv::encode(m), 4);
+        CHECK(back.by_rank == m.by_rank);
+        REQUIRE(back.prior);
+        CHECK(back.prior->round == 6);
+        CHECK(back.prior->size == 3);
+        CHECK(back.prior->absent == std::vector<int>{2});
+        CHECK(back.prior->from == m.prior->from);
+        CHECK_FALSE(rdzv::decode_manifest(rdzv::encode(rdzv::round_manifest{2, 2, {"a", "b"}, 5, 7}), 4).prior);
+    }
+    const auto manifest = [](std::string_view extra) {
+        return fmt::format(R"({{"k":2,"n":2,"ids":["a","b"],"silent":0,"round":1,{}}})", extra);
+    };
+    CHECK(rdzv::decode_manifest(manifest(R"("by_rank":["a","b"])"), 4).by_rank.size() == 2);
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("by_rank":["a"])"), 4), invalid_value);  // one per member
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("by_rank":["a",2])"), 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":[])"), 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":5,"absent":[],"from":[]})"), 4),
+                    invalid_value);  // larger than MAX
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":2,"absent":[2],"from":[]})"), 4),
+                    invalid_value);  // a rank outside it
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":2,"absent":[],"from":[[2,0]]})"), 4),
+                    invalid_value);  // a rank outside this round
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":2,"absent":[],"from":[[0]]})"), 4),
+                    invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":2,"from":[]})"), 4), invalid_value);
+    // A retry may name the round before the last, refused for its unacknowledged members.
+    CHECK(rdzv::decode_retry_prior(rdzv::encode_retry(5, 3), 5) == 3);
+    CHECK(rdzv::decode_retry_majority(rdzv::encode_retry(5, 3), 5) == 5);
+    CHECK(rdzv::decode_retry_prior(rdzv::encode_retry(5), 5) == 0);
+    CHECK_THROWS_AS(rdzv::decode_retry_prior(R"({"retry":true,"prior_of":9})", 5), invalid_value);
     // Where a moved job came from: a round and its size (1..nnodes).
     const auto from = rdzv::decode_moved_from(rdzv::encode(rdzv::moved_from{6, 3}), 4);
     CHECK(from.round == 6);
@@ -1484,11 +1519,263 @@ TEST_CASE("rendezvous trust: after members went silent, a round with no majority
                 CHECK(r->number == a->number);
             }
             CHECK(std::set<int>{a->group_rank, b->group_rank, newcomer->group_rank} == std::set<int>{0, 1, 2});
-            CHECK(has(log, "too few of the last round's 3 members joined for a majority after a member went silent"));
+            CHECK(has(
+                log,
+                "too few of the last round's 3 members joined for a majority after a member went silent or stayed away with a live lease"));
         } else {
             CHECK_FALSE(b);
             CHECK(a->group_world_size == 1);
             CHECK_FALSE(has(log, "majority"));
+        }
+    }
+}
+
+TEST_CASE("rendezvous trust: standbys that fill a round to MAX while members of the last round stay away with live "
+          "leases do not form it, a majority of the members back does") {
+    // --nnodes=1:3: x, y and z form round 0; two standbys wait beside it. x aborts the round (a
+    // worker failure that a cut caused, say) and comes back with the standbys at once: 3 = MAX.
+    // y and z still hold their leases but stay away, as members on the far side of a cut do
+    // until their keep-alive runs out, and there they may already move the store and train as
+    // 2 of the 3. So round 1 is not formed. Then y comes back: x and y are a majority of round
+    // 0, and the next round forms with a standby in z's seat.
+    loopback_store net(16);
+    auto& ctx = net.ctx;
+    auto& c = net.c;
+    std::vector<std::string> said;
+    std::function<void()> on_standbys;
+    int standbys = 0;
+    elastic::store_rendezvous_options o;
+    o.run_id = "live-away";
+    o.nnodes = 3;
+    o.min_nodes = 1;
+    o.hosts_store = true;
+    o.join_timeout = std::chrono::minutes(10);
+    o.last_call_timeout = std::chrono::seconds(1);  // the grace of a node between refused rounds
+    o.log = [&](std::string_view line) {
+        said.emplace_back(line);
+        if (line.find("waits as a standby") != std::string_view::npos && ++standbys == 2 && on_standbys)
+            std::exchange(on_standbys, nullptr)();
+    };
+    elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> z(*c[6], *c[7], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> s1(*c[9], *c[10], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> s2(*c[12], *c[13], o);
+    const auto node = lease_node;
+    const auto rethrow = [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+    };
+    std::optional<elastic::rendezvous_round> first;
+    std::optional<elastic::rendezvous_round> a;
+    std::optional<elastic::rendezvous_round> b;
+    std::optional<std::string> round_one;  // round 1's size: "0" when it was not formed
+    std::vector<int> seated;               // the standbys' rounds
+    int waiting = 0;                       // standbys still beside the round at the end
+    asio::steady_timer finished(ctx, asio::steady_timer::time_point::max());
+    const auto until_finished = [&]() -> asio::awaitable<void> {
+        co_await finished.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    };
+    const auto end_when_done = [&] {  // ends every wait on `finished`, now and later
+        if (a && b && !seated.empty()) finished.expires_at(asio::steady_timer::time_point::min());
+    };
+    const auto standby = [&](elastic::store_rendezvous<elastic::tcp_store_client>& s, elastic::tcp_store_client& lease,
+                             std::string id) -> asio::awaitable<void> {
+        using namespace asio::experimental::awaitable_operators;
+        co_await s.start_liveness(lease, node(id));
+        auto joined = co_await (s.keep_membership() || s.next_round(node(id)) || until_finished());
+        REQUIRE(joined.index() != 0);
+        if (joined.index() == 2) {
+            ++waiting;
+            co_return;
+        }
+        seated.push_back(std::get<1>(joined).number);
+        end_when_done();
+        co_await (s.keep_membership() || until_finished());  // a member keeps its lease
+    };
+    on_standbys = [&] {
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                elastic::abort_notice notice;
+                notice.group_rank = first->group_rank;
+                notice.host = "x";
+                notice.reason = "a worker failed";
+                notice.what = elastic::abort_notice::kind::membership;
+                REQUIRE(co_await x.abort(notice));
+                a = co_await x.next_round(node("x"));
+                end_when_done();
+            },
+            rethrow);
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                const auto size_key = fmt::format("elastic.rendezvous.{}/1/size", o.run_id);
+                std::vector<std::string> size{size_key};
+                co_await c[15]->wait(std::move(size), std::chrono::seconds(120));
+                round_one = co_await c[15]->get(size_key);
+                b = co_await y.next_round(node("y"));
+                end_when_done();
+            },
+            rethrow);
+    };
+    const auto run = [&]() -> asio::awaitable<void> {
+        using namespace asio::experimental::awaitable_operators;
+        auto formed = co_await (x.next_round(node("x")) && y.next_round(node("y")) && z.next_round(node("z")));
+        first = std::get<0>(formed);
+        asio::co_spawn(ctx, standby(s1, *c[11], "s1"), rethrow);
+        asio::co_spawn(ctx, standby(s2, *c[14], "s2"), rethrow);
+        // Leases kept for the whole case: y's and z's live while they stay away.
+        co_await (x.keep_membership() || y.keep_membership() || z.keep_membership() || until_finished());
+        for (auto& each : c) each->close();
+        net.server.stop();
+    };
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            co_await x.start_liveness(*c[2], node("x"));
+            co_await y.start_liveness(*c[5], node("y"));
+            co_await z.start_liveness(*c[8], node("z"));
+            co_await run();
+        },
+        rethrow);
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    std::string log;
+    for (const auto& line : said) log += line + "\n";
+    INFO(log);
+    REQUIRE(first);
+    CHECK(first->group_world_size == 3);
+    CHECK(round_one == std::optional<std::string>("0"));  // x and two standbys: no majority of round 0
+    CHECK(has(log, "too few of the last round's 3 members joined for a majority after a member went silent or "
+                   "stayed away with a live lease"));
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->number == b->number);
+    CHECK(a->number >= 2);
+    CHECK(a->group_world_size == 3);
+    CHECK(a->group_rank != b->group_rank);
+    REQUIRE(seated.size() == 1);  // one standby takes z's seat, the other waits beside the round
+    CHECK(seated.front() == a->number);
+    CHECK(waiting == 1);
+}
+
+TEST_CASE("rendezvous trust: after an admission round formed, members that never acknowledged it and went silent "
+          "keep the store's side from going on by its majority alone, acknowledged they do not") {
+    // --nnodes=1:5: x, y and z form round 0; d and e join, and round 1 forms with all five. Then
+    // y and z go silent. x, d and e are a majority of round 1, but if y and z never learned
+    // that round 1 formed (cut off between their arrival and their assignment: no
+    // `acked/<rank>`), they go by round 0, where they are 2 of 3 and may move the store and
+    // train. So x, d and e do not form round 2, and end at the join timeout naming why. When
+    // y and z had acknowledged round 1 (they go by it, where they are 2 of 5), round 2 forms.
+    for (const bool acknowledged : {false, true}) {
+        CAPTURE(acknowledged);
+        loopback_store net(17);
+        auto& ctx = net.ctx;
+        auto& c = net.c;
+        std::vector<std::string> said;
+        elastic::store_rendezvous_options o;
+        o.run_id = "unacknowledged";
+        o.nnodes = 5;
+        o.min_nodes = 1;
+        o.hosts_store = true;
+        o.join_timeout = std::chrono::seconds(4);
+        o.last_call_timeout = std::chrono::milliseconds(500);
+        o.log = [&](std::string_view line) { said.emplace_back(line); };
+        elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> z(*c[6], *c[7], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> d(*c[9], *c[10], o);
+        elastic::store_rendezvous<elastic::tcp_store_client> e(*c[12], *c[13], o);
+        const auto node = lease_node;
+        std::optional<elastic::rendezvous_round> zero;
+        std::optional<elastic::rendezvous_round> one;
+        std::vector<std::string> ended;  // x's, d's and e's round 2: "formed N", or the error
+        std::optional<std::string> round_two;
+        const auto second = [&](elastic::store_rendezvous<elastic::tcp_store_client>& n,
+                                std::string id) -> asio::awaitable<void> {
+            try {
+                const auto r = co_await n.next_round(node(id));
+                ended.push_back(fmt::format("formed {} of {}", r.number, r.group_world_size));
+            } catch (const elastic::rendezvous_error& error) {
+                ended.emplace_back(error.what());
+            }
+        };
+        const auto read_round_two = [&]() -> asio::awaitable<void> {  // before later rounds collect it
+            const auto size_key = fmt::format("elastic.rendezvous.{}/2/size", o.run_id);
+            std::vector<std::string> size{size_key};
+            co_await c[16]->wait(std::move(size), std::chrono::seconds(120));
+            round_two = co_await c[16]->get(size_key);
+        };
+        // Round 1 admits d and e; then y and z go silent, and x, d and e try round 2.
+        const auto admit = [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            auto admitted = co_await (x.next_round(node("x")) && y.next_round(node("y")) && z.next_round(node("z")) &&
+                                      d.next_round(node("d")) && e.next_round(node("e")));
+            one = std::get<0>(admitted);
+            const int y_rank = std::get<1>(admitted).group_rank;
+            const int z_rank = std::get<2>(admitted).group_rank;
+            if (!acknowledged) {
+                // What y and z leave when the cut came before they read their assignment. A
+                // get on the connection of each one's set (which has no reply) orders it first.
+                for (const auto& [store, g] : {std::pair{c[3].get(), y_rank}, std::pair{c[6].get(), z_rank}}) {
+                    const auto ack = x.job_key(fmt::format("acked/{}", g));
+                    CHECK(co_await store->get(ack) == "1");
+                    net.server.engine().set("/" + ack, std::string("0"));
+                }
+            }
+            net.server.engine().set("/" + elastic::lease_silent_key(x.lease_group()), std::string("2"));
+            c[5]->close();
+            c[8]->close();
+            std::vector<std::string> lost{elastic::lease_lost_key(x.lease_group(), 1),
+                                          elastic::lease_lost_key(x.lease_group(), 2)};
+            co_await c[15]->wait(std::move(lost), std::chrono::seconds(120));
+            co_await (second(x, "x") && second(d, "d") && second(e, "e") && read_round_two());
+        };
+        const auto run = [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            auto formed = co_await (x.next_round(node("x")) && y.next_round(node("y")) && z.next_round(node("z")));
+            zero = std::get<0>(formed);
+            co_await d.start_liveness(*c[11], node("d"));
+            co_await e.start_liveness(*c[14], node("e"));
+            co_await (d.keep_membership() || e.keep_membership() || admit());
+        };
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                using namespace asio::experimental::awaitable_operators;
+                co_await x.start_liveness(*c[2], node("x"));
+                co_await y.start_liveness(*c[5], node("y"));
+                co_await z.start_liveness(*c[8], node("z"));
+                co_await (x.keep_membership() || y.keep_membership() || z.keep_membership() || run());
+                for (auto& each : c) each->close();
+                net.server.stop();
+            },
+            [](std::exception_ptr error) {
+                if (error) std::rethrow_exception(error);
+            });
+        ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+        std::string log;
+        for (const auto& line : said) log += line + "\n";
+        INFO(log);
+        REQUIRE(zero);
+        REQUIRE(one);
+        CHECK(zero->group_world_size == 3);
+        CHECK(one->group_world_size == 5);
+        std::string ends;
+        for (const auto& each : ended) ends += each + "\n";
+        INFO(ends);
+        REQUIRE(ended.size() == 3);
+        if (acknowledged) {
+            CHECK(round_two == std::optional<std::string>("3"));
+            for (const auto& each : ended) CHECK(each == "formed 2 of 3");
+            CHECK_FALSE(has(log, "round before the last one"));
+        } else {
+            CHECK(round_two == std::optional<std::string>("0"));
+            CHECK(has(log, "too many of the 3 members of the round before the last one are away and never "
+                           "acknowledged that the last one formed"));
+            for (const auto& each : ended) {
+                CHECK(has(each, "too many of the 3 members of the round before the last one stayed away without "
+                                "acknowledging the last round within the join timeout (4 s)"));
+            }
         }
     }
 }

@@ -69,6 +69,21 @@ struct round_manifest {
     std::int64_t silent = -1;
     /// The round's number (-1: not recorded), whose members the majority rule counts.
     int round = -1;
+    /// The members' lease names by group rank (the job's `last_round` only): a member that
+    /// stays away while its lease lives may be cut off and going on elsewhere.
+    std::vector<std::string> by_rank{};
+    /// The round formed before this one, as far as the split-brain rule still needs it (the
+    /// job's `last_round` only): a member of it that never learned of this round (it wrote no
+    /// `acked/<rank>`) counts that round's majority, not this one's.
+    struct prior_round {
+        int round = -1;
+        int size = 0;
+        /// Its members absent from this round that may be alive (a rule that counted them).
+        std::vector<int> absent{};
+        /// Its members in this round: {group rank here, group rank there}.
+        std::vector<std::pair<int, int>> from{};
+    };
+    std::optional<prior_round> prior{};
 };
 
 /// `<run>/moved_from` in a store the job moved to: the last round its movers were members of,
@@ -102,10 +117,14 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
 /// The assignment every arrival gets when the round lost a node while forming; `majority_of`
 /// (when above 0): too few joined after a member went silent, and the rounds that follow need a
 /// majority of the last round's `majority_of` nodes.
-ELASTIC_DECL std::string encode_retry(int majority_of = 0);
+/// `prior_of`: the size of the round before the last when the round was refused because too
+/// many of its members may not have learned that the last one formed.
+ELASTIC_DECL std::string encode_retry(int majority_of = 0, int prior_of = 0);
 /// The `majority_of` of a retry (0 when it names none, or `text` is no retry); invalid_value
 /// when it is outside 1..nnodes.
 ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes);
+/// The `prior_of` of a retry (0 when it names none); invalid_value when outside 1..nnodes.
+ELASTIC_DECL int decode_retry_prior(std::string_view text, int nnodes);
 /// The assignment of an arrival the round left out because it wrote no info in time: a retry
 /// (an older agent retries the next round) that tells this one the round formed without it.
 ELASTIC_DECL std::string encode_left_out();
@@ -360,19 +379,30 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
     });
 }
 
-ELASTIC_DECL std::string encode_retry(int majority_of) {
+ELASTIC_DECL std::string encode_retry(int majority_of, int prior_of) {
     nlohmann::json j{{"retry", true}};
     if (majority_of > 0) j["majority_of"] = majority_of;
+    if (prior_of > 0) j["prior_of"] = prior_of;
     return j.dump();
 }
 
-ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes) {
-    return codec::decoded([&] {
-        using namespace codec;
+namespace codec {
+// A retry's round size `name` (0 when the retry names none, or `text` is no retry).
+inline int retry_size(std::string_view text, int nnodes, const char* name) {
+    return decoded([&] {
         const auto j = parse_object(text);
-        if (!j.contains("retry") || !j.contains("majority_of")) return 0;
-        return field_small(j, "majority_of", 1, nnodes);
+        if (!j.contains("retry") || !j.contains(name)) return 0;
+        return field_small(j, name, 1, nnodes);
     });
+}
+}  // namespace codec
+
+ELASTIC_DECL int decode_retry_majority(std::string_view text, int nnodes) {
+    return codec::retry_size(text, nnodes, "majority_of");
+}
+
+ELASTIC_DECL int decode_retry_prior(std::string_view text, int nnodes) {
+    return codec::retry_size(text, nnodes, "prior_of");
 }
 
 ELASTIC_DECL std::string encode_left_out() { return nlohmann::json{{"retry", true}, {"left_out", true}}.dump(); }
@@ -416,6 +446,12 @@ ELASTIC_DECL std::string encode(const round_manifest& m) {
     nlohmann::json j{{"k", m.k}, {"n", m.n}, {"ids", m.ids}};
     if (m.silent >= 0) j["silent"] = m.silent;
     if (m.round >= 0) j["round"] = m.round;
+    if (!m.by_rank.empty()) j["by_rank"] = m.by_rank;
+    if (m.prior) {
+        nlohmann::json from = nlohmann::json::array();
+        for (const auto& [here, there] : m.prior->from) from.push_back({here, there});
+        j["prior"] = {{"round", m.prior->round}, {"size", m.prior->size}, {"absent", m.prior->absent}, {"from", from}};
+    }
     return j.dump();
 }
 
@@ -450,6 +486,42 @@ ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
         }
         if (j.contains("silent")) m.silent = field_int(j, "silent", 0, std::numeric_limits<std::int64_t>::max());
         if (j.contains("round")) m.round = field_small(j, "round", 0, std::numeric_limits<int>::max());
+        if (const auto by = j.find("by_rank"); by != j.end()) {
+            if (!by->is_array() || by->size() != static_cast<std::size_t>(m.n))
+                throw invalid_value("'by_rank' is not a lease name per member");
+            for (const auto& id : *by) {
+                if (!id.is_string() || id.get_ref<const std::string&>().size() > max_id)
+                    throw invalid_value("a member's lease name is not a string of at most 512 bytes");
+                m.by_rank.push_back(id.get<std::string>());
+            }
+        }
+        if (const auto prior = j.find("prior"); prior != j.end()) {
+            if (!prior->is_object()) throw invalid_value("'prior' is not an object");
+            round_manifest::prior_round p;
+            p.round = field_small(*prior, "round", 0, std::numeric_limits<int>::max());
+            p.size = field_small(*prior, "size", 1, nnodes);
+            const auto absent = prior->find("absent");
+            const auto from = prior->find("from");
+            if (absent == prior->end() || !absent->is_array() || absent->size() > static_cast<std::size_t>(p.size))
+                throw invalid_value("'prior' has no list of its absent members");
+            for (const auto& rank : *absent) {
+                if (!rank.is_number_integer() || rank.get<std::int64_t>() < 0 || rank.get<std::int64_t>() >= p.size)
+                    throw invalid_value("an absent member's rank is outside the prior round");
+                p.absent.push_back(rank.get<int>());
+            }
+            if (from == prior->end() || !from->is_array() ||
+                from->size() > static_cast<std::size_t>(std::min(p.size, m.n)))
+                throw invalid_value("'prior' has no list of the members it shares with this round");
+            for (const auto& pair : *from) {
+                const auto in_range = [](const nlohmann::json& v, int size) {
+                    return v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() < size;
+                };
+                if (!pair.is_array() || pair.size() != 2 || !in_range(pair[0], m.n) || !in_range(pair[1], p.size))
+                    throw invalid_value("a shared member is not a pair of ranks in the two rounds");
+                p.from.emplace_back(pair[0].get<int>(), pair[1].get<int>());
+            }
+            m.prior = std::move(p);
+        }
         return m;
     });
 }

@@ -80,6 +80,7 @@ public:
         o.hosts_store = false;
         // The keys live under elastic's own prefix in etcd: no torchrun agent writes there.
         o.torchrun_guard = false;
+        o.split_guard = false;  // etcd is a quorum of its own: a part cut off from it stops
         o.log = log_;
         o.loss_cause = "etcd ended its agent's lease: the agent died, left, or could not renew it in time";
         rdzv_.emplace(*store_, *watcher_, std::move(o));

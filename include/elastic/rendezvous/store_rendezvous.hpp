@@ -66,6 +66,11 @@ struct store_rendezvous_options {
     std::optional<int> max_restarts;
     /// How a node's loss came about, as the membership restart's reason says it.
     std::string loss_cause = "its agent's connection to the rendezvous store ended or went silent";
+    /// Whether the store may be cut off from part of the job, which then moves it and goes on
+    /// (an agent-hosted store): an elastic job then forms rounds under the split-brain rule,
+    /// and each member records that it learned of its round (`acked/<group rank>`). A store
+    /// that is itself a quorum (etcd) turns it off.
+    bool split_guard = true;
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -149,12 +154,13 @@ public:
         const auto moved = detail::rendezvous::after_store_moved(size_, host_in_round_);
         quorum_ = moved.quorum;
         majority_of_ = std::max(size_, 1);
+        prior_of_ = 0;
         target_ = moved.target;
         phase_ = phase::idle;
         moved_ = true;
         told_majority_ = false;
         // No member of the last round this node knows (a standby that follows): its arrival
-        // must not take a member's place in the movers' first round (member_majority).
+        // must not take a member's place in the movers' first round (split_rule).
         await_movers_ = member_round_ < 0 || member_round_ != known_round_;
     }
 
@@ -300,7 +306,10 @@ public:
                 // come again at once (newcomers, standbys): the next round waits a grace first,
                 // and none starts past the join timeout.
                 if (std::chrono::steady_clock::now() - started >= options_.join_timeout) throw majority_error(r);
-                co_await unless_lost(*watcher_, pause(arrival_grace()));
+                // A node that was no member of the last round (a standby) waits twice as long, so
+                // the members that count toward the majority take the seats first.
+                const bool member = member_round_ >= 0 && member_round_ == known_round_;
+                co_await unless_lost(*watcher_, pause(member ? arrival_grace() : 2 * arrival_grace()));
             }
             if (!assigned) continue;  // the round lost a node while forming: the next one
             auto round = *assigned;
@@ -317,8 +326,12 @@ public:
             successors_ = round.successors;
             quorum_ = 0;
             majority_of_ = 0;
+            prior_of_ = 0;
             target_ = 0;
             phase_ = phase::running;
+            // The split-brain rule counts a member that never learned of this round as one that
+            // may still go by the round before it (split_rule): this node has learned.
+            if (guards_split()) co_await store_->set(job_key(fmt::format("acked/{}", group_rank_)), std::to_string(r));
             // Losses this node saw after the completer's epoch but before it ran: a member may
             // be among them.
             if (members_) {
@@ -552,6 +565,11 @@ private:
 
     // The nodes a round needs: MIN, or after the store moved a majority of the last round.
     [[nodiscard]] int needed() const noexcept { return std::max(options_.min(), quorum_); }
+
+    // Whether rounds form under the split-brain rule (split_rule) and members acknowledge them.
+    [[nodiscard]] bool guards_split() const noexcept {
+        return options_.split_guard && options_.elastic() && members_ != nullptr;
+    }
 
     // What decides the next round's completion besides its arrivals (the planner's input).
     [[nodiscard]] detail::rendezvous::round_rules rules() const noexcept {
@@ -961,7 +979,7 @@ private:
             auto joined = co_await store_->add(key(r, "count"), 0);
             if (joined >= detail::rendezvous::seal_increment) joined -= detail::rendezvous::seal_increment;
             const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
-            if (quorum_ > 0 && joined < needed()) throw majority_error(r);
+            if (prior_of_ > 0 || (quorum_ > 0 && joined < needed())) throw majority_error(r);
             if (joined >= needed()) {
                 // Enough arrivals, and still no round: say what it waited for (not "N of the N
                 // nodes needed joined").
@@ -1202,16 +1220,16 @@ private:
                 out_values.push_back(value);
             }
         };
-        // After a member went silent the round needs a majority of the last one (no majority:
-        // everyone is told so with the retry, and waits for one from then on).
-        const int majority_of = static_cast<int>(in.size()) >= needed()
-                                    ? co_await member_majority(s, arrived, in, silent)
-                                    : 0;
-        if (static_cast<int>(in.size()) < needed() || majority_of > 0) {
+        // After a member went silent, or while one stays away with a live lease, the round needs
+        // a majority of the last one (no majority: everyone is told so with the retry, and waits
+        // for one from then on).
+        split_verdict verdict;
+        if (static_cast<int>(in.size()) >= needed()) verdict = co_await split_rule(s, arrived, in, silent);
+        if (static_cast<int>(in.size()) < needed() || verdict.majority_of > 0) {
             // A node was lost while the round formed and too few are left: everyone goes on to
             // the next round (where the join timeout may end the wait); a late node finds
             // size 0 and moves on too.
-            tell_all(detail::rendezvous::encode_retry(majority_of));
+            tell_all(detail::rendezvous::encode_retry(verdict.majority_of, verdict.prior_of));
             out_keys.push_back(key(r, "size"));
             out_values.push_back("0");
         } else {
@@ -1270,14 +1288,34 @@ private:
                 out_keys.push_back(job_key("round"));
                 out_values.push_back(std::to_string(r));
                 // The last formed round's members and silent-loss count, for the split-brain
-                // rule (member_majority): a job key, so no collection of old rounds removes it.
+                // rule (split_rule): a job key, so no collection of old rounds removes it.
                 std::vector<std::string> ids;
                 for (const auto& node : nodes) {
                     if (!node.id.empty()) ids.push_back(node.id);
                 }
+                detail::rendezvous::round_manifest last{k, n, std::move(ids), silent, r};
+                if (verdict.before) {
+                    // The round before this one, for the next round's rule: this round's members
+                    // that were its members (a member that never learns of this round goes by it).
+                    last.prior = std::move(verdict.before);
+                    for (int j = 0; j < n; ++j) {
+                        const auto& node = nodes[static_cast<std::size_t>(j)];
+                        if (node.member_of == last.prior->round && node.previous_rank &&
+                            *node.previous_rank < last.prior->size) {
+                            last.prior->from.emplace_back(plan.group_rank[static_cast<std::size_t>(j)],
+                                                          *node.previous_rank);
+                        }
+                    }
+                }
+                if (guards_split()) {
+                    last.by_rank.resize(static_cast<std::size_t>(n));
+                    for (int j = 0; j < n; ++j) {
+                        last.by_rank[static_cast<std::size_t>(plan.group_rank[static_cast<std::size_t>(j)])] =
+                            nodes[static_cast<std::size_t>(j)].id;
+                    }
+                }
                 out_keys.push_back(job_key("last_round"));
-                out_values.push_back(detail::rendezvous::encode(detail::rendezvous::round_manifest{k, n, std::move(ids),
-                                                                                                   silent, r}));
+                out_values.push_back(detail::rendezvous::encode(last));
                 for (const auto& node : nodes) {
                     if (!node.id.empty()) members.push_back(node.id);
                 }
@@ -1478,23 +1516,38 @@ private:
         co_return silent.value_or(-1);
     }
 
+    // What the split-brain rule says of a round about to form.
+    struct split_verdict {
+        int majority_of = 0;  ///< the size of the round whose majority it lacks (0: none lacking)
+        int prior_of = 0;     ///< refused for the round before the last one: its size
+        /// The last round, for this one's `last_round` record (prior_round::from is filled in
+        /// by the completer, which knows the new ranks).
+        std::optional<detail::rendezvous::round_manifest::prior_round> before;
+    };
+
     // The split-brain rule. A member lost by closing its connection (its agent killed) is gone;
     // one that went silent may be alive on the far side of a network cut, where the others move
-    // the store and form a round of their own with a majority of the last round. So two kinds
-    // of round need a majority of the members of the round before them, counted among the
+    // the store and form a round of their own with a majority of the last round they know. So
+    // a round needs a majority of the members of the round before it, counted among the
     // arrivals that say they were members of it (`member_of`, each group rank once), never
-    // newcomers or standbys:
-    // - a round formed after a silent loss (`silent`, the count now, above the one the last
-    //   formed round recorded in the job's `last_round`), on the store's side;
-    // - the first round in a store the job moved to (`moved_from`, the highest round its movers
-    //   knew: record_moved_from).
-    // Returns the size of that round when the arrivals `in` hold no majority of its members,
-    // else 0. A store that keeps no silent count (-1) imposes the first rule on nothing, and
-    // neither does a last round that recorded none (reported); a last round that recorded no
-    // number (an older agent formed it) has its majority counted among all arrivals.
-    asio::awaitable<int> member_majority(Store& s, const std::vector<node_info>& arrived, const std::vector<int>& in,
-                                         std::int64_t silent) {
-        if (!options_.elastic()) co_return 0;
+    // newcomers or standbys, when:
+    // - a lease went silent since the last round formed (`silent`, the count now, above the
+    //   one the job's `last_round` recorded), on the store's side;
+    // - a member of the last round stays away while its lease lives (it may be cut off, its
+    //   lease not run out yet, while standbys fill the round to MAX);
+    // - it is the first round in a store the job moved to (`moved_from`, the highest round its
+    //   movers knew: record_moved_from).
+    // And a member of the last round that never learned that it formed (no `acked/<rank>` for
+    // it: cut off between its arrival and its assignment) goes by the round before, whose
+    // majority it may make elsewhere with others that stayed away: then the round also needs
+    // that too few of the round before are away to make one. A store that keeps no silent count
+    // (-1) imposes the rule on nothing, and neither does a last round that recorded none
+    // (reported); a last round that recorded no number (an older agent formed it) has its
+    // majority counted among all arrivals.
+    asio::awaitable<split_verdict> split_rule(Store& s, const std::vector<node_info>& arrived,
+                                              const std::vector<int>& in, std::int64_t silent) {
+        split_verdict verdict;
+        if (!options_.elastic() || !options_.split_guard) co_return verdict;
         const auto last_key = job_key("last_round");
         std::vector<std::string> formed{last_key};
         const bool any_formed = co_await s.check(std::move(formed));
@@ -1513,36 +1566,85 @@ private:
                                return m;
                            });
         }
-        int of_round = -1;
-        int of_size = 0;
-        if (any_formed && !last) co_return 0;  // an invalid record (reported): the rule is off
+        // The group ranks in round q (of `size` nodes) of the arrivals that were its members.
+        const auto ranks_in = [&](int q, int size) {
+            std::set<int> ranks;
+            for (const int i : in) {
+                const auto& node = arrived[static_cast<std::size_t>(i)];
+                if (node.member_of == q && node.previous_rank && *node.previous_rank < size)
+                    ranks.insert(*node.previous_rank);
+            }
+            return ranks;
+        };
+        // The round before the one forming, as the next one's rule needs it: its members absent
+        // here that may be alive (when the rule counted them: otherwise they were lost for good).
+        const auto before = [&](int q, int size, const std::set<int>& present, bool counted) {
+            detail::rendezvous::round_manifest::prior_round p;
+            p.round = q;
+            p.size = size;
+            for (int g = 0; counted && g < size; ++g) {
+                if (!present.contains(g)) p.absent.push_back(g);
+            }
+            return p;
+        };
+        if (any_formed && !last) co_return verdict;  // an invalid record (reported): the rule is off
         if (!last || last->n <= 0) {
             // No round formed in this store yet: one the job moved to counts the movers' round.
             const auto moved = co_await read_checked(
                 s, job_key("moved_from"), "the round is formed without the movers' majority rule",
                 [&](std::string_view v) { return detail::rendezvous::decode_moved_from(v, options_.nnodes); });
-            if (!moved) co_return 0;
-            of_round = moved->round;
-            of_size = moved->size;
-        } else {
-            if (silent <= 0 || silent <= last->silent) co_return 0;
-            of_round = last->round;
-            of_size = last->n;
+            if (!moved) co_return verdict;
+            const auto present = ranks_in(moved->round, moved->size);
+            verdict.before = before(moved->round, moved->size, present, true);
+            if (2 * static_cast<int>(present.size()) <= moved->size) verdict.majority_of = moved->size;
+            co_return verdict;
         }
-        int members = 0;
-        if (of_round < 0) {
-            members = static_cast<int>(in.size());
-        } else {
-            std::set<int> ranks;
-            for (const int i : in) {
-                const auto& node = arrived[static_cast<std::size_t>(i)];
-                if (node.member_of == of_round && node.previous_rank && *node.previous_rank < of_size) {
-                    ranks.insert(*node.previous_rank);
-                }
+        if (silent < 0) co_return verdict;  // a store that keeps no silent count cannot be cut off
+        const int n = last->n;
+        if (last->round < 0) {  // an older agent's record: the rule after a silent loss only
+            if (silent > last->silent && 2 * static_cast<int>(in.size()) <= n) verdict.majority_of = n;
+            co_return verdict;
+        }
+        const auto present = ranks_in(last->round, n);
+        bool counted = silent > last->silent;
+        if (!counted && static_cast<int>(last->by_rank.size()) == n) {
+            // A member away while its lease lives: it may be on the far side of a cut. Not one
+            // whose workers all succeeded (`done/<g>`): it stays only to serve or wait, and never
+            // trains again.
+            for (int g = 0; g < n && !counted; ++g) {
+                if (present.contains(g) || !co_await holds_lease(s, last->by_rank[static_cast<std::size_t>(g)]))
+                    continue;
+                std::vector<std::string> done{key(last->round, fmt::format("done/{}", g))};
+                counted = !co_await s.check(std::move(done));
             }
-            members = static_cast<int>(ranks.size());
         }
-        co_return 2 * members > of_size ? 0 : of_size;
+        verdict.before = before(last->round, n, present, counted);
+        if (!counted) co_return verdict;
+        if (2 * static_cast<int>(present.size()) <= n) {
+            verdict.majority_of = n;
+            co_return verdict;
+        }
+        if (!last->prior) co_return verdict;
+        // Members of the round before that may still go by it: those absent from the last round
+        // that may be alive, and the last round's members from it that are away now and never
+        // acknowledged the last round, unless they arrived here as its members.
+        const auto& prior = *last->prior;
+        const auto here = ranks_in(prior.round, prior.size);
+        int away = 0;
+        for (const int g : prior.absent) away += here.contains(g) ? 0 : 1;
+        const auto learned = std::to_string(last->round);
+        for (const auto& [g, was] : prior.from) {
+            if (present.contains(g) || here.contains(was)) continue;
+            // A missing or older acknowledgement: the member may never have learned.
+            const auto k = job_key(fmt::format("acked/{}", g));
+            std::vector<std::string> probe{k};
+            if (!co_await s.check(std::move(probe)) || co_await s.get(k) != learned) ++away;
+        }
+        if (2 * away > prior.size) {
+            verdict.majority_of = n;
+            verdict.prior_of = prior.size;
+        }
+        co_return verdict;
     }
 
     // Round r's retry `value` at `k`: when it names the last round's size because too few
@@ -1552,15 +1654,30 @@ private:
                                      return detail::rendezvous::decode_retry_majority(v, options_.nnodes);
                                  }).value_or(0);
         if (majority_of <= 0) return;
+        const auto prior_of = checked(k, value, "the round counts as refused for want of the last round's majority",
+                                      [&](std::string_view v) {
+                                          return detail::rendezvous::decode_retry_prior(v, options_.nnodes);
+                                      })
+                                  .value_or(0);
         paced_ = true;
         quorum_ = std::max(quorum_, majority_of / 2 + 1);
         majority_of_ = std::max(majority_of_, majority_of);
+        if (prior_of > 0) prior_of_ = prior_of;
         if (std::exchange(told_majority_, true)) return;
+        if (prior_of > 0) {
+            say(fmt::format("round {} of run '{}': too many of the {} members of the round before the last one are "
+                            "away and never acknowledged that the last one formed (cut off between joining it and "
+                            "learning of it: the store cannot tell whether they are stopped, dead, or going on "
+                            "elsewhere by the round they know). This part of the job may be cut off from the rest, so "
+                            "it waits for them, up to the join timeout",
+                            r, options_.run_id, prior_of));
+            return;
+        }
         say(fmt::format("round {} of run '{}': too few of the last round's {} members joined for a majority after a "
-                        "member went silent (cut off by the network, stopped, or on a machine that died: the store "
-                        "cannot tell which) or the store moved; newcomers and standbys do not count toward it. This "
-                        "part of the job may be cut off from the rest, so the next rounds need {} nodes, {} of them "
-                        "its members, up to the join timeout",
+                        "member went silent or stayed away with a live lease (cut off by the network, stopped, or on a "
+                        "machine that died: the store cannot tell which) or the store moved; newcomers and standbys "
+                        "do not count toward it. This part of the job may be cut off from the rest, so the next rounds "
+                        "need {} nodes, {} of them its members, up to the join timeout",
                         r, options_.run_id, majority_of_, quorum_, quorum_));
     }
 
@@ -1593,15 +1710,23 @@ private:
 
     // The end of a wait for a majority of the last round's members (quorum_, majority_of_).
     [[nodiscard]] rendezvous_error majority_error(int r) const {
+        const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
+        if (prior_of_ > 0) {
+            return rendezvous_error(fmt::format(
+                "rendezvous of run '{}' round {}: too many of the {} members of the round before the last one stayed "
+                "away without acknowledging the last round within the join timeout ({} s): they may be going on "
+                "elsewhere by the round they know (cut off by the network between joining the last round and learning "
+                "of it), and a part cut off from the others never goes on alone (--nnodes={}:{}); restart the job once "
+                "its nodes reach each other",
+                options_.run_id, r, prior_of_, seconds, options_.min(), options_.nnodes));
+        }
         return rendezvous_error(fmt::format(
             "rendezvous of run '{}' round {}: no majority of the last round's {} members ({} of them; newcomers and "
-            "standbys do not count) joined within the join timeout ({} s): a member went silent since (cut off by "
-            "the network, stopped, or on a machine that died, which the store cannot tell apart) or the store "
-            "moved, and a part cut off from the others never goes on alone (--nnodes={}:{}); restart the job once "
-            "its nodes reach each other",
-            options_.run_id, r, std::max(majority_of_, 1), quorum_,
-            std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count(), options_.min(),
-            options_.nnodes));
+            "standbys do not count) joined within the join timeout ({} s): a member went silent or stayed away with "
+            "a live lease since (cut off by the network, stopped, or on a machine that died, which the store cannot "
+            "tell apart) or the store moved, and a part cut off from the others never goes on alone (--nnodes={}:{}); "
+            "restart the job once its nodes reach each other",
+            options_.run_id, r, std::max(majority_of_, 1), quorum_, seconds, options_.min(), options_.nnodes));
     }
 
     // How long a completer waits for an arrival's info, and a node between rounds that found no
@@ -1693,6 +1818,7 @@ private:
     std::vector<store_successor> successors_;  ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
     int majority_of_ = 0;    ///< the last round's size whose majority quorum_ is (a move, or a retry that named it)
+    int prior_of_ = 0;       ///< a retry named the round before the last (its unacknowledged members): its size
     int target_ = 0;         ///< after the store moved: the round completes at once at this many (0: MAX)
     int member_round_ = -1;  ///< the last round this node was a member of (-1: none yet)
     int known_round_ = -1;   ///< the last formed round this node knows of (as a member or a standby)
