@@ -88,9 +88,9 @@ def main() -> int:
 
     over = []
     with tempfile.TemporaryDirectory() as tmp:
-        source = pathlib.Path(tmp) / "reference.cpp"
-        source.write_text(REFERENCE)
-        reference = min(compile_once(args.compiler, source, [], tmp)[0] for _ in range(max(1, args.runs)))
+        reference_source = pathlib.Path(tmp) / "reference.cpp"
+        reference_source.write_text(REFERENCE)
+        reference = min(compile_once(args.compiler, reference_source, [], tmp)[0] for _ in range(max(1, args.runs)))
         scale = max(1.0, reference / REFERENCE_SECONDS)
         print(f"reference unit (Asio and fmt alone): {reference:.2f} s user CPU, {REFERENCE_SECONDS:.2f} s where "
               f"the budgets were set: budgets x {scale:.2f}")
@@ -106,16 +106,28 @@ def main() -> int:
             include = ["-I" + str(ROOT / ("single_include" if single else "include")), *flags]
             best = None
             peak = 0
+            case_scale = scale
+            best_ratio = None
             for _ in range(max(1, args.runs)):
                 seconds, rss = compile_once(args.compiler, source, include, tmp)
                 best = seconds if best is None else min(best, seconds)
                 peak = max(peak, rss)
+                if budget is not None and checked:
+                    # A budget is judged against the reference compiled right beside it, so a
+                    # shared machine's load that comes and goes weighs on both alike.
+                    beside = compile_once(args.compiler, reference_source, [], tmp)[0]
+                    ratio = seconds / beside
+                    if best_ratio is None or ratio < best_ratio:
+                        best_ratio = ratio
+                        case_scale = max(1.0, beside / REFERENCE_SECONDS)
+                        best = seconds
+            scale_shown = case_scale
             if budget is not None:
-                budget *= scale
+                budget *= case_scale
             shown = "—" if budget is None else f"{budget:.1f}" + ("" if checked else " (not checked)")
             print(f"| {name} | {best:.2f} | {shown} | {peak / 1024:.0f} |", flush=True)
             if budget is not None and best > budget:
-                over.append((checked, f"{name}: {best:.2f} s over its budget of {budget:.1f} s (scaled x {scale:.2f})"
+                over.append((checked, f"{name}: {best:.2f} s over its budget of {budget:.1f} s (scaled x {scale_shown:.2f})"
                                       + ("" if checked else " (not checked)")))
     for _, line in over:
         print(f"compile_time: {line}", file=sys.stderr)

@@ -73,7 +73,7 @@ stage_header() {
   python3 tools/check_layers.py
   python3 tools/check_docs.py
   tools/check_vendoring.sh
-  python3 bench/compile_time.py --check --checked-only --runs 2
+  python3 bench/compile_time.py --check --checked-only --runs 3
 }
 
 stage_gcc() {
