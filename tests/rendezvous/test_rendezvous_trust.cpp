@@ -342,6 +342,13 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":2,"absent":[],"from":[[0]]})"), 4),
                     invalid_value);
     CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":0,"size":2,"from":[]})"), 4), invalid_value);
+    // The store's host that stays after it finished: "<round> <group rank>".
+    CHECK(rdzv::decode_staying("7 1", 2) == std::pair{7, 1});
+    CHECK_THROWS_AS(rdzv::decode_staying("7 2", 2), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_staying("7", 2), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_staying("x 1", 2), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_manifest(manifest(R"("prior":{"round":1,"size":2,"absent":[],"from":[]})"), 4),
+                    invalid_value);  // no round before this one (1)
     // A retry may name the round before the last, refused for its unacknowledged members.
     CHECK(rdzv::decode_retry_prior(rdzv::encode_retry(5, 3), 5) == 3);
     CHECK(rdzv::decode_retry_majority(rdzv::encode_retry(5, 3), 5) == 5);
@@ -1569,6 +1576,7 @@ TEST_CASE("rendezvous trust: standbys that fill a round to MAX while members of 
     std::optional<elastic::rendezvous_round> a;
     std::optional<elastic::rendezvous_round> b;
     std::optional<std::string> round_one;  // round 1's size: "0" when it was not formed
+    std::string job_round;                 // the job's round after round 1
     std::vector<int> seated;               // the standbys' rounds
     int waiting = 0;                       // standbys still beside the round at the end
     asio::steady_timer finished(ctx, asio::steady_timer::time_point::max());
@@ -1613,6 +1621,8 @@ TEST_CASE("rendezvous trust: standbys that fill a round to MAX while members of 
                 std::vector<std::string> size{size_key};
                 co_await c[15]->wait(std::move(size), std::chrono::seconds(120));
                 round_one = co_await c[15]->get(size_key);
+                // A refused round is where a new node starts (it finds size 0 and moves on).
+                job_round = co_await c[15]->get(x.job_key("round"));
                 b = co_await y.next_round(node("y"));
                 end_when_done();
             },
@@ -1645,6 +1655,7 @@ TEST_CASE("rendezvous trust: standbys that fill a round to MAX while members of 
     REQUIRE(first);
     CHECK(first->group_world_size == 3);
     CHECK(round_one == std::optional<std::string>("0"));  // x and two standbys: no majority of round 0
+    CHECK(job_round == "1");
     CHECK(has(log, "too few of the last round's 3 members joined for a majority after a member went silent or "
                    "stayed away with a live lease"));
     REQUIRE(a);

@@ -142,6 +142,9 @@ ELASTIC_DECL std::vector<std::string> decode_hosts(std::string_view text);
 ELASTIC_DECL std::string encode(const round_manifest& m);
 ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes);
 ELASTIC_DECL std::string encode(const moved_from& m);
+/// `<run>/staying` ("<round> <group rank>": the store's host that finished and stays for the
+/// others); invalid_value unless both are counts (a rank below nnodes).
+ELASTIC_DECL std::pair<int, int> decode_staying(std::string_view text, int nnodes);
 ELASTIC_DECL moved_from decode_moved_from(std::string_view text, int nnodes);
 ELASTIC_DECL std::string encode(const abort_notice& a);
 /// A round's abort notice; invalid_value when it is none, or names a group rank outside a round
@@ -459,6 +462,14 @@ ELASTIC_DECL std::string encode(const moved_from& m) {
     return nlohmann::json{{"round", m.round}, {"size", m.size}}.dump();
 }
 
+ELASTIC_DECL std::pair<int, int> decode_staying(std::string_view text, int nnodes) {
+    const auto space = text.find(' ');
+    if (space == std::string_view::npos) throw invalid_value("not '<round> <group rank>'");
+    const auto r = decode_count(text.substr(0, space), 0, std::numeric_limits<int>::max());
+    const auto g = decode_count(text.substr(space + 1), 0, nnodes - 1);
+    return {static_cast<int>(r), static_cast<int>(g)};
+}
+
 ELASTIC_DECL moved_from decode_moved_from(std::string_view text, int nnodes) {
     return codec::decoded([&] {
         using namespace codec;
@@ -520,6 +531,7 @@ ELASTIC_DECL round_manifest decode_manifest(std::string_view text, int nnodes) {
                     throw invalid_value("a shared member is not a pair of ranks in the two rounds");
                 p.from.emplace_back(pair[0].get<int>(), pair[1].get<int>());
             }
+            if (m.round >= 0 && p.round >= m.round) throw invalid_value("'prior' is no round before this one");
             m.prior = std::move(p);
         }
         return m;

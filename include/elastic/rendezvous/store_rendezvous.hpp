@@ -512,6 +512,9 @@ public:
             // a failure or membership change, after which the others re-form without this node
             // (its live lease must not hold their rounds back) and the close below applies.
             const auto round_abort = key(round_, "abort");
+            // For the split-brain rule (split_rule): this member, away from the next rounds with
+            // a live lease, is no part cut off (it hosts the store) and never trains again.
+            if (options_.elastic()) co_await store_->set(job_key("staying"), fmt::format("{} {}", round_, group_rank_));
             bool said = false;
             while (!members_->store_lost) {
                 const auto seen = members_->lost.size();
@@ -1232,6 +1235,10 @@ private:
             tell_all(detail::rendezvous::encode_retry(verdict.majority_of, verdict.prior_of));
             out_keys.push_back(key(r, "size"));
             out_values.push_back("0");
+            // Where a new node starts (it finds size 0 and moves on): never a round collected
+            // while rounds were refused one after another.
+            out_keys.push_back(job_key("round"));
+            out_values.push_back(std::to_string(r));
         } else {
             std::vector<node_info> nodes;
             for (const int i : in) nodes.push_back(arrived[static_cast<std::size_t>(i)]);
@@ -1298,10 +1305,11 @@ private:
                     // The round before this one, for the next round's rule: this round's members
                     // that were its members (a member that never learns of this round goes by it).
                     last.prior = std::move(verdict.before);
+                    std::set<int> seen;  // each rank there once (two arrivals may claim one)
                     for (int j = 0; j < n; ++j) {
                         const auto& node = nodes[static_cast<std::size_t>(j)];
                         if (node.member_of == last.prior->round && node.previous_rank &&
-                            *node.previous_rank < last.prior->size) {
+                            *node.previous_rank < last.prior->size && seen.insert(*node.previous_rank).second) {
                             last.prior->from.emplace_back(plan.group_rank[static_cast<std::size_t>(j)],
                                                           *node.previous_rank);
                         }
@@ -1608,14 +1616,15 @@ private:
         const auto present = ranks_in(last->round, n);
         bool counted = silent > last->silent;
         if (!counted && static_cast<int>(last->by_rank.size()) == n) {
-            // A member away while its lease lives: it may be on the far side of a cut. Not one
-            // whose workers all succeeded (`done/<g>`): it stays only to serve or wait, and never
-            // trains again.
+            // A member away while its lease lives: it may be on the far side of a cut. Not the
+            // store's host that finished and stays for the others (leave(): `staying`): it is
+            // on the store's side, and never trains again.
+            const auto staying = co_await read_checked(
+                s, job_key("staying"), "no member is taken for the store's host staying after it finished",
+                [&](std::string_view v) { return detail::rendezvous::decode_staying(v, options_.nnodes); });
             for (int g = 0; g < n && !counted; ++g) {
-                if (present.contains(g) || !co_await holds_lease(s, last->by_rank[static_cast<std::size_t>(g)]))
-                    continue;
-                std::vector<std::string> done{key(last->round, fmt::format("done/{}", g))};
-                counted = !co_await s.check(std::move(done));
+                if (present.contains(g) || (staying && staying->first == last->round && staying->second == g)) continue;
+                counted = co_await holds_lease(s, last->by_rank[static_cast<std::size_t>(g)]);
             }
         }
         verdict.before = before(last->round, n, present, counted);
@@ -1662,7 +1671,8 @@ private:
         paced_ = true;
         quorum_ = std::max(quorum_, majority_of / 2 + 1);
         majority_of_ = std::max(majority_of_, majority_of);
-        if (prior_of > 0) prior_of_ = prior_of;
+        // The latest refusal's reason stands (said again when it changes).
+        if (std::exchange(prior_of_, prior_of) != prior_of) told_majority_ = false;
         if (std::exchange(told_majority_, true)) return;
         if (prior_of > 0) {
             say(fmt::format("round {} of run '{}': too many of the {} members of the round before the last one are "
@@ -1674,10 +1684,11 @@ private:
             return;
         }
         say(fmt::format("round {} of run '{}': too few of the last round's {} members joined for a majority after a "
-                        "member went silent or stayed away with a live lease (cut off by the network, stopped, or on a "
-                        "machine that died: the store cannot tell which) or the store moved; newcomers and standbys "
-                        "do not count toward it. This part of the job may be cut off from the rest, so the next rounds "
-                        "need {} nodes, {} of them its members, up to the join timeout",
+                        "member went silent or stayed away with a live lease (cut off by the network, stopped, on a "
+                        "machine that died, or still stopping its workers: the store cannot tell which) or the store "
+                        "moved; newcomers and standbys do not count toward it. This part of the job may be cut off "
+                        "from the rest, so the next rounds need {} nodes, {} of them its members, up to the join "
+                        "timeout",
                         r, options_.run_id, majority_of_, quorum_, quorum_));
     }
 
