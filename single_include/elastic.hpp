@@ -22660,6 +22660,8 @@ struct rank_status {
     std::string section;
     /// The largest value it passed to progress() (--watchdog).
     std::optional<std::uint64_t> progress;
+
+    friend bool operator==(const rank_status&, const rank_status&) = default;
 };
 
 /// One agent: its job, its place in the current round, its workers and its counters.
@@ -22696,6 +22698,8 @@ struct agent_status {
     std::uint64_t store_requests_total = 0;  ///< requests the stores this agent hosts served
     std::int64_t started_ms = 0;             ///< when the agent started, ms since the epoch
     std::int64_t updated_ms = 0;             ///< when this was written, ms since the epoch
+
+    friend bool operator==(const agent_status&, const agent_status&) = default;
 };
 
 /// The status as one JSON object (version 1).
@@ -22731,6 +22735,36 @@ namespace detail::agent {
 
 /// Process `pid`'s start in clock ticks after boot (field 22 of /proc/<pid>/stat), or 0.
 [[nodiscard]] ELASTIC_DECL std::uint64_t process_start_ticks(long pid);
+
+/// Whether a status is worth writing out again: when anything in it but its time changed, or
+/// `every` after the last one went out (its time then says the agent's loop still turns). An idle
+/// agent so writes nothing most seconds instead of the same thing every second.
+class status_pacer {
+public:
+    explicit status_pacer(std::chrono::steady_clock::duration every) : every_(every) {}
+
+    /// Whether `s` goes out at `now`; when it does, it counts as the last one out.
+    [[nodiscard]] bool due(const agent_status& s, std::chrono::steady_clock::time_point now) {
+        if (last_ && now - at_ < every_) {
+            last_->updated_ms = s.updated_ms;  // the time alone is no change
+            if (*last_ == s) return false;
+        }
+        last_ = s;
+        at_ = now;
+        return true;
+    }
+
+    /// The last one did not go out after all (a failed write): the next due() is true.
+    void forget() noexcept { last_.reset(); }
+
+    /// Whether one went out (and was not forgotten).
+    [[nodiscard]] bool holds() const noexcept { return last_.has_value(); }
+
+private:
+    std::chrono::steady_clock::duration every_;
+    std::optional<agent_status> last_;
+    std::chrono::steady_clock::time_point at_{};
+};
 
 [[nodiscard]] inline std::int64_t unix_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -23586,6 +23620,10 @@ public:
     /// its FIFO in TORCHELASTIC_TIMER_FILE): call before start(); `server` must outlive the group.
     void serve_file_timers(basic_file_timer_server<Defer>& server) noexcept { timers_ = &server; }
 
+    /// `changed` is notified whenever a worker ends while watch() runs (its rank_statuses()
+    /// changed): what shows the status waits for it instead of looking again and again.
+    void notify_changes(detail::basic_async_signal<Defer>& changed) noexcept { changed_ = &changed; }
+
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
     /// contract. A worker that cannot be started stops the ones started and throws: usage_error
     /// when its program cannot run (not executable, neither a binary nor a #! script, a missing
@@ -24005,6 +24043,7 @@ private:
     asio::awaitable<std::size_t> watch_exits() {
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (changed_ != nullptr) changed_->notify();
             if (i >= workers_.size()) co_return workers_.size();
             if (!workers_[i].status()->status.success()) co_return i;
         }
@@ -24173,6 +24212,7 @@ private:
     std::unique_ptr<detail::agent::watchdog_pages> pages_;  // --watchdog; outlives the workers
     std::vector<detail::agent::rank_watch> watches_;
     std::vector<hung_worker> hung_;
+    detail::basic_async_signal<Defer>* changed_ = nullptr;  ///< notify_changes()
     std::chrono::steady_clock::time_point hang_found_{};
     std::chrono::system_clock::time_point hang_found_system_{};
     bool hang_recorded_ = false;
@@ -24922,7 +24962,7 @@ private:
         }
         master_port_ = server->port();
         round_store_.reset();
-        status_.state = "joining";
+        show_state("joining");
         if (const auto sig = co_await join_round(rdzv, *server, signals)) {
             server->stop();
             attempt_outcome interrupted;
@@ -24938,6 +24978,7 @@ private:
         status_.world_size = round_->world_size;
         status_.restarts = restarts;
         status_.store = fmt::format("{}:{}", store_.master_addr, master_port_);
+        status_changed_.notify();
         events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Group rank 0's store serves every node's workers until the round ends (all nodes done,
@@ -24950,6 +24991,7 @@ private:
         for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
         worker_group group(executor_, spec_, command_, events_, log_);
         if (file_timers_) group.serve_file_timers(*file_timers_);
+        group.notify_changes(status_changed_);
         // A worker that cannot be started: the group has stopped the others already.
         // The status reads the group while it lives (shown_group is cleared however this ends).
         shown_group_ = &group;
@@ -24963,7 +25005,7 @@ private:
             server_ref.stop();
             throw;
         }
-        status_.state = "running";
+        show_state("running");
 
         // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
@@ -24987,15 +25029,15 @@ private:
         switch (outcome.how) {
             case kind::succeeded: break;
             case kind::signaled:
-                status_.state = "stopping";
+                show_state("stopping");
                 co_await stop_on_signal(group, outcome.signal);
                 break;
             case kind::aborted:  // another node's failure
-                status_.state = "stopping";
+                show_state("stopping");
                 (void)co_await group.stop(SIGTERM);
                 break;
             case kind::failed: {
-                status_.state = "stopping";
+                show_state("stopping");
                 status_.hangs_total += group.hangs().size();
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
@@ -25020,9 +25062,9 @@ private:
         co_await group.close();
         timer_expiries_ended_ += group.timer_expiries();
         status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
-        status_.state = outcome.how == kind::succeeded  ? "finishing"
-                        : outcome.how == kind::signaled ? "stopping"
-                                                        : "deciding";
+        show_state(outcome.how == kind::succeeded  ? "finishing"
+                   : outcome.how == kind::signaled ? "stopping"
+                                                   : "deciding");
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -25334,6 +25376,12 @@ private:
         status_file_.reset();
     }
 
+    /// The agent's state for the status; what shows it looks again at once.
+    void show_state(const char* state) {
+        status_.state = state;
+        status_changed_.notify();
+    }
+
     /// The status as of now.
     const agent_status& refresh_status() {
         if (shown_group_ != nullptr) status_.ranks = shown_group_->rank_statuses();
@@ -25344,36 +25392,44 @@ private:
         return status_;
     }
 
-    /// Writes the status file every second, publishes the status in the job's store (a
-    /// rendezvous that can), and serves the endpoints, until cancelled.
+    /// Keeps the status file and the status published in the job's store (a rendezvous that
+    /// can) up to date, and serves the endpoints, until cancelled.
     template <class R>
     asio::awaitable<void> show_status(R& rdzv) {
         using namespace asio::experimental::awaitable_operators;
         co_await (write_status() || serve(metrics_.get()) || serve(health_.get()) || publish_status(rdzv));
     }
 
-    /// Every 2 s, this node's status into the job's store, for `elasticrun status
-    /// --rdzv-endpoint`. A store that cannot be reached costs one line at INFO (the rounds
-    /// report a lost store themselves).
+    /// This node's status into the job's store, for `elasticrun status --rdzv-endpoint`: when
+    /// it changed (2 s apart at least) and every 10 s at least. A store that cannot be reached
+    /// costs one line at INFO (the rounds report a lost store themselves).
     template <class R>
     asio::awaitable<void> publish_status(R& rdzv) {
         asio::steady_timer tick(executor_);
         if constexpr (requires(R & r, std::string json) { r.publish_status(std::move(json)); }) {
             bool told = false;
+            detail::agent::status_pacer paced(status_refresh);
             for (;;) {
+                // At most every 2 s: every node of a job changes state at once (a restart).
                 tick.expires_after(std::chrono::seconds(2));
                 co_await tick.async_wait(detail::use_awaitable<Defer>);
-                if constexpr (requires(const R& r) { r.node_id(); }) status_.lease = rdzv.node_id();
+                for (;;) {
+                    if constexpr (requires(const R& r) { r.node_id(); }) status_.lease = rdzv.node_id();
+                    if (paced.due(refresh_status(), std::chrono::steady_clock::now())) break;
+                    co_await status_change(tick, paced);
+                }
                 try {
-                    auto json = status_json(refresh_status());
+                    auto json = status_json(status_);
                     co_await rdzv.publish_status(std::move(json));
                     told = false;
                 } catch (const asio::system_error& e) {
+                    paced.forget();
                     if (e.code() == asio::error::operation_aborted) throw;  // cancelled: the agent ends
                     if (!told)
                         log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
                 } catch (const std::exception& e) {
+                    paced.forget();
                     // Any failure costs the published status only (never the job): said once.
                     if (!told)
                         log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
@@ -25386,22 +25442,42 @@ private:
         }
     }
 
+    /// The status file: written when the status changed, and every 10 s at least.
     asio::awaitable<void> write_status() {
         asio::steady_timer tick(executor_);
         bool warned = false;
-        for (;;) {
-            if (status_file_) {
+        detail::agent::status_pacer paced(status_refresh);
+        if (!status_file_) {
+            tick.expires_at(asio::steady_timer::time_point::max());
+            co_await tick.async_wait(detail::use_awaitable<Defer>);
+        }
+        for (bool first = true;; first = false) {
+            if (!first) co_await status_change(tick, paced);
+            if (status_file_ && paced.due(refresh_status(), std::chrono::steady_clock::now())) {
                 try {
-                    status_file_->write(status_json(refresh_status()));
+                    status_file_->write(status_json(status_));
                     warned = false;
                 } catch (const std::exception& e) {
+                    paced.forget();
                     if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
                     warned = true;
                 }
             }
-            tick.expires_after(std::chrono::seconds(1));
-            co_await tick.async_wait(detail::use_awaitable<Defer>);
         }
+    }
+
+    /// How often a status that did not change is written again (its time says the agent lives).
+    static constexpr std::chrono::seconds status_refresh{10};
+
+    /// Until the status may have changed: the agent's state or a worker's end (status_changed_),
+    /// the refresh of an unchanged one, a second with --watchdog (the heartbeat ages change all
+    /// the time, and the counters may), a second after a write that failed. An idle agent so
+    /// wakes every 10 s, not every second.
+    asio::awaitable<void> status_change(asio::steady_timer& tick, const detail::agent::status_pacer& paced) {
+        using namespace asio::experimental::awaitable_operators;
+        const bool often = spec_.watchdog.enabled() || !paced.holds();
+        tick.expires_after(often ? std::chrono::seconds(1) : status_refresh);
+        (void)co_await (status_changed_.wait() || tick.async_wait(detail::as_tuple_awaitable<Defer>));
     }
 
     asio::awaitable<void> serve(http_endpoint* endpoint) {
@@ -25443,6 +25519,9 @@ private:
     std::vector<std::string> incomplete_logs_;                      ///< log files that miss bytes, and why
 
     asio::any_io_executor executor_;
+    /// Notified when the status changed (the agent's state, a worker's end): its file and its
+    /// published copy are written again then, not by looking every second.
+    detail::basic_async_signal<Defer> status_changed_{executor_};
     worker_spec spec_;
     rendezvous_parameters params_;
     environment env_;

@@ -26,6 +26,7 @@
 #include <csignal>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -36,7 +37,10 @@
 #include <vector>
 
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 namespace test_agent {
@@ -310,13 +314,47 @@ TEST_CASE("agent: a worker that ignores the signal is killed after --shutdown-ti
 
 TEST_CASE("agent: with healthy workers running, the agent uses no CPU, and two jobs on one host never collide") {
     temp_dir dir;
+    temp_dir runtime;  // where the agent writes its status file, watched from before it starts
+    fs::permissions(runtime.path(), fs::perms::owner_all, fs::perm_options::replace);
+    const auto status_dir = runtime.path() / "elastic";
+    fs::create_directory(status_dir);
+    fs::permissions(status_dir, fs::perms::owner_all, fs::perm_options::replace);
+    const int writes = ::inotify_init1(IN_CLOEXEC);
+    REQUIRE(writes >= 0);
+    REQUIRE(::inotify_add_watch(writes, status_dir.c_str(), IN_MOVED_TO) >= 0);
     auto env = worker_env(dir, "*:env+hang");
+    env["XDG_RUNTIME_DIR"] = runtime.str();
     launched first(with_worker({"--standalone", "--nproc-per-node=4"}), env);
     REQUIRE(first.read_lines("ready ", 4));
     const auto first_port = agent_support::read_env_file(dir.path() / "env.0.0").at("MASTER_PORT");
+    // The window starts once the agent wrote its status as running: nothing changes after that,
+    // and an unchanged status is written again only 10 s later.
+    const auto file = status_dir / fmt::format("{}.json", first.pid());
+    bool running = false;
+    for (int write = 0; write < 20 && !running; ++write) {
+        std::ifstream in(file);
+        std::stringstream text;
+        text << in.rdbuf();
+        const auto shown = elastic::parse_status_json(text.str());
+        running = shown && shown->state == "running";
+        if (running) break;
+        pollfd p{writes, POLLIN, 0};
+        REQUIRE(::poll(&p, 1, 30000) == 1);
+        char events[4096];
+        REQUIRE(::read(writes, events, sizeof events) > 0);
+    }
+    REQUIRE(running);
+    // Writes seen so far (the file may have said running before any event was read).
+    for (pollfd p{writes, POLLIN, 0}; ::poll(&p, 1, 0) == 1;) {
+        char events[4096];
+        REQUIRE(::read(writes, events, sizeof events) > 0);
+    }
     const auto before = idle_cpu::cpu_time(first.pid());
     std::this_thread::sleep_for(std::chrono::seconds(2));  // the measurement window itself
     const auto after = idle_cpu::cpu_time(first.pid());
+    pollfd rewritten{writes, POLLIN, 0};
+    CHECK(::poll(&rewritten, 1, 0) == 0);  // an unchanged status is not written again in the window
+    ::close(writes);
     REQUIRE(before.count() >= 0);
     INFO("the agent's CPU in the 2 s window: ", idle_cpu::ms(after - before), " ms");
     CHECK(after - before <= idle_cpu::budget);

@@ -305,7 +305,7 @@ TEST_CASE("status: a running 2-agent job, as `elasticrun status`, /metrics and t
     CHECK(none.err.find("no agent of run 'nobody'") != std::string::npos);
     CHECK(agent_support::run({"status", "--bogus"}, status_env).code == 2);
 
-    // The whole job from its rendezvous store: each agent publishes there every 2 s.
+    // The whole job from its rendezvous store: each agent publishes there as its status changes.
     nlohmann::json remote;
     bool published = false;
     const int rewrites = ::inotify_init1(IN_CLOEXEC);

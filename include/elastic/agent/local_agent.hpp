@@ -773,7 +773,7 @@ private:
         }
         master_port_ = server->port();
         round_store_.reset();
-        status_.state = "joining";
+        show_state("joining");
         if (const auto sig = co_await join_round(rdzv, *server, signals)) {
             server->stop();
             attempt_outcome interrupted;
@@ -789,6 +789,7 @@ private:
         status_.world_size = round_->world_size;
         status_.restarts = restarts;
         status_.store = fmt::format("{}:{}", store_.master_addr, master_port_);
+        status_changed_.notify();
         events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
         // Group rank 0's store serves every node's workers until the round ends (all nodes done,
@@ -801,6 +802,7 @@ private:
         for (int i = 0; i < n; ++i) attempt.ranks.push_back(node_worker(i, n));
         worker_group group(executor_, spec_, command_, events_, log_);
         if (file_timers_) group.serve_file_timers(*file_timers_);
+        group.notify_changes(status_changed_);
         // A worker that cannot be started: the group has stopped the others already.
         // The status reads the group while it lives (shown_group is cleared however this ends).
         shown_group_ = &group;
@@ -814,7 +816,7 @@ private:
             server_ref.stop();
             throw;
         }
-        status_.state = "running";
+        show_state("running");
 
         // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
@@ -838,15 +840,15 @@ private:
         switch (outcome.how) {
             case kind::succeeded: break;
             case kind::signaled:
-                status_.state = "stopping";
+                show_state("stopping");
                 co_await stop_on_signal(group, outcome.signal);
                 break;
             case kind::aborted:  // another node's failure
-                status_.state = "stopping";
+                show_state("stopping");
                 (void)co_await group.stop(SIGTERM);
                 break;
             case kind::failed: {
-                status_.state = "stopping";
+                show_state("stopping");
                 status_.hangs_total += group.hangs().size();
                 // Abort the round for every node, then stop the others (the signal the agent would
                 // send, SIGTERM), racing the signals the agent handles — one arriving now is
@@ -871,9 +873,9 @@ private:
         co_await group.close();
         timer_expiries_ended_ += group.timer_expiries();
         status_.ranks = group.rank_statuses();  // as they ended, until the next attempt starts
-        status_.state = outcome.how == kind::succeeded  ? "finishing"
-                        : outcome.how == kind::signaled ? "stopping"
-                                                        : "deciding";
+        show_state(outcome.how == kind::succeeded  ? "finishing"
+                   : outcome.how == kind::signaled ? "stopping"
+                                                   : "deciding");
         for (const auto& [file, why] : group.incomplete_logs()) incomplete_logs_.push_back(file + ": " + why);
         // After a success, group rank 0's store keeps serving the other nodes' workers.
         if (outcome.how != kind::succeeded) server_ref.stop();
@@ -1185,6 +1187,12 @@ private:
         status_file_.reset();
     }
 
+    /// The agent's state for the status; what shows it looks again at once.
+    void show_state(const char* state) {
+        status_.state = state;
+        status_changed_.notify();
+    }
+
     /// The status as of now.
     const agent_status& refresh_status() {
         if (shown_group_ != nullptr) status_.ranks = shown_group_->rank_statuses();
@@ -1195,36 +1203,44 @@ private:
         return status_;
     }
 
-    /// Writes the status file every second, publishes the status in the job's store (a
-    /// rendezvous that can), and serves the endpoints, until cancelled.
+    /// Keeps the status file and the status published in the job's store (a rendezvous that
+    /// can) up to date, and serves the endpoints, until cancelled.
     template <class R>
     asio::awaitable<void> show_status(R& rdzv) {
         using namespace asio::experimental::awaitable_operators;
         co_await (write_status() || serve(metrics_.get()) || serve(health_.get()) || publish_status(rdzv));
     }
 
-    /// Every 2 s, this node's status into the job's store, for `elasticrun status
-    /// --rdzv-endpoint`. A store that cannot be reached costs one line at INFO (the rounds
-    /// report a lost store themselves).
+    /// This node's status into the job's store, for `elasticrun status --rdzv-endpoint`: when
+    /// it changed (2 s apart at least) and every 10 s at least. A store that cannot be reached
+    /// costs one line at INFO (the rounds report a lost store themselves).
     template <class R>
     asio::awaitable<void> publish_status(R& rdzv) {
         asio::steady_timer tick(executor_);
         if constexpr (requires(R & r, std::string json) { r.publish_status(std::move(json)); }) {
             bool told = false;
+            detail::agent::status_pacer paced(status_refresh);
             for (;;) {
+                // At most every 2 s: every node of a job changes state at once (a restart).
                 tick.expires_after(std::chrono::seconds(2));
                 co_await tick.async_wait(detail::use_awaitable<Defer>);
-                if constexpr (requires(const R& r) { r.node_id(); }) status_.lease = rdzv.node_id();
+                for (;;) {
+                    if constexpr (requires(const R& r) { r.node_id(); }) status_.lease = rdzv.node_id();
+                    if (paced.due(refresh_status(), std::chrono::steady_clock::now())) break;
+                    co_await status_change(tick, paced);
+                }
                 try {
-                    auto json = status_json(refresh_status());
+                    auto json = status_json(status_);
                     co_await rdzv.publish_status(std::move(json));
                     told = false;
                 } catch (const asio::system_error& e) {
+                    paced.forget();
                     if (e.code() == asio::error::operation_aborted) throw;  // cancelled: the agent ends
                     if (!told)
                         log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
                 } catch (const std::exception& e) {
+                    paced.forget();
                     // Any failure costs the published status only (never the job): said once.
                     if (!told)
                         log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
@@ -1237,22 +1253,42 @@ private:
         }
     }
 
+    /// The status file: written when the status changed, and every 10 s at least.
     asio::awaitable<void> write_status() {
         asio::steady_timer tick(executor_);
         bool warned = false;
-        for (;;) {
-            if (status_file_) {
+        detail::agent::status_pacer paced(status_refresh);
+        if (!status_file_) {
+            tick.expires_at(asio::steady_timer::time_point::max());
+            co_await tick.async_wait(detail::use_awaitable<Defer>);
+        }
+        for (bool first = true;; first = false) {
+            if (!first) co_await status_change(tick, paced);
+            if (status_file_ && paced.due(refresh_status(), std::chrono::steady_clock::now())) {
                 try {
-                    status_file_->write(status_json(refresh_status()));
+                    status_file_->write(status_json(status_));
                     warned = false;
                 } catch (const std::exception& e) {
+                    paced.forget();
                     if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
                     warned = true;
                 }
             }
-            tick.expires_after(std::chrono::seconds(1));
-            co_await tick.async_wait(detail::use_awaitable<Defer>);
         }
+    }
+
+    /// How often a status that did not change is written again (its time says the agent lives).
+    static constexpr std::chrono::seconds status_refresh{10};
+
+    /// Until the status may have changed: the agent's state or a worker's end (status_changed_),
+    /// the refresh of an unchanged one, a second with --watchdog (the heartbeat ages change all
+    /// the time, and the counters may), a second after a write that failed. An idle agent so
+    /// wakes every 10 s, not every second.
+    asio::awaitable<void> status_change(asio::steady_timer& tick, const detail::agent::status_pacer& paced) {
+        using namespace asio::experimental::awaitable_operators;
+        const bool often = spec_.watchdog.enabled() || !paced.holds();
+        tick.expires_after(often ? std::chrono::seconds(1) : status_refresh);
+        (void)co_await (status_changed_.wait() || tick.async_wait(detail::as_tuple_awaitable<Defer>));
     }
 
     asio::awaitable<void> serve(http_endpoint* endpoint) {
@@ -1294,6 +1330,9 @@ private:
     std::vector<std::string> incomplete_logs_;                      ///< log files that miss bytes, and why
 
     asio::any_io_executor executor_;
+    /// Notified when the status changed (the agent's state, a worker's end): its file and its
+    /// published copy are written again then, not by looking every second.
+    detail::basic_async_signal<Defer> status_changed_{executor_};
     worker_spec spec_;
     rendezvous_parameters params_;
     environment env_;

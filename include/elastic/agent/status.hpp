@@ -32,6 +32,8 @@ struct rank_status {
     std::string section;
     /// The largest value it passed to progress() (--watchdog).
     std::optional<std::uint64_t> progress;
+
+    friend bool operator==(const rank_status&, const rank_status&) = default;
 };
 
 /// One agent: its job, its place in the current round, its workers and its counters.
@@ -68,6 +70,8 @@ struct agent_status {
     std::uint64_t store_requests_total = 0;  ///< requests the stores this agent hosts served
     std::int64_t started_ms = 0;             ///< when the agent started, ms since the epoch
     std::int64_t updated_ms = 0;             ///< when this was written, ms since the epoch
+
+    friend bool operator==(const agent_status&, const agent_status&) = default;
 };
 
 /// The status as one JSON object (version 1).
@@ -103,6 +107,36 @@ namespace detail::agent {
 
 /// Process `pid`'s start in clock ticks after boot (field 22 of /proc/<pid>/stat), or 0.
 [[nodiscard]] ELASTIC_DECL std::uint64_t process_start_ticks(long pid);
+
+/// Whether a status is worth writing out again: when anything in it but its time changed, or
+/// `every` after the last one went out (its time then says the agent's loop still turns). An idle
+/// agent so writes nothing most seconds instead of the same thing every second.
+class status_pacer {
+public:
+    explicit status_pacer(std::chrono::steady_clock::duration every) : every_(every) {}
+
+    /// Whether `s` goes out at `now`; when it does, it counts as the last one out.
+    [[nodiscard]] bool due(const agent_status& s, std::chrono::steady_clock::time_point now) {
+        if (last_ && now - at_ < every_) {
+            last_->updated_ms = s.updated_ms;  // the time alone is no change
+            if (*last_ == s) return false;
+        }
+        last_ = s;
+        at_ = now;
+        return true;
+    }
+
+    /// The last one did not go out after all (a failed write): the next due() is true.
+    void forget() noexcept { last_.reset(); }
+
+    /// Whether one went out (and was not forgotten).
+    [[nodiscard]] bool holds() const noexcept { return last_.has_value(); }
+
+private:
+    std::chrono::steady_clock::duration every_;
+    std::optional<agent_status> last_;
+    std::chrono::steady_clock::time_point at_{};
+};
 
 [[nodiscard]] inline std::int64_t unix_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -122,6 +122,10 @@ public:
     /// its FIFO in TORCHELASTIC_TIMER_FILE): call before start(); `server` must outlive the group.
     void serve_file_timers(basic_file_timer_server<Defer>& server) noexcept { timers_ = &server; }
 
+    /// `changed` is notified whenever a worker ends while watch() runs (its rank_statuses()
+    /// changed): what shows the status waits for it instead of looking again and again.
+    void notify_changes(detail::basic_async_signal<Defer>& changed) noexcept { changed_ = &changed; }
+
     /// Starts every worker of `attempt` with `env` (the agent's environment) under torchrun's
     /// contract. A worker that cannot be started stops the ones started and throws: usage_error
     /// when its program cannot run (not executable, neither a binary nor a #! script, a missing
@@ -541,6 +545,7 @@ private:
     asio::awaitable<std::size_t> watch_exits() {
         for (;;) {
             const std::size_t i = co_await wait_any(std::span<child_process>(workers_));
+            if (changed_ != nullptr) changed_->notify();
             if (i >= workers_.size()) co_return workers_.size();
             if (!workers_[i].status()->status.success()) co_return i;
         }
@@ -709,6 +714,7 @@ private:
     std::unique_ptr<detail::agent::watchdog_pages> pages_;  // --watchdog; outlives the workers
     std::vector<detail::agent::rank_watch> watches_;
     std::vector<hung_worker> hung_;
+    detail::basic_async_signal<Defer>* changed_ = nullptr;  ///< notify_changes()
     std::chrono::steady_clock::time_point hang_found_{};
     std::chrono::system_clock::time_point hang_found_system_{};
     bool hang_recorded_ = false;
