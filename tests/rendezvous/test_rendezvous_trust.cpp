@@ -157,9 +157,12 @@ struct loopback_store {
         if (tune) tune(so);
         return so;
     }
-    [[nodiscard]] std::unique_ptr<elastic::tcp_store_client> client() {
+    [[nodiscard]] std::unique_ptr<elastic::tcp_store_client> client() { return client_of(ctx, server.port()); }
+    /// A client of the server at `port` (another one of the test's, on the same context).
+    [[nodiscard]] static std::unique_ptr<elastic::tcp_store_client> client_of(asio::io_context& ctx,
+                                                                              std::uint16_t port) {
         elastic::store_client_options o;
-        o.port = server.port();
+        o.port = port;
         o.dialect = elastic::client_dialect::current;
         o.timeout = std::chrono::seconds(120);  // turns a hang into a failure only
         return std::make_unique<elastic::tcp_store_client>(ctx.get_executor(), o);
@@ -168,6 +171,20 @@ struct loopback_store {
     elastic::tcp_store_server server;
     std::vector<std::unique_ptr<elastic::tcp_store_client>> c;
 };
+
+/// An elastic job's options (--nnodes=1:`nnodes`, a 4 s join timeout, a last call of 0.5 s)
+/// whose lines go to `said`.
+elastic::store_rendezvous_options split_options(std::string run_id, int nnodes, std::vector<std::string>& said) {
+    elastic::store_rendezvous_options o;
+    o.run_id = std::move(run_id);
+    o.nnodes = nnodes;
+    o.min_nodes = 1;
+    o.hosts_store = true;
+    o.join_timeout = std::chrono::seconds(4);
+    o.last_call_timeout = std::chrono::milliseconds(500);
+    o.log = [&said](std::string_view line) { said.emplace_back(line); };
+    return o;
+}
 
 /// A node whose host and lease name are `id` (pid 1, a store port nobody dials).
 elastic::node_info lease_node(const std::string& id) {
@@ -363,6 +380,45 @@ TEST_CASE("rendezvous trust: the decoders refuse what the rendezvous never write
     CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":-1,"size":2})", 4), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"size":2})", 4), invalid_value);
     CHECK_THROWS_AS(rdzv::decode_moved_from("[6,3]", 4), invalid_value);
+    // The round before the movers' one: before it, of 1..nnodes nodes.
+    const auto before = rdzv::decode_moved_from(rdzv::encode(rdzv::moved_from{6, 3, rdzv::earlier_round{5, 2}}), 4);
+    REQUIRE(before.before);
+    CHECK(before.before->round == 5);
+    CHECK(before.before->size == 2);
+    CHECK_FALSE(from.before);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":6,"size":3,"before":[6,2]})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":6,"size":3,"before":[5,5]})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":6,"size":3,"before":[5]})", 4), invalid_value);
+    CHECK_THROWS_AS(rdzv::decode_moved_from(R"({"round":6,"size":3,"before":{"round":5}})", 4), invalid_value);
+    // An assignment names the round formed before its own the same way; a node its rank there.
+    elastic::rendezvous_round assigned;
+    assigned.group_world_size = 2;
+    assigned.world_size = 2;
+    assigned.master_addr = "127.0.0.1";
+    assigned.master_port = 1;
+    const auto named = rdzv::decode_assignment_before(rdzv::encode(assigned, rdzv::earlier_round{3, 2}), 4, 4);
+    REQUIRE(named);
+    CHECK(named->round == 3);
+    CHECK(named->size == 2);
+    CHECK_FALSE(rdzv::decode_assignment_before(rdzv::encode(assigned), 4, 4));
+    CHECK_THROWS_AS(rdzv::decode_assignment_before(rdzv::encode(assigned, rdzv::earlier_round{4, 2}), 4, 4),
+                    invalid_value);
+    elastic::node_info mover = lease_node("m");
+    mover.member_of = 4;
+    mover.previous_rank = 1;
+    mover.earlier_of = 3;
+    mover.earlier_rank = 0;
+    const auto said_mover = rdzv::decode_node(rdzv::encode(mover));
+    CHECK(said_mover.earlier_of == 3);
+    CHECK(said_mover.earlier_rank == 0);
+    CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"m","addr":"a","port":1,"nproc":1,"pid":1,"earlier":[3,0]})"),
+                    invalid_value);  // no member_of
+    CHECK_THROWS_AS(
+        rdzv::decode_node(R"({"host":"m","addr":"a","port":1,"nproc":1,"pid":1,"member_of":3,"earlier":[3,0]})"),
+        invalid_value);  // not before it
+    CHECK_THROWS_AS(
+        rdzv::decode_node(R"({"host":"m","addr":"a","port":1,"nproc":1,"pid":1,"member_of":4,"earlier":[3,-1]})"),
+        invalid_value);
     // An arrival's member_of is a round number; and it round-trips.
     CHECK_THROWS_AS(rdzv::decode_node(R"({"host":"h","addr":"a","port":1,"nproc":1,"pid":1,"member_of":-1})"),
                     invalid_value);
@@ -1375,6 +1431,8 @@ TEST_CASE("rendezvous trust: when every member of a running round was dropped wi
                 a = std::get<0>(std::get<2>(again));
                 b = std::get<1>(std::get<2>(again));
                 aborted = co_await c[12]->get(x2.key(0, "abort"));
+                // The mark of a round every member acknowledged: the abort is in the next slot.
+                if (aborted == "acknowledged by all") aborted = co_await c[12]->get(x2.key(0, "abort/1"));
                 for (auto& each : c) each->close();
                 net.server.stop();
             },
@@ -1683,14 +1741,7 @@ TEST_CASE("rendezvous trust: after an admission round formed, members that never
         auto& ctx = net.ctx;
         auto& c = net.c;
         std::vector<std::string> said;
-        elastic::store_rendezvous_options o;
-        o.run_id = "unacknowledged";
-        o.nnodes = 5;
-        o.min_nodes = 1;
-        o.hosts_store = true;
-        o.join_timeout = std::chrono::seconds(4);
-        o.last_call_timeout = std::chrono::milliseconds(500);
-        o.log = [&](std::string_view line) { said.emplace_back(line); };
+        const auto o = split_options("unacknowledged", 5, said);
         elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
         elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
         elastic::store_rendezvous<elastic::tcp_store_client> z(*c[6], *c[7], o);
@@ -1787,6 +1838,171 @@ TEST_CASE("rendezvous trust: after an admission round formed, members that never
                 CHECK(has(each, "too many of the 3 members of the round before the last one stayed away without "
                                 "acknowledging the last round within the join timeout (4 s)"));
             }
+        }
+    }
+}
+
+TEST_CASE("rendezvous trust: the store's host lost while some members of an admission round never learned of it: "
+          "the movers that knew it need a majority of the round before too, unless they saw every member "
+          "acknowledge it") {
+    // --nnodes=1:7: a (the store's host), b and c form round 0; d, e, f and g join, and round 1
+    // forms with all seven. Then a dies and the others move the store to a successor.
+    // - b and c cut off before they read their assignment: they go by round 0, where they are 2
+    //   of 3, while d, e, f and g, 4 of 7, go by round 1; each side would move the store to a
+    //   successor of its own. d, e, f and g never saw every member acknowledge round 1, so
+    //   their first round there needs a majority of round 0 too: they end at the join timeout
+    //   naming why.
+    // - nobody cut off: all seven acknowledged, d, e, f and g saw the mark, and go on as 4 of 7.
+    // - d cut off (a newcomer: it goes by no round): b, c, e, f and g never saw the mark, but
+    //   b and c say they were 2 of round 0's 3, and they go on as 5 of 7.
+    struct variant {
+        std::vector<int> cut;     // nodes whose round-1 connections end before it forms
+        std::vector<int> movers;  // the nodes that move the store (the first hosts it)
+        std::string ends;         // how each mover's first round there ends
+    };
+    const std::vector<variant> variants{
+        {{1, 2}, {3, 4, 5, 6}, "too many of the 3 members of the round before the last one stayed away"},
+        {{}, {3, 4, 5, 6}, "formed 2 of 4"},
+        {{3}, {1, 2, 4, 5, 6}, "formed 2 of 5"},
+    };
+    for (const auto& v : variants) {
+        CAPTURE(v.ends);
+        loopback_store net(22);
+        auto& ctx = net.ctx;
+        auto& c = net.c;
+        elastic::tcp_store_server successor(ctx.get_executor(), loopback_store::server_options({}));
+        successor.start();
+        std::vector<std::unique_ptr<elastic::tcp_store_client>> s;  // each mover's three there
+        for (std::size_t i = 0; i < 3 * v.movers.size(); ++i)
+            s.push_back(loopback_store::client_of(ctx, successor.port()));
+        std::vector<std::string> said;
+        const auto o = split_options("moved-unacknowledged", 7, said);
+        using node_type = elastic::store_rendezvous<elastic::tcp_store_client>;
+        std::vector<std::unique_ptr<node_type>> n;  // a, b, c, d, e, f, g
+        for (std::size_t i = 0; i < 7; ++i) n.push_back(std::make_unique<node_type>(*c[3 * i], *c[3 * i + 1], o));
+        const std::vector<std::string> ids{"a", "b", "c", "d", "e", "f", "g"};
+        const auto node = lease_node;
+        const auto at = [&](int i) -> node_type& { return *n[static_cast<std::size_t>(i)]; };
+        std::optional<elastic::rendezvous_round> zero;
+        std::vector<int> one;          // round 1's size as each member that read it saw it
+        std::vector<std::string> cut;  // how the cut nodes' round 1 ended
+        std::vector<std::string> ended;
+        const auto round_one = [&](int i) -> asio::awaitable<void> {
+            try {
+                one.push_back((co_await at(i).next_round(node(ids[static_cast<std::size_t>(i)]))).group_world_size);
+            } catch (const std::exception& error) {
+                cut.emplace_back(error.what());
+            }
+        };
+        const auto moved = [&](int i) -> asio::awaitable<void> {
+            try {
+                const auto r = co_await at(i).next_round(node(ids[static_cast<std::size_t>(i)]));
+                ended.push_back(fmt::format("formed {} of {}", r.number, r.group_world_size));
+            } catch (const elastic::rendezvous_error& error) {
+                ended.emplace_back(error.what());
+            }
+        };
+        // Round 1 for every node but those in `skip` (the cut ones, arrived already).
+        const auto rest = [&](std::vector<int> skip) -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            std::vector<int> left;
+            for (int i = 0; i < 7; ++i) {
+                if (std::find(skip.begin(), skip.end(), i) == skip.end()) left.push_back(i);
+            }
+            auto all = round_one(left[0]);
+            for (std::size_t k = 1; k < left.size(); ++k) all = std::move(all) && round_one(left[k]);
+            co_await std::move(all);
+        };
+        const auto admitted = [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            if (v.cut.empty()) {
+                co_await rest({});
+            } else {
+                // The cut nodes arrive first; their connections for the round end before it
+                // forms (their leases live on: the round counts them, and they never read it).
+                auto early = [&]() -> asio::awaitable<void> {
+                    std::vector<std::string> infos;
+                    for (std::size_t k = 1; k <= v.cut.size(); ++k)
+                        infos.push_back(fmt::format("elastic.rendezvous.{}/1/info/{}", o.run_id, k));
+                    co_await c[21]->wait(std::move(infos), std::chrono::seconds(120));
+                    for (const int i : v.cut) {
+                        c[static_cast<std::size_t>(3 * i)]->close();
+                        c[static_cast<std::size_t>(3 * i + 1)]->close();
+                    }
+                    co_await rest(v.cut);
+                };
+                auto cut_ones = round_one(v.cut[0]);
+                for (std::size_t k = 1; k < v.cut.size(); ++k) cut_ones = std::move(cut_ones) && round_one(v.cut[k]);
+                co_await (std::move(cut_ones) && early());
+            }
+            // a reports a failure; the movers read it (and the mark before it, if there is one).
+            elastic::abort_notice notice;
+            notice.group_rank = 0;
+            notice.host = "a";
+            notice.reason = "a worker failed";
+            notice.what = elastic::abort_notice::kind::membership;
+            (void)co_await at(0).abort(notice);
+            for (const int i : v.movers) (void)co_await at(i).wait_for_abort();
+            // The store's host dies; the movers move to the first one's idle server.
+            net.server.stop();
+            for (std::size_t k = 0; k < v.movers.size(); ++k) {
+                auto& mover = at(v.movers[k]);
+                mover.move_to(*s[3 * k], *s[3 * k + 1], k == 0);
+                co_await mover.start_liveness(*s[3 * k + 2], node(ids[static_cast<std::size_t>(v.movers[k])]));
+            }
+            auto all = moved(v.movers[0]);
+            for (std::size_t k = 1; k < v.movers.size(); ++k) all = std::move(all) && moved(v.movers[k]);
+            co_await std::move(all);
+        };
+        const auto scenario = [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            auto formed = co_await (at(0).next_round(node("a")) && at(1).next_round(node("b")) &&
+                                    at(2).next_round(node("c")));
+            zero = std::get<0>(formed);
+            for (int i = 3; i < 7; ++i) {
+                co_await at(i).start_liveness(*c[static_cast<std::size_t>(3 * i + 2)],
+                                              node(ids[static_cast<std::size_t>(i)]));
+            }
+            // (keep_membership() ends at once before start_liveness(): started only now.)
+            co_await (at(3).keep_membership() || at(4).keep_membership() || at(5).keep_membership() ||
+                      at(6).keep_membership() || admitted());
+        };
+        asio::co_spawn(
+            ctx,
+            [&]() -> asio::awaitable<void> {
+                using namespace asio::experimental::awaitable_operators;
+                for (int i = 0; i < 3; ++i) {
+                    co_await at(i).start_liveness(*c[static_cast<std::size_t>(3 * i + 2)],
+                                                  node(ids[static_cast<std::size_t>(i)]));
+                }
+                co_await (at(0).keep_membership() || at(1).keep_membership() || at(2).keep_membership() || scenario());
+                for (auto& each : c) each->close();
+                for (auto& each : s) each->close();
+                successor.stop();
+            },
+            [](std::exception_ptr error) {
+                if (error) std::rethrow_exception(error);
+            });
+        ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+        std::string log;
+        for (const auto& line : said) log += line + "\n";
+        INFO(log);
+        REQUIRE(zero);
+        CHECK(zero->group_world_size == 3);
+        std::string ends;
+        for (const auto& each : ended) ends += each + "\n";
+        for (const auto& each : cut) ends += "cut: " + each + "\n";
+        INFO(ends);
+        CHECK(one == std::vector<int>(7 - v.cut.size(), 7));
+        CHECK(cut.size() == v.cut.size());
+        REQUIRE(ended.size() == v.movers.size());
+        for (const auto& each : ended) CHECK(has(each, v.ends));
+        if (has(v.ends, "formed")) {
+            CHECK_FALSE(has(log, "round before the last one"));
+        } else {
+            CHECK(has(log, "too many of the 3 members of the round before the last one are away and never "
+                           "acknowledged that the last one formed"));
+            for (const auto& each : ended) CHECK(has(each, "within the join timeout (4 s)"));
         }
     }
 }

@@ -86,11 +86,20 @@ struct round_manifest {
     std::optional<prior_round> prior{};
 };
 
+/// A round formed before another: its number and size (the split-brain rule).
+struct earlier_round {
+    int round = 0;
+    int size = 0;
+};
+
 /// `<run>/moved_from` in a store the job moved to: the last round its movers were members of,
 /// and its size, until a round forms there (the majority rule counts that round's members).
+/// `before`: the round formed before that one, when a mover never saw every member acknowledge
+/// it (some may still go by `before`: the movers need its majority too).
 struct moved_from {
     int round = 0;
     int size = 0;
+    std::optional<earlier_round> before{};
 };
 
 /// Whether `text` is an IPv4 or IPv6 address literal.
@@ -108,8 +117,12 @@ inline bool is_address_literal(const std::string& text) {
 ELASTIC_DECL std::string encode(const node_info& i);
 /// A node's info (an arrival).
 ELASTIC_DECL node_info decode_node(std::string_view text);
-/// A node's assignment, as the completer writes it (with `peers` for group rank 0 only).
-ELASTIC_DECL std::string encode(const rendezvous_round& r);
+/// A node's assignment, as the completer writes it (with `peers` for group rank 0 only), and
+/// the round formed before it when the split-brain rule keeps one.
+ELASTIC_DECL std::string encode(const rendezvous_round& r, const std::optional<earlier_round>& before = std::nullopt);
+/// The round formed before an assignment's (nothing when it names none); invalid_value when it
+/// is no round before the assignment's `round` of at most `nnodes` nodes.
+ELASTIC_DECL std::optional<earlier_round> decode_assignment_before(std::string_view text, int round, int nnodes);
 /// A node's assignment as the completer wrote it; rendezvous_error when the round failed;
 /// nothing when the round lost a node while forming and everyone rejoins the next one;
 /// invalid_value when it is no assignment of a round of at most `nnodes` nodes.
@@ -289,6 +302,7 @@ ELASTIC_DECL std::string encode(const node_info& i) {
     if (i.role != "default") j["role"] = i.role;
     if (i.previous_rank) j["previous_rank"] = *i.previous_rank;
     if (i.member_of) j["member_of"] = *i.member_of;
+    if (i.earlier_rank && i.earlier_of) j["earlier"] = {*i.earlier_of, *i.earlier_rank};
     if (!i.id.empty()) j["id"] = i.id;
     if (i.backup_port != 0) j["backup"] = i.backup_port;
     if (i.backup_listed) j["listed"] = true;
@@ -311,6 +325,16 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         if (j.contains("node_rank")) i.node_rank = field_small(j, "node_rank", 0, max_nodes - 1);
         if (j.contains("previous_rank")) i.previous_rank = field_small(j, "previous_rank", 0, max_nodes - 1);
         if (j.contains("member_of")) i.member_of = field_small(j, "member_of", 0, std::numeric_limits<int>::max());
+        if (const auto it = j.find("earlier"); it != j.end()) {
+            // [round, group rank there]: a round before member_of, a rank below max_nodes.
+            const auto& e = *it;
+            if (!i.member_of || !e.is_array() || e.size() != 2 || !e[0].is_number_integer() ||
+                !e[1].is_number_integer() || e[0].get<std::int64_t>() < 0 || e[0].get<std::int64_t>() >= *i.member_of ||
+                e[1].get<std::int64_t>() < 0 || e[1].get<std::int64_t>() >= max_nodes)
+                throw invalid_value("'earlier' is not [a round before member_of, a group rank]");
+            i.earlier_of = e[0].get<int>();
+            i.earlier_rank = e[1].get<int>();
+        }
         if (j.contains("id")) i.id = lease_name(j, "id");
         if (j.contains("backup")) i.backup_port = static_cast<std::uint16_t>(field_int(j, "backup", 0, 65535));
         i.backup_listed = field_bool(j, "listed", false);
@@ -329,7 +353,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
     });
 }
 
-ELASTIC_DECL std::string encode(const rendezvous_round& r) {
+ELASTIC_DECL std::string encode(const rendezvous_round& r, const std::optional<earlier_round>& before) {
     auto j = nlohmann::json{{"group_rank", r.group_rank},
                             {"rank_base", r.rank_base},
                             {"world_size", r.world_size},
@@ -343,7 +367,27 @@ ELASTIC_DECL std::string encode(const rendezvous_round& r) {
     if (r.role_rank_base >= 0) j["role_rank_base"] = r.role_rank_base;
     if (r.role_world_size >= 0) j["role_world_size"] = r.role_world_size;
     if (r.group_rank == 0) j["peers"] = r.peers;
+    if (before) j["before"] = {before->round, before->size};
     return j.dump();
+}
+
+namespace codec {
+inline earlier_round decode_earlier(const nlohmann::json& pair, int below, int nnodes) {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() || !pair[1].is_number_integer() ||
+        pair[0].get<std::int64_t>() < 0 || pair[0].get<std::int64_t>() >= below || pair[1].get<std::int64_t>() < 1 ||
+        pair[1].get<std::int64_t>() > nnodes)
+        throw invalid_value(fmt::format("'before' is not [a round before {}, a size of 1..{}]", below, nnodes));
+    return earlier_round{pair[0].get<int>(), pair[1].get<int>()};
+}
+}  // namespace codec
+
+ELASTIC_DECL std::optional<earlier_round> decode_assignment_before(std::string_view text, int round, int nnodes) {
+    return codec::decoded([&]() -> std::optional<earlier_round> {
+        const auto j = codec::parse_object(text);
+        const auto it = j.find("before");
+        if (it == j.end()) return std::nullopt;
+        return codec::decode_earlier(*it, round, nnodes);
+    });
 }
 
 ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view text, int nnodes) {
@@ -459,7 +503,9 @@ ELASTIC_DECL std::string encode(const round_manifest& m) {
 }
 
 ELASTIC_DECL std::string encode(const moved_from& m) {
-    return nlohmann::json{{"round", m.round}, {"size", m.size}}.dump();
+    nlohmann::json j{{"round", m.round}, {"size", m.size}};
+    if (m.before) j["before"] = {m.before->round, m.before->size};
+    return j.dump();
 }
 
 ELASTIC_DECL std::pair<int, int> decode_staying(std::string_view text, int nnodes) {
@@ -477,6 +523,7 @@ ELASTIC_DECL moved_from decode_moved_from(std::string_view text, int nnodes) {
         moved_from m;
         m.round = field_small(j, "round", 0, std::numeric_limits<int>::max());
         m.size = field_small(j, "size", 1, nnodes);
+        if (const auto it = j.find("before"); it != j.end()) m.before = decode_earlier(*it, m.round, nnodes);
         return m;
     });
 }

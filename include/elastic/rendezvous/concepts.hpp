@@ -26,11 +26,16 @@ struct node_info {
     std::optional<int> node_rank;      ///< --node-rank: the group rank it must get
     std::optional<int> previous_rank;  ///< its group rank in the previous round (stable order)
     std::optional<int> member_of;      ///< the round it held previous_rank in (the majority rule counts members)
-    long pid = 0;                      ///< the agent's process id, for messages
-    std::string id;                    ///< its lease's name in the job (unique; empty: no liveness)
-    std::uint16_t backup_port = 0;     ///< its idle store server at store_addr, should the job's move there
-    bool backup_listed = false;        ///< that server listens at a --rdzv-endpoint list's entry
-    bool hosts_store = false;          ///< it hosts the rendezvous store now
+    /// In the first round after the store moved: its group rank in the round formed before
+    /// member_of, and that round, when it was a member of it. Until every member acknowledged
+    /// member_of, some may still go by that round, so the movers need its majority too.
+    std::optional<int> earlier_rank;
+    std::optional<int> earlier_of;
+    long pid = 0;                   ///< the agent's process id, for messages
+    std::string id;                 ///< its lease's name in the job (unique; empty: no liveness)
+    std::uint16_t backup_port = 0;  ///< its idle store server at store_addr, should the job's move there
+    bool backup_listed = false;     ///< that server listens at a --rdzv-endpoint list's entry
+    bool hosts_store = false;       ///< it hosts the rendezvous store now
     /// The literal addresses of its interfaces (no loopback, no link-local IPv6): where its
     /// connections to group rank 0's workers' store may come from.
     std::vector<std::string> addrs;

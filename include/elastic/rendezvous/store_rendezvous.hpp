@@ -158,6 +158,7 @@ public:
         target_ = moved.target;
         phase_ = phase::idle;
         moved_ = true;
+        after_move_ = true;
         told_majority_ = false;
         // No member of the last round this node knows (a standby that follows): its arrival
         // must not take a member's place in the movers' first round (split_rule).
@@ -250,6 +251,12 @@ public:
         auto started = std::chrono::steady_clock::now();
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
         if (!me.member_of && member_round_ >= 0 && me.previous_rank == group_rank_) me.member_of = member_round_;
+        if (after_move_ && before_ && before_rank_ >= 0 && me.member_of == member_round_) {
+            // The movers' first round counts the round before the last too, unless every
+            // member acknowledged the last one (split_rule): this node was a member of it.
+            me.earlier_of = before_->round;
+            me.earlier_rank = before_rank_;
+        }
         if (await_movers_) {
             // Followed the store as no member of the last round: the members that moved it form
             // their first round there without this node, which then arrives late at it (the
@@ -315,6 +322,11 @@ public:
             auto round = *assigned;
             round.number = r;
             restarts_ = round.restart_count;
+            const int was_member_of = member_round_;
+            const int was_rank = group_rank_;
+            before_ = std::exchange(assigned_before_, std::nullopt);
+            before_rank_ = before_ && was_member_of == before_->round ? was_rank : -1;
+            after_move_ = false;
             group_rank_ = round.group_rank;
             size_ = round.group_world_size;
             member_round_ = r;
@@ -330,8 +342,12 @@ public:
             target_ = 0;
             phase_ = phase::running;
             // The split-brain rule counts a member that never learned of this round as one that
-            // may still go by the round before it (split_rule): this node has learned.
-            if (guards_split()) co_await store_->set(job_key(fmt::format("acked/{}", group_rank_)), std::to_string(r));
+            // may still go by the round before it (split_rule): this node has learned. The last
+            // member to say so marks the round as acknowledged by all.
+            if (guards_split()) {
+                co_await store_->set(job_key(fmt::format("acked/{}", group_rank_)), std::to_string(r));
+                if (co_await store_->add(key(r, "acks"), 1) == size_) co_await mark_acknowledged(r);
+            }
             // Losses this node saw after the completer's epoch but before it ran: a member may
             // be among them.
             if (members_) {
@@ -356,9 +372,14 @@ public:
             co_await wait_interruptible(*watcher_, k, std::nullopt);
             if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             const auto value = co_await watcher_->get(k);
+            if (slot == 0 && value == all_acknowledged) {
+                marked_round_ = std::max(marked_round_, r);
+                continue;
+            }
             if (auto notice = valid_abort(k, value)) {
                 admission_ = notice->admission;
                 standing_ = *notice;
+                co_await learn_acknowledged(*watcher_, r);
                 co_return std::move(*notice);
             }
         }
@@ -368,6 +389,7 @@ public:
     /// Aborts the current round with `notice`; true when this node was the first.
     asio::awaitable<bool> abort(abort_notice notice) {
         auto [standing, won] = co_await abort_round(*store_, round_, std::move(notice));
+        co_await learn_acknowledged(*store_, round_);
         admission_ = standing.admission;
         standing_ = std::move(standing);
         co_return won;
@@ -511,7 +533,7 @@ public:
             // The round's abort key ends the stay: the closed notice (every node finished), or
             // a failure or membership change, after which the others re-form without this node
             // (its live lease must not hold their rounds back) and the close below applies.
-            const auto round_abort = key(round_, "abort");
+            auto round_abort = key(round_, "abort");
             // For the split-brain rule (split_rule): this member, away from the next rounds with
             // a live lease, is no part cut off (it hosts the store) and never trains again.
             if (options_.elastic()) co_await store_->set(job_key("staying"), fmt::format("{} {}", round_, group_rank_));
@@ -521,7 +543,14 @@ public:
                 const auto others = co_await live_nodes(*store_) - 1;
                 if (others <= 0) co_return;
                 // (Not a braced list: g++ 12 cannot keep an initializer_list in a coroutine frame.)
-                if (co_await store_->check(std::vector<std::string>(1, round_abort))) break;
+                if (co_await store_->check(std::vector<std::string>(1, round_abort))) {
+                    // Every member acknowledged the round (mark_acknowledged): the abort comes after.
+                    if (round_abort != key(round_, "abort")) break;
+                    const auto value = co_await store_->get(round_abort);
+                    if (value != all_acknowledged) break;
+                    round_abort = slot_key(round_, "abort", 1);
+                    continue;
+                }
                 if (!said) {
                     say(staying_line(others));
                     said = true;
@@ -529,8 +558,9 @@ public:
                 if (members_->lost.size() != seen) continue;  // a loss while reading: count again
                 // Woken by a loss or the abort key; re-read at each close_timeout all the same,
                 // so no wake-up missed between the reads and the wait can hold the host.
+                // The key's value is read at the top (the acknowledgement mark is no abort).
                 auto which = co_await (members_->next() || wait_for(*store_, round_abort, options_.close_timeout));
-                if (which.index() == 1 && std::get<1>(which)) break;
+                (void)which;
             }
         }
         const auto deadline = std::chrono::steady_clock::now() + options_.close_timeout;
@@ -588,6 +618,32 @@ private:
     // How many slots (`abort`, `abort/1`, ...) a round's abort or decision may take before the
     // job gives up: each invalid value costs a writer one slot.
     static constexpr int max_slots = 64;
+
+    // What the last member to acknowledge a round writes in its first abort slot, which no abort
+    // then takes (it goes to the next): the members watch that slot while the round runs, so
+    // they learn it with no wait of their own. A member that saw it knows that nobody goes by
+    // the round before any more (split_rule, the movers' first round).
+    static constexpr std::string_view all_acknowledged = "acknowledged by all";
+
+    // An abort that took the first slot before the mark: whether every member acknowledged the
+    // round all the same (its count), so that the mark's absence costs nothing until the next
+    // round forms.
+    asio::awaitable<void> learn_acknowledged(Store& s, int r) {
+        // Only of a round this node is a member of (size_ is that round's size then).
+        if (!guards_split() || r != member_round_ || marked_round_ >= r || size_ <= 0) co_return;
+        const auto count = co_await read_checked(
+            s, key(r, "acks"), "the round counts as not acknowledged by all", [](std::string_view v) {
+                return detail::rendezvous::decode_count(v, 0, std::numeric_limits<std::int64_t>::max());
+            });
+        if (count && *count >= size_) marked_round_ = r;
+    }
+
+    asio::awaitable<void> mark_acknowledged(int r) {
+        const std::string mark{all_acknowledged};
+        if (co_await store_->compare_set(key(r, "abort"), std::string{}, mark) == mark) {
+            marked_round_ = std::max(marked_round_, r);
+        }
+    }
 
     [[nodiscard]] std::string slot_key(int r, std::string_view name, int slot) const {
         return slot == 0 ? key(r, name) : key(r, fmt::format("{}/{}", name, slot));
@@ -751,6 +807,7 @@ private:
             const auto k = slot_key(r, "abort", slot);
             const auto got = co_await s.compare_set(k, std::string{}, value);
             if (got == value) co_return std::pair{std::move(mine), true};
+            if (slot == 0 && got == all_acknowledged) continue;
             if (auto theirs = valid_abort(k, got)) co_return std::pair{std::move(*theirs), false};
         }
         throw rendezvous_error(too_many_invalid(r, "abort"));
@@ -762,7 +819,9 @@ private:
             const auto k = slot_key(r, "abort", slot);
             std::vector<std::string> keys{k};
             if (!co_await s.check(std::move(keys))) co_return false;
-            if (valid_abort(k, co_await s.get(k))) co_return true;
+            const auto value = co_await s.get(k);
+            if (slot == 0 && value == all_acknowledged) continue;
+            if (valid_abort(k, value)) co_return true;
         }
         co_return true;  // abort_round and wait_for_abort then say why the round cannot go on
     }
@@ -1020,6 +1079,14 @@ private:
                 heed_majority(r, mine, value);
                 left_out_ = detail::rendezvous::is_left_out(value);
             }
+            assigned_before_.reset();
+            if (assigned && guards_split()) {
+                auto before = checked(mine, value, "the round is taken for one with no round before it",
+                                      [&](std::string_view v) {
+                                          return detail::rendezvous::decode_assignment_before(v, r, options_.nnodes);
+                                      });
+                if (before) assigned_before_ = *before;
+            }
             co_return assigned;
         } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
@@ -1259,6 +1326,11 @@ private:
                         out_values[static_cast<std::size_t>(i)] = detail::rendezvous::encode_left_out();
                     }
                 }
+                // The round before this one, for the movers' rule should the store move before
+                // every member acknowledged this one (split_rule).
+                std::optional<detail::rendezvous::earlier_round> earlier;
+                if (guards_split() && verdict.before)
+                    earlier = detail::rendezvous::earlier_round{verdict.before->round, verdict.before->size};
                 rendezvous_round assignment;
                 assignment.world_size = plan.world_size;
                 assignment.group_world_size = n;
@@ -1278,7 +1350,7 @@ private:
                     // Group rank 0 hosts the workers' store: it accepts the members' addresses
                     // only (O(N) bytes in that one assignment).
                     if (g == 0) assignment.peers = plan.peers;
-                    out_values[static_cast<std::size_t>(arrival - 1)] = detail::rendezvous::encode(assignment);
+                    out_values[static_cast<std::size_t>(arrival - 1)] = detail::rendezvous::encode(assignment, earlier);
                     assignment.peers.clear();
                     if (!nodes[static_cast<std::size_t>(j)].id.empty()) {
                         out_keys.push_back(key(r, "member/" + nodes[static_cast<std::size_t>(j)].id));
@@ -1419,8 +1491,8 @@ private:
     // Deletes round q's keys: the fixed names, each arrival's and member's, every abort and
     // decision slot.
     asio::awaitable<void> collect_round(Store& s, int q) {
-        std::vector<std::string> names{"count",      "successors", "hosts",     "size",   "last_call_over",
-                                       "done_count", "all_done",   "completer", "counted"};
+        std::vector<std::string> names{"count",      "successors", "hosts",     "size",    "last_call_over",
+                                       "done_count", "all_done",   "completer", "counted", "acks"};
         const auto manifest = co_await read_checked(s, key(q, "manifest"), "only the round's fixed keys are deleted",
                                                     [&](std::string_view v) {
                                                         return detail::rendezvous::decode_manifest(v, options_.nnodes);
@@ -1604,7 +1676,25 @@ private:
             if (!moved) co_return verdict;
             const auto present = ranks_in(moved->round, moved->size);
             verdict.before = before(moved->round, moved->size, present, true);
-            if (2 * static_cast<int>(present.size()) <= moved->size) verdict.majority_of = moved->size;
+            if (2 * static_cast<int>(present.size()) <= moved->size) {
+                verdict.majority_of = moved->size;
+            } else if (moved->before) {
+                // A mover never saw every member acknowledge the movers' round: a member that had
+                // not learned of it goes by the round before, and may move the store elsewhere
+                // with that round's majority. The movers then need that majority too: its
+                // members here as such, or as members of the movers' round that said so.
+                const auto& earlier = *moved->before;
+                auto there = ranks_in(earlier.round, earlier.size);
+                for (const int i : in) {
+                    const auto& node = arrived[static_cast<std::size_t>(i)];
+                    if (node.earlier_of == earlier.round && node.earlier_rank && *node.earlier_rank < earlier.size)
+                        there.insert(*node.earlier_rank);
+                }
+                if (2 * static_cast<int>(there.size()) <= earlier.size) {
+                    verdict.majority_of = moved->size;
+                    verdict.prior_of = earlier.size;
+                }
+            }
             co_return verdict;
         }
         if (silent < 0) co_return verdict;  // a store that keeps no silent count cannot be cut off
@@ -1698,7 +1788,11 @@ private:
     // knows an older one (a few compare_sets at most, once per move).
     asio::awaitable<void> record_moved_from(Store& lease) {
         const auto k = job_key("moved_from");
-        const auto mine = detail::rendezvous::encode(detail::rendezvous::moved_from{known_round_, known_size_});
+        detail::rendezvous::moved_from record{known_round_, known_size_};
+        // A member that never saw every member acknowledge its round: some may go by the round
+        // before it, so the movers need that round's majority too.
+        if (guards_split() && member_round_ == known_round_ && marked_round_ != known_round_) record.before = before_;
+        const auto mine = detail::rendezvous::encode(record);
         // compare_set answers with the value it found when it does not write: one request
         // when this node is first, one more per record it replaces.
         std::string expected;
@@ -1708,7 +1802,11 @@ private:
             const auto theirs = checked(k, found, "this node records its own", [&](std::string_view v) {
                 return detail::rendezvous::decode_moved_from(v, options_.nnodes);
             });
-            if (theirs && theirs->round >= known_round_) co_return;
+            // The newest round wins; of one round, the record that asks for more (a member's
+            // that names the round before wins over a standby's or one that saw the mark).
+            if (theirs &&
+                (theirs->round > known_round_ || (theirs->round == known_round_ && (theirs->before || !record.before))))
+                co_return;
             expected = std::move(found);
         }
     }
@@ -1838,6 +1936,13 @@ private:
     bool paced_ = false;     ///< the last round was retried for want of a majority of members
     bool told_majority_ = false;  ///< the majority this node waits for was said (once per wait)
     bool await_movers_ = false;   ///< moved as no member: the next round waits for the movers' first
+    int marked_round_ = -1;       ///< the last round this node saw every member acknowledge (mark_acknowledged)
+    /// The round formed before member_round_ (its assignment named it), while the split-brain
+    /// rule keeps one; and this node's group rank there (-1: it was no member of it).
+    std::optional<detail::rendezvous::earlier_round> before_{};
+    int before_rank_ = -1;
+    std::optional<detail::rendezvous::earlier_round> assigned_before_{};  ///< await_assignment's, for next_round
+    bool after_move_ = false;  ///< no round formed since the store moved: arrivals tell their earlier rank
 };
 
 }  // namespace elastic::inline v0
