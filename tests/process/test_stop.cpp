@@ -375,6 +375,53 @@ TEST_CASE("process: a daemon a worker started ends when the worker is reaped") {
     CHECK_FALSE(std::filesystem::exists(cgroup));
 }
 
+TEST_CASE("process: each worker runs in its own cgroup from its start") {
+    // Born there (clone3 into the cgroup) or moved there before exec: either way the program
+    // finds itself in the cgroup its child_process names, and no two workers share one.
+    using namespace test_stop;
+    if (!cgroups_available()) return;
+    asio::io_context io;
+    std::vector<std::string> seen;
+    for (int i = 0; i < 3; ++i) {
+        elastic::spawn_options options;
+        options.program = "cat";
+        options.args = {"/proc/self/cgroup"};
+        options.out = elastic::stdio::pipe();
+        auto child = elastic::spawn(io.get_executor(), options);
+        REQUIRE_FALSE(child.cgroup().empty());
+        auto out = child.take_stdout();
+        const std::string text = run(io, process_support::read_all(*out));
+        const auto at = text.find("0::");
+        REQUIRE(at != std::string::npos);
+        const std::string path = text.substr(at + 3, text.find('\n', at) - at - 3);
+        REQUIRE_FALSE(path.empty());
+        CHECK(child.cgroup().size() > path.size());
+        CHECK(child.cgroup().compare(child.cgroup().size() - path.size(), path.size(), path) == 0);
+        CHECK(std::find(seen.begin(), seen.end(), path) == seen.end());
+        seen.push_back(path);
+        CHECK(run(io, child.wait()).status.success());
+        child.reap();
+    }
+    CHECK(elastic::detail::process::cgroups::instance().reason().empty());
+}
+
+TEST_CASE("process: clone3's refusals are sorted into falling back, a failed fork, and no cgroups") {
+    using elastic::detail::process::classify_clone3_error;
+    using elastic::detail::process::clone3_refusal;
+    // No clone3 (before Linux 5.3, or a container's seccomp filter), no CLONE_INTO_CGROUP (5.3 to
+    // 5.6): the child is started with vfork and moves itself.
+    CHECK(classify_clone3_error(ENOSYS) == clone3_refusal::unsupported);
+    CHECK(classify_clone3_error(EINVAL) == clone3_refusal::unsupported);
+    CHECK(classify_clone3_error(E2BIG) == clone3_refusal::unsupported);
+    // The process limit, memory: what a failed fork is.
+    CHECK(classify_clone3_error(EAGAIN) == clone3_refusal::resources);
+    CHECK(classify_clone3_error(ENOMEM) == clone3_refusal::resources);
+    // A cgroup that takes no process: not delegated, a threaded or an inner cgroup, removed.
+    for (const int e : {EACCES, EPERM, EBUSY, EOPNOTSUPP, ENODEV, EBADF}) {
+        CHECK(classify_clone3_error(e) == clone3_refusal::cgroup);
+    }
+}
+
 TEST_CASE("process: without its own cgroup, a worker's daemon outlives it (own_cgroup = false)") {
     using namespace test_stop;
     asio::io_context io;

@@ -29,9 +29,10 @@ namespace elastic::inline v0::detail::process {
 //
 // The layout: the agent makes one directory in its own cgroup of the v2 hierarchy,
 // "elastic.<agent pid>.<random>" (mkdir is exclusive: two agents with one pid in different pid
-// namespaces never share one), and one per worker in it, "w<n>". The child moves itself into its
-// cgroup between fork and exec (by writing "0" to the cgroup.procs opened for it), so it has no
-// descendant outside it. When the worker is reaped its cgroup is killed and removed: what the
+// namespaces never share one), and one per worker in it, "w<n>". The child is born in its cgroup
+// (clone3 with CLONE_INTO_CGROUP, spawn.hpp) or, where the kernel cannot do that, moves itself
+// into it between fork and exec (by writing "0" to the cgroup.procs opened for it): either way it
+// has no descendant outside it. When the worker is reaped its cgroup is killed and removed: what the
 // worker left running ends with it. When the agent dies, the watcher process kills and removes
 // the agent's directory (watcher.hpp).
 //
@@ -79,6 +80,7 @@ inline bool cgroup_remove_tree(int parent_fd, const char* name, int depth) noexc
 /// One worker's cgroup, before the spawn hands it to its child_process.
 struct worker_cgroup {
     std::string path;  ///< the directory
+    owned_fd dir;      ///< the directory itself (O_PATH, close-on-exec), for clone3's CLONE_INTO_CGROUP
     owned_fd procs;    ///< its cgroup.procs, open for writing (above 2, close-on-exec)
 };
 
@@ -326,9 +328,12 @@ ELASTIC_DECL std::optional<worker_cgroup> cgroups::make() {
         set_reason_locked("cannot make the cgroup " + made.path + ": " + errno_string(errno));
         return std::nullopt;
     }
-    made.procs = owned_fd(::open((made.path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+    made.dir = owned_fd(::open(made.path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (made.dir) made.procs = owned_fd(::open((made.path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
     if (!made.procs) {
-        set_reason_locked("cannot open " + made.path + "/cgroup.procs: " + errno_string(errno));
+        set_reason_locked("cannot open " + made.path + (made.dir ? "/cgroup.procs" : "") + ": " + errno_string(errno));
+        made.dir.reset();
+        made.procs.reset();
         ::rmdir(made.path.c_str());
         return std::nullopt;
     }

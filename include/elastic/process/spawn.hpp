@@ -16,6 +16,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -26,9 +27,11 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,16 +117,25 @@ struct child_plan {
     int error_fd;        // above 2, close-on-exec
     int max_fd;          // for the close loop if close_range is missing
     rlim_t nofile_soft;  // the soft open-files limit to give the child; RLIM_INFINITY: keep
-    int cgroup_procs;    // above 2, close-on-exec: the cgroup.procs to join; -1: stay in the agent's
+    int cgroup_procs;    // above 2, close-on-exec: the cgroup.procs to join; -1: stay where born
 };
 
-/// The child between vfork and exec. Only async-signal-safe calls: the agent is multithreaded,
-/// so any lock (malloc's, stdio's) may be held by a thread that does not exist in the child.
-[[noreturn]] inline void child_main(const child_plan& plan) noexcept {
+/// The child's exit, exit_group(127) by hand. Not _exit: a call to a function declared noreturn
+/// makes AddressSanitizer clean up "the thread's stack" first, and the child may run on a stack
+/// of its own (clone3_child), which it would then warn about.
+inline void child_exit() noexcept {
+    ::syscall(SYS_exit_group, 127);
+    __builtin_unreachable();
+}
+
+/// The child between vfork (or clone3) and exec; it never returns. Only async-signal-safe calls:
+/// the agent is multithreaded, so any lock (malloc's, stdio's) may be held by a thread that does
+/// not exist in the child.
+inline void child_main(const child_plan& plan) noexcept {
     const auto fail = [&plan](child_step step) {
         const child_failure failure{step, errno};
         [[maybe_unused]] const ssize_t n = ::write(plan.error_fd, &failure, sizeof failure);
-        ::_exit(127);
+        child_exit();
     };
     // First the cgroup, before anything can start a descendant that would stay outside it.
     if (plan.cgroup_procs >= 0 && ::write(plan.cgroup_procs, "0", 1) != 1) fail(child_step::cgroup);
@@ -139,7 +151,7 @@ struct child_plan {
     // Forked by the spawner thread, which lives as long as the agent: this fires when the
     // agent dies. If it died before the prctl, we were reparented already: give up now.
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(child_step::pdeathsig);
-    if (::getppid() != plan.parent) ::_exit(127);
+    if (::getppid() != plan.parent) child_exit();
     for (int target = 0; target < 3; ++target) {
         // Sources are above 2 (see raise_above_stdio), so no dup2 clobbers a later source.
         if (plan.stdio_fds[target] >= 0 && ::dup2(plan.stdio_fds[target], target) < 0) {
@@ -170,7 +182,6 @@ struct child_plan {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::execve(plan.path, plan.argv, plan.envp);
     fail(child_step::exec);
-    ::_exit(127);  // not reached
 }
 
 /// Starts the child with vfork: it borrows the agent's memory until execve, so nothing is
@@ -184,9 +195,109 @@ struct child_plan {
 /// noinline: the child's frames must lie below a frame that is not the caller's.
 [[gnu::noinline]] inline pid_t vfork_child(const child_plan& plan) noexcept {
     const pid_t pid = ::vfork();
-    if (pid == 0) child_main(plan);
+    if (pid == 0) {
+        child_main(plan);
+        __builtin_unreachable();
+    }
     return pid;
 }
+
+// Born in its cgroup. Moving a process into a cgroup (a write to cgroup.procs) takes a lock whose
+// writer waits for an RCU grace period when none was taken lately: on this kind of machine the
+// first worker's move cost 11 to 14 ms, and later ones up to 6 ms each, while the spawner thread
+// waited. clone3 with CLONE_INTO_CGROUP (Linux 5.7) makes the child in its cgroup, as any fork
+// makes it in its parent's, for the cost of a fork. With CLONE_VM | CLONE_VFORK it is vfork with
+// a stack of its own for the child (the kernel starts the child on it, so it cannot run on the
+// spawner thread's frames as a vfork child does): the x86-64 entry below, in assembly since
+// glibc 2.36 offers no clone3. Elsewhere, and under the sanitizers, the child moves itself with
+// the write: they intercept vfork (ThreadSanitizer turns it into fork, AddressSanitizer guards its
+// own locks around it) and know nothing of a child that borrows the agent's memory on a stack of
+// its own (AddressSanitizer then warns of that stack and leaves a lock of its own held).
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define ELASTIC_DETAIL_NO_CLONE3 1
+#endif
+#endif
+#if !defined(ELASTIC_DETAIL_NO_CLONE3)
+#define ELASTIC_DETAIL_CLONE3 1
+#endif
+#endif
+
+/// The kernel's struct clone_args (linux/sched.h, version 2: Linux 5.7).
+struct clone3_args {
+    std::uint64_t flags;
+    std::uint64_t pidfd;
+    std::uint64_t child_tid;
+    std::uint64_t parent_tid;
+    std::uint64_t exit_signal;
+    std::uint64_t stack;
+    std::uint64_t stack_size;
+    std::uint64_t tls;
+    std::uint64_t set_tid;
+    std::uint64_t set_tid_size;
+    std::uint64_t cgroup;
+};
+inline constexpr std::uint64_t clone_into_cgroup = 0x200000000ULL;  // CLONE_INTO_CGROUP
+
+/// What a refusal of clone3 into a cgroup means.
+enum class clone3_refusal {
+    unsupported,  ///< the kernel cannot (no clone3, no CLONE_INTO_CGROUP, a seccomp filter): vfork
+    resources,    ///< a process limit or memory: the fork failed
+    cgroup,       ///< this cgroup takes no process: no cgroups for this agent
+};
+
+/// Sorts clone3's errno (a kernel before 5.3 or a container's seccomp filter says ENOSYS; one
+/// before 5.7, which knows no CLONE_INTO_CGROUP, EINVAL or E2BIG).
+constexpr clone3_refusal classify_clone3_error(int error) noexcept {
+    if (error == ENOSYS || error == EINVAL || error == E2BIG) return clone3_refusal::unsupported;
+    if (error == EAGAIN || error == ENOMEM) return clone3_refusal::resources;
+    return clone3_refusal::cgroup;
+}
+
+#if ELASTIC_DETAIL_CLONE3
+/// The clone3 child's stack: one, as the spawner thread starts one child at a time and is
+/// suspended until the child has exec'd or exited (CLONE_VFORK). Below it a guard page, so an
+/// overflow faults instead of writing the agent's memory. Null when it cannot be mapped.
+inline constexpr std::size_t clone3_stack_size = std::size_t{256} * 1024;
+ELASTIC_DECL void* clone3_stack() noexcept;
+
+/// Where the clone3 child starts, on its own stack.
+inline void clone3_child_entry(const child_plan* plan) noexcept {
+    child_main(*plan);
+    __builtin_unreachable();
+}
+
+/// clone3(args) on x86-64. The child, which the kernel starts on `args->stack` with the parent's
+/// registers, calls clone3_child_entry(plan) and never comes back; rbx and rdx survive the
+/// syscall, so they carry the entry and the plan to it. Returns the child's pid, or -errno.
+[[gnu::noinline]] inline long clone3_child(clone3_args* args, const child_plan* plan) noexcept {
+    long result = SYS_clone3;
+    asm volatile("syscall\n\t"
+                 "testq %%rax, %%rax\n\t"
+                 "jnz 1f\n\t"
+                 "xorl %%ebp, %%ebp\n\t"
+                 "movq %%rdx, %%rdi\n\t"
+                 "callq *%%rbx\n\t"
+                 "ud2\n"
+                 "1:"
+                 : "+a"(result)
+                 : "D"(args), "S"(sizeof(clone3_args)), "d"(plan), "b"(&clone3_child_entry)
+                 : "rcx", "r11", "memory", "cc");
+    return result;
+}
+#endif
+
+/// How start_child went: the pid, or the errno of the failure.
+struct started_child {
+    pid_t pid = -1;
+    int error = 0;
+    bool cgroup_refused = false;  ///< the kernel would not start it in its cgroup (error says why)
+};
+
+/// On the spawner thread: starts the child, in the cgroup `cgroup_dir` (-1: none) from birth
+/// where the kernel can, else with vfork (and the child's own move, plan.cgroup_procs).
+ELASTIC_DECL started_child start_child(const child_plan& plan, int cgroup_dir) noexcept;
 
 /// The path execve will get: `program` itself if it has a slash, else the first executable
 /// regular file named `program` in the PATH of the child's environment.
@@ -307,6 +418,52 @@ ELASTIC_DECL stdio_ends open_stdio(const stdio& target, bool child_reads) {
     return ends;
 }
 
+#if ELASTIC_DETAIL_CLONE3
+ELASTIC_DECL void* clone3_stack() noexcept {
+    static void* const stack = []() noexcept -> void* {
+        const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+        void* mapped = ::mmap(nullptr, clone3_stack_size + page, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (mapped == MAP_FAILED) return nullptr;
+        if (::mprotect(mapped, page, PROT_NONE) != 0) {
+            ::munmap(mapped, clone3_stack_size + page);
+            return nullptr;
+        }
+        return static_cast<char*>(mapped) + page;
+    }();
+    return stack;
+}
+#endif
+
+ELASTIC_DECL started_child start_child(const child_plan& plan, int cgroup_dir) noexcept {
+#if ELASTIC_DETAIL_CLONE3
+    static std::atomic<bool> unsupported{false};
+    void* const stack = cgroup_dir >= 0 && !unsupported.load(std::memory_order_relaxed) ? clone3_stack() : nullptr;
+    if (stack != nullptr) {
+        child_plan born_in = plan;
+        born_in.cgroup_procs = -1;
+        clone3_args args{};
+        args.flags = CLONE_VM | CLONE_VFORK | clone_into_cgroup;
+        args.exit_signal = SIGCHLD;
+        args.stack = reinterpret_cast<std::uintptr_t>(stack);
+        args.stack_size = clone3_stack_size;
+        args.cgroup = static_cast<std::uint64_t>(cgroup_dir);
+        const long result = clone3_child(&args, &born_in);
+        if (result > 0) return {static_cast<pid_t>(result), 0, false};
+        const int error = static_cast<int>(-result);
+        switch (classify_clone3_error(error)) {
+            case clone3_refusal::unsupported: unsupported.store(true, std::memory_order_relaxed); break;
+            case clone3_refusal::resources: return {-1, error, false};
+            case clone3_refusal::cgroup: return {-1, error, true};
+        }
+    }
+#else
+    (void)cgroup_dir;
+#endif
+    const pid_t pid = vfork_child(plan);
+    return {pid, pid < 0 ? errno : 0, false};
+}
+
 ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept {
     ::kill(pid, SIGKILL);
     watcher::instance().remove(pid);
@@ -393,17 +550,22 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
         detail::process::original_open_files_soft_limit(),
         cgroup ? cgroup->procs.get() : -1,
     };
-    pid_t pid = -1;
-    int fork_errno = 0;
     // Until the child is registered it is an unknown child of the agent: no sweep may take it
     // for an orphan meanwhile.
     auto registering = detail::process::subreaper::instance().registering();
-    auto job = [&] {
-        const pid_t forked = detail::process::vfork_child(plan);
-        if (forked < 0) fork_errno = errno;
-        pid = forked;
-    };
+    detail::process::started_child started;
+    auto job = [&] { started = detail::process::start_child(plan, cgroup ? cgroup->dir.get() : -1); };
     detail::process::spawner::instance().run(job);
+    const pid_t pid = started.pid;
+    const int fork_errno = started.error;
+    if (started.cgroup_refused) {
+        // The agent could make the cgroup but the kernel would not start a process in it (a
+        // cgroup it does not own, say): as when the child cannot move itself into it below.
+        registering.unlock();
+        detail::process::cgroups::instance().disable("cannot start '" + options.program + "' in its own cgroup " +
+                                                     cgroup->path + ": " + detail::process::errno_string(fork_errno));
+        return spawn(executor, options);
+    }
     if (pid < 0) {
         throw spawn_error("cannot fork to start '" + options.program +
                               "': " + detail::process::errno_string(fork_errno) +
