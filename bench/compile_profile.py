@@ -29,6 +29,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SINGLE = ROOT / "single_include" / "elastic.hpp"
 FLAGS = ["-std=c++20", "-O0", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1"]
 INCLUDE = re.compile(r"\s*#\s*include\s*<([^>]+)>")
+OPENS = re.compile(r"\s*#\s*if")
+CLOSES = re.compile(r"\s*#\s*endif")
 
 
 def user_cpu(compiler: str, source: pathlib.Path, tmp: str) -> float:
@@ -84,7 +86,10 @@ def main() -> int:
         costs = []
         previous = base
         for count, (end, name) in enumerate(cuts, 1):
-            source.write_text(head + "".join(lines[:end]) + "\nint main() { return 0; }\n")
+            # A cut inside a conditional block (the launcher's `#ifndef ELASTIC_NO_LAUNCHER`)
+            # closes it.
+            depth = sum(1 if OPENS.match(line) else -1 if CLOSES.match(line) else 0 for line in lines[:end])
+            source.write_text(head + "".join(lines[:end]) + "#endif\n" * depth + "\nint main() { return 0; }\n")
             seconds = best_of(args.runs, args.compiler, source, tmp)
             costs.append((seconds - previous, name))
             previous = seconds

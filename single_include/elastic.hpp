@@ -11118,6 +11118,7 @@ namespace elastic::inline v0::detail {
 #include <vector>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -11215,8 +11216,7 @@ struct child_plan {
 /// makes AddressSanitizer clean up "the thread's stack" first, and the child may run on a stack
 /// of its own (clone3_child), which it would then warn about.
 inline void child_exit() noexcept {
-    ::syscall(SYS_exit_group, 127);
-    __builtin_unreachable();
+    for (;;) ::syscall(SYS_exit_group, 127);
 }
 
 /// The child between vfork (or clone3) and exec; it never returns. Only async-signal-safe calls:
@@ -11304,7 +11304,7 @@ inline void child_main(const child_plan& plan) noexcept {
 // the write: they intercept vfork (ThreadSanitizer turns it into fork, AddressSanitizer guards its
 // own locks around it) and know nothing of a child that borrows the agent's memory on a stack of
 // its own (AddressSanitizer then warns of that stack and leaves a lock of its own held).
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !defined(__ILP32__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
 #define ELASTIC_DETAIL_NO_CLONE3 1
@@ -11333,18 +11333,23 @@ inline constexpr std::uint64_t clone_into_cgroup = 0x200000000ULL;  // CLONE_INT
 
 /// What a refusal of clone3 into a cgroup means.
 enum class clone3_refusal {
-    unsupported,  ///< the kernel cannot (no clone3, no CLONE_INTO_CGROUP, a seccomp filter): vfork
-    resources,    ///< a process limit or memory: the fork failed
-    cgroup,       ///< this cgroup takes no process: no cgroups for this agent
+    fall_back,  ///< vfork and the child's own move, from now on
+    resources,  ///< a process limit or memory: the fork failed
 };
 
-/// Sorts clone3's errno (a kernel before 5.3 or a container's seccomp filter says ENOSYS; one
-/// before 5.7, which knows no CLONE_INTO_CGROUP, EINVAL or E2BIG).
+/// Sorts clone3's errno. EAGAIN (a process limit) and ENOMEM are a failed fork. Anything else
+/// is not clone3's to judge: a kernel without clone3 (ENOSYS) or CLONE_INTO_CGROUP (EINVAL,
+/// E2BIG), a seccomp filter that refuses what it does not know (ENOSYS, or EPERM in older
+/// container runtimes), or a cgroup that takes no process (EACCES, EBUSY, EOPNOTSUPP, ENOENT,
+/// ENODEV). vfork and the child's write to cgroup.procs then say which: the write fails on such
+/// a cgroup too, and the agent goes on without cgroups (the child_step::cgroup report).
 constexpr clone3_refusal classify_clone3_error(int error) noexcept {
-    if (error == ENOSYS || error == EINVAL || error == E2BIG) return clone3_refusal::unsupported;
-    if (error == EAGAIN || error == ENOMEM) return clone3_refusal::resources;
-    return clone3_refusal::cgroup;
+    return error == EAGAIN || error == ENOMEM ? clone3_refusal::resources : clone3_refusal::fall_back;
 }
+
+/// Set once clone3 into a cgroup was refused for any reason but resources: every later child
+/// is started with vfork (tests read it).
+inline std::atomic<bool> clone3_fallen_back{false};
 
 #if ELASTIC_DETAIL_CLONE3
 /// The clone3 child's stack: one, as the spawner thread starts one child at a time and is
@@ -11383,7 +11388,6 @@ inline void clone3_child_entry(const child_plan* plan) noexcept {
 struct started_child {
     pid_t pid = -1;
     int error = 0;
-    bool cgroup_refused = false;  ///< the kernel would not start it in its cgroup (error says why)
 };
 
 /// On the spawner thread: starts the child, in the cgroup `cgroup_dir` (-1: none) from birth
@@ -11528,8 +11532,9 @@ ELASTIC_DECL void* clone3_stack() noexcept {
 
 ELASTIC_DECL started_child start_child(const child_plan& plan, int cgroup_dir) noexcept {
 #if ELASTIC_DETAIL_CLONE3
-    static std::atomic<bool> unsupported{false};
-    void* const stack = cgroup_dir >= 0 && !unsupported.load(std::memory_order_relaxed) ? clone3_stack() : nullptr;
+    // A stack that cannot be mapped (no memory) leaves this child to vfork.
+    void* const stack = cgroup_dir >= 0 && !clone3_fallen_back.load(std::memory_order_relaxed) ? clone3_stack()
+                                                                                               : nullptr;
     if (stack != nullptr) {
         child_plan born_in = plan;
         born_in.cgroup_procs = -1;
@@ -11540,19 +11545,16 @@ ELASTIC_DECL started_child start_child(const child_plan& plan, int cgroup_dir) n
         args.stack_size = clone3_stack_size;
         args.cgroup = static_cast<std::uint64_t>(cgroup_dir);
         const long result = clone3_child(&args, &born_in);
-        if (result > 0) return {static_cast<pid_t>(result), 0, false};
+        if (result > 0) return {static_cast<pid_t>(result), 0};
         const int error = static_cast<int>(-result);
-        switch (classify_clone3_error(error)) {
-            case clone3_refusal::unsupported: unsupported.store(true, std::memory_order_relaxed); break;
-            case clone3_refusal::resources: return {-1, error, false};
-            case clone3_refusal::cgroup: return {-1, error, true};
-        }
+        if (classify_clone3_error(error) == clone3_refusal::resources) return {-1, error};
+        clone3_fallen_back.store(true, std::memory_order_relaxed);
     }
 #else
     (void)cgroup_dir;
 #endif
     const pid_t pid = vfork_child(plan);
-    return {pid, pid < 0 ? errno : 0, false};
+    return {pid, pid < 0 ? errno : 0};
 }
 
 ELASTIC_DECL void discard_child(pid_t pid, int pidfd) noexcept {
@@ -11649,14 +11651,6 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
     detail::process::spawner::instance().run(job);
     const pid_t pid = started.pid;
     const int fork_errno = started.error;
-    if (started.cgroup_refused) {
-        // The agent could make the cgroup but the kernel would not start a process in it (a
-        // cgroup it does not own, say): as when the child cannot move itself into it below.
-        registering.unlock();
-        detail::process::cgroups::instance().disable("cannot start '" + options.program + "' in its own cgroup " +
-                                                     cgroup->path + ": " + detail::process::errno_string(fork_errno));
-        return spawn(executor, options);
-    }
     if (pid < 0) {
         throw spawn_error("cannot fork to start '" + options.program +
                               "': " + detail::process::errno_string(fork_errno) +

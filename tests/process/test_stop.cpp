@@ -14,7 +14,10 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -403,23 +406,56 @@ TEST_CASE("process: each worker runs in its own cgroup from its start") {
         child.reap();
     }
     CHECK(elastic::detail::process::cgroups::instance().reason().empty());
+#if ELASTIC_DETAIL_CLONE3
+    // Here each was born in its cgroup: clone3 was never refused.
+    CHECK_FALSE(elastic::detail::process::clone3_fallen_back.load());
+#endif
 }
 
-TEST_CASE("process: clone3's refusals are sorted into falling back, a failed fork, and no cgroups") {
+TEST_CASE("process: clone3's refusals are a failed fork, or vfork and the child's own move") {
     using elastic::detail::process::classify_clone3_error;
     using elastic::detail::process::clone3_refusal;
-    // No clone3 (before Linux 5.3, or a container's seccomp filter), no CLONE_INTO_CGROUP (5.3 to
-    // 5.6): the child is started with vfork and moves itself.
-    CHECK(classify_clone3_error(ENOSYS) == clone3_refusal::unsupported);
-    CHECK(classify_clone3_error(EINVAL) == clone3_refusal::unsupported);
-    CHECK(classify_clone3_error(E2BIG) == clone3_refusal::unsupported);
     // The process limit, memory: what a failed fork is.
     CHECK(classify_clone3_error(EAGAIN) == clone3_refusal::resources);
     CHECK(classify_clone3_error(ENOMEM) == clone3_refusal::resources);
-    // A cgroup that takes no process: not delegated, a threaded or an inner cgroup, removed.
-    for (const int e : {EACCES, EPERM, EBUSY, EOPNOTSUPP, ENODEV, EBADF}) {
-        CHECK(classify_clone3_error(e) == clone3_refusal::cgroup);
+    // No clone3 or no CLONE_INTO_CGROUP (old kernels), a seccomp filter (ENOSYS, or EPERM in
+    // older container runtimes), a cgroup that takes no process: vfork and the write decide.
+    for (const int e : {ENOSYS, EINVAL, E2BIG, EPERM, EACCES, EBUSY, EOPNOTSUPP, ENOENT, ENODEV, EBADF}) {
+        CHECK(classify_clone3_error(e) == clone3_refusal::fall_back);
     }
+}
+
+TEST_CASE("process: a child clone3 will not start in a cgroup is started with vfork, and so are later ones") {
+    using namespace elastic::detail::process;
+    const bool before = clone3_fallen_back.load();
+    int error_pipe[2];
+    REQUIRE(::pipe2(error_pipe, O_CLOEXEC) == 0);
+    owned_fd error_read(error_pipe[0]);
+    owned_fd error_write = raise_above_stdio(owned_fd(error_pipe[1]));
+    char path[] = "/bin/true";
+    char* argv[] = {path, nullptr};
+    char* envp[] = {nullptr};
+    const child_plan plan{path, argv,          envp, nullptr, {-1, -1, -1}, true, ::getpid(), error_write.get(),
+                          1024, RLIM_INFINITY, -1};
+    // A directory that is no cgroup: clone3 refuses it (EBADF).
+    owned_fd not_a_cgroup(::open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    REQUIRE(static_cast<bool>(not_a_cgroup));
+    started_child started;
+    auto job = [&] { started = start_child(plan, not_a_cgroup.get()); };
+    spawner::instance().run(job);
+    REQUIRE(started.pid > 0);
+    CHECK(started.error == 0);
+    error_write.reset();
+    char byte = 0;
+    CHECK(::read(error_read.get(), &byte, 1) == 0);  // EOF: the exec happened
+    int status = 0;
+    REQUIRE(::waitpid(started.pid, &status, 0) == started.pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+#if ELASTIC_DETAIL_CLONE3
+    CHECK(clone3_fallen_back.load());
+#endif
+    clone3_fallen_back.store(before);
 }
 
 TEST_CASE("process: without its own cgroup, a worker's daemon outlives it (own_cgroup = false)") {
