@@ -2,6 +2,7 @@
 // malformed input that closes only its own connection, thousands of connections, and an idle
 // server that uses no CPU.
 // test-tags: concurrent
+#include <elastic/store/client.hpp>
 #include <elastic/store/memory_store.hpp>
 #include <elastic/store/server.hpp>
 
@@ -245,6 +246,31 @@ TEST_CASE("store: server current dialect: VALIDATE, PING, WAIT, CANCEL_WAIT and 
         co_await exchange(lister, "11", "01 00x7 02 00x7 2f 71");
     }());
     CHECK(f.logs.empty());
+}
+
+TEST_CASE("store: a connection gives back the buffers of a large request and its reply") {
+    // Kept, the capacity of the largest message each connection ever carried would add up over
+    // a long job: a different member completes each round and reads every member's information.
+    fixture f;
+    std::size_t baseline = 0;
+    std::size_t buffered = 0;
+    f.run([&]() -> asio::awaitable<void> {
+        elastic::store_client_options o;
+        o.port = f.port();
+        o.dialect = elastic::client_dialect::current;
+        elastic::tcp_store_client client(co_await asio::this_coro::executor, o);
+        std::vector<std::string> keys{"big"};
+        CHECK_FALSE(co_await client.check(keys));
+        baseline = f.server->memory() - f.server->engine().bytes();
+        const std::string big(512 * 1024, 'x');
+        co_await client.set("big", big);
+        CHECK((co_await client.get("big")).size() == big.size());
+        // One more request: its reply comes once the server has written the large one.
+        CHECK(co_await client.check(keys));
+        buffered = f.server->memory() - f.server->engine().bytes();
+    }());
+    CHECK(baseline <= 2 * elastic::detail::store::retained_buffer + 4096);
+    CHECK(buffered <= 2 * elastic::detail::store::retained_buffer + 4096);
 }
 
 TEST_CASE("store: an unknown legacy opcode closes only its connection") {

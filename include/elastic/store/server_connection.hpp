@@ -43,6 +43,12 @@
 
 namespace elastic::inline v0::detail::store {
 
+/// The buffer capacity a connection keeps between messages. A larger request or reply grows its
+/// buffer for that message only: kept, the capacity of the largest message each connection ever
+/// carried would add up over a long job (the member that completes a round reads every member's
+/// information, and a different member completes each round).
+inline constexpr std::size_t retained_buffer = std::size_t{16} * 1024;
+
 // One client connection: reads requests, runs them on the engine, writes replies in order. A
 // WAIT whose keys are missing is answered later by on_ready, which queues STOP_WAITING in the
 // same output stream and wakes the coroutine (wake()) so it flushes it.
@@ -145,7 +151,7 @@ private:
                 write_since_.reset();
                 wbuf_.clear();
                 // A large reply grew the buffer: give the memory back once it is written.
-                if (wbuf_.capacity() > 1024 * 1024) std::string().swap(wbuf_);
+                if (wbuf_.capacity() > retained_buffer) std::string().swap(wbuf_);
                 account();
                 if (ec) co_return;
                 if (ok) continue;
@@ -490,8 +496,8 @@ ELASTIC_DECL bool store_connection::process() {
     }
     if (begin_ == end_) {
         begin_ = end_ = 0;
-        // A huge request grew the buffer: give the memory back once it is consumed.
-        if (cap_ > 1024 * 1024) {
+        // A large request grew the buffer: give the memory back once it is consumed.
+        if (cap_ > retained_buffer) {
             delete[] buf_;
             buf_ = nullptr;
             cap_ = 0;
