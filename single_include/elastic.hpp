@@ -11218,21 +11218,14 @@ struct child_plan {
     int cgroup_procs;    // above 2, close-on-exec: the cgroup.procs to join; -1: stay where born
 };
 
-/// The child's exit, exit_group(127) by hand. Not _exit: a call to a function declared noreturn
-/// makes AddressSanitizer clean up "the thread's stack" first, and the child may run on a stack
-/// of its own (clone3_child), which it would then warn about.
-inline void child_exit() noexcept {
-    for (;;) ::syscall(SYS_exit_group, 127);
-}
-
-/// The child between vfork (or clone3) and exec; it never returns. Only async-signal-safe calls:
-/// the agent is multithreaded, so any lock (malloc's, stdio's) may be held by a thread that does
-/// not exist in the child.
-inline void child_main(const child_plan& plan) noexcept {
+/// The child between vfork (or clone3) and exec. Only async-signal-safe calls: the agent is
+/// multithreaded, so any lock (malloc's, stdio's) may be held by a thread that does not exist in
+/// the child.
+[[noreturn]] inline void child_main(const child_plan& plan) noexcept {
     const auto fail = [&plan](child_step step) {
         const child_failure failure{step, errno};
         [[maybe_unused]] const ssize_t n = ::write(plan.error_fd, &failure, sizeof failure);
-        child_exit();
+        ::_exit(127);
     };
     // First the cgroup, before anything can start a descendant that would stay outside it.
     if (plan.cgroup_procs >= 0 && ::write(plan.cgroup_procs, "0", 1) != 1) fail(child_step::cgroup);
@@ -11248,7 +11241,7 @@ inline void child_main(const child_plan& plan) noexcept {
     // Forked by the spawner thread, which lives as long as the agent: this fires when the
     // agent dies. If it died before the prctl, we were reparented already: give up now.
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) fail(child_step::pdeathsig);
-    if (::getppid() != plan.parent) child_exit();
+    if (::getppid() != plan.parent) ::_exit(127);
     for (int target = 0; target < 3; ++target) {
         // Sources are above 2 (see raise_above_stdio), so no dup2 clobbers a later source.
         if (plan.stdio_fds[target] >= 0 && ::dup2(plan.stdio_fds[target], target) < 0) {
@@ -11279,6 +11272,7 @@ inline void child_main(const child_plan& plan) noexcept {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::execve(plan.path, plan.argv, plan.envp);
     fail(child_step::exec);
+    ::_exit(127);  // not reached
 }
 
 /// Starts the child with vfork: it borrows the agent's memory until execve, so nothing is
@@ -11292,10 +11286,7 @@ inline void child_main(const child_plan& plan) noexcept {
 /// noinline: the child's frames must lie below a frame that is not the caller's.
 [[gnu::noinline]] inline pid_t vfork_child(const child_plan& plan) noexcept {
     const pid_t pid = ::vfork();
-    if (pid == 0) {
-        child_main(plan);
-        __builtin_unreachable();
-    }
+    if (pid == 0) child_main(plan);
     return pid;
 }
 
@@ -11365,10 +11356,7 @@ inline constexpr std::size_t clone3_stack_size = std::size_t{256} * 1024;
 ELASTIC_DECL void* clone3_stack() noexcept;
 
 /// Where the clone3 child starts, on its own stack.
-inline void clone3_child_entry(const child_plan* plan) noexcept {
-    child_main(*plan);
-    __builtin_unreachable();
-}
+[[noreturn]] inline void clone3_child_entry(const child_plan* plan) noexcept { child_main(*plan); }
 
 /// clone3(args) on x86-64. The child, which the kernel starts on `args->stack` with the parent's
 /// registers, calls clone3_child_entry(plan) and never comes back; rbx and rdx survive the
