@@ -87,12 +87,120 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/config.hpp ----
+// The system and third-party headers the rest includes unconditionally.
+#include <stdexcept>
+#include <string>
+#include <charconv>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+#include <cstddef>
+#include <cstring>
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <ucontext.h>
+#include <unistd.h>
+#include <unwind.h>
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <ctime>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <mutex>
+#include <pthread.h>
+#include <cstdio>
+#include <exception>
+#include <type_traits>
+#include <typeinfo>
+#include <time.h>
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/detached.hpp>
+#include <asio/error.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <iterator>
+#include <list>
+#include <variant>
+#include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <array>
+#include <asio/ip/tcp.hpp>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <asio/cancellation_type.hpp>
+#include <asio/this_coro.hpp>
+#include <concepts>
+#include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+#include <functional>
+#include <asio/io_context.hpp>
+#include <ranges>
+#include <unordered_map>
+#include <asio/ip/address.hpp>
+#include <unordered_set>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <poll.h>
+#include <asio/ip/v6_only.hpp>
+#include <tuple>
+#include <span>
+#include <nlohmann/json_fwd.hpp>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <cctype>
+#include <condition_variable>
+#include <thread>
+#include <sys/prctl.h>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <sys/epoll.h>
+#include <asio/signal_set.hpp>
+#include <sched.h>
+#include <netdb.h>
+#include <deque>
+#include <cmath>
+#include <numeric>
+#include <limits>
+#include <set>
+#include <fstream>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <bitset>
+#include <asio/redirect_error.hpp>
+#include <asio/system_error.hpp>
+#include <asio/buffer.hpp>
+#include <filesystem>
+#include <asio/read_until.hpp>
+#include <stdlib.h>
 // ---- begin elastic/error.hpp ----
 // elastic::error, the base of every exception the library throws.
 
 
-#include <stdexcept>
-#include <string>
 
 namespace elastic::inline v0 {
 
@@ -116,18 +224,6 @@ public:
 // variables, composer's NODE_RANK, Slurm and Open MPI fallbacks), read once.
 
 
-#include <charconv>
-#include <climits>
-#include <cstdint>
-#include <cstdlib>
-#include <initializer_list>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -656,23 +752,8 @@ inline worker_env worker_env::from_process() {
 // ELF symbol table (so no -rdynamic is needed) or dladdr(3), with async-signal-safe code paths.
 
 
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <utility>
 
-#include <cxxabi.h>
 
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <link.h>
-#include <sys/auxv.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <ucontext.h>
-#include <unistd.h>
-#include <unwind.h>
 
 namespace elastic::inline v0::detail {
 
@@ -1065,13 +1146,6 @@ inline int interrupted_frame(void* const* frames, int count, void* context) noex
 // layout is the contract between elastic/watchdog.hpp (and the Python module the agent puts on
 // the workers' path) and the agent: fixed offsets, little-endian 64-bit counters.
 
-#include <algorithm>
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <string_view>
 
 namespace elastic::inline v0::detail::watchdog {
 
@@ -1182,21 +1256,7 @@ struct page_snapshot {
 }  // namespace elastic::inline v0::detail::watchdog
 // ---- end elastic/detail/watchdog_slot.hpp ----
 
-#include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <csignal>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 namespace elastic::inline v0::detail {
 
@@ -1495,21 +1555,7 @@ inline bool install_stack_dump(int sig, const char* path, pid_t agent, watchdog:
 }  // namespace elastic::inline v0::detail
 // ---- end elastic/detail/stack_dump.hpp ----
 
-#include <algorithm>
-#include <atomic>
-#include <charconv>
-#include <csignal>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <string_view>
 
-#include <fcntl.h>
-#include <pthread.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -1662,29 +1708,7 @@ private:
 }  // namespace elastic::inline v0
 // ---- end elastic/watchdog.hpp ----
 
-#include <atomic>
-#include <cerrno>
-#include <csignal>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
-#include <exception>
-#include <string>
-#include <type_traits>
-#include <typeinfo>
-#include <utility>
 
-#include <cxxabi.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <ucontext.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -2139,24 +2163,7 @@ int record(Entry&& entry, Args&&... args) {
 // is used (docs/building.md, "Compile time").
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/detached.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <cstddef>
-#include <cstdint>
-#include <exception>
-#include <iterator>
-#include <list>
-#include <optional>
-#include <system_error>
-#include <type_traits>
-#include <utility>
-#include <variant>
 
 namespace elastic::inline v0::detail {
 
@@ -2331,9 +2338,6 @@ auto settle(asio::awaitable<T> op)
 // The store layer's exceptions: store_error, store_timeout and store_auth_error.
 
 
-#include <string>
-#include <system_error>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -2373,19 +2377,7 @@ public:
 }  // namespace elastic::inline v0
 // ---- end elastic/store/errors.hpp ----
 
-#include <fmt/format.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 
-#include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <utility>
 
 // Why this shape (docs/store.md, "Authentication"):
 // - The first byte, 0xEA, is no opcode of either TCPStore dialect (legacy opcodes are 0..12,
@@ -2699,16 +2691,7 @@ ELASTIC_DECL bool same_mac(const mac& expected, std::string_view got) {
 // and the backoff between connection attempts.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/steady_timer.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <random>
-#include <system_error>
 
 namespace elastic::inline v0::detail::store {
 
@@ -2817,7 +2800,6 @@ ELASTIC_DECL void store_client_connection::close() noexcept {
 // that options naming it (elastic::dist::group_options) need not parse the client.
 
 
-#include <cstdint>
 
 namespace elastic::inline v0 {
 
@@ -2844,18 +2826,7 @@ enum class client_dialect : std::uint8_t {
 // detection and an incremental request parser shared by the server and the client.
 
 
-#include <fmt/format.h>
 
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
 
 // Byte layouts follow PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp (docs/store.md describes
 // the dialects and their semantics). Integers are host-order memcpy copies in PyTorch, i.e.
@@ -3261,24 +3232,8 @@ ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/wire.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/cancellation_type.hpp>
-#include <asio/error.hpp>
-#include <asio/this_coro.hpp>
 
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -3391,13 +3346,7 @@ ELASTIC_DECL bool heartbeat_reply_ok(wire::dialect dialect, const char* p) {
 // (multi_key_store).
 
 
-#include <asio/awaitable.hpp>
 
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <string>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -3463,11 +3412,6 @@ concept multi_key_store =
 // observer reads (`__epoch`, `__silent`, `__lost/<n>`) and the parser the server and the client share.
 
 
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
 
 // A lease is a key bound to the connection that set it: when that connection closes, or stays
 // silent longer than the server's heartbeat deadline, the server deletes the key and records the
@@ -3574,36 +3518,8 @@ ELASTIC_DECL std::optional<lease_key_parts> parse_lease_key(std::string_view key
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/lease.hpp ----
 
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/connect.hpp>
-#include <asio/detached.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/read.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <asio/write.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <random>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -4556,16 +4472,7 @@ static_assert(multi_key_store<tcp_store_client>);
 }  // namespace elastic::inline v0
 // ---- end elastic/store/client.hpp ----
 
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
 
-#include <chrono>
-#include <cstdint>
-#include <exception>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -4655,19 +4562,7 @@ using blocking_store_client = basic_blocking_store_client<>;
 // in-memory store and the TCP server are both front-ends to this engine.
 
 
-#include <fmt/format.h>
 
-#include <charconv>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <ranges>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <unordered_map>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0::detail::store {
 
@@ -5037,21 +4932,7 @@ ELASTIC_DECL void store_engine::wake(std::string_view key) {
 // memory_store: the store concept over the shared engine, in process (unit tests, one-node jobs).
 
 
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <system_error>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -5193,13 +5074,7 @@ static_assert(multi_key_store<memory_store>);
 // PrefixStore).
 
 
-#include <asio/awaitable.hpp>
 
-#include <chrono>
-#include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -5296,15 +5171,7 @@ private:
 // writes to lease keys are refused, and how a lost lease is recorded in the key table.
 
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <string>
-#include <string_view>
-#include <unordered_map>
 
 namespace elastic::inline v0::detail::store {
 
@@ -5426,25 +5293,8 @@ ELASTIC_DECL store_connection* store_lease_table::unbind(std::string_view key) n
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/server_leases.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/ip/address.hpp>
-#include <asio/ip/tcp.hpp>
-#include <fmt/format.h>
 
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <unordered_set>
-#include <utility>
 
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -5610,33 +5460,8 @@ ELASTIC_DECL void store_server_core::log(std::string_view line) const {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/server_core.hpp ----
 
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <asio/write.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <exception>
-#include <iterator>
-#include <list>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
 
 namespace elastic::inline v0::detail::store {
 
@@ -6452,24 +6277,8 @@ ELASTIC_DECL void store_connection::lose_leases() noexcept {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/store/server_connection.hpp ----
 
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <memory>
-#include <string_view>
-#include <system_error>
-#include <utility>
 
-#include <poll.h>
 
 namespace elastic::inline v0::detail::store {
 
@@ -6584,22 +6393,7 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
 }  // namespace elastic::inline v0::detail::store
 // ---- end elastic/store/server_accept.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/ip/address.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/ip/v6_only.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <system_error>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -6723,22 +6517,7 @@ static_assert(store<prefix_store<prefix_store<memory_store>>>);
 // types with serialize/deserialize or a codec specialisation), encoded to bytes and back.
 
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <array>
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0::dist {
 
@@ -7054,15 +6833,7 @@ T decode(std::string_view bytes) {
 // so that every rank gets as many).
 
 
-#include <fmt/format.h>
 
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <random>
-#include <stdexcept>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0::dist {
 
@@ -7157,28 +6928,8 @@ private:
 #if ELASTIC_DETAIL_BODIES
 #endif
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <array>
-#include <cerrno>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <ranges>
-#include <span>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-#include <vector>
 
-#include <sys/stat.h>
 
 namespace elastic::inline v0 {
 
@@ -8227,11 +7978,7 @@ inline void local_rank_zero_download_and_wait(const std::string& path) {
 // compact for text).
 
 
-#include <nlohmann/json_fwd.hpp>
 
-#include <concepts>
-#include <string>
-#include <type_traits>
 
 namespace elastic::inline v0::dist {
 
@@ -8300,7 +8047,6 @@ struct codec<T, std::enable_if_t<std::is_same_v<T, nlohmann::json> || detail::js
 // The process layer's exceptions: process_error, and spawn_error with the errno of a failed spawn.
 
 
-#include <string>
 
 namespace elastic::inline v0 {
 
@@ -8334,22 +8080,7 @@ private:
 }  // namespace elastic::inline v0
 // ---- end elastic/process/error.hpp ----
 
-#include <cerrno>
-#include <csignal>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <system_error>
-#include <utility>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
 
@@ -8527,20 +8258,7 @@ ELASTIC_DECL owned_fd raise_above_stdio(owned_fd fd) {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/sys.hpp ----
 
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
 
@@ -8921,15 +8639,7 @@ ELASTIC_DECL void cgroups::sweep_locked() noexcept {
 // "Signal N (SIGNAME) received by PID p" message.
 
 
-#include <algorithm>
-#include <array>
-#include <cctype>
-#include <csignal>
-#include <iterator>
-#include <string>
-#include <string_view>
 
-#include <fmt/format.h>
 
 namespace elastic::inline v0 {
 
@@ -9026,13 +8736,7 @@ ELASTIC_DECL std::string signal_message(int signal_number, long pid) {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/signal_name.hpp ----
 
-#include <chrono>
-#include <climits>
-#include <csignal>
-#include <string>
 
-#include <sys/types.h>
-#include <sys/wait.h>
 
 namespace elastic::inline v0 {
 
@@ -9140,16 +8844,7 @@ struct process_exit {
 // Internals: async-signal-safe readers of /proc — a process's parent, session and start time,
 // its children — for finding what a worker left behind where there is no cgroup (reaper.hpp).
 
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
 
@@ -9339,12 +9034,7 @@ void for_each_child(pid_t pid, F&& f) noexcept(noexcept(f(pid_t{}))) {
 // Internals: the one thread that forks every child, so PR_SET_PDEATHSIG means "the agent died".
 
 
-#include <condition_variable>
-#include <csignal>
-#include <mutex>
-#include <thread>
 
-#include <pthread.h>
 
 namespace elastic::inline v0::detail::process {
 
@@ -9437,24 +9127,7 @@ ELASTIC_DECL void spawner::loop() {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/spawner.hpp ----
 
-#include <algorithm>
-#include <array>
-#include <csignal>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <mutex>
-#include <string>
-#include <vector>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 namespace elastic::inline v0::detail::process {
 
@@ -9984,11 +9657,7 @@ ELASTIC_DECL void watcher::restart_locked() {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/watcher.hpp ----
 
-#include <mutex>
-#include <string>
-#include <vector>
 
-#include <sys/types.h>
 
 namespace elastic::inline v0::detail::process {
 
@@ -10232,20 +9901,8 @@ ELASTIC_DECL std::size_t subreaper::pass_locked(pid_t target, bool everything) n
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/process/reaper.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <csignal>
-#include <list>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <utility>
 
-#include <signal.h>
-#include <sys/types.h>
 
 namespace elastic::inline v0 {
 
@@ -10538,30 +10195,8 @@ ELASTIC_DECL void graveyard::sweep_locked() noexcept {
 // Groups of workers: await the first exit among many, and stop them all (signal, grace, SIGKILL).
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <csignal>
-#include <cstddef>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <optional>
-#include <span>
-#include <string>
-#include <vector>
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/epoll.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -10956,14 +10591,7 @@ ELASTIC_DECL std::vector<std::size_t> exit_set::pending() const {
 // The signals the agent receives, as awaitable events; the agent's process-wide dispositions.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/signal_set.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <array>
-#include <csignal>
-#include <initializer_list>
 
 namespace elastic::inline v0 {
 
@@ -11037,11 +10665,7 @@ ELASTIC_DECL void signal_events::cancel() {
 // the launcher's program validation; each wraps the result in its own error.
 
 
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <string>
-#include <string_view>
 
 namespace elastic::inline v0::detail {
 
@@ -11109,30 +10733,8 @@ namespace elastic::inline v0::detail {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/detail/path_search.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/posix/stream_descriptor.hpp>
 
-#include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <csignal>
-#include <cstdint>
-#include <cstring>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
 
-#include <fcntl.h>
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -11766,10 +11368,7 @@ ELASTIC_DECL child_process spawn(const asio::any_io_executor& executor, const sp
 // as Python's socket.getfqdn() finds it (may ask DNS).
 
 
-#include <string>
 
-#include <netdb.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -11806,13 +11405,7 @@ namespace elastic::inline v0 {
 // the reader itself (and the full JSON library) is in elastic/report/error_file.hpp.
 
 
-#include <chrono>
-#include <cstddef>
-#include <memory>
-#include <optional>
-#include <string>
 
-#include <nlohmann/json_fwd.hpp>
 
 namespace elastic::inline v0 {
 
@@ -11894,9 +11487,6 @@ inline constexpr double max_error_file_timestamp = 7258118400.0;
 // carry invalid bytes.
 
 
-#include <cstddef>
-#include <string>
-#include <string_view>
 
 namespace elastic::inline v0::detail::report {
 
@@ -12041,12 +11631,6 @@ ELASTIC_DECL std::string_view utf8_incomplete_tail_trimmed(std::string_view s) n
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/text.hpp ----
 
-#include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <string>
-#include <string_view>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -12204,16 +11788,7 @@ ELASTIC_DECL void stderr_tail::restart_line() {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/stderr_tail.hpp ----
 
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
 
-#include <fmt/format.h>
 
 namespace elastic::inline v0 {
 
@@ -12477,19 +12052,8 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/report/failure.hpp ----
 
-#include <cerrno>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <string_view>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <fmt/format.h>
-#include <nlohmann/json_fwd.hpp>
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
@@ -12690,24 +12254,8 @@ ELASTIC_DECL bool write_agent_error_file(const worker_failure& root) {
 // with every way a file can be broken reported as "malformed", never thrown.
 
 
-#include <cerrno>
-#include <charconv>
-#include <chrono>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <fmt/format.h>
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
@@ -13121,22 +12669,8 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
 // event the agent records when a group ends, and an append-only JSON-lines event log.
 
 
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
-#include <concepts>
-#include <cstring>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <variant>
-#include <vector>
 
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <fmt/format.h>
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
@@ -13517,9 +13051,6 @@ ELASTIC_DECL void event_log::close() noexcept {
 // and printed; kept apart from the event sink so the launch configuration stays light.
 
 
-#include <optional>
-#include <string>
-#include <string_view>
 
 namespace elastic::inline v0 {
 
@@ -13569,12 +13100,6 @@ struct event_destination {
 // event_sink, which stamps each event with the agent's clocks and writes it as one JSON line.
 
 
-#include <chrono>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -13695,17 +13220,7 @@ inline constexpr int internal = 251;
 // (ChildFailedError's message).
 
 
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <ctime>
-#include <numeric>
-#include <span>
-#include <string>
-#include <string_view>
-#include <vector>
 
-#include <fmt/format.h>
 
 namespace elastic::inline v0 {
 
@@ -13890,14 +13405,7 @@ ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const w
 // the workers' store, and hears of the job's events (a failure anywhere, the end of the job).
 
 
-#include <asio/awaitable.hpp>
 
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -14060,8 +13568,6 @@ concept agent_rendezvous = rendezvous<R> && requires(R& r, const R& cr, node_inf
 // elastic::store_lost_error: the rendezvous store itself is gone (a store_error).
 
 
-#include <string>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -14099,25 +13605,10 @@ private:
 }  // namespace elastic::inline v0
 // ---- end elastic/rendezvous/error.hpp ----
 
-#include <asio/ip/address.hpp>
-#include <fmt/format.h>
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
 
-#include <algorithm>
-#include <charconv>
-#include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <optional>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <tuple>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -14730,20 +14221,7 @@ ELASTIC_DECL job_decision decode_decision(std::string_view text) {
 // order, and whether the store itself was lost (docs/rendezvous.md, "Elastic membership").
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/cancellation_type.hpp>
-#include <asio/error.hpp>
-#include <asio/this_coro.hpp>
-#include <fmt/format.h>
 
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -14808,14 +14286,7 @@ ELASTIC_DECL std::string describe_node_id(std::string_view id) {
 // line (launch_config::rendezvous()); a custom launcher may fill one itself.
 
 
-#include <fmt/format.h>
 
-#include <chrono>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -14953,18 +14424,7 @@ namespace elastic::inline v0 {
 // Pure functions of their arguments: no store, no coroutines. store_rendezvous runs them.
 
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <map>
-#include <optional>
-#include <string>
-#include <utility>
-#include <variant>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -15215,15 +14675,7 @@ ELASTIC_DECL moved_round after_store_moved(int last_size, bool host_in_round) no
 // agent_rendezvous, so the agent runs one loop for one node and many.
 
 
-#include <asio/awaitable.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <chrono>
-#include <optional>
-#include <string>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -15310,29 +14762,7 @@ static_assert(agent_rendezvous<single_node_rendezvous>);
 // per-node keys, O(1) store operations per node per round, waiting by store notification.
 
 
-#include <asio/awaitable.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <functional>
-#include <limits>
-#include <memory>
-#include <optional>
-#include <set>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <type_traits>
-#include <utility>
-#include <variant>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -17252,17 +16682,7 @@ private:
 // `name=value` as error messages show it, and a duration in seconds.
 
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <chrono>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -17334,10 +16754,6 @@ namespace detail {
 // layers which read variables take instead of the process environment.
 
 
-#include <functional>
-#include <map>
-#include <string>
-#include <string_view>
 
 extern "C" char** environ;  // POSIX: declared by <unistd.h> only with _GNU_SOURCE; declare it ourselves.
 
@@ -17413,40 +16829,8 @@ namespace detail {
 }  // namespace elastic::inline v0
 // ---- end elastic/usage_error.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/ip/address.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/steady_timer.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstdio>
-#include <cstdint>
-#include <fstream>
-#include <functional>
-#include <iterator>
-#include <map>
-#include <memory>
-#include <optional>
-#include <random>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -18567,18 +17951,7 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
 // restart (after whatever delay it awaits itself) or stop, with a reason in words.
 
 
-#include <asio/awaitable.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <concepts>
-#include <functional>
-#include <optional>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -18688,17 +18061,7 @@ concept restart_policy = std::move_constructible<P> && requires(P& p, const grou
 // restart_settings, all of them together (what make_default_policy takes).
 
 
-#include <fmt/format.h>
 
-#include <bitset>
-#include <cctype>
-#include <charconv>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
 
 namespace elastic::inline v0 {
 
@@ -19040,11 +18403,7 @@ namespace elastic::inline v0 {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/policy/spec.hpp ----
 
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
-#include <stdexcept>
-#include <string>
 
 namespace elastic::inline v0 {
 
@@ -19092,20 +18451,7 @@ static_assert(restart_policy<max_restarts>);
 // asio::steady_timer) and manual_policy_clock (time that moves only when a test advances it).
 
 
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/system_error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <concepts>
-#include <cstddef>
-#include <memory>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -19231,18 +18577,7 @@ static_assert(policy_clock<manual_policy_clock>);
 // built-in models (decide, then wait, then count), optional_policy and any_restart_policy.
 
 
-#include <asio/awaitable.hpp>
 
-#include <array>
-#include <chrono>
-#include <concepts>
-#include <cstddef>
-#include <memory>
-#include <optional>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -19512,17 +18847,7 @@ static_assert(restart_policy<any_restart_policy>);
 // jitter, and starting over after a healthy period (--restart-backoff=INITIAL:CAP[:RESET]).
 
 
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <functional>
-#include <random>
-#include <stdexcept>
-#include <string>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -19622,13 +18947,7 @@ namespace elastic::inline v0 {
 // (--restart-window=N/PERIOD).
 
 
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
-#include <chrono>
-#include <deque>
-#include <stdexcept>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -19702,11 +19021,7 @@ static_assert(planned_restart_policy<restart_window>);
 // exit codes, signals), stop at once on anything else (--restart-on-exit=SET) — or the reverse.
 
 
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
-#include <chrono>
-#include <string>
 
 namespace elastic::inline v0 {
 
@@ -19812,12 +19127,7 @@ namespace elastic::inline v0 {
 // loop is a bug or a bad configuration, not bad luck (--restart-crash-guard=T[:N]).
 
 
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
-#include <chrono>
-#include <stdexcept>
-#include <string>
 
 namespace elastic::inline v0 {
 
@@ -19894,14 +19204,7 @@ static_assert(planned_restart_policy<crash_loop_guard>);
 // best any earlier attempt reached (--restart-no-progress=N).
 
 
-#include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
-#include <chrono>
-#include <cstdint>
-#include <optional>
-#include <stdexcept>
-#include <string>
 
 namespace elastic::inline v0 {
 
@@ -19987,8 +19290,6 @@ ELASTIC_DECL std::string no_progress::named() const {
 // --max-restarts and the --restart-* options (restart_settings; launch_config::restarts()).
 
 
-#include <optional>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -20053,27 +19354,8 @@ template <policy_clock Clock = steady_policy_clock>
 // each line after the rank's prefix when asked.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/buffer.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
 
-#include <poll.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -20287,31 +19569,8 @@ asio::awaitable<void> relay_stream(asio::posix::stream_descriptor& pipe, stderr_
 // worker hung. worker_group runs it beside the watch for exits.
 
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <csignal>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <functional>
-#include <map>
-#include <optional>
-#include <random>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
-#include <cxxabi.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -20844,16 +20103,8 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
 // PATH as execvp does, the command line, and torchrun's `${local_rank}` substitution.
 
 
-#include <fmt/format.h>
 
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cctype>
-#include <string>
-#include <string_view>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -21079,15 +20330,6 @@ namespace elastic::inline v0 {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/program.hpp ----
 
-#include <chrono>
-#include <csignal>
-#include <cstdint>
-#include <filesystem>
-#include <map>
-#include <optional>
-#include <set>
-#include <string>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -21172,15 +20414,8 @@ struct agent_options {
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/spec.hpp ----
 
-#include <fmt/format.h>
 
-#include <chrono>
-#include <ctime>
-#include <string>
-#include <string_view>
-#include <utility>
 
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -21262,31 +20497,8 @@ private:
 // ignored) and deadlines run on the steady clock from the moment a request arrives.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/buffer.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/system_error.hpp>
 
-#include <fmt/format.h>
 
-#include <array>
-#include <chrono>
-#include <cstddef>
-#include <filesystem>
-#include <functional>
-#include <map>
-#include <optional>
-#include <set>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <variant>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -21792,29 +21004,8 @@ ELASTIC_DECL std::string detail::agent::quoted_excerpt(std::string_view text) {
 // 8 KiB of request head, 5 s to send it and read the answer.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/buffer.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/error.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/read_until.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/write.hpp>
 
-#include <fmt/format.h>
 
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <list>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
 
 namespace elastic::inline v0 {
 
@@ -22036,21 +21227,8 @@ ELASTIC_DECL std::string detail::agent::http_answer(const http_response& r, bool
 // route of each worker stream (file, console with or without prefix, nowhere), and the prefix template.
 
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
 
-#include <fcntl.h>
-#include <stdlib.h>
-#include <sys/stat.h>
 
 namespace elastic::inline v0 {
 
@@ -22339,12 +21517,7 @@ ELASTIC_DECL void log_tree::remove_temporary() noexcept {
 // name and meaning for meaning, on top of the agent's own environment.
 
 
-#include <fmt/format.h>
 
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -22509,22 +21682,8 @@ namespace elastic::inline v0 {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/agent/worker_environment.hpp ----
 
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
-#include <typeinfo>
-#include <utility>
-#include <vector>
 
-#include <cxxabi.h>
 
 namespace elastic::inline v0 {
 
@@ -22947,13 +22106,6 @@ ELASTIC_DECL event_metadata agent_events::common() const {
 // Prometheus text (/metrics).
 
 
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -23568,12 +22720,7 @@ ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::file
 // the workers' store goes (store_plan).
 
 
-#include <fmt/format.h>
 
-#include <chrono>
-#include <cstdint>
-#include <string>
-#include <string_view>
 
 namespace elastic::inline v0::detail::agent {
 
@@ -23686,21 +22833,7 @@ ELASTIC_DECL void check_spec(const worker_spec& w) {
 // files, its pipes, and the relays that copy them to the tail, the files and the console.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/posix/stream_descriptor.hpp>
-#include <fmt/format.h>
 
-#include <cstring>
-#include <exception>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <string>
-#include <system_error>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -23839,29 +22972,7 @@ using worker_output = basic_worker_output<>;
 // SIGKILL after the grace), their output drained, and their failure collected for the policy.
 
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <csignal>
-#include <cstddef>
-#include <cstring>
-#include <exception>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <vector>
 
 namespace elastic::inline v0 {
 
@@ -24541,39 +23652,8 @@ using worker_group = basic_worker_group<>;
 }  // namespace elastic::inline v0
 // ---- end elastic/agent/worker_group.hpp ----
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/ip/address.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/signal_set.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
-#include <atomic>
-#include <chrono>
-#include <concepts>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
-#include <filesystem>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
-#include <variant>
-#include <vector>
 
-#include <unistd.h>
 
 namespace elastic::inline v0 {
 
@@ -31157,8 +30237,6 @@ int run(int argc, const char* const* argv) {
 #ifndef ELASTIC_NO_LAUNCHER
 #endif
 
-#include <string>
-#include <utility>
 
 #if defined(ELASTIC_IMPL_SOURCE) && !defined(ELASTIC_DETAIL_IMPL_SOURCE_SEEN)
 #error "ELASTIC_IMPL_SOURCE must be defined before the first elastic header of the file"
