@@ -1,7 +1,8 @@
 // rdzv-sim: the c10d rendezvous at a scale one machine cannot host as processes. N simulated
 // agents are coroutines on one thread, each with the three connections a real agent opens (its
 // requests, its long waits, its lease) and the real store_rendezvous over them, against the
-// real store server on a thread of its own. No workers: what is measured is the rendezvous.
+// real store server in a process of its own (as the store's host is another process than most
+// agents). No workers: what is measured is the rendezvous.
 //
 //   rdzv-sim --agents N [--keep-alive-ms 1000] [--missed 5] [--hold-s 5] [--cycles 3]
 //
@@ -16,7 +17,8 @@
 //
 // Elastic membership (MIN = N/2, MAX = N), the split guard on (an agent-hosted store's
 // default). Connections go to 127.0.0.1, 127.0.0.2, ... (the server listens on 0.0.0.0), as
-// many addresses as the ephemeral port range needs; the open-files limit is raised to fit.
+// many addresses as the ephemeral port range needs; each process raises its open-files limit to
+// fit its end of the 3 (N + 1) connections.
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/store/client.hpp>
 #include <elastic/store/server.hpp>
@@ -24,7 +26,8 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
-#include <asio/post.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/read.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
@@ -39,16 +42,18 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
-#include <future>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
-#include <pthread.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace {
@@ -100,16 +105,20 @@ settings parse(int argc, char** argv) {
     return s;
 }
 
-// The open-files limit, raised to `want` (root may raise the hard limit too).
-void raise_open_files(std::size_t want) {
+// The open-files limit, raised to `want` (above the hard limit only with CAP_SYS_RESOURCE).
+void raise_open_files(std::size_t want, int agents) {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
     if (limit.rlim_cur >= want) return;
+    const rlim_t hard = limit.rlim_max;
     limit.rlim_cur = want;
     if (limit.rlim_max < want) limit.rlim_max = want;
     if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-        std::fprintf(stderr, "rdzv-sim: cannot raise the open-files limit to %zu (%s): run as root or lower --agents\n",
-                     want, std::strerror(errno));
+        std::fprintf(stderr,
+                     "rdzv-sim: %d agents need %zu open files in each process (the simulation and the server each "
+                     "hold one end of every connection), and the limit cannot be raised there (%s; hard limit %llu): "
+                     "lower --agents, or raise the hard limit (a process with CAP_SYS_RESOURCE, or limits.conf)\n",
+                     agents, want, std::strerror(errno), static_cast<unsigned long long>(hard));
         std::exit(2);
     }
 }
@@ -121,11 +130,26 @@ double cpu_seconds(clockid_t clock) {
 }
 
 constexpr std::size_t op_kinds = 32;
-std::array<std::atomic<std::uint64_t>, op_kinds> requests{};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the counters are shared between processes");
+
+// What the server process shares with the simulation: its request counts, kept as it serves,
+// and what it holds, written when asked (one byte on a pipe) and announced by one byte back.
+struct shared_block {
+    std::array<std::atomic<std::uint64_t>, op_kinds> requests{};
+    std::uint16_t port = 0;
+    std::size_t memory = 0;
+    std::size_t keys = 0;
+    std::size_t engine = 0;
+    std::size_t awaited = 0;
+    std::size_t connections = 0;
+    std::array<char, 512> largest{};
+};
+
+shared_block* shared = nullptr;
 
 std::array<std::uint64_t, op_kinds> snapshot() {
     std::array<std::uint64_t, op_kinds> out{};
-    for (std::size_t i = 0; i < op_kinds; ++i) out[i] = requests[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < op_kinds; ++i) out[i] = shared->requests[i].load(std::memory_order_relaxed);
     return out;
 }
 
@@ -269,23 +293,10 @@ private:
     std::string failures_;
 };
 
-struct server_side {
+// The server process: serves until the simulation closes its end of the `ask` pipe (or dies:
+// the parent-death signal). Writes the port to `shared`, then one byte to `told`.
+[[noreturn]] void serve(const settings& s, std::size_t connections, int ask, int told) {
     asio::io_context io;
-    std::unique_ptr<elastic::tcp_store_server> server;
-    std::thread thread;
-    clockid_t cpu_clock{};
-};
-
-}  // namespace
-
-int main(int argc, char** argv) {
-    const settings s = parse(argc, argv);
-    const auto connections = static_cast<std::size_t>(s.agents + 1) * 3;
-    raise_open_files(connections * 2 + 1024);
-    // Each (source, destination) address pair offers the ephemeral port range once.
-    const int addresses = static_cast<int>(std::min<std::size_t>(250, connections / 20000 + 1));
-
-    server_side side;
     elastic::store_server_options so;
     so.host = "0.0.0.0";
     so.max_connections = connections + 64;
@@ -294,45 +305,151 @@ int main(int argc, char** argv) {
     so.lease_missed_heartbeats = s.missed;
     so.on_request = [](elastic::wire::op op) {
         const auto i = static_cast<std::size_t>(op);
-        if (i < op_kinds) requests[i].fetch_add(1, std::memory_order_relaxed);
+        if (i < op_kinds) shared->requests[i].fetch_add(1, std::memory_order_relaxed);
     };
-    side.server = std::make_unique<elastic::tcp_store_server>(side.io.get_executor(), so);
-    side.server->start();
-    const std::uint16_t port = side.server->port();
-    side.thread = std::thread([&side] {
-        auto guard = asio::make_work_guard(side.io);
-        side.io.run();
-    });
-    ::pthread_getcpuclockid(side.thread.native_handle(), &side.cpu_clock);
+    elastic::tcp_store_server server(io.get_executor(), so);
+    server.start();
+    shared->port = server.port();
+    const auto tell = [told] {
+        const char byte = 1;
+        if (::write(told, &byte, 1) != 1) std::_Exit(1);
+    };
+    tell();
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+            asio::posix::stream_descriptor asked(io, ask);
+            for (;;) {
+                char byte = 0;
+                std::error_code ec;
+                co_await asio::async_read(asked, asio::buffer(&byte, 1), asio::redirect_error(asio::use_awaitable, ec));
+                if (ec) break;  // the simulation ended
+                shared->memory = server.memory();
+                shared->connections = server.connections();
+                auto& engine = server.engine();
+                shared->keys = engine.size();
+                shared->engine = engine.bytes();
+                shared->awaited = engine.awaited_keys();
+                std::vector<std::pair<std::size_t, std::string>> sizes;
+                engine.for_each([&](std::string_view k, std::string_view v) { sizes.emplace_back(v.size(), k); });
+                std::sort(sizes.rbegin(), sizes.rend());
+                std::string largest;
+                for (std::size_t i = 0; i < std::min<std::size_t>(3, sizes.size()); ++i)
+                    largest += fmt::format("{}{} ({} B)", i ? ", " : "", sizes[i].second, sizes[i].first);
+                const auto n = std::min(largest.size(), shared->largest.size() - 1);
+                std::memcpy(shared->largest.data(), largest.data(), n);
+                shared->largest[n] = '\0';
+                tell();
+            }
+            io.stop();
+        },
+        asio::detached);
+    io.run();
+    std::_Exit(0);
+}
 
-    // What the server holds, read on its own thread.
+// The server process's resident memory, from /proc/PID/status, in KiB (0 when unreadable).
+long server_resident_kib(pid_t pid) {
+    const std::string path = fmt::format("/proc/{}/status", pid);
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) return 0;
+    char line[256];
+    long kib = 0;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+        if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+    }
+    std::fclose(f);
+    return kib;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const settings s = parse(argc, argv);
+    const auto connections = static_cast<std::size_t>(s.agents + 1) * 3;
+    raise_open_files(connections + 1024, s.agents);
+    // Each (source, destination) address pair offers the ephemeral port range once.
+    const int addresses = static_cast<int>(std::min<std::size_t>(250, connections / 20000 + 1));
+
+    void* block = ::mmap(nullptr, sizeof(shared_block), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) {
+        std::fprintf(stderr, "rdzv-sim: cannot map the shared counters: %s\n", std::strerror(errno));
+        return 2;
+    }
+    shared = new (block) shared_block{};
+    int ask[2];
+    int told[2];
+    if (::pipe2(ask, O_CLOEXEC) != 0 || ::pipe2(told, O_CLOEXEC) != 0) {
+        std::fprintf(stderr, "rdzv-sim: pipe2: %s\n", std::strerror(errno));
+        return 2;
+    }
+    std::fflush(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t server_pid = ::fork();
+    if (server_pid < 0) {
+        std::fprintf(stderr, "rdzv-sim: fork: %s\n", std::strerror(errno));
+        return 2;
+    }
+    if (server_pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) std::_Exit(1);
+        ::close(ask[1]);
+        ::close(told[0]);
+        serve(s, connections, ask[0], told[1]);
+    }
+    ::close(ask[0]);
+    ::close(told[1]);
+    const auto end_server = [&] {
+        ::kill(server_pid, SIGKILL);
+        int ignored = 0;
+        ::waitpid(server_pid, &ignored, 0);
+    };
+    // One byte back: the server answered (or, at the start, listens).
+    const auto await_server = [&] {
+        char byte = 0;
+        if (::read(told[0], &byte, 1) != 1) {
+            int status = 0;
+            ::waitpid(server_pid, &status, 0);
+            std::fprintf(stderr, "rdzv-sim: the server process ended (wait status %d)\n", status);
+            std::_Exit(1);
+        }
+    };
+    await_server();
+    const std::uint16_t port = shared->port;
+    clockid_t server_clock{};
+    if (::clock_getcpuclockid(server_pid, &server_clock) != 0) {
+        std::fprintf(stderr, "rdzv-sim: no CPU clock for the server process\n");
+        end_server();
+        return 1;
+    }
+    const long idle_kib = server_resident_kib(server_pid);  // the server process before any agent
+
+    // What the server holds, as its process reports it.
     struct held {
         std::size_t memory = 0;
         std::size_t keys = 0;
         std::size_t engine = 0;
         std::size_t awaited = 0;
         std::size_t connections = 0;
+        long resident_kib = 0;
         std::string largest;
     };
-    const auto server_state = [&side] {
-        std::promise<held> done;
-        auto future = done.get_future();
-        asio::post(side.io, [&] {
-            held h;
-            h.memory = side.server->memory();
-            h.connections = side.server->connections();
-            auto& engine = side.server->engine();
-            h.keys = engine.size();
-            h.engine = engine.bytes();
-            h.awaited = engine.awaited_keys();
-            std::vector<std::pair<std::size_t, std::string>> sizes;
-            engine.for_each([&](std::string_view k, std::string_view v) { sizes.emplace_back(v.size(), k); });
-            std::sort(sizes.rbegin(), sizes.rend());
-            for (std::size_t i = 0; i < std::min<std::size_t>(3, sizes.size()); ++i)
-                h.largest += fmt::format("{}{} ({} B)", i ? ", " : "", sizes[i].second, sizes[i].first);
-            done.set_value(std::move(h));
-        });
-        return future.get();
+    const auto server_state = [&] {
+        const char byte = 1;
+        if (::write(ask[1], &byte, 1) != 1) {
+            std::fprintf(stderr, "rdzv-sim: cannot ask the server process: %s\n", std::strerror(errno));
+            std::_Exit(1);
+        }
+        await_server();
+        held h;
+        h.memory = shared->memory;
+        h.keys = shared->keys;
+        h.engine = shared->engine;
+        h.awaited = shared->awaited;
+        h.connections = shared->connections;
+        h.largest = shared->largest.data();
+        h.resident_kib = server_resident_kib(server_pid);
+        return h;
     };
 
     asio::io_context io;
@@ -345,17 +462,21 @@ int main(int argc, char** argv) {
         [&]() -> asio::awaitable<void> {
             const auto phase = [&](const char* name, auto body) -> asio::awaitable<void> {
                 const auto before = snapshot();
-                const double cpu0 = cpu_seconds(side.cpu_clock);
+                const double cpu0 = cpu_seconds(server_clock);
                 const auto t0 = clock_type::now();
                 co_await body();
                 const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-                const double cpu = cpu_seconds(side.cpu_clock) - cpu0;
+                const double cpu = cpu_seconds(server_clock) - cpu0;
                 const held h = server_state();
                 std::printf("%-9s %10.1f ms  server CPU %8.1f ms  keys %zu  memory %.2f MiB (%.0f B per agent; "
-                            "keys and waits %.2f MiB, awaited keys %zu, connections %zu)\n  %s\n  largest values: %s\n",
+                            "keys and waits %.2f MiB, awaited keys %zu, connections %zu; server process resident "
+                            "%.1f MiB, %.1f KiB per agent over its idle %.1f MiB)\n  %s\n  largest values: %s\n",
                             name, ms, cpu * 1e3, h.keys, static_cast<double>(h.memory) / (1 << 20),
                             static_cast<double>(h.memory) / sim.live_agents(),
                             static_cast<double>(h.engine) / (1 << 20), h.awaited, h.connections,
+                            static_cast<double>(h.resident_kib) / 1024,
+                            static_cast<double>(h.resident_kib - idle_kib) / sim.live_agents(),
+                            static_cast<double>(idle_kib) / 1024,
                             describe_requests(before, snapshot(), sim.live_agents()).c_str(), h.largest.c_str());
                 std::fflush(stdout);
             };
@@ -393,6 +514,7 @@ int main(int argc, char** argv) {
         });
     io.run();
     std::fflush(stdout);
+    end_server();
     // Hundreds of thousands of connections and coroutines: let the kernel take them.
     std::_Exit(status);
 }
