@@ -5369,6 +5369,20 @@ struct store_server_options {
     /// clients cannot authenticate) every connection is served as it comes. Not empty.
     std::optional<std::string> secret;
     std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
+
+    /// Raises max_connections and max_memory, never lowers them, for a store that expects
+    /// `clients` connections at once (an agent's rendezvous store: three per node of the
+    /// largest round; its workers' store: each worker's and agent's): room for each twice over,
+    /// as a client that reconnects holds its new connection before the server sees the old one
+    /// close, and memory_per_connection bytes each. The defaults fit about 5,000 nodes; a
+    /// larger job sized so is still bounded by what it can use.
+    void make_room_for(std::size_t clients) noexcept {
+        constexpr std::size_t memory_per_connection = 16 * 1024;
+        constexpr std::size_t most = std::size_t{1} << 40;  // no product overflows below it
+        const std::size_t connections = std::min(clients, most) * 2 + 1024;
+        max_connections = std::max(max_connections, connections);
+        max_memory = std::max(max_memory, connections * memory_per_connection);
+    }
 };
 
 namespace detail::store {
@@ -17720,6 +17734,8 @@ private:
         options.lease_missed_heartbeats = static_cast<unsigned>(params_.settings.keep_alive_max_attempt);
         // Every connection, the agents' own included, authenticates when the job has a secret.
         options.secret = params_.settings.secret;
+        // Three connections per agent of the largest round (requests, waits, lease).
+        options.make_room_for(3 * static_cast<std::size_t>(std::max(1, params_.nnodes.max)));
         return options;
     }
 
@@ -24334,6 +24350,9 @@ private:
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
         options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
+        // Every worker of the largest round, and every node's agent.
+        options.make_room_for(static_cast<std::size_t>(std::max(1, params_.nnodes.max)) *
+                              (static_cast<std::size_t>(std::max(1, n)) + 1));
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).

@@ -25,6 +25,7 @@
 #include <csignal>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -246,6 +247,31 @@ TEST_CASE("store: server current dialect: VALIDATE, PING, WAIT, CANCEL_WAIT and 
         co_await exchange(lister, "11", "01 00x7 02 00x7 2f 71");
     }());
     CHECK(f.logs.empty());
+}
+
+TEST_CASE("store: make_room_for raises the connection and memory limits for a large job, never lowers them") {
+    const elastic::store_server_options defaults;
+    elastic::store_server_options small;
+    small.make_room_for(300);  // a 100-node rendezvous: the defaults already fit
+    CHECK(small.max_connections == defaults.max_connections);
+    CHECK(small.max_memory == defaults.max_memory);
+
+    elastic::store_server_options large;
+    large.make_room_for(30000);  // a 10,000-node rendezvous: three connections per agent
+    CHECK(large.max_connections >= 2 * 30000);
+    CHECK(large.max_memory >= large.max_connections * 16 * 1024);
+
+    elastic::store_server_options set_by_hand;
+    set_by_hand.max_connections = 1000000;
+    set_by_hand.max_memory = std::size_t{64} << 30;
+    set_by_hand.make_room_for(30000);
+    CHECK(set_by_hand.max_connections == 1000000);
+    CHECK(set_by_hand.max_memory == std::size_t{64} << 30);
+
+    elastic::store_server_options absurd;  // a count no job has must not wrap around to a small limit
+    absurd.make_room_for(std::numeric_limits<std::size_t>::max());
+    CHECK(absurd.max_connections > std::size_t{1} << 40);
+    CHECK(absurd.max_memory > absurd.max_connections);
 }
 
 TEST_CASE("store: a connection gives back the buffers of a large request and its reply") {

@@ -939,6 +939,8 @@ private:
         options.lease_missed_heartbeats = static_cast<unsigned>(params_.settings.keep_alive_max_attempt);
         // Every connection, the agents' own included, authenticates when the job has a secret.
         options.secret = params_.settings.secret;
+        // Three connections per agent of the largest round (requests, waits, lease).
+        options.make_room_for(3 * static_cast<std::size_t>(std::max(1, params_.nnodes.max)));
         return options;
     }
 

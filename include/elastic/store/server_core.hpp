@@ -14,6 +14,7 @@
 #include <asio/ip/tcp.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -102,6 +103,20 @@ struct store_server_options {
     /// clients cannot authenticate) every connection is served as it comes. Not empty.
     std::optional<std::string> secret;
     std::chrono::milliseconds auth_timeout{std::chrono::seconds(10)};
+
+    /// Raises max_connections and max_memory, never lowers them, for a store that expects
+    /// `clients` connections at once (an agent's rendezvous store: three per node of the
+    /// largest round; its workers' store: each worker's and agent's): room for each twice over,
+    /// as a client that reconnects holds its new connection before the server sees the old one
+    /// close, and memory_per_connection bytes each. The defaults fit about 5,000 nodes; a
+    /// larger job sized so is still bounded by what it can use.
+    void make_room_for(std::size_t clients) noexcept {
+        constexpr std::size_t memory_per_connection = 16 * 1024;
+        constexpr std::size_t most = std::size_t{1} << 40;  // no product overflows below it
+        const std::size_t connections = std::min(clients, most) * 2 + 1024;
+        max_connections = std::max(max_connections, connections);
+        max_memory = std::max(max_memory, connections * memory_per_connection);
+    }
 };
 
 namespace detail::store {
