@@ -371,9 +371,11 @@ int main(int argc, char** argv) {
     // kernel's search for a free port in it grows with the connections the pair already has:
     // with all 18,000 connections of 6,000 agents on one pair, that search took a quarter of the
     // simulation's CPU while they formed (real agents on hosts of their own have their own
-    // ports). So at most about 1,000 connections per pair.
+    // ports). So about 1,000 connections per pair, up to 250 addresses.
     const int addresses = static_cast<int>(std::min<std::size_t>(250, connections / 1000 + 1));
 
+    // A server process that died is reported by the failed write, not a SIGPIPE.
+    ::signal(SIGPIPE, SIG_IGN);
     void* block = ::mmap(nullptr, sizeof(shared_block), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (block == MAP_FAILED) {
         std::fprintf(stderr, "rdzv-sim: cannot map the shared counters: %s\n", std::strerror(errno));

@@ -5372,10 +5372,11 @@ struct store_server_options {
 
     /// Raises max_connections and max_memory, never lowers them, for a store that expects
     /// `clients` connections at once (an agent's rendezvous store: three per node of the
-    /// largest round; its workers' store: each worker's and agent's): room for each twice over,
-    /// as a client that reconnects holds its new connection before the server sees the old one
-    /// close, and memory_per_connection bytes each. The defaults fit about 5,000 nodes; a
-    /// larger job sized so is still bounded by what it can use.
+    /// largest round; its workers' store: two per worker and one per agent): room for each
+    /// twice over, as a client that reconnects holds its new connection before the server sees
+    /// the old one close, plus 1024 (standbys, tools), and memory_per_connection bytes each.
+    /// The defaults already give that room to 7,680 clients; a store sized for a larger
+    /// job is still bounded by what that job can use.
     void make_room_for(std::size_t clients) noexcept {
         constexpr std::size_t memory_per_connection = 16 * 1024;
         constexpr std::size_t most = std::size_t{1} << 40;  // no product overflows below it
@@ -24350,9 +24351,11 @@ private:
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
         options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
-        // Every worker of the largest round, and every node's agent.
+        // Every node's agent and workers, in the largest round: two connections per worker (a
+        // PyTorch 1.13 TCPStore opens a second one for watch_key), and at least eight workers
+        // per node, as other nodes may run more than this one.
         options.make_room_for(static_cast<std::size_t>(std::max(1, params_.nnodes.max)) *
-                              (static_cast<std::size_t>(std::max(1, n)) + 1));
+                              (2 * static_cast<std::size_t>(std::max(8, n)) + 1));
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).

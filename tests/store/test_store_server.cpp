@@ -259,7 +259,13 @@ TEST_CASE("store: make_room_for raises the connection and memory limits for a la
     elastic::store_server_options large;
     large.make_room_for(30000);  // a 10,000-node rendezvous: three connections per agent
     CHECK(large.max_connections >= 2 * 30000);
-    CHECK(large.max_memory >= large.max_connections * 16 * 1024);
+    CHECK(large.max_memory == defaults.max_memory);  // 16 KiB per connection fits in the default
+
+    elastic::store_server_options huge;
+    huge.make_room_for(300000);  // 100,000 nodes
+    CHECK(huge.max_connections >= 2 * 300000);
+    CHECK(huge.max_memory > defaults.max_memory);
+    CHECK(huge.max_memory >= huge.max_connections * 16 * 1024);
 
     elastic::store_server_options set_by_hand;
     set_by_hand.max_connections = 1000000;

@@ -753,9 +753,11 @@ private:
         options.port = store_.port;
         options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
         options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
-        // Every worker of the largest round, and every node's agent.
+        // Every node's agent and workers, in the largest round: two connections per worker (a
+        // PyTorch 1.13 TCPStore opens a second one for watch_key), and at least eight workers
+        // per node, as other nodes may run more than this one.
         options.make_room_for(static_cast<std::size_t>(std::max(1, params_.nnodes.max)) *
-                              (static_cast<std::size_t>(std::max(1, n)) + 1));
+                              (2 * static_cast<std::size_t>(std::max(8, n)) + 1));
         if (several_ && !params_.settings.workers_store_any_peer) {
             // PyTorch workers cannot authenticate: the store accepts this node's loopback and,
             // once the round is known, its members' addresses (join_round fills the list).

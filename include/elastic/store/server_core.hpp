@@ -106,10 +106,11 @@ struct store_server_options {
 
     /// Raises max_connections and max_memory, never lowers them, for a store that expects
     /// `clients` connections at once (an agent's rendezvous store: three per node of the
-    /// largest round; its workers' store: each worker's and agent's): room for each twice over,
-    /// as a client that reconnects holds its new connection before the server sees the old one
-    /// close, and memory_per_connection bytes each. The defaults fit about 5,000 nodes; a
-    /// larger job sized so is still bounded by what it can use.
+    /// largest round; its workers' store: two per worker and one per agent): room for each
+    /// twice over, as a client that reconnects holds its new connection before the server sees
+    /// the old one close, plus 1024 (standbys, tools), and memory_per_connection bytes each.
+    /// The defaults already give that room to 7,680 clients; a store sized for a larger
+    /// job is still bounded by what that job can use.
     void make_room_for(std::size_t clients) noexcept {
         constexpr std::size_t memory_per_connection = 16 * 1024;
         constexpr std::size_t most = std::size_t{1} << 40;  // no product overflows below it
