@@ -8,7 +8,9 @@ from the first agent's start to the agents' exit (SIGTERM once every worker runs
 "Running" is the moment a worker prints `running <attempt> <rank> <CLOCK_MONOTONIC ns>` (the
 agent-worker test program with AGENT_WORKER_DO=*:running+hang), read on the same monotonic
 clock as this script's stamp taken just before the first agent is spawned. The time to spawn
-the agents themselves is part of the figure (and shown apart as "spawned").
+the agents themselves is part of the figure (and shown apart as "spawned"). The CPU column is
+the user and system time of the agents and their workers (each agent reaps its own), from
+their start to their exit after SIGTERM, divided by N.
 
   /usr/bin/python3 bench/rendezvous/bench_rendezvous.py --build build/bench [--sizes 2,8,64,256,1024]
         [--repeat 3] [--torchrun-sizes 2,8] [--etcd-sizes 2,8,64,256]
@@ -55,6 +57,7 @@ def run_once(cmd_for, n, env):
     RUNS[0] += 1
     cmd = cmd_for(n, port)
     devnull = os.open(os.devnull, os.O_RDWR)
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     # os.posix_spawn (vfork-like in glibc): subprocess.Popen costs ~10x more per process here,
     # which at 1024 agents would measure Python, not the rendezvous.
     t0 = time.monotonic_ns()
@@ -97,7 +100,10 @@ def run_once(cmd_for, n, env):
         for p in procs:
             os.waitpid(p.pid, 0)
             p.stdout.close()
-    return (max(stamps) - t0) / 1e6, (spawned - t0) / 1e6
+    usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The agents' CPU and their workers' (each agent reaps its own), start to SIGTERM and exit.
+    cpu_ms = ((usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)) * 1e3
+    return (max(stamps) - t0) / 1e6, (spawned - t0) / 1e6, cpu_ms / n
 
 
 def main():
@@ -140,8 +146,8 @@ def main():
                              "--rdzv-conf=keep_alive_interval=5", worker], etcd_sizes)
 
     print("| launcher | agents | median ms (start -> all running) | min ms | max ms | spawning the agents ms "
-          "| etcd requests per agent |")
-    print("|---|---|---|---|---|---|---|")
+          "| CPU ms per agent and its worker | etcd requests per agent |")
+    print("|---|---|---|---|---|---|---|---|")
     try:
         for name, (cmd, sizes) in launchers.items():
             for n in sizes:
@@ -158,13 +164,14 @@ def main():
                         requests.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
                 totals = [v[0] for v in values]
                 spawn = statistics.median(v[1] for v in values)
+                cpu = statistics.median(v[2] for v in values)
                 per_agent = "–"
                 if requests:
                     last = requests[-1]
                     per_agent = f"{sum(last.values()) / n:.1f} (" + ", ".join(
                         f"{k} {v / n:.1f}" for k, v in sorted(last.items(), key=lambda kv: -kv[1])) + ")"
                 print(f"| {name} | {n} | {statistics.median(totals):.1f} | {min(totals):.1f} | {max(totals):.1f} "
-                      f"| {spawn:.1f} | {per_agent} |", flush=True)
+                      f"| {spawn:.1f} | {cpu:.1f} | {per_agent} |", flush=True)
     finally:
         if etcd:
             etcd.__exit__(None, None, None)
