@@ -132,17 +132,22 @@ double cpu_seconds(clockid_t clock) {
 constexpr std::size_t op_kinds = 32;
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the counters are shared between processes");
 
-// What the server process shares with the simulation: its request counts, kept as it serves,
-// and what it holds, written when asked (one byte on a pipe) and announced by one byte back.
-struct shared_block {
-    std::array<std::atomic<std::uint64_t>, op_kinds> requests{};
-    std::uint16_t port = 0;
+// What the server holds, as its process reports it.
+struct held {
     std::size_t memory = 0;
     std::size_t keys = 0;
     std::size_t engine = 0;
     std::size_t awaited = 0;
     std::size_t connections = 0;
-    std::array<char, 512> largest{};
+    std::array<char, 512> largest{};  // its three largest values, NUL-terminated
+};
+
+// What the server process shares with the simulation: its request counts, kept as it serves,
+// and what it holds, written when asked (one byte on a pipe) and announced by one byte back.
+struct shared_block {
+    std::array<std::atomic<std::uint64_t>, op_kinds> requests{};
+    std::uint16_t port = 0;
+    held state;
 };
 
 shared_block* shared = nullptr;
@@ -323,21 +328,22 @@ private:
                 std::error_code ec;
                 co_await asio::async_read(asked, asio::buffer(&byte, 1), asio::redirect_error(asio::use_awaitable, ec));
                 if (ec) break;  // the simulation ended
-                shared->memory = server.memory();
-                shared->connections = server.connections();
+                held& h = shared->state;
+                h.memory = server.memory();
+                h.connections = server.connections();
                 auto& engine = server.engine();
-                shared->keys = engine.size();
-                shared->engine = engine.bytes();
-                shared->awaited = engine.awaited_keys();
+                h.keys = engine.size();
+                h.engine = engine.bytes();
+                h.awaited = engine.awaited_keys();
                 std::vector<std::pair<std::size_t, std::string>> sizes;
                 engine.for_each([&](std::string_view k, std::string_view v) { sizes.emplace_back(v.size(), k); });
                 std::sort(sizes.rbegin(), sizes.rend());
                 std::string largest;
                 for (std::size_t i = 0; i < std::min<std::size_t>(3, sizes.size()); ++i)
                     largest += fmt::format("{}{} ({} B)", i ? ", " : "", sizes[i].second, sizes[i].first);
-                const auto n = std::min(largest.size(), shared->largest.size() - 1);
-                std::memcpy(shared->largest.data(), largest.data(), n);
-                shared->largest[n] = '\0';
+                const auto n = std::min(largest.size(), h.largest.size() - 1);
+                std::memcpy(h.largest.data(), largest.data(), n);
+                h.largest[n] = '\0';
                 tell();
             }
             io.stop();
@@ -429,16 +435,6 @@ int main(int argc, char** argv) {
     }
     const long idle_kib = server_resident_kib(server_pid);  // the server process before any agent
 
-    // What the server holds, as its process reports it.
-    struct held {
-        std::size_t memory = 0;
-        std::size_t keys = 0;
-        std::size_t engine = 0;
-        std::size_t awaited = 0;
-        std::size_t connections = 0;
-        long resident_kib = 0;
-        std::string largest;
-    };
     const auto server_state = [&] {
         const char byte = 1;
         if (::write(ask[1], &byte, 1) != 1) {
@@ -446,15 +442,7 @@ int main(int argc, char** argv) {
             std::_Exit(1);
         }
         await_server();
-        held h;
-        h.memory = shared->memory;
-        h.keys = shared->keys;
-        h.engine = shared->engine;
-        h.awaited = shared->awaited;
-        h.connections = shared->connections;
-        h.largest = shared->largest.data();
-        h.resident_kib = server_resident_kib(server_pid);
-        return h;
+        return shared->state;
     };
 
     asio::io_context io;
@@ -473,16 +461,17 @@ int main(int argc, char** argv) {
                 const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
                 const double cpu = cpu_seconds(server_clock) - cpu0;
                 const held h = server_state();
+                const long resident_kib = server_resident_kib(server_pid);
                 std::printf("%-9s %10.1f ms  server CPU %8.1f ms  keys %zu  memory %.2f MiB (%.0f B per agent; "
                             "keys and waits %.2f MiB, awaited keys %zu, connections %zu; server process resident "
                             "%.1f MiB, %.1f KiB per agent over its idle %.1f MiB)\n  %s\n  largest values: %s\n",
                             name, ms, cpu * 1e3, h.keys, static_cast<double>(h.memory) / (1 << 20),
                             static_cast<double>(h.memory) / sim.live_agents(),
                             static_cast<double>(h.engine) / (1 << 20), h.awaited, h.connections,
-                            static_cast<double>(h.resident_kib) / 1024,
-                            static_cast<double>(h.resident_kib - idle_kib) / sim.live_agents(),
+                            static_cast<double>(resident_kib) / 1024,
+                            static_cast<double>(resident_kib - idle_kib) / sim.live_agents(),
                             static_cast<double>(idle_kib) / 1024,
-                            describe_requests(before, snapshot(), sim.live_agents()).c_str(), h.largest.c_str());
+                            describe_requests(before, snapshot(), sim.live_agents()).c_str(), h.largest.data());
                 std::fflush(stdout);
             };
             int round = -1;
