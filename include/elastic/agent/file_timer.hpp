@@ -9,6 +9,7 @@
 
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/detail/coro.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -302,7 +303,6 @@ using file_timer_server = basic_file_timer_server<>;
 #include <cerrno>
 #include <cmath>
 #include <csignal>
-#include <random>
 #include <system_error>
 
 #include <fcntl.h>
@@ -459,10 +459,9 @@ ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std
     };
     opened_fifo f;
     if (path.empty()) {
-        std::random_device random;
         const auto dir = std::filesystem::temp_directory_path();
         for (int attempt = 0;; ++attempt) {
-            f.path = dir / fmt::format("watchdog_timer_{:08x}{:08x}", random(), random());
+            f.path = dir / fmt::format("watchdog_timer_{:016x}", detail::random_u64());
             if (::mkfifo(f.path.c_str(), 0600) == 0) break;
             if (errno != EEXIST || attempt == 8) fail(errno, "cannot make the FIFO " + f.path.string());
         }

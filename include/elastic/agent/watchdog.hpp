@@ -5,6 +5,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/detail/text.hpp"
 #include "elastic/detail/watchdog_slot.hpp"
 #include "elastic/policy/spec.hpp"
@@ -26,7 +27,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -320,9 +320,8 @@ ELASTIC_DECL detail::agent::watchdog_pages::watchdog_pages(std::size_t workers) 
     if (!std::filesystem::is_directory(base, ec) || ::access(base.c_str(), W_OK) != 0) {
         base = std::filesystem::temp_directory_path();
     }
-    std::random_device random;
     for (int attempt = 0;; ++attempt) {
-        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), random());
+        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), detail::random_u64() & 0xffffffffu);
         if (std::filesystem::create_directory(dir_, ec)) break;
         if (ec || attempt == 8) {
             throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),

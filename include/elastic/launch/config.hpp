@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/agent/program.hpp"
 #include "elastic/agent/spec.hpp"
 #include "elastic/usage_error.hpp"
@@ -26,7 +27,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -193,9 +193,8 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
 namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL std::string random_run_id() {
-    std::random_device device;
-    std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
-    std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
+    std::uint64_t high = detail::random_u64();
+    std::uint64_t low = detail::random_u64();
     high = (high & ~std::uint64_t{0xF000}) | 0x4000;                         // version 4
     low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
     return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/policy/clock.hpp"
 #include "elastic/policy/combinators.hpp"
 #include "elastic/policy/concepts.hpp"
@@ -26,7 +27,7 @@ namespace elastic::inline v0 {
 /// A source of numbers uniform in [0, 1) for jitter; tests pass a fixed one.
 using uniform_source = std::function<double()>;
 
-/// A uniform_source over std::mt19937_64 seeded from std::random_device.
+/// A uniform_source over std::mt19937_64 seeded from the kernel's random bits.
 [[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source();
 
 /// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
@@ -105,7 +106,7 @@ static_assert(planned_restart_policy<backoff>);
 namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source() {
-    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
+    return [engine = std::mt19937_64{detail::random_u64()}]() mutable {
         return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
     };
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/process/sys.hpp"
 
 #include <cerrno>
@@ -153,7 +154,6 @@ ELASTIC_DECL std::string own_cgroup2_dir(std::string& why);
 
 #include <algorithm>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 namespace elastic::inline v0::detail::process {
@@ -269,10 +269,9 @@ ELASTIC_DECL void cgroups::probe_locked() {
     }
     // Exclusive: another agent with this pid (in another pid namespace), or a dead one's
     // leftover, has its own directory.
-    std::random_device random;
     std::string dir;
     for (int attempt = 0;; ++attempt) {
-        dir = own + "/elastic." + std::to_string(::getpid()) + "." + std::to_string(random() % 1000000);
+        dir = own + "/elastic." + std::to_string(::getpid()) + "." + std::to_string(random_u64() % 1000000);
         if (::mkdir(dir.c_str(), 0755) == 0) break;
         const int e = errno;
         if (e == EEXIST && attempt < 16) continue;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 #include "elastic/rendezvous/error.hpp"
 #include "elastic/rendezvous/parameters.hpp"
@@ -21,7 +22,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -270,8 +270,8 @@ private:
     }
 
     static std::string make_node_id(const std::string& host, long pid) {
-        std::random_device entropy;
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                           detail::random_u64() & 0xffffu);
     }
 
     asio::any_io_executor executor_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/detail/coro.hpp"
 #include "elastic/detail/host_name.hpp"
 #include "elastic/detail/text.hpp"
@@ -36,7 +37,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -970,8 +970,8 @@ private:
     bool stopped_ = false;                      ///< stop() ran: nothing is published any more
 
     static std::string make_node_id(const std::string& host, long pid) {
-        std::random_device entropy;
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                           detail::random_u64() & 0xffffu);
     }
 };
 using tcp_rendezvous = basic_tcp_rendezvous<>;

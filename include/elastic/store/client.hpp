@@ -5,6 +5,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/detail/coro.hpp"
 #include "elastic/store/auth.hpp"
 #include "elastic/store/client_connection.hpp"
@@ -105,7 +106,7 @@ public:
     basic_tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor),
           options_(std::move(options)),
-          rng_(std::random_device{}()),
+          rng_(detail::random_u64()),
           lock_(executor),
           leases_(executor),
           heartbeat_timer_(executor) {

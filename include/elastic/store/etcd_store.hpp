@@ -5,6 +5,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/store/errors.hpp"
 #include "elastic/store/etcd_client.hpp"
 
@@ -138,7 +139,6 @@ private:
 #include <algorithm>
 #include <charconv>
 #include <map>
-#include <random>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
@@ -537,10 +537,7 @@ inline asio::awaitable<void> revoke_quietly(std::shared_ptr<etcd_client> client,
     }
 }
 
-inline std::string random_token() {
-    std::random_device entropy;
-    return fmt::format("{:08x}{:08x}", entropy(), entropy());
-}
+inline std::string random_token() { return fmt::format("{:016x}", detail::random_u64()); }
 
 }  // namespace detail::etcd
 
