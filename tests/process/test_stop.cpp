@@ -24,6 +24,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -144,6 +145,50 @@ TEST_CASE("process: stop reports how each worker ended") {
     const auto again = run(io, elastic::stop(workers, options));
     CHECK(again.workers[3].outcome == elastic::stop_outcome::already_exited);
     CHECK(again.clean());
+}
+
+TEST_CASE("process: stop finds a worker's descendants in its cgroup, in cgroups below it, and by /proc") {
+    using namespace test_stop;
+    if (!cgroups_available()) return;
+    asio::io_context io;
+    pid_t grandchild = 0;
+    auto worker = ready_worker(io, {"fork-grandchild", "ignore-term"}, &grandchild);
+    REQUIRE(grandchild > 0);
+    const std::string cgroup = worker.cgroup();
+    REQUIRE_FALSE(cgroup.empty());
+    // The grandchild moved into a cgroup the worker's tree made below its own.
+    const std::string nested = cgroup + "/nested";
+    REQUIRE(::mkdir(nested.c_str(), 0755) == 0);
+    {
+        std::ofstream procs(nested + "/cgroup.procs");
+        procs << grandchild << '\n';
+    }
+    std::vector<pid_t> listed;
+    const auto collect = [&](pid_t pid) { listed.push_back(pid); };
+    CHECK(elastic::detail::process::for_each_cgroup_process(cgroup, 8, collect));
+    std::sort(listed.begin(), listed.end());
+    CHECK(listed == std::vector<pid_t>{std::min(worker.pid(), grandchild), std::max(worker.pid(), grandchild)});
+    listed.clear();
+    CHECK_FALSE(elastic::detail::process::for_each_cgroup_process(cgroup, 0, collect));      // deeper than allowed
+    CHECK(elastic::detail::process::for_each_cgroup_process(cgroup + "/gone", 8, collect));  // no cgroup, nobody
+    const auto members = [&](const std::vector<std::string>& cgroups) {
+        std::vector<pid_t> out;
+        for (const auto& m : elastic::detail::process::group_members({worker.pgid()}, {worker.pid()}, cgroups)) {
+            out.push_back(m.pid);
+        }
+        return out;
+    };
+    CHECK(members({cgroup}) == std::vector<pid_t>{grandchild});
+    CHECK(members({}) == std::vector<pid_t>{grandchild});        // the scan of /proc finds the same
+    CHECK(members({cgroup + "/gone"}) == std::vector<pid_t>{});  // a cgroup gone held nothing
+
+    const auto result = run(io, elastic::stop(worker, quick(std::chrono::milliseconds(200))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
+    CHECK(result.killed_descendants == std::vector<pid_t>{grandchild});
+    CHECK(result.clean());
+    CHECK(exited_now(grandchild));
+    CHECK_FALSE(std::filesystem::exists(cgroup));  // removed with the cgroup below it
 }
 
 TEST_CASE("process: wait_any reports exits as they happen") {

@@ -4,6 +4,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/random.hpp"
+#include "elastic/process/proc.hpp"
 #include "elastic/process/sys.hpp"
 
 #include <cerrno>
@@ -76,6 +77,34 @@ inline bool cgroup_remove_tree(int parent_fd, const char* name, int depth) noexc
     }
     ::close(fd);
     return ::unlinkat(parent_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT;
+}
+
+/// How deep below a worker's cgroup `for_each_cgroup_process` looks (a worker may make cgroups of
+/// its own in it).
+inline constexpr int cgroup_nesting_limit = 8;
+
+/// Calls `f(pid)` for each process in the cgroup directory `dir` and in the cgroups below it, at
+/// most `depth` levels down. True when all were read (a directory gone meanwhile had no process
+/// left: the kernel removes only empty cgroups); false when one could not be read or lies deeper.
+template <class F>
+bool for_each_cgroup_process(const std::string& dir, int depth, F&& f) {
+    const proc_fd dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (dir_fd.fd < 0) return errno == ENOENT;
+    const std::string procs = dir + "/cgroup.procs";
+    if (!for_each_number_in(procs.c_str(), f)) return false;
+    alignas(8) char buffer[2048];
+    for (;;) {
+        const ssize_t n = ::getdents64(dir_fd.fd, buffer, sizeof buffer);
+        if (n < 0) return false;
+        if (n == 0) return true;
+        for (ssize_t at = 0; at < n;) {
+            const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+            at += entry->d_reclen;
+            const char* child = entry->d_name;
+            if (entry->d_type != DT_DIR || std::strcmp(child, ".") == 0 || std::strcmp(child, "..") == 0) continue;
+            if (depth <= 0 || !for_each_cgroup_process(dir + "/" + child, depth - 1, f)) return false;
+        }
+    }
 }
 
 /// One worker's cgroup, before the spawn hands it to its child_process.

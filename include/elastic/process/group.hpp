@@ -100,10 +100,14 @@ struct group_member {
     owned_fd pidfd;
 };
 
-/// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
-/// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
-/// recycled between the scan and pidfd_open is not mistaken for a member.
-ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip);
+/// Every process in the groups `pgids`, except `skip` (the leaders), at stop time (not a polling
+/// loop). Each is held by a pidfd, then its group is checked again, so a pid recycled between
+/// the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
+/// cgroup of every group (one entry per pgid), only their processes are candidates: every
+/// member of a worker's group descends from it, and so is in its cgroup. Otherwise, or where a
+/// cgroup cannot be read, one scan of /proc: every process of the host.
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip,
+                                                     const std::vector<std::string>& cgroups = {});
 
 /// Pointers to each of `children`, for the overloads that take workers by value.
 ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> children);
@@ -227,6 +231,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
     std::vector<bool> outlived_grace(children.size(), false);
     std::vector<pid_t> pgids;
     std::vector<pid_t> leaders;
+    std::vector<std::string> cgroups;  // each group's worker cgroup, where members are sought
     // Descendants still there when the grace ran out, held by the pidfds taken at stop time.
     std::vector<detail::process::group_member> outlived;
 
@@ -243,6 +248,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
         exited_before[i] = child.check_exit();
         child.signal_group(options.signal);
         pgids.push_back(child.pgid());
+        cgroups.push_back(child.cgroup());  // it stays until the reap below
     }
 
     // 2. The grace period: workers and the other members of their groups, one deadline.
@@ -253,7 +259,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
                 set.add(children[i]->native_pidfd(), i);
             }
         }
-        auto members = detail::process::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders, cgroups);
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), children.size() + m);
         }
@@ -284,7 +290,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
         // outlived the grace are awaited by the pidfds held since: a scan passes over a process
         // whose main thread is already a zombie while its other threads still exit, and a pidfd
         // reads as ended only once every thread has.
-        auto members = detail::process::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders, cgroups);
         for (auto& held : outlived) {
             if (std::none_of(members.begin(), members.end(),
                              [&](const detail::process::group_member& m) { return m.pid == held.pid; })) {
@@ -368,24 +374,30 @@ ELASTIC_DECL pid_t read_pgid(pid_t pid) {
     return static_cast<pid_t>(pgrp);
 }
 
-ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip,
+                                                     const std::vector<std::string>& cgroups) {
     std::vector<group_member> out;
     if (pgids.empty()) return out;
-    DIR* proc = ::opendir("/proc");
-    if (proc == nullptr) return out;
-    while (const dirent* entry = ::readdir(proc)) {
-        char* end = nullptr;
-        const long value = std::strtol(entry->d_name, &end, 10);
-        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
-        const auto pid = static_cast<pid_t>(value);
-        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
+    const auto consider = [&](pid_t pid) {
+        if (pid <= 0 || std::find(skip.begin(), skip.end(), pid) != skip.end()) return;
         const pid_t pgid = read_pgid(pid);
-        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
+        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) return;
         owned_fd pidfd(pidfd_open(pid));
-        if (!pidfd || read_pgid(pid) != pgid) continue;
+        if (!pidfd || read_pgid(pid) != pgid) return;
         out.push_back({pid, std::move(pidfd)});
+    };
+    if (cgroups.size() == pgids.size() &&
+        std::none_of(cgroups.begin(), cgroups.end(), [](const std::string& dir) { return dir.empty(); })) {
+        std::vector<pid_t> candidates;
+        const bool read = std::all_of(cgroups.begin(), cgroups.end(), [&](const std::string& dir) {
+            return for_each_cgroup_process(dir, cgroup_nesting_limit, [&](pid_t pid) { candidates.push_back(pid); });
+        });
+        if (read) {
+            for (pid_t pid : candidates) consider(pid);
+            return out;
+        }
     }
-    ::closedir(proc);
+    for_each_numeric_entry("/proc", consider);
     return out;
 }
 
