@@ -482,4 +482,41 @@ TEST_CASE("status: the reader trusts only this user's own directory and files, a
                          std::runtime_error);
 }
 
+TEST_CASE("status: an agent's start removes dead agents' files, a bounded sample at a time") {
+    temp_dir runtime;
+    const auto dir = runtime.path() / "elastic";
+    ::setenv("XDG_RUNTIME_DIR", runtime.str().c_str(), 1);
+    struct restore {
+        ~restore() { ::unsetenv("XDG_RUNTIME_DIR"); }
+    } restore_env;
+    const auto me = static_cast<long>(::getpid());
+    const auto parent = static_cast<long>(::getppid());  // alive, and this user's
+    const auto count_dead = [&] {
+        std::size_t n = 0;
+        for (const auto& e : fs::directory_iterator(dir)) {
+            const auto name = e.path().filename().string();
+            n += name.rfind("10736", 0) == 0 ? 1 : 0;
+        }
+        return n;
+    };
+    REQUIRE(fs::create_directories(dir));
+    fs::permissions(dir, fs::perms::owner_all);
+    // 40 files of pids no process can have (above any pid_max), one of them a leftover ".tmp".
+    for (int i = 0; i < 40; ++i) {
+        std::ofstream(dir / fmt::format("{}.json{}", 1073676288 + i, i == 0 ? ".tmp" : "")) << "{}";
+    }
+    std::ofstream(dir / fmt::format("{}.json", parent)) << "{}";
+    const std::size_t sample = elastic::detail::agent::status_sweep_sample;
+    REQUIRE(sample < 40);
+    { elastic::detail::agent::status_file second(me); }
+    // The 41 others were sampled, 32 of them checked: 31 or 32 of the dead removed, no more.
+    const std::size_t left = count_dead();
+    CHECK(left >= 40 - sample);
+    CHECK(left <= 40 - sample + 1);
+    { elastic::detail::agent::status_file third(me); }  // now every other file is in the sample
+    CHECK(count_dead() == 0);
+    CHECK(fs::exists(dir / fmt::format("{}.json", parent)));  // a live agent's file stays
+    CHECK(!fs::exists(dir / fmt::format("{}.json", me)));     // each removed its own at close
+}
+
 }  // namespace test_status

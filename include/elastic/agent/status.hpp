@@ -5,9 +5,11 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/report/text.hpp"
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -152,8 +154,11 @@ private:
 /// checked, and every write goes through that descriptor (made aside, then renamed in), so a
 /// directory swapped in under the same path is never written into; no fsync (a write must never
 /// stall the agent's thread, and a lost one is replaced a second later). Files of agents that
-/// are gone are removed when it opens; its own, and the directory if it is then empty, when it
-/// closes.
+/// are gone are removed when it opens (of `status_sweep_sample` others picked at random); its
+/// own, and the directory if it is then empty, when it closes.
+/// How many other agents' status files one opening checks for a dead agent's.
+inline constexpr std::size_t status_sweep_sample = 32;
+
 class status_file {
 public:
     /// Throws std::runtime_error saying what is wrong with the directory.
@@ -489,18 +494,39 @@ ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::pat
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
     open_directory();
-    // Files of agents that died without removing theirs (SIGKILL), and their leftovers.
+    // Files of agents that died without removing theirs (SIGKILL), and their leftovers: a
+    // random sample of the others' files is checked, so that each of a thousand agents starting
+    // on one host does not ask about every other one; a file left out is checked at a later open.
     const int copy = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
     DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
     if (d == nullptr) {
         if (copy >= 0) ::close(copy);
         return;
     }
-    while (const dirent* e = ::readdir(d)) {
-        const long other = status_file_pid(e->d_name, true);
-        if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
+    std::vector<std::string> sample;  // reservoir sampling over the directory
+    std::size_t seen = 0;
+    std::uint64_t state = detail::random_u64() | 1;
+    try {
+        while (const dirent* e = ::readdir(d)) {
+            const long other = status_file_pid(e->d_name, true);
+            if (other <= 0 || other == pid) continue;
+            ++seen;
+            if (sample.size() < status_sweep_sample) {
+                sample.emplace_back(e->d_name);
+                continue;
+            }
+            state ^= state << 13;  // xorshift64
+            state ^= state >> 7;
+            state ^= state << 17;
+            if (const std::size_t slot = state % seen; slot < status_sweep_sample) sample[slot] = e->d_name;
+        }
+    } catch (...) {
+        // Out of memory: what was sampled is checked; the rest waits for another open.
     }
     ::closedir(d);
+    for (const auto& name : sample) {
+        if (process_gone(status_file_pid(name, true))) ::unlinkat(fd_, name.c_str(), 0);
+    }
 }
 
 ELASTIC_DECL void detail::agent::status_file::open_directory() {
