@@ -12,8 +12,14 @@ the agents themselves is part of the figure (and shown apart as "spawned"). The 
 the user and system time of the agents and their workers (each agent reaps its own), from
 their start to their exit after SIGTERM, divided by N.
 
+With --floor-sizes, the same N agents and workers start as N one-node --standalone jobs (each
+agent hosts its own store): the processes' cost without a shared rendezvous, beside which the
+rendezvous's share of the figure shows; and as N copies of bench/agent/spawn_floor.c (a C
+program that only vforks and execs one worker and awaits it, which then exits): the floor under
+any launcher on this machine.
+
   /usr/bin/python3 bench/rendezvous/bench_rendezvous.py --build build/bench [--sizes 2,8,64,256,1024]
-        [--repeat 3] [--torchrun-sizes 2,8] [--etcd-sizes 2,8,64,256]
+        [--repeat 3] [--torchrun-sizes 2,8] [--etcd-sizes 2,8,64,256] [--floor-sizes 256,1024]
 
 torchrun 1.13 runs as bench/agent/torchrun_patched.py (Debian's under Python 3.11 needs one
 function patched, PLATFORM.md) with --rdzv_backend=c10d, --no_python and the same worker.
@@ -50,8 +56,8 @@ class Agent:
 RUNS = [0]
 
 
-def run_once(cmd_for, n, env):
-    env = dict(env, AGENT_WORKER_DO="*:running+hang")
+def run_once(cmd_for, n, env, worker_do="*:running+hang"):
+    env = dict(env, AGENT_WORKER_DO=worker_do)
     port = free_port()
     procs = []
     RUNS[0] += 1
@@ -113,6 +119,9 @@ def main():
     parser.add_argument("--torchrun-sizes", default="2,8")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--etcd-sizes", default="", help="etcd-v3 on a one-member etcd: these sizes too")
+    parser.add_argument("--floor-sizes", default="",
+                        help="these sizes also as N one-node --standalone jobs started at once: the same "
+                             "processes without a shared rendezvous")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 3 pipes per agent here
@@ -129,6 +138,15 @@ def main():
                                         "--rdzv-id=bench", f"--nnodes={n}", "--nproc-per-node=1", worker],
                        [int(s) for s in args.sizes.split(",") if s]),
     }
+    floor_sizes = [int(s) for s in args.floor_sizes.split(",") if s]
+    if floor_sizes:
+        launchers["elasticrun, N one-node jobs"] = (
+            lambda n, port: [elasticrun, "--standalone", "--nproc-per-node=1", worker], floor_sizes)
+        sys.path.insert(0, os.path.join(HERE, "..", "agent"))
+        import bench_agent  # noqa: E402
+        spawn_floor = bench_agent.compile_c(args.build, "spawn_floor")
+        # Its worker exits once it said "running" (spawn-floor awaits it; nothing would stop it).
+        launchers["no launcher: C, vfork"] = (lambda n, port: [spawn_floor, "1", worker], floor_sizes)
     if os.path.exists("/usr/bin/torchrun") and args.torchrun_sizes:
         launchers["torchrun 1.13"] = (
             lambda n, port: ["/usr/bin/python3", os.path.join(HERE, "..", "agent", "torchrun_patched.py"),
@@ -152,13 +170,14 @@ def main():
         for name, (cmd, sizes) in launchers.items():
             for n in sizes:
                 repeat = args.repeat
-                if not name.startswith("elasticrun") or n >= 1024:
+                if name.startswith("torchrun") or n >= 1024:
                     repeat = 1
                 values = []
                 requests = []
                 for _ in range(repeat):
                     before = etcd.requests() if etcd and "etcd" in name else None
-                    values.append(run_once(cmd, n, env))
+                    values.append(run_once(cmd, n, env, "*:running" if name.startswith("no launcher") else
+                                           "*:running+hang"))
                     if before is not None:
                         after = etcd.requests()
                         requests.append({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)})
