@@ -128,6 +128,8 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <type_traits>
 #include <typeinfo>
 #include <time.h>
+#include <random>
+#include <sys/random.h>
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/detached.hpp>
@@ -147,7 +149,6 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <asio/ip/tcp.hpp>
 #include <chrono>
 #include <memory>
-#include <random>
 #include <asio/cancellation_type.hpp>
 #include <asio/this_coro.hpp>
 #include <concepts>
@@ -169,8 +170,8 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <tuple>
 #include <span>
 #include <nlohmann/json_fwd.hpp>
-#include <sys/resource.h>
 #include <sys/types.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <cctype>
 #include <condition_variable>
@@ -2152,6 +2153,27 @@ int record(Entry&& entry, Args&&... args) {
 // `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
 // kept alive by heartbeats, and a lost connection reported as an event.
 
+// ---- begin elastic/detail/random.hpp ----
+// Internals: random bits for seeds, unique names and tokens.
+
+
+
+
+namespace elastic::inline v0::detail {
+
+/// 64 random bits from the kernel (getrandom(2), which never blocks once its pool is ready at
+/// boot). std::random_device where that fails (a seccomp filter that forbids the call): it costs
+/// about 11 µs to make on a virtual machine, where its probe of the CPU traps to the hypervisor,
+/// against well under 1 µs for the system call — and an agent makes several at start.
+[[nodiscard]] inline std::uint64_t random_u64() {
+    std::uint64_t value = 0;
+    if (::getrandom(&value, sizeof value, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof value)) return value;
+    std::random_device device;
+    return (static_cast<std::uint64_t>(device()) << 32) | device();
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/random.hpp ----
 // ---- begin elastic/detail/coro.hpp ----
 // Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock, a signal
 // that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
@@ -3580,7 +3602,7 @@ public:
     basic_tcp_store_client(const asio::any_io_executor& executor, store_client_options options)
         : executor_(executor),
           options_(std::move(options)),
-          rng_(std::random_device{}()),
+          rng_(detail::random_u64()),
           lock_(executor),
           leases_(executor),
           heartbeat_timer_(executor) {
@@ -8055,6 +8077,193 @@ struct codec<T, std::enable_if_t<std::is_same_v<T, nlohmann::json> || detail::js
 // ---- begin elastic/process/cgroup.hpp ----
 // Internals: a cgroup (v2) per worker, so whatever a worker starts ends with it.
 
+// ---- begin elastic/process/proc.hpp ----
+// Internals: async-signal-safe readers of /proc — a process's parent, session and start time,
+// its children — for finding what a worker left behind where there is no cgroup (reaper.hpp).
+
+
+
+namespace elastic::inline v0::detail::process {
+
+// Everything here runs in the watcher after fork (watcher.hpp) as well as in the agent: plain
+// system calls, buffers on the stack, no allocation, no locale, no stdio.
+
+/// What /proc/<pid>/stat says of one process: the fields the sweeps need.
+struct proc_stat {
+    char state = '?';              ///< 'Z' for a zombie
+    pid_t ppid = 0;                ///< its parent (after an orphaning: the reaper that adopted it)
+    pid_t pgrp = 0;                ///< its process group
+    pid_t session = 0;             ///< its session id
+    std::uint64_t start_time = 0;  ///< clock ticks after boot: with the pid, names one process
+};
+
+/// "<prefix><n><suffix>" into `out`, NUL-terminated; false if it does not fit.
+inline bool proc_path(char* out, std::size_t size, const char* prefix, long n, const char* suffix) noexcept {
+    std::size_t at = 0;
+    const auto put = [&](char c) {
+        if (at + 1 >= size) return false;
+        out[at++] = c;
+        return true;
+    };
+    for (const char* p = prefix; *p != '\0'; ++p) {
+        if (!put(*p)) return false;
+    }
+    char digits[24];
+    std::size_t count = 0;
+    unsigned long value = n < 0 ? 0UL : static_cast<unsigned long>(n);
+    do {
+        digits[count++] = static_cast<char>('0' + value % 10);
+        value /= 10;
+    } while (value != 0 && count < sizeof digits);
+    while (count > 0) {
+        if (!put(digits[--count])) return false;
+    }
+    for (const char* p = suffix; *p != '\0'; ++p) {
+        if (!put(*p)) return false;
+    }
+    out[at] = '\0';
+    return true;
+}
+
+/// Reads /proc/<pid>/stat. False if the process is gone (or was reaped) or the file is unreadable.
+inline bool read_proc_stat(pid_t pid, proc_stat& out) noexcept {
+    char path[48];
+    if (pid <= 0 || !proc_path(path, sizeof path, "/proc/", pid, "/stat")) return false;
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char text[1024];
+    std::size_t have = 0;
+    for (;;) {
+        const ssize_t n = ::read(fd, text + have, sizeof text - 1 - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        have += static_cast<std::size_t>(n);
+        if (have == sizeof text - 1) break;
+    }
+    ::close(fd);
+    text[have] = '\0';
+    // "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    // stime cutime cstime priority nice threads itrealvalue starttime ...": comm may hold any
+    // byte, ')' included, so the fields start after the last ')'.
+    std::size_t close = have;
+    for (std::size_t i = 0; i < have; ++i) {
+        if (text[i] == ')') close = i;
+    }
+    if (close + 2 >= have) return false;
+    // Fields from the state on (the 3rd), separated by one space each.
+    std::size_t at = close + 2;
+    out.state = text[at];
+    for (int field = 4; field <= 22; ++field) {
+        while (at < have && text[at] != ' ') ++at;
+        if (at >= have) return false;
+        ++at;
+        if (field != 4 && field != 5 && field != 6 && field != 22) continue;
+        std::uint64_t value = 0;
+        for (; at < have && text[at] >= '0' && text[at] <= '9'; ++at) {
+            value = value * 10 + static_cast<std::uint64_t>(text[at] - '0');
+        }
+        if (field == 4) out.ppid = static_cast<pid_t>(value);
+        if (field == 5) out.pgrp = static_cast<pid_t>(value);
+        if (field == 6) out.session = static_cast<pid_t>(value);
+        if (field == 22) out.start_time = value;
+    }
+    return true;
+}
+
+/// Closes a descriptor when it goes out of scope (an exception of a callback included).
+struct proc_fd {
+    int fd;
+    ~proc_fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+/// Calls `f(pid)` for each decimal number in the file at `path` (space or newline separated).
+/// False if the file cannot be opened.
+template <class F>
+bool for_each_number_in(const char* path, F&& f) noexcept(noexcept(f(pid_t{}))) {
+    const proc_fd file{::open(path, O_RDONLY | O_CLOEXEC)};
+    if (file.fd < 0) return false;
+    const int fd = file.fd;
+    char text[512];
+    long value = 0;
+    bool in_number = false;
+    for (;;) {
+        const ssize_t n = ::read(fd, text, sizeof text);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (ssize_t i = 0; i < n; ++i) {
+            if (text[i] >= '0' && text[i] <= '9') {
+                value = value * 10 + (text[i] - '0');
+                in_number = true;
+            } else {
+                if (in_number) f(static_cast<pid_t>(value));
+                value = 0;
+                in_number = false;
+            }
+        }
+    }
+    if (in_number) f(static_cast<pid_t>(value));
+    return true;
+}
+
+/// Calls `f(pid)` for each numeric entry of the directory at `path` (/proc, /proc/<pid>/task).
+/// False if it cannot be opened.
+template <class F>
+bool for_each_numeric_entry(const char* path, F&& f) noexcept(noexcept(f(pid_t{}))) {
+    const proc_fd dir{::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (dir.fd < 0) return false;
+    const int fd = dir.fd;
+    alignas(8) char buffer[4096];
+    for (;;) {
+        const long n = ::syscall(SYS_getdents64, fd, buffer, sizeof buffer);
+        if (n <= 0) break;
+        for (long at = 0; at < n;) {
+            // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+            unsigned short reclen = 0;
+            std::memcpy(&reclen, buffer + at + 16, sizeof reclen);
+            const char* name = buffer + at + 19;
+            at += reclen;
+            long value = 0;
+            bool numeric = *name != '\0';
+            for (const char* p = name; *p != '\0'; ++p) {
+                if (*p < '0' || *p > '9') {
+                    numeric = false;
+                    break;
+                }
+                value = value * 10 + (*p - '0');
+            }
+            if (numeric) f(static_cast<pid_t>(value));
+        }
+    }
+    return true;
+}
+
+/// Calls `f(child)` for each child of `pid`, read from every thread's
+/// /proc/<pid>/task/<tid>/children (a child's parent is one thread). Where the kernel has no
+/// such files (built without CONFIG_PROC_CHILDREN), every process in /proc whose parent is `pid`.
+/// Nothing when `pid` is gone. A snapshot: a child forked meanwhile may be missed, so callers
+/// repeat until they find none. If `f` throws, the exception leaves (with the descriptors closed).
+template <class F>
+void for_each_child(pid_t pid, F&& f) noexcept(noexcept(f(pid_t{}))) {
+    char task_dir[48];
+    if (!proc_path(task_dir, sizeof task_dir, "/proc/", pid, "/task/")) return;
+    bool any_file = false;
+    const bool exists = for_each_numeric_entry(task_dir, [&](pid_t tid) {
+        char children[96];
+        if (proc_path(children, sizeof children, task_dir, tid, "/children") && for_each_number_in(children, f)) {
+            any_file = true;
+        }
+    });
+    if (!exists || any_file) return;
+    for_each_numeric_entry("/proc", [&](pid_t candidate) {
+        proc_stat stat;
+        if (read_proc_stat(candidate, stat) && stat.ppid == pid) f(candidate);
+    });
+}
+
+}  // namespace elastic::inline v0::detail::process
+// ---- end elastic/process/proc.hpp ----
 // ---- begin elastic/process/sys.hpp ----
 // Internals of the process layer: an owning descriptor and the Linux calls glibc 2.36 lacks.
 
@@ -8332,6 +8541,34 @@ inline bool cgroup_remove_tree(int parent_fd, const char* name, int depth) noexc
     return ::unlinkat(parent_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT;
 }
 
+/// How deep below a worker's cgroup `for_each_cgroup_process` looks (a worker may make cgroups of
+/// its own in it).
+inline constexpr int cgroup_nesting_limit = 8;
+
+/// Calls `f(pid)` for each process in the cgroup directory `dir` and in the cgroups below it, at
+/// most `depth` levels down. True when all were read (a directory gone meanwhile had no process
+/// left: the kernel removes only empty cgroups); false when one could not be read or lies deeper.
+template <class F>
+bool for_each_cgroup_process(const std::string& dir, int depth, F&& f) {
+    const proc_fd dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (dir_fd.fd < 0) return errno == ENOENT;
+    const std::string procs = dir + "/cgroup.procs";
+    if (!for_each_number_in(procs.c_str(), f)) return false;
+    alignas(8) char buffer[2048];
+    for (;;) {
+        const ssize_t n = ::getdents64(dir_fd.fd, buffer, sizeof buffer);
+        if (n < 0) return false;
+        if (n == 0) return true;
+        for (ssize_t at = 0; at < n;) {
+            const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+            at += entry->d_reclen;
+            const char* child = entry->d_name;
+            if (entry->d_type != DT_DIR || std::strcmp(child, ".") == 0 || std::strcmp(child, "..") == 0) continue;
+            if (depth <= 0 || !for_each_cgroup_process(dir + "/" + child, depth - 1, f)) return false;
+        }
+    }
+}
+
 /// One worker's cgroup, before the spawn hands it to its child_process.
 struct worker_cgroup {
     std::string path;  ///< the directory
@@ -8408,7 +8645,6 @@ ELASTIC_DECL std::string own_cgroup2_dir(std::string& why);
 
 #include <algorithm>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 namespace elastic::inline v0::detail::process {
@@ -8524,10 +8760,9 @@ ELASTIC_DECL void cgroups::probe_locked() {
     }
     // Exclusive: another agent with this pid (in another pid namespace), or a dead one's
     // leftover, has its own directory.
-    std::random_device random;
     std::string dir;
     for (int attempt = 0;; ++attempt) {
-        dir = own + "/elastic." + std::to_string(::getpid()) + "." + std::to_string(random() % 1000000);
+        dir = own + "/elastic." + std::to_string(::getpid()) + "." + std::to_string(random_u64() % 1000000);
         if (::mkdir(dir.c_str(), 0755) == 0) break;
         const int e = errno;
         if (e == EEXIST && attempt < 16) continue;
@@ -8855,193 +9090,6 @@ struct process_exit {
 // Internals: where no cgroup contains a worker, the agent adopts what it leaves behind (child
 // subreaper) and kills it when the worker is reaped.
 
-// ---- begin elastic/process/proc.hpp ----
-// Internals: async-signal-safe readers of /proc — a process's parent, session and start time,
-// its children — for finding what a worker left behind where there is no cgroup (reaper.hpp).
-
-
-
-namespace elastic::inline v0::detail::process {
-
-// Everything here runs in the watcher after fork (watcher.hpp) as well as in the agent: plain
-// system calls, buffers on the stack, no allocation, no locale, no stdio.
-
-/// What /proc/<pid>/stat says of one process: the fields the sweeps need.
-struct proc_stat {
-    char state = '?';              ///< 'Z' for a zombie
-    pid_t ppid = 0;                ///< its parent (after an orphaning: the reaper that adopted it)
-    pid_t pgrp = 0;                ///< its process group
-    pid_t session = 0;             ///< its session id
-    std::uint64_t start_time = 0;  ///< clock ticks after boot: with the pid, names one process
-};
-
-/// "<prefix><n><suffix>" into `out`, NUL-terminated; false if it does not fit.
-inline bool proc_path(char* out, std::size_t size, const char* prefix, long n, const char* suffix) noexcept {
-    std::size_t at = 0;
-    const auto put = [&](char c) {
-        if (at + 1 >= size) return false;
-        out[at++] = c;
-        return true;
-    };
-    for (const char* p = prefix; *p != '\0'; ++p) {
-        if (!put(*p)) return false;
-    }
-    char digits[24];
-    std::size_t count = 0;
-    unsigned long value = n < 0 ? 0UL : static_cast<unsigned long>(n);
-    do {
-        digits[count++] = static_cast<char>('0' + value % 10);
-        value /= 10;
-    } while (value != 0 && count < sizeof digits);
-    while (count > 0) {
-        if (!put(digits[--count])) return false;
-    }
-    for (const char* p = suffix; *p != '\0'; ++p) {
-        if (!put(*p)) return false;
-    }
-    out[at] = '\0';
-    return true;
-}
-
-/// Reads /proc/<pid>/stat. False if the process is gone (or was reaped) or the file is unreadable.
-inline bool read_proc_stat(pid_t pid, proc_stat& out) noexcept {
-    char path[48];
-    if (pid <= 0 || !proc_path(path, sizeof path, "/proc/", pid, "/stat")) return false;
-    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    char text[1024];
-    std::size_t have = 0;
-    for (;;) {
-        const ssize_t n = ::read(fd, text + have, sizeof text - 1 - have);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        have += static_cast<std::size_t>(n);
-        if (have == sizeof text - 1) break;
-    }
-    ::close(fd);
-    text[have] = '\0';
-    // "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
-    // stime cutime cstime priority nice threads itrealvalue starttime ...": comm may hold any
-    // byte, ')' included, so the fields start after the last ')'.
-    std::size_t close = have;
-    for (std::size_t i = 0; i < have; ++i) {
-        if (text[i] == ')') close = i;
-    }
-    if (close + 2 >= have) return false;
-    // Fields from the state on (the 3rd), separated by one space each.
-    std::size_t at = close + 2;
-    out.state = text[at];
-    for (int field = 4; field <= 22; ++field) {
-        while (at < have && text[at] != ' ') ++at;
-        if (at >= have) return false;
-        ++at;
-        if (field != 4 && field != 5 && field != 6 && field != 22) continue;
-        std::uint64_t value = 0;
-        for (; at < have && text[at] >= '0' && text[at] <= '9'; ++at) {
-            value = value * 10 + static_cast<std::uint64_t>(text[at] - '0');
-        }
-        if (field == 4) out.ppid = static_cast<pid_t>(value);
-        if (field == 5) out.pgrp = static_cast<pid_t>(value);
-        if (field == 6) out.session = static_cast<pid_t>(value);
-        if (field == 22) out.start_time = value;
-    }
-    return true;
-}
-
-/// Closes a descriptor when it goes out of scope (an exception of a callback included).
-struct proc_fd {
-    int fd;
-    ~proc_fd() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
-/// Calls `f(pid)` for each decimal number in the file at `path` (space or newline separated).
-/// False if the file cannot be opened.
-template <class F>
-bool for_each_number_in(const char* path, F&& f) noexcept(noexcept(f(pid_t{}))) {
-    const proc_fd file{::open(path, O_RDONLY | O_CLOEXEC)};
-    if (file.fd < 0) return false;
-    const int fd = file.fd;
-    char text[512];
-    long value = 0;
-    bool in_number = false;
-    for (;;) {
-        const ssize_t n = ::read(fd, text, sizeof text);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        for (ssize_t i = 0; i < n; ++i) {
-            if (text[i] >= '0' && text[i] <= '9') {
-                value = value * 10 + (text[i] - '0');
-                in_number = true;
-            } else {
-                if (in_number) f(static_cast<pid_t>(value));
-                value = 0;
-                in_number = false;
-            }
-        }
-    }
-    if (in_number) f(static_cast<pid_t>(value));
-    return true;
-}
-
-/// Calls `f(pid)` for each numeric entry of the directory at `path` (/proc, /proc/<pid>/task).
-/// False if it cannot be opened.
-template <class F>
-bool for_each_numeric_entry(const char* path, F&& f) noexcept(noexcept(f(pid_t{}))) {
-    const proc_fd dir{::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-    if (dir.fd < 0) return false;
-    const int fd = dir.fd;
-    alignas(8) char buffer[4096];
-    for (;;) {
-        const long n = ::syscall(SYS_getdents64, fd, buffer, sizeof buffer);
-        if (n <= 0) break;
-        for (long at = 0; at < n;) {
-            // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
-            unsigned short reclen = 0;
-            std::memcpy(&reclen, buffer + at + 16, sizeof reclen);
-            const char* name = buffer + at + 19;
-            at += reclen;
-            long value = 0;
-            bool numeric = *name != '\0';
-            for (const char* p = name; *p != '\0'; ++p) {
-                if (*p < '0' || *p > '9') {
-                    numeric = false;
-                    break;
-                }
-                value = value * 10 + (*p - '0');
-            }
-            if (numeric) f(static_cast<pid_t>(value));
-        }
-    }
-    return true;
-}
-
-/// Calls `f(child)` for each child of `pid`, read from every thread's
-/// /proc/<pid>/task/<tid>/children (a child's parent is one thread). Where the kernel has no
-/// such files (built without CONFIG_PROC_CHILDREN), every process in /proc whose parent is `pid`.
-/// Nothing when `pid` is gone. A snapshot: a child forked meanwhile may be missed, so callers
-/// repeat until they find none. If `f` throws, the exception leaves (with the descriptors closed).
-template <class F>
-void for_each_child(pid_t pid, F&& f) noexcept(noexcept(f(pid_t{}))) {
-    char task_dir[48];
-    if (!proc_path(task_dir, sizeof task_dir, "/proc/", pid, "/task/")) return;
-    bool any_file = false;
-    const bool exists = for_each_numeric_entry(task_dir, [&](pid_t tid) {
-        char children[96];
-        if (proc_path(children, sizeof children, task_dir, tid, "/children") && for_each_number_in(children, f)) {
-            any_file = true;
-        }
-    });
-    if (!exists || any_file) return;
-    for_each_numeric_entry("/proc", [&](pid_t candidate) {
-        proc_stat stat;
-        if (read_proc_stat(candidate, stat) && stat.ppid == pid) f(candidate);
-    });
-}
-
-}  // namespace elastic::inline v0::detail::process
-// ---- end elastic/process/proc.hpp ----
 // ---- begin elastic/process/watcher.hpp ----
 // Internals: the watcher process that SIGKILLs every worker process group when the agent dies.
 
@@ -10279,10 +10327,14 @@ struct group_member {
     owned_fd pidfd;
 };
 
-/// Every process in the groups `pgids`, except `skip` (the leaders): one scan of /proc (at stop
-/// time, not a polling loop). Each is held by a pidfd, then its group is checked again, so a pid
-/// recycled between the scan and pidfd_open is not mistaken for a member.
-ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip);
+/// Every process in the groups `pgids`, except `skip` (the leaders), at stop time (not a polling
+/// loop). Each is held by a pidfd, then its group is checked again, so a pid recycled between
+/// the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
+/// cgroup of every group (one entry per pgid), only their processes are candidates: every
+/// member of a worker's group descends from it, and so is in its cgroup. Otherwise, or where a
+/// cgroup cannot be read, one scan of /proc: every process of the host.
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip,
+                                                     const std::vector<std::string>& cgroups = {});
 
 /// Pointers to each of `children`, for the overloads that take workers by value.
 ELASTIC_DECL std::vector<child_process*> addresses(std::span<child_process> children);
@@ -10406,6 +10458,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
     std::vector<bool> outlived_grace(children.size(), false);
     std::vector<pid_t> pgids;
     std::vector<pid_t> leaders;
+    std::vector<std::string> cgroups;  // each group's worker cgroup, where members are sought
     // Descendants still there when the grace ran out, held by the pidfds taken at stop time.
     std::vector<detail::process::group_member> outlived;
 
@@ -10422,6 +10475,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
         exited_before[i] = child.check_exit();
         child.signal_group(options.signal);
         pgids.push_back(child.pgid());
+        cgroups.push_back(child.cgroup());  // it stays until the reap below
     }
 
     // 2. The grace period: workers and the other members of their groups, one deadline.
@@ -10432,7 +10486,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
                 set.add(children[i]->native_pidfd(), i);
             }
         }
-        auto members = detail::process::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders, cgroups);
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), children.size() + m);
         }
@@ -10463,7 +10517,7 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
         // outlived the grace are awaited by the pidfds held since: a scan passes over a process
         // whose main thread is already a zombie while its other threads still exit, and a pidfd
         // reads as ended only once every thread has.
-        auto members = detail::process::group_members(pgids, leaders);
+        auto members = detail::process::group_members(pgids, leaders, cgroups);
         for (auto& held : outlived) {
             if (std::none_of(members.begin(), members.end(),
                              [&](const detail::process::group_member& m) { return m.pid == held.pid; })) {
@@ -10547,24 +10601,30 @@ ELASTIC_DECL pid_t read_pgid(pid_t pid) {
     return static_cast<pid_t>(pgrp);
 }
 
-ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip) {
+ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip,
+                                                     const std::vector<std::string>& cgroups) {
     std::vector<group_member> out;
     if (pgids.empty()) return out;
-    DIR* proc = ::opendir("/proc");
-    if (proc == nullptr) return out;
-    while (const dirent* entry = ::readdir(proc)) {
-        char* end = nullptr;
-        const long value = std::strtol(entry->d_name, &end, 10);
-        if (end == entry->d_name || *end != '\0' || value <= 0) continue;
-        const auto pid = static_cast<pid_t>(value);
-        if (std::find(skip.begin(), skip.end(), pid) != skip.end()) continue;
+    const auto consider = [&](pid_t pid) {
+        if (pid <= 0 || std::find(skip.begin(), skip.end(), pid) != skip.end()) return;
         const pid_t pgid = read_pgid(pid);
-        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) continue;
+        if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) return;
         owned_fd pidfd(pidfd_open(pid));
-        if (!pidfd || read_pgid(pid) != pgid) continue;
+        if (!pidfd || read_pgid(pid) != pgid) return;
         out.push_back({pid, std::move(pidfd)});
+    };
+    if (cgroups.size() == pgids.size() &&
+        std::none_of(cgroups.begin(), cgroups.end(), [](const std::string& dir) { return dir.empty(); })) {
+        std::vector<pid_t> candidates;
+        const bool read = std::all_of(cgroups.begin(), cgroups.end(), [&](const std::string& dir) {
+            return for_each_cgroup_process(dir, cgroup_nesting_limit, [&](pid_t pid) { candidates.push_back(pid); });
+        });
+        if (read) {
+            for (pid_t pid : candidates) consider(pid);
+            return out;
+        }
     }
-    ::closedir(proc);
+    for_each_numeric_entry("/proc", consider);
     return out;
 }
 
@@ -17766,8 +17826,8 @@ private:
     bool stopped_ = false;                      ///< stop() ran: nothing is published any more
 
     static std::string make_node_id(const std::string& host, long pid) {
-        std::random_device entropy;
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                           detail::random_u64() & 0xffffu);
     }
 };
 using tcp_rendezvous = basic_tcp_rendezvous<>;
@@ -18871,7 +18931,7 @@ namespace elastic::inline v0 {
 /// A source of numbers uniform in [0, 1) for jitter; tests pass a fixed one.
 using uniform_source = std::function<double()>;
 
-/// A uniform_source over std::mt19937_64 seeded from std::random_device.
+/// A uniform_source over std::mt19937_64 seeded from the kernel's random bits.
 [[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source();
 
 /// Exponential backoff. Before the k-th restart in a row (k = 0, 1, ...) it waits
@@ -18950,7 +19010,7 @@ static_assert(planned_restart_policy<backoff>);
 namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL uniform_source random_uniform_source() {
-    return [engine = std::mt19937_64{std::random_device{}()}]() mutable {
+    return [engine = std::mt19937_64{detail::random_u64()}]() mutable {
         return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
     };
 }
@@ -19871,9 +19931,8 @@ ELASTIC_DECL detail::agent::watchdog_pages::watchdog_pages(std::size_t workers) 
     if (!std::filesystem::is_directory(base, ec) || ::access(base.c_str(), W_OK) != 0) {
         base = std::filesystem::temp_directory_path();
     }
-    std::random_device random;
     for (int attempt = 0;; ++attempt) {
-        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), random());
+        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), detail::random_u64() & 0xffffffffu);
         if (std::filesystem::create_directory(dir_, ec)) break;
         if (ec || attempt == 8) {
             throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),
@@ -20782,7 +20841,6 @@ using file_timer_server = basic_file_timer_server<>;
 #include <cerrno>
 #include <cmath>
 #include <csignal>
-#include <random>
 #include <system_error>
 
 #include <fcntl.h>
@@ -20939,10 +20997,9 @@ ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std
     };
     opened_fifo f;
     if (path.empty()) {
-        std::random_device random;
         const auto dir = std::filesystem::temp_directory_path();
         for (int attempt = 0;; ++attempt) {
-            f.path = dir / fmt::format("watchdog_timer_{:08x}{:08x}", random(), random());
+            f.path = dir / fmt::format("watchdog_timer_{:016x}", detail::random_u64());
             if (::mkfifo(f.path.c_str(), 0600) == 0) break;
             if (errno != EEXIST || attempt == 8) fail(errno, "cannot make the FIFO " + f.path.string());
         }
@@ -22261,8 +22318,11 @@ private:
 /// checked, and every write goes through that descriptor (made aside, then renamed in), so a
 /// directory swapped in under the same path is never written into; no fsync (a write must never
 /// stall the agent's thread, and a lost one is replaced a second later). Files of agents that
-/// are gone are removed when it opens; its own, and the directory if it is then empty, when it
-/// closes.
+/// are gone are removed when it opens (of `status_sweep_sample` others picked at random); its
+/// own, and the directory if it is then empty, when it closes.
+/// How many other agents' status files one opening checks for a dead agent's.
+inline constexpr std::size_t status_sweep_sample = 32;
+
 class status_file {
 public:
     /// Throws std::runtime_error saying what is wrong with the directory.
@@ -22598,18 +22658,39 @@ ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::pat
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
     open_directory();
-    // Files of agents that died without removing theirs (SIGKILL), and their leftovers.
+    // Files of agents that died without removing theirs (SIGKILL), and their leftovers: a
+    // random sample of the others' files is checked, so that each of a thousand agents starting
+    // on one host does not ask about every other one; a file left out is checked at a later open.
     const int copy = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
     DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
     if (d == nullptr) {
         if (copy >= 0) ::close(copy);
         return;
     }
-    while (const dirent* e = ::readdir(d)) {
-        const long other = status_file_pid(e->d_name, true);
-        if (other > 0 && other != pid && process_gone(other)) ::unlinkat(fd_, e->d_name, 0);
+    std::vector<std::string> sample;  // reservoir sampling over the directory
+    std::size_t seen = 0;
+    std::uint64_t state = detail::random_u64() | 1;
+    try {
+        while (const dirent* e = ::readdir(d)) {
+            const long other = status_file_pid(e->d_name, true);
+            if (other <= 0 || other == pid) continue;
+            ++seen;
+            if (sample.size() < status_sweep_sample) {
+                sample.emplace_back(e->d_name);
+                continue;
+            }
+            state ^= state << 13;  // xorshift64
+            state ^= state >> 7;
+            state ^= state << 17;
+            if (const std::size_t slot = state % seen; slot < status_sweep_sample) sample[slot] = e->d_name;
+        }
+    } catch (...) {
+        // Out of memory: what was sampled is checked; the rest waits for another open.
     }
     ::closedir(d);
+    for (const auto& name : sample) {
+        if (process_gone(status_file_pid(name, true))) ::unlinkat(fd_, name.c_str(), 0);
+    }
 }
 
 ELASTIC_DECL void detail::agent::status_file::open_directory() {
@@ -26452,7 +26533,6 @@ private:
 #include <algorithm>
 #include <charconv>
 #include <map>
-#include <random>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
@@ -26851,10 +26931,7 @@ inline asio::awaitable<void> revoke_quietly(std::shared_ptr<etcd_client> client,
     }
 }
 
-inline std::string random_token() {
-    std::random_device entropy;
-    return fmt::format("{:08x}{:08x}", entropy(), entropy());
-}
+inline std::string random_token() { return fmt::format("{:016x}", detail::random_u64()); }
 
 }  // namespace detail::etcd
 
@@ -27324,7 +27401,6 @@ ELASTIC_DECL asio::awaitable<bool> etcd_store::release_lease() {
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27573,8 +27649,8 @@ private:
     }
 
     static std::string make_node_id(const std::string& host, long pid) {
-        std::random_device entropy;
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid, entropy() & 0xffffu);
+        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                           detail::random_u64() & 0xffffu);
     }
 
     asio::any_io_executor executor_;
@@ -28230,7 +28306,6 @@ namespace elastic::inline v0 {
 #include <functional>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -28397,9 +28472,8 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
 namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL std::string random_run_id() {
-    std::random_device device;
-    std::uint64_t high = (static_cast<std::uint64_t>(device()) << 32) | device();
-    std::uint64_t low = (static_cast<std::uint64_t>(device()) << 32) | device();
+    std::uint64_t high = detail::random_u64();
+    std::uint64_t low = detail::random_u64();
     high = (high & ~std::uint64_t{0xF000}) | 0x4000;                         // version 4
     low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
     return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
