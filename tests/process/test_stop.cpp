@@ -71,6 +71,26 @@ elastic::stop_options quick(std::chrono::milliseconds grace) {
     return options;
 }
 
+/// Moves `pid` into the cgroup directory `dir`, and checks that the kernel says it is there.
+void move_to_cgroup(pid_t pid, const std::string& dir) {
+    {
+        std::ofstream procs(dir + "/cgroup.procs");
+        procs << pid << '\n';
+        procs.close();
+        REQUIRE(procs);
+    }
+    std::ifstream where("/proc/" + std::to_string(pid) + "/cgroup");
+    std::string line;
+    bool found = false;
+    while (std::getline(where, line)) {
+        // "0::<path below the cgroup2 mount>": `dir` ends with that path.
+        const std::string path = line.rfind("0::", 0) == 0 ? line.substr(3) : std::string();
+        found = found || (!path.empty() && dir.size() >= path.size() &&
+                          dir.compare(dir.size() - path.size(), std::string::npos, path) == 0);
+    }
+    REQUIRE(found);
+}
+
 }  // namespace test_stop
 
 TEST_CASE("process: stopping a worker's group ends the grandchild it forked") {
@@ -159,10 +179,7 @@ TEST_CASE("process: stop finds a worker's descendants in its cgroup, in cgroups 
     // The grandchild moved into a cgroup the worker's tree made below its own.
     const std::string nested = cgroup + "/nested";
     REQUIRE(::mkdir(nested.c_str(), 0755) == 0);
-    {
-        std::ofstream procs(nested + "/cgroup.procs");
-        procs << grandchild << '\n';
-    }
+    move_to_cgroup(grandchild, nested);
     std::vector<pid_t> listed;
     const auto collect = [&](pid_t pid) { listed.push_back(pid); };
     CHECK(elastic::detail::process::for_each_cgroup_process(cgroup, 8, collect));
@@ -179,8 +196,8 @@ TEST_CASE("process: stop finds a worker's descendants in its cgroup, in cgroups 
         return out;
     };
     CHECK(members({cgroup}) == std::vector<pid_t>{grandchild});
-    CHECK(members({}) == std::vector<pid_t>{grandchild});        // the scan of /proc finds the same
-    CHECK(members({cgroup + "/gone"}) == std::vector<pid_t>{});  // a cgroup gone held nothing
+    CHECK(members({}) == std::vector<pid_t>{grandchild});                  // the scan of /proc finds the same
+    CHECK(members({cgroup + "/gone"}) == std::vector<pid_t>{grandchild});  // a wrong path: the scan
 
     const auto result = run(io, elastic::stop(worker, quick(std::chrono::milliseconds(200))));
     REQUIRE(result.workers.size() == 1);
@@ -189,6 +206,29 @@ TEST_CASE("process: stop finds a worker's descendants in its cgroup, in cgroups 
     CHECK(result.clean());
     CHECK(exited_now(grandchild));
     CHECK_FALSE(std::filesystem::exists(cgroup));  // removed with the cgroup below it
+}
+
+TEST_CASE("process: stop awaits a group member that left its worker's cgroup") {
+    using namespace test_stop;
+    if (!cgroups_available()) return;
+    asio::io_context io;
+    pid_t grandchild = 0;
+    auto worker = ready_worker(io, {"fork-grandchild", "ignore-term"}, &grandchild);
+    REQUIRE(grandchild > 0);
+    REQUIRE_FALSE(worker.cgroup().empty());
+    // Moved up into the agent's own cgroup directory: still in the worker's process group.
+    const std::string root = elastic::detail::process::cgroups::instance().root();
+    REQUIRE_FALSE(root.empty());
+    move_to_cgroup(grandchild, root);
+    CHECK(elastic::detail::process::read_pgid(grandchild) == worker.pgid());
+
+    const auto result = run(io, elastic::stop(worker, quick(std::chrono::milliseconds(200))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
+    CHECK(result.clean());
+    // Gone when stop returns, not left dying: SIGKILL reached it with its group, and stop
+    // found it after the reap and awaited it.
+    CHECK(exited_now(grandchild));
 }
 
 TEST_CASE("process: wait_any reports exits as they happen") {

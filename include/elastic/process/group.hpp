@@ -103,9 +103,10 @@ struct group_member {
 /// Every process in the groups `pgids`, except `skip` (the leaders), at stop time (not a polling
 /// loop). Each is held by a pidfd, then its group is checked again, so a pid recycled between
 /// the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
-/// cgroup of every group (one entry per pgid), only their processes are candidates: every
-/// member of a worker's group descends from it, and so is in its cgroup. Otherwise, or where a
-/// cgroup cannot be read, one scan of /proc: every process of the host.
+/// cgroup of every group (one entry per pgid), only the processes of those cgroups and the ones
+/// below them are candidates: what a worker starts is born there. Otherwise, or where a cgroup
+/// cannot be read, one scan of /proc: every process of the host. (A member that left the
+/// cgroup is missed here; `stop` finds it after the reap.)
 ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& pgids, const std::vector<pid_t>& skip,
                                                      const std::vector<std::string>& cgroups = {});
 
@@ -218,7 +219,10 @@ asio::awaitable<void> await_exits_or_timeout(exit_set& set, std::span<child_proc
 ///   3. sends SIGKILL to every group (what is left: a worker that ignored the signal, a child
 ///      that outlived its worker), awaits those deaths for at most `options.kill_timeout`, and
 ///      reaps the workers. A process still there is reported in `unkillable`, not waited on
-///      forever.
+///      forever;
+///   4. should a group still have a member then (one that left its worker's cgroup, or joined
+///      the group from elsewhere in the agent's session), finds it by a scan of /proc, sends it
+///      SIGKILL and awaits it for at most `options.kill_timeout` too.
 /// Every wait is an event (pidfds in an epoll set) raced against a timer with `||`.
 /// Workers already reaped are reported `already_exited` and not signalled (their group id is
 /// no longer reserved).
@@ -331,6 +335,30 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
         }
         child.reap();
     }
+
+    // 4. A process still in a group after the reap was not seen above: one that left its
+    //    worker's cgroup (moved by hand) or joined the group from outside it (another process of
+    //    the agent's session, where workers share it). The group ids stay reserved while such a
+    //    process lives, so this probe cannot hit an unrelated group. Found by a scan of /proc,
+    //    sent SIGKILL, and awaited for at most kill_timeout.
+    std::vector<pid_t> remaining;
+    for (pid_t pgid : pgids) {
+        if (::kill(-pgid, 0) == 0) remaining.push_back(pgid);
+    }
+    if (!remaining.empty()) {
+        detail::process::exit_set set(executor);
+        auto members = detail::process::group_members(remaining, {});
+        for (pid_t pgid : remaining) ::kill(-pgid, SIGKILL);
+        for (std::size_t m = 0; m < members.size(); ++m) {
+            set.add(members[m].pidfd.get(), m);
+            auto& killed = result.killed_descendants;
+            if (std::find(killed.begin(), killed.end(), members[m].pid) == killed.end()) {
+                killed.push_back(members[m].pid);
+            }
+        }
+        co_await detail::process::await_exits_or_timeout(set, std::span<child_process* const>{}, options.kill_timeout);
+        for (std::size_t token : set.pending()) result.unkillable.push_back(members[token].pid);
+    }
     co_return result;
 }
 
@@ -386,13 +414,18 @@ ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& p
         if (!pidfd || read_pgid(pid) != pgid) return;
         out.push_back({pid, std::move(pidfd)});
     };
-    if (cgroups.size() == pgids.size() &&
-        std::none_of(cgroups.begin(), cgroups.end(), [](const std::string& dir) { return dir.empty(); })) {
+    // A worker's own cgroup lives as long as its unreaped leader: one missing is a wrong path.
+    if (cgroups.size() == pgids.size() && std::all_of(cgroups.begin(), cgroups.end(), [](const std::string& dir) {
+            return !dir.empty() && ::access(dir.c_str(), F_OK) == 0;
+        })) {
         std::vector<pid_t> candidates;
         const bool read = std::all_of(cgroups.begin(), cgroups.end(), [&](const std::string& dir) {
             return for_each_cgroup_process(dir, cgroup_nesting_limit, [&](pid_t pid) { candidates.push_back(pid); });
         });
         if (read) {
+            // One moving between two cgroups as they are read may be listed twice.
+            std::sort(candidates.begin(), candidates.end());
+            candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
             for (pid_t pid : candidates) consider(pid);
             return out;
         }
