@@ -18,6 +18,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -482,6 +483,38 @@ TEST_CASE("status: the reader trusts only this user's own directory and files, a
                          std::runtime_error);
 }
 
+TEST_CASE("status: each write swaps in a whole file, however long the one before") {
+    temp_dir runtime;
+    const auto dir = runtime.path() / "elastic";
+    ::setenv("XDG_RUNTIME_DIR", runtime.str().c_str(), 1);
+    struct restore {
+        ~restore() { ::unsetenv("XDG_RUNTIME_DIR"); }
+    } restore_env;
+    const auto me = static_cast<long>(::getpid());
+    const auto read = [](const fs::path& path) {
+        std::ifstream in(path);
+        return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    const auto file_path = dir / fmt::format("{}.json", me);
+    const auto aside_path = dir / fmt::format("{}.json.tmp", me);
+    {
+        elastic::detail::agent::status_file file(me);
+        file.write(std::string(3000, 'a'));  // the first: renamed in
+        CHECK(read(file_path) == std::string(3000, 'a'));
+        file.write("short");  // swapped: the long one is now the aside file
+        CHECK(read(file_path) == "short");
+        CHECK(read(aside_path) == std::string(3000, 'a'));
+        file.write(std::string(10, 'c'));  // written over the long one in place, cut to its length
+        CHECK(read(file_path) == std::string(10, 'c'));
+        CHECK(read(aside_path) == "short");
+        fs::remove(file_path);  // removed by someone: the next write has nothing to swap with
+        file.write("again");
+        CHECK(read(file_path) == "again");
+    }
+    CHECK(!fs::exists(file_path));  // both removed at close
+    CHECK(!fs::exists(aside_path));
+}
+
 TEST_CASE("status: an agent's start removes dead agents' files, a bounded sample at a time") {
     temp_dir runtime;
     const auto dir = runtime.path() / "elastic";
@@ -491,20 +524,16 @@ TEST_CASE("status: an agent's start removes dead agents' files, a bounded sample
     } restore_env;
     const auto me = static_cast<long>(::getpid());
     const auto parent = static_cast<long>(::getppid());  // alive, and this user's
+    const auto dead_name = [](int i) { return fmt::format("{}.json{}", 1073676288 + i, i == 0 ? ".tmp" : ""); };
     const auto count_dead = [&] {
         std::size_t n = 0;
-        for (const auto& e : fs::directory_iterator(dir)) {
-            const auto name = e.path().filename().string();
-            n += name.rfind("10736", 0) == 0 ? 1 : 0;
-        }
+        for (int i = 0; i < 40; ++i) n += fs::exists(dir / dead_name(i)) ? 1 : 0;
         return n;
     };
     REQUIRE(fs::create_directories(dir));
     fs::permissions(dir, fs::perms::owner_all);
     // 40 files of pids no process can have (above any pid_max), one of them a leftover ".tmp".
-    for (int i = 0; i < 40; ++i) {
-        std::ofstream(dir / fmt::format("{}.json{}", 1073676288 + i, i == 0 ? ".tmp" : "")) << "{}";
-    }
+    for (int i = 0; i < 40; ++i) std::ofstream(dir / dead_name(i)) << "{}";
     std::ofstream(dir / fmt::format("{}.json", parent)) << "{}";
     const std::size_t sample = elastic::detail::agent::status_sweep_sample;
     REQUIRE(sample < 40);
