@@ -9,8 +9,8 @@
 
 #include "elastic/agent/agent_log.hpp"
 #include "elastic/detail/config.hpp"
-#include "elastic/detail/random.hpp"
 #include "elastic/detail/coro.hpp"
+#include "elastic/detail/random.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>

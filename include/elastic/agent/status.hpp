@@ -6,6 +6,7 @@
 
 #include "elastic/detail/config.hpp"
 #include "elastic/detail/random.hpp"
+#include "elastic/detail/runtime_dir.hpp"
 #include "elastic/report/text.hpp"
 
 #include <chrono>
@@ -422,12 +423,7 @@ ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
     return out;
 }
 
-ELASTIC_DECL std::filesystem::path status_directory() {
-    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
-        return std::filesystem::path(runtime) / "elastic";
-    }
-    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
-}
+ELASTIC_DECL std::filesystem::path status_directory() { return detail::runtime_directory(); }
 
 namespace detail::agent {
 
@@ -471,25 +467,7 @@ inline bool pid_reused(const agent_status& s) {
 }  // namespace detail::agent
 
 ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::path& dir, bool create, std::string& why) {
-    why.clear();
-    if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
-        return -1;
-    }
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
-        return -1;
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
-        ::close(fd);
-        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
-                          "remove it",
-                          dir.string());
-        return -1;
-    }
-    return fd;
+    return detail::open_private_directory(dir, create, why);
 }
 
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)

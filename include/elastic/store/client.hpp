@@ -5,8 +5,8 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/detail/random.hpp"
 #include "elastic/detail/coro.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/store/auth.hpp"
 #include "elastic/store/client_connection.hpp"
 #include "elastic/store/client_dialect.hpp"
