@@ -3,6 +3,7 @@
 #include "agent_support.hpp"
 #include "world_support.hpp"
 
+#include <elastic/detail/runtime_dir.hpp>
 #include <elastic/store/blocking_client.hpp>
 
 #include <doctest/doctest.h>
@@ -11,7 +12,9 @@
 
 #include <cerrno>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -642,6 +645,57 @@ TEST_CASE("rendezvous elastic: an agent started after the store's host was lost 
     CHECK(::connect(probe, reinterpret_cast<const sockaddr*>(&first), sizeof first) == -1);
     ::close(probe);
     end_job_in_world(j, 3, {1, 2, 3});
+}
+
+TEST_CASE("rendezvous elastic: without a --rdzv-endpoint list, the lost host's replacement on its machine finds "
+          "where the store moved through the machine's record") {
+    job j("recorded");
+    j.nnodes = "2:3";
+    const std::string rules = "*:world+trap";
+    const std::string conf = "join_timeout=120";
+    j.start(rules, true, conf, {"--node-rank=0"});
+    for (const int node : {1, 2}) j.start(rules, false, conf, {fmt::format("--node-rank={}", node)});
+    for (const int node : {0, 1, 2}) await_lines(j[node], "world 3 ");
+
+    // The store's host is lost: the others move to the first successor's idle store (a free port).
+    const auto hosts_worker = worlds(j[0].out(), 3).at(0).pid;
+    j[0].signal(SIGKILL);
+    CHECK(ended(hosts_worker));
+    CHECK(j[0].wait() == 128 + SIGKILL);
+    for (const int node : {1, 2}) await_lines(j[node], "world 2 ");
+    // Its replacement on the same machine, with the same command line: the first endpoint's port
+    // is free, and without the record it would host a fresh store there and wait for nodes of
+    // its own. It finds the moved store in the record and is admitted into a world of 3.
+    j.loglevel = "INFO";
+    j.start(rules, true, conf);
+    auto& again = j[3];
+    await_lines(again, "world 3 ");
+    for (const int node : {1, 2}) await_lines(j[node], "world 3 ", 2);
+    const auto moved = line_with(j[1].err(), "the job's rendezvous moves to");
+    CAPTURE(moved);
+    CHECK(has(again.err(), "from this machine's record of the job's successors: this node joins it there"));
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(probe >= 0);
+    sockaddr_in first{};
+    first.sin_family = AF_INET;
+    first.sin_port = htons(static_cast<std::uint16_t>(j.port));
+    first.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(::connect(probe, reinterpret_cast<const sockaddr*>(&first), sizeof first) == -1);  // no second store
+    ::close(probe);
+    // The record names the job and its first endpoint; the job's end removes it.
+    const auto records = [&] {
+        int n = 0;
+        for (const auto& e : std::filesystem::directory_iterator(elastic::detail::runtime_directory())) {
+            if (e.path().filename().string().rfind("moved-store.", 0) != 0) continue;
+            std::ifstream in(e.path());
+            const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            n += has(text, fmt::format("formed@127.0.0.1:{}\n", j.port)) ? 1 : 0;
+        }
+        return n;
+    };
+    CHECK(records() == 1);
+    end_job_in_world(j, 3, {1, 2, 3});
+    CHECK(records() == 0);
 }
 
 TEST_CASE("rendezvous elastic: an agent given another keep-alive than the store's host heartbeats by the host's") {

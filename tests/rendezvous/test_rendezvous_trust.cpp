@@ -1291,8 +1291,9 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
         const auto seen = run == "silent" ? "nothing gives a store's answer in time (a host down or stopped)"
                                           : "nothing answers";
         const auto state = run == "stale" ? "registrations without a round" : "a marked idle store";
-        CHECK(has(error, fmt::format("the job ran (a member's idle store in the --rdzv-endpoint list is marked as a "
-                                     "formed round's) with its rendezvous store at {}, where {}; no listed store "
+        CHECK(has(error, fmt::format("the job ran (a member's idle store, listed or in this machine's record, is "
+                                     "marked as a formed round's) with its rendezvous store at {}, where {}; no "
+                                     "listed store "
                                      "holds the job's registrations and a round ({}: {})",
                                      first_at, seen, listed_at, state)));
         CHECK(has(error, "still after the join timeout (1 s)"));

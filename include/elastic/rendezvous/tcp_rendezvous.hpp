@@ -4,11 +4,12 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
-#include "elastic/detail/random.hpp"
 #include "elastic/detail/coro.hpp"
 #include "elastic/detail/host_name.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/detail/text.hpp"
 #include "elastic/rendezvous/codec.hpp"
+#include "elastic/rendezvous/moved_record.hpp"
 #include "elastic/rendezvous/parameters.hpp"
 #include "elastic/usage_error.hpp"
 #include "elastic/rendezvous/error.hpp"
@@ -397,6 +398,7 @@ public:
         // (find_moved_store) instead of hosting a fresh store at the first endpoint.
         if (backup_)
             backup_->engine().set(store_client_options{}.key_prefix + mark_key(), std::to_string(round.number));
+        record_successors();
         co_return round;
     }
 
@@ -421,7 +423,10 @@ public:
     }
     asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
-        co_return co_await rdzv_->finish(timeout);
+        auto result = co_await rdzv_->finish(timeout);
+        // The job ended: nothing to find where its store might have moved.
+        if (elastic_membership()) detail::rendezvous::remove_moved_record(mark_key());
+        co_return result;
     }
     asio::awaitable<void> leave() { co_await rdzv_->leave(); }
     [[nodiscard]] int restart_count() const noexcept { return rdzv_ ? rdzv_->restart_count() : 0; }
@@ -503,6 +508,8 @@ private:
     std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
     bool backup_listed_ = false;                              ///< backup_ listens at a --rdzv-endpoint list's entry
+    bool record_failed_ = false;                              ///< the last record_successors() could not write
+    std::vector<host_port> recorded_;                         ///< the search's entries from this machine's record
     std::map<std::string, std::vector<asio::ip::address>> resolved_;  ///< names looked up by this search
 
     // The first --rdzv-endpoint list entry (after the first endpoint) that names an address of
@@ -545,6 +552,56 @@ private:
         server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
         server->start();
         return server;
+    }
+
+    [[nodiscard]] bool elastic_membership() const noexcept {
+        return params_.backend != rendezvous_backend::static_ && params_.nnodes.min < params_.nnodes.max;
+    }
+
+    // Keeps this machine's record of where the job's store is (as this node reaches it) and of
+    // the round's successors (moved_record.hpp): an agent started here later without a
+    // --rdzv-endpoint list looks there before it hosts a fresh store at the first endpoint. A
+    // record that cannot be written is said once; the job goes on without it.
+    void record_successors() {
+        if (!elastic_membership() || !rdzv_) return;
+        std::vector<store_successor> where{{"", current_host_, current_port_}};
+        const auto& successors = rdzv_->successors();
+        where.insert(where.end(), successors.begin(), successors.end());
+        auto why = detail::rendezvous::write_moved_record(mark_key(), where);
+        if (!why.empty() && !record_failed_ && log_) {
+            log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an agent "
+                             "started here later without a --rdzv-endpoint list cannot find a moved store",
+                             why));
+        }
+        record_failed_ = !why.empty();
+    }
+
+    // Where a search for the moved store looks after the first endpoint: the --rdzv-endpoint
+    // list's later entries, then this machine's record of the last round's successors (read once
+    // per search), each once.
+    [[nodiscard]] std::vector<host_port> search_entries() {
+        std::vector<host_port> out;
+        recorded_.clear();
+        const auto add = [&](const host_port& at) {
+            if (with_port(at) == with_port(params_.endpoint)) return false;
+            if (std::any_of(out.begin(), out.end(), [&](const host_port& o) { return with_port(o) == with_port(at); }))
+                return false;
+            out.push_back(at);
+            return true;
+        };
+        for (const auto& next : params_.successor_endpoints) add(next);
+        for (const auto& entry : detail::rendezvous::read_moved_record(mark_key())) {
+            const host_port at{entry.addr, entry.port};
+            if (add(at)) recorded_.push_back(at);
+        }
+        return out;
+    }
+
+    // Where `at` came from, for the log.
+    [[nodiscard]] std::string origin(const host_port& at) const {
+        return std::find(recorded_.begin(), recorded_.end(), at) != recorded_.end()
+                   ? "from this machine's record of the job's successors"
+                   : "from the --rdzv-endpoint list";
     }
 
     // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
@@ -615,8 +672,8 @@ private:
             throw rendezvous_error(secret_refused(to_string(where), e));
         } catch (const store_error& e) {
             if (log_ && !quiet) {
-                log_(fmt::format("{} from the --rdzv-endpoint list answers but is no store this node can use ({})",
-                                 to_string(where), e.what()));
+                log_(fmt::format("{} {} answers but is no store this node can use ({})", to_string(where), origin(next),
+                                 e.what()));
             }
         }
         client->close();
@@ -644,10 +701,11 @@ private:
                 co_return std::nullopt;
             }
             std::vector<std::string> pending;
-            if (auto found = co_await search_list(pending, ran, quiet, give_up)) co_return found;
+            const auto entries = search_entries();
+            if (auto found = co_await search_list(entries, pending, ran, quiet, give_up)) co_return found;
             if (!ran) co_return std::nullopt;
             const auto seen = fmt::format(
-                "the job ran (a member's idle store in the --rdzv-endpoint list is marked as a formed round's) with "
+                "the job ran (a member's idle store, listed or in this machine's record, is marked as a formed round's) with "
                 "its rendezvous store at {}, where {}; no listed store holds the job's registrations and a round "
                 "({})",
                 to_string(params_.endpoint),
@@ -682,11 +740,11 @@ private:
     // majority still moving) or a store that ends meanwhile: the next. `ran` turns true at a
     // marked store; `pending` gets the entries that may hold the job soon: marked stores
     // without a formed round, and those that give no store's answer in time.
-    asio::awaitable<std::optional<found_store>> search_list(std::vector<std::string>& pending, bool& ran, bool quiet,
+    asio::awaitable<std::optional<found_store>> search_list(const std::vector<host_port>& entries,
+                                                            std::vector<std::string>& pending, bool& ran, bool quiet,
                                                             std::chrono::steady_clock::time_point give_up) {
         const auto slice = keep_alive_deadline();
-        for (const auto& next : params_.successor_endpoints) {
-            if (next == params_.endpoint) continue;
+        for (const auto& next : entries) {
             auto look = co_await probe_at(next, quiet);
             ran = ran || look.marked;
             auto& found = look.found;
@@ -715,9 +773,9 @@ private:
                     if (left.count() <= 0) break;
                     if (!told && !quiet && log_) {
                         told = true;
-                        log_(fmt::format("the job's nodes registered at {} from the --rdzv-endpoint list: this node "
-                                         "waits up to {} s for them to form a round there",
-                                         where, seconds(left)));
+                        log_(fmt::format("the job's nodes registered at {} {}: this node waits up to {} s for them "
+                                         "to form a round there",
+                                         where, origin(next), seconds(left)));
                     }
                     try {
                         co_await client.wait(std::move(keys), std::min(left, slice));
@@ -744,9 +802,9 @@ private:
                 continue;
             }
             if (log_) {
-                log_(fmt::format("the job's rendezvous store moved to {} from the --rdzv-endpoint list: this node "
-                                 "joins it there instead of at {}",
-                                 where, to_string(params_.endpoint)));
+                log_(fmt::format("the job's rendezvous store moved to {} {}: this node joins it there instead of "
+                                 "at {}",
+                                 where, origin(next), to_string(params_.endpoint)));
             }
             client.set_timeout(params_.settings.read_timeout);
             found->options.timeout = params_.settings.read_timeout;

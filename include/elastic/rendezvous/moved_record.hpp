@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: MIT
+// Internals: the record an agent keeps on its machine of where its job's rendezvous store may
+// move (the last round's successors), for an agent started there later without a
+// --rdzv-endpoint list: the lost store host's replacement looks at those stores before it
+// hosts a fresh store at the first endpoint.
+#pragma once
+
+#include "elastic/detail/config.hpp"
+#include "elastic/detail/runtime_dir.hpp"
+#include "elastic/rendezvous/concepts.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail::rendezvous {
+
+/// How many successors a record keeps: the first ones, where the store moves first.
+inline constexpr std::size_t moved_record_limit = 8;
+
+/// The largest record read (bytes): more is no record of ours.
+inline constexpr std::size_t moved_record_max_size = 4096;
+
+/// One entry of a record: a member's idle store.
+struct moved_record_entry {
+    std::string addr;
+    std::uint16_t port = 0;
+    friend bool operator==(const moved_record_entry&, const moved_record_entry&) = default;
+};
+
+/// The record's file name for the job `key` (the job and its first endpoint): a hash of it; the
+/// key itself is the record's first line.
+[[nodiscard]] inline std::string moved_record_name(std::string_view key) {
+    std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
+    for (const char c : key) {
+        hash ^= static_cast<unsigned char>(c);
+        hash *= 1099511628211ULL;
+    }
+    return fmt::format("moved-store.{:016x}", hash);
+}
+
+/// The record's text: the key, then one "<port> <address>" line per successor (at most
+/// moved_record_limit).
+[[nodiscard]] inline std::string moved_record_text(std::string_view key,
+                                                   const std::vector<store_successor>& successors) {
+    std::string text = fmt::format("elastic moved-store record 1\n{}\n", key);
+    std::size_t count = 0;
+    for (const auto& s : successors) {
+        if (count == moved_record_limit) break;
+        if (s.port == 0 || s.addr.empty() || s.addr.find_first_of(" \n") != std::string::npos) continue;
+        text += fmt::format("{} {}\n", s.port, s.addr);
+        ++count;
+    }
+    return text;
+}
+
+/// The entries of a record's `text` for the job `key`: none when it is another job's, or not a
+/// record; a malformed line is skipped.
+[[nodiscard]] inline std::vector<moved_record_entry> parse_moved_record(std::string_view text, std::string_view key) {
+    std::vector<moved_record_entry> out;
+    const auto next_line = [&text]() -> std::string_view {
+        const auto end = text.find('\n');
+        if (end == std::string_view::npos) {  // an unfinished last line is no line
+            text = {};
+            return {};
+        }
+        const auto line = text.substr(0, end);
+        text.remove_prefix(end + 1);
+        return line;
+    };
+    if (next_line() != "elastic moved-store record 1" || next_line() != key) return out;
+    while (!text.empty() && out.size() < moved_record_limit) {
+        const auto line = next_line();
+        const auto space = line.find(' ');
+        if (space == std::string_view::npos || space + 1 >= line.size()) continue;
+        unsigned port = 0;
+        const auto [end, error] = std::from_chars(line.data(), line.data() + space, port);
+        if (error != std::errc{} || end != line.data() + space || port == 0 || port > 65535) continue;
+        const auto addr = line.substr(space + 1);
+        if (addr.size() > 255) continue;
+        out.push_back({std::string(addr), static_cast<std::uint16_t>(port)});
+    }
+    return out;
+}
+
+/// How old another job's record may grow before a write removes it: a job killed outright
+/// leaves its record behind (one that ends removes it).
+inline constexpr long moved_record_max_age_s = 30L * 24 * 3600;
+
+/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s.
+inline void sweep_moved_records(int dir) noexcept {
+    const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
+    DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+    if (d == nullptr) {
+        if (copy >= 0) ::close(copy);
+        return;
+    }
+    const auto now = ::time(nullptr);
+    while (const dirent* e = ::readdir(d)) {
+        if (std::strncmp(e->d_name, "moved-store.", 12) != 0) continue;
+        struct stat st {};
+        if (::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && now - st.st_mtime > moved_record_max_age_s) {
+            ::unlinkat(dir, e->d_name, 0);
+        }
+    }
+    ::closedir(d);
+}
+
+/// Writes the record for `key` in this user's private directory (made aside, then renamed in),
+/// and removes other jobs' records older than moved_record_max_age_s. Empty, or why it could not.
+[[nodiscard]] inline std::string write_moved_record(std::string_view key,
+                                                    const std::vector<store_successor>& successors) {
+    std::string why;
+    std::string dir_path;
+    try {
+        dir_path = runtime_directory().string();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    const int dir = open_private_directory(dir_path, true, why);
+    if (dir < 0) return why.empty() ? fmt::format("cannot open {}", dir_path) : why;
+    const auto name = moved_record_name(key);
+    const auto aside = fmt::format("{}.{}.tmp", name, ::getpid());
+    const auto text = moved_record_text(key, successors);
+    const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
+        ::close(dir);
+        return why;
+    }
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const auto n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    const int error = errno;
+    ::close(fd);
+    if (done != text.size()) {
+        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(error));
+    } else if (::renameat(dir, aside.c_str(), dir, name.c_str()) != 0) {
+        why = fmt::format("cannot rename into {}/{}: {}", dir_path, name, std::strerror(errno));
+    }
+    if (!why.empty()) ::unlinkat(dir, aside.c_str(), 0);
+    sweep_moved_records(dir);
+    ::close(dir);
+    return why;
+}
+
+/// The record for `key` in this user's private directory: none when there is none, or it is
+/// not a regular file of this user's, or not a record of this job.
+[[nodiscard]] inline std::vector<moved_record_entry> read_moved_record(std::string_view key) {
+    std::string why;
+    std::string dir_path;
+    try {
+        dir_path = runtime_directory().string();
+    } catch (const std::exception&) {
+        return {};
+    }
+    const int dir = open_private_directory(dir_path, false, why);
+    if (dir < 0) return {};
+    const int fd = ::openat(dir, moved_record_name(key).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    ::close(dir);
+    if (fd < 0) return {};
+    struct stat st {};
+    std::string text;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+        st.st_size <= static_cast<off_t>(moved_record_max_size)) {
+        text.resize(static_cast<std::size_t>(st.st_size));
+        const auto n = ::read(fd, text.data(), text.size());
+        text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    }
+    ::close(fd);
+    return parse_moved_record(text, key);
+}
+
+/// Removes the record for `key` (the job ended).
+inline void remove_moved_record(std::string_view key) noexcept {
+    try {
+        std::string why;
+        const int dir = open_private_directory(runtime_directory(), false, why);
+        if (dir < 0) return;
+        ::unlinkat(dir, moved_record_name(key).c_str(), 0);
+        ::close(dir);
+    } catch (...) {
+        // No directory, or out of memory: nothing to remove.
+    }
+}
+
+}  // namespace elastic::inline v0::detail::rendezvous
