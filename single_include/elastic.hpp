@@ -128,8 +128,6 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <type_traits>
 #include <typeinfo>
 #include <time.h>
-#include <random>
-#include <sys/random.h>
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/detached.hpp>
@@ -140,6 +138,8 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <iterator>
 #include <list>
 #include <variant>
+#include <random>
+#include <sys/random.h>
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -188,6 +188,7 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <numeric>
 #include <limits>
 #include <set>
+#include <filesystem>
 #include <fstream>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -195,7 +196,6 @@ inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MIN
 #include <asio/redirect_error.hpp>
 #include <asio/system_error.hpp>
 #include <asio/buffer.hpp>
-#include <filesystem>
 #include <asio/read_until.hpp>
 #include <stdlib.h>
 // ---- begin elastic/error.hpp ----
@@ -2153,27 +2153,6 @@ int record(Entry&& entry, Args&&... args) {
 // `store` concept as coroutines; connect with backoff, a deadline on every operation; leases
 // kept alive by heartbeats, and a lost connection reported as an event.
 
-// ---- begin elastic/detail/random.hpp ----
-// Internals: random bits for seeds, unique names and tokens.
-
-
-
-
-namespace elastic::inline v0::detail {
-
-/// 64 random bits from the kernel (getrandom(2), which never blocks once its pool is ready at
-/// boot). std::random_device where that fails (a seccomp filter that forbids the call): it costs
-/// about 11 µs to make on a virtual machine, where its probe of the CPU traps to the hypervisor,
-/// against well under 1 µs for the system call — and an agent makes several at start.
-[[nodiscard]] inline std::uint64_t random_u64() {
-    std::uint64_t value = 0;
-    if (::getrandom(&value, sizeof value, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof value)) return value;
-    std::random_device device;
-    return (static_cast<std::uint64_t>(device()) << 32) | device();
-}
-
-}  // namespace elastic::inline v0::detail
-// ---- end elastic/detail/random.hpp ----
 // ---- begin elastic/detail/coro.hpp ----
 // Coroutine primitives for code that runs on one thread (an executor's): a FIFO lock, a signal
 // that wakes every waiter, a latch over a count of tasks, and settle() for racing an operation
@@ -2351,6 +2330,27 @@ auto settle(asio::awaitable<T> op)
 
 }  // namespace elastic::inline v0::detail
 // ---- end elastic/detail/coro.hpp ----
+// ---- begin elastic/detail/random.hpp ----
+// Internals: random bits for seeds, unique names and tokens.
+
+
+
+
+namespace elastic::inline v0::detail {
+
+/// 64 random bits from the kernel (getrandom(2), which never blocks once its pool is ready at
+/// boot). std::random_device where that fails (a seccomp filter that forbids the call): it costs
+/// about 11 µs to make on a virtual machine, where its probe of the CPU traps to the hypervisor,
+/// against well under 1 µs for the system call — and an agent makes several at start.
+[[nodiscard]] inline std::uint64_t random_u64() {
+    std::uint64_t value = 0;
+    if (::getrandom(&value, sizeof value, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof value)) return value;
+    std::random_device device;
+    return (static_cast<std::uint64_t>(device()) << 32) | device();
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/random.hpp ----
 // ---- begin elastic/store/auth.hpp ----
 // The store's authentication handshake: a mutual HMAC-SHA256 challenge-response over a shared
 // job secret, as two pure state machines (client and server) that consume bytes and produce
@@ -16857,6 +16857,240 @@ namespace detail {
 
 }  // namespace elastic::inline v0
 // ---- end elastic/detail/text.hpp ----
+// ---- begin elastic/rendezvous/moved_record.hpp ----
+// Internals: the record an agent keeps on its machine of where its job's rendezvous store may
+// move (the last round's successors), for an agent started there later without a
+// --rdzv-endpoint list: the lost store host's replacement looks at those stores before it
+// hosts a fresh store at the first endpoint.
+
+// ---- begin elastic/detail/runtime_dir.hpp ----
+// Internals: this user's private directory for what agents on this machine leave for each other
+// (status files, the record of where a job's store may have moved).
+
+
+
+
+
+namespace elastic::inline v0::detail {
+
+/// `$XDG_RUNTIME_DIR/elastic` when XDG_RUNTIME_DIR is an absolute path, else
+/// `<temporary directory>/elastic-<uid>`; std::filesystem::filesystem_error when TMPDIR names no
+/// directory.
+[[nodiscard]] inline std::filesystem::path runtime_directory() {
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
+        return std::filesystem::path(runtime) / "elastic";
+    }
+    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+}
+
+/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
+/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
+/// (ENOENT: it does not exist, with `why` empty).
+[[nodiscard]] inline int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
+    why.clear();
+    if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
+        return -1;
+    }
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
+        return -1;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+        ::close(fd);
+        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
+                          "remove it",
+                          dir.string());
+        return -1;
+    }
+    return fd;
+}
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/runtime_dir.hpp ----
+
+
+
+
+namespace elastic::inline v0::detail::rendezvous {
+
+/// How many successors a record keeps: the first ones, where the store moves first.
+inline constexpr std::size_t moved_record_limit = 8;
+
+/// The largest record read (bytes): more is no record of ours.
+inline constexpr std::size_t moved_record_max_size = 4096;
+
+/// One entry of a record: a member's idle store.
+struct moved_record_entry {
+    std::string addr;
+    std::uint16_t port = 0;
+    friend bool operator==(const moved_record_entry&, const moved_record_entry&) = default;
+};
+
+/// The record's file name for the job `key` (the job and its first endpoint): a hash of it; the
+/// key itself is the record's first line.
+[[nodiscard]] inline std::string moved_record_name(std::string_view key) {
+    std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
+    for (const char c : key) {
+        hash ^= static_cast<unsigned char>(c);
+        hash *= 1099511628211ULL;
+    }
+    return fmt::format("moved-store.{:016x}", hash);
+}
+
+/// The record's text: the key, then one "<port> <address>" line per successor (at most
+/// moved_record_limit).
+[[nodiscard]] inline std::string moved_record_text(std::string_view key,
+                                                   const std::vector<store_successor>& successors) {
+    std::string text = fmt::format("elastic moved-store record 1\n{}\n", key);
+    std::size_t count = 0;
+    for (const auto& s : successors) {
+        if (count == moved_record_limit) break;
+        if (s.port == 0 || s.addr.empty() || s.addr.find_first_of(" \n") != std::string::npos) continue;
+        text += fmt::format("{} {}\n", s.port, s.addr);
+        ++count;
+    }
+    return text;
+}
+
+/// The entries of a record's `text` for the job `key`: none when it is another job's, or not a
+/// record; a malformed line is skipped.
+[[nodiscard]] inline std::vector<moved_record_entry> parse_moved_record(std::string_view text, std::string_view key) {
+    std::vector<moved_record_entry> out;
+    const auto next_line = [&text]() -> std::string_view {
+        const auto end = text.find('\n');
+        if (end == std::string_view::npos) {  // an unfinished last line is no line
+            text = {};
+            return {};
+        }
+        const auto line = text.substr(0, end);
+        text.remove_prefix(end + 1);
+        return line;
+    };
+    if (next_line() != "elastic moved-store record 1" || next_line() != key) return out;
+    while (!text.empty() && out.size() < moved_record_limit) {
+        const auto line = next_line();
+        const auto space = line.find(' ');
+        if (space == std::string_view::npos || space + 1 >= line.size()) continue;
+        unsigned port = 0;
+        const auto [end, error] = std::from_chars(line.data(), line.data() + space, port);
+        if (error != std::errc{} || end != line.data() + space || port == 0 || port > 65535) continue;
+        const auto addr = line.substr(space + 1);
+        if (addr.size() > 255) continue;
+        out.push_back({std::string(addr), static_cast<std::uint16_t>(port)});
+    }
+    return out;
+}
+
+/// How old another job's record may grow before a write removes it: a job killed outright
+/// leaves its record behind (one that ends removes it).
+inline constexpr long moved_record_max_age_s = 30L * 24 * 3600;
+
+/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s.
+inline void sweep_moved_records(int dir) noexcept {
+    const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
+    DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
+    if (d == nullptr) {
+        if (copy >= 0) ::close(copy);
+        return;
+    }
+    const auto now = ::time(nullptr);
+    while (const dirent* e = ::readdir(d)) {
+        if (std::strncmp(e->d_name, "moved-store.", 12) != 0) continue;
+        struct stat st {};
+        if (::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && now - st.st_mtime > moved_record_max_age_s) {
+            ::unlinkat(dir, e->d_name, 0);
+        }
+    }
+    ::closedir(d);
+}
+
+/// Writes the record for `key` in this user's private directory (made aside, then renamed in),
+/// and removes other jobs' records older than moved_record_max_age_s. Empty, or why it could not.
+[[nodiscard]] inline std::string write_moved_record(std::string_view key,
+                                                    const std::vector<store_successor>& successors) {
+    std::string why;
+    std::string dir_path;
+    try {
+        dir_path = runtime_directory().string();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    const int dir = open_private_directory(dir_path, true, why);
+    if (dir < 0) return why.empty() ? fmt::format("cannot open {}", dir_path) : why;
+    const auto name = moved_record_name(key);
+    const auto aside = fmt::format("{}.{}.tmp", name, ::getpid());
+    const auto text = moved_record_text(key, successors);
+    const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
+        ::close(dir);
+        return why;
+    }
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const auto n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    const int error = errno;
+    ::close(fd);
+    if (done != text.size()) {
+        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(error));
+    } else if (::renameat(dir, aside.c_str(), dir, name.c_str()) != 0) {
+        why = fmt::format("cannot rename into {}/{}: {}", dir_path, name, std::strerror(errno));
+    }
+    if (!why.empty()) ::unlinkat(dir, aside.c_str(), 0);
+    sweep_moved_records(dir);
+    ::close(dir);
+    return why;
+}
+
+/// The record for `key` in this user's private directory: none when there is none, or it is
+/// not a regular file of this user's, or not a record of this job.
+[[nodiscard]] inline std::vector<moved_record_entry> read_moved_record(std::string_view key) {
+    std::string why;
+    std::string dir_path;
+    try {
+        dir_path = runtime_directory().string();
+    } catch (const std::exception&) {
+        return {};
+    }
+    const int dir = open_private_directory(dir_path, false, why);
+    if (dir < 0) return {};
+    const int fd = ::openat(dir, moved_record_name(key).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    ::close(dir);
+    if (fd < 0) return {};
+    struct stat st {};
+    std::string text;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+        st.st_size <= static_cast<off_t>(moved_record_max_size)) {
+        text.resize(static_cast<std::size_t>(st.st_size));
+        const auto n = ::read(fd, text.data(), text.size());
+        text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    }
+    ::close(fd);
+    return parse_moved_record(text, key);
+}
+
+/// Removes the record for `key` (the job ended).
+inline void remove_moved_record(std::string_view key) noexcept {
+    try {
+        std::string why;
+        const int dir = open_private_directory(runtime_directory(), false, why);
+        if (dir < 0) return;
+        ::unlinkat(dir, moved_record_name(key).c_str(), 0);
+        ::close(dir);
+    } catch (...) {
+        // No directory, or out of memory: nothing to remove.
+    }
+}
+
+}  // namespace elastic::inline v0::detail::rendezvous
+// ---- end elastic/rendezvous/moved_record.hpp ----
 // ---- begin elastic/usage_error.hpp ----
 // elastic::usage_error (bad input from a user: exit status 2) and the environment map that the
 // layers which read variables take instead of the process environment.
@@ -17286,6 +17520,7 @@ public:
         // (find_moved_store) instead of hosting a fresh store at the first endpoint.
         if (backup_)
             backup_->engine().set(store_client_options{}.key_prefix + mark_key(), std::to_string(round.number));
+        record_successors();
         co_return round;
     }
 
@@ -17310,7 +17545,10 @@ public:
     }
     asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
-        co_return co_await rdzv_->finish(timeout);
+        auto result = co_await rdzv_->finish(timeout);
+        // The job ended: nothing to find where its store might have moved.
+        if (elastic_membership()) detail::rendezvous::remove_moved_record(mark_key());
+        co_return result;
     }
     asio::awaitable<void> leave() { co_await rdzv_->leave(); }
     [[nodiscard]] int restart_count() const noexcept { return rdzv_ ? rdzv_->restart_count() : 0; }
@@ -17392,6 +17630,8 @@ private:
     std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
     bool backup_listed_ = false;                              ///< backup_ listens at a --rdzv-endpoint list's entry
+    bool record_failed_ = false;                              ///< the last record_successors() could not write
+    std::vector<host_port> recorded_;                         ///< the search's entries from this machine's record
     std::map<std::string, std::vector<asio::ip::address>> resolved_;  ///< names looked up by this search
 
     // The first --rdzv-endpoint list entry (after the first endpoint) that names an address of
@@ -17434,6 +17674,56 @@ private:
         server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
         server->start();
         return server;
+    }
+
+    [[nodiscard]] bool elastic_membership() const noexcept {
+        return params_.backend != rendezvous_backend::static_ && params_.nnodes.min < params_.nnodes.max;
+    }
+
+    // Keeps this machine's record of where the job's store is (as this node reaches it) and of
+    // the round's successors (moved_record.hpp): an agent started here later without a
+    // --rdzv-endpoint list looks there before it hosts a fresh store at the first endpoint. A
+    // record that cannot be written is said once; the job goes on without it.
+    void record_successors() {
+        if (!elastic_membership() || !rdzv_) return;
+        std::vector<store_successor> where{{"", current_host_, current_port_}};
+        const auto& successors = rdzv_->successors();
+        where.insert(where.end(), successors.begin(), successors.end());
+        auto why = detail::rendezvous::write_moved_record(mark_key(), where);
+        if (!why.empty() && !record_failed_ && log_) {
+            log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an agent "
+                             "started here later without a --rdzv-endpoint list cannot find a moved store",
+                             why));
+        }
+        record_failed_ = !why.empty();
+    }
+
+    // Where a search for the moved store looks after the first endpoint: the --rdzv-endpoint
+    // list's later entries, then this machine's record of the last round's successors (read once
+    // per search), each once.
+    [[nodiscard]] std::vector<host_port> search_entries() {
+        std::vector<host_port> out;
+        recorded_.clear();
+        const auto add = [&](const host_port& at) {
+            if (with_port(at) == with_port(params_.endpoint)) return false;
+            if (std::any_of(out.begin(), out.end(), [&](const host_port& o) { return with_port(o) == with_port(at); }))
+                return false;
+            out.push_back(at);
+            return true;
+        };
+        for (const auto& next : params_.successor_endpoints) add(next);
+        for (const auto& entry : detail::rendezvous::read_moved_record(mark_key())) {
+            const host_port at{entry.addr, entry.port};
+            if (add(at)) recorded_.push_back(at);
+        }
+        return out;
+    }
+
+    // Where `at` came from, for the log.
+    [[nodiscard]] std::string origin(const host_port& at) const {
+        return std::find(recorded_.begin(), recorded_.end(), at) != recorded_.end()
+                   ? "from this machine's record of the job's successors"
+                   : "from the --rdzv-endpoint list";
     }
 
     // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
@@ -17504,8 +17794,8 @@ private:
             throw rendezvous_error(secret_refused(to_string(where), e));
         } catch (const store_error& e) {
             if (log_ && !quiet) {
-                log_(fmt::format("{} from the --rdzv-endpoint list answers but is no store this node can use ({})",
-                                 to_string(where), e.what()));
+                log_(fmt::format("{} {} answers but is no store this node can use ({})", to_string(where), origin(next),
+                                 e.what()));
             }
         }
         client->close();
@@ -17533,10 +17823,11 @@ private:
                 co_return std::nullopt;
             }
             std::vector<std::string> pending;
-            if (auto found = co_await search_list(pending, ran, quiet, give_up)) co_return found;
+            const auto entries = search_entries();
+            if (auto found = co_await search_list(entries, pending, ran, quiet, give_up)) co_return found;
             if (!ran) co_return std::nullopt;
             const auto seen = fmt::format(
-                "the job ran (a member's idle store in the --rdzv-endpoint list is marked as a formed round's) with "
+                "the job ran (a member's idle store, listed or in this machine's record, is marked as a formed round's) with "
                 "its rendezvous store at {}, where {}; no listed store holds the job's registrations and a round "
                 "({})",
                 to_string(params_.endpoint),
@@ -17571,11 +17862,11 @@ private:
     // majority still moving) or a store that ends meanwhile: the next. `ran` turns true at a
     // marked store; `pending` gets the entries that may hold the job soon: marked stores
     // without a formed round, and those that give no store's answer in time.
-    asio::awaitable<std::optional<found_store>> search_list(std::vector<std::string>& pending, bool& ran, bool quiet,
+    asio::awaitable<std::optional<found_store>> search_list(const std::vector<host_port>& entries,
+                                                            std::vector<std::string>& pending, bool& ran, bool quiet,
                                                             std::chrono::steady_clock::time_point give_up) {
         const auto slice = keep_alive_deadline();
-        for (const auto& next : params_.successor_endpoints) {
-            if (next == params_.endpoint) continue;
+        for (const auto& next : entries) {
             auto look = co_await probe_at(next, quiet);
             ran = ran || look.marked;
             auto& found = look.found;
@@ -17604,9 +17895,9 @@ private:
                     if (left.count() <= 0) break;
                     if (!told && !quiet && log_) {
                         told = true;
-                        log_(fmt::format("the job's nodes registered at {} from the --rdzv-endpoint list: this node "
-                                         "waits up to {} s for them to form a round there",
-                                         where, seconds(left)));
+                        log_(fmt::format("the job's nodes registered at {} {}: this node waits up to {} s for them "
+                                         "to form a round there",
+                                         where, origin(next), seconds(left)));
                     }
                     try {
                         co_await client.wait(std::move(keys), std::min(left, slice));
@@ -17633,9 +17924,9 @@ private:
                 continue;
             }
             if (log_) {
-                log_(fmt::format("the job's rendezvous store moved to {} from the --rdzv-endpoint list: this node "
-                                 "joins it there instead of at {}",
-                                 where, to_string(params_.endpoint)));
+                log_(fmt::format("the job's rendezvous store moved to {} {}: this node joins it there instead of "
+                                 "at {}",
+                                 where, origin(next), to_string(params_.endpoint)));
             }
             client.set_timeout(params_.settings.read_timeout);
             found->options.timeout = params_.settings.read_timeout;
@@ -22619,12 +22910,7 @@ ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
     return out;
 }
 
-ELASTIC_DECL std::filesystem::path status_directory() {
-    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
-        return std::filesystem::path(runtime) / "elastic";
-    }
-    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
-}
+ELASTIC_DECL std::filesystem::path status_directory() { return detail::runtime_directory(); }
 
 namespace detail::agent {
 
@@ -22668,25 +22954,7 @@ inline bool pid_reused(const agent_status& s) {
 }  // namespace detail::agent
 
 ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::path& dir, bool create, std::string& why) {
-    why.clear();
-    if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
-        return -1;
-    }
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
-        return -1;
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
-        ::close(fd);
-        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
-                          "remove it",
-                          dir.string());
-        return -1;
-    }
-    return fd;
+    return detail::open_private_directory(dir, create, why);
 }
 
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
