@@ -16869,24 +16869,42 @@ namespace detail {
 
 
 
-
-
 namespace elastic::inline v0::detail {
 
 /// `$XDG_RUNTIME_DIR/elastic` when XDG_RUNTIME_DIR is an absolute path, else
 /// `<temporary directory>/elastic-<uid>`; std::filesystem::filesystem_error when TMPDIR names no
 /// directory.
-[[nodiscard]] inline std::filesystem::path runtime_directory() {
+[[nodiscard]] ELASTIC_DECL std::filesystem::path runtime_directory();
+
+/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
+/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
+/// (ENOENT: it does not exist, with `why` empty).
+[[nodiscard]] ELASTIC_DECL int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why);
+
+}  // namespace elastic::inline v0::detail
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail {
+
+ELASTIC_DECL std::filesystem::path runtime_directory() {
     if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
         return std::filesystem::path(runtime) / "elastic";
     }
     return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
 }
 
-/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
-/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
-/// (ENOENT: it does not exist, with `why` empty).
-[[nodiscard]] inline int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
+ELASTIC_DECL int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
     why.clear();
     if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
         why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
@@ -16909,13 +16927,12 @@ namespace elastic::inline v0::detail {
 }
 
 }  // namespace elastic::inline v0::detail
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/detail/runtime_dir.hpp ----
 
 
-
-
 namespace elastic::inline v0::detail::rendezvous {
-
 /// How many successors a record keeps: the first ones, where the store moves first.
 inline constexpr std::size_t moved_record_limit = 8;
 
@@ -16931,7 +16948,57 @@ struct moved_record_entry {
 
 /// The record's file name for the job `key` (the job and its first endpoint): a hash of it; the
 /// key itself is the record's first line.
-[[nodiscard]] inline std::string moved_record_name(std::string_view key) {
+[[nodiscard]] ELASTIC_DECL std::string moved_record_name(std::string_view key);
+
+/// The record's text: the key, then one "<port> <address>" line per successor (at most
+/// moved_record_limit).
+[[nodiscard]] ELASTIC_DECL std::string moved_record_text(std::string_view key,
+                                                         const std::vector<store_successor>& successors);
+
+/// The entries of a record's `text` for the job `key`: none when it is another job's, or not a
+/// record; a malformed line is skipped.
+[[nodiscard]] ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view text,
+                                                                              std::string_view key);
+
+/// How old another job's record may grow before a write removes it: a job killed outright
+/// leaves its record behind (one that ends removes it).
+inline constexpr long moved_record_max_age_s = 30L * 24 * 3600;
+
+/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s.
+ELASTIC_DECL void sweep_moved_records(int dir) noexcept;
+
+/// Writes the record for `key` in this user's private directory (made aside, then renamed in),
+/// and removes other jobs' records older than moved_record_max_age_s. Empty, or why it could not.
+[[nodiscard]] ELASTIC_DECL std::string write_moved_record(std::string_view key,
+                                                          const std::vector<store_successor>& successors);
+
+/// The record for `key` in this user's private directory: none when there is none, or it is
+/// not a regular file of this user's, or not a record of this job.
+[[nodiscard]] ELASTIC_DECL std::vector<moved_record_entry> read_moved_record(std::string_view key);
+
+/// Removes the record for `key` (the job ended).
+ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept;
+
+}  // namespace elastic::inline v0::detail::rendezvous
+
+#if ELASTIC_DETAIL_BODIES
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <ctime>
+#include <exception>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace elastic::inline v0::detail::rendezvous {
+
+ELASTIC_DECL std::string moved_record_name(std::string_view key) {
     std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a
     for (const char c : key) {
         hash ^= static_cast<unsigned char>(c);
@@ -16940,24 +17007,7 @@ struct moved_record_entry {
     return fmt::format("moved-store.{:016x}", hash);
 }
 
-/// The record's text: the key, then one "<port> <address>" line per successor (at most
-/// moved_record_limit).
-[[nodiscard]] inline std::string moved_record_text(std::string_view key,
-                                                   const std::vector<store_successor>& successors) {
-    std::string text = fmt::format("elastic moved-store record 1\n{}\n", key);
-    std::size_t count = 0;
-    for (const auto& s : successors) {
-        if (count == moved_record_limit) break;
-        if (s.port == 0 || s.addr.empty() || s.addr.find_first_of(" \n") != std::string::npos) continue;
-        text += fmt::format("{} {}\n", s.port, s.addr);
-        ++count;
-    }
-    return text;
-}
-
-/// The entries of a record's `text` for the job `key`: none when it is another job's, or not a
-/// record; a malformed line is skipped.
-[[nodiscard]] inline std::vector<moved_record_entry> parse_moved_record(std::string_view text, std::string_view key) {
+ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view text, std::string_view key) {
     std::vector<moved_record_entry> out;
     const auto next_line = [&text]() -> std::string_view {
         const auto end = text.find('\n');
@@ -16984,12 +17034,7 @@ struct moved_record_entry {
     return out;
 }
 
-/// How old another job's record may grow before a write removes it: a job killed outright
-/// leaves its record behind (one that ends removes it).
-inline constexpr long moved_record_max_age_s = 30L * 24 * 3600;
-
-/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s.
-inline void sweep_moved_records(int dir) noexcept {
+ELASTIC_DECL void sweep_moved_records(int dir) noexcept {
     const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
     DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
     if (d == nullptr) {
@@ -17007,10 +17052,56 @@ inline void sweep_moved_records(int dir) noexcept {
     ::closedir(d);
 }
 
-/// Writes the record for `key` in this user's private directory (made aside, then renamed in),
-/// and removes other jobs' records older than moved_record_max_age_s. Empty, or why it could not.
-[[nodiscard]] inline std::string write_moved_record(std::string_view key,
-                                                    const std::vector<store_successor>& successors) {
+ELASTIC_DECL std::vector<moved_record_entry> read_moved_record(std::string_view key) {
+    std::string why;
+    std::string dir_path;
+    try {
+        dir_path = runtime_directory().string();
+    } catch (const std::exception&) {
+        return {};
+    }
+    const int dir = open_private_directory(dir_path, false, why);
+    if (dir < 0) return {};
+    const int fd = ::openat(dir, moved_record_name(key).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    ::close(dir);
+    if (fd < 0) return {};
+    struct stat st {};
+    std::string text;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+        st.st_size <= static_cast<off_t>(moved_record_max_size)) {
+        text.resize(static_cast<std::size_t>(st.st_size));
+        const auto n = ::read(fd, text.data(), text.size());
+        text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    }
+    ::close(fd);
+    return parse_moved_record(text, key);
+}
+
+ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept {
+    try {
+        std::string why;
+        const int dir = open_private_directory(runtime_directory(), false, why);
+        if (dir < 0) return;
+        ::unlinkat(dir, moved_record_name(key).c_str(), 0);
+        ::close(dir);
+    } catch (...) {
+        // No directory, or out of memory: nothing to remove.
+    }
+}
+
+ELASTIC_DECL std::string moved_record_text(std::string_view key, const std::vector<store_successor>& successors) {
+    std::string text = fmt::format("elastic moved-store record 1\n{}\n", key);
+    std::size_t count = 0;
+    for (const auto& s : successors) {
+        if (count == moved_record_limit) break;
+        if (s.port == 0 || s.addr.empty() || s.addr.find_first_of(" \n") != std::string::npos) continue;
+        text += fmt::format("{} {}\n", s.port, s.addr);
+        ++count;
+    }
+    return text;
+}
+
+ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vector<store_successor>& successors) {
     std::string why;
     std::string dir_path;
     try {
@@ -17049,47 +17140,9 @@ inline void sweep_moved_records(int dir) noexcept {
     return why;
 }
 
-/// The record for `key` in this user's private directory: none when there is none, or it is
-/// not a regular file of this user's, or not a record of this job.
-[[nodiscard]] inline std::vector<moved_record_entry> read_moved_record(std::string_view key) {
-    std::string why;
-    std::string dir_path;
-    try {
-        dir_path = runtime_directory().string();
-    } catch (const std::exception&) {
-        return {};
-    }
-    const int dir = open_private_directory(dir_path, false, why);
-    if (dir < 0) return {};
-    const int fd = ::openat(dir, moved_record_name(key).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    ::close(dir);
-    if (fd < 0) return {};
-    struct stat st {};
-    std::string text;
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-        st.st_size <= static_cast<off_t>(moved_record_max_size)) {
-        text.resize(static_cast<std::size_t>(st.st_size));
-        const auto n = ::read(fd, text.data(), text.size());
-        text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-    }
-    ::close(fd);
-    return parse_moved_record(text, key);
-}
-
-/// Removes the record for `key` (the job ended).
-inline void remove_moved_record(std::string_view key) noexcept {
-    try {
-        std::string why;
-        const int dir = open_private_directory(runtime_directory(), false, why);
-        if (dir < 0) return;
-        ::unlinkat(dir, moved_record_name(key).c_str(), 0);
-        ::close(dir);
-    } catch (...) {
-        // No directory, or out of memory: nothing to remove.
-    }
-}
-
 }  // namespace elastic::inline v0::detail::rendezvous
+
+#endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/rendezvous/moved_record.hpp ----
 // ---- begin elastic/usage_error.hpp ----
 // elastic::usage_error (bad input from a user: exit status 2) and the environment map that the

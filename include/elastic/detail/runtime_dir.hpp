@@ -5,13 +5,30 @@
 
 #include "elastic/detail/config.hpp"
 
+#include <filesystem>
+#include <string>
+
+namespace elastic::inline v0::detail {
+
+/// `$XDG_RUNTIME_DIR/elastic` when XDG_RUNTIME_DIR is an absolute path, else
+/// `<temporary directory>/elastic-<uid>`; std::filesystem::filesystem_error when TMPDIR names no
+/// directory.
+[[nodiscard]] ELASTIC_DECL std::filesystem::path runtime_directory();
+
+/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
+/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
+/// (ENOENT: it does not exist, with `why` empty).
+[[nodiscard]] ELASTIC_DECL int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why);
+
+}  // namespace elastic::inline v0::detail
+
+#if ELASTIC_DETAIL_BODIES
+
 #include <fmt/format.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <string>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,20 +36,14 @@
 
 namespace elastic::inline v0::detail {
 
-/// `$XDG_RUNTIME_DIR/elastic` when XDG_RUNTIME_DIR is an absolute path, else
-/// `<temporary directory>/elastic-<uid>`; std::filesystem::filesystem_error when TMPDIR names no
-/// directory.
-[[nodiscard]] inline std::filesystem::path runtime_directory() {
+ELASTIC_DECL std::filesystem::path runtime_directory() {
     if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
         return std::filesystem::path(runtime) / "elastic";
     }
     return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
 }
 
-/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
-/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
-/// (ENOENT: it does not exist, with `why` empty).
-[[nodiscard]] inline int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
+ELASTIC_DECL int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
     why.clear();
     if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
         why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
@@ -55,3 +66,5 @@ namespace elastic::inline v0::detail {
 }
 
 }  // namespace elastic::inline v0::detail
+
+#endif  // ELASTIC_DETAIL_BODIES
