@@ -16960,11 +16960,12 @@ struct moved_record_entry {
 [[nodiscard]] ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view text,
                                                                               std::string_view key);
 
-/// How old another job's record may grow before a write removes it: a job killed outright
-/// leaves its record behind (one that ends removes it).
+/// How old a record may grow before another write removes it, unless its writer still runs: a
+/// job killed outright leaves its record behind (one that succeeds removes it).
 inline constexpr long moved_record_max_age_s = 30L * 24 * 3600;
 
-/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s.
+/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s whose
+/// writer is gone.
 ELASTIC_DECL void sweep_moved_records(int dir) noexcept;
 
 /// Writes the record for `key` in this user's private directory (made aside, then renamed in),
@@ -16987,6 +16988,8 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept;
 
 #include <cerrno>
 #include <charconv>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -17034,6 +17037,21 @@ ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view
     return out;
 }
 
+// Whether the record `name` in `dir` names a writer (its "writer <pid>" line) that still runs.
+inline bool moved_record_writer_alive(int dir, const char* name) noexcept {
+    const int fd = ::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    char text[moved_record_max_size + 1];
+    const auto n = ::read(fd, text, moved_record_max_size);
+    ::close(fd);
+    if (n <= 0) return false;
+    text[n] = '\0';
+    const char* writer = std::strstr(text, "\nwriter ");
+    if (writer == nullptr) return false;
+    const long pid = std::strtol(writer + 8, nullptr, 10);
+    return pid > 0 && pid <= 0x3fffffff && ::kill(static_cast<pid_t>(pid), 0) == 0;
+}
+
 ELASTIC_DECL void sweep_moved_records(int dir) noexcept {
     const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
     DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
@@ -17045,9 +17063,10 @@ ELASTIC_DECL void sweep_moved_records(int dir) noexcept {
     while (const dirent* e = ::readdir(d)) {
         if (std::strncmp(e->d_name, "moved-store.", 12) != 0) continue;
         struct stat st {};
-        if (::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && now - st.st_mtime > moved_record_max_age_s) {
-            ::unlinkat(dir, e->d_name, 0);
+        if (::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || now - st.st_mtime <= moved_record_max_age_s) {
+            continue;
         }
+        if (!moved_record_writer_alive(dir, e->d_name)) ::unlinkat(dir, e->d_name, 0);
     }
     ::closedir(d);
 }
@@ -17090,7 +17109,9 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept {
 }
 
 ELASTIC_DECL std::string moved_record_text(std::string_view key, const std::vector<store_successor>& successors) {
-    std::string text = fmt::format("elastic moved-store record 1\n{}\n", key);
+    // The writer's pid: the sweep keeps an old record whose writer still runs (a long job
+    // without a new round). A reader skips the line (it names no port).
+    std::string text = fmt::format("elastic moved-store record 1\n{}\nwriter {}\n", key, ::getpid());
     std::size_t count = 0;
     for (const auto& s : successors) {
         if (count == moved_record_limit) break;
@@ -17112,9 +17133,10 @@ ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vec
     const int dir = open_private_directory(dir_path, true, why);
     if (dir < 0) return why.empty() ? fmt::format("cannot open {}", dir_path) : why;
     const auto name = moved_record_name(key);
-    const auto aside = fmt::format("{}.{}.tmp", name, ::getpid());
+    // Its own name: writers on one machine (a pid may repeat across pid namespaces) never share it.
+    const auto aside = fmt::format("{}.{:016x}.tmp", name, random_u64());
     const auto text = moved_record_text(key, successors);
-    const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
         ::close(dir);
@@ -17599,8 +17621,11 @@ public:
     asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         auto result = co_await rdzv_->finish(timeout);
-        // The job ended: nothing to find where its store might have moved.
-        if (elastic_membership()) detail::rendezvous::remove_moved_record(mark_key());
+        // The job ended (an aborted barrier goes on to another round): nothing to find where its
+        // store might have moved.
+        if (elastic_membership() && result.how != barrier_result::kind::aborted) {
+            detail::rendezvous::remove_moved_record(mark_key());
+        }
         co_return result;
     }
     asio::awaitable<void> leave() { co_await rdzv_->leave(); }
@@ -17737,16 +17762,26 @@ private:
     // the round's successors (moved_record.hpp): an agent started here later without a
     // --rdzv-endpoint list looks there before it hosts a fresh store at the first endpoint. A
     // record that cannot be written is said once; the job goes on without it.
-    void record_successors() {
+    void record_successors() noexcept {
         if (!elastic_membership() || !rdzv_) return;
-        std::vector<store_successor> where{{"", current_host_, current_port_}};
-        const auto& successors = rdzv_->successors();
-        where.insert(where.end(), successors.begin(), successors.end());
-        auto why = detail::rendezvous::write_moved_record(mark_key(), where);
-        if (!why.empty() && !record_failed_ && log_) {
-            log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an agent "
-                             "started here later without a --rdzv-endpoint list cannot find a moved store",
-                             why));
+        std::string why;
+        try {
+            // The store where this node hosts it at the first endpoint is no entry: that is where
+            // an agent looks first anyway.
+            std::vector<store_successor> where;
+            if (!(server_ && server_->port() == *with_port(params_.endpoint).port)) {
+                where.push_back({"", current_host_, current_port_});
+            }
+            const auto& successors = rdzv_->successors();
+            where.insert(where.end(), successors.begin(), successors.end());
+            why = detail::rendezvous::write_moved_record(mark_key(), where);
+            if (!why.empty() && !record_failed_ && log_) {
+                log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an "
+                                 "agent started here later without a --rdzv-endpoint list cannot find a moved store",
+                                 why));
+            }
+        } catch (...) {
+            why = "out of memory";  // the round formed: it goes on without the record
         }
         record_failed_ = !why.empty();
     }
@@ -17757,10 +17792,12 @@ private:
     [[nodiscard]] std::vector<host_port> search_entries() {
         std::vector<host_port> out;
         recorded_.clear();
+        const auto same = [&](const host_port& a, const host_port& b) {
+            return detail::lower(a.host) == detail::lower(b.host) && with_port(a).port == with_port(b).port;
+        };
         const auto add = [&](const host_port& at) {
-            if (with_port(at) == with_port(params_.endpoint)) return false;
-            if (std::any_of(out.begin(), out.end(), [&](const host_port& o) { return with_port(o) == with_port(at); }))
-                return false;
+            if (same(at, params_.endpoint)) return false;
+            if (std::any_of(out.begin(), out.end(), [&](const host_port& o) { return same(o, at); })) return false;
             out.push_back(at);
             return true;
         };
@@ -17772,11 +17809,14 @@ private:
         return out;
     }
 
+    // Whether `at` came from this machine's record (not from the --rdzv-endpoint list).
+    [[nodiscard]] bool recorded(const host_port& at) const {
+        return std::find(recorded_.begin(), recorded_.end(), at) != recorded_.end();
+    }
+
     // Where `at` came from, for the log.
     [[nodiscard]] std::string origin(const host_port& at) const {
-        return std::find(recorded_.begin(), recorded_.end(), at) != recorded_.end()
-                   ? "from this machine's record of the job's successors"
-                   : "from the --rdzv-endpoint list";
+        return recorded(at) ? "from this machine's record of the job's successors" : "from the --rdzv-endpoint list";
     }
 
     // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
@@ -17844,7 +17884,14 @@ private:
                 co_return result;
             }
         } catch (const store_auth_error& e) {
-            throw rendezvous_error(secret_refused(to_string(where), e));
+            // A recorded entry's port may serve another store by now (the record outlives a job
+            // that failed or was killed): no store of this job, not a wrong secret.
+            if (!recorded(next)) throw rendezvous_error(secret_refused(to_string(where), e));
+            if (log_ && !quiet) {
+                log_(fmt::format("{} {} refuses this node's secret ({}): another job's store by now", to_string(where),
+                                 origin(next), e.what()));
+            }
+            result = look_result{};
         } catch (const store_error& e) {
             if (log_ && !quiet) {
                 log_(fmt::format("{} {} answers but is no store this node can use ({})", to_string(where), origin(next),
@@ -17881,7 +17928,8 @@ private:
             if (!ran) co_return std::nullopt;
             const auto seen = fmt::format(
                 "the job ran (a member's idle store, listed or in this machine's record, is marked as a formed round's) with "
-                "its rendezvous store at {}, where {}; no listed store holds the job's registrations and a round "
+                "its rendezvous store at {}, where {}; no listed or recorded store holds the job's registrations and a "
+                "round "
                 "({})",
                 to_string(params_.endpoint),
                 first.answer == look_result::what::store ? "a store without the job answers"
@@ -17897,8 +17945,8 @@ private:
             }
             if (std::chrono::steady_clock::now() >= give_up) {
                 throw rendezvous_error(fmt::format(
-                    "{}, still after the join timeout ({} s): the job did not move to a listed member's store that a "
-                    "new node can join (its members may have ended, moved it to an unlisted store, or moved without "
+                    "{}, still after the join timeout ({} s): the job did not move to a listed or recorded member's "
+                    "store that a new node can join (its members may have ended, moved it to an unlisted store, or moved without "
                     "a majority of the last round); start this agent with --rdzv-endpoint naming a live member's "
                     "store, or restart the job",
                     seen, seconds(join_timeout)));
@@ -17932,6 +17980,17 @@ private:
                 continue;
             }
             const auto where = to_string(host_port{next.host, found->options.port});
+            if (recorded(next) && !look.marked) {
+                // Registrations under this run id, but no mark of this job and first endpoint: a
+                // port of the record that another job with the same run id holds by now.
+                if (log_ && !quiet) {
+                    log_(fmt::format("{} {} holds registrations under this run id but is not this job's store "
+                                     "(another job's, started with the same run id): looking on",
+                                     where, origin(next)));
+                }
+                found->client->close();
+                continue;
+            }
             auto& client = *found->client;
             const auto deadline = std::min(give_up, std::chrono::steady_clock::now() +
                                                         params_.settings.last_call_timeout + slice);

@@ -93,19 +93,31 @@ TEST_CASE("moved record: written, read and removed in the private directory, whi
     CHECK(r::read_moved_record(key).size() == 1);
 }
 
-TEST_CASE("moved record: a write removes other jobs' records not written for 30 days") {
+TEST_CASE("moved record: a write removes records not written for 30 days whose writer is gone") {
     using namespace test_moved_record;
     namespace r = elastic::detail::rendezvous;
     private_runtime runtime;
-    REQUIRE(r::write_moved_record("old/formed@a:1", successors(1)).empty());
     REQUIRE(r::write_moved_record("recent/formed@a:1", successors(1)).empty());
-    const auto old_path = runtime.dir() / r::moved_record_name("old/formed@a:1");
+    REQUIRE(r::write_moved_record("alive/formed@a:1", successors(1)).empty());  // this process wrote it
+    // One written by a process that is gone (a pid above any pid_max).
+    const auto dead_path = runtime.dir() / r::moved_record_name("dead/formed@a:1");
+    {
+        auto text = r::moved_record_text("dead/formed@a:1", successors(1));
+        const auto writer = text.find("writer ");
+        REQUIRE(writer != std::string::npos);
+        text.replace(writer, text.find('\n', writer) - writer, "writer 1073676288");
+        std::ofstream(dead_path) << text;
+    }
+    CHECK(r::read_moved_record("dead/formed@a:1").size() == 1);  // the writer line is no entry
     const timeval long_ago[2] = {{::time(nullptr) - r::moved_record_max_age_s - 60, 0},
                                  {::time(nullptr) - r::moved_record_max_age_s - 60, 0}};
-    REQUIRE(::utimes(old_path.c_str(), long_ago) == 0);
+    const auto alive_path = runtime.dir() / r::moved_record_name("alive/formed@a:1");
+    REQUIRE(::utimes(dead_path.c_str(), long_ago) == 0);
+    REQUIRE(::utimes(alive_path.c_str(), long_ago) == 0);
     std::ofstream(runtime.dir() / "4242.json") << "{}";  // a status file is not a record
     REQUIRE(r::write_moved_record("this/formed@a:1", successors(1)).empty());
-    CHECK_FALSE(fs::exists(old_path));
+    CHECK_FALSE(fs::exists(dead_path));
+    CHECK(fs::exists(alive_path));  // old, but its writer still runs (a long job without a round)
     CHECK(r::read_moved_record("recent/formed@a:1").size() == 1);
     CHECK(r::read_moved_record("this/formed@a:1").size() == 1);
     CHECK(fs::exists(runtime.dir() / "4242.json"));

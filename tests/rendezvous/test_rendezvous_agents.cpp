@@ -39,6 +39,7 @@ std::map<std::string, std::string> node_env(const temp_dir& dir, const std::stri
     env["AGENT_WORKER_DO"] = rules;
     env["RDZV_TEST_NODE"] = std::to_string(node);
     env["LOGLEVEL"] = "WARNING";
+    env["XDG_RUNTIME_DIR"] = dir.str();  // the job's own status files and moved-store record
     return env;
 }
 

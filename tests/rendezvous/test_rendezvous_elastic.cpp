@@ -3,7 +3,6 @@
 #include "agent_support.hpp"
 #include "world_support.hpp"
 
-#include <elastic/detail/runtime_dir.hpp>
 #include <elastic/store/blocking_client.hpp>
 
 #include <doctest/doctest.h>
@@ -87,6 +86,9 @@ struct job {
         env["AGENT_WORKER_DO"] = rules;
         env["RDZV_TEST_NODE"] = std::to_string(node);
         env["LOGLEVEL"] = loglevel;
+        // The job's own runtime directory: its status files and its record of where the store
+        // may move (one of a killed agent stays) never mix with another test's.
+        env["XDG_RUNTIME_DIR"] = dir.str();
         agents.push_back(std::make_unique<launched>(args, env));
         return *agents.back();
     }
@@ -685,11 +687,13 @@ TEST_CASE("rendezvous elastic: without a --rdzv-endpoint list, the lost host's r
     // The record names the job and its first endpoint; the job's end removes it.
     const auto records = [&] {
         int n = 0;
-        for (const auto& e : std::filesystem::directory_iterator(elastic::detail::runtime_directory())) {
+        const auto runtime = std::filesystem::path(j.dir.str()) / "elastic";
+        if (!std::filesystem::exists(runtime)) return n;  // the last agent to end removes it empty
+        for (const auto& e : std::filesystem::directory_iterator(runtime)) {
             if (e.path().filename().string().rfind("moved-store.", 0) != 0) continue;
             std::ifstream in(e.path());
             const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-            n += has(text, fmt::format("formed@127.0.0.1:{}\n", j.port)) ? 1 : 0;
+            n += has(text, fmt::format("\nelastic.rendezvous.recorded/formed@127.0.0.1:{}\n", j.port)) ? 1 : 0;
         }
         return n;
     };

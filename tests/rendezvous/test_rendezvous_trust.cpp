@@ -8,6 +8,7 @@
 #include <elastic/usage_error.hpp>
 #include <elastic/launch/values.hpp>
 #include <elastic/rendezvous/codec.hpp>
+#include <elastic/rendezvous/moved_record.hpp>
 #include <elastic/rendezvous/planner.hpp>
 #include <elastic/rendezvous/store_rendezvous.hpp>
 #include <elastic/rendezvous/tcp_rendezvous.hpp>
@@ -83,6 +84,7 @@ struct job {
         env["AGENT_WORKER_DO"] = rules;
         env["RDZV_TEST_NODE"] = std::to_string(node);
         env["LOGLEVEL"] = "WARNING";
+        env["XDG_RUNTIME_DIR"] = dir.str();  // the job's own status files and moved-store record
         agents.push_back(std::make_unique<launched>(args, env));
         return *agents.back();
     }
@@ -1281,7 +1283,9 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
         CHECK_FALSE(started);
         CHECK_FALSE(agent.hosts_store());
         CHECK(waiting);
-        CHECK(has(error, "no listed store holds the job's registrations and a round (none is marked or silent now)"));
+        CHECK(has(error,
+                  "no listed or recorded store holds the job's registrations and a round (none is marked or silent "
+                  "now)"));
         CHECK(has(error, "still after the join timeout (1 s)"));
     } else if (run == "marked" || run == "stale" || run == "silent") {
         CHECK_FALSE(started);
@@ -1293,7 +1297,7 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
         const auto state = run == "stale" ? "registrations without a round" : "a marked idle store";
         CHECK(has(error, fmt::format("the job ran (a member's idle store, listed or in this machine's record, is "
                                      "marked as a formed round's) with its rendezvous store at {}, where {}; no "
-                                     "listed store "
+                                     "listed or recorded store "
                                      "holds the job's registrations and a round ({}: {})",
                                      first_at, seen, listed_at, state)));
         CHECK(has(error, "still after the join timeout (1 s)"));
@@ -1314,6 +1318,98 @@ TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when 
         CHECK_FALSE(started);
         CHECK(has(error,
                   fmt::format("the rendezvous store at {} and this node do not share the job's secret", listed_at)));
+    }
+}
+
+TEST_CASE("rendezvous trust: a store in this machine's record is joined only with this job's mark, and one refusing "
+          "the secret is passed over") {
+    // The record outlives a job that failed or was killed: its ports may serve another job by now.
+    agent_support::temp_dir runtime;
+    ::setenv("XDG_RUNTIME_DIR", runtime.str().c_str(), 1);
+    struct restore {
+        ~restore() { ::unsetenv("XDG_RUNTIME_DIR"); }
+    } restore_env;
+    asio::io_context ctx;
+    std::string run = "recmoved";
+    std::optional<std::string> secret;
+    bool seed_mark = true;
+    SUBCASE("registrations, a round and the mark: the job moved there, joined") {}
+    SUBCASE("registrations and a round under the run id, no mark: another job's store, passed over") {
+        run = "recother";
+        seed_mark = false;
+    }
+    SUBCASE("a store refusing this node's secret: another job's store by now, passed over") {
+        run = "recsecret";
+        secret = "two";
+    }
+    elastic::store_server_options so;
+    so.host = "127.0.0.2";
+    so.secret = secret;
+    so.log = [](std::string_view) {};
+    elastic::tcp_store_server recorded(ctx.get_executor(), so);
+    recorded.start();
+    const auto recorded_port = recorded.port();
+    const auto first_port = static_cast<std::uint16_t>(free_port());
+    const auto key = [&](const std::string& name) {
+        return elastic::store_client_options{}.key_prefix +
+               elastic::store_rendezvous<elastic::tcp_store_client>::job_key(run, name);
+    };
+    const auto mark = elastic::store_rendezvous<elastic::tcp_store_client>::job_key(run,
+                                                                                    fmt::format("formed@127.0.0.1:{}",
+                                                                                                first_port));
+    recorded.engine().set(key("registered"), std::string("1"));
+    recorded.engine().set(key("last_round"), std::string("1"));
+    if (seed_mark) recorded.engine().set(elastic::store_client_options{}.key_prefix + mark, std::string("0"));
+    REQUIRE(elastic::detail::rendezvous::write_moved_record(mark, {{"", "127.0.0.2", recorded_port}}).empty());
+
+    elastic::rendezvous_parameters parameters;
+    parameters.backend = elastic::rendezvous_backend::c10d;
+    parameters.endpoint = elastic::host_port{"127.0.0.1", first_port};
+    parameters.run_id = run;
+    parameters.nnodes = elastic::node_range{1, 2};
+    parameters.settings.is_host = true;
+    parameters.settings.keep_alive_interval = std::chrono::milliseconds(100);
+    parameters.settings.keep_alive_max_attempt = 3;
+    parameters.settings.join_timeout = std::chrono::seconds(1);
+    if (secret) parameters.settings.secret = "one";
+    std::vector<std::string> log;
+    elastic::tcp_rendezvous agent(ctx.get_executor(), parameters,
+                                  [&](std::string_view line) { log.emplace_back(line); });
+    std::string error;
+    bool started = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            try {
+                co_await agent.start();
+                started = true;
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            agent.stop();
+            recorded.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    std::string said;
+    for (const auto& line : log) said += line + "\n";
+    INFO(said);
+    INFO(error);
+    REQUIRE(started);
+    const auto recorded_at = fmt::format("127.0.0.2:{}", recorded_port);
+    if (run == "recmoved") {
+        CHECK_FALSE(agent.hosts_store());  // is_host=true, but the job lives on there
+        CHECK(agent.store_endpoint() == recorded_at);
+        CHECK(has(said, fmt::format("the job's rendezvous store moved to {} from this machine's record of the job's "
+                                    "successors",
+                                    recorded_at)));
+    } else {
+        CHECK(agent.hosts_store());  // a fresh job: it hosts at the first endpoint, as told
+        CHECK(agent.store_endpoint() == fmt::format("127.0.0.1:{}", first_port));
+        CHECK(has(said, run == "recother" ? "is not this job's store (another job's, started with the same run id)"
+                                          : "refuses this node's secret"));
     }
 }
 

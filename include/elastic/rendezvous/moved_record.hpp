@@ -6,6 +6,7 @@
 #pragma once
 
 #include "elastic/detail/config.hpp"
+#include "elastic/detail/random.hpp"
 #include "elastic/detail/runtime_dir.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 
@@ -43,11 +44,12 @@ struct moved_record_entry {
 [[nodiscard]] ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view text,
                                                                               std::string_view key);
 
-/// How old another job's record may grow before a write removes it: a job killed outright
-/// leaves its record behind (one that ends removes it).
+/// How old a record may grow before another write removes it, unless its writer still runs: a
+/// job killed outright leaves its record behind (one that succeeds removes it).
 inline constexpr long moved_record_max_age_s = 30L * 24 * 3600;
 
-/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s.
+/// Removes the records in `dir` (a descriptor) not written for moved_record_max_age_s whose
+/// writer is gone.
 ELASTIC_DECL void sweep_moved_records(int dir) noexcept;
 
 /// Writes the record for `key` in this user's private directory (made aside, then renamed in),
@@ -70,6 +72,8 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept;
 
 #include <cerrno>
 #include <charconv>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -117,6 +121,21 @@ ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view
     return out;
 }
 
+// Whether the record `name` in `dir` names a writer (its "writer <pid>" line) that still runs.
+inline bool moved_record_writer_alive(int dir, const char* name) noexcept {
+    const int fd = ::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    char text[moved_record_max_size + 1];
+    const auto n = ::read(fd, text, moved_record_max_size);
+    ::close(fd);
+    if (n <= 0) return false;
+    text[n] = '\0';
+    const char* writer = std::strstr(text, "\nwriter ");
+    if (writer == nullptr) return false;
+    const long pid = std::strtol(writer + 8, nullptr, 10);
+    return pid > 0 && pid <= 0x3fffffff && ::kill(static_cast<pid_t>(pid), 0) == 0;
+}
+
 ELASTIC_DECL void sweep_moved_records(int dir) noexcept {
     const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
     DIR* d = copy < 0 ? nullptr : ::fdopendir(copy);
@@ -128,9 +147,10 @@ ELASTIC_DECL void sweep_moved_records(int dir) noexcept {
     while (const dirent* e = ::readdir(d)) {
         if (std::strncmp(e->d_name, "moved-store.", 12) != 0) continue;
         struct stat st {};
-        if (::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && now - st.st_mtime > moved_record_max_age_s) {
-            ::unlinkat(dir, e->d_name, 0);
+        if (::fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || now - st.st_mtime <= moved_record_max_age_s) {
+            continue;
         }
+        if (!moved_record_writer_alive(dir, e->d_name)) ::unlinkat(dir, e->d_name, 0);
     }
     ::closedir(d);
 }
@@ -173,7 +193,9 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept {
 }
 
 ELASTIC_DECL std::string moved_record_text(std::string_view key, const std::vector<store_successor>& successors) {
-    std::string text = fmt::format("elastic moved-store record 1\n{}\n", key);
+    // The writer's pid: the sweep keeps an old record whose writer still runs (a long job
+    // without a new round). A reader skips the line (it names no port).
+    std::string text = fmt::format("elastic moved-store record 1\n{}\nwriter {}\n", key, ::getpid());
     std::size_t count = 0;
     for (const auto& s : successors) {
         if (count == moved_record_limit) break;
@@ -195,9 +217,10 @@ ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vec
     const int dir = open_private_directory(dir_path, true, why);
     if (dir < 0) return why.empty() ? fmt::format("cannot open {}", dir_path) : why;
     const auto name = moved_record_name(key);
-    const auto aside = fmt::format("{}.{}.tmp", name, ::getpid());
+    // Its own name: writers on one machine (a pid may repeat across pid namespaces) never share it.
+    const auto aside = fmt::format("{}.{:016x}.tmp", name, random_u64());
     const auto text = moved_record_text(key, successors);
-    const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
         ::close(dir);

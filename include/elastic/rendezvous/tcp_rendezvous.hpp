@@ -424,8 +424,11 @@ public:
     asio::awaitable<job_decision> await_decision() { co_return co_await rdzv_->await_decision(); }
     asio::awaitable<barrier_result> finish(std::chrono::milliseconds timeout) {
         auto result = co_await rdzv_->finish(timeout);
-        // The job ended: nothing to find where its store might have moved.
-        if (elastic_membership()) detail::rendezvous::remove_moved_record(mark_key());
+        // The job ended (an aborted barrier goes on to another round): nothing to find where its
+        // store might have moved.
+        if (elastic_membership() && result.how != barrier_result::kind::aborted) {
+            detail::rendezvous::remove_moved_record(mark_key());
+        }
         co_return result;
     }
     asio::awaitable<void> leave() { co_await rdzv_->leave(); }
@@ -562,16 +565,26 @@ private:
     // the round's successors (moved_record.hpp): an agent started here later without a
     // --rdzv-endpoint list looks there before it hosts a fresh store at the first endpoint. A
     // record that cannot be written is said once; the job goes on without it.
-    void record_successors() {
+    void record_successors() noexcept {
         if (!elastic_membership() || !rdzv_) return;
-        std::vector<store_successor> where{{"", current_host_, current_port_}};
-        const auto& successors = rdzv_->successors();
-        where.insert(where.end(), successors.begin(), successors.end());
-        auto why = detail::rendezvous::write_moved_record(mark_key(), where);
-        if (!why.empty() && !record_failed_ && log_) {
-            log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an agent "
-                             "started here later without a --rdzv-endpoint list cannot find a moved store",
-                             why));
+        std::string why;
+        try {
+            // The store where this node hosts it at the first endpoint is no entry: that is where
+            // an agent looks first anyway.
+            std::vector<store_successor> where;
+            if (!(server_ && server_->port() == *with_port(params_.endpoint).port)) {
+                where.push_back({"", current_host_, current_port_});
+            }
+            const auto& successors = rdzv_->successors();
+            where.insert(where.end(), successors.begin(), successors.end());
+            why = detail::rendezvous::write_moved_record(mark_key(), where);
+            if (!why.empty() && !record_failed_ && log_) {
+                log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an "
+                                 "agent started here later without a --rdzv-endpoint list cannot find a moved store",
+                                 why));
+            }
+        } catch (...) {
+            why = "out of memory";  // the round formed: it goes on without the record
         }
         record_failed_ = !why.empty();
     }
@@ -582,10 +595,12 @@ private:
     [[nodiscard]] std::vector<host_port> search_entries() {
         std::vector<host_port> out;
         recorded_.clear();
+        const auto same = [&](const host_port& a, const host_port& b) {
+            return detail::lower(a.host) == detail::lower(b.host) && with_port(a).port == with_port(b).port;
+        };
         const auto add = [&](const host_port& at) {
-            if (with_port(at) == with_port(params_.endpoint)) return false;
-            if (std::any_of(out.begin(), out.end(), [&](const host_port& o) { return with_port(o) == with_port(at); }))
-                return false;
+            if (same(at, params_.endpoint)) return false;
+            if (std::any_of(out.begin(), out.end(), [&](const host_port& o) { return same(o, at); })) return false;
             out.push_back(at);
             return true;
         };
@@ -597,11 +612,14 @@ private:
         return out;
     }
 
+    // Whether `at` came from this machine's record (not from the --rdzv-endpoint list).
+    [[nodiscard]] bool recorded(const host_port& at) const {
+        return std::find(recorded_.begin(), recorded_.end(), at) != recorded_.end();
+    }
+
     // Where `at` came from, for the log.
     [[nodiscard]] std::string origin(const host_port& at) const {
-        return std::find(recorded_.begin(), recorded_.end(), at) != recorded_.end()
-                   ? "from this machine's record of the job's successors"
-                   : "from the --rdzv-endpoint list";
+        return recorded(at) ? "from this machine's record of the job's successors" : "from the --rdzv-endpoint list";
     }
 
     // A store found at a --rdzv-endpoint list's entry that holds the job, connected.
@@ -669,7 +687,14 @@ private:
                 co_return result;
             }
         } catch (const store_auth_error& e) {
-            throw rendezvous_error(secret_refused(to_string(where), e));
+            // A recorded entry's port may serve another store by now (the record outlives a job
+            // that failed or was killed): no store of this job, not a wrong secret.
+            if (!recorded(next)) throw rendezvous_error(secret_refused(to_string(where), e));
+            if (log_ && !quiet) {
+                log_(fmt::format("{} {} refuses this node's secret ({}): another job's store by now", to_string(where),
+                                 origin(next), e.what()));
+            }
+            result = look_result{};
         } catch (const store_error& e) {
             if (log_ && !quiet) {
                 log_(fmt::format("{} {} answers but is no store this node can use ({})", to_string(where), origin(next),
@@ -706,7 +731,8 @@ private:
             if (!ran) co_return std::nullopt;
             const auto seen = fmt::format(
                 "the job ran (a member's idle store, listed or in this machine's record, is marked as a formed round's) with "
-                "its rendezvous store at {}, where {}; no listed store holds the job's registrations and a round "
+                "its rendezvous store at {}, where {}; no listed or recorded store holds the job's registrations and a "
+                "round "
                 "({})",
                 to_string(params_.endpoint),
                 first.answer == look_result::what::store ? "a store without the job answers"
@@ -722,8 +748,8 @@ private:
             }
             if (std::chrono::steady_clock::now() >= give_up) {
                 throw rendezvous_error(fmt::format(
-                    "{}, still after the join timeout ({} s): the job did not move to a listed member's store that a "
-                    "new node can join (its members may have ended, moved it to an unlisted store, or moved without "
+                    "{}, still after the join timeout ({} s): the job did not move to a listed or recorded member's "
+                    "store that a new node can join (its members may have ended, moved it to an unlisted store, or moved without "
                     "a majority of the last round); start this agent with --rdzv-endpoint naming a live member's "
                     "store, or restart the job",
                     seen, seconds(join_timeout)));
@@ -757,6 +783,17 @@ private:
                 continue;
             }
             const auto where = to_string(host_port{next.host, found->options.port});
+            if (recorded(next) && !look.marked) {
+                // Registrations under this run id, but no mark of this job and first endpoint: a
+                // port of the record that another job with the same run id holds by now.
+                if (log_ && !quiet) {
+                    log_(fmt::format("{} {} holds registrations under this run id but is not this job's store "
+                                     "(another job's, started with the same run id): looking on",
+                                     where, origin(next)));
+                }
+                found->client->close();
+                continue;
+            }
             auto& client = *found->client;
             const auto deadline = std::min(give_up, std::chrono::steady_clock::now() +
                                                         params_.settings.last_call_timeout + slice);
