@@ -17379,9 +17379,8 @@ public:
             want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
-        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
         std::optional<found_store> moved;
-        if (elastic_membership) moved = co_await find_moved_store(join_timeout);
+        if (elastic_membership()) moved = co_await find_moved_store(join_timeout);
         // Taken after the search: a wait there for a move in progress leaves the host its time.
         const auto deadline = std::chrono::steady_clock::now() + join_timeout;
         if (moved) {
@@ -17443,7 +17442,7 @@ public:
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
-        if (elastic_membership && !server_) start_backup();
+        if (elastic_membership() && !server_) start_backup();
         if (!params_.settings.secret && log_) {
             log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
                              "and steer this job; give every agent the job's secret (--rdzv-conf "
@@ -17640,7 +17639,6 @@ public:
     /// saying which; rendezvous_error when the job cannot go on.
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
         const bool is_static = params_.backend == rendezvous_backend::static_;
-        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
         if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
         // Only a store that does not answer moves (so an overloaded node never splits the job).
@@ -17653,7 +17651,7 @@ public:
                                   "and the store answers again: reconnected, rejoining the job",
                                   store_endpoint());
         }
-        if (!elastic_membership) throw rendezvous_error(std::move(reason));
+        if (!elastic_membership()) throw rendezvous_error(std::move(reason));
         const int before = rdzv_->last_round_size();
         std::string where;
         try {
@@ -22745,11 +22743,6 @@ private:
         .count();
 }
 
-/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
-/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
-/// (ENOENT: it does not exist, with `why` empty).
-[[nodiscard]] ELASTIC_DECL int open_status_directory(const std::filesystem::path& dir, bool create, std::string& why);
-
 /// How many other agents' status files one opening checks for a dead agent's.
 inline constexpr std::size_t status_sweep_sample = 32;
 
@@ -23065,10 +23058,6 @@ inline bool pid_reused(const agent_status& s) {
 
 }  // namespace detail::agent
 
-ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::path& dir, bool create, std::string& why) {
-    return detail::open_private_directory(dir, create, why);
-}
-
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
     open_directory();
@@ -23116,7 +23105,7 @@ ELASTIC_DECL void detail::agent::status_file::open_directory() {
     int fd = -1;
     // Another agent may remove the directory (its last file gone) between the mkdir and the open.
     for (int attempt = 0; attempt < 5 && fd < 0; ++attempt) {
-        fd = open_status_directory(dir_, true, why);
+        fd = detail::open_private_directory(dir_, true, why);
         if (fd < 0 && !why.empty()) break;
     }
     if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
@@ -23199,7 +23188,7 @@ ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::file
     std::vector<agent_status> out;
     for (const auto& dir : dirs) {
         std::string why;
-        const int dfd = detail::agent::open_status_directory(dir, false, why);
+        const int dfd = detail::open_private_directory(dir, false, why);
         if (dfd < 0) {
             if (!why.empty() && notes != nullptr) notes->push_back(fmt::format("not read: {}", why));
             continue;

@@ -97,6 +97,19 @@ struct job {
     [[nodiscard]] int size() const { return static_cast<int>(agents.size()); }
 };
 
+/// Whether anything accepts a connection at 127.0.0.1:`port` (a store there).
+bool listens_on_loopback(int port) {
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(probe >= 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(static_cast<std::uint16_t>(port));
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool accepted = ::connect(probe, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0;
+    ::close(probe);
+    return accepted;
+}
+
 /// Awaits agent `node`'s end and checks that it exited 0 after exactly one world line, of size
 /// `world` (its workers exit 0 at once: the job ends); returns that line.
 world_line ended_in_one_world(job& j, int node, int world) {
@@ -638,14 +651,7 @@ TEST_CASE("rendezvous elastic: an agent started after the store's host was lost 
     }
     CHECK(has(again.err(), fmt::format("the job's rendezvous store moved to 127.0.0.2:{}", moved_port)));
     // And no store at the first endpoint: a second group of the job could have met there.
-    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(probe >= 0);
-    sockaddr_in first{};
-    first.sin_family = AF_INET;
-    first.sin_port = htons(static_cast<std::uint16_t>(j.port));
-    first.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(::connect(probe, reinterpret_cast<const sockaddr*>(&first), sizeof first) == -1);
-    ::close(probe);
+    CHECK_FALSE(listens_on_loopback(j.port));
     end_job_in_world(j, 3, {1, 2, 3});
 }
 
@@ -676,14 +682,7 @@ TEST_CASE("rendezvous elastic: without a --rdzv-endpoint list, the lost host's r
     const auto moved = line_with(j[1].err(), "the job's rendezvous moves to");
     CAPTURE(moved);
     CHECK(has(again.err(), "from this machine's record of the job's successors: this node joins it there"));
-    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(probe >= 0);
-    sockaddr_in first{};
-    first.sin_family = AF_INET;
-    first.sin_port = htons(static_cast<std::uint16_t>(j.port));
-    first.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(::connect(probe, reinterpret_cast<const sockaddr*>(&first), sizeof first) == -1);  // no second store
-    ::close(probe);
+    CHECK_FALSE(listens_on_loopback(j.port));  // no second store
     // The record names the job and its first endpoint; the job's end removes it.
     const auto records = [&] {
         int n = 0;

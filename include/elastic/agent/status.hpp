@@ -146,11 +146,6 @@ private:
         .count();
 }
 
-/// Opens `dir` (made, mode 0700, when `create` and missing) and checks that it is a directory of
-/// this user's, not a link, that nobody else may write: its descriptor, or -1 with `why` set
-/// (ENOENT: it does not exist, with `why` empty).
-[[nodiscard]] ELASTIC_DECL int open_status_directory(const std::filesystem::path& dir, bool create, std::string& why);
-
 /// How many other agents' status files one opening checks for a dead agent's.
 inline constexpr std::size_t status_sweep_sample = 32;
 
@@ -466,10 +461,6 @@ inline bool pid_reused(const agent_status& s) {
 
 }  // namespace detail::agent
 
-ELASTIC_DECL int detail::agent::open_status_directory(const std::filesystem::path& dir, bool create, std::string& why) {
-    return detail::open_private_directory(dir, create, why);
-}
-
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
     open_directory();
@@ -517,7 +508,7 @@ ELASTIC_DECL void detail::agent::status_file::open_directory() {
     int fd = -1;
     // Another agent may remove the directory (its last file gone) between the mkdir and the open.
     for (int attempt = 0; attempt < 5 && fd < 0; ++attempt) {
-        fd = open_status_directory(dir_, true, why);
+        fd = detail::open_private_directory(dir_, true, why);
         if (fd < 0 && !why.empty()) break;
     }
     if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
@@ -600,7 +591,7 @@ ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::file
     std::vector<agent_status> out;
     for (const auto& dir : dirs) {
         std::string why;
-        const int dfd = detail::agent::open_status_directory(dir, false, why);
+        const int dfd = detail::open_private_directory(dir, false, why);
         if (dfd < 0) {
             if (!why.empty() && notes != nullptr) notes->push_back(fmt::format("not read: {}", why));
             continue;

@@ -182,9 +182,8 @@ public:
             want_host = detail::rendezvous::is_this_host(endpoint.host);
         }
         std::string connect_host = host;
-        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
         std::optional<found_store> moved;
-        if (elastic_membership) moved = co_await find_moved_store(join_timeout);
+        if (elastic_membership()) moved = co_await find_moved_store(join_timeout);
         // Taken after the search: a wait there for a move in progress leaves the host its time.
         const auto deadline = std::chrono::steady_clock::now() + join_timeout;
         if (moved) {
@@ -246,7 +245,7 @@ public:
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
-        if (elastic_membership && !server_) start_backup();
+        if (elastic_membership() && !server_) start_backup();
         if (!params_.settings.secret && log_) {
             log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
                              "and steer this job; give every agent the job's secret (--rdzv-conf "
@@ -443,7 +442,6 @@ public:
     /// saying which; rendezvous_error when the job cannot go on.
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
         const bool is_static = params_.backend == rendezvous_backend::static_;
-        const bool elastic_membership = !is_static && params_.nnodes.min < params_.nnodes.max;
         if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
         // Only a store that does not answer moves (so an overloaded node never splits the job).
@@ -456,7 +454,7 @@ public:
                                   "and the store answers again: reconnected, rejoining the job",
                                   store_endpoint());
         }
-        if (!elastic_membership) throw rendezvous_error(std::move(reason));
+        if (!elastic_membership()) throw rendezvous_error(std::move(reason));
         const int before = rdzv_->last_round_size();
         std::string where;
         try {
