@@ -650,6 +650,19 @@ TEST_CASE("etcd client: a server that is no etcd, too old, silent, or answers ga
         fake_server not_json("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
         CHECK(has(error_of(io, client_at(not_json.port())->put("k", "v")), "no JSON object"));
     }
+    {
+        // A member that breaks the connection while a watch's request is being sent (it closes
+        // with the request unread: a reset, which the request's size makes certain to come
+        // before the last byte): a member that failed, never an error of another kind.
+        fake_server resets("", true);
+        elastic::etcd_options o;
+        o.endpoints = {{"127.0.0.1", resets.port()}};
+        o.request_timeout = 20s;
+        auto c = std::make_shared<elastic::etcd_client>(io.get_executor(), o);
+        const auto why = error_of(io, c->watch(std::string(32u << 20, 'k'), "", 0));
+        CHECK(has(why, "no etcd member served the watch"));
+        CHECK(has(why, "cannot send"));
+    }
 }
 
 TEST_CASE("etcd client: TLS with the cluster's CA and a client certificate, a wrong CA or no certificate is named") {
@@ -723,9 +736,16 @@ TEST_CASE("etcd store: three members, the one a wait watches on is killed: the w
     // The first member serves first: kill it while the wait watches there.
     bool woken = false;
     const auto after = ks({"after"});
+    // The wait keeps its own error: were both sides to throw (the writer's error cancels the
+    // wait), `&&` would report only "multiple exceptions", hiding which failed and why.
+    std::string wait_error;
     auto wait = [&]() -> asio::awaitable<void> {
-        co_await waiter.wait(after, std::chrono::hours(1));
-        woken = true;
+        try {
+            co_await waiter.wait(after, std::chrono::hours(1));
+            woken = true;
+        } catch (const std::exception& e) {
+            wait_error = e.what();
+        }
     };
     auto kill_then_write = [&]() -> asio::awaitable<void> {
         co_await writer.set("before", "1");  // the watch of the wait is open by now or soon
@@ -733,6 +753,7 @@ TEST_CASE("etcd store: three members, the one a wait watches on is killed: the w
         co_await writer.set("after", "2");
     };
     run(io, [&]() -> asio::awaitable<void> { co_await (wait() && kill_then_write()); }());
+    CHECK_MESSAGE(wait_error.empty(), wait_error);
     CHECK(woken);
     CHECK(run(io, writer.get("after")) == "2");
 }

@@ -734,6 +734,13 @@ inline asio::awaitable<void> write_all(connection& c, const std::string& bytes) 
     else co_await asio::async_write(c.socket(), asio::buffer(bytes), asio::use_awaitable);
 }
 
+/// What a failed send means for the member: a TLS refusal, else a connection it broke (nothing
+/// of the request can have been applied, so another member may be asked).
+inline member_error send_failure(const std::system_error& e) {
+    if (tls_alert(e)) return tls_refusal(e);
+    return member_error({fmt::format("cannot send: {}", e.code().message()), false, true, 0});
+}
+
 inline asio::awaitable<std::size_t> read_some(connection& c, asio::mutable_buffer b) {
     if (c.tls) co_return co_await c.stream.async_read_some(b, asio::use_awaitable);
     co_return co_await c.socket().async_read_some(b, asio::use_awaitable);
@@ -945,13 +952,12 @@ inline asio::awaitable<std::pair<int, std::string>> exchange(client_state& s, st
             co_await before(deadline, write_all(*c, request), fmt::format("no room to send within {}", budget), false);
         } catch (const std::system_error& e) {
             if (cancelled(e)) throw;
-            if (tls_alert(e)) throw tls_refusal(e);
-            if (reused) {  // the member closed an idle connection: nothing was sent
+            if (reused && !tls_alert(e)) {  // the member closed an idle connection: nothing was sent
                 c.reset();
                 reused = false;
                 continue;
             }
-            throw member_error({fmt::format("cannot send: {}", e.code().message()), false, true, 0});
+            throw send_failure(e);
         }
         response_parser p(false);
         try {
@@ -1310,8 +1316,15 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
             w->conn = co_await detail::etcd::open(s, member, deadline);
             w->parser = std::make_unique<detail::etcd::response_parser>(true);
             const auto request = detail::etcd::http_request(s, member, "POST", "/v3/watch", body, true);
-            co_await detail::etcd::before(deadline, detail::etcd::write_all(*w->conn, request),
-                                          "no room to send within the read timeout", false);
+            try {
+                co_await detail::etcd::before(deadline, detail::etcd::write_all(*w->conn, request),
+                                              "no room to send within the read timeout", false);
+            } catch (const std::system_error& e) {
+                // The member went between connecting and sending (killed, restarted): another
+                // member serves the watch.
+                if (detail::etcd::cancelled(e)) throw;
+                throw detail::etcd::send_failure(e);
+            }
             co_await detail::etcd::read_response(*w->conn, *w->parser, deadline, detail::etcd::line_or_end, false);
             const int status = w->parser->status();
             if (status != 200) {
