@@ -3970,12 +3970,13 @@ private:
                              address()));
     }
 
-    std::string silent_server_message() const {
-        return fmt::format("the store at {} did not answer a heartbeat within {} ms ({} missed "
+    // `silence`: what the server did not do in time ("did not answer a heartbeat" while idle).
+    std::string silent_server_message(std::string_view silence = "did not answer a heartbeat") const {
+        return fmt::format("the store at {} {} within {} ms ({} missed "
                            "heartbeats of {} ms): the server is hung, stopped or unreachable "
                            "(store_client_options::lease_heartbeat_interval, "
                            "lease_missed_heartbeats)",
-                           address(), heartbeat_deadline().count(), options_.lease_missed_heartbeats,
+                           address(), silence, heartbeat_deadline().count(), options_.lease_missed_heartbeats,
                            options_.lease_heartbeat_interval.count());
     }
 
@@ -4025,16 +4026,33 @@ private:
         rbeg_ = rend_ = 0;
     }
 
-    void arm_deadline(clock::time_point deadline, bool may_extend = true) { conn_->arm_deadline(deadline, may_extend); }
+    void arm_deadline(clock::time_point deadline, bool may_extend = true) {
+        silence_bound_ = false;
+        conn_->arm_deadline(deadline, may_extend);
+    }
 
     // Whether the running request's deadline fired. A connection close() dropped while the
     // request was suspended (conn_ empty) did not expire: it was closed.
     [[nodiscard]] bool expired() const noexcept { return conn_ && conn_->expired; }
 
-    // Every request, even one without a reply, is bounded by `timeout` (its write too).
-    void arm() { arm_deadline(clock::now() + options_.timeout); }
+    // Every request, even one without a reply, is bounded by `timeout` (its write too). While
+    // leases are held, the server's silence is also bounded by the heartbeat deadline, counted
+    // from the request and from every byte of its reply: the request keeps the connection too
+    // busy for a heartbeat, and a server that says nothing for that long has lost the leases
+    // anyway, so the request fails then (and the loss is reported), not after `timeout`.
+    void arm() {
+        const auto now = clock::now();
+        request_deadline_ = now + options_.timeout;
+        if (leases_.empty()) {
+            arm_deadline(request_deadline_);
+            return;
+        }
+        arm_deadline(std::min(request_deadline_, now + heartbeat_deadline()));
+        silence_bound_ = true;
+    }
 
     void disarm() noexcept {
+        silence_bound_ = false;
         if (conn_) conn_->disarm();
     }
 
@@ -4254,6 +4272,11 @@ private:
         const bool timed_out = expired();
         const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
         if (!conn_) closed(about);
+        if (timed_out && silence_bound_ && clock::now() < request_deadline_) {
+            auto message = fmt::format("{}: {}", about, silent_server_message("said nothing"));
+            drop(message);
+            throw store_error(message);
+        }
         if (timed_out) {
             auto message = fmt::format("the store at {} did not answer {} within {} ms; the server is stuck or "
                                        "overloaded (store_client_options::timeout)",
@@ -4281,11 +4304,30 @@ private:
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
         const auto conn = conn_;  // held: see connect_once
         if (!conn || conn->expired) fail(what, key, asio::error::timed_out);
-        const auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(wbuf_),
-                                                        detail::as_tuple_awaitable<Defer>);
-        (void)n;
-        if (conn != conn_) fail(what, key, asio::error::operation_aborted);  // close() meanwhile
-        if (ec) fail(what, key, ec);
+        if (!silence_bound_) {
+            const auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(wbuf_),
+                                                            detail::as_tuple_awaitable<Defer>);
+            (void)n;
+            if (conn != conn_) fail(what, key, asio::error::operation_aborted);  // close() meanwhile
+            if (ec) fail(what, key, ec);
+            co_return;
+        }
+        // A server that takes the request's bytes is not silent: a large request on a slow link
+        // moves the silence deadline on with every part sent, and once more when it is all out.
+        for (std::size_t sent = 0; sent < wbuf_.size();) {
+            const auto [ec, n] = co_await conn->socket.async_write_some(asio::buffer(wbuf_.data() + sent,
+                                                                                     wbuf_.size() - sent),
+                                                                        detail::as_tuple_awaitable<Defer>);
+            if (conn != conn_) fail(what, key, asio::error::operation_aborted);  // close() meanwhile
+            if (ec) fail(what, key, ec);
+            sent += n;
+            heard_from_server(*conn);
+        }
+    }
+
+    // The server took or sent bytes of the running request: its silence counts from now (arm()).
+    void heard_from_server(detail::store::store_client_connection& conn) {
+        if (silence_bound_) conn.arm_deadline(std::min(request_deadline_, clock::now() + heartbeat_deadline()));
     }
 
     // close() ended the request `about` (conn_ dropped while it was suspended).
@@ -4319,6 +4361,7 @@ private:
             if (conn != conn_) co_return make_error_code(asio::error::operation_aborted);
             rend_ += got;
             if (ec && rend_ - rbeg_ < n) co_return ec;
+            if (got > 0) heard_from_server(*conn);
         }
         co_return std::error_code{};
     }
@@ -4411,12 +4454,14 @@ private:
             }
             if (!expired()) fail("WAIT", first_of(keys), ec);
             const auto now = clock::now();
-            if (now >= wait_deadline) break;
+            // An overdue CHECK first: a server silent past the heartbeat deadline is not asked
+            // for a CANCEL_WAIT it would leave unanswered for another deadline.
             if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
                 auto message = silent_server_message();
                 drop(message);
                 throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys), message));
             }
+            if (now >= wait_deadline) break;
             if (!leases_.empty() && now >= next_beat) {
                 wbuf_.clear();
                 wire::put_u8(wbuf_, *wire::to_byte(*dialect_, wire::op::check));
@@ -4479,7 +4524,9 @@ private:
     std::vector<char> rbuf_;
     std::size_t rbeg_ = 0;
     std::size_t rend_ = 0;
-    detail::async_mutex lock_;  // one request at a time (acquire())
+    clock::time_point request_deadline_{};  // the running request's `timeout` (arm())
+    bool silence_bound_ = false;            // its deadline is also the server's silence (arm())
+    detail::async_mutex lock_;              // one request at a time (acquire())
     // Leases: the keys held on conn_ and the latched loss for connection_lost(); the heartbeat.
     detail::store::store_client_leases leases_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
@@ -26628,7 +26675,10 @@ inline std::int64_t keepalive_of(const client_state& s, const nlohmann::json& j)
 
 inline std::string version_of(const client_state& s, std::size_t member, int status, const std::string& text) {
     const auto j = nlohmann::json::parse(text, nullptr, false);
-    const auto server = j.is_object() ? j.value("etcdserver", std::string()) : std::string();
+    std::string server;
+    if (j.is_object()) {
+        if (const auto it = j.find("etcdserver"); it != j.end() && it->is_string()) server = it->get<std::string>();
+    }
     if (status != 200 || server.empty()) {
         throw etcd_error(fmt::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
                                      "--rdzv-endpoint",

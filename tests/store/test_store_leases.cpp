@@ -504,27 +504,54 @@ TEST_CASE("store: the client notices a killed server through connection_lost()")
     CHECK(WIFSIGNALED(status));
 }
 
-TEST_CASE("store: the client notices a stopped (silent) server through connection_lost()") {
-    asio::io_context ctx;
+/// What a lease holder saw when its server (a child process) was SIGSTOPped after `before`
+/// and then `op` ran: the error `op` ended with ("timeout: ..." for a store_timeout, "" for
+/// none) and the connection's loss. Heartbeats every 50 ms, 3 missed: a deadline of 150 ms;
+/// `timeout` bounds every request.
+struct stopped_server_outcome {
+    std::string error;
     std::optional<elastic::store_connection_loss> loss;
+};
+
+template <class Before, class Op>
+stopped_server_outcome with_stopped_server(std::chrono::milliseconds timeout, Before before, Op op) {
+    asio::io_context ctx;
+    stopped_server_outcome out;
     store_support::run(ctx, [&]() -> asio::awaitable<void> {
         child_process server(ctx, server_args());
         elastic::store_client_options o;
         o.port = co_await server_port(server);
         o.lease_heartbeat_interval = 50ms;
         o.lease_missed_heartbeats = 3;
+        o.timeout = timeout;
         elastic::tcp_store_client client(ctx.get_executor(), o);
         co_await client.hold_lease(elastic::lease_key("job", "me"), "1");
+        co_await before(client);
         server.signal(SIGSTOP);
-        loss = co_await client.connection_lost();
+        try {
+            co_await op(client);
+        } catch (const elastic::store_timeout& e) {
+            out.error = std::string("timeout: ") + e.what();
+        } catch (const elastic::store_error& e) {
+            out.error = e.what();
+        }
+        out.loss = co_await client.connection_lost();
         server.signal(SIGKILL);  // a stopped process dies of SIGKILL too
         (void)server.wait_status();
     }());
-    REQUIRE(loss);
-    INFO(loss->reason);
-    CHECK(loss->reason.find("did not answer a heartbeat within 150 ms (3 missed heartbeats of "
-                            "50 ms)") != std::string::npos);
-    CHECK(loss->leases == std::vector<std::string>{"job/__lease__/me"});
+    return out;
+}
+
+asio::awaitable<void> nothing_first(elastic::tcp_store_client&) { co_return; }
+
+TEST_CASE("store: the client notices a stopped (silent) server through connection_lost()") {
+    const auto out = with_stopped_server(300s, nothing_first, nothing_first);  // idle: the heartbeats tell
+    CHECK(out.error.empty());
+    REQUIRE(out.loss);
+    INFO(out.loss->reason);
+    CHECK(out.loss->reason.find("did not answer a heartbeat within 150 ms (3 missed heartbeats of "
+                                "50 ms)") != std::string::npos);
+    CHECK(out.loss->leases == std::vector<std::string>{"job/__lease__/me"});
 }
 
 TEST_CASE("store: a server stopped past its lease deadline keeps the leases whose holders spoke meanwhile, and "
@@ -648,35 +675,45 @@ TEST_CASE("store: a lease holder blocked in a long WAIT keeps its lease (heartbe
 }
 
 TEST_CASE("store: a wait on a stopped server fails as a silent server, not after its timeout") {
-    asio::io_context ctx;
-    std::optional<elastic::store_connection_loss> loss;
-    std::string error;
-    store_support::run(ctx, [&]() -> asio::awaitable<void> {
-        child_process server(ctx, server_args());
-        elastic::store_client_options o;
-        o.port = co_await server_port(server);
-        o.lease_heartbeat_interval = 50ms;
-        o.lease_missed_heartbeats = 3;
-        elastic::tcp_store_client client(ctx.get_executor(), o);
-        co_await client.hold_lease(elastic::lease_key("job", "me"), "1");
-        server.signal(SIGSTOP);
-        const std::vector<std::string> never(1, "never");
-        try {
-            co_await client.wait(never);  // 300 s by default
-        } catch (const elastic::store_timeout& e) {
-            error = std::string("timeout: ") + e.what();
-        } catch (const elastic::store_error& e) {
-            error = e.what();
-        }
-        loss = co_await client.connection_lost();
-        server.signal(SIGKILL);
-        (void)server.wait_status();
-    }());
-    INFO(error);
-    CHECK(error.find("wait of key '/never': the store at") == 0);
-    CHECK(error.find("did not answer a heartbeat within 150 ms") != std::string::npos);
-    REQUIRE(loss);
-    CHECK(loss->reason.find("did not answer a heartbeat") != std::string::npos);
+    const auto out = with_stopped_server(300s, nothing_first,
+                                         [](elastic::tcp_store_client& c) -> asio::awaitable<void> {
+                                             const std::vector<std::string> never(1, "never");
+                                             co_await c.wait(never);
+                                         });
+    INFO(out.error);
+    CHECK(out.error.find("wait of key '/never': the store at") == 0);
+    CHECK(out.error.find("did not answer a heartbeat within 150 ms") != std::string::npos);
+    REQUIRE(out.loss);
+    CHECK(out.loss->reason.find("did not answer a heartbeat") != std::string::npos);
+}
+
+TEST_CASE("store: a request on a stopped server fails as a silent server, not after its timeout") {
+    // The request keeps the connection busy, so no heartbeat is sent while it runs: the
+    // server's silence during the request is what tells.
+    const auto out = with_stopped_server(
+        std::chrono::hours(1),
+        [](elastic::tcp_store_client& c) -> asio::awaitable<void> { CHECK(co_await c.add("n", 1) == 1); },
+        [](elastic::tcp_store_client& c) -> asio::awaitable<void> { (void)co_await c.add("n", 1); });
+    INFO(out.error);
+    CHECK(out.error.find("ADD '/n': the store at") == 0);
+    CHECK(out.error.find("said nothing within 150 ms (3 missed heartbeats of 50 ms)") != std::string::npos);
+    REQUIRE(out.loss);
+    CHECK(out.loss->reason.find("said nothing within 150 ms") != std::string::npos);
+    CHECK(out.loss->leases == std::vector<std::string>{"job/__lease__/me"});
+}
+
+TEST_CASE("store: a timed-out wait whose CANCEL_WAIT a stopped server leaves unanswered fails as a silent server") {
+    // The wait ends before its first heartbeat CHECK is due, so only the CANCEL_WAIT can tell.
+    const auto out = with_stopped_server(std::chrono::hours(1), nothing_first,
+                                         [](elastic::tcp_store_client& c) -> asio::awaitable<void> {
+                                             const std::vector<std::string> never(1, "never");
+                                             co_await c.wait(never, 1ms);
+                                         });
+    INFO(out.error);
+    CHECK(out.error.find("CANCEL_WAIT '/never': the store at") == 0);
+    CHECK(out.error.find("said nothing within 150 ms") != std::string::npos);
+    REQUIRE(out.loss);
+    CHECK(out.loss->leases == std::vector<std::string>{"job/__lease__/me"});
 }
 
 TEST_CASE("store: connection_lost() reports a loss that happened before it was awaited") {

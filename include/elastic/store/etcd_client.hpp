@@ -1151,7 +1151,10 @@ inline std::int64_t keepalive_of(const client_state& s, const nlohmann::json& j)
 
 inline std::string version_of(const client_state& s, std::size_t member, int status, const std::string& text) {
     const auto j = nlohmann::json::parse(text, nullptr, false);
-    const auto server = j.is_object() ? j.value("etcdserver", std::string()) : std::string();
+    std::string server;
+    if (j.is_object()) {
+        if (const auto it = j.find("etcdserver"); it != j.end() && it->is_string()) server = it->get<std::string>();
+    }
     if (status != 200 || server.empty()) {
         throw etcd_error(fmt::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
                                      "--rdzv-endpoint",
