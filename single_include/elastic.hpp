@@ -17568,11 +17568,11 @@ public:
 
     /// This node's lease connection ended, but the store may live on and have dropped this node
     /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
-    /// new connection, this node reconnects, holds a new lease and returns true (it rejoins
-    /// the job at its next round); false when the store does not answer (it is lost).
+    /// new connection, this node reconnects, holds a new lease and returns "" (it rejoins the
+    /// job at its next round); else why not, when the store does not answer (it is lost).
     /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
     /// and moving the job elsewhere would not make this node's secret right.
-    asio::awaitable<bool> rejoin_store(node_info me) {
+    asio::awaitable<std::string> rejoin_store(node_info me) {
         const auto endpoint = fmt::format("{}:{}", current_host_, current_port_);
         auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
@@ -17580,8 +17580,9 @@ public:
             co_await client->connect();
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
-        } catch (const store_error&) {
-            co_return false;
+        } catch (const store_error& e) {
+            co_return fmt::format("reconnecting to it within {} ms failed: {}", options.connect_timeout.count(),
+                                  e.what());
         }
         adopt(std::move(client), options);
         rdzv_->reconnected(*client_, *watcher_);
@@ -17595,10 +17596,11 @@ public:
             throw rendezvous_error(
                 fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}", current_host_,
                             current_port_, e.what()));
-        } catch (const rendezvous_error&) {
-            co_return false;  // what answers there now is no elastic store: the job's store is lost
+        } catch (const rendezvous_error& e) {
+            // What answers there now is no elastic store: the job's store is lost.
+            co_return fmt::format("what answers there now is not the job's store: {}", e.what());
         }
-        co_return true;
+        co_return std::string();
     }
 
     // ---- agent_rendezvous: what the agent's loop calls ----
@@ -17687,9 +17689,14 @@ public:
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
         const bool is_static = params_.backend == rendezvous_backend::static_;
         if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
-        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
+        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
+            throw rendezvous_error(fmt::format("{} (this node's lease connection to the store did not end within {} "
+                                               "ms: the store holds this node, the failure was that request's alone)",
+                                               reason, keep_alive_deadline().count()));
+        }
         // Only a store that does not answer moves (so an overloaded node never splits the job).
-        if (co_await rejoin_store(me)) {
+        const auto why_not = co_await rejoin_store(me);
+        if (why_not.empty()) {
             // Either side may have ended it: the store heard no heartbeat from this agent (stopped
             // or starved of CPU), or this agent heard none from the store (its host was stopped).
             co_return fmt::format("this node's lease connection to the rendezvous store at {} ended (the store heard "
@@ -17698,7 +17705,7 @@ public:
                                   "and the store answers again: reconnected, rejoining the job",
                                   store_endpoint());
         }
-        if (!elastic_membership()) throw rendezvous_error(std::move(reason));
+        if (!elastic_membership()) throw rendezvous_error(fmt::format("{}; {}", reason, why_not));
         const int before = rdzv_->last_round_size();
         std::string where;
         try {

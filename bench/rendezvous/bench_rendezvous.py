@@ -20,6 +20,7 @@ any launcher on this machine.
 
   /usr/bin/python3 bench/rendezvous/bench_rendezvous.py --build build/bench [--sizes 2,8,64,256,1024]
         [--repeat 3] [--torchrun-sizes 2,8] [--etcd-sizes 2,8,64,256] [--floor-sizes 256,1024]
+        [--rdzv-conf keep_alive_interval=5]
 
 torchrun 1.13 runs as bench/agent/torchrun_patched.py (Debian's under Python 3.11 needs one
 function patched, PLATFORM.md) with --rdzv_backend=c10d, --no_python and the same worker.
@@ -119,6 +120,8 @@ def main():
     parser.add_argument("--torchrun-sizes", default="2,8")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--etcd-sizes", default="", help="etcd-v3 on a one-member etcd: these sizes too")
+    parser.add_argument("--rdzv-conf", default="",
+                        help="passed to every elasticrun c10d agent, e.g. keep_alive_interval=5 for 4096 agents")
     parser.add_argument("--floor-sizes", default="",
                         help="these sizes also as N one-node --standalone jobs started at once: the same "
                              "processes without a shared rendezvous")
@@ -133,9 +136,10 @@ def main():
     env["OMP_NUM_THREADS"] = "1"
     env["LOGLEVEL"] = "WARNING"
 
+    conf = [f"--rdzv-conf={args.rdzv_conf}"] if args.rdzv_conf else []
     launchers = {
         "elasticrun": (lambda n, port: [elasticrun, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                                        "--rdzv-id=bench", f"--nnodes={n}", "--nproc-per-node=1", worker],
+                                        "--rdzv-id=bench", f"--nnodes={n}", "--nproc-per-node=1"] + conf + [worker],
                        [int(s) for s in args.sizes.split(",") if s]),
     }
     floor_sizes = [int(s) for s in args.floor_sizes.split(",") if s]

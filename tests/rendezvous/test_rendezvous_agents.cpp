@@ -453,6 +453,8 @@ TEST_CASE("rendezvous agents: SIGTERM ends a store's host that stays for a node 
     INFO(j.agents[1]->err());
     CHECK(code1 != 0);
     CHECK(j.agents[1]->err().find("lost the rendezvous store") != std::string::npos);
+    // It tried the store again before it gave up, and says what that found.
+    CHECK(j.agents[1]->err().find("reconnecting to it within") != std::string::npos);
 }
 
 TEST_CASE("rendezvous agents: a store's host staying for a node ends when that node is killed") {
