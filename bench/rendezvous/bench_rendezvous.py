@@ -121,7 +121,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--etcd-sizes", default="", help="etcd-v3 on a one-member etcd: these sizes too")
     parser.add_argument("--rdzv-conf", default="",
-                        help="passed to every elasticrun c10d agent, e.g. keep_alive_interval=5 for 4096 agents")
+                        help="passed to every elasticrun c10d and --standalone agent (the etcd-v3 runs have "
+                        "their own), e.g. keep_alive_interval=5 for 4096 agents")
     parser.add_argument("--floor-sizes", default="",
                         help="these sizes also as N one-node --standalone jobs started at once: the same "
                              "processes without a shared rendezvous")
@@ -145,7 +146,7 @@ def main():
     floor_sizes = [int(s) for s in args.floor_sizes.split(",") if s]
     if floor_sizes:
         launchers["elasticrun, N one-node jobs"] = (
-            lambda n, port: [elasticrun, "--standalone", "--nproc-per-node=1", worker], floor_sizes)
+            lambda n, port: [elasticrun, "--standalone", "--nproc-per-node=1"] + conf + [worker], floor_sizes)
         sys.path.insert(0, os.path.join(HERE, "..", "agent"))
         import bench_agent  # noqa: E402
         spawn_floor = bench_agent.compile_c(args.build, "spawn_floor")

@@ -337,8 +337,9 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            co_return fmt::format("reconnecting to it within {} ms failed: {}", options.connect_timeout.count(),
-                                  e.what());
+            co_return fmt::format("reconnecting to it within {} ms (keep_alive_interval x keep_alive_max_attempt) "
+                                  "failed: {}",
+                                  options.connect_timeout.count(), e.what());
         }
         adopt(std::move(client), options);
         rdzv_->reconnected(*client_, *watcher_);
