@@ -808,16 +808,8 @@ private:
     asio::awaitable<void> flush(std::string_view what, std::string_view key) {
         const auto conn = conn_;  // held: see connect_once
         if (!conn || conn->expired) fail(what, key, asio::error::timed_out);
-        if (!silence_bound_) {
-            const auto [ec, n] = co_await asio::async_write(conn->socket, asio::buffer(wbuf_),
-                                                            detail::as_tuple_awaitable<Defer>);
-            (void)n;
-            if (conn != conn_) fail(what, key, asio::error::operation_aborted);  // close() meanwhile
-            if (ec) fail(what, key, ec);
-            co_return;
-        }
-        // A server that takes the request's bytes is not silent: a large request on a slow link
-        // moves the silence deadline on with every part sent, and once more when it is all out.
+        // Part by part: while leases are held, every part the server takes moves the silence
+        // deadline on (heard_from_server), so a large request on a slow link is not silence.
         for (std::size_t sent = 0; sent < wbuf_.size();) {
             const auto [ec, n] = co_await conn->socket.async_write_some(asio::buffer(wbuf_.data() + sent,
                                                                                      wbuf_.size() - sent),
