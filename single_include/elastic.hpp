@@ -8367,6 +8367,13 @@ inline bool readable_by(int fd, std::int64_t deadline) noexcept {
     }
 }
 
+/// Async-signal-safe: whether the process held by `pidfd` has ended, every thread of it (a zombie
+/// has; one whose main thread alone has ended, which /proc already shows as a zombie, has not).
+inline bool has_ended(int pidfd) noexcept {
+    pollfd ended{pidfd, POLLIN, 0};
+    return ::poll(&ended, 1, 0) == 1;
+}
+
 /// Owns one file descriptor; closes it on destruction. Move-only.
 class owned_fd {
 public:
@@ -8413,6 +8420,10 @@ ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
 
 /// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
 ELASTIC_DECL bool reap_now(int pidfd) noexcept;
+
+/// Whether `pid` still has a thread running: what tells a process whose main thread alone has
+/// ended (/proc shows it a zombie, waitpid cannot reap it) from a dead one. False when gone.
+ELASTIC_DECL bool threads_left(pid_t pid) noexcept;
 
 /// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
 /// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
@@ -8463,6 +8474,14 @@ ELASTIC_DECL bool reap_now(int pidfd) noexcept {
         if (rc == 0) return info.si_pid != 0;
         if (errno != EINTR) return errno == ECHILD;  // already reaped: nothing left to do
     }
+}
+
+ELASTIC_DECL bool threads_left(pid_t pid) noexcept {
+    const int pidfd = pidfd_open(pid);
+    if (pidfd < 0) return false;
+    const bool running = !has_ended(pidfd);
+    ::close(pidfd);
+    return running;
 }
 
 ELASTIC_DECL void prepare_agent_signals() noexcept {
@@ -9963,7 +9982,7 @@ ELASTIC_DECL std::size_t subreaper::pass_locked(pid_t target, bool everything) n
             const owner who = owner_of_locked(stat, own_session, own_group, target);
             const bool ours = who == owner::target || who == owner::released ||
                               (who == owner::unknown && everything && exempt_.empty());
-            if (stat.state == 'Z') {
+            if (stat.state == 'Z' && !threads_left(child)) {
                 // Nobody else can reap an adopted process; the agent's own code reaps its own.
                 if (who != owner::agent && (who != owner::unknown || exempt_.empty())) zombies.push_back(child);
             } else if (ours) {
@@ -10356,8 +10375,10 @@ private:
     std::vector<entry> tokens_;
 };
 
-/// The process-group id in /proc/<pid>/stat; -1 if the process is gone or already dead (a zombie
-/// whose reaper has not come by yet: dead is what stop waits for).
+/// The process-group id in /proc/<pid>/stat; -1 if the process is gone. A zombie keeps its group:
+/// /proc shows a process as a zombie as soon as its main thread has ended, while its other
+/// threads may still be exiting (a sanitizer's background thread, say), so only its pidfd tells
+/// whether it is dead.
 ELASTIC_DECL pid_t read_pgid(pid_t pid);
 
 /// A process found in a group, held by a pidfd so its number cannot be recycled under us.
@@ -10367,8 +10388,9 @@ struct group_member {
 };
 
 /// Every process in the groups `pgids`, except `skip` (the leaders), at stop time (not a polling
-/// loop). Each is held by a pidfd, then its group is checked again, so a pid recycled between
-/// the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
+/// loop), that has not ended (one whose every thread has exited, a zombie awaiting its reaper,
+/// is not listed). Each is held by a pidfd, then its group is checked again, so a pid recycled
+/// between the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
 /// cgroup of every group (one entry per pgid), only the processes of those cgroups and the ones
 /// below them are candidates: what a worker starts is born there. Otherwise, or where a cgroup
 /// cannot be read, one scan of /proc: every process of the host. (A member that left the
@@ -10664,7 +10686,7 @@ ELASTIC_DECL pid_t read_pgid(pid_t pid) {
     long ppid = 0;
     long pgrp = 0;
     if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
-    if (state == 'Z' || state == 'X') return -1;
+    if (state == 'X') return -1;
     return static_cast<pid_t>(pgrp);
 }
 
@@ -10678,6 +10700,7 @@ ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& p
         if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) return;
         owned_fd pidfd(pidfd_open(pid));
         if (!pidfd || read_pgid(pid) != pgid) return;
+        if (has_ended(pidfd.get())) return;  // dead, awaiting its reaper: not a member to await
         out.push_back({pid, std::move(pidfd)});
     };
     // A worker's own cgroup lives as long as its unreaped leader: one missing is a wrong path.

@@ -231,6 +231,35 @@ TEST_CASE("process: stop awaits a group member that left its worker's cgroup") {
     CHECK(exited_now(grandchild));
 }
 
+TEST_CASE("process: stop awaits a group member whose main thread has ended while another runs") {
+    using namespace test_stop;
+    asio::io_context io;
+    pid_t grandchild = 0;
+    // /proc shows the grandchild a zombie; its second thread lives on, ignoring SIGTERM. (Under
+    // ThreadSanitizer every forked process has such a thread: SIGKILL ends the main one first.)
+    auto worker = ready_worker(io, {"fork-grandchild", "ignore-term", "main-exits"}, &grandchild);
+    REQUIRE(grandchild > 0);
+    CHECK(elastic::detail::process::read_pgid(grandchild) == worker.pgid());
+    const auto members = [&](const std::vector<std::string>& cgroups) {
+        std::vector<pid_t> out;
+        for (const auto& m : elastic::detail::process::group_members({worker.pgid()}, {worker.pid()}, cgroups)) {
+            out.push_back(m.pid);
+        }
+        return out;
+    };
+    CHECK(members({}) == std::vector<pid_t>{grandchild});
+    if (!worker.cgroup().empty()) CHECK(members({worker.cgroup()}) == std::vector<pid_t>{grandchild});
+
+    const auto result = run(io, elastic::stop(worker, quick(std::chrono::milliseconds(200))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
+    CHECK(result.killed_descendants == std::vector<pid_t>{grandchild});  // it outlived the grace
+    CHECK(result.clean());
+    CHECK(exited_now(grandchild));
+    // Dead and awaiting its reaper, a zombie is no member: nothing is left to stop.
+    CHECK(members({}).empty());
+}
+
 TEST_CASE("process: wait_any reports exits as they happen") {
     using namespace test_stop;
     asio::io_context io;
@@ -347,7 +376,8 @@ TEST_CASE("process: without cgroups, a daemon a worker started ends when the age
 TEST_CASE("process: without cgroups, what a worker left ends when the worker is reaped") {
     using process_support::run;
     // Worker A starts a daemon (it leaves A's session) and runs on; worker B starts a child that
-    // leaves B's process group but not its session, and exits. The agent, child subreaper, has
+    // leaves B's process group but not its session, and exits. (B's child runs on in a second
+    // thread after its main one ended: /proc shows it a zombie, but it must be killed.) The agent, child subreaper, has
     // adopted both. Reaping B ends B's child (B's session) and not A's daemon, which names no
     // worker while A runs; reaping A, the last, ends the daemon.
     asio::io_context io;

@@ -10,8 +10,9 @@
 // child subreaper and the watcher follows the workers' trees; the agent has the watcher walk them
 // (watcher::sync) before it says "ready".
 // With adopted-exit, no cgroups either, and COUNT is ignored: worker A starts a daemon (which
-// leaves its session) and stays; worker B starts a child that leaves its process group only,
-// and exits. The agent reaps B ("reaped <B>": B's child must be dead, A's daemon not), waits for
+// leaves its session) and stays; worker B starts a child that leaves its process group only
+// (and whose main thread ends while a second one runs on: /proc shows it a zombie, yet it
+// lives), and exits. The agent reaps B ("reaped <B>": B's child must be dead, A's daemon not), waits for
 // a line on stdin, then SIGKILLs A and reaps it ("reaped <A>": now A's daemon must be dead too).
 #include "elastic/process.hpp"
 
@@ -83,7 +84,7 @@ asio::awaitable<void> run(std::string worker, int count, mode how, std::vector<e
     if (how == mode::adopted_exit) {
         // (No braced lists inside co_await: g++ 12 miscompiles them in coroutines.)
         std::vector<std::string> daemon_args{"daemon"};
-        std::vector<std::string> child_args{"setpgid-child", "exit"};
+        std::vector<std::string> child_args{"setpgid-child", "exit", "main-exits"};
         co_await start(std::move(daemon_args), true);
         co_await start(std::move(child_args), true);
         co_await reap(out[1]);

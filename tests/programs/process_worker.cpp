@@ -5,16 +5,18 @@
 //   process-worker sleep             print "ready", wait for signals forever
 //   process-worker ignore-term       ignore SIGTERM, print "ready", wait forever
 //   process-worker term-exit N       exit N on SIGTERM, print "ready", wait forever
-//   process-worker fork-grandchild [ignore-term]
+//   process-worker fork-grandchild [ignore-term] [main-exits]
 //                                    fork a grandchild that waits forever (ignoring SIGTERM if
-//                                    asked), print "grandchild <pid>" and "ready", wait forever
+//                                    asked; with main-exits, in a second thread while its main
+//                                    thread ends, so /proc shows it a zombie), print
+//                                    "grandchild <pid>" and "ready", wait forever
 //   process-worker daemon [exit]     start a daemon (fork, setsid, fork: it leaves the worker's
 //                                    process group and session), print "grandchild <pid>" with
 //                                    the daemon's pid and "ready", then wait forever (or exit 0)
-//   process-worker setpgid-child [exit]
+//   process-worker setpgid-child [exit] [main-exits]
 //                                    fork a child that moves to a process group of its own (it
-//                                    stays in the worker's session), print "grandchild <pid>" and
-//                                    "ready", then wait forever (or exit 0)
+//                                    stays in the worker's session; main-exits as above), print
+//                                    "grandchild <pid>" and "ready", then wait forever (or exit 0)
 //   process-worker fds               print the open descriptors, e.g. "0 1 2"
 //   process-worker sigstate          print "blocked <hex> ignored <hex>" from /proc/self/status
 //   process-worker env NAME          print $NAME or "(unset)"
@@ -23,6 +25,7 @@
 //   process-worker cat               copy stdin to stdout until EOF
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -53,6 +57,29 @@ void set_disposition(int sig, void (*handler)(int)) {
     ::sigaction(sig, &action, nullptr);
 }
 
+void* pause_forever(void*) { wait_forever(); }
+
+// Waits forever in a second thread while the main thread ends: the process lives on, shown in
+// /proc as a zombie.
+[[noreturn]] void wait_forever_without_main_thread() {
+    pthread_t thread;
+    if (::pthread_create(&thread, nullptr, pause_forever, nullptr) != 0) ::_exit(3);
+    ::pthread_exit(nullptr);
+}
+
+// Whether /proc/<pid>/stat shows `pid` a zombie within 10 s.
+bool await_zombie(pid_t pid) {
+    for (int i = 0; i < 10'000; ++i) {
+        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        const auto close = text.rfind(')');
+        if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z') return true;
+        ::usleep(1000);
+    }
+    std::fprintf(stderr, "the grandchild's main thread did not end\n");
+    return false;
+}
+
 int term_exit_code = 0;
 extern "C" void on_term(int) { ::_exit(term_exit_code); }
 
@@ -65,6 +92,7 @@ int main(int argc, char** argv) {
     }
     const std::string mode = argv[1];
     const std::string arg = argc > 2 ? argv[2] : "";
+    const bool main_exits = argc > 3 && std::string(argv[3]) == "main-exits";
     if (mode == "exit") return std::atoi(arg.c_str());
     if (mode == "raise") {
         const int sig = std::atoi(arg.c_str());
@@ -95,7 +123,12 @@ int main(int argc, char** argv) {
             std::perror("fork");
             return 3;
         }
-        if (pid == 0) wait_forever();
+        if (pid == 0) {
+            if (main_exits) wait_forever_without_main_thread();
+            wait_forever();
+        }
+        // With main-exits, "grandchild" is said once /proc shows it a zombie (no event tells).
+        if (main_exits && !await_zombie(pid)) return 3;
         set_disposition(SIGTERM, SIG_DFL);
         say("grandchild " + std::to_string(pid));
         say("ready");
@@ -153,9 +186,11 @@ int main(int argc, char** argv) {
             ::dup2(null, 0);
             ::dup2(null, 1);  // nor keep the worker's stdout pipe open
             ::dup2(null, 2);
+            if (main_exits) wait_forever_without_main_thread();
             wait_forever();
         }
         ::setpgid(child, child);  // both sides, so that it has moved before anyone is told
+        if (main_exits && !await_zombie(child)) return 3;
         say("grandchild " + std::to_string(child));
         say("ready");
         if (arg == "exit") return 0;

@@ -90,8 +90,10 @@ private:
     std::vector<entry> tokens_;
 };
 
-/// The process-group id in /proc/<pid>/stat; -1 if the process is gone or already dead (a zombie
-/// whose reaper has not come by yet: dead is what stop waits for).
+/// The process-group id in /proc/<pid>/stat; -1 if the process is gone. A zombie keeps its group:
+/// /proc shows a process as a zombie as soon as its main thread has ended, while its other
+/// threads may still be exiting (a sanitizer's background thread, say), so only its pidfd tells
+/// whether it is dead.
 ELASTIC_DECL pid_t read_pgid(pid_t pid);
 
 /// A process found in a group, held by a pidfd so its number cannot be recycled under us.
@@ -101,8 +103,9 @@ struct group_member {
 };
 
 /// Every process in the groups `pgids`, except `skip` (the leaders), at stop time (not a polling
-/// loop). Each is held by a pidfd, then its group is checked again, so a pid recycled between
-/// the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
+/// loop), that has not ended (one whose every thread has exited, a zombie awaiting its reaper,
+/// is not listed). Each is held by a pidfd, then its group is checked again, so a pid recycled
+/// between the search and pidfd_open is not mistaken for a member. Where `cgroups` names the worker
 /// cgroup of every group (one entry per pgid), only the processes of those cgroups and the ones
 /// below them are candidates: what a worker starts is born there. Otherwise, or where a cgroup
 /// cannot be read, one scan of /proc: every process of the host. (A member that left the
@@ -398,7 +401,7 @@ ELASTIC_DECL pid_t read_pgid(pid_t pid) {
     long ppid = 0;
     long pgrp = 0;
     if (std::sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) return -1;
-    if (state == 'Z' || state == 'X') return -1;
+    if (state == 'X') return -1;
     return static_cast<pid_t>(pgrp);
 }
 
@@ -412,6 +415,7 @@ ELASTIC_DECL std::vector<group_member> group_members(const std::vector<pid_t>& p
         if (std::find(pgids.begin(), pgids.end(), pgid) == pgids.end()) return;
         owned_fd pidfd(pidfd_open(pid));
         if (!pidfd || read_pgid(pid) != pgid) return;
+        if (has_ended(pidfd.get())) return;  // dead, awaiting its reaper: not a member to await
         out.push_back({pid, std::move(pidfd)});
     };
     // A worker's own cgroup lives as long as its unreaped leader: one missing is a wrong path.

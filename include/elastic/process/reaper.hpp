@@ -215,7 +215,7 @@ ELASTIC_DECL std::size_t subreaper::pass_locked(pid_t target, bool everything) n
             const owner who = owner_of_locked(stat, own_session, own_group, target);
             const bool ours = who == owner::target || who == owner::released ||
                               (who == owner::unknown && everything && exempt_.empty());
-            if (stat.state == 'Z') {
+            if (stat.state == 'Z' && !threads_left(child)) {
                 // Nobody else can reap an adopted process; the agent's own code reaps its own.
                 if (who != owner::agent && (who != owner::unknown || exempt_.empty())) zombies.push_back(child);
             } else if (ours) {

@@ -44,6 +44,13 @@ inline bool readable_by(int fd, std::int64_t deadline) noexcept {
     }
 }
 
+/// Async-signal-safe: whether the process held by `pidfd` has ended, every thread of it (a zombie
+/// has; one whose main thread alone has ended, which /proc already shows as a zombie, has not).
+inline bool has_ended(int pidfd) noexcept {
+    pollfd ended{pidfd, POLLIN, 0};
+    return ::poll(&ended, 1, 0) == 1;
+}
+
 /// Owns one file descriptor; closes it on destruction. Move-only.
 class owned_fd {
 public:
@@ -90,6 +97,10 @@ ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
 
 /// Reaps our exited child behind `pidfd`; returns false if it has not exited yet.
 ELASTIC_DECL bool reap_now(int pidfd) noexcept;
+
+/// Whether `pid` still has a thread running: what tells a process whose main thread alone has
+/// ended (/proc shows it a zombie, waitpid cannot reap it) from a dead one. False when gone.
+ELASTIC_DECL bool threads_left(pid_t pid) noexcept;
 
 /// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
 /// SIGPIPE ignored, so writing to a pipe whose reader died (a worker's stdin, the watcher) is an
@@ -140,6 +151,14 @@ ELASTIC_DECL bool reap_now(int pidfd) noexcept {
         if (rc == 0) return info.si_pid != 0;
         if (errno != EINTR) return errno == ECHILD;  // already reaped: nothing left to do
     }
+}
+
+ELASTIC_DECL bool threads_left(pid_t pid) noexcept {
+    const int pidfd = pidfd_open(pid);
+    if (pidfd < 0) return false;
+    const bool running = !has_ended(pidfd);
+    ::close(pidfd);
+    return running;
 }
 
 ELASTIC_DECL void prepare_agent_signals() noexcept {
