@@ -8422,7 +8422,8 @@ ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
 ELASTIC_DECL bool reap_now(int pidfd) noexcept;
 
 /// Whether `pid` still has a thread running: what tells a process whose main thread alone has
-/// ended (/proc shows it a zombie, waitpid cannot reap it) from a dead one. False when gone.
+/// ended (/proc shows it a zombie, waitpid cannot reap it) from a dead one. False when gone;
+/// true when it cannot tell (no descriptor left), the safe answer for a caller that kills.
 ELASTIC_DECL bool threads_left(pid_t pid) noexcept;
 
 /// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
@@ -8478,7 +8479,7 @@ ELASTIC_DECL bool reap_now(int pidfd) noexcept {
 
 ELASTIC_DECL bool threads_left(pid_t pid) noexcept {
     const int pidfd = pidfd_open(pid);
-    if (pidfd < 0) return false;
+    if (pidfd < 0) return errno != ESRCH;  // out of descriptors, say: taken as running, to be killed
     const bool running = !has_ended(pidfd);
     ::close(pidfd);
     return running;
@@ -10579,9 +10580,8 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
             }
         }
         // Members again: a process forked during the grace period is found here. The ones that
-        // outlived the grace are awaited by the pidfds held since: a scan passes over a process
-        // whose main thread is already a zombie while its other threads still exit, and a pidfd
-        // reads as ended only once every thread has.
+        // outlived the grace are awaited by the pidfds held since, even if the scan no longer
+        // finds them (one that moved to another group or cgroup meanwhile).
         auto members = detail::process::group_members(pgids, leaders, cgroups);
         for (auto& held : outlived) {
             if (std::none_of(members.begin(), members.end(),
@@ -10635,7 +10635,8 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
     }
     if (!remaining.empty()) {
         detail::process::exit_set set(executor);
-        auto members = detail::process::group_members(remaining, {});
+        // Not the workers: one left unreaped above is in `unkillable` already.
+        auto members = detail::process::group_members(remaining, leaders);
         for (pid_t pgid : remaining) ::kill(-pgid, SIGKILL);
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), m);

@@ -260,6 +260,26 @@ TEST_CASE("process: stop awaits a group member whose main thread has ended while
     CHECK(members({}).empty());
 }
 
+TEST_CASE("process: a dead member of a worker's group awaiting its reaper is not stopped") {
+    using namespace test_stop;
+    asio::io_context io;
+    pid_t zombie = 0;
+    auto worker = ready_worker(io, {"zombie-child"}, &zombie);
+    REQUIRE(zombie > 0);
+    CHECK(elastic::detail::process::read_pgid(zombie) == worker.pgid());  // a zombie keeps its group
+    CHECK_FALSE(process_support::alive(zombie));
+    std::vector<std::string> cgroups;
+    if (!worker.cgroup().empty()) cgroups.push_back(worker.cgroup());
+    CHECK(elastic::detail::process::group_members({worker.pgid()}, {worker.pid()}).empty());
+    CHECK(elastic::detail::process::group_members({worker.pgid()}, {worker.pid()}, cgroups).empty());
+
+    const auto result = run(io, elastic::stop(worker, quick(std::chrono::seconds(60))));
+    REQUIRE(result.workers.size() == 1);
+    CHECK(result.workers[0].outcome == elastic::stop_outcome::signaled);
+    CHECK(result.killed_descendants.empty());
+    CHECK(result.clean());
+}
+
 TEST_CASE("process: wait_any reports exits as they happen") {
     using namespace test_stop;
     asio::io_context io;

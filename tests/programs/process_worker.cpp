@@ -13,6 +13,9 @@
 //   process-worker daemon [exit]     start a daemon (fork, setsid, fork: it leaves the worker's
 //                                    process group and session), print "grandchild <pid>" with
 //                                    the daemon's pid and "ready", then wait forever (or exit 0)
+//   process-worker zombie-child      fork a child that exits at once and is never reaped (a zombie
+//                                    of this worker), print "grandchild <pid>" once it is dead and
+//                                    "ready", wait forever
 //   process-worker setpgid-child [exit] [main-exits]
 //                                    fork a child that moves to a process group of its own (it
 //                                    stays in the worker's session; main-exits as above), print
@@ -92,7 +95,8 @@ int main(int argc, char** argv) {
     }
     const std::string mode = argv[1];
     const std::string arg = argc > 2 ? argv[2] : "";
-    const bool main_exits = argc > 3 && std::string(argv[3]) == "main-exits";
+    bool main_exits = false;
+    for (int i = 2; i < argc; ++i) main_exits = main_exits || std::string(argv[i]) == "main-exits";
     if (mode == "exit") return std::atoi(arg.c_str());
     if (mode == "raise") {
         const int sig = std::atoi(arg.c_str());
@@ -172,6 +176,19 @@ int main(int argc, char** argv) {
         say("grandchild " + std::to_string(daemon));
         say("ready");
         if (arg == "exit") return 0;
+        wait_forever();
+    }
+    if (mode == "zombie-child") {
+        const pid_t pid = ::fork();
+        if (pid < 0) {
+            std::perror("fork");
+            return 3;
+        }
+        if (pid == 0) ::_exit(0);
+        siginfo_t info{};
+        if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0) return 3;  // dead, kept
+        say("grandchild " + std::to_string(pid));
+        say("ready");
         wait_forever();
     }
     if (mode == "setpgid-child") {

@@ -94,14 +94,9 @@ inline elastic::child_process spawn_worker(asio::io_context& io, std::vector<std
     return elastic::spawn(io.get_executor(), options);
 }
 
-/// Whether `pid` still exists (as anything but a zombie).
-inline bool alive(pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text;
-    if (!std::getline(stat, text)) return false;
-    const auto close = text.rfind(')');
-    return close != std::string::npos && close + 2 < text.size() && text[close + 2] != 'Z';
-}
+/// Whether `pid` still runs: a thread of it has not ended (a zombie has none; a process whose
+/// main thread alone ended, which /proc shows as a zombie, still runs).
+inline bool alive(pid_t pid) { return elastic::detail::process::threads_left(pid); }
 
 /// Awaits the death of every pid (not necessarily our children) through pidfds; `safety` only
 /// catches a hang. Returns the pids still alive at the end (empty: all died).

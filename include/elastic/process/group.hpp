@@ -294,9 +294,8 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
             }
         }
         // Members again: a process forked during the grace period is found here. The ones that
-        // outlived the grace are awaited by the pidfds held since: a scan passes over a process
-        // whose main thread is already a zombie while its other threads still exit, and a pidfd
-        // reads as ended only once every thread has.
+        // outlived the grace are awaited by the pidfds held since, even if the scan no longer
+        // finds them (one that moved to another group or cgroup meanwhile).
         auto members = detail::process::group_members(pgids, leaders, cgroups);
         for (auto& held : outlived) {
             if (std::none_of(members.begin(), members.end(),
@@ -350,7 +349,8 @@ asio::awaitable<stop_result> stop(std::span<child_process* const> children, stop
     }
     if (!remaining.empty()) {
         detail::process::exit_set set(executor);
-        auto members = detail::process::group_members(remaining, {});
+        // Not the workers: one left unreaped above is in `unkillable` already.
+        auto members = detail::process::group_members(remaining, leaders);
         for (pid_t pgid : remaining) ::kill(-pgid, SIGKILL);
         for (std::size_t m = 0; m < members.size(); ++m) {
             set.add(members[m].pidfd.get(), m);

@@ -99,7 +99,8 @@ ELASTIC_DECL bool peek_exit(int pidfd, siginfo_t& info) noexcept;
 ELASTIC_DECL bool reap_now(int pidfd) noexcept;
 
 /// Whether `pid` still has a thread running: what tells a process whose main thread alone has
-/// ended (/proc shows it a zombie, waitpid cannot reap it) from a dead one. False when gone.
+/// ended (/proc shows it a zombie, waitpid cannot reap it) from a dead one. False when gone;
+/// true when it cannot tell (no descriptor left), the safe answer for a caller that kills.
 ELASTIC_DECL bool threads_left(pid_t pid) noexcept;
 
 /// What every agent that spawns needs from its process-wide signal dispositions (idempotent):
@@ -155,7 +156,7 @@ ELASTIC_DECL bool reap_now(int pidfd) noexcept {
 
 ELASTIC_DECL bool threads_left(pid_t pid) noexcept {
     const int pidfd = pidfd_open(pid);
-    if (pidfd < 0) return false;
+    if (pidfd < 0) return errno != ESRCH;  // out of descriptors, say: taken as running, to be killed
     const bool running = !has_ended(pidfd);
     ::close(pidfd);
     return running;
