@@ -14937,6 +14937,19 @@ static_assert(agent_rendezvous<single_node_rendezvous>);
 
 namespace elastic::inline v0 {
 
+namespace detail::rendezvous {
+
+/// The error of a request that failed while this node's lease at `store_name` held on for
+/// `within` (store_rendezvous::confirm_store_lost said no): the error was that request's alone.
+inline std::string request_failed_alone(const std::string& reason, std::chrono::milliseconds within,
+                                        std::string_view store_name) {
+    return fmt::format("{} (this node's lease at {} did not end within {} ms: {} still holds this node, the failure "
+                       "was that request's alone)",
+                       reason, store_name, within.count(), store_name);
+}
+
+}  // namespace detail::rendezvous
+
 /// How a store_rendezvous behaves.
 struct store_rendezvous_options {
     std::string run_id = "none";  ///< --rdzv-id: namespaces every key
@@ -15170,7 +15183,11 @@ public:
             if (round_ < 0 && options_.torchrun_guard) co_await guard();
             // A node joining a running job starts at its last completed round (0 for a new job),
             // arrives late there and is admitted from it.
-            round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
+            const int completed = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
+            // A store the job moved to has no completed round until the movers form one: they
+            // number on from the rounds they knew, and so does this member that rejoins it
+            // (else it waits alone in round 0 while they await its arrival for their majority).
+            round_ = after_move_ ? std::max(round_, completed) : completed;
             rediscover_ = false;
         }
         for (;;) {
@@ -17707,9 +17724,8 @@ public:
         const bool is_static = params_.backend == rendezvous_backend::static_;
         if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
-            throw rendezvous_error(fmt::format("{} (this node's lease connection to the store did not end within {} "
-                                               "ms: the store holds this node, the failure was that request's alone)",
-                                               reason, keep_alive_deadline().count()));
+            throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(),
+                                                                            "the store"));
         }
         // Only a store that does not answer moves (so an overloaded node never splits the job).
         const auto why_not = co_await rejoin_store(me);
@@ -28051,7 +28067,9 @@ public:
     /// re-formed without it); rendezvous_error when the cluster does not grant one.
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
         if (!rdzv_) throw rendezvous_error(std::move(reason));
-        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
+        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
+            throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(), "etcd"));
+        }
         // The old lease goes at once when etcd answers (the others see the node go now, not
         // after its TTL); it expires by itself when etcd does not.
         if (lease_) {

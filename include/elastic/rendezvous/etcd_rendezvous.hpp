@@ -163,7 +163,9 @@ public:
     /// re-formed without it); rendezvous_error when the cluster does not grant one.
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
         if (!rdzv_) throw rendezvous_error(std::move(reason));
-        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) throw rendezvous_error(std::move(reason));
+        if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
+            throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(), "etcd"));
+        }
         // The old lease goes at once when etcd answers (the others see the node go now, not
         // after its TTL); it expires by itself when etcd does not.
         if (lease_) {

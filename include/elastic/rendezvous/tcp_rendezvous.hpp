@@ -447,9 +447,8 @@ public:
         const bool is_static = params_.backend == rendezvous_backend::static_;
         if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
-            throw rendezvous_error(fmt::format("{} (this node's lease connection to the store did not end within {} "
-                                               "ms: the store holds this node, the failure was that request's alone)",
-                                               reason, keep_alive_deadline().count()));
+            throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(),
+                                                                            "the store"));
         }
         // Only a store that does not answer moves (so an overloaded node never splits the job).
         const auto why_not = co_await rejoin_store(me);
