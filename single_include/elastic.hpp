@@ -15183,11 +15183,7 @@ public:
             if (round_ < 0 && options_.torchrun_guard) co_await guard();
             // A node joining a running job starts at its last completed round (0 for a new job),
             // arrives late there and is admitted from it.
-            const int completed = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
-            // A store the job moved to has no completed round until the movers form one: they
-            // number on from the rounds they knew, and so does this member that rejoins it
-            // (else it waits alone in round 0 while they await its arrival for their majority).
-            round_ = after_move_ ? std::max(round_, completed) : completed;
+            round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
             rediscover_ = false;
         }
         for (;;) {

@@ -597,41 +597,6 @@ TEST_CASE("rendezvous elastic: a standby makes no majority: with the store's hos
     CHECK(reaped(first.at(1).pid));
 }
 
-TEST_CASE("rendezvous elastic: a mover dropped by the moved store rejoins the movers' round and counts toward "
-          "their majority") {
-    // --nnodes=2:4, four members. Node 3 is stopped and the store's host killed: nodes 1 and 2
-    // move the store, and wait for a majority (3 of the last round's 4). The one that does not
-    // host the moved store is stopped until that store drops it; it reconnects and rejoins the
-    // job there. No round has completed at the moved store yet: it must rejoin the movers'
-    // round, not the store's round 0, or node 3, continued, makes only 2 of 3 with the host.
-    job j("moverdropped");
-    j.keep = short_keep_alive;  // the stopped mover's lease ends after 2 s
-    const std::string rules = "*:world+trap";
-    const std::string conf = "join_timeout=60";
-    for (int node = 0; node < 4; ++node) j.start(rules, node == 0, conf, {fmt::format("--node-rank={}", node)});
-    for (int node = 0; node < 4; ++node) await_lines(j[node], "world 4 ");
-
-    REQUIRE(::kill(j[3].pid(), SIGSTOP) == 0);
-    j[0].signal(SIGKILL);
-    CHECK(j[0].wait() == 128 + SIGKILL);
-    for (const int node : {1, 2}) await_stderr(j[node], "the job's rendezvous moves to");
-    const int host = has(line_with(j[1].err(), "the job's rendezvous moves to"), "(this node)") ? 1 : 2;
-    const int mover = 3 - host;
-    CAPTURE(host);
-    REQUIRE(has(line_with(j[host].err(), "the job's rendezvous moves to"), "(this node)"));
-
-    REQUIRE(::kill(j[mover].pid(), SIGSTOP) == 0);
-    await_stderr(j[host], "silent for");  // the moved store closes the stopped mover's lease connection
-    REQUIRE(::kill(j[mover].pid(), SIGCONT) == 0);
-    await_stderr(j[mover], "reconnected, rejoining the job");
-    REQUIRE(::kill(j[3].pid(), SIGCONT) == 0);
-
-    // Three of the last round's four members: a majority, a world of 3.
-    for (const int node : {1, 2, 3}) await_lines(j[node], "world 3 ");
-    end_job_in_world(j, 3, {1, 2, 3});
-    CHECK_FALSE(has(j[mover].err(), "round 0 of run"));
-}
-
 TEST_CASE("rendezvous elastic: an agent started after the store's host was lost finds where the store moved "
           "through the --rdzv-endpoint list") {
     // At once: while the others still stop their workers before they move the store (their
