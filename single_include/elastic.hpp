@@ -10378,8 +10378,8 @@ private:
 
 /// The process-group id in /proc/<pid>/stat; -1 if the process is gone. A zombie keeps its group:
 /// /proc shows a process as a zombie as soon as its main thread has ended, while its other
-/// threads may still be exiting (a sanitizer's background thread, say), so only its pidfd tells
-/// whether it is dead.
+/// threads may still be exiting (a sanitizer's background thread, say); its pidfd tells whether
+/// it is dead.
 ELASTIC_DECL pid_t read_pgid(pid_t pid);
 
 /// A process found in a group, held by a pidfd so its number cannot be recycled under us.

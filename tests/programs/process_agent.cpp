@@ -12,8 +12,9 @@
 // With adopted-exit, no cgroups either, and COUNT is ignored: worker A starts a daemon (which
 // leaves its session) and stays; worker B starts a child that leaves its process group only
 // (and whose main thread ends while a second one runs on: /proc shows it a zombie, yet it
-// lives), and exits. The agent reaps B ("reaped <B>": B's child must be dead, A's daemon not), waits for
-// a line on stdin, then SIGKILLs A and reaps it ("reaped <A>": now A's daemon must be dead too).
+// lives), and exits. The agent reaps B ("reaped <B>": B's child must be dead, A's daemon not),
+// waits for a line on stdin, then SIGKILLs A and reaps it ("reaped <A>": now A's daemon must be
+// dead too).
 #include "elastic/process.hpp"
 
 #include <asio/co_spawn.hpp>
