@@ -597,6 +597,81 @@ TEST_CASE("rendezvous elastic: a standby makes no majority: with the store's hos
     CHECK(reaped(first.at(1).pid));
 }
 
+/// Starts `n` agents with --node-rank 0..n-1 (node 0 hosts the store), each with `conf`, and
+/// awaits their first world of `n`.
+void start_ranked(job& j, int n, const std::string& rules, const std::string& conf) {
+    for (int node = 0; node < n; ++node) j.start(rules, node == 0, conf, {fmt::format("--node-rank={}", node)});
+    for (int node = 0; node < n; ++node) await_lines(j[node], fmt::format("world {} ", n));
+}
+
+TEST_CASE("rendezvous elastic: a mover dropped by the moved store rejoins the movers' round and counts toward "
+          "their majority") {
+    // --nnodes=2:4, four members. Node 3 is stopped and the store's host killed: nodes 1 and 2
+    // move the store, and wait for a majority (3 of the last round's 4). The one that does not
+    // host the moved store is stopped until that store drops it; it reconnects and rejoins the
+    // job there. No round has completed at the moved store yet: it must rejoin the movers'
+    // round at once, not the store's round 0 (where it would wait alone until it looks for
+    // arrivals past its round, 5 s on, and goes there: the check below tells the two apart).
+    job j("moverdropped");
+    j.keep = short_keep_alive;  // the stopped mover's lease ends after 2 s
+    const std::string rules = "*:world+trap";
+    const std::string conf = "join_timeout=60";
+    start_ranked(j, 4, rules, conf);
+
+    REQUIRE(::kill(j[3].pid(), SIGSTOP) == 0);
+    j[0].signal(SIGKILL);
+    CHECK(j[0].wait() == 128 + SIGKILL);
+    for (const int node : {1, 2}) await_stderr(j[node], "the job's rendezvous moves to");
+    const int host = has(line_with(j[1].err(), "the job's rendezvous moves to"), "(this node)") ? 1 : 2;
+    const int mover = 3 - host;
+    CAPTURE(host);
+    REQUIRE(has(line_with(j[host].err(), "the job's rendezvous moves to"), "(this node)"));
+
+    REQUIRE(::kill(j[mover].pid(), SIGSTOP) == 0);
+    await_stderr(j[host], "silent for");  // the moved store closes the stopped mover's lease connection
+    REQUIRE(::kill(j[mover].pid(), SIGCONT) == 0);
+    await_stderr(j[mover], "reconnected, rejoining the job");
+    REQUIRE(::kill(j[3].pid(), SIGCONT) == 0);
+
+    // Three of the last round's four members: a majority, a world of 3.
+    for (const int node : {1, 2, 3}) await_lines(j[node], "world 3 ");
+    end_job_in_world(j, 3, {1, 2, 3});
+    CHECK_FALSE(has(j[mover].err(), "this node goes on from there"));
+}
+
+TEST_CASE("rendezvous elastic: a member dropped before the store's host was lost, reaching the moved store with an "
+          "older view of the rounds, joins the movers' rounds there") {
+    // --nnodes=2:4, four members. Node 3 is stopped until the store drops it, and the others
+    // re-form without it (round 1, a world of 3). Then the store's host is killed: nodes 1 and 2
+    // move the store. Node 3, continued, follows the store there knowing only round 0: it waits
+    // in round 1, which nobody else joins. Either the movers form their round (a world of 2),
+    // or, when the host died before they learned that every member acknowledged round 1, they
+    // also need a majority of round 0's members, which only node 3 makes. Either way node 3
+    // must leave round 1 for theirs, and all three train (a world of 3), not wait apart until
+    // their join timeouts.
+    job j("olderview");
+    j.keep = short_keep_alive;  // the stopped node's lease ends after 2 s
+    const std::string rules = "*:world+trap";
+    // Node 3's admission takes the last call: 5 s, which the four agents started at once beat.
+    const std::string conf = "join_timeout=60,last_call_timeout=5";
+    start_ranked(j, 4, rules, conf);
+
+    REQUIRE(::kill(j[3].pid(), SIGSTOP) == 0);
+    await_stderr(j[0], "silent for");
+    for (int node = 0; node < 3; ++node) await_lines(j[node], "world 3 ");
+    j[0].signal(SIGKILL);
+    CHECK(j[0].wait() == 128 + SIGKILL);
+    for (const int node : {1, 2}) await_stderr(j[node], "the job's rendezvous moves to");
+    REQUIRE(::kill(j[3].pid(), SIGCONT) == 0);
+
+    // Node 3 first: without the fix it is the one that ends (exit 250 at its join timeout),
+    // which ends this wait.
+    await_lines(j[3], "world 3 ");
+    for (const int node : {1, 2}) await_lines(j[node], "world 3 ", 2);
+    end_job_in_world(j, 3, {1, 2, 3});
+    CHECK(has(j[3].err(), "with a newer view of the job's rounds than this node's"));
+}
+
 TEST_CASE("rendezvous elastic: an agent started after the store's host was lost finds where the store moved "
           "through the --rdzv-endpoint list") {
     // At once: while the others still stop their workers before they move the store (their

@@ -172,6 +172,7 @@ public:
         phase_ = phase::idle;
         moved_ = true;
         after_move_ = true;
+        moved_arrival_ = -1;
         told_majority_ = false;
         // No member of the last round this node knows (a standby that follows): its arrival
         // must not take a member's place in the movers' first round (split_rule).
@@ -286,7 +287,15 @@ public:
             if (round_ < 0 && options_.torchrun_guard) co_await guard();
             // A node joining a running job starts at its last completed round (0 for a new job),
             // arrives late there and is admitted from it.
-            round_ = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
+            const int completed = static_cast<int>(co_await store_->add(job_key("round"), 0)) - 1;
+            if (!after_move_ || completed >= 0) {
+                round_ = completed;
+            } else if (moved_arrival_ >= 0) {
+                // No round formed or was refused yet at the store the job moved to (the movers
+                // number on from the rounds they knew, never from 0): a node that store dropped
+                // arrives again at the round it arrived at there, where the others await it.
+                round_ = moved_arrival_ - 1;
+            }  // else it had not arrived there yet: it arrives where it was going to
             rediscover_ = false;
         }
         for (;;) {
@@ -296,6 +305,7 @@ public:
             finished_ = false;
             standing_.reset();
             const auto arrival = co_await store_->add(key(r, "count"), 1);
+            if (after_move_) moved_arrival_ = r;
             const auto step = detail::rendezvous::on_arrival(arrival, rules());
             if (step == detail::rendezvous::arrival_step::late) {
                 // A standby's wait beside a formed round is no join: the join timeout starts again.
@@ -312,6 +322,22 @@ public:
                 co_await complete_if_all_live(*store_, r);
             }
             auto assigned = co_await await_assignment(r, arrival, started);
+            if (const auto past = std::exchange(passed_by_, std::nullopt); !assigned && past) {
+                // Nodes arrived at a later round of the store the job moved to while this node
+                // waited in its own (round_past): it goes there too, as a mover no longer (no
+                // seat and no majority rule of its own: the completer's rule counts it by the
+                // rounds it was a member of).
+                say(fmt::format("round {} of run '{}': nodes arrived at round {} of the store the job moved to (they "
+                                "came there with a newer view of the job's rounds than this node's); this node goes "
+                                "on from there",
+                                r, options_.run_id, *past));
+                quorum_ = 0;
+                majority_of_ = 0;
+                prior_of_ = 0;
+                target_ = 0;
+                round_ = *past - 1;
+                continue;
+            }
             if (!assigned && std::exchange(left_out_, false)) {
                 // The round formed without this node (its info came after the completer's
                 // grace): it arrives late there, as a newcomer does, and goes on from there.
@@ -1031,6 +1057,14 @@ private:
                                        std::chrono::milliseconds(1));
             if (co_await wait_interruptible(*watcher_, mine, left)) break;
             if (const auto t = clock::now(); t >= next_progress && t < join_deadline) {
+                if (after_move_) {
+                    try {
+                        passed_by_ = co_await unless_lost(*store_, moved_on(r, arrival));
+                    } catch (const store_timeout&) {
+                        // looked again at the next line
+                    }
+                    if (passed_by_) co_return std::nullopt;
+                }
                 co_await say_progress(r, join_deadline, last_call);
                 next_progress = clock::now() + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
                                                                                       : std::chrono::seconds(30));
@@ -1109,6 +1143,81 @@ private:
                 "no agent of this job writes into the rendezvous store; give the job a store of its own",
                 options_.run_id, r, mine, e.what()));
         }
+    }
+
+    // After the store moved, each mover numbers the rounds there on from its own. A node that
+    // came with an older view (it lost the store's host before the others, and the last rounds
+    // formed without it; or it had not seen the last round aborted) arrives at a round none of
+    // them joins, while they await its live lease, or its vote for the round it knows, in theirs.
+    // So a node that waits at a moved store looks for arrivals past its round r (moved_on): the
+    // round it goes to, once its arrival in r is withdrawn.
+    asio::awaitable<std::optional<int>> moved_on(int r, std::int64_t arrival) {
+        auto past = co_await round_past(r);
+        if (!past) co_return std::nullopt;
+        if (!co_await withdraw(r, arrival)) co_return std::nullopt;
+        co_return past;
+    }
+
+    // The round past r that nodes arrived at in this store: the newest one formed or refused
+    // (this node arrives late there), else the newest one forming.
+    asio::awaitable<std::optional<int>> round_past(int r) {
+        // No job has this many rounds: a larger number is no agent's.
+        constexpr std::int64_t most = std::int64_t{1} << 24;
+        if (r < 0 || r >= most) co_return std::nullopt;
+        if (const auto formed = co_await store_->add(job_key("round"), 0); formed > r && formed < most) {
+            if (co_await arrivals_at(formed)) co_return static_cast<int>(formed);
+        }
+        // The next rounds, and the movers' first: one past the newest round a mover knew, or
+        // two (a round was forming when the store was lost).
+        std::vector<std::int64_t> firsts{std::int64_t{r} + 1, std::int64_t{r} + 2};
+        const auto moved = co_await read_checked(*store_, job_key("moved_from"),
+                                                 "this node looks for no round of the movers", [&](std::string_view v) {
+                                                     return detail::rendezvous::decode_moved_from(v, options_.nnodes);
+                                                 });
+        if (moved && moved->round >= 0 && moved->round < most) {
+            firsts.push_back(std::int64_t{moved->round} + 1);
+            firsts.push_back(std::int64_t{moved->round} + 2);
+        }
+        std::int64_t q = -1;
+        for (const auto first : firsts) {
+            if (first <= r || first <= q) continue;
+            if (co_await arrivals_at(first)) q = first;
+        }
+        if (q < 0) co_return std::nullopt;
+        // Rounds follow one another: the newest with arrivals, in a few checks.
+        std::int64_t step = 1;
+        while (q + step < most) {
+            if (!co_await arrivals_at(q + step)) break;
+            q += step;
+            step *= 2;
+        }
+        for (auto hi = std::min(q + step, most); hi - q > 1;) {
+            const auto mid = q + (hi - q) / 2;
+            if (co_await arrivals_at(mid)) {
+                q = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        co_return static_cast<int>(q);
+    }
+
+    asio::awaitable<bool> arrivals_at(std::int64_t q) {
+        std::vector<std::string> k{key(static_cast<int>(q), "count")};
+        co_return co_await store_->check(std::move(k));
+    }
+
+    // Takes this node's arrival in round r back (its info) before it goes to another round:
+    // false when r is sealed or full, before or just after (its completer may have read the
+    // info: this node stays for its assignment, or for word that r formed without it). Once the
+    // info is gone, a completer that seals r later leaves the arrival out as one that wrote none.
+    asio::awaitable<bool> withdraw(int r, std::int64_t arrival) {
+        const auto closed = [&](std::int64_t count) {
+            return count >= detail::rendezvous::seal_increment || count >= options_.nnodes;
+        };
+        if (closed(co_await store_->add(key(r, "count"), 0))) co_return false;
+        (void)co_await store_->delete_key(key(r, fmt::format("info/{}", arrival)));
+        co_return !closed(co_await store_->add(key(r, "count"), 0));
     }
 
     // The line await_assignment says while it waits: how many joined, of how many, for how long
@@ -1774,6 +1883,14 @@ private:
         paced_ = true;
         quorum_ = std::max(quorum_, majority_of / 2 + 1);
         majority_of_ = std::max(majority_of_, majority_of);
+        // After a move the movers seal a round at once at `target_` arrivals, or at the last call
+        // after `needed()`. Refused for want of the round before's majority, they wait for that
+        // many arrivals first: else each round would seal before the member they lack arrives
+        // (one that came with an older view, say), and be refused again.
+        if (target_ > 0 && prior_of > 0) {
+            quorum_ = std::max(quorum_, std::min(prior_of / 2 + 1, options_.nnodes));
+            target_ = std::max(target_, quorum_);
+        }
         // The latest refusal's reason stands (said again when it changes).
         if (std::exchange(prior_of_, prior_of) != prior_of) told_majority_ = false;
         if (std::exchange(told_majority_, true)) return;
@@ -1936,6 +2053,8 @@ private:
     std::optional<abort_notice> standing_;     ///< the current round's abort, once seen
     bool rediscover_ = false;                  ///< this node was dropped and rejoined: read the job's round again
     bool left_out_ = false;                    ///< the last round formed without this node (a hole: info too late)
+    std::optional<int> passed_by_;             ///< a later round at the moved store had arrivals while this node waited
+    int moved_arrival_ = -1;                   ///< the last round this node arrived at since the store moved
     bool host_in_round_ = false;               ///< the store's host was a member of the last round
     std::vector<store_successor> successors_;  ///< the last round's successors
     int quorum_ = 0;  ///< after the store moved or a member went silent: the majority the next round needs (0: none)
