@@ -394,6 +394,60 @@ TEST_CASE("rendezvous: an abort reaches every node by push, the winner decides, 
     }
 }
 
+TEST_CASE("rendezvous: a node that is no member of the round forming leaves it unaborted, and reports a failure "
+          "there with no group rank") {
+    // Round 0 formed; nodes 1 and 2 go on to round 1 and wait there for node 0. Node 2, a
+    // member of round 0 only, then leaves (an agent's SIGTERM) and reports a failure. Its group
+    // rank is round 0's: in a round of another size that is an invalid notice, which also takes
+    // the round's first abort slot, where its members' acknowledgement mark goes.
+    cluster c(3);
+    const auto first = c.round();
+    spawn_support::spawn_errors errors;
+    std::vector<rendezvous_round> second(3);
+    std::optional<bool> left;
+    std::optional<bool> failed;
+    bool slot_empty_after_leave = false;
+    std::string slot_after_failure;
+    for (const std::size_t i : {std::size_t{1}, std::size_t{2}}) {
+        asio::co_spawn(
+            c.ctx,
+            [&, i]() -> asio::awaitable<void> {
+                second[i] = co_await c.nodes[i]->next_round(info(static_cast<int>(i)));
+            },
+            errors.handler());
+    }
+    asio::co_spawn(
+        c.ctx,
+        [&]() -> asio::awaitable<void> {
+            auto& store = *c.views[0];
+            std::vector<std::string> arrived{"elastic.rendezvous.job/1/info/1", "elastic.rendezvous.job/1/info/2"};
+            co_await store.wait(std::move(arrived));
+            // (named, not braced temporaries: g++ 12 miscompiles those inside co_await)
+            elastic::abort_notice leave{first[2].group_rank, "node2", "node2 left: its agent received SIGTERM"};
+            leave.what = elastic::abort_notice::kind::membership;
+            left = co_await c.nodes[2]->abort(leave);
+            std::vector<std::string> slot{"elastic.rendezvous.job/1/abort"};
+            slot_empty_after_leave = !co_await store.check(std::move(slot));
+            const elastic::abort_notice failure{first[2].group_rank, "node2", "local_rank 0 exited with 1"};
+            failed = co_await c.nodes[2]->abort(failure);
+            const std::string slot_key = "elastic.rendezvous.job/1/abort";
+            slot_after_failure = co_await store.get(slot_key);
+            second[0] = co_await c.nodes[0]->next_round(info(0));
+        },
+        errors.handler());
+    c.ctx.run();
+    c.ctx.restart();
+    errors.check();
+    REQUIRE(left.has_value());
+    CHECK_FALSE(*left);
+    CHECK(slot_empty_after_leave);
+    REQUIRE(failed.has_value());
+    CHECK(*failed);
+    CHECK(slot_after_failure.find("\"group_rank\":-1") != std::string::npos);
+    CHECK(slot_after_failure.find("local_rank 0 exited with 1") != std::string::npos);
+    for (const auto& r : second) CHECK(r.number == 1);
+}
+
 TEST_CASE("rendezvous: a decider that finds another node's regroup in its decision's place follows it and spends "
           "no restart") {
     cluster c(2);

@@ -425,8 +425,17 @@ public:
         throw rendezvous_error(too_many_invalid(r, "abort"));
     }
 
-    /// Aborts the current round with `notice`; true when this node was the first.
+    /// Aborts the current round with `notice`; true when this node was the first. A node that
+    /// is no member of the current round (it forms the next one, or arrived at a moved store)
+    /// aborts it for a failure with no group rank (its own is another round's), and not at all
+    /// for a membership change (a leave): it has no place there to give up, its lease's end
+    /// tells the others, and an abort in a round still forming would restart its members for
+    /// nothing once it formed.
     asio::awaitable<bool> abort(abort_notice notice) {
+        if (member_round_ != round_) {
+            if (notice.what == abort_notice::kind::membership) co_return false;
+            notice.group_rank = -1;
+        }
         auto [standing, won] = co_await abort_round(*store_, round_, std::move(notice));
         co_await learn_acknowledged(*store_, round_);
         admission_ = standing.admission;
