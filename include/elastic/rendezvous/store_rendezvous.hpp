@@ -331,10 +331,7 @@ public:
                                 "came there with a newer view of the job's rounds than this node's); this node goes "
                                 "on from there",
                                 r, options_.run_id, *past));
-                quorum_ = 0;
-                majority_of_ = 0;
-                prior_of_ = 0;
-                target_ = 0;
+                drop_round_rules();
                 round_ = *past - 1;
                 continue;
             }
@@ -375,10 +372,7 @@ public:
             running_epoch_ = round.epoch;
             host_in_round_ = round.host_in_round;
             successors_ = round.successors;
-            quorum_ = 0;
-            majority_of_ = 0;
-            prior_of_ = 0;
-            target_ = 0;
+            drop_round_rules();
             phase_ = phase::running;
             // The split-brain rule counts a member that never learned of this round as one that
             // may still go by the round before it (split_rule): this node has learned. The last
@@ -1152,6 +1146,15 @@ private:
                 "no agent of this job writes into the rendezvous store; give the job a store of its own",
                 options_.run_id, r, mine, e.what()));
         }
+    }
+
+    // The majority and seal rules a move or a refusal set for the next rounds: none once a round
+    // formed with this node, or once it goes on in others' rounds as a mover no longer.
+    void drop_round_rules() noexcept {
+        quorum_ = 0;
+        majority_of_ = 0;
+        prior_of_ = 0;
+        target_ = 0;
     }
 
     // After the store moved, each mover numbers the rounds there on from its own. A node that
