@@ -17645,6 +17645,7 @@ public:
         o.hosts_store = server_ != nullptr;
         o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
+        instance_ = co_await instance_of(*client_);
         co_await agree_keep_alive(join_timeout);
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
@@ -17705,6 +17706,12 @@ public:
                 tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
                 continue;
             }
+            try {
+                instance_ = co_await instance_of(*client);
+            } catch (const store_error& e) {
+                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                continue;
+            }
             adopt(std::move(client), options);
             if (mine) server_ = std::move(backup_);
             rdzv_->move_to(*client_, *watcher_, mine);
@@ -17729,7 +17736,8 @@ public:
     /// This node's lease connection ended, but the store may live on and have dropped this node
     /// (it heard no heartbeat in time: a stalled or overloaded agent). If the store answers a
     /// new connection, this node reconnects, holds a new lease and returns "" (it rejoins the
-    /// job at its next round); else why not, when the store does not answer (it is lost).
+    /// job at its next round); else why not, when the store does not answer, or (elastic
+    /// membership) another store answers at its address: the job's store is lost.
     /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
     /// and moving the job elsewhere would not make this node's secret right.
     asio::awaitable<std::string> rejoin_store(node_info me) {
@@ -17744,6 +17752,22 @@ public:
             co_return fmt::format("reconnecting to it within {} ms (keep_alive_interval x keep_alive_max_attempt) "
                                   "failed: {}",
                                   options.connect_timeout.count(), e.what());
+        }
+        std::string instance;
+        try {
+            instance = co_await instance_of(*client);
+        } catch (const store_error& e) {
+            co_return fmt::format("it accepts a connection again but does not answer within {} ms: {}",
+                                  options.timeout.count(), e.what());
+        }
+        // Another store at the same address (the job's host was lost, and another agent's store
+        // took its port since) holds none of the job's rounds: rounds formed there would be a
+        // second job beside the one that moved on. Only a job that can move checks: a fixed
+        // job's store lives only there, and a restarted one is where the job goes on.
+        if (elastic_membership() && !instance_.empty() && instance != instance_) {
+            co_return fmt::format("what answers at {} now is another store than the job's (another instance, "
+                                  "started since at that address): the job's store there is lost",
+                                  endpoint);
         }
         adopt(std::move(client), options);
         rdzv_->reconnected(*client_, *watcher_);
@@ -17873,9 +17897,9 @@ public:
         } catch (const std::exception& e) {
             throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
         }
-        co_return fmt::format("{}; the job's rendezvous moves to {}, the first member's idle store that answered; the "
-                              "next round needs {} of the last round's {} nodes (a majority)",
-                              reason, where, before / 2 + 1, before);
+        co_return fmt::format("{}; {}; the job's rendezvous moves to {}, the first member's idle store that answered; "
+                              "the next round needs {} of the last round's {} nodes (a majority)",
+                              reason, why_not, where, before / 2 + 1, before);
     }
 
     /// Where this node reaches the rendezvous store now ("host:port").
@@ -17962,6 +17986,8 @@ private:
     std::unique_ptr<tcp_store_server> serve_job(const std::string& bind_host, std::uint16_t port) {
         auto server = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
         server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
+        server->engine().set(store_client_options{}.key_prefix + instance_key(),
+                             fmt::format("{:016x}", detail::random_u64()));
         server->start();
         return server;
     }
@@ -18312,6 +18338,19 @@ private:
     }
 
     [[nodiscard]] std::string keep_alive_key() const { return job_key("keep_alive"); }
+
+    // Names one store server (serve_job: a random value it holds from its start), so that a
+    // node reconnecting to its store's address can tell that store from another one started
+    // there since.
+    [[nodiscard]] std::string instance_key() const { return job_key("instance"); }
+
+    // The instance `store` names (instance_key), "" for a store that names none (no agent's).
+    // store_error when it does not answer.
+    asio::awaitable<std::string> instance_of(tcp_store_client& store) {
+        std::vector<std::string> keys{instance_key()};
+        if (!co_await store.check(std::move(keys))) co_return std::string();
+        co_return co_await store.get(instance_key());
+    }
     [[nodiscard]] std::string keep_alive_text() const {
         return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
                            params_.settings.keep_alive_max_attempt);
@@ -18466,6 +18505,7 @@ private:
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
     std::string current_host_;  ///< where the rendezvous store is reached now
+    std::string instance_;      ///< the instance of the store at current_host_ (instance_key)
     std::uint16_t current_port_ = 0;
     std::unique_ptr<tcp_store_client> status_client_;  ///< publish_status()'s own connection
     std::string status_host_;                          ///< the store status_client_ reaches

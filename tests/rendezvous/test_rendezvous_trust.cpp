@@ -188,6 +188,29 @@ elastic::store_rendezvous_options split_options(std::string run_id, int nnodes, 
     return o;
 }
 
+/// This process as a node named "me" (a store port nobody dials; tcp_rendezvous names its lease).
+elastic::node_info this_process() {
+    elastic::node_info me;
+    me.host = "me";
+    me.store_addr = "127.0.0.1";
+    me.store_port = 1;
+    me.pid = static_cast<long>(::getpid());
+    return me;
+}
+
+/// An elastic c10d job (--nnodes=1:2) of run `run_id` at 127.0.0.1:`port`, as its store's host
+/// sees it (is_host=true), with a 100 ms last call.
+elastic::rendezvous_parameters elastic_job(const std::string& run_id, std::uint16_t port) {
+    elastic::rendezvous_parameters parameters;
+    parameters.backend = elastic::rendezvous_backend::c10d;
+    parameters.endpoint = elastic::host_port{"127.0.0.1", port};
+    parameters.run_id = run_id;
+    parameters.nnodes = elastic::node_range{1, 2};
+    parameters.settings.is_host = true;
+    parameters.settings.last_call_timeout = std::chrono::milliseconds(100);
+    return parameters;
+}
+
 /// A node whose host and lease name are `id` (pid 1, a store port nobody dials).
 elastic::node_info lease_node(const std::string& id) {
     elastic::node_info n;
@@ -1051,11 +1074,7 @@ TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret end
     parameters.settings.is_host = false;
     parameters.settings.secret = "one";
     elastic::tcp_rendezvous agent(ctx.get_executor(), parameters, [](std::string_view) {});
-    elastic::node_info me;
-    me.host = "me";
-    me.store_addr = "127.0.0.1";
-    me.store_port = 1;
-    me.pid = static_cast<long>(::getpid());
+    auto me = this_process();
     std::string error;
     bool rejoined = false;
     asio::co_spawn(
@@ -1085,6 +1104,67 @@ TEST_CASE("rendezvous trust: a rejoin that meets a store refusing the secret end
     CHECK(has(error,
               fmt::format("the rendezvous store at 127.0.0.1:{} and this node do not share the job's secret", port)));
     CHECK(has(error, "give every agent the same secret"));
+}
+
+TEST_CASE("rendezvous trust: a node whose store's address another store took since does not reconnect there: the "
+          "job's store is lost, and the node moves it") {
+    // A store's host was lost, and a store started since (another agent's) listens at its
+    // address and port. A node of an elastic job that finds it there when its lease connection
+    // ended is not to rejoin: that store holds none of the job's rounds, and a round formed
+    // there would be a second job beside the one that moved on. The node takes the job's store
+    // for lost and moves it to the last round's successors, under their majority rule. A fixed
+    // job's agent, of the same run id, hosts the new store: it holds the job's keep-alive key,
+    // like any agent's store.
+    asio::io_context ctx;
+    const auto port = static_cast<std::uint16_t>(free_port());
+    auto parameters = elastic_job("taken", port);  // the store's host joins no round here
+    elastic::tcp_rendezvous host(ctx.get_executor(), parameters, [](std::string_view) {});
+    auto fixed = parameters;
+    fixed.nnodes = elastic::node_range{2, 2};
+    elastic::tcp_rendezvous other(ctx.get_executor(), fixed, [](std::string_view) {});
+    parameters.settings.is_host = false;
+    elastic::tcp_rendezvous member(ctx.get_executor(), parameters, [](std::string_view) {});
+    auto me = this_process();
+    std::string said;
+    std::string error;
+    std::uint16_t idle_port = 0;
+    bool moved_here = false;
+    std::string endpoint;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await host.start();
+            co_await member.join(me);
+            idle_port = member.backup_port();
+            (void)co_await member.next_round(me);  // round 0, of this node alone (MIN 1)
+            co_await (member.keep_membership() || [&]() -> asio::awaitable<void> {
+                host.stop();  // the store's host is lost: every connection to it ends
+                co_await other.start();
+                try {
+                    said = co_await member.recover("the lease connection ended", me);
+                } catch (const elastic::rendezvous_error& e) {
+                    error = e.what();
+                }
+            }());
+            moved_here = member.hosts_store();
+            endpoint = member.store_endpoint();
+            member.stop();
+            other.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    INFO("said: " << said);
+    INFO("error: " << error);
+    REQUIRE(error.empty());
+    REQUIRE(idle_port != 0);
+    CHECK_FALSE(has(said, "reconnected"));
+    CHECK(has(said, fmt::format("what answers at 127.0.0.1:{} now is another store than the job's", port)));
+    CHECK(has(said, fmt::format("the job's rendezvous moves to 127.0.0.1:{} (this node)", idle_port)));
+    CHECK(moved_here);
+    CHECK(endpoint == fmt::format("127.0.0.1:{}", idle_port));
 }
 
 TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when it holds the job's registrations and "
@@ -1416,21 +1496,11 @@ TEST_CASE("rendezvous trust: a store in this machine's record is joined only wit
 TEST_CASE("rendezvous trust: a member of a formed round marks its idle store with the job and its first endpoint") {
     asio::io_context ctx;
     const auto port = static_cast<std::uint16_t>(free_port());
-    elastic::rendezvous_parameters parameters;
-    parameters.backend = elastic::rendezvous_backend::c10d;
-    parameters.endpoint = elastic::host_port{"127.0.0.1", port};
-    parameters.run_id = "mark";
-    parameters.nnodes = elastic::node_range{1, 2};
-    parameters.settings.is_host = true;  // the store's host has no idle store: it joins no round here
-    parameters.settings.last_call_timeout = std::chrono::milliseconds(100);
+    auto parameters = elastic_job("mark", port);  // the store's host has no idle store: it joins no round here
     elastic::tcp_rendezvous host(ctx.get_executor(), parameters, [](std::string_view) {});
     parameters.settings.is_host = false;
     elastic::tcp_rendezvous member(ctx.get_executor(), parameters, [](std::string_view) {});
-    elastic::node_info me;
-    me.host = "me";
-    me.store_addr = "127.0.0.1";
-    me.store_port = 1;
-    me.pid = static_cast<long>(::getpid());
+    auto me = this_process();
     const auto key = [&](const std::string& name) {
         return elastic::store_rendezvous<elastic::tcp_store_client>::job_key("mark", name);
     };
