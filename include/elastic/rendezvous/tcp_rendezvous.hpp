@@ -241,7 +241,12 @@ public:
         o.hosts_store = server_ != nullptr;
         o.log = log_;
         rdzv_.emplace(*client_, *watcher_, std::move(o));
-        instance_ = co_await instance_of(*client_);
+        try {
+            instance_ = co_await instance_of(*client_);
+        } catch (const store_error& e) {
+            throw rendezvous_error(fmt::format("the rendezvous store at {}:{} does not answer: {}", current_host_,
+                                               current_port_, e.what()));
+        }
         co_await agree_keep_alive(join_timeout);
         // c10d, elastic membership: an idle store server of this node's own, where the job's
         // rendezvous moves should the store's host be lost (docs/rendezvous.md). Made after the
@@ -291,9 +296,19 @@ public:
         }
         // A successor answers within the time the store's own loss took to notice (keep alive).
         const auto patience = keep_alive_deadline();
+        // The lost store's own address is no successor: the job moved there and lost it again
+        // before a round formed (the successors are still the round's before it). What answers
+        // there now, if anything, is another store (rejoin_store).
+        const auto lost_host = current_host_;
+        const auto lost_port = current_port_;
         std::string tried;
         for (const auto& next : successors) {
             const bool mine = next.id == node_id_ && backup_;
+            if (next.port == lost_port && detail::rendezvous::literal_for(next.addr) == lost_host) {
+                tried += fmt::format("{}{}:{} (the lost store's address)", tried.empty() ? "" : ", ", next.addr,
+                                     next.port);
+                continue;
+            }
             auto options = client_options(detail::rendezvous::literal_for(next.addr), next.port, patience);
             auto client = std::make_unique<tcp_store_client>(executor_, options);
             try {
@@ -353,8 +368,7 @@ public:
         try {
             instance = co_await instance_of(*client);
         } catch (const store_error& e) {
-            co_return fmt::format("it accepts a connection again but does not answer within {} ms: {}",
-                                  options.timeout.count(), e.what());
+            co_return fmt::format("it accepts a connection again, but its first reply failed: {}", e.what());
         }
         // Another store at the same address (the job's host was lost, and another agent's store
         // took its port since) holds none of the job's rounds: rounds formed there would be a
@@ -366,6 +380,7 @@ public:
                                   endpoint);
         }
         adopt(std::move(client), options);
+        instance_ = std::move(instance);
         rdzv_->reconnected(*client_, *watcher_);
         // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
         me.id = node_id_ = make_node_id(me.host, me.pid);
