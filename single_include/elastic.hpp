@@ -15302,7 +15302,7 @@ public:
             co_await wait_interruptible(*watcher_, k, std::nullopt);
             if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             const auto value = co_await watcher_->get(k);
-            if (slot == 0 && value == all_acknowledged) {
+            if (value == all_acknowledged) {
                 marked_round_ = std::max(marked_round_, r);
                 continue;
             }
@@ -15472,7 +15472,8 @@ public:
             // The round's abort key ends the stay: the closed notice (every node finished), or
             // a failure or membership change, after which the others re-form without this node
             // (its live lease must not hold their rounds back) and the close below applies.
-            auto round_abort = key(round_, "abort");
+            int slot = 0;
+            auto round_abort = slot_key(round_, "abort", slot);
             // For the split-brain rule (split_rule): this member, away from the next rounds with
             // a live lease, is no part cut off (it hosts the store) and never trains again.
             if (options_.elastic()) co_await store_->set(job_key("staying"), fmt::format("{} {}", round_, group_rank_));
@@ -15483,11 +15484,12 @@ public:
                 if (others <= 0) co_return;
                 // (Not a braced list: g++ 12 cannot keep an initializer_list in a coroutine frame.)
                 if (co_await store_->check(std::vector<std::string>(1, round_abort))) {
-                    // Every member acknowledged the round (mark_acknowledged): the abort comes after.
-                    if (round_abort != key(round_, "abort")) break;
+                    // The acknowledgement mark (mark_acknowledged) and a value no agent wrote
+                    // (reported) are no abort: the abort comes in a later slot.
                     const auto value = co_await store_->get(round_abort);
-                    if (value != all_acknowledged) break;
-                    round_abort = slot_key(round_, "abort", 1);
+                    if (value != all_acknowledged && valid_abort(round_abort, value)) break;
+                    if (++slot == max_slots) break;
+                    round_abort = slot_key(round_, "abort", slot);
                     continue;
                 }
                 if (!said) {
@@ -15558,9 +15560,9 @@ private:
     // job gives up: each invalid value costs a writer one slot.
     static constexpr int max_slots = 64;
 
-    // What the last member to acknowledge a round writes in its first abort slot, which no abort
-    // then takes (it goes to the next): the members watch that slot while the round runs, so
-    // they learn it with no wait of their own. A member that saw it knows that nobody goes by
+    // What the last member to acknowledge a round writes in its first free abort slot (past any
+    // value no agent wrote), which no abort then takes (it goes to the next): the members watch
+    // those slots while the round runs, so they learn it with no wait of their own. A member that saw it knows that nobody goes by
     // the round before any more (split_rule, the movers' first round).
     static constexpr std::string_view all_acknowledged = "acknowledged by all";
 
@@ -15579,8 +15581,14 @@ private:
 
     asio::awaitable<void> mark_acknowledged(int r) {
         const std::string mark{all_acknowledged};
-        if (co_await store_->compare_set(key(r, "abort"), std::string{}, mark) == mark) {
-            marked_round_ = std::max(marked_round_, r);
+        for (int slot = 0; slot < max_slots; ++slot) {
+            const auto k = slot_key(r, "abort", slot);
+            const auto got = co_await store_->compare_set(k, std::string{}, mark);
+            if (got == mark) {
+                marked_round_ = std::max(marked_round_, r);
+                co_return;
+            }
+            if (valid_abort(k, got)) co_return;  // aborted first: learn_acknowledged() tells
         }
     }
 
@@ -15746,7 +15754,7 @@ private:
             const auto k = slot_key(r, "abort", slot);
             const auto got = co_await s.compare_set(k, std::string{}, value);
             if (got == value) co_return std::pair{std::move(mine), true};
-            if (slot == 0 && got == all_acknowledged) continue;
+            if (got == all_acknowledged) continue;
             if (auto theirs = valid_abort(k, got)) co_return std::pair{std::move(*theirs), false};
         }
         throw rendezvous_error(too_many_invalid(r, "abort"));
@@ -15759,7 +15767,7 @@ private:
             std::vector<std::string> keys{k};
             if (!co_await s.check(std::move(keys))) co_return false;
             const auto value = co_await s.get(k);
-            if (slot == 0 && value == all_acknowledged) continue;
+            if (value == all_acknowledged) continue;
             if (valid_abort(k, value)) co_return true;
         }
         co_return true;  // abort_round and wait_for_abort then say why the round cannot go on

@@ -1656,6 +1656,66 @@ TEST_CASE("rendezvous trust: when every member of a running round was dropped wi
     }
 }
 
+TEST_CASE("rendezvous trust: a value no agent wrote in a round's first abort slot delays neither the mark that "
+          "every member acknowledged the round nor the round's abort") {
+    // The last member to acknowledge an elastic round marks it in an abort slot, which the
+    // members watch; a forged value in the first slot must not keep the mark out (the members
+    // would then still go by the round before it if the store's host were lost), nor hide an
+    // abort behind the mark.
+    loopback_store net(7);
+    auto& ctx = net.ctx;
+    auto& c = net.c;
+    std::vector<std::string> said;
+    auto o = split_options("forgedslot", 2, said);  // round 0 completes at MAX = 2 arrivals
+    elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], o);
+    std::string mark;  // round 0's second slot
+    std::optional<elastic::abort_notice> seen;
+    std::string stored;  // round 0's third slot
+    bool won = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await x.start_liveness(*c[2], lease_node("x"));
+            co_await y.start_liveness(*c[5], lease_node("y"));
+            co_await c[6]->set(x.key(0, "abort"), "{not json");
+            // Both keep their membership for the whole case (a cancelled keep_membership()
+            // closes its lease connection).
+            auto done = co_await (x.keep_membership() || y.keep_membership() || [&]() -> asio::awaitable<void> {
+                auto formed = co_await (x.next_round(lease_node("x")) && y.next_round(lease_node("y")));
+                std::vector<std::string> second{x.key(0, "abort/1")};
+                if (co_await c[6]->check(std::move(second))) mark = co_await c[6]->get(x.key(0, "abort/1"));
+                elastic::abort_notice leaving;
+                leaving.what = elastic::abort_notice::kind::membership;
+                leaving.group_rank = std::get<1>(formed).group_rank;
+                leaving.host = "y";
+                leaving.reason = "node y leaves";
+                auto ended = co_await (x.wait_for_abort() && y.abort(leaving));
+                seen = std::get<0>(ended);
+                won = std::get<1>(ended);
+                stored = co_await c[6]->get(x.key(0, "abort/2"));
+            }());
+            CHECK(done.index() == 2);
+            for (auto& each : c) each->close();
+            net.server.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    std::string log;
+    for (const auto& line : said) log += line + "\n";
+    INFO(log);
+    CHECK(mark == "acknowledged by all");
+    REQUIRE(seen);
+    CHECK(won);
+    CHECK(seen->reason == "node y leaves");
+    CHECK(seen->what == elastic::abort_notice::kind::membership);
+    CHECK(has(stored, "node y leaves"));
+    CHECK(has(log, "ignored an invalid value in the rendezvous store"));
+}
+
 TEST_CASE("rendezvous trust: after members went silent, a round with no majority of the last one's members is not "
           "formed, its node is told the majority it needs, a newcomer does not make one, a rejoined member does, "
           "closed losses impose nothing") {
