@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -209,6 +210,16 @@ elastic::rendezvous_parameters elastic_job(const std::string& run_id, std::uint1
     parameters.settings.is_host = true;
     parameters.settings.last_call_timeout = std::chrono::milliseconds(100);
     return parameters;
+}
+
+/// Node y's leave (a membership abort) from group rank `group_rank`, reason "node y leaves".
+elastic::abort_notice y_leaves(int group_rank) {
+    elastic::abort_notice leaving;
+    leaving.what = elastic::abort_notice::kind::membership;
+    leaving.group_rank = group_rank;
+    leaving.host = "y";
+    leaving.reason = "node y leaves";
+    return leaving;
 }
 
 /// A node whose host and lease name are `id` (pid 1, a store port nobody dials).
@@ -1686,11 +1697,7 @@ TEST_CASE("rendezvous trust: a value no agent wrote in a round's first abort slo
                 auto formed = co_await (x.next_round(lease_node("x")) && y.next_round(lease_node("y")));
                 std::vector<std::string> second{x.key(0, "abort/1")};
                 if (co_await c[6]->check(std::move(second))) mark = co_await c[6]->get(x.key(0, "abort/1"));
-                elastic::abort_notice leaving;
-                leaving.what = elastic::abort_notice::kind::membership;
-                leaving.group_rank = std::get<1>(formed).group_rank;
-                leaving.host = "y";
-                leaving.reason = "node y leaves";
+                const auto leaving = y_leaves(std::get<1>(formed).group_rank);
                 auto ended = co_await (x.wait_for_abort() && y.abort(leaving));
                 seen = std::get<0>(ended);
                 won = std::get<1>(ended);
@@ -1713,6 +1720,94 @@ TEST_CASE("rendezvous trust: a value no agent wrote in a round's first abort slo
     CHECK(seen->reason == "node y leaves");
     CHECK(seen->what == elastic::abort_notice::kind::membership);
     CHECK(has(stored, "node y leaves"));
+    CHECK(has(log, "ignored an invalid value in the rendezvous store"));
+}
+
+TEST_CASE("rendezvous trust: a finished store host staying for the others judges an abort's group rank by its "
+          "round's size: a forged one past it does not end the stay, a member's abort does") {
+    // Round 0 forms of 2 nodes under MAX 3. x hosts the store, finishes first and stays while
+    // y still works. A client writes a notice naming group rank 2, which MAX would allow but a
+    // round of 2 does not: y ignores it, and so must x, or it would take the store away from
+    // y. Then y leaves (a real abort, in the next slot), which ends x's stay.
+    loopback_store net(7);
+    auto& ctx = net.ctx;
+    auto& c = net.c;
+    std::vector<std::string> said;
+    std::vector<std::string> y_said;
+    bool reported = false;  // x reported the forged value
+    asio::steady_timer report(ctx, asio::steady_timer::time_point::max());
+    bool staying = false;  // x said it stays
+    asio::steady_timer stays(ctx, asio::steady_timer::time_point::max());
+    auto o = split_options("stayforged", 3, said);  // round 0 forms of 2 after the 0.5 s last call
+    o.close_timeout = std::chrono::milliseconds(100);
+    o.log = [&](std::string_view line) {
+        said.emplace_back(line);
+        if (line.find("it stays until they finish or leave") == std::string_view::npos) return;
+        staying = true;
+        stays.cancel();
+    };
+    o.warn = [&](std::string_view line) {
+        said.emplace_back(line);
+        reported = true;
+        report.cancel();
+    };
+    auto oy = split_options("stayforged", 3, y_said);
+    oy.hosts_store = false;
+    elastic::store_rendezvous<elastic::tcp_store_client> x(*c[0], *c[1], o);
+    elastic::store_rendezvous<elastic::tcp_store_client> y(*c[3], *c[4], oy);
+    int size = 0;
+    bool y_left = false;  // y's abort was written (x's stay may end only after it)
+    std::optional<std::size_t> ended;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await x.start_liveness(*c[2], lease_node("x"));
+            co_await y.start_liveness(*c[5], lease_node("y"));
+            // Both keep their membership for the whole case (a cancelled keep_membership()
+            // closes its lease connection).
+            (void)co_await (x.keep_membership() || y.keep_membership() || [&]() -> asio::awaitable<void> {
+                auto formed = co_await (x.next_round(lease_node("x")) && y.next_round(lease_node("y")));
+                size = std::get<0>(formed).group_world_size;
+                (void)co_await x.finish(std::chrono::milliseconds(0));  // x is done, y works on
+                auto stay = co_await (x.leave() || [&]() -> asio::awaitable<void> {
+                    if (!staying) (void)co_await stays.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                    elastic::abort_notice forged;
+                    forged.what = elastic::abort_notice::kind::failure;
+                    forged.group_rank = 2;
+                    forged.host = "nobody";
+                    forged.reason = "forged";
+                    forged.node = "y";  // a lease the store holds
+                    // In the first free slot (the acknowledgement mark holds the first).
+                    const auto value = elastic::detail::rendezvous::encode(forged);
+                    const std::array<const char*, 3> slots{"abort", "abort/1", "abort/2"};
+                    for (const auto* slot : slots) {
+                        if (co_await c[6]->compare_set(x.key(0, slot), std::string(), value) == value) break;
+                    }
+                    if (!reported) (void)co_await report.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                    const auto leaving = y_leaves(std::get<1>(formed).group_rank);
+                    y_left = true;
+                    (void)co_await y.abort(leaving);
+                    asio::steady_timer never(ctx, asio::steady_timer::time_point::max());
+                    (void)co_await never.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                }());
+                ended = stay.index();
+            }());
+            for (auto& each : c) each->close();
+            net.server.stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    std::string log;
+    for (const auto& line : said) log += line + "\n";
+    INFO(log);
+    CHECK(size == 2);
+    REQUIRE(ended);
+    CHECK(*ended == 0);  // the stay ended by itself
+    CHECK(y_left);       // and only after y's abort
+    CHECK(staying);
     CHECK(has(log, "ignored an invalid value in the rendezvous store"));
 }
 

@@ -406,10 +406,12 @@ public:
             if (co_await round_collected(*watcher_, r)) co_return missed_abort(r);
             const auto value = co_await watcher_->get(k);
             if (value == all_acknowledged) {
-                marked_round_ = std::max(marked_round_, r);
+                // Taken once the round's count agrees: a mark any client could have written
+                // would otherwise relax the split rule.
+                co_await learn_acknowledged(*watcher_, r);
                 continue;
             }
-            if (auto notice = valid_abort(k, value)) {
+            if (auto notice = valid_abort(r, k, value)) {
                 admission_ = notice->admission;
                 standing_ = *notice;
                 co_await learn_acknowledged(*watcher_, r);
@@ -590,8 +592,11 @@ public:
                     // The acknowledgement mark (mark_acknowledged) and a value no agent wrote
                     // (reported) are no abort: the abort comes in a later slot.
                     const auto value = co_await store_->get(round_abort);
-                    if (value != all_acknowledged && valid_abort(round_abort, value)) break;
-                    if (++slot == max_slots) break;
+                    if (value != all_acknowledged && valid_abort(round_, round_abort, value)) break;
+                    if (++slot == max_slots) {
+                        say(too_many_invalid(round_, "abort") + "; this node stops staying for the others");
+                        break;
+                    }
                     round_abort = slot_key(round_, "abort", slot);
                     continue;
                 }
@@ -665,13 +670,14 @@ private:
 
     // What the last member to acknowledge a round writes in its first free abort slot (past any
     // value no agent wrote), which no abort then takes (it goes to the next): the members watch
-    // those slots while the round runs, so they learn it with no wait of their own. A member that saw it knows that nobody goes by
-    // the round before any more (split_rule, the movers' first round).
+    // those slots while the round runs, so they learn it with no wait of their own. A member
+    // that saw it knows that nobody goes by the round before any more (split_rule, the movers'
+    // first round).
     static constexpr std::string_view all_acknowledged = "acknowledged by all";
 
-    // An abort that took the first slot before the mark: whether every member acknowledged the
-    // round all the same (its count), so that the mark's absence costs nothing until the next
-    // round forms.
+    // A mark seen, or an abort that took the first free slot before the mark: whether every
+    // member acknowledged the round (its count), so that a forged mark relaxes nothing and the
+    // mark's absence costs nothing until the next round forms.
     asio::awaitable<void> learn_acknowledged(Store& s, int r) {
         // Only of a round this node is a member of (size_ is that round's size then).
         if (!guards_split() || r != member_round_ || marked_round_ >= r || size_ <= 0) co_return;
@@ -691,7 +697,7 @@ private:
                 marked_round_ = std::max(marked_round_, r);
                 co_return;
             }
-            if (valid_abort(k, got)) co_return;  // aborted first: learn_acknowledged() tells
+            if (valid_abort(r, k, got)) co_return;  // aborted first: learn_acknowledged() tells
         }
     }
 
@@ -740,9 +746,11 @@ private:
     }
 
     // With liveness every agent holds a lease, and its notices name it (the decider's liveness
-    // bounds the wait for a decision): a notice that names none is no agent's.
-    std::optional<abort_notice> valid_abort(std::string_view k, std::string_view value) {
-        const int size = phase_ == phase::running && size_ > 0 ? size_ : options_.nnodes;
+    // bounds the wait for a decision): a notice that names none is no agent's. A group rank
+    // must lie in round r: within its size when this node is a member (whatever it does now:
+    // runs, leaves, stays), else within MAX.
+    std::optional<abort_notice> valid_abort(int r, std::string_view k, std::string_view value) {
+        const int size = r == member_round_ && size_ > 0 ? size_ : options_.nnodes;
         return checked(k, value, "it does not abort the round (an abort goes to the next slot)",
                        [&](std::string_view v) {
                            auto notice = detail::rendezvous::decode_abort(v, size);
@@ -858,7 +866,7 @@ private:
             const auto got = co_await s.compare_set(k, std::string{}, value);
             if (got == value) co_return std::pair{std::move(mine), true};
             if (got == all_acknowledged) continue;
-            if (auto theirs = valid_abort(k, got)) co_return std::pair{std::move(*theirs), false};
+            if (auto theirs = valid_abort(r, k, got)) co_return std::pair{std::move(*theirs), false};
         }
         throw rendezvous_error(too_many_invalid(r, "abort"));
     }
@@ -871,7 +879,7 @@ private:
             if (!co_await s.check(std::move(keys))) co_return false;
             const auto value = co_await s.get(k);
             if (value == all_acknowledged) continue;
-            if (valid_abort(k, value)) co_return true;
+            if (valid_abort(r, k, value)) co_return true;
         }
         co_return true;  // abort_round and wait_for_abort then say why the round cannot go on
     }
