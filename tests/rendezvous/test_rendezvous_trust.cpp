@@ -1772,6 +1772,7 @@ TEST_CASE("rendezvous trust: a finished store host staying for the others judges
                 (void)co_await x.finish(std::chrono::milliseconds(0));  // x is done, y works on
                 auto stay = co_await (x.leave() || [&]() -> asio::awaitable<void> {
                     if (!staying) (void)co_await stays.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                    if (!staying) co_return;  // cancelled: x's leave() ended first
                     elastic::abort_notice forged;
                     forged.what = elastic::abort_notice::kind::failure;
                     forged.group_rank = 2;
@@ -1785,6 +1786,7 @@ TEST_CASE("rendezvous trust: a finished store host staying for the others judges
                         if (co_await c[6]->compare_set(x.key(0, slot), std::string(), value) == value) break;
                     }
                     if (!reported) (void)co_await report.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+                    if (!reported) co_return;  // cancelled: x's stay ended on the forged notice
                     const auto leaving = y_leaves(std::get<1>(formed).group_rank);
                     y_left = true;
                     (void)co_await y.abort(leaving);
