@@ -302,11 +302,13 @@ public:
         const auto lost_host = current_host_;
         const auto lost_port = current_port_;
         std::string tried;
+        const auto passed = [&tried](const store_successor& at, std::string_view why) {
+            tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
+        };
         for (const auto& next : successors) {
             const bool mine = next.id == node_id_ && backup_;
             if (next.port == lost_port && detail::rendezvous::literal_for(next.addr) == lost_host) {
-                tried += fmt::format("{}{}:{} (the lost store's address)", tried.empty() ? "" : ", ", next.addr,
-                                     next.port);
+                passed(next, "the lost store's address");
                 continue;
             }
             auto options = client_options(detail::rendezvous::literal_for(next.addr), next.port, patience);
@@ -314,13 +316,13 @@ public:
             try {
                 co_await client->connect();
             } catch (const store_error& e) {
-                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                passed(next, e.what());
                 continue;
             }
             try {
                 instance_ = co_await instance_of(*client);
             } catch (const store_error& e) {
-                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                passed(next, e.what());
                 continue;
             }
             adopt(std::move(client), options);
@@ -336,7 +338,7 @@ public:
                     fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
                                 next.port, e.what()));
             } catch (const rendezvous_error& e) {  // no elastic store there (the port was taken): the next one
-                tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", next.addr, next.port, e.what());
+                passed(next, e.what());
                 continue;
             }
             co_return fmt::format("{}:{}{}", next.addr, next.port, mine ? " (this node)" : "");
@@ -949,6 +951,10 @@ private:
     }
 
     [[nodiscard]] std::string keep_alive_key() const { return job_key("keep_alive"); }
+    [[nodiscard]] std::string keep_alive_text() const {
+        return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
+                           params_.settings.keep_alive_max_attempt);
+    }
 
     // Names one store server (serve_job: a random value it holds from its start), so that a
     // node reconnecting to its store's address can tell that store from another one started
@@ -961,10 +967,6 @@ private:
         std::vector<std::string> keys{instance_key()};
         if (!co_await store.check(std::move(keys))) co_return std::string();
         co_return co_await store.get(instance_key());
-    }
-    [[nodiscard]] std::string keep_alive_text() const {
-        return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
-                           params_.settings.keep_alive_max_attempt);
     }
 
     // Why this agent could not host the store: the server's message, and whether the port is
