@@ -17688,6 +17688,7 @@ public:
     /// it as registered; `me` describes the node (its id is made here). After start().
     asio::awaitable<void> start_liveness(node_info me) {
         me.id = node_id_ = make_node_id(me.host, me.pid);
+        name_idle_store_owner();
         try {
             co_await rdzv_->start_liveness(*lease_, me);
         } catch (const store_error& e) {
@@ -17709,7 +17710,8 @@ public:
 
     /// The rendezvous store was lost: moves the job to the first of `successors` that answers
     /// (this node's own idle server when it is that one), holds this node's lease there, and
-    /// returns where it went. rendezvous_error when none answers.
+    /// returns where it went (and which successors it passed over, and why). A successor answers
+    /// only if its idle store names it (owner_key). rendezvous_error when none answers.
     asio::awaitable<std::string> relocate(std::vector<store_successor> successors, node_info me) {
         if (successors.empty()) {
             throw rendezvous_error("the job's last round named no member that could host the rendezvous store");
@@ -17726,7 +17728,7 @@ public:
             tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
         };
         for (const auto& next : successors) {
-            const bool mine = next.id == node_id_ && backup_;
+            const bool mine = backup_ && std::ranges::find(owner_ids_, next.id) != owner_ids_.end();
             if (next.port == lost_port && detail::rendezvous::literal_for(next.addr) == lost_host) {
                 passed(next, "the lost store's address");
                 continue;
@@ -17739,12 +17741,24 @@ public:
                 passed(next, e.what());
                 continue;
             }
+            std::string instance;
+            std::string owners;
             try {
-                instance_ = co_await instance_of(*client);
+                instance = co_await instance_of(*client);
+                owners = co_await value_of(*client, owner_key());
             } catch (const store_error& e) {
                 passed(next, e.what());
                 continue;
             }
+            // What answers at a successor's address is that member's idle store only if it names
+            // the member: the member may be gone, and another agent's store have taken its port.
+            if (!names_owner(owners, next.id)) {
+                passed(next, fmt::format("what answers there is not the idle store of {} (another store took its "
+                                         "address since)",
+                                         next.id));
+                continue;
+            }
+            instance_ = std::move(instance);
             adopt(std::move(client), options);
             if (mine) server_ = std::move(backup_);
             rdzv_->move_to(*client_, *watcher_, mine);
@@ -17761,7 +17775,8 @@ public:
                 passed(next, e.what());
                 continue;
             }
-            co_return fmt::format("{}:{}{}", next.addr, next.port, mine ? " (this node)" : "");
+            co_return fmt::format("{}:{}{}, the first member's idle store that answered{}", next.addr, next.port,
+                                  mine ? " (this node)" : "", tried.empty() ? "" : ", passing over " + tried);
         }
         throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
     }
@@ -17806,6 +17821,7 @@ public:
         rdzv_->reconnected(*client_, *watcher_);
         // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
         me.id = node_id_ = make_node_id(me.host, me.pid);
+        name_idle_store_owner();
         try {
             co_await rdzv_->start_liveness(*lease_, me);
         } catch (const store_auth_error& e) {
@@ -17930,7 +17946,7 @@ public:
         } catch (const std::exception& e) {
             throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
         }
-        co_return fmt::format("{}; {}; the job's rendezvous moves to {}, the first member's idle store that answered; "
+        co_return fmt::format("{}; {}; the job's rendezvous moves to {}; "
                               "the next round needs {} of the last round's {} nodes (a majority)",
                               reason, why_not, where, before / 2 + 1, before);
     }
@@ -18384,9 +18400,38 @@ private:
     // The instance `store` names (instance_key), "" for a store that names none (no agent's).
     // store_error when it does not answer.
     asio::awaitable<std::string> instance_of(tcp_store_client& store) {
-        std::vector<std::string> keys{instance_key()};
+        co_return co_await value_of(store, instance_key());
+    }
+
+    // The value of `key` in `store`, "" when it holds none. store_error when it does not answer.
+    static asio::awaitable<std::string> value_of(tcp_store_client& store, std::string key) {
+        std::vector<std::string> keys{key};
         if (!co_await store.check(std::move(keys))) co_return std::string();
-        co_return co_await store.get(instance_key());
+        co_return co_await store.get(std::move(key));
+    }
+
+    // Names the owner of this node's idle store: every lease name this node has held (the newest
+    // max_owner_ids, one per line), set before the newest can be in any round's successors. A
+    // node moving the job to a successor's address checks that what answers there names that
+    // successor (relocate). A name this node held before a rejoin may still be in the last
+    // round's successors, so the older ones stay.
+    [[nodiscard]] std::string owner_key() const { return job_key("owner"); }
+    static constexpr std::size_t max_owner_ids = 16;
+    void name_idle_store_owner() {
+        if (!backup_) return;
+        owner_ids_.push_back(node_id_);
+        if (owner_ids_.size() > max_owner_ids) owner_ids_.erase(owner_ids_.begin());
+        std::string owners;
+        for (const auto& id : owner_ids_) owners += (owners.empty() ? "" : "\n") + id;
+        backup_->engine().set(store_client_options{}.key_prefix + owner_key(), owners);
+    }
+    static bool names_owner(std::string_view owners, std::string_view id) {
+        while (!owners.empty()) {
+            const auto end = owners.find('\n');
+            if (owners.substr(0, end) == id) return true;
+            owners = end == std::string_view::npos ? std::string_view() : owners.substr(end + 1);
+        }
+        return false;
     }
 
     // Why this agent could not host the store: the server's message, and whether the port is
@@ -18537,8 +18582,9 @@ private:
     }
     std::optional<store_rendezvous<tcp_store_client>> rdzv_;
     std::string node_id_;
-    std::string current_host_;  ///< where the rendezvous store is reached now
-    std::string instance_;      ///< the instance of the store at current_host_ (instance_key)
+    std::string current_host_;            ///< where the rendezvous store is reached now
+    std::string instance_;                ///< the instance of the store at current_host_ (instance_key)
+    std::vector<std::string> owner_ids_;  ///< this node's lease names, newest last (owner_key)
     std::uint16_t current_port_ = 0;
     std::unique_ptr<tcp_store_client> status_client_;  ///< publish_status()'s own connection
     std::string status_host_;                          ///< the store status_client_ reaches

@@ -1210,6 +1210,95 @@ TEST_CASE("rendezvous trust: a node whose store's address another store took sin
     CHECK(endpoint == fmt::format("127.0.0.1:{}", idle_port));
 }
 
+TEST_CASE("rendezvous trust: a node moving the job's store passes over a successor whose address another store "
+          "took since, and moves the store to the next successor") {
+    // Round 0's members x and y both keep an idle store, and its successors name both. The first
+    // successor's agent ended (its idle store with it), and another store listens at its address
+    // since: a fixed job's store of the same run id, which names no owner, or another agent's
+    // idle store, which names its own. When the store's host is lost, the other member does not
+    // move the job into that store (rounds formed there would not be the job's): it passes it
+    // over, says why, and moves the job to the next successor, its own idle store.
+    bool named = false;
+    SUBCASE("a store that names no owner") {}
+    SUBCASE("a store that names another owner") { named = true; }
+    CAPTURE(named);
+    asio::io_context ctx;
+    const auto port = static_cast<std::uint16_t>(free_port());
+    auto parameters = elastic_job("owner", port);  // the store's host joins no round here
+    parameters.nnodes = elastic::node_range{2, 3};
+    elastic::tcp_rendezvous host(ctx.get_executor(), parameters, [](std::string_view) {});
+    auto fixed = parameters;
+    fixed.nnodes = elastic::node_range{2, 2};
+    std::optional<elastic::tcp_rendezvous> other;
+    parameters.settings.is_host = false;
+    elastic::tcp_rendezvous x(ctx.get_executor(), parameters, [](std::string_view) {});
+    elastic::tcp_rendezvous y(ctx.get_executor(), parameters, [](std::string_view) {});
+    auto me = this_process();
+    std::string said;
+    std::string error;
+    std::string gone;  // the first successor's lease name
+    std::uint16_t taken_port = 0;
+    std::uint16_t idle_port = 0;
+    bool moved_here = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+            using namespace asio::experimental::awaitable_operators;
+            co_await host.start();
+            co_await x.join(me);
+            co_await y.join(me);
+            (void)co_await (x.next_round(me) && y.next_round(me));
+            auto* first = &x;  // the first successor, gone
+            auto* last = &y;
+            if (x.rendezvous().successors().at(0).port == y.backup_port()) std::swap(first, last);
+            gone = first->node_id();
+            taken_port = first->backup_port();
+            idle_port = last->backup_port();
+            auto steps = [&]() -> asio::awaitable<void> {
+                first->stop();  // its agent ends, and its idle store with it
+                fixed.endpoint = elastic::host_port{"127.0.0.1", taken_port};
+                other.emplace(ctx.get_executor(), fixed, [](std::string_view) {});
+                co_await other->start();
+                if (named) {
+                    elastic::store_client_options o;
+                    o.host = "127.0.0.1";
+                    o.port = taken_port;
+                    elastic::tcp_store_client stranger(ctx.get_executor(), o);
+                    co_await stranger.connect();
+                    co_await stranger.set(elastic::store_rendezvous<elastic::tcp_store_client>::job_key("owner",
+                                                                                                        "owner"),
+                                          "elsewhere:1:0001");
+                    stranger.close();
+                }
+                host.stop();  // the store's host is lost: every connection to it ends
+                try {
+                    said = co_await last->recover("the lease connection ended", me);
+                } catch (const elastic::rendezvous_error& e) {
+                    error = e.what();
+                }
+            };
+            co_await (x.keep_membership() || y.keep_membership() || steps());
+            moved_here = last->hosts_store();
+            x.stop();
+            y.stop();
+            other->stop();
+        },
+        [](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+        });
+    ctx.run_for(std::chrono::minutes(2));  // turns a hang into a failure only
+    INFO("said: " << said);
+    INFO("error: " << error);
+    REQUIRE(error.empty());
+    REQUIRE(idle_port != 0);
+    REQUIRE(taken_port != 0);
+    CHECK(has(said, fmt::format("the job's rendezvous moves to 127.0.0.1:{} (this node)", idle_port)));
+    CHECK(has(said, fmt::format("passing over 127.0.0.1:{} (what answers there is not the idle store of {} (another "
+                                "store took its address since))",
+                                taken_port, gone)));
+    CHECK(moved_here);
+}
+
 TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when it holds the job's registrations and "
           "a round, a marked one is awaited, never before a live first endpoint, and one refusing the secret ends "
           "the start") {
