@@ -1217,15 +1217,25 @@ TEST_CASE("rendezvous trust: a node moving the job's store passes over a success
     // since: a fixed job's store of the same run id, which names no owner, or another agent's
     // idle store, which names its own. When the store's host is lost, the other member does not
     // move the job into that store (rounds formed there would not be the job's): it passes it
-    // over, says why, and moves the job to the next successor, its own idle store.
-    bool named = false;
+    // over, says why, and moves the job to the next successor, its own idle store. At a
+    // --rdzv-endpoint list's entry, though, where newcomers look for the job, another agent's
+    // idle store of the job (one restarted on that machine) is where the job goes.
+    enum class stranger { nameless, named, listed } there = stranger::nameless;
     SUBCASE("a store that names no owner") {}
-    SUBCASE("a store that names another owner") { named = true; }
-    CAPTURE(named);
+    SUBCASE("a store that names another owner") { there = stranger::named; }
+    SUBCASE("another agent's idle store at a --rdzv-endpoint list's entry: the job moves there") {
+        there = stranger::listed;
+    }
+    const auto kind = static_cast<int>(there);
+    CAPTURE(kind);
     asio::io_context ctx;
     const auto port = static_cast<std::uint16_t>(free_port());
     auto parameters = elastic_job("owner", port);  // the store's host joins no round here
     parameters.nnodes = elastic::node_range{2, 3};
+    if (there == stranger::listed) {
+        // The first member to start listens there; the list's entries lead the successors.
+        parameters.successor_endpoints = {elastic::host_port{"127.0.0.1", static_cast<std::uint16_t>(free_port())}};
+    }
     elastic::tcp_rendezvous host(ctx.get_executor(), parameters, [](std::string_view) {});
     auto fixed = parameters;
     fixed.nnodes = elastic::node_range{2, 2};
@@ -1233,6 +1243,7 @@ TEST_CASE("rendezvous trust: a node moving the job's store passes over a success
     parameters.settings.is_host = false;
     elastic::tcp_rendezvous x(ctx.get_executor(), parameters, [](std::string_view) {});
     elastic::tcp_rendezvous y(ctx.get_executor(), parameters, [](std::string_view) {});
+    elastic::tcp_rendezvous restarted(ctx.get_executor(), parameters, [](std::string_view) {});
     auto me = this_process();
     std::string said;
     std::string error;
@@ -1256,10 +1267,14 @@ TEST_CASE("rendezvous trust: a node moving the job's store passes over a success
             idle_port = last->backup_port();
             auto steps = [&]() -> asio::awaitable<void> {
                 first->stop();  // its agent ends, and its idle store with it
-                fixed.endpoint = elastic::host_port{"127.0.0.1", taken_port};
-                other.emplace(ctx.get_executor(), fixed, [](std::string_view) {});
-                co_await other->start();
-                if (named) {
+                if (there == stranger::listed) {
+                    co_await restarted.join(me);  // its idle store takes the list's entry
+                } else {
+                    fixed.endpoint = elastic::host_port{"127.0.0.1", taken_port};
+                    other.emplace(ctx.get_executor(), fixed, [](std::string_view) {});
+                    co_await other->start();
+                }
+                if (there == stranger::named) {
                     elastic::store_client_options o;
                     o.host = "127.0.0.1";
                     o.port = taken_port;
@@ -1281,7 +1296,8 @@ TEST_CASE("rendezvous trust: a node moving the job's store passes over a success
             moved_here = last->hosts_store();
             x.stop();
             y.stop();
-            other->stop();
+            restarted.stop();
+            if (other) other->stop();
         },
         [](std::exception_ptr e) {
             if (e) std::rethrow_exception(e);
@@ -1292,11 +1308,20 @@ TEST_CASE("rendezvous trust: a node moving the job's store passes over a success
     REQUIRE(error.empty());
     REQUIRE(idle_port != 0);
     REQUIRE(taken_port != 0);
-    CHECK(has(said, fmt::format("the job's rendezvous moves to 127.0.0.1:{} (this node)", idle_port)));
-    CHECK(has(said, fmt::format("passing over 127.0.0.1:{} (what answers there is not the idle store of {} (another "
-                                "store took its address since))",
-                                taken_port, gone)));
-    CHECK(moved_here);
+    if (there == stranger::listed) {
+        REQUIRE(parameters.successor_endpoints.at(0).port == taken_port);
+        CHECK(restarted.backup_port() == taken_port);
+        CHECK(has(said, fmt::format("the job's rendezvous moves to 127.0.0.1:{}, the first member's idle store that "
+                                    "answered;",
+                                    taken_port)));
+        CHECK_FALSE(moved_here);
+    } else {
+        CHECK(has(said, fmt::format("the job's rendezvous moves to 127.0.0.1:{} (this node)", idle_port)));
+        CHECK(has(said, fmt::format("passing over 127.0.0.1:{} (what answers there is not the idle store of {} "
+                                    "(another store took its address since))",
+                                    taken_port, gone)));
+        CHECK(moved_here);
+    }
 }
 
 TEST_CASE("rendezvous trust: a --rdzv-endpoint list's store is joined only when it holds the job's registrations and "

@@ -308,7 +308,6 @@ public:
             tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
         };
         for (const auto& next : successors) {
-            const bool mine = backup_ && std::ranges::find(owner_ids_, next.id) != owner_ids_.end();
             if (next.port == lost_port && detail::rendezvous::literal_for(next.addr) == lost_host) {
                 passed(next, "the lost store's address");
                 continue;
@@ -332,12 +331,18 @@ public:
             }
             // What answers at a successor's address is that member's idle store only if it names
             // the member: the member may be gone, and another agent's store have taken its port.
-            if (!names_owner(owners, next.id)) {
+            // A --rdzv-endpoint list's entry is where the job looks whoever's idle store listens
+            // there (an agent restarted on that machine, say).
+            if (!names_owner(owners, next.id) && !names_owner(owners, listed_owner)) {
                 passed(next, fmt::format("what answers there is not the idle store of {} (another store took its "
                                          "address since)",
                                          next.id));
                 continue;
             }
+            // This node's own idle store, whichever of its names the round listed.
+            const bool mine = backup_ && std::ranges::any_of(owner_ids_, [&](const std::string& id) {
+                                  return names_owner(owners, id);
+                              });
             instance_ = std::move(instance);
             adopt(std::move(client), options);
             if (mine) server_ = std::move(backup_);
@@ -352,6 +357,7 @@ public:
                     fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
                                 next.port, e.what()));
             } catch (const rendezvous_error& e) {  // no elastic store there (the port was taken): the next one
+                if (mine) backup_ = std::move(server_);
                 passed(next, e.what());
                 continue;
             }
@@ -990,18 +996,27 @@ private:
         co_return co_await store.get(std::move(key));
     }
 
-    // Names the owner of this node's idle store: every lease name this node has held (the newest
-    // max_owner_ids, one per line), set before the newest can be in any round's successors. A
-    // node moving the job to a successor's address checks that what answers there names that
-    // successor (relocate). A name this node held before a rejoin may still be in the last
-    // round's successors, so the older ones stay.
+    // Names the owner of this node's idle store, one per line: "listed" when it listens at a
+    // --rdzv-endpoint list's entry, then the lease names this node has held, set before the
+    // newest can be in any round's successors. A node moving the job to a successor's address
+    // checks that what answers there names that successor (relocate). A name this node held
+    // before a rejoin may still be in the last round's successors, so the older ones stay: the
+    // newest max_owner_ids, and any the last round this node knows lists.
     [[nodiscard]] std::string owner_key() const { return job_key("owner"); }
     static constexpr std::size_t max_owner_ids = 16;
+    static constexpr std::string_view listed_owner = "listed";  // no lease name: those have colons
     void name_idle_store_owner() {
         if (!backup_) return;
         owner_ids_.push_back(node_id_);
-        if (owner_ids_.size() > max_owner_ids) owner_ids_.erase(owner_ids_.begin());
-        std::string owners;
+        if (owner_ids_.size() > max_owner_ids) {
+            const auto& listed = rdzv_->successors();
+            const auto old = std::find_if(owner_ids_.begin(), owner_ids_.end() - 1, [&](const std::string& id) {
+                return std::none_of(listed.begin(), listed.end(),
+                                    [&](const store_successor& at) { return at.id == id; });
+            });
+            if (old != owner_ids_.end() - 1) owner_ids_.erase(old);
+        }
+        std::string owners(backup_listed_ ? listed_owner : std::string_view());
         for (const auto& id : owner_ids_) owners += (owners.empty() ? "" : "\n") + id;
         backup_->engine().set(store_client_options{}.key_prefix + owner_key(), owners);
     }

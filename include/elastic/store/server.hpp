@@ -76,6 +76,7 @@ public:
             if (ep.address().is_v6()) acc.set_option(asio::ip::v6_only(false));
             acc.bind(ep);
             acc.listen(asio::socket_base::max_listen_connections);
+            bound_ = acc.local_endpoint();
         } catch (const std::system_error& e) {
             throw store_listen_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
                                                  "picks a free one) or address",
@@ -89,8 +90,8 @@ public:
 
     ~basic_tcp_store_server() { stop(); }
 
-    /// The bound address and port.
-    asio::ip::tcp::endpoint local_endpoint() const { return core_->acceptor.local_endpoint(); }
+    /// The bound address and port (still after stop()).
+    asio::ip::tcp::endpoint local_endpoint() const { return bound_; }
     /// The bound port (the chosen one when options.port was 0).
     std::uint16_t port() const { return local_endpoint().port(); }
 
@@ -121,6 +122,7 @@ public:
 
 private:
     std::shared_ptr<detail::store::store_server_core> core_;
+    asio::ip::tcp::endpoint bound_;  ///< where it listens, from the start
 };
 using tcp_store_server = basic_tcp_store_server<>;
 
