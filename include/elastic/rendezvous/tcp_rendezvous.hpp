@@ -333,16 +333,16 @@ public:
             // the member: the member may be gone, and another agent's store have taken its port.
             // A --rdzv-endpoint list's entry is where the job looks whoever's idle store listens
             // there (an agent restarted on that machine, say).
-            if (!names_owner(owners, next.id) && !names_owner(owners, listed_owner)) {
+            const auto names = detail::split(owners, '\n');
+            const auto named = [&names](std::string_view id) { return std::ranges::find(names, id) != names.end(); };
+            if (!named(next.id) && !named(listed_owner)) {
                 passed(next, fmt::format("what answers there is not the idle store of {} (another store took its "
                                          "address since)",
                                          next.id));
                 continue;
             }
             // This node's own idle store, whichever of its names the round listed.
-            const bool mine = backup_ && std::ranges::any_of(owner_ids_, [&](const std::string& id) {
-                                  return names_owner(owners, id);
-                              });
+            const bool mine = backup_ && std::ranges::any_of(owner_ids_, named);
             instance_ = std::move(instance);
             adopt(std::move(client), options);
             if (mine) server_ = std::move(backup_);
@@ -1019,14 +1019,6 @@ private:
         std::string owners(backup_listed_ ? listed_owner : std::string_view());
         for (const auto& id : owner_ids_) owners += (owners.empty() ? "" : "\n") + id;
         backup_->engine().set(store_client_options{}.key_prefix + owner_key(), owners);
-    }
-    static bool names_owner(std::string_view owners, std::string_view id) {
-        while (!owners.empty()) {
-            const auto end = owners.find('\n');
-            if (owners.substr(0, end) == id) return true;
-            owners = end == std::string_view::npos ? std::string_view() : owners.substr(end + 1);
-        }
-        return false;
     }
 
     // Why this agent could not host the store: the server's message, and whether the port is
