@@ -14983,6 +14983,12 @@ struct store_rendezvous_options {
     /// and each member records that it learned of its round (`acked/<group rank>`). A store
     /// that is itself a quorum (etcd) turns it off.
     bool split_guard = true;
+    /// After the store moved, while no round has formed where it went and the round this node
+    /// waits in lacks the majority it needs: whether the store where this node's last round
+    /// formed answers again (then why, in a few words), which the node goes back to. Called at
+    /// each progress line of the wait; it must not block (it reports the last look, and may
+    /// start the next). Empty: a node waits at the moved store until its join timeout.
+    std::function<std::optional<std::string>()> origin_answers;
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -15073,6 +15079,7 @@ public:
         after_move_ = true;
         moved_arrival_ = -1;
         told_majority_ = false;
+        carried_start_.reset();
         // No member of the last round this node knows (a standby that follows): its arrival
         // must not take a member's place in the movers' first round (split_rule).
         await_movers_ = member_round_ < 0 || member_round_ != known_round_;
@@ -15085,6 +15092,31 @@ public:
         watcher_ = &watcher;
         phase_ = phase::idle;
         rediscover_ = true;  // the others went on without this node: find the job's round again
+    }
+
+    /// Whether next_round() ended (store_lost_error) because this node left the moved store for
+    /// the store where its last round formed (options().origin_answers), its arrival withdrawn;
+    /// true once per such end.
+    [[nodiscard]] bool take_left_for_origin() noexcept { return std::exchange(left_for_origin_, false); }
+
+    /// The last formed round this node knows of, as a member or a standby (-1: none).
+    [[nodiscard]] int known_round() const noexcept { return known_round_; }
+
+    /// This node went back from a moved store, where no round formed, to the store where its
+    /// last round formed (`store`, `watcher`: new connections there; `hosts_it`: this node's
+    /// own server is that store): it rejoins the job there
+    /// as a node that store dropped does, under the rules of that store's rounds, none of the
+    /// move's. Then call start_liveness() with a new lease connection.
+    void went_back(Store& store, Store& watcher, bool hosts_it) {
+        reconnected(store, watcher);
+        options_.hosts_store = hosts_it;
+        carried_start_.reset();
+        drop_round_rules();
+        moved_ = false;
+        after_move_ = false;
+        moved_arrival_ = -1;
+        await_movers_ = false;
+        told_majority_ = false;
     }
 
     /// The last round's successors (where the store may move), after next_round().
@@ -15161,7 +15193,7 @@ public:
     /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
     /// this node waited as a standby; store_lost_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
-        auto started = std::chrono::steady_clock::now();
+        auto started = std::exchange(carried_start_, std::nullopt).value_or(std::chrono::steady_clock::now());
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
         if (!me.member_of && member_round_ >= 0 && me.previous_rank == group_rank_) me.member_of = member_round_;
         if (after_move_ && before_ && before_rank_ >= 0 && me.member_of == member_round_) {
@@ -15982,6 +16014,16 @@ private:
                         // looked again at the next line
                     }
                     if (passed_by_) co_return std::nullopt;
+                    try {
+                        if (co_await unless_lost(*store_, leaves_for_origin(r, arrival, started))) {
+                            throw store_lost_error(fmt::format(
+                                "round {} of run '{}' waited at the store the job moved to without the nodes it "
+                                "needs, and the store where this node's last round formed answers again",
+                                r, options_.run_id));
+                        }
+                    } catch (const store_timeout&) {
+                        // looked again at the next line
+                    }
                 }
                 co_await say_progress(r, join_deadline, last_call);
                 next_progress = clock::now() + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
@@ -16083,6 +16125,32 @@ private:
         if (!past) co_return std::nullopt;
         if (!co_await withdraw(r, arrival)) co_return std::nullopt;
         co_return past;
+    }
+
+    // A move that went nowhere: the store was lost to this node, yet where its last round
+    // formed answers again (the network between them was cut for longer than a reconnect),
+    // while here, at a successor's store, no round formed and round r lacks the nodes it
+    // needs. The node withdraws its arrival and goes back (take_left_for_origin()); its
+    // arrival stays when the round took it already (withdraw), or the round has the nodes it
+    // needs, or any round formed here (the job lives on here: this node stays with it).
+    asio::awaitable<bool> leaves_for_origin(int r, std::int64_t arrival,
+                                            std::chrono::steady_clock::time_point started) {
+        if (!options_.origin_answers) co_return false;
+        // The nodes here that could make the move's majority: live leases (a node on its way
+        // holds one before it arrives; an arrival taken back counts no more), against the
+        // majority of the last round (not this node's rule of the moment: a node that went on
+        // to others' round keeps none of its own).
+        const auto majority = std::max(needed(), detail::rendezvous::after_store_moved(size_, host_in_round_).quorum);
+        if (co_await live_nodes(*store_) >= majority) co_return false;
+        // The last formed round's record (a refused round writes none).
+        if (std::vector<std::string> formed{job_key("last_round")}; co_await store_->check(std::move(formed))) {
+            co_return false;
+        }
+        if (!options_.origin_answers()) co_return false;
+        if (!co_await withdraw(r, arrival)) co_return false;
+        left_for_origin_ = true;
+        carried_start_ = started;  // should the way back fail, the wait here goes on, not afresh
+        co_return true;
     }
 
     // The round past r that nodes arrived at in this store: the newest one formed or refused
@@ -17001,7 +17069,10 @@ private:
     std::optional<detail::rendezvous::earlier_round> before_{};
     int before_rank_ = -1;
     std::optional<detail::rendezvous::earlier_round> assigned_before_{};  ///< await_assignment's, for next_round
-    bool after_move_ = false;  ///< no round formed since the store moved: arrivals tell their earlier rank
+    bool after_move_ = false;       ///< no round formed since the store moved: arrivals tell their earlier rank
+    bool left_for_origin_ = false;  ///< next_round() ended to go back where the last round formed
+    /// When the wait that left for the origin began: the next wait's start, should it go on here.
+    std::optional<std::chrono::steady_clock::time_point> carried_start_;
 };
 
 }  // namespace elastic::inline v0
@@ -17662,6 +17733,7 @@ public:
         o.close_timeout = params_.settings.close_timeout;
         o.hosts_store = server_ != nullptr;
         o.log = log_;
+        if (elastic_membership()) o.origin_answers = [this] { return origin_answers(); };
         rdzv_.emplace(*client_, *watcher_, std::move(o));
         try {
             instance_ = co_await instance_of(*client_);
@@ -17827,7 +17899,18 @@ public:
         adopt(std::move(client), options);
         instance_ = std::move(instance);
         rdzv_->reconnected(*client_, *watcher_);
-        // A new name: the old one is on the job's list of lost nodes, which rounds leave out.
+        if (const auto not_elastic = co_await hold_new_lease(std::move(me), endpoint)) {
+            // What answers there now is no elastic store: the job's store is lost.
+            co_return fmt::format("what answers there now is not the job's store: {}", *not_elastic);
+        }
+        co_return std::string();
+    }
+
+    // Holds a new lease at the store this node is connected to now (`endpoint`, for messages),
+    // under a new name: the old one is on the job's list of lost nodes, which rounds leave out.
+    // Why not when what answers there is no elastic store; rendezvous_error when the store
+    // refuses this node's secret or the lease.
+    asio::awaitable<std::optional<std::string>> hold_new_lease(node_info me, const std::string& endpoint) {
         me.id = node_id_ = make_node_id(me.host, me.pid);
         name_idle_store_owner();
         try {
@@ -17835,14 +17918,12 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            throw rendezvous_error(
-                fmt::format("cannot hold this node's lease again on the rendezvous store at {}:{}: {}", current_host_,
-                            current_port_, e.what()));
+            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}: {}",
+                                               endpoint, e.what()));
         } catch (const rendezvous_error& e) {
-            // What answers there now is no elastic store: the job's store is lost.
-            co_return fmt::format("what answers there now is not the job's store: {}", e.what());
+            co_return std::string(e.what());
         }
-        co_return std::string();
+        co_return std::nullopt;
     }
 
     // ---- agent_rendezvous: what the agent's loop calls ----
@@ -17886,6 +17967,10 @@ public:
         if (backup_)
             backup_->engine().set(store_client_options{}.key_prefix + mark_key(), std::to_string(round.number));
         record_successors();
+        if (elastic_membership()) {
+            origin_ = origin_store{current_host_, current_port_, instance_, round.number};
+            stop_looking();
+        }
         co_return round;
     }
 
@@ -17931,6 +18016,23 @@ public:
     asio::awaitable<std::string> recover(std::string reason, node_info me) {
         const bool is_static = params_.backend == rendezvous_backend::static_;
         if (is_static || !rdzv_) throw rendezvous_error(std::move(reason));
+        if (rdzv_->take_left_for_origin()) {
+            const auto moved = store_endpoint();
+            std::string why_not;
+            if (auto back = co_await go_to_origin(me, why_not)) {
+                co_return fmt::format("no round formed at the store the job moved to ({}), and too few nodes were "
+                                      "there for one; {}",
+                                      moved, *back);
+            }
+            if (!rdzv_->store_lost()) {
+                // The moved store lives: this node arrives again at its round (the wait's join
+                // timeout goes on).
+                rdzv_->reconnected(*client_, *watcher_);
+                co_return fmt::format("{}: this node waits on at the store the job moved to ({})", why_not, moved);
+            }
+            reason = fmt::format("{}; meanwhile the store the job moved to ({}) was lost: {}", why_not, moved,
+                                 *rdzv_->store_lost());
+        }
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
             throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(),
                                                                             "the store"));
@@ -17947,6 +18049,15 @@ public:
                                   store_endpoint());
         }
         if (!elastic_membership()) throw rendezvous_error(fmt::format("{}; {}", reason, why_not));
+        // A store the job moved to, lost before a round formed there: the store where the last
+        // round formed comes first, if it answers again (nothing was lost there but this node's
+        // way to it).
+        std::string origin_silent;
+        if (away_from_origin()) {
+            if (auto back = co_await go_to_origin(me, origin_silent)) {
+                co_return fmt::format("{}; {}; {}", reason, why_not, *back);
+            }
+        }
         const int before = rdzv_->last_round_size();
         std::string where;
         try {
@@ -17954,9 +18065,15 @@ public:
         } catch (const std::exception& e) {
             throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
         }
-        co_return fmt::format("{}; {}; the job's rendezvous moves to {}; "
+        // Should no round form here, the node goes back where the last one formed once that
+        // store answers: the looks start now.
+        moved_at_ = std::chrono::steady_clock::now();
+        stop_looking();
+        start_looking();
+        co_return fmt::format("{}; {}; {}the job's rendezvous moves to {}; "
                               "the next round needs {} of the last round's {} nodes (a majority)",
-                              reason, why_not, where, before / 2 + 1, before);
+                              reason, why_not, origin_silent.empty() ? "" : origin_silent + "; ", where, before / 2 + 1,
+                              before);
     }
 
     /// Where this node reaches the rendezvous store now ("host:port").
@@ -17988,6 +18105,7 @@ public:
         }
         if (server_) server_->stop();
         if (backup_) backup_->stop();
+        stop_looking();
     }
 
 private:
@@ -18000,9 +18118,10 @@ private:
     std::unique_ptr<tcp_store_client> lease_;                 ///< holds this node's lease; observes losses
     std::unique_ptr<tcp_store_server> backup_;                ///< idle until the job's store moves here
     std::vector<std::unique_ptr<tcp_store_client>> retired_;  ///< a lost store's clients (pending waits end first)
-    bool backup_listed_ = false;                              ///< backup_ listens at a --rdzv-endpoint list's entry
-    bool record_failed_ = false;                              ///< the last record_successors() could not write
-    std::vector<host_port> recorded_;                         ///< the search's entries from this machine's record
+    std::vector<std::unique_ptr<tcp_store_server>> retired_servers_;  ///< moved stores this node left, stopped
+    bool backup_listed_ = false;       ///< backup_ listens at a --rdzv-endpoint list's entry
+    bool record_failed_ = false;       ///< the last record_successors() could not write
+    std::vector<host_port> recorded_;  ///< the search's entries from this machine's record
     std::map<std::string, std::vector<asio::ip::address>> resolved_;  ///< names looked up by this search
 
     // The first --rdzv-endpoint list entry (after the first endpoint) that names an address of
@@ -18020,6 +18139,7 @@ private:
     // entry when it has one (where a newcomer looks), else on a free port. It holds the job's
     // keep-alive, which a newcomer reads should the job's store move here.
     void start_backup() {
+        backup_listed_ = false;
         const auto bind = advertise(params_).bind_host;
         if (const auto listed = listed_endpoint()) {
             try {
@@ -18344,6 +18464,173 @@ private:
 
     [[nodiscard]] std::string job_key(std::string_view name) const {
         return store_rendezvous<tcp_store_client>::job_key(params_.run_id, name);
+    }
+
+    // ---- going back where the last round formed ----
+
+    // The store where this node's last round formed (elastic membership). After the job's store
+    // moved and no round formed where it went, the node goes back there if it answers again as
+    // the same store (instance).
+    struct origin_store {
+        std::string host;
+        std::uint16_t port = 0;
+        std::string instance;
+        int round = -1;
+    };
+
+    // A look at the origin running in the background while this node waits at a moved store
+    // (look_at_origin): one connection attempt per keep-alive interval until the store answers.
+    struct origin_look {
+        bool answered = false;
+        bool stopped = false;                 ///< a round formed, the node went back, or the rendezvous stopped
+        tcp_store_client* client = nullptr;   ///< the look's connection, while it connects or reads
+        asio::steady_timer* pause = nullptr;  ///< the wait before the next look, while it waits
+
+        // Ends the looks at once (the look's frame owns what the pointers name).
+        void stop() noexcept {
+            stopped = true;
+            if (client) client->close();
+            if (pause) pause->cancel();
+        }
+    };
+
+    std::optional<origin_store> origin_;  ///< where the last round formed
+    std::shared_ptr<origin_look> look_;   ///< the looks there, while away
+
+    void start_looking() {
+        if (look_ || !away_from_origin() || stopped_) return;
+        look_ = std::make_shared<origin_look>();
+        asio::co_spawn(executor_,
+                       look_at_origin(look_, executor_,
+                                      client_options(origin_->host, origin_->port,
+                                                     params_.settings.keep_alive_interval),
+                                      instance_key(), origin_->instance, params_.settings.keep_alive_interval),
+                       detail::detached<Defer>);
+    }
+
+    void stop_looking() noexcept {
+        if (look_) look_->stop();
+        look_.reset();
+    }
+
+    std::chrono::steady_clock::time_point moved_at_{};  ///< when this node last moved the job's store
+
+    // Whether this node is at another store than where its last round formed, and knows of no
+    // round formed since (a standby that saw rounds form where the job moved follows the job).
+    [[nodiscard]] bool away_from_origin() const noexcept {
+        return origin_ && !origin_->instance.empty() && rdzv_ && rdzv_->known_round() <= origin_->round &&
+               (origin_->host != current_host_ || origin_->port != current_port_);
+    }
+
+    // store_rendezvous_options::origin_answers: the last look's answer; the first call away
+    // from the origin starts the looks. Not before 2 K after the move: the other movers notice
+    // the loss up to K apart, and may try a successor that does not answer first (K more).
+    std::optional<std::string> origin_answers() {
+        if (!away_from_origin() || stopped_) return std::nullopt;
+        if (!look_) {
+            start_looking();
+            return std::nullopt;
+        }
+        if (!look_->answered || std::chrono::steady_clock::now() - moved_at_ < 2 * keep_alive_deadline()) {
+            return std::nullopt;
+        }
+        return fmt::format("the store at {}:{}, where round {} formed, answers again", origin_->host, origin_->port,
+                           origin_->round);
+    }
+
+    // Connects to the origin every `every` until it answers as the same store (its instance),
+    // or the look is stopped. Owns what it uses: the rendezvous may end first.
+    static asio::awaitable<void> look_at_origin(std::shared_ptr<origin_look> look, asio::any_io_executor executor,
+                                                store_client_options options, std::string key, std::string instance,
+                                                std::chrono::milliseconds every) {
+        // The frame may be destroyed while suspended (its executor's context goes first): the
+        // look then names nothing of it.
+        struct forget {
+            origin_look& look;
+            ~forget() {
+                look.client = nullptr;
+                look.pause = nullptr;
+            }
+        } guard{*look};
+        while (!look->stopped && !look->answered) {
+            const auto started = std::chrono::steady_clock::now();
+            {
+                tcp_store_client client(executor, options);
+                look->client = &client;
+                try {
+                    co_await client.connect();
+                    const auto answer = co_await value_of(client, key);
+                    look->answered = answer == instance;
+                } catch (const std::exception&) {
+                    // not yet: the next look
+                }
+                look->client = nullptr;
+            }
+            if (look->answered || look->stopped) break;
+            asio::steady_timer pause(executor, started + every);
+            look->pause = &pause;
+            co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
+            look->pause = nullptr;
+        }
+    }
+
+    // Goes back to the origin when it answers as the same store: new connections there, a new
+    // lease (the old name is on its list of lost nodes), this node's idle store afresh (when it
+    // hosted the moved store, that store stops: a node still there finds the origin the same
+    // way). The line to log; nullopt and why_not when the origin does not answer.
+    asio::awaitable<std::optional<std::string>> go_to_origin(node_info me, std::string& why_not) {
+        const auto origin = *origin_;
+        stop_looking();  // whatever comes of it, a next look starts afresh
+        const auto endpoint = fmt::format("{}:{}", origin.host, origin.port);
+        auto options = client_options(origin.host, origin.port, keep_alive_deadline());
+        auto client = std::make_unique<tcp_store_client>(executor_, options);
+        std::string instance;
+        try {
+            co_await client->connect();
+            instance = co_await instance_of(*client);
+        } catch (const store_error& e) {
+            why_not = fmt::format("the store where the job's last round formed ({}) does not answer: {}", endpoint,
+                                  e.what());
+            co_return std::nullopt;
+        }
+        if (instance != origin.instance) {
+            why_not = fmt::format("what answers at {}, where the job's last round formed, is another store now",
+                                  endpoint);
+            co_return std::nullopt;
+        }
+        // This node's own server is the store it leaves: a round may have formed there while it
+        // looked at the origin (read at once, with nothing awaited before the server stops).
+        const bool hosted = server_ != nullptr && rdzv_->hosts_store();
+        if (hosted) {
+            const std::vector<std::string> formed(1, store_client_options{}.key_prefix + job_key("last_round"));
+            if (server_->engine().check(formed)) {
+                why_not = "a round formed meanwhile at the store the job moved to, which this node hosts";
+                co_return std::nullopt;
+            }
+        }
+        const auto left = store_endpoint();
+        adopt(std::move(client), options);
+        instance_ = std::move(instance);
+        // Back at its own store (it had lost its own connection to it): it hosts it again.
+        rdzv_->went_back(*client_, *watcher_, !hosted && server_ != nullptr);
+        std::string idle;
+        if (hosted) {
+            server_->stop();
+            retired_servers_.push_back(std::move(server_));
+            try {
+                start_backup();
+            } catch (const store_error& e) {
+                idle = fmt::format(" (this node has no idle store now: {})", e.what());
+            }
+        }
+        if (const auto not_elastic = co_await hold_new_lease(std::move(me), endpoint)) {
+            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}", endpoint, *not_elastic));
+        }
+        co_return fmt::format("the store at {}, where the job's last round (round {}) formed, answers again: this "
+                              "node goes back there from {}{}{} and rejoins the job",
+                              endpoint, origin.round, left,
+                              hosted ? " (which it hosted and stops: a node still waiting there goes back too)" : "",
+                              idle);
     }
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -164,6 +166,9 @@ public:
     /// could act on at once (b's packets vanish in the veth; a keeps its own address, only the
     /// route to b goes), so each notices only the other's silence.
     void cut() { ip_ok({"-n", ns_a_, "link", "set", veth_a_, "down"}); }
+
+    /// The partition heals: a's end of the link comes up again (with its address and route).
+    void heal() { ip_ok({"-n", ns_a_, "link", "set", veth_a_, "up"}); }
 
     /// `ip netns exec <ns> <program> args...`: the argv of a launched child inside namespace `ns`.
     [[nodiscard]] std::vector<std::string> exec_in(const std::string& ns, const std::string& program,
@@ -422,6 +427,134 @@ TEST_CASE("rendezvous netns: a partition of --nnodes=1:2 ends both agents with 2
     CHECK(still_there(job.a_worker.pid).empty());
 
     // No worker outlives its agent on either side of the cut.
+    CHECK(workers_left(net, net.ns_a()).empty());
+    CHECK(workers_left(net, net.ns_b()).empty());
+}
+
+TEST_CASE("rendezvous netns: a partition of --nnodes=1:2 that heals within the join timeout: the node that moved "
+          "the store goes back to the store's host, and both train again") {
+    const auto ip = usable_ip();
+    if (!ip) return;
+    temp_dir dir;
+    two_hosts net(*ip);
+    net.create();
+    // Every round of two waits for the test's word; the job ends once the second round runs.
+    // join_timeout: far longer than the cut's detection, the move and the way back, so that
+    // without the way back both sides would wait it out and end with 250.
+    partitioned_job job(net, dir, "1:2", "w2:world+go+exit0", "60");
+    net.cut();
+
+    // B lost the store's host for longer than its reconnect, and moved the job's rendezvous to
+    // its own idle store, where one node is no majority of the last round's two; A, left with
+    // B's lease lost and silent, waits for a majority too. Neither trains alone.
+    const bool b_moved = job.b.read_err_until([](const std::string& err) {
+        return err.find("the job's rendezvous moves to") != std::string::npos;
+    });
+    const bool a_lost_b = job.a.read_err_until([](const std::string& err) {
+        return err.find("membership changed:") != std::string::npos;
+    });
+    INFO("agent A's stderr:\n" << job.a.err());
+    INFO("agent B's stderr:\n" << job.b.err());
+    REQUIRE(b_moved);
+    REQUIRE(a_lost_b);
+    net.heal();
+
+    // B finds the store where its last round formed answering again (the same store: its
+    // instance), leaves the moved store, where no round formed, and rejoins the job there.
+    const bool a_again = job.a.read_lines("world 2 ", 2);
+    const bool b_again = job.b.read_lines("world 2 ", 2);
+    INFO("agent A's stdout:\n" << job.a.out());
+    INFO("agent B's stdout:\n" << job.b.out());
+    REQUIRE(a_again);
+    REQUIRE(b_again);
+    { std::ofstream go(dir.str() + "/go"); }
+    const int code_a = job.a.wait();
+    const int code_b = job.b.wait();
+    INFO("agent A's stderr at the end:\n" << job.a.err());
+    INFO("agent B's stderr at the end:\n" << job.b.err());
+    CHECK(code_a == 0);
+    CHECK(code_b == 0);
+    CHECK(job.b.err().find("goes back there from") != std::string::npos);
+    const auto a_lines = world_lines(job.a.out());
+    const auto b_lines = world_lines(job.b.out());
+    REQUIRE(a_lines.size() == 2);
+    REQUIRE(b_lines.size() == 2);
+    CHECK(a_lines[1].group_world == 2);
+    CHECK(b_lines[1].group_world == 2);
+    CHECK(a_lines[1].group_rank + b_lines[1].group_rank == 1);
+    CHECK(a_lines[1].rank != b_lines[1].rank);
+    CHECK(still_there(job.a_worker.pid).empty());
+    CHECK(still_there(job.b_worker.pid).empty());
+    CHECK(workers_left(net, net.ns_a()).empty());
+    CHECK(workers_left(net, net.ns_b()).empty());
+}
+
+TEST_CASE("rendezvous netns: a partition of --nnodes=1:4 into halves that heals within the join timeout: the half "
+          "that moved the store goes back, and all four train again") {
+    const auto ip = usable_ip();
+    if (!ip) return;
+    temp_dir dir;
+    two_hosts net(*ip);
+    net.create();
+    // A round of three (the first of C and D back, with A and B: a majority) runs until the
+    // last one is back and admitted. join_timeout: the wait of A and B, and of the first mover,
+    // spans the other mover's notice of the cut, which the machine's load can slow.
+    const std::string rules = "w4:world+go+exit0;w3:world+hang";
+    // A hosts the store, B beside it; C and D across the link.
+    std::vector<std::unique_ptr<launched>> agents;
+    for (const auto* node : {"A", "B", "C", "D"}) {
+        const bool near = node[0] == 'A' || node[0] == 'B';
+        agents.push_back(std::make_unique<launched>(
+            net.exec_in(near ? net.ns_a() : net.ns_b(), agent_support::elasticrun(),
+                        agent_args(net, "1:4", near ? net.addr_a() : net.addr_b(), node[0] == 'A', "300")),
+            node_env(dir, rules, node), net.ip()));
+    }
+    for (auto& agent : agents) {
+        const bool runs = agent->read_lines("world 4 ", 1);
+        INFO("stderr:\n" << agent->err());
+        REQUIRE(runs);
+    }
+    net.cut();
+
+    // C and D lose the store's host and move the job's rendezvous to a successor across the
+    // cut: 2 of the last round's 4, no majority; A and B, 2 of 4 too, wait at the store.
+    for (auto* agent : {agents[2].get(), agents[3].get()}) {
+        const bool moved = agent->read_err_until([](const std::string& err) {
+            return err.find("the job's rendezvous moves to") != std::string::npos;
+        });
+        INFO("stderr:\n" << agent->err());
+        REQUIRE(moved);
+    }
+    net.heal();
+
+    // Both go back where the last round formed (the one that hosted the moved store stops it;
+    // the other loses it, or leaves first), and the four form a round again (after a round of
+    // three, when one of them is back first).
+    bool all_again = true;
+    for (auto& agent : agents) all_again = agent->read_lines("world 4 ", 2) && all_again;
+    INFO("agent A's stderr:\n" << agents[0]->err());
+    INFO("agent B's stderr:\n" << agents[1]->err());
+    INFO("agent C's stderr:\n" << agents[2]->err());
+    INFO("agent D's stderr:\n" << agents[3]->err());
+    REQUIRE(all_again);
+    { std::ofstream go(dir.str() + "/go"); }
+    std::vector<int> group_ranks;
+    for (auto& agent : agents) {
+        const int code = agent->wait();
+        INFO("stderr:\n" << agent->err());
+        CHECK(code == 0);
+        const auto lines = world_lines(agent->out());
+        REQUIRE(lines.size() >= 2);
+        CHECK(launched::count_lines(agent->out(), "world 4 ") == 2);
+        CHECK(lines.back().group_world == 4);
+        group_ranks.push_back(lines.back().group_rank);
+    }
+    std::sort(group_ranks.begin(), group_ranks.end());
+    CHECK(group_ranks == std::vector<int>{0, 1, 2, 3});
+    for (auto* agent : {agents[2].get(), agents[3].get()}) {
+        INFO("stderr:\n" << agent->err());
+        CHECK(agent->err().find("this node goes back there from") != std::string::npos);
+    }
     CHECK(workers_left(net, net.ns_a()).empty());
     CHECK(workers_left(net, net.ns_b()).empty());
 }

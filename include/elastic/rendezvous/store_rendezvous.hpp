@@ -84,6 +84,12 @@ struct store_rendezvous_options {
     /// and each member records that it learned of its round (`acked/<group rank>`). A store
     /// that is itself a quorum (etcd) turns it off.
     bool split_guard = true;
+    /// After the store moved, while no round has formed where it went and the round this node
+    /// waits in lacks the majority it needs: whether the store where this node's last round
+    /// formed answers again (then why, in a few words), which the node goes back to. Called at
+    /// each progress line of the wait; it must not block (it reports the last look, and may
+    /// start the next). Empty: a node waits at the moved store until its join timeout.
+    std::function<std::optional<std::string>()> origin_answers;
 
     [[nodiscard]] int min() const noexcept { return min_nodes > 0 ? min_nodes : nnodes; }
     [[nodiscard]] bool elastic() const noexcept { return min() < nnodes; }
@@ -174,6 +180,7 @@ public:
         after_move_ = true;
         moved_arrival_ = -1;
         told_majority_ = false;
+        carried_start_.reset();
         // No member of the last round this node knows (a standby that follows): its arrival
         // must not take a member's place in the movers' first round (split_rule).
         await_movers_ = member_round_ < 0 || member_round_ != known_round_;
@@ -186,6 +193,31 @@ public:
         watcher_ = &watcher;
         phase_ = phase::idle;
         rediscover_ = true;  // the others went on without this node: find the job's round again
+    }
+
+    /// Whether next_round() ended (store_lost_error) because this node left the moved store for
+    /// the store where its last round formed (options().origin_answers), its arrival withdrawn;
+    /// true once per such end.
+    [[nodiscard]] bool take_left_for_origin() noexcept { return std::exchange(left_for_origin_, false); }
+
+    /// The last formed round this node knows of, as a member or a standby (-1: none).
+    [[nodiscard]] int known_round() const noexcept { return known_round_; }
+
+    /// This node went back from a moved store, where no round formed, to the store where its
+    /// last round formed (`store`, `watcher`: new connections there; `hosts_it`: this node's
+    /// own server is that store): it rejoins the job there
+    /// as a node that store dropped does, under the rules of that store's rounds, none of the
+    /// move's. Then call start_liveness() with a new lease connection.
+    void went_back(Store& store, Store& watcher, bool hosts_it) {
+        reconnected(store, watcher);
+        options_.hosts_store = hosts_it;
+        carried_start_.reset();
+        drop_round_rules();
+        moved_ = false;
+        after_move_ = false;
+        moved_arrival_ = -1;
+        await_movers_ = false;
+        told_majority_ = false;
     }
 
     /// The last round's successors (where the store may move), after next_round().
@@ -262,7 +294,7 @@ public:
     /// join_timeout or on conflicting --node-rank; rendezvous_closed when the job ended while
     /// this node waited as a standby; store_lost_error when the store is lost.
     asio::awaitable<rendezvous_round> next_round(node_info me) {
-        auto started = std::chrono::steady_clock::now();
+        auto started = std::exchange(carried_start_, std::nullopt).value_or(std::chrono::steady_clock::now());
         if (me.previous_rank == std::nullopt && group_rank_ >= 0) me.previous_rank = group_rank_;
         if (!me.member_of && member_round_ >= 0 && me.previous_rank == group_rank_) me.member_of = member_round_;
         if (after_move_ && before_ && before_rank_ >= 0 && me.member_of == member_round_) {
@@ -1083,6 +1115,16 @@ private:
                         // looked again at the next line
                     }
                     if (passed_by_) co_return std::nullopt;
+                    try {
+                        if (co_await unless_lost(*store_, leaves_for_origin(r, arrival, started))) {
+                            throw store_lost_error(fmt::format(
+                                "round {} of run '{}' waited at the store the job moved to without the nodes it "
+                                "needs, and the store where this node's last round formed answers again",
+                                r, options_.run_id));
+                        }
+                    } catch (const store_timeout&) {
+                        // looked again at the next line
+                    }
                 }
                 co_await say_progress(r, join_deadline, last_call);
                 next_progress = clock::now() + (t - started < std::chrono::minutes(1) ? std::chrono::seconds(5)
@@ -1184,6 +1226,32 @@ private:
         if (!past) co_return std::nullopt;
         if (!co_await withdraw(r, arrival)) co_return std::nullopt;
         co_return past;
+    }
+
+    // A move that went nowhere: the store was lost to this node, yet where its last round
+    // formed answers again (the network between them was cut for longer than a reconnect),
+    // while here, at a successor's store, no round formed and round r lacks the nodes it
+    // needs. The node withdraws its arrival and goes back (take_left_for_origin()); its
+    // arrival stays when the round took it already (withdraw), or the round has the nodes it
+    // needs, or any round formed here (the job lives on here: this node stays with it).
+    asio::awaitable<bool> leaves_for_origin(int r, std::int64_t arrival,
+                                            std::chrono::steady_clock::time_point started) {
+        if (!options_.origin_answers) co_return false;
+        // The nodes here that could make the move's majority: live leases (a node on its way
+        // holds one before it arrives; an arrival taken back counts no more), against the
+        // majority of the last round (not this node's rule of the moment: a node that went on
+        // to others' round keeps none of its own).
+        const auto majority = std::max(needed(), detail::rendezvous::after_store_moved(size_, host_in_round_).quorum);
+        if (co_await live_nodes(*store_) >= majority) co_return false;
+        // The last formed round's record (a refused round writes none).
+        if (std::vector<std::string> formed{job_key("last_round")}; co_await store_->check(std::move(formed))) {
+            co_return false;
+        }
+        if (!options_.origin_answers()) co_return false;
+        if (!co_await withdraw(r, arrival)) co_return false;
+        left_for_origin_ = true;
+        carried_start_ = started;  // should the way back fail, the wait here goes on, not afresh
+        co_return true;
     }
 
     // The round past r that nodes arrived at in this store: the newest one formed or refused
@@ -2102,7 +2170,10 @@ private:
     std::optional<detail::rendezvous::earlier_round> before_{};
     int before_rank_ = -1;
     std::optional<detail::rendezvous::earlier_round> assigned_before_{};  ///< await_assignment's, for next_round
-    bool after_move_ = false;  ///< no round formed since the store moved: arrivals tell their earlier rank
+    bool after_move_ = false;       ///< no round formed since the store moved: arrivals tell their earlier rank
+    bool left_for_origin_ = false;  ///< next_round() ended to go back where the last round formed
+    /// When the wait that left for the origin began: the next wait's start, should it go on here.
+    std::optional<std::chrono::steady_clock::time_point> carried_start_;
 };
 
 }  // namespace elastic::inline v0
