@@ -430,6 +430,14 @@ public:
     /// that is no valid notice is reported and ignored: the wait goes on at the next slot
     /// (`abort/1`, ...), where a real abort is then written (abort()).
     asio::awaitable<abort_notice> wait_for_abort() {
+        // Every read of the watcher, not only the long wait, ends with the store's loss: a cut
+        // between a key's check and its read would otherwise hold the read for its timeout (the
+        // watcher holds no lease, so no heartbeat bounds its silence).
+        co_return co_await unless_lost(*watcher_, abort_slots());
+    }
+
+    // wait_for_abort() without the store's loss: the round's abort slots, in turn.
+    asio::awaitable<abort_notice> abort_slots() {
         const int r = round_;
         for (int slot = 0; slot < max_slots; ++slot) {
             const auto k = slot_key(r, "abort", slot);
