@@ -2399,6 +2399,36 @@ public:
 }  // namespace elastic::inline v0
 // ---- end elastic/store/errors.hpp ----
 
+// ---- begin elastic/detail/format.hpp ----
+// detail::format: fmt::format for elastic's own messages, with the compile-time check of their
+// format strings where elastic's own build compiles them and without it in a user's file.
+
+
+
+
+// fmt checks every literal format string at compile time (a consteval parse per call). Those
+// checks of elastic's 800-odd messages cost about a sixth of a file that includes the single
+// header in separate compilation mode, in every file of every user, and find nothing there: the
+// strings are elastic's, and elastic's own build (the CMake option ELASTIC_CHECK_FORMATS, on
+// with its tests) checks each of them, as fmt::format does, in every flavour. A user's file
+// formats them at run time with the same fmt code; an argument fmt cannot format is still a
+// compile error there. docs/building.md, "Compile time".
+namespace elastic::inline v0::detail {
+
+#if defined(ELASTIC_CHECK_FORMATS)
+template <class... Args>
+[[nodiscard]] std::string format(fmt::format_string<Args...> text, Args&&... args) {
+    return fmt::vformat(text, fmt::make_format_args(args...));
+}
+#else
+template <class... Args>
+[[nodiscard]] std::string format(fmt::string_view text, Args&&... args) {
+    return fmt::vformat(text, fmt::make_format_args(args...));
+}
+#endif
+
+}  // namespace elastic::inline v0::detail
+// ---- end elastic/detail/format.hpp ----
 
 
 // Why this shape (docs/store.md, "Authentication"):
@@ -2531,20 +2561,20 @@ private:
     static std::string describe_stranger(std::string_view in, std::size_t match) {
         const auto first = static_cast<unsigned char>(in[0]);
         if (match >= magic.size())
-            return fmt::format("its handshake has version {}, this server speaks {}",
-                               static_cast<unsigned>(static_cast<unsigned char>(in[match])), version);
+            return elastic::detail::format("its handshake has version {}, this server speaks {}",
+                                           static_cast<unsigned>(static_cast<unsigned char>(in[match])), version);
         // 00 CE ...: the current dialect's VALIDATE; 00 anything else: a legacy SET.
         if (first == 0x00 && (in.size() == 1 || in[1] == '\xCE'))
-            return fmt::format("it sent a TCPStore request (bytes {}) without authenticating; "
-                               "this store needs the job's secret",
-                               detail::hex(in));
+            return elastic::detail::format("it sent a TCPStore request (bytes {}) without authenticating; "
+                                           "this store needs the job's secret",
+                                           detail::hex(in));
         if (first <= 12)
-            return fmt::format("it sent a TCPStore request of the PyTorch 1.13 dialect (opcode "
-                               "{}) without authenticating; this store needs the job's secret",
-                               static_cast<unsigned>(first));
-        return fmt::format("its first bytes ({}) are neither an authentication handshake nor a "
-                           "TCPStore request",
-                           detail::hex(in));
+            return elastic::detail::format("it sent a TCPStore request of the PyTorch 1.13 dialect (opcode "
+                                           "{}) without authenticating; this store needs the job's secret",
+                                           static_cast<unsigned>(first));
+        return elastic::detail::format("its first bytes ({}) are neither an authentication handshake nor a "
+                                       "TCPStore request",
+                                       detail::hex(in));
     }
 
     std::string secret_;
@@ -2578,13 +2608,14 @@ public:
                     phase_ = phase::failed;
                     return {status::refused, 0,
                             match >= magic.size()
-                                ? fmt::format("it answered with handshake version {}, this "
-                                              "client speaks {}",
-                                              static_cast<unsigned>(static_cast<unsigned char>(in[match])), version)
-                                : fmt::format("it answered the authentication handshake with "
-                                              "bytes {}: it is not an elastic store with a "
-                                              "secret",
-                                              detail::hex(in))};
+                                ? elastic::detail::format("it answered with handshake version {}, this "
+                                                          "client speaks {}",
+                                                          static_cast<unsigned>(static_cast<unsigned char>(in[match])),
+                                                          version)
+                                : elastic::detail::format("it answered the authentication handshake with "
+                                                          "bytes {}: it is not an elastic store with a "
+                                                          "secret",
+                                                          detail::hex(in))};
                 }
                 if (in.size() < server_challenge_size) return {status::need_more, server_challenge_size, {}};
                 const auto server_nonce = detail::get_nonce(in.substr(magic.size() + 1));
@@ -2605,9 +2636,9 @@ public:
                 if (static_cast<unsigned char>(in[0]) != accepted) {
                     phase_ = phase::failed;
                     return {status::refused, 0,
-                            fmt::format("it answered the proof with verdict 0x{:02x}, not "
-                                        "0x{:02x}",
-                                        static_cast<unsigned char>(in[0]), accepted)};
+                            elastic::detail::format("it answered the proof with verdict 0x{:02x}, not "
+                                                    "0x{:02x}",
+                                                    static_cast<unsigned char>(in[0]), accepted)};
                 }
                 phase_ = phase::done;
                 return {status::ok, verdict_size, {}};
@@ -2670,7 +2701,7 @@ namespace detail {
 ELASTIC_DECL std::string hex(std::string_view bytes, std::size_t at_most) {
     std::string out;
     for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
-        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
+        out += elastic::detail::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
     if (bytes.size() > at_most) out += " ...";
     return out;
 }
@@ -3070,9 +3101,9 @@ public:
         if (!fixed(8, p)) return false;
         const auto v = get_le<std::uint64_t>(p);
         if (v > lim_.max_keys_per_request)
-            return fail(fmt::format("{} keys in one request exceed the limit of {} "
-                                    "(wire::limits::max_keys_per_request)",
-                                    v, lim_.max_keys_per_request));
+            return fail(elastic::detail::format("{} keys in one request exceed the limit of {} "
+                                                "(wire::limits::max_keys_per_request)",
+                                                v, lim_.max_keys_per_request));
         n = static_cast<std::size_t>(v);
         return true;
     }
@@ -3082,13 +3113,14 @@ public:
         const auto len = get_le<std::uint64_t>(p);
         const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
         if (len > max)
-            return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
-                                    is_key ? "key" : "value", len, max, is_key ? "max_key_size" : "max_value_size"));
+            return fail(elastic::detail::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
+                                                is_key ? "key" : "value", len, max,
+                                                is_key ? "max_key_size" : "max_value_size"));
         const auto n = static_cast<std::size_t>(len);
         if (pos_ + n > lim_.max_request_size)
-            return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
-                                    "(wire::limits::max_request_size)",
-                                    pos_ + n, lim_.max_request_size));
+            return fail(elastic::detail::format("a request of at least {} bytes exceeds the limit of {} "
+                                                "(wire::limits::max_request_size)",
+                                                pos_ + n, lim_.max_request_size));
         if (in_.size() - pos_ < n) return need(pos_ + n);
         s = in_.substr(pos_, n);
         pos_ += n;
@@ -3145,8 +3177,8 @@ ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request&
     const auto byte = static_cast<std::uint8_t>(*p);
     const auto o = to_op(d, byte);
     if (!o) {
-        r.fail(fmt::format("unknown opcode 0x{:02x} in the {} dialect", byte,
-                           d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
+        r.fail(elastic::detail::format("unknown opcode 0x{:02x} in the {} dialect", byte,
+                                       d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
         return std::move(r).result(false);
     }
     out.operation = *o;
@@ -3199,8 +3231,8 @@ ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request&
 ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out) {
     const auto byte = to_byte(d, req.operation);
     if (!byte)
-        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect", name(req.operation),
-                                                d == dialect::legacy ? "legacy" : "current"));
+        throw std::invalid_argument(elastic::detail::format("{} does not exist in the {} dialect", name(req.operation),
+                                                            d == dialect::legacy ? "legacy" : "current"));
     put_u8(out, *byte);
     switch (req.operation) {
         case op::validate:
@@ -3235,8 +3267,8 @@ ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out
         case op::multi_set:
             if (req.keys.size() != req.values.size())
                 throw std::invalid_argument(
-                    fmt::format("MULTI_SET needs as many values as keys, got {} keys and {} values", req.keys.size(),
-                                req.values.size()));
+                    elastic::detail::format("MULTI_SET needs as many values as keys, got {} keys and {} values",
+                                            req.keys.size(), req.values.size()));
             put_u64(out, req.keys.size());
             for (std::size_t i = 0; i < req.keys.size(); ++i) {
                 put_bytes(out, req.keys[i]);
@@ -3612,9 +3644,10 @@ public:
             throw store_error("store_client_options::secret is empty: give the store's secret, "
                               "or no secret (std::nullopt) for a store without authentication");
         if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format("store_client_options: lease_heartbeat_interval {} ms and "
-                                          "lease_missed_heartbeats {} must both be positive",
-                                          options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
+            throw store_error(detail::format("store_client_options: lease_heartbeat_interval {} ms and "
+                                             "lease_missed_heartbeats {} must both be positive",
+                                             options_.lease_heartbeat_interval.count(),
+                                             options_.lease_missed_heartbeats));
     }
 
     basic_tcp_store_client(const basic_tcp_store_client&) = delete;
@@ -3646,8 +3679,9 @@ public:
 
     /// "host:port" of the server, as error messages name it.
     [[nodiscard]] std::string address() const {
-        if (options_.host.find(':') != std::string::npos) return fmt::format("[{}]:{}", options_.host, options_.port);
-        return fmt::format("{}:{}", options_.host, options_.port);
+        if (options_.host.find(':') != std::string::npos)
+            return detail::format("[{}]:{}", options_.host, options_.port);
+        return detail::format("{}:{}", options_.host, options_.port);
     }
 
     [[nodiscard]] const store_client_options& options() const noexcept { return options_; }
@@ -3785,9 +3819,9 @@ public:
     /// SET per pair.
     asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
-            throw store_error(fmt::format("multi_set needs as many values as keys, got {} keys "
-                                          "and {} values",
-                                          keys.size(), values.size()));
+            throw store_error(detail::format("multi_set needs as many values as keys, got {} keys "
+                                             "and {} values",
+                                             keys.size(), values.size()));
         auto lock = co_await acquire();
         co_await ensure_connected();
         if (keys.empty()) co_return;
@@ -3849,9 +3883,9 @@ public:
         const auto k = wire_key(key);
         const auto parts = parse_lease_key(k);
         if (!parts || parts->name.empty() || parts->reserved())
-            throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name): "
-                                          "<group>/{}<name>, with a name neither empty nor starting with '__'",
-                                          key, lease_marker));
+            throw store_error(detail::format("hold_lease('{}'): not a lease key; use lease_key(group, name): "
+                                             "<group>/{}<name>, with a name neither empty nor starting with '__'",
+                                             key, lease_marker));
         auto lock = co_await acquire();
         co_await ensure_connected();
         begin(wire::op::set);
@@ -3936,7 +3970,7 @@ private:
     asio::awaitable<void> beat(std::shared_ptr<bool> alive) {
         const auto conn = conn_;
         if (rbeg_ != rend_) {
-            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(), rend_ - rbeg_));
+            drop(detail::format("the store at {} sent {} bytes nobody asked for", address(), rend_ - rbeg_));
             co_return;
         }
         std::string out;
@@ -3961,23 +3995,23 @@ private:
         }
         if (conn->expired) drop(silent_server_message());
         else if (ec)
-            drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
-                             "or died, or it ended this connection (see its log)",
-                             address(), ec.message()));
+            drop(detail::format("the store at {} closed the connection ({}): the server stopped "
+                                "or died, or it ended this connection (see its log)",
+                                address(), ec.message()));
         else
-            drop(fmt::format("the store at {} answered a heartbeat with a wrong reply: not our "
-                             "server, or a desynchronised stream",
-                             address()));
+            drop(detail::format("the store at {} answered a heartbeat with a wrong reply: not our "
+                                "server, or a desynchronised stream",
+                                address()));
     }
 
     // `silence`: what the server did not do in time ("did not answer a heartbeat" while idle).
     std::string silent_server_message(std::string_view silence = "did not answer a heartbeat") const {
-        return fmt::format("the store at {} {} within {} ms ({} missed "
-                           "heartbeats of {} ms): the server is hung, stopped or unreachable "
-                           "(store_client_options::lease_heartbeat_interval, "
-                           "lease_missed_heartbeats)",
-                           address(), silence, heartbeat_deadline().count(), options_.lease_missed_heartbeats,
-                           options_.lease_heartbeat_interval.count());
+        return detail::format("the store at {} {} within {} ms ({} missed "
+                              "heartbeats of {} ms): the server is hung, stopped or unreachable "
+                              "(store_client_options::lease_heartbeat_interval, "
+                              "lease_missed_heartbeats)",
+                              address(), silence, heartbeat_deadline().count(), options_.lease_missed_heartbeats,
+                              options_.lease_heartbeat_interval.count());
     }
 
     // ---- one request at a time ---------------------------------------------------------------
@@ -4109,7 +4143,7 @@ private:
             const auto delay = detail::store::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff,
                                                               rng_);
             if (clock::now() + delay >= deadline) {
-                throw store_error(fmt::format(
+                throw store_error(detail::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
                     "server (the agent, or rank 0) running and is MASTER_ADDR/MASTER_PORT right? "
                     "(store_client_options::connect_timeout)",
@@ -4197,10 +4231,10 @@ private:
                 disarm();
                 drop();
                 throw store_auth_error(
-                    fmt::format("the store at {} failed the authentication handshake: {}; give every agent "
-                                "and the store the same secret (store_client_options::secret, "
-                                "store_server_options::secret)",
-                                address(), s.reason));
+                    detail::format("the store at {} failed the authentication handshake: {}; give every agent "
+                                   "and the store the same secret (store_client_options::secret, "
+                                   "store_server_options::secret)",
+                                   address(), s.reason));
             }
             if (s.status == store_auth::status::need_more) {
                 if (const auto ec = co_await fill(s.size)) co_return auth_io_failed(hs, ec);
@@ -4223,15 +4257,15 @@ private:
         if (ec != asio::error::eof && ec != asio::error::connection_reset && ec != asio::error::broken_pipe) return ec;
         if (hs.proof_sent())
             throw store_auth_error(
-                fmt::format("the store at {} refused this client's secret (it closed the connection after "
-                            "the proof: {}); give the client the store's secret "
-                            "(store_client_options::secret = store_server_options::secret)",
-                            address(), ec.message()));
+                detail::format("the store at {} refused this client's secret (it closed the connection after "
+                               "the proof: {}); give the client the store's secret "
+                               "(store_client_options::secret = store_server_options::secret)",
+                               address(), ec.message()));
         throw store_auth_error(
-            fmt::format("the store at {} closed the connection during the authentication handshake ({}): it "
-                        "has no secret (store_server_options::secret), or it is not an elastic store; give "
-                        "the server the same secret, or the client none",
-                        address(), ec.message()));
+            detail::format("the store at {} closed the connection during the authentication handshake ({}): it "
+                           "has no secret (store_server_options::secret), or it is not an elastic store; give "
+                           "the server the same secret, or the client none",
+                           address(), ec.message()));
     }
 
     // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
@@ -4261,36 +4295,36 @@ private:
         const auto echo = wire::get_le<std::uint32_t>(rbuf_.data() + rbeg_);
         rbeg_ += 4;
         if (echo != nonce)
-            throw store_error(fmt::format("the store at {} answered PING {} with {}: not a "
-                                          "TCPStore server, or a desynchronised stream",
-                                          address(), nonce, echo));
+            throw store_error(detail::format("the store at {} answered PING {} with {}: not a "
+                                             "TCPStore server, or a desynchronised stream",
+                                             address(), nonce, echo));
         co_return std::error_code{};
     }
 
     // ---- I/O ---------------------------------------------------------------------------------
     [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
         const bool timed_out = expired();
-        const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+        const auto about = key.empty() ? std::string(what) : detail::format("{} '{}'", what, key);
         if (!conn_) closed(about);
         if (timed_out && silence_bound_ && clock::now() < request_deadline_) {
-            auto message = fmt::format("{}: {}", about, silent_server_message("said nothing"));
+            auto message = detail::format("{}: {}", about, silent_server_message("said nothing"));
             drop(message);
             throw store_error(message);
         }
         if (timed_out) {
-            auto message = fmt::format("the store at {} did not answer {} within {} ms; the server is stuck or "
-                                       "overloaded (store_client_options::timeout)",
-                                       address(), about, options_.timeout.count());
+            auto message = detail::format("the store at {} did not answer {} within {} ms; the server is stuck or "
+                                          "overloaded (store_client_options::timeout)",
+                                          address(), about, options_.timeout.count());
             drop(message);
             throw store_timeout(message);
         }
         std::string message;
         if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe)
-            message = fmt::format("the store at {} closed the connection during {} ({}): the server stopped, or "
-                                  "rejected the request (ADD on a non-numeric value, a write to a lease key it "
-                                  "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
-                                  address(), about, ec.message());
-        else message = fmt::format("the store at {}: {} failed: {}", address(), about, ec.message());
+            message = detail::format("the store at {} closed the connection during {} ({}): the server stopped, or "
+                                     "rejected the request (ADD on a non-numeric value, a write to a lease key it "
+                                     "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
+                                     address(), about, ec.message());
+        else message = detail::format("the store at {}: {} failed: {}", address(), about, ec.message());
         drop(message);
         throw store_error(message);
     }
@@ -4324,9 +4358,9 @@ private:
 
     // close() ended the request `about` (conn_ dropped while it was suspended).
     [[noreturn]] void closed(std::string_view about) const {
-        throw store_error(fmt::format("the store at {}: {} ended: this client was closed (close() was called during "
-                                      "the request)",
-                                      address(), about));
+        throw store_error(detail::format("the store at {}: {} ended: this client was closed (close() was called during "
+                                         "the request)",
+                                         address(), about));
     }
 
     // Makes n bytes available at rbuf_[rbeg_, ...). An error code, not an exception, so WAIT
@@ -4378,7 +4412,7 @@ private:
 
     asio::awaitable<std::string> read_bytes(std::string_view what, std::string_view key) {
         const auto len = co_await read_u64(what, key);
-        if (len > max_reply_value) throw_protocol(what, key, fmt::format("a value of {} bytes", len));
+        if (len > max_reply_value) throw_protocol(what, key, detail::format("a value of {} bytes", len));
         const auto n = static_cast<std::size_t>(len);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
         std::string v(rbuf_.data() + rbeg_, n);
@@ -4387,9 +4421,9 @@ private:
     }
 
     [[noreturn]] void throw_protocol(std::string_view what, std::string_view key, std::string_view got) {
-        auto message = fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
-                                   "server of the expected dialect, or a desynchronised stream",
-                                   address(), what, key, got);
+        auto message = detail::format("the store at {} answered {} '{}' with {}: not a TCPStore "
+                                      "server of the expected dialect, or a desynchronised stream",
+                                      address(), what, key, got);
         drop(message);
         throw store_error(message);
     }
@@ -4437,7 +4471,7 @@ private:
             const auto ec = co_await fill(1);
             if (!ec) {
                 const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
-                if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+                if (byte != stop) throw_protocol("WAIT", first_of(keys), detail::format("byte {}", byte));
                 if (++zeros == checks_sent.size() + 1) {
                     disarm();
                     co_return;
@@ -4451,7 +4485,7 @@ private:
             if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
                 auto message = silent_server_message();
                 drop(message);
-                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys), message));
+                throw store_error(detail::format("{} of {}: {}", what, describe_keys(keys), message));
             }
             if (now >= wait_deadline) break;
             if (!leases_.empty() && now >= next_beat) {
@@ -4466,7 +4500,7 @@ private:
             }
             arm_next();
         }
-        const auto message = fmt::format(
+        const auto message = detail::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
             "{} has not; store_client_options::timeout or the wait's timeout)",
             what, address(), describe_keys(keys), timeout.count(), keys.size() == 1 ? "it" : "them");
@@ -4489,7 +4523,7 @@ private:
             byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
         }
         if (byte != static_cast<std::uint8_t>(wire::wait_response::wait_canceled))
-            throw_protocol("CANCEL_WAIT", first_of(keys), fmt::format("byte {}", byte));
+            throw_protocol("CANCEL_WAIT", first_of(keys), detail::format("byte {}", byte));
         throw store_timeout(message);
     }
 
@@ -4497,9 +4531,9 @@ private:
         std::string out = keys.size() == 1 ? "key " : "keys ";
         for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
             if (i) out += ", ";
-            out += fmt::format("'{}'", keys[i]);
+            out += detail::format("'{}'", keys[i]);
         }
-        if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
+        if (keys.size() > 8) out += detail::format(" and {} more", keys.size() - 8);
         return out;
     }
 
@@ -4865,9 +4899,9 @@ ELASTIC_DECL std::int64_t store_engine::add(std::string_view key, std::int64_t d
     if (const auto* v = find(key)) current = parse_int(key, *v);
     std::int64_t sum = 0;
     if (__builtin_add_overflow(current, delta, &sum))
-        throw store_error(fmt::format("ADD {} to key '{}' holding {} overflows a 64-bit "
-                                      "integer",
-                                      delta, printable(key), current));
+        throw store_error(detail::format("ADD {} to key '{}' holding {} overflows a 64-bit "
+                                         "integer",
+                                         delta, printable(key), current));
     char digits[24];
     const auto res = std::to_chars(digits, digits + sizeof digits, sum);
     const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
@@ -4951,9 +4985,9 @@ ELASTIC_DECL std::string store_engine::printable(std::string_view key) {
     for (const char c : key.substr(0, 200)) {
         const auto u = static_cast<unsigned char>(c);
         if (u >= 0x20 && u < 0x7f && u != '\\') out.push_back(c);
-        else out += fmt::format("\\x{:02x}", u);
+        else out += detail::format("\\x{:02x}", u);
     }
-    if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
+    if (key.size() > 200) out += detail::format("...({} bytes)", key.size());
     return out;
 }
 
@@ -4963,9 +4997,9 @@ ELASTIC_DECL std::int64_t store_engine::parse_int(std::string_view key, const st
     const auto* last = v.data() + v.size();
     const auto res = std::from_chars(first, last, n);
     if (v.empty() || res.ec != std::errc{} || res.ptr != last)
-        throw store_error(fmt::format("ADD on key '{}' whose value '{}' is not a decimal "
-                                      "64-bit integer; ADD needs a counter written by ADD",
-                                      printable(key), printable(v)));
+        throw store_error(detail::format("ADD on key '{}' whose value '{}' is not a decimal "
+                                         "64-bit integer; ADD needs a counter written by ADD",
+                                         printable(key), printable(v)));
     return n;
 }
 
@@ -5075,9 +5109,9 @@ public:
     /// Sets each key to the value at the same position.
     asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
-            throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
-                                          "and {} values",
-                                          keys.size(), values.size()));
+            throw store_error(detail::format("multi_set needs as many values as keys: got {} keys "
+                                             "and {} values",
+                                             keys.size(), values.size()));
         for (std::size_t i = 0; i < keys.size(); ++i) engine_->set(keys[i], std::move(values[i]));
         co_return;
     }
@@ -5116,7 +5150,8 @@ private:
         std::string names;
         for (const auto& k : keys)
             if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store::store_engine::printable(k);
-        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}", timeout.count(), names));
+        throw store_timeout(detail::format("wait timed out after {} ms; keys still missing: {}", timeout.count(),
+                                           names));
     }
 
     std::unique_ptr<detail::store::store_engine> owned_;  // null when viewing another's engine
@@ -5274,8 +5309,8 @@ public:
             epoch = engine.add(space + "__epoch", 1);
         } catch (const store_error& e) {
             // Only an in-process writer (memory_store over engine()) can have spoiled it.
-            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
-                            store_engine::printable(key), holder, why, e.what()));
+            log(detail::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
+                               store_engine::printable(key), holder, why, e.what()));
             return;
         }
         ++lost_;
@@ -5286,17 +5321,17 @@ public:
             } catch (...) {
                 // Spoiled in process (memory_store over engine()), or out of memory: the loss is
                 // still recorded below; the count stays as it is (never lowered).
-                log(fmt::format("lease '{}' of {} lost silently, but {}__silent cannot count it",
-                                store_engine::printable(key), holder, store_engine::printable(space)));
+                log(detail::format("lease '{}' of {} lost silently, but {}__silent cannot count it",
+                                   store_engine::printable(key), holder, store_engine::printable(space)));
             }
         }
-        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        engine.set(detail::format("{}__lost/{}", space, epoch), parts->name);
         // The records do not pile up: an observer reads each one as it comes (it waits for the
         // next by push), and a new observer starts at the epoch. Older ones than this go.
         const auto kept = std::max<std::int64_t>(records_kept, 1);
-        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost{}: {}; {}__epoch is now {}", store_engine::printable(key), holder,
-                        silent ? " (silent)" : "", why, store_engine::printable(space), epoch));
+        if (epoch > kept) engine.erase(detail::format("{}__lost/{}", space, epoch - kept));
+        log(detail::format("lease '{}' of {} lost{}: {}; {}__epoch is now {}", store_engine::printable(key), holder,
+                           silent ? " (silent)" : "", why, store_engine::printable(space), epoch));
     }
 
 private:
@@ -5315,18 +5350,18 @@ ELASTIC_DECL std::string store_lease_table::refusal(wire::op o, std::string_view
     const auto parts = parse_lease_key(key);
     if (!parts) return {};
     if (parts->reserved())
-        return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
-                           "(names after '{}' starting with '__' are read-only; "
-                           "docs/store.md, Leases)",
-                           wire::name(o), store_engine::printable(key), lease_marker);
+        return detail::format("malformed lease request: {} of '{}', a name the server keeps "
+                              "(names after '{}' starting with '__' are read-only; "
+                              "docs/store.md, Leases)",
+                              wire::name(o), store_engine::printable(key), lease_marker);
     if (parts->name.empty())
-        return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
-                           "is <group>/{}<name>, name not empty)",
-                           wire::name(o), store_engine::printable(key), lease_marker);
+        return detail::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                              "is <group>/{}<name>, name not empty)",
+                              wire::name(o), store_engine::printable(key), lease_marker);
     if (!binds)
-        return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
-                           "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
-                           wire::name(o), store_engine::printable(key));
+        return detail::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                              "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                              wire::name(o), store_engine::printable(key));
     return {};
 }
 
@@ -5510,8 +5545,8 @@ ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
     const auto ep = s.remote_endpoint(ec);
     if (ec) return "unknown peer";
-    if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
-    return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+    if (ep.address().is_v6()) return detail::format("[{}]:{}", ep.address().to_string(), ep.port());
+    return detail::format("{}:{}", ep.address().to_string(), ep.port());
 }
 
 }  // namespace detail::store
@@ -5576,7 +5611,7 @@ public:
         try {
             co_await self->loop();
         } catch (const std::exception& e) {
-            self->expire(fmt::format("internal error: {}", e.what()));
+            self->expire(detail::format("internal error: {}", e.what()));
         } catch (...) {
             self->expire("internal error");
         }
@@ -5861,8 +5896,8 @@ ELASTIC_DECL bool store_connection::unused_since(std::chrono::steady_clock::time
 
 ELASTIC_DECL void store_connection::expire(std::string reason) {
     if (!socket_.is_open()) return;
-    core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
-    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    core_->log(detail::format("closing connection from {}: {}", peer_, reason));
+    if (close_reason_.empty()) close_reason_ = detail::format("the server closed it: {}", reason);
     close();
 }
 
@@ -5889,9 +5924,9 @@ ELASTIC_DECL std::string store_connection::no_memory_for(std::size_t n, std::str
     const auto& o = core_->options;
     const std::size_t held = core_->held();
     if (n <= o.max_memory && held <= o.max_memory - n) return {};
-    return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
-                       "(store_server_options::max_memory); the store is full",
-                       what, n, held, o.max_memory);
+    return detail::format("{} needs {} bytes more while the server holds {} of its {} "
+                          "(store_server_options::max_memory); the store is full",
+                          what, n, held, o.max_memory);
 }
 
 ELASTIC_DECL std::size_t store_connection::output_growth(std::size_t n) const noexcept {
@@ -5903,13 +5938,13 @@ ELASTIC_DECL std::size_t store_connection::output_growth(std::size_t n) const no
 ELASTIC_DECL std::string store_connection::no_room_for_reply(std::size_t n, std::string_view what) const {
     const auto& o = core_->options;
     if (n > o.max_reply_size)
-        return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
-                           "(store_server_options::max_reply_size); ask for fewer keys",
-                           what, n, o.max_reply_size);
+        return detail::format("{} asks for a reply of {} bytes, over the limit of {} "
+                              "(store_server_options::max_reply_size); ask for fewer keys",
+                              what, n, o.max_reply_size);
     if (out_.size() + n > o.max_queued_output)
-        return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
-                           "more (store_server_options::max_queued_output)",
-                           out_.size(), what, n);
+        return detail::format("the client has left {} bytes of replies unread and {} wants {} "
+                              "more (store_server_options::max_queued_output)",
+                              out_.size(), what, n);
     return no_memory_for(output_growth(n), what);
 }
 
@@ -5919,14 +5954,14 @@ ELASTIC_DECL bool store_connection::room_to_push(std::size_t n) {
     const std::size_t queued = out_.size() + wbuf_.size();
     std::string why;
     if (queued + n > o.max_queued_output)
-        why = fmt::format("it does not read what it is sent: {} bytes of replies and "
-                          "notifications are queued for it, and {} more would pass "
-                          "store_server_options::max_queued_output ({})",
-                          queued, n, o.max_queued_output);
+        why = detail::format("it does not read what it is sent: {} bytes of replies and "
+                             "notifications are queued for it, and {} more would pass "
+                             "store_server_options::max_queued_output ({})",
+                             queued, n, o.max_queued_output);
     else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
-        why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
-                          "and {}",
-                          queued, full);
+        why = detail::format("it does not read what it is sent ({} bytes are queued for it), "
+                             "and {}",
+                             queued, full);
     if (why.empty()) return true;
     expire(std::move(why));
     return false;
@@ -6009,14 +6044,14 @@ ELASTIC_DECL bool store_connection::process() {
 }
 
 ELASTIC_DECL bool store_connection::fail(std::string_view reason) {
-    core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
-                           dialect_ == wire::dialect::current ? "current" : "legacy", reason));
-    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    core_->log(detail::format("closing connection from {} ({} dialect): {}", peer_,
+                              dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+    if (close_reason_.empty()) close_reason_ = detail::format("the server closed it: {}", reason);
     return false;
 }
 
 ELASTIC_DECL bool store_connection::refuse(std::string_view reason) {
-    core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
+    core_->log(detail::format("closing connection from {}: authentication failed: {}", peer_, reason));
     auth_.reset();  // said once
     return false;
 }
@@ -6024,9 +6059,9 @@ ELASTIC_DECL bool store_connection::refuse(std::string_view reason) {
 ELASTIC_DECL std::string store_connection::lease_held_elsewhere(wire::op o, std::string_view key) const {
     const auto* holder = core_->leases.holder(key);
     if (!holder || holder == this) return {};
-    return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
-                       "holder writes or deletes it; docs/store.md, Leases)",
-                       wire::name(o), store_engine::printable(key), holder->peer());
+    return detail::format("{} of lease '{}', which the connection from {} holds (only a lease's "
+                          "holder writes or deletes it; docs/store.md, Leases)",
+                          wire::name(o), store_engine::printable(key), holder->peer());
 }
 
 ELASTIC_DECL void store_connection::bind_lease(std::string_view key) {
@@ -6078,9 +6113,9 @@ ELASTIC_DECL void store_connection::deadline_passed() {
                 if (stalled) stalled_at_ = now;
                 if (stalled && now - core_->stall_said > core_->lease_timeout()) {  // once per stall
                     core_->stall_said = now;
-                    core_->log(fmt::format("the store did not run for {} ms (its process was stopped, or starved of "
-                                           "CPU): the leases' silence is counted from now, not from before",
-                                           ms(late)));
+                    core_->log(detail::format("the store did not run for {} ms (its process was stopped, or starved of "
+                                              "CPU): the leases' silence is counted from now, not from before",
+                                              ms(late)));
                 }
                 last_heard_ = now;
                 schedule();
@@ -6088,36 +6123,36 @@ ELASTIC_DECL void store_connection::deadline_passed() {
             }
         }
         silent_ = true;
-        close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
-                                    "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-                                    ms(now - last_heard_), o.lease_missed_heartbeats,
-                                    o.lease_heartbeat_interval.count());
-        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+        close_reason_ = detail::format("silent for {} ms ({} missed heartbeats of {} ms; "
+                                       "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                                       ms(now - last_heard_), o.lease_missed_heartbeats,
+                                       o.lease_heartbeat_interval.count());
+        core_->log(detail::format("closing connection from {}: {}", peer_, close_reason_));
         close();
         return;
     }
     if (auth_ && now >= opened_ + o.auth_timeout) {
         auth_.reset();  // said once
-        return expire(fmt::format("authentication failed: no complete handshake within {} "
-                                  "ms (store_server_options::auth_timeout)",
-                                  o.auth_timeout.count()));
+        return expire(detail::format("authentication failed: no complete handshake within {} "
+                                     "ms (store_server_options::auth_timeout)",
+                                     o.auth_timeout.count()));
     }
     // A client whose bytes stop mid-request or mid-reply went silent too (a cut-off link
     // leaves a write unacknowledged).
     if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout) {
         silent_ = true;
-        return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
-                                  "arrived; store_server_options::request_timeout is {} ms)",
-                                  ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+        return expire(detail::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                                     "arrived; store_server_options::request_timeout is {} ms)",
+                                     ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
     }
     if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout) {
         silent_ = true;
-        return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
-                                  "request_timeout)",
-                                  wbuf_.size(), ms(now - *write_since_)));
+        return expire(detail::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                                     "request_timeout)",
+                                     wbuf_.size(), ms(now - *write_since_)));
     }
     if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
-        return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
+        return expire(detail::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
     schedule();
 }
 
@@ -6128,8 +6163,8 @@ ELASTIC_DECL bool store_connection::execute() {
     switch (r.operation) {
         case op::validate:
             if (r.nonce != wire::validate_magic)
-                return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
-                                        wire::validate_magic));
+                return fail(detail::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
+                                           wire::validate_magic));
             return true;
         case op::ping: wire::put_u32(out_, r.nonce); return true;
         case op::set:
@@ -6179,9 +6214,9 @@ ELASTIC_DECL bool store_connection::execute() {
             return true;
         case op::wait: {
             if (waits_.size() >= core_->options.max_waits_per_connection)
-                return fail(fmt::format("{} WAITs pending on one connection reach the limit "
-                                        "(store_server_options::max_waits_per_connection)",
-                                        waits_.size()));
+                return fail(detail::format("{} WAITs pending on one connection reach the limit "
+                                           "(store_server_options::max_waits_per_connection)",
+                                           waits_.size()));
             std::size_t awaited = 0;
             for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
             if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
@@ -6196,9 +6231,9 @@ ELASTIC_DECL bool store_connection::execute() {
         case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
         case op::watch_key:
             if (watches_ >= core_->options.max_waits_per_connection)
-                return fail(fmt::format("{} keys watched on one connection reach the limit "
-                                        "(store_server_options::max_waits_per_connection)",
-                                        watches_));
+                return fail(detail::format("{} keys watched on one connection reach the limit "
+                                           "(store_server_options::max_waits_per_connection)",
+                                           watches_));
             if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
                 return fail(why);
             if (engine.watch(watcher_, r.key)) ++watches_;
@@ -6218,11 +6253,11 @@ ELASTIC_DECL bool store_connection::execute() {
             if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
             if (const auto* v = engine.find(r.key);
                 v && v->size() + r.value.size() > core_->options.limits.max_value_size)
-                return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
-                                        "bytes, over the limit of {} "
-                                        "(wire::limits::max_value_size)",
-                                        r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
-                                        core_->options.limits.max_value_size));
+                return fail(detail::format("APPEND of {} bytes to '{}' would make a value of {} "
+                                           "bytes, over the limit of {} "
+                                           "(wire::limits::max_value_size)",
+                                           r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
+                                           core_->options.limits.max_value_size));
             if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
                 return fail(why);
             engine.append(r.key, r.value);
@@ -6235,7 +6270,8 @@ ELASTIC_DECL bool store_connection::execute() {
                 const auto* v = engine.find(k);
                 reply += 8 + (v ? v->size() : 0);
             }
-            if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size())); !why.empty())
+            if (auto why = no_room_for_reply(reply, detail::format("MULTI_GET of {} keys", r.keys.size()));
+                !why.empty())
                 return fail(why);
             for (const auto k : r.keys) {
                 const auto* v = engine.find(k);
@@ -6277,7 +6313,7 @@ ELASTIC_DECL bool store_connection::execute() {
         case op::queue_pop:
         case op::queue_len:
         case op::barrier:
-            return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
+            return fail(detail::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
     }
     return fail("unreachable opcode");
 }
@@ -6290,11 +6326,11 @@ ELASTIC_DECL void store_connection::cancel_waits() noexcept {
 ELASTIC_DECL void store_connection::finish() noexcept {
     if (auth_ && auth_->challenged() && !core_->stopped) {
         try {
-            core_->log(fmt::format("connection from {} closed during the authentication "
-                                   "handshake, after this server's challenge: the client "
-                                   "did not accept this server's proof (it has another "
-                                   "secret) or left",
-                                   peer_));
+            core_->log(detail::format("connection from {} closed during the authentication "
+                                      "handshake, after this server's challenge: the client "
+                                      "did not accept this server's proof (it has another "
+                                      "secret) or left",
+                                      peer_));
         } catch (...) {
             // Out of memory for a log line: the connection ends either way.
         }
@@ -6385,10 +6421,10 @@ inline bool shed_unused(store_server_core& core, std::string_view why) {
     for (auto* c : core.connections)
         if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened())) victim = c;
     if (!victim) return false;
-    victim->expire(fmt::format("{}: it has completed no request in the {} ms since it connected, and a new client "
-                               "is served in its place (store_server_options::shed_unused_after)",
-                               why,
-                               std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened()).count()));
+    victim->expire(
+        detail::format("{}: it has completed no request in the {} ms since it connected, and a new client "
+                       "is served in its place (store_server_options::shed_unused_after)",
+                       why, std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened()).count()));
     return true;
 }
 
@@ -6415,10 +6451,10 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
                 core->release_descriptor();
                 auto [ec2, refused] = co_await core->acceptor.async_accept(detail::as_tuple_awaitable<Defer>);
                 if (!ec2) {
-                    core->log(fmt::format("refusing connection from {}: the process is out of file "
-                                          "descriptors ({}) and no connection can make room; raise `ulimit "
-                                          "-n` or lower store_server_options::max_connections",
-                                          format_peer(refused), ec.message()));
+                    core->log(detail::format("refusing connection from {}: the process is out of file "
+                                             "descriptors ({}) and no connection can make room; raise `ulimit "
+                                             "-n` or lower store_server_options::max_connections",
+                                             format_peer(refused), ec.message()));
                     std::error_code ignored;
                     refused.close(ignored);
                 }
@@ -6426,21 +6462,21 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
                 core->reserve_descriptor();
                 if (!ec2 || ec2 == asio::error::operation_aborted) continue;
             }
-            core->log(fmt::format("cannot accept: {}; waiting until a connection closes", ec.message()));
+            core->log(detail::format("cannot accept: {}; waiting until a connection closes", ec.message()));
             co_await core->resume_accept.wait();
             continue;
         }
         if (ec) {
-            core->log(fmt::format("accept failed: {}", ec.message()));
+            core->log(detail::format("accept failed: {}", ec.message()));
             continue;
         }
         std::error_code ignored;
         if (core->options.accept_peer) {
             const auto remote = socket.remote_endpoint(ignored);
             if (ignored || !core->options.accept_peer(remote.address())) {
-                core->log(fmt::format("refusing connection from {}: not a peer this store "
-                                      "accepts (store_server_options::accept_peer)",
-                                      format_peer(socket)));
+                core->log(detail::format("refusing connection from {}: not a peer this store "
+                                         "accepts (store_server_options::accept_peer)",
+                                         format_peer(socket)));
                 socket.close(ignored);
                 continue;
             }
@@ -6453,9 +6489,9 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
                                                            [](const auto* c) { return c->is_open(); })) >=
                 core->options.max_connections &&
             !shed_unused(*core, "max_connections is reached")) {
-            core->log(fmt::format("refusing connection from {}: {} connections reach the "
-                                  "limit (store_server_options::max_connections)",
-                                  format_peer(socket), core->connections.size()));
+            core->log(detail::format("refusing connection from {}: {} connections reach the "
+                                     "limit (store_server_options::max_connections)",
+                                     format_peer(socket), core->connections.size()));
             socket.close(ignored);
             continue;
         }
@@ -6486,24 +6522,24 @@ public:
         auto& o = core_->options;
         auto& acc = core_->acceptor;
         if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format("store_server_options: lease_heartbeat_interval {} ms and "
-                                          "lease_missed_heartbeats {} must both be positive",
-                                          o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+            throw store_error(detail::format("store_server_options: lease_heartbeat_interval {} ms and "
+                                             "lease_missed_heartbeats {} must both be positive",
+                                             o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
         // A client that reads everything must never be cut off: its queue holds what reading
         // stops at plus one reply, or a WATCH_KEY notification of two values.
         const std::size_t notification = 25 + o.limits.max_key_size + 2 * o.limits.max_value_size;
         if (o.max_queued_output < o.max_pending_output + std::max(o.max_reply_size, notification))
             throw store_error(
-                fmt::format("store_server_options: max_queued_output {} is less than max_pending_output {} "
-                            "plus the largest reply ({}) or notification ({})",
-                            o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
+                detail::format("store_server_options: max_queued_output {} is less than max_pending_output {} "
+                               "plus the largest reply ({}) or notification ({})",
+                               o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
         if (o.secret && o.secret->empty())
             throw store_error("store_server_options::secret is empty: give the job's secret, or "
                               "no secret (std::nullopt) for a store without authentication");
         if (o.secret && o.auth_timeout.count() <= 0)
-            throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
-                                          "positive",
-                                          o.auth_timeout.count()));
+            throw store_error(detail::format("store_server_options::auth_timeout {} ms must be "
+                                             "positive",
+                                             o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -6522,9 +6558,9 @@ public:
             acc.listen(asio::socket_base::max_listen_connections);
             bound_ = acc.local_endpoint();
         } catch (const std::system_error& e) {
-            throw store_listen_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
-                                                 "picks a free one) or address",
-                                                 o.host, o.port, e.code().message()),
+            throw store_listen_error(detail::format("cannot listen on {}:{}: {}; choose another port (0 "
+                                                    "picks a free one) or address",
+                                                    o.host, o.port, e.code().message()),
                                      e.code());
         }
     }
@@ -6645,7 +6681,7 @@ public:
         std::uint64_t v = 0;
         bytes(&v, sizeof v);
         if (min_element != 0 && v > in_.size() / min_element)
-            fail(fmt::format("a count of {} elements of at least {} bytes each", v, min_element));
+            fail(elastic::detail::format("a count of {} elements of at least {} bytes each", v, min_element));
         return static_cast<std::size_t>(v);
     }
     /// Takes any serializable value.
@@ -6655,14 +6691,15 @@ public:
     [[nodiscard]] std::size_t remaining() const noexcept { return in_.size(); }
 
     [[noreturn]] void fail(const std::string& what) const {
-        throw store_error(fmt::format("elastic::dist: cannot decode {} with {} bytes left: the bytes were written "
-                                      "for another type (every rank must pass the same type to a collective)",
-                                      what, in_.size()));
+        throw store_error(
+            elastic::detail::format("elastic::dist: cannot decode {} with {} bytes left: the bytes were written "
+                                    "for another type (every rank must pass the same type to a collective)",
+                                    what, in_.size()));
     }
 
 private:
     void need(std::size_t n, std::string_view what) const {
-        if (n > in_.size()) fail(fmt::format("{} {}", n, what));
+        if (n > in_.size()) fail(elastic::detail::format("{} {}", n, what));
     }
 
     std::string_view in_;
@@ -6938,14 +6975,16 @@ public:
           replicas_(options.num_replicas ? *options.num_replicas : env().world_size),
           rank_(options.rank ? *options.rank : env().rank) {
         if (size_ < 0)
-            throw std::invalid_argument(fmt::format("elastic::dist::sampler: a dataset of {} elements", size_));
+            throw std::invalid_argument(elastic::detail::format("elastic::dist::sampler: a dataset of {} elements",
+                                                                size_));
         if (replicas_ < 1)
-            throw std::invalid_argument(fmt::format("elastic::dist::sampler: num_replicas {} is not 1 or more",
-                                                    replicas_));
+            throw std::invalid_argument(
+                elastic::detail::format("elastic::dist::sampler: num_replicas {} is not 1 or more", replicas_));
         if (rank_ < 0 || rank_ >= replicas_)
-            throw std::invalid_argument(fmt::format("elastic::dist::sampler: invalid rank {}, rank should be in the "
-                                                    "interval [0, {}]",
-                                                    rank_, replicas_ - 1));
+            throw std::invalid_argument(
+                elastic::detail::format("elastic::dist::sampler: invalid rank {}, rank should be in the "
+                                        "interval [0, {}]",
+                                        rank_, replicas_ - 1));
         const auto r = static_cast<std::int64_t>(replicas_);
         // torch: ceil((N - R) / R) with drop_last and an uneven N, which is N / R; else ceil(N / R).
         num_samples_ = options_.drop_last ? size_ / r : (size_ + r - 1) / r;
@@ -7066,14 +7105,14 @@ inline group_options options_from(const worker_env& e) {
     group_options o;
     o.rank = e.rank;
     o.world_size = e.world_size;
-    o.key_namespace = fmt::format("elastic.dist/attempt_{}", e.restart_count);
+    o.key_namespace = elastic::detail::format("elastic.dist/attempt_{}", e.restart_count);
     if (e.world_size > 1) {
         if (!e.master_addr || !e.master_port)
-            throw env_error(fmt::format("invalid worker environment: elastic::dist needs the "
-                                        "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
-                                        "but {} is not set; start the workers with elasticrun "
-                                        "or torchrun, or set both",
-                                        e.world_size, !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
+            throw env_error(elastic::detail::format("invalid worker environment: elastic::dist needs the "
+                                                    "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
+                                                    "but {} is not set; start the workers with elasticrun "
+                                                    "or torchrun, or set both",
+                                                    e.world_size, !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
                             {"MASTER_ADDR", "MASTER_PORT"});
         o.host = *e.master_addr;
         o.port = *e.master_port;
@@ -7088,7 +7127,7 @@ inline group_options local_options_from(const worker_env& e) {
     auto o = options_from(e);
     o.rank = e.local_rank;
     o.world_size = e.local_world_size;
-    o.key_namespace += fmt::format("/node_{}", e.node_rank);
+    o.key_namespace += elastic::detail::format("/node_{}", e.node_rank);
     return o;
 }
 
@@ -7096,9 +7135,10 @@ inline group_options local_options_from(const worker_env& e) {
 /// keys under "<namespace>/leaders". Another local rank is a std::logic_error: it is no member.
 inline group_options leaders_options_from(const worker_env& e) {
     if (e.local_rank != 0)
-        throw std::logic_error(fmt::format("elastic::dist: the node leaders' group has LOCAL_RANK 0 of each node; "
-                                           "this worker is local rank {} (rank {})",
-                                           e.local_rank, e.rank));
+        throw std::logic_error(
+            elastic::detail::format("elastic::dist: the node leaders' group has LOCAL_RANK 0 of each node; "
+                                    "this worker is local rank {} (rank {})",
+                                    e.local_rank, e.rank));
     auto o = options_from(e);
     o.rank = e.node_rank;
     o.world_size = e.node_count;
@@ -7373,14 +7413,15 @@ namespace dist {
 
 ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
     if (options_.world_size < 1)
-        throw std::invalid_argument(fmt::format("elastic::dist::group: world_size {} is not a size (1 or more)",
-                                                options_.world_size));
+        throw std::invalid_argument(elastic::detail::format(
+            "elastic::dist::group: world_size {} is not a size (1 or more)", options_.world_size));
     if (options_.rank < 0 || options_.rank >= options_.world_size)
-        throw std::invalid_argument(fmt::format("elastic::dist::group: rank {} is outside 0..{} (world size {})",
-                                                options_.rank, options_.world_size - 1, options_.world_size));
+        throw std::invalid_argument(
+            elastic::detail::format("elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
+                                    options_.world_size - 1, options_.world_size));
     if (options_.chunk_size < 4096 || options_.chunk_size > (std::size_t{16} << 20))
-        throw std::invalid_argument(fmt::format("elastic::dist::group: chunk_size {} is outside 4 KiB .. 16 MiB",
-                                                options_.chunk_size));
+        throw std::invalid_argument(elastic::detail::format(
+            "elastic::dist::group: chunk_size {} is outside 4 KiB .. 16 MiB", options_.chunk_size));
     if (options_.world_size > 1) {
         store_client_options c;
         c.host = options_.host;
@@ -7412,7 +7453,7 @@ ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
     check_rank(root, "broadcast root");
     if (options_.world_size == 1) return bytes;
     const auto n = next_++;
-    const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
+    const auto key = elastic::detail::format("{}/{}/root", options_.key_namespace, n);
     if (options_.rank == root) {
         put(key, bytes, false);
         return bytes;
@@ -7422,7 +7463,7 @@ ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
     std::vector<std::string> read = keys;
     auto value = std::move(fetch(keys, &read)[0]);
     // The last of the world-1 readers deletes what the root wrote.
-    const auto acks = fmt::format("{}/{}/acks", options_.key_namespace, n);
+    const auto acks = elastic::detail::format("{}/{}/acks", options_.key_namespace, n);
     if (client_->add(acks, 1) == options_.world_size - 1) {
         read.push_back(acks);
         drop(read);
@@ -7465,8 +7506,8 @@ ELASTIC_DECL std::string group::scatter(std::vector<std::string> parts, int root
     check_rank(root, "scatter root");
     const auto world = static_cast<std::size_t>(options_.world_size);
     if (options_.rank == root && parts.size() != world) {
-        const auto why = fmt::format("root {} has {} values for {} ranks (it needs one per rank)", root, parts.size(),
-                                     world);
+        const auto why = elastic::detail::format("root {} has {} values for {} ranks (it needs one per rank)", root,
+                                                 parts.size(), world);
         if (world > 1) abandon("scatter", part::others, root, why);
         throw std::invalid_argument("elastic::dist::scatter: " + why);
     }
@@ -7490,13 +7531,13 @@ ELASTIC_DECL void group::abandon(std::string_view what, part p, int root, std::s
     const auto n = next_++;
     if (p == part::none || !client_) return;
     try {
-        const auto message = fmt::format("elastic::dist::{} #{}: rank {} could not take part: {}", what, n,
-                                         options_.rank, why);
+        const auto message = elastic::detail::format("elastic::dist::{} #{}: rank {} could not take part: {}", what, n,
+                                                     options_.rank, why);
         if (p == part::root) {
-            put_error(fmt::format("{}/{}/root", options_.key_namespace, n), message);
+            put_error(elastic::detail::format("{}/{}/root", options_.key_namespace, n), message);
         } else if (p == part::reducer) {
             put_error(keys_of(n)[static_cast<std::size_t>(options_.rank)], message);
-            put_error(fmt::format("{}/{}/result", options_.key_namespace, n), message);
+            put_error(elastic::detail::format("{}/{}/result", options_.key_namespace, n), message);
         } else {
             const auto keys = keys_of(n);
             for (int r = 0; r < options_.world_size; ++r)
@@ -7510,25 +7551,27 @@ ELASTIC_DECL void group::abandon(std::string_view what, part p, int root, std::s
 
 ELASTIC_DECL void group::claim_rank() {
     if (!client_) return;
-    const auto key = fmt::format("{}/members/{}", options_.key_namespace, options_.rank);
+    const auto key = elastic::detail::format("{}/members/{}", options_.key_namespace, options_.rank);
     if (const auto claims = client_->add(key, 1); claims != 1)
-        throw std::logic_error(fmt::format("elastic::dist: {} processes claim rank {} of the group '{}': its ranks "
-                                           "come from LOCAL_RANK and GROUP_RANK, and workers started with "
-                                           "--virtual-local-rank all have LOCAL_RANK 0, so they cannot form the "
-                                           "node groups",
-                                           claims, options_.rank, options_.key_namespace));
+        throw std::logic_error(
+            elastic::detail::format("elastic::dist: {} processes claim rank {} of the group '{}': its ranks "
+                                    "come from LOCAL_RANK and GROUP_RANK, and workers started with "
+                                    "--virtual-local-rank all have LOCAL_RANK 0, so they cannot form the "
+                                    "node groups",
+                                    claims, options_.rank, options_.key_namespace));
 }
 
 ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
     if (r < 0 || r >= options_.world_size)
-        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what, r,
-                                                options_.world_size - 1));
+        throw std::invalid_argument(elastic::detail::format("elastic::dist: {} {} is outside 0..{}", what, r,
+                                                            options_.world_size - 1));
 }
 
 ELASTIC_DECL std::vector<std::string> group::keys_of(std::uint64_t n) const {
     std::vector<std::string> keys;
     keys.reserve(static_cast<std::size_t>(options_.world_size));
-    for (int r = 0; r < options_.world_size; ++r) keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    for (int r = 0; r < options_.world_size; ++r)
+        keys.push_back(elastic::detail::format("{}/{}/{}", options_.key_namespace, n, r));
     return keys;
 }
 
@@ -7554,7 +7597,7 @@ ELASTIC_DECL void group::put(const std::string& key, std::string_view payload, b
     const auto chunk = options_.chunk_size;
     const auto count = static_cast<std::uint32_t>((payload.size() + chunk - 1) / chunk);
     for (std::uint32_t i = 0; i < count; ++i) {
-        auto k = fmt::format("{}/{}", key, i);
+        auto k = elastic::detail::format("{}/{}", key, i);
         client_->set(k, std::string(payload.substr(std::size_t{i} * chunk, chunk)));
         if (keep) written_.push_back(std::move(k));
     }
@@ -7592,9 +7635,10 @@ ELASTIC_DECL std::vector<std::string> group::fetch(const std::vector<std::string
     for (std::size_t i = 0; i < keys.size(); ++i) {
         auto& head = heads[i];
         const auto bad = [&](std::string_view why) {
-            return store_error(fmt::format("elastic::dist: key '{}' holds {} bytes that elastic::dist did not write "
-                                           "({}): another program wrote under the key namespace '{}'",
-                                           keys[i], head.size(), why, options_.key_namespace));
+            return store_error(
+                elastic::detail::format("elastic::dist: key '{}' holds {} bytes that elastic::dist did not write "
+                                        "({}): another program wrote under the key namespace '{}'",
+                                        keys[i], head.size(), why, options_.key_namespace));
         };
         if (head.empty()) throw bad("an empty value");
         if (head[0] == detail::frame_value) {
@@ -7610,7 +7654,7 @@ ELASTIC_DECL std::vector<std::string> group::fetch(const std::vector<std::string
             // A writer's chunks are 4 KiB .. 16 MiB, all full but the last.
             if (count == 0 || total < count || total / count > (std::uint64_t{16} << 20) ||
                 count > (total + 4095) / 4096)
-                throw bad(fmt::format("{} bytes in {} chunks", total, count));
+                throw bad(elastic::detail::format("{} bytes in {} chunks", total, count));
             const auto per_chunk = static_cast<std::size_t>((total + count - 1) / count);
             const std::size_t per_batch = std::clamp<std::size_t>(detail::fetch_budget / per_chunk, 1, 1024);
             // Grown as the chunks arrive, never reserved from the header: a forged total costs
@@ -7619,17 +7663,18 @@ ELASTIC_DECL std::vector<std::string> group::fetch(const std::vector<std::string
             for (std::uint32_t c = 0; c < count; c += static_cast<std::uint32_t>(per_batch)) {
                 std::vector<std::string> batch;
                 for (std::uint32_t j = c; j < count && j < c + per_batch; ++j)
-                    batch.push_back(fmt::format("{}/{}", keys[i], j));
+                    batch.push_back(elastic::detail::format("{}/{}", keys[i], j));
                 if (chunks) chunks->insert(chunks->end(), batch.begin(), batch.end());
                 for (const auto& chunk : client_->multi_get(std::move(batch))) {
                     if (value.size() + chunk.size() > total) break;
                     value += chunk;
                 }
             }
-            if (value.size() != total) throw bad(fmt::format("{} bytes in its chunks, not {}", value.size(), total));
+            if (value.size() != total)
+                throw bad(elastic::detail::format("{} bytes in its chunks, not {}", value.size(), total));
             out[i] = std::move(value);
         } else {
-            throw bad(fmt::format("first byte {:#04x}", static_cast<unsigned char>(head[0])));
+            throw bad(elastic::detail::format("first byte {:#04x}", static_cast<unsigned char>(head[0])));
         }
         head = std::string();
     }
@@ -7680,7 +7725,7 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
     for (std::size_t r = 0; r < owners.size(); ++r) owners[r] = static_cast<int>(r);
     const auto world = keys.size();
     const bool large = world * mine.size() > 256 * 1024;
-    const auto result_key = fmt::format("{}/{}/result", options_.key_namespace, n);
+    const auto result_key = elastic::detail::format("{}/{}/result", options_.key_namespace, n);
     const auto mark = written_.size();
     put(keys[static_cast<std::size_t>(options_.rank)], mine);
     reduce_result result;
@@ -7694,26 +7739,27 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
         await("all_reduce", n, answer, {0});
         result.parts = fetch(answer);
         if (result.parts[0].size() != mine.size() - header_size)
-            throw store_error(fmt::format("elastic::dist::all_reduce #{}: rank 0 returned {} bytes for {} (another "
-                                          "program wrote under '{}'?)",
-                                          n, result.parts[0].size(), mine.size() - header_size,
-                                          options_.key_namespace));
+            throw store_error(
+                elastic::detail::format("elastic::dist::all_reduce #{}: rank 0 returned {} bytes for {} (another "
+                                        "program wrote under '{}'?)",
+                                        n, result.parts[0].size(), mine.size() - header_size, options_.key_namespace));
         result.from_root = true;
         forget_before(mark);
         return result;
     }
     const auto describe = [&](const std::string& contribution) {
-        if (contribution.size() < header_size) return fmt::format("{} bytes", contribution.size());
+        if (contribution.size() < header_size) return elastic::detail::format("{} bytes", contribution.size());
         std::uint64_t count = 0;
         std::memcpy(&count, contribution.data() + 3, sizeof count);
         static constexpr std::array<std::string_view, 8> ops{"sum",  "min", "max",  "product",
                                                              "band", "bor", "bxor", "avg"};
         const auto op = static_cast<unsigned char>(contribution[2]);
-        return fmt::format("{} values of {}{}-bit type with {}", count,
-                           contribution[0] == 'f'   ? "a floating "
-                           : contribution[0] == 'i' ? "a signed "
-                                                    : "an unsigned ",
-                           8 * static_cast<unsigned char>(contribution[1]), op < ops.size() ? ops[op] : "?");
+        return elastic::detail::format("{} values of {}{}-bit type with {}", count,
+                                       contribution[0] == 'f'   ? "a floating "
+                                       : contribution[0] == 'i' ? "a signed "
+                                                                : "an unsigned ",
+                                       8 * static_cast<unsigned char>(contribution[1]),
+                                       op < ops.size() ? ops[op] : "?");
     };
     try {
         await("all_reduce", n, keys, owners);
@@ -7723,9 +7769,10 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
             const auto& contribution = result.parts[r];
             if (contribution.size() == mine.size() && contribution.compare(0, header_size, mine, 0, header_size) == 0)
                 continue;
-            throw store_error(fmt::format("elastic::dist::all_reduce #{}: rank {} reduces {}, rank {} {}: every rank "
-                                          "must reduce as many values of the same type with the same operation",
-                                          n, r, describe(contribution), options_.rank, describe(mine)));
+            throw store_error(
+                elastic::detail::format("elastic::dist::all_reduce #{}: rank {} reduces {}, rank {} {}: every rank "
+                                        "must reduce as many values of the same type with the same operation",
+                                        n, r, describe(contribution), options_.rank, describe(mine)));
         }
     } catch (const std::exception& e) {
         // Rank 0 tells the ranks that wait for its result (a large reduce, or ranks that took the
@@ -7744,20 +7791,21 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
 }
 
 ELASTIC_DECL void group::reduce_publish(std::uint64_t n, std::string data) {
-    put(fmt::format("{}/{}/result", options_.key_namespace, n), data);
+    put(elastic::detail::format("{}/{}/result", options_.key_namespace, n), data);
 }
 
 ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
     std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 32; ++i) list += fmt::format("{}{}", i ? ", " : "", missing[i]);
-    if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
+        list += elastic::detail::format("{}{}", i ? ", " : "", missing[i]);
+    if (missing.size() > 32) list += elastic::detail::format(" and {} more", missing.size() - 32);
     // The message first: the vector is moved into the exception after it.
-    auto message = fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                               "{} ms (exited, hung, or called the collectives in another order); "
-                               "store {}:{}, keys '{}/{}/'",
-                               what, n, options_.rank, options_.world_size, missing.size() == 1 ? "" : "s",
-                               missing.empty() ? "?" : list, options_.timeout.count(), options_.host, options_.port,
-                               options_.key_namespace, n);
+    auto message = elastic::detail::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                                           "{} ms (exited, hung, or called the collectives in another order); "
+                                           "store {}:{}, keys '{}/{}/'",
+                                           what, n, options_.rank, options_.world_size, missing.size() == 1 ? "" : "s",
+                                           missing.empty() ? "?" : list, options_.timeout.count(), options_.host,
+                                           options_.port, options_.key_namespace, n);
     return dist_timeout(message, std::move(missing));
 }
 
@@ -7846,10 +7894,11 @@ inline void initialize(std::chrono::milliseconds timeout = std::chrono::minutes(
         try {
             s.world->connect();
         } catch (const store_error& e) {
-            throw store_error(fmt::format("elastic::dist::initialize: cannot reach the job's store at MASTER_ADDR:"
-                                          "MASTER_PORT = {}:{} within {} ms ({}); is the launcher (elasticrun, "
-                                          "torchrun) still running, and are both variables what it set?",
-                                          s.world->options().host, s.world->options().port, timeout.count(), e.what()));
+            throw store_error(
+                elastic::detail::format("elastic::dist::initialize: cannot reach the job's store at MASTER_ADDR:"
+                                        "MASTER_PORT = {}:{} within {} ms ({}); is the launcher (elasticrun, "
+                                        "torchrun) still running, and are both variables what it set?",
+                                        s.world->options().host, s.world->options().port, timeout.count(), e.what()));
         }
         s.world->barrier();
     } catch (...) {
@@ -7978,9 +8027,10 @@ std::invoke_result_t<F&> run_local_rank_zero_first(F&& f) {
     if (g.rank() != 0) {
         const auto status = g.broadcast(std::string(), 0);
         if (!status.empty())
-            throw store_error(fmt::format("elastic::dist::run_local_rank_zero_first: local rank 0 failed, so "
-                                          "local rank {} does not run: {}",
-                                          g.rank(), status));
+            throw store_error(
+                elastic::detail::format("elastic::dist::run_local_rank_zero_first: local rank 0 failed, so "
+                                        "local rank {} does not run: {}",
+                                        g.rank(), status));
         return f();
     }
     // Tells the others that rank 0 failed, with what (never an empty status: that means done).
@@ -8032,9 +8082,10 @@ inline void local_rank_zero_download_and_wait(const std::string& path) {
         const bool there = ::stat(path.c_str(), &st) == 0;
         const auto message =
             there ? std::string()
-                  : fmt::format("elastic::dist::local_rank_zero_download_and_wait: local rank 0 found no '{}' ({}); "
-                                "it must download or create the file before calling",
-                                path, std::strerror(errno));
+                  : elastic::detail::format(
+                        "elastic::dist::local_rank_zero_download_and_wait: local rank 0 found no '{}' ({}); "
+                        "it must download or create the file before calling",
+                        path, std::strerror(errno));
         (void)g.broadcast(message, 0);
         if (!there) throw store_error(message);
         return;
@@ -8042,9 +8093,10 @@ inline void local_rank_zero_download_and_wait(const std::string& path) {
     const auto status = g.broadcast(std::string(), 0);
     if (!status.empty()) throw store_error(status);
     if (::stat(path.c_str(), &st) != 0)
-        throw store_error(fmt::format("elastic::dist::local_rank_zero_download_and_wait: local rank 0 has '{}', but "
-                                      "local rank {} cannot see it ({}): do the node's workers share that filesystem?",
-                                      path, g.rank(), std::strerror(errno)));
+        throw store_error(
+            elastic::detail::format("elastic::dist::local_rank_zero_download_and_wait: local rank 0 has '{}', but "
+                                    "local rank {} cannot see it ({}): do the node's workers share that filesystem?",
+                                    path, g.rank(), std::strerror(errno)));
 }
 
 }  // namespace dist
@@ -9013,9 +9065,9 @@ ELASTIC_DECL std::string signal_name(int signal_number) {
     }
     // kill -l's split: the lower half counts up from SIGRTMIN, the upper half down from SIGRTMAX.
     if (signal_number - rt_min <= (rt_max - rt_min) / 2) {
-        return fmt::format("SIGRTMIN+{}", signal_number - rt_min);
+        return detail::format("SIGRTMIN+{}", signal_number - rt_min);
     }
-    return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
+    return detail::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
 [[nodiscard]] ELASTIC_DECL int signal_number(std::string_view name) {
@@ -9039,7 +9091,7 @@ ELASTIC_DECL std::string signal_name(int signal_number) {
 }
 
 ELASTIC_DECL std::string signal_message(int signal_number, long pid) {
-    return fmt::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
+    return detail::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
 }
 
 }  // namespace elastic::inline v0
@@ -12084,9 +12136,9 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 namespace elastic::inline v0 {
 
 ELASTIC_DECL std::string hang_report::headline() const {
-    auto out = fmt::format("hung: {}", reason);
-    if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
-    if (progress) out += fmt::format("; progress {}", *progress);
+    auto out = detail::format("hung: {}", reason);
+    if (!section.empty() && reason.rfind("in section ", 0) != 0) out += detail::format("; in section \"{}\"", section);
+    if (progress) out += detail::format("; progress {}", *progress);
     return out;
 }
 
@@ -12098,16 +12150,16 @@ ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
     if (f.status.signaled()) {
         return signal_message(f.status.signal(), f.pid);
     }
-    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid, f.global_rank, f.local_rank,
-                       f.status.code());
+    return detail::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid, f.global_rank,
+                          f.local_rank, f.status.code());
 }
 
 ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     std::string out;
     if (tail.total_lines == tail.lines.size()) {
-        out = fmt::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
+        out = detail::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
     } else {
-        out = fmt::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
+        out = detail::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
     }
     for (const auto& line : tail.lines) {
         out += "\n  ";
@@ -12141,7 +12193,7 @@ ELASTIC_DECL std::string failure_traceback(const worker_failure& f) {
     }
     std::string out;
     if (ef.status == error_file_status::malformed) {
-        out = fmt::format("Malformed error file: {}", ef.problem);
+        out = detail::format("Malformed error file: {}", ef.problem);
     }
     if (f.status.signaled()) {
         if (!out.empty()) {
@@ -12212,12 +12264,12 @@ ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failur
 
 ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     if (f.hang) {
-        return fmt::format("failed ({}; then exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                           detail::report::valid_utf8(f.hang->headline()), f.status.returncode(), f.local_rank, f.pid,
-                           detail::report::valid_utf8(entrypoint));
+        return detail::format("failed ({}; then exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                              detail::report::valid_utf8(f.hang->headline()), f.status.returncode(), f.local_rank,
+                              f.pid, detail::report::valid_utf8(entrypoint));
     }
-    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
-                       f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
+    return detail::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
+                          f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
 
 }  // namespace elastic::inline v0
@@ -12316,7 +12368,7 @@ ELASTIC_DECL nlohmann::ordered_json agent_exception_document(std::string_view ty
                                                              std::chrono::system_clock::time_point when) {
     using json = nlohmann::ordered_json;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
-    const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
+    const std::string message = detail::report::valid_utf8(detail::format("{}: {}", type, what));
     json extra = json::object();
     extra["py_callstack"] = message;
     extra["timestamp"] = std::to_string(seconds);
@@ -12353,23 +12405,23 @@ ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_vie
     const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
     if (base.empty()) {
-        throw report_error(fmt::format("cannot write the error file \"{}\": the path names a "
-                                       "directory, not a file",
-                                       path));
+        throw report_error(detail::format("cannot write the error file \"{}\": the path names a "
+                                          "directory, not a file",
+                                          path));
     }
-    std::string temp = fmt::format("{}/.{}.XXXXXX", dir, base);
+    std::string temp = detail::format("{}/.{}.XXXXXX", dir, base);
     const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
     if (fd < 0) {
-        throw report_error(fmt::format("cannot write the error file \"{}\": creating a temporary "
-                                       "file in \"{}\" failed: {}",
-                                       path, dir, std::strerror(errno)));
+        throw report_error(detail::format("cannot write the error file \"{}\": creating a temporary "
+                                          "file in \"{}\" failed: {}",
+                                          path, dir, std::strerror(errno)));
     }
     const auto fail = [&](const char* step) {
         const int err = errno;
         ::close(fd);
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": {} \"{}\" failed: {}", path, step, temp,
-                                       std::strerror(err)));
+        throw report_error(detail::format("cannot write the error file \"{}\": {} \"{}\" failed: {}", path, step, temp,
+                                          std::strerror(err)));
     };
     // mkstemp makes it 0600; an error file is read by whoever launched us, as torchrun's is.
     if (::fchmod(fd, 0644) != 0) {
@@ -12392,16 +12444,16 @@ ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_vie
     if (::close(fd) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": closing \"{}\" "
-                                       "failed: {}",
-                                       path, temp, std::strerror(err)));
+        throw report_error(detail::format("cannot write the error file \"{}\": closing \"{}\" "
+                                          "failed: {}",
+                                          path, temp, std::strerror(err)));
     }
     if (::rename(temp.c_str(), path.c_str()) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
-                                       "failed: {}",
-                                       path, temp, std::strerror(err)));
+        throw report_error(detail::format("cannot write the error file \"{}\": renaming \"{}\" to it "
+                                          "failed: {}",
+                                          path, temp, std::strerror(err)));
     }
 }
 
@@ -12641,7 +12693,7 @@ inline error_file_read malformed(std::string path, std::string problem) {
 inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
     using json = nlohmann::ordered_json;
     if (!doc.is_object()) {
-        return malformed(std::move(path), fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
+        return malformed(std::move(path), detail::format("the top level is a JSON {}, not an object", doc.type_name()));
     }
     const auto message_it = doc.find("message");
     if (message_it == doc.end()) {
@@ -12655,9 +12707,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
             const auto parsed = parse_epoch_seconds(*ts);
             if (!parsed) {
-                return malformed(std::move(path), fmt::format("\"timestamp\" {} is not a number of seconds since "
-                                                              "the epoch",
-                                                              valid_utf8(ts->dump().substr(0, 64))));
+                return malformed(std::move(path), detail::format("\"timestamp\" {} is not a number of seconds since "
+                                                                 "the epoch",
+                                                                 valid_utf8(ts->dump().substr(0, 64))));
             }
             c.timestamp = parsed->first;
             c.timestamp_whole_seconds = parsed->second;
@@ -12667,21 +12719,21 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto m = message.find("message"); m != message.end()) {
             if (!m->is_string()) {
                 return malformed(std::move(path),
-                                 fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
+                                 detail::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
             }
             c.message = m->get<std::string>();
         }
         if (const auto extra = message.find("extraInfo"); extra != message.end()) {
             if (!extra->is_object()) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object", extra->type_name()));
+                return malformed(std::move(path), detail::format("\"message.extraInfo\" is a JSON {}, not an object",
+                                                                 extra->type_name()));
             }
             if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
                 if (!cs->is_string()) {
                     return malformed(std::move(path),
-                                     fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
-                                                 "string",
-                                                 cs->type_name()));
+                                     detail::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
+                                                    "string",
+                                                    cs->type_name()));
                 }
                 c.traceback = cs->get<std::string>();
             }
@@ -12689,9 +12741,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
                 const auto parsed = parse_epoch_seconds(*ts);
                 if (!parsed) {
                     return malformed(std::move(path),
-                                     fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
-                                                 "seconds since the epoch",
-                                                 valid_utf8(ts->dump().substr(0, 64))));
+                                     detail::format("\"message.extraInfo.timestamp\" {} is not a number of "
+                                                    "seconds since the epoch",
+                                                    valid_utf8(ts->dump().substr(0, 64))));
                 }
                 c.timestamp = parsed->first;
                 c.timestamp_whole_seconds = parsed->second;
@@ -12700,13 +12752,13 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto code = message.find("errorCode"); code != message.end()) {
             c.error_code = parse_error_code(*code);
             if (!c.error_code) {
-                return malformed(std::move(path), fmt::format("\"message.errorCode\" {} is not an integer",
-                                                              valid_utf8(code->dump().substr(0, 64))));
+                return malformed(std::move(path), detail::format("\"message.errorCode\" {} is not an integer",
+                                                                 valid_utf8(code->dump().substr(0, 64))));
             }
         }
     } else {
-        return malformed(std::move(path),
-                         fmt::format("\"message\" is a JSON {}, neither a string nor an object", message.type_name()));
+        return malformed(std::move(path), detail::format("\"message\" is a JSON {}, neither a string nor an object",
+                                                         message.type_name()));
     }
     if (!c.error_code) {
         if (const auto code = doc.find("errorCode"); code != doc.end()) {
@@ -12724,9 +12776,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
 inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
     using json = nlohmann::ordered_json;
     if (bytes.size() > max_error_file_bytes) {
-        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
-                                                      "file may have",
-                                                      bytes.size(), max_error_file_bytes));
+        return malformed(std::move(path), detail::format("{} bytes, more than the {} bytes an error "
+                                                         "file may have",
+                                                         bytes.size(), max_error_file_bytes));
     }
     std::size_t first = 0;
     while (first < bytes.size() &&
@@ -12737,7 +12789,7 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
         return malformed(std::move(path), bytes.empty() ? "the file is empty" : "the file holds only white space");
     }
     if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
-        return malformed(std::move(path), fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
+        return malformed(std::move(path), detail::format("JSON nested deeper than {} levels", max_error_file_depth));
     }
     json doc;
     try {
@@ -12747,7 +12799,8 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
         try {
             doc = json::parse(repair_lone_surrogates(bytes));
         } catch (const json::exception&) {
-            return malformed(std::move(path), fmt::format("not valid JSON: {}", json_error_text(first_error.what())));
+            return malformed(std::move(path),
+                             detail::format("not valid JSON: {}", json_error_text(first_error.what())));
         }
     }
     return parse_error_document(std::move(doc), std::move(path));
@@ -12760,7 +12813,7 @@ ELASTIC_DECL error_file_read parse_error_file(std::string_view bytes, std::strin
         return detail::report::parse_error_text(bytes, std::move(path));
     } catch (const std::exception& e) {
         try {
-            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
+            return detail::report::malformed({}, detail::format("could not be read: {}", e.what()));
         } catch (...) {
         }
     } catch (...) {
@@ -12783,7 +12836,7 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
             if (err == ENOENT || err == ENOTDIR) {
                 return r;
             }
-            return detail::report::malformed(path, fmt::format("cannot be opened: {}", std::strerror(err)));
+            return detail::report::malformed(path, detail::format("cannot be opened: {}", std::strerror(err)));
         }
         struct closer {
             int fd;
@@ -12791,15 +12844,15 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
         } close_on_exit{fd};
         struct stat st {};
         if (::fstat(fd, &st) != 0) {
-            return detail::report::malformed(path, fmt::format("cannot be examined: {}", std::strerror(errno)));
+            return detail::report::malformed(path, detail::format("cannot be examined: {}", std::strerror(errno)));
         }
         if (!S_ISREG(st.st_mode)) {
             return detail::report::malformed(path, "not a regular file");
         }
         if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::report::malformed(path, fmt::format("{} bytes, more than the {} bytes an "
-                                                               "error file may have",
-                                                               st.st_size, max_error_file_bytes));
+            return detail::report::malformed(path, detail::format("{} bytes, more than the {} bytes an "
+                                                                  "error file may have",
+                                                                  st.st_size, max_error_file_bytes));
         }
         // Read to EOF rather than trust st_size: the file may still be growing.
         std::string bytes;
@@ -12810,16 +12863,16 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
                 if (errno == EINTR) {
                     continue;
                 }
-                return detail::report::malformed(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+                return detail::report::malformed(path, detail::format("cannot be read: {}", std::strerror(errno)));
             }
             if (n == 0) {
                 break;
             }
             bytes.append(buffer, static_cast<std::size_t>(n));
             if (bytes.size() > max_error_file_bytes) {
-                return detail::report::malformed(path, fmt::format("more than the {} bytes an error "
-                                                                   "file may have",
-                                                                   max_error_file_bytes));
+                return detail::report::malformed(path, detail::format("more than the {} bytes an error "
+                                                                      "file may have",
+                                                                      max_error_file_bytes));
             }
         }
         return parse_error_file(bytes, path);
@@ -13018,7 +13071,7 @@ public:
     explicit event_log(const std::string& path)
         : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
         if (fd_ < 0) {
-            throw report_error(fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
+            throw report_error(detail::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
         }
     }
 
@@ -13447,8 +13500,8 @@ ELASTIC_DECL std::string summary_time(std::chrono::system_clock::time_point t, b
     } else {
         ::localtime_r(&secs, &tm);
     }
-    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                       tm.tm_min, tm.tm_sec);
+    return detail::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                          tm.tm_hour, tm.tm_min, tm.tm_sec);
 }
 
 ELASTIC_DECL std::string indent_continuation(std::string_view text) {
@@ -13467,15 +13520,16 @@ ELASTIC_DECL std::string failure_block(std::size_t idx, const worker_failure& f,
     const std::string error_file = f.error_file.status == error_file_status::absent || f.error_file.path.empty()
                                        ? std::string("<N/A>")
                                        : valid_utf8(f.error_file.path);
-    return fmt::format("[{}]:\n"
-                       "  time      : {}\n"
-                       "  host      : {}\n"
-                       "  rank      : {} (local_rank: {})\n"
-                       "  exitcode  : {} (pid: {})\n"
-                       "  error_file: {}\n"
-                       "  traceback : {}",
-                       idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank, f.local_rank,
-                       f.status.returncode(), f.pid, error_file, indent_continuation(valid_utf8(failure_traceback(f))));
+    return detail::format("[{}]:\n"
+                          "  time      : {}\n"
+                          "  host      : {}\n"
+                          "  rank      : {} (local_rank: {})\n"
+                          "  exitcode  : {} (pid: {})\n"
+                          "  error_file: {}\n"
+                          "  traceback : {}",
+                          idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
+                          f.local_rank, f.status.returncode(), f.pid, error_file,
+                          indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
 ELASTIC_DECL std::size_t widest_line(std::string_view text) {
@@ -13499,7 +13553,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
                                         const summary_options& options) {
-    const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
+    const std::string title = detail::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin(), order.end(),
@@ -13514,8 +13568,8 @@ ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const w
     for (const std::size_t i : order) {
         const auto& f = failures[i];
         if (f.state == failure_state::stopped_by_agent) {
-            std::string line = fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                                           f.local_rank, f.status.returncode(), f.pid);
+            std::string line = detail::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
+                                              f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
@@ -13532,7 +13586,7 @@ ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const w
     const std::string border(width, '=');
     const std::string section(width, '-');
 
-    std::string out = fmt::format("\n{}\n{}\n{}\nFailures:\n", border, title, section);
+    std::string out = detail::format("\n{}\n{}\n{}\nFailures:\n", border, title, section);
     if (other_blocks.empty()) {
         out += "  <NO_OTHER_FAILURES>";
     }
@@ -13799,9 +13853,9 @@ inline std::string shown(std::string_view value, std::size_t limit = 120) {
     for (const char c : value.substr(0, std::min(value.size(), limit))) {
         const auto u = static_cast<unsigned char>(c);
         if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
-        else out += fmt::format("\\x{:02x}", u);
+        else out += detail::format("\\x{:02x}", u);
     }
-    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
+    if (value.size() > limit) out += detail::format("... ({} bytes)", value.size());
     return out;
 }
 
@@ -13929,7 +13983,7 @@ inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::in
     const auto* end = text.data() + text.size();
     const auto [p, ec] = std::from_chars(text.data(), end, v);
     if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
-    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    if (v < lo || v > hi) throw invalid_value(detail::format("{} is outside {}..{}", v, lo, hi));
     return v;
 }
 
@@ -13939,7 +13993,7 @@ inline std::string torchrun_key(const std::string& run_id) { return "torch.rende
 /// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
 /// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
 inline std::string guard_value(const std::string& run_id) {
-    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
+    return detail::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
 }
 
 }  // namespace detail::rendezvous
@@ -13962,12 +14016,12 @@ inline nlohmann::json parse_object(std::string_view text) {
 /// Field `name` of `j` as an integer within [lo, hi].
 inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
     const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
+    if (it == j.end()) throw invalid_value(detail::format("no '{}'", name));
+    if (!it->is_number_integer()) throw invalid_value(detail::format("'{}' is not an integer", name));
     const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
                        ? hi + 1
                        : it->get<std::int64_t>();
-    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
+    if (v < lo || v > hi) throw invalid_value(detail::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
     return v;
 }
 
@@ -13978,11 +14032,11 @@ inline int field_small(const nlohmann::json& j, const char* name, std::int64_t l
 /// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
 inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
     const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
+    if (it == j.end()) throw invalid_value(detail::format("no '{}'", name));
+    if (!it->is_string()) throw invalid_value(detail::format("'{}' is not a string", name));
     auto v = it->get<std::string>();
     if (v.size() > max || v.size() < min)
-        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
+        throw invalid_value(detail::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
     return v;
 }
 
@@ -13990,7 +14044,7 @@ inline std::string field_string(const nlohmann::json& j, const char* name, std::
 /// always exists would pass for a lease that is held).
 inline std::string lease_name(const nlohmann::json& j, const char* name) {
     auto v = field_string(j, name, max_id, 1);
-    if (v.rfind("__", 0) == 0) throw invalid_value(fmt::format("'{}' is the store's own name, no lease", name));
+    if (v.rfind("__", 0) == 0) throw invalid_value(detail::format("'{}' is the store's own name, no lease", name));
     return v;
 }
 
@@ -13998,9 +14052,9 @@ inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<
     const auto it = j.find(name);
     if (it == j.end()) {
         if (absent) return *absent;
-        throw invalid_value(fmt::format("no '{}'", name));
+        throw invalid_value(detail::format("no '{}'", name));
     }
-    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
+    if (!it->is_boolean()) throw invalid_value(detail::format("'{}' is not true or false", name));
     return it->get<bool>();
 }
 
@@ -14019,7 +14073,7 @@ auto decoded(Decode decode) -> decltype(decode()) {
 inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
     if (!list.is_array()) throw invalid_value("'successors' is not a list");
     if (list.size() > 16)
-        throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
+        throw invalid_value(detail::format("'successors' names {} servers (at most 3 are written)", list.size()));
     std::vector<store_successor> out;
     for (const auto& x : list) {
         if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
@@ -14038,11 +14092,11 @@ inline nlohmann::json encode_successors(const std::vector<store_successor>& succ
 /// A list of at most `max` strings of at most max_host bytes each.
 inline std::vector<std::string> string_list(const nlohmann::json& list, std::size_t max, const char* what) {
     if (!list.is_array() || list.size() > max)
-        throw invalid_value(fmt::format("'{}' is not a list of at most {} entries", what, max));
+        throw invalid_value(detail::format("'{}' is not a list of at most {} entries", what, max));
     std::vector<std::string> out;
     for (const auto& x : list) {
         if (!x.is_string() || x.get_ref<const std::string&>().size() > max_host)
-            throw invalid_value(fmt::format("an entry of '{}' is not a host name or address", what));
+            throw invalid_value(detail::format("an entry of '{}' is not a host name or address", what));
         out.push_back(x.get<std::string>());
     }
     return out;
@@ -14096,7 +14150,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.hosts_store = field_bool(j, "hosts_store", false);
         if (const auto it = j.find("addrs"); it != j.end()) {
             if (!it->is_array() || it->size() > max_addrs)
-                throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+                throw invalid_value(detail::format("'addrs' is not a list of at most {} addresses", max_addrs));
             for (const auto& a : *it) {
                 if (!a.is_string() || a.get<std::string>().size() > max_host ||
                     !is_address_literal(a.get<std::string>()))
@@ -14131,7 +14185,7 @@ inline earlier_round decode_earlier(const nlohmann::json& pair, int below, int n
     if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() || !pair[1].is_number_integer() ||
         pair[0].get<std::int64_t>() < 0 || pair[0].get<std::int64_t>() >= below || pair[1].get<std::int64_t>() < 1 ||
         pair[1].get<std::int64_t>() > nnodes)
-        throw invalid_value(fmt::format("'before' is not [a round before {}, a size of 1..{}]", below, nnodes));
+        throw invalid_value(detail::format("'before' is not [a round before {}, a size of 1..{}]", below, nnodes));
     return earlier_round{pair[0].get<int>(), pair[1].get<int>()};
 }
 }  // namespace codec
@@ -14169,8 +14223,8 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
         r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
         if (const auto it = j.find("peers"); it != j.end()) {
             if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
-                throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node",
-                                                max_addrs + 2));
+                throw invalid_value(detail::format("'peers' is not a list of at most {} addresses per node",
+                                                   max_addrs + 2));
             for (const auto& p : *it) {
                 if (!p.is_string() || p.get<std::string>().size() > max_host)
                     throw invalid_value("a peer is not a host name or address");
@@ -14360,7 +14414,7 @@ ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
         if (what == "membership") a.what = abort_notice::kind::membership;
         else if (what == "closed") a.what = abort_notice::kind::closed;
         else if (what == "failure") a.what = abort_notice::kind::failure;
-        else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+        else throw invalid_value(detail::format("unknown kind '{}'", shown(what)));
         a.admission = field_bool(j, "admission", false);
         if (j.contains("node")) a.node = lease_name(j, "node");
         return a;
@@ -14445,7 +14499,7 @@ ELASTIC_DECL std::string describe_node_id(std::string_view id) {
     if (last == std::string_view::npos || last == 0) return std::string(id);
     const auto mid = id.rfind(':', last - 1);
     if (mid == std::string_view::npos) return std::string(id);
-    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+    return detail::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
 }
 
 }  // namespace detail::rendezvous
@@ -14579,9 +14633,9 @@ namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL std::string to_string(const host_port& endpoint) {
     const bool v6 = endpoint.host.find(':') != std::string::npos;
-    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    auto out = v6 ? detail::format("[{}]", endpoint.host) : endpoint.host;
     if (endpoint.port) {
-        out += fmt::format(":{}", *endpoint.port);
+        out += detail::format(":{}", *endpoint.port);
     }
     return out;
 }
@@ -14712,17 +14766,17 @@ ELASTIC_DECL std::variant<std::vector<int>, std::string> assign_group_ranks(cons
         if (!given) continue;
         if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
         if (*given < 0 || *given >= n) {
-            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
-                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1,
-                               n);
+            return detail::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
+                                  nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid,
+                                  n - 1, n);
         }
         auto& o = owner[static_cast<std::size_t>(*given)];
         if (o >= 0) {
             const auto& a = nodes[static_cast<std::size_t>(o)];
             const auto& b = nodes[static_cast<std::size_t>(i)];
-            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
-                               "own --node-rank",
-                               *given, a.host, a.pid, b.host, b.pid);
+            return detail::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
+                                  "own --node-rank",
+                                  *given, a.host, a.pid, b.host, b.pid);
         }
         o = i;
         rank[static_cast<std::size_t>(i)] = *given;
@@ -14945,9 +14999,9 @@ namespace detail::rendezvous {
 /// `within` (store_rendezvous::confirm_store_lost said no): the error was that request's alone.
 inline std::string request_failed_alone(const std::string& reason, std::chrono::milliseconds within,
                                         std::string_view store_name) {
-    return fmt::format("{} (this node's lease at {} did not end within {} ms: {} still holds this node, the failure "
-                       "was that request's alone)",
-                       reason, store_name, within.count(), store_name);
+    return detail::format("{} (this node's lease at {} did not end within {} ms: {} still holds this node, the failure "
+                          "was that request's alone)",
+                          reason, store_name, within.count(), store_name);
 }
 
 }  // namespace detail::rendezvous
@@ -15244,7 +15298,7 @@ public:
                 continue;
             }
             me.hosts_store = options_.hosts_store;
-            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rendezvous::encode(me));
+            co_await store_->set(key(r, detail::format("info/{}", arrival)), detail::rendezvous::encode(me));
             if (step == detail::rendezvous::arrival_step::complete) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
             } else if (step == detail::rendezvous::arrival_step::seal) {
@@ -15258,10 +15312,11 @@ public:
                 // waited in its own (round_past): it goes there too, as a mover no longer (no
                 // seat and no majority rule of its own: the completer's rule counts it by the
                 // rounds it was a member of).
-                say(fmt::format("round {} of run '{}': nodes arrived at round {} of the store the job moved to (they "
-                                "came there with a newer view of the job's rounds than this node's); this node goes "
-                                "on from there",
-                                r, options_.run_id, *past));
+                say(detail::format(
+                    "round {} of run '{}': nodes arrived at round {} of the store the job moved to (they "
+                    "came there with a newer view of the job's rounds than this node's); this node goes "
+                    "on from there",
+                    r, options_.run_id, *past));
                 drop_round_rules();
                 round_ = *past - 1;
                 continue;
@@ -15269,9 +15324,9 @@ public:
             if (!assigned && std::exchange(left_out_, false)) {
                 // The round formed without this node (its info came after the completer's
                 // grace): it arrives late there, as a newcomer does, and goes on from there.
-                say(fmt::format("round {} of run '{}' formed without this node (its node info reached the store "
-                                "after the completer stopped waiting for it); it joins as a late node",
-                                r, options_.run_id));
+                say(detail::format("round {} of run '{}' formed without this node (its node info reached the store "
+                                   "after the completer stopped waiting for it); it joins as a late node",
+                                   r, options_.run_id));
                 if (co_await late(r, me)) started = std::chrono::steady_clock::now();
                 continue;
             }
@@ -15309,7 +15364,7 @@ public:
             // may still go by the round before it (split_rule): this node has learned. The last
             // member to say so marks the round as acknowledged by all.
             if (guards_split()) {
-                co_await store_->set(job_key(fmt::format("acked/{}", group_rank_)), std::to_string(r));
+                co_await store_->set(job_key(detail::format("acked/{}", group_rank_)), std::to_string(r));
                 if (co_await store_->add(key(r, "acks"), 1) == size_) co_await mark_acknowledged(r);
             }
             // Losses this node saw after the completer's epoch but before it ran: a member may
@@ -15440,11 +15495,11 @@ public:
                                     (!options_.max_restarts || *count <= *options_.max_restarts);
                 if (!backed) {
                     ignored(k, value,
-                            fmt::format("a restart, but the job's restart count is {} (this node counted {}{})",
-                                        count ? std::to_string(*count) : std::string("not a number"), restarts_,
-                                        options_.max_restarts
-                                            ? fmt::format("; --max-restarts={}", *options_.max_restarts)
-                                            : std::string()),
+                            detail::format("a restart, but the job's restart count is {} (this node counted {}{})",
+                                           count ? std::to_string(*count) : std::string("not a number"), restarts_,
+                                           options_.max_restarts
+                                               ? detail::format("; --max-restarts={}", *options_.max_restarts)
+                                               : std::string()),
                             "the decision goes on at the next slot");
                     continue;
                 }
@@ -15463,7 +15518,7 @@ public:
         using namespace asio::experimental::awaitable_operators;
         const int r = round_;
         finished_ = true;
-        co_await store_->set(key(r, fmt::format("done/{}", group_rank_)), "1");
+        co_await store_->set(key(r, detail::format("done/{}", group_rank_)), "1");
         const auto done = co_await store_->add(key(r, "done_count"), 1);
         if (done >= size_) {
             abort_notice closed;
@@ -15492,7 +15547,7 @@ public:
         } catch (const std::exception&) {
         }
         for (int g = 0; g < size_; ++g) {
-            std::vector<std::string> keys{key(r, fmt::format("done/{}", g))};
+            std::vector<std::string> keys{key(r, detail::format("done/{}", g))};
             if (co_await store_->check(std::move(keys))) continue;
             result.missing.push_back(g);
             result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size()
@@ -15520,7 +15575,8 @@ public:
             auto round_abort = slot_key(round_, "abort", slot);
             // For the split-brain rule (split_rule): this member, away from the next rounds with
             // a live lease, is no part cut off (it hosts the store) and never trains again.
-            if (options_.elastic()) co_await store_->set(job_key("staying"), fmt::format("{} {}", round_, group_rank_));
+            if (options_.elastic())
+                co_await store_->set(job_key("staying"), detail::format("{} {}", round_, group_rank_));
             bool said = false;
             while (!members_->store_lost) {
                 const auto seen = members_->lost.size();
@@ -15563,22 +15619,23 @@ public:
     /// leave()'s line when the finished host stays for `others` nodes still working.
     [[nodiscard]] static std::string staying_line(std::int64_t others) {
         const bool one = others == 1;
-        return fmt::format("this node's workers succeeded, and it hosts the rendezvous store, which {} other node{} of "
-                           "the job still use{}: it stays until they finish or leave",
-                           others, one ? "" : "s", one ? "s" : "");
+        return detail::format(
+            "this node's workers succeeded, and it hosts the rendezvous store, which {} other node{} of "
+            "the job still use{}: it stays until they finish or leave",
+            others, one ? "" : "s", one ? "s" : "");
     }
 
     /// The store key of `name` in the current round.
     [[nodiscard]] std::string key(std::string_view name) const { return key(round_, name); }
     /// The store key of `name` in round `r`.
     [[nodiscard]] std::string key(int r, std::string_view name) const {
-        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
+        return detail::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
     }
     /// The store key of `name` for the whole job.
     [[nodiscard]] std::string job_key(std::string_view name) const { return job_key(options_.run_id, name); }
     /// The store key of `name` for the job `run_id`.
     [[nodiscard]] static std::string job_key(std::string_view run_id, std::string_view name) {
-        return fmt::format("elastic.rendezvous.{}/{}", run_id, name);
+        return detail::format("elastic.rendezvous.{}/{}", run_id, name);
     }
 
 private:
@@ -15641,22 +15698,23 @@ private:
     }
 
     [[nodiscard]] std::string slot_key(int r, std::string_view name, int slot) const {
-        return slot == 0 ? key(r, name) : key(r, fmt::format("{}/{}", name, slot));
+        return slot == 0 ? key(r, name) : key(r, detail::format("{}/{}", name, slot));
     }
 
     std::string too_many_invalid(int r, std::string_view name) const {
-        return fmt::format("round {} of run '{}': {} invalid values in a row at its '{}' key: a client that is no "
-                           "agent of this job keeps writing into the rendezvous store; give the job a store of its "
-                           "own",
-                           r, options_.run_id, max_slots, name);
+        return detail::format("round {} of run '{}': {} invalid values in a row at its '{}' key: a client that is no "
+                              "agent of this job keeps writing into the rendezvous store; give the job a store of its "
+                              "own",
+                              r, options_.run_id, max_slots, name);
     }
 
     // Reports the value at `k` that is not valid (`why`) and says what the job does instead
     // (`then`); once per key and value.
     void ignored(std::string_view k, std::string_view value, std::string_view why, std::string_view then) {
-        if (!warned_.insert(fmt::format("{}\n{}", k, value)).second) return;
-        const auto line = fmt::format("ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}",
-                                      k, detail::rendezvous::shown(value), why, then);
+        if (!warned_.insert(detail::format("{}\n{}", k, value)).second) return;
+        const auto line = detail::format(
+            "ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}", k,
+            detail::rendezvous::shown(value), why, then);
         if (options_.warn) options_.warn(line);
         else say(line);
     }
@@ -15769,14 +15827,15 @@ private:
     asio::awaitable<std::optional<std::string>> decider_gone(const std::string& decider) {
         const auto who = detail::rendezvous::describe_node_id(decider);
         if (decider == id_) {
-            co_return fmt::format("the failure notice names this node ({}) as its reporter, but this node reported "
-                                  "no failure; it takes the decision over and the nodes re-form",
-                                  who);
+            co_return detail::format("the failure notice names this node ({}) as its reporter, but this node reported "
+                                     "no failure; it takes the decision over and the nodes re-form",
+                                     who);
         }
         if (co_await unless_lost(*store_, holds_lease(*store_, decider))) co_return std::nullopt;
-        co_return fmt::format("the reporting node, {}, was lost before it decided; the others took the decision over "
-                              "and re-form without it",
-                              who);
+        co_return detail::format(
+            "the reporting node, {}, was lost before it decided; the others took the decision over "
+            "and re-form without it",
+            who);
     }
 
     // Completes once `log` records a loss after its first `seen` that names `decider` or nobody
@@ -15866,7 +15925,7 @@ private:
             else missing = mid;
         }
         const auto count = kept - 1 - known;
-        const auto line = fmt::format(
+        const auto line = detail::format(
             "missed {} lease losses of run '{}' ({} to {}): the store erased their records before this node "
             "read them (it keeps only the newest); they are counted, and no member is taken for lost by them",
             count, options_.run_id, lease_lost_key(lease_group(), known + 1), lease_lost_key(lease_group(), kept - 1));
@@ -15883,7 +15942,7 @@ private:
     }
 
     [[nodiscard]] std::string torchrun_state_message() const {
-        return fmt::format(
+        return detail::format(
             "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
             "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
             "with elasticrun, or give this job another --rdzv-id",
@@ -15922,7 +15981,7 @@ private:
     // whether round r had formed (a refused round has no members to wait beside).
     asio::awaitable<bool> late(int r, node_info me) {
         if (!co_await wait_interruptible(*store_, key(r, "size"), options_.join_timeout)) {
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "round {} of run '{}' already has its {} nodes, and stays incomplete for the join timeout ({} s): "
                 "another job uses the same --rdzv-id, or --nnodes differs between nodes",
                 r, options_.run_id, options_.nnodes,
@@ -15962,32 +16021,33 @@ private:
                 waiting.host = me.host;
                 waiting.what = abort_notice::kind::membership;
                 waiting.admission = true;
-                waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
-                                             me.host, me.pid, size, options_.nnodes);
+                waiting.reason = detail::format(
+                    "node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})", me.host, me.pid, size,
+                    options_.nnodes);
                 (void)co_await abort_round(*store_, r, std::move(waiting));
             } else if (!options_.elastic()) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "round {} of run '{}' already has its {} nodes (this node arrived after it formed): another job "
                     "uses the same --rdzv-id, or --nnodes differs between nodes",
                     r, options_.run_id, options_.nnodes));
             } else {
-                say(fmt::format("round {} of run '{}' is full ({} nodes, --nnodes={}:{}): this node waits as a "
-                                "standby until a member leaves or the job ends",
-                                r, options_.run_id, size, options_.min(), options_.nnodes));
+                say(detail::format("round {} of run '{}' is full ({} nodes, --nnodes={}:{}): this node waits as a "
+                                   "standby until a member leaves or the job ends",
+                                   r, options_.run_id, size, options_.min(), options_.nnodes));
             }
         }
         phase_ = phase::idle;
         const auto notice = co_await wait_for_abort();  // round r is the current round
         if (notice.what == abort_notice::kind::closed) {
-            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})",
-                                                notice.reason));
+            throw rendezvous_closed(detail::format("the job ended while this node waited as a standby ({})",
+                                                   notice.reason));
         }
         if (notice.what == abort_notice::kind::failure) {
             const auto decision = co_await await_decision();
             if (!decision.restart) {
                 throw rendezvous_closed(
-                    fmt::format("the job ended while this node waited as a standby (it stopped after a failure: {})",
-                                notice.reason));
+                    detail::format("the job ended while this node waited as a standby (it stopped after a failure: {})",
+                                   notice.reason));
             }
         }
         co_return size > 0;
@@ -15998,7 +16058,7 @@ private:
     asio::awaitable<std::optional<rendezvous_round>> await_assignment(int r, std::int64_t arrival,
                                                                       std::chrono::steady_clock::time_point started) {
         using clock = std::chrono::steady_clock;
-        const auto mine = key(r, fmt::format("assign/{}", arrival));
+        const auto mine = key(r, detail::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
         if (detail::rendezvous::has_last_call(arrival, rules())) {
@@ -16024,7 +16084,7 @@ private:
                     if (passed_by_) co_return std::nullopt;
                     try {
                         if (co_await unless_lost(*store_, leaves_for_origin(r, arrival, started))) {
-                            throw store_lost_error(fmt::format(
+                            throw store_lost_error(detail::format(
                                 "round {} of run '{}' waited at the store the job moved to without the nodes it "
                                 "needs, and the store where this node's last round formed answers again",
                                 r, options_.run_id));
@@ -16065,24 +16125,24 @@ private:
                 if (members_) {
                     const auto live = co_await live_nodes(*store_);
                     if (live > joined) {
-                        why = fmt::format("it waits for every live node of the job, and {} of the {} registered and "
-                                          "live never arrived (an agent still stopping its workers, or stopped "
-                                          "within its keep-alive)",
-                                          live - joined, live);
+                        why = detail::format("it waits for every live node of the job, and {} of the {} registered and "
+                                             "live never arrived (an agent still stopping its workers, or stopped "
+                                             "within its keep-alive)",
+                                             live - joined, live);
                     }
                 }
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "rendezvous of run '{}' round {}: {} nodes arrived ({} needed, --nnodes={}:{}), yet the round did "
                     "not form within the join timeout ({} s): {}; restart the job, or raise --rdzv-conf join_timeout",
                     options_.run_id, r, joined, needed(), options_.min(), options_.nnodes, seconds, why));
             }
             if (options_.elastic()) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "rendezvous of run '{}' round {}: {} of the {} nodes needed (--nnodes={}:{}) joined within the "
                     "join timeout ({} s); start more nodes, or raise --rdzv-conf join_timeout",
                     options_.run_id, r, joined, options_.min(), options_.min(), options_.nnodes, seconds));
             }
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
                 "others, or raise --rdzv-conf join_timeout",
                 options_.run_id, r, joined, options_.nnodes, seconds));
@@ -16106,7 +16166,7 @@ private:
         } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
             ignored(mine, value, e.what(), "this node has no assignment in this round");
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "rendezvous of run '{}' round {}: this node's assignment ('{}') is not valid ({}): a client that is "
                 "no agent of this job writes into the rendezvous store; give the job a store of its own",
                 options_.run_id, r, mine, e.what()));
@@ -16219,7 +16279,7 @@ private:
             return count >= detail::rendezvous::seal_increment || count >= options_.nnodes;
         };
         if (closed(co_await store_->add(key(r, "count"), 0))) co_return false;
-        (void)co_await store_->delete_key(key(r, fmt::format("info/{}", arrival)));
+        (void)co_await store_->delete_key(key(r, detail::format("info/{}", arrival)));
         co_return !closed(co_await store_->add(key(r, "count"), 0));
     }
 
@@ -16246,33 +16306,35 @@ private:
         const auto until = [](std::chrono::steady_clock::time_point t) {
             const auto left = std::max<std::int64_t>(
                 0, std::chrono::ceil<std::chrono::seconds>(t - std::chrono::steady_clock::now()).count());
-            return left >= 60 ? fmt::format("{}m{:02}s", left / 60, left % 60) : fmt::format("{}s", left);
+            return left >= 60 ? detail::format("{}m{:02}s", left / 60, left % 60) : detail::format("{}s", left);
         };
         const auto within = until(deadline);
-        const auto nnodes = options_.elastic() ? fmt::format("--nnodes={}:{}", options_.min(), options_.nnodes)
-                                               : fmt::format("--nnodes={}", options_.nnodes);
+        const auto nnodes = options_.elastic() ? detail::format("--nnodes={}:{}", options_.min(), options_.nnodes)
+                                               : detail::format("--nnodes={}", options_.nnodes);
         if (joined < needed()) {
-            co_return fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the "
-                                  "join timeout) for the rest",
-                                  r, options_.run_id, joined, needed(), nnodes, within);
+            co_return detail::format(
+                "round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the "
+                "join timeout) for the rest",
+                r, options_.run_id, joined, needed(), nnodes, within);
         }
         if (last_call) {
-            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call, in {}",
-                                  r, options_.run_id, joined, nnodes, until(*last_call));
+            co_return detail::format(
+                "round {} of run '{}': {} nodes joined ({}); the round forms at its last call, in {}", r,
+                options_.run_id, joined, nnodes, until(*last_call));
         }
         // After a move the last call seals the round whoever lives; otherwise it waits for every
         // live node of the job.
         const auto live = members_ && target_ == 0 ? co_await live_nodes(*store_) : joined;
         if (live > joined) {
             const auto others = live - joined;
-            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) "
-                                  "for the {} other live node{} of the job (stopping {} workers?), or {} loss",
-                                  r, options_.run_id, joined, nnodes, within, others, others == 1 ? "" : "s",
-                                  others == 1 ? "its" : "their", others == 1 ? "its" : "their");
+            co_return detail::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) "
+                                     "for the {} other live node{} of the job (stopping {} workers?), or {} loss",
+                                     r, options_.run_id, joined, nnodes, within, others, others == 1 ? "" : "s",
+                                     others == 1 ? "its" : "their", others == 1 ? "its" : "their");
         }
-        co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for "
-                              "the round to form",
-                              r, options_.run_id, joined, nnodes, within);
+        co_return detail::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for "
+                                 "the round to form",
+                                 r, options_.run_id, joined, nnodes, within);
     }
 
     // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
@@ -16319,10 +16381,10 @@ private:
                     continue;
                 }
                 holes[i] = true;
-                say(fmt::format("round {} of run '{}': arrival {} counted itself but wrote no node info within {} "
-                                "ms (a client that is no agent of this job, or an agent lost between the two); the "
-                                "round goes on without it",
-                                r, options_.run_id, i + 1, grace.count()));
+                say(detail::format("round {} of run '{}': arrival {} counted itself but wrote no node info within {} "
+                                   "ms (a client that is no agent of this job, or an agent lost between the two); the "
+                                   "round goes on without it",
+                                   r, options_.run_id, i + 1, grace.count()));
             }
         }
         std::vector<std::string> got;
@@ -16354,7 +16416,7 @@ private:
         if (members_ && co_await s.compare_set(key(r, "completer"), std::string{}, id_) != id_) co_return;
         std::vector<std::string> keys;
         keys.reserve(static_cast<std::size_t>(k));
-        for (int i = 1; i <= k; ++i) keys.push_back(key(r, fmt::format("info/{}", i)));
+        for (int i = 1; i <= k; ++i) keys.push_back(key(r, detail::format("info/{}", i)));
         std::vector<bool> holes;
         const auto values = co_await arrival_infos(s, r, keys, holes);
         // An arrival whose info is not valid (a client that is no agent: bad JSON, a value out
@@ -16411,7 +16473,7 @@ private:
         int size = 0;
         const auto tell_all = [&](const std::string& value) {
             for (int i = 1; i <= k; ++i) {
-                out_keys.push_back(key(r, fmt::format("assign/{}", i)));
+                out_keys.push_back(key(r, detail::format("assign/{}", i)));
                 out_values.push_back(value);
             }
         };
@@ -16570,9 +16632,9 @@ private:
         rediscover_ = true;
         abort_notice notice;
         notice.what = abort_notice::kind::membership;
-        notice.reason = fmt::format("round {} of run '{}' ended and was deleted while this node was away from it; "
-                                    "this node rejoins the job at its current round",
-                                    r, options_.run_id);
+        notice.reason = detail::format("round {} of run '{}' ended and was deleted while this node was away from it; "
+                                       "this node rejoins the job at its current round",
+                                       r, options_.run_id);
         say(notice.reason);
         return notice;
     }
@@ -16584,10 +16646,11 @@ private:
         job_decision decision;
         decision.restart = true;
         decision.exit_code = 0;
-        decision.reason = fmt::format("the decision after round {} of run '{}' was deleted with the round while this "
-                                      "node was away from it (later rounds completed, so the job restarted); this node "
-                                      "rejoins the job at its current round",
-                                      r, options_.run_id);
+        decision.reason = detail::format(
+            "the decision after round {} of run '{}' was deleted with the round while this "
+            "node was away from it (later rounds completed, so the job restarted); this node "
+            "rejoins the job at its current round",
+            r, options_.run_id);
         say(decision.reason);
         return decision;
     }
@@ -16624,10 +16687,10 @@ private:
                                                     });
         if (manifest) {
             for (int i = 1; i <= manifest->k; ++i) {
-                names.push_back(fmt::format("info/{}", i));
-                names.push_back(fmt::format("assign/{}", i));
+                names.push_back(detail::format("info/{}", i));
+                names.push_back(detail::format("assign/{}", i));
             }
-            for (int g = 0; g < manifest->n; ++g) names.push_back(fmt::format("done/{}", g));
+            for (int g = 0; g < manifest->n; ++g) names.push_back(detail::format("done/{}", g));
             for (const auto& id : manifest->ids) names.push_back("member/" + id);
         }
         names.emplace_back("manifest");
@@ -16673,14 +16736,14 @@ private:
         }
         const auto mine = std::string(void_mark) + id_;
         if (co_await s.compare_set(claim, holder, mine) != mine) co_return;  // another node was first
-        say(fmt::format("round {} of run '{}' was full, but its completer ({}) was lost before it completed the "
-                        "round; the round is void and the live nodes form the next one",
-                        r, options_.run_id,
-                        holder.empty() ? std::string("its last arrival")
-                                       : detail::rendezvous::describe_node_id(holder)));
+        say(detail::format("round {} of run '{}' was full, but its completer ({}) was lost before it completed the "
+                           "round; the round is void and the live nodes form the next one",
+                           r, options_.run_id,
+                           holder.empty() ? std::string("its last arrival")
+                                          : detail::rendezvous::describe_node_id(holder)));
         // Never over an assignment: one there is the completer's, written with the size.
         const auto retry = detail::rendezvous::encode_retry();
-        for (int i = 1; i <= k; ++i) (void)co_await s.compare_set(key(r, fmt::format("assign/{}", i)), "", retry);
+        for (int i = 1; i <= k; ++i) (void)co_await s.compare_set(key(r, detail::format("assign/{}", i)), "", retry);
         (void)co_await s.compare_set(key(r, "size"), "", "0");
         // So that collect() deletes its keys like a completed round's.
         (void)co_await s.compare_set(key(r, "manifest"), "",
@@ -16860,7 +16923,7 @@ private:
         for (const auto& [g, was] : prior.from) {
             if (present.contains(g) || here.contains(was)) continue;
             // A missing or older acknowledgement: the member may never have learned.
-            const auto k = job_key(fmt::format("acked/{}", g));
+            const auto k = job_key(detail::format("acked/{}", g));
             std::vector<std::string> probe{k};
             if (!co_await s.check(std::move(probe)) || co_await s.get(k) != learned) ++away;
         }
@@ -16898,21 +16961,23 @@ private:
         if (std::exchange(prior_of_, prior_of) != prior_of) told_majority_ = false;
         if (std::exchange(told_majority_, true)) return;
         if (prior_of > 0) {
-            say(fmt::format("round {} of run '{}': too many of the {} members of the round before the last one are "
-                            "away and never acknowledged that the last one formed (cut off between joining it and "
-                            "learning of it: the store cannot tell whether they are stopped, dead, or going on "
-                            "elsewhere by the round they know). This part of the job may be cut off from the rest, so "
-                            "it waits for them, up to the join timeout",
-                            r, options_.run_id, prior_of));
+            say(detail::format(
+                "round {} of run '{}': too many of the {} members of the round before the last one are "
+                "away and never acknowledged that the last one formed (cut off between joining it and "
+                "learning of it: the store cannot tell whether they are stopped, dead, or going on "
+                "elsewhere by the round they know). This part of the job may be cut off from the rest, so "
+                "it waits for them, up to the join timeout",
+                r, options_.run_id, prior_of));
             return;
         }
-        say(fmt::format("round {} of run '{}': too few of the last round's {} members joined for a majority after a "
-                        "member went silent or stayed away with a live lease (cut off by the network, stopped, on a "
-                        "machine that died, or still stopping its workers: the store cannot tell which) or the store "
-                        "moved; newcomers and standbys do not count toward it. This part of the job may be cut off "
-                        "from the rest, so the next rounds need {} nodes, {} of them its members, up to the join "
-                        "timeout",
-                        r, options_.run_id, majority_of_, quorum_, quorum_));
+        say(detail::format(
+            "round {} of run '{}': too few of the last round's {} members joined for a majority after a "
+            "member went silent or stayed away with a live lease (cut off by the network, stopped, on a "
+            "machine that died, or still stopping its workers: the store cannot tell which) or the store "
+            "moved; newcomers and standbys do not count toward it. This part of the job may be cut off "
+            "from the rest, so the next rounds need {} nodes, {} of them its members, up to the join "
+            "timeout",
+            r, options_.run_id, majority_of_, quorum_, quorum_));
     }
 
     // Records in the store the job moved to where it came from: the last round this node knows
@@ -16954,7 +17019,7 @@ private:
     [[nodiscard]] rendezvous_error majority_error(int r) const {
         const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
         if (prior_of_ > 0) {
-            return rendezvous_error(fmt::format(
+            return rendezvous_error(detail::format(
                 "rendezvous of run '{}' round {}: too many of the {} members of the round before the last one stayed "
                 "away without acknowledging the last round within the join timeout ({} s): they may be going on "
                 "elsewhere by the round they know (cut off by the network between joining the last round and learning "
@@ -16962,7 +17027,7 @@ private:
                 "its nodes reach each other",
                 options_.run_id, r, prior_of_, seconds, options_.min(), options_.nnodes));
         }
-        return rendezvous_error(fmt::format(
+        return rendezvous_error(detail::format(
             "rendezvous of run '{}' round {}: no majority of the last round's {} members ({} of them; newcomers and "
             "standbys do not count) joined within the join timeout ({} s): a member went silent or stayed away with "
             "a live lease since (cut off by the network, stopped, or on a machine that died, which the store cannot "
@@ -16995,18 +17060,18 @@ private:
             return detail::rendezvous::decode_count(v, 0, std::max(size_, 1) - 1);
         });
         if (g) {
-            std::vector<std::string> done{key(r, fmt::format("done/{}", *g))};
+            std::vector<std::string> done{key(r, detail::format("done/{}", *g))};
             if (co_await s.check(std::move(done))) {
-                say(fmt::format("node {} (group_rank {}) left after its workers succeeded{}",
-                                detail::rendezvous::describe_node_id(name), *g,
-                                member_here ? "; this node's workers go on" : ""));
+                say(detail::format("node {} (group_rank {}) left after its workers succeeded{}",
+                                   detail::rendezvous::describe_node_id(name), *g,
+                                   member_here ? "; this node's workers go on" : ""));
                 co_return;
             }
         }
         abort_notice lost;
         lost.what = abort_notice::kind::membership;
-        lost.reason = fmt::format("node {} was lost ({})", detail::rendezvous::describe_node_id(name),
-                                  options_.loss_cause);
+        lost.reason = detail::format("node {} was lost ({})", detail::rendezvous::describe_node_id(name),
+                                     options_.loss_cause);
         (void)co_await abort_round(s, r, std::move(lost));
     }
 
@@ -17121,7 +17186,7 @@ namespace detail {
 /// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
 [[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
     const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+    return quote ? detail::format("{}='{}'", name, value) : detail::format("{}={}", name, value);
 }
 
 /// Splits on `sep`; "" gives one empty piece.
@@ -17139,8 +17204,8 @@ namespace detail {
 
 /// A duration as a number of seconds, as the options take it: `30`, `0.5`.
 [[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
-    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
-                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+    return d.count() % 1000 == 0 ? detail::format("{}", d.count() / 1000)
+                                 : detail::format("{}", static_cast<double>(d.count()) / 1000.0);
 }
 
 /// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.
@@ -17189,7 +17254,6 @@ namespace elastic::inline v0::detail {
 
 #if ELASTIC_DETAIL_BODIES
 
-#include <fmt/format.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -17205,26 +17269,26 @@ ELASTIC_DECL std::filesystem::path runtime_directory() {
     if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
         return std::filesystem::path(runtime) / "elastic";
     }
-    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+    return std::filesystem::temp_directory_path() / detail::format("elastic-{}", ::geteuid());
 }
 
 ELASTIC_DECL int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
     why.clear();
     if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
+        why = detail::format("cannot make {}: {}", dir.string(), std::strerror(errno));
         return -1;
     }
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
+        if (errno != ENOENT) why = detail::format("cannot open {}: {}", dir.string(), std::strerror(errno));
         return -1;
     }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
         ::close(fd);
-        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
-                          "remove it",
-                          dir.string());
+        why = detail::format("{} is not a directory of this user's that only it may write (another user's?); "
+                             "remove it",
+                             dir.string());
         return -1;
     }
     return fd;
@@ -17288,7 +17352,6 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept;
 
 #if ELASTIC_DETAIL_BODIES
 
-#include <fmt/format.h>
 
 #include <cerrno>
 #include <charconv>
@@ -17311,7 +17374,7 @@ ELASTIC_DECL std::string moved_record_name(std::string_view key) {
         hash ^= static_cast<unsigned char>(c);
         hash *= 1099511628211ULL;
     }
-    return fmt::format("moved-store.{:016x}", hash);
+    return detail::format("moved-store.{:016x}", hash);
 }
 
 ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view text, std::string_view key) {
@@ -17415,12 +17478,12 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept {
 ELASTIC_DECL std::string moved_record_text(std::string_view key, const std::vector<store_successor>& successors) {
     // The writer's pid: the sweep keeps an old record whose writer still runs (a long job
     // without a new round). A reader skips the line (it names no port).
-    std::string text = fmt::format("elastic moved-store record 1\n{}\nwriter {}\n", key, ::getpid());
+    std::string text = detail::format("elastic moved-store record 1\n{}\nwriter {}\n", key, ::getpid());
     std::size_t count = 0;
     for (const auto& s : successors) {
         if (count == moved_record_limit) break;
         if (s.port == 0 || s.addr.empty() || s.addr.find_first_of(" \n") != std::string::npos) continue;
-        text += fmt::format("{} {}\n", s.port, s.addr);
+        text += detail::format("{} {}\n", s.port, s.addr);
         ++count;
     }
     return text;
@@ -17435,14 +17498,14 @@ ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vec
         return e.what();
     }
     const int dir = open_private_directory(dir_path, true, why);
-    if (dir < 0) return why.empty() ? fmt::format("cannot open {}", dir_path) : why;
+    if (dir < 0) return why.empty() ? detail::format("cannot open {}", dir_path) : why;
     const auto name = moved_record_name(key);
     // Its own name: writers on one machine (a pid may repeat across pid namespaces) never share it.
-    const auto aside = fmt::format("{}.{:016x}.tmp", name, random_u64());
+    const auto aside = detail::format("{}.{:016x}.tmp", name, random_u64());
     const auto text = moved_record_text(key, successors);
     const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
-        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
+        why = detail::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
         ::close(dir);
         return why;
     }
@@ -17456,9 +17519,9 @@ ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vec
     const int error = errno;
     ::close(fd);
     if (done != text.size()) {
-        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(error));
+        why = detail::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(error));
     } else if (::renameat(dir, aside.c_str(), dir, name.c_str()) != 0) {
-        why = fmt::format("cannot rename into {}/{}: {}", dir_path, name, std::strerror(errno));
+        why = detail::format("cannot rename into {}/{}: {}", dir_path, name, std::strerror(errno));
     }
     if (!why.empty()) ::unlinkat(dir, aside.c_str(), 0);
     sweep_moved_records(dir);
@@ -17699,14 +17762,14 @@ public:
             if (!refused) {
                 connect_host = listening;
             } else if (explicit_host) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), refused->why,
                     is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
                               : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
             } else if (!refused->port_taken) {
                 if (log_) {
-                    log_(fmt::format("cannot host the rendezvous store at {} ({}); joining the agent that does",
-                                     to_string(endpoint), refused->why));
+                    log_(detail::format("cannot host the rendezvous store at {} ({}); joining the agent that does",
+                                        to_string(endpoint), refused->why));
                 }
             } else if (co_await host_or_join(bind_host, probe_address(host, listening), port, deadline, refused->why)) {
                 connect_host = listening;
@@ -17727,10 +17790,9 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(to_string(endpoint), e));
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot reach the rendezvous store at {} within {} s: {}",
-                                               to_string(endpoint),
-                                               std::chrono::duration_cast<std::chrono::seconds>(join_timeout).count(),
-                                               e.what()));
+            throw rendezvous_error(
+                detail::format("cannot reach the rendezvous store at {} within {} s: {}", to_string(endpoint),
+                               std::chrono::duration_cast<std::chrono::seconds>(join_timeout).count(), e.what()));
         }
         store_rendezvous_options o;
         o.run_id = params_.run_id;
@@ -17746,8 +17808,8 @@ public:
         try {
             instance_ = co_await instance_of(*client_);
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("the rendezvous store at {}:{} does not answer: {}", current_host_,
-                                               current_port_, e.what()));
+            throw rendezvous_error(detail::format("the rendezvous store at {}:{} does not answer: {}", current_host_,
+                                                  current_port_, e.what()));
         }
         co_await agree_keep_alive(join_timeout);
         // c10d, elastic membership: an idle store server of this node's own, where the job's
@@ -17755,14 +17817,13 @@ public:
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
         if (elastic_membership() && !server_) start_backup();
         if (!params_.settings.secret && log_) {
-            log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
-                             "and steer this job; give every agent the job's secret (--rdzv-conf "
-                             "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
-                             moved ? fmt::format("{}:{}", current_host_, current_port_) : to_string(endpoint),
-                             current_port_,
-                             backup_ ? fmt::format(", and this node's idle store on port {}", backup_->port())
-                                     : std::string(),
-                             rendezvous_secret_variable));
+            log_(detail::format(
+                "the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
+                "and steer this job; give every agent the job's secret (--rdzv-conf "
+                "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
+                moved ? detail::format("{}:{}", current_host_, current_port_) : to_string(endpoint), current_port_,
+                backup_ ? detail::format(", and this node's idle store on port {}", backup_->port()) : std::string(),
+                rendezvous_secret_variable));
         }
     }
 
@@ -17774,10 +17835,11 @@ public:
         try {
             co_await rdzv_->start_liveness(*lease_, me);
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
+            throw rendezvous_error(detail::format("cannot hold this node's lease on the rendezvous store: {}",
+                                                  e.what()));
         } catch (const rendezvous_error& e) {  // a store that is no elastic store
-            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}",
-                                               to_string(host_port{current_host_, current_port_}), e.what()));
+            throw rendezvous_error(detail::format("the rendezvous store at {}: {}",
+                                                  to_string(host_port{current_host_, current_port_}), e.what()));
         }
     }
 
@@ -17807,7 +17869,7 @@ public:
         const auto lost_port = current_port_;
         std::string tried;
         const auto passed = [&tried](const store_successor& at, std::string_view why) {
-            tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
+            tried += detail::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
         };
         for (const auto& next : successors) {
             if (next.port == lost_port && detail::rendezvous::literal_for(next.addr) == lost_host) {
@@ -17838,9 +17900,9 @@ public:
             const auto names = detail::split(owners, '\n');
             const auto named = [&names](std::string_view id) { return std::ranges::find(names, id) != names.end(); };
             if (!named(next.id) && !named(listed_owner)) {
-                passed(next, fmt::format("what answers there is not the idle store of {} (another store took its "
-                                         "address since)",
-                                         next.id));
+                passed(next, detail::format("what answers there is not the idle store of {} (another store took its "
+                                            "address since)",
+                                            next.id));
                 continue;
             }
             // This node's own idle store, whichever of its names the round listed.
@@ -17853,20 +17915,20 @@ public:
             try {
                 co_await rdzv_->start_liveness(*lease_, me);
             } catch (const store_auth_error& e) {
-                throw rendezvous_error(secret_refused(fmt::format("{}:{}", next.addr, next.port), e));
+                throw rendezvous_error(secret_refused(detail::format("{}:{}", next.addr, next.port), e));
             } catch (const store_error& e) {
                 throw rendezvous_error(
-                    fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
-                                next.port, e.what()));
+                    detail::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}",
+                                   next.addr, next.port, e.what()));
             } catch (const rendezvous_error& e) {  // no elastic store there (the port was taken): the next one
                 if (mine) backup_ = std::move(server_);
                 passed(next, e.what());
                 continue;
             }
-            co_return fmt::format("{}:{}{}, the first member's idle store that answered{}", next.addr, next.port,
-                                  mine ? " (this node)" : "", tried.empty() ? "" : ", passing over " + tried);
+            co_return detail::format("{}:{}{}, the first member's idle store that answered{}", next.addr, next.port,
+                                     mine ? " (this node)" : "", tried.empty() ? "" : ", passing over " + tried);
         }
-        throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
+        throw rendezvous_error(detail::format("none of the store's successors answered: {}", tried));
     }
 
     /// This node's lease connection ended, but the store may live on and have dropped this node
@@ -17877,7 +17939,7 @@ public:
     /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
     /// and moving the job elsewhere would not make this node's secret right.
     asio::awaitable<std::string> rejoin_store(node_info me) {
-        const auto endpoint = fmt::format("{}:{}", current_host_, current_port_);
+        const auto endpoint = detail::format("{}:{}", current_host_, current_port_);
         auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
@@ -17885,31 +17947,31 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            co_return fmt::format("reconnecting to it within {} ms (keep_alive_interval x keep_alive_max_attempt) "
-                                  "failed: {}",
-                                  options.connect_timeout.count(), e.what());
+            co_return detail::format("reconnecting to it within {} ms (keep_alive_interval x keep_alive_max_attempt) "
+                                     "failed: {}",
+                                     options.connect_timeout.count(), e.what());
         }
         std::string instance;
         try {
             instance = co_await instance_of(*client);
         } catch (const store_error& e) {
-            co_return fmt::format("it accepts a connection again, but its first reply failed: {}", e.what());
+            co_return detail::format("it accepts a connection again, but its first reply failed: {}", e.what());
         }
         // Another store at the same address (the job's host was lost, and another agent's store
         // took its port since) holds none of the job's rounds: rounds formed there would be a
         // second job beside the one that moved on. Only a job that can move checks: a fixed
         // job's store lives only there, and a restarted one is where the job goes on.
         if (elastic_membership() && !instance_.empty() && instance != instance_) {
-            co_return fmt::format("what answers at {} now is another store than the job's (another instance, "
-                                  "started since at that address): the job's store there is lost",
-                                  endpoint);
+            co_return detail::format("what answers at {} now is another store than the job's (another instance, "
+                                     "started since at that address): the job's store there is lost",
+                                     endpoint);
         }
         adopt(std::move(client), options);
         instance_ = std::move(instance);
         rdzv_->reconnected(*client_, *watcher_);
         if (const auto not_elastic = co_await hold_new_lease(std::move(me), endpoint)) {
             // What answers there now is no elastic store: the job's store is lost.
-            co_return fmt::format("what answers there now is not the job's store: {}", *not_elastic);
+            co_return detail::format("what answers there now is not the job's store: {}", *not_elastic);
         }
         co_return std::string();
     }
@@ -17926,8 +17988,8 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}: {}",
-                                               endpoint, e.what()));
+            throw rendezvous_error(detail::format(
+                "cannot hold this node's lease again on the rendezvous store at {}: {}", endpoint, e.what()));
         } catch (const rendezvous_error& e) {
             co_return std::string(e.what());
         }
@@ -17960,7 +18022,7 @@ public:
             status_index_.reset();
         }
         if (!status_index_) status_index_ = co_await status_client_->add(rdzv_->job_key("status/count"), 1) - 1;
-        co_await status_client_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+        co_await status_client_->set(rdzv_->job_key(detail::format("status/{}", *status_index_)), std::move(json));
     }
 
     /// Joins the next round as `me`, with this node's lease name and idle store's port.
@@ -18028,18 +18090,18 @@ public:
             const auto moved = store_endpoint();
             std::string why_not;
             if (auto back = co_await go_to_origin(me, why_not)) {
-                co_return fmt::format("no round formed at the store the job moved to ({}), and too few nodes were "
-                                      "there for one; {}",
-                                      moved, *back);
+                co_return detail::format("no round formed at the store the job moved to ({}), and too few nodes were "
+                                         "there for one; {}",
+                                         moved, *back);
             }
             if (!rdzv_->store_lost()) {
                 // The moved store lives: this node arrives again at its round (the wait's join
                 // timeout goes on).
                 rdzv_->reconnected(*client_, *watcher_);
-                co_return fmt::format("{}: this node waits on at the store the job moved to ({})", why_not, moved);
+                co_return detail::format("{}: this node waits on at the store the job moved to ({})", why_not, moved);
             }
-            reason = fmt::format("{}; meanwhile the store the job moved to ({}) was lost: {}", why_not, moved,
-                                 *rdzv_->store_lost());
+            reason = detail::format("{}; meanwhile the store the job moved to ({}) was lost: {}", why_not, moved,
+                                    *rdzv_->store_lost());
         }
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
             throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(),
@@ -18050,20 +18112,21 @@ public:
         if (why_not.empty()) {
             // Either side may have ended it: the store heard no heartbeat from this agent (stopped
             // or starved of CPU), or this agent heard none from the store (its host was stopped).
-            co_return fmt::format("this node's lease connection to the rendezvous store at {} ended (the store heard "
-                                  "no heartbeat from this agent within keep_alive_interval x keep_alive_max_attempt, "
-                                  "or this agent none from the store: one of them was stopped or starved of CPU), "
-                                  "and the store answers again: reconnected, rejoining the job",
-                                  store_endpoint());
+            co_return detail::format(
+                "this node's lease connection to the rendezvous store at {} ended (the store heard "
+                "no heartbeat from this agent within keep_alive_interval x keep_alive_max_attempt, "
+                "or this agent none from the store: one of them was stopped or starved of CPU), "
+                "and the store answers again: reconnected, rejoining the job",
+                store_endpoint());
         }
-        if (!elastic_membership()) throw rendezvous_error(fmt::format("{}; {}", reason, why_not));
+        if (!elastic_membership()) throw rendezvous_error(detail::format("{}; {}", reason, why_not));
         // A store the job moved to, lost before a round formed there: the store where the last
         // round formed comes first, if it answers again (nothing was lost there but this node's
         // way to it).
         std::string origin_silent;
         if (away_from_origin()) {
             if (auto back = co_await go_to_origin(me, origin_silent)) {
-                co_return fmt::format("{}; {}; {}", reason, why_not, *back);
+                co_return detail::format("{}; {}; {}", reason, why_not, *back);
             }
         }
         const int before = rdzv_->last_round_size();
@@ -18071,21 +18134,21 @@ public:
         try {
             where = co_await relocate(rdzv_->successors(), std::move(me));
         } catch (const std::exception& e) {
-            throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
+            throw rendezvous_error(detail::format("{}; the job cannot move it: {}", reason, e.what()));
         }
         // Should no round form here, the node goes back where the last one formed once that
         // store answers: the looks start now.
         moved_at_ = std::chrono::steady_clock::now();
         stop_looking();
         start_looking();
-        co_return fmt::format("{}; {}; {}the job's rendezvous moves to {}; "
-                              "the next round needs {} of the last round's {} nodes (a majority)",
-                              reason, why_not, origin_silent.empty() ? "" : origin_silent + "; ", where, before / 2 + 1,
-                              before);
+        co_return detail::format("{}; {}; {}the job's rendezvous moves to {}; "
+                                 "the next round needs {} of the last round's {} nodes (a majority)",
+                                 reason, why_not, origin_silent.empty() ? "" : origin_silent + "; ", where,
+                                 before / 2 + 1, before);
     }
 
     /// Where this node reaches the rendezvous store now ("host:port").
-    [[nodiscard]] std::string store_endpoint() const { return fmt::format("{}:{}", current_host_, current_port_); }
+    [[nodiscard]] std::string store_endpoint() const { return detail::format("{}:{}", current_host_, current_port_); }
 
     /// This node's lease name ("host:pid:tag"), after start_liveness().
     [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
@@ -18156,9 +18219,10 @@ private:
                 return;
             } catch (const store_error& e) {
                 if (log_) {
-                    log_(fmt::format("this node's idle store cannot listen at {} from the --rdzv-endpoint list ({}): "
-                                     "it takes a free port, where an agent started later does not look for the job",
-                                     to_string(*listed), e.what()));
+                    log_(
+                        detail::format("this node's idle store cannot listen at {} from the --rdzv-endpoint list ({}): "
+                                       "it takes a free port, where an agent started later does not look for the job",
+                                       to_string(*listed), e.what()));
                 }
             }
         }
@@ -18172,7 +18236,7 @@ private:
         auto server = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
         server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
         server->engine().set(store_client_options{}.key_prefix + instance_key(),
-                             fmt::format("{:016x}", detail::random_u64()));
+                             detail::format("{:016x}", detail::random_u64()));
         server->start();
         return server;
     }
@@ -18199,9 +18263,9 @@ private:
             where.insert(where.end(), successors.begin(), successors.end());
             why = detail::rendezvous::write_moved_record(mark_key(), where);
             if (!why.empty() && !record_failed_ && log_) {
-                log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an "
-                                 "agent started here later without a --rdzv-endpoint list cannot find a moved store",
-                                 why));
+                log_(detail::format("cannot keep this machine's record of where the job's store may move ({}): an "
+                                    "agent started here later without a --rdzv-endpoint list cannot find a moved store",
+                                    why));
             }
         } catch (...) {
             why = "out of memory";  // the round formed: it goes on without the record
@@ -18311,14 +18375,14 @@ private:
             // that failed or was killed): no store of this job, not a wrong secret.
             if (!recorded(next)) throw rendezvous_error(secret_refused(to_string(where), e));
             if (log_ && !quiet) {
-                log_(fmt::format("{} {} refuses this node's secret ({}): another job's store by now", to_string(where),
-                                 origin(next), e.what()));
+                log_(detail::format("{} {} refuses this node's secret ({}): another job's store by now",
+                                    to_string(where), origin(next), e.what()));
             }
             result = look_result{};
         } catch (const store_error& e) {
             if (log_ && !quiet) {
-                log_(fmt::format("{} {} answers but is no store this node can use ({})", to_string(where), origin(next),
-                                 e.what()));
+                log_(detail::format("{} {} answers but is no store this node can use ({})", to_string(where),
+                                    origin(next), e.what()));
             }
         }
         client->close();
@@ -18349,7 +18413,7 @@ private:
             const auto entries = search_entries();
             if (auto found = co_await search_list(entries, pending, ran, quiet, give_up)) co_return found;
             if (!ran) co_return std::nullopt;
-            const auto seen = fmt::format(
+            const auto seen = detail::format(
                 "the job ran (a member's idle store, listed or in this machine's record, is marked as a formed round's) with "
                 "its rendezvous store at {}, where {}; no listed or recorded store holds the job's registrations and a "
                 "round "
@@ -18360,14 +18424,14 @@ private:
                     ? "nothing gives a store's answer in time (a host down or stopped)"
                     : "nothing answers",
                 pending.empty() ? std::string("none is marked or silent now")
-                                : fmt::format("{}", fmt::join(pending, "; ")));
+                                : detail::format("{}", fmt::join(pending, "; ")));
             if (!quiet && log_) {
-                log_(fmt::format("{}: the store's host was likely lost and the members are moving the store; this "
-                                 "node looks again until the join timeout ({} s) has passed",
-                                 seen, seconds(join_timeout)));
+                log_(detail::format("{}: the store's host was likely lost and the members are moving the store; this "
+                                    "node looks again until the join timeout ({} s) has passed",
+                                    seen, seconds(join_timeout)));
             }
             if (std::chrono::steady_clock::now() >= give_up) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "{}, still after the join timeout ({} s): the job did not move to a listed or recorded member's "
                     "store that a new node can join (its members may have ended, moved it to an unlisted store, or moved without "
                     "a majority of the last round); start this agent with --rdzv-endpoint naming a live member's "
@@ -18396,9 +18460,9 @@ private:
             auto& found = look.found;
             if (!found) {
                 const auto at = to_string(with_port(next));
-                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", at));
+                if (look.marked) pending.push_back(detail::format("{}: a marked idle store", at));
                 if (look.answer == look_result::what::unusable) {
-                    pending.push_back(fmt::format("{}: no store's answer in time", at));
+                    pending.push_back(detail::format("{}: no store's answer in time", at));
                 }
                 continue;
             }
@@ -18407,9 +18471,9 @@ private:
                 // Registrations under this run id, but no mark of this job and first endpoint: a
                 // port of the record that another job with the same run id holds by now.
                 if (log_ && !quiet) {
-                    log_(fmt::format("{} {} holds registrations under this run id but is not this job's store "
-                                     "(another job's, started with the same run id): looking on",
-                                     where, origin(next)));
+                    log_(detail::format("{} {} holds registrations under this run id but is not this job's store "
+                                        "(another job's, started with the same run id): looking on",
+                                        where, origin(next)));
                 }
                 found->client->close();
                 continue;
@@ -18430,9 +18494,9 @@ private:
                     if (left.count() <= 0) break;
                     if (!told && !quiet && log_) {
                         told = true;
-                        log_(fmt::format("the job's nodes registered at {} {}: this node waits up to {} s for them "
-                                         "to form a round there",
-                                         where, origin(next), seconds(left)));
+                        log_(detail::format("the job's nodes registered at {} {}: this node waits up to {} s for them "
+                                            "to form a round there",
+                                            where, origin(next), seconds(left)));
                     }
                     try {
                         co_await client.wait(std::move(keys), std::min(left, slice));
@@ -18441,27 +18505,27 @@ private:
                 }
             } catch (const store_error& e) {
                 if (log_ && !quiet) {
-                    log_(fmt::format("the job's rendezvous store at {} ended before this node found a round there "
-                                     "({}); looking on",
-                                     where, e.what()));
+                    log_(detail::format("the job's rendezvous store at {} ended before this node found a round there "
+                                        "({}); looking on",
+                                        where, e.what()));
                 }
                 client.close();
                 continue;
             }
             if (!formed) {
-                if (look.marked) pending.push_back(fmt::format("{}: registrations without a round", where));
+                if (look.marked) pending.push_back(detail::format("{}: registrations without a round", where));
                 if (log_ && !quiet) {
-                    log_(fmt::format("{} holds registrations of the job but no round it formed (nodes that moved "
-                                     "there without a majority): looking on",
-                                     where));
+                    log_(detail::format("{} holds registrations of the job but no round it formed (nodes that moved "
+                                        "there without a majority): looking on",
+                                        where));
                 }
                 client.close();
                 continue;
             }
             if (log_) {
-                log_(fmt::format("the job's rendezvous store moved to {} {}: this node joins it there instead of "
-                                 "at {}",
-                                 where, origin(next), to_string(params_.endpoint)));
+                log_(detail::format("the job's rendezvous store moved to {} {}: this node joins it there instead of "
+                                    "at {}",
+                                    where, origin(next), to_string(params_.endpoint)));
             }
             client.set_timeout(params_.settings.read_timeout);
             found->options.timeout = params_.settings.read_timeout;
@@ -18542,8 +18606,8 @@ private:
         if (!look_->answered || std::chrono::steady_clock::now() - moved_at_ < 2 * keep_alive_deadline()) {
             return std::nullopt;
         }
-        return fmt::format("the store at {}:{}, where round {} formed, answers again", origin_->host, origin_->port,
-                           origin_->round);
+        return detail::format("the store at {}:{}, where round {} formed, answers again", origin_->host, origin_->port,
+                              origin_->round);
     }
 
     // Connects to the origin every `every` until it answers as the same store (its instance),
@@ -18589,7 +18653,7 @@ private:
     asio::awaitable<std::optional<std::string>> go_to_origin(node_info me, std::string& why_not) {
         const auto origin = *origin_;
         stop_looking();  // whatever comes of it, a next look starts afresh
-        const auto endpoint = fmt::format("{}:{}", origin.host, origin.port);
+        const auto endpoint = detail::format("{}:{}", origin.host, origin.port);
         auto options = client_options(origin.host, origin.port, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         std::string instance;
@@ -18597,13 +18661,13 @@ private:
             co_await client->connect();
             instance = co_await instance_of(*client);
         } catch (const store_error& e) {
-            why_not = fmt::format("the store where the job's last round formed ({}) does not answer: {}", endpoint,
-                                  e.what());
+            why_not = detail::format("the store where the job's last round formed ({}) does not answer: {}", endpoint,
+                                     e.what());
             co_return std::nullopt;
         }
         if (instance != origin.instance) {
-            why_not = fmt::format("what answers at {}, where the job's last round formed, is another store now",
-                                  endpoint);
+            why_not = detail::format("what answers at {}, where the job's last round formed, is another store now",
+                                     endpoint);
             co_return std::nullopt;
         }
         // This node's own server is the store it leaves: a round may have formed there while it
@@ -18628,17 +18692,17 @@ private:
             try {
                 start_backup();
             } catch (const store_error& e) {
-                idle = fmt::format(" (this node has no idle store now: {})", e.what());
+                idle = detail::format(" (this node has no idle store now: {})", e.what());
             }
         }
         if (const auto not_elastic = co_await hold_new_lease(std::move(me), endpoint)) {
-            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}", endpoint, *not_elastic));
+            throw rendezvous_error(detail::format("the rendezvous store at {}: {}", endpoint, *not_elastic));
         }
-        co_return fmt::format("the store at {}, where the job's last round (round {}) formed, answers again: this "
-                              "node goes back there from {}{}{} and rejoins the job",
-                              endpoint, origin.round, left,
-                              hosted ? " (which it hosted and stops: a node still waiting there goes back too)" : "",
-                              idle);
+        co_return detail::format("the store at {}, where the job's last round (round {}) formed, answers again: this "
+                                 "node goes back there from {}{}{} and rejoins the job",
+                                 endpoint, origin.round, left,
+                                 hosted ? " (which it hosted and stops: a node still waiting there goes back too)" : "",
+                                 idle);
     }
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old
@@ -18670,18 +18734,19 @@ private:
         long long interval_ms = 0;
         int attempts = 0;
         if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 || attempts <= 0) {
-            throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
-                                               "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
-                                               "uses --rdzv-id '{}' on this store",
-                                               k, theirs, params_.run_id));
+            throw rendezvous_error(
+                detail::format("the rendezvous store's key '{}' holds '{}', not "
+                               "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
+                               "uses --rdzv-id '{}' on this store",
+                               k, theirs, params_.run_id));
         }
         if (text == theirs) co_return;
         if (log_) {
-            log_(fmt::format("keep-alive: this node was given keep_alive_interval={} s, keep_alive_max_attempt={}, "
-                             "but the rendezvous store's host uses {} s x {} (it drops silent nodes by its own "
-                             "values): this node heartbeats by the host's",
-                             seconds(mine.keep_alive_interval), mine.keep_alive_max_attempt,
-                             seconds(std::chrono::milliseconds(interval_ms)), attempts));
+            log_(detail::format("keep-alive: this node was given keep_alive_interval={} s, keep_alive_max_attempt={}, "
+                                "but the rendezvous store's host uses {} s x {} (it drops silent nodes by its own "
+                                "values): this node heartbeats by the host's",
+                                seconds(mine.keep_alive_interval), mine.keep_alive_max_attempt,
+                                seconds(std::chrono::milliseconds(interval_ms)), attempts));
         }
         mine.keep_alive_interval = std::chrono::milliseconds(interval_ms);
         mine.keep_alive_max_attempt = attempts;
@@ -18691,8 +18756,8 @@ private:
 
     [[nodiscard]] std::string keep_alive_key() const { return job_key("keep_alive"); }
     [[nodiscard]] std::string keep_alive_text() const {
-        return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
-                           params_.settings.keep_alive_max_attempt);
+        return detail::format("{} {}", params_.settings.keep_alive_interval.count(),
+                              params_.settings.keep_alive_max_attempt);
     }
 
     // Names one store server (serve_job: a random value it holds from its start), so that a
@@ -18781,22 +18846,23 @@ private:
         for (bool told = false;;) {
             if (co_await accepts(probe, port)) {
                 if (log_) {
-                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host ({}); "
-                                     "joining it",
-                                     endpoint, refused));
+                    log_(detail::format("the rendezvous store at {} is hosted by another agent on this host ({}); "
+                                        "joining it",
+                                        endpoint, refused));
                 }
                 co_return false;
             }
             if (auto again = try_host(bind_host, port); !again) {
-                if (log_) log_(fmt::format("the rendezvous store at {}: this agent hosts it after all", endpoint));
+                if (log_) log_(detail::format("the rendezvous store at {}: this agent hosts it after all", endpoint));
                 co_return true;
             } else if (!again->port_taken) {
-                throw rendezvous_error(fmt::format("cannot host the rendezvous store at {}: {}", endpoint, again->why));
+                throw rendezvous_error(detail::format("cannot host the rendezvous store at {}: {}", endpoint,
+                                                      again->why));
             } else {
                 refused = std::move(again->why);
             }
             if (std::chrono::steady_clock::now() >= deadline) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "cannot host the rendezvous store at {} ({}), and nothing accepts connections there within the "
                     "join timeout: a program on this host holds port {} without listening on it (`ss -tanp 'sport = "
                     ":{}'` names it); stop it or choose another --rdzv-endpoint port",
@@ -18804,10 +18870,10 @@ private:
             }
             if (log_ && !told) {
                 told = true;
-                log_(fmt::format("cannot host the rendezvous store at {} ({}), and nothing accepts connections "
-                                 "there: this agent binds it again every 100 ms until it hosts or another agent "
-                                 "does, for at most the join timeout",
-                                 endpoint, refused));
+                log_(detail::format("cannot host the rendezvous store at {} ({}), and nothing accepts connections "
+                                    "there: this agent binds it again every 100 ms until it hosts or another agent "
+                                    "does, for at most the join timeout",
+                                    endpoint, refused));
             }
             asio::steady_timer pause(executor_, std::chrono::milliseconds(100));
             co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
@@ -18839,13 +18905,13 @@ private:
 
     // An agent whose secret the store refuses cannot take part: say which endpoint and option.
     static std::string secret_refused(const std::string& endpoint, const store_auth_error& e) {
-        return fmt::format("the rendezvous store at {} and this node do not share the job's secret: {}; give every "
-                           "agent the same secret (--rdzv-conf secret_file=PATH, or {})",
-                           endpoint, e.what(), rendezvous_secret_variable);
+        return detail::format("the rendezvous store at {} and this node do not share the job's secret: {}; give every "
+                              "agent the same secret (--rdzv-conf secret_file=PATH, or {})",
+                              endpoint, e.what(), rendezvous_secret_variable);
     }
 
     static std::string seconds(std::chrono::milliseconds d) {
-        return fmt::format("{:g}", static_cast<double>(d.count()) / 1000.0);
+        return detail::format("{:g}", static_cast<double>(d.count()) / 1000.0);
     }
 
     store_server_options server_options(std::string bind_host, std::uint16_t port) {
@@ -18855,7 +18921,7 @@ private:
         options.log = [this](std::string_view line) {
             // A lost lease is the agents' business: each says what it does about it.
             if (line.find("lease '") != std::string_view::npos) return;
-            if (log_) log_(fmt::format("rendezvous store: {}", line));
+            if (log_) log_(detail::format("rendezvous store: {}", line));
         };
         // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts an
         // agent lost after keep_alive_max_attempt silent intervals (or at once when its
@@ -18897,8 +18963,8 @@ private:
     bool stopped_ = false;                      ///< stop() ran: nothing is published any more
 
     static std::string make_node_id(const std::string& host, long pid) {
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
-                           detail::random_u64() & 0xffffu);
+        return detail::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                              detail::random_u64() & 0xffffu);
     }
 };
 using tcp_rendezvous = basic_tcp_rendezvous<>;
@@ -19043,27 +19109,27 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
         const auto& path = *conf.secret_file;
         std::ifstream in(path, std::ios::binary);
         if (!in)
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
-                                          "file holding the job's secret",
-                                          path, std::error_code(errno, std::generic_category()).message())};
+            throw usage_error{detail::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
+                                             "file holding the job's secret",
+                                             path, std::error_code(errno, std::generic_category()).message())};
         std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
         if (text.empty())
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
-                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
-                                          path, path)};
+            throw usage_error{detail::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
+                                             "secret into it (head -c 32 /dev/urandom | base64 > {})",
+                                             path, path)};
         struct stat st {};
         if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
-                             "(mode {:04o}); chmod 600 it",
-                             path, static_cast<unsigned>(st.st_mode & 07777)));
+            warn(detail::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
+                                "(mode {:04o}); chmod 600 it",
+                                path, static_cast<unsigned>(st.st_mode & 07777)));
         conf.secret = std::move(text);
         return;
     }
     if (from_env) {
         if (from_env->empty())
-            throw usage_error{
-                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
+            throw usage_error{detail::format("{} is set but empty; give it the job's secret, or unset it",
+                                             rendezvous_secret_variable)};
         conf.secret = std::move(*from_env);
     }
 }
@@ -19273,7 +19339,8 @@ struct backoff_spec {
     /// The command-line form, as reasons cite it: "--restart-backoff=1s:1min" (":RESET" when
     /// not the default).
     [[nodiscard]] std::string flag() const {
-        std::string out = fmt::format("--restart-backoff={}:{}", duration_flag_text(initial), duration_flag_text(cap));
+        std::string out = detail::format("--restart-backoff={}:{}", duration_flag_text(initial),
+                                         duration_flag_text(cap));
         if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
         return out;
     }
@@ -19281,9 +19348,10 @@ struct backoff_spec {
     /// two durations ("backoff(backoff_spec{1s, 1min, 30min, 1.5, 0.1})").
     [[nodiscard]] std::string code() const {
         const backoff_spec plain{initial, cap};
-        if (*this == plain) return fmt::format("backoff({}, {})", duration_flag_text(initial), duration_flag_text(cap));
-        return fmt::format("backoff(backoff_spec{{{}, {}, {}, {}, {}}})", duration_flag_text(initial),
-                           duration_flag_text(cap), duration_flag_text(reset_after), factor, jitter);
+        if (*this == plain)
+            return detail::format("backoff({}, {})", duration_flag_text(initial), duration_flag_text(cap));
+        return detail::format("backoff(backoff_spec{{{}, {}, {}, {}, {}}})", duration_flag_text(initial),
+                              duration_flag_text(cap), duration_flag_text(reset_after), factor, jitter);
     }
     friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
 };
@@ -19297,10 +19365,10 @@ struct window_spec {
     std::chrono::milliseconds period{std::chrono::hours(1)};
 
     [[nodiscard]] std::string flag() const {
-        return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
+        return detail::format("--restart-window={}/{}", restarts, duration_flag_text(period));
     }
     [[nodiscard]] std::string code() const {
-        return fmt::format("restart_window({}, {})", restarts, duration_flag_text(period));
+        return detail::format("restart_window({}, {})", restarts, duration_flag_text(period));
     }
     friend bool operator==(const window_spec&, const window_spec&) = default;
 };
@@ -19338,7 +19406,7 @@ struct exit_code_set {
             if (!codes.test(c)) continue;
             std::size_t last = c;
             while (last + 1 < 256 && codes.test(last + 1)) ++last;
-            add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
+            add(last == c ? detail::format("{}", c) : detail::format("{}-{}", c, last));
             c = last;
         }
         if (hang) add("hang");
@@ -19365,12 +19433,12 @@ struct crash_guard_spec {
     int in_a_row = 1;
 
     [[nodiscard]] std::string flag() const {
-        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
-                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+        return in_a_row == 1 ? detail::format("--restart-crash-guard={}", duration_flag_text(within))
+                             : detail::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
     }
     [[nodiscard]] std::string code() const {
-        return in_a_row == 1 ? fmt::format("crash_loop_guard({})", duration_flag_text(within))
-                             : fmt::format("crash_loop_guard({}, {})", duration_flag_text(within), in_a_row);
+        return in_a_row == 1 ? detail::format("crash_loop_guard({})", duration_flag_text(within))
+                             : detail::format("crash_loop_guard({}, {})", duration_flag_text(within), in_a_row);
     }
     friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
 };
@@ -19398,7 +19466,7 @@ namespace elastic::inline v0 {
 namespace detail::policy {
 
 [[nodiscard]] ELASTIC_DECL std::string thousandths(long long value) {
-    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
+    std::string out = detail::format("{}.{:03}", value / 1000, value % 1000);
     while (out.back() == '0') out.pop_back();
     if (out.back() == '.') out.pop_back();
     return out;
@@ -19410,11 +19478,11 @@ namespace detail::policy {
     const auto ms = duration_cast<milliseconds>(d).count();
     if (ms < 0) return "-" + duration_text(-d, spaced);
     if (ms == 0 && d.count() != 0)
-        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
-    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
-    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
-    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
-    return fmt::format("{}{}s", thousandths(ms), space);
+        return detail::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms != 0 && ms % 3'600'000 == 0) return detail::format("{}{}h", ms / 3'600'000, space);
+    if (ms != 0 && ms % 60'000 == 0) return detail::format("{}{}min", ms / 60'000, space);
+    if (ms < 1000 && ms != 0) return detail::format("{}{}ms", ms, space);
+    return detail::format("{}{}s", thousandths(ms), space);
 }
 
 }  // namespace detail::policy
@@ -19454,9 +19522,9 @@ namespace elastic::inline v0 {
                     std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
                     (allow_zero || std::llround(seconds * 1000.0) > 0);
     if (!ok) {
-        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
-                                      "counts seconds)",
-                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
+        throw usage_error{detail::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
+                                         "counts seconds)",
+                                         detail::show(name, text), allow_zero ? "" : "above 0 ")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -19464,16 +19532,16 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, ':');
     if (parts.size() < 2 || parts.size() > 3) {
-        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::show(name, text))};
+        throw usage_error{detail::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
+                                         detail::show(name, text))};
     }
     backoff_spec spec;
     spec.initial = parse_duration(parts[0], name);
     spec.cap = parse_duration(parts[1], name);
     if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
     if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
-                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
+        throw usage_error{detail::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
+                                         duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
     }
     return spec;
 }
@@ -19481,13 +19549,13 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL window_spec parse_window_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, '/');
     if (parts.size() != 2) {
-        throw usage_error{
-            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
+        throw usage_error{detail::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
+                                         detail::show(name, text))};
     }
     const auto n = detail::to_integer(detail::trim(parts[0]));
     if (!n || *n < 1 || *n > 1'000'000) {
-        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::show(name, text))};
+        throw usage_error{detail::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
+                                         detail::show(name, text))};
     }
     return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
 }
@@ -19508,8 +19576,8 @@ namespace elastic::inline v0 {
         if (word.rfind("sig", 0) == 0) {
             const int found = signal_number(word);
             if (found == 0 || found > 64) {
-                throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::show(name, text), item)};
+                throw usage_error{detail::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
+                                                 detail::show(name, text), item)};
             }
             set.signals.set(static_cast<std::size_t>(found));
             continue;
@@ -19519,9 +19587,9 @@ namespace elastic::inline v0 {
         const auto last = dash == std::string_view::npos ? first
                                                          : detail::to_integer(detail::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
-            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals', "
-                                          "a signal name or 'hang'",
-                                          detail::show(name, text), item)};
+            throw usage_error{detail::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals', "
+                                             "a signal name or 'hang'",
+                                             detail::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
     }
@@ -19531,7 +19599,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, ':');
     if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
+        throw usage_error{detail::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
     }
     crash_guard_spec spec;
     spec.within = parse_duration(parts[0], name);
@@ -19539,7 +19607,7 @@ namespace elastic::inline v0 {
         const auto n = detail::to_integer(detail::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
             throw usage_error{
-                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::show(name, text))};
+                detail::format("{}: N after ':' must be an integer from 1 to 1000000", detail::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }
@@ -19566,7 +19634,7 @@ public:
     /// `n` >= 0 restarts allowed in the job.
     explicit max_restarts(int n) : budget_(n) {
         if (n < 0) {
-            throw std::invalid_argument(fmt::format("max_restarts({}): the budget must be 0 or more", n));
+            throw std::invalid_argument(detail::format("max_restarts({}): the budget must be 0 or more", n));
         }
     }
 
@@ -19575,15 +19643,16 @@ public:
 
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
-        const auto named = cite(fmt::format("max_restarts({})", budget_), fmt::format("--max-restarts={}", budget_));
+        const auto named = cite(detail::format("max_restarts({})", budget_),
+                                detail::format("--max-restarts={}", budget_));
         if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(fmt::format("restart {} of {} ({})", failure.restarts + 1,
-                                                                    budget_, named));
+            co_return restart_decision::restart_because(detail::format("restart {} of {} ({})", failure.restarts + 1,
+                                                                       budget_, named));
         }
         co_return restart_decision::stop_because(
-            budget_ == 0 ? fmt::format("no restarts allowed ({})", named)
-                         : fmt::format("the restart budget is spent: {} of {} restarts made ({})", failure.restarts,
-                                       budget_, named));
+            budget_ == 0 ? detail::format("no restarts allowed ({})", named)
+                         : detail::format("the restart budget is spent: {} of {} restarts made ({})", failure.restarts,
+                                          budget_, named));
     }
 
 private:
@@ -20016,14 +20085,15 @@ public:
     explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
         : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
         if (spec_.initial <= spec_.initial.zero() || spec_.cap < spec_.initial) {
-            throw std::invalid_argument(fmt::format("backoff({}, {}): want 0 < initial <= cap",
-                                                    duration_flag_text(spec_.initial), duration_flag_text(spec_.cap)));
+            throw std::invalid_argument(detail::format("backoff({}, {}): want 0 < initial <= cap",
+                                                       duration_flag_text(spec_.initial),
+                                                       duration_flag_text(spec_.cap)));
         }
         if (!(spec_.factor >= 1.0) || !std::isfinite(spec_.factor) || !(spec_.jitter >= 0.0 && spec_.jitter < 1.0) ||
             spec_.reset_after < spec_.reset_after.zero()) {
             throw std::invalid_argument(
-                fmt::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
-                            spec_.factor, spec_.jitter));
+                detail::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
+                               spec_.factor, spec_.jitter));
         }
         if (!uniform_) uniform_ = random_uniform_source();
     }
@@ -20046,9 +20116,9 @@ public:
         const double seconds = base * (1.0 - spec_.jitter * u);
         const auto delay = std::chrono::round<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
         pending_ = k + 1;
-        std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
-        if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
-        why += fmt::format("; {})", named());
+        std::string why = detail::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
+        if (reset && in_a_row_ > 0) why += detail::format(", after {} healthy", duration_words(failure.healthy_for()));
+        why += detail::format("; {})", named());
         return {restart_decision::restart_because(std::move(why)), delay};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
@@ -20108,8 +20178,8 @@ public:
     explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
         if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
             throw std::invalid_argument(
-                fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0", spec_.restarts,
-                            duration_flag_text(spec_.period)));
+                detail::format("restart_window({}, {}): want at least 1 restart and a period above 0", spec_.restarts,
+                               duration_flag_text(spec_.period)));
         }
     }
     /// restart_window(5, 1h).
@@ -20127,13 +20197,14 @@ public:
         const int made = recent();
         if (made >= spec_.restarts) {
             const auto since = clock_.now() - times_.front();
-            return {restart_decision::stop_because(fmt::format(
+            return {restart_decision::stop_because(detail::format(
                         "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
                         made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), named())),
                     {}};
         }
-        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
-                                                              spec_.restarts, duration_words(spec_.period), named())),
+        return {restart_decision::restart_because(detail::format("restart {} of {} within {} ({})", made + 1,
+                                                                 spec_.restarts, duration_words(spec_.period),
+                                                                 named())),
                 {}};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }
@@ -20186,13 +20257,13 @@ public:
     [[nodiscard]] mode which() const noexcept { return mode_; }
     /// The C++ form (`restart_on_exit("1,3-5,signals")`).
     [[nodiscard]] std::string code() const {
-        return fmt::format("{}(\"{}\")", mode_ == mode::restart_listed ? "restart_on_exit" : "stop_on_exit",
-                           set_.to_string());
+        return detail::format("{}(\"{}\")", mode_ == mode::restart_listed ? "restart_on_exit" : "stop_on_exit",
+                              set_.to_string());
     }
     /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no option
     /// and shows its C++ form.
     [[nodiscard]] std::string flag() const {
-        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string()) : code();
+        return mode_ == mode::restart_listed ? detail::format("--restart-on-exit={}", set_.to_string()) : code();
     }
 
     restart_plan plan(const group_failure& failure) {
@@ -20200,20 +20271,20 @@ public:
         if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
         const auto& status = root->status;
         // A hang is its own kind of ending: only `hang` matches it, not how the stop ended it.
-        const std::string ending = fmt::format("local_rank {} {}", root->local_rank,
-                                               root->hang ? root->hang->headline() : status.describe());
+        const std::string ending = detail::format("local_rank {} {}", root->local_rank,
+                                                  root->hang ? root->hang->headline() : status.describe());
         const bool listed = root->hang ? set_.hang : set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed)
-                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, named())), {}};
-            return {restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending,
-                                                               named())),
+                return {restart_decision::restart_because(detail::format("{}: retryable ({})", ending, named())), {}};
+            return {restart_decision::stop_because(detail::format("{}: not retryable, stopping at once ({})", ending,
+                                                                  named())),
                     {}};
         }
         if (listed)
-            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, named())),
+            return {restart_decision::stop_because(detail::format("{}: fatal, stopping at once ({})", ending, named())),
                     {}};
-        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, named())), {}};
+        return {restart_decision::restart_because(detail::format("{}: not fatal ({})", ending, named())), {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {
@@ -20286,8 +20357,8 @@ class crash_loop_guard : public named_policy {
 public:
     explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
         if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
-            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
-                                                    duration_flag_text(spec_.within), spec_.in_a_row));
+            throw std::invalid_argument(detail::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
+                                                       duration_flag_text(spec_.within), spec_.in_a_row));
         }
     }
     /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
@@ -20301,25 +20372,26 @@ public:
         const bool early = ran < spec_.within;
         pending_ = early ? early_ + 1 : 0;
         if (!early) {
-            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
-                                                                  duration_words(ran), duration_words(spec_.within))),
+            return {restart_decision::restart_because(detail::format("ran {}, past the crash-loop guard of {}",
+                                                                     duration_words(ran),
+                                                                     duration_words(spec_.within))),
                     {}};
         }
         if (pending_ >= spec_.in_a_row) {
             return {restart_decision::stop_because(
                         spec_.in_a_row == 1
-                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
-                                          "not retried ({})",
-                                          duration_words(ran), duration_words(spec_.within), named())
-                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
-                                          "the crash-loop guard of {}: not retried ({})",
-                                          duration_words(ran), pending_, duration_words(spec_.within), named())),
+                            ? detail::format("the group failed {} after its start, within the crash-loop guard of {}: "
+                                             "not retried ({})",
+                                             duration_words(ran), duration_words(spec_.within), named())
+                            : detail::format("the group failed {} after its start: {} starts in a row failed within "
+                                             "the crash-loop guard of {}: not retried ({})",
+                                             duration_words(ran), pending_, duration_words(spec_.within), named())),
                     {}};
         }
-        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
-                                                              "within {} ({})",
-                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
-                                                              duration_words(spec_.within), named())),
+        return {restart_decision::restart_because(detail::format("failed {} after its start: {} of {} allowed in a row "
+                                                                 "within {} ({})",
+                                                                 duration_words(ran), pending_, spec_.in_a_row - 1,
+                                                                 duration_words(spec_.within), named())),
                 {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
@@ -20363,7 +20435,7 @@ namespace elastic::inline v0 {
 class no_progress : public named_policy {
 public:
     explicit no_progress(int n) : n_(n) {
-        if (n_ < 1) throw std::invalid_argument(fmt::format("no_progress({}): want N >= 1", n_));
+        if (n_ < 1) throw std::invalid_argument(detail::format("no_progress({}): want N >= 1", n_));
     }
 
     [[nodiscard]] int limit() const noexcept { return n_; }
@@ -20406,27 +20478,29 @@ ELASTIC_DECL restart_plan no_progress::plan(const group_failure& failure) {
     const bool advanced = got && (!best_ || *got > *best_);
     pending_best_ = advanced ? got : best_;
     pending_ = advanced ? 0 : stalled_ + 1;
-    const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
-    const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
+    const auto reached = got ? detail::format("progress {}", *got) : std::string("no progress reported");
+    const auto best = best_ ? detail::format("the best so far is {}", *best_) : std::string("none reported before");
     if (advanced) {
-        return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
-                                                              best_ ? fmt::format("{}", *best_) : "nothing", named())),
+        return {restart_decision::restart_because(detail::format("{}, past {} ({})", reached,
+                                                                 best_ ? detail::format("{}", *best_) : "nothing",
+                                                                 named())),
                 {}};
     }
     if (pending_ >= n_) {
-        return {restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
-                                                           "stopping ({})",
-                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
+        return {restart_decision::stop_because(detail::format("{} ({}): {} failed attempt{} in a row made no progress, "
+                                                              "stopping ({})",
+                                                              reached, best, pending_, pending_ == 1 ? "" : "s",
+                                                              named())),
                 {}};
     }
-    return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
-                                                          "allowed ({})",
-                                                          reached, best, pending_, n_ - 1, named())),
+    return {restart_decision::restart_because(detail::format("{} ({}): {} of {} attempts in a row without progress "
+                                                             "allowed ({})",
+                                                             reached, best, pending_, n_ - 1, named())),
             {}};
 }
 
 ELASTIC_DECL std::string no_progress::named() const {
-    return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
+    return cite(detail::format("no_progress({})", n_), detail::format("--restart-no-progress={}", n_));
 }
 
 }  // namespace elastic::inline v0
@@ -20948,7 +21022,7 @@ namespace elastic::inline v0 {
 ELASTIC_DECL std::optional<std::pair<std::chrono::milliseconds, std::string>> watchdog_settings::section_limit(
     std::string_view name) const {
     if (const auto it = sections.find(name); it != sections.end()) {
-        return std::pair{it->second, fmt::format("section:{}", name)};
+        return std::pair{it->second, detail::format("section:{}", name)};
     }
     if (section) return std::pair{*section, std::string("section")};
     return std::nullopt;
@@ -20970,7 +21044,7 @@ ELASTIC_DECL std::string watchdog_settings::to_string() const {
     if (first) add("first=" + duration_flag_text(*first));
     if (beat) add("beat=" + duration_flag_text(*beat));
     if (section) add("section=" + duration_flag_text(*section));
-    for (const auto& [name, d] : sections) add(fmt::format("section:{}={}", name, duration_flag_text(d)));
+    for (const auto& [name, d] : sections) add(detail::format("section:{}={}", name, duration_flag_text(d)));
     if (signal != SIGUSR2) add("signal=" + signal_name(signal));
     if (dump != std::chrono::seconds(5)) add("dump=" + duration_flag_text(dump));
     return out;
@@ -21003,7 +21077,7 @@ ELASTIC_DECL detail::agent::watchdog_pages::watchdog_pages(std::size_t workers) 
         base = std::filesystem::temp_directory_path();
     }
     for (int attempt = 0;; ++attempt) {
-        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), detail::random_u64() & 0xffffffffu);
+        dir_ = base / detail::format("elastic-watchdog-{}-{:08x}", ::getpid(), detail::random_u64() & 0xffffffffu);
         if (std::filesystem::create_directory(dir_, ec)) break;
         if (ec || attempt == 8) {
             throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),
@@ -21042,19 +21116,19 @@ ELASTIC_DECL std::optional<detail::watchdog::page_snapshot> detail::agent::watch
 }
 
 ELASTIC_DECL std::filesystem::path detail::agent::watchdog_pages::page_path(std::size_t i) const {
-    return dir_ / fmt::format("{}.page", i);
+    return dir_ / detail::format("{}.page", i);
 }
 
 ELASTIC_DECL std::filesystem::path detail::agent::watchdog_pages::stacks_path(std::size_t i) const {
-    return dir_ / fmt::format("{}.stacks", i);
+    return dir_ / detail::format("{}.stacks", i);
 }
 
 ELASTIC_DECL void detail::agent::watchdog_pages::tell(std::size_t i, int signal,
                                                       std::map<std::string, std::string, std::less<>>& env) const {
     env[detail::watchdog::file_variable] = page_path(i).string();
     env[detail::watchdog::stacks_variable] = stacks_path(i).string();
-    env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
-    env[detail::watchdog::agent_variable] = fmt::format("{}", ::getpid());
+    env[detail::watchdog::signal_variable] = detail::format("{}", signal);
+    env[detail::watchdog::agent_variable] = detail::format("{}", ::getpid());
     const auto python = (dir_ / "python").string();
     auto& path = env["PYTHONPATH"];
     path = path.empty() ? python : python + ":" + path;
@@ -21082,7 +21156,7 @@ ELASTIC_DECL std::string detail::agent::watchdog_pages::stacks(std::size_t i, st
     const bool cut = got == limit && ::read(fd, &more, 1) == 1;
     ::close(fd);
     out.resize(got);
-    if (cut) out += fmt::format("\n... (cut at {} KiB)\n", limit / 1024);
+    if (cut) out += detail::format("\n... (cut at {} KiB)\n", limit / 1024);
     return demangle_frames(out);
 }
 
@@ -21151,8 +21225,8 @@ ELASTIC_DECL std::optional<hang_report> detail::agent::rank_watch::hung(
     };
     if (!alive) {
         if (w.first && now - started > *w.first) {
-            return report(fmt::format("no sign of life for {} since it started (--watchdog first={})",
-                                      measured_words(now - started), duration_flag_text(*w.first)),
+            return report(detail::format("no sign of life for {} since it started (--watchdog first={})",
+                                         measured_words(now - started), duration_flag_text(*w.first)),
                           now - started);
         }
         return std::nullopt;
@@ -21160,17 +21234,17 @@ ELASTIC_DECL std::optional<hang_report> detail::agent::rank_watch::hung(
     if (!section.empty()) {
         if (const auto limit = w.section_limit(section)) {
             if (now - section_since > limit->first) {
-                return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", section,
-                                          measured_words(now - section_since), limit->second,
-                                          duration_flag_text(limit->first)),
+                return report(detail::format("in section \"{}\" for {} (--watchdog {}={})", section,
+                                             measured_words(now - section_since), limit->second,
+                                             duration_flag_text(limit->first)),
                               now - section_since);
             }
             return std::nullopt;
         }
     }
     if (w.beat && now - last_sign > *w.beat) {
-        return report(fmt::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
-                                  duration_flag_text(*w.beat)),
+        return report(detail::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
+                                     duration_flag_text(*w.beat)),
                       now - last_sign);
     }
     return std::nullopt;
@@ -21184,9 +21258,9 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
 [[nodiscard]] ELASTIC_DECL watchdog_settings parse_watchdog(std::string_view text, std::string_view name) {
     watchdog_settings w;
     const auto bad = [&](std::string_view item, const std::string& why) {
-        return usage_error(fmt::format("{}={}: '{}' {} (want KEY=VALUE items: first=5min, beat=30s, section=10min, "
-                                       "section:NAME=1h, signal=SIGUSR2, dump=5s)",
-                                       name, text, item, why));
+        return usage_error(detail::format("{}={}: '{}' {} (want KEY=VALUE items: first=5min, beat=30s, section=10min, "
+                                          "section:NAME=1h, signal=SIGUSR2, dump=5s)",
+                                          name, text, item, why));
     };
     std::string_view rest = text;
     bool any = false;
@@ -21202,9 +21276,9 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
         const auto value = detail::trim(item.substr(eq + 1));
         const auto duration = [&] {
             try {
-                return parse_duration(value, fmt::format("{} {}", name, key), key == "dump");
+                return parse_duration(value, detail::format("{} {}", name, key), key == "dump");
             } catch (const usage_error& e) {
-                throw bad(item, fmt::format("is not a duration ({})", e.what()));
+                throw bad(item, detail::format("is not a duration ({})", e.what()));
             }
         };
         if (key == "first") {
@@ -21216,8 +21290,8 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
         } else if (key.rfind("section:", 0) == 0) {
             const auto section = key.substr(8);
             if (section.empty() || section.size() >= detail::watchdog::section_capacity) {
-                throw bad(item, fmt::format("names no section, or one longer than {} bytes",
-                                            detail::watchdog::section_capacity - 1));
+                throw bad(item, detail::format("names no section, or one longer than {} bytes",
+                                               detail::watchdog::section_capacity - 1));
             }
             w.sections[std::string(section)] = duration();
         } else if (key == "signal") {
@@ -21234,7 +21308,7 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
         } else if (key == "dump") {
             w.dump = duration();
         } else {
-            throw bad(item, fmt::format("has an unknown key '{}'", key));
+            throw bad(item, detail::format("has an unknown key '{}'", key));
         }
     }
     if (!w.enabled()) throw bad(text, "sets no limit (give first=, beat=, section= or section:NAME=)");
@@ -21317,7 +21391,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL std::string substitute_local_rank(std::string_view arg, int local_rank) {
     const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
     const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-    const auto value = fmt::format("{}", local_rank);
+    const auto value = detail::format("{}", local_rank);
     std::string out;
     out.reserve(arg.size());
     std::size_t i = 0;
@@ -21371,15 +21445,16 @@ ELASTIC_DECL std::vector<std::string> worker_command::argv_for(int local_rank) c
 [[nodiscard]] ELASTIC_DECL std::string find_executable(std::string_view name, const environment& env,
                                                        std::string_view role) {
     if (name.empty()) {
-        throw usage_error{fmt::format("{}: the name is empty", role)};
+        throw usage_error{detail::format("{}: the name is empty", role)};
     }
     const auto describe = [&](detail::file_check check, std::string_view path) {
         switch (check) {
-            case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-            case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+            case detail::file_check::missing: return detail::format("{} {} does not exist", role, path);
+            case detail::file_check::directory:
+                return detail::format("{} {} is a directory, not a program", role, path);
             default:
-                return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
-                                   role, path);
+                return detail::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                                      role, path);
         }
     };
     if (name.find('/') != std::string_view::npos) {
@@ -21397,7 +21472,7 @@ ELASTIC_DECL std::vector<std::string> worker_command::argv_for(int local_rank) c
     if (!first_not_executable.empty()) {
         throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
     }
-    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
+    throw usage_error{detail::format("{} {} not found on PATH ({})", role, name, search)};
 }
 
 [[nodiscard]] ELASTIC_DECL program_kind effective_kind(const worker_program& program) {
@@ -21446,13 +21521,13 @@ namespace elastic::inline v0 {
         case program_kind::python_script: {
             const auto check = detail::check_file(program.target, R_OK);
             if (check == detail::file_check::missing) {
-                throw usage_error{fmt::format("script {} does not exist", program.target)};
+                throw usage_error{detail::format("script {} does not exist", program.target)};
             }
             if (check == detail::file_check::directory) {
-                throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+                throw usage_error{detail::format("script {} is a directory, not a script", program.target)};
             }
             if (check != detail::file_check::ok) {
-                throw usage_error{fmt::format("script {} is not readable", program.target)};
+                throw usage_error{detail::format("script {} is not readable", program.target)};
             }
             command.path = find_executable(program.python, env, "PYTHON_EXEC");
             command.argv = {program.python, "-u", program.target};
@@ -21461,8 +21536,8 @@ namespace elastic::inline v0 {
         case program_kind::python_module:
             if (!detail::agent::valid_module_name(program.target)) {
                 throw usage_error{
-                    fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
-                                program.target)};
+                    detail::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                   program.target)};
             }
             command.path = find_executable(program.python, env, "PYTHON_EXEC");
             command.argv = {program.python, "-u", "-m", program.target};
@@ -21600,7 +21675,7 @@ public:
     void critical(std::string_view text) const { (*this)(log_level::critical, text); }
     /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
     /// prints its exception).
-    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+    void always(std::string_view text) const { detail::agent::write_all(fd_, detail::format("{}\n", text)); }
 
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
@@ -21609,9 +21684,9 @@ public:
     [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
                                             std::string_view name, std::string_view text) {
         static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
-        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ",
-                                        letters[static_cast<int>(level)], local.tm_mon + 1, local.tm_mday,
-                                        local.tm_hour, local.tm_min, local.tm_sec, micros, pid, name);
+        const auto prefix = detail::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ",
+                                           letters[static_cast<int>(level)], local.tm_mon + 1, local.tm_mday,
+                                           local.tm_hour, local.tm_min, local.tm_sec, micros, pid, name);
         while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
         while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
         std::string out;
@@ -21814,7 +21889,7 @@ private:
             const auto [ec, n] = co_await fifo_.async_read_some(asio::buffer(chunk), detail::as_tuple_awaitable<Defer>);
             // Aborted: the serve was cancelled (its watch() ended), not a fault of the FIFO.
             if (ec == asio::error::operation_aborted) throw asio::system_error(ec);
-            if (ec) co_return fmt::format("cannot read {}: {}", made_.path.string(), ec.message());
+            if (ec) co_return detail::format("cannot read {}: {}", made_.path.string(), ec.message());
             for (const auto& line : lines_.add(std::string_view(chunk.data(), n))) take(line);
             // Woken only when the earliest deadline came nearer (a flood of far-off timers costs
             // no wake-ups).
@@ -21836,15 +21911,15 @@ private:
             try {
                 for (const auto& e : table_.expire(std::chrono::steady_clock::now())) expired_(e);
             } catch (const std::exception& e) {
-                co_return fmt::format("an expiry could not be handled: {}", e.what());
+                co_return detail::format("an expiry could not be handled: {}", e.what());
             }
         }
     }
 
     void take(const detail::agent::fifo_lines::line& line) {
         if (line.overlong) {
-            report(fmt::format("a request longer than {} bytes (FileTimerClient writes at most PIPE_BUF): {}",
-                               detail::agent::fifo_lines::max_line, detail::agent::quoted_excerpt(line.text)));
+            report(detail::format("a request longer than {} bytes (FileTimerClient writes at most PIPE_BUF): {}",
+                                  detail::agent::fifo_lines::max_line, detail::agent::quoted_excerpt(line.text)));
             return;
         }
         auto parsed = parse_file_timer_request(line.text);
@@ -21861,13 +21936,13 @@ private:
         }
         if (const auto who = sender_(r.pid); who != file_timer_sender::worker) {
             if (who == file_timer_sender::ended_worker || known_.count(r.pid) != 0) {
-                log_->debug(fmt::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
-                                        "running",
-                                        made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
+                log_->debug(detail::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
+                                           "running",
+                                           made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
             } else {
-                report(fmt::format("a request for pid {} (scope '{}'), which is none of this node's workers nor "
-                                   "in a worker's process group",
-                                   r.pid, detail::agent::quoted_excerpt(r.scope)));
+                report(detail::format("a request for pid {} (scope '{}'), which is none of this node's workers nor "
+                                      "in a worker's process group",
+                                      r.pid, detail::agent::quoted_excerpt(r.scope)));
             }
             return;
         }
@@ -21882,8 +21957,8 @@ private:
     void report(const std::string& what) {
         ++reports_;
         if (reports_ <= 20) {
-            log_->warning(fmt::format("torch file timer {}: ignored {}{}", made_.path.string(), what,
-                                      reports_ == 20 ? " (further ignored requests are not logged)" : ""));
+            log_->warning(detail::format("torch file timer {}: ignored {}{}", made_.path.string(), what,
+                                         reports_ == 20 ? " (further ignored requests are not logged)" : ""));
         }
     }
 
@@ -21922,7 +21997,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(std::string_view line) {
     const auto bad = [line](std::string_view why) {
-        return fmt::format("a request that {}: {}", why, detail::agent::quoted_excerpt(line));
+        return detail::format("a request that {}: {}", why, detail::agent::quoted_excerpt(line));
     };
     const auto json = nlohmann::json::parse(line, nullptr, false);
     if (json.is_discarded() || !json.is_object()) return bad("is not a JSON object");
@@ -21949,7 +22024,7 @@ ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_requ
     }
     r.expiration_time = expiration->get<double>();
     if (!signal->is_number_integer() || signal->get<long long>() > SIGRTMAX) {
-        return bad(fmt::format("has a signal that is not a signal number (at most {})", SIGRTMAX));
+        return bad(detail::format("has a signal that is not a signal number (at most {})", SIGRTMAX));
     }
     r.signal = static_cast<int>(std::max<long long>(signal->get<long long>(), 0));
     return r;
@@ -21965,15 +22040,15 @@ ELASTIC_DECL std::optional<std::string> detail::agent::file_timer_table::apply(
     const auto it = timers_.find(key);
     if (it == timers_.end()) {
         if (timers_.size() >= max_timers) {
-            return fmt::format("scope '{}' of pid {}: {} timers are kept already (the most this agent keeps)",
-                               quoted_excerpt(r.scope), r.pid, max_timers);
+            return detail::format("scope '{}' of pid {}: {} timers are kept already (the most this agent keeps)",
+                                  quoted_excerpt(r.scope), r.pid, max_timers);
         }
         const auto first = timers_.lower_bound(std::make_pair(r.pid, std::string()));
         std::size_t of_pid = 0;
         for (auto i = first; i != timers_.end() && i->first.first == r.pid && of_pid < max_per_pid; ++i) ++of_pid;
         if (of_pid >= max_per_pid) {
-            return fmt::format("scope '{}' of pid {}: that pid holds {} timers already (the most one process may)",
-                               quoted_excerpt(r.scope), r.pid, max_per_pid);
+            return detail::format("scope '{}' of pid {}: that pid holds {} timers already (the most one process may)",
+                                  quoted_excerpt(r.scope), r.pid, max_per_pid);
         }
     }
     // What was left when it arrived, capped at a year (a far-off deadline must not overflow).
@@ -22070,7 +22145,7 @@ ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std
     if (path.empty()) {
         const auto dir = std::filesystem::temp_directory_path();
         for (int attempt = 0;; ++attempt) {
-            f.path = dir / fmt::format("watchdog_timer_{:016x}", detail::random_u64());
+            f.path = dir / detail::format("watchdog_timer_{:016x}", detail::random_u64());
             if (::mkfifo(f.path.c_str(), 0600) == 0) break;
             if (errno != EEXIST || attempt == 8) fail(errno, "cannot make the FIFO " + f.path.string());
         }
@@ -22079,16 +22154,16 @@ ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std
         struct stat st {};
         if (::lstat(path.c_str(), &st) == 0) {
             if (!S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
-                fail(EEXIST, fmt::format("{} exists and is not a FIFO of this user; remove it, or name another "
-                                         "path in TORCHELASTIC_TIMER_FILE",
-                                         path.string()));
+                fail(EEXIST, detail::format("{} exists and is not a FIFO of this user; remove it, or name another "
+                                            "path in TORCHELASTIC_TIMER_FILE",
+                                            path.string()));
             }
             // A FIFO someone reads is another agent's, live: taking it would end that agent's timers.
             if (const int probe = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW); probe >= 0) {
                 ::close(probe);
-                fail(EBUSY, fmt::format("{} is the FIFO of another agent that serves it now; give each agent its "
-                                        "own TORCHELASTIC_TIMER_FILE",
-                                        path.string()));
+                fail(EBUSY, detail::format("{} is the FIFO of another agent that serves it now; give each agent its "
+                                           "own TORCHELASTIC_TIMER_FILE",
+                                           path.string()));
             }
             ::unlink(path.c_str());  // a stale FIFO, as torchrun replaces it
         }
@@ -22131,7 +22206,7 @@ ELASTIC_DECL std::string detail::agent::quoted_excerpt(std::string_view text) {
         if (u >= 0x20 && u < 0x7f) {
             out += c;
         } else {
-            out += fmt::format("\\x{:02x}", u);
+            out += detail::format("\\x{:02x}", u);
         }
     }
     if (text.size() > 120) out += "...";
@@ -22351,9 +22426,9 @@ ELASTIC_DECL std::string detail::agent::http_answer(const http_response& r, bool
         case 503: reason = "Service Unavailable"; break;
         default: reason = "Unknown"; break;
     }
-    auto out = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
-                           r.status, reason, r.content_type, r.body.size(),
-                           r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
+    auto out = detail::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
+                              r.status, reason, r.content_type, r.body.size(),
+                              r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
     if (!head_only) out += r.body;
     return out;
 }
@@ -22514,8 +22589,8 @@ namespace elastic::inline v0 {
                                                          int local_rank, int rank) {
     const auto value = [&](std::string_view name) -> std::optional<std::string> {
         if (name == "role_name") return std::string(role_name);
-        if (name == "local_rank") return fmt::format("{}", local_rank);
-        if (name == "rank") return fmt::format("{}", rank);
+        if (name == "local_rank") return detail::format("{}", local_rank);
+        if (name == "rank") return detail::format("{}", rank);
         return std::nullopt;
     };
     // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
@@ -22579,11 +22654,11 @@ ELASTIC_DECL std::string temp_base(const environment& env) {
 }
 
 ELASTIC_DECL std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    std::string pattern = (parent / detail::format("{}XXXXXX", prefix)).string();
     if (::mkdtemp(pattern.data()) == nullptr) {
-        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
-                                    std::generic_category().message(errno),
-                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+        throw log_error(detail::format("cannot create a directory like {}: {} (set {} to a writable directory)",
+                                       pattern, std::generic_category().message(errno),
+                                       prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
     }
     return pattern;
 }
@@ -22596,7 +22671,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
     detail::process::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
     if (!fd) {
-        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
+        throw log_error(detail::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
     }
     return fd;
 }
@@ -22612,8 +22687,8 @@ ELASTIC_DECL std::filesystem::path log_tree::make_attempt(int attempt, int local
             std::error_code ec;
             std::filesystem::create_directories(*log_dir_, ec);
             if (ec || !std::filesystem::is_directory(*log_dir_)) {
-                throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
-                                            ec ? ec.message() : std::string("not a directory")));
+                throw log_error(detail::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                               ec ? ec.message() : std::string("not a directory")));
             }
             base_ = *log_dir_;
         } else {
@@ -22621,20 +22696,21 @@ ELASTIC_DECL std::filesystem::path log_tree::make_attempt(int attempt, int local
         }
         run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
     }
-    const auto name = fmt::format("attempt_{}", attempt);
+    const auto name = detail::format("attempt_{}", attempt);
     std::filesystem::path dir = run_dir_ / name;
     // mkdir(2) is the test and the claim at once: an existing directory is never reused.
     for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
         if (errno != EEXIST) {
-            throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+            throw log_error(detail::format("cannot create {}: {}", dir.string(),
+                                           std::generic_category().message(errno)));
         }
-        dir = run_dir_ / fmt::format("{}.{}", name, k);
+        dir = run_dir_ / detail::format("{}.{}", name, k);
     }
     for (int i = 0; i < local_world_size; ++i) {
-        const auto rank_dir = dir / fmt::format("{}", i);
+        const auto rank_dir = dir / detail::format("{}", i);
         if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-            throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
-                                        std::generic_category().message(errno)));
+            throw log_error(detail::format("cannot create {}: {}", rank_dir.string(),
+                                           std::generic_category().message(errno)));
         }
     }
     return dir;
@@ -22766,7 +22842,7 @@ namespace elastic::inline v0 {
     const auto set = [&](std::string name, std::string value) {
         env.insert_or_assign(std::move(name), std::move(value));
     };
-    const auto number = [](long long v) { return fmt::format("{}", v); };
+    const auto number = [](long long v) { return detail::format("{}", v); };
     set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
     set("RANK", number(a.global_rank));
     set("GROUP_RANK", number(a.group_rank));
@@ -22881,7 +22957,7 @@ public:
         try {
             sink_ = event_sink(destination);
         } catch (const report_error& e) {
-            throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
+            throw usage_error{detail::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
         }
         if (sink_.enabled()) hostname_ = host_name();
     }
@@ -23109,9 +23185,9 @@ ELASTIC_DECL void agent_events::workers_exited(int restarts, std::span<const chi
 ELASTIC_DECL void agent_events::decision(const group_failure& failure, const restart_decision& decided) noexcept {
     try {
         const auto* root = failure.root_cause();
-        pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
-                                      root != nullptr ? failure_headline(*root) : "no worker failed on its own",
-                                      decided.reason);
+        pending_reason_ = detail::format("the worker group failed ({}); the policy stopped: {}",
+                                         root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                         decided.reason);
         if (!enabled()) return;
         record_agent("elastic.policy.decision", [&](event_metadata& m) {
             m["restart_count"] = failure.restarts;
@@ -23140,14 +23216,14 @@ ELASTIC_DECL void agent_events::decision_interrupted(int restarts, int signal) n
     record_agent("elastic.policy.decision", [&](event_metadata& m) {
         m["restart_count"] = restarts;
         m["action"] = "interrupted";
-        m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+        m["reason"] = detail::format("received {} while deciding", signal_name(signal));
     });
 }
 
 ELASTIC_DECL void agent_events::received_signal(int signal) noexcept {
     stopping_group();
     try {
-        pending_reason_ = fmt::format("received {}", signal_name(signal));
+        pending_reason_ = detail::format("received {}", signal_name(signal));
     } catch (...) {
     }
 }
@@ -23229,7 +23305,7 @@ ELASTIC_DECL worker_event_context agent_events::status_context(int restarts, std
 
 ELASTIC_DECL std::string agent_events::join(const std::vector<int>& values) {
     std::string out;
-    for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+    for (const int v : values) out += detail::format("{}{}", out.empty() ? "" : ",", v);
     return out;
 }
 
@@ -23415,7 +23491,6 @@ private:
 
 #if ELASTIC_DETAIL_BODIES
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -23531,11 +23606,11 @@ namespace detail::agent {
 /// "3.2s", "45s", "12m05s", "2h03m": an age for the table.
 inline std::string age_text(double seconds) {
     if (seconds < 0) seconds = 0;
-    if (seconds < 10) return fmt::format("{:.1f}s", seconds);
+    if (seconds < 10) return detail::format("{:.1f}s", seconds);
     const auto s = static_cast<long long>(seconds);
-    if (s < 60) return fmt::format("{}s", s);
-    if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-    return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+    if (s < 60) return detail::format("{}s", s);
+    if (s < 3600) return detail::format("{}m{:02}s", s / 60, s % 60);
+    return detail::format("{}h{:02}m", s / 3600, s % 3600 / 60);
 }
 
 /// A Prometheus label value: valid UTF-8, backslash, double quote and newline escaped.
@@ -23576,22 +23651,23 @@ ELASTIC_DECL std::string status_table(const std::vector<agent_status>& raw, std:
     std::string out;
     for (const auto& a : agents) {
         if (!out.empty()) out += "\n";
-        out += fmt::format("run {}  node {} (pid {}, host {})  {}", a.run_id, a.node, a.pid, a.host, a.state);
+        out += detail::format("run {}  node {} (pid {}, host {})  {}", a.run_id, a.node, a.pid, a.host, a.state);
         if (a.round >= 0) {
-            out += fmt::format("  round {}: node {} of {}, world {}", a.round, a.group_rank, a.group_world_size,
-                               a.world_size);
+            out += detail::format("  round {}: node {} of {}, world {}", a.round, a.group_rank, a.group_world_size,
+                                  a.world_size);
         }
-        out += fmt::format("  restarts {}/{}", a.restarts, a.max_restarts);
-        out += fmt::format("  (as of {} ago)\n",
-                           detail::agent::age_text(static_cast<double>(now_ms - a.updated_ms) / 1000.0));
+        out += detail::format("  restarts {}/{}", a.restarts, a.max_restarts);
+        out += detail::format("  (as of {} ago)\n",
+                              detail::agent::age_text(static_cast<double>(now_ms - a.updated_ms) / 1000.0));
         if (a.ranks.empty()) continue;
-        out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", "local", "rank", "pid", "state",
-                           "heartbeat", "progress", "section");
+        out += detail::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", "local", "rank", "pid", "state",
+                              "heartbeat", "progress", "section");
         for (const auto& r : a.ranks) {
-            const auto state = r.ended.empty() ? r.state : fmt::format("{} ({})", r.state, r.ended);
-            out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", r.local_rank, r.global_rank, r.pid,
-                               state, r.heartbeat_age ? detail::agent::age_text(*r.heartbeat_age) + " ago" : "-",
-                               r.progress ? fmt::format("{}", *r.progress) : "-", r.section.empty() ? "-" : r.section);
+            const auto state = r.ended.empty() ? r.state : detail::format("{} ({})", r.state, r.ended);
+            out += detail::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", r.local_rank, r.global_rank, r.pid,
+                                  state, r.heartbeat_age ? detail::agent::age_text(*r.heartbeat_age) + " ago" : "-",
+                                  r.progress ? detail::format("{}", *r.progress) : "-",
+                                  r.section.empty() ? "-" : r.section);
         }
     }
     return out;
@@ -23600,14 +23676,14 @@ ELASTIC_DECL std::string status_table(const std::vector<agent_status>& raw, std:
 ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
     using detail::agent::label;
     std::string out;
-    const auto agent_labels = fmt::format("run_id=\"{}\",node=\"{}\",role=\"{}\"", label(s.run_id), label(s.node),
-                                          label(s.role));
+    const auto agent_labels = detail::format("run_id=\"{}\",node=\"{}\",role=\"{}\"", label(s.run_id), label(s.node),
+                                             label(s.role));
     const auto family = [&out](std::string_view name, std::string_view type, std::string_view help) {
-        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+        out += detail::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
     };
     family("elastic_agent_info", "gauge", "The agent: its job, node, role and state (always 1).");
-    out += fmt::format("elastic_agent_info{{{},state=\"{}\",host=\"{}\"}} 1\n", agent_labels, label(s.state),
-                       label(s.host));
+    out += detail::format("elastic_agent_info{{{},state=\"{}\",host=\"{}\"}} 1\n", agent_labels, label(s.state),
+                          label(s.host));
     struct one {
         std::string_view name;
         std::string_view type;
@@ -23631,14 +23707,14 @@ ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
     };
     for (const auto& m : agent_metrics) {
         family(m.name, m.type, m.help);
-        out += fmt::format("{}{{{}}} {}\n", m.name, agent_labels, m.value);
+        out += detail::format("{}{{{}}} {}\n", m.name, agent_labels, m.value);
     }
     const auto per_rank = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
         family(name, type, help);
         for (const auto& r : s.ranks) {
             if (const auto v = value(r)) {
-                out += fmt::format("{}{{{},local_rank=\"{}\",rank=\"{}\"}} {}\n", name, agent_labels, r.local_rank,
-                                   r.global_rank, *v);
+                out += detail::format("{}{{{},local_rank=\"{}\",rank=\"{}\"}} {}\n", name, agent_labels, r.local_rank,
+                                      r.global_rank, *v);
             }
         }
     };
@@ -23673,7 +23749,7 @@ inline long status_file_pid(std::string_view name, bool tmp = false) {
 inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
 
 ELASTIC_DECL std::uint64_t process_start_ticks(long pid) {
-    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::ifstream stat(detail::format("/proc/{}/stat", pid));
     std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
     const auto close = text.rfind(')');  // the command name may hold spaces, parentheses, newlines
     if (close == std::string::npos || close + 2 > text.size()) return 0;
@@ -23696,7 +23772,7 @@ inline bool pid_reused(const agent_status& s) {
 }  // namespace detail::agent
 
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
-    : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
+    : dir_(status_directory()), name_(detail::format("{}.json", pid)) {
     open_directory();
     // Files of agents that died without removing theirs (SIGKILL), and their leftovers: a
     // random sample of the others' files is checked, so that each of a thousand agents starting
@@ -23731,7 +23807,7 @@ ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     for (const auto& name : sample) {
         const long other = status_file_pid(name, true);
         if (!process_gone(other)) continue;
-        const auto file = fmt::format("{}.json", other);  // both of a dead agent's files
+        const auto file = detail::format("{}.json", other);  // both of a dead agent's files
         ::unlinkat(fd_, file.c_str(), 0);
         ::unlinkat(fd_, (file + ".tmp").c_str(), 0);
     }
@@ -23745,7 +23821,7 @@ ELASTIC_DECL void detail::agent::status_file::open_directory() {
         fd = detail::open_private_directory(dir_, true, why);
         if (fd < 0 && !why.empty()) break;
     }
-    if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
+    if (fd < 0) throw std::runtime_error(why.empty() ? detail::format("cannot open {}", dir_.string()) : why);
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
 }
@@ -23778,7 +23854,7 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
         fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     }
     if (fd < 0)
-        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
+        throw std::runtime_error(detail::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
     std::size_t done = 0;
     while (done < text.size()) {
         const auto n = ::pwrite(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
@@ -23794,14 +23870,14 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
     ::close(fd);
     if (done != text.size()) {
         ::unlinkat(fd_, tmp.c_str(), 0);
-        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(error)));
+        throw std::runtime_error(detail::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(error)));
     }
     // The first write has nothing to swap with (ENOENT); a file system without the exchange
     // (EINVAL) gets a plain rename.
     if (::renameat2(fd_, tmp.c_str(), fd_, name_.c_str(), RENAME_EXCHANGE) == 0) return;
     if ((errno != ENOENT && errno != EINVAL) || ::renameat(fd_, tmp.c_str(), fd_, name_.c_str()) != 0) {
-        throw std::runtime_error(fmt::format("cannot rename into {}: {}", (dir_ / name_).string(),
-                                             std::strerror(errno)));
+        throw std::runtime_error(detail::format("cannot rename into {}: {}", (dir_ / name_).string(),
+                                                std::strerror(errno)));
     }
 }
 
@@ -23814,7 +23890,7 @@ ELASTIC_DECL std::vector<std::filesystem::path> status_directories() {
         out.push_back(std::filesystem::path(runtime) / "elastic");
     }
     if (!ec) {
-        const auto other = tmp / fmt::format("elastic-{}", ::geteuid());
+        const auto other = tmp / detail::format("elastic-{}", ::geteuid());
         if (out.empty() || other != out.front()) out.push_back(other);
     }
     return out;
@@ -23827,7 +23903,7 @@ ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::file
         std::string why;
         const int dfd = detail::open_private_directory(dir, false, why);
         if (dfd < 0) {
-            if (!why.empty() && notes != nullptr) notes->push_back(fmt::format("not read: {}", why));
+            if (!why.empty() && notes != nullptr) notes->push_back(detail::format("not read: {}", why));
             continue;
         }
         DIR* d = ::fdopendir(dfd);
@@ -23938,46 +24014,46 @@ ELASTIC_DECL store_plan plan_store(const rendezvous_parameters& c) {
 }
 
 ELASTIC_DECL std::string nnodes_text(const node_range& n) {
-    return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
+    return n.min == n.max ? detail::format("{}", n.min) : detail::format("{}:{}", n.min, n.max);
 }
 
 ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
     if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
-        throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
-                                      "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
-                                      nnodes_text(c.nnodes), c.nnodes.max)};
+        throw usage_error{detail::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
+                                         "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
+                                         nnodes_text(c.nnodes), c.nnodes.max)};
     }
     if (c.backend == rendezvous_backend::c10d && c.settings.is_host && !*c.settings.is_host &&
         c.endpoint.port.value_or(0) == 0) {
-        throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
-                                      "join; give the port the hosting agent listens on",
-                                      to_string(c.endpoint))};
+        throw usage_error{detail::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
+                                         "join; give the port the hosting agent listens on",
+                                         to_string(c.endpoint))};
     }
     if (c.run_id.empty()) {
         throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
     }
     if (c.backend == rendezvous_backend::etcd_v3 && c.run_id.find('/') != std::string::npos) {
         // A job's keys are deleted by prefix in etcd when it ends: "team" would take "team/x"'s.
-        throw usage_error{fmt::format("--rdzv-id={}: with etcd-v3 the id must not hold '/' (a job's keys are a "
-                                      "prefix of etcd's, cleared when it ends, and would hold another job's)",
-                                      c.run_id)};
+        throw usage_error{detail::format("--rdzv-id={}: with etcd-v3 the id must not hold '/' (a job's keys are a "
+                                         "prefix of etcd's, cleared when it ends, and would hold another job's)",
+                                         c.run_id)};
     }
-    if (fmt::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
+    if (detail::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
         // The store keeps leases under <group>/__lease__/: an id with such a segment would put
         // the job's own keys where the store reads lease names.
-        throw usage_error{fmt::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
-                                      "store's leases; choose an id without one",
-                                      c.run_id)};
+        throw usage_error{detail::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
+                                         "store's leases; choose an id without one",
+                                         c.run_id)};
     }
 }
 
 ELASTIC_DECL void check_spec(const worker_spec& w) {
     if (w.nproc_per_node < 1) {
-        throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
+        throw usage_error{detail::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
     }
     if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
         throw usage_error{
-            fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+            detail::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
     }
 }
 
@@ -24032,9 +24108,9 @@ public:
         if (out_filters_.empty()) filtered_.out_fd = -1;
         if (err_filters_.empty()) filtered_.err_fd = -1;
         const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
-            const auto path = rank_dir / fmt::format("{}.log", stream);
+            const auto path = rank_dir / detail::format("{}.log", stream);
             fd = open_log_file(path);
-            writes.name = fmt::format("local_rank {}'s {} log file {}", index, stream, path.string());
+            writes.name = detail::format("local_rank {}'s {} log file {}", index, stream, path.string());
         };
         if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
         if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
@@ -24056,10 +24132,10 @@ public:
                const std::shared_ptr<void>& keep_alive, stderr_tail& tail, const agent_log& log) {
         for (auto* writes : {&out_writes_, &err_writes_}) {
             writes->first_failure = [log](const log_file_writes& w) {
-                log.warning(fmt::format("cannot write {}: {}; what the worker writes to it from now on is lost "
-                                        "until writes succeed again (the console copy and the failure report are "
-                                        "not affected); free space on that file system, or move --log-dir",
-                                        w.name, std::strerror(w.first_error)));
+                log.warning(detail::format("cannot write {}: {}; what the worker writes to it from now on is lost "
+                                           "until writes succeed again (the console copy and the failure report are "
+                                           "not affected); free space on that file system, or move --log-dir",
+                                           w.name, std::strerror(w.first_error)));
             };
         }
         out_pipe_ = child.take_stdout();
@@ -24220,12 +24296,12 @@ public:
             const auto open = [&](const char* name, detail::process::owned_fd& fd, log_file_writes& writes) {
                 const auto path = attempt.dir / name;
                 fd = open_log_file(path);
-                writes.name = fmt::format("the filtered log file {}", path.string());
+                writes.name = detail::format("the filtered log file {}", path.string());
                 writes.first_failure = [log = *log_](const log_file_writes& w) {
-                    log.warning(fmt::format("cannot write {}: {}; matching lines are lost from it until writes "
-                                            "succeed again (the workers' own log files and the console are not "
-                                            "affected); free space on that file system, or move --log-dir",
-                                            w.name, std::strerror(w.first_error)));
+                    log.warning(detail::format("cannot write {}: {}; matching lines are lost from it until writes "
+                                               "succeed again (the workers' own log files and the console are not "
+                                               "affected); free space on that file system, or move --log-dir",
+                                               w.name, std::strerror(w.first_error)));
                 };
             };
             if (!spec_->duplicate_stdout_filters.empty()) {
@@ -24240,9 +24316,9 @@ public:
             try {
                 pages_ = std::make_unique<detail::agent::watchdog_pages>(slots.size());
             } catch (const std::system_error& e) {
-                throw agent_error(fmt::format("cannot set up --watchdog: {}; free space in /dev/shm (or the "
-                                              "temporary directory), or run without --watchdog",
-                                              e.what()));
+                throw agent_error(detail::format("cannot set up --watchdog: {}; free space in /dev/shm (or the "
+                                                 "temporary directory), or run without --watchdog",
+                                                 e.what()));
             }
             watches_.assign(slots.size(), {});
         }
@@ -24253,7 +24329,7 @@ public:
             auto& slot = slots[i];
             slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i]
                                                        : assign_worker(local_rank, spec_->nproc_per_node);
-            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
+            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / detail::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             auto told = attempt.told;
             told.error_file = slot.error_file;
@@ -24270,11 +24346,11 @@ public:
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const spawn_error& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                spawn_failure = detail::format("cannot start local_rank {}: {}", i, e.what());
                 program_fault = e.program_fault();
                 break;
             } catch (const std::exception& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                spawn_failure = detail::format("cannot start local_rank {}: {}", i, e.what());
                 break;
             }
             slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail, *log_);
@@ -24282,13 +24358,13 @@ public:
         started_ = std::chrono::steady_clock::now();
         if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
             if (detail::process::subreaper::instance().enabled()) {
-                log_->info(fmt::format("workers get no cgroup of their own: {}; this agent adopts what they leave "
-                                       "behind (child subreaper) and ends it with them",
-                                       why));
+                log_->info(detail::format("workers get no cgroup of their own: {}; this agent adopts what they leave "
+                                          "behind (child subreaper) and ends it with them",
+                                          why));
             } else {
-                log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: "
-                                       "{}; a daemon a worker starts can outlive it",
-                                       why));
+                log_->info(detail::format("workers get no cgroup of their own, only their process groups contain them: "
+                                          "{}; a daemon a worker starts can outlive it",
+                                          why));
             }
         }
         if (spawn_failure) {
@@ -24343,8 +24419,8 @@ public:
         record_timer_hangs();
         if (!result.unkillable.empty()) {
             std::string pids;
-            for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
-            log_->error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+            for (const auto pid : result.unkillable) pids += detail::format("{}{}", pids.empty() ? "" : " ", pid);
+            log_->error(detail::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
         }
         co_return result;
     }
@@ -24364,15 +24440,15 @@ public:
             bound.expires_after(std::chrono::seconds(2));
             auto which = co_await (relays.wait() || bound.async_wait(detail::as_tuple_awaitable<Defer>));
             if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
-            log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
-                                      "that left the group?); {}; closing it",
-                                      relays.progress() != seen ? "still written to after 30 s"
-                                                                : "nothing written for 2 s"));
+            log_->warning(
+                detail::format("a worker's output pipe stayed open after its process group ended (a descendant "
+                               "that left the group?); {}; closing it",
+                               relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
             for (auto& slot : state_->slots) slot.output.close();
             co_await relays.wait();
         }
         for (const auto& line : incomplete_logs())
-            log_->error(fmt::format("{} is incomplete: {}", line.first, line.second));
+            log_->error(detail::format("{} is incomplete: {}", line.first, line.second));
     }
 
     /// After close(): each log file of the attempt that misses bytes of its stream, with how
@@ -24383,7 +24459,7 @@ public:
         const auto add = [&out](const log_file_writes& w) {
             if (w.lost_bytes == 0) return;
             out.emplace_back(w.name,
-                             fmt::format("{} bytes not written ({})", w.lost_bytes, std::strerror(w.first_error)));
+                             detail::format("{} bytes not written ({})", w.lost_bytes, std::strerror(w.first_error)));
         };
         for (const auto& slot : state_->slots) {
             add(slot.output.stdout_writes());
@@ -24511,9 +24587,9 @@ private:
     asio::awaitable<void> serve_timers() {
         const auto why = co_await timers_->serve([this](long pid) { return timer_sender(pid); },
                                                  [this](const file_timer_expiry& e) { timer_expired(e); }, *log_);
-        log_->error(fmt::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
-                                "this attempt",
-                                why));
+        log_->error(detail::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
+                                   "this attempt",
+                                   why));
         asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
         co_await never.async_wait(detail::use_awaitable<Defer>);
     }
@@ -24543,26 +24619,26 @@ private:
         const auto i = timer_owner(e.pid);
         const auto scope = detail::agent::quoted_excerpt(e.scope);
         if (!i) {
-            log_->info(fmt::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
-                                   "here; nothing sent",
-                                   scope, e.pid));
+            log_->info(detail::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
+                                      "here; nothing sent",
+                                      scope, e.pid));
             return;
         }
         const auto& a = assignment(*i);
         const bool worker = e.pid == static_cast<long>(workers_[*i].pid());
-        const auto who = worker ? fmt::format("local_rank {} (rank {}, pid {})", a.local_rank, a.global_rank, e.pid)
-                                : fmt::format("pid {} (in local_rank {}'s process group, rank {})", e.pid, a.local_rank,
-                                              a.global_rank);
+        const auto who = worker ? detail::format("local_rank {} (rank {}, pid {})", a.local_rank, a.global_rank, e.pid)
+                                : detail::format("pid {} (in local_rank {}'s process group, rank {})", e.pid,
+                                                 a.local_rank, a.global_rank);
         const auto after = detail::agent::measured_words(e.after);
         if (e.signal <= 0) {
-            log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); the "
-                                      "request asked for no signal, so nothing is sent",
-                                      who, scope, after));
+            log_->warning(detail::format("{}: torch timer scope '{}' expired ({} after the agent received it); the "
+                                         "request asked for no signal, so nothing is sent",
+                                         who, scope, after));
             return;
         }
-        log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); sending "
-                                  "{}, the signal the request named (FileTimerClient)",
-                                  who, scope, after, signal_name(e.signal)));
+        log_->warning(detail::format("{}: torch timer scope '{}' expired ({} after the agent received it); sending "
+                                     "{}, the signal the request named (FileTimerClient)",
+                                     who, scope, after, signal_name(e.signal)));
         ++timer_expiries_;
         if (worker) {
             timer_hits_[*i] = e;
@@ -24591,10 +24667,10 @@ private:
         const bool before_stop = exited_before_.empty() || (i < exited_before_.size() && exited_before_[i]);
         if (!by_it || !before_stop) return std::nullopt;
         hang_report r;
-        r.reason = fmt::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
-                               "and the agent sent {}",
-                               detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
-                               signal_name(e.signal));
+        r.reason = detail::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
+                                  "and the agent sent {}",
+                                  detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
+                                  signal_name(e.signal));
         if (i < watches_.size()) r.progress = watches_[i].progress;
         r.silent = e.after;
         r.stacks_asked = false;
@@ -24614,8 +24690,9 @@ private:
             try {
                 write_file_atomically(slot.error_file, hang_error_document(*t, status->system_time).dump(4));
             } catch (const std::exception& e) {
-                log_->warning(fmt::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
-                                          slot.assignment.local_rank, e.what()));
+                log_->warning(
+                    detail::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
+                                   slot.assignment.local_rank, e.what()));
             }
         }
     }
@@ -24698,9 +24775,9 @@ public:
             const bool handles = page && (page->handler == 1 || page->handler == 2);
             std::string plan = "; stopping the group (dump=0: no stacks)";
             if (ask && (own || in_group) && handles) {
-                plan = fmt::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
-                                   own ? std::string("it") : fmt::format("pid {} of its process group", holder),
-                                   signal_name(w.signal), duration_words(w.dump));
+                plan = detail::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
+                                      own ? std::string("it") : detail::format("pid {} of its process group", holder),
+                                      signal_name(w.signal), duration_words(w.dump));
             } else if (ask && !page) {
                 plan = "; its watchdog page was cut short (by the worker?), so whether it can give its stacks is "
                        "unknown: stopping the group";
@@ -24708,21 +24785,21 @@ public:
                 plan = "; it has no handler for the watchdog's signal (it was not set, or could not be), so it "
                        "has no stacks to give: stopping the group";
             } else if (ask && holder > 0) {
-                plan = fmt::format("; its watchdog page is held by pid {}, outside its process group: no stacks "
-                                   "asked for; stopping the group",
-                                   holder);
+                plan = detail::format("; its watchdog page is held by pid {}, outside its process group: no stacks "
+                                      "asked for; stopping the group",
+                                      holder);
             } else if (ask) {
                 plan = "; it never attached its watchdog page (no elastic::record, elastic/watchdog.hpp or "
                        "elastic_watchdog), so it has no stacks to give: stopping the group";
             }
-            log_->error(fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank, worker.pid(),
-                                    h.report.headline(), plan));
+            log_->error(detail::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank,
+                                       worker.pid(), h.report.headline(), plan));
             if (!ask || !(own || in_group) || !handles) continue;
             try {
                 const bool sent = own ? worker.signal(w.signal) : ::kill(holder, w.signal) == 0;
                 if (sent) waiting.push_back({h.index, page->dumps});
             } catch (const std::exception& e) {
-                log_->warning(fmt::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
+                log_->warning(detail::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
             }
         }
         asio::steady_timer timer(executor_);
@@ -24750,10 +24827,10 @@ public:
         }
         for (const auto& x : waiting) {
             if (x.done) continue;
-            log_->warning(fmt::format("local_rank {} wrote no complete stacks within {} (a native worker needs "
-                                      "elastic::record or elastic/watchdog.hpp, a Python one `import "
-                                      "elastic_watchdog`)",
-                                      state_->slots[x.index].assignment.local_rank, duration_words(w.dump)));
+            log_->warning(detail::format("local_rank {} wrote no complete stacks within {} (a native worker needs "
+                                         "elastic::record or elastic/watchdog.hpp, a Python one `import "
+                                         "elastic_watchdog`)",
+                                         state_->slots[x.index].assignment.local_rank, duration_words(w.dump)));
         }
     }
 
@@ -24772,8 +24849,8 @@ private:
             try {
                 write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
             } catch (const std::exception& e) {
-                log_->warning(fmt::format("cannot write the error file of hung local_rank {}: {}",
-                                          slot.assignment.local_rank, e.what()));
+                log_->warning(detail::format("cannot write the error file of hung local_rank {}: {}",
+                                             slot.assignment.local_rank, e.what()));
             }
         }
     }
@@ -24949,9 +25026,10 @@ public:
         /// The step must be concluded (unless it is `again`) before the next attempt().
         asio::awaitable<step> attempt() {
             if (open_) {
-                throw agent_error(fmt::format("job::attempt() while attempt {}'s step is not concluded: finish, "
-                                              "decide, follow or interrupted comes first (the agent's loop is wrong)",
-                                              attempts_));
+                throw agent_error(
+                    detail::format("job::attempt() while attempt {}'s step is not concluded: finish, "
+                                   "decide, follow or interrupted comes first (the agent's loop is wrong)",
+                                   attempts_));
             }
             auto s = co_await agent_.attempt_step(rdzv_, signals_);
             s.attempt_id = ++attempts_;
@@ -25002,9 +25080,9 @@ public:
         // Each attempt is concluded once, by the step its kind names (checked by the agent).
         void conclude(const step& s, std::string_view call) {
             if (!open_ || s.attempt_id != attempts_) {
-                throw agent_error(fmt::format("job::{}() on a step that is not the open one (attempt {} of {}{}): "
-                                              "each attempt is concluded once (the agent's loop is wrong)",
-                                              call, s.attempt_id, attempts_, open_ ? "" : ", none open"));
+                throw agent_error(detail::format("job::{}() on a step that is not the open one (attempt {} of {}{}): "
+                                                 "each attempt is concluded once (the agent's loop is wrong)",
+                                                 call, s.attempt_id, attempts_, open_ ? "" : ", none open"));
             }
             open_ = false;
         }
@@ -25097,11 +25175,11 @@ private:
             try {
                 file_timers_ = std::make_unique<file_timer_server>(executor_, spec_.file_timer_path);
             } catch (const std::system_error& e) {
-                throw agent_error(fmt::format("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): {}",
-                                              e.what()));
+                throw agent_error(
+                    detail::format("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): {}", e.what()));
             }
-            log_.info(fmt::format("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)",
-                                  file_timers_->path().string()));
+            log_.info(detail::format("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)",
+                                     file_timers_->path().string()));
         }
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
@@ -25130,14 +25208,14 @@ private:
         try {
             const int code = rounds.take();
             if (j.open_) {
-                throw agent_error(fmt::format("the agent's loop returned {} with attempt {}'s step ({}) not "
-                                              "concluded: finish, decide, follow or interrupted comes first "
-                                              "(the agent's loop is wrong)",
-                                              code, j.attempts_, step::name(j.open_how_)));
+                throw agent_error(detail::format("the agent's loop returned {} with attempt {}'s step ({}) not "
+                                                 "concluded: finish, decide, follow or interrupted comes first "
+                                                 "(the agent's loop is wrong)",
+                                                 code, j.attempts_, step::name(j.open_how_)));
             }
             co_return code;
         } catch (const rendezvous_closed& e) {
-            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
+            log_.warning(detail::format("[{}] {}; exiting 0", spec_.role, e.what()));
             co_return 0;
         }
     }
@@ -25243,9 +25321,10 @@ private:
             remove_run_dir();
             if (left.index() == 1) {
                 const int sig = signals.take();
-                log_.warning(fmt::format("[{}] this node's workers succeeded; {} received while leaving the job (the "
-                                         "rendezvous store hosted here may still serve other nodes): stopping",
-                                         spec_.role, signal_to_string(sig)));
+                log_.warning(
+                    detail::format("[{}] this node's workers succeeded; {} received while leaving the job (the "
+                                   "rendezvous store hosted here may still serve other nodes): stopping",
+                                   spec_.role, signal_to_string(sig)));
                 co_return 128 + sig;
             }
             std::get<0>(left).take();
@@ -25256,8 +25335,8 @@ private:
             log_membership_restart(rdzv.restart_count());
             co_return std::nullopt;
         }
-        log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}", spec_.role,
-                                 describe_abort()));
+        log_.warning(detail::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
+                                    spec_.role, describe_abort()));
         co_return co_await await_decision(rdzv, signals, s);
     }
 
@@ -25274,20 +25353,20 @@ private:
         s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
             announced = d.reason;
             // Several nodes: the restart this decision makes is the job's next one.
-            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, failed_what(s), d.reason,
-                                     restarting(rdzv.restart_count() + 1, delay)));
+            log_.warning(detail::format("[{}] {}; {}: {}", spec_.role, failed_what(s), d.reason,
+                                        restarting(rdzv.restart_count() + 1, delay)));
         };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
         s.failure.before_delay = nullptr;
         if (decided.index() == 1) {
             const int sig = signals.take();
             events_.decision_interrupted(rdzv.restart_count(), sig);
-            log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
-                                     "exiting with {}",
-                                     signal_to_string(sig), 128 + sig));
+            log_.warning(detail::format("received {} while deciding on a restart; the workers are stopped already; "
+                                        "exiting with {}",
+                                        signal_to_string(sig), 128 + sig));
             // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
             const job_decision stop_now{false, 128 + sig,
-                                        fmt::format("the deciding node received {}", signal_to_string(sig))};
+                                        detail::format("the deciding node received {}", signal_to_string(sig))};
             (void)co_await rdzv.decide(stop_now);  // this node exits on the signal whatever stands
             co_return 128 + sig;
         }
@@ -25340,9 +25419,9 @@ private:
                                                  bool announced = false) {
         const auto what = failed_what(s);
         if (decision.regroup) {
-            log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
-                                     "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                     spec_.role, what, decision.reason, rdzv.restart_count()));
+            log_.warning(detail::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
+                                        "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                        spec_.role, what, decision.reason, rdzv.restart_count()));
             ++status_.restarts_total;
             co_return std::nullopt;
         }
@@ -25352,14 +25431,14 @@ private:
                 ++status_.restarts_total;
                 co_return std::nullopt;
             }
-            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                                     restarting(rdzv.restart_count())));
+            log_.warning(detail::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                        restarting(rdzv.restart_count())));
             events_.restart(rdzv.restart_count());
             ++status_.restarts_total;
             co_return std::nullopt;
         }
-        log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                                 several_ ? "stopping the job" : "stopping"));
+        log_.warning(detail::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                    several_ ? "stopping the job" : "stopping"));
         if (s.own_failure) (void)finish_failed(s.failure);
         co_await rdzv.leave();
         co_return decision.exit_code;
@@ -25370,29 +25449,29 @@ private:
     std::string restarting(int job_restart, std::optional<std::chrono::steady_clock::duration> delay = {}) const {
         std::string out = several_ ? "restarting every node's worker group" : "restarting the worker group";
         if (delay) out += " in " + duration_words(*delay);
-        if (several_) out += fmt::format(" (job-wide restart {})", job_restart);
+        if (several_) out += detail::format(" (job-wide restart {})", job_restart);
         return out;
     }
 
     /// A job<R> step called on a step of another kind: the caller's loop is wrong.
     static void expect(const step& s, typename step::kind want, std::string_view call) {
         if (s.how == want) return;
-        throw agent_error(fmt::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
-                                      call, step::name(want), step::name(s.how)));
+        throw agent_error(detail::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
+                                         call, step::name(want), step::name(s.how)));
     }
 
     /// What ended the round, for the restart or stop line: one node names its first failure;
     /// several name the node that reported (or this node's workers).
     std::string failed_what(const step& s) const {
-        if (!several_) return fmt::format("worker group failed ({})", headline(s.failure));
+        if (!several_) return detail::format("worker group failed ({})", headline(s.failure));
         return last_abort_ ? describe_abort() : std::string("this node's workers failed");
     }
 
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
-        if (root->hang) return fmt::format("local_rank {} {}", root->local_rank, root->hang->headline());
-        return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
+        if (root->hang) return detail::format("local_rank {} {}", root->local_rank, root->hang->headline());
+        return detail::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
     /// A Python worker that failed on a missing module most often ran under another Python than
@@ -25408,11 +25487,11 @@ private:
                 if (at == std::string::npos) continue;
                 const auto python_exec = env_.find("PYTHON_EXEC");
                 const bool chosen = python_exec != env_.end() && !python_exec->second.empty();
-                return fmt::format("the workers ran with {} ({}) and it has no module {}: set PYTHON_EXEC to the "
-                                   "Python that has it (such as /usr/bin/python3 for Debian's packages)",
-                                   command_.path,
-                                   chosen ? "PYTHON_EXEC" : "PYTHON_EXEC unset: the first python3 on PATH",
-                                   line.substr(at + marker.size()));
+                return detail::format("the workers ran with {} ({}) and it has no module {}: set PYTHON_EXEC to the "
+                                      "Python that has it (such as /usr/bin/python3 for Debian's packages)",
+                                      command_.path,
+                                      chosen ? "PYTHON_EXEC" : "PYTHON_EXEC unset: the first python3 on PATH",
+                                      line.substr(at + marker.size()));
             }
         }
         return std::nullopt;
@@ -25441,19 +25520,20 @@ private:
         if (incomplete_logs_.empty()) return;
         std::string lines;
         for (const auto& line : incomplete_logs_) lines += "\n  " + line;
-        log_.error(fmt::format("{} of this node's log files {} incomplete (writes to them failed; the exit code is "
-                               "the workers' all the same):{}",
-                               incomplete_logs_.size(), incomplete_logs_.size() == 1 ? "is" : "are", lines));
+        log_.error(detail::format("{} of this node's log files {} incomplete (writes to them failed; the exit code is "
+                                  "the workers' all the same):{}",
+                                  incomplete_logs_.size(), incomplete_logs_.size() == 1 ? "is" : "are", lines));
     }
 
     void log_barrier_timeout(const barrier_result& result) {
         std::string missing;
         for (std::size_t i = 0; i < result.missing.size(); ++i) {
-            missing += fmt::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i], result.missing_hosts[i]);
+            missing += detail::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i],
+                                      result.missing_hosts[i]);
         }
-        log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
-                               "(--rdzv-conf exit_barrier_timeout); exiting anyway",
-                               missing, detail::seconds_text(exit_barrier_timeout())));
+        log_.error(detail::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
+                                  "(--rdzv-conf exit_barrier_timeout); exiting anyway",
+                                  missing, detail::seconds_text(exit_barrier_timeout())));
     }
 
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
@@ -25471,7 +25551,7 @@ private:
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty())
-            log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
+            log_.info(detail::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
 
@@ -25489,7 +25569,7 @@ private:
         store_server_options options;
         options.host = store_.bind_host;
         options.port = store_.port;
-        options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        options.log = [this](std::string_view line) { log_.warning(detail::format("store: {}", line)); };
         options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
         // Every node's agent and workers, in the largest round: two connections per worker (a
         // PyTorch 1.13 TCPStore opens a second one for watch_key), and at least eight workers
@@ -25512,7 +25592,7 @@ private:
             server = std::make_unique<tcp_store_server>(executor_, std::move(options));
             server->start();
         } catch (const store_error& e) {
-            throw agent_error(fmt::format("cannot host the workers' store: {}", e.what()));
+            throw agent_error(detail::format("cannot host the workers' store: {}", e.what()));
         }
         master_port_ = server->port();
         round_store_.reset();
@@ -25531,7 +25611,7 @@ private:
         status_.group_world_size = round_->group_world_size;
         status_.world_size = round_->world_size;
         status_.restarts = restarts;
-        status_.store = fmt::format("{}:{}", store_.master_addr, master_port_);
+        status_.store = detail::format("{}:{}", store_.master_addr, master_port_);
         status_changed_.notify();
         events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
@@ -25564,8 +25644,8 @@ private:
         // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
         std::optional<std::size_t> first_failure;
-        log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
-                              store_.master_addr, master_port_));
+        log_.info(detail::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
+                                 store_.master_addr, master_port_));
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
         // Settled: `||` waits for one side to succeed, so a supervision error must not wait for a
         // signal; it is rethrown here (the group, dropped, kills what still runs).
@@ -25627,10 +25707,10 @@ private:
 
     asio::awaitable<void> stop_on_signal(worker_group& group, int sig) {
         events_.received_signal(sig);
-        log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
-                                 signal_to_string(sig), detail::seconds_text(spec_.shutdown_timeout)));
+        log_.warning(detail::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
+                                    signal_to_string(sig), detail::seconds_text(spec_.shutdown_timeout)));
         (void)co_await group.stop(sig);
-        log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
+        log_.warning(detail::format("worker group stopped; exiting with {}", 128 + sig));
     }
 
     // ---- the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
@@ -25679,7 +25759,7 @@ private:
         } catch (const store_lost_error& e) {
             return std::string(e.what());
         } catch (const store_error& e) {
-            return fmt::format("lost the rendezvous store: {}", e.what());
+            return detail::format("lost the rendezvous store: {}", e.what());
         } catch (...) {
         }
         return std::nullopt;
@@ -25692,7 +25772,7 @@ private:
     asio::awaitable<void> recover(R& rdzv, std::string why) {
         const auto me = this_node();
         const auto done = co_await rdzv.recover(std::move(why), me);
-        log_.warning(fmt::format("[{}] {}", spec_.role, done));
+        log_.warning(detail::format("[{}] {}", spec_.role, done));
     }
 
     [[nodiscard]] bool membership_changed() const {
@@ -25700,15 +25780,15 @@ private:
     }
 
     void log_membership_restart(int restarts) {
-        log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
-                                 "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                 spec_.role, last_abort_ ? last_abort_->reason : std::string("?"), restarts));
+        log_.warning(detail::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
+                                    "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                    spec_.role, last_abort_ ? last_abort_->reason : std::string("?"), restarts));
     }
 
     std::string describe_abort() const {
         if (!last_abort_) return "the round was aborted";
-        return fmt::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
-                           last_abort_->reason);
+        return detail::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
+                              last_abort_->reason);
     }
 
     /// Lets the round's members connect to this node's workers' store: each peer an address
@@ -25727,10 +25807,10 @@ private:
             asio::ip::tcp::resolver resolver(executor_);
             auto [error, found] = co_await resolver.async_resolve(peer, "", detail::as_tuple_awaitable<Defer>);
             if (error) {
-                log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
-                                         "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
-                                         "every peer)",
-                                         spec_.role, peer, error.message()));
+                log_.warning(detail::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
+                                            "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
+                                            "every peer)",
+                                            spec_.role, peer, error.message()));
                 continue;
             }
             for (const auto& entry : found) list.allow(entry.endpoint().address());
@@ -25760,7 +25840,7 @@ private:
         const int role_size = round_->role_size();
         if (static_cast<long long>(round_->rank_base) + spec_.nproc_per_node > round_->world_size ||
             static_cast<long long>(role_base) + spec_.nproc_per_node > role_size || role_size > round_->world_size) {
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "rendezvous round {}: the assignment gives this node's {} workers ranks {}.. of {} and role ranks "
                 "{}.. of {}, beyond the round: a client that is no agent of this job writes into the rendezvous "
                 "store; give the job a store of its own",
@@ -25772,9 +25852,10 @@ private:
         if (round_->group_rank != 0) server.stop();
         if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
         if (several_) {
-            log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
-                                  spec_.role, round_->number, round_->group_rank, round_->group_world_size,
-                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
+            log_.info(detail::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
+                                     spec_.role, round_->number, round_->group_rank, round_->group_world_size,
+                                     round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1,
+                                     round_->world_size));
         }
         co_return std::nullopt;
     }
@@ -25821,7 +25902,7 @@ private:
         } catch (const store_error& e) {
             why = e.what();
         }
-        co_return detail::agent::store_lost{fmt::format("lost the rendezvous store while the workers ran: {}", why)};
+        co_return detail::agent::store_lost{detail::format("lost the rendezvous store while the workers ran: {}", why)};
     }
 
     /// A local worker failed: abort the round for every node (first reporter wins).
@@ -25830,7 +25911,7 @@ private:
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, what);
+        notice.reason = detail::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, what);
         abort_won_ = co_await rdzv.abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
@@ -25850,17 +25931,18 @@ private:
         try {
             if (params_.nnodes.min < params_.nnodes.max) {
                 abort_notice notice{round_->group_rank, host_,
-                                    fmt::format("node {} (pid {}) left: its agent received {}", host_,
-                                                static_cast<long>(::getpid()), signal_to_string(sig))};
+                                    detail::format("node {} (pid {}) left: its agent received {}", host_,
+                                                   static_cast<long>(::getpid()), signal_to_string(sig))};
                 notice.what = abort_notice::kind::membership;
                 (void)co_await rdzv.abort(notice);
                 co_return;
             }
-            abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
+            abort_notice notice{round_->group_rank, host_,
+                                detail::format("its agent received {}", signal_to_string(sig))};
             if (co_await rdzv.abort(notice)) {
                 const job_decision stop_now{false, 128 + sig,
-                                            fmt::format("group_rank {} ({}) received {}", round_->group_rank, host_,
-                                                        signal_to_string(sig))};
+                                            detail::format("group_rank {} ({}) received {}", round_->group_rank, host_,
+                                                           signal_to_string(sig))};
                 (void)co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
@@ -25875,8 +25957,8 @@ private:
         status_.role = spec_.role;
         status_.pid = static_cast<long>(::getpid());
         status_.host = host_name();
-        status_.node = several_ ? fmt::format("{}:{}", node_host(), status_.pid)
-                                : fmt::format("{}:{}", status_.host, status_.pid);
+        status_.node = several_ ? detail::format("{}:{}", node_host(), status_.pid)
+                                : detail::format("{}:{}", status_.host, status_.pid);
         status_.max_restarts = spec_.max_restarts;
         status_.started_ms = detail::agent::unix_ms();
         status_.start_ticks = detail::agent::process_start_ticks(status_.pid);
@@ -25884,7 +25966,7 @@ private:
             try {
                 status_file_ = std::make_unique<detail::agent::status_file>(status_.pid);
             } catch (const std::exception& e) {
-                log_.warning(fmt::format("no status file for `elasticrun status`: {}", e.what()));
+                log_.warning(detail::format("no status file for `elasticrun status`: {}", e.what()));
             }
         }
         const auto open = [this](std::unique_ptr<http_endpoint>& endpoint, const std::string& host, std::uint16_t port,
@@ -25898,12 +25980,12 @@ private:
             try {
                 open(metrics_, shown_.metrics_host, *shown_.metrics_port, false);
             } catch (const std::system_error& e) {
-                throw usage_error{fmt::format("--metrics-port: cannot listen on {}:{}: {}; choose another port",
-                                              shown_.metrics_host, *shown_.metrics_port, e.code().message())};
+                throw usage_error{detail::format("--metrics-port: cannot listen on {}:{}: {}; choose another port",
+                                                 shown_.metrics_host, *shown_.metrics_port, e.code().message())};
             }
             // Port 0 asked for any port: the one taken must be seen whatever the log level.
-            const auto line = fmt::format("--metrics-port: serving /metrics, /status and /health on {}:{}",
-                                          shown_.metrics_host, metrics_->port());
+            const auto line = detail::format("--metrics-port: serving /metrics, /status and /health on {}:{}",
+                                             shown_.metrics_host, metrics_->port());
             if (*shown_.metrics_port == 0) {
                 log_.warning(line);
             } else {
@@ -25915,11 +25997,11 @@ private:
             // costs this one its health check, not its job.
             try {
                 open(health_, "0.0.0.0", *shown_.health_check_port, true);
-                log_.info(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT: serving on 0.0.0.0:{}", health_->port()));
+                log_.info(detail::format("TORCHELASTIC_HEALTH_CHECK_PORT: serving on 0.0.0.0:{}", health_->port()));
             } catch (const std::system_error& e) {
-                log_.warning(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: cannot listen there ({}); this agent "
-                                         "answers no health check",
-                                         *shown_.health_check_port, e.code().message()));
+                log_.warning(detail::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: cannot listen there ({}); this agent "
+                                            "answers no health check",
+                                            *shown_.health_check_port, e.code().message()));
             }
         }
     }
@@ -25980,13 +26062,13 @@ private:
                     paced.forget();
                     if (e.code() == asio::error::operation_aborted) throw;  // cancelled: the agent ends
                     if (!told)
-                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                        log_.info(detail::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
                 } catch (const std::exception& e) {
                     paced.forget();
                     // Any failure costs the published status only (never the job): said once.
                     if (!told)
-                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                        log_.info(detail::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
                 }
             }
@@ -26013,7 +26095,7 @@ private:
                     warned = false;
                 } catch (const std::exception& e) {
                     paced.forget();
-                    if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
+                    if (!warned) log_.warning(detail::format("cannot write the status file: {}", e.what()));
                     warned = true;
                 }
             }
@@ -26044,7 +26126,7 @@ private:
     http_response answer(std::string_view path, bool health_only) {
         const auto& s = refresh_status();
         if (health_only || path == "/health") {
-            return {200, "application/json", fmt::format("{{\"status\": \"ok\", \"state\": \"{}\"}}\n", s.state)};
+            return {200, "application/json", detail::format("{{\"status\": \"ok\", \"state\": \"{}\"}}\n", s.state)};
         }
         if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", prometheus_text(s)};
         if (path == "/status") return {200, "application/json", status_json(s) + "\n"};
@@ -26401,7 +26483,6 @@ private:
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-#include <fmt/format.h>
 #include <http_parser.h>
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
@@ -26478,11 +26559,11 @@ inline std::int64_t number(const nlohmann::json& j, const char* name) {
         const auto& s = it->get_ref<const std::string&>();
         std::size_t used = 0;
         const auto v = std::stoll(s, &used);
-        if (used != s.size()) throw std::runtime_error(fmt::format("'{}' is not a number: {}", name, s));
+        if (used != s.size()) throw std::runtime_error(detail::format("'{}' is not a number: {}", name, s));
         return v;
     }
     if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
-    throw std::runtime_error(fmt::format("'{}' is not a number", name));
+    throw std::runtime_error(detail::format("'{}' is not a number", name));
 }
 
 inline std::string bytes(const nlohmann::json& j, const char* name) {
@@ -26679,9 +26760,9 @@ struct response_parser {
         }
         const auto used = http_parser_execute(&parser, &settings, data.empty() ? nullptr : data.data(), data.size());
         const auto err = HTTP_PARSER_ERRNO(&parser);
-        if (too_large) return fmt::format("an answer over {} MiB", max_body >> 20);
+        if (too_large) return detail::format("an answer over {} MiB", max_body >> 20);
         if (err != HPE_OK && err != HPE_PAUSED) {
-            return fmt::format("not an HTTP answer ({})", http_errno_description(err));
+            return detail::format("not an HTTP answer ({})", http_errno_description(err));
         }
         if (complete && used < data.size()) leftover = true;
         return std::nullopt;
@@ -26715,8 +26796,8 @@ struct client_state {
     [[nodiscard]] std::string name(std::size_t member) const {
         const auto& e = options.endpoints.at(member);
         const bool v6 = e.host.find(':') != std::string::npos;
-        return fmt::format("{}://{}{}{}:{}", options.tls ? "https" : "http", v6 ? "[" : "", e.host, v6 ? "]" : "",
-                           e.port);
+        return detail::format("{}://{}{}{}:{}", options.tls ? "https" : "http", v6 ? "[" : "", e.host, v6 ? "]" : "",
+                              e.port);
     }
     void move_on(std::size_t from) { current = (from + 1) % options.endpoints.size(); }
 };
@@ -26730,13 +26811,13 @@ inline void set_up_tls(client_state& s) {
         if (!s.options.cert.empty()) s.tls.use_certificate_chain_file(s.options.cert);
         if (!s.options.key.empty()) s.tls.use_private_key_file(s.options.key, asio::ssl::context::pem);
     } catch (const std::system_error& e) {
-        s.tls_problem = fmt::format("cannot load the TLS files (cacert '{}', cert '{}', key '{}'): {}",
-                                    s.options.cacert, s.options.cert, s.options.key, e.what());
+        s.tls_problem = detail::format("cannot load the TLS files (cacert '{}', cert '{}', key '{}'): {}",
+                                       s.options.cacert, s.options.cert, s.options.key, e.what());
     }
 }
 
 inline void check_tls(const client_state& s) {
-    if (s.tls_problem) throw etcd_error(fmt::format("etcd at {}: {}", s.name(s.current), *s.tls_problem), 16);
+    if (s.tls_problem) throw etcd_error(detail::format("etcd at {}: {}", s.name(s.current), *s.tls_problem), 16);
 }
 
 /// TCP keep-alive probes after 2 s of silence, every second, 3 unanswered end the connection;
@@ -26770,7 +26851,7 @@ inline asio::awaitable<std::vector<tcp::endpoint>> addresses(client_state& s, st
         tcp::resolver resolver(s.executor);
         const auto found = co_await before(deadline,
                                            resolver.async_resolve(e.host, std::to_string(e.port), asio::use_awaitable),
-                                           fmt::format("the name '{}' did not resolve in time", e.host), false);
+                                           detail::format("the name '{}' did not resolve in time", e.host), false);
         for (const auto& r : found) out.push_back(r.endpoint());
     }
     s.resolved[member] = out;
@@ -26787,7 +26868,7 @@ inline asio::awaitable<std::unique_ptr<connection>> open(client_state& s, std::s
     try {
         const auto where = co_await addresses(s, member, connect_by);
         co_await before(connect_by, asio::async_connect(c->socket(), where, asio::use_awaitable),
-                        fmt::format("no connection within {} ms", s.options.connect_timeout.count()), false);
+                        detail::format("no connection within {} ms", s.options.connect_timeout.count()), false);
         connected = true;
         probe_peer(c->socket());
         if (s.options.tls) {
@@ -26811,21 +26892,22 @@ inline asio::awaitable<std::unique_ptr<connection>> open(client_state& s, std::s
                          err.code() != asio::ssl::error::stream_truncated;
         if (ssl) {
             // A refusal of this member's: another member may show a certificate that verifies.
-            throw member_error({fmt::format("TLS handshake failed: {} — check --rdzv-conf cacert (the CA that signed "
-                                            "the members' certificates), cert and key",
-                                            err.what()),
-                                false, false, 16});
+            throw member_error(
+                {detail::format("TLS handshake failed: {} — check --rdzv-conf cacert (the CA that signed "
+                                "the members' certificates), cert and key",
+                                err.what()),
+                 false, false, 16});
         }
         if (handshaking) {
             // Ended mid-handshake: a member that does not speak TLS (it answers the hello with a
             // plain HTTP error and closes), or one that is restarting.
-            throw member_error({fmt::format("the member ended the connection during the TLS handshake ({}): does it "
-                                            "serve https (protocol=https needs members started with --cert-file "
-                                            "and --key-file), or is it restarting?",
-                                            err.code().message()),
+            throw member_error({detail::format("the member ended the connection during the TLS handshake ({}): does it "
+                                               "serve https (protocol=https needs members started with --cert-file "
+                                               "and --key-file), or is it restarting?",
+                                               err.code().message()),
                                 false, true, 0});
         }
-        throw member_error({fmt::format("cannot connect: {}", err.code().message()), false, true, 0});
+        throw member_error({detail::format("cannot connect: {}", err.code().message()), false, true, 0});
     }
     co_return c;
 }
@@ -26837,9 +26919,9 @@ inline bool tls_alert(const std::system_error& e) {
 }
 
 inline member_error tls_refusal(const std::system_error& e) {
-    return member_error({fmt::format("the member refused this client over TLS: {} — check --rdzv-conf cert and key "
-                                     "(a client certificate signed by a CA the members trust) and cacert",
-                                     e.what()),
+    return member_error({detail::format("the member refused this client over TLS: {} — check --rdzv-conf cert and key "
+                                        "(a client certificate signed by a CA the members trust) and cacert",
+                                        e.what()),
                          false, false, 16});
 }
 
@@ -26852,7 +26934,7 @@ inline asio::awaitable<void> write_all(connection& c, const std::string& bytes) 
 /// of the request can have been applied, so another member may be asked).
 inline member_error send_failure(const std::system_error& e) {
     if (tls_alert(e)) return tls_refusal(e);
-    return member_error({fmt::format("cannot send: {}", e.code().message()), false, true, 0});
+    return member_error({detail::format("cannot send: {}", e.code().message()), false, true, 0});
 }
 
 inline asio::awaitable<std::size_t> read_some(connection& c, asio::mutable_buffer b) {
@@ -26863,10 +26945,10 @@ inline asio::awaitable<std::size_t> read_some(connection& c, asio::mutable_buffe
 inline std::string http_request(const client_state& s, std::size_t member, std::string_view method,
                                 std::string_view path, std::string_view body, bool require_leader) {
     const auto& e = s.options.endpoints.at(member);
-    return fmt::format("{} {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                       "Accept: application/json\r\n{}\r\n{}",
-                       method, path, e.host, e.port, body.size(),
-                       require_leader ? "Grpc-Metadata-hasleader: true\r\n" : "", body);
+    return detail::format("{} {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                          "Accept: application/json\r\n{}\r\n{}",
+                          method, path, e.host, e.port, body.size(),
+                          require_leader ? "Grpc-Metadata-hasleader: true\r\n" : "", body);
 }
 
 /// The response is complete.
@@ -26885,7 +26967,7 @@ inline asio::awaitable<void> read_response(connection& c, response_parser& p, cl
         bool ended = false;
         try {
             n = co_await before(deadline, read_some(c, asio::buffer(buffer)),
-                                fmt::format("no answer within {}", budget), ambiguous, true);
+                                detail::format("no answer within {}", budget), ambiguous, true);
         } catch (const member_error&) {
             throw;
         } catch (const std::system_error& e) {
@@ -26893,7 +26975,8 @@ inline asio::awaitable<void> read_response(connection& c, response_parser& p, cl
             if (tls_alert(e)) throw tls_refusal(e);
             ended = e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated;
             if (!ended) {
-                throw member_error({fmt::format("the connection broke: {}", e.code().message()), ambiguous, true, 0});
+                throw member_error({detail::format("the connection broke: {}", e.code().message()), ambiguous, true,
+                                    0});
             }
         }
         if (ended) {
@@ -26950,16 +27033,16 @@ inline asio::awaitable<etcd_watch_batch> next_message(watch_stream& w) {
             w.parser->lines.pop_front();
             const auto j = nlohmann::json::parse(line, nullptr, false);
             if (!j.is_object())
-                throw etcd_error(fmt::format("etcd at {}: a watch message that is no JSON", w.member), 0);
+                throw etcd_error(detail::format("etcd at {}: a watch message that is no JSON", w.member), 0);
             if (j.contains("error")) {
                 const auto [code, message] = error_of(line);
                 // The member lost its leader, or is stopping: the watch goes on elsewhere.
-                throw etcd_error(fmt::format("etcd at {}: the watch ended: {}", w.member, message),
+                throw etcd_error(detail::format("etcd at {}: the watch ended: {}", w.member, message),
                                  quorum_problem(code, message) || code == 0 ? 14 : code);
             }
             const auto r = j.find("result");
             if (r == j.end() || !r->is_object()) {
-                throw etcd_error(fmt::format("etcd at {}: a watch message without a result", w.member), 0);
+                throw etcd_error(detail::format("etcd at {}: a watch message without a result", w.member), 0);
             }
             etcd_watch_batch b;
             try {
@@ -26978,18 +27061,19 @@ inline asio::awaitable<etcd_watch_batch> next_message(watch_stream& w) {
                     }
                 }
             } catch (const std::exception& e) {
-                throw etcd_error(fmt::format("etcd at {}: a watch message etcd would not send: {}", w.member, e.what()),
+                throw etcd_error(detail::format("etcd at {}: a watch message etcd would not send: {}", w.member,
+                                                e.what()),
                                  0);
             }
             co_return b;
         }
-        if (w.parser->complete) throw etcd_error(fmt::format("etcd at {} ended the watch stream", w.member), 14);
+        if (w.parser->complete) throw etcd_error(detail::format("etcd at {} ended the watch stream", w.member), 14);
         try {
             // A watch waits as long as its events take: the caller bounds it; the connection's
             // keep-alive probes notice a member that vanished.
             co_await read_response(*w.conn, *w.parser, clock::time_point::max(), line_or_end, false);
         } catch (const member_error& e) {
-            throw etcd_error(fmt::format("etcd at {}: the watch stream broke: {}", w.member, e.what()), 14);
+            throw etcd_error(detail::format("etcd at {}: the watch stream broke: {}", w.member, e.what()), 14);
         }
     }
 }
@@ -27063,7 +27147,8 @@ inline asio::awaitable<std::pair<int, std::string>> exchange(client_state& s, st
         if (!c) c = co_await open(s, member, deadline);
         const auto request = http_request(s, member, method, path, body, false);
         try {
-            co_await before(deadline, write_all(*c, request), fmt::format("no room to send within {}", budget), false);
+            co_await before(deadline, write_all(*c, request), detail::format("no room to send within {}", budget),
+                            false);
         } catch (const std::system_error& e) {
             if (cancelled(e)) throw;
             if (reused && !tls_alert(e)) {  // the member closed an idle connection: nothing was sent
@@ -27101,7 +27186,7 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
     const auto body = request.dump();
     const auto members = s.options.endpoints.size();
     const auto budget_ms = within.count() > 0 ? within : s.options.request_timeout;
-    const auto budget = within.count() > 0 ? fmt::format("{} ms", within.count()) : std::string("the read timeout");
+    const auto budget = within.count() > 0 ? detail::format("{} ms", within.count()) : std::string("the read timeout");
     const auto deadline = clock::now() + budget_ms;
     // Each member gets a share of the time, so one that hangs leaves the others theirs.
     const auto share = std::max<clock::duration>(budget_ms / static_cast<long>(members),
@@ -27123,8 +27208,8 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                 auto j = nlohmann::json::parse(text, nullptr, false);
                 if (status >= 200 && status < 300 && !(j.is_object() && j.contains("error"))) {
                     if (!j.is_object()) {
-                        throw etcd_error(fmt::format("etcd at {}: {} answered what is no JSON object: {}",
-                                                     s.name(member), path, text.substr(0, 200)),
+                        throw etcd_error(detail::format("etcd at {}: {} answered what is no JSON object: {}",
+                                                        s.name(member), path, text.substr(0, 200)),
                                          0);
                     }
                     s.current = member;
@@ -27133,26 +27218,28 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                 // An error, or a stream's error message under a 200 (a keep-alive's).
                 const auto [code, message] = error_of(text);
                 if (status == 404 && code == 0) {
-                    throw etcd_error(fmt::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
-                                                 "later with its v3 JSON gateway (a v2-only etcd, or another server); "
-                                                 "run etcd 3.4 or later there",
-                                                 s.name(member), path, message),
-                                     12);
+                    throw etcd_error(
+                        detail::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
+                                       "later with its v3 JSON gateway (a v2-only etcd, or another server); "
+                                       "run etcd 3.4 or later there",
+                                       s.name(member), path, message),
+                        12);
                 }
                 if (code == 16 || code == 7 || status == 401 || status == 403) {
-                    throw etcd_error(fmt::format("etcd at {} refused the request ({}): wrong or missing credentials; "
-                                                 "check --rdzv-conf cert and key (a client certificate the cluster's "
-                                                 "CA signed)",
-                                                 s.name(member), message),
-                                     code == 0 ? 16 : code);
+                    throw etcd_error(
+                        detail::format("etcd at {} refused the request ({}): wrong or missing credentials; "
+                                       "check --rdzv-conf cert and key (a client certificate the cluster's "
+                                       "CA signed)",
+                                       s.name(member), message),
+                        code == 0 ? 16 : code);
                 }
                 if (quorum_problem(code, message) || status >= 500 || status < 300) {
                     // The member may have proposed it before it gave up: it may still apply.
-                    failure = {fmt::format("{} (HTTP {})", message, status), true, true, code, false};
+                    failure = {detail::format("{} (HTTP {})", message, status), true, true, code, false};
                     quorum = quorum || quorum_problem(code, message);
                 } else {
-                    throw etcd_error(fmt::format("etcd at {} refused {}: {} (code {})", s.name(member), path, message,
-                                                 code),
+                    throw etcd_error(detail::format("etcd at {} refused {}: {} (code {})", s.name(member), path,
+                                                    message, code),
                                      code);
                 }
             } catch (const member_error& e) {
@@ -27163,12 +27250,12 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                 s.move_on(member);
                 std::string others;
                 for (std::size_t m = 0; m < members; ++m) {
-                    if (m != member && !seen[m].empty()) others += fmt::format("; {}: {}", s.name(m), seen[m]);
+                    if (m != member && !seen[m].empty()) others += detail::format("; {}: {}", s.name(m), seen[m]);
                 }
-                throw etcd_error(fmt::format("etcd at {} took the request and then: {} (it may still apply){}{}",
-                                             s.name(member), failure.what, others,
-                                             failure.silent || quorum ? fmt::format("; {}", no_quorum_advice)
-                                                                      : std::string()),
+                throw etcd_error(detail::format("etcd at {} took the request and then: {} (it may still apply){}{}",
+                                                s.name(member), failure.what, others,
+                                                failure.silent || quorum ? detail::format("; {}", no_quorum_advice)
+                                                                         : std::string()),
                                  14, true);
             }
             if (!failure.retry) ++refused;
@@ -27176,8 +27263,9 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
         }
         if (refused == members) {
             std::string all;
-            for (std::size_t m = 0; m < members; ++m) all += fmt::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
-            throw etcd_error(fmt::format("no etcd member served {}: {}", path, all), 16);
+            for (std::size_t m = 0; m < members; ++m)
+                all += detail::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
+            throw etcd_error(detail::format("no etcd member served {}: {}", path, all), 16);
         }
         const auto left = deadline - clock::now();
         if (left <= clock::duration::zero()) break;
@@ -27187,11 +27275,12 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
     }
     std::string tried;
     for (std::size_t m = 0; m < members; ++m) {
-        if (!seen[m].empty()) tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(m), seen[m]);
+        if (!seen[m].empty()) tried += detail::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(m), seen[m]);
     }
     const auto advice = quorum ? no_quorum_advice
                                : "check that etcd runs there and that --rdzv-endpoint names its client URLs";
-    throw etcd_unavailable(fmt::format("no etcd member served {} within {}: {}; {}", path, budget, tried, advice), 14);
+    throw etcd_unavailable(detail::format("no etcd member served {} within {}: {}; {}", path, budget, tried, advice),
+                           14);
 }
 
 inline std::vector<etcd_response> responses_of(const nlohmann::json& j) {
@@ -27220,8 +27309,8 @@ auto parsed(const client_state& s, std::string_view what, F f) -> decltype(f()) 
     } catch (const etcd_error&) {
         throw;
     } catch (const std::exception& e) {
-        throw etcd_error(fmt::format("etcd at {}: an answer to {} etcd would not send: {}", s.name(s.current), what,
-                                     e.what()),
+        throw etcd_error(detail::format("etcd at {}: an answer to {} etcd would not send: {}", s.name(s.current), what,
+                                        e.what()),
                          0);
     }
 }
@@ -27270,18 +27359,18 @@ inline std::string version_of(const client_state& s, std::size_t member, int sta
         if (const auto it = j.find("etcdserver"); it != j.end() && it->is_string()) server = it->get<std::string>();
     }
     if (status != 200 || server.empty()) {
-        throw etcd_error(fmt::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
-                                     "--rdzv-endpoint",
-                                     s.name(member), status, text.substr(0, 120)),
+        throw etcd_error(detail::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
+                                        "--rdzv-endpoint",
+                                        s.name(member), status, text.substr(0, 120)),
                          12);
     }
     const auto major = std::atoi(server.c_str());
     const auto dot = server.find('.');
     const auto minor = dot == std::string::npos ? 0 : std::atoi(server.c_str() + dot + 1);
     if (major < 3 || (major == 3 && minor < 4)) {
-        throw etcd_error(fmt::format("etcd at {} is version {}, which has no v3 JSON gateway elastic can use "
-                                     "(a v2-only server, or older than 3.4): run etcd 3.4 or later",
-                                     s.name(member), server),
+        throw etcd_error(detail::format("etcd at {} is version {}, which has no v3 JSON gateway elastic can use "
+                                        "(a v2-only server, or older than 3.4): run etcd 3.4 or later",
+                                        s.name(member), server),
                          12);
     }
     return server;
@@ -27307,12 +27396,12 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_client::server_version() {
         } catch (const detail::etcd::member_error& e) {
             why = e.what();
         }
-        tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
+        tried += detail::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
     }
     throw etcd_unavailable(
-        fmt::format("no etcd member answered: {}; check that etcd runs there and that --rdzv-endpoint names its "
-                    "client URLs",
-                    tried),
+        detail::format("no etcd member answered: {}; check that etcd runs there and that --rdzv-endpoint names its "
+                       "client URLs",
+                       tried),
         14);
 }
 
@@ -27448,11 +27537,11 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
                 const auto text = w->parser->lines.empty() ? w->parser->body : w->parser->lines.front();
                 const auto [code, message] = detail::etcd::error_of(text);
                 if (!detail::etcd::quorum_problem(code, message) && status < 500) {
-                    throw etcd_error(fmt::format("etcd at {} refused the watch: {} (HTTP {})", w->member, message,
-                                                 status),
+                    throw etcd_error(detail::format("etcd at {} refused the watch: {} (HTTP {})", w->member, message,
+                                                    status),
                                      code);
                 }
-                throw detail::etcd::member_error({fmt::format("{} (HTTP {})", message, status), false, true, code});
+                throw detail::etcd::member_error({detail::format("{} (HTTP {})", message, status), false, true, code});
             }
             etcd_watch out(std::move(w));
             auto first = co_await out.next();
@@ -27465,9 +27554,9 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
             if (!e.transient()) throw;
             why = e.what();
         }
-        tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
+        tried += detail::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
     }
-    throw etcd_unavailable(fmt::format("no etcd member served the watch: {}", tried), 14);
+    throw etcd_unavailable(detail::format("no etcd member served the watch: {}", tried), 14);
 }
 
 }  // namespace elastic::inline v0
@@ -27603,7 +27692,6 @@ private:
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
@@ -27736,9 +27824,9 @@ inline asio::awaitable<void> keep_alive(std::shared_ptr<lease_state> l, std::sha
             }
         }
         if (failed.empty() && ttl == 0) {
-            lose(*l, fmt::format("etcd expired this node's lease '{}' (id {}): no renewal reached it within its TTL "
-                                 "of {} s (this agent was stopped, starved of CPU, or cut off from etcd)",
-                                 l->name, l->id, l->ttl));
+            lose(*l, detail::format("etcd expired this node's lease '{}' (id {}): no renewal reached it within its TTL "
+                                    "of {} s (this agent was stopped, starved of CPU, or cut off from etcd)",
+                                    l->name, l->id, l->ttl));
             co_return;
         }
         if (failed.empty() && ttl > 0) {
@@ -27746,9 +27834,9 @@ inline asio::awaitable<void> keep_alive(std::shared_ptr<lease_state> l, std::sha
             continue;
         }
         if (clock::now() >= ends) {
-            lose(*l, fmt::format("no etcd member renewed this node's lease '{}' within its TTL of {} s, so etcd has "
-                                 "expired it or cannot keep it{}{}",
-                                 l->name, l->ttl, failed.empty() ? "" : ": ", failed));
+            lose(*l, detail::format("no etcd member renewed this node's lease '{}' within its TTL of {} s, so etcd has "
+                                    "expired it or cannot keep it{}{}",
+                                    l->name, l->ttl, failed.empty() ? "" : ": ", failed));
             co_return;
         }
     }
@@ -27869,8 +27957,8 @@ inline asio::awaitable<void> observe(std::shared_ptr<lease_state> l, std::shared
 
 inline std::string shown_keys(const std::vector<std::string>& keys) {
     std::string out;
-    for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
-    if (keys.size() > 4) out += fmt::format(" and {} more", keys.size() - 4);
+    for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += detail::format("{}'{}'", i ? ", " : "", keys[i]);
+    if (keys.size() > 4) out += detail::format(" and {} more", keys.size() - 4);
     return out;
 }
 
@@ -27937,7 +28025,7 @@ inline std::int64_t wrapped_difference(std::int64_t a, std::int64_t b) {
 
 /// The value of a counter whose next put will be its version `next_version`.
 inline std::string counter_text(std::int64_t value, std::int64_t next_version) {
-    return fmt::format("{}{}", counter_tag, wrapped_difference(value, next_version));
+    return detail::format("{}{}", counter_tag, wrapped_difference(value, next_version));
 }
 
 /// A key's value as the store's users see it: a counter's number, anything else as written.
@@ -27960,7 +28048,7 @@ inline std::string added(const std::optional<std::string>& current, const std::s
     std::int64_t value = 0;
     if (current) {
         const auto parsed = decimal(*current);
-        if (!parsed) throw store_error(fmt::format("the value is no decimal number ('{}')", current->substr(0, 64)));
+        if (!parsed) throw store_error(detail::format("the value is no decimal number ('{}')", current->substr(0, 64)));
         value = *parsed;
     }
     return std::to_string(wrapped_sum(value, *decimal(delta)));
@@ -27969,8 +28057,8 @@ inline std::string added(const std::optional<std::string>& current, const std::s
 /// Refuses a value that would read as a counter, or pass for one (anything from counter_floor).
 inline void check_plain(std::string_view key, std::string_view value) {
     if (value.starts_with(counter_floor)) {
-        throw store_error(fmt::format("'{}': a value that starts with \\x01counter is kept for the store's counters",
-                                      key));
+        throw store_error(detail::format("'{}': a value that starts with \\x01counter is kept for the store's counters",
+                                         key));
     }
 }
 
@@ -27984,17 +28072,18 @@ inline std::string appended(const std::optional<std::string>& current, const std
 
 /// The error of an update whose receipt may be gone: whether it was applied cannot be told.
 inline store_error receipt_gone(const std::string& key) {
-    return store_error(fmt::format("'{}': etcd's answer to an update was lost and its receipt may have expired since: "
-                                   "whether it was applied can no longer be told; check the etcd cluster (and the "
-                                   "clocks of suspended machines) and start the job again",
-                                   key));
+    return store_error(
+        detail::format("'{}': etcd's answer to an update was lost and its receipt may have expired since: "
+                       "whether it was applied can no longer be told; check the etcd cluster (and the "
+                       "clocks of suspended machines) and start the job again",
+                       key));
 }
 
 /// The error of an update that ends while an attempt's fate is unknown: it may have been applied.
 inline store_error maybe_applied(const std::string& key, std::string_view why) {
-    return store_error(fmt::format("'{}': {}; an earlier attempt's answer was lost, so the update may have been "
-                                   "applied",
-                                   key, why));
+    return store_error(detail::format("'{}': {}; an earlier attempt's answer was lost, so the update may have been "
+                                      "applied",
+                                      key, why));
 }
 
 /// Revokes lease `id`; a failure leaves it to expire.
@@ -28006,7 +28095,7 @@ inline asio::awaitable<void> revoke_quietly(std::shared_ptr<etcd_client> client,
     }
 }
 
-inline std::string random_token() { return fmt::format("{:016x}", detail::random_u64()); }
+inline std::string random_token() { return detail::format("{:016x}", detail::random_u64()); }
 
 }  // namespace detail::etcd
 
@@ -28049,7 +28138,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::settled(const std::string&
                                                               const etcd_kv& receipt, bool increment) {
     const auto& text = receipt.value;
     if (text.size() <= seq.size() || text.compare(0, seq.size(), seq) != 0 || text[seq.size()] != ' ') {
-        throw store_error(fmt::format("'{}': the update's receipt in etcd holds what this store never writes", key));
+        throw store_error(detail::format("'{}': the update's receipt in etcd holds what this store never writes", key));
     }
     if (!increment || text.substr(seq.size() + 1) != "@") co_return text.substr(seq.size() + 1);
     // An increment: the counter as it was at the receipt's revision (the same transaction).
@@ -28059,12 +28148,14 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::settled(const std::string&
                                                         client_->range(full(key), {}, false, receipt.mod_revision));
     } catch (const etcd_error& e) {
         if (e.code() != 11) throw;
-        throw store_error(fmt::format("add('{}'): etcd took the update but its answer was lost, and compaction removed "
-                                      "the revision that tells the counter's value ({}); the job's counters cannot be "
-                                      "trusted: start it again",
-                                      key, e.what()));
+        throw store_error(
+            detail::format("add('{}'): etcd took the update but its answer was lost, and compaction removed "
+                           "the revision that tells the counter's value ({}); the job's counters cannot be "
+                           "trusted: start it again",
+                           key, e.what()));
     }
-    if (then.kvs.empty()) throw store_error(fmt::format("add('{}'): the counter was gone when it was added to", key));
+    if (then.kvs.empty())
+        throw store_error(detail::format("add('{}'): the counter was gone when it was added to", key));
     co_return detail::etcd::shown_value(then.kvs.front());
 }
 
@@ -28090,9 +28181,9 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
     std::optional<std::vector<etcd_kv>> read;  // the key as the last failed attempt read it
     for (;;) {
         if (clock::now() >= deadline) {
-            const auto why = fmt::format("etcd did not take the update within {} ms", options_.timeout.count());
+            const auto why = detail::format("etcd did not take the update within {} ms", options_.timeout.count());
             if (unsure_since) throw detail::etcd::maybe_applied(key, why);
-            throw store_error(fmt::format("'{}': {}", key, why));
+            throw store_error(detail::format("'{}': {}", key, why));
         }
         if (unsure_since && clock::now() - *unsure_since > receipt_lives) throw detail::etcd::receipt_gone(key);
         const auto sent = clock::now();
@@ -28104,7 +28195,8 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                 // The key and the receipt in one read: the receipt says whether an attempt was applied.
                 std::vector<etcd_request> both{etcd_request::range(k), etcd_request::range(receipt)};
                 auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->txn({}, std::move(both)));
-                if (got.responses.size() != 2) throw store_error(fmt::format("'{}': etcd answered too few reads", key));
+                if (got.responses.size() != 2)
+                    throw store_error(detail::format("'{}': etcd answered too few reads", key));
                 if (!got.responses[1].kvs.empty()) {
                     co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
                 }
@@ -28127,15 +28219,15 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                                                                     client_->txn(std::move(compare), std::move(writes),
                                                                                  std::move(reads)));
                 if (got.responses.size() < (got.succeeded ? 1U : 2U)) {
-                    throw store_error(fmt::format("'{}': etcd answered too few operations", key));
+                    throw store_error(detail::format("'{}': etcd answered too few operations", key));
                 }
                 if (got.succeeded) {
                     auto& before = got.responses.front().prev;
-                    if (!before) throw store_error(fmt::format("'{}': etcd did not say what it added to", key));
+                    if (!before) throw store_error(detail::format("'{}': etcd did not say what it added to", key));
                     ++before->version;  // the value as this put left it
                     auto value = detail::etcd::shown_value(*before);
                     if (!detail::etcd::decimal(value)) {
-                        throw store_error(fmt::format("'{}': the value is no counter", key));
+                        throw store_error(detail::format("'{}': the value is no counter", key));
                     }
                     co_return value;
                 }
@@ -28177,7 +28269,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
         try {
             next = make(current, argument);
         } catch (const store_error& e) {
-            throw store_error(fmt::format("'{}': {}", key, e.what()));
+            throw store_error(detail::format("'{}': {}", key, e.what()));
         }
         const auto stored = counting ? detail::etcd::counter_text(*detail::etcd::decimal(next), next_version) : next;
         const auto cas_sent = clock::now();
@@ -28191,7 +28283,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                                                                 client_->txn(std::move(compare), std::move(writes),
                                                                              std::move(reads)));
             if (got.succeeded) co_return next;
-            if (got.responses.size() != 2) throw store_error(fmt::format("'{}': etcd answered too few reads", key));
+            if (got.responses.size() != 2) throw store_error(detail::format("'{}': etcd answered too few reads", key));
             if (!got.responses[1].kvs.empty()) {
                 co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
             }
@@ -28214,7 +28306,7 @@ ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::add(std::string key, std:
     // ADD of 0 reads the counter (creating it at 0): no write when it exists.
     const auto value = co_await replace(key, detail::etcd::added, std::to_string(delta), delta == 0, true, delta == 1);
     const auto number = detail::etcd::decimal(value);
-    if (!number) throw store_error(fmt::format("add('{}'): the value is no decimal number", key));
+    if (!number) throw store_error(detail::format("add('{}'): the value is no decimal number", key));
     co_return *number;
 }
 
@@ -28229,8 +28321,8 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string ke
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (;;) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            throw store_error(fmt::format("compare_set('{}'): etcd did not take it within {} ms", key,
-                                          options_.timeout.count()));
+            throw store_error(detail::format("compare_set('{}'): etcd did not take it within {} ms", key,
+                                             options_.timeout.count()));
         }
         std::vector<etcd_compare> compare;
         if (expected.empty()) {
@@ -28291,8 +28383,8 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::wait_until(std::vector<std::strin
     std::string last_error;
     for (;;) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            throw store_timeout(fmt::format("wait for {} timed out after {} ms{}", detail::etcd::shown_keys(keys),
-                                            timeout.count(), last_error.empty() ? "" : "; etcd: " + last_error));
+            throw store_timeout(detail::format("wait for {} timed out after {} ms{}", detail::etcd::shown_keys(keys),
+                                               timeout.count(), last_error.empty() ? "" : "; etcd: " + last_error));
         }
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         auto raced = co_await (
@@ -28366,7 +28458,7 @@ ELASTIC_DECL asio::awaitable<std::vector<std::string>> etcd_store::multi_get(std
 ELASTIC_DECL asio::awaitable<void> etcd_store::multi_set(std::vector<std::string> keys,
                                                          std::vector<std::string> values) {
     if (keys.size() != values.size()) {
-        throw store_error(fmt::format("multi_set: {} keys and {} values", keys.size(), values.size()));
+        throw store_error(detail::format("multi_set: {} keys and {} values", keys.size(), values.size()));
     }
     // etcd refuses a key put twice in one transaction: the last value of a key wins, as it would
     // one set after another.
@@ -28391,12 +28483,13 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::multi_set(std::vector<std::string
 ELASTIC_DECL asio::awaitable<void> etcd_store::hold_lease(std::string key, std::string value) {
     const auto parts = parse_lease_key(key);
     if (!parts || parts->name.empty() || parts->reserved()) {
-        throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name) with a name that "
-                                      "does not start with \"__\"",
-                                      key));
+        throw store_error(
+            detail::format("hold_lease('{}'): not a lease key; use lease_key(group, name) with a name that "
+                           "does not start with \"__\"",
+                           key));
     }
     if (lease_ && lease_->lost.empty() && !lease_->stopped) {
-        throw store_error(fmt::format("hold_lease('{}'): this store holds a lease already", key));
+        throw store_error(detail::format("hold_lease('{}'): this store holds a lease already", key));
     }
     const auto ttl_ms = options_.keep_alive_interval * std::max(1, options_.keep_alive_max_attempt);
     const auto ttl = std::max<std::chrono::seconds>(std::chrono::seconds(2),
@@ -28447,7 +28540,7 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::hold_lease(std::string key, std::
         l->changed.notify();
         asio::co_spawn(executor, detail::etcd::revoke_quietly(client_, l->id), asio::detached);
         if (interrupted) std::rethrow_exception(interrupted);
-        throw store_error(fmt::format("hold_lease('{}'): {}", key, *failed));
+        throw store_error(detail::format("hold_lease('{}'): {}", key, *failed));
     }
     lease_ = l;
     asio::co_spawn(executor, detail::etcd::observe(l, client_, options_.keep_alive_interval), asio::detached);
@@ -28470,7 +28563,6 @@ ELASTIC_DECL asio::awaitable<bool> etcd_store::release_lease() {
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
 
 #include <chrono>
 #include <functional>
@@ -28520,7 +28612,8 @@ public:
             failed = e.what();
         }
         if (!failed.empty()) {
-            throw rendezvous_error(fmt::format("cannot use the etcd cluster at {}: {}", client_->describe(), failed));
+            throw rendezvous_error(detail::format("cannot use the etcd cluster at {}: {}", client_->describe(),
+                                                  failed));
         }
         store_ = make_store();
         watcher_ = make_store();
@@ -28545,8 +28638,8 @@ public:
     asio::awaitable<void> start_liveness(node_info me) {
         const auto failed = co_await hold_new_lease(std::move(me));
         if (!failed.empty()) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease in the etcd cluster at {}: {}",
-                                               client_->describe(), failed));
+            throw rendezvous_error(detail::format("cannot hold this node's lease in the etcd cluster at {}: {}",
+                                                  client_->describe(), failed));
         }
     }
 
@@ -28570,7 +28663,7 @@ public:
         if (!client_ || !rdzv_ || stopped_) co_return;
         if (!status_) status_ = make_store();
         if (!status_index_) status_index_ = co_await status_->add(rdzv_->job_key("status/count"), 1) - 1;
-        co_await status_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+        co_await status_->set(rdzv_->job_key(detail::format("status/{}", *status_index_)), std::move(json));
     }
 
     asio::awaitable<rendezvous_round> next_round(node_info me) {
@@ -28602,10 +28695,10 @@ public:
             failed = e.what();
         }
         if (!failed.empty() && log_) {
-            log_(fmt::format("leaving the etcd rendezvous of run '{}': {} (etcd expires this node's lease within "
-                             "{} s, and the next job with this id clears what is left)",
-                             params_.run_id, failed,
-                             std::chrono::duration_cast<std::chrono::seconds>(keep_alive_deadline()).count()));
+            log_(detail::format("leaving the etcd rendezvous of run '{}': {} (etcd expires this node's lease within "
+                                "{} s, and the next job with this id clears what is left)",
+                                params_.run_id, failed,
+                                std::chrono::duration_cast<std::chrono::seconds>(keep_alive_deadline()).count()));
         }
     }
 
@@ -28641,12 +28734,13 @@ public:
         rdzv_->reconnected(*store_, *watcher_);
         const auto failed = co_await hold_new_lease(std::move(me));
         if (!failed.empty()) {
-            throw rendezvous_error(fmt::format("{}; the etcd cluster at {} grants this node no new lease: {}", reason,
-                                               client_->describe(), failed));
+            throw rendezvous_error(detail::format("{}; the etcd cluster at {} grants this node no new lease: {}",
+                                                  reason, client_->describe(), failed));
         }
-        co_return fmt::format("{}; the etcd cluster at {} answers again: this node holds a new lease and rejoins the "
-                              "job",
-                              reason, client_->describe());
+        co_return detail::format(
+            "{}; the etcd cluster at {} answers again: this node holds a new lease and rejoins the "
+            "job",
+            reason, client_->describe());
     }
 
     /// This node's lease name ("host:pid:tag"), after start_liveness().
@@ -28726,8 +28820,8 @@ private:
     }
 
     static std::string make_node_id(const std::string& host, long pid) {
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
-                           detail::random_u64() & 0xffffu);
+        return detail::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                              detail::random_u64() & 0xffffu);
     }
 
     asio::any_io_executor executor_;
@@ -28931,9 +29025,9 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL int parse_integer(std::string_view text, std::string_view name, int min, int max) {
     const auto value = detail::launch::to_integer(text);
     if (!value || *value < min || *value > max) {
-        const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
-                                         : fmt::format("an integer from {} to {}", min, max);
-        throw usage_error{fmt::format("{}: must be {}", detail::launch::show(name, text), rule)};
+        const auto rule = max == INT_MAX ? detail::format("an integer >= {}", min)
+                                         : detail::format("an integer from {} to {}", min, max);
+        throw usage_error{detail::format("{}: must be {}", detail::launch::show(name, text), rule)};
     }
     return static_cast<int>(*value);
 }
@@ -28947,8 +29041,8 @@ namespace elastic::inline v0 {
     const bool ok = !trimmed.empty() && ec == std::errc{} && end == trimmed.data() + trimmed.size() &&
                     std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
     if (!ok) {
-        throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
-                                      detail::launch::show(name, text), allow_zero ? ">= 0" : "> 0")};
+        throw usage_error{detail::format("{}: must be a number of seconds {} (at most 1e9)",
+                                         detail::launch::show(name, text), allow_zero ? ">= 0" : "> 0")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -28962,14 +29056,14 @@ namespace elastic::inline v0 {
         return false;
     }
     throw usage_error{
-        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
+        detail::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
 }
 
 [[nodiscard]] ELASTIC_DECL bool parse_flag_variable(std::string_view text, std::string_view name) {
     const auto value = detail::launch::to_integer(text);
     if (!value) {
         throw usage_error{
-            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch::show(name, text))};
+            detail::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch::show(name, text))};
     }
     return *value != 0;
 }
@@ -28977,7 +29071,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{
-            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
+            detail::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
     };
     const auto pieces = detail::launch::split(text, ':');
     if (pieces.size() > 2) {
@@ -28992,7 +29086,7 @@ namespace elastic::inline v0 {
         throw fail("node counts must be positive");
     }
     if (*min > *max) {
-        throw fail(fmt::format("the minimum {} exceeds the maximum {}", *min, *max));
+        throw fail(detail::format("the minimum {} exceeds the maximum {}", *min, *max));
     }
     if (*max > INT_MAX) {
         throw fail("too large");
@@ -29021,15 +29115,15 @@ namespace elastic::inline v0 {
     const auto host = detail::launch::trim(text);
     if (!detail::launch::valid_host(host)) {
         throw usage_error{
-            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch::show(name, text))};
+            detail::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch::show(name, text))};
     }
     return std::string{host};
 }
 
 [[nodiscard]] ELASTIC_DECL host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
-                                       detail::launch::show(name, text), why)};
+        return usage_error{detail::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
+                                          detail::launch::show(name, text), why)};
     };
     const auto endpoint = detail::launch::trim(text);
     if (endpoint.empty()) {
@@ -29091,13 +29185,13 @@ namespace elastic::inline v0 {
         return rendezvous_backend::etcd_v3;
     }
     if (word == "etcd" || word == "etcd-v2") {
-        throw usage_error{
-            fmt::format("{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
-                        "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-                        detail::launch::show(name, text))};
+        throw usage_error{detail::format(
+            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+            detail::launch::show(name, text))};
     }
-    throw usage_error{
-        fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)", detail::launch::show(name, text))};
+    throw usage_error{detail::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
+                                     detail::launch::show(name, text))};
 }
 
 }  // namespace elastic::inline v0
@@ -29156,27 +29250,29 @@ namespace elastic::inline v0 {
         const auto key = detail::launch::trim(item.substr(0, equals));
         const auto value = equals == std::string_view::npos ? std::string_view{} : unquote(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
-            throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
-                                          whole, item)};
+            throw usage_error{
+                detail::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)", whole,
+                               item)};
         }
         if (!seen.emplace(key).second) {
-            throw usage_error{fmt::format("{}: key '{}' given twice", whole, key)};
+            throw usage_error{detail::format("{}: key '{}' given twice", whole, key)};
         }
-        const auto what = fmt::format("{} key {}", name, key);
+        const auto what = detail::format("{} key {}", name, key);
         if (key == "rank") {
-            throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
+            throw usage_error{detail::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
         }
         if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key") {
-            throw usage_error{fmt::format("{}: '{}' is not a key of elastic's: TLS to etcd takes protocol=https with "
-                                          "cacert, cert and key (torchrun's etcd keys)",
-                                          whole, key)};
+            throw usage_error{
+                detail::format("{}: '{}' is not a key of elastic's: TLS to etcd takes protocol=https with "
+                               "cacert, cert and key (torchrun's etcd keys)",
+                               whole, key)};
         }
         const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
                                         [&](const detail::launch::rdzv_key& k) { return k.key == key; });
         if (known == detail::launch::rdzv_keys.end() || !detail::launch::reads_key(*known, backend)) {
             if (warnings == nullptr) {
-                throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                              to_string(backend), key, detail::launch::keys_of(backend))};
+                throw usage_error{detail::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                                 to_string(backend), key, detail::launch::keys_of(backend))};
             }
             ignored.emplace_back(key);
             continue;
@@ -29202,9 +29298,9 @@ namespace elastic::inline v0 {
         } else if (key == "workers_store_peers") {
             const auto peers = detail::launch::lower(value);
             if (peers != "members" && peers != "any") {
-                throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
-                                              "addresses only) or any (every peer, for NAT between the nodes)",
-                                              whole)};
+                throw usage_error{detail::format("{}: workers_store_peers must be members (the round's nodes' "
+                                                 "addresses only) or any (every peer, for NAT between the nodes)",
+                                                 whole)};
             }
             settings.workers_store_any_peer = peers == "any";
         } else if (key == "secret_file") {
@@ -29212,12 +29308,12 @@ namespace elastic::inline v0 {
         } else if (key == "store_type") {
             const auto type = detail::launch::lower(value);
             if (type == "file") {
-                throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
-                                              "backend uses a TCP store (store_type=tcp)",
-                                              whole)};
+                throw usage_error{detail::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
+                                                 "backend uses a TCP store (store_type=tcp)",
+                                                 whole)};
             }
             if (type != "tcp") {
-                throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
+                throw usage_error{detail::format("{}: store_type must be tcp", whole)};
             }
         } else if (key == "use_libuv") {
             // Accepted for compatibility: it picks the Python TCPStore server's event loop; elastic's
@@ -29226,7 +29322,7 @@ namespace elastic::inline v0 {
         } else if (key == "protocol") {
             const auto protocol = detail::launch::lower(value);
             if (protocol != "http" && protocol != "https") {
-                throw usage_error{fmt::format("{}: protocol must be http or https", whole)};
+                throw usage_error{detail::format("{}: protocol must be http or https", whole)};
             }
             settings.tls = protocol == "https";
         } else if (key == "cacert") {
@@ -29238,31 +29334,31 @@ namespace elastic::inline v0 {
         }
     }
     if ((settings.cacert || settings.cert || settings.key) && !settings.tls) {
-        throw usage_error{fmt::format("{}: cacert, cert and key are for TLS to etcd: add protocol=https", whole)};
+        throw usage_error{detail::format("{}: cacert, cert and key are for TLS to etcd: add protocol=https", whole)};
     }
     if (settings.key.has_value() != settings.cert.has_value()) {
         throw usage_error{
-            fmt::format("{}: cert and key go together (a client certificate and its private key)", whole)};
+            detail::format("{}: cert and key go together (a client certificate and its private key)", whole)};
     }
     if (warnings != nullptr && unquoted) {
-        warnings->push_back(fmt::format("{}: the quotes around its value were removed (a script quoted it twice); "
-                                        "read as {}",
-                                        name, text));
+        warnings->push_back(detail::format("{}: the quotes around its value were removed (a script quoted it twice); "
+                                           "read as {}",
+                                           name, text));
     }
     if (warnings != nullptr && !ignored.empty()) {
-        warnings->push_back(fmt::format("{}: the {} backend does not read {} '{}'; ignored, as torchrun does (it "
-                                        "reads: {})",
-                                        name, to_string(backend), ignored.size() == 1 ? "the key" : "the keys",
-                                        fmt::join(ignored, "', '"), detail::launch::keys_of(backend)));
+        warnings->push_back(detail::format("{}: the {} backend does not read {} '{}'; ignored, as torchrun does (it "
+                                           "reads: {})",
+                                           name, to_string(backend), ignored.size() == 1 ? "the key" : "the keys",
+                                           fmt::join(ignored, "', '"), detail::launch::keys_of(backend)));
     }
     return settings;
 }
 
 [[nodiscard]] ELASTIC_DECL stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
     const auto fail = [&]() {
-        return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
-                                       "LOCAL_RANK:N,... such as 0:3,1:2",
-                                       detail::launch::show(name, text))};
+        return usage_error{detail::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
+                                          "LOCAL_RANK:N,... such as 0:3,1:2",
+                                          detail::launch::show(name, text))};
     };
     const auto streams_of = [&](std::string_view digit) {
         const auto value = detail::launch::to_integer(digit);
@@ -29288,7 +29384,7 @@ namespace elastic::inline v0 {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch::show(name, text), *rank)};
+            throw usage_error{detail::format("{}: local rank {} given twice", detail::launch::show(name, text), *rank)};
         }
     }
     return selection;
@@ -29302,8 +29398,8 @@ namespace elastic::inline v0 {
     for (const auto item : detail::launch::split(text, ',')) {
         const auto rank = detail::launch::to_integer(item);
         if (!rank || *rank < 0 || *rank > INT_MAX) {
-            throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
-                                          detail::launch::show(name, text), item)};
+            throw usage_error{detail::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
+                                             detail::launch::show(name, text), item)};
         }
         ranks.insert(static_cast<int>(*rank));
     }
@@ -29341,9 +29437,9 @@ namespace elastic::inline v0 {
                                      word == "sigbus" || word == "sigfpe" || word == "sigill" || word == "sigabrt" ||
                                      word == "sigtrap" || word == "sigsys" || word == "sigpipe";
             throw usage_error{
-                fmt::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                            detail::launch::show(name, text), detail::launch::trim(item),
-                            untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+                detail::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                               detail::launch::show(name, text), detail::launch::trim(item),
+                               untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
             numbers.push_back(number);
@@ -29360,7 +29456,7 @@ namespace elastic::inline v0 {
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
     throw usage_error{
-        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch::show(name, text))};
+        detail::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch::show(name, text))};
 }
 
 }  // namespace elastic::inline v0
@@ -29368,7 +29464,6 @@ namespace elastic::inline v0 {
 #endif  // ELASTIC_DETAIL_BODIES
 // ---- end elastic/launch/values.hpp ----
 
-#include <fmt/format.h>
 
 #include <sys/stat.h>
 
@@ -29553,8 +29648,8 @@ namespace elastic::inline v0 {
     std::uint64_t low = detail::random_u64();
     high = (high & ~std::uint64_t{0xF000}) | 0x4000;                         // version 4
     low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
-    return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
-                       low >> 48, low & 0xFFFFFFFFFFFFULL);
+    return detail::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
+                          low >> 48, low & 0xFFFFFFFFFFFFULL);
 }
 
 ELASTIC_DECL void use_standalone(launch_config& config) {
@@ -29573,11 +29668,11 @@ namespace detail::launch {
 
 [[nodiscard]] ELASTIC_DECL std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
-        return fmt::format("{}", static_cast<int>(selection.every_rank));
+        return detail::format("{}", static_cast<int>(selection.every_rank));
     }
     std::string out;
     for (const auto& [rank, streams] : selection.per_rank) {
-        out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
+        out += detail::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
     }
     return out;
 }
@@ -29597,14 +29692,14 @@ namespace elastic::inline v0 {
     const auto& conf = config.rdzv_conf;
     std::string rdzv_conf;
     switch (config.rdzv_backend) {
-        case rendezvous_backend::static_: rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout)); break;
+        case rendezvous_backend::static_: rdzv_conf = detail::format("timeout={}", seconds_text(conf.timeout)); break;
         case rendezvous_backend::c10d:
         case rendezvous_backend::etcd_v3:
-            rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
-                                    seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
-                                    seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+            rdzv_conf = detail::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                       seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                       seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
             if (conf.is_host) {
-                rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+                rdzv_conf += detail::format(", is_host={}", *conf.is_host);
             }
             break;
     }
@@ -29614,35 +29709,35 @@ namespace elastic::inline v0 {
     }
     std::string filter;
     for (const int rank : config.local_ranks_filter) {
-        filter += fmt::format("{}{}", filter.empty() ? "" : ",", rank);
+        filter += detail::format("{}{}", filter.empty() ? "" : ",", rank);
     }
     std::string out = "Starting elastic agent with launch configs:\n";
     const auto line = [&](std::string_view name, std::string_view value) {
-        out += fmt::format("  {:<20} : {}\n", name, value);
+        out += detail::format("  {:<20} : {}\n", name, value);
     };
     line("entrypoint", command);
-    line("min_nodes", fmt::format("{}", config.nnodes.min));
-    line("max_nodes", fmt::format("{}", config.nnodes.max));
-    line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
+    line("min_nodes", detail::format("{}", config.nnodes.min));
+    line("max_nodes", detail::format("{}", config.nnodes.max));
+    line("nproc_per_node", detail::format("{}", config.nproc_per_node));
     line("run_id", config.rdzv_id);
     line("rdzv_backend", to_string(config.rdzv_backend));
     auto endpoints = to_string(config.rendezvous_endpoint());
     for (const auto& next : config.rendezvous().successor_endpoints) endpoints += "," + to_string(next);
     line("rdzv_endpoint", endpoints);
     line("rdzv_configs", rdzv_conf);
-    line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
+    line("node_rank", config.node_rank ? detail::format("{}", *config.node_rank) : "(from the rendezvous)");
     line("local_addr", config.local_addr.value_or("(this host's name)"));
     line("role", config.role);
-    line("max_restarts", fmt::format("{}", config.max_restarts));
+    line("max_restarts", detail::format("{}", config.max_restarts));
     // The restart policy's other settings appear only when given (docs/policies.md).
     if (config.restart_backoff) line("restart_backoff", config.restart_backoff->flag().substr(18));
     if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
     if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
-    if (config.restart_no_progress) line("restart_no_progress", fmt::format("{}", *config.restart_no_progress));
+    if (config.restart_no_progress) line("restart_no_progress", detail::format("{}", *config.restart_no_progress));
     if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
-    if (config.metrics_port) line("metrics_port", fmt::format("{}:{}", config.metrics_host, *config.metrics_port));
-    if (config.health_check_port) line("health_check_port", fmt::format("{}", *config.health_check_port));
+    if (config.metrics_port) line("metrics_port", detail::format("{}:{}", config.metrics_host, *config.metrics_port));
+    if (config.health_check_port) line("health_check_port", detail::format("{}", *config.health_check_port));
     if (config.file_timer) {
         line("file_timer", config.file_timer_path.empty() ? "(a new FIFO in the temporary directory)"
                                                           : config.file_timer_path.string());
@@ -29689,8 +29784,8 @@ ELASTIC_DECL void check_prefix_template(std::string_view text) {
         const auto name = text.substr(start, end - start);
         if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
             throw usage_error{
-                fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
-                            show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+                detail::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                               show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
         }
         i = end - 1;
     }
@@ -29700,9 +29795,9 @@ ELASTIC_DECL void check_ranks_exist(const std::set<int>& ranks, int nproc, std::
                                     std::string_view nproc_option) {
     for (const int rank : ranks) {
         if (rank < 0 || rank >= nproc) {
-            throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
-                                          "({}={})",
-                                          option, rank, nproc - 1, nproc_option, nproc)};
+            throw usage_error{detail::format("{} names local rank {}, but this node runs local ranks 0 to {} "
+                                             "({}={})",
+                                             option, rank, nproc - 1, nproc_option, nproc)};
         }
     }
 }
@@ -29713,107 +29808,110 @@ ELASTIC_DECL void check_streams(const stream_selection& selection, int nproc, st
     for (const auto& [rank, streams] : selection.per_rank) {
         ranks.insert(rank);
         if (static_cast<int>(streams) > 3) {
-            throw usage_error{fmt::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
-                                          static_cast<int>(streams))};
+            throw usage_error{detail::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
+                                             static_cast<int>(streams))};
         }
     }
     if (static_cast<int>(selection.every_rank) > 3) {
         throw usage_error{
-            fmt::format("{}: streams value {} (want 0 to 3)", option, static_cast<int>(selection.every_rank))};
+            detail::format("{}: streams value {} (want 0 to 3)", option, static_cast<int>(selection.every_rank))};
     }
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
 
 ELASTIC_DECL void validate(const launch_config& c, const environment& env, const option_labels& label) {
     const auto nnodes_text = [&] {
-        return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
-                                            : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
+        return c.nnodes.min == c.nnodes.max ? detail::format("{}", c.nnodes.min)
+                                            : detail::format("{}:{}", c.nnodes.min, c.nnodes.max);
     };
     if (c.nproc_per_node < 1 || c.nproc_per_node > 1'000'000) {
-        throw usage_error{fmt::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
+        throw usage_error{
+            detail::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
     }
     if (c.nnodes.min < 1 || c.nnodes.min > c.nnodes.max) {
-        throw usage_error{fmt::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
+        throw usage_error{detail::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
     }
     if (c.world_size(c.nnodes.max) > INT_MAX) {
-        throw usage_error{fmt::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
-                                      label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
+        throw usage_error{detail::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
+                                         label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
     }
     if (c.role.empty()) {
-        throw usage_error{fmt::format("{}: must not be empty", label("role"))};
+        throw usage_error{detail::format("{}: must not be empty", label("role"))};
     }
     // The rendezvous carries the role to the other nodes in at most 255 bytes.
     if (c.role.size() > 255) {
-        throw usage_error{fmt::format("{}: {} bytes, at most 255", label("role"), c.role.size())};
+        throw usage_error{detail::format("{}: {} bytes, at most 255", label("role"), c.role.size())};
     }
     if (c.rdzv_id.empty()) {
         throw usage_error{
-            fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
+            detail::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
     }
     const bool is_static = c.rdzv_backend == rendezvous_backend::static_;
     if (is_static && c.nnodes.min != c.nnodes.max) {
-        throw usage_error{fmt::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
-                                      "--rdzv-backend=c10d or etcd-v3",
-                                      label("nnodes"), nnodes_text())};
+        throw usage_error{detail::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
+                                         "--rdzv-backend=c10d or etcd-v3",
+                                         label("nnodes"), nnodes_text())};
     }
     if (c.node_rank && (*c.node_rank < 0 || *c.node_rank >= c.nnodes.max)) {
-        throw usage_error{fmt::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
-                                      *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
+        throw usage_error{detail::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
+                                         *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
     }
     if (!is_static && (c.master_addr || c.master_port)) {
-        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
-                                      "backend rendezvouses at --rdzv-endpoint",
-                                      to_string(c.rdzv_backend))};
+        throw usage_error{detail::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
+                                         "backend rendezvouses at --rdzv-endpoint",
+                                         to_string(c.rdzv_backend))};
     }
     if (is_static && c.rdzv_endpoint && (c.master_addr || c.master_port)) {
         throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
                           "give one of them"};
     }
     if (c.master_addr && !valid_host(*c.master_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
-                                      show(label("master_addr"), *c.master_addr))};
+        throw usage_error{detail::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                         show(label("master_addr"), *c.master_addr))};
     }
     if (c.local_addr && !valid_host(*c.local_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
-                                      show(label("local_addr"), *c.local_addr))};
+        throw usage_error{detail::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                         show(label("local_addr"), *c.local_addr))};
     }
     if (c.rdzv_endpoint) {
         const auto text = to_string(*c.rdzv_endpoint);
         if (!valid_host(c.rdzv_endpoint->host)) {
-            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
+            throw usage_error{detail::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
         }
         if (is_static && !c.rdzv_endpoint->port) {
-            throw usage_error{
-                fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+            throw usage_error{detail::format("{}: the static rendezvous needs a port (host:port)",
+                                             show(label("rdzv_endpoint"), text))};
         }
     }
     if (!c.rdzv_successors.empty() && c.rdzv_backend == rendezvous_backend::static_) {
-        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend (where its store may "
-                                      "move) and etcd-v3 (the cluster's members); the {} backend takes one endpoint",
-                                      label("rdzv_endpoint"), to_string(c.rdzv_backend))};
+        throw usage_error{detail::format("{}: a list of endpoints is read by the c10d backend (where its store may "
+                                         "move) and etcd-v3 (the cluster's members); the {} backend takes one endpoint",
+                                         label("rdzv_endpoint"), to_string(c.rdzv_backend))};
     }
     for (const auto& next : c.rdzv_successors) {
         if (!valid_host(next.host)) {
-            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), to_string(next)))};
+            throw usage_error{detail::format("{}: bad host name", show(label("rdzv_endpoint"), to_string(next)))};
         }
         if (next.port == 0) {
-            throw usage_error{fmt::format("{}: port 0 picks a free port that other nodes cannot know",
-                                          show(label("rdzv_endpoint"), to_string(next)))};
+            throw usage_error{detail::format("{}: port 0 picks a free port that other nodes cannot know",
+                                             show(label("rdzv_endpoint"), to_string(next)))};
         }
         if (next.host == "0.0.0.0" || next.host == "::" || next.host == "0") {
-            throw usage_error{fmt::format("{}: names no host (every address); name the member's host",
-                                          show(label("rdzv_endpoint"), to_string(next)))};
+            throw usage_error{detail::format("{}: names no host (every address); name the member's host",
+                                             show(label("rdzv_endpoint"), to_string(next)))};
         }
     }
     const auto endpoint = c.rendezvous_endpoint();
     if (endpoint.port == 0 && c.nnodes.max > 1) {
-        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
-                                      "it needs {}=1",
-                                      to_string(endpoint), label("nnodes"))};
+        throw usage_error{
+            detail::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
+                           "it needs {}=1",
+                           to_string(endpoint), label("nnodes"))};
     }
     const auto non_negative = [](std::chrono::milliseconds d, const std::string& what, bool allow_zero) {
         if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
-            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
+            throw usage_error{
+                detail::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
         }
     };
     const auto conf = label("rdzv_conf");
@@ -29826,51 +29924,51 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
         non_negative(*c.rdzv_conf.exit_barrier_timeout, conf + " exit_barrier_timeout", true);  // 0: no wait
     }
     if (c.max_restarts < 0) {
-        throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
+        throw usage_error{detail::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
     }
     non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
     if (const auto& b = c.restart_backoff;
         b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
               !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
         throw usage_error{
-            fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1", b->flag())};
+            detail::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1", b->flag())};
     }
     if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
-        throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
+        throw usage_error{detail::format("{}: want at least 1 restart and a period above 0", w->flag())};
     }
     if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
-        throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+        throw usage_error{detail::format("{}: want a time above 0 and N >= 1", g->flag())};
     }
     if (c.restart_no_progress && *c.restart_no_progress < 1) {
-        throw usage_error{fmt::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
+        throw usage_error{detail::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
     }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
     if (c.watchdog.enabled() && std::find(c.signals_to_handle.begin(), c.signals_to_handle.end(), c.watchdog.signal) !=
                                     c.signals_to_handle.end()) {
-        throw usage_error{fmt::format("--watchdog signal={} is also in --signals-to-handle: the agent would forward "
-                                      "it as a stop and the workers take it for a request for stacks; choose "
-                                      "another (signal=SIGUSR1, or SIGRTMIN+N)",
-                                      signal_name(c.watchdog.signal))};
+        throw usage_error{detail::format("--watchdog signal={} is also in --signals-to-handle: the agent would forward "
+                                         "it as a stop and the workers take it for a request for stacks; choose "
+                                         "another (signal=SIGUSR1, or SIGRTMIN+N)",
+                                         signal_name(c.watchdog.signal))};
     }
     if (c.signals_to_handle.empty()) {
-        throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
+        throw usage_error{detail::format("{}: must name at least one signal", label("signals_to_handle"))};
     }
     for (const int number : c.signals_to_handle) {
         if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
             forwardable_signal_numbers.end()) {
             throw usage_error{
-                fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"), number)};
+                detail::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"), number)};
         }
     }
     if (c.log_dir) {
         if (c.log_dir->empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", label("log_dir"))};
+            throw usage_error{detail::format("{}: must not be empty", label("log_dir"))};
         }
         struct stat st {};
         if (!c.logs_disabled() && ::stat(c.log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
             throw usage_error{
-                fmt::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
+                detail::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
         }
     }
     check_streams(c.redirects, c.nproc_per_node, label("redirects"), label("nproc_per_node"));
@@ -29895,7 +29993,6 @@ ELASTIC_DECL void launch_config::validate(const environment& env) const { detail
 // `--nproc-per-node`: a count, or `cpu` / `gpu` / `auto` resolved from this machine.
 
 
-#include <fmt/format.h>
 
 #include <fcntl.h>
 #include <sched.h>
@@ -30065,13 +30162,13 @@ namespace elastic::inline v0 {
         if (word == "auto") {
             return count_cpus();
         }
-        throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
-                                      detail::launch::show(name, text), gpus.source)};
+        throw usage_error{detail::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
+                                         detail::launch::show(name, text), gpus.source)};
     }
     const auto count = detail::launch::to_integer(word);
     if (!count || *count < 1 || *count > 1'000'000) {
         throw usage_error{
-            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch::show(name, text))};
+            detail::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch::show(name, text))};
     }
     return static_cast<int>(*count);
 }
@@ -30356,8 +30453,9 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
-    std::string out = fmt::format("usage: {} [options] program [args...]\n       {} status [--rdzv-id=ID] [--json]\n\n",
-                                  program_name, program_name);
+    std::string out = detail::format(
+        "usage: {} [options] program [args...]\n       {} status [--rdzv-id=ID] [--json]\n\n", program_name,
+        program_name);
     detail::launch::wrap(out,
                          "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
                          "underscored spellings), the same PET_* variables (the command line wins), the same worker "
@@ -30373,26 +30471,26 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
         "before a program whose name starts with '-'.",
         2, width);
     for (int group = 0; group < static_cast<int>(detail::launch::option_groups.size()); ++group) {
-        out += fmt::format("\n{}:\n", detail::launch::option_groups[static_cast<std::size_t>(group)]);
+        out += detail::format("\n{}:\n", detail::launch::option_groups[static_cast<std::size_t>(group)]);
         for (const auto& spec : detail::launch::option_specs) {
             if (spec.group != group) {
                 continue;
             }
             out += "  " + detail::launch::spellings(spec);
             if (!spec.flag) {
-                out += fmt::format(" {}", spec.metavar);
+                out += detail::format(" {}", spec.metavar);
             }
             out += '\n';
             std::string help{spec.help};
             std::string facts;
             if (!spec.fallback.empty()) {
-                facts = fmt::format("default: {}", spec.fallback);
+                facts = detail::format("default: {}", spec.fallback);
             }
             if (spec.has_env) {
-                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch::env_name(spec));
+                facts += detail::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch::env_name(spec));
             }
             if (!facts.empty()) {
-                help += fmt::format(" [{}]", facts);
+                help += detail::format(" [{}]", facts);
             }
             detail::launch::wrap(out, help, 6, width);
         }
@@ -30416,7 +30514,7 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
         {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
     }};
     for (const auto& [name, text] : variables) {
-        out += fmt::format("  {}\n", name);
+        out += detail::format("  {}\n", name);
         detail::launch::wrap(out, text, 6, width);
     }
     out += "\n";
@@ -30456,10 +30554,10 @@ inline void unmark(std::string& text) {
     std::replace(message.begin(), message.end(), '\n', ' ');
     if (e.get_name() == "ArgumentMismatch" && message.find("flag override") != std::string::npos) {
         const auto name = message.substr(0, message.find(' '));
-        return fmt::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
+        return detail::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
     }
     if (e.get_name() == "ArgumentMismatch" && message.find("required") != std::string::npos) {
-        return fmt::format("{} needs a value", message.substr(0, message.find(':')));
+        return detail::format("{} needs a value", message.substr(0, message.find(':')));
     }
     return message;
 }
@@ -30501,7 +30599,7 @@ inline void expand_abbreviations(std::vector<std::string>& args) {
         if (matches.size() > 1) {
             std::vector<std::string_view> names;
             for (const auto* m : matches) names.push_back(m->spec ? long_name(*m->spec) : m->spelling);
-            throw usage_error{fmt::format("ambiguous option: {} could match {}", name, fmt::join(names, ", "))};
+            throw usage_error{detail::format("ambiguous option: {} could match {}", name, fmt::join(names, ", "))};
         }
         if (matches.empty()) continue;  // unknown: CLI11 refuses it
         arg = std::string{matches.front()->spelling} + arg.substr(name.size());
@@ -30517,7 +30615,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
     app.set_help_flag();
-    app.set_version_flag("--version", fmt::format("{} (elastic) {}", program_name, version_string));
+    app.set_version_flag("--version", detail::format("{} (elastic) {}", program_name, version_string));
     std::array<CLI::Option*, option_specs.size()> options{};
     for (std::size_t i = 0; i < option_specs.size(); ++i) {
         const auto& spec = option_specs[i];
@@ -30565,12 +30663,12 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         after_marker = true;
     }
     if (!rest.empty() && !after_marker && rest.front().size() > 1 && rest.front().front() == '-') {
-        throw usage_error{fmt::format("unrecognized option {} (see --help; the program and its arguments come after "
-                                      "the options)",
-                                      rest.front())};
+        throw usage_error{detail::format("unrecognized option {} (see --help; the program and its arguments come after "
+                                         "the options)",
+                                         rest.front())};
     }
     if (rest.empty()) {
-        throw usage_error{fmt::format("no program to run (usage: {} [options] program [args...])", program_name)};
+        throw usage_error{detail::format("no program to run (usage: {} [options] program [args...])", program_name)};
     }
 
     // ---- each option's text: the command line, else PET_<DEST> ----
@@ -30611,18 +30709,18 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         }
         const auto value = raw(spec.dest);
         if (!value) continue;
-        throw usage_error{fmt::format("{}: {}", detail::launch::show(value->name, value->text), spec.help)};
+        throw usage_error{detail::format("{}: {}", detail::launch::show(value->name, value->text), spec.help)};
     }
     if (const auto specs = raw("logs_specs"); specs && detail::launch::trim(specs->text) != "default") {
-        throw usage_error{fmt::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
-                                      "and loads no Python LogsSpecs plugin",
-                                      detail::launch::show(specs->name, specs->text))};
+        throw usage_error{detail::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
+                                         "and loads no Python LogsSpecs plugin",
+                                         detail::launch::show(specs->name, specs->text))};
     }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{
-                fmt::format("{}: must be spawn, fork or forkserver", detail::launch::show(method->name, method->text))};
+            throw usage_error{detail::format("{}: must be spawn, fork or forkserver",
+                                             detail::launch::show(method->name, method->text))};
         }
     }
 
@@ -30651,7 +30749,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("role")) {
         config.role = v->text;
         if (detail::launch::trim(config.role).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
     }
     config.virtual_local_rank = flag("virtual_local_rank");
@@ -30661,18 +30759,18 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (standalone) {
         for (const auto dest : {"rdzv_endpoint", "rdzv_id", "master_addr", "master_port"}) {
             if (on_command_line(dest)) {
-                throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
-                                              "localhost:0 under a random id",
-                                              detail::launch::long_name(option_specs[index_of(dest)]))};
+                throw usage_error{detail::format("{} conflicts with --standalone, which runs the rendezvous on "
+                                                 "localhost:0 under a random id",
+                                                 detail::launch::long_name(option_specs[index_of(dest)]))};
             }
         }
         if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch::trim(v->text) != "c10d") {
-            throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
-                                          detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{} conflicts with --standalone, which uses the c10d backend",
+                                             detail::launch::show(v->name, v->text))};
         }
         if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
-            throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
-                                          detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{} conflicts with --standalone, which runs a single node",
+                                             detail::launch::show(v->name, v->text))};
         }
         use_standalone(config);
     } else {
@@ -30691,8 +30789,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 const auto one = remaining.substr(0, comma);
                 if (detail::launch::trim(one).empty()) {
                     throw usage_error{
-                        fmt::format("{}: an empty endpoint in the list (want host[:port],host[:port],...)",
-                                    detail::launch::show(v->name, v->text))};
+                        detail::format("{}: an empty endpoint in the list (want host[:port],host[:port],...)",
+                                       detail::launch::show(v->name, v->text))};
                 }
                 auto endpoint = parse_host_port(one, v->name);
                 if (first) {
@@ -30705,7 +30803,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             }
             if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max &&
                 config.rdzv_backend == rendezvous_backend::c10d) {
-                config.warnings.push_back(fmt::format(
+                config.warnings.push_back(detail::format(
                     "{}: with a fixed --nnodes the rendezvous store never moves, so only the first endpoint is "
                     "used (a list names where an elastic job's store may move)",
                     detail::launch::show(v->name, v->text)));
@@ -30714,7 +30812,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;
             if (detail::launch::trim(config.rdzv_id).empty()) {
-                throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
+                throw usage_error{detail::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
             }
         }
     }
@@ -30773,23 +30871,25 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 config.file_timer_path = *path;
             }
         } else {
-            config.warnings.push_back(fmt::format("TORCHELASTIC_ENABLE_FILE_TIMER={} is not 1: torch's file timer is "
-                                                  "not served (as in torchrun); set it to 1 to serve it",
-                                                  *on));
+            config.warnings.push_back(
+                detail::format("TORCHELASTIC_ENABLE_FILE_TIMER={} is not 1: torch's file timer is "
+                               "not served (as in torchrun); set it to 1 to serve it",
+                               *on));
         }
     }
     if (const auto v = raw("metrics_port")) {
         const auto text = detail::launch::trim(v->text);
         const bool bare = !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
-        const auto at = parse_host_port(bare ? fmt::format("0.0.0.0:{}", text) : std::string(text), v->name);
+        const auto at = parse_host_port(bare ? detail::format("0.0.0.0:{}", text) : std::string(text), v->name);
         if (!at.port) {
-            throw usage_error{fmt::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
         }
         in6_addr address{};
         if (::inet_pton(AF_INET, at.host.c_str(), &address) != 1 &&
             ::inet_pton(AF_INET6, at.host.c_str(), &address) != 1) {
-            throw usage_error{fmt::format("{}: HOST must be an address of this machine (such as 10.0.0.5), not a name",
-                                          detail::launch::show(v->name, v->text))};
+            throw usage_error{
+                detail::format("{}: HOST must be an address of this machine (such as 10.0.0.5), not a name",
+                               detail::launch::show(v->name, v->text))};
         }
         config.metrics_host = at.host;
         config.metrics_port = *at.port;
@@ -30799,9 +30899,10 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         // torch's variable, read by other launchers too: a bad value costs the health check only.
         const auto n = detail::launch::to_integer(*port);
         if (!n || *n < 0 || *n > 65535) {
-            config.warnings.push_back(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: not a port from 0 to 65535; no "
-                                                  "health check is served",
-                                                  *port));
+            config.warnings.push_back(
+                detail::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: not a port from 0 to 65535; no "
+                               "health check is served",
+                               *port));
         } else {
             config.health_check_port = static_cast<std::uint16_t>(*n);
         }
@@ -30816,7 +30917,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     // ---- output and logs ----
     if (const auto v = raw("log_dir")) {
         if (detail::launch::trim(v->text).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
         config.log_dir = std::filesystem::path{v->text};
     }
@@ -30844,7 +30945,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         const auto destination = event_destination::parse(v->text);
         if (!destination) {
             throw usage_error{
-                fmt::format("{}: must be {}", detail::launch::show(v->name, v->text), event_destination::accepted)};
+                detail::format("{}: must be {}", detail::launch::show(v->name, v->text), event_destination::accepted)};
         }
         config.event_log_handler = *destination;
     }
@@ -30865,7 +30966,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             for (int r = 0; r < config.nproc_per_node && !other_teed; ++r) {
                 other_teed = config.tee.for_rank(r) != std_streams::none;
             }
-            config.warnings.push_back(fmt::format(
+            config.warnings.push_back(detail::format(
                 "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; tee it "
                 "(-t {})",
                 name, name, name,
@@ -30873,7 +30974,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 : stream == std_streams::out ? 1
                                              : 2));
         } else if (config.logs_disabled()) {
-            config.warnings.push_back(fmt::format(
+            config.warnings.push_back(detail::format(
                 "--duplicate-{}-filters: --log-dir=/dev/null writes no files, filtered_{}.log included", name, name));
         }
     }
@@ -30910,9 +31011,9 @@ template <policy_clock Clock = steady_policy_clock>
 [[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
     if (config.restart_no_progress && !config.watchdog.enabled()) {
-        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
-                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
-                                      *config.restart_no_progress)};
+        throw usage_error{detail::format("--restart-no-progress={} needs --watchdog: the workers' progress "
+                                         "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
+                                         *config.restart_no_progress)};
     }
     return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
 }
@@ -30946,7 +31047,6 @@ namespace elastic::inline v0::detail::launch {
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -30969,7 +31069,7 @@ asio::awaitable<std::vector<agent_status>> read_job_statuses(Store& store, std::
     const auto count = detail::to_integer(co_await store.get(keys::job_key(run_id, "status/count"))).value_or(0);
     // At most 100,000 agents are read (a forged counter must not make this run for ever).
     for (long long i = 0; i < std::min<long long>(count, 100000); ++i) {
-        const auto key = keys::job_key(run_id, fmt::format("status/{}", i));
+        const auto key = keys::job_key(run_id, detail::format("status/{}", i));
         std::vector<std::string> one{key};
         if (!co_await store.check(std::move(one))) continue;  // counted, not yet written
         std::vector<std::string> get{key};
@@ -31008,7 +31108,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
     std::optional<std::string> endpoint;
     std::optional<std::string> conf;
     auto backend = rendezvous_backend::c10d;
-    const auto usage = fmt::format(
+    const auto usage = detail::format(
         "usage: {0} status [--rdzv-id=ID] [--json]\n"
         "       {0} status --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=KEY=VALUE,...] [--json]\n\n"
         "Shows the elasticrun agents of this user on this machine, or with --rdzv-endpoint every agent of the\n"
@@ -31103,18 +31203,18 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             options.prefix = std::string(etcd_rendezvous::key_prefix);
             options.timeout = etcd->request_timeout;
             etcd_store store(client, options);
-            where = fmt::format("the etcd cluster at {}", client->describe());
+            where = detail::format("the etcd cluster at {}", client->describe());
             const auto failed = read_statuses_with(io, store, *run_id, agents);
             try {
                 if (failed) std::rethrow_exception(failed);
                 read = true;
             } catch (const std::exception& e) {
-                why = fmt::format("cannot read {}: {}", where, e.what());
+                why = detail::format("cannot read {}: {}", where, e.what());
             }
             tries.clear();
         }
         for (const auto& options : tries) {
-            where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
+            where = detail::format("the rendezvous store at {}:{}", options.host, options.port);
             asio::io_context io;
             tcp_store_client store(io.get_executor(), options);
             const auto failed = read_statuses_with(io, store, *run_id, agents);
@@ -31125,7 +31225,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             try {
                 std::rethrow_exception(failed);
             } catch (const std::exception& e) {
-                why += fmt::format("{}cannot read {}: {}", why.empty() ? "" : "; ", where, e.what());
+                why += detail::format("{}cannot read {}: {}", why.empty() ? "" : "; ", where, e.what());
             }
         }
         if (!read) {
@@ -31136,7 +31236,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         const auto dirs = status_directories();
         std::string places;
         for (const auto& d : dirs) places += (places.empty() ? "" : ", ") + d.string();
-        where = fmt::format("this machine (status files in {})", places);
+        where = detail::format("this machine (status files in {})", places);
         std::vector<std::string> notes;
         agents = read_statuses(dirs, &notes);
         for (const auto& note : notes) say(note);
@@ -31150,8 +31250,8 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         std::fputs(status_table(agents, detail::agent::unix_ms()).c_str(), stdout);
     }
     if (agents.empty()) {
-        say(fmt::format("no agent{} {}", run_id ? fmt::format(" of run '{}'", *run_id) : std::string(),
-                        endpoint ? "published its status in " + where : "of this user runs on " + where));
+        say(detail::format("no agent{} {}", run_id ? detail::format(" of run '{}'", *run_id) : std::string(),
+                           endpoint ? "published its status in " + where : "of this user runs on " + where));
         return 1;
     }
     return 0;
@@ -31203,7 +31303,7 @@ inline void record_agent_exception(std::string_view name, const agent::agent_exc
         write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code)
                                         .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     } catch (const std::exception& failure) {
-        std::fputs(fmt::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
+        std::fputs(detail::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
     }
 }
 
@@ -31218,7 +31318,7 @@ int guarded(std::string_view name, Body&& body) {
         return body();
     } catch (...) {
         const auto e = agent::classify_exception(std::current_exception());
-        std::fputs(fmt::format("{}: error: {}\n", name, e.what).c_str(), stderr);
+        std::fputs(detail::format("{}: error: {}\n", name, e.what).c_str(), stderr);
         if (e.exit_code != exit_codes::usage) record_agent_exception(name, e);
         return e.exit_code;
     }
@@ -31268,17 +31368,18 @@ enum class restarts_by { options, code };
 /// warning says so, rather than a budget the user believes in and nothing enforces.
 inline void warn_unread_restart_options(launch_config& config) {
     std::vector<std::string> given;
-    if (config.max_restarts != 0) given.push_back(fmt::format("--max-restarts={}", config.max_restarts));
+    if (config.max_restarts != 0) given.push_back(detail::format("--max-restarts={}", config.max_restarts));
     if (config.restart_backoff) given.push_back(config.restart_backoff->flag());
     if (config.restart_window) given.push_back(config.restart_window->flag());
     if (config.restart_on_exit) given.push_back("--restart-on-exit=" + config.restart_on_exit->to_string());
     if (config.restart_crash_guard) given.push_back(config.restart_crash_guard->flag());
     if (config.restart_no_progress)
-        given.push_back(fmt::format("--restart-no-progress={}", *config.restart_no_progress));
+        given.push_back(detail::format("--restart-no-progress={}", *config.restart_no_progress));
     if (given.empty()) return;
-    config.warnings.push_back(fmt::format("{}: not read: this launcher's restart policy is set in its code and decides "
-                                          "restarts itself (docs/policies.md)",
-                                          fmt::join(given, ", ")));
+    config.warnings.push_back(
+        detail::format("{}: not read: this launcher's restart policy is set in its code and decides "
+                       "restarts itself (docs/policies.md)",
+                       fmt::join(given, ", ")));
 }
 
 /// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under

@@ -18,7 +18,7 @@
 #include "elastic/store/client.hpp"
 #endif
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <array>
@@ -98,14 +98,14 @@ inline group_options options_from(const worker_env& e) {
     group_options o;
     o.rank = e.rank;
     o.world_size = e.world_size;
-    o.key_namespace = fmt::format("elastic.dist/attempt_{}", e.restart_count);
+    o.key_namespace = elastic::detail::format("elastic.dist/attempt_{}", e.restart_count);
     if (e.world_size > 1) {
         if (!e.master_addr || !e.master_port)
-            throw env_error(fmt::format("invalid worker environment: elastic::dist needs the "
-                                        "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
-                                        "but {} is not set; start the workers with elasticrun "
-                                        "or torchrun, or set both",
-                                        e.world_size, !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
+            throw env_error(elastic::detail::format("invalid worker environment: elastic::dist needs the "
+                                                    "store at MASTER_ADDR:MASTER_PORT for a world of {} ranks, "
+                                                    "but {} is not set; start the workers with elasticrun "
+                                                    "or torchrun, or set both",
+                                                    e.world_size, !e.master_addr ? "MASTER_ADDR" : "MASTER_PORT"),
                             {"MASTER_ADDR", "MASTER_PORT"});
         o.host = *e.master_addr;
         o.port = *e.master_port;
@@ -120,7 +120,7 @@ inline group_options local_options_from(const worker_env& e) {
     auto o = options_from(e);
     o.rank = e.local_rank;
     o.world_size = e.local_world_size;
-    o.key_namespace += fmt::format("/node_{}", e.node_rank);
+    o.key_namespace += elastic::detail::format("/node_{}", e.node_rank);
     return o;
 }
 
@@ -128,9 +128,10 @@ inline group_options local_options_from(const worker_env& e) {
 /// keys under "<namespace>/leaders". Another local rank is a std::logic_error: it is no member.
 inline group_options leaders_options_from(const worker_env& e) {
     if (e.local_rank != 0)
-        throw std::logic_error(fmt::format("elastic::dist: the node leaders' group has LOCAL_RANK 0 of each node; "
-                                           "this worker is local rank {} (rank {})",
-                                           e.local_rank, e.rank));
+        throw std::logic_error(
+            elastic::detail::format("elastic::dist: the node leaders' group has LOCAL_RANK 0 of each node; "
+                                    "this worker is local rank {} (rank {})",
+                                    e.local_rank, e.rank));
     auto o = options_from(e);
     o.rank = e.node_rank;
     o.world_size = e.node_count;
@@ -405,14 +406,15 @@ namespace dist {
 
 ELASTIC_DECL group::group(group_options options) : options_(std::move(options)) {
     if (options_.world_size < 1)
-        throw std::invalid_argument(fmt::format("elastic::dist::group: world_size {} is not a size (1 or more)",
-                                                options_.world_size));
+        throw std::invalid_argument(elastic::detail::format(
+            "elastic::dist::group: world_size {} is not a size (1 or more)", options_.world_size));
     if (options_.rank < 0 || options_.rank >= options_.world_size)
-        throw std::invalid_argument(fmt::format("elastic::dist::group: rank {} is outside 0..{} (world size {})",
-                                                options_.rank, options_.world_size - 1, options_.world_size));
+        throw std::invalid_argument(
+            elastic::detail::format("elastic::dist::group: rank {} is outside 0..{} (world size {})", options_.rank,
+                                    options_.world_size - 1, options_.world_size));
     if (options_.chunk_size < 4096 || options_.chunk_size > (std::size_t{16} << 20))
-        throw std::invalid_argument(fmt::format("elastic::dist::group: chunk_size {} is outside 4 KiB .. 16 MiB",
-                                                options_.chunk_size));
+        throw std::invalid_argument(elastic::detail::format(
+            "elastic::dist::group: chunk_size {} is outside 4 KiB .. 16 MiB", options_.chunk_size));
     if (options_.world_size > 1) {
         store_client_options c;
         c.host = options_.host;
@@ -444,7 +446,7 @@ ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
     check_rank(root, "broadcast root");
     if (options_.world_size == 1) return bytes;
     const auto n = next_++;
-    const auto key = fmt::format("{}/{}/root", options_.key_namespace, n);
+    const auto key = elastic::detail::format("{}/{}/root", options_.key_namespace, n);
     if (options_.rank == root) {
         put(key, bytes, false);
         return bytes;
@@ -454,7 +456,7 @@ ELASTIC_DECL std::string group::broadcast(std::string bytes, int root) {
     std::vector<std::string> read = keys;
     auto value = std::move(fetch(keys, &read)[0]);
     // The last of the world-1 readers deletes what the root wrote.
-    const auto acks = fmt::format("{}/{}/acks", options_.key_namespace, n);
+    const auto acks = elastic::detail::format("{}/{}/acks", options_.key_namespace, n);
     if (client_->add(acks, 1) == options_.world_size - 1) {
         read.push_back(acks);
         drop(read);
@@ -497,8 +499,8 @@ ELASTIC_DECL std::string group::scatter(std::vector<std::string> parts, int root
     check_rank(root, "scatter root");
     const auto world = static_cast<std::size_t>(options_.world_size);
     if (options_.rank == root && parts.size() != world) {
-        const auto why = fmt::format("root {} has {} values for {} ranks (it needs one per rank)", root, parts.size(),
-                                     world);
+        const auto why = elastic::detail::format("root {} has {} values for {} ranks (it needs one per rank)", root,
+                                                 parts.size(), world);
         if (world > 1) abandon("scatter", part::others, root, why);
         throw std::invalid_argument("elastic::dist::scatter: " + why);
     }
@@ -522,13 +524,13 @@ ELASTIC_DECL void group::abandon(std::string_view what, part p, int root, std::s
     const auto n = next_++;
     if (p == part::none || !client_) return;
     try {
-        const auto message = fmt::format("elastic::dist::{} #{}: rank {} could not take part: {}", what, n,
-                                         options_.rank, why);
+        const auto message = elastic::detail::format("elastic::dist::{} #{}: rank {} could not take part: {}", what, n,
+                                                     options_.rank, why);
         if (p == part::root) {
-            put_error(fmt::format("{}/{}/root", options_.key_namespace, n), message);
+            put_error(elastic::detail::format("{}/{}/root", options_.key_namespace, n), message);
         } else if (p == part::reducer) {
             put_error(keys_of(n)[static_cast<std::size_t>(options_.rank)], message);
-            put_error(fmt::format("{}/{}/result", options_.key_namespace, n), message);
+            put_error(elastic::detail::format("{}/{}/result", options_.key_namespace, n), message);
         } else {
             const auto keys = keys_of(n);
             for (int r = 0; r < options_.world_size; ++r)
@@ -542,25 +544,27 @@ ELASTIC_DECL void group::abandon(std::string_view what, part p, int root, std::s
 
 ELASTIC_DECL void group::claim_rank() {
     if (!client_) return;
-    const auto key = fmt::format("{}/members/{}", options_.key_namespace, options_.rank);
+    const auto key = elastic::detail::format("{}/members/{}", options_.key_namespace, options_.rank);
     if (const auto claims = client_->add(key, 1); claims != 1)
-        throw std::logic_error(fmt::format("elastic::dist: {} processes claim rank {} of the group '{}': its ranks "
-                                           "come from LOCAL_RANK and GROUP_RANK, and workers started with "
-                                           "--virtual-local-rank all have LOCAL_RANK 0, so they cannot form the "
-                                           "node groups",
-                                           claims, options_.rank, options_.key_namespace));
+        throw std::logic_error(
+            elastic::detail::format("elastic::dist: {} processes claim rank {} of the group '{}': its ranks "
+                                    "come from LOCAL_RANK and GROUP_RANK, and workers started with "
+                                    "--virtual-local-rank all have LOCAL_RANK 0, so they cannot form the "
+                                    "node groups",
+                                    claims, options_.rank, options_.key_namespace));
 }
 
 ELASTIC_DECL void group::check_rank(int r, std::string_view what) const {
     if (r < 0 || r >= options_.world_size)
-        throw std::invalid_argument(fmt::format("elastic::dist: {} {} is outside 0..{}", what, r,
-                                                options_.world_size - 1));
+        throw std::invalid_argument(elastic::detail::format("elastic::dist: {} {} is outside 0..{}", what, r,
+                                                            options_.world_size - 1));
 }
 
 ELASTIC_DECL std::vector<std::string> group::keys_of(std::uint64_t n) const {
     std::vector<std::string> keys;
     keys.reserve(static_cast<std::size_t>(options_.world_size));
-    for (int r = 0; r < options_.world_size; ++r) keys.push_back(fmt::format("{}/{}/{}", options_.key_namespace, n, r));
+    for (int r = 0; r < options_.world_size; ++r)
+        keys.push_back(elastic::detail::format("{}/{}/{}", options_.key_namespace, n, r));
     return keys;
 }
 
@@ -586,7 +590,7 @@ ELASTIC_DECL void group::put(const std::string& key, std::string_view payload, b
     const auto chunk = options_.chunk_size;
     const auto count = static_cast<std::uint32_t>((payload.size() + chunk - 1) / chunk);
     for (std::uint32_t i = 0; i < count; ++i) {
-        auto k = fmt::format("{}/{}", key, i);
+        auto k = elastic::detail::format("{}/{}", key, i);
         client_->set(k, std::string(payload.substr(std::size_t{i} * chunk, chunk)));
         if (keep) written_.push_back(std::move(k));
     }
@@ -624,9 +628,10 @@ ELASTIC_DECL std::vector<std::string> group::fetch(const std::vector<std::string
     for (std::size_t i = 0; i < keys.size(); ++i) {
         auto& head = heads[i];
         const auto bad = [&](std::string_view why) {
-            return store_error(fmt::format("elastic::dist: key '{}' holds {} bytes that elastic::dist did not write "
-                                           "({}): another program wrote under the key namespace '{}'",
-                                           keys[i], head.size(), why, options_.key_namespace));
+            return store_error(
+                elastic::detail::format("elastic::dist: key '{}' holds {} bytes that elastic::dist did not write "
+                                        "({}): another program wrote under the key namespace '{}'",
+                                        keys[i], head.size(), why, options_.key_namespace));
         };
         if (head.empty()) throw bad("an empty value");
         if (head[0] == detail::frame_value) {
@@ -642,7 +647,7 @@ ELASTIC_DECL std::vector<std::string> group::fetch(const std::vector<std::string
             // A writer's chunks are 4 KiB .. 16 MiB, all full but the last.
             if (count == 0 || total < count || total / count > (std::uint64_t{16} << 20) ||
                 count > (total + 4095) / 4096)
-                throw bad(fmt::format("{} bytes in {} chunks", total, count));
+                throw bad(elastic::detail::format("{} bytes in {} chunks", total, count));
             const auto per_chunk = static_cast<std::size_t>((total + count - 1) / count);
             const std::size_t per_batch = std::clamp<std::size_t>(detail::fetch_budget / per_chunk, 1, 1024);
             // Grown as the chunks arrive, never reserved from the header: a forged total costs
@@ -651,17 +656,18 @@ ELASTIC_DECL std::vector<std::string> group::fetch(const std::vector<std::string
             for (std::uint32_t c = 0; c < count; c += static_cast<std::uint32_t>(per_batch)) {
                 std::vector<std::string> batch;
                 for (std::uint32_t j = c; j < count && j < c + per_batch; ++j)
-                    batch.push_back(fmt::format("{}/{}", keys[i], j));
+                    batch.push_back(elastic::detail::format("{}/{}", keys[i], j));
                 if (chunks) chunks->insert(chunks->end(), batch.begin(), batch.end());
                 for (const auto& chunk : client_->multi_get(std::move(batch))) {
                     if (value.size() + chunk.size() > total) break;
                     value += chunk;
                 }
             }
-            if (value.size() != total) throw bad(fmt::format("{} bytes in its chunks, not {}", value.size(), total));
+            if (value.size() != total)
+                throw bad(elastic::detail::format("{} bytes in its chunks, not {}", value.size(), total));
             out[i] = std::move(value);
         } else {
-            throw bad(fmt::format("first byte {:#04x}", static_cast<unsigned char>(head[0])));
+            throw bad(elastic::detail::format("first byte {:#04x}", static_cast<unsigned char>(head[0])));
         }
         head = std::string();
     }
@@ -712,7 +718,7 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
     for (std::size_t r = 0; r < owners.size(); ++r) owners[r] = static_cast<int>(r);
     const auto world = keys.size();
     const bool large = world * mine.size() > 256 * 1024;
-    const auto result_key = fmt::format("{}/{}/result", options_.key_namespace, n);
+    const auto result_key = elastic::detail::format("{}/{}/result", options_.key_namespace, n);
     const auto mark = written_.size();
     put(keys[static_cast<std::size_t>(options_.rank)], mine);
     reduce_result result;
@@ -726,26 +732,27 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
         await("all_reduce", n, answer, {0});
         result.parts = fetch(answer);
         if (result.parts[0].size() != mine.size() - header_size)
-            throw store_error(fmt::format("elastic::dist::all_reduce #{}: rank 0 returned {} bytes for {} (another "
-                                          "program wrote under '{}'?)",
-                                          n, result.parts[0].size(), mine.size() - header_size,
-                                          options_.key_namespace));
+            throw store_error(
+                elastic::detail::format("elastic::dist::all_reduce #{}: rank 0 returned {} bytes for {} (another "
+                                        "program wrote under '{}'?)",
+                                        n, result.parts[0].size(), mine.size() - header_size, options_.key_namespace));
         result.from_root = true;
         forget_before(mark);
         return result;
     }
     const auto describe = [&](const std::string& contribution) {
-        if (contribution.size() < header_size) return fmt::format("{} bytes", contribution.size());
+        if (contribution.size() < header_size) return elastic::detail::format("{} bytes", contribution.size());
         std::uint64_t count = 0;
         std::memcpy(&count, contribution.data() + 3, sizeof count);
         static constexpr std::array<std::string_view, 8> ops{"sum",  "min", "max",  "product",
                                                              "band", "bor", "bxor", "avg"};
         const auto op = static_cast<unsigned char>(contribution[2]);
-        return fmt::format("{} values of {}{}-bit type with {}", count,
-                           contribution[0] == 'f'   ? "a floating "
-                           : contribution[0] == 'i' ? "a signed "
-                                                    : "an unsigned ",
-                           8 * static_cast<unsigned char>(contribution[1]), op < ops.size() ? ops[op] : "?");
+        return elastic::detail::format("{} values of {}{}-bit type with {}", count,
+                                       contribution[0] == 'f'   ? "a floating "
+                                       : contribution[0] == 'i' ? "a signed "
+                                                                : "an unsigned ",
+                                       8 * static_cast<unsigned char>(contribution[1]),
+                                       op < ops.size() ? ops[op] : "?");
     };
     try {
         await("all_reduce", n, keys, owners);
@@ -755,9 +762,10 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
             const auto& contribution = result.parts[r];
             if (contribution.size() == mine.size() && contribution.compare(0, header_size, mine, 0, header_size) == 0)
                 continue;
-            throw store_error(fmt::format("elastic::dist::all_reduce #{}: rank {} reduces {}, rank {} {}: every rank "
-                                          "must reduce as many values of the same type with the same operation",
-                                          n, r, describe(contribution), options_.rank, describe(mine)));
+            throw store_error(
+                elastic::detail::format("elastic::dist::all_reduce #{}: rank {} reduces {}, rank {} {}: every rank "
+                                        "must reduce as many values of the same type with the same operation",
+                                        n, r, describe(contribution), options_.rank, describe(mine)));
         }
     } catch (const std::exception& e) {
         // Rank 0 tells the ranks that wait for its result (a large reduce, or ranks that took the
@@ -776,20 +784,21 @@ ELASTIC_DECL group::reduce_result group::reduce_exchange(std::string mine, std::
 }
 
 ELASTIC_DECL void group::reduce_publish(std::uint64_t n, std::string data) {
-    put(fmt::format("{}/{}/result", options_.key_namespace, n), data);
+    put(elastic::detail::format("{}/{}/result", options_.key_namespace, n), data);
 }
 
 ELASTIC_DECL dist_timeout group::timeout_error(std::string_view what, std::uint64_t n, std::vector<int> missing) {
     std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 32; ++i) list += fmt::format("{}{}", i ? ", " : "", missing[i]);
-    if (missing.size() > 32) list += fmt::format(" and {} more", missing.size() - 32);
+    for (std::size_t i = 0; i < missing.size() && i < 32; ++i)
+        list += elastic::detail::format("{}{}", i ? ", " : "", missing[i]);
+    if (missing.size() > 32) list += elastic::detail::format(" and {} more", missing.size() - 32);
     // The message first: the vector is moved into the exception after it.
-    auto message = fmt::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
-                               "{} ms (exited, hung, or called the collectives in another order); "
-                               "store {}:{}, keys '{}/{}/'",
-                               what, n, options_.rank, options_.world_size, missing.size() == 1 ? "" : "s",
-                               missing.empty() ? "?" : list, options_.timeout.count(), options_.host, options_.port,
-                               options_.key_namespace, n);
+    auto message = elastic::detail::format("elastic::dist::{} #{} on rank {} of {}: rank{} {} did not arrive within "
+                                           "{} ms (exited, hung, or called the collectives in another order); "
+                                           "store {}:{}, keys '{}/{}/'",
+                                           what, n, options_.rank, options_.world_size, missing.size() == 1 ? "" : "s",
+                                           missing.empty() ? "?" : list, options_.timeout.count(), options_.host,
+                                           options_.port, options_.key_namespace, n);
     return dist_timeout(message, std::move(missing));
 }
 
@@ -878,10 +887,11 @@ inline void initialize(std::chrono::milliseconds timeout = std::chrono::minutes(
         try {
             s.world->connect();
         } catch (const store_error& e) {
-            throw store_error(fmt::format("elastic::dist::initialize: cannot reach the job's store at MASTER_ADDR:"
-                                          "MASTER_PORT = {}:{} within {} ms ({}); is the launcher (elasticrun, "
-                                          "torchrun) still running, and are both variables what it set?",
-                                          s.world->options().host, s.world->options().port, timeout.count(), e.what()));
+            throw store_error(
+                elastic::detail::format("elastic::dist::initialize: cannot reach the job's store at MASTER_ADDR:"
+                                        "MASTER_PORT = {}:{} within {} ms ({}); is the launcher (elasticrun, "
+                                        "torchrun) still running, and are both variables what it set?",
+                                        s.world->options().host, s.world->options().port, timeout.count(), e.what()));
         }
         s.world->barrier();
     } catch (...) {
@@ -1010,9 +1020,10 @@ std::invoke_result_t<F&> run_local_rank_zero_first(F&& f) {
     if (g.rank() != 0) {
         const auto status = g.broadcast(std::string(), 0);
         if (!status.empty())
-            throw store_error(fmt::format("elastic::dist::run_local_rank_zero_first: local rank 0 failed, so "
-                                          "local rank {} does not run: {}",
-                                          g.rank(), status));
+            throw store_error(
+                elastic::detail::format("elastic::dist::run_local_rank_zero_first: local rank 0 failed, so "
+                                        "local rank {} does not run: {}",
+                                        g.rank(), status));
         return f();
     }
     // Tells the others that rank 0 failed, with what (never an empty status: that means done).
@@ -1064,9 +1075,10 @@ inline void local_rank_zero_download_and_wait(const std::string& path) {
         const bool there = ::stat(path.c_str(), &st) == 0;
         const auto message =
             there ? std::string()
-                  : fmt::format("elastic::dist::local_rank_zero_download_and_wait: local rank 0 found no '{}' ({}); "
-                                "it must download or create the file before calling",
-                                path, std::strerror(errno));
+                  : elastic::detail::format(
+                        "elastic::dist::local_rank_zero_download_and_wait: local rank 0 found no '{}' ({}); "
+                        "it must download or create the file before calling",
+                        path, std::strerror(errno));
         (void)g.broadcast(message, 0);
         if (!there) throw store_error(message);
         return;
@@ -1074,9 +1086,10 @@ inline void local_rank_zero_download_and_wait(const std::string& path) {
     const auto status = g.broadcast(std::string(), 0);
     if (!status.empty()) throw store_error(status);
     if (::stat(path.c_str(), &st) != 0)
-        throw store_error(fmt::format("elastic::dist::local_rank_zero_download_and_wait: local rank 0 has '{}', but "
-                                      "local rank {} cannot see it ({}): do the node's workers share that filesystem?",
-                                      path, g.rank(), std::strerror(errno)));
+        throw store_error(
+            elastic::detail::format("elastic::dist::local_rank_zero_download_and_wait: local rank 0 has '{}', but "
+                                    "local rank {} cannot see it ({}): do the node's workers share that filesystem?",
+                                    path, g.rank(), std::strerror(errno)));
 }
 
 }  // namespace dist

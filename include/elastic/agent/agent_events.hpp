@@ -20,7 +20,7 @@
 #include "elastic/report/failure.hpp"
 #include "elastic/process/signal_name.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -88,7 +88,7 @@ public:
         try {
             sink_ = event_sink(destination);
         } catch (const report_error& e) {
-            throw usage_error{fmt::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
+            throw usage_error{detail::format("--event-log-handler={}: {}", destination.to_string(), e.what())};
         }
         if (sink_.enabled()) hostname_ = host_name();
     }
@@ -316,9 +316,9 @@ ELASTIC_DECL void agent_events::workers_exited(int restarts, std::span<const chi
 ELASTIC_DECL void agent_events::decision(const group_failure& failure, const restart_decision& decided) noexcept {
     try {
         const auto* root = failure.root_cause();
-        pending_reason_ = fmt::format("the worker group failed ({}); the policy stopped: {}",
-                                      root != nullptr ? failure_headline(*root) : "no worker failed on its own",
-                                      decided.reason);
+        pending_reason_ = detail::format("the worker group failed ({}); the policy stopped: {}",
+                                         root != nullptr ? failure_headline(*root) : "no worker failed on its own",
+                                         decided.reason);
         if (!enabled()) return;
         record_agent("elastic.policy.decision", [&](event_metadata& m) {
             m["restart_count"] = failure.restarts;
@@ -347,14 +347,14 @@ ELASTIC_DECL void agent_events::decision_interrupted(int restarts, int signal) n
     record_agent("elastic.policy.decision", [&](event_metadata& m) {
         m["restart_count"] = restarts;
         m["action"] = "interrupted";
-        m["reason"] = fmt::format("received {} while deciding", signal_name(signal));
+        m["reason"] = detail::format("received {} while deciding", signal_name(signal));
     });
 }
 
 ELASTIC_DECL void agent_events::received_signal(int signal) noexcept {
     stopping_group();
     try {
-        pending_reason_ = fmt::format("received {}", signal_name(signal));
+        pending_reason_ = detail::format("received {}", signal_name(signal));
     } catch (...) {
     }
 }
@@ -436,7 +436,7 @@ ELASTIC_DECL worker_event_context agent_events::status_context(int restarts, std
 
 ELASTIC_DECL std::string agent_events::join(const std::vector<int>& values) {
     std::string out;
-    for (const int v : values) out += fmt::format("{}{}", out.empty() ? "" : ",", v);
+    for (const int v : values) out += detail::format("{}{}", out.empty() ? "" : ",", v);
     return out;
 }
 

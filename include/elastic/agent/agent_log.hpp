@@ -7,7 +7,7 @@
 #include "elastic/agent/output.hpp"
 #include "elastic/agent/spec.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <ctime>
@@ -53,7 +53,7 @@ public:
     void critical(std::string_view text) const { (*this)(log_level::critical, text); }
     /// Text shown whatever the level and without the prefix (the failure summary, as torchrun
     /// prints its exception).
-    void always(std::string_view text) const { detail::agent::write_all(fd_, fmt::format("{}\n", text)); }
+    void always(std::string_view text) const { detail::agent::write_all(fd_, detail::format("{}\n", text)); }
 
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
@@ -62,9 +62,9 @@ public:
     [[nodiscard]] static std::string format(log_level level, const std::tm& local, int micros, long pid,
                                             std::string_view name, std::string_view text) {
         static constexpr char letters[] = {'D', 'I', 'W', 'E', 'C'};
-        const auto prefix = fmt::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ",
-                                        letters[static_cast<int>(level)], local.tm_mon + 1, local.tm_mday,
-                                        local.tm_hour, local.tm_min, local.tm_sec, micros, pid, name);
+        const auto prefix = detail::format("{}{:02}{:02} {:02}:{:02}:{:02}.{:06} {} {}] ",
+                                           letters[static_cast<int>(level)], local.tm_mon + 1, local.tm_mday,
+                                           local.tm_hour, local.tm_min, local.tm_sec, micros, pid, name);
         while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
         while (!text.empty() && text.front() == '\n') text.remove_prefix(1);
         std::string out;

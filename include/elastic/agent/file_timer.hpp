@@ -22,7 +22,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/system_error.hpp>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <array>
 #include <chrono>
@@ -205,7 +205,7 @@ private:
             const auto [ec, n] = co_await fifo_.async_read_some(asio::buffer(chunk), detail::as_tuple_awaitable<Defer>);
             // Aborted: the serve was cancelled (its watch() ended), not a fault of the FIFO.
             if (ec == asio::error::operation_aborted) throw asio::system_error(ec);
-            if (ec) co_return fmt::format("cannot read {}: {}", made_.path.string(), ec.message());
+            if (ec) co_return detail::format("cannot read {}: {}", made_.path.string(), ec.message());
             for (const auto& line : lines_.add(std::string_view(chunk.data(), n))) take(line);
             // Woken only when the earliest deadline came nearer (a flood of far-off timers costs
             // no wake-ups).
@@ -227,15 +227,15 @@ private:
             try {
                 for (const auto& e : table_.expire(std::chrono::steady_clock::now())) expired_(e);
             } catch (const std::exception& e) {
-                co_return fmt::format("an expiry could not be handled: {}", e.what());
+                co_return detail::format("an expiry could not be handled: {}", e.what());
             }
         }
     }
 
     void take(const detail::agent::fifo_lines::line& line) {
         if (line.overlong) {
-            report(fmt::format("a request longer than {} bytes (FileTimerClient writes at most PIPE_BUF): {}",
-                               detail::agent::fifo_lines::max_line, detail::agent::quoted_excerpt(line.text)));
+            report(detail::format("a request longer than {} bytes (FileTimerClient writes at most PIPE_BUF): {}",
+                                  detail::agent::fifo_lines::max_line, detail::agent::quoted_excerpt(line.text)));
             return;
         }
         auto parsed = parse_file_timer_request(line.text);
@@ -252,13 +252,13 @@ private:
         }
         if (const auto who = sender_(r.pid); who != file_timer_sender::worker) {
             if (who == file_timer_sender::ended_worker || known_.count(r.pid) != 0) {
-                log_->debug(fmt::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
-                                        "running",
-                                        made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
+                log_->debug(detail::format("torch file timer {}: ignored scope '{}' of pid {}, a worker no longer "
+                                           "running",
+                                           made_.path.string(), detail::agent::quoted_excerpt(r.scope), r.pid));
             } else {
-                report(fmt::format("a request for pid {} (scope '{}'), which is none of this node's workers nor "
-                                   "in a worker's process group",
-                                   r.pid, detail::agent::quoted_excerpt(r.scope)));
+                report(detail::format("a request for pid {} (scope '{}'), which is none of this node's workers nor "
+                                      "in a worker's process group",
+                                      r.pid, detail::agent::quoted_excerpt(r.scope)));
             }
             return;
         }
@@ -273,8 +273,8 @@ private:
     void report(const std::string& what) {
         ++reports_;
         if (reports_ <= 20) {
-            log_->warning(fmt::format("torch file timer {}: ignored {}{}", made_.path.string(), what,
-                                      reports_ == 20 ? " (further ignored requests are not logged)" : ""));
+            log_->warning(detail::format("torch file timer {}: ignored {}{}", made_.path.string(), what,
+                                         reports_ == 20 ? " (further ignored requests are not logged)" : ""));
         }
     }
 
@@ -313,7 +313,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_request(std::string_view line) {
     const auto bad = [line](std::string_view why) {
-        return fmt::format("a request that {}: {}", why, detail::agent::quoted_excerpt(line));
+        return detail::format("a request that {}: {}", why, detail::agent::quoted_excerpt(line));
     };
     const auto json = nlohmann::json::parse(line, nullptr, false);
     if (json.is_discarded() || !json.is_object()) return bad("is not a JSON object");
@@ -340,7 +340,7 @@ ELASTIC_DECL std::variant<file_timer_request, std::string> parse_file_timer_requ
     }
     r.expiration_time = expiration->get<double>();
     if (!signal->is_number_integer() || signal->get<long long>() > SIGRTMAX) {
-        return bad(fmt::format("has a signal that is not a signal number (at most {})", SIGRTMAX));
+        return bad(detail::format("has a signal that is not a signal number (at most {})", SIGRTMAX));
     }
     r.signal = static_cast<int>(std::max<long long>(signal->get<long long>(), 0));
     return r;
@@ -356,15 +356,15 @@ ELASTIC_DECL std::optional<std::string> detail::agent::file_timer_table::apply(
     const auto it = timers_.find(key);
     if (it == timers_.end()) {
         if (timers_.size() >= max_timers) {
-            return fmt::format("scope '{}' of pid {}: {} timers are kept already (the most this agent keeps)",
-                               quoted_excerpt(r.scope), r.pid, max_timers);
+            return detail::format("scope '{}' of pid {}: {} timers are kept already (the most this agent keeps)",
+                                  quoted_excerpt(r.scope), r.pid, max_timers);
         }
         const auto first = timers_.lower_bound(std::make_pair(r.pid, std::string()));
         std::size_t of_pid = 0;
         for (auto i = first; i != timers_.end() && i->first.first == r.pid && of_pid < max_per_pid; ++i) ++of_pid;
         if (of_pid >= max_per_pid) {
-            return fmt::format("scope '{}' of pid {}: that pid holds {} timers already (the most one process may)",
-                               quoted_excerpt(r.scope), r.pid, max_per_pid);
+            return detail::format("scope '{}' of pid {}: that pid holds {} timers already (the most one process may)",
+                                  quoted_excerpt(r.scope), r.pid, max_per_pid);
         }
     }
     // What was left when it arrived, capped at a year (a far-off deadline must not overflow).
@@ -461,7 +461,7 @@ ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std
     if (path.empty()) {
         const auto dir = std::filesystem::temp_directory_path();
         for (int attempt = 0;; ++attempt) {
-            f.path = dir / fmt::format("watchdog_timer_{:016x}", detail::random_u64());
+            f.path = dir / detail::format("watchdog_timer_{:016x}", detail::random_u64());
             if (::mkfifo(f.path.c_str(), 0600) == 0) break;
             if (errno != EEXIST || attempt == 8) fail(errno, "cannot make the FIFO " + f.path.string());
         }
@@ -470,16 +470,16 @@ ELASTIC_DECL detail::agent::opened_fifo detail::agent::open_timer_fifo(const std
         struct stat st {};
         if (::lstat(path.c_str(), &st) == 0) {
             if (!S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
-                fail(EEXIST, fmt::format("{} exists and is not a FIFO of this user; remove it, or name another "
-                                         "path in TORCHELASTIC_TIMER_FILE",
-                                         path.string()));
+                fail(EEXIST, detail::format("{} exists and is not a FIFO of this user; remove it, or name another "
+                                            "path in TORCHELASTIC_TIMER_FILE",
+                                            path.string()));
             }
             // A FIFO someone reads is another agent's, live: taking it would end that agent's timers.
             if (const int probe = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW); probe >= 0) {
                 ::close(probe);
-                fail(EBUSY, fmt::format("{} is the FIFO of another agent that serves it now; give each agent its "
-                                        "own TORCHELASTIC_TIMER_FILE",
-                                        path.string()));
+                fail(EBUSY, detail::format("{} is the FIFO of another agent that serves it now; give each agent its "
+                                           "own TORCHELASTIC_TIMER_FILE",
+                                           path.string()));
             }
             ::unlink(path.c_str());  // a stale FIFO, as torchrun replaces it
         }
@@ -522,7 +522,7 @@ ELASTIC_DECL std::string detail::agent::quoted_excerpt(std::string_view text) {
         if (u >= 0x20 && u < 0x7f) {
             out += c;
         } else {
-            out += fmt::format("\\x{:02x}", u);
+            out += detail::format("\\x{:02x}", u);
         }
     }
     if (text.size() > 120) out += "...";

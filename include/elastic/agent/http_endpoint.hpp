@@ -19,7 +19,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -231,9 +231,9 @@ ELASTIC_DECL std::string detail::agent::http_answer(const http_response& r, bool
         case 503: reason = "Service Unavailable"; break;
         default: reason = "Unknown"; break;
     }
-    auto out = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
-                           r.status, reason, r.content_type, r.body.size(),
-                           r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
+    auto out = detail::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
+                              r.status, reason, r.content_type, r.body.size(),
+                              r.status == 405 ? "Allow: GET, HEAD\r\n" : "");
     if (!head_only) out += r.body;
     return out;
 }

@@ -52,7 +52,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -211,9 +211,10 @@ public:
         /// The step must be concluded (unless it is `again`) before the next attempt().
         asio::awaitable<step> attempt() {
             if (open_) {
-                throw agent_error(fmt::format("job::attempt() while attempt {}'s step is not concluded: finish, "
-                                              "decide, follow or interrupted comes first (the agent's loop is wrong)",
-                                              attempts_));
+                throw agent_error(
+                    detail::format("job::attempt() while attempt {}'s step is not concluded: finish, "
+                                   "decide, follow or interrupted comes first (the agent's loop is wrong)",
+                                   attempts_));
             }
             auto s = co_await agent_.attempt_step(rdzv_, signals_);
             s.attempt_id = ++attempts_;
@@ -264,9 +265,9 @@ public:
         // Each attempt is concluded once, by the step its kind names (checked by the agent).
         void conclude(const step& s, std::string_view call) {
             if (!open_ || s.attempt_id != attempts_) {
-                throw agent_error(fmt::format("job::{}() on a step that is not the open one (attempt {} of {}{}): "
-                                              "each attempt is concluded once (the agent's loop is wrong)",
-                                              call, s.attempt_id, attempts_, open_ ? "" : ", none open"));
+                throw agent_error(detail::format("job::{}() on a step that is not the open one (attempt {} of {}{}): "
+                                                 "each attempt is concluded once (the agent's loop is wrong)",
+                                                 call, s.attempt_id, attempts_, open_ ? "" : ", none open"));
             }
             open_ = false;
         }
@@ -359,11 +360,11 @@ private:
             try {
                 file_timers_ = std::make_unique<file_timer_server>(executor_, spec_.file_timer_path);
             } catch (const std::system_error& e) {
-                throw agent_error(fmt::format("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): {}",
-                                              e.what()));
+                throw agent_error(
+                    detail::format("cannot serve torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): {}", e.what()));
             }
-            log_.info(fmt::format("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)",
-                                  file_timers_->path().string()));
+            log_.info(detail::format("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)",
+                                     file_timers_->path().string()));
         }
 
         // Hosts or reaches the job's store, then holds this node's liveness there.
@@ -392,14 +393,14 @@ private:
         try {
             const int code = rounds.take();
             if (j.open_) {
-                throw agent_error(fmt::format("the agent's loop returned {} with attempt {}'s step ({}) not "
-                                              "concluded: finish, decide, follow or interrupted comes first "
-                                              "(the agent's loop is wrong)",
-                                              code, j.attempts_, step::name(j.open_how_)));
+                throw agent_error(detail::format("the agent's loop returned {} with attempt {}'s step ({}) not "
+                                                 "concluded: finish, decide, follow or interrupted comes first "
+                                                 "(the agent's loop is wrong)",
+                                                 code, j.attempts_, step::name(j.open_how_)));
             }
             co_return code;
         } catch (const rendezvous_closed& e) {
-            log_.warning(fmt::format("[{}] {}; exiting 0", spec_.role, e.what()));
+            log_.warning(detail::format("[{}] {}; exiting 0", spec_.role, e.what()));
             co_return 0;
         }
     }
@@ -505,9 +506,10 @@ private:
             remove_run_dir();
             if (left.index() == 1) {
                 const int sig = signals.take();
-                log_.warning(fmt::format("[{}] this node's workers succeeded; {} received while leaving the job (the "
-                                         "rendezvous store hosted here may still serve other nodes): stopping",
-                                         spec_.role, signal_to_string(sig)));
+                log_.warning(
+                    detail::format("[{}] this node's workers succeeded; {} received while leaving the job (the "
+                                   "rendezvous store hosted here may still serve other nodes): stopping",
+                                   spec_.role, signal_to_string(sig)));
                 co_return 128 + sig;
             }
             std::get<0>(left).take();
@@ -518,8 +520,8 @@ private:
             log_membership_restart(rdzv.restart_count());
             co_return std::nullopt;
         }
-        log_.warning(fmt::format("[{}] this node's workers succeeded, but the job's round was aborted: {}", spec_.role,
-                                 describe_abort()));
+        log_.warning(detail::format("[{}] this node's workers succeeded, but the job's round was aborted: {}",
+                                    spec_.role, describe_abort()));
         co_return co_await await_decision(rdzv, signals, s);
     }
 
@@ -536,20 +538,20 @@ private:
         s.failure.before_delay = [&](const restart_decision& d, std::chrono::steady_clock::duration delay) {
             announced = d.reason;
             // Several nodes: the restart this decision makes is the job's next one.
-            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, failed_what(s), d.reason,
-                                     restarting(rdzv.restart_count() + 1, delay)));
+            log_.warning(detail::format("[{}] {}; {}: {}", spec_.role, failed_what(s), d.reason,
+                                        restarting(rdzv.restart_count() + 1, delay)));
         };
         auto decided = co_await (detail::settle(policy(s.failure)) || signals.next());
         s.failure.before_delay = nullptr;
         if (decided.index() == 1) {
             const int sig = signals.take();
             events_.decision_interrupted(rdzv.restart_count(), sig);
-            log_.warning(fmt::format("received {} while deciding on a restart; the workers are stopped already; "
-                                     "exiting with {}",
-                                     signal_to_string(sig), 128 + sig));
+            log_.warning(detail::format("received {} while deciding on a restart; the workers are stopped already; "
+                                        "exiting with {}",
+                                        signal_to_string(sig), 128 + sig));
             // Named: g++ 12 destroys a prvalue argument of a co_awaited call twice.
             const job_decision stop_now{false, 128 + sig,
-                                        fmt::format("the deciding node received {}", signal_to_string(sig))};
+                                        detail::format("the deciding node received {}", signal_to_string(sig))};
             (void)co_await rdzv.decide(stop_now);  // this node exits on the signal whatever stands
             co_return 128 + sig;
         }
@@ -602,9 +604,9 @@ private:
                                                  bool announced = false) {
         const auto what = failed_what(s);
         if (decision.regroup) {
-            log_.warning(fmt::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
-                                     "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                     spec_.role, what, decision.reason, rdzv.restart_count()));
+            log_.warning(detail::format("[{}] {}; {}: restarting every node's worker group (a membership restart: "
+                                        "TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                        spec_.role, what, decision.reason, rdzv.restart_count()));
             ++status_.restarts_total;
             co_return std::nullopt;
         }
@@ -614,14 +616,14 @@ private:
                 ++status_.restarts_total;
                 co_return std::nullopt;
             }
-            log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                                     restarting(rdzv.restart_count())));
+            log_.warning(detail::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                        restarting(rdzv.restart_count())));
             events_.restart(rdzv.restart_count());
             ++status_.restarts_total;
             co_return std::nullopt;
         }
-        log_.warning(fmt::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
-                                 several_ ? "stopping the job" : "stopping"));
+        log_.warning(detail::format("[{}] {}; {}: {}", spec_.role, what, decision.reason,
+                                    several_ ? "stopping the job" : "stopping"));
         if (s.own_failure) (void)finish_failed(s.failure);
         co_await rdzv.leave();
         co_return decision.exit_code;
@@ -632,29 +634,29 @@ private:
     std::string restarting(int job_restart, std::optional<std::chrono::steady_clock::duration> delay = {}) const {
         std::string out = several_ ? "restarting every node's worker group" : "restarting the worker group";
         if (delay) out += " in " + duration_words(*delay);
-        if (several_) out += fmt::format(" (job-wide restart {})", job_restart);
+        if (several_) out += detail::format(" (job-wide restart {})", job_restart);
         return out;
     }
 
     /// A job<R> step called on a step of another kind: the caller's loop is wrong.
     static void expect(const step& s, typename step::kind want, std::string_view call) {
         if (s.how == want) return;
-        throw agent_error(fmt::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
-                                      call, step::name(want), step::name(s.how)));
+        throw agent_error(detail::format("job::{}() is for a step that {}, and this one {}: the agent's loop is wrong",
+                                         call, step::name(want), step::name(s.how)));
     }
 
     /// What ended the round, for the restart or stop line: one node names its first failure;
     /// several name the node that reported (or this node's workers).
     std::string failed_what(const step& s) const {
-        if (!several_) return fmt::format("worker group failed ({})", headline(s.failure));
+        if (!several_) return detail::format("worker group failed ({})", headline(s.failure));
         return last_abort_ ? describe_abort() : std::string("this node's workers failed");
     }
 
     std::string headline(const group_failure& failure) const {
         const auto* root = failure.root_cause();
         if (root == nullptr) return "no worker failed on its own";
-        if (root->hang) return fmt::format("local_rank {} {}", root->local_rank, root->hang->headline());
-        return fmt::format("local_rank {} {}", root->local_rank, root->status.describe());
+        if (root->hang) return detail::format("local_rank {} {}", root->local_rank, root->hang->headline());
+        return detail::format("local_rank {} {}", root->local_rank, root->status.describe());
     }
 
     /// A Python worker that failed on a missing module most often ran under another Python than
@@ -670,11 +672,11 @@ private:
                 if (at == std::string::npos) continue;
                 const auto python_exec = env_.find("PYTHON_EXEC");
                 const bool chosen = python_exec != env_.end() && !python_exec->second.empty();
-                return fmt::format("the workers ran with {} ({}) and it has no module {}: set PYTHON_EXEC to the "
-                                   "Python that has it (such as /usr/bin/python3 for Debian's packages)",
-                                   command_.path,
-                                   chosen ? "PYTHON_EXEC" : "PYTHON_EXEC unset: the first python3 on PATH",
-                                   line.substr(at + marker.size()));
+                return detail::format("the workers ran with {} ({}) and it has no module {}: set PYTHON_EXEC to the "
+                                      "Python that has it (such as /usr/bin/python3 for Debian's packages)",
+                                      command_.path,
+                                      chosen ? "PYTHON_EXEC" : "PYTHON_EXEC unset: the first python3 on PATH",
+                                      line.substr(at + marker.size()));
             }
         }
         return std::nullopt;
@@ -703,19 +705,20 @@ private:
         if (incomplete_logs_.empty()) return;
         std::string lines;
         for (const auto& line : incomplete_logs_) lines += "\n  " + line;
-        log_.error(fmt::format("{} of this node's log files {} incomplete (writes to them failed; the exit code is "
-                               "the workers' all the same):{}",
-                               incomplete_logs_.size(), incomplete_logs_.size() == 1 ? "is" : "are", lines));
+        log_.error(detail::format("{} of this node's log files {} incomplete (writes to them failed; the exit code is "
+                                  "the workers' all the same):{}",
+                                  incomplete_logs_.size(), incomplete_logs_.size() == 1 ? "is" : "are", lines));
     }
 
     void log_barrier_timeout(const barrier_result& result) {
         std::string missing;
         for (std::size_t i = 0; i < result.missing.size(); ++i) {
-            missing += fmt::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i], result.missing_hosts[i]);
+            missing += detail::format("{}group_rank {} ({})", i ? ", " : "", result.missing[i],
+                                      result.missing_hosts[i]);
         }
-        log_.error(fmt::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
-                               "(--rdzv-conf exit_barrier_timeout); exiting anyway",
-                               missing, detail::seconds_text(exit_barrier_timeout())));
+        log_.error(detail::format("exit barrier: this node's workers succeeded, but {} did not finish within {} s "
+                                  "(--rdzv-conf exit_barrier_timeout); exiting anyway",
+                                  missing, detail::seconds_text(exit_barrier_timeout())));
     }
 
     /// After a success: the temporary tree goes (torchrun leaks it) unless it holds logs the
@@ -733,7 +736,7 @@ private:
         const bool first = logs_->run_dir().empty();
         auto dir = logs_->make_attempt(attempt, spec_.nproc_per_node);
         if (first && !logs_->run_dir().empty())
-            log_.info(fmt::format("log directory set to: {}", logs_->run_dir().string()));
+            log_.info(detail::format("log directory set to: {}", logs_->run_dir().string()));
         return dir;
     }
 
@@ -751,7 +754,7 @@ private:
         store_server_options options;
         options.host = store_.bind_host;
         options.port = store_.port;
-        options.log = [this](std::string_view line) { log_.warning(fmt::format("store: {}", line)); };
+        options.log = [this](std::string_view line) { log_.warning(detail::format("store: {}", line)); };
         options.on_request = [count = store_requests_](wire::op) { count->fetch_add(1, std::memory_order_relaxed); };
         // Every node's agent and workers, in the largest round: two connections per worker (a
         // PyTorch 1.13 TCPStore opens a second one for watch_key), and at least eight workers
@@ -774,7 +777,7 @@ private:
             server = std::make_unique<tcp_store_server>(executor_, std::move(options));
             server->start();
         } catch (const store_error& e) {
-            throw agent_error(fmt::format("cannot host the workers' store: {}", e.what()));
+            throw agent_error(detail::format("cannot host the workers' store: {}", e.what()));
         }
         master_port_ = server->port();
         round_store_.reset();
@@ -793,7 +796,7 @@ private:
         status_.group_world_size = round_->group_world_size;
         status_.world_size = round_->world_size;
         status_.restarts = restarts;
-        status_.store = fmt::format("{}:{}", store_.master_addr, master_port_);
+        status_.store = detail::format("{}:{}", store_.master_addr, master_port_);
         status_changed_.notify();
         events_.rendezvous_done(restarts, node_worker(0, n), store_.master_addr, master_port_);
         auto& server_ref = *server;
@@ -826,8 +829,8 @@ private:
         // The first failure, the end of every worker, another node's abort, or a signal.
         attempt_outcome outcome;
         std::optional<std::size_t> first_failure;
-        log_.info(fmt::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
-                              store_.master_addr, master_port_));
+        log_.info(detail::format("[{}] started {} workers (attempt {}; store at {}:{})", spec_.role, n, restarts,
+                                 store_.master_addr, master_port_));
         if (host_.empty()) host_ = host_fqdn();  // once, while the workers run (it may ask DNS)
         // Settled: `||` waits for one side to succeed, so a supervision error must not wait for a
         // signal; it is rethrown here (the group, dropped, kills what still runs).
@@ -889,10 +892,10 @@ private:
 
     asio::awaitable<void> stop_on_signal(worker_group& group, int sig) {
         events_.received_signal(sig);
-        log_.warning(fmt::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
-                                 signal_to_string(sig), detail::seconds_text(spec_.shutdown_timeout)));
+        log_.warning(detail::format("received {}: forwarding it to the worker group (grace {} s, then SIGKILL)",
+                                    signal_to_string(sig), detail::seconds_text(spec_.shutdown_timeout)));
         (void)co_await group.stop(sig);
-        log_.warning(fmt::format("worker group stopped; exiting with {}", 128 + sig));
+        log_.warning(detail::format("worker group stopped; exiting with {}", 128 + sig));
     }
 
     // ---- the rendezvous (docs/rendezvous.md; include/elastic/rendezvous/) ----
@@ -941,7 +944,7 @@ private:
         } catch (const store_lost_error& e) {
             return std::string(e.what());
         } catch (const store_error& e) {
-            return fmt::format("lost the rendezvous store: {}", e.what());
+            return detail::format("lost the rendezvous store: {}", e.what());
         } catch (...) {
         }
         return std::nullopt;
@@ -954,7 +957,7 @@ private:
     asio::awaitable<void> recover(R& rdzv, std::string why) {
         const auto me = this_node();
         const auto done = co_await rdzv.recover(std::move(why), me);
-        log_.warning(fmt::format("[{}] {}", spec_.role, done));
+        log_.warning(detail::format("[{}] {}", spec_.role, done));
     }
 
     [[nodiscard]] bool membership_changed() const {
@@ -962,15 +965,15 @@ private:
     }
 
     void log_membership_restart(int restarts) {
-        log_.warning(fmt::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
-                                 "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
-                                 spec_.role, last_abort_ ? last_abort_->reason : std::string("?"), restarts));
+        log_.warning(detail::format("[{}] membership changed: {}; restarting every node's worker group (a membership "
+                                    "restart: TORCHELASTIC_RESTART_COUNT stays {}, --max-restarts is not spent)",
+                                    spec_.role, last_abort_ ? last_abort_->reason : std::string("?"), restarts));
     }
 
     std::string describe_abort() const {
         if (!last_abort_) return "the round was aborted";
-        return fmt::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
-                           last_abort_->reason);
+        return detail::format("group_rank {} ({}) reported: {}", last_abort_->group_rank, last_abort_->host,
+                              last_abort_->reason);
     }
 
     /// Lets the round's members connect to this node's workers' store: each peer an address
@@ -989,10 +992,10 @@ private:
             asio::ip::tcp::resolver resolver(executor_);
             auto [error, found] = co_await resolver.async_resolve(peer, "", detail::as_tuple_awaitable<Defer>);
             if (error) {
-                log_.warning(fmt::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
-                                         "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
-                                         "every peer)",
-                                         spec_.role, peer, error.message()));
+                log_.warning(detail::format("[{}] cannot resolve member '{}' for the workers' store's allow-list ({}); "
+                                            "its workers may be refused (--rdzv-conf workers_store_peers=any admits "
+                                            "every peer)",
+                                            spec_.role, peer, error.message()));
                 continue;
             }
             for (const auto& entry : found) list.allow(entry.endpoint().address());
@@ -1022,7 +1025,7 @@ private:
         const int role_size = round_->role_size();
         if (static_cast<long long>(round_->rank_base) + spec_.nproc_per_node > round_->world_size ||
             static_cast<long long>(role_base) + spec_.nproc_per_node > role_size || role_size > round_->world_size) {
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "rendezvous round {}: the assignment gives this node's {} workers ranks {}.. of {} and role ranks "
                 "{}.. of {}, beyond the round: a client that is no agent of this job writes into the rendezvous "
                 "store; give the job a store of its own",
@@ -1034,9 +1037,10 @@ private:
         if (round_->group_rank != 0) server.stop();
         if (round_->group_rank == 0 && workers_peers_) co_await allow_peers(*workers_peers_, round_->peers);
         if (several_) {
-            log_.info(fmt::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
-                                  spec_.role, round_->number, round_->group_rank, round_->group_world_size,
-                                  round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1, round_->world_size));
+            log_.info(detail::format("[{}] rendezvous round {} complete: group_rank {} of {}, ranks {}..{} of {}",
+                                     spec_.role, round_->number, round_->group_rank, round_->group_world_size,
+                                     round_->rank_base, round_->rank_base + spec_.nproc_per_node - 1,
+                                     round_->world_size));
         }
         co_return std::nullopt;
     }
@@ -1083,7 +1087,7 @@ private:
         } catch (const store_error& e) {
             why = e.what();
         }
-        co_return detail::agent::store_lost{fmt::format("lost the rendezvous store while the workers ran: {}", why)};
+        co_return detail::agent::store_lost{detail::format("lost the rendezvous store while the workers ran: {}", why)};
     }
 
     /// A local worker failed: abort the round for every node (first reporter wins).
@@ -1092,7 +1096,7 @@ private:
         abort_notice notice;
         notice.group_rank = round_ ? round_->group_rank : -1;
         notice.host = host_;
-        notice.reason = fmt::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, what);
+        notice.reason = detail::format("local_rank {} (rank {}) {}", a.local_rank, a.global_rank, what);
         abort_won_ = co_await rdzv.abort(notice);
         // Lost: another node reported first (its notice is there already); this one follows.
         if (abort_won_) {
@@ -1112,17 +1116,18 @@ private:
         try {
             if (params_.nnodes.min < params_.nnodes.max) {
                 abort_notice notice{round_->group_rank, host_,
-                                    fmt::format("node {} (pid {}) left: its agent received {}", host_,
-                                                static_cast<long>(::getpid()), signal_to_string(sig))};
+                                    detail::format("node {} (pid {}) left: its agent received {}", host_,
+                                                   static_cast<long>(::getpid()), signal_to_string(sig))};
                 notice.what = abort_notice::kind::membership;
                 (void)co_await rdzv.abort(notice);
                 co_return;
             }
-            abort_notice notice{round_->group_rank, host_, fmt::format("its agent received {}", signal_to_string(sig))};
+            abort_notice notice{round_->group_rank, host_,
+                                detail::format("its agent received {}", signal_to_string(sig))};
             if (co_await rdzv.abort(notice)) {
                 const job_decision stop_now{false, 128 + sig,
-                                            fmt::format("group_rank {} ({}) received {}", round_->group_rank, host_,
-                                                        signal_to_string(sig))};
+                                            detail::format("group_rank {} ({}) received {}", round_->group_rank, host_,
+                                                           signal_to_string(sig))};
                 (void)co_await rdzv.decide(stop_now);
             }
         } catch (const store_error&) {
@@ -1137,8 +1142,8 @@ private:
         status_.role = spec_.role;
         status_.pid = static_cast<long>(::getpid());
         status_.host = host_name();
-        status_.node = several_ ? fmt::format("{}:{}", node_host(), status_.pid)
-                                : fmt::format("{}:{}", status_.host, status_.pid);
+        status_.node = several_ ? detail::format("{}:{}", node_host(), status_.pid)
+                                : detail::format("{}:{}", status_.host, status_.pid);
         status_.max_restarts = spec_.max_restarts;
         status_.started_ms = detail::agent::unix_ms();
         status_.start_ticks = detail::agent::process_start_ticks(status_.pid);
@@ -1146,7 +1151,7 @@ private:
             try {
                 status_file_ = std::make_unique<detail::agent::status_file>(status_.pid);
             } catch (const std::exception& e) {
-                log_.warning(fmt::format("no status file for `elasticrun status`: {}", e.what()));
+                log_.warning(detail::format("no status file for `elasticrun status`: {}", e.what()));
             }
         }
         const auto open = [this](std::unique_ptr<http_endpoint>& endpoint, const std::string& host, std::uint16_t port,
@@ -1160,12 +1165,12 @@ private:
             try {
                 open(metrics_, shown_.metrics_host, *shown_.metrics_port, false);
             } catch (const std::system_error& e) {
-                throw usage_error{fmt::format("--metrics-port: cannot listen on {}:{}: {}; choose another port",
-                                              shown_.metrics_host, *shown_.metrics_port, e.code().message())};
+                throw usage_error{detail::format("--metrics-port: cannot listen on {}:{}: {}; choose another port",
+                                                 shown_.metrics_host, *shown_.metrics_port, e.code().message())};
             }
             // Port 0 asked for any port: the one taken must be seen whatever the log level.
-            const auto line = fmt::format("--metrics-port: serving /metrics, /status and /health on {}:{}",
-                                          shown_.metrics_host, metrics_->port());
+            const auto line = detail::format("--metrics-port: serving /metrics, /status and /health on {}:{}",
+                                             shown_.metrics_host, metrics_->port());
             if (*shown_.metrics_port == 0) {
                 log_.warning(line);
             } else {
@@ -1177,11 +1182,11 @@ private:
             // costs this one its health check, not its job.
             try {
                 open(health_, "0.0.0.0", *shown_.health_check_port, true);
-                log_.info(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT: serving on 0.0.0.0:{}", health_->port()));
+                log_.info(detail::format("TORCHELASTIC_HEALTH_CHECK_PORT: serving on 0.0.0.0:{}", health_->port()));
             } catch (const std::system_error& e) {
-                log_.warning(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: cannot listen there ({}); this agent "
-                                         "answers no health check",
-                                         *shown_.health_check_port, e.code().message()));
+                log_.warning(detail::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: cannot listen there ({}); this agent "
+                                            "answers no health check",
+                                            *shown_.health_check_port, e.code().message()));
             }
         }
     }
@@ -1242,13 +1247,13 @@ private:
                     paced.forget();
                     if (e.code() == asio::error::operation_aborted) throw;  // cancelled: the agent ends
                     if (!told)
-                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                        log_.info(detail::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
                 } catch (const std::exception& e) {
                     paced.forget();
                     // Any failure costs the published status only (never the job): said once.
                     if (!told)
-                        log_.info(fmt::format("cannot publish this node's status in the job's store: {}", e.what()));
+                        log_.info(detail::format("cannot publish this node's status in the job's store: {}", e.what()));
                     told = true;
                 }
             }
@@ -1275,7 +1280,7 @@ private:
                     warned = false;
                 } catch (const std::exception& e) {
                     paced.forget();
-                    if (!warned) log_.warning(fmt::format("cannot write the status file: {}", e.what()));
+                    if (!warned) log_.warning(detail::format("cannot write the status file: {}", e.what()));
                     warned = true;
                 }
             }
@@ -1306,7 +1311,7 @@ private:
     http_response answer(std::string_view path, bool health_only) {
         const auto& s = refresh_status();
         if (health_only || path == "/health") {
-            return {200, "application/json", fmt::format("{{\"status\": \"ok\", \"state\": \"{}\"}}\n", s.state)};
+            return {200, "application/json", detail::format("{{\"status\": \"ok\", \"state\": \"{}\"}}\n", s.state)};
         }
         if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", prometheus_text(s)};
         if (path == "/status") return {200, "application/json", status_json(s) + "\n"};

@@ -9,7 +9,7 @@
 #include "elastic/process/sys.hpp"
 #include "elastic/usage_error.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -164,8 +164,8 @@ namespace elastic::inline v0 {
                                                          int local_rank, int rank) {
     const auto value = [&](std::string_view name) -> std::optional<std::string> {
         if (name == "role_name") return std::string(role_name);
-        if (name == "local_rank") return fmt::format("{}", local_rank);
-        if (name == "rank") return fmt::format("{}", rank);
+        if (name == "local_rank") return detail::format("{}", local_rank);
+        if (name == "rank") return detail::format("{}", rank);
         return std::nullopt;
     };
     // Python's identifier pattern for templates: [_a-z][_a-z0-9]* without regard to case.
@@ -229,11 +229,11 @@ ELASTIC_DECL std::string temp_base(const environment& env) {
 }
 
 ELASTIC_DECL std::filesystem::path make_temp_dir(const std::filesystem::path& parent, std::string_view prefix) {
-    std::string pattern = (parent / fmt::format("{}XXXXXX", prefix)).string();
+    std::string pattern = (parent / detail::format("{}XXXXXX", prefix)).string();
     if (::mkdtemp(pattern.data()) == nullptr) {
-        throw log_error(fmt::format("cannot create a directory like {}: {} (set {} to a writable directory)", pattern,
-                                    std::generic_category().message(errno),
-                                    prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
+        throw log_error(detail::format("cannot create a directory like {}: {} (set {} to a writable directory)",
+                                       pattern, std::generic_category().message(errno),
+                                       prefix == "torchelastic_" ? "TMPDIR" : "--log-dir"));
     }
     return pattern;
 }
@@ -246,7 +246,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL detail::process::owned_fd open_log_file(const std::filesystem::path& path) {
     detail::process::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
     if (!fd) {
-        throw log_error(fmt::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
+        throw log_error(detail::format("cannot open {}: {}", path.string(), std::generic_category().message(errno)));
     }
     return fd;
 }
@@ -262,8 +262,8 @@ ELASTIC_DECL std::filesystem::path log_tree::make_attempt(int attempt, int local
             std::error_code ec;
             std::filesystem::create_directories(*log_dir_, ec);
             if (ec || !std::filesystem::is_directory(*log_dir_)) {
-                throw log_error(fmt::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
-                                            ec ? ec.message() : std::string("not a directory")));
+                throw log_error(detail::format("--log-dir={}: cannot create the directory: {}", log_dir_->string(),
+                                               ec ? ec.message() : std::string("not a directory")));
             }
             base_ = *log_dir_;
         } else {
@@ -271,20 +271,21 @@ ELASTIC_DECL std::filesystem::path log_tree::make_attempt(int attempt, int local
         }
         run_dir_ = detail::agent::make_temp_dir(base_, run_id_ + "_");
     }
-    const auto name = fmt::format("attempt_{}", attempt);
+    const auto name = detail::format("attempt_{}", attempt);
     std::filesystem::path dir = run_dir_ / name;
     // mkdir(2) is the test and the claim at once: an existing directory is never reused.
     for (int k = 1; ::mkdir(dir.c_str(), 0777) != 0; ++k) {
         if (errno != EEXIST) {
-            throw log_error(fmt::format("cannot create {}: {}", dir.string(), std::generic_category().message(errno)));
+            throw log_error(detail::format("cannot create {}: {}", dir.string(),
+                                           std::generic_category().message(errno)));
         }
-        dir = run_dir_ / fmt::format("{}.{}", name, k);
+        dir = run_dir_ / detail::format("{}.{}", name, k);
     }
     for (int i = 0; i < local_world_size; ++i) {
-        const auto rank_dir = dir / fmt::format("{}", i);
+        const auto rank_dir = dir / detail::format("{}", i);
         if (::mkdir(rank_dir.c_str(), 0777) != 0) {
-            throw log_error(fmt::format("cannot create {}: {}", rank_dir.string(),
-                                        std::generic_category().message(errno)));
+            throw log_error(detail::format("cannot create {}: {}", rank_dir.string(),
+                                           std::generic_category().message(errno)));
         }
     }
     return dir;

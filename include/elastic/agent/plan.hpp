@@ -10,7 +10,7 @@
 #include "elastic/rendezvous/tcp_rendezvous.hpp"
 #include "elastic/usage_error.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -76,46 +76,46 @@ ELASTIC_DECL store_plan plan_store(const rendezvous_parameters& c) {
 }
 
 ELASTIC_DECL std::string nnodes_text(const node_range& n) {
-    return n.min == n.max ? fmt::format("{}", n.min) : fmt::format("{}:{}", n.min, n.max);
+    return n.min == n.max ? detail::format("{}", n.min) : detail::format("{}:{}", n.min, n.max);
 }
 
 ELASTIC_DECL void check_supported(const rendezvous_parameters& c) {
     if (c.nnodes.min != c.nnodes.max && c.backend == rendezvous_backend::static_) {
-        throw usage_error{fmt::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
-                                      "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
-                                      nnodes_text(c.nnodes), c.nnodes.max)};
+        throw usage_error{detail::format("--nnodes={} with --rdzv-backend=static: the static rendezvous has fixed "
+                                         "membership; use --rdzv-backend=c10d for MIN < MAX, or --nnodes={}",
+                                         nnodes_text(c.nnodes), c.nnodes.max)};
     }
     if (c.backend == rendezvous_backend::c10d && c.settings.is_host && !*c.settings.is_host &&
         c.endpoint.port.value_or(0) == 0) {
-        throw usage_error{fmt::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
-                                      "join; give the port the hosting agent listens on",
-                                      to_string(c.endpoint))};
+        throw usage_error{detail::format("--rdzv-endpoint={} with --rdzv-conf is_host=false: port 0 names no store to "
+                                         "join; give the port the hosting agent listens on",
+                                         to_string(c.endpoint))};
     }
     if (c.run_id.empty()) {
         throw usage_error{"--rdzv-id: must not be empty (it names the job in the rendezvous store)"};
     }
     if (c.backend == rendezvous_backend::etcd_v3 && c.run_id.find('/') != std::string::npos) {
         // A job's keys are deleted by prefix in etcd when it ends: "team" would take "team/x"'s.
-        throw usage_error{fmt::format("--rdzv-id={}: with etcd-v3 the id must not hold '/' (a job's keys are a "
-                                      "prefix of etcd's, cleared when it ends, and would hold another job's)",
-                                      c.run_id)};
+        throw usage_error{detail::format("--rdzv-id={}: with etcd-v3 the id must not hold '/' (a job's keys are a "
+                                         "prefix of etcd's, cleared when it ends, and would hold another job's)",
+                                         c.run_id)};
     }
-    if (fmt::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
+    if (detail::format("/{}/", c.run_id).find("/__lease__/") != std::string::npos) {
         // The store keeps leases under <group>/__lease__/: an id with such a segment would put
         // the job's own keys where the store reads lease names.
-        throw usage_error{fmt::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
-                                      "store's leases; choose an id without one",
-                                      c.run_id)};
+        throw usage_error{detail::format("--rdzv-id={}: a path segment '__lease__' is reserved for the rendezvous "
+                                         "store's leases; choose an id without one",
+                                         c.run_id)};
     }
 }
 
 ELASTIC_DECL void check_spec(const worker_spec& w) {
     if (w.nproc_per_node < 1) {
-        throw usage_error{fmt::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
+        throw usage_error{detail::format("worker_spec.nproc_per_node={}: must be 1 or more", w.nproc_per_node)};
     }
     if (w.shutdown_timeout < std::chrono::milliseconds::zero()) {
         throw usage_error{
-            fmt::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
+            detail::format("worker_spec.shutdown_timeout={} ms: must be 0 or more", w.shutdown_timeout.count())};
     }
 }
 

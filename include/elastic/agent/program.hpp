@@ -8,7 +8,7 @@
 #include "elastic/detail/text.hpp"
 #include "elastic/usage_error.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,7 +83,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL std::string substitute_local_rank(std::string_view arg, int local_rank) {
     const auto id_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || c == '_'; };
     const auto id_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
-    const auto value = fmt::format("{}", local_rank);
+    const auto value = detail::format("{}", local_rank);
     std::string out;
     out.reserve(arg.size());
     std::size_t i = 0;
@@ -137,15 +137,16 @@ ELASTIC_DECL std::vector<std::string> worker_command::argv_for(int local_rank) c
 [[nodiscard]] ELASTIC_DECL std::string find_executable(std::string_view name, const environment& env,
                                                        std::string_view role) {
     if (name.empty()) {
-        throw usage_error{fmt::format("{}: the name is empty", role)};
+        throw usage_error{detail::format("{}: the name is empty", role)};
     }
     const auto describe = [&](detail::file_check check, std::string_view path) {
         switch (check) {
-            case detail::file_check::missing: return fmt::format("{} {} does not exist", role, path);
-            case detail::file_check::directory: return fmt::format("{} {} is a directory, not a program", role, path);
+            case detail::file_check::missing: return detail::format("{} {} does not exist", role, path);
+            case detail::file_check::directory:
+                return detail::format("{} {} is a directory, not a program", role, path);
             default:
-                return fmt::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
-                                   role, path);
+                return detail::format("{} {} is not executable (chmod +x it, or run a script through its interpreter)",
+                                      role, path);
         }
     };
     if (name.find('/') != std::string_view::npos) {
@@ -163,7 +164,7 @@ ELASTIC_DECL std::vector<std::string> worker_command::argv_for(int local_rank) c
     if (!first_not_executable.empty()) {
         throw usage_error{describe(detail::file_check::not_executable, first_not_executable)};
     }
-    throw usage_error{fmt::format("{} {} not found on PATH ({})", role, name, search)};
+    throw usage_error{detail::format("{} {} not found on PATH ({})", role, name, search)};
 }
 
 [[nodiscard]] ELASTIC_DECL program_kind effective_kind(const worker_program& program) {
@@ -212,13 +213,13 @@ namespace elastic::inline v0 {
         case program_kind::python_script: {
             const auto check = detail::check_file(program.target, R_OK);
             if (check == detail::file_check::missing) {
-                throw usage_error{fmt::format("script {} does not exist", program.target)};
+                throw usage_error{detail::format("script {} does not exist", program.target)};
             }
             if (check == detail::file_check::directory) {
-                throw usage_error{fmt::format("script {} is a directory, not a script", program.target)};
+                throw usage_error{detail::format("script {} is a directory, not a script", program.target)};
             }
             if (check != detail::file_check::ok) {
-                throw usage_error{fmt::format("script {} is not readable", program.target)};
+                throw usage_error{detail::format("script {} is not readable", program.target)};
             }
             command.path = find_executable(program.python, env, "PYTHON_EXEC");
             command.argv = {program.python, "-u", program.target};
@@ -227,8 +228,8 @@ namespace elastic::inline v0 {
         case program_kind::python_module:
             if (!detail::agent::valid_module_name(program.target)) {
                 throw usage_error{
-                    fmt::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
-                                program.target)};
+                    detail::format("-m {}: not a Python module name (want dotted identifiers such as pkg.train)",
+                                   program.target)};
             }
             command.path = find_executable(program.python, env, "PYTHON_EXEC");
             command.argv = {program.python, "-u", "-m", program.target};

@@ -181,7 +181,7 @@ private:
 
 #if ELASTIC_DETAIL_BODIES
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -297,11 +297,11 @@ namespace detail::agent {
 /// "3.2s", "45s", "12m05s", "2h03m": an age for the table.
 inline std::string age_text(double seconds) {
     if (seconds < 0) seconds = 0;
-    if (seconds < 10) return fmt::format("{:.1f}s", seconds);
+    if (seconds < 10) return detail::format("{:.1f}s", seconds);
     const auto s = static_cast<long long>(seconds);
-    if (s < 60) return fmt::format("{}s", s);
-    if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-    return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+    if (s < 60) return detail::format("{}s", s);
+    if (s < 3600) return detail::format("{}m{:02}s", s / 60, s % 60);
+    return detail::format("{}h{:02}m", s / 3600, s % 3600 / 60);
 }
 
 /// A Prometheus label value: valid UTF-8, backslash, double quote and newline escaped.
@@ -342,22 +342,23 @@ ELASTIC_DECL std::string status_table(const std::vector<agent_status>& raw, std:
     std::string out;
     for (const auto& a : agents) {
         if (!out.empty()) out += "\n";
-        out += fmt::format("run {}  node {} (pid {}, host {})  {}", a.run_id, a.node, a.pid, a.host, a.state);
+        out += detail::format("run {}  node {} (pid {}, host {})  {}", a.run_id, a.node, a.pid, a.host, a.state);
         if (a.round >= 0) {
-            out += fmt::format("  round {}: node {} of {}, world {}", a.round, a.group_rank, a.group_world_size,
-                               a.world_size);
+            out += detail::format("  round {}: node {} of {}, world {}", a.round, a.group_rank, a.group_world_size,
+                                  a.world_size);
         }
-        out += fmt::format("  restarts {}/{}", a.restarts, a.max_restarts);
-        out += fmt::format("  (as of {} ago)\n",
-                           detail::agent::age_text(static_cast<double>(now_ms - a.updated_ms) / 1000.0));
+        out += detail::format("  restarts {}/{}", a.restarts, a.max_restarts);
+        out += detail::format("  (as of {} ago)\n",
+                              detail::agent::age_text(static_cast<double>(now_ms - a.updated_ms) / 1000.0));
         if (a.ranks.empty()) continue;
-        out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", "local", "rank", "pid", "state",
-                           "heartbeat", "progress", "section");
+        out += detail::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", "local", "rank", "pid", "state",
+                              "heartbeat", "progress", "section");
         for (const auto& r : a.ranks) {
-            const auto state = r.ended.empty() ? r.state : fmt::format("{} ({})", r.state, r.ended);
-            out += fmt::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", r.local_rank, r.global_rank, r.pid,
-                               state, r.heartbeat_age ? detail::agent::age_text(*r.heartbeat_age) + " ago" : "-",
-                               r.progress ? fmt::format("{}", *r.progress) : "-", r.section.empty() ? "-" : r.section);
+            const auto state = r.ended.empty() ? r.state : detail::format("{} ({})", r.state, r.ended);
+            out += detail::format("  {:>5} {:>5} {:>8}  {:<10} {:>9} {:>10}  {}\n", r.local_rank, r.global_rank, r.pid,
+                                  state, r.heartbeat_age ? detail::agent::age_text(*r.heartbeat_age) + " ago" : "-",
+                                  r.progress ? detail::format("{}", *r.progress) : "-",
+                                  r.section.empty() ? "-" : r.section);
         }
     }
     return out;
@@ -366,14 +367,14 @@ ELASTIC_DECL std::string status_table(const std::vector<agent_status>& raw, std:
 ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
     using detail::agent::label;
     std::string out;
-    const auto agent_labels = fmt::format("run_id=\"{}\",node=\"{}\",role=\"{}\"", label(s.run_id), label(s.node),
-                                          label(s.role));
+    const auto agent_labels = detail::format("run_id=\"{}\",node=\"{}\",role=\"{}\"", label(s.run_id), label(s.node),
+                                             label(s.role));
     const auto family = [&out](std::string_view name, std::string_view type, std::string_view help) {
-        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+        out += detail::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
     };
     family("elastic_agent_info", "gauge", "The agent: its job, node, role and state (always 1).");
-    out += fmt::format("elastic_agent_info{{{},state=\"{}\",host=\"{}\"}} 1\n", agent_labels, label(s.state),
-                       label(s.host));
+    out += detail::format("elastic_agent_info{{{},state=\"{}\",host=\"{}\"}} 1\n", agent_labels, label(s.state),
+                          label(s.host));
     struct one {
         std::string_view name;
         std::string_view type;
@@ -397,14 +398,14 @@ ELASTIC_DECL std::string prometheus_text(const agent_status& s) {
     };
     for (const auto& m : agent_metrics) {
         family(m.name, m.type, m.help);
-        out += fmt::format("{}{{{}}} {}\n", m.name, agent_labels, m.value);
+        out += detail::format("{}{{{}}} {}\n", m.name, agent_labels, m.value);
     }
     const auto per_rank = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
         family(name, type, help);
         for (const auto& r : s.ranks) {
             if (const auto v = value(r)) {
-                out += fmt::format("{}{{{},local_rank=\"{}\",rank=\"{}\"}} {}\n", name, agent_labels, r.local_rank,
-                                   r.global_rank, *v);
+                out += detail::format("{}{{{},local_rank=\"{}\",rank=\"{}\"}} {}\n", name, agent_labels, r.local_rank,
+                                      r.global_rank, *v);
             }
         }
     };
@@ -439,7 +440,7 @@ inline long status_file_pid(std::string_view name, bool tmp = false) {
 inline bool process_gone(long pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0; }
 
 ELASTIC_DECL std::uint64_t process_start_ticks(long pid) {
-    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::ifstream stat(detail::format("/proc/{}/stat", pid));
     std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
     const auto close = text.rfind(')');  // the command name may hold spaces, parentheses, newlines
     if (close == std::string::npos || close + 2 > text.size()) return 0;
@@ -462,7 +463,7 @@ inline bool pid_reused(const agent_status& s) {
 }  // namespace detail::agent
 
 ELASTIC_DECL detail::agent::status_file::status_file(long pid)
-    : dir_(status_directory()), name_(fmt::format("{}.json", pid)) {
+    : dir_(status_directory()), name_(detail::format("{}.json", pid)) {
     open_directory();
     // Files of agents that died without removing theirs (SIGKILL), and their leftovers: a
     // random sample of the others' files is checked, so that each of a thousand agents starting
@@ -497,7 +498,7 @@ ELASTIC_DECL detail::agent::status_file::status_file(long pid)
     for (const auto& name : sample) {
         const long other = status_file_pid(name, true);
         if (!process_gone(other)) continue;
-        const auto file = fmt::format("{}.json", other);  // both of a dead agent's files
+        const auto file = detail::format("{}.json", other);  // both of a dead agent's files
         ::unlinkat(fd_, file.c_str(), 0);
         ::unlinkat(fd_, (file + ".tmp").c_str(), 0);
     }
@@ -511,7 +512,7 @@ ELASTIC_DECL void detail::agent::status_file::open_directory() {
         fd = detail::open_private_directory(dir_, true, why);
         if (fd < 0 && !why.empty()) break;
     }
-    if (fd < 0) throw std::runtime_error(why.empty() ? fmt::format("cannot open {}", dir_.string()) : why);
+    if (fd < 0) throw std::runtime_error(why.empty() ? detail::format("cannot open {}", dir_.string()) : why);
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
 }
@@ -544,7 +545,7 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
         fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     }
     if (fd < 0)
-        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
+        throw std::runtime_error(detail::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(errno)));
     std::size_t done = 0;
     while (done < text.size()) {
         const auto n = ::pwrite(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
@@ -560,14 +561,14 @@ ELASTIC_DECL void detail::agent::status_file::write(std::string_view text) {
     ::close(fd);
     if (done != text.size()) {
         ::unlinkat(fd_, tmp.c_str(), 0);
-        throw std::runtime_error(fmt::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(error)));
+        throw std::runtime_error(detail::format("cannot write {}: {}", (dir_ / tmp).string(), std::strerror(error)));
     }
     // The first write has nothing to swap with (ENOENT); a file system without the exchange
     // (EINVAL) gets a plain rename.
     if (::renameat2(fd_, tmp.c_str(), fd_, name_.c_str(), RENAME_EXCHANGE) == 0) return;
     if ((errno != ENOENT && errno != EINVAL) || ::renameat(fd_, tmp.c_str(), fd_, name_.c_str()) != 0) {
-        throw std::runtime_error(fmt::format("cannot rename into {}: {}", (dir_ / name_).string(),
-                                             std::strerror(errno)));
+        throw std::runtime_error(detail::format("cannot rename into {}: {}", (dir_ / name_).string(),
+                                                std::strerror(errno)));
     }
 }
 
@@ -580,7 +581,7 @@ ELASTIC_DECL std::vector<std::filesystem::path> status_directories() {
         out.push_back(std::filesystem::path(runtime) / "elastic");
     }
     if (!ec) {
-        const auto other = tmp / fmt::format("elastic-{}", ::geteuid());
+        const auto other = tmp / detail::format("elastic-{}", ::geteuid());
         if (out.empty() || other != out.front()) out.push_back(other);
     }
     return out;
@@ -593,7 +594,7 @@ ELASTIC_DECL std::vector<agent_status> read_statuses(const std::vector<std::file
         std::string why;
         const int dfd = detail::open_private_directory(dir, false, why);
         if (dfd < 0) {
-            if (!why.empty() && notes != nullptr) notes->push_back(fmt::format("not read: {}", why));
+            if (!why.empty() && notes != nullptr) notes->push_back(detail::format("not read: {}", why));
             continue;
         }
         DIR* d = ::fdopendir(dfd);

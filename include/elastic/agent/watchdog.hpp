@@ -13,7 +13,7 @@
 #include "elastic/report/failure.hpp"
 #include "elastic/usage_error.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -266,7 +266,7 @@ namespace elastic::inline v0 {
 ELASTIC_DECL std::optional<std::pair<std::chrono::milliseconds, std::string>> watchdog_settings::section_limit(
     std::string_view name) const {
     if (const auto it = sections.find(name); it != sections.end()) {
-        return std::pair{it->second, fmt::format("section:{}", name)};
+        return std::pair{it->second, detail::format("section:{}", name)};
     }
     if (section) return std::pair{*section, std::string("section")};
     return std::nullopt;
@@ -288,7 +288,7 @@ ELASTIC_DECL std::string watchdog_settings::to_string() const {
     if (first) add("first=" + duration_flag_text(*first));
     if (beat) add("beat=" + duration_flag_text(*beat));
     if (section) add("section=" + duration_flag_text(*section));
-    for (const auto& [name, d] : sections) add(fmt::format("section:{}={}", name, duration_flag_text(d)));
+    for (const auto& [name, d] : sections) add(detail::format("section:{}={}", name, duration_flag_text(d)));
     if (signal != SIGUSR2) add("signal=" + signal_name(signal));
     if (dump != std::chrono::seconds(5)) add("dump=" + duration_flag_text(dump));
     return out;
@@ -321,7 +321,7 @@ ELASTIC_DECL detail::agent::watchdog_pages::watchdog_pages(std::size_t workers) 
         base = std::filesystem::temp_directory_path();
     }
     for (int attempt = 0;; ++attempt) {
-        dir_ = base / fmt::format("elastic-watchdog-{}-{:08x}", ::getpid(), detail::random_u64() & 0xffffffffu);
+        dir_ = base / detail::format("elastic-watchdog-{}-{:08x}", ::getpid(), detail::random_u64() & 0xffffffffu);
         if (std::filesystem::create_directory(dir_, ec)) break;
         if (ec || attempt == 8) {
             throw std::system_error(ec ? ec : std::make_error_code(std::errc::file_exists),
@@ -360,19 +360,19 @@ ELASTIC_DECL std::optional<detail::watchdog::page_snapshot> detail::agent::watch
 }
 
 ELASTIC_DECL std::filesystem::path detail::agent::watchdog_pages::page_path(std::size_t i) const {
-    return dir_ / fmt::format("{}.page", i);
+    return dir_ / detail::format("{}.page", i);
 }
 
 ELASTIC_DECL std::filesystem::path detail::agent::watchdog_pages::stacks_path(std::size_t i) const {
-    return dir_ / fmt::format("{}.stacks", i);
+    return dir_ / detail::format("{}.stacks", i);
 }
 
 ELASTIC_DECL void detail::agent::watchdog_pages::tell(std::size_t i, int signal,
                                                       std::map<std::string, std::string, std::less<>>& env) const {
     env[detail::watchdog::file_variable] = page_path(i).string();
     env[detail::watchdog::stacks_variable] = stacks_path(i).string();
-    env[detail::watchdog::signal_variable] = fmt::format("{}", signal);
-    env[detail::watchdog::agent_variable] = fmt::format("{}", ::getpid());
+    env[detail::watchdog::signal_variable] = detail::format("{}", signal);
+    env[detail::watchdog::agent_variable] = detail::format("{}", ::getpid());
     const auto python = (dir_ / "python").string();
     auto& path = env["PYTHONPATH"];
     path = path.empty() ? python : python + ":" + path;
@@ -400,7 +400,7 @@ ELASTIC_DECL std::string detail::agent::watchdog_pages::stacks(std::size_t i, st
     const bool cut = got == limit && ::read(fd, &more, 1) == 1;
     ::close(fd);
     out.resize(got);
-    if (cut) out += fmt::format("\n... (cut at {} KiB)\n", limit / 1024);
+    if (cut) out += detail::format("\n... (cut at {} KiB)\n", limit / 1024);
     return demangle_frames(out);
 }
 
@@ -469,8 +469,8 @@ ELASTIC_DECL std::optional<hang_report> detail::agent::rank_watch::hung(
     };
     if (!alive) {
         if (w.first && now - started > *w.first) {
-            return report(fmt::format("no sign of life for {} since it started (--watchdog first={})",
-                                      measured_words(now - started), duration_flag_text(*w.first)),
+            return report(detail::format("no sign of life for {} since it started (--watchdog first={})",
+                                         measured_words(now - started), duration_flag_text(*w.first)),
                           now - started);
         }
         return std::nullopt;
@@ -478,17 +478,17 @@ ELASTIC_DECL std::optional<hang_report> detail::agent::rank_watch::hung(
     if (!section.empty()) {
         if (const auto limit = w.section_limit(section)) {
             if (now - section_since > limit->first) {
-                return report(fmt::format("in section \"{}\" for {} (--watchdog {}={})", section,
-                                          measured_words(now - section_since), limit->second,
-                                          duration_flag_text(limit->first)),
+                return report(detail::format("in section \"{}\" for {} (--watchdog {}={})", section,
+                                             measured_words(now - section_since), limit->second,
+                                             duration_flag_text(limit->first)),
                               now - section_since);
             }
             return std::nullopt;
         }
     }
     if (w.beat && now - last_sign > *w.beat) {
-        return report(fmt::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
-                                  duration_flag_text(*w.beat)),
+        return report(detail::format("no heartbeat for {} (--watchdog beat={})", measured_words(now - last_sign),
+                                     duration_flag_text(*w.beat)),
                       now - last_sign);
     }
     return std::nullopt;
@@ -502,9 +502,9 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
 [[nodiscard]] ELASTIC_DECL watchdog_settings parse_watchdog(std::string_view text, std::string_view name) {
     watchdog_settings w;
     const auto bad = [&](std::string_view item, const std::string& why) {
-        return usage_error(fmt::format("{}={}: '{}' {} (want KEY=VALUE items: first=5min, beat=30s, section=10min, "
-                                       "section:NAME=1h, signal=SIGUSR2, dump=5s)",
-                                       name, text, item, why));
+        return usage_error(detail::format("{}={}: '{}' {} (want KEY=VALUE items: first=5min, beat=30s, section=10min, "
+                                          "section:NAME=1h, signal=SIGUSR2, dump=5s)",
+                                          name, text, item, why));
     };
     std::string_view rest = text;
     bool any = false;
@@ -520,9 +520,9 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
         const auto value = detail::trim(item.substr(eq + 1));
         const auto duration = [&] {
             try {
-                return parse_duration(value, fmt::format("{} {}", name, key), key == "dump");
+                return parse_duration(value, detail::format("{} {}", name, key), key == "dump");
             } catch (const usage_error& e) {
-                throw bad(item, fmt::format("is not a duration ({})", e.what()));
+                throw bad(item, detail::format("is not a duration ({})", e.what()));
             }
         };
         if (key == "first") {
@@ -534,8 +534,8 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
         } else if (key.rfind("section:", 0) == 0) {
             const auto section = key.substr(8);
             if (section.empty() || section.size() >= detail::watchdog::section_capacity) {
-                throw bad(item, fmt::format("names no section, or one longer than {} bytes",
-                                            detail::watchdog::section_capacity - 1));
+                throw bad(item, detail::format("names no section, or one longer than {} bytes",
+                                               detail::watchdog::section_capacity - 1));
             }
             w.sections[std::string(section)] = duration();
         } else if (key == "signal") {
@@ -552,7 +552,7 @@ ELASTIC_DECL std::chrono::milliseconds detail::agent::watchdog_interval(const wa
         } else if (key == "dump") {
             w.dump = duration();
         } else {
-            throw bad(item, fmt::format("has an unknown key '{}'", key));
+            throw bad(item, detail::format("has an unknown key '{}'", key));
         }
     }
     if (!w.enabled()) throw bad(text, "sets no limit (give first=, beat=, section= or section:NAME=)");

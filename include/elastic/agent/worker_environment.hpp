@@ -8,7 +8,7 @@
 #include "elastic/process/signal_name.hpp"
 #include "elastic/usage_error.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <cstdint>
 #include <string>
@@ -117,7 +117,7 @@ namespace elastic::inline v0 {
     const auto set = [&](std::string name, std::string value) {
         env.insert_or_assign(std::move(name), std::move(value));
     };
-    const auto number = [](long long v) { return fmt::format("{}", v); };
+    const auto number = [](long long v) { return detail::format("{}", v); };
     set("LOCAL_RANK", number(config.virtual_local_rank ? 0 : a.local_rank));
     set("RANK", number(a.global_rank));
     set("GROUP_RANK", number(a.group_rank));

@@ -35,7 +35,7 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -142,12 +142,12 @@ public:
             const auto open = [&](const char* name, detail::process::owned_fd& fd, log_file_writes& writes) {
                 const auto path = attempt.dir / name;
                 fd = open_log_file(path);
-                writes.name = fmt::format("the filtered log file {}", path.string());
+                writes.name = detail::format("the filtered log file {}", path.string());
                 writes.first_failure = [log = *log_](const log_file_writes& w) {
-                    log.warning(fmt::format("cannot write {}: {}; matching lines are lost from it until writes "
-                                            "succeed again (the workers' own log files and the console are not "
-                                            "affected); free space on that file system, or move --log-dir",
-                                            w.name, std::strerror(w.first_error)));
+                    log.warning(detail::format("cannot write {}: {}; matching lines are lost from it until writes "
+                                               "succeed again (the workers' own log files and the console are not "
+                                               "affected); free space on that file system, or move --log-dir",
+                                               w.name, std::strerror(w.first_error)));
                 };
             };
             if (!spec_->duplicate_stdout_filters.empty()) {
@@ -162,9 +162,9 @@ public:
             try {
                 pages_ = std::make_unique<detail::agent::watchdog_pages>(slots.size());
             } catch (const std::system_error& e) {
-                throw agent_error(fmt::format("cannot set up --watchdog: {}; free space in /dev/shm (or the "
-                                              "temporary directory), or run without --watchdog",
-                                              e.what()));
+                throw agent_error(detail::format("cannot set up --watchdog: {}; free space in /dev/shm (or the "
+                                                 "temporary directory), or run without --watchdog",
+                                                 e.what()));
             }
             watches_.assign(slots.size(), {});
         }
@@ -175,7 +175,7 @@ public:
             auto& slot = slots[i];
             slot.assignment = i < attempt.ranks.size() ? attempt.ranks[i]
                                                        : assign_worker(local_rank, spec_->nproc_per_node);
-            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / fmt::format("{}", i);
+            const auto rank_dir = attempt.dir.empty() ? attempt.dir : attempt.dir / detail::format("{}", i);
             slot.error_file = rank_dir.empty() ? std::string() : (rank_dir / "error.json").string();
             auto told = attempt.told;
             told.error_file = slot.error_file;
@@ -192,11 +192,11 @@ public:
                 workers_.push_back(elastic::spawn(executor_, how));
                 events_->worker_started(restarts_, slot.assignment, static_cast<long>(workers_.back().pid()));
             } catch (const spawn_error& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                spawn_failure = detail::format("cannot start local_rank {}: {}", i, e.what());
                 program_fault = e.program_fault();
                 break;
             } catch (const std::exception& e) {
-                spawn_failure = fmt::format("cannot start local_rank {}: {}", i, e.what());
+                spawn_failure = detail::format("cannot start local_rank {}: {}", i, e.what());
                 break;
             }
             slot.output.start(workers_.back(), executor_, state_->relays, state_, slot.tail, *log_);
@@ -204,13 +204,13 @@ public:
         started_ = std::chrono::steady_clock::now();
         if (const auto why = detail::process::cgroups::instance().reason_once(); !why.empty()) {
             if (detail::process::subreaper::instance().enabled()) {
-                log_->info(fmt::format("workers get no cgroup of their own: {}; this agent adopts what they leave "
-                                       "behind (child subreaper) and ends it with them",
-                                       why));
+                log_->info(detail::format("workers get no cgroup of their own: {}; this agent adopts what they leave "
+                                          "behind (child subreaper) and ends it with them",
+                                          why));
             } else {
-                log_->info(fmt::format("workers get no cgroup of their own, only their process groups contain them: "
-                                       "{}; a daemon a worker starts can outlive it",
-                                       why));
+                log_->info(detail::format("workers get no cgroup of their own, only their process groups contain them: "
+                                          "{}; a daemon a worker starts can outlive it",
+                                          why));
             }
         }
         if (spawn_failure) {
@@ -265,8 +265,8 @@ public:
         record_timer_hangs();
         if (!result.unkillable.empty()) {
             std::string pids;
-            for (const auto pid : result.unkillable) pids += fmt::format("{}{}", pids.empty() ? "" : " ", pid);
-            log_->error(fmt::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
+            for (const auto pid : result.unkillable) pids += detail::format("{}{}", pids.empty() ? "" : " ", pid);
+            log_->error(detail::format("processes still present after SIGKILL (uninterruptible sleep?): {}", pids));
         }
         co_return result;
     }
@@ -286,15 +286,15 @@ public:
             bound.expires_after(std::chrono::seconds(2));
             auto which = co_await (relays.wait() || bound.async_wait(detail::as_tuple_awaitable<Defer>));
             if (which.index() == 0 || (relays.progress() != seen && round < 15)) continue;
-            log_->warning(fmt::format("a worker's output pipe stayed open after its process group ended (a descendant "
-                                      "that left the group?); {}; closing it",
-                                      relays.progress() != seen ? "still written to after 30 s"
-                                                                : "nothing written for 2 s"));
+            log_->warning(
+                detail::format("a worker's output pipe stayed open after its process group ended (a descendant "
+                               "that left the group?); {}; closing it",
+                               relays.progress() != seen ? "still written to after 30 s" : "nothing written for 2 s"));
             for (auto& slot : state_->slots) slot.output.close();
             co_await relays.wait();
         }
         for (const auto& line : incomplete_logs())
-            log_->error(fmt::format("{} is incomplete: {}", line.first, line.second));
+            log_->error(detail::format("{} is incomplete: {}", line.first, line.second));
     }
 
     /// After close(): each log file of the attempt that misses bytes of its stream, with how
@@ -305,7 +305,7 @@ public:
         const auto add = [&out](const log_file_writes& w) {
             if (w.lost_bytes == 0) return;
             out.emplace_back(w.name,
-                             fmt::format("{} bytes not written ({})", w.lost_bytes, std::strerror(w.first_error)));
+                             detail::format("{} bytes not written ({})", w.lost_bytes, std::strerror(w.first_error)));
         };
         for (const auto& slot : state_->slots) {
             add(slot.output.stdout_writes());
@@ -433,9 +433,9 @@ private:
     asio::awaitable<void> serve_timers() {
         const auto why = co_await timers_->serve([this](long pid) { return timer_sender(pid); },
                                                  [this](const file_timer_expiry& e) { timer_expired(e); }, *log_);
-        log_->error(fmt::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
-                                "this attempt",
-                                why));
+        log_->error(detail::format("torch's file timer stopped: {}; its scopes are no longer enforced for the rest of "
+                                   "this attempt",
+                                   why));
         asio::steady_timer never(executor_, asio::steady_timer::time_point::max());
         co_await never.async_wait(detail::use_awaitable<Defer>);
     }
@@ -465,26 +465,26 @@ private:
         const auto i = timer_owner(e.pid);
         const auto scope = detail::agent::quoted_excerpt(e.scope);
         if (!i) {
-            log_->info(fmt::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
-                                   "here; nothing sent",
-                                   scope, e.pid));
+            log_->info(detail::format("torch timer scope '{}' of pid {} expired, but that pid is no longer a worker "
+                                      "here; nothing sent",
+                                      scope, e.pid));
             return;
         }
         const auto& a = assignment(*i);
         const bool worker = e.pid == static_cast<long>(workers_[*i].pid());
-        const auto who = worker ? fmt::format("local_rank {} (rank {}, pid {})", a.local_rank, a.global_rank, e.pid)
-                                : fmt::format("pid {} (in local_rank {}'s process group, rank {})", e.pid, a.local_rank,
-                                              a.global_rank);
+        const auto who = worker ? detail::format("local_rank {} (rank {}, pid {})", a.local_rank, a.global_rank, e.pid)
+                                : detail::format("pid {} (in local_rank {}'s process group, rank {})", e.pid,
+                                                 a.local_rank, a.global_rank);
         const auto after = detail::agent::measured_words(e.after);
         if (e.signal <= 0) {
-            log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); the "
-                                      "request asked for no signal, so nothing is sent",
-                                      who, scope, after));
+            log_->warning(detail::format("{}: torch timer scope '{}' expired ({} after the agent received it); the "
+                                         "request asked for no signal, so nothing is sent",
+                                         who, scope, after));
             return;
         }
-        log_->warning(fmt::format("{}: torch timer scope '{}' expired ({} after the agent received it); sending "
-                                  "{}, the signal the request named (FileTimerClient)",
-                                  who, scope, after, signal_name(e.signal)));
+        log_->warning(detail::format("{}: torch timer scope '{}' expired ({} after the agent received it); sending "
+                                     "{}, the signal the request named (FileTimerClient)",
+                                     who, scope, after, signal_name(e.signal)));
         ++timer_expiries_;
         if (worker) {
             timer_hits_[*i] = e;
@@ -513,10 +513,10 @@ private:
         const bool before_stop = exited_before_.empty() || (i < exited_before_.size() && exited_before_[i]);
         if (!by_it || !before_stop) return std::nullopt;
         hang_report r;
-        r.reason = fmt::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
-                               "and the agent sent {}",
-                               detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
-                               signal_name(e.signal));
+        r.reason = detail::format("torch timer scope '{}' expired ({} after the agent received it; FileTimerClient) "
+                                  "and the agent sent {}",
+                                  detail::agent::quoted_excerpt(e.scope), detail::agent::measured_words(e.after),
+                                  signal_name(e.signal));
         if (i < watches_.size()) r.progress = watches_[i].progress;
         r.silent = e.after;
         r.stacks_asked = false;
@@ -536,8 +536,9 @@ private:
             try {
                 write_file_atomically(slot.error_file, hang_error_document(*t, status->system_time).dump(4));
             } catch (const std::exception& e) {
-                log_->warning(fmt::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
-                                          slot.assignment.local_rank, e.what()));
+                log_->warning(
+                    detail::format("cannot write the error file of local_rank {} (its torch timer expired): {}",
+                                   slot.assignment.local_rank, e.what()));
             }
         }
     }
@@ -620,9 +621,9 @@ public:
             const bool handles = page && (page->handler == 1 || page->handler == 2);
             std::string plan = "; stopping the group (dump=0: no stacks)";
             if (ask && (own || in_group) && handles) {
-                plan = fmt::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
-                                   own ? std::string("it") : fmt::format("pid {} of its process group", holder),
-                                   signal_name(w.signal), duration_words(w.dump));
+                plan = detail::format("; asking {} for its stacks ({}, up to {}), then stopping the group",
+                                      own ? std::string("it") : detail::format("pid {} of its process group", holder),
+                                      signal_name(w.signal), duration_words(w.dump));
             } else if (ask && !page) {
                 plan = "; its watchdog page was cut short (by the worker?), so whether it can give its stacks is "
                        "unknown: stopping the group";
@@ -630,21 +631,21 @@ public:
                 plan = "; it has no handler for the watchdog's signal (it was not set, or could not be), so it "
                        "has no stacks to give: stopping the group";
             } else if (ask && holder > 0) {
-                plan = fmt::format("; its watchdog page is held by pid {}, outside its process group: no stacks "
-                                   "asked for; stopping the group",
-                                   holder);
+                plan = detail::format("; its watchdog page is held by pid {}, outside its process group: no stacks "
+                                      "asked for; stopping the group",
+                                      holder);
             } else if (ask) {
                 plan = "; it never attached its watchdog page (no elastic::record, elastic/watchdog.hpp or "
                        "elastic_watchdog), so it has no stacks to give: stopping the group";
             }
-            log_->error(fmt::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank, worker.pid(),
-                                    h.report.headline(), plan));
+            log_->error(detail::format("local_rank {} (rank {}, pid {}) {}{}", a.local_rank, a.global_rank,
+                                       worker.pid(), h.report.headline(), plan));
             if (!ask || !(own || in_group) || !handles) continue;
             try {
                 const bool sent = own ? worker.signal(w.signal) : ::kill(holder, w.signal) == 0;
                 if (sent) waiting.push_back({h.index, page->dumps});
             } catch (const std::exception& e) {
-                log_->warning(fmt::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
+                log_->warning(detail::format("cannot ask local_rank {} for its stacks: {}", a.local_rank, e.what()));
             }
         }
         asio::steady_timer timer(executor_);
@@ -672,10 +673,10 @@ public:
         }
         for (const auto& x : waiting) {
             if (x.done) continue;
-            log_->warning(fmt::format("local_rank {} wrote no complete stacks within {} (a native worker needs "
-                                      "elastic::record or elastic/watchdog.hpp, a Python one `import "
-                                      "elastic_watchdog`)",
-                                      state_->slots[x.index].assignment.local_rank, duration_words(w.dump)));
+            log_->warning(detail::format("local_rank {} wrote no complete stacks within {} (a native worker needs "
+                                         "elastic::record or elastic/watchdog.hpp, a Python one `import "
+                                         "elastic_watchdog`)",
+                                         state_->slots[x.index].assignment.local_rank, duration_words(w.dump)));
         }
     }
 
@@ -694,8 +695,8 @@ private:
             try {
                 write_file_atomically(slot.error_file, hang_error_document(h.report, hang_found_system_).dump(4));
             } catch (const std::exception& e) {
-                log_->warning(fmt::format("cannot write the error file of hung local_rank {}: {}",
-                                          slot.assignment.local_rank, e.what()));
+                log_->warning(detail::format("cannot write the error file of hung local_rank {}: {}",
+                                             slot.assignment.local_rank, e.what()));
             }
         }
     }

@@ -17,7 +17,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/posix/stream_descriptor.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <cstring>
 #include <exception>
@@ -69,9 +69,9 @@ public:
         if (out_filters_.empty()) filtered_.out_fd = -1;
         if (err_filters_.empty()) filtered_.err_fd = -1;
         const auto open = [&](const char* stream, detail::process::owned_fd& fd, log_file_writes& writes) {
-            const auto path = rank_dir / fmt::format("{}.log", stream);
+            const auto path = rank_dir / detail::format("{}.log", stream);
             fd = open_log_file(path);
-            writes.name = fmt::format("local_rank {}'s {} log file {}", index, stream, path.string());
+            writes.name = detail::format("local_rank {}'s {} log file {}", index, stream, path.string());
         };
         if (routes_.out.file && !rank_dir.empty()) open("stdout", out_file_, out_writes_);
         if (routes_.err.file && !rank_dir.empty()) open("stderr", err_file_, err_writes_);
@@ -93,10 +93,10 @@ public:
                const std::shared_ptr<void>& keep_alive, stderr_tail& tail, const agent_log& log) {
         for (auto* writes : {&out_writes_, &err_writes_}) {
             writes->first_failure = [log](const log_file_writes& w) {
-                log.warning(fmt::format("cannot write {}: {}; what the worker writes to it from now on is lost "
-                                        "until writes succeed again (the console copy and the failure report are "
-                                        "not affected); free space on that file system, or move --log-dir",
-                                        w.name, std::strerror(w.first_error)));
+                log.warning(detail::format("cannot write {}: {}; what the worker writes to it from now on is lost "
+                                           "until writes succeed again (the console copy and the failure report are "
+                                           "not affected); free space on that file system, or move --log-dir",
+                                           w.name, std::strerror(w.first_error)));
             };
         }
         out_pipe_ = child.take_stdout();

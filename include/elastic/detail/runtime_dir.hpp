@@ -24,7 +24,7 @@ namespace elastic::inline v0::detail {
 
 #if ELASTIC_DETAIL_BODIES
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <cerrno>
 #include <cstdlib>
@@ -40,26 +40,26 @@ ELASTIC_DECL std::filesystem::path runtime_directory() {
     if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime != nullptr && *runtime == '/') {
         return std::filesystem::path(runtime) / "elastic";
     }
-    return std::filesystem::temp_directory_path() / fmt::format("elastic-{}", ::geteuid());
+    return std::filesystem::temp_directory_path() / detail::format("elastic-{}", ::geteuid());
 }
 
 ELASTIC_DECL int open_private_directory(const std::filesystem::path& dir, bool create, std::string& why) {
     why.clear();
     if (create && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        why = fmt::format("cannot make {}: {}", dir.string(), std::strerror(errno));
+        why = detail::format("cannot make {}: {}", dir.string(), std::strerror(errno));
         return -1;
     }
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-        if (errno != ENOENT) why = fmt::format("cannot open {}: {}", dir.string(), std::strerror(errno));
+        if (errno != ENOENT) why = detail::format("cannot open {}: {}", dir.string(), std::strerror(errno));
         return -1;
     }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
         ::close(fd);
-        why = fmt::format("{} is not a directory of this user's that only it may write (another user's?); "
-                          "remove it",
-                          dir.string());
+        why = detail::format("{} is not a directory of this user's that only it may write (another user's?); "
+                             "remove it",
+                             dir.string());
         return -1;
     }
     return fd;

@@ -5,7 +5,7 @@
 
 #include "elastic/detail/config.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -42,7 +42,7 @@ namespace detail {
 /// `name=value` as error messages show it; a value that is empty or has spaces is quoted.
 [[nodiscard]] inline std::string show(std::string_view name, std::string_view value) {
     const bool quote = value.empty() || value.find_first_of(" \t\n'") != std::string_view::npos;
-    return quote ? fmt::format("{}='{}'", name, value) : fmt::format("{}={}", name, value);
+    return quote ? detail::format("{}='{}'", name, value) : detail::format("{}={}", name, value);
 }
 
 /// Splits on `sep`; "" gives one empty piece.
@@ -60,8 +60,8 @@ namespace detail {
 
 /// A duration as a number of seconds, as the options take it: `30`, `0.5`.
 [[nodiscard]] inline std::string seconds_text(std::chrono::milliseconds d) {
-    return d.count() % 1000 == 0 ? fmt::format("{}", d.count() / 1000)
-                                 : fmt::format("{}", static_cast<double>(d.count()) / 1000.0);
+    return d.count() % 1000 == 0 ? detail::format("{}", d.count() / 1000)
+                                 : detail::format("{}", static_cast<double>(d.count()) / 1000.0);
 }
 
 /// A whole decimal integer (surrounding spaces allowed, as Python's int()), or nothing.

@@ -6,7 +6,7 @@
 
 #include "elastic/store/errors.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <array>
@@ -71,7 +71,7 @@ public:
         std::uint64_t v = 0;
         bytes(&v, sizeof v);
         if (min_element != 0 && v > in_.size() / min_element)
-            fail(fmt::format("a count of {} elements of at least {} bytes each", v, min_element));
+            fail(elastic::detail::format("a count of {} elements of at least {} bytes each", v, min_element));
         return static_cast<std::size_t>(v);
     }
     /// Takes any serializable value.
@@ -81,14 +81,15 @@ public:
     [[nodiscard]] std::size_t remaining() const noexcept { return in_.size(); }
 
     [[noreturn]] void fail(const std::string& what) const {
-        throw store_error(fmt::format("elastic::dist: cannot decode {} with {} bytes left: the bytes were written "
-                                      "for another type (every rank must pass the same type to a collective)",
-                                      what, in_.size()));
+        throw store_error(
+            elastic::detail::format("elastic::dist: cannot decode {} with {} bytes left: the bytes were written "
+                                    "for another type (every rank must pass the same type to a collective)",
+                                    what, in_.size()));
     }
 
 private:
     void need(std::size_t n, std::string_view what) const {
-        if (n > in_.size()) fail(fmt::format("{} {}", n, what));
+        if (n > in_.size()) fail(elastic::detail::format("{} {}", n, what));
     }
 
     std::string_view in_;

@@ -6,7 +6,7 @@
 
 #include "elastic/env.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -41,14 +41,16 @@ public:
           replicas_(options.num_replicas ? *options.num_replicas : env().world_size),
           rank_(options.rank ? *options.rank : env().rank) {
         if (size_ < 0)
-            throw std::invalid_argument(fmt::format("elastic::dist::sampler: a dataset of {} elements", size_));
+            throw std::invalid_argument(elastic::detail::format("elastic::dist::sampler: a dataset of {} elements",
+                                                                size_));
         if (replicas_ < 1)
-            throw std::invalid_argument(fmt::format("elastic::dist::sampler: num_replicas {} is not 1 or more",
-                                                    replicas_));
+            throw std::invalid_argument(
+                elastic::detail::format("elastic::dist::sampler: num_replicas {} is not 1 or more", replicas_));
         if (rank_ < 0 || rank_ >= replicas_)
-            throw std::invalid_argument(fmt::format("elastic::dist::sampler: invalid rank {}, rank should be in the "
-                                                    "interval [0, {}]",
-                                                    rank_, replicas_ - 1));
+            throw std::invalid_argument(
+                elastic::detail::format("elastic::dist::sampler: invalid rank {}, rank should be in the "
+                                        "interval [0, {}]",
+                                        rank_, replicas_ - 1));
         const auto r = static_cast<std::int64_t>(replicas_);
         // torch: ceil((N - R) / R) with drop_last and an uneven N, which is N / R; else ceil(N / R).
         num_samples_ = options_.drop_last ? size_ / r : (size_ + r - 1) / r;

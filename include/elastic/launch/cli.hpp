@@ -18,6 +18,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #endif
+#include "elastic/detail/format.hpp"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -285,8 +286,9 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
 /// PET_ variable, the other variables read, and the exit status of a usage error.
 [[nodiscard]] inline std::string help_text(std::string_view program_name = "elasticrun") {
     constexpr std::size_t width = 100;
-    std::string out = fmt::format("usage: {} [options] program [args...]\n       {} status [--rdzv-id=ID] [--json]\n\n",
-                                  program_name, program_name);
+    std::string out = detail::format(
+        "usage: {} [options] program [args...]\n       {} status [--rdzv-id=ID] [--json]\n\n", program_name,
+        program_name);
     detail::launch::wrap(out,
                          "Start and supervise this node's workers, as torchrun does: the same options (dashed or "
                          "underscored spellings), the same PET_* variables (the command line wins), the same worker "
@@ -302,26 +304,26 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
         "before a program whose name starts with '-'.",
         2, width);
     for (int group = 0; group < static_cast<int>(detail::launch::option_groups.size()); ++group) {
-        out += fmt::format("\n{}:\n", detail::launch::option_groups[static_cast<std::size_t>(group)]);
+        out += detail::format("\n{}:\n", detail::launch::option_groups[static_cast<std::size_t>(group)]);
         for (const auto& spec : detail::launch::option_specs) {
             if (spec.group != group) {
                 continue;
             }
             out += "  " + detail::launch::spellings(spec);
             if (!spec.flag) {
-                out += fmt::format(" {}", spec.metavar);
+                out += detail::format(" {}", spec.metavar);
             }
             out += '\n';
             std::string help{spec.help};
             std::string facts;
             if (!spec.fallback.empty()) {
-                facts = fmt::format("default: {}", spec.fallback);
+                facts = detail::format("default: {}", spec.fallback);
             }
             if (spec.has_env) {
-                facts += fmt::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch::env_name(spec));
+                facts += detail::format("{}env: {}", facts.empty() ? "" : "; ", detail::launch::env_name(spec));
             }
             if (!facts.empty()) {
-                help += fmt::format(" [{}]", facts);
+                help += detail::format(" [{}]", facts);
             }
             detail::launch::wrap(out, help, 6, width);
         }
@@ -345,7 +347,7 @@ inline void wrap(std::string& out, std::string_view text, std::size_t indent, st
         {"LOGLEVEL", "The agent's log level: DEBUG, INFO, WARNING (default), ERROR or CRITICAL."},
     }};
     for (const auto& [name, text] : variables) {
-        out += fmt::format("  {}\n", name);
+        out += detail::format("  {}\n", name);
         detail::launch::wrap(out, text, 6, width);
     }
     out += "\n";
@@ -385,10 +387,10 @@ inline void unmark(std::string& text) {
     std::replace(message.begin(), message.end(), '\n', ' ');
     if (e.get_name() == "ArgumentMismatch" && message.find("flag override") != std::string::npos) {
         const auto name = message.substr(0, message.find(' '));
-        return fmt::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
+        return detail::format("{}{} is a flag and takes no value", name.size() == 1 ? "-" : "--", name);
     }
     if (e.get_name() == "ArgumentMismatch" && message.find("required") != std::string::npos) {
-        return fmt::format("{} needs a value", message.substr(0, message.find(':')));
+        return detail::format("{} needs a value", message.substr(0, message.find(':')));
     }
     return message;
 }
@@ -430,7 +432,7 @@ inline void expand_abbreviations(std::vector<std::string>& args) {
         if (matches.size() > 1) {
             std::vector<std::string_view> names;
             for (const auto* m : matches) names.push_back(m->spec ? long_name(*m->spec) : m->spelling);
-            throw usage_error{fmt::format("ambiguous option: {} could match {}", name, fmt::join(names, ", "))};
+            throw usage_error{detail::format("ambiguous option: {} could match {}", name, fmt::join(names, ", "))};
         }
         if (matches.empty()) continue;  // unknown: CLI11 refuses it
         arg = std::string{matches.front()->spelling} + arg.substr(name.size());
@@ -446,7 +448,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     CLI::App app{"", std::string{program_name}};
     app.prefix_command();
     app.set_help_flag();
-    app.set_version_flag("--version", fmt::format("{} (elastic) {}", program_name, version_string));
+    app.set_version_flag("--version", detail::format("{} (elastic) {}", program_name, version_string));
     std::array<CLI::Option*, option_specs.size()> options{};
     for (std::size_t i = 0; i < option_specs.size(); ++i) {
         const auto& spec = option_specs[i];
@@ -494,12 +496,12 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         after_marker = true;
     }
     if (!rest.empty() && !after_marker && rest.front().size() > 1 && rest.front().front() == '-') {
-        throw usage_error{fmt::format("unrecognized option {} (see --help; the program and its arguments come after "
-                                      "the options)",
-                                      rest.front())};
+        throw usage_error{detail::format("unrecognized option {} (see --help; the program and its arguments come after "
+                                         "the options)",
+                                         rest.front())};
     }
     if (rest.empty()) {
-        throw usage_error{fmt::format("no program to run (usage: {} [options] program [args...])", program_name)};
+        throw usage_error{detail::format("no program to run (usage: {} [options] program [args...])", program_name)};
     }
 
     // ---- each option's text: the command line, else PET_<DEST> ----
@@ -540,18 +542,18 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         }
         const auto value = raw(spec.dest);
         if (!value) continue;
-        throw usage_error{fmt::format("{}: {}", detail::launch::show(value->name, value->text), spec.help)};
+        throw usage_error{detail::format("{}: {}", detail::launch::show(value->name, value->text), spec.help)};
     }
     if (const auto specs = raw("logs_specs"); specs && detail::launch::trim(specs->text) != "default") {
-        throw usage_error{fmt::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
-                                      "and loads no Python LogsSpecs plugin",
-                                      detail::launch::show(specs->name, specs->text))};
+        throw usage_error{detail::format("{}: not implemented; elastic has only default, torchrun's own log layout, "
+                                         "and loads no Python LogsSpecs plugin",
+                                         detail::launch::show(specs->name, specs->text))};
     }
     if (const auto method = raw("start_method")) {
         const auto word = detail::launch::trim(method->text);
         if (word != "spawn" && word != "fork" && word != "forkserver") {
-            throw usage_error{
-                fmt::format("{}: must be spawn, fork or forkserver", detail::launch::show(method->name, method->text))};
+            throw usage_error{detail::format("{}: must be spawn, fork or forkserver",
+                                             detail::launch::show(method->name, method->text))};
         }
     }
 
@@ -580,7 +582,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (const auto v = raw("role")) {
         config.role = v->text;
         if (detail::launch::trim(config.role).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
     }
     config.virtual_local_rank = flag("virtual_local_rank");
@@ -590,18 +592,18 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     if (standalone) {
         for (const auto dest : {"rdzv_endpoint", "rdzv_id", "master_addr", "master_port"}) {
             if (on_command_line(dest)) {
-                throw usage_error{fmt::format("{} conflicts with --standalone, which runs the rendezvous on "
-                                              "localhost:0 under a random id",
-                                              detail::launch::long_name(option_specs[index_of(dest)]))};
+                throw usage_error{detail::format("{} conflicts with --standalone, which runs the rendezvous on "
+                                                 "localhost:0 under a random id",
+                                                 detail::launch::long_name(option_specs[index_of(dest)]))};
             }
         }
         if (const auto v = raw("rdzv_backend"); v && !v->from_env && detail::launch::trim(v->text) != "c10d") {
-            throw usage_error{fmt::format("{} conflicts with --standalone, which uses the c10d backend",
-                                          detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{} conflicts with --standalone, which uses the c10d backend",
+                                             detail::launch::show(v->name, v->text))};
         }
         if (const auto v = raw("nnodes"); v && !v->from_env && parse_node_range(v->text, v->name) != node_range{1, 1}) {
-            throw usage_error{fmt::format("{} conflicts with --standalone, which runs a single node",
-                                          detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{} conflicts with --standalone, which runs a single node",
+                                             detail::launch::show(v->name, v->text))};
         }
         use_standalone(config);
     } else {
@@ -620,8 +622,8 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 const auto one = remaining.substr(0, comma);
                 if (detail::launch::trim(one).empty()) {
                     throw usage_error{
-                        fmt::format("{}: an empty endpoint in the list (want host[:port],host[:port],...)",
-                                    detail::launch::show(v->name, v->text))};
+                        detail::format("{}: an empty endpoint in the list (want host[:port],host[:port],...)",
+                                       detail::launch::show(v->name, v->text))};
                 }
                 auto endpoint = parse_host_port(one, v->name);
                 if (first) {
@@ -634,7 +636,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             }
             if (!config.rdzv_successors.empty() && config.nnodes.min == config.nnodes.max &&
                 config.rdzv_backend == rendezvous_backend::c10d) {
-                config.warnings.push_back(fmt::format(
+                config.warnings.push_back(detail::format(
                     "{}: with a fixed --nnodes the rendezvous store never moves, so only the first endpoint is "
                     "used (a list names where an elastic job's store may move)",
                     detail::launch::show(v->name, v->text)));
@@ -643,7 +645,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         if (const auto v = raw("rdzv_id")) {
             config.rdzv_id = v->text;
             if (detail::launch::trim(config.rdzv_id).empty()) {
-                throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
+                throw usage_error{detail::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
             }
         }
     }
@@ -702,23 +704,25 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 config.file_timer_path = *path;
             }
         } else {
-            config.warnings.push_back(fmt::format("TORCHELASTIC_ENABLE_FILE_TIMER={} is not 1: torch's file timer is "
-                                                  "not served (as in torchrun); set it to 1 to serve it",
-                                                  *on));
+            config.warnings.push_back(
+                detail::format("TORCHELASTIC_ENABLE_FILE_TIMER={} is not 1: torch's file timer is "
+                               "not served (as in torchrun); set it to 1 to serve it",
+                               *on));
         }
     }
     if (const auto v = raw("metrics_port")) {
         const auto text = detail::launch::trim(v->text);
         const bool bare = !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
-        const auto at = parse_host_port(bare ? fmt::format("0.0.0.0:{}", text) : std::string(text), v->name);
+        const auto at = parse_host_port(bare ? detail::format("0.0.0.0:{}", text) : std::string(text), v->name);
         if (!at.port) {
-            throw usage_error{fmt::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{}: needs a port ([HOST:]PORT)", detail::launch::show(v->name, v->text))};
         }
         in6_addr address{};
         if (::inet_pton(AF_INET, at.host.c_str(), &address) != 1 &&
             ::inet_pton(AF_INET6, at.host.c_str(), &address) != 1) {
-            throw usage_error{fmt::format("{}: HOST must be an address of this machine (such as 10.0.0.5), not a name",
-                                          detail::launch::show(v->name, v->text))};
+            throw usage_error{
+                detail::format("{}: HOST must be an address of this machine (such as 10.0.0.5), not a name",
+                               detail::launch::show(v->name, v->text))};
         }
         config.metrics_host = at.host;
         config.metrics_port = *at.port;
@@ -728,9 +732,10 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         // torch's variable, read by other launchers too: a bad value costs the health check only.
         const auto n = detail::launch::to_integer(*port);
         if (!n || *n < 0 || *n > 65535) {
-            config.warnings.push_back(fmt::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: not a port from 0 to 65535; no "
-                                                  "health check is served",
-                                                  *port));
+            config.warnings.push_back(
+                detail::format("TORCHELASTIC_HEALTH_CHECK_PORT={}: not a port from 0 to 65535; no "
+                               "health check is served",
+                               *port));
         } else {
             config.health_check_port = static_cast<std::uint16_t>(*n);
         }
@@ -745,7 +750,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
     // ---- output and logs ----
     if (const auto v = raw("log_dir")) {
         if (detail::launch::trim(v->text).empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
+            throw usage_error{detail::format("{}: must not be empty", detail::launch::show(v->name, v->text))};
         }
         config.log_dir = std::filesystem::path{v->text};
     }
@@ -773,7 +778,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
         const auto destination = event_destination::parse(v->text);
         if (!destination) {
             throw usage_error{
-                fmt::format("{}: must be {}", detail::launch::show(v->name, v->text), event_destination::accepted)};
+                detail::format("{}: must be {}", detail::launch::show(v->name, v->text), event_destination::accepted)};
         }
         config.event_log_handler = *destination;
     }
@@ -794,7 +799,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
             for (int r = 0; r < config.nproc_per_node && !other_teed; ++r) {
                 other_teed = config.tee.for_rank(r) != std_streams::none;
             }
-            config.warnings.push_back(fmt::format(
+            config.warnings.push_back(detail::format(
                 "--duplicate-{}-filters: no local rank tees its {} (-t), so filtered_{}.log stays empty; tee it "
                 "(-t {})",
                 name, name, name,
@@ -802,7 +807,7 @@ ELASTIC_DECL launch_parse_result parse_launch_config(std::vector<std::string> ar
                 : stream == std_streams::out ? 1
                                              : 2));
         } else if (config.logs_disabled()) {
-            config.warnings.push_back(fmt::format(
+            config.warnings.push_back(detail::format(
                 "--duplicate-{}-filters: --log-dir=/dev/null writes no files, filtered_{}.log included", name, name));
         }
     }

@@ -12,7 +12,7 @@
 #include "elastic/policy/spec.hpp"
 #include "elastic/report/event_destination.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <sys/stat.h>
 
@@ -197,8 +197,8 @@ namespace elastic::inline v0 {
     std::uint64_t low = detail::random_u64();
     high = (high & ~std::uint64_t{0xF000}) | 0x4000;                         // version 4
     low = (low & ~(std::uint64_t{0xC} << 60)) | (std::uint64_t{0x8} << 60);  // variant 10
-    return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
-                       low >> 48, low & 0xFFFFFFFFFFFFULL);
+    return detail::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", high >> 32, (high >> 16) & 0xFFFF, high & 0xFFFF,
+                          low >> 48, low & 0xFFFFFFFFFFFFULL);
 }
 
 ELASTIC_DECL void use_standalone(launch_config& config) {
@@ -217,11 +217,11 @@ namespace detail::launch {
 
 [[nodiscard]] ELASTIC_DECL std::string streams_text(const stream_selection& selection) {
     if (selection.per_rank.empty()) {
-        return fmt::format("{}", static_cast<int>(selection.every_rank));
+        return detail::format("{}", static_cast<int>(selection.every_rank));
     }
     std::string out;
     for (const auto& [rank, streams] : selection.per_rank) {
-        out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
+        out += detail::format("{}{}:{}", out.empty() ? "" : ",", rank, static_cast<int>(streams));
     }
     return out;
 }
@@ -241,14 +241,14 @@ namespace elastic::inline v0 {
     const auto& conf = config.rdzv_conf;
     std::string rdzv_conf;
     switch (config.rdzv_backend) {
-        case rendezvous_backend::static_: rdzv_conf = fmt::format("timeout={}", seconds_text(conf.timeout)); break;
+        case rendezvous_backend::static_: rdzv_conf = detail::format("timeout={}", seconds_text(conf.timeout)); break;
         case rendezvous_backend::c10d:
         case rendezvous_backend::etcd_v3:
-            rdzv_conf = fmt::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
-                                    seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
-                                    seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
+            rdzv_conf = detail::format("join_timeout={}, last_call_timeout={}, close_timeout={}, read_timeout={}",
+                                       seconds_text(conf.join_timeout), seconds_text(conf.last_call_timeout),
+                                       seconds_text(conf.close_timeout), seconds_text(conf.read_timeout));
             if (conf.is_host) {
-                rdzv_conf += fmt::format(", is_host={}", *conf.is_host);
+                rdzv_conf += detail::format(", is_host={}", *conf.is_host);
             }
             break;
     }
@@ -258,35 +258,35 @@ namespace elastic::inline v0 {
     }
     std::string filter;
     for (const int rank : config.local_ranks_filter) {
-        filter += fmt::format("{}{}", filter.empty() ? "" : ",", rank);
+        filter += detail::format("{}{}", filter.empty() ? "" : ",", rank);
     }
     std::string out = "Starting elastic agent with launch configs:\n";
     const auto line = [&](std::string_view name, std::string_view value) {
-        out += fmt::format("  {:<20} : {}\n", name, value);
+        out += detail::format("  {:<20} : {}\n", name, value);
     };
     line("entrypoint", command);
-    line("min_nodes", fmt::format("{}", config.nnodes.min));
-    line("max_nodes", fmt::format("{}", config.nnodes.max));
-    line("nproc_per_node", fmt::format("{}", config.nproc_per_node));
+    line("min_nodes", detail::format("{}", config.nnodes.min));
+    line("max_nodes", detail::format("{}", config.nnodes.max));
+    line("nproc_per_node", detail::format("{}", config.nproc_per_node));
     line("run_id", config.rdzv_id);
     line("rdzv_backend", to_string(config.rdzv_backend));
     auto endpoints = to_string(config.rendezvous_endpoint());
     for (const auto& next : config.rendezvous().successor_endpoints) endpoints += "," + to_string(next);
     line("rdzv_endpoint", endpoints);
     line("rdzv_configs", rdzv_conf);
-    line("node_rank", config.node_rank ? fmt::format("{}", *config.node_rank) : "(from the rendezvous)");
+    line("node_rank", config.node_rank ? detail::format("{}", *config.node_rank) : "(from the rendezvous)");
     line("local_addr", config.local_addr.value_or("(this host's name)"));
     line("role", config.role);
-    line("max_restarts", fmt::format("{}", config.max_restarts));
+    line("max_restarts", detail::format("{}", config.max_restarts));
     // The restart policy's other settings appear only when given (docs/policies.md).
     if (config.restart_backoff) line("restart_backoff", config.restart_backoff->flag().substr(18));
     if (config.restart_window) line("restart_window", config.restart_window->flag().substr(17));
     if (config.restart_on_exit) line("restart_on_exit", config.restart_on_exit->to_string());
     if (config.restart_crash_guard) line("restart_crash_guard", config.restart_crash_guard->flag().substr(22));
-    if (config.restart_no_progress) line("restart_no_progress", fmt::format("{}", *config.restart_no_progress));
+    if (config.restart_no_progress) line("restart_no_progress", detail::format("{}", *config.restart_no_progress));
     if (config.watchdog.enabled()) line("watchdog", config.watchdog.to_string());
-    if (config.metrics_port) line("metrics_port", fmt::format("{}:{}", config.metrics_host, *config.metrics_port));
-    if (config.health_check_port) line("health_check_port", fmt::format("{}", *config.health_check_port));
+    if (config.metrics_port) line("metrics_port", detail::format("{}:{}", config.metrics_host, *config.metrics_port));
+    if (config.health_check_port) line("health_check_port", detail::format("{}", *config.health_check_port));
     if (config.file_timer) {
         line("file_timer", config.file_timer_path.empty() ? "(a new FIFO in the temporary directory)"
                                                           : config.file_timer_path.string());
@@ -333,8 +333,8 @@ ELASTIC_DECL void check_prefix_template(std::string_view text) {
         const auto name = text.substr(start, end - start);
         if (std::find(std::begin(known), std::end(known), name) == std::end(known)) {
             throw usage_error{
-                fmt::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
-                            show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
+                detail::format("{}: unknown placeholder '{}' (known: ${{role_name}}, ${{local_rank}}, ${{rank}})",
+                               show("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", text), name)};
         }
         i = end - 1;
     }
@@ -344,9 +344,9 @@ ELASTIC_DECL void check_ranks_exist(const std::set<int>& ranks, int nproc, std::
                                     std::string_view nproc_option) {
     for (const int rank : ranks) {
         if (rank < 0 || rank >= nproc) {
-            throw usage_error{fmt::format("{} names local rank {}, but this node runs local ranks 0 to {} "
-                                          "({}={})",
-                                          option, rank, nproc - 1, nproc_option, nproc)};
+            throw usage_error{detail::format("{} names local rank {}, but this node runs local ranks 0 to {} "
+                                             "({}={})",
+                                             option, rank, nproc - 1, nproc_option, nproc)};
         }
     }
 }
@@ -357,107 +357,110 @@ ELASTIC_DECL void check_streams(const stream_selection& selection, int nproc, st
     for (const auto& [rank, streams] : selection.per_rank) {
         ranks.insert(rank);
         if (static_cast<int>(streams) > 3) {
-            throw usage_error{fmt::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
-                                          static_cast<int>(streams))};
+            throw usage_error{detail::format("{}: local rank {} has streams value {} (want 0 to 3)", option, rank,
+                                             static_cast<int>(streams))};
         }
     }
     if (static_cast<int>(selection.every_rank) > 3) {
         throw usage_error{
-            fmt::format("{}: streams value {} (want 0 to 3)", option, static_cast<int>(selection.every_rank))};
+            detail::format("{}: streams value {} (want 0 to 3)", option, static_cast<int>(selection.every_rank))};
     }
     check_ranks_exist(ranks, nproc, option, nproc_option);
 }
 
 ELASTIC_DECL void validate(const launch_config& c, const environment& env, const option_labels& label) {
     const auto nnodes_text = [&] {
-        return c.nnodes.min == c.nnodes.max ? fmt::format("{}", c.nnodes.min)
-                                            : fmt::format("{}:{}", c.nnodes.min, c.nnodes.max);
+        return c.nnodes.min == c.nnodes.max ? detail::format("{}", c.nnodes.min)
+                                            : detail::format("{}:{}", c.nnodes.min, c.nnodes.max);
     };
     if (c.nproc_per_node < 1 || c.nproc_per_node > 1'000'000) {
-        throw usage_error{fmt::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
+        throw usage_error{
+            detail::format("{}={}: must be a positive integer", label("nproc_per_node"), c.nproc_per_node)};
     }
     if (c.nnodes.min < 1 || c.nnodes.min > c.nnodes.max) {
-        throw usage_error{fmt::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
+        throw usage_error{detail::format("{}={}:{}: want 0 < MIN <= MAX", label("nnodes"), c.nnodes.min, c.nnodes.max)};
     }
     if (c.world_size(c.nnodes.max) > INT_MAX) {
-        throw usage_error{fmt::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
-                                      label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
+        throw usage_error{detail::format("{}={} with {}={}: the world size exceeds {}", label("nnodes"), nnodes_text(),
+                                         label("nproc_per_node"), c.nproc_per_node, INT_MAX)};
     }
     if (c.role.empty()) {
-        throw usage_error{fmt::format("{}: must not be empty", label("role"))};
+        throw usage_error{detail::format("{}: must not be empty", label("role"))};
     }
     // The rendezvous carries the role to the other nodes in at most 255 bytes.
     if (c.role.size() > 255) {
-        throw usage_error{fmt::format("{}: {} bytes, at most 255", label("role"), c.role.size())};
+        throw usage_error{detail::format("{}: {} bytes, at most 255", label("role"), c.role.size())};
     }
     if (c.rdzv_id.empty()) {
         throw usage_error{
-            fmt::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
+            detail::format("{}: must not be empty (it names the job in the rendezvous store)", label("rdzv_id"))};
     }
     const bool is_static = c.rdzv_backend == rendezvous_backend::static_;
     if (is_static && c.nnodes.min != c.nnodes.max) {
-        throw usage_error{fmt::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
-                                      "--rdzv-backend=c10d or etcd-v3",
-                                      label("nnodes"), nnodes_text())};
+        throw usage_error{detail::format("{}={}: the static rendezvous has a fixed membership; an elastic range needs "
+                                         "--rdzv-backend=c10d or etcd-v3",
+                                         label("nnodes"), nnodes_text())};
     }
     if (c.node_rank && (*c.node_rank < 0 || *c.node_rank >= c.nnodes.max)) {
-        throw usage_error{fmt::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
-                                      *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
+        throw usage_error{detail::format("{}={}: must be from 0 to {} (below the {} maximum {})", label("node_rank"),
+                                         *c.node_rank, c.nnodes.max - 1, label("nnodes"), c.nnodes.max)};
     }
     if (!is_static && (c.master_addr || c.master_port)) {
-        throw usage_error{fmt::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
-                                      "backend rendezvouses at --rdzv-endpoint",
-                                      to_string(c.rdzv_backend))};
+        throw usage_error{detail::format("--master-addr/--master-port: only the static rendezvous reads them; the {} "
+                                         "backend rendezvouses at --rdzv-endpoint",
+                                         to_string(c.rdzv_backend))};
     }
     if (is_static && c.rdzv_endpoint && (c.master_addr || c.master_port)) {
         throw usage_error{"--master-addr/--master-port and --rdzv-endpoint both name the static rendezvous's store; "
                           "give one of them"};
     }
     if (c.master_addr && !valid_host(*c.master_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
-                                      show(label("master_addr"), *c.master_addr))};
+        throw usage_error{detail::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                         show(label("master_addr"), *c.master_addr))};
     }
     if (c.local_addr && !valid_host(*c.local_addr)) {
-        throw usage_error{fmt::format("{}: must be a host name, an IPv4 or an IPv6 address",
-                                      show(label("local_addr"), *c.local_addr))};
+        throw usage_error{detail::format("{}: must be a host name, an IPv4 or an IPv6 address",
+                                         show(label("local_addr"), *c.local_addr))};
     }
     if (c.rdzv_endpoint) {
         const auto text = to_string(*c.rdzv_endpoint);
         if (!valid_host(c.rdzv_endpoint->host)) {
-            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
+            throw usage_error{detail::format("{}: bad host name", show(label("rdzv_endpoint"), text))};
         }
         if (is_static && !c.rdzv_endpoint->port) {
-            throw usage_error{
-                fmt::format("{}: the static rendezvous needs a port (host:port)", show(label("rdzv_endpoint"), text))};
+            throw usage_error{detail::format("{}: the static rendezvous needs a port (host:port)",
+                                             show(label("rdzv_endpoint"), text))};
         }
     }
     if (!c.rdzv_successors.empty() && c.rdzv_backend == rendezvous_backend::static_) {
-        throw usage_error{fmt::format("{}: a list of endpoints is read by the c10d backend (where its store may "
-                                      "move) and etcd-v3 (the cluster's members); the {} backend takes one endpoint",
-                                      label("rdzv_endpoint"), to_string(c.rdzv_backend))};
+        throw usage_error{detail::format("{}: a list of endpoints is read by the c10d backend (where its store may "
+                                         "move) and etcd-v3 (the cluster's members); the {} backend takes one endpoint",
+                                         label("rdzv_endpoint"), to_string(c.rdzv_backend))};
     }
     for (const auto& next : c.rdzv_successors) {
         if (!valid_host(next.host)) {
-            throw usage_error{fmt::format("{}: bad host name", show(label("rdzv_endpoint"), to_string(next)))};
+            throw usage_error{detail::format("{}: bad host name", show(label("rdzv_endpoint"), to_string(next)))};
         }
         if (next.port == 0) {
-            throw usage_error{fmt::format("{}: port 0 picks a free port that other nodes cannot know",
-                                          show(label("rdzv_endpoint"), to_string(next)))};
+            throw usage_error{detail::format("{}: port 0 picks a free port that other nodes cannot know",
+                                             show(label("rdzv_endpoint"), to_string(next)))};
         }
         if (next.host == "0.0.0.0" || next.host == "::" || next.host == "0") {
-            throw usage_error{fmt::format("{}: names no host (every address); name the member's host",
-                                          show(label("rdzv_endpoint"), to_string(next)))};
+            throw usage_error{detail::format("{}: names no host (every address); name the member's host",
+                                             show(label("rdzv_endpoint"), to_string(next)))};
         }
     }
     const auto endpoint = c.rendezvous_endpoint();
     if (endpoint.port == 0 && c.nnodes.max > 1) {
-        throw usage_error{fmt::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
-                                      "it needs {}=1",
-                                      to_string(endpoint), label("nnodes"))};
+        throw usage_error{
+            detail::format("rendezvous endpoint {}: port 0 picks a free port that other nodes cannot know; "
+                           "it needs {}=1",
+                           to_string(endpoint), label("nnodes"))};
     }
     const auto non_negative = [](std::chrono::milliseconds d, const std::string& what, bool allow_zero) {
         if (d.count() < 0 || (!allow_zero && d.count() == 0)) {
-            throw usage_error{fmt::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
+            throw usage_error{
+                detail::format("{}={}ms: must be {} 0 seconds", what, d.count(), allow_zero ? ">=" : ">")};
         }
     };
     const auto conf = label("rdzv_conf");
@@ -470,51 +473,51 @@ ELASTIC_DECL void validate(const launch_config& c, const environment& env, const
         non_negative(*c.rdzv_conf.exit_barrier_timeout, conf + " exit_barrier_timeout", true);  // 0: no wait
     }
     if (c.max_restarts < 0) {
-        throw usage_error{fmt::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
+        throw usage_error{detail::format("{}={}: must be an integer >= 0", label("max_restarts"), c.max_restarts)};
     }
     non_negative(c.shutdown_timeout, label("shutdown_timeout"), true);
     if (const auto& b = c.restart_backoff;
         b && (b->initial.count() <= 0 || b->cap < b->initial || b->reset_after.count() < 0 || !(b->factor >= 1.0) ||
               !std::isfinite(b->factor) || !(b->jitter >= 0.0 && b->jitter < 1.0))) {
         throw usage_error{
-            fmt::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1", b->flag())};
+            detail::format("{}: want 0 < initial <= cap, reset >= 0, factor >= 1 and 0 <= jitter < 1", b->flag())};
     }
     if (const auto& w = c.restart_window; w && (w->restarts < 1 || w->period.count() <= 0)) {
-        throw usage_error{fmt::format("{}: want at least 1 restart and a period above 0", w->flag())};
+        throw usage_error{detail::format("{}: want at least 1 restart and a period above 0", w->flag())};
     }
     if (const auto& g = c.restart_crash_guard; g && (g->within.count() <= 0 || g->in_a_row < 1)) {
-        throw usage_error{fmt::format("{}: want a time above 0 and N >= 1", g->flag())};
+        throw usage_error{detail::format("{}: want a time above 0 and N >= 1", g->flag())};
     }
     if (c.restart_no_progress && *c.restart_no_progress < 1) {
-        throw usage_error{fmt::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
+        throw usage_error{detail::format("--restart-no-progress={}: want N >= 1", *c.restart_no_progress)};
     }
     non_negative(c.monitor_interval, label("monitor_interval"), true);
     non_negative(c.exit_barrier_timeout, "exit_barrier_timeout", true);
     if (c.watchdog.enabled() && std::find(c.signals_to_handle.begin(), c.signals_to_handle.end(), c.watchdog.signal) !=
                                     c.signals_to_handle.end()) {
-        throw usage_error{fmt::format("--watchdog signal={} is also in --signals-to-handle: the agent would forward "
-                                      "it as a stop and the workers take it for a request for stacks; choose "
-                                      "another (signal=SIGUSR1, or SIGRTMIN+N)",
-                                      signal_name(c.watchdog.signal))};
+        throw usage_error{detail::format("--watchdog signal={} is also in --signals-to-handle: the agent would forward "
+                                         "it as a stop and the workers take it for a request for stacks; choose "
+                                         "another (signal=SIGUSR1, or SIGRTMIN+N)",
+                                         signal_name(c.watchdog.signal))};
     }
     if (c.signals_to_handle.empty()) {
-        throw usage_error{fmt::format("{}: must name at least one signal", label("signals_to_handle"))};
+        throw usage_error{detail::format("{}: must name at least one signal", label("signals_to_handle"))};
     }
     for (const int number : c.signals_to_handle) {
         if (std::find(forwardable_signal_numbers.begin(), forwardable_signal_numbers.end(), number) ==
             forwardable_signal_numbers.end()) {
             throw usage_error{
-                fmt::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"), number)};
+                detail::format("{}: signal {} cannot be trapped and forwarded", label("signals_to_handle"), number)};
         }
     }
     if (c.log_dir) {
         if (c.log_dir->empty()) {
-            throw usage_error{fmt::format("{}: must not be empty", label("log_dir"))};
+            throw usage_error{detail::format("{}: must not be empty", label("log_dir"))};
         }
         struct stat st {};
         if (!c.logs_disabled() && ::stat(c.log_dir->c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
             throw usage_error{
-                fmt::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
+                detail::format("{}: exists and is not a directory", show(label("log_dir"), c.log_dir->string()))};
         }
     }
     check_streams(c.redirects, c.nproc_per_node, label("redirects"), label("nproc_per_node"));

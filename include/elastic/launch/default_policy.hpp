@@ -6,6 +6,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/launch/config.hpp"
 #include "elastic/policy/default_policy.hpp"
+#include "elastic/detail/format.hpp"
 
 #include <utility>
 
@@ -16,9 +17,9 @@ template <policy_clock Clock = steady_policy_clock>
 [[nodiscard]] any_restart_policy make_default_policy(const launch_config& config, Clock clock = Clock{},
                                                      uniform_source uniform = random_uniform_source()) {
     if (config.restart_no_progress && !config.watchdog.enabled()) {
-        throw usage_error{fmt::format("--restart-no-progress={} needs --watchdog: the workers' progress "
-                                      "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
-                                      *config.restart_no_progress)};
+        throw usage_error{detail::format("--restart-no-progress={} needs --watchdog: the workers' progress "
+                                         "(elastic::progress) is read from the watchdog's pages (docs/watchdog.md)",
+                                         *config.restart_no_progress)};
     }
     return make_default_policy(config.restarts(), std::move(clock), std::move(uniform));
 }

@@ -7,7 +7,7 @@
 #include "elastic/usage_error.hpp"
 #include "elastic/launch/values.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -177,13 +177,13 @@ namespace elastic::inline v0 {
         if (word == "auto") {
             return count_cpus();
         }
-        throw usage_error{fmt::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
-                                      detail::launch::show(name, text), gpus.source)};
+        throw usage_error{detail::format("{}: no GPU found ({} shows none); use a number, cpu or auto",
+                                         detail::launch::show(name, text), gpus.source)};
     }
     const auto count = detail::launch::to_integer(word);
     if (!count || *count < 1 || *count > 1'000'000) {
         throw usage_error{
-            fmt::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch::show(name, text))};
+            detail::format("{}: must be a positive integer, cpu, gpu or auto", detail::launch::show(name, text))};
     }
     return static_cast<int>(*count);
 }

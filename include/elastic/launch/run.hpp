@@ -23,6 +23,7 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include "elastic/detail/format.hpp"
 #include <fmt/format.h>
 #endif
 
@@ -59,7 +60,7 @@ inline void record_agent_exception(std::string_view name, const agent::agent_exc
         write_file_atomically(path, agent_exception_document(e.type, e.what, e.exit_code)
                                         .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     } catch (const std::exception& failure) {
-        std::fputs(fmt::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
+        std::fputs(detail::format("{}: error: {}\n", name, failure.what()).c_str(), stderr);
     }
 }
 
@@ -74,7 +75,7 @@ int guarded(std::string_view name, Body&& body) {
         return body();
     } catch (...) {
         const auto e = agent::classify_exception(std::current_exception());
-        std::fputs(fmt::format("{}: error: {}\n", name, e.what).c_str(), stderr);
+        std::fputs(detail::format("{}: error: {}\n", name, e.what).c_str(), stderr);
         if (e.exit_code != exit_codes::usage) record_agent_exception(name, e);
         return e.exit_code;
     }
@@ -124,17 +125,18 @@ enum class restarts_by { options, code };
 /// warning says so, rather than a budget the user believes in and nothing enforces.
 inline void warn_unread_restart_options(launch_config& config) {
     std::vector<std::string> given;
-    if (config.max_restarts != 0) given.push_back(fmt::format("--max-restarts={}", config.max_restarts));
+    if (config.max_restarts != 0) given.push_back(detail::format("--max-restarts={}", config.max_restarts));
     if (config.restart_backoff) given.push_back(config.restart_backoff->flag());
     if (config.restart_window) given.push_back(config.restart_window->flag());
     if (config.restart_on_exit) given.push_back("--restart-on-exit=" + config.restart_on_exit->to_string());
     if (config.restart_crash_guard) given.push_back(config.restart_crash_guard->flag());
     if (config.restart_no_progress)
-        given.push_back(fmt::format("--restart-no-progress={}", *config.restart_no_progress));
+        given.push_back(detail::format("--restart-no-progress={}", *config.restart_no_progress));
     if (given.empty()) return;
-    config.warnings.push_back(fmt::format("{}: not read: this launcher's restart policy is set in its code and decides "
-                                          "restarts itself (docs/policies.md)",
-                                          fmt::join(given, ", ")));
+    config.warnings.push_back(
+        detail::format("{}: not read: this launcher's restart policy is set in its code and decides "
+                       "restarts itself (docs/policies.md)",
+                       fmt::join(given, ", ")));
 }
 
 /// run(argc, argv, ...)'s body: parses, prints --help / --version, runs the agent under

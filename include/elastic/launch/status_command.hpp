@@ -32,7 +32,7 @@ namespace elastic::inline v0::detail::launch {
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -55,7 +55,7 @@ asio::awaitable<std::vector<agent_status>> read_job_statuses(Store& store, std::
     const auto count = detail::to_integer(co_await store.get(keys::job_key(run_id, "status/count"))).value_or(0);
     // At most 100,000 agents are read (a forged counter must not make this run for ever).
     for (long long i = 0; i < std::min<long long>(count, 100000); ++i) {
-        const auto key = keys::job_key(run_id, fmt::format("status/{}", i));
+        const auto key = keys::job_key(run_id, detail::format("status/{}", i));
         std::vector<std::string> one{key};
         if (!co_await store.check(std::move(one))) continue;  // counted, not yet written
         std::vector<std::string> get{key};
@@ -94,7 +94,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
     std::optional<std::string> endpoint;
     std::optional<std::string> conf;
     auto backend = rendezvous_backend::c10d;
-    const auto usage = fmt::format(
+    const auto usage = detail::format(
         "usage: {0} status [--rdzv-id=ID] [--json]\n"
         "       {0} status --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--rdzv-conf=KEY=VALUE,...] [--json]\n\n"
         "Shows the elasticrun agents of this user on this machine, or with --rdzv-endpoint every agent of the\n"
@@ -189,18 +189,18 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             options.prefix = std::string(etcd_rendezvous::key_prefix);
             options.timeout = etcd->request_timeout;
             etcd_store store(client, options);
-            where = fmt::format("the etcd cluster at {}", client->describe());
+            where = detail::format("the etcd cluster at {}", client->describe());
             const auto failed = read_statuses_with(io, store, *run_id, agents);
             try {
                 if (failed) std::rethrow_exception(failed);
                 read = true;
             } catch (const std::exception& e) {
-                why = fmt::format("cannot read {}: {}", where, e.what());
+                why = detail::format("cannot read {}: {}", where, e.what());
             }
             tries.clear();
         }
         for (const auto& options : tries) {
-            where = fmt::format("the rendezvous store at {}:{}", options.host, options.port);
+            where = detail::format("the rendezvous store at {}:{}", options.host, options.port);
             asio::io_context io;
             tcp_store_client store(io.get_executor(), options);
             const auto failed = read_statuses_with(io, store, *run_id, agents);
@@ -211,7 +211,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
             try {
                 std::rethrow_exception(failed);
             } catch (const std::exception& e) {
-                why += fmt::format("{}cannot read {}: {}", why.empty() ? "" : "; ", where, e.what());
+                why += detail::format("{}cannot read {}: {}", why.empty() ? "" : "; ", where, e.what());
             }
         }
         if (!read) {
@@ -222,7 +222,7 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         const auto dirs = status_directories();
         std::string places;
         for (const auto& d : dirs) places += (places.empty() ? "" : ", ") + d.string();
-        where = fmt::format("this machine (status files in {})", places);
+        where = detail::format("this machine (status files in {})", places);
         std::vector<std::string> notes;
         agents = read_statuses(dirs, &notes);
         for (const auto& note : notes) say(note);
@@ -236,8 +236,8 @@ ELASTIC_DECL int status_command(int argc, const char* const* argv, std::string_v
         std::fputs(status_table(agents, detail::agent::unix_ms()).c_str(), stdout);
     }
     if (agents.empty()) {
-        say(fmt::format("no agent{} {}", run_id ? fmt::format(" of run '{}'", *run_id) : std::string(),
-                        endpoint ? "published its status in " + where : "of this user runs on " + where));
+        say(detail::format("no agent{} {}", run_id ? detail::format(" of run '{}'", *run_id) : std::string(),
+                           endpoint ? "published its status in " + where : "of this user runs on " + where));
         return 1;
     }
     return 0;

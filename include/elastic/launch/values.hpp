@@ -10,6 +10,7 @@
 #include "elastic/process/signal_name.hpp"
 #include "elastic/rendezvous/parameters.hpp"
 
+#include "elastic/detail/format.hpp"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -150,9 +151,9 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL int parse_integer(std::string_view text, std::string_view name, int min, int max) {
     const auto value = detail::launch::to_integer(text);
     if (!value || *value < min || *value > max) {
-        const auto rule = max == INT_MAX ? fmt::format("an integer >= {}", min)
-                                         : fmt::format("an integer from {} to {}", min, max);
-        throw usage_error{fmt::format("{}: must be {}", detail::launch::show(name, text), rule)};
+        const auto rule = max == INT_MAX ? detail::format("an integer >= {}", min)
+                                         : detail::format("an integer from {} to {}", min, max);
+        throw usage_error{detail::format("{}: must be {}", detail::launch::show(name, text), rule)};
     }
     return static_cast<int>(*value);
 }
@@ -166,8 +167,8 @@ namespace elastic::inline v0 {
     const bool ok = !trimmed.empty() && ec == std::errc{} && end == trimmed.data() + trimmed.size() &&
                     std::isfinite(seconds) && seconds <= 1e9 && (allow_zero ? seconds >= 0 : seconds > 0);
     if (!ok) {
-        throw usage_error{fmt::format("{}: must be a number of seconds {} (at most 1e9)",
-                                      detail::launch::show(name, text), allow_zero ? ">= 0" : "> 0")};
+        throw usage_error{detail::format("{}: must be a number of seconds {} (at most 1e9)",
+                                         detail::launch::show(name, text), allow_zero ? ">= 0" : "> 0")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -181,14 +182,14 @@ namespace elastic::inline v0 {
         return false;
     }
     throw usage_error{
-        fmt::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
+        detail::format("{}: must be a boolean (1/true/yes or 0/false/no)", detail::launch::show(name, text))};
 }
 
 [[nodiscard]] ELASTIC_DECL bool parse_flag_variable(std::string_view text, std::string_view name) {
     const auto value = detail::launch::to_integer(text);
     if (!value) {
         throw usage_error{
-            fmt::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch::show(name, text))};
+            detail::format("{}: must be an integer (1 turns the flag on, 0 off)", detail::launch::show(name, text))};
     }
     return *value != 0;
 }
@@ -196,7 +197,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL node_range parse_node_range(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
         return usage_error{
-            fmt::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
+            detail::format("{}: {} (want N or MIN:MAX with 0 < MIN <= MAX)", detail::launch::show(name, text), why)};
     };
     const auto pieces = detail::launch::split(text, ':');
     if (pieces.size() > 2) {
@@ -211,7 +212,7 @@ namespace elastic::inline v0 {
         throw fail("node counts must be positive");
     }
     if (*min > *max) {
-        throw fail(fmt::format("the minimum {} exceeds the maximum {}", *min, *max));
+        throw fail(detail::format("the minimum {} exceeds the maximum {}", *min, *max));
     }
     if (*max > INT_MAX) {
         throw fail("too large");
@@ -240,15 +241,15 @@ namespace elastic::inline v0 {
     const auto host = detail::launch::trim(text);
     if (!detail::launch::valid_host(host)) {
         throw usage_error{
-            fmt::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch::show(name, text))};
+            detail::format("{}: must be a host name, an IPv4 or an IPv6 address", detail::launch::show(name, text))};
     }
     return std::string{host};
 }
 
 [[nodiscard]] ELASTIC_DECL host_port parse_host_port(std::string_view text, std::string_view name) {
     const auto fail = [&](std::string_view why) {
-        return usage_error{fmt::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
-                                       detail::launch::show(name, text), why)};
+        return usage_error{detail::format("{}: {} (want host[:port], an IPv6 address as [addr]:port)",
+                                          detail::launch::show(name, text), why)};
     };
     const auto endpoint = detail::launch::trim(text);
     if (endpoint.empty()) {
@@ -310,13 +311,13 @@ namespace elastic::inline v0 {
         return rendezvous_backend::etcd_v3;
     }
     if (word == "etcd" || word == "etcd-v2") {
-        throw usage_error{
-            fmt::format("{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
-                        "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
-                        detail::launch::show(name, text))};
+        throw usage_error{detail::format(
+            "{}: torchrun's etcd backends use etcd's v2 API (removed in etcd 3.6), which elastic does not "
+            "speak; use --rdzv-backend=etcd-v3 (etcd's v3 API) or --rdzv-backend=c10d",
+            detail::launch::show(name, text))};
     }
-    throw usage_error{
-        fmt::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)", detail::launch::show(name, text))};
+    throw usage_error{detail::format("{}: unknown rendezvous backend (known: static, c10d, etcd-v3)",
+                                     detail::launch::show(name, text))};
 }
 
 }  // namespace elastic::inline v0
@@ -375,27 +376,29 @@ namespace elastic::inline v0 {
         const auto key = detail::launch::trim(item.substr(0, equals));
         const auto value = equals == std::string_view::npos ? std::string_view{} : unquote(item.substr(equals + 1));
         if (key.empty() || equals == std::string_view::npos || value.empty()) {
-            throw usage_error{fmt::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)",
-                                          whole, item)};
+            throw usage_error{
+                detail::format("{}: '{}' is not key=value (want k1=v1,k2=v2 with non-empty keys and values)", whole,
+                               item)};
         }
         if (!seen.emplace(key).second) {
-            throw usage_error{fmt::format("{}: key '{}' given twice", whole, key)};
+            throw usage_error{detail::format("{}: key '{}' given twice", whole, key)};
         }
-        const auto what = fmt::format("{} key {}", name, key);
+        const auto what = detail::format("{} key {}", name, key);
         if (key == "rank") {
-            throw usage_error{fmt::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
+            throw usage_error{detail::format("{}: the node's rank is set with --node-rank, not with rank=", whole)};
         }
         if (key == "ca_cert" || key == "ssl_cert" || key == "ssl_cert_key") {
-            throw usage_error{fmt::format("{}: '{}' is not a key of elastic's: TLS to etcd takes protocol=https with "
-                                          "cacert, cert and key (torchrun's etcd keys)",
-                                          whole, key)};
+            throw usage_error{
+                detail::format("{}: '{}' is not a key of elastic's: TLS to etcd takes protocol=https with "
+                               "cacert, cert and key (torchrun's etcd keys)",
+                               whole, key)};
         }
         const auto known = std::find_if(detail::launch::rdzv_keys.begin(), detail::launch::rdzv_keys.end(),
                                         [&](const detail::launch::rdzv_key& k) { return k.key == key; });
         if (known == detail::launch::rdzv_keys.end() || !detail::launch::reads_key(*known, backend)) {
             if (warnings == nullptr) {
-                throw usage_error{fmt::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
-                                              to_string(backend), key, detail::launch::keys_of(backend))};
+                throw usage_error{detail::format("{}: the {} backend does not read '{}' (it reads: {})", whole,
+                                                 to_string(backend), key, detail::launch::keys_of(backend))};
             }
             ignored.emplace_back(key);
             continue;
@@ -421,9 +424,9 @@ namespace elastic::inline v0 {
         } else if (key == "workers_store_peers") {
             const auto peers = detail::launch::lower(value);
             if (peers != "members" && peers != "any") {
-                throw usage_error{fmt::format("{}: workers_store_peers must be members (the round's nodes' "
-                                              "addresses only) or any (every peer, for NAT between the nodes)",
-                                              whole)};
+                throw usage_error{detail::format("{}: workers_store_peers must be members (the round's nodes' "
+                                                 "addresses only) or any (every peer, for NAT between the nodes)",
+                                                 whole)};
             }
             settings.workers_store_any_peer = peers == "any";
         } else if (key == "secret_file") {
@@ -431,12 +434,12 @@ namespace elastic::inline v0 {
         } else if (key == "store_type") {
             const auto type = detail::launch::lower(value);
             if (type == "file") {
-                throw usage_error{fmt::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
-                                              "backend uses a TCP store (store_type=tcp)",
-                                              whole)};
+                throw usage_error{detail::format("{}: store_type=file (a FileStore) is not implemented; elastic's c10d "
+                                                 "backend uses a TCP store (store_type=tcp)",
+                                                 whole)};
             }
             if (type != "tcp") {
-                throw usage_error{fmt::format("{}: store_type must be tcp", whole)};
+                throw usage_error{detail::format("{}: store_type must be tcp", whole)};
             }
         } else if (key == "use_libuv") {
             // Accepted for compatibility: it picks the Python TCPStore server's event loop; elastic's
@@ -445,7 +448,7 @@ namespace elastic::inline v0 {
         } else if (key == "protocol") {
             const auto protocol = detail::launch::lower(value);
             if (protocol != "http" && protocol != "https") {
-                throw usage_error{fmt::format("{}: protocol must be http or https", whole)};
+                throw usage_error{detail::format("{}: protocol must be http or https", whole)};
             }
             settings.tls = protocol == "https";
         } else if (key == "cacert") {
@@ -457,31 +460,31 @@ namespace elastic::inline v0 {
         }
     }
     if ((settings.cacert || settings.cert || settings.key) && !settings.tls) {
-        throw usage_error{fmt::format("{}: cacert, cert and key are for TLS to etcd: add protocol=https", whole)};
+        throw usage_error{detail::format("{}: cacert, cert and key are for TLS to etcd: add protocol=https", whole)};
     }
     if (settings.key.has_value() != settings.cert.has_value()) {
         throw usage_error{
-            fmt::format("{}: cert and key go together (a client certificate and its private key)", whole)};
+            detail::format("{}: cert and key go together (a client certificate and its private key)", whole)};
     }
     if (warnings != nullptr && unquoted) {
-        warnings->push_back(fmt::format("{}: the quotes around its value were removed (a script quoted it twice); "
-                                        "read as {}",
-                                        name, text));
+        warnings->push_back(detail::format("{}: the quotes around its value were removed (a script quoted it twice); "
+                                           "read as {}",
+                                           name, text));
     }
     if (warnings != nullptr && !ignored.empty()) {
-        warnings->push_back(fmt::format("{}: the {} backend does not read {} '{}'; ignored, as torchrun does (it "
-                                        "reads: {})",
-                                        name, to_string(backend), ignored.size() == 1 ? "the key" : "the keys",
-                                        fmt::join(ignored, "', '"), detail::launch::keys_of(backend)));
+        warnings->push_back(detail::format("{}: the {} backend does not read {} '{}'; ignored, as torchrun does (it "
+                                           "reads: {})",
+                                           name, to_string(backend), ignored.size() == 1 ? "the key" : "the keys",
+                                           fmt::join(ignored, "', '"), detail::launch::keys_of(backend)));
     }
     return settings;
 }
 
 [[nodiscard]] ELASTIC_DECL stream_selection parse_stream_selection(std::string_view text, std::string_view name) {
     const auto fail = [&]() {
-        return usage_error{fmt::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
-                                       "LOCAL_RANK:N,... such as 0:3,1:2",
-                                       detail::launch::show(name, text))};
+        return usage_error{detail::format("{}: want 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank "
+                                          "LOCAL_RANK:N,... such as 0:3,1:2",
+                                          detail::launch::show(name, text))};
     };
     const auto streams_of = [&](std::string_view digit) {
         const auto value = detail::launch::to_integer(digit);
@@ -507,7 +510,7 @@ namespace elastic::inline v0 {
             throw fail();
         }
         if (!selection.per_rank.emplace(static_cast<int>(*rank), streams_of(item.substr(colon + 1))).second) {
-            throw usage_error{fmt::format("{}: local rank {} given twice", detail::launch::show(name, text), *rank)};
+            throw usage_error{detail::format("{}: local rank {} given twice", detail::launch::show(name, text), *rank)};
         }
     }
     return selection;
@@ -521,8 +524,8 @@ namespace elastic::inline v0 {
     for (const auto item : detail::launch::split(text, ',')) {
         const auto rank = detail::launch::to_integer(item);
         if (!rank || *rank < 0 || *rank > INT_MAX) {
-            throw usage_error{fmt::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
-                                          detail::launch::show(name, text), item)};
+            throw usage_error{detail::format("{}: want comma-separated local ranks such as 0,2 ('{}' is not one)",
+                                             detail::launch::show(name, text), item)};
         }
         ranks.insert(static_cast<int>(*rank));
     }
@@ -560,9 +563,9 @@ namespace elastic::inline v0 {
                                      word == "sigbus" || word == "sigfpe" || word == "sigill" || word == "sigabrt" ||
                                      word == "sigtrap" || word == "sigsys" || word == "sigpipe";
             throw usage_error{
-                fmt::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
-                            detail::launch::show(name, text), detail::launch::trim(item),
-                            untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
+                detail::format("{}: '{}' {} (want names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2)",
+                               detail::launch::show(name, text), detail::launch::trim(item),
+                               untrappable ? "cannot be trapped and forwarded by the agent" : "is not a signal name")};
         }
         if (std::find(numbers.begin(), numbers.end(), number) == numbers.end()) {
             numbers.push_back(number);
@@ -579,7 +582,7 @@ namespace elastic::inline v0 {
     if (word == "error") return log_level::error;
     if (word == "critical" || word == "fatal") return log_level::critical;
     throw usage_error{
-        fmt::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch::show(name, text))};
+        detail::format("{}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL", detail::launch::show(name, text))};
 }
 
 }  // namespace elastic::inline v0

@@ -11,7 +11,7 @@
 #include "elastic/policy/spec.hpp"
 
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -41,14 +41,15 @@ public:
     explicit basic_backoff(backoff_spec spec, Clock clock = Clock{}, uniform_source uniform = random_uniform_source())
         : spec_(spec), clock_(std::move(clock)), uniform_(std::move(uniform)) {
         if (spec_.initial <= spec_.initial.zero() || spec_.cap < spec_.initial) {
-            throw std::invalid_argument(fmt::format("backoff({}, {}): want 0 < initial <= cap",
-                                                    duration_flag_text(spec_.initial), duration_flag_text(spec_.cap)));
+            throw std::invalid_argument(detail::format("backoff({}, {}): want 0 < initial <= cap",
+                                                       duration_flag_text(spec_.initial),
+                                                       duration_flag_text(spec_.cap)));
         }
         if (!(spec_.factor >= 1.0) || !std::isfinite(spec_.factor) || !(spec_.jitter >= 0.0 && spec_.jitter < 1.0) ||
             spec_.reset_after < spec_.reset_after.zero()) {
             throw std::invalid_argument(
-                fmt::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
-                            spec_.factor, spec_.jitter));
+                detail::format("backoff: want factor >= 1 (got {}), 0 <= jitter < 1 (got {}), reset_after >= 0",
+                               spec_.factor, spec_.jitter));
         }
         if (!uniform_) uniform_ = random_uniform_source();
     }
@@ -71,9 +72,9 @@ public:
         const double seconds = base * (1.0 - spec_.jitter * u);
         const auto delay = std::chrono::round<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
         pending_ = k + 1;
-        std::string why = fmt::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
-        if (reset && in_a_row_ > 0) why += fmt::format(", after {} healthy", duration_words(failure.healthy_for()));
-        why += fmt::format("; {})", named());
+        std::string why = detail::format("after {} backoff (failure {} in a row", duration_words(delay), k + 1);
+        if (reset && in_a_row_ > 0) why += detail::format(", after {} healthy", duration_words(failure.healthy_for()));
+        why += detail::format("; {})", named());
         return {restart_decision::restart_because(std::move(why)), delay};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }

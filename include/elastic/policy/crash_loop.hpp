@@ -9,7 +9,7 @@
 #include "elastic/policy/spec.hpp"
 
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <stdexcept>
@@ -24,8 +24,8 @@ class crash_loop_guard : public named_policy {
 public:
     explicit crash_loop_guard(crash_guard_spec spec) : spec_(spec) {
         if (spec_.within <= spec_.within.zero() || spec_.in_a_row < 1) {
-            throw std::invalid_argument(fmt::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
-                                                    duration_flag_text(spec_.within), spec_.in_a_row));
+            throw std::invalid_argument(detail::format("crash_loop_guard({}, {}): want a time above 0 and N >= 1",
+                                                       duration_flag_text(spec_.within), spec_.in_a_row));
         }
     }
     /// crash_loop_guard(30s) or crash_loop_guard(30s, 3).
@@ -39,25 +39,26 @@ public:
         const bool early = ran < spec_.within;
         pending_ = early ? early_ + 1 : 0;
         if (!early) {
-            return {restart_decision::restart_because(fmt::format("ran {}, past the crash-loop guard of {}",
-                                                                  duration_words(ran), duration_words(spec_.within))),
+            return {restart_decision::restart_because(detail::format("ran {}, past the crash-loop guard of {}",
+                                                                     duration_words(ran),
+                                                                     duration_words(spec_.within))),
                     {}};
         }
         if (pending_ >= spec_.in_a_row) {
             return {restart_decision::stop_because(
                         spec_.in_a_row == 1
-                            ? fmt::format("the group failed {} after its start, within the crash-loop guard of {}: "
-                                          "not retried ({})",
-                                          duration_words(ran), duration_words(spec_.within), named())
-                            : fmt::format("the group failed {} after its start: {} starts in a row failed within "
-                                          "the crash-loop guard of {}: not retried ({})",
-                                          duration_words(ran), pending_, duration_words(spec_.within), named())),
+                            ? detail::format("the group failed {} after its start, within the crash-loop guard of {}: "
+                                             "not retried ({})",
+                                             duration_words(ran), duration_words(spec_.within), named())
+                            : detail::format("the group failed {} after its start: {} starts in a row failed within "
+                                             "the crash-loop guard of {}: not retried ({})",
+                                             duration_words(ran), pending_, duration_words(spec_.within), named())),
                     {}};
         }
-        return {restart_decision::restart_because(fmt::format("failed {} after its start: {} of {} allowed in a row "
-                                                              "within {} ({})",
-                                                              duration_words(ran), pending_, spec_.in_a_row - 1,
-                                                              duration_words(spec_.within), named())),
+        return {restart_decision::restart_because(detail::format("failed {} after its start: {} of {} allowed in a row "
+                                                                 "within {} ({})",
+                                                                 duration_words(ran), pending_, spec_.in_a_row - 1,
+                                                                 duration_words(spec_.within), named())),
                 {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called

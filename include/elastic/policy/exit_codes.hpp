@@ -10,7 +10,7 @@
 #include "elastic/process/exit.hpp"
 
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <string>
@@ -30,13 +30,13 @@ public:
     [[nodiscard]] mode which() const noexcept { return mode_; }
     /// The C++ form (`restart_on_exit("1,3-5,signals")`).
     [[nodiscard]] std::string code() const {
-        return fmt::format("{}(\"{}\")", mode_ == mode::restart_listed ? "restart_on_exit" : "stop_on_exit",
-                           set_.to_string());
+        return detail::format("{}(\"{}\")", mode_ == mode::restart_listed ? "restart_on_exit" : "stop_on_exit",
+                              set_.to_string());
     }
     /// The command-line form ("--restart-on-exit=1,3-5,signals"); stop_on_exit has no option
     /// and shows its C++ form.
     [[nodiscard]] std::string flag() const {
-        return mode_ == mode::restart_listed ? fmt::format("--restart-on-exit={}", set_.to_string()) : code();
+        return mode_ == mode::restart_listed ? detail::format("--restart-on-exit={}", set_.to_string()) : code();
     }
 
     restart_plan plan(const group_failure& failure) {
@@ -44,20 +44,20 @@ public:
         if (root == nullptr) return {restart_decision::restart_because("no worker failed on its own"), {}};
         const auto& status = root->status;
         // A hang is its own kind of ending: only `hang` matches it, not how the stop ended it.
-        const std::string ending = fmt::format("local_rank {} {}", root->local_rank,
-                                               root->hang ? root->hang->headline() : status.describe());
+        const std::string ending = detail::format("local_rank {} {}", root->local_rank,
+                                                  root->hang ? root->hang->headline() : status.describe());
         const bool listed = root->hang ? set_.hang : set_.contains(status);
         if (mode_ == mode::restart_listed) {
             if (listed)
-                return {restart_decision::restart_because(fmt::format("{}: retryable ({})", ending, named())), {}};
-            return {restart_decision::stop_because(fmt::format("{}: not retryable, stopping at once ({})", ending,
-                                                               named())),
+                return {restart_decision::restart_because(detail::format("{}: retryable ({})", ending, named())), {}};
+            return {restart_decision::stop_because(detail::format("{}: not retryable, stopping at once ({})", ending,
+                                                                  named())),
                     {}};
         }
         if (listed)
-            return {restart_decision::stop_because(fmt::format("{}: fatal, stopping at once ({})", ending, named())),
+            return {restart_decision::stop_because(detail::format("{}: fatal, stopping at once ({})", ending, named())),
                     {}};
-        return {restart_decision::restart_because(fmt::format("{}: not fatal ({})", ending, named())), {}};
+        return {restart_decision::restart_because(detail::format("{}: not fatal ({})", ending, named())), {}};
     }
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<void> wait(std::chrono::steady_clock::duration) {

@@ -7,7 +7,7 @@
 #include "elastic/policy/spec.hpp"
 
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -25,7 +25,7 @@ public:
     /// `n` >= 0 restarts allowed in the job.
     explicit max_restarts(int n) : budget_(n) {
         if (n < 0) {
-            throw std::invalid_argument(fmt::format("max_restarts({}): the budget must be 0 or more", n));
+            throw std::invalid_argument(detail::format("max_restarts({}): the budget must be 0 or more", n));
         }
     }
 
@@ -34,15 +34,16 @@ public:
 
     template <class Defer = void>  // a template: compiled only where it is called
     asio::awaitable<restart_decision> operator()(const group_failure& failure) const {
-        const auto named = cite(fmt::format("max_restarts({})", budget_), fmt::format("--max-restarts={}", budget_));
+        const auto named = cite(detail::format("max_restarts({})", budget_),
+                                detail::format("--max-restarts={}", budget_));
         if (failure.restarts < budget_) {
-            co_return restart_decision::restart_because(fmt::format("restart {} of {} ({})", failure.restarts + 1,
-                                                                    budget_, named));
+            co_return restart_decision::restart_because(detail::format("restart {} of {} ({})", failure.restarts + 1,
+                                                                       budget_, named));
         }
         co_return restart_decision::stop_because(
-            budget_ == 0 ? fmt::format("no restarts allowed ({})", named)
-                         : fmt::format("the restart budget is spent: {} of {} restarts made ({})", failure.restarts,
-                                       budget_, named));
+            budget_ == 0 ? detail::format("no restarts allowed ({})", named)
+                         : detail::format("the restart budget is spent: {} of {} restarts made ({})", failure.restarts,
+                                          budget_, named));
     }
 
 private:

@@ -10,7 +10,7 @@
 #include "elastic/policy/spec.hpp"
 
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -27,7 +27,7 @@ namespace elastic::inline v0 {
 class no_progress : public named_policy {
 public:
     explicit no_progress(int n) : n_(n) {
-        if (n_ < 1) throw std::invalid_argument(fmt::format("no_progress({}): want N >= 1", n_));
+        if (n_ < 1) throw std::invalid_argument(detail::format("no_progress({}): want N >= 1", n_));
     }
 
     [[nodiscard]] int limit() const noexcept { return n_; }
@@ -70,27 +70,29 @@ ELASTIC_DECL restart_plan no_progress::plan(const group_failure& failure) {
     const bool advanced = got && (!best_ || *got > *best_);
     pending_best_ = advanced ? got : best_;
     pending_ = advanced ? 0 : stalled_ + 1;
-    const auto reached = got ? fmt::format("progress {}", *got) : std::string("no progress reported");
-    const auto best = best_ ? fmt::format("the best so far is {}", *best_) : std::string("none reported before");
+    const auto reached = got ? detail::format("progress {}", *got) : std::string("no progress reported");
+    const auto best = best_ ? detail::format("the best so far is {}", *best_) : std::string("none reported before");
     if (advanced) {
-        return {restart_decision::restart_because(fmt::format("{}, past {} ({})", reached,
-                                                              best_ ? fmt::format("{}", *best_) : "nothing", named())),
+        return {restart_decision::restart_because(detail::format("{}, past {} ({})", reached,
+                                                                 best_ ? detail::format("{}", *best_) : "nothing",
+                                                                 named())),
                 {}};
     }
     if (pending_ >= n_) {
-        return {restart_decision::stop_because(fmt::format("{} ({}): {} failed attempt{} in a row made no progress, "
-                                                           "stopping ({})",
-                                                           reached, best, pending_, pending_ == 1 ? "" : "s", named())),
+        return {restart_decision::stop_because(detail::format("{} ({}): {} failed attempt{} in a row made no progress, "
+                                                              "stopping ({})",
+                                                              reached, best, pending_, pending_ == 1 ? "" : "s",
+                                                              named())),
                 {}};
     }
-    return {restart_decision::restart_because(fmt::format("{} ({}): {} of {} attempts in a row without progress "
-                                                          "allowed ({})",
-                                                          reached, best, pending_, n_ - 1, named())),
+    return {restart_decision::restart_because(detail::format("{} ({}): {} of {} attempts in a row without progress "
+                                                             "allowed ({})",
+                                                             reached, best, pending_, n_ - 1, named())),
             {}};
 }
 
 ELASTIC_DECL std::string no_progress::named() const {
-    return cite(fmt::format("no_progress({})", n_), fmt::format("--restart-no-progress={}", n_));
+    return cite(detail::format("no_progress({})", n_), detail::format("--restart-no-progress={}", n_));
 }
 
 }  // namespace elastic::inline v0

@@ -11,7 +11,7 @@
 #include "elastic/process/signal_name.hpp"
 #include "elastic/usage_error.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <bitset>
 #include <cctype>
@@ -85,7 +85,8 @@ struct backoff_spec {
     /// The command-line form, as reasons cite it: "--restart-backoff=1s:1min" (":RESET" when
     /// not the default).
     [[nodiscard]] std::string flag() const {
-        std::string out = fmt::format("--restart-backoff={}:{}", duration_flag_text(initial), duration_flag_text(cap));
+        std::string out = detail::format("--restart-backoff={}:{}", duration_flag_text(initial),
+                                         duration_flag_text(cap));
         if (reset_after != backoff_spec{}.reset_after) out += ":" + duration_flag_text(reset_after);
         return out;
     }
@@ -93,9 +94,10 @@ struct backoff_spec {
     /// two durations ("backoff(backoff_spec{1s, 1min, 30min, 1.5, 0.1})").
     [[nodiscard]] std::string code() const {
         const backoff_spec plain{initial, cap};
-        if (*this == plain) return fmt::format("backoff({}, {})", duration_flag_text(initial), duration_flag_text(cap));
-        return fmt::format("backoff(backoff_spec{{{}, {}, {}, {}, {}}})", duration_flag_text(initial),
-                           duration_flag_text(cap), duration_flag_text(reset_after), factor, jitter);
+        if (*this == plain)
+            return detail::format("backoff({}, {})", duration_flag_text(initial), duration_flag_text(cap));
+        return detail::format("backoff(backoff_spec{{{}, {}, {}, {}, {}}})", duration_flag_text(initial),
+                              duration_flag_text(cap), duration_flag_text(reset_after), factor, jitter);
     }
     friend bool operator==(const backoff_spec&, const backoff_spec&) = default;
 };
@@ -109,10 +111,10 @@ struct window_spec {
     std::chrono::milliseconds period{std::chrono::hours(1)};
 
     [[nodiscard]] std::string flag() const {
-        return fmt::format("--restart-window={}/{}", restarts, duration_flag_text(period));
+        return detail::format("--restart-window={}/{}", restarts, duration_flag_text(period));
     }
     [[nodiscard]] std::string code() const {
-        return fmt::format("restart_window({}, {})", restarts, duration_flag_text(period));
+        return detail::format("restart_window({}, {})", restarts, duration_flag_text(period));
     }
     friend bool operator==(const window_spec&, const window_spec&) = default;
 };
@@ -150,7 +152,7 @@ struct exit_code_set {
             if (!codes.test(c)) continue;
             std::size_t last = c;
             while (last + 1 < 256 && codes.test(last + 1)) ++last;
-            add(last == c ? fmt::format("{}", c) : fmt::format("{}-{}", c, last));
+            add(last == c ? detail::format("{}", c) : detail::format("{}-{}", c, last));
             c = last;
         }
         if (hang) add("hang");
@@ -177,12 +179,12 @@ struct crash_guard_spec {
     int in_a_row = 1;
 
     [[nodiscard]] std::string flag() const {
-        return in_a_row == 1 ? fmt::format("--restart-crash-guard={}", duration_flag_text(within))
-                             : fmt::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
+        return in_a_row == 1 ? detail::format("--restart-crash-guard={}", duration_flag_text(within))
+                             : detail::format("--restart-crash-guard={}:{}", duration_flag_text(within), in_a_row);
     }
     [[nodiscard]] std::string code() const {
-        return in_a_row == 1 ? fmt::format("crash_loop_guard({})", duration_flag_text(within))
-                             : fmt::format("crash_loop_guard({}, {})", duration_flag_text(within), in_a_row);
+        return in_a_row == 1 ? detail::format("crash_loop_guard({})", duration_flag_text(within))
+                             : detail::format("crash_loop_guard({}, {})", duration_flag_text(within), in_a_row);
     }
     friend bool operator==(const crash_guard_spec&, const crash_guard_spec&) = default;
 };
@@ -210,7 +212,7 @@ namespace elastic::inline v0 {
 namespace detail::policy {
 
 [[nodiscard]] ELASTIC_DECL std::string thousandths(long long value) {
-    std::string out = fmt::format("{}.{:03}", value / 1000, value % 1000);
+    std::string out = detail::format("{}.{:03}", value / 1000, value % 1000);
     while (out.back() == '0') out.pop_back();
     if (out.back() == '.') out.pop_back();
     return out;
@@ -222,11 +224,11 @@ namespace detail::policy {
     const auto ms = duration_cast<milliseconds>(d).count();
     if (ms < 0) return "-" + duration_text(-d, spaced);
     if (ms == 0 && d.count() != 0)
-        return fmt::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
-    if (ms != 0 && ms % 3'600'000 == 0) return fmt::format("{}{}h", ms / 3'600'000, space);
-    if (ms != 0 && ms % 60'000 == 0) return fmt::format("{}{}min", ms / 60'000, space);
-    if (ms < 1000 && ms != 0) return fmt::format("{}{}ms", ms, space);
-    return fmt::format("{}{}s", thousandths(ms), space);
+        return detail::format("{}{}ms", thousandths(duration_cast<microseconds>(d).count()), space);
+    if (ms != 0 && ms % 3'600'000 == 0) return detail::format("{}{}h", ms / 3'600'000, space);
+    if (ms != 0 && ms % 60'000 == 0) return detail::format("{}{}min", ms / 60'000, space);
+    if (ms < 1000 && ms != 0) return detail::format("{}{}ms", ms, space);
+    return detail::format("{}{}s", thousandths(ms), space);
 }
 
 }  // namespace detail::policy
@@ -266,9 +268,9 @@ namespace elastic::inline v0 {
                     std::isfinite(seconds) && seconds <= 1e9 && seconds >= 0 &&
                     (allow_zero || std::llround(seconds * 1000.0) > 0);
     if (!ok) {
-        throw usage_error{fmt::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
-                                      "counts seconds)",
-                                      detail::show(name, text), allow_zero ? "" : "above 0 ")};
+        throw usage_error{detail::format("{}: want a duration {}such as 500ms, 1.5s, 10min or 1h (a bare number "
+                                         "counts seconds)",
+                                         detail::show(name, text), allow_zero ? "" : "above 0 ")};
     }
     return std::chrono::milliseconds{std::llround(seconds * 1000.0)};
 }
@@ -276,16 +278,16 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL backoff_spec parse_backoff_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, ':');
     if (parts.size() < 2 || parts.size() > 3) {
-        throw usage_error{fmt::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
-                                      detail::show(name, text))};
+        throw usage_error{detail::format("{}: want INITIAL:CAP or INITIAL:CAP:RESET, such as 1s:1min or 1s:1min:10min",
+                                         detail::show(name, text))};
     }
     backoff_spec spec;
     spec.initial = parse_duration(parts[0], name);
     spec.cap = parse_duration(parts[1], name);
     if (parts.size() == 3) spec.reset_after = parse_duration(parts[2], name, true);
     if (spec.cap < spec.initial) {
-        throw usage_error{fmt::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
-                                      duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
+        throw usage_error{detail::format("{}: the cap ({}) is below the initial delay ({})", detail::show(name, text),
+                                         duration_flag_text(spec.cap), duration_flag_text(spec.initial))};
     }
     return spec;
 }
@@ -293,13 +295,13 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL window_spec parse_window_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, '/');
     if (parts.size() != 2) {
-        throw usage_error{
-            fmt::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)", detail::show(name, text))};
+        throw usage_error{detail::format("{}: want N/PERIOD, such as 5/1h (at most 5 restarts in any hour)",
+                                         detail::show(name, text))};
     }
     const auto n = detail::to_integer(detail::trim(parts[0]));
     if (!n || *n < 1 || *n > 1'000'000) {
-        throw usage_error{fmt::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
-                                      detail::show(name, text))};
+        throw usage_error{detail::format("{}: the number of restarts before '/' must be an integer from 1 to 1000000",
+                                         detail::show(name, text))};
     }
     return window_spec{static_cast<int>(*n), parse_duration(parts[1], name)};
 }
@@ -320,8 +322,8 @@ namespace elastic::inline v0 {
         if (word.rfind("sig", 0) == 0) {
             const int found = signal_number(word);
             if (found == 0 || found > 64) {
-                throw usage_error{fmt::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
-                                              detail::show(name, text), item)};
+                throw usage_error{detail::format("{}: '{}' is not a signal name (such as SIGKILL or SIGSEGV)",
+                                                 detail::show(name, text), item)};
             }
             set.signals.set(static_cast<std::size_t>(found));
             continue;
@@ -331,9 +333,9 @@ namespace elastic::inline v0 {
         const auto last = dash == std::string_view::npos ? first
                                                          : detail::to_integer(detail::trim(item.substr(dash + 1)));
         if (!first || !last || *first < 1 || *last > 255 || *first > *last) {
-            throw usage_error{fmt::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals', "
-                                          "a signal name or 'hang'",
-                                          detail::show(name, text), item)};
+            throw usage_error{detail::format("{}: '{}' is not an exit code 1-255, a range such as 3-5, 'signals', "
+                                             "a signal name or 'hang'",
+                                             detail::show(name, text), item)};
         }
         for (auto c = *first; c <= *last; ++c) set.codes.set(static_cast<std::size_t>(c));
     }
@@ -343,7 +345,7 @@ namespace elastic::inline v0 {
 [[nodiscard]] ELASTIC_DECL crash_guard_spec parse_crash_guard_spec(std::string_view text, std::string_view name) {
     const auto parts = detail::split(text, ':');
     if (parts.size() > 2) {
-        throw usage_error{fmt::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
+        throw usage_error{detail::format("{}: want T or T:N, such as 30s or 30s:3", detail::show(name, text))};
     }
     crash_guard_spec spec;
     spec.within = parse_duration(parts[0], name);
@@ -351,7 +353,7 @@ namespace elastic::inline v0 {
         const auto n = detail::to_integer(detail::trim(parts[1]));
         if (!n || *n < 1 || *n > 1'000'000) {
             throw usage_error{
-                fmt::format("{}: N after ':' must be an integer from 1 to 1000000", detail::show(name, text))};
+                detail::format("{}: N after ':' must be an integer from 1 to 1000000", detail::show(name, text))};
         }
         spec.in_a_row = static_cast<int>(*n);
     }

@@ -10,7 +10,7 @@
 #include "elastic/policy/spec.hpp"
 
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <deque>
@@ -28,8 +28,8 @@ public:
     explicit basic_restart_window(window_spec spec, Clock clock = Clock{}) : spec_(spec), clock_(std::move(clock)) {
         if (spec_.restarts < 1 || spec_.period <= spec_.period.zero()) {
             throw std::invalid_argument(
-                fmt::format("restart_window({}, {}): want at least 1 restart and a period above 0", spec_.restarts,
-                            duration_flag_text(spec_.period)));
+                detail::format("restart_window({}, {}): want at least 1 restart and a period above 0", spec_.restarts,
+                               duration_flag_text(spec_.period)));
         }
     }
     /// restart_window(5, 1h).
@@ -47,13 +47,14 @@ public:
         const int made = recent();
         if (made >= spec_.restarts) {
             const auto since = clock_.now() - times_.front();
-            return {restart_decision::stop_because(fmt::format(
+            return {restart_decision::stop_because(detail::format(
                         "the restart window is spent: {} restart{} within the last {}, the first {} ago ({})", made,
                         made == 1 ? "" : "s", duration_words(spec_.period), duration_words(since), named())),
                     {}};
         }
-        return {restart_decision::restart_because(fmt::format("restart {} of {} within {} ({})", made + 1,
-                                                              spec_.restarts, duration_words(spec_.period), named())),
+        return {restart_decision::restart_because(detail::format("restart {} of {} within {} ({})", made + 1,
+                                                                 spec_.restarts, duration_words(spec_.period),
+                                                                 named())),
                 {}};
     }
     asio::awaitable<void> wait(std::chrono::steady_clock::duration d) { return clock_.sleep(d); }

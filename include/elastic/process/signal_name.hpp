@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 namespace elastic::inline v0 {
 
@@ -76,9 +76,9 @@ ELASTIC_DECL std::string signal_name(int signal_number) {
     }
     // kill -l's split: the lower half counts up from SIGRTMIN, the upper half down from SIGRTMAX.
     if (signal_number - rt_min <= (rt_max - rt_min) / 2) {
-        return fmt::format("SIGRTMIN+{}", signal_number - rt_min);
+        return detail::format("SIGRTMIN+{}", signal_number - rt_min);
     }
-    return fmt::format("SIGRTMAX-{}", rt_max - signal_number);
+    return detail::format("SIGRTMAX-{}", rt_max - signal_number);
 }
 
 [[nodiscard]] ELASTIC_DECL int signal_number(std::string_view name) {
@@ -102,7 +102,7 @@ ELASTIC_DECL std::string signal_name(int signal_number) {
 }
 
 ELASTIC_DECL std::string signal_message(int signal_number, long pid) {
-    return fmt::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
+    return detail::format("Signal {} ({}) received by PID {}", signal_number, signal_name(signal_number), pid);
 }
 
 }  // namespace elastic::inline v0

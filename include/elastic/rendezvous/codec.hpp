@@ -9,7 +9,7 @@
 #include "elastic/rendezvous/error.hpp"
 
 #include <asio/ip/address.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
@@ -44,9 +44,9 @@ inline std::string shown(std::string_view value, std::size_t limit = 120) {
     for (const char c : value.substr(0, std::min(value.size(), limit))) {
         const auto u = static_cast<unsigned char>(c);
         if (u >= 0x20 && u < 0x7f && c != '\\') out += c;
-        else out += fmt::format("\\x{:02x}", u);
+        else out += detail::format("\\x{:02x}", u);
     }
-    if (value.size() > limit) out += fmt::format("... ({} bytes)", value.size());
+    if (value.size() > limit) out += detail::format("... ({} bytes)", value.size());
     return out;
 }
 
@@ -174,7 +174,7 @@ inline std::int64_t decode_count(std::string_view text, std::int64_t lo, std::in
     const auto* end = text.data() + text.size();
     const auto [p, ec] = std::from_chars(text.data(), end, v);
     if (ec != std::errc{} || p != end || text.empty()) throw invalid_value("not a whole number");
-    if (v < lo || v > hi) throw invalid_value(fmt::format("{} is outside {}..{}", v, lo, hi));
+    if (v < lo || v > hi) throw invalid_value(detail::format("{} is outside {}..{}", v, lo, hi));
     return v;
 }
 
@@ -184,7 +184,7 @@ inline std::string torchrun_key(const std::string& run_id) { return "torch.rende
 /// What elastic writes at that key: not base64 of a pickle, so a torchrun agent joining the
 /// same run stops with "the rendezvous state is corrupt" instead of mixing with us.
 inline std::string guard_value(const std::string& run_id) {
-    return fmt::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
+    return detail::format("elasticrun rendezvous of run '{}' (not a torchrun state)", run_id);
 }
 
 }  // namespace detail::rendezvous
@@ -207,12 +207,12 @@ inline nlohmann::json parse_object(std::string_view text) {
 /// Field `name` of `j` as an integer within [lo, hi].
 inline std::int64_t field_int(const nlohmann::json& j, const char* name, std::int64_t lo, std::int64_t hi) {
     const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_number_integer()) throw invalid_value(fmt::format("'{}' is not an integer", name));
+    if (it == j.end()) throw invalid_value(detail::format("no '{}'", name));
+    if (!it->is_number_integer()) throw invalid_value(detail::format("'{}' is not an integer", name));
     const auto v = it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
                        ? hi + 1
                        : it->get<std::int64_t>();
-    if (v < lo || v > hi) throw invalid_value(fmt::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
+    if (v < lo || v > hi) throw invalid_value(detail::format("'{}' = {} is outside {}..{}", name, v, lo, hi));
     return v;
 }
 
@@ -223,11 +223,11 @@ inline int field_small(const nlohmann::json& j, const char* name, std::int64_t l
 /// Field `name` of `j` as a string of at most `max` bytes (and at least `min`).
 inline std::string field_string(const nlohmann::json& j, const char* name, std::size_t max, std::size_t min = 0) {
     const auto it = j.find(name);
-    if (it == j.end()) throw invalid_value(fmt::format("no '{}'", name));
-    if (!it->is_string()) throw invalid_value(fmt::format("'{}' is not a string", name));
+    if (it == j.end()) throw invalid_value(detail::format("no '{}'", name));
+    if (!it->is_string()) throw invalid_value(detail::format("'{}' is not a string", name));
     auto v = it->get<std::string>();
     if (v.size() > max || v.size() < min)
-        throw invalid_value(fmt::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
+        throw invalid_value(detail::format("'{}' has {} bytes (allowed: {}..{})", name, v.size(), min, max));
     return v;
 }
 
@@ -235,7 +235,7 @@ inline std::string field_string(const nlohmann::json& j, const char* name, std::
 /// always exists would pass for a lease that is held).
 inline std::string lease_name(const nlohmann::json& j, const char* name) {
     auto v = field_string(j, name, max_id, 1);
-    if (v.rfind("__", 0) == 0) throw invalid_value(fmt::format("'{}' is the store's own name, no lease", name));
+    if (v.rfind("__", 0) == 0) throw invalid_value(detail::format("'{}' is the store's own name, no lease", name));
     return v;
 }
 
@@ -243,9 +243,9 @@ inline bool field_bool(const nlohmann::json& j, const char* name, std::optional<
     const auto it = j.find(name);
     if (it == j.end()) {
         if (absent) return *absent;
-        throw invalid_value(fmt::format("no '{}'", name));
+        throw invalid_value(detail::format("no '{}'", name));
     }
-    if (!it->is_boolean()) throw invalid_value(fmt::format("'{}' is not true or false", name));
+    if (!it->is_boolean()) throw invalid_value(detail::format("'{}' is not true or false", name));
     return it->get<bool>();
 }
 
@@ -264,7 +264,7 @@ auto decoded(Decode decode) -> decltype(decode()) {
 inline std::vector<store_successor> decode_successors(const nlohmann::json& list) {
     if (!list.is_array()) throw invalid_value("'successors' is not a list");
     if (list.size() > 16)
-        throw invalid_value(fmt::format("'successors' names {} servers (at most 3 are written)", list.size()));
+        throw invalid_value(detail::format("'successors' names {} servers (at most 3 are written)", list.size()));
     std::vector<store_successor> out;
     for (const auto& x : list) {
         if (!x.is_object()) throw invalid_value("a successor is not a JSON object");
@@ -283,11 +283,11 @@ inline nlohmann::json encode_successors(const std::vector<store_successor>& succ
 /// A list of at most `max` strings of at most max_host bytes each.
 inline std::vector<std::string> string_list(const nlohmann::json& list, std::size_t max, const char* what) {
     if (!list.is_array() || list.size() > max)
-        throw invalid_value(fmt::format("'{}' is not a list of at most {} entries", what, max));
+        throw invalid_value(detail::format("'{}' is not a list of at most {} entries", what, max));
     std::vector<std::string> out;
     for (const auto& x : list) {
         if (!x.is_string() || x.get_ref<const std::string&>().size() > max_host)
-            throw invalid_value(fmt::format("an entry of '{}' is not a host name or address", what));
+            throw invalid_value(detail::format("an entry of '{}' is not a host name or address", what));
         out.push_back(x.get<std::string>());
     }
     return out;
@@ -341,7 +341,7 @@ ELASTIC_DECL node_info decode_node(std::string_view text) {
         i.hosts_store = field_bool(j, "hosts_store", false);
         if (const auto it = j.find("addrs"); it != j.end()) {
             if (!it->is_array() || it->size() > max_addrs)
-                throw invalid_value(fmt::format("'addrs' is not a list of at most {} addresses", max_addrs));
+                throw invalid_value(detail::format("'addrs' is not a list of at most {} addresses", max_addrs));
             for (const auto& a : *it) {
                 if (!a.is_string() || a.get<std::string>().size() > max_host ||
                     !is_address_literal(a.get<std::string>()))
@@ -376,7 +376,7 @@ inline earlier_round decode_earlier(const nlohmann::json& pair, int below, int n
     if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() || !pair[1].is_number_integer() ||
         pair[0].get<std::int64_t>() < 0 || pair[0].get<std::int64_t>() >= below || pair[1].get<std::int64_t>() < 1 ||
         pair[1].get<std::int64_t>() > nnodes)
-        throw invalid_value(fmt::format("'before' is not [a round before {}, a size of 1..{}]", below, nnodes));
+        throw invalid_value(detail::format("'before' is not [a round before {}, a size of 1..{}]", below, nnodes));
     return earlier_round{pair[0].get<int>(), pair[1].get<int>()};
 }
 }  // namespace codec
@@ -414,8 +414,8 @@ ELASTIC_DECL std::optional<rendezvous_round> decode_assignment(std::string_view 
         r.master_port = static_cast<std::uint16_t>(field_int(j, "master_port", 1, 65535));
         if (const auto it = j.find("peers"); it != j.end()) {
             if (!it->is_array() || it->size() > (max_addrs + 2) * static_cast<std::size_t>(nnodes))
-                throw invalid_value(fmt::format("'peers' is not a list of at most {} addresses per node",
-                                                max_addrs + 2));
+                throw invalid_value(detail::format("'peers' is not a list of at most {} addresses per node",
+                                                   max_addrs + 2));
             for (const auto& p : *it) {
                 if (!p.is_string() || p.get<std::string>().size() > max_host)
                     throw invalid_value("a peer is not a host name or address");
@@ -605,7 +605,7 @@ ELASTIC_DECL abort_notice decode_abort(std::string_view text, int size) {
         if (what == "membership") a.what = abort_notice::kind::membership;
         else if (what == "closed") a.what = abort_notice::kind::closed;
         else if (what == "failure") a.what = abort_notice::kind::failure;
-        else throw invalid_value(fmt::format("unknown kind '{}'", shown(what)));
+        else throw invalid_value(detail::format("unknown kind '{}'", shown(what)));
         a.admission = field_bool(j, "admission", false);
         if (j.contains("node")) a.node = lease_name(j, "node");
         return a;

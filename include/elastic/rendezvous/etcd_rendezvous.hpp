@@ -16,7 +16,7 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <functional>
@@ -66,7 +66,8 @@ public:
             failed = e.what();
         }
         if (!failed.empty()) {
-            throw rendezvous_error(fmt::format("cannot use the etcd cluster at {}: {}", client_->describe(), failed));
+            throw rendezvous_error(detail::format("cannot use the etcd cluster at {}: {}", client_->describe(),
+                                                  failed));
         }
         store_ = make_store();
         watcher_ = make_store();
@@ -91,8 +92,8 @@ public:
     asio::awaitable<void> start_liveness(node_info me) {
         const auto failed = co_await hold_new_lease(std::move(me));
         if (!failed.empty()) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease in the etcd cluster at {}: {}",
-                                               client_->describe(), failed));
+            throw rendezvous_error(detail::format("cannot hold this node's lease in the etcd cluster at {}: {}",
+                                                  client_->describe(), failed));
         }
     }
 
@@ -116,7 +117,7 @@ public:
         if (!client_ || !rdzv_ || stopped_) co_return;
         if (!status_) status_ = make_store();
         if (!status_index_) status_index_ = co_await status_->add(rdzv_->job_key("status/count"), 1) - 1;
-        co_await status_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+        co_await status_->set(rdzv_->job_key(detail::format("status/{}", *status_index_)), std::move(json));
     }
 
     asio::awaitable<rendezvous_round> next_round(node_info me) {
@@ -148,10 +149,10 @@ public:
             failed = e.what();
         }
         if (!failed.empty() && log_) {
-            log_(fmt::format("leaving the etcd rendezvous of run '{}': {} (etcd expires this node's lease within "
-                             "{} s, and the next job with this id clears what is left)",
-                             params_.run_id, failed,
-                             std::chrono::duration_cast<std::chrono::seconds>(keep_alive_deadline()).count()));
+            log_(detail::format("leaving the etcd rendezvous of run '{}': {} (etcd expires this node's lease within "
+                                "{} s, and the next job with this id clears what is left)",
+                                params_.run_id, failed,
+                                std::chrono::duration_cast<std::chrono::seconds>(keep_alive_deadline()).count()));
         }
     }
 
@@ -187,12 +188,13 @@ public:
         rdzv_->reconnected(*store_, *watcher_);
         const auto failed = co_await hold_new_lease(std::move(me));
         if (!failed.empty()) {
-            throw rendezvous_error(fmt::format("{}; the etcd cluster at {} grants this node no new lease: {}", reason,
-                                               client_->describe(), failed));
+            throw rendezvous_error(detail::format("{}; the etcd cluster at {} grants this node no new lease: {}",
+                                                  reason, client_->describe(), failed));
         }
-        co_return fmt::format("{}; the etcd cluster at {} answers again: this node holds a new lease and rejoins the "
-                              "job",
-                              reason, client_->describe());
+        co_return detail::format(
+            "{}; the etcd cluster at {} answers again: this node holds a new lease and rejoins the "
+            "job",
+            reason, client_->describe());
     }
 
     /// This node's lease name ("host:pid:tag"), after start_liveness().
@@ -272,8 +274,8 @@ private:
     }
 
     static std::string make_node_id(const std::string& host, long pid) {
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
-                           detail::random_u64() & 0xffffu);
+        return detail::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                              detail::random_u64() & 0xffffu);
     }
 
     asio::any_io_executor executor_;

@@ -11,7 +11,7 @@
 #include <asio/cancellation_type.hpp>
 #include <asio/error.hpp>
 #include <asio/this_coro.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <cstdint>
 #include <optional>
@@ -70,7 +70,7 @@ ELASTIC_DECL std::string describe_node_id(std::string_view id) {
     if (last == std::string_view::npos || last == 0) return std::string(id);
     const auto mid = id.rfind(':', last - 1);
     if (mid == std::string_view::npos) return std::string(id);
-    return fmt::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
+    return detail::format("{} (pid {})", id.substr(0, mid), id.substr(mid + 1, last - mid - 1));
 }
 
 }  // namespace detail::rendezvous

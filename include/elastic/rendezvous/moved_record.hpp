@@ -68,7 +68,7 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept;
 
 #if ELASTIC_DETAIL_BODIES
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <cerrno>
 #include <charconv>
@@ -91,7 +91,7 @@ ELASTIC_DECL std::string moved_record_name(std::string_view key) {
         hash ^= static_cast<unsigned char>(c);
         hash *= 1099511628211ULL;
     }
-    return fmt::format("moved-store.{:016x}", hash);
+    return detail::format("moved-store.{:016x}", hash);
 }
 
 ELASTIC_DECL std::vector<moved_record_entry> parse_moved_record(std::string_view text, std::string_view key) {
@@ -195,12 +195,12 @@ ELASTIC_DECL void remove_moved_record(std::string_view key) noexcept {
 ELASTIC_DECL std::string moved_record_text(std::string_view key, const std::vector<store_successor>& successors) {
     // The writer's pid: the sweep keeps an old record whose writer still runs (a long job
     // without a new round). A reader skips the line (it names no port).
-    std::string text = fmt::format("elastic moved-store record 1\n{}\nwriter {}\n", key, ::getpid());
+    std::string text = detail::format("elastic moved-store record 1\n{}\nwriter {}\n", key, ::getpid());
     std::size_t count = 0;
     for (const auto& s : successors) {
         if (count == moved_record_limit) break;
         if (s.port == 0 || s.addr.empty() || s.addr.find_first_of(" \n") != std::string::npos) continue;
-        text += fmt::format("{} {}\n", s.port, s.addr);
+        text += detail::format("{} {}\n", s.port, s.addr);
         ++count;
     }
     return text;
@@ -215,14 +215,14 @@ ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vec
         return e.what();
     }
     const int dir = open_private_directory(dir_path, true, why);
-    if (dir < 0) return why.empty() ? fmt::format("cannot open {}", dir_path) : why;
+    if (dir < 0) return why.empty() ? detail::format("cannot open {}", dir_path) : why;
     const auto name = moved_record_name(key);
     // Its own name: writers on one machine (a pid may repeat across pid namespaces) never share it.
-    const auto aside = fmt::format("{}.{:016x}.tmp", name, random_u64());
+    const auto aside = detail::format("{}.{:016x}.tmp", name, random_u64());
     const auto text = moved_record_text(key, successors);
     const int fd = ::openat(dir, aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
-        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
+        why = detail::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(errno));
         ::close(dir);
         return why;
     }
@@ -236,9 +236,9 @@ ELASTIC_DECL std::string write_moved_record(std::string_view key, const std::vec
     const int error = errno;
     ::close(fd);
     if (done != text.size()) {
-        why = fmt::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(error));
+        why = detail::format("cannot write {}/{}: {}", dir_path, aside, std::strerror(error));
     } else if (::renameat(dir, aside.c_str(), dir, name.c_str()) != 0) {
-        why = fmt::format("cannot rename into {}/{}: {}", dir_path, name, std::strerror(errno));
+        why = detail::format("cannot rename into {}/{}: {}", dir_path, name, std::strerror(errno));
     }
     if (!why.empty()) ::unlinkat(dir, aside.c_str(), 0);
     sweep_moved_records(dir);

@@ -6,7 +6,7 @@
 
 #include "elastic/detail/config.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -133,9 +133,9 @@ namespace elastic::inline v0 {
 
 [[nodiscard]] ELASTIC_DECL std::string to_string(const host_port& endpoint) {
     const bool v6 = endpoint.host.find(':') != std::string::npos;
-    auto out = v6 ? fmt::format("[{}]", endpoint.host) : endpoint.host;
+    auto out = v6 ? detail::format("[{}]", endpoint.host) : endpoint.host;
     if (endpoint.port) {
-        out += fmt::format(":{}", *endpoint.port);
+        out += detail::format(":{}", *endpoint.port);
     }
     return out;
 }

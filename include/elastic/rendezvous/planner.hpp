@@ -9,7 +9,7 @@
 #include "elastic/rendezvous/codec.hpp"
 #include "elastic/rendezvous/concepts.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -135,17 +135,17 @@ ELASTIC_DECL std::variant<std::vector<int>, std::string> assign_group_ranks(cons
         if (!given) continue;
         if (!strict && (*given < 0 || *given >= n || owner[static_cast<std::size_t>(*given)] >= 0)) continue;
         if (*given < 0 || *given >= n) {
-            return fmt::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
-                               nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid, n - 1,
-                               n);
+            return detail::format("--node-rank={} of {} (pid {}) is outside 0..{} for --nnodes={}", *given,
+                                  nodes[static_cast<std::size_t>(i)].host, nodes[static_cast<std::size_t>(i)].pid,
+                                  n - 1, n);
         }
         auto& o = owner[static_cast<std::size_t>(*given)];
         if (o >= 0) {
             const auto& a = nodes[static_cast<std::size_t>(o)];
             const auto& b = nodes[static_cast<std::size_t>(i)];
-            return fmt::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
-                               "own --node-rank",
-                               *given, a.host, a.pid, b.host, b.pid);
+            return detail::format("--node-rank={} given by two nodes, {} (pid {}) and {} (pid {}); each node needs its "
+                                  "own --node-rank",
+                                  *given, a.host, a.pid, b.host, b.pid);
         }
         o = i;
         rank[static_cast<std::size_t>(i)] = *given;

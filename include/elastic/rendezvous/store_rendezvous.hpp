@@ -20,7 +20,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -46,9 +46,9 @@ namespace detail::rendezvous {
 /// `within` (store_rendezvous::confirm_store_lost said no): the error was that request's alone.
 inline std::string request_failed_alone(const std::string& reason, std::chrono::milliseconds within,
                                         std::string_view store_name) {
-    return fmt::format("{} (this node's lease at {} did not end within {} ms: {} still holds this node, the failure "
-                       "was that request's alone)",
-                       reason, store_name, within.count(), store_name);
+    return detail::format("{} (this node's lease at {} did not end within {} ms: {} still holds this node, the failure "
+                          "was that request's alone)",
+                          reason, store_name, within.count(), store_name);
 }
 
 }  // namespace detail::rendezvous
@@ -345,7 +345,7 @@ public:
                 continue;
             }
             me.hosts_store = options_.hosts_store;
-            co_await store_->set(key(r, fmt::format("info/{}", arrival)), detail::rendezvous::encode(me));
+            co_await store_->set(key(r, detail::format("info/{}", arrival)), detail::rendezvous::encode(me));
             if (step == detail::rendezvous::arrival_step::complete) {
                 co_await complete(*store_, r, static_cast<int>(arrival));
             } else if (step == detail::rendezvous::arrival_step::seal) {
@@ -359,10 +359,11 @@ public:
                 // waited in its own (round_past): it goes there too, as a mover no longer (no
                 // seat and no majority rule of its own: the completer's rule counts it by the
                 // rounds it was a member of).
-                say(fmt::format("round {} of run '{}': nodes arrived at round {} of the store the job moved to (they "
-                                "came there with a newer view of the job's rounds than this node's); this node goes "
-                                "on from there",
-                                r, options_.run_id, *past));
+                say(detail::format(
+                    "round {} of run '{}': nodes arrived at round {} of the store the job moved to (they "
+                    "came there with a newer view of the job's rounds than this node's); this node goes "
+                    "on from there",
+                    r, options_.run_id, *past));
                 drop_round_rules();
                 round_ = *past - 1;
                 continue;
@@ -370,9 +371,9 @@ public:
             if (!assigned && std::exchange(left_out_, false)) {
                 // The round formed without this node (its info came after the completer's
                 // grace): it arrives late there, as a newcomer does, and goes on from there.
-                say(fmt::format("round {} of run '{}' formed without this node (its node info reached the store "
-                                "after the completer stopped waiting for it); it joins as a late node",
-                                r, options_.run_id));
+                say(detail::format("round {} of run '{}' formed without this node (its node info reached the store "
+                                   "after the completer stopped waiting for it); it joins as a late node",
+                                   r, options_.run_id));
                 if (co_await late(r, me)) started = std::chrono::steady_clock::now();
                 continue;
             }
@@ -410,7 +411,7 @@ public:
             // may still go by the round before it (split_rule): this node has learned. The last
             // member to say so marks the round as acknowledged by all.
             if (guards_split()) {
-                co_await store_->set(job_key(fmt::format("acked/{}", group_rank_)), std::to_string(r));
+                co_await store_->set(job_key(detail::format("acked/{}", group_rank_)), std::to_string(r));
                 if (co_await store_->add(key(r, "acks"), 1) == size_) co_await mark_acknowledged(r);
             }
             // Losses this node saw after the completer's epoch but before it ran: a member may
@@ -541,11 +542,11 @@ public:
                                     (!options_.max_restarts || *count <= *options_.max_restarts);
                 if (!backed) {
                     ignored(k, value,
-                            fmt::format("a restart, but the job's restart count is {} (this node counted {}{})",
-                                        count ? std::to_string(*count) : std::string("not a number"), restarts_,
-                                        options_.max_restarts
-                                            ? fmt::format("; --max-restarts={}", *options_.max_restarts)
-                                            : std::string()),
+                            detail::format("a restart, but the job's restart count is {} (this node counted {}{})",
+                                           count ? std::to_string(*count) : std::string("not a number"), restarts_,
+                                           options_.max_restarts
+                                               ? detail::format("; --max-restarts={}", *options_.max_restarts)
+                                               : std::string()),
                             "the decision goes on at the next slot");
                     continue;
                 }
@@ -564,7 +565,7 @@ public:
         using namespace asio::experimental::awaitable_operators;
         const int r = round_;
         finished_ = true;
-        co_await store_->set(key(r, fmt::format("done/{}", group_rank_)), "1");
+        co_await store_->set(key(r, detail::format("done/{}", group_rank_)), "1");
         const auto done = co_await store_->add(key(r, "done_count"), 1);
         if (done >= size_) {
             abort_notice closed;
@@ -593,7 +594,7 @@ public:
         } catch (const std::exception&) {
         }
         for (int g = 0; g < size_; ++g) {
-            std::vector<std::string> keys{key(r, fmt::format("done/{}", g))};
+            std::vector<std::string> keys{key(r, detail::format("done/{}", g))};
             if (co_await store_->check(std::move(keys))) continue;
             result.missing.push_back(g);
             result.missing_hosts.push_back(static_cast<std::size_t>(g) < hosts.size()
@@ -621,7 +622,8 @@ public:
             auto round_abort = slot_key(round_, "abort", slot);
             // For the split-brain rule (split_rule): this member, away from the next rounds with
             // a live lease, is no part cut off (it hosts the store) and never trains again.
-            if (options_.elastic()) co_await store_->set(job_key("staying"), fmt::format("{} {}", round_, group_rank_));
+            if (options_.elastic())
+                co_await store_->set(job_key("staying"), detail::format("{} {}", round_, group_rank_));
             bool said = false;
             while (!members_->store_lost) {
                 const auto seen = members_->lost.size();
@@ -664,22 +666,23 @@ public:
     /// leave()'s line when the finished host stays for `others` nodes still working.
     [[nodiscard]] static std::string staying_line(std::int64_t others) {
         const bool one = others == 1;
-        return fmt::format("this node's workers succeeded, and it hosts the rendezvous store, which {} other node{} of "
-                           "the job still use{}: it stays until they finish or leave",
-                           others, one ? "" : "s", one ? "s" : "");
+        return detail::format(
+            "this node's workers succeeded, and it hosts the rendezvous store, which {} other node{} of "
+            "the job still use{}: it stays until they finish or leave",
+            others, one ? "" : "s", one ? "s" : "");
     }
 
     /// The store key of `name` in the current round.
     [[nodiscard]] std::string key(std::string_view name) const { return key(round_, name); }
     /// The store key of `name` in round `r`.
     [[nodiscard]] std::string key(int r, std::string_view name) const {
-        return fmt::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
+        return detail::format("elastic.rendezvous.{}/{}/{}", options_.run_id, r, name);
     }
     /// The store key of `name` for the whole job.
     [[nodiscard]] std::string job_key(std::string_view name) const { return job_key(options_.run_id, name); }
     /// The store key of `name` for the job `run_id`.
     [[nodiscard]] static std::string job_key(std::string_view run_id, std::string_view name) {
-        return fmt::format("elastic.rendezvous.{}/{}", run_id, name);
+        return detail::format("elastic.rendezvous.{}/{}", run_id, name);
     }
 
 private:
@@ -742,22 +745,23 @@ private:
     }
 
     [[nodiscard]] std::string slot_key(int r, std::string_view name, int slot) const {
-        return slot == 0 ? key(r, name) : key(r, fmt::format("{}/{}", name, slot));
+        return slot == 0 ? key(r, name) : key(r, detail::format("{}/{}", name, slot));
     }
 
     std::string too_many_invalid(int r, std::string_view name) const {
-        return fmt::format("round {} of run '{}': {} invalid values in a row at its '{}' key: a client that is no "
-                           "agent of this job keeps writing into the rendezvous store; give the job a store of its "
-                           "own",
-                           r, options_.run_id, max_slots, name);
+        return detail::format("round {} of run '{}': {} invalid values in a row at its '{}' key: a client that is no "
+                              "agent of this job keeps writing into the rendezvous store; give the job a store of its "
+                              "own",
+                              r, options_.run_id, max_slots, name);
     }
 
     // Reports the value at `k` that is not valid (`why`) and says what the job does instead
     // (`then`); once per key and value.
     void ignored(std::string_view k, std::string_view value, std::string_view why, std::string_view then) {
-        if (!warned_.insert(fmt::format("{}\n{}", k, value)).second) return;
-        const auto line = fmt::format("ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}",
-                                      k, detail::rendezvous::shown(value), why, then);
+        if (!warned_.insert(detail::format("{}\n{}", k, value)).second) return;
+        const auto line = detail::format(
+            "ignored an invalid value in the rendezvous store: key '{}' holds '{}' ({}); {}", k,
+            detail::rendezvous::shown(value), why, then);
         if (options_.warn) options_.warn(line);
         else say(line);
     }
@@ -870,14 +874,15 @@ private:
     asio::awaitable<std::optional<std::string>> decider_gone(const std::string& decider) {
         const auto who = detail::rendezvous::describe_node_id(decider);
         if (decider == id_) {
-            co_return fmt::format("the failure notice names this node ({}) as its reporter, but this node reported "
-                                  "no failure; it takes the decision over and the nodes re-form",
-                                  who);
+            co_return detail::format("the failure notice names this node ({}) as its reporter, but this node reported "
+                                     "no failure; it takes the decision over and the nodes re-form",
+                                     who);
         }
         if (co_await unless_lost(*store_, holds_lease(*store_, decider))) co_return std::nullopt;
-        co_return fmt::format("the reporting node, {}, was lost before it decided; the others took the decision over "
-                              "and re-form without it",
-                              who);
+        co_return detail::format(
+            "the reporting node, {}, was lost before it decided; the others took the decision over "
+            "and re-form without it",
+            who);
     }
 
     // Completes once `log` records a loss after its first `seen` that names `decider` or nobody
@@ -967,7 +972,7 @@ private:
             else missing = mid;
         }
         const auto count = kept - 1 - known;
-        const auto line = fmt::format(
+        const auto line = detail::format(
             "missed {} lease losses of run '{}' ({} to {}): the store erased their records before this node "
             "read them (it keeps only the newest); they are counted, and no member is taken for lost by them",
             count, options_.run_id, lease_lost_key(lease_group(), known + 1), lease_lost_key(lease_group(), kept - 1));
@@ -984,7 +989,7 @@ private:
     }
 
     [[nodiscard]] std::string torchrun_state_message() const {
-        return fmt::format(
+        return detail::format(
             "the store already holds torchrun's rendezvous state for run '{}' (key '{}'): a torchrun (Python) "
             "agent uses this --rdzv-id, and its state is a Python pickle elasticrun cannot share; run every node "
             "with elasticrun, or give this job another --rdzv-id",
@@ -1023,7 +1028,7 @@ private:
     // whether round r had formed (a refused round has no members to wait beside).
     asio::awaitable<bool> late(int r, node_info me) {
         if (!co_await wait_interruptible(*store_, key(r, "size"), options_.join_timeout)) {
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "round {} of run '{}' already has its {} nodes, and stays incomplete for the join timeout ({} s): "
                 "another job uses the same --rdzv-id, or --nnodes differs between nodes",
                 r, options_.run_id, options_.nnodes,
@@ -1063,32 +1068,33 @@ private:
                 waiting.host = me.host;
                 waiting.what = abort_notice::kind::membership;
                 waiting.admission = true;
-                waiting.reason = fmt::format("node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})",
-                                             me.host, me.pid, size, options_.nnodes);
+                waiting.reason = detail::format(
+                    "node {} (pid {}) is waiting to join (scale-up from {} nodes; at most {})", me.host, me.pid, size,
+                    options_.nnodes);
                 (void)co_await abort_round(*store_, r, std::move(waiting));
             } else if (!options_.elastic()) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "round {} of run '{}' already has its {} nodes (this node arrived after it formed): another job "
                     "uses the same --rdzv-id, or --nnodes differs between nodes",
                     r, options_.run_id, options_.nnodes));
             } else {
-                say(fmt::format("round {} of run '{}' is full ({} nodes, --nnodes={}:{}): this node waits as a "
-                                "standby until a member leaves or the job ends",
-                                r, options_.run_id, size, options_.min(), options_.nnodes));
+                say(detail::format("round {} of run '{}' is full ({} nodes, --nnodes={}:{}): this node waits as a "
+                                   "standby until a member leaves or the job ends",
+                                   r, options_.run_id, size, options_.min(), options_.nnodes));
             }
         }
         phase_ = phase::idle;
         const auto notice = co_await wait_for_abort();  // round r is the current round
         if (notice.what == abort_notice::kind::closed) {
-            throw rendezvous_closed(fmt::format("the job ended while this node waited as a standby ({})",
-                                                notice.reason));
+            throw rendezvous_closed(detail::format("the job ended while this node waited as a standby ({})",
+                                                   notice.reason));
         }
         if (notice.what == abort_notice::kind::failure) {
             const auto decision = co_await await_decision();
             if (!decision.restart) {
                 throw rendezvous_closed(
-                    fmt::format("the job ended while this node waited as a standby (it stopped after a failure: {})",
-                                notice.reason));
+                    detail::format("the job ended while this node waited as a standby (it stopped after a failure: {})",
+                                   notice.reason));
             }
         }
         co_return size > 0;
@@ -1099,7 +1105,7 @@ private:
     asio::awaitable<std::optional<rendezvous_round>> await_assignment(int r, std::int64_t arrival,
                                                                       std::chrono::steady_clock::time_point started) {
         using clock = std::chrono::steady_clock;
-        const auto mine = key(r, fmt::format("assign/{}", arrival));
+        const auto mine = key(r, detail::format("assign/{}", arrival));
         const auto join_deadline = started + options_.join_timeout;
         std::optional<clock::time_point> last_call;
         if (detail::rendezvous::has_last_call(arrival, rules())) {
@@ -1125,7 +1131,7 @@ private:
                     if (passed_by_) co_return std::nullopt;
                     try {
                         if (co_await unless_lost(*store_, leaves_for_origin(r, arrival, started))) {
-                            throw store_lost_error(fmt::format(
+                            throw store_lost_error(detail::format(
                                 "round {} of run '{}' waited at the store the job moved to without the nodes it "
                                 "needs, and the store where this node's last round formed answers again",
                                 r, options_.run_id));
@@ -1166,24 +1172,24 @@ private:
                 if (members_) {
                     const auto live = co_await live_nodes(*store_);
                     if (live > joined) {
-                        why = fmt::format("it waits for every live node of the job, and {} of the {} registered and "
-                                          "live never arrived (an agent still stopping its workers, or stopped "
-                                          "within its keep-alive)",
-                                          live - joined, live);
+                        why = detail::format("it waits for every live node of the job, and {} of the {} registered and "
+                                             "live never arrived (an agent still stopping its workers, or stopped "
+                                             "within its keep-alive)",
+                                             live - joined, live);
                     }
                 }
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "rendezvous of run '{}' round {}: {} nodes arrived ({} needed, --nnodes={}:{}), yet the round did "
                     "not form within the join timeout ({} s): {}; restart the job, or raise --rdzv-conf join_timeout",
                     options_.run_id, r, joined, needed(), options_.min(), options_.nnodes, seconds, why));
             }
             if (options_.elastic()) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "rendezvous of run '{}' round {}: {} of the {} nodes needed (--nnodes={}:{}) joined within the "
                     "join timeout ({} s); start more nodes, or raise --rdzv-conf join_timeout",
                     options_.run_id, r, joined, options_.min(), options_.min(), options_.nnodes, seconds));
             }
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "rendezvous of run '{}' round {}: {} of {} nodes joined within the join timeout ({} s); start the "
                 "others, or raise --rdzv-conf join_timeout",
                 options_.run_id, r, joined, options_.nnodes, seconds));
@@ -1207,7 +1213,7 @@ private:
         } catch (const detail::rendezvous::invalid_value& e) {
             // Only the completer writes it, once: nothing valid can follow. A clear end instead.
             ignored(mine, value, e.what(), "this node has no assignment in this round");
-            throw rendezvous_error(fmt::format(
+            throw rendezvous_error(detail::format(
                 "rendezvous of run '{}' round {}: this node's assignment ('{}') is not valid ({}): a client that is "
                 "no agent of this job writes into the rendezvous store; give the job a store of its own",
                 options_.run_id, r, mine, e.what()));
@@ -1320,7 +1326,7 @@ private:
             return count >= detail::rendezvous::seal_increment || count >= options_.nnodes;
         };
         if (closed(co_await store_->add(key(r, "count"), 0))) co_return false;
-        (void)co_await store_->delete_key(key(r, fmt::format("info/{}", arrival)));
+        (void)co_await store_->delete_key(key(r, detail::format("info/{}", arrival)));
         co_return !closed(co_await store_->add(key(r, "count"), 0));
     }
 
@@ -1347,33 +1353,35 @@ private:
         const auto until = [](std::chrono::steady_clock::time_point t) {
             const auto left = std::max<std::int64_t>(
                 0, std::chrono::ceil<std::chrono::seconds>(t - std::chrono::steady_clock::now()).count());
-            return left >= 60 ? fmt::format("{}m{:02}s", left / 60, left % 60) : fmt::format("{}s", left);
+            return left >= 60 ? detail::format("{}m{:02}s", left / 60, left % 60) : detail::format("{}s", left);
         };
         const auto within = until(deadline);
-        const auto nnodes = options_.elastic() ? fmt::format("--nnodes={}:{}", options_.min(), options_.nnodes)
-                                               : fmt::format("--nnodes={}", options_.nnodes);
+        const auto nnodes = options_.elastic() ? detail::format("--nnodes={}:{}", options_.min(), options_.nnodes)
+                                               : detail::format("--nnodes={}", options_.nnodes);
         if (joined < needed()) {
-            co_return fmt::format("round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the "
-                                  "join timeout) for the rest",
-                                  r, options_.run_id, joined, needed(), nnodes, within);
+            co_return detail::format(
+                "round {} of run '{}': {} of the {} nodes needed ({}) joined; waiting up to {} (the "
+                "join timeout) for the rest",
+                r, options_.run_id, joined, needed(), nnodes, within);
         }
         if (last_call) {
-            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); the round forms at its last call, in {}",
-                                  r, options_.run_id, joined, nnodes, until(*last_call));
+            co_return detail::format(
+                "round {} of run '{}': {} nodes joined ({}); the round forms at its last call, in {}", r,
+                options_.run_id, joined, nnodes, until(*last_call));
         }
         // After a move the last call seals the round whoever lives; otherwise it waits for every
         // live node of the job.
         const auto live = members_ && target_ == 0 ? co_await live_nodes(*store_) : joined;
         if (live > joined) {
             const auto others = live - joined;
-            co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) "
-                                  "for the {} other live node{} of the job (stopping {} workers?), or {} loss",
-                                  r, options_.run_id, joined, nnodes, within, others, others == 1 ? "" : "s",
-                                  others == 1 ? "its" : "their", others == 1 ? "its" : "their");
+            co_return detail::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) "
+                                     "for the {} other live node{} of the job (stopping {} workers?), or {} loss",
+                                     r, options_.run_id, joined, nnodes, within, others, others == 1 ? "" : "s",
+                                     others == 1 ? "its" : "their", others == 1 ? "its" : "their");
         }
-        co_return fmt::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for "
-                              "the round to form",
-                              r, options_.run_id, joined, nnodes, within);
+        co_return detail::format("round {} of run '{}': {} nodes joined ({}); waiting up to {} (the join timeout) for "
+                                 "the round to form",
+                                 r, options_.run_id, joined, nnodes, within);
     }
 
     // Elastic rounds: complete once every live node joined (at least the nodes needed) — at
@@ -1420,10 +1428,10 @@ private:
                     continue;
                 }
                 holes[i] = true;
-                say(fmt::format("round {} of run '{}': arrival {} counted itself but wrote no node info within {} "
-                                "ms (a client that is no agent of this job, or an agent lost between the two); the "
-                                "round goes on without it",
-                                r, options_.run_id, i + 1, grace.count()));
+                say(detail::format("round {} of run '{}': arrival {} counted itself but wrote no node info within {} "
+                                   "ms (a client that is no agent of this job, or an agent lost between the two); the "
+                                   "round goes on without it",
+                                   r, options_.run_id, i + 1, grace.count()));
             }
         }
         std::vector<std::string> got;
@@ -1455,7 +1463,7 @@ private:
         if (members_ && co_await s.compare_set(key(r, "completer"), std::string{}, id_) != id_) co_return;
         std::vector<std::string> keys;
         keys.reserve(static_cast<std::size_t>(k));
-        for (int i = 1; i <= k; ++i) keys.push_back(key(r, fmt::format("info/{}", i)));
+        for (int i = 1; i <= k; ++i) keys.push_back(key(r, detail::format("info/{}", i)));
         std::vector<bool> holes;
         const auto values = co_await arrival_infos(s, r, keys, holes);
         // An arrival whose info is not valid (a client that is no agent: bad JSON, a value out
@@ -1512,7 +1520,7 @@ private:
         int size = 0;
         const auto tell_all = [&](const std::string& value) {
             for (int i = 1; i <= k; ++i) {
-                out_keys.push_back(key(r, fmt::format("assign/{}", i)));
+                out_keys.push_back(key(r, detail::format("assign/{}", i)));
                 out_values.push_back(value);
             }
         };
@@ -1671,9 +1679,9 @@ private:
         rediscover_ = true;
         abort_notice notice;
         notice.what = abort_notice::kind::membership;
-        notice.reason = fmt::format("round {} of run '{}' ended and was deleted while this node was away from it; "
-                                    "this node rejoins the job at its current round",
-                                    r, options_.run_id);
+        notice.reason = detail::format("round {} of run '{}' ended and was deleted while this node was away from it; "
+                                       "this node rejoins the job at its current round",
+                                       r, options_.run_id);
         say(notice.reason);
         return notice;
     }
@@ -1685,10 +1693,11 @@ private:
         job_decision decision;
         decision.restart = true;
         decision.exit_code = 0;
-        decision.reason = fmt::format("the decision after round {} of run '{}' was deleted with the round while this "
-                                      "node was away from it (later rounds completed, so the job restarted); this node "
-                                      "rejoins the job at its current round",
-                                      r, options_.run_id);
+        decision.reason = detail::format(
+            "the decision after round {} of run '{}' was deleted with the round while this "
+            "node was away from it (later rounds completed, so the job restarted); this node "
+            "rejoins the job at its current round",
+            r, options_.run_id);
         say(decision.reason);
         return decision;
     }
@@ -1725,10 +1734,10 @@ private:
                                                     });
         if (manifest) {
             for (int i = 1; i <= manifest->k; ++i) {
-                names.push_back(fmt::format("info/{}", i));
-                names.push_back(fmt::format("assign/{}", i));
+                names.push_back(detail::format("info/{}", i));
+                names.push_back(detail::format("assign/{}", i));
             }
-            for (int g = 0; g < manifest->n; ++g) names.push_back(fmt::format("done/{}", g));
+            for (int g = 0; g < manifest->n; ++g) names.push_back(detail::format("done/{}", g));
             for (const auto& id : manifest->ids) names.push_back("member/" + id);
         }
         names.emplace_back("manifest");
@@ -1774,14 +1783,14 @@ private:
         }
         const auto mine = std::string(void_mark) + id_;
         if (co_await s.compare_set(claim, holder, mine) != mine) co_return;  // another node was first
-        say(fmt::format("round {} of run '{}' was full, but its completer ({}) was lost before it completed the "
-                        "round; the round is void and the live nodes form the next one",
-                        r, options_.run_id,
-                        holder.empty() ? std::string("its last arrival")
-                                       : detail::rendezvous::describe_node_id(holder)));
+        say(detail::format("round {} of run '{}' was full, but its completer ({}) was lost before it completed the "
+                           "round; the round is void and the live nodes form the next one",
+                           r, options_.run_id,
+                           holder.empty() ? std::string("its last arrival")
+                                          : detail::rendezvous::describe_node_id(holder)));
         // Never over an assignment: one there is the completer's, written with the size.
         const auto retry = detail::rendezvous::encode_retry();
-        for (int i = 1; i <= k; ++i) (void)co_await s.compare_set(key(r, fmt::format("assign/{}", i)), "", retry);
+        for (int i = 1; i <= k; ++i) (void)co_await s.compare_set(key(r, detail::format("assign/{}", i)), "", retry);
         (void)co_await s.compare_set(key(r, "size"), "", "0");
         // So that collect() deletes its keys like a completed round's.
         (void)co_await s.compare_set(key(r, "manifest"), "",
@@ -1961,7 +1970,7 @@ private:
         for (const auto& [g, was] : prior.from) {
             if (present.contains(g) || here.contains(was)) continue;
             // A missing or older acknowledgement: the member may never have learned.
-            const auto k = job_key(fmt::format("acked/{}", g));
+            const auto k = job_key(detail::format("acked/{}", g));
             std::vector<std::string> probe{k};
             if (!co_await s.check(std::move(probe)) || co_await s.get(k) != learned) ++away;
         }
@@ -1999,21 +2008,23 @@ private:
         if (std::exchange(prior_of_, prior_of) != prior_of) told_majority_ = false;
         if (std::exchange(told_majority_, true)) return;
         if (prior_of > 0) {
-            say(fmt::format("round {} of run '{}': too many of the {} members of the round before the last one are "
-                            "away and never acknowledged that the last one formed (cut off between joining it and "
-                            "learning of it: the store cannot tell whether they are stopped, dead, or going on "
-                            "elsewhere by the round they know). This part of the job may be cut off from the rest, so "
-                            "it waits for them, up to the join timeout",
-                            r, options_.run_id, prior_of));
+            say(detail::format(
+                "round {} of run '{}': too many of the {} members of the round before the last one are "
+                "away and never acknowledged that the last one formed (cut off between joining it and "
+                "learning of it: the store cannot tell whether they are stopped, dead, or going on "
+                "elsewhere by the round they know). This part of the job may be cut off from the rest, so "
+                "it waits for them, up to the join timeout",
+                r, options_.run_id, prior_of));
             return;
         }
-        say(fmt::format("round {} of run '{}': too few of the last round's {} members joined for a majority after a "
-                        "member went silent or stayed away with a live lease (cut off by the network, stopped, on a "
-                        "machine that died, or still stopping its workers: the store cannot tell which) or the store "
-                        "moved; newcomers and standbys do not count toward it. This part of the job may be cut off "
-                        "from the rest, so the next rounds need {} nodes, {} of them its members, up to the join "
-                        "timeout",
-                        r, options_.run_id, majority_of_, quorum_, quorum_));
+        say(detail::format(
+            "round {} of run '{}': too few of the last round's {} members joined for a majority after a "
+            "member went silent or stayed away with a live lease (cut off by the network, stopped, on a "
+            "machine that died, or still stopping its workers: the store cannot tell which) or the store "
+            "moved; newcomers and standbys do not count toward it. This part of the job may be cut off "
+            "from the rest, so the next rounds need {} nodes, {} of them its members, up to the join "
+            "timeout",
+            r, options_.run_id, majority_of_, quorum_, quorum_));
     }
 
     // Records in the store the job moved to where it came from: the last round this node knows
@@ -2055,7 +2066,7 @@ private:
     [[nodiscard]] rendezvous_error majority_error(int r) const {
         const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.join_timeout).count();
         if (prior_of_ > 0) {
-            return rendezvous_error(fmt::format(
+            return rendezvous_error(detail::format(
                 "rendezvous of run '{}' round {}: too many of the {} members of the round before the last one stayed "
                 "away without acknowledging the last round within the join timeout ({} s): they may be going on "
                 "elsewhere by the round they know (cut off by the network between joining the last round and learning "
@@ -2063,7 +2074,7 @@ private:
                 "its nodes reach each other",
                 options_.run_id, r, prior_of_, seconds, options_.min(), options_.nnodes));
         }
-        return rendezvous_error(fmt::format(
+        return rendezvous_error(detail::format(
             "rendezvous of run '{}' round {}: no majority of the last round's {} members ({} of them; newcomers and "
             "standbys do not count) joined within the join timeout ({} s): a member went silent or stayed away with "
             "a live lease since (cut off by the network, stopped, or on a machine that died, which the store cannot "
@@ -2096,18 +2107,18 @@ private:
             return detail::rendezvous::decode_count(v, 0, std::max(size_, 1) - 1);
         });
         if (g) {
-            std::vector<std::string> done{key(r, fmt::format("done/{}", *g))};
+            std::vector<std::string> done{key(r, detail::format("done/{}", *g))};
             if (co_await s.check(std::move(done))) {
-                say(fmt::format("node {} (group_rank {}) left after its workers succeeded{}",
-                                detail::rendezvous::describe_node_id(name), *g,
-                                member_here ? "; this node's workers go on" : ""));
+                say(detail::format("node {} (group_rank {}) left after its workers succeeded{}",
+                                   detail::rendezvous::describe_node_id(name), *g,
+                                   member_here ? "; this node's workers go on" : ""));
                 co_return;
             }
         }
         abort_notice lost;
         lost.what = abort_notice::kind::membership;
-        lost.reason = fmt::format("node {} was lost ({})", detail::rendezvous::describe_node_id(name),
-                                  options_.loss_cause);
+        lost.reason = detail::format("node {} was lost ({})", detail::rendezvous::describe_node_id(name),
+                                     options_.loss_cause);
         (void)co_await abort_round(s, r, std::move(lost));
     }
 

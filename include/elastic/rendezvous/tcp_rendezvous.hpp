@@ -26,6 +26,7 @@
 #include <asio/ip/address.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
+#include "elastic/detail/format.hpp"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -199,14 +200,14 @@ public:
             if (!refused) {
                 connect_host = listening;
             } else if (explicit_host) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "cannot host the rendezvous store at {}: {}{}", to_string(endpoint), refused->why,
                     is_static ? " (is another job on this port, or do two nodes have --node-rank=0?)"
                               : " (--rdzv-conf is_host=true forbids joining another agent's store instead)"));
             } else if (!refused->port_taken) {
                 if (log_) {
-                    log_(fmt::format("cannot host the rendezvous store at {} ({}); joining the agent that does",
-                                     to_string(endpoint), refused->why));
+                    log_(detail::format("cannot host the rendezvous store at {} ({}); joining the agent that does",
+                                        to_string(endpoint), refused->why));
                 }
             } else if (co_await host_or_join(bind_host, probe_address(host, listening), port, deadline, refused->why)) {
                 connect_host = listening;
@@ -227,10 +228,9 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(to_string(endpoint), e));
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot reach the rendezvous store at {} within {} s: {}",
-                                               to_string(endpoint),
-                                               std::chrono::duration_cast<std::chrono::seconds>(join_timeout).count(),
-                                               e.what()));
+            throw rendezvous_error(
+                detail::format("cannot reach the rendezvous store at {} within {} s: {}", to_string(endpoint),
+                               std::chrono::duration_cast<std::chrono::seconds>(join_timeout).count(), e.what()));
         }
         store_rendezvous_options o;
         o.run_id = params_.run_id;
@@ -246,8 +246,8 @@ public:
         try {
             instance_ = co_await instance_of(*client_);
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("the rendezvous store at {}:{} does not answer: {}", current_host_,
-                                               current_port_, e.what()));
+            throw rendezvous_error(detail::format("the rendezvous store at {}:{} does not answer: {}", current_host_,
+                                                  current_port_, e.what()));
         }
         co_await agree_keep_alive(join_timeout);
         // c10d, elastic membership: an idle store server of this node's own, where the job's
@@ -255,14 +255,13 @@ public:
         // keep-alive is agreed: it drops silent leases by the job's rule, not this node's.
         if (elastic_membership() && !server_) start_backup();
         if (!params_.settings.secret && log_) {
-            log_(fmt::format("the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
-                             "and steer this job; give every agent the job's secret (--rdzv-conf "
-                             "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
-                             moved ? fmt::format("{}:{}", current_host_, current_port_) : to_string(endpoint),
-                             current_port_,
-                             backup_ ? fmt::format(", and this node's idle store on port {}", backup_->port())
-                                     : std::string(),
-                             rendezvous_secret_variable));
+            log_(detail::format(
+                "the rendezvous store at {} (port {}{}) accepts any client: whoever reaches it can read "
+                "and steer this job; give every agent the job's secret (--rdzv-conf "
+                "secret_file=PATH, or {}; docs/rendezvous.md, \"Security\")",
+                moved ? detail::format("{}:{}", current_host_, current_port_) : to_string(endpoint), current_port_,
+                backup_ ? detail::format(", and this node's idle store on port {}", backup_->port()) : std::string(),
+                rendezvous_secret_variable));
         }
     }
 
@@ -274,10 +273,11 @@ public:
         try {
             co_await rdzv_->start_liveness(*lease_, me);
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease on the rendezvous store: {}", e.what()));
+            throw rendezvous_error(detail::format("cannot hold this node's lease on the rendezvous store: {}",
+                                                  e.what()));
         } catch (const rendezvous_error& e) {  // a store that is no elastic store
-            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}",
-                                               to_string(host_port{current_host_, current_port_}), e.what()));
+            throw rendezvous_error(detail::format("the rendezvous store at {}: {}",
+                                                  to_string(host_port{current_host_, current_port_}), e.what()));
         }
     }
 
@@ -307,7 +307,7 @@ public:
         const auto lost_port = current_port_;
         std::string tried;
         const auto passed = [&tried](const store_successor& at, std::string_view why) {
-            tried += fmt::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
+            tried += detail::format("{}{}:{} ({})", tried.empty() ? "" : ", ", at.addr, at.port, why);
         };
         for (const auto& next : successors) {
             if (next.port == lost_port && detail::rendezvous::literal_for(next.addr) == lost_host) {
@@ -338,9 +338,9 @@ public:
             const auto names = detail::split(owners, '\n');
             const auto named = [&names](std::string_view id) { return std::ranges::find(names, id) != names.end(); };
             if (!named(next.id) && !named(listed_owner)) {
-                passed(next, fmt::format("what answers there is not the idle store of {} (another store took its "
-                                         "address since)",
-                                         next.id));
+                passed(next, detail::format("what answers there is not the idle store of {} (another store took its "
+                                            "address since)",
+                                            next.id));
                 continue;
             }
             // This node's own idle store, whichever of its names the round listed.
@@ -353,20 +353,20 @@ public:
             try {
                 co_await rdzv_->start_liveness(*lease_, me);
             } catch (const store_auth_error& e) {
-                throw rendezvous_error(secret_refused(fmt::format("{}:{}", next.addr, next.port), e));
+                throw rendezvous_error(secret_refused(detail::format("{}:{}", next.addr, next.port), e));
             } catch (const store_error& e) {
                 throw rendezvous_error(
-                    fmt::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}", next.addr,
-                                next.port, e.what()));
+                    detail::format("cannot hold this node's lease on the moved rendezvous store at {}:{}: {}",
+                                   next.addr, next.port, e.what()));
             } catch (const rendezvous_error& e) {  // no elastic store there (the port was taken): the next one
                 if (mine) backup_ = std::move(server_);
                 passed(next, e.what());
                 continue;
             }
-            co_return fmt::format("{}:{}{}, the first member's idle store that answered{}", next.addr, next.port,
-                                  mine ? " (this node)" : "", tried.empty() ? "" : ", passing over " + tried);
+            co_return detail::format("{}:{}{}, the first member's idle store that answered{}", next.addr, next.port,
+                                     mine ? " (this node)" : "", tried.empty() ? "" : ", passing over " + tried);
         }
-        throw rendezvous_error(fmt::format("none of the store's successors answered: {}", tried));
+        throw rendezvous_error(detail::format("none of the store's successors answered: {}", tried));
     }
 
     /// This node's lease connection ended, but the store may live on and have dropped this node
@@ -377,7 +377,7 @@ public:
     /// rendezvous_error when the store answers but refuses this node's secret: the store lives,
     /// and moving the job elsewhere would not make this node's secret right.
     asio::awaitable<std::string> rejoin_store(node_info me) {
-        const auto endpoint = fmt::format("{}:{}", current_host_, current_port_);
+        const auto endpoint = detail::format("{}:{}", current_host_, current_port_);
         auto options = client_options(current_host_, current_port_, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         try {
@@ -385,31 +385,31 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            co_return fmt::format("reconnecting to it within {} ms (keep_alive_interval x keep_alive_max_attempt) "
-                                  "failed: {}",
-                                  options.connect_timeout.count(), e.what());
+            co_return detail::format("reconnecting to it within {} ms (keep_alive_interval x keep_alive_max_attempt) "
+                                     "failed: {}",
+                                     options.connect_timeout.count(), e.what());
         }
         std::string instance;
         try {
             instance = co_await instance_of(*client);
         } catch (const store_error& e) {
-            co_return fmt::format("it accepts a connection again, but its first reply failed: {}", e.what());
+            co_return detail::format("it accepts a connection again, but its first reply failed: {}", e.what());
         }
         // Another store at the same address (the job's host was lost, and another agent's store
         // took its port since) holds none of the job's rounds: rounds formed there would be a
         // second job beside the one that moved on. Only a job that can move checks: a fixed
         // job's store lives only there, and a restarted one is where the job goes on.
         if (elastic_membership() && !instance_.empty() && instance != instance_) {
-            co_return fmt::format("what answers at {} now is another store than the job's (another instance, "
-                                  "started since at that address): the job's store there is lost",
-                                  endpoint);
+            co_return detail::format("what answers at {} now is another store than the job's (another instance, "
+                                     "started since at that address): the job's store there is lost",
+                                     endpoint);
         }
         adopt(std::move(client), options);
         instance_ = std::move(instance);
         rdzv_->reconnected(*client_, *watcher_);
         if (const auto not_elastic = co_await hold_new_lease(std::move(me), endpoint)) {
             // What answers there now is no elastic store: the job's store is lost.
-            co_return fmt::format("what answers there now is not the job's store: {}", *not_elastic);
+            co_return detail::format("what answers there now is not the job's store: {}", *not_elastic);
         }
         co_return std::string();
     }
@@ -426,8 +426,8 @@ public:
         } catch (const store_auth_error& e) {
             throw rendezvous_error(secret_refused(endpoint, e));
         } catch (const store_error& e) {
-            throw rendezvous_error(fmt::format("cannot hold this node's lease again on the rendezvous store at {}: {}",
-                                               endpoint, e.what()));
+            throw rendezvous_error(detail::format(
+                "cannot hold this node's lease again on the rendezvous store at {}: {}", endpoint, e.what()));
         } catch (const rendezvous_error& e) {
             co_return std::string(e.what());
         }
@@ -460,7 +460,7 @@ public:
             status_index_.reset();
         }
         if (!status_index_) status_index_ = co_await status_client_->add(rdzv_->job_key("status/count"), 1) - 1;
-        co_await status_client_->set(rdzv_->job_key(fmt::format("status/{}", *status_index_)), std::move(json));
+        co_await status_client_->set(rdzv_->job_key(detail::format("status/{}", *status_index_)), std::move(json));
     }
 
     /// Joins the next round as `me`, with this node's lease name and idle store's port.
@@ -528,18 +528,18 @@ public:
             const auto moved = store_endpoint();
             std::string why_not;
             if (auto back = co_await go_to_origin(me, why_not)) {
-                co_return fmt::format("no round formed at the store the job moved to ({}), and too few nodes were "
-                                      "there for one; {}",
-                                      moved, *back);
+                co_return detail::format("no round formed at the store the job moved to ({}), and too few nodes were "
+                                         "there for one; {}",
+                                         moved, *back);
             }
             if (!rdzv_->store_lost()) {
                 // The moved store lives: this node arrives again at its round (the wait's join
                 // timeout goes on).
                 rdzv_->reconnected(*client_, *watcher_);
-                co_return fmt::format("{}: this node waits on at the store the job moved to ({})", why_not, moved);
+                co_return detail::format("{}: this node waits on at the store the job moved to ({})", why_not, moved);
             }
-            reason = fmt::format("{}; meanwhile the store the job moved to ({}) was lost: {}", why_not, moved,
-                                 *rdzv_->store_lost());
+            reason = detail::format("{}; meanwhile the store the job moved to ({}) was lost: {}", why_not, moved,
+                                    *rdzv_->store_lost());
         }
         if (!co_await rdzv_->confirm_store_lost(keep_alive_deadline())) {
             throw rendezvous_error(detail::rendezvous::request_failed_alone(reason, keep_alive_deadline(),
@@ -550,20 +550,21 @@ public:
         if (why_not.empty()) {
             // Either side may have ended it: the store heard no heartbeat from this agent (stopped
             // or starved of CPU), or this agent heard none from the store (its host was stopped).
-            co_return fmt::format("this node's lease connection to the rendezvous store at {} ended (the store heard "
-                                  "no heartbeat from this agent within keep_alive_interval x keep_alive_max_attempt, "
-                                  "or this agent none from the store: one of them was stopped or starved of CPU), "
-                                  "and the store answers again: reconnected, rejoining the job",
-                                  store_endpoint());
+            co_return detail::format(
+                "this node's lease connection to the rendezvous store at {} ended (the store heard "
+                "no heartbeat from this agent within keep_alive_interval x keep_alive_max_attempt, "
+                "or this agent none from the store: one of them was stopped or starved of CPU), "
+                "and the store answers again: reconnected, rejoining the job",
+                store_endpoint());
         }
-        if (!elastic_membership()) throw rendezvous_error(fmt::format("{}; {}", reason, why_not));
+        if (!elastic_membership()) throw rendezvous_error(detail::format("{}; {}", reason, why_not));
         // A store the job moved to, lost before a round formed there: the store where the last
         // round formed comes first, if it answers again (nothing was lost there but this node's
         // way to it).
         std::string origin_silent;
         if (away_from_origin()) {
             if (auto back = co_await go_to_origin(me, origin_silent)) {
-                co_return fmt::format("{}; {}; {}", reason, why_not, *back);
+                co_return detail::format("{}; {}; {}", reason, why_not, *back);
             }
         }
         const int before = rdzv_->last_round_size();
@@ -571,21 +572,21 @@ public:
         try {
             where = co_await relocate(rdzv_->successors(), std::move(me));
         } catch (const std::exception& e) {
-            throw rendezvous_error(fmt::format("{}; the job cannot move it: {}", reason, e.what()));
+            throw rendezvous_error(detail::format("{}; the job cannot move it: {}", reason, e.what()));
         }
         // Should no round form here, the node goes back where the last one formed once that
         // store answers: the looks start now.
         moved_at_ = std::chrono::steady_clock::now();
         stop_looking();
         start_looking();
-        co_return fmt::format("{}; {}; {}the job's rendezvous moves to {}; "
-                              "the next round needs {} of the last round's {} nodes (a majority)",
-                              reason, why_not, origin_silent.empty() ? "" : origin_silent + "; ", where, before / 2 + 1,
-                              before);
+        co_return detail::format("{}; {}; {}the job's rendezvous moves to {}; "
+                                 "the next round needs {} of the last round's {} nodes (a majority)",
+                                 reason, why_not, origin_silent.empty() ? "" : origin_silent + "; ", where,
+                                 before / 2 + 1, before);
     }
 
     /// Where this node reaches the rendezvous store now ("host:port").
-    [[nodiscard]] std::string store_endpoint() const { return fmt::format("{}:{}", current_host_, current_port_); }
+    [[nodiscard]] std::string store_endpoint() const { return detail::format("{}:{}", current_host_, current_port_); }
 
     /// This node's lease name ("host:pid:tag"), after start_liveness().
     [[nodiscard]] const std::string& node_id() const noexcept { return node_id_; }
@@ -656,9 +657,10 @@ private:
                 return;
             } catch (const store_error& e) {
                 if (log_) {
-                    log_(fmt::format("this node's idle store cannot listen at {} from the --rdzv-endpoint list ({}): "
-                                     "it takes a free port, where an agent started later does not look for the job",
-                                     to_string(*listed), e.what()));
+                    log_(
+                        detail::format("this node's idle store cannot listen at {} from the --rdzv-endpoint list ({}): "
+                                       "it takes a free port, where an agent started later does not look for the job",
+                                       to_string(*listed), e.what()));
                 }
             }
         }
@@ -672,7 +674,7 @@ private:
         auto server = std::make_unique<tcp_store_server>(executor_, server_options(bind_host, port));
         server->engine().set(store_client_options{}.key_prefix + keep_alive_key(), keep_alive_text());
         server->engine().set(store_client_options{}.key_prefix + instance_key(),
-                             fmt::format("{:016x}", detail::random_u64()));
+                             detail::format("{:016x}", detail::random_u64()));
         server->start();
         return server;
     }
@@ -699,9 +701,9 @@ private:
             where.insert(where.end(), successors.begin(), successors.end());
             why = detail::rendezvous::write_moved_record(mark_key(), where);
             if (!why.empty() && !record_failed_ && log_) {
-                log_(fmt::format("cannot keep this machine's record of where the job's store may move ({}): an "
-                                 "agent started here later without a --rdzv-endpoint list cannot find a moved store",
-                                 why));
+                log_(detail::format("cannot keep this machine's record of where the job's store may move ({}): an "
+                                    "agent started here later without a --rdzv-endpoint list cannot find a moved store",
+                                    why));
             }
         } catch (...) {
             why = "out of memory";  // the round formed: it goes on without the record
@@ -811,14 +813,14 @@ private:
             // that failed or was killed): no store of this job, not a wrong secret.
             if (!recorded(next)) throw rendezvous_error(secret_refused(to_string(where), e));
             if (log_ && !quiet) {
-                log_(fmt::format("{} {} refuses this node's secret ({}): another job's store by now", to_string(where),
-                                 origin(next), e.what()));
+                log_(detail::format("{} {} refuses this node's secret ({}): another job's store by now",
+                                    to_string(where), origin(next), e.what()));
             }
             result = look_result{};
         } catch (const store_error& e) {
             if (log_ && !quiet) {
-                log_(fmt::format("{} {} answers but is no store this node can use ({})", to_string(where), origin(next),
-                                 e.what()));
+                log_(detail::format("{} {} answers but is no store this node can use ({})", to_string(where),
+                                    origin(next), e.what()));
             }
         }
         client->close();
@@ -849,7 +851,7 @@ private:
             const auto entries = search_entries();
             if (auto found = co_await search_list(entries, pending, ran, quiet, give_up)) co_return found;
             if (!ran) co_return std::nullopt;
-            const auto seen = fmt::format(
+            const auto seen = detail::format(
                 "the job ran (a member's idle store, listed or in this machine's record, is marked as a formed round's) with "
                 "its rendezvous store at {}, where {}; no listed or recorded store holds the job's registrations and a "
                 "round "
@@ -860,14 +862,14 @@ private:
                     ? "nothing gives a store's answer in time (a host down or stopped)"
                     : "nothing answers",
                 pending.empty() ? std::string("none is marked or silent now")
-                                : fmt::format("{}", fmt::join(pending, "; ")));
+                                : detail::format("{}", fmt::join(pending, "; ")));
             if (!quiet && log_) {
-                log_(fmt::format("{}: the store's host was likely lost and the members are moving the store; this "
-                                 "node looks again until the join timeout ({} s) has passed",
-                                 seen, seconds(join_timeout)));
+                log_(detail::format("{}: the store's host was likely lost and the members are moving the store; this "
+                                    "node looks again until the join timeout ({} s) has passed",
+                                    seen, seconds(join_timeout)));
             }
             if (std::chrono::steady_clock::now() >= give_up) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "{}, still after the join timeout ({} s): the job did not move to a listed or recorded member's "
                     "store that a new node can join (its members may have ended, moved it to an unlisted store, or moved without "
                     "a majority of the last round); start this agent with --rdzv-endpoint naming a live member's "
@@ -896,9 +898,9 @@ private:
             auto& found = look.found;
             if (!found) {
                 const auto at = to_string(with_port(next));
-                if (look.marked) pending.push_back(fmt::format("{}: a marked idle store", at));
+                if (look.marked) pending.push_back(detail::format("{}: a marked idle store", at));
                 if (look.answer == look_result::what::unusable) {
-                    pending.push_back(fmt::format("{}: no store's answer in time", at));
+                    pending.push_back(detail::format("{}: no store's answer in time", at));
                 }
                 continue;
             }
@@ -907,9 +909,9 @@ private:
                 // Registrations under this run id, but no mark of this job and first endpoint: a
                 // port of the record that another job with the same run id holds by now.
                 if (log_ && !quiet) {
-                    log_(fmt::format("{} {} holds registrations under this run id but is not this job's store "
-                                     "(another job's, started with the same run id): looking on",
-                                     where, origin(next)));
+                    log_(detail::format("{} {} holds registrations under this run id but is not this job's store "
+                                        "(another job's, started with the same run id): looking on",
+                                        where, origin(next)));
                 }
                 found->client->close();
                 continue;
@@ -930,9 +932,9 @@ private:
                     if (left.count() <= 0) break;
                     if (!told && !quiet && log_) {
                         told = true;
-                        log_(fmt::format("the job's nodes registered at {} {}: this node waits up to {} s for them "
-                                         "to form a round there",
-                                         where, origin(next), seconds(left)));
+                        log_(detail::format("the job's nodes registered at {} {}: this node waits up to {} s for them "
+                                            "to form a round there",
+                                            where, origin(next), seconds(left)));
                     }
                     try {
                         co_await client.wait(std::move(keys), std::min(left, slice));
@@ -941,27 +943,27 @@ private:
                 }
             } catch (const store_error& e) {
                 if (log_ && !quiet) {
-                    log_(fmt::format("the job's rendezvous store at {} ended before this node found a round there "
-                                     "({}); looking on",
-                                     where, e.what()));
+                    log_(detail::format("the job's rendezvous store at {} ended before this node found a round there "
+                                        "({}); looking on",
+                                        where, e.what()));
                 }
                 client.close();
                 continue;
             }
             if (!formed) {
-                if (look.marked) pending.push_back(fmt::format("{}: registrations without a round", where));
+                if (look.marked) pending.push_back(detail::format("{}: registrations without a round", where));
                 if (log_ && !quiet) {
-                    log_(fmt::format("{} holds registrations of the job but no round it formed (nodes that moved "
-                                     "there without a majority): looking on",
-                                     where));
+                    log_(detail::format("{} holds registrations of the job but no round it formed (nodes that moved "
+                                        "there without a majority): looking on",
+                                        where));
                 }
                 client.close();
                 continue;
             }
             if (log_) {
-                log_(fmt::format("the job's rendezvous store moved to {} {}: this node joins it there instead of "
-                                 "at {}",
-                                 where, origin(next), to_string(params_.endpoint)));
+                log_(detail::format("the job's rendezvous store moved to {} {}: this node joins it there instead of "
+                                    "at {}",
+                                    where, origin(next), to_string(params_.endpoint)));
             }
             client.set_timeout(params_.settings.read_timeout);
             found->options.timeout = params_.settings.read_timeout;
@@ -1042,8 +1044,8 @@ private:
         if (!look_->answered || std::chrono::steady_clock::now() - moved_at_ < 2 * keep_alive_deadline()) {
             return std::nullopt;
         }
-        return fmt::format("the store at {}:{}, where round {} formed, answers again", origin_->host, origin_->port,
-                           origin_->round);
+        return detail::format("the store at {}:{}, where round {} formed, answers again", origin_->host, origin_->port,
+                              origin_->round);
     }
 
     // Connects to the origin every `every` until it answers as the same store (its instance),
@@ -1089,7 +1091,7 @@ private:
     asio::awaitable<std::optional<std::string>> go_to_origin(node_info me, std::string& why_not) {
         const auto origin = *origin_;
         stop_looking();  // whatever comes of it, a next look starts afresh
-        const auto endpoint = fmt::format("{}:{}", origin.host, origin.port);
+        const auto endpoint = detail::format("{}:{}", origin.host, origin.port);
         auto options = client_options(origin.host, origin.port, keep_alive_deadline());
         auto client = std::make_unique<tcp_store_client>(executor_, options);
         std::string instance;
@@ -1097,13 +1099,13 @@ private:
             co_await client->connect();
             instance = co_await instance_of(*client);
         } catch (const store_error& e) {
-            why_not = fmt::format("the store where the job's last round formed ({}) does not answer: {}", endpoint,
-                                  e.what());
+            why_not = detail::format("the store where the job's last round formed ({}) does not answer: {}", endpoint,
+                                     e.what());
             co_return std::nullopt;
         }
         if (instance != origin.instance) {
-            why_not = fmt::format("what answers at {}, where the job's last round formed, is another store now",
-                                  endpoint);
+            why_not = detail::format("what answers at {}, where the job's last round formed, is another store now",
+                                     endpoint);
             co_return std::nullopt;
         }
         // This node's own server is the store it leaves: a round may have formed there while it
@@ -1128,17 +1130,17 @@ private:
             try {
                 start_backup();
             } catch (const store_error& e) {
-                idle = fmt::format(" (this node has no idle store now: {})", e.what());
+                idle = detail::format(" (this node has no idle store now: {})", e.what());
             }
         }
         if (const auto not_elastic = co_await hold_new_lease(std::move(me), endpoint)) {
-            throw rendezvous_error(fmt::format("the rendezvous store at {}: {}", endpoint, *not_elastic));
+            throw rendezvous_error(detail::format("the rendezvous store at {}: {}", endpoint, *not_elastic));
         }
-        co_return fmt::format("the store at {}, where the job's last round (round {}) formed, answers again: this "
-                              "node goes back there from {}{}{} and rejoins the job",
-                              endpoint, origin.round, left,
-                              hosted ? " (which it hosted and stops: a node still waiting there goes back too)" : "",
-                              idle);
+        co_return detail::format("the store at {}, where the job's last round (round {}) formed, answers again: this "
+                                 "node goes back there from {}{}{} and rejoins the job",
+                                 endpoint, origin.round, left,
+                                 hosted ? " (which it hosted and stops: a node still waiting there goes back too)" : "",
+                                 idle);
     }
 
     // Replaces this node's connections with `client` (connected) and two more like it; the old
@@ -1170,18 +1172,19 @@ private:
         long long interval_ms = 0;
         int attempts = 0;
         if (std::sscanf(theirs.c_str(), "%lld %d", &interval_ms, &attempts) != 2 || interval_ms <= 0 || attempts <= 0) {
-            throw rendezvous_error(fmt::format("the rendezvous store's key '{}' holds '{}', not "
-                                               "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
-                                               "uses --rdzv-id '{}' on this store",
-                                               k, theirs, params_.run_id));
+            throw rendezvous_error(
+                detail::format("the rendezvous store's key '{}' holds '{}', not "
+                               "'<keep_alive_interval ms> <keep_alive_max_attempt>': another program "
+                               "uses --rdzv-id '{}' on this store",
+                               k, theirs, params_.run_id));
         }
         if (text == theirs) co_return;
         if (log_) {
-            log_(fmt::format("keep-alive: this node was given keep_alive_interval={} s, keep_alive_max_attempt={}, "
-                             "but the rendezvous store's host uses {} s x {} (it drops silent nodes by its own "
-                             "values): this node heartbeats by the host's",
-                             seconds(mine.keep_alive_interval), mine.keep_alive_max_attempt,
-                             seconds(std::chrono::milliseconds(interval_ms)), attempts));
+            log_(detail::format("keep-alive: this node was given keep_alive_interval={} s, keep_alive_max_attempt={}, "
+                                "but the rendezvous store's host uses {} s x {} (it drops silent nodes by its own "
+                                "values): this node heartbeats by the host's",
+                                seconds(mine.keep_alive_interval), mine.keep_alive_max_attempt,
+                                seconds(std::chrono::milliseconds(interval_ms)), attempts));
         }
         mine.keep_alive_interval = std::chrono::milliseconds(interval_ms);
         mine.keep_alive_max_attempt = attempts;
@@ -1191,8 +1194,8 @@ private:
 
     [[nodiscard]] std::string keep_alive_key() const { return job_key("keep_alive"); }
     [[nodiscard]] std::string keep_alive_text() const {
-        return fmt::format("{} {}", params_.settings.keep_alive_interval.count(),
-                           params_.settings.keep_alive_max_attempt);
+        return detail::format("{} {}", params_.settings.keep_alive_interval.count(),
+                              params_.settings.keep_alive_max_attempt);
     }
 
     // Names one store server (serve_job: a random value it holds from its start), so that a
@@ -1281,22 +1284,23 @@ private:
         for (bool told = false;;) {
             if (co_await accepts(probe, port)) {
                 if (log_) {
-                    log_(fmt::format("the rendezvous store at {} is hosted by another agent on this host ({}); "
-                                     "joining it",
-                                     endpoint, refused));
+                    log_(detail::format("the rendezvous store at {} is hosted by another agent on this host ({}); "
+                                        "joining it",
+                                        endpoint, refused));
                 }
                 co_return false;
             }
             if (auto again = try_host(bind_host, port); !again) {
-                if (log_) log_(fmt::format("the rendezvous store at {}: this agent hosts it after all", endpoint));
+                if (log_) log_(detail::format("the rendezvous store at {}: this agent hosts it after all", endpoint));
                 co_return true;
             } else if (!again->port_taken) {
-                throw rendezvous_error(fmt::format("cannot host the rendezvous store at {}: {}", endpoint, again->why));
+                throw rendezvous_error(detail::format("cannot host the rendezvous store at {}: {}", endpoint,
+                                                      again->why));
             } else {
                 refused = std::move(again->why);
             }
             if (std::chrono::steady_clock::now() >= deadline) {
-                throw rendezvous_error(fmt::format(
+                throw rendezvous_error(detail::format(
                     "cannot host the rendezvous store at {} ({}), and nothing accepts connections there within the "
                     "join timeout: a program on this host holds port {} without listening on it (`ss -tanp 'sport = "
                     ":{}'` names it); stop it or choose another --rdzv-endpoint port",
@@ -1304,10 +1308,10 @@ private:
             }
             if (log_ && !told) {
                 told = true;
-                log_(fmt::format("cannot host the rendezvous store at {} ({}), and nothing accepts connections "
-                                 "there: this agent binds it again every 100 ms until it hosts or another agent "
-                                 "does, for at most the join timeout",
-                                 endpoint, refused));
+                log_(detail::format("cannot host the rendezvous store at {} ({}), and nothing accepts connections "
+                                    "there: this agent binds it again every 100 ms until it hosts or another agent "
+                                    "does, for at most the join timeout",
+                                    endpoint, refused));
             }
             asio::steady_timer pause(executor_, std::chrono::milliseconds(100));
             co_await pause.async_wait(detail::as_tuple_awaitable<Defer>);
@@ -1339,13 +1343,13 @@ private:
 
     // An agent whose secret the store refuses cannot take part: say which endpoint and option.
     static std::string secret_refused(const std::string& endpoint, const store_auth_error& e) {
-        return fmt::format("the rendezvous store at {} and this node do not share the job's secret: {}; give every "
-                           "agent the same secret (--rdzv-conf secret_file=PATH, or {})",
-                           endpoint, e.what(), rendezvous_secret_variable);
+        return detail::format("the rendezvous store at {} and this node do not share the job's secret: {}; give every "
+                              "agent the same secret (--rdzv-conf secret_file=PATH, or {})",
+                              endpoint, e.what(), rendezvous_secret_variable);
     }
 
     static std::string seconds(std::chrono::milliseconds d) {
-        return fmt::format("{:g}", static_cast<double>(d.count()) / 1000.0);
+        return detail::format("{:g}", static_cast<double>(d.count()) / 1000.0);
     }
 
     store_server_options server_options(std::string bind_host, std::uint16_t port) {
@@ -1355,7 +1359,7 @@ private:
         options.log = [this](std::string_view line) {
             // A lost lease is the agents' business: each says what it does about it.
             if (line.find("lease '") != std::string_view::npos) return;
-            if (log_) log_(fmt::format("rendezvous store: {}", line));
+            if (log_) log_(detail::format("rendezvous store: {}", line));
         };
         // Liveness: every agent's lease heartbeats at keep_alive_interval; the store counts an
         // agent lost after keep_alive_max_attempt silent intervals (or at once when its
@@ -1397,8 +1401,8 @@ private:
     bool stopped_ = false;                      ///< stop() ran: nothing is published any more
 
     static std::string make_node_id(const std::string& host, long pid) {
-        return fmt::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
-                           detail::random_u64() & 0xffffu);
+        return detail::format("{}:{}:{:04x}", host.empty() ? std::string("node") : host, pid,
+                              detail::random_u64() & 0xffffu);
     }
 };
 using tcp_rendezvous = basic_tcp_rendezvous<>;
@@ -1543,27 +1547,27 @@ ELASTIC_DECL void load_rendezvous_secret(rendezvous_settings& conf, environment&
         const auto& path = *conf.secret_file;
         std::ifstream in(path, std::ios::binary);
         if (!in)
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
-                                          "file holding the job's secret",
-                                          path, std::error_code(errno, std::generic_category()).message())};
+            throw usage_error{detail::format("--rdzv-conf secret_file={}: cannot read it ({}); give a "
+                                             "file holding the job's secret",
+                                             path, std::error_code(errno, std::generic_category()).message())};
         std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
         if (text.empty())
-            throw usage_error{fmt::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
-                                          "secret into it (head -c 32 /dev/urandom | base64 > {})",
-                                          path, path)};
+            throw usage_error{detail::format("--rdzv-conf secret_file={}: the file is empty; write the job's "
+                                             "secret into it (head -c 32 /dev/urandom | base64 > {})",
+                                             path, path)};
         struct stat st {};
         if (warn && ::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-            warn(fmt::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
-                             "(mode {:04o}); chmod 600 it",
-                             path, static_cast<unsigned>(st.st_mode & 07777)));
+            warn(detail::format("--rdzv-conf secret_file={}: the file is readable by its group or others "
+                                "(mode {:04o}); chmod 600 it",
+                                path, static_cast<unsigned>(st.st_mode & 07777)));
         conf.secret = std::move(text);
         return;
     }
     if (from_env) {
         if (from_env->empty())
-            throw usage_error{
-                fmt::format("{} is set but empty; give it the job's secret, or unset it", rendezvous_secret_variable)};
+            throw usage_error{detail::format("{} is set but empty; give it the job's secret, or unset it",
+                                             rendezvous_secret_variable)};
         conf.secret = std::move(*from_env);
     }
 }

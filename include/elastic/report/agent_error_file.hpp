@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #include <nlohmann/json_fwd.hpp>
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
@@ -110,7 +110,7 @@ ELASTIC_DECL nlohmann::ordered_json agent_exception_document(std::string_view ty
                                                              std::chrono::system_clock::time_point when) {
     using json = nlohmann::ordered_json;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
-    const std::string message = detail::report::valid_utf8(fmt::format("{}: {}", type, what));
+    const std::string message = detail::report::valid_utf8(detail::format("{}: {}", type, what));
     json extra = json::object();
     extra["py_callstack"] = message;
     extra["timestamp"] = std::to_string(seconds);
@@ -147,23 +147,23 @@ ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_vie
     const std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash);
     const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
     if (base.empty()) {
-        throw report_error(fmt::format("cannot write the error file \"{}\": the path names a "
-                                       "directory, not a file",
-                                       path));
+        throw report_error(detail::format("cannot write the error file \"{}\": the path names a "
+                                          "directory, not a file",
+                                          path));
     }
-    std::string temp = fmt::format("{}/.{}.XXXXXX", dir, base);
+    std::string temp = detail::format("{}/.{}.XXXXXX", dir, base);
     const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
     if (fd < 0) {
-        throw report_error(fmt::format("cannot write the error file \"{}\": creating a temporary "
-                                       "file in \"{}\" failed: {}",
-                                       path, dir, std::strerror(errno)));
+        throw report_error(detail::format("cannot write the error file \"{}\": creating a temporary "
+                                          "file in \"{}\" failed: {}",
+                                          path, dir, std::strerror(errno)));
     }
     const auto fail = [&](const char* step) {
         const int err = errno;
         ::close(fd);
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": {} \"{}\" failed: {}", path, step, temp,
-                                       std::strerror(err)));
+        throw report_error(detail::format("cannot write the error file \"{}\": {} \"{}\" failed: {}", path, step, temp,
+                                          std::strerror(err)));
     };
     // mkstemp makes it 0600; an error file is read by whoever launched us, as torchrun's is.
     if (::fchmod(fd, 0644) != 0) {
@@ -186,16 +186,16 @@ ELASTIC_DECL void write_file_atomically(const std::string& path, std::string_vie
     if (::close(fd) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": closing \"{}\" "
-                                       "failed: {}",
-                                       path, temp, std::strerror(err)));
+        throw report_error(detail::format("cannot write the error file \"{}\": closing \"{}\" "
+                                          "failed: {}",
+                                          path, temp, std::strerror(err)));
     }
     if (::rename(temp.c_str(), path.c_str()) != 0) {
         const int err = errno;
         ::unlink(temp.c_str());
-        throw report_error(fmt::format("cannot write the error file \"{}\": renaming \"{}\" to it "
-                                       "failed: {}",
-                                       path, temp, std::strerror(err)));
+        throw report_error(detail::format("cannot write the error file \"{}\": renaming \"{}\" to it "
+                                          "failed: {}",
+                                          path, temp, std::strerror(err)));
     }
 }
 

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
@@ -237,7 +237,7 @@ inline error_file_read malformed(std::string path, std::string problem) {
 inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::string path) {
     using json = nlohmann::ordered_json;
     if (!doc.is_object()) {
-        return malformed(std::move(path), fmt::format("the top level is a JSON {}, not an object", doc.type_name()));
+        return malformed(std::move(path), detail::format("the top level is a JSON {}, not an object", doc.type_name()));
     }
     const auto message_it = doc.find("message");
     if (message_it == doc.end()) {
@@ -251,9 +251,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto ts = doc.find("timestamp"); ts != doc.end() && !ts->is_null()) {
             const auto parsed = parse_epoch_seconds(*ts);
             if (!parsed) {
-                return malformed(std::move(path), fmt::format("\"timestamp\" {} is not a number of seconds since "
-                                                              "the epoch",
-                                                              valid_utf8(ts->dump().substr(0, 64))));
+                return malformed(std::move(path), detail::format("\"timestamp\" {} is not a number of seconds since "
+                                                                 "the epoch",
+                                                                 valid_utf8(ts->dump().substr(0, 64))));
             }
             c.timestamp = parsed->first;
             c.timestamp_whole_seconds = parsed->second;
@@ -263,21 +263,21 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto m = message.find("message"); m != message.end()) {
             if (!m->is_string()) {
                 return malformed(std::move(path),
-                                 fmt::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
+                                 detail::format("\"message.message\" is a JSON {}, not a string", m->type_name()));
             }
             c.message = m->get<std::string>();
         }
         if (const auto extra = message.find("extraInfo"); extra != message.end()) {
             if (!extra->is_object()) {
-                return malformed(std::move(path),
-                                 fmt::format("\"message.extraInfo\" is a JSON {}, not an object", extra->type_name()));
+                return malformed(std::move(path), detail::format("\"message.extraInfo\" is a JSON {}, not an object",
+                                                                 extra->type_name()));
             }
             if (const auto cs = extra->find("py_callstack"); cs != extra->end()) {
                 if (!cs->is_string()) {
                     return malformed(std::move(path),
-                                     fmt::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
-                                                 "string",
-                                                 cs->type_name()));
+                                     detail::format("\"message.extraInfo.py_callstack\" is a JSON {}, not a "
+                                                    "string",
+                                                    cs->type_name()));
                 }
                 c.traceback = cs->get<std::string>();
             }
@@ -285,9 +285,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
                 const auto parsed = parse_epoch_seconds(*ts);
                 if (!parsed) {
                     return malformed(std::move(path),
-                                     fmt::format("\"message.extraInfo.timestamp\" {} is not a number of "
-                                                 "seconds since the epoch",
-                                                 valid_utf8(ts->dump().substr(0, 64))));
+                                     detail::format("\"message.extraInfo.timestamp\" {} is not a number of "
+                                                    "seconds since the epoch",
+                                                    valid_utf8(ts->dump().substr(0, 64))));
                 }
                 c.timestamp = parsed->first;
                 c.timestamp_whole_seconds = parsed->second;
@@ -296,13 +296,13 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
         if (const auto code = message.find("errorCode"); code != message.end()) {
             c.error_code = parse_error_code(*code);
             if (!c.error_code) {
-                return malformed(std::move(path), fmt::format("\"message.errorCode\" {} is not an integer",
-                                                              valid_utf8(code->dump().substr(0, 64))));
+                return malformed(std::move(path), detail::format("\"message.errorCode\" {} is not an integer",
+                                                                 valid_utf8(code->dump().substr(0, 64))));
             }
         }
     } else {
-        return malformed(std::move(path),
-                         fmt::format("\"message\" is a JSON {}, neither a string nor an object", message.type_name()));
+        return malformed(std::move(path), detail::format("\"message\" is a JSON {}, neither a string nor an object",
+                                                         message.type_name()));
     }
     if (!c.error_code) {
         if (const auto code = doc.find("errorCode"); code != doc.end()) {
@@ -320,9 +320,9 @@ inline error_file_read parse_error_document(nlohmann::ordered_json doc, std::str
 inline error_file_read parse_error_text(std::string_view bytes, std::string path) {
     using json = nlohmann::ordered_json;
     if (bytes.size() > max_error_file_bytes) {
-        return malformed(std::move(path), fmt::format("{} bytes, more than the {} bytes an error "
-                                                      "file may have",
-                                                      bytes.size(), max_error_file_bytes));
+        return malformed(std::move(path), detail::format("{} bytes, more than the {} bytes an error "
+                                                         "file may have",
+                                                         bytes.size(), max_error_file_bytes));
     }
     std::size_t first = 0;
     while (first < bytes.size() &&
@@ -333,7 +333,7 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
         return malformed(std::move(path), bytes.empty() ? "the file is empty" : "the file holds only white space");
     }
     if (json_depth(bytes, max_error_file_depth) > max_error_file_depth) {
-        return malformed(std::move(path), fmt::format("JSON nested deeper than {} levels", max_error_file_depth));
+        return malformed(std::move(path), detail::format("JSON nested deeper than {} levels", max_error_file_depth));
     }
     json doc;
     try {
@@ -343,7 +343,8 @@ inline error_file_read parse_error_text(std::string_view bytes, std::string path
         try {
             doc = json::parse(repair_lone_surrogates(bytes));
         } catch (const json::exception&) {
-            return malformed(std::move(path), fmt::format("not valid JSON: {}", json_error_text(first_error.what())));
+            return malformed(std::move(path),
+                             detail::format("not valid JSON: {}", json_error_text(first_error.what())));
         }
     }
     return parse_error_document(std::move(doc), std::move(path));
@@ -356,7 +357,7 @@ ELASTIC_DECL error_file_read parse_error_file(std::string_view bytes, std::strin
         return detail::report::parse_error_text(bytes, std::move(path));
     } catch (const std::exception& e) {
         try {
-            return detail::report::malformed({}, fmt::format("could not be read: {}", e.what()));
+            return detail::report::malformed({}, detail::format("could not be read: {}", e.what()));
         } catch (...) {
         }
     } catch (...) {
@@ -379,7 +380,7 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
             if (err == ENOENT || err == ENOTDIR) {
                 return r;
             }
-            return detail::report::malformed(path, fmt::format("cannot be opened: {}", std::strerror(err)));
+            return detail::report::malformed(path, detail::format("cannot be opened: {}", std::strerror(err)));
         }
         struct closer {
             int fd;
@@ -387,15 +388,15 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
         } close_on_exit{fd};
         struct stat st {};
         if (::fstat(fd, &st) != 0) {
-            return detail::report::malformed(path, fmt::format("cannot be examined: {}", std::strerror(errno)));
+            return detail::report::malformed(path, detail::format("cannot be examined: {}", std::strerror(errno)));
         }
         if (!S_ISREG(st.st_mode)) {
             return detail::report::malformed(path, "not a regular file");
         }
         if (static_cast<unsigned long long>(st.st_size) > max_error_file_bytes) {
-            return detail::report::malformed(path, fmt::format("{} bytes, more than the {} bytes an "
-                                                               "error file may have",
-                                                               st.st_size, max_error_file_bytes));
+            return detail::report::malformed(path, detail::format("{} bytes, more than the {} bytes an "
+                                                                  "error file may have",
+                                                                  st.st_size, max_error_file_bytes));
         }
         // Read to EOF rather than trust st_size: the file may still be growing.
         std::string bytes;
@@ -406,16 +407,16 @@ ELASTIC_DECL error_file_read read_error_file(const std::string& path) noexcept {
                 if (errno == EINTR) {
                     continue;
                 }
-                return detail::report::malformed(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+                return detail::report::malformed(path, detail::format("cannot be read: {}", std::strerror(errno)));
             }
             if (n == 0) {
                 break;
             }
             bytes.append(buffer, static_cast<std::size_t>(n));
             if (bytes.size() > max_error_file_bytes) {
-                return detail::report::malformed(path, fmt::format("more than the {} bytes an error "
-                                                                   "file may have",
-                                                                   max_error_file_bytes));
+                return detail::report::malformed(path, detail::format("more than the {} bytes an error "
+                                                                      "file may have",
+                                                                      max_error_file_bytes));
             }
         }
         return parse_error_file(bytes, path);

@@ -23,7 +23,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #if ELASTIC_DETAIL_BODIES
 #include <nlohmann/json.hpp>
 #endif
@@ -198,7 +198,7 @@ public:
     explicit event_log(const std::string& path)
         : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), owned_(true) {
         if (fd_ < 0) {
-            throw report_error(fmt::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
+            throw report_error(detail::format("cannot open the event log \"{}\": {}", path, std::strerror(errno)));
         }
     }
 

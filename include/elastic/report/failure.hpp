@@ -20,7 +20,7 @@
 #include <string_view>
 #include <utility>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 namespace elastic::inline v0 {
 
@@ -143,9 +143,9 @@ ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_v
 namespace elastic::inline v0 {
 
 ELASTIC_DECL std::string hang_report::headline() const {
-    auto out = fmt::format("hung: {}", reason);
-    if (!section.empty() && reason.rfind("in section ", 0) != 0) out += fmt::format("; in section \"{}\"", section);
-    if (progress) out += fmt::format("; progress {}", *progress);
+    auto out = detail::format("hung: {}", reason);
+    if (!section.empty() && reason.rfind("in section ", 0) != 0) out += detail::format("; in section \"{}\"", section);
+    if (progress) out += detail::format("; progress {}", *progress);
     return out;
 }
 
@@ -157,16 +157,16 @@ ELASTIC_DECL std::string failure_headline(const worker_failure& f) {
     if (f.status.signaled()) {
         return signal_message(f.status.signal(), f.pid);
     }
-    return fmt::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid, f.global_rank, f.local_rank,
-                       f.status.code());
+    return detail::format("Process {} (rank: {}, local_rank: {}) exited with code {}", f.pid, f.global_rank,
+                          f.local_rank, f.status.code());
 }
 
 ELASTIC_DECL std::string stderr_tail_text(const stderr_tail_snapshot& tail) {
     std::string out;
     if (tail.total_lines == tail.lines.size()) {
-        out = fmt::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
+        out = detail::format("stderr ({} line{}):", tail.lines.size(), tail.lines.size() == 1 ? "" : "s");
     } else {
-        out = fmt::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
+        out = detail::format("stderr (last {} of {} lines):", tail.lines.size(), tail.total_lines);
     }
     for (const auto& line : tail.lines) {
         out += "\n  ";
@@ -200,7 +200,7 @@ ELASTIC_DECL std::string failure_traceback(const worker_failure& f) {
     }
     std::string out;
     if (ef.status == error_file_status::malformed) {
-        out = fmt::format("Malformed error file: {}", ef.problem);
+        out = detail::format("Malformed error file: {}", ef.problem);
     }
     if (f.status.signaled()) {
         if (!out.empty()) {
@@ -271,12 +271,12 @@ ELASTIC_DECL std::optional<int> launcher_exit_code(std::span<const worker_failur
 
 ELASTIC_DECL std::string failure_log_line(const worker_failure& f, std::string_view entrypoint) {
     if (f.hang) {
-        return fmt::format("failed ({}; then exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                           detail::report::valid_utf8(f.hang->headline()), f.status.returncode(), f.local_rank, f.pid,
-                           detail::report::valid_utf8(entrypoint));
+        return detail::format("failed ({}; then exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                              detail::report::valid_utf8(f.hang->headline()), f.status.returncode(), f.local_rank,
+                              f.pid, detail::report::valid_utf8(entrypoint));
     }
-    return fmt::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
-                       f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
+    return detail::format("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", f.status.returncode(),
+                          f.local_rank, f.pid, detail::report::valid_utf8(entrypoint));
 }
 
 }  // namespace elastic::inline v0

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 namespace elastic::inline v0 {
 
@@ -71,8 +71,8 @@ ELASTIC_DECL std::string summary_time(std::chrono::system_clock::time_point t, b
     } else {
         ::localtime_r(&secs, &tm);
     }
-    return fmt::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                       tm.tm_min, tm.tm_sec);
+    return detail::format("{:04}-{:02}-{:02}_{:02}:{:02}:{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                          tm.tm_hour, tm.tm_min, tm.tm_sec);
 }
 
 ELASTIC_DECL std::string indent_continuation(std::string_view text) {
@@ -91,15 +91,16 @@ ELASTIC_DECL std::string failure_block(std::size_t idx, const worker_failure& f,
     const std::string error_file = f.error_file.status == error_file_status::absent || f.error_file.path.empty()
                                        ? std::string("<N/A>")
                                        : valid_utf8(f.error_file.path);
-    return fmt::format("[{}]:\n"
-                       "  time      : {}\n"
-                       "  host      : {}\n"
-                       "  rank      : {} (local_rank: {})\n"
-                       "  exitcode  : {} (pid: {})\n"
-                       "  error_file: {}\n"
-                       "  traceback : {}",
-                       idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank, f.local_rank,
-                       f.status.returncode(), f.pid, error_file, indent_continuation(valid_utf8(failure_traceback(f))));
+    return detail::format("[{}]:\n"
+                          "  time      : {}\n"
+                          "  host      : {}\n"
+                          "  rank      : {} (local_rank: {})\n"
+                          "  exitcode  : {} (pid: {})\n"
+                          "  error_file: {}\n"
+                          "  traceback : {}",
+                          idx, summary_time(failure_display_time(f), utc), valid_utf8(f.host), f.global_rank,
+                          f.local_rank, f.status.returncode(), f.pid, error_file,
+                          indent_continuation(valid_utf8(failure_traceback(f))));
 }
 
 ELASTIC_DECL std::size_t widest_line(std::string_view text) {
@@ -123,7 +124,7 @@ namespace elastic::inline v0 {
 
 ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const worker_failure> failures,
                                         const summary_options& options) {
-    const std::string title = fmt::format("{} FAILED", detail::report::valid_utf8(name));
+    const std::string title = detail::format("{} FAILED", detail::report::valid_utf8(name));
     std::vector<std::size_t> order(failures.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin(), order.end(),
@@ -138,8 +139,8 @@ ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const w
     for (const std::size_t i : order) {
         const auto& f = failures[i];
         if (f.state == failure_state::stopped_by_agent) {
-            std::string line = fmt::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
-                                           f.local_rank, f.status.returncode(), f.pid);
+            std::string line = detail::format("  rank {} (local_rank: {}): exitcode {} (pid: {})", f.global_rank,
+                                              f.local_rank, f.status.returncode(), f.pid);
             width = std::max(width, detail::report::code_points(line));
             stopped_lines.push_back(std::move(line));
             continue;
@@ -156,7 +157,7 @@ ELASTIC_DECL std::string format_summary(std::string_view name, std::span<const w
     const std::string border(width, '=');
     const std::string section(width, '-');
 
-    std::string out = fmt::format("\n{}\n{}\n{}\nFailures:\n", border, title, section);
+    std::string out = detail::format("\n{}\n{}\n{}\nFailures:\n", border, title, section);
     if (other_blocks.empty()) {
         out += "  <NO_OTHER_FAILURES>";
     }

@@ -7,7 +7,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/store/errors.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -151,20 +151,20 @@ private:
     static std::string describe_stranger(std::string_view in, std::size_t match) {
         const auto first = static_cast<unsigned char>(in[0]);
         if (match >= magic.size())
-            return fmt::format("its handshake has version {}, this server speaks {}",
-                               static_cast<unsigned>(static_cast<unsigned char>(in[match])), version);
+            return elastic::detail::format("its handshake has version {}, this server speaks {}",
+                                           static_cast<unsigned>(static_cast<unsigned char>(in[match])), version);
         // 00 CE ...: the current dialect's VALIDATE; 00 anything else: a legacy SET.
         if (first == 0x00 && (in.size() == 1 || in[1] == '\xCE'))
-            return fmt::format("it sent a TCPStore request (bytes {}) without authenticating; "
-                               "this store needs the job's secret",
-                               detail::hex(in));
+            return elastic::detail::format("it sent a TCPStore request (bytes {}) without authenticating; "
+                                           "this store needs the job's secret",
+                                           detail::hex(in));
         if (first <= 12)
-            return fmt::format("it sent a TCPStore request of the PyTorch 1.13 dialect (opcode "
-                               "{}) without authenticating; this store needs the job's secret",
-                               static_cast<unsigned>(first));
-        return fmt::format("its first bytes ({}) are neither an authentication handshake nor a "
-                           "TCPStore request",
-                           detail::hex(in));
+            return elastic::detail::format("it sent a TCPStore request of the PyTorch 1.13 dialect (opcode "
+                                           "{}) without authenticating; this store needs the job's secret",
+                                           static_cast<unsigned>(first));
+        return elastic::detail::format("its first bytes ({}) are neither an authentication handshake nor a "
+                                       "TCPStore request",
+                                       detail::hex(in));
     }
 
     std::string secret_;
@@ -198,13 +198,14 @@ public:
                     phase_ = phase::failed;
                     return {status::refused, 0,
                             match >= magic.size()
-                                ? fmt::format("it answered with handshake version {}, this "
-                                              "client speaks {}",
-                                              static_cast<unsigned>(static_cast<unsigned char>(in[match])), version)
-                                : fmt::format("it answered the authentication handshake with "
-                                              "bytes {}: it is not an elastic store with a "
-                                              "secret",
-                                              detail::hex(in))};
+                                ? elastic::detail::format("it answered with handshake version {}, this "
+                                                          "client speaks {}",
+                                                          static_cast<unsigned>(static_cast<unsigned char>(in[match])),
+                                                          version)
+                                : elastic::detail::format("it answered the authentication handshake with "
+                                                          "bytes {}: it is not an elastic store with a "
+                                                          "secret",
+                                                          detail::hex(in))};
                 }
                 if (in.size() < server_challenge_size) return {status::need_more, server_challenge_size, {}};
                 const auto server_nonce = detail::get_nonce(in.substr(magic.size() + 1));
@@ -225,9 +226,9 @@ public:
                 if (static_cast<unsigned char>(in[0]) != accepted) {
                     phase_ = phase::failed;
                     return {status::refused, 0,
-                            fmt::format("it answered the proof with verdict 0x{:02x}, not "
-                                        "0x{:02x}",
-                                        static_cast<unsigned char>(in[0]), accepted)};
+                            elastic::detail::format("it answered the proof with verdict 0x{:02x}, not "
+                                                    "0x{:02x}",
+                                                    static_cast<unsigned char>(in[0]), accepted)};
                 }
                 phase_ = phase::done;
                 return {status::ok, verdict_size, {}};
@@ -290,7 +291,7 @@ namespace detail {
 ELASTIC_DECL std::string hex(std::string_view bytes, std::size_t at_most) {
     std::string out;
     for (std::size_t i = 0; i < bytes.size() && i < at_most; ++i)
-        out += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
+        out += elastic::detail::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
     if (bytes.size() > at_most) out += " ...";
     return out;
 }

@@ -27,7 +27,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <array>
@@ -116,9 +116,10 @@ public:
             throw store_error("store_client_options::secret is empty: give the store's secret, "
                               "or no secret (std::nullopt) for a store without authentication");
         if (options_.lease_heartbeat_interval.count() <= 0 || options_.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format("store_client_options: lease_heartbeat_interval {} ms and "
-                                          "lease_missed_heartbeats {} must both be positive",
-                                          options_.lease_heartbeat_interval.count(), options_.lease_missed_heartbeats));
+            throw store_error(detail::format("store_client_options: lease_heartbeat_interval {} ms and "
+                                             "lease_missed_heartbeats {} must both be positive",
+                                             options_.lease_heartbeat_interval.count(),
+                                             options_.lease_missed_heartbeats));
     }
 
     basic_tcp_store_client(const basic_tcp_store_client&) = delete;
@@ -150,8 +151,9 @@ public:
 
     /// "host:port" of the server, as error messages name it.
     [[nodiscard]] std::string address() const {
-        if (options_.host.find(':') != std::string::npos) return fmt::format("[{}]:{}", options_.host, options_.port);
-        return fmt::format("{}:{}", options_.host, options_.port);
+        if (options_.host.find(':') != std::string::npos)
+            return detail::format("[{}]:{}", options_.host, options_.port);
+        return detail::format("{}:{}", options_.host, options_.port);
     }
 
     [[nodiscard]] const store_client_options& options() const noexcept { return options_; }
@@ -289,9 +291,9 @@ public:
     /// SET per pair.
     asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
-            throw store_error(fmt::format("multi_set needs as many values as keys, got {} keys "
-                                          "and {} values",
-                                          keys.size(), values.size()));
+            throw store_error(detail::format("multi_set needs as many values as keys, got {} keys "
+                                             "and {} values",
+                                             keys.size(), values.size()));
         auto lock = co_await acquire();
         co_await ensure_connected();
         if (keys.empty()) co_return;
@@ -353,9 +355,9 @@ public:
         const auto k = wire_key(key);
         const auto parts = parse_lease_key(k);
         if (!parts || parts->name.empty() || parts->reserved())
-            throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name): "
-                                          "<group>/{}<name>, with a name neither empty nor starting with '__'",
-                                          key, lease_marker));
+            throw store_error(detail::format("hold_lease('{}'): not a lease key; use lease_key(group, name): "
+                                             "<group>/{}<name>, with a name neither empty nor starting with '__'",
+                                             key, lease_marker));
         auto lock = co_await acquire();
         co_await ensure_connected();
         begin(wire::op::set);
@@ -440,7 +442,7 @@ private:
     asio::awaitable<void> beat(std::shared_ptr<bool> alive) {
         const auto conn = conn_;
         if (rbeg_ != rend_) {
-            drop(fmt::format("the store at {} sent {} bytes nobody asked for", address(), rend_ - rbeg_));
+            drop(detail::format("the store at {} sent {} bytes nobody asked for", address(), rend_ - rbeg_));
             co_return;
         }
         std::string out;
@@ -465,23 +467,23 @@ private:
         }
         if (conn->expired) drop(silent_server_message());
         else if (ec)
-            drop(fmt::format("the store at {} closed the connection ({}): the server stopped "
-                             "or died, or it ended this connection (see its log)",
-                             address(), ec.message()));
+            drop(detail::format("the store at {} closed the connection ({}): the server stopped "
+                                "or died, or it ended this connection (see its log)",
+                                address(), ec.message()));
         else
-            drop(fmt::format("the store at {} answered a heartbeat with a wrong reply: not our "
-                             "server, or a desynchronised stream",
-                             address()));
+            drop(detail::format("the store at {} answered a heartbeat with a wrong reply: not our "
+                                "server, or a desynchronised stream",
+                                address()));
     }
 
     // `silence`: what the server did not do in time ("did not answer a heartbeat" while idle).
     std::string silent_server_message(std::string_view silence = "did not answer a heartbeat") const {
-        return fmt::format("the store at {} {} within {} ms ({} missed "
-                           "heartbeats of {} ms): the server is hung, stopped or unreachable "
-                           "(store_client_options::lease_heartbeat_interval, "
-                           "lease_missed_heartbeats)",
-                           address(), silence, heartbeat_deadline().count(), options_.lease_missed_heartbeats,
-                           options_.lease_heartbeat_interval.count());
+        return detail::format("the store at {} {} within {} ms ({} missed "
+                              "heartbeats of {} ms): the server is hung, stopped or unreachable "
+                              "(store_client_options::lease_heartbeat_interval, "
+                              "lease_missed_heartbeats)",
+                              address(), silence, heartbeat_deadline().count(), options_.lease_missed_heartbeats,
+                              options_.lease_heartbeat_interval.count());
     }
 
     // ---- one request at a time ---------------------------------------------------------------
@@ -613,7 +615,7 @@ private:
             const auto delay = detail::store::connect_backoff(attempt, options_.initial_backoff, options_.max_backoff,
                                                               rng_);
             if (clock::now() + delay >= deadline) {
-                throw store_error(fmt::format(
+                throw store_error(detail::format(
                     "cannot connect to the store at {} after {} attempt{} in {} ms: {}{}; is the "
                     "server (the agent, or rank 0) running and is MASTER_ADDR/MASTER_PORT right? "
                     "(store_client_options::connect_timeout)",
@@ -701,10 +703,10 @@ private:
                 disarm();
                 drop();
                 throw store_auth_error(
-                    fmt::format("the store at {} failed the authentication handshake: {}; give every agent "
-                                "and the store the same secret (store_client_options::secret, "
-                                "store_server_options::secret)",
-                                address(), s.reason));
+                    detail::format("the store at {} failed the authentication handshake: {}; give every agent "
+                                   "and the store the same secret (store_client_options::secret, "
+                                   "store_server_options::secret)",
+                                   address(), s.reason));
             }
             if (s.status == store_auth::status::need_more) {
                 if (const auto ec = co_await fill(s.size)) co_return auth_io_failed(hs, ec);
@@ -727,15 +729,15 @@ private:
         if (ec != asio::error::eof && ec != asio::error::connection_reset && ec != asio::error::broken_pipe) return ec;
         if (hs.proof_sent())
             throw store_auth_error(
-                fmt::format("the store at {} refused this client's secret (it closed the connection after "
-                            "the proof: {}); give the client the store's secret "
-                            "(store_client_options::secret = store_server_options::secret)",
-                            address(), ec.message()));
+                detail::format("the store at {} refused this client's secret (it closed the connection after "
+                               "the proof: {}); give the client the store's secret "
+                               "(store_client_options::secret = store_server_options::secret)",
+                               address(), ec.message()));
         throw store_auth_error(
-            fmt::format("the store at {} closed the connection during the authentication handshake ({}): it "
-                        "has no secret (store_server_options::secret), or it is not an elastic store; give "
-                        "the server the same secret, or the client none",
-                        address(), ec.message()));
+            detail::format("the store at {} closed the connection during the authentication handshake ({}): it "
+                           "has no secret (store_server_options::secret), or it is not an elastic store; give "
+                           "the server the same secret, or the client none",
+                           address(), ec.message()));
     }
 
     // VALIDATE then PING (nonce = pid), as current PyTorch clients do; the echo proves the
@@ -765,36 +767,36 @@ private:
         const auto echo = wire::get_le<std::uint32_t>(rbuf_.data() + rbeg_);
         rbeg_ += 4;
         if (echo != nonce)
-            throw store_error(fmt::format("the store at {} answered PING {} with {}: not a "
-                                          "TCPStore server, or a desynchronised stream",
-                                          address(), nonce, echo));
+            throw store_error(detail::format("the store at {} answered PING {} with {}: not a "
+                                             "TCPStore server, or a desynchronised stream",
+                                             address(), nonce, echo));
         co_return std::error_code{};
     }
 
     // ---- I/O ---------------------------------------------------------------------------------
     [[noreturn]] void fail(std::string_view what, std::string_view key, std::error_code ec) {
         const bool timed_out = expired();
-        const auto about = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+        const auto about = key.empty() ? std::string(what) : detail::format("{} '{}'", what, key);
         if (!conn_) closed(about);
         if (timed_out && silence_bound_ && clock::now() < request_deadline_) {
-            auto message = fmt::format("{}: {}", about, silent_server_message("said nothing"));
+            auto message = detail::format("{}: {}", about, silent_server_message("said nothing"));
             drop(message);
             throw store_error(message);
         }
         if (timed_out) {
-            auto message = fmt::format("the store at {} did not answer {} within {} ms; the server is stuck or "
-                                       "overloaded (store_client_options::timeout)",
-                                       address(), about, options_.timeout.count());
+            auto message = detail::format("the store at {} did not answer {} within {} ms; the server is stuck or "
+                                          "overloaded (store_client_options::timeout)",
+                                          address(), about, options_.timeout.count());
             drop(message);
             throw store_timeout(message);
         }
         std::string message;
         if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe)
-            message = fmt::format("the store at {} closed the connection during {} ({}): the server stopped, or "
-                                  "rejected the request (ADD on a non-numeric value, a write to a lease key it "
-                                  "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
-                                  address(), about, ec.message());
-        else message = fmt::format("the store at {}: {} failed: {}", address(), about, ec.message());
+            message = detail::format("the store at {} closed the connection during {} ({}): the server stopped, or "
+                                     "rejected the request (ADD on a non-numeric value, a write to a lease key it "
+                                     "refuses, or an operation a PyTorch 1.13 server lacks: APPEND, MULTI_*)",
+                                     address(), about, ec.message());
+        else message = detail::format("the store at {}: {} failed: {}", address(), about, ec.message());
         drop(message);
         throw store_error(message);
     }
@@ -828,9 +830,9 @@ private:
 
     // close() ended the request `about` (conn_ dropped while it was suspended).
     [[noreturn]] void closed(std::string_view about) const {
-        throw store_error(fmt::format("the store at {}: {} ended: this client was closed (close() was called during "
-                                      "the request)",
-                                      address(), about));
+        throw store_error(detail::format("the store at {}: {} ended: this client was closed (close() was called during "
+                                         "the request)",
+                                         address(), about));
     }
 
     // Makes n bytes available at rbuf_[rbeg_, ...). An error code, not an exception, so WAIT
@@ -882,7 +884,7 @@ private:
 
     asio::awaitable<std::string> read_bytes(std::string_view what, std::string_view key) {
         const auto len = co_await read_u64(what, key);
-        if (len > max_reply_value) throw_protocol(what, key, fmt::format("a value of {} bytes", len));
+        if (len > max_reply_value) throw_protocol(what, key, detail::format("a value of {} bytes", len));
         const auto n = static_cast<std::size_t>(len);
         if (const auto ec = co_await fill(n)) fail(what, key, ec);
         std::string v(rbuf_.data() + rbeg_, n);
@@ -891,9 +893,9 @@ private:
     }
 
     [[noreturn]] void throw_protocol(std::string_view what, std::string_view key, std::string_view got) {
-        auto message = fmt::format("the store at {} answered {} '{}' with {}: not a TCPStore "
-                                   "server of the expected dialect, or a desynchronised stream",
-                                   address(), what, key, got);
+        auto message = detail::format("the store at {} answered {} '{}' with {}: not a TCPStore "
+                                      "server of the expected dialect, or a desynchronised stream",
+                                      address(), what, key, got);
         drop(message);
         throw store_error(message);
     }
@@ -941,7 +943,7 @@ private:
             const auto ec = co_await fill(1);
             if (!ec) {
                 const auto byte = static_cast<std::uint8_t>(rbuf_[rbeg_++]);
-                if (byte != stop) throw_protocol("WAIT", first_of(keys), fmt::format("byte {}", byte));
+                if (byte != stop) throw_protocol("WAIT", first_of(keys), detail::format("byte {}", byte));
                 if (++zeros == checks_sent.size() + 1) {
                     disarm();
                     co_return;
@@ -955,7 +957,7 @@ private:
             if (checks_sent.size() > zeros && now >= checks_sent[zeros] + heartbeat_deadline()) {
                 auto message = silent_server_message();
                 drop(message);
-                throw store_error(fmt::format("{} of {}: {}", what, describe_keys(keys), message));
+                throw store_error(detail::format("{} of {}: {}", what, describe_keys(keys), message));
             }
             if (now >= wait_deadline) break;
             if (!leases_.empty() && now >= next_beat) {
@@ -970,7 +972,7 @@ private:
             }
             arm_next();
         }
-        const auto message = fmt::format(
+        const auto message = detail::format(
             "{} on the store at {}: {} not set within {} ms (a rank or agent that should set "
             "{} has not; store_client_options::timeout or the wait's timeout)",
             what, address(), describe_keys(keys), timeout.count(), keys.size() == 1 ? "it" : "them");
@@ -993,7 +995,7 @@ private:
             byte = co_await read_u8(std::string_view("CANCEL_WAIT"), first_of(keys));
         }
         if (byte != static_cast<std::uint8_t>(wire::wait_response::wait_canceled))
-            throw_protocol("CANCEL_WAIT", first_of(keys), fmt::format("byte {}", byte));
+            throw_protocol("CANCEL_WAIT", first_of(keys), detail::format("byte {}", byte));
         throw store_timeout(message);
     }
 
@@ -1001,9 +1003,9 @@ private:
         std::string out = keys.size() == 1 ? "key " : "keys ";
         for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
             if (i) out += ", ";
-            out += fmt::format("'{}'", keys[i]);
+            out += detail::format("'{}'", keys[i]);
         }
-        if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
+        if (keys.size() > 8) out += detail::format(" and {} more", keys.size() - 8);
         return out;
     }
 

@@ -6,7 +6,7 @@
 #include "elastic/detail/config.hpp"
 #include "elastic/store/errors.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <charconv>
 #include <cstddef>
@@ -260,9 +260,9 @@ ELASTIC_DECL std::int64_t store_engine::add(std::string_view key, std::int64_t d
     if (const auto* v = find(key)) current = parse_int(key, *v);
     std::int64_t sum = 0;
     if (__builtin_add_overflow(current, delta, &sum))
-        throw store_error(fmt::format("ADD {} to key '{}' holding {} overflows a 64-bit "
-                                      "integer",
-                                      delta, printable(key), current));
+        throw store_error(detail::format("ADD {} to key '{}' holding {} overflows a 64-bit "
+                                         "integer",
+                                         delta, printable(key), current));
     char digits[24];
     const auto res = std::to_chars(digits, digits + sizeof digits, sum);
     const std::string_view text(digits, static_cast<std::size_t>(res.ptr - digits));
@@ -346,9 +346,9 @@ ELASTIC_DECL std::string store_engine::printable(std::string_view key) {
     for (const char c : key.substr(0, 200)) {
         const auto u = static_cast<unsigned char>(c);
         if (u >= 0x20 && u < 0x7f && u != '\\') out.push_back(c);
-        else out += fmt::format("\\x{:02x}", u);
+        else out += detail::format("\\x{:02x}", u);
     }
-    if (key.size() > 200) out += fmt::format("...({} bytes)", key.size());
+    if (key.size() > 200) out += detail::format("...({} bytes)", key.size());
     return out;
 }
 
@@ -358,9 +358,9 @@ ELASTIC_DECL std::int64_t store_engine::parse_int(std::string_view key, const st
     const auto* last = v.data() + v.size();
     const auto res = std::from_chars(first, last, n);
     if (v.empty() || res.ec != std::errc{} || res.ptr != last)
-        throw store_error(fmt::format("ADD on key '{}' whose value '{}' is not a decimal "
-                                      "64-bit integer; ADD needs a counter written by ADD",
-                                      printable(key), printable(v)));
+        throw store_error(detail::format("ADD on key '{}' whose value '{}' is not a decimal "
+                                         "64-bit integer; ADD needs a counter written by ADD",
+                                         printable(key), printable(v)));
     return n;
 }
 

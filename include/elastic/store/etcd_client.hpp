@@ -287,7 +287,7 @@ private:
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 #include <http_parser.h>
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
@@ -364,11 +364,11 @@ inline std::int64_t number(const nlohmann::json& j, const char* name) {
         const auto& s = it->get_ref<const std::string&>();
         std::size_t used = 0;
         const auto v = std::stoll(s, &used);
-        if (used != s.size()) throw std::runtime_error(fmt::format("'{}' is not a number: {}", name, s));
+        if (used != s.size()) throw std::runtime_error(detail::format("'{}' is not a number: {}", name, s));
         return v;
     }
     if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
-    throw std::runtime_error(fmt::format("'{}' is not a number", name));
+    throw std::runtime_error(detail::format("'{}' is not a number", name));
 }
 
 inline std::string bytes(const nlohmann::json& j, const char* name) {
@@ -565,9 +565,9 @@ struct response_parser {
         }
         const auto used = http_parser_execute(&parser, &settings, data.empty() ? nullptr : data.data(), data.size());
         const auto err = HTTP_PARSER_ERRNO(&parser);
-        if (too_large) return fmt::format("an answer over {} MiB", max_body >> 20);
+        if (too_large) return detail::format("an answer over {} MiB", max_body >> 20);
         if (err != HPE_OK && err != HPE_PAUSED) {
-            return fmt::format("not an HTTP answer ({})", http_errno_description(err));
+            return detail::format("not an HTTP answer ({})", http_errno_description(err));
         }
         if (complete && used < data.size()) leftover = true;
         return std::nullopt;
@@ -601,8 +601,8 @@ struct client_state {
     [[nodiscard]] std::string name(std::size_t member) const {
         const auto& e = options.endpoints.at(member);
         const bool v6 = e.host.find(':') != std::string::npos;
-        return fmt::format("{}://{}{}{}:{}", options.tls ? "https" : "http", v6 ? "[" : "", e.host, v6 ? "]" : "",
-                           e.port);
+        return detail::format("{}://{}{}{}:{}", options.tls ? "https" : "http", v6 ? "[" : "", e.host, v6 ? "]" : "",
+                              e.port);
     }
     void move_on(std::size_t from) { current = (from + 1) % options.endpoints.size(); }
 };
@@ -616,13 +616,13 @@ inline void set_up_tls(client_state& s) {
         if (!s.options.cert.empty()) s.tls.use_certificate_chain_file(s.options.cert);
         if (!s.options.key.empty()) s.tls.use_private_key_file(s.options.key, asio::ssl::context::pem);
     } catch (const std::system_error& e) {
-        s.tls_problem = fmt::format("cannot load the TLS files (cacert '{}', cert '{}', key '{}'): {}",
-                                    s.options.cacert, s.options.cert, s.options.key, e.what());
+        s.tls_problem = detail::format("cannot load the TLS files (cacert '{}', cert '{}', key '{}'): {}",
+                                       s.options.cacert, s.options.cert, s.options.key, e.what());
     }
 }
 
 inline void check_tls(const client_state& s) {
-    if (s.tls_problem) throw etcd_error(fmt::format("etcd at {}: {}", s.name(s.current), *s.tls_problem), 16);
+    if (s.tls_problem) throw etcd_error(detail::format("etcd at {}: {}", s.name(s.current), *s.tls_problem), 16);
 }
 
 /// TCP keep-alive probes after 2 s of silence, every second, 3 unanswered end the connection;
@@ -656,7 +656,7 @@ inline asio::awaitable<std::vector<tcp::endpoint>> addresses(client_state& s, st
         tcp::resolver resolver(s.executor);
         const auto found = co_await before(deadline,
                                            resolver.async_resolve(e.host, std::to_string(e.port), asio::use_awaitable),
-                                           fmt::format("the name '{}' did not resolve in time", e.host), false);
+                                           detail::format("the name '{}' did not resolve in time", e.host), false);
         for (const auto& r : found) out.push_back(r.endpoint());
     }
     s.resolved[member] = out;
@@ -673,7 +673,7 @@ inline asio::awaitable<std::unique_ptr<connection>> open(client_state& s, std::s
     try {
         const auto where = co_await addresses(s, member, connect_by);
         co_await before(connect_by, asio::async_connect(c->socket(), where, asio::use_awaitable),
-                        fmt::format("no connection within {} ms", s.options.connect_timeout.count()), false);
+                        detail::format("no connection within {} ms", s.options.connect_timeout.count()), false);
         connected = true;
         probe_peer(c->socket());
         if (s.options.tls) {
@@ -697,21 +697,22 @@ inline asio::awaitable<std::unique_ptr<connection>> open(client_state& s, std::s
                          err.code() != asio::ssl::error::stream_truncated;
         if (ssl) {
             // A refusal of this member's: another member may show a certificate that verifies.
-            throw member_error({fmt::format("TLS handshake failed: {} — check --rdzv-conf cacert (the CA that signed "
-                                            "the members' certificates), cert and key",
-                                            err.what()),
-                                false, false, 16});
+            throw member_error(
+                {detail::format("TLS handshake failed: {} — check --rdzv-conf cacert (the CA that signed "
+                                "the members' certificates), cert and key",
+                                err.what()),
+                 false, false, 16});
         }
         if (handshaking) {
             // Ended mid-handshake: a member that does not speak TLS (it answers the hello with a
             // plain HTTP error and closes), or one that is restarting.
-            throw member_error({fmt::format("the member ended the connection during the TLS handshake ({}): does it "
-                                            "serve https (protocol=https needs members started with --cert-file "
-                                            "and --key-file), or is it restarting?",
-                                            err.code().message()),
+            throw member_error({detail::format("the member ended the connection during the TLS handshake ({}): does it "
+                                               "serve https (protocol=https needs members started with --cert-file "
+                                               "and --key-file), or is it restarting?",
+                                               err.code().message()),
                                 false, true, 0});
         }
-        throw member_error({fmt::format("cannot connect: {}", err.code().message()), false, true, 0});
+        throw member_error({detail::format("cannot connect: {}", err.code().message()), false, true, 0});
     }
     co_return c;
 }
@@ -723,9 +724,9 @@ inline bool tls_alert(const std::system_error& e) {
 }
 
 inline member_error tls_refusal(const std::system_error& e) {
-    return member_error({fmt::format("the member refused this client over TLS: {} — check --rdzv-conf cert and key "
-                                     "(a client certificate signed by a CA the members trust) and cacert",
-                                     e.what()),
+    return member_error({detail::format("the member refused this client over TLS: {} — check --rdzv-conf cert and key "
+                                        "(a client certificate signed by a CA the members trust) and cacert",
+                                        e.what()),
                          false, false, 16});
 }
 
@@ -738,7 +739,7 @@ inline asio::awaitable<void> write_all(connection& c, const std::string& bytes) 
 /// of the request can have been applied, so another member may be asked).
 inline member_error send_failure(const std::system_error& e) {
     if (tls_alert(e)) return tls_refusal(e);
-    return member_error({fmt::format("cannot send: {}", e.code().message()), false, true, 0});
+    return member_error({detail::format("cannot send: {}", e.code().message()), false, true, 0});
 }
 
 inline asio::awaitable<std::size_t> read_some(connection& c, asio::mutable_buffer b) {
@@ -749,10 +750,10 @@ inline asio::awaitable<std::size_t> read_some(connection& c, asio::mutable_buffe
 inline std::string http_request(const client_state& s, std::size_t member, std::string_view method,
                                 std::string_view path, std::string_view body, bool require_leader) {
     const auto& e = s.options.endpoints.at(member);
-    return fmt::format("{} {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                       "Accept: application/json\r\n{}\r\n{}",
-                       method, path, e.host, e.port, body.size(),
-                       require_leader ? "Grpc-Metadata-hasleader: true\r\n" : "", body);
+    return detail::format("{} {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                          "Accept: application/json\r\n{}\r\n{}",
+                          method, path, e.host, e.port, body.size(),
+                          require_leader ? "Grpc-Metadata-hasleader: true\r\n" : "", body);
 }
 
 /// The response is complete.
@@ -771,7 +772,7 @@ inline asio::awaitable<void> read_response(connection& c, response_parser& p, cl
         bool ended = false;
         try {
             n = co_await before(deadline, read_some(c, asio::buffer(buffer)),
-                                fmt::format("no answer within {}", budget), ambiguous, true);
+                                detail::format("no answer within {}", budget), ambiguous, true);
         } catch (const member_error&) {
             throw;
         } catch (const std::system_error& e) {
@@ -779,7 +780,8 @@ inline asio::awaitable<void> read_response(connection& c, response_parser& p, cl
             if (tls_alert(e)) throw tls_refusal(e);
             ended = e.code() == asio::error::eof || e.code() == asio::ssl::error::stream_truncated;
             if (!ended) {
-                throw member_error({fmt::format("the connection broke: {}", e.code().message()), ambiguous, true, 0});
+                throw member_error({detail::format("the connection broke: {}", e.code().message()), ambiguous, true,
+                                    0});
             }
         }
         if (ended) {
@@ -836,16 +838,16 @@ inline asio::awaitable<etcd_watch_batch> next_message(watch_stream& w) {
             w.parser->lines.pop_front();
             const auto j = nlohmann::json::parse(line, nullptr, false);
             if (!j.is_object())
-                throw etcd_error(fmt::format("etcd at {}: a watch message that is no JSON", w.member), 0);
+                throw etcd_error(detail::format("etcd at {}: a watch message that is no JSON", w.member), 0);
             if (j.contains("error")) {
                 const auto [code, message] = error_of(line);
                 // The member lost its leader, or is stopping: the watch goes on elsewhere.
-                throw etcd_error(fmt::format("etcd at {}: the watch ended: {}", w.member, message),
+                throw etcd_error(detail::format("etcd at {}: the watch ended: {}", w.member, message),
                                  quorum_problem(code, message) || code == 0 ? 14 : code);
             }
             const auto r = j.find("result");
             if (r == j.end() || !r->is_object()) {
-                throw etcd_error(fmt::format("etcd at {}: a watch message without a result", w.member), 0);
+                throw etcd_error(detail::format("etcd at {}: a watch message without a result", w.member), 0);
             }
             etcd_watch_batch b;
             try {
@@ -864,18 +866,19 @@ inline asio::awaitable<etcd_watch_batch> next_message(watch_stream& w) {
                     }
                 }
             } catch (const std::exception& e) {
-                throw etcd_error(fmt::format("etcd at {}: a watch message etcd would not send: {}", w.member, e.what()),
+                throw etcd_error(detail::format("etcd at {}: a watch message etcd would not send: {}", w.member,
+                                                e.what()),
                                  0);
             }
             co_return b;
         }
-        if (w.parser->complete) throw etcd_error(fmt::format("etcd at {} ended the watch stream", w.member), 14);
+        if (w.parser->complete) throw etcd_error(detail::format("etcd at {} ended the watch stream", w.member), 14);
         try {
             // A watch waits as long as its events take: the caller bounds it; the connection's
             // keep-alive probes notice a member that vanished.
             co_await read_response(*w.conn, *w.parser, clock::time_point::max(), line_or_end, false);
         } catch (const member_error& e) {
-            throw etcd_error(fmt::format("etcd at {}: the watch stream broke: {}", w.member, e.what()), 14);
+            throw etcd_error(detail::format("etcd at {}: the watch stream broke: {}", w.member, e.what()), 14);
         }
     }
 }
@@ -949,7 +952,8 @@ inline asio::awaitable<std::pair<int, std::string>> exchange(client_state& s, st
         if (!c) c = co_await open(s, member, deadline);
         const auto request = http_request(s, member, method, path, body, false);
         try {
-            co_await before(deadline, write_all(*c, request), fmt::format("no room to send within {}", budget), false);
+            co_await before(deadline, write_all(*c, request), detail::format("no room to send within {}", budget),
+                            false);
         } catch (const std::system_error& e) {
             if (cancelled(e)) throw;
             if (reused && !tls_alert(e)) {  // the member closed an idle connection: nothing was sent
@@ -987,7 +991,7 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
     const auto body = request.dump();
     const auto members = s.options.endpoints.size();
     const auto budget_ms = within.count() > 0 ? within : s.options.request_timeout;
-    const auto budget = within.count() > 0 ? fmt::format("{} ms", within.count()) : std::string("the read timeout");
+    const auto budget = within.count() > 0 ? detail::format("{} ms", within.count()) : std::string("the read timeout");
     const auto deadline = clock::now() + budget_ms;
     // Each member gets a share of the time, so one that hangs leaves the others theirs.
     const auto share = std::max<clock::duration>(budget_ms / static_cast<long>(members),
@@ -1009,8 +1013,8 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                 auto j = nlohmann::json::parse(text, nullptr, false);
                 if (status >= 200 && status < 300 && !(j.is_object() && j.contains("error"))) {
                     if (!j.is_object()) {
-                        throw etcd_error(fmt::format("etcd at {}: {} answered what is no JSON object: {}",
-                                                     s.name(member), path, text.substr(0, 200)),
+                        throw etcd_error(detail::format("etcd at {}: {} answered what is no JSON object: {}",
+                                                        s.name(member), path, text.substr(0, 200)),
                                          0);
                     }
                     s.current = member;
@@ -1019,26 +1023,28 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                 // An error, or a stream's error message under a 200 (a keep-alive's).
                 const auto [code, message] = error_of(text);
                 if (status == 404 && code == 0) {
-                    throw etcd_error(fmt::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
-                                                 "later with its v3 JSON gateway (a v2-only etcd, or another server); "
-                                                 "run etcd 3.4 or later there",
-                                                 s.name(member), path, message),
-                                     12);
+                    throw etcd_error(
+                        detail::format("etcd at {} does not serve {} (HTTP 404: {}): it is no etcd 3.4 or "
+                                       "later with its v3 JSON gateway (a v2-only etcd, or another server); "
+                                       "run etcd 3.4 or later there",
+                                       s.name(member), path, message),
+                        12);
                 }
                 if (code == 16 || code == 7 || status == 401 || status == 403) {
-                    throw etcd_error(fmt::format("etcd at {} refused the request ({}): wrong or missing credentials; "
-                                                 "check --rdzv-conf cert and key (a client certificate the cluster's "
-                                                 "CA signed)",
-                                                 s.name(member), message),
-                                     code == 0 ? 16 : code);
+                    throw etcd_error(
+                        detail::format("etcd at {} refused the request ({}): wrong or missing credentials; "
+                                       "check --rdzv-conf cert and key (a client certificate the cluster's "
+                                       "CA signed)",
+                                       s.name(member), message),
+                        code == 0 ? 16 : code);
                 }
                 if (quorum_problem(code, message) || status >= 500 || status < 300) {
                     // The member may have proposed it before it gave up: it may still apply.
-                    failure = {fmt::format("{} (HTTP {})", message, status), true, true, code, false};
+                    failure = {detail::format("{} (HTTP {})", message, status), true, true, code, false};
                     quorum = quorum || quorum_problem(code, message);
                 } else {
-                    throw etcd_error(fmt::format("etcd at {} refused {}: {} (code {})", s.name(member), path, message,
-                                                 code),
+                    throw etcd_error(detail::format("etcd at {} refused {}: {} (code {})", s.name(member), path,
+                                                    message, code),
                                      code);
                 }
             } catch (const member_error& e) {
@@ -1049,12 +1055,12 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
                 s.move_on(member);
                 std::string others;
                 for (std::size_t m = 0; m < members; ++m) {
-                    if (m != member && !seen[m].empty()) others += fmt::format("; {}: {}", s.name(m), seen[m]);
+                    if (m != member && !seen[m].empty()) others += detail::format("; {}: {}", s.name(m), seen[m]);
                 }
-                throw etcd_error(fmt::format("etcd at {} took the request and then: {} (it may still apply){}{}",
-                                             s.name(member), failure.what, others,
-                                             failure.silent || quorum ? fmt::format("; {}", no_quorum_advice)
-                                                                      : std::string()),
+                throw etcd_error(detail::format("etcd at {} took the request and then: {} (it may still apply){}{}",
+                                                s.name(member), failure.what, others,
+                                                failure.silent || quorum ? detail::format("; {}", no_quorum_advice)
+                                                                         : std::string()),
                                  14, true);
             }
             if (!failure.retry) ++refused;
@@ -1062,8 +1068,9 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
         }
         if (refused == members) {
             std::string all;
-            for (std::size_t m = 0; m < members; ++m) all += fmt::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
-            throw etcd_error(fmt::format("no etcd member served {}: {}", path, all), 16);
+            for (std::size_t m = 0; m < members; ++m)
+                all += detail::format("{}{}: {}", m ? "; " : "", s.name(m), seen[m]);
+            throw etcd_error(detail::format("no etcd member served {}: {}", path, all), 16);
         }
         const auto left = deadline - clock::now();
         if (left <= clock::duration::zero()) break;
@@ -1073,11 +1080,12 @@ inline asio::awaitable<nlohmann::json> call(client_state& s, std::string path, c
     }
     std::string tried;
     for (std::size_t m = 0; m < members; ++m) {
-        if (!seen[m].empty()) tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(m), seen[m]);
+        if (!seen[m].empty()) tried += detail::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(m), seen[m]);
     }
     const auto advice = quorum ? no_quorum_advice
                                : "check that etcd runs there and that --rdzv-endpoint names its client URLs";
-    throw etcd_unavailable(fmt::format("no etcd member served {} within {}: {}; {}", path, budget, tried, advice), 14);
+    throw etcd_unavailable(detail::format("no etcd member served {} within {}: {}; {}", path, budget, tried, advice),
+                           14);
 }
 
 inline std::vector<etcd_response> responses_of(const nlohmann::json& j) {
@@ -1106,8 +1114,8 @@ auto parsed(const client_state& s, std::string_view what, F f) -> decltype(f()) 
     } catch (const etcd_error&) {
         throw;
     } catch (const std::exception& e) {
-        throw etcd_error(fmt::format("etcd at {}: an answer to {} etcd would not send: {}", s.name(s.current), what,
-                                     e.what()),
+        throw etcd_error(detail::format("etcd at {}: an answer to {} etcd would not send: {}", s.name(s.current), what,
+                                        e.what()),
                          0);
     }
 }
@@ -1156,18 +1164,18 @@ inline std::string version_of(const client_state& s, std::size_t member, int sta
         if (const auto it = j.find("etcdserver"); it != j.end() && it->is_string()) server = it->get<std::string>();
     }
     if (status != 200 || server.empty()) {
-        throw etcd_error(fmt::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
-                                     "--rdzv-endpoint",
-                                     s.name(member), status, text.substr(0, 120)),
+        throw etcd_error(detail::format("{} answers no etcd version (HTTP {}: {}): it is no etcd member; check "
+                                        "--rdzv-endpoint",
+                                        s.name(member), status, text.substr(0, 120)),
                          12);
     }
     const auto major = std::atoi(server.c_str());
     const auto dot = server.find('.');
     const auto minor = dot == std::string::npos ? 0 : std::atoi(server.c_str() + dot + 1);
     if (major < 3 || (major == 3 && minor < 4)) {
-        throw etcd_error(fmt::format("etcd at {} is version {}, which has no v3 JSON gateway elastic can use "
-                                     "(a v2-only server, or older than 3.4): run etcd 3.4 or later",
-                                     s.name(member), server),
+        throw etcd_error(detail::format("etcd at {} is version {}, which has no v3 JSON gateway elastic can use "
+                                        "(a v2-only server, or older than 3.4): run etcd 3.4 or later",
+                                        s.name(member), server),
                          12);
     }
     return server;
@@ -1193,12 +1201,12 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_client::server_version() {
         } catch (const detail::etcd::member_error& e) {
             why = e.what();
         }
-        tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
+        tried += detail::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
     }
     throw etcd_unavailable(
-        fmt::format("no etcd member answered: {}; check that etcd runs there and that --rdzv-endpoint names its "
-                    "client URLs",
-                    tried),
+        detail::format("no etcd member answered: {}; check that etcd runs there and that --rdzv-endpoint names its "
+                       "client URLs",
+                       tried),
         14);
 }
 
@@ -1334,11 +1342,11 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
                 const auto text = w->parser->lines.empty() ? w->parser->body : w->parser->lines.front();
                 const auto [code, message] = detail::etcd::error_of(text);
                 if (!detail::etcd::quorum_problem(code, message) && status < 500) {
-                    throw etcd_error(fmt::format("etcd at {} refused the watch: {} (HTTP {})", w->member, message,
-                                                 status),
+                    throw etcd_error(detail::format("etcd at {} refused the watch: {} (HTTP {})", w->member, message,
+                                                    status),
                                      code);
                 }
-                throw detail::etcd::member_error({fmt::format("{} (HTTP {})", message, status), false, true, code});
+                throw detail::etcd::member_error({detail::format("{} (HTTP {})", message, status), false, true, code});
             }
             etcd_watch out(std::move(w));
             auto first = co_await out.next();
@@ -1351,9 +1359,9 @@ ELASTIC_DECL asio::awaitable<etcd_watch> etcd_client::watch(std::string key, std
             if (!e.transient()) throw;
             why = e.what();
         }
-        tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
+        tried += detail::format("{}{}: {}", tried.empty() ? "" : "; ", s.name(member), why);
     }
-    throw etcd_unavailable(fmt::format("no etcd member served the watch: {}", tried), 14);
+    throw etcd_unavailable(detail::format("no etcd member served the watch: {}", tried), 14);
 }
 
 }  // namespace elastic::inline v0

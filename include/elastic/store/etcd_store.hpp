@@ -134,7 +134,7 @@ private:
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -267,9 +267,9 @@ inline asio::awaitable<void> keep_alive(std::shared_ptr<lease_state> l, std::sha
             }
         }
         if (failed.empty() && ttl == 0) {
-            lose(*l, fmt::format("etcd expired this node's lease '{}' (id {}): no renewal reached it within its TTL "
-                                 "of {} s (this agent was stopped, starved of CPU, or cut off from etcd)",
-                                 l->name, l->id, l->ttl));
+            lose(*l, detail::format("etcd expired this node's lease '{}' (id {}): no renewal reached it within its TTL "
+                                    "of {} s (this agent was stopped, starved of CPU, or cut off from etcd)",
+                                    l->name, l->id, l->ttl));
             co_return;
         }
         if (failed.empty() && ttl > 0) {
@@ -277,9 +277,9 @@ inline asio::awaitable<void> keep_alive(std::shared_ptr<lease_state> l, std::sha
             continue;
         }
         if (clock::now() >= ends) {
-            lose(*l, fmt::format("no etcd member renewed this node's lease '{}' within its TTL of {} s, so etcd has "
-                                 "expired it or cannot keep it{}{}",
-                                 l->name, l->ttl, failed.empty() ? "" : ": ", failed));
+            lose(*l, detail::format("no etcd member renewed this node's lease '{}' within its TTL of {} s, so etcd has "
+                                    "expired it or cannot keep it{}{}",
+                                    l->name, l->ttl, failed.empty() ? "" : ": ", failed));
             co_return;
         }
     }
@@ -400,8 +400,8 @@ inline asio::awaitable<void> observe(std::shared_ptr<lease_state> l, std::shared
 
 inline std::string shown_keys(const std::vector<std::string>& keys) {
     std::string out;
-    for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
-    if (keys.size() > 4) out += fmt::format(" and {} more", keys.size() - 4);
+    for (std::size_t i = 0; i < keys.size() && i < 4; ++i) out += detail::format("{}'{}'", i ? ", " : "", keys[i]);
+    if (keys.size() > 4) out += detail::format(" and {} more", keys.size() - 4);
     return out;
 }
 
@@ -468,7 +468,7 @@ inline std::int64_t wrapped_difference(std::int64_t a, std::int64_t b) {
 
 /// The value of a counter whose next put will be its version `next_version`.
 inline std::string counter_text(std::int64_t value, std::int64_t next_version) {
-    return fmt::format("{}{}", counter_tag, wrapped_difference(value, next_version));
+    return detail::format("{}{}", counter_tag, wrapped_difference(value, next_version));
 }
 
 /// A key's value as the store's users see it: a counter's number, anything else as written.
@@ -491,7 +491,7 @@ inline std::string added(const std::optional<std::string>& current, const std::s
     std::int64_t value = 0;
     if (current) {
         const auto parsed = decimal(*current);
-        if (!parsed) throw store_error(fmt::format("the value is no decimal number ('{}')", current->substr(0, 64)));
+        if (!parsed) throw store_error(detail::format("the value is no decimal number ('{}')", current->substr(0, 64)));
         value = *parsed;
     }
     return std::to_string(wrapped_sum(value, *decimal(delta)));
@@ -500,8 +500,8 @@ inline std::string added(const std::optional<std::string>& current, const std::s
 /// Refuses a value that would read as a counter, or pass for one (anything from counter_floor).
 inline void check_plain(std::string_view key, std::string_view value) {
     if (value.starts_with(counter_floor)) {
-        throw store_error(fmt::format("'{}': a value that starts with \\x01counter is kept for the store's counters",
-                                      key));
+        throw store_error(detail::format("'{}': a value that starts with \\x01counter is kept for the store's counters",
+                                         key));
     }
 }
 
@@ -515,17 +515,18 @@ inline std::string appended(const std::optional<std::string>& current, const std
 
 /// The error of an update whose receipt may be gone: whether it was applied cannot be told.
 inline store_error receipt_gone(const std::string& key) {
-    return store_error(fmt::format("'{}': etcd's answer to an update was lost and its receipt may have expired since: "
-                                   "whether it was applied can no longer be told; check the etcd cluster (and the "
-                                   "clocks of suspended machines) and start the job again",
-                                   key));
+    return store_error(
+        detail::format("'{}': etcd's answer to an update was lost and its receipt may have expired since: "
+                       "whether it was applied can no longer be told; check the etcd cluster (and the "
+                       "clocks of suspended machines) and start the job again",
+                       key));
 }
 
 /// The error of an update that ends while an attempt's fate is unknown: it may have been applied.
 inline store_error maybe_applied(const std::string& key, std::string_view why) {
-    return store_error(fmt::format("'{}': {}; an earlier attempt's answer was lost, so the update may have been "
-                                   "applied",
-                                   key, why));
+    return store_error(detail::format("'{}': {}; an earlier attempt's answer was lost, so the update may have been "
+                                      "applied",
+                                      key, why));
 }
 
 /// Revokes lease `id`; a failure leaves it to expire.
@@ -537,7 +538,7 @@ inline asio::awaitable<void> revoke_quietly(std::shared_ptr<etcd_client> client,
     }
 }
 
-inline std::string random_token() { return fmt::format("{:016x}", detail::random_u64()); }
+inline std::string random_token() { return detail::format("{:016x}", detail::random_u64()); }
 
 }  // namespace detail::etcd
 
@@ -580,7 +581,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::settled(const std::string&
                                                               const etcd_kv& receipt, bool increment) {
     const auto& text = receipt.value;
     if (text.size() <= seq.size() || text.compare(0, seq.size(), seq) != 0 || text[seq.size()] != ' ') {
-        throw store_error(fmt::format("'{}': the update's receipt in etcd holds what this store never writes", key));
+        throw store_error(detail::format("'{}': the update's receipt in etcd holds what this store never writes", key));
     }
     if (!increment || text.substr(seq.size() + 1) != "@") co_return text.substr(seq.size() + 1);
     // An increment: the counter as it was at the receipt's revision (the same transaction).
@@ -590,12 +591,14 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::settled(const std::string&
                                                         client_->range(full(key), {}, false, receipt.mod_revision));
     } catch (const etcd_error& e) {
         if (e.code() != 11) throw;
-        throw store_error(fmt::format("add('{}'): etcd took the update but its answer was lost, and compaction removed "
-                                      "the revision that tells the counter's value ({}); the job's counters cannot be "
-                                      "trusted: start it again",
-                                      key, e.what()));
+        throw store_error(
+            detail::format("add('{}'): etcd took the update but its answer was lost, and compaction removed "
+                           "the revision that tells the counter's value ({}); the job's counters cannot be "
+                           "trusted: start it again",
+                           key, e.what()));
     }
-    if (then.kvs.empty()) throw store_error(fmt::format("add('{}'): the counter was gone when it was added to", key));
+    if (then.kvs.empty())
+        throw store_error(detail::format("add('{}'): the counter was gone when it was added to", key));
     co_return detail::etcd::shown_value(then.kvs.front());
 }
 
@@ -621,9 +624,9 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
     std::optional<std::vector<etcd_kv>> read;  // the key as the last failed attempt read it
     for (;;) {
         if (clock::now() >= deadline) {
-            const auto why = fmt::format("etcd did not take the update within {} ms", options_.timeout.count());
+            const auto why = detail::format("etcd did not take the update within {} ms", options_.timeout.count());
             if (unsure_since) throw detail::etcd::maybe_applied(key, why);
-            throw store_error(fmt::format("'{}': {}", key, why));
+            throw store_error(detail::format("'{}': {}", key, why));
         }
         if (unsure_since && clock::now() - *unsure_since > receipt_lives) throw detail::etcd::receipt_gone(key);
         const auto sent = clock::now();
@@ -635,7 +638,8 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                 // The key and the receipt in one read: the receipt says whether an attempt was applied.
                 std::vector<etcd_request> both{etcd_request::range(k), etcd_request::range(receipt)};
                 auto got = co_await detail::etcd::unless_lease_lost(lease_, client_->txn({}, std::move(both)));
-                if (got.responses.size() != 2) throw store_error(fmt::format("'{}': etcd answered too few reads", key));
+                if (got.responses.size() != 2)
+                    throw store_error(detail::format("'{}': etcd answered too few reads", key));
                 if (!got.responses[1].kvs.empty()) {
                     co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
                 }
@@ -658,15 +662,15 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                                                                     client_->txn(std::move(compare), std::move(writes),
                                                                                  std::move(reads)));
                 if (got.responses.size() < (got.succeeded ? 1U : 2U)) {
-                    throw store_error(fmt::format("'{}': etcd answered too few operations", key));
+                    throw store_error(detail::format("'{}': etcd answered too few operations", key));
                 }
                 if (got.succeeded) {
                     auto& before = got.responses.front().prev;
-                    if (!before) throw store_error(fmt::format("'{}': etcd did not say what it added to", key));
+                    if (!before) throw store_error(detail::format("'{}': etcd did not say what it added to", key));
                     ++before->version;  // the value as this put left it
                     auto value = detail::etcd::shown_value(*before);
                     if (!detail::etcd::decimal(value)) {
-                        throw store_error(fmt::format("'{}': the value is no counter", key));
+                        throw store_error(detail::format("'{}': the value is no counter", key));
                     }
                     co_return value;
                 }
@@ -708,7 +712,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
         try {
             next = make(current, argument);
         } catch (const store_error& e) {
-            throw store_error(fmt::format("'{}': {}", key, e.what()));
+            throw store_error(detail::format("'{}': {}", key, e.what()));
         }
         const auto stored = counting ? detail::etcd::counter_text(*detail::etcd::decimal(next), next_version) : next;
         const auto cas_sent = clock::now();
@@ -722,7 +726,7 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::replace(
                                                                 client_->txn(std::move(compare), std::move(writes),
                                                                              std::move(reads)));
             if (got.succeeded) co_return next;
-            if (got.responses.size() != 2) throw store_error(fmt::format("'{}': etcd answered too few reads", key));
+            if (got.responses.size() != 2) throw store_error(detail::format("'{}': etcd answered too few reads", key));
             if (!got.responses[1].kvs.empty()) {
                 co_return co_await settled(key, seq, got.responses[1].kvs.front(), increment);
             }
@@ -745,7 +749,7 @@ ELASTIC_DECL asio::awaitable<std::int64_t> etcd_store::add(std::string key, std:
     // ADD of 0 reads the counter (creating it at 0): no write when it exists.
     const auto value = co_await replace(key, detail::etcd::added, std::to_string(delta), delta == 0, true, delta == 1);
     const auto number = detail::etcd::decimal(value);
-    if (!number) throw store_error(fmt::format("add('{}'): the value is no decimal number", key));
+    if (!number) throw store_error(detail::format("add('{}'): the value is no decimal number", key));
     co_return *number;
 }
 
@@ -760,8 +764,8 @@ ELASTIC_DECL asio::awaitable<std::string> etcd_store::compare_set(std::string ke
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (;;) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            throw store_error(fmt::format("compare_set('{}'): etcd did not take it within {} ms", key,
-                                          options_.timeout.count()));
+            throw store_error(detail::format("compare_set('{}'): etcd did not take it within {} ms", key,
+                                             options_.timeout.count()));
         }
         std::vector<etcd_compare> compare;
         if (expected.empty()) {
@@ -822,8 +826,8 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::wait_until(std::vector<std::strin
     std::string last_error;
     for (;;) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            throw store_timeout(fmt::format("wait for {} timed out after {} ms{}", detail::etcd::shown_keys(keys),
-                                            timeout.count(), last_error.empty() ? "" : "; etcd: " + last_error));
+            throw store_timeout(detail::format("wait for {} timed out after {} ms{}", detail::etcd::shown_keys(keys),
+                                               timeout.count(), last_error.empty() ? "" : "; etcd: " + last_error));
         }
         asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
         auto raced = co_await (
@@ -897,7 +901,7 @@ ELASTIC_DECL asio::awaitable<std::vector<std::string>> etcd_store::multi_get(std
 ELASTIC_DECL asio::awaitable<void> etcd_store::multi_set(std::vector<std::string> keys,
                                                          std::vector<std::string> values) {
     if (keys.size() != values.size()) {
-        throw store_error(fmt::format("multi_set: {} keys and {} values", keys.size(), values.size()));
+        throw store_error(detail::format("multi_set: {} keys and {} values", keys.size(), values.size()));
     }
     // etcd refuses a key put twice in one transaction: the last value of a key wins, as it would
     // one set after another.
@@ -922,12 +926,13 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::multi_set(std::vector<std::string
 ELASTIC_DECL asio::awaitable<void> etcd_store::hold_lease(std::string key, std::string value) {
     const auto parts = parse_lease_key(key);
     if (!parts || parts->name.empty() || parts->reserved()) {
-        throw store_error(fmt::format("hold_lease('{}'): not a lease key; use lease_key(group, name) with a name that "
-                                      "does not start with \"__\"",
-                                      key));
+        throw store_error(
+            detail::format("hold_lease('{}'): not a lease key; use lease_key(group, name) with a name that "
+                           "does not start with \"__\"",
+                           key));
     }
     if (lease_ && lease_->lost.empty() && !lease_->stopped) {
-        throw store_error(fmt::format("hold_lease('{}'): this store holds a lease already", key));
+        throw store_error(detail::format("hold_lease('{}'): this store holds a lease already", key));
     }
     const auto ttl_ms = options_.keep_alive_interval * std::max(1, options_.keep_alive_max_attempt);
     const auto ttl = std::max<std::chrono::seconds>(std::chrono::seconds(2),
@@ -978,7 +983,7 @@ ELASTIC_DECL asio::awaitable<void> etcd_store::hold_lease(std::string key, std::
         l->changed.notify();
         asio::co_spawn(executor, detail::etcd::revoke_quietly(client_, l->id), asio::detached);
         if (interrupted) std::rethrow_exception(interrupted);
-        throw store_error(fmt::format("hold_lease('{}'): {}", key, *failed));
+        throw store_error(detail::format("hold_lease('{}'): {}", key, *failed));
     }
     lease_ = l;
     asio::co_spawn(executor, detail::etcd::observe(l, client_, options_.keep_alive_interval), asio::detached);

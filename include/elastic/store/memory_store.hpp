@@ -14,7 +14,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -104,9 +104,9 @@ public:
     /// Sets each key to the value at the same position.
     asio::awaitable<void> multi_set(std::vector<std::string> keys, std::vector<std::string> values) {
         if (keys.size() != values.size())
-            throw store_error(fmt::format("multi_set needs as many values as keys: got {} keys "
-                                          "and {} values",
-                                          keys.size(), values.size()));
+            throw store_error(detail::format("multi_set needs as many values as keys: got {} keys "
+                                             "and {} values",
+                                             keys.size(), values.size()));
         for (std::size_t i = 0; i < keys.size(); ++i) engine_->set(keys[i], std::move(values[i]));
         co_return;
     }
@@ -145,7 +145,8 @@ private:
         std::string names;
         for (const auto& k : keys)
             if (!engine_->find(k)) names += (names.empty() ? "" : ", ") + detail::store::store_engine::printable(k);
-        throw store_timeout(fmt::format("wait timed out after {} ms; keys still missing: {}", timeout.count(), names));
+        throw store_timeout(detail::format("wait timed out after {} ms; keys still missing: {}", timeout.count(),
+                                           names));
     }
 
     std::unique_ptr<detail::store::store_engine> owned_;  // null when viewing another's engine

@@ -17,7 +17,7 @@
 #include <asio/ip/address.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/ip/v6_only.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -42,24 +42,24 @@ public:
         auto& o = core_->options;
         auto& acc = core_->acceptor;
         if (o.lease_heartbeat_interval.count() <= 0 || o.lease_missed_heartbeats == 0)
-            throw store_error(fmt::format("store_server_options: lease_heartbeat_interval {} ms and "
-                                          "lease_missed_heartbeats {} must both be positive",
-                                          o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
+            throw store_error(detail::format("store_server_options: lease_heartbeat_interval {} ms and "
+                                             "lease_missed_heartbeats {} must both be positive",
+                                             o.lease_heartbeat_interval.count(), o.lease_missed_heartbeats));
         // A client that reads everything must never be cut off: its queue holds what reading
         // stops at plus one reply, or a WATCH_KEY notification of two values.
         const std::size_t notification = 25 + o.limits.max_key_size + 2 * o.limits.max_value_size;
         if (o.max_queued_output < o.max_pending_output + std::max(o.max_reply_size, notification))
             throw store_error(
-                fmt::format("store_server_options: max_queued_output {} is less than max_pending_output {} "
-                            "plus the largest reply ({}) or notification ({})",
-                            o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
+                detail::format("store_server_options: max_queued_output {} is less than max_pending_output {} "
+                               "plus the largest reply ({}) or notification ({})",
+                               o.max_queued_output, o.max_pending_output, o.max_reply_size, notification));
         if (o.secret && o.secret->empty())
             throw store_error("store_server_options::secret is empty: give the job's secret, or "
                               "no secret (std::nullopt) for a store without authentication");
         if (o.secret && o.auth_timeout.count() <= 0)
-            throw store_error(fmt::format("store_server_options::auth_timeout {} ms must be "
-                                          "positive",
-                                          o.auth_timeout.count()));
+            throw store_error(detail::format("store_server_options::auth_timeout {} ms must be "
+                                             "positive",
+                                             o.auth_timeout.count()));
         try {
             asio::ip::tcp::endpoint ep;
             std::error_code ec;
@@ -78,9 +78,9 @@ public:
             acc.listen(asio::socket_base::max_listen_connections);
             bound_ = acc.local_endpoint();
         } catch (const std::system_error& e) {
-            throw store_listen_error(fmt::format("cannot listen on {}:{}: {}; choose another port (0 "
-                                                 "picks a free one) or address",
-                                                 o.host, o.port, e.code().message()),
+            throw store_listen_error(detail::format("cannot listen on {}:{}: {}; choose another port (0 "
+                                                    "picks a free one) or address",
+                                                    o.host, o.port, e.code().message()),
                                      e.code());
         }
     }

@@ -15,7 +15,7 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -56,10 +56,10 @@ inline bool shed_unused(store_server_core& core, std::string_view why) {
     for (auto* c : core.connections)
         if (c->unused_since(now, after) && (!victim || c->opened() > victim->opened())) victim = c;
     if (!victim) return false;
-    victim->expire(fmt::format("{}: it has completed no request in the {} ms since it connected, and a new client "
-                               "is served in its place (store_server_options::shed_unused_after)",
-                               why,
-                               std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened()).count()));
+    victim->expire(
+        detail::format("{}: it has completed no request in the {} ms since it connected, and a new client "
+                       "is served in its place (store_server_options::shed_unused_after)",
+                       why, std::chrono::duration_cast<std::chrono::milliseconds>(now - victim->opened()).count()));
     return true;
 }
 
@@ -86,10 +86,10 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
                 core->release_descriptor();
                 auto [ec2, refused] = co_await core->acceptor.async_accept(detail::as_tuple_awaitable<Defer>);
                 if (!ec2) {
-                    core->log(fmt::format("refusing connection from {}: the process is out of file "
-                                          "descriptors ({}) and no connection can make room; raise `ulimit "
-                                          "-n` or lower store_server_options::max_connections",
-                                          format_peer(refused), ec.message()));
+                    core->log(detail::format("refusing connection from {}: the process is out of file "
+                                             "descriptors ({}) and no connection can make room; raise `ulimit "
+                                             "-n` or lower store_server_options::max_connections",
+                                             format_peer(refused), ec.message()));
                     std::error_code ignored;
                     refused.close(ignored);
                 }
@@ -97,21 +97,21 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
                 core->reserve_descriptor();
                 if (!ec2 || ec2 == asio::error::operation_aborted) continue;
             }
-            core->log(fmt::format("cannot accept: {}; waiting until a connection closes", ec.message()));
+            core->log(detail::format("cannot accept: {}; waiting until a connection closes", ec.message()));
             co_await core->resume_accept.wait();
             continue;
         }
         if (ec) {
-            core->log(fmt::format("accept failed: {}", ec.message()));
+            core->log(detail::format("accept failed: {}", ec.message()));
             continue;
         }
         std::error_code ignored;
         if (core->options.accept_peer) {
             const auto remote = socket.remote_endpoint(ignored);
             if (ignored || !core->options.accept_peer(remote.address())) {
-                core->log(fmt::format("refusing connection from {}: not a peer this store "
-                                      "accepts (store_server_options::accept_peer)",
-                                      format_peer(socket)));
+                core->log(detail::format("refusing connection from {}: not a peer this store "
+                                         "accepts (store_server_options::accept_peer)",
+                                         format_peer(socket)));
                 socket.close(ignored);
                 continue;
             }
@@ -124,9 +124,9 @@ asio::awaitable<void> accept_loop(std::shared_ptr<store_server_core> core) {
                                                            [](const auto* c) { return c->is_open(); })) >=
                 core->options.max_connections &&
             !shed_unused(*core, "max_connections is reached")) {
-            core->log(fmt::format("refusing connection from {}: {} connections reach the "
-                                  "limit (store_server_options::max_connections)",
-                                  format_peer(socket), core->connections.size()));
+            core->log(detail::format("refusing connection from {}: {} connections reach the "
+                                     "limit (store_server_options::max_connections)",
+                                     format_peer(socket), core->connections.size()));
             socket.close(ignored);
             continue;
         }

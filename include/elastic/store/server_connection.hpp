@@ -20,7 +20,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -78,7 +78,7 @@ public:
         try {
             co_await self->loop();
         } catch (const std::exception& e) {
-            self->expire(fmt::format("internal error: {}", e.what()));
+            self->expire(detail::format("internal error: {}", e.what()));
         } catch (...) {
             self->expire("internal error");
         }
@@ -363,8 +363,8 @@ ELASTIC_DECL bool store_connection::unused_since(std::chrono::steady_clock::time
 
 ELASTIC_DECL void store_connection::expire(std::string reason) {
     if (!socket_.is_open()) return;
-    core_->log(fmt::format("closing connection from {}: {}", peer_, reason));
-    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    core_->log(detail::format("closing connection from {}: {}", peer_, reason));
+    if (close_reason_.empty()) close_reason_ = detail::format("the server closed it: {}", reason);
     close();
 }
 
@@ -391,9 +391,9 @@ ELASTIC_DECL std::string store_connection::no_memory_for(std::size_t n, std::str
     const auto& o = core_->options;
     const std::size_t held = core_->held();
     if (n <= o.max_memory && held <= o.max_memory - n) return {};
-    return fmt::format("{} needs {} bytes more while the server holds {} of its {} "
-                       "(store_server_options::max_memory); the store is full",
-                       what, n, held, o.max_memory);
+    return detail::format("{} needs {} bytes more while the server holds {} of its {} "
+                          "(store_server_options::max_memory); the store is full",
+                          what, n, held, o.max_memory);
 }
 
 ELASTIC_DECL std::size_t store_connection::output_growth(std::size_t n) const noexcept {
@@ -405,13 +405,13 @@ ELASTIC_DECL std::size_t store_connection::output_growth(std::size_t n) const no
 ELASTIC_DECL std::string store_connection::no_room_for_reply(std::size_t n, std::string_view what) const {
     const auto& o = core_->options;
     if (n > o.max_reply_size)
-        return fmt::format("{} asks for a reply of {} bytes, over the limit of {} "
-                           "(store_server_options::max_reply_size); ask for fewer keys",
-                           what, n, o.max_reply_size);
+        return detail::format("{} asks for a reply of {} bytes, over the limit of {} "
+                              "(store_server_options::max_reply_size); ask for fewer keys",
+                              what, n, o.max_reply_size);
     if (out_.size() + n > o.max_queued_output)
-        return fmt::format("the client has left {} bytes of replies unread and {} wants {} "
-                           "more (store_server_options::max_queued_output)",
-                           out_.size(), what, n);
+        return detail::format("the client has left {} bytes of replies unread and {} wants {} "
+                              "more (store_server_options::max_queued_output)",
+                              out_.size(), what, n);
     return no_memory_for(output_growth(n), what);
 }
 
@@ -421,14 +421,14 @@ ELASTIC_DECL bool store_connection::room_to_push(std::size_t n) {
     const std::size_t queued = out_.size() + wbuf_.size();
     std::string why;
     if (queued + n > o.max_queued_output)
-        why = fmt::format("it does not read what it is sent: {} bytes of replies and "
-                          "notifications are queued for it, and {} more would pass "
-                          "store_server_options::max_queued_output ({})",
-                          queued, n, o.max_queued_output);
+        why = detail::format("it does not read what it is sent: {} bytes of replies and "
+                             "notifications are queued for it, and {} more would pass "
+                             "store_server_options::max_queued_output ({})",
+                             queued, n, o.max_queued_output);
     else if (auto full = no_memory_for(output_growth(n), "its next notification"); !full.empty())
-        why = fmt::format("it does not read what it is sent ({} bytes are queued for it), "
-                          "and {}",
-                          queued, full);
+        why = detail::format("it does not read what it is sent ({} bytes are queued for it), "
+                             "and {}",
+                             queued, full);
     if (why.empty()) return true;
     expire(std::move(why));
     return false;
@@ -511,14 +511,14 @@ ELASTIC_DECL bool store_connection::process() {
 }
 
 ELASTIC_DECL bool store_connection::fail(std::string_view reason) {
-    core_->log(fmt::format("closing connection from {} ({} dialect): {}", peer_,
-                           dialect_ == wire::dialect::current ? "current" : "legacy", reason));
-    if (close_reason_.empty()) close_reason_ = fmt::format("the server closed it: {}", reason);
+    core_->log(detail::format("closing connection from {} ({} dialect): {}", peer_,
+                              dialect_ == wire::dialect::current ? "current" : "legacy", reason));
+    if (close_reason_.empty()) close_reason_ = detail::format("the server closed it: {}", reason);
     return false;
 }
 
 ELASTIC_DECL bool store_connection::refuse(std::string_view reason) {
-    core_->log(fmt::format("closing connection from {}: authentication failed: {}", peer_, reason));
+    core_->log(detail::format("closing connection from {}: authentication failed: {}", peer_, reason));
     auth_.reset();  // said once
     return false;
 }
@@ -526,9 +526,9 @@ ELASTIC_DECL bool store_connection::refuse(std::string_view reason) {
 ELASTIC_DECL std::string store_connection::lease_held_elsewhere(wire::op o, std::string_view key) const {
     const auto* holder = core_->leases.holder(key);
     if (!holder || holder == this) return {};
-    return fmt::format("{} of lease '{}', which the connection from {} holds (only a lease's "
-                       "holder writes or deletes it; docs/store.md, Leases)",
-                       wire::name(o), store_engine::printable(key), holder->peer());
+    return detail::format("{} of lease '{}', which the connection from {} holds (only a lease's "
+                          "holder writes or deletes it; docs/store.md, Leases)",
+                          wire::name(o), store_engine::printable(key), holder->peer());
 }
 
 ELASTIC_DECL void store_connection::bind_lease(std::string_view key) {
@@ -580,9 +580,9 @@ ELASTIC_DECL void store_connection::deadline_passed() {
                 if (stalled) stalled_at_ = now;
                 if (stalled && now - core_->stall_said > core_->lease_timeout()) {  // once per stall
                     core_->stall_said = now;
-                    core_->log(fmt::format("the store did not run for {} ms (its process was stopped, or starved of "
-                                           "CPU): the leases' silence is counted from now, not from before",
-                                           ms(late)));
+                    core_->log(detail::format("the store did not run for {} ms (its process was stopped, or starved of "
+                                              "CPU): the leases' silence is counted from now, not from before",
+                                              ms(late)));
                 }
                 last_heard_ = now;
                 schedule();
@@ -590,36 +590,36 @@ ELASTIC_DECL void store_connection::deadline_passed() {
             }
         }
         silent_ = true;
-        close_reason_ = fmt::format("silent for {} ms ({} missed heartbeats of {} ms; "
-                                    "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
-                                    ms(now - last_heard_), o.lease_missed_heartbeats,
-                                    o.lease_heartbeat_interval.count());
-        core_->log(fmt::format("closing connection from {}: {}", peer_, close_reason_));
+        close_reason_ = detail::format("silent for {} ms ({} missed heartbeats of {} ms; "
+                                       "store_server_options::lease_heartbeat_interval, lease_missed_heartbeats)",
+                                       ms(now - last_heard_), o.lease_missed_heartbeats,
+                                       o.lease_heartbeat_interval.count());
+        core_->log(detail::format("closing connection from {}: {}", peer_, close_reason_));
         close();
         return;
     }
     if (auth_ && now >= opened_ + o.auth_timeout) {
         auth_.reset();  // said once
-        return expire(fmt::format("authentication failed: no complete handshake within {} "
-                                  "ms (store_server_options::auth_timeout)",
-                                  o.auth_timeout.count()));
+        return expire(detail::format("authentication failed: no complete handshake within {} "
+                                     "ms (store_server_options::auth_timeout)",
+                                     o.auth_timeout.count()));
     }
     // A client whose bytes stop mid-request or mid-reply went silent too (a cut-off link
     // leaves a write unacknowledged).
     if (o.request_timeout.count() > 0 && partial_since_ && now >= *partial_since_ + o.request_timeout) {
         silent_ = true;
-        return expire(fmt::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
-                                  "arrived; store_server_options::request_timeout is {} ms)",
-                                  ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
+        return expire(detail::format("a request begun {} ms ago is still incomplete ({} of at least {} bytes "
+                                     "arrived; store_server_options::request_timeout is {} ms)",
+                                     ms(now - *partial_since_), end_ - begin_, needed_, o.request_timeout.count()));
     }
     if (o.request_timeout.count() > 0 && write_since_ && now >= *write_since_ + o.request_timeout) {
         silent_ = true;
-        return expire(fmt::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
-                                  "request_timeout)",
-                                  wbuf_.size(), ms(now - *write_since_)));
+        return expire(detail::format("it has not taken a reply of {} bytes in {} ms (store_server_options::"
+                                     "request_timeout)",
+                                     wbuf_.size(), ms(now - *write_since_)));
     }
     if (o.idle_timeout.count() > 0 && idle() && now >= last_heard_ + o.idle_timeout)
-        return expire(fmt::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
+        return expire(detail::format("idle for {} ms (store_server_options::idle_timeout)", ms(now - last_heard_)));
     schedule();
 }
 
@@ -630,8 +630,8 @@ ELASTIC_DECL bool store_connection::execute() {
     switch (r.operation) {
         case op::validate:
             if (r.nonce != wire::validate_magic)
-                return fail(fmt::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
-                                        wire::validate_magic));
+                return fail(detail::format("VALIDATE with magic 0x{:08x}, expected 0x{:08x}", r.nonce,
+                                           wire::validate_magic));
             return true;
         case op::ping: wire::put_u32(out_, r.nonce); return true;
         case op::set:
@@ -681,9 +681,9 @@ ELASTIC_DECL bool store_connection::execute() {
             return true;
         case op::wait: {
             if (waits_.size() >= core_->options.max_waits_per_connection)
-                return fail(fmt::format("{} WAITs pending on one connection reach the limit "
-                                        "(store_server_options::max_waits_per_connection)",
-                                        waits_.size()));
+                return fail(detail::format("{} WAITs pending on one connection reach the limit "
+                                           "(store_server_options::max_waits_per_connection)",
+                                           waits_.size()));
             std::size_t awaited = 0;
             for (const auto k : r.keys) awaited += store_engine::awaited_bytes(k.size());
             if (auto why = no_memory_for(awaited, "WAIT"); !why.empty()) return fail(why);
@@ -698,9 +698,9 @@ ELASTIC_DECL bool store_connection::execute() {
         case op::num_keys: wire::put_i64(out_, static_cast<std::int64_t>(engine.size())); return true;
         case op::watch_key:
             if (watches_ >= core_->options.max_waits_per_connection)
-                return fail(fmt::format("{} keys watched on one connection reach the limit "
-                                        "(store_server_options::max_waits_per_connection)",
-                                        watches_));
+                return fail(detail::format("{} keys watched on one connection reach the limit "
+                                           "(store_server_options::max_waits_per_connection)",
+                                           watches_));
             if (auto why = no_memory_for(store_engine::watch_bytes(r.key.size()), "WATCH_KEY"); !why.empty())
                 return fail(why);
             if (engine.watch(watcher_, r.key)) ++watches_;
@@ -720,11 +720,11 @@ ELASTIC_DECL bool store_connection::execute() {
             if (auto why = store_lease_table::refusal(r.operation, r.key, false); !why.empty()) return fail(why);
             if (const auto* v = engine.find(r.key);
                 v && v->size() + r.value.size() > core_->options.limits.max_value_size)
-                return fail(fmt::format("APPEND of {} bytes to '{}' would make a value of {} "
-                                        "bytes, over the limit of {} "
-                                        "(wire::limits::max_value_size)",
-                                        r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
-                                        core_->options.limits.max_value_size));
+                return fail(detail::format("APPEND of {} bytes to '{}' would make a value of {} "
+                                           "bytes, over the limit of {} "
+                                           "(wire::limits::max_value_size)",
+                                           r.value.size(), store_engine::printable(r.key), v->size() + r.value.size(),
+                                           core_->options.limits.max_value_size));
             if (auto why = no_memory_for(engine.growth(r.key, r.value.size()), "APPEND"); !why.empty())
                 return fail(why);
             engine.append(r.key, r.value);
@@ -737,7 +737,8 @@ ELASTIC_DECL bool store_connection::execute() {
                 const auto* v = engine.find(k);
                 reply += 8 + (v ? v->size() : 0);
             }
-            if (auto why = no_room_for_reply(reply, fmt::format("MULTI_GET of {} keys", r.keys.size())); !why.empty())
+            if (auto why = no_room_for_reply(reply, detail::format("MULTI_GET of {} keys", r.keys.size()));
+                !why.empty())
                 return fail(why);
             for (const auto k : r.keys) {
                 const auto* v = engine.find(k);
@@ -779,7 +780,7 @@ ELASTIC_DECL bool store_connection::execute() {
         case op::queue_pop:
         case op::queue_len:
         case op::barrier:
-            return fail(fmt::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
+            return fail(detail::format("{} is not supported by this server (docs/store.md)", wire::name(r.operation)));
     }
     return fail("unreachable opcode");
 }
@@ -792,11 +793,11 @@ ELASTIC_DECL void store_connection::cancel_waits() noexcept {
 ELASTIC_DECL void store_connection::finish() noexcept {
     if (auth_ && auth_->challenged() && !core_->stopped) {
         try {
-            core_->log(fmt::format("connection from {} closed during the authentication "
-                                   "handshake, after this server's challenge: the client "
-                                   "did not accept this server's proof (it has another "
-                                   "secret) or left",
-                                   peer_));
+            core_->log(detail::format("connection from {} closed during the authentication "
+                                      "handshake, after this server's challenge: the client "
+                                      "did not accept this server's proof (it has another "
+                                      "secret) or left",
+                                      peer_));
         } catch (...) {
             // Out of memory for a log line: the connection ends either way.
         }

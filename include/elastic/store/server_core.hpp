@@ -12,6 +12,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/ip/address.hpp>
 #include <asio/ip/tcp.hpp>
+#include "elastic/detail/format.hpp"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -183,8 +184,8 @@ ELASTIC_DECL std::string format_peer(const asio::ip::tcp::socket& s) {
     std::error_code ec;
     const auto ep = s.remote_endpoint(ec);
     if (ec) return "unknown peer";
-    if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
-    return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+    if (ep.address().is_v6()) return detail::format("[{}]:{}", ep.address().to_string(), ep.port());
+    return detail::format("{}:{}", ep.address().to_string(), ep.port());
 }
 
 }  // namespace detail::store

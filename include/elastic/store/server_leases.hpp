@@ -9,7 +9,7 @@
 #include "elastic/store/lease.hpp"
 #include "elastic/store/wire.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -59,8 +59,8 @@ public:
             epoch = engine.add(space + "__epoch", 1);
         } catch (const store_error& e) {
             // Only an in-process writer (memory_store over engine()) can have spoiled it.
-            log(fmt::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
-                            store_engine::printable(key), holder, why, e.what()));
+            log(detail::format("lease '{}' of {} lost ({}), but its epoch cannot count it: {}",
+                               store_engine::printable(key), holder, why, e.what()));
             return;
         }
         ++lost_;
@@ -71,17 +71,17 @@ public:
             } catch (...) {
                 // Spoiled in process (memory_store over engine()), or out of memory: the loss is
                 // still recorded below; the count stays as it is (never lowered).
-                log(fmt::format("lease '{}' of {} lost silently, but {}__silent cannot count it",
-                                store_engine::printable(key), holder, store_engine::printable(space)));
+                log(detail::format("lease '{}' of {} lost silently, but {}__silent cannot count it",
+                                   store_engine::printable(key), holder, store_engine::printable(space)));
             }
         }
-        engine.set(fmt::format("{}__lost/{}", space, epoch), parts->name);
+        engine.set(detail::format("{}__lost/{}", space, epoch), parts->name);
         // The records do not pile up: an observer reads each one as it comes (it waits for the
         // next by push), and a new observer starts at the epoch. Older ones than this go.
         const auto kept = std::max<std::int64_t>(records_kept, 1);
-        if (epoch > kept) engine.erase(fmt::format("{}__lost/{}", space, epoch - kept));
-        log(fmt::format("lease '{}' of {} lost{}: {}; {}__epoch is now {}", store_engine::printable(key), holder,
-                        silent ? " (silent)" : "", why, store_engine::printable(space), epoch));
+        if (epoch > kept) engine.erase(detail::format("{}__lost/{}", space, epoch - kept));
+        log(detail::format("lease '{}' of {} lost{}: {}; {}__epoch is now {}", store_engine::printable(key), holder,
+                           silent ? " (silent)" : "", why, store_engine::printable(space), epoch));
     }
 
 private:
@@ -100,18 +100,18 @@ ELASTIC_DECL std::string store_lease_table::refusal(wire::op o, std::string_view
     const auto parts = parse_lease_key(key);
     if (!parts) return {};
     if (parts->reserved())
-        return fmt::format("malformed lease request: {} of '{}', a name the server keeps "
-                           "(names after '{}' starting with '__' are read-only; "
-                           "docs/store.md, Leases)",
-                           wire::name(o), store_engine::printable(key), lease_marker);
+        return detail::format("malformed lease request: {} of '{}', a name the server keeps "
+                              "(names after '{}' starting with '__' are read-only; "
+                              "docs/store.md, Leases)",
+                              wire::name(o), store_engine::printable(key), lease_marker);
     if (parts->name.empty())
-        return fmt::format("malformed lease request: {} of '{}' names no lease (a lease key "
-                           "is <group>/{}<name>, name not empty)",
-                           wire::name(o), store_engine::printable(key), lease_marker);
+        return detail::format("malformed lease request: {} of '{}' names no lease (a lease key "
+                              "is <group>/{}<name>, name not empty)",
+                              wire::name(o), store_engine::printable(key), lease_marker);
     if (!binds)
-        return fmt::format("malformed lease request: {} of lease key '{}' (a lease is bound "
-                           "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
-                           wire::name(o), store_engine::printable(key));
+        return detail::format("malformed lease request: {} of lease key '{}' (a lease is bound "
+                              "by SET, MULTI_SET or COMPARE_SET and released by DELETE_KEY)",
+                              wire::name(o), store_engine::printable(key));
     return {};
 }
 

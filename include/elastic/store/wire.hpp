@@ -5,7 +5,7 @@
 
 #include "elastic/detail/config.hpp"
 
-#include <fmt/format.h>
+#include "elastic/detail/format.hpp"
 
 #include <array>
 #include <cstddef>
@@ -238,9 +238,9 @@ public:
         if (!fixed(8, p)) return false;
         const auto v = get_le<std::uint64_t>(p);
         if (v > lim_.max_keys_per_request)
-            return fail(fmt::format("{} keys in one request exceed the limit of {} "
-                                    "(wire::limits::max_keys_per_request)",
-                                    v, lim_.max_keys_per_request));
+            return fail(elastic::detail::format("{} keys in one request exceed the limit of {} "
+                                                "(wire::limits::max_keys_per_request)",
+                                                v, lim_.max_keys_per_request));
         n = static_cast<std::size_t>(v);
         return true;
     }
@@ -250,13 +250,14 @@ public:
         const auto len = get_le<std::uint64_t>(p);
         const auto max = is_key ? lim_.max_key_size : lim_.max_value_size;
         if (len > max)
-            return fail(fmt::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
-                                    is_key ? "key" : "value", len, max, is_key ? "max_key_size" : "max_value_size"));
+            return fail(elastic::detail::format("a {} of {} bytes exceeds the limit of {} (wire::limits::{})",
+                                                is_key ? "key" : "value", len, max,
+                                                is_key ? "max_key_size" : "max_value_size"));
         const auto n = static_cast<std::size_t>(len);
         if (pos_ + n > lim_.max_request_size)
-            return fail(fmt::format("a request of at least {} bytes exceeds the limit of {} "
-                                    "(wire::limits::max_request_size)",
-                                    pos_ + n, lim_.max_request_size));
+            return fail(elastic::detail::format("a request of at least {} bytes exceeds the limit of {} "
+                                                "(wire::limits::max_request_size)",
+                                                pos_ + n, lim_.max_request_size));
         if (in_.size() - pos_ < n) return need(pos_ + n);
         s = in_.substr(pos_, n);
         pos_ += n;
@@ -313,8 +314,8 @@ ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request&
     const auto byte = static_cast<std::uint8_t>(*p);
     const auto o = to_op(d, byte);
     if (!o) {
-        r.fail(fmt::format("unknown opcode 0x{:02x} in the {} dialect", byte,
-                           d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
+        r.fail(elastic::detail::format("unknown opcode 0x{:02x} in the {} dialect", byte,
+                                       d == dialect::legacy ? "legacy (1.13)" : "current (VALIDATE)"));
         return std::move(r).result(false);
     }
     out.operation = *o;
@@ -367,8 +368,8 @@ ELASTIC_DECL parse_result parse_request(dialect d, std::string_view in, request&
 ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out) {
     const auto byte = to_byte(d, req.operation);
     if (!byte)
-        throw std::invalid_argument(fmt::format("{} does not exist in the {} dialect", name(req.operation),
-                                                d == dialect::legacy ? "legacy" : "current"));
+        throw std::invalid_argument(elastic::detail::format("{} does not exist in the {} dialect", name(req.operation),
+                                                            d == dialect::legacy ? "legacy" : "current"));
     put_u8(out, *byte);
     switch (req.operation) {
         case op::validate:
@@ -403,8 +404,8 @@ ELASTIC_DECL void encode_request(dialect d, const request& req, std::string& out
         case op::multi_set:
             if (req.keys.size() != req.values.size())
                 throw std::invalid_argument(
-                    fmt::format("MULTI_SET needs as many values as keys, got {} keys and {} values", req.keys.size(),
-                                req.values.size()));
+                    elastic::detail::format("MULTI_SET needs as many values as keys, got {} keys and {} values",
+                                            req.keys.size(), req.values.size()));
             put_u64(out, req.keys.size());
             for (std::size_t i = 0; i < req.keys.size(); ++i) {
                 put_bytes(out, req.keys[i]);
